@@ -1,14 +1,12 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Wire types shared by server, agent and CLI, CLI exit codes, and a typed
+//! HTTP client with a retry classifier.
+//!
+//! Compatibility rule: fields are only ever added (with `#[serde(default)]`),
+//! never renamed or removed, so agents and servers upgrade separately.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod client;
+pub mod exit;
+pub mod types;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use client::{ApiError, Client};
+pub use types::*;

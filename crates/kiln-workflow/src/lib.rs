@@ -1,14 +1,11 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! The Kiln workflow language: YAML → validated, frozen definition.
+//!
+//! Pure: no IO beyond the string handed in. spec 000 §5: parse YAML safely and
+//! bound its size, nesting, job count and steps; the canonical hash identifies
+//! the frozen definition stored with every run.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod model;
+mod parse;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use model::*;
+pub use parse::{parse, Diagnostic, Diagnostics};

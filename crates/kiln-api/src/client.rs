@@ -1,0 +1,247 @@
+//! Typed HTTP client for the public and agent APIs.
+
+use crate::types::*;
+use futures::{Stream, StreamExt};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The server answered with an error status and body.
+    #[error("{message} ({status} {code})")]
+    Status { status: u16, code: String, message: String },
+    /// The request never got an answer (connection refused, reset, timeout).
+    #[error("cannot reach the Kiln server: {0}")]
+    Transport(String),
+    #[error("unexpected response from server: {0}")]
+    Decode(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ApiError::Status { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The named epoch is no longer current: the caller must stop its work.
+    pub fn is_stale_epoch(&self) -> bool {
+        self.status() == Some(409) && self.code() == Some(codes::STALE_EPOCH)
+    }
+
+    /// Retry classifier: transport failures and 502/503/504 may succeed later;
+    /// every other status is a decision of the server and is final.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ApiError::Transport(_) => true,
+            ApiError::Status { status, .. } => matches!(status, 429 | 502 | 503 | 504),
+            ApiError::Decode(_) => false,
+        }
+    }
+
+    /// CLI exit code for this error (see [`crate::exit`]).
+    pub fn exit_code(&self) -> i32 {
+        match self.status() {
+            Some(401 | 403) => crate::exit::AUTH,
+            Some(s) if s >= 500 => crate::exit::UNAVAILABLE,
+            Some(_) => crate::exit::REFUSED,
+            None => crate::exit::UNAVAILABLE,
+        }
+    }
+}
+
+/// One Server-Sent Event as received.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub id: String,
+    pub event: String,
+    pub data: String,
+}
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: &str, token: &str) -> Client {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .expect("http client");
+        Client { base: base.trim_end_matches('/').to_string(), token: token.to_string(), http }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    async fn send<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        headers: &[(&str, &str)],
+        timeout: Option<Duration>,
+    ) -> Result<T, ApiError> {
+        let mut req = self.http.request(method, self.url(path)).bearer_auth(&self.token);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        req = req.timeout(timeout.unwrap_or(Duration::from_secs(60)));
+        let resp = req.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+        decode(resp).await
+    }
+
+    // ----- public API -----
+
+    pub async fn create_repo(&self, body: &CreateRepo) -> Result<Repo, ApiError> {
+        self.send(Method::POST, "/v1/repos", Some(body), &[], None).await
+    }
+
+    pub async fn submit_run(
+        &self,
+        repo: &str,
+        body: &SubmitRun,
+        idempotency_key: Option<&str>,
+    ) -> Result<SubmitRunResponse, ApiError> {
+        let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
+        self.send(Method::POST, &format!("/v1/repos/{}/workflow-runs", enc(repo)), Some(body), &headers, None)
+            .await
+    }
+
+    pub async fn list_runs(&self, repo: &str, status: Option<&str>, limit: Option<u32>) -> Result<RunList, ApiError> {
+        let mut q = vec![];
+        if let Some(s) = status {
+            q.push(format!("status={}", enc(s)));
+        }
+        if let Some(l) = limit {
+            q.push(format!("limit={l}"));
+        }
+        let path = format!("/v1/repos/{}/workflow-runs?{}", enc(repo), q.join("&"));
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
+    pub async fn get_run(&self, run: &str) -> Result<Run, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}", enc(run)), None, &[], None).await
+    }
+
+    pub async fn cancel_run(&self, run: &str) -> Result<Run, ApiError> {
+        self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/cancel", enc(run)), None, &[], None)
+            .await
+    }
+
+    pub async fn retry_run(&self, run: &str) -> Result<SubmitRunResponse, ApiError> {
+        self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/retry", enc(run)), None, &[], None)
+            .await
+    }
+
+    /// Streams the SSE log events of a job, resuming after `last_event_id`.
+    pub async fn log_events(
+        &self,
+        job: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<impl Stream<Item = Result<SseEvent, ApiError>> + use<>, ApiError> {
+        use eventsource_stream::Eventsource;
+        let mut req = self
+            .http
+            .get(self.url(&format!("/v1/jobs/{}/logs/events", enc(job))))
+            .bearer_auth(&self.token)
+            .header("Accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            req = req.header("Last-Event-ID", id);
+        }
+        let resp = req.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(decode::<serde_json::Value>(resp).await.err().unwrap_or(ApiError::Decode("error".into())));
+        }
+        Ok(resp.bytes_stream().eventsource().map(|r| match r {
+            Ok(ev) => Ok(SseEvent { id: ev.id, event: ev.event, data: ev.data }),
+            Err(e) => Err(ApiError::Transport(e.to_string())),
+        }))
+    }
+
+    // ----- agent API -----
+
+    pub async fn register_agent(&self, body: &RegisterAgent) -> Result<AgentRegistration, ApiError> {
+        self.send(Method::POST, "/v1/agents/register", Some(body), &[], None).await
+    }
+
+    pub async fn claim(&self, agent_id: &str, body: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
+        let timeout = Duration::from_millis(body.wait_ms) + Duration::from_secs(15);
+        self.send(Method::POST, &format!("/v1/agents/{}/claim", enc(agent_id)), Some(body), &[], Some(timeout))
+            .await
+    }
+
+    pub async fn heartbeat(&self, job: &str, epoch: i64) -> Result<HeartbeatResponse, ApiError> {
+        self.send::<(), _>(
+            Method::POST,
+            &format!("/v1/jobs/{}/attempts/{epoch}/heartbeat", enc(job)),
+            None,
+            &[],
+            Some(Duration::from_secs(10)),
+        )
+        .await
+    }
+
+    pub async fn append_log(&self, job: &str, epoch: i64, chunk: &LogChunk) -> Result<LogAck, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job)), Some(chunk), &[], None)
+            .await
+    }
+
+    pub async fn complete(&self, job: &str, epoch: i64, body: &Completion) -> Result<CompletionAck, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/complete", enc(job)), Some(body), &[], None)
+            .await
+    }
+}
+
+async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, ApiError> {
+    let status = resp.status();
+    let bytes = resp.bytes().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+    if status.is_success() {
+        let slice: &[u8] = if bytes.is_empty() && status == StatusCode::NO_CONTENT { b"null" } else { &bytes };
+        return serde_json::from_slice(slice).map_err(|e| ApiError::Decode(format!("{e}")));
+    }
+    match serde_json::from_slice::<ErrorBody>(&bytes) {
+        Ok(b) => Err(ApiError::Status { status: status.as_u16(), code: b.error.code, message: b.error.message }),
+        Err(_) => Err(ApiError::Status {
+            status: status.as_u16(),
+            code: "http".into(),
+            message: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+        }),
+    }
+}
+
+/// Percent-encode a path segment (names may contain spaces).
+fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

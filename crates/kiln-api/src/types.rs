@@ -1,0 +1,294 @@
+//! JSON bodies of the public and agent APIs.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Default workflow path inside a repository.
+pub const DEFAULT_WORKFLOW_PATH: &str = ".kiln/pipeline.yaml";
+
+/// `{"error": {"code": "...", "message": "..."}}`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+// ---------- public API ----------
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateRepo {
+    pub name: String,
+    pub clone_url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Repo {
+    pub id: String,
+    pub name: String,
+    pub clone_url: String,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SubmitRun {
+    /// A full commit SHA or a ref (branch, tag, `HEAD`); resolved to a SHA once, at acceptance.
+    pub commit_sha: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_path: Option<String>,
+    #[serde(default)]
+    pub inputs: BTreeMap<String, String>,
+    /// `manual` (default), `push`, `pull_request`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitRunResponse {
+    pub run_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunList {
+    pub runs: Vec<RunSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub id: String,
+    pub repo: String,
+    pub status: String,
+    pub commit_sha: String,
+    pub event: String,
+    #[serde(rename = "ref")]
+    pub git_ref: Option<String>,
+    pub trust: String,
+    pub created_at_ms: i64,
+    #[serde(default)]
+    pub finished_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Run {
+    pub id: String,
+    pub repo: String,
+    pub status: String,
+    pub commit_sha: String,
+    pub event: String,
+    /// The ref the submitter named, if any: descriptive only, never reread.
+    #[serde(rename = "ref")]
+    pub git_ref: Option<String>,
+    pub trust: String,
+    pub workflow_path: String,
+    pub workflow_hash: String,
+    pub inputs: BTreeMap<String, String>,
+    pub parent_run_id: Option<String>,
+    pub cancel_version: i64,
+    pub created_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+    #[serde(default)]
+    pub message: Option<String>,
+    pub jobs: Vec<Job>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub name: String,
+    pub index: i64,
+    pub status: String,
+    pub current_epoch: i64,
+    pub image_digest: Option<String>,
+    pub needs: Vec<String>,
+    pub attempts: Vec<Attempt>,
+    pub artifacts: Vec<Artifact>,
+    pub cache: Option<CacheInfo>,
+    #[serde(default)]
+    pub message: Option<String>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attempt {
+    pub epoch: i64,
+    pub runner: String,
+    pub outcome: String,
+    pub exit_code: Option<i32>,
+    pub message: Option<String>,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Artifact {
+    pub name: String,
+    pub size: i64,
+    pub sha256: String,
+    pub epoch: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheInfo {
+    pub key: String,
+    pub result: String,
+}
+
+// ---------- log events (SSE) ----------
+
+/// Payload of an SSE `chunk` event. `data` is base64 of the raw bytes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogEvent {
+    pub epoch: i64,
+    pub stream: String,
+    pub offset: i64,
+    pub data: String,
+}
+
+/// Payload of an SSE `end` event: the job reached a terminal status and every
+/// committed chunk has been sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogEnd {
+    pub status: String,
+}
+
+// ---------- agent API ----------
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegisterAgent {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub max_jobs: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentRegistration {
+    pub agent_id: String,
+    /// A fresh session per agent process start; attempts record it as `runner`.
+    pub session_id: String,
+    pub lease_ttl_ms: u64,
+    pub heartbeat_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    pub session_id: String,
+    /// Unique per claim call; retrying with the same id after a lost response
+    /// returns the attempt that call created (spec 000 §7).
+    pub claim_request_id: String,
+    /// How long the server may hold the request open waiting for work.
+    pub wait_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClaimResponse {
+    pub assignment: Option<Assignment>,
+}
+
+/// Everything an agent needs to run one attempt. Immutable for the attempt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Assignment {
+    pub run_id: String,
+    pub job_id: String,
+    pub job_name: String,
+    pub epoch: i64,
+    pub repo: String,
+    pub clone_url: String,
+    pub commit_sha: String,
+    pub steps: Vec<StepSpec>,
+    pub env: BTreeMap<String, String>,
+    pub timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub publish: Vec<PublishSpec>,
+    #[serde(default)]
+    pub restore: Vec<RestoreSpec>,
+    pub lease_ttl_ms: u64,
+    pub heartbeat_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepSpec {
+    pub name: Option<String>,
+    pub run: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PublishSpec {
+    pub name: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreSpec {
+    pub from_job: String,
+    pub name: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// The run was cancelled: stop the sandbox and complete with `cancelled`.
+    pub cancel_requested: bool,
+    pub lease_ttl_ms: u64,
+}
+
+/// One log chunk. Identity: (job, epoch, stream, seq, offset, length, sha256).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LogChunk {
+    /// `stdout`, `stderr` or `system` (agent-side messages such as step headers).
+    pub stream: String,
+    pub seq: i64,
+    pub offset: i64,
+    /// base64 of the raw bytes.
+    pub data: String,
+    /// hex sha256 of the raw bytes.
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogAck {
+    /// Highest contiguous committed byte offset per stream.
+    pub committed: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Completion {
+    /// `success`, `failed` or `cancelled`.
+    pub outcome: String,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub message: Option<String>,
+    /// True when the failure is the infrastructure's (checkout, upload, agent
+    /// error) rather than the job's commands: retried within the budget.
+    #[serde(default)]
+    pub infra_failure: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CompletionAck {
+    pub job_status: String,
+}
+
+/// Error codes the server uses in `ErrorBody.error.code`.
+pub mod codes {
+    pub const UNAUTHORIZED: &str = "unauthorized";
+    pub const NOT_FOUND: &str = "not_found";
+    pub const INVALID: &str = "invalid";
+    pub const CONFLICT: &str = "conflict";
+    /// The epoch named is not the job's current live attempt (fenced).
+    pub const STALE_EPOCH: &str = "stale_epoch";
+    pub const IDEMPOTENCY_MISMATCH: &str = "idempotency_key_reused";
+    pub const UNAVAILABLE: &str = "unavailable";
+    pub const INTERNAL: &str = "internal";
+    pub const TOO_LARGE: &str = "too_large";
+}

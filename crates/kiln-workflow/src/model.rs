@@ -1,0 +1,110 @@
+//! The validated workflow model. Every field here is part of the frozen run
+//! definition and of the canonical hash.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Maximum size of a workflow file in bytes.
+pub const MAX_FILE_BYTES: usize = 256 * 1024;
+/// Maximum number of jobs in one workflow.
+pub const MAX_JOBS: usize = 256;
+/// Maximum number of steps in one job.
+pub const MAX_STEPS: usize = 256;
+/// Maximum YAML nesting depth.
+pub const MAX_DEPTH: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workflow {
+    pub version: u32,
+    pub jobs: Vec<Job>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<Image>,
+    pub steps: Vec<Step>,
+    /// Effective dependencies by job name, after normalisation: when no job in
+    /// the file declares `needs`, each job needs the one before it (spec 000 §2
+    /// sequential model); otherwise exactly what the file declares.
+    #[serde(default)]
+    pub needs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<Cache>,
+    #[serde(default)]
+    pub artifacts: Artifacts,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Job timeout in seconds (`timeout: 30m`, `90s`, `1h`, or a number of seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    /// How many extra attempts a deterministic failure (non-zero exit) gets. 0 by default.
+    #[serde(default)]
+    pub retry: u32,
+    /// Labels an agent must carry to run this job (`runs-on: {os: linux, size: large}`).
+    #[serde(default)]
+    pub runs_on: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Image {
+    /// `image: {ref: registry/name:tag}` (or `image: registry/name:tag`).
+    Ref { reference: String },
+    /// `image: {dockerfile: path, context: dir}`.
+    Dockerfile { path: String, context: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub run: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cache {
+    pub kind: String,
+    pub version: String,
+    pub inputs: Vec<String>,
+    pub paths: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifacts {
+    #[serde(default)]
+    pub publish: Vec<Publish>,
+    #[serde(default)]
+    pub restore: Vec<Restore>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publish {
+    pub name: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restore {
+    pub from_job: String,
+    pub name: String,
+    pub path: String,
+}
+
+impl Workflow {
+    /// sha256 (hex) of the canonical encoding of the validated model: JSON with
+    /// sorted keys and no insignificant whitespace. Two files that differ only
+    /// in formatting, comments or key order hash the same.
+    pub fn canonical_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        // serde_json::Value keeps object keys sorted (BTreeMap), so this is canonical.
+        let value = serde_json::to_value(self).expect("workflow serialises");
+        let bytes = serde_json::to_vec(&value).expect("value serialises");
+        hex::encode(Sha256::digest(&bytes))
+    }
+
+    pub fn job(&self, name: &str) -> Option<&Job> {
+        self.jobs.iter().find(|j| j.name == name)
+    }
+}
