@@ -1,14 +1,112 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The authoritative metadata store.
+//!
+//! Traits per aggregate; each method is one protocol transaction of spec 000
+//! (accept run §5–6, claim §7, heartbeat and fencing §8, completion and
+//! cancellation §9, log chunk ingestion §13). Implementations must execute
+//! every method atomically and take "now" from the database clock inside the
+//! transaction, so lease decisions never depend on a caller's clock.
+//!
+//! Concurrency: every method may be called concurrently from many tasks;
+//! mutations of one run are serialized (run lock, then job lock).
+//! Idempotency: `accept_run` with the same idempotency record, `claim` with the
+//! same claim request id, and `append_log_chunk` with identical bytes return
+//! the original result.
+
+mod model;
+mod sqlite;
+
+pub use model::*;
+pub use sqlite::SqliteStore;
+
+use async_trait::async_trait;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The named epoch is not the job's current live attempt: it is fenced.
+    #[error("stale epoch: {0}")]
+    StaleEpoch(String),
+    /// The same idempotency key was used with a different request body.
+    #[error("idempotency key reused with a different request")]
+    IdempotencyMismatch,
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// The database could not be reached or failed; nothing was decided.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub type Result<T> = std::result::Result<T, StoreError>;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
+#[async_trait]
+pub trait RepoStore: Send + Sync {
+    async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord>;
+    async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
+    async fn list_repos(&self) -> Result<Vec<RepoRecord>>;
 }
+
+#[async_trait]
+pub trait RunStore: Send + Sync {
+    /// Accept a frozen run: the run, its jobs, readiness of root jobs and their
+    /// outbox events, and the idempotency record, in one transaction.
+    async fn accept_run(&self, run: NewRun) -> Result<Accepted>;
+    async fn get_run(&self, run_id: &str) -> Result<RunView>;
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>>;
+    /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
+    /// not running, and leave the run `cancelling` while attempts still run.
+    async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;
+    async fn get_job(&self, job_id: &str) -> Result<JobRecord>;
+}
+
+#[async_trait]
+pub trait AgentStore: Send + Sync {
+    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord>;
+    async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord>;
+}
+
+#[async_trait]
+pub trait AttemptStore: Send + Sync {
+    /// spec 000 §7: one transaction — run active, job ready, dispatch
+    /// generation matches, predecessors succeeded, capacity admitted → new
+    /// attempt with epoch + 1 and a lease in database time. `Ok(None)` when the
+    /// delivery is stale or a duplicate (absorbed) or capacity is full.
+    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>>;
+    /// Recover the attempt a claim request created, if it is still running.
+    async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>>;
+    /// spec 000 §8: extend the lease of the current live epoch.
+    async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
+    /// spec 000 §9 completion transaction.
+    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String>;
+    /// Reconciler: fence every running attempt whose lease expired (outcome
+    /// `lost`) and, within the budget, make its job ready again at
+    /// `next_attempt_at`. Returns the fenced (job, epoch) pairs.
+    async fn fence_expired(&self) -> Result<Vec<(String, i64)>>;
+    /// Fast loss detection: shorten the leases of a session's running attempts
+    /// to at most `grace_ms` from now.
+    async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64>;
+}
+
+#[async_trait]
+pub trait OutboxStore: Send + Sync {
+    /// Unpublished events whose `available_at` has passed, oldest first.
+    async fn pending_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>>;
+    async fn mark_published(&self, ids: &[i64]) -> Result<()>;
+    /// Jobs that are ready now (used to rebuild dispatch queues after a restart).
+    async fn ready_jobs(&self) -> Result<Vec<OutboxEvent>>;
+}
+
+#[async_trait]
+pub trait LogStore: Send + Sync {
+    /// spec 000 §13: identical retry accepted, conflicting bytes refused,
+    /// stale epochs refused. Returns the contiguous committed offset per stream.
+    async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;
+    /// Chunks of a job with event id greater than `after_id`, in id order.
+    async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>>;
+}
+
+/// The whole authoritative store.
+pub trait Store: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore {}
+impl<T: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore> Store for T {}

@@ -1,0 +1,185 @@
+//! Records as the store returns them. Rows are mapped inside this crate.
+
+use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+pub struct RepoRecord {
+    pub id: String,
+    pub name: String,
+    pub clone_url: String,
+    pub webhook_secret: Option<String>,
+    pub created_at: i64,
+}
+
+/// A frozen run to accept.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub repo_id: String,
+    pub commit_sha: String,
+    pub git_ref: Option<String>,
+    pub event: String,
+    pub trust: String,
+    pub workflow_path: String,
+    pub workflow: kiln_workflow::Workflow,
+    pub inputs: BTreeMap<String, String>,
+    pub parent_run_id: Option<String>,
+    pub idempotency: Option<Idempotency>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    /// Caller and repository the key is scoped to.
+    pub scope: String,
+    pub key: String,
+    /// sha256 of the canonical request.
+    pub request_digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    pub run_id: String,
+    /// False when an idempotency record returned an existing run.
+    pub created: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    pub id: String,
+    pub repo_id: String,
+    pub repo_name: String,
+    pub status: RunStatus,
+    pub commit_sha: String,
+    pub git_ref: Option<String>,
+    pub event: String,
+    pub trust: String,
+    pub workflow_path: String,
+    pub workflow_hash: String,
+    pub definition: kiln_workflow::Workflow,
+    pub inputs: BTreeMap<String, String>,
+    pub parent_run_id: Option<String>,
+    pub cancel_version: i64,
+    pub message: Option<String>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JobRecord {
+    pub id: String,
+    pub run_id: String,
+    pub index: i64,
+    pub name: String,
+    pub status: JobStatus,
+    pub needs: Vec<String>,
+    pub class_key: String,
+    pub dispatch_generation: i64,
+    pub current_epoch: i64,
+    pub next_attempt_at: Option<i64>,
+    pub image_digest: Option<String>,
+    pub message: Option<String>,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub job_id: String,
+    pub epoch: i64,
+    pub agent_id: String,
+    pub session_id: String,
+    pub runner: String,
+    pub lease_deadline: i64,
+    pub outcome: AttemptOutcome,
+    pub exit_code: Option<i32>,
+    pub message: Option<String>,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JobView {
+    pub job: JobRecord,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunView {
+    pub run: RunRecord,
+    pub jobs: Vec<JobView>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentRecord {
+    pub id: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub max_jobs: u32,
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimInput {
+    pub agent_id: String,
+    pub session_id: String,
+    pub claim_request_id: String,
+    pub job_id: String,
+    pub dispatch_generation: i64,
+    pub lease_ttl_ms: i64,
+}
+
+/// A durable attempt ticket: everything needed to build the assignment.
+#[derive(Debug, Clone)]
+pub struct ClaimedAttempt {
+    pub run: RunRecord,
+    pub job: JobRecord,
+    pub epoch: i64,
+    pub lease_deadline: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    pub cancel_requested: bool,
+    pub lease_deadline: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct CompletionInput {
+    pub outcome: AttemptOutcome,
+    pub exit_code: Option<i32>,
+    pub message: Option<String>,
+    pub infra_failure: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEvent {
+    pub id: i64,
+    pub job_id: String,
+    pub dispatch_generation: i64,
+    pub class_key: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewLogChunk {
+    pub job_id: String,
+    pub epoch: i64,
+    pub stream: String,
+    pub seq: i64,
+    pub offset: i64,
+    pub sha256: String,
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogChunkRecord {
+    pub id: i64,
+    pub epoch: i64,
+    pub stream: String,
+    pub offset: i64,
+    pub data: Vec<u8>,
+}
+
+/// The dispatch class of a job: the canonical JSON of its `runs-on` labels.
+pub fn class_key(runs_on: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(runs_on).expect("labels serialise")
+}

@@ -1,0 +1,1102 @@
+//! SQLite implementation (embedded default). WAL mode; one writer connection
+//! serializes every mutating transaction (the run lock of spec 000 §9 is
+//! implied by SQLite's single writer), several readers serve queries.
+
+use crate::*;
+use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
+use kiln_core::{AttemptOutcome, Backoff, JobStatus, RunStatus};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Row, Sqlite, SqlitePool, Transaction};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+type Tx<'a> = Transaction<'a, Sqlite>;
+
+/// SQL assembled from compile-time column lists and column names only; user
+/// values are always bound parameters.
+macro_rules! sqlf {
+    ($($t:tt)*) => { sqlx::AssertSqlSafe(format!($($t)*)) };
+}
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    backoff: Backoff,
+}
+
+fn db_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::RowNotFound => StoreError::NotFound("row".into()),
+        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(d.message().to_string()),
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+fn parse_enum<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T> {
+    s.parse::<T>().map_err(StoreError::Invalid)
+}
+
+fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+const NOW: &str = "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+async fn now(tx: &mut Tx<'_>) -> Result<i64> {
+    sqlx::query_scalar::<_, i64>(NOW).fetch_one(&mut **tx).await.map_err(db_err)
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the database at `path` and run migrations.
+    pub async fn open(path: &Path) -> Result<SqliteStore> {
+        let opts = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // WAL + NORMAL: a committed transaction survives a crash of the
+            // process (SIGKILL); an OS crash may lose the last few commits.
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(opts.clone())
+            .await
+            .map_err(db_err)?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&writer)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(opts.read_only(true))
+            .await
+            .map_err(db_err)?;
+        Ok(SqliteStore { writer, reader, backoff: Backoff::default() })
+    }
+
+    /// Override the retry backoff (tests use a small one).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    async fn begin(&self) -> Result<Tx<'static>> {
+        self.writer.begin().await.map_err(db_err)
+    }
+
+    fn retry_delay(&self, n: u32) -> i64 {
+        self.backoff.delay_ms(n, &mut rand::rng()) as i64
+    }
+}
+
+// ---------- row mapping ----------
+
+const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, r.event, r.trust, \
+    r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.parent_run_id, r.cancel_version, r.message, \
+    r.created_at, r.finished_at";
+
+fn run_from_row(row: &SqliteRow) -> Result<RunRecord> {
+    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
+    let definition: String = row.try_get("definition").map_err(g)?;
+    let inputs: String = row.try_get("inputs").map_err(g)?;
+    Ok(RunRecord {
+        id: row.try_get("id").map_err(g)?,
+        repo_id: row.try_get("repo_id").map_err(g)?,
+        repo_name: row.try_get("repo_name").map_err(g)?,
+        status: parse_enum(row.try_get::<&str, _>("status").map_err(g)?)?,
+        commit_sha: row.try_get("commit_sha").map_err(g)?,
+        git_ref: row.try_get("git_ref").map_err(g)?,
+        event: row.try_get("event").map_err(g)?,
+        trust: row.try_get("trust").map_err(g)?,
+        workflow_path: row.try_get("workflow_path").map_err(g)?,
+        workflow_hash: row.try_get("workflow_hash").map_err(g)?,
+        definition: serde_json::from_str(&definition).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        inputs: serde_json::from_str(&inputs).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        parent_run_id: row.try_get("parent_run_id").map_err(g)?,
+        cancel_version: row.try_get("cancel_version").map_err(g)?,
+        message: row.try_get("message").map_err(g)?,
+        created_at: row.try_get("created_at").map_err(g)?,
+        finished_at: row.try_get("finished_at").map_err(g)?,
+    })
+}
+
+const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, current_epoch, \
+    next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, max_failure_retries";
+
+fn job_from_row(row: &SqliteRow) -> Result<JobRecord> {
+    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
+    let needs: String = row.try_get("needs").map_err(g)?;
+    Ok(JobRecord {
+        id: row.try_get("id").map_err(g)?,
+        run_id: row.try_get("run_id").map_err(g)?,
+        index: row.try_get("job_index").map_err(g)?,
+        name: row.try_get("name").map_err(g)?,
+        status: parse_enum(row.try_get::<&str, _>("status").map_err(g)?)?,
+        needs: serde_json::from_str(&needs).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        class_key: row.try_get("class_key").map_err(g)?,
+        dispatch_generation: row.try_get("dispatch_generation").map_err(g)?,
+        current_epoch: row.try_get("current_epoch").map_err(g)?,
+        next_attempt_at: row.try_get("next_attempt_at").map_err(g)?,
+        image_digest: row.try_get("image_digest").map_err(g)?,
+        message: row.try_get("message").map_err(g)?,
+        started_at: row.try_get("started_at").map_err(g)?,
+        finished_at: row.try_get("finished_at").map_err(g)?,
+    })
+}
+
+const ATTEMPT_COLS: &str =
+    "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at";
+
+fn attempt_from_row(row: &SqliteRow) -> Result<AttemptRecord> {
+    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
+    Ok(AttemptRecord {
+        job_id: row.try_get("job_id").map_err(g)?,
+        epoch: row.try_get("epoch").map_err(g)?,
+        agent_id: row.try_get("agent_id").map_err(g)?,
+        session_id: row.try_get("session_id").map_err(g)?,
+        runner: row.try_get("runner").map_err(g)?,
+        lease_deadline: row.try_get("lease_deadline").map_err(g)?,
+        outcome: parse_enum(row.try_get::<&str, _>("outcome").map_err(g)?)?,
+        exit_code: row.try_get("exit_code").map_err(g)?,
+        message: row.try_get("message").map_err(g)?,
+        started_at: row.try_get("started_at").map_err(g)?,
+        finished_at: row.try_get("finished_at").map_err(g)?,
+    })
+}
+
+fn repo_from_row(row: &SqliteRow) -> Result<RepoRecord> {
+    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
+    Ok(RepoRecord {
+        id: row.try_get("id").map_err(g)?,
+        name: row.try_get("name").map_err(g)?,
+        clone_url: row.try_get("clone_url").map_err(g)?,
+        webhook_secret: row.try_get("webhook_secret").map_err(g)?,
+        created_at: row.try_get("created_at").map_err(g)?,
+    })
+}
+
+async fn load_run<'e, E: sqlx::Executor<'e, Database = Sqlite>>(ex: E, run_id: &str) -> Result<RunRecord> {
+    let row = sqlx::query(sqlf!("SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id WHERE r.id = ?"))
+        .bind(run_id)
+        .fetch_optional(ex)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
+    run_from_row(&row)
+}
+
+async fn load_job<'e, E: sqlx::Executor<'e, Database = Sqlite>>(ex: E, job_id: &str) -> Result<(JobRecord, JobBudget)> {
+    let row = sqlx::query(sqlf!("SELECT {JOB_COLS} FROM jobs WHERE id = ?"))
+        .bind(job_id)
+        .fetch_optional(ex)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("job {job_id}")))?;
+    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
+    let budget = JobBudget {
+        failure_retries: row.try_get("failure_retries").map_err(g)?,
+        infra_retries: row.try_get("infra_retries").map_err(g)?,
+        max_failure_retries: row.try_get("max_failure_retries").map_err(g)?,
+    };
+    Ok((job_from_row(&row)?, budget))
+}
+
+struct JobBudget {
+    failure_retries: i64,
+    infra_retries: i64,
+    max_failure_retries: i64,
+}
+
+// ---------- shared transaction steps ----------
+
+/// Make a job ready with a new dispatch generation and write its outbox event
+/// in the same transaction (spec 000 §9, invariant 5).
+async fn make_ready(tx: &mut Tx<'_>, job_id: &str, available_at: i64, now: i64) -> Result<()> {
+    let (gen_, class): (i64, String) = sqlx::query_as(
+        "UPDATE jobs SET status = 'ready', dispatch_generation = dispatch_generation + 1, next_attempt_at = ? \
+         WHERE id = ? RETURNING dispatch_generation, class_key",
+    )
+    .bind(available_at)
+    .bind(job_id)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    sqlx::query(
+        "INSERT INTO outbox (job_id, dispatch_generation, class_key, available_at, created_at) VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(job_id)
+    .bind(gen_)
+    .bind(class)
+    .bind(available_at)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// After a job of `run_id` finished: make pending jobs whose needs all
+/// succeeded ready, skip pending jobs downstream of a failure, and finish the
+/// run when nothing is left to run.
+async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
+    let run = load_run(&mut **tx, run_id).await?;
+    let rows = sqlx::query("SELECT id, name, status, needs FROM jobs WHERE run_id = ? ORDER BY job_index")
+        .bind(run_id)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    let mut status: HashMap<String, JobStatus> = HashMap::new();
+    let mut jobs = Vec::new();
+    for r in &rows {
+        let id: String = r.get("id");
+        let name: String = r.get("name");
+        let st: JobStatus = parse_enum(r.get::<&str, _>("status"))?;
+        let needs: Vec<String> = serde_json::from_str(r.get::<&str, _>("needs")).unwrap_or_default();
+        status.insert(name.clone(), st);
+        jobs.push((id, name, needs));
+    }
+    if run.status.can_claim() {
+        // Jobs are listed so that needs always name earlier jobs: one pass
+        // propagates skips transitively.
+        for (id, name, needs) in &jobs {
+            if status[name] != JobStatus::Pending {
+                continue;
+            }
+            let dead = needs.iter().any(|n| {
+                matches!(status.get(n), Some(JobStatus::Failed | JobStatus::Cancelled | JobStatus::Skipped))
+            });
+            if dead {
+                sqlx::query("UPDATE jobs SET status = 'skipped', finished_at = ?, message = ? WHERE id = ?")
+                    .bind(now)
+                    .bind("skipped: a job it needs did not succeed")
+                    .bind(id)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(db_err)?;
+                status.insert(name.clone(), JobStatus::Skipped);
+            } else if needs.iter().all(|n| status.get(n) == Some(&JobStatus::Success)) {
+                make_ready(tx, id, now, now).await?;
+                status.insert(name.clone(), JobStatus::Ready);
+            }
+        }
+    }
+    let active = status.values().any(|s| !s.is_terminal());
+    if active {
+        return Ok(());
+    }
+    let final_status = if run.status == RunStatus::Cancelling {
+        RunStatus::Cancelled
+    } else if status.values().all(|s| matches!(s, JobStatus::Success | JobStatus::Skipped))
+        && status.values().any(|s| *s == JobStatus::Success)
+    {
+        RunStatus::Success
+    } else {
+        RunStatus::Failed
+    };
+    if run.status.is_terminal() {
+        return Ok(());
+    }
+    sqlx::query("UPDATE runs SET status = ?, finished_at = ?, updated_at = ? WHERE id = ?")
+        .bind(final_status.as_str())
+        .bind(now)
+        .bind(now)
+        .bind(run_id)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Ends an attempt that did not succeed: retry within the budget or fail the job.
+async fn fail_or_retry(
+    store: &SqliteStore,
+    tx: &mut Tx<'_>,
+    job: &JobRecord,
+    budget: &JobBudget,
+    infra: bool,
+    message: &str,
+    now: i64,
+) -> Result<JobStatus> {
+    let run = load_run(&mut **tx, &job.run_id).await?;
+    if run.status == RunStatus::Cancelling || run.status == RunStatus::Cancelled {
+        sqlx::query("UPDATE jobs SET status = 'cancelled', finished_at = ?, message = ? WHERE id = ?")
+            .bind(now)
+            .bind("cancelled")
+            .bind(&job.id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        advance_run(tx, &job.run_id, now).await?;
+        return Ok(JobStatus::Cancelled);
+    }
+    let (col, used, allowed) = if infra {
+        ("infra_retries", budget.infra_retries, DEFAULT_INFRA_RETRIES as i64)
+    } else {
+        ("failure_retries", budget.failure_retries, budget.max_failure_retries)
+    };
+    if used < allowed {
+        let at = now + store.retry_delay((used + 1) as u32);
+        sqlx::query(sqlf!("UPDATE jobs SET {col} = {col} + 1, message = ? WHERE id = ?"))
+            .bind(format!("retrying: {message}"))
+            .bind(&job.id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        make_ready(tx, &job.id, at, now).await?;
+        return Ok(JobStatus::Ready);
+    }
+    sqlx::query("UPDATE jobs SET status = 'failed', finished_at = ?, message = ? WHERE id = ?")
+        .bind(now)
+        .bind(message)
+        .bind(&job.id)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    advance_run(tx, &job.run_id, now).await?;
+    Ok(JobStatus::Failed)
+}
+
+/// Checks that `(job, epoch)` is the job's current running attempt with a
+/// live lease (invariant 3). Returns the job and its attempt.
+async fn require_live(tx: &mut Tx<'_>, job_id: &str, epoch: i64, now: i64) -> Result<(JobRecord, JobBudget)> {
+    let (job, budget) = load_job(&mut **tx, job_id).await?;
+    let row = sqlx::query("SELECT outcome, lease_deadline FROM attempts WHERE job_id = ? AND epoch = ?")
+        .bind(job_id)
+        .bind(epoch)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    let Some(row) = row else {
+        return Err(StoreError::StaleEpoch(format!("job {job_id} has no attempt with epoch {epoch}")));
+    };
+    let outcome: AttemptOutcome = parse_enum(row.get::<&str, _>("outcome"))?;
+    let deadline: i64 = row.get("lease_deadline");
+    if epoch != job.current_epoch {
+        return Err(StoreError::StaleEpoch(format!(
+            "epoch {epoch} of job {job_id} was replaced by epoch {}",
+            job.current_epoch
+        )));
+    }
+    if !outcome.can_publish() {
+        return Err(StoreError::StaleEpoch(format!("epoch {epoch} of job {job_id} already ended ({outcome})")));
+    }
+    if deadline <= now {
+        return Err(StoreError::StaleEpoch(format!("the lease of epoch {epoch} of job {job_id} expired")));
+    }
+    Ok((job, budget))
+}
+
+async fn end_attempt(
+    tx: &mut Tx<'_>,
+    job_id: &str,
+    epoch: i64,
+    outcome: AttemptOutcome,
+    exit_code: Option<i32>,
+    message: Option<&str>,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE attempts SET outcome = ?, exit_code = ?, message = ?, finished_at = ? \
+         WHERE job_id = ? AND epoch = ? AND outcome = 'running'",
+    )
+    .bind(outcome.as_str())
+    .bind(exit_code)
+    .bind(message)
+    .bind(now)
+    .bind(job_id)
+    .bind(epoch)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
+async fn claimed(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<ClaimedAttempt> {
+    let (job, _) = load_job(&mut **tx, job_id).await?;
+    let run = load_run(&mut **tx, &job.run_id).await?;
+    let deadline: i64 = sqlx::query_scalar("SELECT lease_deadline FROM attempts WHERE job_id = ? AND epoch = ?")
+        .bind(job_id)
+        .bind(epoch)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline })
+}
+
+// ---------- trait implementations ----------
+
+#[async_trait]
+impl RepoStore for SqliteStore {
+    async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord> {
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        let id = new_id();
+        let res = sqlx::query("INSERT INTO repos (id, name, clone_url, webhook_secret, created_at) VALUES (?, ?, ?, ?, ?)")
+            .bind(&id)
+            .bind(name)
+            .bind(clone_url)
+            .bind(webhook_secret)
+            .bind(now)
+            .execute(&mut *tx)
+            .await;
+        match res {
+            Err(e) => match db_err(e) {
+                StoreError::Conflict(_) => return Err(StoreError::Conflict(format!("repository `{name}` already exists"))),
+                other => return Err(other),
+            },
+            Ok(_) => {}
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(RepoRecord {
+            id,
+            name: name.into(),
+            clone_url: clone_url.into(),
+            webhook_secret: webhook_secret.map(Into::into),
+            created_at: now,
+        })
+    }
+
+    async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord> {
+        let row = sqlx::query("SELECT * FROM repos WHERE name = ? OR id = ? LIMIT 1")
+            .bind(name_or_id)
+            .bind(name_or_id)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("repository `{name_or_id}`")))?;
+        repo_from_row(&row)
+    }
+
+    async fn list_repos(&self) -> Result<Vec<RepoRecord>> {
+        let rows = sqlx::query("SELECT * FROM repos ORDER BY name").fetch_all(&self.reader).await.map_err(db_err)?;
+        rows.iter().map(repo_from_row).collect()
+    }
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    async fn accept_run(&self, run: NewRun) -> Result<Accepted> {
+        let mut tx = self.begin().await?;
+        if let Some(idem) = &run.idempotency {
+            let existing: Option<(String, String)> =
+                sqlx::query_as("SELECT request_digest, run_id FROM idempotency WHERE scope = ? AND key = ?")
+                    .bind(&idem.scope)
+                    .bind(&idem.key)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+            if let Some((digest, run_id)) = existing {
+                return if digest == idem.request_digest {
+                    Ok(Accepted { run_id, created: false })
+                } else {
+                    Err(StoreError::IdempotencyMismatch)
+                };
+            }
+        }
+        let now = now(&mut tx).await?;
+        let run_id = new_id();
+        let definition = serde_json::to_string(&run.workflow).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let inputs = serde_json::to_string(&run.inputs).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
+             definition, inputs, parent_run_id, created_at, updated_at) \
+             VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&run_id)
+        .bind(&run.repo_id)
+        .bind(&run.commit_sha)
+        .bind(&run.git_ref)
+        .bind(&run.event)
+        .bind(&run.trust)
+        .bind(&run.workflow_path)
+        .bind(run.workflow.canonical_hash())
+        .bind(&definition)
+        .bind(&inputs)
+        .bind(&run.parent_run_id)
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        for (i, job) in run.workflow.jobs.iter().enumerate() {
+            let job_id = new_id();
+            sqlx::query(
+                "INSERT INTO jobs (id, run_id, job_index, name, status, needs, class_key, max_failure_retries) \
+                 VALUES (?, ?, ?, ?, 'pending', ?, ?, ?)",
+            )
+            .bind(&job_id)
+            .bind(&run_id)
+            .bind(i as i64)
+            .bind(&job.name)
+            .bind(serde_json::to_string(&job.needs).expect("names serialise"))
+            .bind(class_key(&job.runs_on))
+            .bind(job.retry as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            if job.needs.is_empty() {
+                make_ready(&mut tx, &job_id, now, now).await?;
+            }
+        }
+        if let Some(idem) = &run.idempotency {
+            sqlx::query("INSERT INTO idempotency (scope, key, request_digest, run_id, created_at) VALUES (?, ?, ?, ?, ?)")
+                .bind(&idem.scope)
+                .bind(&idem.key)
+                .bind(&idem.request_digest)
+                .bind(&run_id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(Accepted { run_id, created: true })
+    }
+
+    async fn get_run(&self, run_id: &str) -> Result<RunView> {
+        let mut conn = self.reader.acquire().await.map_err(db_err)?;
+        let run = load_run(&mut *conn, run_id).await?;
+        let job_rows = sqlx::query(sqlf!("SELECT {JOB_COLS} FROM jobs WHERE run_id = ? ORDER BY job_index"))
+            .bind(run_id)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        let attempt_rows = sqlx::query(sqlf!(
+            "SELECT {ATTEMPT_COLS} FROM attempts WHERE run_id = ? ORDER BY job_id, epoch"
+        ))
+        .bind(run_id)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        let mut attempts: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
+        for r in &attempt_rows {
+            let a = attempt_from_row(r)?;
+            attempts.entry(a.job_id.clone()).or_default().push(a);
+        }
+        let jobs = job_rows
+            .iter()
+            .map(|r| {
+                let job = job_from_row(r)?;
+                let attempts = attempts.remove(&job.id).unwrap_or_default();
+                Ok(JobView { job, attempts })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RunView { run, jobs })
+    }
+
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>> {
+        let rows = sqlx::query(sqlf!(
+            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+             WHERE r.repo_id = ? AND (? IS NULL OR r.status = ?) ORDER BY r.created_at DESC, r.id DESC LIMIT ?"
+        ))
+        .bind(repo_id)
+        .bind(status)
+        .bind(status)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(run_from_row).collect()
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<RunRecord> {
+        let mut tx = self.begin().await?;
+        let run = load_run(&mut *tx, run_id).await?;
+        if run.status.is_terminal() || run.status == RunStatus::Cancelling {
+            return Ok(run);
+        }
+        let now = now(&mut tx).await?;
+        sqlx::query(
+            "UPDATE jobs SET status = 'cancelled', finished_at = ?, message = 'cancelled' \
+             WHERE run_id = ? AND status IN ('pending', 'ready')",
+        )
+        .bind(now)
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        let running: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE run_id = ? AND status = 'running'")
+            .bind(run_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        // Keep the run CANCELLING while physical termination is unresolved.
+        let (status, finished) = if running > 0 {
+            (RunStatus::Cancelling, None)
+        } else {
+            (RunStatus::Cancelled, Some(now))
+        };
+        sqlx::query(
+            "UPDATE runs SET status = ?, cancel_version = cancel_version + 1, finished_at = ?, updated_at = ? WHERE id = ?",
+        )
+        .bind(status.as_str())
+        .bind(finished)
+        .bind(now)
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        let run = load_run(&mut *tx, run_id).await?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(run)
+    }
+
+    async fn get_job(&self, job_id: &str) -> Result<JobRecord> {
+        Ok(load_job(&self.reader, job_id).await?.0)
+    }
+}
+
+#[async_trait]
+impl AgentStore for SqliteStore {
+    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord> {
+        let parsed: BTreeMap<String, String> =
+            serde_json::from_str(labels).map_err(|e| StoreError::Invalid(format!("labels: {e}")))?;
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        let id = new_id();
+        let session = new_id();
+        sqlx::query(
+            "INSERT INTO agents (id, name, labels, max_jobs, session_id, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&id)
+        .bind(name)
+        .bind(labels)
+        .bind(max_jobs as i64)
+        .bind(&session)
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(AgentRecord { id, name: name.into(), labels: parsed, max_jobs, session_id: session })
+    }
+
+    async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord> {
+        let row = sqlx::query("SELECT id, name, labels, max_jobs, session_id FROM agents WHERE id = ?")
+            .bind(agent_id)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("agent {agent_id}")))?;
+        Ok(AgentRecord {
+            id: row.get("id"),
+            name: row.get("name"),
+            labels: serde_json::from_str(row.get::<&str, _>("labels")).unwrap_or_default(),
+            max_jobs: row.get::<i64, _>("max_jobs") as u32,
+            session_id: row.get("session_id"),
+        })
+    }
+}
+
+#[async_trait]
+impl AttemptStore for SqliteStore {
+    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>> {
+        let mut tx = self.begin().await?;
+        // A retried claim request returns what the first one committed.
+        let prior: Option<(String, i64)> =
+            sqlx::query_as("SELECT job_id, epoch FROM attempts WHERE claim_request_id = ?")
+                .bind(&req.claim_request_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        if let Some((job_id, epoch)) = prior {
+            let c = claimed(&mut tx, &job_id, epoch).await?;
+            return Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c));
+        }
+        let now = now(&mut tx).await?;
+        let (job, _) = match load_job(&mut *tx, &req.job_id).await {
+            Ok(j) => j,
+            Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !job.status.can_claim()
+            || job.dispatch_generation != req.dispatch_generation
+            || job.next_attempt_at.is_some_and(|t| t > now)
+        {
+            return Ok(None);
+        }
+        let run = load_run(&mut *tx, &job.run_id).await?;
+        if !run.status.can_claim() {
+            return Ok(None);
+        }
+        // Predecessors succeeded (defensive: readiness already implies it).
+        let preds_ok: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM jobs WHERE run_id = ? AND name IN (SELECT value FROM json_each(?)) AND status != 'success'",
+        )
+        .bind(&job.run_id)
+        .bind(serde_json::to_string(&job.needs).expect("names"))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if preds_ok != 0 {
+            return Ok(None);
+        }
+        // Capacity admission for this agent session.
+        let agent: Option<(String, i64, String)> =
+            sqlx::query_as("SELECT session_id, max_jobs, name FROM agents WHERE id = ?")
+                .bind(&req.agent_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        let Some((session, max_jobs, agent_name)) = agent else {
+            return Err(StoreError::NotFound(format!("agent {}", req.agent_id)));
+        };
+        if session != req.session_id {
+            return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
+        }
+        let running: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM attempts WHERE session_id = ? AND outcome = 'running'")
+                .bind(&req.session_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        if running >= max_jobs {
+            return Ok(None);
+        }
+        let epoch = job.current_epoch + 1;
+        let deadline = now + req.lease_ttl_ms;
+        sqlx::query(
+            "INSERT INTO attempts (job_id, epoch, run_id, agent_id, session_id, runner, claim_request_id, lease_deadline, \
+             outcome, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)",
+        )
+        .bind(&job.id)
+        .bind(epoch)
+        .bind(&job.run_id)
+        .bind(&req.agent_id)
+        .bind(&req.session_id)
+        .bind(&agent_name)
+        .bind(&req.claim_request_id)
+        .bind(deadline)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query(
+            "UPDATE jobs SET status = 'running', current_epoch = ?, next_attempt_at = NULL, \
+             started_at = COALESCE(started_at, ?) WHERE id = ?",
+        )
+        .bind(epoch)
+        .bind(now)
+        .bind(&job.id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query("UPDATE runs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'")
+            .bind(now)
+            .bind(&job.run_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let c = claimed(&mut tx, &job.id, epoch).await?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(Some(c))
+    }
+
+    async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>> {
+        let mut tx = self.reader.begin().await.map_err(db_err)?;
+        let prior: Option<(String, i64)> =
+            sqlx::query_as("SELECT job_id, epoch FROM attempts WHERE claim_request_id = ?")
+                .bind(claim_request_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        let Some((job_id, epoch)) = prior else { return Ok(None) };
+        let c = claimed(&mut tx, &job_id, epoch).await?;
+        Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c))
+    }
+
+    async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome> {
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        let (job, _) = require_live(&mut tx, job_id, epoch, now).await?;
+        let deadline = now + lease_ttl_ms;
+        sqlx::query("UPDATE attempts SET lease_deadline = ? WHERE job_id = ? AND epoch = ?")
+            .bind(deadline)
+            .bind(job_id)
+            .bind(epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = ?")
+            .bind(&job.run_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(HeartbeatOutcome { cancel_requested: status != "running" && status != "queued", lease_deadline: deadline })
+    }
+
+    async fn complete(&self, job_id: &str, epoch: i64, c: CompletionInput) -> Result<String> {
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        let (job, budget) = require_live(&mut tx, job_id, epoch, now).await?;
+        let run = load_run(&mut *tx, &job.run_id).await?;
+        if !run.status.can_claim() {
+            // Cancellation committed first: the late completion is rejected,
+            // but it does confirm the sandbox ended.
+            end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Cancelled, c.exit_code, Some("cancelled"), now).await?;
+            fail_or_retry(self, &mut tx, &job, &budget, false, "cancelled", now).await?;
+            tx.commit().await.map_err(db_err)?;
+            if c.outcome == AttemptOutcome::Cancelled {
+                return Ok(JobStatus::Cancelled.as_str().into());
+            }
+            return Err(StoreError::Conflict(format!("run {} was cancelled before this completion", run.id)));
+        }
+        let status = match c.outcome {
+            AttemptOutcome::Success => {
+                end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Success, c.exit_code, c.message.as_deref(), now)
+                    .await?;
+                sqlx::query("UPDATE jobs SET status = 'success', finished_at = ?, message = NULL WHERE id = ?")
+                    .bind(now)
+                    .bind(job_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+                advance_run(&mut tx, &job.run_id, now).await?;
+                JobStatus::Success
+            }
+            AttemptOutcome::Failed | AttemptOutcome::Cancelled | AttemptOutcome::Lost => {
+                let msg = c.message.clone().unwrap_or_else(|| match c.exit_code {
+                    Some(code) => format!("step exited with code {code}"),
+                    None => "attempt failed".into(),
+                });
+                end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
+                fail_or_retry(self, &mut tx, &job, &budget, c.infra_failure, &msg, now).await?
+            }
+            AttemptOutcome::Running => return Err(StoreError::Invalid("completion outcome cannot be running".into())),
+        };
+        tx.commit().await.map_err(db_err)?;
+        Ok(status.as_str().into())
+    }
+
+    async fn fence_expired(&self) -> Result<Vec<(String, i64)>> {
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        let expired: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT job_id, epoch FROM attempts WHERE outcome = 'running' AND lease_deadline <= ? ORDER BY lease_deadline",
+        )
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        for (job_id, epoch) in &expired {
+            // Fence first: the old epoch can no longer publish...
+            end_attempt(&mut tx, job_id, *epoch, AttemptOutcome::Lost, None, Some("lease expired: agent lost"), now)
+                .await?;
+            let (job, budget) = load_job(&mut *tx, job_id).await?;
+            if job.current_epoch != *epoch || job.status != JobStatus::Running {
+                continue;
+            }
+            // ...then authorize a replacement within the budget.
+            fail_or_retry(self, &mut tx, &job, &budget, true, "agent lost (lease expired)", now).await?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(expired)
+    }
+
+    async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        let res = sqlx::query(
+            "UPDATE attempts SET lease_deadline = MIN(lease_deadline, ?) WHERE session_id = ? AND outcome = 'running'",
+        )
+        .bind(now + grace_ms)
+        .bind(session_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(res.rows_affected())
+    }
+}
+
+#[async_trait]
+impl OutboxStore for SqliteStore {
+    async fn pending_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>> {
+        let rows: Vec<(i64, String, i64, String)> = sqlx::query_as(
+            "SELECT id, job_id, dispatch_generation, class_key FROM outbox \
+             WHERE published_at IS NULL AND available_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+             ORDER BY id LIMIT ?",
+        )
+        .bind(limit as i64)
+        .fetch_all(&self.writer)
+        .await
+        .map_err(db_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, job_id, dispatch_generation, class_key)| OutboxEvent { id, job_id, dispatch_generation, class_key })
+            .collect())
+    }
+
+    async fn mark_published(&self, ids: &[i64]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let list = serde_json::to_string(ids).expect("ids");
+        sqlx::query(
+            "UPDATE outbox SET published_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+             WHERE id IN (SELECT value FROM json_each(?))",
+        )
+        .bind(list)
+        .execute(&self.writer)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn ready_jobs(&self) -> Result<Vec<OutboxEvent>> {
+        let rows: Vec<(String, i64, String)> = sqlx::query_as(
+            "SELECT id, dispatch_generation, class_key FROM jobs WHERE status = 'ready' \
+             AND COALESCE(next_attempt_at, 0) <= CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        )
+        .fetch_all(&self.reader)
+        .await
+        .map_err(db_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(job_id, dispatch_generation, class_key)| OutboxEvent { id: 0, job_id, dispatch_generation, class_key })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl LogStore for SqliteStore {
+    async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
+        use sha2::{Digest, Sha256};
+        if hex::encode(Sha256::digest(&chunk.data)) != chunk.sha256 {
+            return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
+        }
+        if chunk.offset < 0 || chunk.seq < 0 {
+            return Err(StoreError::Invalid("negative offset or seq".into()));
+        }
+        let len = chunk.data.len() as i64;
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        let existing: Option<(i64, String)> = sqlx::query_as(
+            "SELECT length, sha256 FROM log_chunks WHERE job_id = ? AND epoch = ? AND stream = ? AND byte_offset = ?",
+        )
+        .bind(&chunk.job_id)
+        .bind(chunk.epoch)
+        .bind(&chunk.stream)
+        .bind(chunk.offset)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        match existing {
+            // An identical retry is accepted even after the attempt ended.
+            Some((l, s)) if l == len && s == chunk.sha256 => {}
+            Some(_) => {
+                return Err(StoreError::Conflict(format!(
+                    "different bytes were already committed at {} offset {}",
+                    chunk.stream, chunk.offset
+                )));
+            }
+            None => {
+                require_live(&mut tx, &chunk.job_id, chunk.epoch, now).await?;
+                let overlap: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM log_chunks WHERE job_id = ? AND epoch = ? AND stream = ? \
+                     AND byte_offset < ? AND byte_offset + length > ?",
+                )
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .bind(chunk.offset + len)
+                .bind(chunk.offset)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                if overlap > 0 && len > 0 {
+                    return Err(StoreError::Conflict(format!(
+                        "chunk at {} offset {} overlaps bytes already committed",
+                        chunk.stream, chunk.offset
+                    )));
+                }
+                sqlx::query(
+                    "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .bind(chunk.seq)
+                .bind(chunk.offset)
+                .bind(len)
+                .bind(&chunk.sha256)
+                .bind(&chunk.data)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                // Advance the contiguous committed offset of this stream.
+                let mut committed: i64 = sqlx::query_scalar(
+                    "SELECT committed FROM log_progress WHERE job_id = ? AND epoch = ? AND stream = ?",
+                )
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?
+                .unwrap_or(0);
+                loop {
+                    let next: Option<i64> = sqlx::query_scalar(
+                        "SELECT length FROM log_chunks WHERE job_id = ? AND epoch = ? AND stream = ? AND byte_offset = ? AND length > 0",
+                    )
+                    .bind(&chunk.job_id)
+                    .bind(chunk.epoch)
+                    .bind(&chunk.stream)
+                    .bind(committed)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+                    match next {
+                        Some(l) => committed += l,
+                        None => break,
+                    }
+                }
+                sqlx::query(
+                    "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES (?, ?, ?, ?) \
+                     ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
+                )
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .bind(committed)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            }
+        }
+        let progress: Vec<(String, i64)> =
+            sqlx::query_as("SELECT stream, committed FROM log_progress WHERE job_id = ? AND epoch = ? ORDER BY stream")
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(progress)
+    }
+
+    async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>> {
+        let rows: Vec<(i64, i64, String, i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT id, epoch, stream, byte_offset, data FROM log_chunks WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+        )
+        .bind(job_id)
+        .bind(after_id)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(db_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, epoch, stream, offset, data)| LogChunkRecord { id, epoch, stream, offset, data })
+            .collect())
+    }
+}
