@@ -29,8 +29,6 @@ pub(crate) struct Pos {
 }
 
 impl Pos {
-    pub(crate) const START: Pos = Pos { line: 1, column: 1 };
-
     fn from_marker(m: &Marker) -> Pos {
         Pos {
             line: m.line().max(1),
@@ -211,9 +209,10 @@ const ANCHOR_MESSAGE: &str = "YAML anchors and aliases (`&name`, `*name`) are no
 /// input size.
 pub(crate) fn load(src: &str) -> Loaded {
     let options = gp::options! {
-        // Our own depth check fires first; these are a backstop for the scanner.
-        flow_nesting_limit: MAX_DEPTH + 8,
-        block_nesting_limit: MAX_DEPTH + 8,
+        // The scanner reads flow collections ahead of the events, so its own
+        // limit can fire before our depth check; both report the same message.
+        flow_nesting_limit: MAX_DEPTH,
+        block_nesting_limit: MAX_DEPTH,
         emit_comments: false,
     };
     let mut parser = gp::Parser::new_from_str_with_options(src, options).keep_tags(true);
@@ -234,10 +233,19 @@ pub(crate) fn load(src: &str) -> Loaded {
         let (event, span) = match result {
             Ok(ok) => ok,
             Err(e) => {
-                let pos = Pos::from_marker(e.marker());
+                let mut pos = Pos::from_marker(e.marker());
                 let message = match e.kind() {
                     gp::ErrorKind::UnknownAnchor => ANCHOR_MESSAGE.to_string(),
-                    kind => syntax_message(&kind.to_string()),
+                    gp::ErrorKind::RecursionLimitExceeded => depth_message(),
+                    kind => {
+                        let detail = kind.to_string();
+                        if detail.contains("tab") {
+                            pos = first_indent_tab(src, pos.line).unwrap_or(pos);
+                            format!("invalid YAML: {detail}; indent with spaces, not tabs")
+                        } else {
+                            format!("invalid YAML: {detail}")
+                        }
+                    }
                 };
                 fatal(&mut out, pos, message);
                 return out;
@@ -276,13 +284,7 @@ pub(crate) fn load(src: &str) -> Loaded {
             }
             Event::SequenceStart(..) | Event::MappingStart(..) => {
                 if stack.len() >= MAX_DEPTH {
-                    fatal(
-                        &mut out,
-                        pos,
-                        format!(
-                            "the YAML nests deeper than {MAX_DEPTH} levels; flatten the structure"
-                        ),
-                    );
+                    fatal(&mut out, pos, depth_message());
                     return out;
                 }
                 stack.push(if matches!(event, Event::SequenceStart(..)) {
@@ -390,13 +392,23 @@ pub(crate) fn load(src: &str) -> Loaded {
     out
 }
 
-fn syntax_message(detail: &str) -> String {
-    let hint = if detail.contains("tab") {
-        "; indent with spaces, not tabs"
-    } else {
-        ""
-    };
-    format!("invalid YAML: {detail}{hint}")
+fn depth_message() -> String {
+    format!("the YAML nests deeper than {MAX_DEPTH} levels; flatten the structure")
+}
+
+/// The first tab used for indentation on or after `line`: scanner errors
+/// about tabs point at the token before it, which is confusing.
+fn first_indent_tab(src: &str, line: usize) -> Option<Pos> {
+    src.lines()
+        .enumerate()
+        .skip(line.saturating_sub(1))
+        .find_map(|(i, text)| {
+            let indent = text.len() - text.trim_start_matches([' ', '\t']).len();
+            text[..indent].find('\t').map(|col| Pos {
+                line: i + 1,
+                column: col + 1,
+            })
+        })
 }
 
 #[cfg(test)]

@@ -1,0 +1,134 @@
+//! Property tests: the parser never panics, and every failure carries at
+//! least one diagnostic.
+
+use kiln_workflow::{Diagnostics, MAX_DIAGNOSTICS, Workflow, parse};
+use proptest::prelude::*;
+
+const SPEC_EXAMPLE: &str = include_str!("fixtures/valid/spec-example.yaml");
+
+fn check(src: &str) {
+    let result: Result<Workflow, Diagnostics> = parse(src);
+    match result {
+        Ok(w) => {
+            assert!(!w.jobs.is_empty());
+            // A parsed workflow hashes deterministically.
+            assert_eq!(w.canonical_hash(), w.canonical_hash());
+        }
+        Err(d) => {
+            assert!(!d.0.is_empty(), "error without diagnostics for {src:?}");
+            assert!(d.0.len() <= MAX_DIAGNOSTICS + 1);
+            for diag in &d.0 {
+                assert!(!diag.message.is_empty());
+                assert!(diag.line >= 1 || src.len() > kiln_workflow::MAX_FILE_BYTES);
+            }
+        }
+    }
+}
+
+/// A mutation of the spec example: replace, delete or insert bytes at some
+/// character positions.
+#[derive(Debug, Clone)]
+enum Edit {
+    Replace(usize, String),
+    Delete(usize, usize),
+    Insert(usize, String),
+    SwapLines(usize, usize),
+}
+
+fn fragment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(":".to_string()),
+        Just("- ".to_string()),
+        Just("\n".to_string()),
+        Just("  ".to_string()),
+        Just("\t".to_string()),
+        Just("[".to_string()),
+        Just("]".to_string()),
+        Just("{".to_string()),
+        Just("}".to_string()),
+        Just("&a ".to_string()),
+        Just("*a".to_string()),
+        Just("!!str ".to_string()),
+        Just("\"".to_string()),
+        Just("'".to_string()),
+        Just("#".to_string()),
+        Just("|\n".to_string()),
+        Just("---\n".to_string()),
+        Just("needs: [compile]\n".to_string()),
+        Just("    needs: integration-test\n".to_string()),
+        Just("    timeout: 30m\n".to_string()),
+        Just("    retry: 99\n".to_string()),
+        Just("..".to_string()),
+        Just("/".to_string()),
+        "\\PC{0,8}",
+        any::<String>(),
+    ]
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        (any::<usize>(), fragment()).prop_map(|(at, s)| Edit::Replace(at, s)),
+        (any::<usize>(), 0usize..20).prop_map(|(at, n)| Edit::Delete(at, n)),
+        (any::<usize>(), fragment()).prop_map(|(at, s)| Edit::Insert(at, s)),
+        (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Edit::SwapLines(a, b)),
+    ]
+}
+
+fn apply(src: &str, edits: &[Edit]) -> String {
+    let mut chars: Vec<char> = src.chars().collect();
+    for e in edits {
+        let len = chars.len().max(1);
+        match e {
+            Edit::Replace(at, s) => {
+                let at = at % len;
+                if at < chars.len() {
+                    chars.splice(at..=at, s.chars());
+                }
+            }
+            Edit::Delete(at, n) => {
+                let at = at % len;
+                let end = (at + n).min(chars.len());
+                if at < end {
+                    chars.drain(at..end);
+                }
+            }
+            Edit::Insert(at, s) => {
+                let at = at % (chars.len() + 1);
+                chars.splice(at..at, s.chars());
+            }
+            Edit::SwapLines(a, b) => {
+                let text: String = chars.iter().collect();
+                let mut lines: Vec<&str> = text.split('\n').collect();
+                let n = lines.len();
+                lines.swap(a % n, b % n);
+                chars = lines.join("\n").chars().collect();
+            }
+        }
+    }
+    chars.into_iter().collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn arbitrary_strings_never_panic(src in any::<String>()) {
+        check(&src);
+    }
+
+    #[test]
+    fn yaml_ish_strings_never_panic(src in "[a-z:\\-\\[\\]{}&*!|>#'\" \n\t0-9.~/]{0,200}") {
+        check(&src);
+    }
+
+    #[test]
+    fn mutated_spec_example_never_panics(edits in prop::collection::vec(edit(), 1..6)) {
+        let src = apply(SPEC_EXAMPLE, &edits);
+        check(&src);
+    }
+}
+
+#[test]
+fn spec_example_is_valid_before_mutation() {
+    parse(SPEC_EXAMPLE).unwrap();
+}
