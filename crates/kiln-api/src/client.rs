@@ -120,6 +120,15 @@ impl Client {
         self.send(Method::POST, "/v1/repos", Some(body), &[], None).await
     }
 
+    pub async fn list_repos(&self) -> Result<Vec<Repo>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Repos {
+            repos: Vec<Repo>,
+        }
+        let r: Repos = self.send::<(), _>(Method::GET, "/v1/repos", None, &[], None).await?;
+        Ok(r.repos)
+    }
+
     pub async fn submit_run(
         &self,
         repo: &str,

@@ -1,14 +1,152 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The Kiln server: public API, agent API, SSE logs, and the background loops
+//! (outbox relay, reconciler). Stateless apart from the store and the object
+//! store; every authoritative decision is a store transaction.
+
+mod auth;
+mod dispatch;
+mod error;
+mod git;
+mod loops;
+mod routes;
+mod views;
+
+pub use git::normalize_url;
+
+use anyhow::Context;
+use dispatch::Dispatcher;
+use kiln_store::{SqliteStore, Store};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch, Notify};
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub listen: String,
+    /// Lease TTL; agents heartbeat every TTL/3.
+    pub lease_ttl: Duration,
+    /// How long an agent's leases survive once its connection drops.
+    pub loss_grace: Duration,
+    /// Base delay of retry backoff.
+    pub retry_base: Duration,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl ServerConfig {
+    pub fn new(data_dir: PathBuf, listen: String) -> Self {
+        ServerConfig {
+            data_dir,
+            listen,
+            lease_ttl: Duration::from_secs(30),
+            loss_grace: Duration::from_secs(3),
+            retry_base: Duration::from_millis(500),
+        }
     }
+}
+
+pub(crate) struct AppState {
+    pub store: Arc<dyn Store>,
+    pub config: ServerConfig,
+    pub admin_token: String,
+    pub agent_token: String,
+    pub mirrors: git::Mirrors,
+    pub dispatcher: Dispatcher,
+    /// Wakes the outbox relay after a transaction wrote outbox events.
+    pub relay_wake: Notify,
+    /// Job ids whose logs or status changed (SSE followers listen).
+    pub job_events: broadcast::Sender<String>,
+}
+
+pub(crate) type State = Arc<AppState>;
+
+/// A running server.
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    pub admin_token: String,
+    pub agent_token: String,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl ServerHandle {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting requests and end the background loops.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.task.await?
+    }
+
+    /// Wait until the server stops on its own (it normally does not).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await?
+    }
+}
+
+/// Read `DATA_DIR/NAME`, or create it with a fresh random token (mode 0600).
+fn load_or_create_token(dir: &std::path::Path, name: &str) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        let t = t.trim().to_string();
+        if !t.is_empty() {
+            return Ok(t);
+        }
+    }
+    let token = format!("kiln_{}", hex::encode(rand::random::<[u8; 24]>()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(f, "{token}")?;
+    Ok(token)
+}
+
+/// Open the store, bind the listener and start serving in the background.
+pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let admin_token = load_or_create_token(&config.data_dir, "admin.token")?;
+    let agent_token = load_or_create_token(&config.data_dir, "agent.token")?;
+    let db_path = config.data_dir.join("kiln.db");
+    let store = SqliteStore::open(&db_path)
+        .await
+        .with_context(|| format!("cannot open database {}", db_path.display()))?
+        .with_backoff(kiln_core::Backoff { base_ms: config.retry_base.as_millis() as u64, max_ms: 60_000 });
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let (job_events, _) = broadcast::channel(4096);
+    let state = Arc::new(AppState {
+        store: Arc::new(store),
+        mirrors: git::Mirrors::new(config.data_dir.join("mirrors")),
+        config,
+        admin_token: admin_token.clone(),
+        agent_token: agent_token.clone(),
+        dispatcher: Dispatcher::default(),
+        relay_wake: Notify::new(),
+        job_events,
+    });
+    let (shutdown, mut rx) = watch::channel(false);
+    loops::spawn(state.clone(), shutdown.subscribe()).await?;
+    let app = routes::router(state);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|v| *v).await;
+            })
+            .await
+            .context("server failed")
+    });
+    tracing::info!(%addr, "kiln server listening");
+    Ok(ServerHandle { addr, admin_token, agent_token, shutdown, task })
 }

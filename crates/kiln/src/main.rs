@@ -1,3 +1,5 @@
+//! The `kiln` binary: parses flags and calls the crates (see `lib.rs`).
+
 fn main() {
-    println!("Hello, world!");
+    std::process::exit(kiln::main_entry());
 }

@@ -1,0 +1,69 @@
+//! The one error type at the HTTP edge: `{"error": {"code", "message"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kiln_api::{codes, ErrorBody, ErrorDetail};
+use kiln_store::StoreError;
+
+#[derive(Debug)]
+pub struct ApiErr {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiErr {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiErr { status, code, message: message.into() }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID, message)
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, codes::INVALID, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, message)
+    }
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            codes::UNAUTHORIZED,
+            "missing or invalid bearer token (send `Authorization: Bearer <token>`; see DATA_DIR/admin.token)",
+        )
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL, message)
+    }
+}
+
+impl From<StoreError> for ApiErr {
+    fn from(e: StoreError) -> Self {
+        let msg = e.to_string();
+        match e {
+            StoreError::NotFound(what) => ApiErr::not_found(format!("{what} not found")),
+            StoreError::Conflict(m) => ApiErr::new(StatusCode::CONFLICT, codes::CONFLICT, m),
+            StoreError::StaleEpoch(m) => ApiErr::new(StatusCode::CONFLICT, codes::STALE_EPOCH, m),
+            StoreError::IdempotencyMismatch => ApiErr::new(
+                StatusCode::CONFLICT,
+                codes::IDEMPOTENCY_MISMATCH,
+                "this Idempotency-Key was already used with a different request body; use a new key",
+            ),
+            StoreError::Invalid(m) => ApiErr::bad_request(m),
+            StoreError::Unavailable(_) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg),
+        }
+    }
+}
+
+impl IntoResponse for ApiErr {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(code = self.code, "{}", self.message);
+        }
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiErr>;

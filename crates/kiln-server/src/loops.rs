@@ -1,0 +1,67 @@
+//! Background loops: the outbox relay and the reconciler. Both are
+//! idempotent by construction: re-running them after a crash republishes
+//! events (absorbed by the claim) or re-fences nothing.
+
+use crate::State;
+use std::time::Duration;
+use tokio::sync::watch;
+
+pub async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    // Rebuild dispatch queues: ready jobs whose events were published before a restart.
+    for ev in state.store.ready_jobs().await? {
+        state.dispatcher.push(ev);
+    }
+    tokio::spawn(relay(state.clone(), shutdown.clone()));
+    tokio::spawn(reconciler(state, shutdown));
+    Ok(())
+}
+
+/// Deliver committed outbox events to dispatch queues, then mark them
+/// published. A crash between the two republishes: the claim absorbs it.
+async fn relay(state: State, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let notified = state.relay_wake.notified();
+        match state.store.pending_outbox(500).await {
+            Ok(events) if !events.is_empty() => {
+                let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+                for ev in events {
+                    state.dispatcher.push(ev);
+                }
+                if let Err(e) = state.store.mark_published(&ids).await {
+                    tracing::warn!("outbox relay: cannot mark events published: {e}");
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("outbox relay paused: {e}"),
+        }
+        // Poll now and then for events whose backoff (`available_at`) passed.
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Fence expired leases before authorizing replacements (spec 000 §8).
+async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
+    let period = (state.config.lease_ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    loop {
+        match state.store.fence_expired().await {
+            Ok(fenced) if !fenced.is_empty() => {
+                for (job, epoch) in &fenced {
+                    tracing::warn!(job, epoch, "lease expired: epoch fenced");
+                    let _ = state.job_events.send(job.clone());
+                }
+                state.relay_wake.notify_one();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("reconciler paused: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}

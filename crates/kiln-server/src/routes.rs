@@ -1,0 +1,510 @@
+//! HTTP routes: the public API (admin token), the agent API (agent token),
+//! health endpoints and the embedded UI.
+
+use crate::error::{ApiErr, ApiResult};
+use crate::{auth, views, State};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State as S};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{middleware, Json, Router};
+use base64::Engine;
+use futures::Stream;
+use kiln_api as api;
+use kiln_core::{AttemptOutcome, JobStatus};
+use kiln_store::{ClaimInput, Idempotency, NewLogChunk, NewRun, StoreError};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+/// Largest accepted JSON body (log chunks are ≤ 1 MiB of bytes, base64 grows them).
+const MAX_BODY: usize = 2 * 1024 * 1024;
+const MAX_CHUNK: usize = 1024 * 1024;
+
+pub fn router(state: State) -> Router {
+    let public = Router::new()
+        .route("/v1/repos", post(create_repo).get(list_repos))
+        .route("/v1/repos/{repo}/workflow-runs", post(submit_run).get(list_runs))
+        .route("/v1/workflow-runs/{run}", get(get_run))
+        .route("/v1/workflow-runs/{run}/cancel", post(cancel_run))
+        .route("/v1/workflow-runs/{run}/retry", post(retry_run))
+        .route("/v1/jobs/{job}/logs/events", get(log_events))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
+    let agent = Router::new()
+        .route("/v1/agents/register", post(register_agent))
+        .route("/v1/agents/{agent}/claim", post(claim))
+        .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(heartbeat))
+        .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(append_log))
+        .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(complete))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_agent));
+    Router::new()
+        .merge(public)
+        .merge(agent)
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/", get(ui))
+        .fallback(|| async { ApiErr::not_found("no such endpoint") })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiErr::bad_request(format!("invalid JSON body: {e}")))
+}
+
+async fn readyz(S(state): S<State>) -> Response {
+    match state.store.list_repos().await {
+        Ok(_) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, api::codes::UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+/// Prometheus text exposition (more series arrive with the reliability layer).
+async fn metrics(S(state): S<State>) -> impl IntoResponse {
+    let body = format!(
+        "# HELP kiln_dispatch_queue_depth Deliveries waiting in dispatch queues.\n\
+         # TYPE kiln_dispatch_queue_depth gauge\n\
+         kiln_dispatch_queue_depth {}\n",
+        state.dispatcher.depth()
+    );
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+}
+
+async fn ui() -> Html<&'static str> {
+    Html(include_str!("../assets/index.html"))
+}
+
+// ---------- repositories ----------
+
+async fn create_repo(S(state): S<State>, body: Bytes) -> ApiResult<(StatusCode, Json<api::Repo>)> {
+    let req: api::CreateRepo = parse(&body)?;
+    let name = req.name.trim();
+    if name.is_empty()
+        || name.len() > 100
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(ApiErr::invalid("repository name must be 1-100 characters of [A-Za-z0-9._-]"));
+    }
+    if req.clone_url.trim().is_empty() {
+        return Err(ApiErr::invalid("clone_url is required"));
+    }
+    let repo = state.store.create_repo(name, req.clone_url.trim(), req.webhook_secret.as_deref()).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(api::Repo { id: repo.id, name: repo.name, clone_url: repo.clone_url, created_at_ms: repo.created_at }),
+    ))
+}
+
+async fn list_repos(S(state): S<State>) -> ApiResult<Json<serde_json::Value>> {
+    let repos: Vec<api::Repo> = state
+        .store
+        .list_repos()
+        .await?
+        .into_iter()
+        .map(|r| api::Repo { id: r.id, name: r.name, clone_url: r.clone_url, created_at_ms: r.created_at })
+        .collect();
+    Ok(Json(serde_json::json!({ "repos": repos })))
+}
+
+// ---------- runs ----------
+
+async fn submit_run(
+    S(state): S<State>,
+    Path(repo): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
+    let req: api::SubmitRun = parse(&body)?;
+    let repo = state.store.get_repo(&repo).await?;
+    let idempotency = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let key = v.to_str().map_err(|_| ApiErr::bad_request("Idempotency-Key must be ASCII"))?;
+            if key.is_empty() || key.len() > 200 {
+                return Err(ApiErr::bad_request("Idempotency-Key must be 1-200 characters"));
+            }
+            // The digest covers the request as sent (canonical JSON), so a
+            // redelivery matches even if a branch moved since.
+            let canonical = serde_json::to_vec(&serde_json::to_value(&req).expect("request")).expect("json");
+            Some(Idempotency {
+                scope: format!("admin:{}", repo.id),
+                key: key.to_string(),
+                request_digest: hex::encode(Sha256::digest(&canonical)),
+            })
+        }
+    };
+    let event = req.event.clone().unwrap_or_else(|| "manual".into());
+    if !["manual", "push", "pull_request", "retry", "schedule"].contains(&event.as_str()) {
+        return Err(ApiErr::invalid(format!("unknown event `{event}`")));
+    }
+    let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
+    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(|e| match e {
+        crate::git::GitError::UnknownRevision(_) => ApiErr::invalid(e.to_string()),
+        crate::git::GitError::Fetch { .. } => ApiErr::new(StatusCode::BAD_GATEWAY, api::codes::UNAVAILABLE, e.to_string()),
+        _ => ApiErr::internal(e.to_string()),
+    })?;
+    let bytes = state
+        .mirrors
+        .read_file(&repo.id, &sha, &workflow_path, kiln_workflow::MAX_FILE_BYTES)
+        .await
+        .map_err(|e| ApiErr::invalid(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| ApiErr::invalid(format!("{workflow_path} is not UTF-8")))?;
+    let workflow = kiln_workflow::parse(&text)
+        .map_err(|d| ApiErr::invalid(format!("{workflow_path} at {sha} is not a valid workflow:\n{d}")))?;
+    let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
+    let accepted = state
+        .store
+        .accept_run(NewRun {
+            repo_id: repo.id.clone(),
+            commit_sha: sha,
+            git_ref,
+            event,
+            trust: "trusted".into(),
+            workflow_path,
+            workflow,
+            inputs: req.inputs.clone(),
+            parent_run_id: None,
+            idempotency,
+        })
+        .await?;
+    state.relay_wake.notify_one();
+    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn list_runs(
+    S(state): S<State>,
+    Path(repo): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<api::RunList>> {
+    let repo = state.store.get_repo(&repo).await?;
+    if let Some(s) = &q.status {
+        s.parse::<kiln_core::RunStatus>().map_err(ApiErr::bad_request)?;
+    }
+    let runs = state.store.list_runs(&repo.id, q.status.as_deref(), q.limit.unwrap_or(50).min(500)).await?;
+    Ok(Json(api::RunList { runs: runs.iter().map(views::summary).collect() }))
+}
+
+async fn get_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::Run>> {
+    Ok(Json(views::run(&state.store.get_run(&run).await?)))
+}
+
+async fn cancel_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::Run>> {
+    state.store.cancel_run(&run).await?;
+    let view = state.store.get_run(&run).await?;
+    for j in &view.jobs {
+        let _ = state.job_events.send(j.job.id.clone());
+    }
+    Ok(Json(views::run(&view)))
+}
+
+async fn retry_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
+    let old = state.store.get_run(&run).await?.run;
+    let accepted = state
+        .store
+        .accept_run(NewRun {
+            repo_id: old.repo_id,
+            commit_sha: old.commit_sha,
+            git_ref: old.git_ref,
+            event: "retry".into(),
+            trust: old.trust,
+            workflow_path: old.workflow_path,
+            workflow: old.definition,
+            inputs: old.inputs,
+            parent_run_id: Some(old.id),
+            idempotency: None,
+        })
+        .await?;
+    state.relay_wake.notify_one();
+    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
+}
+
+// ---------- logs (SSE) ----------
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    after: Option<i64>,
+}
+
+async fn log_events(
+    S(state): S<State>,
+    Path(job): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    state.store.get_job(&job).await?;
+    let cursor = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok())
+        .or(q.after)
+        .unwrap_or(0);
+    let stream = async_stream(state, job, cursor);
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item = Result<Event, Infallible>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    tokio::spawn(async move {
+        let mut events = state.job_events.subscribe();
+        let b64 = base64::engine::general_purpose::STANDARD;
+        loop {
+            let chunks = match state.store.log_chunks_after(&job, cursor, 256).await {
+                Ok(c) => c,
+                Err(_) => break,
+            };
+            let got = !chunks.is_empty();
+            for c in chunks {
+                cursor = c.id;
+                let payload = api::LogEvent { epoch: c.epoch, stream: c.stream, offset: c.offset, data: b64.encode(&c.data) };
+                let ev = Event::default().id(c.id.to_string()).event("chunk").json_data(payload).expect("json");
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+            if got {
+                continue;
+            }
+            let status = match state.store.get_job(&job).await {
+                Ok(j) => j.status,
+                Err(_) => break,
+            };
+            if status.is_terminal() {
+                // Chunks are acknowledged before completion: re-read once, then end.
+                let rest = state.store.log_chunks_after(&job, cursor, 1).await.unwrap_or_default();
+                if rest.is_empty() {
+                    let ev = Event::default()
+                        .id(cursor.to_string())
+                        .event("end")
+                        .json_data(api::LogEnd { status: status.to_string() })
+                        .expect("json");
+                    let _ = tx.send(ev).await;
+                    return;
+                }
+                continue;
+            }
+            // Wait for news about this job (or poll now and then).
+            let deadline = tokio::time::sleep(Duration::from_secs(1));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = &mut deadline => break,
+                    m = events.recv() => match m {
+                        Ok(id) if id == job => break,
+                        Ok(_) => continue,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(_) => return,
+                    },
+                    _ = tx.closed() => return,
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok)
+}
+
+use futures::StreamExt;
+
+// ---------- agent API ----------
+
+async fn register_agent(S(state): S<State>, body: Bytes) -> ApiResult<Json<api::AgentRegistration>> {
+    let req: api::RegisterAgent = parse(&body)?;
+    if req.name.trim().is_empty() || req.name.len() > 100 {
+        return Err(ApiErr::invalid("agent name must be 1-100 characters"));
+    }
+    if req.max_jobs == 0 || req.max_jobs > 256 {
+        return Err(ApiErr::invalid("max_jobs must be 1-256"));
+    }
+    let labels = serde_json::to_string(&req.labels).expect("labels");
+    let agent = state.store.register_agent(req.name.trim(), &labels, req.max_jobs).await?;
+    let ttl = state.config.lease_ttl.as_millis() as u64;
+    Ok(Json(api::AgentRegistration {
+        agent_id: agent.id,
+        session_id: agent.session_id,
+        lease_ttl_ms: ttl,
+        heartbeat_interval_ms: (ttl / 3).max(50),
+    }))
+}
+
+fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment {
+    let def = &c.run.definition.jobs[c.job.index as usize];
+    let ttl = state.config.lease_ttl.as_millis() as u64;
+    let mut env: BTreeMap<String, String> = def.env.clone();
+    for (k, v) in &c.run.inputs {
+        let key: String =
+            k.chars().map(|ch| if ch.is_ascii_alphanumeric() { ch.to_ascii_uppercase() } else { '_' }).collect();
+        env.insert(format!("KILN_INPUT_{key}"), v.clone());
+    }
+    api::Assignment {
+        run_id: c.run.id.clone(),
+        job_id: c.job.id.clone(),
+        job_name: c.job.name.clone(),
+        epoch: c.epoch,
+        repo: c.run.repo_name.clone(),
+        clone_url: String::new(),
+        commit_sha: c.run.commit_sha.clone(),
+        steps: def.steps.iter().map(|s| api::StepSpec { name: s.name.clone(), run: s.run.clone() }).collect(),
+        env,
+        timeout_secs: def.timeout_secs,
+        image: def.image.as_ref().and_then(|i| match i {
+            kiln_workflow::Image::Ref { reference } => Some(reference.clone()),
+            kiln_workflow::Image::Dockerfile { .. } => None,
+        }),
+        publish: def.artifacts.publish.iter().map(|p| api::PublishSpec { name: p.name.clone(), path: p.path.clone() }).collect(),
+        restore: def
+            .artifacts
+            .restore
+            .iter()
+            .map(|r| api::RestoreSpec { from_job: r.from_job.clone(), name: r.name.clone(), path: r.path.clone() })
+            .collect(),
+        lease_ttl_ms: ttl,
+        heartbeat_interval_ms: (ttl / 3).max(50),
+    }
+}
+
+async fn with_clone_url(state: &State, mut a: api::Assignment) -> ApiResult<api::Assignment> {
+    a.clone_url = state.store.get_repo(&a.repo).await?.clone_url;
+    Ok(a)
+}
+
+/// Long-poll claim. Pops dispatch deliveries compatible with the agent and
+/// runs the claim transaction on each until one grants an attempt.
+async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) -> ApiResult<Json<api::ClaimResponse>> {
+    let req: api::ClaimRequest = parse(&body)?;
+    let agent = state.store.get_agent(&agent_id).await?;
+    if agent.session_id != req.session_id {
+        return Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, "agent session was replaced; register again"));
+    }
+    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id).await? {
+        let a = assignment(&state, &c);
+        return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
+    }
+    let wait = Duration::from_millis(req.wait_ms.min(60_000));
+    let deadline = tokio::time::Instant::now() + wait;
+    let ttl = state.config.lease_ttl.as_millis() as i64;
+    loop {
+        let notified = state.dispatcher.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        while let Some(ev) = state.dispatcher.pop(&agent.labels) {
+            let input = ClaimInput {
+                agent_id: agent.id.clone(),
+                session_id: req.session_id.clone(),
+                claim_request_id: req.claim_request_id.clone(),
+                job_id: ev.job_id.clone(),
+                dispatch_generation: ev.dispatch_generation,
+                lease_ttl_ms: ttl,
+            };
+            match state.store.claim(input).await {
+                Ok(Some(c)) => {
+                    let _ = state.job_events.send(c.job.id.clone());
+                    let a = assignment(&state, &c);
+                    tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
+                    return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
+                }
+                Ok(None) => {
+                    // Duplicate or stale deliveries are absorbed. A job still
+                    // ready at this generation was declined for capacity: it
+                    // stays queued for another agent.
+                    if let Ok(j) = state.store.get_job(&ev.job_id).await
+                        && j.status == JobStatus::Ready
+                        && j.dispatch_generation == ev.dispatch_generation
+                    {
+                        state.dispatcher.push_front(ev);
+                        break;
+                    }
+                }
+                Err(e) => {
+                    state.dispatcher.push_front(ev);
+                    return Err(e.into());
+                }
+            }
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Ok(Json(api::ClaimResponse { assignment: None }));
+        }
+    }
+}
+
+async fn heartbeat(S(state): S<State>, Path((job, epoch)): Path<(String, i64)>) -> ApiResult<Json<api::HeartbeatResponse>> {
+    let ttl = state.config.lease_ttl.as_millis() as i64;
+    let out = state.store.heartbeat(&job, epoch, ttl).await?;
+    Ok(Json(api::HeartbeatResponse { cancel_requested: out.cancel_requested, lease_ttl_ms: ttl as u64 }))
+}
+
+async fn append_log(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::LogAck>> {
+    let chunk: api::LogChunk = parse(&body)?;
+    if !["stdout", "stderr", "system"].contains(&chunk.stream.as_str()) {
+        return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
+    }
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(chunk.data.as_bytes())
+        .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
+    if data.len() > MAX_CHUNK {
+        return Err(ApiErr::new(StatusCode::PAYLOAD_TOO_LARGE, api::codes::TOO_LARGE, "a log chunk carries at most 1 MiB"));
+    }
+    let committed = state
+        .store
+        .append_log_chunk(NewLogChunk {
+            job_id: job.clone(),
+            epoch,
+            stream: chunk.stream,
+            seq: chunk.seq,
+            offset: chunk.offset,
+            sha256: chunk.sha256,
+            data,
+        })
+        .await?;
+    let _ = state.job_events.send(job);
+    Ok(Json(api::LogAck { committed: committed.into_iter().collect() }))
+}
+
+async fn complete(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::CompletionAck>> {
+    let c: api::Completion = parse(&body)?;
+    let outcome: AttemptOutcome = c.outcome.parse().map_err(ApiErr::bad_request)?;
+    if outcome == AttemptOutcome::Running || outcome == AttemptOutcome::Lost {
+        return Err(ApiErr::bad_request("outcome must be success, failed or cancelled"));
+    }
+    let res = state
+        .store
+        .complete(
+            &job,
+            epoch,
+            kiln_store::CompletionInput {
+                outcome,
+                exit_code: c.exit_code,
+                message: c.message.map(|m| m.chars().take(2000).collect()),
+                infra_failure: c.infra_failure,
+            },
+        )
+        .await;
+    let _ = state.job_events.send(job.clone());
+    state.relay_wake.notify_one();
+    match res {
+        Ok(status) => {
+            tracing::info!(job, epoch, status, "completed");
+            Ok(Json(api::CompletionAck { job_status: status }))
+        }
+        Err(StoreError::Conflict(m)) => Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, m)),
+        Err(e) => Err(e.into()),
+    }
+}

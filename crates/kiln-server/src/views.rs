@@ -1,0 +1,70 @@
+//! Store records → wire types of the contract.
+
+use kiln_api as api;
+use kiln_store::{RunRecord, RunView};
+
+pub fn run(v: &RunView) -> api::Run {
+    let r = &v.run;
+    api::Run {
+        id: r.id.clone(),
+        repo: r.repo_name.clone(),
+        status: r.status.to_string(),
+        commit_sha: r.commit_sha.clone(),
+        event: r.event.clone(),
+        git_ref: r.git_ref.clone(),
+        trust: r.trust.clone(),
+        workflow_path: r.workflow_path.clone(),
+        workflow_hash: r.workflow_hash.clone(),
+        inputs: r.inputs.clone(),
+        parent_run_id: r.parent_run_id.clone(),
+        cancel_version: r.cancel_version,
+        created_at_ms: r.created_at,
+        finished_at_ms: r.finished_at,
+        message: r.message.clone(),
+        jobs: v
+            .jobs
+            .iter()
+            .map(|j| api::Job {
+                id: j.job.id.clone(),
+                name: j.job.name.clone(),
+                index: j.job.index,
+                status: j.job.status.to_string(),
+                current_epoch: j.job.current_epoch,
+                image_digest: j.job.image_digest.clone(),
+                needs: j.job.needs.clone(),
+                attempts: j
+                    .attempts
+                    .iter()
+                    .map(|a| api::Attempt {
+                        epoch: a.epoch,
+                        runner: a.runner.clone(),
+                        outcome: a.outcome.to_string(),
+                        exit_code: a.exit_code,
+                        message: a.message.clone(),
+                        started_at_ms: a.started_at,
+                        finished_at_ms: a.finished_at,
+                    })
+                    .collect(),
+                artifacts: vec![],
+                cache: None,
+                message: j.job.message.clone(),
+                started_at_ms: j.job.started_at,
+                finished_at_ms: j.job.finished_at,
+            })
+            .collect(),
+    }
+}
+
+pub fn summary(r: &RunRecord) -> api::RunSummary {
+    api::RunSummary {
+        id: r.id.clone(),
+        repo: r.repo_name.clone(),
+        status: r.status.to_string(),
+        commit_sha: r.commit_sha.clone(),
+        event: r.event.clone(),
+        git_ref: r.git_ref.clone(),
+        trust: r.trust.clone(),
+        created_at_ms: r.created_at,
+        finished_at_ms: r.finished_at,
+    }
+}

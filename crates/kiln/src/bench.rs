@@ -1,0 +1,130 @@
+//! `kiln bench`: throughput and trigger-to-start latency against an embedded
+//! `kiln up`, each printed beside a bare `sh -c true` baseline measured in the
+//! same invocation. Output is `name: value` lines.
+
+use crate::cli::BenchArgs;
+use crate::commands::{start_embedded, Failure};
+use kiln_api::{exit, Client, SubmitRun};
+use std::process::Command as Proc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as i64
+}
+
+fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+    let st = Proc::new("git").arg("-C").arg(dir).args(args).status()?;
+    anyhow::ensure!(st.success(), "git {args:?} failed");
+    Ok(())
+}
+
+/// A one-job, one-step `true` repository.
+fn noop_repo(dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir.join(".kiln"))?;
+    std::fs::write(dir.join(".kiln/pipeline.yaml"), "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"true\"\n")?;
+    git(dir, &["init", "-q", "-b", "main"])?;
+    git(dir, &["add", "."])?;
+    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "noop"])?;
+    Ok(())
+}
+
+async fn wait_terminal(c: &Client, run: &str) -> anyhow::Result<kiln_api::Run> {
+    loop {
+        let r = c.get_run(run).await?;
+        if matches!(r.status.as_str(), "success" | "failed" | "cancelled") {
+            return Ok(r);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
+    let tmp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let repo = tmp.join("repo");
+    noop_repo(&repo)?;
+    let (handle, stop, tasks) = start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30)).await?;
+    let c = Client::new(&handle.url(), &handle.admin_token);
+    c.create_repo(&kiln_api::CreateRepo {
+        name: "bench".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+    })
+    .await?;
+    let head = String::from_utf8(Proc::new("git").arg("-C").arg(&repo).args(["rev-parse", "HEAD"]).output().map_err(anyhow::Error::from)?.stdout)
+        .map_err(anyhow::Error::from)?
+        .trim()
+        .to_string();
+    let body = SubmitRun { commit_sha: head.clone(), ..Default::default() };
+
+    // Warm up (mirror fetch, agent checkouts).
+    let w = c.submit_run("bench", &body, None).await?;
+    wait_terminal(&c, &w.run_id).await?;
+
+    // Baseline: the same work as a bare loop of `sh -c true`.
+    let n = a.runs as usize;
+    let t0 = Instant::now();
+    let mut lat = vec![];
+    for _ in 0..n {
+        let t = Instant::now();
+        Proc::new("sh").args(["-c", "true"]).status().map_err(anyhow::Error::from)?;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let sh_rate = n as f64 / t0.elapsed().as_secs_f64();
+    lat.sort_by(|a, b| a.total_cmp(b));
+
+    // Throughput: all runs submitted at once.
+    let t0 = Instant::now();
+    let mut ids = vec![];
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let c = c.clone();
+        let body = body.clone();
+        set.spawn(async move { c.submit_run("bench", &body, None).await });
+    }
+    while let Some(r) = set.join_next().await {
+        ids.push(r.map_err(anyhow::Error::from)??.run_id);
+    }
+    let mut failed = 0;
+    for id in &ids {
+        if wait_terminal(&c, id).await?.status != "success" {
+            failed += 1;
+        }
+    }
+    let rate = n as f64 / t0.elapsed().as_secs_f64();
+
+    // Trigger-to-start on an idle system.
+    let mut starts = vec![];
+    for _ in 0..a.sequential {
+        let t = now_ms();
+        let r = c.submit_run("bench", &body, None).await?;
+        let run = wait_terminal(&c, &r.run_id).await?;
+        if let Some(att) = run.jobs.first().and_then(|j| j.attempts.first()) {
+            starts.push((att.started_at_ms - t).max(0) as f64);
+        }
+    }
+    starts.sort_by(|a, b| a.total_cmp(b));
+
+    println!("noop_jobs_per_s: {rate:.1}");
+    println!("baseline_sh_true_per_s: {sh_rate:.1}");
+    println!("noop_runs_failed: {failed}");
+    println!("trigger_to_start_p50_ms: {:.1}", percentile(&starts, 0.5));
+    println!("trigger_to_start_p95_ms: {:.1}", percentile(&starts, 0.95));
+    println!("baseline_sh_true_p50_ms: {:.2}", percentile(&lat, 0.5));
+    println!("baseline_sh_true_p95_ms: {:.2}", percentile(&lat, 0.95));
+    let _ = stop.send(true);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+    }
+    let _ = handle.shutdown().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(if failed == 0 { exit::OK } else { exit::RUN_FAILED })
+}

@@ -1,0 +1,263 @@
+//! Command-line interface. `kiln --help` documents every flag.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Kiln: a self-hostable CI/CD server, agent and client in one binary",
+    long_about = "Kiln runs CI pipelines defined in `.kiln/*.yaml` of a git repository.\n\n\
+Quick start:  kiln up --data-dir ./kiln-data --agents 2\n\
+then, with the printed KILN_SERVER/KILN_TOKEN exported:\n\
+  kiln repo add demo --url /path/to/repo\n\
+  kiln run --repo demo --commit HEAD --follow\n\n\
+Exit codes: 0 success, 1 run failed or cancelled, 2 usage or invalid input,\n\
+3 refused by the server, 4 authentication failed, 5 server unreachable or failing."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// Kiln server URL.
+    #[arg(long, env = "KILN_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
+    pub server: String,
+    /// API token (the server writes DATA_DIR/admin.token on first start).
+    #[arg(long, env = "KILN_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a server and N local agents in one process on embedded defaults (SQLite, local disk).
+    Up(UpArgs),
+    /// Run the Kiln server (API, dispatch, reconciler).
+    Server(ServerArgs),
+    /// Run an agent that claims jobs from a server and executes them.
+    Agent(AgentArgs),
+    /// Manage repositories.
+    Repo {
+        #[command(subcommand)]
+        command: RepoCommand,
+    },
+    /// Start a workflow run for a commit.
+    Run(RunArgs),
+    /// Show a run's status and jobs.
+    Status(StatusArgs),
+    /// Print a run's logs (all jobs, or one).
+    Logs(LogsArgs),
+    /// Cancel a run.
+    Cancel(RunRef),
+    /// Start a new run with the same pinned definition as RUN.
+    Retry(RunRef),
+    /// Validate a workflow file and print every problem with its line and column.
+    Validate {
+        /// Path of the workflow file.
+        file: PathBuf,
+    },
+    /// Measure throughput and latency against an embedded `kiln up` (prints `name: value` lines).
+    Bench(BenchArgs),
+}
+
+impl Command {
+    pub fn is_daemon(&self) -> bool {
+        matches!(self, Command::Up(_) | Command::Server(_) | Command::Agent(_))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Where the database, object store, tokens and agent workspaces live.
+    #[arg(long, default_value = "kiln-data")]
+    pub data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Number of local agents to run.
+    #[arg(long, default_value_t = 2)]
+    pub agents: u32,
+    /// Lease TTL (e.g. 30s, 500ms); agents heartbeat every third of it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub lease_ttl: std::time::Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Where the database, object store and tokens live.
+    #[arg(long, default_value = "kiln-data")]
+    pub data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Metadata database URL (default: sqlite in DATA_DIR; PostgreSQL is not supported yet).
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Object store URL (default: DATA_DIR/objects).
+    #[arg(long)]
+    pub object_store: Option<String>,
+    /// Lease TTL (e.g. 30s); agents heartbeat every third of it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub lease_ttl: std::time::Duration,
+    /// How long an agent's leases survive once its connection drops.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub loss_grace: std::time::Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Server URL.
+    #[arg(long, env = "KILN_SERVER")]
+    pub server: String,
+    /// Agent token (DATA_DIR/agent.token of the server).
+    #[arg(long, env = "KILN_AGENT_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// Agent name shown in attempts.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Labels jobs can require with `runs-on`, e.g. os=linux,size=large.
+    #[arg(long, value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// Executor: host (processes on this machine).
+    #[arg(long, default_value = "host")]
+    pub executor: String,
+    /// Directory for workspaces and the git mirror cache.
+    #[arg(long, default_value = "kiln-agent")]
+    pub work_dir: PathBuf,
+    /// Jobs to run at once.
+    #[arg(long, default_value_t = 1)]
+    pub max_jobs: u32,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RepoCommand {
+    /// Register a repository (local path, file:// or remote git URL).
+    Add {
+        name: String,
+        #[arg(long)]
+        url: String,
+        /// Secret for verifying webhook signatures.
+        #[arg(long)]
+        webhook_secret: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List repositories.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Repository name.
+    #[arg(long)]
+    pub repo: String,
+    /// Commit SHA or ref (branch, tag, HEAD); resolved once, at acceptance.
+    #[arg(long, default_value = "HEAD")]
+    pub commit: String,
+    /// Workflow file inside the repository.
+    #[arg(long, default_value = kiln_api::DEFAULT_WORKFLOW_PATH)]
+    pub workflow: String,
+    /// Workflow input, repeatable: --input suite=integration
+    #[arg(long = "input", value_name = "K=V")]
+    pub inputs: Vec<String>,
+    /// Idempotency key: resubmitting with the same key returns the same run.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Stream logs until the run finishes; exit 0 only if it succeeded.
+    #[arg(long)]
+    pub follow: bool,
+    /// Print the run as JSON (with --follow: the final run object).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    pub run: String,
+    /// Print the run object of the API as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    pub run: String,
+    /// Only this job (name or id).
+    pub job: Option<String>,
+    /// Keep streaming until the jobs finish.
+    #[arg(long, short)]
+    pub follow: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct RunRef {
+    pub run: String,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Runs submitted at once for the throughput figure.
+    #[arg(long, default_value_t = 200)]
+    pub runs: u32,
+    /// Sequential runs for the trigger-to-start latency figure.
+    #[arg(long, default_value_t = 30)]
+    pub sequential: u32,
+    /// Local agents.
+    #[arg(long, default_value_t = 2)]
+    pub agents: u32,
+}
+
+/// `30s`, `500ms`, `2m`, `1h` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration `{s}` (try 30s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in `{s}` (use ms, s, m or h)")),
+    };
+    if !(secs > 0.0 && secs < 1e7) {
+        return Err(format!("duration `{s}` out of range"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_valid() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap().as_millis(), 30_000);
+        assert_eq!(parse_duration("500ms").unwrap().as_millis(), 500);
+        assert_eq!(parse_duration("2m").unwrap().as_secs(), 120);
+        assert_eq!(parse_duration("7").unwrap().as_secs(), 7);
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+}

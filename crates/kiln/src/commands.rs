@@ -1,0 +1,430 @@
+//! Command implementations.
+
+use crate::cli::*;
+use base64::Engine;
+use futures::StreamExt;
+use kiln_api::{exit, ApiError, Client};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+pub async fn run(cli: Cli) -> i32 {
+    let res = match cli.command {
+        Command::Up(a) => up(a).await,
+        Command::Server(a) => server(a).await,
+        Command::Agent(a) => agent(a).await,
+        Command::Repo { command } => repo(command).await,
+        Command::Run(a) => run_cmd(a).await,
+        Command::Status(a) => status(a).await,
+        Command::Logs(a) => logs(a).await,
+        Command::Cancel(a) => cancel(a).await,
+        Command::Retry(a) => retry(a).await,
+        Command::Validate { file } => Ok(validate(&file)),
+        Command::Bench(a) => crate::bench::run(a).await,
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            e.code
+        }
+    }
+}
+
+/// A command failure: message for the user and the exit code.
+pub struct Failure {
+    pub message: String,
+    pub code: i32,
+}
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Self {
+        let hint = match e.status() {
+            Some(401) => "\nhint: set KILN_TOKEN (or --token) to the server's DATA_DIR/admin.token",
+            None => "\nhint: is the server running? set KILN_SERVER (or --server)",
+            _ => "",
+        };
+        Failure { message: format!("{e}{hint}"), code: e.exit_code() }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure { message: format!("{e:#}"), code: exit::UNAVAILABLE }
+    }
+}
+
+fn usage(message: impl Into<String>) -> Failure {
+    Failure { message: message.into(), code: exit::USAGE }
+}
+
+type CmdResult = Result<i32, Failure>;
+
+fn client(conn: &Conn) -> Result<Client, Failure> {
+    let token = conn.token.clone().ok_or_else(|| {
+        usage("no API token: set KILN_TOKEN or pass --token (the server writes DATA_DIR/admin.token)")
+    })?;
+    Ok(Client::new(&conn.server, &token))
+}
+
+fn agent_config(
+    server: String,
+    token: String,
+    name: String,
+    labels: BTreeMap<String, String>,
+    work_dir: std::path::PathBuf,
+    max_jobs: u32,
+) -> kiln_agent::AgentConfig {
+    kiln_agent::AgentConfig { server, token, name, labels, work_dir, max_jobs, executor: kiln_agent::ExecutorKind::Host }
+}
+
+fn default_labels() -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    m.insert("os".into(), std::env::consts::OS.into());
+    m.insert("arch".into(), std::env::consts::ARCH.into());
+    m
+}
+
+async fn ctrl_c() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Start an embedded server and `agents` local agents. Returns the server
+/// handle and the agents' shutdown switch.
+pub async fn start_embedded(
+    data_dir: &Path,
+    listen: &str,
+    agents: u32,
+    lease_ttl: Duration,
+) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
+    let mut config = kiln_server::ServerConfig::new(data_dir.to_path_buf(), listen.to_string());
+    config.lease_ttl = lease_ttl;
+    let handle = kiln_server::start(config).await?;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = vec![];
+    for i in 1..=agents {
+        let cfg = agent_config(
+            handle.url(),
+            handle.agent_token.clone(),
+            format!("local-{i}"),
+            default_labels(),
+            data_dir.join("agents").join(format!("local-{i}")),
+            1,
+        );
+        let rx = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = kiln_agent::run(cfg, rx).await {
+                tracing::error!("agent failed: {e:#}");
+            }
+        }));
+    }
+    Ok((handle, stop, tasks))
+}
+
+async fn up(a: UpArgs) -> CmdResult {
+    let (handle, stop, tasks) = start_embedded(&a.data_dir, &a.listen, a.agents, a.lease_ttl).await?;
+    let url = handle.url();
+    println!("Kiln is up: server {url}, {} local agent(s), data in {}", a.agents, a.data_dir.display());
+    println!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
+    println!("web UI: {url}/");
+    let _ = std::io::stdout().flush();
+    ctrl_c().await;
+    eprintln!("shutting down");
+    let _ = stop.send(true);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
+    }
+    handle.shutdown().await?;
+    Ok(exit::OK)
+}
+
+async fn server(a: ServerArgs) -> CmdResult {
+    if let Some(url) = &a.database_url
+        && !url.starts_with("sqlite:")
+    {
+        return Err(usage(format!("--database-url {url}: only the embedded SQLite store is supported in this version")));
+    }
+    if a.object_store.is_some() {
+        return Err(usage("--object-store: only the embedded local-disk object store is supported in this version"));
+    }
+    let mut config = kiln_server::ServerConfig::new(a.data_dir.clone(), a.listen.clone());
+    config.lease_ttl = a.lease_ttl;
+    config.loss_grace = a.loss_grace;
+    let handle = kiln_server::start(config).await?;
+    println!("kiln server listening on {} (tokens in {})", handle.url(), a.data_dir.display());
+    let _ = std::io::stdout().flush();
+    ctrl_c().await;
+    handle.shutdown().await?;
+    Ok(exit::OK)
+}
+
+async fn agent(a: AgentArgs) -> CmdResult {
+    if a.executor != "host" {
+        return Err(usage(format!("--executor {}: only `host` is supported in this version", a.executor)));
+    }
+    let mut labels = default_labels();
+    for l in &a.labels {
+        let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
+        labels.insert(k.trim().into(), v.trim().into());
+    }
+    let name = a.name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "agent".into())
+    });
+    let cfg = agent_config(a.server, a.token, name, labels, a.work_dir, a.max_jobs.max(1));
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(kiln_agent::run(cfg, rx));
+    tokio::pin!(task);
+    tokio::select! {
+        r = &mut task => { r.map_err(|e| anyhow::anyhow!(e))??; }
+        _ = ctrl_c() => {
+            let _ = stop.send(true);
+            task.await.map_err(|e| anyhow::anyhow!(e))??;
+        }
+    }
+    Ok(exit::OK)
+}
+
+async fn repo(cmd: RepoCommand) -> CmdResult {
+    match cmd {
+        RepoCommand::Add { name, url, webhook_secret, conn } => {
+            let c = client(&conn)?;
+            let url = absolutize(&url);
+            let r = c.create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret }).await?;
+            println!("registered repository {} ({})", r.name, r.clone_url);
+        }
+        RepoCommand::List { conn } => {
+            let c = client(&conn)?;
+            for r in c.list_repos().await? {
+                println!("{:<24} {}", r.name, r.clone_url);
+            }
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// Local paths are made absolute so the server and agents find them from anywhere.
+fn absolutize(url: &str) -> String {
+    if url.contains("://") || url.contains('@') {
+        return url.to_string();
+    }
+    std::fs::canonicalize(url).map(|p| p.display().to_string()).unwrap_or_else(|_| url.to_string())
+}
+
+async fn run_cmd(a: RunArgs) -> CmdResult {
+    let c = client(&a.conn)?;
+    let mut inputs = BTreeMap::new();
+    for i in &a.inputs {
+        let (k, v) = i.split_once('=').ok_or_else(|| usage(format!("--input `{i}` must be K=V")))?;
+        inputs.insert(k.to_string(), v.to_string());
+    }
+    let body = kiln_api::SubmitRun {
+        commit_sha: a.commit.clone(),
+        workflow_path: Some(a.workflow.clone()),
+        inputs,
+        event: None,
+    };
+    let resp = c.submit_run(&a.repo, &body, a.idempotency_key.as_deref()).await?;
+    if !a.follow {
+        if a.json {
+            let run = c.get_run(&resp.run_id).await?;
+            println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+        } else {
+            println!("{}", resp.run_id);
+        }
+        return Ok(exit::OK);
+    }
+    eprintln!("run {} accepted", resp.run_id);
+    follow_run(&c, &resp.run_id, None, !a.json).await?;
+    let run = c.get_run(&resp.run_id).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+    } else {
+        print_summary(&run);
+    }
+    Ok(if run.status == "success" { exit::OK } else { exit::RUN_FAILED })
+}
+
+fn print_summary(run: &kiln_api::Run) {
+    eprintln!("run {} {}", run.id, run.status);
+    for j in &run.jobs {
+        let msg = j.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
+        eprintln!("  {:<24} {:<10} epoch {}{msg}", j.name, j.status, j.current_epoch);
+    }
+}
+
+/// Stream logs of the run's jobs in order until each ends. With `print`
+/// false, only waits.
+async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, print: bool) -> Result<(), Failure> {
+    let run = c.get_run(run_id).await?;
+    let jobs: Vec<_> = run
+        .jobs
+        .iter()
+        .filter(|j| only.is_none_or(|o| j.name == o || j.id == o))
+        .map(|j| (j.id.clone(), j.name.clone()))
+        .collect();
+    if jobs.is_empty() {
+        return Err(usage(format!("run {run_id} has no job `{}`", only.unwrap_or(""))));
+    }
+    for (id, name) in jobs {
+        if print {
+            println!("── {name} ──");
+        }
+        stream_job(c, &id, print, true).await?;
+    }
+    Ok(())
+}
+
+/// Print a job's log events. Follows until the `end` event when `follow`,
+/// reconnecting with Last-Event-ID so nothing is lost or repeated.
+async fn stream_job(c: &Client, job: &str, print: bool, follow: bool) -> Result<(), Failure> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut last: Option<String> = None;
+    let mut failures = 0;
+    loop {
+        let stream = match c.log_events(job, last.as_deref()).await {
+            Ok(s) => s,
+            Err(e) if e.is_retryable() && failures < 30 => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        tokio::pin!(stream);
+        let mut out = std::io::stdout().lock();
+        loop {
+            let next = if follow {
+                stream.next().await
+            } else {
+                match tokio::time::timeout(Duration::from_millis(300), stream.next()).await {
+                    Ok(n) => n,
+                    Err(_) => return Ok(()),
+                }
+            };
+            match next {
+                None => break,
+                Some(Err(_)) => break,
+                Some(Ok(ev)) => {
+                    if !ev.id.is_empty() {
+                        last = Some(ev.id.clone());
+                    }
+                    match ev.event.as_str() {
+                        "chunk" => {
+                            if let Ok(le) = serde_json::from_str::<kiln_api::LogEvent>(&ev.data)
+                                && let Ok(bytes) = b64.decode(le.data.as_bytes())
+                                && print
+                            {
+                                // Raw bytes: the terminal decodes UTF-8 across chunk boundaries.
+                                let _ = out.write_all(&bytes);
+                                let _ = out.flush();
+                            }
+                        }
+                        "end" => return Ok(()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        drop(out);
+        failures += 1;
+        if failures > 30 {
+            return Err(Failure { message: "log stream kept dropping".into(), code: exit::UNAVAILABLE });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn status(a: StatusArgs) -> CmdResult {
+    let c = client(&a.conn)?;
+    let run = c.get_run(&a.run).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+    } else {
+        println!("run {}  {}", run.id, run.status);
+        println!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path);
+        for j in &run.jobs {
+            let runner = j.attempts.last().map(|a| a.runner.as_str()).unwrap_or("-");
+            let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
+            println!("  {:<24} {:<10} epoch {:<3} {runner}{msg}", j.name, j.status, j.current_epoch);
+        }
+    }
+    Ok(exit::OK)
+}
+
+async fn logs(a: LogsArgs) -> CmdResult {
+    let c = client(&a.conn)?;
+    if a.follow {
+        follow_run(&c, &a.run, a.job.as_deref(), true).await?;
+        return Ok(exit::OK);
+    }
+    let run = c.get_run(&a.run).await?;
+    for j in run.jobs.iter().filter(|j| a.job.as_deref().is_none_or(|o| j.name == o || j.id == o)) {
+        println!("── {} ──", j.name);
+        let terminal = matches!(j.status.as_str(), "success" | "failed" | "cancelled" | "skipped");
+        stream_job(&c, &j.id, true, terminal).await?;
+    }
+    Ok(exit::OK)
+}
+
+async fn cancel(a: RunRef) -> CmdResult {
+    let c = client(&a.conn)?;
+    let run = c.cancel_run(&a.run).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+    } else {
+        println!("run {} {}", run.id, run.status);
+    }
+    Ok(exit::OK)
+}
+
+async fn retry(a: RunRef) -> CmdResult {
+    let c = client(&a.conn)?;
+    let resp = c.retry_run(&a.run).await?;
+    if a.json {
+        println!("{}", serde_json::json!({ "run_id": resp.run_id }));
+    } else {
+        println!("{}", resp.run_id);
+    }
+    Ok(exit::OK)
+}
+
+fn validate(file: &Path) -> i32 {
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", file.display());
+            return exit::USAGE;
+        }
+    };
+    if bytes.len() > kiln_workflow::MAX_FILE_BYTES {
+        eprintln!(
+            "{}:0:0: the workflow file is {} bytes; at most {} bytes are allowed",
+            file.display(),
+            bytes.len(),
+            kiln_workflow::MAX_FILE_BYTES
+        );
+        return exit::USAGE;
+    }
+    let Ok(text) = String::from_utf8(bytes) else {
+        eprintln!("{}:0:0: the workflow file is not valid UTF-8", file.display());
+        return exit::USAGE;
+    };
+    match kiln_workflow::parse(&text) {
+        Ok(w) => {
+            println!("{}: valid ({} jobs, definition sha256 {})", file.display(), w.jobs.len(), w.canonical_hash());
+            exit::OK
+        }
+        Err(d) => {
+            for diag in &d.0 {
+                eprintln!("{}:{}:{}: {}", file.display(), diag.line, diag.column, diag.message);
+            }
+            eprintln!("{}: {} problem(s)", file.display(), d.0.len());
+            exit::USAGE
+        }
+    }
+}

@@ -1,0 +1,3 @@
+greet() {
+    echo "hello, ${1:-world}"
+}
