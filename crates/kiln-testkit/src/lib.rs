@@ -1,14 +1,158 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! Test helpers: real git repositories in temporary directories and a real
+//! `kiln up` process. Dev-dependency only.
+
+use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A git repository (non-bare, branch `main`) in a temporary directory.
+pub struct TestRepo {
+    pub dir: tempfile::TempDir,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+fn git(dir: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "kiln-test")
+        .env("GIT_AUTHOR_EMAIL", "test@kiln.invalid")
+        .env("GIT_COMMITTER_NAME", "kiln-test")
+        .env("GIT_COMMITTER_EMAIL", "test@kiln.invalid")
+        .output()
+        .context("run git")?;
+    if !out.status.success() {
+        bail!("git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl TestRepo {
+    /// A repository whose first commit holds `files` (path, contents).
+    pub fn new(files: &[(&str, &str)]) -> Result<TestRepo> {
+        let dir = tempfile::tempdir()?;
+        git(dir.path(), &["init", "-q", "-b", "main"])?;
+        let r = TestRepo { dir };
+        r.commit(files, "initial")?;
+        Ok(r)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Write `files` (executable when they end in `.sh`) and commit; returns the SHA.
+    pub fn commit(&self, files: &[(&str, &str)], message: &str) -> Result<String> {
+        for (p, content) in files {
+            let path = self.dir.path().join(p);
+            std::fs::create_dir_all(path.parent().expect("parent"))?;
+            std::fs::write(&path, content)?;
+            if p.ends_with(".sh") {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+            }
+        }
+        git(self.dir.path(), &["add", "-A"])?;
+        git(self.dir.path(), &["commit", "-q", "--allow-empty", "-m", message])?;
+        self.head()
+    }
+
+    pub fn head(&self) -> Result<String> {
+        git(self.dir.path(), &["rev-parse", "HEAD"])
+    }
+}
+
+/// A real `kiln up` process on a temporary data dir and a free port.
+pub struct KilnUp {
+    pub child: Child,
+    pub data: tempfile::TempDir,
+    pub url: String,
+    pub token: String,
+    pub bin: PathBuf,
+    log: PathBuf,
+}
+
+impl KilnUp {
+    pub fn start(bin: &Path, agents: u32) -> Result<KilnUp> {
+        Self::start_with(bin, agents, &[])
+    }
+
+    pub fn start_with(bin: &Path, agents: u32, extra: &[&str]) -> Result<KilnUp> {
+        let data = tempfile::tempdir()?;
+        let log = data.path().join("kiln-up.log");
+        let mut child = Command::new(bin)
+            .args(["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"])
+            .arg(data.path().join("data"))
+            .args(extra)
+            .env("KILN_LOG", "info,sqlx=warn")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("spawn kiln up")?;
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut url, mut token) = (String::new(), String::new());
+        while Instant::now() < deadline {
+            let Some(line) = lines.next() else { break };
+            let line = line?;
+            if let Some(rest) = line.strip_prefix("export ") {
+                for kv in rest.split_whitespace() {
+                    if let Some(v) = kv.strip_prefix("KILN_SERVER=") {
+                        url = v.to_string();
+                    }
+                    if let Some(v) = kv.strip_prefix("KILN_TOKEN=") {
+                        token = v.to_string();
+                    }
+                }
+                break;
+            }
+        }
+        if url.is_empty() {
+            let _ = child.kill();
+            bail!("kiln up did not print its address; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log })
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.data.path().join("data")
+    }
+
+    /// A `kiln` CLI command with KILN_SERVER and KILN_TOKEN set.
+    pub fn cli(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.env("KILN_SERVER", &self.url).env("KILN_TOKEN", &self.token).env_remove("KILN_LOG");
+        c
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for KilnUp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Poll `f` until it returns `Some` or `timeout` passes (waiting for the
+/// system under test, not a timing assertion).
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -239,7 +239,8 @@ async fn run_cmd(a: RunArgs) -> CmdResult {
         return Ok(exit::OK);
     }
     eprintln!("run {} accepted", resp.run_id);
-    follow_run(&c, &resp.run_id, None, !a.json).await?;
+    // With --json, stdout carries only the final run object; logs go to stderr.
+    follow_run(&c, &resp.run_id, None, if a.json { Sink::Stderr } else { Sink::Stdout }).await?;
     let run = c.get_run(&resp.run_id).await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&run).expect("json"));
@@ -257,9 +258,25 @@ fn print_summary(run: &kiln_api::Run) {
     }
 }
 
-/// Stream logs of the run's jobs in order until each ends. With `print`
-/// false, only waits.
-async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, print: bool) -> Result<(), Failure> {
+/// Where streamed log bytes go.
+#[derive(Clone, Copy)]
+enum Sink {
+    Stdout,
+    Stderr,
+}
+
+impl Sink {
+    fn write(self, bytes: &[u8]) {
+        // Raw bytes: the terminal decodes UTF-8 across chunk boundaries.
+        let _ = match self {
+            Sink::Stdout => std::io::stdout().lock().write_all(bytes).and_then(|_| std::io::stdout().flush()),
+            Sink::Stderr => std::io::stderr().lock().write_all(bytes),
+        };
+    }
+}
+
+/// Stream logs of the run's jobs in order until each ends.
+async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, sink: Sink) -> Result<(), Failure> {
     let run = c.get_run(run_id).await?;
     let jobs: Vec<_> = run
         .jobs
@@ -271,17 +288,15 @@ async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, print: bool) -
         return Err(usage(format!("run {run_id} has no job `{}`", only.unwrap_or(""))));
     }
     for (id, name) in jobs {
-        if print {
-            println!("── {name} ──");
-        }
-        stream_job(c, &id, print, true).await?;
+        sink.write(format!("── {name} ──\n").as_bytes());
+        stream_job(c, &id, sink, true).await?;
     }
     Ok(())
 }
 
 /// Print a job's log events. Follows until the `end` event when `follow`,
 /// reconnecting with Last-Event-ID so nothing is lost or repeated.
-async fn stream_job(c: &Client, job: &str, print: bool, follow: bool) -> Result<(), Failure> {
+async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(), Failure> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut last: Option<String> = None;
     let mut failures = 0;
@@ -296,7 +311,6 @@ async fn stream_job(c: &Client, job: &str, print: bool, follow: bool) -> Result<
             Err(e) => return Err(e.into()),
         };
         tokio::pin!(stream);
-        let mut out = std::io::stdout().lock();
         loop {
             let next = if follow {
                 stream.next().await
@@ -317,11 +331,8 @@ async fn stream_job(c: &Client, job: &str, print: bool, follow: bool) -> Result<
                         "chunk" => {
                             if let Ok(le) = serde_json::from_str::<kiln_api::LogEvent>(&ev.data)
                                 && let Ok(bytes) = b64.decode(le.data.as_bytes())
-                                && print
                             {
-                                // Raw bytes: the terminal decodes UTF-8 across chunk boundaries.
-                                let _ = out.write_all(&bytes);
-                                let _ = out.flush();
+                                sink.write(&bytes);
                             }
                         }
                         "end" => return Ok(()),
@@ -330,7 +341,6 @@ async fn stream_job(c: &Client, job: &str, print: bool, follow: bool) -> Result<
                 }
             }
         }
-        drop(out);
         failures += 1;
         if failures > 30 {
             return Err(Failure { message: "log stream kept dropping".into(), code: exit::UNAVAILABLE });
@@ -359,14 +369,14 @@ async fn status(a: StatusArgs) -> CmdResult {
 async fn logs(a: LogsArgs) -> CmdResult {
     let c = client(&a.conn)?;
     if a.follow {
-        follow_run(&c, &a.run, a.job.as_deref(), true).await?;
+        follow_run(&c, &a.run, a.job.as_deref(), Sink::Stdout).await?;
         return Ok(exit::OK);
     }
     let run = c.get_run(&a.run).await?;
     for j in run.jobs.iter().filter(|j| a.job.as_deref().is_none_or(|o| j.name == o || j.id == o)) {
         println!("── {} ──", j.name);
         let terminal = matches!(j.status.as_str(), "success" | "failed" | "cancelled" | "skipped");
-        stream_job(&c, &j.id, true, terminal).await?;
+        stream_job(&c, &j.id, Sink::Stdout, terminal).await?;
     }
     Ok(exit::OK)
 }
