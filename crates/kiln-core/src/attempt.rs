@@ -4,7 +4,7 @@
 //! the job's current epoch and whose lease is live may heartbeat, publish or
 //! complete (spec 000 §8, invariant 3).
 
-use crate::{string_enum, InvalidTransition};
+use crate::{InvalidTransition, string_enum};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -64,8 +64,17 @@ mod tests {
     #[test]
     fn only_running_moves() {
         for s in AttemptOutcome::ALL {
-            for e in [AttemptEvent::Succeeded, AttemptEvent::Failed, AttemptEvent::Fenced, AttemptEvent::Cancelled] {
-                assert_eq!(s.transition(e).is_ok(), *s == AttemptOutcome::Running, "{s} {e:?}");
+            for e in [
+                AttemptEvent::Succeeded,
+                AttemptEvent::Failed,
+                AttemptEvent::Fenced,
+                AttemptEvent::Cancelled,
+            ] {
+                assert_eq!(
+                    s.transition(e).is_ok(),
+                    *s == AttemptOutcome::Running,
+                    "{s} {e:?}"
+                );
             }
         }
     }

@@ -4,7 +4,7 @@
 //! transaction) → running (claim created an attempt) → success | failed |
 //! cancelled; running → ready again when an attempt is lost or retried.
 
-use crate::{string_enum, InvalidTransition};
+use crate::{InvalidTransition, string_enum};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -41,7 +41,10 @@ pub enum JobEvent {
 
 impl JobStatus {
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Success | Self::Failed | Self::Cancelled | Self::Skipped)
+        matches!(
+            self,
+            Self::Success | Self::Failed | Self::Cancelled | Self::Skipped
+        )
     }
 
     pub fn can_claim(self) -> bool {
@@ -60,7 +63,10 @@ impl JobStatus {
             (S::Pending | S::Ready | S::Running, E::Cancel) => S::Cancelled,
             (S::Pending | S::Ready, E::Skip) => S::Skipped,
             (from, ev) => {
-                return Err(InvalidTransition { from: from.as_str(), event: ev.name() });
+                return Err(InvalidTransition {
+                    from: from.as_str(),
+                    event: ev.name(),
+                });
             }
         })
     }

@@ -1,6 +1,6 @@
 //! Workflow run status (contract: `queued|running|cancelling|success|failed|cancelled`).
 
-use crate::{string_enum, InvalidTransition};
+use crate::{InvalidTransition, string_enum};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -50,7 +50,10 @@ impl RunStatus {
             (S::Queued | S::Running, E::CancelRequested) => S::Cancelling,
             (S::Queued | S::Running | S::Cancelling, E::Cancelled) => S::Cancelled,
             (from, ev) => {
-                return Err(InvalidTransition { from: from.as_str(), event: event_name(ev) });
+                return Err(InvalidTransition {
+                    from: from.as_str(),
+                    event: event_name(ev),
+                });
             }
         };
         Ok(next)
@@ -74,7 +77,13 @@ mod tests {
     #[test]
     fn terminal_states_accept_no_event() {
         for s in RunStatus::ALL.iter().copied().filter(|s| s.is_terminal()) {
-            for e in [RunEvent::Started, RunEvent::AllSucceeded, RunEvent::Failed, RunEvent::CancelRequested, RunEvent::Cancelled] {
+            for e in [
+                RunEvent::Started,
+                RunEvent::AllSucceeded,
+                RunEvent::Failed,
+                RunEvent::CancelRequested,
+                RunEvent::Cancelled,
+            ] {
                 assert!(s.transition(e).is_err(), "{s} accepted {e:?}");
             }
         }

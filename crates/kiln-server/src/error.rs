@@ -1,9 +1,9 @@
 //! The one error type at the HTTP edge: `{"error": {"code", "message"}}`.
 
+use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use kiln_api::{codes, ErrorBody, ErrorDetail};
+use kiln_api::{ErrorBody, ErrorDetail, codes};
 use kiln_store::StoreError;
 
 #[derive(Debug)]
@@ -15,7 +15,11 @@ pub struct ApiErr {
 
 impl ApiErr {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiErr { status, code, message: message.into() }
+        ApiErr {
+            status,
+            code,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID, message)
@@ -51,7 +55,9 @@ impl From<StoreError> for ApiErr {
                 "this Idempotency-Key was already used with a different request body; use a new key",
             ),
             StoreError::Invalid(m) => ApiErr::bad_request(m),
-            StoreError::Unavailable(_) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg),
+            StoreError::Unavailable(_) => {
+                ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg)
+            }
         }
     }
 }
@@ -61,7 +67,12 @@ impl IntoResponse for ApiErr {
         if self.status.is_server_error() {
             tracing::warn!(code = self.code, "{}", self.message);
         }
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
 }

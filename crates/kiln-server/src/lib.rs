@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{Notify, broadcast, watch};
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -120,7 +120,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let store = SqliteStore::open(&db_path)
         .await
         .with_context(|| format!("cannot open database {}", db_path.display()))?
-        .with_backoff(kiln_core::Backoff { base_ms: config.retry_base.as_millis() as u64, max_ms: 60_000 });
+        .with_backoff(kiln_core::Backoff {
+            base_ms: config.retry_base.as_millis() as u64,
+            max_ms: 60_000,
+        });
     let listener = TcpListener::bind(&config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -140,13 +143,22 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     loops::spawn(state.clone(), shutdown.subscribe()).await?;
     let app = routes::router(state);
     let task = tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move {
-                let _ = rx.wait_for(|v| *v).await;
-            })
-            .await
-            .context("server failed")
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = rx.wait_for(|v| *v).await;
+        })
+        .await
+        .context("server failed")
     });
     tracing::info!(%addr, "kiln server listening");
-    Ok(ServerHandle { addr, admin_token, agent_token, shutdown, task })
+    Ok(ServerHandle {
+        addr,
+        admin_token,
+        agent_token,
+        shutdown,
+        task,
+    })
 }

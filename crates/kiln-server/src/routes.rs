@@ -2,21 +2,21 @@
 //! health endpoints and the embedded UI.
 
 use crate::error::{ApiErr, ApiResult};
-use crate::{auth, views, State};
+use crate::{State, auth, views};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State as S};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{middleware, Json, Router};
+use axum::{Json, Router, middleware};
 use base64::Engine;
 use futures::Stream;
 use kiln_api as api;
 use kiln_core::{AttemptOutcome, JobStatus};
 use kiln_store::{ClaimInput, Idempotency, NewLogChunk, NewRun, StoreError};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -29,19 +29,28 @@ const MAX_CHUNK: usize = 1024 * 1024;
 pub fn router(state: State) -> Router {
     let public = Router::new()
         .route("/v1/repos", post(create_repo).get(list_repos))
-        .route("/v1/repos/{repo}/workflow-runs", post(submit_run).get(list_runs))
+        .route(
+            "/v1/repos/{repo}/workflow-runs",
+            post(submit_run).get(list_runs),
+        )
         .route("/v1/workflow-runs/{run}", get(get_run))
         .route("/v1/workflow-runs/{run}/cancel", post(cancel_run))
         .route("/v1/workflow-runs/{run}/retry", post(retry_run))
         .route("/v1/jobs/{job}/logs/events", get(log_events))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_admin,
+        ));
     let agent = Router::new()
         .route("/v1/agents/register", post(register_agent))
         .route("/v1/agents/{agent}/claim", post(claim))
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(heartbeat))
         .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(append_log))
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(complete))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_agent));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_agent,
+        ));
     Router::new()
         .merge(public)
         .merge(agent)
@@ -61,7 +70,12 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
 async fn readyz(S(state): S<State>) -> Response {
     match state.store.list_repos().await {
         Ok(_) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, api::codes::UNAVAILABLE, e.to_string()).into_response(),
+        Err(e) => ApiErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            api::codes::UNAVAILABLE,
+            e.to_string(),
+        )
+        .into_response(),
     }
 }
 
@@ -73,7 +87,13 @@ async fn metrics(S(state): S<State>) -> impl IntoResponse {
          kiln_dispatch_queue_depth {}\n",
         state.dispatcher.depth()
     );
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        body,
+    )
 }
 
 async fn ui() -> Html<&'static str> {
@@ -87,17 +107,29 @@ async fn create_repo(S(state): S<State>, body: Bytes) -> ApiResult<(StatusCode, 
     let name = req.name.trim();
     if name.is_empty()
         || name.len() > 100
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     {
-        return Err(ApiErr::invalid("repository name must be 1-100 characters of [A-Za-z0-9._-]"));
+        return Err(ApiErr::invalid(
+            "repository name must be 1-100 characters of [A-Za-z0-9._-]",
+        ));
     }
     if req.clone_url.trim().is_empty() {
         return Err(ApiErr::invalid("clone_url is required"));
     }
-    let repo = state.store.create_repo(name, req.clone_url.trim(), req.webhook_secret.as_deref()).await?;
+    let repo = state
+        .store
+        .create_repo(name, req.clone_url.trim(), req.webhook_secret.as_deref())
+        .await?;
     Ok((
         StatusCode::CREATED,
-        Json(api::Repo { id: repo.id, name: repo.name, clone_url: repo.clone_url, created_at_ms: repo.created_at }),
+        Json(api::Repo {
+            id: repo.id,
+            name: repo.name,
+            clone_url: repo.clone_url,
+            created_at_ms: repo.created_at,
+        }),
     ))
 }
 
@@ -107,7 +139,12 @@ async fn list_repos(S(state): S<State>) -> ApiResult<Json<serde_json::Value>> {
         .list_repos()
         .await?
         .into_iter()
-        .map(|r| api::Repo { id: r.id, name: r.name, clone_url: r.clone_url, created_at_ms: r.created_at })
+        .map(|r| api::Repo {
+            id: r.id,
+            name: r.name,
+            clone_url: r.clone_url,
+            created_at_ms: r.created_at,
+        })
         .collect();
     Ok(Json(serde_json::json!({ "repos": repos })))
 }
@@ -125,13 +162,18 @@ async fn submit_run(
     let idempotency = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
-            let key = v.to_str().map_err(|_| ApiErr::bad_request("Idempotency-Key must be ASCII"))?;
+            let key = v
+                .to_str()
+                .map_err(|_| ApiErr::bad_request("Idempotency-Key must be ASCII"))?;
             if key.is_empty() || key.len() > 200 {
-                return Err(ApiErr::bad_request("Idempotency-Key must be 1-200 characters"));
+                return Err(ApiErr::bad_request(
+                    "Idempotency-Key must be 1-200 characters",
+                ));
             }
             // The digest covers the request as sent (canonical JSON), so a
             // redelivery matches even if a branch moved since.
-            let canonical = serde_json::to_vec(&serde_json::to_value(&req).expect("request")).expect("json");
+            let canonical =
+                serde_json::to_vec(&serde_json::to_value(&req).expect("request")).expect("json");
             Some(Idempotency {
                 scope: format!("admin:{}", repo.id),
                 key: key.to_string(),
@@ -143,20 +185,40 @@ async fn submit_run(
     if !["manual", "push", "pull_request", "retry", "schedule"].contains(&event.as_str()) {
         return Err(ApiErr::invalid(format!("unknown event `{event}`")));
     }
-    let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
-    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(|e| match e {
-        crate::git::GitError::UnknownRevision(_) => ApiErr::invalid(e.to_string()),
-        crate::git::GitError::Fetch { .. } => ApiErr::new(StatusCode::BAD_GATEWAY, api::codes::UNAVAILABLE, e.to_string()),
-        _ => ApiErr::internal(e.to_string()),
-    })?;
+    let workflow_path = req
+        .workflow_path
+        .clone()
+        .unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
+    let sha = state
+        .mirrors
+        .resolve(&repo.id, &repo.clone_url, req.commit_sha.trim())
+        .await
+        .map_err(|e| match e {
+            crate::git::GitError::UnknownRevision(_) => ApiErr::invalid(e.to_string()),
+            crate::git::GitError::Fetch { .. } => ApiErr::new(
+                StatusCode::BAD_GATEWAY,
+                api::codes::UNAVAILABLE,
+                e.to_string(),
+            ),
+            _ => ApiErr::internal(e.to_string()),
+        })?;
     let bytes = state
         .mirrors
-        .read_file(&repo.id, &sha, &workflow_path, kiln_workflow::MAX_FILE_BYTES)
+        .read_file(
+            &repo.id,
+            &sha,
+            &workflow_path,
+            kiln_workflow::MAX_FILE_BYTES,
+        )
         .await
         .map_err(|e| ApiErr::invalid(e.to_string()))?;
-    let text = String::from_utf8(bytes).map_err(|_| ApiErr::invalid(format!("{workflow_path} is not UTF-8")))?;
-    let workflow = kiln_workflow::parse(&text)
-        .map_err(|d| ApiErr::invalid(format!("{workflow_path} at {sha} is not a valid workflow:\n{d}")))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| ApiErr::invalid(format!("{workflow_path} is not UTF-8")))?;
+    let workflow = kiln_workflow::parse(&text).map_err(|d| {
+        ApiErr::invalid(format!(
+            "{workflow_path} at {sha} is not a valid workflow:\n{d}"
+        ))
+    })?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let accepted = state
         .store
@@ -174,7 +236,12 @@ async fn submit_run(
         })
         .await?;
     state.relay_wake.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(api::SubmitRunResponse {
+            run_id: accepted.run_id,
+        }),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -190,10 +257,20 @@ async fn list_runs(
 ) -> ApiResult<Json<api::RunList>> {
     let repo = state.store.get_repo(&repo).await?;
     if let Some(s) = &q.status {
-        s.parse::<kiln_core::RunStatus>().map_err(ApiErr::bad_request)?;
+        s.parse::<kiln_core::RunStatus>()
+            .map_err(ApiErr::bad_request)?;
     }
-    let runs = state.store.list_runs(&repo.id, q.status.as_deref(), q.limit.unwrap_or(50).min(500)).await?;
-    Ok(Json(api::RunList { runs: runs.iter().map(views::summary).collect() }))
+    let runs = state
+        .store
+        .list_runs(
+            &repo.id,
+            q.status.as_deref(),
+            q.limit.unwrap_or(50).min(500),
+        )
+        .await?;
+    Ok(Json(api::RunList {
+        runs: runs.iter().map(views::summary).collect(),
+    }))
 }
 
 async fn get_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::Run>> {
@@ -209,7 +286,10 @@ async fn cancel_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Js
     Ok(Json(views::run(&view)))
 }
 
-async fn retry_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
+async fn retry_run(
+    S(state): S<State>,
+    Path(run): Path<String>,
+) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
     let old = state.store.get_run(&run).await?.run;
     let accepted = state
         .store
@@ -227,7 +307,12 @@ async fn retry_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<(St
         })
         .await?;
     state.relay_wake.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(api::SubmitRunResponse {
+            run_id: accepted.run_id,
+        }),
+    ))
 }
 
 // ---------- logs (SSE) ----------
@@ -254,7 +339,11 @@ async fn log_events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
-fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item = Result<Event, Infallible>> {
+fn async_stream(
+    state: State,
+    job: String,
+    mut cursor: i64,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let mut events = state.job_events.subscribe();
@@ -267,8 +356,17 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
             let got = !chunks.is_empty();
             for c in chunks {
                 cursor = c.id;
-                let payload = api::LogEvent { epoch: c.epoch, stream: c.stream, offset: c.offset, data: b64.encode(&c.data) };
-                let ev = Event::default().id(c.id.to_string()).event("chunk").json_data(payload).expect("json");
+                let payload = api::LogEvent {
+                    epoch: c.epoch,
+                    stream: c.stream,
+                    offset: c.offset,
+                    data: b64.encode(&c.data),
+                };
+                let ev = Event::default()
+                    .id(c.id.to_string())
+                    .event("chunk")
+                    .json_data(payload)
+                    .expect("json");
                 if tx.send(ev).await.is_err() {
                     return;
                 }
@@ -282,12 +380,18 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
             };
             if status.is_terminal() {
                 // Chunks are acknowledged before completion: re-read once, then end.
-                let rest = state.store.log_chunks_after(&job, cursor, 1).await.unwrap_or_default();
+                let rest = state
+                    .store
+                    .log_chunks_after(&job, cursor, 1)
+                    .await
+                    .unwrap_or_default();
                 if rest.is_empty() {
                     let ev = Event::default()
                         .id(cursor.to_string())
                         .event("end")
-                        .json_data(api::LogEnd { status: status.to_string() })
+                        .json_data(api::LogEnd {
+                            status: status.to_string(),
+                        })
                         .expect("json");
                     let _ = tx.send(ev).await;
                     return;
@@ -318,7 +422,10 @@ use futures::StreamExt;
 
 // ---------- agent API ----------
 
-async fn register_agent(S(state): S<State>, body: Bytes) -> ApiResult<Json<api::AgentRegistration>> {
+async fn register_agent(
+    S(state): S<State>,
+    body: Bytes,
+) -> ApiResult<Json<api::AgentRegistration>> {
     let req: api::RegisterAgent = parse(&body)?;
     if req.name.trim().is_empty() || req.name.len() > 100 {
         return Err(ApiErr::invalid("agent name must be 1-100 characters"));
@@ -327,7 +434,10 @@ async fn register_agent(S(state): S<State>, body: Bytes) -> ApiResult<Json<api::
         return Err(ApiErr::invalid("max_jobs must be 1-256"));
     }
     let labels = serde_json::to_string(&req.labels).expect("labels");
-    let agent = state.store.register_agent(req.name.trim(), &labels, req.max_jobs).await?;
+    let agent = state
+        .store
+        .register_agent(req.name.trim(), &labels, req.max_jobs)
+        .await?;
     let ttl = state.config.lease_ttl.as_millis() as u64;
     Ok(Json(api::AgentRegistration {
         agent_id: agent.id,
@@ -342,8 +452,16 @@ fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment 
     let ttl = state.config.lease_ttl.as_millis() as u64;
     let mut env: BTreeMap<String, String> = def.env.clone();
     for (k, v) in &c.run.inputs {
-        let key: String =
-            k.chars().map(|ch| if ch.is_ascii_alphanumeric() { ch.to_ascii_uppercase() } else { '_' }).collect();
+        let key: String = k
+            .chars()
+            .map(|ch| {
+                if ch.is_ascii_alphanumeric() {
+                    ch.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         env.insert(format!("KILN_INPUT_{key}"), v.clone());
     }
     api::Assignment {
@@ -354,19 +472,38 @@ fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment 
         repo: c.run.repo_name.clone(),
         clone_url: String::new(),
         commit_sha: c.run.commit_sha.clone(),
-        steps: def.steps.iter().map(|s| api::StepSpec { name: s.name.clone(), run: s.run.clone() }).collect(),
+        steps: def
+            .steps
+            .iter()
+            .map(|s| api::StepSpec {
+                name: s.name.clone(),
+                run: s.run.clone(),
+            })
+            .collect(),
         env,
         timeout_secs: def.timeout_secs,
         image: def.image.as_ref().and_then(|i| match i {
             kiln_workflow::Image::Ref { reference } => Some(reference.clone()),
             kiln_workflow::Image::Dockerfile { .. } => None,
         }),
-        publish: def.artifacts.publish.iter().map(|p| api::PublishSpec { name: p.name.clone(), path: p.path.clone() }).collect(),
+        publish: def
+            .artifacts
+            .publish
+            .iter()
+            .map(|p| api::PublishSpec {
+                name: p.name.clone(),
+                path: p.path.clone(),
+            })
+            .collect(),
         restore: def
             .artifacts
             .restore
             .iter()
-            .map(|r| api::RestoreSpec { from_job: r.from_job.clone(), name: r.name.clone(), path: r.path.clone() })
+            .map(|r| api::RestoreSpec {
+                from_job: r.from_job.clone(),
+                name: r.name.clone(),
+                path: r.path.clone(),
+            })
             .collect(),
         lease_ttl_ms: ttl,
         heartbeat_interval_ms: (ttl / 3).max(50),
@@ -380,15 +517,29 @@ async fn with_clone_url(state: &State, mut a: api::Assignment) -> ApiResult<api:
 
 /// Long-poll claim. Pops dispatch deliveries compatible with the agent and
 /// runs the claim transaction on each until one grants an attempt.
-async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) -> ApiResult<Json<api::ClaimResponse>> {
+async fn claim(
+    S(state): S<State>,
+    Path(agent_id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<api::ClaimResponse>> {
     let req: api::ClaimRequest = parse(&body)?;
     let agent = state.store.get_agent(&agent_id).await?;
     if agent.session_id != req.session_id {
-        return Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, "agent session was replaced; register again"));
+        return Err(ApiErr::new(
+            StatusCode::CONFLICT,
+            api::codes::STALE_EPOCH,
+            "agent session was replaced; register again",
+        ));
     }
-    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id).await? {
+    if let Some(c) = state
+        .store
+        .claimed_by_request(&req.claim_request_id)
+        .await?
+    {
         let a = assignment(&state, &c);
-        return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
+        return Ok(Json(api::ClaimResponse {
+            assignment: Some(with_clone_url(&state, a).await?),
+        }));
     }
     let wait = Duration::from_millis(req.wait_ms.min(60_000));
     let deadline = tokio::time::Instant::now() + wait;
@@ -411,7 +562,9 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
                     let _ = state.job_events.send(c.job.id.clone());
                     let a = assignment(&state, &c);
                     tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
-                    return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
+                    return Ok(Json(api::ClaimResponse {
+                        assignment: Some(with_clone_url(&state, a).await?),
+                    }));
                 }
                 Ok(None) => {
                     // Duplicate or stale deliveries are absorbed. A job still
@@ -437,10 +590,16 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
     }
 }
 
-async fn heartbeat(S(state): S<State>, Path((job, epoch)): Path<(String, i64)>) -> ApiResult<Json<api::HeartbeatResponse>> {
+async fn heartbeat(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+) -> ApiResult<Json<api::HeartbeatResponse>> {
     let ttl = state.config.lease_ttl.as_millis() as i64;
     let out = state.store.heartbeat(&job, epoch, ttl).await?;
-    Ok(Json(api::HeartbeatResponse { cancel_requested: out.cancel_requested, lease_ttl_ms: ttl as u64 }))
+    Ok(Json(api::HeartbeatResponse {
+        cancel_requested: out.cancel_requested,
+        lease_ttl_ms: ttl as u64,
+    }))
 }
 
 async fn append_log(
@@ -450,13 +609,19 @@ async fn append_log(
 ) -> ApiResult<Json<api::LogAck>> {
     let chunk: api::LogChunk = parse(&body)?;
     if !["stdout", "stderr", "system"].contains(&chunk.stream.as_str()) {
-        return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
+        return Err(ApiErr::bad_request(
+            "stream must be stdout, stderr or system",
+        ));
     }
     let data = base64::engine::general_purpose::STANDARD
         .decode(chunk.data.as_bytes())
         .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
     if data.len() > MAX_CHUNK {
-        return Err(ApiErr::new(StatusCode::PAYLOAD_TOO_LARGE, api::codes::TOO_LARGE, "a log chunk carries at most 1 MiB"));
+        return Err(ApiErr::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            api::codes::TOO_LARGE,
+            "a log chunk carries at most 1 MiB",
+        ));
     }
     let committed = state
         .store
@@ -471,7 +636,9 @@ async fn append_log(
         })
         .await?;
     let _ = state.job_events.send(job);
-    Ok(Json(api::LogAck { committed: committed.into_iter().collect() }))
+    Ok(Json(api::LogAck {
+        committed: committed.into_iter().collect(),
+    }))
 }
 
 async fn complete(
@@ -482,7 +649,9 @@ async fn complete(
     let c: api::Completion = parse(&body)?;
     let outcome: AttemptOutcome = c.outcome.parse().map_err(ApiErr::bad_request)?;
     if outcome == AttemptOutcome::Running || outcome == AttemptOutcome::Lost {
-        return Err(ApiErr::bad_request("outcome must be success, failed or cancelled"));
+        return Err(ApiErr::bad_request(
+            "outcome must be success, failed or cancelled",
+        ));
     }
     let res = state
         .store
@@ -504,7 +673,11 @@ async fn complete(
             tracing::info!(job, epoch, status, "completed");
             Ok(Json(api::CompletionAck { job_status: status }))
         }
-        Err(StoreError::Conflict(m)) => Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, m)),
+        Err(StoreError::Conflict(m)) => Err(ApiErr::new(
+            StatusCode::CONFLICT,
+            api::codes::STALE_EPOCH,
+            m,
+        )),
         Err(e) => Err(e.into()),
     }
 }

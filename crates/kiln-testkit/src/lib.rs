@@ -1,7 +1,7 @@
 //! Test helpers: real git repositories in temporary directories and a real
 //! `kiln up` process. Dev-dependency only.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,7 +24,10 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
         .output()
         .context("run git")?;
     if !out.status.success() {
-        bail!("git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "git {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -55,7 +58,10 @@ impl TestRepo {
             }
         }
         git(self.dir.path(), &["add", "-A"])?;
-        git(self.dir.path(), &["commit", "-q", "--allow-empty", "-m", message])?;
+        git(
+            self.dir.path(),
+            &["commit", "-q", "--allow-empty", "-m", message],
+        )?;
         self.head()
     }
 
@@ -83,7 +89,14 @@ impl KilnUp {
         let data = tempfile::tempdir()?;
         let log = data.path().join("kiln-up.log");
         let mut child = Command::new(bin)
-            .args(["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"])
+            .args([
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--agents",
+                &agents.to_string(),
+                "--data-dir",
+            ])
             .arg(data.path().join("data"))
             .args(extra)
             .env("KILN_LOG", "info,sqlx=warn")
@@ -112,11 +125,21 @@ impl KilnUp {
         }
         if url.is_empty() {
             let _ = child.kill();
-            bail!("kiln up did not print its address; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+            bail!(
+                "kiln up did not print its address; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log })
+        Ok(KilnUp {
+            child,
+            data,
+            url,
+            token,
+            bin: bin.to_path_buf(),
+            log,
+        })
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -126,7 +149,9 @@ impl KilnUp {
     /// A `kiln` CLI command with KILN_SERVER and KILN_TOKEN set.
     pub fn cli(&self) -> Command {
         let mut c = Command::new(&self.bin);
-        c.env("KILN_SERVER", &self.url).env("KILN_TOKEN", &self.token).env_remove("KILN_LOG");
+        c.env("KILN_SERVER", &self.url)
+            .env("KILN_TOKEN", &self.token)
+            .env_remove("KILN_LOG");
         c
     }
 

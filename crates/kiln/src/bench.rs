@@ -3,8 +3,8 @@
 //! same invocation. Output is `name: value` lines.
 
 use crate::cli::BenchArgs;
-use crate::commands::{start_embedded, Failure};
-use kiln_api::{exit, Client, SubmitRun};
+use crate::commands::{Failure, start_embedded};
+use kiln_api::{Client, SubmitRun, exit};
 use std::process::Command as Proc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,7 +17,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
 }
 
 fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
@@ -29,10 +32,25 @@ fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
 /// A one-job, one-step `true` repository.
 fn noop_repo(dir: &std::path::Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join(".kiln"))?;
-    std::fs::write(dir.join(".kiln/pipeline.yaml"), "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"true\"\n")?;
+    std::fs::write(
+        dir.join(".kiln/pipeline.yaml"),
+        "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"true\"\n",
+    )?;
     git(dir, &["init", "-q", "-b", "main"])?;
     git(dir, &["add", "."])?;
-    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "noop"])?;
+    git(
+        dir,
+        &[
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@kiln",
+            "commit",
+            "-q",
+            "-m",
+            "noop",
+        ],
+    )?;
     Ok(())
 }
 
@@ -51,7 +69,13 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
     noop_repo(&repo)?;
-    let (handle, stop, tasks) = start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30)).await?;
+    let (handle, stop, tasks) = start_embedded(
+        &tmp.join("data"),
+        "127.0.0.1:0",
+        a.agents,
+        Duration::from_secs(30),
+    )
+    .await?;
     let c = Client::new(&handle.url(), &handle.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
         name: "bench".into(),
@@ -59,11 +83,22 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
         webhook_secret: None,
     })
     .await?;
-    let head = String::from_utf8(Proc::new("git").arg("-C").arg(&repo).args(["rev-parse", "HEAD"]).output().map_err(anyhow::Error::from)?.stdout)
-        .map_err(anyhow::Error::from)?
-        .trim()
-        .to_string();
-    let body = SubmitRun { commit_sha: head.clone(), ..Default::default() };
+    let head = String::from_utf8(
+        Proc::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["rev-parse", "HEAD"])
+            .output()
+            .map_err(anyhow::Error::from)?
+            .stdout,
+    )
+    .map_err(anyhow::Error::from)?
+    .trim()
+    .to_string();
+    let body = SubmitRun {
+        commit_sha: head.clone(),
+        ..Default::default()
+    };
 
     // Warm up (mirror fetch, agent checkouts).
     let w = c.submit_run("bench", &body, None).await?;
@@ -75,7 +110,10 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     let mut lat = vec![];
     for _ in 0..n {
         let t = Instant::now();
-        Proc::new("sh").args(["-c", "true"]).status().map_err(anyhow::Error::from)?;
+        Proc::new("sh")
+            .args(["-c", "true"])
+            .status()
+            .map_err(anyhow::Error::from)?;
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let sh_rate = n as f64 / t0.elapsed().as_secs_f64();
@@ -126,5 +164,9 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     let _ = handle.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
-    Ok(if failed == 0 { exit::OK } else { exit::RUN_FAILED })
+    Ok(if failed == 0 {
+        exit::OK
+    } else {
+        exit::RUN_FAILED
+    })
 }

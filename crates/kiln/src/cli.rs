@@ -24,7 +24,12 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct Conn {
     /// Kiln server URL.
-    #[arg(long, env = "KILN_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
+    #[arg(
+        long,
+        env = "KILN_SERVER",
+        default_value = "http://127.0.0.1:7070",
+        global = true
+    )]
     pub server: String,
     /// API token (the server writes DATA_DIR/admin.token on first start).
     #[arg(long, env = "KILN_TOKEN", hide_env_values = true, global = true)]
@@ -65,7 +70,10 @@ pub enum Command {
 
 impl Command {
     pub fn is_daemon(&self) -> bool {
-        matches!(self, Command::Up(_) | Command::Server(_) | Command::Agent(_))
+        matches!(
+            self,
+            Command::Up(_) | Command::Server(_) | Command::Agent(_)
+        )
     }
 }
 
@@ -226,14 +234,23 @@ pub struct BenchArgs {
 /// `30s`, `500ms`, `2m`, `1h` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration `{s}` (try 30s, 500ms, 2m)"))?;
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration `{s}` (try 30s, 500ms, 2m)"))?;
     let secs = match unit {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in `{s}` (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "invalid duration unit in `{s}` (use ms, s, m or h)"
+            ));
+        }
     };
     if !(secs > 0.0 && secs < 1e7) {
         return Err(format!("duration `{s}` out of range"));
