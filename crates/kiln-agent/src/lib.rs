@@ -1,14 +1,260 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The Kiln agent: claims jobs from a server and runs them in sandboxes.
+//!
+//! Sibling mechanisms, each in its own module (ARCHITECTURE.md, buildkite's
+//! shape): the claim loop (here), one [`attempt`] per assignment with its
+//! [`heartbeat`], [`checkout`] and [`logs`] streamer, all running steps
+//! through a `kiln-sandbox` executor. The agent is trusted and holds the
+//! lease; the sandbox is not and never sees the agent's token.
+//!
+//! # Lifecycle of [`run`]
+//! 1. Lock `work_dir` (one agent per directory), SIGKILL step process
+//!    groups a previous agent process left behind, delete stale attempt
+//!    workspaces (mirrors are kept).
+//! 2. Register, retrying with backoff while the server is unreachable.
+//! 3. `max_jobs` slots, each long-polling `claim` and running what it gets.
+//!    A claim that fails with a retryable error is retried with the *same*
+//!    `claim_request_id`, so an assignment whose acknowledgement was lost
+//!    after the server committed it is recovered (spec 000 §7).
+//! 4. Shutdown (the watch flips to true): slots stop claiming at once (an
+//!    in-flight long poll is abandoned); running attempts are killed —
+//!    SIGTERM, SIGKILL after the sandbox's grace (10 s) — and completed as
+//!    `failed` with `infra_failure` ("the agent shut down during the job"),
+//!    so the server can retry them elsewhere without waiting for a lease to
+//!    expire. `run` returns once every attempt has completed and cleaned up.
+
+mod attempt;
+mod checkout;
+mod control;
+mod heartbeat;
+mod logs;
+
+use anyhow::Context;
+use attempt::{AttemptContext, run_attempt};
+use checkout::Mirrors;
+use control::backoff;
+use kiln_api::client::Client;
+use kiln_api::types::{AgentRegistration, Assignment, ClaimRequest, RegisterAgent};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::{Mutex, watch};
+
+/// How long the server may hold a claim open waiting for work.
+pub const CLAIM_WAIT_MS: u64 = 20_000;
+
+/// Which sandbox runs the steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExecutorKind {
+    /// Host processes (see `kiln_sandbox::HostExecutor`).
+    #[default]
+    Host,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Base URL of the server, e.g. `http://127.0.0.1:8080`.
+    pub server: String,
+    /// Agent token (`DATA_DIR/agent.token`). Never passed to steps.
+    pub token: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Private to this agent process: `attempts/` (workspaces, deleted
+    /// after each attempt), `mirrors/` (bare git mirrors, kept), `pgids/`
+    /// (running step groups), `agent.lock`.
+    pub work_dir: PathBuf,
+    /// Concurrent jobs (at least 1).
+    pub max_jobs: u32,
+    pub executor: ExecutorKind,
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+struct Agent {
+    config: AgentConfig,
+    client: Client,
+    registration: Mutex<AgentRegistration>,
+    ctx: AttemptContext,
+}
+
+/// Runs the agent until `shutdown` becomes true (see the crate docs for the
+/// shutdown semantics). Errors only on a bad configuration, an unusable
+/// work_dir, or a registration the server refuses (e.g. a wrong token).
+pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    anyhow::ensure!(config.max_jobs >= 1, "max_jobs must be at least 1");
+    let work_dir = &config.work_dir;
+    std::fs::create_dir_all(work_dir)
+        .with_context(|| format!("cannot create work dir {}", work_dir.display()))?;
+    let _lock = lock_work_dir(work_dir)?;
+    let reaped = kiln_sandbox::reap_orphans(&work_dir.join("pgids")).with_context(|| {
+        format!(
+            "cannot reap orphaned steps recorded in {}",
+            work_dir.join("pgids").display()
+        )
+    })?;
+    if reaped > 0 {
+        tracing::warn!(
+            reaped,
+            "killed step process groups left by a previous agent"
+        );
+    }
+    let attempts = work_dir.join("attempts");
+    kiln_sandbox::remove_tree(&attempts)
+        .with_context(|| format!("cannot remove stale workspaces in {}", attempts.display()))?;
+    std::fs::create_dir_all(&attempts)
+        .with_context(|| format!("cannot create {}", attempts.display()))?;
+
+    let client = Client::new(&config.server, &config.token);
+    let mut sd = shutdown.clone();
+    let Some(registration) = register(&client, &config, &mut sd).await? else {
+        return Ok(());
+    };
+    tracing::info!(agent_id = %registration.agent_id, session_id = %registration.session_id, server = %config.server,
+        max_jobs = config.max_jobs, "agent registered");
+    let ctx = AttemptContext {
+        client: client.clone(),
+        work_dir: work_dir.clone(),
+        mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors"))),
+        executor: config.executor,
+    };
+    let agent = Arc::new(Agent {
+        config: config.clone(),
+        client,
+        registration: Mutex::new(registration),
+        ctx,
+    });
+    let mut slots = tokio::task::JoinSet::new();
+    for slot in 0..config.max_jobs {
+        slots.spawn(slot_loop(agent.clone(), slot, shutdown.clone()));
+    }
+    while let Some(r) = slots.join_next().await {
+        if let Err(e) = r {
+            tracing::error!(error = %e, "a job slot failed");
+        }
+    }
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+fn lock_work_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = dir.join("agent.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        anyhow::anyhow!(
+            "work dir {} is in use by another agent ({e}); give each agent its own --work-dir",
+            dir.display()
+        )
+    })
+}
+
+/// Registers, retrying while the server is unreachable. None on shutdown.
+async fn register(
+    client: &Client,
+    config: &AgentConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Option<AgentRegistration>> {
+    let body = RegisterAgent {
+        name: config.name.clone(),
+        labels: config.labels.clone(),
+        max_jobs: config.max_jobs,
+    };
+    let mut failures = 0;
+    loop {
+        let res = tokio::select! {
+            r = client.register_agent(&body) => r,
+            _ = shutdown.wait_for(|s| *s) => return Ok(None),
+        };
+        match res {
+            Ok(r) => return Ok(Some(r)),
+            Err(e) if e.is_retryable() => {
+                failures += 1;
+                let delay = backoff(failures, 500, 30_000);
+                tracing::warn!(server = %config.server, error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "cannot register with the Kiln server; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait_for(|s| *s) => return Ok(None),
+                }
+            }
+            Err(e) => {
+                return Err(anyhow::anyhow!(
+                    "the Kiln server at {} refused to register agent `{}`: {e}",
+                    config.server,
+                    config.name
+                ));
+            }
+        }
+    }
+}
+
+async fn slot_loop(agent: Arc<Agent>, slot: u32, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let assignment = tokio::select! {
+            a = claim(&agent, slot) => a,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        if let Some(a) = assignment {
+            tracing::info!(slot, run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch, "claimed job");
+            run_attempt(&agent.ctx, a, shutdown.clone()).await;
+        }
+    }
+}
+
+/// One logical claim: a fresh claim_request_id, reused across retries.
+async fn claim(agent: &Agent, slot: u32) -> Option<Assignment> {
+    let claim_request_id = uuid::Uuid::new_v4().to_string();
+    let mut failures = 0;
+    loop {
+        let reg = agent.registration.lock().await.clone();
+        let body = ClaimRequest {
+            session_id: reg.session_id.clone(),
+            claim_request_id: claim_request_id.clone(),
+            wait_ms: CLAIM_WAIT_MS,
+        };
+        match agent.client.claim(&reg.agent_id, &body).await {
+            Ok(r) => return r.assignment,
+            Err(e) => {
+                failures += 1;
+                let delay = backoff(failures, 500, 30_000);
+                if e.is_retryable() {
+                    tracing::warn!(slot, error = %e, %claim_request_id, retry_in_ms = delay.as_millis() as u64,
+                        "claim failed; retrying with the same claim_request_id");
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+                tracing::error!(slot, error = %e, retry_in_ms = delay.as_millis() as u64, "the server refused the claim");
+                tokio::time::sleep(delay).await;
+                if matches!(e.status(), Some(404 | 410)) {
+                    reregister(agent, &reg.session_id).await;
+                }
+                return None;
+            }
+        }
+    }
+}
+
+/// The server no longer knows our agent or session (e.g. its data was
+/// reset): register again, once for all slots.
+async fn reregister(agent: &Agent, stale_session: &str) {
+    let mut reg = agent.registration.lock().await;
+    if reg.session_id != stale_session {
+        return;
+    }
+    let body = RegisterAgent {
+        name: agent.config.name.clone(),
+        labels: agent.config.labels.clone(),
+        max_jobs: agent.config.max_jobs,
+    };
+    match agent.client.register_agent(&body).await {
+        Ok(r) => {
+            tracing::info!(agent_id = %r.agent_id, session_id = %r.session_id, "agent registered again");
+            *reg = r;
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot register again; will retry"),
     }
 }

@@ -1,14 +1,171 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! Job sandboxes: the [`Executor`] contract and its implementations.
+//!
+//! The sandbox is the untrusted side of the agent (ARCHITECTURE.md, "Data
+//! flow"): it runs the job's commands with a fresh writable state per attempt
+//! and never sees the agent's credentials or environment. Implementations:
+//! - [`HostExecutor`]: each step is a host process in its own session, with a
+//!   cleared environment, killed with its whole process group.
+//! - container (Podman/Docker Engine API): later.
+
+mod host;
+mod procs;
+mod reap;
+mod spawn;
+
+pub use host::{DEFAULT_KILL_GRACE, DEFAULT_PATH, HostConfig, HostExecutor};
+pub use procs::process_alive;
+pub use reap::{reap_orphans, remove_tree};
+
+use futures::future::BoxFuture;
+use std::collections::BTreeMap;
+use tokio::sync::mpsc;
+
+/// Which pipe a piece of output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl OutputStream {
+    /// Wire name of the stream (`stdout` / `stderr`), as used in log chunks.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
     }
+}
+
+/// How a step's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepExit {
+    /// The shell exited with this code; 0 is success.
+    Code(i32),
+    /// The shell was terminated by this signal (for example after [`Executor::kill`]).
+    Signal(i32),
+}
+
+impl StepExit {
+    pub fn success(self) -> bool {
+        self == StepExit::Code(0)
+    }
+
+    /// The exit code in the shell's convention: the code, or 128 + signal.
+    pub fn code(self) -> i32 {
+        match self {
+            StepExit::Code(c) => c,
+            StepExit::Signal(s) => 128 + s,
+        }
+    }
+}
+
+impl std::fmt::Display for StepExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepExit::Code(c) => write!(f, "exit code {c}"),
+            StepExit::Signal(s) => write!(f, "killed by signal {s}"),
+        }
+    }
+}
+
+/// One event of a running step. Output events arrive in the order they were
+/// read from each pipe; `Exited` is always the last event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepEvent {
+    Output { stream: OutputStream, data: Vec<u8> },
+    Exited(StepExit),
+}
+
+/// One step to run: a shell command and the environment it adds.
+#[derive(Debug, Clone, Default)]
+pub struct StepRequest {
+    /// Shown in diagnostics only.
+    pub name: String,
+    /// Run as `sh -e -c <command>` with the workspace as working directory.
+    pub command: String,
+    /// Job environment (KILN_* and the workflow's `env`). Applied after the
+    /// executor's base environment, so a job may override e.g. `PATH`.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A running step: read its events until [`StepEvent::Exited`].
+///
+/// The executor keeps draining the step's pipes into a bounded channel, so a
+/// consumer that stops reading eventually blocks the step's writes (never the
+/// agent): consumers must read promptly and buffer on their side.
+pub struct StepHandle {
+    events: mpsc::Receiver<StepEvent>,
+}
+
+impl StepHandle {
+    pub(crate) fn new(events: mpsc::Receiver<StepEvent>) -> Self {
+        StepHandle { events }
+    }
+
+    /// The next event; `None` only after `Exited` was returned (or if the
+    /// executor task was torn down, which callers treat as infrastructure failure).
+    pub async fn next(&mut self) -> Option<StepEvent> {
+        self.events.recv().await
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// [`Executor::kill`] was called; no further steps are started.
+    #[error("the sandbox was killed; no further steps run")]
+    Killed,
+    /// A step is still running; steps run one at a time.
+    #[error("a step is already running in this sandbox")]
+    Busy,
+    #[error("cannot prepare the sandbox at {path}: {source}")]
+    Prepare {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start step `{step}`: {source}")]
+    Spawn {
+        step: String,
+        source: std::io::Error,
+    },
+    #[error("cannot clean up the sandbox at {path}: {source}")]
+    Cleanup {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// A sandbox for one attempt of one job.
+///
+/// # Lifecycle
+/// `prepare` → `exec`* → `cleanup`. One executor value serves exactly one
+/// attempt; it is never reused.
+/// - `prepare` creates the sandbox's private state (home, tmp). It must be
+///   called once before the first `exec`.
+/// - `exec` starts one step and returns at once with a [`StepHandle`]; steps
+///   run one at a time (a second `exec` while a step runs is [`SandboxError::Busy`]).
+///   Drive the handle to `Exited` before starting the next step.
+/// - `cleanup` kills whatever still runs and removes the sandbox's private
+///   state. It is safe after a failed or partial `prepare`, after a failed
+///   `exec`, after `kill`, and when called more than once.
+///
+/// # Kill and concurrency
+/// The executor is `Send + Sync` and its methods take `&self`: `kill` may be
+/// called from any task, concurrently with `exec` or with a consumer reading
+/// a `StepHandle`. `kill` is idempotent; it terminates the running step (the
+/// whole process tree, gracefully then forcibly), waits until it is gone,
+/// and makes every later `exec` fail with [`SandboxError::Killed`]. The
+/// killed step's handle still delivers its remaining output and its `Exited`
+/// event.
+///
+/// # Isolation
+/// A step sees only the environment the executor builds (base variables
+/// plus [`StepRequest::env`]); nothing of the agent's own environment
+/// (tokens included) leaks into it.
+pub trait Executor: Send + Sync {
+    fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
+    fn exec<'a>(&'a self, step: &'a StepRequest)
+    -> BoxFuture<'a, Result<StepHandle, SandboxError>>;
+    fn kill(&self) -> BoxFuture<'_, ()>;
+    fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
 }

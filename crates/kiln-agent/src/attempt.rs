@@ -1,0 +1,320 @@
+//! One attempt: (job_id, epoch) of one assignment, from checkout to completion.
+//!
+//! Order: heartbeat and log shipper start → checkout → steps in order, stop
+//! at the first failure → every log chunk acknowledged → `complete` → clean
+//! up. A stop reason (see [`crate::control::Stop`]) kills the sandbox at any
+//! point; a fenced attempt publishes nothing more — no chunk, no completion.
+
+use crate::ExecutorKind;
+use crate::checkout::Mirrors;
+use crate::control::{Control, Stop, backoff};
+use crate::heartbeat::heartbeat_loop;
+use crate::logs::{LogConfig, LogStreamer, Stream};
+use kiln_api::client::Client;
+use kiln_api::types::{Assignment, Completion};
+use kiln_sandbox::{Executor, HostConfig, HostExecutor, StepEvent, StepRequest, remove_tree};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+pub(crate) struct AttemptContext {
+    pub client: Client,
+    pub work_dir: PathBuf,
+    pub mirrors: Arc<Mirrors>,
+    pub executor: ExecutorKind,
+}
+
+impl AttemptContext {
+    pub(crate) fn attempts_dir(&self) -> PathBuf {
+        self.work_dir.join("attempts")
+    }
+
+    pub(crate) fn pgid_dir(&self) -> PathBuf {
+        self.work_dir.join("pgids")
+    }
+}
+
+/// How the job's own work ended (before stop reasons are applied).
+enum Ran {
+    Success,
+    StepFailed {
+        exit_code: i32,
+        message: String,
+    },
+    Infra(String),
+    /// A stop reason interrupted the work.
+    Stopped,
+}
+
+pub(crate) async fn run_attempt(
+    ctx: &AttemptContext,
+    a: Assignment,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let span = tracing::info_span!("attempt", run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch);
+    async move {
+        let ctl = Control::new();
+        let hb = tokio::spawn(heartbeat_loop(
+            ctx.client.clone(),
+            a.job_id.clone(),
+            a.epoch,
+            Duration::from_millis(a.heartbeat_interval_ms),
+            Duration::from_millis(a.lease_ttl_ms),
+            ctl.clone(),
+        ));
+        let watcher = {
+            let ctl = ctl.clone();
+            let timeout = a.timeout_secs.map(Duration::from_secs);
+            tokio::spawn(async move {
+                let timer = async {
+                    match timeout {
+                        Some(t) => tokio::time::sleep(t).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = timer => ctl.stop(Stop::TimedOut),
+                    _ = shutdown.wait_for(|s| *s) => ctl.stop(Stop::Shutdown),
+                    _ = ctl.stopped() => {}
+                }
+            })
+        };
+        let logs = LogStreamer::start(ctx.client.clone(), a.job_id.clone(), a.epoch, ctl.clone(), LogConfig::default());
+        let attempt_dir = ctx.attempts_dir().join(format!("{}-{}", a.job_id, a.epoch));
+
+        let ran = execute(ctx, &a, &attempt_dir, &ctl, &logs).await;
+        let completion = decide(&a, ran, ctl.reason());
+        if let Some(c) = &completion {
+            let mark = if c.outcome == "success" { "✓" } else { "✗" };
+            let detail = c.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
+            logs.system(&format!("{mark} job {}{detail}", c.outcome));
+        }
+        let logs_complete = logs.finish().await;
+        match completion {
+            Some(c) if logs_complete && !ctl.is_fenced() => complete(ctx, &a, &c, &ctl).await,
+            _ => tracing::warn!("attempt fenced: the sandbox was killed and nothing more is published"),
+        }
+        hb.abort();
+        watcher.abort();
+        let dir = attempt_dir.clone();
+        match tokio::task::spawn_blocking(move || remove_tree(&dir)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(dir = %attempt_dir.display(), error = %e, "cannot remove the attempt directory"),
+            Err(e) => tracing::warn!(error = %e, "cleanup task failed"),
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Checkout and steps. The sandbox is killed as soon as a stop reason is set.
+async fn execute(
+    ctx: &AttemptContext,
+    a: &Assignment,
+    attempt_dir: &Path,
+    ctl: &Control,
+    logs: &LogStreamer,
+) -> Ran {
+    let ws = attempt_dir.join("ws");
+    let _ = remove_tree(attempt_dir);
+    if let Err(e) = tokio::fs::create_dir_all(attempt_dir).await {
+        return Ran::Infra(format!(
+            "cannot create the attempt directory {}: {e}",
+            attempt_dir.display()
+        ));
+    }
+
+    logs.system(&format!("checking out {} at {}", a.repo, a.commit_sha));
+    let checkout = tokio::select! {
+        r = ctx.mirrors.checkout(&a.clone_url, &a.commit_sha, &ws) => r,
+        _ = ctl.stopped() => return Ran::Stopped,
+    };
+    if let Err(e) = checkout {
+        let msg = format!(
+            "checkout of {} at {} failed: {e}",
+            a.clone_url, a.commit_sha
+        );
+        tracing::error!("{msg}");
+        return Ran::Infra(msg);
+    }
+
+    let exec: Arc<dyn Executor> = match ctx.executor {
+        ExecutorKind::Host => Arc::new(HostExecutor::new(HostConfig::new(
+            ws.clone(),
+            attempt_dir.to_path_buf(),
+            ctx.pgid_dir(),
+        ))),
+    };
+    let killer = {
+        let (exec, ctl) = (exec.clone(), ctl.clone());
+        tokio::spawn(async move {
+            let reason = ctl.stopped().await;
+            tracing::info!(?reason, "killing the sandbox");
+            exec.kill().await;
+        })
+    };
+    let ran = run_steps(exec.as_ref(), a, &ws, ctl, logs).await;
+    if let Err(e) = exec.cleanup().await {
+        tracing::warn!(error = %e, "sandbox cleanup failed");
+    }
+    killer.abort();
+    ran
+}
+
+async fn run_steps(
+    exec: &dyn Executor,
+    a: &Assignment,
+    ws: &Path,
+    ctl: &Control,
+    logs: &LogStreamer,
+) -> Ran {
+    if let Err(e) = exec.prepare().await {
+        return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
+    }
+    let mut env: BTreeMap<String, String> = a.env.clone();
+    for (k, v) in [
+        ("KILN_RUN_ID", a.run_id.clone()),
+        ("KILN_JOB", a.job_name.clone()),
+        ("KILN_JOB_ID", a.job_id.clone()),
+        ("KILN_EPOCH", a.epoch.to_string()),
+        ("KILN_COMMIT", a.commit_sha.clone()),
+        ("KILN_WORKSPACE", ws.display().to_string()),
+    ] {
+        env.insert(k.to_string(), v);
+    }
+    let n = a.steps.len();
+    for (i, s) in a.steps.iter().enumerate() {
+        if ctl.reason().is_some() {
+            return Ran::Stopped;
+        }
+        let label = s.name.clone().unwrap_or_else(|| summarize(&s.run));
+        logs.system(&format!("▶ step {}/{n}: {label}", i + 1));
+        let req = StepRequest {
+            name: label.clone(),
+            command: s.run.clone(),
+            env: env.clone(),
+        };
+        let mut handle = match exec.exec(&req).await {
+            Ok(h) => h,
+            Err(kiln_sandbox::SandboxError::Killed) => return Ran::Stopped,
+            Err(e) => return Ran::Infra(e.to_string()),
+        };
+        let exit = loop {
+            match handle.next().await {
+                Some(StepEvent::Output { stream, data }) => logs.write(Stream::from(stream), &data),
+                Some(StepEvent::Exited(e)) => break e,
+                None => return Ran::Infra(format!("lost track of step {}/{n}", i + 1)),
+            }
+        };
+        logs.flush();
+        if ctl.reason().is_some() {
+            return Ran::Stopped;
+        }
+        if !exit.success() {
+            logs.system(&format!("✗ step {}/{n} failed: {exit}", i + 1));
+            return Ran::StepFailed {
+                exit_code: exit.code(),
+                message: format!("step {}/{n} `{label}` failed: {exit}", i + 1),
+            };
+        }
+    }
+    Ran::Success
+}
+
+/// The first line of a command, shortened, to name an unnamed step.
+fn summarize(cmd: &str) -> String {
+    let line = cmd.trim().lines().next().unwrap_or("");
+    if line.chars().count() > 80 {
+        format!("{}…", line.chars().take(79).collect::<String>())
+    } else {
+        line.to_string()
+    }
+}
+
+/// The completion to send, or None when fenced.
+fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
+    let failed = |exit_code, message: String, infra_failure| Completion {
+        outcome: "failed".into(),
+        exit_code,
+        message: Some(message),
+        infra_failure,
+    };
+    if stop == Some(Stop::Fenced) {
+        return None;
+    }
+    // Work that ended on its own keeps its result even if a stop reason
+    // arrived afterwards; only interrupted work reports the reason.
+    Some(match ran {
+        Ran::Success => Completion {
+            outcome: "success".into(),
+            exit_code: Some(0),
+            message: None,
+            infra_failure: false,
+        },
+        Ran::StepFailed { exit_code, message } => failed(Some(exit_code), message, false),
+        Ran::Infra(message) => failed(None, message, true),
+        Ran::Stopped => match stop {
+            Some(Stop::Cancelled) => Completion {
+                outcome: "cancelled".into(),
+                exit_code: None,
+                message: Some("cancelled".into()),
+                infra_failure: false,
+            },
+            Some(Stop::TimedOut) => failed(
+                None,
+                format!("timed out after {}s", a.timeout_secs.unwrap_or_default()),
+                false,
+            ),
+            Some(Stop::Shutdown) => failed(None, "the agent shut down during the job".into(), true),
+            Some(Stop::Fenced) | None => failed(None, "the job was stopped".into(), true),
+        },
+    })
+}
+
+/// Sends the completion, retrying transport errors with the identical body.
+async fn complete(ctx: &AttemptContext, a: &Assignment, c: &Completion, ctl: &Control) {
+    let mut failures = 0;
+    loop {
+        let res = tokio::select! {
+            r = ctx.client.complete(&a.job_id, a.epoch, c) => r,
+            _ = ctl.fenced() => {
+                tracing::warn!("attempt fenced before its completion was accepted");
+                return;
+            }
+        };
+        match res {
+            Ok(ack) => {
+                tracing::info!(outcome = %c.outcome, exit_code = ?c.exit_code, job_status = %ack.job_status, "completed job");
+                return;
+            }
+            Err(e) if e.is_stale_epoch() => {
+                tracing::warn!(error = %e, "completion refused: this attempt was fenced");
+                return;
+            }
+            Err(e) if e.is_retryable() => {
+                failures += 1;
+                let delay = backoff(failures, 250, 10_000);
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "completion not accepted; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, outcome = %c.outcome, "the server refused the completion");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unnamed_steps_are_named_by_their_first_line() {
+        assert_eq!(summarize("  make test\nmake lint"), "make test");
+        assert_eq!(summarize(&"x".repeat(100)).chars().count(), 80);
+    }
+}

@@ -1,0 +1,58 @@
+//! Lease heartbeats of one attempt (spec 000 §8).
+//!
+//! Every `heartbeat_interval_ms` the agent renews the lease of (job, epoch).
+//! 409 stale_epoch fences the attempt at once. Transient errors are retried
+//! on the next tick, but once no heartbeat has succeeded for a whole lease
+//! TTL the server has fenced us (it fences expired leases before authorizing
+//! a replacement), so the attempt is treated as fenced.
+
+use crate::control::{Control, Stop};
+use kiln_api::client::Client;
+use std::time::Duration;
+use tokio::time::Instant;
+
+pub(crate) async fn heartbeat_loop(
+    client: Client,
+    job_id: String,
+    epoch: i64,
+    interval: Duration,
+    lease_ttl: Duration,
+    ctl: Control,
+) {
+    let interval = interval.max(Duration::from_millis(50));
+    let mut lease_ttl = lease_ttl;
+    let mut last_ok = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = ctl.fenced() => return,
+        }
+        match client.heartbeat(&job_id, epoch).await {
+            Ok(resp) => {
+                last_ok = Instant::now();
+                if resp.lease_ttl_ms > 0 {
+                    lease_ttl = Duration::from_millis(resp.lease_ttl_ms);
+                }
+                if resp.cancel_requested && ctl.reason().is_none() {
+                    tracing::info!("cancellation requested by the server; stopping the job");
+                    ctl.stop(Stop::Cancelled);
+                }
+            }
+            Err(e) if e.is_stale_epoch() => {
+                tracing::warn!(error = %e, "heartbeat refused: this attempt was fenced; killing it without completing");
+                ctl.stop(Stop::Fenced);
+                return;
+            }
+            Err(e) => {
+                let silent = last_ok.elapsed();
+                if silent >= lease_ttl {
+                    tracing::error!(error = %e, silent_ms = silent.as_millis() as u64,
+                        "no heartbeat succeeded for a whole lease; assuming the attempt was fenced and killing it");
+                    ctl.stop(Stop::Fenced);
+                    return;
+                }
+                tracing::warn!(error = %e, "heartbeat failed; retrying");
+            }
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The log streamer of one attempt (spec 000 §13, invariant 7).
+//!
+//! Step output is appended to per-stream buffers without ever waiting on
+//! the network, so pipe draining never blocks on the server. A shipper task
+//! cuts chunks — at [`CHUNK_SIZE`] bytes, [`FLUSH_AFTER`] after the first
+//! unflushed byte, or on an explicit flush — and sends them one at a time,
+//! in order. Each chunk is identified by (stream, seq, offset, length,
+//! sha256); a failed chunk is retried with identical bytes while the error
+//! is retryable. 409 stale_epoch fences the attempt and drops everything.
+//! A chunk refused for another reason is skipped: the server sees a gap,
+//! never a rewritten history.
+//!
+//! Seq and offset both start at 0 per stream; offset counts bytes of that
+//! stream. Streams: `stdout`, `stderr`, `system` (agent messages).
+
+use crate::control::{Control, Stop, backoff};
+use base64::Engine;
+use kiln_api::client::Client;
+use kiln_api::types::LogChunk;
+use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub(crate) const CHUNK_SIZE: usize = 64 * 1024;
+pub(crate) const FLUSH_AFTER: Duration = Duration::from_secs(2);
+/// Unshipped bytes held per attempt before output is dropped (and the drop
+/// recorded in the `system` stream) rather than blocking the step.
+pub(crate) const MAX_BUFFERED: usize = 256 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stream {
+    Stdout = 0,
+    Stderr = 1,
+    System = 2,
+}
+
+const NAMES: [&str; 3] = ["stdout", "stderr", "system"];
+
+impl From<kiln_sandbox::OutputStream> for Stream {
+    fn from(s: kiln_sandbox::OutputStream) -> Self {
+        match s {
+            kiln_sandbox::OutputStream::Stdout => Stream::Stdout,
+            kiln_sandbox::OutputStream::Stderr => Stream::Stderr,
+        }
+    }
+}
+
+#[derive(Default)]
+struct StreamBuf {
+    seq: i64,
+    /// Offset of the first pending byte.
+    offset: i64,
+    pending: Vec<u8>,
+    first_pending_at: Option<Instant>,
+    dropped: u64,
+}
+
+impl StreamBuf {
+    fn cut(&mut self, name: &str, len: usize) -> LogChunk {
+        let data: Vec<u8> = self.pending.drain(..len).collect();
+        let chunk = LogChunk {
+            stream: name.to_string(),
+            seq: self.seq,
+            offset: self.offset,
+            data: base64::engine::general_purpose::STANDARD.encode(&data),
+            sha256: hex::encode(Sha256::digest(&data)),
+        };
+        self.seq += 1;
+        self.offset += len as i64;
+        // A remainder keeps the arrival time of its first byte.
+        if self.pending.is_empty() {
+            self.first_pending_at = None;
+        }
+        chunk
+    }
+}
+
+#[derive(Default)]
+struct Buffers {
+    streams: [StreamBuf; 3],
+    flush_requested: bool,
+    closed: bool,
+}
+
+impl Buffers {
+    fn buffered(&self) -> usize {
+        self.streams.iter().map(|s| s.pending.len()).sum()
+    }
+}
+
+pub(crate) struct LogStreamer {
+    cfg: LogConfig,
+    bufs: Arc<Mutex<Buffers>>,
+    notify: Arc<Notify>,
+    task: JoinHandle<bool>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct LogConfig {
+    pub chunk_size: usize,
+    pub flush_after: Duration,
+    pub max_buffered: usize,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            chunk_size: CHUNK_SIZE,
+            flush_after: FLUSH_AFTER,
+            max_buffered: MAX_BUFFERED,
+        }
+    }
+}
+
+impl LogStreamer {
+    pub(crate) fn start(
+        client: Client,
+        job_id: String,
+        epoch: i64,
+        ctl: Control,
+        cfg: LogConfig,
+    ) -> Self {
+        let bufs = Arc::new(Mutex::new(Buffers::default()));
+        let notify = Arc::new(Notify::new());
+        let shipper = Shipper {
+            client,
+            job_id,
+            epoch,
+            ctl,
+            cfg,
+            bufs: bufs.clone(),
+            notify: notify.clone(),
+        };
+        let task = tokio::spawn(shipper.run());
+        LogStreamer {
+            cfg,
+            bufs,
+            notify,
+            task,
+        }
+    }
+
+    /// Appends bytes; never waits. Over the buffer cap, bytes are dropped
+    /// and the drop is reported in the `system` stream.
+    pub(crate) fn write(&self, stream: Stream, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let mut b = self.bufs.lock().expect("log buffers");
+        if b.closed {
+            return;
+        }
+        let over = b.buffered() + data.len() > self.cfg.max_buffered;
+        let s = &mut b.streams[stream as usize];
+        if over && stream != Stream::System {
+            s.dropped += data.len() as u64;
+            return;
+        }
+        s.pending.extend_from_slice(data);
+        s.first_pending_at.get_or_insert_with(Instant::now);
+        let full = s.pending.len() >= self.cfg.chunk_size;
+        drop(b);
+        if full {
+            self.notify.notify_one();
+        }
+    }
+
+    /// A line in the `system` stream (a newline is added).
+    pub(crate) fn system(&self, line: &str) {
+        self.write(Stream::System, format!("{line}\n").as_bytes());
+    }
+
+    /// Ship everything buffered now (step end); does not wait.
+    pub(crate) fn flush(&self) {
+        self.bufs.lock().expect("log buffers").flush_requested = true;
+        self.notify.notify_one();
+    }
+
+    /// Ships everything still buffered and waits until every chunk was
+    /// acknowledged (or skipped). False if the attempt was fenced first.
+    pub(crate) async fn finish(self) -> bool {
+        self.bufs.lock().expect("log buffers").closed = true;
+        self.notify.notify_one();
+        self.task.await.unwrap_or(false)
+    }
+}
+
+struct Shipper {
+    client: Client,
+    job_id: String,
+    epoch: i64,
+    ctl: Control,
+    cfg: LogConfig,
+    bufs: Arc<Mutex<Buffers>>,
+    notify: Arc<Notify>,
+}
+
+impl Shipper {
+    async fn run(self) -> bool {
+        loop {
+            let (chunks, deadline, done) = self.cut();
+            if chunks.is_empty() {
+                if done {
+                    return true;
+                }
+                let sleep = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = self.notify.notified() => {}
+                    _ = sleep => {}
+                    _ = self.ctl.fenced() => return false,
+                }
+                continue;
+            }
+            for c in chunks {
+                if !self.send(c).await {
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Chunks ready to ship, the next time-based flush, and whether the
+    /// streamer is closed and empty.
+    fn cut(&self) -> (Vec<LogChunk>, Option<Instant>, bool) {
+        let mut b = self.bufs.lock().expect("log buffers");
+        let force = std::mem::take(&mut b.flush_requested) || b.closed;
+        for (i, name) in NAMES.iter().enumerate().take(2) {
+            let dropped = std::mem::take(&mut b.streams[i].dropped);
+            if dropped > 0 {
+                let note =
+                    format!("[kiln] {dropped} bytes of {name} dropped: the log buffer was full\n");
+                let sys = &mut b.streams[Stream::System as usize];
+                sys.pending.extend_from_slice(note.as_bytes());
+                sys.first_pending_at.get_or_insert_with(Instant::now);
+            }
+        }
+        let now = Instant::now();
+        let mut chunks = Vec::new();
+        let mut deadline: Option<Instant> = None;
+        for (i, s) in b.streams.iter_mut().enumerate() {
+            while s.pending.len() >= self.cfg.chunk_size {
+                chunks.push(s.cut(NAMES[i], self.cfg.chunk_size));
+            }
+            if let Some(first) = s.first_pending_at {
+                if force || now >= first + self.cfg.flush_after {
+                    let len = s.pending.len();
+                    chunks.push(s.cut(NAMES[i], len));
+                } else {
+                    let d = first + self.cfg.flush_after;
+                    deadline = Some(deadline.map_or(d, |x| x.min(d)));
+                }
+            }
+        }
+        let done = b.closed && b.buffered() == 0;
+        (chunks, deadline, done)
+    }
+
+    /// Sends one chunk until acknowledged. False if fenced.
+    async fn send(&self, chunk: LogChunk) -> bool {
+        let mut failures = 0;
+        loop {
+            let res = tokio::select! {
+                r = self.client.append_log(&self.job_id, self.epoch, &chunk) => r,
+                _ = self.ctl.fenced() => return false,
+            };
+            match res {
+                Ok(_) => return true,
+                Err(e) if e.is_stale_epoch() => {
+                    tracing::warn!(error = %e, "log chunk refused: this attempt was fenced");
+                    self.ctl.stop(Stop::Fenced);
+                    return false;
+                }
+                Err(e) if e.is_retryable() => {
+                    failures += 1;
+                    let delay = backoff(failures, 200, 5_000);
+                    tracing::warn!(error = %e, stream = %chunk.stream, seq = chunk.seq, retry_in_ms = delay.as_millis() as u64,
+                        "log chunk not accepted; retrying with the same bytes");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.ctl.fenced() => return false,
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, stream = %chunk.stream, seq = chunk.seq, offset = chunk.offset,
+                        "log chunk refused; the log will show a gap here");
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipper(chunk_size: usize) -> Shipper {
+        Shipper {
+            client: Client::new("http://127.0.0.1:9", "t"),
+            job_id: "j".into(),
+            epoch: 1,
+            ctl: Control::new(),
+            cfg: LogConfig {
+                chunk_size,
+                flush_after: Duration::from_secs(3600),
+                max_buffered: MAX_BUFFERED,
+            },
+            bufs: Arc::default(),
+            notify: Arc::default(),
+        }
+    }
+
+    fn decode(c: &LogChunk) -> Vec<u8> {
+        base64::engine::general_purpose::STANDARD
+            .decode(&c.data)
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn chunks_are_cut_at_the_size_and_on_flush_with_running_offsets() {
+        let s = shipper(4);
+        {
+            let mut b = s.bufs.lock().unwrap();
+            b.streams[0].pending.extend_from_slice(b"abcdefghij");
+            b.streams[0].first_pending_at = Some(Instant::now());
+        }
+        let (chunks, deadline, done) = s.cut();
+        assert_eq!(
+            chunks
+                .iter()
+                .map(|c| (c.seq, c.offset, decode(c)))
+                .collect::<Vec<_>>(),
+            [(0, 0, b"abcd".to_vec()), (1, 4, b"efgh".to_vec())]
+        );
+        assert!(deadline.is_some() && !done, "the tail waits for the timer");
+        assert_eq!(chunks[0].sha256, hex::encode(Sha256::digest(b"abcd")));
+        s.bufs.lock().unwrap().flush_requested = true;
+        let (chunks, deadline, _) = s.cut();
+        assert_eq!(
+            (chunks[0].seq, chunks[0].offset, decode(&chunks[0])),
+            (2, 8, b"ij".to_vec())
+        );
+        assert_eq!(chunks[0].stream, "stdout");
+        assert!(deadline.is_none());
+        s.bufs.lock().unwrap().closed = true;
+        assert!(s.cut().2, "closed and empty");
+    }
+
+    #[tokio::test]
+    async fn dropped_output_is_reported_in_the_system_stream() {
+        let s = shipper(1 << 20);
+        s.bufs.lock().unwrap().streams[1].dropped = 42;
+        s.bufs.lock().unwrap().flush_requested = true;
+        let (chunks, _, _) = s.cut();
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(chunks[0].stream, "system");
+        assert!(
+            String::from_utf8(decode(&chunks[0]))
+                .unwrap()
+                .contains("42 bytes of stderr dropped")
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! [`HostExecutor`]: steps as host processes.
+//!
+//! Each step is `/bin/sh -e -c <command>` in the workspace, in its own
+//! session (so its whole tree is one process group), with PR_SET_PDEATHSIG
+//! so it dies with the agent, stdin from /dev/null, and an environment built
+//! from scratch (the agent's token and environment never reach it).
+//!
+//! When the step's shell exits, whatever it left running in its group is
+//! SIGKILLed: a step owns no processes beyond its own lifetime.
+
+use crate::procs::{group_alive, signal_group};
+use crate::reap::{forget, record, remove_tree};
+use crate::spawn::isolate_process_tree;
+use crate::{Executor, OutputStream, SandboxError, StepEvent, StepExit, StepHandle, StepRequest};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use nix::sys::signal::Signal;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+use tokio::sync::{mpsc, watch};
+
+/// Time between SIGTERM and SIGKILL in [`Executor::kill`].
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+
+/// `PATH` of steps when the agent itself has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Bytes read from a pipe at once (and the largest output event).
+const READ_BUF: usize = 64 * 1024;
+/// Output events buffered between the pipe readers and the consumer.
+const EVENT_QUEUE: usize = 64;
+/// After the group is gone, how long to wait for pipes held by processes that
+/// escaped the group (their own `setsid`) before giving up on the rest.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Working directory of every step (the checkout).
+    pub workspace: PathBuf,
+    /// Private per-attempt directory: `HOME` is `<attempt_dir>/home`, `TMPDIR`
+    /// is `<attempt_dir>/tmp`; both are removed by `cleanup`.
+    pub attempt_dir: PathBuf,
+    /// Where running process groups are recorded for [`crate::reap_orphans`]
+    /// (shared by all executors of one agent).
+    pub state_dir: PathBuf,
+    /// `PATH` of the steps (the job's env may override it).
+    pub path: String,
+    /// Time between SIGTERM and SIGKILL when killing.
+    pub kill_grace: Duration,
+}
+
+impl HostConfig {
+    /// Defaults: the agent's `PATH` (or [`DEFAULT_PATH`]) and [`DEFAULT_KILL_GRACE`].
+    pub fn new(workspace: PathBuf, attempt_dir: PathBuf, state_dir: PathBuf) -> Self {
+        let path = std::env::var("PATH")
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| DEFAULT_PATH.to_string());
+        HostConfig {
+            workspace,
+            attempt_dir,
+            state_dir,
+            path,
+            kill_grace: DEFAULT_KILL_GRACE,
+        }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.attempt_dir.join("home")
+    }
+
+    fn tmp(&self) -> PathBuf {
+        self.attempt_dir.join("tmp")
+    }
+}
+
+pub struct HostExecutor {
+    cfg: HostConfig,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    killed: bool,
+    running: Option<Running>,
+}
+
+#[derive(Clone)]
+struct Running {
+    pgid: i32,
+    /// Set by `kill`: the exec task then leaves the group's end to `kill`'s grace.
+    killing: Arc<AtomicBool>,
+    /// Becomes true once the group is gone and `Exited` was queued.
+    done: watch::Receiver<bool>,
+}
+
+impl HostExecutor {
+    pub fn new(cfg: HostConfig) -> Self {
+        HostExecutor {
+            cfg,
+            inner: Arc::default(),
+        }
+    }
+
+    fn start(&self, step: &StepRequest) -> Result<StepHandle, SandboxError> {
+        let mut inner = self.inner.lock().expect("executor lock");
+        if inner.killed {
+            return Err(SandboxError::Killed);
+        }
+        if inner.running.is_some() {
+            return Err(SandboxError::Busy);
+        }
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-e")
+            .arg("-c")
+            .arg(&step.command)
+            .current_dir(&self.cfg.workspace)
+            .env_clear()
+            .env("PATH", &self.cfg.path)
+            .env("HOME", self.cfg.home())
+            .env("TMPDIR", self.cfg.tmp())
+            .env("LANG", "C.UTF-8")
+            .env("CI", "true")
+            .envs(&step.env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(false);
+        isolate_process_tree(&mut cmd);
+        let spawn_err = |source| SandboxError::Spawn {
+            step: step.name.clone(),
+            source,
+        };
+        let mut child = cmd.spawn().map_err(spawn_err)?;
+        // setsid made the shell the leader: its pid is the group's id.
+        let pgid = child.id().expect("a just-spawned child has a pid") as i32;
+        if let Err(e) = record(&self.cfg.state_dir, pgid) {
+            tracing::warn!(pgid, error = %e, "cannot record step process group; it will not be reaped after an agent crash");
+        }
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let (done_tx, done_rx) = watch::channel(false);
+        let killing = Arc::new(AtomicBool::new(false));
+        inner.running = Some(Running {
+            pgid,
+            killing: killing.clone(),
+            done: done_rx,
+        });
+        drop(inner);
+
+        let readers = [
+            tokio::spawn(drain(stdout, OutputStream::Stdout, tx.clone())),
+            tokio::spawn(drain(stderr, OutputStream::Stderr, tx.clone())),
+        ];
+        let inner = self.inner.clone();
+        let state_dir = self.cfg.state_dir.clone();
+        let name = step.name.clone();
+        let grace = self.cfg.kill_grace;
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(st) => match (st.code(), st.signal()) {
+                    (Some(c), _) => StepExit::Code(c),
+                    (None, Some(s)) => StepExit::Signal(s),
+                    (None, None) => StepExit::Code(-1),
+                },
+                Err(e) => {
+                    tracing::error!(step = %name, error = %e, "cannot wait for step process");
+                    StepExit::Code(-1)
+                }
+            };
+            if !killing.load(Ordering::SeqCst) {
+                // Leftovers of a finished step (`daemon &`) die with it.
+                signal_group(pgid, Signal::SIGKILL);
+            }
+            // While killing, `kill` escalates to SIGKILL after its grace; we
+            // escalate too, in case the caller dropped `kill` midway.
+            let escalate_at = tokio::time::Instant::now() + grace;
+            while group_alive(pgid) {
+                if tokio::time::Instant::now() >= escalate_at {
+                    signal_group(pgid, Signal::SIGKILL);
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            forget(&state_dir, pgid);
+            for r in readers {
+                let abort = r.abort_handle();
+                if tokio::time::timeout(DRAIN_AFTER_EXIT, r).await.is_err() {
+                    tracing::warn!(step = %name, "a process outside the step's group holds its output pipe; ignoring further output");
+                    abort.abort();
+                }
+            }
+            let _ = tx.send(StepEvent::Exited(exit)).await;
+            inner.lock().expect("executor lock").running = None;
+            let _ = done_tx.send(true);
+        });
+        Ok(StepHandle::new(rx))
+    }
+
+    async fn kill_running(&self) {
+        let running = {
+            let mut inner = self.inner.lock().expect("executor lock");
+            inner.killed = true;
+            inner.running.clone()
+        };
+        let Some(mut r) = running else { return };
+        r.killing.store(true, Ordering::SeqCst);
+        signal_group(r.pgid, Signal::SIGTERM);
+        let graceful = tokio::time::timeout(self.cfg.kill_grace, wait_gone(r.pgid)).await;
+        if graceful.is_err() {
+            tracing::info!(pgid = r.pgid, "step ignored SIGTERM; sending SIGKILL");
+            signal_group(r.pgid, Signal::SIGKILL);
+        }
+        let _ = r.done.wait_for(|d| *d).await;
+    }
+}
+
+async fn wait_gone(pgid: i32) {
+    while group_alive(pgid) {
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Reads a pipe to its end. If the consumer went away, keep reading and
+/// discard, so the step never blocks on a full pipe.
+async fn drain<R: tokio::io::AsyncRead + Unpin>(
+    mut pipe: R,
+    stream: OutputStream,
+    tx: mpsc::Sender<StepEvent>,
+) {
+    let mut buf = vec![0u8; READ_BUF];
+    let mut consumer = true;
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) => return,
+            Ok(n) => {
+                if consumer {
+                    let ev = StepEvent::Output {
+                        stream,
+                        data: buf[..n].to_vec(),
+                    };
+                    consumer = tx.send(ev).await.is_ok();
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(stream = stream.as_str(), error = %e, "error reading step output");
+                return;
+            }
+        }
+    }
+}
+
+impl Executor for HostExecutor {
+    fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        async move {
+            for dir in [
+                self.cfg.workspace.clone(),
+                self.cfg.home(),
+                self.cfg.tmp(),
+                self.cfg.state_dir.clone(),
+            ] {
+                tokio::fs::create_dir_all(&dir)
+                    .await
+                    .map_err(|source| SandboxError::Prepare {
+                        path: dir.display().to_string(),
+                        source,
+                    })?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn exec<'a>(
+        &'a self,
+        step: &'a StepRequest,
+    ) -> BoxFuture<'a, Result<StepHandle, SandboxError>> {
+        async move { self.start(step) }.boxed()
+    }
+
+    fn kill(&self) -> BoxFuture<'_, ()> {
+        self.kill_running().boxed()
+    }
+
+    fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        async move {
+            self.kill_running().await;
+            for dir in [self.cfg.home(), self.cfg.tmp()] {
+                let d = dir.clone();
+                tokio::task::spawn_blocking(move || remove_tree(&d))
+                    .await
+                    .expect("remove task")
+                    .map_err(|source| SandboxError::Cleanup {
+                        path: dir.display().to_string(),
+                        source,
+                    })?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,78 @@
+//! Process-table queries through `/proc` (Linux).
+//!
+//! Zombies are ignored on purpose: an orphaned zombie is dead, and inside
+//! containers whose PID 1 does not reap, zombies may linger indefinitely.
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use std::fs;
+
+/// (state, pgrp, session) of a process, from `/proc/<pid>/stat`.
+fn stat(pid: &str) -> Option<(char, i32, i32)> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: parse after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let _ppid = f.next()?;
+    let pgrp = f.next()?.parse().ok()?;
+    let session = f.next()?.parse().ok()?;
+    Some((state, pgrp, session))
+}
+
+fn live(state: char) -> bool {
+    !matches!(state, 'Z' | 'X' | 'x')
+}
+
+/// True while a non-zombie process runs with the given pid.
+pub fn process_alive(pid: i32) -> bool {
+    stat(&pid.to_string()).is_some_and(|(state, _, _)| live(state))
+}
+
+/// True while some non-zombie process belongs to process group `pgid`.
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        // No /proc: fall back to the kernel's view (counts zombies too).
+        return killpg(Pid::from_raw(pgid), None).is_ok();
+    };
+    dir.flatten().any(|e| {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            return false;
+        };
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            return false;
+        }
+        stat(name).is_some_and(|(state, pgrp, _)| pgrp == pgid && live(state))
+    })
+}
+
+/// True while a non-zombie process of group `pgid` is also in session `pgid`:
+/// our step groups are session leaders, which guards against pgid reuse.
+pub(crate) fn step_group_alive(pgid: i32) -> bool {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return killpg(Pid::from_raw(pgid), None).is_ok();
+    };
+    dir.flatten().any(|e| {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            return false;
+        };
+        name.bytes().all(|b| b.is_ascii_digit())
+            && stat(name)
+                .is_some_and(|(state, pgrp, sid)| pgrp == pgid && sid == pgid && live(state))
+    })
+}
+
+pub(crate) fn signal_group(pgid: i32, sig: Signal) {
+    // ESRCH (already gone) is the expected race; nothing else can go wrong
+    // for a group we created ourselves.
+    let _ = killpg(Pid::from_raw(pgid), sig);
+}
+
+/// This boot's id, to recognise pgid records written before a reboot.
+pub(crate) fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

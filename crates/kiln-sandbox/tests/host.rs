@@ -1,0 +1,308 @@
+//! The host executor with real processes.
+
+use kiln_sandbox::{
+    Executor, HostConfig, HostExecutor, OutputStream, SandboxError, StepEvent, StepExit,
+    StepHandle, StepRequest, process_alive, reap_orphans,
+};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+struct Sandbox {
+    dir: tempfile::TempDir,
+    exec: HostExecutor,
+}
+
+impl Sandbox {
+    async fn new() -> Sandbox {
+        Sandbox::with_grace(Duration::from_secs(10)).await
+    }
+
+    async fn with_grace(grace: Duration) -> Sandbox {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = HostConfig::new(
+            dir.path().join("ws"),
+            dir.path().join("attempt"),
+            dir.path().join("pgids"),
+        );
+        cfg.kill_grace = grace;
+        let exec = HostExecutor::new(cfg);
+        exec.prepare().await.unwrap();
+        Sandbox { dir, exec }
+    }
+
+    fn ws(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    fn pgids(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.dir.path().join("pgids"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect()
+    }
+
+    async fn start(&self, cmd: &str) -> StepHandle {
+        self.exec.exec(&step(cmd)).await.unwrap()
+    }
+
+    async fn run(&self, cmd: &str) -> Output {
+        collect(self.start(cmd).await).await
+    }
+}
+
+fn step(cmd: &str) -> StepRequest {
+    StepRequest {
+        name: "test".into(),
+        command: cmd.into(),
+        env: Default::default(),
+    }
+}
+
+#[derive(Debug, Default)]
+struct Output {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    exit: Option<StepExit>,
+}
+
+async fn collect(mut h: StepHandle) -> Output {
+    let mut out = Output::default();
+    let all = async {
+        while let Some(ev) = h.next().await {
+            match ev {
+                StepEvent::Output {
+                    stream: OutputStream::Stdout,
+                    data,
+                } => out.stdout.extend(data),
+                StepEvent::Output {
+                    stream: OutputStream::Stderr,
+                    data,
+                } => out.stderr.extend(data),
+                StepEvent::Exited(e) => {
+                    out.exit = Some(e);
+                    break;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("step did not finish");
+    out
+}
+
+/// Waits for the next stdout bytes of a step.
+async fn next_stdout(h: &mut StepHandle) -> Vec<u8> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), h.next())
+            .await
+            .expect("no output")
+            .expect("ended")
+        {
+            StepEvent::Output {
+                stream: OutputStream::Stdout,
+                data,
+            } => return data,
+            StepEvent::Output { .. } => {}
+            StepEvent::Exited(e) => panic!("step exited early: {e}"),
+        }
+    }
+}
+
+fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn exit_codes_decide_success() {
+    let sb = Sandbox::new().await;
+    assert_eq!(sb.run("true").await.exit, Some(StepExit::Code(0)));
+    assert_eq!(sb.run("exit 3").await.exit, Some(StepExit::Code(3)));
+    // `sh -e`: the first failing command ends the step.
+    let out = sb.run("echo before; false; echo after").await;
+    assert_eq!(out.exit, Some(StepExit::Code(1)));
+    assert_eq!(out.stdout, b"before\n");
+    assert!(!StepExit::Code(1).success());
+    assert_eq!(StepExit::Signal(9).code(), 137);
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_are_separate_and_cwd_is_the_workspace() {
+    let sb = Sandbox::new().await;
+    std::fs::write(sb.ws().join("hello.txt"), "from the checkout\n").unwrap();
+    let out = sb
+        .run("echo out; echo err >&2; cat hello.txt; cat hello.txt >&2; read x || echo no-stdin")
+        .await;
+    assert_eq!(out.exit, Some(StepExit::Code(0)));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "out\nfrom the checkout\nno-stdin\n"
+    );
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "err\nfrom the checkout\n"
+    );
+}
+
+#[tokio::test]
+async fn output_arrives_while_the_step_runs() {
+    let sb = Sandbox::new().await;
+    let mut h = sb
+        .start("echo first; while [ ! -f go ]; do sleep 0.02; done; echo second")
+        .await;
+    // The step cannot end before `go` exists, so these bytes came incrementally.
+    assert_eq!(next_stdout(&mut h).await, b"first\n");
+    std::fs::write(sb.ws().join("go"), "").unwrap();
+    let rest = collect(h).await;
+    assert_eq!(rest.stdout, b"second\n");
+    assert_eq!(rest.exit, Some(StepExit::Code(0)));
+}
+
+#[tokio::test]
+async fn kill_terminates_the_whole_process_tree() {
+    let sb = Sandbox::new().await;
+    let mut h = sb
+        .start("sleep 1000 & echo $! > bg.pid; echo $$ > sh.pid; echo ready; sleep 1000")
+        .await;
+    assert_eq!(next_stdout(&mut h).await, b"ready\n");
+    let (bg, sh) = (
+        read_pid(&sb.ws().join("bg.pid")),
+        read_pid(&sb.ws().join("sh.pid")),
+    );
+    assert!(process_alive(bg) && process_alive(sh));
+    assert_eq!(sb.pgids().len(), 1, "the running group is recorded");
+
+    // kill runs concurrently with the consumer and is idempotent.
+    let (out, (), ()) = tokio::join!(collect(h), sb.exec.kill(), sb.exec.kill());
+    assert_eq!(out.exit, Some(StepExit::Signal(libc::SIGTERM)));
+    assert!(!process_alive(bg), "background child survived");
+    assert!(!process_alive(sh), "shell survived");
+    assert!(
+        sb.pgids().is_empty(),
+        "record removed once the group is gone"
+    );
+    assert!(matches!(
+        sb.exec.exec(&step("true")).await,
+        Err(SandboxError::Killed)
+    ));
+    sb.exec.cleanup().await.unwrap();
+    sb.exec.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn kill_escalates_to_sigkill_after_the_grace() {
+    let sb = Sandbox::with_grace(Duration::from_millis(200)).await;
+    let mut h = sb
+        .start("trap '' TERM; sleep 1000 & echo $! > bg.pid; echo ready; wait")
+        .await;
+    assert_eq!(next_stdout(&mut h).await, b"ready\n");
+    let bg = read_pid(&sb.ws().join("bg.pid"));
+    let (out, ()) = tokio::join!(collect(h), sb.exec.kill());
+    assert_eq!(out.exit, Some(StepExit::Signal(libc::SIGKILL)));
+    assert!(!process_alive(bg));
+}
+
+#[tokio::test]
+async fn leftovers_die_when_the_step_ends() {
+    let sb = Sandbox::new().await;
+    let out = sb
+        .run("sleep 1000 >/dev/null 2>&1 & echo $! > bg.pid")
+        .await;
+    assert_eq!(out.exit, Some(StepExit::Code(0)));
+    assert!(!process_alive(read_pid(&sb.ws().join("bg.pid"))));
+    // The next step may run: the sandbox is free again.
+    assert_eq!(sb.run("echo again").await.stdout, b"again\n");
+}
+
+#[tokio::test]
+async fn large_output_on_both_pipes_does_not_hang() {
+    let sb = Sandbox::new().await;
+    let out = sb
+        .run("head -c 3000000 /dev/zero >&2 & head -c 20000000 /dev/zero; wait")
+        .await;
+    assert_eq!(out.exit, Some(StepExit::Code(0)));
+    assert_eq!(out.stdout.len(), 20_000_000);
+    assert_eq!(out.stderr.len(), 3_000_000);
+}
+
+#[tokio::test]
+async fn a_dropped_handle_does_not_block_the_step() {
+    let sb = Sandbox::new().await;
+    drop(
+        sb.start("head -c 5000000 /dev/zero; echo done > done.txt")
+            .await,
+    );
+    let done = sb.ws().join("done.txt");
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !done.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("step blocked on its output");
+}
+
+#[tokio::test]
+async fn one_step_at_a_time_and_cleanup_after_failed_start() {
+    let sb = Sandbox::new().await;
+    let mut h = sb.start("echo ready; sleep 1000").await;
+    assert_eq!(next_stdout(&mut h).await, b"ready\n");
+    assert!(matches!(
+        sb.exec.exec(&step("true")).await,
+        Err(SandboxError::Busy)
+    ));
+    sb.exec.cleanup().await.unwrap();
+    assert!(collect(h).await.exit.is_some());
+
+    // A workspace that does not exist: the start fails, cleanup is still safe.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = HostConfig::new(
+        dir.path().join("missing"),
+        dir.path().join("a"),
+        dir.path().join("p"),
+    );
+    let exec = HostExecutor::new(cfg);
+    assert!(matches!(
+        exec.exec(&step("true")).await,
+        Err(SandboxError::Spawn { .. })
+    ));
+    exec.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn reap_orphans_kills_recorded_groups_that_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("pgids");
+    std::fs::create_dir_all(&state).unwrap();
+    // A session leader like a step's shell, whose agent is gone.
+    let mut orphan = std::process::Command::new("setsid")
+        .args(["sleep", "1000"])
+        .spawn()
+        .unwrap();
+    let pgid = orphan.id() as i32;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    std::fs::write(state.join(pgid.to_string()), boot.trim()).unwrap();
+    // A record from another boot names a pgid that may have been reused: left alone.
+    let mut bystander = std::process::Command::new("setsid")
+        .args(["sleep", "1000"])
+        .spawn()
+        .unwrap();
+    std::fs::write(state.join(bystander.id().to_string()), "another-boot").unwrap();
+
+    // (`setsid` execs in place: our child is not a group leader, so its pid is the new sid.)
+    assert_eq!(reap_orphans(&state).unwrap(), 1);
+    let status = orphan.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    assert!(process_alive(bystander.id() as i32));
+    assert_eq!(std::fs::read_dir(&state).unwrap().count(), 0);
+    bystander.kill().unwrap();
+    bystander.wait().unwrap();
+    assert_eq!(reap_orphans(&dir.path().join("absent")).unwrap(), 0);
+}
