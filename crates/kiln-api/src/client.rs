@@ -322,6 +322,81 @@ impl Client {
     }
 }
 
+impl Client {
+    // ----- artifacts -----
+
+    pub async fn create_upload(&self, job: &str, epoch: i64, body: &CreateUpload) -> Result<UploadSession, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/artifacts", enc(job)), Some(body), &[], None)
+            .await
+    }
+
+    /// Upload one part to a capability URL (`part_url` with `{part}` replaced).
+    pub async fn put_part(&self, url: &str, body: reqwest::Body) -> Result<PartReceipt, ApiError> {
+        let resp = self
+            .http
+            .put(url)
+            .body(body)
+            .timeout(Duration::from_secs(600))
+            .send()
+            .await
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        decode(resp).await
+    }
+
+    pub async fn seal(&self, job: &str, epoch: i64, generation: &str) -> Result<SealedGeneration, ApiError> {
+        self.send::<(), _>(
+            Method::POST,
+            &format!("/v1/jobs/{}/attempts/{epoch}/artifacts/{}/seal", enc(job), enc(generation)),
+            None,
+            &[],
+            Some(Duration::from_secs(600)),
+        )
+        .await
+    }
+
+    pub async fn restore(&self, job: &str, epoch: i64, body: &RestoreRequest) -> Result<ArtifactDownload, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/restore", enc(job)), Some(body), &[], None)
+            .await
+    }
+
+    /// Public API: a download capability for a run's bound artifact.
+    pub async fn artifact(&self, run: &str, job: &str, name: &str) -> Result<ArtifactDownload, ApiError> {
+        self.send::<(), _>(
+            Method::GET,
+            &format!("/v1/workflow-runs/{}/artifacts/{}/{}", enc(run), enc(job), enc(name)),
+            None,
+            &[],
+            None,
+        )
+        .await
+    }
+
+    /// `GET` a capability URL (artifact bytes) as a response to stream.
+    pub async fn download(&self, url: &str) -> Result<reqwest::Response, ApiError> {
+        let resp = self.http.get(url).send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        Err(decode::<serde_json::Value>(resp).await.err().unwrap_or(ApiError::Decode("error".into())))
+    }
+
+    /// Open the agent session stream (fast loss detection). The returned
+    /// response's body must be read (or kept) for as long as the agent lives.
+    pub async fn open_session(&self, agent_id: &str, session_id: &str) -> Result<reqwest::Response, ApiError> {
+        let resp = self
+            .http
+            .get(self.url(&format!("/v1/agents/{}/session?session_id={}", enc(agent_id), enc(session_id))))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        Err(decode::<serde_json::Value>(resp).await.err().unwrap_or(ApiError::Decode("error".into())))
+    }
+}
+
 async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, ApiError> {
     let status = resp.status();
     let bytes = resp

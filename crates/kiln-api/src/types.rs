@@ -292,3 +292,74 @@ pub mod codes {
     pub const INTERNAL: &str = "internal";
     pub const TOO_LARGE: &str = "too_large";
 }
+
+// ---------- artifacts (spec 000 §12) ----------
+
+/// Open an attempt-scoped upload session for one declared output.
+/// `POST /v1/jobs/{job}/attempts/{epoch}/artifacts`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CreateUpload {
+    pub name: String,
+    pub size: u64,
+    /// hex sha256 of the frozen bytes.
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UploadSession {
+    /// The candidate generation this session fills.
+    pub generation_id: String,
+    /// Upload part N with `PUT` to this URL after replacing `{part}` with N
+    /// (0-based). The URL carries a short-lived capability; no other
+    /// credential is needed or accepted. Retry a failed part with identical bytes.
+    pub part_url: String,
+    /// Every part but the last has exactly this many bytes.
+    pub part_size: u64,
+    pub expires_at_ms: i64,
+}
+
+/// Response of a part upload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartReceipt {
+    pub part: u64,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal`: the
+/// server verifies size and sha256 of the stored object before sealing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SealedGeneration {
+    pub generation_id: String,
+    pub name: String,
+    pub size: u64,
+    pub sha256: String,
+    pub state: String,
+}
+
+/// Ask for a producer's bound artifact.
+/// `POST /v1/jobs/{job}/attempts/{epoch}/restore` (agent, for the consuming attempt)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreRequest {
+    pub from_job: String,
+    pub name: String,
+}
+
+/// Where and what to download. Also `GET /v1/workflow-runs/{run}/artifacts/{job}/{name}` (public API).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArtifactDownload {
+    pub name: String,
+    pub job: String,
+    pub epoch: i64,
+    pub size: u64,
+    pub sha256: String,
+    /// Short-lived capability URL for `GET`.
+    pub url: String,
+    pub expires_at_ms: i64,
+}
+
+/// Agent session stream: `GET /v1/agents/{agent}/session?session_id=…` is
+/// held open for the agent's lifetime; the server sends a `ping` event every
+/// second. When the connection drops, the server shortens the session's
+/// leases to the loss grace (fast loss detection).
+pub const SESSION_PING_MS: u64 = 1000;

@@ -2,7 +2,9 @@
 //! (outbox relay, reconciler). Stateless apart from the store and the object
 //! store; every authoritative decision is a store transaction.
 
+mod artifacts;
 mod auth;
+mod capability;
 mod dispatch;
 mod error;
 mod git;
@@ -32,6 +34,10 @@ pub struct ServerConfig {
     pub loss_grace: Duration,
     /// Base delay of retry backoff.
     pub retry_base: Duration,
+    /// Unbound artifact generations of ended attempts are deleted after this.
+    pub gc_grace: Duration,
+    /// How often the garbage collector runs.
+    pub gc_interval: Duration,
 }
 
 impl ServerConfig {
@@ -42,6 +48,8 @@ impl ServerConfig {
             lease_ttl: Duration::from_secs(30),
             loss_grace: Duration::from_secs(3),
             retry_base: Duration::from_millis(500),
+            gc_grace: Duration::from_secs(15 * 60),
+            gc_interval: Duration::from_secs(30),
         }
     }
 }
@@ -57,6 +65,8 @@ pub(crate) struct AppState {
     pub relay_wake: Notify,
     /// Job ids whose logs or status changed (SSE followers listen).
     pub job_events: broadcast::Sender<String>,
+    pub blob: kiln_blob::LocalBlobStore,
+    pub signer: capability::Signer,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -116,6 +126,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let admin_token = load_or_create_token(&config.data_dir, "admin.token")?;
     let agent_token = load_or_create_token(&config.data_dir, "agent.token")?;
+    let blob_key = load_or_create_token(&config.data_dir, "blob.key")?;
     let db_path = config.data_dir.join("kiln.db");
     let store = SqliteStore::open(&db_path)
         .await
@@ -129,6 +140,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (job_events, _) = broadcast::channel(4096);
+    let config_data_dir = config.data_dir.clone();
     let state = Arc::new(AppState {
         store: Arc::new(store),
         mirrors: git::Mirrors::new(config.data_dir.join("mirrors")),
@@ -138,6 +150,8 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         dispatcher: Dispatcher::default(),
         relay_wake: Notify::new(),
         job_events,
+        blob: kiln_blob::LocalBlobStore::new(config_data_dir.join("objects")),
+        signer: capability::Signer::new(blob_key.into_bytes()),
     });
     let (shutdown, mut rx) = watch::channel(false);
     loops::spawn(state.clone(), shutdown.subscribe()).await?;

@@ -12,7 +12,8 @@ pub async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Res
         state.dispatcher.push(ev);
     }
     tokio::spawn(relay(state.clone(), shutdown.clone()));
-    tokio::spawn(reconciler(state, shutdown));
+    tokio::spawn(reconciler(state.clone(), shutdown.clone()));
+    tokio::spawn(collector(state, shutdown));
     Ok(())
 }
 
@@ -63,6 +64,34 @@ async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Garbage collection: unbound generations of ended attempts (fenced,
+/// failed, or superseded) are deleted after the grace period; bound
+/// generations are never touched here.
+async fn collector(state: State, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(state.config.gc_interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        let grace = state.config.gc_grace.as_millis() as i64;
+        match state.store.collectable_generations(grace, 100).await {
+            Ok(gens) => {
+                for g in gens {
+                    if let Err(e) = state.blob.delete(&g.object_key).await {
+                        tracing::warn!(generation = %g.id, "cannot delete artifact bytes: {e}");
+                        continue;
+                    }
+                    match state.store.mark_generation_deleted(&g.id).await {
+                        Ok(()) => tracing::info!(generation = %g.id, job = %g.job_id, epoch = g.epoch, name = %g.name, "collected unbound artifact generation"),
+                        Err(e) => tracing::warn!(generation = %g.id, "cannot mark generation deleted: {e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("garbage collector paused: {e}"),
         }
     }
 }

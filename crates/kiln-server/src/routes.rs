@@ -2,7 +2,7 @@
 //! health endpoints and the embedded UI.
 
 use crate::error::{ApiErr, ApiResult};
-use crate::{State, auth, views};
+use crate::{State, artifacts, auth, views};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State as S};
 use axum::http::{HeaderMap, StatusCode};
@@ -37,6 +37,7 @@ pub fn router(state: State) -> Router {
         .route("/v1/workflow-runs/{run}/cancel", post(cancel_run))
         .route("/v1/workflow-runs/{run}/retry", post(retry_run))
         .route("/v1/jobs/{job}/logs/events", get(log_events))
+        .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get_artifact))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,
@@ -47,10 +48,16 @@ pub fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(heartbeat))
         .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(append_log))
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(complete))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_agent,
-        ));
+        .route("/v1/jobs/{job}/attempts/{epoch}/artifacts", post(artifacts::create_upload))
+        .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal", post(artifacts::seal))
+        .route("/v1/jobs/{job}/attempts/{epoch}/restore", post(artifacts::restore))
+        .route("/v1/agents/{agent}/session", get(session))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_agent));
+    // Data plane: capability URLs, no bearer token, bodies streamed to disk.
+    let blob = Router::new()
+        .route("/blob/uploads/{generation}/parts/{part}", axum::routing::put(artifacts::put_part))
+        .route("/blob/objects/{generation}", get(artifacts::get_object))
+        .layer(DefaultBodyLimit::disable());
     Router::new()
         .merge(public)
         .merge(agent)
@@ -60,10 +67,11 @@ pub fn router(state: State) -> Router {
         .route("/", get(ui))
         .fallback(|| async { ApiErr::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .merge(blob)
         .with_state(state)
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+pub(crate) fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| ApiErr::bad_request(format!("invalid JSON body: {e}")))
 }
 
@@ -274,7 +282,9 @@ async fn list_runs(
 }
 
 async fn get_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::Run>> {
-    Ok(Json(views::run(&state.store.get_run(&run).await?)))
+    let view = state.store.get_run(&run).await?;
+    let bindings = state.store.run_bindings(&run).await?;
+    Ok(Json(views::run(&view, &bindings)))
 }
 
 async fn cancel_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::Run>> {
@@ -283,7 +293,8 @@ async fn cancel_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Js
     for j in &view.jobs {
         let _ = state.job_events.send(j.job.id.clone());
     }
-    Ok(Json(views::run(&view)))
+    let bindings = state.store.run_bindings(&run).await?;
+    Ok(Json(views::run(&view, &bindings)))
 }
 
 async fn retry_run(
@@ -588,6 +599,56 @@ async fn claim(
             return Ok(Json(api::ClaimResponse { assignment: None }));
         }
     }
+}
+
+#[derive(Deserialize)]
+struct SessionQuery {
+    session_id: String,
+}
+
+/// Shortens a session's leases when its stream is dropped.
+struct SessionGuard {
+    state: State,
+    session: String,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        let state = self.state.clone();
+        let session = std::mem::take(&mut self.session);
+        let grace = state.config.loss_grace.as_millis() as i64;
+        tokio::spawn(async move {
+            match state.store.shorten_session_leases(&session, grace).await {
+                Ok(n) if n > 0 => tracing::warn!(session, leases = n, "agent connection lost: leases shortened to the loss grace"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("cannot shorten leases of session {session}: {e}"),
+            }
+        });
+    }
+}
+
+/// The agent's long-lived connection (fast loss detection): pings every
+/// second; when the connection drops, the session's leases are shortened to
+/// the loss grace so a dead agent's jobs are re-dispatched within seconds. A
+/// paused agent keeps its connection and is caught by the lease TTL instead.
+async fn session(
+    S(state): S<State>,
+    Path(agent_id): Path<String>,
+    Query(q): Query<SessionQuery>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let agent = state.store.get_agent(&agent_id).await?;
+    if agent.session_id != q.session_id {
+        return Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, "agent session was replaced; register again"));
+    }
+    let guard = SessionGuard { state: state.clone(), session: q.session_id };
+    let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(Duration::from_millis(
+        api::SESSION_PING_MS,
+    )));
+    let stream = ticks.map(move |_| {
+        let _keep = &guard;
+        Ok(Event::default().event("ping").data("{}"))
+    });
+    Ok(Sse::new(stream))
 }
 
 async fn heartbeat(

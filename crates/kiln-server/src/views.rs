@@ -1,9 +1,9 @@
 //! Store records → wire types of the contract.
 
 use kiln_api as api;
-use kiln_store::{RunRecord, RunView};
+use kiln_store::{BoundArtifact, RunRecord, RunView};
 
-pub fn run(v: &RunView) -> api::Run {
+pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
     let r = &v.run;
     api::Run {
         id: r.id.clone(),
@@ -45,7 +45,16 @@ pub fn run(v: &RunView) -> api::Run {
                         finished_at_ms: a.finished_at,
                     })
                     .collect(),
-                artifacts: vec![],
+                artifacts: bindings
+                    .iter()
+                    .filter(|b| b.job_id == j.job.id)
+                    .map(|b| api::Artifact {
+                        name: b.name.clone(),
+                        size: b.generation.expected_size,
+                        sha256: b.generation.expected_sha256.clone(),
+                        epoch: b.generation.epoch,
+                    })
+                    .collect(),
                 cache: None,
                 message: j.job.message.clone(),
                 started_at_ms: j.job.started_at,

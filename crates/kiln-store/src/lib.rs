@@ -12,6 +12,7 @@
 //! same claim request id, and `append_log_chunk` with identical bytes return
 //! the original result.
 
+mod artifacts;
 mod model;
 mod sqlite;
 
@@ -132,6 +133,38 @@ pub trait LogStore: Send + Sync {
     ) -> Result<Vec<LogChunkRecord>>;
 }
 
+/// Artifact generations and bindings (spec 000 §9, §12, invariant 4).
+#[async_trait]
+pub trait ArtifactStore: Send + Sync {
+    /// Open an attempt-scoped upload session: a fresh generation with a fresh
+    /// object key, for a declared output of the current live epoch.
+    async fn create_generation(
+        &self,
+        job_id: &str,
+        epoch: i64,
+        name: &str,
+        size: i64,
+        sha256: &str,
+        part_size: i64,
+    ) -> Result<GenerationRecord>;
+    async fn get_generation(&self, id: &str) -> Result<GenerationRecord>;
+    /// The generation, if its attempt is still the current live epoch and it
+    /// is still uploading (a read; used before accepting part bytes).
+    async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord>;
+    /// Seal a verified generation: requires the current live epoch.
+    async fn seal_generation(&self, id: &str, job_id: &str, epoch: i64) -> Result<GenerationRecord>;
+    /// Mark a generation failed (verification mismatch).
+    async fn fail_generation(&self, id: &str, message: &str) -> Result<()>;
+    /// The canonical binding of `(run, producer job name, artifact name)`.
+    async fn resolve_binding(&self, run_id: &str, job_name: &str, name: &str) -> Result<BoundArtifact>;
+    async fn run_bindings(&self, run_id: &str) -> Result<Vec<BoundArtifact>>;
+    /// Generations to collect: unbound ones whose attempt ended (or that
+    /// were created more than `grace_ms` ago while not uploading any more),
+    /// older than `grace_ms`; never a bound generation.
+    async fn collectable_generations(&self, grace_ms: i64, limit: u32) -> Result<Vec<GenerationRecord>>;
+    async fn mark_generation_deleted(&self, id: &str) -> Result<()>;
+}
+
 /// The whole authoritative store.
-pub trait Store: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore {}
-impl<T: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore> Store for T {}
+pub trait Store: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore {}
+impl<T: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore> Store for T {}

@@ -183,3 +183,29 @@ pub struct LogChunkRecord {
 pub fn class_key(runs_on: &BTreeMap<String, String>) -> String {
     serde_json::to_string(runs_on).expect("labels serialise")
 }
+
+/// A candidate artifact generation of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationRecord {
+    pub id: String,
+    pub run_id: String,
+    pub job_id: String,
+    pub epoch: i64,
+    pub name: String,
+    pub object_key: String,
+    pub expected_size: i64,
+    pub expected_sha256: String,
+    pub part_size: i64,
+    /// `uploading`, `sealed`, `failed` or `deleted`.
+    pub state: String,
+    pub created_at: i64,
+}
+
+/// A bound artifact as consumers and the API see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundArtifact {
+    pub job_id: String,
+    pub job_name: String,
+    pub name: String,
+    pub generation: GenerationRecord,
+}

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
-type Tx<'a> = Transaction<'a, Sqlite>;
+pub(crate) type Tx<'a> = Transaction<'a, Sqlite>;
 
 /// SQL assembled from compile-time column lists and column names only; user
 /// values are always bound parameters.
@@ -23,16 +23,23 @@ macro_rules! sqlf {
 
 #[derive(Clone)]
 pub struct SqliteStore {
-    writer: SqlitePool,
-    reader: SqlitePool,
+    pub(crate) writer: SqlitePool,
+    pub(crate) reader: SqlitePool,
     backoff: Backoff,
 }
 
-fn db_err(e: sqlx::Error) -> StoreError {
+pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::RowNotFound => StoreError::NotFound("row".into()),
         sqlx::Error::Database(d) if d.is_unique_violation() => {
             StoreError::Conflict(d.message().to_string())
+        }
+        // FIX (conformance test `unknown_repository_is_not_unavailable`): a
+        // reference to a missing row (accept_run with an unknown repo_id or
+        // parent_run_id) is the caller's error, not an outage; it used to fall
+        // through to `Unavailable` ("nothing was decided, retry").
+        sqlx::Error::Database(d) if d.is_foreign_key_violation() => {
+            StoreError::Invalid(format!("references a missing record: {}", d.message()))
         }
         _ => StoreError::Unavailable(e.to_string()),
     }
@@ -42,13 +49,13 @@ fn parse_enum<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T> {
     s.parse::<T>().map_err(StoreError::Invalid)
 }
 
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
 const NOW: &str = "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
-async fn now(tx: &mut Tx<'_>) -> Result<i64> {
+pub(crate) async fn now(tx: &mut Tx<'_>) -> Result<i64> {
     sqlx::query_scalar::<_, i64>(NOW)
         .fetch_one(&mut **tx)
         .await
@@ -97,7 +104,7 @@ impl SqliteStore {
         self
     }
 
-    async fn begin(&self) -> Result<Tx<'static>> {
+    pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
         self.writer.begin().await.map_err(db_err)
     }
 
@@ -192,7 +199,7 @@ fn repo_from_row(row: &SqliteRow) -> Result<RepoRecord> {
     })
 }
 
-async fn load_run<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
+pub(crate) async fn load_run<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
     ex: E,
     run_id: &str,
 ) -> Result<RunRecord> {
@@ -207,7 +214,7 @@ async fn load_run<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
     run_from_row(&row)
 }
 
-async fn load_job<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
+pub(crate) async fn load_job<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
     ex: E,
     job_id: &str,
 ) -> Result<(JobRecord, JobBudget)> {
@@ -226,7 +233,7 @@ async fn load_job<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
     Ok((job_from_row(&row)?, budget))
 }
 
-struct JobBudget {
+pub(crate) struct JobBudget {
     failure_retries: i64,
     infra_retries: i64,
     max_failure_retries: i64,
@@ -407,7 +414,7 @@ async fn fail_or_retry(
 
 /// Checks that `(job, epoch)` is the job's current running attempt with a
 /// live lease (invariant 3). Returns the job and its attempt.
-async fn require_live(
+pub(crate) async fn require_live(
     tx: &mut Tx<'_>,
     job_id: &str,
     epoch: i64,
@@ -978,6 +985,51 @@ impl AttemptStore for SqliteStore {
         }
         let status = match c.outcome {
             AttemptOutcome::Success => {
+                // spec 000 §9: every declared output must be SEALED for this
+                // attempt; nothing is ever substituted from elsewhere.
+                let declared: Vec<String> = run
+                    .definition
+                    .jobs
+                    .get(job.index as usize)
+                    .map(|j| j.artifacts.publish.iter().map(|p| p.name.clone()).collect())
+                    .unwrap_or_default();
+                let mut sealed = Vec::new();
+                for name in &declared {
+                    let g: Option<String> = sqlx::query_scalar(
+                        "SELECT id FROM artifact_generations WHERE job_id = ? AND epoch = ? AND name = ? \
+                         AND state = 'sealed' ORDER BY sealed_at DESC LIMIT 1",
+                    )
+                    .bind(job_id)
+                    .bind(epoch)
+                    .bind(name)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+                    match g {
+                        Some(g) => sealed.push((name, g)),
+                        None => {
+                            let msg = format!("required artifact `{name}` was not sealed by epoch {epoch}");
+                            end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now)
+                                .await?;
+                            let st = fail_or_retry(self, &mut tx, &job, &budget, false, &msg, now).await?;
+                            tx.commit().await.map_err(db_err)?;
+                            return Ok(st.as_str().into());
+                        }
+                    }
+                }
+                for (name, g) in sealed {
+                    sqlx::query(
+                        "INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at) VALUES (?, ?, ?, ?, ?)",
+                    )
+                    .bind(&job.run_id)
+                    .bind(job_id)
+                    .bind(name)
+                    .bind(g)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+                }
                 end_attempt(
                     &mut tx,
                     job_id,
