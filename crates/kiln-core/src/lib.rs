@@ -4,6 +4,7 @@
 pub mod attempt;
 pub mod backoff;
 pub mod job;
+pub mod protocol;
 pub mod run;
 
 pub use attempt::AttemptOutcome;
