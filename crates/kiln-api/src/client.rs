@@ -11,11 +11,7 @@ use std::time::Duration;
 pub enum ApiError {
     /// The server answered with an error status and body.
     #[error("{message} ({status} {code})")]
-    Status {
-        status: u16,
-        code: String,
-        message: String,
-    },
+    Status { status: u16, code: String, message: String },
     /// The request never got an answer (connection refused, reset, timeout).
     #[error("cannot reach the Kiln server: {0}")]
     Transport(String),
@@ -87,11 +83,7 @@ impl Client {
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
             .expect("http client");
-        Client {
-            base: base.trim_end_matches('/').to_string(),
-            token: token.to_string(),
-            http,
-        }
+        Client { base: base.trim_end_matches('/').to_string(), token: token.to_string(), http }
     }
 
     pub fn base_url(&self) -> &str {
@@ -110,10 +102,7 @@ impl Client {
         headers: &[(&str, &str)],
         timeout: Option<Duration>,
     ) -> Result<T, ApiError> {
-        let mut req = self
-            .http
-            .request(method, self.url(path))
-            .bearer_auth(&self.token);
+        let mut req = self.http.request(method, self.url(path)).bearer_auth(&self.token);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -121,18 +110,14 @@ impl Client {
             req = req.json(b);
         }
         req = req.timeout(timeout.unwrap_or(Duration::from_secs(60)));
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        let resp = req.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
         decode(resp).await
     }
 
     // ----- public API -----
 
     pub async fn create_repo(&self, body: &CreateRepo) -> Result<Repo, ApiError> {
-        self.send(Method::POST, "/v1/repos", Some(body), &[], None)
-            .await
+        self.send(Method::POST, "/v1/repos", Some(body), &[], None).await
     }
 
     pub async fn list_repos(&self) -> Result<Vec<Repo>, ApiError> {
@@ -140,9 +125,7 @@ impl Client {
         struct Repos {
             repos: Vec<Repo>,
         }
-        let r: Repos = self
-            .send::<(), _>(Method::GET, "/v1/repos", None, &[], None)
-            .await?;
+        let r: Repos = self.send::<(), _>(Method::GET, "/v1/repos", None, &[], None).await?;
         Ok(r.repos)
     }
 
@@ -152,26 +135,11 @@ impl Client {
         body: &SubmitRun,
         idempotency_key: Option<&str>,
     ) -> Result<SubmitRunResponse, ApiError> {
-        let headers: Vec<(&str, &str)> = idempotency_key
-            .map(|k| ("Idempotency-Key", k))
-            .into_iter()
-            .collect();
-        self.send(
-            Method::POST,
-            &format!("/v1/repos/{}/workflow-runs", enc(repo)),
-            Some(body),
-            &headers,
-            None,
-        )
-        .await
+        let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
+        self.send(Method::POST, &format!("/v1/repos/{}/workflow-runs", enc(repo)), Some(body), &headers, None).await
     }
 
-    pub async fn list_runs(
-        &self,
-        repo: &str,
-        status: Option<&str>,
-        limit: Option<u32>,
-    ) -> Result<RunList, ApiError> {
+    pub async fn list_runs(&self, repo: &str, status: Option<&str>, limit: Option<u32>) -> Result<RunList, ApiError> {
         let mut q = vec![];
         if let Some(s) = status {
             q.push(format!("status={}", enc(s)));
@@ -180,41 +148,19 @@ impl Client {
             q.push(format!("limit={l}"));
         }
         let path = format!("/v1/repos/{}/workflow-runs?{}", enc(repo), q.join("&"));
-        self.send::<(), _>(Method::GET, &path, None, &[], None)
-            .await
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
     }
 
     pub async fn get_run(&self, run: &str) -> Result<Run, ApiError> {
-        self.send::<(), _>(
-            Method::GET,
-            &format!("/v1/workflow-runs/{}", enc(run)),
-            None,
-            &[],
-            None,
-        )
-        .await
+        self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}", enc(run)), None, &[], None).await
     }
 
     pub async fn cancel_run(&self, run: &str) -> Result<Run, ApiError> {
-        self.send::<(), _>(
-            Method::POST,
-            &format!("/v1/workflow-runs/{}/cancel", enc(run)),
-            None,
-            &[],
-            None,
-        )
-        .await
+        self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/cancel", enc(run)), None, &[], None).await
     }
 
     pub async fn retry_run(&self, run: &str) -> Result<SubmitRunResponse, ApiError> {
-        self.send::<(), _>(
-            Method::POST,
-            &format!("/v1/workflow-runs/{}/retry", enc(run)),
-            None,
-            &[],
-            None,
-        )
-        .await
+        self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/retry", enc(run)), None, &[], None).await
     }
 
     /// Streams the SSE log events of a job, resuming after `last_event_id`.
@@ -232,50 +178,25 @@ impl Client {
         if let Some(id) = last_event_id {
             req = req.header("Last-Event-ID", id);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        let resp = req.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
         if !resp.status().is_success() {
-            return Err(decode::<serde_json::Value>(resp)
-                .await
-                .err()
-                .unwrap_or(ApiError::Decode("error".into())));
+            return Err(decode::<serde_json::Value>(resp).await.err().unwrap_or(ApiError::Decode("error".into())));
         }
         Ok(resp.bytes_stream().eventsource().map(|r| match r {
-            Ok(ev) => Ok(SseEvent {
-                id: ev.id,
-                event: ev.event,
-                data: ev.data,
-            }),
+            Ok(ev) => Ok(SseEvent { id: ev.id, event: ev.event, data: ev.data }),
             Err(e) => Err(ApiError::Transport(e.to_string())),
         }))
     }
 
     // ----- agent API -----
 
-    pub async fn register_agent(
-        &self,
-        body: &RegisterAgent,
-    ) -> Result<AgentRegistration, ApiError> {
-        self.send(Method::POST, "/v1/agents/register", Some(body), &[], None)
-            .await
+    pub async fn register_agent(&self, body: &RegisterAgent) -> Result<AgentRegistration, ApiError> {
+        self.send(Method::POST, "/v1/agents/register", Some(body), &[], None).await
     }
 
-    pub async fn claim(
-        &self,
-        agent_id: &str,
-        body: &ClaimRequest,
-    ) -> Result<ClaimResponse, ApiError> {
+    pub async fn claim(&self, agent_id: &str, body: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
         let timeout = Duration::from_millis(body.wait_ms) + Duration::from_secs(15);
-        self.send(
-            Method::POST,
-            &format!("/v1/agents/{}/claim", enc(agent_id)),
-            Some(body),
-            &[],
-            Some(timeout),
-        )
-        .await
+        self.send(Method::POST, &format!("/v1/agents/{}/claim", enc(agent_id)), Some(body), &[], Some(timeout)).await
     }
 
     pub async fn heartbeat(&self, job: &str, epoch: i64) -> Result<HeartbeatResponse, ApiError> {
@@ -289,36 +210,13 @@ impl Client {
         .await
     }
 
-    pub async fn append_log(
-        &self,
-        job: &str,
-        epoch: i64,
-        chunk: &LogChunk,
-    ) -> Result<LogAck, ApiError> {
-        self.send(
-            Method::POST,
-            &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job)),
-            Some(chunk),
-            &[],
-            None,
-        )
-        .await
+    pub async fn append_log(&self, job: &str, epoch: i64, chunk: &LogChunk) -> Result<LogAck, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job)), Some(chunk), &[], None).await
     }
 
-    pub async fn complete(
-        &self,
-        job: &str,
-        epoch: i64,
-        body: &Completion,
-    ) -> Result<CompletionAck, ApiError> {
-        self.send(
-            Method::POST,
-            &format!("/v1/jobs/{}/attempts/{epoch}/complete", enc(job)),
-            Some(body),
-            &[],
-            None,
-        )
-        .await
+    pub async fn complete(&self, job: &str, epoch: i64, body: &Completion) -> Result<CompletionAck, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/complete", enc(job)), Some(body), &[], None)
+            .await
     }
 }
 
@@ -355,8 +253,7 @@ impl Client {
     }
 
     pub async fn restore(&self, job: &str, epoch: i64, body: &RestoreRequest) -> Result<ArtifactDownload, ApiError> {
-        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/restore", enc(job)), Some(body), &[], None)
-            .await
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/restore", enc(job)), Some(body), &[], None).await
     }
 
     /// Public API: a download capability for a run's bound artifact.
@@ -399,24 +296,13 @@ impl Client {
 
 async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, ApiError> {
     let status = resp.status();
-    let bytes = resp
-        .bytes()
-        .await
-        .map_err(|e| ApiError::Transport(e.to_string()))?;
+    let bytes = resp.bytes().await.map_err(|e| ApiError::Transport(e.to_string()))?;
     if status.is_success() {
-        let slice: &[u8] = if bytes.is_empty() && status == StatusCode::NO_CONTENT {
-            b"null"
-        } else {
-            &bytes
-        };
+        let slice: &[u8] = if bytes.is_empty() && status == StatusCode::NO_CONTENT { b"null" } else { &bytes };
         return serde_json::from_slice(slice).map_err(|e| ApiError::Decode(format!("{e}")));
     }
     match serde_json::from_slice::<ErrorBody>(&bytes) {
-        Ok(b) => Err(ApiError::Status {
-            status: status.as_u16(),
-            code: b.error.code,
-            message: b.error.message,
-        }),
+        Ok(b) => Err(ApiError::Status { status: status.as_u16(), code: b.error.code, message: b.error.message }),
         Err(_) => Err(ApiError::Status {
             status: status.as_u16(),
             code: "http".into(),

@@ -24,7 +24,9 @@ pub enum BlobError {
     BadKey(String),
     #[error("part {part} is {size} bytes; parts are {part_size} bytes except the last")]
     BadPart { part: u64, size: u64, part_size: u64 },
-    #[error("stored bytes do not match: expected {expected_size} bytes sha256 {expected_sha256}, got {size} bytes sha256 {sha256}")]
+    #[error(
+        "stored bytes do not match: expected {expected_size} bytes sha256 {expected_sha256}, got {size} bytes sha256 {sha256}"
+    )]
     Mismatch { expected_size: u64, expected_sha256: String, size: u64, sha256: String },
     #[error("object `{0}` not found")]
     NotFound(String),

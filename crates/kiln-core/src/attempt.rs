@@ -64,17 +64,8 @@ mod tests {
     #[test]
     fn only_running_moves() {
         for s in AttemptOutcome::ALL {
-            for e in [
-                AttemptEvent::Succeeded,
-                AttemptEvent::Failed,
-                AttemptEvent::Fenced,
-                AttemptEvent::Cancelled,
-            ] {
-                assert_eq!(
-                    s.transition(e).is_ok(),
-                    *s == AttemptOutcome::Running,
-                    "{s} {e:?}"
-                );
+            for e in [AttemptEvent::Succeeded, AttemptEvent::Failed, AttemptEvent::Fenced, AttemptEvent::Cancelled] {
+                assert_eq!(s.transition(e).is_ok(), *s == AttemptOutcome::Running, "{s} {e:?}");
             }
         }
     }

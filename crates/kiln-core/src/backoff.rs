@@ -11,10 +11,7 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff {
-            base_ms: 500,
-            max_ms: 60_000,
-        }
+        Backoff { base_ms: 500, max_ms: 60_000 }
     }
 }
 
@@ -58,10 +55,7 @@ mod tests {
 
     #[test]
     fn grows_then_caps() {
-        let b = Backoff {
-            base_ms: 100,
-            max_ms: 1000,
-        };
+        let b = Backoff { base_ms: 100, max_ms: 1000 };
         assert_eq!(b.ceiling_ms(1), 100);
         assert_eq!(b.ceiling_ms(2), 200);
         assert_eq!(b.ceiling_ms(4), 800);

@@ -41,10 +41,7 @@ pub enum JobEvent {
 
 impl JobStatus {
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Self::Success | Self::Failed | Self::Cancelled | Self::Skipped
-        )
+        matches!(self, Self::Success | Self::Failed | Self::Cancelled | Self::Skipped)
     }
 
     pub fn can_claim(self) -> bool {
@@ -63,10 +60,7 @@ impl JobStatus {
             (S::Pending | S::Ready | S::Running, E::Cancel) => S::Cancelled,
             (S::Pending | S::Ready, E::Skip) => S::Skipped,
             (from, ev) => {
-                return Err(InvalidTransition {
-                    from: from.as_str(),
-                    event: ev.name(),
-                });
+                return Err(InvalidTransition { from: from.as_str(), event: ev.name() });
             }
         })
     }

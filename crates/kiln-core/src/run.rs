@@ -50,10 +50,7 @@ impl RunStatus {
             (S::Queued | S::Running, E::CancelRequested) => S::Cancelling,
             (S::Queued | S::Running | S::Cancelling, E::Cancelled) => S::Cancelled,
             (from, ev) => {
-                return Err(InvalidTransition {
-                    from: from.as_str(),
-                    event: event_name(ev),
-                });
+                return Err(InvalidTransition { from: from.as_str(), event: event_name(ev) });
             }
         };
         Ok(next)

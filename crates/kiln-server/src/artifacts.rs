@@ -2,14 +2,14 @@
 //! metadata transactions; the data-plane handlers (`/blob/…`) move bytes and
 //! run no transaction (an upload only reads whether its epoch is still live).
 
-use crate::capability::{now_ms, Op};
-use crate::error::{ApiErr, ApiResult};
 use crate::State;
+use crate::capability::{Op, now_ms};
+use crate::error::{ApiErr, ApiResult};
+use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State as S};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use futures::TryStreamExt;
 use kiln_api as api;
 use kiln_blob::{BlobError, ObjectInfo};
@@ -57,10 +57,8 @@ pub async fn create_upload(
             format!("artifact `{}` is {} bytes; the limit is {MAX_ARTIFACT}", req.name, req.size),
         ));
     }
-    let g = state
-        .store
-        .create_generation(&job, epoch, &req.name, req.size as i64, &req.sha256, PART_SIZE as i64)
-        .await?;
+    let g =
+        state.store.create_generation(&job, epoch, &req.name, req.size as i64, &req.sha256, PART_SIZE as i64).await?;
     let expires = now_ms() + UPLOAD_CAP_MS;
     let cap = state.signer.sign(Op::Put, &g.id, expires);
     tracing::info!(job, epoch, name = %req.name, size = req.size, generation = %g.id, "upload session opened");

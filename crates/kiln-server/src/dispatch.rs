@@ -17,26 +17,18 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn push(&self, ev: OutboxEvent) {
-        let labels: BTreeMap<String, String> =
-            serde_json::from_str(&ev.class_key).unwrap_or_default();
+        let labels: BTreeMap<String, String> = serde_json::from_str(&ev.class_key).unwrap_or_default();
         let mut q = self.queues.lock().unwrap();
-        q.entry(ev.class_key.clone())
-            .or_insert_with(|| (labels, VecDeque::new()))
-            .1
-            .push_back(ev);
+        q.entry(ev.class_key.clone()).or_insert_with(|| (labels, VecDeque::new())).1.push_back(ev);
         drop(q);
         self.notify.notify_waiters();
     }
 
     /// Put back an event whose claim was declined for capacity: it stays eligible.
     pub fn push_front(&self, ev: OutboxEvent) {
-        let labels: BTreeMap<String, String> =
-            serde_json::from_str(&ev.class_key).unwrap_or_default();
+        let labels: BTreeMap<String, String> = serde_json::from_str(&ev.class_key).unwrap_or_default();
         let mut q = self.queues.lock().unwrap();
-        q.entry(ev.class_key.clone())
-            .or_insert_with(|| (labels, VecDeque::new()))
-            .1
-            .push_front(ev);
+        q.entry(ev.class_key.clone()).or_insert_with(|| (labels, VecDeque::new())).1.push_front(ev);
     }
 
     /// Next event of any class whose labels are a subset of the agent's.
@@ -50,12 +42,7 @@ impl Dispatcher {
     }
 
     pub fn depth(&self) -> usize {
-        self.queues
-            .lock()
-            .unwrap()
-            .values()
-            .map(|(_, q)| q.len())
-            .sum()
+        self.queues.lock().unwrap().values().map(|(_, q)| q.len()).sum()
     }
 }
 
@@ -64,12 +51,7 @@ mod tests {
     use super::*;
 
     fn ev(id: i64, class: &str) -> OutboxEvent {
-        OutboxEvent {
-            id,
-            job_id: format!("j{id}"),
-            dispatch_generation: 1,
-            class_key: class.into(),
-        }
+        OutboxEvent { id, job_id: format!("j{id}"), dispatch_generation: 1, class_key: class.into() }
     }
 
     #[test]
@@ -81,11 +63,8 @@ mod tests {
         let linux: BTreeMap<String, String> = [("os".to_string(), "linux".to_string())].into();
         assert_eq!(d.pop(&linux).unwrap().id, 2, "large job needs size=large");
         assert!(d.pop(&linux).is_none());
-        let big: BTreeMap<String, String> = [
-            ("os".to_string(), "linux".to_string()),
-            ("size".to_string(), "large".to_string()),
-        ]
-        .into();
+        let big: BTreeMap<String, String> =
+            [("os".to_string(), "linux".to_string()), ("size".to_string(), "large".to_string())].into();
         assert_eq!(d.pop(&big).unwrap().id, 1);
         assert_eq!(d.depth(), 1);
     }

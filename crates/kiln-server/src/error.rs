@@ -15,11 +15,7 @@ pub struct ApiErr {
 
 impl ApiErr {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiErr {
-            status,
-            code,
-            message: message.into(),
-        }
+        ApiErr { status, code, message: message.into() }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID, message)
@@ -55,9 +51,7 @@ impl From<StoreError> for ApiErr {
                 "this Idempotency-Key was already used with a different request body; use a new key",
             ),
             StoreError::Invalid(m) => ApiErr::bad_request(m),
-            StoreError::Unavailable(_) => {
-                ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg)
-            }
+            StoreError::Unavailable(_) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg),
         }
     }
 }
@@ -67,12 +61,7 @@ impl IntoResponse for ApiErr {
         if self.status.is_server_error() {
             tracing::warn!(code = self.code, "{}", self.message);
         }
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_string(),
-                message: self.message,
-            },
-        };
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
         (self.status, Json(body)).into_response()
     }
 }

@@ -27,9 +27,7 @@ pub struct Mirrors {
 
 /// Normalise `file://` and plain paths; remote URLs pass through.
 pub fn normalize_url(url: &str) -> String {
-    url.strip_prefix("file://")
-        .map(str::to_string)
-        .unwrap_or_else(|| url.to_string())
+    url.strip_prefix("file://").map(str::to_string).unwrap_or_else(|| url.to_string())
 }
 
 fn is_full_sha(s: &str) -> bool {
@@ -50,10 +48,7 @@ async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError
 
 impl Mirrors {
     pub fn new(root: PathBuf) -> Self {
-        Mirrors {
-            root,
-            locks: Default::default(),
-        }
+        Mirrors { root, locks: Default::default() }
     }
 
     fn dir(&self, repo_id: &str) -> PathBuf {
@@ -61,21 +56,14 @@ impl Mirrors {
     }
 
     async fn lock(&self, repo_id: &str) -> Arc<Mutex<()>> {
-        self.locks
-            .lock()
-            .await
-            .entry(repo_id.to_string())
-            .or_default()
-            .clone()
+        self.locks.lock().await.entry(repo_id.to_string()).or_default().clone()
     }
 
     /// Fetch every ref of `url` into the mirror of `repo_id`, creating it.
     pub async fn fetch(&self, repo_id: &str, url: &str) -> Result<(), GitError> {
         let dir = self.dir(repo_id);
         if !dir.join("HEAD").exists() {
-            tokio::fs::create_dir_all(&dir)
-                .await
-                .map_err(|e| GitError::Other(e.to_string()))?;
+            tokio::fs::create_dir_all(&dir).await.map_err(|e| GitError::Other(e.to_string()))?;
             let out = git(&dir, &["init", "--bare", "-q"]).await?;
             if !out.status.success() {
                 return Err(GitError::Other(String::from_utf8_lossy(&out.stderr).into()));
@@ -97,10 +85,7 @@ impl Mirrors {
         )
         .await?;
         if !out.status.success() {
-            return Err(GitError::Fetch {
-                url,
-                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
+            return Err(GitError::Fetch { url, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
         }
         Ok(())
     }
@@ -121,16 +106,8 @@ impl Mirrors {
         if !(is_full_sha(rev) && self.has_commit(&dir, rev).await) {
             self.fetch(repo_id, url).await?;
         }
-        let spec = if rev == "HEAD" {
-            "refs/kiln/HEAD".to_string()
-        } else {
-            rev.to_string()
-        };
-        let out = git(
-            &dir,
-            &["rev-parse", "--verify", "-q", &format!("{spec}^{{commit}}")],
-        )
-        .await?;
+        let spec = if rev == "HEAD" { "refs/kiln/HEAD".to_string() } else { rev.to_string() };
+        let out = git(&dir, &["rev-parse", "--verify", "-q", &format!("{spec}^{{commit}}")]).await?;
         if !out.status.success() {
             return Err(GitError::UnknownRevision(rev.to_string()));
         }
@@ -142,37 +119,20 @@ impl Mirrors {
     }
 
     /// Read `path` at commit `sha`, refusing files over `max_bytes`.
-    pub async fn read_file(
-        &self,
-        repo_id: &str,
-        sha: &str,
-        path: &str,
-        max_bytes: usize,
-    ) -> Result<Vec<u8>, GitError> {
+    pub async fn read_file(&self, repo_id: &str, sha: &str, path: &str, max_bytes: usize) -> Result<Vec<u8>, GitError> {
         let dir = self.dir(repo_id);
         let spec = format!("{sha}:{}", path.trim_start_matches("./"));
         let size = git(&dir, &["cat-file", "-s", &spec]).await?;
         if !size.status.success() {
-            return Err(GitError::MissingFile {
-                path: path.into(),
-                sha: sha.into(),
-            });
+            return Err(GitError::MissingFile { path: path.into(), sha: sha.into() });
         }
-        let n: usize = String::from_utf8_lossy(&size.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(usize::MAX);
+        let n: usize = String::from_utf8_lossy(&size.stdout).trim().parse().unwrap_or(usize::MAX);
         if n > max_bytes {
-            return Err(GitError::Other(format!(
-                "workflow file `{path}` is {n} bytes; the limit is {max_bytes}"
-            )));
+            return Err(GitError::Other(format!("workflow file `{path}` is {n} bytes; the limit is {max_bytes}")));
         }
         let out = git(&dir, &["cat-file", "blob", &spec]).await?;
         if !out.status.success() {
-            return Err(GitError::MissingFile {
-                path: path.into(),
-                sha: sha.into(),
-            });
+            return Err(GitError::MissingFile { path: path.into(), sha: sha.into() });
         }
         Ok(out.stdout)
     }

@@ -131,13 +131,9 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let store = SqliteStore::open(&db_path)
         .await
         .with_context(|| format!("cannot open database {}", db_path.display()))?
-        .with_backoff(kiln_core::Backoff {
-            base_ms: config.retry_base.as_millis() as u64,
-            max_ms: 60_000,
-        });
-    let listener = TcpListener::bind(&config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+        .with_backoff(kiln_core::Backoff { base_ms: config.retry_base.as_millis() as u64, max_ms: 60_000 });
+    let listener =
+        TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (job_events, _) = broadcast::channel(4096);
     let config_data_dir = config.data_dir.clone();
@@ -157,22 +153,13 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     loops::spawn(state.clone(), shutdown.subscribe()).await?;
     let app = routes::router(state);
     let task = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = rx.wait_for(|v| *v).await;
-        })
-        .await
-        .context("server failed")
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|v| *v).await;
+            })
+            .await
+            .context("server failed")
     });
     tracing::info!(%addr, "kiln server listening");
-    Ok(ServerHandle {
-        addr,
-        admin_token,
-        agent_token,
-        shutdown,
-        task,
-    })
+    Ok(ServerHandle { addr, admin_token, agent_token, shutdown, task })
 }

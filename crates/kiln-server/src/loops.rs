@@ -47,8 +47,7 @@ async fn relay(state: State, mut shutdown: watch::Receiver<bool>) {
 
 /// Fence expired leases before authorizing replacements (spec 000 §8).
 async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
-    let period =
-        (state.config.lease_ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let period = (state.config.lease_ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
     loop {
         match state.store.fence_expired().await {
             Ok(fenced) if !fenced.is_empty() => {
@@ -86,7 +85,9 @@ async fn collector(state: State, mut shutdown: watch::Receiver<bool>) {
                         continue;
                     }
                     match state.store.mark_generation_deleted(&g.id).await {
-                        Ok(()) => tracing::info!(generation = %g.id, job = %g.job_id, epoch = g.epoch, name = %g.name, "collected unbound artifact generation"),
+                        Ok(()) => {
+                            tracing::info!(generation = %g.id, job = %g.job_id, epoch = g.epoch, name = %g.name, "collected unbound artifact generation")
+                        }
                         Err(e) => tracing::warn!(generation = %g.id, "cannot mark generation deleted: {e}"),
                     }
                 }

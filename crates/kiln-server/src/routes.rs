@@ -29,19 +29,13 @@ const MAX_CHUNK: usize = 1024 * 1024;
 pub fn router(state: State) -> Router {
     let public = Router::new()
         .route("/v1/repos", post(create_repo).get(list_repos))
-        .route(
-            "/v1/repos/{repo}/workflow-runs",
-            post(submit_run).get(list_runs),
-        )
+        .route("/v1/repos/{repo}/workflow-runs", post(submit_run).get(list_runs))
         .route("/v1/workflow-runs/{run}", get(get_run))
         .route("/v1/workflow-runs/{run}/cancel", post(cancel_run))
         .route("/v1/workflow-runs/{run}/retry", post(retry_run))
         .route("/v1/jobs/{job}/logs/events", get(log_events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get_artifact))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_admin,
-        ));
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
     let agent = Router::new()
         .route("/v1/agents/register", post(register_agent))
         .route("/v1/agents/{agent}/claim", post(claim))
@@ -78,12 +72,7 @@ pub(crate) fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
 async fn readyz(S(state): S<State>) -> Response {
     match state.store.list_repos().await {
         Ok(_) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => ApiErr::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            api::codes::UNAVAILABLE,
-            e.to_string(),
-        )
-        .into_response(),
+        Err(e) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, api::codes::UNAVAILABLE, e.to_string()).into_response(),
     }
 }
 
@@ -95,13 +84,7 @@ async fn metrics(S(state): S<State>) -> impl IntoResponse {
          kiln_dispatch_queue_depth {}\n",
         state.dispatcher.depth()
     );
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        body,
-    )
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }
 
 async fn ui() -> Html<&'static str> {
@@ -113,31 +96,16 @@ async fn ui() -> Html<&'static str> {
 async fn create_repo(S(state): S<State>, body: Bytes) -> ApiResult<(StatusCode, Json<api::Repo>)> {
     let req: api::CreateRepo = parse(&body)?;
     let name = req.name.trim();
-    if name.is_empty()
-        || name.len() > 100
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
-        return Err(ApiErr::invalid(
-            "repository name must be 1-100 characters of [A-Za-z0-9._-]",
-        ));
+    if name.is_empty() || name.len() > 100 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err(ApiErr::invalid("repository name must be 1-100 characters of [A-Za-z0-9._-]"));
     }
     if req.clone_url.trim().is_empty() {
         return Err(ApiErr::invalid("clone_url is required"));
     }
-    let repo = state
-        .store
-        .create_repo(name, req.clone_url.trim(), req.webhook_secret.as_deref())
-        .await?;
+    let repo = state.store.create_repo(name, req.clone_url.trim(), req.webhook_secret.as_deref()).await?;
     Ok((
         StatusCode::CREATED,
-        Json(api::Repo {
-            id: repo.id,
-            name: repo.name,
-            clone_url: repo.clone_url,
-            created_at_ms: repo.created_at,
-        }),
+        Json(api::Repo { id: repo.id, name: repo.name, clone_url: repo.clone_url, created_at_ms: repo.created_at }),
     ))
 }
 
@@ -147,12 +115,7 @@ async fn list_repos(S(state): S<State>) -> ApiResult<Json<serde_json::Value>> {
         .list_repos()
         .await?
         .into_iter()
-        .map(|r| api::Repo {
-            id: r.id,
-            name: r.name,
-            clone_url: r.clone_url,
-            created_at_ms: r.created_at,
-        })
+        .map(|r| api::Repo { id: r.id, name: r.name, clone_url: r.clone_url, created_at_ms: r.created_at })
         .collect();
     Ok(Json(serde_json::json!({ "repos": repos })))
 }
@@ -170,18 +133,13 @@ async fn submit_run(
     let idempotency = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
-            let key = v
-                .to_str()
-                .map_err(|_| ApiErr::bad_request("Idempotency-Key must be ASCII"))?;
+            let key = v.to_str().map_err(|_| ApiErr::bad_request("Idempotency-Key must be ASCII"))?;
             if key.is_empty() || key.len() > 200 {
-                return Err(ApiErr::bad_request(
-                    "Idempotency-Key must be 1-200 characters",
-                ));
+                return Err(ApiErr::bad_request("Idempotency-Key must be 1-200 characters"));
             }
             // The digest covers the request as sent (canonical JSON), so a
             // redelivery matches even if a branch moved since.
-            let canonical =
-                serde_json::to_vec(&serde_json::to_value(&req).expect("request")).expect("json");
+            let canonical = serde_json::to_vec(&serde_json::to_value(&req).expect("request")).expect("json");
             Some(Idempotency {
                 scope: format!("admin:{}", repo.id),
                 key: key.to_string(),
@@ -193,40 +151,22 @@ async fn submit_run(
     if !["manual", "push", "pull_request", "retry", "schedule"].contains(&event.as_str()) {
         return Err(ApiErr::invalid(format!("unknown event `{event}`")));
     }
-    let workflow_path = req
-        .workflow_path
-        .clone()
-        .unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
-    let sha = state
-        .mirrors
-        .resolve(&repo.id, &repo.clone_url, req.commit_sha.trim())
-        .await
-        .map_err(|e| match e {
-            crate::git::GitError::UnknownRevision(_) => ApiErr::invalid(e.to_string()),
-            crate::git::GitError::Fetch { .. } => ApiErr::new(
-                StatusCode::BAD_GATEWAY,
-                api::codes::UNAVAILABLE,
-                e.to_string(),
-            ),
-            _ => ApiErr::internal(e.to_string()),
-        })?;
+    let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
+    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(|e| match e {
+        crate::git::GitError::UnknownRevision(_) => ApiErr::invalid(e.to_string()),
+        crate::git::GitError::Fetch { .. } => {
+            ApiErr::new(StatusCode::BAD_GATEWAY, api::codes::UNAVAILABLE, e.to_string())
+        }
+        _ => ApiErr::internal(e.to_string()),
+    })?;
     let bytes = state
         .mirrors
-        .read_file(
-            &repo.id,
-            &sha,
-            &workflow_path,
-            kiln_workflow::MAX_FILE_BYTES,
-        )
+        .read_file(&repo.id, &sha, &workflow_path, kiln_workflow::MAX_FILE_BYTES)
         .await
         .map_err(|e| ApiErr::invalid(e.to_string()))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| ApiErr::invalid(format!("{workflow_path} is not UTF-8")))?;
-    let workflow = kiln_workflow::parse(&text).map_err(|d| {
-        ApiErr::invalid(format!(
-            "{workflow_path} at {sha} is not a valid workflow:\n{d}"
-        ))
-    })?;
+    let text = String::from_utf8(bytes).map_err(|_| ApiErr::invalid(format!("{workflow_path} is not UTF-8")))?;
+    let workflow = kiln_workflow::parse(&text)
+        .map_err(|d| ApiErr::invalid(format!("{workflow_path} at {sha} is not a valid workflow:\n{d}")))?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let accepted = state
         .store
@@ -244,12 +184,7 @@ async fn submit_run(
         })
         .await?;
     state.relay_wake.notify_one();
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(api::SubmitRunResponse {
-            run_id: accepted.run_id,
-        }),
-    ))
+    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
 }
 
 #[derive(Deserialize)]
@@ -265,20 +200,10 @@ async fn list_runs(
 ) -> ApiResult<Json<api::RunList>> {
     let repo = state.store.get_repo(&repo).await?;
     if let Some(s) = &q.status {
-        s.parse::<kiln_core::RunStatus>()
-            .map_err(ApiErr::bad_request)?;
+        s.parse::<kiln_core::RunStatus>().map_err(ApiErr::bad_request)?;
     }
-    let runs = state
-        .store
-        .list_runs(
-            &repo.id,
-            q.status.as_deref(),
-            q.limit.unwrap_or(50).min(500),
-        )
-        .await?;
-    Ok(Json(api::RunList {
-        runs: runs.iter().map(views::summary).collect(),
-    }))
+    let runs = state.store.list_runs(&repo.id, q.status.as_deref(), q.limit.unwrap_or(50).min(500)).await?;
+    Ok(Json(api::RunList { runs: runs.iter().map(views::summary).collect() }))
 }
 
 async fn get_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::Run>> {
@@ -318,12 +243,7 @@ async fn retry_run(
         })
         .await?;
     state.relay_wake.notify_one();
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(api::SubmitRunResponse {
-            run_id: accepted.run_id,
-        }),
-    ))
+    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
 }
 
 // ---------- logs (SSE) ----------
@@ -350,11 +270,7 @@ async fn log_events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
-fn async_stream(
-    state: State,
-    job: String,
-    mut cursor: i64,
-) -> impl Stream<Item = Result<Event, Infallible>> {
+fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item = Result<Event, Infallible>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let mut events = state.job_events.subscribe();
@@ -367,17 +283,9 @@ fn async_stream(
             let got = !chunks.is_empty();
             for c in chunks {
                 cursor = c.id;
-                let payload = api::LogEvent {
-                    epoch: c.epoch,
-                    stream: c.stream,
-                    offset: c.offset,
-                    data: b64.encode(&c.data),
-                };
-                let ev = Event::default()
-                    .id(c.id.to_string())
-                    .event("chunk")
-                    .json_data(payload)
-                    .expect("json");
+                let payload =
+                    api::LogEvent { epoch: c.epoch, stream: c.stream, offset: c.offset, data: b64.encode(&c.data) };
+                let ev = Event::default().id(c.id.to_string()).event("chunk").json_data(payload).expect("json");
                 if tx.send(ev).await.is_err() {
                     return;
                 }
@@ -391,18 +299,12 @@ fn async_stream(
             };
             if status.is_terminal() {
                 // Chunks are acknowledged before completion: re-read once, then end.
-                let rest = state
-                    .store
-                    .log_chunks_after(&job, cursor, 1)
-                    .await
-                    .unwrap_or_default();
+                let rest = state.store.log_chunks_after(&job, cursor, 1).await.unwrap_or_default();
                 if rest.is_empty() {
                     let ev = Event::default()
                         .id(cursor.to_string())
                         .event("end")
-                        .json_data(api::LogEnd {
-                            status: status.to_string(),
-                        })
+                        .json_data(api::LogEnd { status: status.to_string() })
                         .expect("json");
                     let _ = tx.send(ev).await;
                     return;
@@ -433,10 +335,7 @@ use futures::StreamExt;
 
 // ---------- agent API ----------
 
-async fn register_agent(
-    S(state): S<State>,
-    body: Bytes,
-) -> ApiResult<Json<api::AgentRegistration>> {
+async fn register_agent(S(state): S<State>, body: Bytes) -> ApiResult<Json<api::AgentRegistration>> {
     let req: api::RegisterAgent = parse(&body)?;
     if req.name.trim().is_empty() || req.name.len() > 100 {
         return Err(ApiErr::invalid("agent name must be 1-100 characters"));
@@ -445,10 +344,7 @@ async fn register_agent(
         return Err(ApiErr::invalid("max_jobs must be 1-256"));
     }
     let labels = serde_json::to_string(&req.labels).expect("labels");
-    let agent = state
-        .store
-        .register_agent(req.name.trim(), &labels, req.max_jobs)
-        .await?;
+    let agent = state.store.register_agent(req.name.trim(), &labels, req.max_jobs).await?;
     let ttl = state.config.lease_ttl.as_millis() as u64;
     Ok(Json(api::AgentRegistration {
         agent_id: agent.id,
@@ -463,16 +359,8 @@ fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment 
     let ttl = state.config.lease_ttl.as_millis() as u64;
     let mut env: BTreeMap<String, String> = def.env.clone();
     for (k, v) in &c.run.inputs {
-        let key: String = k
-            .chars()
-            .map(|ch| {
-                if ch.is_ascii_alphanumeric() {
-                    ch.to_ascii_uppercase()
-                } else {
-                    '_'
-                }
-            })
-            .collect();
+        let key: String =
+            k.chars().map(|ch| if ch.is_ascii_alphanumeric() { ch.to_ascii_uppercase() } else { '_' }).collect();
         env.insert(format!("KILN_INPUT_{key}"), v.clone());
     }
     api::Assignment {
@@ -483,14 +371,7 @@ fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment 
         repo: c.run.repo_name.clone(),
         clone_url: String::new(),
         commit_sha: c.run.commit_sha.clone(),
-        steps: def
-            .steps
-            .iter()
-            .map(|s| api::StepSpec {
-                name: s.name.clone(),
-                run: s.run.clone(),
-            })
-            .collect(),
+        steps: def.steps.iter().map(|s| api::StepSpec { name: s.name.clone(), run: s.run.clone() }).collect(),
         env,
         timeout_secs: def.timeout_secs,
         image: def.image.as_ref().and_then(|i| match i {
@@ -501,20 +382,13 @@ fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment 
             .artifacts
             .publish
             .iter()
-            .map(|p| api::PublishSpec {
-                name: p.name.clone(),
-                path: p.path.clone(),
-            })
+            .map(|p| api::PublishSpec { name: p.name.clone(), path: p.path.clone() })
             .collect(),
         restore: def
             .artifacts
             .restore
             .iter()
-            .map(|r| api::RestoreSpec {
-                from_job: r.from_job.clone(),
-                name: r.name.clone(),
-                path: r.path.clone(),
-            })
+            .map(|r| api::RestoreSpec { from_job: r.from_job.clone(), name: r.name.clone(), path: r.path.clone() })
             .collect(),
         lease_ttl_ms: ttl,
         heartbeat_interval_ms: (ttl / 3).max(50),
@@ -528,11 +402,7 @@ async fn with_clone_url(state: &State, mut a: api::Assignment) -> ApiResult<api:
 
 /// Long-poll claim. Pops dispatch deliveries compatible with the agent and
 /// runs the claim transaction on each until one grants an attempt.
-async fn claim(
-    S(state): S<State>,
-    Path(agent_id): Path<String>,
-    body: Bytes,
-) -> ApiResult<Json<api::ClaimResponse>> {
+async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) -> ApiResult<Json<api::ClaimResponse>> {
     let req: api::ClaimRequest = parse(&body)?;
     let agent = state.store.get_agent(&agent_id).await?;
     if agent.session_id != req.session_id {
@@ -542,15 +412,9 @@ async fn claim(
             "agent session was replaced; register again",
         ));
     }
-    if let Some(c) = state
-        .store
-        .claimed_by_request(&req.claim_request_id)
-        .await?
-    {
+    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id).await? {
         let a = assignment(&state, &c);
-        return Ok(Json(api::ClaimResponse {
-            assignment: Some(with_clone_url(&state, a).await?),
-        }));
+        return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
     }
     let wait = Duration::from_millis(req.wait_ms.min(60_000));
     let deadline = tokio::time::Instant::now() + wait;
@@ -573,9 +437,7 @@ async fn claim(
                     let _ = state.job_events.send(c.job.id.clone());
                     let a = assignment(&state, &c);
                     tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
-                    return Ok(Json(api::ClaimResponse {
-                        assignment: Some(with_clone_url(&state, a).await?),
-                    }));
+                    return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
                 }
                 Ok(None) => {
                     // Duplicate or stale deliveries are absorbed. A job still
@@ -619,7 +481,9 @@ impl Drop for SessionGuard {
         let grace = state.config.loss_grace.as_millis() as i64;
         tokio::spawn(async move {
             match state.store.shorten_session_leases(&session, grace).await {
-                Ok(n) if n > 0 => tracing::warn!(session, leases = n, "agent connection lost: leases shortened to the loss grace"),
+                Ok(n) if n > 0 => {
+                    tracing::warn!(session, leases = n, "agent connection lost: leases shortened to the loss grace")
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("cannot shorten leases of session {session}: {e}"),
             }
@@ -638,12 +502,15 @@ async fn session(
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let agent = state.store.get_agent(&agent_id).await?;
     if agent.session_id != q.session_id {
-        return Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, "agent session was replaced; register again"));
+        return Err(ApiErr::new(
+            StatusCode::CONFLICT,
+            api::codes::STALE_EPOCH,
+            "agent session was replaced; register again",
+        ));
     }
     let guard = SessionGuard { state: state.clone(), session: q.session_id };
-    let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(Duration::from_millis(
-        api::SESSION_PING_MS,
-    )));
+    let ticks =
+        tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(Duration::from_millis(api::SESSION_PING_MS)));
     let stream = ticks.map(move |_| {
         let _keep = &guard;
         Ok(Event::default().event("ping").data("{}"))
@@ -657,10 +524,7 @@ async fn heartbeat(
 ) -> ApiResult<Json<api::HeartbeatResponse>> {
     let ttl = state.config.lease_ttl.as_millis() as i64;
     let out = state.store.heartbeat(&job, epoch, ttl).await?;
-    Ok(Json(api::HeartbeatResponse {
-        cancel_requested: out.cancel_requested,
-        lease_ttl_ms: ttl as u64,
-    }))
+    Ok(Json(api::HeartbeatResponse { cancel_requested: out.cancel_requested, lease_ttl_ms: ttl as u64 }))
 }
 
 async fn append_log(
@@ -670,9 +534,7 @@ async fn append_log(
 ) -> ApiResult<Json<api::LogAck>> {
     let chunk: api::LogChunk = parse(&body)?;
     if !["stdout", "stderr", "system"].contains(&chunk.stream.as_str()) {
-        return Err(ApiErr::bad_request(
-            "stream must be stdout, stderr or system",
-        ));
+        return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
     }
     let data = base64::engine::general_purpose::STANDARD
         .decode(chunk.data.as_bytes())
@@ -697,9 +559,7 @@ async fn append_log(
         })
         .await?;
     let _ = state.job_events.send(job);
-    Ok(Json(api::LogAck {
-        committed: committed.into_iter().collect(),
-    }))
+    Ok(Json(api::LogAck { committed: committed.into_iter().collect() }))
 }
 
 async fn complete(
@@ -710,9 +570,7 @@ async fn complete(
     let c: api::Completion = parse(&body)?;
     let outcome: AttemptOutcome = c.outcome.parse().map_err(ApiErr::bad_request)?;
     if outcome == AttemptOutcome::Running || outcome == AttemptOutcome::Lost {
-        return Err(ApiErr::bad_request(
-            "outcome must be success, failed or cancelled",
-        ));
+        return Err(ApiErr::bad_request("outcome must be success, failed or cancelled"));
     }
     let res = state
         .store
@@ -734,11 +592,7 @@ async fn complete(
             tracing::info!(job, epoch, status, "completed");
             Ok(Json(api::CompletionAck { job_status: status }))
         }
-        Err(StoreError::Conflict(m)) => Err(ApiErr::new(
-            StatusCode::CONFLICT,
-            api::codes::STALE_EPOCH,
-            m,
-        )),
+        Err(StoreError::Conflict(m)) => Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, m)),
         Err(e) => Err(e.into()),
     }
 }

@@ -56,9 +56,11 @@ impl ArtifactStore for SqliteStore {
         let now = now(&mut tx).await?;
         let (job, _) = require_live(&mut tx, job_id, epoch, now).await?;
         let run = crate::sqlite::load_run(&mut *tx, &job.run_id).await?;
-        let declared = run.definition.jobs.get(job.index as usize).is_some_and(|j| {
-            j.artifacts.publish.iter().any(|p| p.name == name)
-        });
+        let declared = run
+            .definition
+            .jobs
+            .get(job.index as usize)
+            .is_some_and(|j| j.artifacts.publish.iter().any(|p| p.name == name));
         if !declared {
             return Err(StoreError::Invalid(format!("job `{}` does not declare an artifact `{name}`", job.name)));
         }
@@ -88,12 +90,13 @@ impl ArtifactStore for SqliteStore {
     }
 
     async fn get_generation(&self, id: &str) -> Result<GenerationRecord> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {GEN_COLS} FROM artifact_generations g WHERE g.id = ?")))
-            .bind(id)
-            .fetch_optional(&self.writer)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("artifact generation {id}")))?;
+        let row =
+            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {GEN_COLS} FROM artifact_generations g WHERE g.id = ?")))
+                .bind(id)
+                .fetch_optional(&self.writer)
+                .await
+                .map_err(db_err)?
+                .ok_or_else(|| StoreError::NotFound(format!("artifact generation {id}")))?;
         Ok(gen_from_row(&row))
     }
 
@@ -151,12 +154,14 @@ impl ArtifactStore for SqliteStore {
     }
 
     async fn fail_generation(&self, id: &str, message: &str) -> Result<()> {
-        sqlx::query("UPDATE artifact_generations SET state = 'failed', message = ? WHERE id = ? AND state = 'uploading'")
-            .bind(message)
-            .bind(id)
-            .execute(&self.writer)
-            .await
-            .map_err(db_err)?;
+        sqlx::query(
+            "UPDATE artifact_generations SET state = 'failed', message = ? WHERE id = ? AND state = 'uploading'",
+        )
+        .bind(message)
+        .bind(id)
+        .execute(&self.writer)
+        .await
+        .map_err(db_err)?;
         Ok(())
     }
 

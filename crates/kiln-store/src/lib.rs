@@ -44,12 +44,7 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 #[async_trait]
 pub trait RepoStore: Send + Sync {
-    async fn create_repo(
-        &self,
-        name: &str,
-        clone_url: &str,
-        webhook_secret: Option<&str>,
-    ) -> Result<RepoRecord>;
+    async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord>;
     async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
     async fn list_repos(&self) -> Result<Vec<RepoRecord>>;
 }
@@ -60,12 +55,7 @@ pub trait RunStore: Send + Sync {
     /// outbox events, and the idempotency record, in one transaction.
     async fn accept_run(&self, run: NewRun) -> Result<Accepted>;
     async fn get_run(&self, run_id: &str) -> Result<RunView>;
-    async fn list_runs(
-        &self,
-        repo_id: &str,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<RunRecord>>;
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>>;
     /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
     /// not running, and leave the run `cancelling` while attempts still run.
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;
@@ -88,19 +78,9 @@ pub trait AttemptStore: Send + Sync {
     /// Recover the attempt a claim request created, if it is still running.
     async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>>;
     /// spec 000 §8: extend the lease of the current live epoch.
-    async fn heartbeat(
-        &self,
-        job_id: &str,
-        epoch: i64,
-        lease_ttl_ms: i64,
-    ) -> Result<HeartbeatOutcome>;
+    async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
     /// spec 000 §9 completion transaction.
-    async fn complete(
-        &self,
-        job_id: &str,
-        epoch: i64,
-        completion: CompletionInput,
-    ) -> Result<String>;
+    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String>;
     /// Reconciler: fence every running attempt whose lease expired (outcome
     /// `lost`) and, within the budget, make its job ready again at
     /// `next_attempt_at`. Returns the fenced (job, epoch) pairs.
@@ -125,12 +105,7 @@ pub trait LogStore: Send + Sync {
     /// stale epochs refused. Returns the contiguous committed offset per stream.
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;
     /// Chunks of a job with event id greater than `after_id`, in id order.
-    async fn log_chunks_after(
-        &self,
-        job_id: &str,
-        after_id: i64,
-        limit: u32,
-    ) -> Result<Vec<LogChunkRecord>>;
+    async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>>;
 }
 
 /// Artifact generations and bindings (spec 000 §9, §12, invariant 4).

@@ -5,9 +5,7 @@
 use crate::*;
 use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
 use kiln_core::{AttemptOutcome, Backoff, JobStatus, RunStatus};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -31,9 +29,7 @@ pub struct SqliteStore {
 pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::RowNotFound => StoreError::NotFound("row".into()),
-        sqlx::Error::Database(d) if d.is_unique_violation() => {
-            StoreError::Conflict(d.message().to_string())
-        }
+        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(d.message().to_string()),
         // FIX (conformance test `unknown_repository_is_not_unavailable`): a
         // reference to a missing row (accept_run with an unknown repo_id or
         // parent_run_id) is the caller's error, not an outage; it used to fall
@@ -56,10 +52,7 @@ pub(crate) fn new_id() -> String {
 const NOW: &str = "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 pub(crate) async fn now(tx: &mut Tx<'_>) -> Result<i64> {
-    sqlx::query_scalar::<_, i64>(NOW)
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(db_err)
+    sqlx::query_scalar::<_, i64>(NOW).fetch_one(&mut **tx).await.map_err(db_err)
 }
 
 impl SqliteStore {
@@ -91,11 +84,7 @@ impl SqliteStore {
             .connect_with(opts.read_only(true))
             .await
             .map_err(db_err)?;
-        Ok(SqliteStore {
-            writer,
-            reader,
-            backoff: Backoff::default(),
-        })
+        Ok(SqliteStore { writer, reader, backoff: Backoff::default() })
     }
 
     /// Override the retry backoff (tests use a small one).
@@ -134,8 +123,7 @@ fn run_from_row(row: &SqliteRow) -> Result<RunRecord> {
         trust: row.try_get("trust").map_err(g)?,
         workflow_path: row.try_get("workflow_path").map_err(g)?,
         workflow_hash: row.try_get("workflow_hash").map_err(g)?,
-        definition: serde_json::from_str(&definition)
-            .map_err(|e| StoreError::Invalid(e.to_string()))?,
+        definition: serde_json::from_str(&definition).map_err(|e| StoreError::Invalid(e.to_string()))?,
         inputs: serde_json::from_str(&inputs).map_err(|e| StoreError::Invalid(e.to_string()))?,
         parent_run_id: row.try_get("parent_run_id").map_err(g)?,
         cancel_version: row.try_get("cancel_version").map_err(g)?,
@@ -169,7 +157,8 @@ fn job_from_row(row: &SqliteRow) -> Result<JobRecord> {
     })
 }
 
-const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at";
+const ATTEMPT_COLS: &str =
+    "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at";
 
 fn attempt_from_row(row: &SqliteRow) -> Result<AttemptRecord> {
     let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
@@ -199,18 +188,13 @@ fn repo_from_row(row: &SqliteRow) -> Result<RepoRecord> {
     })
 }
 
-pub(crate) async fn load_run<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
-    ex: E,
-    run_id: &str,
-) -> Result<RunRecord> {
-    let row = sqlx::query(sqlf!(
-        "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id WHERE r.id = ?"
-    ))
-    .bind(run_id)
-    .fetch_optional(ex)
-    .await
-    .map_err(db_err)?
-    .ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
+pub(crate) async fn load_run<'e, E: sqlx::Executor<'e, Database = Sqlite>>(ex: E, run_id: &str) -> Result<RunRecord> {
+    let row = sqlx::query(sqlf!("SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id WHERE r.id = ?"))
+        .bind(run_id)
+        .fetch_optional(ex)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
     run_from_row(&row)
 }
 
@@ -272,20 +256,18 @@ async fn make_ready(tx: &mut Tx<'_>, job_id: &str, available_at: i64, now: i64) 
 /// run when nothing is left to run.
 async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
     let run = load_run(&mut **tx, run_id).await?;
-    let rows =
-        sqlx::query("SELECT id, name, status, needs FROM jobs WHERE run_id = ? ORDER BY job_index")
-            .bind(run_id)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(db_err)?;
+    let rows = sqlx::query("SELECT id, name, status, needs FROM jobs WHERE run_id = ? ORDER BY job_index")
+        .bind(run_id)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db_err)?;
     let mut status: HashMap<String, JobStatus> = HashMap::new();
     let mut jobs = Vec::new();
     for r in &rows {
         let id: String = r.get("id");
         let name: String = r.get("name");
         let st: JobStatus = parse_enum(r.get::<&str, _>("status"))?;
-        let needs: Vec<String> =
-            serde_json::from_str(r.get::<&str, _>("needs")).unwrap_or_default();
+        let needs: Vec<String> = serde_json::from_str(r.get::<&str, _>("needs")).unwrap_or_default();
         status.insert(name.clone(), st);
         jobs.push((id, name, needs));
     }
@@ -296,27 +278,19 @@ async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
             if status[name] != JobStatus::Pending {
                 continue;
             }
-            let dead = needs.iter().any(|n| {
-                matches!(
-                    status.get(n),
-                    Some(JobStatus::Failed | JobStatus::Cancelled | JobStatus::Skipped)
-                )
-            });
-            if dead {
-                sqlx::query(
-                    "UPDATE jobs SET status = 'skipped', finished_at = ?, message = ? WHERE id = ?",
-                )
-                .bind(now)
-                .bind("skipped: a job it needs did not succeed")
-                .bind(id)
-                .execute(&mut **tx)
-                .await
-                .map_err(db_err)?;
-                status.insert(name.clone(), JobStatus::Skipped);
-            } else if needs
+            let dead = needs
                 .iter()
-                .all(|n| status.get(n) == Some(&JobStatus::Success))
-            {
+                .any(|n| matches!(status.get(n), Some(JobStatus::Failed | JobStatus::Cancelled | JobStatus::Skipped)));
+            if dead {
+                sqlx::query("UPDATE jobs SET status = 'skipped', finished_at = ?, message = ? WHERE id = ?")
+                    .bind(now)
+                    .bind("skipped: a job it needs did not succeed")
+                    .bind(id)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(db_err)?;
+                status.insert(name.clone(), JobStatus::Skipped);
+            } else if needs.iter().all(|n| status.get(n) == Some(&JobStatus::Success)) {
                 make_ready(tx, id, now, now).await?;
                 status.insert(name.clone(), JobStatus::Ready);
             }
@@ -328,9 +302,7 @@ async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
     }
     let final_status = if run.status == RunStatus::Cancelling {
         RunStatus::Cancelled
-    } else if status
-        .values()
-        .all(|s| matches!(s, JobStatus::Success | JobStatus::Skipped))
+    } else if status.values().all(|s| matches!(s, JobStatus::Success | JobStatus::Skipped))
         && status.values().any(|s| *s == JobStatus::Success)
     {
         RunStatus::Success
@@ -363,41 +335,29 @@ async fn fail_or_retry(
 ) -> Result<JobStatus> {
     let run = load_run(&mut **tx, &job.run_id).await?;
     if run.status == RunStatus::Cancelling || run.status == RunStatus::Cancelled {
-        sqlx::query(
-            "UPDATE jobs SET status = 'cancelled', finished_at = ?, message = ? WHERE id = ?",
-        )
-        .bind(now)
-        .bind("cancelled")
-        .bind(&job.id)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
+        sqlx::query("UPDATE jobs SET status = 'cancelled', finished_at = ?, message = ? WHERE id = ?")
+            .bind(now)
+            .bind("cancelled")
+            .bind(&job.id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
         advance_run(tx, &job.run_id, now).await?;
         return Ok(JobStatus::Cancelled);
     }
     let (col, used, allowed) = if infra {
-        (
-            "infra_retries",
-            budget.infra_retries,
-            DEFAULT_INFRA_RETRIES as i64,
-        )
+        ("infra_retries", budget.infra_retries, DEFAULT_INFRA_RETRIES as i64)
     } else {
-        (
-            "failure_retries",
-            budget.failure_retries,
-            budget.max_failure_retries,
-        )
+        ("failure_retries", budget.failure_retries, budget.max_failure_retries)
     };
     if used < allowed {
         let at = now + store.retry_delay((used + 1) as u32);
-        sqlx::query(sqlf!(
-            "UPDATE jobs SET {col} = {col} + 1, message = ? WHERE id = ?"
-        ))
-        .bind(format!("retrying: {message}"))
-        .bind(&job.id)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
+        sqlx::query(sqlf!("UPDATE jobs SET {col} = {col} + 1, message = ? WHERE id = ?"))
+            .bind(format!("retrying: {message}"))
+            .bind(&job.id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
         make_ready(tx, &job.id, at, now).await?;
         return Ok(JobStatus::Ready);
     }
@@ -421,17 +381,14 @@ pub(crate) async fn require_live(
     now: i64,
 ) -> Result<(JobRecord, JobBudget)> {
     let (job, budget) = load_job(&mut **tx, job_id).await?;
-    let row =
-        sqlx::query("SELECT outcome, lease_deadline FROM attempts WHERE job_id = ? AND epoch = ?")
-            .bind(job_id)
-            .bind(epoch)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(db_err)?;
+    let row = sqlx::query("SELECT outcome, lease_deadline FROM attempts WHERE job_id = ? AND epoch = ?")
+        .bind(job_id)
+        .bind(epoch)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
     let Some(row) = row else {
-        return Err(StoreError::StaleEpoch(format!(
-            "job {job_id} has no attempt with epoch {epoch}"
-        )));
+        return Err(StoreError::StaleEpoch(format!("job {job_id} has no attempt with epoch {epoch}")));
     };
     let outcome: AttemptOutcome = parse_enum(row.get::<&str, _>("outcome"))?;
     let deadline: i64 = row.get("lease_deadline");
@@ -442,14 +399,10 @@ pub(crate) async fn require_live(
         )));
     }
     if !outcome.can_publish() {
-        return Err(StoreError::StaleEpoch(format!(
-            "epoch {epoch} of job {job_id} already ended ({outcome})"
-        )));
+        return Err(StoreError::StaleEpoch(format!("epoch {epoch} of job {job_id} already ended ({outcome})")));
     }
     if deadline <= now {
-        return Err(StoreError::StaleEpoch(format!(
-            "the lease of epoch {epoch} of job {job_id} expired"
-        )));
+        return Err(StoreError::StaleEpoch(format!("the lease of epoch {epoch} of job {job_id} expired")));
     }
     Ok((job, budget))
 }
@@ -482,48 +435,36 @@ async fn end_attempt(
 async fn claimed(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<ClaimedAttempt> {
     let (job, _) = load_job(&mut **tx, job_id).await?;
     let run = load_run(&mut **tx, &job.run_id).await?;
-    let deadline: i64 =
-        sqlx::query_scalar("SELECT lease_deadline FROM attempts WHERE job_id = ? AND epoch = ?")
-            .bind(job_id)
-            .bind(epoch)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(db_err)?;
-    Ok(ClaimedAttempt {
-        run,
-        job,
-        epoch,
-        lease_deadline: deadline,
-    })
+    let deadline: i64 = sqlx::query_scalar("SELECT lease_deadline FROM attempts WHERE job_id = ? AND epoch = ?")
+        .bind(job_id)
+        .bind(epoch)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline })
 }
 
 // ---------- trait implementations ----------
 
 #[async_trait]
 impl RepoStore for SqliteStore {
-    async fn create_repo(
-        &self,
-        name: &str,
-        clone_url: &str,
-        webhook_secret: Option<&str>,
-    ) -> Result<RepoRecord> {
+    async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord> {
         let mut tx = self.begin().await?;
         let now = now(&mut tx).await?;
         let id = new_id();
-        let res = sqlx::query("INSERT INTO repos (id, name, clone_url, webhook_secret, created_at) VALUES (?, ?, ?, ?, ?)")
-            .bind(&id)
-            .bind(name)
-            .bind(clone_url)
-            .bind(webhook_secret)
-            .bind(now)
-            .execute(&mut *tx)
-            .await;
+        let res =
+            sqlx::query("INSERT INTO repos (id, name, clone_url, webhook_secret, created_at) VALUES (?, ?, ?, ?, ?)")
+                .bind(&id)
+                .bind(name)
+                .bind(clone_url)
+                .bind(webhook_secret)
+                .bind(now)
+                .execute(&mut *tx)
+                .await;
         match res {
             Err(e) => match db_err(e) {
                 StoreError::Conflict(_) => {
-                    return Err(StoreError::Conflict(format!(
-                        "repository `{name}` already exists"
-                    )));
+                    return Err(StoreError::Conflict(format!("repository `{name}` already exists")));
                 }
                 other => return Err(other),
             },
@@ -551,10 +492,7 @@ impl RepoStore for SqliteStore {
     }
 
     async fn list_repos(&self) -> Result<Vec<RepoRecord>> {
-        let rows = sqlx::query("SELECT * FROM repos ORDER BY name")
-            .fetch_all(&self.reader)
-            .await
-            .map_err(db_err)?;
+        let rows = sqlx::query("SELECT * FROM repos ORDER BY name").fetch_all(&self.reader).await.map_err(db_err)?;
         rows.iter().map(repo_from_row).collect()
     }
 }
@@ -564,20 +502,16 @@ impl RunStore for SqliteStore {
     async fn accept_run(&self, run: NewRun) -> Result<Accepted> {
         let mut tx = self.begin().await?;
         if let Some(idem) = &run.idempotency {
-            let existing: Option<(String, String)> = sqlx::query_as(
-                "SELECT request_digest, run_id FROM idempotency WHERE scope = ? AND key = ?",
-            )
-            .bind(&idem.scope)
-            .bind(&idem.key)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
+            let existing: Option<(String, String)> =
+                sqlx::query_as("SELECT request_digest, run_id FROM idempotency WHERE scope = ? AND key = ?")
+                    .bind(&idem.scope)
+                    .bind(&idem.key)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
             if let Some((digest, run_id)) = existing {
                 return if digest == idem.request_digest {
-                    Ok(Accepted {
-                        run_id,
-                        created: false,
-                    })
+                    Ok(Accepted { run_id, created: false })
                 } else {
                     Err(StoreError::IdempotencyMismatch)
                 };
@@ -585,10 +519,8 @@ impl RunStore for SqliteStore {
         }
         let now = now(&mut tx).await?;
         let run_id = new_id();
-        let definition =
-            serde_json::to_string(&run.workflow).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        let inputs =
-            serde_json::to_string(&run.inputs).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let definition = serde_json::to_string(&run.workflow).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let inputs = serde_json::to_string(&run.inputs).map_err(|e| StoreError::Invalid(e.to_string()))?;
         sqlx::query(
             "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
              definition, inputs, parent_run_id, created_at, updated_at) \
@@ -631,40 +563,36 @@ impl RunStore for SqliteStore {
             }
         }
         if let Some(idem) = &run.idempotency {
-            sqlx::query("INSERT INTO idempotency (scope, key, request_digest, run_id, created_at) VALUES (?, ?, ?, ?, ?)")
-                .bind(&idem.scope)
-                .bind(&idem.key)
-                .bind(&idem.request_digest)
-                .bind(&run_id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
+            sqlx::query(
+                "INSERT INTO idempotency (scope, key, request_digest, run_id, created_at) VALUES (?, ?, ?, ?, ?)",
+            )
+            .bind(&idem.scope)
+            .bind(&idem.key)
+            .bind(&idem.request_digest)
+            .bind(&run_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
         }
         tx.commit().await.map_err(db_err)?;
-        Ok(Accepted {
-            run_id,
-            created: true,
-        })
+        Ok(Accepted { run_id, created: true })
     }
 
     async fn get_run(&self, run_id: &str) -> Result<RunView> {
         let mut conn = self.reader.acquire().await.map_err(db_err)?;
         let run = load_run(&mut *conn, run_id).await?;
-        let job_rows = sqlx::query(sqlf!(
-            "SELECT {JOB_COLS} FROM jobs WHERE run_id = ? ORDER BY job_index"
-        ))
-        .bind(run_id)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db_err)?;
-        let attempt_rows = sqlx::query(sqlf!(
-            "SELECT {ATTEMPT_COLS} FROM attempts WHERE run_id = ? ORDER BY job_id, epoch"
-        ))
-        .bind(run_id)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db_err)?;
+        let job_rows = sqlx::query(sqlf!("SELECT {JOB_COLS} FROM jobs WHERE run_id = ? ORDER BY job_index"))
+            .bind(run_id)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        let attempt_rows =
+            sqlx::query(sqlf!("SELECT {ATTEMPT_COLS} FROM attempts WHERE run_id = ? ORDER BY job_id, epoch"))
+                .bind(run_id)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db_err)?;
         let mut attempts: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
         for r in &attempt_rows {
             let a = attempt_from_row(r)?;
@@ -681,12 +609,7 @@ impl RunStore for SqliteStore {
         Ok(RunView { run, jobs })
     }
 
-    async fn list_runs(
-        &self,
-        repo_id: &str,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<RunRecord>> {
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>> {
         let rows = sqlx::query(sqlf!(
             "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
              WHERE r.repo_id = ? AND (? IS NULL OR r.status = ?) ORDER BY r.created_at DESC, r.id DESC LIMIT ?"
@@ -717,18 +640,14 @@ impl RunStore for SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        let running: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE run_id = ? AND status = 'running'")
-                .bind(run_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_err)?;
+        let running: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE run_id = ? AND status = 'running'")
+            .bind(run_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
         // Keep the run CANCELLING while physical termination is unresolved.
-        let (status, finished) = if running > 0 {
-            (RunStatus::Cancelling, None)
-        } else {
-            (RunStatus::Cancelled, Some(now))
-        };
+        let (status, finished) =
+            if running > 0 { (RunStatus::Cancelling, None) } else { (RunStatus::Cancelled, Some(now)) };
         sqlx::query(
             "UPDATE runs SET status = ?, cancel_version = cancel_version + 1, finished_at = ?, updated_at = ? WHERE id = ?",
         )
@@ -752,8 +671,8 @@ impl RunStore for SqliteStore {
 #[async_trait]
 impl AgentStore for SqliteStore {
     async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord> {
-        let parsed: BTreeMap<String, String> = serde_json::from_str(labels)
-            .map_err(|e| StoreError::Invalid(format!("labels: {e}")))?;
+        let parsed: BTreeMap<String, String> =
+            serde_json::from_str(labels).map_err(|e| StoreError::Invalid(format!("labels: {e}")))?;
         let mut tx = self.begin().await?;
         let now = now(&mut tx).await?;
         let id = new_id();
@@ -772,23 +691,16 @@ impl AgentStore for SqliteStore {
         .await
         .map_err(db_err)?;
         tx.commit().await.map_err(db_err)?;
-        Ok(AgentRecord {
-            id,
-            name: name.into(),
-            labels: parsed,
-            max_jobs,
-            session_id: session,
-        })
+        Ok(AgentRecord { id, name: name.into(), labels: parsed, max_jobs, session_id: session })
     }
 
     async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord> {
-        let row =
-            sqlx::query("SELECT id, name, labels, max_jobs, session_id FROM agents WHERE id = ?")
-                .bind(agent_id)
-                .fetch_optional(&self.reader)
-                .await
-                .map_err(db_err)?
-                .ok_or_else(|| StoreError::NotFound(format!("agent {agent_id}")))?;
+        let row = sqlx::query("SELECT id, name, labels, max_jobs, session_id FROM agents WHERE id = ?")
+            .bind(agent_id)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("agent {agent_id}")))?;
         Ok(AgentRecord {
             id: row.get("id"),
             name: row.get("name"),
@@ -812,9 +724,7 @@ impl AttemptStore for SqliteStore {
                 .map_err(db_err)?;
         if let Some((job_id, epoch)) = prior {
             let c = claimed(&mut tx, &job_id, epoch).await?;
-            return Ok(
-                (c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c),
-            );
+            return Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c));
         }
         let now = now(&mut tx).await?;
         let (job, _) = match load_job(&mut *tx, &req.job_id).await {
@@ -855,18 +765,14 @@ impl AttemptStore for SqliteStore {
             return Err(StoreError::NotFound(format!("agent {}", req.agent_id)));
         };
         if session != req.session_id {
-            return Err(StoreError::StaleEpoch(format!(
-                "agent session {} was replaced",
-                req.session_id
-            )));
+            return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
         }
-        let running: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM attempts WHERE session_id = ? AND outcome = 'running'",
-        )
-        .bind(&req.session_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db_err)?;
+        let running: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM attempts WHERE session_id = ? AND outcome = 'running'")
+                .bind(&req.session_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_err)?;
         if running >= max_jobs {
             return Ok(None);
         }
@@ -898,14 +804,12 @@ impl AttemptStore for SqliteStore {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        sqlx::query(
-            "UPDATE runs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'",
-        )
-        .bind(now)
-        .bind(&job.run_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
+        sqlx::query("UPDATE runs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'")
+            .bind(now)
+            .bind(&job.run_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
         let c = claimed(&mut tx, &job.id, epoch).await?;
         tx.commit().await.map_err(db_err)?;
         Ok(Some(c))
@@ -926,12 +830,7 @@ impl AttemptStore for SqliteStore {
         Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c))
     }
 
-    async fn heartbeat(
-        &self,
-        job_id: &str,
-        epoch: i64,
-        lease_ttl_ms: i64,
-    ) -> Result<HeartbeatOutcome> {
+    async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome> {
         let mut tx = self.begin().await?;
         let now = now(&mut tx).await?;
         let (job, _) = require_live(&mut tx, job_id, epoch, now).await?;
@@ -949,10 +848,7 @@ impl AttemptStore for SqliteStore {
             .await
             .map_err(db_err)?;
         tx.commit().await.map_err(db_err)?;
-        Ok(HeartbeatOutcome {
-            cancel_requested: status != "running" && status != "queued",
-            lease_deadline: deadline,
-        })
+        Ok(HeartbeatOutcome { cancel_requested: status != "running" && status != "queued", lease_deadline: deadline })
     }
 
     async fn complete(&self, job_id: &str, epoch: i64, c: CompletionInput) -> Result<String> {
@@ -963,25 +859,13 @@ impl AttemptStore for SqliteStore {
         if !run.status.can_claim() {
             // Cancellation committed first: the late completion is rejected,
             // but it does confirm the sandbox ended.
-            end_attempt(
-                &mut tx,
-                job_id,
-                epoch,
-                AttemptOutcome::Cancelled,
-                c.exit_code,
-                Some("cancelled"),
-                now,
-            )
-            .await?;
+            end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Cancelled, c.exit_code, Some("cancelled"), now).await?;
             fail_or_retry(self, &mut tx, &job, &budget, false, "cancelled", now).await?;
             tx.commit().await.map_err(db_err)?;
             if c.outcome == AttemptOutcome::Cancelled {
                 return Ok(JobStatus::Cancelled.as_str().into());
             }
-            return Err(StoreError::Conflict(format!(
-                "run {} was cancelled before this completion",
-                run.id
-            )));
+            return Err(StoreError::Conflict(format!("run {} was cancelled before this completion", run.id)));
         }
         let status = match c.outcome {
             AttemptOutcome::Success => {
@@ -1030,16 +914,8 @@ impl AttemptStore for SqliteStore {
                     .await
                     .map_err(db_err)?;
                 }
-                end_attempt(
-                    &mut tx,
-                    job_id,
-                    epoch,
-                    AttemptOutcome::Success,
-                    c.exit_code,
-                    c.message.as_deref(),
-                    now,
-                )
-                .await?;
+                end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Success, c.exit_code, c.message.as_deref(), now)
+                    .await?;
                 sqlx::query("UPDATE jobs SET status = 'success', finished_at = ?, message = NULL WHERE id = ?")
                     .bind(now)
                     .bind(job_id)
@@ -1054,22 +930,11 @@ impl AttemptStore for SqliteStore {
                     Some(code) => format!("step exited with code {code}"),
                     None => "attempt failed".into(),
                 });
-                end_attempt(
-                    &mut tx,
-                    job_id,
-                    epoch,
-                    AttemptOutcome::Failed,
-                    c.exit_code,
-                    Some(&msg),
-                    now,
-                )
-                .await?;
+                end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
                 fail_or_retry(self, &mut tx, &job, &budget, c.infra_failure, &msg, now).await?
             }
             AttemptOutcome::Running => {
-                return Err(StoreError::Invalid(
-                    "completion outcome cannot be running".into(),
-                ));
+                return Err(StoreError::Invalid("completion outcome cannot be running".into()));
             }
         };
         tx.commit().await.map_err(db_err)?;
@@ -1088,31 +953,14 @@ impl AttemptStore for SqliteStore {
         .map_err(db_err)?;
         for (job_id, epoch) in &expired {
             // Fence first: the old epoch can no longer publish...
-            end_attempt(
-                &mut tx,
-                job_id,
-                *epoch,
-                AttemptOutcome::Lost,
-                None,
-                Some("lease expired: agent lost"),
-                now,
-            )
-            .await?;
+            end_attempt(&mut tx, job_id, *epoch, AttemptOutcome::Lost, None, Some("lease expired: agent lost"), now)
+                .await?;
             let (job, budget) = load_job(&mut *tx, job_id).await?;
             if job.current_epoch != *epoch || job.status != JobStatus::Running {
                 continue;
             }
             // ...then authorize a replacement within the budget.
-            fail_or_retry(
-                self,
-                &mut tx,
-                &job,
-                &budget,
-                true,
-                "agent lost (lease expired)",
-                now,
-            )
-            .await?;
+            fail_or_retry(self, &mut tx, &job, &budget, true, "agent lost (lease expired)", now).await?;
         }
         tx.commit().await.map_err(db_err)?;
         Ok(expired)
@@ -1198,9 +1046,7 @@ impl LogStore for SqliteStore {
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
         use sha2::{Digest, Sha256};
         if hex::encode(Sha256::digest(&chunk.data)) != chunk.sha256 {
-            return Err(StoreError::Invalid(
-                "chunk sha256 does not match its bytes".into(),
-            ));
+            return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
         }
         if chunk.offset < 0 || chunk.seq < 0 {
             return Err(StoreError::Invalid("negative offset or seq".into()));
@@ -1313,12 +1159,7 @@ impl LogStore for SqliteStore {
         Ok(progress)
     }
 
-    async fn log_chunks_after(
-        &self,
-        job_id: &str,
-        after_id: i64,
-        limit: u32,
-    ) -> Result<Vec<LogChunkRecord>> {
+    async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>> {
         let rows: Vec<(i64, i64, String, i64, Vec<u8>)> = sqlx::query_as(
             "SELECT id, epoch, stream, byte_offset, data FROM log_chunks WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
         )
@@ -1330,13 +1171,7 @@ impl LogStore for SqliteStore {
         .map_err(db_err)?;
         Ok(rows
             .into_iter()
-            .map(|(id, epoch, stream, offset, data)| LogChunkRecord {
-                id,
-                epoch,
-                stream,
-                offset,
-                data,
-            })
+            .map(|(id, epoch, stream, offset, data)| LogChunkRecord { id, epoch, stream, offset, data })
             .collect())
     }
 }

@@ -24,10 +24,7 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
         .output()
         .context("run git")?;
     if !out.status.success() {
-        bail!(
-            "git {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -58,10 +55,7 @@ impl TestRepo {
             }
         }
         git(self.dir.path(), &["add", "-A"])?;
-        git(
-            self.dir.path(),
-            &["commit", "-q", "--allow-empty", "-m", message],
-        )?;
+        git(self.dir.path(), &["commit", "-q", "--allow-empty", "-m", message])?;
         self.head()
     }
 
@@ -89,14 +83,7 @@ impl KilnUp {
         let data = tempfile::tempdir()?;
         let log = data.path().join("kiln-up.log");
         let mut child = Command::new(bin)
-            .args([
-                "up",
-                "--listen",
-                "127.0.0.1:0",
-                "--agents",
-                &agents.to_string(),
-                "--data-dir",
-            ])
+            .args(["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"])
             .arg(data.path().join("data"))
             .args(extra)
             .env("KILN_LOG", "info,sqlx=warn")
@@ -125,21 +112,11 @@ impl KilnUp {
         }
         if url.is_empty() {
             let _ = child.kill();
-            bail!(
-                "kiln up did not print its address; log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
+            bail!("kiln up did not print its address; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
         }
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Ok(KilnUp {
-            child,
-            data,
-            url,
-            token,
-            bin: bin.to_path_buf(),
-            log,
-        })
+        Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log })
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -149,9 +126,7 @@ impl KilnUp {
     /// A `kiln` CLI command with KILN_SERVER and KILN_TOKEN set.
     pub fn cli(&self) -> Command {
         let mut c = Command::new(&self.bin);
-        c.env("KILN_SERVER", &self.url)
-            .env("KILN_TOKEN", &self.token)
-            .env_remove("KILN_LOG");
+        c.env("KILN_SERVER", &self.url).env("KILN_TOKEN", &self.token).env_remove("KILN_LOG");
         c
     }
 
@@ -179,5 +154,119 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
             return None;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A real `kiln server` process.
+pub struct KilnServer {
+    pub child: Child,
+    pub data: tempfile::TempDir,
+    pub url: String,
+    pub token: String,
+    pub agent_token: String,
+    pub bin: PathBuf,
+    log: PathBuf,
+}
+
+impl KilnServer {
+    pub fn start(bin: &Path, extra: &[&str]) -> Result<KilnServer> {
+        let data = tempfile::tempdir()?;
+        let log = data.path().join("server.log");
+        let mut child = Command::new(bin)
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path().join("data"))
+            .args(extra)
+            .env("KILN_LOG", "info,sqlx=warn")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("spawn kiln server")?;
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let mut url = String::new();
+        if let Some(Ok(line)) = lines.next()
+            && let Some(rest) = line.strip_prefix("kiln server listening on ")
+        {
+            url = rest.split_whitespace().next().unwrap_or("").to_string();
+        }
+        if url.is_empty() {
+            let _ = child.kill();
+            bail!("kiln server did not start; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        std::thread::spawn(move || for _ in lines {});
+        let dir = data.path().join("data");
+        let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_string();
+        let agent_token = std::fs::read_to_string(dir.join("agent.token"))?.trim().to_string();
+        Ok(KilnServer { child, data, url, token, agent_token, bin: bin.to_path_buf(), log })
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.data.path().join("data")
+    }
+
+    pub fn cli(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.env("KILN_SERVER", &self.url).env("KILN_TOKEN", &self.token).env_remove("KILN_LOG");
+        c
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Start an agent process against this server.
+    pub fn agent(&self, name: &str, extra: &[&str]) -> Result<KilnAgent> {
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("agent.log");
+        let child = Command::new(&self.bin)
+            .args(["agent", "--server", &self.url, "--token", &self.agent_token, "--name", name, "--work-dir"])
+            .arg(dir.path().join("work"))
+            .args(extra)
+            .env("KILN_LOG", "info,sqlx=warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("spawn kiln agent")?;
+        Ok(KilnAgent { child, dir, log })
+    }
+}
+
+impl Drop for KilnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A real `kiln agent` process.
+pub struct KilnAgent {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl KilnAgent {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args([&format!("-{sig}"), &self.pid().to_string()]).status();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn work_dir(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+}
+
+impl Drop for KilnAgent {
+    fn drop(&mut self) {
+        self.signal("CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -17,10 +17,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as i64
 }
 
 fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
@@ -38,19 +35,7 @@ fn noop_repo(dir: &std::path::Path) -> anyhow::Result<()> {
     )?;
     git(dir, &["init", "-q", "-b", "main"])?;
     git(dir, &["add", "."])?;
-    git(
-        dir,
-        &[
-            "-c",
-            "user.name=bench",
-            "-c",
-            "user.email=bench@kiln",
-            "commit",
-            "-q",
-            "-m",
-            "noop",
-        ],
-    )?;
+    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "noop"])?;
     Ok(())
 }
 
@@ -69,13 +54,8 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
     noop_repo(&repo)?;
-    let (handle, stop, tasks) = start_embedded(
-        &tmp.join("data"),
-        "127.0.0.1:0",
-        a.agents,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let (handle, stop, tasks) =
+        start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30)).await?;
     let c = Client::new(&handle.url(), &handle.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
         name: "bench".into(),
@@ -84,21 +64,12 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     })
     .await?;
     let head = String::from_utf8(
-        Proc::new("git")
-            .arg("-C")
-            .arg(&repo)
-            .args(["rev-parse", "HEAD"])
-            .output()
-            .map_err(anyhow::Error::from)?
-            .stdout,
+        Proc::new("git").arg("-C").arg(&repo).args(["rev-parse", "HEAD"]).output().map_err(anyhow::Error::from)?.stdout,
     )
     .map_err(anyhow::Error::from)?
     .trim()
     .to_string();
-    let body = SubmitRun {
-        commit_sha: head.clone(),
-        ..Default::default()
-    };
+    let body = SubmitRun { commit_sha: head.clone(), ..Default::default() };
 
     // Warm up (mirror fetch, agent checkouts).
     let w = c.submit_run("bench", &body, None).await?;
@@ -110,10 +81,7 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     let mut lat = vec![];
     for _ in 0..n {
         let t = Instant::now();
-        Proc::new("sh")
-            .args(["-c", "true"])
-            .status()
-            .map_err(anyhow::Error::from)?;
+        Proc::new("sh").args(["-c", "true"]).status().map_err(anyhow::Error::from)?;
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let sh_rate = n as f64 / t0.elapsed().as_secs_f64();
@@ -164,9 +132,5 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     let _ = handle.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
-    Ok(if failed == 0 {
-        exit::OK
-    } else {
-        exit::RUN_FAILED
-    })
+    Ok(if failed == 0 { exit::OK } else { exit::RUN_FAILED })
 }

@@ -24,12 +24,7 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct Conn {
     /// Kiln server URL.
-    #[arg(
-        long,
-        env = "KILN_SERVER",
-        default_value = "http://127.0.0.1:7070",
-        global = true
-    )]
+    #[arg(long, env = "KILN_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
     pub server: String,
     /// API token (the server writes DATA_DIR/admin.token on first start).
     #[arg(long, env = "KILN_TOKEN", hide_env_values = true, global = true)]
@@ -59,6 +54,11 @@ pub enum Command {
     Cancel(RunRef),
     /// Start a new run with the same pinned definition as RUN.
     Retry(RunRef),
+    /// Download artifacts of a run.
+    Artifact {
+        #[command(subcommand)]
+        command: ArtifactCommand,
+    },
     /// Validate a workflow file and print every problem with its line and column.
     Validate {
         /// Path of the workflow file.
@@ -70,10 +70,7 @@ pub enum Command {
 
 impl Command {
     pub fn is_daemon(&self) -> bool {
-        matches!(
-            self,
-            Command::Up(_) | Command::Server(_) | Command::Agent(_)
-        )
+        matches!(self, Command::Up(_) | Command::Server(_) | Command::Agent(_))
     }
 }
 
@@ -113,6 +110,15 @@ pub struct ServerArgs {
     /// How long an agent's leases survive once its connection drops.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub loss_grace: std::time::Duration,
+    /// Unbound artifact bytes of ended attempts are deleted after this.
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    pub artifact_gc_grace: std::time::Duration,
+    /// How often the artifact garbage collector runs.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub gc_interval: std::time::Duration,
+    /// Base delay of the retry backoff (exponential, with jitter).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub retry_base: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -138,6 +144,9 @@ pub struct AgentArgs {
     /// Jobs to run at once.
     #[arg(long, default_value_t = 1)]
     pub max_jobs: u32,
+    /// Cap on artifact upload bandwidth in bytes per second, across all jobs (e.g. 20000000).
+    #[arg(long, value_name = "BYTES_PER_S")]
+    pub upload_rate_limit: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -155,6 +164,21 @@ pub enum RepoCommand {
     },
     /// List repositories.
     List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ArtifactCommand {
+    /// Download the artifact NAME that job JOB of RUN published (its bound generation), verifying its sha256.
+    Get {
+        run: String,
+        job: String,
+        name: String,
+        /// Where to write it (`-` for standard output).
+        #[arg(short, long)]
+        output: PathBuf,
         #[command(flatten)]
         conn: Conn,
     },
@@ -234,22 +258,15 @@ pub struct BenchArgs {
 /// `30s`, `500ms`, `2m`, `1h` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
-    let (num, unit) = s.split_at(
-        s.find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(s.len()),
-    );
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration `{s}` (try 30s, 500ms, 2m)"))?;
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration `{s}` (try 30s, 500ms, 2m)"))?;
     let secs = match unit {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
         _ => {
-            return Err(format!(
-                "invalid duration unit in `{s}` (use ms, s, m or h)"
-            ));
+            return Err(format!("invalid duration unit in `{s}` (use ms, s, m or h)"));
         }
     };
     if !(secs > 0.0 && secs < 1e7) {

@@ -21,6 +21,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Cancel(a) => cancel(a).await,
         Command::Retry(a) => retry(a).await,
         Command::Validate { file } => Ok(validate(&file)),
+        Command::Artifact { command: ArtifactCommand::Get { run, job, name, output, conn } } => {
+            artifact_get(&conn, &run, &job, &name, &output).await
+        }
         Command::Bench(a) => crate::bench::run(a).await,
     };
     match res {
@@ -45,36 +48,25 @@ impl From<ApiError> for Failure {
             None => "\nhint: is the server running? set KILN_SERVER (or --server)",
             _ => "",
         };
-        Failure {
-            message: format!("{e}{hint}"),
-            code: e.exit_code(),
-        }
+        Failure { message: format!("{e}{hint}"), code: e.exit_code() }
     }
 }
 
 impl From<anyhow::Error> for Failure {
     fn from(e: anyhow::Error) -> Self {
-        Failure {
-            message: format!("{e:#}"),
-            code: exit::UNAVAILABLE,
-        }
+        Failure { message: format!("{e:#}"), code: exit::UNAVAILABLE }
     }
 }
 
 fn usage(message: impl Into<String>) -> Failure {
-    Failure {
-        message: message.into(),
-        code: exit::USAGE,
-    }
+    Failure { message: message.into(), code: exit::USAGE }
 }
 
 type CmdResult = Result<i32, Failure>;
 
 fn client(conn: &Conn) -> Result<Client, Failure> {
     let token = conn.token.clone().ok_or_else(|| {
-        usage(
-            "no API token: set KILN_TOKEN or pass --token (the server writes DATA_DIR/admin.token)",
-        )
+        usage("no API token: set KILN_TOKEN or pass --token (the server writes DATA_DIR/admin.token)")
     })?;
     Ok(Client::new(&conn.server, &token))
 }
@@ -95,6 +87,7 @@ fn agent_config(
         work_dir,
         max_jobs,
         executor: kiln_agent::ExecutorKind::Host,
+        upload_rate_limit: None,
     }
 }
 
@@ -106,8 +99,7 @@ fn default_labels() -> BTreeMap<String, String> {
 }
 
 async fn ctrl_c() {
-    let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -121,11 +113,7 @@ pub async fn start_embedded(
     listen: &str,
     agents: u32,
     lease_ttl: Duration,
-) -> anyhow::Result<(
-    kiln_server::ServerHandle,
-    tokio::sync::watch::Sender<bool>,
-    Vec<tokio::task::JoinHandle<()>>,
-)> {
+) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
     let mut config = kiln_server::ServerConfig::new(data_dir.to_path_buf(), listen.to_string());
     config.lease_ttl = lease_ttl;
     let handle = kiln_server::start(config).await?;
@@ -151,14 +139,9 @@ pub async fn start_embedded(
 }
 
 async fn up(a: UpArgs) -> CmdResult {
-    let (handle, stop, tasks) =
-        start_embedded(&a.data_dir, &a.listen, a.agents, a.lease_ttl).await?;
+    let (handle, stop, tasks) = start_embedded(&a.data_dir, &a.listen, a.agents, a.lease_ttl).await?;
     let url = handle.url();
-    println!(
-        "Kiln is up: server {url}, {} local agent(s), data in {}",
-        a.agents,
-        a.data_dir.display()
-    );
+    println!("Kiln is up: server {url}, {} local agent(s), data in {}", a.agents, a.data_dir.display());
     println!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
     println!("web UI: {url}/");
     let _ = std::io::stdout().flush();
@@ -181,19 +164,16 @@ async fn server(a: ServerArgs) -> CmdResult {
         )));
     }
     if a.object_store.is_some() {
-        return Err(usage(
-            "--object-store: only the embedded local-disk object store is supported in this version",
-        ));
+        return Err(usage("--object-store: only the embedded local-disk object store is supported in this version"));
     }
     let mut config = kiln_server::ServerConfig::new(a.data_dir.clone(), a.listen.clone());
     config.lease_ttl = a.lease_ttl;
     config.loss_grace = a.loss_grace;
+    config.gc_grace = a.artifact_gc_grace;
+    config.gc_interval = a.gc_interval;
+    config.retry_base = a.retry_base;
     let handle = kiln_server::start(config).await?;
-    println!(
-        "kiln server listening on {} (tokens in {})",
-        handle.url(),
-        a.data_dir.display()
-    );
+    println!("kiln server listening on {} (tokens in {})", handle.url(), a.data_dir.display());
     let _ = std::io::stdout().flush();
     ctrl_c().await;
     handle.shutdown().await?;
@@ -202,31 +182,18 @@ async fn server(a: ServerArgs) -> CmdResult {
 
 async fn agent(a: AgentArgs) -> CmdResult {
     if a.executor != "host" {
-        return Err(usage(format!(
-            "--executor {}: only `host` is supported in this version",
-            a.executor
-        )));
+        return Err(usage(format!("--executor {}: only `host` is supported in this version", a.executor)));
     }
     let mut labels = default_labels();
     for l in &a.labels {
-        let (k, v) = l
-            .split_once('=')
-            .ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
+        let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
         labels.insert(k.trim().into(), v.trim().into());
     }
     let name = a.name.clone().unwrap_or_else(|| {
-        std::fs::read_to_string("/etc/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "agent".into())
+        std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "agent".into())
     });
-    let cfg = agent_config(
-        a.server,
-        a.token,
-        name,
-        labels,
-        a.work_dir,
-        a.max_jobs.max(1),
-    );
+    let mut cfg = agent_config(a.server, a.token, name, labels, a.work_dir, a.max_jobs.max(1));
+    cfg.upload_rate_limit = a.upload_rate_limit;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run(cfg, rx));
     tokio::pin!(task);
@@ -242,21 +209,10 @@ async fn agent(a: AgentArgs) -> CmdResult {
 
 async fn repo(cmd: RepoCommand) -> CmdResult {
     match cmd {
-        RepoCommand::Add {
-            name,
-            url,
-            webhook_secret,
-            conn,
-        } => {
+        RepoCommand::Add { name, url, webhook_secret, conn } => {
             let c = client(&conn)?;
             let url = absolutize(&url);
-            let r = c
-                .create_repo(&kiln_api::CreateRepo {
-                    name,
-                    clone_url: url,
-                    webhook_secret,
-                })
-                .await?;
+            let r = c.create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret }).await?;
             println!("registered repository {} ({})", r.name, r.clone_url);
         }
         RepoCommand::List { conn } => {
@@ -274,18 +230,14 @@ fn absolutize(url: &str) -> String {
     if url.contains("://") || url.contains('@') {
         return url.to_string();
     }
-    std::fs::canonicalize(url)
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| url.to_string())
+    std::fs::canonicalize(url).map(|p| p.display().to_string()).unwrap_or_else(|_| url.to_string())
 }
 
 async fn run_cmd(a: RunArgs) -> CmdResult {
     let c = client(&a.conn)?;
     let mut inputs = BTreeMap::new();
     for i in &a.inputs {
-        let (k, v) = i
-            .split_once('=')
-            .ok_or_else(|| usage(format!("--input `{i}` must be K=V")))?;
+        let (k, v) = i.split_once('=').ok_or_else(|| usage(format!("--input `{i}` must be K=V")))?;
         inputs.insert(k.to_string(), v.to_string());
     }
     let body = kiln_api::SubmitRun {
@@ -294,9 +246,7 @@ async fn run_cmd(a: RunArgs) -> CmdResult {
         inputs,
         event: None,
     };
-    let resp = c
-        .submit_run(&a.repo, &body, a.idempotency_key.as_deref())
-        .await?;
+    let resp = c.submit_run(&a.repo, &body, a.idempotency_key.as_deref()).await?;
     if !a.follow {
         if a.json {
             let run = c.get_run(&resp.run_id).await?;
@@ -308,38 +258,21 @@ async fn run_cmd(a: RunArgs) -> CmdResult {
     }
     eprintln!("run {} accepted", resp.run_id);
     // With --json, stdout carries only the final run object; logs go to stderr.
-    follow_run(
-        &c,
-        &resp.run_id,
-        None,
-        if a.json { Sink::Stderr } else { Sink::Stdout },
-    )
-    .await?;
+    follow_run(&c, &resp.run_id, None, if a.json { Sink::Stderr } else { Sink::Stdout }).await?;
     let run = c.get_run(&resp.run_id).await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&run).expect("json"));
     } else {
         print_summary(&run);
     }
-    Ok(if run.status == "success" {
-        exit::OK
-    } else {
-        exit::RUN_FAILED
-    })
+    Ok(if run.status == "success" { exit::OK } else { exit::RUN_FAILED })
 }
 
 fn print_summary(run: &kiln_api::Run) {
     eprintln!("run {} {}", run.id, run.status);
     for j in &run.jobs {
-        let msg = j
-            .message
-            .as_deref()
-            .map(|m| format!(" ({m})"))
-            .unwrap_or_default();
-        eprintln!(
-            "  {:<24} {:<10} epoch {}{msg}",
-            j.name, j.status, j.current_epoch
-        );
+        let msg = j.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
+        eprintln!("  {:<24} {:<10} epoch {}{msg}", j.name, j.status, j.current_epoch);
     }
 }
 
@@ -354,22 +287,14 @@ impl Sink {
     fn write(self, bytes: &[u8]) {
         // Raw bytes: the terminal decodes UTF-8 across chunk boundaries.
         let _ = match self {
-            Sink::Stdout => std::io::stdout()
-                .lock()
-                .write_all(bytes)
-                .and_then(|_| std::io::stdout().flush()),
+            Sink::Stdout => std::io::stdout().lock().write_all(bytes).and_then(|_| std::io::stdout().flush()),
             Sink::Stderr => std::io::stderr().lock().write_all(bytes),
         };
     }
 }
 
 /// Stream logs of the run's jobs in order until each ends.
-async fn follow_run(
-    c: &Client,
-    run_id: &str,
-    only: Option<&str>,
-    sink: Sink,
-) -> Result<(), Failure> {
+async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, sink: Sink) -> Result<(), Failure> {
     let run = c.get_run(run_id).await?;
     let jobs: Vec<_> = run
         .jobs
@@ -378,10 +303,7 @@ async fn follow_run(
         .map(|j| (j.id.clone(), j.name.clone()))
         .collect();
     if jobs.is_empty() {
-        return Err(usage(format!(
-            "run {run_id} has no job `{}`",
-            only.unwrap_or("")
-        )));
+        return Err(usage(format!("run {run_id} has no job `{}`", only.unwrap_or(""))));
     }
     for (id, name) in jobs {
         sink.write(format!("── {name} ──\n").as_bytes());
@@ -439,10 +361,7 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(
         }
         failures += 1;
         if failures > 30 {
-            return Err(Failure {
-                message: "log stream kept dropping".into(),
-                code: exit::UNAVAILABLE,
-            });
+            return Err(Failure { message: "log stream kept dropping".into(), code: exit::UNAVAILABLE });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -455,21 +374,11 @@ async fn status(a: StatusArgs) -> CmdResult {
         println!("{}", serde_json::to_string_pretty(&run).expect("json"));
     } else {
         println!("run {}  {}", run.id, run.status);
-        println!(
-            "repo {}  commit {}  workflow {}",
-            run.repo, run.commit_sha, run.workflow_path
-        );
+        println!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path);
         for j in &run.jobs {
             let runner = j.attempts.last().map(|a| a.runner.as_str()).unwrap_or("-");
-            let msg = j
-                .message
-                .as_deref()
-                .map(|m| format!("  {m}"))
-                .unwrap_or_default();
-            println!(
-                "  {:<24} {:<10} epoch {:<3} {runner}{msg}",
-                j.name, j.status, j.current_epoch
-            );
+            let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
+            println!("  {:<24} {:<10} epoch {:<3} {runner}{msg}", j.name, j.status, j.current_epoch);
         }
     }
     Ok(exit::OK)
@@ -482,16 +391,9 @@ async fn logs(a: LogsArgs) -> CmdResult {
         return Ok(exit::OK);
     }
     let run = c.get_run(&a.run).await?;
-    for j in run
-        .jobs
-        .iter()
-        .filter(|j| a.job.as_deref().is_none_or(|o| j.name == o || j.id == o))
-    {
+    for j in run.jobs.iter().filter(|j| a.job.as_deref().is_none_or(|o| j.name == o || j.id == o)) {
         println!("── {} ──", j.name);
-        let terminal = matches!(
-            j.status.as_str(),
-            "success" | "failed" | "cancelled" | "skipped"
-        );
+        let terminal = matches!(j.status.as_str(), "success" | "failed" | "cancelled" | "skipped");
         stream_job(&c, &j.id, Sink::Stdout, terminal).await?;
     }
     Ok(exit::OK)
@@ -537,34 +439,79 @@ fn validate(file: &Path) -> i32 {
         return exit::USAGE;
     }
     let Ok(text) = String::from_utf8(bytes) else {
-        eprintln!(
-            "{}:0:0: the workflow file is not valid UTF-8",
-            file.display()
-        );
+        eprintln!("{}:0:0: the workflow file is not valid UTF-8", file.display());
         return exit::USAGE;
     };
     match kiln_workflow::parse(&text) {
         Ok(w) => {
-            println!(
-                "{}: valid ({} jobs, definition sha256 {})",
-                file.display(),
-                w.jobs.len(),
-                w.canonical_hash()
-            );
+            println!("{}: valid ({} jobs, definition sha256 {})", file.display(), w.jobs.len(), w.canonical_hash());
             exit::OK
         }
         Err(d) => {
             for diag in &d.0 {
-                eprintln!(
-                    "{}:{}:{}: {}",
-                    file.display(),
-                    diag.line,
-                    diag.column,
-                    diag.message
-                );
+                eprintln!("{}:{}:{}: {}", file.display(), diag.line, diag.column, diag.message);
             }
             eprintln!("{}: {} problem(s)", file.display(), d.0.len());
             exit::USAGE
         }
     }
+}
+
+/// `kiln artifact get`: resolve the bound generation, download it with its
+/// short-lived capability, verify size and sha256, then move it into place.
+async fn artifact_get(conn: &Conn, run: &str, job: &str, name: &str, output: &Path) -> CmdResult {
+    use sha2::{Digest, Sha256};
+    let c = client(conn)?;
+    let d = c.artifact(run, job, name).await?;
+    let resp = c.download(&d.url).await?;
+    let to_stdout = output.as_os_str() == "-";
+    let tmp = output.with_file_name(format!(
+        ".{}.kiln-partial",
+        output.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "artifact".into())
+    ));
+    let mut file = if to_stdout {
+        None
+    } else {
+        Some(std::fs::File::create(&tmp).map_err(|e| usage(format!("cannot write {}: {e}", tmp.display())))?)
+    };
+    let bar = indicatif::ProgressBar::new(d.size);
+    if to_stdout || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bytes}/{total_bytes} {wide_bar} {bytes_per_sec} eta {eta}")
+            .expect("template"),
+    );
+    let mut hasher = Sha256::new();
+    let mut n: u64 = 0;
+    let mut stream = resp.bytes_stream();
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| Failure { message: format!("download failed: {e}"), code: exit::UNAVAILABLE })?;
+        hasher.update(&chunk);
+        n += chunk.len() as u64;
+        match file.as_mut() {
+            Some(f) => f.write_all(&chunk).map_err(|e| usage(format!("cannot write {}: {e}", tmp.display())))?,
+            None => out.write_all(&chunk).map_err(|e| usage(format!("cannot write to stdout: {e}")))?,
+        }
+        bar.set_position(n);
+    }
+    bar.finish_and_clear();
+    let sha = hex::encode(hasher.finalize());
+    if n != d.size || sha != d.sha256 {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Failure {
+            message: format!(
+                "artifact {job}/{name} failed verification: expected {} bytes sha256 {}, got {n} bytes sha256 {sha}; nothing was written",
+                d.size, d.sha256
+            ),
+            code: exit::UNAVAILABLE,
+        });
+    }
+    if let Some(f) = file {
+        f.sync_all().map_err(|e| usage(e.to_string()))?;
+        std::fs::rename(&tmp, output).map_err(|e| usage(format!("cannot write {}: {e}", output.display())))?;
+        eprintln!("{job}/{name} (epoch {}): {n} bytes, sha256 {sha} -> {}", d.epoch, output.display());
+    }
+    Ok(exit::OK)
 }

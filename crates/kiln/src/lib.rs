@@ -14,19 +14,9 @@ use clap::Parser;
 pub fn main_entry() -> i32 {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if cli.command.is_daemon() {
-            "info,sqlx=warn"
-        } else {
-            "warn"
-        })
+        tracing_subscriber::EnvFilter::new(if cli.command.is_daemon() { "info,sqlx=warn" } else { "warn" })
     });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     rt.block_on(commands::run(cli))
 }

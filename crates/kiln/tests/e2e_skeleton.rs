@@ -22,25 +22,12 @@ fn two_job_repo() -> TestRepo {
 }
 
 fn add_repo(up: &KilnUp, name: &str, repo: &TestRepo) {
-    let out = up
-        .cli()
-        .args(["repo", "add", name, "--url"])
-        .arg(repo.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "repo add: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = up.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "repo add: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 async fn wait_run(c: &Client, run: &str) -> kiln_api::Run {
@@ -59,32 +46,15 @@ async fn two_job_run_follows_to_success() {
     let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
     let repo = two_job_repo();
     add_repo(&up, "demo", &repo);
-    let out = up
-        .cli()
-        .args(["run", "--repo", "demo", "--commit", "main", "--follow"])
-        .output()
-        .unwrap();
+    let out = up.cli().args(["run", "--repo", "demo", "--commit", "main", "--follow"]).output().unwrap();
     let all = text(&out);
     assert_eq!(out.status.code(), Some(0), "{all}\n{}", up.log());
     let head = repo.head().unwrap();
-    assert!(
-        all.contains(&format!("compiling compile at {head}")),
-        "{all}"
-    );
+    assert!(all.contains(&format!("compiling compile at {head}")), "{all}");
     assert!(all.contains("v1"), "{all}");
 
-    let run_id = all
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("run ")
-                .and_then(|r| r.strip_suffix(" accepted"))
-        })
-        .unwrap();
-    let st = up
-        .cli()
-        .args(["status", run_id, "--json"])
-        .output()
-        .unwrap();
+    let run_id = all.lines().find_map(|l| l.strip_prefix("run ").and_then(|r| r.strip_suffix(" accepted"))).unwrap();
+    let st = up.cli().args(["status", run_id, "--json"]).output().unwrap();
     assert!(st.status.success());
     let run: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
     assert_eq!(run["status"], "success");
@@ -117,11 +87,7 @@ async fn failing_step_fails_run_and_successor_never_starts() {
     )])
     .unwrap();
     add_repo(&up, "fails", &repo);
-    let out = up
-        .cli()
-        .args(["run", "--repo", "fails", "--follow", "--json"])
-        .output()
-        .unwrap();
+    let out = up.cli().args(["run", "--repo", "fails", "--follow", "--json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let logs = String::from_utf8_lossy(&out.stderr);
     assert!(logs.contains("first"), "{logs}");
@@ -132,11 +98,7 @@ async fn failing_step_fails_run_and_successor_never_starts() {
     assert_eq!(run["status"], "failed");
     assert_eq!(run["jobs"][0]["status"], "failed");
     assert_eq!(run["jobs"][0]["attempts"][0]["exit_code"], 3);
-    assert_eq!(
-        run["jobs"][0]["attempts"].as_array().unwrap().len(),
-        1,
-        "deterministic failures are not retried"
-    );
+    assert_eq!(run["jobs"][0]["attempts"].as_array().unwrap().len(), 1, "deterministic failures are not retried");
     assert_eq!(run["jobs"][1]["status"], "skipped");
     assert_eq!(run["jobs"][1]["attempts"].as_array().unwrap().len(), 0);
 
@@ -160,22 +122,13 @@ async fn idempotency_keys_and_authentication() {
     let repo = two_job_repo();
     add_repo(&up, "idem", &repo);
     let c = Client::new(&up.url, &up.token);
-    let body = SubmitRun {
-        commit_sha: "main".into(),
-        ..Default::default()
-    };
+    let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
     let a = c.submit_run("idem", &body, Some("key-1")).await.unwrap();
     let b = c.submit_run("idem", &body, Some("key-1")).await.unwrap();
     assert_eq!(a.run_id, b.run_id, "same key, same body: same run");
-    let other = SubmitRun {
-        commit_sha: "main".into(),
-        inputs: [("x".into(), "1".into())].into(),
-        ..Default::default()
-    };
-    let e = c
-        .submit_run("idem", &other, Some("key-1"))
-        .await
-        .unwrap_err();
+    let other =
+        SubmitRun { commit_sha: "main".into(), inputs: [("x".into(), "1".into())].into(), ..Default::default() };
+    let e = c.submit_run("idem", &other, Some("key-1")).await.unwrap_err();
     assert_eq!(e.status(), Some(409));
     assert_eq!(e.code(), Some("idempotency_key_reused"));
     let fresh = c.submit_run("idem", &body, Some("key-2")).await.unwrap();
@@ -192,64 +145,28 @@ async fn idempotency_keys_and_authentication() {
         ("GET", "/v1/repos/idem/workflow-runs".to_string()),
     ] {
         let m: reqwest::Method = method.parse().unwrap();
-        let r = http
-            .request(m.clone(), format!("{}{path}", up.url))
-            .send()
-            .await
-            .unwrap();
+        let r = http.request(m.clone(), format!("{}{path}", up.url)).send().await.unwrap();
         assert_eq!(r.status(), 401, "{method} {path} without token");
         let body: serde_json::Value = r.json().await.unwrap();
         assert_eq!(body["error"]["code"], "unauthorized");
-        let r = http
-            .request(m, format!("{}{path}", up.url))
-            .bearer_auth("wrong")
-            .send()
-            .await
-            .unwrap();
+        let r = http.request(m, format!("{}{path}", up.url)).bearer_auth("wrong").send().await.unwrap();
         assert_eq!(r.status(), 401, "{method} {path} with a wrong token");
     }
     // Scopes: the agent token cannot use the public API, the admin token cannot act as an agent.
     let agent_token = std::fs::read_to_string(up.data_dir().join("agent.token")).unwrap();
     let agent = Client::new(&up.url, agent_token.trim());
-    assert_eq!(
-        agent.get_run(&a.run_id).await.unwrap_err().status(),
-        Some(401)
-    );
-    let reg = kiln_api::RegisterAgent {
-        name: "x".into(),
-        labels: Default::default(),
-        max_jobs: 1,
-    };
-    assert_eq!(
-        c.register_agent(&reg).await.unwrap_err().status(),
-        Some(401)
-    );
+    assert_eq!(agent.get_run(&a.run_id).await.unwrap_err().status(), Some(401));
+    let reg = kiln_api::RegisterAgent { name: "x".into(), labels: Default::default(), max_jobs: 1 };
+    assert_eq!(c.register_agent(&reg).await.unwrap_err().status(), Some(401));
     // Token files are private to the server's user.
     use std::os::unix::fs::PermissionsExt;
     for f in ["admin.token", "agent.token"] {
-        let mode = std::fs::metadata(up.data_dir().join(f))
-            .unwrap()
-            .permissions()
-            .mode();
+        let mode = std::fs::metadata(up.data_dir().join(f)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "{f}");
     }
     // Health endpoints need no token.
-    assert_eq!(
-        http.get(format!("{}/healthz", up.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        http.get(format!("{}/readyz", up.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(http.get(format!("{}/healthz", up.url)).send().await.unwrap().status(), 200);
+    assert_eq!(http.get(format!("{}/readyz", up.url)).send().await.unwrap().status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -257,62 +174,26 @@ async fn missing_or_invalid_workflows_are_refused_and_nothing_is_stored() {
     let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
     let repo = TestRepo::new(&[
         ("README", "no workflow here\n"),
-        (
-            ".kiln/broken.yaml",
-            "version: 1\njobs:\n  - name: a\n    steps: [echo]\n  - name: a\n    steps: {x: 1}\n",
-        ),
+        (".kiln/broken.yaml", "version: 1\njobs:\n  - name: a\n    steps: [echo]\n  - name: a\n    steps: {x: 1}\n"),
     ])
     .unwrap();
     add_repo(&up, "bad", &repo);
     let c = Client::new(&up.url, &up.token);
 
-    let e = c
-        .submit_run(
-            "bad",
-            &SubmitRun {
-                commit_sha: "main".into(),
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap_err();
+    let e =
+        c.submit_run("bad", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap_err();
     assert_eq!(e.status(), Some(422), "{e}");
     assert!(e.to_string().contains(".kiln/pipeline.yaml"), "{e}");
 
-    let body = SubmitRun {
-        commit_sha: "main".into(),
-        workflow_path: Some(".kiln/broken.yaml".into()),
-        ..Default::default()
-    };
+    let body =
+        SubmitRun { commit_sha: "main".into(), workflow_path: Some(".kiln/broken.yaml".into()), ..Default::default() };
     let e = c.submit_run("bad", &body, Some("k")).await.unwrap_err();
     assert_eq!(e.status(), Some(422));
-    assert!(
-        e.to_string().contains("5:"),
-        "diagnostics name the line: {e}"
-    );
+    assert!(e.to_string().contains("5:"), "diagnostics name the line: {e}");
 
-    let e = c
-        .submit_run(
-            "bad",
-            &SubmitRun {
-                commit_sha: "no-such-branch".into(),
-                ..Default::default()
-            },
-            None,
-        )
-        .await;
+    let e = c.submit_run("bad", &SubmitRun { commit_sha: "no-such-branch".into(), ..Default::default() }, None).await;
     assert_eq!(e.unwrap_err().status(), Some(422));
-    let e = c
-        .submit_run(
-            "nope",
-            &SubmitRun {
-                commit_sha: "main".into(),
-                ..Default::default()
-            },
-            None,
-        )
-        .await;
+    let e = c.submit_run("nope", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await;
     assert_eq!(e.unwrap_err().status(), Some(404));
     // Malformed JSON is a clear 400.
     let r = reqwest::Client::new()
@@ -324,23 +205,10 @@ async fn missing_or_invalid_workflows_are_refused_and_nothing_is_stored() {
         .unwrap();
     assert_eq!(r.status(), 400);
 
-    assert!(
-        c.list_runs("bad", None, None)
-            .await
-            .unwrap()
-            .runs
-            .is_empty(),
-        "nothing stored"
-    );
+    assert!(c.list_runs("bad", None, None).await.unwrap().runs.is_empty(), "nothing stored");
     // The refused idempotency key was not consumed.
     let fixed = repo
-        .commit(
-            &[(
-                ".kiln/broken.yaml",
-                "version: 1\njobs:\n  - name: a\n    steps: [\"true\"]\n",
-            )],
-            "fix",
-        )
+        .commit(&[(".kiln/broken.yaml", "version: 1\njobs:\n  - name: a\n    steps: [\"true\"]\n")], "fix")
         .unwrap();
     let ok = c.submit_run("bad", &body, Some("k")).await.unwrap();
     let run = wait_run(&c, &ok.run_id).await;
@@ -357,28 +225,13 @@ async fn run_is_frozen_at_acceptance() {
         "version: 1\njobs:\n  - name: wait\n    steps:\n      - while [ ! -e {} ]; do sleep 0.05; done\n  - name: read\n    steps:\n      - cat version.txt\n",
         gate_file.display()
     );
-    let repo = TestRepo::new(&[
-        (".kiln/pipeline.yaml", &wf),
-        ("version.txt", "first-version\n"),
-    ])
-    .unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf), ("version.txt", "first-version\n")]).unwrap();
     let first = repo.head().unwrap();
     add_repo(&up, "frozen", &repo);
     let c = Client::new(&up.url, &up.token);
-    let r = c
-        .submit_run(
-            "frozen",
-            &SubmitRun {
-                commit_sha: "main".into(),
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap();
+    let r = c.submit_run("frozen", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     // The branch moves while the run is in flight.
-    repo.commit(&[("version.txt", "second-version\n")], "move main")
-        .unwrap();
+    repo.commit(&[("version.txt", "second-version\n")], "move main").unwrap();
     std::fs::write(&gate_file, "").unwrap();
     let run = wait_run(&c, &r.run_id).await;
     assert_eq!(run.status, "success");
@@ -401,21 +254,9 @@ async fn cancel_stops_a_running_job_and_the_run_ends_cancelled() {
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
     add_repo(&up, "cancel", &repo);
     let c = Client::new(&up.url, &up.token);
-    let r = c
-        .submit_run(
-            "cancel",
-            &SubmitRun {
-                commit_sha: "main".into(),
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap();
-    let pid: i32 = wait_for(Duration::from_secs(30), || {
-        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
-    })
-    .expect("step started");
+    let r = c.submit_run("cancel", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let pid: i32 = wait_for(Duration::from_secs(30), || std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok())
+        .expect("step started");
     let out = up.cli().args(["cancel", &r.run_id]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let run = wait_run(&c, &r.run_id).await;
@@ -424,13 +265,9 @@ async fn cancel_stops_a_running_job_and_the_run_ends_cancelled() {
     assert_eq!(run.jobs[0].attempts[0].outcome, "cancelled");
     assert_eq!(run.jobs[1].status, "cancelled");
     assert!(run.jobs[1].attempts.is_empty());
-    let gone = wait_for(Duration::from_secs(20), || {
-        (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
-    });
-    assert!(
-        gone.is_some(),
-        "the step process {pid} survived cancellation"
-    );
+    let gone =
+        wait_for(Duration::from_secs(20), || (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
+    assert!(gone.is_some(), "the step process {pid} survived cancellation");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -444,17 +281,7 @@ async fn sse_log_events_resume_from_last_event_id() {
     .unwrap();
     add_repo(&up, "loud", &repo);
     let c = Client::new(&up.url, &up.token);
-    let r = c
-        .submit_run(
-            "loud",
-            &SubmitRun {
-                commit_sha: "main".into(),
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap();
+    let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let run = wait_run(&c, &r.run_id).await;
     assert_eq!(run.status, "success");
     let job = &run.jobs[0].id;
@@ -469,11 +296,7 @@ async fn sse_log_events_resume_from_last_event_id() {
     };
     let all = collect(None).await;
     let chunks: Vec<_> = all.iter().filter(|e| e.event == "chunk").collect();
-    assert!(
-        chunks.len() >= 4,
-        "several chunks expected, got {}",
-        chunks.len()
-    );
+    assert!(chunks.len() >= 4, "several chunks expected, got {}", chunks.len());
     assert_eq!(all.last().unwrap().event, "end");
     // Reassemble stdout: exactly `seq 1 60000`.
     use base64::Engine;
@@ -482,22 +305,14 @@ async fn sse_log_events_resume_from_last_event_id() {
         let le: kiln_api::LogEvent = serde_json::from_str(&e.data).unwrap();
         if le.stream == "stdout" {
             assert_eq!(le.offset as usize, stdout.len(), "contiguous offsets");
-            stdout.extend(
-                base64::engine::general_purpose::STANDARD
-                    .decode(le.data)
-                    .unwrap(),
-            );
+            stdout.extend(base64::engine::general_purpose::STANDARD.decode(le.data).unwrap());
         }
     }
     let expected: String = (1..=60000).map(|i| format!("{i}\n")).collect();
     assert_eq!(String::from_utf8(stdout).unwrap(), expected);
     // Reconnecting after the second event replays exactly the rest.
     let resumed = collect(Some(chunks[1].id.clone())).await;
-    let ids: Vec<_> = resumed
-        .iter()
-        .filter(|e| e.event == "chunk")
-        .map(|e| e.id.clone())
-        .collect();
+    let ids: Vec<_> = resumed.iter().filter(|e| e.event == "chunk").map(|e| e.id.clone()).collect();
     let want: Vec<_> = chunks[2..].iter().map(|e| e.id.clone()).collect();
     assert_eq!(ids, want);
 }
@@ -506,31 +321,20 @@ async fn sse_log_events_resume_from_last_event_id() {
 fn validate_reports_every_problem_with_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.yaml");
-    std::fs::write(
-        &good,
-        include_str!("../../kiln-workflow/tests/fixtures/valid/spec-example.yaml"),
-    )
-    .unwrap();
-    let out = std::process::Command::new(BIN)
-        .arg("validate")
-        .arg(&good)
-        .output()
-        .unwrap();
+    std::fs::write(&good, include_str!("../../kiln-workflow/tests/fixtures/valid/spec-example.yaml")).unwrap();
+    let out = std::process::Command::new(BIN).arg("validate").arg(&good).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, "version: 1\njobs:\n  - name: a\n    steps: [x]\n    needs: [later]\n  - name: later\n    step: [y]\n").unwrap();
-    let out = std::process::Command::new(BIN)
-        .arg("validate")
-        .arg(&bad)
-        .output()
-        .unwrap();
+    std::fs::write(
+        &bad,
+        "version: 1\njobs:\n  - name: a\n    steps: [x]\n    needs: [later]\n  - name: later\n    step: [y]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN).arg("validate").arg(&bad).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     let prefix = format!("{}:", bad.display());
-    let diag_lines: Vec<_> = err
-        .lines()
-        .filter(|l| l.starts_with(&prefix) && !l.ends_with("problem(s)"))
-        .collect();
+    let diag_lines: Vec<_> = err.lines().filter(|l| l.starts_with(&prefix) && !l.ends_with("problem(s)")).collect();
     assert!(diag_lines.len() >= 2, "{err}");
     for l in diag_lines {
         let rest = &l[prefix.len()..];

@@ -1,0 +1,222 @@
+//! Durable ownership end to end (spec 000 §7–§9, §12, §15) with real `kiln
+//! server` and `kiln agent` processes that are SIGSTOPped, SIGCONTed and
+//! SIGKILLed, real git, real files.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnServer, TestRepo, wait_for};
+use std::path::Path;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+async fn wait_run(c: &Client, run: &str, secs: u64) -> kiln_api::Run {
+    for _ in 0..secs * 20 {
+        let r = c.get_run(run).await.unwrap();
+        if matches!(r.status.as_str(), "success" | "failed" | "cancelled") {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("run {run} did not finish: {:#?}", c.get_run(run).await.unwrap());
+}
+
+async fn wait_job<F: Fn(&kiln_api::Job) -> bool>(c: &Client, run: &str, job: usize, f: F) -> kiln_api::Run {
+    for _ in 0..1200 {
+        let r = c.get_run(run).await.unwrap();
+        if f(&r.jobs[job]) {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("job {job} of run {run} never reached the expected state: {:#?}", c.get_run(run).await.unwrap());
+}
+
+fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
+    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Bytes of any staged (not yet sealed) upload of `run`'s `job` at `epoch`.
+fn staged_bytes(data: &Path, run: &str, job: &str, epoch: i64) -> u64 {
+    let dir = data.join("objects/staging/artifacts").join(run).join(job).join(epoch.to_string());
+    std::fs::read_dir(dir).map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0)
+}
+
+fn files_under(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum())
+        .unwrap_or(0)
+}
+
+/// The spec's opening scenario: the runner vanishes mid-upload, a replacement
+/// finishes, the original comes back and reports — and is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
+    let server = KilnServer::start(
+        BIN.as_ref(),
+        &["--lease-ttl", "3s", "--artifact-gc-grace", "1s", "--gc-interval", "300ms", "--retry-base", "100ms"],
+    )
+    .unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        r#"version: 1
+jobs:
+  - name: compile
+    steps:
+      - mkdir -p target && head -c 200000000 /dev/urandom > target/app.jar && sha256sum target/app.jar
+    artifacts:
+      publish:
+        - name: app
+          path: target/app.jar
+  - name: integration-test
+    artifacts:
+      restore:
+        - from_job: compile
+          name: app
+          path: inputs/app.jar
+    steps:
+      - echo "consumed $(sha256sum < inputs/app.jar | cut -d' ' -f1)"
+"#,
+    )])
+    .unwrap();
+    add_repo(&server, "vanish", &repo);
+    let c = Client::new(&server.url, &server.token);
+
+    // Agent A uploads slowly; it gets epoch 1.
+    let a = server.agent("agent-a", &["--upload-rate-limit", "20000000"]).unwrap();
+    let run =
+        c.submit_run("vanish", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = wait_job(&c, &run.run_id, 0, |j| j.current_epoch == 1).await;
+    let compile = r.jobs[0].id.clone();
+    let data = server.data_dir();
+    let midway =
+        wait_for(Duration::from_secs(120), || (staged_bytes(&data, &run.run_id, &compile, 1) > 0).then_some(()));
+    assert!(midway.is_some(), "agent A never started uploading; agent log:\n{}", a.log());
+
+    // A vanishes mid-upload (paused: its connection stays up, so the TTL decides).
+    a.signal("STOP");
+    let r = wait_job(&c, &run.run_id, 0, |j| j.attempts.first().is_some_and(|at| at.outcome == "lost")).await;
+    assert_eq!(r.jobs[0].status, "ready", "fenced before a replacement is authorized");
+
+    // B claims epoch 2 and finishes the whole run.
+    let b = server.agent("agent-b", &[]).unwrap();
+    let done = wait_run(&c, &run.run_id, 300).await;
+    assert_eq!(done.status, "success", "{done:#?}\nserver:\n{}\nB:\n{}", server.log(), b.log());
+
+    // A comes back and reports: every call of epoch 1 is refused.
+    a.signal("CONT");
+    let agent_api = Client::new(&server.url, &server.agent_token);
+    let hb = agent_api.heartbeat(&compile, 1).await.unwrap_err();
+    assert!(hb.is_stale_epoch(), "{hb}");
+    let completion =
+        kiln_api::Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false };
+    assert!(agent_api.complete(&compile, 1, &completion).await.unwrap_err().is_stale_epoch());
+    let chunk = kiln_api::LogChunk {
+        stream: "stdout".into(),
+        seq: 999,
+        offset: 1 << 30,
+        data: String::new(),
+        sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
+    };
+    assert!(agent_api.append_log(&compile, 1, &chunk).await.unwrap_err().is_stale_epoch());
+    let up = kiln_api::CreateUpload { name: "app".into(), size: 1, sha256: "0".repeat(64) };
+    assert!(agent_api.create_upload(&compile, 1, &up).await.unwrap_err().is_stale_epoch());
+
+    let after = wait_for(Duration::from_secs(30), || a.log().contains("fenced").then_some(()));
+    assert!(after.is_some(), "agent A should notice it was fenced:\n{}", a.log());
+
+    // GET run: epoch 1 lost, epoch 2 success, the artifact bound to epoch 2.
+    let r = c.get_run(&run.run_id).await.unwrap();
+    let job = &r.jobs[0];
+    assert_eq!(job.status, "success");
+    assert_eq!(job.current_epoch, 2);
+    let outcomes: Vec<_> = job.attempts.iter().map(|a| (a.epoch, a.outcome.as_str(), a.runner.as_str())).collect();
+    assert_eq!(outcomes, vec![(1, "lost", "agent-a"), (2, "success", "agent-b")]);
+    assert_eq!(job.artifacts.len(), 1);
+    let art = &job.artifacts[0];
+    assert_eq!((art.name.as_str(), art.epoch, art.size), ("app", 2, 200_000_000));
+
+    // integration-test consumed exactly epoch 2's bytes.
+    let logs = server.cli().args(["logs", &run.run_id, "integration-test"]).output().unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains(&format!("consumed {}", art.sha256)), "{logs}");
+    // ...which are what `kiln artifact get` returns too.
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("app.jar");
+    let g = server.cli().args(["artifact", "get", &run.run_id, "compile", "app", "-o"]).arg(&dest).output().unwrap();
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    let sha = std::process::Command::new("sha256sum").arg(&dest).output().unwrap();
+    assert!(String::from_utf8_lossy(&sha.stdout).starts_with(&art.sha256));
+
+    // Epoch 1's staged bytes are unbound and collected.
+    let gone = wait_for(Duration::from_secs(30), || {
+        (staged_bytes(&data, &run.run_id, &compile, 1) == 0
+            && files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("1")) == 0)
+            .then_some(())
+    });
+    assert!(gone.is_some(), "epoch 1's bytes were not collected");
+    assert!(files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("2")) == 1);
+    drop(b);
+}
+
+/// SIGKILL of an agent mid-step: its connection drops, the server shortens
+/// its leases to the loss grace, another agent takes epoch 2 — long before the
+/// 30 s TTL — and no process of the killed step survives.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
+    let server = KilnServer::start(BIN.as_ref(), &["--lease-ttl", "30s", "--retry-base", "100ms"]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let pids = tmp.path().join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let wf = format!(
+        "version: 1\njobs:\n  - name: work\n    steps:\n      - if [ \"$KILN_EPOCH\" = 1 ]; then sleep 600 & echo $! > {p}/child; echo $$ > {p}/shell; wait; fi; echo done-$KILN_EPOCH\n",
+        p = pids.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    add_repo(&server, "kill", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let a = server.agent("victim", &[]).unwrap();
+    let run = c.submit_run("kill", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let read_pid = |f: &str| -> Option<i32> { std::fs::read_to_string(pids.join(f)).ok()?.trim().parse().ok() };
+    let shell = wait_for(Duration::from_secs(60), || read_pid("shell")).expect("step started");
+    let child = read_pid("child").unwrap();
+
+    a.signal("KILL");
+    let b = server.agent("rescuer", &[]).unwrap();
+    let done = wait_run(&c, &run.run_id, 25).await;
+    assert_eq!(done.status, "success", "{done:#?}\n{}", server.log());
+    let attempts: Vec<_> = done.jobs[0].attempts.iter().map(|a| (a.outcome.as_str(), a.runner.as_str())).collect();
+    assert_eq!(attempts, vec![("lost", "victim"), ("success", "rescuer")]);
+    for pid in [shell, child] {
+        let gone = wait_for(Duration::from_secs(10), || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
+        assert!(gone.is_some(), "process {pid} of the killed agent's step survived");
+    }
+    drop(b);
+}
+
+/// A declared output that the steps never produced fails the job explicitly;
+/// nothing is substituted and the successor never runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_required_artifact_fails_the_job() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: compile\n    steps: [\"echo compiled nothing\"]\n    artifacts:\n      publish:\n        - {name: app, path: target/app.jar}\n  - name: test\n    artifacts:\n      restore:\n        - {from_job: compile, name: app, path: app.jar}\n    steps: [\"echo should-not-run\"]\n",
+    )])
+    .unwrap();
+    add_repo(&server, "missing", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _a = server.agent("a", &[]).unwrap();
+    let run =
+        c.submit_run("missing", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = wait_run(&c, &run.run_id, 60).await;
+    assert_eq!(r.status, "failed");
+    assert_eq!(r.jobs[0].status, "failed");
+    let msg = r.jobs[0].message.clone().unwrap_or_default();
+    assert!(msg.contains("app"), "the failure names the artifact: {msg}");
+    assert!(r.jobs[0].artifacts.is_empty());
+    assert_eq!(r.jobs[1].status, "skipped");
+    assert!(r.jobs[1].attempts.is_empty());
+    let e = c.artifact(&run.run_id, "compile", "app").await.unwrap_err();
+    assert_eq!(e.status(), Some(404));
+}
