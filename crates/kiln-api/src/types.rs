@@ -362,4 +362,14 @@ pub struct ArtifactDownload {
 /// held open for the agent's lifetime; the server sends a `ping` event every
 /// second. When the connection drops, the server shortens the session's
 /// leases to the loss grace (fast loss detection).
+/// It also sends a `cancel` event ([`CancelNotice`]) when a run with an
+/// attempt of this session is cancelled: stop that sandbox now and complete
+/// with `cancelled` (the heartbeat's `cancel_requested` remains the fallback).
 pub const SESSION_PING_MS: u64 = 1000;
+
+/// Payload of a session stream `cancel` event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CancelNotice {
+    pub job_id: String,
+    pub epoch: i64,
+}

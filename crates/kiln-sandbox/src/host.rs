@@ -59,17 +59,8 @@ pub struct HostConfig {
 impl HostConfig {
     /// Defaults: the agent's `PATH` (or [`DEFAULT_PATH`]) and [`DEFAULT_KILL_GRACE`].
     pub fn new(workspace: PathBuf, attempt_dir: PathBuf, state_dir: PathBuf) -> Self {
-        let path = std::env::var("PATH")
-            .ok()
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| DEFAULT_PATH.to_string());
-        HostConfig {
-            workspace,
-            attempt_dir,
-            state_dir,
-            path,
-            kill_grace: DEFAULT_KILL_GRACE,
-        }
+        let path = std::env::var("PATH").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| DEFAULT_PATH.to_string());
+        HostConfig { workspace, attempt_dir, state_dir, path, kill_grace: DEFAULT_KILL_GRACE }
     }
 
     fn home(&self) -> PathBuf {
@@ -103,10 +94,7 @@ struct Running {
 
 impl HostExecutor {
     pub fn new(cfg: HostConfig) -> Self {
-        HostExecutor {
-            cfg,
-            inner: Arc::default(),
-        }
+        HostExecutor { cfg, inner: Arc::default() }
     }
 
     fn start(&self, step: &StepRequest) -> Result<StepHandle, SandboxError> {
@@ -117,7 +105,17 @@ impl HostExecutor {
         if inner.running.is_some() {
             return Err(SandboxError::Busy);
         }
-        let mut cmd = Command::new("/bin/sh");
+        let mut cmd = match pid_namespace_launcher() {
+            // A PID namespace whose init dies with the agent: the kernel then
+            // kills every process of the step, including double-forked
+            // daemons that left the process group.
+            Some(unshare) => {
+                let mut c = Command::new(unshare);
+                c.args(["--pid", "--kill-child=SIGKILL", "--", "/bin/sh"]);
+                c
+            }
+            None => Command::new("/bin/sh"),
+        };
         cmd.arg("-e")
             .arg("-c")
             .arg(&step.command)
@@ -134,10 +132,7 @@ impl HostExecutor {
             .stderr(Stdio::piped())
             .kill_on_drop(false);
         isolate_process_tree(&mut cmd);
-        let spawn_err = |source| SandboxError::Spawn {
-            step: step.name.clone(),
-            source,
-        };
+        let spawn_err = |source| SandboxError::Spawn { step: step.name.clone(), source };
         let mut child = cmd.spawn().map_err(spawn_err)?;
         // setsid made the shell the leader: its pid is the group's id.
         let pgid = child.id().expect("a just-spawned child has a pid") as i32;
@@ -150,11 +145,7 @@ impl HostExecutor {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let (done_tx, done_rx) = watch::channel(false);
         let killing = Arc::new(AtomicBool::new(false));
-        inner.running = Some(Running {
-            pgid,
-            killing: killing.clone(),
-            done: done_rx,
-        });
+        inner.running = Some(Running { pgid, killing: killing.clone(), done: done_rx });
         drop(inner);
 
         let readers = [
@@ -231,11 +222,7 @@ async fn wait_gone(pgid: i32) {
 
 /// Reads a pipe to its end. If the consumer went away, keep reading and
 /// discard, so the step never blocks on a full pipe.
-async fn drain<R: tokio::io::AsyncRead + Unpin>(
-    mut pipe: R,
-    stream: OutputStream,
-    tx: mpsc::Sender<StepEvent>,
-) {
+async fn drain<R: tokio::io::AsyncRead + Unpin>(mut pipe: R, stream: OutputStream, tx: mpsc::Sender<StepEvent>) {
     let mut buf = vec![0u8; READ_BUF];
     let mut consumer = true;
     loop {
@@ -243,10 +230,7 @@ async fn drain<R: tokio::io::AsyncRead + Unpin>(
             Ok(0) => return,
             Ok(n) => {
                 if consumer {
-                    let ev = StepEvent::Output {
-                        stream,
-                        data: buf[..n].to_vec(),
-                    };
+                    let ev = StepEvent::Output { stream, data: buf[..n].to_vec() };
                     consumer = tx.send(ev).await.is_ok();
                 }
             }
@@ -262,28 +246,17 @@ async fn drain<R: tokio::io::AsyncRead + Unpin>(
 impl Executor for HostExecutor {
     fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         async move {
-            for dir in [
-                self.cfg.workspace.clone(),
-                self.cfg.home(),
-                self.cfg.tmp(),
-                self.cfg.state_dir.clone(),
-            ] {
+            for dir in [self.cfg.workspace.clone(), self.cfg.home(), self.cfg.tmp(), self.cfg.state_dir.clone()] {
                 tokio::fs::create_dir_all(&dir)
                     .await
-                    .map_err(|source| SandboxError::Prepare {
-                        path: dir.display().to_string(),
-                        source,
-                    })?;
+                    .map_err(|source| SandboxError::Prepare { path: dir.display().to_string(), source })?;
             }
             Ok(())
         }
         .boxed()
     }
 
-    fn exec<'a>(
-        &'a self,
-        step: &'a StepRequest,
-    ) -> BoxFuture<'a, Result<StepHandle, SandboxError>> {
+    fn exec<'a>(&'a self, step: &'a StepRequest) -> BoxFuture<'a, Result<StepHandle, SandboxError>> {
         async move { self.start(step) }.boxed()
     }
 
@@ -299,13 +272,33 @@ impl Executor for HostExecutor {
                 tokio::task::spawn_blocking(move || remove_tree(&d))
                     .await
                     .expect("remove task")
-                    .map_err(|source| SandboxError::Cleanup {
-                        path: dir.display().to_string(),
-                        source,
-                    })?;
+                    .map_err(|source| SandboxError::Cleanup { path: dir.display().to_string(), source })?;
             }
             Ok(())
         }
         .boxed()
     }
+}
+
+/// `unshare` when it can create PID namespaces here (root or CAP_SYS_ADMIN),
+/// checked once. Without it, steps run in their own session with a
+/// parent-death signal, and leftovers are reaped when the agent restarts.
+fn pid_namespace_launcher() -> Option<&'static std::path::Path> {
+    static LAUNCHER: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    LAUNCHER
+        .get_or_init(|| {
+            let path = ["/usr/bin/unshare", "/bin/unshare"].iter().map(std::path::PathBuf::from).find(|p| p.exists())?;
+            let ok = std::process::Command::new(&path)
+                .args(["--pid", "--kill-child=SIGKILL", "--", "/bin/true"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                tracing::warn!("cannot create PID namespaces (not root?): a step's daemons may outlive a crashed agent until it restarts");
+            }
+            ok.then_some(path)
+        })
+        .as_deref()
 }

@@ -119,20 +119,11 @@ pub enum SandboxError {
     #[error("a step is already running in this sandbox")]
     Busy,
     #[error("cannot prepare the sandbox at {path}: {source}")]
-    Prepare {
-        path: String,
-        source: std::io::Error,
-    },
+    Prepare { path: String, source: std::io::Error },
     #[error("cannot start step `{step}`: {source}")]
-    Spawn {
-        step: String,
-        source: std::io::Error,
-    },
+    Spawn { step: String, source: std::io::Error },
     #[error("cannot clean up the sandbox at {path}: {source}")]
-    Cleanup {
-        path: String,
-        source: std::io::Error,
-    },
+    Cleanup { path: String, source: std::io::Error },
 }
 
 /// A sandbox for one attempt of one job.
@@ -164,8 +155,7 @@ pub enum SandboxError {
 /// (tokens included) leaks into it.
 pub trait Executor: Send + Sync {
     fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
-    fn exec<'a>(&'a self, step: &'a StepRequest)
-    -> BoxFuture<'a, Result<StepHandle, SandboxError>>;
+    fn exec<'a>(&'a self, step: &'a StepRequest) -> BoxFuture<'a, Result<StepHandle, SandboxError>>;
     fn kill(&self) -> BoxFuture<'_, ()>;
     fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
 }

@@ -59,8 +59,7 @@ pub(crate) fn step_group_alive(pgid: i32) -> bool {
             return false;
         };
         name.bytes().all(|b| b.is_ascii_digit())
-            && stat(name)
-                .is_some_and(|(state, pgrp, sid)| pgrp == pgid && sid == pgid && live(state))
+            && stat(name).is_some_and(|(state, pgrp, sid)| pgrp == pgid && sid == pgid && live(state))
     })
 }
 
@@ -72,7 +71,5 @@ pub(crate) fn signal_group(pgid: i32, sig: Signal) {
 
 /// This boot's id, to recognise pgid records written before a reboot.
 pub(crate) fn boot_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
 }

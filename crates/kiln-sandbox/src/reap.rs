@@ -39,18 +39,12 @@ pub fn reap_orphans(state_dir: &Path) -> io::Result<usize> {
     for entry in entries {
         let entry = entry?;
         let path = entry.path();
-        let pgid = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok());
+        let pgid = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok());
         if let Some(pgid) = pgid.filter(|p| *p > 1) {
             let recorded_boot = std::fs::read_to_string(&path).unwrap_or_default();
             // A record from before a reboot names a pgid that may be reused.
             if recorded_boot.trim() == this_boot && step_group_alive(pgid) {
-                tracing::warn!(
-                    pgid,
-                    "killing orphaned step process group left by a previous agent"
-                );
+                tracing::warn!(pgid, "killing orphaned step process group left by a previous agent");
                 signal_group(pgid, Signal::SIGKILL);
                 killed += 1;
             }

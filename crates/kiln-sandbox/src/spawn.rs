@@ -26,14 +26,7 @@ pub(crate) fn isolate_process_tree(cmd: &mut Command) {
             if libc::setsid() == -1 {
                 return Err(io::Error::last_os_error());
             }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) == -1
-            {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
                 return Err(io::Error::last_os_error());
             }
             // The parent may have died between fork and prctl: then the

@@ -2,9 +2,7 @@
 //! with one test, so that setting a variable races no other thread.
 #![allow(unsafe_code)]
 
-use kiln_sandbox::{
-    Executor, HostConfig, HostExecutor, OutputStream, StepEvent, StepExit, StepRequest,
-};
+use kiln_sandbox::{Executor, HostConfig, HostExecutor, OutputStream, StepEvent, StepExit, StepRequest};
 
 #[test]
 fn steps_see_only_the_environment_built_for_them() {
@@ -14,28 +12,17 @@ fn steps_see_only_the_environment_built_for_them() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = HostConfig::new(
-            dir.path().join("ws"),
-            dir.path().join("attempt"),
-            dir.path().join("pgids"),
-        );
+        let mut cfg = HostConfig::new(dir.path().join("ws"), dir.path().join("attempt"), dir.path().join("pgids"));
         cfg.path = "/usr/bin:/bin".into();
         let exec = HostExecutor::new(cfg);
         exec.prepare().await.unwrap();
-        let mut req = StepRequest {
-            name: "env".into(),
-            command: "env".into(),
-            env: Default::default(),
-        };
+        let mut req = StepRequest { name: "env".into(), command: "env".into(), env: Default::default() };
         req.env.insert("KILN_JOB".into(), "build".into());
         let mut h = exec.exec(&req).await.unwrap();
         let mut stdout = Vec::new();
         loop {
             match h.next().await.unwrap() {
-                StepEvent::Output {
-                    stream: OutputStream::Stdout,
-                    data,
-                } => stdout.extend(data),
+                StepEvent::Output { stream: OutputStream::Stdout, data } => stdout.extend(data),
                 StepEvent::Output { .. } => {}
                 StepEvent::Exited(e) => {
                     assert_eq!(e, StepExit::Code(0));
@@ -52,11 +39,7 @@ fn steps_see_only_the_environment_built_for_them() {
         assert_eq!(vars, ["CI", "HOME", "KILN_JOB", "LANG", "PATH", "TMPDIR"]);
         let home = dir.path().join("attempt").join("home");
         assert!(env.contains(&format!("HOME={}\n", home.display())));
-        assert!(
-            env.contains("PATH=/usr/bin:/bin\n")
-                && env.contains("CI=true\n")
-                && env.contains("LANG=C.UTF-8\n")
-        );
+        assert!(env.contains("PATH=/usr/bin:/bin\n") && env.contains("CI=true\n") && env.contains("LANG=C.UTF-8\n"));
         assert!(env.contains("KILN_JOB=build\n"));
         exec.cleanup().await.unwrap();
         assert!(!home.exists());

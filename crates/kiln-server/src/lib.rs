@@ -65,11 +65,20 @@ pub(crate) struct AppState {
     pub relay_wake: Notify,
     /// Job ids whose logs or status changed (SSE followers listen).
     pub job_events: broadcast::Sender<String>,
+    /// Cancellation notices for agent session streams.
+    pub cancel_events: broadcast::Sender<CancelEvent>,
     pub blob: kiln_blob::LocalBlobStore,
     pub signer: capability::Signer,
 }
 
 pub(crate) type State = Arc<AppState>;
+
+#[derive(Debug, Clone)]
+pub(crate) struct CancelEvent {
+    pub session: String,
+    pub job_id: String,
+    pub epoch: i64,
+}
 
 /// A running server.
 pub struct ServerHandle {
@@ -146,6 +155,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         dispatcher: Dispatcher::default(),
         relay_wake: Notify::new(),
         job_events,
+        cancel_events: broadcast::channel(1024).0,
         blob: kiln_blob::LocalBlobStore::new(config_data_dir.join("objects")),
         signer: capability::Signer::new(blob_key.into_bytes()),
     });

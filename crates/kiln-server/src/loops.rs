@@ -47,7 +47,7 @@ async fn relay(state: State, mut shutdown: watch::Receiver<bool>) {
 
 /// Fence expired leases before authorizing replacements (spec 000 §8).
 async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
-    let period = (state.config.lease_ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let period = (state.config.lease_ttl / 20).clamp(Duration::from_millis(50), Duration::from_millis(250));
     loop {
         match state.store.fence_expired().await {
             Ok(fenced) if !fenced.is_empty() => {

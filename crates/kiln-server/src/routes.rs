@@ -217,6 +217,13 @@ async fn cancel_run(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Js
     let view = state.store.get_run(&run).await?;
     for j in &view.jobs {
         let _ = state.job_events.send(j.job.id.clone());
+        if let Some(a) = j.attempts.iter().find(|a| a.outcome == kiln_core::AttemptOutcome::Running) {
+            let _ = state.cancel_events.send(crate::CancelEvent {
+                session: a.session_id.clone(),
+                job_id: j.job.id.clone(),
+                epoch: a.epoch,
+            });
+        }
     }
     let bindings = state.store.run_bindings(&run).await?;
     Ok(Json(views::run(&view, &bindings)))
@@ -508,12 +515,28 @@ async fn session(
             "agent session was replaced; register again",
         ));
     }
+    let session = q.session_id.clone();
     let guard = SessionGuard { state: state.clone(), session: q.session_id };
     let ticks =
-        tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(Duration::from_millis(api::SESSION_PING_MS)));
-    let stream = ticks.map(move |_| {
+        tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(Duration::from_millis(api::SESSION_PING_MS)))
+            .map(|_| Event::default().event("ping").data("{}"));
+    // Cancellation notices for this session's attempts: the agent stops the
+    // sandbox at once instead of at its next heartbeat.
+    let cancels = tokio_stream::wrappers::BroadcastStream::new(state.cancel_events.subscribe()).filter_map(move |m| {
+        let ev = match m {
+            Ok(n) if n.session == session => Some(
+                Event::default()
+                    .event("cancel")
+                    .json_data(api::CancelNotice { job_id: n.job_id, epoch: n.epoch })
+                    .expect("json"),
+            ),
+            _ => None,
+        };
+        futures::future::ready(ev)
+    });
+    let stream = futures::stream::select(ticks, cancels).map(move |ev| {
         let _keep = &guard;
-        Ok(Event::default().event("ping").data("{}"))
+        Ok(ev)
     });
     Ok(Sse::new(stream))
 }

@@ -8,7 +8,7 @@ use kiln_api::{Client, SubmitRun, exit};
 use std::process::Command as Proc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -16,11 +16,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as i64
 }
 
-fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
     let st = Proc::new("git").arg("-C").arg(dir).args(args).status()?;
     anyhow::ensure!(st.success(), "git {args:?} failed");
     Ok(())
@@ -39,7 +39,7 @@ fn noop_repo(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_terminal(c: &Client, run: &str) -> anyhow::Result<kiln_api::Run> {
+pub(crate) async fn wait_terminal(c: &Client, run: &str) -> anyhow::Result<kiln_api::Run> {
     loop {
         let r = c.get_run(run).await?;
         if matches!(r.status.as_str(), "success" | "failed" | "cancelled") {
@@ -50,6 +50,20 @@ async fn wait_terminal(c: &Client, run: &str) -> anyhow::Result<kiln_api::Run> {
 }
 
 pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
+    let mut code = exit::OK;
+    if matches!(a.suite.as_str(), "dispatch" | "all") {
+        code = code.max(dispatch(&a).await?);
+    }
+    if matches!(a.suite.as_str(), "failover" | "all") {
+        code = code.max(crate::bench_failover::run().await?);
+    }
+    if matches!(a.suite.as_str(), "artifacts" | "all") {
+        code = code.max(crate::bench_failover::artifacts().await?);
+    }
+    Ok(code)
+}
+
+async fn dispatch(a: &BenchArgs) -> Result<i32, Failure> {
     let tmp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");

@@ -244,6 +244,11 @@ pub struct RunRef {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
+    /// What to measure: dispatch (throughput, trigger-to-start), artifacts
+    /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
+    /// of an agent to its job claimed elsewhere), or all.
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "all"])]
+    pub suite: String,
     /// Runs submitted at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
     pub runs: u32,

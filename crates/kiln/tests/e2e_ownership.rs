@@ -169,7 +169,7 @@ async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
     let pids = tmp.path().join("pids");
     std::fs::create_dir_all(&pids).unwrap();
     let wf = format!(
-        "version: 1\njobs:\n  - name: work\n    steps:\n      - if [ \"$KILN_EPOCH\" = 1 ]; then sleep 600 & echo $! > {p}/child; echo $$ > {p}/shell; wait; fi; echo done-$KILN_EPOCH\n",
+        "version: 1\njobs:\n  - name: work\n    steps:\n      - if [ \"$KILN_EPOCH\" = 1 ]; then sh -c 'read -r p _ < /proc/self/stat; echo $p > {p}/child; exec sleep 600' & read -r p _ < /proc/self/stat; echo $p > {p}/shell; wait; fi; echo done-$KILN_EPOCH\n",
         p = pids.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
@@ -178,8 +178,10 @@ async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
     let a = server.agent("victim", &[]).unwrap();
     let run = c.submit_run("kill", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let read_pid = |f: &str| -> Option<i32> { std::fs::read_to_string(pids.join(f)).ok()?.trim().parse().ok() };
+    // Host pids, read by each process from /proc/self/stat (steps may run in
+    // their own PID namespace, where `$$` and `$!` differ).
     let shell = wait_for(Duration::from_secs(60), || read_pid("shell")).expect("step started");
-    let child = read_pid("child").unwrap();
+    let child = wait_for(Duration::from_secs(10), || read_pid("child")).expect("child started");
 
     a.signal("KILL");
     let b = server.agent("rescuer", &[]).unwrap();

@@ -248,7 +248,7 @@ async fn cancel_stops_a_running_job_and_the_run_ends_cancelled() {
     let tmp = tempfile::tempdir().unwrap();
     let pidfile = tmp.path().join("pid");
     let wf = format!(
-        "version: 1\njobs:\n  - name: long\n    steps:\n      - echo $$ > {}; sleep 600\n  - name: after\n    steps:\n      - echo after\n",
+        "version: 1\njobs:\n  - name: long\n    steps:\n      - read -r p _ < /proc/self/stat; echo $p > {}; sleep 600\n  - name: after\n    steps:\n      - echo after\n",
         pidfile.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
