@@ -222,3 +222,51 @@ async fn missing_required_artifact_fails_the_job() {
     let e = c.artifact(&run.run_id, "compile", "app").await.unwrap_err();
     assert_eq!(e.status(), Some(404));
 }
+
+/// spec 000 §15 "database is unavailable": claims and advancement pause and
+/// nothing is guessed; once the database is back, the held completion lands.
+#[tokio::test(flavor = "multi_thread")]
+async fn database_unavailable_pauses_advancement() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gate = tmp.path().join("gate");
+    let wf = format!(
+        "version: 1\njobs:\n  - name: a\n    steps:\n      - while [ ! -e {} ]; do sleep 0.05; done\n  - name: b\n    steps: [\"echo b\"]\n",
+        gate.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    add_repo(&server, "dbdown", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _agent = server.agent("a", &[]).unwrap();
+    let run = c.submit_run("dbdown", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    wait_job(&c, &run.run_id, 0, |j| j.status == "running").await;
+
+    // Another process takes the database's write lock for a while.
+    let locked = tmp.path().join("locked");
+    let db = server.data_dir().join("kiln.db");
+    let mut locker = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3,time\nc=sqlite3.connect({db:?}, isolation_level=None)\nc.execute('BEGIN EXCLUSIVE')\nopen({locked:?},'w').close()\ntime.sleep(14)\nc.execute('COMMIT')\n",
+            db = db.display().to_string(),
+            locked = locked.display().to_string()
+        ))
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(10), || locked.exists().then_some(())).expect("lock taken");
+    std::fs::write(&gate, "").unwrap();
+
+    // New work cannot be accepted: a clear 503, not a guess.
+    let e = c.submit_run("dbdown", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap_err();
+    assert_eq!(e.status(), Some(503), "{e}");
+    assert!(e.is_retryable());
+    // Reads still answer, and show nothing advanced: `a` is not success, `b` not ready.
+    let r = c.get_run(&run.run_id).await.unwrap();
+    assert_eq!(r.jobs[0].status, "running");
+    assert_eq!(r.jobs[1].status, "pending");
+
+    locker.wait().unwrap();
+    let done = wait_run(&c, &run.run_id, 90).await;
+    assert_eq!(done.status, "success", "{done:#?}\n{}", server.log());
+    assert_eq!(done.jobs[0].attempts.len(), 1, "the held completion landed; no replacement was needed");
+}
