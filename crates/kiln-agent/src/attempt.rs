@@ -1,15 +1,20 @@
 //! One attempt: (job_id, epoch) of one assignment, from checkout to completion.
 //!
-//! Order: heartbeat and log shipper start → checkout → steps in order, stop
-//! at the first failure → every log chunk acknowledged → `complete` → clean
-//! up. A stop reason (see [`crate::control::Stop`]) kills the sandbox at any
+//! Order: heartbeat and log shipper start → checkout → restore declared
+//! inputs → steps in order, stop at the first failure → (all steps passed)
+//! freeze and upload declared outputs, seal each → every log chunk
+//! acknowledged → `complete` → clean up. Heartbeats run throughout, uploads
+//! included. A stop reason (see [`crate::control::Stop`]) kills the sandbox at any
 //! point; a fenced attempt publishes nothing more — no chunk, no completion.
 
 use crate::ExecutorKind;
+use crate::artifacts::{Transfer, publish_all, restore_all};
 use crate::checkout::Mirrors;
 use crate::control::{Control, Stop, backoff};
 use crate::heartbeat::heartbeat_loop;
 use crate::logs::{LogConfig, LogStreamer, Stream};
+use crate::ratelimit::RateLimiter;
+use crate::session::Beats;
 use kiln_api::client::Client;
 use kiln_api::types::{Assignment, Completion};
 use kiln_sandbox::{Executor, HostConfig, HostExecutor, StepEvent, StepRequest, remove_tree};
@@ -25,6 +30,10 @@ pub(crate) struct AttemptContext {
     pub work_dir: PathBuf,
     pub mirrors: Arc<Mirrors>,
     pub executor: ExecutorKind,
+    /// Agent-wide upload rate limit, shared by all attempts.
+    pub limiter: RateLimiter,
+    /// "Heartbeat now" triggers of the running attempts (session stream).
+    pub beats: Beats,
 }
 
 impl AttemptContext {
@@ -38,25 +47,26 @@ impl AttemptContext {
 }
 
 /// How the job's own work ended (before stop reasons are applied).
-enum Ran {
+#[derive(Debug)]
+pub(crate) enum Ran {
     Success,
     StepFailed {
         exit_code: i32,
         message: String,
     },
+    /// The job's own fault without an exit code (a declared output missing,
+    /// a required input not available): not retried as infrastructure.
+    JobError(String),
     Infra(String),
     /// A stop reason interrupted the work.
     Stopped,
 }
 
-pub(crate) async fn run_attempt(
-    ctx: &AttemptContext,
-    a: Assignment,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdown: watch::Receiver<bool>) {
     let span = tracing::info_span!("attempt", run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch);
     async move {
         let ctl = Control::new();
+        let beat = ctx.beats.register();
         let hb = tokio::spawn(heartbeat_loop(
             ctx.client.clone(),
             a.job_id.clone(),
@@ -64,6 +74,7 @@ pub(crate) async fn run_attempt(
             Duration::from_millis(a.heartbeat_interval_ms),
             Duration::from_millis(a.lease_ttl_ms),
             ctl.clone(),
+            beat.notify.clone(),
         ));
         let watcher = {
             let ctl = ctl.clone();
@@ -98,11 +109,14 @@ pub(crate) async fn run_attempt(
             _ => tracing::warn!("attempt fenced: the sandbox was killed and nothing more is published"),
         }
         hb.abort();
+        drop(beat);
         watcher.abort();
         let dir = attempt_dir.clone();
         match tokio::task::spawn_blocking(move || remove_tree(&dir)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(dir = %attempt_dir.display(), error = %e, "cannot remove the attempt directory"),
+            Ok(Err(e)) => {
+                tracing::warn!(dir = %attempt_dir.display(), error = %e, "cannot remove the attempt directory")
+            }
             Err(e) => tracing::warn!(error = %e, "cleanup task failed"),
         }
     }
@@ -110,21 +124,13 @@ pub(crate) async fn run_attempt(
     .await
 }
 
-/// Checkout and steps. The sandbox is killed as soon as a stop reason is set.
-async fn execute(
-    ctx: &AttemptContext,
-    a: &Assignment,
-    attempt_dir: &Path,
-    ctl: &Control,
-    logs: &LogStreamer,
-) -> Ran {
+/// Checkout, restore, steps, publish. The sandbox is killed as soon as a
+/// stop reason is set.
+async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: &Control, logs: &LogStreamer) -> Ran {
     let ws = attempt_dir.join("ws");
     let _ = remove_tree(attempt_dir);
     if let Err(e) = tokio::fs::create_dir_all(attempt_dir).await {
-        return Ran::Infra(format!(
-            "cannot create the attempt directory {}: {e}",
-            attempt_dir.display()
-        ));
+        return Ran::Infra(format!("cannot create the attempt directory {}: {e}", attempt_dir.display()));
     }
 
     logs.system(&format!("checking out {} at {}", a.repo, a.commit_sha));
@@ -133,20 +139,20 @@ async fn execute(
         _ = ctl.stopped() => return Ran::Stopped,
     };
     if let Err(e) = checkout {
-        let msg = format!(
-            "checkout of {} at {} failed: {e}",
-            a.clone_url, a.commit_sha
-        );
+        let msg = format!("checkout of {} at {} failed: {e}", a.clone_url, a.commit_sha);
         tracing::error!("{msg}");
         return Ran::Infra(msg);
     }
 
+    let transfer = Transfer { client: &ctx.client, a, ctl, logs, limiter: &ctx.limiter };
+    if let Err(ran) = restore_all(&transfer, &ws).await {
+        return ran;
+    }
+
     let exec: Arc<dyn Executor> = match ctx.executor {
-        ExecutorKind::Host => Arc::new(HostExecutor::new(HostConfig::new(
-            ws.clone(),
-            attempt_dir.to_path_buf(),
-            ctx.pgid_dir(),
-        ))),
+        ExecutorKind::Host => {
+            Arc::new(HostExecutor::new(HostConfig::new(ws.clone(), attempt_dir.to_path_buf(), ctx.pgid_dir())))
+        }
     };
     let killer = {
         let (exec, ctl) = (exec.clone(), ctl.clone());
@@ -157,20 +163,26 @@ async fn execute(
         })
     };
     let ran = run_steps(exec.as_ref(), a, &ws, ctl, logs).await;
+    // Every step's process group (and PID namespace, where available) was
+    // killed when its shell exited; cleanup kills whatever still runs, so
+    // nothing of the job runs while its outputs are frozen and uploaded.
     if let Err(e) = exec.cleanup().await {
         tracing::warn!(error = %e, "sandbox cleanup failed");
     }
     killer.abort();
-    ran
+    if !matches!(ran, Ran::Success) || a.publish.is_empty() {
+        return ran;
+    }
+    if ctl.reason().is_some() {
+        return Ran::Stopped;
+    }
+    match publish_all(&transfer, &ws, &attempt_dir.join("spool")).await {
+        Ok(()) => Ran::Success,
+        Err(ran) => ran,
+    }
 }
 
-async fn run_steps(
-    exec: &dyn Executor,
-    a: &Assignment,
-    ws: &Path,
-    ctl: &Control,
-    logs: &LogStreamer,
-) -> Ran {
+async fn run_steps(exec: &dyn Executor, a: &Assignment, ws: &Path, ctl: &Control, logs: &LogStreamer) -> Ran {
     if let Err(e) = exec.prepare().await {
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
     }
@@ -192,11 +204,7 @@ async fn run_steps(
         }
         let label = s.name.clone().unwrap_or_else(|| summarize(&s.run));
         logs.system(&format!("▶ step {}/{n}: {label}", i + 1));
-        let req = StepRequest {
-            name: label.clone(),
-            command: s.run.clone(),
-            env: env.clone(),
-        };
+        let req = StepRequest { name: label.clone(), command: s.run.clone(), env: env.clone() };
         let mut handle = match exec.exec(&req).await {
             Ok(h) => h,
             Err(kiln_sandbox::SandboxError::Killed) => return Ran::Stopped,
@@ -248,13 +256,11 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
     // Work that ended on its own keeps its result even if a stop reason
     // arrived afterwards; only interrupted work reports the reason.
     Some(match ran {
-        Ran::Success => Completion {
-            outcome: "success".into(),
-            exit_code: Some(0),
-            message: None,
-            infra_failure: false,
-        },
+        Ran::Success => {
+            Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false }
+        }
         Ran::StepFailed { exit_code, message } => failed(Some(exit_code), message, false),
+        Ran::JobError(message) => failed(None, message, false),
         Ran::Infra(message) => failed(None, message, true),
         Ran::Stopped => match stop {
             Some(Stop::Cancelled) => Completion {
@@ -263,11 +269,9 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
                 message: Some("cancelled".into()),
                 infra_failure: false,
             },
-            Some(Stop::TimedOut) => failed(
-                None,
-                format!("timed out after {}s", a.timeout_secs.unwrap_or_default()),
-                false,
-            ),
+            Some(Stop::TimedOut) => {
+                failed(None, format!("timed out after {}s", a.timeout_secs.unwrap_or_default()), false)
+            }
             Some(Stop::Shutdown) => failed(None, "the agent shut down during the job".into(), true),
             Some(Stop::Fenced) | None => failed(None, "the job was stopped".into(), true),
         },

@@ -22,17 +22,12 @@ pub(crate) enum CheckoutError {
     BadSha(String),
     #[error("`{0}` is not a usable clone URL")]
     BadUrl(String),
-    #[error(
-        "commit {sha} was not found in {url} (fetched all branches and tags, and the commit by id)"
-    )]
+    #[error("commit {sha} was not found in {url} (fetched all branches and tags, and the commit by id)")]
     MissingCommit { sha: String, url: String },
     #[error("`git {args}` failed: {detail}")]
     Git { args: String, detail: String },
     #[error("cannot prepare {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
 }
 
 pub(crate) struct Mirrors {
@@ -42,10 +37,7 @@ pub(crate) struct Mirrors {
 
 impl Mirrors {
     pub(crate) fn new(dir: PathBuf) -> Self {
-        Mirrors {
-            dir,
-            locks: Mutex::default(),
-        }
+        Mirrors { dir, locks: Mutex::default() }
     }
 
     pub(crate) fn mirror_path(&self, clone_url: &str) -> PathBuf {
@@ -54,23 +46,12 @@ impl Mirrors {
     }
 
     fn lock_for(&self, mirror: &Path) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks
-            .lock()
-            .expect("mirror locks")
-            .entry(mirror.to_path_buf())
-            .or_default()
-            .clone()
+        self.locks.lock().expect("mirror locks").entry(mirror.to_path_buf()).or_default().clone()
     }
 
     /// Checks out `sha` of `clone_url` into `ws` (which must not exist).
-    pub(crate) async fn checkout(
-        &self,
-        clone_url: &str,
-        sha: &str,
-        ws: &Path,
-    ) -> Result<(), CheckoutError> {
-        let full_sha =
-            (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit());
+    pub(crate) async fn checkout(&self, clone_url: &str, sha: &str, ws: &Path) -> Result<(), CheckoutError> {
+        let full_sha = (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit());
         if !full_sha {
             return Err(CheckoutError::BadSha(sha.to_string()));
         }
@@ -84,28 +65,16 @@ impl Mirrors {
                 tracing::info!(url = %clone_url, mirror = %mirror.display(), "fetching into mirror");
                 let fetch_all = git(
                     Some(&mirror),
-                    [
-                        "fetch",
-                        "-q",
-                        "--no-tags",
-                        "--",
-                        &url,
-                        "+refs/heads/*:refs/heads/*",
-                        "+refs/tags/*:refs/tags/*",
-                    ],
+                    ["fetch", "-q", "--no-tags", "--", &url, "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
                 )
                 .await;
                 if !has_commit(&mirror, sha).await {
                     // An unadvertised commit (e.g. a pull request head): ask for it by id.
-                    let by_id =
-                        git(Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, sha]).await;
+                    let by_id = git(Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, sha]).await;
                     if !has_commit(&mirror, sha).await {
                         return Err(match (fetch_all, by_id) {
                             (Err(e), _) => e,
-                            _ => CheckoutError::MissingCommit {
-                                sha: sha.to_string(),
-                                url: clone_url.to_string(),
-                            },
+                            _ => CheckoutError::MissingCommit { sha: sha.to_string(), url: clone_url.to_string() },
                         });
                     }
                 }
@@ -113,31 +82,8 @@ impl Mirrors {
         }
         let (ws_s, mirror_s) = (ws.as_os_str(), mirror.as_os_str());
         let o = OsStr::new;
-        git(
-            None,
-            [
-                o("clone"),
-                o("--shared"),
-                o("--no-checkout"),
-                o("-q"),
-                o("--"),
-                mirror_s,
-                ws_s,
-            ],
-        )
-        .await?;
-        git(
-            Some(ws),
-            [
-                "-c",
-                "advice.detachedHead=false",
-                "checkout",
-                "-q",
-                "--detach",
-                sha,
-            ],
-        )
-        .await?;
+        git(None, [o("clone"), o("--shared"), o("--no-checkout"), o("-q"), o("--"), mirror_s, ws_s]).await?;
+        git(Some(ws), ["-c", "advice.detachedHead=false", "checkout", "-q", "--detach", sha]).await?;
         Ok(())
     }
 
@@ -145,10 +91,7 @@ impl Mirrors {
         if mirror.join("HEAD").exists() {
             return Ok(());
         }
-        let io = |source| CheckoutError::Io {
-            path: mirror.display().to_string(),
-            source,
-        };
+        let io = |source| CheckoutError::Io { path: mirror.display().to_string(), source };
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
         // Init beside the final path and rename, so a crash never leaves a half-made mirror.
         let tmp = self.dir.join(format!(".init-{}", uuid::Uuid::new_v4()));
@@ -167,18 +110,14 @@ fn resolve_url(url: &str) -> Result<String, CheckoutError> {
     }
     let p = Path::new(url);
     if !url.contains("://") && !url.contains(':') && p.is_relative() {
-        let abs = std::env::current_dir()
-            .map(|d| d.join(p))
-            .map_err(|_| CheckoutError::BadUrl(url.to_string()))?;
+        let abs = std::env::current_dir().map(|d| d.join(p)).map_err(|_| CheckoutError::BadUrl(url.to_string()))?;
         return Ok(abs.display().to_string());
     }
     Ok(url.to_string())
 }
 
 async fn has_commit(repo: &Path, sha: &str) -> bool {
-    git(Some(repo), ["cat-file", "-e", &format!("{sha}^{{commit}}")])
-        .await
-        .is_ok()
+    git(Some(repo), ["cat-file", "-e", &format!("{sha}^{{commit}}")]).await.is_ok()
 }
 
 async fn git<I, S>(dir: Option<&Path>, args: I) -> Result<(), CheckoutError>
@@ -186,10 +125,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let args: Vec<_> = args
-        .into_iter()
-        .map(|a| a.as_ref().to_os_string())
-        .collect();
+    let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
     let mut cmd = Command::new("git");
     if let Some(d) = dir {
         cmd.arg("-C").arg(d);
@@ -200,27 +136,13 @@ where
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let shown = || {
-        args.iter()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let out = cmd.output().await.map_err(|e| CheckoutError::Git {
-        args: shown(),
-        detail: format!("cannot run git: {e}"),
-    })?;
+    let shown = || args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    let out =
+        cmd.output().await.map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?;
     if out.status.success() {
         return Ok(());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
     let detail = stderr.trim().chars().take(2000).collect::<String>();
-    Err(CheckoutError::Git {
-        args: shown(),
-        detail: if detail.is_empty() {
-            out.status.to_string()
-        } else {
-            detail
-        },
-    })
+    Err(CheckoutError::Git { args: shown(), detail: if detail.is_empty() { out.status.to_string() } else { detail } })
 }

@@ -25,9 +25,7 @@ pub(crate) struct Control {
 
 impl Control {
     pub(crate) fn new() -> Self {
-        Control {
-            tx: watch::Sender::new(None),
-        }
+        Control { tx: watch::Sender::new(None) }
     }
 
     pub(crate) fn stop(&self, reason: Stop) {
@@ -55,10 +53,7 @@ impl Control {
     /// Resolves once any stop reason is set.
     pub(crate) async fn stopped(&self) -> Stop {
         let mut rx = self.tx.subscribe();
-        let r = rx
-            .wait_for(|s| s.is_some())
-            .await
-            .expect("sender lives in self");
+        let r = rx.wait_for(|s| s.is_some()).await.expect("sender lives in self");
         r.expect("checked by wait_for")
     }
 

@@ -5,10 +5,16 @@
 //! on the next tick, but once no heartbeat has succeeded for a whole lease
 //! TTL the server has fenced us (it fences expired leases before authorizing
 //! a replacement), so the attempt is treated as fenced.
+//!
+//! `beat_now` (see [`crate::session::Beats`]) triggers a heartbeat at once:
+//! the session stream does that after a reconnect, because the server
+//! shortened this attempt's lease while the stream was down.
 
 use crate::control::{Control, Stop};
 use kiln_api::client::Client;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub(crate) async fn heartbeat_loop(
@@ -18,6 +24,7 @@ pub(crate) async fn heartbeat_loop(
     interval: Duration,
     lease_ttl: Duration,
     ctl: Control,
+    beat_now: Arc<Notify>,
 ) {
     let interval = interval.max(Duration::from_millis(50));
     let mut lease_ttl = lease_ttl;
@@ -25,6 +32,7 @@ pub(crate) async fn heartbeat_loop(
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
+            _ = beat_now.notified() => tracing::debug!("heartbeat requested now"),
             _ = ctl.fenced() => return,
         }
         match client.heartbeat(&job_id, epoch).await {

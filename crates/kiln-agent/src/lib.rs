@@ -1,9 +1,11 @@
 //! The Kiln agent: claims jobs from a server and runs them in sandboxes.
 //!
 //! Sibling mechanisms, each in its own module (ARCHITECTURE.md, buildkite's
-//! shape): the claim loop (here), one [`attempt`] per assignment with its
-//! [`heartbeat`], [`checkout`] and [`logs`] streamer, all running steps
-//! through a `kiln-sandbox` executor. The agent is trusted and holds the
+//! shape): the claim loop (here), the agent [`session`] stream, one
+//! [`attempt`] per assignment with its [`heartbeat`], [`checkout`],
+//! [`artifacts`] (restore, freeze, upload through the agent-wide
+//! [`ratelimit`]) and [`logs`] streamer, all running steps through a
+//! `kiln-sandbox` executor. The agent is trusted and holds the
 //! lease; the sandbox is not and never sees the agent's token.
 //!
 //! # Lifecycle of [`run`]
@@ -11,6 +13,9 @@
 //!    groups a previous agent process left behind, delete stale attempt
 //!    workspaces (mirrors are kept).
 //! 2. Register, retrying with backoff while the server is unreachable.
+//!    Then hold the [`session`] stream open for the agent's lifetime (fast
+//!    loss detection; a reconnect makes every running attempt heartbeat at
+//!    once).
 //! 3. `max_jobs` slots, each long-polling `claim` and running what it gets.
 //!    A claim that fails with a retryable error is retried with the *same*
 //!    `claim_request_id`, so an assignment whose acknowledgement was lost
@@ -22,11 +27,14 @@
 //!    so the server can retry them elsewhere without waiting for a lease to
 //!    expire. `run` returns once every attempt has completed and cleaned up.
 
+mod artifacts;
 mod attempt;
 mod checkout;
 mod control;
 mod heartbeat;
 mod logs;
+mod ratelimit;
+mod session;
 
 use anyhow::Context;
 use attempt::{AttemptContext, run_attempt};
@@ -34,6 +42,8 @@ use checkout::Mirrors;
 use control::backoff;
 use kiln_api::client::Client;
 use kiln_api::types::{AgentRegistration, Assignment, ClaimRequest, RegisterAgent};
+use ratelimit::RateLimiter;
+use session::Beats;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,6 +75,10 @@ pub struct AgentConfig {
     /// Concurrent jobs (at least 1).
     pub max_jobs: u32,
     pub executor: ExecutorKind,
+    /// Upload bandwidth cap in bytes per second for the whole agent (one
+    /// token bucket shared by every upload of every job); `None` is
+    /// unlimited. `Some(0)` is refused.
+    pub upload_rate_limit: Option<u64>,
 }
 
 struct Agent {
@@ -79,27 +93,22 @@ struct Agent {
 /// work_dir, or a registration the server refuses (e.g. a wrong token).
 pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     anyhow::ensure!(config.max_jobs >= 1, "max_jobs must be at least 1");
+    anyhow::ensure!(
+        config.upload_rate_limit != Some(0),
+        "upload_rate_limit must be positive (leave it unset for no limit)"
+    );
     let work_dir = &config.work_dir;
-    std::fs::create_dir_all(work_dir)
-        .with_context(|| format!("cannot create work dir {}", work_dir.display()))?;
+    std::fs::create_dir_all(work_dir).with_context(|| format!("cannot create work dir {}", work_dir.display()))?;
     let _lock = lock_work_dir(work_dir)?;
-    let reaped = kiln_sandbox::reap_orphans(&work_dir.join("pgids")).with_context(|| {
-        format!(
-            "cannot reap orphaned steps recorded in {}",
-            work_dir.join("pgids").display()
-        )
-    })?;
+    let reaped = kiln_sandbox::reap_orphans(&work_dir.join("pgids"))
+        .with_context(|| format!("cannot reap orphaned steps recorded in {}", work_dir.join("pgids").display()))?;
     if reaped > 0 {
-        tracing::warn!(
-            reaped,
-            "killed step process groups left by a previous agent"
-        );
+        tracing::warn!(reaped, "killed step process groups left by a previous agent");
     }
     let attempts = work_dir.join("attempts");
     kiln_sandbox::remove_tree(&attempts)
         .with_context(|| format!("cannot remove stale workspaces in {}", attempts.display()))?;
-    std::fs::create_dir_all(&attempts)
-        .with_context(|| format!("cannot create {}", attempts.display()))?;
+    std::fs::create_dir_all(&attempts).with_context(|| format!("cannot create {}", attempts.display()))?;
 
     let client = Client::new(&config.server, &config.token);
     let mut sd = shutdown.clone();
@@ -113,13 +122,11 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
         work_dir: work_dir.clone(),
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors"))),
         executor: config.executor,
+        limiter: RateLimiter::new(config.upload_rate_limit),
+        beats: Beats::default(),
     };
-    let agent = Arc::new(Agent {
-        config: config.clone(),
-        client,
-        registration: Mutex::new(registration),
-        ctx,
-    });
+    let agent = Arc::new(Agent { config: config.clone(), client, registration: Mutex::new(registration), ctx });
+    let session = tokio::spawn(session::session_loop(agent.clone()));
     let mut slots = tokio::task::JoinSet::new();
     for slot in 0..config.max_jobs {
         slots.spawn(slot_loop(agent.clone(), slot, shutdown.clone()));
@@ -129,6 +136,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
             tracing::error!(error = %e, "a job slot failed");
         }
     }
+    // The stream lives as long as attempts may run: until every slot ended.
+    session.abort();
     tracing::info!("agent stopped");
     Ok(())
 }
@@ -155,11 +164,7 @@ async fn register(
     config: &AgentConfig,
     shutdown: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<Option<AgentRegistration>> {
-    let body = RegisterAgent {
-        name: config.name.clone(),
-        labels: config.labels.clone(),
-        max_jobs: config.max_jobs,
-    };
+    let body = RegisterAgent { name: config.name.clone(), labels: config.labels.clone(), max_jobs: config.max_jobs };
     let mut failures = 0;
     loop {
         let res = tokio::select! {
@@ -239,8 +244,8 @@ async fn claim(agent: &Agent, slot: u32) -> Option<Assignment> {
 }
 
 /// The server no longer knows our agent or session (e.g. its data was
-/// reset): register again, once for all slots.
-async fn reregister(agent: &Agent, stale_session: &str) {
+/// reset): register again, once for all slots and the session stream.
+pub(crate) async fn reregister(agent: &Agent, stale_session: &str) {
     let mut reg = agent.registration.lock().await;
     if reg.session_id != stale_session {
         return;

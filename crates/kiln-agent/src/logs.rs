@@ -12,12 +12,18 @@
 //!
 //! Seq and offset both start at 0 per stream; offset counts bytes of that
 //! stream. Streams: `stdout`, `stderr`, `system` (agent messages).
+//!
+//! A `system` line (step header, "checking out …") is cut at once into its
+//! own chunk, after everything buffered before it, and queued: chunks are
+//! sent in queue order, so in arrival order the line precedes the output
+//! written after it (e.g. the step it announces).
 
 use crate::control::{Control, Stop, backoff};
 use base64::Engine;
 use kiln_api::client::Client;
 use kiln_api::types::LogChunk;
 use sha2::{Digest, Sha256};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -76,18 +82,30 @@ impl StreamBuf {
         }
         chunk
     }
+
+    /// Cuts everything pending, in chunks of at most `chunk_size`.
+    fn cut_all(&mut self, name: &str, chunk_size: usize, out: &mut VecDeque<LogChunk>) {
+        while !self.pending.is_empty() {
+            let len = self.pending.len().min(chunk_size);
+            out.push_back(self.cut(name, len));
+        }
+    }
 }
 
 #[derive(Default)]
 struct Buffers {
     streams: [StreamBuf; 3],
+    /// Chunks cut ahead of the shipper (by [`LogStreamer::system`]), in order.
+    ready: VecDeque<LogChunk>,
     flush_requested: bool,
     closed: bool,
 }
 
 impl Buffers {
+    /// Unshipped bytes, including chunks already cut (base64 is 4/3 of them).
     fn buffered(&self) -> usize {
-        self.streams.iter().map(|s| s.pending.len()).sum()
+        let pending: usize = self.streams.iter().map(|s| s.pending.len()).sum();
+        pending + self.ready.iter().map(|c| c.data.len() / 4 * 3).sum::<usize>()
     }
 }
 
@@ -107,40 +125,17 @@ pub(crate) struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig {
-            chunk_size: CHUNK_SIZE,
-            flush_after: FLUSH_AFTER,
-            max_buffered: MAX_BUFFERED,
-        }
+        LogConfig { chunk_size: CHUNK_SIZE, flush_after: FLUSH_AFTER, max_buffered: MAX_BUFFERED }
     }
 }
 
 impl LogStreamer {
-    pub(crate) fn start(
-        client: Client,
-        job_id: String,
-        epoch: i64,
-        ctl: Control,
-        cfg: LogConfig,
-    ) -> Self {
+    pub(crate) fn start(client: Client, job_id: String, epoch: i64, ctl: Control, cfg: LogConfig) -> Self {
         let bufs = Arc::new(Mutex::new(Buffers::default()));
         let notify = Arc::new(Notify::new());
-        let shipper = Shipper {
-            client,
-            job_id,
-            epoch,
-            ctl,
-            cfg,
-            bufs: bufs.clone(),
-            notify: notify.clone(),
-        };
+        let shipper = Shipper { client, job_id, epoch, ctl, cfg, bufs: bufs.clone(), notify: notify.clone() };
         let task = tokio::spawn(shipper.run());
-        LogStreamer {
-            cfg,
-            bufs,
-            notify,
-            task,
-        }
+        LogStreamer { cfg, bufs, notify, task }
     }
 
     /// Appends bytes; never waits. Over the buffer cap, bytes are dropped
@@ -168,9 +163,22 @@ impl LogStreamer {
         }
     }
 
-    /// A line in the `system` stream (a newline is added).
+    /// A line in the `system` stream (a newline is added), shipped at once
+    /// as its own chunk, after everything written before it.
     pub(crate) fn system(&self, line: &str) {
-        self.write(Stream::System, format!("{line}\n").as_bytes());
+        let mut b = self.bufs.lock().expect("log buffers");
+        if b.closed {
+            return;
+        }
+        let Buffers { streams, ready, .. } = &mut *b;
+        for (i, s) in streams.iter_mut().enumerate() {
+            s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
+        }
+        let sys = &mut streams[Stream::System as usize];
+        sys.pending.extend_from_slice(format!("{line}\n").as_bytes());
+        sys.cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
+        drop(b);
+        self.notify.notify_one();
     }
 
     /// Ship everything buffered now (step end); does not wait.
@@ -235,15 +243,14 @@ impl Shipper {
         for (i, name) in NAMES.iter().enumerate().take(2) {
             let dropped = std::mem::take(&mut b.streams[i].dropped);
             if dropped > 0 {
-                let note =
-                    format!("[kiln] {dropped} bytes of {name} dropped: the log buffer was full\n");
+                let note = format!("[kiln] {dropped} bytes of {name} dropped: the log buffer was full\n");
                 let sys = &mut b.streams[Stream::System as usize];
                 sys.pending.extend_from_slice(note.as_bytes());
                 sys.first_pending_at.get_or_insert_with(Instant::now);
             }
         }
         let now = Instant::now();
-        let mut chunks = Vec::new();
+        let mut chunks: Vec<LogChunk> = b.ready.drain(..).collect();
         let mut deadline: Option<Instant> = None;
         for (i, s) in b.streams.iter_mut().enumerate() {
             while s.pending.len() >= self.cfg.chunk_size {
@@ -259,7 +266,7 @@ impl Shipper {
                 }
             }
         }
-        let done = b.closed && b.buffered() == 0;
+        let done = b.closed && b.buffered() == 0 && b.ready.is_empty();
         (chunks, deadline, done)
     }
 
@@ -308,20 +315,14 @@ mod tests {
             job_id: "j".into(),
             epoch: 1,
             ctl: Control::new(),
-            cfg: LogConfig {
-                chunk_size,
-                flush_after: Duration::from_secs(3600),
-                max_buffered: MAX_BUFFERED,
-            },
+            cfg: LogConfig { chunk_size, flush_after: Duration::from_secs(3600), max_buffered: MAX_BUFFERED },
             bufs: Arc::default(),
             notify: Arc::default(),
         }
     }
 
     fn decode(c: &LogChunk) -> Vec<u8> {
-        base64::engine::general_purpose::STANDARD
-            .decode(&c.data)
-            .unwrap()
+        base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap()
     }
 
     #[tokio::test]
@@ -334,24 +335,50 @@ mod tests {
         }
         let (chunks, deadline, done) = s.cut();
         assert_eq!(
-            chunks
-                .iter()
-                .map(|c| (c.seq, c.offset, decode(c)))
-                .collect::<Vec<_>>(),
+            chunks.iter().map(|c| (c.seq, c.offset, decode(c))).collect::<Vec<_>>(),
             [(0, 0, b"abcd".to_vec()), (1, 4, b"efgh".to_vec())]
         );
         assert!(deadline.is_some() && !done, "the tail waits for the timer");
         assert_eq!(chunks[0].sha256, hex::encode(Sha256::digest(b"abcd")));
         s.bufs.lock().unwrap().flush_requested = true;
         let (chunks, deadline, _) = s.cut();
-        assert_eq!(
-            (chunks[0].seq, chunks[0].offset, decode(&chunks[0])),
-            (2, 8, b"ij".to_vec())
-        );
+        assert_eq!((chunks[0].seq, chunks[0].offset, decode(&chunks[0])), (2, 8, b"ij".to_vec()));
         assert_eq!(chunks[0].stream, "stdout");
         assert!(deadline.is_none());
         s.bufs.lock().unwrap().closed = true;
         assert!(s.cut().2, "closed and empty");
+    }
+
+    #[tokio::test]
+    async fn a_system_line_is_its_own_chunk_after_what_was_written_before() {
+        let s = shipper(4);
+        let streamer = LogStreamer {
+            cfg: s.cfg,
+            bufs: s.bufs.clone(),
+            notify: s.notify.clone(),
+            task: tokio::spawn(async { true }),
+        };
+        streamer.write(Stream::Stdout, b"abcdef");
+        streamer.write(Stream::Stderr, b"err");
+        streamer.system("▶ s");
+        streamer.write(Stream::Stdout, b"gh");
+        s.bufs.lock().unwrap().flush_requested = true;
+        let (chunks, _, _) = s.cut();
+        let got: Vec<(String, i64, i64, Vec<u8>)> =
+            chunks.iter().map(|c| (c.stream.clone(), c.seq, c.offset, decode(c))).collect();
+        let sys = "▶ s\n".as_bytes();
+        let c = |st: &str, seq, off, d: &[u8]| (st.to_string(), seq, off, d.to_vec());
+        assert_eq!(
+            got,
+            [
+                c("stdout", 0, 0, b"abcd"),
+                c("stdout", 1, 4, b"ef"),
+                c("stderr", 0, 0, b"err"),
+                c("system", 0, 0, &sys[..4]),
+                c("system", 1, 4, &sys[4..]),
+                c("stdout", 2, 6, b"gh"),
+            ]
+        );
     }
 
     #[tokio::test]
@@ -362,10 +389,6 @@ mod tests {
         let (chunks, _, _) = s.cut();
         assert_eq!(chunks.len(), 1);
         assert_eq!(chunks[0].stream, "system");
-        assert!(
-            String::from_utf8(decode(&chunks[0]))
-                .unwrap()
-                .contains("42 bytes of stderr dropped")
-        );
+        assert!(String::from_utf8(decode(&chunks[0])).unwrap().contains("42 bytes of stderr dropped"));
     }
 }

@@ -2,10 +2,11 @@
 //! repositories and real processes. Faking the server (not the client)
 //! exercises the agent's real wire behaviour: retries, ids, ordering.
 
-use axum::extract::{Path, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use base64::Engine;
 use kiln_agent::{AgentConfig, ExecutorKind};
@@ -25,6 +26,18 @@ enum Event {
     Heartbeat(u16),
     Chunk(String, LogChunk, u16),
     Complete(Completion),
+    /// A session stream connection (1-based count).
+    Session(u32),
+    CreateUpload(CreateUpload),
+    Part {
+        generation: String,
+        part: u64,
+        len: usize,
+        sha256: String,
+        status: u16,
+    },
+    Seal(String, u16),
+    Restore(RestoreRequest, u16),
 }
 
 #[derive(Default)]
@@ -49,6 +62,22 @@ struct FakeState {
     heartbeats: Heartbeats,
     fenced: bool,
     bad_auth: u32,
+    /// The fake's own base URL (for capability URLs).
+    base: String,
+    part_size: u64,
+    uploads: HashMap<String, CreateUpload>,
+    parts: HashMap<(String, u64), Vec<u8>>,
+    /// Answer 503 to the first PUT of this part.
+    fail_part_once: Option<u64>,
+    /// Answer 409 stale_epoch to every PUT of this part.
+    stale_part: Option<u64>,
+    /// Bound artifacts for restore: (from_job, name) → bytes.
+    artifacts: HashMap<(String, String), Vec<u8>>,
+    /// Announce a wrong sha256 for restored artifacts.
+    wrong_restore_sha: bool,
+    sessions: u32,
+    /// End the first session stream once this file exists.
+    drop_first_session_when: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -84,30 +113,54 @@ impl Fake {
         self.state.lock().unwrap().events.clone()
     }
 
-    fn claims(&self) -> Vec<String> {
+    /// Index of the first event matching `f`.
+    fn position(&self, f: impl Fn(&Event) -> bool) -> Option<usize> {
+        self.events().iter().position(f)
+    }
+
+    fn uploads_opened(&self) -> Vec<CreateUpload> {
         self.events()
             .into_iter()
-            .filter_map(|e| {
-                if let Event::Claim(id) = e {
-                    Some(id)
-                } else {
-                    None
-                }
+            .filter_map(|e| match e {
+                Event::CreateUpload(c) => Some(c),
+                _ => None,
             })
             .collect()
     }
 
-    fn completions(&self) -> Vec<Completion> {
+    /// (part, len, sha256, status) of every PUT, in arrival order.
+    fn part_puts(&self) -> Vec<(u64, usize, String, u16)> {
         self.events()
             .into_iter()
-            .filter_map(|e| {
-                if let Event::Complete(c) = e {
-                    Some(c)
-                } else {
-                    None
+            .filter_map(|e| match e {
+                Event::Part { generation, part, len, sha256, status } => {
+                    assert_eq!(generation, "gen-1", "one upload session per test");
+                    Some((part, len, sha256, status))
                 }
+                _ => None,
             })
             .collect()
+    }
+
+    /// The stored object of a generation: its parts concatenated.
+    fn object(&self, generation: &str) -> Vec<u8> {
+        let s = self.state.lock().unwrap();
+        let mut out = vec![];
+        for n in 0.. {
+            match s.parts.get(&(generation.to_string(), n)) {
+                Some(p) => out.extend_from_slice(p),
+                None => break,
+            }
+        }
+        out
+    }
+
+    fn claims(&self) -> Vec<String> {
+        self.events().into_iter().filter_map(|e| if let Event::Claim(id) = e { Some(id) } else { None }).collect()
+    }
+
+    fn completions(&self) -> Vec<Completion> {
+        self.events().into_iter().filter_map(|e| if let Event::Complete(c) = e { Some(c) } else { None }).collect()
     }
 
     /// Accepted chunks of one stream, in arrival order.
@@ -135,19 +188,9 @@ impl Fake {
         for (i, c) in self.accepted(job, stream).iter().enumerate() {
             assert_eq!(c.seq, i as i64, "seq of {stream} chunk {i}");
             assert_eq!(c.offset, bytes.len() as i64, "offset of {stream} chunk {i}");
-            let data = base64::engine::general_purpose::STANDARD
-                .decode(&c.data)
-                .unwrap();
-            assert!(
-                !data.is_empty() && data.len() <= 64 * 1024,
-                "chunk size {}",
-                data.len()
-            );
-            assert_eq!(
-                c.sha256,
-                hex::encode(Sha256::digest(&data)),
-                "digest of {stream} chunk {i}"
-            );
+            let data = base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap();
+            assert!(!data.is_empty() && data.len() <= 64 * 1024, "chunk size {}", data.len());
+            assert_eq!(c.sha256, hex::encode(Sha256::digest(&data)), "digest of {stream} chunk {i}");
             bytes.extend(data);
         }
         String::from_utf8(bytes).unwrap()
@@ -155,29 +198,19 @@ impl Fake {
 }
 
 fn error(status: StatusCode, code: &str) -> Response {
-    let body = ErrorBody {
-        error: ErrorDetail {
-            code: code.into(),
-            message: format!("fake server says {code}"),
-        },
-    };
+    let body = ErrorBody { error: ErrorDetail { code: code.into(), message: format!("fake server says {code}") } };
     (status, Json(body)).into_response()
 }
 
 fn authorized(fake: &Fake, headers: &HeaderMap) -> bool {
-    let ok = headers.get("authorization").and_then(|v| v.to_str().ok())
-        == Some(&format!("Bearer {TOKEN}"));
+    let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"));
     if !ok {
         fake.record(|s| s.bad_auth += 1);
     }
     ok
 }
 
-async fn register(
-    State(fake): State<Arc<Fake>>,
-    headers: HeaderMap,
-    Json(_): Json<RegisterAgent>,
-) -> Response {
+async fn register(State(fake): State<Arc<Fake>>, headers: HeaderMap, Json(_): Json<RegisterAgent>) -> Response {
     if !authorized(&fake, &headers) {
         return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
     }
@@ -190,15 +223,8 @@ async fn register(
     .into_response()
 }
 
-async fn claim(
-    State(fake): State<Arc<Fake>>,
-    Path(agent): Path<String>,
-    Json(req): Json<ClaimRequest>,
-) -> Response {
-    assert_eq!(
-        (agent.as_str(), req.session_id.as_str(), req.wait_ms),
-        ("agent-1", "session-1", 20_000)
-    );
+async fn claim(State(fake): State<Arc<Fake>>, Path(agent): Path<String>, Json(req): Json<ClaimRequest>) -> Response {
+    assert_eq!((agent.as_str(), req.session_id.as_str(), req.wait_ms), ("agent-1", "session-1", 20_000));
     let mut lose = false;
     let mut assignment = None;
     fake.record(|s| {
@@ -221,10 +247,7 @@ async fn claim(
     Json(ClaimResponse { assignment }).into_response()
 }
 
-async fn heartbeat(
-    State(fake): State<Arc<Fake>>,
-    Path((_job, _epoch)): Path<(String, i64)>,
-) -> Response {
+async fn heartbeat(State(fake): State<Arc<Fake>>, Path((_job, _epoch)): Path<(String, i64)>) -> Response {
     let mut cancel = false;
     let mut stale = false;
     fake.record(|s| {
@@ -234,17 +257,12 @@ async fn heartbeat(
             Heartbeats::CancelWhen(p) => cancel = p.exists(),
         }
         s.fenced |= stale;
-        s.events
-            .push(Event::Heartbeat(if stale { 409 } else { 200 }));
+        s.events.push(Event::Heartbeat(if stale { 409 } else { 200 }));
     });
     if stale {
         return error(StatusCode::CONFLICT, codes::STALE_EPOCH);
     }
-    Json(HeartbeatResponse {
-        cancel_requested: cancel,
-        lease_ttl_ms: 5_000,
-    })
-    .into_response()
+    Json(HeartbeatResponse { cancel_requested: cancel, lease_ttl_ms: 5_000 }).into_response()
 }
 
 async fn logs(
@@ -265,10 +283,7 @@ async fn logs(
     match status {
         409 => error(StatusCode::CONFLICT, codes::STALE_EPOCH),
         503 => error(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE),
-        _ => Json(LogAck {
-            committed: BTreeMap::new(),
-        })
-        .into_response(),
+        _ => Json(LogAck { committed: BTreeMap::new() }).into_response(),
     }
 }
 
@@ -282,10 +297,178 @@ async fn complete(
     if fenced {
         return error(StatusCode::CONFLICT, codes::STALE_EPOCH);
     }
-    Json(CompletionAck {
-        job_status: c.outcome.clone(),
-    })
-    .into_response()
+    Json(CompletionAck { job_status: c.outcome.clone() }).into_response()
+}
+
+async fn session(
+    State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
+    Path(agent): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&fake, &headers) {
+        return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
+    }
+    assert_eq!((agent.as_str(), q.get("session_id").map(String::as_str)), ("agent-1", Some("session-1")));
+    let mut n = 0;
+    let mut drop_when = None;
+    fake.record(|s| {
+        s.sessions += 1;
+        n = s.sessions;
+        s.events.push(Event::Session(n));
+        if n == 1 {
+            drop_when = s.drop_first_session_when.clone();
+        }
+    });
+    // A ping at once (so headers and a first event go out), then every 200 ms;
+    // the first connection ends once `drop_when` exists.
+    let pings = futures::stream::unfold(true, move |first| {
+        let drop_when = drop_when.clone();
+        async move {
+            if !first {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            if drop_when.as_ref().is_some_and(|p| p.exists()) {
+                return None;
+            }
+            Some((Ok::<_, std::io::Error>(Bytes::from_static(b"event: ping\ndata: {}\n\n")), false))
+        }
+    });
+    Response::builder().header("content-type", "text/event-stream").body(Body::from_stream(pings)).unwrap()
+}
+
+async fn create_upload(
+    State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
+    Path((_job, _epoch)): Path<(String, i64)>,
+    Json(c): Json<CreateUpload>,
+) -> Response {
+    if !authorized(&fake, &headers) {
+        return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
+    }
+    let mut session = None;
+    fake.record(|s| {
+        s.events.push(Event::CreateUpload(c.clone()));
+        let generation = format!("gen-{}", s.uploads.len() + 1);
+        s.uploads.insert(generation.clone(), c.clone());
+        session = Some(UploadSession {
+            part_url: format!("{}/parts/{generation}/{{part}}", s.base),
+            generation_id: generation,
+            part_size: s.part_size,
+            expires_at_ms: i64::MAX,
+        });
+    });
+    Json(session.unwrap()).into_response()
+}
+
+async fn put_part(
+    State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
+    Path((generation, part)): Path<(String, u64)>,
+    body: Bytes,
+) -> Response {
+    // A capability URL: the agent must not send its token there.
+    assert!(headers.get("authorization").is_none(), "token sent to a part URL");
+    let sha256 = hex::encode(Sha256::digest(&body));
+    let mut status = 200;
+    fake.record(|s| {
+        if s.stale_part == Some(part) {
+            status = 409;
+        } else if s.fail_part_once == Some(part) {
+            s.fail_part_once = None;
+            status = 503;
+        } else {
+            s.parts.insert((generation.clone(), part), body.to_vec());
+        }
+        s.events.push(Event::Part {
+            generation: generation.clone(),
+            part,
+            len: body.len(),
+            sha256: sha256.clone(),
+            status,
+        });
+    });
+    match status {
+        409 => error(StatusCode::CONFLICT, codes::STALE_EPOCH),
+        503 => error(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE),
+        _ => Json(PartReceipt { part, size: body.len() as u64, sha256 }).into_response(),
+    }
+}
+
+async fn seal(
+    State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
+    Path((_job, _epoch, generation)): Path<(String, i64, String)>,
+) -> Response {
+    if !authorized(&fake, &headers) {
+        return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
+    }
+    let object = fake.object(&generation);
+    let mut sealed = None;
+    fake.record(|s| {
+        let declared = s.uploads.get(&generation).cloned();
+        let ok = declared
+            .as_ref()
+            .is_some_and(|d| d.size == object.len() as u64 && d.sha256 == hex::encode(Sha256::digest(&object)));
+        s.events.push(Event::Seal(generation.clone(), if ok { 200 } else { 422 }));
+        if ok {
+            let d = declared.unwrap();
+            sealed = Some(SealedGeneration {
+                generation_id: generation.clone(),
+                name: d.name,
+                size: d.size,
+                sha256: d.sha256,
+                state: "sealed".into(),
+            });
+        }
+    });
+    match sealed {
+        Some(g) => Json(g).into_response(),
+        None => error(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID),
+    }
+}
+
+async fn restore(
+    State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
+    Path((_job, _epoch)): Path<(String, i64)>,
+    Json(r): Json<RestoreRequest>,
+) -> Response {
+    if !authorized(&fake, &headers) {
+        return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
+    }
+    let mut found = None;
+    fake.record(|s| {
+        let bytes = s.artifacts.get(&(r.from_job.clone(), r.name.clone()));
+        s.events.push(Event::Restore(r.clone(), if bytes.is_some() { 200 } else { 404 }));
+        found = bytes.map(|b| {
+            let mut sha256 = hex::encode(Sha256::digest(b));
+            if s.wrong_restore_sha {
+                sha256 = hex::encode(Sha256::digest(b"something else"));
+            }
+            ArtifactDownload {
+                name: r.name.clone(),
+                job: r.from_job.clone(),
+                epoch: 1,
+                size: b.len() as u64,
+                sha256,
+                url: format!("{}/blobs/{}/{}", s.base, r.from_job, r.name),
+                expires_at_ms: i64::MAX,
+            }
+        });
+    });
+    match found {
+        Some(d) => Json(d).into_response(),
+        None => error(StatusCode::NOT_FOUND, codes::NOT_FOUND),
+    }
+}
+
+async fn blob(State(fake): State<Arc<Fake>>, Path((job, name)): Path<(String, String)>) -> Response {
+    let bytes = fake.state.lock().unwrap().artifacts.get(&(job, name)).cloned();
+    match bytes {
+        Some(b) => b.into_response(),
+        None => error(StatusCode::NOT_FOUND, codes::NOT_FOUND),
+    }
 }
 
 async fn serve(fake: Arc<Fake>) -> String {
@@ -295,32 +478,30 @@ async fn serve(fake: Arc<Fake>) -> String {
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(heartbeat))
         .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(logs))
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(complete))
-        .with_state(fake);
+        .route("/v1/agents/{agent}/session", get(session))
+        .route("/v1/jobs/{job}/attempts/{epoch}/artifacts", post(create_upload))
+        .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal", post(seal))
+        .route("/v1/jobs/{job}/attempts/{epoch}/restore", post(restore))
+        .route("/parts/{generation}/{part}", put(put_part))
+        .route("/blobs/{job}/{name}", get(blob))
+        .layer(DefaultBodyLimit::disable())
+        .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
+    let base = format!("http://{addr}");
+    fake.state.lock().unwrap().base = base.clone();
+    base
 }
 
 fn git(dir: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
-        .args([
-            "-c",
-            "user.name=Kiln Test",
-            "-c",
-            "user.email=test@kiln.invalid",
-            "-c",
-            "init.defaultBranch=main",
-        ])
+        .args(["-c", "user.name=Kiln Test", "-c", "user.email=test@kiln.invalid", "-c", "init.defaultBranch=main"])
         .args(args)
         .current_dir(dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -332,41 +513,17 @@ fn make_repo(dir: &std::path::Path) -> (String, String) {
     git(dir, &["init", "-q", "--bare", origin.to_str().unwrap()]);
     git(&src, &["init", "-q"]);
     std::fs::write(src.join("hello.txt"), "hello from the repo\n").unwrap();
-    std::fs::write(
-        src.join("script.sh"),
-        "#!/bin/sh\necho \"script ran with $1\"\n",
-    )
-    .unwrap();
+    std::fs::write(src.join("script.sh"), "#!/bin/sh\necho \"script ran with $1\"\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(
-        src.join("script.sh"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(src.join("script.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
     git(&src, &["add", "."]);
     git(&src, &["commit", "-q", "-m", "initial"]);
-    git(
-        &src,
-        &[
-            "push",
-            "-q",
-            origin.to_str().unwrap(),
-            "HEAD:refs/heads/main",
-        ],
-    );
+    git(&src, &["push", "-q", origin.to_str().unwrap(), "HEAD:refs/heads/main"]);
     // A later commit on the branch: the job must get the frozen one.
     std::fs::write(src.join("hello.txt"), "a newer commit\n").unwrap();
     let sha = git(&src, &["rev-parse", "HEAD"]);
     git(&src, &["commit", "-q", "-am", "newer"]);
-    git(
-        &src,
-        &[
-            "push",
-            "-q",
-            origin.to_str().unwrap(),
-            "HEAD:refs/heads/main",
-        ],
-    );
+    git(&src, &["push", "-q", origin.to_str().unwrap(), "HEAD:refs/heads/main"]);
     (origin.to_str().unwrap().to_string(), sha)
 }
 
@@ -377,24 +534,17 @@ struct Harness {
     sha: String,
     shutdown: watch::Sender<bool>,
     agent: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    upload_rate_limit: Option<u64>,
 }
 
 impl Harness {
     fn new() -> Harness {
-        let _ = tracing_subscriber::fmt()
-            .with_test_writer()
-            .with_env_filter("kiln_agent=debug")
-            .try_init();
+        let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("kiln_agent=debug").try_init();
         let dir = tempfile::tempdir().unwrap();
         let (url, sha) = make_repo(dir.path());
-        Harness {
-            fake: Arc::default(),
-            dir,
-            url,
-            sha,
-            shutdown: watch::Sender::new(false),
-            agent: None,
-        }
+        let fake: Arc<Fake> = Arc::default();
+        fake.state.lock().unwrap().part_size = 1024 * 1024;
+        Harness { fake, dir, url, sha, shutdown: watch::Sender::new(false), agent: None, upload_rate_limit: None }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -416,10 +566,7 @@ impl Harness {
             commit_sha: self.sha.clone(),
             steps: steps
                 .iter()
-                .map(|(name, run)| StepSpec {
-                    name: name.map(str::to_string),
-                    run: run.to_string(),
-                })
+                .map(|(name, run)| StepSpec { name: name.map(str::to_string), run: run.to_string() })
                 .collect(),
             env: BTreeMap::from([("CUSTOM".to_string(), "custom-value".to_string())]),
             timeout_secs: None,
@@ -442,11 +589,9 @@ impl Harness {
             work_dir: self.work_dir(),
             max_jobs: 1,
             executor: ExecutorKind::Host,
+            upload_rate_limit: self.upload_rate_limit,
         };
-        self.agent = Some(tokio::spawn(kiln_agent::run(
-            config,
-            self.shutdown.subscribe(),
-        )));
+        self.agent = Some(tokio::spawn(kiln_agent::run(config, self.shutdown.subscribe())));
     }
 
     /// Waits until the agent is claiming again after `n` attempts: with one
@@ -454,17 +599,8 @@ impl Harness {
     async fn wait_attempts_done(&self, n: usize) {
         self.fake
             .wait_until("the agent to claim again", |s| {
-                let ids: std::collections::HashSet<&String> = s
-                    .events
-                    .iter()
-                    .filter_map(|e| {
-                        if let Event::Claim(id) = e {
-                            Some(id)
-                        } else {
-                            None
-                        }
-                    })
-                    .collect();
+                let ids: std::collections::HashSet<&String> =
+                    s.events.iter().filter_map(|e| if let Event::Claim(id) = e { Some(id) } else { None }).collect();
                 s.handed.len() >= n && ids.len() > n
             })
             .await;
@@ -473,25 +609,20 @@ impl Harness {
     async fn stop(mut self) {
         self.shutdown.send(true).unwrap();
         let agent = self.agent.take().unwrap();
-        tokio::time::timeout(Duration::from_secs(30), agent)
-            .await
-            .expect("agent did not stop")
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            self.fake.state.lock().unwrap().bad_auth,
-            0,
-            "every call carries the agent token"
-        );
+        tokio::time::timeout(Duration::from_secs(30), agent).await.expect("agent did not stop").unwrap().unwrap();
+        assert_eq!(self.fake.state.lock().unwrap().bad_auth, 0, "every call carries the agent token");
     }
 }
 
+/// A step that starts `sleep 1000` in the background, records its *host*
+/// pid in `$PID_FILE` (atomically), and waits. Steps may run in their own
+/// PID namespace where `$!` is not a host pid, so the sleeper reads its pid
+/// from `/proc/self/stat` (the host's procfs) before exec'ing.
+const BACKGROUND_SLEEP: &str = "sh -c 'read -r p _ < /proc/self/stat; echo $p > \"$PID_FILE.tmp\"; \
+     mv \"$PID_FILE.tmp\" \"$PID_FILE\"; exec sleep 1000' & wait";
+
 fn alive(pid_file: &std::path::Path) -> bool {
-    let pid: i32 = std::fs::read_to_string(pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
     kiln_sandbox::process_alive(pid)
 }
 
@@ -511,56 +642,30 @@ async fn runs_steps_in_the_checkout_and_streams_logs() {
 
     let completions = h.fake.completions();
     assert_eq!(completions.len(), 1);
-    assert_eq!(
-        (completions[0].outcome.as_str(), completions[0].exit_code),
-        ("success", Some(0))
-    );
+    assert_eq!((completions[0].outcome.as_str(), completions[0].exit_code), ("success", Some(0)));
 
     let stdout = h.fake.log("stdout");
     let ws = h.work_dir().join("attempts").join("job-1-3").join("ws");
-    assert!(
-        stdout.starts_with("hello from the repo\nscript ran with arg\n"),
-        "{}",
-        &stdout[..200.min(stdout.len())]
-    );
+    assert!(stdout.starts_with("hello from the repo\nscript ran with arg\n"), "{}", &stdout[..200.min(stdout.len())]);
     assert!(stdout.contains("job=build id=job-1 epoch=3 run=run-1\n"));
     assert!(stdout.contains(&format!("commit={} custom=custom-value\n", h.sha)));
     assert!(stdout.contains(&format!("ws={} pwd={}\n", ws.display(), ws.display())));
     assert!(!stdout.contains(TOKEN), "the agent token reached the step");
     assert!(stdout.contains(&format!("{}\n", "x".repeat(200_000))));
-    assert!(
-        h.fake.accepted("job-1", "stdout").len() >= 4,
-        "200 kB of output is several 64 KiB chunks"
-    );
+    assert!(h.fake.accepted("job-1", "stdout").len() >= 4, "200 kB of output is several 64 KiB chunks");
     assert_eq!(h.fake.log("stderr"), "to-stderr\n");
     let system = h.fake.log("system");
     assert!(system.contains("▶ step 1/2: check\n"), "{system}");
-    assert!(
-        system.contains("▶ step 2/2: head -c 200000 /dev/zero | tr '\\0' x; echo\n"),
-        "{system}"
-    );
+    assert!(system.contains("▶ step 2/2: head -c 200000 /dev/zero | tr '\\0' x; echo\n"), "{system}");
     assert!(system.ends_with("✓ job success\n"), "{system}");
 
     // Every chunk was acknowledged before the completion was sent.
     let events = h.fake.events();
-    let done = events
-        .iter()
-        .position(|e| matches!(e, Event::Complete(_)))
-        .unwrap();
+    let done = events.iter().position(|e| matches!(e, Event::Complete(_))).unwrap();
     assert!(!events[done..].iter().any(|e| matches!(e, Event::Chunk(..))));
     // The workspace is gone; the mirror stays for the next job.
-    assert_eq!(
-        std::fs::read_dir(h.work_dir().join("attempts"))
-            .unwrap()
-            .count(),
-        0
-    );
-    assert_eq!(
-        std::fs::read_dir(h.work_dir().join("mirrors"))
-            .unwrap()
-            .count(),
-        1
-    );
+    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(h.work_dir().join("mirrors")).unwrap().count(), 1);
     h.stop().await;
 }
 
@@ -568,11 +673,7 @@ async fn runs_steps_in_the_checkout_and_streams_logs() {
 async fn a_failing_step_fails_the_job_and_later_steps_never_run() {
     let mut h = Harness::new();
     let marker = h.path("third-step-ran");
-    let mut a = h.assignment(&[
-        (None, "echo one"),
-        (Some("boom"), "echo two; exit 3"),
-        (None, "touch \"$MARKER\""),
-    ]);
+    let mut a = h.assignment(&[(None, "echo one"), (Some("boom"), "echo two; exit 3"), (None, "touch \"$MARKER\"")]);
     a.env.insert("MARKER".into(), marker.display().to_string());
     // A second job of the same repository reuses the mirror.
     let mut b = h.assignment(&[(None, "cat hello.txt")]);
@@ -582,33 +683,15 @@ async fn a_failing_step_fails_the_job_and_later_steps_never_run() {
 
     let c = h.fake.completions();
     assert_eq!(c.len(), 2);
-    assert_eq!(
-        (c[0].outcome.as_str(), c[0].exit_code, c[0].infra_failure),
-        ("failed", Some(3), false)
-    );
-    assert!(
-        c[0].message
-            .as_deref()
-            .unwrap()
-            .contains("step 2/3 `boom` failed: exit code 3"),
-        "{:?}",
-        c[0].message
-    );
+    assert_eq!((c[0].outcome.as_str(), c[0].exit_code, c[0].infra_failure), ("failed", Some(3), false));
+    assert!(c[0].message.as_deref().unwrap().contains("step 2/3 `boom` failed: exit code 3"), "{:?}", c[0].message);
     assert!(!marker.exists(), "the step after the failure ran");
     assert_eq!(c[1].outcome, "success");
     assert_eq!(h.fake.log_of("job-2", "stdout"), "hello from the repo\n");
     let system = h.fake.log("system");
-    assert!(
-        system.contains("✗ step 2/3 failed: exit code 3\n"),
-        "{system}"
-    );
+    assert!(system.contains("✗ step 2/3 failed: exit code 3\n"), "{system}");
     assert!(!system.contains("step 3/3"), "{system}");
-    assert_eq!(
-        std::fs::read_dir(h.work_dir().join("mirrors"))
-            .unwrap()
-            .count(),
-        1
-    );
+    assert_eq!(std::fs::read_dir(h.work_dir().join("mirrors")).unwrap().count(), 1);
     h.stop().await;
 }
 
@@ -616,40 +699,19 @@ async fn a_failing_step_fails_the_job_and_later_steps_never_run() {
 async fn a_fenced_attempt_is_killed_and_never_completes() {
     let mut h = Harness::new();
     let pid_file = h.path("step.pid");
-    let mut a = h.assignment(&[(None, "echo started; sleep 1000 & echo $! > \"$PID_FILE.tmp\"; mv \"$PID_FILE.tmp\" \"$PID_FILE\"; wait")]);
-    a.env
-        .insert("PID_FILE".into(), pid_file.display().to_string());
+    let mut a = h.assignment(&[(None, &format!("echo started; {BACKGROUND_SLEEP}"))]);
+    a.env.insert("PID_FILE".into(), pid_file.display().to_string());
     h.fake.state.lock().unwrap().heartbeats = Heartbeats::StaleWhen(pid_file.clone());
     h.start(vec![a]).await;
     h.wait_attempts_done(1).await;
 
     assert!(!alive(&pid_file), "the step survived fencing");
-    assert!(
-        h.fake.completions().is_empty(),
-        "a fenced attempt completed"
-    );
+    assert!(h.fake.completions().is_empty(), "a fenced attempt completed");
     let events = h.fake.events();
-    let fenced = events
-        .iter()
-        .position(|e| matches!(e, Event::Heartbeat(409)))
-        .unwrap();
-    assert!(
-        !events[fenced + 1..]
-            .iter()
-            .any(|e| matches!(e, Event::Heartbeat(_))),
-        "heartbeats after the fence"
-    );
-    assert!(
-        !events[fenced + 1..]
-            .iter()
-            .any(|e| matches!(e, Event::Chunk(_, _, 200)))
-    );
-    assert_eq!(
-        std::fs::read_dir(h.work_dir().join("attempts"))
-            .unwrap()
-            .count(),
-        0
-    );
+    let fenced = events.iter().position(|e| matches!(e, Event::Heartbeat(409))).unwrap();
+    assert!(!events[fenced + 1..].iter().any(|e| matches!(e, Event::Heartbeat(_))), "heartbeats after the fence");
+    assert!(!events[fenced + 1..].iter().any(|e| matches!(e, Event::Chunk(_, _, 200))));
+    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0);
     h.stop().await;
 }
 
@@ -657,25 +719,15 @@ async fn a_fenced_attempt_is_killed_and_never_completes() {
 async fn cancel_requested_kills_the_step_and_completes_cancelled() {
     let mut h = Harness::new();
     let pid_file = h.path("step.pid");
-    let mut a = h.assignment(&[
-        (
-            None,
-            "sleep 1000 & echo $! > \"$PID_FILE.tmp\"; mv \"$PID_FILE.tmp\" \"$PID_FILE\"; wait",
-        ),
-        (None, "echo never"),
-    ]);
-    a.env
-        .insert("PID_FILE".into(), pid_file.display().to_string());
+    let mut a = h.assignment(&[(None, BACKGROUND_SLEEP), (None, "echo never")]);
+    a.env.insert("PID_FILE".into(), pid_file.display().to_string());
     h.fake.state.lock().unwrap().heartbeats = Heartbeats::CancelWhen(pid_file.clone());
     h.start(vec![a]).await;
     h.wait_attempts_done(1).await;
 
     let c = h.fake.completions();
     assert_eq!(c.len(), 1);
-    assert_eq!(
-        (c[0].outcome.as_str(), c[0].infra_failure),
-        ("cancelled", false)
-    );
+    assert_eq!((c[0].outcome.as_str(), c[0].infra_failure), ("cancelled", false));
     assert!(!alive(&pid_file));
     assert!(!h.fake.log("system").contains("step 2/2"));
     h.stop().await;
@@ -690,10 +742,7 @@ async fn a_lost_claim_response_is_recovered_with_the_same_claim_request_id() {
     h.wait_attempts_done(1).await;
 
     let claims = h.fake.claims();
-    assert_eq!(
-        claims[0], claims[1],
-        "the retry must reuse the claim_request_id"
-    );
+    assert_eq!(claims[0], claims[1], "the retry must reuse the claim_request_id");
     assert_ne!(claims[1], claims[2], "a new logical claim gets a fresh id");
     assert_eq!(h.fake.completions()[0].outcome, "success");
     assert_eq!(h.fake.log("stdout"), "recovered\n");
@@ -719,10 +768,7 @@ async fn a_refused_chunk_is_retried_with_identical_bytes() {
         .collect();
     assert_eq!(posts[0].1, 503);
     assert_eq!(posts[1].1, 200);
-    assert_eq!(
-        posts[0].0, posts[1].0,
-        "the retry must carry identical seq, offset and bytes"
-    );
+    assert_eq!(posts[0].0, posts[1].0, "the retry must carry identical seq, offset and bytes");
     assert_eq!(h.fake.log("stdout"), "first-chunk\n");
     assert_eq!(h.fake.completions()[0].outcome, "success");
     h.stop().await;
@@ -739,10 +785,7 @@ async fn a_checkout_failure_is_an_infrastructure_failure() {
     let c = &h.fake.completions()[0];
     assert_eq!((c.outcome.as_str(), c.infra_failure), ("failed", true));
     let msg = c.message.as_deref().unwrap();
-    assert!(
-        msg.contains("checkout") && msg.contains("0123456789abcdef0123456789abcdef01234567"),
-        "{msg}"
-    );
+    assert!(msg.contains("checkout") && msg.contains("0123456789abcdef0123456789abcdef01234567"), "{msg}");
     assert!(h.fake.log("stdout").is_empty());
     h.stop().await;
 }
@@ -751,9 +794,8 @@ async fn a_checkout_failure_is_an_infrastructure_failure() {
 async fn a_job_over_its_timeout_is_killed_and_fails() {
     let mut h = Harness::new();
     let pid_file = h.path("step.pid");
-    let mut a = h.assignment(&[(None, "sleep 1000 & echo $! > \"$PID_FILE\"; wait")]);
-    a.env
-        .insert("PID_FILE".into(), pid_file.display().to_string());
+    let mut a = h.assignment(&[(None, BACKGROUND_SLEEP)]);
+    a.env.insert("PID_FILE".into(), pid_file.display().to_string());
     a.timeout_secs = Some(1);
     h.start(vec![a]).await;
     h.wait_attempts_done(1).await;
@@ -764,5 +806,311 @@ async fn a_job_over_its_timeout_is_killed_and_fails() {
         ("failed", Some("timed out after 1s"), false)
     );
     assert!(!alive(&pid_file));
+    h.stop().await;
+}
+
+// ------------------------------------------------------------ artifacts
+
+const MIB: usize = 1024 * 1024;
+
+fn sha_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// `n` deterministic pseudo-random bytes.
+fn pseudo_random(n: usize, seed: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n + 32);
+    let mut block = Sha256::digest(seed.as_bytes());
+    while out.len() < n {
+        out.extend_from_slice(&block);
+        block = Sha256::digest(block);
+    }
+    out.truncate(n);
+    out
+}
+
+impl Harness {
+    /// A job whose single step writes `size` random bytes to `out/app.bin`
+    /// (and a copy outside the workspace, returned) and publishes it.
+    fn publishing_job(&self, size: usize) -> (Assignment, PathBuf) {
+        let copy = self.path("published-copy.bin");
+        let mut a = self.assignment(&[(
+            Some("build"),
+            &format!("mkdir -p out; head -c {size} /dev/urandom > out/app.bin; cp out/app.bin \"$COPY\""),
+        )]);
+        a.env.insert("COPY".into(), copy.display().to_string());
+        a.publish = vec![PublishSpec { name: "app.bin".into(), path: "out/app.bin".into() }];
+        (a, copy)
+    }
+}
+
+fn is_complete(e: &Event) -> bool {
+    matches!(e, Event::Complete(_))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_file_is_uploaded_in_parts_and_sealed_before_success() {
+    let mut h = Harness::new();
+    let size = 3 * MIB + MIB / 2;
+    let (a, copy) = h.publishing_job(size);
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+
+    let written = std::fs::read(&copy).unwrap();
+    assert_eq!(written.len(), size);
+    let opened = h.fake.uploads_opened();
+    assert_eq!(opened, [CreateUpload { name: "app.bin".into(), size: size as u64, sha256: sha_hex(&written) }]);
+    let puts = h.fake.part_puts();
+    assert_eq!(
+        puts.iter().map(|p| (p.0, p.1, p.3)).collect::<Vec<_>>(),
+        [(0, MIB, 200), (1, MIB, 200), (2, MIB, 200), (3, MIB / 2, 200)]
+    );
+    assert_eq!(h.fake.object("gen-1"), written, "reassembled bytes");
+
+    let last_part = h.fake.events().iter().rposition(|e| matches!(e, Event::Part { .. })).unwrap();
+    let seal = h.fake.position(|e| matches!(e, Event::Seal(g, 200) if g == "gen-1")).expect("sealed");
+    let done = h.fake.position(is_complete).unwrap();
+    assert!(last_part < seal && seal < done, "parts, then seal, then completion");
+    let c = &h.fake.completions()[0];
+    assert_eq!((c.outcome.as_str(), c.exit_code), ("success", Some(0)));
+    let system = h.fake.log("system");
+    assert!(
+        system.contains(&format!("uploading artifact `app.bin`: {size} bytes, sha256 {}\n", sha_hex(&written))),
+        "{system}"
+    );
+    assert!(system.contains("✓ artifact `app.bin` sealed\n"), "{system}");
+    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0, "the spool goes with the attempt");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_refused_with_503_is_resent_with_identical_bytes() {
+    let mut h = Harness::new();
+    h.fake.state.lock().unwrap().fail_part_once = Some(1);
+    let (a, copy) = h.publishing_job(2 * MIB + 10);
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+
+    let puts: Vec<_> = h.fake.part_puts().into_iter().filter(|p| p.0 == 1).collect();
+    assert_eq!(puts.len(), 2, "{puts:?}");
+    assert_eq!((puts[0].3, puts[1].3), (503, 200));
+    assert_eq!((puts[0].1, &puts[0].2), (puts[1].1, &puts[1].2), "the retry carries identical bytes");
+    assert_eq!(h.fake.object("gen-1"), std::fs::read(&copy).unwrap());
+    assert_eq!(h.fake.completions()[0].outcome, "success");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_epoch_on_a_part_fences_the_attempt() {
+    let mut h = Harness::new();
+    h.fake.state.lock().unwrap().stale_part = Some(1);
+    let (a, _) = h.publishing_job(3 * MIB);
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+
+    let puts = h.fake.part_puts();
+    assert_eq!(puts.iter().map(|p| (p.0, p.3)).collect::<Vec<_>>(), [(0, 200), (1, 409)], "no part after the fence");
+    let events = h.fake.events();
+    assert!(!events.iter().any(|e| matches!(e, Event::Seal(..))), "sealed");
+    assert!(h.fake.completions().is_empty(), "a fenced attempt completed");
+    let fenced = events.iter().position(|e| matches!(e, Event::Part { status: 409, .. })).unwrap();
+    assert!(
+        !events[fenced + 1..].iter().any(|e| matches!(e, Event::Heartbeat(_) | Event::Chunk(..))),
+        "the fenced attempt kept talking"
+    );
+    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_declared_artifact_fails_the_job_and_opens_no_upload() {
+    let mut h = Harness::new();
+    let publish = |name: &str, path: &str| PublishSpec { name: name.into(), path: path.into() };
+    let mut missing = h.assignment(&[(None, "echo built nothing")]);
+    missing.publish = vec![publish("app.bin", "out/app.bin")];
+    let mut dir = h.assignment(&[(None, "mkdir -p out/classes; echo x > out/classes/A.class")]);
+    dir.job_id = "job-2".into();
+    dir.publish = vec![publish("classes", "out/classes")];
+    // A failing step: outputs are not even looked at.
+    let mut failing = h.assignment(&[(None, "mkdir out; echo x > out/app.bin; exit 1")]);
+    failing.job_id = "job-3".into();
+    failing.publish = vec![publish("app.bin", "out/app.bin")];
+    h.start(vec![missing, dir, failing]).await;
+    h.wait_attempts_done(3).await;
+
+    let c = h.fake.completions();
+    assert_eq!(c.len(), 3);
+    assert_eq!(
+        (c[0].outcome.as_str(), c[0].infra_failure, c[0].exit_code, c[0].message.as_deref()),
+        ("failed", false, None, Some("declared artifact `app.bin` was not produced at `out/app.bin`"))
+    );
+    assert_eq!((c[1].outcome.as_str(), c[1].infra_failure), ("failed", false));
+    let msg = c[1].message.as_deref().unwrap();
+    assert!(
+        msg.starts_with("declared artifact `classes` was not produced at `out/classes`")
+            && msg.contains("publish a file; tar a directory in a step"),
+        "{msg}"
+    );
+    assert_eq!((c[2].outcome.as_str(), c[2].exit_code, c[2].infra_failure), ("failed", Some(1), false));
+    assert!(h.fake.uploads_opened().is_empty(), "an upload session was opened");
+    assert!(h.fake.part_puts().is_empty());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_artifacts_are_in_place_before_the_first_step() {
+    let mut h = Harness::new();
+    let bytes = pseudo_random(300 * 1024 + 7, "app.jar");
+    h.fake.state.lock().unwrap().artifacts.insert(("compile".into(), "app.jar".into()), bytes.clone());
+    let mut a = h.assignment(&[
+        (None, "sha256sum deps/lib/app.jar; wc -c < deps/lib/app.jar; ls -A deps/lib"),
+        (None, "cat hello.txt"),
+    ]);
+    a.restore =
+        vec![RestoreSpec { from_job: "compile".into(), name: "app.jar".into(), path: "deps/lib/app.jar".into() }];
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+
+    assert_eq!(h.fake.completions()[0].outcome, "success");
+    assert_eq!(
+        h.fake.log("stdout"),
+        format!("{}  deps/lib/app.jar\n{}\napp.jar\nhello from the repo\n", sha_hex(&bytes), bytes.len()),
+        "exact bytes at the path, no temporary file left beside them"
+    );
+    let restored = h
+        .fake
+        .position(|e| matches!(e, Event::Restore(r, 200) if r.from_job == "compile" && r.name == "app.jar"))
+        .unwrap();
+    let first_output = h.fake.position(|e| matches!(e, Event::Chunk(_, c, _) if c.stream == "stdout")).unwrap();
+    assert!(restored < first_output);
+    let system = h.fake.log("system");
+    assert!(system.contains("restoring artifact `compile/app.jar` to deps/lib/app.jar\n"), "{system}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_that_cannot_be_trusted_or_found_fails_before_any_step() {
+    let mut h = Harness::new();
+    let marker = h.path("step-ran");
+    {
+        let mut s = h.fake.state.lock().unwrap();
+        s.artifacts.insert(("compile".into(), "app.jar".into()), pseudo_random(1000, "x"));
+        s.wrong_restore_sha = true;
+    }
+    let restore =
+        |name: &str, path: &str| RestoreSpec { from_job: "compile".into(), name: name.into(), path: path.into() };
+    let job = |id: &str, spec: RestoreSpec| {
+        let mut a = h.assignment(&[(None, "touch \"$MARKER\"")]);
+        a.job_id = id.into();
+        a.env.insert("MARKER".into(), marker.display().to_string());
+        a.restore = vec![spec];
+        a
+    };
+    let corrupt = job("job-1", restore("app.jar", "deps/app.jar"));
+    let missing = job("job-2", restore("nope", "deps/nope"));
+    let escaping = job("job-3", restore("app.jar", "../outside.jar"));
+    h.start(vec![corrupt, missing, escaping]).await;
+    h.wait_attempts_done(3).await;
+
+    let c = h.fake.completions();
+    assert_eq!(c.len(), 3);
+    assert_eq!((c[0].outcome.as_str(), c[0].infra_failure), ("failed", true));
+    let msg = c[0].message.as_deref().unwrap();
+    assert!(msg.contains("artifact `compile/app.jar` failed verification"), "{msg}");
+    assert_eq!(
+        (c[1].outcome.as_str(), c[1].infra_failure, c[1].message.as_deref()),
+        ("failed", false, Some("required artifact `compile/nope` is not available"))
+    );
+    assert_eq!((c[2].outcome.as_str(), c[2].infra_failure), ("failed", false));
+    assert!(c[2].message.as_deref().unwrap().contains("relative to the workspace"), "{:?}", c[2].message);
+    assert!(!marker.exists(), "a step ran");
+    assert!(!h.path("outside.jar").exists());
+    for job in ["job-1", "job-2", "job-3"] {
+        assert!(!h.fake.log_of(job, "system").contains("▶ step"));
+    }
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_go_through_the_agent_wide_rate_limit() {
+    let mut h = Harness::new();
+    h.upload_rate_limit = Some(2 * MIB as u64);
+    let (a, copy) = h.publishing_job(3 * MIB);
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+
+    // Timing is the token bucket's unit tests' business (injected clock);
+    // here: a limited upload still delivers every byte, in order.
+    assert_eq!(h.fake.part_puts().len(), 3);
+    assert_eq!(h.fake.object("gen-1"), std::fs::read(&copy).unwrap());
+    assert_eq!(h.fake.completions()[0].outcome, "success");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_session_stream_is_reopened_and_running_attempts_heartbeat_at_once() {
+    let mut h = Harness::new();
+    let started = h.path("started");
+    let release = h.path("release");
+    let mut a =
+        h.assignment(&[(None, "touch \"$STARTED\"; while [ ! -e \"$RELEASE\" ]; do sleep 0.05; done; echo released")]);
+    a.env.insert("STARTED".into(), started.display().to_string());
+    a.env.insert("RELEASE".into(), release.display().to_string());
+    // No periodic heartbeat within the test: any heartbeat is the reconnect's.
+    a.heartbeat_interval_ms = 600_000;
+    h.fake.state.lock().unwrap().drop_first_session_when = Some(started);
+    h.start(vec![a]).await;
+    h.fake
+        .wait_until("a heartbeat after the session reconnect", |s| {
+            let reconnect = s.events.iter().position(|e| matches!(e, Event::Session(2)));
+            reconnect.is_some_and(|r| s.events[r..].iter().any(|e| matches!(e, Event::Heartbeat(200))))
+        })
+        .await;
+    std::fs::write(&release, "").unwrap();
+    h.wait_attempts_done(1).await;
+
+    let events = h.fake.events();
+    let first = events.iter().position(|e| matches!(e, Event::Session(1))).unwrap();
+    let second = events.iter().position(|e| matches!(e, Event::Session(2))).unwrap();
+    let beat = events.iter().position(|e| matches!(e, Event::Heartbeat(_))).unwrap();
+    assert!(first < second, "{events:?}");
+    assert!(second < beat, "the first heartbeat must follow the reconnect: {events:?}");
+    assert_eq!(h.fake.state.lock().unwrap().sessions, 2, "one reconnect");
+    assert_eq!(h.fake.completions()[0].outcome, "success");
+    assert_eq!(h.fake.log("stdout"), "released\n");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_headers_arrive_before_the_output_of_their_step() {
+    let mut h = Harness::new();
+    let a = h.assignment(&[(None, "echo one"), (None, "echo two"), (None, "echo three")]);
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+
+    let events = h.fake.events();
+    let chunk = |stream: &str, text: &str| {
+        events
+            .iter()
+            .position(|e| match e {
+                Event::Chunk(_, c, 200) => {
+                    c.stream == stream
+                        && String::from_utf8(base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap())
+                            .unwrap()
+                            .contains(text)
+                }
+                _ => false,
+            })
+            .unwrap_or_else(|| panic!("no {stream} chunk with {text:?}: {events:?}"))
+    };
+    assert!(chunk("system", "checking out") < chunk("system", "▶ step 1/3"));
+    for (i, out) in ["one", "two", "three"].iter().enumerate() {
+        let header = chunk("system", &format!("▶ step {}/3", i + 1));
+        assert!(header < chunk("stdout", out), "step {} header after its output", i + 1);
+        if i > 0 {
+            assert!(chunk("stdout", ["one", "two"][i - 1]) < header);
+        }
+    }
+    assert_eq!(h.fake.log("stdout"), "one\ntwo\nthree\n");
     h.stop().await;
 }

@@ -270,3 +270,44 @@ async fn database_unavailable_pauses_advancement() {
     assert_eq!(done.status, "success", "{done:#?}\n{}", server.log());
     assert_eq!(done.jobs[0].attempts.len(), 1, "the held completion landed; no replacement was needed");
 }
+
+/// spec 000 §15 "host lost during multipart upload": the replacement starts a
+/// fresh attempt-scoped generation; nothing of the lost session is resumed,
+/// bound or kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn host_lost_mid_upload_starts_a_fresh_generation() {
+    let server = KilnServer::start(
+        BIN.as_ref(),
+        &["--artifact-gc-grace", "1s", "--gc-interval", "300ms", "--retry-base", "100ms"],
+    )
+    .unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: compile\n    steps:\n      - mkdir -p target && head -c 50000000 /dev/urandom > target/app.jar\n    artifacts:\n      publish:\n        - {name: app, path: target/app.jar}\n",
+    )])
+    .unwrap();
+    add_repo(&server, "lost", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let a = server.agent("doomed", &["--upload-rate-limit", "5000000"]).unwrap();
+    let run = c.submit_run("lost", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = wait_job(&c, &run.run_id, 0, |j| j.current_epoch == 1).await;
+    let job = r.jobs[0].id.clone();
+    let data = server.data_dir();
+    wait_for(Duration::from_secs(60), || (staged_bytes(&data, &run.run_id, &job, 1) > 0).then_some(()))
+        .expect("upload started");
+    a.signal("KILL");
+    let _b = server.agent("survivor", &[]).unwrap();
+    let done = wait_run(&c, &run.run_id, 120).await;
+    assert_eq!(done.status, "success", "{done:#?}");
+    let j = &done.jobs[0];
+    assert_eq!(j.attempts.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>(), vec!["lost", "success"]);
+    assert_eq!(j.artifacts[0].epoch, 2);
+    assert_eq!(j.artifacts[0].size, 50_000_000);
+    // The lost session's staged parts are collected, never completed.
+    let gone = wait_for(Duration::from_secs(30), || {
+        (staged_bytes(&data, &run.run_id, &job, 1) == 0
+            && files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&job).join("1")) == 0)
+            .then_some(())
+    });
+    assert!(gone.is_some(), "epoch 1's partial upload was not collected");
+}

@@ -344,3 +344,33 @@ fn validate_reports_every_problem_with_line_and_column() {
         assert!(line >= 1 && col >= 1, "{l}");
     }
 }
+
+/// The bundled example (examples/hello): compile publishes target/app.jar,
+/// integration-test restores it and runs it.
+#[tokio::test(flavor = "multi_thread")]
+async fn bundled_example_pipeline_hands_off_its_artifact() {
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("hello");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/hello");
+    assert!(std::process::Command::new("cp").arg("-r").arg(&example).arg(&repo).status().unwrap().success());
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &["-c", "user.name=t", "-c", "user.email=t@kiln.invalid", "commit", "-q", "-m", "example"],
+    ] {
+        assert!(std::process::Command::new("git").arg("-C").arg(&repo).args(args).status().unwrap().success());
+    }
+    let out = up.cli().args(["repo", "add", "hello", "--url"]).arg(&repo).output().unwrap();
+    assert!(out.status.success());
+    let out = up.cli().args(["run", "--repo", "hello", "--commit", "main", "--follow", "--json"]).output().unwrap();
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{logs}\n{}", up.log());
+    let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let art = &run["jobs"][0]["artifacts"][0];
+    assert_eq!(art["name"], "app");
+    assert_eq!(art["epoch"], 1);
+    let sha = art["sha256"].as_str().unwrap();
+    assert!(logs.contains(&format!("testing {sha}  inputs/app.jar")), "{logs}");
+    assert!(logs.contains("ok - the published app greets"), "{logs}");
+}

@@ -1,0 +1,624 @@
+//! Artifacts of one attempt (spec 000 §11, §12): restore inputs before the
+//! steps, freeze and upload declared outputs after they all succeeded.
+//!
+//! # Restore
+//! For each `assignment.restore` entry: ask the server for the producer's
+//! bound generation (`restore`), stream the capability URL into a temporary
+//! file beside the target (inside the workspace) while hashing, verify size
+//! and sha256, then rename it into place. A 404 is the job's problem ("not
+//! available"); a transfer that keeps failing or bytes that do not verify
+//! are the infrastructure's. Every retry asks for a fresh download URL.
+//!
+//! # Publish
+//! Only after every step exited 0, and after the executor killed the step
+//! process groups (it kills each group when its shell exits, and `cleanup`
+//! kills anything still running). Each declared output is *frozen*: moved
+//! (renamed) into the agent-owned spool `<attempt>/spool/<name>`, made
+//! read-only, then hashed from the spool. Then, per output: `create_upload`
+//! → parts of `part_size` bytes, each streamed from the spool file through
+//! the agent-wide [`RateLimiter`] and retried with identical bytes (the
+//! bytes of each part are hashed while sent; a retry whose bytes differ
+//! from the first send aborts the upload) → `seal`, which the server only
+//! grants after verifying size and sha256 of the stored object.
+//!
+//! The freeze protects against the workspace changing under the upload; a
+//! process that escaped the step's process group (its own `setsid`) and
+//! still holds the file open could in principle write to it — that is
+//! caught by the per-part identity check and by the server's verification
+//! at seal, never published.
+//!
+//! 409 stale_epoch anywhere fences the attempt: it stops and publishes
+//! nothing more. Any stop reason (cancel, timeout, shutdown) interrupts a
+//! transfer.
+
+use crate::attempt::Ran;
+use crate::control::{Control, Stop, backoff};
+use crate::logs::LogStreamer;
+use crate::ratelimit::RateLimiter;
+use kiln_api::client::{ApiError, Client};
+use kiln_api::types::{
+    ArtifactDownload, Assignment, CreateUpload, PartReceipt, PublishSpec, RestoreRequest, RestoreSpec, UploadSession,
+};
+use sha2::{Digest, Sha256};
+use std::future::Future;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+/// Tries of one API call, part or download before giving up (infra failure).
+pub(crate) const MAX_TRIES: u32 = 6;
+/// Bytes read from the spool file at once while sending a part.
+const READ_CHUNK: u64 = 64 * 1024;
+/// A download that delivers nothing for this long is retried.
+const DOWNLOAD_STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What the transfers need from the attempt.
+pub(crate) struct Transfer<'a> {
+    pub client: &'a Client,
+    pub a: &'a Assignment,
+    pub ctl: &'a Control,
+    pub logs: &'a LogStreamer,
+    pub limiter: &'a RateLimiter,
+}
+
+/// `path` as a relative path inside the workspace: no root, no `..`, not empty.
+pub(crate) fn workspace_relative(path: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in Path::new(path).components() {
+        match c {
+            Component::Normal(s) => out.push(s),
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    (!out.as_os_str().is_empty()).then_some(out)
+}
+
+/// An artifact name usable as one file name in the spool.
+fn spool_name_ok(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
+/// Whether `dir` (which exists) resolves inside `ws`, symlinks followed.
+fn inside(ws: &Path, dir: &Path) -> std::io::Result<bool> {
+    Ok(dir.canonicalize()?.starts_with(ws.canonicalize()?))
+}
+
+fn job_error(msg: String) -> Ran {
+    tracing::warn!("{msg}");
+    Ran::JobError(msg)
+}
+
+fn infra(msg: String) -> Ran {
+    tracing::error!("{msg}");
+    Ran::Infra(msg)
+}
+
+/// An API call retried while retryable; 409 stale_epoch fences, any stop
+/// reason interrupts. Err carries the final error, or `Ran::Stopped`.
+async fn call<T, F, Fut>(t: &Transfer<'_>, what: &str, mut f: F) -> Result<T, CallError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ApiError>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let res = tokio::select! {
+            r = f() => r,
+            _ = t.ctl.stopped() => return Err(CallError::Stopped),
+        };
+        match res {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_stale_epoch() => {
+                tracing::warn!(error = %e, "{what} refused: this attempt was fenced");
+                t.ctl.stop(Stop::Fenced);
+                return Err(CallError::Stopped);
+            }
+            Err(e) if e.is_retryable() && tries < MAX_TRIES => {
+                let delay = backoff(tries, 250, 10_000);
+                tracing::warn!(error = %e, tries, retry_in_ms = delay.as_millis() as u64, "{what} failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = t.ctl.stopped() => return Err(CallError::Stopped),
+                }
+            }
+            Err(e) => return Err(CallError::Api(e, tries)),
+        }
+    }
+}
+
+enum CallError {
+    Api(ApiError, u32),
+    Stopped,
+}
+
+// ---------------------------------------------------------------- restore
+
+/// Restores every declared input into `ws`, in order. Err is the attempt's result.
+pub(crate) async fn restore_all(t: &Transfer<'_>, ws: &Path) -> Result<(), Ran> {
+    for spec in &t.a.restore {
+        restore_one(t, ws, spec).await?;
+    }
+    Ok(())
+}
+
+async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<(), Ran> {
+    let label = format!("{}/{}", spec.from_job, spec.name);
+    let Some(rel) = workspace_relative(&spec.path) else {
+        return Err(job_error(format!(
+            "cannot restore artifact `{label}` to `{}`: the path must be relative to the workspace, without `..`",
+            spec.path
+        )));
+    };
+    let target = ws.join(&rel);
+    let parent = target.parent().expect("a joined relative path has a parent");
+    if let Err(e) = tokio::fs::create_dir_all(parent).await {
+        return Err(job_error(format!(
+            "cannot restore artifact `{label}` to `{}`: cannot create its directory: {e}",
+            spec.path
+        )));
+    }
+    match inside(ws, parent) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(job_error(format!(
+                "cannot restore artifact `{label}` to `{}`: the path leads outside the workspace through a symbolic link",
+                spec.path
+            )));
+        }
+        Err(e) => return Err(infra(format!("cannot resolve {}: {e}", parent.display()))),
+    }
+    if tokio::fs::symlink_metadata(&target).await.is_ok_and(|m| m.is_dir()) {
+        return Err(job_error(format!(
+            "cannot restore artifact `{label}` to `{}`: a directory is in the way",
+            spec.path
+        )));
+    }
+    t.logs.system(&format!("restoring artifact `{label}` to {}", rel.display()));
+    let body = RestoreRequest { from_job: spec.from_job.clone(), name: spec.name.clone() };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let dl =
+            match call(t, &format!("restore of `{label}`"), || t.client.restore(&t.a.job_id, t.a.epoch, &body)).await {
+                Ok(dl) => dl,
+                Err(CallError::Stopped) => return Err(Ran::Stopped),
+                Err(CallError::Api(e, _)) if e.status() == Some(404) => {
+                    return Err(job_error(format!("required artifact `{label}` is not available")));
+                }
+                Err(CallError::Api(e, n)) => {
+                    return Err(infra(format!("cannot restore artifact `{label}` (after {n} tries): {e}")));
+                }
+            };
+        let tmp = parent.join(format!(".kiln-restore-{}.tmp", uuid::Uuid::new_v4()));
+        let res = tokio::select! {
+            r = download(t.client, &dl, &tmp) => r,
+            _ = t.ctl.stopped() => Err(Fetch::Stopped),
+        };
+        let got = match res {
+            Ok(got) => got,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                match e {
+                    Fetch::Stopped => return Err(Ran::Stopped),
+                    Fetch::Stale(e) => {
+                        tracing::warn!(error = %e, "download refused: this attempt was fenced");
+                        t.ctl.stop(Stop::Fenced);
+                        return Err(Ran::Stopped);
+                    }
+                    Fetch::Retryable(msg) if tries < MAX_TRIES => {
+                        let delay = backoff(tries, 250, 10_000);
+                        tracing::warn!(artifact = %label, error = %msg, tries, retry_in_ms = delay.as_millis() as u64,
+                            "artifact download failed; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = t.ctl.stopped() => return Err(Ran::Stopped),
+                        }
+                        continue;
+                    }
+                    Fetch::Retryable(msg) | Fetch::Fatal(msg) => {
+                        return Err(infra(format!("cannot download artifact `{label}` (after {tries} tries): {msg}")));
+                    }
+                }
+            }
+        };
+        if got != (dl.size, dl.sha256.to_ascii_lowercase()) {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(infra(format!(
+                "artifact `{label}` failed verification: expected {} bytes with sha256 {}, received {} bytes with sha256 {}",
+                dl.size, dl.sha256, got.0, got.1
+            )));
+        }
+        if let Err(e) = tokio::fs::rename(&tmp, &target).await {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(infra(format!("cannot move artifact `{label}` into place at {}: {e}", target.display())));
+        }
+        tracing::info!(artifact = %label, path = %rel.display(), size = dl.size, sha256 = %dl.sha256,
+            producer_epoch = dl.epoch, "restored artifact");
+        return Ok(());
+    }
+}
+
+enum Fetch {
+    Stopped,
+    Stale(ApiError),
+    Retryable(String),
+    Fatal(String),
+}
+
+/// Streams the download into `tmp`; returns (size, sha256) of what arrived.
+/// Stops reading once more than the announced size arrived.
+async fn download(client: &Client, dl: &ArtifactDownload, tmp: &Path) -> Result<(u64, String), Fetch> {
+    let mut resp = match client.download(&dl.url).await {
+        Ok(r) => r,
+        Err(e) if e.is_stale_epoch() => return Err(Fetch::Stale(e)),
+        Err(e) if e.is_retryable() => return Err(Fetch::Retryable(e.to_string())),
+        Err(e) => return Err(Fetch::Fatal(e.to_string())),
+    };
+    let mut file = tokio::fs::File::create(tmp)
+        .await
+        .map_err(|e| Fetch::Fatal(format!("cannot create {}: {e}", tmp.display())))?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    loop {
+        let chunk = match tokio::time::timeout(DOWNLOAD_STALL, resp.chunk()).await {
+            Ok(Ok(Some(c))) => c,
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => return Err(Fetch::Retryable(format!("the transfer broke off: {e}"))),
+            Err(_) => {
+                return Err(Fetch::Retryable(format!("no data for {} s", DOWNLOAD_STALL.as_secs())));
+            }
+        };
+        size += chunk.len() as u64;
+        if size > dl.size {
+            break;
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(|e| Fetch::Fatal(format!("cannot write {}: {e}", tmp.display())))?;
+    }
+    file.flush().await.map_err(|e| Fetch::Fatal(format!("cannot write {}: {e}", tmp.display())))?;
+    Ok((size, hex::encode(hasher.finalize())))
+}
+
+// ---------------------------------------------------------------- publish
+
+/// A declared output moved into the spool.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Frozen {
+    pub name: String,
+    pub path: PathBuf,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// Freezes every declared output, then uploads and seals each. Ok only when
+/// all are sealed.
+pub(crate) async fn publish_all(t: &Transfer<'_>, ws: &Path, spool: &Path) -> Result<(), Ran> {
+    let mut frozen = vec![];
+    for spec in &t.a.publish {
+        let (ws, spool, spec2) = (ws.to_path_buf(), spool.to_path_buf(), spec.clone());
+        let f = tokio::task::spawn_blocking(move || freeze(&ws, &spool, &spec2))
+            .await
+            .map_err(|e| infra(format!("the freeze task failed: {e}")))?;
+        let f = f?;
+        tracing::info!(artifact = %f.name, size = f.size, sha256 = %f.sha256, "froze artifact");
+        frozen.push(f);
+    }
+    for f in &frozen {
+        upload(t, f).await?;
+    }
+    Ok(())
+}
+
+/// Moves the declared output into `spool/<name>`, read-only, and hashes it
+/// there. Blocking.
+pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Frozen, Ran> {
+    let (name, path) = (&spec.name, &spec.path);
+    if !spool_name_ok(name) {
+        return Err(job_error(format!("artifact name `{name}` cannot be used as a file name")));
+    }
+    let Some(rel) = workspace_relative(path) else {
+        return Err(job_error(format!(
+            "declared artifact `{name}` has path `{path}`, which must be relative to the workspace, without `..`"
+        )));
+    };
+    let not_produced = |why: String| job_error(format!("declared artifact `{name}` was not produced at `{path}`{why}"));
+    let src = ws.join(&rel);
+    let meta = match std::fs::symlink_metadata(&src) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_produced(String::new())),
+        Err(e) => return Err(not_produced(format!(": {e}"))),
+    };
+    if meta.is_dir() {
+        return Err(not_produced(": it is a directory (publish a file; tar a directory in a step)".into()));
+    }
+    if meta.file_type().is_symlink() {
+        return Err(not_produced(": it is a symbolic link (publish a regular file)".into()));
+    }
+    if !meta.is_file() {
+        return Err(not_produced(": it is not a regular file".into()));
+    }
+    let parent = src.parent().expect("a joined relative path has a parent");
+    match inside(ws, parent) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(not_produced(": the path leads outside the workspace through a symbolic link".into()));
+        }
+        Err(e) => return Err(infra(format!("cannot resolve {}: {e}", parent.display()))),
+    }
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        infra(format!("cannot freeze artifact `{name}`: cannot {what} {}: {e}", p.display()))
+    };
+    std::fs::create_dir_all(spool).map_err(|e| io("create", spool, e))?;
+    let dst = spool.join(name);
+    if let Err(e) = std::fs::rename(&src, &dst) {
+        if e.kind() != std::io::ErrorKind::CrossesDevices {
+            return Err(io("move into the spool", &src, e));
+        }
+        std::fs::copy(&src, &dst).map_err(|e| io("copy into the spool", &src, e))?;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o444))
+        .map_err(|e| io("make read-only", &dst, e))?;
+    let mut file = std::fs::File::open(&dst).map_err(|e| io("open", &dst, e))?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io("read", &dst, e)),
+        };
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok(Frozen { name: name.clone(), path: dst, size, sha256: hex::encode(hasher.finalize()) })
+}
+
+/// Byte range `[start, end)` of every part; one empty part for an empty file.
+pub(crate) fn part_ranges(size: u64, part_size: u64) -> Vec<(u64, u64)> {
+    if size == 0 {
+        return vec![(0, 0)];
+    }
+    (0..size.div_ceil(part_size)).map(|n| (n * part_size, ((n + 1) * part_size).min(size))).collect()
+}
+
+async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<(), Ran> {
+    let name = &f.name;
+    t.logs.system(&format!("uploading artifact `{name}`: {} bytes, sha256 {}", f.size, f.sha256));
+    let body = CreateUpload { name: name.clone(), size: f.size, sha256: f.sha256.clone() };
+    let session = match call(t, &format!("upload session for `{name}`"), || {
+        t.client.create_upload(&t.a.job_id, t.a.epoch, &body)
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(CallError::Stopped) => return Err(Ran::Stopped),
+        Err(CallError::Api(e, n)) => {
+            return Err(infra(format!("cannot open an upload session for artifact `{name}` (after {n} tries): {e}")));
+        }
+    };
+    if session.part_size == 0 || !session.part_url.contains("{part}") {
+        return Err(infra(format!(
+            "the server's upload session for artifact `{name}` is unusable (part_size {}, part_url without `{{part}}`?)",
+            session.part_size
+        )));
+    }
+    let ranges = part_ranges(f.size, session.part_size);
+    tracing::info!(artifact = %name, generation = %session.generation_id, parts = ranges.len(),
+        part_size = session.part_size, size = f.size, "uploading artifact");
+    for (n, &(start, end)) in ranges.iter().enumerate() {
+        upload_part(t, f, &session, n as u64, start, end).await?;
+        tracing::info!(artifact = %name, part = n, parts = ranges.len(), uploaded = end, size = f.size,
+            "uploaded part {}/{}", n + 1, ranges.len());
+    }
+    let gen_id = &session.generation_id;
+    let sealed = match call(t, &format!("seal of `{name}`"), || t.client.seal(&t.a.job_id, t.a.epoch, gen_id)).await {
+        Ok(s) => s,
+        Err(CallError::Stopped) => return Err(Ran::Stopped),
+        Err(CallError::Api(e, n)) => {
+            return Err(infra(format!("the server did not seal artifact `{name}` (after {n} tries): {e}")));
+        }
+    };
+    if sealed.size != f.size || !sealed.sha256.eq_ignore_ascii_case(&f.sha256) {
+        return Err(infra(format!(
+            "the server sealed artifact `{name}` as {} bytes with sha256 {}, but {} bytes with sha256 {} were uploaded",
+            sealed.size, sealed.sha256, f.size, f.sha256
+        )));
+    }
+    tracing::info!(artifact = %name, generation = %sealed.generation_id, state = %sealed.state, "sealed artifact");
+    t.logs.system(&format!("✓ artifact `{name}` sealed"));
+    Ok(())
+}
+
+/// Sends part `n` (bytes `[start, end)` of the spool file) until the server
+/// acknowledges exactly those bytes, retrying with identical bytes.
+async fn upload_part(
+    t: &Transfer<'_>,
+    f: &Frozen,
+    session: &UploadSession,
+    n: u64,
+    start: u64,
+    end: u64,
+) -> Result<(), Ran> {
+    let name = &f.name;
+    let url = session.part_url.replace("{part}", &n.to_string());
+    let len = end - start;
+    // Digest of the bytes of the first complete send; every retry must match.
+    let mut first: Option<String> = None;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let sent = Arc::new(Mutex::new((Sha256::new(), 0u64)));
+        let body = part_body(f.path.clone(), start, len, t.limiter.clone(), sent.clone());
+        let res = tokio::select! {
+            r = t.client.put_part(&url, body) => r,
+            _ = t.ctl.stopped() => return Err(Ran::Stopped),
+        };
+        let (hasher, sent_len) = std::mem::take(&mut *sent.lock().expect("part digest"));
+        let digest = (sent_len == len).then(|| hex::encode(hasher.finalize()));
+        if let (Some(first), Some(d)) = (&first, &digest)
+            && first != d
+        {
+            return Err(infra(format!(
+                "artifact `{name}` changed in the spool during its upload (part {n}); refusing to publish it"
+            )));
+        }
+        if first.is_none() {
+            first.clone_from(&digest);
+        }
+        let err = match res {
+            Ok(PartReceipt { part, size, sha256 })
+                if part == n && size == len && digest.as_deref().is_some_and(|d| sha256.eq_ignore_ascii_case(d)) =>
+            {
+                return Ok(());
+            }
+            Ok(r) => format!(
+                "the server acknowledged part {} with {} bytes and sha256 {}, not part {n} with {len} bytes and sha256 {}",
+                r.part,
+                r.size,
+                r.sha256,
+                digest.as_deref().unwrap_or("?")
+            ),
+            Err(e) if e.is_stale_epoch() => {
+                tracing::warn!(error = %e, artifact = %name, part = n, "part refused: this attempt was fenced");
+                t.ctl.stop(Stop::Fenced);
+                return Err(Ran::Stopped);
+            }
+            Err(e) if e.is_retryable() => e.to_string(),
+            Err(e) => {
+                return Err(infra(format!("upload of part {n} of artifact `{name}` was refused: {e}")));
+            }
+        };
+        if tries >= MAX_TRIES {
+            return Err(infra(format!("upload of part {n} of artifact `{name}` failed {tries} times: {err}")));
+        }
+        let delay = backoff(tries, 250, 10_000);
+        tracing::warn!(artifact = %name, part = n, tries, error = %err, retry_in_ms = delay.as_millis() as u64,
+            "part upload failed; retrying with the same bytes");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = t.ctl.stopped() => return Err(Ran::Stopped),
+        }
+    }
+}
+
+/// A streamed body of `len` bytes of `path` from `offset`, read in 64 KiB
+/// pieces through the rate limiter; `sent` accumulates digest and length.
+fn part_body(
+    path: PathBuf,
+    offset: u64,
+    len: u64,
+    limiter: RateLimiter,
+    sent: Arc<Mutex<(Sha256, u64)>>,
+) -> reqwest::Body {
+    let state = (None::<tokio::fs::File>, len);
+    let stream = futures::stream::try_unfold(state, move |(file, remaining)| {
+        let (path, limiter, sent) = (path.clone(), limiter.clone(), sent.clone());
+        async move {
+            if remaining == 0 {
+                return Ok::<_, std::io::Error>(None);
+            }
+            let mut file = match file {
+                Some(f) => f,
+                None => {
+                    let mut f = tokio::fs::File::open(&path).await?;
+                    f.seek(std::io::SeekFrom::Start(offset)).await?;
+                    f
+                }
+            };
+            let n = remaining.min(READ_CHUNK);
+            let mut buf = vec![0u8; n as usize];
+            file.read_exact(&mut buf).await?;
+            limiter.acquire(n).await;
+            {
+                let mut s = sent.lock().expect("part digest");
+                s.0.update(&buf);
+                s.1 += n;
+            }
+            Ok(Some((buf, (Some(file), remaining - n))))
+        }
+    });
+    reqwest::Body::wrap_stream(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_must_stay_inside_the_workspace() {
+        assert_eq!(workspace_relative("a/b.bin"), Some(PathBuf::from("a/b.bin")));
+        assert_eq!(workspace_relative("./a//b"), Some(PathBuf::from("a/b")));
+        for bad in ["", ".", "/etc/passwd", "../x", "a/../../x", "a/.."] {
+            assert_eq!(workspace_relative(bad), None, "{bad}");
+        }
+        assert!(spool_name_ok("app.jar"));
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(!spool_name_ok(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parts_cover_the_file_exactly() {
+        assert_eq!(part_ranges(0, 4), [(0, 0)]);
+        assert_eq!(part_ranges(4, 4), [(0, 4)]);
+        assert_eq!(part_ranges(10, 4), [(0, 4), (4, 8), (8, 10)]);
+    }
+
+    fn spec(name: &str, path: &str) -> PublishSpec {
+        PublishSpec { name: name.into(), path: path.into() }
+    }
+
+    fn failure(r: Result<Frozen, Ran>) -> String {
+        match r {
+            Err(Ran::JobError(m)) => m,
+            Err(other) => panic!("not a job error: {other:?}"),
+            Ok(f) => panic!("froze {f:?}"),
+        }
+    }
+
+    #[test]
+    fn freeze_moves_the_file_into_the_read_only_spool() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ws, spool) = (dir.path().join("ws"), dir.path().join("spool"));
+        std::fs::create_dir_all(ws.join("out")).unwrap();
+        std::fs::write(ws.join("out/app.bin"), b"frozen bytes").unwrap();
+        let f = freeze(&ws, &spool, &spec("app.bin", "out/app.bin")).unwrap();
+        assert_eq!(f.path, spool.join("app.bin"));
+        assert_eq!((f.size, f.sha256.as_str()), (12, hex::encode(Sha256::digest(b"frozen bytes")).as_str()));
+        assert!(!ws.join("out/app.bin").exists(), "moved, not copied");
+        let mode = std::fs::metadata(&f.path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o444);
+        assert_eq!(std::fs::read(&f.path).unwrap(), b"frozen bytes");
+    }
+
+    #[test]
+    fn freeze_refuses_what_is_not_a_regular_file_in_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ws, spool) = (dir.path().join("ws"), dir.path().join("spool"));
+        std::fs::create_dir_all(ws.join("out/dir")).unwrap();
+        std::fs::write(dir.path().join("secret"), b"outside").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), ws.join("out/link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), ws.join("up")).unwrap();
+
+        let m = failure(freeze(&ws, &spool, &spec("a", "out/missing")));
+        assert_eq!(m, "declared artifact `a` was not produced at `out/missing`");
+        let m = failure(freeze(&ws, &spool, &spec("a", "out/dir")));
+        assert!(m.contains("publish a file; tar a directory in a step"), "{m}");
+        let m = failure(freeze(&ws, &spool, &spec("a", "out/link")));
+        assert!(m.contains("symbolic link"), "{m}");
+        let m = failure(freeze(&ws, &spool, &spec("a", "up/secret")));
+        assert!(m.contains("outside the workspace"), "{m}");
+        let m = failure(freeze(&ws, &spool, &spec("a", "../secret")));
+        assert!(m.contains("relative to the workspace"), "{m}");
+        let m = failure(freeze(&ws, &spool, &spec("../a", "out/dir")));
+        assert!(m.contains("file name"), "{m}");
+        assert!(dir.path().join("secret").exists());
+    }
+}
