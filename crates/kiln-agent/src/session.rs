@@ -30,6 +30,13 @@ use tokio::time::Instant;
 
 /// A connection that sent nothing for this long is considered lost.
 pub(crate) const SILENCE_LIMIT: Duration = Duration::from_millis(5 * SESSION_PING_MS);
+/// The SSE line announcing a cancellation of one of this session's attempts.
+const CANCEL_EVENT: &[u8] = b"event: cancel";
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
 /// A connection that lived this long resets the reconnect backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(10);
 
@@ -95,9 +102,21 @@ pub(crate) async fn session_loop(agent: Arc<Agent>) {
                 }
                 connected_before = true;
                 let since = Instant::now();
+                let mut tail: Vec<u8> = Vec::new();
                 let why = loop {
                     match tokio::time::timeout(SILENCE_LIMIT, resp.chunk()).await {
-                        Ok(Ok(Some(_))) => {}
+                        Ok(Ok(Some(bytes))) => {
+                            // A `cancel` notice: heartbeat now, and the heartbeat's
+                            // `cancel_requested` (the one authority) stops the attempt.
+                            tail.extend_from_slice(&bytes);
+                            if contains(&tail, CANCEL_EVENT) {
+                                let n = agent.ctx.beats.beat_all();
+                                tracing::info!(running_attempts = n, "cancel notice received; heartbeating now");
+                                tail.clear();
+                            }
+                            let keep = tail.len().saturating_sub(CANCEL_EVENT.len());
+                            tail.drain(..keep);
+                        }
                         Ok(Ok(None)) => break "the server closed it".to_string(),
                         Ok(Err(e)) => break e.to_string(),
                         Err(_) => {
