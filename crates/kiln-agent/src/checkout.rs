@@ -2,8 +2,9 @@
 //!
 //! One bare mirror per clone URL, `<mirrors>/<sha256(url)[..16]>.git`,
 //! fetched only when the wanted commit is missing, with fetches of one
-//! mirror serialized. A workspace is `git clone --shared --no-checkout` of
-//! the mirror plus a detached checkout of the frozen commit: no object copy.
+//! mirror serialized. A workspace is a repository that borrows the mirror's
+//! objects (alternates) with HEAD detached at the frozen commit, filled by one
+//! `git read-tree -u`: no object copy, one short process.
 //! The run's commit SHA is frozen at acceptance (invariant 1); branch names
 //! are never consulted to pick the bytes.
 
@@ -80,10 +81,28 @@ impl Mirrors {
                 }
             }
         }
-        let (ws_s, mirror_s) = (ws.as_os_str(), mirror.as_os_str());
-        let o = OsStr::new;
-        git(None, [o("clone"), o("--shared"), o("--no-checkout"), o("-q"), o("--"), mirror_s, ws_s]).await?;
-        git(Some(ws), ["-c", "advice.detachedHead=false", "checkout", "-q", "--detach", sha]).await?;
+        // The workspace is a minimal repository borrowing the mirror's objects
+        // (alternates, like `clone --shared`), HEAD detached at the frozen
+        // commit; one `read-tree` fills index and files. This skips clone's
+        // templates, ref negotiation and upload-pack process: a checkout
+        // costs one short git process.
+        let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
+        let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
+        let dot_git = ws.join(".git");
+        for d in ["objects/info", "refs/heads", "refs/tags"] {
+            tokio::fs::create_dir_all(dot_git.join(d)).await.map_err(io)?;
+        }
+        tokio::fs::write(dot_git.join("objects/info/alternates"), format!("{}\n", objects.display()))
+            .await
+            .map_err(io)?;
+        tokio::fs::write(dot_git.join("HEAD"), format!("{sha}\n")).await.map_err(io)?;
+        tokio::fs::write(
+            dot_git.join("config"),
+            "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = false\n",
+        )
+        .await
+        .map_err(io)?;
+        git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
         Ok(())
     }
 
@@ -127,6 +146,7 @@ where
 {
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
     let mut cmd = Command::new("git");
+    cmd.args(["-c", "gc.auto=0", "-c", "maintenance.auto=false"]);
     if let Some(d) = dir {
         cmd.arg("-C").arg(d);
     }

@@ -36,6 +36,8 @@ fn is_full_sha(s: &str) -> bool {
 
 async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError> {
     Command::new("git")
+        // No background gc/maintenance processes forked by fetches.
+        .args(["-c", "gc.auto=0", "-c", "maintenance.auto=false"])
         .arg("--git-dir")
         .arg(dir)
         .args(args)

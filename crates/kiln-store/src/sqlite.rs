@@ -461,14 +461,12 @@ impl RepoStore for SqliteStore {
                 .bind(now)
                 .execute(&mut *tx)
                 .await;
-        match res {
-            Err(e) => match db_err(e) {
-                StoreError::Conflict(_) => {
-                    return Err(StoreError::Conflict(format!("repository `{name}` already exists")));
-                }
-                other => return Err(other),
-            },
-            Ok(_) => {}
+        // (clippy::single_match: `if let` instead of a one-armed match; no behaviour change.)
+        if let Err(e) = res {
+            return Err(match db_err(e) {
+                StoreError::Conflict(_) => StoreError::Conflict(format!("repository `{name}` already exists")),
+                other => other,
+            });
         }
         tx.commit().await.map_err(db_err)?;
         Ok(RepoRecord {

@@ -67,9 +67,7 @@ pub fn parse(src: &str) -> Result<Workflow, Diagnostics> {
                 diags.push(Diagnostic {
                     line: 1,
                     column: 1,
-                    message:
-                        "the workflow file is empty; start it with `version: 1` and a `jobs:` list"
-                            .to_string(),
+                    message: "the workflow file is empty; start it with `version: 1` and a `jobs:` list".to_string(),
                 });
                 None
             }
@@ -90,11 +88,7 @@ pub fn parse(src: &str) -> Result<Workflow, Diagnostics> {
 
 fn finish(mut diags: Vec<Diagnostic>) -> Diagnostics {
     if diags.is_empty() {
-        diags.push(Diagnostic {
-            line: 1,
-            column: 1,
-            message: "the workflow file is invalid".to_string(),
-        });
+        diags.push(Diagnostic { line: 1, column: 1, message: "the workflow file is invalid".to_string() });
     }
     diags.sort_by_key(|d| (d.line, d.column));
     diags.dedup();

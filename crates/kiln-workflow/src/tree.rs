@@ -30,10 +30,7 @@ pub(crate) struct Pos {
 
 impl Pos {
     fn from_marker(m: &Marker) -> Pos {
-        Pos {
-            line: m.line().max(1),
-            column: m.col() + 1,
-        }
+        Pos { line: m.line().max(1), column: m.col() + 1 }
     }
 }
 
@@ -183,27 +180,16 @@ enum KeyState {
 }
 
 enum Frame {
-    Seq {
-        pos: Pos,
-        items: Vec<Node>,
-    },
-    Map {
-        pos: Pos,
-        entries: Vec<Entry>,
-        key: KeyState,
-        first_seen: HashMap<String, usize>,
-    },
+    Seq { pos: Pos, items: Vec<Node> },
+    Map { pos: Pos, entries: Vec<Entry>, key: KeyState, first_seen: HashMap<String, usize> },
 }
 
 fn diag(pos: Pos, message: impl Into<String>) -> Diagnostic {
-    Diagnostic {
-        line: pos.line,
-        column: pos.column,
-        message: message.into(),
-    }
+    Diagnostic { line: pos.line, column: pos.column, message: message.into() }
 }
 
-const ANCHOR_MESSAGE: &str = "YAML anchors and aliases (`&name`, `*name`) are not supported in workflow files; write the value out in full";
+const ANCHOR_MESSAGE: &str =
+    "YAML anchors and aliases (`&name`, `*name`) are not supported in workflow files; write the value out in full";
 
 /// Read `src` into a tree. Never panics; bounded by [`MAX_DEPTH`] and the
 /// input size.
@@ -216,11 +202,7 @@ pub(crate) fn load(src: &str) -> Loaded {
         emit_comments: false,
     };
     let mut parser = gp::Parser::new_from_str_with_options(src, options).keep_tags(true);
-    let mut out = Loaded {
-        root: None,
-        diags: Vec::new(),
-        fatal: false,
-    };
+    let mut out = Loaded { root: None, diags: Vec::new(), fatal: false };
     let mut stack: Vec<Frame> = Vec::new();
     let mut documents = 0usize;
 
@@ -258,10 +240,7 @@ pub(crate) fn load(src: &str) -> Loaded {
             let tag_pos = span.tag_start.as_ref().map_or(pos, Pos::from_marker);
             out.diags.push(diag(
                 tag_pos,
-                format!(
-                    "YAML tags (`{}`) are not supported in workflow files; remove the tag",
-                    tag.original()
-                ),
+                format!("YAML tags (`{}`) are not supported in workflow files; remove the tag", tag.original()),
             ));
         }
         if event.anchor_id().is_some() || event.is_alias() {
@@ -288,37 +267,20 @@ pub(crate) fn load(src: &str) -> Loaded {
                     return out;
                 }
                 stack.push(if matches!(event, Event::SequenceStart(..)) {
-                    Frame::Seq {
-                        pos,
-                        items: Vec::new(),
-                    }
+                    Frame::Seq { pos, items: Vec::new() }
                 } else {
-                    Frame::Map {
-                        pos,
-                        entries: Vec::new(),
-                        key: KeyState::Expect,
-                        first_seen: HashMap::new(),
-                    }
+                    Frame::Map { pos, entries: Vec::new(), key: KeyState::Expect, first_seen: HashMap::new() }
                 });
                 continue;
             }
             Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
-                Some(Frame::Seq { pos, items }) => Node {
-                    pos,
-                    value: Value::Seq(items),
-                },
-                Some(Frame::Map { pos, entries, .. }) => Node {
-                    pos,
-                    value: Value::Map(entries),
-                },
+                Some(Frame::Seq { pos, items }) => Node { pos, value: Value::Seq(items) },
+                Some(Frame::Map { pos, entries, .. }) => Node { pos, value: Value::Map(entries) },
                 None => continue,
             },
             Event::Scalar(text, style, ..) => Node {
                 pos,
-                value: Value::Scalar(Scalar {
-                    text: text.into_owned(),
-                    plain: style == ScalarStyle::Plain,
-                }),
+                value: Value::Scalar(Scalar { text: text.into_owned(), plain: style == ScalarStyle::Plain }),
             },
             _ => continue,
         };
@@ -327,22 +289,14 @@ pub(crate) fn load(src: &str) -> Loaded {
         match stack.last_mut() {
             None => out.root = Some(completed),
             Some(Frame::Seq { items, .. }) => items.push(completed),
-            Some(Frame::Map {
-                entries,
-                key,
-                first_seen,
-                ..
-            }) => match std::mem::replace(key, KeyState::Expect) {
+            Some(Frame::Map { entries, key, first_seen, .. }) => match std::mem::replace(key, KeyState::Expect) {
                 KeyState::Expect => {
                     let (name, keep) = match &completed.value {
                         Value::Scalar(s) => (s.text.clone(), true),
                         _ => {
                             out.diags.push(diag(
                                 completed.pos,
-                                format!(
-                                    "mapping keys must be plain strings, found {}",
-                                    completed.describe()
-                                ),
+                                format!("mapping keys must be plain strings, found {}", completed.describe()),
                             ));
                             (String::new(), false)
                         }
@@ -363,23 +317,11 @@ pub(crate) fn load(src: &str) -> Loaded {
                                 true
                             }
                         };
-                    *key = KeyState::Have {
-                        key: name,
-                        pos: completed.pos,
-                        keep,
-                    };
+                    *key = KeyState::Have { key: name, pos: completed.pos, keep };
                 }
-                KeyState::Have {
-                    key: name,
-                    pos: key_pos,
-                    keep,
-                } => {
+                KeyState::Have { key: name, pos: key_pos, keep } => {
                     if keep {
-                        entries.push(Entry {
-                            key: name,
-                            key_pos,
-                            value: completed,
-                        });
+                        entries.push(Entry { key: name, key_pos, value: completed });
                     }
                 }
             },
@@ -399,16 +341,10 @@ fn depth_message() -> String {
 /// The first tab used for indentation on or after `line`: scanner errors
 /// about tabs point at the token before it, which is confusing.
 fn first_indent_tab(src: &str, line: usize) -> Option<Pos> {
-    src.lines()
-        .enumerate()
-        .skip(line.saturating_sub(1))
-        .find_map(|(i, text)| {
-            let indent = text.len() - text.trim_start_matches([' ', '\t']).len();
-            text[..indent].find('\t').map(|col| Pos {
-                line: i + 1,
-                column: col + 1,
-            })
-        })
+    src.lines().enumerate().skip(line.saturating_sub(1)).find_map(|(i, text)| {
+        let indent = text.len() - text.trim_start_matches([' ', '\t']).len();
+        text[..indent].find('\t').map(|col| Pos { line: i + 1, column: col + 1 })
+    })
 }
 
 #[cfg(test)]
@@ -416,10 +352,7 @@ mod tests {
     use super::*;
 
     fn scalar(text: &str, plain: bool) -> Scalar {
-        Scalar {
-            text: text.into(),
-            plain,
-        }
+        Scalar { text: text.into(), plain }
     }
 
     #[test]
@@ -447,13 +380,9 @@ mod tests {
         let loaded = load("a:\n  b: [1, 2]\n");
         assert!(!loaded.fatal, "{:?}", loaded.diags);
         let root = loaded.root.unwrap();
-        let Value::Map(entries) = &root.value else {
-            panic!()
-        };
+        let Value::Map(entries) = &root.value else { panic!() };
         assert_eq!(entries[0].key_pos, Pos { line: 1, column: 1 });
-        let Value::Map(inner) = &entries[0].value.value else {
-            panic!()
-        };
+        let Value::Map(inner) = &entries[0].value.value else { panic!() };
         assert_eq!(inner[0].key_pos, Pos { line: 2, column: 3 });
         assert_eq!(inner[0].value.pos, Pos { line: 2, column: 6 });
     }

@@ -1,8 +1,6 @@
 //! Tree → validated [`Workflow`], collecting every problem with its position.
 
-use crate::model::{
-    Artifacts, Cache, Image, Job, MAX_JOBS, MAX_STEPS, Publish, Restore, Step, Workflow,
-};
+use crate::model::{Artifacts, Cache, Image, Job, MAX_JOBS, MAX_STEPS, Publish, Restore, Step, Workflow};
 use crate::parse::Diagnostic;
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -15,19 +13,8 @@ pub const MAX_RETRY: u32 = 10;
 pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 60 * 60;
 
 const TOP_KEYS: &[&str] = &["version", "jobs"];
-const JOB_KEYS: &[&str] = &[
-    "name",
-    "image",
-    "steps",
-    "needs",
-    "matrix",
-    "cache",
-    "artifacts",
-    "timeout",
-    "retry",
-    "runs-on",
-    "env",
-];
+const JOB_KEYS: &[&str] =
+    &["name", "image", "steps", "needs", "matrix", "cache", "artifacts", "timeout", "retry", "runs-on", "env"];
 const STEP_KEYS: &[&str] = &["run", "name"];
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
 const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths"];
@@ -42,11 +29,7 @@ struct Ctx {
 
 impl Ctx {
     fn err(&mut self, pos: Pos, message: impl Into<String>) {
-        self.diags.push(Diagnostic {
-            line: pos.line,
-            column: pos.column,
-            message: message.into(),
-        });
+        self.diags.push(Diagnostic { line: pos.line, column: pos.column, message: message.into() });
     }
 }
 
@@ -62,10 +45,7 @@ fn show(s: &str) -> String {
 }
 
 fn key_list(keys: &[&str]) -> String {
-    keys.iter()
-        .map(|k| format!("`{k}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
 }
 
 /// The entries of a map node, or an error saying what was expected.
@@ -73,10 +53,7 @@ fn as_map<'a>(ctx: &mut Ctx, node: &'a Node, subject: &str, expected: &str) -> O
     match &node.value {
         Value::Map(entries) => Some(entries),
         _ => {
-            ctx.err(
-                node.pos,
-                format!("{subject} must be {expected}, found {}", node.describe()),
-            );
+            ctx.err(node.pos, format!("{subject} must be {expected}, found {}", node.describe()));
             None
         }
     }
@@ -86,10 +63,7 @@ fn as_seq<'a>(ctx: &mut Ctx, node: &'a Node, subject: &str, expected: &str) -> O
     match &node.value {
         Value::Seq(items) => Some(items),
         _ => {
-            ctx.err(
-                node.pos,
-                format!("{subject} must be {expected}, found {}", node.describe()),
-            );
+            ctx.err(node.pos, format!("{subject} must be {expected}, found {}", node.describe()));
             None
         }
     }
@@ -101,28 +75,17 @@ fn as_text<'a>(ctx: &mut Ctx, node: &'a Node, subject: &str, expected: &str) -> 
     match &node.value {
         Value::Scalar(s) if s.kind() != ScalarKind::Null => Some(&s.text),
         _ => {
-            ctx.err(
-                node.pos,
-                format!("{subject} must be {expected}, found {}", node.describe()),
-            );
+            ctx.err(node.pos, format!("{subject} must be {expected}, found {}", node.describe()));
             None
         }
     }
 }
 
 /// Like [`as_text`], and also refuses an empty (or all-blank) string.
-fn as_nonempty_text<'a>(
-    ctx: &mut Ctx,
-    node: &'a Node,
-    subject: &str,
-    expected: &str,
-) -> Option<&'a str> {
+fn as_nonempty_text<'a>(ctx: &mut Ctx, node: &'a Node, subject: &str, expected: &str) -> Option<&'a str> {
     let text = as_text(ctx, node, subject, expected)?;
     if text.trim().is_empty() {
-        ctx.err(
-            node.pos,
-            format!("{subject} is empty; it must be {expected}"),
-        );
+        ctx.err(node.pos, format!("{subject} is empty; it must be {expected}"));
         return None;
     }
     Some(text)
@@ -133,11 +96,7 @@ fn check_keys(ctx: &mut Ctx, entries: &[Entry], allowed: &[&str], place: &str) {
         if !allowed.contains(&e.key.as_str()) {
             ctx.err(
                 e.key_pos,
-                format!(
-                    "unknown key `{}` {place}; expected one of {}",
-                    show(&e.key),
-                    key_list(allowed)
-                ),
+                format!("unknown key `{}` {place}; expected one of {}", show(&e.key), key_list(allowed)),
             );
         }
     }
@@ -169,30 +128,21 @@ fn check_name(ctx: &mut Ctx, node: &Node, text: &str, what: &str) -> bool {
     if chars > MAX_NAME_CHARS {
         ctx.err(
             node.pos,
-            format!(
-                "{what} `{}` is {chars} characters long; at most {MAX_NAME_CHARS} are allowed",
-                show(text)
-            ),
+            format!("{what} `{}` is {chars} characters long; at most {MAX_NAME_CHARS} are allowed", show(text)),
         );
         return false;
     }
     if text.chars().any(char::is_control) {
         ctx.err(
             node.pos,
-            format!(
-                "{what} `{}` contains a control character; use printable characters only",
-                show(text)
-            ),
+            format!("{what} `{}` contains a control character; use printable characters only", show(text)),
         );
         return false;
     }
     if text.contains('/') {
         ctx.err(
             node.pos,
-            format!(
-                "{what} `{}` contains `/`; use letters, digits, `-`, `_` or `.` instead",
-                show(text)
-            ),
+            format!("{what} `{}` contains `/`; use letters, digits, `-`, `_` or `.` instead", show(text)),
         );
         return false;
     }
@@ -204,32 +154,20 @@ fn check_name(ctx: &mut Ctx, node: &Node, text: &str, what: &str) -> bool {
 /// execution image.
 fn check_path(ctx: &mut Ctx, node: &Node, text: &str, subject: &str, allow_absolute: bool) -> bool {
     if text.chars().any(char::is_control) {
-        ctx.err(
-            node.pos,
-            format!(
-                "{subject} contains a control character (`{}`); use a plain path",
-                show(text)
-            ),
-        );
+        ctx.err(node.pos, format!("{subject} contains a control character (`{}`); use a plain path", show(text)));
         return false;
     }
     if !allow_absolute && (text.starts_with('/') || text.starts_with('\\')) {
         ctx.err(
             node.pos,
-            format!(
-                "{subject} must be relative to the job's workspace, found the absolute path `{}`",
-                show(text)
-            ),
+            format!("{subject} must be relative to the job's workspace, found the absolute path `{}`", show(text)),
         );
         return false;
     }
     if text.split(['/', '\\']).any(|c| c == "..") {
         ctx.err(
             node.pos,
-            format!(
-                "{subject} must stay inside the workspace, found a `..` component in `{}`",
-                show(text)
-            ),
+            format!("{subject} must stay inside the workspace, found a `..` component in `{}`", show(text)),
         );
         return false;
     }
@@ -312,19 +250,13 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
     let top = match &root.value {
         Value::Map(entries) => entries,
         Value::Scalar(s) if s.kind() == ScalarKind::Null => {
-            ctx.err(
-                root.pos,
-                "the workflow file is empty; start it with `version: 1` and a `jobs:` list",
-            );
+            ctx.err(root.pos, "the workflow file is empty; start it with `version: 1` and a `jobs:` list");
             return None;
         }
         _ => {
             ctx.err(
                 root.pos,
-                format!(
-                    "a workflow file must be a map with `version: 1` and `jobs:`, found {}",
-                    root.describe()
-                ),
+                format!("a workflow file must be a map with `version: 1` and `jobs:`, found {}", root.describe()),
             );
             return None;
         }
@@ -352,73 +284,43 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
             _ => {
                 ctx.err(
                     e.value.pos,
-                    format!(
-                        "`version` must be the number 1 (write `version: 1`), found {}",
-                        e.value.describe()
-                    ),
+                    format!("`version` must be the number 1 (write `version: 1`), found {}", e.value.describe()),
                 );
                 None
             }
         },
     };
 
-    let jobs_entry = require(ctx, top, root.pos, "jobs", || {
-        "missing `jobs`; add a `jobs:` list with at least one job".to_string()
-    })?;
-    let items = as_seq(
-        ctx,
-        &jobs_entry.value,
-        "`jobs`",
-        "a list of jobs (each starting with `- name: ...`)",
-    )?;
+    let jobs_entry =
+        require(ctx, top, root.pos, "jobs", || "missing `jobs`; add a `jobs:` list with at least one job".to_string())?;
+    let items = as_seq(ctx, &jobs_entry.value, "`jobs`", "a list of jobs (each starting with `- name: ...`)")?;
     if items.is_empty() {
-        ctx.err(
-            jobs_entry.value.pos,
-            "`jobs` is empty; add at least one job with a `name` and `steps`",
-        );
+        ctx.err(jobs_entry.value.pos, "`jobs` is empty; add at least one job with a `name` and `steps`");
         return None;
     }
     if items.len() > MAX_JOBS {
         ctx.err(
             jobs_entry.value.pos,
-            format!(
-                "`jobs` lists {} jobs; at most {MAX_JOBS} are allowed in one workflow",
-                items.len()
-            ),
+            format!("`jobs` lists {} jobs; at most {MAX_JOBS} are allowed in one workflow", items.len()),
         );
         // Validating tens of thousands of jobs (and their ancestor sets) is
         // wasted work on a file that is refused anyway.
         return None;
     }
 
-    let drafts: Vec<Draft> = items
-        .iter()
-        .enumerate()
-        .filter_map(|(i, node)| job(ctx, i, node))
-        .collect();
+    let drafts: Vec<Draft> = items.iter().enumerate().filter_map(|(i, node)| job(ctx, i, node)).collect();
     let jobs = cross_check(ctx, drafts);
-    Some(Workflow {
-        version: version?,
-        jobs,
-    })
+    Some(Workflow { version: version?, jobs })
 }
 
 fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let number = index + 1;
-    let entries = as_map(
-        ctx,
-        node,
-        &format!("job {number}"),
-        "a map with `name` and `steps`",
-    )?;
+    let entries = as_map(ctx, node, &format!("job {number}"), "a map with `name` and `steps`")?;
 
     // The name first: every other message mentions it.
     let mut name = None;
     match get(entries, "name") {
-        None => ctx.err(
-            node.pos,
-            format!("job {number} has no `name`; add `name: <job name>`"),
-        ),
+        None => ctx.err(node.pos, format!("job {number} has no `name`; add `name: <job name>`")),
         Some(e) => {
             let subject = format!("`name` of job {number}");
             if let Some(text) = as_nonempty_text(ctx, &e.value, &subject, "a job name")
@@ -443,31 +345,16 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     };
     let image = get(entries, "image").and_then(|e| image(ctx, &label, &e.value));
     let needs_entry = get(entries, "needs");
-    let needs = needs_entry
-        .map(|e| needs_list(ctx, &label, &e.value))
-        .unwrap_or_default();
+    let needs = needs_entry.map(|e| needs_list(ctx, &label, &e.value)).unwrap_or_default();
     if let Some(e) = get(entries, "matrix") {
-        ctx.err(
-            e.key_pos,
-            format!(
-                "`matrix` in {label} is not supported yet; write one job per combination for now"
-            ),
-        );
+        ctx.err(e.key_pos, format!("`matrix` in {label} is not supported yet; write one job per combination for now"));
     }
     let cache = get(entries, "cache").and_then(|e| cache(ctx, &label, &e.value));
-    let (publish, restore) = get(entries, "artifacts")
-        .map(|e| artifacts(ctx, &label, &e.value))
-        .unwrap_or_default();
+    let (publish, restore) = get(entries, "artifacts").map(|e| artifacts(ctx, &label, &e.value)).unwrap_or_default();
     let timeout_secs = get(entries, "timeout").and_then(|e| timeout(ctx, &label, &e.value));
-    let retry = get(entries, "retry")
-        .and_then(|e| retry(ctx, &label, &e.value))
-        .unwrap_or(0);
-    let runs_on = get(entries, "runs-on")
-        .and_then(|e| runs_on(ctx, &label, &e.value))
-        .unwrap_or_default();
-    let env = get(entries, "env")
-        .and_then(|e| env(ctx, &label, &e.value))
-        .unwrap_or_default();
+    let retry = get(entries, "retry").and_then(|e| retry(ctx, &label, &e.value)).unwrap_or(0);
+    let runs_on = get(entries, "runs-on").and_then(|e| runs_on(ctx, &label, &e.value)).unwrap_or_default();
+    let env = get(entries, "env").and_then(|e| env(ctx, &label, &e.value)).unwrap_or_default();
 
     let job = Job {
         name: name.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
@@ -484,29 +371,13 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         retry,
         runs_on,
     };
-    Some(Draft {
-        label,
-        name,
-        needs_declared: needs_entry.is_some(),
-        needs,
-        publish,
-        restore,
-        job,
-    })
+    Some(Draft { label, name, needs_declared: needs_entry.is_some(), needs, publish, restore, job })
 }
 
 fn steps(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<Step>> {
-    let items = as_seq(
-        ctx,
-        node,
-        &format!("`steps` of {label}"),
-        "a list of commands",
-    )?;
+    let items = as_seq(ctx, node, &format!("`steps` of {label}"), "a list of commands")?;
     if items.is_empty() {
-        ctx.err(
-            node.pos,
-            format!("`steps` of {label} is empty; add at least one command"),
-        );
+        ctx.err(node.pos, format!("`steps` of {label} is empty; add at least one command"));
         return None;
     }
     if items.len() > MAX_STEPS {
@@ -529,34 +400,20 @@ fn steps(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<Step>> {
                     format!("{subject} has no `run`; add `run: <command>`")
                 }) {
                     None => None,
-                    Some(e) => as_nonempty_text(
-                        ctx,
-                        &e.value,
-                        &format!("`run` in {subject}"),
-                        "a command string",
-                    ),
+                    Some(e) => as_nonempty_text(ctx, &e.value, &format!("`run` in {subject}"), "a command string"),
                 };
                 let name = match get(entries, "name") {
                     None => Some(None),
-                    Some(e) => {
-                        as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "a string")
-                            .map(|n| Some(n.to_string()))
-                    }
+                    Some(e) => as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "a string")
+                        .map(|n| Some(n.to_string())),
                 };
                 match (run, name) {
-                    (Some(run), Some(name)) => Some(Step {
-                        name,
-                        run: run.to_string(),
-                    }),
+                    (Some(run), Some(name)) => Some(Step { name, run: run.to_string() }),
                     _ => None,
                 }
             }
-            _ => as_nonempty_text(ctx, item, &subject, "a command string or a map with `run`").map(
-                |run| Step {
-                    name: None,
-                    run: run.to_string(),
-                },
-            ),
+            _ => as_nonempty_text(ctx, item, &subject, "a command string or a map with `run`")
+                .map(|run| Step { name: None, run: run.to_string() }),
         };
         match step {
             Some(s) => out.push(s),
@@ -573,10 +430,7 @@ fn image(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Image> {
         if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
             ctx.err(
                 n.pos,
-                format!(
-                    "image reference `{}` in {label} contains whitespace or control characters",
-                    show(text)
-                ),
+                format!("image reference `{}` in {label} contains whitespace or control characters", show(text)),
             );
             false
         } else {
@@ -586,9 +440,7 @@ fn image(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Image> {
     let entries = match &node.value {
         Value::Scalar(_) => {
             let text = as_nonempty_text(ctx, node, &subject, expected)?;
-            return check_ref(ctx, node, text).then(|| Image::Ref {
-                reference: text.to_string(),
-            });
+            return check_ref(ctx, node, text).then(|| Image::Ref { reference: text.to_string() });
         }
         _ => as_map(ctx, node, &subject, expected)?,
     };
@@ -609,29 +461,17 @@ fn image(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Image> {
         (None, None) => {
             ctx.err(
                 node.pos,
-                format!(
-                    "{subject} needs `ref: <image reference>` or `dockerfile: <path in the repository>`"
-                ),
+                format!("{subject} needs `ref: <image reference>` or `dockerfile: <path in the repository>`"),
             );
             None
         }
         (Some(r), None) => {
             if let Some(c) = context {
-                ctx.err(
-                    c.key_pos,
-                    format!("`context` in {subject} only applies with `dockerfile`; remove it"),
-                );
+                ctx.err(c.key_pos, format!("`context` in {subject} only applies with `dockerfile`; remove it"));
                 return None;
             }
-            let text = as_nonempty_text(
-                ctx,
-                &r.value,
-                &format!("`ref` in {subject}"),
-                "an image reference",
-            )?;
-            check_ref(ctx, &r.value, text).then(|| Image::Ref {
-                reference: text.to_string(),
-            })
+            let text = as_nonempty_text(ctx, &r.value, &format!("`ref` in {subject}"), "an image reference")?;
+            check_ref(ctx, &r.value, text).then(|| Image::Ref { reference: text.to_string() })
         }
         (None, Some(d)) => {
             let path_subject = format!("`dockerfile` in {subject}");
@@ -645,10 +485,7 @@ fn image(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Image> {
                         .filter(|p| check_path(ctx, &c.value, p, &s, false))
                 }
             };
-            Some(Image::Dockerfile {
-                path: path?.to_string(),
-                context: context?.to_string(),
-            })
+            Some(Image::Dockerfile { path: path?.to_string(), context: context?.to_string() })
         }
     }
 }
@@ -671,13 +508,7 @@ fn needs_list(ctx: &mut Ctx, label: &str, node: &Node) -> Vec<(String, Pos)> {
             None => {}
             Some(text) => {
                 if !seen.insert(text) {
-                    ctx.err(
-                        n.pos,
-                        format!(
-                            "{label} lists `{}` twice in `needs`; remove one",
-                            show(text)
-                        ),
-                    );
+                    ctx.err(n.pos, format!("{label} lists `{}` twice in `needs`; remove one", show(text)));
                 } else {
                     out.push((text.to_string(), n.pos));
                 }
@@ -687,20 +518,13 @@ fn needs_list(ctx: &mut Ctx, label: &str, node: &Node) -> Vec<(String, Pos)> {
     out
 }
 
-fn string_list(
-    ctx: &mut Ctx,
-    node: &Node,
-    subject: &str,
-    allow_absolute: bool,
-) -> Option<Vec<String>> {
+fn string_list(ctx: &mut Ctx, node: &Node, subject: &str, allow_absolute: bool) -> Option<Vec<String>> {
     let items = as_seq(ctx, node, subject, "a list of paths")?;
     let mut out = Vec::new();
     let mut ok = true;
     for item in items {
         let s = format!("an entry of {subject}");
-        match as_nonempty_text(ctx, item, &s, "a path")
-            .filter(|p| check_path(ctx, item, p, &s, allow_absolute))
-        {
+        match as_nonempty_text(ctx, item, &s, "a path").filter(|p| check_path(ctx, item, p, &s, allow_absolute)) {
             Some(p) => out.push(p.to_string()),
             None => ok = false,
         }
@@ -710,19 +534,12 @@ fn string_list(
 
 fn cache(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Cache> {
     let subject = format!("`cache` of {label}");
-    let entries = as_map(
-        ctx,
-        node,
-        &subject,
-        "a map with `kind`, `version`, `inputs` and `paths`",
-    )?;
+    let entries = as_map(ctx, node, &subject, "a map with `kind`, `version`, `inputs` and `paths`")?;
     check_keys(ctx, entries, CACHE_KEYS, &format!("in {subject}"));
     let text_field = |ctx: &mut Ctx, key: &str, expected: &str| -> Option<String> {
-        let e = require(ctx, entries, node.pos, key, || {
-            format!("{subject} has no `{key}`; add `{key}: <{expected}>`")
-        })?;
-        as_nonempty_text(ctx, &e.value, &format!("`{key}` in {subject}"), expected)
-            .map(str::to_string)
+        let e =
+            require(ctx, entries, node.pos, key, || format!("{subject} has no `{key}`; add `{key}: <{expected}>`"))?;
+        as_nonempty_text(ctx, &e.value, &format!("`{key}` in {subject}"), expected).map(str::to_string)
     };
     let kind = text_field(ctx, "kind", "cache kind");
     let version = text_field(ctx, "version", "cache version");
@@ -738,22 +555,14 @@ fn cache(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Cache> {
             let s = format!("`paths` in {subject}");
             let paths = string_list(ctx, &e.value, &s, true);
             if paths.as_ref().is_some_and(Vec::is_empty) {
-                ctx.err(
-                    e.value.pos,
-                    format!("{s} is empty; list at least one directory to cache"),
-                );
+                ctx.err(e.value.pos, format!("{s} is empty; list at least one directory to cache"));
                 None
             } else {
                 paths
             }
         }
     };
-    Some(Cache {
-        kind: kind?,
-        version: version?,
-        inputs: inputs?,
-        paths: paths?,
-    })
+    Some(Cache { kind: kind?, version: version?, inputs: inputs?, paths: paths? })
 }
 
 type ArtifactLists = (Vec<(Publish, Pos)>, Vec<(Restore, Pos, Pos)>);
@@ -774,8 +583,7 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
             Some(items) => {
                 for (i, item) in items.iter().enumerate() {
                     let es = format!("entry {} of {s}", i + 1);
-                    let Some(fields) = as_map(ctx, item, &es, "a map with `name` and `path`")
-                    else {
+                    let Some(fields) = as_map(ctx, item, &es, "a map with `name` and `path`") else {
                         continue;
                     };
                     check_keys(ctx, fields, PUBLISH_KEYS, &format!("in {es}"));
@@ -805,19 +613,12 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
     let mut restore = Vec::new();
     if let Some(e) = get(entries, "restore") {
         let s = format!("`artifacts.restore` of {label}");
-        match as_seq(
-            ctx,
-            &e.value,
-            &s,
-            "a list of `{from_job, name, path}` entries",
-        ) {
+        match as_seq(ctx, &e.value, &s, "a list of `{from_job, name, path}` entries") {
             None => {}
             Some(items) => {
                 for (i, item) in items.iter().enumerate() {
                     let es = format!("entry {} of {s}", i + 1);
-                    let Some(fields) =
-                        as_map(ctx, item, &es, "a map with `from_job`, `name` and `path`")
-                    else {
+                    let Some(fields) = as_map(ctx, item, &es, "a map with `from_job`, `name` and `path`") else {
                         continue;
                     };
                     check_keys(ctx, fields, RESTORE_KEYS, &format!("in {es}"));
@@ -825,30 +626,15 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
                         format!("{es} has no `from_job`; name the job that publishes the artifact")
                     })
                     .and_then(|f| {
-                        as_nonempty_text(
-                            ctx,
-                            &f.value,
-                            &format!("`from_job` in {es}"),
-                            "a job name",
-                        )
-                        .map(|t| (t.to_string(), f.value.pos))
+                        as_nonempty_text(ctx, &f.value, &format!("`from_job` in {es}"), "a job name")
+                            .map(|t| (t.to_string(), f.value.pos))
                     });
                     let name = artifact_name(ctx, fields, item.pos, &es);
                     let path = artifact_path(ctx, fields, item.pos, &es);
-                    let (Some((from_job, from_pos)), Some((name, name_pos)), Some(path)) =
-                        (from, name, path)
-                    else {
+                    let (Some((from_job, from_pos)), Some((name, name_pos)), Some(path)) = (from, name, path) else {
                         continue;
                     };
-                    restore.push((
-                        Restore {
-                            from_job,
-                            name,
-                            path,
-                        },
-                        from_pos,
-                        name_pos,
-                    ));
+                    restore.push((Restore { from_job, name, path }, from_pos, name_pos));
                 }
             }
         }
@@ -856,21 +642,9 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
     (publish, restore)
 }
 
-fn artifact_name(
-    ctx: &mut Ctx,
-    fields: &[Entry],
-    pos: Pos,
-    subject: &str,
-) -> Option<(String, Pos)> {
-    let e = require(ctx, fields, pos, "name", || {
-        format!("{subject} has no `name`; add `name: <artifact name>`")
-    })?;
-    let text = as_nonempty_text(
-        ctx,
-        &e.value,
-        &format!("`name` in {subject}"),
-        "an artifact name",
-    )?;
+fn artifact_name(ctx: &mut Ctx, fields: &[Entry], pos: Pos, subject: &str) -> Option<(String, Pos)> {
+    let e = require(ctx, fields, pos, "name", || format!("{subject} has no `name`; add `name: <artifact name>`"))?;
+    let text = as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "an artifact name")?;
     check_name(ctx, &e.value, text, "artifact name").then(|| (text.to_string(), e.value.pos))
 }
 
@@ -889,13 +663,7 @@ fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u64> {
         Value::Scalar(s) if s.kind() == ScalarKind::Int => match s.as_int() {
             Some(n) if n > 0 => u64::try_from(n).ok().or(Some(u64::MAX)),
             _ => {
-                ctx.err(
-                    node.pos,
-                    format!(
-                        "{subject} must be greater than zero, found `{}`",
-                        show(&s.text)
-                    ),
-                );
+                ctx.err(node.pos, format!("{subject} must be greater than zero, found `{}`", show(&s.text)));
                 return None;
             }
         },
@@ -915,10 +683,7 @@ fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u64> {
         _ => {
             ctx.err(
                 node.pos,
-                format!(
-                    "{subject} must be a duration like `30m` or a number of seconds, found {}",
-                    node.describe()
-                ),
+                format!("{subject} must be a duration like `30m` or a number of seconds, found {}", node.describe()),
             );
             return None;
         }
@@ -931,9 +696,7 @@ fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u64> {
         Some(n) if n > MAX_TIMEOUT_SECS => {
             ctx.err(
                 node.pos,
-                format!(
-                    "{subject} is longer than 7 days; use at most `7d` ({MAX_TIMEOUT_SECS} seconds)"
-                ),
+                format!("{subject} is longer than 7 days; use at most `7d` ({MAX_TIMEOUT_SECS} seconds)"),
             );
             None
         }
@@ -947,23 +710,14 @@ fn retry(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u32> {
         Value::Scalar(s) if s.kind() == ScalarKind::Int => match s.as_int() {
             Some(n) if (0..=i128::from(MAX_RETRY)).contains(&n) => u32::try_from(n).ok(),
             _ => {
-                ctx.err(
-                    node.pos,
-                    format!(
-                        "{subject} is `{}`; it must be from 0 to {MAX_RETRY}",
-                        show(&s.text)
-                    ),
-                );
+                ctx.err(node.pos, format!("{subject} is `{}`; it must be from 0 to {MAX_RETRY}", show(&s.text)));
                 None
             }
         },
         _ => {
             ctx.err(
                 node.pos,
-                format!(
-                    "{subject} must be a whole number from 0 to {MAX_RETRY}, found {}",
-                    node.describe()
-                ),
+                format!("{subject} must be a whole number from 0 to {MAX_RETRY}, found {}", node.describe()),
             );
             None
         }
@@ -986,12 +740,7 @@ fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, S
             ok = false;
             continue;
         }
-        match as_nonempty_text(
-            ctx,
-            &e.value,
-            &format!("label `{}` in {subject}", show(&e.key)),
-            "a string",
-        ) {
+        match as_nonempty_text(ctx, &e.value, &format!("label `{}` in {subject}", show(&e.key)), "a string") {
             Some(v) => {
                 out.insert(e.key.clone(), v.to_string());
             }
@@ -1008,10 +757,7 @@ fn env(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, Strin
     let mut ok = true;
     for e in entries {
         if e.key.is_empty() {
-            ctx.err(
-                e.key_pos,
-                format!("{subject} has an empty variable name; give the variable a name"),
-            );
+            ctx.err(e.key_pos, format!("{subject} has an empty variable name; give the variable a name"));
             continue;
         }
         if !env_key_ok(&e.key) {
@@ -1042,11 +788,7 @@ fn env(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, Strin
             _ => {
                 ctx.err(
                     e.value.pos,
-                    format!(
-                        "variable `{}` in {subject} must be a string, found {}",
-                        e.key,
-                        e.value.describe()
-                    ),
+                    format!("variable `{}` in {subject} must be a string, found {}", e.key, e.value.describe()),
                 );
                 ok = false;
             }
@@ -1129,10 +871,8 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         effective.push(needs);
     }
 
-    let published: Vec<HashSet<&str>> = drafts
-        .iter()
-        .map(|d| d.publish.iter().map(|(p, _)| p.name.as_str()).collect())
-        .collect();
+    let published: Vec<HashSet<&str>> =
+        drafts.iter().map(|d| d.publish.iter().map(|(p, _)| p.name.as_str()).collect()).collect();
     for (i, d) in drafts.iter().enumerate() {
         for (r, from_pos, name_pos) in &d.restore {
             let from = show(&r.from_job);
@@ -1185,11 +925,7 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         }
     }
 
-    drafts
-        .into_iter()
-        .zip(effective)
-        .map(|(d, needs)| Job { needs, ..d.job })
-        .collect()
+    drafts.into_iter().zip(effective).map(|(d, needs)| Job { needs, ..d.job }).collect()
 }
 
 #[cfg(test)]

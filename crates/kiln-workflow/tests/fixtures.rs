@@ -11,9 +11,7 @@ use kiln_workflow::{Diagnostics, MAX_DEPTH, MAX_FILE_BYTES, MAX_JOBS, MAX_STEPS,
 use std::path::{Path, PathBuf};
 
 fn fixtures(dir: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(dir);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -39,12 +37,7 @@ fn check_snapshot(path: &Path, actual: &str) -> Option<String> {
         Err(e) => return Some(format!("{}: {e}\nactual:\n{actual}", path.display())),
     };
     (expected.trim_end() != actual.trim_end()).then(|| {
-        format!(
-            "{} differs\n--- expected\n{}\n--- actual\n{}",
-            path.display(),
-            expected.trim_end(),
-            actual.trim_end()
-        )
+        format!("{} differs\n--- expected\n{}\n--- actual\n{}", path.display(), expected.trim_end(), actual.trim_end())
     })
 }
 
@@ -76,11 +69,7 @@ fn valid_fixtures_match_their_snapshots() {
 #[test]
 fn invalid_fixtures_match_their_diagnostics() {
     let files = fixtures("invalid");
-    assert!(
-        files.len() >= 35,
-        "expected at least 35 invalid fixtures, found {}",
-        files.len()
-    );
+    assert!(files.len() >= 35, "expected at least 35 invalid fixtures, found {}", files.len());
     let mut failures = Vec::new();
     for file in &files {
         let src = std::fs::read_to_string(file).unwrap();
@@ -90,16 +79,10 @@ fn invalid_fixtures_match_their_diagnostics() {
                 assert!(!d.0.is_empty());
                 for diag in &d.0 {
                     if diag.line == 0 || diag.column == 0 {
-                        failures.push(format!(
-                            "{}: diagnostic without a position: {diag}",
-                            file.display()
-                        ));
+                        failures.push(format!("{}: diagnostic without a position: {diag}", file.display()));
                     }
                 }
-                failures.extend(check_snapshot(
-                    &file.with_extension("expected"),
-                    &render(&d),
-                ));
+                failures.extend(check_snapshot(&file.with_extension("expected"), &render(&d)));
             }
         }
     }
@@ -113,11 +96,7 @@ fn every_fixture_has_a_snapshot() {
     }
     for (dir, ext) in [("valid", "json"), ("invalid", "expected")] {
         for file in fixtures(dir) {
-            assert!(
-                file.with_extension(ext).exists(),
-                "{} has no .{ext} snapshot",
-                file.display()
-            );
+            assert!(file.with_extension(ext).exists(), "{} has no .{ext} snapshot", file.display());
         }
     }
 }
@@ -133,9 +112,7 @@ fn lines(src: &str) -> Vec<String> {
 fn oversize_file_is_refused_without_position() {
     let mut src = String::from("version: 1\njobs:\n  - name: big\n    steps:\n      - |\n");
     while src.len() <= MAX_FILE_BYTES {
-        src.push_str(
-            "        echo 0123456789012345678901234567890123456789012345678901234567890123456789\n",
-        );
+        src.push_str("        echo 0123456789012345678901234567890123456789012345678901234567890123456789\n");
     }
     let d = parse(&src).unwrap_err();
     assert_eq!(d.0.len(), 1);
@@ -170,20 +147,13 @@ fn deep_block_nesting_is_refused() {
     }
     assert_eq!(
         lines(&src),
-        vec![format!(
-            "35:{}: the YAML nests deeper than {MAX_DEPTH} levels; flatten the structure",
-            7 + 2 * 29
-        )]
+        vec![format!("35:{}: the YAML nests deeper than {MAX_DEPTH} levels; flatten the structure", 7 + 2 * 29)]
     );
 }
 
 #[test]
 fn deep_flow_nesting_is_refused() {
-    let src = format!(
-        "version: 1\njobs:\n  - name: deep\n    steps: {}x{}\n",
-        "[".repeat(10_000),
-        "]".repeat(10_000)
-    );
+    let src = format!("version: 1\njobs:\n  - name: deep\n    steps: {}x{}\n", "[".repeat(10_000), "]".repeat(10_000));
     assert_eq!(
         lines(&src),
         vec![format!(
@@ -202,10 +172,7 @@ fn too_many_jobs() {
     }
     assert_eq!(
         lines(&src),
-        vec![format!(
-            "3:3: `jobs` lists {} jobs; at most {MAX_JOBS} are allowed in one workflow",
-            MAX_JOBS + 1
-        )]
+        vec![format!("3:3: `jobs` lists {} jobs; at most {MAX_JOBS} are allowed in one workflow", MAX_JOBS + 1)]
     );
     // Exactly at the limit is fine.
     let mut src = String::from("version: 1\njobs:\n");
@@ -234,9 +201,7 @@ fn too_many_steps() {
 fn diagnostics_are_capped() {
     let mut src = String::from("version: 1\njobs:\n");
     for i in 0..200 {
-        src.push_str(&format!(
-            "  - name: job{i}\n    steps: [x]\n    retry: 99\n"
-        ));
+        src.push_str(&format!("  - name: job{i}\n    steps: [x]\n    retry: 99\n"));
     }
     let d = parse(&src).unwrap_err();
     assert_eq!(d.0.len(), kiln_workflow::MAX_DIAGNOSTICS + 1);
@@ -258,10 +223,7 @@ fn pathological_inputs_are_fast() {
         fill("version: 1\njobs:\n", "  - {name: j, steps: [x]}\n"),
         fill("version: 1\njobs: [", "{name: a, steps: [x]},"),
         fill("version: 1\njobs:\n  - name: a\n    steps: [", "x,"),
-        fill(
-            "version: 1\njobs:\n  - name: a\n    steps: [x]\n    env:\n",
-            "      A: b\n",
-        ),
+        fill("version: 1\njobs:\n  - name: a\n    steps: [x]\n    env:\n", "      A: b\n"),
         fill("version: 1\njobs:\n  - name: a\n    steps:\n      - ", "x"),
         fill("", "["),
         fill("", "- "),
@@ -269,32 +231,22 @@ fn pathological_inputs_are_fast() {
         fill("", "? "),
         fill("", "\""),
         fill("", "&a "),
-        fill(
-            "version: 1\njobs:\n",
-            "  - name: x\n    steps: [x]\n    needs: [x, y]\n",
-        ),
+        fill("version: 1\njobs:\n", "  - name: x\n    steps: [x]\n    needs: [x, y]\n"),
     ];
     for src in &cases {
         let start = std::time::Instant::now();
         let _ = parse(src);
         let took = start.elapsed();
-        assert!(
-            took < budget,
-            "{took:?} for input starting {:?}",
-            &src[..40.min(src.len())]
-        );
+        assert!(took < budget, "{took:?} for input starting {:?}", &src[..40.min(src.len())]);
     }
 }
 
 #[test]
 fn long_lists_are_fast() {
     let budget = std::time::Duration::from_secs(if cfg!(debug_assertions) { 10 } else { 2 });
-    let mut needs = String::from(
-        "version: 1\njobs:\n  - {name: a, steps: [x]}\n  - name: b\n    steps: [x]\n    needs: [",
-    );
-    let mut publish = String::from(
-        "version: 1\njobs:\n  - name: a\n    steps: [x]\n    artifacts:\n      publish:\n",
-    );
+    let mut needs =
+        String::from("version: 1\njobs:\n  - {name: a, steps: [x]}\n  - name: b\n    steps: [x]\n    needs: [");
+    let mut publish = String::from("version: 1\njobs:\n  - name: a\n    steps: [x]\n    artifacts:\n      publish:\n");
     let mut i = 0;
     while needs.len() < MAX_FILE_BYTES - 16 {
         needs.push_str(&format!("n{i},"));

@@ -14,12 +14,7 @@ fn spec_example_parses() {
     let compile = &w.jobs[0];
     assert_eq!(compile.name, "compile");
     assert!(compile.needs.is_empty());
-    assert_eq!(
-        compile.image,
-        Some(Image::Ref {
-            reference: "registry.example.com/ci/jdk17-maven:approved".into()
-        })
-    );
+    assert_eq!(compile.image, Some(Image::Ref { reference: "registry.example.com/ci/jdk17-maven:approved".into() }));
     assert_eq!(compile.steps.len(), 1);
     assert_eq!(compile.steps[0].run, "./ci/build.sh");
     let cache = compile.cache.as_ref().unwrap();
@@ -79,10 +74,8 @@ version: 1
     assert_eq!(w.canonical_hash(), base);
 
     // Making the implicit sequential dependency explicit is the same graph.
-    let explicit = SPEC_EXAMPLE.replace(
-        "  - name: integration-test\n",
-        "  - name: integration-test\n    needs: [compile]\n",
-    );
+    let explicit =
+        SPEC_EXAMPLE.replace("  - name: integration-test\n", "  - name: integration-test\n    needs: [compile]\n");
     assert_ne!(explicit, SPEC_EXAMPLE);
     assert_eq!(parse(&explicit).unwrap().canonical_hash(), base);
 }
@@ -92,37 +85,25 @@ fn hash_changes_with_content() {
     let base = parse(SPEC_EXAMPLE).unwrap().canonical_hash();
     let changed = [
         SPEC_EXAMPLE.replace("./ci/build.sh", "./ci/build.sh --release"),
-        SPEC_EXAMPLE.replace(
-            "      - ./ci/build.sh\n",
-            "      - ./ci/build.sh\n      - ./ci/lint.sh\n",
-        ),
+        SPEC_EXAMPLE.replace("      - ./ci/build.sh\n", "      - ./ci/build.sh\n      - ./ci/lint.sh\n"),
         SPEC_EXAMPLE.replace("deps-v1", "deps-v2"),
         SPEC_EXAMPLE.replace("jdk17-maven", "jdk17-maven2"),
-        SPEC_EXAMPLE.replace(
-            "  - name: integration-test\n",
-            "  - name: integration-test\n    retry: 1\n",
-        ),
+        SPEC_EXAMPLE.replace("  - name: integration-test\n", "  - name: integration-test\n    retry: 1\n"),
     ];
     for src in &changed {
         assert_ne!(src, SPEC_EXAMPLE);
-        let hash = parse(src)
-            .unwrap_or_else(|d| panic!("{d}"))
-            .canonical_hash();
+        let hash = parse(src).unwrap_or_else(|d| panic!("{d}")).canonical_hash();
         assert_ne!(hash, base, "content change kept the hash:\n{src}");
     }
 }
 
 #[test]
 fn sequential_default_and_explicit_graph() {
-    let seq = parse(
-        "version: 1\njobs:\n  - {name: a, steps: [x]}\n  - {name: b, steps: [x]}\n  - {name: c, steps: [x]}\n",
-    )
-    .unwrap();
+    let seq =
+        parse("version: 1\njobs:\n  - {name: a, steps: [x]}\n  - {name: b, steps: [x]}\n  - {name: c, steps: [x]}\n")
+            .unwrap();
     let needs: Vec<_> = seq.jobs.iter().map(|j| j.needs.clone()).collect();
-    assert_eq!(
-        needs,
-        [vec![], vec!["a".to_string()], vec!["b".to_string()]]
-    );
+    assert_eq!(needs, [vec![], vec!["a".to_string()], vec!["b".to_string()]]);
 
     // Once any job declares `needs`, the graph is exactly as written.
     let explicit = parse(
@@ -136,10 +117,7 @@ fn sequential_default_and_explicit_graph() {
 #[test]
 fn diagnostics_display_as_line_col_message() {
     let d = parse("version: 1\njobs:\n  - name: a\n    steps: [x]\n    retry: 11\n").unwrap_err();
-    assert_eq!(
-        d.to_string(),
-        "5:12: `retry` of job `a` is `11`; it must be from 0 to 10"
-    );
+    assert_eq!(d.to_string(), "5:12: `retry` of job `a` is `11`; it must be from 0 to 10");
     let d = parse("version: 2\njobs: []\n").unwrap_err();
     assert_eq!(d.0.len(), 2);
     assert_eq!(
@@ -153,17 +131,7 @@ fn diagnostics_display_as_line_col_message() {
 fn crlf_line_endings_and_bom_are_accepted() {
     let base = parse(SPEC_EXAMPLE).unwrap().canonical_hash();
     let crlf = SPEC_EXAMPLE.replace('\n', "\r\n");
-    assert_eq!(
-        parse(&crlf)
-            .unwrap_or_else(|d| panic!("{d}"))
-            .canonical_hash(),
-        base
-    );
+    assert_eq!(parse(&crlf).unwrap_or_else(|d| panic!("{d}")).canonical_hash(), base);
     let bom = format!("\u{feff}{SPEC_EXAMPLE}");
-    assert_eq!(
-        parse(&bom)
-            .unwrap_or_else(|d| panic!("{d}"))
-            .canonical_hash(),
-        base
-    );
+    assert_eq!(parse(&bom).unwrap_or_else(|d| panic!("{d}")).canonical_hash(), base);
 }

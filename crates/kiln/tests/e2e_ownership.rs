@@ -238,7 +238,8 @@ async fn database_unavailable_pauses_advancement() {
     add_repo(&server, "dbdown", &repo);
     let c = Client::new(&server.url, &server.token);
     let _agent = server.agent("a", &[]).unwrap();
-    let run = c.submit_run("dbdown", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run =
+        c.submit_run("dbdown", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     wait_job(&c, &run.run_id, 0, |j| j.status == "running").await;
 
     // Another process takes the database's write lock for a while.
@@ -257,7 +258,8 @@ async fn database_unavailable_pauses_advancement() {
     std::fs::write(&gate, "").unwrap();
 
     // New work cannot be accepted: a clear 503, not a guess.
-    let e = c.submit_run("dbdown", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap_err();
+    let e =
+        c.submit_run("dbdown", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap_err();
     assert_eq!(e.status(), Some(503), "{e}");
     assert!(e.is_retryable());
     // Reads still answer, and show nothing advanced: `a` is not success, `b` not ready.

@@ -14,7 +14,10 @@ fn two_job_repo() -> TestRepo {
             ".kiln/pipeline.yaml",
             "version: 1\njobs:\n  - name: compile\n    steps:\n      - ./ci/build.sh\n  - name: test\n    steps:\n      - ./ci/test.sh\n",
         ),
-        ("ci/build.sh", "#!/bin/sh\necho \"compiling $KILN_JOB at $KILN_COMMIT in $KILN_WORKSPACE\"\n"),
+        (
+            "ci/build.sh",
+            "#!/bin/sh\necho \"compiling $KILN_JOB at $KILN_COMMIT in $KILN_WORKSPACE\"\necho \"git-head=$(git rev-parse HEAD) dirty=$(git status --porcelain | wc -l)\"\n",
+        ),
         ("ci/test.sh", "#!/bin/sh\necho \"testing run $KILN_RUN_ID\"\ncat version.txt\n"),
         ("version.txt", "v1\n"),
     ])
@@ -51,6 +54,8 @@ async fn two_job_run_follows_to_success() {
     assert_eq!(out.status.code(), Some(0), "{all}\n{}", up.log());
     let head = repo.head().unwrap();
     assert!(all.contains(&format!("compiling compile at {head}")), "{all}");
+    // The workspace is a real git checkout of the frozen commit, clean.
+    assert!(all.contains(&format!("git-head={head} dirty=0")), "{all}");
     assert!(all.contains("v1"), "{all}");
 
     let run_id = all.lines().find_map(|l| l.strip_prefix("run ").and_then(|r| r.strip_suffix(" accepted"))).unwrap();

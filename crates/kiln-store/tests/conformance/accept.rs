@@ -1,0 +1,192 @@
+//! Accepting a run (spec 000 §5–§6; invariants 1, 5, 9).
+
+use super::*;
+use kiln_core::RunStatus;
+
+pub async fn accept_run_freezes_definition_and_readies_roots<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let repo = repo(s).await;
+    let wf = workflow(vec![
+        job("build", &[], 0),
+        job("lint", &[], 2),
+        job("test", &["build"], 0),
+        job("deploy", &["test", "lint"], 0),
+    ]);
+    let mut req = new_run(&repo.id, wf.clone());
+    req.inputs.insert("test_suite".into(), "integration".into());
+    let acc = s.accept_run(req.clone()).await.unwrap();
+    assert!(acc.created);
+
+    let v = view(s, &acc.run_id).await;
+    let r = &v.run;
+    assert_eq!(r.id, acc.run_id);
+    assert_eq!(r.status, RunStatus::Queued);
+    assert_eq!(r.repo_id, repo.id);
+    assert_eq!(r.repo_name, repo.name);
+    assert_eq!(r.definition, wf, "the frozen definition is stored as accepted");
+    assert_eq!(r.workflow_hash, wf.canonical_hash());
+    assert_eq!(r.commit_sha, req.commit_sha);
+    assert_eq!(r.git_ref, req.git_ref);
+    assert_eq!(r.workflow_path, req.workflow_path);
+    assert_eq!(r.event, req.event);
+    assert_eq!(r.trust, req.trust);
+    assert_eq!(r.inputs, req.inputs);
+    assert_eq!(r.parent_run_id, None);
+    assert_eq!(r.finished_at, None);
+
+    // Jobs in index order, with their needs.
+    let names: Vec<&str> = v.jobs.iter().map(|j| j.job.name.as_str()).collect();
+    assert_eq!(names, ["build", "lint", "test", "deploy"]);
+    for (i, j) in v.jobs.iter().enumerate() {
+        assert_eq!(j.job.index, i as i64);
+        assert_eq!(j.job.run_id, acc.run_id);
+        assert_eq!(j.job.needs, wf.jobs[i].needs);
+        assert_eq!(j.job.current_epoch, 0);
+        assert!(j.attempts.is_empty());
+        assert_eq!(j.job.class_key, class_key(&wf.jobs[i].runs_on));
+    }
+    assert_eq!(
+        statuses(&v).into_iter().map(|(_, s)| s).collect::<Vec<_>>(),
+        [JobStatus::Ready, JobStatus::Ready, JobStatus::Pending, JobStatus::Pending]
+    );
+
+    // Exactly one committed outbox event per root job, none for the others.
+    for j in &v.jobs {
+        let events = pending_for(s, &j.job.id).await;
+        if j.job.status == JobStatus::Ready {
+            assert_eq!(events.len(), 1, "root job {} has one outbox event", j.job.name);
+            assert_eq!(events[0].dispatch_generation, j.job.dispatch_generation);
+            assert_eq!(events[0].class_key, j.job.class_key);
+            assert!(j.job.dispatch_generation > 0);
+        } else {
+            assert!(events.is_empty(), "pending job {} has no outbox event", j.job.name);
+        }
+    }
+    let ready: Vec<String> = s.ready_jobs().await.unwrap().into_iter().map(|e| e.job_id).collect();
+    assert!(ready.contains(&jv(&v, "build").job.id));
+    assert!(ready.contains(&jv(&v, "lint").job.id));
+    assert!(!ready.contains(&jv(&v, "test").job.id));
+
+    // get_job agrees with get_run.
+    let b = s.get_job(&jv(&v, "build").job.id).await.unwrap();
+    assert_eq!(b.status, JobStatus::Ready);
+    assert_eq!(b.name, "build");
+
+    let listed = s.list_runs(&repo.id, None, 10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, acc.run_id);
+    assert_eq!(s.list_runs(&repo.id, Some("queued"), 10).await.unwrap().len(), 1);
+    assert!(s.list_runs(&repo.id, Some("running"), 10).await.unwrap().is_empty());
+
+    assert!(matches!(s.get_run("no-such-run").await, Err(StoreError::NotFound(_))));
+}
+
+fn idem(scope: &str, key: &str, digest: &str) -> Option<Idempotency> {
+    Some(Idempotency { scope: scope.into(), key: key.into(), request_digest: digest.into() })
+}
+
+async fn count_runs<S: Store>(s: &S, repo_id: &str) -> usize {
+    s.list_runs(repo_id, None, 1000).await.unwrap().len()
+}
+
+pub async fn idempotency_key_returns_the_same_run<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let repo = repo(s).await;
+    let wf = workflow(vec![job("build", &[], 0)]);
+    let mut req = new_run(&repo.id, wf.clone());
+    req.idempotency = idem("user:alice/repo:x", "key-1", "digest-1");
+
+    let first = s.accept_run(req.clone()).await.unwrap();
+    assert!(first.created);
+    let again = s.accept_run(req.clone()).await.unwrap();
+    assert_eq!(again, Accepted { run_id: first.run_id.clone(), created: false });
+    assert_eq!(count_runs(s, &repo.id).await, 1);
+    // The replay did not add jobs or outbox events to the run.
+    let v = view(s, &first.run_id).await;
+    assert_eq!(v.jobs.len(), 1);
+    assert_eq!(pending_for(s, &v.jobs[0].job.id).await.len(), 1);
+
+    // Another caller's scope with the same key is a different request.
+    let mut other_scope = req.clone();
+    other_scope.idempotency = idem("user:bob/repo:x", "key-1", "digest-1");
+    let other = s.accept_run(other_scope).await.unwrap();
+    assert!(other.created);
+    assert_ne!(other.run_id, first.run_id);
+    // A different key in the same scope too.
+    let mut other_key = req.clone();
+    other_key.idempotency = idem("user:alice/repo:x", "key-2", "digest-1");
+    let third = s.accept_run(other_key).await.unwrap();
+    assert!(third.created);
+    assert_ne!(third.run_id, first.run_id);
+    assert_ne!(third.run_id, other.run_id);
+    assert_eq!(count_runs(s, &repo.id).await, 3);
+
+    // Runs without a key are never deduplicated.
+    s.accept_run(new_run(&repo.id, wf.clone())).await.unwrap();
+    s.accept_run(new_run(&repo.id, wf)).await.unwrap();
+    assert_eq!(count_runs(s, &repo.id).await, 5);
+}
+
+pub async fn idempotency_key_with_other_body_is_refused<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let repo = repo(s).await;
+    let mut req = new_run(&repo.id, workflow(vec![job("build", &[], 0)]));
+    req.idempotency = idem("user:alice/repo:x", "key-1", "digest-1");
+    let first = s.accept_run(req.clone()).await.unwrap();
+    let outbox_before = s.pending_outbox(10_000).await.unwrap();
+
+    let mut changed = req.clone();
+    changed.commit_sha = "fedcba9876543210fedcba9876543210fedcba98".into();
+    changed.workflow = workflow(vec![job("build", &[], 0), job("test", &["build"], 0)]);
+    changed.idempotency = idem("user:alice/repo:x", "key-1", "digest-2");
+    match s.accept_run(changed).await {
+        Err(StoreError::IdempotencyMismatch) => {}
+        other => panic!("expected IdempotencyMismatch, got {other:?}"),
+    }
+    // Nothing new was stored.
+    let runs = s.list_runs(&repo.id, None, 100).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].id, first.run_id);
+    assert_eq!(runs[0].commit_sha, req.commit_sha);
+    assert_eq!(s.pending_outbox(10_000).await.unwrap(), outbox_before);
+
+    // The original binding still holds.
+    let again = s.accept_run(req).await.unwrap();
+    assert_eq!(again, Accepted { run_id: first.run_id, created: false });
+}
+
+pub async fn concurrent_idempotent_accepts_create_one_run<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let repo = repo(&*fx.store).await;
+    let mut req = new_run(&repo.id, workflow(vec![job("build", &[], 0)]));
+    req.idempotency = idem("webhook", "delivery-42", "digest-1");
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let s = fx.store.clone();
+        let req = req.clone();
+        tasks.push(tokio::spawn(async move { s.accept_run(req).await }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap().expect("concurrent accept"));
+    }
+    assert_eq!(results.iter().filter(|a| a.created).count(), 1, "{results:?}");
+    assert!(results.iter().all(|a| a.run_id == results[0].run_id));
+    assert_eq!(count_runs(&*fx.store, &repo.id).await, 1);
+}
+
+/// A run for a repository that does not exist is the caller's mistake, not an
+/// outage: it must not be reported as `Unavailable` (which means "nothing was
+/// decided, retry").
+pub async fn unknown_repository_is_not_unavailable<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    match s.accept_run(new_run("no-such-repo", workflow(vec![job("build", &[], 0)]))).await {
+        Err(StoreError::NotFound(_) | StoreError::Invalid(_)) => {}
+        other => panic!("expected NotFound or Invalid, got {other:?}"),
+    }
+    assert!(s.pending_outbox(100).await.unwrap().is_empty());
+}

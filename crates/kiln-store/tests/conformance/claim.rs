@@ -1,0 +1,196 @@
+//! The claim transaction (spec 000 §7; invariant 2).
+
+use super::*;
+use kiln_core::RunStatus;
+
+pub async fn claim_creates_epoch_one_and_starts_the_run<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let generation = s.get_job(&build).await.unwrap().dispatch_generation;
+
+    let c = try_claim(s, &a, &build, generation, LONG_TTL).await.expect("claim of a ready job");
+    assert_eq!(c.epoch, 1);
+    assert_eq!(c.job.id, build);
+    assert_eq!(c.job.status, JobStatus::Running);
+    assert_eq!(c.job.current_epoch, 1);
+    assert_eq!(c.run.id, run_id);
+    assert_eq!(c.run.status, RunStatus::Running);
+
+    let v = view(s, &run_id).await;
+    assert_eq!(v.run.status, RunStatus::Running);
+    let b = jv(&v, "build");
+    assert_eq!(b.job.status, JobStatus::Running);
+    assert_eq!(b.job.current_epoch, 1);
+    assert!(b.job.started_at.is_some());
+    assert_eq!(b.attempts.len(), 1);
+    let at = &b.attempts[0];
+    assert_eq!((at.epoch, at.outcome), (1, AttemptOutcome::Running));
+    assert_eq!(at.agent_id, a.id);
+    assert_eq!(at.session_id, a.session_id);
+    assert_eq!(at.lease_deadline, c.lease_deadline);
+    // The lease is `ttl` from the claim, in database time.
+    let lease = at.lease_deadline - at.started_at;
+    assert!((LONG_TTL - 1000..=LONG_TTL + 1000).contains(&lease), "lease of {lease} ms");
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Pending);
+}
+
+pub async fn duplicate_delivery_is_absorbed<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let b = agent(s, "b", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let generation = s.get_job(&build).await.unwrap().dispatch_generation;
+    try_claim(s, &a, &build, generation, LONG_TTL).await.expect("first claim");
+    let before = snapshot(s, &run_id).await;
+
+    // The same (job, generation) delivered again, to another agent or the same one.
+    assert!(try_claim(s, &b, &build, generation, LONG_TTL).await.is_none());
+    assert!(try_claim(s, &a, &build, generation, LONG_TTL).await.is_none());
+    assert_eq!(snapshot(s, &run_id).await, before, "an absorbed duplicate changes nothing");
+
+    // A job whose needs have not succeeded cannot be claimed whatever the generation.
+    let test = job_id(s, &run_id, "test").await;
+    for g in 0..3 {
+        assert!(try_claim(s, &b, &test, g, LONG_TTL).await.is_none());
+    }
+    // Neither can a job that does not exist.
+    assert!(try_claim(s, &b, "no-such-job", 1, LONG_TTL).await.is_none());
+    assert_eq!(snapshot(s, &run_id).await, before);
+}
+
+pub async fn stale_dispatch_generation_is_refused<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let g1 = s.get_job(&build).await.unwrap().dispatch_generation;
+    let before = snapshot(s, &run_id).await;
+    assert!(try_claim(s, &a, &build, g1 - 1, LONG_TTL).await.is_none());
+    assert!(try_claim(s, &a, &build, g1 + 1, LONG_TTL).await.is_none());
+    assert_eq!(snapshot(s, &run_id).await, before);
+
+    // An infrastructure failure makes the job ready under a new generation:
+    // the old delivery is stale from then on.
+    let c1 = try_claim(s, &a, &build, g1, LONG_TTL).await.unwrap();
+    assert_eq!(s.complete(&build, c1.epoch, infra_failure()).await.unwrap(), "ready");
+    let g2 = s.get_job(&build).await.unwrap().dispatch_generation;
+    assert!(g2 > g1);
+    assert!(try_claim(s, &a, &build, g1, LONG_TTL).await.is_none());
+    let c2 = try_claim(s, &a, &build, g2, LONG_TTL).await.expect("current generation");
+    assert_eq!(c2.epoch, 2);
+}
+
+pub async fn claim_in_cancelled_run_is_refused<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let a = agent(s, "a", 4).await;
+
+    // Cancelled while queued.
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0)])).await;
+    let build = job_id(s, &run_id, "build").await;
+    let g = s.get_job(&build).await.unwrap().dispatch_generation;
+    s.cancel_run(&run_id).await.unwrap();
+    assert!(try_claim(s, &a, &build, g, LONG_TTL).await.is_none());
+    let v = view(s, &run_id).await;
+    assert_eq!(v.run.status, RunStatus::Cancelled);
+    assert!(v.jobs[0].attempts.is_empty());
+
+    // Cancelled while another job runs: the run is cancelling, not active.
+    let (_, run_id) = start(s, workflow(vec![job("x", &[], 0), job("y", &[], 0)])).await;
+    let x = job_id(s, &run_id, "x").await;
+    let y = job_id(s, &run_id, "y").await;
+    let gy = s.get_job(&y).await.unwrap().dispatch_generation;
+    claim(s, &a, &x, LONG_TTL).await;
+    assert_eq!(s.cancel_run(&run_id).await.unwrap().status, RunStatus::Cancelling);
+    assert!(try_claim(s, &a, &y, gy, LONG_TTL).await.is_none());
+    assert!(jv(&view(s, &run_id).await, "y").attempts.is_empty());
+}
+
+pub async fn claim_respects_agent_capacity<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("x", &[], 0), job("y", &[], 0), job("z", &[], 0)])).await;
+    let one = agent(s, "one", 1).await;
+    let other = agent(s, "other", 1).await;
+    let x = job_id(s, &run_id, "x").await;
+    let y = job_id(s, &run_id, "y").await;
+    let z = job_id(s, &run_id, "z").await;
+    let gy = s.get_job(&y).await.unwrap().dispatch_generation;
+    claim(s, &one, &x, LONG_TTL).await;
+
+    // Full: declined, and the job stays ready under the same generation.
+    assert!(try_claim(s, &one, &y, gy, LONG_TTL).await.is_none());
+    let yj = s.get_job(&y).await.unwrap();
+    assert_eq!((yj.status, yj.dispatch_generation, yj.current_epoch), (JobStatus::Ready, gy, 0));
+    // The same delivery remains claimable by an agent with room.
+    assert_eq!(try_claim(s, &other, &y, gy, LONG_TTL).await.expect("other agent has room").epoch, 1);
+
+    // Completion releases the slot.
+    s.complete(&x, 1, success()).await.unwrap();
+    assert_eq!(claim(s, &one, &z, LONG_TTL).await.epoch, 1);
+}
+
+pub async fn claim_requires_the_current_session<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let b = agent(s, "b", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let g = s.get_job(&build).await.unwrap().dispatch_generation;
+    let before = snapshot(s, &run_id).await;
+
+    let mut replaced = claim_input(&a, &build, g, LONG_TTL);
+    replaced.session_id = uuid::Uuid::new_v4().to_string();
+    let mut foreign = claim_input(&a, &build, g, LONG_TTL);
+    foreign.session_id = b.session_id.clone();
+    let mut unknown = claim_input(&a, &build, g, LONG_TTL);
+    unknown.agent_id = "no-such-agent".into();
+    for req in [replaced, foreign, unknown] {
+        match s.claim(req.clone()).await {
+            Err(StoreError::Unavailable(e)) => panic!("a bad session is not an outage: {e}"),
+            Err(_) => {}
+            Ok(c) => panic!("claim with session {} of agent {} accepted: {c:?}", req.session_id, req.agent_id),
+        }
+    }
+    assert_eq!(snapshot(s, &run_id).await, before, "a refused claim changes nothing");
+    assert_eq!(try_claim(s, &a, &build, g, LONG_TTL).await.expect("the real session").epoch, 1);
+}
+
+pub async fn claim_request_id_is_idempotent<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let g = s.get_job(&build).await.unwrap().dispatch_generation;
+    let req = claim_input(&a, &build, g, LONG_TTL);
+
+    let first = s.claim(req.clone()).await.unwrap().expect("first claim");
+    assert_eq!(first.epoch, 1);
+    // The acknowledgement was lost; the agent retries the same request.
+    let retried = s.claim(req.clone()).await.unwrap().expect("retried claim returns the attempt");
+    assert_eq!(retried.epoch, 1, "a retried claim must not create epoch 2");
+    assert_eq!(retried.job.id, build);
+    assert_eq!(retried.lease_deadline, first.lease_deadline);
+    let recovered = s.claimed_by_request(&req.claim_request_id).await.unwrap().expect("recover by request id");
+    assert_eq!((recovered.epoch, recovered.job.id.as_str()), (1, build.as_str()));
+    assert_eq!(recovered.run.id, run_id);
+    let v = view(s, &run_id).await;
+    assert_eq!(v.jobs[0].attempts.len(), 1);
+    assert_eq!(v.jobs[0].job.current_epoch, 1);
+
+    assert!(s.claimed_by_request("never-sent").await.unwrap().is_none());
+
+    // Once the attempt ended it is no longer a live ticket.
+    s.complete(&build, 1, success()).await.unwrap();
+    assert!(s.claimed_by_request(&req.claim_request_id).await.unwrap().is_none());
+    assert!(s.claim(req).await.unwrap().is_none());
+    assert_eq!(view(s, &run_id).await.jobs[0].attempts.len(), 1);
+}

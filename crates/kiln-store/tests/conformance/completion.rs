@@ -1,0 +1,218 @@
+//! The completion transaction: success, failure, retry budgets (spec 000 §8,
+//! §9; invariants 3, 5, 6).
+
+use super::*;
+use kiln_core::RunStatus;
+use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
+
+pub async fn success_readies_successor_and_finishes_run<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let test = job_id(s, &run_id, "test").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    assert!(pending_for(s, &test).await.is_empty());
+
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+    // Committed together with the success: the successor is ready and its
+    // dispatch event is in the outbox.
+    let v = view(s, &run_id).await;
+    let b = jv(&v, "build");
+    assert_eq!(b.job.status, JobStatus::Success);
+    assert!(b.job.finished_at.is_some());
+    assert_eq!(outcomes(b), [AttemptOutcome::Success]);
+    assert_eq!(b.attempts[0].exit_code, Some(0));
+    assert!(b.attempts[0].finished_at.is_some());
+    let t = jv(&v, "test");
+    assert_eq!(t.job.status, JobStatus::Ready);
+    let events = pending_for(s, &test).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].dispatch_generation, t.job.dispatch_generation);
+    assert_eq!(v.run.status, RunStatus::Running, "a job is left");
+    assert_eq!(v.run.finished_at, None);
+
+    // The relay delivers the event; the last job succeeds; so does the run.
+    let c = try_claim(s, &a, &test, events[0].dispatch_generation, LONG_TTL).await.expect("claim successor");
+    assert_eq!(c.epoch, 1);
+    assert_eq!(s.complete(&test, 1, success()).await.unwrap(), "success");
+    let v = view(s, &run_id).await;
+    assert_eq!(v.run.status, RunStatus::Success);
+    assert!(v.run.finished_at.is_some());
+    assert!(v.jobs.iter().all(|j| j.job.status == JobStatus::Success));
+}
+
+pub async fn successor_waits_for_every_need<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![job("build", &[], 0), job("lint", &[], 0), job("deploy", &["build", "lint"], 0)]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let [build, lint, deploy] =
+        [job_id(s, &run_id, "build").await, job_id(s, &run_id, "lint").await, job_id(s, &run_id, "deploy").await];
+    claim(s, &a, &build, LONG_TTL).await;
+    claim(s, &a, &lint, LONG_TTL).await;
+    s.complete(&build, 1, success()).await.unwrap();
+    assert_eq!(job_status(s, &deploy).await, JobStatus::Pending);
+    assert!(pending_for(s, &deploy).await.is_empty());
+    assert!(try_claim(s, &a, &deploy, 1, LONG_TTL).await.is_none());
+    s.complete(&lint, 1, success()).await.unwrap();
+    assert_eq!(job_status(s, &deploy).await, JobStatus::Ready);
+    assert_eq!(pending_for(s, &deploy).await.len(), 1);
+}
+
+pub async fn stale_completion_changes_nothing<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+
+    let before = snapshot(s, &run_id).await;
+    assert_stale(s.complete(&build, 0, success()).await);
+    assert_stale(s.complete(&build, 2, success()).await);
+    assert_stale(s.complete(&build, 2, failure(1)).await);
+    assert_eq!(snapshot(s, &run_id).await, before);
+
+    s.complete(&build, 1, success()).await.unwrap();
+    // A duplicate or contradicting report for the finished epoch is stale too.
+    let after = snapshot(s, &run_id).await;
+    assert_stale(s.complete(&build, 1, success()).await);
+    assert_stale(s.complete(&build, 1, failure(1)).await);
+    assert_stale(s.heartbeat(&build, 1, LONG_TTL).await);
+    assert_eq!(snapshot(s, &run_id).await, after);
+    assert!(s.complete("no-such-job", 1, success()).await.is_err());
+}
+
+pub async fn failure_without_retry_fails_and_skips_downstream<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![
+        job("build", &[], 0),
+        job("docs", &[], 0),
+        job("test", &["build"], 0),
+        job("package", &["test"], 0),
+    ]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let [build, docs, test, package] = [
+        job_id(s, &run_id, "build").await,
+        job_id(s, &run_id, "docs").await,
+        job_id(s, &run_id, "test").await,
+        job_id(s, &run_id, "package").await,
+    ];
+    claim(s, &a, &docs, LONG_TTL).await;
+    claim(s, &a, &build, LONG_TTL).await;
+
+    assert_eq!(s.complete(&build, 1, failure(2)).await.unwrap(), "failed");
+    let v = view(s, &run_id).await;
+    let b = jv(&v, "build");
+    assert_eq!(b.job.status, JobStatus::Failed);
+    assert_eq!(outcomes(b), [AttemptOutcome::Failed]);
+    assert_eq!(b.attempts[0].exit_code, Some(2));
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Skipped);
+    assert_eq!(jv(&v, "package").job.status, JobStatus::Skipped, "skips propagate transitively");
+    assert_eq!(jv(&v, "docs").job.status, JobStatus::Running);
+    assert_eq!(v.run.status, RunStatus::Running, "the run waits for running jobs");
+    assert_eq!(b.job.current_epoch, 1, "no retry was authorized");
+
+    s.complete(&docs, 1, success()).await.unwrap();
+    let v = view(s, &run_id).await;
+    assert_eq!(v.run.status, RunStatus::Failed);
+    assert!(v.run.finished_at.is_some());
+    // The successors never became ready.
+    for j in [&test, &package] {
+        assert!(pending_for(s, j).await.is_empty());
+        assert!(!s.ready_jobs().await.unwrap().iter().any(|e| &e.job_id == j));
+        let jv = v.jobs.iter().find(|x| &x.job.id == j).unwrap();
+        assert!(jv.attempts.is_empty());
+        assert!(try_claim(s, &a, j, 1, LONG_TTL).await.is_none());
+    }
+}
+
+pub async fn failure_with_retry_is_claimable_after_backoff<S: Store + 'static>(o: &Opener<S>) {
+    const BACKOFF_MS: u64 = 400;
+    let fx = o.open(Backoff { base_ms: BACKOFF_MS, max_ms: BACKOFF_MS }).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 1), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let c1 = claim(s, &a, &build, LONG_TTL).await;
+
+    assert_eq!(s.complete(&build, 1, failure(1)).await.unwrap(), "ready");
+    let v = view(s, &run_id).await;
+    let b = jv(&v, "build");
+    assert_eq!(b.job.status, JobStatus::Ready);
+    assert_eq!(outcomes(b), [AttemptOutcome::Failed]);
+    assert!(b.job.dispatch_generation > c1.job.dispatch_generation);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Pending);
+    assert_eq!(v.run.status, RunStatus::Running);
+    // The retry waits for its backoff (jitter within [ceiling/2, ceiling]).
+    let finished = b.attempts[0].finished_at.unwrap();
+    let at = b.job.next_attempt_at.expect("next_attempt_at is set");
+    assert!(at >= finished + BACKOFF_MS as i64 / 2, "retry at {at}, failed at {finished}");
+    assert!(at <= finished + BACKOFF_MS as i64 + 1000);
+    let generation = b.job.dispatch_generation;
+    if wall_ms() < at - 50 {
+        assert!(try_claim(s, &a, &build, generation, LONG_TTL).await.is_none(), "claimed before next_attempt_at");
+        assert!(
+            !pending_for(s, &build).await.iter().any(|e| e.dispatch_generation == generation),
+            "the retry event is not yet available"
+        );
+    }
+    tokio::time::sleep(std::time::Duration::from_millis((at - wall_ms()).max(0) as u64 + 50)).await;
+    let events = pending_for(s, &build).await;
+    assert!(events.iter().any(|e| e.dispatch_generation == generation), "the retry event is available");
+    let c2 = try_claim(s, &a, &build, generation, LONG_TTL).await.expect("claim after next_attempt_at");
+    assert_eq!(c2.epoch, 2);
+
+    // The budget (retry: 1) is spent: the second failure is final.
+    assert_eq!(s.complete(&build, 2, failure(1)).await.unwrap(), "failed");
+    let v = view(s, &run_id).await;
+    let b = jv(&v, "build");
+    assert_eq!(b.job.status, JobStatus::Failed);
+    assert_eq!(outcomes(b), [AttemptOutcome::Failed, AttemptOutcome::Failed]);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Skipped);
+    assert_eq!(v.run.status, RunStatus::Failed);
+}
+
+pub async fn retried_job_that_succeeds_unblocks_successor<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 1), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let test = job_id(s, &run_id, "test").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    assert_eq!(s.complete(&build, 1, failure(1)).await.unwrap(), "ready");
+    assert_eq!(job_status(s, &test).await, JobStatus::Pending);
+    assert_eq!(claim(s, &a, &build, LONG_TTL).await.epoch, 2);
+    assert_eq!(s.complete(&build, 2, success()).await.unwrap(), "success");
+    let v = view(s, &run_id).await;
+    assert_eq!(outcomes(jv(&v, "build")), [AttemptOutcome::Failed, AttemptOutcome::Success]);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Ready);
+}
+
+pub async fn infra_failures_retry_up_to_the_default_budget<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    // retry: 0 — deterministic failures are not retried, infrastructure ones are.
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let total = DEFAULT_INFRA_RETRIES as i64 + 1;
+    for epoch in 1..=total {
+        assert_eq!(claim(s, &a, &build, LONG_TTL).await.epoch, epoch);
+        let want = if epoch < total { "ready" } else { "failed" };
+        assert_eq!(s.complete(&build, epoch, infra_failure()).await.unwrap(), want, "epoch {epoch}");
+    }
+    let v = view(s, &run_id).await;
+    let b = jv(&v, "build");
+    assert_eq!(b.job.status, JobStatus::Failed);
+    assert_eq!(outcomes(b), vec![AttemptOutcome::Failed; total as usize]);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Skipped);
+    assert_eq!(v.run.status, RunStatus::Failed);
+    assert!(try_claim(s, &a, &build, b.job.dispatch_generation, LONG_TTL).await.is_none());
+}

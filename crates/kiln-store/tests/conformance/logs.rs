@@ -1,0 +1,121 @@
+//! Log chunk ingestion (spec 000 §13; invariant 7).
+
+use super::*;
+
+async fn running_job<S: Store>(s: &S) -> String {
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    build
+}
+
+fn at(p: &BTreeMap<String, i64>, stream: &str) -> i64 {
+    p.get(stream).copied().unwrap_or(0)
+}
+
+pub async fn identical_log_retry_is_accepted<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    let c0 = chunk(&job, 1, "stdout", 0, 0, b"hello ");
+    let c1 = chunk(&job, 1, "stdout", 1, 6, b"world\n");
+    assert_eq!(at(&progress(s.append_log_chunk(c0.clone()).await.unwrap()), "stdout"), 6);
+    let p = progress(s.append_log_chunk(c1.clone()).await.unwrap());
+    assert_eq!(at(&p, "stdout"), 12);
+    // The ack was lost; the agent sends both again.
+    assert_eq!(progress(s.append_log_chunk(c0).await.unwrap()), p);
+    assert_eq!(progress(s.append_log_chunk(c1).await.unwrap()), p);
+    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 2, "no duplicate stored");
+}
+
+pub async fn conflicting_log_bytes_are_refused<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"0123456789")).await.unwrap();
+    assert_conflict(s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"abcdefghij")).await);
+    assert_conflict(s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"0123")).await);
+    // Overlapping a committed range is a conflict too.
+    assert_conflict(s.append_log_chunk(chunk(&job, 1, "stdout", 1, 5, b"56789ABCDE")).await);
+    let chunks = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].data, b"0123456789");
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stdout", 1, 10, b"!")).await.unwrap());
+    assert_eq!(at(&p, "stdout"), 11);
+}
+
+pub async fn out_of_order_chunks_commit_contiguously<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stdout", 1, 10, b"second\n")).await.unwrap());
+    assert_eq!(at(&p, "stdout"), 0, "a gap: nothing is contiguous yet");
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stdout", 3, 32, b"fourth\n")).await.unwrap());
+    assert_eq!(at(&p, "stdout"), 0);
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"the first\n")).await.unwrap());
+    assert_eq!(at(&p, "stdout"), 17, "jumps over the chunk that arrived early, up to the next gap");
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stdout", 2, 17, b"the third line\n")).await.unwrap());
+    assert_eq!(at(&p, "stdout"), 39, "the gap closed: up to the end of the early chunk");
+}
+
+pub async fn streams_are_tracked_separately<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"out out\n")).await.unwrap());
+    assert_eq!(at(&p, "stdout"), 8);
+    assert_eq!(at(&p, "stderr"), 0);
+    // The same offset on the other stream is not a conflict.
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stderr", 0, 0, b"err\n")).await.unwrap());
+    assert_eq!((at(&p, "stdout"), at(&p, "stderr")), (8, 4));
+    let p = progress(s.append_log_chunk(chunk(&job, 1, "stderr", 1, 4, b"more err\n")).await.unwrap());
+    assert_eq!((at(&p, "stdout"), at(&p, "stderr")), (8, 13));
+}
+
+pub async fn bad_digest_and_stale_epoch_are_refused<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    let mut bad = chunk(&job, 1, "stdout", 0, 0, b"bytes");
+    bad.sha256 = chunk(&job, 1, "stdout", 0, 0, b"other").sha256;
+    match s.append_log_chunk(bad).await {
+        Err(StoreError::Invalid(_)) => {}
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    assert_stale(s.append_log_chunk(chunk(&job, 2, "stdout", 0, 0, b"bytes")).await);
+    assert_stale(s.append_log_chunk(chunk(&job, 0, "stdout", 0, 0, b"bytes")).await);
+    assert!(s.log_chunks_after(&job, 0, 100).await.unwrap().is_empty(), "nothing stored");
+
+    // After completion the epoch is over: new bytes are refused.
+    s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"bytes")).await.unwrap();
+    s.complete(&job, 1, success()).await.unwrap();
+    assert_stale(s.append_log_chunk(chunk(&job, 1, "stdout", 1, 5, b"tail")).await);
+    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 1);
+}
+
+pub async fn log_chunks_after_respects_the_cursor<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    let other = running_job(s).await;
+    let parts: [(&str, i64, &[u8]); 5] =
+        [("stdout", 0, b"a1"), ("stderr", 0, b"e1"), ("stdout", 2, b"a2"), ("stdout", 4, b"a3"), ("stderr", 2, b"e2")];
+    for (seq, (stream, offset, data)) in parts.iter().enumerate() {
+        s.append_log_chunk(chunk(&job, 1, stream, seq as i64, *offset, data)).await.unwrap();
+        s.append_log_chunk(chunk(&other, 1, stream, seq as i64, *offset, b"xx")).await.unwrap();
+    }
+    let all = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    assert_eq!(all.len(), 5, "only this job's chunks");
+    assert!(all.windows(2).all(|w| w[0].id < w[1].id), "id order");
+    let got: Vec<(&str, i64, &[u8])> = all.iter().map(|c| (c.stream.as_str(), c.offset, c.data.as_slice())).collect();
+    assert_eq!(got, parts.to_vec(), "in acceptance order");
+    assert!(all.iter().all(|c| c.epoch == 1));
+
+    // Replay from a cursor, in pages.
+    let page = s.log_chunks_after(&job, all[1].id, 2).await.unwrap();
+    assert_eq!(page.iter().map(|c| c.id).collect::<Vec<_>>(), [all[2].id, all[3].id]);
+    let rest = s.log_chunks_after(&job, page[1].id, 100).await.unwrap();
+    assert_eq!(rest.iter().map(|c| c.id).collect::<Vec<_>>(), [all[4].id]);
+    assert!(s.log_chunks_after(&job, all[4].id, 100).await.unwrap().is_empty());
+}

@@ -1,0 +1,324 @@
+//! The store conformance suite: every rule of the authoritative store that a
+//! backend must keep (spec 000 §6–§9, §13, §15; ARCHITECTURE.md invariants).
+//!
+//! The suite is generic over the backend. A test binary per backend provides
+//! an async constructor `fn(Backoff) -> Fixture<S>` (a fresh, empty store
+//! with the given retry backoff) and instantiates everything with
+//! [`suite!`]:
+//!
+//! ```ignore
+//! mod conformance;
+//! async fn open(backoff: Backoff) -> conformance::Fixture<SqliteStore> { … }
+//! conformance::suite!(open);
+//! ```
+//!
+//! Time: leases are decided in database time. Tests sleep only to let a
+//! lease expire; the store has no background work to wait for.
+
+#![allow(dead_code)]
+
+pub mod accept;
+pub mod cancel;
+pub mod claim;
+pub mod completion;
+pub mod lease;
+pub mod logs;
+pub mod outbox;
+pub mod state_machine;
+
+use kiln_core::{AttemptOutcome, Backoff, JobStatus};
+use kiln_store::*;
+use kiln_workflow::{Job, Step, Workflow};
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Instantiate the whole conformance suite for a backend. `$open` is an async
+/// fn (or closure returning a future) `Fn(Backoff) -> Fixture<S>`.
+macro_rules! suite {
+    ($open:expr) => {
+        $crate::conformance::suite!(@each $open;
+            accept::accept_run_freezes_definition_and_readies_roots,
+            accept::idempotency_key_returns_the_same_run,
+            accept::idempotency_key_with_other_body_is_refused,
+            accept::concurrent_idempotent_accepts_create_one_run,
+            accept::unknown_repository_is_not_unavailable,
+            claim::claim_creates_epoch_one_and_starts_the_run,
+            claim::duplicate_delivery_is_absorbed,
+            claim::stale_dispatch_generation_is_refused,
+            claim::claim_in_cancelled_run_is_refused,
+            claim::claim_respects_agent_capacity,
+            claim::claim_requires_the_current_session,
+            claim::claim_request_id_is_idempotent,
+            lease::heartbeat_extends_the_lease,
+            lease::heartbeat_with_wrong_epoch_is_stale,
+            lease::expired_lease_is_stale_before_the_reconciler_runs,
+            lease::fencing_rejects_the_replaced_epoch,
+            lease::lost_attempts_use_the_infra_budget,
+            lease::shorten_session_leases_only_touches_that_session,
+            completion::success_readies_successor_and_finishes_run,
+            completion::successor_waits_for_every_need,
+            completion::stale_completion_changes_nothing,
+            completion::failure_without_retry_fails_and_skips_downstream,
+            completion::failure_with_retry_is_claimable_after_backoff,
+            completion::retried_job_that_succeeds_unblocks_successor,
+            completion::infra_failures_retry_up_to_the_default_budget,
+            outbox::relay_delivering_twice_is_absorbed,
+            outbox::unmarked_events_are_delivered_again,
+            cancel::cancel_after_success_is_a_no_op,
+            cancel::cancel_before_completion_rejects_late_success,
+            cancel::cancel_of_queued_run_cancels_everything,
+            cancel::cancel_with_lost_agent_resolves_on_fence,
+            logs::identical_log_retry_is_accepted,
+            logs::conflicting_log_bytes_are_refused,
+            logs::out_of_order_chunks_commit_contiguously,
+            logs::streams_are_tracked_separately,
+            logs::bad_digest_and_stale_epoch_are_refused,
+            logs::log_chunks_after_respects_the_cursor,
+        );
+
+        #[test]
+        fn state_machine_proptest() {
+            $crate::conformance::state_machine::check($crate::conformance::Opener::new($open));
+        }
+    };
+    (@each $open:expr; $($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $crate::conformance::$module::$name(&$crate::conformance::Opener::new($open)).await;
+            }
+        )*
+    };
+}
+pub(crate) use suite;
+
+/// A fresh store plus whatever keeps it alive (a temp dir, a database).
+pub struct Fixture<S> {
+    pub store: Arc<S>,
+    _guard: Box<dyn Any>,
+}
+
+impl<S: Store> Fixture<S> {
+    pub fn new(store: S, guard: impl Any) -> Self {
+        Fixture { store: Arc::new(store), _guard: Box::new(guard) }
+    }
+}
+
+type OpenFuture<S> = Pin<Box<dyn Future<Output = Fixture<S>>>>;
+
+/// The backend constructor the suite is instantiated with.
+pub struct Opener<S>(Box<dyn Fn(Backoff) -> OpenFuture<S>>);
+
+impl<S: Store + 'static> Opener<S> {
+    pub fn new<F, Fut>(f: F) -> Self
+    where
+        F: Fn(Backoff) -> Fut + 'static,
+        Fut: Future<Output = Fixture<S>> + 'static,
+    {
+        Opener(Box::new(move |b| Box::pin(f(b))))
+    }
+
+    pub async fn open(&self, backoff: Backoff) -> Fixture<S> {
+        (self.0)(backoff).await
+    }
+}
+
+/// Retries become claimable at once.
+pub const FAST: Backoff = Backoff { base_ms: 0, max_ms: 0 };
+/// A lease that does not expire during a test.
+pub const LONG_TTL: i64 = 60_000;
+/// A lease a test lets expire.
+pub const SHORT_TTL: i64 = 100;
+
+/// Sleep past a lease of `ttl_ms` (database time advances with the wall clock).
+pub async fn expire(ttl_ms: i64) {
+    tokio::time::sleep(Duration::from_millis(ttl_ms as u64 + 60)).await;
+}
+
+pub fn wall_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+// ---------- building runs ----------
+
+pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
+    Job {
+        name: name.into(),
+        image: None,
+        steps: vec![Step { name: None, run: format!("echo {name}") }],
+        needs: needs.iter().map(|n| n.to_string()).collect(),
+        cache: None,
+        artifacts: Default::default(),
+        env: Default::default(),
+        timeout_secs: None,
+        retry,
+        runs_on: BTreeMap::from([("os".to_string(), "linux".to_string())]),
+    }
+}
+
+pub fn workflow(jobs: Vec<Job>) -> Workflow {
+    Workflow { version: 1, jobs }
+}
+
+pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
+    NewRun {
+        repo_id: repo_id.into(),
+        commit_sha: "0123456789abcdef0123456789abcdef01234567".into(),
+        git_ref: Some("refs/heads/main".into()),
+        event: "manual".into(),
+        trust: "trusted".into(),
+        workflow_path: ".kiln/build.yaml".into(),
+        workflow: wf,
+        inputs: BTreeMap::new(),
+        parent_run_id: None,
+        idempotency: None,
+    }
+}
+
+pub async fn repo<S: Store>(s: &S) -> RepoRecord {
+    let name = format!("repo-{}", uuid::Uuid::new_v4().simple());
+    s.create_repo(&name, "file:///tmp/nowhere", None).await.expect("create repo")
+}
+
+/// A repository and an accepted run of `wf`.
+pub async fn start<S: Store>(s: &S, wf: Workflow) -> (RepoRecord, String) {
+    let repo = repo(s).await;
+    let acc = s.accept_run(new_run(&repo.id, wf)).await.expect("accept run");
+    assert!(acc.created);
+    (repo, acc.run_id)
+}
+
+pub async fn agent<S: Store>(s: &S, name: &str, max_jobs: u32) -> AgentRecord {
+    s.register_agent(name, r#"{"os":"linux"}"#, max_jobs).await.expect("register agent")
+}
+
+/// A claim with a fresh claim request id.
+pub fn claim_input(agent: &AgentRecord, job_id: &str, generation: i64, ttl_ms: i64) -> ClaimInput {
+    ClaimInput {
+        agent_id: agent.id.clone(),
+        session_id: agent.session_id.clone(),
+        claim_request_id: uuid::Uuid::new_v4().to_string(),
+        job_id: job_id.into(),
+        dispatch_generation: generation,
+        lease_ttl_ms: ttl_ms,
+    }
+}
+
+/// Claim with an explicit generation; `None` when refused.
+pub async fn try_claim<S: Store>(
+    s: &S,
+    agent: &AgentRecord,
+    job_id: &str,
+    generation: i64,
+    ttl_ms: i64,
+) -> Option<ClaimedAttempt> {
+    s.claim(claim_input(agent, job_id, generation, ttl_ms)).await.expect("claim must not error")
+}
+
+/// Claim the job's current dispatch generation; it must succeed.
+pub async fn claim<S: Store>(s: &S, agent: &AgentRecord, job_id: &str, ttl_ms: i64) -> ClaimedAttempt {
+    let generation = s.get_job(job_id).await.expect("get job").dispatch_generation;
+    try_claim(s, agent, job_id, generation, ttl_ms).await.unwrap_or_else(|| panic!("claim of job {job_id} refused"))
+}
+
+pub fn success() -> CompletionInput {
+    CompletionInput { outcome: AttemptOutcome::Success, exit_code: Some(0), message: None, infra_failure: false }
+}
+
+pub fn failure(code: i32) -> CompletionInput {
+    CompletionInput { outcome: AttemptOutcome::Failed, exit_code: Some(code), message: None, infra_failure: false }
+}
+
+pub fn infra_failure() -> CompletionInput {
+    CompletionInput {
+        outcome: AttemptOutcome::Failed,
+        exit_code: None,
+        message: Some("artifact upload failed".into()),
+        infra_failure: true,
+    }
+}
+
+// ---------- reading state ----------
+
+pub async fn view<S: Store>(s: &S, run_id: &str) -> RunView {
+    s.get_run(run_id).await.expect("get run")
+}
+
+pub fn jv<'a>(v: &'a RunView, name: &str) -> &'a JobView {
+    v.jobs.iter().find(|j| j.job.name == name).unwrap_or_else(|| panic!("no job {name}"))
+}
+
+pub async fn job_id<S: Store>(s: &S, run_id: &str, name: &str) -> String {
+    jv(&view(s, run_id).await, name).job.id.clone()
+}
+
+pub async fn job_status<S: Store>(s: &S, job_id: &str) -> JobStatus {
+    s.get_job(job_id).await.expect("get job").status
+}
+
+pub fn outcomes(j: &JobView) -> Vec<AttemptOutcome> {
+    j.attempts.iter().map(|a| a.outcome).collect()
+}
+
+pub fn statuses(v: &RunView) -> Vec<(String, JobStatus)> {
+    v.jobs.iter().map(|j| (j.job.name.clone(), j.job.status)).collect()
+}
+
+/// Unpublished, available outbox events of one job.
+pub async fn pending_for<S: Store>(s: &S, job_id: &str) -> Vec<OutboxEvent> {
+    s.pending_outbox(10_000).await.expect("pending outbox").into_iter().filter(|e| e.job_id == job_id).collect()
+}
+
+/// Everything observable about a run, to assert that a refused call changed nothing.
+pub async fn snapshot<S: Store>(s: &S, run_id: &str) -> String {
+    let v = view(s, run_id).await;
+    let ids: Vec<&str> = v.jobs.iter().map(|j| j.job.id.as_str()).collect();
+    let outbox: Vec<OutboxEvent> = s
+        .pending_outbox(10_000)
+        .await
+        .expect("pending outbox")
+        .into_iter()
+        .filter(|e| ids.contains(&e.job_id.as_str()))
+        .collect();
+    format!("{v:#?}\n{outbox:#?}")
+}
+
+#[track_caller]
+pub fn assert_stale<T: Debug>(r: Result<T>) {
+    match r {
+        Err(StoreError::StaleEpoch(_)) => {}
+        other => panic!("expected StaleEpoch, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn assert_conflict<T: Debug>(r: Result<T>) {
+    match r {
+        Err(StoreError::Conflict(_)) => {}
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+}
+
+// ---------- logs ----------
+
+pub fn chunk(job_id: &str, epoch: i64, stream: &str, seq: i64, offset: i64, data: &[u8]) -> NewLogChunk {
+    use sha2::{Digest, Sha256};
+    NewLogChunk {
+        job_id: job_id.into(),
+        epoch,
+        stream: stream.into(),
+        seq,
+        offset,
+        sha256: hex::encode(Sha256::digest(data)),
+        data: data.to_vec(),
+    }
+}
+
+pub fn progress(p: Vec<(String, i64)>) -> BTreeMap<String, i64> {
+    p.into_iter().collect()
+}
