@@ -96,7 +96,9 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         let logs = LogStreamer::start(ctx.client.clone(), a.job_id.clone(), a.epoch, ctl.clone(), LogConfig::default());
         let attempt_dir = ctx.attempts_dir().join(format!("{}-{}", a.job_id, a.epoch));
 
+        let t0 = std::time::Instant::now();
         let ran = execute(ctx, &a, &attempt_dir, &ctl, &logs).await;
+        let t_exec = t0.elapsed();
         let completion = decide(&a, ran, ctl.reason());
         if let Some(c) = &completion {
             let mark = if c.outcome == "success" { "✓" } else { "✗" };
@@ -104,24 +106,44 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
             logs.system(&format!("{mark} job {}{detail}", c.outcome));
         }
         let logs_complete = logs.finish().await;
+        let t_logs = t0.elapsed();
         match completion {
             Some(c) if logs_complete && !ctl.is_fenced() => complete(ctx, &a, &c, &ctl).await,
             _ => tracing::warn!("attempt fenced: the sandbox was killed and nothing more is published"),
         }
+        let t_complete = t0.elapsed();
         hb.abort();
         drop(beat);
         watcher.abort();
-        let dir = attempt_dir.clone();
-        match tokio::task::spawn_blocking(move || remove_tree(&dir)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(dir = %attempt_dir.display(), error = %e, "cannot remove the attempt directory")
-            }
-            Err(e) => tracing::warn!(error = %e, "cleanup task failed"),
-        }
+        discard(ctx, &attempt_dir).await;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        tracing::debug!(
+            execute_ms = ms(t_exec),
+            logs_ms = ms(t_logs - t_exec),
+            complete_ms = ms(t_complete - t_logs),
+            cleanup_ms = ms(t0.elapsed() - t_complete),
+            "attempt phases"
+        );
     }
     .instrument(span)
     .await
+}
+
+/// Moves the attempt directory out of the way at once and deletes it in the
+/// background: deleting even a small tree can take tens of milliseconds (on
+/// filesystems mounted with `discard`), which must not delay the next claim.
+/// Leftovers are removed when the agent starts.
+async fn discard(ctx: &AttemptContext, attempt_dir: &Path) {
+    let trash = ctx.attempts_dir().join(format!(".trash-{}", uuid::Uuid::new_v4()));
+    let target = match tokio::fs::rename(attempt_dir, &trash).await {
+        Ok(()) => trash,
+        Err(_) => attempt_dir.to_path_buf(),
+    };
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = remove_tree(&target) {
+            tracing::warn!(dir = %target.display(), error = %e, "cannot remove the attempt directory");
+        }
+    });
 }
 
 /// Checkout, restore, steps, publish. The sandbox is killed as soon as a
@@ -162,7 +184,9 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: 
             exec.kill().await;
         })
     };
+    tracing::debug!("checkout and restore done");
     let ran = run_steps(exec.as_ref(), a, &ws, ctl, logs).await;
+    tracing::debug!("steps done");
     // Every step's process group (and PID namespace, where available) was
     // killed when its shell exited; cleanup kills whatever still runs, so
     // nothing of the job runs while its outputs are frozen and uploaded.

@@ -175,11 +175,14 @@ impl HostExecutor {
             // While killing, `kill` escalates to SIGKILL after its grace; we
             // escalate too, in case the caller dropped `kill` midway.
             let escalate_at = tokio::time::Instant::now() + grace;
+            let mut pause = Duration::from_millis(1);
             while group_alive(pgid) {
                 if tokio::time::Instant::now() >= escalate_at {
                     signal_group(pgid, Signal::SIGKILL);
                 }
-                tokio::time::sleep(POLL).await;
+                // Usually gone within a millisecond or two: poll fast first.
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(POLL);
             }
             forget(&state_dir, pgid);
             for r in readers {
@@ -215,8 +218,10 @@ impl HostExecutor {
 }
 
 async fn wait_gone(pgid: i32) {
+    let mut pause = Duration::from_millis(1);
     while group_alive(pgid) {
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL);
     }
 }
 
