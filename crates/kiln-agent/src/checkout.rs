@@ -34,11 +34,14 @@ pub(crate) enum CheckoutError {
 pub(crate) struct Mirrors {
     dir: PathBuf,
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    /// (mirror, sha) seen present: objects are never removed from a mirror,
+    /// so the next checkout of that commit skips the `cat-file` probe.
+    known: Mutex<std::collections::HashSet<(PathBuf, String)>>,
 }
 
 impl Mirrors {
     pub(crate) fn new(dir: PathBuf) -> Self {
-        Mirrors { dir, locks: Mutex::default() }
+        Mirrors { dir, locks: Mutex::default(), known: Mutex::default() }
     }
 
     pub(crate) fn mirror_path(&self, clone_url: &str) -> PathBuf {
@@ -62,7 +65,8 @@ impl Mirrors {
             let lock = self.lock_for(&mirror);
             let _guard = lock.lock().await;
             self.ensure_mirror(&mirror).await?;
-            if !has_commit(&mirror, sha).await {
+            let known = self.known.lock().expect("known").contains(&(mirror.clone(), sha.to_string()));
+            if !known && !has_commit(&mirror, sha).await {
                 tracing::info!(url = %clone_url, mirror = %mirror.display(), "fetching into mirror");
                 let fetch_all = git(
                     Some(&mirror),
@@ -103,6 +107,7 @@ impl Mirrors {
         .await
         .map_err(io)?;
         git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
+        self.known.lock().expect("known").insert((mirror, sha.to_string()));
         Ok(())
     }
 

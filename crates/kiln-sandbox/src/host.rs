@@ -192,9 +192,11 @@ impl HostExecutor {
                     abort.abort();
                 }
             }
-            let _ = tx.send(StepEvent::Exited(exit)).await;
+            // Free the executor before reporting the exit: a caller that
+            // starts the next step on `Exited` must not find it busy.
             inner.lock().expect("executor lock").running = None;
             let _ = done_tx.send(true);
+            let _ = tx.send(StepEvent::Exited(exit)).await;
         });
         Ok(StepHandle::new(rx))
     }

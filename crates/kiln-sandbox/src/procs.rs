@@ -31,6 +31,11 @@ pub fn process_alive(pid: i32) -> bool {
 
 /// True while some non-zombie process belongs to process group `pgid`.
 pub(crate) fn group_alive(pgid: i32) -> bool {
+    // Fast path: no member at all (not even a zombie). Only when the kernel
+    // still knows the group do we scan /proc to ignore zombies.
+    if killpg(Pid::from_raw(pgid), None).is_err() {
+        return false;
+    }
     let Ok(dir) = fs::read_dir("/proc") else {
         // No /proc: fall back to the kernel's view (counts zombies too).
         return killpg(Pid::from_raw(pgid), None).is_ok();

@@ -23,7 +23,13 @@ pub enum GitError {
 pub struct Mirrors {
     root: PathBuf,
     locks: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
+    /// Content at a commit never changes: (repo, sha) known to be present,
+    /// and (repo, sha, path) → bytes, so resubmitting a commit runs no git.
+    known: Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
+    files: Arc<std::sync::Mutex<HashMap<(String, String, String), Arc<Vec<u8>>>>>,
 }
+
+const FILE_CACHE_ENTRIES: usize = 512;
 
 /// Normalise `file://` and plain paths; remote URLs pass through.
 pub fn normalize_url(url: &str) -> String {
@@ -50,7 +56,7 @@ async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError
 
 impl Mirrors {
     pub fn new(root: PathBuf) -> Self {
-        Mirrors { root, locks: Default::default() }
+        Mirrors { root, locks: Default::default(), known: Default::default(), files: Default::default() }
     }
 
     fn dir(&self, repo_id: &str) -> PathBuf {
@@ -102,6 +108,10 @@ impl Mirrors {
         {
             return Err(GitError::UnknownRevision(rev.to_string()));
         }
+        let key = (repo_id.to_string(), rev.to_ascii_lowercase());
+        if is_full_sha(rev) && self.known.lock().expect("cache").contains(&key) {
+            return Ok(key.1);
+        }
         let lock = self.lock(repo_id).await;
         let _g = lock.lock().await;
         let dir = self.dir(repo_id);
@@ -113,7 +123,9 @@ impl Mirrors {
         if !out.status.success() {
             return Err(GitError::UnknownRevision(rev.to_string()));
         }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        self.known.lock().expect("cache").insert((repo_id.to_string(), sha.clone()));
+        Ok(sha)
     }
 
     async fn has_commit(&self, dir: &Path, sha: &str) -> bool {
@@ -122,6 +134,26 @@ impl Mirrors {
 
     /// Read `path` at commit `sha`, refusing files over `max_bytes`.
     pub async fn read_file(&self, repo_id: &str, sha: &str, path: &str, max_bytes: usize) -> Result<Vec<u8>, GitError> {
+        let key = (repo_id.to_string(), sha.to_string(), path.to_string());
+        if let Some(b) = self.files.lock().expect("cache").get(&key) {
+            return Ok(b.as_ref().clone());
+        }
+        let bytes = self.read_file_uncached(repo_id, sha, path, max_bytes).await?;
+        let mut files = self.files.lock().expect("cache");
+        if files.len() >= FILE_CACHE_ENTRIES {
+            files.clear();
+        }
+        files.insert(key, Arc::new(bytes.clone()));
+        Ok(bytes)
+    }
+
+    async fn read_file_uncached(
+        &self,
+        repo_id: &str,
+        sha: &str,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, GitError> {
         let dir = self.dir(repo_id);
         let spec = format!("{sha}:{}", path.trim_start_matches("./"));
         let size = git(&dir, &["cat-file", "-s", &spec]).await?;

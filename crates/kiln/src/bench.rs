@@ -113,12 +113,15 @@ async fn dispatch(a: &BenchArgs) -> Result<i32, Failure> {
     while let Some(r) = set.join_next().await {
         ids.push(r.map_err(anyhow::Error::from)??.run_id);
     }
-    let mut failed = 0;
-    for id in &ids {
-        if wait_terminal(&c, id).await?.status != "success" {
-            failed += 1;
+    // Poll the run list (one cheap query) rather than every run.
+    let failed = loop {
+        let runs = c.list_runs("bench", None, Some(n as u32 + 10)).await?.runs;
+        let mine: Vec<_> = runs.iter().filter(|r| ids.contains(&r.id)).collect();
+        if mine.len() == n && mine.iter().all(|r| matches!(r.status.as_str(), "success" | "failed" | "cancelled")) {
+            break mine.iter().filter(|r| r.status != "success").count();
         }
-    }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let rate = n as f64 / t0.elapsed().as_secs_f64();
 
     // Trigger-to-start on an idle system.
