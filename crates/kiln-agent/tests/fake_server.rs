@@ -664,7 +664,7 @@ async fn runs_steps_in_the_checkout_and_streams_logs() {
     let done = events.iter().position(|e| matches!(e, Event::Complete(_))).unwrap();
     assert!(!events[done..].iter().any(|e| matches!(e, Event::Chunk(..))));
     // The workspace is gone; the mirror stays for the next job.
-    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0);
+    assert_attempts_dir_emptied(&h.work_dir()).await;
     assert_eq!(std::fs::read_dir(h.work_dir().join("mirrors")).unwrap().count(), 1);
     h.stop().await;
 }
@@ -711,7 +711,7 @@ async fn a_fenced_attempt_is_killed_and_never_completes() {
     let fenced = events.iter().position(|e| matches!(e, Event::Heartbeat(409))).unwrap();
     assert!(!events[fenced + 1..].iter().any(|e| matches!(e, Event::Heartbeat(_))), "heartbeats after the fence");
     assert!(!events[fenced + 1..].iter().any(|e| matches!(e, Event::Chunk(_, _, 200))));
-    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0);
+    assert_attempts_dir_emptied(&h.work_dir()).await;
     h.stop().await;
 }
 
@@ -879,7 +879,8 @@ async fn a_published_file_is_uploaded_in_parts_and_sealed_before_success() {
         "{system}"
     );
     assert!(system.contains("✓ artifact `app.bin` sealed\n"), "{system}");
-    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0, "the spool goes with the attempt");
+    // The spool goes with the attempt.
+    assert_attempts_dir_emptied(&h.work_dir()).await;
     h.stop().await;
 }
 
@@ -918,7 +919,7 @@ async fn a_stale_epoch_on_a_part_fences_the_attempt() {
         !events[fenced + 1..].iter().any(|e| matches!(e, Event::Heartbeat(_) | Event::Chunk(..))),
         "the fenced attempt kept talking"
     );
-    assert_eq!(std::fs::read_dir(h.work_dir().join("attempts")).unwrap().count(), 0);
+    assert_attempts_dir_emptied(&h.work_dir()).await;
     h.stop().await;
 }
 
@@ -1113,4 +1114,16 @@ async fn step_headers_arrive_before_the_output_of_their_step() {
     }
     assert_eq!(h.fake.log("stdout"), "one\ntwo\nthree\n");
     h.stop().await;
+}
+
+/// The attempt directory is moved aside and deleted in the background: wait
+/// for it (bounded) instead of expecting it gone at once.
+async fn assert_attempts_dir_emptied(work_dir: &std::path::Path) {
+    for _ in 0..200 {
+        if std::fs::read_dir(work_dir.join("attempts")).map(|d| d.count()).unwrap_or(0) == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("attempt directories were not removed");
 }
