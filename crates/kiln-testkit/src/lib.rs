@@ -171,9 +171,28 @@ pub struct KilnServer {
 impl KilnServer {
     pub fn start(bin: &Path, extra: &[&str]) -> Result<KilnServer> {
         let data = tempfile::tempdir()?;
+        Self::spawn(bin, data, "127.0.0.1:0", extra)
+    }
+
+    /// SIGKILL the server and start it again on the same data dir and address.
+    pub fn kill_and_restart(self, extra: &[&str]) -> Result<KilnServer> {
+        let mut me = std::mem::ManuallyDrop::new(self);
+        let _ = me.child.kill();
+        let _ = me.child.wait();
+        let listen = me.url.trim_start_matches("http://").to_string();
+        // Keep the data dir: swap a throwaway one into the forgotten value.
+        let data = std::mem::replace(&mut me.data, tempfile::tempdir()?);
+        let bin = me.bin.clone();
+        let old_log = std::fs::read_to_string(&me.log).unwrap_or_default();
+        let s = Self::spawn(&bin, data, &listen, extra)?;
+        std::fs::write(s.data.path().join("server.before-restart.log"), old_log)?;
+        Ok(s)
+    }
+
+    fn spawn(bin: &Path, data: tempfile::TempDir, listen: &str, extra: &[&str]) -> Result<KilnServer> {
         let log = data.path().join("server.log");
         let mut child = Command::new(bin)
-            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["server", "--listen", listen, "--data-dir"])
             .arg(data.path().join("data"))
             .args(extra)
             .env("KILN_LOG", "info,sqlx=warn")

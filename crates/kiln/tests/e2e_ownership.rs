@@ -313,3 +313,36 @@ async fn host_lost_mid_upload_starts_a_fresh_generation() {
     });
     assert!(gone.is_some(), "epoch 1's partial upload was not collected");
 }
+
+/// The server is SIGKILLed mid-run and restarted on the same data: the
+/// accepted run, its attempt and its queued successor survive; the agent's
+/// held calls land once the server is back; nothing runs twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_killed_mid_run_loses_nothing() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gate = tmp.path().join("gate");
+    let wf = format!(
+        "version: 1\njobs:\n  - name: a\n    steps:\n      - while [ ! -e {} ]; do sleep 0.05; done; echo a-done\n  - name: b\n    steps: [\"echo b-done\"]\n",
+        gate.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    add_repo(&server, "crash", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _agent = server.agent("steady", &[]).unwrap();
+    let run =
+        c.submit_run("crash", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    wait_job(&c, &run.run_id, 0, |j| j.status == "running").await;
+
+    let server = server.kill_and_restart(&[]).unwrap();
+    std::fs::write(&gate, "").unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let done = wait_run(&c, &run.run_id, 120).await;
+    assert_eq!(done.status, "success", "{done:#?}\n{}", server.log());
+    for j in &done.jobs {
+        assert_eq!(j.attempts.len(), 1, "{} ran once: {j:#?}", j.name);
+    }
+    let logs = server.cli().args(["logs", &run.run_id]).output().unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains("a-done") && logs.contains("b-done"), "{logs}");
+}
