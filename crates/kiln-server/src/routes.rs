@@ -450,12 +450,17 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
                     // Duplicate or stale deliveries are absorbed. A job still
                     // ready at this generation was declined for capacity: it
                     // stays queued for another agent.
+                    // This agent is full (the database still counts an attempt
+                    // it considers over): hand the job to the others at once,
+                    // and answer this agent after a pause rather than spin.
                     if let Ok(j) = state.store.get_job(&ev.job_id).await
                         && j.status == JobStatus::Ready
                         && j.dispatch_generation == ev.dispatch_generation
                     {
                         state.dispatcher.push_front(ev);
-                        break;
+                        state.dispatcher.notify.notify_waiters();
+                        tokio::time::sleep(Duration::from_millis(500).min(wait)).await;
+                        return Ok(Json(api::ClaimResponse { assignment: None }));
                     }
                 }
                 Err(e) => {
