@@ -9,7 +9,15 @@
 //! - a job never has an attempt before all its needs succeeded;
 //! - refused calls (stale epoch, stale generation, absorbed duplicates)
 //!   change nothing; eligible claims are not refused;
-//! - retry budgets are counted per job (deterministic vs. infrastructure).
+//! - retry budgets are counted per job (deterministic vs. infrastructure);
+//! - advancement is never left pending: a job whose needs all succeeded is
+//!   ready, one downstream of a failure is skipped, an active run has work left.
+//!
+//! Operations mostly aim at a job where they can take effect (a ready job for
+//! a claim, a held live epoch for a holder's call) so that runs get finished;
+//! the rest aim anywhere and exercise refusals. No sleeps beyond a few ms:
+//! leases end in database time via `shorten_session_leases(…, 0)` or a 1 ms
+//! heartbeat.
 
 use super::*;
 use kiln_core::RunStatus;
