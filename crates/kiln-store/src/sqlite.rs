@@ -753,17 +753,24 @@ impl AttemptStore for SqliteStore {
             return Ok(None);
         }
         // Capacity admission for this agent session.
-        let agent: Option<(String, i64, String)> =
-            sqlx::query_as("SELECT session_id, max_jobs, name FROM agents WHERE id = ?")
+        let agent: Option<(String, i64, String, String)> =
+            sqlx::query_as("SELECT session_id, max_jobs, name, labels FROM agents WHERE id = ?")
                 .bind(&req.agent_id)
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(db_err)?;
-        let Some((session, max_jobs, agent_name)) = agent else {
+        let Some((session, max_jobs, agent_name, labels)) = agent else {
             return Err(StoreError::NotFound(format!("agent {}", req.agent_id)));
         };
         if session != req.session_id {
             return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
+        }
+        // Compatibility is part of the claim, not only of queue routing: the
+        // agent must carry every label the job's `runs-on` requires.
+        let have: BTreeMap<String, String> = serde_json::from_str(&labels).unwrap_or_default();
+        let need: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
+        if !need.iter().all(|(k, v)| have.get(k) == Some(v)) {
+            return Ok(None);
         }
         let running: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM attempts WHERE session_id = ? AND outcome = 'running'")

@@ -194,3 +194,21 @@ pub async fn claim_request_id_is_idempotent<S: Store + 'static>(o: &Opener<S>) {
     assert!(s.claim(req).await.unwrap().is_none());
     assert_eq!(view(s, &run_id).await.jobs[0].attempts.len(), 1);
 }
+
+/// Compatibility is checked by the claim itself, not only by queue routing:
+/// an agent without the labels a job's `runs-on` requires cannot claim it.
+pub async fn claim_requires_compatible_labels<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let mut big = job("big", &[], 0);
+    big.runs_on = [("size".to_string(), "large".to_string())].into();
+    let (_, run_id) = start(s, workflow(vec![big])).await;
+    let small = agent(s, "small", 4).await;
+    let large = s.register_agent("large", r#"{"os":"linux","size":"large"}"#, 4).await.unwrap();
+    let id = job_id(s, &run_id, "big").await;
+    let generation = s.get_job(&id).await.unwrap().dispatch_generation;
+    assert!(try_claim(s, &small, &id, generation, LONG_TTL).await.is_none(), "an incompatible agent claimed");
+    assert_eq!(job_status(s, &id).await, JobStatus::Ready, "the job stays eligible");
+    let c = try_claim(s, &large, &id, generation, LONG_TTL).await.expect("a compatible agent claims");
+    assert_eq!(c.epoch, 1);
+}

@@ -52,6 +52,7 @@ macro_rules! suite {
             claim::stale_dispatch_generation_is_refused,
             claim::claim_in_cancelled_run_is_refused,
             claim::claim_respects_agent_capacity,
+            claim::claim_requires_compatible_labels,
             claim::claim_requires_the_current_session,
             claim::claim_request_id_is_idempotent,
             lease::heartbeat_extends_the_lease,
