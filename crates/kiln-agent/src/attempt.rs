@@ -155,7 +155,7 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: 
         return Ran::Infra(format!("cannot create the attempt directory {}: {e}", attempt_dir.display()));
     }
 
-    logs.system(&format!("checking out {} at {}", a.repo, a.commit_sha));
+    logs.system_note(&format!("checking out {} at {}", a.repo, a.commit_sha));
     let checkout = tokio::select! {
         r = ctx.mirrors.checkout(&a.clone_url, &a.commit_sha, &ws) => r,
         _ = ctl.stopped() => return Ran::Stopped,

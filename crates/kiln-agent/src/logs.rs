@@ -181,6 +181,18 @@ impl LogStreamer {
         self.notify.notify_one();
     }
 
+    /// A line in the `system` stream shipped with the next [`Self::system`]
+    /// line or flush (saves a request for lines that precede a header anyway).
+    pub(crate) fn system_note(&self, line: &str) {
+        let mut b = self.bufs.lock().expect("log buffers");
+        if b.closed {
+            return;
+        }
+        let sys = &mut b.streams[Stream::System as usize];
+        sys.pending.extend_from_slice(format!("{line}\n").as_bytes());
+        sys.first_pending_at.get_or_insert_with(Instant::now);
+    }
+
     /// Ship everything buffered now (step end); does not wait.
     pub(crate) fn flush(&self) {
         self.bufs.lock().expect("log buffers").flush_requested = true;
