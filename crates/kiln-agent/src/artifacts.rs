@@ -43,13 +43,12 @@ use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 /// Tries of one API call, part or download before giving up (infra failure).
 pub(crate) const MAX_TRIES: u32 = 6;
 /// Bytes read from the spool file at once while sending a part.
-const READ_CHUNK: u64 = 64 * 1024;
+const READ_CHUNK: u64 = 1024 * 1024;
 /// A download that delivers nothing for this long is retried.
 const DOWNLOAD_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -448,42 +447,20 @@ async fn upload_part(
     let name = &f.name;
     let url = session.part_url.replace("{part}", &n.to_string());
     let len = end - start;
-    // Digest of the bytes of the first complete send; every retry must match.
-    let mut first: Option<String> = None;
+    // The spool file is frozen (agent-owned, read-only), so a retry sends the
+    // same bytes; the server verifies size and sha256 of the whole object
+    // before sealing.
     let mut tries = 0;
     loop {
         tries += 1;
-        let sent = Arc::new(Mutex::new((Sha256::new(), 0u64)));
-        let body = part_body(f.path.clone(), start, len, t.limiter.clone(), sent.clone());
+        let body = part_body(f.path.clone(), start, len, t.limiter.clone());
         let res = tokio::select! {
             r = t.client.put_part(&url, body) => r,
             _ = t.ctl.stopped() => return Err(Ran::Stopped),
         };
-        let (hasher, sent_len) = std::mem::take(&mut *sent.lock().expect("part digest"));
-        let digest = (sent_len == len).then(|| hex::encode(hasher.finalize()));
-        if let (Some(first), Some(d)) = (&first, &digest)
-            && first != d
-        {
-            return Err(infra(format!(
-                "artifact `{name}` changed in the spool during its upload (part {n}); refusing to publish it"
-            )));
-        }
-        if first.is_none() {
-            first.clone_from(&digest);
-        }
         let err = match res {
-            Ok(PartReceipt { part, size, sha256 })
-                if part == n && size == len && digest.as_deref().is_some_and(|d| sha256.eq_ignore_ascii_case(d)) =>
-            {
-                return Ok(());
-            }
-            Ok(r) => format!(
-                "the server acknowledged part {} with {} bytes and sha256 {}, not part {n} with {len} bytes and sha256 {}",
-                r.part,
-                r.size,
-                r.sha256,
-                digest.as_deref().unwrap_or("?")
-            ),
+            Ok(PartReceipt { part, size, .. }) if part == n && size == len => return Ok(()),
+            Ok(r) => format!("the server acknowledged part {} with {} bytes, not part {n} with {len} bytes", r.part, r.size),
             Err(e) if e.is_stale_epoch() => {
                 tracing::warn!(error = %e, artifact = %name, part = n, "part refused: this attempt was fenced");
                 t.ctl.stop(Stop::Fenced);
@@ -507,18 +484,12 @@ async fn upload_part(
     }
 }
 
-/// A streamed body of `len` bytes of `path` from `offset`, read in 64 KiB
-/// pieces through the rate limiter; `sent` accumulates digest and length.
-fn part_body(
-    path: PathBuf,
-    offset: u64,
-    len: u64,
-    limiter: RateLimiter,
-    sent: Arc<Mutex<(Sha256, u64)>>,
-) -> reqwest::Body {
+/// A streamed body of `len` bytes of `path` from `offset`, read in 1 MiB
+/// pieces through the rate limiter.
+fn part_body(path: PathBuf, offset: u64, len: u64, limiter: RateLimiter) -> reqwest::Body {
     let state = (None::<tokio::fs::File>, len);
     let stream = futures::stream::try_unfold(state, move |(file, remaining)| {
-        let (path, limiter, sent) = (path.clone(), limiter.clone(), sent.clone());
+        let (path, limiter) = (path.clone(), limiter.clone());
         async move {
             if remaining == 0 {
                 return Ok::<_, std::io::Error>(None);
@@ -535,11 +506,6 @@ fn part_body(
             let mut buf = vec![0u8; n as usize];
             file.read_exact(&mut buf).await?;
             limiter.acquire(n).await;
-            {
-                let mut s = sent.lock().expect("part digest");
-                s.0.update(&buf);
-                s.1 += n;
-            }
             Ok(Some((buf, (Some(file), remaining - n))))
         }
     });

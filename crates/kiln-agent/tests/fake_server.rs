@@ -391,7 +391,7 @@ async fn put_part(
     match status {
         409 => error(StatusCode::CONFLICT, codes::STALE_EPOCH),
         503 => error(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE),
-        _ => Json(PartReceipt { part, size: body.len() as u64, sha256 }).into_response(),
+        _ => Json(PartReceipt { part, size: body.len() as u64, sha256: Some(sha256) }).into_response(),
     }
 }
 

@@ -318,12 +318,15 @@ pub struct UploadSession {
     pub expires_at_ms: i64,
 }
 
-/// Response of a part upload.
+/// Response of a part upload. Integrity is verified over the whole object
+/// when the session is sealed; `sha256` of the part is given only when the
+/// server computed it (parts that arrived out of order).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartReceipt {
     pub part: u64,
     pub size: u64,
-    pub sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal`: the

@@ -13,7 +13,9 @@
 //!   on keys that never existed.
 
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::io::SeekFrom;
+use std::sync::Arc;
 use std::path::{Path, PathBuf};
 use tokio::fs;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -41,6 +43,26 @@ pub type Result<T> = std::result::Result<T, BlobError>;
 #[derive(Debug, Clone)]
 pub struct LocalBlobStore {
     root: PathBuf,
+    /// Per staged key: a lock serializing its part writes, and the sha256 of
+    /// the bytes written so far when parts arrived in order. `complete` then
+    /// verifies without reading the object back; any out-of-order or
+    /// repeated write drops the running hash and `complete` reads instead.
+    uploads: std::sync::Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Running>>>>>>,
+}
+
+#[derive(Debug)]
+struct Running {
+    next_offset: u64,
+    hasher: Sha256,
+}
+
+/// What a part write stored: its size, and its sha256 when it was computed
+/// (parts written out of order; in-order parts only feed the object's
+/// running hash, so each byte is hashed once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    pub size: u64,
+    pub sha256: Option<String>,
 }
 
 /// Size and content identity of stored bytes.
@@ -60,7 +82,11 @@ fn check_key(key: &str) -> Result<()> {
 
 impl LocalBlobStore {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        LocalBlobStore { root: root.into() }
+        LocalBlobStore { root: root.into(), uploads: Default::default() }
+    }
+
+    fn upload_state(&self, key: &str) -> Arc<tokio::sync::Mutex<Option<Running>>> {
+        self.uploads.lock().expect("uploads").entry(key.to_string()).or_default().clone()
     }
 
     fn staging(&self, key: &str) -> PathBuf {
@@ -81,7 +107,7 @@ impl LocalBlobStore {
         part_size: u64,
         expected_total: u64,
         mut body: R,
-    ) -> Result<ObjectInfo> {
+    ) -> Result<PartInfo> {
         check_key(key)?;
         let offset = part.checked_mul(part_size).filter(|o| *o < expected_total.max(1)).ok_or(BlobError::BadPart {
             part,
@@ -89,12 +115,21 @@ impl LocalBlobStore {
             part_size,
         })?;
         let want = part_size.min(expected_total - offset.min(expected_total));
+        let state = self.upload_state(key);
+        let mut state = state.lock().await;
+        // Extend the running hash only for the next part in order (or a
+        // restart at part 0); anything else falls back to a full read.
+        let mut running = match state.take() {
+            Some(r) if r.next_offset == offset => Some(r),
+            _ if offset == 0 => Some(Running { next_offset: 0, hasher: Sha256::new() }),
+            _ => None,
+        };
         let path = self.staging(key);
         fs::create_dir_all(path.parent().expect("parent")).await?;
         let mut f = fs::OpenOptions::new().create(true).write(true).truncate(false).open(&path).await?;
         f.seek(SeekFrom::Start(offset)).await?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 256 * 1024];
+        let mut part_hasher = running.is_none().then(Sha256::new);
+        let mut buf = vec![0u8; 1024 * 1024];
         let mut n: u64 = 0;
         loop {
             let r = body.read(&mut buf).await?;
@@ -105,14 +140,22 @@ impl LocalBlobStore {
             if n > want {
                 return Err(BlobError::BadPart { part, size: n, part_size });
             }
-            hasher.update(&buf[..r]);
+            match (running.as_mut(), part_hasher.as_mut()) {
+                (Some(run), _) => run.hasher.update(&buf[..r]),
+                (None, Some(h)) => h.update(&buf[..r]),
+                (None, None) => {}
+            }
             f.write_all(&buf[..r]).await?;
         }
         if n != want {
             return Err(BlobError::BadPart { part, size: n, part_size });
         }
         f.flush().await?;
-        Ok(ObjectInfo { size: n, sha256: hex::encode(hasher.finalize()) })
+        *state = running.map(|mut r| {
+            r.next_offset = offset + n;
+            r
+        });
+        Ok(PartInfo { size: n, sha256: part_hasher.map(|h| hex::encode(h.finalize())) })
     }
 
     /// Verify the staged bytes of `key` and publish them as an immutable object.
@@ -136,7 +179,20 @@ impl LocalBlobStore {
             Err(e) => return Err(e.into()),
         };
         f.sync_all().await?;
-        let got = hash_reader(&mut f).await?;
+        let running = {
+            let state = self.upload_state(key);
+            let mut state = state.lock().await;
+            state.take()
+        };
+        self.uploads.lock().expect("uploads").remove(key);
+        let got = match running {
+            // Every byte was hashed as it was written, in order, and nothing
+            // rewrote it since: no need to read the object back.
+            Some(r) if r.next_offset == f.metadata().await?.len() => {
+                ObjectInfo { size: r.next_offset, sha256: hex::encode(r.hasher.finalize()) }
+            }
+            _ => hash_reader(&mut f).await?,
+        };
         if &got != expected {
             return Err(BlobError::Mismatch {
                 expected_size: expected.size,
@@ -169,6 +225,7 @@ impl LocalBlobStore {
     /// Remove staged and completed bytes of `key`.
     pub async fn delete(&self, key: &str) -> Result<()> {
         check_key(key)?;
+        self.uploads.lock().expect("uploads").remove(key);
         for p in [self.staging(key), self.object(key)] {
             match fs::remove_file(&p).await {
                 Ok(()) => {}
@@ -240,6 +297,36 @@ mod tests {
         assert_eq!(back, data);
         // Completing again (lost response) verifies instead of failing.
         assert_eq!(s.complete("a/b/1", &info(&data)).await.unwrap(), info(&data));
+    }
+
+    #[tokio::test]
+    async fn in_order_and_out_of_order_uploads_verify_the_same() {
+        let data: Vec<u8> = (0..50_000u32).flat_map(|i| i.to_be_bytes()).collect();
+        let ps = 65_536u64;
+        let total = data.len() as u64;
+        let parts = total.div_ceil(ps);
+        for order in [vec![0, 1, 2, 3], vec![3, 2, 1, 0], vec![0, 1, 0, 1, 2, 3], vec![0, 2, 1, 3]] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = LocalBlobStore::new(dir.path());
+            assert_eq!(parts, 4);
+            for part in order {
+                let lo = (part * ps) as usize;
+                let hi = ((part + 1) * ps).min(total) as usize;
+                s.write_part("k", part, ps, total, &data[lo..hi]).await.unwrap();
+            }
+            assert_eq!(s.complete("k", &info(&data)).await.unwrap(), info(&data));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rewritten_part_with_other_bytes_is_caught() {
+        // In-order hashing must not vouch for bytes that were overwritten later.
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalBlobStore::new(dir.path());
+        s.write_part("k", 0, 4, 8, &b"abcd"[..]).await.unwrap();
+        s.write_part("k", 1, 4, 8, &b"efgh"[..]).await.unwrap();
+        s.write_part("k", 0, 4, 8, &b"ABCD"[..]).await.unwrap();
+        assert!(matches!(s.complete("k", &info(b"abcdefgh")).await, Err(BlobError::Mismatch { .. })));
     }
 
     #[tokio::test]

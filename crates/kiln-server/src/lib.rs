@@ -95,9 +95,18 @@ impl ServerHandle {
     }
 
     /// Stop accepting requests and end the background loops.
+    /// Long-lived streams (agent sessions, log followers) get a short grace,
+    /// then the server stops regardless.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(true);
-        self.task.await?
+        let mut task = self.task;
+        match tokio::time::timeout(Duration::from_secs(3), &mut task).await {
+            Ok(r) => r?,
+            Err(_) => {
+                task.abort();
+                Ok(())
+            }
+        }
     }
 
     /// Wait until the server stops on its own (it normally does not).

@@ -136,7 +136,9 @@ impl ArtifactStore for SqliteStore {
         let now = now(&mut tx).await?;
         require_live(&mut tx, job_id, epoch, now).await?;
         let res = sqlx::query(
-            "UPDATE artifact_generations SET state = 'sealed', sealed_at = ? \
+            // A repeated seal (lost response) keeps the first sealing time, so
+            // it never changes which generation the completion binds.
+            "UPDATE artifact_generations SET state = 'sealed', sealed_at = COALESCE(sealed_at, ?) \
              WHERE id = ? AND job_id = ? AND epoch = ? AND state IN ('uploading', 'sealed')",
         )
         .bind(now)

@@ -886,7 +886,7 @@ impl AttemptStore for SqliteStore {
                 for name in &declared {
                     let g: Option<String> = sqlx::query_scalar(
                         "SELECT id FROM artifact_generations WHERE job_id = ? AND epoch = ? AND name = ? \
-                         AND state = 'sealed' ORDER BY sealed_at DESC LIMIT 1",
+                         AND state = 'sealed' ORDER BY sealed_at DESC, id DESC LIMIT 1",
                     )
                     .bind(job_id)
                     .bind(epoch)

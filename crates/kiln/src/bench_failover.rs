@@ -158,7 +158,7 @@ pub async fn artifacts() -> Result<i32, Failure> {
         webhook_secret: None,
     })
     .await?;
-    let _agent = spawn_agent(&server.url(), &server.agent_token, "uploader", &tmp)?;
+    let agent = spawn_agent(&server.url(), &server.agent_token, "uploader", &tmp)?;
     let mut publish = vec![];
     for _ in 0..3 {
         let r = c.submit_run("art", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
@@ -180,6 +180,7 @@ pub async fn artifacts() -> Result<i32, Failure> {
     println!("artifact_upload_seal_mb_per_s: {:.0}", SIZE as f64 / 1e6 / (kiln_ms / 1000.0));
     println!("baseline_cp_sha256sum_ms: {base_ms:.0}");
     println!("artifact_ratio_vs_cp_sha256sum: {:.2}", base_ms / kiln_ms);
+    drop(agent);
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(exit::OK)

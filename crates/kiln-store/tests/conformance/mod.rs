@@ -1,5 +1,5 @@
 //! The store conformance suite: every rule of the authoritative store that a
-//! backend must keep (spec 000 §6–§9, §13, §15; ARCHITECTURE.md invariants).
+//! backend must keep (spec 000 §6–§9, §12, §13, §15; ARCHITECTURE.md invariants).
 //!
 //! The suite is generic over the backend. A test binary per backend provides
 //! an async constructor `fn(Backoff) -> Fixture<S>` (a fresh, empty store
@@ -18,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod accept;
+pub mod artifacts;
 pub mod cancel;
 pub mod claim;
 pub mod completion;
@@ -80,6 +81,25 @@ macro_rules! suite {
             logs::streams_are_tracked_separately,
             logs::bad_digest_and_stale_epoch_are_refused,
             logs::log_chunks_after_respects_the_cursor,
+            artifacts::create_generation_requires_live_epoch_and_declared_name,
+            artifacts::every_session_gets_a_fresh_generation_and_key,
+            artifacts::uploadable_only_while_live_and_uploading,
+            artifacts::uploadable_closes_when_the_attempt_ends,
+            artifacts::seal_requires_the_generations_live_epoch,
+            artifacts::completion_binds_the_sealed_output,
+            artifacts::completion_binds_every_declared_output_of_the_epoch,
+            artifacts::success_with_uploading_output_fails_the_job,
+            artifacts::success_with_failed_output_fails_the_job,
+            artifacts::success_without_output_fails_the_job,
+            artifacts::failed_completion_binds_nothing,
+            artifacts::retried_job_binds_only_the_succeeding_epochs_outputs,
+            artifacts::retried_job_binds_the_succeeding_epoch,
+            artifacts::cancelled_run_binds_nothing,
+            artifacts::vanished_runner_never_wins_the_binding,
+            artifacts::replacement_never_inherits_a_fenced_epochs_output,
+            artifacts::resolve_binding_by_name_and_id_within_its_run,
+            artifacts::gc_collects_only_unbound_generations_of_ended_attempts,
+            artifacts::deleted_generation_is_never_bound,
         );
 
         #[test]

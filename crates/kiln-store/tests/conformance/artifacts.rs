@@ -1,0 +1,713 @@
+//! Artifact generations, sealing, binding in the completion transaction and
+//! garbage collection (spec 000 §9, §12; invariant 4).
+//!
+//! An upload session is a fresh generation of one attempt. Only the
+//! completion transaction of the current live epoch binds a generation, and
+//! only a SEALED generation of that very epoch; nothing is ever inherited from
+//! a fenced epoch. Unbound generations of ended attempts are garbage.
+
+use super::*;
+use kiln_core::RunStatus;
+use kiln_workflow::{Artifacts, Publish};
+
+/// A well-formed sha256 (64 lowercase hex digits).
+const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const SIZE: i64 = 3 << 20;
+const PART: i64 = 1 << 20;
+
+/// A job that declares `outputs` under `artifacts.publish`.
+fn publishing(name: &str, needs: &[&str], outputs: &[&str]) -> Job {
+    Job {
+        artifacts: Artifacts {
+            publish: outputs.iter().map(|o| Publish { name: o.to_string(), path: format!("out/{o}") }).collect(),
+            restore: Vec::new(),
+        },
+        ..job(name, needs, 0)
+    }
+}
+
+/// `build` publishes `jar`; `test` needs `build`.
+fn build_and_test() -> Workflow {
+    workflow(vec![publishing("build", &[], &["jar"]), job("test", &["build"], 0)])
+}
+
+/// Let the live lease of `(job, epoch)` run out: the runner stops
+/// heartbeating. Tests claim with a long lease and shorten it right before
+/// they need it expired, so the work before it cannot race the lease.
+async fn vanish<S: Store>(s: &S, job_id: &str, epoch: i64) {
+    s.heartbeat(job_id, epoch, SHORT_TTL).await.expect("heartbeat of the live epoch");
+    expire(SHORT_TTL).await;
+}
+
+/// Open an upload session; it must succeed.
+async fn open_gen<S: Store>(s: &S, job_id: &str, epoch: i64, name: &str) -> GenerationRecord {
+    s.create_generation(job_id, epoch, name, SIZE, SHA, PART)
+        .await
+        .unwrap_or_else(|e| panic!("create generation `{name}` for {job_id}/{epoch}: {e}"))
+}
+
+#[track_caller]
+fn assert_invalid<T: Debug>(r: Result<T>) {
+    match r {
+        Err(StoreError::Invalid(_)) => {}
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_not_found<T: Debug>(r: Result<T>) {
+    match r {
+        Err(StoreError::NotFound(_)) => {}
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+async fn state<S: Store>(s: &S, id: &str) -> String {
+    s.get_generation(id).await.expect("get generation").state
+}
+
+/// Ids of the generations GC would collect now with `grace_ms`.
+async fn collectable<S: Store>(s: &S, grace_ms: i64) -> Vec<String> {
+    let mut ids: Vec<String> =
+        s.collectable_generations(grace_ms, 10_000).await.expect("collectable").into_iter().map(|g| g.id).collect();
+    ids.sort();
+    ids
+}
+
+fn sorted(ids: &[&GenerationRecord]) -> Vec<String> {
+    let mut v: Vec<String> = ids.iter().map(|g| g.id.clone()).collect();
+    v.sort();
+    v
+}
+
+// ---------- 1. create_generation ----------
+
+pub async fn create_generation_requires_live_epoch_and_declared_name<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![publishing("build", &[], &["jar", "docs"]), publishing("lint", &[], &["report"])]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let lint = job_id(s, &run_id, "lint").await;
+
+    // Not claimed yet: there is no live epoch at all.
+    assert_stale(s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await);
+    assert_stale(s.create_generation(&build, 0, "jar", SIZE, SHA, PART).await);
+
+    claim(s, &a, &build, LONG_TTL).await;
+    claim(s, &a, &lint, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+    assert_eq!((g.job_id.as_str(), g.run_id.as_str(), g.epoch), (build.as_str(), run_id.as_str(), 1));
+    assert_eq!((g.name.as_str(), g.state.as_str()), ("jar", "uploading"));
+    assert_eq!((g.expected_size, g.expected_sha256.as_str(), g.part_size), (SIZE, SHA, PART));
+    assert_eq!(s.get_generation(&g.id).await.unwrap(), g);
+
+    // Wrong epochs are stale.
+    assert_stale(s.create_generation(&build, 0, "jar", SIZE, SHA, PART).await);
+    assert_stale(s.create_generation(&build, 2, "jar", SIZE, SHA, PART).await);
+    // Only names the job itself declares under `artifacts.publish`.
+    assert_invalid(s.create_generation(&build, 1, "undeclared", SIZE, SHA, PART).await);
+    assert_invalid(s.create_generation(&build, 1, "report", SIZE, SHA, PART).await);
+    assert_invalid(s.create_generation(&lint, 1, "jar", SIZE, SHA, PART).await);
+    open_gen(s, &lint, 1, "report").await;
+    open_gen(s, &build, 1, "docs").await;
+    // Malformed metadata.
+    let upper = SHA.to_uppercase();
+    let bad_shas = [&SHA[..63], &format!("{SHA}0"), &format!("{}g", &SHA[..63]), upper.as_str(), "", &"Ab".repeat(32)];
+    for bad in bad_shas {
+        assert_invalid(s.create_generation(&build, 1, "jar", SIZE, bad, PART).await);
+    }
+    assert_invalid(s.create_generation(&build, 1, "jar", -1, SHA, PART).await);
+    assert_invalid(s.create_generation(&build, 1, "jar", SIZE, SHA, 0).await);
+    s.create_generation(&build, 1, "jar", 0, SHA, PART).await.expect("an empty artifact is valid");
+    assert_not_found(s.create_generation("no-such-job", 1, "jar", SIZE, SHA, PART).await);
+
+    // An expired lease is stale in database time, before any reconciler runs...
+    vanish(s, &build, 1).await;
+    assert_stale(s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await);
+    // ...and after fencing; the replacement's sessions are its own.
+    assert_eq!(s.fence_expired().await.unwrap(), vec![(build.clone(), 1)]);
+    assert_stale(s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await);
+    assert_eq!(claim(s, &a, &build, LONG_TTL).await.epoch, 2);
+    assert_stale(s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await);
+    let g2 = open_gen(s, &build, 2, "jar").await;
+    assert_eq!(g2.epoch, 2);
+    assert_ne!(g2.object_key, g.object_key);
+}
+
+pub async fn every_session_gets_a_fresh_generation_and_key<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+
+    // Identical requests in the same epoch: two sessions, never one key.
+    let g1 = open_gen(s, &build, 1, "jar").await;
+    let g2 = open_gen(s, &build, 1, "jar").await;
+    assert_ne!(g1.id, g2.id);
+    assert_ne!(g1.object_key, g2.object_key);
+    s.seal_generation(&g1.id, &build, 1).await.unwrap();
+    let g3 = open_gen(s, &build, 1, "jar").await;
+    assert_ne!(g3.object_key, g1.object_key, "a sealed object is never handed out again");
+
+    // The replacement epoch of the same job gets fresh keys too.
+    vanish(s, &build, 1).await;
+    s.fence_expired().await.unwrap();
+    claim(s, &a, &build, LONG_TTL).await;
+    let g4 = open_gen(s, &build, 2, "jar").await;
+    // And so does the same job name in another run.
+    let (_, run2) = start(s, build_and_test()).await;
+    let build2 = job_id(s, &run2, "build").await;
+    claim(s, &a, &build2, LONG_TTL).await;
+    let g5 = open_gen(s, &build2, 1, "jar").await;
+
+    let all = [&g1, &g2, &g3, &g4, &g5];
+    let mut keys: Vec<&str> = all.iter().map(|g| g.object_key.as_str()).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), all.len(), "object keys are unique: {keys:?}");
+    let mut ids: Vec<&str> = all.iter().map(|g| g.id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), all.len());
+    assert_eq!(state(s, &g1.id).await, "sealed");
+    assert_eq!(state(s, &g2.id).await, "uploading", "opening a session leaves other sessions alone");
+}
+
+// ---------- 2. uploadable_generation ----------
+
+pub async fn uploadable_only_while_live_and_uploading<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+    let sealed = open_gen(s, &build, 1, "jar").await;
+    let failed = open_gen(s, &build, 1, "jar").await;
+
+    assert_eq!(s.uploadable_generation(&g.id).await.unwrap(), g);
+    s.seal_generation(&sealed.id, &build, 1).await.unwrap();
+    assert_conflict(s.uploadable_generation(&sealed.id).await);
+    s.fail_generation(&failed.id, "sha256 mismatch").await.unwrap();
+    assert_eq!(state(s, &failed.id).await, "failed");
+    assert_conflict(s.uploadable_generation(&failed.id).await);
+    assert_not_found(s.uploadable_generation("no-such-generation").await);
+
+    // The lease expired in database time: the session is closed at once.
+    vanish(s, &build, 1).await;
+    assert_stale(s.uploadable_generation(&g.id).await);
+    assert_stale(s.uploadable_generation(&sealed.id).await);
+    // Fenced: still closed, and it stays closed for the replacement.
+    s.fence_expired().await.unwrap();
+    assert_stale(s.uploadable_generation(&g.id).await);
+    claim(s, &a, &build, LONG_TTL).await;
+    assert_stale(s.uploadable_generation(&g.id).await);
+    let g2 = open_gen(s, &build, 2, "jar").await;
+    assert_eq!(s.uploadable_generation(&g2.id).await.unwrap(), g2);
+    assert_eq!(state(s, &g.id).await, "uploading", "a read changes nothing");
+}
+
+pub async fn uploadable_closes_when_the_attempt_ends<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![publishing("build", &[], &["jar", "docs"])]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let jar = open_gen(s, &build, 1, "jar").await;
+    let docs = open_gen(s, &build, 1, "docs").await;
+    let extra = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&jar.id, &build, 1).await.unwrap();
+    s.seal_generation(&docs.id, &build, 1).await.unwrap();
+    s.uploadable_generation(&extra.id).await.unwrap();
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+    // The lease is long, but the attempt ended: the open session is closed.
+    assert_stale(s.uploadable_generation(&extra.id).await);
+    assert_stale(s.seal_generation(&extra.id, &build, 1).await);
+    assert_stale(s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await);
+}
+
+// ---------- 3. seal_generation ----------
+
+pub async fn seal_requires_the_generations_live_epoch<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![publishing("build", &[], &["jar"]), publishing("lint", &[], &["jar"])]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let lint = job_id(s, &run_id, "lint").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    claim(s, &a, &lint, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+
+    // Another job's live epoch (same epoch number) cannot seal it...
+    assert_not_found(s.seal_generation(&g.id, &lint, 1).await);
+    // ...nor can a wrong epoch of its own job, nor an unknown job.
+    assert_stale(s.seal_generation(&g.id, &build, 2).await);
+    assert_stale(s.seal_generation(&g.id, &build, 0).await);
+    assert!(s.seal_generation(&g.id, "no-such-job", 1).await.is_err());
+    assert!(s.seal_generation("no-such-generation", &build, 1).await.is_err());
+    assert_eq!(state(s, &g.id).await, "uploading", "refused seals changed nothing");
+
+    // The right epoch seals; sealing again is idempotent.
+    let sealed = s.seal_generation(&g.id, &build, 1).await.unwrap();
+    assert_eq!(sealed.state, "sealed");
+    assert_eq!(GenerationRecord { state: "uploading".into(), ..sealed.clone() }, g, "only the state changed");
+    assert_eq!(s.seal_generation(&g.id, &build, 1).await.unwrap(), sealed);
+    assert_eq!(s.get_generation(&g.id).await.unwrap(), sealed);
+
+    // A failed generation cannot be sealed.
+    let bad = open_gen(s, &build, 1, "jar").await;
+    s.fail_generation(&bad.id, "size mismatch").await.unwrap();
+    assert!(s.seal_generation(&bad.id, &build, 1).await.is_err());
+    assert_eq!(state(s, &bad.id).await, "failed");
+    // Failing is only for uploading sessions: a sealed one stays sealed.
+    s.fail_generation(&g.id, "late mismatch").await.unwrap();
+    assert_eq!(state(s, &g.id).await, "sealed");
+
+    // Expired lease (not fenced yet): stale, even to re-seal.
+    let open = open_gen(s, &build, 1, "jar").await;
+    vanish(s, &build, 1).await;
+    assert_stale(s.seal_generation(&open.id, &build, 1).await);
+    assert_stale(s.seal_generation(&g.id, &build, 1).await);
+    // Fenced: stale.
+    s.fence_expired().await.unwrap();
+    assert_stale(s.seal_generation(&open.id, &build, 1).await);
+    assert_eq!(state(s, &open.id).await, "uploading");
+    // The replacement epoch cannot adopt the old epoch's session either.
+    assert_eq!(claim(s, &a, &build, LONG_TTL).await.epoch, 2);
+    assert_not_found(s.seal_generation(&open.id, &build, 2).await);
+    assert_stale(s.seal_generation(&open.id, &build, 1).await);
+    assert_eq!(state(s, &open.id).await, "uploading");
+}
+
+// ---------- 4. binding in the completion transaction ----------
+
+pub async fn completion_binds_the_sealed_output<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let test = job_id(s, &run_id, "test").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+    let sealed = s.seal_generation(&g.id, &build, 1).await.unwrap();
+
+    // Sealing publishes nothing: bindings are made only by completion.
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    assert_not_found(s.resolve_binding(&run_id, "build", "jar").await);
+    assert_eq!(job_status(s, &test).await, JobStatus::Pending);
+
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+    let want =
+        BoundArtifact { job_id: build.clone(), job_name: "build".into(), name: "jar".into(), generation: sealed };
+    assert_eq!(s.run_bindings(&run_id).await.unwrap(), vec![want.clone()]);
+    let got = s.resolve_binding(&run_id, "build", "jar").await.unwrap();
+    assert_eq!(got, want);
+    assert_eq!((got.generation.id.as_str(), got.generation.epoch), (g.id.as_str(), 1));
+    assert_eq!(job_status(s, &test).await, JobStatus::Ready);
+
+    // The binding is immutable: nothing later re-binds or deletes it.
+    assert_stale(s.complete(&build, 1, success()).await);
+    s.mark_generation_deleted(&g.id).await.unwrap();
+    assert_eq!(s.resolve_binding(&run_id, "build", "jar").await.unwrap(), want);
+    claim(s, &a, &test, LONG_TTL).await;
+    assert_eq!(s.complete(&test, 1, success()).await.unwrap(), "success");
+    assert_eq!(view(s, &run_id).await.run.status, RunStatus::Success);
+    assert_eq!(s.run_bindings(&run_id).await.unwrap(), vec![want]);
+}
+
+pub async fn completion_binds_every_declared_output_of_the_epoch<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![publishing("build", &[], &["jar", "docs"]), publishing("lint", &[], &["report"])]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let lint = job_id(s, &run_id, "lint").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    claim(s, &a, &lint, LONG_TTL).await;
+    let jar = open_gen(s, &build, 1, "jar").await;
+    let docs = open_gen(s, &build, 1, "docs").await;
+    let abandoned = open_gen(s, &build, 1, "jar").await; // never sealed
+    let report = open_gen(s, &lint, 1, "report").await;
+    let jar = s.seal_generation(&jar.id, &build, 1).await.unwrap();
+    let docs = s.seal_generation(&docs.id, &build, 1).await.unwrap();
+    s.seal_generation(&report.id, &lint, 1).await.unwrap();
+
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+    let bound = s.run_bindings(&run_id).await.unwrap();
+    let mut got: Vec<(String, String, String)> =
+        bound.iter().map(|b| (b.job_name.clone(), b.name.clone(), b.generation.id.clone())).collect();
+    got.sort();
+    let mut want = vec![
+        ("build".to_string(), "docs".to_string(), docs.id.clone()),
+        ("build".to_string(), "jar".to_string(), jar.id.clone()),
+    ];
+    want.sort();
+    assert_eq!(got, want, "only the completing job's outputs, and only sealed ones");
+    assert!(bound.iter().all(|b| b.generation.state == "sealed" && b.generation.epoch == 1));
+    assert!(bound.iter().all(|b| b.generation.id != abandoned.id));
+    assert_not_found(s.resolve_binding(&run_id, "lint", "report").await);
+}
+
+/// Success reported while a declared output is not sealed: the job fails.
+async fn unsealed_output_fails_the_job<S: Store + 'static>(o: &Opener<S>, prepare: &str) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![publishing("build", &[], &["jar", "docs"]), job("test", &["build"], 0)]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let test = job_id(s, &run_id, "test").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    // `docs` is always sealed; `jar` is not.
+    let docs = open_gen(s, &build, 1, "docs").await;
+    s.seal_generation(&docs.id, &build, 1).await.unwrap();
+    match prepare {
+        "uploading" => {
+            open_gen(s, &build, 1, "jar").await;
+        }
+        "failed" => {
+            let g = open_gen(s, &build, 1, "jar").await;
+            s.fail_generation(&g.id, "sha256 mismatch").await.unwrap();
+        }
+        "missing" => {}
+        other => unreachable!("{other}"),
+    }
+
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "failed", "jar {prepare}");
+    let v = view(s, &run_id).await;
+    let b = jv(&v, "build");
+    assert_eq!(b.job.status, JobStatus::Failed);
+    let msg = b.job.message.clone().unwrap_or_default();
+    assert!(msg.contains("jar"), "the failure names the artifact: {msg:?}");
+    assert_eq!(outcomes(b), [AttemptOutcome::Failed]);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Skipped);
+    assert!(pending_for(s, &test).await.is_empty(), "no successor dispatch");
+    assert_eq!(v.run.status, RunStatus::Failed);
+    // No binding at all, not even for the sealed `docs`.
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    assert_not_found(s.resolve_binding(&run_id, "build", "docs").await);
+    assert_not_found(s.resolve_binding(&run_id, "build", "jar").await);
+}
+
+pub async fn success_with_uploading_output_fails_the_job<S: Store + 'static>(o: &Opener<S>) {
+    unsealed_output_fails_the_job(o, "uploading").await;
+}
+
+pub async fn success_with_failed_output_fails_the_job<S: Store + 'static>(o: &Opener<S>) {
+    unsealed_output_fails_the_job(o, "failed").await;
+}
+
+pub async fn success_without_output_fails_the_job<S: Store + 'static>(o: &Opener<S>) {
+    unsealed_output_fails_the_job(o, "missing").await;
+}
+
+pub async fn failed_completion_binds_nothing<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&g.id, &build, 1).await.unwrap();
+    assert_eq!(s.complete(&build, 1, failure(1)).await.unwrap(), "failed");
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty(), "a sealed output of a failed attempt is not bound");
+    assert_eq!(collectable(s, 0).await, vec![g.id]);
+}
+
+pub async fn retried_job_binds_only_the_succeeding_epochs_outputs<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![Job { retry: 1, ..publishing("build", &[], &["jar", "docs"]) }, job("test", &["build"], 0)]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    // Epoch 1 seals `docs` but not `jar`: its success is refused and retried.
+    let docs1 = open_gen(s, &build, 1, "docs").await;
+    s.seal_generation(&docs1.id, &build, 1).await.unwrap();
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "ready");
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+
+    assert_eq!(claim(s, &a, &build, LONG_TTL).await.epoch, 2);
+    // Epoch 2 seals only `jar`: epoch 1's sealed `docs` does not complete it.
+    let jar2 = open_gen(s, &build, 2, "jar").await;
+    let jar2 = s.seal_generation(&jar2.id, &build, 2).await.unwrap();
+    assert_not_found(s.seal_generation(&docs1.id, &build, 2).await);
+    assert_eq!(s.complete(&build, 2, success()).await.unwrap(), "failed");
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    assert_eq!(collectable(s, 0).await, sorted(&[&docs1, &jar2]));
+}
+
+pub async fn retried_job_binds_the_succeeding_epoch<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![Job { retry: 1, ..publishing("build", &[], &["jar"]) }, job("test", &["build"], 0)]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let jar1 = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&jar1.id, &build, 1).await.unwrap();
+    // The tests of epoch 1 failed after it sealed its JAR.
+    assert_eq!(s.complete(&build, 1, failure(1)).await.unwrap(), "ready");
+    assert_eq!(claim(s, &a, &build, LONG_TTL).await.epoch, 2);
+    let jar2 = open_gen(s, &build, 2, "jar").await;
+    let jar2 = s.seal_generation(&jar2.id, &build, 2).await.unwrap();
+    assert_eq!(s.complete(&build, 2, success()).await.unwrap(), "success");
+    let bound = s.resolve_binding(&run_id, "build", "jar").await.unwrap();
+    assert_eq!((bound.generation, bound.job_id), (jar2, build.clone()));
+    assert_eq!(collectable(s, 0).await, vec![jar1.id]);
+}
+
+pub async fn cancelled_run_binds_nothing<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&g.id, &build, 1).await.unwrap();
+    assert_eq!(s.cancel_run(&run_id).await.unwrap().status, RunStatus::Cancelling);
+    // Cancellation committed first: the late success is rejected and binds nothing.
+    assert_conflict(s.complete(&build, 1, success()).await);
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    assert_not_found(s.resolve_binding(&run_id, "build", "jar").await);
+    assert_eq!(view(s, &run_id).await.run.status, RunStatus::Cancelled);
+    assert_eq!(collectable(s, 0).await, vec![g.id]);
+}
+
+/// The opening story of spec 000: the runner disappears, a replacement runs,
+/// the original reconnects and reports success.
+pub async fn vanished_runner_never_wins_the_binding<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let old = agent(s, "old", 4).await;
+    let new = agent(s, "new", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let test = job_id(s, &run_id, "test").await;
+
+    // Epoch 1 uploads and even seals its JAR, then vanishes.
+    assert_eq!(claim(s, &old, &build, LONG_TTL).await.epoch, 1);
+    let g1 = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&g1.id, &build, 1).await.unwrap();
+    let g1_open = open_gen(s, &build, 1, "jar").await;
+    vanish(s, &build, 1).await;
+    // Before the reconciler runs its late success is already refused.
+    assert_stale(s.complete(&build, 1, success()).await);
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    assert_eq!(s.fence_expired().await.unwrap(), vec![(build.clone(), 1)]);
+
+    // Epoch 2 runs on another agent and seals its own JAR.
+    assert_eq!(claim(s, &new, &build, LONG_TTL).await.epoch, 2);
+    let g2 = open_gen(s, &build, 2, "jar").await;
+    // The old runner reconnects mid-way: it can neither seal nor publish.
+    let before = snapshot(s, &run_id).await;
+    assert_stale(s.seal_generation(&g1_open.id, &build, 1).await);
+    assert_stale(s.seal_generation(&g1.id, &build, 1).await);
+    assert_stale(s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await);
+    assert_stale(s.complete(&build, 1, success()).await);
+    assert_eq!(snapshot(s, &run_id).await, before);
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    let g2 = s.seal_generation(&g2.id, &build, 2).await.unwrap();
+
+    assert_eq!(s.complete(&build, 2, success()).await.unwrap(), "success");
+    let bound = s.resolve_binding(&run_id, "build", "jar").await.unwrap();
+    assert_eq!(bound.generation, g2);
+    assert_eq!(bound.generation.epoch, 2);
+    assert_ne!(bound.generation.object_key, g1.object_key);
+    assert_eq!(job_status(s, &test).await, JobStatus::Ready);
+
+    // The late completion of epoch 1 after the winner committed: still stale,
+    // and the binding is unchanged.
+    let after = snapshot(s, &run_id).await;
+    assert_stale(s.complete(&build, 1, success()).await);
+    assert_stale(s.complete(&build, 1, failure(1)).await);
+    assert_eq!(snapshot(s, &run_id).await, after);
+    assert_eq!(s.run_bindings(&run_id).await.unwrap(), vec![bound]);
+    // Epoch 1's sealed generation is garbage now, never an input.
+    assert_eq!(collectable(s, 0).await, sorted(&[&g1, &g1_open]));
+}
+
+pub async fn replacement_never_inherits_a_fenced_epochs_output<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g1 = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&g1.id, &build, 1).await.unwrap();
+    vanish(s, &build, 1).await;
+    s.fence_expired().await.unwrap();
+    assert_eq!(claim(s, &a, &build, LONG_TTL).await.epoch, 2);
+
+    // Epoch 2 reports success without sealing anything: epoch 1's sealed JAR
+    // is not substituted.
+    assert_eq!(s.complete(&build, 2, success()).await.unwrap(), "failed");
+    assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    let v = view(s, &run_id).await;
+    assert_eq!(jv(&v, "build").job.status, JobStatus::Failed);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Skipped);
+}
+
+// ---------- 5. resolve_binding ----------
+
+pub async fn resolve_binding_by_name_and_id_within_its_run<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let a = agent(s, "a", 4).await;
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let (_, run_id) = start(s, build_and_test()).await;
+        let build = job_id(s, &run_id, "build").await;
+        claim(s, &a, &build, LONG_TTL).await;
+        let g = open_gen(s, &build, 1, "jar").await;
+        let g = s.seal_generation(&g.id, &build, 1).await.unwrap();
+        s.complete(&build, 1, success()).await.unwrap();
+        runs.push((run_id, build, g));
+    }
+    // A third run whose build is still running.
+    let (_, run3) = start(s, build_and_test()).await;
+    let build3 = job_id(s, &run3, "build").await;
+    claim(s, &a, &build3, LONG_TTL).await;
+    let g3 = open_gen(s, &build3, 1, "jar").await;
+    s.seal_generation(&g3.id, &build3, 1).await.unwrap();
+
+    for (i, (run_id, build, g)) in runs.iter().enumerate() {
+        let by_name = s.resolve_binding(run_id, "build", "jar").await.unwrap();
+        let by_id = s.resolve_binding(run_id, build, "jar").await.unwrap();
+        assert_eq!(by_name, by_id);
+        assert_eq!(&by_name.generation, g);
+        assert_eq!((by_name.job_id.as_str(), by_name.job_name.as_str()), (build.as_str(), "build"));
+        assert_eq!(by_name.generation.run_id, *run_id);
+        assert_eq!(s.run_bindings(run_id).await.unwrap(), vec![by_name]);
+
+        // Unknown job, name or run.
+        assert_not_found(s.resolve_binding(run_id, "build", "docs").await);
+        assert_not_found(s.resolve_binding(run_id, "test", "jar").await);
+        assert_not_found(s.resolve_binding(run_id, "nope", "jar").await);
+        assert_not_found(s.resolve_binding("no-such-run", "build", "jar").await);
+        // Another run's producer job id never resolves here.
+        let (other_run, other_build, _) = &runs[1 - i];
+        assert_not_found(s.resolve_binding(run_id, other_build, "jar").await);
+        assert_ne!(other_run, run_id);
+    }
+    assert_not_found(s.resolve_binding(&run3, "build", "jar").await);
+    assert_not_found(s.resolve_binding(&run3, &build3, "jar").await);
+    assert!(s.run_bindings(&run3).await.unwrap().is_empty());
+    assert!(s.run_bindings("no-such-run").await.unwrap().is_empty());
+}
+
+// ---------- 6. garbage collection ----------
+
+pub async fn gc_collects_only_unbound_generations_of_ended_attempts<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = workflow(vec![
+        publishing("build", &[], &["jar"]),
+        publishing("lint", &[], &["report"]),
+        publishing("docs", &[], &["site"]),
+    ]);
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 8).await;
+    let [build, lint, docs] =
+        [job_id(s, &run_id, "build").await, job_id(s, &run_id, "lint").await, job_id(s, &run_id, "docs").await];
+
+    // build epoch 1: sealed and open sessions, then lost.
+    claim(s, &a, &build, LONG_TTL).await;
+    let lost_sealed = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&lost_sealed.id, &build, 1).await.unwrap();
+    let lost_open = open_gen(s, &build, 1, "jar").await;
+    claim(s, &a, &lint, LONG_TTL).await;
+    claim(s, &a, &docs, LONG_TTL).await;
+    let running_sealed = open_gen(s, &docs, 1, "site").await;
+    s.seal_generation(&running_sealed.id, &docs, 1).await.unwrap();
+    let running_open = open_gen(s, &docs, 1, "site").await;
+    assert!(collectable(s, 0).await.is_empty(), "every attempt is still running");
+
+    vanish(s, &build, 1).await;
+    // Expired but not fenced: the attempt is not recorded as ended yet.
+    assert!(collectable(s, 0).await.is_empty());
+    s.fence_expired().await.unwrap();
+    assert_eq!(collectable(s, 0).await, sorted(&[&lost_sealed, &lost_open]));
+    assert!(collectable(s, LONG_TTL).await.is_empty(), "younger than the grace");
+
+    // build epoch 2 succeeds: its bound output is never garbage, its
+    // superseded and failed sessions are.
+    claim(s, &a, &build, LONG_TTL).await;
+    let winner = open_gen(s, &build, 2, "jar").await;
+    let superseded = open_gen(s, &build, 2, "jar").await;
+    let failed = open_gen(s, &build, 2, "jar").await;
+    s.fail_generation(&failed.id, "sha256 mismatch").await.unwrap();
+    let winner = s.seal_generation(&winner.id, &build, 2).await.unwrap();
+    assert_eq!(collectable(s, 0).await, sorted(&[&lost_sealed, &lost_open]), "epoch 2 is running");
+    assert_eq!(s.complete(&build, 2, success()).await.unwrap(), "success");
+    assert_eq!(s.resolve_binding(&run_id, "build", "jar").await.unwrap().generation, winner);
+
+    // lint fails with a sealed report.
+    let report = open_gen(s, &lint, 1, "report").await;
+    s.seal_generation(&report.id, &lint, 1).await.unwrap();
+    assert_eq!(s.complete(&lint, 1, failure(1)).await.unwrap(), "failed");
+
+    let garbage = sorted(&[&lost_sealed, &lost_open, &superseded, &failed, &report]);
+    assert_eq!(collectable(s, 0).await, garbage);
+    assert!(collectable(s, LONG_TTL).await.is_empty());
+    let page = s.collectable_generations(0, 2).await.unwrap();
+    assert_eq!(page.len(), 2, "the limit is honoured");
+    assert!(page.iter().all(|g| garbage.contains(&g.id)));
+
+    // A bound generation is never deleted, whatever the caller asks.
+    s.mark_generation_deleted(&winner.id).await.unwrap();
+    assert_eq!(state(s, &winner.id).await, "sealed");
+    assert_eq!(s.resolve_binding(&run_id, "build", "jar").await.unwrap().generation, winner);
+
+    // Deleted garbage is not returned again.
+    for id in [&lost_sealed.id, &superseded.id] {
+        s.mark_generation_deleted(id).await.unwrap();
+        assert_eq!(state(s, id).await, "deleted");
+    }
+    s.mark_generation_deleted(&lost_sealed.id).await.expect("deleting twice is harmless");
+    assert_eq!(collectable(s, 0).await, sorted(&[&lost_open, &failed, &report]));
+    // The running docs attempt's generations were never offered.
+    let all = collectable(s, 0).await;
+    assert!(!all.contains(&running_sealed.id) && !all.contains(&running_open.id));
+    assert!(!all.contains(&winner.id));
+    for g in s.collectable_generations(0, 10_000).await.unwrap() {
+        assert_ne!(g.state, "deleted");
+    }
+}
+
+pub async fn deleted_generation_is_never_bound<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&g.id, &build, 1).await.unwrap();
+    // Whatever a GC does to a running attempt's generation, completion never
+    // binds bytes that may be gone.
+    s.mark_generation_deleted(&g.id).await.unwrap();
+    if state(s, &g.id).await == "deleted" {
+        assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "failed");
+        assert!(s.run_bindings(&run_id).await.unwrap().is_empty());
+    } else {
+        assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+        assert_eq!(s.resolve_binding(&run_id, "build", "jar").await.unwrap().generation.id, g.id);
+    }
+}
