@@ -41,8 +41,8 @@ use kiln_api::types::{
 };
 use sha2::{Digest, Sha256};
 use std::future::Future;
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 /// Tries of one API call, part or download before giving up (infra failure).
@@ -289,7 +289,6 @@ pub(crate) struct Frozen {
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
-    pub sha256: String,
 }
 
 /// Freezes every declared output, then uploads and seals each. Ok only when
@@ -302,7 +301,7 @@ pub(crate) async fn publish_all(t: &Transfer<'_>, ws: &Path, spool: &Path) -> Re
             .await
             .map_err(|e| infra(format!("the freeze task failed: {e}")))?;
         let f = f?;
-        tracing::info!(artifact = %f.name, size = f.size, sha256 = %f.sha256, "froze artifact");
+        tracing::info!(artifact = %f.name, size = f.size, "froze artifact");
         frozen.push(f);
     }
     for f in &frozen {
@@ -361,21 +360,9 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o444))
         .map_err(|e| io("make read-only", &dst, e))?;
-    let mut file = std::fs::File::open(&dst).map_err(|e| io("open", &dst, e))?;
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io("read", &dst, e)),
-        };
-        hasher.update(&buf[..n]);
-        size += n as u64;
-    }
-    Ok(Frozen { name: name.clone(), path: dst, size, sha256: hex::encode(hasher.finalize()) })
+    // The digest is computed while uploading: the frozen bytes are read once.
+    let size = std::fs::metadata(&dst).map_err(|e| io("stat", &dst, e))?.len();
+    Ok(Frozen { name: name.clone(), path: dst, size })
 }
 
 /// Byte range `[start, end)` of every part; one empty part for an empty file.
@@ -388,8 +375,8 @@ pub(crate) fn part_ranges(size: u64, part_size: u64) -> Vec<(u64, u64)> {
 
 async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<(), Ran> {
     let name = &f.name;
-    t.logs.system(&format!("uploading artifact `{name}`: {} bytes, sha256 {}", f.size, f.sha256));
-    let body = CreateUpload { name: name.clone(), size: f.size, sha256: f.sha256.clone() };
+    t.logs.system(&format!("uploading artifact `{name}`: {} bytes", f.size));
+    let body = CreateUpload { name: name.clone(), size: f.size, sha256: None };
     let session = match call(t, &format!("upload session for `{name}`"), || {
         t.client.create_upload(&t.a.job_id, t.a.epoch, &body)
     })
@@ -410,27 +397,34 @@ async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<(), Ran> {
     let ranges = part_ranges(f.size, session.part_size);
     tracing::info!(artifact = %name, generation = %session.generation_id, parts = ranges.len(),
         part_size = session.part_size, size = f.size, "uploading artifact");
+    // The sha256 of the whole file, extended by each part once it is
+    // acknowledged (a retried part restarts from the state before it).
+    let mut digest = Sha256::new();
     for (n, &(start, end)) in ranges.iter().enumerate() {
-        upload_part(t, f, &session, n as u64, start, end).await?;
+        digest = upload_part(t, f, &session, n as u64, start, end, digest).await?;
         tracing::info!(artifact = %name, part = n, parts = ranges.len(), uploaded = end, size = f.size,
             "uploaded part {}/{}", n + 1, ranges.len());
     }
+    let sha256 = hex::encode(digest.finalize());
     let gen_id = &session.generation_id;
-    let sealed = match call(t, &format!("seal of `{name}`"), || t.client.seal(&t.a.job_id, t.a.epoch, gen_id)).await {
-        Ok(s) => s,
-        Err(CallError::Stopped) => return Err(Ran::Stopped),
-        Err(CallError::Api(e, n)) => {
-            return Err(infra(format!("the server did not seal artifact `{name}` (after {n} tries): {e}")));
-        }
-    };
-    if sealed.size != f.size || !sealed.sha256.eq_ignore_ascii_case(&f.sha256) {
+    let sealed =
+        match call(t, &format!("seal of `{name}`"), || t.client.seal(&t.a.job_id, t.a.epoch, gen_id, Some(&sha256)))
+            .await
+        {
+            Ok(s) => s,
+            Err(CallError::Stopped) => return Err(Ran::Stopped),
+            Err(CallError::Api(e, n)) => {
+                return Err(infra(format!("the server did not seal artifact `{name}` (after {n} tries): {e}")));
+            }
+        };
+    if sealed.size != f.size || !sealed.sha256.eq_ignore_ascii_case(&sha256) {
         return Err(infra(format!(
-            "the server sealed artifact `{name}` as {} bytes with sha256 {}, but {} bytes with sha256 {} were uploaded",
-            sealed.size, sealed.sha256, f.size, f.sha256
+            "the server sealed artifact `{name}` as {} bytes with sha256 {}, but {} bytes with sha256 {sha256} were uploaded",
+            sealed.size, sealed.sha256, f.size
         )));
     }
     tracing::info!(artifact = %name, generation = %sealed.generation_id, state = %sealed.state, "sealed artifact");
-    t.logs.system(&format!("✓ artifact `{name}` sealed"));
+    t.logs.system(&format!("✓ artifact `{name}` sealed: {} bytes, sha256 {sha256}", f.size));
     Ok(())
 }
 
@@ -443,7 +437,8 @@ async fn upload_part(
     n: u64,
     start: u64,
     end: u64,
-) -> Result<(), Ran> {
+    digest: Sha256,
+) -> Result<Sha256, Ran> {
     let name = &f.name;
     let url = session.part_url.replace("{part}", &n.to_string());
     let len = end - start;
@@ -453,14 +448,19 @@ async fn upload_part(
     let mut tries = 0;
     loop {
         tries += 1;
-        let body = part_body(f.path.clone(), start, len, t.limiter.clone());
+        let sent = Arc::new(Mutex::new(digest.clone()));
+        let body = part_body(f.path.clone(), start, len, t.limiter.clone(), sent.clone());
         let res = tokio::select! {
             r = t.client.put_part(&url, body) => r,
             _ = t.ctl.stopped() => return Err(Ran::Stopped),
         };
         let err = match res {
-            Ok(PartReceipt { part, size, .. }) if part == n && size == len => return Ok(()),
-            Ok(r) => format!("the server acknowledged part {} with {} bytes, not part {n} with {len} bytes", r.part, r.size),
+            Ok(PartReceipt { part, size, .. }) if part == n && size == len => {
+                return Ok(std::mem::take(&mut *sent.lock().expect("digest")));
+            }
+            Ok(r) => {
+                format!("the server acknowledged part {} with {} bytes, not part {n} with {len} bytes", r.part, r.size)
+            }
             Err(e) if e.is_stale_epoch() => {
                 tracing::warn!(error = %e, artifact = %name, part = n, "part refused: this attempt was fenced");
                 t.ctl.stop(Stop::Fenced);
@@ -485,11 +485,11 @@ async fn upload_part(
 }
 
 /// A streamed body of `len` bytes of `path` from `offset`, read in 1 MiB
-/// pieces through the rate limiter.
-fn part_body(path: PathBuf, offset: u64, len: u64, limiter: RateLimiter) -> reqwest::Body {
+/// pieces through the rate limiter; `digest` is extended with what is sent.
+fn part_body(path: PathBuf, offset: u64, len: u64, limiter: RateLimiter, digest: Arc<Mutex<Sha256>>) -> reqwest::Body {
     let state = (None::<tokio::fs::File>, len);
     let stream = futures::stream::try_unfold(state, move |(file, remaining)| {
-        let (path, limiter) = (path.clone(), limiter.clone());
+        let (path, limiter, digest) = (path.clone(), limiter.clone(), digest.clone());
         async move {
             if remaining == 0 {
                 return Ok::<_, std::io::Error>(None);
@@ -506,6 +506,7 @@ fn part_body(path: PathBuf, offset: u64, len: u64, limiter: RateLimiter) -> reqw
             let mut buf = vec![0u8; n as usize];
             file.read_exact(&mut buf).await?;
             limiter.acquire(n).await;
+            digest.lock().expect("digest").update(&buf);
             Ok(Some((buf, (Some(file), remaining - n))))
         }
     });
@@ -557,7 +558,7 @@ mod tests {
         std::fs::write(ws.join("out/app.bin"), b"frozen bytes").unwrap();
         let f = freeze(&ws, &spool, &spec("app.bin", "out/app.bin")).unwrap();
         assert_eq!(f.path, spool.join("app.bin"));
-        assert_eq!((f.size, f.sha256.as_str()), (12, hex::encode(Sha256::digest(b"frozen bytes")).as_str()));
+        assert_eq!(f.size, 12);
         assert!(!ws.join("out/app.bin").exists(), "moved, not copied");
         let mode = std::fs::metadata(&f.path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o444);

@@ -399,17 +399,20 @@ async fn seal(
     State(fake): State<Arc<Fake>>,
     headers: HeaderMap,
     Path((_job, _epoch, generation)): Path<(String, i64, String)>,
+    body: axum::body::Bytes,
 ) -> Response {
     if !authorized(&fake, &headers) {
         return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
     }
+    let req: kiln_api::SealRequest = serde_json::from_slice(&body).unwrap_or_default();
     let object = fake.object(&generation);
+    let actual = hex::encode(Sha256::digest(&object));
     let mut sealed = None;
     fake.record(|s| {
         let declared = s.uploads.get(&generation).cloned();
-        let ok = declared
-            .as_ref()
-            .is_some_and(|d| d.size == object.len() as u64 && d.sha256 == hex::encode(Sha256::digest(&object)));
+        // Like the server: the digest named at open or at seal must match the stored bytes.
+        let named = declared.as_ref().and_then(|d| d.sha256.clone()).or(req.sha256.clone());
+        let ok = declared.as_ref().is_some_and(|d| d.size == object.len() as u64) && named.as_deref() == Some(&actual);
         s.events.push(Event::Seal(generation.clone(), if ok { 200 } else { 422 }));
         if ok {
             let d = declared.unwrap();
@@ -417,7 +420,7 @@ async fn seal(
                 generation_id: generation.clone(),
                 name: d.name,
                 size: d.size,
-                sha256: d.sha256,
+                sha256: actual.clone(),
                 state: "sealed".into(),
             });
         }
@@ -859,7 +862,8 @@ async fn a_published_file_is_uploaded_in_parts_and_sealed_before_success() {
     let written = std::fs::read(&copy).unwrap();
     assert_eq!(written.len(), size);
     let opened = h.fake.uploads_opened();
-    assert_eq!(opened, [CreateUpload { name: "app.bin".into(), size: size as u64, sha256: sha_hex(&written) }]);
+    // The digest is named at seal time: the frozen bytes are read once, while uploading.
+    assert_eq!(opened, [CreateUpload { name: "app.bin".into(), size: size as u64, sha256: None }]);
     let puts = h.fake.part_puts();
     assert_eq!(
         puts.iter().map(|p| (p.0, p.1, p.3)).collect::<Vec<_>>(),
@@ -874,11 +878,11 @@ async fn a_published_file_is_uploaded_in_parts_and_sealed_before_success() {
     let c = &h.fake.completions()[0];
     assert_eq!((c.outcome.as_str(), c.exit_code), ("success", Some(0)));
     let system = h.fake.log("system");
+    assert!(system.contains(&format!("uploading artifact `app.bin`: {size} bytes\n")), "{system}");
     assert!(
-        system.contains(&format!("uploading artifact `app.bin`: {size} bytes, sha256 {}\n", sha_hex(&written))),
+        system.contains(&format!("✓ artifact `app.bin` sealed: {size} bytes, sha256 {}\n", sha_hex(&written))),
         "{system}"
     );
-    assert!(system.contains("✓ artifact `app.bin` sealed\n"), "{system}");
     // The spool goes with the attempt.
     assert_attempts_dir_emptied(&h.work_dir()).await;
     h.stop().await;

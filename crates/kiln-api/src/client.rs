@@ -241,11 +241,18 @@ impl Client {
         decode(resp).await
     }
 
-    pub async fn seal(&self, job: &str, epoch: i64, generation: &str) -> Result<SealedGeneration, ApiError> {
-        self.send::<(), _>(
+    pub async fn seal(
+        &self,
+        job: &str,
+        epoch: i64,
+        generation: &str,
+        sha256: Option<&str>,
+    ) -> Result<SealedGeneration, ApiError> {
+        let body = SealRequest { sha256: sha256.map(str::to_string) };
+        self.send(
             Method::POST,
             &format!("/v1/jobs/{}/attempts/{epoch}/artifacts/{}/seal", enc(job), enc(generation)),
-            None,
+            Some(&body),
             &[],
             Some(Duration::from_secs(600)),
         )

@@ -301,8 +301,20 @@ pub mod codes {
 pub struct CreateUpload {
     pub name: String,
     pub size: u64,
-    /// hex sha256 of the frozen bytes.
-    pub sha256: String,
+    /// hex sha256 of the frozen bytes, if known up front. Otherwise the agent
+    /// hashes while uploading and names it when sealing ([`SealRequest`]):
+    /// the frozen bytes are then read once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// Body of a seal: the sha256 of the uploaded bytes when the session was
+/// opened without one. The server compares it with its own hash of what it
+/// stored, and with the session's, before sealing.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SealRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -15,8 +15,8 @@
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::SeekFrom;
-use std::sync::Arc;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tokio::fs;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 

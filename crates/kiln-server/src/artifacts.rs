@@ -57,8 +57,17 @@ pub async fn create_upload(
             format!("artifact `{}` is {} bytes; the limit is {MAX_ARTIFACT}", req.name, req.size),
         ));
     }
-    let g =
-        state.store.create_generation(&job, epoch, &req.name, req.size as i64, &req.sha256, PART_SIZE as i64).await?;
+    let g = state
+        .store
+        .create_generation(
+            &job,
+            epoch,
+            &req.name,
+            req.size as i64,
+            req.sha256.as_deref().unwrap_or(""),
+            PART_SIZE as i64,
+        )
+        .await?;
     let expires = now_ms() + UPLOAD_CAP_MS;
     let cap = state.signer.sign(Op::Put, &g.id, expires);
     tracing::info!(job, epoch, name = %req.name, size = req.size, generation = %g.id, "upload session opened");
@@ -100,12 +109,25 @@ pub async fn put_part(
 pub async fn seal(
     S(state): S<State>,
     Path((job, epoch, generation)): Path<(String, i64, String)>,
+    body: Bytes,
 ) -> ApiResult<Json<api::SealedGeneration>> {
-    let g = state.store.get_generation(&generation).await?;
+    let req: api::SealRequest = if body.is_empty() { Default::default() } else { crate::routes::parse(&body)? };
+    let mut g = state.store.get_generation(&generation).await?;
     if g.job_id != job || g.epoch != epoch {
         return Err(ApiErr::not_found(format!("upload session {generation} of job {job} epoch {epoch}")));
     }
     if g.state == "uploading" {
+        match req.sha256.as_deref() {
+            // The digest is named now (or confirmed): refused if it differs
+            // from one named when the session was opened.
+            Some(sha) => g = state.store.set_generation_digest(&generation, &job, epoch, sha).await?,
+            None if g.expected_sha256.is_empty() => {
+                return Err(ApiErr::invalid(format!(
+                    "upload session {generation} was opened without a sha256: name it when sealing"
+                )));
+            }
+            None => {}
+        }
         // Refuse a fenced epoch before touching the bytes.
         state.store.uploadable_generation(&generation).await?;
         let expected = ObjectInfo { size: g.expected_size as u64, sha256: g.expected_sha256.clone() };

@@ -49,8 +49,10 @@ impl ArtifactStore for SqliteStore {
         sha256: &str,
         part_size: i64,
     ) -> Result<GenerationRecord> {
-        if !valid_sha(sha256) || size < 0 || part_size <= 0 {
-            return Err(StoreError::Invalid("size must be ≥ 0 and sha256 64 lowercase hex digits".into()));
+        if !(sha256.is_empty() || valid_sha(sha256)) || size < 0 || part_size <= 0 {
+            return Err(StoreError::Invalid(
+                "size must be ≥ 0 and sha256 64 lowercase hex digits (or empty: named at seal)".into(),
+            ));
         }
         let mut tx = self.begin().await?;
         let now = now(&mut tx).await?;
@@ -100,6 +102,49 @@ impl ArtifactStore for SqliteStore {
         Ok(gen_from_row(&row))
     }
 
+    async fn set_generation_digest(
+        &self,
+        id: &str,
+        job_id: &str,
+        epoch: i64,
+        sha256: &str,
+    ) -> Result<GenerationRecord> {
+        if !valid_sha(sha256) {
+            return Err(StoreError::Invalid("sha256 must be 64 lowercase hex digits".into()));
+        }
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        require_live(&mut tx, job_id, epoch, now).await?;
+        let current: Option<String> = sqlx::query_scalar(
+            "SELECT expected_sha256 FROM artifact_generations WHERE id = ? AND job_id = ? AND epoch = ? AND state = 'uploading'",
+        )
+        .bind(id)
+        .bind(job_id)
+        .bind(epoch)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        match current.as_deref() {
+            None => return Err(StoreError::NotFound(format!("upload session {id} of job {job_id} epoch {epoch}"))),
+            Some("") => {
+                sqlx::query("UPDATE artifact_generations SET expected_sha256 = ? WHERE id = ?")
+                    .bind(sha256)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+            }
+            Some(d) if d == sha256 => {}
+            Some(d) => {
+                return Err(StoreError::Conflict(format!(
+                    "upload session {id} was opened for sha256 {d}, not {sha256}"
+                )));
+            }
+        }
+        tx.commit().await.map_err(db_err)?;
+        self.get_generation(id).await
+    }
+
     async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord> {
         let mut tx = self.reader.begin().await.map_err(db_err)?;
         let now: i64 = sqlx::query_scalar("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)")
@@ -139,7 +184,7 @@ impl ArtifactStore for SqliteStore {
             // A repeated seal (lost response) keeps the first sealing time, so
             // it never changes which generation the completion binds.
             "UPDATE artifact_generations SET state = 'sealed', sealed_at = COALESCE(sealed_at, ?) \
-             WHERE id = ? AND job_id = ? AND epoch = ? AND state IN ('uploading', 'sealed')",
+             WHERE id = ? AND job_id = ? AND epoch = ? AND state IN ('uploading', 'sealed') AND expected_sha256 != ''",
         )
         .bind(now)
         .bind(id)

@@ -112,7 +112,8 @@ pub trait LogStore: Send + Sync {
 #[async_trait]
 pub trait ArtifactStore: Send + Sync {
     /// Open an attempt-scoped upload session: a fresh generation with a fresh
-    /// object key, for a declared output of the current live epoch.
+    /// object key, for a declared output of the current live epoch. `sha256`
+    /// may be "" when the agent names it at seal time.
     async fn create_generation(
         &self,
         job_id: &str,
@@ -123,6 +124,11 @@ pub trait ArtifactStore: Send + Sync {
         part_size: i64,
     ) -> Result<GenerationRecord>;
     async fn get_generation(&self, id: &str) -> Result<GenerationRecord>;
+    /// Record the sha256 of a generation opened without one (`sha256` = ""
+    /// at creation). Requires the live epoch; a different digest than one
+    /// already recorded is a Conflict.
+    async fn set_generation_digest(&self, id: &str, job_id: &str, epoch: i64, sha256: &str)
+    -> Result<GenerationRecord>;
     /// The generation, if its attempt is still the current live epoch and it
     /// is still uploading (a read; used before accepting part bytes).
     async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord>;

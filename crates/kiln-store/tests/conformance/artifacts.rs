@@ -114,7 +114,7 @@ pub async fn create_generation_requires_live_epoch_and_declared_name<S: Store + 
     open_gen(s, &build, 1, "docs").await;
     // Malformed metadata.
     let upper = SHA.to_uppercase();
-    let bad_shas = [&SHA[..63], &format!("{SHA}0"), &format!("{}g", &SHA[..63]), upper.as_str(), "", &"Ab".repeat(32)];
+    let bad_shas = [&SHA[..63], &format!("{SHA}0"), &format!("{}g", &SHA[..63]), upper.as_str(), &"Ab".repeat(32)];
     for bad in bad_shas {
         assert_invalid(s.create_generation(&build, 1, "jar", SIZE, bad, PART).await);
     }
@@ -710,4 +710,29 @@ pub async fn deleted_generation_is_never_bound<S: Store + 'static>(o: &Opener<S>
         assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
         assert_eq!(s.resolve_binding(&run_id, "build", "jar").await.unwrap().generation.id, g.id);
     }
+}
+
+/// A session opened without a digest (the agent hashes while uploading) can
+/// be sealed only once the digest is named, by the live epoch, and never
+/// changed afterwards.
+pub async fn digest_named_at_seal_time<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = s.create_generation(&build, 1, "jar", SIZE, "", PART).await.expect("a deferred digest is valid");
+    assert_eq!(g.expected_sha256, "");
+    assert!(s.seal_generation(&g.id, &build, 1).await.is_err(), "sealed without a digest");
+    assert_invalid(s.set_generation_digest(&g.id, &build, 1, "nope").await);
+    assert_stale(s.set_generation_digest(&g.id, &build, 2, SHA).await);
+    let named = s.set_generation_digest(&g.id, &build, 1, SHA).await.unwrap();
+    assert_eq!(named.expected_sha256, SHA);
+    s.set_generation_digest(&g.id, &build, 1, SHA).await.expect("naming the same digest again is idempotent");
+    let other = "b".repeat(64);
+    assert_conflict(s.set_generation_digest(&g.id, &build, 1, &other).await);
+    let sealed = s.seal_generation(&g.id, &build, 1).await.unwrap();
+    assert_eq!((sealed.state.as_str(), sealed.expected_sha256.as_str()), ("sealed", SHA));
+    assert!(s.set_generation_digest(&g.id, &build, 1, &other).await.is_err(), "a sealed digest changed");
 }

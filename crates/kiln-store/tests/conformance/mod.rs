@@ -82,6 +82,7 @@ macro_rules! suite {
             logs::bad_digest_and_stale_epoch_are_refused,
             logs::log_chunks_after_respects_the_cursor,
             artifacts::create_generation_requires_live_epoch_and_declared_name,
+            artifacts::digest_named_at_seal_time,
             artifacts::every_session_gets_a_fresh_generation_and_key,
             artifacts::uploadable_only_while_live_and_uploading,
             artifacts::uploadable_closes_when_the_attempt_ends,
