@@ -47,8 +47,11 @@ pub struct LocalBlobStore {
     /// the bytes written so far when parts arrived in order. `complete` then
     /// verifies without reading the object back; any out-of-order or
     /// repeated write drops the running hash and `complete` reads instead.
-    uploads: std::sync::Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Running>>>>>>,
+    uploads: Arc<std::sync::Mutex<HashMap<String, UploadState>>>,
 }
+
+/// The running hash of one staged key, behind the lock serializing its writes.
+type UploadState = Arc<tokio::sync::Mutex<Option<Running>>>;
 
 #[derive(Debug)]
 struct Running {
@@ -85,7 +88,7 @@ impl LocalBlobStore {
         LocalBlobStore { root: root.into(), uploads: Default::default() }
     }
 
-    fn upload_state(&self, key: &str) -> Arc<tokio::sync::Mutex<Option<Running>>> {
+    fn upload_state(&self, key: &str) -> UploadState {
         self.uploads.lock().expect("uploads").entry(key.to_string()).or_default().clone()
     }
 

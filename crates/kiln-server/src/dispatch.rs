@@ -9,9 +9,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use tokio::sync::Notify;
 
+type ClassQueue = (BTreeMap<String, String>, VecDeque<OutboxEvent>);
+
 #[derive(Default)]
 pub struct Dispatcher {
-    queues: Mutex<HashMap<String, (BTreeMap<String, String>, VecDeque<OutboxEvent>)>>,
+    /// Class key → (the class's required labels, its deliveries in order).
+    queues: Mutex<HashMap<String, ClassQueue>>,
     pub notify: Notify,
 }
 

@@ -26,10 +26,13 @@ pub struct Mirrors {
     /// Content at a commit never changes: (repo, sha) known to be present,
     /// and (repo, sha, path) → bytes, so resubmitting a commit runs no git.
     known: Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
-    files: Arc<std::sync::Mutex<HashMap<(String, String, String), Arc<Vec<u8>>>>>,
+    files: Arc<std::sync::Mutex<HashMap<FileKey, Arc<Vec<u8>>>>>,
 }
 
 const FILE_CACHE_ENTRIES: usize = 512;
+
+/// (repository id, commit sha, path).
+type FileKey = (String, String, String);
 
 /// Normalise `file://` and plain paths; remote URLs pass through.
 pub fn normalize_url(url: &str) -> String {
