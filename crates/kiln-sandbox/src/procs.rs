@@ -29,32 +29,10 @@ pub fn process_alive(pid: i32) -> bool {
     stat(&pid.to_string()).is_some_and(|(state, _, _)| live(state))
 }
 
-/// True while some non-zombie process belongs to process group `pgid`.
-pub(crate) fn group_alive(pgid: i32) -> bool {
-    // Fast path: no member at all (not even a zombie). Only when the kernel
-    // still knows the group do we scan /proc to ignore zombies.
-    if killpg(Pid::from_raw(pgid), None).is_err() {
-        return false;
-    }
-    let Ok(dir) = fs::read_dir("/proc") else {
-        // No /proc: fall back to the kernel's view (counts zombies too).
-        return killpg(Pid::from_raw(pgid), None).is_ok();
-    };
-    dir.flatten().any(|e| {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else {
-            return false;
-        };
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            return false;
-        }
-        stat(name).is_some_and(|(state, pgrp, _)| pgrp == pgid && live(state))
-    })
-}
-
-/// True while a non-zombie process of group `pgid` is also in session `pgid`:
-/// our step groups are session leaders, which guards against pgid reuse.
-pub(crate) fn step_group_alive(pgid: i32) -> bool {
+/// True while some non-zombie process in /proc satisfies `f(pgrp, sid)`.
+/// Without /proc, falls back to the kernel's view of the group (which counts
+/// zombies too).
+fn any_live_process(pgid: i32, f: impl Fn(i32, i32) -> bool) -> bool {
     let Ok(dir) = fs::read_dir("/proc") else {
         return killpg(Pid::from_raw(pgid), None).is_ok();
     };
@@ -64,8 +42,24 @@ pub(crate) fn step_group_alive(pgid: i32) -> bool {
             return false;
         };
         name.bytes().all(|b| b.is_ascii_digit())
-            && stat(name).is_some_and(|(state, pgrp, sid)| pgrp == pgid && sid == pgid && live(state))
+            && stat(name).is_some_and(|(state, pgrp, sid)| live(state) && f(pgrp, sid))
     })
+}
+
+/// True while some non-zombie process belongs to process group `pgid`.
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    // Fast path: no member at all (not even a zombie). Only when the kernel
+    // still knows the group do we scan /proc to ignore zombies.
+    if killpg(Pid::from_raw(pgid), None).is_err() {
+        return false;
+    }
+    any_live_process(pgid, |pgrp, _| pgrp == pgid)
+}
+
+/// True while a non-zombie process of group `pgid` is also in session `pgid`:
+/// our step groups are session leaders, which guards against pgid reuse.
+pub(crate) fn step_group_alive(pgid: i32) -> bool {
+    any_live_process(pgid, |pgrp, sid| pgrp == pgid && sid == pgid)
 }
 
 pub(crate) fn signal_group(pgid: i32, sig: Signal) {

@@ -64,6 +64,13 @@ impl TestRepo {
     }
 }
 
+/// A `kiln` CLI command talking to `url` with `token`.
+fn cli(bin: &Path, url: &str, token: &str) -> Command {
+    let mut c = Command::new(bin);
+    c.env("KILN_SERVER", url).env("KILN_TOKEN", token).env_remove("KILN_LOG");
+    c
+}
+
 /// A real `kiln up` process on a temporary data dir and a free port.
 pub struct KilnUp {
     pub child: Child,
@@ -125,9 +132,7 @@ impl KilnUp {
 
     /// A `kiln` CLI command with KILN_SERVER and KILN_TOKEN set.
     pub fn cli(&self) -> Command {
-        let mut c = Command::new(&self.bin);
-        c.env("KILN_SERVER", &self.url).env("KILN_TOKEN", &self.token).env_remove("KILN_LOG");
-        c
+        cli(&self.bin, &self.url, &self.token)
     }
 
     pub fn log(&self) -> String {
@@ -224,9 +229,7 @@ impl KilnServer {
     }
 
     pub fn cli(&self) -> Command {
-        let mut c = Command::new(&self.bin);
-        c.env("KILN_SERVER", &self.url).env("KILN_TOKEN", &self.token).env_remove("KILN_LOG");
-        c
+        cli(&self.bin, &self.url, &self.token)
     }
 
     pub fn log(&self) -> String {
