@@ -9,12 +9,34 @@
 //! tags, duplicate keys, multiple documents and deep nesting, then validates
 //! it into a [`Workflow`]. Every problem is reported as a [`Diagnostic`]
 //! (`line:col: message`, 1-based), sorted by position.
+//!
+//! Pipelines as graphs (spec 003, Deep Dive 3):
+//!
+//! * `matrix:` is expanded by [`parse`]: `Workflow::jobs` lists every
+//!   combination as its own job named `base (k1=v1, k2=v2)` (axes in the
+//!   order written, then include-only keys), with `KILN_MATRIX_<KEY>` in its
+//!   env (upper-cased, `-` → `_`; overrides an `env` entry of that name) and
+//!   [`MatrixInfo`] set. `${{ matrix.<key> }}` is substituted in step `run`
+//!   and `name`, `env` values, `runs-on` values and the job's concurrency
+//!   group (empty when the combination lacks an include-only key); any other
+//!   `${{ }}` text in steps/env/runs-on is left verbatim, for the runner.
+//! * `needs: base` means every expansion; `needs` may only name jobs defined
+//!   earlier in the file, so the graph is acyclic and `jobs` is in
+//!   topological order. With no `needs` anywhere, each file-level job needs
+//!   every job expanded from the one before it.
+//! * `restore.from_job` must name one expansion of a matrix job, never the
+//!   base name.
+//! * `if:` ([`eval_condition`]) and concurrency groups ([`render_group`])
+//!   use the small expression language of the `expr` module, checked at
+//!   parse time.
 
+mod expr;
 mod model;
 mod parse;
 mod tree;
 mod validate;
 
+pub use expr::{ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, render_group};
 pub use model::*;
 pub use parse::{Diagnostic, Diagnostics, MAX_DIAGNOSTICS, parse};
-pub use validate::{MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};
+pub use validate::{MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};

@@ -16,10 +16,15 @@ pub const MAX_DEPTH: usize = 32;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workflow {
     pub version: u32,
+    /// Run-level `concurrency:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
+    /// Every job, matrices expanded, in a topological order: each job comes
+    /// after all of its `needs`.
     pub jobs: Vec<Job>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,6 +50,46 @@ pub struct Job {
     /// Labels an agent must carry to run this job (`runs-on: {os: linux, size: large}`).
     #[serde(default)]
     pub runs_on: BTreeMap<String, String>,
+    /// Set on every job expanded from a `matrix:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix: Option<MatrixInfo>,
+    /// `needs-policy: {quorum: N}`: the job becomes ready once N of its
+    /// effective `needs` succeeded (and is then marked degraded if some did
+    /// not). `None`: every need must succeed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<u32>,
+    /// The `if:` expression as written (see [`eval_condition`](crate::eval_condition)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// Job-level `concurrency:` (matrix references already substituted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
+}
+
+/// Which matrix combination a job is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatrixInfo {
+    /// The job's name as written (the base of `test (shard=2, os=linux)`).
+    pub group: String,
+    /// The combination's values (`KILN_MATRIX_<KEY>` in the job's env).
+    pub values: BTreeMap<String, String>,
+    /// At most this many jobs of the group run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+    /// When one job of the group fails, cancel its siblings.
+    pub fail_fast: bool,
+}
+
+/// `concurrency: {group, cancel-in-progress}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Concurrency {
+    /// The group template: text with `${{ }}` expressions over `event`,
+    /// `ref`, `branch` and `inputs.*` (see [`render_group`](crate::render_group)).
+    pub group: String,
+    /// A new run/job in the group cancels the one in progress (otherwise it
+    /// waits).
+    #[serde(default)]
+    pub cancel_in_progress: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

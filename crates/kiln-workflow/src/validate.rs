@@ -1,6 +1,9 @@
 //! Tree → validated [`Workflow`], collecting every problem with its position.
 
-use crate::model::{Artifacts, Cache, Image, Job, MAX_JOBS, MAX_STEPS, Publish, Restore, Step, Workflow};
+use crate::expr::{check_template, matrix_ref, parse_condition};
+use crate::model::{
+    Artifacts, Cache, Concurrency, Image, Job, MAX_JOBS, MAX_STEPS, MatrixInfo, Publish, Restore, Step, Workflow,
+};
 use crate::parse::Diagnostic;
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -12,9 +15,30 @@ pub const MAX_RETRY: u32 = 10;
 /// Largest accepted `timeout`, in seconds (7 days).
 pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 60 * 60;
 
-const TOP_KEYS: &[&str] = &["version", "jobs"];
-const JOB_KEYS: &[&str] =
-    &["name", "image", "steps", "needs", "matrix", "cache", "artifacts", "timeout", "retry", "runs-on", "env"];
+/// Largest accepted cartesian product of a matrix's axes, before `exclude`
+/// (the expanded jobs are bounded by [`MAX_JOBS`]).
+pub const MAX_MATRIX_COMBINATIONS: usize = 1024;
+
+const TOP_KEYS: &[&str] = &["version", "concurrency", "jobs"];
+const JOB_KEYS: &[&str] = &[
+    "name",
+    "image",
+    "steps",
+    "needs",
+    "needs-policy",
+    "if",
+    "matrix",
+    "concurrency",
+    "cache",
+    "artifacts",
+    "timeout",
+    "retry",
+    "runs-on",
+    "env",
+];
+const MATRIX_KEYWORDS: &[&str] = &["include", "exclude", "max-parallel", "fail-fast"];
+const NEEDS_POLICY_KEYS: &[&str] = &["quorum"];
+const CONCURRENCY_KEYS: &[&str] = &["group", "cancel-in-progress"];
 const STEP_KEYS: &[&str] = &["run", "name"];
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
 const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths"];
@@ -25,12 +49,80 @@ const RESTORE_KEYS: &[&str] = &["from_job", "name", "path"];
 #[derive(Default)]
 struct Ctx {
     diags: Vec<Diagnostic>,
+    /// What `${{ matrix.<key> }}` may name in the job being read.
+    matrix_refs: MatrixRefs,
+}
+
+#[derive(Default)]
+enum MatrixRefs {
+    /// The job has no `matrix`.
+    #[default]
+    NoMatrix,
+    /// The job's matrix keys.
+    Keys(BTreeSet<String>),
+    /// The job's `matrix` is invalid (already reported): accept any key.
+    Unknown,
 }
 
 impl Ctx {
     fn err(&mut self, pos: Pos, message: impl Into<String>) {
         self.diags.push(Diagnostic { line: pos.line, column: pos.column, message: message.into() });
     }
+
+    /// Check the `${{ matrix.<key> }}` references in a step, env value or
+    /// runs-on value. Other `${{ }}` text is left alone (not ours).
+    fn matrix_refs(&mut self, pos: Pos, text: &str, subject: &str) {
+        let mut rest = text;
+        while let Some(start) = rest.find("${{") {
+            let after = &rest[start + 3..];
+            let Some(end) = after.find("}}") else { break };
+            let inner = &after[..end];
+            rest = &after[end + 2..];
+            if !inner.trim_start().starts_with("matrix") {
+                continue;
+            }
+            let message = match (matrix_ref(inner), &self.matrix_refs) {
+                (_, MatrixRefs::Unknown) => None,
+                (Some(_), MatrixRefs::NoMatrix) => {
+                    Some(format!("{subject} uses `${{{{{}}}}}`, but the job has no `matrix`", show(inner)))
+                }
+                (Some(k), MatrixRefs::Keys(keys)) if !keys.contains(k) => Some(format!(
+                    "{subject} uses `${{{{{}}}}}`, but the matrix has no key `{}`; its keys are {}",
+                    show(inner),
+                    show(k),
+                    keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                )),
+                (Some(_), MatrixRefs::Keys(_)) => None,
+                (None, _) => Some(format!(
+                    "{subject} uses `${{{{{}}}}}`; only a plain `${{{{ matrix.<key> }}}}` is substituted here",
+                    show(inner).replace("\\'", "'")
+                )),
+            };
+            if let Some(m) = message {
+                self.err(pos, m);
+            }
+        }
+    }
+}
+
+/// Replace every `${{ matrix.<key> }}` with the combination's value (empty
+/// when this combination lacks an include-only key); leave other text.
+fn substitute(text: &str, values: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${{") {
+        let after = &rest[start + 3..];
+        let Some(end) = after.find("}}") else { break };
+        let inner = &after[..end];
+        out.push_str(&rest[..start]);
+        match matrix_ref(inner) {
+            Some(k) => out.push_str(values.get(k).map_or("", String::as_str)),
+            None => out.push_str(&rest[start..start + 3 + end + 2]),
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A value for messages: control characters escaped, long values shortened.
@@ -225,6 +317,9 @@ struct Draft {
     name: Option<(String, Pos)>,
     needs_declared: bool,
     needs: Vec<(String, Pos)>,
+    /// `needs-policy: {quorum: N}` and the position of N.
+    quorum: Option<(u32, Pos)>,
+    matrix: Option<MatrixSpec>,
     /// `(artifact, position of its entry)`
     publish: Vec<(Publish, Pos)>,
     /// `(restore, position of from_job, position of name)`
@@ -308,9 +403,10 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
         return None;
     }
 
+    let run_concurrency = get(top, "concurrency").and_then(|e| concurrency(ctx, "the run", &e.value));
     let drafts: Vec<Draft> = items.iter().enumerate().filter_map(|(i, node)| job(ctx, i, node)).collect();
     let jobs = cross_check(ctx, drafts);
-    Some(Workflow { version: version?, jobs })
+    Some(Workflow { version: version?, concurrency: run_concurrency, jobs })
 }
 
 fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
@@ -337,6 +433,13 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let place = format!("in {label}");
     check_keys(ctx, entries, JOB_KEYS, &place);
 
+    let matrix_entry = get(entries, "matrix");
+    let matrix = matrix_entry.and_then(|e| matrix(ctx, &label, &e.value));
+    ctx.matrix_refs = match (matrix_entry, &matrix) {
+        (None, _) => MatrixRefs::NoMatrix,
+        (Some(_), Some(m)) => MatrixRefs::Keys(m.order.iter().cloned().collect()),
+        (Some(_), None) => MatrixRefs::Unknown,
+    };
     let steps = match require(ctx, entries, node.pos, "steps", || {
         format!("{label} has no `steps`; add a `steps:` list with at least one command")
     }) {
@@ -346,9 +449,9 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let image = get(entries, "image").and_then(|e| image(ctx, &label, &e.value));
     let needs_entry = get(entries, "needs");
     let needs = needs_entry.map(|e| needs_list(ctx, &label, &e.value)).unwrap_or_default();
-    if let Some(e) = get(entries, "matrix") {
-        ctx.err(e.key_pos, format!("`matrix` in {label} is not supported yet; write one job per combination for now"));
-    }
+    let quorum = get(entries, "needs-policy").and_then(|e| needs_policy(ctx, &label, &e.value));
+    let condition = get(entries, "if").and_then(|e| condition(ctx, &label, &e.value));
+    let job_concurrency = get(entries, "concurrency").and_then(|e| concurrency(ctx, &label, &e.value));
     let cache = get(entries, "cache").and_then(|e| cache(ctx, &label, &e.value));
     let (publish, restore) = get(entries, "artifacts").map(|e| artifacts(ctx, &label, &e.value)).unwrap_or_default();
     let timeout_secs = get(entries, "timeout").and_then(|e| timeout(ctx, &label, &e.value));
@@ -370,8 +473,13 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         timeout_secs,
         retry,
         runs_on,
+        matrix: None,
+        quorum: quorum.map(|(n, _)| n),
+        condition,
+        concurrency: job_concurrency,
     };
-    Some(Draft { label, name, needs_declared: needs_entry.is_some(), needs, publish, restore, job })
+    ctx.matrix_refs = MatrixRefs::NoMatrix;
+    Some(Draft { label, name, needs_declared: needs_entry.is_some(), needs, quorum, matrix, publish, restore, job })
 }
 
 fn steps(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<Step>> {
@@ -400,20 +508,36 @@ fn steps(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<Step>> {
                     format!("{subject} has no `run`; add `run: <command>`")
                 }) {
                     None => None,
-                    Some(e) => as_nonempty_text(ctx, &e.value, &format!("`run` in {subject}"), "a command string"),
+                    Some(e) => {
+                        let run = as_nonempty_text(ctx, &e.value, &format!("`run` in {subject}"), "a command string");
+                        if let Some(run) = run {
+                            ctx.matrix_refs(e.value.pos, run, &format!("`run` in {subject}"));
+                        }
+                        run
+                    }
                 };
                 let name = match get(entries, "name") {
                     None => Some(None),
-                    Some(e) => as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "a string")
-                        .map(|n| Some(n.to_string())),
+                    Some(e) => {
+                        let n = as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "a string");
+                        if let Some(n) = n {
+                            ctx.matrix_refs(e.value.pos, n, &format!("`name` in {subject}"));
+                        }
+                        n.map(|n| Some(n.to_string()))
+                    }
                 };
                 match (run, name) {
                     (Some(run), Some(name)) => Some(Step { name, run: run.to_string() }),
                     _ => None,
                 }
             }
-            _ => as_nonempty_text(ctx, item, &subject, "a command string or a map with `run`")
-                .map(|run| Step { name: None, run: run.to_string() }),
+            _ => {
+                let run = as_nonempty_text(ctx, item, &subject, "a command string or a map with `run`");
+                if let Some(run) = run {
+                    ctx.matrix_refs(item.pos, run, &subject);
+                }
+                run.map(|run| Step { name: None, run: run.to_string() })
+            }
         };
         match step {
             Some(s) => out.push(s),
@@ -729,6 +853,7 @@ fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, S
     let expected = "a map of agent labels (e.g. `{os: linux}`) or an OS name";
     if let Value::Scalar(_) = node.value {
         let os = as_nonempty_text(ctx, node, &subject, expected)?;
+        ctx.matrix_refs(node.pos, os, &subject);
         return Some(BTreeMap::from([("os".to_string(), os.to_string())]));
     }
     let entries = as_map(ctx, node, &subject, expected)?;
@@ -742,6 +867,7 @@ fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, S
         }
         match as_nonempty_text(ctx, &e.value, &format!("label `{}` in {subject}", show(&e.key)), "a string") {
             Some(v) => {
+                ctx.matrix_refs(e.value.pos, v, &format!("label `{}` in {subject}", show(&e.key)));
                 out.insert(e.key.clone(), v.to_string());
             }
             None => ok = false,
@@ -773,6 +899,7 @@ fn env(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, Strin
         }
         match &e.value.value {
             Value::Scalar(s) if s.kind() != ScalarKind::Null => {
+                ctx.matrix_refs(e.value.pos, &s.text, &format!("variable `{}` in {subject}", e.key));
                 out.insert(e.key.clone(), s.text.clone());
             }
             Value::Scalar(_) => {
@@ -797,34 +924,469 @@ fn env(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, Strin
     ok.then_some(out)
 }
 
-/// Checks that span jobs: unique names, `needs` pointing backwards,
-/// restores from ancestors that publish the artifact. Fills in each job's
-/// effective `needs`.
-fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
-    // name -> (draft index, line)
-    let mut index: HashMap<String, (usize, usize)> = HashMap::new();
-    for (i, d) in drafts.iter().enumerate() {
-        let Some((name, pos)) = &d.name else { continue };
-        match index.get(name) {
-            Some((_, first_line)) => ctx.err(
-                *pos,
-                format!(
-                    "duplicate job name `{}` (first used on line {first_line}); job names must be unique",
-                    show(name)
-                ),
-            ),
-            None => {
-                index.insert(name.clone(), (i, pos.line));
+/// A parsed `matrix:`: the combinations in expansion order.
+struct MatrixSpec {
+    pos: Pos,
+    /// Key order for names: the axes as written, then include-only keys in
+    /// order of first appearance.
+    order: Vec<String>,
+    combos: Vec<BTreeMap<String, String>>,
+    max_parallel: Option<u32>,
+    fail_fast: bool,
+}
+
+fn matrix_key_ok(key: &str) -> bool {
+    let mut chars = key.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// `KILN_MATRIX_<KEY>`: upper-cased, `-` → `_`.
+fn matrix_env_name(key: &str) -> String {
+    format!("KILN_MATRIX_{}", key.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// The `{key: value}` entries of an `include`/`exclude` list.
+/// The `key: value` pairs of one `include`/`exclude` entry, and its position.
+type MatrixEntry = (Vec<(String, String)>, Pos);
+
+fn matrix_entries(ctx: &mut Ctx, node: &Node, subject: &str) -> Option<Vec<MatrixEntry>> {
+    let items = as_seq(ctx, node, subject, "a list of `{key: value}` maps")?;
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let es = format!("entry {} of {subject}", i + 1);
+        let Some(fields) = as_map(ctx, item, &es, "a map of matrix keys to values") else {
+            ok = false;
+            continue;
+        };
+        if fields.is_empty() {
+            ctx.err(item.pos, format!("{es} is empty; give at least one `key: value`"));
+            ok = false;
+            continue;
+        }
+        let mut pairs = Vec::new();
+        for f in fields {
+            if !matrix_key_ok(&f.key) {
+                ctx.err(
+                    f.key_pos,
+                    format!(
+                        "`{}` in {es} is not a valid matrix key; use letters, digits, `_` and `-`, starting with a letter",
+                        show(&f.key)
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+            match matrix_value(ctx, &f.value, &format!("`{}` in {es}", show(&f.key))) {
+                Some(v) => pairs.push((f.key.clone(), v)),
+                None => ok = false,
+            }
+        }
+        out.push((pairs, item.pos));
+    }
+    ok.then_some(out)
+}
+
+fn matrix_value(ctx: &mut Ctx, node: &Node, subject: &str) -> Option<String> {
+    match &node.value {
+        Value::Scalar(s) if s.kind() != ScalarKind::Null => Some(s.text.clone()),
+        _ => {
+            ctx.err(node.pos, format!("{subject} must be a string, number or boolean, found {}", node.describe()));
+            None
+        }
+    }
+}
+
+fn matrix(ctx: &mut Ctx, label: &str, node: &Node) -> Option<MatrixSpec> {
+    let subject = format!("`matrix` of {label}");
+    let entries = as_map(
+        ctx,
+        node,
+        &subject,
+        "a map of axes (`key: [values]`) with optional `include`, `exclude`, `max-parallel` and `fail-fast`",
+    )?;
+    let mut ok = true;
+    let mut axes: Vec<(String, Vec<String>)> = Vec::new();
+    let mut include = Vec::new();
+    let mut exclude = Vec::new();
+    let mut max_parallel = None;
+    let mut fail_fast = true;
+    for e in entries {
+        match e.key.as_str() {
+            "include" => match matrix_entries(ctx, &e.value, &format!("`include` in {subject}")) {
+                Some(v) => include = v,
+                None => ok = false,
+            },
+            "exclude" => match matrix_entries(ctx, &e.value, &format!("`exclude` in {subject}")) {
+                Some(v) => exclude = v,
+                None => ok = false,
+            },
+            "max-parallel" => match &e.value.value {
+                Value::Scalar(s) if s.kind() == ScalarKind::Int => match s.as_int() {
+                    Some(n) if n >= 1 && n <= MAX_JOBS as i128 => max_parallel = u32::try_from(n).ok(),
+                    _ => {
+                        ctx.err(
+                            e.value.pos,
+                            format!(
+                                "`max-parallel` in {subject} is `{}`; it must be from 1 to {MAX_JOBS}",
+                                show(&s.text)
+                            ),
+                        );
+                        ok = false;
+                    }
+                },
+                _ => {
+                    ctx.err(
+                        e.value.pos,
+                        format!("`max-parallel` in {subject} must be a whole number, found {}", e.value.describe()),
+                    );
+                    ok = false;
+                }
+            },
+            "fail-fast" => match &e.value.value {
+                Value::Scalar(s) if s.kind() == ScalarKind::Bool => fail_fast = s.text.eq_ignore_ascii_case("true"),
+                _ => {
+                    ctx.err(
+                        e.value.pos,
+                        format!("`fail-fast` in {subject} must be `true` or `false`, found {}", e.value.describe()),
+                    );
+                    ok = false;
+                }
+            },
+            key => {
+                if !matrix_key_ok(key) {
+                    ctx.err(
+                        e.key_pos,
+                        format!(
+                            "`{}` in {subject} is not a valid matrix axis name; use letters, digits, `_` and `-`, starting with a letter (the other keys are {})",
+                            show(key),
+                            key_list(MATRIX_KEYWORDS)
+                        ),
+                    );
+                    ok = false;
+                    continue;
+                }
+                let axis = format!("axis `{key}` of {subject}");
+                let Some(items) = as_seq(ctx, &e.value, &axis, "a list of values") else {
+                    ok = false;
+                    continue;
+                };
+                if items.is_empty() {
+                    ctx.err(e.value.pos, format!("{axis} is empty; list at least one value"));
+                    ok = false;
+                    continue;
+                }
+                let mut values = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    match matrix_value(ctx, item, &format!("value {} of {axis}", i + 1)) {
+                        Some(v) => values.push(v),
+                        None => ok = false,
+                    }
+                }
+                axes.push((key.to_string(), values));
             }
         }
     }
+    if !ok {
+        return None;
+    }
+    if axes.is_empty() && include.is_empty() {
+        ctx.err(node.pos, format!("{subject} has no axes; add one like `os: [linux, macos]` or an `include` list"));
+        return None;
+    }
+    for (pairs, pos) in &exclude {
+        for (k, _) in pairs {
+            if !axes.iter().any(|(a, _)| a == k) {
+                ctx.err(
+                    *pos,
+                    format!("`exclude` in {subject} names `{}`, which is not an axis of the matrix", show(k)),
+                );
+                return None;
+            }
+        }
+    }
+    let mut order: Vec<String> = axes.iter().map(|(k, _)| k.clone()).collect();
+    for (pairs, _) in &include {
+        for (k, _) in pairs {
+            if !order.contains(k) {
+                order.push(k.clone());
+            }
+        }
+    }
+    let mut env_names: HashMap<String, &str> = HashMap::new();
+    for k in &order {
+        if let Some(other) = env_names.insert(matrix_env_name(k), k) {
+            ctx.err(
+                node.pos,
+                format!(
+                    "matrix keys `{other}` and `{k}` in {subject} both become the variable `{}`; rename one",
+                    matrix_env_name(k)
+                ),
+            );
+            return None;
+        }
+    }
+
+    // The cartesian product, first axis outermost, bounded before enumeration.
+    let product = axes.iter().try_fold(1usize, |acc, (_, v)| acc.checked_mul(v.len()));
+    match product {
+        Some(n) if n <= MAX_MATRIX_COMBINATIONS => {}
+        _ => {
+            let shown = product.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
+            ctx.err(
+                node.pos,
+                format!(
+                    "{subject} has {shown} combinations of its axes; at most {MAX_MATRIX_COMBINATIONS} are allowed (and at most {MAX_JOBS} jobs after `exclude`/`include`)"
+                ),
+            );
+            return None;
+        }
+    }
+    let mut combos: Vec<BTreeMap<String, String>> = if axes.is_empty() { Vec::new() } else { vec![BTreeMap::new()] };
+    for (k, values) in &axes {
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                values.iter().map(move |v| {
+                    let mut c = c.clone();
+                    c.insert(k.clone(), v.clone());
+                    c
+                })
+            })
+            .collect();
+    }
+    combos.retain(|c| !exclude.iter().any(|(pairs, _)| pairs.iter().all(|(k, v)| c.get(k) == Some(v))));
+    let original = combos.len();
+    let is_axis = |k: &str| axes.iter().any(|(a, _)| a == k);
+    for (pairs, _) in &include {
+        let mut matched = false;
+        for c in combos.iter_mut().take(original) {
+            if pairs.iter().filter(|(k, _)| is_axis(k)).all(|(k, v)| c.get(k) == Some(v)) {
+                matched = true;
+                for (k, v) in pairs.iter().filter(|(k, _)| !is_axis(k)) {
+                    c.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        if !matched {
+            combos.push(pairs.iter().cloned().collect());
+            if combos.len() > MAX_JOBS {
+                break;
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    combos.retain(|c| seen.insert(c.clone()));
+    if combos.is_empty() {
+        ctx.err(node.pos, format!("{subject} expands to no jobs: `exclude` removes every combination"));
+        return None;
+    }
+    if combos.len() > MAX_JOBS {
+        ctx.err(
+            node.pos,
+            format!("{subject} expands to more than {MAX_JOBS} jobs; at most {MAX_JOBS} are allowed in one workflow"),
+        );
+        return None;
+    }
+    Some(MatrixSpec { pos: node.pos, order, combos, max_parallel, fail_fast })
+}
+
+fn needs_policy(ctx: &mut Ctx, label: &str, node: &Node) -> Option<(u32, Pos)> {
+    let subject = format!("`needs-policy` of {label}");
+    let entries = as_map(ctx, node, &subject, "a map like `{quorum: 2}`")?;
+    check_keys(ctx, entries, NEEDS_POLICY_KEYS, &format!("in {subject}"));
+    let e = require(ctx, entries, node.pos, "quorum", || {
+        format!("{subject} has no `quorum`; write `{{quorum: N}}` (N of the needed jobs must succeed)")
+    })?;
+    match &e.value.value {
+        Value::Scalar(s) if s.kind() == ScalarKind::Int => match s.as_int() {
+            Some(n) if n >= 1 && n <= MAX_JOBS as i128 => u32::try_from(n).ok().map(|n| (n, e.value.pos)),
+            _ => {
+                ctx.err(e.value.pos, format!("`quorum` in {subject} is `{}`; it must be at least 1", show(&s.text)));
+                None
+            }
+        },
+        _ => {
+            ctx.err(e.value.pos, format!("`quorum` in {subject} must be a whole number, found {}", e.value.describe()));
+            None
+        }
+    }
+}
+
+fn condition(ctx: &mut Ctx, label: &str, node: &Node) -> Option<String> {
+    let subject = format!("`if` of {label}");
+    let text = as_nonempty_text(ctx, node, &subject, "an expression like `branch == 'main'`")?;
+    match parse_condition(text) {
+        Ok(_) => Some(text.to_string()),
+        Err(e) => {
+            ctx.err(node.pos, format!("invalid {subject}: {e}"));
+            None
+        }
+    }
+}
+
+fn concurrency(ctx: &mut Ctx, owner: &str, node: &Node) -> Option<Concurrency> {
+    let subject = format!("`concurrency` of {owner}");
+    let (group_node, cancel_in_progress) = match &node.value {
+        Value::Scalar(_) => (node, false),
+        _ => {
+            let entries = as_map(ctx, node, &subject, "a group name or a map with `group` and `cancel-in-progress`")?;
+            check_keys(ctx, entries, CONCURRENCY_KEYS, &format!("in {subject}"));
+            let cancel = match get(entries, "cancel-in-progress") {
+                None => Some(false),
+                Some(e) => match &e.value.value {
+                    Value::Scalar(s) if s.kind() == ScalarKind::Bool => Some(s.text.eq_ignore_ascii_case("true")),
+                    _ => {
+                        ctx.err(
+                            e.value.pos,
+                            format!(
+                                "`cancel-in-progress` in {subject} must be `true` or `false`, found {}",
+                                e.value.describe()
+                            ),
+                        );
+                        None
+                    }
+                },
+            };
+            let group =
+                require(ctx, entries, node.pos, "group", || format!("{subject} has no `group`; add `group: <name>`"))?;
+            (&group.value, cancel?)
+        }
+    };
+    let group_subject = format!("`group` in {subject}");
+    let group = as_nonempty_text(ctx, group_node, &group_subject, "a group name")?;
+    let refs = std::mem::take(&mut ctx.matrix_refs);
+    let checked = check_template(group, &|key| match &refs {
+        MatrixRefs::NoMatrix => Err(format!("`matrix.{key}` can only be used in a job with a `matrix`")),
+        MatrixRefs::Keys(keys) if !keys.contains(key) => Err(format!("the matrix has no key `{key}`")),
+        _ => Ok(()),
+    });
+    ctx.matrix_refs = refs;
+    if let Err(e) = checked {
+        ctx.err(group_node.pos, format!("invalid {group_subject}: {e}"));
+        return None;
+    }
+    Some(Concurrency { group: group.to_string(), cancel_in_progress })
+}
+
+/// One job of the workflow after matrix expansion.
+struct Unit {
+    draft: usize,
+    job: Job,
+}
+
+/// A name `needs`/`from_job` may use.
+struct Target {
+    units: Vec<usize>,
+    draft: usize,
+    line: usize,
+    /// The base name of a matrix job (stands for all its expansions).
+    group: bool,
+}
+
+/// Expand matrices, then check what spans jobs: unique names, `needs`
+/// pointing backwards, quorums, restores from ancestors that publish the
+/// artifact. Fills in each job's effective `needs`. The result is in file
+/// order, so every job comes after its needs.
+fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
+    let mut units: Vec<Unit> = Vec::new();
+    let mut draft_units: Vec<Vec<usize>> = Vec::with_capacity(drafts.len());
+    let mut index: HashMap<String, Target> = HashMap::new();
+    let mut over_limit = false;
+    for (i, d) in drafts.iter().enumerate() {
+        let mut mine = Vec::new();
+        let Some((name, pos)) = &d.name else {
+            draft_units.push(mine);
+            continue;
+        };
+        let mut names: Vec<(String, Vec<usize>, bool)> = Vec::new();
+        match &d.matrix {
+            None => {
+                names.push((name.clone(), vec![units.len()], false));
+                mine.push(units.len());
+                units.push(Unit { draft: i, job: d.job.clone() });
+            }
+            Some(m) => {
+                if units.len() + m.combos.len() > MAX_JOBS && !over_limit {
+                    over_limit = true;
+                    ctx.err(
+                        m.pos,
+                        format!(
+                            "the matrix of {} brings the workflow to {} jobs; at most {MAX_JOBS} are allowed in one workflow",
+                            d.label,
+                            units.len() + m.combos.len()
+                        ),
+                    );
+                }
+                if over_limit {
+                    draft_units.push(mine);
+                    continue;
+                }
+                for values in &m.combos {
+                    let parts: Vec<String> =
+                        m.order.iter().filter_map(|k| values.get(k).map(|v| format!("{k}={v}"))).collect();
+                    let expanded = format!("{name} ({})", parts.join(", "));
+                    let node = Node { pos: m.pos, value: Value::Seq(Vec::new()) };
+                    if !check_name(ctx, &node, &expanded, "expanded matrix job name") {
+                        continue;
+                    }
+                    let mut job = d.job.clone();
+                    job.name = expanded.clone();
+                    for step in &mut job.steps {
+                        step.run = substitute(&step.run, values);
+                        step.name = step.name.as_deref().map(|n| substitute(n, values));
+                    }
+                    for v in job.env.values_mut().chain(job.runs_on.values_mut()) {
+                        *v = substitute(v, values);
+                    }
+                    for (k, v) in values {
+                        job.env.insert(matrix_env_name(k), v.clone());
+                    }
+                    if let Some(c) = &mut job.concurrency {
+                        c.group = substitute(&c.group, values);
+                    }
+                    job.matrix = Some(MatrixInfo {
+                        group: name.clone(),
+                        values: values.clone(),
+                        max_parallel: m.max_parallel,
+                        fail_fast: m.fail_fast,
+                    });
+                    names.push((expanded, vec![units.len()], false));
+                    mine.push(units.len());
+                    units.push(Unit { draft: i, job });
+                }
+                names.push((name.clone(), mine.clone(), true));
+            }
+        }
+        for (n, single, group) in names {
+            match index.get(&n) {
+                Some(t) => ctx.err(
+                    *pos,
+                    format!(
+                        "duplicate job name `{}` (first used on line {}); job names must be unique",
+                        show(&n),
+                        t.line
+                    ),
+                ),
+                None => {
+                    index.insert(n, Target { units: single, draft: i, line: pos.line, group });
+                }
+            }
+        }
+        draft_units.push(mine);
+    }
+    if over_limit {
+        return Vec::new();
+    }
 
     let explicit = drafts.iter().any(|d| d.needs_declared);
+    // Per draft: ancestor units and effective needs (unit names).
     let mut ancestors: Vec<BTreeSet<usize>> = Vec::with_capacity(drafts.len());
     let mut effective: Vec<Vec<String>> = Vec::with_capacity(drafts.len());
     for (i, d) in drafts.iter().enumerate() {
-        let mut anc = BTreeSet::new();
-        let mut needs = Vec::new();
+        let mut anc: BTreeSet<usize> = BTreeSet::new();
+        let mut needs: Vec<usize> = Vec::new();
         if explicit {
             for (need, pos) in &d.needs {
                 match index.get(need) {
@@ -836,39 +1398,57 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                             show(need)
                         ),
                     ),
-                    Some((j, _)) if *j == i => ctx.err(
+                    Some(t) if t.draft == i => ctx.err(
                         *pos,
-                        format!(
-                            "{} needs itself; a job cannot depend on itself (cycles are not allowed)",
-                            d.label
-                        ),
+                        format!("{} needs itself; a job cannot depend on itself (cycles are not allowed)", d.label),
                     ),
-                    Some((j, line)) if *j > i => ctx.err(
+                    Some(t) if t.draft > i => ctx.err(
                         *pos,
                         format!(
-                            "{} needs `{}`, which is defined later (line {line}); a job may only need jobs defined before it, so cycles are not allowed — move `{}` above {}",
+                            "{} needs `{}`, which is defined later (line {}); a job may only need jobs defined before it, so cycles are not allowed — move `{}` above {}",
                             d.label,
                             show(need),
+                            t.line,
                             show(need),
                             d.label
                         ),
                     ),
-                    Some((j, _)) => {
-                        anc.insert(*j);
-                        anc.extend(ancestors[*j].iter().copied());
-                        needs.push(need.clone());
+                    Some(t) => {
+                        for &u in &t.units {
+                            if !needs.contains(&u) {
+                                needs.push(u);
+                            }
+                            anc.insert(u);
+                            anc.extend(ancestors[units[u].draft].iter().copied());
+                        }
                     }
                 }
             }
         } else if i > 0 {
             anc.extend(ancestors[i - 1].iter().copied());
-            anc.insert(i - 1);
-            if let Some((prev, _)) = &drafts[i - 1].name {
-                needs.push(prev.clone());
-            }
+            anc.extend(draft_units[i - 1].iter().copied());
+            needs.extend(draft_units[i - 1].iter().copied());
+        }
+        if let Some((_, pos)) = d.quorum
+            && needs.is_empty()
+        {
+            ctx.err(pos, format!("{} has a `needs-policy` but needs no jobs; remove it or add `needs`", d.label));
+        } else if let Some((q, pos)) = d.quorum
+            && usize::try_from(q).unwrap_or(usize::MAX) > needs.len()
+        {
+            ctx.err(
+                pos,
+                format!(
+                    "`quorum: {q}` of {} is more than the {} job{} it needs; use at most {}",
+                    d.label,
+                    needs.len(),
+                    if needs.len() == 1 { "" } else { "s" },
+                    needs.len()
+                ),
+            );
         }
         ancestors.push(anc);
-        effective.push(needs);
+        effective.push(needs.iter().map(|&u| units[u].job.name.clone()).collect());
     }
 
     let published: Vec<HashSet<&str>> =
@@ -884,28 +1464,33 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                         d.label
                     ),
                 ),
-                Some((j, _)) if *j >= i => ctx.err(
+                Some(t) if t.draft >= i => ctx.err(
                     *from_pos,
                     format!(
                         "{} restores an artifact from `{from}`, which is not defined before it; `from_job` must name an earlier job that {} needs",
                         d.label, d.label
                     ),
                 ),
-                Some((j, _)) if !ancestors[i].contains(j) => ctx.err(
+                Some(t) if t.group => ctx.err(
+                    *from_pos,
+                    format!(
+                        "{} restores an artifact from matrix job `{from}`; a restore from a matrix job must name one expansion, e.g. `{}`",
+                        d.label,
+                        t.units.first().map_or(String::new(), |u| show(&units[*u].job.name))
+                    ),
+                ),
+                Some(t) if !t.units.iter().all(|u| ancestors[i].contains(u)) => ctx.err(
                     *from_pos,
                     format!(
                         "{} restores an artifact from `{from}`, which it does not depend on; add `{from}` to its `needs` (directly or through another job)",
                         d.label
                     ),
                 ),
-                Some((j, _)) => {
-                    let producer = &drafts[*j];
-                    if !published[*j].contains(r.name.as_str()) {
-                        let published: Vec<String> = producer
-                            .publish
-                            .iter()
-                            .map(|(p, _)| format!("`{}`", show(&p.name)))
-                            .collect();
+                Some(t) => {
+                    let producer = &drafts[t.draft];
+                    if !published[t.draft].contains(r.name.as_str()) {
+                        let published: Vec<String> =
+                            producer.publish.iter().map(|(p, _)| format!("`{}`", show(&p.name))).collect();
                         let hint = if published.is_empty() {
                             "it publishes no artifacts".to_string()
                         } else {
@@ -925,7 +1510,13 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         }
     }
 
-    drafts.into_iter().zip(effective).map(|(d, needs)| Job { needs, ..d.job }).collect()
+    units
+        .into_iter()
+        .map(|u| {
+            let needs = effective[u.draft].clone();
+            Job { needs, ..u.job }
+        })
+        .collect()
 }
 
 #[cfg(test)]

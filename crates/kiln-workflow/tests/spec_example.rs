@@ -135,3 +135,46 @@ fn crlf_line_endings_and_bom_are_accepted() {
     let bom = format!("\u{feff}{SPEC_EXAMPLE}");
     assert_eq!(parse(&bom).unwrap_or_else(|d| panic!("{d}")).canonical_hash(), base);
 }
+
+/// The new optional fields (matrix, quorum, condition, concurrency) are left
+/// out of the canonical encoding when unused, so definitions stored before
+/// they existed keep their hash. Pinned values computed before the change.
+#[test]
+fn hashes_of_existing_workflows_are_unchanged() {
+    assert_eq!(
+        parse(SPEC_EXAMPLE).unwrap().canonical_hash(),
+        "68f2f5d2edf567830848ff490b87bd648893150dafb62893952f9194e83d7134"
+    );
+    let pinned = [
+        ("all-fields", "b13f887d1fefa28b10315b3cf2b7d913a2bbbd9219f13a6f8b7e6fdbf27c518f"),
+        ("explicit-graph", "7c79422a540a915f8326037755ad335064768ad823ce1ef019854c03506d9e6d"),
+        ("flow-style", "ccc6af249bce9964d2b4a1b89b4f7f348fd22e96b630f588548fcd8f6638206c"),
+        ("sequential", "3478f5eafa9d1ee479bd84fff8367281b0e5e4837349d1ab55897c385352c400"),
+    ];
+    for (name, hash) in pinned {
+        let path = format!("{}/tests/fixtures/valid/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+        let src = std::fs::read_to_string(path).unwrap();
+        assert_eq!(parse(&src).unwrap().canonical_hash(), hash, "{name}");
+    }
+    // A definition stored before the new fields existed still deserialises.
+    let old = r#"{"version":1,"jobs":[{"name":"a","steps":[{"run":"x"}],"needs":[],"artifacts":{"publish":[],"restore":[]},"env":{},"retry":0,"runs_on":{}}]}"#;
+    let w: kiln_workflow::Workflow = serde_json::from_str(old).unwrap();
+    assert_eq!(w.concurrency, None);
+    assert_eq!((w.jobs[0].matrix.as_ref(), w.jobs[0].quorum, w.jobs[0].condition.as_ref()), (None, None, None));
+}
+
+#[test]
+fn new_fields_change_the_hash() {
+    let base = parse(SPEC_EXAMPLE).unwrap().canonical_hash();
+    let changed = [
+        SPEC_EXAMPLE.replace("  - name: integration-test\n", "  - name: integration-test\n    if: branch == 'main'\n"),
+        SPEC_EXAMPLE.replace("  - name: integration-test\n", "  - name: integration-test\n    concurrency: it\n"),
+        SPEC_EXAMPLE
+            .replace("  - name: integration-test\n", "  - name: integration-test\n    needs-policy: {quorum: 1}\n"),
+        format!("concurrency: ci\n{SPEC_EXAMPLE}"),
+    ];
+    for src in &changed {
+        let hash = parse(src).unwrap_or_else(|d| panic!("{d}\n{src}")).canonical_hash();
+        assert_ne!(hash, base, "{src}");
+    }
+}

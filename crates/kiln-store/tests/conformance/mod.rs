@@ -180,11 +180,12 @@ pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
         timeout_secs: None,
         retry,
         runs_on: BTreeMap::from([("os".to_string(), "linux".to_string())]),
+        ..Default::default()
     }
 }
 
 pub fn workflow(jobs: Vec<Job>) -> Workflow {
-    Workflow { version: 1, jobs }
+    Workflow { version: 1, concurrency: None, jobs }
 }
 
 pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {

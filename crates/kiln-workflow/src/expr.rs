@@ -1,0 +1,710 @@
+//! The small, safe expression language of `if:` conditions and
+//! `concurrency.group` templates.
+//!
+//! Grammar (lowest precedence first):
+//!
+//! ```text
+//! or      := and ( "||" and )*
+//! and     := cmp ( "&&" cmp )*
+//! cmp     := unary ( ( "==" | "!=" ) unary )?      -- not chainable
+//! unary   := "!" unary | primary
+//! primary := literal | name | call | "(" or ")"
+//! literal := 'string' ('' escapes a quote) | "string" | number | true | false | null
+//! name    := event | ref | branch | inputs.<name>
+//! call    := success() | failure() | always() | cancelled()
+//!          | contains(a, b) | startsWith(a, b) | endsWith(a, b)
+//! ```
+//!
+//! Bounded: at most [`MAX_EXPR_CHARS`] bytes, nesting (parentheses, `!`,
+//! call arguments) at most [`MAX_EXPR_DEPTH`] levels, no loops; parsing and
+//! evaluation never panic. Values are null, booleans, numbers and strings.
+//! Truthiness: null, `false`, `0`, NaN and `''` are false. `==` compares
+//! values of the same type directly (strings case-sensitively); values of
+//! different types are compared as numbers (null → 0, booleans → 0/1,
+//! strings parsed, NaN otherwise), like GitHub Actions. `&&` and `||`
+//! return one of their operands, so `inputs.env || 'prod'` works in group
+//! templates. Unknown `inputs.<name>` and missing `ref`/`branch` are null.
+//! `contains`, `startsWith` and `endsWith` work on the string forms of
+//! their arguments (case-sensitive).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Longest accepted expression (or `if:` source), in bytes.
+pub const MAX_EXPR_CHARS: usize = 1024;
+/// Deepest accepted nesting of parentheses, `!` and call arguments.
+pub const MAX_EXPR_DEPTH: usize = 32;
+
+/// The outcome of a job, as seen by the conditions of the jobs that need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobResult {
+    Success,
+    Failure,
+    Cancelled,
+    Skipped,
+}
+
+/// What an expression can see. Built by the server when it decides whether a
+/// job runs (`if:`) or which concurrency group a run/job belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConditionContext {
+    /// `event` (e.g. `push`, `manual`).
+    pub event: String,
+    /// `ref` (e.g. `refs/heads/main`); null when absent.
+    pub git_ref: Option<String>,
+    /// `branch` (e.g. `main`); null when absent.
+    pub branch: Option<String>,
+    /// `inputs.<name>`; a name not present is null.
+    pub inputs: BTreeMap<String, String>,
+    /// The results of the job's effective `needs` (every expansion of a
+    /// matrix), in any order.
+    pub needs_results: Vec<JobResult>,
+    /// `cancelled()`: the run has been cancelled.
+    pub run_cancelled: bool,
+    /// The job's `needs-policy: {quorum: N}`: with it, `success()` holds when
+    /// at least N needs succeeded instead of all of them.
+    pub quorum: Option<u32>,
+}
+
+/// Evaluate an `if:` expression (optionally wrapped in `${{ }}`).
+///
+/// Like GitHub Actions, an expression that calls none of the status
+/// functions (`success()`, `failure()`, `always()`, `cancelled()`) is
+/// evaluated as `success() && (expr)`. `success()`: the run is not cancelled
+/// and every need succeeded (at least `quorum` of them when set);
+/// `failure()`: some need failed; `always()`: true; `cancelled()`: the run
+/// was cancelled. Errors are syntax errors (which [`parse`](crate::parse)
+/// already reports when the workflow is accepted).
+pub fn eval_condition(expr: &str, ctx: &ConditionContext) -> Result<bool, String> {
+    let parsed = parse_condition(expr).map_err(|e| e.to_string())?;
+    let value = eval(&parsed, ctx);
+    Ok(if has_status_call(&parsed) { value.truthy() } else { status_success(ctx) && value.truthy() })
+}
+
+/// Render a concurrency-group template: literal text with `${{ expr }}`
+/// parts, each evaluated over `event`, `ref`, `branch` and `inputs.*` (no
+/// status functions) and replaced by its string form (null → empty).
+pub fn render_group(template: &str, ctx: &ConditionContext) -> Result<String, String> {
+    let mut out = String::new();
+    for seg in segments(template).map_err(|e| e.to_string())? {
+        match seg {
+            Segment::Text(t) => out.push_str(t),
+            Segment::Expr { inner, offset } => {
+                let e = parse_expr(inner, Mode::Template).map_err(|e| e.shifted(offset).to_string())?;
+                out.push_str(&eval(&e, ctx).to_text());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A problem in an expression: byte offset into the source and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ExprError {
+    pub offset: usize,
+    pub message: String,
+}
+
+impl ExprError {
+    fn new(offset: usize, message: impl Into<String>) -> Self {
+        ExprError { offset, message: message.into() }
+    }
+
+    fn shifted(self, by: usize) -> Self {
+        ExprError { offset: self.offset + by, ..self }
+    }
+}
+
+impl std::fmt::Display for ExprError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (at character {})", self.message, self.offset + 1)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `if:` — status functions allowed.
+    Condition,
+    /// `${{ }}` parts of a concurrency group — no status functions.
+    Template,
+}
+
+/// Parse an `if:` source: optional `${{ }}` wrapper, bounded length.
+pub(crate) fn parse_condition(src: &str) -> Result<Expr, ExprError> {
+    if src.len() > MAX_EXPR_CHARS {
+        return Err(ExprError::new(
+            0,
+            format!("the expression is {} bytes long; at most {MAX_EXPR_CHARS} are allowed", src.len()),
+        ));
+    }
+    let trimmed_start = src.len() - src.trim_start().len();
+    let t = src.trim();
+    if let Some(inner) = t.strip_prefix("${{").and_then(|r| r.strip_suffix("}}")) {
+        return parse_expr(inner, Mode::Condition).map_err(|e| e.shifted(trimmed_start + 3));
+    }
+    parse_expr(src, Mode::Condition)
+}
+
+/// Check every `${{ }}` part of a concurrency-group template. `matrix_ok`
+/// accepts a part that is exactly `matrix.<key>` (substituted at expansion).
+pub(crate) fn check_template(src: &str, matrix_ok: &dyn Fn(&str) -> Result<(), String>) -> Result<(), ExprError> {
+    for seg in segments(src)? {
+        if let Segment::Expr { inner, offset } = seg {
+            if let Some(key) = matrix_ref(inner) {
+                matrix_ok(key).map_err(|m| ExprError::new(offset, m))?;
+                continue;
+            }
+            parse_expr(inner, Mode::Template).map_err(|e| e.shifted(offset))?;
+        }
+    }
+    Ok(())
+}
+
+/// `matrix.<key>` (trimmed) → the key.
+pub(crate) fn matrix_ref(inner: &str) -> Option<&str> {
+    let key = inner.trim().strip_prefix("matrix.")?;
+    (!key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')).then_some(key)
+}
+
+pub(crate) enum Segment<'a> {
+    Text(&'a str),
+    /// The text between `${{` and `}}`; `offset` is its byte offset.
+    Expr {
+        inner: &'a str,
+        offset: usize,
+    },
+}
+
+/// Split a template into text and `${{ }}` parts. An unterminated `${{` is an
+/// error.
+pub(crate) fn segments(src: &str) -> Result<Vec<Segment<'_>>, ExprError> {
+    let mut out = Vec::new();
+    let mut rest = 0;
+    while let Some(start) = src[rest..].find("${{").map(|i| i + rest) {
+        if start > rest {
+            out.push(Segment::Text(&src[rest..start]));
+        }
+        let inner_start = start + 3;
+        let Some(end) = src[inner_start..].find("}}").map(|i| i + inner_start) else {
+            return Err(ExprError::new(start, "`${{` is not closed with `}}`"));
+        };
+        if end - inner_start > MAX_EXPR_CHARS {
+            return Err(ExprError::new(start, format!("an expression is longer than {MAX_EXPR_CHARS} bytes")));
+        }
+        out.push(Segment::Expr { inner: &src[inner_start..end], offset: inner_start });
+        rest = end + 2;
+    }
+    if rest < src.len() {
+        out.push(Segment::Text(&src[rest..]));
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Val {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+}
+
+impl Val {
+    fn truthy(&self) -> bool {
+        match self {
+            Val::Null => false,
+            Val::Bool(b) => *b,
+            Val::Num(n) => *n != 0.0 && !n.is_nan(),
+            Val::Str(s) => !s.is_empty(),
+        }
+    }
+
+    fn to_text(&self) -> String {
+        match self {
+            Val::Null => String::new(),
+            Val::Bool(b) => b.to_string(),
+            Val::Num(n) if n.is_finite() && n.fract() == 0.0 && n.abs() < 1e15 => format!("{}", *n as i64),
+            Val::Num(n) => n.to_string(),
+            Val::Str(s) => s.clone(),
+        }
+    }
+
+    fn to_num(&self) -> f64 {
+        match self {
+            Val::Null => 0.0,
+            Val::Bool(b) => f64::from(u8::from(*b)),
+            Val::Num(n) => *n,
+            Val::Str(s) => {
+                let t = s.trim();
+                if t.is_empty() {
+                    0.0
+                } else if t.chars().all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')) {
+                    t.parse().unwrap_or(f64::NAN)
+                } else {
+                    f64::NAN
+                }
+            }
+        }
+    }
+}
+
+fn loose_eq(a: &Val, b: &Val) -> bool {
+    match (a, b) {
+        (Val::Null, Val::Null) => true,
+        (Val::Bool(x), Val::Bool(y)) => x == y,
+        (Val::Str(x), Val::Str(y)) => x == y,
+        _ => a.to_num() == b.to_num(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Func {
+    Success,
+    Failure,
+    Always,
+    Cancelled,
+    Contains,
+    StartsWith,
+    EndsWith,
+}
+
+impl Func {
+    fn lookup(name: &str) -> Option<(Func, usize)> {
+        Some(match name {
+            "success" => (Func::Success, 0),
+            "failure" => (Func::Failure, 0),
+            "always" => (Func::Always, 0),
+            "cancelled" => (Func::Cancelled, 0),
+            "contains" => (Func::Contains, 2),
+            "startsWith" => (Func::StartsWith, 2),
+            "endsWith" => (Func::EndsWith, 2),
+            _ => return None,
+        })
+    }
+
+    fn is_status(self) -> bool {
+        matches!(self, Func::Success | Func::Failure | Func::Always | Func::Cancelled)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Name {
+    Event,
+    Ref,
+    Branch,
+    Input(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Expr {
+    Lit(Val),
+    Name(Name),
+    Not(Box<Expr>),
+    And(Vec<Expr>),
+    Or(Vec<Expr>),
+    /// `a == b` (`negate`: `a != b`).
+    Eq(Box<Expr>, Box<Expr>, bool),
+    Call(Func, Vec<Expr>),
+}
+
+fn has_status_call(e: &Expr) -> bool {
+    match e {
+        Expr::Lit(_) | Expr::Name(_) => false,
+        Expr::Not(x) => has_status_call(x),
+        Expr::And(xs) | Expr::Or(xs) => xs.iter().any(has_status_call),
+        Expr::Eq(a, b, _) => has_status_call(a) || has_status_call(b),
+        Expr::Call(f, args) => f.is_status() || args.iter().any(has_status_call),
+    }
+}
+
+fn status_success(ctx: &ConditionContext) -> bool {
+    let ok = ctx.needs_results.iter().filter(|r| **r == JobResult::Success).count();
+    let needed = match ctx.quorum {
+        Some(q) => usize::try_from(q).unwrap_or(usize::MAX).min(ctx.needs_results.len()),
+        None => ctx.needs_results.len(),
+    };
+    !ctx.run_cancelled && ok >= needed
+}
+
+fn eval(e: &Expr, ctx: &ConditionContext) -> Val {
+    match e {
+        Expr::Lit(v) => v.clone(),
+        Expr::Name(Name::Event) => Val::Str(ctx.event.clone()),
+        Expr::Name(Name::Ref) => ctx.git_ref.clone().map_or(Val::Null, Val::Str),
+        Expr::Name(Name::Branch) => ctx.branch.clone().map_or(Val::Null, Val::Str),
+        Expr::Name(Name::Input(n)) => ctx.inputs.get(n).cloned().map_or(Val::Null, Val::Str),
+        Expr::Not(x) => Val::Bool(!eval(x, ctx).truthy()),
+        Expr::And(xs) => {
+            let mut last = Val::Bool(true);
+            for x in xs {
+                last = eval(x, ctx);
+                if !last.truthy() {
+                    break;
+                }
+            }
+            last
+        }
+        Expr::Or(xs) => {
+            let mut last = Val::Bool(false);
+            for x in xs {
+                last = eval(x, ctx);
+                if last.truthy() {
+                    break;
+                }
+            }
+            last
+        }
+        Expr::Eq(a, b, negate) => Val::Bool(loose_eq(&eval(a, ctx), &eval(b, ctx)) != *negate),
+        Expr::Call(f, args) => {
+            let arg = |i: usize| args.get(i).map_or(String::new(), |a| eval(a, ctx).to_text());
+            Val::Bool(match f {
+                Func::Success => status_success(ctx),
+                Func::Failure => ctx.needs_results.contains(&JobResult::Failure),
+                Func::Always => true,
+                Func::Cancelled => ctx.run_cancelled,
+                Func::Contains => arg(0).contains(arg(1).as_str()),
+                Func::StartsWith => arg(0).starts_with(arg(1).as_str()),
+                Func::EndsWith => arg(0).ends_with(arg(1).as_str()),
+            })
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Str(String),
+    Num(f64),
+    Ident(String),
+    EqEq,
+    NotEq,
+    AndAnd,
+    OrOr,
+    Bang,
+    LParen,
+    RParen,
+    Comma,
+}
+
+fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
+    let bytes = src.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let start = i;
+        let two = bytes.get(i..i + 2);
+        let tok = match c {
+            b' ' | b'\t' | b'\n' | b'\r' => {
+                i += 1;
+                continue;
+            }
+            b'(' => Tok::LParen,
+            b')' => Tok::RParen,
+            b',' => Tok::Comma,
+            _ if two == Some(b"==") => Tok::EqEq,
+            _ if two == Some(b"!=") => Tok::NotEq,
+            _ if two == Some(b"&&") => Tok::AndAnd,
+            _ if two == Some(b"||") => Tok::OrOr,
+            b'!' => Tok::Bang,
+            b'\'' | b'"' => {
+                let mut s = String::new();
+                let mut j = i + 1;
+                loop {
+                    let Some(ch) = src[j..].chars().next() else {
+                        return Err(ExprError::new(start, "unterminated string; close it with a matching quote"));
+                    };
+                    if ch as u32 == u32::from(c) {
+                        if c == b'\'' && bytes.get(j + 1) == Some(&b'\'') {
+                            s.push('\'');
+                            j += 2;
+                            continue;
+                        }
+                        j += 1;
+                        break;
+                    }
+                    s.push(ch);
+                    j += ch.len_utf8();
+                }
+                out.push((Tok::Str(s), start));
+                i = j;
+                continue;
+            }
+            b'0'..=b'9' | b'-' => {
+                let mut j = i + 1;
+                while j < bytes.len() && (bytes[j].is_ascii_digit() || bytes[j] == b'.') {
+                    j += 1;
+                }
+                let text = &src[i..j];
+                let n: f64 = text
+                    .parse()
+                    .ok()
+                    .filter(|_| text != "-")
+                    .ok_or_else(|| ExprError::new(start, format!("invalid number `{}`", text.escape_debug())))?;
+                out.push((Tok::Num(n), start));
+                i = j;
+                continue;
+            }
+            _ if c.is_ascii_alphabetic() || c == b'_' => {
+                let mut j = i + 1;
+                while j < bytes.len() && (bytes[j].is_ascii_alphanumeric() || matches!(bytes[j], b'_' | b'-' | b'.')) {
+                    j += 1;
+                }
+                out.push((Tok::Ident(src[i..j].to_string()), start));
+                i = j;
+                continue;
+            }
+            _ => {
+                let ch = src[i..].chars().next().unwrap_or('?');
+                return Err(ExprError::new(start, format!("unexpected character `{}`", ch.escape_debug())));
+            }
+        };
+        i += if matches!(tok, Tok::EqEq | Tok::NotEq | Tok::AndAnd | Tok::OrOr) { 2 } else { 1 };
+        out.push((tok, start));
+    }
+    Ok(out)
+}
+
+struct Parser {
+    toks: Vec<(Tok, usize)>,
+    at: usize,
+    end: usize,
+    depth: usize,
+    mode: Mode,
+}
+
+/// Parse one expression (no `${{ }}` wrapper).
+pub(crate) fn parse_expr(src: &str, mode: Mode) -> Result<Expr, ExprError> {
+    if src.len() > MAX_EXPR_CHARS {
+        return Err(ExprError::new(
+            0,
+            format!("the expression is {} bytes long; at most {MAX_EXPR_CHARS} are allowed", src.len()),
+        ));
+    }
+    let toks = lex(src)?;
+    if toks.is_empty() {
+        return Err(ExprError::new(0, "the expression is empty"));
+    }
+    let mut p = Parser { toks, at: 0, end: src.len(), depth: 0, mode };
+    let e = p.or()?;
+    match p.toks.get(p.at) {
+        None => Ok(e),
+        Some((t, pos)) => Err(ExprError::new(*pos, format!("unexpected {} after a complete expression", describe(t)))),
+    }
+}
+
+fn describe(t: &Tok) -> String {
+    match t {
+        Tok::Str(_) => "string".into(),
+        Tok::Num(_) => "number".into(),
+        Tok::Ident(s) => format!("`{}`", s.escape_debug()),
+        Tok::EqEq => "`==`".into(),
+        Tok::NotEq => "`!=`".into(),
+        Tok::AndAnd => "`&&`".into(),
+        Tok::OrOr => "`||`".into(),
+        Tok::Bang => "`!`".into(),
+        Tok::LParen => "`(`".into(),
+        Tok::RParen => "`)`".into(),
+        Tok::Comma => "`,`".into(),
+    }
+}
+
+impl Parser {
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.at).map(|(t, _)| t)
+    }
+
+    fn pos(&self) -> usize {
+        self.toks.get(self.at).map_or(self.end, |(_, p)| *p)
+    }
+
+    fn eat(&mut self, t: &Tok) -> bool {
+        if self.peek() == Some(t) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), ExprError> {
+        self.depth += 1;
+        if self.depth > MAX_EXPR_DEPTH {
+            return Err(ExprError::new(
+                self.pos(),
+                format!("the expression nests deeper than {MAX_EXPR_DEPTH} levels"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn or(&mut self) -> Result<Expr, ExprError> {
+        self.enter()?;
+        let mut xs = vec![self.and()?];
+        while self.eat(&Tok::OrOr) {
+            xs.push(self.and()?);
+        }
+        self.depth -= 1;
+        Ok(if xs.len() == 1 { xs.pop().expect("one operand") } else { Expr::Or(xs) })
+    }
+
+    fn and(&mut self) -> Result<Expr, ExprError> {
+        let mut xs = vec![self.cmp()?];
+        while self.eat(&Tok::AndAnd) {
+            xs.push(self.cmp()?);
+        }
+        Ok(if xs.len() == 1 { xs.pop().expect("one operand") } else { Expr::And(xs) })
+    }
+
+    fn cmp(&mut self) -> Result<Expr, ExprError> {
+        let a = self.unary()?;
+        let negate = match self.peek() {
+            Some(Tok::EqEq) => false,
+            Some(Tok::NotEq) => true,
+            _ => return Ok(a),
+        };
+        self.at += 1;
+        let b = self.unary()?;
+        if matches!(self.peek(), Some(Tok::EqEq | Tok::NotEq)) {
+            return Err(ExprError::new(self.pos(), "comparisons cannot be chained; add parentheses"));
+        }
+        Ok(Expr::Eq(Box::new(a), Box::new(b), negate))
+    }
+
+    fn unary(&mut self) -> Result<Expr, ExprError> {
+        if self.eat(&Tok::Bang) {
+            self.enter()?;
+            let x = self.unary()?;
+            self.depth -= 1;
+            return Ok(Expr::Not(Box::new(x)));
+        }
+        self.primary()
+    }
+
+    fn primary(&mut self) -> Result<Expr, ExprError> {
+        let pos = self.pos();
+        let Some(tok) = self.peek().cloned() else {
+            return Err(ExprError::new(pos, "the expression ends too early; a value is missing"));
+        };
+        self.at += 1;
+        match tok {
+            Tok::Str(s) => Ok(Expr::Lit(Val::Str(s))),
+            Tok::Num(n) => Ok(Expr::Lit(Val::Num(n))),
+            Tok::LParen => {
+                let e = self.or()?;
+                if !self.eat(&Tok::RParen) {
+                    return Err(ExprError::new(self.pos(), "missing `)`"));
+                }
+                Ok(e)
+            }
+            Tok::Ident(name) => self.ident(name, pos),
+            other => Err(ExprError::new(pos, format!("expected a value, found {}", describe(&other)))),
+        }
+    }
+
+    fn ident(&mut self, name: String, pos: usize) -> Result<Expr, ExprError> {
+        if self.peek() == Some(&Tok::LParen) {
+            let Some((func, arity)) = Func::lookup(&name) else {
+                return Err(ExprError::new(
+                    pos,
+                    format!(
+                        "unknown function `{}`; available: success(), failure(), always(), cancelled(), contains(a, b), startsWith(a, b), endsWith(a, b)",
+                        name.escape_debug()
+                    ),
+                ));
+            };
+            if func.is_status() && self.mode == Mode::Template {
+                return Err(ExprError::new(pos, format!("`{name}()` can only be used in `if:`")));
+            }
+            self.at += 1;
+            let mut args = Vec::new();
+            if !self.eat(&Tok::RParen) {
+                self.enter()?;
+                loop {
+                    args.push(self.or()?);
+                    if self.eat(&Tok::Comma) {
+                        continue;
+                    }
+                    if self.eat(&Tok::RParen) {
+                        break;
+                    }
+                    return Err(ExprError::new(
+                        self.pos(),
+                        format!("expected `,` or `)` in the arguments of `{name}`"),
+                    ));
+                }
+                self.depth -= 1;
+            }
+            if args.len() != arity {
+                return Err(ExprError::new(
+                    pos,
+                    format!(
+                        "`{name}` takes {arity} argument{}, found {}",
+                        if arity == 1 { "" } else { "s" },
+                        args.len()
+                    ),
+                ));
+            }
+            return Ok(Expr::Call(func, args));
+        }
+        Ok(match name.as_str() {
+            "true" => Expr::Lit(Val::Bool(true)),
+            "false" => Expr::Lit(Val::Bool(false)),
+            "null" => Expr::Lit(Val::Null),
+            "event" => Expr::Name(Name::Event),
+            "ref" => Expr::Name(Name::Ref),
+            "branch" => Expr::Name(Name::Branch),
+            _ => match name.strip_prefix("inputs.") {
+                Some(input) if !input.is_empty() && !input.contains('.') => Expr::Name(Name::Input(input.to_string())),
+                _ => {
+                    return Err(ExprError::new(
+                        pos,
+                        format!(
+                            "unknown name `{}`; expressions may use `event`, `ref`, `branch` and `inputs.<name>`",
+                            name.escape_debug()
+                        ),
+                    ));
+                }
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapper_and_offsets() {
+        assert!(parse_condition("${{ event == 'push' }}").is_ok());
+        let e = parse_condition("${{ event = 'push' }}").unwrap_err();
+        assert_eq!(e.offset, 10, "{e}");
+        assert!(parse_condition("").is_err());
+        assert!(parse_condition("${{ }}").is_err());
+    }
+
+    #[test]
+    fn depth_is_bounded() {
+        let ok = format!("{}true{}", "(".repeat(MAX_EXPR_DEPTH - 1), ")".repeat(MAX_EXPR_DEPTH - 1));
+        assert!(parse_condition(&ok).is_ok());
+        let deep = format!("{}true{}", "(".repeat(MAX_EXPR_DEPTH), ")".repeat(MAX_EXPR_DEPTH));
+        assert!(parse_condition(&deep).unwrap_err().message.contains("deeper"));
+        assert!(parse_condition(&"!".repeat(200)).is_err());
+    }
+
+    #[test]
+    fn templates() {
+        let ctx = ConditionContext {
+            event: "push".into(),
+            branch: Some("main".into()),
+            inputs: BTreeMap::from([("env".into(), "staging".into())]),
+            ..Default::default()
+        };
+        assert_eq!(render_group("deploy-${{ branch }}", &ctx).unwrap(), "deploy-main");
+        assert_eq!(render_group("${{ inputs.env }}/${{ inputs.x || 'prod' }}", &ctx).unwrap(), "staging/prod");
+        assert_eq!(render_group("plain", &ctx).unwrap(), "plain");
+        assert_eq!(render_group("${{ 3 }}-${{ ref }}", &ctx).unwrap(), "3-");
+        assert!(render_group("x-${{ branch", &ctx).is_err());
+        assert!(render_group("${{ success() }}", &ctx).is_err());
+        assert!(render_group("${{ matrix.os }}", &ctx).is_err());
+    }
+}
