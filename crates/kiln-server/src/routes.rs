@@ -168,6 +168,7 @@ async fn submit_run(
     let workflow = kiln_workflow::parse(&text)
         .map_err(|d| ApiErr::invalid(format!("{workflow_path} at {sha} is not a valid workflow:\n{d}")))?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
+    let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &req.inputs).map_err(ApiErr::invalid)?;
     let accepted = state
         .store
         .accept_run(NewRun {
@@ -181,10 +182,31 @@ async fn submit_run(
             inputs: req.inputs.clone(),
             parent_run_id: None,
             idempotency,
+            concurrency,
         })
         .await?;
     state.relay_wake.notify_one();
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
+}
+
+/// Render the workflow's run-level concurrency group for this trigger.
+fn run_concurrency(
+    wf: &kiln_workflow::Workflow,
+    event: &str,
+    git_ref: Option<&str>,
+    inputs: &BTreeMap<String, String>,
+) -> Result<Option<kiln_store::RunConcurrency>, String> {
+    let Some(c) = &wf.concurrency else { return Ok(None) };
+    let branch = git_ref.map(|r| r.strip_prefix("refs/heads/").unwrap_or(r).to_string());
+    let ctx = kiln_workflow::ConditionContext {
+        event: event.to_string(),
+        git_ref: git_ref.map(str::to_string),
+        branch,
+        inputs: inputs.clone(),
+        ..Default::default()
+    };
+    let group = kiln_workflow::render_group(&c.group, &ctx).map_err(|e| format!("concurrency group: {e}"))?;
+    Ok(Some(kiln_store::RunConcurrency { group, cancel_in_progress: c.cancel_in_progress }))
 }
 
 #[derive(Deserialize)]
@@ -234,9 +256,12 @@ async fn retry_run(
     Path(run): Path<String>,
 ) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
     let old = state.store.get_run(&run).await?.run;
+    let concurrency =
+        run_concurrency(&old.definition, "retry", old.git_ref.as_deref(), &old.inputs).map_err(ApiErr::invalid)?;
     let accepted = state
         .store
         .accept_run(NewRun {
+            concurrency,
             repo_id: old.repo_id,
             commit_sha: old.commit_sha,
             git_ref: old.git_ref,

@@ -25,6 +25,14 @@ pub struct NewRun {
     pub inputs: BTreeMap<String, String>,
     pub parent_run_id: Option<String>,
     pub idempotency: Option<Idempotency>,
+    /// The run's concurrency group, rendered at acceptance.
+    pub concurrency: Option<RunConcurrency>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunConcurrency {
+    pub group: String,
+    pub cancel_in_progress: bool,
 }
 
 #[derive(Debug, Clone)]

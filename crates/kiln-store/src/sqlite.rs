@@ -134,7 +134,7 @@ fn run_from_row(row: &SqliteRow) -> Result<RunRecord> {
 }
 
 const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, current_epoch, \
-    next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, max_failure_retries";
+    next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, max_failure_retries, cancel_requested";
 
 fn job_from_row(row: &SqliteRow) -> Result<JobRecord> {
     let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
@@ -213,6 +213,7 @@ pub(crate) async fn load_job<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
         failure_retries: row.try_get("failure_retries").map_err(g)?,
         infra_retries: row.try_get("infra_retries").map_err(g)?,
         max_failure_retries: row.try_get("max_failure_retries").map_err(g)?,
+        cancel_requested: row.try_get::<i64, _>("cancel_requested").map_err(g)? != 0,
     };
     Ok((job_from_row(&row)?, budget))
 }
@@ -221,6 +222,8 @@ pub(crate) struct JobBudget {
     failure_retries: i64,
     infra_retries: i64,
     max_failure_retries: i64,
+    /// The job alone was asked to stop (fail-fast of a matrix sibling).
+    cancel_requested: bool,
 }
 
 // ---------- shared transaction steps ----------
@@ -256,7 +259,12 @@ async fn make_ready(tx: &mut Tx<'_>, job_id: &str, available_at: i64, now: i64) 
 /// run when nothing is left to run.
 async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
     let run = load_run(&mut **tx, run_id).await?;
-    let rows = sqlx::query("SELECT id, name, status, needs FROM jobs WHERE run_id = ? ORDER BY job_index")
+    let held: i64 = sqlx::query_scalar("SELECT held FROM runs WHERE id = ?")
+        .bind(run_id)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    let rows = sqlx::query("SELECT id, name, status, needs, job_index FROM jobs WHERE run_id = ? ORDER BY job_index")
         .bind(run_id)
         .fetch_all(&mut **tx)
         .await
@@ -268,58 +276,232 @@ async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
         let name: String = r.get("name");
         let st: JobStatus = parse_enum(r.get::<&str, _>("status"))?;
         let needs: Vec<String> = serde_json::from_str(r.get::<&str, _>("needs")).unwrap_or_default();
+        let index: i64 = r.get("job_index");
         status.insert(name.clone(), st);
-        jobs.push((id, name, needs));
+        jobs.push((id, name, needs, index));
     }
-    if run.status.can_claim() {
+    if run.status.can_claim() && held == 0 {
+        // Matrix groups occupying their `max-parallel` slots.
+        let group_of = |index: i64| run.definition.jobs.get(index as usize).and_then(|j| j.matrix.as_ref());
+        let mut occupied: HashMap<String, u32> = HashMap::new();
+        for (_, name, _, index) in &jobs {
+            if let Some(m) = group_of(*index)
+                && matches!(status[name], JobStatus::Ready | JobStatus::Running)
+            {
+                *occupied.entry(m.group.clone()).or_default() += 1;
+            }
+        }
         // Jobs are listed so that needs always name earlier jobs: one pass
-        // propagates skips transitively.
-        for (id, name, needs) in &jobs {
+        // decides every job whose needs are all decided.
+        for (id, name, needs, index) in &jobs {
             if status[name] != JobStatus::Pending {
                 continue;
             }
-            let dead = needs
-                .iter()
-                .any(|n| matches!(status.get(n), Some(JobStatus::Failed | JobStatus::Cancelled | JobStatus::Skipped)));
-            if dead {
-                sqlx::query("UPDATE jobs SET status = 'skipped', finished_at = ?, message = ? WHERE id = ?")
-                    .bind(now)
-                    .bind("skipped: a job it needs did not succeed")
-                    .bind(id)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(db_err)?;
-                status.insert(name.clone(), JobStatus::Skipped);
-            } else if needs.iter().all(|n| status.get(n) == Some(&JobStatus::Success)) {
-                make_ready(tx, id, now, now).await?;
-                status.insert(name.clone(), JobStatus::Ready);
+            let def = run.definition.jobs.get(*index as usize);
+            let all_decided = needs.iter().all(|n| status.get(n).is_some_and(|s| s.is_terminal()));
+            // Without `if:`, a job whose needs can no longer all (or a quorum)
+            // succeed is skipped at once, even while other needs still run.
+            let hopeless = def.is_some_and(|d| d.condition.is_none()) && {
+                let lost = needs
+                    .iter()
+                    .filter(|n| {
+                        matches!(status.get(*n), Some(JobStatus::Failed | JobStatus::Cancelled | JobStatus::Skipped))
+                    })
+                    .count();
+                let required = def.and_then(|d| d.quorum).map(|q| q as usize).unwrap_or(needs.len());
+                needs.len() - lost < required
+            };
+            if !all_decided && !hopeless {
+                continue;
+            }
+            let ctx = condition_context(&run, needs, &status, def.and_then(|d| d.quorum));
+            // Without `if:`, a job runs when its needs succeeded (spec 000 §2).
+            let expr = def.and_then(|d| d.condition.clone());
+            let go = kiln_workflow::eval_condition(expr.as_deref().unwrap_or("success()"), &ctx);
+            match go {
+                Ok(true) => {
+                    if let Some(m) = def.and_then(|d| d.matrix.as_ref())
+                        && let Some(max) = m.max_parallel
+                    {
+                        let n = occupied.entry(m.group.clone()).or_default();
+                        if *n >= max {
+                            continue; // waits for a sibling to finish
+                        }
+                        *n += 1;
+                    }
+                    make_ready(tx, id, now, now).await?;
+                    status.insert(name.clone(), JobStatus::Ready);
+                }
+                Ok(false) | Err(_) => {
+                    let why = match (&go, &expr) {
+                        (Err(e), _) => format!("skipped: its condition could not be evaluated: {e}"),
+                        (_, Some(c)) => format!("skipped: condition `{c}` is false"),
+                        (_, None) => "skipped: a job it needs did not succeed".to_string(),
+                    };
+                    sqlx::query("UPDATE jobs SET status = 'skipped', finished_at = ?, message = ? WHERE id = ?")
+                        .bind(now)
+                        .bind(why)
+                        .bind(id)
+                        .execute(&mut **tx)
+                        .await
+                        .map_err(db_err)?;
+                    status.insert(name.clone(), JobStatus::Skipped);
+                }
             }
         }
     }
     let active = status.values().any(|s| !s.is_terminal());
-    if active {
+    if active || run.status.is_terminal() {
         return Ok(());
     }
     let final_status = if run.status == RunStatus::Cancelling {
         RunStatus::Cancelled
-    } else if status.values().all(|s| matches!(s, JobStatus::Success | JobStatus::Skipped))
-        && status.values().any(|s| *s == JobStatus::Success)
-    {
-        RunStatus::Success
-    } else {
+    } else if status.values().any(|s| matches!(s, JobStatus::Failed | JobStatus::Cancelled)) {
         RunStatus::Failed
+    } else {
+        RunStatus::Success
     };
-    if run.status.is_terminal() {
+    finish_run(tx, run_id, final_status, None, now).await
+}
+
+/// The context an `if:` is evaluated in: the frozen run's trigger and the
+/// results of the job's needs.
+fn condition_context(
+    run: &RunRecord,
+    needs: &[String],
+    status: &HashMap<String, JobStatus>,
+    quorum: Option<u32>,
+) -> kiln_workflow::ConditionContext {
+    use kiln_workflow::JobResult;
+    let branch = run.git_ref.as_deref().and_then(|r| match r.strip_prefix("refs/heads/") {
+        Some(b) => Some(b.to_string()),
+        None if r.starts_with("refs/") || (r.len() == 40 && r.bytes().all(|b| b.is_ascii_hexdigit())) => None,
+        None => Some(r.to_string()),
+    });
+    kiln_workflow::ConditionContext {
+        event: run.event.clone(),
+        git_ref: run.git_ref.clone(),
+        branch,
+        inputs: run.inputs.clone(),
+        needs_results: needs
+            .iter()
+            .map(|n| match status.get(n) {
+                Some(JobStatus::Success) => JobResult::Success,
+                Some(JobStatus::Cancelled) => JobResult::Cancelled,
+                Some(JobStatus::Skipped) => JobResult::Skipped,
+                _ => JobResult::Failure,
+            })
+            .collect(),
+        run_cancelled: false,
+        quorum,
+    }
+}
+
+/// spec 000 §9 cancellation inside a transaction: bump the cancel version,
+/// cancel jobs that are not running, and keep the run `cancelling` while
+/// attempts still run. A terminal or already cancelling run is left as is.
+async fn cancel_in_tx(tx: &mut Tx<'_>, run_id: &str, message: Option<&str>, now: i64) -> Result<()> {
+    let run = load_run(&mut **tx, run_id).await?;
+    if run.status.is_terminal() || run.status == RunStatus::Cancelling {
         return Ok(());
     }
-    sqlx::query("UPDATE runs SET status = ?, finished_at = ?, updated_at = ? WHERE id = ?")
-        .bind(final_status.as_str())
+    sqlx::query(
+        "UPDATE jobs SET status = 'cancelled', finished_at = ?, message = 'cancelled' \
+         WHERE run_id = ? AND status IN ('pending', 'ready')",
+    )
+    .bind(now)
+    .bind(run_id)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    sqlx::query("UPDATE runs SET cancel_version = cancel_version + 1, updated_at = ?, message = COALESCE(?, message) WHERE id = ?")
         .bind(now)
-        .bind(now)
+        .bind(message)
         .bind(run_id)
         .execute(&mut **tx)
         .await
         .map_err(db_err)?;
+    let running: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE run_id = ? AND status = 'running'")
+        .bind(run_id)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    if running > 0 {
+        // Keep the run CANCELLING while physical termination is unresolved.
+        sqlx::query("UPDATE runs SET status = 'cancelling' WHERE id = ?")
+            .bind(run_id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    } else {
+        finish_run(tx, run_id, RunStatus::Cancelled, None, now).await
+    }
+}
+
+/// Marks a run terminal and lets the next run waiting on its concurrency
+/// group start (spec 003: at most one running per group).
+pub(crate) async fn finish_run(
+    tx: &mut Tx<'_>,
+    run_id: &str,
+    status: RunStatus,
+    message: Option<&str>,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE runs SET status = ?, finished_at = ?, updated_at = ?, held = 0, message = COALESCE(?, message) WHERE id = ?",
+    )
+    .bind(status.as_str())
+    .bind(now)
+    .bind(now)
+    .bind(message)
+    .bind(run_id)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    release_group(tx, run_id, now).await
+}
+
+/// If `run_id` belongs to a concurrency group with no active run left, start
+/// the oldest run waiting in it.
+async fn release_group(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
+    let grp: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT repo_id, concurrency_group FROM runs WHERE id = ?")
+            .bind(run_id)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db_err)?;
+    let Some((repo_id, Some(group))) = grp else { return Ok(()) };
+    let busy: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM runs WHERE repo_id = ? AND concurrency_group = ? AND held = 0 \
+         AND status IN ('queued', 'running', 'cancelling')",
+    )
+    .bind(&repo_id)
+    .bind(&group)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    if busy > 0 {
+        return Ok(());
+    }
+    let next: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM runs WHERE repo_id = ? AND concurrency_group = ? AND held = 1 AND status = 'queued' \
+         ORDER BY created_at, id LIMIT 1",
+    )
+    .bind(&repo_id)
+    .bind(&group)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    if let Some(next) = next {
+        sqlx::query("UPDATE runs SET held = 0, updated_at = ? WHERE id = ?")
+            .bind(now)
+            .bind(&next)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        Box::pin(advance_run(tx, &next, now)).await?;
+    }
     Ok(())
 }
 
@@ -334,10 +516,11 @@ async fn fail_or_retry(
     now: i64,
 ) -> Result<JobStatus> {
     let run = load_run(&mut **tx, &job.run_id).await?;
-    if run.status == RunStatus::Cancelling || run.status == RunStatus::Cancelled {
+    if run.status == RunStatus::Cancelling || run.status == RunStatus::Cancelled || budget.cancel_requested {
+        let why = if budget.cancel_requested { "cancelled: fail-fast (a matrix sibling failed)" } else { "cancelled" };
         sqlx::query("UPDATE jobs SET status = 'cancelled', finished_at = ?, message = ? WHERE id = ?")
             .bind(now)
-            .bind("cancelled")
+            .bind(why)
             .bind(&job.id)
             .execute(&mut **tx)
             .await
@@ -368,8 +551,48 @@ async fn fail_or_retry(
         .execute(&mut **tx)
         .await
         .map_err(db_err)?;
+    if let Some(m) = run.definition.jobs.get(job.index as usize).and_then(|d| d.matrix.as_ref())
+        && m.fail_fast
+    {
+        fail_fast(tx, &run, &m.group, &job.name, now).await?;
+    }
     advance_run(tx, &job.run_id, now).await?;
     Ok(JobStatus::Failed)
+}
+
+/// `fail-fast`: a matrix job failed, so its siblings stop: waiting ones are
+/// cancelled now, running ones are asked to stop (heartbeat
+/// `cancel_requested`) and end `cancelled` when they report or are fenced.
+async fn fail_fast(tx: &mut Tx<'_>, run: &RunRecord, group: &str, failed: &str, now: i64) -> Result<()> {
+    let siblings: Vec<&str> = run
+        .definition
+        .jobs
+        .iter()
+        .filter(|j| j.name != failed && j.matrix.as_ref().is_some_and(|m| m.group == group))
+        .map(|j| j.name.as_str())
+        .collect();
+    let names = serde_json::to_string(&siblings).expect("names");
+    sqlx::query(
+        "UPDATE jobs SET status = 'cancelled', finished_at = ?, message = ? \
+         WHERE run_id = ? AND status IN ('pending', 'ready') AND name IN (SELECT value FROM json_each(?))",
+    )
+    .bind(now)
+    .bind(format!("cancelled: fail-fast after `{failed}` failed"))
+    .bind(&run.id)
+    .bind(&names)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    sqlx::query(
+        "UPDATE jobs SET cancel_requested = 1 WHERE run_id = ? AND status = 'running' \
+         AND name IN (SELECT value FROM json_each(?))",
+    )
+    .bind(&run.id)
+    .bind(&names)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    Ok(())
 }
 
 /// Checks that `(job, epoch)` is the job's current running attempt with a
@@ -556,9 +779,74 @@ impl RunStore for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(db_err)?;
-            if job.needs.is_empty() {
-                make_ready(&mut tx, &job_id, now, now).await?;
+        }
+        // Run-level concurrency group (spec 003): at most one active run per
+        // group; a newer run supersedes queued ones and waits for (or, with
+        // cancel-in-progress, cancels) the running one.
+        let mut held = false;
+        if let Some(cc) = &run.concurrency {
+            sqlx::query("UPDATE runs SET concurrency_group = ? WHERE id = ?")
+                .bind(&cc.group)
+                .bind(&run_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            let others: Vec<(String, String, i64)> = sqlx::query_as(
+                "SELECT id, status, held FROM runs WHERE repo_id = ? AND concurrency_group = ? AND id != ? \
+                 AND status IN ('queued', 'running', 'cancelling') ORDER BY created_at",
+            )
+            .bind(&run.repo_id)
+            .bind(&cc.group)
+            .bind(&run_id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            for (other, _, other_held) in &others {
+                if *other_held == 1 {
+                    sqlx::query(
+                        "UPDATE jobs SET status = 'cancelled', finished_at = ?, message = 'cancelled: superseded' \
+                         WHERE run_id = ? AND status IN ('pending', 'ready')",
+                    )
+                    .bind(now)
+                    .bind(other)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+                    let why = format!("superseded by run {run_id} in concurrency group `{}`", cc.group);
+                    finish_run(&mut tx, other, RunStatus::Cancelled, Some(&why), now).await?;
+                } else {
+                    held = true;
+                    if cc.cancel_in_progress {
+                        let why = format!("cancelled in progress by run {run_id} in concurrency group `{}`", cc.group);
+                        cancel_in_tx(&mut tx, other, Some(&why), now).await?;
+                    }
+                }
             }
+            if held {
+                // The group may have been freed by the cancellation just above.
+                let busy: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM runs WHERE repo_id = ? AND concurrency_group = ? AND id != ? AND held = 0 \
+                     AND status IN ('queued', 'running', 'cancelling')",
+                )
+                .bind(&run.repo_id)
+                .bind(&cc.group)
+                .bind(&run_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                held = busy > 0;
+            }
+            if held {
+                sqlx::query("UPDATE runs SET held = 1, message = ? WHERE id = ?")
+                    .bind(format!("waiting for concurrency group `{}`", cc.group))
+                    .bind(&run_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+            }
+        }
+        if !held {
+            advance_run(&mut tx, &run_id, now).await?;
         }
         if let Some(idem) = &run.idempotency {
             sqlx::query(
@@ -624,38 +912,8 @@ impl RunStore for SqliteStore {
 
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord> {
         let mut tx = self.begin().await?;
-        let run = load_run(&mut *tx, run_id).await?;
-        if run.status.is_terminal() || run.status == RunStatus::Cancelling {
-            return Ok(run);
-        }
         let now = now(&mut tx).await?;
-        sqlx::query(
-            "UPDATE jobs SET status = 'cancelled', finished_at = ?, message = 'cancelled' \
-             WHERE run_id = ? AND status IN ('pending', 'ready')",
-        )
-        .bind(now)
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        let running: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE run_id = ? AND status = 'running'")
-            .bind(run_id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        // Keep the run CANCELLING while physical termination is unresolved.
-        let (status, finished) =
-            if running > 0 { (RunStatus::Cancelling, None) } else { (RunStatus::Cancelled, Some(now)) };
-        sqlx::query(
-            "UPDATE runs SET status = ?, cancel_version = cancel_version + 1, finished_at = ?, updated_at = ? WHERE id = ?",
-        )
-        .bind(status.as_str())
-        .bind(finished)
-        .bind(now)
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
+        cancel_in_tx(&mut tx, run_id, None, now).await?;
         let run = load_run(&mut *tx, run_id).await?;
         tx.commit().await.map_err(db_err)?;
         Ok(run)
@@ -740,9 +998,10 @@ impl AttemptStore for SqliteStore {
         if !run.status.can_claim() {
             return Ok(None);
         }
-        // Predecessors succeeded (defensive: readiness already implies it).
+        // Predecessors decided (defensive: readiness already implies it; which
+        // outcomes let the job run is its `if:`, evaluated when it became ready).
         let preds_ok: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM jobs WHERE run_id = ? AND name IN (SELECT value FROM json_each(?)) AND status != 'success'",
+            "SELECT COUNT(*) FROM jobs WHERE run_id = ? AND name IN (SELECT value FROM json_each(?)) AND status NOT IN ('success', 'failed', 'cancelled', 'skipped')",
         )
         .bind(&job.run_id)
         .bind(serde_json::to_string(&job.needs).expect("names"))
@@ -838,7 +1097,7 @@ impl AttemptStore for SqliteStore {
     async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome> {
         let mut tx = self.begin().await?;
         let now = now(&mut tx).await?;
-        let (job, _) = require_live(&mut tx, job_id, epoch, now).await?;
+        let (job, budget) = require_live(&mut tx, job_id, epoch, now).await?;
         let deadline = now + lease_ttl_ms;
         sqlx::query("UPDATE attempts SET lease_deadline = ? WHERE job_id = ? AND epoch = ?")
             .bind(deadline)
@@ -853,7 +1112,8 @@ impl AttemptStore for SqliteStore {
             .await
             .map_err(db_err)?;
         tx.commit().await.map_err(db_err)?;
-        Ok(HeartbeatOutcome { cancel_requested: status != "running" && status != "queued", lease_deadline: deadline })
+        let cancel_requested = budget.cancel_requested || (status != "running" && status != "queued");
+        Ok(HeartbeatOutcome { cancel_requested, lease_deadline: deadline })
     }
 
     async fn complete(&self, job_id: &str, epoch: i64, c: CompletionInput) -> Result<String> {
@@ -861,8 +1121,9 @@ impl AttemptStore for SqliteStore {
         let now = now(&mut tx).await?;
         let (job, budget) = require_live(&mut tx, job_id, epoch, now).await?;
         let run = load_run(&mut *tx, &job.run_id).await?;
-        if !run.status.can_claim() {
-            // Cancellation committed first: the late completion is rejected,
+        if !run.status.can_claim() || budget.cancel_requested {
+            // Cancellation (of the run, or of this job by fail-fast)
+            // committed first: the late completion is rejected,
             // but it does confirm the sandbox ended.
             end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Cancelled, c.exit_code, Some("cancelled"), now).await?;
             fail_or_retry(self, &mut tx, &job, &budget, false, "cancelled", now).await?;

@@ -22,6 +22,7 @@ pub mod artifacts;
 pub mod cancel;
 pub mod claim;
 pub mod completion;
+pub mod graphs;
 pub mod lease;
 pub mod logs;
 pub mod outbox;
@@ -54,6 +55,13 @@ macro_rules! suite {
             claim::claim_in_cancelled_run_is_refused,
             claim::claim_respects_agent_capacity,
             claim::claim_requires_compatible_labels,
+            graphs::diamond_fans_out_and_in,
+            graphs::conditions_decide_ready_or_skipped,
+            graphs::quorum_needs_enough_successes,
+            graphs::matrix_max_parallel_limits_ready_siblings,
+            graphs::fail_fast_cancels_siblings,
+            graphs::concurrency_group_runs_one_at_a_time,
+            graphs::concurrency_cancel_in_progress,
             claim::claim_requires_the_current_session,
             claim::claim_request_id_is_idempotent,
             lease::heartbeat_extends_the_lease,
@@ -200,6 +208,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         inputs: BTreeMap::new(),
         parent_run_id: None,
         idempotency: None,
+        concurrency: None,
     }
 }
 
