@@ -93,7 +93,7 @@ impl Mirrors {
         let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
         let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
         let dot_git = ws.join(".git");
-        for d in ["objects/info", "refs/heads", "refs/tags"] {
+        for d in ["objects/info", "refs"] {
             tokio::fs::create_dir_all(dot_git.join(d)).await.map_err(io)?;
         }
         tokio::fs::write(dot_git.join("objects/info/alternates"), format!("{}\n", objects.display()))
