@@ -500,6 +500,22 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
     }
 }
 
+/// After a job failed, fail-fast may have asked running matrix siblings to
+/// stop: tell their agents now rather than at their next heartbeat.
+async fn notify_stopped_jobs(state: &State, job_id: &str) {
+    let Ok(job) = state.store.get_job(job_id).await else { return };
+    let Ok(view) = state.store.get_run(&job.run_id).await else { return };
+    for j in view.jobs.iter().filter(|j| j.job.cancel_requested && j.job.status == JobStatus::Running) {
+        if let Some(a) = j.attempts.iter().find(|a| a.outcome == AttemptOutcome::Running) {
+            let _ = state.cancel_events.send(crate::CancelEvent {
+                session: a.session_id.clone(),
+                job_id: j.job.id.clone(),
+                epoch: a.epoch,
+            });
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct SessionQuery {
     session_id: String,
@@ -640,6 +656,9 @@ async fn complete(
         .await;
     let _ = state.job_events.send(job.clone());
     state.relay_wake.notify_one();
+    if matches!(&res, Ok(s) if s == "failed") {
+        notify_stopped_jobs(&state, &job).await;
+    }
     match res {
         Ok(status) => {
             tracing::info!(job, epoch, status, "completed");

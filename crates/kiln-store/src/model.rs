@@ -88,6 +88,8 @@ pub struct JobRecord {
     pub message: Option<String>,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// This job alone was asked to stop (fail-fast of a matrix sibling).
+    pub cancel_requested: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -154,6 +154,7 @@ fn job_from_row(row: &SqliteRow) -> Result<JobRecord> {
         message: row.try_get("message").map_err(g)?,
         started_at: row.try_get("started_at").map_err(g)?,
         finished_at: row.try_get("finished_at").map_err(g)?,
+        cancel_requested: row.try_get::<i64, _>("cancel_requested").map_err(g)? != 0,
     })
 }
 

@@ -131,6 +131,8 @@ pub async fn fail_fast_cancels_siblings<S: Store + 'static>(o: &Opener<S>) {
     let v = view(s, &run).await;
     assert_eq!(jv(&v, "t (shard=3)").job.status, JobStatus::Cancelled, "a waiting sibling is cancelled");
     assert_eq!(jv(&v, "t (shard=2)").job.status, JobStatus::Running, "a running sibling is asked to stop");
+    assert!(jv(&v, "t (shard=2)").job.cancel_requested);
+    assert!(!jv(&v, "t (shard=3)").job.cancel_requested, "only running siblings carry the request");
     assert!(s.heartbeat(&t2, c2.epoch, LONG_TTL).await.unwrap().cancel_requested);
     // Its late success is refused: the cancellation committed first.
     assert_conflict(s.complete(&t2, c2.epoch, success()).await);
