@@ -205,3 +205,78 @@ pub async fn concurrency_cancel_in_progress<S: Store + 'static>(o: &Opener<S>) {
     assert_eq!(view(s, &r1).await.run.status, RunStatus::Cancelled);
     assert_eq!(status_of(s, &r2, "a").await, JobStatus::Ready, "r1 stopped: r2 starts");
 }
+
+/// Random DAGs completed in random orders with random results (spec 003):
+/// a job never starts before all its needs succeeded, a skipped job never
+/// runs, a job is skipped exactly when a need failed or was skipped, and the
+/// run fails exactly when a job failed.
+pub fn random_dags_in_random_orders<S: Store + 'static>(opener: Opener<S>) {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    const N: usize = 6;
+    let mut runner = TestRunner::new(Config { cases: 48, failure_persistence: None, ..Config::default() });
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // needs[i] ⊆ {0..i} as a bit mask; picks choose which ready job goes next; fails decide results.
+    let strategy = (
+        prop::collection::vec(any::<u8>(), N),
+        prop::collection::vec(any::<prop::sample::Index>(), N),
+        prop::collection::vec(prop::bool::weighted(0.25), N),
+    );
+    let result = runner.run(&strategy, |(masks, picks, fails)| {
+        rt.block_on(async {
+            let fx = opener.open(FAST).await;
+            let s = &*fx.store;
+            let names: Vec<String> = (0..N).map(|i| format!("j{i}")).collect();
+            let needs: Vec<Vec<String>> = (0..N)
+                .map(|i| (0..i).filter(|k| masks[i] & (1 << k) != 0).map(|k| names[k].clone()).collect())
+                .collect();
+            let mut yaml = String::from("version: 1\njobs:\n");
+            for i in 0..N {
+                yaml += &format!("  - {{name: {}, needs: [{}], steps: [x]}}\n", names[i], needs[i].join(", "));
+            }
+            let (_, run) = start(s, wf(&yaml)).await;
+            let ag = agent(s, "a", 16).await;
+            for step in 0.. {
+                let v = view(s, &run).await;
+                // Invariants after every transaction.
+                for (i, name) in names.iter().enumerate() {
+                    let j = jv(&v, name);
+                    let need = |n: &String| jv(&v, n).job.clone();
+                    if j.job.status == JobStatus::Skipped {
+                        assert!(j.attempts.is_empty(), "skipped {name} ran");
+                    }
+                    if let Some(first) = j.attempts.first() {
+                        for n in &needs[i] {
+                            let nj = need(n);
+                            assert_eq!(nj.status, JobStatus::Success, "{name} started before {n} succeeded");
+                            assert!(nj.finished_at.unwrap() <= first.started_at);
+                        }
+                    }
+                    let doomed =
+                        needs[i].iter().any(|n| matches!(need(n).status, JobStatus::Failed | JobStatus::Skipped));
+                    if doomed {
+                        assert_eq!(j.job.status, JobStatus::Skipped, "{name} downstream of a failure is not skipped");
+                    }
+                    if j.job.status == JobStatus::Skipped {
+                        assert!(doomed, "{name} skipped although no need failed");
+                    }
+                }
+                let ready: Vec<&String> = names.iter().filter(|n| jv(&v, n).job.status == JobStatus::Ready).collect();
+                if ready.is_empty() {
+                    assert!(v.run.status.is_terminal(), "nothing ready but the run is {}", v.run.status);
+                    let any_failed = v.jobs.iter().any(|j| j.job.status == JobStatus::Failed);
+                    assert_eq!(v.run.status == RunStatus::Failed, any_failed);
+                    break;
+                }
+                let pick = ready[picks[step % N].index(ready.len())].clone();
+                let idx = names.iter().position(|n| *n == pick).unwrap();
+                let result = if fails[idx] { failure(1) } else { success() };
+                run_job(s, &ag, &run, &pick, result).await;
+            }
+        });
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -115,6 +115,11 @@ macro_rules! suite {
         fn state_machine_proptest() {
             $crate::conformance::state_machine::check($crate::conformance::Opener::new($open));
         }
+
+        #[test]
+        fn random_dags_in_random_orders() {
+            $crate::conformance::graphs::random_dags_in_random_orders($crate::conformance::Opener::new($open));
+        }
     };
     (@each $open:expr; $($module:ident :: $name:ident),* $(,)?) => {
         $(
