@@ -259,6 +259,34 @@ async fn make_ready(tx: &mut Tx<'_>, job_id: &str, available_at: i64, now: i64) 
 /// succeeded ready, skip pending jobs downstream of a failure, and finish the
 /// run when nothing is left to run.
 async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
+    advance_run_inner(tx, run_id, now).await?;
+    release_job_groups(tx, now).await
+}
+
+/// Job-level concurrency groups: start the oldest job waiting on each group
+/// that no job occupies (ready or running) any more.
+async fn release_job_groups(tx: &mut Tx<'_>, now: i64) -> Result<()> {
+    loop {
+        let next: Option<(String, String)> = sqlx::query_as(
+            "SELECT j.id, j.run_id FROM jobs j JOIN runs r ON r.id = j.run_id \
+             WHERE j.group_waiting = 1 AND j.status = 'pending' AND NOT EXISTS ( \
+               SELECT 1 FROM jobs o WHERE o.concurrency_group = j.concurrency_group AND o.status IN ('ready', 'running')) \
+             ORDER BY r.created_at, j.job_index LIMIT 1",
+        )
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        let Some((job_id, run_id)) = next else { return Ok(()) };
+        sqlx::query("UPDATE jobs SET group_waiting = 0 WHERE id = ?")
+            .bind(&job_id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        Box::pin(advance_run_inner(tx, &run_id, now)).await?;
+    }
+}
+
+async fn advance_run_inner(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
     let run = load_run(&mut **tx, run_id).await?;
     let held: i64 = sqlx::query_scalar("SELECT held FROM runs WHERE id = ?")
         .bind(run_id)
@@ -330,6 +358,13 @@ async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
                         }
                         *n += 1;
                     }
+                    if let Some(cc) = def.and_then(|d| d.concurrency.as_ref()) {
+                        let group = kiln_workflow::render_group(&cc.group, &ctx).unwrap_or_else(|_| cc.group.clone());
+                        let key = format!("{}:{group}", run.repo_id);
+                        if !enter_job_group(tx, id, &key, cc.cancel_in_progress, now).await? {
+                            continue; // waits for its concurrency group
+                        }
+                    }
                     make_ready(tx, id, now, now).await?;
                     status.insert(name.clone(), JobStatus::Ready);
                 }
@@ -363,6 +398,85 @@ async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
         RunStatus::Success
     };
     finish_run(tx, run_id, final_status, None, now).await
+}
+
+/// A job about to become ready joins its concurrency group `key`. Returns
+/// false when the group is occupied: the job waits (`group_waiting`), older
+/// waiting jobs of the group are superseded (cancelled), and with
+/// cancel-in-progress the occupant is stopped (a ready one cancelled, a
+/// running one asked to stop).
+async fn enter_job_group(tx: &mut Tx<'_>, job_id: &str, key: &str, cancel_in_progress: bool, now: i64) -> Result<bool> {
+    sqlx::query("UPDATE jobs SET concurrency_group = ? WHERE id = ?")
+        .bind(key)
+        .bind(job_id)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    let occupants: Vec<(String, String)> = sqlx::query_as(
+        "SELECT id, status FROM jobs WHERE concurrency_group = ? AND id != ? AND status IN ('ready', 'running')",
+    )
+    .bind(key)
+    .bind(job_id)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    if occupants.is_empty() {
+        return Ok(true);
+    }
+    let superseded: Vec<(String, String)> = sqlx::query_as(
+        "SELECT id, run_id FROM jobs WHERE concurrency_group = ? AND id != ? AND group_waiting = 1 AND status = 'pending'",
+    )
+    .bind(key)
+    .bind(job_id)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    for (other, other_run) in &superseded {
+        sqlx::query(
+            "UPDATE jobs SET status = 'cancelled', group_waiting = 0, finished_at = ?, message = ? WHERE id = ?",
+        )
+        .bind(now)
+        .bind(format!("cancelled: superseded by job {job_id} in concurrency group `{key}`"))
+        .bind(other)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        Box::pin(advance_run_inner(tx, other_run, now)).await?;
+    }
+    if cancel_in_progress {
+        let mut still_running = false;
+        for (occupant, status) in &occupants {
+            if status == "running" {
+                still_running = true;
+                sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = ?")
+                    .bind(occupant)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(db_err)?;
+            } else {
+                let run: String = sqlx::query_scalar(
+                    "UPDATE jobs SET status = 'cancelled', finished_at = ?, message = ? WHERE id = ? RETURNING run_id",
+                )
+                .bind(now)
+                .bind(format!("cancelled in progress by job {job_id} in concurrency group `{key}`"))
+                .bind(occupant)
+                .fetch_one(&mut **tx)
+                .await
+                .map_err(db_err)?;
+                Box::pin(advance_run_inner(tx, &run, now)).await?;
+            }
+        }
+        if !still_running {
+            return Ok(true);
+        }
+    }
+    sqlx::query("UPDATE jobs SET group_waiting = 1, message = ? WHERE id = ?")
+        .bind(format!("waiting for concurrency group `{key}`"))
+        .bind(job_id)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    Ok(false)
 }
 
 /// The context an `if:` is evaluated in: the frozen run's trigger and the
@@ -427,6 +541,7 @@ async fn cancel_in_tx(tx: &mut Tx<'_>, run_id: &str, message: Option<&str>, now:
         .fetch_one(&mut **tx)
         .await
         .map_err(db_err)?;
+    release_job_groups(tx, now).await?;
     if running > 0 {
         // Keep the run CANCELLING while physical termination is unresolved.
         sqlx::query("UPDATE runs SET status = 'cancelling' WHERE id = ?")

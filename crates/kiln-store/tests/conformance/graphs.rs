@@ -280,3 +280,61 @@ pub fn random_dags_in_random_orders<S: Store + 'static>(opener: Opener<S>) {
         panic!("{e}");
     }
 }
+
+fn deploy_run(repo_id: &str, cancel_in_progress: bool) -> NewRun {
+    new_run(
+        repo_id,
+        wf(&format!(
+            "version: 1\njobs:\n  - {{name: build, steps: [x]}}\n  - name: deploy\n    concurrency: {{group: prod, cancel-in-progress: {cancel_in_progress}}}\n    steps: [x]\n"
+        )),
+    )
+}
+
+/// Job-level concurrency: at most one job of a group is ready or running
+/// across runs; a newer waiting job supersedes an older waiting one.
+pub async fn job_concurrency_group_one_at_a_time<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    let ag = agent(s, "a", 16).await;
+    let r1 = s.accept_run(deploy_run(&r.id, false)).await.unwrap().run_id;
+    let r2 = s.accept_run(deploy_run(&r.id, false)).await.unwrap().run_id;
+    let r3 = s.accept_run(deploy_run(&r.id, false)).await.unwrap().run_id;
+    for run in [&r1, &r2, &r3] {
+        run_job(s, &ag, run, "build", success()).await;
+    }
+    let d1 = job_id(s, &r1, "deploy").await;
+    assert_eq!(job_status(s, &d1).await, JobStatus::Ready, "the first deploy takes the group");
+    let v2 = view(s, &r2).await;
+    assert_eq!(jv(&v2, "deploy").job.status, JobStatus::Cancelled, "r2's waiting deploy is superseded by r3's");
+    assert!(jv(&v2, "deploy").job.message.as_deref().unwrap_or("").contains("superseded"));
+    assert_eq!(v2.run.status, RunStatus::Failed);
+    assert_eq!(status_of(s, &r3, "deploy").await, JobStatus::Pending, "r3's deploy waits");
+    run_job(s, &ag, &r1, "deploy", success()).await;
+    assert_eq!(status_of(s, &r3, "deploy").await, JobStatus::Ready, "the group is free: r3's deploy starts");
+    run_job(s, &ag, &r3, "deploy", success()).await;
+    assert_eq!(view(s, &r3).await.run.status, RunStatus::Success);
+}
+
+pub async fn job_concurrency_cancel_in_progress<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    let ag = agent(s, "a", 16).await;
+    let r1 = s.accept_run(deploy_run(&r.id, true)).await.unwrap().run_id;
+    run_job(s, &ag, &r1, "build", success()).await;
+    let d1 = job_id(s, &r1, "deploy").await;
+    let c1 = claim(s, &ag, &d1, LONG_TTL).await;
+    let r2 = s.accept_run(deploy_run(&r.id, true)).await.unwrap().run_id;
+    run_job(s, &ag, &r2, "build", success()).await;
+    assert_eq!(status_of(s, &r2, "deploy").await, JobStatus::Pending, "waits until the running deploy stopped");
+    assert!(
+        s.heartbeat(&d1, c1.epoch, LONG_TTL).await.unwrap().cancel_requested,
+        "the running deploy is asked to stop"
+    );
+    let cancelled =
+        CompletionInput { outcome: AttemptOutcome::Cancelled, exit_code: None, message: None, infra_failure: false };
+    s.complete(&d1, c1.epoch, cancelled).await.unwrap();
+    assert_eq!(job_status(s, &d1).await, JobStatus::Cancelled);
+    assert_eq!(status_of(s, &r2, "deploy").await, JobStatus::Ready, "r1's deploy stopped: r2's starts");
+}

@@ -62,6 +62,8 @@ macro_rules! suite {
             graphs::fail_fast_cancels_siblings,
             graphs::concurrency_group_runs_one_at_a_time,
             graphs::concurrency_cancel_in_progress,
+            graphs::job_concurrency_group_one_at_a_time,
+            graphs::job_concurrency_cancel_in_progress,
             claim::claim_requires_the_current_session,
             claim::claim_request_id_is_idempotent,
             lease::heartbeat_extends_the_lease,
