@@ -292,3 +292,27 @@ impl Drop for KilnAgent {
         let _ = self.child.wait();
     }
 }
+
+/// Poll a run until `f` holds (bounded by `secs`), returning it. Waiting for
+/// the system under test, never a timing assertion.
+pub async fn until(
+    c: &kiln_api::Client,
+    run: &str,
+    secs: u64,
+    what: &str,
+    f: impl Fn(&kiln_api::Run) -> bool,
+) -> kiln_api::Run {
+    for _ in 0..secs * 20 {
+        let r = c.get_run(run).await.expect("get run");
+        if f(&r) {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("run {run}: {what} did not happen within {secs} s: {:#?}", c.get_run(run).await.ok());
+}
+
+/// Wait (bounded by `secs`) until the run is terminal.
+pub async fn wait_run(c: &kiln_api::Client, run: &str, secs: u64) -> kiln_api::Run {
+    until(c, run, secs, "finishing", |r| matches!(r.status.as_str(), "success" | "failed" | "cancelled")).await
+}

@@ -4,31 +4,15 @@
 
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnUp, TestRepo};
-use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 
-/// Poll the run until `f` holds (bounded), returning the run.
 async fn until(c: &Client, run: &str, what: &str, f: impl Fn(&kiln_api::Run) -> bool) -> kiln_api::Run {
-    for _ in 0..1200 {
-        let r = c.get_run(run).await.unwrap();
-        if f(&r) {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("run {run}: {what} never happened");
+    kiln_testkit::until(c, run, 60, what, f).await
 }
 
 async fn wait_run(c: &Client, run: &str) -> kiln_api::Run {
-    for _ in 0..2400 {
-        let r = c.get_run(run).await.unwrap();
-        if matches!(r.status.as_str(), "success" | "failed" | "cancelled") {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("run {run} did not finish");
+    kiln_testkit::wait_run(c, run, 120).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -3,22 +3,11 @@
 //! SIGKILLed, real git, real files.
 
 use kiln_api::{Client, SubmitRun};
-use kiln_testkit::{KilnServer, TestRepo, wait_for};
+use kiln_testkit::{KilnServer, TestRepo, wait_for, wait_run};
 use std::path::Path;
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
-
-async fn wait_run(c: &Client, run: &str, secs: u64) -> kiln_api::Run {
-    for _ in 0..secs * 20 {
-        let r = c.get_run(run).await.unwrap();
-        if matches!(r.status.as_str(), "success" | "failed" | "cancelled") {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("run {run} did not finish: {:#?}", c.get_run(run).await.unwrap());
-}
 
 async fn wait_job<F: Fn(&kiln_api::Job) -> bool>(c: &Client, run: &str, job: usize, f: F) -> kiln_api::Run {
     for _ in 0..1200 {

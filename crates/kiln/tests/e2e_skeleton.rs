@@ -8,6 +8,10 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 
+async fn wait_run(c: &Client, run: &str) -> kiln_api::Run {
+    kiln_testkit::wait_run(c, run, 60).await
+}
+
 fn two_job_repo() -> TestRepo {
     TestRepo::new(&[
         (
@@ -31,17 +35,6 @@ fn add_repo(up: &KilnUp, name: &str, repo: &TestRepo) {
 
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-async fn wait_run(c: &Client, run: &str) -> kiln_api::Run {
-    for _ in 0..1200 {
-        let r = c.get_run(run).await.unwrap();
-        if matches!(r.status.as_str(), "success" | "failed" | "cancelled") {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("run {run} did not finish");
 }
 
 #[tokio::test(flavor = "multi_thread")]
