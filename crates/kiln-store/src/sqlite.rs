@@ -1324,6 +1324,18 @@ impl AttemptStore for SqliteStore {
     }
 
     async fn fence_expired(&self) -> Result<Vec<(String, i64)>> {
+        // A cheap read first: the reconciler runs several times a second and
+        // must not queue behind (or hold) the single writer for nothing.
+        let any: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM attempts WHERE outcome = 'running' \
+             AND lease_deadline <= CAST(unixepoch('subsec') * 1000 AS INTEGER) LIMIT 1",
+        )
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(db_err)?;
+        if any.is_none() {
+            return Ok(vec![]);
+        }
         let mut tx = self.begin().await?;
         let now = now(&mut tx).await?;
         let expired: Vec<(String, i64)> = sqlx::query_as(
@@ -1373,7 +1385,7 @@ impl OutboxStore for SqliteStore {
              ORDER BY id LIMIT ?",
         )
         .bind(limit as i64)
-        .fetch_all(&self.writer)
+        .fetch_all(&self.reader)
         .await
         .map_err(db_err)?;
         Ok(rows
