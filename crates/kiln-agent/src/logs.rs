@@ -155,10 +155,13 @@ impl LogStreamer {
             return;
         }
         s.pending.extend_from_slice(data);
+        // The first unflushed byte starts the 2 s flush clock: wake the
+        // shipper so it arms its timer (it may be sleeping with none).
+        let started = s.first_pending_at.is_none();
         s.first_pending_at.get_or_insert_with(Instant::now);
         let full = s.pending.len() >= self.cfg.chunk_size;
         drop(b);
-        if full {
+        if full || started {
             self.notify.notify_one();
         }
     }

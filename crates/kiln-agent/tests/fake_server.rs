@@ -1131,3 +1131,31 @@ async fn assert_attempts_dir_emptied(work_dir: &std::path::Path) {
     }
     panic!("attempt directories were not removed");
 }
+
+/// Output is shipped while the step still runs (64 KiB or 2 s, whichever
+/// first): a step that prints a little and then blocks has its line delivered
+/// before it ends. The step only ends once the line arrived, so a streamer
+/// that waited for the step's end would hang here (bounded, then fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_output_is_shipped_while_the_step_runs() {
+    let mut h = Harness::new();
+    let gate = h.path("gate");
+    let a = h.assignment(&[(
+        None,
+        &format!("echo early-line; while [ ! -e {} ]; do sleep 0.05; done; echo late", gate.display()),
+    )]);
+    h.start(vec![a]).await;
+    let mut seen = false;
+    for _ in 0..300 {
+        if h.fake.log("stdout").contains("early-line") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    std::fs::write(&gate, "").unwrap();
+    assert!(seen, "the first line was not shipped while the step was running");
+    h.wait_attempts_done(1).await;
+    assert_eq!(h.fake.log("stdout"), "early-line\nlate\n");
+    h.stop().await;
+}
