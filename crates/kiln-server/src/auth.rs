@@ -16,9 +16,29 @@ fn bearer(req: &Request) -> Option<String> {
         return req
             .uri()
             .query()
-            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=").map(|t| t.to_string())));
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=").map(percent_decode)));
     }
     None
+}
+
+/// Decode `%XX` escapes of a query value (a browser may encode the token).
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(x) = u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+        {
+            out.push(x);
+            i += 3;
+        } else {
+            out.push(if b[i] == b'+' { b' ' } else { b[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Constant-time comparison.
@@ -37,5 +57,20 @@ pub async fn require_agent(S(state): S<State>, req: Request, next: Next) -> Resu
     match bearer(&req) {
         Some(t) if same(&t, &state.agent_token) => Ok(next.run(req).await),
         _ => Err(ApiErr::unauthorized()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_tokens_are_percent_decoded() {
+        assert_eq!(percent_decode("kiln_ab12"), "kiln_ab12");
+        assert_eq!(percent_decode("a%2Bb%3D%3d"), "a+b==");
+        assert_eq!(percent_decode("bad%zz%4"), "bad%zz%4");
+        assert!(same("abc", "abc"));
+        assert!(!same("abc", "abd"));
+        assert!(!same("abc", "abcd"));
     }
 }

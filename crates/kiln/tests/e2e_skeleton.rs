@@ -162,7 +162,11 @@ async fn idempotency_keys_and_authentication() {
         let mode = std::fs::metadata(up.data_dir().join(f)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "{f}");
     }
-    // Health endpoints need no token.
+    // Health endpoints and the UI's page need no token (the page asks for one).
+    let page = http.get(format!("{}/", up.url)).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("<title>") && html.contains("/v1/"), "the embedded UI is served");
     assert_eq!(http.get(format!("{}/healthz", up.url)).send().await.unwrap().status(), 200);
     assert_eq!(http.get(format!("{}/readyz", up.url)).send().await.unwrap().status(), 200);
 }
