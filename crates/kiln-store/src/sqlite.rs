@@ -367,6 +367,16 @@ async fn advance_run_inner(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()
                     }
                     make_ready(tx, id, now, now).await?;
                     status.insert(name.clone(), JobStatus::Ready);
+                    let ok = needs.iter().filter(|n| status.get(*n) == Some(&JobStatus::Success)).count();
+                    if def.and_then(|d| d.quorum).is_some() && ok < needs.len() {
+                        // Ran on a quorum: say so where users look.
+                        sqlx::query("UPDATE jobs SET message = ? WHERE id = ?")
+                            .bind(format!("degraded: {ok} of {} needs succeeded (quorum)", needs.len()))
+                            .bind(id)
+                            .execute(&mut **tx)
+                            .await
+                            .map_err(db_err)?;
+                    }
                 }
                 Ok(false) | Err(_) => {
                     let why = match (&go, &expr) {
@@ -1298,12 +1308,15 @@ impl AttemptStore for SqliteStore {
                 }
                 end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Success, c.exit_code, c.message.as_deref(), now)
                     .await?;
-                sqlx::query("UPDATE jobs SET status = 'success', finished_at = ?, message = NULL WHERE id = ?")
-                    .bind(now)
-                    .bind(job_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
+                sqlx::query(
+                    "UPDATE jobs SET status = 'success', finished_at = ?, \
+                     message = CASE WHEN message LIKE 'degraded:%' THEN message END WHERE id = ?",
+                )
+                .bind(now)
+                .bind(job_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
                 advance_run(&mut tx, &job.run_id, now).await?;
                 JobStatus::Success
             }

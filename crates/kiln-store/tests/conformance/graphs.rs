@@ -85,6 +85,10 @@ pub async fn quorum_needs_enough_successes<S: Store + 'static>(o: &Opener<S>) {
     assert_eq!(status_of(s, &run, "q").await, JobStatus::Pending, "one success of two so far");
     run_job(s, &ag, &run, "c", success()).await;
     assert_eq!(status_of(s, &run, "q").await, JobStatus::Ready, "quorum met");
+    let degraded = |v: &RunView| jv(v, "q").job.message.clone().unwrap_or_default();
+    assert!(degraded(&view(s, &run).await).starts_with("degraded: 2 of 3"), "ran on a quorum: marked degraded");
+    run_job(s, &ag, &run, "q", success()).await;
+    assert!(degraded(&view(s, &run).await).starts_with("degraded"), "the mark stays after success");
     let (_, run2) = start(s, wf(yaml)).await;
     run_job(s, &ag, &run2, "a", failure(1)).await;
     run_job(s, &ag, &run2, "b", failure(1)).await;
