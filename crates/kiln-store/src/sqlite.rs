@@ -489,6 +489,38 @@ async fn enter_job_group(tx: &mut Tx<'_>, job_id: &str, key: &str, cancel_in_pro
     Ok(false)
 }
 
+/// spec 000 §13: a log whose agent was lost never ends cleanly: the fenced
+/// epoch's log gets an explicit gap line after everything it had committed.
+async fn append_gap_marker(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    let (offset, seq): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(MAX(byte_offset + length), 0), COALESCE(MAX(seq) + 1, 0) FROM log_chunks \
+         WHERE job_id = ? AND epoch = ? AND stream = 'system'",
+    )
+    .bind(job_id)
+    .bind(epoch)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    let text = format!(
+        "[kiln] ⚠ gap: the agent of attempt {epoch} was lost; output it had not delivered is missing, and this log has no clean end\n"
+    );
+    sqlx::query(
+        "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) VALUES (?, ?, 'system', ?, ?, ?, ?, ?)",
+    )
+    .bind(job_id)
+    .bind(epoch)
+    .bind(seq)
+    .bind(offset)
+    .bind(text.len() as i64)
+    .bind(hex::encode(Sha256::digest(text.as_bytes())))
+    .bind(text.as_bytes())
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
 /// The context an `if:` is evaluated in: the frozen run's trigger and the
 /// results of the job's needs.
 fn condition_context(
@@ -1362,6 +1394,7 @@ impl AttemptStore for SqliteStore {
             // Fence first: the old epoch can no longer publish...
             end_attempt(&mut tx, job_id, *epoch, AttemptOutcome::Lost, None, Some("lease expired: agent lost"), now)
                 .await?;
+            append_gap_marker(&mut tx, job_id, *epoch).await?;
             let (job, budget) = load_job(&mut *tx, job_id).await?;
             if job.current_epoch != *epoch || job.status != JobStatus::Running {
                 continue;

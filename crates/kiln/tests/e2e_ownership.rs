@@ -182,6 +182,11 @@ async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
         let gone = wait_for(Duration::from_secs(10), || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
         assert!(gone.is_some(), "process {pid} of the killed agent's step survived");
     }
+    // The lost attempt's log ends with an explicit gap, never a clean end.
+    let logs = server.cli().args(["logs", &run.run_id]).output().unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    let gap = logs.find("gap: the agent of attempt 1 was lost").expect("a gap marker for epoch 1");
+    assert!(logs[gap..].contains("done-2"), "epoch 2's output follows the gap: {logs}");
     drop(b);
 }
 
