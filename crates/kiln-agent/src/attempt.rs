@@ -34,6 +34,8 @@ pub(crate) struct AttemptContext {
     pub limiter: RateLimiter,
     /// "Heartbeat now" triggers of the running attempts (session stream).
     pub beats: Beats,
+    /// Per-attempt stdout + stderr limit in bytes.
+    pub log_limit: u64,
 }
 
 impl AttemptContext {
@@ -93,13 +95,20 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
                 }
             })
         };
-        let logs = LogStreamer::start(ctx.client.clone(), a.job_id.clone(), a.epoch, ctl.clone(), LogConfig::default());
+        let logs = LogStreamer::start(
+            ctx.client.clone(),
+            a.job_id.clone(),
+            a.epoch,
+            ctl.clone(),
+            LogConfig { max_bytes: ctx.log_limit, ..LogConfig::default() },
+        );
         let attempt_dir = ctx.attempts_dir().join(format!("{}-{}", a.job_id, a.epoch));
 
         let t0 = std::time::Instant::now();
         let ran = execute(ctx, &a, &attempt_dir, &ctl, &logs).await;
         let t_exec = t0.elapsed();
         let completion = decide(&a, ran, ctl.reason());
+        logs.report_truncation();
         if let Some(c) = &completion {
             let mark = if c.outcome == "success" { "✓" } else { "✗" };
             let detail = c.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();

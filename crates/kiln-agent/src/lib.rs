@@ -79,6 +79,9 @@ pub struct AgentConfig {
     /// token bucket shared by every upload of every job); `None` is
     /// unlimited. `Some(0)` is refused.
     pub upload_rate_limit: Option<u64>,
+    /// Per-attempt stdout + stderr limit in bytes; `None` is the default
+    /// (100 MiB). Output over it is drained and dropped, and the log says so.
+    pub log_limit: Option<u64>,
 }
 
 struct Agent {
@@ -124,6 +127,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
         executor: config.executor,
         limiter: RateLimiter::new(config.upload_rate_limit),
         beats: Beats::default(),
+        log_limit: config.log_limit.unwrap_or(logs::DEFAULT_LOG_LIMIT),
     };
     let agent = Arc::new(Agent { config: config.clone(), client, registration: Mutex::new(registration), ctx });
     let session = tokio::spawn(session::session_loop(agent.clone()));

@@ -99,6 +99,10 @@ struct Buffers {
     ready: VecDeque<LogChunk>,
     flush_requested: bool,
     closed: bool,
+    /// stdout + stderr bytes accepted so far for this attempt.
+    accepted: u64,
+    /// Bytes dropped because the attempt's output limit was reached.
+    truncated: u64,
 }
 
 impl Buffers {
@@ -121,11 +125,23 @@ pub(crate) struct LogConfig {
     pub chunk_size: usize,
     pub flush_after: Duration,
     pub max_buffered: usize,
+    /// Per-attempt cap on stdout + stderr bytes shipped (spec 000 §13). The
+    /// step keeps running and its pipes keep draining; the excess is dropped
+    /// and the log says so.
+    pub max_bytes: u64,
 }
+
+/// Default per-attempt output limit: 100 MiB.
+pub const DEFAULT_LOG_LIMIT: u64 = 100 * 1024 * 1024;
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { chunk_size: CHUNK_SIZE, flush_after: FLUSH_AFTER, max_buffered: MAX_BUFFERED }
+        LogConfig {
+            chunk_size: CHUNK_SIZE,
+            flush_after: FLUSH_AFTER,
+            max_buffered: MAX_BUFFERED,
+            max_bytes: DEFAULT_LOG_LIMIT,
+        }
     }
 }
 
@@ -147,6 +163,30 @@ impl LogStreamer {
         let mut b = self.bufs.lock().expect("log buffers");
         if b.closed {
             return;
+        }
+        let mut data = data;
+        if stream != Stream::System {
+            let room = self.cfg.max_bytes.saturating_sub(b.accepted);
+            if (data.len() as u64) > room {
+                let first = b.truncated == 0;
+                b.truncated += data.len() as u64 - room;
+                data = &data[..room as usize];
+                if first {
+                    let note = format!(
+                        "[kiln] ⚠ truncated: this attempt's output reached its limit of {} bytes; further output is dropped (the step keeps running)\n",
+                        self.cfg.max_bytes
+                    );
+                    let sys = &mut b.streams[Stream::System as usize];
+                    sys.pending.extend_from_slice(note.as_bytes());
+                    sys.first_pending_at.get_or_insert_with(Instant::now);
+                }
+                if data.is_empty() {
+                    drop(b);
+                    self.notify.notify_one();
+                    return;
+                }
+            }
+            b.accepted += data.len() as u64;
         }
         let over = b.buffered() + data.len() > self.cfg.max_buffered;
         let s = &mut b.streams[stream as usize];
@@ -194,6 +234,15 @@ impl LogStreamer {
         let sys = &mut b.streams[Stream::System as usize];
         sys.pending.extend_from_slice(format!("{line}\n").as_bytes());
         sys.first_pending_at.get_or_insert_with(Instant::now);
+    }
+
+    /// If output was dropped over the limit, say how much (before the final
+    /// status line).
+    pub(crate) fn report_truncation(&self) {
+        let truncated = self.bufs.lock().expect("log buffers").truncated;
+        if truncated > 0 {
+            self.system(&format!("[kiln] ⚠ truncated: {truncated} bytes of output were dropped over the limit"));
+        }
     }
 
     /// Ship everything buffered now (step end); does not wait.
@@ -330,7 +379,12 @@ mod tests {
             job_id: "j".into(),
             epoch: 1,
             ctl: Control::new(),
-            cfg: LogConfig { chunk_size, flush_after: Duration::from_secs(3600), max_buffered: MAX_BUFFERED },
+            cfg: LogConfig {
+                chunk_size,
+                flush_after: Duration::from_secs(3600),
+                max_buffered: MAX_BUFFERED,
+                max_bytes: DEFAULT_LOG_LIMIT,
+            },
             bufs: Arc::default(),
             notify: Arc::default(),
         }

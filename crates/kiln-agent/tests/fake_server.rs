@@ -538,6 +538,7 @@ struct Harness {
     shutdown: watch::Sender<bool>,
     agent: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     upload_rate_limit: Option<u64>,
+    log_limit: Option<u64>,
 }
 
 impl Harness {
@@ -547,7 +548,16 @@ impl Harness {
         let (url, sha) = make_repo(dir.path());
         let fake: Arc<Fake> = Arc::default();
         fake.state.lock().unwrap().part_size = 1024 * 1024;
-        Harness { fake, dir, url, sha, shutdown: watch::Sender::new(false), agent: None, upload_rate_limit: None }
+        Harness {
+            fake,
+            dir,
+            url,
+            sha,
+            shutdown: watch::Sender::new(false),
+            agent: None,
+            upload_rate_limit: None,
+            log_limit: None,
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -593,6 +603,7 @@ impl Harness {
             max_jobs: 1,
             executor: ExecutorKind::Host,
             upload_rate_limit: self.upload_rate_limit,
+            log_limit: self.log_limit,
         };
         self.agent = Some(tokio::spawn(kiln_agent::run(config, self.shutdown.subscribe())));
     }
@@ -1157,5 +1168,28 @@ async fn small_output_is_shipped_while_the_step_runs() {
     assert!(seen, "the first line was not shipped while the step was running");
     h.wait_attempts_done(1).await;
     assert_eq!(h.fake.log("stdout"), "early-line\nlate\n");
+    h.stop().await;
+}
+
+/// A step writing far more than the attempt's output limit finishes normally:
+/// its pipes keep draining, the log keeps the first `limit` bytes and says
+/// that the rest was truncated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_over_the_limit_is_truncated_and_the_step_finishes() {
+    let mut h = Harness::new();
+    h.log_limit = Some(1 << 20);
+    let a = h.assignment(&[(None, "head -c 50000000 /dev/zero | tr '\\0' y; echo; echo still-running >&2")]);
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+    let c = &h.fake.completions()[0];
+    assert_eq!((c.outcome.as_str(), c.exit_code), ("success", Some(0)), "the step finished normally");
+    let shipped = h.fake.log("stdout").len() + h.fake.log("stderr").len();
+    assert_eq!(shipped, 1 << 20, "exactly the limit was shipped");
+    let system = h.fake.log("system");
+    assert!(system.contains("truncated: this attempt's output reached its limit of 1048576 bytes"), "{system}");
+    // 50,000,000 bytes and a newline on stdout, `still-running\n` on stderr.
+    let dropped = 50_000_000 + 1 + 14 - (1 << 20);
+    assert!(system.contains(&format!("truncated: {dropped} bytes of output were dropped")), "{system}");
+    assert!(system.ends_with("✓ job success\n"), "the count comes before the final status: {system}");
     h.stop().await;
 }

@@ -147,6 +147,10 @@ pub struct AgentArgs {
     /// Cap on artifact upload bandwidth in bytes per second, across all jobs (e.g. 20000000).
     #[arg(long, value_name = "BYTES_PER_S")]
     pub upload_rate_limit: Option<u64>,
+    /// Per-attempt cap on stdout + stderr bytes kept in the log (default 100 MiB); the rest is
+    /// drained, dropped and reported as truncated.
+    #[arg(long, value_name = "BYTES")]
+    pub log_limit: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -88,6 +88,7 @@ fn agent_config(
         max_jobs,
         executor: kiln_agent::ExecutorKind::Host,
         upload_rate_limit: None,
+        log_limit: None,
     }
 }
 
@@ -194,6 +195,7 @@ async fn agent(a: AgentArgs) -> CmdResult {
     });
     let mut cfg = agent_config(a.server, a.token, name, labels, a.work_dir, a.max_jobs.max(1));
     cfg.upload_rate_limit = a.upload_rate_limit;
+    cfg.log_limit = a.log_limit;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run(cfg, rx));
     tokio::pin!(task);
