@@ -340,3 +340,30 @@ async fn server_killed_mid_run_loses_nothing() {
     let logs = String::from_utf8_lossy(&logs.stdout);
     assert!(logs.contains("a-done") && logs.contains("b-done"), "{logs}");
 }
+
+/// spec 000 §13: a process writing 1 GB to stdout with a 10 MiB limit
+/// finishes normally; the log keeps 10 MiB and carries a truncation marker.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gigabyte_of_output_is_truncated_and_the_job_succeeds() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: loud\n    steps:\n      - head -c 1000000000 /dev/zero | tr '\\0' z; echo; echo done\n",
+    )])
+    .unwrap();
+    add_repo(&server, "loud", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _a = server.agent("a", &["--log-limit", "10485760"]).unwrap();
+    let run = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 300).await;
+    assert_eq!(done.status, "success", "{done:#?}");
+    let logs = server.cli().args(["logs", &run.run_id]).output().unwrap();
+    let out = String::from_utf8_lossy(&logs.stdout);
+    // The step's output is one run of z's (the step header mentions z too).
+    let zs = out.split(|c: char| c != 'z').map(str::len).max().unwrap_or(0);
+    assert_eq!(zs, 10 * 1024 * 1024, "exactly the limit is kept");
+    assert!(out.contains("truncated: this attempt's output reached its limit of 10485760 bytes"), "marker");
+    assert!(
+        out.contains(&format!("truncated: {} bytes of output were dropped", 1_000_000_000 + 1 + 5 - 10 * 1024 * 1024))
+    );
+}
