@@ -60,6 +60,9 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     if matches!(a.suite.as_str(), "artifacts" | "all") {
         code = code.max(crate::bench_failover::artifacts().await?);
     }
+    if matches!(a.suite.as_str(), "logs" | "all") {
+        code = code.max(crate::bench_failover::logs().await?);
+    }
     Ok(code)
 }
 

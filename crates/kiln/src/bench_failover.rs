@@ -22,10 +22,15 @@ impl Drop for Proc {
 }
 
 fn spawn_agent(server: &str, token: &str, name: &str, dir: &Path) -> anyhow::Result<Proc> {
+    spawn_agent_with(server, token, name, dir, &[])
+}
+
+fn spawn_agent_with(server: &str, token: &str, name: &str, dir: &Path, extra: &[&str]) -> anyhow::Result<Proc> {
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
         .args(["agent", "--server", server, "--token", token, "--name", name, "--work-dir"])
         .arg(dir.join(name))
+        .args(extra)
         .env("KILN_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -184,4 +189,52 @@ pub async fn artifacts() -> Result<i32, Failure> {
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(exit::OK)
+}
+
+/// Log ingestion: one job writes 200 MB to stdout; every chunk is committed
+/// (durable in the store) before the agent gets its acknowledgement. The
+/// figure is 200 MB over the attempt's duration (database times), beside the
+/// same bytes written to a file and fsynced.
+pub async fn logs() -> Result<i32, Failure> {
+    const SIZE: u64 = 200_000_000;
+    let tmp = std::env::temp_dir().join(format!("kiln-bench-logs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
+    let t = std::time::Instant::now();
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!("head -c {SIZE} /dev/zero | tr '\\0' x > {f} && sync {f}", f = tmp.join("out").display()))
+        .status()
+        .map_err(anyhow::Error::from)?;
+    if !st.success() {
+        return Err(anyhow::anyhow!("baseline failed").into());
+    }
+    let base_s = t.elapsed().as_secs_f64();
+    let repo = tmp.join("repo");
+    repo_with(
+        &repo,
+        &format!("version: 1\njobs:\n  - name: loud\n    steps:\n      - head -c {SIZE} /dev/zero | tr '\\0' x\n"),
+    )?;
+    let config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
+    let server = kiln_server::start(config).await?;
+    let c = Client::new(&server.url(), &server.admin_token);
+    c.create_repo(&kiln_api::CreateRepo {
+        name: "logs".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+    })
+    .await?;
+    let limit = (SIZE * 2).to_string();
+    let agent = spawn_agent_with(&server.url(), &server.agent_token, "talker", &tmp, &["--log-limit", &limit])?;
+    let r = c.submit_run("logs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+    let run = wait_terminal(&c, &r.run_id).await?;
+    let a = run.jobs[0].attempts.last().expect("attempt");
+    let secs = (a.finished_at_ms.unwrap_or(a.started_at_ms) - a.started_at_ms) as f64 / 1000.0;
+    println!("log_bytes: {SIZE}");
+    println!("log_ingest_mb_per_s: {:.0}", SIZE as f64 / 1e6 / secs.max(0.001));
+    println!("baseline_file_write_fsync_mb_per_s: {:.0}", SIZE as f64 / 1e6 / base_s);
+    drop(agent);
+    let _ = server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(if run.status == "success" { exit::OK } else { exit::RUN_FAILED })
 }

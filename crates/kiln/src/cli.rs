@@ -250,8 +250,9 @@ pub struct RunRef {
 pub struct BenchArgs {
     /// What to measure: dispatch (throughput, trigger-to-start), artifacts
     /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
-    /// of an agent to its job claimed elsewhere), or all.
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "all"])]
+    /// of an agent to its job claimed elsewhere), logs (200 MB of stdout
+    /// ingested, durable before acknowledgement, vs a file write + fsync), or all.
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "all"])]
     pub suite: String,
     /// Runs submitted at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
