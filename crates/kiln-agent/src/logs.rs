@@ -59,7 +59,10 @@ struct StreamBuf {
     seq: i64,
     /// Offset of the first pending byte.
     offset: i64,
-    pending: Vec<u8>,
+    /// A deque: chunks are cut from the front while output is appended at
+    /// the back, so a large backlog is never shifted (a Vec made that
+    /// quadratic under heavy output).
+    pending: VecDeque<u8>,
     first_pending_at: Option<Instant>,
     dropped: u64,
 }
@@ -177,7 +180,7 @@ impl LogStreamer {
                         self.cfg.max_bytes
                     );
                     let sys = &mut b.streams[Stream::System as usize];
-                    sys.pending.extend_from_slice(note.as_bytes());
+                    sys.pending.extend(note.as_bytes());
                     sys.first_pending_at.get_or_insert_with(Instant::now);
                 }
                 if data.is_empty() {
@@ -194,7 +197,7 @@ impl LogStreamer {
             s.dropped += data.len() as u64;
             return;
         }
-        s.pending.extend_from_slice(data);
+        s.pending.extend(data);
         // The first unflushed byte starts the 2 s flush clock: wake the
         // shipper so it arms its timer (it may be sleeping with none).
         let started = s.first_pending_at.is_none();
@@ -218,7 +221,7 @@ impl LogStreamer {
             s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
         }
         let sys = &mut streams[Stream::System as usize];
-        sys.pending.extend_from_slice(format!("{line}\n").as_bytes());
+        sys.pending.extend(format!("{line}\n").as_bytes());
         sys.cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
         drop(b);
         self.notify.notify_one();
@@ -232,7 +235,7 @@ impl LogStreamer {
             return;
         }
         let sys = &mut b.streams[Stream::System as usize];
-        sys.pending.extend_from_slice(format!("{line}\n").as_bytes());
+        sys.pending.extend(format!("{line}\n").as_bytes());
         sys.first_pending_at.get_or_insert_with(Instant::now);
     }
 
@@ -309,7 +312,7 @@ impl Shipper {
             if dropped > 0 {
                 let note = format!("[kiln] {dropped} bytes of {name} dropped: the log buffer was full\n");
                 let sys = &mut b.streams[Stream::System as usize];
-                sys.pending.extend_from_slice(note.as_bytes());
+                sys.pending.extend(note.as_bytes());
                 sys.first_pending_at.get_or_insert_with(Instant::now);
             }
         }
@@ -399,7 +402,7 @@ mod tests {
         let s = shipper(4);
         {
             let mut b = s.bufs.lock().unwrap();
-            b.streams[0].pending.extend_from_slice(b"abcdefghij");
+            b.streams[0].pending.extend(b"abcdefghij");
             b.streams[0].first_pending_at = Some(Instant::now());
         }
         let (chunks, deadline, done) = s.cut();
