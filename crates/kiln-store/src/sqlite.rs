@@ -1515,18 +1515,33 @@ impl LogStore for SqliteStore {
             }
             None => {
                 require_live(&mut tx, &chunk.job_id, chunk.epoch, now).await?;
-                let overlap: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM log_chunks WHERE job_id = ? AND epoch = ? AND stream = ? \
-                     AND byte_offset < ? AND byte_offset + length > ?",
+                // Overlap with a neighbour: only the closest chunks before and after
+                // can overlap (index seeks, not a scan of the stream).
+                let prev_end: Option<i64> = sqlx::query_scalar(
+                    "SELECT byte_offset + length FROM log_chunks WHERE job_id = ? AND epoch = ? AND stream = ? \
+                     AND byte_offset < ? ORDER BY byte_offset DESC LIMIT 1",
                 )
                 .bind(&chunk.job_id)
                 .bind(chunk.epoch)
                 .bind(&chunk.stream)
-                .bind(chunk.offset + len)
                 .bind(chunk.offset)
-                .fetch_one(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err(db_err)?;
+                let next_start: Option<i64> = sqlx::query_scalar(
+                    "SELECT byte_offset FROM log_chunks WHERE job_id = ? AND epoch = ? AND stream = ? \
+                     AND byte_offset > ? ORDER BY byte_offset LIMIT 1",
+                )
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .bind(chunk.offset)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                let overlap = i64::from(
+                    prev_end.is_some_and(|e| e > chunk.offset) || next_start.is_some_and(|n| n < chunk.offset + len),
+                );
                 if overlap > 0 && len > 0 {
                     return Err(StoreError::Conflict(format!(
                         "chunk at {} offset {} overlaps bytes already committed",

@@ -38,8 +38,13 @@ pub async fn conflicting_log_bytes_are_refused<S: Store + 'static>(o: &Opener<S>
     assert_conflict(s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"0123")).await);
     // Overlapping a committed range is a conflict too.
     assert_conflict(s.append_log_chunk(chunk(&job, 1, "stdout", 1, 5, b"56789ABCDE")).await);
+    // ...from either side: a chunk ending inside a later committed one.
+    s.append_log_chunk(chunk(&job, 1, "stdout", 2, 20, b"KLMNO")).await.unwrap();
+    assert_conflict(s.append_log_chunk(chunk(&job, 1, "stdout", 3, 15, b"ABCDEFGH")).await);
+    assert_conflict(s.append_log_chunk(chunk(&job, 1, "stdout", 3, 12, b"ABCDEFGHIJKLMNOPQRS")).await);
+    s.append_log_chunk(chunk(&job, 1, "stdout", 3, 15, b"FGHIJ")).await.expect("an exact fit between neighbours");
     let chunks = s.log_chunks_after(&job, 0, 100).await.unwrap();
-    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks.len(), 3);
     assert_eq!(chunks[0].data, b"0123456789");
     let p = progress(s.append_log_chunk(chunk(&job, 1, "stdout", 1, 10, b"!")).await.unwrap());
     assert_eq!(at(&p, "stdout"), 11);
