@@ -31,6 +31,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub(crate) const CHUNK_SIZE: usize = 64 * 1024;
+/// Largest chunk shipped (the server's limit is 1 MiB of bytes).
+pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
 pub(crate) const FLUSH_AFTER: Duration = Duration::from_secs(2);
 /// Unshipped bytes held per attempt before output is dropped (and the drop
 /// recorded in the `system` stream) rather than blocking the step.
@@ -128,6 +130,8 @@ pub(crate) struct LogConfig {
     pub chunk_size: usize,
     pub flush_after: Duration,
     pub max_buffered: usize,
+    /// Largest chunk cut from a backlog (the server accepts up to 1 MiB).
+    pub max_chunk: usize,
     /// Per-attempt cap on stdout + stderr bytes shipped (spec 000 §13). The
     /// step keeps running and its pipes keep draining; the excess is dropped
     /// and the log says so.
@@ -141,6 +145,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             chunk_size: CHUNK_SIZE,
+            max_chunk: MAX_CHUNK,
             flush_after: FLUSH_AFTER,
             max_buffered: MAX_BUFFERED,
             max_bytes: DEFAULT_LOG_LIMIT,
@@ -320,8 +325,12 @@ impl Shipper {
         let mut chunks: Vec<LogChunk> = b.ready.drain(..).collect();
         let mut deadline: Option<Instant> = None;
         for (i, s) in b.streams.iter_mut().enumerate() {
+            // 64 KiB triggers a chunk; a backlog that built up while the
+            // previous chunk was in flight leaves in chunks of up to
+            // `max_chunk`, so heavy output is not shipped 64 KiB at a time.
             while s.pending.len() >= self.cfg.chunk_size {
-                chunks.push(s.cut(NAMES[i], self.cfg.chunk_size));
+                let n = s.pending.len().min(self.cfg.max_chunk.max(self.cfg.chunk_size));
+                chunks.push(s.cut(NAMES[i], n));
             }
             if let Some(first) = s.first_pending_at {
                 if force || now >= first + self.cfg.flush_after {
@@ -384,6 +393,7 @@ mod tests {
             ctl: Control::new(),
             cfg: LogConfig {
                 chunk_size,
+                max_chunk: chunk_size,
                 flush_after: Duration::from_secs(3600),
                 max_buffered: MAX_BUFFERED,
                 max_bytes: DEFAULT_LOG_LIMIT,
@@ -419,6 +429,23 @@ mod tests {
         assert!(deadline.is_none());
         s.bufs.lock().unwrap().closed = true;
         assert!(s.cut().2, "closed and empty");
+    }
+
+    #[tokio::test]
+    async fn a_backlog_leaves_in_larger_chunks_up_to_the_maximum() {
+        let mut s = shipper(4);
+        s.cfg.max_chunk = 8;
+        {
+            let mut b = s.bufs.lock().unwrap();
+            b.streams[0].pending.extend(b"abcdefghijklmnopqrs");
+            b.streams[0].first_pending_at = Some(Instant::now());
+        }
+        let (chunks, _, _) = s.cut();
+        assert_eq!(
+            chunks.iter().map(|c| (c.seq, c.offset, decode(c))).collect::<Vec<_>>(),
+            [(0, 0, b"abcdefgh".to_vec()), (1, 8, b"ijklmnop".to_vec())],
+            "two full chunks; the 3-byte tail waits for more bytes or the timer"
+        );
     }
 
     #[tokio::test]

@@ -189,7 +189,7 @@ impl Fake {
             assert_eq!(c.seq, i as i64, "seq of {stream} chunk {i}");
             assert_eq!(c.offset, bytes.len() as i64, "offset of {stream} chunk {i}");
             let data = base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap();
-            assert!(!data.is_empty() && data.len() <= 64 * 1024, "chunk size {}", data.len());
+            assert!(!data.is_empty() && data.len() <= 1024 * 1024, "chunk size {} over the 1 MiB maximum", data.len());
             assert_eq!(c.sha256, hex::encode(Sha256::digest(&data)), "digest of {stream} chunk {i}");
             bytes.extend(data);
         }
@@ -666,7 +666,14 @@ async fn runs_steps_in_the_checkout_and_streams_logs() {
     assert!(stdout.contains(&format!("ws={} pwd={}\n", ws.display(), ws.display())));
     assert!(!stdout.contains(TOKEN), "the agent token reached the step");
     assert!(stdout.contains(&format!("{}\n", "x".repeat(200_000))));
-    assert!(h.fake.accepted("job-1", "stdout").len() >= 4, "200 kB of output is several 64 KiB chunks");
+    use base64::Engine;
+    let sizes: Vec<usize> = h
+        .fake
+        .accepted("job-1", "stdout")
+        .iter()
+        .map(|c| base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap().len())
+        .collect();
+    assert!(sizes.iter().all(|n| *n <= 1024 * 1024), "no chunk over the 1 MiB maximum: {sizes:?}");
     assert_eq!(h.fake.log("stderr"), "to-stderr\n");
     let system = h.fake.log("system");
     assert!(system.contains("▶ step 1/2: check\n"), "{system}");
