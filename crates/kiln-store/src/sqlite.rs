@@ -66,7 +66,10 @@ impl SqliteStore {
             // process (SIGKILL); an OS crash may lose the last few commits.
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(Duration::from_secs(10))
+            // Checkpoint the WAL every ~64 MiB rather than every 4 MiB: log
+            // chunks are large, and each checkpoint waits on an fsync.
+            .pragma("wal_autocheckpoint", "16384");
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
