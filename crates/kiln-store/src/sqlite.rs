@@ -111,28 +111,37 @@ const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit
     r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.parent_run_id, r.cancel_version, r.message, \
     r.created_at, r.finished_at";
 
+/// One column of a row, decoded; a bad value is `Invalid`, not an outage.
+fn col<'r, T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>>(row: &'r SqliteRow, name: &str) -> Result<T> {
+    row.try_get(name).map_err(|e| StoreError::Invalid(e.to_string()))
+}
+
+/// A JSON column (definition, inputs, needs).
+fn json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T> {
+    serde_json::from_str(s).map_err(|e| StoreError::Invalid(e.to_string()))
+}
+
 fn run_from_row(row: &SqliteRow) -> Result<RunRecord> {
-    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
-    let definition: String = row.try_get("definition").map_err(g)?;
-    let inputs: String = row.try_get("inputs").map_err(g)?;
+    let definition: String = col(row, "definition")?;
+    let inputs: String = col(row, "inputs")?;
     Ok(RunRecord {
-        id: row.try_get("id").map_err(g)?,
-        repo_id: row.try_get("repo_id").map_err(g)?,
-        repo_name: row.try_get("repo_name").map_err(g)?,
-        status: parse_enum(row.try_get::<&str, _>("status").map_err(g)?)?,
-        commit_sha: row.try_get("commit_sha").map_err(g)?,
-        git_ref: row.try_get("git_ref").map_err(g)?,
-        event: row.try_get("event").map_err(g)?,
-        trust: row.try_get("trust").map_err(g)?,
-        workflow_path: row.try_get("workflow_path").map_err(g)?,
-        workflow_hash: row.try_get("workflow_hash").map_err(g)?,
-        definition: serde_json::from_str(&definition).map_err(|e| StoreError::Invalid(e.to_string()))?,
-        inputs: serde_json::from_str(&inputs).map_err(|e| StoreError::Invalid(e.to_string()))?,
-        parent_run_id: row.try_get("parent_run_id").map_err(g)?,
-        cancel_version: row.try_get("cancel_version").map_err(g)?,
-        message: row.try_get("message").map_err(g)?,
-        created_at: row.try_get("created_at").map_err(g)?,
-        finished_at: row.try_get("finished_at").map_err(g)?,
+        id: col(row, "id")?,
+        repo_id: col(row, "repo_id")?,
+        repo_name: col(row, "repo_name")?,
+        status: parse_enum(col::<&str>(row, "status")?)?,
+        commit_sha: col(row, "commit_sha")?,
+        git_ref: col(row, "git_ref")?,
+        event: col(row, "event")?,
+        trust: col(row, "trust")?,
+        workflow_path: col(row, "workflow_path")?,
+        workflow_hash: col(row, "workflow_hash")?,
+        definition: json(&definition)?,
+        inputs: json(&inputs)?,
+        parent_run_id: col(row, "parent_run_id")?,
+        cancel_version: col(row, "cancel_version")?,
+        message: col(row, "message")?,
+        created_at: col(row, "created_at")?,
+        finished_at: col(row, "finished_at")?,
     })
 }
 
@@ -140,24 +149,23 @@ const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, d
     next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, max_failure_retries, cancel_requested";
 
 fn job_from_row(row: &SqliteRow) -> Result<JobRecord> {
-    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
-    let needs: String = row.try_get("needs").map_err(g)?;
+    let needs: String = col(row, "needs")?;
     Ok(JobRecord {
-        id: row.try_get("id").map_err(g)?,
-        run_id: row.try_get("run_id").map_err(g)?,
-        index: row.try_get("job_index").map_err(g)?,
-        name: row.try_get("name").map_err(g)?,
-        status: parse_enum(row.try_get::<&str, _>("status").map_err(g)?)?,
-        needs: serde_json::from_str(&needs).map_err(|e| StoreError::Invalid(e.to_string()))?,
-        class_key: row.try_get("class_key").map_err(g)?,
-        dispatch_generation: row.try_get("dispatch_generation").map_err(g)?,
-        current_epoch: row.try_get("current_epoch").map_err(g)?,
-        next_attempt_at: row.try_get("next_attempt_at").map_err(g)?,
-        image_digest: row.try_get("image_digest").map_err(g)?,
-        message: row.try_get("message").map_err(g)?,
-        started_at: row.try_get("started_at").map_err(g)?,
-        finished_at: row.try_get("finished_at").map_err(g)?,
-        cancel_requested: row.try_get::<i64, _>("cancel_requested").map_err(g)? != 0,
+        id: col(row, "id")?,
+        run_id: col(row, "run_id")?,
+        index: col(row, "job_index")?,
+        name: col(row, "name")?,
+        status: parse_enum(col::<&str>(row, "status")?)?,
+        needs: json(&needs)?,
+        class_key: col(row, "class_key")?,
+        dispatch_generation: col(row, "dispatch_generation")?,
+        current_epoch: col(row, "current_epoch")?,
+        next_attempt_at: col(row, "next_attempt_at")?,
+        image_digest: col(row, "image_digest")?,
+        message: col(row, "message")?,
+        started_at: col(row, "started_at")?,
+        finished_at: col(row, "finished_at")?,
+        cancel_requested: col::<i64>(row, "cancel_requested")? != 0,
     })
 }
 
@@ -165,30 +173,28 @@ const ATTEMPT_COLS: &str =
     "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at";
 
 fn attempt_from_row(row: &SqliteRow) -> Result<AttemptRecord> {
-    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
     Ok(AttemptRecord {
-        job_id: row.try_get("job_id").map_err(g)?,
-        epoch: row.try_get("epoch").map_err(g)?,
-        agent_id: row.try_get("agent_id").map_err(g)?,
-        session_id: row.try_get("session_id").map_err(g)?,
-        runner: row.try_get("runner").map_err(g)?,
-        lease_deadline: row.try_get("lease_deadline").map_err(g)?,
-        outcome: parse_enum(row.try_get::<&str, _>("outcome").map_err(g)?)?,
-        exit_code: row.try_get("exit_code").map_err(g)?,
-        message: row.try_get("message").map_err(g)?,
-        started_at: row.try_get("started_at").map_err(g)?,
-        finished_at: row.try_get("finished_at").map_err(g)?,
+        job_id: col(row, "job_id")?,
+        epoch: col(row, "epoch")?,
+        agent_id: col(row, "agent_id")?,
+        session_id: col(row, "session_id")?,
+        runner: col(row, "runner")?,
+        lease_deadline: col(row, "lease_deadline")?,
+        outcome: parse_enum(col::<&str>(row, "outcome")?)?,
+        exit_code: col(row, "exit_code")?,
+        message: col(row, "message")?,
+        started_at: col(row, "started_at")?,
+        finished_at: col(row, "finished_at")?,
     })
 }
 
 fn repo_from_row(row: &SqliteRow) -> Result<RepoRecord> {
-    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
     Ok(RepoRecord {
-        id: row.try_get("id").map_err(g)?,
-        name: row.try_get("name").map_err(g)?,
-        clone_url: row.try_get("clone_url").map_err(g)?,
-        webhook_secret: row.try_get("webhook_secret").map_err(g)?,
-        created_at: row.try_get("created_at").map_err(g)?,
+        id: col(row, "id")?,
+        name: col(row, "name")?,
+        clone_url: col(row, "clone_url")?,
+        webhook_secret: col(row, "webhook_secret")?,
+        created_at: col(row, "created_at")?,
     })
 }
 
@@ -212,12 +218,11 @@ pub(crate) async fn load_job<'e, E: sqlx::Executor<'e, Database = Sqlite>>(
         .await
         .map_err(db_err)?
         .ok_or_else(|| StoreError::NotFound(format!("job {job_id}")))?;
-    let g = |e: sqlx::Error| StoreError::Invalid(e.to_string());
     let budget = JobBudget {
-        failure_retries: row.try_get("failure_retries").map_err(g)?,
-        infra_retries: row.try_get("infra_retries").map_err(g)?,
-        max_failure_retries: row.try_get("max_failure_retries").map_err(g)?,
-        cancel_requested: row.try_get::<i64, _>("cancel_requested").map_err(g)? != 0,
+        failure_retries: col(&row, "failure_retries")?,
+        infra_retries: col(&row, "infra_retries")?,
+        max_failure_retries: col(&row, "max_failure_retries")?,
+        cancel_requested: col::<i64>(&row, "cancel_requested")? != 0,
     };
     Ok((job_from_row(&row)?, budget))
 }

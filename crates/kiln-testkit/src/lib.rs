@@ -71,6 +71,33 @@ fn cli(bin: &Path, url: &str, token: &str) -> Command {
     c
 }
 
+/// Spawn `bin args` (stderr to `log`) and read its stdout until `pick`
+/// recognises the line announcing it is ready; keeps draining stdout after.
+fn spawn_until<T>(
+    bin: &Path,
+    args: &[std::ffi::OsString],
+    log: &Path,
+    what: &str,
+    mut pick: impl FnMut(&str) -> Option<T>,
+) -> Result<(Child, T)> {
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("KILN_LOG", "info,sqlx=warn")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .with_context(|| format!("spawn {what}"))?;
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let found = lines.by_ref().map_while(|l| l.ok()).find_map(|l| pick(&l));
+    let Some(found) = found else {
+        let _ = child.kill();
+        bail!("{what} did not start; log:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+    };
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok((child, found))
+}
+
 /// A real `kiln up` process on a temporary data dir and a free port.
 pub struct KilnUp {
     pub child: Child,
@@ -89,40 +116,19 @@ impl KilnUp {
     pub fn start_with(bin: &Path, agents: u32, extra: &[&str]) -> Result<KilnUp> {
         let data = tempfile::tempdir()?;
         let log = data.path().join("kiln-up.log");
-        let mut child = Command::new(bin)
-            .args(["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"])
-            .arg(data.path().join("data"))
-            .args(extra)
-            .env("KILN_LOG", "info,sqlx=warn")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("spawn kiln up")?;
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let (mut url, mut token) = (String::new(), String::new());
-        while Instant::now() < deadline {
-            let Some(line) = lines.next() else { break };
-            let line = line?;
-            if let Some(rest) = line.strip_prefix("export ") {
-                for kv in rest.split_whitespace() {
-                    if let Some(v) = kv.strip_prefix("KILN_SERVER=") {
-                        url = v.to_string();
-                    }
-                    if let Some(v) = kv.strip_prefix("KILN_TOKEN=") {
-                        token = v.to_string();
-                    }
-                }
-                break;
-            }
-        }
-        if url.is_empty() {
-            let _ = child.kill();
-            bail!("kiln up did not print its address; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        // Keep draining stdout so the child never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let mut args: Vec<std::ffi::OsString> =
+            ["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"]
+                .iter()
+                .map(Into::into)
+                .collect();
+        args.push(data.path().join("data").into());
+        args.extend(extra.iter().map(Into::into));
+        // `export KILN_SERVER=… KILN_TOKEN=…`
+        let (child, (url, token)) = spawn_until(bin, &args, &log, "kiln up", |line| {
+            let rest = line.strip_prefix("export ")?;
+            let val = |k: &str| rest.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_string);
+            Some((val("KILN_SERVER=")?, val("KILN_TOKEN=")?))
+        })?;
         Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log })
     }
 
@@ -196,28 +202,14 @@ impl KilnServer {
 
     fn spawn(bin: &Path, data: tempfile::TempDir, listen: &str, extra: &[&str]) -> Result<KilnServer> {
         let log = data.path().join("server.log");
-        let mut child = Command::new(bin)
-            .args(["server", "--listen", listen, "--data-dir"])
-            .arg(data.path().join("data"))
-            .args(extra)
-            .env("KILN_LOG", "info,sqlx=warn")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("spawn kiln server")?;
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let mut url = String::new();
-        if let Some(Ok(line)) = lines.next()
-            && let Some(rest) = line.strip_prefix("kiln server listening on ")
-        {
-            url = rest.split_whitespace().next().unwrap_or("").to_string();
-        }
-        if url.is_empty() {
-            let _ = child.kill();
-            bail!("kiln server did not start; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        std::thread::spawn(move || for _ in lines {});
+        let mut args: Vec<std::ffi::OsString> =
+            ["server", "--listen", listen, "--data-dir"].iter().map(Into::into).collect();
+        args.push(data.path().join("data").into());
+        args.extend(extra.iter().map(Into::into));
+        // `kiln server listening on URL (tokens in …)`
+        let (child, url) = spawn_until(bin, &args, &log, "kiln server", |line| {
+            line.strip_prefix("kiln server listening on ")?.split_whitespace().next().map(str::to_string)
+        })?;
         let dir = data.path().join("data");
         let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_string();
         let agent_token = std::fs::read_to_string(dir.join("agent.token"))?.trim().to_string();
