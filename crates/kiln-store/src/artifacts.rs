@@ -1,15 +1,17 @@
-//! Artifact generations and bindings on SQLite (spec 000 §12).
-//! Bindings are written only by the completion transaction (sqlite.rs).
+//! Artifact generations and bindings (spec 000 §12), shared by every
+//! backend like `engine.rs`. Bindings are written only by the completion
+//! transaction (engine.rs).
 
-use crate::sqlite::{db_err, new_id, now, require_live};
+use super::engine::{load_run, now, q, require_live, sqlf, write_tx};
+use super::{DbRow, StoreImpl, db_err};
+use crate::new_id;
 use crate::*;
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
 const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, g.expected_sha256, \
     g.part_size, g.state, g.created_at";
 
-fn gen_from_row(r: &SqliteRow) -> GenerationRecord {
+fn gen_from_row(r: &DbRow) -> GenerationRecord {
     GenerationRecord {
         id: r.get("id"),
         run_id: r.get("run_id"),
@@ -25,7 +27,7 @@ fn gen_from_row(r: &SqliteRow) -> GenerationRecord {
     }
 }
 
-fn bound_from_row(r: &SqliteRow) -> BoundArtifact {
+fn bound_from_row(r: &DbRow) -> BoundArtifact {
     BoundArtifact {
         job_id: r.get("job_id"),
         job_name: r.get("job_name"),
@@ -39,7 +41,7 @@ fn valid_sha(s: &str) -> bool {
 }
 
 #[async_trait]
-impl ArtifactStore for SqliteStore {
+impl ArtifactStore for StoreImpl {
     async fn create_generation(
         &self,
         job_id: &str,
@@ -54,51 +56,52 @@ impl ArtifactStore for SqliteStore {
                 "size must be ≥ 0 and sha256 64 lowercase hex digits (or empty: named at seal)".into(),
             ));
         }
-        let mut tx = self.begin().await?;
-        let now = now(&mut tx).await?;
-        let (job, _) = require_live(&mut tx, job_id, epoch, now).await?;
-        let run = crate::sqlite::load_run(&mut *tx, &job.run_id).await?;
-        let declared = run
-            .definition
-            .jobs
-            .get(job.index as usize)
-            .is_some_and(|j| j.artifacts.publish.iter().any(|p| p.name == name));
-        if !declared {
-            return Err(StoreError::Invalid(format!("job `{}` does not declare an artifact `{name}`", job.name)));
-        }
-        let id = new_id();
-        // A fresh key per session: a stale attempt can never overwrite
-        // another generation's bytes.
-        let key = format!("artifacts/{}/{}/{epoch}/{id}", run.id, job.id);
-        sqlx::query(
-            "INSERT INTO artifact_generations (id, run_id, job_id, epoch, name, object_key, expected_size, \
-             expected_sha256, part_size, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'uploading', ?)",
-        )
-        .bind(&id)
-        .bind(&run.id)
-        .bind(job_id)
-        .bind(epoch)
-        .bind(name)
-        .bind(&key)
-        .bind(size)
-        .bind(sha256)
-        .bind(part_size)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        tx.commit().await.map_err(db_err)?;
+        let id = write_tx!(self, |tx| {
+            super::lock_job(&mut tx, job_id).await?;
+            let now = now(&mut tx).await?;
+            let (job, _) = require_live(&mut tx, job_id, epoch, now).await?;
+            let run = load_run(&mut *tx, &job.run_id).await?;
+            let declared = run
+                .definition
+                .jobs
+                .get(job.index as usize)
+                .is_some_and(|j| j.artifacts.publish.iter().any(|p| p.name == name));
+            if !declared {
+                return Err(StoreError::Invalid(format!("job `{}` does not declare an artifact `{name}`", job.name)));
+            }
+            let id = new_id();
+            // A fresh key per session: a stale attempt can never overwrite
+            // another generation's bytes.
+            let key = format!("artifacts/{}/{}/{epoch}/{id}", run.id, job.id);
+            sqlx::query(q!(
+                "INSERT INTO artifact_generations (id, run_id, job_id, epoch, name, object_key, expected_size, \
+             expected_sha256, part_size, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'uploading', ?)"
+            ))
+            .bind(&id)
+            .bind(&run.id)
+            .bind(job_id)
+            .bind(epoch)
+            .bind(name)
+            .bind(&key)
+            .bind(size)
+            .bind(sha256)
+            .bind(part_size)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            Ok(id)
+        })?;
         self.get_generation(&id).await
     }
 
     async fn get_generation(&self, id: &str) -> Result<GenerationRecord> {
-        let row =
-            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {GEN_COLS} FROM artifact_generations g WHERE g.id = ?")))
-                .bind(id)
-                .fetch_optional(&self.writer)
-                .await
-                .map_err(db_err)?
-                .ok_or_else(|| StoreError::NotFound(format!("artifact generation {id}")))?;
+        let row = sqlx::query(sqlf!("SELECT {GEN_COLS} FROM artifact_generations g WHERE g.id = ?"))
+            .bind(id)
+            .fetch_optional(&self.writer)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("artifact generation {id}")))?;
         Ok(gen_from_row(&row))
     }
 
@@ -112,11 +115,12 @@ impl ArtifactStore for SqliteStore {
         if !valid_sha(sha256) {
             return Err(StoreError::Invalid("sha256 must be 64 lowercase hex digits".into()));
         }
-        let mut tx = self.begin().await?;
-        let now = now(&mut tx).await?;
-        require_live(&mut tx, job_id, epoch, now).await?;
-        let current: Option<String> = sqlx::query_scalar(
-            "SELECT expected_sha256 FROM artifact_generations WHERE id = ? AND job_id = ? AND epoch = ? AND state = 'uploading'",
+        write_tx!(self, |tx| {
+            super::lock_job(&mut tx, job_id).await?;
+            let now = now(&mut tx).await?;
+            require_live(&mut tx, job_id, epoch, now).await?;
+            let current: Option<String> = sqlx::query_scalar(
+            q!("SELECT expected_sha256 FROM artifact_generations WHERE id = ? AND job_id = ? AND epoch = ? AND state = 'uploading'"),
         )
         .bind(id)
         .bind(job_id)
@@ -124,37 +128,35 @@ impl ArtifactStore for SqliteStore {
         .fetch_optional(&mut *tx)
         .await
         .map_err(db_err)?;
-        match current.as_deref() {
-            None => return Err(StoreError::NotFound(format!("upload session {id} of job {job_id} epoch {epoch}"))),
-            Some("") => {
-                sqlx::query("UPDATE artifact_generations SET expected_sha256 = ? WHERE id = ?")
-                    .bind(sha256)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
+            match current.as_deref() {
+                None => return Err(StoreError::NotFound(format!("upload session {id} of job {job_id} epoch {epoch}"))),
+                Some("") => {
+                    sqlx::query(q!("UPDATE artifact_generations SET expected_sha256 = ? WHERE id = ?"))
+                        .bind(sha256)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db_err)?;
+                }
+                Some(d) if d == sha256 => {}
+                Some(d) => {
+                    return Err(StoreError::Conflict(format!(
+                        "upload session {id} was opened for sha256 {d}, not {sha256}"
+                    )));
+                }
             }
-            Some(d) if d == sha256 => {}
-            Some(d) => {
-                return Err(StoreError::Conflict(format!(
-                    "upload session {id} was opened for sha256 {d}, not {sha256}"
-                )));
-            }
-        }
-        tx.commit().await.map_err(db_err)?;
+            Ok(())
+        })?;
         self.get_generation(id).await
     }
 
     async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord> {
         let mut tx = self.reader.begin().await.map_err(db_err)?;
-        let now: i64 = sqlx::query_scalar("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let now: i64 = sqlx::query_scalar(super::NOW_SQL).fetch_one(&mut *tx).await.map_err(db_err)?;
+        let row = sqlx::query(sqlf!(
             "SELECT {GEN_COLS}, j.current_epoch, a.outcome, a.lease_deadline FROM artifact_generations g \
              JOIN jobs j ON j.id = g.job_id JOIN attempts a ON a.job_id = g.job_id AND a.epoch = g.epoch WHERE g.id = ?"
-        )))
+        ))
         .bind(id)
         .fetch_optional(&mut *tx)
         .await
@@ -177,33 +179,35 @@ impl ArtifactStore for SqliteStore {
     }
 
     async fn seal_generation(&self, id: &str, job_id: &str, epoch: i64) -> Result<GenerationRecord> {
-        let mut tx = self.begin().await?;
-        let now = now(&mut tx).await?;
-        require_live(&mut tx, job_id, epoch, now).await?;
-        let res = sqlx::query(
-            // A repeated seal (lost response) keeps the first sealing time, so
-            // it never changes which generation the completion binds.
-            "UPDATE artifact_generations SET state = 'sealed', sealed_at = COALESCE(sealed_at, ?) \
-             WHERE id = ? AND job_id = ? AND epoch = ? AND state IN ('uploading', 'sealed') AND expected_sha256 != ''",
-        )
-        .bind(now)
-        .bind(id)
-        .bind(job_id)
-        .bind(epoch)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("upload session {id} of job {job_id} epoch {epoch}")));
-        }
-        tx.commit().await.map_err(db_err)?;
+        write_tx!(self, |tx| {
+            super::lock_job(&mut tx, job_id).await?;
+            let now = now(&mut tx).await?;
+            require_live(&mut tx, job_id, epoch, now).await?;
+            let res = sqlx::query(
+                // A repeated seal (lost response) keeps the first sealing time, so
+                // it never changes which generation the completion binds.
+                q!("UPDATE artifact_generations SET state = 'sealed', sealed_at = COALESCE(sealed_at, ?) \
+             WHERE id = ? AND job_id = ? AND epoch = ? AND state IN ('uploading', 'sealed') AND expected_sha256 != ''"),
+            )
+            .bind(now)
+            .bind(id)
+            .bind(job_id)
+            .bind(epoch)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            if res.rows_affected() == 0 {
+                return Err(StoreError::NotFound(format!("upload session {id} of job {job_id} epoch {epoch}")));
+            }
+            Ok(())
+        })?;
         self.get_generation(id).await
     }
 
     async fn fail_generation(&self, id: &str, message: &str) -> Result<()> {
-        sqlx::query(
-            "UPDATE artifact_generations SET state = 'failed', message = ? WHERE id = ? AND state = 'uploading'",
-        )
+        sqlx::query(q!(
+            "UPDATE artifact_generations SET state = 'failed', message = ? WHERE id = ? AND state = 'uploading'"
+        ))
         .bind(message)
         .bind(id)
         .execute(&self.writer)
@@ -213,11 +217,11 @@ impl ArtifactStore for SqliteStore {
     }
 
     async fn resolve_binding(&self, run_id: &str, job_name: &str, name: &str) -> Result<BoundArtifact> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let row = sqlx::query(sqlf!(
             "SELECT {GEN_COLS}, j.name AS job_name FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
              JOIN artifact_generations g ON g.id = b.generation_id \
              WHERE b.run_id = ? AND (j.name = ? OR j.id = ?) AND b.name = ?"
-        )))
+        ))
         .bind(run_id)
         .bind(job_name)
         .bind(job_name)
@@ -230,10 +234,10 @@ impl ArtifactStore for SqliteStore {
     }
 
     async fn run_bindings(&self, run_id: &str) -> Result<Vec<BoundArtifact>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let rows = sqlx::query(sqlf!(
             "SELECT {GEN_COLS}, j.name AS job_name FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
              JOIN artifact_generations g ON g.id = b.generation_id WHERE b.run_id = ? ORDER BY j.job_index, b.name"
-        )))
+        ))
         .bind(run_id)
         .fetch_all(&self.reader)
         .await
@@ -242,13 +246,13 @@ impl ArtifactStore for SqliteStore {
     }
 
     async fn collectable_generations(&self, grace_ms: i64, limit: u32) -> Result<Vec<GenerationRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let rows = sqlx::query(sqlf!(
             "SELECT {GEN_COLS} FROM artifact_generations g JOIN attempts a ON a.job_id = g.job_id AND a.epoch = g.epoch \
              WHERE g.state != 'deleted' AND a.outcome != 'running' \
              AND NOT EXISTS (SELECT 1 FROM artifact_bindings b WHERE b.generation_id = g.id) \
              AND COALESCE(a.finished_at, g.created_at) <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ? \
              ORDER BY g.created_at LIMIT ?"
-        )))
+        ))
         .bind(grace_ms)
         .bind(limit as i64)
         .fetch_all(&self.reader)
@@ -260,8 +264,8 @@ impl ArtifactStore for SqliteStore {
     async fn mark_generation_deleted(&self, id: &str) -> Result<()> {
         // Never a bound generation, whatever the caller thought.
         sqlx::query(
-            "UPDATE artifact_generations SET state = 'deleted', deleted_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
-             WHERE id = ? AND NOT EXISTS (SELECT 1 FROM artifact_bindings b WHERE b.generation_id = artifact_generations.id)",
+            q!("UPDATE artifact_generations SET state = 'deleted', deleted_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+             WHERE id = ? AND NOT EXISTS (SELECT 1 FROM artifact_bindings b WHERE b.generation_id = artifact_generations.id)"),
         )
         .bind(id)
         .execute(&self.writer)

@@ -12,11 +12,12 @@
 //! same claim request id, and `append_log_chunk` with identical bytes return
 //! the original result.
 
-mod artifacts;
 mod model;
+mod postgres;
 mod sqlite;
 
 pub use model::*;
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
 use async_trait::async_trait;
@@ -41,6 +42,31 @@ pub enum StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The error mapping every backend shares; a backend maps its own codes
+/// (e.g. PostgreSQL's serialization failures) before falling back to this.
+pub(crate) fn common_db_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::RowNotFound => StoreError::NotFound("row".into()),
+        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(d.message().to_string()),
+        // FIX (conformance test `unknown_repository_is_not_unavailable`): a
+        // reference to a missing row (accept_run with an unknown repo_id or
+        // parent_run_id) is the caller's error, not an outage; it used to fall
+        // through to `Unavailable` ("nothing was decided, retry").
+        sqlx::Error::Database(d) if d.is_foreign_key_violation() => {
+            StoreError::Invalid(format!("references a missing record: {}", d.message()))
+        }
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+pub(crate) fn parse_enum<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T> {
+    s.parse::<T>().map_err(StoreError::Invalid)
+}
+
+pub(crate) fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
 
 #[async_trait]
 pub trait RepoStore: Send + Sync {

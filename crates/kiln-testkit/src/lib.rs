@@ -1,6 +1,10 @@
 //! Test helpers: real git repositories in temporary directories and a real
 //! `kiln up` process. Dev-dependency only.
 
+mod postgres;
+
+pub use postgres::{TempPostgres, postgres_available};
+
 use anyhow::{Context, Result, bail};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,194 @@
+//! PostgreSQL implementation (for several server replicas and large
+//! installations). The transactions are `engine.rs` and `artifacts.rs`,
+//! shared with SQLite; this file is the PostgreSQL dialect they are compiled
+//! for.
+//!
+//! Concurrency: where SQLite has one writer, PostgreSQL runs transactions
+//! concurrently. Every mutating transaction runs at SERIALIZABLE isolation,
+//! so its outcome is the outcome of some serial order, exactly as on SQLite;
+//! a serialization failure or deadlock reruns the whole transaction (bounded,
+//! with jitter). On top of that, transactions take row locks in the spec's
+//! order — the run row (`SELECT … FOR UPDATE`) first, then job rows — so
+//! transactions on one run queue behind each other instead of aborting late.
+//! Times are unix milliseconds from the database clock (`clock_timestamp()`).
+
+use crate::{Result, StoreError};
+use kiln_core::Backoff;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{LazyLock, RwLock};
+use std::time::Duration;
+
+#[allow(clippy::duplicate_mod)]
+#[path = "artifacts.rs"]
+mod artifacts;
+#[allow(clippy::duplicate_mod)]
+#[path = "engine.rs"]
+mod engine;
+
+pub(crate) type Db = Postgres;
+pub(crate) type DbRow = sqlx::postgres::PgRow;
+pub(crate) type Tx<'a> = Transaction<'a, Postgres>;
+pub(crate) type StoreImpl = PgStore;
+
+/// Marks a transaction that lost a serialization race: nothing was decided,
+/// and the whole transaction may be run again.
+const RETRY_MARK: &str = "serialization failure, retry: ";
+
+#[derive(Clone)]
+pub struct PgStore {
+    pub(crate) writer: PgPool,
+    /// The same pool: PostgreSQL has no single-writer restriction.
+    pub(crate) reader: PgPool,
+    backoff: Backoff,
+}
+
+pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
+    if let sqlx::Error::Database(d) = &e {
+        // serialization_failure, deadlock_detected
+        if matches!(d.code().as_deref(), Some("40001" | "40P01")) {
+            return StoreError::Unavailable(format!("{RETRY_MARK}{}", d.message()));
+        }
+    }
+    crate::common_db_err(e)
+}
+
+pub(crate) fn retryable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(m) if m.starts_with(RETRY_MARK))
+}
+
+/// Enough for dozens of transactions racing on one run (a test's worst case);
+/// after that the caller sees `Unavailable` (HTTP 503) and may retry.
+pub(crate) const MAX_TX_RETRIES: u32 = 30;
+
+pub(crate) async fn retry_pause(tries: u32) {
+    use rand::Rng;
+    let cap = (1u64 << tries.min(6)).min(50);
+    let ms = rand::rng().random_range(0..=cap);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+pub(crate) const NOW_SQL: &str = "SELECT CAST(extract(epoch from clock_timestamp()) * 1000 AS BIGINT)";
+
+/// Rewrites the engine's SQL (SQLite's dialect) for PostgreSQL: its clock,
+/// `json_each` over a bound JSON array, and numbered placeholders.
+fn rewrite(s: &str) -> String {
+    let s = s
+        .replace(
+            "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+            "CAST(extract(epoch from clock_timestamp()) * 1000 AS BIGINT)",
+        )
+        .replace("json_each(?)", "json_array_elements_text(CAST(? AS json))");
+    let mut out = String::with_capacity(s.len() + 16);
+    let (mut n, mut quoted) = (0, false);
+    for c in s.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted => {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The rewritten form of each SQL literal, computed once.
+pub(crate) fn sql(s: &'static str) -> &'static str {
+    static CACHE: LazyLock<RwLock<HashMap<&'static str, &'static str>>> = LazyLock::new(Default::default);
+    if let Some(r) = CACHE.read().expect("sql cache").get(s) {
+        return r;
+    }
+    let r: &'static str = Box::leak(rewrite(s).into_boxed_str());
+    CACHE.write().expect("sql cache").insert(s, r);
+    r
+}
+
+pub(crate) fn sql_owned(s: String) -> String {
+    rewrite(&s)
+}
+
+/// The run row of a job, locked first (spec 000 §9: mutations of one run are
+/// serialized on the run).
+pub(crate) async fn lock_run_of_job(tx: &mut Tx<'_>, job_id: &str) -> Result<()> {
+    sqlx::query("SELECT r.id FROM runs r JOIN jobs j ON j.run_id = r.id WHERE j.id = $1 FOR UPDATE OF r")
+        .bind(job_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+pub(crate) async fn lock_run(tx: &mut Tx<'_>, run_id: &str) -> Result<()> {
+    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(run_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+pub(crate) async fn lock_job(tx: &mut Tx<'_>, job_id: &str) -> Result<()> {
+    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(job_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+impl PgStore {
+    /// Connect to `url` (`postgres://user:pass@host:port/db`) and run migrations.
+    pub async fn connect(url: &str) -> Result<PgStore> {
+        let opts = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("database url: {e}")))?
+            // Like SQLite's busy timeout: a lock held elsewhere for this long
+            // is an outage (503), not a hang.
+            .options([("lock_timeout", "10s")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(opts)
+            .await
+            .map_err(db_err)?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
+        Ok(PgStore { writer: pool.clone(), reader: pool, backoff: Backoff::default() })
+    }
+
+    /// Override the retry backoff (tests use a small one).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
+        self.writer.begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE").await.map_err(db_err)
+    }
+
+    pub(crate) fn retry_delay(&self, n: u32) -> i64 {
+        self.backoff.delay_ms(n, &mut rand::rng()) as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rewrite;
+
+    #[test]
+    fn placeholders_are_numbered_outside_literals() {
+        assert_eq!(
+            rewrite("SELECT a FROM t WHERE b = ? AND c = '?' AND d IN (SELECT value FROM json_each(?))"),
+            "SELECT a FROM t WHERE b = $1 AND c = '?' AND d IN (SELECT value FROM json_array_elements_text(CAST($2 AS json)))"
+        );
+    }
+}
