@@ -16,7 +16,7 @@ pub use git::normalize_url;
 
 use anyhow::Context;
 use dispatch::Dispatcher;
-use kiln_store::{SqliteStore, Store};
+use kiln_store::{PgStore, SqliteStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,6 +28,9 @@ use tokio::sync::{Notify, broadcast, watch};
 pub struct ServerConfig {
     pub data_dir: PathBuf,
     pub listen: String,
+    /// Metadata database: `postgres://…` (PostgreSQL), `sqlite:PATH`, or
+    /// `None` for SQLite at `DATA_DIR/kiln.db`.
+    pub database_url: Option<String>,
     /// Lease TTL; agents heartbeat every TTL/3.
     pub lease_ttl: Duration,
     /// How long an agent's leases survive once its connection drops.
@@ -45,6 +48,7 @@ impl ServerConfig {
         ServerConfig {
             data_dir,
             listen,
+            database_url: None,
             lease_ttl: Duration::from_secs(30),
             loss_grace: Duration::from_secs(3),
             retry_base: Duration::from_millis(500),
@@ -138,6 +142,36 @@ fn load_or_create_token(dir: &std::path::Path, name: &str) -> anyhow::Result<Str
     Ok(token)
 }
 
+/// Open the metadata store the configuration names (see
+/// [`ServerConfig::database_url`]).
+async fn open_store(config: &ServerConfig) -> anyhow::Result<Arc<dyn Store>> {
+    let backoff = kiln_core::Backoff { base_ms: config.retry_base.as_millis() as u64, max_ms: 60_000 };
+    let url = config.database_url.as_deref().unwrap_or("");
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = PgStore::connect(url).await.with_context(|| format!("cannot open database {}", redact(url)))?;
+        return Ok(Arc::new(store.with_backoff(backoff)));
+    }
+    let db_path = match url.strip_prefix("sqlite:") {
+        _ if url.is_empty() => config.data_dir.join("kiln.db"),
+        Some(p) if !p.trim_start_matches("//").is_empty() => PathBuf::from(p.trim_start_matches("//")),
+        _ => anyhow::bail!("--database-url {url}: expected postgres://USER@HOST:PORT/DB or sqlite:PATH"),
+    };
+    let store =
+        SqliteStore::open(&db_path).await.with_context(|| format!("cannot open database {}", db_path.display()))?;
+    Ok(Arc::new(store.with_backoff(backoff)))
+}
+
+/// A database URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
+}
+
 /// Open the store, bind the listener and start serving in the background.
 pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     std::fs::create_dir_all(&config.data_dir)
@@ -145,18 +179,14 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let admin_token = load_or_create_token(&config.data_dir, "admin.token")?;
     let agent_token = load_or_create_token(&config.data_dir, "agent.token")?;
     let blob_key = load_or_create_token(&config.data_dir, "blob.key")?;
-    let db_path = config.data_dir.join("kiln.db");
-    let store = SqliteStore::open(&db_path)
-        .await
-        .with_context(|| format!("cannot open database {}", db_path.display()))?
-        .with_backoff(kiln_core::Backoff { base_ms: config.retry_base.as_millis() as u64, max_ms: 60_000 });
+    let store = open_store(&config).await?;
     let listener =
         TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (job_events, _) = broadcast::channel(4096);
     let config_data_dir = config.data_dir.clone();
     let state = Arc::new(AppState {
-        store: Arc::new(store),
+        store,
         mirrors: git::Mirrors::new(config.data_dir.join("mirrors")),
         config,
         admin_token: admin_token.clone(),

@@ -72,7 +72,7 @@ async fn dispatch(a: &BenchArgs) -> Result<i32, Failure> {
     let repo = tmp.join("repo");
     noop_repo(&repo)?;
     let (handle, stop, tasks) =
-        start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30)).await?;
+        start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30), None).await?;
     let c = Client::new(&handle.url(), &handle.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
         name: "bench".into(),

@@ -85,6 +85,10 @@ pub struct UpArgs {
     /// Number of local agents to run.
     #[arg(long, default_value_t = 2)]
     pub agents: u32,
+    /// Metadata database URL: postgres://USER[:PASS]@HOST:PORT/DB for
+    /// PostgreSQL, or sqlite:PATH (default: SQLite in DATA_DIR).
+    #[arg(long, env = "KILN_DATABASE_URL")]
+    pub database_url: Option<String>,
     /// Lease TTL (e.g. 30s, 500ms); agents heartbeat every third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub lease_ttl: std::time::Duration,
@@ -98,8 +102,9 @@ pub struct ServerArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Metadata database URL (default: sqlite in DATA_DIR; PostgreSQL is not supported yet).
-    #[arg(long)]
+    /// Metadata database URL: postgres://USER[:PASS]@HOST:PORT/DB for
+    /// PostgreSQL, or sqlite:PATH (default: SQLite in DATA_DIR).
+    #[arg(long, env = "KILN_DATABASE_URL")]
     pub database_url: Option<String>,
     /// Object store URL (default: DATA_DIR/objects).
     #[arg(long)]

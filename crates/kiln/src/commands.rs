@@ -114,9 +114,11 @@ pub async fn start_embedded(
     listen: &str,
     agents: u32,
     lease_ttl: Duration,
+    database_url: Option<String>,
 ) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
     let mut config = kiln_server::ServerConfig::new(data_dir.to_path_buf(), listen.to_string());
     config.lease_ttl = lease_ttl;
+    config.database_url = database_url;
     let handle = kiln_server::start(config).await?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = vec![];
@@ -140,7 +142,8 @@ pub async fn start_embedded(
 }
 
 async fn up(a: UpArgs) -> CmdResult {
-    let (handle, stop, tasks) = start_embedded(&a.data_dir, &a.listen, a.agents, a.lease_ttl).await?;
+    let (handle, stop, tasks) =
+        start_embedded(&a.data_dir, &a.listen, a.agents, a.lease_ttl, a.database_url.clone()).await?;
     let url = handle.url();
     println!("Kiln is up: server {url}, {} local agent(s), data in {}", a.agents, a.data_dir.display());
     println!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
@@ -158,17 +161,16 @@ async fn up(a: UpArgs) -> CmdResult {
 
 async fn server(a: ServerArgs) -> CmdResult {
     if let Some(url) = &a.database_url
-        && !url.starts_with("sqlite:")
+        && !["postgres://", "postgresql://", "sqlite:"].iter().any(|p| url.starts_with(p))
     {
-        return Err(usage(format!(
-            "--database-url {url}: only the embedded SQLite store is supported in this version"
-        )));
+        return Err(usage(format!("--database-url {url}: expected postgres://USER@HOST:PORT/DB or sqlite:PATH")));
     }
     if a.object_store.is_some() {
         return Err(usage("--object-store: only the embedded local-disk object store is supported in this version"));
     }
     let mut config = kiln_server::ServerConfig::new(a.data_dir.clone(), a.listen.clone());
     config.lease_ttl = a.lease_ttl;
+    config.database_url = a.database_url.clone();
     config.loss_grace = a.loss_grace;
     config.gc_grace = a.artifact_gc_grace;
     config.gc_interval = a.gc_interval;

@@ -1,0 +1,59 @@
+//! End to end on PostgreSQL: the real `kiln up` with `--database-url` on a
+//! throwaway PostgreSQL server runs a real two-job pipeline, survives a
+//! restart, and keeps no SQLite database beside. Skipped when PostgreSQL is
+//! not installed, unless KILN_REQUIRE_POSTGRES=1.
+
+use kiln_testkit::{KilnUp, TempPostgres, TestRepo, postgres_available};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+fn text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pipeline_runs_with_the_server_on_postgres() {
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::start().unwrap();
+    let url = pg.create_database().await.unwrap();
+    let repo = TestRepo::new(&[
+        (
+            ".kiln/pipeline.yaml",
+            "version: 1\njobs:\n  - name: compile\n    steps:\n      - echo compiling at $KILN_COMMIT\n  \
+             - name: test\n    steps:\n      - echo testing run $KILN_RUN_ID\n",
+        ),
+        ("README", "postgres\n"),
+    ])
+    .unwrap();
+    let up = KilnUp::start_with(BIN.as_ref(), 2, &["--database-url", &url]).unwrap();
+    let out = up.cli().args(["repo", "add", "demo", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "repo add: {}", text(&out));
+    let out = up.cli().args(["run", "--repo", "demo", "--commit", "main", "--follow"]).output().unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}\n{}\n{}", up.log(), pg.log());
+    let head = repo.head().unwrap();
+    assert!(all.contains(&format!("compiling at {head}")), "{all}");
+    assert!(all.contains("testing run"), "{all}");
+    let run_id =
+        all.lines().find_map(|l| l.strip_prefix("run ").and_then(|r| r.strip_suffix(" accepted"))).unwrap().to_string();
+    // The metadata lives in PostgreSQL, not in a SQLite file in the data dir.
+    assert!(!up.data_dir().join("kiln.db").exists());
+
+    // A new server process (with a new data dir) on the same database sees
+    // the finished run.
+    drop(up);
+    let up = KilnUp::start_with(BIN.as_ref(), 0, &["--database-url", &url]).unwrap();
+    let st = up.cli().args(["status", &run_id, "--json"]).output().unwrap();
+    assert!(st.status.success(), "{}\n{}", text(&st), up.log());
+    let run: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(run["status"], "success", "{run}");
+    assert_eq!(run["commit_sha"], head);
+    let jobs = run["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2);
+    for j in jobs {
+        assert_eq!(j["status"], "success", "{j}");
+        assert_eq!(j["attempts"][0]["outcome"], "success", "{j}");
+    }
+}
