@@ -147,11 +147,14 @@ pub(crate) async fn lock_job(tx: &mut Tx<'_>, job_id: &str) -> Result<()> {
 impl PgStore {
     /// Connect to `url` (`postgres://user:pass@host:port/db`) and run migrations.
     pub async fn connect(url: &str) -> Result<PgStore> {
-        let opts = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Invalid(format!("database url: {e}")))?
+        let mut opts =
+            PgConnectOptions::from_str(url).map_err(|e| StoreError::Invalid(format!("database url: {e}")))?;
+        if !url.contains("lock_timeout") {
             // Like SQLite's busy timeout: a lock held elsewhere for this long
-            // is an outage (503), not a hang.
-            .options([("lock_timeout", "10s")]);
+            // is an outage (503), not a hang. A URL may set its own
+            // (`?options=-c%20lock_timeout%3D2s`).
+            opts = opts.options([("lock_timeout", "10s")]);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(30))

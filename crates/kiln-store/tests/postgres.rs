@@ -5,7 +5,7 @@
 mod conformance;
 
 use kiln_core::Backoff;
-use kiln_store::PgStore;
+use kiln_store::{AttemptStore, PgStore, RunStore, StoreError};
 use kiln_testkit::{TempPostgres, postgres_available};
 
 async fn open(backoff: Backoff) -> conformance::Fixture<PgStore> {
@@ -16,3 +16,46 @@ async fn open(backoff: Backoff) -> conformance::Fixture<PgStore> {
 }
 
 conformance::suite!(open, available = postgres_available());
+
+/// PostgreSQL's counterpart of SQLite's "database write-locked by another
+/// process": another connection (a stuck transaction, another replica) holds
+/// a run's row lock. Writes to that run wait, then fail `Unavailable` (the
+/// server's 503) after `lock_timeout` without deciding anything; reads still
+/// answer; other runs are not held up; once the lock goes, the write lands.
+#[tokio::test]
+async fn run_locked_elsewhere_is_unavailable_then_recovers() {
+    use conformance::*;
+    use sqlx::Connection;
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let s = PgStore::connect(&format!("{url}?options=-c%20lock_timeout%3D300ms")).await.unwrap().with_backoff(FAST);
+    let (repo, run_id) = start(&s, workflow(vec![job("a", &[], 0), job("b", &["a"], 0)])).await;
+    let a = agent(&s, "agent", 4).await;
+    let job_a = job_id(&s, &run_id, "a").await;
+    let c = claim(&s, &a, &job_a, LONG_TTL).await;
+    let before = snapshot(&s, &run_id).await;
+
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(&run_id).fetch_one(&mut *tx).await.unwrap();
+
+    match s.complete(&job_a, c.epoch, success()).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable while the run is locked elsewhere, got {other:?}"),
+    }
+    match s.heartbeat(&job_a, c.epoch, LONG_TTL).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable while the run is locked elsewhere, got {other:?}"),
+    }
+    // Reads answer and show nothing decided; another run is not held up.
+    assert_eq!(snapshot(&s, &run_id).await, before);
+    let other_run = s.accept_run(new_run(&repo.id, workflow(vec![job("x", &[], 0)]))).await.unwrap();
+    assert!(other_run.created);
+
+    tx.rollback().await.unwrap();
+    assert_eq!(s.complete(&job_a, c.epoch, success()).await.unwrap(), "success");
+    assert_eq!(job_status(&s, &job_id(&s, &run_id, "b").await).await, kiln_core::JobStatus::Ready);
+}
