@@ -19,6 +19,7 @@
 
 pub mod accept;
 pub mod artifacts;
+pub mod bench;
 pub mod cancel;
 pub mod claim;
 pub mod completion;
@@ -117,6 +118,14 @@ macro_rules! suite {
             artifacts::gc_collects_only_unbound_generations_of_ended_attempts,
             artifacts::deleted_generation_is_never_bound,
         );
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "a throughput figure, not a test"]
+        async fn bench_claims() {
+            if $available {
+                $crate::conformance::bench::claims_per_second(&$crate::conformance::Opener::new($open)).await;
+            }
+        }
 
         #[test]
         fn state_machine_proptest() {
