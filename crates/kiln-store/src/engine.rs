@@ -1363,7 +1363,12 @@ impl AttemptStore for StoreImpl {
         let mut fenced = Vec::new();
         for (job_id, epoch) in candidates {
             let done = write_tx!(self, |tx| {
-                lock_run_of_job(&mut tx, &job_id).await?;
+                // A run another transaction holds (a completion racing the
+                // lease, another replica's reconciler) is skipped: the next
+                // round fences it if it is still expired.
+                if !super::try_lock_run_of_job(&mut tx, &job_id).await? {
+                    return Ok(false);
+                }
                 super::lock_job(&mut tx, &job_id).await?;
                 let now = now(&mut tx).await?;
                 let still: Option<i64> = sqlx::query_scalar(q!(

@@ -10,6 +10,9 @@
 //! with jitter). On top of that, transactions take row locks in the spec's
 //! order — the run row (`SELECT … FOR UPDATE`) first, then job rows — so
 //! transactions on one run queue behind each other instead of aborting late.
+//! The reconciler's fencing takes the run with `SKIP LOCKED` instead: a run
+//! held elsewhere waits for the next round. No transaction spans runs of
+//! different repositories except a run-level concurrency group's own runs.
 //! Times are unix milliseconds from the database clock (`clock_timestamp()`).
 
 use crate::{Result, StoreError};
@@ -124,6 +127,19 @@ pub(crate) async fn lock_run_of_job(tx: &mut Tx<'_>, job_id: &str) -> Result<()>
         .await
         .map_err(db_err)?;
     Ok(())
+}
+
+/// [`lock_run_of_job`] unless another transaction holds the run: then
+/// `false` at once (`SKIP LOCKED`), for work that can wait for its next round.
+pub(crate) async fn try_lock_run_of_job(tx: &mut Tx<'_>, job_id: &str) -> Result<bool> {
+    let locked: Option<String> = sqlx::query_scalar(
+        "SELECT r.id FROM runs r JOIN jobs j ON j.run_id = r.id WHERE j.id = $1 FOR UPDATE OF r SKIP LOCKED",
+    )
+    .bind(job_id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    Ok(locked.is_some())
 }
 
 pub(crate) async fn lock_run(tx: &mut Tx<'_>, run_id: &str) -> Result<()> {

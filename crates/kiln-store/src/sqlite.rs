@@ -51,6 +51,10 @@ pub(crate) async fn lock_run_of_job(_tx: &mut Tx<'_>, _job_id: &str) -> Result<(
     Ok(())
 }
 
+pub(crate) async fn try_lock_run_of_job(_tx: &mut Tx<'_>, _job_id: &str) -> Result<bool> {
+    Ok(true)
+}
+
 pub(crate) async fn lock_run(_tx: &mut Tx<'_>, _run_id: &str) -> Result<()> {
     Ok(())
 }

@@ -97,3 +97,33 @@ async fn run_locked_elsewhere_is_unavailable_then_recovers() {
     assert_eq!(s.complete(&job_a, c.epoch, success()).await.unwrap(), "success");
     assert_eq!(job_status(&s, &job_id(&s, &run_id, "b").await).await, kiln_core::JobStatus::Ready);
 }
+
+/// The reconciler does not queue behind a run another transaction holds (a
+/// completion racing the lease, another replica's reconciler): it skips that
+/// run (`SKIP LOCKED`) and fences it on a later round.
+#[tokio::test]
+async fn reconciler_skips_a_run_locked_elsewhere() {
+    use conformance::*;
+    use sqlx::Connection;
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let s = PgStore::connect(&format!("{url}?options=-c%20lock_timeout%3D300ms")).await.unwrap().with_backoff(FAST);
+    let (_, run_id) = start(&s, workflow(vec![job("a", &[], 1)])).await;
+    let a = agent(&s, "agent", 4).await;
+    let job_a = job_id(&s, &run_id, "a").await;
+    let c = claim(&s, &a, &job_a, SHORT_TTL).await;
+    expire(SHORT_TTL).await;
+
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(&run_id).fetch_one(&mut *tx).await.unwrap();
+    // Skipped at once: neither waiting into lock_timeout nor fencing.
+    assert_eq!(s.fence_expired().await.unwrap(), vec![]);
+    tx.rollback().await.unwrap();
+
+    assert_eq!(s.fence_expired().await.unwrap(), vec![(job_a.clone(), c.epoch)]);
+    assert_eq!(job_status(&s, &job_a).await, kiln_core::JobStatus::Ready);
+}
