@@ -11,8 +11,9 @@
 //! order — the run row (`SELECT … FOR UPDATE`) first, then job rows — so
 //! transactions on one run queue behind each other instead of aborting late.
 //! The reconciler's fencing takes the run with `SKIP LOCKED` instead: a run
-//! held elsewhere waits for the next round. No transaction spans runs of
-//! different repositories except a run-level concurrency group's own runs.
+//! held elsewhere waits for the next round. A transaction changes one run,
+//! except where concurrency groups make runs of one repository depend on
+//! each other (a group's queued, superseded or cancelled runs and jobs).
 //! Times are unix milliseconds from the database clock (`clock_timestamp()`).
 
 use crate::{Result, StoreError};
