@@ -19,9 +19,8 @@
 //! written after it (e.g. the step it announces).
 
 use crate::control::{Control, Stop, backoff};
-use base64::Engine;
 use kiln_api::client::Client;
-use kiln_api::types::LogChunk;
+use kiln_api::types::RawLogChunk as LogChunk;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -71,13 +70,20 @@ struct StreamBuf {
 
 impl StreamBuf {
     fn cut(&mut self, name: &str, len: usize) -> LogChunk {
-        let data: Vec<u8> = self.pending.drain(..len).collect();
+        // Copy the deque's (at most two) slices, then drop the range: a
+        // byte-wise `drain().collect()` cost more than hashing the chunk.
+        let mut data = Vec::with_capacity(len);
+        let (a, b) = self.pending.as_slices();
+        let from_a = a.len().min(len);
+        data.extend_from_slice(&a[..from_a]);
+        data.extend_from_slice(&b[..len - from_a]);
+        self.pending.drain(..len);
         let chunk = LogChunk {
             stream: name.to_string(),
             seq: self.seq,
             offset: self.offset,
-            data: base64::engine::general_purpose::STANDARD.encode(&data),
             sha256: hex::encode(Sha256::digest(&data)),
+            data: data.into(),
         };
         self.seq += 1;
         self.offset += len as i64;
@@ -111,10 +117,10 @@ struct Buffers {
 }
 
 impl Buffers {
-    /// Unshipped bytes, including chunks already cut (base64 is 4/3 of them).
+    /// Unshipped bytes, including chunks already cut.
     fn buffered(&self) -> usize {
         let pending: usize = self.streams.iter().map(|s| s.pending.len()).sum();
-        pending + self.ready.iter().map(|c| c.data.len() / 4 * 3).sum::<usize>()
+        pending + self.ready.iter().map(|c| c.data.len()).sum::<usize>()
     }
 }
 
@@ -351,7 +357,7 @@ impl Shipper {
         let mut failures = 0;
         loop {
             let res = tokio::select! {
-                r = self.client.append_log(&self.job_id, self.epoch, &chunk) => r,
+                r = self.client.append_log_raw(&self.job_id, self.epoch, &chunk) => r,
                 _ = self.ctl.fenced() => return false,
             };
             match res {
@@ -404,7 +410,7 @@ mod tests {
     }
 
     fn decode(c: &LogChunk) -> Vec<u8> {
-        base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap()
+        c.data.to_vec()
     }
 
     #[tokio::test]

@@ -214,6 +214,26 @@ impl Client {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job)), Some(chunk), &[], None).await
     }
 
+    /// [`Self::append_log`] with the bytes as the body (see [`RawLogChunk`]).
+    pub async fn append_log_raw(&self, job: &str, epoch: i64, chunk: &RawLogChunk) -> Result<LogAck, ApiError> {
+        use crate::types::log_headers as h;
+        let resp = self
+            .http
+            .post(self.url(&format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job))))
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .header(h::STREAM, &chunk.stream)
+            .header(h::SEQ, chunk.seq.to_string())
+            .header(h::OFFSET, chunk.offset.to_string())
+            .header(h::SHA256, &chunk.sha256)
+            .body(chunk.data.clone())
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        decode(resp).await
+    }
+
     pub async fn complete(&self, job: &str, epoch: i64, body: &Completion) -> Result<CompletionAck, ApiError> {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/complete", enc(job)), Some(body), &[], None)
             .await

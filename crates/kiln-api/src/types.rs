@@ -254,6 +254,27 @@ pub struct LogChunk {
     pub sha256: String,
 }
 
+/// A log chunk sent as the raw request body (`Content-Type:
+/// application/octet-stream`), its identity in the [`log_headers`]. The
+/// agent's default: no base64 on either side and a third fewer bytes.
+#[derive(Debug, Clone)]
+pub struct RawLogChunk {
+    pub stream: String,
+    pub seq: i64,
+    pub offset: i64,
+    /// hex sha256 of `data`.
+    pub sha256: String,
+    pub data: bytes::Bytes,
+}
+
+/// Headers naming a [`RawLogChunk`].
+pub mod log_headers {
+    pub const STREAM: &str = "kiln-log-stream";
+    pub const SEQ: &str = "kiln-log-seq";
+    pub const OFFSET: &str = "kiln-log-offset";
+    pub const SHA256: &str = "kiln-log-sha256";
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogAck {
     /// Highest contiguous committed byte offset per stream.

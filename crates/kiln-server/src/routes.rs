@@ -599,36 +599,60 @@ async fn heartbeat(
 async fn append_log(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<api::LogAck>> {
-    let chunk: api::LogChunk = parse(&body)?;
+    let raw = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/octet-stream"));
+    let chunk = if raw { raw_chunk(&headers, body)? } else { json_chunk(&body)? };
     if !["stdout", "stderr", "system"].contains(&chunk.stream.as_str()) {
         return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
     }
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(chunk.data.as_bytes())
-        .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
-    if data.len() > MAX_CHUNK {
+    if chunk.data.len() > MAX_CHUNK {
         return Err(ApiErr::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             api::codes::TOO_LARGE,
             "a log chunk carries at most 1 MiB",
         ));
     }
+    let api::RawLogChunk { stream, seq, offset, sha256, data } = chunk;
+    let data = data.to_vec();
     let committed = state
         .store
-        .append_log_chunk(NewLogChunk {
-            job_id: job.clone(),
-            epoch,
-            stream: chunk.stream,
-            seq: chunk.seq,
-            offset: chunk.offset,
-            sha256: chunk.sha256,
-            data,
-        })
+        .append_log_chunk(NewLogChunk { job_id: job.clone(), epoch, stream, seq, offset, sha256, data })
         .await?;
     let _ = state.job_events.send(job);
     Ok(Json(api::LogAck { committed: committed.into_iter().collect() }))
+}
+
+/// A chunk in a JSON body (`data` in base64).
+fn json_chunk(body: &Bytes) -> Result<api::RawLogChunk, ApiErr> {
+    let c: api::LogChunk = parse(body)?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(c.data.as_bytes())
+        .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
+    Ok(api::RawLogChunk { stream: c.stream, seq: c.seq, offset: c.offset, sha256: c.sha256, data: data.into() })
+}
+
+/// A chunk as a raw body, its identity in `kiln-log-*` headers.
+fn raw_chunk(headers: &HeaderMap, body: Bytes) -> Result<api::RawLogChunk, ApiErr> {
+    use api::log_headers as h;
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ApiErr::bad_request(format!("a raw log chunk needs the {name} header")))
+    };
+    let int =
+        |name: &str| get(name)?.parse::<i64>().map_err(|_| ApiErr::bad_request(format!("{name} must be an integer")));
+    Ok(api::RawLogChunk {
+        stream: get(h::STREAM)?.to_string(),
+        seq: int(h::SEQ)?,
+        offset: int(h::OFFSET)?,
+        sha256: get(h::SHA256)?.to_string(),
+        data: body,
+    })
 }
 
 async fn complete(
