@@ -151,6 +151,28 @@ pub struct LogEvent {
     pub data: String,
 }
 
+/// Payload of an SSE `sealed` event: attempt `epoch` ended through its agent
+/// (`outcome`), and its log is complete: `committed` gives each stream's
+/// final length in bytes. Distinct from a dropped connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogSealed {
+    pub epoch: i64,
+    pub outcome: String,
+    #[serde(default)]
+    pub committed: BTreeMap<String, i64>,
+}
+
+/// Payload of an SSE `gap` event: the agent of attempt `epoch` was lost;
+/// output it had not delivered past `committed` is missing, and this
+/// attempt's log has no clean end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogGap {
+    pub epoch: i64,
+    pub reason: String,
+    #[serde(default)]
+    pub committed: BTreeMap<String, i64>,
+}
+
 /// Payload of an SSE `end` event: the job reached a terminal status and every
 /// committed chunk has been sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -315,9 +315,21 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
             let got = !chunks.is_empty();
             for c in chunks {
                 cursor = c.id;
-                let payload =
-                    api::LogEvent { epoch: c.epoch, stream: c.stream, offset: c.offset, data: b64.encode(&c.data) };
-                let ev = Event::default().id(c.id.to_string()).event("chunk").json_data(payload).expect("json");
+                let ev = Event::default().id(c.id.to_string());
+                // `seal` and `gap` rows are events of the attempt, not bytes.
+                let ev = match c.stream.as_str() {
+                    "seal" => ev.event("sealed").data(String::from_utf8_lossy(&c.data)),
+                    "gap" => ev.event("gap").data(String::from_utf8_lossy(&c.data)),
+                    _ => ev
+                        .event("chunk")
+                        .json_data(api::LogEvent {
+                            epoch: c.epoch,
+                            stream: c.stream,
+                            offset: c.offset,
+                            data: b64.encode(&c.data),
+                        })
+                        .expect("json"),
+                };
                 if tx.send(ev).await.is_err() {
                     return;
                 }

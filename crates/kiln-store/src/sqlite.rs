@@ -526,7 +526,9 @@ async fn append_gap_marker(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<
     .execute(&mut **tx)
     .await
     .map_err(db_err)?;
-    Ok(())
+    let committed = committed_offsets(tx, job_id, epoch).await?;
+    let payload = serde_json::json!({ "epoch": epoch, "reason": "agent lost", "committed": committed });
+    append_marker(tx, job_id, epoch, LOG_GAP, &payload).await
 }
 
 /// The context an `if:` is evaluated in: the frozen run's trigger and the
@@ -805,7 +807,7 @@ async fn end_attempt(
     message: Option<&str>,
     now: i64,
 ) -> Result<()> {
-    sqlx::query(
+    let ended = sqlx::query(
         "UPDATE attempts SET outcome = ?, exit_code = ?, message = ?, finished_at = ? \
          WHERE job_id = ? AND epoch = ? AND outcome = 'running'",
     )
@@ -815,6 +817,56 @@ async fn end_attempt(
     .bind(now)
     .bind(job_id)
     .bind(epoch)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    // An attempt that ended through its agent has a sealed log: what was
+    // committed is all there is (spec 000 §13: `log.sealed` is distinct from
+    // a dropped connection, which gets a gap marker when it is fenced).
+    if ended.rows_affected() > 0 && outcome != AttemptOutcome::Lost {
+        let committed = committed_offsets(tx, job_id, epoch).await?;
+        let payload = serde_json::json!({ "epoch": epoch, "outcome": outcome.as_str(), "committed": committed });
+        append_marker(tx, job_id, epoch, LOG_SEAL, &payload).await?;
+    }
+    Ok(())
+}
+
+/// Log rows that are events rather than bytes: `seal` (the attempt ended
+/// through its agent; every committed byte is all there is) and `gap` (the
+/// agent was lost; bytes it had not delivered are missing).
+pub(crate) const LOG_SEAL: &str = "seal";
+pub(crate) const LOG_GAP: &str = "gap";
+
+async fn committed_offsets(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT stream, committed FROM log_progress WHERE job_id = ? AND epoch = ?")
+            .bind(job_id)
+            .bind(epoch)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db_err)?;
+    Ok(rows.into_iter().collect())
+}
+
+async fn append_marker(
+    tx: &mut Tx<'_>,
+    job_id: &str,
+    epoch: i64,
+    kind: &str,
+    payload: &serde_json::Value,
+) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    let data = serde_json::to_vec(payload).expect("json");
+    sqlx::query(
+        "INSERT OR IGNORE INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) \
+         VALUES (?, ?, ?, 0, 0, ?, ?, ?)",
+    )
+    .bind(job_id)
+    .bind(epoch)
+    .bind(kind)
+    .bind(data.len() as i64)
+    .bind(hex::encode(Sha256::digest(&data)))
+    .bind(&data)
     .execute(&mut **tx)
     .await
     .map_err(db_err)?;

@@ -356,6 +356,14 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(
                             }
                         }
                         "end" => return Ok(()),
+                        "gap" => {
+                            if let Ok(g) = serde_json::from_str::<kiln_api::LogGap>(&ev.data) {
+                                eprintln!(
+                                    "kiln: ⚠ log gap in attempt {}: {}; its log has no clean end",
+                                    g.epoch, g.reason
+                                );
+                            }
+                        }
                         _ => {}
                     }
                 }
