@@ -308,9 +308,12 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
         let mut events = state.job_events.subscribe();
         let b64 = base64::engine::general_purpose::STANDARD;
         loop {
-            let chunks = match state.store.log_chunks_after(&job, cursor, 256).await {
+            let chunks = match crate::logarchive::chunks_after(&state, &job, cursor, 256).await {
                 Ok(c) => c,
-                Err(_) => break,
+                Err(e) => {
+                    tracing::error!(job, "cannot read log: {e:#}");
+                    break;
+                }
             };
             let got = !chunks.is_empty();
             for c in chunks {
@@ -343,7 +346,7 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
             };
             if status.is_terminal() {
                 // Chunks are acknowledged before completion: re-read once, then end.
-                let rest = state.store.log_chunks_after(&job, cursor, 1).await.unwrap_or_default();
+                let rest = crate::logarchive::chunks_after(&state, &job, cursor, 1).await.unwrap_or_default();
                 if rest.is_empty() {
                     let ev = Event::default()
                         .id(cursor.to_string())

@@ -106,6 +106,15 @@ pub trait LogStore: Send + Sync {
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;
     /// Chunks of a job with event id greater than `after_id`, in id order.
     async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>>;
+    /// Jobs finished at least `grace_ms` ago whose log still has chunks in
+    /// the hot journal: candidates for archival.
+    async fn logs_to_archive(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>>;
+    /// Record an archive whose objects were written, and trim exactly the
+    /// chunks it holds from the hot journal, in one transaction. Conflict if
+    /// the journal no longer holds `chunks` rows in `first_id..=last_id`.
+    async fn record_log_archive(&self, archive: &LogArchive) -> Result<()>;
+    /// A job's archives, by `first_id`.
+    async fn log_archives(&self, job_id: &str) -> Result<Vec<LogArchive>>;
 }
 
 /// Artifact generations and bindings (spec 000 §9, §12, invariant 4).

@@ -1689,4 +1689,80 @@ impl LogStore for SqliteStore {
             .map(|(id, epoch, stream, offset, data)| LogChunkRecord { id, epoch, stream, offset, data })
             .collect())
     }
+
+    async fn logs_to_archive(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT j.id FROM (SELECT DISTINCT job_id FROM log_chunks) c JOIN jobs j ON j.id = c.job_id \
+             WHERE j.status IN ('success', 'failed', 'cancelled', 'skipped') \
+               AND j.finished_at IS NOT NULL AND j.finished_at <= (unixepoch('subsec') * 1000) - ? \
+             LIMIT ?",
+        )
+        .bind(grace_ms)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn record_log_archive(&self, a: &LogArchive) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let held: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM log_chunks WHERE job_id = ? AND id BETWEEN ? AND ?")
+            .bind(&a.job_id)
+            .bind(a.first_id)
+            .bind(a.last_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if held != a.chunks {
+            return Err(StoreError::Conflict(format!(
+                "log of job {} changed while it was archived: {held} chunks in {}..={}, archive holds {}",
+                a.job_id, a.first_id, a.last_id, a.chunks
+            )));
+        }
+        sqlx::query(
+            "INSERT INTO log_archives (job_id, first_id, last_id, segment_key, index_key, chunks, bytes, archived_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, unixepoch('subsec') * 1000)",
+        )
+        .bind(&a.job_id)
+        .bind(a.first_id)
+        .bind(a.last_id)
+        .bind(&a.segment_key)
+        .bind(&a.index_key)
+        .bind(a.chunks)
+        .bind(a.bytes)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query("DELETE FROM log_chunks WHERE job_id = ? AND id BETWEEN ? AND ?")
+            .bind(&a.job_id)
+            .bind(a.first_id)
+            .bind(a.last_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn log_archives(&self, job_id: &str) -> Result<Vec<LogArchive>> {
+        let rows: Vec<(String, i64, i64, String, String, i64, i64)> = sqlx::query_as(
+            "SELECT job_id, first_id, last_id, segment_key, index_key, chunks, bytes FROM log_archives \
+             WHERE job_id = ? ORDER BY first_id",
+        )
+        .bind(job_id)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(db_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(job_id, first_id, last_id, segment_key, index_key, chunks, bytes)| LogArchive {
+                job_id,
+                first_id,
+                last_id,
+                segment_key,
+                index_key,
+                chunks,
+                bytes,
+            })
+            .collect())
+    }
 }

@@ -119,6 +119,10 @@ pub struct ServerArgs {
     /// Base delay of the retry backoff (exponential, with jitter).
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub retry_base: std::time::Duration,
+    /// A finished job's log moves from the database's hot journal to the
+    /// object store (immutable segment + index) this long after the job ended.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub log_archive_after: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

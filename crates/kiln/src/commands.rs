@@ -173,6 +173,8 @@ async fn server(a: ServerArgs) -> CmdResult {
     config.gc_grace = a.artifact_gc_grace;
     config.gc_interval = a.gc_interval;
     config.retry_base = a.retry_base;
+    config.log_archive_after = a.log_archive_after;
+    config.log_archive_interval = a.log_archive_after.clamp(Duration::from_millis(200), Duration::from_secs(10));
     let handle = kiln_server::start(config).await?;
     println!("kiln server listening on {} (tokens in {})", handle.url(), a.data_dir.display());
     let _ = std::io::stdout().flush();

@@ -164,3 +164,36 @@ pub async fn completion_seals_the_log_and_fencing_marks_a_gap<S: Store + 'static
     let system: Vec<u8> = rows.iter().filter(|r| r.stream == "system").flat_map(|r| r.data.clone()).collect();
     assert!(String::from_utf8_lossy(&system).contains("gap"), "and a readable line for plain viewers");
 }
+
+/// Archival bookkeeping: only finished jobs are candidates; recording an
+/// archive trims exactly the chunks it holds, in one transaction, and is
+/// refused (changing nothing) when the journal no longer matches.
+pub async fn archiving_trims_exactly_what_the_archive_holds<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"one\n")).await.unwrap();
+    s.append_log_chunk(chunk(&job, 1, "stdout", 1, 4, b"two\n")).await.unwrap();
+    assert!(s.logs_to_archive(0, 10).await.unwrap().is_empty(), "a running job's log stays hot");
+    s.complete(&job, 1, success()).await.unwrap();
+    assert!(s.logs_to_archive(3_600_000, 10).await.unwrap().is_empty(), "not before the grace period");
+    assert_eq!(s.logs_to_archive(0, 10).await.unwrap(), [job.clone()]);
+    let rows = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    assert_eq!(rows.len(), 3, "two chunks and the seal");
+    let archive = |chunks| LogArchive {
+        job_id: job.clone(),
+        first_id: rows[0].id,
+        last_id: rows[2].id,
+        segment_key: "logs/x.seg".into(),
+        index_key: "logs/x.idx.json".into(),
+        chunks,
+        bytes: 8,
+    };
+    assert_conflict(s.record_log_archive(&archive(2)).await);
+    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 3, "a refused archive trims nothing");
+    assert!(s.log_archives(&job).await.unwrap().is_empty());
+    s.record_log_archive(&archive(3)).await.unwrap();
+    assert!(s.log_chunks_after(&job, 0, 100).await.unwrap().is_empty());
+    assert_eq!(s.log_archives(&job).await.unwrap(), [archive(3)]);
+    assert!(s.logs_to_archive(0, 10).await.unwrap().is_empty(), "archived logs are not candidates again");
+}

@@ -1,0 +1,114 @@
+//! Logs end to end (spec 000 §13) with real `kiln server` and `kiln agent`
+//! processes: archival of finished logs to the object store, replay across
+//! archival, and the journal trimmed only after the archive is stored.
+
+use futures::StreamExt;
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnServer, TestRepo, wait_for, wait_run};
+use std::path::Path;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
+    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Rows of `job` in the hot journal, read from the server's SQLite file by
+/// another process (Python's sqlite3), as an operator would.
+fn journal_rows(data: &Path, job: &str) -> i64 {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('SELECT COUNT(*) FROM log_chunks WHERE job_id=?', (sys.argv[2],)).fetchone()[0])")
+        .arg(data.join("kiln.db"))
+        .arg(job)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn segments(data: &Path, job: &str) -> Vec<std::path::PathBuf> {
+    let dir = data.join("objects/objects/logs").join(job);
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "seg")).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+async fn events(c: &Client, job: &str, last: Option<&str>) -> Vec<(String, String, String)> {
+    let s = c.log_events(job, last).await.unwrap();
+    let evs: Vec<_> = tokio::time::timeout(Duration::from_secs(30), s.map(|e| e.unwrap()).collect::<Vec<_>>())
+        .await
+        .expect("the stream ends");
+    evs.into_iter().map(|e| (e.id, e.event, e.data)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn finished_logs_move_to_the_object_store_and_replay_identically() {
+    let server = KilnServer::start(BIN.as_ref(), &["--log-archive-after", "300ms"]).unwrap();
+    let data = server.data_dir();
+    // Archival will fail at first: the object store cannot create the
+    // directory its staging files go to.
+    std::fs::create_dir_all(data.join("objects/staging")).unwrap();
+    std::fs::write(data.join("objects/staging/logs"), "not a directory").unwrap();
+    let _agent = server.agent("a1", &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: loud\n    steps:\n      - seq 1 40000\n      - echo warning >&2\n      - seq 40001 80000\n",
+    )])
+    .unwrap();
+    add_repo(&server, "loud", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 60).await;
+    assert_eq!(run.status, "success");
+    let job = run.jobs[0].id.clone();
+    let before = events(&c, &job, None).await;
+    assert_eq!(before.last().unwrap().1, "end");
+    assert!(before.iter().any(|e| e.1 == "sealed"), "the completed attempt's log is sealed");
+    let rows = journal_rows(&data, &job);
+    assert!(rows > 3, "{rows}");
+
+    // The archiver tries and fails: the journal keeps every row.
+    wait_for(Duration::from_secs(20), || server.log().contains("cannot archive log").then_some(()))
+        .expect("archival attempted");
+    assert_eq!(journal_rows(&data, &job), rows, "nothing trimmed while the archive cannot be stored");
+    assert_eq!(events(&c, &job, None).await, before);
+
+    // The store recovers: the log is archived, then trimmed from the journal.
+    std::fs::remove_file(data.join("objects/staging/logs")).unwrap();
+    wait_for(Duration::from_secs(20), || (journal_rows(&data, &job) == 0).then_some(())).expect("journal trimmed");
+    let segs = segments(&data, &job);
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    assert!(segs[0].with_extension("idx.json").exists());
+    assert!(std::fs::metadata(&segs[0]).unwrap().permissions().readonly(), "segments are immutable");
+
+    // Replay from the archive: the same events with the same ids, and a
+    // resume from the middle yields exactly the rest.
+    let after = events(&c, &job, None).await;
+    assert_eq!(after, before);
+    let mid = &before[before.len() / 2].0;
+    let resumed = events(&c, &job, Some(mid)).await;
+    assert_eq!(resumed[..], before[before.len() / 2 + 1..]);
+    let out = server.cli().args(["logs", &r.run_id]).output().unwrap();
+    let numbers: Vec<u32> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(numbers, (1..=80000).collect::<Vec<u32>>(), "kiln logs reads the archive");
+
+    // A damaged segment is never served as the log: the stream stops short
+    // of its end marker instead.
+    let seg = &segs[0];
+    let mut perms = std::fs::metadata(seg).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(seg, perms).unwrap();
+    let mut bytes = std::fs::read(seg).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0xff;
+    std::fs::write(seg, bytes).unwrap();
+    let damaged = events(&c, &job, None).await;
+    assert!(damaged.iter().all(|e| e.1 != "end"), "a corrupt archive must not end cleanly");
+    assert!(server.log().contains("corrupt"), "{}", server.log());
+}
