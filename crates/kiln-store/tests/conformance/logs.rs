@@ -177,7 +177,7 @@ pub async fn archiving_trims_exactly_what_the_archive_holds<S: Store + 'static>(
     assert!(s.logs_to_archive(0, 10).await.unwrap().is_empty(), "a running job's log stays hot");
     s.complete(&job, 1, success()).await.unwrap();
     assert!(s.logs_to_archive(3_600_000, 10).await.unwrap().is_empty(), "not before the grace period");
-    assert_eq!(s.logs_to_archive(0, 10).await.unwrap(), [job.clone()]);
+    assert_eq!(s.logs_to_archive(0, 10).await.unwrap(), vec![job.clone()]);
     let rows = s.log_chunks_after(&job, 0, 100).await.unwrap();
     assert_eq!(rows.len(), 3, "two chunks and the seal");
     let archive = |chunks| LogArchive {
