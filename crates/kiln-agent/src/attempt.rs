@@ -101,6 +101,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
             a.epoch,
             ctl.clone(),
             LogConfig { max_bytes: ctx.log_limit, ..LogConfig::default() },
+            crate::mask::Masker::new(a.secrets.values().map(String::as_str)),
         );
         let attempt_dir = ctx.attempts_dir().join(format!("{}-{}", a.job_id, a.epoch));
 
@@ -220,6 +221,7 @@ async fn run_steps(exec: &dyn Executor, a: &Assignment, ws: &Path, ctl: &Control
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
     }
     let mut env: BTreeMap<String, String> = a.env.clone();
+    env.extend(a.secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
     for (k, v) in [
         ("KILN_RUN_ID", a.run_id.clone()),
         ("KILN_JOB", a.job_name.clone()),

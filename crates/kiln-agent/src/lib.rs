@@ -33,6 +33,7 @@ mod checkout;
 mod control;
 mod heartbeat;
 mod logs;
+mod mask;
 mod ratelimit;
 mod session;
 

@@ -19,6 +19,7 @@
 //! written after it (e.g. the step it announces).
 
 use crate::control::{Control, Stop, backoff};
+use crate::mask::{Held, Masker};
 use kiln_api::client::Client;
 use kiln_api::types::RawLogChunk as LogChunk;
 use sha2::{Digest, Sha256};
@@ -114,6 +115,8 @@ struct Buffers {
     accepted: u64,
     /// Bytes dropped because the attempt's output limit was reached.
     truncated: u64,
+    /// Tails of stdout and stderr held back by the secret masker.
+    held: [Held; 2],
 }
 
 impl Buffers {
@@ -126,6 +129,7 @@ impl Buffers {
 
 pub(crate) struct LogStreamer {
     cfg: LogConfig,
+    masker: Option<Masker>,
     bufs: Arc<Mutex<Buffers>>,
     notify: Arc<Notify>,
     task: JoinHandle<bool>,
@@ -160,22 +164,73 @@ impl Default for LogConfig {
 }
 
 impl LogStreamer {
-    pub(crate) fn start(client: Client, job_id: String, epoch: i64, ctl: Control, cfg: LogConfig) -> Self {
+    pub(crate) fn start(
+        client: Client,
+        job_id: String,
+        epoch: i64,
+        ctl: Control,
+        cfg: LogConfig,
+        masker: Option<Masker>,
+    ) -> Self {
         let bufs = Arc::new(Mutex::new(Buffers::default()));
         let notify = Arc::new(Notify::new());
         let shipper = Shipper { client, job_id, epoch, ctl, cfg, bufs: bufs.clone(), notify: notify.clone() };
         let task = tokio::spawn(shipper.run());
-        LogStreamer { cfg, bufs, notify, task }
+        LogStreamer { cfg, masker, bufs, notify, task }
     }
 
     /// Appends bytes; never waits. Over the buffer cap, bytes are dropped
-    /// and the drop is reported in the `system` stream.
+    /// and the drop is reported in the `system` stream. Secret values are
+    /// masked first (see [`crate::mask`]).
     pub(crate) fn write(&self, stream: Stream, data: &[u8]) {
         if data.is_empty() {
             return;
         }
         let mut b = self.bufs.lock().expect("log buffers");
         if b.closed {
+            return;
+        }
+        let masked;
+        let data = match (&self.masker, stream) {
+            (Some(m), Stream::Stdout | Stream::Stderr) => {
+                let mut out = Vec::with_capacity(data.len());
+                m.push(&mut b.held[stream as usize], data, &mut out);
+                masked = out;
+                &masked[..]
+            }
+            _ => data,
+        };
+        self.append(b, stream, data);
+    }
+
+    /// A whole line with secrets masked (step headers quote commands).
+    fn mask_line(&self, line: &str) -> String {
+        match &self.masker {
+            None => line.to_string(),
+            Some(m) => {
+                let mut out = Vec::with_capacity(line.len());
+                m.finish(&mut Held::from(line.as_bytes()), &mut out);
+                String::from_utf8_lossy(&out).into_owned()
+            }
+        }
+    }
+
+    /// Releases the masker's held-back tails (end of a step: no secret can
+    /// continue across it).
+    fn release_held(&self) {
+        let Some(m) = &self.masker else { return };
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let mut b = self.bufs.lock().expect("log buffers");
+            let mut out = Vec::new();
+            m.finish(&mut b.held[stream as usize], &mut out);
+            if !out.is_empty() && !b.closed {
+                self.append(b, stream, &out);
+            }
+        }
+    }
+
+    fn append(&self, mut b: std::sync::MutexGuard<'_, Buffers>, stream: Stream, data: &[u8]) {
+        if data.is_empty() {
             return;
         }
         let mut data = data;
@@ -223,6 +278,7 @@ impl LogStreamer {
     /// A line in the `system` stream (a newline is added), shipped at once
     /// as its own chunk, after everything written before it.
     pub(crate) fn system(&self, line: &str) {
+        let line = &self.mask_line(line);
         let mut b = self.bufs.lock().expect("log buffers");
         if b.closed {
             return;
@@ -241,6 +297,7 @@ impl LogStreamer {
     /// A line in the `system` stream shipped with the next [`Self::system`]
     /// line or flush (saves a request for lines that precede a header anyway).
     pub(crate) fn system_note(&self, line: &str) {
+        let line = &self.mask_line(line);
         let mut b = self.bufs.lock().expect("log buffers");
         if b.closed {
             return;
@@ -261,6 +318,7 @@ impl LogStreamer {
 
     /// Ship everything buffered now (step end); does not wait.
     pub(crate) fn flush(&self) {
+        self.release_held();
         self.bufs.lock().expect("log buffers").flush_requested = true;
         self.notify.notify_one();
     }
@@ -268,6 +326,7 @@ impl LogStreamer {
     /// Ships everything still buffered and waits until every chunk was
     /// acknowledged (or skipped). False if the attempt was fenced first.
     pub(crate) async fn finish(self) -> bool {
+        self.release_held();
         self.bufs.lock().expect("log buffers").closed = true;
         self.notify.notify_one();
         self.task.await.unwrap_or(false)
@@ -459,6 +518,7 @@ mod tests {
         let s = shipper(4);
         let streamer = LogStreamer {
             cfg: s.cfg,
+            masker: None,
             bufs: s.bufs.clone(),
             notify: s.notify.clone(),
             task: tokio::spawn(async { true }),

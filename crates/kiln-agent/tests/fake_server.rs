@@ -598,6 +598,7 @@ impl Harness {
             image: None,
             publish: vec![],
             restore: vec![],
+            secrets: BTreeMap::new(),
             lease_ttl_ms: 5_000,
             heartbeat_interval_ms: 100,
         }

@@ -129,6 +129,28 @@ impl Client {
         Ok(r.repos)
     }
 
+    pub async fn put_secret(&self, repo: &str, name: &str, value: &str) -> Result<SecretInfo, ApiError> {
+        let body = PutSecret { value: value.to_string() };
+        self.send(Method::PUT, &format!("/v1/repos/{}/secrets/{}", enc(repo), enc(name)), Some(&body), &[], None).await
+    }
+
+    pub async fn list_secrets(&self, repo: &str) -> Result<Vec<SecretInfo>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Secrets {
+            secrets: Vec<SecretInfo>,
+        }
+        let r: Secrets =
+            self.send::<(), _>(Method::GET, &format!("/v1/repos/{}/secrets", enc(repo)), None, &[], None).await?;
+        Ok(r.secrets)
+    }
+
+    pub async fn delete_secret(&self, repo: &str, name: &str) -> Result<(), ApiError> {
+        let _: serde_json::Value = self
+            .send::<(), _>(Method::DELETE, &format!("/v1/repos/{}/secrets/{}", enc(repo), enc(name)), None, &[], None)
+            .await?;
+        Ok(())
+    }
+
     pub async fn submit_run(
         &self,
         repo: &str,

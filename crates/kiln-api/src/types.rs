@@ -235,6 +235,23 @@ pub struct Assignment {
     pub restore: Vec<RestoreSpec>,
     pub lease_ttl_ms: u64,
     pub heartbeat_interval_ms: u64,
+    /// Secrets the job asked for (`secrets:`), set as environment variables;
+    /// the agent masks their values (and base64 forms) in the job's output.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+}
+
+/// `PUT /v1/repos/{repo}/secrets/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutSecret {
+    pub value: String,
+}
+
+/// A secret as the API shows it: never its value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SecretInfo {
+    pub name: String,
+    pub updated_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

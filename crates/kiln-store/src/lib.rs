@@ -47,6 +47,18 @@ pub trait RepoStore: Send + Sync {
     async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord>;
     async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
     async fn list_repos(&self) -> Result<Vec<RepoRecord>>;
+    /// Create or replace a repository secret.
+    async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()>;
+    /// False if there was no such secret.
+    async fn delete_secret(&self, repo_id: &str, name: &str) -> Result<bool>;
+    /// Names and last-update times (ms) of a repository's secrets; never values.
+    async fn list_secrets(&self, repo_id: &str) -> Result<Vec<(String, i64)>>;
+    /// Values of the named secrets that exist.
+    async fn secret_values(
+        &self,
+        repo_id: &str,
+        names: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>>;
 }
 
 #[async_trait]

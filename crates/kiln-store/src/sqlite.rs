@@ -934,6 +934,54 @@ impl RepoStore for SqliteStore {
         let rows = sqlx::query("SELECT * FROM repos ORDER BY name").fetch_all(&self.reader).await.map_err(db_err)?;
         rows.iter().map(repo_from_row).collect()
     }
+
+    async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO secrets (repo_id, name, value, updated_at) VALUES (?, ?, ?, unixepoch('subsec') * 1000) \
+             ON CONFLICT (repo_id, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        )
+        .bind(repo_id)
+        .bind(name)
+        .bind(value)
+        .execute(&self.writer)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn delete_secret(&self, repo_id: &str, name: &str) -> Result<bool> {
+        let r = sqlx::query("DELETE FROM secrets WHERE repo_id = ? AND name = ?")
+            .bind(repo_id)
+            .bind(name)
+            .execute(&self.writer)
+            .await
+            .map_err(db_err)?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn list_secrets(&self, repo_id: &str) -> Result<Vec<(String, i64)>> {
+        sqlx::query_as("SELECT name, updated_at FROM secrets WHERE repo_id = ? ORDER BY name")
+            .bind(repo_id)
+            .fetch_all(&self.reader)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn secret_values(&self, repo_id: &str, names: &[String]) -> Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for name in names {
+            let v: Option<String> = sqlx::query_scalar("SELECT value FROM secrets WHERE repo_id = ? AND name = ?")
+                .bind(repo_id)
+                .bind(name)
+                .fetch_optional(&self.reader)
+                .await
+                .map_err(db_err)?;
+            if let Some(v) = v {
+                out.insert(name.clone(), v);
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[async_trait]

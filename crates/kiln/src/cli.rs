@@ -44,6 +44,11 @@ pub enum Command {
         #[command(subcommand)]
         command: RepoCommand,
     },
+    /// Manage repository secrets (given to jobs that list them under `secrets:`).
+    Secret {
+        #[command(subcommand)]
+        command: SecretCommand,
+    },
     /// Start a workflow run for a commit.
     Run(RunArgs),
     /// Show a run's status and jobs.
@@ -172,6 +177,32 @@ pub enum RepoCommand {
     },
     /// List repositories.
     List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCommand {
+    /// Create or replace secret NAME of REPO. The value is read from standard
+    /// input (one trailing newline removed), so it stays out of shell history:
+    /// `printf %s "$TOKEN" | kiln secret set myrepo DEPLOY_TOKEN`.
+    Set {
+        repo: String,
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the secret names of REPO (values are never shown).
+    List {
+        repo: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Delete secret NAME of REPO.
+    Rm {
+        repo: String,
+        name: String,
         #[command(flatten)]
         conn: Conn,
     },

@@ -15,6 +15,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Server(a) => server(a).await,
         Command::Agent(a) => agent(a).await,
         Command::Repo { command } => repo(command).await,
+        Command::Secret { command } => secret(command).await,
         Command::Run(a) => run_cmd(a).await,
         Command::Status(a) => status(a).await,
         Command::Logs(a) => logs(a).await,
@@ -224,6 +225,34 @@ async fn repo(cmd: RepoCommand) -> CmdResult {
             for r in c.list_repos().await? {
                 println!("{:<24} {}", r.name, r.clone_url);
             }
+        }
+    }
+    Ok(exit::OK)
+}
+
+async fn secret(cmd: SecretCommand) -> CmdResult {
+    match cmd {
+        SecretCommand::Set { repo, name, conn } => {
+            let c = client(&conn)?;
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                .map_err(|e| usage(format!("cannot read the secret value from standard input: {e}")))?;
+            let value = value.strip_suffix('\n').map(|v| v.strip_suffix('\r').unwrap_or(v)).unwrap_or(&value);
+            if value.is_empty() {
+                return Err(usage("the secret value (standard input) is empty"));
+            }
+            c.put_secret(&repo, &name, value).await?;
+            println!("secret {name} of {repo} set ({} bytes)", value.len());
+        }
+        SecretCommand::List { repo, conn } => {
+            let c = client(&conn)?;
+            for s in c.list_secrets(&repo).await? {
+                println!("{}", s.name);
+            }
+        }
+        SecretCommand::Rm { repo, name, conn } => {
+            client(&conn)?.delete_secret(&repo, &name).await?;
+            println!("secret {name} of {repo} deleted");
         }
     }
     Ok(exit::OK)

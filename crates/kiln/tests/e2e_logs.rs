@@ -112,3 +112,70 @@ async fn finished_logs_move_to_the_object_store_and_replay_identically() {
     assert!(damaged.iter().all(|e| e.1 != "end"), "a corrupt archive must not end cleanly");
     assert!(server.log().contains("corrupt"), "{}", server.log());
 }
+
+/// Every byte of a job's log, all streams, in event order.
+async fn log_text(c: &Client, job: &str) -> String {
+    use base64::Engine;
+    let mut out = Vec::new();
+    for (_, ev, data) in events(c, job, None).await {
+        if ev == "chunk" {
+            let le: kiln_api::LogEvent = serde_json::from_str(&data).unwrap();
+            out.extend(base64::engine::general_purpose::STANDARD.decode(le.data).unwrap());
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_reach_the_job_and_are_masked_in_its_log() {
+    use base64::Engine;
+    const VALUE: &str = "tok-3f9a-SECRET-77";
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: deploy\n    secrets: [DEPLOY_TOKEN]\n    steps:\n      - test \"$DEPLOY_TOKEN\" = \"tok-3f9a-SECRET-77\"\n      - echo \"token is $DEPLOY_TOKEN\"\n      - printf %s \"$DEPLOY_TOKEN\" | base64\n      - \"printf 'split: tok-3f9a-'; sleep 0.5; printf 'SECRET-77 end\\\\n'\"\n      - echo \"to stderr $DEPLOY_TOKEN\" >&2\n",
+    )])
+    .unwrap();
+    add_repo(&server, "app", &repo);
+    let c = Client::new(&server.url, &server.token);
+
+    // Asking for a secret the repository lacks refuses the run.
+    let out = server.cli().args(["run", "--repo", "app", "--commit", "main"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not have: DEPLOY_TOKEN"), "{err}");
+    assert!(c.list_runs("app", None, Some(10)).await.unwrap().runs.is_empty(), "nothing stored");
+
+    let mut set = server
+        .cli()
+        .args(["secret", "set", "app", "DEPLOY_TOKEN"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(set.stdin.as_mut().unwrap(), format!("{VALUE}\n").as_bytes()).unwrap();
+    assert!(set.wait().unwrap().success());
+    let listed = server.cli().args(["secret", "list", "app"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(listed.trim(), "DEPLOY_TOKEN", "names only");
+
+    let r = c.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 60).await;
+    assert_eq!(run.status, "success", "the job saw the value: {run:#?}");
+    let text = log_text(&c, &run.jobs[0].id).await;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(VALUE);
+    assert!(!text.contains(VALUE) && !text.contains("3f9a-SECRET") && !text.contains(&b64), "{text}");
+    assert!(text.contains("token is ***"), "{text}");
+    assert!(text.contains("split: *** end"), "a value split across writes is masked: {text}");
+    assert!(text.contains("to stderr ***"), "{text}");
+    let raw = reqwest::Client::new()
+        .get(format!("{}/v1/workflow-runs/{}", server.url, r.run_id))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!raw.contains(VALUE), "the API never shows the value");
+}
