@@ -617,6 +617,9 @@ impl Harness {
             executor: ExecutorKind::Host,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
+            log_rate_limit: None,
+            log_buffer: None,
+            log_spool_limit: None,
         };
         self.agent = Some(tokio::spawn(kiln_agent::run(config, self.shutdown.subscribe())));
     }

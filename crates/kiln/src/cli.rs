@@ -160,6 +160,18 @@ pub struct AgentArgs {
     /// drained, dropped and reported as truncated.
     #[arg(long, value_name = "BYTES")]
     pub log_limit: Option<u64>,
+    /// Per-attempt stdout + stderr rate limit in bytes per second (default:
+    /// unlimited); faster output is drained, dropped and marked as a gap.
+    #[arg(long, value_name = "BYTES_PER_S")]
+    pub log_rate_limit: Option<u64>,
+    /// Unshipped log bytes an attempt keeps in memory before spilling them
+    /// to its on-disk spool (default 16 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub log_buffer: Option<u64>,
+    /// Largest on-disk log spool per attempt (default 1 GiB); output beyond
+    /// it is dropped and the drop recorded in the log.
+    #[arg(long, value_name = "BYTES")]
+    pub log_spool_limit: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

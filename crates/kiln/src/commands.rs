@@ -90,6 +90,9 @@ fn agent_config(
         executor: kiln_agent::ExecutorKind::Host,
         upload_rate_limit: None,
         log_limit: None,
+        log_rate_limit: None,
+        log_buffer: None,
+        log_spool_limit: None,
     }
 }
 
@@ -199,6 +202,9 @@ async fn agent(a: AgentArgs) -> CmdResult {
     let mut cfg = agent_config(a.server, a.token, name, labels, a.work_dir, a.max_jobs.max(1));
     cfg.upload_rate_limit = a.upload_rate_limit;
     cfg.log_limit = a.log_limit;
+    cfg.log_rate_limit = a.log_rate_limit;
+    cfg.log_buffer = a.log_buffer;
+    cfg.log_spool_limit = a.log_spool_limit;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run(cfg, rx));
     tokio::pin!(task);

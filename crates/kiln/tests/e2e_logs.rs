@@ -179,3 +179,86 @@ async fn secrets_reach_the_job_and_are_masked_in_its_log() {
         .unwrap();
     assert!(!raw.contains(VALUE), "the API never shows the value");
 }
+
+fn signal(pid: u32, sig: &str) {
+    assert!(
+        std::process::Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success()
+    );
+}
+
+/// The server stops answering (SIGSTOP) while a step writes 20 MB: the
+/// agent keeps draining the pipe into its on-disk spool, the step finishes,
+/// and once the server is back every byte arrives, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_spools_to_disk_while_the_server_is_unreachable() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let agent = server.agent("a1", &["--log-buffer", "65536"]).unwrap();
+    let flags = tempfile::tempdir().unwrap();
+    let (go, done) = (flags.path().join("go"), flags.path().join("done"));
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        &format!(
+            "version: 1\njobs:\n  - name: loud\n    steps:\n      - while [ ! -f {go} ]; do sleep 0.05; done\n      - seq 1 3000000\n      - touch {done}\n",
+            go = go.display(),
+            done = done.display()
+        ),
+    )])
+    .unwrap();
+    add_repo(&server, "loud", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let job = wait_for(Duration::from_secs(30), || {
+        let run = futures::executor::block_on(c.get_run(&r.run_id)).ok()?;
+        (run.jobs[0].status == "running").then(|| run.jobs[0].id.clone())
+    })
+    .expect("job running");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    signal(server.child.id(), "STOP");
+    std::fs::write(&go, "").unwrap();
+    let finished = wait_for(Duration::from_secs(20), || done.exists().then_some(()));
+    let spool = agent.work_dir().join("attempts").join(format!("{job}-1")).join("log-spool/stdout.spool");
+    let spooled = std::fs::metadata(&spool).map(|m| m.len()).unwrap_or(0);
+    signal(server.child.id(), "CONT");
+    finished.expect("the step finished while the server was stopped: its pipe never filled");
+    assert!(spooled > 1_000_000, "output waited on disk ({spooled} bytes in {})", spool.display());
+
+    let run = wait_run(&c, &r.run_id, 120).await;
+    assert_eq!(run.status, "success", "{run:#?}");
+    let text = log_text(&c, &job).await;
+    // The combined view keeps the step header after the step's output.
+    let header = text.find("▶ step 3/3").expect("third step header");
+    assert!(text[..header].ends_with("3000000\n"), "{}", &text[header.saturating_sub(200)..header + 20]);
+    let numbers: Vec<u32> = text.lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(numbers.len(), 3_000_000, "nothing lost");
+    if let Some(i) = numbers.iter().enumerate().position(|(i, &n)| n != i as u32 + 1) {
+        panic!("out of order at line {i}: {:?}", &numbers[i.saturating_sub(3)..(i + 3).min(numbers.len())]);
+    }
+    assert!(!text.contains("dropped"), "nothing dropped");
+}
+
+/// Output faster than the agent's byte-rate limit is drained and dropped,
+/// the step ends normally, and the log marks the gap.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_over_the_rate_limit_is_dropped_with_a_gap_marker() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &["--log-rate-limit", "1000000"]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: flood\n    steps:\n      - head -c 300000000 /dev/zero\n      - echo after the flood\n",
+    )])
+    .unwrap();
+    add_repo(&server, "flood", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("flood", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 120).await;
+    assert_eq!(run.status, "success", "{run:#?}");
+    let text = log_text(&c, &run.jobs[0].id).await;
+    assert!(text.contains("after the flood"));
+    assert!(
+        text.contains("bytes of output dropped here: faster than this agent's log rate limit of 1000000 bytes/s"),
+        "{}",
+        &text[text.len().saturating_sub(2000)..]
+    );
+    assert!(text.len() < 100_000_000, "most of the flood was dropped: {}", text.len());
+}
