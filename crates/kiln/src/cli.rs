@@ -299,8 +299,28 @@ pub struct BenchArgs {
     /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
     /// of an agent to its job claimed elsewhere), logs (200 MB of stdout
     /// ingested, durable before acknowledgement, vs a file write + fsync), or all.
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "all"])]
+    /// control-plane: simulated agents over HTTP drive claim → heartbeat →
+    /// complete at spec 000 §3's peak rates against the real server and store.
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all"])]
     pub suite: String,
+    /// control-plane: claims (and completions) per second to drive.
+    #[arg(long, default_value_t = 230.0)]
+    pub claims_per_s: f64,
+    /// control-plane: heartbeats per second from all held leases together.
+    #[arg(long, default_value_t = 2760.0)]
+    pub heartbeats_per_s: f64,
+    /// control-plane: seconds of claiming.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// control-plane: how long a virtual agent holds each lease before completing.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub hold: std::time::Duration,
+    /// control-plane: metadata database (default: SQLite in a temporary dir).
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// control-plane: server replicas on the same database.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
     /// Runs submitted at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
     pub runs: u32,
