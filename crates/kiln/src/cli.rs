@@ -23,7 +23,7 @@ pub struct Cli {
 
 #[derive(Args, Debug, Clone)]
 pub struct Conn {
-    /// Kiln server URL.
+    /// Kiln server URL (or several replicas' URLs separated by commas).
     #[arg(long, env = "KILN_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
     pub server: String,
     /// API token (the server writes DATA_DIR/admin.token on first start).
@@ -132,7 +132,9 @@ pub struct ServerArgs {
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
-    /// Server URL.
+    /// Server URL, or several replicas' URLs separated by commas
+    /// (`http://a:7070,http://b:7070`): when one stops answering, the agent
+    /// moves to the next.
     #[arg(long, env = "KILN_SERVER")]
     pub server: String,
     /// Agent token (DATA_DIR/agent.token of the server).
