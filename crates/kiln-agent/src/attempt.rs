@@ -36,6 +36,12 @@ pub(crate) struct AttemptContext {
     pub beats: Beats,
     /// Per-attempt stdout + stderr limit in bytes.
     pub log_limit: u64,
+    /// Per-attempt stdout + stderr bytes per second.
+    pub log_rate_limit: Option<u64>,
+    /// Unshipped log bytes kept in memory before spilling to disk.
+    pub log_buffer: usize,
+    /// Largest on-disk log spool per attempt.
+    pub log_spool_limit: u64,
 }
 
 impl AttemptContext {
@@ -95,14 +101,22 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
                 }
             })
         };
+        let attempt_dir = ctx.attempts_dir().join(format!("{}-{}", a.job_id, a.epoch));
         let logs = LogStreamer::start(
             ctx.client.clone(),
             a.job_id.clone(),
             a.epoch,
             ctl.clone(),
-            LogConfig { max_bytes: ctx.log_limit, ..LogConfig::default() },
+            LogConfig {
+                max_bytes: ctx.log_limit,
+                rate_limit: ctx.log_rate_limit,
+                max_buffered: ctx.log_buffer,
+                spool_dir: Some(attempt_dir.join("log-spool")),
+                max_spool: ctx.log_spool_limit,
+                ..LogConfig::default()
+            },
+            crate::mask::Masker::new(a.secrets.values().map(String::as_str)),
         );
-        let attempt_dir = ctx.attempts_dir().join(format!("{}-{}", a.job_id, a.epoch));
 
         let t0 = std::time::Instant::now();
         let ran = execute(ctx, &a, &attempt_dir, &ctl, &logs).await;
@@ -220,6 +234,7 @@ async fn run_steps(exec: &dyn Executor, a: &Assignment, ws: &Path, ctl: &Control
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
     }
     let mut env: BTreeMap<String, String> = a.env.clone();
+    env.extend(a.secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
     for (k, v) in [
         ("KILN_RUN_ID", a.run_id.clone()),
         ("KILN_JOB", a.job_name.clone()),

@@ -33,6 +33,7 @@ mod checkout;
 mod control;
 mod heartbeat;
 mod logs;
+mod mask;
 mod ratelimit;
 mod session;
 
@@ -82,6 +83,15 @@ pub struct AgentConfig {
     /// Per-attempt stdout + stderr limit in bytes; `None` is the default
     /// (100 MiB). Output over it is drained and dropped, and the log says so.
     pub log_limit: Option<u64>,
+    /// Per-attempt stdout + stderr rate in bytes per second (`None`:
+    /// unlimited). Output over it is drained, dropped, and marked as a gap.
+    pub log_rate_limit: Option<u64>,
+    /// Unshipped log bytes an attempt keeps in memory before spilling to its
+    /// on-disk spool (`None`: 16 MiB).
+    pub log_buffer: Option<u64>,
+    /// Largest on-disk log spool per attempt (`None`: 1 GiB); beyond it
+    /// output is dropped and the drop recorded.
+    pub log_spool_limit: Option<u64>,
 }
 
 struct Agent {
@@ -128,6 +138,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
         limiter: RateLimiter::new(config.upload_rate_limit),
         beats: Beats::default(),
         log_limit: config.log_limit.unwrap_or(logs::DEFAULT_LOG_LIMIT),
+        log_rate_limit: config.log_rate_limit,
+        log_buffer: config.log_buffer.map_or(logs::MAX_BUFFERED, |b| b as usize),
+        log_spool_limit: config.log_spool_limit.unwrap_or(logs::DEFAULT_SPOOL_LIMIT),
     };
     let agent = Arc::new(Agent { config: config.clone(), client, registration: Mutex::new(registration), ctx });
     let session = tokio::spawn(session::session_loop(agent.clone()));

@@ -2,7 +2,7 @@
 //!
 //! Step output is appended to per-stream buffers without ever waiting on
 //! the network, so pipe draining never blocks on the server. A shipper task
-//! cuts chunks — at [`CHUNK_SIZE`] bytes, [`FLUSH_AFTER`] after the first
+//! cuts chunks — at [`CHUNK_SIZE`] bytes, [`FLUSH_AFTER`] (100 ms) after the first
 //! unflushed byte, or on an explicit flush — and sends them one at a time,
 //! in order. Each chunk is identified by (stream, seq, offset, length,
 //! sha256); a failed chunk is retried with identical bytes while the error
@@ -19,9 +19,9 @@
 //! written after it (e.g. the step it announces).
 
 use crate::control::{Control, Stop, backoff};
-use base64::Engine;
+use crate::mask::{Held, Masker};
 use kiln_api::client::Client;
-use kiln_api::types::LogChunk;
+use kiln_api::types::RawLogChunk as LogChunk;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -33,10 +33,15 @@ use tokio::time::Instant;
 pub(crate) const CHUNK_SIZE: usize = 64 * 1024;
 /// Largest chunk shipped (the server's limit is 1 MiB of bytes).
 pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
-pub(crate) const FLUSH_AFTER: Duration = Duration::from_secs(2);
-/// Unshipped bytes held per attempt before output is dropped (and the drop
-/// recorded in the `system` stream) rather than blocking the step.
-pub(crate) const MAX_BUFFERED: usize = 256 * 1024 * 1024;
+/// Longest a written byte waits before it is shipped. Spec 000 §13 gives
+/// 2 s as an example; 100 ms keeps live logs live (write-to-browser p95
+/// under 250 ms) while heavy output still leaves in 64 KiB–1 MiB chunks, so
+/// a quiet stream costs at most ten requests a second.
+pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
+/// Unshipped bytes held in memory per attempt; beyond, output goes to the
+/// on-disk spool, and beyond that it is dropped (and the drop recorded in
+/// the `system` stream) rather than blocking the step.
+pub const MAX_BUFFERED: usize = 16 * 1024 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stream {
@@ -67,17 +72,86 @@ struct StreamBuf {
     pending: VecDeque<u8>,
     first_pending_at: Option<Instant>,
     dropped: u64,
+    /// Bytes that arrived while memory was full, in order after `pending`.
+    spool: Option<Spool>,
+}
+
+/// An on-disk overflow of one stream (spec 000 §13 "bounded buffer /
+/// spool"): appended at the back, read back into memory at the front as
+/// chunks leave, emptied (truncated) once drained.
+struct Spool {
+    file: std::fs::File,
+    read: u64,
+    written: u64,
+}
+
+impl Spool {
+    fn unread(&self) -> u64 {
+        self.written - self.read
+    }
+}
+
+impl StreamBuf {
+    fn spooled(&self) -> u64 {
+        self.spool.as_ref().map_or(0, Spool::unread)
+    }
+
+    fn spool_write(&mut self, dir: &std::path::Path, name: &str, data: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.spool.is_none() {
+            std::fs::create_dir_all(dir)?;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(format!("{name}.spool")))?;
+            self.spool = Some(Spool { file, read: 0, written: 0 });
+        }
+        let sp = self.spool.as_mut().expect("spool");
+        sp.file.write_all_at(data, sp.written)?;
+        sp.written += data.len() as u64;
+        Ok(())
+    }
+
+    /// Moves spooled bytes into memory until `want` bytes are pending.
+    fn refill(&mut self, want: usize) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let Some(sp) = self.spool.as_mut() else { return Ok(()) };
+        if sp.unread() == 0 || self.pending.len() >= want {
+            return Ok(());
+        }
+        let n = (want - self.pending.len()).min(sp.unread() as usize);
+        let mut buf = vec![0u8; n];
+        sp.file.read_exact_at(&mut buf, sp.read)?;
+        sp.read += n as u64;
+        self.pending.extend(&buf);
+        self.first_pending_at.get_or_insert_with(Instant::now);
+        if sp.unread() == 0 {
+            sp.file.set_len(0)?;
+            sp.read = 0;
+            sp.written = 0;
+        }
+        Ok(())
+    }
 }
 
 impl StreamBuf {
     fn cut(&mut self, name: &str, len: usize) -> LogChunk {
-        let data: Vec<u8> = self.pending.drain(..len).collect();
+        // Copy the deque's (at most two) slices, then drop the range: a
+        // byte-wise `drain().collect()` cost more than hashing the chunk.
+        let mut data = Vec::with_capacity(len);
+        let (a, b) = self.pending.as_slices();
+        let from_a = a.len().min(len);
+        data.extend_from_slice(&a[..from_a]);
+        data.extend_from_slice(&b[..len - from_a]);
+        self.pending.drain(..len);
         let chunk = LogChunk {
             stream: name.to_string(),
             seq: self.seq,
             offset: self.offset,
-            data: base64::engine::general_purpose::STANDARD.encode(&data),
             sha256: hex::encode(Sha256::digest(&data)),
+            data: data.into(),
         };
         self.seq += 1;
         self.offset += len as i64;
@@ -108,28 +182,65 @@ struct Buffers {
     accepted: u64,
     /// Bytes dropped because the attempt's output limit was reached.
     truncated: u64,
+    /// Tails of stdout and stderr held back by the secret masker.
+    held: [Held; 2],
+    /// Byte-rate limit: tokens available and when they were counted.
+    tokens: f64,
+    tokens_at: Option<Instant>,
+    /// Bytes dropped over the rate limit since the last gap note.
+    rate_dropped: u64,
+    /// `system` lines written while output waited in the spool, with the
+    /// stdout and stderr positions they follow: each is released once the
+    /// output before it has left the spool, exactly after that output.
+    deferred: VecDeque<(String, [i64; 2])>,
 }
 
 impl Buffers {
-    /// Unshipped bytes, including chunks already cut (base64 is 4/3 of them).
+    /// Unshipped bytes, including chunks already cut.
     fn buffered(&self) -> usize {
         let pending: usize = self.streams.iter().map(|s| s.pending.len()).sum();
-        pending + self.ready.iter().map(|c| c.data.len() / 4 * 3).sum::<usize>()
+        pending + self.ready.iter().map(|c| c.data.len()).sum::<usize>()
+    }
+
+    fn spooled(&self) -> u64 {
+        self.streams.iter().map(StreamBuf::spooled).sum()
+    }
+
+    /// Admits up to `len` bytes under the rate limit; returns how many.
+    fn admit(&mut self, rate: u64, len: usize) -> usize {
+        let now = Instant::now();
+        let burst = rate.max(64 * 1024) as f64;
+        let elapsed = self.tokens_at.map_or(burst / rate as f64, |t| (now - t).as_secs_f64());
+        self.tokens = (self.tokens + elapsed * rate as f64).min(burst);
+        self.tokens_at = Some(now);
+        let n = (self.tokens.floor() as usize).min(len);
+        self.tokens -= n as f64;
+        n
     }
 }
 
 pub(crate) struct LogStreamer {
     cfg: LogConfig,
+    masker: Option<Masker>,
     bufs: Arc<Mutex<Buffers>>,
     notify: Arc<Notify>,
     task: JoinHandle<bool>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct LogConfig {
     pub chunk_size: usize,
     pub flush_after: Duration,
+    /// Unshipped bytes held in memory; more go to the spool.
     pub max_buffered: usize,
+    /// Directory of the attempt's on-disk spool (`None`: no spool; output
+    /// over `max_buffered` is dropped and the drop recorded).
+    pub spool_dir: Option<std::path::PathBuf>,
+    /// Largest spool; output beyond it is dropped and the drop recorded.
+    pub max_spool: u64,
+    /// Per-attempt stdout + stderr byte rate (bytes/s, with a one-second
+    /// burst); output over it is drained, dropped, and marked as a gap.
+    pub rate_limit: Option<u64>,
     /// Largest chunk cut from a backlog (the server accepts up to 1 MiB).
     pub max_chunk: usize,
     /// Per-attempt cap on stdout + stderr bytes shipped (spec 000 §13). The
@@ -148,22 +259,37 @@ impl Default for LogConfig {
             max_chunk: MAX_CHUNK,
             flush_after: FLUSH_AFTER,
             max_buffered: MAX_BUFFERED,
+            spool_dir: None,
+            max_spool: DEFAULT_SPOOL_LIMIT,
+            rate_limit: None,
             max_bytes: DEFAULT_LOG_LIMIT,
         }
     }
 }
 
+/// Default largest on-disk log spool per attempt: 1 GiB.
+pub const DEFAULT_SPOOL_LIMIT: u64 = 1024 * 1024 * 1024;
+
 impl LogStreamer {
-    pub(crate) fn start(client: Client, job_id: String, epoch: i64, ctl: Control, cfg: LogConfig) -> Self {
+    pub(crate) fn start(
+        client: Client,
+        job_id: String,
+        epoch: i64,
+        ctl: Control,
+        cfg: LogConfig,
+        masker: Option<Masker>,
+    ) -> Self {
         let bufs = Arc::new(Mutex::new(Buffers::default()));
         let notify = Arc::new(Notify::new());
-        let shipper = Shipper { client, job_id, epoch, ctl, cfg, bufs: bufs.clone(), notify: notify.clone() };
+        let shipper =
+            Shipper { client, job_id, epoch, ctl, cfg: cfg.clone(), bufs: bufs.clone(), notify: notify.clone() };
         let task = tokio::spawn(shipper.run());
-        LogStreamer { cfg, bufs, notify, task }
+        LogStreamer { cfg, masker, bufs, notify, task }
     }
 
     /// Appends bytes; never waits. Over the buffer cap, bytes are dropped
-    /// and the drop is reported in the `system` stream.
+    /// and the drop is reported in the `system` stream. Secret values are
+    /// masked first (see [`crate::mask`]).
     pub(crate) fn write(&self, stream: Stream, data: &[u8]) {
         if data.is_empty() {
             return;
@@ -172,7 +298,67 @@ impl LogStreamer {
         if b.closed {
             return;
         }
+        let masked;
+        let data = match (&self.masker, stream) {
+            (Some(m), Stream::Stdout | Stream::Stderr) => {
+                let mut out = Vec::with_capacity(data.len());
+                m.push(&mut b.held[stream as usize], data, &mut out);
+                masked = out;
+                &masked[..]
+            }
+            _ => data,
+        };
+        self.append(b, stream, data);
+    }
+
+    /// A whole line with secrets masked (step headers quote commands).
+    fn mask_line(&self, line: &str) -> String {
+        match &self.masker {
+            None => line.to_string(),
+            Some(m) => {
+                let mut out = Vec::with_capacity(line.len());
+                m.finish(&mut Held::from(line.as_bytes()), &mut out);
+                String::from_utf8_lossy(&out).into_owned()
+            }
+        }
+    }
+
+    /// Releases the masker's held-back tails (end of a step: no secret can
+    /// continue across it).
+    fn release_held(&self) {
+        let Some(m) = &self.masker else { return };
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let mut b = self.bufs.lock().expect("log buffers");
+            let mut out = Vec::new();
+            m.finish(&mut b.held[stream as usize], &mut out);
+            if !out.is_empty() && !b.closed {
+                self.append(b, stream, &out);
+            }
+        }
+    }
+
+    fn append(&self, mut b: std::sync::MutexGuard<'_, Buffers>, stream: Stream, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
         let mut data = data;
+        if stream != Stream::System
+            && let Some(rate) = self.cfg.rate_limit
+        {
+            let n = b.admit(rate, data.len());
+            if n < data.len() {
+                b.rate_dropped += (data.len() - n) as u64;
+                data = &data[..n];
+            } else if b.rate_dropped > 0 {
+                let note = rate_gap_note(std::mem::take(&mut b.rate_dropped), rate);
+                let sys = &mut b.streams[Stream::System as usize];
+                sys.pending.extend(note.as_bytes());
+                sys.first_pending_at.get_or_insert_with(Instant::now);
+            }
+            if data.is_empty() {
+                return;
+            }
+        }
         if stream != Stream::System {
             let room = self.cfg.max_bytes.saturating_sub(b.accepted);
             if (data.len() as u64) > room {
@@ -197,13 +383,30 @@ impl LogStreamer {
             b.accepted += data.len() as u64;
         }
         let over = b.buffered() + data.len() > self.cfg.max_buffered;
+        let spooled = b.spooled();
         let s = &mut b.streams[stream as usize];
-        if over && stream != Stream::System {
-            s.dropped += data.len() as u64;
+        if stream != Stream::System && (over || s.spooled() > 0) {
+            // Memory is full (or older bytes wait on disk): spool, in order.
+            let room = self.cfg.max_spool.saturating_sub(spooled);
+            let written = match &self.cfg.spool_dir {
+                Some(dir) if data.len() as u64 <= room => match s.spool_write(dir, NAMES[stream as usize], data) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot write the log spool; dropping output");
+                        false
+                    }
+                },
+                _ => false,
+            };
+            if !written {
+                s.dropped += data.len() as u64;
+            }
+            drop(b);
+            self.notify.notify_one();
             return;
         }
         s.pending.extend(data);
-        // The first unflushed byte starts the 2 s flush clock: wake the
+        // The first unflushed byte starts the flush clock: wake the
         // shipper so it arms its timer (it may be sleeping with none).
         let started = s.first_pending_at.is_none();
         s.first_pending_at.get_or_insert_with(Instant::now);
@@ -217,8 +420,18 @@ impl LogStreamer {
     /// A line in the `system` stream (a newline is added), shipped at once
     /// as its own chunk, after everything written before it.
     pub(crate) fn system(&self, line: &str) {
+        let line = &self.mask_line(line);
         let mut b = self.bufs.lock().expect("log buffers");
         if b.closed {
+            return;
+        }
+        if b.spooled() > 0 {
+            // Output written before this line still waits on disk.
+            let end = |s: &StreamBuf| s.offset + (s.pending.len() as u64 + s.spooled()) as i64;
+            let marks = [end(&b.streams[0]), end(&b.streams[1])];
+            b.deferred.push_back((line.to_string(), marks));
+            drop(b);
+            self.notify.notify_one();
             return;
         }
         let Buffers { streams, ready, .. } = &mut *b;
@@ -235,6 +448,7 @@ impl LogStreamer {
     /// A line in the `system` stream shipped with the next [`Self::system`]
     /// line or flush (saves a request for lines that precede a header anyway).
     pub(crate) fn system_note(&self, line: &str) {
+        let line = &self.mask_line(line);
         let mut b = self.bufs.lock().expect("log buffers");
         if b.closed {
             return;
@@ -247,7 +461,13 @@ impl LogStreamer {
     /// If output was dropped over the limit, say how much (before the final
     /// status line).
     pub(crate) fn report_truncation(&self) {
-        let truncated = self.bufs.lock().expect("log buffers").truncated;
+        let (truncated, rate_dropped) = {
+            let mut b = self.bufs.lock().expect("log buffers");
+            (b.truncated, std::mem::take(&mut b.rate_dropped))
+        };
+        if let (Some(rate), true) = (self.cfg.rate_limit, rate_dropped > 0) {
+            self.system(rate_gap_note(rate_dropped, rate).trim_end());
+        }
         if truncated > 0 {
             self.system(&format!("[kiln] ⚠ truncated: {truncated} bytes of output were dropped over the limit"));
         }
@@ -255,6 +475,7 @@ impl LogStreamer {
 
     /// Ship everything buffered now (step end); does not wait.
     pub(crate) fn flush(&self) {
+        self.release_held();
         self.bufs.lock().expect("log buffers").flush_requested = true;
         self.notify.notify_one();
     }
@@ -262,10 +483,17 @@ impl LogStreamer {
     /// Ships everything still buffered and waits until every chunk was
     /// acknowledged (or skipped). False if the attempt was fenced first.
     pub(crate) async fn finish(self) -> bool {
+        self.release_held();
         self.bufs.lock().expect("log buffers").closed = true;
         self.notify.notify_one();
         self.task.await.unwrap_or(false)
     }
+}
+
+fn rate_gap_note(dropped: u64, rate: u64) -> String {
+    format!(
+        "[kiln] ⚠ gap: {dropped} bytes of output dropped here: faster than this agent's log rate limit of {rate} bytes/s (the step kept running)\n"
+    )
 }
 
 struct Shipper {
@@ -321,6 +549,43 @@ impl Shipper {
                 sys.first_pending_at.get_or_insert_with(Instant::now);
             }
         }
+        let refill_to = self.cfg.max_chunk.max(self.cfg.chunk_size) * 2;
+        let marks = b.deferred.front().map(|(_, m)| *m);
+        for (i, s) in b.streams.iter_mut().take(2).enumerate() {
+            // Never read past the next deferred line's position.
+            let want = match marks {
+                Some(m) => refill_to.min((m[i] - s.offset).max(0) as usize),
+                None => refill_to,
+            };
+            if let Err(e) = s.refill(want) {
+                // Unreadable spool: what it held is lost; say so.
+                let lost = s.spooled();
+                s.spool = None;
+                s.dropped += lost;
+                tracing::error!(error = %e, lost, "cannot read the log spool");
+            }
+        }
+        while let Some((_, m)) = b.deferred.front() {
+            let m = *m;
+            let in_memory = |s: &StreamBuf, mark: i64| s.offset + s.pending.len() as i64 >= mark;
+            if !(in_memory(&b.streams[0], m[0]) && in_memory(&b.streams[1], m[1])) {
+                break;
+            }
+            let (line, _) = b.deferred.pop_front().expect("front");
+            let Buffers { streams, ready, .. } = &mut *b;
+            for (i, s) in streams.iter_mut().take(2).enumerate() {
+                let mut n = (m[i] - s.offset).max(0) as usize;
+                while n > 0 {
+                    let len = n.min(self.cfg.chunk_size);
+                    ready.push_back(s.cut(NAMES[i], len));
+                    n -= len;
+                }
+            }
+            let sys = &mut streams[Stream::System as usize];
+            sys.pending.extend(line.as_bytes());
+            sys.pending.push_back(b'\n');
+            sys.cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
+        }
         let now = Instant::now();
         let mut chunks: Vec<LogChunk> = b.ready.drain(..).collect();
         let mut deadline: Option<Instant> = None;
@@ -342,7 +607,7 @@ impl Shipper {
                 }
             }
         }
-        let done = b.closed && b.buffered() == 0 && b.ready.is_empty();
+        let done = b.closed && b.buffered() == 0 && b.ready.is_empty() && b.spooled() == 0 && b.deferred.is_empty();
         (chunks, deadline, done)
     }
 
@@ -351,7 +616,7 @@ impl Shipper {
         let mut failures = 0;
         loop {
             let res = tokio::select! {
-                r = self.client.append_log(&self.job_id, self.epoch, &chunk) => r,
+                r = self.client.append_log_raw(&self.job_id, self.epoch, &chunk) => r,
                 _ = self.ctl.fenced() => return false,
             };
             match res {
@@ -397,6 +662,7 @@ mod tests {
                 flush_after: Duration::from_secs(3600),
                 max_buffered: MAX_BUFFERED,
                 max_bytes: DEFAULT_LOG_LIMIT,
+                ..LogConfig::default()
             },
             bufs: Arc::default(),
             notify: Arc::default(),
@@ -404,7 +670,7 @@ mod tests {
     }
 
     fn decode(c: &LogChunk) -> Vec<u8> {
-        base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap()
+        c.data.to_vec()
     }
 
     #[tokio::test]
@@ -452,7 +718,8 @@ mod tests {
     async fn a_system_line_is_its_own_chunk_after_what_was_written_before() {
         let s = shipper(4);
         let streamer = LogStreamer {
-            cfg: s.cfg,
+            cfg: s.cfg.clone(),
+            masker: None,
             bufs: s.bufs.clone(),
             notify: s.notify.clone(),
             task: tokio::spawn(async { true }),
@@ -489,5 +756,107 @@ mod tests {
         assert_eq!(chunks.len(), 1);
         assert_eq!(chunks[0].stream, "system");
         assert!(String::from_utf8(decode(&chunks[0])).unwrap().contains("42 bytes of stderr dropped"));
+    }
+
+    fn streamer_for(s: &Shipper) -> LogStreamer {
+        LogStreamer {
+            cfg: s.cfg.clone(),
+            masker: None,
+            bufs: s.bufs.clone(),
+            notify: s.notify.clone(),
+            task: tokio::spawn(async { true }),
+        }
+    }
+
+    /// Drains the shipper as the network would: every chunk, in order.
+    fn drain_all(s: &Shipper) -> Vec<LogChunk> {
+        let mut all = vec![];
+        s.bufs.lock().unwrap().closed = true;
+        loop {
+            let (chunks, _, done) = s.cut();
+            all.extend(chunks);
+            if done {
+                return all;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn output_over_the_memory_bound_goes_to_the_spool_and_comes_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper(8);
+        s.cfg.max_buffered = 32;
+        s.cfg.spool_dir = Some(dir.path().to_path_buf());
+        let streamer = streamer_for(&s);
+        let input: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
+        let (first, second) = input.split_at(1500);
+        for piece in first.chunks(7) {
+            streamer.write(Stream::Stdout, piece);
+        }
+        streamer.system("▶ step 2");
+        for piece in second.chunks(7) {
+            streamer.write(Stream::Stdout, piece);
+        }
+        let spooled = s.bufs.lock().unwrap().spooled();
+        assert!(spooled > 1900, "most bytes wait on disk: {spooled}");
+        assert!(dir.path().join("stdout.spool").exists());
+        let chunks = drain_all(&s);
+        let mut out = vec![];
+        for c in chunks.iter().filter(|c| c.stream == "stdout") {
+            assert_eq!(c.offset as usize, out.len(), "contiguous offsets");
+            out.extend_from_slice(&c.data);
+        }
+        assert_eq!(out, input, "every byte, in order");
+        // The step header follows exactly the output written before it.
+        let header = chunks.iter().position(|c| c.stream == "system").expect("the header");
+        let before: usize = chunks[..header].iter().map(|c| c.data.len()).sum();
+        assert_eq!(before, 1500);
+        let system: Vec<u8> = chunks.iter().filter(|c| c.stream == "system").flat_map(|c| c.data.to_vec()).collect();
+        assert_eq!(system, "▶ step 2\n".as_bytes(), "one line, nothing dropped to report");
+        assert_eq!(std::fs::metadata(dir.path().join("stdout.spool")).unwrap().len(), 0, "a drained spool is emptied");
+    }
+
+    #[tokio::test]
+    async fn output_over_the_spool_limit_is_dropped_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper(8);
+        s.cfg.max_buffered = 16;
+        s.cfg.spool_dir = Some(dir.path().to_path_buf());
+        s.cfg.max_spool = 100;
+        let streamer = streamer_for(&s);
+        for _ in 0..50 {
+            streamer.write(Stream::Stdout, b"0123456789");
+        }
+        let chunks = drain_all(&s);
+        let kept: usize = chunks.iter().filter(|c| c.stream == "stdout").map(|c| c.data.len()).sum();
+        assert_eq!(kept, 110, "16 bytes of memory (one 10-byte write fits) + 100 of spool");
+        let system: Vec<u8> = chunks.iter().filter(|c| c.stream == "system").flat_map(|c| c.data.to_vec()).collect();
+        assert!(
+            String::from_utf8_lossy(&system).contains("390 bytes of stdout dropped"),
+            "{}",
+            String::from_utf8_lossy(&system)
+        );
+    }
+
+    #[tokio::test]
+    async fn output_over_the_rate_limit_is_dropped_with_a_gap_marker_where_it_was() {
+        let mut s = shipper(1 << 20);
+        s.cfg.rate_limit = Some(1000);
+        let streamer = streamer_for(&s);
+        // The burst (64 KiB, the minimum) passes; the rest of a fast write is dropped.
+        streamer.write(Stream::Stdout, &vec![b'x'; 100 * 1024]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        streamer.write(Stream::Stdout, b"after\n"); // 50 tokens refilled: admitted, and the gap is marked
+        streamer.report_truncation();
+        let chunks = drain_all(&s);
+        let stdout: usize = chunks.iter().filter(|c| c.stream == "stdout").map(|c| c.data.len()).sum();
+        assert_eq!(stdout, 64 * 1024 + 6);
+        let system: String = chunks
+            .iter()
+            .filter(|c| c.stream == "system")
+            .map(|c| String::from_utf8_lossy(&c.data).into_owned())
+            .collect();
+        assert!(system.contains(&format!("gap: {} bytes of output dropped here", 36 * 1024)), "{system}");
+        assert!(system.contains("rate limit of 1000 bytes/s"), "{system}");
     }
 }

@@ -268,8 +268,20 @@ async fn heartbeat(State(fake): State<Arc<Fake>>, Path((_job, _epoch)): Path<(St
 async fn logs(
     State(fake): State<Arc<Fake>>,
     Path((job, _epoch)): Path<(String, i64)>,
-    Json(c): Json<LogChunk>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
 ) -> Response {
+    // The agent sends raw bodies with the identity in headers; recorded here
+    // in the JSON shape (data in base64) the assertions read.
+    let h = |name: &str| headers.get(name).expect("log header").to_str().unwrap().to_string();
+    use kiln_api::types::log_headers as lh;
+    let c = LogChunk {
+        stream: h(lh::STREAM),
+        seq: h(lh::SEQ).parse().unwrap(),
+        offset: h(lh::OFFSET).parse().unwrap(),
+        data: base64::engine::general_purpose::STANDARD.encode(&body),
+        sha256: h(lh::SHA256),
+    };
     let mut status = 200;
     fake.record(|s| {
         if s.fenced {
@@ -586,6 +598,7 @@ impl Harness {
             image: None,
             publish: vec![],
             restore: vec![],
+            secrets: BTreeMap::new(),
             lease_ttl_ms: 5_000,
             heartbeat_interval_ms: 100,
         }
@@ -604,6 +617,9 @@ impl Harness {
             executor: ExecutorKind::Host,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
+            log_rate_limit: None,
+            log_buffer: None,
+            log_spool_limit: None,
         };
         self.agent = Some(tokio::spawn(kiln_agent::run(config, self.shutdown.subscribe())));
     }

@@ -68,14 +68,19 @@ pub struct SseEvent {
     pub data: String,
 }
 
+/// A client of one server, or of several replicas (`URL1,URL2`): requests go
+/// to the current one; a transport failure (refused, reset, timed out) moves
+/// to the next, so the caller's retry reaches another replica.
 #[derive(Clone)]
 pub struct Client {
-    base: String,
+    bases: std::sync::Arc<Vec<String>>,
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     token: String,
     http: reqwest::Client,
 }
 
 impl Client {
+    /// `base` is a server URL, or several separated by commas.
     pub fn new(base: &str, token: &str) -> Client {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
@@ -83,15 +88,46 @@ impl Client {
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
             .expect("http client");
-        Client { base: base.trim_end_matches('/').to_string(), token: token.to_string(), http }
+        let mut bases: Vec<String> =
+            base.split(',').map(|b| b.trim().trim_end_matches('/').to_string()).filter(|b| !b.is_empty()).collect();
+        if bases.is_empty() {
+            bases.push(String::new());
+        }
+        Client { bases: bases.into(), current: Default::default(), token: token.to_string(), http }
     }
 
+    /// The server requests currently go to.
     pub fn base_url(&self) -> &str {
-        &self.base
+        &self.bases[self.idx()]
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+    /// Every configured server URL.
+    pub fn base_urls(&self) -> &[String] {
+        &self.bases
+    }
+
+    fn idx(&self) -> usize {
+        self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len()
+    }
+
+    fn url_at(&self, i: usize, path: &str) -> String {
+        format!("{}{}", self.bases[i], path)
+    }
+
+    /// A request to server `i` failed in transport: move on to the next
+    /// server (once, however many requests saw the failure).
+    fn failed(&self, i: usize, e: reqwest::Error) -> ApiError {
+        if self.bases.len() > 1 {
+            let next = (i + 1) % self.bases.len();
+            if self
+                .current
+                .compare_exchange(i, next, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed)
+                .is_ok()
+            {
+                tracing::warn!(failed = %self.bases[i], next = %self.bases[next], "server unreachable; switching");
+            }
+        }
+        ApiError::Transport(e.to_string())
     }
 
     async fn send<B: Serialize + ?Sized, T: DeserializeOwned>(
@@ -102,7 +138,8 @@ impl Client {
         headers: &[(&str, &str)],
         timeout: Option<Duration>,
     ) -> Result<T, ApiError> {
-        let mut req = self.http.request(method, self.url(path)).bearer_auth(&self.token);
+        let i = self.idx();
+        let mut req = self.http.request(method, self.url_at(i, path)).bearer_auth(&self.token);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -110,7 +147,7 @@ impl Client {
             req = req.json(b);
         }
         req = req.timeout(timeout.unwrap_or(Duration::from_secs(60)));
-        let resp = req.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+        let resp = req.send().await.map_err(|e| self.failed(i, e))?;
         decode(resp).await
     }
 
@@ -127,6 +164,28 @@ impl Client {
         }
         let r: Repos = self.send::<(), _>(Method::GET, "/v1/repos", None, &[], None).await?;
         Ok(r.repos)
+    }
+
+    pub async fn put_secret(&self, repo: &str, name: &str, value: &str) -> Result<SecretInfo, ApiError> {
+        let body = PutSecret { value: value.to_string() };
+        self.send(Method::PUT, &format!("/v1/repos/{}/secrets/{}", enc(repo), enc(name)), Some(&body), &[], None).await
+    }
+
+    pub async fn list_secrets(&self, repo: &str) -> Result<Vec<SecretInfo>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Secrets {
+            secrets: Vec<SecretInfo>,
+        }
+        let r: Secrets =
+            self.send::<(), _>(Method::GET, &format!("/v1/repos/{}/secrets", enc(repo)), None, &[], None).await?;
+        Ok(r.secrets)
+    }
+
+    pub async fn delete_secret(&self, repo: &str, name: &str) -> Result<(), ApiError> {
+        let _: serde_json::Value = self
+            .send::<(), _>(Method::DELETE, &format!("/v1/repos/{}/secrets/{}", enc(repo), enc(name)), None, &[], None)
+            .await?;
+        Ok(())
     }
 
     pub async fn submit_run(
@@ -170,15 +229,16 @@ impl Client {
         last_event_id: Option<&str>,
     ) -> Result<impl Stream<Item = Result<SseEvent, ApiError>> + use<>, ApiError> {
         use eventsource_stream::Eventsource;
+        let i = self.idx();
         let mut req = self
             .http
-            .get(self.url(&format!("/v1/jobs/{}/logs/events", enc(job))))
+            .get(self.url_at(i, &format!("/v1/jobs/{}/logs/events", enc(job))))
             .bearer_auth(&self.token)
             .header("Accept", "text/event-stream");
         if let Some(id) = last_event_id {
             req = req.header("Last-Event-ID", id);
         }
-        let resp = req.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+        let resp = req.send().await.map_err(|e| self.failed(i, e))?;
         if !resp.status().is_success() {
             return Err(decode::<serde_json::Value>(resp).await.err().unwrap_or(ApiError::Decode("error".into())));
         }
@@ -212,6 +272,27 @@ impl Client {
 
     pub async fn append_log(&self, job: &str, epoch: i64, chunk: &LogChunk) -> Result<LogAck, ApiError> {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job)), Some(chunk), &[], None).await
+    }
+
+    /// [`Self::append_log`] with the bytes as the body (see [`RawLogChunk`]).
+    pub async fn append_log_raw(&self, job: &str, epoch: i64, chunk: &RawLogChunk) -> Result<LogAck, ApiError> {
+        use crate::types::log_headers as h;
+        let i = self.idx();
+        let resp = self
+            .http
+            .post(self.url_at(i, &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job))))
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .header(h::STREAM, &chunk.stream)
+            .header(h::SEQ, chunk.seq.to_string())
+            .header(h::OFFSET, chunk.offset.to_string())
+            .header(h::SHA256, &chunk.sha256)
+            .body(chunk.data.clone())
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .map_err(|e| self.failed(i, e))?;
+        decode(resp).await
     }
 
     pub async fn complete(&self, job: &str, epoch: i64, body: &Completion) -> Result<CompletionAck, ApiError> {
@@ -287,13 +368,14 @@ impl Client {
     /// Open the agent session stream (fast loss detection). The returned
     /// response's body must be read (or kept) for as long as the agent lives.
     pub async fn open_session(&self, agent_id: &str, session_id: &str) -> Result<reqwest::Response, ApiError> {
+        let i = self.idx();
         let resp = self
             .http
-            .get(self.url(&format!("/v1/agents/{}/session?session_id={}", enc(agent_id), enc(session_id))))
+            .get(self.url_at(i, &format!("/v1/agents/{}/session?session_id={}", enc(agent_id), enc(session_id))))
             .bearer_auth(&self.token)
             .send()
             .await
-            .map_err(|e| ApiError::Transport(e.to_string()))?;
+            .map_err(|e| self.failed(i, e))?;
         if resp.status().is_success() {
             return Ok(resp);
         }

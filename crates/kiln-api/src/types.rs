@@ -151,6 +151,28 @@ pub struct LogEvent {
     pub data: String,
 }
 
+/// Payload of an SSE `sealed` event: attempt `epoch` ended through its agent
+/// (`outcome`), and its log is complete: `committed` gives each stream's
+/// final length in bytes. Distinct from a dropped connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogSealed {
+    pub epoch: i64,
+    pub outcome: String,
+    #[serde(default)]
+    pub committed: BTreeMap<String, i64>,
+}
+
+/// Payload of an SSE `gap` event: the agent of attempt `epoch` was lost;
+/// output it had not delivered past `committed` is missing, and this
+/// attempt's log has no clean end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogGap {
+    pub epoch: i64,
+    pub reason: String,
+    #[serde(default)]
+    pub committed: BTreeMap<String, i64>,
+}
+
 /// Payload of an SSE `end` event: the job reached a terminal status and every
 /// committed chunk has been sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,6 +235,23 @@ pub struct Assignment {
     pub restore: Vec<RestoreSpec>,
     pub lease_ttl_ms: u64,
     pub heartbeat_interval_ms: u64,
+    /// Secrets the job asked for (`secrets:`), set as environment variables;
+    /// the agent masks their values (and base64 forms) in the job's output.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+}
+
+/// `PUT /v1/repos/{repo}/secrets/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutSecret {
+    pub value: String,
+}
+
+/// A secret as the API shows it: never its value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SecretInfo {
+    pub name: String,
+    pub updated_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -252,6 +291,27 @@ pub struct LogChunk {
     pub data: String,
     /// hex sha256 of the raw bytes.
     pub sha256: String,
+}
+
+/// A log chunk sent as the raw request body (`Content-Type:
+/// application/octet-stream`), its identity in the [`log_headers`]. The
+/// agent's default: no base64 on either side and a third fewer bytes.
+#[derive(Debug, Clone)]
+pub struct RawLogChunk {
+    pub stream: String,
+    pub seq: i64,
+    pub offset: i64,
+    /// hex sha256 of `data`.
+    pub sha256: String,
+    pub data: bytes::Bytes,
+}
+
+/// Headers naming a [`RawLogChunk`].
+pub mod log_headers {
+    pub const STREAM: &str = "kiln-log-stream";
+    pub const SEQ: &str = "kiln-log-seq";
+    pub const OFFSET: &str = "kiln-log-offset";
+    pub const SHA256: &str = "kiln-log-sha256";
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

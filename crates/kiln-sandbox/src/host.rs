@@ -15,6 +15,7 @@ use crate::{Executor, OutputStream, SandboxError, StepEvent, StepExit, StepHandl
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
+use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -32,7 +33,9 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Bytes read from a pipe at once (and the largest output event).
-const READ_BUF: usize = 64 * 1024;
+const READ_BUF: usize = 256 * 1024;
+/// Capacity asked for the output pipes (Linux's default unprivileged maximum).
+const PIPE_SIZE: i32 = 1024 * 1024;
 /// Output events buffered between the pipe readers and the consumer.
 const EVENT_QUEUE: usize = 64;
 /// After the group is gone, how long to wait for pipes held by processes that
@@ -141,6 +144,11 @@ impl HostExecutor {
         }
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
+        // Larger pipes: a loud step fills 1 MiB before it waits for us,
+        // instead of waking the reader every 64 KiB (best effort).
+        for fd in [stdout.as_fd(), stderr.as_fd()] {
+            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        }
 
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let (done_tx, done_rx) = watch::channel(false);

@@ -135,6 +135,17 @@ async fn kill_terminates_the_whole_process_tree() {
     let (bg, sh) = (read_pid(&sb.ws().join("bg.pid")), read_pid(&sb.ws().join("sh.pid")));
     assert!(process_alive(bg) && process_alive(sh));
     assert_eq!(sb.pgids().len(), 1, "the running group is recorded");
+    // The step's shell is PID 1 of its namespace, which ignores SIGTERM: the
+    // signal ends the step through its foreground `sleep`. Wait until that
+    // child exists (beside the background one), or a SIGTERM landing between `echo` and the fork (easy
+    // on a loaded machine) is absorbed and only the SIGKILL escalation ends it.
+    let children = format!("/proc/{sh}/task/{sh}/children");
+    for _ in 0..500 {
+        if std::fs::read_to_string(&children).is_ok_and(|c| c.split_whitespace().count() >= 2) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 
     // kill runs concurrently with the consumer and is idempotent.
     let (out, (), ()) = tokio::join!(collect(h), sb.exec.kill(), sb.exec.kill());

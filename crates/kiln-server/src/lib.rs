@@ -8,6 +8,7 @@ mod capability;
 mod dispatch;
 mod error;
 mod git;
+mod logarchive;
 mod loops;
 mod routes;
 mod views;
@@ -41,6 +42,11 @@ pub struct ServerConfig {
     pub gc_grace: Duration,
     /// How often the garbage collector runs.
     pub gc_interval: Duration,
+    /// A finished job's log moves from the hot journal to the object store
+    /// this long after the job ended.
+    pub log_archive_after: Duration,
+    /// How often the log archiver looks for finished logs.
+    pub log_archive_interval: Duration,
 }
 
 impl ServerConfig {
@@ -54,6 +60,8 @@ impl ServerConfig {
             retry_base: Duration::from_millis(500),
             gc_grace: Duration::from_secs(15 * 60),
             gc_interval: Duration::from_secs(30),
+            log_archive_after: Duration::from_secs(60),
+            log_archive_interval: Duration::from_secs(10),
         }
     }
 }
@@ -73,6 +81,8 @@ pub(crate) struct AppState {
     pub cancel_events: broadcast::Sender<CancelEvent>,
     pub blob: kiln_blob::LocalBlobStore,
     pub signer: capability::Signer,
+    /// Parsed log archive indexes, by object key (see `logarchive`).
+    pub log_indexes: std::sync::Mutex<std::collections::HashMap<String, Arc<logarchive::Index>>>,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -197,6 +207,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         cancel_events: broadcast::channel(1024).0,
         blob: kiln_blob::LocalBlobStore::new(config_data_dir.join("objects")),
         signer: capability::Signer::new(blob_key.into_bytes()),
+        log_indexes: Default::default(),
     });
     let (shutdown, mut rx) = watch::channel(false);
     loops::spawn(state.clone(), shutdown.subscribe()).await?;

@@ -13,7 +13,8 @@ pub async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Res
     }
     tokio::spawn(relay(state.clone(), shutdown.clone()));
     tokio::spawn(reconciler(state.clone(), shutdown.clone()));
-    tokio::spawn(collector(state, shutdown));
+    tokio::spawn(collector(state.clone(), shutdown.clone()));
+    tokio::spawn(archiver(state, shutdown));
     Ok(())
 }
 
@@ -93,6 +94,31 @@ async fn collector(state: State, mut shutdown: watch::Receiver<bool>) {
                 }
             }
             Err(e) => tracing::warn!("garbage collector paused: {e}"),
+        }
+    }
+}
+
+/// Log archival: finished jobs' logs move from the hot journal to the
+/// object store (segment + index), trimmed only once stored. A failure
+/// leaves the journal as it was and is retried on the next round.
+async fn archiver(state: State, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(state.config.log_archive_interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        let after = state.config.log_archive_after.as_millis() as i64;
+        let jobs = match state.store.logs_to_archive(after, 50).await {
+            Ok(j) => j,
+            Err(e) => {
+                tracing::warn!("log archiver paused: {e}");
+                continue;
+            }
+        };
+        for job in jobs {
+            if let Err(e) = crate::logarchive::archive_job(&state, &job).await {
+                tracing::warn!(job, "cannot archive log (kept in the journal; will retry): {e:#}");
+            }
         }
     }
 }

@@ -30,6 +30,8 @@ pub fn router(state: State) -> Router {
     let public = Router::new()
         .route("/v1/repos", post(create_repo).get(list_repos))
         .route("/v1/repos/{repo}/workflow-runs", post(submit_run).get(list_runs))
+        .route("/v1/repos/{repo}/secrets", get(list_secrets))
+        .route("/v1/repos/{repo}/secrets/{name}", axum::routing::put(put_secret).delete(delete_secret))
         .route("/v1/workflow-runs/{run}", get(get_run))
         .route("/v1/workflow-runs/{run}/cancel", post(cancel_run))
         .route("/v1/workflow-runs/{run}/retry", post(retry_run))
@@ -122,6 +124,62 @@ async fn list_repos(S(state): S<State>) -> ApiResult<Json<serde_json::Value>> {
 
 // ---------- runs ----------
 
+// ---------- secrets ----------
+
+/// Largest secret value accepted.
+const MAX_SECRET: usize = 64 * 1024;
+
+fn secret_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 128
+        && matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+async fn put_secret(
+    S(state): S<State>,
+    Path((repo, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Json<api::SecretInfo>> {
+    let req: api::PutSecret = parse(&body)?;
+    let repo = state.store.get_repo(&repo).await?;
+    if !secret_name_ok(&name) {
+        return Err(ApiErr::bad_request(format!(
+            "`{name}` is not a valid secret name; use letters, digits and `_`, not starting with a digit"
+        )));
+    }
+    if req.value.is_empty() || req.value.len() > MAX_SECRET {
+        return Err(ApiErr::bad_request(format!("a secret value is 1 to {MAX_SECRET} bytes")));
+    }
+    state.store.put_secret(&repo.id, &name, &req.value).await?;
+    let updated_at_ms =
+        state.store.list_secrets(&repo.id).await?.into_iter().find(|(n, _)| *n == name).map_or(0, |(_, t)| t);
+    Ok(Json(api::SecretInfo { name, updated_at_ms }))
+}
+
+async fn list_secrets(S(state): S<State>, Path(repo): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    let repo = state.store.get_repo(&repo).await?;
+    let secrets: Vec<api::SecretInfo> = state
+        .store
+        .list_secrets(&repo.id)
+        .await?
+        .into_iter()
+        .map(|(name, updated_at_ms)| api::SecretInfo { name, updated_at_ms })
+        .collect();
+    Ok(Json(serde_json::json!({ "secrets": secrets })))
+}
+
+async fn delete_secret(
+    S(state): S<State>,
+    Path((repo, name)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let repo = state.store.get_repo(&repo).await?;
+    if !state.store.delete_secret(&repo.id, &name).await? {
+        return Err(ApiErr::not_found(format!("secret {name} not found in repository {}", repo.name)));
+    }
+    Ok(Json(serde_json::json!({ "deleted": name })))
+}
+
 async fn submit_run(
     S(state): S<State>,
     Path(repo): Path<String>,
@@ -167,6 +225,21 @@ async fn submit_run(
     let text = String::from_utf8(bytes).map_err(|_| ApiErr::invalid(format!("{workflow_path} is not UTF-8")))?;
     let workflow = kiln_workflow::parse(&text)
         .map_err(|d| ApiErr::invalid(format!("{workflow_path} at {sha} is not a valid workflow:\n{d}")))?;
+    let wanted: Vec<String> = workflow.jobs.iter().flat_map(|j| j.secrets.iter().cloned()).collect();
+    if !wanted.is_empty() {
+        let have = state.store.secret_values(&repo.id, &wanted).await?;
+        let mut missing: Vec<&str> = wanted.iter().filter(|n| !have.contains_key(*n)).map(String::as_str).collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            return Err(ApiErr::invalid(format!(
+                "{workflow_path} asks for secrets that repository {} does not have: {}; add them with `kiln secret set {} NAME`",
+                repo.name,
+                missing.join(", "),
+                repo.name
+            )));
+        }
+    }
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &req.inputs).map_err(ApiErr::invalid)?;
     let accepted = state
@@ -308,16 +381,31 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
         let mut events = state.job_events.subscribe();
         let b64 = base64::engine::general_purpose::STANDARD;
         loop {
-            let chunks = match state.store.log_chunks_after(&job, cursor, 256).await {
+            let chunks = match crate::logarchive::chunks_after(&state, &job, cursor, 256).await {
                 Ok(c) => c,
-                Err(_) => break,
+                Err(e) => {
+                    tracing::error!(job, "cannot read log: {e:#}");
+                    break;
+                }
             };
             let got = !chunks.is_empty();
             for c in chunks {
                 cursor = c.id;
-                let payload =
-                    api::LogEvent { epoch: c.epoch, stream: c.stream, offset: c.offset, data: b64.encode(&c.data) };
-                let ev = Event::default().id(c.id.to_string()).event("chunk").json_data(payload).expect("json");
+                let ev = Event::default().id(c.id.to_string());
+                // `seal` and `gap` rows are events of the attempt, not bytes.
+                let ev = match c.stream.as_str() {
+                    "seal" => ev.event("sealed").data(String::from_utf8_lossy(&c.data)),
+                    "gap" => ev.event("gap").data(String::from_utf8_lossy(&c.data)),
+                    _ => ev
+                        .event("chunk")
+                        .json_data(api::LogEvent {
+                            epoch: c.epoch,
+                            stream: c.stream,
+                            offset: c.offset,
+                            data: b64.encode(&c.data),
+                        })
+                        .expect("json"),
+                };
                 if tx.send(ev).await.is_err() {
                     return;
                 }
@@ -331,7 +419,7 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
             };
             if status.is_terminal() {
                 // Chunks are acknowledged before completion: re-read once, then end.
-                let rest = state.store.log_chunks_after(&job, cursor, 1).await.unwrap_or_default();
+                let rest = crate::logarchive::chunks_after(&state, &job, cursor, 1).await.unwrap_or_default();
                 if rest.is_empty() {
                     let ev = Event::default()
                         .id(cursor.to_string())
@@ -424,11 +512,19 @@ fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment 
             .collect(),
         lease_ttl_ms: ttl,
         heartbeat_interval_ms: (ttl / 3).max(50),
+        secrets: BTreeMap::new(),
     }
 }
 
-async fn with_clone_url(state: &State, mut a: api::Assignment) -> ApiResult<api::Assignment> {
+/// The assignment of a claimed attempt, with what needs the store: the clone
+/// URL, and the secrets the job asked for (trusted runs only).
+async fn full_assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> ApiResult<api::Assignment> {
+    let mut a = assignment(state, c);
     a.clone_url = state.store.get_repo(&a.repo).await?.clone_url;
+    let def = &c.run.definition.jobs[c.job.index as usize];
+    if !def.secrets.is_empty() && c.run.trust == "trusted" {
+        a.secrets = state.store.secret_values(&c.run.repo_id, &def.secrets).await?;
+    }
     Ok(a)
 }
 
@@ -445,8 +541,7 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
         ));
     }
     if let Some(c) = state.store.claimed_by_request(&req.claim_request_id).await? {
-        let a = assignment(&state, &c);
-        return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
+        return Ok(Json(api::ClaimResponse { assignment: Some(full_assignment(&state, &c).await?) }));
     }
     let wait = Duration::from_millis(req.wait_ms.min(60_000));
     let deadline = tokio::time::Instant::now() + wait;
@@ -467,9 +562,8 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
             match state.store.claim(input).await {
                 Ok(Some(c)) => {
                     let _ = state.job_events.send(c.job.id.clone());
-                    let a = assignment(&state, &c);
                     tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
-                    return Ok(Json(api::ClaimResponse { assignment: Some(with_clone_url(&state, a).await?) }));
+                    return Ok(Json(api::ClaimResponse { assignment: Some(full_assignment(&state, &c).await?) }));
                 }
                 Ok(None) => {
                     // Duplicate or stale deliveries are absorbed. A job still
@@ -599,36 +693,60 @@ async fn heartbeat(
 async fn append_log(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<api::LogAck>> {
-    let chunk: api::LogChunk = parse(&body)?;
+    let raw = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/octet-stream"));
+    let chunk = if raw { raw_chunk(&headers, body)? } else { json_chunk(&body)? };
     if !["stdout", "stderr", "system"].contains(&chunk.stream.as_str()) {
         return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
     }
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(chunk.data.as_bytes())
-        .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
-    if data.len() > MAX_CHUNK {
+    if chunk.data.len() > MAX_CHUNK {
         return Err(ApiErr::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             api::codes::TOO_LARGE,
             "a log chunk carries at most 1 MiB",
         ));
     }
+    let api::RawLogChunk { stream, seq, offset, sha256, data } = chunk;
+    let data = data.to_vec();
     let committed = state
         .store
-        .append_log_chunk(NewLogChunk {
-            job_id: job.clone(),
-            epoch,
-            stream: chunk.stream,
-            seq: chunk.seq,
-            offset: chunk.offset,
-            sha256: chunk.sha256,
-            data,
-        })
+        .append_log_chunk(NewLogChunk { job_id: job.clone(), epoch, stream, seq, offset, sha256, data })
         .await?;
     let _ = state.job_events.send(job);
     Ok(Json(api::LogAck { committed: committed.into_iter().collect() }))
+}
+
+/// A chunk in a JSON body (`data` in base64).
+fn json_chunk(body: &Bytes) -> Result<api::RawLogChunk, ApiErr> {
+    let c: api::LogChunk = parse(body)?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(c.data.as_bytes())
+        .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
+    Ok(api::RawLogChunk { stream: c.stream, seq: c.seq, offset: c.offset, sha256: c.sha256, data: data.into() })
+}
+
+/// A chunk as a raw body, its identity in `kiln-log-*` headers.
+fn raw_chunk(headers: &HeaderMap, body: Bytes) -> Result<api::RawLogChunk, ApiErr> {
+    use api::log_headers as h;
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ApiErr::bad_request(format!("a raw log chunk needs the {name} header")))
+    };
+    let int =
+        |name: &str| get(name)?.parse::<i64>().map_err(|_| ApiErr::bad_request(format!("{name} must be an integer")));
+    Ok(api::RawLogChunk {
+        stream: get(h::STREAM)?.to_string(),
+        seq: int(h::SEQ)?,
+        offset: int(h::OFFSET)?,
+        sha256: get(h::SHA256)?.to_string(),
+        data: body,
+    })
 }
 
 async fn complete(

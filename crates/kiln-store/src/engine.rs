@@ -485,7 +485,9 @@ async fn append_gap_marker(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<
     .execute(&mut **tx)
     .await
     .map_err(db_err)?;
-    Ok(())
+    let committed = committed_offsets(tx, job_id, epoch).await?;
+    let payload = serde_json::json!({ "epoch": epoch, "reason": "agent lost", "committed": committed });
+    append_marker(tx, job_id, epoch, LOG_GAP, &payload).await
 }
 
 /// The context an `if:` is evaluated in: the frozen run's trigger and the
@@ -757,7 +759,7 @@ async fn end_attempt(
     message: Option<&str>,
     now: i64,
 ) -> Result<()> {
-    sqlx::query(q!("UPDATE attempts SET outcome = ?, exit_code = ?, message = ?, finished_at = ? \
+    let ended = sqlx::query(q!("UPDATE attempts SET outcome = ?, exit_code = ?, message = ?, finished_at = ? \
          WHERE job_id = ? AND epoch = ? AND outcome = 'running'"))
     .bind(outcome.as_str())
     .bind(exit_code)
@@ -765,6 +767,54 @@ async fn end_attempt(
     .bind(now)
     .bind(job_id)
     .bind(epoch)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    // An attempt that ended through its agent has a sealed log: what was
+    // committed is all there is (spec 000 §13: `log.sealed` is distinct from
+    // a dropped connection, which gets a gap marker when it is fenced).
+    if ended.rows_affected() > 0 && outcome != AttemptOutcome::Lost {
+        let committed = committed_offsets(tx, job_id, epoch).await?;
+        let payload = serde_json::json!({ "epoch": epoch, "outcome": outcome.as_str(), "committed": committed });
+        append_marker(tx, job_id, epoch, LOG_SEAL, &payload).await?;
+    }
+    Ok(())
+}
+
+/// Log rows that are events rather than bytes: `seal` (the attempt ended
+/// through its agent; every committed byte is all there is) and `gap` (the
+/// agent was lost; bytes it had not delivered are missing).
+pub(crate) const LOG_SEAL: &str = "seal";
+pub(crate) const LOG_GAP: &str = "gap";
+
+async fn committed_offsets(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as(q!("SELECT stream, committed FROM log_progress WHERE job_id = ? AND epoch = ?"))
+            .bind(job_id)
+            .bind(epoch)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db_err)?;
+    Ok(rows.into_iter().collect())
+}
+
+async fn append_marker(
+    tx: &mut Tx<'_>,
+    job_id: &str,
+    epoch: i64,
+    kind: &str,
+    payload: &serde_json::Value,
+) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    let data = serde_json::to_vec(payload).expect("json");
+    sqlx::query(q!("INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) \
+         VALUES (?, ?, ?, 0, 0, ?, ?, ?) ON CONFLICT DO NOTHING"))
+    .bind(job_id)
+    .bind(epoch)
+    .bind(kind)
+    .bind(data.len() as i64)
+    .bind(hex::encode(Sha256::digest(&data)))
+    .bind(&data)
     .execute(&mut **tx)
     .await
     .map_err(db_err)?;
@@ -834,6 +884,53 @@ impl RepoStore for StoreImpl {
         let rows =
             sqlx::query(q!("SELECT * FROM repos ORDER BY name")).fetch_all(&self.reader).await.map_err(db_err)?;
         rows.iter().map(repo_from_row).collect()
+    }
+
+    async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()> {
+        sqlx::query(q!("INSERT INTO secrets (repo_id, name, value, updated_at) \
+             VALUES (?, ?, ?, CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
+             ON CONFLICT (repo_id, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"))
+        .bind(repo_id)
+        .bind(name)
+        .bind(value)
+        .execute(&self.writer)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn delete_secret(&self, repo_id: &str, name: &str) -> Result<bool> {
+        let r = sqlx::query(q!("DELETE FROM secrets WHERE repo_id = ? AND name = ?"))
+            .bind(repo_id)
+            .bind(name)
+            .execute(&self.writer)
+            .await
+            .map_err(db_err)?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn list_secrets(&self, repo_id: &str) -> Result<Vec<(String, i64)>> {
+        sqlx::query_as(q!("SELECT name, updated_at FROM secrets WHERE repo_id = ? ORDER BY name"))
+            .bind(repo_id)
+            .fetch_all(&self.reader)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn secret_values(&self, repo_id: &str, names: &[String]) -> Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for name in names {
+            let v: Option<String> = sqlx::query_scalar(q!("SELECT value FROM secrets WHERE repo_id = ? AND name = ?"))
+                .bind(repo_id)
+                .bind(name)
+                .fetch_optional(&self.reader)
+                .await
+                .map_err(db_err)?;
+            if let Some(v) = v {
+                out.insert(name.clone(), v);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -1242,6 +1339,9 @@ impl AttemptStore for StoreImpl {
         // `Ok(Err(_))`: committed, and still an error for the caller.
         let r: Result<Result<String>> = write_tx!(self, |tx| {
             lock_run_of_job(&mut tx, job_id).await?;
+            // Then the job: its log's seal marker commits in id order with
+            // the chunks appended under the same lock.
+            super::lock_job(&mut tx, job_id).await?;
             let now = now(&mut tx).await?;
             let (job, budget) = require_live(&mut tx, job_id, epoch, now).await?;
             let run = load_run(&mut *tx, &job.run_id).await?;
@@ -1631,6 +1731,86 @@ impl LogStore for StoreImpl {
         Ok(rows
             .into_iter()
             .map(|(id, epoch, stream, offset, data)| LogChunkRecord { id, epoch, stream, offset, data })
+            .collect())
+    }
+
+    async fn logs_to_archive(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>> {
+        sqlx::query_scalar(q!(
+            "SELECT j.id FROM (SELECT DISTINCT job_id FROM log_chunks) c JOIN jobs j ON j.id = c.job_id \
+             WHERE j.status IN ('success', 'failed', 'cancelled', 'skipped') \
+               AND j.finished_at IS NOT NULL AND j.finished_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ? \
+             LIMIT ?"
+        ))
+        .bind(grace_ms)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn record_log_archive(&self, a: &LogArchive) -> Result<()> {
+        write_tx!(self, |tx| {
+            // The job row first: chunk appends (which lock it) wait for the trim.
+            super::lock_job(&mut tx, &a.job_id).await?;
+            let held: i64 =
+                sqlx::query_scalar(q!("SELECT COUNT(*) FROM log_chunks WHERE job_id = ? AND id BETWEEN ? AND ?"))
+                    .bind(&a.job_id)
+                    .bind(a.first_id)
+                    .bind(a.last_id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+            if held != a.chunks {
+                return Err(StoreError::Conflict(format!(
+                    "log of job {} changed while it was archived: {held} chunks in {}..={}, archive holds {}",
+                    a.job_id, a.first_id, a.last_id, a.chunks
+                )));
+            }
+            sqlx::query(q!(
+                "INSERT INTO log_archives (job_id, first_id, last_id, segment_key, index_key, chunks, bytes, archived_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, CAST(unixepoch('subsec') * 1000 AS INTEGER))"
+            ))
+            .bind(&a.job_id)
+            .bind(a.first_id)
+            .bind(a.last_id)
+            .bind(&a.segment_key)
+            .bind(&a.index_key)
+            .bind(a.chunks)
+            .bind(a.bytes)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            sqlx::query(q!("DELETE FROM log_chunks WHERE job_id = ? AND id BETWEEN ? AND ?"))
+                .bind(&a.job_id)
+                .bind(a.first_id)
+                .bind(a.last_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    async fn log_archives(&self, job_id: &str) -> Result<Vec<LogArchive>> {
+        let rows: Vec<(String, i64, i64, String, String, i64, i64)> = sqlx::query_as(q!(
+            "SELECT job_id, first_id, last_id, segment_key, index_key, chunks, bytes FROM log_archives \
+             WHERE job_id = ? ORDER BY first_id"
+        ))
+        .bind(job_id)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(db_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(job_id, first_id, last_id, segment_key, index_key, chunks, bytes)| LogArchive {
+                job_id,
+                first_id,
+                last_id,
+                segment_key,
+                index_key,
+                chunks,
+                bytes,
+            })
             .collect())
     }
 }

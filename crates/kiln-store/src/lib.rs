@@ -73,6 +73,18 @@ pub trait RepoStore: Send + Sync {
     async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord>;
     async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
     async fn list_repos(&self) -> Result<Vec<RepoRecord>>;
+    /// Create or replace a repository secret.
+    async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()>;
+    /// False if there was no such secret.
+    async fn delete_secret(&self, repo_id: &str, name: &str) -> Result<bool>;
+    /// Names and last-update times (ms) of a repository's secrets; never values.
+    async fn list_secrets(&self, repo_id: &str) -> Result<Vec<(String, i64)>>;
+    /// Values of the named secrets that exist.
+    async fn secret_values(
+        &self,
+        repo_id: &str,
+        names: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>>;
 }
 
 #[async_trait]
@@ -132,6 +144,15 @@ pub trait LogStore: Send + Sync {
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;
     /// Chunks of a job with event id greater than `after_id`, in id order.
     async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>>;
+    /// Jobs finished at least `grace_ms` ago whose log still has chunks in
+    /// the hot journal: candidates for archival.
+    async fn logs_to_archive(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>>;
+    /// Record an archive whose objects were written, and trim exactly the
+    /// chunks it holds from the hot journal, in one transaction. Conflict if
+    /// the journal no longer holds `chunks` rows in `first_id..=last_id`.
+    async fn record_log_archive(&self, archive: &LogArchive) -> Result<()>;
+    /// A job's archives, by `first_id`.
+    async fn log_archives(&self, job_id: &str) -> Result<Vec<LogArchive>>;
 }
 
 /// Artifact generations and bindings (spec 000 §9, §12, invariant 4).

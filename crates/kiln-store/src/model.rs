@@ -189,6 +189,20 @@ pub struct LogChunkRecord {
     pub data: Vec<u8>,
 }
 
+/// One archived stretch of a job's log: chunks `first_id..=last_id` (event
+/// ids) live in the object store as `segment_key` (their bytes, in id order)
+/// and `index_key` (where each chunk is in the segment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogArchive {
+    pub job_id: String,
+    pub first_id: i64,
+    pub last_id: i64,
+    pub segment_key: String,
+    pub index_key: String,
+    pub chunks: i64,
+    pub bytes: i64,
+}
+
 /// The dispatch class of a job: the canonical JSON of its `runs-on` labels.
 pub fn class_key(runs_on: &BTreeMap<String, String>) -> String {
     serde_json::to_string(runs_on).expect("labels serialise")

@@ -41,6 +41,11 @@ pub struct Job {
     pub artifacts: Artifacts,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Repository secrets this job receives as environment variables of the
+    /// same name (`secrets: [NAME, …]`); only trusted runs get them, and
+    /// their values are masked in logs (best effort).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
     /// Job timeout in seconds (`timeout: 30m`, `90s`, `1h`, or a number of seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,

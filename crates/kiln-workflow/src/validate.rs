@@ -35,6 +35,7 @@ const JOB_KEYS: &[&str] = &[
     "retry",
     "runs-on",
     "env",
+    "secrets",
 ];
 const MATRIX_KEYWORDS: &[&str] = &["include", "exclude", "max-parallel", "fail-fast"];
 const NEEDS_POLICY_KEYS: &[&str] = &["quorum"];
@@ -458,6 +459,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let retry = get(entries, "retry").and_then(|e| retry(ctx, &label, &e.value)).unwrap_or(0);
     let runs_on = get(entries, "runs-on").and_then(|e| runs_on(ctx, &label, &e.value)).unwrap_or_default();
     let env = get(entries, "env").and_then(|e| env(ctx, &label, &e.value)).unwrap_or_default();
+    let secrets = get(entries, "secrets").and_then(|e| secrets(ctx, &label, &e.value, &env)).unwrap_or_default();
 
     let job = Job {
         name: name.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
@@ -470,6 +472,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
             restore: restore.iter().map(|(r, _, _)| r.clone()).collect(),
         },
         env,
+        secrets,
         timeout_secs,
         retry,
         runs_on,
@@ -640,6 +643,43 @@ fn needs_list(ctx: &mut Ctx, label: &str, node: &Node) -> Vec<(String, Pos)> {
         }
     }
     out
+}
+
+/// `secrets: [NAME, …]`: repository secrets this job receives as
+/// environment variables of the same name (trusted runs only).
+fn secrets(ctx: &mut Ctx, label: &str, node: &Node, env: &BTreeMap<String, String>) -> Option<Vec<String>> {
+    let subject = format!("`secrets` of {label}");
+    let items = as_seq(ctx, node, &subject, "a list of secret names")?;
+    let mut out: Vec<String> = Vec::new();
+    let mut ok = true;
+    for item in items {
+        let Some(name) = as_nonempty_text(ctx, item, &format!("an entry of {subject}"), "a secret name") else {
+            ok = false;
+            continue;
+        };
+        if !env_key_ok(name) {
+            ctx.err(
+                item.pos,
+                format!(
+                    "`{}` in {subject} is not a valid secret name; use letters, digits and `_`, not starting with a digit",
+                    show(name)
+                ),
+            );
+            ok = false;
+        } else if out.iter().any(|n| n == name) {
+            ctx.err(item.pos, format!("{label} lists secret `{name}` twice; remove one"));
+            ok = false;
+        } else if env.contains_key(name) {
+            ctx.err(
+                item.pos,
+                format!("{label} sets `{name}` in `env` and also asks for the secret `{name}`; keep one"),
+            );
+            ok = false;
+        } else {
+            out.push(name.to_string());
+        }
+    }
+    ok.then_some(out)
 }
 
 fn string_list(ctx: &mut Ctx, node: &Node, subject: &str, allow_absolute: bool) -> Option<Vec<String>> {

@@ -11,7 +11,7 @@ use kiln_workflow::{Diagnostics, MAX_DEPTH, MAX_FILE_BYTES, MAX_JOBS, MAX_STEPS,
 use std::path::{Path, PathBuf};
 
 fn fixtures(dir: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir);
+    let dir = Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")).join("tests/fixtures").join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())

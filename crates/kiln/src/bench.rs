@@ -63,6 +63,20 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     if matches!(a.suite.as_str(), "logs" | "all") {
         code = code.max(crate::bench_failover::logs().await?);
     }
+    if matches!(a.suite.as_str(), "control-plane" | "all") {
+        code = code.max(
+            crate::bench_control::run(crate::bench_control::ControlArgs {
+                claims_per_s: a.claims_per_s,
+                heartbeats_per_s: a.heartbeats_per_s,
+                seconds: a.seconds,
+                hold: a.hold,
+                agents: 32,
+                database_url: a.database_url.clone(),
+                replicas: a.replicas,
+            })
+            .await?,
+        );
+    }
     Ok(code)
 }
 

@@ -233,8 +233,82 @@ pub async fn logs() -> Result<i32, Failure> {
     println!("log_bytes: {SIZE}");
     println!("log_ingest_mb_per_s: {:.0}", SIZE as f64 / 1e6 / secs.max(0.001));
     println!("baseline_file_write_fsync_mb_per_s: {:.0}", SIZE as f64 / 1e6 / base_s);
+    let latency_ok = write_to_reader_latency(&c, &tmp).await?;
     drop(agent);
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
-    Ok(if run.status == "success" { exit::OK } else { exit::RUN_FAILED })
+    Ok(if run.status == "success" && latency_ok { exit::OK } else { exit::RUN_FAILED })
+}
+
+/// Write-to-reader latency: a step prints its clock (ns) every 50 ms; a
+/// reader follows the job's SSE stream (the endpoint the web UI's log viewer
+/// uses) and, per line, subtracts the printed time from its arrival time.
+/// Same machine, same clock.
+async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool> {
+    use base64::Engine;
+    use futures::StreamExt;
+    const LINES: usize = 100;
+    let repo = tmp.join("ticker");
+    repo_with(
+        &repo,
+        &format!(
+            "version: 1\njobs:\n  - name: ticker\n    steps:\n      - for i in $(seq 1 {LINES}); do date +%s%N; sleep 0.05; done\n"
+        ),
+    )?;
+    c.create_repo(&kiln_api::CreateRepo {
+        name: "ticker".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+    })
+    .await?;
+    let r = c.submit_run("ticker", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+    let job = c.get_run(&r.run_id).await?.jobs[0].id.clone();
+    let events = c.log_events(&job, None).await?;
+    tokio::pin!(events);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut partial = String::new();
+    let mut lat_ms = Vec::new();
+    while let Some(Ok(ev)) = tokio::time::timeout(Duration::from_secs(60), events.next()).await? {
+        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i128;
+        match ev.event.as_str() {
+            "chunk" => {
+                let le: kiln_api::LogEvent = serde_json::from_str(&ev.data)?;
+                if le.stream != "stdout" {
+                    continue;
+                }
+                partial.push_str(&String::from_utf8_lossy(&b64.decode(le.data)?));
+                while let Some(i) = partial.find('\n') {
+                    if let Ok(ts) = partial[..i].trim().parse::<i128>() {
+                        lat_ms.push((now_ns - ts) as f64 / 1e6);
+                    }
+                    partial.drain(..=i);
+                }
+            }
+            "end" => break,
+            _ => {}
+        }
+    }
+    lat_ms.sort_by(f64::total_cmp);
+    // Baseline: the same loop read straight from a pipe.
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("for i in $(seq 1 {LINES}); do date +%s%N; sleep 0.05; done"))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().expect("stdout")));
+    let mut base_ms = Vec::new();
+    while let Some(line) = lines.next_line().await? {
+        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i128;
+        if let Ok(ts) = line.trim().parse::<i128>() {
+            base_ms.push((now_ns - ts) as f64 / 1e6);
+        }
+    }
+    child.wait().await?;
+    base_ms.sort_by(f64::total_cmp);
+    println!("log_latency_lines: {}", lat_ms.len());
+    println!("log_write_to_reader_p50_ms: {:.1}", percentile(&lat_ms, 0.5));
+    println!("log_write_to_reader_p95_ms: {:.1}", percentile(&lat_ms, 0.95));
+    println!("log_write_to_reader_max_ms: {:.1}", lat_ms.last().copied().unwrap_or(f64::NAN));
+    println!("baseline_pipe_p95_ms: {:.2}", percentile(&base_ms, 0.95));
+    Ok(lat_ms.len() == LINES)
 }

@@ -23,7 +23,7 @@ pub struct Cli {
 
 #[derive(Args, Debug, Clone)]
 pub struct Conn {
-    /// Kiln server URL.
+    /// Kiln server URL (or several replicas' URLs separated by commas).
     #[arg(long, env = "KILN_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
     pub server: String,
     /// API token (the server writes DATA_DIR/admin.token on first start).
@@ -43,6 +43,11 @@ pub enum Command {
     Repo {
         #[command(subcommand)]
         command: RepoCommand,
+    },
+    /// Manage repository secrets (given to jobs that list them under `secrets:`).
+    Secret {
+        #[command(subcommand)]
+        command: SecretCommand,
     },
     /// Start a workflow run for a commit.
     Run(RunArgs),
@@ -124,11 +129,17 @@ pub struct ServerArgs {
     /// Base delay of the retry backoff (exponential, with jitter).
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub retry_base: std::time::Duration,
+    /// A finished job's log moves from the database's hot journal to the
+    /// object store (immutable segment + index) this long after the job ended.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub log_archive_after: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
-    /// Server URL.
+    /// Server URL, or several replicas' URLs separated by commas
+    /// (`http://a:7070,http://b:7070`): when one stops answering, the agent
+    /// moves to the next.
     #[arg(long, env = "KILN_SERVER")]
     pub server: String,
     /// Agent token (DATA_DIR/agent.token of the server).
@@ -156,6 +167,18 @@ pub struct AgentArgs {
     /// drained, dropped and reported as truncated.
     #[arg(long, value_name = "BYTES")]
     pub log_limit: Option<u64>,
+    /// Per-attempt stdout + stderr rate limit in bytes per second (default:
+    /// unlimited); faster output is drained, dropped and marked as a gap.
+    #[arg(long, value_name = "BYTES_PER_S")]
+    pub log_rate_limit: Option<u64>,
+    /// Unshipped log bytes an attempt keeps in memory before spilling them
+    /// to its on-disk spool (default 16 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub log_buffer: Option<u64>,
+    /// Largest on-disk log spool per attempt (default 1 GiB); output beyond
+    /// it is dropped and the drop recorded in the log.
+    #[arg(long, value_name = "BYTES")]
+    pub log_spool_limit: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -173,6 +196,32 @@ pub enum RepoCommand {
     },
     /// List repositories.
     List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCommand {
+    /// Create or replace secret NAME of REPO. The value is read from standard
+    /// input (one trailing newline removed), so it stays out of shell history:
+    /// `printf %s "$TOKEN" | kiln secret set myrepo DEPLOY_TOKEN`.
+    Set {
+        repo: String,
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the secret names of REPO (values are never shown).
+    List {
+        repo: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Delete secret NAME of REPO.
+    Rm {
+        repo: String,
+        name: String,
         #[command(flatten)]
         conn: Conn,
     },
@@ -257,8 +306,28 @@ pub struct BenchArgs {
     /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
     /// of an agent to its job claimed elsewhere), logs (200 MB of stdout
     /// ingested, durable before acknowledgement, vs a file write + fsync), or all.
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "all"])]
+    /// control-plane: simulated agents over HTTP drive claim → heartbeat →
+    /// complete at spec 000 §3's peak rates against the real server and store.
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all"])]
     pub suite: String,
+    /// control-plane: claims (and completions) per second to drive.
+    #[arg(long, default_value_t = 230.0)]
+    pub claims_per_s: f64,
+    /// control-plane: heartbeats per second from all held leases together.
+    #[arg(long, default_value_t = 2760.0)]
+    pub heartbeats_per_s: f64,
+    /// control-plane: seconds of claiming.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// control-plane: how long a virtual agent holds each lease before completing.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub hold: std::time::Duration,
+    /// control-plane: metadata database (default: SQLite in a temporary dir).
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// control-plane: server replicas on the same database.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
     /// Runs submitted at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
     pub runs: u32,

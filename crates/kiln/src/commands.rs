@@ -15,6 +15,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Server(a) => server(a).await,
         Command::Agent(a) => agent(a).await,
         Command::Repo { command } => repo(command).await,
+        Command::Secret { command } => secret(command).await,
         Command::Run(a) => run_cmd(a).await,
         Command::Status(a) => status(a).await,
         Command::Logs(a) => logs(a).await,
@@ -89,6 +90,9 @@ fn agent_config(
         executor: kiln_agent::ExecutorKind::Host,
         upload_rate_limit: None,
         log_limit: None,
+        log_rate_limit: None,
+        log_buffer: None,
+        log_spool_limit: None,
     }
 }
 
@@ -175,6 +179,8 @@ async fn server(a: ServerArgs) -> CmdResult {
     config.gc_grace = a.artifact_gc_grace;
     config.gc_interval = a.gc_interval;
     config.retry_base = a.retry_base;
+    config.log_archive_after = a.log_archive_after;
+    config.log_archive_interval = a.log_archive_after.clamp(Duration::from_millis(200), Duration::from_secs(10));
     let handle = kiln_server::start(config).await?;
     println!("kiln server listening on {} (tokens in {})", handle.url(), a.data_dir.display());
     let _ = std::io::stdout().flush();
@@ -198,6 +204,9 @@ async fn agent(a: AgentArgs) -> CmdResult {
     let mut cfg = agent_config(a.server, a.token, name, labels, a.work_dir, a.max_jobs.max(1));
     cfg.upload_rate_limit = a.upload_rate_limit;
     cfg.log_limit = a.log_limit;
+    cfg.log_rate_limit = a.log_rate_limit;
+    cfg.log_buffer = a.log_buffer;
+    cfg.log_spool_limit = a.log_spool_limit;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run(cfg, rx));
     tokio::pin!(task);
@@ -224,6 +233,34 @@ async fn repo(cmd: RepoCommand) -> CmdResult {
             for r in c.list_repos().await? {
                 println!("{:<24} {}", r.name, r.clone_url);
             }
+        }
+    }
+    Ok(exit::OK)
+}
+
+async fn secret(cmd: SecretCommand) -> CmdResult {
+    match cmd {
+        SecretCommand::Set { repo, name, conn } => {
+            let c = client(&conn)?;
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                .map_err(|e| usage(format!("cannot read the secret value from standard input: {e}")))?;
+            let value = value.strip_suffix('\n').map(|v| v.strip_suffix('\r').unwrap_or(v)).unwrap_or(&value);
+            if value.is_empty() {
+                return Err(usage("the secret value (standard input) is empty"));
+            }
+            c.put_secret(&repo, &name, value).await?;
+            println!("secret {name} of {repo} set ({} bytes)", value.len());
+        }
+        SecretCommand::List { repo, conn } => {
+            let c = client(&conn)?;
+            for s in c.list_secrets(&repo).await? {
+                println!("{}", s.name);
+            }
+        }
+        SecretCommand::Rm { repo, name, conn } => {
+            client(&conn)?.delete_secret(&repo, &name).await?;
+            println!("secret {name} of {repo} deleted");
         }
     }
     Ok(exit::OK)
@@ -358,6 +395,14 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(
                             }
                         }
                         "end" => return Ok(()),
+                        "gap" => {
+                            if let Ok(g) = serde_json::from_str::<kiln_api::LogGap>(&ev.data) {
+                                eprintln!(
+                                    "kiln: ⚠ log gap in attempt {}: {}; its log has no clean end",
+                                    g.epoch, g.reason
+                                );
+                            }
+                        }
                         _ => {}
                     }
                 }

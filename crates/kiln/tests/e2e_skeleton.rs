@@ -355,7 +355,8 @@ async fn bundled_example_pipeline_hands_off_its_artifact() {
     let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("hello");
-    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/hello");
+    let example =
+        std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")).join("../../examples/hello");
     assert!(std::process::Command::new("cp").arg("-r").arg(&example).arg(&repo).status().unwrap().success());
     for args in [
         &["init", "-q", "-b", "main"][..],

@@ -33,15 +33,90 @@ fn shot(name: &str, png: &[u8]) {
     let _ = std::fs::write(dir.join(format!("ui-{name}.png")), png);
 }
 
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// False (skip) when Chromium is missing, unless `KILN_REQUIRE_BROWSER=1`.
+fn have_browser() -> bool {
+    if std::path::Path::new(CHROMIUM).exists() && std::path::Path::new(CHROMEDRIVER).exists() {
+        return true;
+    }
+    assert!(
+        std::env::var("KILN_REQUIRE_BROWSER").as_deref() != Ok("1"),
+        "chromium/chromedriver missing but KILN_REQUIRE_BROWSER=1"
+    );
+    eprintln!("skipping: install chromium and chromium-driver to run the browser test");
+    false
+}
+
+/// A headless Chromium session through chromedriver; downloads go to
+/// `downloads` when given.
+async fn browser(downloads: Option<&std::path::Path>) -> (Driver, fantoccini::Client) {
+    let port = free_port();
+    let driver = Driver(
+        Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut opts = serde_json::json!({
+        "binary": CHROMIUM,
+        "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--window-size=1200,900"]
+    });
+    if let Some(dir) = downloads {
+        opts["prefs"] = serde_json::json!({
+            "download.default_directory": dir,
+            "download.prompt_for_download": false,
+            "safebrowsing.enabled": false,
+        });
+    }
+    let mut caps = serde_json::Map::new();
+    caps.insert("goog:chromeOptions".into(), opts);
+    let mut b = ClientBuilder::rustls().unwrap();
+    b.capabilities(caps);
+    for _ in 0..100 {
+        match b.connect(&format!("http://127.0.0.1:{port}")).await {
+            Ok(c) => return (driver, c),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    panic!("no chromedriver session");
+}
+
+async fn sign_in(c: &fantoccini::Client, url: &str, token: &str) {
+    let wait = c.wait().at_most(Duration::from_secs(30)).every(Duration::from_millis(100));
+    c.goto(&format!("{url}/")).await.unwrap();
+    let input = wait.for_element(Locator::Css("form.signin input")).await.unwrap();
+    input.send_keys(token).await.unwrap();
+    c.find(Locator::Css("form.signin button")).await.unwrap().click().await.unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(30))
+        .every(Duration::from_millis(100))
+        .for_element(Locator::Css("#signout:not([hidden])"))
+        .await
+        .unwrap();
+}
+
+/// Waits until the text of `css` contains `needle`.
+async fn wait_text(c: &fantoccini::Client, css: &str, needle: &str) -> bool {
+    for _ in 0..300 {
+        if let Ok(e) = c.find(Locator::Css(css)).await
+            && e.text().await.unwrap_or_default().contains(needle)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sign_in_graph_and_live_log_in_chromium() {
-    let (chromium, driver) = (std::path::Path::new("/usr/bin/chromium"), std::path::Path::new("/usr/bin/chromedriver"));
-    if !chromium.exists() || !driver.exists() {
-        assert!(
-            std::env::var("KILN_REQUIRE_BROWSER").as_deref() != Ok("1"),
-            "chromium/chromedriver missing but KILN_REQUIRE_BROWSER=1"
-        );
-        eprintln!("skipping: install chromium and chromium-driver to run the browser test");
+    if !have_browser() {
         return;
     }
     let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
@@ -65,41 +140,11 @@ jobs:
     let api = Client::new(&up.url, &up.token);
     let run = api.submit_run("ui", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
 
-    let port = free_port();
-    let _driver = Driver(
-        Command::new(driver).arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap(),
-    );
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({
-            "binary": chromium,
-            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                     "--disable-sync", "--window-size=1200,900"]
-        }),
-    );
-    let mut b = ClientBuilder::rustls().unwrap();
-    b.capabilities(caps);
-    let mut browser = None;
-    for _ in 0..100 {
-        match b.connect(&format!("http://127.0.0.1:{port}")).await {
-            Ok(c) => {
-                browser = Some(c);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    let c = browser.expect("chromedriver session");
+    let (_driver, c) = browser(None).await;
     let wait = || c.wait().at_most(Duration::from_secs(30)).every(Duration::from_millis(100));
 
     // Sign in.
-    c.goto(&format!("{}/", up.url)).await.unwrap();
-    let input = wait().for_element(Locator::Css("form.signin input")).await.unwrap();
-    input.send_keys(&up.token).await.unwrap();
-    c.find(Locator::Css("form.signin button")).await.unwrap().click().await.unwrap();
-    wait().for_element(Locator::Css("#signout:not([hidden])")).await.unwrap();
+    sign_in(&c, &up.url, &up.token).await;
 
     // The run page: the matrix is one collapsed node that expands on click.
     c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
@@ -158,5 +203,90 @@ jobs:
     }
     assert!(ended, "the rest of the log arrived live");
     shot("log-done", &c.screenshot().await.unwrap());
+    c.close().await.unwrap();
+}
+
+/// Start a run from the UI, watch its log lines arrive, open an artifact
+/// link (the file lands in the browser's download directory with the
+/// published bytes), and cancel the run with the button.
+#[tokio::test(flavor = "multi_thread")]
+async fn start_run_open_artifact_and_cancel_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let wf = r#"version: 1
+jobs:
+  - name: build
+    needs: []
+    steps:
+      - mkdir -p out && printf 'artifact bytes of %s\n' "$KILN_RUN_ID" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt}
+  - name: slow
+    needs: []
+    steps:
+      - i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done
+"#;
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    assert!(up.cli().args(["repo", "add", "webapp", "--url"]).arg(repo.path()).status().unwrap().success());
+    let api = Client::new(&up.url, &up.token);
+    let downloads = tempfile::tempdir().unwrap();
+    let (_driver, c) = browser(Some(downloads.path())).await;
+    let wait = || c.wait().at_most(Duration::from_secs(30)).every(Duration::from_millis(100));
+    sign_in(&c, &up.url, &up.token).await;
+
+    // Start a run with the form on the runs page.
+    let form = wait().for_element(Locator::Css("form.start-run")).await.unwrap();
+    wait().for_element(Locator::Css("form.start-run select option[value='webapp']")).await.unwrap();
+    shot("start-form", &c.screenshot().await.unwrap());
+    form.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
+    let mut run_id = String::new();
+    for _ in 0..300 {
+        let url = c.current_url().await.unwrap();
+        if let Some(id) = url.fragment().and_then(|f| f.strip_prefix("/runs/")) {
+            run_id = id.to_string();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!run_id.is_empty(), "the form leads to the new run's page");
+    let run = api.get_run(&run_id).await.unwrap();
+    assert_eq!(run.repo, "webapp");
+
+    // The slow job's log: lines appear while it runs.
+    let slow = run.jobs.iter().find(|j| j.name == "slow").unwrap().id.clone();
+    c.goto(&format!("{}/#/runs/{}/jobs/{}", up.url, run_id, slow)).await.unwrap();
+    assert!(wait_text(&c, ".log", "tick 3").await, "log lines arrive live");
+    shot("start-live-log", &c.screenshot().await.unwrap());
+
+    // The artifact link on the run page downloads exactly the published bytes.
+    kiln_testkit::until(&api, &run_id, 60, "build succeeding", |r| {
+        r.jobs.iter().any(|j| j.name == "build" && j.status == "success")
+    })
+    .await;
+    c.goto(&format!("{}/#/runs/{}", up.url, run_id)).await.unwrap();
+    let link = wait().for_element(Locator::Css("button[title='Download app']")).await.unwrap();
+    link.click().await.unwrap();
+    let expected = format!("artifact bytes of {run_id}\n");
+    let got = kiln_testkit::wait_for(Duration::from_secs(30), || {
+        std::fs::read_to_string(downloads.path().join("app")).ok().filter(|s| *s == expected)
+    });
+    assert_eq!(
+        got.as_deref(),
+        Some(expected.as_str()),
+        "downloaded artifact: {:?}",
+        std::fs::read_dir(downloads.path()).unwrap().flatten().map(|e| e.path()).collect::<Vec<_>>()
+    );
+
+    // Cancel with the button (confirming the dialog): the run ends cancelled.
+    let cancel = wait().for_element(Locator::XPath("//button[normalize-space()='Cancel']")).await.unwrap();
+    cancel.click().await.unwrap();
+    c.accept_alert().await.unwrap();
+    let done = kiln_testkit::wait_run(&api, &run_id, 60).await;
+    assert_eq!(done.status, "cancelled");
+    assert!(wait_text(&c, "main", "cancelled").await, "the page shows it");
+    shot("run-cancelled", &c.screenshot().await.unwrap());
     c.close().await.unwrap();
 }

@@ -96,7 +96,9 @@ pub async fn bad_digest_and_stale_epoch_are_refused<S: Store + 'static>(o: &Open
     s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"bytes")).await.unwrap();
     s.complete(&job, 1, success()).await.unwrap();
     assert_stale(s.append_log_chunk(chunk(&job, 1, "stdout", 1, 5, b"tail")).await);
-    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 1);
+    let rows = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    let streams: Vec<&str> = rows.iter().map(|r| r.stream.as_str()).collect();
+    assert_eq!(streams, ["stdout", "seal"], "the bytes, then the seal; no tail");
 }
 
 pub async fn log_chunks_after_respects_the_cursor<S: Store + 'static>(o: &Opener<S>) {
@@ -123,4 +125,75 @@ pub async fn log_chunks_after_respects_the_cursor<S: Store + 'static>(o: &Opener
     let rest = s.log_chunks_after(&job, page[1].id, 100).await.unwrap();
     assert_eq!(rest.iter().map(|c| c.id).collect::<Vec<_>>(), [all[4].id]);
     assert!(s.log_chunks_after(&job, all[4].id, 100).await.unwrap().is_empty());
+}
+
+/// `log.sealed` is distinct from a dropped connection (spec 000 §13): an
+/// attempt that completes through its agent gets a `seal` row naming each
+/// stream's final length; a fenced one gets a `gap` row (and a system line).
+pub async fn completion_seals_the_log_and_fencing_marks_a_gap<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    s.append_log_chunk(chunk(&build, 1, "stdout", 0, 0, b"compiled\n")).await.unwrap();
+    s.append_log_chunk(chunk(&build, 1, "stderr", 0, 0, b"warn\n")).await.unwrap();
+    s.complete(&build, 1, success()).await.unwrap();
+    let rows = s.log_chunks_after(&build, 0, 100).await.unwrap();
+    let seal = rows.last().expect("rows");
+    assert_eq!((seal.stream.as_str(), seal.epoch), ("seal", 1), "{rows:?}");
+    let v: serde_json::Value = serde_json::from_slice(&seal.data).unwrap();
+    assert_eq!(v["outcome"], "success");
+    assert_eq!(v["committed"]["stdout"], 9);
+    assert_eq!(v["committed"]["stderr"], 5);
+    assert!(!rows.iter().any(|r| r.stream == "gap"));
+
+    // The next job's agent vanishes: no seal, a gap.
+    let test = job_id(s, &run_id, "test").await;
+    claim(s, &a, &test, SHORT_TTL).await;
+    s.append_log_chunk(chunk(&test, 1, "stdout", 0, 0, b"running 3 tests\n")).await.unwrap();
+    expire(SHORT_TTL).await;
+    assert_eq!(s.fence_expired().await.unwrap(), vec![(test.clone(), 1)]);
+    let rows = s.log_chunks_after(&test, 0, 100).await.unwrap();
+    assert!(!rows.iter().any(|r| r.stream == "seal"), "a lost attempt is never sealed: {rows:?}");
+    let gap = rows.iter().find(|r| r.stream == "gap").expect("gap row");
+    let v: serde_json::Value = serde_json::from_slice(&gap.data).unwrap();
+    assert_eq!(v["epoch"], 1);
+    assert_eq!(v["committed"]["stdout"], 16);
+    let system: Vec<u8> = rows.iter().filter(|r| r.stream == "system").flat_map(|r| r.data.clone()).collect();
+    assert!(String::from_utf8_lossy(&system).contains("gap"), "and a readable line for plain viewers");
+}
+
+/// Archival bookkeeping: only finished jobs are candidates; recording an
+/// archive trims exactly the chunks it holds, in one transaction, and is
+/// refused (changing nothing) when the journal no longer matches.
+pub async fn archiving_trims_exactly_what_the_archive_holds<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"one\n")).await.unwrap();
+    s.append_log_chunk(chunk(&job, 1, "stdout", 1, 4, b"two\n")).await.unwrap();
+    assert!(s.logs_to_archive(0, 10).await.unwrap().is_empty(), "a running job's log stays hot");
+    s.complete(&job, 1, success()).await.unwrap();
+    assert!(s.logs_to_archive(3_600_000, 10).await.unwrap().is_empty(), "not before the grace period");
+    assert_eq!(s.logs_to_archive(0, 10).await.unwrap(), vec![job.clone()]);
+    let rows = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    assert_eq!(rows.len(), 3, "two chunks and the seal");
+    let archive = |chunks| LogArchive {
+        job_id: job.clone(),
+        first_id: rows[0].id,
+        last_id: rows[2].id,
+        segment_key: "logs/x.seg".into(),
+        index_key: "logs/x.idx.json".into(),
+        chunks,
+        bytes: 8,
+    };
+    assert_conflict(s.record_log_archive(&archive(2)).await);
+    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 3, "a refused archive trims nothing");
+    assert!(s.log_archives(&job).await.unwrap().is_empty());
+    s.record_log_archive(&archive(3)).await.unwrap();
+    assert!(s.log_chunks_after(&job, 0, 100).await.unwrap().is_empty());
+    assert_eq!(s.log_archives(&job).await.unwrap(), [archive(3)]);
+    assert!(s.logs_to_archive(0, 10).await.unwrap().is_empty(), "archived logs are not candidates again");
 }

@@ -97,6 +97,8 @@ macro_rules! suite {
             logs::streams_are_tracked_separately,
             logs::bad_digest_and_stale_epoch_are_refused,
             logs::log_chunks_after_respects_the_cursor,
+            logs::completion_seals_the_log_and_fencing_marks_a_gap,
+            logs::archiving_trims_exactly_what_the_archive_holds,
             artifacts::create_generation_requires_live_epoch_and_declared_name,
             artifacts::digest_named_at_seal_time,
             artifacts::every_session_gets_a_fresh_generation_and_key,

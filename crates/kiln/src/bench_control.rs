@@ -1,0 +1,280 @@
+//! `kiln bench control-plane`: simulated agents over HTTP drive claim →
+//! heartbeat → complete against a real server and store (spec 000 §3's
+//! peak: 230 claims/s, 230 completions/s, 82,800 leases heartbeating every
+//! 30 s ≈ 2,760 heartbeats/s). No processes run per job: a virtual agent
+//! holds each claimed lease for `--hold`, heartbeating so that all held
+//! leases together send `--heartbeats-per-s`, then completes it.
+//!
+//! Holding 82,800 leases for 6 minutes is not practical in a benchmark, so
+//! the lease population is scaled down (claims/s × hold) and each lease
+//! heartbeats proportionally more often: the store sees the same rate of
+//! the same heartbeat transaction. The figure printed says so.
+
+use crate::bench::{git, percentile};
+use crate::commands::Failure;
+use kiln_api::{ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+#[derive(Debug, Clone)]
+pub struct ControlArgs {
+    pub claims_per_s: f64,
+    pub heartbeats_per_s: f64,
+    pub seconds: u64,
+    pub hold: Duration,
+    pub agents: u32,
+    /// `postgres://…` to run against PostgreSQL instead of SQLite.
+    pub database_url: Option<String>,
+    /// Server processes (replicas) on the same database.
+    pub replicas: u32,
+}
+
+#[derive(Default)]
+struct Stats {
+    claims: AtomicU64,
+    heartbeats: AtomicU64,
+    completions: AtomicU64,
+    errors: AtomicU64,
+    claim_ms: Mutex<Vec<f64>>,
+    heartbeat_ms: Mutex<Vec<f64>>,
+    complete_ms: Mutex<Vec<f64>>,
+}
+
+pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
+    let tmp = std::env::temp_dir().join(format!("kiln-bench-control-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let repo = tmp.join("repo");
+    std::fs::create_dir_all(repo.join(".kiln")).map_err(anyhow::Error::from)?;
+    std::fs::write(repo.join(".kiln/pipeline.yaml"), "version: 1\njobs:\n  - name: j\n    steps: [\"true\"]\n")
+        .map_err(anyhow::Error::from)?;
+    git(&repo, &["init", "-q", "-b", "main"])?;
+    git(&repo, &["add", "."])?;
+    git(&repo, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "bench"])?;
+
+    if a.database_url.is_some() || a.replicas > 1 {
+        return Err(Failure {
+            message: "--database-url and --replicas need the PostgreSQL store, which this build does not have yet"
+                .into(),
+            code: exit::USAGE,
+        });
+    }
+    let mut handles = vec![];
+    for i in 0..a.replicas.max(1) {
+        let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
+        // Replicas share the database; each needs its own data dir only for
+        // what is not shared (the first one writes the tokens).
+        if i > 0 {
+            config.data_dir = tmp.join(format!("data-{i}"));
+            copy_tokens(&tmp.join("data"), &config.data_dir)?;
+        }
+        handles.push(kiln_server::start(config).await?);
+    }
+    let urls: Vec<String> = handles.iter().map(|h| h.url()).collect();
+    let admin = Client::new(&urls[0], &handles[0].admin_token);
+    let agent_token = handles[0].agent_token.clone();
+    admin
+        .create_repo(&kiln_api::CreateRepo {
+            name: "control".into(),
+            clone_url: repo.display().to_string(),
+            webhook_secret: None,
+        })
+        .await?;
+
+    // Baseline in the same invocation: bare HTTP round trips (GET /healthz)
+    // from the same client, at the same concurrency as the agents.
+    let base = {
+        let http = reqwest::Client::new();
+        let n = Arc::new(AtomicU64::new(0));
+        let t0 = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..a.agents {
+            let (http, n, url) = (http.clone(), n.clone(), urls[i as usize % urls.len()].clone());
+            set.spawn(async move {
+                while t0.elapsed() < Duration::from_secs(2) {
+                    if http.get(format!("{url}/healthz")).send().await.is_ok() {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        while set.join_next().await.is_some() {}
+        n.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
+    };
+
+    // Enough ready jobs for the whole measurement, submitted first.
+    let total = (a.claims_per_s * a.seconds as f64).ceil() as usize + 50;
+    eprintln!("bench control-plane: submitting {total} runs…");
+    let t_submit = Instant::now();
+    let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+    let next = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for w in 0..16 {
+        let (c, body, next) = (Client::new(&urls[w % urls.len()], &handles[0].admin_token), body.clone(), next.clone());
+        set.spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < total as u64 {
+                c.submit_run("control", &body, None).await?;
+            }
+            Ok::<_, kiln_api::ApiError>(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(anyhow::Error::from)??;
+    }
+    let accept_rate = total as f64 / t_submit.elapsed().as_secs_f64();
+
+    // Virtual agents.
+    let stats = Arc::new(Stats::default());
+    let hb_every = Duration::from_secs_f64((a.claims_per_s * a.hold.as_secs_f64() / a.heartbeats_per_s).max(0.01));
+    let pace = Duration::from_secs_f64(1.0 / a.claims_per_s);
+    let start = Instant::now() + Duration::from_millis(200);
+    let claim_until = start + Duration::from_secs(a.seconds);
+    let ticket = Arc::new(AtomicU64::new(0));
+    let mut agents = tokio::task::JoinSet::new();
+    let mut jobs = tokio::task::JoinSet::new();
+    let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<(String, i64, String)>();
+    for i in 0..a.agents {
+        let c = Client::new(&urls[i as usize % urls.len()], &agent_token);
+        let reg = c
+            .register_agent(&RegisterAgent { name: format!("virtual-{i}"), labels: Default::default(), max_jobs: 256 })
+            .await?;
+        let (stats, ticket, job_tx, url) =
+            (stats.clone(), ticket.clone(), job_tx.clone(), urls[i as usize % urls.len()].clone());
+        agents.spawn(async move {
+            loop {
+                // Open-loop pacing: claim k is sent at start + k / rate.
+                let k = ticket.fetch_add(1, Ordering::Relaxed);
+                let at = start + pace * k as u32;
+                if at >= claim_until {
+                    return;
+                }
+                tokio::time::sleep_until(at.into()).await;
+                let req = ClaimRequest {
+                    session_id: reg.session_id.clone(),
+                    claim_request_id: uuid::Uuid::new_v4().to_string(),
+                    wait_ms: 2_000,
+                };
+                let t = Instant::now();
+                match c.claim(&reg.agent_id, &req).await {
+                    Ok(r) => {
+                        if let Some(asg) = r.assignment {
+                            stats.claim_ms.lock().await.push(t.elapsed().as_secs_f64() * 1000.0);
+                            stats.claims.fetch_add(1, Ordering::Relaxed);
+                            let _ = job_tx.send((asg.job_id, asg.epoch, url.clone()));
+                        }
+                    }
+                    Err(_) => {
+                        stats.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+    }
+    drop(job_tx);
+    let hold = a.hold;
+    let token = agent_token.clone();
+    let spawner = {
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            while let Some((job, epoch, url)) = job_rx.recv().await {
+                let (stats, c) = (stats.clone(), Client::new(&url, &token));
+                jobs.spawn(async move {
+                    let until = Instant::now() + hold;
+                    // Spread the first heartbeat so leases do not beat in lockstep.
+                    let mut next = Instant::now() + hb_every.mul_f64(rand::random::<f64>());
+                    while next < until {
+                        tokio::time::sleep_until(next.into()).await;
+                        let t = Instant::now();
+                        match c.heartbeat(&job, epoch).await {
+                            Ok(_) => {
+                                stats.heartbeat_ms.lock().await.push(t.elapsed().as_secs_f64() * 1000.0);
+                                stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => {
+                                stats.errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        next += hb_every;
+                    }
+                    tokio::time::sleep_until(until.into()).await;
+                    let t = Instant::now();
+                    let done = Completion {
+                        outcome: "success".into(),
+                        exit_code: Some(0),
+                        message: None,
+                        infra_failure: false,
+                    };
+                    match c.complete(&job, epoch, &done).await {
+                        Ok(_) => {
+                            stats.complete_ms.lock().await.push(t.elapsed().as_secs_f64() * 1000.0);
+                            stats.completions.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            stats.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            while jobs.join_next().await.is_some() {}
+        })
+    };
+    // Steady state is from `hold` after the start (leases held, completions
+    // flowing) to the end of claiming.
+    let steady_from = start + a.hold;
+    tokio::time::sleep_until(steady_from.into()).await;
+    let (c0, h0, d0) = counts(&stats);
+    tokio::time::sleep_until(claim_until.into()).await;
+    let (c1, h1, d1) = counts(&stats);
+    let window = (claim_until - steady_from).as_secs_f64();
+    while agents.join_next().await.is_some() {}
+    let _ = spawner.await;
+
+    let sorted = |v: &Mutex<Vec<f64>>| {
+        let v = v.try_lock().map(|g| g.clone()).unwrap_or_default();
+        let mut v = v;
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let (cl, hb, co) = (sorted(&stats.claim_ms), sorted(&stats.heartbeat_ms), sorted(&stats.complete_ms));
+    let backend =
+        if a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) { "postgres" } else { "sqlite" };
+    println!("control_backend: {backend}");
+    println!("control_replicas: {}", a.replicas.max(1));
+    println!("control_target_claims_per_s: {:.0}", a.claims_per_s);
+    println!("control_target_heartbeats_per_s: {:.0}", a.heartbeats_per_s);
+    println!(
+        "control_leases_held: {:.0} (heartbeat every {} ms each)",
+        a.claims_per_s * a.hold.as_secs_f64(),
+        hb_every.as_millis()
+    );
+    println!("control_accepted_runs_per_s: {accept_rate:.0}");
+    println!("control_claims_per_s: {:.0}", (c1 - c0) as f64 / window);
+    println!("control_heartbeats_per_s: {:.0}", (h1 - h0) as f64 / window);
+    println!("control_completions_per_s: {:.0}", (d1 - d0) as f64 / window);
+    println!("control_claim_latency_p50_ms: {:.1}", percentile(&cl, 0.5));
+    println!("control_claim_latency_p99_ms: {:.1}", percentile(&cl, 0.99));
+    println!("control_heartbeat_latency_p99_ms: {:.1}", percentile(&hb, 0.99));
+    println!("control_completion_latency_p99_ms: {:.1}", percentile(&co, 0.99));
+    println!("control_errors: {}", stats.errors.load(Ordering::Relaxed));
+    println!("baseline_http_healthz_per_s: {base:.0}");
+    for h in handles {
+        let _ = h.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(if stats.errors.load(Ordering::Relaxed) == 0 { exit::OK } else { exit::RUN_FAILED })
+}
+
+fn counts(s: &Stats) -> (u64, u64, u64) {
+    (s.claims.load(Ordering::Relaxed), s.heartbeats.load(Ordering::Relaxed), s.completions.load(Ordering::Relaxed))
+}
+
+fn copy_tokens(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for f in ["admin.token", "agent.token"] {
+        if from.join(f).exists() {
+            std::fs::copy(from.join(f), to.join(f))?;
+        }
+    }
+    Ok(())
+}

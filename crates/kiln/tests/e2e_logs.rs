@@ -1,0 +1,264 @@
+//! Logs end to end (spec 000 §13) with real `kiln server` and `kiln agent`
+//! processes: archival of finished logs to the object store, replay across
+//! archival, and the journal trimmed only after the archive is stored.
+
+use futures::StreamExt;
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnServer, TestRepo, wait_for, wait_run};
+use std::path::Path;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
+    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Rows of `job` in the hot journal, read from the server's SQLite file by
+/// another process (Python's sqlite3), as an operator would.
+fn journal_rows(data: &Path, job: &str) -> i64 {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('SELECT COUNT(*) FROM log_chunks WHERE job_id=?', (sys.argv[2],)).fetchone()[0])")
+        .arg(data.join("kiln.db"))
+        .arg(job)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn segments(data: &Path, job: &str) -> Vec<std::path::PathBuf> {
+    let dir = data.join("objects/objects/logs").join(job);
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "seg")).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+async fn events(c: &Client, job: &str, last: Option<&str>) -> Vec<(String, String, String)> {
+    let s = c.log_events(job, last).await.unwrap();
+    let evs: Vec<_> = tokio::time::timeout(Duration::from_secs(30), s.map(|e| e.unwrap()).collect::<Vec<_>>())
+        .await
+        .expect("the stream ends");
+    evs.into_iter().map(|e| (e.id, e.event, e.data)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn finished_logs_move_to_the_object_store_and_replay_identically() {
+    let server = KilnServer::start(BIN.as_ref(), &["--log-archive-after", "300ms"]).unwrap();
+    let data = server.data_dir();
+    // Archival will fail at first: the object store cannot create the
+    // directory its staging files go to.
+    std::fs::create_dir_all(data.join("objects/staging")).unwrap();
+    std::fs::write(data.join("objects/staging/logs"), "not a directory").unwrap();
+    let _agent = server.agent("a1", &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: loud\n    steps:\n      - seq 1 40000\n      - echo warning >&2\n      - seq 40001 80000\n",
+    )])
+    .unwrap();
+    add_repo(&server, "loud", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 60).await;
+    assert_eq!(run.status, "success");
+    let job = run.jobs[0].id.clone();
+    let before = events(&c, &job, None).await;
+    assert_eq!(before.last().unwrap().1, "end");
+    assert!(before.iter().any(|e| e.1 == "sealed"), "the completed attempt's log is sealed");
+    let rows = journal_rows(&data, &job);
+    assert!(rows > 3, "{rows}");
+
+    // The archiver tries and fails: the journal keeps every row.
+    wait_for(Duration::from_secs(20), || server.log().contains("cannot archive log").then_some(()))
+        .expect("archival attempted");
+    assert_eq!(journal_rows(&data, &job), rows, "nothing trimmed while the archive cannot be stored");
+    assert_eq!(events(&c, &job, None).await, before);
+
+    // The store recovers: the log is archived, then trimmed from the journal.
+    std::fs::remove_file(data.join("objects/staging/logs")).unwrap();
+    wait_for(Duration::from_secs(20), || (journal_rows(&data, &job) == 0).then_some(())).expect("journal trimmed");
+    let segs = segments(&data, &job);
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    assert!(segs[0].with_extension("idx.json").exists());
+    assert!(std::fs::metadata(&segs[0]).unwrap().permissions().readonly(), "segments are immutable");
+
+    // Replay from the archive: the same events with the same ids, and a
+    // resume from the middle yields exactly the rest.
+    let after = events(&c, &job, None).await;
+    assert_eq!(after, before);
+    let mid = &before[before.len() / 2].0;
+    let resumed = events(&c, &job, Some(mid)).await;
+    assert_eq!(resumed[..], before[before.len() / 2 + 1..]);
+    let out = server.cli().args(["logs", &r.run_id]).output().unwrap();
+    let numbers: Vec<u32> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(numbers, (1..=80000).collect::<Vec<u32>>(), "kiln logs reads the archive");
+
+    // A damaged segment is never served as the log: the stream stops short
+    // of its end marker instead.
+    let seg = &segs[0];
+    let mut perms = std::fs::metadata(seg).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(seg, perms).unwrap();
+    let mut bytes = std::fs::read(seg).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0xff;
+    std::fs::write(seg, bytes).unwrap();
+    let damaged = events(&c, &job, None).await;
+    assert!(damaged.iter().all(|e| e.1 != "end"), "a corrupt archive must not end cleanly");
+    assert!(server.log().contains("corrupt"), "{}", server.log());
+}
+
+/// Every byte of a job's log, all streams, in event order.
+async fn log_text(c: &Client, job: &str) -> String {
+    use base64::Engine;
+    let mut out = Vec::new();
+    for (_, ev, data) in events(c, job, None).await {
+        if ev == "chunk" {
+            let le: kiln_api::LogEvent = serde_json::from_str(&data).unwrap();
+            out.extend(base64::engine::general_purpose::STANDARD.decode(le.data).unwrap());
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_reach_the_job_and_are_masked_in_its_log() {
+    use base64::Engine;
+    const VALUE: &str = "tok-3f9a-SECRET-77";
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: deploy\n    secrets: [DEPLOY_TOKEN]\n    steps:\n      - test \"$DEPLOY_TOKEN\" = \"tok-3f9a-SECRET-77\"\n      - echo \"token is $DEPLOY_TOKEN\"\n      - printf %s \"$DEPLOY_TOKEN\" | base64\n      - \"printf 'split: tok-3f9a-'; sleep 0.5; printf 'SECRET-77 end\\\\n'\"\n      - echo \"to stderr $DEPLOY_TOKEN\" >&2\n",
+    )])
+    .unwrap();
+    add_repo(&server, "app", &repo);
+    let c = Client::new(&server.url, &server.token);
+
+    // Asking for a secret the repository lacks refuses the run.
+    let out = server.cli().args(["run", "--repo", "app", "--commit", "main"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not have: DEPLOY_TOKEN"), "{err}");
+    assert!(c.list_runs("app", None, Some(10)).await.unwrap().runs.is_empty(), "nothing stored");
+
+    let mut set = server
+        .cli()
+        .args(["secret", "set", "app", "DEPLOY_TOKEN"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(set.stdin.as_mut().unwrap(), format!("{VALUE}\n").as_bytes()).unwrap();
+    assert!(set.wait().unwrap().success());
+    let listed = server.cli().args(["secret", "list", "app"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(listed.trim(), "DEPLOY_TOKEN", "names only");
+
+    let r = c.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 60).await;
+    assert_eq!(run.status, "success", "the job saw the value: {run:#?}");
+    let text = log_text(&c, &run.jobs[0].id).await;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(VALUE);
+    assert!(!text.contains(VALUE) && !text.contains("3f9a-SECRET") && !text.contains(&b64), "{text}");
+    assert!(text.contains("token is ***"), "{text}");
+    assert!(text.contains("split: *** end"), "a value split across writes is masked: {text}");
+    assert!(text.contains("to stderr ***"), "{text}");
+    let raw = reqwest::Client::new()
+        .get(format!("{}/v1/workflow-runs/{}", server.url, r.run_id))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!raw.contains(VALUE), "the API never shows the value");
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(
+        std::process::Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success()
+    );
+}
+
+/// The server stops answering (SIGSTOP) while a step writes 20 MB: the
+/// agent keeps draining the pipe into its on-disk spool, the step finishes,
+/// and once the server is back every byte arrives, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_spools_to_disk_while_the_server_is_unreachable() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let agent = server.agent("a1", &["--log-buffer", "65536"]).unwrap();
+    let flags = tempfile::tempdir().unwrap();
+    let (go, done) = (flags.path().join("go"), flags.path().join("done"));
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        &format!(
+            "version: 1\njobs:\n  - name: loud\n    steps:\n      - while [ ! -f {go} ]; do sleep 0.05; done\n      - seq 1 3000000\n      - touch {done}\n",
+            go = go.display(),
+            done = done.display()
+        ),
+    )])
+    .unwrap();
+    add_repo(&server, "loud", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let job = wait_for(Duration::from_secs(30), || {
+        let run = futures::executor::block_on(c.get_run(&r.run_id)).ok()?;
+        (run.jobs[0].status == "running").then(|| run.jobs[0].id.clone())
+    })
+    .expect("job running");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    signal(server.child.id(), "STOP");
+    std::fs::write(&go, "").unwrap();
+    let finished = wait_for(Duration::from_secs(20), || done.exists().then_some(()));
+    let spool = agent.work_dir().join("attempts").join(format!("{job}-1")).join("log-spool/stdout.spool");
+    let spooled = std::fs::metadata(&spool).map(|m| m.len()).unwrap_or(0);
+    signal(server.child.id(), "CONT");
+    finished.expect("the step finished while the server was stopped: its pipe never filled");
+    assert!(spooled > 1_000_000, "output waited on disk ({spooled} bytes in {})", spool.display());
+
+    let run = wait_run(&c, &r.run_id, 120).await;
+    assert_eq!(run.status, "success", "{run:#?}");
+    let text = log_text(&c, &job).await;
+    // The combined view keeps the step header after the step's output.
+    let header = text.find("▶ step 3/3").expect("third step header");
+    assert!(text[..header].ends_with("3000000\n"), "{}", &text[header.saturating_sub(200)..header + 20]);
+    let numbers: Vec<u32> = text.lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(numbers.len(), 3_000_000, "nothing lost");
+    if let Some(i) = numbers.iter().enumerate().position(|(i, &n)| n != i as u32 + 1) {
+        panic!("out of order at line {i}: {:?}", &numbers[i.saturating_sub(3)..(i + 3).min(numbers.len())]);
+    }
+    assert!(!text.contains("dropped"), "nothing dropped");
+}
+
+/// Output faster than the agent's byte-rate limit is drained and dropped,
+/// the step ends normally, and the log marks the gap.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_over_the_rate_limit_is_dropped_with_a_gap_marker() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &["--log-rate-limit", "1000000"]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: flood\n    steps:\n      - head -c 300000000 /dev/zero\n      - echo after the flood\n",
+    )])
+    .unwrap();
+    add_repo(&server, "flood", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("flood", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 120).await;
+    assert_eq!(run.status, "success", "{run:#?}");
+    let text = log_text(&c, &run.jobs[0].id).await;
+    assert!(text.contains("after the flood"));
+    assert!(
+        text.contains("bytes of output dropped here: faster than this agent's log rate limit of 1000000 bytes/s"),
+        "{}",
+        &text[text.len().saturating_sub(2000)..]
+    );
+    assert!(text.len() < 100_000_000, "most of the flood was dropped: {}", text.len());
+}
