@@ -584,6 +584,9 @@ impl Harness {
             env: BTreeMap::from([("CUSTOM".to_string(), "custom-value".to_string())]),
             timeout_secs: None,
             image: None,
+            image_digest: None,
+            image_build: None,
+            size: None,
             publish: vec![],
             restore: vec![],
             lease_ttl_ms: 5_000,
@@ -602,6 +605,7 @@ impl Harness {
             work_dir: self.work_dir(),
             max_jobs: 1,
             executor: ExecutorKind::Host,
+            kill_grace: None,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
         };

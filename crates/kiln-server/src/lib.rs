@@ -8,11 +8,13 @@ mod capability;
 mod dispatch;
 mod error;
 mod git;
+mod images;
 mod loops;
 mod routes;
 mod views;
 
 pub use git::normalize_url;
+pub use images::{RegistryConfig, ResolveError, Resolver};
 
 use anyhow::Context;
 use dispatch::Dispatcher;
@@ -38,6 +40,8 @@ pub struct ServerConfig {
     pub gc_grace: Duration,
     /// How often the garbage collector runs.
     pub gc_interval: Duration,
+    /// How image references are resolved to digests at acceptance.
+    pub registries: RegistryConfig,
 }
 
 impl ServerConfig {
@@ -50,6 +54,7 @@ impl ServerConfig {
             retry_base: Duration::from_millis(500),
             gc_grace: Duration::from_secs(15 * 60),
             gc_interval: Duration::from_secs(30),
+            registries: RegistryConfig::default(),
         }
     }
 }
@@ -69,6 +74,8 @@ pub(crate) struct AppState {
     pub cancel_events: broadcast::Sender<CancelEvent>,
     pub blob: kiln_blob::LocalBlobStore,
     pub signer: capability::Signer,
+    /// Resolves `image.ref` tags to digests at acceptance.
+    pub resolver: Resolver,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -158,6 +165,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let state = Arc::new(AppState {
         store: Arc::new(store),
         mirrors: git::Mirrors::new(config.data_dir.join("mirrors")),
+        resolver: Resolver::new(config.registries.clone()),
         config,
         admin_token: admin_token.clone(),
         agent_token: agent_token.clone(),

@@ -932,8 +932,8 @@ impl RunStore for SqliteStore {
         for (i, job) in run.workflow.jobs.iter().enumerate() {
             let job_id = new_id();
             sqlx::query(
-                "INSERT INTO jobs (id, run_id, job_index, name, status, needs, class_key, max_failure_retries) \
-                 VALUES (?, ?, ?, ?, 'pending', ?, ?, ?)",
+                "INSERT INTO jobs (id, run_id, job_index, name, status, needs, class_key, max_failure_retries, \
+                 image_digest) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
             )
             .bind(&job_id)
             .bind(&run_id)
@@ -942,6 +942,7 @@ impl RunStore for SqliteStore {
             .bind(serde_json::to_string(&job.needs).expect("names serialise"))
             .bind(class_key(&job.runs_on))
             .bind(job.retry as i64)
+            .bind(run.image_digests.get(&job.name))
             .execute(&mut *tx)
             .await
             .map_err(db_err)?;
@@ -1280,6 +1281,22 @@ impl AttemptStore for SqliteStore {
         tx.commit().await.map_err(db_err)?;
         let cancel_requested = budget.cancel_requested || (status != "running" && status != "queued");
         Ok(HeartbeatOutcome { cancel_requested, lease_deadline: deadline })
+    }
+
+    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String> {
+        let mut tx = self.begin().await?;
+        let now = now(&mut tx).await?;
+        require_live(&mut tx, job_id, epoch, now).await?;
+        let stored: Option<String> = sqlx::query_scalar(
+            "UPDATE jobs SET image_digest = COALESCE(image_digest, ?) WHERE id = ? RETURNING image_digest",
+        )
+        .bind(digest)
+        .bind(job_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(stored.unwrap_or_else(|| digest.to_string()))
     }
 
     async fn complete(&self, job_id: &str, epoch: i64, c: CompletionInput) -> Result<String> {
