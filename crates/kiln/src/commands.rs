@@ -89,6 +89,7 @@ fn agent_config(
         executor: kiln_agent::ExecutorKind::Host,
         upload_rate_limit: None,
         log_limit: None,
+        kill_grace: None,
     }
 }
 
@@ -173,6 +174,14 @@ async fn server(a: ServerArgs) -> CmdResult {
     config.gc_grace = a.artifact_gc_grace;
     config.gc_interval = a.gc_interval;
     config.retry_base = a.retry_base;
+    config.registries.insecure = a.insecure_registries.clone();
+    for entry in &a.registry_auth {
+        let parsed = entry.split_once('=').and_then(|(h, c)| Some((h, c.split_once(':')?)));
+        let Some((host, (user, password))) = parsed else {
+            return Err(usage("--registry-auth must be HOST=USER:PASSWORD"));
+        };
+        config.registries.credentials.insert(host.trim().to_string(), (user.to_string(), password.to_string()));
+    }
     let handle = kiln_server::start(config).await?;
     println!("kiln server listening on {} (tokens in {})", handle.url(), a.data_dir.display());
     let _ = std::io::stdout().flush();
@@ -182,9 +191,6 @@ async fn server(a: ServerArgs) -> CmdResult {
 }
 
 async fn agent(a: AgentArgs) -> CmdResult {
-    if a.executor != "host" {
-        return Err(usage(format!("--executor {}: only `host` is supported in this version", a.executor)));
-    }
     let mut labels = default_labels();
     for l in &a.labels {
         let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
@@ -196,6 +202,13 @@ async fn agent(a: AgentArgs) -> CmdResult {
     let mut cfg = agent_config(a.server, a.token, name, labels, a.work_dir, a.max_jobs.max(1));
     cfg.upload_rate_limit = a.upload_rate_limit;
     cfg.log_limit = a.log_limit;
+    cfg.kill_grace = Some(a.kill_grace);
+    if a.executor == "container" {
+        let mut settings = kiln_agent::ContainerSettings::new(a.engine.clone());
+        settings.default_image = a.default_image.clone();
+        settings.network = a.container_network.parse().map_err(usage)?;
+        cfg.executor = kiln_agent::ExecutorKind::Container(settings);
+    }
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run(cfg, rx));
     tokio::pin!(task);
