@@ -63,6 +63,10 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     if matches!(a.suite.as_str(), "logs" | "all") {
         code = code.max(crate::bench_failover::logs().await?);
     }
+    // Not part of `all`: it needs a container engine and a registry.
+    if a.suite == "containers" {
+        code = code.max(crate::bench_containers::run(&a).await?);
+    }
     Ok(code)
 }
 
