@@ -11,7 +11,9 @@
 //!
 //! Kill: SIGTERM to every process of the container but its init
 //! (`kill -TERM -1`, from inside), SIGKILL of the whole container after the
-//! grace period. `cleanup` SIGKILLs and removes the container. Containers
+//! grace period. `cleanup` SIGKILLs whatever steps left running (from
+//! inside, within milliseconds) and removes the container in the background
+//! (an agent that dies first leaves it to [`Engine::reap`]). Containers
 //! carry the labels `kiln.agent`, `kiln.job`, `kiln.epoch` (and `kiln.run`):
 //! [`Engine::reap`] removes the ones a dead agent process left behind.
 //!
@@ -25,12 +27,11 @@ use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
-    BuildImageOptions, CreateContainerOptions, CreateImageOptions, KillContainerOptions, ListContainersOptions,
-    RemoveContainerOptions,
+    BuildImageOptions, CreateContainerOptions, CreateImageOptions, KillContainerOptions, RemoveContainerOptions,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,7 +53,9 @@ const EVENT_QUEUE: usize = 64;
 const OUTPUT_CAPACITY: usize = 64 * 1024;
 /// The container's idle main process: a shell that ignores SIGTERM (so
 /// `kill -TERM -1` reaches only steps), under the engine's init.
-const IDLE: &str = "trap '' TERM INT HUP; while :; do sleep 3600; done";
+/// SIGUSR1 (forwarded by the init) makes it SIGKILL every other process of
+/// the container: what steps left running dies before `cleanup` returns.
+const IDLE: &str = "trap '' TERM INT HUP; trap 'kill -KILL -1' USR1; while :; do sleep 3600 & wait $!; done";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -321,33 +324,72 @@ impl Engine {
     /// SIGKILLs and removes every container labelled `kiln.agent=<agent>`
     /// (left by a previous process of this agent). Returns how many.
     pub async fn reap(&self, agent: &str) -> Result<usize, EngineError> {
-        let mut filters = HashMap::new();
-        filters.insert("label".to_string(), vec![format!("{LABEL_AGENT}={agent}")]);
-        let list = self
-            .docker
-            .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters), ..Default::default() }))
-            .await
-            .map_err(api)?;
-        let mut n = 0;
-        for c in list {
-            let Some(id) = c.id else { continue };
-            remove_container(&self.docker, &id).await;
-            n += 1;
+        let ids = self.containers_labelled(LABEL_AGENT, agent).await?;
+        for id in &ids {
+            remove_container(&self.docker, id).await;
         }
-        Ok(n)
+        Ok(ids.len())
     }
 
     /// Containers carrying `label=value` (any state): their ids.
+    ///
+    /// A raw request: Podman reports states (`stopped`) that bollard's
+    /// typed container list refuses to decode.
     pub async fn containers_labelled(&self, label: &str, value: &str) -> Result<Vec<String>, EngineError> {
-        let mut filters = HashMap::new();
-        filters.insert("label".to_string(), vec![format!("{label}={value}")]);
-        let list = self
-            .docker
-            .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters), ..Default::default() }))
-            .await
-            .map_err(api)?;
-        Ok(list.into_iter().filter_map(|c| c.id).collect())
+        let filters = serde_json::json!({ "label": [format!("{label}={value}")] }).to_string();
+        let path = format!("/v1.41/containers/json?all=1&filters={}", percent_encode(&filters));
+        let body = self.raw_get(&path).await?;
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&body).map_err(|e| EngineError::Api(format!("container list: {e}")))?;
+        Ok(list.iter().filter_map(|c| c.get("Id").and_then(|i| i.as_str()).map(str::to_string)).collect())
     }
+
+    /// `GET path` over HTTP/1.0 (the engine closes the connection after the
+    /// body, which is never chunked).
+    async fn raw_get(&self, path: &str) -> Result<Vec<u8>, EngineError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let request = format!("GET {path} HTTP/1.0\r\nHost: engine\r\n\r\n");
+        let err = |e: std::io::Error| EngineError::Api(format!("{}: {e}", self.url));
+        let mut response = Vec::new();
+        let io = async {
+            if let Some(sock) =
+                self.url.strip_prefix("unix://").or(self.url.starts_with('/').then_some(self.url.as_str()))
+            {
+                let mut s = tokio::net::UnixStream::connect(sock).await?;
+                s.write_all(request.as_bytes()).await?;
+                s.read_to_end(&mut response).await?;
+            } else {
+                let addr = self.url.trim_start_matches("tcp://").trim_start_matches("http://").trim_end_matches('/');
+                let mut s = tokio::net::TcpStream::connect(addr).await?;
+                s.write_all(request.as_bytes()).await?;
+                s.read_to_end(&mut response).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        tokio::time::timeout(Duration::from_secs(30), io)
+            .await
+            .map_err(|_| EngineError::Api(format!("{}: no answer within 30 s", self.url)))?
+            .map_err(err)?;
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| EngineError::Api("malformed HTTP response from the engine".into()))?;
+        let head = String::from_utf8_lossy(&response[..split]);
+        let status = head.split_whitespace().nth(1).unwrap_or("");
+        if status != "200" {
+            return Err(EngineError::Api(format!("GET {path}: {}", head.lines().next().unwrap_or(""))));
+        }
+        Ok(response[split + 4..].to_vec())
+    }
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Packs a build context: regular files, directories and symlinks (as links).
@@ -669,7 +711,13 @@ impl Executor for ContainerExecutor {
             self.kill_running().await;
             let container = self.inner.lock().expect("executor lock").container.take();
             if let Some(id) = container {
-                remove_container(&self.engine.docker, &id).await;
+                // What steps left running is SIGKILLed at once (SIGUSR1 to the
+                // idle shell: `kill -KILL -1`, a few ms); stopping and removing
+                // the container takes the engine 100-400 ms more, which need
+                // not delay the job's completion.
+                let docker = self.engine.docker.clone();
+                let _ = docker.kill_container(&id, Some(KillContainerOptions { signal: "SIGUSR1".into() })).await;
+                tokio::spawn(async move { remove_container(&docker, &id).await });
             }
             Ok(())
         }

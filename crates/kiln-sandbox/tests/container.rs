@@ -116,6 +116,17 @@ async fn run(exec: &ContainerExecutor, cmd: &str) -> Output {
     collect(exec.exec(&step(cmd)).await.expect("exec")).await
 }
 
+/// Waits (bounded) until the container `id` of `agent` is gone.
+async fn removed(engine: &Engine, agent: &str, id: &str) -> bool {
+    for _ in 0..200 {
+        if !engine.containers_labelled("kiln.agent", agent).await.unwrap().iter().any(|c| c == id) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
 fn agent_name(test: &str) -> String {
     format!("test-{test}-{}", std::process::id())
 }
@@ -148,8 +159,7 @@ async fn steps_run_in_the_image_with_the_workspace_mounted() {
     let id = exec.container_id().unwrap();
     exec.cleanup().await.unwrap();
     exec.cleanup().await.unwrap();
-    let left = engine.containers_labelled("kiln.agent", &agent_name("steps")).await.unwrap();
-    assert!(!left.contains(&id), "container removed by cleanup");
+    assert!(removed(&engine, &agent_name("steps"), &id).await, "container removed after cleanup");
 }
 
 #[tokio::test]
@@ -215,8 +225,32 @@ async fn kill_terms_then_kills_within_the_grace_and_cleanup_removes_the_containe
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "killed after the grace: {took:?}");
     assert!(out.exit.is_some_and(|e| !e.success()));
+    let id = exec.container_id().unwrap();
     exec.cleanup().await.unwrap();
-    assert!(engine.containers_labelled("kiln.agent", &agent).await.unwrap().is_empty());
+    assert!(removed(&engine, &agent, &id).await);
+}
+
+#[tokio::test]
+async fn processes_a_step_left_running_die_at_cleanup() {
+    let Some(engine) = engine().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let exec = sandbox(&engine, &ws, &base(), &agent_name("leftover"), Duration::from_secs(10)).await;
+    let out = run(
+        &exec,
+        "(trap '' TERM HUP; i=0; while :; do i=$((i+1)); echo $i > tick; sleep 0.02; done) >/dev/null 2>&1 &",
+    )
+    .await;
+    assert_eq!(out.exit, Some(StepExit::Code(0)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = std::fs::read_to_string(ws.join("tick")).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_ne!(std::fs::read_to_string(ws.join("tick")).unwrap(), before, "the step's daemon outlives the step");
+    exec.cleanup().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = std::fs::read_to_string(ws.join("tick")).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(std::fs::read_to_string(ws.join("tick")).unwrap(), after, "and not after");
 }
 
 #[tokio::test]
