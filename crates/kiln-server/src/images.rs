@@ -96,6 +96,7 @@ impl Resolver {
 
     /// The digest of the image manifest `reference` names for `os`/`arch`.
     pub async fn resolve(&self, reference: &str, os: &str, arch: &str) -> Result<String, ResolveError> {
+        let arch = normalise_arch(arch);
         let parsed: Reference =
             reference.parse().map_err(|e| ResolveError::Refused(format!("not a valid image reference: {e}")))?;
         let auth = self
