@@ -270,7 +270,7 @@ async fn dockerfile_jobs_build_then_run_and_broken_builds_fail_visibly() {
         ("ci/broken/Dockerfile", &format!("FROM {reg}/kiln-test/base:latest\nRUN echo about-to-fail && exit 7\n")),
         (
             ".kiln/pipeline.yaml",
-            "version: 1\njobs:\n  - name: custom\n    image: {dockerfile: ci/image/Dockerfile, context: ci/image}\n    steps:\n      - cat /etc/greeting\n",
+            "version: 1\njobs:\n  - name: custom\n    image: {dockerfile: ci/image/Dockerfile, context: ci/image}\n    retry: 1\n    steps:\n      - cat /etc/greeting\n      - test \"$KILN_EPOCH\" != 1\n",
         ),
         (
             ".kiln/broken.yaml",
@@ -291,6 +291,9 @@ async fn dockerfile_jobs_build_then_run_and_broken_builds_fail_visibly() {
     assert_eq!(done.status, "success", "{log}\nagent:\n{}", agent.log());
     assert!(log.contains("build-step-ran"), "build output streamed:\n{log}");
     assert!(log.contains("hello from the built image"), "{log}");
+    assert_eq!(done.jobs[0].attempts.len(), 2, "epoch 1 failed on purpose");
+    assert_eq!(log.matches("▶ building image").count(), 1, "built once, reused by the retry:\n{log}");
+    assert!(log.contains("using the image an earlier attempt built"), "{log}");
     let digest = done.jobs[0].image_digest.clone().expect("built digest committed");
     assert!(digest.starts_with("sha256:"), "{digest}");
     let id = podman(&["image", "inspect", "--format", "{{.Id}}", &digest]);
