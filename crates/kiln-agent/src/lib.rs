@@ -183,6 +183,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     }
     // The stream lives as long as attempts may run: until every slot ended.
     session.abort();
+    if let Some(engine) = &agent.ctx.engine {
+        engine.settle().await;
+    }
     tracing::info!("agent stopped");
     Ok(())
 }

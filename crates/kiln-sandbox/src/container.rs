@@ -80,6 +80,8 @@ fn api(e: bollard::errors::Error) -> EngineError {
 pub struct Engine {
     docker: Docker,
     url: String,
+    /// Container removals still running in the background (see `cleanup`).
+    removals: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -148,11 +150,29 @@ impl Engine {
             return Err(err("use unix:///path/to/engine.sock or tcp://host:port".into()));
         }
         .map_err(|e| err(e.to_string()))?;
-        Ok(Engine { docker, url: url.to_string() })
+        Ok(Engine { docker, url: url.to_string(), removals: Arc::default() })
     }
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Waits for the container removals `cleanup` left running in the
+    /// background (call before exiting; an agent that dies first leaves
+    /// them to [`Engine::reap`]).
+    pub async fn settle(&self) {
+        let pending = std::mem::take(&mut *self.removals.lock().expect("removals"));
+        for h in pending {
+            let _ = h.await;
+        }
+    }
+
+    fn remove_in_background(&self, id: String) {
+        let docker = self.docker.clone();
+        let handle = tokio::spawn(async move { remove_container(&docker, &id).await });
+        let mut pending = self.removals.lock().expect("removals");
+        pending.retain(|h| !h.is_finished());
+        pending.push(handle);
     }
 
     /// Checks that the engine answers.
@@ -715,9 +735,9 @@ impl Executor for ContainerExecutor {
                 // idle shell: `kill -KILL -1`, a few ms); stopping and removing
                 // the container takes the engine 100-400 ms more, which need
                 // not delay the job's completion.
-                let docker = self.engine.docker.clone();
+                let docker = &self.engine.docker;
                 let _ = docker.kill_container(&id, Some(KillContainerOptions { signal: "SIGUSR1".into() })).await;
-                tokio::spawn(async move { remove_container(&docker, &id).await });
+                self.engine.remove_in_background(id);
             }
             Ok(())
         }

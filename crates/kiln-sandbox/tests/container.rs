@@ -194,6 +194,7 @@ async fn a_job_sees_neither_the_host_nor_the_engine_nor_the_agents_secrets() {
     assert_eq!(lines[6], (256 * 1024 * 1024).to_string(), "memory limit");
     assert_eq!(lines[7], "0", "network none: only loopback");
     exec.cleanup().await.unwrap();
+    engine.settle().await;
 }
 
 #[tokio::test]
@@ -225,9 +226,9 @@ async fn kill_terms_then_kills_within_the_grace_and_cleanup_removes_the_containe
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "killed after the grace: {took:?}");
     assert!(out.exit.is_some_and(|e| !e.success()));
-    let id = exec.container_id().unwrap();
     exec.cleanup().await.unwrap();
-    assert!(removed(&engine, &agent, &id).await);
+    engine.settle().await;
+    assert!(engine.containers_labelled("kiln.agent", &agent).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -251,6 +252,8 @@ async fn processes_a_step_left_running_die_at_cleanup() {
     let after = std::fs::read_to_string(ws.join("tick")).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(std::fs::read_to_string(ws.join("tick")).unwrap(), after, "and not after");
+    engine.settle().await;
+    assert!(engine.containers_labelled("kiln.agent", &agent_name("leftover")).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -329,6 +332,7 @@ async fn dockerfile_builds_run_and_broken_ones_fail_with_their_log() {
     let out = run(&exec, "cat /etc/greeting").await;
     assert_eq!((out.stdout.as_str(), out.exit), ("built in the image\n", Some(StepExit::Code(0))));
     exec.cleanup().await.unwrap();
+    engine.settle().await;
 
     // The Dockerfile outside its context, failing.
     let mut log = Vec::new();

@@ -88,11 +88,35 @@ fn server() -> KilnServer {
     KilnServer::start(BIN.as_ref(), &["--insecure-registry", &registry(), "--retry-base", "100ms"]).unwrap()
 }
 
+/// Agent names are unique per test process (containers are labelled, and
+/// reaped, by agent name).
+fn agent_name(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
 fn container_agent(s: &KilnServer, name: &str, extra: &[&str]) -> KilnAgent {
     let engine = engine_url();
     let mut args = vec!["--executor", "container", "--engine", engine.as_str()];
     args.extend_from_slice(extra);
-    s.agent(name, &args).unwrap()
+    s.agent(&agent_name(name), &args).unwrap()
+}
+
+/// Removes whatever containers the named agents left (their processes are
+/// SIGKILLed when a test ends, possibly before a background removal ran).
+struct ReapOnDrop(&'static [&'static str]);
+
+impl Drop for ReapOnDrop {
+    fn drop(&mut self) {
+        for name in self.0 {
+            let label = format!("label=kiln.agent={}", agent_name(name));
+            let Ok(out) = Command::new("podman").args(["ps", "-a", "-q", "--filter", &label]).output() else {
+                continue;
+            };
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("podman").args(["rm", "-f", "-t", "0", id]).output();
+            }
+        }
+    }
 }
 
 fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
@@ -118,6 +142,7 @@ async fn two_images_pinned_at_acceptance_survive_a_retag() {
     if !containers_available() {
         return;
     }
+    let _reap = ReapOnDrop(&["ctr-images"]);
     let (a, b) = (format!("kiln-test/{}", unique("e2e-jdk17")), format!("kiln-test/{}", unique("e2e-jdk21")));
     push_as("kiln-test/base", &a);
     push_as("kiln-test/tool", &b);
@@ -212,6 +237,7 @@ async fn a_job_cannot_see_the_host_the_engine_or_the_agent_token() {
     if !containers_available() {
         return;
     }
+    let _reap = ReapOnDrop(&["ctr-isolation"]);
     let s = server();
     let agent = container_agent(&s, "ctr-isolation", &[]);
     let token_file = s.data_dir().join("agent.token");
@@ -263,6 +289,7 @@ async fn dockerfile_jobs_build_then_run_and_broken_builds_fail_visibly() {
     if !containers_available() {
         return;
     }
+    let _reap = ReapOnDrop(&["ctr-build"]);
     let reg = registry();
     let repo = TestRepo::new(&[
         ("ci/image/greeting.txt", "hello from the built image\n"),
@@ -321,6 +348,7 @@ async fn cancel_fencing_and_agent_restart_remove_containers() {
     if !containers_available() {
         return;
     }
+    let _reap = ReapOnDrop(&["ctr-kill", "ctr-fence", "ctr-crash"]);
     let reg = registry();
     let wf = format!(
         "version: 1\njobs:\n  - name: stubborn\n    image: {reg}/kiln-test/base:latest\n    steps:\n      - trap '' TERM; echo started; while :; do sleep 1; done\n"
