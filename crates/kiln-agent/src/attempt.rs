@@ -17,7 +17,10 @@ use crate::ratelimit::RateLimiter;
 use crate::session::Beats;
 use kiln_api::client::Client;
 use kiln_api::types::{Assignment, Completion};
-use kiln_sandbox::{Executor, HostConfig, HostExecutor, StepEvent, StepRequest, remove_tree};
+use kiln_sandbox::{
+    ContainerConfig, ContainerExecutor, Engine, EngineError, Executor, HostConfig, HostExecutor, Limits, PinnedImage,
+    StepEvent, StepRequest, remove_tree,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,6 +33,12 @@ pub(crate) struct AttemptContext {
     pub work_dir: PathBuf,
     pub mirrors: Arc<Mirrors>,
     pub executor: ExecutorKind,
+    /// The container engine (container executor only).
+    pub engine: Option<Engine>,
+    /// Containers are labelled `kiln.agent=<agent_name>`.
+    pub agent_name: String,
+    /// SIGTERM → SIGKILL grace of the sandbox.
+    pub kill_grace: Duration,
     /// Agent-wide upload rate limit, shared by all attempts.
     pub limiter: RateLimiter,
     /// "Heartbeat now" triggers of the running attempts (session stream).
@@ -189,14 +198,52 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: 
         return Ran::Infra(msg);
     }
 
+    // The job's image, pinned (pulled or built from the checkout) before
+    // any user step runs.
+    let image = match (&ctx.executor, &ctx.engine) {
+        (ExecutorKind::Container(settings), Some(engine)) => {
+            match prepare_image(ctx, engine, settings, a, &ws, ctl, logs).await {
+                Ok(r) => Some(r),
+                Err(ran) => return ran,
+            }
+        }
+        _ => {
+            if a.image.is_some() || a.image_build.is_some() {
+                logs.system_note("this agent runs steps on the host (--executor host): the job's image is not used");
+            }
+            None
+        }
+    };
+
     let transfer = Transfer { client: &ctx.client, a, ctl, logs, limiter: &ctx.limiter };
     if let Err(ran) = restore_all(&transfer, &ws).await {
         return ran;
     }
 
-    let exec: Arc<dyn Executor> = match ctx.executor {
-        ExecutorKind::Host => {
-            Arc::new(HostExecutor::new(HostConfig::new(ws.clone(), attempt_dir.to_path_buf(), ctx.pgid_dir())))
+    let exec: Arc<dyn Executor> = match (&ctx.executor, image, &ctx.engine) {
+        (ExecutorKind::Container(settings), Some(image), Some(engine)) => {
+            let labels = BTreeMap::from([
+                (kiln_sandbox::LABEL_AGENT.to_string(), ctx.agent_name.clone()),
+                (kiln_sandbox::LABEL_JOB.to_string(), a.job_id.clone()),
+                (kiln_sandbox::LABEL_EPOCH.to_string(), a.epoch.to_string()),
+                (kiln_sandbox::LABEL_RUN.to_string(), a.run_id.clone()),
+            ]);
+            Arc::new(ContainerExecutor::new(
+                engine.clone(),
+                ContainerConfig {
+                    image,
+                    workspace: ws.clone(),
+                    labels,
+                    limits: Limits::for_size(a.size.as_deref()),
+                    network: settings.network.clone(),
+                    kill_grace: ctx.kill_grace,
+                },
+            ))
+        }
+        _ => {
+            let mut cfg = HostConfig::new(ws.clone(), attempt_dir.to_path_buf(), ctx.pgid_dir());
+            cfg.kill_grace = ctx.kill_grace;
+            Arc::new(HostExecutor::new(cfg))
         }
     };
     let killer = {
@@ -226,6 +273,109 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: 
     match publish_all(&transfer, &ws, &attempt_dir.join("spool")).await {
         Ok(()) => Ran::Success,
         Err(ran) => ran,
+    }
+}
+
+/// Makes the job's image available and returns the reference to run:
+/// the digest pinned at acceptance (pulled unless the engine has it), or a
+/// Dockerfile built from the checkout and committed to the job first (a
+/// retry reuses the committed digest), or the agent's default image.
+async fn prepare_image(
+    ctx: &AttemptContext,
+    engine: &Engine,
+    settings: &crate::ContainerSettings,
+    a: &Assignment,
+    ws: &Path,
+    ctl: &Control,
+    logs: &LogStreamer,
+) -> Result<String, Ran> {
+    let infra = |e: EngineError| Ran::Infra(format!("cannot prepare the job's image: {e}"));
+    if let Some(build) = &a.image_build {
+        if let Some(digest) = &a.image_digest {
+            return match engine.local_image(digest).await.map_err(infra)? {
+                Some(_) => {
+                    logs.system_note(&format!("using the image an earlier attempt built: {digest}"));
+                    Ok(digest.clone())
+                }
+                None => Err(Ran::Infra(format!(
+                    "the job's image {digest} was built by an earlier attempt on another agent and is not in this \
+                     agent's engine; built images are not pushed to a registry"
+                ))),
+            };
+        }
+        logs.system(&format!("▶ building image from {} (context {})", build.dockerfile, build.context));
+        let tag = format!("localhost/kiln-build/{}:{}", a.job_id.to_ascii_lowercase(), a.epoch);
+        let mut out = |b: &[u8]| logs.write(crate::logs::Stream::Stdout, b);
+        let built = tokio::select! {
+            r = engine.build(ws, &build.dockerfile, &build.context, &tag, &settings.network, &mut out) => r,
+            _ = ctl.stopped() => return Err(Ran::Stopped),
+        };
+        logs.flush();
+        let id = match built {
+            Ok(id) => id,
+            Err(EngineError::Build(m)) => {
+                logs.system(&format!("✗ image build failed: {m}"));
+                return Err(Ran::JobError(format!("image build failed: {m}")));
+            }
+            Err(e) => return Err(infra(e)),
+        };
+        let committed = commit_image(ctx, a, &id, ctl).await?;
+        if committed != id {
+            // Another attempt's build won: run that one if this engine has it.
+            logs.system_note(&format!("an earlier build of this job was committed first: {committed}"));
+            if engine.local_image(&committed).await.map_err(infra)?.is_none() {
+                return Err(Ran::Infra(format!("the job's committed image {committed} is not in this agent's engine")));
+            }
+        }
+        logs.system(&format!("✓ image {committed}"));
+        return Ok(committed);
+    }
+    let pinned = match (&a.image, &a.image_digest, &settings.default_image) {
+        (Some(r), Some(d), _) => {
+            PinnedImage::Registry { repository: kiln_sandbox::repository_of(r), digest: d.clone() }
+        }
+        (Some(r), None, _) => {
+            logs.system_note(&format!("⚠ image {r} was not pinned at acceptance; using what the engine resolves"));
+            PinnedImage::Unpinned { reference: r.clone() }
+        }
+        (None, _, Some(default)) => PinnedImage::Unpinned { reference: default.clone() },
+        (None, _, None) => {
+            return Err(Ran::JobError(
+                "the job has no `image:` and this agent (--executor container) has no --default-image".into(),
+            ));
+        }
+    };
+    let mut progress = |m: &str| logs.system_note(m);
+    let res = tokio::select! {
+        r = engine.ensure_image(&pinned, &mut progress) => r,
+        _ = ctl.stopped() => return Err(Ran::Stopped),
+    };
+    match res {
+        Ok(reference) => Ok(reference),
+        Err(e @ EngineError::DigestMismatch { .. }) => Err(Ran::JobError(e.to_string())),
+        Err(e) => Err(infra(e)),
+    }
+}
+
+/// Commits a built image's digest to the job (retrying transport errors);
+/// returns the job's committed digest.
+async fn commit_image(ctx: &AttemptContext, a: &Assignment, id: &str, ctl: &Control) -> Result<String, Ran> {
+    let body = kiln_api::types::ImageCommit { digest: id.to_string() };
+    let mut failures = 0;
+    loop {
+        let res = tokio::select! {
+            r = ctx.client.commit_image(&a.job_id, a.epoch, &body) => r,
+            _ = ctl.stopped() => return Err(Ran::Stopped),
+        };
+        match res {
+            Ok(c) => return Ok(c.digest),
+            Err(e) if e.is_stale_epoch() => return Err(Ran::Stopped),
+            Err(e) if e.is_retryable() && failures < 8 => {
+                failures += 1;
+                tokio::time::sleep(backoff(failures, 250, 5_000)).await;
+            }
+            Err(e) => return Err(Ran::Infra(format!("cannot commit the built image's digest: {e}"))),
+        }
     }
 }
 

@@ -54,11 +54,33 @@ use tokio::sync::{Mutex, watch};
 pub const CLAIM_WAIT_MS: u64 = 20_000;
 
 /// Which sandbox runs the steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum ExecutorKind {
-    /// Host processes (see `kiln_sandbox::HostExecutor`).
+    /// Host processes (see `kiln_sandbox::HostExecutor`). A job's `image:`
+    /// is not used.
     #[default]
     Host,
+    /// A fresh container per attempt (see `kiln_sandbox::ContainerExecutor`).
+    Container(ContainerSettings),
+}
+
+/// How the container executor runs jobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerSettings {
+    /// Docker Engine API endpoint, e.g. `unix:///run/podman/podman.sock`.
+    pub engine: String,
+    /// Image for jobs that declare no `image:` (used as the engine resolves
+    /// it: pin it with `repo@sha256:…`). `None`: such jobs fail with a
+    /// message saying so.
+    pub default_image: Option<String>,
+    /// `none` (default: no network) or `bridge`.
+    pub network: kiln_sandbox::Network,
+}
+
+impl ContainerSettings {
+    pub fn new(engine: impl Into<String>) -> Self {
+        ContainerSettings { engine: engine.into(), default_image: None, network: kiln_sandbox::Network::None }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -92,6 +114,8 @@ pub struct AgentConfig {
     /// Largest on-disk log spool per attempt (`None`: 1 GiB); beyond it
     /// output is dropped and the drop recorded.
     pub log_spool_limit: Option<u64>,
+    /// Time between SIGTERM and SIGKILL when a job is stopped (default 10 s).
+    pub kill_grace: Option<std::time::Duration>,
 }
 
 struct Agent {
@@ -118,6 +142,20 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     if reaped > 0 {
         tracing::warn!(reaped, "killed step process groups left by a previous agent");
     }
+    // Containers are labelled with the agent's name: those a previous
+    // process of this agent left (SIGKILL, crash) are removed now.
+    let engine = match &config.executor {
+        ExecutorKind::Host => None,
+        ExecutorKind::Container(c) => {
+            let engine = kiln_sandbox::Engine::connect(&c.engine)?;
+            engine.ping().await?;
+            let reaped = engine.reap(&config.name).await?;
+            if reaped > 0 {
+                tracing::warn!(reaped, agent = %config.name, "removed containers left by a previous agent process");
+            }
+            Some(engine)
+        }
+    };
     let attempts = work_dir.join("attempts");
     kiln_sandbox::remove_tree(&attempts)
         .with_context(|| format!("cannot remove stale workspaces in {}", attempts.display()))?;
@@ -134,7 +172,10 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
         client: client.clone(),
         work_dir: work_dir.clone(),
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors"))),
-        executor: config.executor,
+        executor: config.executor.clone(),
+        engine,
+        agent_name: config.name.clone(),
+        kill_grace: config.kill_grace.unwrap_or(kiln_sandbox::DEFAULT_KILL_GRACE),
         limiter: RateLimiter::new(config.upload_rate_limit),
         beats: Beats::default(),
         log_limit: config.log_limit.unwrap_or(logs::DEFAULT_LOG_LIMIT),
@@ -155,6 +196,9 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     }
     // The stream lives as long as attempts may run: until every slot ended.
     session.abort();
+    if let Some(engine) = &agent.ctx.engine {
+        engine.settle().await;
+    }
     tracing::info!("agent stopped");
     Ok(())
 }

@@ -299,6 +299,12 @@ impl Client {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/complete", enc(job)), Some(body), &[], None)
             .await
     }
+
+    /// Commit the digest of the image this attempt built; returns the job's
+    /// committed digest (the first one committed wins).
+    pub async fn commit_image(&self, job: &str, epoch: i64, body: &ImageCommit) -> Result<ImageCommit, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/image", enc(job)), Some(body), &[], None).await
+    }
 }
 
 impl Client {

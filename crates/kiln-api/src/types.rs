@@ -227,8 +227,19 @@ pub struct Assignment {
     pub steps: Vec<StepSpec>,
     pub env: BTreeMap<String, String>,
     pub timeout_secs: Option<u64>,
+    /// `image.ref` as written in the workflow.
     #[serde(default)]
     pub image: Option<String>,
+    /// The pinned digest (`sha256:…`): of `image`'s manifest, resolved at
+    /// acceptance; or of the image a previous attempt built from `image_build`.
+    #[serde(default)]
+    pub image_digest: Option<String>,
+    /// `image.dockerfile` (+ `context`): built on the agent before any step.
+    #[serde(default)]
+    pub image_build: Option<ImageBuild>,
+    /// The job's size class (`runs-on: {size: …}`), for sandbox limits.
+    #[serde(default)]
+    pub size: Option<String>,
     #[serde(default)]
     pub publish: Vec<PublishSpec>,
     #[serde(default)]
@@ -252,6 +263,21 @@ pub struct PutSecret {
 pub struct SecretInfo {
     pub name: String,
     pub updated_at_ms: i64,
+}
+
+/// `image: {dockerfile, context}`: paths relative to the checkout.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ImageBuild {
+    pub dockerfile: String,
+    pub context: String,
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/image`: the digest of the image
+/// the attempt built; the answer names the job's committed digest (the
+/// first one committed wins).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ImageCommit {
+    pub digest: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

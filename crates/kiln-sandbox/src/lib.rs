@@ -5,13 +5,19 @@
 //! and never sees the agent's credentials or environment. Implementations:
 //! - [`HostExecutor`]: each step is a host process in its own session, with a
 //!   cleared environment, killed with its whole process group.
-//! - container (Podman/Docker Engine API): later.
+//! - [`ContainerExecutor`]: each attempt in a fresh container of a pinned
+//!   image, steps as execs, through the Docker Engine API (Podman or dockerd).
 
+mod container;
 mod host;
 mod procs;
 mod reap;
 mod spawn;
 
+pub use container::{
+    CONTAINER_WORKSPACE, ContainerConfig, ContainerExecutor, Engine, EngineError, LABEL_AGENT, LABEL_EPOCH, LABEL_JOB,
+    LABEL_RUN, Limits, Network, PinnedImage, repository_of,
+};
 pub use host::{DEFAULT_KILL_GRACE, DEFAULT_PATH, HostConfig, HostExecutor};
 pub use procs::process_alive;
 pub use reap::{reap_orphans, remove_tree};

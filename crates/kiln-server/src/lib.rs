@@ -8,12 +8,14 @@ mod capability;
 mod dispatch;
 mod error;
 mod git;
+mod images;
 mod logarchive;
 mod loops;
 mod routes;
 mod views;
 
 pub use git::normalize_url;
+pub use images::{RegistryConfig, ResolveError, Resolver};
 
 use anyhow::Context;
 use dispatch::Dispatcher;
@@ -47,6 +49,8 @@ pub struct ServerConfig {
     pub log_archive_after: Duration,
     /// How often the log archiver looks for finished logs.
     pub log_archive_interval: Duration,
+    /// How image references are resolved to digests at acceptance.
+    pub registries: RegistryConfig,
 }
 
 impl ServerConfig {
@@ -62,6 +66,7 @@ impl ServerConfig {
             gc_interval: Duration::from_secs(30),
             log_archive_after: Duration::from_secs(60),
             log_archive_interval: Duration::from_secs(10),
+            registries: RegistryConfig::default(),
         }
     }
 }
@@ -83,6 +88,8 @@ pub(crate) struct AppState {
     pub signer: capability::Signer,
     /// Parsed log archive indexes, by object key (see `logarchive`).
     pub log_indexes: std::sync::Mutex<std::collections::HashMap<String, Arc<logarchive::Index>>>,
+    /// Resolves `image.ref` tags to digests at acceptance.
+    pub resolver: Resolver,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -198,6 +205,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let state = Arc::new(AppState {
         store,
         mirrors: git::Mirrors::new(config.data_dir.join("mirrors")),
+        resolver: Resolver::new(config.registries.clone()),
         config,
         admin_token: admin_token.clone(),
         agent_token: agent_token.clone(),

@@ -44,6 +44,7 @@ pub fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(heartbeat))
         .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(append_log))
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(complete))
+        .route("/v1/jobs/{job}/attempts/{epoch}/image", post(commit_image))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts", post(artifacts::create_upload))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal", post(artifacts::seal))
         .route("/v1/jobs/{job}/attempts/{epoch}/restore", post(artifacts::restore))
@@ -242,6 +243,7 @@ async fn submit_run(
     }
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &req.inputs).map_err(ApiErr::invalid)?;
+    let image_digests = resolve_images(&state, &workflow).await?;
     let accepted = state
         .store
         .accept_run(NewRun {
@@ -256,10 +258,20 @@ async fn submit_run(
             parent_run_id: None,
             idempotency,
             concurrency,
+            image_digests,
         })
         .await?;
     state.relay_wake.notify_one();
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id: accepted.run_id })))
+}
+
+/// Pin every `image.ref` of the workflow to a digest (spec 000 §5). An
+/// unknown image or tag refuses the run (422); an unreachable registry is 502.
+async fn resolve_images(state: &State, wf: &kiln_workflow::Workflow) -> ApiResult<BTreeMap<String, String>> {
+    state.resolver.resolve_workflow(wf).await.map_err(|e| match e {
+        crate::ResolveError::Refused(m) => ApiErr::invalid(m),
+        crate::ResolveError::Unavailable(m) => ApiErr::new(StatusCode::BAD_GATEWAY, api::codes::UNAVAILABLE, m),
+    })
 }
 
 /// Render the workflow's run-level concurrency group for this trigger.
@@ -328,7 +340,22 @@ async fn retry_run(
     S(state): S<State>,
     Path(run): Path<String>,
 ) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
-    let old = state.store.get_run(&run).await?.run;
+    let old_view = state.store.get_run(&run).await?;
+    // Same pinned definition, same pinned images: registry digests are
+    // copied, never re-resolved (a moved tag must not change what a retry
+    // runs). Built images are rebuilt by the new run.
+    let image_digests: BTreeMap<String, String> = old_view
+        .jobs
+        .iter()
+        .filter(|j| {
+            matches!(
+                old_view.run.definition.job(&j.job.name).and_then(|d| d.image.as_ref()),
+                Some(kiln_workflow::Image::Ref { .. })
+            )
+        })
+        .filter_map(|j| Some((j.job.name.clone(), j.job.image_digest.clone()?)))
+        .collect();
+    let old = old_view.run;
     let concurrency =
         run_concurrency(&old.definition, "retry", old.git_ref.as_deref(), &old.inputs).map_err(ApiErr::invalid)?;
     let accepted = state
@@ -345,6 +372,7 @@ async fn retry_run(
             inputs: old.inputs,
             parent_run_id: Some(old.id),
             idempotency: None,
+            image_digests,
         })
         .await?;
     state.relay_wake.notify_one();
@@ -498,6 +526,14 @@ fn assignment(state: &State, c: &kiln_store::ClaimedAttempt) -> api::Assignment 
             kiln_workflow::Image::Ref { reference } => Some(reference.clone()),
             kiln_workflow::Image::Dockerfile { .. } => None,
         }),
+        image_digest: c.job.image_digest.clone(),
+        image_build: def.image.as_ref().and_then(|i| match i {
+            kiln_workflow::Image::Dockerfile { path, context } => {
+                Some(api::ImageBuild { dockerfile: path.clone(), context: context.clone() })
+            }
+            kiln_workflow::Image::Ref { .. } => None,
+        }),
+        size: def.runs_on.get("size").cloned(),
         publish: def
             .artifacts
             .publish
@@ -785,4 +821,22 @@ async fn complete(
         Err(StoreError::Conflict(m)) => Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, m)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A Dockerfile job's attempt commits the digest of the image it built,
+/// before any user step runs. The first committed digest wins; the answer is
+/// the digest every attempt must run.
+async fn commit_image(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::ImageCommit>> {
+    let req: api::ImageCommit = parse(&body)?;
+    let ok =
+        req.digest.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()));
+    if !ok {
+        return Err(ApiErr::invalid("digest must be sha256:<64 hex digits>"));
+    }
+    let digest = state.store.commit_image_digest(&job, epoch, &req.digest).await?;
+    Ok(Json(api::ImageCommit { digest }))
 }

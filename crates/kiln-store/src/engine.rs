@@ -982,8 +982,8 @@ impl RunStore for StoreImpl {
             for (i, job) in run.workflow.jobs.iter().enumerate() {
                 let job_id = new_id();
                 sqlx::query(q!(
-                    "INSERT INTO jobs (id, run_id, job_index, name, status, needs, class_key, max_failure_retries) \
-                 VALUES (?, ?, ?, ?, 'pending', ?, ?, ?)"
+                    "INSERT INTO jobs (id, run_id, job_index, name, status, needs, class_key, max_failure_retries, \
+                 image_digest) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?)"
                 ))
                 .bind(&job_id)
                 .bind(&run_id)
@@ -992,6 +992,7 @@ impl RunStore for StoreImpl {
                 .bind(serde_json::to_string(&job.needs).expect("names serialise"))
                 .bind(class_key(&job.runs_on))
                 .bind(job.retry as i64)
+                .bind(run.image_digests.get(&job.name))
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err)?;
@@ -1507,6 +1508,23 @@ impl AttemptStore for StoreImpl {
             }
         }
         Ok(fenced)
+    }
+
+    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String> {
+        write_tx!(self, |tx| {
+            super::lock_job(&mut tx, job_id).await?;
+            let now = now(&mut tx).await?;
+            require_live(&mut tx, job_id, epoch, now).await?;
+            let stored: Option<String> = sqlx::query_scalar(q!(
+                "UPDATE jobs SET image_digest = COALESCE(image_digest, ?) WHERE id = ? RETURNING image_digest"
+            ))
+            .bind(digest)
+            .bind(job_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            Ok(stored.unwrap_or_else(|| digest.to_string()))
+        })
     }
 
     async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64> {

@@ -123,6 +123,10 @@ pub trait AttemptStore: Send + Sync {
     /// `lost`) and, within the budget, make its job ready again at
     /// `next_attempt_at`. Returns the fenced (job, epoch) pairs.
     async fn fence_expired(&self) -> Result<Vec<(String, i64)>>;
+    /// Commit the digest of an image the attempt built (a Dockerfile job,
+    /// spec 000 §5): requires the current live epoch; the first committed
+    /// digest wins and is returned (later ones do not replace it).
+    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String>;
     /// Fast loss detection: shorten the leases of a session's running attempts
     /// to at most `grace_ms` from now.
     async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64>;

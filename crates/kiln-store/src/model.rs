@@ -27,6 +27,9 @@ pub struct NewRun {
     pub idempotency: Option<Idempotency>,
     /// The run's concurrency group, rendered at acceptance.
     pub concurrency: Option<RunConcurrency>,
+    /// Pinned image digest (`sha256:…`) per job name, resolved at planning
+    /// (spec 000 §5): stored on the jobs in the acceptance transaction.
+    pub image_digests: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -77,6 +77,10 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
             .await?,
         );
     }
+    // Not part of `all`: it needs a container engine and a registry.
+    if a.suite == "containers" {
+        code = code.max(crate::bench_containers::run(&a).await?);
+    }
     Ok(code)
 }
 

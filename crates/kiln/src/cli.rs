@@ -133,6 +133,20 @@ pub struct ServerArgs {
     /// object store (immutable segment + index) this long after the job ended.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub log_archive_after: std::time::Duration,
+    /// A registry (HOST:PORT) spoken to over plain HTTP when resolving image tags; repeatable.
+    /// Meant for loopback/test registries.
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    pub insecure_registries: Vec<String>,
+    /// Credentials for resolving image tags in a registry (basic auth, or exchanged for a bearer
+    /// token), repeatable or comma-separated in KILN_REGISTRY_AUTH. Other registries are anonymous.
+    #[arg(
+        long = "registry-auth",
+        value_name = "HOST=USER:PASSWORD",
+        env = "KILN_REGISTRY_AUTH",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub registry_auth: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -151,9 +165,23 @@ pub struct AgentArgs {
     /// Labels jobs can require with `runs-on`, e.g. os=linux,size=large.
     #[arg(long, value_delimiter = ',')]
     pub labels: Vec<String>,
-    /// Executor: host (processes on this machine).
-    #[arg(long, default_value = "host")]
+    /// Executor: host (processes on this machine) or container (a fresh container per attempt
+    /// from the job's pinned image, through the Docker Engine API of --engine).
+    #[arg(long, default_value = "host", value_parser = ["host", "container"])]
     pub executor: String,
+    /// Docker Engine API endpoint of the container executor (Podman: `podman system service`).
+    #[arg(long, env = "KILN_ENGINE", default_value = "unix:///run/podman/podman.sock")]
+    pub engine: String,
+    /// Image for jobs without `image:` on the container executor (pin it as repo@sha256:…).
+    /// Without it such jobs fail with a message saying so.
+    #[arg(long, value_name = "REF")]
+    pub default_image: Option<String>,
+    /// Network of job containers: none (no network, the default) or bridge (the engine's default network).
+    #[arg(long, default_value = "none", value_parser = ["none", "bridge"])]
+    pub container_network: String,
+    /// Time between SIGTERM and SIGKILL when a job is stopped (cancel, timeout, fencing, shutdown).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub kill_grace: std::time::Duration,
     /// Directory for workspaces and the git mirror cache.
     #[arg(long, default_value = "kiln-agent")]
     pub work_dir: PathBuf,
@@ -305,10 +333,11 @@ pub struct BenchArgs {
     /// What to measure: dispatch (throughput, trigger-to-start), artifacts
     /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
     /// of an agent to its job claimed elsewhere), logs (200 MB of stdout
-    /// ingested, durable before acknowledgement, vs a file write + fsync), or all.
+    /// ingested, durable before acknowledgement, vs a file write + fsync), or all;
     /// control-plane: simulated agents over HTTP drive claim → heartbeat →
-    /// complete at spec 000 §3's peak rates against the real server and store.
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all"])]
+    /// complete at spec 000 §3's peak rates against the real server and store;
+    /// containers (a one-step job in a container vs on the host; needs --engine and --image, not in all).
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]
@@ -337,6 +366,12 @@ pub struct BenchArgs {
     /// Local agents.
     #[arg(long, default_value_t = 2)]
     pub agents: u32,
+    /// containers: Docker Engine API endpoint.
+    #[arg(long, env = "KILN_ENGINE", default_value = "unix:///run/podman/podman.sock")]
+    pub engine: String,
+    /// containers: the job's image (a loopback registry is spoken to over plain HTTP).
+    #[arg(long, default_value = "127.0.0.1:5000/kiln-test/base:latest")]
+    pub image: String,
 }
 
 /// `30s`, `500ms`, `2m`, `1h` or plain seconds.

@@ -93,6 +93,7 @@ fn agent_config(
         log_rate_limit: None,
         log_buffer: None,
         log_spool_limit: None,
+        kill_grace: None,
     }
 }
 
@@ -181,6 +182,14 @@ async fn server(a: ServerArgs) -> CmdResult {
     config.retry_base = a.retry_base;
     config.log_archive_after = a.log_archive_after;
     config.log_archive_interval = a.log_archive_after.clamp(Duration::from_millis(200), Duration::from_secs(10));
+    config.registries.insecure = a.insecure_registries.clone();
+    for entry in &a.registry_auth {
+        let parsed = entry.split_once('=').and_then(|(h, c)| Some((h, c.split_once(':')?)));
+        let Some((host, (user, password))) = parsed else {
+            return Err(usage("--registry-auth must be HOST=USER:PASSWORD"));
+        };
+        config.registries.credentials.insert(host.trim().to_string(), (user.to_string(), password.to_string()));
+    }
     let handle = kiln_server::start(config).await?;
     println!("kiln server listening on {} (tokens in {})", handle.url(), a.data_dir.display());
     let _ = std::io::stdout().flush();
@@ -190,9 +199,6 @@ async fn server(a: ServerArgs) -> CmdResult {
 }
 
 async fn agent(a: AgentArgs) -> CmdResult {
-    if a.executor != "host" {
-        return Err(usage(format!("--executor {}: only `host` is supported in this version", a.executor)));
-    }
     let mut labels = default_labels();
     for l in &a.labels {
         let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
@@ -207,6 +213,13 @@ async fn agent(a: AgentArgs) -> CmdResult {
     cfg.log_rate_limit = a.log_rate_limit;
     cfg.log_buffer = a.log_buffer;
     cfg.log_spool_limit = a.log_spool_limit;
+    cfg.kill_grace = Some(a.kill_grace);
+    if a.executor == "container" {
+        let mut settings = kiln_agent::ContainerSettings::new(a.engine.clone());
+        settings.default_image = a.default_image.clone();
+        settings.network = a.container_network.parse().map_err(usage)?;
+        cfg.executor = kiln_agent::ExecutorKind::Container(settings);
+    }
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run(cfg, rx));
     tokio::pin!(task);

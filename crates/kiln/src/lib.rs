@@ -2,6 +2,7 @@
 //! kiln-server, kiln-agent, kiln-workflow and kiln-api.
 
 mod bench;
+mod bench_containers;
 mod bench_control;
 mod bench_failover;
 mod cli;

@@ -24,6 +24,7 @@ pub mod cancel;
 pub mod claim;
 pub mod completion;
 pub mod graphs;
+pub mod images;
 pub mod lease;
 pub mod logs;
 pub mod outbox;
@@ -55,6 +56,8 @@ macro_rules! suite {
             accept::idempotency_key_with_other_body_is_refused,
             accept::concurrent_idempotent_accepts_create_one_run,
             accept::unknown_repository_is_not_unavailable,
+            images::accept_stores_the_resolved_image_digests,
+            images::built_image_digest_is_committed_once_by_the_live_epoch,
             claim::claim_creates_epoch_one_and_starts_the_run,
             claim::duplicate_delivery_is_absorbed,
             claim::stale_dispatch_generation_is_refused,
@@ -238,6 +241,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         parent_run_id: None,
         idempotency: None,
         concurrency: None,
+        image_digests: BTreeMap::new(),
     }
 }
 

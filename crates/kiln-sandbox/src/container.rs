@@ -1,0 +1,771 @@
+//! [`ContainerExecutor`]: steps inside a fresh container, through the Docker
+//! Engine API (Podman's `podman system service` or dockerd).
+//!
+//! One container per attempt, created from a pinned image (`repo@sha256:…`
+//! or a local image id), with the workspace bind-mounted at
+//! [`CONTAINER_WORKSPACE`] and nothing else of the host: no engine socket,
+//! no agent token, no host environment. Its main process is an init
+//! (`catatonit`) over an idle shell that ignores SIGTERM; every step is an
+//! exec of `sh -e -c <command>` in the workspace. Limits (CPU, memory,
+//! pids) and the network mode come from [`ContainerConfig`].
+//!
+//! Kill: SIGTERM to every process of the container but its init
+//! (`kill -TERM -1`, from inside), SIGKILL of the whole container after the
+//! grace period. `cleanup` SIGKILLs whatever steps left running (from
+//! inside, within milliseconds) and removes the container in the background
+//! (an agent that dies first leaves it to [`Engine::reap`]). Containers
+//! carry the labels `kiln.agent`, `kiln.job`, `kiln.epoch` (and `kiln.run`):
+//! [`Engine::reap`] removes the ones a dead agent process left behind.
+//!
+//! [`Engine`] also prepares images: [`Engine::ensure_image`] runs from the
+//! engine's local store when the pinned digest is present (the registry may
+//! then be unreachable) and pulls `repo@digest` otherwise; [`Engine::build`]
+//! builds a Dockerfile through the engine's build API.
+
+use crate::{Executor, OutputStream, SandboxError, StepEvent, StepExit, StepHandle, StepRequest};
+use bollard::Docker;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+    BuildImageOptions, CreateContainerOptions, CreateImageOptions, KillContainerOptions, RemoveContainerOptions,
+};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Where the workspace is mounted inside the container (also the working
+/// directory of every step and `KILN_WORKSPACE`).
+pub const CONTAINER_WORKSPACE: &str = "/workspace";
+
+/// Label keys on every container of an attempt.
+pub const LABEL_AGENT: &str = "kiln.agent";
+pub const LABEL_JOB: &str = "kiln.job";
+pub const LABEL_EPOCH: &str = "kiln.epoch";
+pub const LABEL_RUN: &str = "kiln.run";
+
+const EVENT_QUEUE: usize = 64;
+/// Largest piece of output read from the engine at once.
+const OUTPUT_CAPACITY: usize = 64 * 1024;
+/// The container's idle main process: a shell that ignores SIGTERM (so
+/// `kill -TERM -1` reaches only steps), under the engine's init.
+/// SIGUSR1 (forwarded by the init) makes it SIGKILL every other process of
+/// the container: what steps left running dies before `cleanup` returns.
+const IDLE: &str = "trap '' TERM INT HUP; trap 'kill -KILL -1' USR1; while :; do sleep 3600 & wait $!; done";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("container engine at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("container engine: {0}")]
+    Api(String),
+    #[error("image {0} is not available: {1}")]
+    Pull(String, String),
+    #[error("image {reference}: the engine holds {found}, not the pinned digest {expected}")]
+    DigestMismatch { reference: String, expected: String, found: String },
+    #[error("image build failed: {0}")]
+    Build(String),
+}
+
+fn api(e: bollard::errors::Error) -> EngineError {
+    EngineError::Api(e.to_string())
+}
+
+/// A connection to a Docker Engine API (cheap to clone).
+#[derive(Clone)]
+pub struct Engine {
+    docker: Docker,
+    url: String,
+    /// Container removals still running in the background (see `cleanup`).
+    removals: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("url", &self.url).finish()
+    }
+}
+
+/// The image a job runs in, as the server pinned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinnedImage {
+    /// A registry image: `repository@digest` (digest = `sha256:…` of the manifest).
+    Registry { repository: String, digest: String },
+    /// An image in the engine's local store, by id (`sha256:…`): a Dockerfile build.
+    Local { id: String },
+    /// Not pinned (an agent's default image): used as the engine resolves it.
+    Unpinned { reference: String },
+}
+
+impl PinnedImage {
+    /// The reference handed to the engine.
+    pub fn reference(&self) -> String {
+        match self {
+            PinnedImage::Registry { repository, digest } => format!("{repository}@{digest}"),
+            PinnedImage::Local { id } => id.clone(),
+            PinnedImage::Unpinned { reference } => reference.clone(),
+        }
+    }
+}
+
+/// The repository part of an image reference, fully qualified as the OCI
+/// distribution reference grammar (and Docker) normalise it:
+/// `busybox:1.36` → `docker.io/library/busybox`,
+/// `127.0.0.1:5000/a/b:tag` → `127.0.0.1:5000/a/b`; a digest is dropped too.
+pub fn repository_of(reference: &str) -> String {
+    let no_digest = reference.split('@').next().unwrap_or(reference);
+    let last_slash = no_digest.rfind('/').map(|i| i + 1).unwrap_or(0);
+    let repo = match no_digest[last_slash..].rfind(':') {
+        Some(i) => &no_digest[..last_slash + i],
+        None => no_digest,
+    };
+    let first = repo.split('/').next().unwrap_or("");
+    let has_registry = repo.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    if has_registry {
+        repo.to_string()
+    } else if repo.contains('/') {
+        format!("docker.io/{repo}")
+    } else {
+        format!("docker.io/library/{repo}")
+    }
+}
+
+impl Engine {
+    /// `unix:///run/podman/podman.sock`, a socket path, or `tcp://host:port` / `http://…`.
+    pub fn connect(url: &str) -> Result<Engine, EngineError> {
+        let err = |m: String| EngineError::Connect { url: url.to_string(), message: m };
+        // Podman 4 speaks API 1.41; bollard sends its version in the path.
+        let version = bollard::ClientVersion { major_version: 1, minor_version: 41 };
+        let docker = if let Some(path) = url.strip_prefix("unix://") {
+            Docker::connect_with_unix(path, 600, &version)
+        } else if url.starts_with('/') {
+            Docker::connect_with_unix(url, 600, &version)
+        } else if url.starts_with("tcp://") || url.starts_with("http://") {
+            Docker::connect_with_http(&url.replacen("tcp://", "http://", 1), 600, &version)
+        } else {
+            return Err(err("use unix:///path/to/engine.sock or tcp://host:port".into()));
+        }
+        .map_err(|e| err(e.to_string()))?;
+        Ok(Engine { docker, url: url.to_string(), removals: Arc::default() })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Waits for the container removals `cleanup` left running in the
+    /// background (call before exiting; an agent that dies first leaves
+    /// them to [`Engine::reap`]).
+    pub async fn settle(&self) {
+        let pending = std::mem::take(&mut *self.removals.lock().expect("removals"));
+        for h in pending {
+            let _ = h.await;
+        }
+    }
+
+    fn remove_in_background(&self, id: String) {
+        let docker = self.docker.clone();
+        let handle = tokio::spawn(async move { remove_container(&docker, &id).await });
+        let mut pending = self.removals.lock().expect("removals");
+        pending.retain(|h| !h.is_finished());
+        pending.push(handle);
+    }
+
+    /// Checks that the engine answers.
+    pub async fn ping(&self) -> Result<(), EngineError> {
+        tokio::time::timeout(Duration::from_secs(10), self.docker.ping())
+            .await
+            .map_err(|_| EngineError::Connect { url: self.url.clone(), message: "no answer within 10 s".into() })?
+            .map(|_| ())
+            .map_err(|e| EngineError::Connect { url: self.url.clone(), message: e.to_string() })
+    }
+
+    /// The local image's id, if the engine has it (by reference or id).
+    pub async fn local_image(&self, reference: &str) -> Result<Option<bollard::models::ImageInspect>, EngineError> {
+        match self.docker.inspect_image(reference).await {
+            Ok(i) => Ok(Some(i)),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(e) => Err(api(e)),
+        }
+    }
+
+    /// Makes the pinned image available locally and returns the reference
+    /// to create containers from. A locally present image is used as is (no
+    /// registry contact); otherwise it is pulled by digest, and the engine
+    /// must then hold exactly that digest. `progress` receives pull messages.
+    pub async fn ensure_image(
+        &self,
+        image: &PinnedImage,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<String, EngineError> {
+        let reference = image.reference();
+        let check = |found: &bollard::models::ImageInspect| -> Result<(), EngineError> {
+            match image {
+                PinnedImage::Registry { repository, digest } => {
+                    let digests = found.repo_digests.clone().unwrap_or_default();
+                    if digests.iter().any(|d| d.rsplit_once('@').is_some_and(|(_, dg)| dg == digest)) {
+                        Ok(())
+                    } else {
+                        Err(EngineError::DigestMismatch {
+                            reference: repository.clone(),
+                            expected: digest.clone(),
+                            found: digests.join(", "),
+                        })
+                    }
+                }
+                PinnedImage::Local { id } => {
+                    let got = found.id.clone().unwrap_or_default();
+                    if &got == id {
+                        Ok(())
+                    } else {
+                        Err(EngineError::DigestMismatch { reference: id.clone(), expected: id.clone(), found: got })
+                    }
+                }
+                PinnedImage::Unpinned { .. } => Ok(()),
+            }
+        };
+        if let Some(found) = self.local_image(&reference).await? {
+            check(&found)?;
+            progress(&format!("using {reference} from the engine's image store"));
+            return Ok(reference);
+        }
+        if let PinnedImage::Local { id } = image {
+            return Err(EngineError::Pull(
+                id.clone(),
+                "a locally built image that this engine does not have (it was built on another agent)".into(),
+            ));
+        }
+        progress(&format!("pulling {reference}"));
+        let opts = CreateImageOptions { from_image: Some(reference.clone()), ..Default::default() };
+        let mut pull = self.docker.create_image(Some(opts), None, None);
+        let mut last = String::new();
+        while let Some(item) = pull.next().await {
+            match item {
+                Ok(info) => {
+                    if let Some(detail) = info.error_detail.and_then(|d| d.message) {
+                        return Err(EngineError::Pull(reference, detail));
+                    }
+                    if let Some(status) = info.status
+                        && status != last
+                    {
+                        progress(&status);
+                        last = status;
+                    }
+                }
+                Err(e) => return Err(EngineError::Pull(reference, e.to_string())),
+            }
+        }
+        match self.local_image(&reference).await? {
+            Some(found) => check(&found).map(|()| reference),
+            None => Err(EngineError::Pull(reference, "the engine reported no image after the pull".into())),
+        }
+    }
+
+    /// Builds `dockerfile` (a path relative to `checkout`) with the context
+    /// directory `context` (relative to `checkout`), tags it `tag`, and
+    /// returns the image id (`sha256:…`). Build output goes to `output` as
+    /// it arrives; the error of a failed build is its last message.
+    /// Symlinks in the context are sent as symlinks, never followed.
+    pub async fn build(
+        &self,
+        checkout: &Path,
+        dockerfile: &str,
+        context: &str,
+        tag: &str,
+        network: &Network,
+        output: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<String, EngineError> {
+        let context_dir = checkout.join(context);
+        let dockerfile_path = checkout.join(dockerfile);
+        if !context_dir.is_dir() {
+            return Err(EngineError::Build(format!("build context `{context}` is not a directory of the checkout")));
+        }
+        if !dockerfile_path.is_file() {
+            return Err(EngineError::Build(format!("`{dockerfile}` is not a file of the checkout")));
+        }
+        // Inside the context: name it by its path there; otherwise add it to the tar.
+        let in_context = dockerfile_path
+            .canonicalize()
+            .ok()
+            .zip(context_dir.canonicalize().ok())
+            .and_then(|(d, c)| d.strip_prefix(&c).ok().map(|p| p.to_string_lossy().into_owned()));
+        let (dockerfile_name, extra) = match in_context {
+            Some(rel) => (rel, None),
+            None => (".kiln.Dockerfile".to_string(), Some(dockerfile_path.clone())),
+        };
+        let tar = tokio::task::spawn_blocking(move || context_tar(&context_dir, extra.as_deref()))
+            .await
+            .map_err(|e| EngineError::Build(e.to_string()))?
+            .map_err(|e| EngineError::Build(format!("cannot pack the build context: {e}")))?;
+        let opts = BuildImageOptions {
+            dockerfile: dockerfile_name,
+            t: Some(tag.to_string()),
+            rm: true,
+            forcerm: true,
+            networkmode: Some(network.mode().to_string()),
+            ..Default::default()
+        };
+        let mut stream = self.docker.build_image(opts, None, Some(bollard::body_full(tar.into())));
+        let mut last_line = String::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(info) => {
+                    if let Some(detail) = info.error_detail.and_then(|d| d.message) {
+                        output(format!("{detail}\n").as_bytes());
+                        return Err(EngineError::Build(detail));
+                    }
+                    if let Some(s) = info.stream {
+                        output(s.as_bytes());
+                        if let Some(l) = s.lines().rev().find(|l| !l.trim().is_empty()) {
+                            last_line = l.trim().to_string();
+                        }
+                    }
+                }
+                Err(e) => {
+                    let msg = match e {
+                        bollard::errors::Error::DockerStreamError { error } => error,
+                        other => other.to_string(),
+                    };
+                    output(format!("{msg}\n").as_bytes());
+                    return Err(EngineError::Build(msg));
+                }
+            }
+        }
+        match self.local_image(tag).await? {
+            Some(img) => img.id.ok_or_else(|| EngineError::Build("the built image has no id".into())),
+            None => Err(EngineError::Build(format!("the build produced no image ({last_line})"))),
+        }
+    }
+
+    /// SIGKILLs and removes every container labelled `kiln.agent=<agent>`
+    /// (left by a previous process of this agent). Returns how many.
+    pub async fn reap(&self, agent: &str) -> Result<usize, EngineError> {
+        let ids = self.containers_labelled(LABEL_AGENT, agent).await?;
+        for id in &ids {
+            remove_container(&self.docker, id).await;
+        }
+        Ok(ids.len())
+    }
+
+    /// Containers carrying `label=value` (any state): their ids.
+    ///
+    /// A raw request: Podman reports states (`stopped`) that bollard's
+    /// typed container list refuses to decode.
+    pub async fn containers_labelled(&self, label: &str, value: &str) -> Result<Vec<String>, EngineError> {
+        let filters = serde_json::json!({ "label": [format!("{label}={value}")] }).to_string();
+        let path = format!("/v1.41/containers/json?all=1&filters={}", percent_encode(&filters));
+        let body = self.raw_get(&path).await?;
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&body).map_err(|e| EngineError::Api(format!("container list: {e}")))?;
+        Ok(list.iter().filter_map(|c| c.get("Id").and_then(|i| i.as_str()).map(str::to_string)).collect())
+    }
+
+    /// `GET path` over HTTP/1.0 (the engine closes the connection after the
+    /// body, which is never chunked).
+    async fn raw_get(&self, path: &str) -> Result<Vec<u8>, EngineError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let request = format!("GET {path} HTTP/1.0\r\nHost: engine\r\n\r\n");
+        let err = |e: std::io::Error| EngineError::Api(format!("{}: {e}", self.url));
+        let mut response = Vec::new();
+        let io = async {
+            if let Some(sock) =
+                self.url.strip_prefix("unix://").or(self.url.starts_with('/').then_some(self.url.as_str()))
+            {
+                let mut s = tokio::net::UnixStream::connect(sock).await?;
+                s.write_all(request.as_bytes()).await?;
+                s.read_to_end(&mut response).await?;
+            } else {
+                let addr = self.url.trim_start_matches("tcp://").trim_start_matches("http://").trim_end_matches('/');
+                let mut s = tokio::net::TcpStream::connect(addr).await?;
+                s.write_all(request.as_bytes()).await?;
+                s.read_to_end(&mut response).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        tokio::time::timeout(Duration::from_secs(30), io)
+            .await
+            .map_err(|_| EngineError::Api(format!("{}: no answer within 30 s", self.url)))?
+            .map_err(err)?;
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| EngineError::Api("malformed HTTP response from the engine".into()))?;
+        let head = String::from_utf8_lossy(&response[..split]);
+        let status = head.split_whitespace().nth(1).unwrap_or("");
+        if status != "200" {
+            return Err(EngineError::Api(format!("GET {path}: {}", head.lines().next().unwrap_or(""))));
+        }
+        Ok(response[split + 4..].to_vec())
+    }
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Packs a build context: regular files, directories and symlinks (as links).
+fn context_tar(dir: &Path, extra_dockerfile: Option<&Path>) -> std::io::Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.mode(tar::HeaderMode::Deterministic);
+    b.append_dir_all(".", dir)?;
+    if let Some(df) = extra_dockerfile {
+        b.append_path_with_name(df, ".kiln.Dockerfile")?;
+    }
+    b.into_inner()
+}
+
+async fn remove_container(docker: &Docker, id: &str) {
+    // SIGKILL first: a forced remove would otherwise stop with SIGTERM and
+    // the engine's stop timeout.
+    let _ = docker.kill_container(id, Some(KillContainerOptions { signal: "SIGKILL".into() })).await;
+    if let Err(e) =
+        docker.remove_container(id, Some(RemoveContainerOptions { force: true, v: true, link: false })).await
+        && !matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })
+    {
+        tracing::warn!(container = id, error = %e, "cannot remove container");
+    }
+}
+
+/// The container's network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Network {
+    /// No network at all (loopback only).
+    None,
+    /// The engine's default network (outbound access).
+    Bridge,
+}
+
+impl Network {
+    fn mode(&self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Bridge => "bridge",
+        }
+    }
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Network::None),
+            "bridge" | "default" => Ok(Network::Bridge),
+            _ => Err(format!("unknown container network `{s}` (use none or bridge)")),
+        }
+    }
+}
+
+/// Resource limits of a job's container.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub cpus: f64,
+    pub memory_bytes: i64,
+    pub pids: i64,
+}
+
+impl Limits {
+    /// Per size class (`runs-on: {size: small|medium|large}`); `None` or an
+    /// unknown class is `medium`. CPUs are capped to what the host has.
+    pub fn for_size(size: Option<&str>) -> Limits {
+        const GIB: i64 = 1024 * 1024 * 1024;
+        let (cpus, memory_bytes, pids) = match size {
+            Some("small") => (1.0, 2 * GIB, 512),
+            Some("large") => (4.0, 8 * GIB, 4096),
+            _ => (2.0, 4 * GIB, 1024),
+        };
+        let host = std::thread::available_parallelism().map(|n| n.get() as f64).unwrap_or(1.0);
+        Limits { cpus: f64::min(cpus, host), memory_bytes, pids }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ContainerConfig {
+    /// The image reference returned by [`Engine::ensure_image`].
+    pub image: String,
+    /// Host directory mounted at [`CONTAINER_WORKSPACE`].
+    pub workspace: PathBuf,
+    /// `kiln.agent`, `kiln.job`, `kiln.epoch`, `kiln.run`, …
+    pub labels: BTreeMap<String, String>,
+    pub limits: Limits,
+    pub network: Network,
+    /// Time between SIGTERM and SIGKILL when killing.
+    pub kill_grace: Duration,
+}
+
+pub struct ContainerExecutor {
+    engine: Engine,
+    cfg: ContainerConfig,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    container: Option<String>,
+    killed: bool,
+    running: Option<Running>,
+}
+
+#[derive(Clone)]
+struct Running {
+    killing: Arc<AtomicBool>,
+    done: watch::Receiver<bool>,
+}
+
+impl ContainerExecutor {
+    pub fn new(engine: Engine, cfg: ContainerConfig) -> Self {
+        ContainerExecutor { engine, cfg, inner: Arc::default() }
+    }
+
+    /// The container's id once prepared.
+    pub fn container_id(&self) -> Option<String> {
+        self.inner.lock().expect("executor lock").container.clone()
+    }
+
+    async fn create(&self) -> Result<(), SandboxError> {
+        let prep = |e: String| SandboxError::Prepare {
+            path: self.cfg.workspace.display().to_string(),
+            source: std::io::Error::other(e),
+        };
+        tokio::fs::create_dir_all(&self.cfg.workspace).await.map_err(|e| prep(e.to_string()))?;
+        let ws = self.cfg.workspace.canonicalize().map_err(|e| prep(e.to_string()))?;
+        let host = HostConfig {
+            binds: Some(vec![format!("{}:{CONTAINER_WORKSPACE}:rw", ws.display())]),
+            network_mode: Some(self.cfg.network.mode().into()),
+            nano_cpus: Some((self.cfg.limits.cpus * 1e9) as i64),
+            memory: Some(self.cfg.limits.memory_bytes),
+            memory_swap: Some(self.cfg.limits.memory_bytes),
+            pids_limit: Some(self.cfg.limits.pids),
+            init: Some(true),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(self.cfg.image.clone()),
+            entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), IDLE.into()]),
+            cmd: Some(vec![]),
+            working_dir: Some(CONTAINER_WORKSPACE.into()),
+            env: Some(vec!["CI=true".into()]),
+            labels: Some(self.cfg.labels.clone().into_iter().collect()),
+            hostname: Some("kiln".into()),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let created = self
+            .engine
+            .docker
+            .create_container(None::<CreateContainerOptions>, body)
+            .await
+            .map_err(|e| prep(format!("cannot create a container from {}: {e}", self.cfg.image)))?;
+        {
+            let mut inner = self.inner.lock().expect("executor lock");
+            inner.container = Some(created.id.clone());
+        }
+        self.engine
+            .docker
+            .start_container(&created.id, None)
+            .await
+            .map_err(|e| prep(format!("cannot start the container: {e}")))?;
+        Ok(())
+    }
+
+    async fn start(&self, step: &StepRequest) -> Result<StepHandle, SandboxError> {
+        let spawn_err = |e: String| SandboxError::Spawn { step: step.name.clone(), source: std::io::Error::other(e) };
+        let (container, killing, done_tx) = {
+            let mut inner = self.inner.lock().expect("executor lock");
+            if inner.killed {
+                return Err(SandboxError::Killed);
+            }
+            if inner.running.is_some() {
+                return Err(SandboxError::Busy);
+            }
+            let Some(c) = inner.container.clone() else {
+                return Err(spawn_err("the sandbox was not prepared".into()));
+            };
+            let killing = Arc::new(AtomicBool::new(false));
+            let (done_tx, done_rx) = watch::channel(false);
+            inner.running = Some(Running { killing: killing.clone(), done: done_rx });
+            (c, killing, done_tx)
+        };
+        let release = || self.inner.lock().expect("executor lock").running = None;
+        let mut env = step.env.clone();
+        if env.contains_key("KILN_WORKSPACE") {
+            env.insert("KILN_WORKSPACE".into(), CONTAINER_WORKSPACE.into());
+        }
+        let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let exec = CreateExecOptions {
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            cmd: Some(vec!["sh".to_string(), "-e".into(), "-c".into(), step.command.clone()]),
+            env: Some(env),
+            working_dir: Some(CONTAINER_WORKSPACE.into()),
+            ..Default::default()
+        };
+        let docker = self.engine.docker.clone();
+        let created = match docker.create_exec(&container, exec).await {
+            Ok(c) => c,
+            Err(e) => {
+                release();
+                return Err(spawn_err(e.to_string()));
+            }
+        };
+        let opts = StartExecOptions { detach: false, tty: false, output_capacity: Some(OUTPUT_CAPACITY) };
+        let output = match docker.start_exec(&created.id, Some(opts)).await {
+            Ok(StartExecResults::Attached { output, .. }) => output,
+            Ok(StartExecResults::Detached) => {
+                release();
+                return Err(spawn_err("the engine detached the step".into()));
+            }
+            Err(e) => {
+                release();
+                return Err(spawn_err(e.to_string()));
+            }
+        };
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let inner = self.inner.clone();
+        let name = step.name.clone();
+        tokio::spawn(async move {
+            let mut output = output;
+            let mut consumer = true;
+            while let Some(item) = output.next().await {
+                let (stream, bytes) = match item {
+                    Ok(bollard::container::LogOutput::StdOut { message }) => (OutputStream::Stdout, message),
+                    Ok(bollard::container::LogOutput::StdErr { message }) => (OutputStream::Stderr, message),
+                    Ok(bollard::container::LogOutput::Console { message }) => (OutputStream::Stdout, message),
+                    Ok(bollard::container::LogOutput::StdIn { .. }) => continue,
+                    Err(e) => {
+                        tracing::debug!(step = %name, error = %e, "step output stream ended with an error");
+                        break;
+                    }
+                };
+                if consumer && !bytes.is_empty() {
+                    consumer = tx.send(StepEvent::Output { stream, data: bytes.to_vec() }).await.is_ok();
+                }
+            }
+            let code = exit_code(&docker, &created.id).await;
+            let exit = match code {
+                Some(c) if killing.load(Ordering::SeqCst) && c > 128 => StepExit::Signal((c - 128) as i32),
+                Some(c) => StepExit::Code(c as i32),
+                // The container is gone (killed): report the signal that ended it.
+                None if killing.load(Ordering::SeqCst) => StepExit::Signal(libc::SIGKILL),
+                None => StepExit::Code(-1),
+            };
+            inner.lock().expect("executor lock").running = None;
+            let _ = done_tx.send(true);
+            let _ = tx.send(StepEvent::Exited(exit)).await;
+        });
+        Ok(StepHandle::new(rx))
+    }
+
+    async fn kill_running(&self) {
+        let (container, running) = {
+            let mut inner = self.inner.lock().expect("executor lock");
+            inner.killed = true;
+            (inner.container.clone(), inner.running.clone())
+        };
+        let (Some(container), Some(mut r)) = (container, running) else { return };
+        if !r.killing.swap(true, Ordering::SeqCst) {
+            let docker = &self.engine.docker;
+            // SIGTERM to everything but the init (and the idle shell, which ignores it).
+            let term = CreateExecOptions::<String> {
+                cmd: Some(vec!["sh".into(), "-c".into(), "kill -TERM -1".into()]),
+                ..Default::default()
+            };
+            if let Ok(e) = docker.create_exec(&container, term).await {
+                let _ = docker
+                    .start_exec(&e.id, Some(StartExecOptions { detach: true, tty: false, output_capacity: None }))
+                    .await;
+            }
+        }
+        if tokio::time::timeout(self.cfg.kill_grace, r.done.wait_for(|d| *d)).await.is_err() {
+            tracing::info!(container = %container, "step ignored SIGTERM; killing its container");
+            let _ = self
+                .engine
+                .docker
+                .kill_container(&container, Some(KillContainerOptions { signal: "SIGKILL".into() }))
+                .await;
+        }
+        let _ = r.done.wait_for(|d| *d).await;
+    }
+}
+
+/// The exec's exit code once it stopped running; `None` if the engine lost it.
+async fn exit_code(docker: &Docker, exec_id: &str) -> Option<i64> {
+    let mut pause = Duration::from_millis(2);
+    for _ in 0..200 {
+        match docker.inspect_exec(exec_id).await {
+            Ok(i) if i.running != Some(true) => return i.exit_code,
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    None
+}
+
+impl Executor for ContainerExecutor {
+    fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        self.create().boxed()
+    }
+
+    fn exec<'a>(&'a self, step: &'a StepRequest) -> BoxFuture<'a, Result<StepHandle, SandboxError>> {
+        self.start(step).boxed()
+    }
+
+    fn kill(&self) -> BoxFuture<'_, ()> {
+        self.kill_running().boxed()
+    }
+
+    fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        async move {
+            self.kill_running().await;
+            let container = self.inner.lock().expect("executor lock").container.take();
+            if let Some(id) = container {
+                // What steps left running is SIGKILLed at once (SIGUSR1 to the
+                // idle shell: `kill -KILL -1`, a few ms); stopping and removing
+                // the container takes the engine 100-400 ms more, which need
+                // not delay the job's completion.
+                let docker = &self.engine.docker;
+                let _ = docker.kill_container(&id, Some(KillContainerOptions { signal: "SIGUSR1".into() })).await;
+                self.engine.remove_in_background(id);
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repositories_are_normalised() {
+        assert_eq!(repository_of("127.0.0.1:5000/kiln-test/base:latest"), "127.0.0.1:5000/kiln-test/base");
+        assert_eq!(repository_of("127.0.0.1:5000/kiln-test/base"), "127.0.0.1:5000/kiln-test/base");
+        assert_eq!(repository_of("localhost/a:1@sha256:00"), "localhost/a");
+        assert_eq!(repository_of("busybox:1.36"), "docker.io/library/busybox");
+        assert_eq!(repository_of("user/app"), "docker.io/user/app");
+        assert_eq!(
+            repository_of("registry.example.com/ci/jdk17-maven:approved"),
+            "registry.example.com/ci/jdk17-maven"
+        );
+    }
+
+    #[test]
+    fn size_classes() {
+        assert!(Limits::for_size(Some("small")).memory_bytes < Limits::for_size(None).memory_bytes);
+        assert!(Limits::for_size(Some("large")).pids > Limits::for_size(Some("medium")).pids);
+        assert!(Limits::for_size(Some("large")).cpus <= std::thread::available_parallelism().unwrap().get() as f64);
+    }
+}

@@ -1,0 +1,417 @@
+//! Execution images end to end (spec 000 §5, §11): real `kiln server` and
+//! `kiln agent --executor container` processes, Podman's Docker API, the
+//! loopback registry of `scripts/container-env`, real git.
+//!
+//! Without an engine these tests skip with a message, unless
+//! `KILN_REQUIRE_CONTAINERS=1` (set by `scripts/test`): then they fail.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnAgent, KilnServer, TestRepo, until, wait_for, wait_run};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+fn engine_url() -> String {
+    std::env::var("KILN_ENGINE").unwrap_or_else(|_| "unix:///run/podman/podman.sock".into())
+}
+
+fn registry() -> String {
+    std::env::var("KILN_TEST_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
+}
+
+/// True when the engine and the registry answer; otherwise skip (or fail
+/// under KILN_REQUIRE_CONTAINERS=1).
+fn containers_available() -> bool {
+    let sock = engine_url().trim_start_matches("unix://").to_string();
+    let engine = Command::new("curl")
+        .args(["-fsS", "--max-time", "3", "--unix-socket", &sock, "http://d/_ping"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let reg = Command::new("curl")
+        .args(["-fsS", "--max-time", "3", &format!("http://{}/v2/", registry())])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if engine && reg {
+        return true;
+    }
+    let what = format!("engine at {} answers: {engine}, registry {} answers: {reg}", engine_url(), registry());
+    if std::env::var("KILN_REQUIRE_CONTAINERS").is_ok_and(|v| v == "1") {
+        panic!("KILN_REQUIRE_CONTAINERS=1 but containers are not available ({what}); run scripts/container-env");
+    }
+    eprintln!("SKIPPED: containers are not available ({what}); run scripts/container-env");
+    false
+}
+
+fn podman(args: &[&str]) -> String {
+    let out = Command::new("podman").args(args).output().expect("podman");
+    assert!(out.status.success(), "podman {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Copy the test image `from` (e.g. `kiln-test/base`) to a tag of its own,
+/// `kiln-test/<name>:latest`, so tests may re-tag without disturbing others.
+fn push_as(from: &str, name: &str) {
+    let reg = registry();
+    podman(&["pull", "-q", "--tls-verify=false", &format!("{reg}/{from}:latest")]);
+    podman(&[
+        "push",
+        "-q",
+        "--tls-verify=false",
+        &format!("{reg}/{from}:latest"),
+        &format!("docker://{reg}/{name}:latest"),
+    ]);
+}
+
+/// The registry's current digest of `name:latest`.
+fn registry_digest(name: &str) -> String {
+    let out = Command::new("curl")
+        .args(["-fsSI", "-H"])
+        .arg("Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+        .arg(format!("http://{}/v2/{name}/manifests/latest", registry()))
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "no manifest for {name}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("docker-content-digest:").map(|d| d.trim().to_string()))
+        .expect("Docker-Content-Digest header")
+}
+
+/// Containers of a job (any state).
+fn containers_of_job(job: &str) -> Vec<String> {
+    let out = podman(&["ps", "-a", "-q", "--filter", &format!("label=kiln.job={job}")]);
+    out.lines().map(str::to_string).filter(|l| !l.is_empty()).collect()
+}
+
+fn server() -> KilnServer {
+    KilnServer::start(BIN.as_ref(), &["--insecure-registry", &registry(), "--retry-base", "100ms"]).unwrap()
+}
+
+/// Agent names are unique per test process (containers are labelled, and
+/// reaped, by agent name).
+fn agent_name(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+fn container_agent(s: &KilnServer, name: &str, extra: &[&str]) -> KilnAgent {
+    let engine = engine_url();
+    let mut args = vec!["--executor", "container", "--engine", engine.as_str()];
+    args.extend_from_slice(extra);
+    s.agent(&agent_name(name), &args).unwrap()
+}
+
+/// Removes whatever containers the named agents left (their processes are
+/// SIGKILLed when a test ends, possibly before a background removal ran).
+struct ReapOnDrop(&'static [&'static str]);
+
+impl Drop for ReapOnDrop {
+    fn drop(&mut self) {
+        for name in self.0 {
+            let label = format!("label=kiln.agent={}", agent_name(name));
+            let Ok(out) = Command::new("podman").args(["ps", "-a", "-q", "--filter", &label]).output() else {
+                continue;
+            };
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("podman").args(["rm", "-f", "-t", "0", id]).output();
+            }
+        }
+    }
+}
+
+fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
+    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn logs(s: &KilnServer, run: &str, job: &str) -> String {
+    let out = s.cli().args(["logs", run, job]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+/// Two jobs in two images (B has a tool A lacks) connected by an artifact;
+/// each job's digest is the registry's at acceptance; moving tag A after
+/// acceptance changes neither the job's retry attempt nor a retried run.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_images_pinned_at_acceptance_survive_a_retag() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-images"]);
+    let (a, b) = (format!("kiln-test/{}", unique("e2e-jdk17")), format!("kiln-test/{}", unique("e2e-jdk21")));
+    push_as("kiln-test/base", &a);
+    push_as("kiln-test/tool", &b);
+    let (digest_a, digest_b) = (registry_digest(&a), registry_digest(&b));
+    let reg = registry();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: compile
+    image: {{ref: "{reg}/{a}:latest"}}
+    retry: 1
+    steps:
+      - if command -v kiln-tool; then echo "image A must not have kiln-tool"; exit 9; fi
+      - mkdir -p target && echo "app built by epoch $KILN_EPOCH" > target/app.jar
+      - if [ "$KILN_EPOCH" = 1 ]; then sleep 4; exit 1; fi
+    artifacts:
+      publish:
+        - name: app
+          path: target/app.jar
+  - name: integration-test
+    image: "{reg}/{b}:latest"
+    artifacts:
+      restore:
+        - from_job: compile
+          name: app
+          path: inputs/app.jar
+    steps:
+      - cat inputs/app.jar
+      - kiln-tool inputs/app.jar
+"#
+    );
+    let s = server();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    add_repo(&s, "images", &repo);
+    let _agent = container_agent(&s, "ctr-images", &[]);
+    let c = Client::new(&s.url, &s.token);
+    let run =
+        c.submit_run("images", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = c.get_run(&run.run_id).await.unwrap();
+    assert_eq!(r.jobs[0].image_digest.as_deref(), Some(digest_a.as_str()), "pinned at acceptance");
+    assert_eq!(r.jobs[1].image_digest.as_deref(), Some(digest_b.as_str()));
+
+    // While epoch 1 of compile runs, tag A moves to image B (which has the tool).
+    until(&c, &run.run_id, 120, "compile epoch 1 running", |r| r.jobs[0].current_epoch == 1).await;
+    push_as("kiln-test/tool", &a);
+    assert_ne!(registry_digest(&a), digest_a, "the tag moved");
+
+    let done = wait_run(&c, &run.run_id, 180).await;
+    assert_eq!(
+        done.status,
+        "success",
+        "{done:#?}\ncompile:\n{}\nagent:\n{}",
+        logs(&s, &run.run_id, "compile"),
+        _agent.log()
+    );
+    assert_eq!(done.jobs[0].attempts.len(), 2, "compile failed once and was retried");
+    assert_eq!(done.jobs[0].image_digest.as_deref(), Some(digest_a.as_str()));
+    let it = logs(&s, &run.run_id, "integration-test");
+    assert!(it.contains("app built by epoch 2"), "{it}");
+    assert!(it.contains("kiln-tool: "), "{it}");
+
+    // A retried run keeps the pinned digests: compile still lacks kiln-tool.
+    let retry = c.retry_run(&run.run_id).await.unwrap();
+    let r2 = c.get_run(&retry.run_id).await.unwrap();
+    assert_eq!(r2.jobs[0].image_digest.as_deref(), Some(digest_a.as_str()));
+    let done2 = wait_run(&c, &retry.run_id, 180).await;
+    assert_eq!(done2.status, "success", "{done2:#?}\n{}", logs(&s, &retry.run_id, "compile"));
+
+    // A new run resolves the moved tag; an unknown tag is refused with 422 and nothing stored.
+    let run3 =
+        c.submit_run("images", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r3 = c.get_run(&run3.run_id).await.unwrap();
+    assert_eq!(r3.jobs[0].image_digest.as_deref(), Some(registry_digest(&a).as_str()));
+    c.cancel_run(&run3.run_id).await.unwrap();
+    let before = c.list_runs("images", None, None).await.unwrap().runs.len();
+    repo.commit(
+        &[(".kiln/pipeline.yaml", &wf.replace(&format!("{a}:latest"), "kiln-test/no-such-image:latest"))],
+        "bad image",
+    )
+    .unwrap();
+    let err =
+        c.submit_run("images", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap_err();
+    assert_eq!(err.status(), Some(422), "{err}");
+    assert!(err.to_string().contains("no-such-image"), "{err}");
+    assert_eq!(c.list_runs("images", None, None).await.unwrap().runs.len(), before, "nothing stored");
+}
+
+/// A job cannot see the host filesystem outside its workspace, the engine
+/// socket, or the agent's token.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_cannot_see_the_host_the_engine_or_the_agent_token() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-isolation"]);
+    let s = server();
+    let agent = container_agent(&s, "ctr-isolation", &[]);
+    let token_file = s.data_dir().join("agent.token");
+    let work = agent.work_dir();
+    let reg = registry();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: probe
+    image: {reg}/kiln-test/base:latest
+    steps:
+      - test ! -e "{token}" && echo "no agent.token"
+      - test ! -e "{work}" && echo "no agent work dir"
+      - test ! -e /run/podman/podman.sock && test ! -e /var/run/docker.sock && echo "no engine socket"
+      - if env | grep -q "{agent_token}"; then echo "token leaked"; exit 1; fi; echo "no token in env"
+      - if grep -rqs "{agent_token}" /proc/1/environ /etc /root /tmp; then exit 1; fi; echo "no token in files"
+      - test "$PWD" = /workspace && test -f .kiln/pipeline.yaml && echo "checkout at /workspace"
+      - mount | grep -v -E ' / | /proc| /sys| /dev| /run| /etc/(hosts|hostname|resolv.conf)|/workspace' | grep -v -E 'cgroup|mqueue|shm|devpts|tmpfs' || echo "no other host mounts"
+"#,
+        token = token_file.display(),
+        work = work.display(),
+        agent_token = s.agent_token,
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    add_repo(&s, "iso", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let run = c.submit_run("iso", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 120).await;
+    let log = logs(&s, &run.run_id, "probe");
+    assert_eq!(done.status, "success", "{log}\nagent:\n{}", agent.log());
+    for expected in [
+        "no agent.token",
+        "no agent work dir",
+        "no engine socket",
+        "no token in env",
+        "no token in files",
+        "checkout at /workspace",
+        "no other host mounts",
+    ] {
+        assert!(log.contains(expected), "missing `{expected}` in:\n{log}");
+    }
+}
+
+/// A Dockerfile job builds its image from the pinned checkout, commits the
+/// digest, and runs its steps in it; a broken Dockerfile fails the job with
+/// the build log visible and skips its successor.
+#[tokio::test(flavor = "multi_thread")]
+async fn dockerfile_jobs_build_then_run_and_broken_builds_fail_visibly() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-build"]);
+    let reg = registry();
+    let repo = TestRepo::new(&[
+        ("ci/image/greeting.txt", "hello from the built image\n"),
+        ("ci/image/Dockerfile", &format!("FROM {reg}/kiln-test/base:latest\nCOPY greeting.txt /etc/greeting\nRUN echo build-step-ran\n")),
+        ("ci/broken/Dockerfile", &format!("FROM {reg}/kiln-test/base:latest\nRUN echo about-to-fail && exit 7\n")),
+        (
+            ".kiln/pipeline.yaml",
+            "version: 1\njobs:\n  - name: custom\n    image: {dockerfile: ci/image/Dockerfile, context: ci/image}\n    retry: 1\n    steps:\n      - cat /etc/greeting\n      - test \"$KILN_EPOCH\" != 1\n",
+        ),
+        (
+            ".kiln/broken.yaml",
+            "version: 1\njobs:\n  - name: custom\n    image: {dockerfile: ci/broken/Dockerfile, context: ci/broken}\n    steps:\n      - echo never\n  - name: after\n    image: {dockerfile: ci/image/Dockerfile, context: ci/image}\n    steps:\n      - echo never either\n",
+        ),
+    ])
+    .unwrap();
+    let s = server();
+    add_repo(&s, "build", &repo);
+    let agent = container_agent(&s, "ctr-build", &[]);
+    let c = Client::new(&s.url, &s.token);
+
+    let run =
+        c.submit_run("build", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    assert_eq!(c.get_run(&run.run_id).await.unwrap().jobs[0].image_digest, None, "built, not resolved");
+    let done = wait_run(&c, &run.run_id, 180).await;
+    let log = logs(&s, &run.run_id, "custom");
+    assert_eq!(done.status, "success", "{log}\nagent:\n{}", agent.log());
+    assert!(log.contains("build-step-ran"), "build output streamed:\n{log}");
+    assert!(log.contains("hello from the built image"), "{log}");
+    assert_eq!(done.jobs[0].attempts.len(), 2, "epoch 1 failed on purpose");
+    assert_eq!(log.matches("▶ building image").count(), 1, "built once, reused by the retry:\n{log}");
+    assert!(log.contains("using the image an earlier attempt built"), "{log}");
+    let digest = done.jobs[0].image_digest.clone().expect("built digest committed");
+    assert!(digest.starts_with("sha256:"), "{digest}");
+    let id = podman(&["image", "inspect", "--format", "{{.Id}}", &digest]);
+    assert_eq!(format!("sha256:{id}"), digest, "the committed digest is the built image");
+
+    let body =
+        SubmitRun { commit_sha: "main".into(), workflow_path: Some(".kiln/broken.yaml".into()), ..Default::default() };
+    let run = c.submit_run("build", &body, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 180).await;
+    assert_eq!(done.status, "failed");
+    assert_eq!(done.jobs[0].status, "failed");
+    assert_eq!(done.jobs[0].attempts.len(), 1, "a build failure is the job's, not retried as infrastructure");
+    assert_eq!(done.jobs[1].status, "skipped", "never unblocks successors");
+    let log = logs(&s, &run.run_id, "custom");
+    assert!(log.contains("about-to-fail"), "{log}");
+    assert!(log.contains("image build failed"), "{log}");
+    assert!(!log.contains("never"), "{log}");
+}
+
+/// Cancelling kills the job's container within the grace period, as does
+/// fencing (an agent paused past its lease); SIGKILL the agent and start it
+/// again: the orphaned container is removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_fencing_and_agent_restart_remove_containers() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-kill", "ctr-fence", "ctr-crash"]);
+    let reg = registry();
+    let wf = format!(
+        "version: 1\njobs:\n  - name: stubborn\n    image: {reg}/kiln-test/base:latest\n    steps:\n      - trap '' TERM; echo started; while :; do sleep 1; done\n"
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let s = KilnServer::start(
+        BIN.as_ref(),
+        &["--insecure-registry", &reg, "--lease-ttl", "3s", "--loss-grace", "30s", "--retry-base", "100ms"],
+    )
+    .unwrap();
+    add_repo(&s, "kill", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+    let grace = Duration::from_secs(2);
+
+    // Cancel: SIGTERM is ignored, SIGKILL follows after the grace.
+    let agent = container_agent(&s, "ctr-kill", &["--kill-grace", "2s"]);
+    let run = c.submit_run("kill", &body, None).await.unwrap();
+    let r = until(&c, &run.run_id, 120, "job running", |r| r.jobs[0].status == "running").await;
+    let job = r.jobs[0].id.clone();
+    assert!(wait_for(Duration::from_secs(60), || (!containers_of_job(&job).is_empty()).then_some(())).is_some());
+    wait_for(Duration::from_secs(60), || logs(&s, &run.run_id, "stubborn").contains("started").then_some(()));
+    let t = Instant::now();
+    c.cancel_run(&run.run_id).await.unwrap();
+    let gone = wait_for(Duration::from_secs(30), || containers_of_job(&job).is_empty().then_some(()));
+    let took = t.elapsed();
+    assert!(gone.is_some(), "container of a cancelled job still there\n{}", agent.log());
+    assert!(took < grace + Duration::from_secs(3), "cancel removed the container in {took:?}");
+    assert_eq!(wait_run(&c, &run.run_id, 30).await.status, "cancelled");
+    drop(agent);
+
+    // Fencing: the agent is paused past its lease; once it runs again it
+    // learns it was fenced and kills its container.
+    let agent = container_agent(&s, "ctr-fence", &["--kill-grace", "2s"]);
+    let run = c.submit_run("kill", &body, None).await.unwrap();
+    let r = until(&c, &run.run_id, 120, "job running", |r| r.jobs[0].status == "running").await;
+    let job = r.jobs[0].id.clone();
+    assert!(wait_for(Duration::from_secs(60), || (!containers_of_job(&job).is_empty()).then_some(())).is_some());
+    agent.signal("STOP");
+    until(&c, &run.run_id, 30, "epoch 1 fenced", |r| r.jobs[0].attempts.first().is_some_and(|a| a.outcome == "lost"))
+        .await;
+    c.cancel_run(&run.run_id).await.unwrap(); // no replacement attempt
+    assert_eq!(containers_of_job(&job).len(), 1, "the paused agent's container still runs");
+    let t = Instant::now();
+    agent.signal("CONT");
+    let gone = wait_for(Duration::from_secs(30), || containers_of_job(&job).is_empty().then_some(()));
+    let took = t.elapsed();
+    assert!(gone.is_some(), "fenced container still there\n{}", agent.log());
+    assert!(took < grace + Duration::from_secs(3), "fencing removed the container in {took:?}");
+    drop(agent);
+
+    // SIGKILL the agent: its container is orphaned; the restarted agent reaps it.
+    let agent = container_agent(&s, "ctr-crash", &[]);
+    let run = c.submit_run("kill", &body, None).await.unwrap();
+    let r = until(&c, &run.run_id, 120, "job running", |r| r.jobs[0].status == "running").await;
+    let job = r.jobs[0].id.clone();
+    assert!(wait_for(Duration::from_secs(60), || (!containers_of_job(&job).is_empty()).then_some(())).is_some());
+    agent.signal("KILL");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(containers_of_job(&job).len(), 1, "orphaned by the SIGKILL");
+    c.cancel_run(&run.run_id).await.unwrap();
+    let restarted = container_agent(&s, "ctr-crash", &[]);
+    let gone = wait_for(Duration::from_secs(30), || containers_of_job(&job).is_empty().then_some(()));
+    assert!(gone.is_some(), "orphan not reaped\n{}", restarted.log());
+    assert!(restarted.log().contains("removed containers left by a previous agent process"), "{}", restarted.log());
+}
