@@ -237,7 +237,9 @@ impl LocalBlobStore {
             let have = hash_reader(&mut f).await?;
             return if have == info { Ok(info) } else { Err(BlobError::Exists(key.into())) };
         }
-        let staging = self.staging(key);
+        // A private staging name: two writers of the same key (replicas
+        // archiving the same log) never write into one file.
+        let staging = self.staging(key).with_extension(format!("put-{}", rand_suffix()));
         for p in [&staging, &object] {
             if let Some(dir) = p.parent() {
                 fs::create_dir_all(dir).await?;
@@ -293,6 +295,12 @@ impl LocalBlobStore {
     pub fn root(&self) -> &Path {
         &self.root
     }
+}
+
+fn rand_suffix() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{}-{nanos}", std::process::id())
 }
 
 async fn hash_reader<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<ObjectInfo> {

@@ -2,10 +2,13 @@
 //!
 //! A delivery grants nothing: the claim transaction decides ownership, so a
 //! duplicate or stale event is simply absorbed there (spec 000 §7, §15).
-//! Queues are in memory; after a restart they are rebuilt from ready jobs.
+//! Queues are in memory; after a restart they are rebuilt from ready jobs,
+//! and with several replicas each one also sweeps the ready jobs now and then
+//! (a job relayed by another replica, or by one that died, reaches every
+//! replica's agents). A (job, generation) is queued at most once per replica.
 
 use kiln_store::OutboxEvent;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use tokio::sync::Notify;
 
@@ -13,39 +16,64 @@ type ClassQueue = (BTreeMap<String, String>, VecDeque<OutboxEvent>);
 
 #[derive(Default)]
 pub struct Dispatcher {
-    /// Class key → (the class's required labels, its deliveries in order).
-    queues: Mutex<HashMap<String, ClassQueue>>,
+    inner: Mutex<Queues>,
     pub notify: Notify,
 }
 
+#[derive(Default)]
+struct Queues {
+    /// Class key → (the class's required labels, its deliveries in order).
+    by_class: HashMap<String, ClassQueue>,
+    /// (job, dispatch generation) of every queued delivery.
+    queued: HashSet<(String, i64)>,
+}
+
 impl Dispatcher {
-    pub fn push(&self, ev: OutboxEvent) {
-        let labels: BTreeMap<String, String> = serde_json::from_str(&ev.class_key).unwrap_or_default();
-        let mut q = self.queues.lock().unwrap();
-        q.entry(ev.class_key.clone()).or_insert_with(|| (labels, VecDeque::new())).1.push_back(ev);
-        drop(q);
-        self.notify.notify_waiters();
+    /// Queue a delivery (unless the same job and generation is queued already).
+    pub fn push(&self, ev: OutboxEvent) -> bool {
+        let added = self.insert(ev, false);
+        if added {
+            self.notify.notify_waiters();
+        }
+        added
     }
 
     /// Put back an event whose claim was declined for capacity: it stays eligible.
     pub fn push_front(&self, ev: OutboxEvent) {
+        self.insert(ev, true);
+    }
+
+    fn insert(&self, ev: OutboxEvent, front: bool) -> bool {
+        let mut q = self.inner.lock().unwrap();
+        if !q.queued.insert((ev.job_id.clone(), ev.dispatch_generation)) {
+            return false;
+        }
         let labels: BTreeMap<String, String> = serde_json::from_str(&ev.class_key).unwrap_or_default();
-        let mut q = self.queues.lock().unwrap();
-        q.entry(ev.class_key.clone()).or_insert_with(|| (labels, VecDeque::new())).1.push_front(ev);
+        let queue = &mut q.by_class.entry(ev.class_key.clone()).or_insert_with(|| (labels, VecDeque::new())).1;
+        if front {
+            queue.push_front(ev)
+        } else {
+            queue.push_back(ev)
+        }
+        true
     }
 
     /// Next event of any class whose labels are a subset of the agent's.
     pub fn pop(&self, agent_labels: &BTreeMap<String, String>) -> Option<OutboxEvent> {
-        let mut q = self.queues.lock().unwrap();
-        q.values_mut()
+        let mut q = self.inner.lock().unwrap();
+        let ev = q
+            .by_class
+            .values_mut()
             .filter(|(labels, _)| labels.iter().all(|(k, v)| agent_labels.get(k) == Some(v)))
             .filter_map(|(_, queue)| Some((queue.front()?.id, queue)))
             .min_by_key(|(id, _)| *id)
-            .and_then(|(_, queue)| queue.pop_front())
+            .and_then(|(_, queue)| queue.pop_front())?;
+        q.queued.remove(&(ev.job_id.clone(), ev.dispatch_generation));
+        Some(ev)
     }
 
     pub fn depth(&self) -> usize {
-        self.queues.lock().unwrap().values().map(|(_, q)| q.len()).sum()
+        self.inner.lock().unwrap().by_class.values().map(|(_, q)| q.len()).sum()
     }
 }
 
@@ -70,5 +98,20 @@ mod tests {
             [("os".to_string(), "linux".to_string()), ("size".to_string(), "large".to_string())].into();
         assert_eq!(d.pop(&big).unwrap().id, 1);
         assert_eq!(d.depth(), 1);
+    }
+
+    #[test]
+    fn a_job_generation_is_queued_once_until_popped() {
+        let d = Dispatcher::default();
+        assert!(d.push(ev(1, "{}")));
+        assert!(!d.push(ev(1, "{}")), "a sweep re-finding a queued job adds nothing");
+        assert_eq!(d.depth(), 1);
+        let any = BTreeMap::new();
+        let e = d.pop(&any).unwrap();
+        assert!(d.pop(&any).is_none());
+        d.push_front(e);
+        assert_eq!(d.depth(), 1, "declined for capacity: back in the queue");
+        d.pop(&any).unwrap();
+        assert!(d.push(ev(1, "{}")), "popped: may be queued again (e.g. its claim failed)");
     }
 }

@@ -49,6 +49,10 @@ pub struct ServerConfig {
     pub log_archive_after: Duration,
     /// How often the log archiver looks for finished logs.
     pub log_archive_interval: Duration,
+    /// How often this replica re-reads the ready jobs into its dispatch
+    /// queues (several replicas on one database; zero: never, the default
+    /// on SQLite, where one server owns the database file).
+    pub dispatch_sweep: Duration,
     /// How image references are resolved to digests at acceptance.
     pub registries: RegistryConfig,
 }
@@ -66,6 +70,7 @@ impl ServerConfig {
             gc_interval: Duration::from_secs(30),
             log_archive_after: Duration::from_secs(60),
             log_archive_interval: Duration::from_secs(10),
+            dispatch_sweep: Duration::ZERO,
             registries: RegistryConfig::default(),
         }
     }
@@ -190,7 +195,12 @@ fn redact(url: &str) -> String {
 }
 
 /// Open the store, bind the listener and start serving in the background.
-pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
+pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
+    let url = config.database_url.as_deref().unwrap_or("");
+    if (url.starts_with("postgres://") || url.starts_with("postgresql://")) && config.dispatch_sweep.is_zero() {
+        // A shared database may have other replicas: see their ready jobs.
+        config.dispatch_sweep = Duration::from_secs(1);
+    }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let admin_token = load_or_create_token(&config.data_dir, "admin.token")?;

@@ -14,8 +14,32 @@ pub async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Res
     tokio::spawn(relay(state.clone(), shutdown.clone()));
     tokio::spawn(reconciler(state.clone(), shutdown.clone()));
     tokio::spawn(collector(state.clone(), shutdown.clone()));
+    if state.config.dispatch_sweep > Duration::ZERO {
+        tokio::spawn(sweeper(state.clone(), shutdown.clone()));
+    }
     tokio::spawn(archiver(state, shutdown));
     Ok(())
+}
+
+/// With several replicas: a job relayed by another replica (or by one that
+/// died with it in its queue) reaches this replica's agents too. Claims stay
+/// safe: the claim transaction decides, duplicates are absorbed.
+async fn sweeper(state: State, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(state.config.dispatch_sweep) => {}
+            _ = shutdown.changed() => return,
+        }
+        match state.store.ready_jobs().await {
+            Ok(events) => {
+                let added = events.into_iter().filter(|ev| state.dispatcher.push(ev.clone())).count();
+                if added > 0 {
+                    tracing::debug!(added, "dispatch sweep queued ready jobs");
+                }
+            }
+            Err(e) => tracing::warn!("dispatch sweep paused: {e}"),
+        }
+    }
 }
 
 /// Deliver committed outbox events to dispatch queues, then mark them

@@ -224,6 +224,14 @@ impl KilnServer {
         self.data.path().join("data")
     }
 
+    /// Another server process on the same data dir (tokens, object store)
+    /// and `extra` flags (e.g. the same `--database-url`): a replica.
+    pub fn replica(&self, extra: &[&str]) -> Result<KilnServer> {
+        let dir = tempfile::tempdir()?;
+        std::os::unix::fs::symlink(self.data_dir(), dir.path().join("data"))?;
+        Self::spawn(&self.bin, dir, "127.0.0.1:0", extra)
+    }
+
     pub fn cli(&self) -> Command {
         cli(&self.bin, &self.url, &self.token)
     }
@@ -234,18 +242,7 @@ impl KilnServer {
 
     /// Start an agent process against this server.
     pub fn agent(&self, name: &str, extra: &[&str]) -> Result<KilnAgent> {
-        let dir = tempfile::tempdir()?;
-        let log = dir.path().join("agent.log");
-        let child = Command::new(&self.bin)
-            .args(["agent", "--server", &self.url, "--token", &self.agent_token, "--name", name, "--work-dir"])
-            .arg(dir.path().join("work"))
-            .args(extra)
-            .env("KILN_LOG", "info,sqlx=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("spawn kiln agent")?;
-        Ok(KilnAgent { child, dir, log })
+        KilnAgent::spawn(&self.bin, &self.url, &self.agent_token, name, extra)
     }
 }
 
@@ -264,6 +261,22 @@ pub struct KilnAgent {
 }
 
 impl KilnAgent {
+    /// A `kiln agent` process for `server` (one URL, or several comma-separated).
+    pub fn spawn(bin: &Path, server: &str, token: &str, name: &str, extra: &[&str]) -> Result<KilnAgent> {
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("agent.log");
+        let child = Command::new(bin)
+            .args(["agent", "--server", server, "--token", token, "--name", name, "--work-dir"])
+            .arg(dir.path().join("work"))
+            .args(extra)
+            .env("KILN_LOG", "info,sqlx=warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("spawn kiln agent")?;
+        Ok(KilnAgent { child, dir, log })
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }

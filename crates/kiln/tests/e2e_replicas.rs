@@ -50,3 +50,73 @@ async fn agent_with_several_server_urls_skips_a_dead_one() {
     let run = wait_run(&c, &r.run_id, 60).await;
     assert_eq!(run.status, "success");
 }
+
+/// Two `kiln server` replicas on one PostgreSQL database and one data dir;
+/// agents know both. A job's artifact hands off from `compile` to `test`;
+/// the replica that `test`'s agent talks to is SIGKILLed while `test` runs:
+/// the agent moves to the other replica, its lease and completion go on
+/// there, the run succeeds with the exact bytes, and a new run goes through
+/// the survivor alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_killed_mid_run_loses_nothing() {
+    if !kiln_testkit::postgres_available() {
+        return;
+    }
+    let pg = kiln_testkit::TempPostgres::start().unwrap();
+    let url = pg.create_database().await.unwrap();
+    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url, "--loss-grace", "30s"]).unwrap();
+    let b = a.replica(&["--database-url", &url, "--loss-grace", "30s"]).unwrap();
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let wf = format!(
+        "version: 1\njobs:\n  - name: compile\n    steps:\n      - mkdir -p target && head -c 3000000 /dev/urandom > target/app.jar && sha256sum target/app.jar > target/app.sha\n    artifacts:\n      publish:\n        - {{name: app, path: target/app.jar}}\n        - {{name: sum, path: target/app.sha}}\n  - name: test\n    runs-on: {{via: a}}\n    artifacts:\n      restore:\n        - {{from_job: compile, name: app, path: target/app.jar}}\n        - {{from_job: compile, name: sum, path: target/app.sha}}\n    steps:\n      - while [ ! -f {go} ]; do sleep 0.05; done\n      - sha256sum -c target/app.sha\n",
+        go = go.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    add_repo(&a, "app", &repo);
+    let (ab, ba) = (format!("{},{}", a.url, b.url), format!("{},{}", b.url, a.url));
+    // `test` runs on agent one, which talks to replica A first.
+    let agent1 = kiln_testkit::KilnAgent::spawn(&a.bin, &ab, &a.agent_token, "one", &["--labels", "via=a"]).unwrap();
+    let agent2 = kiln_testkit::KilnAgent::spawn(&a.bin, &ba, &a.agent_token, "two", &[]).unwrap();
+    let c = Client::new(&ba, &b.token);
+    let r = c.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    kiln_testkit::until(&c, &r.run_id, 60, "test running", |r| r.jobs[1].status == "running").await;
+
+    // SIGKILL replica A mid-run.
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    std::fs::write(&go, "").unwrap();
+    let run = wait_run(&c, &r.run_id, 120).await;
+    assert_eq!(run.status, "success", "{run:#?}\nB: {}\nagent1: {}\nagent2: {}", b.log(), agent1.log(), agent2.log());
+    assert_eq!(run.jobs[1].attempts.len(), 1, "the test attempt itself was never lost: {run:#?}");
+    assert!(agent1.log().contains("switching"), "agent one moved to replica B: {}", agent1.log());
+
+    // The survivor alone runs a new pipeline end to end.
+    std::fs::remove_file(&go).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let r2 = c.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run2 = wait_run(&c, &r2.run_id, 120).await;
+    assert_eq!(run2.status, "success", "{run2:#?}\nB: {}", b.log());
+}
+
+/// A run accepted by replica A reaches an agent that only knows replica B
+/// (B sweeps the ready jobs of the shared database into its queues).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_accepted_by_one_replica_reaches_agents_of_another() {
+    if !kiln_testkit::postgres_available() {
+        return;
+    }
+    let pg = kiln_testkit::TempPostgres::start().unwrap();
+    let url = pg.create_database().await.unwrap();
+    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url]).unwrap();
+    let b = a.replica(&["--database-url", &url]).unwrap();
+    let _agent = b.agent("only-b", &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: hi\n    steps: [\"echo hi\"]\n")])
+        .unwrap();
+    add_repo(&a, "hi", &repo);
+    let via_a = Client::new(&a.url, &a.token);
+    let r = via_a.submit_run("hi", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&via_a, &r.run_id, 60).await;
+    assert_eq!(run.status, "success", "{run:#?}\nA: {}\nB: {}", a.log(), b.log());
+}
