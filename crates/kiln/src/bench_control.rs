@@ -53,22 +53,18 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     git(&repo, &["add", "."])?;
     git(&repo, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "bench"])?;
 
-    if a.database_url.is_some() || a.replicas > 1 {
+    if a.replicas > 1 && !a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) {
         return Err(Failure {
-            message: "--database-url and --replicas need the PostgreSQL store, which this build does not have yet"
-                .into(),
+            message: "--replicas needs a shared database: pass --database-url postgres://…".into(),
             code: exit::USAGE,
         });
     }
+    // Replicas share the database and the data dir (tokens, object store),
+    // as on one box behind a load balancer; started one after the other.
     let mut handles = vec![];
-    for i in 0..a.replicas.max(1) {
+    for _ in 0..a.replicas.max(1) {
         let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
-        // Replicas share the database; each needs its own data dir only for
-        // what is not shared (the first one writes the tokens).
-        if i > 0 {
-            config.data_dir = tmp.join(format!("data-{i}"));
-            copy_tokens(&tmp.join("data"), &config.data_dir)?;
-        }
+        config.database_url = a.database_url.clone();
         handles.push(kiln_server::start(config).await?);
     }
     let urls: Vec<String> = handles.iter().map(|h| h.url()).collect();
@@ -267,14 +263,4 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
 
 fn counts(s: &Stats) -> (u64, u64, u64) {
     (s.claims.load(Ordering::Relaxed), s.heartbeats.load(Ordering::Relaxed), s.completions.load(Ordering::Relaxed))
-}
-
-fn copy_tokens(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for f in ["admin.token", "agent.token"] {
-        if from.join(f).exists() {
-            std::fs::copy(from.join(f), to.join(f))?;
-        }
-    }
-    Ok(())
 }

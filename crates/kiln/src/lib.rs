@@ -17,7 +17,13 @@ use clap::Parser;
 pub fn main_entry() -> i32 {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if cli.command.is_daemon() { "info,sqlx=warn" } else { "warn" })
+        // PostgreSQL's "there is no transaction in progress" notice (a
+        // ROLLBACK after a failed serializable COMMIT) is not worth a line each.
+        tracing_subscriber::EnvFilter::new(if cli.command.is_daemon() {
+            "info,sqlx=warn,sqlx::postgres::notice=error"
+        } else {
+            "warn,sqlx::postgres::notice=error"
+        })
     });
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
