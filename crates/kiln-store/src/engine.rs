@@ -1314,6 +1314,32 @@ impl AttemptStore for StoreImpl {
     }
 
     async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome> {
+        // The common case in one statement: extend the lease of the current,
+        // running, unexpired epoch (the conditions are rechecked on the row
+        // as it is updated, so a concurrent fence wins or loses cleanly) and
+        // read the cancellation state. No row: the full transaction below
+        // says precisely why the heartbeat is refused.
+        let fast: Option<(i64, i64, String)> = write_tx!(self, |tx| {
+            sqlx::query_as(q!("UPDATE attempts SET lease_deadline = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ? \
+                 WHERE job_id = ? AND epoch = ? AND outcome = 'running' \
+                   AND lease_deadline > CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+                   AND epoch = (SELECT current_epoch FROM jobs WHERE id = ?) \
+                 RETURNING lease_deadline, (SELECT cancel_requested FROM jobs WHERE id = ?), \
+                   (SELECT r.status FROM runs r JOIN jobs j ON j.run_id = r.id WHERE j.id = ?)"))
+            .bind(lease_ttl_ms)
+            .bind(job_id)
+            .bind(epoch)
+            .bind(job_id)
+            .bind(job_id)
+            .bind(job_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)
+        })?;
+        if let Some((deadline, cancel, status)) = fast {
+            let cancel_requested = cancel != 0 || (status != "running" && status != "queued");
+            return Ok(HeartbeatOutcome { cancel_requested, lease_deadline: deadline });
+        }
         write_tx!(self, |tx| {
             lock_run_of_job(&mut tx, job_id).await?;
             let now = now(&mut tx).await?;

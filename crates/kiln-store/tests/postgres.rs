@@ -60,6 +60,7 @@ conformance::suite!(open, available = postgres_available());
 /// a run's row lock. Writes to that run wait, then fail `Unavailable` (the
 /// server's 503) after `lock_timeout` without deciding anything; reads still
 /// answer; other runs are not held up; once the lock goes, the write lands.
+/// Heartbeats do not wait for the run: they touch only their attempt.
 #[tokio::test]
 async fn run_locked_elsewhere_is_unavailable_then_recovers() {
     use conformance::*;
@@ -74,17 +75,17 @@ async fn run_locked_elsewhere_is_unavailable_then_recovers() {
     let a = agent(&s, "agent", 4).await;
     let job_a = job_id(&s, &run_id, "a").await;
     let c = claim(&s, &a, &job_a, LONG_TTL).await;
-    let before = snapshot(&s, &run_id).await;
 
     let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
     let mut tx = other.begin().await.unwrap();
     sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(&run_id).fetch_one(&mut *tx).await.unwrap();
 
+    // A heartbeat touches only its attempt: a long transaction on the run
+    // does not cost the agent its lease.
+    let hb = s.heartbeat(&job_a, c.epoch, LONG_TTL).await.expect("heartbeat while the run is locked");
+    assert!(!hb.cancel_requested);
+    let before = snapshot(&s, &run_id).await;
     match s.complete(&job_a, c.epoch, success()).await {
-        Err(StoreError::Unavailable(_)) => {}
-        other => panic!("expected Unavailable while the run is locked elsewhere, got {other:?}"),
-    }
-    match s.heartbeat(&job_a, c.epoch, LONG_TTL).await {
         Err(StoreError::Unavailable(_)) => {}
         other => panic!("expected Unavailable while the run is locked elsewhere, got {other:?}"),
     }
