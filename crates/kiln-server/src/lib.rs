@@ -146,22 +146,51 @@ fn load_or_create_token(dir: &std::path::Path, name: &str) -> anyhow::Result<Str
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(name);
-    if let Ok(t) = std::fs::read_to_string(&path) {
-        let t = t.trim().to_string();
-        if !t.is_empty() {
-            return Ok(t);
-        }
+    let read = || std::fs::read_to_string(&path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty());
+    if let Some(t) = read() {
+        return Ok(t);
     }
+    // Replicas starting at once on one data dir must agree: write a private
+    // file, then link it into place only if no other process did first.
     let token = format!("kiln_{}", hex::encode(rand::random::<[u8; 24]>()));
+    let tmp = dir.join(format!(".{name}.{}.{}", std::process::id(), hex::encode(rand::random::<[u8; 6]>())));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     writeln!(f, "{token}")?;
-    Ok(token)
+    f.sync_all()?;
+    drop(f);
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(token),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            read().with_context(|| format!("{} exists but is empty", path.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot write {}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    #[test]
+    fn concurrent_starts_on_one_data_dir_agree_on_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> =
+                (0..8).map(|_| s.spawn(|| super::load_or_create_token(dir.path(), "agent.token").unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("agent.token")).unwrap().trim(), tokens[0]);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("agent.token")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
+    }
 }
 
 /// Open the metadata store the configuration names (see
