@@ -174,25 +174,6 @@ fn load_or_create_token(dir: &std::path::Path, name: &str) -> anyhow::Result<Str
     }
 }
 
-#[cfg(test)]
-mod token_tests {
-    #[test]
-    fn concurrent_starts_on_one_data_dir_agree_on_the_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let tokens: Vec<String> = std::thread::scope(|s| {
-            let hs: Vec<_> =
-                (0..8).map(|_| s.spawn(|| super::load_or_create_token(dir.path(), "agent.token").unwrap())).collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
-        assert_eq!(std::fs::read_to_string(dir.path().join("agent.token")).unwrap().trim(), tokens[0]);
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("agent.token")).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
-    }
-}
-
 /// Open the metadata store the configuration names (see
 /// [`ServerConfig::database_url`]).
 async fn open_store(config: &ServerConfig) -> anyhow::Result<Arc<dyn Store>> {
@@ -269,4 +250,23 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     });
     tracing::info!(%addr, "kiln server listening");
     Ok(ServerHandle { addr, admin_token, agent_token, shutdown, task })
+}
+
+#[cfg(test)]
+mod token_tests {
+    #[test]
+    fn concurrent_starts_on_one_data_dir_agree_on_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> =
+                (0..8).map(|_| s.spawn(|| super::load_or_create_token(dir.path(), "agent.token").unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("agent.token")).unwrap().trim(), tokens[0]);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("agent.token")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
+    }
 }
