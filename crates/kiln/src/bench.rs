@@ -27,15 +27,14 @@ pub(crate) fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
 }
 
 /// A one-job, one-step `true` repository.
-fn noop_repo(dir: &std::path::Path) -> anyhow::Result<()> {
+/// A one-commit git repository (branch `main`) holding `workflow` as
+/// `.kiln/pipeline.yaml`: the repository every benchmark registers.
+pub(crate) fn repo_with(dir: &std::path::Path, workflow: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join(".kiln"))?;
-    std::fs::write(
-        dir.join(".kiln/pipeline.yaml"),
-        "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"true\"\n",
-    )?;
+    std::fs::write(dir.join(".kiln/pipeline.yaml"), workflow)?;
     git(dir, &["init", "-q", "-b", "main"])?;
     git(dir, &["add", "."])?;
-    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "noop"])?;
+    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "bench"])?;
     Ok(())
 }
 
@@ -88,7 +87,7 @@ async fn dispatch(a: &BenchArgs) -> Result<i32, Failure> {
     let tmp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
-    noop_repo(&repo)?;
+    repo_with(&repo, "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"true\"\n")?;
     let (handle, stop, tasks) =
         start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30), None).await?;
     let c = Client::new(&handle.url(), &handle.admin_token);

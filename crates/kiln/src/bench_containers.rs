@@ -7,21 +7,12 @@
 //! start-to-finish times (claim to completion, database time: checkout,
 //! container create + start, the exec, container removal, completion).
 
-use crate::bench::{git, percentile, wait_terminal};
+use crate::bench::{percentile, repo_with, wait_terminal};
 use crate::cli::BenchArgs;
 use crate::commands::Failure;
 use kiln_api::{Client, SubmitRun, exit};
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-fn repo_with(dir: &std::path::Path, workflow: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir.join(".kiln"))?;
-    std::fs::write(dir.join(".kiln/pipeline.yaml"), workflow)?;
-    git(dir, &["init", "-q", "-b", "main"])?;
-    git(dir, &["add", "."])?;
-    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "bench"])?;
-    Ok(())
-}
 
 /// Start-to-finish (ms) of the only attempt of each of `n` sequential runs.
 async fn durations(c: &Client, repo: &str, n: u32) -> anyhow::Result<Vec<f64>> {

@@ -10,7 +10,7 @@
 //! heartbeats proportionally more often: the store sees the same rate of
 //! the same heartbeat transaction. The figure printed says so.
 
-use crate::bench::{git, percentile};
+use crate::bench::percentile;
 use crate::commands::Failure;
 use kiln_api::{ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
 use std::sync::Arc;
@@ -46,12 +46,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let tmp = std::env::temp_dir().join(format!("kiln-bench-control-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
-    std::fs::create_dir_all(repo.join(".kiln")).map_err(anyhow::Error::from)?;
-    std::fs::write(repo.join(".kiln/pipeline.yaml"), "version: 1\njobs:\n  - name: j\n    steps: [\"true\"]\n")
-        .map_err(anyhow::Error::from)?;
-    git(&repo, &["init", "-q", "-b", "main"])?;
-    git(&repo, &["add", "."])?;
-    git(&repo, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "bench"])?;
+    crate::bench::repo_with(&repo, "version: 1\njobs:\n  - name: j\n    steps: [\"true\"]\n")?;
 
     if a.replicas > 1 && !a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) {
         return Err(Failure {

@@ -5,7 +5,7 @@
 //! SIGKILLed (or SIGSTOPped) while a second agent idles; the figure is the
 //! time from the signal to the replacement attempt's claim (database time).
 
-use crate::bench::{git, now_ms, percentile, wait_terminal};
+use crate::bench::{now_ms, percentile, repo_with, wait_terminal};
 use crate::commands::Failure;
 use kiln_api::{Client, SubmitRun, exit};
 use std::path::Path;
@@ -36,15 +36,6 @@ fn spawn_agent_with(server: &str, token: &str, name: &str, dir: &Path, extra: &[
         .stderr(Stdio::null())
         .spawn()?;
     Ok(Proc(child))
-}
-
-fn repo_with(dir: &Path, workflow: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir.join(".kiln"))?;
-    std::fs::write(dir.join(".kiln/pipeline.yaml"), workflow)?;
-    git(dir, &["init", "-q", "-b", "main"])?;
-    git(dir, &["add", "."])?;
-    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "bench"])?;
-    Ok(())
 }
 
 async fn wait_epoch(c: &Client, run: &str, epoch: i64) -> anyhow::Result<kiln_api::Run> {
