@@ -1,8 +1,11 @@
 //! Bulk bytes: attempt-scoped staging objects written in parts, verified and
 //! made immutable at completion, read back for restores (spec 000 §12).
 //!
-//! Contract of [`LocalBlobStore`] (the embedded default; S3 arrives later
-//! behind the same operations):
+//! [`BlobStore`] is either the local directory (the embedded default) or an
+//! S3-compatible bucket ([`s3`]); with S3 the agents move bytes straight to
+//! and from the bucket through presigned URLs.
+//!
+//! Contract of [`LocalBlobStore`]:
 //! - `write_part` is idempotent per (key, part): a retry with identical bytes
 //!   succeeds, parts may arrive in any order and concurrently.
 //! - `complete` reads the staged bytes, verifies size and sha256 against the
@@ -34,11 +37,94 @@ pub enum BlobError {
     NotFound(String),
     #[error("object `{0}` already exists")]
     Exists(String),
+    #[error("{0}")]
+    Invalid(String),
     #[error("object store I/O failed: {0}")]
     Io(#[from] std::io::Error),
 }
 
 pub type Result<T> = std::result::Result<T, BlobError>;
+
+pub mod s3;
+pub use s3::{PresignedRequest, S3BlobStore, S3Config};
+
+/// The configured object store.
+#[derive(Debug, Clone)]
+pub enum BlobStore {
+    Local(LocalBlobStore),
+    S3(S3BlobStore),
+}
+
+impl BlobStore {
+    /// `url`: empty or `file://` for the local directory `default_dir`,
+    /// `s3://BUCKET[/PREFIX]?endpoint=…&region=…` for S3.
+    pub fn open_url(url: &str, default_dir: &Path) -> std::result::Result<BlobStore, String> {
+        if url.is_empty() {
+            return Ok(BlobStore::Local(LocalBlobStore::new(default_dir)));
+        }
+        if let Some(dir) = url.strip_prefix("file://") {
+            if !dir.starts_with('/') {
+                return Err(format!("object store URL `{url}`: file:// needs an absolute path"));
+            }
+            return Ok(BlobStore::Local(LocalBlobStore::new(dir)));
+        }
+        if url.starts_with("s3://") {
+            let cfg = S3Config::parse(url)?;
+            return S3BlobStore::new(cfg).map(BlobStore::S3).map_err(|e| e.to_string());
+        }
+        Err(format!("object store URL `{url}`: use s3://BUCKET?endpoint=…&region=… or file:///DIR"))
+    }
+
+    /// A short description for logs (no credentials).
+    pub fn describe(&self) -> String {
+        match self {
+            BlobStore::Local(l) => format!("local directory {}", l.root().display()),
+            BlobStore::S3(s) => {
+                let c = s.config();
+                format!(
+                    "S3 bucket {}{}{} at {}",
+                    c.bucket,
+                    if c.prefix.is_empty() { "" } else { "/" },
+                    c.prefix,
+                    c.endpoint.as_deref().unwrap_or("AWS")
+                )
+            }
+        }
+    }
+
+    pub async fn put_object(&self, key: &str, data: &[u8]) -> Result<ObjectInfo> {
+        match self {
+            BlobStore::Local(l) => l.put_object(key, data).await,
+            BlobStore::S3(s) => s.put_object(key, data).await,
+        }
+    }
+
+    pub async fn read_all(&self, key: &str) -> Result<Vec<u8>> {
+        match self {
+            BlobStore::Local(l) => {
+                let (mut f, _) = l.open(key).await?;
+                let mut v = vec![];
+                f.read_to_end(&mut v).await?;
+                Ok(v)
+            }
+            BlobStore::S3(s) => s.read_all(key).await,
+        }
+    }
+
+    pub async fn read_range(&self, key: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
+        match self {
+            BlobStore::Local(l) => l.read_range(key, offset, len).await,
+            BlobStore::S3(s) => s.read_range(key, offset, len).await,
+        }
+    }
+
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        match self {
+            BlobStore::Local(l) => l.delete(key).await,
+            BlobStore::S3(s) => s.delete(key).await,
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct LocalBlobStore {

@@ -1,7 +1,10 @@
 //! Test helpers: real git repositories in temporary directories and a real
 //! `kiln up` process. Dev-dependency only.
 
+mod garage;
 mod postgres;
+
+pub use garage::{GARAGE_BUCKET, GARAGE_KEY_ID, GARAGE_REGION, GARAGE_SECRET, TempGarage, garage_available};
 
 pub use postgres::{TempPostgres, postgres_available};
 
