@@ -108,13 +108,15 @@ impl TempGarage {
 
     fn setup(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let node = loop {
-            match self.garage(&["node", "id", "-q"]) {
-                Ok(id) if !id.trim().is_empty() => break id.trim().split('@').next().unwrap_or("").to_string(),
+        // `node id` reads a local file; `status` needs the RPC port up.
+        loop {
+            match self.garage(&["status"]) {
+                Ok(_) => break,
                 r if Instant::now() > deadline => bail!("Garage did not come up: {r:?}"),
                 _ => std::thread::sleep(Duration::from_millis(50)),
             }
-        };
+        }
+        let node = self.garage(&["node", "id", "-q"])?.trim().split('@').next().unwrap_or("").to_string();
         self.garage(&["layout", "assign", "-z", "dc1", "-c", "1G", &node])?;
         self.garage(&["layout", "apply", "--version", "1"])?;
         self.garage(&["bucket", "create", GARAGE_BUCKET])?;
