@@ -37,7 +37,8 @@ use crate::logs::LogStreamer;
 use crate::ratelimit::RateLimiter;
 use kiln_api::client::{ApiError, Client};
 use kiln_api::types::{
-    ArtifactDownload, Assignment, CreateUpload, PartReceipt, PublishSpec, RestoreRequest, RestoreSpec, UploadSession,
+    ArtifactDownload, Assignment, CreateUpload, PartReceipt, PartUrlRequest, PublishSpec, RestoreRequest, RestoreSpec,
+    UploadSession, UploadedPart,
 };
 use sha2::{Digest, Sha256};
 use std::future::Future;
@@ -388,35 +389,47 @@ async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<(), Ran> {
             return Err(infra(format!("cannot open an upload session for artifact `{name}` (after {n} tries): {e}")));
         }
     };
-    if session.part_size == 0 || !session.part_url.contains("{part}") {
+    if session.part_size == 0 || !(session.presigned || session.part_url.contains("{part}")) {
         return Err(infra(format!(
             "the server's upload session for artifact `{name}` is unusable (part_size {}, part_url without `{{part}}`?)",
             session.part_size
         )));
     }
-    let ranges = part_ranges(f.size, session.part_size);
+    let mut ranges = part_ranges(f.size, session.part_size);
+    if session.presigned && f.size == 0 {
+        // An empty object in the store is made at seal: nothing to send.
+        ranges.clear();
+    }
     tracing::info!(artifact = %name, generation = %session.generation_id, parts = ranges.len(),
         part_size = session.part_size, size = f.size, "uploading artifact");
     // The sha256 of the whole file, extended by each part once it is
     // acknowledged (a retried part restarts from the state before it).
     let mut digest = Sha256::new();
+    let mut etags = vec![];
     for (n, &(start, end)) in ranges.iter().enumerate() {
-        digest = upload_part(t, f, &session, n as u64, start, end, digest).await?;
+        if session.presigned {
+            let (d, etag) = upload_presigned_part(t, f, &session, n as u64, start, end, digest).await?;
+            digest = d;
+            etags.push(UploadedPart { part: n as u64, etag });
+        } else {
+            digest = upload_part(t, f, &session, n as u64, start, end, digest).await?;
+        }
         tracing::info!(artifact = %name, part = n, parts = ranges.len(), uploaded = end, size = f.size,
             "uploaded part {}/{}", n + 1, ranges.len());
     }
     let sha256 = hex::encode(digest.finalize());
     let gen_id = &session.generation_id;
-    let sealed =
-        match call(t, &format!("seal of `{name}`"), || t.client.seal(&t.a.job_id, t.a.epoch, gen_id, Some(&sha256)))
-            .await
-        {
-            Ok(s) => s,
-            Err(CallError::Stopped) => return Err(Ran::Stopped),
-            Err(CallError::Api(e, n)) => {
-                return Err(infra(format!("the server did not seal artifact `{name}` (after {n} tries): {e}")));
-            }
-        };
+    let sealed = match call(t, &format!("seal of `{name}`"), || {
+        t.client.seal(&t.a.job_id, t.a.epoch, gen_id, Some(&sha256), etags.clone())
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(CallError::Stopped) => return Err(Ran::Stopped),
+        Err(CallError::Api(e, n)) => {
+            return Err(infra(format!("the server did not seal artifact `{name}` (after {n} tries): {e}")));
+        }
+    };
     if sealed.size != f.size || !sealed.sha256.eq_ignore_ascii_case(&sha256) {
         return Err(infra(format!(
             "the server sealed artifact `{name}` as {} bytes with sha256 {}, but {} bytes with sha256 {sha256} were uploaded",
@@ -482,6 +495,86 @@ async fn upload_part(
             _ = t.ctl.stopped() => return Err(Ran::Stopped),
         }
     }
+}
+
+/// Presigned sessions (S3): part `n` goes straight to the object store. The
+/// part is read once into memory (≤ the session's part size) to name its
+/// MD5, which the presigned request binds: the store refuses other bytes.
+/// A fenced attempt is refused its next part URL; a refused or failed PUT
+/// is retried with a fresh URL and the same bytes.
+async fn upload_presigned_part(
+    t: &Transfer<'_>,
+    f: &Frozen,
+    session: &UploadSession,
+    n: u64,
+    start: u64,
+    end: u64,
+    mut digest: Sha256,
+) -> Result<(Sha256, String), Ran> {
+    use base64::Engine;
+    use md5::Md5;
+    let name = &f.name;
+    let len = end - start;
+    let bytes = read_part(&f.path, start, len, t.limiter)
+        .await
+        .map_err(|e| infra(format!("cannot read part {n} of artifact `{name}`: {e}")))?;
+    let content_md5 = base64::engine::general_purpose::STANDARD.encode(Md5::digest(&bytes));
+    let bytes = bytes::Bytes::from(bytes);
+    let body = PartUrlRequest { size: len, content_md5 };
+    let gen_id = &session.generation_id;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let req = match call(t, &format!("part {n} URL of `{name}`"), || {
+            t.client.part_url(&t.a.job_id, t.a.epoch, gen_id, n, &body)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(CallError::Stopped) => return Err(Ran::Stopped),
+            Err(CallError::Api(e, k)) => {
+                return Err(infra(format!("no upload URL for part {n} of artifact `{name}` (after {k} tries): {e}")));
+            }
+        };
+        let res = tokio::select! {
+            r = t.client.put_presigned(&req, reqwest::Body::from(bytes.clone())) => r,
+            _ = t.ctl.stopped() => return Err(Ran::Stopped),
+        };
+        let err = match res {
+            Ok(etag) => {
+                digest.update(&bytes);
+                return Ok((digest, etag));
+            }
+            Err(e) => e.to_string(),
+        };
+        if tries >= MAX_TRIES {
+            return Err(infra(format!("upload of part {n} of artifact `{name}` failed {tries} times: {err}")));
+        }
+        let delay = backoff(tries, 250, 10_000);
+        tracing::warn!(artifact = %name, part = n, tries, error = %err, retry_in_ms = delay.as_millis() as u64,
+            "part upload to the object store failed; retrying with the same bytes");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = t.ctl.stopped() => return Err(Ran::Stopped),
+        }
+    }
+}
+
+/// `len` bytes of `path` from `offset`, read through the rate limiter.
+async fn read_part(path: &Path, offset: u64, len: u64, limiter: &RateLimiter) -> std::io::Result<Vec<u8>> {
+    let mut file = tokio::fs::File::open(path).await?;
+    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut out = Vec::with_capacity(len as usize);
+    let mut left = len;
+    while left > 0 {
+        let k = left.min(READ_CHUNK);
+        let at = out.len();
+        out.resize(at + k as usize, 0);
+        file.read_exact(&mut out[at..]).await?;
+        limiter.acquire(k).await;
+        left -= k;
+    }
+    Ok(out)
 }
 
 /// A streamed body of `len` bytes of `path` from `offset`, read in 1 MiB

@@ -368,6 +368,7 @@ async fn create_upload(
             generation_id: generation,
             part_size: s.part_size,
             expires_at_ms: i64::MAX,
+            presigned: false,
         });
     });
     Json(session.unwrap()).into_response()

@@ -328,14 +328,60 @@ impl Client {
         decode(resp).await
     }
 
+    /// Presigned sessions: the request that uploads part `part`.
+    pub async fn part_url(
+        &self,
+        job: &str,
+        epoch: i64,
+        generation: &str,
+        part: u64,
+        body: &PartUrlRequest,
+    ) -> Result<PresignedPart, ApiError> {
+        self.send(
+            Method::POST,
+            &format!("/v1/jobs/{}/attempts/{epoch}/artifacts/{}/parts/{part}", enc(job), enc(generation)),
+            Some(body),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    /// `PUT` a part to the object store through a presigned request (no
+    /// Kiln credentials); returns the store's ETag.
+    pub async fn put_presigned(&self, req: &PresignedPart, body: reqwest::Body) -> Result<String, ApiError> {
+        let mut r = self.http.put(&req.url).body(body).timeout(Duration::from_secs(600));
+        for (k, v) in &req.headers {
+            r = r.header(k, v);
+        }
+        let resp = r.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+        let status = resp.status();
+        let etag = resp.headers().get(reqwest::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
+        match etag {
+            Some(etag) if status.is_success() => Ok(etag),
+            _ => {
+                let text = resp.text().await.unwrap_or_default();
+                Err(ApiError::Status {
+                    status: status.as_u16(),
+                    code: "object_store".into(),
+                    message: format!(
+                        "the object store answered {status}: {}",
+                        text.chars().take(500).collect::<String>()
+                    ),
+                })
+            }
+        }
+    }
+
     pub async fn seal(
         &self,
         job: &str,
         epoch: i64,
         generation: &str,
         sha256: Option<&str>,
+        parts: Vec<UploadedPart>,
     ) -> Result<SealedGeneration, ApiError> {
-        let body = SealRequest { sha256: sha256.map(str::to_string) };
+        let body = SealRequest { sha256: sha256.map(str::to_string), parts };
         self.send(
             Method::POST,
             &format!("/v1/jobs/{}/attempts/{epoch}/artifacts/{}/seal", enc(job), enc(generation)),

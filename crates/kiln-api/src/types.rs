@@ -401,6 +401,16 @@ pub struct CreateUpload {
 pub struct SealRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Presigned sessions: every part's ETag as the object store returned
+    /// it, in part order (the server assembles the object from them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<UploadedPart>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UploadedPart {
+    pub part: u64,
+    pub etag: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -410,9 +420,34 @@ pub struct UploadSession {
     /// Upload part N with `PUT` to this URL after replacing `{part}` with N
     /// (0-based). The URL carries a short-lived capability; no other
     /// credential is needed or accepted. Retry a failed part with identical bytes.
+    /// Empty when `presigned` is true.
     pub part_url: String,
     /// Every part but the last has exactly this many bytes.
     pub part_size: u64,
+    pub expires_at_ms: i64,
+    /// The object store is reached directly (S3): for each part ask
+    /// `POST /v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/parts/{part}`
+    /// ([`PartUrlRequest`]) for a short-lived presigned request, send the
+    /// bytes with exactly its headers, keep the `ETag` of the response and
+    /// name every part's ETag when sealing ([`SealRequest::parts`]).
+    #[serde(default)]
+    pub presigned: bool,
+}
+
+/// Ask for a presigned part upload: the part's size and the base64 MD5 of
+/// its bytes (the store refuses other bytes).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PartUrlRequest {
+    pub size: u64,
+    pub content_md5: String,
+}
+
+/// `PUT` the part to `url` with exactly `headers`; nothing else is needed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PresignedPart {
+    pub part: u64,
+    pub url: String,
+    pub headers: std::collections::BTreeMap<String, String>,
     pub expires_at_ms: i64,
 }
 

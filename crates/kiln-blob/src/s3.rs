@@ -17,11 +17,11 @@
 
 use crate::{BlobError, ObjectInfo, Result, check_key};
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as OsPath;
 use object_store::signer::{HeaderName, HeaderValue, Method, SignedUrlOptions, Signer};
-use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -47,9 +47,10 @@ impl S3Config {
         if u.scheme() != "s3" {
             return Err(format!("object store URL `{url}`: the scheme must be s3://"));
         }
-        let bucket = u.host_str().filter(|b| !b.is_empty()).ok_or_else(|| {
-            format!("object store URL `{url}` names no bucket (s3://BUCKET?endpoint=…&region=…)")
-        })?;
+        let bucket = u
+            .host_str()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| format!("object store URL `{url}` names no bucket (s3://BUCKET?endpoint=…&region=…)"))?;
         let prefix = u.path().trim_matches('/').to_string();
         if !prefix.is_empty() {
             check_key(&prefix).map_err(|_| format!("object store URL `{url}`: prefix `{prefix}` is not valid"))?;
@@ -74,7 +75,8 @@ impl S3Config {
                 "region" => cfg.region = v.to_string(),
                 "virtual_hosted" => {
                     virtual_hosted = Some(
-                        v.parse::<bool>().map_err(|_| format!("object store URL: virtual_hosted=`{v}` is not a bool"))?,
+                        v.parse::<bool>()
+                            .map_err(|_| format!("object store URL: virtual_hosted=`{v}` is not a bool"))?,
                     )
                 }
                 other => {
@@ -132,10 +134,8 @@ impl S3BlobStore {
         if let Some((id, secret)) = keys {
             b = b.with_access_key_id(id).with_secret_access_key(secret);
         }
-        let mut b = b
-            .with_bucket_name(&cfg.bucket)
-            .with_region(&cfg.region)
-            .with_virtual_hosted_style_request(!cfg.path_style);
+        let mut b =
+            b.with_bucket_name(&cfg.bucket).with_region(&cfg.region).with_virtual_hosted_style_request(!cfg.path_style);
         if let Some(e) = &cfg.endpoint {
             b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
         }

@@ -6,7 +6,7 @@
 use base64::Engine;
 use kiln_blob::{BlobError, ObjectInfo, PresignedRequest, S3BlobStore, S3Config};
 use kiln_testkit::{GARAGE_KEY_ID, GARAGE_SECRET, TempGarage, garage_available};
-use md5::{Digest as _, Md5};
+use md5::Md5;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
@@ -127,10 +127,7 @@ async fn completion_with_the_wrong_digest_keeps_nothing() {
     }
     assert_eq!(s.head(key).await.unwrap(), None, "a mismatching object is deleted");
     // Completing without parts (an upload never started) is refused.
-    assert!(matches!(
-        s.complete("artifacts/r/j/1/none", "", &[], &info(b"x")).await,
-        Err(BlobError::NotFound(_))
-    ));
+    assert!(matches!(s.complete("artifacts/r/j/1/none", "", &[], &info(b"x")).await, Err(BlobError::NotFound(_))));
 }
 
 #[tokio::test]

@@ -1,6 +1,12 @@
 //! Artifact routes (spec 000 §12). Control-plane handlers authorize and run
 //! metadata transactions; the data-plane handlers (`/blob/…`) move bytes and
 //! run no transaction (an upload only reads whether its epoch is still live).
+//!
+//! With an S3 object store the data plane is the store itself: the agent
+//! asks for each part's presigned `UploadPart` (granted only while its epoch
+//! is live, valid for minutes, bound to the part's MD5), and downloads are
+//! presigned `GET`s. Sealing still happens here: the server assembles the
+//! parts and checks size and sha256 of the object before it may be bound.
 
 use crate::State;
 use crate::capability::{Op, now_ms};
@@ -22,11 +28,13 @@ pub const PART_SIZE: u64 = 64 * 1024 * 1024;
 pub const MAX_ARTIFACT: u64 = 100 * 1024 * 1024 * 1024;
 const UPLOAD_CAP_MS: i64 = 60 * 60 * 1000;
 const DOWNLOAD_CAP_MS: i64 = 15 * 60 * 1000;
+/// A presigned part upload is valid this long (asked for right before use).
+const PART_URL_MS: i64 = 10 * 60 * 1000;
 
 fn blob_err(e: BlobError) -> ApiErr {
     match e {
         BlobError::BadPart { .. } | BlobError::BadKey(_) => ApiErr::bad_request(e.to_string()),
-        BlobError::Mismatch { .. } => ApiErr::invalid(e.to_string()),
+        BlobError::Mismatch { .. } | BlobError::Invalid(_) => ApiErr::invalid(e.to_string()),
         BlobError::NotFound(_) => ApiErr::not_found(e.to_string()),
         BlobError::Exists(_) => ApiErr::new(StatusCode::CONFLICT, api::codes::CONFLICT, e.to_string()),
         BlobError::Io(_) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, api::codes::UNAVAILABLE, e.to_string()),
@@ -69,13 +77,84 @@ pub async fn create_upload(
         )
         .await?;
     let expires = now_ms() + UPLOAD_CAP_MS;
-    let cap = state.signer.sign(Op::Put, &g.id, expires);
     tracing::info!(job, epoch, name = %req.name, size = req.size, generation = %g.id, "upload session opened");
+    if let kiln_blob::BlobStore::S3(_) = &state.blob {
+        return Ok(Json(api::UploadSession {
+            part_url: String::new(),
+            generation_id: g.id,
+            part_size: PART_SIZE,
+            expires_at_ms: expires,
+            presigned: true,
+        }));
+    }
+    let cap = state.signer.sign(Op::Put, &g.id, expires);
     Ok(Json(api::UploadSession {
         part_url: format!("{}/blob/uploads/{}/parts/{{part}}?cap={cap}", base_url(&headers, &state), g.id),
         generation_id: g.id,
         part_size: PART_SIZE,
         expires_at_ms: expires,
+        presigned: false,
+    }))
+}
+
+/// Number of parts of an object of `size` bytes (one empty part when 0).
+fn part_count(size: u64, part_size: u64) -> u64 {
+    size.div_ceil(part_size).max(1)
+}
+
+/// S3: a presigned `UploadPart` for one part of a live attempt's session.
+/// The multipart upload is started on the first request; if two requests
+/// race, the one recorded first wins and the other's upload is aborted.
+pub async fn part_url(
+    S(state): S<State>,
+    Path((job, epoch, generation, part)): Path<(String, i64, String, u64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::PresignedPart>> {
+    let req: api::PartUrlRequest = crate::routes::parse(&body)?;
+    let kiln_blob::BlobStore::S3(s3) = &state.blob else {
+        return Err(ApiErr::bad_request(
+            "this server's object store is local: upload parts to the session's part_url".to_string(),
+        ));
+    };
+    // Refused (409) once the epoch is fenced, like a part sent to the server.
+    let g = state.store.uploadable_generation(&generation).await?;
+    if g.job_id != job || g.epoch != epoch {
+        return Err(ApiErr::not_found(format!("upload session {generation} of job {job} epoch {epoch}")));
+    }
+    let (size, part_size) = (g.expected_size as u64, g.part_size as u64);
+    if size == 0 {
+        return Err(ApiErr::bad_request("an empty artifact has no parts: seal it".to_string()));
+    }
+    let parts = part_count(size, part_size);
+    let want = if part + 1 < parts { part_size } else { size - part_size * (parts - 1) };
+    if part >= parts || req.size != want {
+        return Err(ApiErr::bad_request(format!(
+            "part {part} of a {size}-byte artifact in {part_size}-byte parts: {} (asked for {} bytes)",
+            if part >= parts { format!("there are {parts} parts") } else { format!("it has {want} bytes") },
+            req.size
+        )));
+    }
+    let md5 = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &req.content_md5);
+    if md5.map(|d| d.len()) != Ok(16) {
+        return Err(ApiErr::bad_request("content_md5 must be the base64 of a 16-byte MD5 digest".to_string()));
+    }
+    let upload_id = if g.upload_id.is_empty() {
+        let mine = s3.begin_upload(&g.object_key).await.map_err(blob_err)?;
+        let winner = state.store.set_generation_upload(&generation, &mine).await;
+        if winner.as_deref().ok() != Some(mine.as_str()) {
+            let _ = s3.abort_upload(&g.object_key, &mine).await;
+        }
+        winner?
+    } else {
+        g.upload_id.clone()
+    };
+    let ttl = std::time::Duration::from_millis(PART_URL_MS as u64);
+    let signed = s3.presign_part(&g.object_key, &upload_id, part, &req.content_md5, ttl).await.map_err(blob_err)?;
+    Ok(Json(api::PresignedPart {
+        part,
+        url: signed.url,
+        headers: signed.headers,
+        expires_at_ms: now_ms() + PART_URL_MS,
     }))
 }
 
@@ -95,9 +174,11 @@ pub async fn put_part(
         return Err(ApiErr::unauthorized());
     }
     let g = state.store.uploadable_generation(&generation).await?;
+    let kiln_blob::BlobStore::Local(local) = &state.blob else {
+        return Err(ApiErr::bad_request("this server's object store takes parts directly (presigned)".to_string()));
+    };
     let reader = tokio_util::io::StreamReader::new(body.into_data_stream().map_err(std::io::Error::other));
-    let info = state
-        .blob
+    let info = local
         .write_part(&g.object_key, part, g.part_size as u64, g.expected_size as u64, reader)
         .await
         .map_err(blob_err)?;
@@ -131,7 +212,14 @@ pub async fn seal(
         // Refuse a fenced epoch before touching the bytes.
         state.store.uploadable_generation(&generation).await?;
         let expected = ObjectInfo { size: g.expected_size as u64, sha256: g.expected_sha256.clone() };
-        if let Err(e) = state.blob.complete(&g.object_key, &expected).await {
+        let done = match &state.blob {
+            kiln_blob::BlobStore::Local(local) => local.complete(&g.object_key, &expected).await,
+            kiln_blob::BlobStore::S3(s3) => {
+                let etags = part_etags(&req.parts, part_count(expected.size, g.part_size as u64), expected.size)?;
+                s3.complete(&g.object_key, &g.upload_id, &etags, &expected).await
+            }
+        };
+        if let Err(e) = done {
             if matches!(e, BlobError::Mismatch { .. } | BlobError::NotFound(_)) {
                 let _ = state.store.fail_generation(&generation, &e.to_string()).await;
                 return Err(ApiErr::invalid(format!("artifact `{}` failed verification: {e}", g.name)));
@@ -156,18 +244,49 @@ pub async fn seal(
     }))
 }
 
-fn download(state: &State, headers: &HeaderMap, b: &BoundArtifact) -> api::ArtifactDownload {
+/// The ETags of a presigned session's parts, in order: every part once.
+fn part_etags(parts: &[api::UploadedPart], count: u64, size: u64) -> ApiResult<Vec<String>> {
+    if size == 0 {
+        return Ok(vec![]);
+    }
+    let mut etags = vec![None; count as usize];
+    for p in parts {
+        match etags.get_mut(p.part as usize) {
+            Some(slot @ None) if !p.etag.is_empty() => *slot = Some(p.etag.clone()),
+            Some(_) if !p.etag.is_empty() => {
+                return Err(ApiErr::bad_request(format!("part {} is named twice", p.part)));
+            }
+            _ => return Err(ApiErr::bad_request(format!("part {} is not a part of this session", p.part))),
+        }
+    }
+    etags
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| e.ok_or_else(|| ApiErr::invalid(format!("part {i} has no ETag: upload it, then seal"))))
+        .collect()
+}
+
+async fn download(state: &State, headers: &HeaderMap, b: &BoundArtifact) -> ApiResult<api::ArtifactDownload> {
     let expires = now_ms() + DOWNLOAD_CAP_MS;
-    let cap = state.signer.sign(Op::Get, &b.generation.id, expires);
-    api::ArtifactDownload {
+    let url = match &state.blob {
+        kiln_blob::BlobStore::S3(s3) => s3
+            .presign_get(&b.generation.object_key, std::time::Duration::from_millis(DOWNLOAD_CAP_MS as u64))
+            .await
+            .map_err(blob_err)?,
+        kiln_blob::BlobStore::Local(_) => {
+            let cap = state.signer.sign(Op::Get, &b.generation.id, expires);
+            format!("{}/blob/objects/{}?cap={cap}", base_url(headers, state), b.generation.id)
+        }
+    };
+    Ok(api::ArtifactDownload {
         name: b.name.clone(),
         job: b.job_name.clone(),
         epoch: b.generation.epoch,
         size: b.generation.expected_size as u64,
         sha256: b.generation.expected_sha256.clone(),
-        url: format!("{}/blob/objects/{}?cap={cap}", base_url(headers, state), b.generation.id),
+        url,
         expires_at_ms: expires,
-    }
+    })
 }
 
 /// Agent: resolve a producer's binding for the consuming attempt.
@@ -183,7 +302,7 @@ pub async fn restore(
         return Err(StoreError::StaleEpoch(format!("epoch {epoch} of job {job} is not the live attempt")).into());
     }
     let b = state.store.resolve_binding(&consumer.run_id, &req.from_job, &req.name).await?;
-    Ok(Json(download(&state, &headers, &b)))
+    Ok(Json(download(&state, &headers, &b).await?))
 }
 
 /// Public API: a download capability for a run's bound artifact.
@@ -193,7 +312,7 @@ pub async fn get_artifact(
     headers: HeaderMap,
 ) -> ApiResult<Json<api::ArtifactDownload>> {
     let b = state.store.resolve_binding(&run, &job, &name).await?;
-    Ok(Json(download(&state, &headers, &b)))
+    Ok(Json(download(&state, &headers, &b).await?))
 }
 
 /// Data plane: stream a sealed object.
@@ -209,7 +328,16 @@ pub async fn get_object(
     if g.state != "sealed" {
         return Err(ApiErr::not_found(format!("artifact generation {generation} is {}", g.state)));
     }
-    let (file, len) = state.blob.open(&g.object_key).await.map_err(blob_err)?;
+    let local = match &state.blob {
+        kiln_blob::BlobStore::Local(local) => local,
+        kiln_blob::BlobStore::S3(s3) => {
+            // An older link: send the client to the store.
+            let ttl = std::time::Duration::from_millis(DOWNLOAD_CAP_MS as u64);
+            let url = s3.presign_get(&g.object_key, ttl).await.map_err(blob_err)?;
+            return Ok((StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, url)]).into_response());
+        }
+    };
+    let (file, len) = local.open(&g.object_key).await.map_err(blob_err)?;
     let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
     Ok((
         [

@@ -55,6 +55,10 @@ pub struct ServerConfig {
     pub dispatch_sweep: Duration,
     /// How image references are resolved to digests at acceptance.
     pub registries: RegistryConfig,
+    /// Where bytes live: "" for `DATA_DIR/objects`, `file:///DIR`, or
+    /// `s3://BUCKET[/PREFIX]?endpoint=…&region=…` (credentials from the
+    /// environment; agents get presigned URLs).
+    pub object_store: String,
 }
 
 impl ServerConfig {
@@ -72,6 +76,7 @@ impl ServerConfig {
             log_archive_interval: Duration::from_secs(10),
             dispatch_sweep: Duration::ZERO,
             registries: RegistryConfig::default(),
+            object_store: String::new(),
         }
     }
 }
@@ -89,7 +94,7 @@ pub(crate) struct AppState {
     pub job_events: broadcast::Sender<String>,
     /// Cancellation notices for agent session streams.
     pub cancel_events: broadcast::Sender<CancelEvent>,
-    pub blob: kiln_blob::LocalBlobStore,
+    pub blob: kiln_blob::BlobStore,
     pub signer: capability::Signer,
     /// Parsed log archive indexes, by object key (see `logarchive`).
     pub log_indexes: std::sync::Mutex<std::collections::HashMap<String, Arc<logarchive::Index>>>,
@@ -216,12 +221,14 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let admin_token = load_or_create_token(&config.data_dir, "admin.token")?;
     let agent_token = load_or_create_token(&config.data_dir, "agent.token")?;
     let blob_key = load_or_create_token(&config.data_dir, "blob.key")?;
+    let blob = kiln_blob::BlobStore::open_url(&config.object_store, &config.data_dir.join("objects"))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    tracing::info!(object_store = %blob.describe(), "object store");
     let store = open_store(&config).await?;
     let listener =
         TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (job_events, _) = broadcast::channel(4096);
-    let config_data_dir = config.data_dir.clone();
     let state = Arc::new(AppState {
         store,
         mirrors: git::Mirrors::new(config.data_dir.join("mirrors")),
@@ -233,7 +240,7 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
         relay_wake: Notify::new(),
         job_events,
         cancel_events: broadcast::channel(1024).0,
-        blob: kiln_blob::LocalBlobStore::new(config_data_dir.join("objects")),
+        blob,
         signer: capability::Signer::new(blob_key.into_bytes()),
         log_indexes: Default::default(),
     });

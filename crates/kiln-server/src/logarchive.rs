@@ -92,9 +92,7 @@ async fn load_index(state: &State, a: &LogArchive) -> anyhow::Result<Arc<Index>>
     if let Some(ix) = state.log_indexes.lock().expect("index cache").get(&a.index_key) {
         return Ok(ix.clone());
     }
-    let (mut f, _) = state.blob.open(&a.index_key).await?;
-    let mut buf = vec![];
-    tokio::io::AsyncReadExt::read_to_end(&mut f, &mut buf).await?;
+    let buf = state.blob.read_all(&a.index_key).await?;
     let ix: Arc<Index> = Arc::new(serde_json::from_slice(&buf)?);
     let mut cache = state.log_indexes.lock().expect("index cache");
     if cache.len() >= INDEX_CACHE {

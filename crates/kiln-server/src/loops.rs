@@ -105,6 +105,13 @@ async fn collector(state: State, mut shutdown: watch::Receiver<bool>) {
         match state.store.collectable_generations(grace, 100).await {
             Ok(gens) => {
                 for g in gens {
+                    // An unfinished S3 multipart upload keeps its parts until aborted.
+                    if let (kiln_blob::BlobStore::S3(s3), false) = (&state.blob, g.upload_id.is_empty())
+                        && let Err(e) = s3.abort_upload(&g.object_key, &g.upload_id).await
+                    {
+                        tracing::warn!(generation = %g.id, "cannot abort the artifact's multipart upload: {e}");
+                        continue;
+                    }
                     if let Err(e) = state.blob.delete(&g.object_key).await {
                         tracing::warn!(generation = %g.id, "cannot delete artifact bytes: {e}");
                         continue;

@@ -46,6 +46,7 @@ pub fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(complete))
         .route("/v1/jobs/{job}/attempts/{epoch}/image", post(commit_image))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts", post(artifacts::create_upload))
+        .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/parts/{part}", post(artifacts::part_url))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal", post(artifacts::seal))
         .route("/v1/jobs/{job}/attempts/{epoch}/restore", post(artifacts::restore))
         .route("/v1/agents/{agent}/session", get(session))

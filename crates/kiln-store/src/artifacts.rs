@@ -9,7 +9,7 @@ use crate::*;
 use sqlx::Row;
 
 const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, g.expected_sha256, \
-    g.part_size, g.state, g.created_at";
+    g.part_size, g.state, g.created_at, g.upload_id";
 
 fn gen_from_row(r: &DbRow) -> GenerationRecord {
     GenerationRecord {
@@ -24,6 +24,7 @@ fn gen_from_row(r: &DbRow) -> GenerationRecord {
         part_size: r.get("part_size"),
         state: r.get("state"),
         created_at: r.get("created_at"),
+        upload_id: r.get("upload_id"),
     }
 }
 
@@ -176,6 +177,31 @@ impl ArtifactStore for StoreImpl {
             return Err(StoreError::Conflict(format!("artifact generation {id} is {}", g.state)));
         }
         Ok(g)
+    }
+
+    async fn set_generation_upload(&self, id: &str, upload_id: &str) -> Result<String> {
+        if upload_id.is_empty() {
+            return Err(StoreError::Invalid("an upload id is not empty".into()));
+        }
+        sqlx::query(q!(
+            "UPDATE artifact_generations SET upload_id = ? WHERE id = ? AND upload_id = '' AND state = 'uploading'"
+        ))
+        .bind(upload_id)
+        .bind(id)
+        .execute(&self.writer)
+        .await
+        .map_err(db_err)?;
+        let row = sqlx::query(q!("SELECT upload_id, state FROM artifact_generations WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.writer)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("artifact generation {id}")))?;
+        let (winner, state): (String, String) = (row.get("upload_id"), row.get("state"));
+        if state != "uploading" {
+            return Err(StoreError::Conflict(format!("artifact generation {id} is {state}")));
+        }
+        Ok(winner)
     }
 
     async fn seal_generation(&self, id: &str, job_id: &str, epoch: i64) -> Result<GenerationRecord> {

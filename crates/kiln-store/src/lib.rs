@@ -183,6 +183,11 @@ pub trait ArtifactStore: Send + Sync {
     /// The generation, if its attempt is still the current live epoch and it
     /// is still uploading (a read; used before accepting part bytes).
     async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord>;
+    /// Record the object store's multipart upload holding the generation's
+    /// bytes. The first id recorded wins and is returned (a caller whose id
+    /// lost aborts its own upload); Conflict once the generation stopped
+    /// uploading (e.g. collected).
+    async fn set_generation_upload(&self, id: &str, upload_id: &str) -> Result<String>;
     /// Seal a verified generation: requires the current live epoch.
     async fn seal_generation(&self, id: &str, job_id: &str, epoch: i64) -> Result<GenerationRecord>;
     /// Mark a generation failed (verification mismatch).

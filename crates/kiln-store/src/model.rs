@@ -226,6 +226,8 @@ pub struct GenerationRecord {
     /// `uploading`, `sealed`, `failed` or `deleted`.
     pub state: String,
     pub created_at: i64,
+    /// The S3 multipart upload holding the bytes ("" if none yet / local).
+    pub upload_id: String,
 }
 
 /// A bound artifact as consumers and the API see it.

@@ -83,12 +83,14 @@ fn cli(bin: &Path, url: &str, token: &str) -> Command {
 fn spawn_until<T>(
     bin: &Path,
     args: &[std::ffi::OsString],
+    env: &[(String, String)],
     log: &Path,
     what: &str,
     mut pick: impl FnMut(&str) -> Option<T>,
 ) -> Result<(Child, T)> {
     let mut child = Command::new(bin)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("KILN_LOG", "info,sqlx=warn")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log)?)
@@ -131,7 +133,7 @@ impl KilnUp {
         args.push(data.path().join("data").into());
         args.extend(extra.iter().map(Into::into));
         // `export KILN_SERVER=… KILN_TOKEN=…`
-        let (child, (url, token)) = spawn_until(bin, &args, &log, "kiln up", |line| {
+        let (child, (url, token)) = spawn_until(bin, &args, &[], &log, "kiln up", |line| {
             let rest = line.strip_prefix("export ")?;
             let val = |k: &str| rest.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_string);
             Some((val("KILN_SERVER=")?, val("KILN_TOKEN=")?))
@@ -184,12 +186,21 @@ pub struct KilnServer {
     pub agent_token: String,
     pub bin: PathBuf,
     log: PathBuf,
+    /// Extra environment (e.g. object store credentials), kept for
+    /// restarts and replicas.
+    env: Vec<(String, String)>,
 }
 
 impl KilnServer {
     pub fn start(bin: &Path, extra: &[&str]) -> Result<KilnServer> {
+        Self::start_env(bin, extra, &[])
+    }
+
+    /// With extra environment variables for the server process.
+    pub fn start_env(bin: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<KilnServer> {
         let data = tempfile::tempdir()?;
-        Self::spawn(bin, data, "127.0.0.1:0", extra)
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self::spawn(bin, data, "127.0.0.1:0", extra, env)
     }
 
     /// SIGKILL the server and start it again on the same data dir and address.
@@ -202,25 +213,31 @@ impl KilnServer {
         let data = std::mem::replace(&mut me.data, tempfile::tempdir()?);
         let bin = me.bin.clone();
         let old_log = std::fs::read_to_string(&me.log).unwrap_or_default();
-        let s = Self::spawn(&bin, data, &listen, extra)?;
+        let s = Self::spawn(&bin, data, &listen, extra, std::mem::take(&mut me.env))?;
         std::fs::write(s.data.path().join("server.before-restart.log"), old_log)?;
         Ok(s)
     }
 
-    fn spawn(bin: &Path, data: tempfile::TempDir, listen: &str, extra: &[&str]) -> Result<KilnServer> {
+    fn spawn(
+        bin: &Path,
+        data: tempfile::TempDir,
+        listen: &str,
+        extra: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Result<KilnServer> {
         let log = data.path().join("server.log");
         let mut args: Vec<std::ffi::OsString> =
             ["server", "--listen", listen, "--data-dir"].iter().map(Into::into).collect();
         args.push(data.path().join("data").into());
         args.extend(extra.iter().map(Into::into));
         // `kiln server listening on URL (tokens in …)`
-        let (child, url) = spawn_until(bin, &args, &log, "kiln server", |line| {
+        let (child, url) = spawn_until(bin, &args, &env, &log, "kiln server", |line| {
             line.strip_prefix("kiln server listening on ")?.split_whitespace().next().map(str::to_string)
         })?;
         let dir = data.path().join("data");
         let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_string();
         let agent_token = std::fs::read_to_string(dir.join("agent.token"))?.trim().to_string();
-        Ok(KilnServer { child, data, url, token, agent_token, bin: bin.to_path_buf(), log })
+        Ok(KilnServer { child, data, url, token, agent_token, bin: bin.to_path_buf(), log, env })
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -232,7 +249,7 @@ impl KilnServer {
     pub fn replica(&self, extra: &[&str]) -> Result<KilnServer> {
         let dir = tempfile::tempdir()?;
         std::os::unix::fs::symlink(self.data_dir(), dir.path().join("data"))?;
-        Self::spawn(&self.bin, dir, "127.0.0.1:0", extra)
+        Self::spawn(&self.bin, dir, "127.0.0.1:0", extra, self.env.clone())
     }
 
     pub fn cli(&self) -> Command {

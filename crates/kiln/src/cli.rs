@@ -111,8 +111,12 @@ pub struct ServerArgs {
     /// PostgreSQL, or sqlite:PATH (default: SQLite in DATA_DIR).
     #[arg(long, env = "KILN_DATABASE_URL")]
     pub database_url: Option<String>,
-    /// Object store URL (default: DATA_DIR/objects).
-    #[arg(long)]
+    /// Object store URL (default: DATA_DIR/objects): file:///DIR, or
+    /// s3://BUCKET[/PREFIX]?endpoint=URL&region=REGION for an S3-compatible
+    /// store, with credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+    /// (agents never see them: they get short-lived presigned URLs and move
+    /// bytes to and from the store directly).
+    #[arg(long, env = "KILN_OBJECT_STORE")]
     pub object_store: Option<String>,
     /// Lease TTL (e.g. 30s); agents heartbeat every third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]

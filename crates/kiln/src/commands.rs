@@ -170,12 +170,16 @@ async fn server(a: ServerArgs) -> CmdResult {
     {
         return Err(usage(format!("--database-url {url}: expected postgres://USER@HOST:PORT/DB or sqlite:PATH")));
     }
-    if a.object_store.is_some() {
-        return Err(usage("--object-store: only the embedded local-disk object store is supported in this version"));
+    let object_store = a.object_store.clone().unwrap_or_default();
+    if !object_store.is_empty()
+        && let Err(e) = kiln_blob::BlobStore::open_url(&object_store, &a.data_dir.join("objects"))
+    {
+        return Err(usage(format!("--object-store: {e}")));
     }
     let mut config = kiln_server::ServerConfig::new(a.data_dir.clone(), a.listen.clone());
     config.lease_ttl = a.lease_ttl;
     config.database_url = a.database_url.clone();
+    config.object_store = object_store;
     config.loss_grace = a.loss_grace;
     config.gc_grace = a.artifact_gc_grace;
     config.gc_interval = a.gc_interval;

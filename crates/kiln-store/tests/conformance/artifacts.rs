@@ -179,6 +179,32 @@ pub async fn every_session_gets_a_fresh_generation_and_key<S: Store + 'static>(o
 
 // ---------- 2. uploadable_generation ----------
 
+/// The object store's multipart upload of a generation is recorded once:
+/// the first id wins (a racing server aborts its own), and a generation that
+/// stopped uploading (sealed, failed, collected) takes none.
+pub async fn first_upload_id_wins_while_uploading<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, build_and_test()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = open_gen(s, &build, 1, "jar").await;
+    assert_eq!(g.upload_id, "", "no upload before the first part");
+    assert_eq!(s.set_generation_upload(&g.id, "up-1").await.unwrap(), "up-1");
+    assert_eq!(s.set_generation_upload(&g.id, "up-2").await.unwrap(), "up-1", "the first id stays");
+    assert_eq!(s.get_generation(&g.id).await.unwrap().upload_id, "up-1");
+    assert_invalid(s.set_generation_upload(&g.id, "").await);
+    assert_not_found(s.set_generation_upload("no-such-generation", "up-3").await);
+    let sealed = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&sealed.id, &build, 1).await.unwrap();
+    assert_conflict(s.set_generation_upload(&sealed.id, "up-4").await);
+    let collected = open_gen(s, &build, 1, "jar").await;
+    s.mark_generation_deleted(&collected.id).await.unwrap();
+    assert_conflict(s.set_generation_upload(&collected.id, "up-5").await);
+    assert_eq!(s.get_generation(&collected.id).await.unwrap().upload_id, "");
+}
+
 pub async fn uploadable_only_while_live_and_uploading<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;

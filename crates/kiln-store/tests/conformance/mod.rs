@@ -106,6 +106,7 @@ macro_rules! suite {
             artifacts::digest_named_at_seal_time,
             artifacts::every_session_gets_a_fresh_generation_and_key,
             artifacts::uploadable_only_while_live_and_uploading,
+            artifacts::first_upload_id_wins_while_uploading,
             artifacts::uploadable_closes_when_the_attempt_ends,
             artifacts::seal_requires_the_generations_live_epoch,
             artifacts::completion_binds_the_sealed_output,

@@ -1,0 +1,278 @@
+//! The S3 object store end to end: real `kiln server` replicas and `kiln
+//! agent` processes, a real S3-compatible server (Garage on loopback), real
+//! PostgreSQL. Agents hold no store credentials: they move bytes with
+//! presigned URLs; nothing passes through the servers' disks.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_blob::{S3BlobStore, S3Config};
+use kiln_testkit::{
+    GARAGE_KEY_ID, GARAGE_SECRET, KilnAgent, KilnServer, TempGarage, TempPostgres, TestRepo, garage_available,
+    postgres_available, wait_for, wait_run,
+};
+use std::path::Path;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
+    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn creds() -> [(&'static str, &'static str); 2] {
+    [("AWS_ACCESS_KEY_ID", GARAGE_KEY_ID), ("AWS_SECRET_ACCESS_KEY", GARAGE_SECRET)]
+}
+
+/// The test's own view of the bucket (as an operator with the keys).
+fn bucket(g: &TempGarage, prefix: &str) -> S3BlobStore {
+    S3BlobStore::with_keys(S3Config::parse(&g.url(prefix)).unwrap(), GARAGE_KEY_ID, GARAGE_SECRET).unwrap()
+}
+
+fn files_under(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum())
+        .unwrap_or(0)
+}
+
+async fn wait_job<F: Fn(&kiln_api::Job) -> bool>(c: &Client, run: &str, job: usize, f: F) -> kiln_api::Run {
+    for _ in 0..2400 {
+        if let Ok(r) = c.get_run(run).await
+            && f(&r.jobs[job])
+        {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("job {job} of run {run} never reached the expected state: {:#?}", c.get_run(run).await.unwrap());
+}
+
+fn journal_rows(data: &Path, job: &str) -> i64 {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('SELECT COUNT(*) FROM log_chunks WHERE job_id=?', (sys.argv[2],)).fetchone()[0])")
+        .arg(data.join("kiln.db"))
+        .arg(job)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// One server on S3: an artifact crosses from `compile` to `test` through
+/// the bucket (agents upload and download with presigned URLs), `kiln
+/// artifact get` fetches the same bytes, the finished logs are archived into
+/// the bucket and replay from there; the server's data dir holds no bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn artifacts_and_log_archives_live_in_the_bucket() {
+    if !garage_available() {
+        return;
+    }
+    let g = TempGarage::start().unwrap();
+    let store = g.url("kiln-e2e");
+    let server =
+        KilnServer::start_env(BIN.as_ref(), &["--object-store", &store, "--log-archive-after", "300ms"], &creds())
+            .unwrap();
+    let wf = "version: 1\njobs:\n  - name: compile\n    steps:\n      - mkdir -p target && head -c 70000000 /dev/urandom > target/app.jar && true > target/empty && sha256sum target/app.jar | tee target/app.sha\n    artifacts:\n      publish:\n        - {name: app, path: target/app.jar}\n        - {name: sum, path: target/app.sha}\n        - {name: empty, path: target/empty}\n  - name: test\n    artifacts:\n      restore:\n        - {from_job: compile, name: app, path: target/app.jar}\n        - {from_job: compile, name: sum, path: target/app.sha}\n        - {from_job: compile, name: empty, path: target/empty}\n    steps:\n      - sha256sum -c target/app.sha && test ! -s target/empty && echo verified\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    add_repo(&server, "s3", &repo);
+    // The agent's environment has no store credentials (and they would not help).
+    let agent = server.agent("a", &[]).unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("s3", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 180).await;
+    assert_eq!(run.status, "success", "{run:#?}\nserver:\n{}\nagent:\n{}", server.log(), agent.log());
+    let app = run.jobs[0].artifacts.iter().find(|a| a.name == "app").unwrap().clone();
+    assert_eq!(app.size, 70_000_000, "two 64 MiB-part upload");
+
+    // The download URL is the store's own, presigned; the bytes are exact.
+    let dl = c.artifact(&r.run_id, "compile", "app").await.unwrap();
+    assert!(dl.url.starts_with(&g.endpoint()) && dl.url.contains("X-Amz-Signature"), "{}", dl.url);
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("app.jar");
+    let get = server.cli().args(["artifact", "get", &r.run_id, "compile", "app", "-o"]).arg(&dest).output().unwrap();
+    assert!(get.status.success(), "{}", String::from_utf8_lossy(&get.stderr));
+    let sha = std::process::Command::new("sha256sum").arg(&dest).output().unwrap();
+    assert!(String::from_utf8_lossy(&sha.stdout).starts_with(&app.sha256));
+    let logs = server.cli().args(["logs", &r.run_id, "test"]).output().unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(logs.contains("verified"), "{logs}");
+
+    // Logs move to the bucket: the journal empties, replay is unchanged.
+    let data = server.data_dir();
+    let test_job = run.jobs[1].id.clone();
+    wait_for(Duration::from_secs(30), || (journal_rows(&data, &test_job) == 0).then_some(()))
+        .unwrap_or_else(|| panic!("the log was never archived:\n{}", server.log()));
+    let again = server.cli().args(["logs", &r.run_id, "test"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&again.stdout), logs, "replay from the bucket");
+    assert_eq!(files_under(&data.join("objects")), 0, "no bytes on the server's disk");
+
+    // What the bucket holds is exactly the bound bytes, under the prefix.
+    let key = dl.url.split_once("/kiln-e2e/").and_then(|(_, k)| k.split('?').next()).unwrap();
+    assert!(key.starts_with(&format!("artifacts/{}/", r.run_id)), "{key}");
+    assert_eq!(bucket(&g, "kiln-e2e").hash(key).await.unwrap().sha256, app.sha256);
+}
+
+/// spec 000 §15 "runner vanishes mid-upload" at scale: PostgreSQL, the S3
+/// store and two server replicas. Agent A (talking to replica A) is paused
+/// between parts of a presigned multipart upload and replica A is SIGKILLed;
+/// replica B fences epoch 1, agent B (whose first URL is the dead replica)
+/// runs epoch 2 and the successor consumes exactly epoch 2's bytes. Agent A
+/// comes back: every call of epoch 1 is refused, the part URLs it could still
+/// use lead into an upload that is aborted when the generation is collected.
+#[tokio::test(flavor = "multi_thread")]
+async fn runner_vanishes_on_postgres_and_s3_with_a_replica_killed() {
+    if !garage_available() || !postgres_available() {
+        return;
+    }
+    let g = TempGarage::start().unwrap();
+    let pg = TempPostgres::start().unwrap();
+    let db = pg.create_database().await.unwrap();
+    let store = g.url("");
+    let flags = [
+        "--database-url",
+        &db,
+        "--object-store",
+        &store,
+        "--lease-ttl",
+        "3s",
+        "--artifact-gc-grace",
+        "1s",
+        "--gc-interval",
+        "300ms",
+        "--retry-base",
+        "100ms",
+    ];
+    let a = KilnServer::start_env(BIN.as_ref(), &flags, &creds()).unwrap();
+    let b = a.replica(&flags).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        r#"version: 1
+jobs:
+  - name: compile
+    steps:
+      - mkdir -p target && head -c 150000000 /dev/urandom > target/app.jar && sha256sum target/app.jar
+    artifacts:
+      publish:
+        - name: app
+          path: target/app.jar
+  - name: integration-test
+    artifacts:
+      restore:
+        - from_job: compile
+          name: app
+          path: inputs/app.jar
+    steps:
+      - echo "consumed $(sha256sum < inputs/app.jar | cut -d' ' -f1)"
+"#,
+    )])
+    .unwrap();
+    add_repo(&a, "vanish", &repo);
+    let (ab, ba) = (format!("{},{}", a.url, b.url), format!("{},{}", b.url, a.url));
+    let c = Client::new(&ba, &b.token);
+
+    // Agent A reads its parts slowly (20 MB/s) and talks to replica A.
+    let agent_a =
+        KilnAgent::spawn(&a.bin, &ab, &a.agent_token, "agent-a", &["--upload-rate-limit", "20000000"]).unwrap();
+    let run =
+        c.submit_run("vanish", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = wait_job(&c, &run.run_id, 0, |j| j.current_epoch == 1).await;
+    let compile = r.jobs[0].id.clone();
+    // Between parts: part 1 of 3 is in the store, part 2 not yet sent.
+    wait_for(Duration::from_secs(120), || agent_a.log().contains("uploaded part 1/3").then_some(()))
+        .unwrap_or_else(|| panic!("agent A never uploaded a part:\n{}", agent_a.log()));
+    agent_a.signal("STOP");
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    // Replica B fences epoch 1 when its lease runs out.
+    let r = wait_job(&c, &run.run_id, 0, |j| j.attempts.first().is_some_and(|at| at.outcome == "lost")).await;
+    assert_eq!(r.jobs[0].status, "ready", "fenced before a replacement is authorized");
+    // Agent B knows the dead replica first; it moves on to B and finishes the run.
+    let agent_b = KilnAgent::spawn(&b.bin, &ab, &b.agent_token, "agent-b", &[]).unwrap();
+    let done = wait_run(&c, &run.run_id, 300).await;
+    assert_eq!(done.status, "success", "{done:#?}\nB:\n{}\nagent B:\n{}", b.log(), agent_b.log());
+
+    // Agent A comes back: every call of epoch 1 is refused by the survivor.
+    agent_a.signal("CONT");
+    let agent_api = Client::new(&b.url, &b.agent_token);
+    assert!(agent_api.heartbeat(&compile, 1).await.unwrap_err().is_stale_epoch());
+    let completion =
+        kiln_api::Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false };
+    assert!(agent_api.complete(&compile, 1, &completion).await.unwrap_err().is_stale_epoch());
+    let up = kiln_api::CreateUpload { name: "app".into(), size: 1, sha256: Some("0".repeat(64)) };
+    assert!(agent_api.create_upload(&compile, 1, &up).await.unwrap_err().is_stale_epoch());
+    wait_for(Duration::from_secs(30), || agent_a.log().contains("fenced").then_some(()))
+        .unwrap_or_else(|| panic!("agent A should notice it was fenced:\n{}", agent_a.log()));
+
+    // The record: epoch 1 lost on agent A, epoch 2 won on agent B, bound.
+    let r = c.get_run(&run.run_id).await.unwrap();
+    let job = &r.jobs[0];
+    let outcomes: Vec<_> = job.attempts.iter().map(|a| (a.epoch, a.outcome.as_str(), a.runner.as_str())).collect();
+    assert_eq!(outcomes, vec![(1, "lost", "agent-a"), (2, "success", "agent-b")]);
+    let art = &job.artifacts[0];
+    assert_eq!((art.name.as_str(), art.epoch, art.size), ("app", 2, 150_000_000));
+    let logs = b.cli().args(["logs", &run.run_id, "integration-test"]).output().unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains(&format!("consumed {}", art.sha256)), "{logs}");
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("app.jar");
+    let get = b.cli().args(["artifact", "get", &run.run_id, "compile", "app", "-o"]).arg(&dest).output().unwrap();
+    assert!(get.status.success(), "{}", String::from_utf8_lossy(&get.stderr));
+    let sha = std::process::Command::new("sha256sum").arg(&dest).output().unwrap();
+    assert!(String::from_utf8_lossy(&sha.stdout).starts_with(&art.sha256));
+
+    // Epoch 1's generation is collected: its multipart upload is aborted, so
+    // a part URL agent A might still hold leads nowhere, and no object exists.
+    use sqlx::Row;
+    let pool = sqlx::PgPool::connect(&db).await.unwrap();
+    let row = wait_for_async(|| async {
+        let row = sqlx::query(
+            "SELECT object_key, upload_id, state FROM artifact_generations WHERE job_id = $1 AND epoch = 1",
+        )
+        .bind(&compile)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (row.get::<String, _>("state") == "deleted").then_some(row)
+    })
+    .await
+    .unwrap_or_else(|| panic!("epoch 1's generation was not collected:\n{}", b.log()));
+    let (key, upload): (String, String) = (row.get("object_key"), row.get("upload_id"));
+    assert!(!upload.is_empty(), "epoch 1 had started a multipart upload");
+    let bkt = bucket(&g, "");
+    assert_eq!(bkt.head(&key).await.unwrap(), None);
+    let late = bkt.presign_part(&key, &upload, 1, "1B2M2Y8AsgTpgAmY7PhCfg==", Duration::from_secs(60)).await.unwrap();
+    let put = reqwest::Client::new()
+        .put(&late.url)
+        .header("content-md5", "1B2M2Y8AsgTpgAmY7PhCfg==")
+        .body(Vec::<u8>::new())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 404, "the aborted upload takes no more parts");
+    // Epoch 2's object is the bound one.
+    let bound: String =
+        sqlx::query_scalar("SELECT object_key FROM artifact_generations WHERE job_id = $1 AND epoch = 2")
+            .bind(&compile)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(bkt.hash(&bound).await.unwrap().sha256, art.sha256);
+    assert_eq!(files_under(&b.data_dir().join("objects")), 0, "no bytes on the servers' disk");
+    drop(agent_b);
+}
+
+async fn wait_for_async<T, F, Fut>(mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..600 {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
