@@ -66,7 +66,7 @@ impl TempGarage {
             dir.path().join("garage.toml"),
             format!(
                 "metadata_dir = \"{d}/meta\"\ndata_dir = \"{d}/data\"\ndb_engine = \"sqlite\"\n\
-                 replication_factor = 1\nrpc_bind_addr = \"127.0.0.1:{rpc}\"\nrpc_public_addr = \"127.0.0.1:{rpc}\"\n\
+                 replication_factor = 1\ncompression_level = \"none\"\nrpc_bind_addr = \"127.0.0.1:{rpc}\"\nrpc_public_addr = \"127.0.0.1:{rpc}\"\n\
                  rpc_secret = \"{}\"\n[s3_api]\ns3_region = \"{GARAGE_REGION}\"\napi_bind_addr = \"127.0.0.1:{s3_port}\"\n\
                  root_domain = \".s3.garage.localhost\"\n",
                 "4b696c6e".repeat(8),

@@ -57,7 +57,7 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
         code = code.max(crate::bench_failover::run().await?);
     }
     if matches!(a.suite.as_str(), "artifacts" | "all") {
-        code = code.max(crate::bench_failover::artifacts().await?);
+        code = code.max(crate::bench_failover::artifacts(a.object_store.clone().unwrap_or_default()).await?);
     }
     if matches!(a.suite.as_str(), "logs" | "all") {
         code = code.max(crate::bench_failover::logs().await?);

@@ -108,7 +108,7 @@ pub async fn run() -> Result<i32, Failure> {
 /// between a job that copies the file into its workspace and publishes it and
 /// the same job without `publish` (database times of the attempts), so it
 /// covers freezing, hashing, uploading, verifying and sealing.
-pub async fn artifacts() -> Result<i32, Failure> {
+pub async fn artifacts(object_store: String) -> Result<i32, Failure> {
     const SIZE: u64 = 1 << 30;
     let tmp = std::env::temp_dir().join(format!("kiln-bench-artifacts-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -145,7 +145,8 @@ pub async fn artifacts() -> Result<i32, Failure> {
             "version: 1\njobs:\n  - name: publish\n    needs: []\n    steps:\n{copy}    artifacts:\n      publish:\n        - {{name: app, path: target/app.bin}}\n  - name: plain\n    needs: [publish]\n    steps:\n{copy}"
         ),
     )?;
-    let config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
+    let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
+    config.object_store = object_store.clone();
     let server = kiln_server::start(config).await?;
     let c = Client::new(&server.url(), &server.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
@@ -171,6 +172,7 @@ pub async fn artifacts() -> Result<i32, Failure> {
     publish.sort_by(|a, b| a.total_cmp(b));
     let kiln_ms = percentile(&publish, 0.5).max(1.0);
     let base_ms = percentile(&base, 0.5);
+    println!("artifact_object_store: {}", if object_store.starts_with("s3://") { "s3" } else { "local" });
     println!("artifact_size_bytes: {SIZE}");
     println!("artifact_upload_seal_ms: {kiln_ms:.0}");
     println!("artifact_upload_seal_mb_per_s: {:.0}", SIZE as f64 / 1e6 / (kiln_ms / 1000.0));

@@ -361,6 +361,11 @@ pub struct BenchArgs {
     /// control-plane: server replicas on the same database.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
+    /// artifacts: the object store to measure (as `kiln server
+    /// --object-store`; default: the local directory). For S3 the
+    /// credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+    #[arg(long, env = "KILN_OBJECT_STORE")]
+    pub object_store: Option<String>,
     /// Runs submitted at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
     pub runs: u32,
