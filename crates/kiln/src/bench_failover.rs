@@ -172,12 +172,28 @@ pub async fn artifacts(object_store: String) -> Result<i32, Failure> {
     publish.sort_by(|a, b| a.total_cmp(b));
     let kiln_ms = percentile(&publish, 0.5).max(1.0);
     let base_ms = percentile(&base, 0.5);
-    println!("artifact_object_store: {}", if object_store.starts_with("s3://") { "s3" } else { "local" });
+    // S3 baseline: the same bytes PUT in one request and read back with a
+    // sha256 (what the store itself costs, without Kiln).
+    let mut s3_base = None;
+    if let Ok(kiln_blob::BlobStore::S3(s3)) = kiln_blob::BlobStore::open_url(&object_store, &tmp) {
+        let bytes = std::fs::read(&big).map_err(anyhow::Error::from)?;
+        let key = format!("bench-baseline/{}", uuid::Uuid::new_v4());
+        let t = std::time::Instant::now();
+        s3.put_object(&key, &bytes).await.map_err(anyhow::Error::from)?;
+        s3.hash(&key).await.map_err(anyhow::Error::from)?;
+        s3_base = Some(t.elapsed().as_secs_f64() * 1000.0);
+        let _ = s3.delete(&key).await;
+    }
+    println!("artifact_object_store: {}", if s3_base.is_some() { "s3" } else { "local" });
     println!("artifact_size_bytes: {SIZE}");
     println!("artifact_upload_seal_ms: {kiln_ms:.0}");
     println!("artifact_upload_seal_mb_per_s: {:.0}", SIZE as f64 / 1e6 / (kiln_ms / 1000.0));
     println!("baseline_cp_sha256sum_ms: {base_ms:.0}");
     println!("artifact_ratio_vs_cp_sha256sum: {:.2}", base_ms / kiln_ms);
+    if let Some(b) = s3_base {
+        println!("baseline_s3_put_then_get_sha256_ms: {b:.0}");
+        println!("artifact_ratio_vs_s3_put_get: {:.2}", b / kiln_ms);
+    }
     drop(agent);
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
