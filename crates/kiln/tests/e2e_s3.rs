@@ -276,3 +276,78 @@ where
     }
     None
 }
+
+/// The presigned-part protocol over HTTP, driven by hand as an agent would:
+/// what the server grants, what it refuses, and what the store refuses.
+#[tokio::test(flavor = "multi_thread")]
+async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes() {
+    use base64::Engine;
+    if !garage_available() {
+        return;
+    }
+    let g = TempGarage::start().unwrap();
+    let server = KilnServer::start_env(BIN.as_ref(), &["--object-store", &g.url("p")], &creds()).unwrap();
+    let wf = "version: 1\njobs:\n  - name: build\n    steps: [\"true\"]\n    artifacts:\n      publish:\n        - {name: out, path: out.bin}\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    add_repo(&server, "manual", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("manual", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let agent = Client::new(&server.url, &server.agent_token);
+    let reg = agent
+        .register_agent(&kiln_api::RegisterAgent { name: "hand".into(), labels: Default::default(), max_jobs: 1 })
+        .await
+        .unwrap();
+    let claim =
+        kiln_api::ClaimRequest { session_id: reg.session_id.clone(), claim_request_id: "c1".into(), wait_ms: 20_000 };
+    let a = agent.claim(&reg.agent_id, &claim).await.unwrap().assignment.expect("an assignment");
+    let (job, epoch) = (a.job_id.clone(), a.epoch);
+
+    let bytes: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&bytes))
+    };
+    let md5 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(<md5::Md5 as md5::Digest>::digest(b));
+    let up = kiln_api::CreateUpload { name: "out".into(), size: bytes.len() as u64, sha256: None };
+    let session = agent.create_upload(&job, epoch, &up).await.unwrap();
+    assert!(session.presigned && session.part_url.is_empty(), "{session:?}");
+    let gen_id = session.generation_id.clone();
+    let ask = |size: u64, content_md5: String, part: u64| {
+        let agent = &agent;
+        let (job, gen_id) = (job.clone(), gen_id.clone());
+        async move { agent.part_url(&job, epoch, &gen_id, part, &kiln_api::PartUrlRequest { size, content_md5 }).await }
+    };
+    // Refused by the server: wrong size, a part that does not exist, no MD5.
+    assert_eq!(ask(999, md5(&bytes), 0).await.unwrap_err().status(), Some(400));
+    assert_eq!(ask(bytes.len() as u64, md5(&bytes), 1).await.unwrap_err().status(), Some(400));
+    assert_eq!(ask(bytes.len() as u64, "bm90IGFuIG1kNQ==".into(), 0).await.unwrap_err().status(), Some(400));
+    // Sealing before the part is there is refused and changes nothing.
+    let early = agent.seal(&job, epoch, &gen_id, Some(&sha), vec![]).await.unwrap_err();
+    assert_eq!(early.status(), Some(422), "{early}");
+    // Granted: the store takes exactly the signed bytes.
+    let part = ask(bytes.len() as u64, md5(&bytes), 0).await.unwrap();
+    assert!(part.url.starts_with(&g.endpoint()), "{}", part.url);
+    let mut bad = bytes.clone();
+    bad[0] ^= 0xff;
+    let refused = agent.put_presigned(&part, reqwest::Body::from(bad)).await.unwrap_err();
+    assert_eq!(refused.status(), Some(400), "{refused}");
+    let etag = agent.put_presigned(&part, reqwest::Body::from(bytes.clone())).await.unwrap();
+    let parts = vec![kiln_api::UploadedPart { part: 0, etag: etag.clone() }];
+    let sealed = agent.seal(&job, epoch, &gen_id, Some(&sha), parts.clone()).await.unwrap();
+    assert_eq!((sealed.size, sealed.sha256.as_str(), sealed.state.as_str()), (1_000_000, sha.as_str(), "sealed"));
+    // A repeated seal (lost response) answers the same.
+    let again = agent.seal(&job, epoch, &gen_id, Some(&sha), parts).await.unwrap();
+    assert_eq!(again.state, "sealed");
+    let done =
+        kiln_api::Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false };
+    agent.complete(&job, epoch, &done).await.unwrap();
+    // The attempt ended: no more part URLs for it.
+    let second = agent.create_upload(&job, epoch, &up).await.unwrap_err();
+    assert!(second.is_stale_epoch(), "{second}");
+    assert!(ask(bytes.len() as u64, md5(&bytes), 0).await.unwrap_err().is_stale_epoch());
+    let run = wait_run(&c, &r.run_id, 60).await;
+    assert_eq!(run.status, "success");
+    assert_eq!(run.jobs[0].artifacts[0].sha256, sha);
+    let dl = c.artifact(&r.run_id, "build", "out").await.unwrap();
+    assert_eq!(reqwest::get(&dl.url).await.unwrap().bytes().await.unwrap().to_vec(), bytes);
+}
