@@ -74,6 +74,11 @@ pub(crate) async fn retry_pause(tries: u32) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
+/// Appended to a `SELECT` of one table to lock the rows it returns.
+pub(crate) const FOR_UPDATE: &str = " FOR UPDATE";
+/// Appended to a `SELECT` over `runs r` joined with other tables: lock the run row.
+pub(crate) const FOR_UPDATE_OF_RUN: &str = " FOR UPDATE OF r";
+
 pub(crate) const NOW_SQL: &str = "SELECT CAST(extract(epoch from clock_timestamp()) * 1000 AS BIGINT)";
 
 /// Rewrites the engine's SQL (SQLite's dialect) for PostgreSQL: its clock,
@@ -193,6 +198,15 @@ impl PgStore {
 
     pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
         self.writer.begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE").await.map_err(db_err)
+    }
+
+    /// A transaction that decides only on rows it locked first (run, then
+    /// job, then agent, `FOR UPDATE`) or on conditions rechecked in the
+    /// `WHERE` of its own `UPDATE`s: READ COMMITTED, where every statement
+    /// after a lock reads the newest committed rows. See `engine.rs` for the
+    /// transactions that use it and why each is safe.
+    pub(crate) async fn begin_locked(&self) -> Result<Tx<'static>> {
+        self.writer.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await.map_err(db_err)
     }
 
     pub(crate) fn retry_delay(&self, n: u32) -> i64 {

@@ -44,6 +44,10 @@ pub(crate) fn sql_owned(s: String) -> String {
     s
 }
 
+/// No row locks: the single writer serializes every transaction.
+pub(crate) const FOR_UPDATE: &str = "";
+pub(crate) const FOR_UPDATE_OF_RUN: &str = "";
+
 pub(crate) const NOW_SQL: &str = "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// The single writer already serializes every transaction: nothing to lock.
@@ -115,6 +119,11 @@ impl SqliteStore {
 
     pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
         self.writer.begin().await.map_err(db_err)
+    }
+
+    /// The single writer serializes every transaction: the same as [`Self::begin`].
+    pub(crate) async fn begin_locked(&self) -> Result<Tx<'static>> {
+        self.begin().await
     }
 
     pub(crate) fn retry_delay(&self, n: u32) -> i64 {
