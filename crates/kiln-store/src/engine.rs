@@ -1732,6 +1732,10 @@ impl OutboxStore for StoreImpl {
             })
             .collect())
     }
+
+    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+        super::ready_wakeups(self).await
+    }
 }
 
 #[async_trait]

@@ -166,6 +166,41 @@ pub(crate) async fn lock_job(tx: &mut Tx<'_>, job_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// The channel the outbox trigger notifies (migration 0009).
+const READY_CHANNEL: &str = "kiln_ready";
+
+/// `LISTEN kiln_ready` on a connection of its own; each notification (and
+/// each reconnection, after which notifications may have been lost) notifies
+/// the returned `Notify`. The listener ends when every holder of the
+/// `Notify` has dropped it.
+pub(crate) async fn ready_wakeups(store: &PgStore) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+    use std::sync::{Arc, Weak};
+    let mut listener = sqlx::postgres::PgListener::connect_with(&store.writer).await.map_err(db_err)?;
+    listener.listen(READY_CHANNEL).await.map_err(db_err)?;
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let weak: Weak<tokio::sync::Notify> = Arc::downgrade(&wake);
+    tokio::spawn(async move {
+        loop {
+            // Wake up now and then to notice that nobody listens any more.
+            let got = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
+            let Some(wake) = weak.upgrade() else { return };
+            match got {
+                Err(_elapsed) => {}
+                Ok(Ok(Some(_))) => wake.notify_one(),
+                // The connection was lost; the next `try_recv` reconnects
+                // and listens again. Sweep: notifications may have been lost.
+                Ok(Ok(None)) => wake.notify_one(),
+                Ok(Err(e)) => {
+                    tracing::warn!("ready notifications paused: {e}");
+                    wake.notify_one();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    Ok(Some(wake))
+}
+
 impl PgStore {
     /// Connect to `url` (`postgres://user:pass@host:port/db`) and run migrations.
     pub async fn connect(url: &str) -> Result<PgStore> {

@@ -67,6 +67,11 @@ pub(crate) async fn lock_job(_tx: &mut Tx<'_>, _job_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// One server owns a SQLite database: nobody else makes jobs ready.
+pub(crate) async fn ready_wakeups(_store: &SqliteStore) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+    Ok(None)
+}
+
 /// Transactions never conflict under one writer; a busy database is an outage.
 pub(crate) const MAX_TX_RETRIES: u32 = 0;
 
