@@ -50,8 +50,11 @@ pub struct ServerConfig {
     /// How often the log archiver looks for finished logs.
     pub log_archive_interval: Duration,
     /// How often this replica re-reads the ready jobs into its dispatch
-    /// queues (several replicas on one database; zero: never, the default
-    /// on SQLite, where one server owns the database file).
+    /// queues regardless of wakeups (several replicas on one database; zero:
+    /// the default, 5 s on PostgreSQL and never on SQLite, where one server
+    /// owns the database file). On PostgreSQL a replica also re-reads them
+    /// at once when another replica commits ready jobs (`LISTEN/NOTIFY`);
+    /// this period is the safety net for lost notifications.
     pub dispatch_sweep: Duration,
     /// How image references are resolved to digests at acceptance.
     pub registries: RegistryConfig,
@@ -213,8 +216,9 @@ fn redact(url: &str) -> String {
 pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let url = config.database_url.as_deref().unwrap_or("");
     if (url.starts_with("postgres://") || url.starts_with("postgresql://")) && config.dispatch_sweep.is_zero() {
-        // A shared database may have other replicas: see their ready jobs.
-        config.dispatch_sweep = Duration::from_secs(1);
+        // A shared database may have other replicas: see their ready jobs
+        // (at once when notified; this often regardless).
+        config.dispatch_sweep = Duration::from_secs(5);
     }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;

@@ -3,8 +3,9 @@
 //! events (absorbed by the claim) or re-fences nothing.
 
 use crate::State;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 pub async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     // Rebuild dispatch queues: ready jobs whose events were published before a restart.
@@ -15,7 +16,10 @@ pub async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Res
     tokio::spawn(reconciler(state.clone(), shutdown.clone()));
     tokio::spawn(collector(state.clone(), shutdown.clone()));
     if state.config.dispatch_sweep > Duration::ZERO {
-        tokio::spawn(sweeper(state.clone(), shutdown.clone()));
+        // Listening before the server answers: a job made ready by another
+        // replica from now on wakes this one's sweep at once.
+        let wake = state.store.ready_wakeups().await?;
+        tokio::spawn(sweeper(state.clone(), wake, shutdown.clone()));
     }
     tokio::spawn(archiver(state, shutdown));
     Ok(())
@@ -24,10 +28,22 @@ pub async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Res
 /// With several replicas: a job relayed by another replica (or by one that
 /// died with it in its queue) reaches this replica's agents too. Claims stay
 /// safe: the claim transaction decides, duplicates are absorbed.
-async fn sweeper(state: State, mut shutdown: watch::Receiver<bool>) {
+///
+/// The sweep runs when the store says another replica made jobs ready
+/// (PostgreSQL `LISTEN/NOTIFY`; a burst of notifications while a sweep runs
+/// folds into one more sweep), and every `dispatch_sweep` regardless: the
+/// safety net for lost notifications and jobs whose backoff just passed.
+async fn sweeper(state: State, wake: Option<Arc<Notify>>, mut shutdown: watch::Receiver<bool>) {
+    async fn woken(wake: &Option<Arc<Notify>>) {
+        match wake {
+            Some(w) => w.notified().await,
+            None => std::future::pending().await,
+        }
+    }
     loop {
         tokio::select! {
             _ = tokio::time::sleep(state.config.dispatch_sweep) => {}
+            _ = woken(&wake) => {}
             _ = shutdown.changed() => return,
         }
         match state.store.ready_jobs().await {

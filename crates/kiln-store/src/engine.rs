@@ -10,7 +10,7 @@
 //! transaction taken with [`write_tx!`], retried when the backend reports a
 //! serialization failure or deadlock.
 
-use super::{Db, DbRow, NOW_SQL, StoreImpl, Tx, db_err, lock_run_of_job};
+use super::{Db, DbRow, FOR_UPDATE, FOR_UPDATE_OF_RUN, NOW_SQL, StoreImpl, Tx, db_err, lock_run_of_job};
 use crate::*;
 use crate::{new_id, parse_enum};
 use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
@@ -25,6 +25,15 @@ macro_rules! q {
     };
 }
 
+/// SQL assembled from compile-time constants only (column lists, dialect
+/// items), rewritten once per call site and kept.
+macro_rules! sqlc {
+    ($($t:tt)*) => {{
+        static SQL: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+        *SQL.get_or_init(|| Box::leak(super::sql_owned(format!($($t)*)).into_boxed_str()))
+    }};
+}
+
 /// SQL assembled from compile-time column lists and column names only; user
 /// values are always bound parameters.
 macro_rules! sqlf {
@@ -35,11 +44,23 @@ pub(crate) use {q, sqlf};
 /// One protocol transaction: `$body` runs with `$tx` open and its `Ok` is
 /// committed; an error rolls back. A serialization failure or deadlock
 /// (PostgreSQL) reruns the whole body, a bounded number of times.
+///
+/// `write_tx!(store, locked |tx| …)` begins the transaction with
+/// `begin_locked` instead: on PostgreSQL READ COMMITTED rather than
+/// SERIALIZABLE, for transactions whose every decision reads rows locked
+/// first or is rechecked in an `UPDATE`'s `WHERE` (see the rules at
+/// [`lock_claim_rows`]).
 macro_rules! write_tx {
-    ($store:expr, |$tx:ident| $body:block) => {{
+    ($store:expr, |$tx:ident| $body:block) => {
+        write_tx!(@ begin, $store, |$tx| $body)
+    };
+    ($store:expr, locked |$tx:ident| $body:block) => {
+        write_tx!(@ begin_locked, $store, |$tx| $body)
+    };
+    (@ $begin:ident, $store:expr, |$tx:ident| $body:block) => {{
         let mut tries = 0u32;
         loop {
-            let mut $tx = $store.begin().await?;
+            let mut $tx = $store.$begin().await?;
             let r: Result<_> = async { $body }.await;
             let r = match r {
                 Ok(v) => $tx.commit().await.map(|()| v).map_err(super::db_err),
@@ -833,6 +854,55 @@ async fn claimed(tx: &mut Tx<'_>, job_id: &str, epoch: i64) -> Result<ClaimedAtt
     Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline })
 }
 
+/// The database clock in the engine's dialect, for SQL assembled with `sqlc!`.
+const NOW_EXPR: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// The first statements of a claim: the job's run row, locked, then the job
+/// row, locked (the spec's order), with the attempt a claim request already
+/// committed, if any. `None`: no such job.
+///
+/// Rules for transactions begun with `write_tx!(…, locked …)` (READ
+/// COMMITTED on PostgreSQL; SQLite's single writer serializes everything):
+/// a decision reads only rows that the transaction locked before (`FOR
+/// UPDATE`, in the order run, job, agent; each statement after a lock reads
+/// the newest committed rows), or is rechecked in the `WHERE` of the
+/// `UPDATE`/`INSERT` that acts on it. Every such transaction changes the job
+/// row it locked, so a SERIALIZABLE transaction that waited for that lock
+/// fails with a serialization error and reruns on the new state.
+async fn lock_claim_rows(
+    tx: &mut Tx<'_>,
+    job_id: &str,
+    claim_request_id: &str,
+) -> Result<Option<(RunRecord, JobRecord, Option<(String, i64)>)>> {
+    let row = sqlx::query(sqlc!(
+        "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+         WHERE r.id = (SELECT run_id FROM jobs WHERE id = ?){FOR_UPDATE_OF_RUN}"
+    ))
+    .bind(job_id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    let Some(row) = row else { return Ok(None) };
+    let run = run_from_row(&row)?;
+    let row = sqlx::query(sqlc!(
+        "SELECT {JOB_COLS}, (SELECT a.job_id FROM attempts a WHERE a.claim_request_id = ?) AS prior_job, \
+         (SELECT a.epoch FROM attempts a WHERE a.claim_request_id = ?) AS prior_epoch \
+         FROM jobs WHERE id = ?{FOR_UPDATE}"
+    ))
+    .bind(claim_request_id)
+    .bind(claim_request_id)
+    .bind(job_id)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    let Some(row) = row else { return Ok(None) };
+    let prior = match (col::<Option<String>>(&row, "prior_job")?, col::<Option<i64>>(&row, "prior_epoch")?) {
+        (Some(j), Some(e)) => Some((j, e)),
+        _ => None,
+    };
+    Ok(Some((run, job_from_row(&row)?, prior)))
+}
+
 // ---------- trait implementations ----------
 
 #[async_trait]
@@ -1189,126 +1259,156 @@ impl AgentStore for StoreImpl {
 #[async_trait]
 impl AttemptStore for StoreImpl {
     async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>> {
-        write_tx!(self, |tx| {
-            // Spec lock order: the run row, then its job rows.
-            lock_run_of_job(&mut tx, &req.job_id).await?;
-            // A retried claim request returns what the first one committed.
-            let prior: Option<(String, i64)> =
-                sqlx::query_as(q!("SELECT job_id, epoch FROM attempts WHERE claim_request_id = ?"))
-                    .bind(&req.claim_request_id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-            if let Some((job_id, epoch)) = prior {
-                let c = claimed(&mut tx, &job_id, epoch).await?;
-                return Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c));
-            }
-            let now = now(&mut tx).await?;
-            let (job, _) = match load_job(&mut *tx, &req.job_id).await {
-                Ok(j) => j,
-                Err(StoreError::NotFound(_)) => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            if !job.status.can_claim()
-                || job.dispatch_generation != req.dispatch_generation
-                || job.next_attempt_at.is_some_and(|t| t > now)
-            {
-                return Ok(None);
-            }
-            let run = load_run(&mut *tx, &job.run_id).await?;
-            if !run.status.can_claim() {
-                return Ok(None);
-            }
-            // Predecessors decided (defensive: readiness already implies it; which
-            // outcomes let the job run is its `if:`, evaluated when it became ready).
-            let preds_ok: i64 = sqlx::query_scalar(
-            q!("SELECT COUNT(*) FROM jobs WHERE run_id = ? AND name IN (SELECT value FROM json_each(?)) AND status NOT IN ('success', 'failed', 'cancelled', 'skipped')"),
-        )
-        .bind(&job.run_id)
-        .bind(serde_json::to_string(&job.needs).expect("names"))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db_err)?;
-            if preds_ok != 0 {
-                return Ok(None);
-            }
-            // Capacity admission for this agent session.
-            let agent: Option<(String, i64, String, String)> =
-                sqlx::query_as(q!("SELECT session_id, max_jobs, name, labels FROM agents WHERE id = ?"))
-                    .bind(&req.agent_id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-            let Some((session, max_jobs, agent_name, labels)) = agent else {
-                return Err(StoreError::NotFound(format!("agent {}", req.agent_id)));
-            };
-            if session != req.session_id {
-                return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
-            }
-            // Compatibility is part of the claim, not only of queue routing: the
-            // agent must carry every label the job's `runs-on` requires.
-            let have: BTreeMap<String, String> = serde_json::from_str(&labels).unwrap_or_default();
-            let need: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
-            if !need.iter().all(|(k, v)| have.get(k) == Some(v)) {
-                return Ok(None);
-            }
-            let running: i64 =
-                sqlx::query_scalar(q!("SELECT COUNT(*) FROM attempts WHERE session_id = ? AND outcome = 'running'"))
-                    .bind(&req.session_id)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-            if running >= max_jobs {
-                return Ok(None);
-            }
-            let epoch = job.current_epoch + 1;
-            let deadline = now + req.lease_ttl_ms;
-            sqlx::query(
-            q!("INSERT INTO attempts (job_id, epoch, run_id, agent_id, session_id, runner, claim_request_id, lease_deadline, \
-             outcome, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)"),
-        )
-        .bind(&job.id)
-        .bind(epoch)
-        .bind(&job.run_id)
-        .bind(&req.agent_id)
-        .bind(&req.session_id)
-        .bind(&agent_name)
-        .bind(&req.claim_request_id)
-        .bind(deadline)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-            sqlx::query(q!("UPDATE jobs SET status = 'running', current_epoch = ?, next_attempt_at = NULL, \
-             started_at = COALESCE(started_at, ?) WHERE id = ?"))
-            .bind(epoch)
-            .bind(now)
-            .bind(&job.id)
-            .execute(&mut *tx)
+        // READ COMMITTED on PostgreSQL (see `lock_claim_rows`): the run, the
+        // job and the agent are locked in that order before anything is
+        // decided, so two claims of one job, or of one agent's capacity,
+        // run one after the other and the second sees the first's attempt.
+        write_tx!(
+            self,
+            locked
+                | tx
+                | {
+                    let Some((mut run, mut job, prior)) =
+                        lock_claim_rows(&mut tx, &req.job_id, &req.claim_request_id).await?
+                    else {
+                        return Ok(None);
+                    };
+                    // A retried claim request returns what the first one committed.
+                    if let Some((job_id, epoch)) = prior {
+                        let c = claimed(&mut tx, &job_id, epoch).await?;
+                        return Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c));
+                    }
+                    if !job.status.can_claim() || job.dispatch_generation != req.dispatch_generation {
+                        return Ok(None);
+                    }
+                    if !run.status.can_claim() {
+                        return Ok(None);
+                    }
+                    // Predecessors decided (defensive: readiness already implies it; which
+                    // outcomes let the job run is its `if:`, evaluated when it became ready).
+                    if !job.needs.is_empty() {
+                        let preds_ok: i64 = sqlx::query_scalar(
+                q!("SELECT COUNT(*) FROM jobs WHERE run_id = ? AND name IN (SELECT value FROM json_each(?)) AND status NOT IN ('success', 'failed', 'cancelled', 'skipped')"),
+            )
+            .bind(&job.run_id)
+            .bind(serde_json::to_string(&job.needs).expect("names"))
+            .fetch_one(&mut *tx)
             .await
             .map_err(db_err)?;
-            sqlx::query(q!("UPDATE runs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'"))
-                .bind(now)
-                .bind(&job.run_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            let c = claimed(&mut tx, &job.id, epoch).await?;
-            Ok(Some(c))
-        })
+                        if preds_ok != 0 {
+                            return Ok(None);
+                        }
+                    }
+                    // The agent, locked (claims of one agent take its capacity one at
+                    // a time), and the database clock, read once the run and job
+                    // locks are held.
+                    let agent: Option<(String, i64, String, String, i64)> = sqlx::query_as(sqlc!(
+                "SELECT session_id, max_jobs, name, labels, {NOW_EXPR} AS now FROM agents WHERE id = ?{FOR_UPDATE}"
+            ))
+            .bind(&req.agent_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+                    let now = match &agent {
+                        Some(a) => a.4,
+                        None => now(&mut tx).await?,
+                    };
+                    if job.next_attempt_at.is_some_and(|t| t > now) {
+                        return Ok(None);
+                    }
+                    let Some((session, max_jobs, agent_name, labels, _)) = agent else {
+                        return Err(StoreError::NotFound(format!("agent {}", req.agent_id)));
+                    };
+                    if session != req.session_id {
+                        return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
+                    }
+                    // Compatibility is part of the claim, not only of queue routing: the
+                    // agent must carry every label the job's `runs-on` requires.
+                    let have: BTreeMap<String, String> = serde_json::from_str(&labels).unwrap_or_default();
+                    let need: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
+                    if !need.iter().all(|(k, v)| have.get(k) == Some(v)) {
+                        return Ok(None);
+                    }
+                    // Capacity admission for this agent session and the attempt, in
+                    // one statement (the count is read after the agent lock).
+                    let epoch = job.current_epoch + 1;
+                    let deadline = now + req.lease_ttl_ms;
+                    let inserted = sqlx::query(q!(
+                        "INSERT INTO attempts (job_id, epoch, run_id, agent_id, session_id, runner, claim_request_id, \
+                 lease_deadline, outcome, started_at) \
+                 SELECT ?, ?, ?, ?, ?, ?, ?, ?, 'running', ? \
+                 WHERE (SELECT COUNT(*) FROM attempts WHERE session_id = ? AND outcome = 'running') < ? \
+                 ON CONFLICT (claim_request_id) DO NOTHING"
+                    ))
+                    .bind(&job.id)
+                    .bind(epoch)
+                    .bind(&job.run_id)
+                    .bind(&req.agent_id)
+                    .bind(&req.session_id)
+                    .bind(&agent_name)
+                    .bind(&req.claim_request_id)
+                    .bind(deadline)
+                    .bind(now)
+                    .bind(&req.session_id)
+                    .bind(max_jobs)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?
+                    .rows_affected();
+                    if inserted == 0 {
+                        // Full, or the same claim request committed an attempt
+                        // concurrently (the insert waited for it): that one stands.
+                        let prior: Option<(String, i64)> =
+                            sqlx::query_as(q!("SELECT job_id, epoch FROM attempts WHERE claim_request_id = ?"))
+                                .bind(&req.claim_request_id)
+                                .fetch_optional(&mut *tx)
+                                .await
+                                .map_err(db_err)?;
+                        let Some((job_id, epoch)) = prior else { return Ok(None) };
+                        let c = claimed(&mut tx, &job_id, epoch).await?;
+                        return Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c));
+                    }
+                    sqlx::query(q!("UPDATE jobs SET status = 'running', current_epoch = ?, next_attempt_at = NULL, \
+             started_at = COALESCE(started_at, ?) WHERE id = ?"))
+                    .bind(epoch)
+                    .bind(now)
+                    .bind(&job.id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+                    if run.status == RunStatus::Queued {
+                        sqlx::query(q!(
+                            "UPDATE runs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'"
+                        ))
+                        .bind(now)
+                        .bind(&job.run_id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db_err)?;
+                        run.status = RunStatus::Running;
+                    }
+                    // The rows as this transaction left them (both are locked).
+                    job.status = JobStatus::Running;
+                    job.current_epoch = epoch;
+                    job.next_attempt_at = None;
+                    job.started_at = job.started_at.or(Some(now));
+                    Ok(Some(ClaimedAttempt { run, job, epoch, lease_deadline: deadline }))
+                }
+        )
     }
 
     async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>> {
-        let mut tx = self.reader.begin().await.map_err(db_err)?;
+        // Usually there is none: one statement, no transaction.
         let prior: Option<(String, i64)> =
             sqlx::query_as(q!("SELECT job_id, epoch FROM attempts WHERE claim_request_id = ?"))
                 .bind(claim_request_id)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(&self.reader)
                 .await
                 .map_err(db_err)?;
         let Some((job_id, epoch)) = prior else {
             return Ok(None);
         };
+        let mut tx = self.reader.begin().await.map_err(db_err)?;
         let c = claimed(&mut tx, &job_id, epoch).await?;
         Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c))
     }
@@ -1319,7 +1419,16 @@ impl AttemptStore for StoreImpl {
         // as it is updated, so a concurrent fence wins or loses cleanly) and
         // read the cancellation state. No row: the full transaction below
         // says precisely why the heartbeat is refused.
-        let fast: Option<(i64, i64, String)> = write_tx!(self, |tx| {
+        //
+        // One statement, no explicit transaction (one round trip; on
+        // PostgreSQL it runs at READ COMMITTED): the `outcome = 'running'`
+        // and lease conditions are rechecked on the newest version of the
+        // attempt row if a concurrent transaction changed it, and every
+        // transaction that ends an attempt (completion, fencing) changes
+        // that row, so a heartbeat never revives an ended attempt. An
+        // attempt that is running is its job's current epoch (a new epoch is
+        // claimed only after the previous attempt ended).
+        let fast: Option<(i64, i64, String)> =
             sqlx::query_as(q!("UPDATE attempts SET lease_deadline = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ? \
                  WHERE job_id = ? AND epoch = ? AND outcome = 'running' \
                    AND lease_deadline > CAST(unixepoch('subsec') * 1000 AS INTEGER) \
@@ -1332,10 +1441,9 @@ impl AttemptStore for StoreImpl {
             .bind(job_id)
             .bind(job_id)
             .bind(job_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&self.writer)
             .await
-            .map_err(db_err)
-        })?;
+            .map_err(db_err)?;
         if let Some((deadline, cancel, status)) = fast {
             let cancel_requested = cancel != 0 || (status != "running" && status != "queued");
             return Ok(HeartbeatOutcome { cancel_requested, lease_deadline: deadline });
@@ -1623,6 +1731,10 @@ impl OutboxStore for StoreImpl {
                 class_key,
             })
             .collect())
+    }
+
+    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+        super::ready_wakeups(self).await
     }
 }
 

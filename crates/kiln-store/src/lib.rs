@@ -139,6 +139,16 @@ pub trait OutboxStore: Send + Sync {
     async fn mark_published(&self, ids: &[i64]) -> Result<()>;
     /// Jobs that are ready now (used to rebuild dispatch queues after a restart).
     async fn ready_jobs(&self) -> Result<Vec<OutboxEvent>>;
+    /// Wakeups for [`Self::ready_jobs`] readers when another process (a
+    /// replica on the same database) may have made jobs ready: the returned
+    /// `Notify` is notified after such a commit, and after the wakeup channel
+    /// reconnected (notifications may have been lost meanwhile). Bursts fold
+    /// into one pending wakeup. `None`: the backend has no such channel
+    /// (SQLite: one server owns the database). Listening has begun when this
+    /// returns.
+    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+        Ok(None)
+    }
 }
 
 #[async_trait]

@@ -74,6 +74,11 @@ pub(crate) async fn retry_pause(tries: u32) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
+/// Appended to a `SELECT` of one table to lock the rows it returns.
+pub(crate) const FOR_UPDATE: &str = " FOR UPDATE";
+/// Appended to a `SELECT` over `runs r` joined with other tables: lock the run row.
+pub(crate) const FOR_UPDATE_OF_RUN: &str = " FOR UPDATE OF r";
+
 pub(crate) const NOW_SQL: &str = "SELECT CAST(extract(epoch from clock_timestamp()) * 1000 AS BIGINT)";
 
 /// Rewrites the engine's SQL (SQLite's dialect) for PostgreSQL: its clock,
@@ -161,6 +166,41 @@ pub(crate) async fn lock_job(tx: &mut Tx<'_>, job_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// The channel the outbox trigger notifies (migration 0009).
+const READY_CHANNEL: &str = "kiln_ready";
+
+/// `LISTEN kiln_ready` on a connection of its own; each notification (and
+/// each reconnection, after which notifications may have been lost) notifies
+/// the returned `Notify`. The listener ends when every holder of the
+/// `Notify` has dropped it.
+pub(crate) async fn ready_wakeups(store: &PgStore) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+    use std::sync::{Arc, Weak};
+    let mut listener = sqlx::postgres::PgListener::connect_with(&store.writer).await.map_err(db_err)?;
+    listener.listen(READY_CHANNEL).await.map_err(db_err)?;
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let weak: Weak<tokio::sync::Notify> = Arc::downgrade(&wake);
+    tokio::spawn(async move {
+        loop {
+            // Wake up now and then to notice that nobody listens any more.
+            let got = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
+            let Some(wake) = weak.upgrade() else { return };
+            match got {
+                Err(_elapsed) => {}
+                Ok(Ok(Some(_))) => wake.notify_one(),
+                // The connection was lost; the next `try_recv` reconnects
+                // and listens again. Sweep: notifications may have been lost.
+                Ok(Ok(None)) => wake.notify_one(),
+                Ok(Err(e)) => {
+                    tracing::warn!("ready notifications paused: {e}");
+                    wake.notify_one();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    Ok(Some(wake))
+}
+
 impl PgStore {
     /// Connect to `url` (`postgres://user:pass@host:port/db`) and run migrations.
     pub async fn connect(url: &str) -> Result<PgStore> {
@@ -193,6 +233,15 @@ impl PgStore {
 
     pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
         self.writer.begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE").await.map_err(db_err)
+    }
+
+    /// A transaction that decides only on rows it locked first (run, then
+    /// job, then agent, `FOR UPDATE`) or on conditions rechecked in the
+    /// `WHERE` of its own `UPDATE`s: READ COMMITTED, where every statement
+    /// after a lock reads the newest committed rows. See `engine.rs` for the
+    /// transactions that use it and why each is safe.
+    pub(crate) async fn begin_locked(&self) -> Result<Tx<'static>> {
+        self.writer.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await.map_err(db_err)
     }
 
     pub(crate) fn retry_delay(&self, n: u32) -> i64 {

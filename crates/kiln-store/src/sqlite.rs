@@ -44,6 +44,10 @@ pub(crate) fn sql_owned(s: String) -> String {
     s
 }
 
+/// No row locks: the single writer serializes every transaction.
+pub(crate) const FOR_UPDATE: &str = "";
+pub(crate) const FOR_UPDATE_OF_RUN: &str = "";
+
 pub(crate) const NOW_SQL: &str = "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// The single writer already serializes every transaction: nothing to lock.
@@ -61,6 +65,11 @@ pub(crate) async fn lock_run(_tx: &mut Tx<'_>, _run_id: &str) -> Result<()> {
 
 pub(crate) async fn lock_job(_tx: &mut Tx<'_>, _job_id: &str) -> Result<()> {
     Ok(())
+}
+
+/// One server owns a SQLite database: nobody else makes jobs ready.
+pub(crate) async fn ready_wakeups(_store: &SqliteStore) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+    Ok(None)
 }
 
 /// Transactions never conflict under one writer; a busy database is an outage.
@@ -115,6 +124,11 @@ impl SqliteStore {
 
     pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
         self.writer.begin().await.map_err(db_err)
+    }
+
+    /// The single writer serializes every transaction: the same as [`Self::begin`].
+    pub(crate) async fn begin_locked(&self) -> Result<Tx<'static>> {
+        self.begin().await
     }
 
     pub(crate) fn retry_delay(&self, n: u32) -> i64 {

@@ -124,6 +124,11 @@ pub struct ServerArgs {
     /// How long an agent's leases survive once its connection drops.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub loss_grace: std::time::Duration,
+    /// With PostgreSQL: how often this replica re-reads the ready jobs
+    /// regardless of notifications from other replicas (the safety net for
+    /// lost ones; default 5s).
+    #[arg(long, value_parser = parse_duration)]
+    pub dispatch_sweep: Option<std::time::Duration>,
     /// Unbound artifact bytes of ended attempts are deleted after this.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub artifact_gc_grace: std::time::Duration,

@@ -181,6 +181,9 @@ async fn server(a: ServerArgs) -> CmdResult {
     config.database_url = a.database_url.clone();
     config.object_store = object_store;
     config.loss_grace = a.loss_grace;
+    if let Some(d) = a.dispatch_sweep {
+        config.dispatch_sweep = d;
+    }
     config.gc_grace = a.artifact_gc_grace;
     config.gc_interval = a.gc_interval;
     config.retry_base = a.retry_base;

@@ -120,3 +120,33 @@ async fn a_run_accepted_by_one_replica_reaches_agents_of_another() {
     let run = wait_run(&via_a, &r.run_id, 60).await;
     assert_eq!(run.status, "success", "{run:#?}\nA: {}\nB: {}", a.log(), b.log());
 }
+
+/// The same across replicas, with the periodic sweep an hour apart: only
+/// replica A's commit notification (PostgreSQL `NOTIFY kiln_ready`, heard
+/// by B's listener) can bring the job to B's queues, so the run finishing
+/// proves the wakeup. A second run after the first checks that B keeps
+/// listening.
+#[tokio::test(flavor = "multi_thread")]
+async fn ready_jobs_reach_another_replica_by_notification() {
+    if !kiln_testkit::postgres_available() {
+        return;
+    }
+    let pg = kiln_testkit::TempPostgres::start().unwrap();
+    let url = pg.create_database().await.unwrap();
+    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url, "--dispatch-sweep", "1h"]).unwrap();
+    let b = a.replica(&["--database-url", &url, "--dispatch-sweep", "1h"]).unwrap();
+    let _agent = b.agent("only-b", &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: one\n    steps: [\"echo one\"]\n  - name: two\n    steps: [\"echo two\"]\n",
+    )])
+    .unwrap();
+    add_repo(&a, "hi", &repo);
+    let via_a = Client::new(&a.url, &a.token);
+    for _ in 0..2 {
+        let r =
+            via_a.submit_run("hi", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let run = wait_run(&via_a, &r.run_id, 60).await;
+        assert_eq!(run.status, "success", "{run:#?}\nA: {}\nB: {}", a.log(), b.log());
+    }
+}

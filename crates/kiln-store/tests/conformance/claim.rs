@@ -212,3 +212,99 @@ pub async fn claim_requires_compatible_labels<S: Store + 'static>(o: &Opener<S>)
     let c = try_claim(s, &large, &id, generation, LONG_TTL).await.expect("a compatible agent claims");
     assert_eq!(c.epoch, 1);
 }
+
+/// Many agents claim one job at once (the same delivery seen by several
+/// replicas): exactly one attempt is created, epoch 1, and every other claim
+/// is declined without error.
+pub async fn concurrent_claims_of_one_job_create_one_attempt<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let (_, run_id) = start(&*fx.store, workflow(vec![job("build", &[], 0)])).await;
+    let build = job_id(&*fx.store, &run_id, "build").await;
+    let g = fx.store.get_job(&build).await.unwrap().dispatch_generation;
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let s = fx.store.clone();
+        let a = agent(&*s, &format!("racer-{i}"), 4).await;
+        let build = build.clone();
+        tasks.push(tokio::spawn(async move { s.claim(claim_input(&a, &build, g, LONG_TTL)).await }));
+    }
+    let mut won = Vec::new();
+    for t in tasks {
+        if let Some(c) = t.await.unwrap().expect("a racing claim is declined, not an error") {
+            won.push(c);
+        }
+    }
+    assert_eq!(won.len(), 1, "exactly one claim wins: {won:?}");
+    assert_eq!(won[0].epoch, 1);
+    let v = view(&*fx.store, &run_id).await;
+    assert_eq!(jv(&v, "build").attempts.len(), 1);
+    assert_eq!((jv(&v, "build").job.status, jv(&v, "build").job.current_epoch), (JobStatus::Running, 1));
+}
+
+/// One agent claims many jobs at once: its capacity is never exceeded, and
+/// the claims it declined leave their jobs ready.
+pub async fn concurrent_claims_never_exceed_agent_capacity<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    // One job per run: no run lock puts these claims in a line.
+    let mut jobs = Vec::new();
+    for _ in 0..10 {
+        let (_, run_id) = start(&*fx.store, workflow(vec![job("j", &[], 0)])).await;
+        jobs.push(job_id(&*fx.store, &run_id, "j").await);
+    }
+    let a = agent(&*fx.store, "small", 3).await;
+    let mut tasks = Vec::new();
+    for id in &jobs {
+        let s = fx.store.clone();
+        let g = s.get_job(id).await.unwrap().dispatch_generation;
+        let (a, id) = (a.clone(), id.clone());
+        tasks.push(tokio::spawn(async move { s.claim(claim_input(&a, &id, g, LONG_TTL)).await }));
+    }
+    let mut won = 0;
+    for t in tasks {
+        won += usize::from(t.await.unwrap().expect("a declined claim is not an error").is_some());
+    }
+    assert_eq!(won, 3, "the agent gets exactly its 3 slots");
+    let mut running = 0;
+    for id in &jobs {
+        match fx.store.get_job(id).await.unwrap().status {
+            JobStatus::Running => running += 1,
+            JobStatus::Ready => {}
+            other => panic!("job {id} is {other:?}"),
+        }
+    }
+    assert_eq!(running, 3);
+}
+
+/// The same claim request sent twice at once (a retry racing the original)
+/// for two different jobs: one attempt, and whichever answers gets that one.
+pub async fn concurrent_retries_of_one_claim_request_create_one_attempt<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let (_, run_id) = start(&*fx.store, workflow(vec![job("x", &[], 0), job("y", &[], 0)])).await;
+    let a = agent(&*fx.store, "a", 4).await;
+    let mut reqs = Vec::new();
+    for n in ["x", "y", "x", "y"] {
+        let id = job_id(&*fx.store, &run_id, n).await;
+        let g = fx.store.get_job(&id).await.unwrap().dispatch_generation;
+        let mut r = claim_input(&a, &id, g, LONG_TTL);
+        r.claim_request_id = "one-request".into();
+        reqs.push(r);
+    }
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let s = fx.store.clone();
+            tokio::spawn(async move { s.claim(r).await })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for t in tasks {
+        if let Some(c) = t.await.unwrap().expect("claim must not error") {
+            got.push((c.job.id, c.epoch));
+        }
+    }
+    let v = view(&*fx.store, &run_id).await;
+    let attempts: usize = v.jobs.iter().map(|j| j.attempts.len()).sum();
+    assert_eq!(attempts, 1, "one claim request creates one attempt: {v:#?}");
+    assert!(!got.is_empty());
+    assert!(got.iter().all(|g| *g == got[0]), "every answer is that attempt: {got:?}");
+}
