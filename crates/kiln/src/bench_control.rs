@@ -114,6 +114,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
         r.map_err(anyhow::Error::from)??;
     }
     let accept_rate = total as f64 / t_submit.elapsed().as_secs_f64();
+    eprintln!("bench control-plane: {accept_rate:.0} runs/s accepted; claiming for {} s…", a.seconds);
 
     // Virtual agents.
     let stats = Arc::new(Stats::default());
@@ -164,12 +165,17 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     }
     drop(job_tx);
     let hold = a.hold;
-    let token = agent_token.clone();
+    // One client (one connection pool) per replica for all leases: a client
+    // per lease would spend the bench's share of the two cores loading TLS
+    // roots and opening connections, CPU the server and database then lack.
+    let lease_clients: std::collections::HashMap<String, Client> =
+        urls.iter().map(|u| (u.clone(), Client::new(u, &agent_token))).collect();
     let spawner = {
         let stats = stats.clone();
         tokio::spawn(async move {
             while let Some((job, epoch, url)) = job_rx.recv().await {
-                let (stats, c) = (stats.clone(), Client::new(&url, &token));
+                let c = lease_clients.get(&url).cloned().unwrap_or_else(|| Client::new(&url, &agent_token));
+                let stats = stats.clone();
                 jobs.spawn(async move {
                     let until = Instant::now() + hold;
                     // Spread the first heartbeat so leases do not beat in lockstep.
