@@ -260,6 +260,12 @@ impl KilnServer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `kiln repo add NAME --url REPO`; it must succeed.
+    pub fn add_repo(&self, name: &str, repo: &TestRepo) {
+        let out = self.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().expect("kiln repo add");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// Start an agent process against this server.
     pub fn agent(&self, name: &str, extra: &[&str]) -> Result<KilnAgent> {
         KilnAgent::spawn(&self.bin, &self.url, &self.agent_token, name, extra)
@@ -344,4 +350,25 @@ pub async fn until(
 /// Wait (bounded by `secs`) until the run is terminal.
 pub async fn wait_run(c: &kiln_api::Client, run: &str, secs: u64) -> kiln_api::Run {
     until(c, run, secs, "finishing", |r| matches!(r.status.as_str(), "success" | "failed" | "cancelled")).await
+}
+
+/// Files (not directories) under `dir`, recursively; 0 if it does not exist.
+pub fn files_under(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum())
+        .unwrap_or(0)
+}
+
+/// Rows of `job`'s log still in the hot journal of the SQLite database in
+/// the server's data dir `data` (read with python3's sqlite3, read-only use).
+pub fn journal_rows(data: &Path, job: &str) -> i64 {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('SELECT COUNT(*) FROM log_chunks WHERE job_id=?', (sys.argv[2],)).fetchone()[0])")
+        .arg(data.join("kiln.db"))
+        .arg(job)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
 }

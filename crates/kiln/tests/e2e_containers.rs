@@ -119,11 +119,6 @@ impl Drop for ReapOnDrop {
     }
 }
 
-fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
-    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 fn logs(s: &KilnServer, run: &str, job: &str) -> String {
     let out = s.cli().args(["logs", run, job]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
@@ -176,7 +171,7 @@ jobs:
     );
     let s = server();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    add_repo(&s, "images", &repo);
+    s.add_repo("images", &repo);
     let _agent = container_agent(&s, "ctr-images", &[]);
     let c = Client::new(&s.url, &s.token);
     let run =
@@ -262,7 +257,7 @@ jobs:
         agent_token = s.agent_token,
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    add_repo(&s, "iso", &repo);
+    s.add_repo("iso", &repo);
     let c = Client::new(&s.url, &s.token);
     let run = c.submit_run("iso", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let done = wait_run(&c, &run.run_id, 120).await;
@@ -306,7 +301,7 @@ async fn dockerfile_jobs_build_then_run_and_broken_builds_fail_visibly() {
     ])
     .unwrap();
     let s = server();
-    add_repo(&s, "build", &repo);
+    s.add_repo("build", &repo);
     let agent = container_agent(&s, "ctr-build", &[]);
     let c = Client::new(&s.url, &s.token);
 
@@ -359,7 +354,7 @@ async fn cancel_fencing_and_agent_restart_remove_containers() {
         &["--insecure-registry", &reg, "--lease-ttl", "3s", "--loss-grace", "30s", "--retry-base", "100ms"],
     )
     .unwrap();
-    add_repo(&s, "kill", &repo);
+    s.add_repo("kill", &repo);
     let c = Client::new(&s.url, &s.token);
     let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
     let grace = Duration::from_secs(2);

@@ -10,25 +10,6 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 
-fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
-    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Rows of `job` in the hot journal, read from the server's SQLite file by
-/// another process (Python's sqlite3), as an operator would.
-fn journal_rows(data: &Path, job: &str) -> i64 {
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('SELECT COUNT(*) FROM log_chunks WHERE job_id=?', (sys.argv[2],)).fetchone()[0])")
-        .arg(data.join("kiln.db"))
-        .arg(job)
-        .output()
-        .expect("python3");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
 fn segments(data: &Path, job: &str) -> Vec<std::path::PathBuf> {
     let dir = data.join("objects/objects/logs").join(job);
     let mut v: Vec<_> = std::fs::read_dir(dir)
@@ -60,7 +41,7 @@ async fn finished_logs_move_to_the_object_store_and_replay_identically() {
         "version: 1\njobs:\n  - name: loud\n    steps:\n      - seq 1 40000\n      - echo warning >&2\n      - seq 40001 80000\n",
     )])
     .unwrap();
-    add_repo(&server, "loud", &repo);
+    server.add_repo("loud", &repo);
     let c = Client::new(&server.url, &server.token);
     let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let run = wait_run(&c, &r.run_id, 60).await;
@@ -69,18 +50,19 @@ async fn finished_logs_move_to_the_object_store_and_replay_identically() {
     let before = events(&c, &job, None).await;
     assert_eq!(before.last().unwrap().1, "end");
     assert!(before.iter().any(|e| e.1 == "sealed"), "the completed attempt's log is sealed");
-    let rows = journal_rows(&data, &job);
+    let rows = kiln_testkit::journal_rows(&data, &job);
     assert!(rows > 3, "{rows}");
 
     // The archiver tries and fails: the journal keeps every row.
     wait_for(Duration::from_secs(20), || server.log().contains("cannot archive log").then_some(()))
         .expect("archival attempted");
-    assert_eq!(journal_rows(&data, &job), rows, "nothing trimmed while the archive cannot be stored");
+    assert_eq!(kiln_testkit::journal_rows(&data, &job), rows, "nothing trimmed while the archive cannot be stored");
     assert_eq!(events(&c, &job, None).await, before);
 
     // The store recovers: the log is archived, then trimmed from the journal.
     std::fs::remove_file(data.join("objects/staging/logs")).unwrap();
-    wait_for(Duration::from_secs(20), || (journal_rows(&data, &job) == 0).then_some(())).expect("journal trimmed");
+    wait_for(Duration::from_secs(20), || (kiln_testkit::journal_rows(&data, &job) == 0).then_some(()))
+        .expect("journal trimmed");
     let segs = segments(&data, &job);
     assert_eq!(segs.len(), 1, "{segs:?}");
     assert!(segs[0].with_extension("idx.json").exists());
@@ -137,7 +119,7 @@ async fn secrets_reach_the_job_and_are_masked_in_its_log() {
         "version: 1\njobs:\n  - name: deploy\n    secrets: [DEPLOY_TOKEN]\n    steps:\n      - test \"$DEPLOY_TOKEN\" = \"tok-3f9a-SECRET-77\"\n      - echo \"token is $DEPLOY_TOKEN\"\n      - printf %s \"$DEPLOY_TOKEN\" | base64\n      - \"printf 'split: tok-3f9a-'; sleep 0.5; printf 'SECRET-77 end\\\\n'\"\n      - echo \"to stderr $DEPLOY_TOKEN\" >&2\n",
     )])
     .unwrap();
-    add_repo(&server, "app", &repo);
+    server.add_repo("app", &repo);
     let c = Client::new(&server.url, &server.token);
 
     // Asking for a secret the repository lacks refuses the run.
@@ -204,7 +186,7 @@ async fn output_spools_to_disk_while_the_server_is_unreachable() {
         ),
     )])
     .unwrap();
-    add_repo(&server, "loud", &repo);
+    server.add_repo("loud", &repo);
     let c = Client::new(&server.url, &server.token);
     let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let job = wait_for(Duration::from_secs(30), || {
@@ -248,7 +230,7 @@ async fn output_over_the_rate_limit_is_dropped_with_a_gap_marker() {
         "version: 1\njobs:\n  - name: flood\n    steps:\n      - head -c 300000000 /dev/zero\n      - echo after the flood\n",
     )])
     .unwrap();
-    add_repo(&server, "flood", &repo);
+    server.add_repo("flood", &repo);
     let c = Client::new(&server.url, &server.token);
     let r = c.submit_run("flood", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let run = wait_run(&c, &r.run_id, 120).await;

@@ -20,21 +20,10 @@ async fn wait_job<F: Fn(&kiln_api::Job) -> bool>(c: &Client, run: &str, job: usi
     panic!("job {job} of run {run} never reached the expected state: {:#?}", c.get_run(run).await.unwrap());
 }
 
-fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
-    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// Bytes of any staged (not yet sealed) upload of `run`'s `job` at `epoch`.
 fn staged_bytes(data: &Path, run: &str, job: &str, epoch: i64) -> u64 {
     let dir = data.join("objects/staging/artifacts").join(run).join(job).join(epoch.to_string());
     std::fs::read_dir(dir).map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0)
-}
-
-fn files_under(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum())
-        .unwrap_or(0)
 }
 
 /// The spec's opening scenario: the runner vanishes mid-upload, a replacement
@@ -68,7 +57,7 @@ jobs:
 "#,
     )])
     .unwrap();
-    add_repo(&server, "vanish", &repo);
+    server.add_repo("vanish", &repo);
     let c = Client::new(&server.url, &server.token);
 
     // Agent A uploads slowly; it gets epoch 1.
@@ -140,11 +129,16 @@ jobs:
     // Epoch 1's staged bytes are unbound and collected.
     let gone = wait_for(Duration::from_secs(30), || {
         (staged_bytes(&data, &run.run_id, &compile, 1) == 0
-            && files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("1")) == 0)
+            && kiln_testkit::files_under(
+                &data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("1"),
+            ) == 0)
             .then_some(())
     });
     assert!(gone.is_some(), "epoch 1's bytes were not collected");
-    assert!(files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("2")) == 1);
+    assert!(
+        kiln_testkit::files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("2"))
+            == 1
+    );
     drop(b);
 }
 
@@ -162,7 +156,7 @@ async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
         p = pids.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    add_repo(&server, "kill", &repo);
+    server.add_repo("kill", &repo);
     let c = Client::new(&server.url, &server.token);
     let a = server.agent("victim", &[]).unwrap();
     let run = c.submit_run("kill", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
@@ -200,7 +194,7 @@ async fn missing_required_artifact_fails_the_job() {
         "version: 1\njobs:\n  - name: compile\n    steps: [\"echo compiled nothing\"]\n    artifacts:\n      publish:\n        - {name: app, path: target/app.jar}\n  - name: test\n    artifacts:\n      restore:\n        - {from_job: compile, name: app, path: app.jar}\n    steps: [\"echo should-not-run\"]\n",
     )])
     .unwrap();
-    add_repo(&server, "missing", &repo);
+    server.add_repo("missing", &repo);
     let c = Client::new(&server.url, &server.token);
     let _a = server.agent("a", &[]).unwrap();
     let run =
@@ -229,7 +223,7 @@ async fn database_unavailable_pauses_advancement() {
         gate.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    add_repo(&server, "dbdown", &repo);
+    server.add_repo("dbdown", &repo);
     let c = Client::new(&server.url, &server.token);
     let _agent = server.agent("a", &[]).unwrap();
     let run =
@@ -282,7 +276,7 @@ async fn host_lost_mid_upload_starts_a_fresh_generation() {
         "version: 1\njobs:\n  - name: compile\n    steps:\n      - mkdir -p target && head -c 50000000 /dev/urandom > target/app.jar\n    artifacts:\n      publish:\n        - {name: app, path: target/app.jar}\n",
     )])
     .unwrap();
-    add_repo(&server, "lost", &repo);
+    server.add_repo("lost", &repo);
     let c = Client::new(&server.url, &server.token);
     let a = server.agent("doomed", &["--upload-rate-limit", "5000000"]).unwrap();
     let run = c.submit_run("lost", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
@@ -302,7 +296,9 @@ async fn host_lost_mid_upload_starts_a_fresh_generation() {
     // The lost session's staged parts are collected, never completed.
     let gone = wait_for(Duration::from_secs(30), || {
         (staged_bytes(&data, &run.run_id, &job, 1) == 0
-            && files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&job).join("1")) == 0)
+            && kiln_testkit::files_under(
+                &data.join("objects/objects/artifacts").join(&run.run_id).join(&job).join("1"),
+            ) == 0)
             .then_some(())
     });
     assert!(gone.is_some(), "epoch 1's partial upload was not collected");
@@ -321,7 +317,7 @@ async fn server_killed_mid_run_loses_nothing() {
         gate.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    add_repo(&server, "crash", &repo);
+    server.add_repo("crash", &repo);
     let c = Client::new(&server.url, &server.token);
     let _agent = server.agent("steady", &[]).unwrap();
     let run =
@@ -351,7 +347,7 @@ async fn a_gigabyte_of_output_is_truncated_and_the_job_succeeds() {
         "version: 1\njobs:\n  - name: loud\n    steps:\n      - head -c 1000000000 /dev/zero | tr '\\0' z; echo; echo done\n",
     )])
     .unwrap();
-    add_repo(&server, "loud", &repo);
+    server.add_repo("loud", &repo);
     let c = Client::new(&server.url, &server.token);
     let _a = server.agent("a", &["--log-limit", "10485760"]).unwrap();
     let run = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();

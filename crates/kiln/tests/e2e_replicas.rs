@@ -6,11 +6,6 @@ use kiln_testkit::{KilnServer, TestRepo, wait_run};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 
-fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
-    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// An agent given several server URLs moves past one that does not answer.
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_with_several_server_urls_skips_a_dead_one() {
@@ -35,7 +30,7 @@ async fn agent_with_several_server_urls_skips_a_dead_one() {
     let _agent = Kill(agent);
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: hi\n    steps: [\"echo hi\"]\n")])
         .unwrap();
-    add_repo(&server, "hi", &repo);
+    server.add_repo("hi", &repo);
     let c = Client::new(&urls, &server.token);
     let r = c.submit_run("hi", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await;
     let r = match r {
@@ -73,7 +68,7 @@ async fn a_replica_killed_mid_run_loses_nothing() {
         go = go.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    add_repo(&a, "app", &repo);
+    a.add_repo("app", &repo);
     let (ab, ba) = (format!("{},{}", a.url, b.url), format!("{},{}", b.url, a.url));
     // `test` runs on agent one, which talks to replica A first.
     let agent1 = kiln_testkit::KilnAgent::spawn(&a.bin, &ab, &a.agent_token, "one", &["--labels", "via=a"]).unwrap();
@@ -114,7 +109,7 @@ async fn a_run_accepted_by_one_replica_reaches_agents_of_another() {
     let _agent = b.agent("only-b", &[]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: hi\n    steps: [\"echo hi\"]\n")])
         .unwrap();
-    add_repo(&a, "hi", &repo);
+    a.add_repo("hi", &repo);
     let via_a = Client::new(&a.url, &a.token);
     let r = via_a.submit_run("hi", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let run = wait_run(&via_a, &r.run_id, 60).await;
@@ -141,7 +136,7 @@ async fn ready_jobs_reach_another_replica_by_notification() {
         "version: 1\njobs:\n  - name: one\n    steps: [\"echo one\"]\n  - name: two\n    steps: [\"echo two\"]\n",
     )])
     .unwrap();
-    add_repo(&a, "hi", &repo);
+    a.add_repo("hi", &repo);
     let via_a = Client::new(&a.url, &a.token);
     for _ in 0..2 {
         let r =

@@ -9,15 +9,9 @@ use kiln_testkit::{
     GARAGE_KEY_ID, GARAGE_SECRET, KilnAgent, KilnServer, TempGarage, TempPostgres, TestRepo, garage_available,
     postgres_available, wait_for, wait_run,
 };
-use std::path::Path;
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
-
-fn add_repo(s: &KilnServer, name: &str, repo: &TestRepo) {
-    let out = s.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
 
 fn creds() -> [(&'static str, &'static str); 2] {
     [("AWS_ACCESS_KEY_ID", GARAGE_KEY_ID), ("AWS_SECRET_ACCESS_KEY", GARAGE_SECRET)]
@@ -26,12 +20,6 @@ fn creds() -> [(&'static str, &'static str); 2] {
 /// The test's own view of the bucket (as an operator with the keys).
 fn bucket(g: &TempGarage, prefix: &str) -> S3BlobStore {
     S3BlobStore::with_keys(S3Config::parse(&g.url(prefix)).unwrap(), GARAGE_KEY_ID, GARAGE_SECRET).unwrap()
-}
-
-fn files_under(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum())
-        .unwrap_or(0)
 }
 
 async fn wait_job<F: Fn(&kiln_api::Job) -> bool>(c: &Client, run: &str, job: usize, f: F) -> kiln_api::Run {
@@ -44,18 +32,6 @@ async fn wait_job<F: Fn(&kiln_api::Job) -> bool>(c: &Client, run: &str, job: usi
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("job {job} of run {run} never reached the expected state: {:#?}", c.get_run(run).await.unwrap());
-}
-
-fn journal_rows(data: &Path, job: &str) -> i64 {
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('SELECT COUNT(*) FROM log_chunks WHERE job_id=?', (sys.argv[2],)).fetchone()[0])")
-        .arg(data.join("kiln.db"))
-        .arg(job)
-        .output()
-        .expect("python3");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 /// One server on S3: an artifact crosses from `compile` to `test` through
@@ -74,7 +50,7 @@ async fn artifacts_and_log_archives_live_in_the_bucket() {
             .unwrap();
     let wf = "version: 1\njobs:\n  - name: compile\n    steps:\n      - mkdir -p target && head -c 70000000 /dev/urandom > target/app.jar && true > target/empty && sha256sum target/app.jar | tee target/app.sha\n    artifacts:\n      publish:\n        - {name: app, path: target/app.jar}\n        - {name: sum, path: target/app.sha}\n        - {name: empty, path: target/empty}\n  - name: test\n    artifacts:\n      restore:\n        - {from_job: compile, name: app, path: target/app.jar}\n        - {from_job: compile, name: sum, path: target/app.sha}\n        - {from_job: compile, name: empty, path: target/empty}\n    steps:\n      - sha256sum -c target/app.sha && test ! -s target/empty && echo verified\n";
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
-    add_repo(&server, "s3", &repo);
+    server.add_repo("s3", &repo);
     // The agent's environment has no store credentials (and they would not help).
     let agent = server.agent("a", &[]).unwrap();
     let c = Client::new(&server.url, &server.token);
@@ -100,11 +76,11 @@ async fn artifacts_and_log_archives_live_in_the_bucket() {
     // Logs move to the bucket: the journal empties, replay is unchanged.
     let data = server.data_dir();
     let test_job = run.jobs[1].id.clone();
-    wait_for(Duration::from_secs(30), || (journal_rows(&data, &test_job) == 0).then_some(()))
+    wait_for(Duration::from_secs(30), || (kiln_testkit::journal_rows(&data, &test_job) == 0).then_some(()))
         .unwrap_or_else(|| panic!("the log was never archived:\n{}", server.log()));
     let again = server.cli().args(["logs", &r.run_id, "test"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&again.stdout), logs, "replay from the bucket");
-    assert_eq!(files_under(&data.join("objects")), 0, "no bytes on the server's disk");
+    assert_eq!(kiln_testkit::files_under(&data.join("objects")), 0, "no bytes on the server's disk");
 
     // What the bucket holds is exactly the bound bytes, under the prefix.
     let key = dl.url.split_once("/kiln-e2e/").and_then(|(_, k)| k.split('?').next()).unwrap();
@@ -166,7 +142,7 @@ jobs:
 "#,
     )])
     .unwrap();
-    add_repo(&a, "vanish", &repo);
+    a.add_repo("vanish", &repo);
     let (ab, ba) = (format!("{},{}", a.url, b.url), format!("{},{}", b.url, a.url));
     let c = Client::new(&ba, &b.token);
 
@@ -259,7 +235,7 @@ jobs:
             .await
             .unwrap();
     assert_eq!(bkt.hash(&bound).await.unwrap().sha256, art.sha256);
-    assert_eq!(files_under(&b.data_dir().join("objects")), 0, "no bytes on the servers' disk");
+    assert_eq!(kiln_testkit::files_under(&b.data_dir().join("objects")), 0, "no bytes on the servers' disk");
     drop(agent_b);
 }
 
@@ -289,7 +265,7 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
     let server = KilnServer::start_env(BIN.as_ref(), &["--object-store", &g.url("p")], &creds()).unwrap();
     let wf = "version: 1\njobs:\n  - name: build\n    steps: [\"true\"]\n    artifacts:\n      publish:\n        - {name: out, path: out.bin}\n";
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
-    add_repo(&server, "manual", &repo);
+    server.add_repo("manual", &repo);
     let c = Client::new(&server.url, &server.token);
     let r = c.submit_run("manual", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let agent = Client::new(&server.url, &server.agent_token);
