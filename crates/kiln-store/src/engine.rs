@@ -1428,22 +1428,10 @@ impl AttemptStore for StoreImpl {
         // that row, so a heartbeat never revives an ended attempt. An
         // attempt that is running is its job's current epoch (a new epoch is
         // claimed only after the previous attempt ended).
-        let fast: Option<(i64, i64, String)> =
-            sqlx::query_as(q!("UPDATE attempts SET lease_deadline = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ? \
-                 WHERE job_id = ? AND epoch = ? AND outcome = 'running' \
-                   AND lease_deadline > CAST(unixepoch('subsec') * 1000 AS INTEGER) \
-                   AND epoch = (SELECT current_epoch FROM jobs WHERE id = ?) \
-                 RETURNING lease_deadline, (SELECT cancel_requested FROM jobs WHERE id = ?), \
-                   (SELECT r.status FROM runs r JOIN jobs j ON j.run_id = r.id WHERE j.id = ?)"))
-            .bind(lease_ttl_ms)
-            .bind(job_id)
-            .bind(epoch)
-            .bind(job_id)
-            .bind(job_id)
-            .bind(job_id)
-            .fetch_optional(&self.writer)
-            .await
-            .map_err(db_err)?;
+        //
+        // On PostgreSQL concurrent heartbeats share one statement (see
+        // `postgres::extend_lease`): the same conditions, rechecked per row.
+        let fast = super::extend_lease(self, job_id, epoch, lease_ttl_ms).await?;
         if let Some((deadline, cancel, status)) = fast {
             let cancel_requested = cancel != 0 || (status != "running" && status != "queued");
             return Ok(HeartbeatOutcome { cancel_requested, lease_deadline: deadline });

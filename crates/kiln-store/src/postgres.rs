@@ -47,6 +47,8 @@ pub struct PgStore {
     /// The same pool: PostgreSQL has no single-writer restriction.
     pub(crate) reader: PgPool,
     backoff: Backoff,
+    /// The heartbeat batcher's queue (see [`extend_lease`]).
+    beats: tokio::sync::mpsc::UnboundedSender<Beat>,
 }
 
 pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
@@ -201,6 +203,130 @@ pub(crate) async fn ready_wakeups(store: &PgStore) -> Result<Option<std::sync::A
     Ok(Some(wake))
 }
 
+/// What the heartbeat fast path returns for a live lease it extended: the new
+/// deadline, the job's `cancel_requested`, the run's status.
+pub(crate) type LeaseExtended = (i64, i64, String);
+
+/// A row of `kiln_extend_leases`: job, epoch, then [`LeaseExtended`].
+type ExtendedRow = (String, i64, i64, i64, String);
+
+/// One heartbeat waiting for its batch.
+struct Beat {
+    job_id: String,
+    epoch: i64,
+    ttl_ms: i64,
+    reply: tokio::sync::oneshot::Sender<Result<Option<LeaseExtended>>>,
+}
+
+/// Statements of heartbeats in flight at once; while all are busy, arriving
+/// heartbeats queue and the next statement takes them all.
+const HEARTBEAT_STATEMENTS: usize = 4;
+/// The most leases one statement extends.
+const HEARTBEAT_BATCH: usize = 512;
+
+/// The heartbeat fast path (see `engine.rs`): the lease is extended by a
+/// statement shared with every other heartbeat that arrived meanwhile.
+///
+/// At the spec's peak a replica receives thousands of heartbeats a second,
+/// each one row. One statement and one commit per heartbeat spends most of
+/// the database on per-statement and per-commit work; one call of
+/// `kiln_extend_leases` (migration 0011) extends many leases in one round
+/// trip and one commit. The batch has no timer: a heartbeat that finds a statement slot free goes at
+/// once, alone, so batching adds no latency when the database keeps up.
+///
+/// Each row is updated under the same conditions as a single heartbeat
+/// (running, unexpired, the job's current epoch), rechecked by PostgreSQL on
+/// the newest row version if a completion or fence changed it meanwhile.
+/// `None`: no live lease of that epoch; the full transaction says why.
+pub(crate) async fn extend_lease(
+    store: &PgStore,
+    job_id: &str,
+    epoch: i64,
+    lease_ttl_ms: i64,
+) -> Result<Option<LeaseExtended>> {
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    let beat = Beat { job_id: job_id.to_string(), epoch, ttl_ms: lease_ttl_ms, reply };
+    store.beats.send(beat).map_err(|_| StoreError::Unavailable("the heartbeat batcher stopped".into()))?;
+    rx.await.map_err(|_| StoreError::Unavailable("the heartbeat batcher stopped".into()))?
+}
+
+fn spawn_heartbeat_batcher(pool: PgPool) -> tokio::sync::mpsc::UnboundedSender<Beat> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Beat>();
+    tokio::spawn(async move {
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(HEARTBEAT_STATEMENTS));
+        loop {
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
+            // Ends when every clone of the store is gone.
+            let Some(first) = rx.recv().await else { return };
+            let mut batch = vec![first];
+            while batch.len() < HEARTBEAT_BATCH {
+                match rx.try_recv() {
+                    Ok(b) => batch.push(b),
+                    Err(_) => break,
+                }
+            }
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                extend_leases(&pool, batch).await;
+            });
+        }
+    });
+    tx
+}
+
+/// One statement for a batch of heartbeats; every waiter gets its row's
+/// result (or the statement's error).
+async fn extend_leases(pool: &PgPool, mut batch: Vec<Beat>) {
+    // One row per lease, in key order: concurrent batches lock the rows
+    // they share in the same order.
+    batch.sort_by(|a, b| (&a.job_id, a.epoch).cmp(&(&b.job_id, b.epoch)));
+    let (mut jobs, mut epochs, mut ttls) = (Vec::new(), Vec::new(), Vec::new());
+    for b in &batch {
+        if jobs.last() != Some(&b.job_id) || epochs.last() != Some(&b.epoch) {
+            jobs.push(b.job_id.clone());
+            epochs.push(b.epoch);
+            ttls.push(b.ttl_ms);
+        }
+    }
+    let mut tries = 0;
+    let rows = loop {
+        let r: std::result::Result<Vec<ExtendedRow>, _> =
+            sqlx::query_as("SELECT * FROM kiln_extend_leases($1, $2, $3)")
+                .bind(&jobs)
+                .bind(&epochs)
+                .bind(&ttls)
+                .fetch_all(pool)
+                .await;
+        match r.map_err(db_err) {
+            Err(e) if retryable(&e) && tries < MAX_TX_RETRIES => {
+                tries += 1;
+                retry_pause(tries).await;
+            }
+            r => break r,
+        }
+    };
+    match rows {
+        Ok(rows) => {
+            let live: HashMap<(String, i64), LeaseExtended> =
+                rows.into_iter().map(|(j, e, d, c, s)| ((j, e), (d, c, s))).collect();
+            for b in batch {
+                let r = live.get(&(b.job_id, b.epoch)).cloned();
+                let _ = b.reply.send(Ok(r));
+            }
+        }
+        Err(e) => {
+            let msg = match e {
+                StoreError::Unavailable(m) => m,
+                other => other.to_string(),
+            };
+            for b in batch {
+                let _ = b.reply.send(Err(StoreError::Unavailable(msg.clone())));
+            }
+        }
+    }
+}
+
 impl PgStore {
     /// Connect to `url` (`postgres://user:pass@host:port/db`) and run migrations.
     pub async fn connect(url: &str) -> Result<PgStore> {
@@ -222,7 +348,8 @@ impl PgStore {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
-        Ok(PgStore { writer: pool.clone(), reader: pool, backoff: Backoff::default() })
+        let beats = spawn_heartbeat_batcher(pool.clone());
+        Ok(PgStore { writer: pool.clone(), reader: pool, backoff: Backoff::default(), beats })
     }
 
     /// Override the retry backoff (tests use a small one).

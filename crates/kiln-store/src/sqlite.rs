@@ -72,6 +72,37 @@ pub(crate) async fn ready_wakeups(_store: &SqliteStore) -> Result<Option<std::sy
     Ok(None)
 }
 
+/// What the heartbeat fast path returns for a live lease it extended: the new
+/// deadline, the job's `cancel_requested`, the run's status.
+pub(crate) type LeaseExtended = (i64, i64, String);
+
+/// The heartbeat fast path (see `engine.rs`): one statement on the writer.
+/// `None`: no live lease of that epoch; the full transaction says why.
+pub(crate) async fn extend_lease(
+    store: &SqliteStore,
+    job_id: &str,
+    epoch: i64,
+    lease_ttl_ms: i64,
+) -> Result<Option<LeaseExtended>> {
+    sqlx::query_as(
+        "UPDATE attempts SET lease_deadline = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ? \
+         WHERE job_id = ? AND epoch = ? AND outcome = 'running' \
+           AND lease_deadline > CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+           AND epoch = (SELECT current_epoch FROM jobs WHERE id = ?) \
+         RETURNING lease_deadline, (SELECT cancel_requested FROM jobs WHERE id = ?), \
+           (SELECT r.status FROM runs r JOIN jobs j ON j.run_id = r.id WHERE j.id = ?)",
+    )
+    .bind(lease_ttl_ms)
+    .bind(job_id)
+    .bind(epoch)
+    .bind(job_id)
+    .bind(job_id)
+    .bind(job_id)
+    .fetch_optional(&store.writer)
+    .await
+    .map_err(db_err)
+}
+
 /// Transactions never conflict under one writer; a busy database is an outage.
 pub(crate) const MAX_TX_RETRIES: u32 = 0;
 

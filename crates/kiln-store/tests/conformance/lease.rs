@@ -4,6 +4,7 @@
 use super::*;
 use kiln_core::RunStatus;
 use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
+use std::collections::HashMap;
 
 pub async fn heartbeat_extends_the_lease<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
@@ -178,4 +179,77 @@ pub async fn shorten_session_leases_only_touches_that_session<S: Store + 'static
     assert_eq!(outcomes(jv(&v, "z")), [AttemptOutcome::Running]);
     s.heartbeat(&z, 1, LONG_TTL).await.expect("the live session keeps its lease");
     assert_eq!(s.shorten_session_leases("no-such-session", 0).await.unwrap(), 0);
+}
+
+/// Many heartbeats at once (PostgreSQL extends concurrent heartbeats in one
+/// shared statement): each gets the answer for its own lease — live ones
+/// are extended, ended or wrong epochs are stale, a cancelled run's lease
+/// says so — and nothing else changes.
+pub async fn concurrent_heartbeats_each_get_their_own_answer<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &fx.store;
+    let names: Vec<String> = (0..10).map(|i| format!("j{i}")).collect();
+    let (_, run_id) = start(&**s, workflow(names.iter().map(|n| job(n, &[], 0)).collect())).await;
+    let (_, cancelled_run) = start(&**s, workflow(vec![job("c", &[], 0)])).await;
+    let a = agent(&**s, "a", 16).await;
+    let mut live = vec![];
+    for n in &names {
+        let id = job_id(&**s, &run_id, n).await;
+        let c = claim(&**s, &a, &id, LONG_TTL).await;
+        live.push((id, c.lease_deadline));
+    }
+    let c_job = job_id(&**s, &cancelled_run, "c").await;
+    claim(&**s, &a, &c_job, LONG_TTL).await;
+    // Three leases end by completion; the second run is cancelled.
+    let ended: Vec<_> = live.split_off(7);
+    for (id, _) in &ended {
+        assert_eq!(s.complete(id, 1, success()).await.unwrap(), "success");
+    }
+    s.cancel_run(&cancelled_run).await.unwrap();
+    let before_cancelled = snapshot(&**s, &cancelled_run).await;
+
+    // Wrong epochs and ended leases, interleaved with live ones, all at once.
+    let mut tasks = vec![];
+    for round in 0..6 {
+        for (id, _) in live.iter().chain(&ended) {
+            for epoch in [1, 2] {
+                let (s, id) = (s.clone(), id.clone());
+                tasks.push(tokio::spawn(
+                    async move { (id.clone(), epoch, round, s.heartbeat(&id, epoch, LONG_TTL).await) },
+                ));
+            }
+        }
+        let (s, id) = (s.clone(), c_job.clone());
+        tasks.push(tokio::spawn(async move { (id.clone(), 1, round, s.heartbeat(&id, 1, LONG_TTL).await) }));
+    }
+    let mut latest: HashMap<String, i64> = HashMap::new();
+    for t in tasks {
+        let (id, epoch, _, r) = t.await.unwrap();
+        if id == c_job {
+            assert!(r.expect("the cancelled run's lease is still live").cancel_requested);
+        } else if epoch == 1 && live.iter().any(|(l, _)| *l == id) {
+            let hb = r.unwrap_or_else(|e| panic!("live lease {id} refused: {e}"));
+            assert!(!hb.cancel_requested);
+            let claimed_deadline = live.iter().find(|(l, _)| *l == id).unwrap().1;
+            assert!(hb.lease_deadline >= claimed_deadline);
+            let e = latest.entry(id).or_default();
+            *e = (*e).max(hb.lease_deadline);
+        } else {
+            assert_stale(r);
+        }
+    }
+    let v = view(&**s, &run_id).await;
+    for (id, _) in &live {
+        let j = v.jobs.iter().find(|j| j.job.id == *id).unwrap();
+        assert_eq!(j.attempts.len(), 1);
+        assert_eq!(j.attempts[0].lease_deadline, latest[id], "the lease kept the newest extension");
+        assert_eq!(j.attempts[0].outcome, AttemptOutcome::Running);
+    }
+    for (id, _) in &ended {
+        let j = v.jobs.iter().find(|j| j.job.id == *id).unwrap();
+        assert_eq!(outcomes(j), [AttemptOutcome::Success], "a stale heartbeat revived nothing");
+    }
+    // The cancelled run's heartbeats extended its lease and changed nothing else.
+    let without_leases = |s: String| s.lines().filter(|l| !l.contains("lease_deadline")).collect::<Vec<_>>().join("\n");
+    assert_eq!(without_leases(snapshot(&**s, &cancelled_run).await), without_leases(before_cancelled));
 }

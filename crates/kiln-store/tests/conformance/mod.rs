@@ -80,6 +80,7 @@ macro_rules! suite {
             claim::concurrent_retries_of_one_claim_request_create_one_attempt,
             lease::heartbeat_extends_the_lease,
             lease::heartbeat_with_wrong_epoch_is_stale,
+            lease::concurrent_heartbeats_each_get_their_own_answer,
             lease::expired_lease_is_stale_before_the_reconciler_runs,
             lease::fencing_rejects_the_replaced_epoch,
             lease::lost_attempts_use_the_infra_budget,
