@@ -247,8 +247,14 @@ async fn make_ready(tx: &mut Tx<'_>, job_id: &str, available_at: i64, now: i64) 
 /// succeeded ready, skip pending jobs downstream of a failure, and finish the
 /// run when nothing is left to run.
 async fn advance_run(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
-    advance_run_inner(tx, run_id, now).await?;
-    release_job_groups(tx, now).await
+    let run = advance_run_inner(tx, run_id, now).await?;
+    // Only a job in a concurrency group occupies one: a run without job
+    // groups frees no slot (and, completing at READ COMMITTED, must not
+    // touch other runs' jobs).
+    if run.definition.jobs.iter().any(|j| j.concurrency.is_some()) {
+        release_job_groups(tx, now).await?;
+    }
+    Ok(())
 }
 
 /// Job-level concurrency groups: start the oldest job waiting on each group
@@ -274,7 +280,8 @@ async fn release_job_groups(tx: &mut Tx<'_>, now: i64) -> Result<()> {
     }
 }
 
-async fn advance_run_inner(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()> {
+/// Returns the run as loaded (before this step changed it).
+async fn advance_run_inner(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<RunRecord> {
     let run = load_run(&mut **tx, run_id).await?;
     let held: i64 = sqlx::query_scalar(q!("SELECT held FROM runs WHERE id = ?"))
         .bind(run_id)
@@ -387,7 +394,7 @@ async fn advance_run_inner(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()
     }
     let active = status.values().any(|s| !s.is_terminal());
     if active || run.status.is_terminal() {
-        return Ok(());
+        return Ok(run);
     }
     let final_status = if run.status == RunStatus::Cancelling {
         RunStatus::Cancelled
@@ -396,7 +403,8 @@ async fn advance_run_inner(tx: &mut Tx<'_>, run_id: &str, now: i64) -> Result<()
     } else {
         RunStatus::Success
     };
-    finish_run(tx, run_id, final_status, None, now).await
+    finish_run(tx, run_id, final_status, None, now).await?;
+    Ok(run)
 }
 
 /// A job about to become ready joins its concurrency group `key`. Returns
@@ -734,6 +742,127 @@ async fn fail_fast(tx: &mut Tx<'_>, run: &RunRecord, group: &str, failed: &str, 
     .await
     .map_err(db_err)?;
     Ok(())
+}
+
+/// Whether a run takes part in a concurrency group, its own or one of its
+/// jobs' (spec 003): completing its jobs can then start or cancel work of
+/// other runs.
+fn uses_concurrency_groups(run: &RunRecord) -> bool {
+    run.definition.concurrency.is_some() || run.definition.jobs.iter().any(|j| j.concurrency.is_some())
+}
+
+/// The completion transaction (spec 000 §9). `Ok(None)`: not decided,
+/// because the run uses concurrency groups and `serializable` is false.
+///
+/// On PostgreSQL it first runs at READ COMMITTED (`serializable` false):
+/// the run row and then the job row are locked before anything is read,
+/// and every transaction that changes a run's jobs, attempts, artifact
+/// generations or log locks the same rows first (claims and fencing the
+/// run, seals and log appends the job; a heartbeat changes only its lease,
+/// under `outcome = 'running'`, rechecked on the row this transaction
+/// ends), so each statement after the locks reads the run as it stands. A
+/// run in no concurrency group changes only its own rows. A run in a group
+/// may have to start or cancel other runs' work, found by predicates over
+/// rows it cannot lock first: that needs SERIALIZABLE, so it returns `None`
+/// before writing anything and the caller reruns it serializable.
+async fn complete_tx(
+    store: &StoreImpl,
+    tx: &mut Tx<'_>,
+    job_id: &str,
+    epoch: i64,
+    c: &CompletionInput,
+    serializable: bool,
+) -> Result<Option<Result<String>>> {
+    lock_run_of_job(tx, job_id).await?;
+    // Then the job: its log's seal marker commits in id order with
+    // the chunks appended under the same lock.
+    super::lock_job(tx, job_id).await?;
+    let now = now(tx).await?;
+    let (job, budget) = require_live(tx, job_id, epoch, now).await?;
+    let run = load_run(&mut **tx, &job.run_id).await?;
+    if !serializable && uses_concurrency_groups(&run) {
+        return Ok(None);
+    }
+    if !run.status.can_claim() || budget.cancel_requested {
+        // Cancellation (of the run, or of this job by fail-fast)
+        // committed first: the late completion is rejected,
+        // but it does confirm the sandbox ended.
+        end_attempt(tx, job_id, epoch, AttemptOutcome::Cancelled, c.exit_code, Some("cancelled"), now).await?;
+        fail_or_retry(store, tx, &job, &budget, false, "cancelled", now).await?;
+        if c.outcome == AttemptOutcome::Cancelled {
+            return Ok(Some(Ok(JobStatus::Cancelled.as_str().into())));
+        }
+        return Ok(Some(Err(StoreError::Conflict(format!("run {} was cancelled before this completion", run.id)))));
+    }
+    let status = match c.outcome {
+        AttemptOutcome::Success => {
+            // spec 000 §9: every declared output must be SEALED for this
+            // attempt; nothing is ever substituted from elsewhere.
+            let declared: Vec<String> = run
+                .definition
+                .jobs
+                .get(job.index as usize)
+                .map(|j| j.artifacts.publish.iter().map(|p| p.name.clone()).collect())
+                .unwrap_or_default();
+            let mut sealed = Vec::new();
+            for name in &declared {
+                let g: Option<String> = sqlx::query_scalar(q!(
+                    "SELECT id FROM artifact_generations WHERE job_id = ? AND epoch = ? AND name = ? \
+                     AND state = 'sealed' ORDER BY sealed_at DESC, id DESC LIMIT 1"
+                ))
+                .bind(job_id)
+                .bind(epoch)
+                .bind(name)
+                .fetch_optional(&mut **tx)
+                .await
+                .map_err(db_err)?;
+                match g {
+                    Some(g) => sealed.push((name, g)),
+                    None => {
+                        let msg = format!("required artifact `{name}` was not sealed by epoch {epoch}");
+                        end_attempt(tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
+                        let st = fail_or_retry(store, tx, &job, &budget, false, &msg, now).await?;
+                        return Ok(Some(Ok(st.as_str().into())));
+                    }
+                }
+            }
+            for (name, g) in sealed {
+                sqlx::query(
+                    q!("INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at) VALUES (?, ?, ?, ?, ?)"),
+                )
+                .bind(&job.run_id)
+                .bind(job_id)
+                .bind(name)
+                .bind(g)
+                .bind(now)
+                .execute(&mut **tx)
+                .await
+                .map_err(db_err)?;
+            }
+            end_attempt(tx, job_id, epoch, AttemptOutcome::Success, c.exit_code, c.message.as_deref(), now).await?;
+            sqlx::query(q!("UPDATE jobs SET status = 'success', finished_at = ?, \
+                 message = CASE WHEN message LIKE 'degraded:%' THEN message END WHERE id = ?"))
+            .bind(now)
+            .bind(job_id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+            advance_run(tx, &job.run_id, now).await?;
+            JobStatus::Success
+        }
+        AttemptOutcome::Failed | AttemptOutcome::Cancelled | AttemptOutcome::Lost => {
+            let msg = c.message.clone().unwrap_or_else(|| match c.exit_code {
+                Some(code) => format!("step exited with code {code}"),
+                None => "attempt failed".into(),
+            });
+            end_attempt(tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
+            fail_or_retry(store, tx, &job, &budget, c.infra_failure, &msg, now).await?
+        }
+        AttemptOutcome::Running => {
+            return Err(StoreError::Invalid("completion outcome cannot be running".into()));
+        }
+    };
+    Ok(Some(Ok(status.as_str().into())))
 }
 
 /// Checks that `(job, epoch)` is the job's current running attempt with a
@@ -1459,116 +1588,15 @@ impl AttemptStore for StoreImpl {
     }
 
     async fn complete(&self, job_id: &str, epoch: i64, c: CompletionInput) -> Result<String> {
-        // `Ok(Err(_))`: committed, and still an error for the caller.
-        let r: Result<Result<String>> = write_tx!(self, |tx| {
-            lock_run_of_job(&mut tx, job_id).await?;
-            // Then the job: its log's seal marker commits in id order with
-            // the chunks appended under the same lock.
-            super::lock_job(&mut tx, job_id).await?;
-            let now = now(&mut tx).await?;
-            let (job, budget) = require_live(&mut tx, job_id, epoch, now).await?;
-            let run = load_run(&mut *tx, &job.run_id).await?;
-            if !run.status.can_claim() || budget.cancel_requested {
-                // Cancellation (of the run, or of this job by fail-fast)
-                // committed first: the late completion is rejected,
-                // but it does confirm the sandbox ended.
-                end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Cancelled, c.exit_code, Some("cancelled"), now)
-                    .await?;
-                fail_or_retry(self, &mut tx, &job, &budget, false, "cancelled", now).await?;
-                if c.outcome == AttemptOutcome::Cancelled {
-                    return Ok(Ok(JobStatus::Cancelled.as_str().into()));
-                }
-                return Ok(Err(StoreError::Conflict(format!("run {} was cancelled before this completion", run.id))));
-            }
-            let status = match c.outcome {
-                AttemptOutcome::Success => {
-                    // spec 000 §9: every declared output must be SEALED for this
-                    // attempt; nothing is ever substituted from elsewhere.
-                    let declared: Vec<String> = run
-                        .definition
-                        .jobs
-                        .get(job.index as usize)
-                        .map(|j| j.artifacts.publish.iter().map(|p| p.name.clone()).collect())
-                        .unwrap_or_default();
-                    let mut sealed = Vec::new();
-                    for name in &declared {
-                        let g: Option<String> = sqlx::query_scalar(q!(
-                            "SELECT id FROM artifact_generations WHERE job_id = ? AND epoch = ? AND name = ? \
-                         AND state = 'sealed' ORDER BY sealed_at DESC, id DESC LIMIT 1"
-                        ))
-                        .bind(job_id)
-                        .bind(epoch)
-                        .bind(name)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(db_err)?;
-                        match g {
-                            Some(g) => sealed.push((name, g)),
-                            None => {
-                                let msg = format!("required artifact `{name}` was not sealed by epoch {epoch}");
-                                end_attempt(
-                                    &mut tx,
-                                    job_id,
-                                    epoch,
-                                    AttemptOutcome::Failed,
-                                    c.exit_code,
-                                    Some(&msg),
-                                    now,
-                                )
-                                .await?;
-                                let st = fail_or_retry(self, &mut tx, &job, &budget, false, &msg, now).await?;
-                                return Ok(Ok(st.as_str().into()));
-                            }
-                        }
-                    }
-                    for (name, g) in sealed {
-                        sqlx::query(
-                        q!("INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at) VALUES (?, ?, ?, ?, ?)"),
-                    )
-                    .bind(&job.run_id)
-                    .bind(job_id)
-                    .bind(name)
-                    .bind(g)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-                    }
-                    end_attempt(
-                        &mut tx,
-                        job_id,
-                        epoch,
-                        AttemptOutcome::Success,
-                        c.exit_code,
-                        c.message.as_deref(),
-                        now,
-                    )
-                    .await?;
-                    sqlx::query(q!("UPDATE jobs SET status = 'success', finished_at = ?, \
-                     message = CASE WHEN message LIKE 'degraded:%' THEN message END WHERE id = ?"))
-                    .bind(now)
-                    .bind(job_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-                    advance_run(&mut tx, &job.run_id, now).await?;
-                    JobStatus::Success
-                }
-                AttemptOutcome::Failed | AttemptOutcome::Cancelled | AttemptOutcome::Lost => {
-                    let msg = c.message.clone().unwrap_or_else(|| match c.exit_code {
-                        Some(code) => format!("step exited with code {code}"),
-                        None => "attempt failed".into(),
-                    });
-                    end_attempt(&mut tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
-                    fail_or_retry(self, &mut tx, &job, &budget, c.infra_failure, &msg, now).await?
-                }
-                AttemptOutcome::Running => {
-                    return Err(StoreError::Invalid("completion outcome cannot be running".into()));
-                }
-            };
-            Ok(Ok(status.as_str().into()))
-        });
-        r?
+        // READ COMMITTED on PostgreSQL unless the run takes part in a
+        // concurrency group (see `complete_tx`); then SERIALIZABLE, as the
+        // group's other runs and jobs are read and changed too.
+        let first = write_tx!(self, locked | tx | { complete_tx(self, &mut tx, job_id, epoch, &c, false).await });
+        if let Some(r) = first? {
+            return r;
+        }
+        let r = write_tx!(self, |tx| { complete_tx(self, &mut tx, job_id, epoch, &c, true).await });
+        r?.expect("a serializable completion decides")
     }
 
     async fn fence_expired(&self) -> Result<Vec<(String, i64)>> {

@@ -216,3 +216,90 @@ pub async fn infra_failures_retry_up_to_the_default_budget<S: Store + 'static>(o
     assert_eq!(v.run.status, RunStatus::Failed);
     assert!(try_claim(s, &a, &build, b.job.dispatch_generation, LONG_TTL).await.is_none());
 }
+
+/// The last needs of a fan-in complete at the same moment: whichever commits
+/// last sees every other one, so the joining job becomes ready exactly once
+/// and the run finishes. (On PostgreSQL completions of a run without
+/// concurrency groups run at READ COMMITTED, ordered by the run lock.)
+pub async fn concurrent_completions_ready_a_fan_in_once<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &fx.store;
+    let names: Vec<String> = (0..12).map(|i| format!("part{i}")).collect();
+    let needs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut jobs: Vec<Job> = names.iter().map(|n| job(n, &[], 0)).collect();
+    jobs.push(job("join", &needs, 0));
+    let (_, run_id) = start(&**s, workflow(jobs)).await;
+    let a = agent(&**s, "a", 16).await;
+    let mut ids = vec![];
+    for n in &names {
+        let id = job_id(&**s, &run_id, n).await;
+        claim(&**s, &a, &id, LONG_TTL).await;
+        ids.push(id);
+    }
+    let tasks: Vec<_> = ids
+        .into_iter()
+        .map(|id| {
+            let s = s.clone();
+            tokio::spawn(async move { s.complete(&id, 1, success()).await })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().expect("every sibling completes"), "success");
+    }
+    let join = job_id(&**s, &run_id, "join").await;
+    let v = view(&**s, &run_id).await;
+    assert_eq!((jv(&v, "join").job.status, jv(&v, "join").job.dispatch_generation), (JobStatus::Ready, 1));
+    assert_eq!(pending_for(&**s, &join).await.len(), 1, "one dispatch event for the join");
+    claim(&**s, &a, &join, LONG_TTL).await;
+    assert_eq!(s.complete(&join, 1, success()).await.unwrap(), "success");
+    assert_eq!(view(&**s, &run_id).await.run.status, RunStatus::Success);
+}
+
+/// A completion racing the run's cancellation: one of them commits first
+/// and the other sees it. Either the job succeeded (and the cancellation
+/// found nothing left to stop) or the completion is refused and the job is
+/// cancelled; never a success recorded inside a cancelled run's running job.
+pub async fn completion_racing_cancellation_is_one_or_the_other<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &fx.store;
+    let a = agent(&**s, "a", 64).await;
+    let mut runs = vec![];
+    for _ in 0..16 {
+        let (_, run_id) = start(&**s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+        let build = job_id(&**s, &run_id, "build").await;
+        claim(&**s, &a, &build, LONG_TTL).await;
+        runs.push((run_id, build));
+    }
+    let tasks: Vec<_> = runs
+        .iter()
+        .map(|(run_id, build)| {
+            let (s1, s2, run_id, build) = (s.clone(), s.clone(), run_id.clone(), build.clone());
+            let done = tokio::spawn(async move { s1.complete(&build, 1, success()).await });
+            let cancel = tokio::spawn(async move { s2.cancel_run(&run_id).await });
+            (done, cancel)
+        })
+        .collect();
+    for ((run_id, _), (done, cancel)) in runs.iter().zip(tasks) {
+        let done = done.await.unwrap();
+        cancel.await.unwrap().expect("cancellation is accepted");
+        let v = view(&**s, run_id).await;
+        let (b, t) = (jv(&v, "build"), jv(&v, "test"));
+        match done {
+            Ok(st) => {
+                assert_eq!(st, "success");
+                assert_eq!(b.job.status, JobStatus::Success);
+                assert_eq!(outcomes(b), [AttemptOutcome::Success]);
+            }
+            Err(e) => {
+                assert!(matches!(e, StoreError::Conflict(_)), "{e:?}");
+                assert_eq!(b.job.status, JobStatus::Cancelled, "{v:#?}");
+                assert_eq!(outcomes(b), [AttemptOutcome::Cancelled]);
+            }
+        }
+        // Either way nothing is left to run: the successor is decided and the
+        // run is cancelled.
+        assert!(t.job.status.is_terminal(), "{v:#?}");
+        assert_ne!(t.job.status, JobStatus::Success);
+        assert_eq!(v.run.status, RunStatus::Cancelled, "{v:#?}");
+    }
+}

@@ -87,6 +87,8 @@ macro_rules! suite {
             lease::shorten_session_leases_only_touches_that_session,
             completion::success_readies_successor_and_finishes_run,
             completion::successor_waits_for_every_need,
+            completion::concurrent_completions_ready_a_fan_in_once,
+            completion::completion_racing_cancellation_is_one_or_the_other,
             completion::stale_completion_changes_nothing,
             completion::failure_without_retry_fails_and_skips_downstream,
             completion::failure_with_retry_is_claimable_after_backoff,
