@@ -43,6 +43,12 @@ impl Dispatcher {
         self.insert(ev, true);
     }
 
+    /// Put back an event that could not be tried now: after the others,
+    /// without waking waiting claims (it is nothing new).
+    pub fn push_back(&self, ev: OutboxEvent) {
+        self.insert(ev, false);
+    }
+
     fn insert(&self, ev: OutboxEvent, front: bool) -> bool {
         let mut q = self.inner.lock().unwrap();
         if !q.queued.insert((ev.job_id.clone(), ev.dispatch_generation)) {

@@ -51,7 +51,9 @@ impl From<StoreError> for ApiErr {
                 "this Idempotency-Key was already used with a different request body; use a new key",
             ),
             StoreError::Invalid(m) => ApiErr::bad_request(m),
-            StoreError::Unavailable(_) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg),
+            StoreError::Unavailable(_) | StoreError::Busy(_) => {
+                ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg)
+            }
         }
     }
 }

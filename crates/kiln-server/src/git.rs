@@ -70,15 +70,42 @@ impl Mirrors {
         self.locks.lock().await.entry(repo_id.to_string()).or_default().clone()
     }
 
+    /// An exclusive lock on `{repo_id}.lock` beside the mirror, held until
+    /// the returned file is dropped (other processes wait for it).
+    async fn file_lock(&self, repo_id: &str) -> Result<std::fs::File, GitError> {
+        let path = self.root.join(format!("{repo_id}.lock"));
+        let other = |e: std::io::Error| GitError::Other(format!("mirror lock {}: {e}", path.display()));
+        tokio::fs::create_dir_all(&self.root).await.map_err(other)?;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(other)?;
+        tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+            .await
+            .map_err(|e| GitError::Other(e.to_string()))?
+            .map_err(other)
+    }
+
     /// Fetch every ref of `url` into the mirror of `repo_id`, creating it.
     pub async fn fetch(&self, repo_id: &str, url: &str) -> Result<(), GitError> {
         let dir = self.dir(repo_id);
         if !dir.join("HEAD").exists() {
-            tokio::fs::create_dir_all(&dir).await.map_err(|e| GitError::Other(e.to_string()))?;
-            let out = git(&dir, &["init", "--bare", "-q"]).await?;
+            // Initialized aside and renamed into place: a mirror directory
+            // either does not exist or is a whole repository.
+            let tmp = self.root.join(format!("{repo_id}.git.init-{}", uuid::Uuid::new_v4()));
+            tokio::fs::create_dir_all(&tmp).await.map_err(|e| GitError::Other(e.to_string()))?;
+            let out = git(&tmp, &["init", "--bare", "-q"]).await?;
             if !out.status.success() {
+                let _ = tokio::fs::remove_dir_all(&tmp).await;
                 return Err(GitError::Other(String::from_utf8_lossy(&out.stderr).into()));
             }
+            if tokio::fs::rename(&tmp, &dir).await.is_err() && !dir.join("HEAD").exists() {
+                // A half-made mirror (a crash while creating it in place, as
+                // versions before this did): replace it. The file lock is held.
+                let _ = tokio::fs::remove_dir_all(&dir).await;
+                if let Err(e) = tokio::fs::rename(&tmp, &dir).await {
+                    let _ = tokio::fs::remove_dir_all(&tmp).await;
+                    return Err(GitError::Other(format!("cannot create mirror {}: {e}", dir.display())));
+                }
+            }
+            let _ = tokio::fs::remove_dir_all(&tmp).await;
         }
         let url = normalize_url(url);
         let out = git(
@@ -119,6 +146,9 @@ impl Mirrors {
         let _g = lock.lock().await;
         let dir = self.dir(repo_id);
         if !(is_full_sha(rev) && self.has_commit(&dir, rev).await) {
+            // Replicas may share the data directory: one fetch into a
+            // mirror at a time across processes too.
+            let _file_lock = self.file_lock(repo_id).await?;
             self.fetch(repo_id, url).await?;
         }
         let spec = if rev == "HEAD" { "refs/kiln/HEAD".to_string() } else { rev.to_string() };
@@ -172,5 +202,49 @@ impl Mirrors {
             return Err(GitError::MissingFile { path: path.into(), sha: sha.into() });
         }
         Ok(out.stdout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(dir: &Path, cmd: &str) {
+        let ok = std::process::Command::new("sh").arg("-c").arg(cmd).current_dir(dir).status().unwrap().success();
+        assert!(ok, "{cmd}");
+    }
+
+    /// Two server processes sharing a data directory (replicas on one box)
+    /// create and fetch the same mirror at the same moment: every resolve
+    /// succeeds and the mirror is one whole repository. (Two `Mirrors` are
+    /// two processes here: the in-process lock is per `Mirrors`, and the
+    /// file lock is per open file.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_sharing_a_data_dir_create_one_mirror() {
+        let tmp = tempfile::tempdir().unwrap();
+        let origin = tmp.path().join("origin");
+        std::fs::create_dir_all(&origin).unwrap();
+        sh(
+            &origin,
+            "git init -q -b main && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m one && git rev-parse HEAD > ../sha",
+        );
+        let sha = std::fs::read_to_string(tmp.path().join("sha")).unwrap().trim().to_string();
+        let root = tmp.path().join("mirrors");
+        let (a, b) = (Mirrors::new(root.clone()), Mirrors::new(root.clone()));
+        let url = origin.display().to_string();
+        let mut tasks = vec![];
+        for i in 0..8 {
+            let m = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let url = url.clone();
+            tasks.push(tokio::spawn(async move { m.resolve("repo-1", &url, "main").await }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().expect("resolve"), sha);
+        }
+        let names: Vec<String> =
+            std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut names = names;
+        names.sort();
+        assert_eq!(names, ["repo-1.git", "repo-1.lock"], "no half-made or leftover mirror directories");
     }
 }

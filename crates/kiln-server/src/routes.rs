@@ -18,7 +18,7 @@ use kiln_store::{ClaimInput, Idempotency, NewLogChunk, NewRun, StoreError};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -583,6 +583,8 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
     let wait = Duration::from_millis(req.wait_ms.min(60_000));
     let deadline = tokio::time::Instant::now() + wait;
     let ttl = state.config.lease_ttl.as_millis() as i64;
+    // Jobs whose run another transaction held when this request tried them.
+    let mut busy: HashSet<(String, i64)> = HashSet::new();
     loop {
         let notified = state.dispatcher.notify.notified();
         tokio::pin!(notified);
@@ -595,6 +597,10 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
                 job_id: ev.job_id.clone(),
                 dispatch_generation: ev.dispatch_generation,
                 lease_ttl_ms: ttl,
+                // Every replica queues every ready job, so agents of two
+                // replicas often claim the same job at the same moment: the
+                // loser moves on at once instead of waiting for the winner.
+                skip_locked: true,
             };
             match state.store.claim(input).await {
                 Ok(Some(c)) => {
@@ -617,6 +623,21 @@ async fn claim(S(state): S<State>, Path(agent_id): Path<String>, body: Bytes) ->
                         state.dispatcher.notify.notify_waiters();
                         tokio::time::sleep(Duration::from_millis(500).min(wait)).await;
                         return Ok(Json(api::ClaimResponse { assignment: None }));
+                    }
+                }
+                Err(StoreError::Busy(_)) => {
+                    // Try the other queued jobs first; by the time this one
+                    // comes round again, its run is most likely free (and the
+                    // job claimed elsewhere). Met busy twice: give the holder
+                    // a moment rather than spin.
+                    let again = !busy.insert((ev.job_id.clone(), ev.dispatch_generation));
+                    state.dispatcher.push_back(ev);
+                    if tokio::time::Instant::now() >= deadline {
+                        return Ok(Json(api::ClaimResponse { assignment: None }));
+                    }
+                    if again {
+                        busy.clear();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                 }
                 Err(e) => {

@@ -10,7 +10,10 @@
 //! transaction taken with [`write_tx!`], retried when the backend reports a
 //! serialization failure or deadlock.
 
-use super::{Db, DbRow, FOR_UPDATE, FOR_UPDATE_OF_RUN, NOW_SQL, StoreImpl, Tx, db_err, lock_run_of_job};
+use super::{
+    Db, DbRow, FOR_UPDATE, FOR_UPDATE_OF_RUN, FOR_UPDATE_OF_RUN_SKIP_LOCKED, NOW_SQL, StoreImpl, Tx, db_err,
+    lock_run_of_job,
+};
 use crate::*;
 use crate::{new_id, parse_enum};
 use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
@@ -988,7 +991,8 @@ const NOW_EXPR: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// The first statements of a claim: the job's run row, locked, then the job
 /// row, locked (the spec's order), with the attempt a claim request already
-/// committed, if any. `None`: no such job.
+/// committed, if any. `None`: no such job. With `skip_locked`, a run row
+/// another transaction holds is `Busy` at once.
 ///
 /// Rules for transactions begun with `write_tx!(…, locked …)` (READ
 /// COMMITTED on PostgreSQL; SQLite's single writer serializes everything):
@@ -1002,16 +1006,33 @@ async fn lock_claim_rows(
     tx: &mut Tx<'_>,
     job_id: &str,
     claim_request_id: &str,
+    skip_locked: bool,
 ) -> Result<Option<(RunRecord, JobRecord, Option<(String, i64)>)>> {
-    let row = sqlx::query(sqlc!(
-        "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
-         WHERE r.id = (SELECT run_id FROM jobs WHERE id = ?){FOR_UPDATE_OF_RUN}"
-    ))
-    .bind(job_id)
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(db_err)?;
-    let Some(row) = row else { return Ok(None) };
+    let sql = if skip_locked {
+        sqlc!(
+            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+             WHERE r.id = (SELECT run_id FROM jobs WHERE id = ?){FOR_UPDATE_OF_RUN_SKIP_LOCKED}"
+        )
+    } else {
+        sqlc!(
+            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+             WHERE r.id = (SELECT run_id FROM jobs WHERE id = ?){FOR_UPDATE_OF_RUN}"
+        )
+    };
+    let row = sqlx::query(sql).bind(job_id).fetch_optional(&mut **tx).await.map_err(db_err)?;
+    let Some(row) = row else {
+        if skip_locked {
+            let exists: Option<String> = sqlx::query_scalar(q!("SELECT id FROM jobs WHERE id = ?"))
+                .bind(job_id)
+                .fetch_optional(&mut **tx)
+                .await
+                .map_err(db_err)?;
+            if exists.is_some() {
+                return Err(StoreError::Busy(format!("the run of job {job_id} is locked by another transaction")));
+            }
+        }
+        return Ok(None);
+    };
     let run = run_from_row(&row)?;
     let row = sqlx::query(sqlc!(
         "SELECT {JOB_COLS}, (SELECT a.job_id FROM attempts a WHERE a.claim_request_id = ?) AS prior_job, \
@@ -1398,7 +1419,7 @@ impl AttemptStore for StoreImpl {
                 | tx
                 | {
                     let Some((mut run, mut job, prior)) =
-                        lock_claim_rows(&mut tx, &req.job_id, &req.claim_request_id).await?
+                        lock_claim_rows(&mut tx, &req.job_id, &req.claim_request_id, req.skip_locked).await?
                     else {
                         return Ok(None);
                     };

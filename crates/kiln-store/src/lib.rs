@@ -39,6 +39,10 @@ pub enum StoreError {
     /// The database could not be reached or failed; nothing was decided.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// Rows the call needs are locked by a concurrent transaction and the
+    /// caller asked not to wait (`ClaimInput::skip_locked`); nothing was decided.
+    #[error("busy: {0}")]
+    Busy(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

@@ -139,6 +139,11 @@ pub struct ClaimInput {
     pub job_id: String,
     pub dispatch_generation: i64,
     pub lease_ttl_ms: i64,
+    /// When another transaction holds the job's run (most often another
+    /// replica claiming the same job), fail at once with
+    /// [`StoreError::Busy`](crate::StoreError::Busy) instead of waiting for
+    /// it: the caller may try another job and come back to this one.
+    pub skip_locked: bool,
 }
 
 /// A durable attempt ticket: everything needed to build the assignment.

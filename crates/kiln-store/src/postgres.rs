@@ -80,6 +80,8 @@ pub(crate) async fn retry_pause(tries: u32) {
 pub(crate) const FOR_UPDATE: &str = " FOR UPDATE";
 /// Appended to a `SELECT` over `runs r` joined with other tables: lock the run row.
 pub(crate) const FOR_UPDATE_OF_RUN: &str = " FOR UPDATE OF r";
+/// [`FOR_UPDATE_OF_RUN`], skipping a run row another transaction holds.
+pub(crate) const FOR_UPDATE_OF_RUN_SKIP_LOCKED: &str = " FOR UPDATE OF r SKIP LOCKED";
 
 pub(crate) const NOW_SQL: &str = "SELECT CAST(extract(epoch from clock_timestamp()) * 1000 AS BIGINT)";
 

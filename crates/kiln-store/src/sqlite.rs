@@ -47,6 +47,7 @@ pub(crate) fn sql_owned(s: String) -> String {
 /// No row locks: the single writer serializes every transaction.
 pub(crate) const FOR_UPDATE: &str = "";
 pub(crate) const FOR_UPDATE_OF_RUN: &str = "";
+pub(crate) const FOR_UPDATE_OF_RUN_SKIP_LOCKED: &str = "";
 
 pub(crate) const NOW_SQL: &str = "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 

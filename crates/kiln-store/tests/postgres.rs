@@ -5,7 +5,7 @@
 mod conformance;
 
 use kiln_core::Backoff;
-use kiln_store::{AttemptStore, PgStore, RunStore, StoreError};
+use kiln_store::{AttemptStore, ClaimInput, PgStore, RunStore, StoreError};
 use kiln_testkit::{TempPostgres, postgres_available};
 use std::sync::Mutex;
 
@@ -127,4 +127,47 @@ async fn reconciler_skips_a_run_locked_elsewhere() {
 
     assert_eq!(s.fence_expired().await.unwrap(), vec![(job_a.clone(), c.epoch)]);
     assert_eq!(job_status(&s, &job_a).await, kiln_core::JobStatus::Ready);
+}
+
+/// A claim that may not wait (`skip_locked`, as the server claims) does not
+/// queue behind a run another transaction holds — another replica claiming
+/// the same job: it is `Busy` at once and decides nothing; once the run is
+/// free it claims. A claim that may wait still waits.
+#[tokio::test]
+async fn claim_skips_a_run_locked_elsewhere() {
+    use conformance::*;
+    use sqlx::Connection;
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let s = PgStore::connect(&format!("{url}?options=-c%20lock_timeout%3D300ms")).await.unwrap().with_backoff(FAST);
+    let (_, run_id) = start(&s, workflow(vec![job("a", &[], 0)])).await;
+    let a = agent(&s, "agent", 4).await;
+    let job_a = job_id(&s, &run_id, "a").await;
+    let g = s.get_job(&job_a).await.unwrap().dispatch_generation;
+
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(&run_id).fetch_one(&mut *tx).await.unwrap();
+    let before = snapshot(&s, &run_id).await;
+    let skipping = ClaimInput { skip_locked: true, ..claim_input(&a, &job_a, g, LONG_TTL) };
+    match s.claim(skipping.clone()).await {
+        Err(StoreError::Busy(_)) => {}
+        other => panic!("expected Busy while the run is locked elsewhere, got {other:?}"),
+    }
+    // A job that does not exist is still no job, not busy.
+    let missing = ClaimInput { job_id: "no-such-job".into(), ..skipping.clone() };
+    assert!(s.claim(missing).await.unwrap().is_none());
+    // Waiting claims wait (here into lock_timeout).
+    match s.claim(claim_input(&a, &job_a, g, LONG_TTL)).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected a waiting claim to time out, got {other:?}"),
+    }
+    assert_eq!(snapshot(&s, &run_id).await, before, "a skipped claim decided nothing");
+    tx.rollback().await.unwrap();
+
+    let c = s.claim(skipping).await.unwrap().expect("claimed once the run is free");
+    assert_eq!((c.job.id.as_str(), c.epoch), (job_a.as_str(), 1));
 }

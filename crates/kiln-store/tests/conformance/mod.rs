@@ -278,6 +278,7 @@ pub fn claim_input(agent: &AgentRecord, job_id: &str, generation: i64, ttl_ms: i
         job_id: job_id.into(),
         dispatch_generation: generation,
         lease_ttl_ms: ttl_ms,
+        skip_locked: false,
     }
 }
 
