@@ -233,8 +233,11 @@ const HEARTBEAT_BATCH: usize = 512;
 /// each one row. One statement and one commit per heartbeat spends most of
 /// the database on per-statement and per-commit work; one call of
 /// `kiln_extend_leases` (migration 0011) extends many leases in one round
-/// trip and one commit. The batch has no timer: a heartbeat that finds a statement slot free goes at
-/// once, alone, so batching adds no latency when the database keeps up.
+/// trip and one commit. There is no timer: a heartbeat that finds a statement
+/// slot free goes at once (alone, when the database keeps up); while every
+/// slot is busy, arriving heartbeats gather for the next statement. (Waiting
+/// 5 ms for company made batches of ~8 instead of ~2 and halved the median
+/// claim latency of `kiln bench control-plane`, but doubled its p99.)
 ///
 /// Each row is updated under the same conditions as a single heartbeat
 /// (running, unexpired, the job's current epoch), rechecked by PostgreSQL on
