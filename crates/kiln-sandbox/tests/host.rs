@@ -239,7 +239,18 @@ async fn reap_orphans_kills_recorded_groups_that_survived() {
     let mut bystander = std::process::Command::new("setsid").args(["sleep", "1000"]).spawn().unwrap();
     std::fs::write(state.join(bystander.id().to_string()), "another-boot").unwrap();
 
-    // (`setsid` execs in place: our child is not a group leader, so its pid is the new sid.)
+    // (`setsid` execs in place: our child is not a group leader, so its pid is
+    // the new sid — once the child got as far as calling setsid(2), which
+    // `spawn` returning does not promise.)
+    for child in [&orphan, &bystander] {
+        let pid = child.id() as i32;
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while nix::unistd::getsid(Some(pid)) != Ok(pid) {
+            assert!(std::time::Instant::now() < deadline, "setsid never ran in {pid}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     assert_eq!(reap_orphans(&state).unwrap(), 1);
     let status = orphan.wait().unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
