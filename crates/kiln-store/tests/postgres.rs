@@ -55,6 +55,24 @@ async fn empty(url: &str) {
 
 conformance::suite!(open, available = postgres_available());
 
+/// A store on a fresh database whose writes give up on a lock held elsewhere
+/// after 300 ms, and the database's URL.
+async fn store_with_short_lock_timeout() -> (PgStore, String) {
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let s = PgStore::connect(&format!("{url}?options=-c%20lock_timeout%3D300ms")).await.unwrap();
+    (s.with_backoff(conformance::FAST), url)
+}
+
+/// Another connection holding a run's row lock (a stuck transaction,
+/// another replica) until the returned transaction ends.
+async fn hold_run(url: &str, run_id: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let other = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(run_id).fetch_one(&mut *tx).await.unwrap();
+    tx
+}
+
 /// PostgreSQL's counterpart of SQLite's "database write-locked by another
 /// process": another connection (a stuck transaction, another replica) holds
 /// a run's row lock. Writes to that run wait, then fail `Unavailable` (the
@@ -64,21 +82,16 @@ conformance::suite!(open, available = postgres_available());
 #[tokio::test]
 async fn run_locked_elsewhere_is_unavailable_then_recovers() {
     use conformance::*;
-    use sqlx::Connection;
     if !postgres_available() {
         return;
     }
-    let pg = TempPostgres::shared().expect("PostgreSQL is available");
-    let url = pg.create_database().await.unwrap();
-    let s = PgStore::connect(&format!("{url}?options=-c%20lock_timeout%3D300ms")).await.unwrap().with_backoff(FAST);
+    let (s, url) = store_with_short_lock_timeout().await;
     let (repo, run_id) = start(&s, workflow(vec![job("a", &[], 0), job("b", &["a"], 0)])).await;
     let a = agent(&s, "agent", 4).await;
     let job_a = job_id(&s, &run_id, "a").await;
     let c = claim(&s, &a, &job_a, LONG_TTL).await;
 
-    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(&run_id).fetch_one(&mut *tx).await.unwrap();
+    let tx = hold_run(&url, &run_id).await;
 
     // A heartbeat touches only its attempt: a long transaction on the run
     // does not cost the agent its lease.
@@ -105,22 +118,17 @@ async fn run_locked_elsewhere_is_unavailable_then_recovers() {
 #[tokio::test]
 async fn reconciler_skips_a_run_locked_elsewhere() {
     use conformance::*;
-    use sqlx::Connection;
     if !postgres_available() {
         return;
     }
-    let pg = TempPostgres::shared().expect("PostgreSQL is available");
-    let url = pg.create_database().await.unwrap();
-    let s = PgStore::connect(&format!("{url}?options=-c%20lock_timeout%3D300ms")).await.unwrap().with_backoff(FAST);
+    let (s, url) = store_with_short_lock_timeout().await;
     let (_, run_id) = start(&s, workflow(vec![job("a", &[], 1)])).await;
     let a = agent(&s, "agent", 4).await;
     let job_a = job_id(&s, &run_id, "a").await;
     let c = claim(&s, &a, &job_a, SHORT_TTL).await;
     expire(SHORT_TTL).await;
 
-    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(&run_id).fetch_one(&mut *tx).await.unwrap();
+    let tx = hold_run(&url, &run_id).await;
     // Skipped at once: neither waiting into lock_timeout nor fencing.
     assert_eq!(s.fence_expired().await.unwrap(), vec![]);
     tx.rollback().await.unwrap();
@@ -136,21 +144,16 @@ async fn reconciler_skips_a_run_locked_elsewhere() {
 #[tokio::test]
 async fn claim_skips_a_run_locked_elsewhere() {
     use conformance::*;
-    use sqlx::Connection;
     if !postgres_available() {
         return;
     }
-    let pg = TempPostgres::shared().expect("PostgreSQL is available");
-    let url = pg.create_database().await.unwrap();
-    let s = PgStore::connect(&format!("{url}?options=-c%20lock_timeout%3D300ms")).await.unwrap().with_backoff(FAST);
+    let (s, url) = store_with_short_lock_timeout().await;
     let (_, run_id) = start(&s, workflow(vec![job("a", &[], 0)])).await;
     let a = agent(&s, "agent", 4).await;
     let job_a = job_id(&s, &run_id, "a").await;
     let g = s.get_job(&job_a).await.unwrap().dispatch_generation;
 
-    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(&run_id).fetch_one(&mut *tx).await.unwrap();
+    let tx = hold_run(&url, &run_id).await;
     let before = snapshot(&s, &run_id).await;
     let skipping = ClaimInput { skip_locked: true, ..claim_input(&a, &job_a, g, LONG_TTL) };
     match s.claim(skipping.clone()).await {

@@ -352,6 +352,32 @@ pub async fn wait_run(c: &kiln_api::Client, run: &str, secs: u64) -> kiln_api::R
     until(c, run, secs, "finishing", |r| matches!(r.status.as_str(), "success" | "failed" | "cancelled")).await
 }
 
+/// The runner-vanishes pipeline: `compile` publishes `app` (`bytes` of
+/// random data, its sha256 printed), `integration-test` restores it and
+/// prints the sha256 it consumed.
+pub fn handoff_workflow(bytes: u64) -> String {
+    format!(
+        r#"version: 1
+jobs:
+  - name: compile
+    steps:
+      - mkdir -p target && head -c {bytes} /dev/urandom > target/app.jar && sha256sum target/app.jar
+    artifacts:
+      publish:
+        - name: app
+          path: target/app.jar
+  - name: integration-test
+    artifacts:
+      restore:
+        - from_job: compile
+          name: app
+          path: inputs/app.jar
+    steps:
+      - echo "consumed $(sha256sum < inputs/app.jar | cut -d' ' -f1)"
+"#
+    )
+}
+
 /// Files (not directories) under `dir`, recursively; 0 if it does not exist.
 pub fn files_under(dir: &Path) -> usize {
     std::fs::read_dir(dir)

@@ -3,7 +3,7 @@
 //! SIGKILLed, real git, real files.
 
 use kiln_api::{Client, SubmitRun};
-use kiln_testkit::{KilnServer, TestRepo, wait_for, wait_run};
+use kiln_testkit::{KilnServer, TestRepo, handoff_workflow, wait_for, wait_run};
 use std::path::Path;
 use std::time::Duration;
 
@@ -35,28 +35,7 @@ async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
         &["--lease-ttl", "3s", "--artifact-gc-grace", "1s", "--gc-interval", "300ms", "--retry-base", "100ms"],
     )
     .unwrap();
-    let repo = TestRepo::new(&[(
-        ".kiln/pipeline.yaml",
-        r#"version: 1
-jobs:
-  - name: compile
-    steps:
-      - mkdir -p target && head -c 200000000 /dev/urandom > target/app.jar && sha256sum target/app.jar
-    artifacts:
-      publish:
-        - name: app
-          path: target/app.jar
-  - name: integration-test
-    artifacts:
-      restore:
-        - from_job: compile
-          name: app
-          path: inputs/app.jar
-    steps:
-      - echo "consumed $(sha256sum < inputs/app.jar | cut -d' ' -f1)"
-"#,
-    )])
-    .unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &handoff_workflow(200_000_000))]).unwrap();
     server.add_repo("vanish", &repo);
     let c = Client::new(&server.url, &server.token);
 

@@ -7,7 +7,7 @@ use kiln_api::{Client, SubmitRun};
 use kiln_blob::{S3BlobStore, S3Config};
 use kiln_testkit::{
     GARAGE_KEY_ID, GARAGE_SECRET, KilnAgent, KilnServer, TempGarage, TempPostgres, TestRepo, garage_available,
-    postgres_available, wait_for, wait_run,
+    handoff_workflow, postgres_available, wait_for, wait_run,
 };
 use std::time::Duration;
 
@@ -120,28 +120,7 @@ async fn runner_vanishes_on_postgres_and_s3_with_a_replica_killed() {
     ];
     let a = KilnServer::start_env(BIN.as_ref(), &flags, &creds()).unwrap();
     let b = a.replica(&flags).unwrap();
-    let repo = TestRepo::new(&[(
-        ".kiln/pipeline.yaml",
-        r#"version: 1
-jobs:
-  - name: compile
-    steps:
-      - mkdir -p target && head -c 150000000 /dev/urandom > target/app.jar && sha256sum target/app.jar
-    artifacts:
-      publish:
-        - name: app
-          path: target/app.jar
-  - name: integration-test
-    artifacts:
-      restore:
-        - from_job: compile
-          name: app
-          path: inputs/app.jar
-    steps:
-      - echo "consumed $(sha256sum < inputs/app.jar | cut -d' ' -f1)"
-"#,
-    )])
-    .unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &handoff_workflow(150_000_000))]).unwrap();
     a.add_repo("vanish", &repo);
     let (ab, ba) = (format!("{},{}", a.url, b.url), format!("{},{}", b.url, a.url));
     let c = Client::new(&ba, &b.token);
