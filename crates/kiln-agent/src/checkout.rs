@@ -129,7 +129,10 @@ impl Mirrors {
 /// Local paths are made absolute (git runs with another working directory);
 /// URLs and scp-like `host:path` pass as they are.
 fn resolve_url(url: &str) -> Result<String, CheckoutError> {
-    if url.is_empty() || url.starts_with('-') {
+    // The server checks URLs when a repository is registered; an agent does
+    // not take that on trust (issue 13: an option-like URL or `ext::` helper
+    // would run a command here).
+    if kiln_api::giturl::check_clone_url(url).is_err() {
         return Err(CheckoutError::BadUrl(url.to_string()));
     }
     let p = Path::new(url);
@@ -144,6 +147,9 @@ async fn has_commit(repo: &Path, sha: &str) -> bool {
     git(Some(repo), ["cat-file", "-e", &format!("{sha}^{{commit}}")]).await.is_ok()
 }
 
+/// The longest any git call of a checkout may take (spec 004: git clone, 10 min).
+const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 async fn git<I, S>(dir: Option<&Path>, args: I) -> Result<(), CheckoutError>
 where
     I: IntoIterator<Item = S>,
@@ -157,13 +163,17 @@ where
     }
     cmd.args(&args)
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let shown = || args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
-    let out =
-        cmd.output().await.map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?;
+    // spec 004: a git fetch gets 10 minutes; the process is killed after.
+    let out = match tokio::time::timeout(GIT_TIMEOUT, cmd.output()).await {
+        Ok(out) => out.map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?,
+        Err(_) => return Err(CheckoutError::Git { args: shown(), detail: format!("timed out after {GIT_TIMEOUT:?}") }),
+    };
     if out.status.success() {
         return Ok(());
     }

@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod exit;
+pub mod giturl;
 pub mod types;
 
 pub use client::{ApiError, Client};

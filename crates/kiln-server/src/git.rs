@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::Mutex;
 
@@ -43,18 +44,34 @@ fn is_full_sha(s: &str) -> bool {
     s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError> {
-    Command::new("git")
+/// How long a fetch from the repository's remote may take (spec 004: git
+/// clone, 10 min); local git calls get [`LOCAL_TIMEOUT`].
+const FETCH_TIMEOUT: Duration = Duration::from_secs(600);
+const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs git on the mirror `dir`. Transports are restricted for any URL
+/// (`GIT_ALLOW_PROTOCOL`: no `ext::` helpers), nothing prompts, and the
+/// process is killed when `limit` passes.
+async fn git_within(dir: &Path, args: &[&str], limit: Duration) -> Result<std::process::Output, GitError> {
+    let out = Command::new("git")
         // No background gc/maintenance processes forked by fetches.
         .args(["-c", "gc.auto=0", "-c", "maintenance.auto=false"])
         .arg("--git-dir")
         .arg(dir)
         .args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
+        .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| GitError::Other(format!("cannot run git: {e}")))
+        .output();
+    match tokio::time::timeout(limit, out).await {
+        Ok(out) => out.map_err(|e| GitError::Other(format!("cannot run git: {e}"))),
+        Err(_) => Err(GitError::Other(format!("`git {}` took longer than {limit:?}", args.first().unwrap_or(&"")))),
+    }
+}
+
+async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError> {
+    git_within(dir, args, LOCAL_TIMEOUT).await
 }
 
 impl Mirrors {
@@ -107,19 +124,24 @@ impl Mirrors {
             }
             let _ = tokio::fs::remove_dir_all(&tmp).await;
         }
+        // Checked again here: a URL stored before the check existed is not
+        // trusted either. `--` ends git's options before the URL.
+        kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
         let url = normalize_url(url);
-        let out = git(
+        let out = git_within(
             &dir,
             &[
                 "fetch",
                 "-q",
                 "--prune",
                 "--no-tags",
+                "--",
                 &url,
                 "+refs/heads/*:refs/heads/*",
                 "+refs/tags/*:refs/tags/*",
                 "+HEAD:refs/kiln/HEAD",
             ],
+            FETCH_TIMEOUT,
         )
         .await?;
         if !out.status.success() {
@@ -212,6 +234,24 @@ mod tests {
     fn sh(dir: &Path, cmd: &str) {
         let ok = std::process::Command::new("sh").arg("-c").arg(cmd).current_dir(dir).status().unwrap().success();
         assert!(ok, "{cmd}");
+    }
+
+    /// A URL stored before registration checked it (an older version, a
+    /// hand-edited database) still never reaches git as an option or a
+    /// remote helper: the fetch refuses it and runs nothing.
+    #[tokio::test]
+    async fn fetch_refuses_option_like_and_helper_urls() {
+        let tmp = tempfile::tempdir().unwrap();
+        let marker = tmp.path().join("pwned");
+        let m = Mirrors::new(tmp.path().join("mirrors"));
+        for url in [
+            format!("--upload-pack=touch {};false", marker.display()),
+            format!("ext::sh -c touch% {}", marker.display()),
+        ] {
+            let e = m.resolve("r", &url, "main").await.expect_err(&url);
+            assert!(matches!(e, GitError::Fetch { .. }), "{url}: {e}");
+        }
+        assert!(!marker.exists(), "no command ran");
     }
 
     /// Two server processes sharing a data directory (replicas on one box)

@@ -103,9 +103,7 @@ async fn create_repo(S(state): S<State>, body: Bytes) -> ApiResult<(StatusCode, 
     if name.is_empty() || name.len() > 100 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(ApiErr::invalid("repository name must be 1-100 characters of [A-Za-z0-9._-]"));
     }
-    if req.clone_url.trim().is_empty() {
-        return Err(ApiErr::invalid("clone_url is required"));
-    }
+    kiln_api::giturl::check_clone_url(req.clone_url.trim()).map_err(ApiErr::invalid)?;
     let repo = state.store.create_repo(name, req.clone_url.trim(), req.webhook_secret.as_deref()).await?;
     Ok((
         StatusCode::CREATED,
