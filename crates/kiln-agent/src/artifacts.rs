@@ -31,7 +31,7 @@
 //! nothing more. Any stop reason (cancel, timeout, shutdown) interrupts a
 //! transfer.
 
-use crate::attempt::Ran;
+use crate::ran::Ran;
 use crate::control::{Control, Stop, backoff};
 use crate::logs::LogStreamer;
 use crate::ratelimit::RateLimiter;

@@ -9,6 +9,7 @@
 
 use crate::ExecutorKind;
 use crate::artifacts::{Transfer, publish_all, restore_all};
+use crate::ran::Ran;
 use crate::checkout::Mirrors;
 use crate::control::{Control, Stop, backoff};
 use crate::heartbeat::heartbeat_loop;
@@ -16,6 +17,7 @@ use crate::logs::{LogConfig, LogStreamer, Stream};
 use crate::ratelimit::RateLimiter;
 use crate::session::Beats;
 use kiln_api::client::Client;
+use kiln_api::AttemptOutcome;
 use kiln_api::types::{Assignment, Completion};
 use kiln_sandbox::{
     ContainerConfig, ContainerExecutor, Engine, EngineError, Executor, HostConfig, HostExecutor, Limits, PinnedImage,
@@ -61,22 +63,6 @@ impl AttemptContext {
     pub(crate) fn pgid_dir(&self) -> PathBuf {
         self.work_dir.join("pgids")
     }
-}
-
-/// How the job's own work ended (before stop reasons are applied).
-#[derive(Debug)]
-pub(crate) enum Ran {
-    Success,
-    StepFailed {
-        exit_code: i32,
-        message: String,
-    },
-    /// The job's own fault without an exit code (a declared output missing,
-    /// a required input not available): not retried as infrastructure.
-    JobError(String),
-    Infra(String),
-    /// A stop reason interrupted the work.
-    Stopped,
 }
 
 pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdown: watch::Receiver<bool>) {
@@ -133,7 +119,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         let completion = decide(&a, ran, ctl.reason());
         logs.report_truncation();
         if let Some(c) = &completion {
-            let mark = if c.outcome == "success" { "✓" } else { "✗" };
+            let mark = if c.outcome.is_success() { "✓" } else { "✗" };
             let detail = c.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
             logs.system(&format!("{mark} job {}{detail}", c.outcome));
         }
@@ -443,7 +429,7 @@ fn summarize(cmd: &str) -> String {
 /// The completion to send, or None when fenced.
 fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
     let failed = |exit_code, message: String, infra_failure| Completion {
-        outcome: "failed".into(),
+        outcome: AttemptOutcome::Failed,
         exit_code,
         message: Some(message),
         infra_failure,
@@ -455,14 +441,14 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
     // arrived afterwards; only interrupted work reports the reason.
     Some(match ran {
         Ran::Success => {
-            Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false }
+            Completion { outcome: AttemptOutcome::Success, exit_code: Some(0), message: None, infra_failure: false }
         }
         Ran::StepFailed { exit_code, message } => failed(Some(exit_code), message, false),
         Ran::JobError(message) => failed(None, message, false),
         Ran::Infra(message) => failed(None, message, true),
         Ran::Stopped => match stop {
             Some(Stop::Cancelled) => Completion {
-                outcome: "cancelled".into(),
+                outcome: AttemptOutcome::Cancelled,
                 exit_code: None,
                 message: Some("cancelled".into()),
                 infra_failure: false,

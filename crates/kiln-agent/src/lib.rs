@@ -34,6 +34,7 @@ mod control;
 mod heartbeat;
 mod logs;
 mod mask;
+mod ran;
 mod ratelimit;
 mod session;
 

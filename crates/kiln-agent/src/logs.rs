@@ -50,7 +50,8 @@ pub(crate) enum Stream {
     System = 2,
 }
 
-const NAMES: [&str; 3] = ["stdout", "stderr", "system"];
+/// Indexed by `Stream as usize`.
+const NAMES: [&str; 3] = kiln_api::logs::stream::AGENT_STREAMS;
 
 impl From<kiln_sandbox::OutputStream> for Stream {
     fn from(s: kiln_sandbox::OutputStream) -> Self {

@@ -309,7 +309,7 @@ async fn complete(
     if fenced {
         return error(StatusCode::CONFLICT, codes::STALE_EPOCH);
     }
-    Json(CompletionAck { job_status: c.outcome.clone() }).into_response()
+    Json(CompletionAck { job_status: c.outcome.as_str().into() }).into_response()
 }
 
 async fn session(

@@ -1,5 +1,6 @@
 //! JSON bodies of the public and agent APIs.
 
+use crate::status::{AttemptOutcome, GenerationState, JobStatus, RunStatus};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -63,7 +64,7 @@ pub struct RunList {
 pub struct RunSummary {
     pub id: String,
     pub repo: String,
-    pub status: String,
+    pub status: RunStatus,
     pub commit_sha: String,
     pub event: String,
     #[serde(rename = "ref")]
@@ -78,7 +79,7 @@ pub struct RunSummary {
 pub struct Run {
     pub id: String,
     pub repo: String,
-    pub status: String,
+    pub status: RunStatus,
     pub commit_sha: String,
     pub event: String,
     /// The ref the submitter named, if any: descriptive only, never reread.
@@ -102,7 +103,7 @@ pub struct Job {
     pub id: String,
     pub name: String,
     pub index: i64,
-    pub status: String,
+    pub status: JobStatus,
     pub current_epoch: i64,
     pub image_digest: Option<String>,
     pub needs: Vec<String>,
@@ -119,7 +120,7 @@ pub struct Job {
 pub struct Attempt {
     pub epoch: i64,
     pub runner: String,
-    pub outcome: String,
+    pub outcome: AttemptOutcome,
     pub exit_code: Option<i32>,
     pub message: Option<String>,
     pub started_at_ms: i64,
@@ -142,7 +143,7 @@ pub struct CacheInfo {
 
 // ---------- log events (SSE) ----------
 
-/// Payload of an SSE `chunk` event. `data` is base64 of the raw bytes.
+/// Payload of an SSE `chunk` event ([`crate::logs::event::CHUNK`]). `data` is base64 of the raw bytes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogEvent {
     pub epoch: i64,
@@ -157,7 +158,7 @@ pub struct LogEvent {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogSealed {
     pub epoch: i64,
-    pub outcome: String,
+    pub outcome: AttemptOutcome,
     #[serde(default)]
     pub committed: BTreeMap<String, i64>,
 }
@@ -177,7 +178,7 @@ pub struct LogGap {
 /// committed chunk has been sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogEnd {
-    pub status: String,
+    pub status: JobStatus,
 }
 
 // ---------- agent API ----------
@@ -349,7 +350,7 @@ pub struct LogAck {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Completion {
     /// `success`, `failed` or `cancelled`.
-    pub outcome: String,
+    pub outcome: AttemptOutcome,
     #[serde(default)]
     pub exit_code: Option<i32>,
     #[serde(default)]
@@ -362,7 +363,7 @@ pub struct Completion {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CompletionAck {
-    pub job_status: String,
+    pub job_status: JobStatus,
 }
 
 /// Error codes the server uses in `ErrorBody.error.code`.
@@ -470,7 +471,7 @@ pub struct SealedGeneration {
     pub name: String,
     pub size: u64,
     pub sha256: String,
-    pub state: String,
+    pub state: GenerationState,
 }
 
 /// Ask for a producer's bound artifact.

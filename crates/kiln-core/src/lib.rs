@@ -4,6 +4,7 @@
 pub mod attempt;
 pub mod backoff;
 pub mod job;
+pub mod logs;
 pub mod protocol;
 pub mod run;
 

@@ -240,7 +240,7 @@ pub async fn seal(
         name: g.name,
         size: g.expected_size as u64,
         sha256: g.expected_sha256,
-        state: g.state,
+        state: g.state.into(),
     }))
 }
 

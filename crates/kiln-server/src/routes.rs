@@ -13,7 +13,7 @@ use axum::{Json, Router, middleware};
 use base64::Engine;
 use futures::Stream;
 use kiln_api as api;
-use kiln_core::{AttemptOutcome, JobStatus};
+use kiln_core::{AttemptOutcome, JobStatus, logs};
 use kiln_store::{ClaimInput, Idempotency, NewLogChunk, NewRun, StoreError};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -421,10 +421,10 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
                 let ev = Event::default().id(c.id.to_string());
                 // `seal` and `gap` rows are events of the attempt, not bytes.
                 let ev = match c.stream.as_str() {
-                    "seal" => ev.event("sealed").data(String::from_utf8_lossy(&c.data)),
-                    "gap" => ev.event("gap").data(String::from_utf8_lossy(&c.data)),
+                    logs::stream::SEAL => ev.event(logs::event::SEALED).data(String::from_utf8_lossy(&c.data)),
+                    logs::stream::GAP => ev.event(logs::event::GAP).data(String::from_utf8_lossy(&c.data)),
                     _ => ev
-                        .event("chunk")
+                        .event(logs::event::CHUNK)
                         .json_data(api::LogEvent {
                             epoch: c.epoch,
                             stream: c.stream,
@@ -450,8 +450,8 @@ fn async_stream(state: State, job: String, mut cursor: i64) -> impl Stream<Item 
                 if rest.is_empty() {
                     let ev = Event::default()
                         .id(cursor.to_string())
-                        .event("end")
-                        .json_data(api::LogEnd { status: status.to_string() })
+                        .event(logs::event::END)
+                        .json_data(api::LogEnd { status: status.into() })
                         .expect("json");
                     let _ = tx.send(ev).await;
                     return;
@@ -756,7 +756,7 @@ async fn append_log(
         .get(axum::http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/octet-stream"));
     let chunk = if raw { raw_chunk(&headers, body)? } else { json_chunk(&body)? };
-    if !["stdout", "stderr", "system"].contains(&chunk.stream.as_str()) {
+    if !logs::stream::AGENT_STREAMS.contains(&chunk.stream.as_str()) {
         return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
     }
     if chunk.data.len() > MAX_CHUNK {
@@ -811,7 +811,7 @@ async fn complete(
     body: Bytes,
 ) -> ApiResult<Json<api::CompletionAck>> {
     let c: api::Completion = parse(&body)?;
-    let outcome: AttemptOutcome = c.outcome.parse().map_err(ApiErr::bad_request)?;
+    let outcome = AttemptOutcome::try_from(c.outcome).map_err(ApiErr::bad_request)?;
     if outcome == AttemptOutcome::Running || outcome == AttemptOutcome::Lost {
         return Err(ApiErr::bad_request("outcome must be success, failed or cancelled"));
     }
@@ -836,7 +836,7 @@ async fn complete(
     match res {
         Ok(status) => {
             tracing::info!(job, epoch, status, "completed");
-            Ok(Json(api::CompletionAck { job_status: status }))
+            Ok(Json(api::CompletionAck { job_status: status.into() }))
         }
         Err(StoreError::Conflict(m)) => Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, m)),
         Err(e) => Err(e.into()),

@@ -8,7 +8,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
     api::Run {
         id: r.id.clone(),
         repo: r.repo_name.clone(),
-        status: r.status.to_string(),
+        status: r.status.into(),
         commit_sha: r.commit_sha.clone(),
         event: r.event.clone(),
         git_ref: r.git_ref.clone(),
@@ -28,7 +28,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                 id: j.job.id.clone(),
                 name: j.job.name.clone(),
                 index: j.job.index,
-                status: j.job.status.to_string(),
+                status: j.job.status.into(),
                 current_epoch: j.job.current_epoch,
                 image_digest: j.job.image_digest.clone(),
                 needs: j.job.needs.clone(),
@@ -38,7 +38,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                     .map(|a| api::Attempt {
                         epoch: a.epoch,
                         runner: a.runner.clone(),
-                        outcome: a.outcome.to_string(),
+                        outcome: a.outcome.into(),
                         exit_code: a.exit_code,
                         message: a.message.clone(),
                         started_at_ms: a.started_at,
@@ -68,7 +68,7 @@ pub fn summary(r: &RunRecord) -> api::RunSummary {
     api::RunSummary {
         id: r.id.clone(),
         repo: r.repo_name.clone(),
-        status: r.status.to_string(),
+        status: r.status.into(),
         commit_sha: r.commit_sha.clone(),
         event: r.event.clone(),
         git_ref: r.git_ref.clone(),

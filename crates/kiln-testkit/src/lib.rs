@@ -349,7 +349,7 @@ pub async fn until(
 
 /// Wait (bounded by `secs`) until the run is terminal.
 pub async fn wait_run(c: &kiln_api::Client, run: &str, secs: u64) -> kiln_api::Run {
-    until(c, run, secs, "finishing", |r| matches!(r.status.as_str(), "success" | "failed" | "cancelled")).await
+    until(c, run, secs, "finishing", |r| r.status.is_terminal()).await
 }
 
 /// The runner-vanishes pipeline: `compile` publishes `app` (`bytes` of

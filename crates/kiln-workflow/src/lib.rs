@@ -30,6 +30,7 @@
 //!   use the small expression language of the `expr` module, checked at
 //!   parse time.
 
+mod diag;
 mod expr;
 mod model;
 mod parse;
@@ -38,5 +39,6 @@ mod validate;
 
 pub use expr::{ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, render_group};
 pub use model::*;
-pub use parse::{Diagnostic, Diagnostics, MAX_DIAGNOSTICS, parse};
+pub use diag::{Diagnostic, Diagnostics};
+pub use parse::{MAX_DIAGNOSTICS, parse};
 pub use validate::{MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};

@@ -17,7 +17,7 @@
 //! `no`, `on`, `off` are strings).
 
 use crate::model::MAX_DEPTH;
-use crate::parse::Diagnostic;
+use crate::diag::Diagnostic;
 use serde_saphyr::granit_parser::{self as gp, Event, Marker, ScalarStyle};
 use std::collections::HashMap;
 

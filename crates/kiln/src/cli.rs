@@ -1,6 +1,8 @@
 //! Command-line interface. `kiln --help` documents every flag.
 
 use clap::{Args, Parser, Subcommand};
+use kiln_bench::BenchArgs;
+use kiln_cmd::parse_duration;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -337,77 +339,6 @@ pub struct RunRef {
     pub conn: Conn,
 }
 
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    /// What to measure: dispatch (throughput, trigger-to-start), artifacts
-    /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
-    /// of an agent to its job claimed elsewhere), logs (200 MB of stdout
-    /// ingested, durable before acknowledgement, vs a file write + fsync), or all;
-    /// control-plane: simulated agents over HTTP drive claim → heartbeat →
-    /// complete at spec 000 §3's peak rates against the real server and store;
-    /// containers (a one-step job in a container vs on the host; needs --engine and --image, not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers"])]
-    pub suite: String,
-    /// control-plane: claims (and completions) per second to drive.
-    #[arg(long, default_value_t = 230.0)]
-    pub claims_per_s: f64,
-    /// control-plane: heartbeats per second from all held leases together.
-    #[arg(long, default_value_t = 2760.0)]
-    pub heartbeats_per_s: f64,
-    /// control-plane: seconds of claiming.
-    #[arg(long, default_value_t = 20)]
-    pub seconds: u64,
-    /// control-plane: how long a virtual agent holds each lease before completing.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    pub hold: std::time::Duration,
-    /// control-plane: metadata database (default: SQLite in a temporary dir).
-    #[arg(long)]
-    pub database_url: Option<String>,
-    /// control-plane: server replicas on the same database.
-    #[arg(long, default_value_t = 1)]
-    pub replicas: u32,
-    /// artifacts: the object store to measure (as `kiln server
-    /// --object-store`; default: the local directory). For S3 the
-    /// credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
-    #[arg(long, env = "KILN_OBJECT_STORE")]
-    pub object_store: Option<String>,
-    /// Runs submitted at once for the throughput figure.
-    #[arg(long, default_value_t = 200)]
-    pub runs: u32,
-    /// Sequential runs for the trigger-to-start latency figure.
-    #[arg(long, default_value_t = 30)]
-    pub sequential: u32,
-    /// Local agents.
-    #[arg(long, default_value_t = 2)]
-    pub agents: u32,
-    /// containers: Docker Engine API endpoint.
-    #[arg(long, env = "KILN_ENGINE", default_value = "unix:///run/podman/podman.sock")]
-    pub engine: String,
-    /// containers: the job's image (a loopback registry is spoken to over plain HTTP).
-    #[arg(long, default_value = "127.0.0.1:5000/kiln-test/base:latest")]
-    pub image: String,
-}
-
-/// `30s`, `500ms`, `2m`, `1h` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration `{s}` (try 30s, 500ms, 2m)"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => {
-            return Err(format!("invalid duration unit in `{s}` (use ms, s, m or h)"));
-        }
-    };
-    if !(secs > 0.0 && secs < 1e7) {
-        return Err(format!("duration `{s}` out of range"));
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,15 +347,5 @@ mod tests {
     fn clap_definition_is_valid() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s").unwrap().as_millis(), 30_000);
-        assert_eq!(parse_duration("500ms").unwrap().as_millis(), 500);
-        assert_eq!(parse_duration("2m").unwrap().as_secs(), 120);
-        assert_eq!(parse_duration("7").unwrap().as_secs(), 7);
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("0s").is_err());
     }
 }

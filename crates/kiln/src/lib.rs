@@ -1,10 +1,6 @@
 //! The one Kiln binary. Thin: flag parsing and output; the work happens in
-//! kiln-server, kiln-agent, kiln-workflow and kiln-api.
+//! kiln-server, kiln-agent, kiln-workflow and kiln-api; `kiln bench` is kiln-bench.
 
-mod bench;
-mod bench_containers;
-mod bench_control;
-mod bench_failover;
 mod cli;
 mod commands;
 

@@ -7,10 +7,10 @@
 //! start-to-finish times (claim to completion, database time: checkout,
 //! container create + start, the exec, container removal, completion).
 
-use crate::bench::{percentile, repo_with, wait_terminal};
-use crate::cli::BenchArgs;
-use crate::commands::Failure;
+use crate::args::BenchArgs;
+use crate::util::{percentile, repo_with, wait_terminal};
 use kiln_api::{Client, SubmitRun, exit};
+use kiln_cmd::Failure;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ async fn durations(c: &Client, repo: &str, n: u32) -> anyhow::Result<Vec<f64>> {
     for _ in 0..n {
         let r = c.submit_run(repo, &body, None).await?;
         let run = wait_terminal(c, &r.run_id).await?;
-        anyhow::ensure!(run.status == "success", "bench run {} {}: {:?}", r.run_id, run.status, run.jobs[0].message);
+        anyhow::ensure!(run.status.is_success(), "bench run {} {}: {:?}", r.run_id, run.status, run.jobs[0].message);
         let a = &run.jobs[0].attempts[0];
         out.push((a.finished_at_ms.unwrap_or(a.started_at_ms) - a.started_at_ms) as f64);
     }

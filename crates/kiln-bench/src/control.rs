@@ -10,9 +10,9 @@
 //! heartbeats proportionally more often: the store sees the same rate of
 //! the same heartbeat transaction. The figure printed says so.
 
-use crate::bench::percentile;
-use crate::commands::Failure;
-use kiln_api::{ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
+use crate::util::{percentile, repo_with};
+use kiln_api::{AttemptOutcome, ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
+use kiln_cmd::Failure;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let tmp = std::env::temp_dir().join(format!("kiln-bench-control-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
-    crate::bench::repo_with(&repo, "version: 1\njobs:\n  - name: j\n    steps: [\"true\"]\n")?;
+    repo_with(&repo, "version: 1\njobs:\n  - name: j\n    steps: [\"true\"]\n")?;
 
     if a.replicas > 1 && !a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) {
         return Err(Failure {
@@ -197,7 +197,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                     tokio::time::sleep_until(until.into()).await;
                     let t = Instant::now();
                     let done = Completion {
-                        outcome: "success".into(),
+                        outcome: AttemptOutcome::Success,
                         exit_code: Some(0),
                         message: None,
                         infra_failure: false,

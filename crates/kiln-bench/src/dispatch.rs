@@ -1,89 +1,15 @@
-//! `kiln bench`: throughput and trigger-to-start latency against an embedded
-//! `kiln up`, each printed beside a bare `sh -c true` baseline measured in the
-//! same invocation. Output is `name: value` lines.
+//! `kiln bench dispatch`: throughput and trigger-to-start latency against an
+//! embedded `kiln up`, each printed beside a bare `sh -c true` baseline
+//! measured in the same invocation.
 
-use crate::cli::BenchArgs;
-use crate::commands::{Failure, start_embedded};
+use crate::args::BenchArgs;
+use crate::util::{now_ms, percentile, repo_with, wait_terminal};
 use kiln_api::{Client, SubmitRun, exit};
+use kiln_cmd::{Failure, start_embedded};
 use std::process::Command as Proc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as i64
-}
-
-pub(crate) fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
-    let st = Proc::new("git").arg("-C").arg(dir).args(args).status()?;
-    anyhow::ensure!(st.success(), "git {args:?} failed");
-    Ok(())
-}
-
-/// A one-job, one-step `true` repository.
-/// A one-commit git repository (branch `main`) holding `workflow` as
-/// `.kiln/pipeline.yaml`: the repository every benchmark registers.
-pub(crate) fn repo_with(dir: &std::path::Path, workflow: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir.join(".kiln"))?;
-    std::fs::write(dir.join(".kiln/pipeline.yaml"), workflow)?;
-    git(dir, &["init", "-q", "-b", "main"])?;
-    git(dir, &["add", "."])?;
-    git(dir, &["-c", "user.name=bench", "-c", "user.email=bench@kiln", "commit", "-q", "-m", "bench"])?;
-    Ok(())
-}
-
-pub(crate) async fn wait_terminal(c: &Client, run: &str) -> anyhow::Result<kiln_api::Run> {
-    loop {
-        let r = c.get_run(run).await?;
-        if matches!(r.status.as_str(), "success" | "failed" | "cancelled") {
-            return Ok(r);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
-    let mut code = exit::OK;
-    if matches!(a.suite.as_str(), "dispatch" | "all") {
-        code = code.max(dispatch(&a).await?);
-    }
-    if matches!(a.suite.as_str(), "failover" | "all") {
-        code = code.max(crate::bench_failover::run().await?);
-    }
-    if matches!(a.suite.as_str(), "artifacts" | "all") {
-        code = code.max(crate::bench_failover::artifacts(a.object_store.clone().unwrap_or_default()).await?);
-    }
-    if matches!(a.suite.as_str(), "logs" | "all") {
-        code = code.max(crate::bench_failover::logs().await?);
-    }
-    if matches!(a.suite.as_str(), "control-plane" | "all") {
-        code = code.max(
-            crate::bench_control::run(crate::bench_control::ControlArgs {
-                claims_per_s: a.claims_per_s,
-                heartbeats_per_s: a.heartbeats_per_s,
-                seconds: a.seconds,
-                hold: a.hold,
-                agents: 32,
-                database_url: a.database_url.clone(),
-                replicas: a.replicas,
-            })
-            .await?,
-        );
-    }
-    // Not part of `all`: it needs a container engine and a registry.
-    if a.suite == "containers" {
-        code = code.max(crate::bench_containers::run(&a).await?);
-    }
-    Ok(code)
-}
-
-async fn dispatch(a: &BenchArgs) -> Result<i32, Failure> {
+pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     let tmp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
@@ -137,8 +63,8 @@ async fn dispatch(a: &BenchArgs) -> Result<i32, Failure> {
     let failed = loop {
         let runs = c.list_runs("bench", None, Some(n as u32 + 10)).await?.runs;
         let mine: Vec<_> = runs.iter().filter(|r| ids.contains(&r.id)).collect();
-        if mine.len() == n && mine.iter().all(|r| matches!(r.status.as_str(), "success" | "failed" | "cancelled")) {
-            break mine.iter().filter(|r| r.status != "success").count();
+        if mine.len() == n && mine.iter().all(|r| r.status.is_terminal()) {
+            break mine.iter().filter(|r| !r.status.is_success()).count();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };

@@ -1,0 +1,54 @@
+//! `kiln bench`'s flags (embedded in the `kiln` binary's clap definition).
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// What to measure: dispatch (throughput, trigger-to-start), artifacts
+    /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
+    /// of an agent to its job claimed elsewhere), logs (200 MB of stdout
+    /// ingested, durable before acknowledgement, vs a file write + fsync), or all;
+    /// control-plane: simulated agents over HTTP drive claim → heartbeat →
+    /// complete at spec 000 §3's peak rates against the real server and store;
+    /// containers (a one-step job in a container vs on the host; needs --engine and --image, not in all).
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers"])]
+    pub suite: String,
+    /// control-plane: claims (and completions) per second to drive.
+    #[arg(long, default_value_t = 230.0)]
+    pub claims_per_s: f64,
+    /// control-plane: heartbeats per second from all held leases together.
+    #[arg(long, default_value_t = 2760.0)]
+    pub heartbeats_per_s: f64,
+    /// control-plane: seconds of claiming.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// control-plane: how long a virtual agent holds each lease before completing.
+    #[arg(long, default_value = "5s", value_parser = kiln_cmd::parse_duration)]
+    pub hold: std::time::Duration,
+    /// control-plane: metadata database (default: SQLite in a temporary dir).
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// control-plane: server replicas on the same database.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// artifacts: the object store to measure (as `kiln server
+    /// --object-store`; default: the local directory). For S3 the
+    /// credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+    #[arg(long, env = "KILN_OBJECT_STORE")]
+    pub object_store: Option<String>,
+    /// Runs submitted at once for the throughput figure.
+    #[arg(long, default_value_t = 200)]
+    pub runs: u32,
+    /// Sequential runs for the trigger-to-start latency figure.
+    #[arg(long, default_value_t = 30)]
+    pub sequential: u32,
+    /// Local agents.
+    #[arg(long, default_value_t = 2)]
+    pub agents: u32,
+    /// containers: Docker Engine API endpoint.
+    #[arg(long, env = "KILN_ENGINE", default_value = "unix:///run/podman/podman.sock")]
+    pub engine: String,
+    /// containers: the job's image (a loopback registry is spoken to over plain HTTP).
+    #[arg(long, default_value = "127.0.0.1:5000/kiln-test/base:latest")]
+    pub image: String,
+}

@@ -1,0 +1,105 @@
+//! `kiln bench artifacts`: upload + seal of a 1 GiB artifact through a
+//! real agent process, beside `cp` + `sha256sum` (and, on S3, a bare PUT +
+//! GET) of the same bytes.
+
+use crate::util::{percentile, repo_with, spawn_agent, wait_terminal};
+use kiln_api::{Client, SubmitRun, exit};
+use kiln_cmd::Failure;
+use std::process::Command;
+
+/// Upload + seal of a 1 GiB artifact through a real agent, beside `cp` +
+/// `sha256sum` of the same file. Kiln's publish time is the difference
+/// between a job that copies the file into its workspace and publishes it and
+/// the same job without `publish` (database times of the attempts), so it
+/// covers freezing, hashing, uploading, verifying and sealing.
+pub async fn run(object_store: String) -> Result<i32, Failure> {
+    const SIZE: u64 = 1 << 30;
+    let tmp = std::env::temp_dir().join(format!("kiln-bench-artifacts-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
+    let big = tmp.join("big.bin");
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!("head -c {SIZE} /dev/urandom > {}", big.display()))
+        .status()
+        .map_err(anyhow::Error::from)?;
+    if !st.success() {
+        return Err(anyhow::anyhow!("cannot create the 1 GiB test file").into());
+    }
+    // Baseline: cp + sha256sum of the same file, same disk.
+    let mut base = vec![];
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(format!("cp {b} {b}.copy && sha256sum {b}.copy >/dev/null && rm {b}.copy", b = big.display()))
+            .status()
+            .map_err(anyhow::Error::from)?;
+        if !st.success() {
+            return Err(anyhow::anyhow!("baseline failed").into());
+        }
+        base.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    base.sort_by(|a, b| a.total_cmp(b));
+    let repo = tmp.join("repo");
+    let copy = format!("      - mkdir -p target && cp {} target/app.bin\n", big.display());
+    repo_with(
+        &repo,
+        &format!(
+            "version: 1\njobs:\n  - name: publish\n    needs: []\n    steps:\n{copy}    artifacts:\n      publish:\n        - {{name: app, path: target/app.bin}}\n  - name: plain\n    needs: [publish]\n    steps:\n{copy}"
+        ),
+    )?;
+    let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
+    config.object_store = object_store.clone();
+    let server = kiln_server::start(config).await?;
+    let c = Client::new(&server.url(), &server.admin_token);
+    c.create_repo(&kiln_api::CreateRepo {
+        name: "art".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+    })
+    .await?;
+    let agent = spawn_agent(&server.url(), &server.agent_token, "uploader", &tmp)?;
+    let mut publish = vec![];
+    for _ in 0..3 {
+        let r = c.submit_run("art", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+        let run = wait_terminal(&c, &r.run_id).await?;
+        if !run.status.is_success() {
+            return Err(anyhow::anyhow!("benchmark run failed: {run:?}").into());
+        }
+        let dur = |j: &kiln_api::Job| {
+            let a = j.attempts.last().expect("attempt");
+            (a.finished_at_ms.unwrap_or(a.started_at_ms) - a.started_at_ms) as f64
+        };
+        publish.push(dur(&run.jobs[0]) - dur(&run.jobs[1]));
+    }
+    publish.sort_by(|a, b| a.total_cmp(b));
+    let kiln_ms = percentile(&publish, 0.5).max(1.0);
+    let base_ms = percentile(&base, 0.5);
+    // S3 baseline: the same bytes PUT in one request and read back with a
+    // sha256 (what the store itself costs, without Kiln).
+    let mut s3_base = None;
+    if let Ok(kiln_blob::BlobStore::S3(s3)) = kiln_blob::BlobStore::open_url(&object_store, &tmp) {
+        let bytes = std::fs::read(&big).map_err(anyhow::Error::from)?;
+        let key = format!("bench-baseline/{}", uuid::Uuid::new_v4());
+        let t = std::time::Instant::now();
+        s3.put_object(&key, &bytes).await.map_err(anyhow::Error::from)?;
+        s3.hash(&key).await.map_err(anyhow::Error::from)?;
+        s3_base = Some(t.elapsed().as_secs_f64() * 1000.0);
+        let _ = s3.delete(&key).await;
+    }
+    println!("artifact_object_store: {}", if s3_base.is_some() { "s3" } else { "local" });
+    println!("artifact_size_bytes: {SIZE}");
+    println!("artifact_upload_seal_ms: {kiln_ms:.0}");
+    println!("artifact_upload_seal_mb_per_s: {:.0}", SIZE as f64 / 1e6 / (kiln_ms / 1000.0));
+    println!("baseline_cp_sha256sum_ms: {base_ms:.0}");
+    println!("artifact_ratio_vs_cp_sha256sum: {:.2}", base_ms / kiln_ms);
+    if let Some(b) = s3_base {
+        println!("baseline_s3_put_then_get_sha256_ms: {b:.0}");
+        println!("artifact_ratio_vs_s3_put_get: {:.2}", b / kiln_ms);
+    }
+    drop(agent);
+    let _ = server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(exit::OK)
+}

@@ -1,0 +1,57 @@
+//! `kiln bench`: throughput and latency of a real Kiln deployment (embedded
+//! server, in-process or real agent processes, real store), each figure
+//! printed beside a bare baseline measured in the same invocation, as
+//! `name: value` lines on stdout.
+//!
+//! A library the `kiln` binary calls; the suites that spawn agent
+//! processes run `std::env::current_exe() agent …`, so they must run inside
+//! the `kiln` binary.
+
+mod args;
+mod artifacts;
+mod containers;
+mod control;
+mod dispatch;
+mod failover;
+mod logs;
+mod util;
+
+pub use args::BenchArgs;
+use kiln_api::exit;
+use kiln_cmd::Failure;
+
+/// Run the suite(s) `a.suite` names; the exit code is the worst of theirs.
+pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
+    let mut code = exit::OK;
+    if matches!(a.suite.as_str(), "dispatch" | "all") {
+        code = code.max(dispatch::run(&a).await?);
+    }
+    if matches!(a.suite.as_str(), "failover" | "all") {
+        code = code.max(failover::run().await?);
+    }
+    if matches!(a.suite.as_str(), "artifacts" | "all") {
+        code = code.max(artifacts::run(a.object_store.clone().unwrap_or_default()).await?);
+    }
+    if matches!(a.suite.as_str(), "logs" | "all") {
+        code = code.max(logs::run().await?);
+    }
+    if matches!(a.suite.as_str(), "control-plane" | "all") {
+        code = code.max(
+            control::run(control::ControlArgs {
+                claims_per_s: a.claims_per_s,
+                heartbeats_per_s: a.heartbeats_per_s,
+                seconds: a.seconds,
+                hold: a.hold,
+                agents: 32,
+                database_url: a.database_url.clone(),
+                replicas: a.replicas,
+            })
+            .await?,
+        );
+    }
+    // Not part of `all`: it needs a container engine and a registry.
+    if a.suite == "containers" {
+        code = code.max(containers::run(&a).await?);
+    }
+    Ok(code)
+}

@@ -1,0 +1,133 @@
+//! `kiln bench logs`: log ingestion (200 MB of stdout, each chunk durable
+//! before it is acknowledged) beside a file write + fsync, and the
+//! write-to-reader latency of the SSE log feed beside a bare pipe.
+
+use crate::util::{percentile, repo_with, spawn_agent_with, wait_terminal};
+use kiln_api::logs::{event, stream};
+use kiln_api::{Client, SubmitRun, exit};
+use kiln_cmd::Failure;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Log ingestion: one job writes 200 MB to stdout; every chunk is committed
+/// (durable in the store) before the agent gets its acknowledgement. The
+/// figure is 200 MB over the attempt's duration (database times), beside the
+/// same bytes written to a file and fsynced.
+pub async fn run() -> Result<i32, Failure> {
+    const SIZE: u64 = 200_000_000;
+    let tmp = std::env::temp_dir().join(format!("kiln-bench-logs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
+    let t = std::time::Instant::now();
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!("head -c {SIZE} /dev/zero | tr '\\0' x > {f} && sync {f}", f = tmp.join("out").display()))
+        .status()
+        .map_err(anyhow::Error::from)?;
+    if !st.success() {
+        return Err(anyhow::anyhow!("baseline failed").into());
+    }
+    let base_s = t.elapsed().as_secs_f64();
+    let repo = tmp.join("repo");
+    repo_with(
+        &repo,
+        &format!("version: 1\njobs:\n  - name: loud\n    steps:\n      - head -c {SIZE} /dev/zero | tr '\\0' x\n"),
+    )?;
+    let config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
+    let server = kiln_server::start(config).await?;
+    let c = Client::new(&server.url(), &server.admin_token);
+    c.create_repo(&kiln_api::CreateRepo {
+        name: "logs".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+    })
+    .await?;
+    let limit = (SIZE * 2).to_string();
+    let agent = spawn_agent_with(&server.url(), &server.agent_token, "talker", &tmp, &["--log-limit", &limit])?;
+    let r = c.submit_run("logs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+    let run = wait_terminal(&c, &r.run_id).await?;
+    let a = run.jobs[0].attempts.last().expect("attempt");
+    let secs = (a.finished_at_ms.unwrap_or(a.started_at_ms) - a.started_at_ms) as f64 / 1000.0;
+    println!("log_bytes: {SIZE}");
+    println!("log_ingest_mb_per_s: {:.0}", SIZE as f64 / 1e6 / secs.max(0.001));
+    println!("baseline_file_write_fsync_mb_per_s: {:.0}", SIZE as f64 / 1e6 / base_s);
+    let latency_ok = write_to_reader_latency(&c, &tmp).await?;
+    drop(agent);
+    let _ = server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(if run.status.is_success() && latency_ok { exit::OK } else { exit::RUN_FAILED })
+}
+
+/// Write-to-reader latency: a step prints its clock (ns) every 50 ms; a
+/// reader follows the job's SSE stream (the endpoint the web UI's log viewer
+/// uses) and, per line, subtracts the printed time from its arrival time.
+/// Same machine, same clock.
+async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool> {
+    use base64::Engine;
+    use futures::StreamExt;
+    const LINES: usize = 100;
+    let repo = tmp.join("ticker");
+    repo_with(
+        &repo,
+        &format!(
+            "version: 1\njobs:\n  - name: ticker\n    steps:\n      - for i in $(seq 1 {LINES}); do date +%s%N; sleep 0.05; done\n"
+        ),
+    )?;
+    c.create_repo(&kiln_api::CreateRepo {
+        name: "ticker".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+    })
+    .await?;
+    let r = c.submit_run("ticker", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+    let job = c.get_run(&r.run_id).await?.jobs[0].id.clone();
+    let events = c.log_events(&job, None).await?;
+    tokio::pin!(events);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut partial = String::new();
+    let mut lat_ms = Vec::new();
+    while let Some(Ok(ev)) = tokio::time::timeout(Duration::from_secs(60), events.next()).await? {
+        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i128;
+        match ev.event.as_str() {
+            event::CHUNK => {
+                let le: kiln_api::LogEvent = serde_json::from_str(&ev.data)?;
+                if le.stream != stream::STDOUT {
+                    continue;
+                }
+                partial.push_str(&String::from_utf8_lossy(&b64.decode(le.data)?));
+                while let Some(i) = partial.find('\n') {
+                    if let Ok(ts) = partial[..i].trim().parse::<i128>() {
+                        lat_ms.push((now_ns - ts) as f64 / 1e6);
+                    }
+                    partial.drain(..=i);
+                }
+            }
+            event::END => break,
+            _ => {}
+        }
+    }
+    lat_ms.sort_by(f64::total_cmp);
+    // Baseline: the same loop read straight from a pipe.
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("for i in $(seq 1 {LINES}); do date +%s%N; sleep 0.05; done"))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().expect("stdout")));
+    let mut base_ms = Vec::new();
+    while let Some(line) = lines.next_line().await? {
+        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i128;
+        if let Ok(ts) = line.trim().parse::<i128>() {
+            base_ms.push((now_ns - ts) as f64 / 1e6);
+        }
+    }
+    child.wait().await?;
+    base_ms.sort_by(f64::total_cmp);
+    println!("log_latency_lines: {}", lat_ms.len());
+    println!("log_write_to_reader_p50_ms: {:.1}", percentile(&lat_ms, 0.5));
+    println!("log_write_to_reader_p95_ms: {:.1}", percentile(&lat_ms, 0.95));
+    println!("log_write_to_reader_max_ms: {:.1}", lat_ms.last().copied().unwrap_or(f64::NAN));
+    println!("baseline_pipe_p95_ms: {:.2}", percentile(&base_ms, 0.95));
+    Ok(lat_ms.len() == LINES)
+}

@@ -1,0 +1,76 @@
+//! `kiln up`'s embedded deployment: a server and N in-process agents on the
+//! embedded defaults (SQLite, local disk). The benchmarks measure the same
+//! deployment, so it lives here rather than in the binary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// An agent configuration with the defaults of `kiln agent` (host executor,
+/// no rate limits).
+pub fn agent_config(
+    server: String,
+    token: String,
+    name: String,
+    labels: BTreeMap<String, String>,
+    work_dir: PathBuf,
+    max_jobs: u32,
+) -> kiln_agent::AgentConfig {
+    kiln_agent::AgentConfig {
+        server,
+        token,
+        name,
+        labels,
+        work_dir,
+        max_jobs,
+        executor: kiln_agent::ExecutorKind::Host,
+        upload_rate_limit: None,
+        log_limit: None,
+        log_rate_limit: None,
+        log_buffer: None,
+        log_spool_limit: None,
+        kill_grace: None,
+    }
+}
+
+/// `os` and `arch` of this machine: every agent's labels unless overridden.
+pub fn default_labels() -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    m.insert("os".into(), std::env::consts::OS.into());
+    m.insert("arch".into(), std::env::consts::ARCH.into());
+    m
+}
+
+/// Start an embedded server and `agents` local agents. Returns the server
+/// handle and the agents' shutdown switch.
+pub async fn start_embedded(
+    data_dir: &Path,
+    listen: &str,
+    agents: u32,
+    lease_ttl: Duration,
+    database_url: Option<String>,
+) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
+    let mut config = kiln_server::ServerConfig::new(data_dir.to_path_buf(), listen.to_string());
+    config.lease_ttl = lease_ttl;
+    config.database_url = database_url;
+    let handle = kiln_server::start(config).await?;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = vec![];
+    for i in 1..=agents {
+        let cfg = agent_config(
+            handle.url(),
+            handle.agent_token.clone(),
+            format!("local-{i}"),
+            default_labels(),
+            data_dir.join("agents").join(format!("local-{i}")),
+            1,
+        );
+        let rx = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = kiln_agent::run(cfg, rx).await {
+                tracing::error!("agent failed: {e:#}");
+            }
+        }));
+    }
+    Ok((handle, stop, tasks))
+}

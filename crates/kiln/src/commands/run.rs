@@ -1,0 +1,51 @@
+//! `kiln run`: submit a run; with `--follow`, stream its logs and exit 0 only on success.
+
+use super::logs::{Sink, follow_run};
+use super::shared::client;
+use crate::cli::RunArgs;
+use kiln_api::exit;
+use kiln_cmd::{CmdResult, usage};
+use std::collections::BTreeMap;
+
+pub(super) async fn run(a: RunArgs) -> CmdResult {
+    let c = client(&a.conn)?;
+    let mut inputs = BTreeMap::new();
+    for i in &a.inputs {
+        let (k, v) = i.split_once('=').ok_or_else(|| usage(format!("--input `{i}` must be K=V")))?;
+        inputs.insert(k.to_string(), v.to_string());
+    }
+    let body = kiln_api::SubmitRun {
+        commit_sha: a.commit.clone(),
+        workflow_path: Some(a.workflow.clone()),
+        inputs,
+        event: None,
+    };
+    let resp = c.submit_run(&a.repo, &body, a.idempotency_key.as_deref()).await?;
+    if !a.follow {
+        if a.json {
+            let run = c.get_run(&resp.run_id).await?;
+            println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+        } else {
+            println!("{}", resp.run_id);
+        }
+        return Ok(exit::OK);
+    }
+    eprintln!("run {} accepted", resp.run_id);
+    // With --json, stdout carries only the final run object; logs go to stderr.
+    follow_run(&c, &resp.run_id, None, if a.json { Sink::Stderr } else { Sink::Stdout }).await?;
+    let run = c.get_run(&resp.run_id).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+    } else {
+        print_summary(&run);
+    }
+    Ok(if run.status.is_success() { exit::OK } else { exit::RUN_FAILED })
+}
+
+fn print_summary(run: &kiln_api::Run) {
+    eprintln!("run {} {}", run.id, run.status);
+    for j in &run.jobs {
+        let msg = j.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
+        eprintln!("  {:<24} {:<10} epoch {}{msg}", j.name, j.status, j.current_epoch);
+    }
+}

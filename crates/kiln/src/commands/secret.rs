@@ -1,0 +1,34 @@
+//! `kiln secret set|list|rm`: repository secrets (values are read from stdin, never shown).
+
+use super::shared::client;
+use crate::cli::SecretCommand;
+use kiln_api::exit;
+use kiln_cmd::{CmdResult, usage};
+
+pub(super) async fn run(cmd: SecretCommand) -> CmdResult {
+    match cmd {
+        SecretCommand::Set { repo, name, conn } => {
+            let c = client(&conn)?;
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                .map_err(|e| usage(format!("cannot read the secret value from standard input: {e}")))?;
+            let value = value.strip_suffix('\n').map(|v| v.strip_suffix('\r').unwrap_or(v)).unwrap_or(&value);
+            if value.is_empty() {
+                return Err(usage("the secret value (standard input) is empty"));
+            }
+            c.put_secret(&repo, &name, value).await?;
+            println!("secret {name} of {repo} set ({} bytes)", value.len());
+        }
+        SecretCommand::List { repo, conn } => {
+            let c = client(&conn)?;
+            for s in c.list_secrets(&repo).await? {
+                println!("{}", s.name);
+            }
+        }
+        SecretCommand::Rm { repo, name, conn } => {
+            client(&conn)?.delete_secret(&repo, &name).await?;
+            println!("secret {name} of {repo} deleted");
+        }
+    }
+    Ok(exit::OK)
+}

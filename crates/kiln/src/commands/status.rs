@@ -1,0 +1,23 @@
+//! `kiln status RUN`: a run's status and jobs.
+
+use super::shared::client;
+use crate::cli::StatusArgs;
+use kiln_api::exit;
+use kiln_cmd::CmdResult;
+
+pub(super) async fn run(a: StatusArgs) -> CmdResult {
+    let c = client(&a.conn)?;
+    let run = c.get_run(&a.run).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+    } else {
+        println!("run {}  {}", run.id, run.status);
+        println!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path);
+        for j in &run.jobs {
+            let runner = j.attempts.last().map(|a| a.runner.as_str()).unwrap_or("-");
+            let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
+            println!("  {:<24} {:<10} epoch {:<3} {runner}{msg}", j.name, j.status, j.current_epoch);
+        }
+    }
+    Ok(exit::OK)
+}
