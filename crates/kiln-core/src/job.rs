@@ -48,6 +48,27 @@ impl JobStatus {
         self == Self::Ready
     }
 
+    /// Not started: cancelling its run (or fail-fast) cancels it at once; a
+    /// running job is asked to stop instead.
+    pub fn can_cancel_at_once(self) -> bool {
+        matches!(self, Self::Pending | Self::Ready)
+    }
+
+    /// Holds a matrix `max-parallel` slot or a concurrency group.
+    pub fn occupies_slot(self) -> bool {
+        matches!(self, Self::Ready | Self::Running)
+    }
+
+    /// Finished without success: a need in this state can no longer succeed.
+    pub fn is_unsuccessful(self) -> bool {
+        matches!(self, Self::Failed | Self::Cancelled | Self::Skipped)
+    }
+
+    /// A finished job in this state fails its run (a skipped one does not).
+    pub fn fails_run(self) -> bool {
+        matches!(self, Self::Failed | Self::Cancelled)
+    }
+
     pub fn transition(self, event: JobEvent) -> Result<JobStatus, InvalidTransition> {
         use JobEvent as E;
         use JobStatus as S;
@@ -92,6 +113,25 @@ impl JobEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guards() {
+        use JobStatus as S;
+        // (status, claim, cancel at once, occupies a slot, unsuccessful, fails the run)
+        let rows = [
+            (S::Pending, false, true, false, false, false),
+            (S::Ready, true, true, true, false, false),
+            (S::Running, false, false, true, false, false),
+            (S::Success, false, false, false, false, false),
+            (S::Failed, false, false, false, true, true),
+            (S::Cancelled, false, false, false, true, true),
+            (S::Skipped, false, false, false, true, false),
+        ];
+        for (s, claim, cancel, slot, unsuccessful, fails) in rows {
+            let got = (s.can_claim(), s.can_cancel_at_once(), s.occupies_slot(), s.is_unsuccessful(), s.fails_run());
+            assert_eq!(got, (claim, cancel, slot, unsuccessful, fails), "{s}");
+        }
+    }
 
     #[test]
     fn every_pair() {

@@ -1,12 +1,40 @@
 //! Kiln's pure core: statuses and the state machines of run, job and attempt,
-//! retry and backoff policy. No IO; property-tested.
+//! and the protocol's decisions as functions over plain data that return
+//! verdicts the store executes inside its transactions. No IO, no async.
+//!
+//! Where each rule lives (spec 000 unless noted):
+//!
+//! | rule | module |
+//! |---|---|
+//! | statuses and their transitions | [`run`], [`job`], [`attempt`] |
+//! | readiness, `if:`, quorum, `max-parallel`, skips, the run's final status (§2, §9; spec 003) | [`advance`] |
+//! | job concurrency groups (spec 003) | [`groups`] |
+//! | retry budget, backoff, fail-fast (§8) | [`failure`], [`backoff`] |
+//! | live epoch, heartbeat, fencing (§8) | [`lease`] |
+//! | claim eligibility (§7) | [`claim`] |
+//! | cancellation (§9) | [`cancel`] |
+//! | completion and its ordering with cancellation (§9) | [`complete`] |
+//! | the reference model built from all of the above | [`protocol`] |
+//!
+//! Modules depend one way: the decision modules use only the status
+//! modules (`failure` also the backoff, `complete` the failure classes);
+//! `protocol` uses them all; nothing uses `protocol`.
 
+pub mod advance;
 pub mod attempt;
 pub mod backoff;
+pub mod cancel;
+pub mod claim;
+pub mod complete;
+pub mod failure;
+pub mod groups;
 pub mod job;
+pub mod lease;
 pub mod logs;
 pub mod protocol;
 pub mod run;
+#[cfg(test)]
+mod test_lang;
 
 pub use attempt::AttemptOutcome;
 pub use backoff::Backoff;

@@ -40,6 +40,12 @@ impl RunStatus {
         matches!(self, Self::Queued | Self::Running)
     }
 
+    /// A cancellation request acts on the run (a finished or already
+    /// cancelling run is left as is).
+    pub fn can_cancel(self) -> bool {
+        matches!(self, Self::Queued | Self::Running)
+    }
+
     pub fn transition(self, event: RunEvent) -> Result<RunStatus, InvalidTransition> {
         use RunEvent as E;
         use RunStatus as S;
@@ -102,6 +108,23 @@ mod tests {
         ];
         for (s, e, want) in cases {
             assert_eq!(s.transition(e).ok(), want, "{s} {e:?}");
+        }
+    }
+
+    #[test]
+    fn guards() {
+        use RunStatus as S;
+        // (status, claim, cancel, terminal)
+        let rows = [
+            (S::Queued, true, true, false),
+            (S::Running, true, true, false),
+            (S::Cancelling, false, false, false),
+            (S::Success, false, false, true),
+            (S::Failed, false, false, true),
+            (S::Cancelled, false, false, true),
+        ];
+        for (s, claim, cancel, terminal) in rows {
+            assert_eq!((s.can_claim(), s.can_cancel(), s.is_terminal()), (claim, cancel, terminal), "{s}");
         }
     }
 

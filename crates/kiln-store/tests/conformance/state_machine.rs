@@ -13,17 +13,32 @@
 //! - advancement is never left pending: a job whose needs all succeeded is
 //!   ready, one downstream of a failure is skipped, an active run has work left.
 //!
+//! The same operations also drive kiln-core's reference model
+//! ([`kiln_core::protocol::RunModel`], built from the decision functions the
+//! store is to execute): every call must be refused by both or by neither
+//! (for the same reason, stale-epoch messages included), and after every
+//! step both must show the same observable state (`reference::Observed`:
+//! run and job statuses, dispatch generations, epochs, messages, attempt
+//! holders and outcomes) and retry counts. The model has no clock: a lease
+//! ends by an explicit operation on both sides, and backoff times are not
+//! compared (with `FAST` a retried job is ready at once on both).
+//!
 //! Operations mostly aim at a job where they can take effect (a ready job for
 //! a claim, a held live epoch for a holder's call) so that runs get finished;
 //! the rest aim anywhere and exercise refusals. No sleeps beyond a few ms:
 //! leases end in database time via `shorten_session_leases(…, 0)` or a 1 ms
 //! heartbeat.
 
+mod reference;
+
 use super::*;
 use kiln_core::RunStatus;
 use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
+use kiln_core::lease::Stale;
+use kiln_core::protocol::{Refusal, Report, RunModel};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use reference::{Trigger, observe_model, observe_store};
 use std::collections::HashMap;
 
 /// A diamond plus an independent root: b and c need a, d needs b and c.
@@ -129,6 +144,8 @@ struct Model<'a, S> {
     held: HashMap<(usize, usize), Vec<(ClaimInput, i64)>>,
     failure_used: Vec<u32>,
     infra_used: Vec<u32>,
+    /// The reference model, driven with the same operations.
+    reference: RunModel<Trigger>,
 }
 
 async fn run_case<S: Store + 'static>(opener: &Opener<S>, retries: &[u32], ops: &[Op]) {
@@ -150,8 +167,10 @@ async fn run_case<S: Store + 'static>(opener: &Opener<S>, retries: &[u32], ops: 
         held: HashMap::new(),
         failure_used: vec![0; JOBS.len()],
         infra_used: vec![0; JOBS.len()],
+        reference: reference::model(retries),
     };
     check_invariants(&v, &v);
+    m.compare(&v, "accepted");
     for (step, op) in ops.iter().enumerate() {
         let pre = view(s, &m.run_id).await;
         let pre_snap = snapshot(s, &m.run_id).await;
@@ -160,6 +179,7 @@ async fn run_case<S: Store + 'static>(opener: &Opener<S>, retries: &[u32], ops: 
         if !changed {
             assert_eq!(snapshot(s, &m.run_id).await, pre_snap, "step {step} {op:?} was refused but changed state");
         }
+        m.compare(&post, &format!("step {step} {op:?}"));
         check_invariants(&pre, &post);
     }
 }
@@ -182,6 +202,21 @@ fn running_in_session(pre: &RunView, session: &str) -> Vec<(String, i64)> {
 }
 
 impl<S: Store> Model<'_, S> {
+    /// The store and the reference model show the same run, and the retry
+    /// counts this test keeps are the model's.
+    fn compare(&self, post: &RunView, after: &str) {
+        let (store, model) = (observe_store(post, &self.agents), observe_model(&self.reference));
+        assert_eq!(store, model, "store (left) and reference model (right) differ after {after}");
+        for (j, job) in self.reference.jobs.iter().enumerate() {
+            assert_eq!(
+                (job.budget.failure_used, job.budget.infra_used),
+                (self.failure_used[j], self.infra_used[j]),
+                "retries counted for job {} after {after}",
+                job.spec.name
+            );
+        }
+    }
+
     fn last(&self, agent: usize, job: usize) -> Option<(ClaimInput, i64)> {
         self.held.get(&(agent, job)).and_then(|v| v.last().cloned())
     }
@@ -229,6 +264,8 @@ impl<S: Store> Model<'_, S> {
                 let generation = if stale { j.dispatch_generation - 1 } else { j.dispatch_generation };
                 let req = claim_input(&self.agents[agent], &self.ids[job], generation, LONG_TTL);
                 let got = s.claim(req.clone()).await.expect("claim with a valid session");
+                let modelled = self.reference.claim(agent, job, generation);
+                assert_eq!(got.as_ref().map(|c| c.epoch), modelled.ok(), "{op:?}: store vs model ({modelled:?})");
                 let eligible = !stale
                     && j.status == JobStatus::Ready
                     && pre.run.status.can_claim()
@@ -255,6 +292,7 @@ impl<S: Store> Model<'_, S> {
                 let still = live(pre, job, epoch);
                 let got = s.claim(req.clone()).await.expect("replayed claim");
                 assert_eq!(got.map(|c| c.epoch), still.then_some(epoch), "replayed claim of epoch {epoch}");
+                assert_eq!(self.reference.replay_claim(job, epoch), still.then_some(epoch), "model: replayed claim");
                 let rec = s.claimed_by_request(&req.claim_request_id).await.expect("claimed_by_request");
                 assert_eq!(rec.map(|c| c.epoch), still.then_some(epoch));
                 false
@@ -265,6 +303,11 @@ impl<S: Store> Model<'_, S> {
                     return false;
                 };
                 let r = s.heartbeat(&self.ids[job], epoch, LONG_TTL).await;
+                let modelled = self.reference.heartbeat(job, epoch);
+                same_refusal(&r, &modelled, &self.ids[job], epoch);
+                if let (Ok(hb), Ok(stop)) = (&r, &modelled) {
+                    assert_eq!(hb.cancel_requested, *stop, "heartbeat: store vs model stop");
+                }
                 if live(pre, job, epoch) {
                     let hb = r.expect("heartbeat of the live epoch");
                     assert_eq!(hb.cancel_requested, pre.run.status == RunStatus::Cancelling);
@@ -279,8 +322,13 @@ impl<S: Store> Model<'_, S> {
                 let want = running_in_session(pre, &session);
                 let n = s.shorten_session_leases(&session, 0).await.expect("shorten");
                 assert_eq!(n as usize, want.len());
+                assert_eq!(self.reference.lose_session(agent), want.len(), "model: leases of the session");
                 let mut fenced = s.fence_expired().await.expect("fence");
                 fenced.sort();
+                let mut modelled: Vec<(String, i64)> =
+                    self.reference.fence().into_iter().map(|(j, e)| (self.ids[j].clone(), e)).collect();
+                modelled.sort();
+                assert_eq!(fenced, modelled, "fenced: store vs model");
                 assert_eq!(fenced, want, "fenced exactly the session's running attempts");
                 for (job_id, _) in &fenced {
                     let job = self.ids.iter().position(|i| i == job_id).unwrap();
@@ -297,15 +345,23 @@ impl<S: Store> Model<'_, S> {
                     return false;
                 }
                 s.heartbeat(&self.ids[job], epoch, 1).await.expect("heartbeat of the live epoch");
+                self.reference.heartbeat(job, epoch).expect("model: heartbeat of the live epoch");
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                assert_stale(s.heartbeat(&self.ids[job], epoch, LONG_TTL).await);
+                self.reference.expire_lease(job, epoch);
+                let r = s.heartbeat(&self.ids[job], epoch, LONG_TTL).await;
+                assert_stale(r.as_ref().map(|_| ()).map_err(clone_err));
+                let modelled = self.reference.heartbeat(job, epoch);
+                assert_eq!(modelled, Err(Refusal::Stale(Stale::Expired)), "model: an ended lease is stale");
+                same_refusal(&r, &modelled, &self.ids[job], epoch);
                 let fenced = s.fence_expired().await.expect("fence");
                 assert_eq!(fenced, vec![(self.ids[job].clone(), epoch)]);
+                assert_eq!(self.reference.fence(), vec![(job, epoch)], "model: fenced");
                 self.expect_lost(pre, job).await;
                 true
             }
             Op::Fence => {
                 assert!(s.fence_expired().await.expect("fence").is_empty(), "no lease has expired");
+                assert!(self.reference.fence().is_empty(), "model: no lease has expired");
                 false
             }
             Op::Complete { agent, ref job, kind } => {
@@ -318,7 +374,18 @@ impl<S: Store> Model<'_, S> {
                     Kind::Failure => failure(1),
                     Kind::Infra => infra_failure(),
                 };
+                let report = Report {
+                    outcome: input.outcome,
+                    exit_code: input.exit_code,
+                    message: input.message.clone(),
+                    infra_failure: input.infra_failure,
+                };
                 let r = s.complete(&self.ids[job], epoch, input).await;
+                let modelled = self.reference.complete(job, epoch, &report);
+                same_refusal(&r, &modelled, &self.ids[job], epoch);
+                if let (Ok(status), Ok(want)) = (&r, &modelled) {
+                    assert_eq!(status, want.as_str(), "completion: store vs model");
+                }
                 if !live(pre, job, epoch) {
                     assert_stale(r);
                     return false;
@@ -366,6 +433,7 @@ impl<S: Store> Model<'_, S> {
                 let r = s.cancel_run(&self.run_id).await.expect("cancel");
                 let post = view(s, &self.run_id).await;
                 assert_eq!(r.status, post.run.status);
+                assert_eq!(self.reference.cancel(), r.status, "cancel: store vs model");
                 let any_running = pre.jobs.iter().any(|j| j.job.status == JobStatus::Running);
                 let want = match pre.run.status {
                     st if st.is_terminal() => st,
@@ -490,5 +558,32 @@ fn check_invariants(pre: &RunView, post: &RunView) {
         }
         RunStatus::Queued => assert!(post.jobs.iter().all(|j| j.attempts.is_empty())),
         RunStatus::Running | RunStatus::Cancelled => {}
+    }
+}
+
+fn clone_err(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::StaleEpoch(m) => StoreError::StaleEpoch(m.clone()),
+        other => StoreError::Invalid(other.to_string()),
+    }
+}
+
+/// The store and the model refused a call for the same reason, or neither
+/// did: a stale epoch with the same message, a completion after
+/// cancellation as a conflict.
+#[track_caller]
+fn same_refusal<T: Debug, U: Debug>(
+    store: &Result<T>,
+    model: &std::result::Result<U, Refusal>,
+    job_id: &str,
+    epoch: i64,
+) {
+    match (store, model) {
+        (Ok(_), Ok(_)) => {}
+        (Err(StoreError::StaleEpoch(msg)), Err(Refusal::Stale(why))) => {
+            assert_eq!(msg, &why.message(job_id, epoch), "stale-epoch reason: store vs model")
+        }
+        (Err(StoreError::Conflict(_)), Err(Refusal::CancelledFirst)) => {}
+        (store, model) => panic!("store answered {store:?}, the model {model:?}"),
     }
 }

@@ -1,0 +1,58 @@
+//! Cancellation of a run (spec 000 §9): it takes the run lock, records a
+//! cancellation version, prevents further claims and publication, and asks
+//! running attempts to stop. The run stays `cancelling` while physical
+//! termination is unresolved.
+//!
+//! Invariant protected (invariant 5): cancellation and completion are
+//! serialized on the run. If completion commits first, cancellation observes
+//! its result (a finished run is left as is); if cancellation commits first,
+//! a late completion is rejected (see [`crate::complete`]).
+
+use crate::job::JobStatus;
+use crate::run::{RunEvent, RunStatus};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelVerdict {
+    /// The run is finished or already cancelling: nothing changes.
+    NoOp,
+    /// Cancel the jobs at these indexes (pending or ready) with message
+    /// [`crate::failure::CANCELLED`], bump the run's cancel version, and move the run to
+    /// `run`: `cancelling` while attempts still run (their heartbeats say
+    /// stop; each ends `cancelled` when it reports or is fenced), else
+    /// `cancelled` (finished now).
+    Cancel { jobs: Vec<usize>, run: RunStatus },
+}
+
+pub fn plan_cancel(run: RunStatus, jobs: &[JobStatus]) -> CancelVerdict {
+    if !run.can_cancel() {
+        return CancelVerdict::NoOp;
+    }
+    let cancel: Vec<usize> = jobs.iter().enumerate().filter(|(_, s)| s.can_cancel_at_once()).map(|(i, _)| i).collect();
+    let running = jobs.contains(&JobStatus::Running);
+    let event = if running { RunEvent::CancelRequested } else { RunEvent::Cancelled };
+    CancelVerdict::Cancel { jobs: cancel, run: run.transition(event).expect("an active run can be cancelled") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use JobStatus::*;
+
+    #[test]
+    fn table() {
+        let cancel = |jobs: Vec<usize>, run| CancelVerdict::Cancel { jobs, run };
+        let rows = [
+            (RunStatus::Queued, vec![Ready, Pending, Pending], cancel(vec![0, 1, 2], RunStatus::Cancelled)),
+            (RunStatus::Running, vec![Success, Running, Pending, Ready], cancel(vec![2, 3], RunStatus::Cancelling)),
+            (RunStatus::Running, vec![Success, Failed, Ready, Skipped], cancel(vec![2], RunStatus::Cancelled)),
+            (RunStatus::Running, vec![Running], cancel(vec![], RunStatus::Cancelling)),
+            (RunStatus::Cancelling, vec![Running, Pending], CancelVerdict::NoOp),
+            (RunStatus::Success, vec![Success], CancelVerdict::NoOp),
+            (RunStatus::Cancelled, vec![Cancelled], CancelVerdict::NoOp),
+            (RunStatus::Failed, vec![Failed, Skipped], CancelVerdict::NoOp),
+        ];
+        for (run, jobs, want) in rows {
+            assert_eq!(plan_cancel(run, &jobs), want, "{run} {jobs:?}");
+        }
+    }
+}
