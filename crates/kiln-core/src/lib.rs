@@ -6,11 +6,13 @@ pub mod backoff;
 pub mod job;
 pub mod protocol;
 pub mod run;
+pub mod trust;
 
 pub use attempt::AttemptOutcome;
 pub use backoff::Backoff;
 pub use job::JobStatus;
 pub use run::RunStatus;
+pub use trust::Trust;
 
 /// Error for a transition the state machine does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
