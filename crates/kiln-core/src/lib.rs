@@ -35,11 +35,13 @@ pub mod protocol;
 pub mod run;
 #[cfg(test)]
 mod test_lang;
+pub mod trust;
 
 pub use attempt::AttemptOutcome;
 pub use backoff::Backoff;
 pub use job::JobStatus;
 pub use run::RunStatus;
+pub use trust::Trust;
 
 /// Error for a transition the state machine does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

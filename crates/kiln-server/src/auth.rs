@@ -1,8 +1,8 @@
 //! Bearer-token authorization. Two scopes: the admin token for the public
 //! API, the agent token for the agent API. Neither grants the other's calls.
 
-use crate::State;
 use crate::error::ApiErr;
+use crate::state::State;
 use axum::extract::{Request, State as S};
 use axum::middleware::Next;
 use axum::response::Response;

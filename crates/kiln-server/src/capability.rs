@@ -61,10 +61,6 @@ impl Signer {
     }
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

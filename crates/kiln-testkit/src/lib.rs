@@ -1,8 +1,14 @@
-//! Test helpers: real git repositories in temporary directories and a real
-//! `kiln up` process. Dev-dependency only.
+//! Test helpers: real git repositories in temporary directories, a real
+//! `kiln up` process, and (feature `app`) the in-process [`TestApp`].
+//! Dev-dependency only.
 
+#[cfg(feature = "app")]
+mod app;
 mod garage;
 mod postgres;
+
+#[cfg(feature = "app")]
+pub use app::{Caller, SseEvent, TestApp, TestRequest, TestResponse, next_frame, parse_sse};
 
 pub use garage::{GARAGE_BUCKET, GARAGE_KEY_ID, GARAGE_REGION, GARAGE_SECRET, TempGarage, garage_available};
 

@@ -1,26 +1,25 @@
-//! Artifact routes (spec 000 §12). Control-plane handlers authorize and run
-//! metadata transactions; the data-plane handlers (`/blob/…`) move bytes and
-//! run no transaction (an upload only reads whether its epoch is still live).
+//! Artifacts (spec 000 §12; invariant 4): attempt-scoped upload sessions,
+//! the data plane's parts, sealing, and resolving bindings for consumers.
+//! Control-plane calls authorize and run metadata transactions; data-plane
+//! calls (`/blob/…`) move bytes under a capability and run no transaction
+//! (an upload only reads whether its epoch is still live).
 //!
 //! With an S3 object store the data plane is the store itself: the agent
 //! asks for each part's presigned `UploadPart` (granted only while its epoch
 //! is live, valid for minutes, bound to the part's MD5), and downloads are
 //! presigned `GET`s. Sealing still happens here: the server assembles the
 //! parts and checks size and sha256 of the object before it may be bound.
+//! Uploaded bytes stay a candidate generation of one attempt; only the
+//! completion transaction binds them.
 
-use crate::State;
-use crate::capability::{Op, now_ms};
+use crate::capability::Op;
 use crate::error::{ApiErr, ApiResult};
-use axum::Json;
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State as S};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use futures::TryStreamExt;
+use crate::state::AppState;
+use axum::http::StatusCode;
 use kiln_api as api;
-use kiln_blob::{BlobError, ObjectInfo};
+use kiln_blob::{BlobError, BlobStore, ObjectInfo};
 use kiln_store::{BoundArtifact, StoreError};
-use serde::Deserialize;
+use std::time::Duration;
 
 /// Parts are 64 MiB (the last may be shorter).
 pub const PART_SIZE: u64 = 64 * 1024 * 1024;
@@ -31,7 +30,7 @@ const DOWNLOAD_CAP_MS: i64 = 15 * 60 * 1000;
 /// A presigned part upload is valid this long (asked for right before use).
 const PART_URL_MS: i64 = 10 * 60 * 1000;
 
-fn blob_err(e: BlobError) -> ApiErr {
+pub(crate) fn blob_err(e: BlobError) -> ApiErr {
     match e {
         BlobError::BadPart { .. } | BlobError::BadKey(_) => ApiErr::bad_request(e.to_string()),
         BlobError::Mismatch { .. } | BlobError::Invalid(_) => ApiErr::invalid(e.to_string()),
@@ -41,23 +40,15 @@ fn blob_err(e: BlobError) -> ApiErr {
     }
 }
 
-/// Base URL for capability links: the address the caller used to reach us.
-fn base_url(headers: &HeaderMap, state: &State) -> String {
-    let host = headers
-        .get(axum::http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_string)
-        .unwrap_or_else(|| state.config.listen.clone());
-    format!("http://{host}")
-}
-
-pub async fn create_upload(
-    S(state): S<State>,
-    Path((job, epoch)): Path<(String, i64)>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<api::UploadSession>> {
-    let req: api::CreateUpload = crate::routes::parse(&body)?;
+/// Open an upload session for a declared output of the live epoch.
+/// `base_url` is where the caller reached this server (for part URLs).
+pub(crate) async fn create_upload(
+    state: &AppState,
+    base_url: &str,
+    job: &str,
+    epoch: i64,
+    req: api::CreateUpload,
+) -> ApiResult<api::UploadSession> {
     if req.size > MAX_ARTIFACT {
         return Err(ApiErr::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -65,36 +56,27 @@ pub async fn create_upload(
             format!("artifact `{}` is {} bytes; the limit is {MAX_ARTIFACT}", req.name, req.size),
         ));
     }
-    let g = state
-        .store
-        .create_generation(
-            &job,
-            epoch,
-            &req.name,
-            req.size as i64,
-            req.sha256.as_deref().unwrap_or(""),
-            PART_SIZE as i64,
-        )
-        .await?;
-    let expires = now_ms() + UPLOAD_CAP_MS;
+    let sha = req.sha256.as_deref().unwrap_or("");
+    let g = state.store.create_generation(job, epoch, &req.name, req.size as i64, sha, PART_SIZE as i64).await?;
+    let expires = state.clock.now_ms() + UPLOAD_CAP_MS;
     tracing::info!(job, epoch, name = %req.name, size = req.size, generation = %g.id, "upload session opened");
-    if let kiln_blob::BlobStore::S3(_) = &state.blob {
-        return Ok(Json(api::UploadSession {
+    if let BlobStore::S3(_) = &state.blob {
+        return Ok(api::UploadSession {
             part_url: String::new(),
             generation_id: g.id,
             part_size: PART_SIZE,
             expires_at_ms: expires,
             presigned: true,
-        }));
+        });
     }
     let cap = state.signer.sign(Op::Put, &g.id, expires);
-    Ok(Json(api::UploadSession {
-        part_url: format!("{}/blob/uploads/{}/parts/{{part}}?cap={cap}", base_url(&headers, &state), g.id),
+    Ok(api::UploadSession {
+        part_url: format!("{base_url}/blob/uploads/{}/parts/{{part}}?cap={cap}", g.id),
         generation_id: g.id,
         part_size: PART_SIZE,
         expires_at_ms: expires,
         presigned: false,
-    }))
+    })
 }
 
 /// Number of parts of an object of `size` bytes (one empty part when 0).
@@ -105,19 +87,20 @@ fn part_count(size: u64, part_size: u64) -> u64 {
 /// S3: a presigned `UploadPart` for one part of a live attempt's session.
 /// The multipart upload is started on the first request; if two requests
 /// race, the one recorded first wins and the other's upload is aborted.
-pub async fn part_url(
-    S(state): S<State>,
-    Path((job, epoch, generation, part)): Path<(String, i64, String, u64)>,
-    body: Bytes,
-) -> ApiResult<Json<api::PresignedPart>> {
-    let req: api::PartUrlRequest = crate::routes::parse(&body)?;
-    let kiln_blob::BlobStore::S3(s3) = &state.blob else {
+pub(crate) async fn part_url(
+    state: &AppState,
+    (job, epoch): (&str, i64),
+    generation: &str,
+    part: u64,
+    req: api::PartUrlRequest,
+) -> ApiResult<api::PresignedPart> {
+    let BlobStore::S3(s3) = &state.blob else {
         return Err(ApiErr::bad_request(
             "this server's object store is local: upload parts to the session's part_url".to_string(),
         ));
     };
     // Refused (409) once the epoch is fenced, like a part sent to the server.
-    let g = state.store.uploadable_generation(&generation).await?;
+    let g = state.store.uploadable_generation(generation).await?;
     if g.job_id != job || g.epoch != epoch {
         return Err(ApiErr::not_found(format!("upload session {generation} of job {job} epoch {epoch}")));
     }
@@ -140,7 +123,7 @@ pub async fn part_url(
     }
     let upload_id = if g.upload_id.is_empty() {
         let mine = s3.begin_upload(&g.object_key).await.map_err(blob_err)?;
-        let winner = state.store.set_generation_upload(&generation, &mine).await;
+        let winner = state.store.set_generation_upload(generation, &mine).await;
         if winner.as_deref().ok() != Some(mine.as_str()) {
             let _ = s3.abort_upload(&g.object_key, &mine).await;
         }
@@ -148,52 +131,48 @@ pub async fn part_url(
     } else {
         g.upload_id.clone()
     };
-    let ttl = std::time::Duration::from_millis(PART_URL_MS as u64);
+    let ttl = Duration::from_millis(PART_URL_MS as u64);
     let signed = s3.presign_part(&g.object_key, &upload_id, part, &req.content_md5, ttl).await.map_err(blob_err)?;
-    Ok(Json(api::PresignedPart {
+    Ok(api::PresignedPart {
         part,
         url: signed.url,
         headers: signed.headers,
-        expires_at_ms: now_ms() + PART_URL_MS,
-    }))
+        expires_at_ms: state.clock.now_ms() + PART_URL_MS,
+    })
 }
 
-#[derive(Deserialize)]
-pub struct CapQuery {
-    cap: Option<String>,
-}
-
-/// Data plane: write one part. Refused (409) once the epoch is fenced.
-pub async fn put_part(
-    S(state): S<State>,
-    Path((generation, part)): Path<(String, u64)>,
-    Query(q): Query<CapQuery>,
-    body: Body,
-) -> ApiResult<Json<api::PartReceipt>> {
-    if !state.signer.verify(q.cap.as_deref().unwrap_or(""), Op::Put, &generation, now_ms()) {
+/// Data plane: write one part under an upload capability. Refused (409)
+/// once the epoch is fenced.
+pub(crate) async fn put_part<R: tokio::io::AsyncRead + Unpin>(
+    state: &AppState,
+    generation: &str,
+    part: u64,
+    cap: Option<&str>,
+    bytes: R,
+) -> ApiResult<api::PartReceipt> {
+    if !state.signer.verify(cap.unwrap_or(""), Op::Put, generation, state.clock.now_ms()) {
         return Err(ApiErr::unauthorized());
     }
-    let g = state.store.uploadable_generation(&generation).await?;
-    let kiln_blob::BlobStore::Local(local) = &state.blob else {
+    let g = state.store.uploadable_generation(generation).await?;
+    let BlobStore::Local(local) = &state.blob else {
         return Err(ApiErr::bad_request("this server's object store takes parts directly (presigned)".to_string()));
     };
-    let reader = tokio_util::io::StreamReader::new(body.into_data_stream().map_err(std::io::Error::other));
     let info = local
-        .write_part(&g.object_key, part, g.part_size as u64, g.expected_size as u64, reader)
+        .write_part(&g.object_key, part, g.part_size as u64, g.expected_size as u64, bytes)
         .await
         .map_err(blob_err)?;
-    Ok(Json(api::PartReceipt { part, size: info.size, sha256: info.sha256 }))
+    Ok(api::PartReceipt { part, size: info.size, sha256: info.sha256 })
 }
 
 /// Verify the stored bytes against the session's size and sha256, then seal
 /// the generation for this epoch. Idempotent for a lost response.
-pub async fn seal(
-    S(state): S<State>,
-    Path((job, epoch, generation)): Path<(String, i64, String)>,
-    body: Bytes,
-) -> ApiResult<Json<api::SealedGeneration>> {
-    let req: api::SealRequest = if body.is_empty() { Default::default() } else { crate::routes::parse(&body)? };
-    let mut g = state.store.get_generation(&generation).await?;
+pub(crate) async fn seal(
+    state: &AppState,
+    (job, epoch): (&str, i64),
+    generation: &str,
+    req: api::SealRequest,
+) -> ApiResult<api::SealedGeneration> {
+    let mut g = state.store.get_generation(generation).await?;
     if g.job_id != job || g.epoch != epoch {
         return Err(ApiErr::not_found(format!("upload session {generation} of job {job} epoch {epoch}")));
     }
@@ -201,7 +180,7 @@ pub async fn seal(
         match req.sha256.as_deref() {
             // The digest is named now (or confirmed): refused if it differs
             // from one named when the session was opened.
-            Some(sha) => g = state.store.set_generation_digest(&generation, &job, epoch, sha).await?,
+            Some(sha) => g = state.store.set_generation_digest(generation, job, epoch, sha).await?,
             None if g.expected_sha256.is_empty() => {
                 return Err(ApiErr::invalid(format!(
                     "upload session {generation} was opened without a sha256: name it when sealing"
@@ -210,18 +189,18 @@ pub async fn seal(
             None => {}
         }
         // Refuse a fenced epoch before touching the bytes.
-        state.store.uploadable_generation(&generation).await?;
+        state.store.uploadable_generation(generation).await?;
         let expected = ObjectInfo { size: g.expected_size as u64, sha256: g.expected_sha256.clone() };
         let done = match &state.blob {
-            kiln_blob::BlobStore::Local(local) => local.complete(&g.object_key, &expected).await,
-            kiln_blob::BlobStore::S3(s3) => {
+            BlobStore::Local(local) => local.complete(&g.object_key, &expected).await,
+            BlobStore::S3(s3) => {
                 let etags = part_etags(&req.parts, part_count(expected.size, g.part_size as u64), expected.size)?;
                 s3.complete(&g.object_key, &g.upload_id, &etags, &expected).await
             }
         };
         if let Err(e) = done {
             if matches!(e, BlobError::Mismatch { .. } | BlobError::NotFound(_)) {
-                let _ = state.store.fail_generation(&generation, &e.to_string()).await;
+                let _ = state.store.fail_generation(generation, &e.to_string()).await;
                 return Err(ApiErr::invalid(format!("artifact `{}` failed verification: {e}", g.name)));
             }
             return Err(blob_err(e));
@@ -233,15 +212,15 @@ pub async fn seal(
             format!("upload session {generation} is {}", g.state),
         ));
     }
-    let g = state.store.seal_generation(&generation, &job, epoch).await?;
+    let g = state.store.seal_generation(generation, job, epoch).await?;
     tracing::info!(job, epoch, name = %g.name, generation = %g.id, "artifact sealed");
-    Ok(Json(api::SealedGeneration {
+    Ok(api::SealedGeneration {
         generation_id: g.id,
         name: g.name,
         size: g.expected_size as u64,
         sha256: g.expected_sha256,
         state: g.state.into(),
-    }))
+    })
 }
 
 /// The ETags of a presigned session's parts, in order: every part once.
@@ -266,16 +245,17 @@ fn part_etags(parts: &[api::UploadedPart], count: u64, size: u64) -> ApiResult<V
         .collect()
 }
 
-async fn download(state: &State, headers: &HeaderMap, b: &BoundArtifact) -> ApiResult<api::ArtifactDownload> {
-    let expires = now_ms() + DOWNLOAD_CAP_MS;
+/// A download capability for a bound artifact.
+async fn download(state: &AppState, base_url: &str, b: &BoundArtifact) -> ApiResult<api::ArtifactDownload> {
+    let expires = state.clock.now_ms() + DOWNLOAD_CAP_MS;
     let url = match &state.blob {
-        kiln_blob::BlobStore::S3(s3) => s3
-            .presign_get(&b.generation.object_key, std::time::Duration::from_millis(DOWNLOAD_CAP_MS as u64))
+        BlobStore::S3(s3) => s3
+            .presign_get(&b.generation.object_key, Duration::from_millis(DOWNLOAD_CAP_MS as u64))
             .await
             .map_err(blob_err)?,
-        kiln_blob::BlobStore::Local(_) => {
+        BlobStore::Local(_) => {
             let cap = state.signer.sign(Op::Get, &b.generation.id, expires);
-            format!("{}/blob/objects/{}?cap={cap}", base_url(headers, state), b.generation.id)
+            format!("{base_url}/blob/objects/{}?cap={cap}", b.generation.id)
         }
     };
     Ok(api::ArtifactDownload {
@@ -289,63 +269,57 @@ async fn download(state: &State, headers: &HeaderMap, b: &BoundArtifact) -> ApiR
     })
 }
 
-/// Agent: resolve a producer's binding for the consuming attempt.
-pub async fn restore(
-    S(state): S<State>,
-    Path((job, epoch)): Path<(String, i64)>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<api::ArtifactDownload>> {
-    let req: api::RestoreRequest = crate::routes::parse(&body)?;
-    let consumer = state.store.get_job(&job).await?;
+/// Agent: resolve a producer's binding for the consuming attempt, which
+/// must be the live one.
+pub(crate) async fn restore(
+    state: &AppState,
+    base_url: &str,
+    (job, epoch): (&str, i64),
+    req: api::RestoreRequest,
+) -> ApiResult<api::ArtifactDownload> {
+    let consumer = state.store.get_job(job).await?;
     if consumer.current_epoch != epoch || consumer.status != kiln_core::JobStatus::Running {
         return Err(StoreError::StaleEpoch(format!("epoch {epoch} of job {job} is not the live attempt")).into());
     }
     let b = state.store.resolve_binding(&consumer.run_id, &req.from_job, &req.name).await?;
-    Ok(Json(download(&state, &headers, &b).await?))
+    download(state, base_url, &b).await
 }
 
 /// Public API: a download capability for a run's bound artifact.
-pub async fn get_artifact(
-    S(state): S<State>,
-    Path((run, job, name)): Path<(String, String, String)>,
-    headers: HeaderMap,
-) -> ApiResult<Json<api::ArtifactDownload>> {
-    let b = state.store.resolve_binding(&run, &job, &name).await?;
-    Ok(Json(download(&state, &headers, &b).await?))
+pub(crate) async fn get(
+    state: &AppState,
+    base_url: &str,
+    (run, job, name): (&str, &str, &str),
+) -> ApiResult<api::ArtifactDownload> {
+    let b = state.store.resolve_binding(run, job, name).await?;
+    download(state, base_url, &b).await
 }
 
-/// Data plane: stream a sealed object.
-pub async fn get_object(
-    S(state): S<State>,
-    Path(generation): Path<String>,
-    Query(q): Query<CapQuery>,
-) -> ApiResult<Response> {
-    if !state.signer.verify(q.cap.as_deref().unwrap_or(""), Op::Get, &generation, now_ms()) {
+/// Where a sealed object's bytes come from.
+pub(crate) enum Object {
+    /// The local store's file.
+    File { file: tokio::fs::File, len: u64, sha256: String },
+    /// An S3 store: a fresh presigned URL (an older link was followed).
+    Redirect(String),
+}
+
+/// Data plane: open a sealed object under a download capability.
+pub(crate) async fn open_object(state: &AppState, generation: &str, cap: Option<&str>) -> ApiResult<Object> {
+    if !state.signer.verify(cap.unwrap_or(""), Op::Get, generation, state.clock.now_ms()) {
         return Err(ApiErr::unauthorized());
     }
-    let g = state.store.get_generation(&generation).await?;
+    let g = state.store.get_generation(generation).await?;
     if g.state != "sealed" {
         return Err(ApiErr::not_found(format!("artifact generation {generation} is {}", g.state)));
     }
-    let local = match &state.blob {
-        kiln_blob::BlobStore::Local(local) => local,
-        kiln_blob::BlobStore::S3(s3) => {
-            // An older link: send the client to the store.
-            let ttl = std::time::Duration::from_millis(DOWNLOAD_CAP_MS as u64);
-            let url = s3.presign_get(&g.object_key, ttl).await.map_err(blob_err)?;
-            return Ok((StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, url)]).into_response());
+    match &state.blob {
+        BlobStore::Local(local) => {
+            let (file, len) = local.open(&g.object_key).await.map_err(blob_err)?;
+            Ok(Object::File { file, len, sha256: g.expected_sha256 })
         }
-    };
-    let (file, len) = local.open(&g.object_key).await.map_err(blob_err)?;
-    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
-    Ok((
-        [
-            (axum::http::header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (axum::http::header::CONTENT_LENGTH, len.to_string()),
-            (axum::http::header::HeaderName::from_static("x-kiln-sha256"), g.expected_sha256.clone()),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response())
+        BlobStore::S3(s3) => {
+            let ttl = Duration::from_millis(DOWNLOAD_CAP_MS as u64);
+            Ok(Object::Redirect(s3.presign_get(&g.object_key, ttl).await.map_err(blob_err)?))
+        }
+    }
 }

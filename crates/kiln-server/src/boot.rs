@@ -1,0 +1,90 @@
+//! Startup: the data dir's token files and the metadata store the
+//! configuration names.
+
+use crate::config::ServerConfig;
+use anyhow::Context;
+use kiln_store::{PgStore, SqliteStore, Store};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Read `DATA_DIR/NAME`, or create it with a fresh random token (mode 0600).
+pub(crate) fn load_or_create_token(dir: &std::path::Path, name: &str) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    let read = || std::fs::read_to_string(&path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty());
+    if let Some(t) = read() {
+        return Ok(t);
+    }
+    // Replicas starting at once on one data dir must agree: write a private
+    // file, then link it into place only if no other process did first.
+    let token = format!("kiln_{}", hex::encode(rand::random::<[u8; 24]>()));
+    let tmp = dir.join(format!(".{name}.{}.{}", std::process::id(), hex::encode(rand::random::<[u8; 6]>())));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    writeln!(f, "{token}")?;
+    f.sync_all()?;
+    drop(f);
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(token),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            read().with_context(|| format!("{} exists but is empty", path.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot write {}", path.display())),
+    }
+}
+
+/// Open the metadata store the configuration names (see
+/// [`ServerConfig::database_url`]).
+pub(crate) async fn open_store(config: &ServerConfig) -> anyhow::Result<Arc<dyn Store>> {
+    let backoff = kiln_core::Backoff { base_ms: config.retry_base.as_millis() as u64, max_ms: 60_000 };
+    let url = config.database_url.as_deref().unwrap_or("");
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = PgStore::connect(url).await.with_context(|| format!("cannot open database {}", redact(url)))?;
+        return Ok(Arc::new(store.with_backoff(backoff)));
+    }
+    let db_path = match url.strip_prefix("sqlite:") {
+        _ if url.is_empty() => config.data_dir.join("kiln.db"),
+        Some(p) if !p.trim_start_matches("//").is_empty() => PathBuf::from(p.trim_start_matches("//")),
+        _ => anyhow::bail!("--database-url {url}: expected postgres://USER@HOST:PORT/DB or sqlite:PATH"),
+    };
+    let store =
+        SqliteStore::open(&db_path).await.with_context(|| format!("cannot open database {}", db_path.display()))?;
+    Ok(Arc::new(store.with_backoff(backoff)))
+}
+
+/// A database URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    #[test]
+    fn concurrent_starts_on_one_data_dir_agree_on_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> =
+                (0..8).map(|_| s.spawn(|| super::load_or_create_token(dir.path(), "agent.token").unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("agent.token")).unwrap().trim(), tokens[0]);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("agent.token")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
+    }
+}

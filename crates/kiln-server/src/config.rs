@@ -1,0 +1,63 @@
+//! Server configuration: every knob has a default that matches the
+//! documented behaviour (ARCHITECTURE.md, "The contract").
+
+use crate::images::RegistryConfig;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub listen: String,
+    /// Metadata database: `postgres://…` (PostgreSQL), `sqlite:PATH`, or
+    /// `None` for SQLite at `DATA_DIR/kiln.db`.
+    pub database_url: Option<String>,
+    /// Lease TTL; agents heartbeat every TTL/3.
+    pub lease_ttl: Duration,
+    /// How long an agent's leases survive once its connection drops.
+    pub loss_grace: Duration,
+    /// Base delay of retry backoff.
+    pub retry_base: Duration,
+    /// Unbound artifact generations of ended attempts are deleted after this.
+    pub gc_grace: Duration,
+    /// How often the garbage collector runs.
+    pub gc_interval: Duration,
+    /// A finished job's log moves from the hot journal to the object store
+    /// this long after the job ended.
+    pub log_archive_after: Duration,
+    /// How often the log archiver looks for finished logs.
+    pub log_archive_interval: Duration,
+    /// How often this replica re-reads the ready jobs into its dispatch
+    /// queues regardless of wakeups (several replicas on one database; zero:
+    /// the default, 5 s on PostgreSQL and never on SQLite, where one server
+    /// owns the database file). On PostgreSQL a replica also re-reads them
+    /// at once when another replica commits ready jobs (`LISTEN/NOTIFY`);
+    /// this period is the safety net for lost notifications.
+    pub dispatch_sweep: Duration,
+    /// How image references are resolved to digests at acceptance.
+    pub registries: RegistryConfig,
+    /// Where bytes live: "" for `DATA_DIR/objects`, `file:///DIR`, or
+    /// `s3://BUCKET[/PREFIX]?endpoint=…&region=…` (credentials from the
+    /// environment; agents get presigned URLs).
+    pub object_store: String,
+}
+
+impl ServerConfig {
+    pub fn new(data_dir: PathBuf, listen: String) -> Self {
+        ServerConfig {
+            data_dir,
+            listen,
+            database_url: None,
+            lease_ttl: Duration::from_secs(30),
+            loss_grace: Duration::from_secs(3),
+            retry_base: Duration::from_millis(500),
+            gc_grace: Duration::from_secs(15 * 60),
+            gc_interval: Duration::from_secs(30),
+            log_archive_after: Duration::from_secs(60),
+            log_archive_interval: Duration::from_secs(10),
+            dispatch_sweep: Duration::ZERO,
+            registries: RegistryConfig::default(),
+            object_store: String::new(),
+        }
+    }
+}

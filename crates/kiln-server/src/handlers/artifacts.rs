@@ -1,0 +1,58 @@
+//! Artifact control plane: upload sessions, presigned parts, seal,
+//! restore (agent token), and the public download link (admin token).
+
+use super::body::{base_url, parse};
+use crate::error::ApiResult;
+use crate::services::artifacts;
+use crate::state::State;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State as S};
+use axum::http::HeaderMap;
+use kiln_api as api;
+
+pub(crate) async fn create_upload(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<api::UploadSession>> {
+    let req: api::CreateUpload = parse(&body)?;
+    Ok(Json(artifacts::create_upload(&state, &base_url(&headers, &state), &job, epoch, req).await?))
+}
+
+pub(crate) async fn part_url(
+    S(state): S<State>,
+    Path((job, epoch, generation, part)): Path<(String, i64, String, u64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::PresignedPart>> {
+    let req: api::PartUrlRequest = parse(&body)?;
+    Ok(Json(artifacts::part_url(&state, (&job, epoch), &generation, part, req).await?))
+}
+
+pub(crate) async fn seal(
+    S(state): S<State>,
+    Path((job, epoch, generation)): Path<(String, i64, String)>,
+    body: Bytes,
+) -> ApiResult<Json<api::SealedGeneration>> {
+    let req: api::SealRequest = if body.is_empty() { Default::default() } else { parse(&body)? };
+    Ok(Json(artifacts::seal(&state, (&job, epoch), &generation, req).await?))
+}
+
+pub(crate) async fn restore(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<api::ArtifactDownload>> {
+    let req: api::RestoreRequest = parse(&body)?;
+    Ok(Json(artifacts::restore(&state, &base_url(&headers, &state), (&job, epoch), req).await?))
+}
+
+pub(crate) async fn get(
+    S(state): S<State>,
+    Path((run, job, name)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<api::ArtifactDownload>> {
+    Ok(Json(artifacts::get(&state, &base_url(&headers, &state), (&run, &job, &name)).await?))
+}

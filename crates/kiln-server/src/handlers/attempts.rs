@@ -1,0 +1,86 @@
+//! Calls of a running attempt: heartbeat, log chunks, completion, image
+//! digest. Each names `(job, epoch)` in its path.
+
+use super::body::parse;
+use crate::error::{ApiErr, ApiResult};
+use crate::services::attempts;
+use crate::state::State;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State as S};
+use axum::http::HeaderMap;
+use base64::Engine;
+use kiln_api as api;
+
+pub(crate) async fn heartbeat(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+) -> ApiResult<Json<api::HeartbeatResponse>> {
+    Ok(Json(attempts::heartbeat(&state, &job, epoch).await?))
+}
+
+/// A chunk comes as JSON (`data` in base64) or as a raw body
+/// (`application/octet-stream`) with its identity in `kiln-log-*` headers.
+pub(crate) async fn append_log(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<api::LogAck>> {
+    let raw = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/octet-stream"));
+    let chunk = if raw { raw_chunk(&headers, body)? } else { json_chunk(&body)? };
+    Ok(Json(attempts::append_log(&state, &job, epoch, chunk).await?))
+}
+
+/// A chunk in a JSON body (`data` in base64).
+fn json_chunk(body: &Bytes) -> ApiResult<api::RawLogChunk> {
+    let c: api::LogChunk = parse(body)?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(c.data.as_bytes())
+        .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
+    Ok(api::RawLogChunk { stream: c.stream, seq: c.seq, offset: c.offset, sha256: c.sha256, data: data.into() })
+}
+
+/// A chunk as a raw body, its identity in `kiln-log-*` headers.
+fn raw_chunk(headers: &HeaderMap, body: Bytes) -> ApiResult<api::RawLogChunk> {
+    use api::log_headers as h;
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ApiErr::bad_request(format!("a raw log chunk needs the {name} header")))
+    };
+    let int =
+        |name: &str| get(name)?.parse::<i64>().map_err(|_| ApiErr::bad_request(format!("{name} must be an integer")));
+    Ok(api::RawLogChunk {
+        stream: get(h::STREAM)?.to_string(),
+        seq: int(h::SEQ)?,
+        offset: int(h::OFFSET)?,
+        sha256: get(h::SHA256)?.to_string(),
+        data: body,
+    })
+}
+
+pub(crate) async fn complete(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::CompletionAck>> {
+    let c: api::Completion = parse(&body)?;
+    let job_status = attempts::complete(&state, &job, epoch, c).await?;
+    Ok(Json(api::CompletionAck { job_status: job_status.into() }))
+}
+
+/// A Dockerfile job's attempt commits the digest of the image it built,
+/// before any user step runs; the answer is the digest every attempt must run.
+pub(crate) async fn commit_image(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::ImageCommit>> {
+    let req: api::ImageCommit = parse(&body)?;
+    let digest = attempts::commit_image(&state, &job, epoch, &req.digest).await?;
+    Ok(Json(api::ImageCommit { digest }))
+}

@@ -1,0 +1,46 @@
+//! `GET /v1/jobs/{job}/logs/events`: the log feed as SSE, `id:` per event,
+//! replay from `Last-Event-ID` (or `?after=`).
+
+use crate::error::ApiResult;
+use crate::services::log_feed::{self, FeedEvent};
+use crate::state::State;
+use axum::extract::{Path, Query, State as S};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::{Stream, StreamExt};
+use kiln_core::logs;
+use serde::Deserialize;
+use std::convert::Infallible;
+use std::time::Duration;
+
+#[derive(Deserialize)]
+pub(crate) struct EventsQuery {
+    after: Option<i64>,
+}
+
+pub(crate) async fn events(
+    S(state): S<State>,
+    Path(job): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let cursor = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok())
+        .or(q.after)
+        .unwrap_or(0);
+    let feed = log_feed::follow(&state, &job, cursor).await?;
+    let stream = feed.map(|ev| Ok(sse_event(ev)));
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+fn sse_event(ev: FeedEvent) -> Event {
+    match ev {
+        FeedEvent::Chunk { id, chunk } => Event::default().id(id.to_string()).event(logs::event::CHUNK).json_data(chunk),
+        FeedEvent::Sealed { id, data } => Ok(Event::default().id(id.to_string()).event(logs::event::SEALED).data(data)),
+        FeedEvent::Gap { id, data } => Ok(Event::default().id(id.to_string()).event(logs::event::GAP).data(data)),
+        FeedEvent::End { id, end } => Event::default().id(id.to_string()).event(logs::event::END).json_data(end),
+    }
+    .expect("json")
+}

@@ -1,0 +1,228 @@
+//! Run acceptance (spec 000 §5–6; ARCHITECTURE invariants 1, 9, 10): a
+//! submission becomes a frozen run — commit SHA resolved once, workflow
+//! read and validated at that SHA, image tags pinned to digests, the
+//! concurrency group rendered, the trust context decided from the trigger —
+//! and the store accepts it in one transaction with its idempotency record.
+//!
+//! A retry re-accepts the parent's frozen definition: same SHA, same pinned
+//! registry digests (a moved tag must not change what a retry runs), same
+//! trust (never raised).
+
+use crate::error::{ApiErr, ApiResult};
+use crate::git::GitError;
+use crate::images::ResolveError;
+use crate::state::AppState;
+use axum::http::StatusCode;
+use kiln_api as api;
+use kiln_core::Trust;
+use kiln_store::{Idempotency, NewRun, RepoRecord, RunConcurrency};
+use kiln_workflow::Workflow;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// Events a submission may name.
+const EVENTS: &[&str] = &["manual", "push", "pull_request", "retry", "schedule"];
+
+/// What asked for the run; trust is decided from it and nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Trigger {
+    /// The public API (or the CLI) with the admin token.
+    Api,
+    /// `POST /v1/workflow-runs/{run}/retry` of a run accepted with `parent`.
+    Retry { parent: Trust },
+}
+
+/// The trust decision (invariant 10): an admin-token caller is trusted; a
+/// retry keeps its parent's trust, so it can never be raised by retrying.
+pub(crate) fn decide_trust(trigger: Trigger) -> Trust {
+    match trigger {
+        Trigger::Api => Trust::Trusted,
+        Trigger::Retry { parent } => parent,
+    }
+}
+
+/// A submission through the public API.
+pub(crate) struct Submission {
+    /// Repository name or id.
+    pub repo: String,
+    pub request: api::SubmitRun,
+    /// The raw `Idempotency-Key` header, if sent.
+    pub idempotency_key: Option<Vec<u8>>,
+}
+
+/// Accept a submitted run; returns the run id (the original one for a
+/// redelivery with the same key and body).
+pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<String> {
+    let Submission { repo, request: req, idempotency_key } = sub;
+    let repo = state.store.get_repo(&repo).await?;
+    let idempotency = match idempotency_key {
+        None => None,
+        Some(key) => Some(idempotency(&repo, &key, &req)?),
+    };
+    let event = req.event.clone().unwrap_or_else(|| "manual".into());
+    if !EVENTS.contains(&event.as_str()) {
+        return Err(ApiErr::invalid(format!("unknown event `{event}`")));
+    }
+    let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
+    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(git_err)?;
+    let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
+    check_secrets(state, &repo, &workflow, &workflow_path).await?;
+    let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
+    let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &req.inputs).map_err(ApiErr::invalid)?;
+    let image_digests = state.resolver.resolve_workflow(&workflow).await.map_err(resolve_err)?;
+    let trust = decide_trust(Trigger::Api);
+    let accepted = state
+        .store
+        .accept_run(NewRun {
+            repo_id: repo.id.clone(),
+            commit_sha: sha,
+            git_ref,
+            event,
+            trust: trust.as_str().into(),
+            workflow_path,
+            workflow,
+            inputs: req.inputs.clone(),
+            parent_run_id: None,
+            idempotency,
+            concurrency,
+            image_digests,
+        })
+        .await?;
+    state.relay_wake.notify_one();
+    Ok(accepted.run_id)
+}
+
+/// Accept a new run with `run_id`'s frozen definition; returns its id.
+pub(crate) async fn retry(state: &AppState, run_id: &str) -> ApiResult<String> {
+    let old_view = state.store.get_run(run_id).await?;
+    // Same pinned definition, same pinned images: registry digests are
+    // copied, never re-resolved (a moved tag must not change what a retry
+    // runs). Built images are rebuilt by the new run.
+    let image_digests: BTreeMap<String, String> = old_view
+        .jobs
+        .iter()
+        .filter(|j| {
+            matches!(
+                old_view.run.definition.job(&j.job.name).and_then(|d| d.image.as_ref()),
+                Some(kiln_workflow::Image::Ref { .. })
+            )
+        })
+        .filter_map(|j| Some((j.job.name.clone(), j.job.image_digest.clone()?)))
+        .collect();
+    let old = old_view.run;
+    let parent: Trust = old
+        .trust
+        .parse()
+        .map_err(|e| ApiErr::internal(format!("run {} has an unreadable trust context: {e}", old.id)))?;
+    let trust = decide_trust(Trigger::Retry { parent });
+    let concurrency =
+        run_concurrency(&old.definition, "retry", old.git_ref.as_deref(), &old.inputs).map_err(ApiErr::invalid)?;
+    let accepted = state
+        .store
+        .accept_run(NewRun {
+            concurrency,
+            repo_id: old.repo_id,
+            commit_sha: old.commit_sha,
+            git_ref: old.git_ref,
+            event: "retry".into(),
+            trust: trust.as_str().into(),
+            workflow_path: old.workflow_path,
+            workflow: old.definition,
+            inputs: old.inputs,
+            parent_run_id: Some(old.id),
+            idempotency: None,
+            image_digests,
+        })
+        .await?;
+    state.relay_wake.notify_one();
+    Ok(accepted.run_id)
+}
+
+/// The idempotency record of a submission (invariant 9). The digest covers
+/// the request as sent (canonical JSON), so a redelivery matches even if a
+/// branch moved since.
+pub(crate) fn idempotency(repo: &RepoRecord, key: &[u8], req: &api::SubmitRun) -> ApiResult<Idempotency> {
+    let key = std::str::from_utf8(key)
+        .ok()
+        .filter(|k| k.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)))
+        .ok_or_else(|| ApiErr::bad_request("Idempotency-Key must be ASCII"))?;
+    if key.is_empty() || key.len() > 200 {
+        return Err(ApiErr::bad_request("Idempotency-Key must be 1-200 characters"));
+    }
+    let canonical = serde_json::to_vec(&serde_json::to_value(req).expect("request")).expect("json");
+    Ok(Idempotency {
+        scope: format!("admin:{}", repo.id),
+        key: key.to_string(),
+        request_digest: hex::encode(Sha256::digest(&canonical)),
+    })
+}
+
+fn git_err(e: GitError) -> ApiErr {
+    match e {
+        GitError::UnknownRevision(_) => ApiErr::invalid(e.to_string()),
+        GitError::Fetch { .. } => ApiErr::new(StatusCode::BAD_GATEWAY, api::codes::UNAVAILABLE, e.to_string()),
+        _ => ApiErr::internal(e.to_string()),
+    }
+}
+
+/// Pinning `image.ref`s (spec 000 §5): an unknown image or tag refuses the
+/// run (422); an unreachable registry is 502.
+fn resolve_err(e: ResolveError) -> ApiErr {
+    match e {
+        ResolveError::Refused(m) => ApiErr::invalid(m),
+        ResolveError::Unavailable(m) => ApiErr::new(StatusCode::BAD_GATEWAY, api::codes::UNAVAILABLE, m),
+    }
+}
+
+/// The workflow file at the resolved SHA, parsed and validated.
+async fn read_workflow(state: &AppState, repo: &RepoRecord, sha: &str, path: &str) -> ApiResult<Workflow> {
+    let bytes = state
+        .mirrors
+        .read_file(&repo.id, sha, path, kiln_workflow::MAX_FILE_BYTES)
+        .await
+        .map_err(|e| ApiErr::invalid(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| ApiErr::invalid(format!("{path} is not UTF-8")))?;
+    kiln_workflow::parse(&text).map_err(|d| ApiErr::invalid(format!("{path} at {sha} is not a valid workflow:\n{d}")))
+}
+
+/// Refuse a workflow that asks for secrets the repository does not have:
+/// better now than as a failed job later.
+async fn check_secrets(state: &AppState, repo: &RepoRecord, wf: &Workflow, path: &str) -> ApiResult<()> {
+    let wanted: Vec<String> = wf.jobs.iter().flat_map(|j| j.secrets.iter().cloned()).collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let have = state.store.secret_values(&repo.id, &wanted).await?;
+    let mut missing: Vec<&str> = wanted.iter().filter(|n| !have.contains_key(*n)).map(String::as_str).collect();
+    missing.sort_unstable();
+    missing.dedup();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(ApiErr::invalid(format!(
+        "{path} asks for secrets that repository {} does not have: {}; add them with `kiln secret set {} NAME`",
+        repo.name,
+        missing.join(", "),
+        repo.name
+    )))
+}
+
+/// Render the workflow's run-level concurrency group for this trigger.
+pub(crate) fn run_concurrency(
+    wf: &Workflow,
+    event: &str,
+    git_ref: Option<&str>,
+    inputs: &BTreeMap<String, String>,
+) -> Result<Option<RunConcurrency>, String> {
+    let Some(c) = &wf.concurrency else { return Ok(None) };
+    let branch = git_ref.map(|r| r.strip_prefix("refs/heads/").unwrap_or(r).to_string());
+    let ctx = kiln_workflow::ConditionContext {
+        event: event.to_string(),
+        git_ref: git_ref.map(str::to_string),
+        branch,
+        inputs: inputs.clone(),
+        ..Default::default()
+    };
+    let group = kiln_workflow::render_group(&c.group, &ctx).map_err(|e| format!("concurrency group: {e}"))?;
+    Ok(Some(RunConcurrency { group, cancel_in_progress: c.cancel_in_progress }))
+}

@@ -1,0 +1,107 @@
+//! Agents: registration (a fresh session per agent process), the session
+//! check every agent call makes (invariant 11: only the session that holds
+//! an attempt may act on it), and the session's live connection, whose loss
+//! shortens the session's leases to the loss grace (spec 004, fast loss
+//! detection; the lease TTL still catches a paused agent).
+
+use crate::error::{ApiErr, ApiResult};
+use crate::state::{AppState, State};
+use axum::http::StatusCode;
+use futures::{Stream, StreamExt};
+use kiln_api as api;
+use kiln_store::AgentRecord;
+use std::time::Duration;
+
+pub(crate) async fn register(state: &AppState, req: api::RegisterAgent) -> ApiResult<api::AgentRegistration> {
+    if req.name.trim().is_empty() || req.name.len() > 100 {
+        return Err(ApiErr::invalid("agent name must be 1-100 characters"));
+    }
+    if req.max_jobs == 0 || req.max_jobs > 256 {
+        return Err(ApiErr::invalid("max_jobs must be 1-256"));
+    }
+    let labels = serde_json::to_string(&req.labels).expect("labels");
+    let agent = state.store.register_agent(req.name.trim(), &labels, req.max_jobs).await?;
+    let ttl = state.config.lease_ttl.as_millis() as u64;
+    Ok(api::AgentRegistration {
+        agent_id: agent.id,
+        session_id: agent.session_id,
+        lease_ttl_ms: ttl,
+        heartbeat_interval_ms: (ttl / 3).max(50),
+    })
+}
+
+/// The agent, if `session_id` is its current session; a replaced session
+/// (the agent process restarted) is refused with 409 `stale_epoch`.
+pub(crate) async fn current_session(state: &AppState, agent_id: &str, session_id: &str) -> ApiResult<AgentRecord> {
+    let agent = state.store.get_agent(agent_id).await?;
+    if agent.session_id != session_id {
+        return Err(ApiErr::new(
+            StatusCode::CONFLICT,
+            api::codes::STALE_EPOCH,
+            "agent session was replaced; register again",
+        ));
+    }
+    Ok(agent)
+}
+
+/// What the session stream tells its agent.
+#[derive(Debug, Clone)]
+pub(crate) enum SessionEvent {
+    /// Every `SESSION_PING_MS`: the connection is alive.
+    Ping,
+    /// Stop this attempt now.
+    Cancel(api::CancelNotice),
+}
+
+/// Shortens a session's leases when its stream is dropped.
+struct SessionGuard {
+    state: State,
+    session: String,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        let state = self.state.clone();
+        let session = std::mem::take(&mut self.session);
+        let grace = state.config.loss_grace.as_millis() as i64;
+        tokio::spawn(async move {
+            match state.store.shorten_session_leases(&session, grace).await {
+                Ok(n) if n > 0 => {
+                    tracing::warn!(session, leases = n, "agent connection lost: leases shortened to the loss grace")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("cannot shorten leases of session {session}: {e}"),
+            }
+        });
+    }
+}
+
+/// The agent's long-lived connection: pings every second and the cancel
+/// notices of this session's attempts. When the stream is dropped (the
+/// connection broke), the session's leases are shortened to the loss grace
+/// so a dead agent's jobs are re-dispatched within seconds.
+pub(crate) async fn session(
+    state: &State,
+    agent_id: &str,
+    session_id: &str,
+) -> ApiResult<impl Stream<Item = SessionEvent> + use<>> {
+    current_session(state, agent_id, session_id).await?;
+    let guard = SessionGuard { state: state.clone(), session: session_id.to_string() };
+    let ticks =
+        tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(Duration::from_millis(api::SESSION_PING_MS)))
+            .map(|_| SessionEvent::Ping);
+    let session = session_id.to_string();
+    let cancels = tokio_stream::wrappers::BroadcastStream::new(state.cancel_events.subscribe()).filter_map(move |m| {
+        let ev = match m {
+            Ok(n) if n.session == session => {
+                Some(SessionEvent::Cancel(api::CancelNotice { job_id: n.job_id, epoch: n.epoch }))
+            }
+            _ => None,
+        };
+        futures::future::ready(ev)
+    });
+    Ok(futures::stream::select(ticks, cancels).map(move |ev| {
+        let _keep = &guard;
+        ev
+    }))
+}

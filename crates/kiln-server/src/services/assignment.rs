@@ -1,0 +1,85 @@
+//! The assignment of a claimed attempt (spec 000 §7): everything the agent
+//! needs to run it, immutable for the attempt — steps, environment (with the
+//! run's inputs as `KILN_INPUT_*`), the pinned image, artifacts to publish
+//! and restore, lease timing — and, for a run whose trust allows it (§14,
+//! invariant 10), the secrets the job asked for.
+
+use crate::error::ApiResult;
+use crate::state::AppState;
+use kiln_api as api;
+use kiln_core::Trust;
+use kiln_store::ClaimedAttempt;
+use kiln_workflow::Image;
+use std::collections::BTreeMap;
+
+/// The assignment from the claimed attempt alone: no clone URL, no secrets.
+pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
+    let def = &c.run.definition.jobs[c.job.index as usize];
+    let mut env: BTreeMap<String, String> = def.env.clone();
+    for (k, v) in &c.run.inputs {
+        env.insert(format!("KILN_INPUT_{}", input_var(k)), v.clone());
+    }
+    api::Assignment {
+        run_id: c.run.id.clone(),
+        job_id: c.job.id.clone(),
+        job_name: c.job.name.clone(),
+        epoch: c.epoch,
+        repo: c.run.repo_name.clone(),
+        clone_url: String::new(),
+        commit_sha: c.run.commit_sha.clone(),
+        steps: def.steps.iter().map(|s| api::StepSpec { name: s.name.clone(), run: s.run.clone() }).collect(),
+        env,
+        timeout_secs: def.timeout_secs,
+        image: def.image.as_ref().and_then(|i| match i {
+            Image::Ref { reference } => Some(reference.clone()),
+            Image::Dockerfile { .. } => None,
+        }),
+        image_digest: c.job.image_digest.clone(),
+        image_build: def.image.as_ref().and_then(|i| match i {
+            Image::Dockerfile { path, context } => {
+                Some(api::ImageBuild { dockerfile: path.clone(), context: context.clone() })
+            }
+            Image::Ref { .. } => None,
+        }),
+        size: def.runs_on.get("size").cloned(),
+        publish: def
+            .artifacts
+            .publish
+            .iter()
+            .map(|p| api::PublishSpec { name: p.name.clone(), path: p.path.clone() })
+            .collect(),
+        restore: def
+            .artifacts
+            .restore
+            .iter()
+            .map(|r| api::RestoreSpec { from_job: r.from_job.clone(), name: r.name.clone(), path: r.path.clone() })
+            .collect(),
+        lease_ttl_ms,
+        heartbeat_interval_ms: (lease_ttl_ms / 3).max(50),
+        secrets: BTreeMap::new(),
+    }
+}
+
+/// An input name as an environment variable suffix: ASCII letters and
+/// digits upper-cased, anything else `_`.
+fn input_var(name: &str) -> String {
+    name.chars().map(|ch| if ch.is_ascii_alphanumeric() { ch.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+/// Whether the attempt's run may be handed secrets: only a run accepted
+/// as trusted (an unreadable trust context is treated as untrusted).
+pub(crate) fn may_read_secrets(c: &ClaimedAttempt) -> bool {
+    c.run.trust.parse::<Trust>().is_ok_and(Trust::may_read_secrets)
+}
+
+/// The full assignment: [`build`] plus the clone URL and, for a trusted run,
+/// the values of the secrets the job asked for.
+pub(crate) async fn for_claim(state: &AppState, c: &ClaimedAttempt) -> ApiResult<api::Assignment> {
+    let mut a = build(state.config.lease_ttl.as_millis() as u64, c);
+    a.clone_url = state.store.get_repo(&a.repo).await?.clone_url;
+    let def = &c.run.definition.jobs[c.job.index as usize];
+    if !def.secrets.is_empty() && may_read_secrets(c) {
+        a.secrets = state.store.secret_values(&c.run.repo_id, &def.secrets).await?;
+    }
+    Ok(a)
+}

@@ -1,0 +1,97 @@
+//! Calls of a running attempt (invariant 3: each names `(job, epoch)` and
+//! is refused with 409 unless that epoch is current and its lease live —
+//! the store checks that inside each transaction): heartbeat (spec 000 §8),
+//! log chunks (§13, invariant 7), completion (§9), and the digest of an
+//! image the attempt built (§5).
+
+use crate::error::{ApiErr, ApiResult};
+use crate::services::notices;
+use crate::state::AppState;
+use axum::http::StatusCode;
+use kiln_api as api;
+use kiln_core::AttemptOutcome;
+use kiln_store::{CompletionInput, NewLogChunk, StoreError};
+
+/// Largest log chunk accepted.
+pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
+/// Completion messages are cut to this many characters.
+const MAX_MESSAGE: usize = 2000;
+
+pub(crate) async fn heartbeat(state: &AppState, job: &str, epoch: i64) -> ApiResult<api::HeartbeatResponse> {
+    let ttl = state.lease_ttl_ms();
+    let out = state.store.heartbeat(job, epoch, ttl).await?;
+    Ok(api::HeartbeatResponse { cancel_requested: out.cancel_requested, lease_ttl_ms: ttl as u64 })
+}
+
+/// Append one chunk; returns the committed offset per stream.
+pub(crate) async fn append_log(
+    state: &AppState,
+    job: &str,
+    epoch: i64,
+    chunk: api::RawLogChunk,
+) -> ApiResult<api::LogAck> {
+    if !kiln_core::logs::stream::AGENT_STREAMS.contains(&chunk.stream.as_str()) {
+        return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
+    }
+    if chunk.data.len() > MAX_CHUNK {
+        return Err(ApiErr::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            api::codes::TOO_LARGE,
+            "a log chunk carries at most 1 MiB",
+        ));
+    }
+    let api::RawLogChunk { stream, seq, offset, sha256, data } = chunk;
+    let data = data.to_vec();
+    let committed = state
+        .store
+        .append_log_chunk(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data })
+        .await?;
+    state.job_changed(job);
+    Ok(api::LogAck { committed: committed.into_iter().collect() })
+}
+
+/// The completion transaction; returns the job's status after it.
+pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Completion) -> ApiResult<String> {
+    let outcome = AttemptOutcome::try_from(c.outcome).map_err(ApiErr::bad_request)?;
+    if outcome == AttemptOutcome::Running || outcome == AttemptOutcome::Lost {
+        return Err(ApiErr::bad_request("outcome must be success, failed or cancelled"));
+    }
+    let res = state
+        .store
+        .complete(
+            job,
+            epoch,
+            CompletionInput {
+                outcome,
+                exit_code: c.exit_code,
+                message: c.message.map(|m| m.chars().take(MAX_MESSAGE).collect()),
+                infra_failure: c.infra_failure,
+            },
+        )
+        .await;
+    // Even a refused completion may have raced a change worth showing.
+    state.job_changed(job);
+    state.relay_wake.notify_one();
+    if matches!(&res, Ok(s) if s == "failed") {
+        notices::stopped_siblings(state, job).await;
+    }
+    match res {
+        Ok(status) => {
+            tracing::info!(job, epoch, status, "completed");
+            Ok(status)
+        }
+        // A completion the store refuses is a stale epoch to the agent.
+        Err(StoreError::Conflict(m)) => Err(ApiErr::new(StatusCode::CONFLICT, api::codes::STALE_EPOCH, m)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Commit the digest of the image the attempt built: the first committed
+/// digest wins; returns the digest every attempt must run.
+pub(crate) async fn commit_image(state: &AppState, job: &str, epoch: i64, digest: &str) -> ApiResult<String> {
+    let ok = digest.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()));
+    if !ok {
+        return Err(ApiErr::invalid("digest must be sha256:<64 hex digits>"));
+    }
+    Ok(state.store.commit_image_digest(job, epoch, digest).await?)
+}

@@ -1,0 +1,120 @@
+//! The claim long-poll (spec 000 §7, §15; invariant 2). The dispatch queues
+//! only suggest work: each delivery compatible with the agent's labels is
+//! tried with the store's claim transaction, which alone decides ownership.
+//!
+//! Policy, in order:
+//! - a claim request id that already created an attempt returns it again
+//!   (the agent lost the response and retried);
+//! - a stale or duplicate delivery is absorbed (claim says no, job not
+//!   ready at that generation) and the next one is tried;
+//! - a job still ready but declined (this agent is at capacity) goes back
+//!   to the front of its queue for the other agents, and this agent is
+//!   answered "nothing" after [`CAPACITY_PAUSE`] rather than spin;
+//! - a job whose run another transaction holds (`Busy`) goes to the back
+//!   of the queue and the others are tried; met busy twice, the request
+//!   pauses [`BUSY_PAUSE`] to give the holder a moment;
+//! - with nothing to try, the request waits for new deliveries until its
+//!   `wait_ms` (at most a minute) runs out.
+
+use crate::error::ApiResult;
+use crate::services::{agents, assignment};
+use crate::state::AppState;
+use kiln_api as api;
+use kiln_core::JobStatus;
+use kiln_store::{ClaimInput, OutboxEvent, StoreError};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// Longest a claim request may wait for work.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+/// How long an agent at capacity waits before it hears "nothing".
+pub(crate) const CAPACITY_PAUSE: Duration = Duration::from_millis(500);
+/// How long a request that met the same busy job twice waits.
+const BUSY_PAUSE: Duration = Duration::from_millis(5);
+
+/// Claim an attempt for `agent_id`'s session, waiting up to `req.wait_ms`
+/// for one; `None` when there is nothing for it.
+pub(crate) async fn claim(
+    state: &AppState,
+    agent_id: &str,
+    req: &api::ClaimRequest,
+) -> ApiResult<Option<api::Assignment>> {
+    let agent = agents::current_session(state, agent_id, &req.session_id).await?;
+    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id).await? {
+        return Ok(Some(assignment::for_claim(state, &c).await?));
+    }
+    let wait = Duration::from_millis(req.wait_ms).min(MAX_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    // Jobs whose run another transaction held when this request tried them.
+    let mut busy: HashSet<(String, i64)> = HashSet::new();
+    loop {
+        // Registered before looking at the queues: a delivery pushed while
+        // this request tries the others still wakes it.
+        let notified = state.dispatcher.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        while let Some(ev) = state.dispatcher.pop(&agent.labels) {
+            let input = ClaimInput {
+                agent_id: agent.id.clone(),
+                session_id: req.session_id.clone(),
+                claim_request_id: req.claim_request_id.clone(),
+                job_id: ev.job_id.clone(),
+                dispatch_generation: ev.dispatch_generation,
+                lease_ttl_ms: state.lease_ttl_ms(),
+                // Every replica queues every ready job, so agents of two
+                // replicas often claim the same job at the same moment: the
+                // loser moves on at once instead of waiting for the winner.
+                skip_locked: true,
+            };
+            match state.store.claim(input).await {
+                Ok(Some(c)) => {
+                    state.job_changed(&c.job.id);
+                    tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
+                    return Ok(Some(assignment::for_claim(state, &c).await?));
+                }
+                Ok(None) => {
+                    if still_ready(state, &ev).await {
+                        // This agent is full (the database still counts an
+                        // attempt it considers over): hand the job to the
+                        // others at once, and answer after a pause.
+                        state.dispatcher.push_front(ev);
+                        state.dispatcher.notify.notify_waiters();
+                        tokio::time::sleep(CAPACITY_PAUSE.min(wait)).await;
+                        return Ok(None);
+                    }
+                    // A duplicate or stale delivery: absorbed.
+                }
+                Err(StoreError::Busy(_)) => {
+                    // By the time this job comes round again, its run is
+                    // most likely free (and the job claimed elsewhere).
+                    let again = !busy.insert((ev.job_id.clone(), ev.dispatch_generation));
+                    state.dispatcher.push_back(ev);
+                    if tokio::time::Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                    if again {
+                        busy.clear();
+                        tokio::time::sleep(BUSY_PAUSE).await;
+                    }
+                }
+                Err(e) => {
+                    state.dispatcher.push_front(ev);
+                    return Err(e.into());
+                }
+            }
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Ok(None);
+        }
+    }
+}
+
+/// Whether the delivery's job is still ready at its generation (so a "no"
+/// from the claim was about this agent, not the job).
+async fn still_ready(state: &AppState, ev: &OutboxEvent) -> bool {
+    state
+        .store
+        .get_job(&ev.job_id)
+        .await
+        .is_ok_and(|j| j.status == JobStatus::Ready && j.dispatch_generation == ev.dispatch_generation)
+}

@@ -1,0 +1,25 @@
+//! The server's application services: the protocol's policies around the
+//! store's transactions (what a handler calls after parsing and
+//! authorizing). Services know nothing of HTTP requests; they return the
+//! edge's error type (`ApiErr`) because each failure already has its
+//! documented status.
+//!
+//! Layering (one-way): `handlers` → `services` → `state`/store. Within
+//! services: `claim` → `agents`, `assignment`; `log_feed` → `log_index`;
+//! `attempts` and `runs` → `notices`.
+
+pub(crate) mod acceptance;
+pub(crate) mod agents;
+pub(crate) mod artifacts;
+pub(crate) mod assignment;
+pub(crate) mod attempts;
+pub(crate) mod claim;
+pub(crate) mod log_archive;
+pub(crate) mod log_feed;
+pub(crate) mod notices;
+pub(crate) mod repos;
+pub(crate) mod runs;
+// Unit tests of each service's policy, one file per service, over a real
+// SQLite store (kept apart so that no service module refers to its tests).
+#[cfg(test)]
+mod tests;

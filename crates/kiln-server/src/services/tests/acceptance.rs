@@ -1,0 +1,133 @@
+//! Acceptance: the trust decision, idempotency, and what refuses a run.
+
+use super::env::{Env, workflow};
+use crate::services::acceptance::{self, Submission, Trigger, decide_trust};
+use axum::http::StatusCode;
+use kiln_api as api;
+use kiln_core::Trust;
+
+fn submission(repo: &str, commit: &str, key: Option<&[u8]>) -> Submission {
+    Submission {
+        repo: repo.into(),
+        request: api::SubmitRun { commit_sha: commit.into(), ..Default::default() },
+        idempotency_key: key.map(<[u8]>::to_vec),
+    }
+}
+
+#[test]
+fn trust_is_decided_by_the_trigger_and_never_raised() {
+    // (trigger, decided trust): literal rows, not a copy of the match.
+    let rows = [
+        (Trigger::Api, Trust::Trusted),
+        (Trigger::Retry { parent: Trust::Trusted }, Trust::Trusted),
+        (Trigger::Retry { parent: Trust::Untrusted }, Trust::Untrusted),
+    ];
+    for (trigger, want) in rows {
+        assert_eq!(decide_trust(trigger), want, "{trigger:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_api_run_is_frozen_trusted_at_the_resolved_sha() {
+    let env = Env::new().await;
+    let repo = env.pipeline("r", &["build"]).await;
+    let sha = repo.head().unwrap();
+    let id = acceptance::submit(&env.state, submission("r", "main", None)).await.unwrap();
+    let run = env.state.store.get_run(&id).await.unwrap().run;
+    assert_eq!(run.trust, "trusted");
+    assert_eq!(run.commit_sha, sha);
+    assert_eq!(run.git_ref.as_deref(), Some("main"), "the ref named is kept, descriptive only");
+    assert_eq!(run.event, "manual");
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_returns_the_same_run_and_a_different_body_is_refused() {
+    let env = Env::new().await;
+    let repo = env.pipeline("r", &["build"]).await;
+    let first = acceptance::submit(&env.state, submission("r", "HEAD", Some(b"k1"))).await.unwrap();
+    // The branch moves; a redelivery of the same request still names the first run.
+    repo.commit(&[("README", "moved")], "move").unwrap();
+    let again = acceptance::submit(&env.state, submission("r", "HEAD", Some(b"k1"))).await.unwrap();
+    assert_eq!(again, first);
+    let other = acceptance::submit(&env.state, submission("r", "main", Some(b"k1"))).await.unwrap_err();
+    assert_eq!((other.status, other.code), (StatusCode::CONFLICT, api::codes::IDEMPOTENCY_MISMATCH));
+    let fresh = acceptance::submit(&env.state, submission("r", "HEAD", Some(b"k2"))).await.unwrap();
+    assert_ne!(fresh, first);
+}
+
+#[tokio::test]
+async fn malformed_idempotency_keys_are_bad_requests() {
+    let env = Env::new().await;
+    let _repo = env.pipeline("r", &["build"]).await;
+    let long = vec![b'k'; 201];
+    for key in [&b""[..], &long[..], "clé".as_bytes()] {
+        let e = acceptance::submit(&env.state, submission("r", "HEAD", Some(key))).await.unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST, "{key:?}: {}", e.message);
+    }
+}
+
+#[tokio::test]
+async fn what_refuses_a_run() {
+    let env = Env::new().await;
+    let _repo = env.pipeline("r", &["build"]).await;
+    let secret_wf = "version: 1\njobs:\n  - name: deploy\n    secrets: [TOKEN, API_KEY]\n    steps:\n      - echo hi\n";
+    let _repo = env.repo("s", &[(".kiln/pipeline.yaml", secret_wf)]).await;
+    let _repo = env.repo("bad", &[(".kiln/pipeline.yaml", "version: 1\njobs: 3\n")]).await;
+
+    let e = acceptance::submit(&env.state, submission("nope", "HEAD", None)).await.unwrap_err();
+    assert_eq!(e.status, StatusCode::NOT_FOUND);
+    let e = acceptance::submit(&env.state, submission("r", "no-such-branch", None)).await.unwrap_err();
+    assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", e.message);
+    let e = acceptance::submit(&env.state, submission("bad", "HEAD", None)).await.unwrap_err();
+    assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(e.message.contains("is not a valid workflow"), "{}", e.message);
+    let mut sub = submission("r", "HEAD", None);
+    sub.request.event = Some("tag".into());
+    let e = acceptance::submit(&env.state, sub).await.unwrap_err();
+    assert_eq!((e.status, e.message.as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "unknown event `tag`"));
+    let mut sub = submission("r", "HEAD", None);
+    sub.request.workflow_path = Some(".kiln/other.yaml".into());
+    let e = acceptance::submit(&env.state, sub).await.unwrap_err();
+    assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Missing secrets are named, sorted, with what to do.
+    let e = acceptance::submit(&env.state, submission("s", "HEAD", None)).await.unwrap_err();
+    assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        e.message.contains("does not have: API_KEY, TOKEN; add them with `kiln secret set s NAME`"),
+        "{}",
+        e.message
+    );
+    let repo = env.state.store.get_repo("s").await.unwrap();
+    env.state.store.put_secret(&repo.id, "TOKEN", "t").await.unwrap();
+    env.state.store.put_secret(&repo.id, "API_KEY", "k").await.unwrap();
+    acceptance::submit(&env.state, submission("s", "HEAD", None)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_retry_keeps_the_frozen_run_and_its_trust() {
+    let env = Env::new().await;
+    let repo = env.pipeline("r", &["build"]).await;
+    let parent = env.submit("r").await;
+    repo.commit(&[(".kiln/pipeline.yaml", &workflow(&["other"]))], "change the pipeline").unwrap();
+    let child = acceptance::retry(&env.state, &parent).await.unwrap();
+    let (p, c) = (env.state.store.get_run(&parent).await.unwrap(), env.state.store.get_run(&child).await.unwrap());
+    assert_eq!(c.run.parent_run_id.as_deref(), Some(parent.as_str()));
+    assert_eq!((c.run.commit_sha, c.run.workflow_hash), (p.run.commit_sha, p.run.workflow_hash));
+    assert_eq!(c.jobs.iter().map(|j| j.job.name.as_str()).collect::<Vec<_>>(), ["build"]);
+    assert_eq!((c.run.event.as_str(), c.run.trust.as_str()), ("retry", "trusted"));
+    let e = acceptance::retry(&env.state, "no-such-run").await.unwrap_err();
+    assert_eq!(e.status, StatusCode::NOT_FOUND);
+}
+
+#[test]
+fn the_concurrency_group_is_rendered_for_the_trigger() {
+    let wf = kiln_workflow::parse(
+        "version: 1\nconcurrency:\n  group: deploy-${{ branch }}\n  cancel-in-progress: true\njobs:\n  - name: a\n    steps:\n      - echo\n",
+    )
+    .unwrap();
+    let c = acceptance::run_concurrency(&wf, "push", Some("refs/heads/main"), &Default::default()).unwrap().unwrap();
+    assert_eq!((c.group.as_str(), c.cancel_in_progress), ("deploy-main", true));
+    let plain = kiln_workflow::parse(&workflow(&["a"])).unwrap();
+    assert!(acceptance::run_concurrency(&plain, "push", None, &Default::default()).unwrap().is_none());
+}

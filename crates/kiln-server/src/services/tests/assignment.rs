@@ -1,0 +1,114 @@
+//! Assignments: what the agent is told, and secrets only for trusted runs.
+
+use super::env::Env;
+use crate::services::{assignment, claim};
+use kiln_store::ClaimInput;
+
+const WF: &str = r#"version: 1
+jobs:
+  - name: deploy
+    image:
+      dockerfile: ci/Dockerfile
+    runs-on: {size: small}
+    secrets: [TOKEN]
+    env:
+      MODE: fast
+    timeout: 5m
+    artifacts:
+      publish:
+        - name: app
+          path: out/app
+    steps:
+      - name: ship
+        run: ./ship.sh
+"#;
+
+/// An agent whose labels fit the job's `runs-on`.
+async fn small_agent(env: &Env) -> (String, String) {
+    let a = env.state.store.register_agent("small", r#"{"size":"small"}"#, 1).await.unwrap();
+    (a.id, a.session_id)
+}
+
+#[tokio::test]
+async fn a_trusted_runs_assignment_carries_its_job_and_secrets() {
+    let env = Env::new().await;
+    let repo = env.repo("r", &[(".kiln/pipeline.yaml", WF)]).await;
+    let r = env.state.store.get_repo("r").await.unwrap();
+    env.state.store.put_secret(&r.id, "TOKEN", "s3cret").await.unwrap();
+    let mut request = kiln_api::SubmitRun { commit_sha: "HEAD".into(), ..Default::default() };
+    request.inputs.insert("target-env".into(), "prod".into());
+    let sub = crate::services::acceptance::Submission { repo: "r".into(), request, idempotency_key: None };
+    crate::services::acceptance::submit(&env.state, sub).await.unwrap();
+    env.relay().await;
+    let agent = small_agent(&env).await;
+    let a = env.claim_now(&agent, "c1").await.unwrap();
+    assert_eq!(a.clone_url, repo.path().display().to_string());
+    assert_eq!(a.commit_sha, repo.head().unwrap());
+    assert_eq!((a.job_name.as_str(), a.epoch, a.size.as_deref()), ("deploy", 1, Some("small")));
+    assert_eq!(a.steps.len(), 1);
+    assert_eq!((a.steps[0].name.as_deref(), a.steps[0].run.as_str()), (Some("ship"), "./ship.sh"));
+    assert_eq!(a.env.get("MODE").map(String::as_str), Some("fast"));
+    assert_eq!(a.env.get("KILN_INPUT_TARGET_ENV").map(String::as_str), Some("prod"));
+    assert_eq!(a.timeout_secs, Some(300));
+    assert_eq!(a.image, None);
+    assert_eq!(a.image_build.as_ref().map(|b| b.dockerfile.as_str()), Some("ci/Dockerfile"));
+    assert_eq!(a.publish.len(), 1);
+    assert_eq!((a.lease_ttl_ms, a.heartbeat_interval_ms), (30_000, 10_000));
+    assert_eq!(a.secrets.get("TOKEN").map(String::as_str), Some("s3cret"));
+}
+
+#[tokio::test]
+async fn an_untrusted_run_gets_no_secrets() {
+    let env = Env::new().await;
+    let _repo = env.repo("r", &[(".kiln/pipeline.yaml", WF)]).await;
+    let r = env.state.store.get_repo("r").await.unwrap();
+    env.state.store.put_secret(&r.id, "TOKEN", "s3cret").await.unwrap();
+    // No trigger makes untrusted runs yet (the forge triggers will): accept
+    // one through the store as such a trigger would.
+    let trusted = env.submit("r").await;
+    let mut new = env.state.store.get_run(&trusted).await.unwrap().run;
+    env.state.store.cancel_run(&trusted).await.unwrap();
+    new.trust = "untrusted".into();
+    let accepted = env
+        .state
+        .store
+        .accept_run(kiln_store::NewRun {
+            repo_id: new.repo_id,
+            commit_sha: new.commit_sha,
+            git_ref: None,
+            event: "pull_request".into(),
+            trust: new.trust,
+            workflow_path: new.workflow_path,
+            workflow: new.definition,
+            inputs: Default::default(),
+            parent_run_id: None,
+            idempotency: None,
+            concurrency: None,
+            image_digests: Default::default(),
+        })
+        .await
+        .unwrap();
+    let job = env.state.store.get_run(&accepted.run_id).await.unwrap().jobs.remove(0).job;
+    let agent = small_agent(&env).await;
+    let c = env
+        .state
+        .store
+        .claim(ClaimInput {
+            agent_id: agent.0.clone(),
+            session_id: agent.1.clone(),
+            claim_request_id: "c1".into(),
+            job_id: job.id,
+            dispatch_generation: job.dispatch_generation,
+            lease_ttl_ms: 30_000,
+            skip_locked: false,
+        })
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert!(!assignment::may_read_secrets(&c));
+    let a = assignment::for_claim(&env.state, &c).await.unwrap();
+    assert!(a.secrets.is_empty(), "{:?}", a.secrets);
+    // The recovery path builds the same assignment.
+    let req = Env::claim_request(&agent.1, "c1", 0);
+    assert!(claim::claim(&env.state, &agent.0, &req).await.unwrap().unwrap().secrets.is_empty());
+}

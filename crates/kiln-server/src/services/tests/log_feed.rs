@@ -1,0 +1,88 @@
+//! The log feed: replay after a cursor, `end` once the job is terminal,
+//! and the same events (ids and bytes) after archival.
+
+use super::env::Env;
+use crate::services::attempts;
+use crate::services::log_feed::{self, FeedEvent};
+use crate::work;
+use futures::StreamExt;
+use kiln_api as api;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+fn chunk(stream: &str, seq: i64, offset: i64, data: &[u8]) -> api::RawLogChunk {
+    api::RawLogChunk {
+        stream: stream.into(),
+        seq,
+        offset,
+        sha256: hex::encode(Sha256::digest(data)),
+        data: bytes_of(data),
+    }
+}
+
+fn bytes_of(data: &[u8]) -> axum::body::Bytes {
+    axum::body::Bytes::copy_from_slice(data)
+}
+
+/// (id, kind, text) of every event of the feed after `cursor`.
+async fn read_all(env: &Env, job: &str, cursor: i64) -> Vec<(i64, String, String)> {
+    use base64::Engine;
+    let feed = log_feed::follow(&env.state, job, cursor).await.unwrap();
+    feed.map(|ev| match ev {
+        FeedEvent::Chunk { id, chunk } => {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(chunk.data).unwrap();
+            (id, format!("chunk:{}", chunk.stream), String::from_utf8(bytes).unwrap())
+        }
+        FeedEvent::Sealed { id, .. } => (id, "sealed".into(), String::new()),
+        FeedEvent::Gap { id, data } => (id, "gap".into(), data),
+        FeedEvent::End { id, end } => (id, "end".into(), end.status),
+    })
+    .collect()
+    .await
+}
+
+#[tokio::test]
+async fn replay_after_a_cursor_then_end_and_the_same_after_archival() {
+    let env = Env::new().await;
+    let _repo = env.pipeline("r", &["build"]).await;
+    env.submit("r").await;
+    env.relay().await;
+    let agent = env.agent(1).await;
+    let a = env.claim_now(&agent, "c1").await.unwrap();
+    let (job, epoch) = (a.job_id.as_str(), a.epoch);
+    attempts::append_log(&env.state, job, epoch, chunk("stdout", 0, 0, b"one\n")).await.unwrap();
+    attempts::append_log(&env.state, job, epoch, chunk("stderr", 0, 0, b"two\n")).await.unwrap();
+    attempts::append_log(&env.state, job, epoch, chunk("stdout", 1, 4, b"three\n")).await.unwrap();
+    let done = api::Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false };
+    assert_eq!(attempts::complete(&env.state, job, epoch, done).await.unwrap(), "success");
+
+    let all = read_all(&env, job, 0).await;
+    let kinds: Vec<&str> = all.iter().map(|(_, k, _)| k.as_str()).collect();
+    assert_eq!(kinds.last(), Some(&"end"));
+    assert_eq!(all.last().unwrap().2, "success");
+    let texts: Vec<&str> = all.iter().filter(|(_, k, _)| k.starts_with("chunk")).map(|(_, _, t)| t.as_str()).collect();
+    assert_eq!(texts, ["one\n", "two\n", "three\n"]);
+    let ids: Vec<i64> = all.iter().map(|(id, _, _)| *id).collect();
+    assert!(ids.windows(2).all(|w| w[0] <= w[1]), "ids in order: {ids:?}");
+
+    // Resuming after the first event replays the rest, not the first.
+    let first = all[0].0;
+    let rest = read_all(&env, job, first).await;
+    assert_eq!(rest, all[1..]);
+
+    // Archival: not before the grace period (measured on the server clock)…
+    assert_eq!(work::archive_once(&env.state).await.unwrap(), 0);
+    env.clock.advance(env.state.config.log_archive_after + Duration::from_secs(1));
+    assert_eq!(work::archive_once(&env.state).await.unwrap(), 1);
+    assert!(env.state.store.log_chunks_after(job, 0, 10).await.unwrap().is_empty(), "journal trimmed");
+    // …and then the feed means the same, from the object store.
+    assert_eq!(read_all(&env, job, 0).await, all);
+    assert_eq!(read_all(&env, job, first).await, all[1..]);
+}
+
+#[tokio::test]
+async fn an_unknown_job_is_not_found() {
+    let env = Env::new().await;
+    let e = log_feed::follow(&env.state, "nope", 0).await.err().expect("refused");
+    assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
+}

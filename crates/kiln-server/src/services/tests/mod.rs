@@ -1,0 +1,6 @@
+mod acceptance;
+mod artifacts;
+mod assignment;
+mod claim;
+mod env;
+mod log_feed;

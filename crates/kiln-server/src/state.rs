@@ -1,0 +1,91 @@
+//! The shared state of one server process: the store, the object store,
+//! the in-memory dispatch queues and the notification channels between
+//! handlers, services and background rounds.
+
+use crate::capability::Signer;
+use crate::clock::Clock;
+use crate::config::ServerConfig;
+use crate::dispatch::Dispatcher;
+use crate::git::Mirrors;
+use crate::images::Resolver;
+use crate::log_index::IndexCache;
+use kiln_store::Store;
+use std::sync::Arc;
+use tokio::sync::{Notify, broadcast};
+
+/// What a server is built from (see `App`).
+pub struct AppParts {
+    pub config: ServerConfig,
+    pub store: Arc<dyn Store>,
+    pub blob: kiln_blob::BlobStore,
+    pub admin_token: String,
+    pub agent_token: String,
+    /// Key of the data plane's capability URLs.
+    pub blob_key: Vec<u8>,
+    pub clock: Arc<dyn Clock>,
+}
+
+pub(crate) struct AppState {
+    pub store: Arc<dyn Store>,
+    pub config: ServerConfig,
+    pub admin_token: String,
+    pub agent_token: String,
+    pub mirrors: Mirrors,
+    pub dispatcher: Dispatcher,
+    /// Wakes the outbox relay after a transaction wrote outbox events.
+    pub relay_wake: Notify,
+    /// Job ids whose logs or status changed (SSE followers listen).
+    pub job_events: broadcast::Sender<String>,
+    /// Cancellation notices for agent session streams.
+    pub cancel_events: broadcast::Sender<CancelEvent>,
+    pub blob: kiln_blob::BlobStore,
+    pub signer: Signer,
+    /// Parsed log archive indexes, by object key.
+    pub log_indexes: IndexCache,
+    /// Resolves `image.ref` tags to digests at acceptance.
+    pub resolver: Resolver,
+    /// Server-side "now" (see `clock`): capability expiry and grace periods.
+    pub clock: Arc<dyn Clock>,
+}
+
+pub(crate) type State = Arc<AppState>;
+
+/// Tells an agent session to stop one of its attempts now.
+#[derive(Debug, Clone)]
+pub(crate) struct CancelEvent {
+    pub session: String,
+    pub job_id: String,
+    pub epoch: i64,
+}
+
+impl AppState {
+    pub fn new(parts: AppParts) -> State {
+        let AppParts { config, store, blob, admin_token, agent_token, blob_key, clock } = parts;
+        Arc::new(AppState {
+            store,
+            mirrors: Mirrors::new(config.data_dir.join("mirrors")),
+            resolver: Resolver::new(config.registries.clone()),
+            config,
+            admin_token,
+            agent_token,
+            dispatcher: Dispatcher::default(),
+            relay_wake: Notify::new(),
+            job_events: broadcast::channel(4096).0,
+            cancel_events: broadcast::channel(1024).0,
+            blob,
+            signer: Signer::new(blob_key),
+            log_indexes: Default::default(),
+            clock,
+        })
+    }
+
+    /// Wake SSE followers of `job` (its log or status changed).
+    pub fn job_changed(&self, job: &str) {
+        let _ = self.job_events.send(job.to_string());
+    }
+
+    /// Lease TTL in milliseconds.
+    pub fn lease_ttl_ms(&self) -> i64 {
+        self.config.lease_ttl.as_millis() as i64
+    }
+}

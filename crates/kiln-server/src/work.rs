@@ -1,0 +1,106 @@
+//! One round of each background job of the server, returning how much it
+//! did. The timers in `loops` only call these; tests call them directly
+//! (`App::run_pending_work`) instead of sleeping.
+//!
+//! Every round is idempotent by construction: re-running one after a crash
+//! republishes events (absorbed by the claim, spec 000 §7, §15), re-fences
+//! nothing (spec 000 §8), re-archives nothing already trimmed (§13).
+
+use crate::services::log_archive;
+use crate::state::AppState;
+use kiln_store::StoreError;
+
+/// Outbox events delivered per round.
+const RELAY_BATCH: u32 = 500;
+/// Generations collected per round.
+const COLLECT_BATCH: u32 = 100;
+/// Jobs whose logs are archived per round.
+const ARCHIVE_BATCH: u32 = 50;
+
+/// Deliver committed outbox events to dispatch queues, then mark them
+/// published. A crash between the two republishes: the claim absorbs it.
+pub(crate) async fn relay_once(state: &AppState) -> Result<usize, StoreError> {
+    let events = state.store.pending_outbox(RELAY_BATCH).await?;
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    for ev in events {
+        state.dispatcher.push(ev);
+    }
+    state.store.mark_published(&ids).await?;
+    Ok(ids.len())
+}
+
+/// Fence expired leases before authorizing replacements (spec 000 §8); the
+/// store decides expiry on the database clock.
+pub(crate) async fn fence_once(state: &AppState) -> Result<usize, StoreError> {
+    let fenced = state.store.fence_expired().await?;
+    for (job, epoch) in &fenced {
+        tracing::warn!(job, epoch, "lease expired: epoch fenced");
+        state.job_changed(job);
+    }
+    if !fenced.is_empty() {
+        // A fenced job may be ready again: its event is in the outbox.
+        state.relay_wake.notify_one();
+    }
+    Ok(fenced.len())
+}
+
+/// Queue every job that is ready now (a replica's sweep, and the rebuild of
+/// the queues at start). A (job, generation) already queued adds nothing.
+pub(crate) async fn sweep_once(state: &AppState) -> Result<usize, StoreError> {
+    let events = state.store.ready_jobs().await?;
+    Ok(events.into_iter().filter(|ev| state.dispatcher.push(ev.clone())).count())
+}
+
+/// A grace period measured on the server clock, in the database clock's
+/// frame (the store compares against its own "now").
+fn grace_ms(state: &AppState, grace: std::time::Duration) -> i64 {
+    grace.as_millis() as i64 - state.clock.ahead_of_database_ms()
+}
+
+/// Garbage collection: unbound generations of ended attempts (fenced,
+/// failed, or superseded) are deleted after the grace period; bound
+/// generations are never touched (invariant 4). A generation whose bytes
+/// cannot be deleted now is left for a later round.
+pub(crate) async fn collect_once(state: &AppState) -> Result<usize, StoreError> {
+    let grace = grace_ms(state, state.config.gc_grace);
+    let mut collected = 0;
+    for g in state.store.collectable_generations(grace, COLLECT_BATCH).await? {
+        // An unfinished S3 multipart upload keeps its parts until aborted.
+        if let (kiln_blob::BlobStore::S3(s3), false) = (&state.blob, g.upload_id.is_empty())
+            && let Err(e) = s3.abort_upload(&g.object_key, &g.upload_id).await
+        {
+            tracing::warn!(generation = %g.id, "cannot abort the artifact's multipart upload: {e}");
+            continue;
+        }
+        if let Err(e) = state.blob.delete(&g.object_key).await {
+            tracing::warn!(generation = %g.id, "cannot delete artifact bytes: {e}");
+            continue;
+        }
+        match state.store.mark_generation_deleted(&g.id).await {
+            Ok(()) => {
+                collected += 1;
+                tracing::info!(generation = %g.id, job = %g.job_id, epoch = g.epoch, name = %g.name, "collected unbound artifact generation")
+            }
+            Err(e) => tracing::warn!(generation = %g.id, "cannot mark generation deleted: {e}"),
+        }
+    }
+    Ok(collected)
+}
+
+/// Log archival: finished jobs' logs move from the hot journal to the
+/// object store (segment + index), trimmed only once stored. A job that
+/// fails keeps its journal and is retried on a later round.
+pub(crate) async fn archive_once(state: &AppState) -> Result<usize, StoreError> {
+    let grace = grace_ms(state, state.config.log_archive_after);
+    let mut archived = 0;
+    for job in state.store.logs_to_archive(grace, ARCHIVE_BATCH).await? {
+        match log_archive::archive_job(state, &job).await {
+            Ok(_) => archived += 1,
+            Err(e) => tracing::warn!(job, "cannot archive log (kept in the journal; will retry): {e:#}"),
+        }
+    }
+    Ok(archived)
+}

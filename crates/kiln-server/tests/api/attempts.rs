@@ -1,0 +1,93 @@
+//! Calls of a running attempt: heartbeat, log chunks, completion, image.
+
+use axum::http::StatusCode;
+use base64::Engine;
+use kiln_api as api;
+use kiln_testkit::TestApp;
+use sha2::{Digest, Sha256};
+
+#[tokio::test]
+async fn heartbeat_of_the_live_epoch_only() {
+    let app = TestApp::new().await;
+    let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
+    let ok = app.agent().post(&format!("/v1/jobs/{}/attempts/1/heartbeat", a.job_id)).send().await;
+    let hb: api::HeartbeatResponse = ok.assert_status(StatusCode::OK).json();
+    assert_eq!((hb.cancel_requested, hb.lease_ttl_ms), (false, 30_000));
+    let stale = app.agent().post(&format!("/v1/jobs/{}/attempts/2/heartbeat", a.job_id)).send().await;
+    assert_eq!(stale.assert_status(StatusCode::CONFLICT).error_code(), api::codes::STALE_EPOCH);
+}
+
+#[tokio::test]
+async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
+    let app = TestApp::new().await;
+    let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
+    let path = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch);
+    let sha = |d: &[u8]| hex::encode(Sha256::digest(d));
+    let json = api::LogChunk {
+        stream: "stdout".into(),
+        seq: 0,
+        offset: 0,
+        data: base64::engine::general_purpose::STANDARD.encode("hello\n"),
+        sha256: sha(b"hello\n"),
+    };
+    let ack: api::LogAck = app.agent().post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(ack.committed.get("stdout"), Some(&6));
+    let retry: api::LogAck = app.agent().post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(retry.committed, ack.committed);
+    let raw = app
+        .agent()
+        .post(&path)
+        .header("content-type", "application/octet-stream")
+        .header(api::log_headers::STREAM, "stdout")
+        .header(api::log_headers::SEQ, "1")
+        .header(api::log_headers::OFFSET, "6")
+        .header(api::log_headers::SHA256, &sha(b"world\n"))
+        .body("world\n")
+        .send()
+        .await;
+    assert_eq!(raw.assert_status(StatusCode::OK).json::<api::LogAck>().committed.get("stdout"), Some(&12));
+    // Conflicting bytes for an identity already committed: refused.
+    let mut conflict = json.clone();
+    conflict.data = base64::engine::general_purpose::STANDARD.encode("HELLO\n");
+    conflict.sha256 = sha(b"HELLO\n");
+    app.agent().post(&path).json(&conflict).send().await.assert_status(StatusCode::CONFLICT);
+    let mut bad = json.clone();
+    bad.stream = "seal".into();
+    app.agent().post(&path).json(&bad).send().await.assert_status(StatusCode::BAD_REQUEST);
+    let no_headers = app.agent().post(&path).header("content-type", "application/octet-stream").body("x").send().await;
+    no_headers.assert_status(StatusCode::BAD_REQUEST);
+    let stale = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch + 1);
+    app.agent().post(&stale).json(&json).send().await.assert_status(StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn complete_once_then_the_epoch_is_stale() {
+    let app = TestApp::new().await;
+    let (run, agent, a) = super::claimed(&app, &["build", "test"]).await;
+    super::complete(&app, &a, "running").await.assert_status(StatusCode::BAD_REQUEST);
+    super::complete(&app, &a, "lost").await.assert_status(StatusCode::BAD_REQUEST);
+    super::complete(&app, &a, "nonsense").await.assert_status(StatusCode::BAD_REQUEST);
+    let ack: api::CompletionAck = super::complete(&app, &a, "success").await.assert_status(StatusCode::OK).json();
+    assert_eq!(ack.job_status, "success");
+    let again = super::complete(&app, &a, "failed").await.assert_status(StatusCode::CONFLICT);
+    assert_eq!(again.error_code(), api::codes::STALE_EPOCH);
+    // The successor became ready in the same transaction; its event is relayed.
+    assert_eq!(app.run_pending_work().await.relayed, 1);
+    assert_eq!(super::claim(&app, &agent, "c2").await.unwrap().job_name, "test");
+    assert_eq!(super::get_run(&app, &run).await.status, "running");
+}
+
+#[tokio::test]
+async fn an_image_digest_is_committed_once() {
+    let app = TestApp::new().await;
+    let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
+    let path = format!("/v1/jobs/{}/attempts/{}/image", a.job_id, a.epoch);
+    let bad = api::ImageCommit { digest: "latest".into() };
+    app.agent().post(&path).json(&bad).send().await.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
+    let first = api::ImageCommit { digest: format!("sha256:{}", "a".repeat(64)) };
+    let second = api::ImageCommit { digest: format!("sha256:{}", "b".repeat(64)) };
+    let got: api::ImageCommit = app.agent().post(&path).json(&first).send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(got.digest, first.digest);
+    let got: api::ImageCommit = app.agent().post(&path).json(&second).send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(got.digest, first.digest, "the first committed digest wins");
+}
