@@ -129,7 +129,8 @@ impl Collector {
                 i += 1;
                 continue;
             }
-            let starts = matches!(&tts[i], proc_macro2::TokenTree::Ident(id) if id == "crate" || id == "super" || id == "self");
+            let starts =
+                matches!(&tts[i], proc_macro2::TokenTree::Ident(id) if id == "crate" || id == "super" || id == "self");
             let after_colons = i > 0 && matches!(&tts[i - 1], proc_macro2::TokenTree::Punct(p) if p.as_char() == ':');
             if starts && !after_colons {
                 let mut segments = vec![tts[i].to_string()];
@@ -359,14 +360,8 @@ fn cycles(krate: &Crate) -> Vec<Vec<String>> {
             }
         }
     }
-    let mut t = T {
-        k: krate,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
-        stack: vec![],
-        on: BTreeSet::new(),
-        out: vec![],
-    };
+    let mut t =
+        T { k: krate, index: BTreeMap::new(), low: BTreeMap::new(), stack: vec![], on: BTreeSet::new(), out: vec![] };
     for m in krate.modules.keys() {
         if !t.index.contains_key(m.as_str()) {
             visit(&mut t, m);
@@ -477,8 +472,7 @@ fn detector_finds_what_it_should() {
         .unwrap();
     std::fs::write(src.join("a/mod.rs"), "pub mod inner;\npub fn f() { inner::g(); crate::b::h(); }\n").unwrap();
     std::fs::write(src.join("a/inner.rs"), "use super::*;\npub fn g() {}\n").unwrap();
-    std::fs::write(src.join("b.rs"), "pub fn h() { tracing::info!(\"{}\", crate::a::inner::g as usize); }\n")
-        .unwrap();
+    std::fs::write(src.join("b.rs"), "pub fn h() { tracing::info!(\"{}\", crate::a::inner::g as usize); }\n").unwrap();
     std::fs::write(src.join("c.rs"), "pub struct C(crate::Root);\n#[cfg(test)]\nmod tests { use crate::a::f; }\n")
         .unwrap();
     let k = read_crate(&dir.path().join("demo")).expect("crate");

@@ -37,7 +37,9 @@ pub(crate) async fn events(
 
 fn sse_event(ev: FeedEvent) -> Event {
     match ev {
-        FeedEvent::Chunk { id, chunk } => Event::default().id(id.to_string()).event(logs::event::CHUNK).json_data(chunk),
+        FeedEvent::Chunk { id, chunk } => {
+            Event::default().id(id.to_string()).event(logs::event::CHUNK).json_data(chunk)
+        }
         FeedEvent::Sealed { id, data } => Ok(Event::default().id(id.to_string()).event(logs::event::SEALED).data(data)),
         FeedEvent::Gap { id, data } => Ok(Event::default().id(id.to_string()).event(logs::event::GAP).data(data)),
         FeedEvent::End { id, end } => Event::default().id(id.to_string()).event(logs::event::END).json_data(end),

@@ -38,8 +38,12 @@ impl FeedEvent {
     fn from_record(c: LogChunkRecord) -> FeedEvent {
         // `seal` and `gap` rows are events of the attempt, not bytes.
         match c.stream.as_str() {
-            kiln_core::logs::stream::SEAL => FeedEvent::Sealed { id: c.id, data: String::from_utf8_lossy(&c.data).into_owned() },
-            kiln_core::logs::stream::GAP => FeedEvent::Gap { id: c.id, data: String::from_utf8_lossy(&c.data).into_owned() },
+            kiln_core::logs::stream::SEAL => {
+                FeedEvent::Sealed { id: c.id, data: String::from_utf8_lossy(&c.data).into_owned() }
+            }
+            kiln_core::logs::stream::GAP => {
+                FeedEvent::Gap { id: c.id, data: String::from_utf8_lossy(&c.data).into_owned() }
+            }
             _ => FeedEvent::Chunk {
                 id: c.id,
                 chunk: api::LogEvent {
