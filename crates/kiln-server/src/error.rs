@@ -51,7 +51,7 @@ impl From<StoreError> for ApiErr {
                 "this Idempotency-Key was already used with a different request body; use a new key",
             ),
             StoreError::Invalid(m) => ApiErr::bad_request(m),
-            StoreError::Unavailable(_) | StoreError::Busy(_) => {
+            StoreError::Unavailable(_) | StoreError::Busy(_) | StoreError::Retryable(_) => {
                 ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, msg)
             }
         }

@@ -1,221 +1,30 @@
 //! The authoritative metadata store.
 //!
-//! Traits per aggregate; each method is one protocol transaction of spec 000
-//! (accept run §5–6, claim §7, heartbeat and fencing §8, completion and
-//! cancellation §9, log chunk ingestion §13). Implementations must execute
-//! every method atomically and take "now" from the database clock inside the
-//! transaction, so lease decisions never depend on a caller's clock.
-//!
-//! Concurrency: every method may be called concurrently from many tasks;
-//! mutations of one run are serialized (run lock, then job lock).
-//! Idempotency: `accept_run` with the same idempotency record, `claim` with the
-//! same claim request id, and `append_log_chunk` with identical bytes return
-//! the original result.
+//! Where to look:
+//! - `traits.rs` — the traits per aggregate and their contracts (what every
+//!   backend must guarantee); `error.rs` — the error type; `model.rs` — the
+//!   records.
+//! - `impls.rs` — which function implements each trait method; `tx/` — the
+//!   transactions, one file per family (accept, advance, claim, lease,
+//!   complete, cancel, logs, outbox, repos, agents, artifacts, images).
+//! - `store.rs` — the store type, the transaction runner and row locks;
+//!   `rows.rs` — row mapping; `db.rs` — running a statement on either
+//!   backend; `dialect.rs` — what differs between SQLite and PostgreSQL;
+//!   `sqlite.rs`, `postgres.rs` — what only one backend has.
 
+mod db;
+mod dialect;
+mod error;
+mod impls;
 mod model;
 mod postgres;
+mod rows;
 mod sqlite;
+mod store;
+mod traits;
+mod tx;
 
+pub use error::{Result, StoreError};
 pub use model::*;
-pub use postgres::PgStore;
-pub use sqlite::SqliteStore;
-
-use async_trait::async_trait;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("{0} not found")]
-    NotFound(String),
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// The named epoch is not the job's current live attempt: it is fenced.
-    #[error("stale epoch: {0}")]
-    StaleEpoch(String),
-    /// The same idempotency key was used with a different request body.
-    #[error("idempotency key reused with a different request")]
-    IdempotencyMismatch,
-    #[error("invalid: {0}")]
-    Invalid(String),
-    /// The database could not be reached or failed; nothing was decided.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// Rows the call needs are locked by a concurrent transaction and the
-    /// caller asked not to wait (`ClaimInput::skip_locked`); nothing was decided.
-    #[error("busy: {0}")]
-    Busy(String),
-}
-
-pub type Result<T> = std::result::Result<T, StoreError>;
-
-/// The error mapping every backend shares; a backend maps its own codes
-/// (e.g. PostgreSQL's serialization failures) before falling back to this.
-pub(crate) fn common_db_err(e: sqlx::Error) -> StoreError {
-    match &e {
-        sqlx::Error::RowNotFound => StoreError::NotFound("row".into()),
-        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(d.message().to_string()),
-        // FIX (conformance test `unknown_repository_is_not_unavailable`): a
-        // reference to a missing row (accept_run with an unknown repo_id or
-        // parent_run_id) is the caller's error, not an outage; it used to fall
-        // through to `Unavailable` ("nothing was decided, retry").
-        sqlx::Error::Database(d) if d.is_foreign_key_violation() => {
-            StoreError::Invalid(format!("references a missing record: {}", d.message()))
-        }
-        _ => StoreError::Unavailable(e.to_string()),
-    }
-}
-
-pub(crate) fn parse_enum<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T> {
-    s.parse::<T>().map_err(StoreError::Invalid)
-}
-
-pub(crate) fn new_id() -> String {
-    uuid::Uuid::now_v7().to_string()
-}
-
-#[async_trait]
-pub trait RepoStore: Send + Sync {
-    async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord>;
-    async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
-    async fn list_repos(&self) -> Result<Vec<RepoRecord>>;
-    /// Create or replace a repository secret.
-    async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()>;
-    /// False if there was no such secret.
-    async fn delete_secret(&self, repo_id: &str, name: &str) -> Result<bool>;
-    /// Names and last-update times (ms) of a repository's secrets; never values.
-    async fn list_secrets(&self, repo_id: &str) -> Result<Vec<(String, i64)>>;
-    /// Values of the named secrets that exist.
-    async fn secret_values(
-        &self,
-        repo_id: &str,
-        names: &[String],
-    ) -> Result<std::collections::BTreeMap<String, String>>;
-}
-
-#[async_trait]
-pub trait RunStore: Send + Sync {
-    /// Accept a frozen run: the run, its jobs, readiness of root jobs and their
-    /// outbox events, and the idempotency record, in one transaction.
-    async fn accept_run(&self, run: NewRun) -> Result<Accepted>;
-    async fn get_run(&self, run_id: &str) -> Result<RunView>;
-    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>>;
-    /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
-    /// not running, and leave the run `cancelling` while attempts still run.
-    async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;
-    async fn get_job(&self, job_id: &str) -> Result<JobRecord>;
-}
-
-#[async_trait]
-pub trait AgentStore: Send + Sync {
-    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord>;
-    async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord>;
-}
-
-#[async_trait]
-pub trait AttemptStore: Send + Sync {
-    /// spec 000 §7: one transaction — run active, job ready, dispatch
-    /// generation matches, predecessors succeeded, capacity admitted → new
-    /// attempt with epoch + 1 and a lease in database time. `Ok(None)` when the
-    /// delivery is stale or a duplicate (absorbed) or capacity is full.
-    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>>;
-    /// Recover the attempt a claim request created, if it is still running.
-    async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>>;
-    /// spec 000 §8: extend the lease of the current live epoch.
-    async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
-    /// spec 000 §9 completion transaction.
-    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String>;
-    /// Reconciler: fence every running attempt whose lease expired (outcome
-    /// `lost`) and, within the budget, make its job ready again at
-    /// `next_attempt_at`. Returns the fenced (job, epoch) pairs.
-    async fn fence_expired(&self) -> Result<Vec<(String, i64)>>;
-    /// Commit the digest of an image the attempt built (a Dockerfile job,
-    /// spec 000 §5): requires the current live epoch; the first committed
-    /// digest wins and is returned (later ones do not replace it).
-    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String>;
-    /// Fast loss detection: shorten the leases of a session's running attempts
-    /// to at most `grace_ms` from now.
-    async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64>;
-}
-
-#[async_trait]
-pub trait OutboxStore: Send + Sync {
-    /// Unpublished events whose `available_at` has passed, oldest first.
-    async fn pending_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>>;
-    async fn mark_published(&self, ids: &[i64]) -> Result<()>;
-    /// Jobs that are ready now (used to rebuild dispatch queues after a restart).
-    async fn ready_jobs(&self) -> Result<Vec<OutboxEvent>>;
-    /// Wakeups for [`Self::ready_jobs`] readers when another process (a
-    /// replica on the same database) may have made jobs ready: the returned
-    /// `Notify` is notified after such a commit, and after the wakeup channel
-    /// reconnected (notifications may have been lost meanwhile). Bursts fold
-    /// into one pending wakeup. `None`: the backend has no such channel
-    /// (SQLite: one server owns the database). Listening has begun when this
-    /// returns.
-    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
-        Ok(None)
-    }
-}
-
-#[async_trait]
-pub trait LogStore: Send + Sync {
-    /// spec 000 §13: identical retry accepted, conflicting bytes refused,
-    /// stale epochs refused. Returns the contiguous committed offset per stream.
-    async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;
-    /// Chunks of a job with event id greater than `after_id`, in id order.
-    async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>>;
-    /// Jobs finished at least `grace_ms` ago whose log still has chunks in
-    /// the hot journal: candidates for archival.
-    async fn logs_to_archive(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>>;
-    /// Record an archive whose objects were written, and trim exactly the
-    /// chunks it holds from the hot journal, in one transaction. Conflict if
-    /// the journal no longer holds `chunks` rows in `first_id..=last_id`.
-    async fn record_log_archive(&self, archive: &LogArchive) -> Result<()>;
-    /// A job's archives, by `first_id`.
-    async fn log_archives(&self, job_id: &str) -> Result<Vec<LogArchive>>;
-}
-
-/// Artifact generations and bindings (spec 000 §9, §12, invariant 4).
-#[async_trait]
-pub trait ArtifactStore: Send + Sync {
-    /// Open an attempt-scoped upload session: a fresh generation with a fresh
-    /// object key, for a declared output of the current live epoch. `sha256`
-    /// may be "" when the agent names it at seal time.
-    async fn create_generation(
-        &self,
-        job_id: &str,
-        epoch: i64,
-        name: &str,
-        size: i64,
-        sha256: &str,
-        part_size: i64,
-    ) -> Result<GenerationRecord>;
-    async fn get_generation(&self, id: &str) -> Result<GenerationRecord>;
-    /// Record the sha256 of a generation opened without one (`sha256` = ""
-    /// at creation). Requires the live epoch; a different digest than one
-    /// already recorded is a Conflict.
-    async fn set_generation_digest(&self, id: &str, job_id: &str, epoch: i64, sha256: &str)
-    -> Result<GenerationRecord>;
-    /// The generation, if its attempt is still the current live epoch and it
-    /// is still uploading (a read; used before accepting part bytes).
-    async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord>;
-    /// Record the object store's multipart upload holding the generation's
-    /// bytes. The first id recorded wins and is returned (a caller whose id
-    /// lost aborts its own upload); Conflict once the generation stopped
-    /// uploading (e.g. collected).
-    async fn set_generation_upload(&self, id: &str, upload_id: &str) -> Result<String>;
-    /// Seal a verified generation: requires the current live epoch.
-    async fn seal_generation(&self, id: &str, job_id: &str, epoch: i64) -> Result<GenerationRecord>;
-    /// Mark a generation failed (verification mismatch).
-    async fn fail_generation(&self, id: &str, message: &str) -> Result<()>;
-    /// The canonical binding of `(run, producer job name, artifact name)`.
-    async fn resolve_binding(&self, run_id: &str, job_name: &str, name: &str) -> Result<BoundArtifact>;
-    async fn run_bindings(&self, run_id: &str) -> Result<Vec<BoundArtifact>>;
-    /// Generations to collect: unbound ones whose attempt ended (or that
-    /// were created more than `grace_ms` ago while not uploading any more),
-    /// older than `grace_ms`; never a bound generation.
-    async fn collectable_generations(&self, grace_ms: i64, limit: u32) -> Result<Vec<GenerationRecord>>;
-    async fn mark_generation_deleted(&self, id: &str) -> Result<()>;
-}
-
-/// The whole authoritative store.
-pub trait Store: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore {}
-impl<T: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore> Store for T {}
+pub use store::{PgStore, SqlStore, SqliteStore};
+pub use traits::*;

@@ -1,0 +1,209 @@
+//! The store traits on [`SqlStore`]: which transaction (in `tx/`) each
+//! method is. Read this file as the table of contents of the store.
+
+use crate::error::Result;
+use crate::model::*;
+use crate::store::SqlStore;
+use crate::traits::*;
+use crate::tx::{accept, agents, artifacts, cancel, claim, complete, images, lease, logs, outbox, repos};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+
+#[async_trait]
+impl RepoStore for SqlStore {
+    async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord> {
+        repos::create_repo(self, name, clone_url, webhook_secret).await
+    }
+
+    async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord> {
+        repos::get_repo(self, name_or_id).await
+    }
+
+    async fn list_repos(&self) -> Result<Vec<RepoRecord>> {
+        repos::list_repos(self).await
+    }
+
+    async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()> {
+        repos::put_secret(self, repo_id, name, value).await
+    }
+
+    async fn delete_secret(&self, repo_id: &str, name: &str) -> Result<bool> {
+        repos::delete_secret(self, repo_id, name).await
+    }
+
+    async fn list_secrets(&self, repo_id: &str) -> Result<Vec<(String, i64)>> {
+        repos::list_secrets(self, repo_id).await
+    }
+
+    async fn secret_values(&self, repo_id: &str, names: &[String]) -> Result<BTreeMap<String, String>> {
+        repos::secret_values(self, repo_id, names).await
+    }
+}
+
+#[async_trait]
+impl RunStore for SqlStore {
+    async fn accept_run(&self, run: NewRun) -> Result<Accepted> {
+        accept::accept_run(self, &run).await
+    }
+
+    async fn get_run(&self, run_id: &str) -> Result<RunView> {
+        accept::get_run(self, run_id).await
+    }
+
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>> {
+        accept::list_runs(self, repo_id, status, limit).await
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<RunRecord> {
+        cancel::cancel_run(self, run_id).await
+    }
+
+    async fn get_job(&self, job_id: &str) -> Result<JobRecord> {
+        accept::get_job(self, job_id).await
+    }
+}
+
+#[async_trait]
+impl AgentStore for SqlStore {
+    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord> {
+        agents::register_agent(self, name, labels, max_jobs).await
+    }
+
+    async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord> {
+        agents::get_agent(self, agent_id).await
+    }
+}
+
+#[async_trait]
+impl AttemptStore for SqlStore {
+    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>> {
+        claim::claim(self, &req).await
+    }
+
+    async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>> {
+        claim::claimed_by_request(self, claim_request_id).await
+    }
+
+    async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome> {
+        lease::heartbeat(self, job_id, epoch, lease_ttl_ms).await
+    }
+
+    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String> {
+        complete::complete(self, job_id, epoch, &completion).await
+    }
+
+    async fn fence_expired(&self) -> Result<Vec<(String, i64)>> {
+        lease::fence_expired(self).await
+    }
+
+    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String> {
+        images::commit_image_digest(self, job_id, epoch, digest).await
+    }
+
+    async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64> {
+        lease::shorten_session_leases(self, session_id, grace_ms).await
+    }
+}
+
+#[async_trait]
+impl OutboxStore for SqlStore {
+    async fn pending_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>> {
+        outbox::pending_outbox(self, limit).await
+    }
+
+    async fn mark_published(&self, ids: &[i64]) -> Result<()> {
+        outbox::mark_published(self, ids).await
+    }
+
+    async fn ready_jobs(&self) -> Result<Vec<OutboxEvent>> {
+        outbox::ready_jobs(self).await
+    }
+
+    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+        self.listen_ready().await
+    }
+}
+
+#[async_trait]
+impl LogStore for SqlStore {
+    async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
+        logs::append_log_chunk(self, &chunk).await
+    }
+
+    async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>> {
+        logs::log_chunks_after(self, job_id, after_id, limit).await
+    }
+
+    async fn logs_to_archive(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>> {
+        logs::logs_to_archive(self, grace_ms, limit).await
+    }
+
+    async fn record_log_archive(&self, archive: &LogArchive) -> Result<()> {
+        logs::record_log_archive(self, archive).await
+    }
+
+    async fn log_archives(&self, job_id: &str) -> Result<Vec<LogArchive>> {
+        logs::log_archives(self, job_id).await
+    }
+}
+
+#[async_trait]
+impl ArtifactStore for SqlStore {
+    async fn create_generation(
+        &self,
+        job_id: &str,
+        epoch: i64,
+        name: &str,
+        size: i64,
+        sha256: &str,
+        part_size: i64,
+    ) -> Result<GenerationRecord> {
+        artifacts::create_generation(self, job_id, epoch, name, size, sha256, part_size).await
+    }
+
+    async fn get_generation(&self, id: &str) -> Result<GenerationRecord> {
+        artifacts::get_generation(self, id).await
+    }
+
+    async fn set_generation_digest(
+        &self,
+        id: &str,
+        job_id: &str,
+        epoch: i64,
+        sha256: &str,
+    ) -> Result<GenerationRecord> {
+        artifacts::set_generation_digest(self, id, job_id, epoch, sha256).await
+    }
+
+    async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord> {
+        artifacts::uploadable_generation(self, id).await
+    }
+
+    async fn set_generation_upload(&self, id: &str, upload_id: &str) -> Result<String> {
+        artifacts::set_generation_upload(self, id, upload_id).await
+    }
+
+    async fn seal_generation(&self, id: &str, job_id: &str, epoch: i64) -> Result<GenerationRecord> {
+        artifacts::seal_generation(self, id, job_id, epoch).await
+    }
+
+    async fn fail_generation(&self, id: &str, message: &str) -> Result<()> {
+        artifacts::fail_generation(self, id, message).await
+    }
+
+    async fn resolve_binding(&self, run_id: &str, job_name: &str, name: &str) -> Result<BoundArtifact> {
+        artifacts::resolve_binding(self, run_id, job_name, name).await
+    }
+
+    async fn run_bindings(&self, run_id: &str) -> Result<Vec<BoundArtifact>> {
+        artifacts::run_bindings(self, run_id).await
+    }
+
+    async fn collectable_generations(&self, grace_ms: i64, limit: u32) -> Result<Vec<GenerationRecord>> {
+        artifacts::collectable_generations(self, grace_ms, limit).await
+    }
+
+    async fn mark_generation_deleted(&self, id: &str) -> Result<()> {
+        artifacts::mark_generation_deleted(self, id).await
+    }
+}

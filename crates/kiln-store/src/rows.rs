@@ -1,0 +1,177 @@
+//! Row mapping, in one place: the column lists the store selects and how a
+//! row becomes a record (`*_from_row`), plus the loaders every transaction
+//! family shares (`load_run`, `load_job`). Records are plain structs of
+//! `model.rs`; nothing derives database traits on domain types.
+
+use crate::db::{Exec, Row};
+use crate::dialect::Sql;
+use crate::error::{Result, StoreError, parse_enum};
+use crate::model::{AgentRecord, AttemptRecord, BoundArtifact, GenerationRecord, JobRecord, RepoRecord, RunRecord};
+
+/// A run with its repository's name; the run table is `r`, repos `p`.
+pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
+    r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.parent_run_id, r.cancel_version, \
+    r.message, r.created_at, r.finished_at";
+
+pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, \
+    current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
+    max_failure_retries, cancel_requested";
+
+pub(crate) const ATTEMPT_COLS: &str =
+    "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at";
+
+/// A generation; the table is `g`.
+pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, \
+    g.expected_sha256, g.part_size, g.state, g.created_at, g.upload_id";
+
+/// What the heartbeat fast path returns for a live lease it extended: the new
+/// deadline, the job's `cancel_requested`, the run's status.
+pub(crate) type LeaseExtended = (i64, i64, String);
+
+/// A new row id: time-ordered (UUIDv7), so ids sort by creation.
+pub(crate) fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// A JSON column (definition, inputs, needs).
+fn json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T> {
+    serde_json::from_str(s).map_err(|e| StoreError::Invalid(e.to_string()))
+}
+
+pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
+    Ok(RunRecord {
+        id: row.get("id")?,
+        repo_id: row.get("repo_id")?,
+        repo_name: row.get("repo_name")?,
+        status: parse_enum(row.str("status")?)?,
+        commit_sha: row.get("commit_sha")?,
+        git_ref: row.get("git_ref")?,
+        event: row.get("event")?,
+        trust: row.get("trust")?,
+        workflow_path: row.get("workflow_path")?,
+        workflow_hash: row.get("workflow_hash")?,
+        definition: json(row.str("definition")?)?,
+        inputs: json(row.str("inputs")?)?,
+        parent_run_id: row.get("parent_run_id")?,
+        cancel_version: row.get("cancel_version")?,
+        message: row.get("message")?,
+        created_at: row.get("created_at")?,
+        finished_at: row.get("finished_at")?,
+    })
+}
+
+pub(crate) fn job_from_row(row: &Row) -> Result<JobRecord> {
+    Ok(JobRecord {
+        id: row.get("id")?,
+        run_id: row.get("run_id")?,
+        index: row.get("job_index")?,
+        name: row.get("name")?,
+        status: parse_enum(row.str("status")?)?,
+        needs: json(row.str("needs")?)?,
+        class_key: row.get("class_key")?,
+        dispatch_generation: row.get("dispatch_generation")?,
+        current_epoch: row.get("current_epoch")?,
+        next_attempt_at: row.get("next_attempt_at")?,
+        image_digest: row.get("image_digest")?,
+        message: row.get("message")?,
+        started_at: row.get("started_at")?,
+        finished_at: row.get("finished_at")?,
+        cancel_requested: row.get::<i64>("cancel_requested")? != 0,
+    })
+}
+
+/// A job's retry budget and stop request (columns of [`JOB_COLS`] that the
+/// public record does not carry).
+pub(crate) struct JobBudget {
+    pub(crate) failure_retries: i64,
+    pub(crate) infra_retries: i64,
+    pub(crate) max_failure_retries: i64,
+    /// The job alone was asked to stop (fail-fast of a matrix sibling).
+    pub(crate) cancel_requested: bool,
+}
+
+fn budget_from_row(row: &Row) -> Result<JobBudget> {
+    Ok(JobBudget {
+        failure_retries: row.get("failure_retries")?,
+        infra_retries: row.get("infra_retries")?,
+        max_failure_retries: row.get("max_failure_retries")?,
+        cancel_requested: row.get::<i64>("cancel_requested")? != 0,
+    })
+}
+
+pub(crate) fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
+    Ok(AttemptRecord {
+        job_id: row.get("job_id")?,
+        epoch: row.get("epoch")?,
+        agent_id: row.get("agent_id")?,
+        session_id: row.get("session_id")?,
+        runner: row.get("runner")?,
+        lease_deadline: row.get("lease_deadline")?,
+        outcome: parse_enum(row.str("outcome")?)?,
+        exit_code: row.get("exit_code")?,
+        message: row.get("message")?,
+        started_at: row.get("started_at")?,
+        finished_at: row.get("finished_at")?,
+    })
+}
+
+pub(crate) fn repo_from_row(row: &Row) -> Result<RepoRecord> {
+    Ok(RepoRecord {
+        id: row.get("id")?,
+        name: row.get("name")?,
+        clone_url: row.get("clone_url")?,
+        webhook_secret: row.get("webhook_secret")?,
+        created_at: row.get("created_at")?,
+    })
+}
+
+pub(crate) fn agent_from_row(row: &Row) -> Result<AgentRecord> {
+    Ok(AgentRecord {
+        id: row.get("id")?,
+        name: row.get("name")?,
+        labels: serde_json::from_str(row.str("labels")?).unwrap_or_default(),
+        max_jobs: row.get::<i64>("max_jobs")? as u32,
+        session_id: row.get("session_id")?,
+    })
+}
+
+pub(crate) fn gen_from_row(row: &Row) -> Result<GenerationRecord> {
+    Ok(GenerationRecord {
+        id: row.get("id")?,
+        run_id: row.get("run_id")?,
+        job_id: row.get("job_id")?,
+        epoch: row.get("epoch")?,
+        name: row.get("name")?,
+        object_key: row.get("object_key")?,
+        expected_size: row.get("expected_size")?,
+        expected_sha256: row.get("expected_sha256")?,
+        part_size: row.get("part_size")?,
+        state: row.get("state")?,
+        created_at: row.get("created_at")?,
+        upload_id: row.get("upload_id")?,
+    })
+}
+
+/// A generation with its binding's `job_name` column.
+pub(crate) fn bound_from_row(row: &Row) -> Result<BoundArtifact> {
+    Ok(BoundArtifact {
+        job_id: row.get("job_id")?,
+        job_name: row.get("job_name")?,
+        name: row.get("name")?,
+        generation: gen_from_row(row)?,
+    })
+}
+
+pub(crate) async fn load_run(ex: &mut impl Exec, run_id: &str) -> Result<RunRecord> {
+    static SQL: Sql =
+        Sql::new(|_| format!("SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id WHERE r.id = $1"));
+    let row = ex.sql(&SQL).bind(run_id).fetch_optional().await?;
+    run_from_row(&row.ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?)
+}
+
+pub(crate) async fn load_job(ex: &mut impl Exec, job_id: &str) -> Result<(JobRecord, JobBudget)> {
+    static SQL: Sql = Sql::new(|_| format!("SELECT {JOB_COLS} FROM jobs WHERE id = $1"));
+    let row = ex.sql(&SQL).bind(job_id).fetch_optional().await?;
+    let row = row.ok_or_else(|| StoreError::NotFound(format!("job {job_id}")))?;
+    Ok((job_from_row(&row)?, budget_from_row(&row)?))
+}

@@ -1,0 +1,215 @@
+//! The SQL store: its connections, the transaction runner and row locks.
+//!
+//! One type serves both backends ([`SqliteStore`] and [`PgStore`] name it);
+//! the backend is chosen when the store is opened and shows in [`Pools`].
+//! Every trait method is one transaction run by [`SqlStore::transaction`]
+//! (or a single statement): begin at the isolation the transaction needs,
+//! run its body, commit; a lost serialization race
+//! ([`StoreError::Retryable`]) reruns the whole body, a bounded number of
+//! times (spec 000 §9: completion, cancellation and readiness are serialized
+//! on the run).
+//!
+//! Lock order (PostgreSQL; SQLite's single writer serializes everything):
+//! the run row, then job rows, then the agent row, `FOR UPDATE`. The
+//! reconciler takes the run with `SKIP LOCKED` instead: a run held elsewhere
+//! waits for its next round.
+
+use crate::db::{Conn, Exec, Tx};
+use crate::dialect::{Dialect, Isolation, POSTGRES, SQLITE};
+use crate::error::{Result, StoreError, db_err, pg_err};
+use crate::rows::LeaseExtended;
+use crate::{postgres, sqlite};
+use kiln_core::Backoff;
+use sqlx::{PgPool, SqlitePool};
+use std::path::Path;
+
+/// The authoritative store on SQLite or PostgreSQL.
+#[derive(Clone)]
+pub struct SqlStore {
+    pools: Pools,
+    backoff: Backoff,
+}
+
+/// The SQLite store (embedded default): [`SqlStore::open`].
+pub type SqliteStore = SqlStore;
+/// The PostgreSQL store (several replicas, large installations): [`SqlStore::connect`].
+pub type PgStore = SqlStore;
+
+#[derive(Clone)]
+enum Pools {
+    /// WAL mode; one writer connection serializes every mutating
+    /// transaction (the run lock of spec 000 §9 is implied by SQLite's
+    /// single writer), several read-only connections serve queries.
+    Sqlite { writer: SqlitePool, reader: SqlitePool },
+    /// One pool; concurrent heartbeats share statements (see `postgres.rs`).
+    Pg { pool: PgPool, beats: postgres::Heartbeats },
+}
+
+/// A transaction body's future (see [`SqlStore::transaction`]).
+pub(crate) type Body<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 't>>;
+
+impl SqlStore {
+    /// Open (creating if needed) the SQLite database at `path` and run migrations.
+    pub async fn open(path: &Path) -> Result<SqlStore> {
+        let (writer, reader) = sqlite::open_pools(path).await?;
+        Ok(SqlStore { pools: Pools::Sqlite { writer, reader }, backoff: Backoff::default() })
+    }
+
+    /// Connect to PostgreSQL at `url` (`postgres://user:pass@host:port/db`)
+    /// and run migrations.
+    pub async fn connect(url: &str) -> Result<SqlStore> {
+        let pool = postgres::connect_pool(url).await?;
+        let beats = postgres::Heartbeats::spawn(pool.clone());
+        Ok(SqlStore { pools: Pools::Pg { pool, beats }, backoff: Backoff::default() })
+    }
+
+    /// Override the retry backoff (tests use a small one).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    pub(crate) fn dialect(&self) -> &'static Dialect {
+        match self.pools {
+            Pools::Sqlite { .. } => &SQLITE,
+            Pools::Pg { .. } => &POSTGRES,
+        }
+    }
+
+    /// The delay before retry `n` of a job (exponential backoff with jitter).
+    pub(crate) fn retry_delay(&self, n: u32) -> i64 {
+        self.backoff.delay_ms(n, &mut rand::rng()) as i64
+    }
+
+    /// A connection for reads outside a transaction (SQLite: a read-only one).
+    pub(crate) async fn reader(&self) -> Result<Conn> {
+        match &self.pools {
+            Pools::Sqlite { reader, .. } => reader.acquire().await.map(Conn::Sqlite).map_err(db_err),
+            Pools::Pg { pool, .. } => pool.acquire().await.map(Conn::Pg).map_err(pg_err),
+        }
+    }
+
+    /// A connection for a single-statement write outside a transaction.
+    pub(crate) async fn writer(&self) -> Result<Conn> {
+        match &self.pools {
+            Pools::Sqlite { writer, .. } => writer.acquire().await.map(Conn::Sqlite).map_err(db_err),
+            Pools::Pg { pool, .. } => pool.acquire().await.map(Conn::Pg).map_err(pg_err),
+        }
+    }
+
+    /// A read-only transaction: several reads that see one snapshot
+    /// (SQLite) or one consistent moment per statement (PostgreSQL's default).
+    pub(crate) async fn read_tx(&self) -> Result<Tx> {
+        match &self.pools {
+            Pools::Sqlite { reader, .. } => reader.begin().await.map(Tx::Sqlite).map_err(db_err),
+            Pools::Pg { pool, .. } => pool.begin().await.map(Tx::Pg).map_err(pg_err),
+        }
+    }
+
+    async fn begin(&self, isolation: Isolation) -> Result<Tx> {
+        match &self.pools {
+            Pools::Sqlite { writer, .. } => writer.begin().await.map(Tx::Sqlite).map_err(db_err),
+            Pools::Pg { pool, .. } => match POSTGRES.begin(isolation) {
+                Some(begin) => pool.begin_with(begin).await.map(Tx::Pg).map_err(pg_err),
+                None => pool.begin().await.map(Tx::Pg).map_err(pg_err),
+            },
+        }
+    }
+
+    /// One protocol transaction: `body` runs with the transaction open and
+    /// its `Ok` is committed; an error rolls back. A lost serialization race
+    /// or deadlock (PostgreSQL) reruns the whole body, a bounded number of
+    /// times (the dialect's `max_tx_retries`), with a short random pause.
+    ///
+    /// The body is usually a named `async fn(&mut Tx, …)`, called as
+    /// `|tx, &(a, b)| Box::pin(body_tx(tx, a, b))` with its arguments in
+    /// `args`: handing the arguments in (rather than capturing them in an
+    /// async closure) keeps the future provably `Send` for `async_trait`,
+    /// and the box is one small allocation per transaction.
+    pub(crate) async fn transaction<A, T, F>(&self, isolation: Isolation, args: &A, body: F) -> Result<T>
+    where
+        A: Sync + ?Sized,
+        T: Send,
+        F: for<'t> Fn(&'t mut Tx, &'t A) -> Body<'t, T> + Send,
+    {
+        let dialect = self.dialect();
+        let mut tries = 0u32;
+        loop {
+            let mut tx = self.begin(isolation).await?;
+            let r = match body(&mut tx, args).await {
+                Ok(v) => tx.commit().await.map(|()| v),
+                Err(e) => {
+                    tx.rollback().await;
+                    Err(e)
+                }
+            };
+            match r {
+                Err(StoreError::Retryable(_)) if tries < dialect.max_tx_retries => {
+                    tries += 1;
+                    dialect.retry_pause(tries).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// The heartbeat fast path: extend the live lease of `(job, epoch)` in
+    /// one statement (SQLite) or in a statement shared with concurrent
+    /// heartbeats (PostgreSQL). `None`: no live lease of that epoch.
+    pub(crate) async fn extend_lease(&self, job_id: &str, epoch: i64, ttl_ms: i64) -> Result<Option<LeaseExtended>> {
+        match &self.pools {
+            Pools::Sqlite { writer, .. } => sqlite::extend_lease(writer, job_id, epoch, ttl_ms).await,
+            Pools::Pg { beats, .. } => beats.extend(job_id, epoch, ttl_ms).await,
+        }
+    }
+
+    /// See [`OutboxStore::ready_wakeups`](crate::OutboxStore::ready_wakeups):
+    /// PostgreSQL listens for other replicas' commits; one server owns a
+    /// SQLite database, so nobody else makes jobs ready.
+    pub(crate) async fn listen_ready(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+        match &self.pools {
+            Pools::Sqlite { .. } => Ok(None),
+            Pools::Pg { pool, .. } => postgres::ready_wakeups(pool).await.map(Some),
+        }
+    }
+}
+
+/// The run row of a job, locked first (spec 000 §9: mutations of one run are
+/// serialized on the run).
+pub(crate) async fn lock_run_of_job(tx: &mut Tx, job_id: &str) -> Result<()> {
+    if tx.dialect().row_locks {
+        tx.sql("SELECT r.id FROM runs r JOIN jobs j ON j.run_id = r.id WHERE j.id = $1 FOR UPDATE OF r")
+            .bind(job_id)
+            .fetch_optional()
+            .await?;
+    }
+    Ok(())
+}
+
+/// [`lock_run_of_job`] unless another transaction holds the run: then
+/// `false` at once (`SKIP LOCKED`), for work that can wait for its next round.
+pub(crate) async fn try_lock_run_of_job(tx: &mut Tx, job_id: &str) -> Result<bool> {
+    if !tx.dialect().row_locks {
+        return Ok(true);
+    }
+    let locked = tx
+        .sql("SELECT r.id FROM runs r JOIN jobs j ON j.run_id = r.id WHERE j.id = $1 FOR UPDATE OF r SKIP LOCKED")
+        .bind(job_id)
+        .fetch_optional()
+        .await?;
+    Ok(locked.is_some())
+}
+
+pub(crate) async fn lock_run(tx: &mut Tx, run_id: &str) -> Result<()> {
+    if tx.dialect().row_locks {
+        tx.sql("SELECT id FROM runs WHERE id = $1 FOR UPDATE").bind(run_id).fetch_optional().await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn lock_job(tx: &mut Tx, job_id: &str) -> Result<()> {
+    if tx.dialect().row_locks {
+        tx.sql("SELECT id FROM jobs WHERE id = $1 FOR UPDATE").bind(job_id).fetch_optional().await?;
+    }
+    Ok(())
+}

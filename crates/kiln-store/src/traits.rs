@@ -1,0 +1,171 @@
+//! The store's traits and their contracts: one trait per aggregate, each
+//! method one protocol transaction of spec 000 (accept run §5–6, claim §7,
+//! heartbeat and fencing §8, completion and cancellation §9, log chunk
+//! ingestion §13, artifacts §12).
+//!
+//! Every implementation must:
+//! - execute every method atomically, taking "now" from the database clock
+//!   inside the transaction, so lease decisions never depend on a caller's
+//!   clock;
+//! - allow every method to be called concurrently from many tasks, with the
+//!   mutations of one run serialized (run lock, then job lock);
+//! - keep the idempotent methods idempotent: `accept_run` with the same
+//!   idempotency record, `claim` with the same claim request id, and
+//!   `append_log_chunk` with identical bytes return the original result;
+//! - report "nothing was decided" as `Unavailable`, `Busy` or `Retryable`
+//!   (the call may be made again) and decided refusals as the other
+//!   [`StoreError`] variants.
+
+use crate::error::Result;
+#[cfg(doc)]
+use crate::error::StoreError;
+use crate::model::*;
+use async_trait::async_trait;
+
+#[async_trait]
+pub trait RepoStore: Send + Sync {
+    async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord>;
+    async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
+    async fn list_repos(&self) -> Result<Vec<RepoRecord>>;
+    /// Create or replace a repository secret.
+    async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()>;
+    /// False if there was no such secret.
+    async fn delete_secret(&self, repo_id: &str, name: &str) -> Result<bool>;
+    /// Names and last-update times (ms) of a repository's secrets; never values.
+    async fn list_secrets(&self, repo_id: &str) -> Result<Vec<(String, i64)>>;
+    /// Values of the named secrets that exist.
+    async fn secret_values(
+        &self,
+        repo_id: &str,
+        names: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>>;
+}
+
+#[async_trait]
+pub trait RunStore: Send + Sync {
+    /// Accept a frozen run: the run, its jobs, readiness of root jobs and their
+    /// outbox events, and the idempotency record, in one transaction.
+    async fn accept_run(&self, run: NewRun) -> Result<Accepted>;
+    async fn get_run(&self, run_id: &str) -> Result<RunView>;
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>>;
+    /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
+    /// not running, and leave the run `cancelling` while attempts still run.
+    async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;
+    async fn get_job(&self, job_id: &str) -> Result<JobRecord>;
+}
+
+#[async_trait]
+pub trait AgentStore: Send + Sync {
+    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord>;
+    async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord>;
+}
+
+#[async_trait]
+pub trait AttemptStore: Send + Sync {
+    /// spec 000 §7: one transaction — run active, job ready, dispatch
+    /// generation matches, predecessors succeeded, capacity admitted → new
+    /// attempt with epoch + 1 and a lease in database time. `Ok(None)` when the
+    /// delivery is stale or a duplicate (absorbed) or capacity is full.
+    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>>;
+    /// Recover the attempt a claim request created, if it is still running.
+    async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>>;
+    /// spec 000 §8: extend the lease of the current live epoch.
+    async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
+    /// spec 000 §9 completion transaction.
+    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String>;
+    /// Reconciler: fence every running attempt whose lease expired (outcome
+    /// `lost`) and, within the budget, make its job ready again at
+    /// `next_attempt_at`. Returns the fenced (job, epoch) pairs.
+    async fn fence_expired(&self) -> Result<Vec<(String, i64)>>;
+    /// Commit the digest of an image the attempt built (a Dockerfile job,
+    /// spec 000 §5): requires the current live epoch; the first committed
+    /// digest wins and is returned (later ones do not replace it).
+    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String>;
+    /// Fast loss detection: shorten the leases of a session's running attempts
+    /// to at most `grace_ms` from now.
+    async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64>;
+}
+
+#[async_trait]
+pub trait OutboxStore: Send + Sync {
+    /// Unpublished events whose `available_at` has passed, oldest first.
+    async fn pending_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>>;
+    async fn mark_published(&self, ids: &[i64]) -> Result<()>;
+    /// Jobs that are ready now (used to rebuild dispatch queues after a restart).
+    async fn ready_jobs(&self) -> Result<Vec<OutboxEvent>>;
+    /// Wakeups for [`Self::ready_jobs`] readers when another process (a
+    /// replica on the same database) may have made jobs ready: the returned
+    /// `Notify` is notified after such a commit, and after the wakeup channel
+    /// reconnected (notifications may have been lost meanwhile). Bursts fold
+    /// into one pending wakeup. `None`: the backend has no such channel
+    /// (SQLite: one server owns the database). Listening has begun when this
+    /// returns.
+    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+        Ok(None)
+    }
+}
+
+#[async_trait]
+pub trait LogStore: Send + Sync {
+    /// spec 000 §13: identical retry accepted, conflicting bytes refused,
+    /// stale epochs refused. Returns the contiguous committed offset per stream.
+    async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;
+    /// Chunks of a job with event id greater than `after_id`, in id order.
+    async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>>;
+    /// Jobs finished at least `grace_ms` ago whose log still has chunks in
+    /// the hot journal: candidates for archival.
+    async fn logs_to_archive(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>>;
+    /// Record an archive whose objects were written, and trim exactly the
+    /// chunks it holds from the hot journal, in one transaction. Conflict if
+    /// the journal no longer holds `chunks` rows in `first_id..=last_id`.
+    async fn record_log_archive(&self, archive: &LogArchive) -> Result<()>;
+    /// A job's archives, by `first_id`.
+    async fn log_archives(&self, job_id: &str) -> Result<Vec<LogArchive>>;
+}
+
+/// Artifact generations and bindings (spec 000 §9, §12, invariant 4).
+#[async_trait]
+pub trait ArtifactStore: Send + Sync {
+    /// Open an attempt-scoped upload session: a fresh generation with a fresh
+    /// object key, for a declared output of the current live epoch. `sha256`
+    /// may be "" when the agent names it at seal time.
+    async fn create_generation(
+        &self,
+        job_id: &str,
+        epoch: i64,
+        name: &str,
+        size: i64,
+        sha256: &str,
+        part_size: i64,
+    ) -> Result<GenerationRecord>;
+    async fn get_generation(&self, id: &str) -> Result<GenerationRecord>;
+    /// Record the sha256 of a generation opened without one (`sha256` = ""
+    /// at creation). Requires the live epoch; a different digest than one
+    /// already recorded is a Conflict.
+    async fn set_generation_digest(&self, id: &str, job_id: &str, epoch: i64, sha256: &str)
+    -> Result<GenerationRecord>;
+    /// The generation, if its attempt is still the current live epoch and it
+    /// is still uploading (a read; used before accepting part bytes).
+    async fn uploadable_generation(&self, id: &str) -> Result<GenerationRecord>;
+    /// Record the object store's multipart upload holding the generation's
+    /// bytes. The first id recorded wins and is returned (a caller whose id
+    /// lost aborts its own upload); Conflict once the generation stopped
+    /// uploading (e.g. collected).
+    async fn set_generation_upload(&self, id: &str, upload_id: &str) -> Result<String>;
+    /// Seal a verified generation: requires the current live epoch.
+    async fn seal_generation(&self, id: &str, job_id: &str, epoch: i64) -> Result<GenerationRecord>;
+    /// Mark a generation failed (verification mismatch).
+    async fn fail_generation(&self, id: &str, message: &str) -> Result<()>;
+    /// The canonical binding of `(run, producer job name, artifact name)`.
+    async fn resolve_binding(&self, run_id: &str, job_name: &str, name: &str) -> Result<BoundArtifact>;
+    async fn run_bindings(&self, run_id: &str) -> Result<Vec<BoundArtifact>>;
+    /// Generations to collect: unbound ones whose attempt ended (or that
+    /// were created more than `grace_ms` ago while not uploading any more),
+    /// older than `grace_ms`; never a bound generation.
+    async fn collectable_generations(&self, grace_ms: i64, limit: u32) -> Result<Vec<GenerationRecord>>;
+    async fn mark_generation_deleted(&self, id: &str) -> Result<()>;
+}
+
+/// The whole authoritative store.
+pub trait Store: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore {}
+impl<T: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore> Store for T {}

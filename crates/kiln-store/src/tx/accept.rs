@@ -1,0 +1,224 @@
+//! Run acceptance and reads of runs and jobs (spec 000 §5–6, invariants 1
+//! and 9): a frozen run, its jobs, the readiness of its root jobs with their
+//! outbox events, its run-level concurrency group (spec 003) and its
+//! idempotency record, in one transaction.
+
+use crate::db::{Exec, Tx, now};
+use crate::dialect::{Isolation, Sql, active_runs, lit};
+use crate::error::{Result, StoreError};
+use crate::model::{Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunRecord, RunView, class_key};
+use crate::rows::run_from_row;
+use crate::rows::{ATTEMPT_COLS, JOB_COLS, RUN_COLS, attempt_from_row, job_from_row, load_job, load_run, new_id};
+use crate::store::SqlStore;
+use crate::tx::advance::{advance_run, finish_run};
+use crate::tx::cancel::cancel_in_tx;
+use kiln_core::{JobStatus, RunStatus};
+use std::collections::HashMap;
+
+/// `RunStore::accept_run`.
+pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepted> {
+    static RUN: Sql = Sql::new(|_| {
+        format!(
+            "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
+             definition, inputs, parent_run_id, created_at, updated_at) \
+             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)",
+            queued = lit(RunStatus::Queued)
+        )
+    });
+    static JOB: Sql = Sql::new(|_| {
+        format!(
+            "INSERT INTO jobs (id, run_id, job_index, name, status, needs, class_key, max_failure_retries, \
+             image_digest) VALUES ($1, $2, $3, $4, {pending}, $5, $6, $7, $8)",
+            pending = lit(JobStatus::Pending)
+        )
+    });
+    store
+        .transaction(Isolation::Serializable, run, |tx, run| {
+            Box::pin(async move {
+                if let Some(idem) = &run.idempotency {
+                    let existing: Option<(String, String)> = tx
+                        .sql("SELECT request_digest, run_id FROM idempotency WHERE scope = $1 AND key = $2")
+                        .bind(&idem.scope)
+                        .bind(&idem.key)
+                        .optional()
+                        .await?;
+                    if let Some((digest, run_id)) = existing {
+                        return if digest == idem.request_digest {
+                            Ok(Accepted { run_id, created: false })
+                        } else {
+                            Err(StoreError::IdempotencyMismatch)
+                        };
+                    }
+                }
+                let now = now(tx).await?;
+                let run_id = new_id();
+                let definition =
+                    serde_json::to_string(&run.workflow).map_err(|e| StoreError::Invalid(e.to_string()))?;
+                let inputs = serde_json::to_string(&run.inputs).map_err(|e| StoreError::Invalid(e.to_string()))?;
+                tx.sql(&RUN)
+                    .bind(&run_id)
+                    .bind(&run.repo_id)
+                    .bind(&run.commit_sha)
+                    .bind(&run.git_ref)
+                    .bind(&run.event)
+                    .bind(&run.trust)
+                    .bind(&run.workflow_path)
+                    .bind(run.workflow.canonical_hash())
+                    .bind(&definition)
+                    .bind(&inputs)
+                    .bind(&run.parent_run_id)
+                    .bind(now)
+                    .execute()
+                    .await?;
+                for (i, job) in run.workflow.jobs.iter().enumerate() {
+                    tx.sql(&JOB)
+                        .bind(new_id())
+                        .bind(&run_id)
+                        .bind(i as i64)
+                        .bind(&job.name)
+                        .bind(serde_json::to_string(&job.needs).expect("names serialise"))
+                        .bind(class_key(&job.runs_on))
+                        .bind(job.retry as i64)
+                        .bind(run.image_digests.get(&job.name))
+                        .execute()
+                        .await?;
+                }
+                let held = match &run.concurrency {
+                    Some(cc) => enter_run_group(tx, run, &run_id, &cc.group, cc.cancel_in_progress, now).await?,
+                    None => false,
+                };
+                if !held {
+                    advance_run(tx, &run_id, now).await?;
+                }
+                if let Some(idem) = &run.idempotency {
+                    tx.sql(
+                        "INSERT INTO idempotency (scope, key, request_digest, run_id, created_at) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .bind(&idem.scope)
+                    .bind(&idem.key)
+                    .bind(&idem.request_digest)
+                    .bind(&run_id)
+                    .bind(now)
+                    .execute()
+                    .await?;
+                }
+                Ok(Accepted { run_id, created: true })
+            })
+        })
+        .await
+}
+
+/// Run-level concurrency group (spec 003): at most one active run per group;
+/// a newer run supersedes queued ones and waits for (or, with
+/// cancel-in-progress, cancels) the running one. Returns whether the new run
+/// is held (waits for the group).
+async fn enter_run_group(
+    tx: &mut Tx,
+    run: &NewRun,
+    run_id: &str,
+    group: &str,
+    cancel_in_progress: bool,
+    now: i64,
+) -> Result<bool> {
+    static OTHERS: Sql = Sql::new(|_| {
+        format!(
+            "SELECT id, status, held FROM runs WHERE repo_id = $1 AND concurrency_group = $2 AND id != $3 \
+             AND status IN {active} ORDER BY created_at",
+            active = active_runs()
+        )
+    });
+    static SUPERSEDE_JOBS: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE jobs SET status = {cancelled}, finished_at = $1, message = $2 \
+             WHERE run_id = $3 AND status IN ({pending}, {ready})",
+            cancelled = lit(JobStatus::Cancelled),
+            pending = lit(JobStatus::Pending),
+            ready = lit(JobStatus::Ready),
+        )
+    });
+    static BUSY: Sql = Sql::new(|_| {
+        format!(
+            "SELECT COUNT(*) FROM runs WHERE repo_id = $1 AND concurrency_group = $2 AND id != $3 AND held = 0 \
+             AND status IN {active}",
+            active = active_runs()
+        )
+    });
+    tx.sql("UPDATE runs SET concurrency_group = $1 WHERE id = $2").bind(group).bind(run_id).execute().await?;
+    let others: Vec<(String, String, i64)> = tx.sql(&OTHERS).bind(&run.repo_id).bind(group).bind(run_id).all().await?;
+    let mut held = false;
+    for (other, _, other_held) in &others {
+        if *other_held == 1 {
+            tx.sql(&SUPERSEDE_JOBS).bind(now).bind("cancelled: superseded").bind(other).execute().await?;
+            let why = format!("superseded by run {run_id} in concurrency group `{group}`");
+            finish_run(tx, other, RunStatus::Cancelled, Some(&why), now).await?;
+        } else {
+            held = true;
+            if cancel_in_progress {
+                let why = format!("cancelled in progress by run {run_id} in concurrency group `{group}`");
+                cancel_in_tx(tx, other, Some(&why), now).await?;
+            }
+        }
+    }
+    if held {
+        // The group may have been freed by the cancellation just above.
+        let busy: i64 = tx.sql(&BUSY).bind(&run.repo_id).bind(group).bind(run_id).scalar().await?;
+        held = busy > 0;
+    }
+    if held {
+        tx.sql("UPDATE runs SET held = 1, message = $1 WHERE id = $2")
+            .bind(format!("waiting for concurrency group `{group}`"))
+            .bind(run_id)
+            .execute()
+            .await?;
+    }
+    Ok(held)
+}
+
+/// `RunStore::get_run`: the run, its jobs and their attempts.
+pub(crate) async fn get_run(store: &SqlStore, run_id: &str) -> Result<RunView> {
+    static JOBS: Sql = Sql::new(|_| format!("SELECT {JOB_COLS} FROM jobs WHERE run_id = $1 ORDER BY job_index"));
+    static ATTEMPTS: Sql =
+        Sql::new(|_| format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE run_id = $1 ORDER BY job_id, epoch"));
+    let mut conn = store.reader().await?;
+    let run = load_run(&mut conn, run_id).await?;
+    let job_rows = conn.sql(&JOBS).bind(run_id).fetch_all().await?;
+    let attempt_rows = conn.sql(&ATTEMPTS).bind(run_id).fetch_all().await?;
+    let mut attempts: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
+    for r in &attempt_rows {
+        let a = attempt_from_row(r)?;
+        attempts.entry(a.job_id.clone()).or_default().push(a);
+    }
+    let jobs = job_rows
+        .iter()
+        .map(|r| {
+            let job = job_from_row(r)?;
+            let attempts = attempts.remove(&job.id).unwrap_or_default();
+            Ok(JobView { job, attempts })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RunView { run, jobs })
+}
+
+/// `RunStore::list_runs`: newest first.
+pub(crate) async fn list_runs(
+    store: &SqlStore,
+    repo_id: &str,
+    status: Option<&str>,
+    limit: u32,
+) -> Result<Vec<RunRecord>> {
+    static LIST: Sql = Sql::new(|_| {
+        format!(
+            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+             WHERE r.repo_id = $1 AND ($2 IS NULL OR r.status = $3) ORDER BY r.created_at DESC, r.id DESC LIMIT $4"
+        )
+    });
+    let rows =
+        store.reader().await?.sql(&LIST).bind(repo_id).bind(status).bind(status).bind(limit as i64).fetch_all().await?;
+    rows.iter().map(run_from_row).collect()
+}
+
+/// `RunStore::get_job`.
+pub(crate) async fn get_job(store: &SqlStore, job_id: &str) -> Result<JobRecord> {
+    Ok(load_job(&mut store.reader().await?, job_id).await?.0)
+}

@@ -1,0 +1,155 @@
+//! An attempt's life inside other transactions: the live-epoch check every
+//! agent call passes (invariant 3, spec 000 §8) and ending an attempt with
+//! its log marker (spec 000 §13: `seal` when it ended through its agent,
+//! `gap` when the agent was lost).
+
+use crate::db::{Exec, Tx};
+use crate::dialect::{LogMarker, SYSTEM_STREAM, Sql, lit};
+use crate::error::{Result, StoreError, parse_enum};
+use crate::model::JobRecord;
+use crate::rows::{JobBudget, load_job};
+use kiln_core::AttemptOutcome;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// Checks that `(job, epoch)` is the job's current running attempt with a
+/// live lease (invariant 3). Returns the job and its budget.
+pub(crate) async fn require_live(tx: &mut Tx, job_id: &str, epoch: i64, now: i64) -> Result<(JobRecord, JobBudget)> {
+    let (job, budget) = load_job(tx, job_id).await?;
+    let row = tx
+        .sql("SELECT outcome, lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2")
+        .bind(job_id)
+        .bind(epoch)
+        .fetch_optional()
+        .await?;
+    let Some(row) = row else {
+        return Err(StoreError::StaleEpoch(format!("job {job_id} has no attempt with epoch {epoch}")));
+    };
+    let outcome: AttemptOutcome = parse_enum(row.str("outcome")?)?;
+    let deadline: i64 = row.get("lease_deadline")?;
+    if epoch != job.current_epoch {
+        return Err(StoreError::StaleEpoch(format!(
+            "epoch {epoch} of job {job_id} was replaced by epoch {}",
+            job.current_epoch
+        )));
+    }
+    if !outcome.can_publish() {
+        return Err(StoreError::StaleEpoch(format!("epoch {epoch} of job {job_id} already ended ({outcome})")));
+    }
+    if deadline <= now {
+        return Err(StoreError::StaleEpoch(format!("the lease of epoch {epoch} of job {job_id} expired")));
+    }
+    Ok((job, budget))
+}
+
+/// End the running attempt `(job, epoch)` with `outcome`. An attempt that
+/// ended through its agent (anything but `lost`) gets its `seal` marker.
+pub(crate) async fn end_attempt(
+    tx: &mut Tx,
+    job_id: &str,
+    epoch: i64,
+    outcome: AttemptOutcome,
+    exit_code: Option<i32>,
+    message: Option<&str>,
+    now: i64,
+) -> Result<()> {
+    static END: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE attempts SET outcome = $1, exit_code = $2, message = $3, finished_at = $4 \
+             WHERE job_id = $5 AND epoch = $6 AND outcome = {running}",
+            running = lit(AttemptOutcome::Running)
+        )
+    });
+    let ended = tx
+        .sql(&END)
+        .bind(outcome.as_str())
+        .bind(exit_code)
+        .bind(message)
+        .bind(now)
+        .bind(job_id)
+        .bind(epoch)
+        .execute()
+        .await?;
+    // An attempt that ended through its agent has a sealed log: what was
+    // committed is all there is (spec 000 §13: `log.sealed` is distinct from
+    // a dropped connection, which gets a gap marker when it is fenced).
+    if ended > 0 && outcome != AttemptOutcome::Lost {
+        let committed = committed_offsets(tx, job_id, epoch).await?;
+        let payload = serde_json::json!({ "epoch": epoch, "outcome": outcome.as_str(), "committed": committed });
+        append_marker(tx, job_id, epoch, LogMarker::Seal, &payload).await?;
+    }
+    Ok(())
+}
+
+/// spec 000 §13: a log whose agent was lost never ends cleanly: the fenced
+/// epoch's log gets an explicit gap line after everything it had committed,
+/// then the `gap` marker.
+pub(crate) async fn append_gap_marker(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<()> {
+    let (offset, seq): (i64, i64) = tx
+        .sql(
+            "SELECT COALESCE(MAX(byte_offset + length), 0), COALESCE(MAX(seq) + 1, 0) FROM log_chunks \
+             WHERE job_id = $1 AND epoch = $2 AND stream = $3",
+        )
+        .bind(job_id)
+        .bind(epoch)
+        .bind(SYSTEM_STREAM)
+        .one()
+        .await?;
+    let text = format!(
+        "[kiln] ⚠ gap: the agent of attempt {epoch} was lost; output it had not delivered is missing, and this log has no clean end\n"
+    );
+    tx.sql(
+        "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(job_id)
+    .bind(epoch)
+    .bind(SYSTEM_STREAM)
+    .bind(seq)
+    .bind(offset)
+    .bind(text.len() as i64)
+    .bind(hex::encode(Sha256::digest(text.as_bytes())))
+    .bind(text.as_bytes())
+    .execute()
+    .await?;
+    let committed = committed_offsets(tx, job_id, epoch).await?;
+    let payload = serde_json::json!({ "epoch": epoch, "reason": "agent lost", "committed": committed });
+    append_marker(tx, job_id, epoch, LogMarker::Gap, &payload).await
+}
+
+/// The contiguous committed offset of each stream of an attempt's log.
+async fn committed_offsets(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> = tx
+        .sql("SELECT stream, committed FROM log_progress WHERE job_id = $1 AND epoch = $2")
+        .bind(job_id)
+        .bind(epoch)
+        .all()
+        .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// A marker row: an event in the log, stored as a chunk whose stream is the
+/// marker's word (one per attempt and kind).
+async fn append_marker(
+    tx: &mut Tx,
+    job_id: &str,
+    epoch: i64,
+    marker: LogMarker,
+    payload: &serde_json::Value,
+) -> Result<()> {
+    use crate::dialect::Word;
+    let data = serde_json::to_vec(payload).expect("json");
+    tx.sql(
+        "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) \
+         VALUES ($1, $2, $3, 0, 0, $4, $5, $6) ON CONFLICT DO NOTHING",
+    )
+    .bind(job_id)
+    .bind(epoch)
+    .bind(marker.word())
+    .bind(data.len() as i64)
+    .bind(hex::encode(Sha256::digest(&data)))
+    .bind(&data)
+    .execute()
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! The claim (spec 000 §7, invariant 2): one transaction — run active, job
+//! ready, dispatch generation matches, predecessors decided, agent
+//! compatible, capacity admitted → a new attempt with epoch + 1 and a lease
+//! in database time. Duplicate deliveries and retried claim requests are
+//! absorbed.
+//!
+//! Runs at READ COMMITTED on PostgreSQL ([`Isolation::LockedReadCommitted`]).
+//! Rules for such transactions (SQLite's single writer serializes
+//! everything): a decision reads only rows that the transaction locked before
+//! (`FOR UPDATE`, in the order run, job, agent; each statement after a lock
+//! reads the newest committed rows), or is rechecked in the `WHERE` of the
+//! `UPDATE`/`INSERT` that acts on it. Every such transaction changes the job
+//! row it locked, so a SERIALIZABLE transaction that waited for that lock
+//! fails with a serialization error and reruns on the new state.
+//!
+//! The eligibility rule is [`refusal`]; the agent's compatibility is
+//! [`agent_fits`].
+
+use crate::db::{Exec, Tx, now};
+use crate::dialect::{Isolation, Sql, lit, terminal_jobs};
+use crate::error::{Result, StoreError};
+use crate::model::{ClaimInput, ClaimedAttempt, JobRecord, RunRecord};
+use crate::rows::{JOB_COLS, RUN_COLS, job_from_row, load_job, load_run, run_from_row};
+use crate::store::SqlStore;
+use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
+use std::collections::BTreeMap;
+
+/// Why a delivery does not become an attempt, judged on the locked run and
+/// job before anything else is read; `None`: go on.
+pub(crate) fn refusal(run: &RunRecord, job: &JobRecord, dispatch_generation: i64) -> Option<&'static str> {
+    if !job.status.can_claim() {
+        return Some("the job is not ready");
+    }
+    if job.dispatch_generation != dispatch_generation {
+        return Some("a stale delivery (the job was made ready again since)");
+    }
+    if !run.status.can_claim() {
+        return Some("the run is not active");
+    }
+    None
+}
+
+/// Compatibility is part of the claim, not only of queue routing: the agent
+/// must carry every label the job's `runs-on` requires.
+pub(crate) fn agent_fits(agent_labels: &str, class_key: &str) -> bool {
+    let have: BTreeMap<String, String> = serde_json::from_str(agent_labels).unwrap_or_default();
+    let need: BTreeMap<String, String> = serde_json::from_str(class_key).unwrap_or_default();
+    need.iter().all(|(k, v)| have.get(k) == Some(v))
+}
+
+/// `AttemptStore::claim`. The run, the job and the agent are locked in that
+/// order before anything is decided, so two claims of one job, or of one
+/// agent's capacity, run one after the other and the second sees the first's
+/// attempt. `Ok(None)`: stale, duplicate, not yet due, incompatible or full.
+pub(crate) async fn claim(store: &SqlStore, req: &ClaimInput) -> Result<Option<ClaimedAttempt>> {
+    store.transaction(Isolation::LockedReadCommitted, req, |tx, req| Box::pin(claim_tx(tx, req))).await
+}
+
+async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt>> {
+    static PREDECESSORS_OPEN: Sql = Sql::new(|d| {
+        format!(
+            "SELECT COUNT(*) FROM jobs WHERE run_id = $1 AND name IN (SELECT value FROM {names}) \
+             AND status NOT IN {terminal}",
+            names = d.json_texts(2),
+            terminal = terminal_jobs(),
+        )
+    });
+    // The agent, locked, and the database clock read in the same statement.
+    static AGENT: Sql = Sql::new(|d| {
+        format!(
+            "SELECT session_id, max_jobs, name, labels, {now} AS now FROM agents WHERE id = $1{lock}",
+            now = d.now_ms,
+            lock = d.for_update,
+        )
+    });
+    static ATTEMPT: Sql = Sql::new(|_| {
+        format!(
+            "INSERT INTO attempts (job_id, epoch, run_id, agent_id, session_id, runner, claim_request_id, \
+             lease_deadline, outcome, started_at) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, {running}, $9 \
+             WHERE (SELECT COUNT(*) FROM attempts WHERE session_id = $5 AND outcome = {running}) < $10 \
+             ON CONFLICT (claim_request_id) DO NOTHING",
+            running = lit(AttemptOutcome::Running)
+        )
+    });
+    static RUNNING: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE jobs SET status = {running}, current_epoch = $1, next_attempt_at = NULL, \
+             started_at = COALESCE(started_at, $2) WHERE id = $3",
+            running = lit(JobStatus::Running)
+        )
+    });
+    static RUN_STARTED: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE runs SET status = {running}, updated_at = $1 WHERE id = $2 AND status = {queued}",
+            running = lit(RunStatus::Running),
+            queued = lit(RunStatus::Queued),
+        )
+    });
+    let Some((mut run, mut job, prior)) =
+        lock_claim_rows(tx, &req.job_id, &req.claim_request_id, req.skip_locked).await?
+    else {
+        return Ok(None);
+    };
+    // A retried claim request returns what the first one committed.
+    if let Some((job_id, epoch)) = prior {
+        return still_running(tx, &job_id, epoch).await;
+    }
+    if refusal(&run, &job, req.dispatch_generation).is_some() {
+        return Ok(None);
+    }
+    // Predecessors decided (defensive: readiness already implies it; which
+    // outcomes let the job run is its `if:`, evaluated when it became ready).
+    if !job.needs.is_empty() {
+        let open: i64 = tx
+            .sql(&PREDECESSORS_OPEN)
+            .bind(&job.run_id)
+            .bind(serde_json::to_string(&job.needs).expect("names"))
+            .scalar()
+            .await?;
+        if open != 0 {
+            return Ok(None);
+        }
+    }
+    // The agent, locked (claims of one agent take its capacity one at a
+    // time), and the database clock, read once the run and job locks are held.
+    let agent: Option<(String, i64, String, String, i64)> = tx.sql(&AGENT).bind(&req.agent_id).optional().await?;
+    let now = match &agent {
+        Some(a) => a.4,
+        None => now(tx).await?,
+    };
+    if job.next_attempt_at.is_some_and(|t| t > now) {
+        return Ok(None);
+    }
+    let Some((session, max_jobs, agent_name, labels, _)) = agent else {
+        return Err(StoreError::NotFound(format!("agent {}", req.agent_id)));
+    };
+    if session != req.session_id {
+        return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
+    }
+    if !agent_fits(&labels, &job.class_key) {
+        return Ok(None);
+    }
+    // Capacity admission for this agent session and the attempt, in one
+    // statement (the count is read after the agent lock).
+    let epoch = job.current_epoch + 1;
+    let deadline = now + req.lease_ttl_ms;
+    let inserted = tx
+        .sql(&ATTEMPT)
+        .bind(&job.id)
+        .bind(epoch)
+        .bind(&job.run_id)
+        .bind(&req.agent_id)
+        .bind(&req.session_id)
+        .bind(&agent_name)
+        .bind(&req.claim_request_id)
+        .bind(deadline)
+        .bind(now)
+        .bind(max_jobs)
+        .execute()
+        .await?;
+    if inserted == 0 {
+        // Full, or the same claim request committed an attempt concurrently
+        // (the insert waited for it): that one stands.
+        let prior: Option<(String, i64)> = tx
+            .sql("SELECT job_id, epoch FROM attempts WHERE claim_request_id = $1")
+            .bind(&req.claim_request_id)
+            .optional()
+            .await?;
+        let Some((job_id, epoch)) = prior else { return Ok(None) };
+        return still_running(tx, &job_id, epoch).await;
+    }
+    tx.sql(&RUNNING).bind(epoch).bind(now).bind(&job.id).execute().await?;
+    if run.status == RunStatus::Queued {
+        tx.sql(&RUN_STARTED).bind(now).bind(&job.run_id).execute().await?;
+        run.status = RunStatus::Running;
+    }
+    // The rows as this transaction left them (both are locked).
+    job.status = JobStatus::Running;
+    job.current_epoch = epoch;
+    job.next_attempt_at = None;
+    job.started_at = job.started_at.or(Some(now));
+    Ok(Some(ClaimedAttempt { run, job, epoch, lease_deadline: deadline }))
+}
+
+/// `AttemptStore::claimed_by_request`.
+pub(crate) async fn claimed_by_request(store: &SqlStore, claim_request_id: &str) -> Result<Option<ClaimedAttempt>> {
+    // Usually there is none: one statement, no transaction.
+    let prior: Option<(String, i64)> = store
+        .reader()
+        .await?
+        .sql("SELECT job_id, epoch FROM attempts WHERE claim_request_id = $1")
+        .bind(claim_request_id)
+        .optional()
+        .await?;
+    let Some((job_id, epoch)) = prior else {
+        return Ok(None);
+    };
+    let mut tx = store.read_tx().await?;
+    still_running(&mut tx, &job_id, epoch).await
+}
+
+/// The attempt `(job, epoch)` a claim request created, if it is still the
+/// job's running epoch.
+async fn still_running(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<Option<ClaimedAttempt>> {
+    let (job, _) = load_job(tx, job_id).await?;
+    let run = load_run(tx, &job.run_id).await?;
+    let deadline: i64 = tx
+        .sql("SELECT lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2")
+        .bind(job_id)
+        .bind(epoch)
+        .scalar()
+        .await?;
+    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline };
+    Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c))
+}
+
+/// The first statements of a claim: the job's run row, locked, then the job
+/// row, locked (the spec's order), with the attempt a claim request already
+/// committed, if any. `None`: no such job. With `skip_locked`, a run row
+/// another transaction holds is `Busy` at once.
+async fn lock_claim_rows(
+    tx: &mut Tx,
+    job_id: &str,
+    claim_request_id: &str,
+    skip_locked: bool,
+) -> Result<Option<(RunRecord, JobRecord, Option<(String, i64)>)>> {
+    static RUN: Sql = Sql::new(|d| {
+        format!(
+            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+             WHERE r.id = (SELECT run_id FROM jobs WHERE id = $1){lock}",
+            lock = d.for_update_of_run
+        )
+    });
+    static RUN_SKIP_LOCKED: Sql = Sql::new(|d| {
+        format!(
+            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+             WHERE r.id = (SELECT run_id FROM jobs WHERE id = $1){lock}",
+            lock = d.for_update_of_run_skip_locked
+        )
+    });
+    static JOB: Sql = Sql::new(|d| {
+        format!(
+            "SELECT {JOB_COLS}, (SELECT a.job_id FROM attempts a WHERE a.claim_request_id = $1) AS prior_job, \
+             (SELECT a.epoch FROM attempts a WHERE a.claim_request_id = $1) AS prior_epoch \
+             FROM jobs WHERE id = $2{lock}",
+            lock = d.for_update
+        )
+    });
+    let sql = if skip_locked { &RUN_SKIP_LOCKED } else { &RUN };
+    let Some(row) = tx.sql(sql).bind(job_id).fetch_optional().await? else {
+        if skip_locked {
+            let exists: Option<String> =
+                tx.sql("SELECT id FROM jobs WHERE id = $1").bind(job_id).scalar_optional().await?;
+            if exists.is_some() {
+                return Err(StoreError::Busy(format!("the run of job {job_id} is locked by another transaction")));
+            }
+        }
+        return Ok(None);
+    };
+    let run = run_from_row(&row)?;
+    let Some(row) = tx.sql(&JOB).bind(claim_request_id).bind(job_id).fetch_optional().await? else {
+        return Ok(None);
+    };
+    let prior = match (row.get::<Option<String>>("prior_job")?, row.get::<Option<i64>>("prior_epoch")?) {
+        (Some(j), Some(e)) => Some((j, e)),
+        _ => None,
+    };
+    Ok(Some((run, job_from_row(&row)?, prior)))
+}

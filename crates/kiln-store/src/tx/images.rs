@@ -1,0 +1,28 @@
+//! Images a Dockerfile job built (spec 000 §5): the first digest the live
+//! epoch commits is the job's; later ones do not replace it.
+
+use crate::db::{Exec, now};
+use crate::dialect::Isolation;
+use crate::error::Result;
+use crate::store::{SqlStore, lock_job};
+use crate::tx::attempt::require_live;
+
+/// `AttemptStore::commit_image_digest`.
+pub(crate) async fn commit_image_digest(store: &SqlStore, job_id: &str, epoch: i64, digest: &str) -> Result<String> {
+    store
+        .transaction(Isolation::Serializable, &(job_id, epoch, digest), |tx, &(job_id, epoch, digest)| {
+            Box::pin(async move {
+                lock_job(tx, job_id).await?;
+                let now = now(tx).await?;
+                require_live(tx, job_id, epoch, now).await?;
+                let stored: Option<String> = tx
+                .sql("UPDATE jobs SET image_digest = COALESCE(image_digest, $1) WHERE id = $2 RETURNING image_digest")
+                .bind(digest)
+                .bind(job_id)
+                .scalar()
+                .await?;
+                Ok(stored.unwrap_or_else(|| digest.to_string()))
+            })
+        })
+        .await
+}

@@ -1,0 +1,258 @@
+//! Log chunks (spec 000 §13, invariant 7): chunks are identified by (job,
+//! epoch, stream, offset) with a digest; an identical retry is accepted, a
+//! conflicting or overlapping one refused, a stale epoch refused. The hot
+//! journal is archived to the object store and trimmed in one transaction.
+
+use crate::db::{Exec, now};
+use crate::dialect::{Isolation, Sql, terminal_jobs};
+use crate::error::{Result, StoreError};
+use crate::model::{LogArchive, LogChunkRecord, NewLogChunk};
+use crate::store::{SqlStore, lock_job};
+use crate::tx::attempt::require_live;
+
+/// `LogStore::append_log_chunk`.
+pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> Result<Vec<(String, i64)>> {
+    use sha2::{Digest, Sha256};
+    if hex::encode(Sha256::digest(&chunk.data)) != chunk.sha256 {
+        return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
+    }
+    if chunk.offset < 0 || chunk.seq < 0 {
+        return Err(StoreError::Invalid("negative offset or seq".into()));
+    }
+    let len = chunk.data.len() as i64;
+    store
+        .transaction(Isolation::Serializable, &(chunk, len), |tx, &(chunk, len)| {
+            Box::pin(async move {
+                // Chunks of a job commit one at a time, so their ids (the SSE
+                // cursor) become visible in order.
+                lock_job(tx, &chunk.job_id).await?;
+                let now = now(tx).await?;
+                let existing: Option<(i64, String)> = tx
+                    .sql(
+                        "SELECT length, sha256 FROM log_chunks \
+                     WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4",
+                    )
+                    .bind(&chunk.job_id)
+                    .bind(chunk.epoch)
+                    .bind(&chunk.stream)
+                    .bind(chunk.offset)
+                    .optional()
+                    .await?;
+                match existing {
+                    // An identical retry is accepted even after the attempt ended.
+                    Some((l, s)) if l == len && s == chunk.sha256 => {}
+                    Some(_) => {
+                        return Err(StoreError::Conflict(format!(
+                            "different bytes were already committed at {} offset {}",
+                            chunk.stream, chunk.offset
+                        )));
+                    }
+                    None => {
+                        require_live(tx, &chunk.job_id, chunk.epoch, now).await?;
+                        // Overlap with a neighbour: only the closest chunks before
+                        // and after can overlap (index seeks, not a scan of the stream).
+                        let prev_end: Option<i64> = tx
+                            .sql(
+                                "SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
+                             AND stream = $3 AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1",
+                            )
+                            .bind(&chunk.job_id)
+                            .bind(chunk.epoch)
+                            .bind(&chunk.stream)
+                            .bind(chunk.offset)
+                            .scalar_optional()
+                            .await?;
+                        let next_start: Option<i64> = tx
+                            .sql(
+                                "SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+                             AND byte_offset > $4 ORDER BY byte_offset LIMIT 1",
+                            )
+                            .bind(&chunk.job_id)
+                            .bind(chunk.epoch)
+                            .bind(&chunk.stream)
+                            .bind(chunk.offset)
+                            .scalar_optional()
+                            .await?;
+                        let overlap = prev_end.is_some_and(|e| e > chunk.offset)
+                            || next_start.is_some_and(|n| n < chunk.offset + len);
+                        if overlap && len > 0 {
+                            return Err(StoreError::Conflict(format!(
+                                "chunk at {} offset {} overlaps bytes already committed",
+                                chunk.stream, chunk.offset
+                            )));
+                        }
+                        tx.sql(
+                            "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                        )
+                        .bind(&chunk.job_id)
+                        .bind(chunk.epoch)
+                        .bind(&chunk.stream)
+                        .bind(chunk.seq)
+                        .bind(chunk.offset)
+                        .bind(len)
+                        .bind(&chunk.sha256)
+                        .bind(&chunk.data)
+                        .execute()
+                        .await?;
+                        // Advance the contiguous committed offset of this stream.
+                        let mut committed: i64 = tx
+                            .sql("SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = $3")
+                            .bind(&chunk.job_id)
+                            .bind(chunk.epoch)
+                            .bind(&chunk.stream)
+                            .scalar_optional()
+                            .await?
+                            .unwrap_or(0);
+                        loop {
+                            let next: Option<i64> = tx
+                                .sql(
+                                    "SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+                                 AND byte_offset = $4 AND length > 0",
+                                )
+                                .bind(&chunk.job_id)
+                                .bind(chunk.epoch)
+                                .bind(&chunk.stream)
+                                .bind(committed)
+                                .scalar_optional()
+                                .await?;
+                            match next {
+                                Some(l) => committed += l,
+                                None => break,
+                            }
+                        }
+                        tx.sql(
+                            "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
+                         ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
+                        )
+                        .bind(&chunk.job_id)
+                        .bind(chunk.epoch)
+                        .bind(&chunk.stream)
+                        .bind(committed)
+                        .execute()
+                        .await?;
+                    }
+                }
+                tx.sql("SELECT stream, committed FROM log_progress WHERE job_id = $1 AND epoch = $2 ORDER BY stream")
+                    .bind(&chunk.job_id)
+                    .bind(chunk.epoch)
+                    .all()
+                    .await
+            })
+        })
+        .await
+}
+
+/// `LogStore::log_chunks_after`.
+pub(crate) async fn log_chunks_after(
+    store: &SqlStore,
+    job_id: &str,
+    after_id: i64,
+    limit: u32,
+) -> Result<Vec<LogChunkRecord>> {
+    let rows: Vec<(i64, i64, String, i64, Vec<u8>)> = store
+        .reader()
+        .await?
+        .sql(
+            "SELECT id, epoch, stream, byte_offset, data FROM log_chunks WHERE job_id = $1 AND id > $2 \
+             ORDER BY id LIMIT $3",
+        )
+        .bind(job_id)
+        .bind(after_id)
+        .bind(limit as i64)
+        .all()
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, epoch, stream, offset, data)| LogChunkRecord { id, epoch, stream, offset, data })
+        .collect())
+}
+
+/// `LogStore::logs_to_archive`.
+pub(crate) async fn logs_to_archive(store: &SqlStore, grace_ms: i64, limit: u32) -> Result<Vec<String>> {
+    static FINISHED: Sql = Sql::new(|d| {
+        format!(
+            "SELECT j.id FROM (SELECT DISTINCT job_id FROM log_chunks) c JOIN jobs j ON j.id = c.job_id \
+             WHERE j.status IN {terminal} AND j.finished_at IS NOT NULL AND j.finished_at <= {now} - $1 \
+             LIMIT $2",
+            terminal = terminal_jobs(),
+            now = d.now_ms,
+        )
+    });
+    store.reader().await?.sql(&FINISHED).bind(grace_ms).bind(limit as i64).scalars().await
+}
+
+/// `LogStore::record_log_archive`.
+pub(crate) async fn record_log_archive(store: &SqlStore, a: &LogArchive) -> Result<()> {
+    static RECORD: Sql = Sql::new(|d| {
+        format!(
+            "INSERT INTO log_archives (job_id, first_id, last_id, segment_key, index_key, chunks, bytes, archived_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, {now})",
+            now = d.now_ms
+        )
+    });
+    store
+        .transaction(Isolation::Serializable, a, |tx, a| {
+            Box::pin(async move {
+                // The job row first: chunk appends (which lock it) wait for the trim.
+                lock_job(tx, &a.job_id).await?;
+                let held: i64 = tx
+                    .sql("SELECT COUNT(*) FROM log_chunks WHERE job_id = $1 AND id BETWEEN $2 AND $3")
+                    .bind(&a.job_id)
+                    .bind(a.first_id)
+                    .bind(a.last_id)
+                    .scalar()
+                    .await?;
+                if held != a.chunks {
+                    return Err(StoreError::Conflict(format!(
+                        "log of job {} changed while it was archived: {held} chunks in {}..={}, archive holds {}",
+                        a.job_id, a.first_id, a.last_id, a.chunks
+                    )));
+                }
+                tx.sql(&RECORD)
+                    .bind(&a.job_id)
+                    .bind(a.first_id)
+                    .bind(a.last_id)
+                    .bind(&a.segment_key)
+                    .bind(&a.index_key)
+                    .bind(a.chunks)
+                    .bind(a.bytes)
+                    .execute()
+                    .await?;
+                tx.sql("DELETE FROM log_chunks WHERE job_id = $1 AND id BETWEEN $2 AND $3")
+                    .bind(&a.job_id)
+                    .bind(a.first_id)
+                    .bind(a.last_id)
+                    .execute()
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+}
+
+/// `LogStore::log_archives`.
+pub(crate) async fn log_archives(store: &SqlStore, job_id: &str) -> Result<Vec<LogArchive>> {
+    let rows: Vec<(String, i64, i64, String, String, i64, i64)> = store
+        .reader()
+        .await?
+        .sql(
+            "SELECT job_id, first_id, last_id, segment_key, index_key, chunks, bytes FROM log_archives \
+             WHERE job_id = $1 ORDER BY first_id",
+        )
+        .bind(job_id)
+        .all()
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(job_id, first_id, last_id, segment_key, index_key, chunks, bytes)| LogArchive {
+            job_id,
+            first_id,
+            last_id,
+            segment_key,
+            index_key,
+            chunks,
+            bytes,
+        })
+        .collect())
+}

@@ -1,0 +1,29 @@
+//! The store's transactions, one file per family; each trait method of
+//! `traits.rs` is one function here (`impls.rs` is the table from method to
+//! function).
+//!
+//! Layers (imports point downwards only):
+//! - `accept`, `claim`, `lease`, `logs`, `outbox`, `repos`, `agents`,
+//!   `artifacts`, `images`: the verbs; `lease` (fencing) ends attempts
+//!   through `complete`'s failure path.
+//! - `cancel`, `complete`: cancellation and completion, which both finish
+//!   jobs and let the run advance.
+//! - `advance`: the shared steps — make a job ready (with its outbox event),
+//!   decide pending jobs, job and run concurrency groups, finish a run.
+//! - `attempt`: the live-epoch check (invariant 3) and ending an attempt with
+//!   its log marker.
+//! - below all: `store.rs` (runner, locks), `rows.rs`, `db.rs`, `dialect.rs`.
+
+pub(crate) mod accept;
+pub(crate) mod advance;
+pub(crate) mod agents;
+pub(crate) mod artifacts;
+pub(crate) mod attempt;
+pub(crate) mod cancel;
+pub(crate) mod claim;
+pub(crate) mod complete;
+pub(crate) mod images;
+pub(crate) mod lease;
+pub(crate) mod logs;
+pub(crate) mod outbox;
+pub(crate) mod repos;

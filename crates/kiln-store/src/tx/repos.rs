@@ -1,0 +1,131 @@
+//! Repositories and their secrets.
+
+use crate::db::{Exec, now};
+use crate::dialect::{Isolation, Sql};
+use crate::error::{Result, StoreError};
+use crate::model::RepoRecord;
+use crate::rows::{new_id, repo_from_row};
+use crate::store::SqlStore;
+use std::collections::BTreeMap;
+
+/// `RepoStore::create_repo`.
+pub(crate) async fn create_repo(
+    store: &SqlStore,
+    name: &str,
+    clone_url: &str,
+    webhook_secret: Option<&str>,
+) -> Result<RepoRecord> {
+    let id = &new_id();
+    let created_at = store
+        .transaction(
+            Isolation::Serializable,
+            &(id, name, clone_url, webhook_secret),
+            |tx, &(id, name, clone_url, webhook_secret)| {
+                Box::pin(async move {
+                    let now = now(tx).await?;
+                    let res = tx
+                .sql("INSERT INTO repos (id, name, clone_url, webhook_secret, created_at) VALUES ($1, $2, $3, $4, $5)")
+                .bind(id)
+                .bind(name)
+                .bind(clone_url)
+                .bind(webhook_secret)
+                .bind(now)
+                .execute()
+                .await;
+                    match res {
+                        Err(StoreError::Conflict(_)) => {
+                            Err(StoreError::Conflict(format!("repository `{name}` already exists")))
+                        }
+                        Err(e) => Err(e),
+                        Ok(_) => Ok(now),
+                    }
+                })
+            },
+        )
+        .await?;
+    Ok(RepoRecord {
+        id: id.into(),
+        name: name.into(),
+        clone_url: clone_url.into(),
+        webhook_secret: webhook_secret.map(Into::into),
+        created_at,
+    })
+}
+
+/// `RepoStore::get_repo`.
+pub(crate) async fn get_repo(store: &SqlStore, name_or_id: &str) -> Result<RepoRecord> {
+    let row = store
+        .reader()
+        .await?
+        .sql("SELECT * FROM repos WHERE name = $1 OR id = $1 LIMIT 1")
+        .bind(name_or_id)
+        .fetch_optional()
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("repository `{name_or_id}`")))?;
+    repo_from_row(&row)
+}
+
+/// `RepoStore::list_repos`.
+pub(crate) async fn list_repos(store: &SqlStore) -> Result<Vec<RepoRecord>> {
+    let rows = store.reader().await?.sql("SELECT * FROM repos ORDER BY name").fetch_all().await?;
+    rows.iter().map(repo_from_row).collect()
+}
+
+/// `RepoStore::put_secret`.
+pub(crate) async fn put_secret(store: &SqlStore, repo_id: &str, name: &str, value: &str) -> Result<()> {
+    static PUT: Sql = Sql::new(|d| {
+        format!(
+            "INSERT INTO secrets (repo_id, name, value, updated_at) VALUES ($1, $2, $3, {now}) \
+             ON CONFLICT (repo_id, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            now = d.now_ms
+        )
+    });
+    store.writer().await?.sql(&PUT).bind(repo_id).bind(name).bind(value).execute().await?;
+    Ok(())
+}
+
+/// `RepoStore::delete_secret`.
+pub(crate) async fn delete_secret(store: &SqlStore, repo_id: &str, name: &str) -> Result<bool> {
+    let deleted = store
+        .writer()
+        .await?
+        .sql("DELETE FROM secrets WHERE repo_id = $1 AND name = $2")
+        .bind(repo_id)
+        .bind(name)
+        .execute()
+        .await?;
+    Ok(deleted > 0)
+}
+
+/// `RepoStore::list_secrets`.
+pub(crate) async fn list_secrets(store: &SqlStore, repo_id: &str) -> Result<Vec<(String, i64)>> {
+    store
+        .reader()
+        .await?
+        .sql("SELECT name, updated_at FROM secrets WHERE repo_id = $1 ORDER BY name")
+        .bind(repo_id)
+        .all()
+        .await
+}
+
+/// `RepoStore::secret_values`.
+pub(crate) async fn secret_values(
+    store: &SqlStore,
+    repo_id: &str,
+    names: &[String],
+) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let mut conn = store.reader().await?;
+    for name in names {
+        let value: Option<String> = conn
+            .sql("SELECT value FROM secrets WHERE repo_id = $1 AND name = $2")
+            .bind(repo_id)
+            .bind(name)
+            .scalar_optional()
+            .await?;
+        if let Some(v) = value {
+            out.insert(name.clone(), v);
+        }
+    }
+    Ok(out)
+}
