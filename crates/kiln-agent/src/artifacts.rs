@@ -31,9 +31,9 @@
 //! nothing more. Any stop reason (cancel, timeout, shutdown) interrupts a
 //! transfer.
 
-use crate::ran::Ran;
 use crate::control::{Control, Stop, backoff};
 use crate::logs::LogStreamer;
+use crate::ran::Ran;
 use crate::ratelimit::RateLimiter;
 use kiln_api::client::{ApiError, Client};
 use kiln_api::types::{

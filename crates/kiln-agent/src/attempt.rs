@@ -9,15 +9,15 @@
 
 use crate::ExecutorKind;
 use crate::artifacts::{Transfer, publish_all, restore_all};
-use crate::ran::Ran;
 use crate::checkout::Mirrors;
 use crate::control::{Control, Stop, backoff};
 use crate::heartbeat::heartbeat_loop;
 use crate::logs::{LogConfig, LogStreamer, Stream};
+use crate::ran::Ran;
 use crate::ratelimit::RateLimiter;
 use crate::session::Beats;
-use kiln_api::client::Client;
 use kiln_api::AttemptOutcome;
+use kiln_api::client::Client;
 use kiln_api::types::{Assignment, Completion};
 use kiln_sandbox::{
     ContainerConfig, ContainerExecutor, Engine, EngineError, Executor, HostConfig, HostExecutor, Limits, PinnedImage,

@@ -180,7 +180,10 @@ fn assignment_and_claim_response() {
 
 #[test]
 fn heartbeat_completion_and_ack() {
-    insta::assert_json_snapshot!("heartbeat_response", HeartbeatResponse { cancel_requested: true, lease_ttl_ms: 30_000 });
+    insta::assert_json_snapshot!(
+        "heartbeat_response",
+        HeartbeatResponse { cancel_requested: true, lease_ttl_ms: 30_000 }
+    );
     let completion = Completion {
         outcome: AttemptOutcome::Failed,
         exit_code: Some(101),
@@ -210,8 +213,13 @@ fn log_events() {
     let events: Vec<(&str, serde_json::Value)> = vec![
         (
             event::CHUNK,
-            serde_json::to_value(LogEvent { epoch: 2, stream: stream::STDERR.into(), offset: 0, data: "d2Fybgo=".into() })
-                .unwrap(),
+            serde_json::to_value(LogEvent {
+                epoch: 2,
+                stream: stream::STDERR.into(),
+                offset: 0,
+                data: "d2Fybgo=".into(),
+            })
+            .unwrap(),
         ),
         (
             event::SEALED,

@@ -37,8 +37,8 @@ mod parse;
 mod tree;
 mod validate;
 
+pub use diag::{Diagnostic, Diagnostics};
 pub use expr::{ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, render_group};
 pub use model::*;
-pub use diag::{Diagnostic, Diagnostics};
 pub use parse::{MAX_DIAGNOSTICS, parse};
 pub use validate::{MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};

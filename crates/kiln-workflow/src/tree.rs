@@ -16,8 +16,8 @@
 //! the YAML 1.2 core schema with strict booleans (`true`/`false` only: `yes`,
 //! `no`, `on`, `off` are strings).
 
-use crate::model::MAX_DEPTH;
 use crate::diag::Diagnostic;
+use crate::model::MAX_DEPTH;
 use serde_saphyr::granit_parser::{self as gp, Event, Marker, ScalarStyle};
 use std::collections::HashMap;
 

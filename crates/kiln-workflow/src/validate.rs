@@ -1,10 +1,10 @@
 //! Tree → validated [`Workflow`], collecting every problem with its position.
 
+use crate::diag::Diagnostic;
 use crate::expr::{check_template, matrix_ref, parse_condition};
 use crate::model::{
     Artifacts, Cache, Concurrency, Image, Job, MAX_JOBS, MAX_STEPS, MatrixInfo, Publish, Restore, Step, Workflow,
 };
-use crate::diag::Diagnostic;
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 

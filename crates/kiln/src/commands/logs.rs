@@ -25,7 +25,6 @@ pub(super) async fn run(a: LogsArgs) -> CmdResult {
     Ok(exit::OK)
 }
 
-
 /// Where streamed log bytes go.
 #[derive(Clone, Copy)]
 pub(super) enum Sink {

@@ -23,7 +23,6 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
     Ok(exit::OK)
 }
 
-
 /// Local paths are made absolute so the server and agents find them from anywhere.
 fn absolutize(url: &str) -> String {
     if url.contains("://") || url.contains('@') {
