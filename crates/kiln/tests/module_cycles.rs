@@ -20,6 +20,7 @@
 //!
 //! A cycle fails the test with its path (`commands -> bench -> commands`).
 
+use proc_macro2::TokenTree as TT;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use syn::visit::Visit;
@@ -44,24 +45,12 @@ struct Crate {
     files: BTreeSet<PathBuf>,
 }
 
+/// `#[cfg(test)]` or `#[cfg(all(test, …))]`: test-only code.
 fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
-        a.path().is_ident("cfg") && {
-            let s = a.meta.to_token_stream_string();
-            // `cfg(test)`, and `cfg(all(test, …))`: test-only code.
-            s.contains("test") && !s.contains("not (test") && !s.contains("not(test")
-        }
+        let s = quote::ToTokens::to_token_stream(&a.meta).to_string().replace(' ', "");
+        a.path().is_ident("cfg") && s.contains("test") && !s.contains("not(test")
     })
-}
-
-trait MetaString {
-    fn to_token_stream_string(&self) -> String;
-}
-
-impl MetaString for syn::Meta {
-    fn to_token_stream_string(&self) -> String {
-        quote::ToTokens::to_token_stream(self).to_string()
-    }
 }
 
 fn path_attr(attrs: &[syn::Attribute]) -> Option<String> {
@@ -121,31 +110,28 @@ impl Collector {
 
     /// `crate :: a :: b`, `super :: x` … inside a macro's tokens.
     fn tokens(&mut self, tokens: proc_macro2::TokenStream) {
-        let tts: Vec<proc_macro2::TokenTree> = tokens.into_iter().collect();
+        let tts: Vec<TT> = tokens.into_iter().collect();
         let mut i = 0;
         while i < tts.len() {
-            if let proc_macro2::TokenTree::Group(g) = &tts[i] {
+            if let TT::Group(g) = &tts[i] {
                 self.tokens(g.stream());
                 i += 1;
                 continue;
             }
-            let starts =
-                matches!(&tts[i], proc_macro2::TokenTree::Ident(id) if id == "crate" || id == "super" || id == "self");
-            let after_colons = i > 0 && matches!(&tts[i - 1], proc_macro2::TokenTree::Punct(p) if p.as_char() == ':');
+            let starts = matches!(&tts[i], TT::Ident(id) if id == "crate" || id == "super" || id == "self");
+            let after_colons = i > 0 && matches!(&tts[i - 1], TT::Punct(p) if p.as_char() == ':');
             if starts && !after_colons {
                 let mut segments = vec![tts[i].to_string()];
                 let mut j = i + 1;
-                while j + 2 < tts.len() + 1 {
-                    let colons = matches!((tts.get(j), tts.get(j + 1)),
-                        (Some(proc_macro2::TokenTree::Punct(a)), Some(proc_macro2::TokenTree::Punct(b)))
-                        if a.as_char() == ':' && b.as_char() == ':');
-                    match (colons, tts.get(j + 2)) {
-                        (true, Some(proc_macro2::TokenTree::Ident(id))) => {
-                            segments.push(id.to_string());
-                            j += 3;
-                        }
-                        _ => break,
+                // `::` is two `:` puncts, then the next segment.
+                while let (Some(TT::Punct(a)), Some(TT::Punct(b)), Some(TT::Ident(id))) =
+                    (tts.get(j), tts.get(j + 1), tts.get(j + 2))
+                {
+                    if a.as_char() != ':' || b.as_char() != ':' {
+                        break;
                     }
+                    segments.push(id.to_string());
+                    j += 3;
                 }
                 self.refs.push(Reference { segments });
                 i = j;
@@ -200,13 +186,16 @@ impl<'ast> Visit<'ast> for Collector {
     }
 }
 
-/// Reads the module at `path` from `items` (the file at `file`, or an
-/// inline block), recursing into its `mod` declarations.
+/// Reads the module at `path` from `items` (a file's, or an inline
+/// block's), recursing into its `mod` declarations. `dir` is where its
+/// submodules' files are; `file_dir` the directory of the file `items` are
+/// in (what `#[path]` is relative to).
 fn read_module(
     krate: &mut Crate,
     path: &str,
     items: &[syn::Item],
     dir: &Path,
+    file_dir: &Path,
     refs: &mut Vec<(String, Vec<Reference>)>,
 ) {
     let mut module = Module { children: BTreeSet::new(), edges: BTreeSet::new() };
@@ -221,10 +210,10 @@ fn read_module(
         let child = join(path, &name);
         module.children.insert(name.clone());
         match &m.content {
-            Some((_, inner)) => read_module(krate, &child, inner, &dir.join(&name), refs),
+            Some((_, inner)) => read_module(krate, &child, inner, &dir.join(&name), file_dir, refs),
             None => {
                 let file = match path_attr(&m.attrs) {
-                    Some(p) => dir.join(p),
+                    Some(p) => file_dir.join(p),
                     None if dir.join(format!("{name}.rs")).exists() => dir.join(format!("{name}.rs")),
                     None => dir.join(&name).join("mod.rs"),
                 };
@@ -245,7 +234,7 @@ fn read_file(krate: &mut Crate, path: &str, file: &Path, dir: &Path, refs: &mut 
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     krate.files.insert(file.canonicalize().expect("canonical path"));
-    read_module(krate, path, &ast.items, dir, refs);
+    read_module(krate, path, &ast.items, dir, file.parent().expect("file dir"), refs);
 }
 
 /// The module a reference names (the deepest module its segments reach),
@@ -280,7 +269,7 @@ fn resolve(krate: &Crate, from: &str, segments: &[String]) -> Option<String> {
 }
 
 fn is_descendant(module: &str, of: &str) -> bool {
-    of.is_empty() && !module.is_empty() || module.starts_with(&format!("{of}::"))
+    (of.is_empty() && !module.is_empty()) || module.starts_with(&format!("{of}::"))
 }
 
 fn read_crate(dir: &Path) -> Option<Crate> {
