@@ -4,17 +4,20 @@
 //! skipped, or still waiting), hold and release job- and run-level
 //! concurrency groups, and finish the run.
 //!
-//! The decisions are the pure functions [`pending_verdict`] (one pending
-//! job) and [`final_status`] (the run); everything else here writes what
-//! they decided.
+//! The decisions are kiln-core's ([`kiln_core::advance`] for the run's jobs
+//! and its final status, [`kiln_core::groups`] for group entry); this file
+//! loads their inputs and writes what they decided.
 
 use crate::db::{Exec, Tx};
 use crate::dialect::{Sql, active_runs, lit};
 use crate::error::{Result, parse_enum};
 use crate::model::RunRecord;
 use crate::rows::load_run;
+use kiln_core::advance::{
+    AdvanceJob, AdvancePass, AdvanceRun, Conditions, GroupRule, JobRules, MatrixRule, NeedResult, Verdict,
+};
+use kiln_core::groups::{GroupAction, decide_group_entry};
 use kiln_core::{JobStatus, RunStatus};
-use std::collections::HashMap;
 
 /// Make a job ready with a new dispatch generation and write its outbox event
 /// in the same transaction (spec 000 §9, invariant 5).
@@ -77,75 +80,16 @@ pub(crate) async fn release_job_groups(tx: &mut Tx, now: i64) -> Result<()> {
     }
 }
 
-/// What becomes of one pending job, given the statuses of the run's jobs.
-#[derive(Debug, PartialEq)]
-pub(crate) enum PendingVerdict {
-    /// Its needs are not decided yet: it stays pending.
-    Undecided,
-    /// It may run; `degraded` says so when it runs on a quorum.
-    Run { degraded: Option<String> },
-    /// It will never run, and why.
-    Skip(String),
-}
-
-/// The readiness rule for one pending job (spec 000 §2; `if:`, quorum).
-pub(crate) fn pending_verdict(
-    run: &RunRecord,
-    def: Option<&kiln_workflow::Job>,
-    needs: &[String],
-    status: &HashMap<String, JobStatus>,
-) -> PendingVerdict {
-    let all_decided = needs.iter().all(|n| status.get(n).is_some_and(|s| s.is_terminal()));
-    // Without `if:`, a job whose needs can no longer all (or a quorum)
-    // succeed is skipped at once, even while other needs still run.
-    let hopeless = def.is_some_and(|d| d.condition.is_none()) && {
-        let lost = needs
-            .iter()
-            .filter(|n| matches!(status.get(*n), Some(JobStatus::Failed | JobStatus::Cancelled | JobStatus::Skipped)))
-            .count();
-        let required = def.and_then(|d| d.quorum).map(|q| q as usize).unwrap_or(needs.len());
-        needs.len() - lost < required
-    };
-    if !all_decided && !hopeless {
-        return PendingVerdict::Undecided;
-    }
-    let quorum = def.and_then(|d| d.quorum);
-    let ctx = condition_context(run, needs, status, quorum);
-    // Without `if:`, a job runs when its needs succeeded (spec 000 §2).
-    let expr = def.and_then(|d| d.condition.clone());
-    let go = kiln_workflow::eval_condition(expr.as_deref().unwrap_or("success()"), &ctx);
-    match (go, &expr) {
-        (Ok(true), _) => {
-            let ok = needs.iter().filter(|n| status.get(*n) == Some(&JobStatus::Success)).count();
-            // Ran on a quorum: say so where users look.
-            let degraded = (quorum.is_some() && ok < needs.len())
-                .then(|| format!("degraded: {ok} of {} needs succeeded (quorum)", needs.len()));
-            PendingVerdict::Run { degraded }
-        }
-        (Err(e), _) => PendingVerdict::Skip(format!("skipped: its condition could not be evaluated: {e}")),
-        (Ok(false), Some(c)) => PendingVerdict::Skip(format!("skipped: condition `{c}` is false")),
-        (Ok(false), None) => PendingVerdict::Skip("skipped: a job it needs did not succeed".to_string()),
-    }
-}
-
-/// The status a run ends with once none of its jobs is active; `None` while
-/// one is, or when the run already ended.
-pub(crate) fn final_status(run: RunStatus, jobs: &HashMap<String, JobStatus>) -> Option<RunStatus> {
-    if jobs.values().any(|s| !s.is_terminal()) || run.is_terminal() {
-        return None;
-    }
-    Some(if run == RunStatus::Cancelling {
-        RunStatus::Cancelled
-    } else if jobs.values().any(|s| matches!(s, JobStatus::Failed | JobStatus::Cancelled)) {
-        RunStatus::Failed
-    } else {
-        RunStatus::Success
-    })
-}
-
-/// Decide the run's pending jobs and finish the run if nothing is left.
-/// Returns the run as loaded (before this step changed it).
+/// Decide the run's pending jobs and finish the run if nothing is left, as
+/// kiln-core's [`AdvancePass`] decides. Returns the run as loaded (before
+/// this step changed it).
 async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRecord> {
+    static SKIP: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE jobs SET status = {skipped}, finished_at = $1, message = $2 WHERE id = $3",
+            skipped = lit(JobStatus::Skipped)
+        )
+    });
     let run = load_run(tx, run_id).await?;
     let held: i64 = tx.sql("SELECT held FROM runs WHERE id = $1").bind(run_id).scalar().await?;
     let rows = tx
@@ -153,85 +97,68 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         .bind(run_id)
         .fetch_all()
         .await?;
-    let mut status: HashMap<String, JobStatus> = HashMap::new();
-    let mut jobs = Vec::new();
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut jobs = Vec::with_capacity(rows.len());
     for r in &rows {
-        let id: String = r.get("id")?;
-        let name: String = r.get("name")?;
-        let st: JobStatus = parse_enum(r.str("status")?)?;
-        let needs: Vec<String> = serde_json::from_str(r.str("needs")?).unwrap_or_default();
         let index: i64 = r.get("job_index")?;
-        status.insert(name.clone(), st);
-        jobs.push((id, name, needs, index));
+        ids.push(r.get::<String>("id")?);
+        jobs.push(AdvanceJob {
+            name: r.get("name")?,
+            status: parse_enum(r.str("status")?)?,
+            needs: serde_json::from_str(r.str("needs")?).unwrap_or_default(),
+            rules: usize::try_from(index).ok().and_then(|i| run.definition.jobs.get(i)).map(job_rules),
+        });
     }
-    if run.status.can_claim() && held == 0 {
-        // Matrix groups occupying their `max-parallel` slots.
-        let group_of = |index: i64| run.definition.jobs.get(index as usize).and_then(|j| j.matrix.as_ref());
-        let mut occupied: HashMap<String, u32> = HashMap::new();
-        for (_, name, _, index) in &jobs {
-            if let Some(m) = group_of(*index)
-                && matches!(status[name], JobStatus::Ready | JobStatus::Running)
-            {
-                *occupied.entry(m.group.clone()).or_default() += 1;
-            }
-        }
-        // Jobs are listed so that needs always name earlier jobs: one pass
-        // decides every job whose needs are all decided.
-        for (id, name, needs, index) in &jobs {
-            if status[name] != JobStatus::Pending {
-                continue;
-            }
-            let def = run.definition.jobs.get(*index as usize);
-            match pending_verdict(&run, def, needs, &status) {
-                PendingVerdict::Undecided => {}
-                PendingVerdict::Run { degraded } => {
-                    if let Some(m) = def.and_then(|d| d.matrix.as_ref())
-                        && let Some(max) = m.max_parallel
-                    {
-                        let n = occupied.entry(m.group.clone()).or_default();
-                        if *n >= max {
-                            continue; // waits for a sibling to finish
-                        }
-                        *n += 1;
-                    }
-                    if let Some(cc) = def.and_then(|d| d.concurrency.as_ref()) {
-                        let ctx = condition_context(&run, needs, &status, def.and_then(|d| d.quorum));
-                        let group = kiln_workflow::render_group(&cc.group, &ctx).unwrap_or_else(|_| cc.group.clone());
-                        let key = format!("{}:{group}", run.repo_id);
-                        if !enter_job_group(tx, id, &key, cc.cancel_in_progress, now).await? {
-                            continue; // waits for its concurrency group
-                        }
-                    }
-                    make_ready(tx, id, now, now).await?;
-                    status.insert(name.clone(), JobStatus::Ready);
-                    if let Some(message) = degraded {
-                        tx.sql("UPDATE jobs SET message = $1 WHERE id = $2").bind(message).bind(id).execute().await?;
-                    }
-                }
-                PendingVerdict::Skip(why) => {
-                    static SKIP: Sql = Sql::new(|_| {
-                        format!(
-                            "UPDATE jobs SET status = {skipped}, finished_at = $1, message = $2 WHERE id = $3",
-                            skipped = lit(JobStatus::Skipped)
-                        )
-                    });
-                    tx.sql(&SKIP).bind(now).bind(why).bind(id).execute().await?;
-                    status.insert(name.clone(), JobStatus::Skipped);
+    let advance = AdvanceRun { status: run.status, held: held != 0, repo_id: run.repo_id.clone() };
+    let cond = RunConditions(&run);
+    let mut pass = AdvancePass::new(advance, jobs);
+    while let Some(verdict) = pass.next_verdict(&cond) {
+        match verdict {
+            Verdict::Ready { job, note } => {
+                make_ready(tx, &ids[job], now, now).await?;
+                if let Some(message) = note {
+                    tx.sql("UPDATE jobs SET message = $1 WHERE id = $2")
+                        .bind(message)
+                        .bind(&ids[job])
+                        .execute()
+                        .await?;
                 }
             }
+            Verdict::Skip { job, why } => {
+                tx.sql(&SKIP).bind(now).bind(why).bind(&ids[job]).execute().await?;
+            }
+            Verdict::EnterGroup { job, key, cancel_in_progress } => {
+                let entered = enter_job_group(tx, &ids[job], &key, cancel_in_progress, now).await?;
+                pass.resolve_group(entered);
+            }
+            // They stay pending: nothing to write.
+            Verdict::WaitMaxParallel { .. } | Verdict::WaitGroup { .. } => {}
+            Verdict::Finish(status) => finish_run(tx, run_id, status, None, now).await?,
         }
-    }
-    if let Some(final_status) = final_status(run.status, &status) {
-        finish_run(tx, run_id, final_status, None, now).await?;
     }
     Ok(run)
 }
 
-/// A job about to become ready joins its concurrency group `key`. Returns
-/// false when the group is occupied: the job waits (`group_waiting`), older
-/// waiting jobs of the group are superseded (cancelled), and with
-/// cancel-in-progress the occupant is stopped (a ready one cancelled, a
-/// running one asked to stop).
+/// The parts of a frozen job definition kiln-core's advancement reads.
+fn job_rules(def: &kiln_workflow::Job) -> JobRules {
+    JobRules {
+        condition: def.condition.clone(),
+        quorum: def.quorum,
+        matrix: def.matrix.as_ref().map(|m| MatrixRule {
+            group: m.group.clone(),
+            max_parallel: m.max_parallel,
+            fail_fast: m.fail_fast,
+        }),
+        concurrency: def
+            .concurrency
+            .as_ref()
+            .map(|c| GroupRule { template: c.group.clone(), cancel_in_progress: c.cancel_in_progress }),
+    }
+}
+
+/// A job about to become ready joins its concurrency group `key` and does
+/// what kiln-core's [`decide_group_entry`] says. Returns false when the job
+/// waits for its group (`group_waiting`).
 async fn enter_job_group(tx: &mut Tx, job_id: &str, key: &str, cancel_in_progress: bool, now: i64) -> Result<bool> {
     static OCCUPANTS: Sql = Sql::new(|_| {
         format!(
@@ -260,70 +187,86 @@ async fn enter_job_group(tx: &mut Tx, job_id: &str, key: &str, cancel_in_progres
         )
     });
     tx.sql("UPDATE jobs SET concurrency_group = $1 WHERE id = $2").bind(key).bind(job_id).execute().await?;
-    let occupants: Vec<(String, String)> = tx.sql(&OCCUPANTS).bind(key).bind(job_id).all().await?;
-    if occupants.is_empty() {
-        return Ok(true);
+    let rows: Vec<(String, String)> = tx.sql(&OCCUPANTS).bind(key).bind(job_id).all().await?;
+    let mut occupants = Vec::with_capacity(rows.len());
+    for (id, status) in rows {
+        occupants.push((id, parse_enum::<JobStatus>(&status)?));
     }
-    let superseded: Vec<(String, String)> = tx.sql(&WAITING).bind(key).bind(job_id).all().await?;
-    for (other, other_run) in &superseded {
-        let why = format!("cancelled: superseded by job {job_id} in concurrency group `{key}`");
-        tx.sql(&SUPERSEDE).bind(now).bind(why).bind(other).execute().await?;
-        Box::pin(advance_run_inner(tx, other_run, now)).await?;
-    }
-    if cancel_in_progress {
-        let mut still_running = false;
-        for (occupant, status) in &occupants {
-            if parse_enum::<JobStatus>(status)? == JobStatus::Running {
-                still_running = true;
-                tx.sql("UPDATE jobs SET cancel_requested = 1 WHERE id = $1").bind(occupant).execute().await?;
-            } else {
-                let why = format!("cancelled in progress by job {job_id} in concurrency group `{key}`");
-                let run: String = tx.sql(&CANCEL_READY).bind(now).bind(why).bind(occupant).scalar().await?;
+    // A free group is entered whoever waits: its waiting jobs are not read
+    // (no predicate read for SERIALIZABLE to track).
+    let waiting: Vec<(String, String)> =
+        if occupants.is_empty() { Vec::new() } else { tx.sql(&WAITING).bind(key).bind(job_id).all().await? };
+    let waiting_ids: Vec<String> = waiting.iter().map(|(id, _)| id.clone()).collect();
+    let entry = decide_group_entry(job_id, key, cancel_in_progress, &occupants, &waiting_ids);
+    for action in entry.actions {
+        match action {
+            GroupAction::Supersede { job, why } => {
+                tx.sql(&SUPERSEDE).bind(now).bind(why).bind(&job).execute().await?;
+                let other_run = &waiting.iter().find(|(id, _)| *id == job).expect("a waiting job").1;
+                Box::pin(advance_run_inner(tx, other_run, now)).await?;
+            }
+            GroupAction::CancelReady { job, why } => {
+                let run: String = tx.sql(&CANCEL_READY).bind(now).bind(why).bind(&job).scalar().await?;
                 Box::pin(advance_run_inner(tx, &run, now)).await?;
             }
-        }
-        if !still_running {
-            return Ok(true);
+            GroupAction::StopRunning { job } => {
+                tx.sql("UPDATE jobs SET cancel_requested = 1 WHERE id = $1").bind(&job).execute().await?;
+            }
         }
     }
-    tx.sql("UPDATE jobs SET group_waiting = 1, message = $1 WHERE id = $2")
-        .bind(format!("waiting for concurrency group `{key}`"))
-        .bind(job_id)
-        .execute()
-        .await?;
-    Ok(false)
+    if let Some(message) = entry.wait_message {
+        tx.sql("UPDATE jobs SET group_waiting = 1, message = $1 WHERE id = $2")
+            .bind(message)
+            .bind(job_id)
+            .execute()
+            .await?;
+    }
+    Ok(entry.enter)
 }
 
-/// The context an `if:` is evaluated in: the frozen run's trigger and the
-/// results of the job's needs.
-fn condition_context(
-    run: &RunRecord,
-    needs: &[String],
-    status: &HashMap<String, JobStatus>,
-    quorum: Option<u32>,
-) -> kiln_workflow::ConditionContext {
-    use kiln_workflow::JobResult;
-    let branch = run.git_ref.as_deref().and_then(|r| match r.strip_prefix("refs/heads/") {
-        Some(b) => Some(b.to_string()),
-        None if r.starts_with("refs/") || (r.len() == 40 && r.bytes().all(|b| b.is_ascii_hexdigit())) => None,
-        None => Some(r.to_string()),
-    });
-    kiln_workflow::ConditionContext {
-        event: run.event.clone(),
-        git_ref: run.git_ref.clone(),
-        branch,
-        inputs: run.inputs.clone(),
-        needs_results: needs
-            .iter()
-            .map(|n| match status.get(n) {
-                Some(JobStatus::Success) => JobResult::Success,
-                Some(JobStatus::Cancelled) => JobResult::Cancelled,
-                Some(JobStatus::Skipped) => JobResult::Skipped,
-                _ => JobResult::Failure,
-            })
-            .collect(),
-        run_cancelled: false,
-        quorum,
+/// kiln-core's [`Conditions`] over kiln-workflow's expression language and
+/// the frozen run's trigger.
+struct RunConditions<'a>(&'a RunRecord);
+
+impl RunConditions<'_> {
+    /// The context an `if:` is evaluated in: the frozen run's trigger and the
+    /// results of the job's needs.
+    fn context(&self, needs: &[NeedResult], quorum: Option<u32>) -> kiln_workflow::ConditionContext {
+        use kiln_workflow::JobResult;
+        let run = self.0;
+        let branch = run.git_ref.as_deref().and_then(|r| match r.strip_prefix("refs/heads/") {
+            Some(b) => Some(b.to_string()),
+            None if r.starts_with("refs/") || (r.len() == 40 && r.bytes().all(|b| b.is_ascii_hexdigit())) => None,
+            None => Some(r.to_string()),
+        });
+        kiln_workflow::ConditionContext {
+            event: run.event.clone(),
+            git_ref: run.git_ref.clone(),
+            branch,
+            inputs: run.inputs.clone(),
+            needs_results: needs
+                .iter()
+                .map(|n| match n {
+                    NeedResult::Success => JobResult::Success,
+                    NeedResult::Cancelled => JobResult::Cancelled,
+                    NeedResult::Skipped => JobResult::Skipped,
+                    NeedResult::Failure => JobResult::Failure,
+                })
+                .collect(),
+            run_cancelled: false,
+            quorum,
+        }
+    }
+}
+
+impl Conditions for RunConditions<'_> {
+    fn eval_if(&self, expr: &str, needs: &[NeedResult], quorum: Option<u32>) -> std::result::Result<bool, String> {
+        kiln_workflow::eval_condition(expr, &self.context(needs, quorum))
+    }
+
+    fn render_group(&self, template: &str) -> std::result::Result<String, String> {
+        // Templates see the trigger only (no status functions).
+        kiln_workflow::render_group(template, &self.context(&[], None))
     }
 }
 
