@@ -18,7 +18,10 @@ pub struct ClaimAgent<'a> {
     pub session_current: bool,
     pub labels: &'a BTreeMap<String, String>,
     /// Attempts of the session still running, and how many it may run.
-    pub running: u32,
+    /// `None`: the caller admits capacity atomically with creating the
+    /// attempt (the store's insert counts the session's running attempts in
+    /// the same statement, see [`admits`]); the verdict then assumes room.
+    pub running: Option<u32>,
     pub max_jobs: u32,
 }
 
@@ -83,6 +86,33 @@ pub struct ClaimGrant {
     pub run: RunStatus,
 }
 
+/// The checks on the locked run and job alone, in the claim's order: a
+/// caller may run them before reading anything else (the predecessors, the
+/// agent) and stop there.
+pub fn check_delivery(
+    run: RunStatus,
+    job: JobStatus,
+    dispatch_generation: i64,
+    requested_generation: i64,
+) -> Result<(), ClaimRefusal> {
+    if !job.can_claim() {
+        return Err(ClaimRefusal::NotReady);
+    }
+    if dispatch_generation != requested_generation {
+        return Err(ClaimRefusal::StaleGeneration);
+    }
+    if !run.can_claim() {
+        return Err(ClaimRefusal::RunInactive);
+    }
+    Ok(())
+}
+
+/// Capacity admission: a session running `running` attempts may start
+/// another while it runs fewer than `max_jobs`.
+pub fn admits(running: u32, max_jobs: u32) -> bool {
+    running < max_jobs
+}
+
 /// Every label the job requires, with the same value.
 pub fn labels_match(required: &BTreeMap<String, String>, have: &BTreeMap<String, String>) -> bool {
     required.iter().all(|(k, v)| have.get(k) == Some(v))
@@ -90,15 +120,7 @@ pub fn labels_match(required: &BTreeMap<String, String>, have: &BTreeMap<String,
 
 /// The claim rule.
 pub fn decide_claim(f: &ClaimFacts<'_>) -> Result<ClaimGrant, ClaimRefusal> {
-    if !f.job.can_claim() {
-        return Err(ClaimRefusal::NotReady);
-    }
-    if f.dispatch_generation != f.requested_generation {
-        return Err(ClaimRefusal::StaleGeneration);
-    }
-    if !f.run.can_claim() {
-        return Err(ClaimRefusal::RunInactive);
-    }
+    check_delivery(f.run, f.job, f.dispatch_generation, f.requested_generation)?;
     if f.needs_unfinished > 0 {
         return Err(ClaimRefusal::NeedsUnfinished);
     }
@@ -113,7 +135,7 @@ pub fn decide_claim(f: &ClaimFacts<'_>) -> Result<ClaimGrant, ClaimRefusal> {
     if !labels_match(f.required_labels, agent.labels) {
         return Err(ClaimRefusal::Labels);
     }
-    if agent.running >= agent.max_jobs {
+    if agent.running.is_some_and(|running| !admits(running, agent.max_jobs)) {
         return Err(ClaimRefusal::Capacity);
     }
     let job = f.job.transition(JobEvent::Claimed).expect("a ready job is claimable");
@@ -139,7 +161,12 @@ mod tests {
         let linux_big =
             BTreeMap::from([("os".to_string(), "linux".to_string()), ("size".to_string(), "big".to_string())]);
         let mac = BTreeMap::from([("os".to_string(), "macos".to_string())]);
-        let agent = |labels, running, session_current| ClaimAgent { session_current, labels, running, max_jobs: 2 };
+        let agent = |labels, running, session_current| ClaimAgent {
+            session_current,
+            labels,
+            running: Some(running),
+            max_jobs: 2,
+        };
         let base = ClaimFacts {
             run: RunStatus::Running,
             job: JobStatus::Ready,
@@ -175,11 +202,36 @@ mod tests {
                 Err(R::Labels),
             ),
             (ClaimFacts { agent: Some(agent(&linux, 2, true)), ..base.clone() }, Err(R::Capacity)),
+            // Capacity left to the caller's atomic admission.
+            (
+                ClaimFacts {
+                    agent: Some(ClaimAgent { session_current: true, labels: &linux, running: None, max_jobs: 0 }),
+                    ..base.clone()
+                },
+                grant(RunStatus::Running),
+            ),
         ];
         for (facts, want) in rows {
             assert_eq!(decide_claim(&facts), want, "{facts:?}");
         }
         assert!(R::UnknownAgent.is_error() && R::SessionReplaced.is_error() && !R::Capacity.is_error());
+    }
+
+    #[test]
+    fn delivery_table() {
+        // (run, job, generation, requested) → the first refusal
+        let rows = [
+            (RunStatus::Running, JobStatus::Ready, 2, 2, Ok(())),
+            (RunStatus::Queued, JobStatus::Ready, 2, 2, Ok(())),
+            (RunStatus::Running, JobStatus::Running, 2, 2, Err(R::NotReady)),
+            (RunStatus::Cancelling, JobStatus::Pending, 2, 1, Err(R::NotReady)),
+            (RunStatus::Cancelling, JobStatus::Ready, 2, 1, Err(R::StaleGeneration)),
+            (RunStatus::Cancelling, JobStatus::Ready, 2, 2, Err(R::RunInactive)),
+        ];
+        for (run, job, generation, requested, want) in rows {
+            assert_eq!(check_delivery(run, job, generation, requested), want, "{run} {job}");
+        }
+        assert!(admits(1, 2) && !admits(2, 2) && !admits(0, 0));
     }
 
     #[test]

@@ -179,7 +179,7 @@ impl<C: Conditions> RunModel<C> {
             agent: Some(ClaimAgent {
                 session_current: true,
                 labels: &a.labels,
-                running: self.running_of(agent),
+                running: Some(self.running_of(agent)),
                 max_jobs: a.max_jobs,
             }),
             lease_ttl_ms: TTL,

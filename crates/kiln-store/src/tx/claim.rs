@@ -13,8 +13,10 @@
 //! row it locked, so a SERIALIZABLE transaction that waited for that lock
 //! fails with a serialization error and reruns on the new state.
 //!
-//! The eligibility rule is [`refusal`]; the agent's compatibility is
-//! [`agent_fits`].
+//! The eligibility rule is kiln-core's [`decide_claim`] (its first checks,
+//! [`check_delivery`], run before anything else is read); capacity is
+//! admitted by the attempt's insert itself (kiln-core's
+//! [`kiln_core::claim::admits`], rechecked in one statement).
 
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, lit, terminal_jobs};
@@ -22,31 +24,9 @@ use crate::error::{Result, StoreError};
 use crate::model::{ClaimInput, ClaimedAttempt, JobRecord, RunRecord};
 use crate::rows::{JOB_COLS, RUN_COLS, job_from_row, load_job, load_run, run_from_row};
 use crate::store::SqlStore;
+use kiln_core::claim::{ClaimAgent, ClaimFacts, ClaimRefusal, check_delivery, decide_claim, replay_stands};
 use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
 use std::collections::BTreeMap;
-
-/// Why a delivery does not become an attempt, judged on the locked run and
-/// job before anything else is read; `None`: go on.
-pub(crate) fn refusal(run: &RunRecord, job: &JobRecord, dispatch_generation: i64) -> Option<&'static str> {
-    if !job.status.can_claim() {
-        return Some("the job is not ready");
-    }
-    if job.dispatch_generation != dispatch_generation {
-        return Some("a stale delivery (the job was made ready again since)");
-    }
-    if !run.status.can_claim() {
-        return Some("the run is not active");
-    }
-    None
-}
-
-/// Compatibility is part of the claim, not only of queue routing: the agent
-/// must carry every label the job's `runs-on` requires.
-pub(crate) fn agent_fits(agent_labels: &str, class_key: &str) -> bool {
-    let have: BTreeMap<String, String> = serde_json::from_str(agent_labels).unwrap_or_default();
-    let need: BTreeMap<String, String> = serde_json::from_str(class_key).unwrap_or_default();
-    need.iter().all(|(k, v)| have.get(k) == Some(v))
-}
 
 /// `AttemptStore::claim`. The run, the job and the agent are locked in that
 /// order before anything is decided, so two claims of one job, or of one
@@ -106,11 +86,12 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
     if let Some((job_id, epoch)) = prior {
         return still_running(tx, &job_id, epoch).await;
     }
-    if refusal(&run, &job, req.dispatch_generation).is_some() {
+    if check_delivery(run.status, job.status, job.dispatch_generation, req.dispatch_generation).is_err() {
         return Ok(None);
     }
     // Predecessors decided (defensive: readiness already implies it; which
     // outcomes let the job run is its `if:`, evaluated when it became ready).
+    let mut needs_unfinished = 0;
     if !job.needs.is_empty() {
         let open: i64 = tx
             .sql(&PREDECESSORS_OPEN)
@@ -118,6 +99,7 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
             .bind(serde_json::to_string(&job.needs).expect("names"))
             .scalar()
             .await?;
+        needs_unfinished = usize::try_from(open).unwrap_or(usize::MAX);
         if open != 0 {
             return Ok(None);
         }
@@ -129,22 +111,40 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
         Some(a) => a.4,
         None => now(tx).await?,
     };
-    if job.next_attempt_at.is_some_and(|t| t > now) {
-        return Ok(None);
-    }
-    let Some((session, max_jobs, agent_name, labels, _)) = agent else {
-        return Err(StoreError::NotFound(format!("agent {}", req.agent_id)));
+    let required: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
+    let labels: BTreeMap<String, String> =
+        agent.as_ref().and_then(|a| serde_json::from_str(&a.3).ok()).unwrap_or_default();
+    let facts = ClaimFacts {
+        run: run.status,
+        job: job.status,
+        dispatch_generation: job.dispatch_generation,
+        requested_generation: req.dispatch_generation,
+        needs_unfinished,
+        next_attempt_at: job.next_attempt_at,
+        now,
+        current_epoch: job.current_epoch,
+        required_labels: &required,
+        agent: agent.as_ref().map(|(session, max_jobs, ..)| ClaimAgent {
+            session_current: *session == req.session_id,
+            labels: &labels,
+            // Admitted by the attempt's insert below.
+            running: None,
+            max_jobs: u32::try_from(*max_jobs).unwrap_or(0),
+        }),
+        lease_ttl_ms: req.lease_ttl_ms,
     };
-    if session != req.session_id {
-        return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
-    }
-    if !agent_fits(&labels, &job.class_key) {
-        return Ok(None);
-    }
+    let grant = match decide_claim(&facts) {
+        Ok(grant) => grant,
+        Err(ClaimRefusal::UnknownAgent) => return Err(StoreError::NotFound(format!("agent {}", req.agent_id))),
+        Err(ClaimRefusal::SessionReplaced) => {
+            return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
+        }
+        Err(_) => return Ok(None),
+    };
+    let Some((_, max_jobs, agent_name, _, _)) = agent else { unreachable!("a grant names a known agent") };
     // Capacity admission for this agent session and the attempt, in one
     // statement (the count is read after the agent lock).
-    let epoch = job.current_epoch + 1;
-    let deadline = now + req.lease_ttl_ms;
+    let (epoch, deadline) = (grant.epoch, grant.lease_deadline);
     let inserted = tx
         .sql(&ATTEMPT)
         .bind(&job.id)
@@ -171,12 +171,12 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
         return still_running(tx, &job_id, epoch).await;
     }
     tx.sql(&RUNNING).bind(epoch).bind(now).bind(&job.id).execute().await?;
-    if run.status == RunStatus::Queued {
+    if grant.run != run.status {
         tx.sql(&RUN_STARTED).bind(now).bind(&job.run_id).execute().await?;
-        run.status = RunStatus::Running;
+        run.status = grant.run;
     }
     // The rows as this transaction left them (both are locked).
-    job.status = JobStatus::Running;
+    job.status = grant.job;
     job.current_epoch = epoch;
     job.next_attempt_at = None;
     job.started_at = job.started_at.or(Some(now));
@@ -212,7 +212,7 @@ async fn still_running(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<Option<C
         .scalar()
         .await?;
     let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline };
-    Ok((c.job.current_epoch == epoch && c.job.status == JobStatus::Running).then_some(c))
+    Ok(replay_stands(c.job.status, c.job.current_epoch, epoch).then_some(c))
 }
 
 /// The first statements of a claim: the job's run row, locked, then the job
