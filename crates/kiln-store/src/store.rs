@@ -76,9 +76,10 @@ impl SqlStore {
         }
     }
 
-    /// The delay before retry `n` of a job (exponential backoff with jitter).
-    pub(crate) fn retry_delay(&self, n: u32) -> i64 {
-        self.backoff.delay_ms(n, &mut rand::rng()) as i64
+    /// The backoff between retries of a job (kiln-core's failure rule draws
+    /// the delay).
+    pub(crate) fn backoff(&self) -> &Backoff {
+        &self.backoff
     }
 
     /// A connection for reads outside a transaction (SQLite: a read-only one).

@@ -11,6 +11,7 @@ use crate::rows::{GEN_COLS, bound_from_row, gen_from_row, load_run, new_id};
 use crate::store::{SqlStore, lock_job};
 use crate::tx::attempt::require_live;
 use kiln_core::AttemptOutcome;
+use kiln_core::lease::{AttemptLease, check_live};
 
 fn valid_sha(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
@@ -158,9 +159,8 @@ pub(crate) async fn uploadable_generation(store: &SqlStore, id: &str) -> Result<
     let row = row.ok_or_else(|| StoreError::NotFound(format!("artifact generation {id}")))?;
     let g = gen_from_row(&row)?;
     let current: i64 = row.get("current_epoch")?;
-    let outcome: AttemptOutcome = parse_enum(row.str("outcome")?)?;
-    let deadline: i64 = row.get("lease_deadline")?;
-    if current != g.epoch || !outcome.can_publish() || deadline <= now {
+    let lease = AttemptLease { outcome: parse_enum(row.str("outcome")?)?, lease_deadline: row.get("lease_deadline")? };
+    if check_live(g.epoch, current, Some(lease), now).is_err() {
         return Err(StoreError::StaleEpoch(format!(
             "epoch {} of job {} is no longer the live attempt: its upload session is closed",
             g.epoch, g.job_id

@@ -9,37 +9,31 @@ use crate::error::{Result, StoreError, parse_enum};
 use crate::model::JobRecord;
 use crate::rows::{JobBudget, load_job};
 use kiln_core::AttemptOutcome;
+use kiln_core::lease::{AttemptLease, check_live};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// Checks that `(job, epoch)` is the job's current running attempt with a
-/// live lease (invariant 3). Returns the job and its budget.
+/// live lease (invariant 3), as kiln-core's [`check_live`] decides. Returns
+/// the job and its budget.
 pub(crate) async fn require_live(tx: &mut Tx, job_id: &str, epoch: i64, now: i64) -> Result<(JobRecord, JobBudget)> {
     let (job, budget) = load_job(tx, job_id).await?;
+    let attempt = attempt_lease(tx, job_id, epoch).await?;
+    check_live(epoch, job.current_epoch, attempt, now)
+        .map_err(|stale| StoreError::StaleEpoch(stale.message(job_id, epoch)))?;
+    Ok((job, budget))
+}
+
+/// The lease of the attempt `(job, epoch)`, if the job ever had that epoch.
+pub(crate) async fn attempt_lease(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<Option<AttemptLease>> {
     let row = tx
         .sql("SELECT outcome, lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2")
         .bind(job_id)
         .bind(epoch)
         .fetch_optional()
         .await?;
-    let Some(row) = row else {
-        return Err(StoreError::StaleEpoch(format!("job {job_id} has no attempt with epoch {epoch}")));
-    };
-    let outcome: AttemptOutcome = parse_enum(row.str("outcome")?)?;
-    let deadline: i64 = row.get("lease_deadline")?;
-    if epoch != job.current_epoch {
-        return Err(StoreError::StaleEpoch(format!(
-            "epoch {epoch} of job {job_id} was replaced by epoch {}",
-            job.current_epoch
-        )));
-    }
-    if !outcome.can_publish() {
-        return Err(StoreError::StaleEpoch(format!("epoch {epoch} of job {job_id} already ended ({outcome})")));
-    }
-    if deadline <= now {
-        return Err(StoreError::StaleEpoch(format!("the lease of epoch {epoch} of job {job_id} expired")));
-    }
-    Ok((job, budget))
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(AttemptLease { outcome: parse_enum(row.str("outcome")?)?, lease_deadline: row.get("lease_deadline")? }))
 }
 
 /// End the running attempt `(job, epoch)` with `outcome`. An attempt that

@@ -1,14 +1,17 @@
 //! Cancellation (spec 000 §9): bump the run's cancel version, cancel its jobs
 //! that are not running, and keep the run `cancelling` while attempts still
-//! run (their completion or fencing ends it; see `complete.rs`).
+//! run (their completion or fencing ends it; see `complete.rs`). The rule is
+//! kiln-core's [`plan_cancel`]; this file writes what it decides.
 
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, lit};
-use crate::error::Result;
+use crate::error::{Result, parse_enum};
 use crate::model::RunRecord;
 use crate::rows::load_run;
 use crate::store::{SqlStore, lock_run};
 use crate::tx::advance::{finish_run, release_job_groups};
+use kiln_core::cancel::{CancelVerdict, plan_cancel};
+use kiln_core::failure::CANCELLED;
 use kiln_core::{JobStatus, RunStatus};
 
 /// `RunStore::cancel_run`.
@@ -29,24 +32,28 @@ async fn cancel_run_tx(tx: &mut Tx, run_id: &str) -> Result<RunRecord> {
 pub(crate) async fn cancel_in_tx(tx: &mut Tx, run_id: &str, message: Option<&str>, now: i64) -> Result<()> {
     static CANCEL_WAITING: Sql = Sql::new(|_| {
         format!(
-            "UPDATE jobs SET status = {cancelled}, finished_at = $1, message = $2 \
-             WHERE run_id = $3 AND status IN ({pending}, {ready})",
+            "UPDATE jobs SET status = {cancelled}, finished_at = $1, message = $2 WHERE id = $3",
             cancelled = lit(JobStatus::Cancelled),
-            pending = lit(JobStatus::Pending),
-            ready = lit(JobStatus::Ready),
         )
-    });
-    static RUNNING: Sql = Sql::new(|_| {
-        format!("SELECT COUNT(*) FROM jobs WHERE run_id = $1 AND status = {running}", running = lit(JobStatus::Running))
     });
     static CANCELLING: Sql = Sql::new(|_| {
         format!("UPDATE runs SET status = {cancelling} WHERE id = $1", cancelling = lit(RunStatus::Cancelling))
     });
     let run = load_run(tx, run_id).await?;
-    if run.status.is_terminal() || run.status == RunStatus::Cancelling {
-        return Ok(());
+    let rows: Vec<(String, String)> =
+        tx.sql("SELECT id, status FROM jobs WHERE run_id = $1 ORDER BY job_index").bind(run_id).all().await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut statuses = Vec::with_capacity(rows.len());
+    for (id, status) in rows {
+        ids.push(id);
+        statuses.push(parse_enum::<JobStatus>(&status)?);
     }
-    tx.sql(&CANCEL_WAITING).bind(now).bind("cancelled").bind(run_id).execute().await?;
+    let CancelVerdict::Cancel { jobs, run: ends } = plan_cancel(run.status, &statuses) else {
+        return Ok(());
+    };
+    for i in jobs {
+        tx.sql(&CANCEL_WAITING).bind(now).bind(CANCELLED).bind(&ids[i]).execute().await?;
+    }
     tx.sql(
         "UPDATE runs SET cancel_version = cancel_version + 1, updated_at = $1, message = COALESCE($2, message) \
          WHERE id = $3",
@@ -56,13 +63,12 @@ pub(crate) async fn cancel_in_tx(tx: &mut Tx, run_id: &str, message: Option<&str
     .bind(run_id)
     .execute()
     .await?;
-    let running: i64 = tx.sql(&RUNNING).bind(run_id).scalar().await?;
     release_job_groups(tx, now).await?;
-    if running > 0 {
+    if ends == RunStatus::Cancelling {
         // Keep the run CANCELLING while physical termination is unresolved.
         tx.sql(&CANCELLING).bind(run_id).execute().await?;
         Ok(())
     } else {
-        finish_run(tx, run_id, RunStatus::Cancelled, None, now).await
+        finish_run(tx, run_id, ends, None, now).await
     }
 }

@@ -4,20 +4,24 @@
 //! the budget, fail (stopping fail-fast matrix siblings) or, when the run or
 //! job was asked to stop, cancel.
 //!
-//! The retry/fail-fast rule is the pure function [`failure_verdict`];
+//! The retry/fail-fast rule is kiln-core's [`decide_failure`];
 //! [`fail_or_retry`] writes what it decided (fencing in `lease.rs` uses it
 //! too).
 
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{GenerationState, Isolation, Sql, lit};
-use crate::error::{Result, StoreError};
+use crate::error::{Result, StoreError, parse_enum};
 use crate::model::{CompletionInput, JobRecord, RunRecord};
 use crate::rows::{JobBudget, load_run};
 use crate::store::{SqlStore, lock_job, lock_run_of_job};
 use crate::tx::advance::{advance_run, make_ready};
 use crate::tx::attempt::{end_attempt, require_live};
-use kiln_core::backoff::DEFAULT_INFRA_RETRIES;
-use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
+use kiln_core::complete::{CompletionFacts, CompletionVerdict, decide_completion, missing_output, success_message};
+use kiln_core::failure::{
+    CANCELLED, FailureClass, FailureFacts, FailureVerdict, RetryBudget, SiblingAction, decide_failure,
+    fail_fast_siblings,
+};
+use kiln_core::{AttemptOutcome, JobStatus};
 
 /// `AttemptStore::complete`.
 ///
@@ -79,8 +83,7 @@ async fn complete_tx(
     });
     static SUCCEED: Sql = Sql::new(|_| {
         format!(
-            "UPDATE jobs SET status = {success}, finished_at = $1, \
-             message = CASE WHEN message LIKE 'degraded:%' THEN message END WHERE id = $2",
+            "UPDATE jobs SET status = {success}, finished_at = $1, message = $2 WHERE id = $3",
             success = lit(JobStatus::Success)
         )
     });
@@ -94,25 +97,35 @@ async fn complete_tx(
     if !serializable && uses_concurrency_groups(&run) {
         return Ok(None);
     }
-    if !run.status.can_claim() || budget.cancel_requested {
-        // Cancellation (of the run, or of this job by fail-fast) committed
-        // first: the late completion is rejected, but it does confirm the
-        // sandbox ended.
-        end_attempt(tx, job_id, epoch, AttemptOutcome::Cancelled, c.exit_code, Some("cancelled"), now).await?;
-        fail_or_retry(store, tx, &job, &budget, false, "cancelled", now).await?;
-        if c.outcome == AttemptOutcome::Cancelled {
-            return Ok(Some(Ok(JobStatus::Cancelled.as_str().into())));
+    let verdict = decide_completion(&CompletionFacts {
+        run: run.status,
+        cancel_requested: budget.cancel_requested,
+        reported: c.outcome,
+        exit_code: c.exit_code,
+        message: c.message.as_deref(),
+        infra_failure: c.infra_failure,
+    });
+    let Some(ends) = verdict.attempt_outcome() else {
+        return Err(StoreError::Invalid("completion outcome cannot be running".into()));
+    };
+    let status = match verdict {
+        CompletionVerdict::Cancelled { accepted } => {
+            // Cancellation (of the run, or of this job by fail-fast) committed
+            // first: the late completion is rejected, but it does confirm the
+            // sandbox ended.
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), now).await?;
+            fail_or_retry(store, tx, &job, &budget, FailureClass::Deterministic, CANCELLED, now).await?;
+            if accepted {
+                return Ok(Some(Ok(JobStatus::Cancelled.as_str().into())));
+            }
+            return Ok(Some(Err(StoreError::Conflict(format!("run {} was cancelled before this completion", run.id)))));
         }
-        return Ok(Some(Err(StoreError::Conflict(format!("run {} was cancelled before this completion", run.id)))));
-    }
-    let status = match c.outcome {
-        AttemptOutcome::Success => {
+        CompletionVerdict::Succeed => {
             // spec 000 §9: every declared output must be SEALED for this
             // attempt; nothing is ever substituted from elsewhere.
-            let declared: Vec<String> = run
-                .definition
-                .jobs
-                .get(job.index as usize)
+            let declared: Vec<String> = usize::try_from(job.index)
+                .ok()
+                .and_then(|i| run.definition.jobs.get(i))
                 .map(|j| j.artifacts.publish.iter().map(|p| p.name.clone()).collect())
                 .unwrap_or_default();
             let mut sealed = Vec::new();
@@ -121,9 +134,10 @@ async fn complete_tx(
                 match g {
                     Some(g) => sealed.push((name, g)),
                     None => {
-                        let msg = format!("required artifact `{name}` was not sealed by epoch {epoch}");
+                        let msg = missing_output(name, epoch);
                         end_attempt(tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
-                        let st = fail_or_retry(store, tx, &job, &budget, false, &msg, now).await?;
+                        let st =
+                            fail_or_retry(store, tx, &job, &budget, FailureClass::Deterministic, &msg, now).await?;
                         return Ok(Some(Ok(st.as_str().into())));
                     }
                 }
@@ -141,77 +155,29 @@ async fn complete_tx(
                 .execute()
                 .await?;
             }
-            end_attempt(tx, job_id, epoch, AttemptOutcome::Success, c.exit_code, c.message.as_deref(), now).await?;
-            tx.sql(&SUCCEED).bind(now).bind(job_id).execute().await?;
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, c.message.as_deref(), now).await?;
+            let message = success_message(job.message.as_deref());
+            tx.sql(&SUCCEED).bind(now).bind(message).bind(job_id).execute().await?;
             advance_run(tx, &job.run_id, now).await?;
             JobStatus::Success
         }
-        AttemptOutcome::Failed | AttemptOutcome::Cancelled | AttemptOutcome::Lost => {
-            let msg = c.message.clone().unwrap_or_else(|| match c.exit_code {
-                Some(code) => format!("step exited with code {code}"),
-                None => "attempt failed".into(),
-            });
-            end_attempt(tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
-            fail_or_retry(store, tx, &job, &budget, c.infra_failure, &msg, now).await?
+        CompletionVerdict::Fail { message, class } => {
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), now).await?;
+            fail_or_retry(store, tx, &job, &budget, class, &message, now).await?
         }
-        AttemptOutcome::Running => {
-            return Err(StoreError::Invalid("completion outcome cannot be running".into()));
-        }
+        CompletionVerdict::Invalid => unreachable!("an invalid completion ends no attempt"),
     };
     Ok(Some(Ok(status.as_str().into())))
 }
 
-/// Which retry budget an unsuccessful attempt spends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Budget {
-    /// The agent or its infrastructure failed (lost lease, infra error).
-    Infra,
-    /// The job's own steps failed (the workflow's `retry`).
-    Failure,
-}
-
-/// What becomes of a job whose attempt did not succeed.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum FailureVerdict {
-    /// The run is being cancelled, or this job alone was asked to stop.
-    Cancel(&'static str),
-    /// Within budget: spend one and run again after backoff `n`.
-    Retry { budget: Budget, n: u32 },
-    /// Out of budget: the job fails; its matrix siblings stop if the matrix
-    /// is fail-fast (the group is named).
-    Fail { fail_fast_group: Option<String> },
-}
-
-/// The retry / fail-fast rule (spec 000 §9, invariant 6): retries are
-/// counted in the database; infrastructure failures have their own budget.
-pub(crate) fn failure_verdict(run: &RunRecord, job: &JobRecord, budget: &JobBudget, infra: bool) -> FailureVerdict {
-    if matches!(run.status, RunStatus::Cancelling | RunStatus::Cancelled) || budget.cancel_requested {
-        return FailureVerdict::Cancel(if budget.cancel_requested {
-            "cancelled: fail-fast (a matrix sibling failed)"
-        } else {
-            "cancelled"
-        });
-    }
-    let (kind, used, allowed) = if infra {
-        (Budget::Infra, budget.infra_retries, DEFAULT_INFRA_RETRIES as i64)
-    } else {
-        (Budget::Failure, budget.failure_retries, budget.max_failure_retries)
-    };
-    if used < allowed {
-        return FailureVerdict::Retry { budget: kind, n: (used + 1) as u32 };
-    }
-    let matrix = run.definition.jobs.get(job.index as usize).and_then(|d| d.matrix.as_ref());
-    FailureVerdict::Fail { fail_fast_group: matrix.filter(|m| m.fail_fast).map(|m| m.group.clone()) }
-}
-
-/// Ends a job whose attempt did not succeed, as [`failure_verdict`] decides.
-/// Returns the job's new status.
+/// Ends a job whose attempt did not succeed, as kiln-core's
+/// [`decide_failure`] decides. Returns the job's new status.
 pub(crate) async fn fail_or_retry(
     store: &SqlStore,
     tx: &mut Tx,
     job: &JobRecord,
     budget: &JobBudget,
-    infra: bool,
+    class: FailureClass,
     message: &str,
     now: i64,
 ) -> Result<JobStatus> {
@@ -228,70 +194,101 @@ pub(crate) async fn fail_or_retry(
         )
     });
     let run = load_run(tx, &job.run_id).await?;
-    match failure_verdict(&run, job, budget, infra) {
-        FailureVerdict::Cancel(why) => {
+    let matrix =
+        usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i)).and_then(|d| d.matrix.as_ref());
+    let facts = FailureFacts {
+        run: run.status,
+        cancel_requested: budget.cancel_requested,
+        class,
+        budget: RetryBudget::new(
+            count(budget.failure_retries),
+            count(budget.infra_retries),
+            count(budget.max_failure_retries),
+        ),
+        message,
+        fail_fast_group: matrix.filter(|m| m.fail_fast).map(|m| m.group.as_str()),
+    };
+    // The verdict is bound first: the thread-local rng must not live across an await.
+    let verdict = decide_failure(&facts, store.backoff(), &mut rand::rng());
+    match verdict {
+        FailureVerdict::Cancel { why } => {
             tx.sql(&CANCEL).bind(now).bind(why).bind(&job.id).execute().await?;
             advance_run(tx, &job.run_id, now).await?;
             Ok(JobStatus::Cancelled)
         }
-        FailureVerdict::Retry { budget, n } => {
-            let at = now + store.retry_delay(n);
-            let spend = match budget {
-                Budget::Infra => "UPDATE jobs SET infra_retries = infra_retries + 1, message = $1 WHERE id = $2",
-                Budget::Failure => "UPDATE jobs SET failure_retries = failure_retries + 1, message = $1 WHERE id = $2",
+        FailureVerdict::Retry { class, delay_ms, message, .. } => {
+            let at = now.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+            let spend = match class {
+                FailureClass::Infrastructure => {
+                    "UPDATE jobs SET infra_retries = infra_retries + 1, message = $1 WHERE id = $2"
+                }
+                FailureClass::Deterministic => {
+                    "UPDATE jobs SET failure_retries = failure_retries + 1, message = $1 WHERE id = $2"
+                }
             };
-            tx.sql(spend).bind(format!("retrying: {message}")).bind(&job.id).execute().await?;
+            tx.sql(spend).bind(message).bind(&job.id).execute().await?;
             make_ready(tx, &job.id, at, now).await?;
             Ok(JobStatus::Ready)
         }
-        FailureVerdict::Fail { fail_fast_group } => {
+        FailureVerdict::Fail { message } => {
             tx.sql(&FAIL).bind(now).bind(message).bind(&job.id).execute().await?;
-            if let Some(group) = fail_fast_group {
-                fail_fast(tx, &run, &group, &job.name, now).await?;
-            }
+            advance_run(tx, &job.run_id, now).await?;
+            Ok(JobStatus::Failed)
+        }
+        FailureVerdict::FailFast { message, group } => {
+            tx.sql(&FAIL).bind(now).bind(message).bind(&job.id).execute().await?;
+            fail_fast(tx, &run, &group, &job.name, now).await?;
             advance_run(tx, &job.run_id, now).await?;
             Ok(JobStatus::Failed)
         }
     }
 }
 
-/// `fail-fast`: a matrix job failed, so its siblings stop: waiting ones are
-/// cancelled now, running ones are asked to stop (heartbeat
-/// `cancel_requested`) and end `cancelled` when they report or are fenced.
+/// A retry count as stored (never negative) for kiln-core's budget.
+fn count(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+/// `fail-fast`: a matrix job failed, so its siblings stop as kiln-core's
+/// [`fail_fast_siblings`] decides: waiting ones are cancelled now, running
+/// ones are asked to stop (heartbeat `cancel_requested`) and end `cancelled`
+/// when they report or are fenced. The run is locked, so its jobs' statuses
+/// read here are the ones the writes act on.
 async fn fail_fast(tx: &mut Tx, run: &RunRecord, group: &str, failed: &str, now: i64) -> Result<()> {
-    static CANCEL_WAITING: Sql = Sql::new(|d| {
+    static CANCEL_WAITING: Sql = Sql::new(|_| {
         format!(
-            "UPDATE jobs SET status = {cancelled}, finished_at = $1, message = $2 \
-             WHERE run_id = $3 AND status IN ({pending}, {ready}) AND name IN (SELECT value FROM {names})",
+            "UPDATE jobs SET status = {cancelled}, finished_at = $1, message = $2 WHERE id = $3",
             cancelled = lit(JobStatus::Cancelled),
-            pending = lit(JobStatus::Pending),
-            ready = lit(JobStatus::Ready),
-            names = d.json_texts(4),
         )
     });
-    static STOP_RUNNING: Sql = Sql::new(|d| {
-        format!(
-            "UPDATE jobs SET cancel_requested = 1 WHERE run_id = $1 AND status = {running} \
-             AND name IN (SELECT value FROM {names})",
-            running = lit(JobStatus::Running),
-            names = d.json_texts(2),
-        )
-    });
-    let siblings: Vec<&str> = run
-        .definition
-        .jobs
-        .iter()
-        .filter(|j| j.name != failed && j.matrix.as_ref().is_some_and(|m| m.group == group))
-        .map(|j| j.name.as_str())
-        .collect();
-    let names = serde_json::to_string(&siblings).expect("names");
-    tx.sql(&CANCEL_WAITING)
-        .bind(now)
-        .bind(format!("cancelled: fail-fast after `{failed}` failed"))
+    let rows = tx
+        .sql("SELECT id, name, status, job_index FROM jobs WHERE run_id = $1 ORDER BY job_index")
         .bind(&run.id)
-        .bind(&names)
-        .execute()
+        .fetch_all()
         .await?;
-    tx.sql(&STOP_RUNNING).bind(&run.id).bind(&names).execute().await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut jobs = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let index: i64 = r.get("job_index")?;
+        let def = usize::try_from(index).ok().and_then(|i| run.definition.jobs.get(i));
+        ids.push(r.get::<String>("id")?);
+        jobs.push((
+            r.get::<String>("name")?,
+            parse_enum::<JobStatus>(r.str("status")?)?,
+            def.and_then(|d| d.matrix.as_ref()).map(|m| m.group.clone()),
+        ));
+    }
+    let view: Vec<(&str, JobStatus, Option<&str>)> =
+        jobs.iter().map(|(name, status, group)| (name.as_str(), *status, group.as_deref())).collect();
+    for (i, action) in fail_fast_siblings(failed, group, &view) {
+        match action {
+            SiblingAction::Cancel { why } => {
+                tx.sql(&CANCEL_WAITING).bind(now).bind(why).bind(&ids[i]).execute().await?;
+            }
+            SiblingAction::Stop => {
+                tx.sql("UPDATE jobs SET cancel_requested = 1 WHERE id = $1").bind(&ids[i]).execute().await?;
+            }
+        }
+    }
     Ok(())
 }

@@ -4,24 +4,20 @@
 //! authorized), and the fast loss detection that shortens a vanished agent
 //! session's leases.
 //!
-//! The heartbeat's answer is the rule [`stop_requested`].
+//! The rules are kiln-core's ([`kiln_core::lease`]): the live-epoch check,
+//! the heartbeat's answer and whether fencing fails the job.
 
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, lit};
-use crate::error::{Result, parse_enum};
+use crate::error::{Result, StoreError, parse_enum};
 use crate::model::HeartbeatOutcome;
 use crate::rows::load_job;
 use crate::store::{SqlStore, lock_job, lock_run_of_job, try_lock_run_of_job};
-use crate::tx::attempt::{append_gap_marker, end_attempt, require_live};
+use crate::tx::attempt::{append_gap_marker, attempt_lease, end_attempt};
 use crate::tx::complete::fail_or_retry;
-use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
-
-/// Whether a heartbeat tells the agent to stop: the job alone was asked to
-/// (fail-fast, a concurrency group's cancel-in-progress) or its run is no
-/// longer active.
-pub(crate) fn stop_requested(job_cancel_requested: bool, run: RunStatus) -> bool {
-    job_cancel_requested || !run.can_claim()
-}
+use kiln_core::AttemptOutcome;
+use kiln_core::failure::FailureClass;
+use kiln_core::lease::{LOST_ATTEMPT, LOST_JOB, LeaseVerdict, decide_heartbeat, fence_fails_job, stop_requested};
 
 /// `AttemptStore::heartbeat`.
 pub(crate) async fn heartbeat(
@@ -48,7 +44,7 @@ pub(crate) async fn heartbeat(
     // On PostgreSQL concurrent heartbeats share one statement (see
     // `postgres::Heartbeats::extend`): the same conditions, rechecked per row.
     if let Some((deadline, cancel, status)) = store.extend_lease(job_id, epoch, lease_ttl_ms).await? {
-        let cancel_requested = stop_requested(cancel != 0, parse_enum(&status)?);
+        let cancel_requested = stop_requested(parse_enum(&status)?, cancel != 0);
         return Ok(HeartbeatOutcome { cancel_requested, lease_deadline: deadline });
     }
     store
@@ -63,17 +59,30 @@ pub(crate) async fn heartbeat(
 async fn heartbeat_tx(tx: &mut Tx, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome> {
     lock_run_of_job(tx, job_id).await?;
     let now = now(tx).await?;
-    let (job, budget) = require_live(tx, job_id, epoch, now).await?;
-    let deadline = now + lease_ttl_ms;
-    tx.sql("UPDATE attempts SET lease_deadline = $1 WHERE job_id = $2 AND epoch = $3")
-        .bind(deadline)
-        .bind(job_id)
-        .bind(epoch)
-        .execute()
-        .await?;
+    let (job, budget) = load_job(tx, job_id).await?;
+    let attempt = attempt_lease(tx, job_id, epoch).await?;
     let status: String = tx.sql("SELECT status FROM runs WHERE id = $1").bind(&job.run_id).scalar().await?;
-    let cancel_requested = stop_requested(budget.cancel_requested, parse_enum(&status)?);
-    Ok(HeartbeatOutcome { cancel_requested, lease_deadline: deadline })
+    let verdict = decide_heartbeat(
+        epoch,
+        job.current_epoch,
+        attempt,
+        parse_enum(&status)?,
+        budget.cancel_requested,
+        now,
+        lease_ttl_ms,
+    );
+    match verdict {
+        LeaseVerdict::Extend { lease_deadline, stop } => {
+            tx.sql("UPDATE attempts SET lease_deadline = $1 WHERE job_id = $2 AND epoch = $3")
+                .bind(lease_deadline)
+                .bind(job_id)
+                .bind(epoch)
+                .execute()
+                .await?;
+            Ok(HeartbeatOutcome { cancel_requested: stop, lease_deadline })
+        }
+        LeaseVerdict::Stale(stale) => Err(StoreError::StaleEpoch(stale.message(job_id, epoch))),
+    }
 }
 
 /// `AttemptStore::fence_expired`: the reconciler's round.
@@ -130,12 +139,12 @@ async fn fence_tx(store: &SqlStore, tx: &mut Tx, job_id: &str, epoch: i64) -> Re
         return Ok(false);
     }
     // Fence first: the old epoch can no longer publish...
-    end_attempt(tx, job_id, epoch, AttemptOutcome::Lost, None, Some("lease expired: agent lost"), now).await?;
+    end_attempt(tx, job_id, epoch, AttemptOutcome::Lost, None, Some(LOST_ATTEMPT), now).await?;
     append_gap_marker(tx, job_id, epoch).await?;
     let (job, budget) = load_job(tx, job_id).await?;
-    if job.current_epoch == epoch && job.status == JobStatus::Running {
+    if fence_fails_job(job.status, job.current_epoch, epoch) {
         // ...then authorize a replacement within the budget.
-        fail_or_retry(store, tx, &job, &budget, true, "agent lost (lease expired)", now).await?;
+        fail_or_retry(store, tx, &job, &budget, FailureClass::Infrastructure, LOST_JOB, now).await?;
     }
     Ok(true)
 }
