@@ -100,9 +100,6 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
             .scalar()
             .await?;
         needs_unfinished = usize::try_from(open).unwrap_or(usize::MAX);
-        if open != 0 {
-            return Ok(None);
-        }
     }
     // The agent, locked (claims of one agent take its capacity one at a
     // time), and the database clock, read once the run and job locks are held.
