@@ -189,14 +189,14 @@ pub(crate) enum LogMarker {
 impl Word for LogMarker {
     fn word(self) -> &'static str {
         match self {
-            LogMarker::Seal => "seal",
-            LogMarker::Gap => "gap",
+            LogMarker::Seal => kiln_core::logs::stream::SEAL,
+            LogMarker::Gap => kiln_core::logs::stream::GAP,
         }
     }
 }
 
 /// The `system` stream: lines the server writes into a job's log.
-pub(crate) const SYSTEM_STREAM: &str = "system";
+pub(crate) const SYSTEM_STREAM: &str = kiln_core::logs::stream::SYSTEM;
 
 /// The state of an artifact generation (`GenerationRecord::state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,7 +35,7 @@ async fn read_all(env: &Env, job: &str, cursor: i64) -> Vec<(i64, String, String
         }
         FeedEvent::Sealed { id, .. } => (id, "sealed".into(), String::new()),
         FeedEvent::Gap { id, data } => (id, "gap".into(), data),
-        FeedEvent::End { id, end } => (id, "end".into(), end.status),
+        FeedEvent::End { id, end } => (id, "end".into(), end.status.to_string()),
     })
     .collect()
     .await
