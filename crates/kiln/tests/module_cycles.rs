@@ -204,31 +204,51 @@ fn read_module(
     for item in items {
         collector.visit_item(item);
         let syn::Item::Mod(m) = item else { continue };
+        let name = m.ident.to_string();
         if is_cfg_test(&m.attrs) {
+            // Test-only modules add no edges, but their files are read (so
+            // `every_source_file_is_read` knows them): into a scratch crate.
+            let mut scratch = Crate { name: String::new(), modules: BTreeMap::new(), files: BTreeSet::new() };
+            let mut scratch_refs = vec![];
+            read_mod(&mut scratch, "test", m, &name, dir, file_dir, &mut scratch_refs);
+            krate.files.extend(scratch.files);
             continue;
         }
-        let name = m.ident.to_string();
         let child = join(path, &name);
         module.children.insert(name.clone());
-        match &m.content {
-            Some((_, inner)) => read_module(krate, &child, inner, &dir.join(&name), file_dir, refs),
-            None => {
-                let file = match path_attr(&m.attrs) {
-                    Some(p) => file_dir.join(p),
-                    None if dir.join(format!("{name}.rs")).exists() => dir.join(format!("{name}.rs")),
-                    None => dir.join(&name).join("mod.rs"),
-                };
-                let child_dir = if file.file_name().is_some_and(|f| f == "mod.rs") {
-                    file.parent().expect("dir").to_path_buf()
-                } else {
-                    file.with_extension("")
-                };
-                read_file(krate, &child, &file, &child_dir, refs);
-            }
-        }
+        read_mod(krate, &child, m, &name, dir, file_dir, refs);
     }
     refs.push((path.to_string(), collector.refs));
     krate.modules.insert(path.to_string(), module);
+}
+
+/// The module `m` (named `name`, declared in a file of `file_dir`, whose
+/// submodules live in `dir`): inline, or the file it names.
+fn read_mod(
+    krate: &mut Crate,
+    child: &str,
+    m: &syn::ItemMod,
+    name: &str,
+    dir: &Path,
+    file_dir: &Path,
+    refs: &mut Vec<(String, Vec<Reference>)>,
+) {
+    match &m.content {
+        Some((_, inner)) => read_module(krate, child, inner, &dir.join(name), file_dir, refs),
+        None => {
+            let file = match path_attr(&m.attrs) {
+                Some(p) => file_dir.join(p),
+                None if dir.join(format!("{name}.rs")).exists() => dir.join(format!("{name}.rs")),
+                None => dir.join(name).join("mod.rs"),
+            };
+            let child_dir = if file.file_name().is_some_and(|f| f == "mod.rs") {
+                file.parent().expect("dir").to_path_buf()
+            } else {
+                file.with_extension("")
+            };
+            read_file(krate, child, &file, &child_dir, refs);
+        }
+    }
 }
 
 fn read_file(krate: &mut Crate, path: &str, file: &Path, dir: &Path, refs: &mut Vec<(String, Vec<Reference>)>) {
