@@ -30,6 +30,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+#[derive(Clone)]
 pub(crate) struct AttemptContext {
     pub client: Client,
     pub work_dir: PathBuf,
@@ -56,6 +57,12 @@ pub(crate) struct AttemptContext {
 }
 
 impl AttemptContext {
+    /// This context with a client that sends the attempt's own token: the
+    /// server accepts calls on an attempt only with it (invariant 11).
+    pub(crate) fn for_attempt(&self, attempt_token: &str) -> AttemptContext {
+        AttemptContext { client: self.client.with_token(attempt_token), ..self.clone() }
+    }
+
     pub(crate) fn attempts_dir(&self) -> PathBuf {
         self.work_dir.join("attempts")
     }
@@ -66,6 +73,8 @@ impl AttemptContext {
 }
 
 pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdown: watch::Receiver<bool>) {
+    let own = ctx.for_attempt(&a.attempt_token);
+    let ctx = &own;
     let span = tracing::info_span!("attempt", run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch);
     async move {
         let ctl = Control::new();

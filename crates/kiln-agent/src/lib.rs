@@ -283,7 +283,7 @@ async fn claim(agent: &Agent, slot: u32) -> Option<Assignment> {
             claim_request_id: claim_request_id.clone(),
             wait_ms: CLAIM_WAIT_MS,
         };
-        match agent.client.claim(&reg.agent_id, &body).await {
+        match agent.client.with_token(&reg.credential).claim(&reg.agent_id, &body).await {
             Ok(r) => return r.assignment,
             Err(e) => {
                 failures += 1;
@@ -296,7 +296,9 @@ async fn claim(agent: &Agent, slot: u32) -> Option<Assignment> {
                 }
                 tracing::error!(slot, error = %e, retry_in_ms = delay.as_millis() as u64, "the server refused the claim");
                 tokio::time::sleep(delay).await;
-                if matches!(e.status(), Some(404 | 410)) {
+                // Unknown agent or session (data reset, `kiln agents rm`), or a
+                // credential the server no longer accepts: register again.
+                if matches!(e.status(), Some(401 | 404 | 410)) {
                     reregister(agent, &reg.session_id).await;
                 }
                 return None;

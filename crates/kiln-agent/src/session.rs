@@ -88,7 +88,7 @@ pub(crate) async fn session_loop(agent: Arc<Agent>) {
     let mut missing_endpoint_logged = false;
     loop {
         let reg = agent.registration.lock().await.clone();
-        let opened = agent.client.open_session(&reg.agent_id, &reg.session_id).await;
+        let opened = agent.client.with_token(&reg.credential).open_session(&reg.agent_id, &reg.session_id).await;
         let delay = match opened {
             Ok(mut resp) => {
                 if connected_before {
@@ -132,7 +132,7 @@ pub(crate) async fn session_loop(agent: Arc<Agent>) {
                 tracing::warn!(reason = %why, retry_in_ms = delay.as_millis() as u64, "session stream lost; reconnecting");
                 delay
             }
-            Err(e) if matches!(e.status(), Some(404 | 410)) && e.code() != Some("http") => {
+            Err(e) if matches!(e.status(), Some(401 | 404 | 410)) && e.code() != Some("http") => {
                 tracing::warn!(error = %e, "the server no longer knows this agent session; registering again");
                 reregister(&agent, &reg.session_id).await;
                 failures += 1;

@@ -19,6 +19,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
 const TOKEN: &str = "agent-secret-token-4f2a";
+/// The session credential registration hands out (claims, session stream).
+const CREDENTIAL: &str = "kiln_s1.agent-1.session-1.cafe";
+/// The token of the attempts this server assigns (every call on them).
+const ATTEMPT_TOKEN: &str = "kiln_a1.beef";
 
 #[derive(Debug, Clone)]
 enum Event {
@@ -202,8 +206,8 @@ fn error(status: StatusCode, code: &str) -> Response {
     (status, Json(body)).into_response()
 }
 
-fn authorized(fake: &Fake, headers: &HeaderMap) -> bool {
-    let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"));
+fn authorized(fake: &Fake, headers: &HeaderMap, want: &str) -> bool {
+    let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {want}"));
     if !ok {
         fake.record(|s| s.bad_auth += 1);
     }
@@ -211,7 +215,7 @@ fn authorized(fake: &Fake, headers: &HeaderMap) -> bool {
 }
 
 async fn register(State(fake): State<Arc<Fake>>, headers: HeaderMap, Json(_): Json<RegisterAgent>) -> Response {
-    if !authorized(&fake, &headers) {
+    if !authorized(&fake, &headers, TOKEN) {
         return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
     }
     Json(AgentRegistration {
@@ -219,11 +223,21 @@ async fn register(State(fake): State<Arc<Fake>>, headers: HeaderMap, Json(_): Js
         session_id: "session-1".into(),
         lease_ttl_ms: 5_000,
         heartbeat_interval_ms: 100,
+        credential: CREDENTIAL.into(),
+        pool: "default".into(),
     })
     .into_response()
 }
 
-async fn claim(State(fake): State<Arc<Fake>>, Path(agent): Path<String>, Json(req): Json<ClaimRequest>) -> Response {
+async fn claim(
+    State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
+    Path(agent): Path<String>,
+    Json(req): Json<ClaimRequest>,
+) -> Response {
+    if !authorized(&fake, &headers, CREDENTIAL) {
+        return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
+    }
     assert_eq!((agent.as_str(), req.session_id.as_str(), req.wait_ms), ("agent-1", "session-1", 20_000));
     let mut lose = false;
     let mut assignment = None;
@@ -247,7 +261,14 @@ async fn claim(State(fake): State<Arc<Fake>>, Path(agent): Path<String>, Json(re
     Json(ClaimResponse { assignment }).into_response()
 }
 
-async fn heartbeat(State(fake): State<Arc<Fake>>, Path((_job, _epoch)): Path<(String, i64)>) -> Response {
+async fn heartbeat(
+    State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
+    Path((_job, _epoch)): Path<(String, i64)>,
+) -> Response {
+    if !authorized(&fake, &headers, ATTEMPT_TOKEN) {
+        return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
+    }
     let mut cancel = false;
     let mut stale = false;
     fake.record(|s| {
@@ -301,9 +322,13 @@ async fn logs(
 
 async fn complete(
     State(fake): State<Arc<Fake>>,
+    headers: HeaderMap,
     Path((_job, _epoch)): Path<(String, i64)>,
     Json(c): Json<Completion>,
 ) -> Response {
+    if !authorized(&fake, &headers, ATTEMPT_TOKEN) {
+        return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
+    }
     let fenced = fake.state.lock().unwrap().fenced;
     fake.record(|s| s.events.push(Event::Complete(c.clone())));
     if fenced {
@@ -318,7 +343,7 @@ async fn session(
     Path(agent): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if !authorized(&fake, &headers) {
+    if !authorized(&fake, &headers, CREDENTIAL) {
         return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
     }
     assert_eq!((agent.as_str(), q.get("session_id").map(String::as_str)), ("agent-1", Some("session-1")));
@@ -355,7 +380,7 @@ async fn create_upload(
     Path((_job, _epoch)): Path<(String, i64)>,
     Json(c): Json<CreateUpload>,
 ) -> Response {
-    if !authorized(&fake, &headers) {
+    if !authorized(&fake, &headers, ATTEMPT_TOKEN) {
         return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
     }
     let mut session = None;
@@ -414,7 +439,7 @@ async fn seal(
     Path((_job, _epoch, generation)): Path<(String, i64, String)>,
     body: axum::body::Bytes,
 ) -> Response {
-    if !authorized(&fake, &headers) {
+    if !authorized(&fake, &headers, ATTEMPT_TOKEN) {
         return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
     }
     let req: kiln_api::SealRequest = serde_json::from_slice(&body).unwrap_or_default();
@@ -450,7 +475,7 @@ async fn restore(
     Path((_job, _epoch)): Path<(String, i64)>,
     Json(r): Json<RestoreRequest>,
 ) -> Response {
-    if !authorized(&fake, &headers) {
+    if !authorized(&fake, &headers, ATTEMPT_TOKEN) {
         return error(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED);
     }
     let mut found = None;
@@ -605,6 +630,7 @@ impl Harness {
             secrets: BTreeMap::new(),
             lease_ttl_ms: 5_000,
             heartbeat_interval_ms: 100,
+            attempt_token: ATTEMPT_TOKEN.into(),
         }
     }
 
@@ -645,7 +671,11 @@ impl Harness {
         self.shutdown.send(true).unwrap();
         let agent = self.agent.take().unwrap();
         tokio::time::timeout(Duration::from_secs(30), agent).await.expect("agent did not stop").unwrap().unwrap();
-        assert_eq!(self.fake.state.lock().unwrap().bad_auth, 0, "every call carries the agent token");
+        assert_eq!(
+            self.fake.state.lock().unwrap().bad_auth,
+            0,
+            "every call carries its credential: join token, session credential or attempt token"
+        );
     }
 }
 

@@ -1,5 +1,6 @@
 //! Typed HTTP client for the public and agent APIs.
 
+use crate::access::*;
 use crate::types::*;
 use futures::{Stream, StreamExt};
 use reqwest::{Method, StatusCode};
@@ -94,6 +95,11 @@ impl Client {
             bases.push(String::new());
         }
         Client { bases: bases.into(), current: Default::default(), token: token.to_string(), http }
+    }
+
+    /// The same servers (and connection pool) with another bearer token.
+    pub fn with_token(&self, token: &str) -> Client {
+        Client { token: token.to_string(), ..self.clone() }
     }
 
     /// The server requests currently go to.
@@ -246,6 +252,71 @@ impl Client {
             Ok(ev) => Ok(SseEvent { id: ev.id, event: ev.event, data: ev.data }),
             Err(e) => Err(ApiError::Transport(e.to_string())),
         }))
+    }
+
+    // ----- access (admin scope) -----
+
+    pub async fn create_token(&self, body: &CreateToken) -> Result<CreatedToken, ApiError> {
+        self.send(Method::POST, "/v1/tokens", Some(body), &[], None).await
+    }
+
+    pub async fn list_tokens(&self) -> Result<Vec<TokenInfo>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct L {
+            tokens: Vec<TokenInfo>,
+        }
+        Ok(self.send::<(), L>(Method::GET, "/v1/tokens", None, &[], None).await?.tokens)
+    }
+
+    pub async fn revoke_token(&self, id: &str) -> Result<(), ApiError> {
+        let _: serde_json::Value =
+            self.send::<(), _>(Method::DELETE, &format!("/v1/tokens/{}", enc(id)), None, &[], None).await?;
+        Ok(())
+    }
+
+    pub async fn create_join_token(&self, body: &CreateJoinToken) -> Result<CreatedJoinToken, ApiError> {
+        self.send(Method::POST, "/v1/agent-tokens", Some(body), &[], None).await
+    }
+
+    pub async fn list_join_tokens(&self) -> Result<Vec<JoinTokenInfo>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct L {
+            agent_tokens: Vec<JoinTokenInfo>,
+        }
+        Ok(self.send::<(), L>(Method::GET, "/v1/agent-tokens", None, &[], None).await?.agent_tokens)
+    }
+
+    pub async fn revoke_join_token(&self, id: &str) -> Result<(), ApiError> {
+        let _: serde_json::Value =
+            self.send::<(), _>(Method::DELETE, &format!("/v1/agent-tokens/{}", enc(id)), None, &[], None).await?;
+        Ok(())
+    }
+
+    pub async fn list_agents(&self) -> Result<Vec<AgentInfo>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct L {
+            agents: Vec<AgentInfo>,
+        }
+        Ok(self.send::<(), L>(Method::GET, "/v1/agents", None, &[], None).await?.agents)
+    }
+
+    pub async fn remove_agent(&self, id: &str) -> Result<(), ApiError> {
+        let _: serde_json::Value =
+            self.send::<(), _>(Method::DELETE, &format!("/v1/agents/{}", enc(id)), None, &[], None).await?;
+        Ok(())
+    }
+
+    /// Newest first; `before`: only entries with a smaller id (paging).
+    pub async fn audit(&self, before: Option<i64>, limit: u32) -> Result<Vec<AuditEntry>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct L {
+            entries: Vec<AuditEntry>,
+        }
+        let mut path = format!("/v1/audit?limit={limit}");
+        if let Some(b) = before {
+            path.push_str(&format!("&before={b}"));
+        }
+        Ok(self.send::<(), L>(Method::GET, &path, None, &[], None).await?.entries)
     }
 
     // ----- agent API -----
@@ -419,6 +490,8 @@ impl Client {
 
     /// Open the agent session stream (fast loss detection). The returned
     /// response's body must be read (or kept) for as long as the agent lives.
+    /// The session is the one the client's credential names (`session_id`
+    /// is also sent for older servers).
     pub async fn open_session(&self, agent_id: &str, session_id: &str) -> Result<reqwest::Response, ApiError> {
         let i = self.idx();
         let resp = self

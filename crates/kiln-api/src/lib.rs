@@ -5,12 +5,14 @@
 //! Compatibility rule: fields are only ever added (with `#[serde(default)]`),
 //! never renamed or removed, so agents and servers upgrade separately.
 
+pub mod access;
 pub mod client;
 pub mod exit;
 pub mod giturl;
 pub mod status;
 pub mod types;
 
+pub use access::*;
 pub use client::{ApiError, Client};
 /// Log stream and SSE event names (`seal`, `gap`, `chunk`, `end`, …), shared with the store.
 pub use kiln_core::logs;

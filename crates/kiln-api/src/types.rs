@@ -27,6 +27,9 @@ pub struct CreateRepo {
     pub clone_url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_secret: Option<String>,
+    /// Agent pools that may receive the repository's secrets (default: `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_pools: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,6 +38,9 @@ pub struct Repo {
     pub name: String,
     pub clone_url: String,
     pub created_at_ms: i64,
+    /// Agent pools that may receive the repository's secrets.
+    #[serde(default)]
+    pub secret_pools: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -198,6 +204,13 @@ pub struct AgentRegistration {
     pub session_id: String,
     pub lease_ttl_ms: u64,
     pub heartbeat_interval_ms: u64,
+    /// The credential of this session: claims and the session stream send
+    /// it instead of the join token.
+    #[serde(default)]
+    pub credential: String,
+    /// The pool of the join token the agent registered with.
+    #[serde(default)]
+    pub pool: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -251,6 +264,10 @@ pub struct Assignment {
     /// the agent masks their values (and base64 forms) in the job's output.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub secrets: BTreeMap<String, String>,
+    /// The credential of this attempt alone: every call on it (heartbeat,
+    /// logs, uploads, seal, restore, completion) sends it as the bearer.
+    #[serde(default)]
+    pub attempt_token: String,
 }
 
 /// `PUT /v1/repos/{repo}/secrets/{name}`.
@@ -369,6 +386,9 @@ pub struct CompletionAck {
 /// Error codes the server uses in `ErrorBody.error.code`.
 pub mod codes {
     pub const UNAUTHORIZED: &str = "unauthorized";
+    /// A valid credential that may not make this call (another agent's
+    /// attempt, a read-only token writing, …).
+    pub const FORBIDDEN: &str = "forbidden";
     pub const NOT_FOUND: &str = "not_found";
     pub const INVALID: &str = "invalid";
     pub const CONFLICT: &str = "conflict";

@@ -165,6 +165,7 @@ fn assignment() -> Assignment {
         lease_ttl_ms: 30_000,
         heartbeat_interval_ms: 10_000,
         secrets: BTreeMap::from([("DEPLOY_KEY".to_string(), "s3cr3t".to_string())]),
+        attempt_token: "kiln_a1.6b1f".into(),
     }
 }
 

@@ -57,6 +57,7 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
         name: "art".into(),
         clone_url: repo.display().to_string(),
         webhook_secret: None,
+        secret_pools: None,
     })
     .await?;
     let agent = spawn_agent(&server.url(), &server.agent_token, "uploader", &tmp)?;

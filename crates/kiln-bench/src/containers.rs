@@ -55,6 +55,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             name: name.into(),
             clone_url: tmp.join(dir).display().to_string(),
             webhook_secret: None,
+            secret_pools: None,
         })
         .await?;
     }

@@ -70,6 +70,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
             name: "control".into(),
             clone_url: repo.display().to_string(),
             webhook_secret: None,
+            secret_pools: None,
         })
         .await?;
 

@@ -21,6 +21,7 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
         name: "bench".into(),
         clone_url: repo.display().to_string(),
         webhook_secret: None,
+        secret_pools: None,
     })
     .await?;
     let head = String::from_utf8(

@@ -36,6 +36,7 @@ pub async fn run() -> Result<i32, Failure> {
         name: "hang".into(),
         clone_url: repo.display().to_string(),
         webhook_secret: None,
+        secret_pools: None,
     })
     .await?;
     let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };

@@ -41,6 +41,7 @@ pub async fn run() -> Result<i32, Failure> {
         name: "logs".into(),
         clone_url: repo.display().to_string(),
         webhook_secret: None,
+        secret_pools: None,
     })
     .await?;
     let limit = (SIZE * 2).to_string();
@@ -78,6 +79,7 @@ async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool>
         name: "ticker".into(),
         clone_url: repo.display().to_string(),
         webhook_secret: None,
+        secret_pools: None,
     })
     .await?;
     let r = c.submit_run("ticker", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;

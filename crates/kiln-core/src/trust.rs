@@ -18,7 +18,22 @@ pub enum Trust {
 
 string_enum!(Trust { Trusted => "trusted", Untrusted => "untrusted" });
 
+/// Events whose code comes from outside the repository's writers: a pull
+/// request runs its author's code, whoever forwards it.
+pub const OUTSIDE_CODE_EVENTS: &[&str] = &["pull_request"];
+
 impl Trust {
+    /// The trust of a run submitted through the API: trusted only when the
+    /// caller may start trusted runs (the admin token, or an API token made
+    /// `trusted`) *and* the event runs the repository's own code.
+    pub fn for_submission(event: &str, caller_may_start_trusted: bool) -> Trust {
+        if caller_may_start_trusted && !OUTSIDE_CODE_EVENTS.contains(&event) {
+            Trust::Trusted
+        } else {
+            Trust::Untrusted
+        }
+    }
+
     /// Whether a job of such a run may be handed the secrets it asks for.
     pub fn may_read_secrets(self) -> bool {
         self == Trust::Trusted
@@ -38,5 +53,21 @@ mod tests {
         assert!("TRUSTED".parse::<Trust>().is_err());
         assert!(Trust::Trusted.may_read_secrets());
         assert!(!Trust::Untrusted.may_read_secrets());
+    }
+
+    #[test]
+    fn submissions_are_trusted_only_from_trusted_callers_with_own_code() {
+        use Trust::*;
+        for (event, caller, want) in [
+            ("manual", true, Trusted),
+            ("push", true, Trusted),
+            ("schedule", true, Trusted),
+            ("pull_request", true, Untrusted),
+            ("manual", false, Untrusted),
+            ("push", false, Untrusted),
+            ("pull_request", false, Untrusted),
+        ] {
+            assert_eq!(Trust::for_submission(event, caller), want, "{event} by trusted caller: {caller}");
+        }
     }
 }

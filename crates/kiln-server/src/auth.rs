@@ -1,18 +1,59 @@
-//! Bearer-token authorization. Two scopes: the admin token for the public
-//! API, the agent token for the agent API. Neither grants the other's calls.
+//! Who is calling, and may they make this call.
+//!
+//! - Public API: the bearer token is `DATA_DIR/admin.token` (scope `admin`)
+//!   or an API token made with `kiln token create` (scope `admin`, `read` or
+//!   `trigger` of one repository; see [`policy`]). The resolved [`Principal`]
+//!   rides in the request's extensions for trust and the audit log.
+//! - Agent registration: a join token (see `credentials`).
+//! - Claims and the session stream: the agent's session credential, for
+//!   that agent's path only.
+//! - Calls on an attempt: that attempt's token, for its `(job, epoch)` only.
 
+use crate::credentials::{self, API_PREFIX, AgentCaller, JOIN_PREFIX, TOKEN_CACHE_TTL, TOUCH_EVERY, same};
 use crate::error::ApiErr;
-use crate::state::State;
-use axum::extract::{Request, State as S};
+use crate::state::{AppState, State};
+use axum::extract::{MatchedPath, Request, State as S};
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
+use kiln_api::codes;
+use kiln_store::StoreError;
+use std::time::Instant;
 
-fn bearer(req: &Request) -> Option<String> {
+/// What an API credential may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// Everything, including tokens, secrets and agents.
+    Admin,
+    /// Every read except secrets, tokens, agents and the audit log.
+    Read,
+    /// Start runs of one repository and read that repository's runs.
+    Trigger { repo_id: String },
+}
+
+/// The caller of a public API request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Principal {
+    /// For the audit log: `admin.token` or `token:ID`.
+    pub actor: String,
+    pub scope: Scope,
+    /// Runs it starts may be trusted (read secrets); see `kiln_core::Trust`.
+    pub may_start_trusted: bool,
+}
+
+impl Principal {
+    pub fn admin_file() -> Principal {
+        Principal { actor: "admin.token".into(), scope: Scope::Admin, may_start_trusted: true }
+    }
+}
+
+/// The bearer token of a request (`Authorization: Bearer …`).
+pub(crate) fn bearer(req: &Request) -> Option<String> {
     if let Some(h) = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         return h.strip_prefix("Bearer ").map(|t| t.trim().to_string());
     }
     // EventSource in browsers cannot set headers: accept `?token=` on GETs.
-    if req.method() == axum::http::Method::GET {
+    if req.method() == Method::GET {
         return req
             .uri()
             .query()
@@ -41,23 +82,202 @@ fn percent_decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Constant-time comparison.
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+fn forbidden(message: impl Into<String>) -> ApiErr {
+    ApiErr::new(StatusCode::FORBIDDEN, codes::FORBIDDEN, message)
 }
 
-pub async fn require_admin(S(state): S<State>, req: Request, next: Next) -> Result<Response, ApiErr> {
-    match bearer(&req) {
-        Some(t) if same(&t, &state.admin_token) => Ok(next.run(req).await),
-        _ => Err(ApiErr::unauthorized()),
+/// The principal of an API token, or `None` if it is not a valid one.
+pub(crate) async fn principal(state: &AppState, token: &str) -> Result<Option<Principal>, ApiErr> {
+    if same(token, &state.admin_token) {
+        return Ok(Some(Principal::admin_file()));
+    }
+    let Some((id, secret)) = credentials::split(token, API_PREFIX) else { return Ok(None) };
+    let cached = {
+        let entries = state.tokens.entries.lock().expect("token cache");
+        entries.get(id).filter(|(_, at)| at.elapsed() < TOKEN_CACHE_TTL).map(|(t, _)| t.clone())
+    };
+    let record = match cached {
+        Some(t) => t,
+        None => match state.store.get_api_token(id).await {
+            Ok(t) => {
+                state.tokens.entries.lock().expect("token cache").insert(id.to_string(), (t.clone(), Instant::now()));
+                t
+            }
+            Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        },
+    };
+    if record.revoked_at.is_some() || !same(&credentials::hash_secret(secret), &record.token_hash) {
+        return Ok(None);
+    }
+    let due = {
+        let mut touched = state.tokens.touched.lock().expect("token cache");
+        let due = touched.get(id).is_none_or(|at| at.elapsed() >= TOUCH_EVERY);
+        if due {
+            touched.insert(id.to_string(), Instant::now());
+        }
+        due
+    };
+    if due && let Err(e) = state.store.touch_api_token(id).await {
+        tracing::warn!("cannot record the use of token {id}: {e}");
+    }
+    let scope = match record.scope.as_str() {
+        "admin" => Scope::Admin,
+        "read" => Scope::Read,
+        "trigger" => match record.repo_id {
+            Some(repo_id) => Scope::Trigger { repo_id },
+            None => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    Ok(Some(Principal { actor: format!("token:{}", record.id), scope, may_start_trusted: record.trusted }))
+}
+
+/// What a scope may do with a route (`method`, matched path).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    Allow,
+    Deny,
+    /// Allowed if the run, job or repository in the path is the token's repository.
+    IfOwnRepo,
+}
+
+/// The public API's authorization table.
+pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
+    const ADMIN_ONLY_READS: &[&str] =
+        &["/v1/repos/{repo}/secrets", "/v1/tokens", "/v1/agent-tokens", "/v1/agents", "/v1/audit"];
+    const TRIGGER_READS: &[&str] = &[
+        "/v1/repos/{repo}/workflow-runs",
+        "/v1/workflow-runs/{run}",
+        "/v1/jobs/{job}/logs/events",
+        "/v1/workflow-runs/{run}/artifacts/{job}/{name}",
+    ];
+    match scope {
+        Scope::Admin => Access::Allow,
+        Scope::Read if method == Method::GET && !ADMIN_ONLY_READS.contains(&path) => Access::Allow,
+        Scope::Read => Access::Deny,
+        Scope::Trigger { .. } if method == Method::GET && TRIGGER_READS.contains(&path) => Access::IfOwnRepo,
+        Scope::Trigger { .. } if method == Method::POST && path == "/v1/repos/{repo}/workflow-runs" => {
+            Access::IfOwnRepo
+        }
+        Scope::Trigger { .. } => Access::Deny,
     }
 }
 
-pub async fn require_agent(S(state): S<State>, req: Request, next: Next) -> Result<Response, ApiErr> {
-    match bearer(&req) {
-        Some(t) if same(&t, &state.agent_token) => Ok(next.run(req).await),
-        _ => Err(ApiErr::unauthorized()),
+/// The repository a trigger-scoped request is about, from its path.
+async fn repo_of_request(state: &AppState, uri_path: &str, path: &str) -> Result<Option<String>, ApiErr> {
+    let segs: Vec<&str> = uri_path.split('/').collect();
+    let pattern: Vec<&str> = path.split('/').collect();
+    let param =
+        |name: &str| pattern.iter().position(|p| *p == name).and_then(|i| segs.get(i)).map(|s| percent_decode(s));
+    let found = if let Some(repo) = param("{repo}") {
+        state.store.get_repo(&repo).await.map(|r| r.id)
+    } else if let Some(run) = param("{run}") {
+        state.store.get_run(&run).await.map(|v| v.run.repo_id)
+    } else if let Some(job) = param("{job}") {
+        match state.store.get_job(&job).await {
+            Ok(j) => state.store.get_run(&j.run_id).await.map(|v| v.run.repo_id),
+            Err(e) => Err(e),
+        }
+    } else {
+        return Ok(None);
+    };
+    match found {
+        Ok(id) => Ok(Some(id)),
+        Err(StoreError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// Public API: resolve the caller, check the route against its scope.
+pub async fn require_api(S(state): S<State>, mut req: Request, next: Next) -> Result<Response, ApiErr> {
+    let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
+    let Some(p) = principal(&state, &token).await? else { return Err(ApiErr::unauthorized()) };
+    let path = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_default();
+    match policy(&p.scope, req.method(), &path) {
+        Access::Allow => {}
+        Access::Deny => {
+            return Err(forbidden(format!("this token may not call {} {path}", req.method())));
+        }
+        Access::IfOwnRepo => {
+            let Scope::Trigger { repo_id } = &p.scope else { unreachable!("only trigger scopes are repo-bound") };
+            // Another repository's run reads as "not found": a trigger token
+            // learns nothing about repositories it is not for.
+            let uri_path = req.uri().path().to_string();
+            if repo_of_request(&state, &uri_path, &path).await?.as_deref() != Some(repo_id.as_str()) {
+                return Err(ApiErr::not_found("no such repository, run or job for this token".to_string()));
+            }
+        }
+    }
+    req.extensions_mut().insert(p);
+    Ok(next.run(req).await)
+}
+
+/// What a join token lets an agent register as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JoinGrant {
+    pub pool: String,
+    /// `None`: `DATA_DIR/agent.token`.
+    pub token_id: Option<String>,
+}
+
+/// `POST /v1/agents/register`: a join token.
+pub async fn require_join(S(state): S<State>, mut req: Request, next: Next) -> Result<Response, ApiErr> {
+    let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
+    let grant = if same(&token, &state.agent_token) {
+        JoinGrant { pool: "default".into(), token_id: None }
+    } else {
+        let Some((id, secret)) = credentials::split(&token, JOIN_PREFIX) else {
+            return Err(ApiErr::unauthorized());
+        };
+        match state.store.get_join_token(id).await {
+            Ok(t) if t.revoked_at.is_none() && same(&credentials::hash_secret(secret), &t.token_hash) => {
+                JoinGrant { pool: t.pool, token_id: Some(t.id) }
+            }
+            Ok(_) | Err(StoreError::NotFound(_)) => return Err(ApiErr::unauthorized()),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    req.extensions_mut().insert(grant);
+    Ok(next.run(req).await)
+}
+
+/// Claims and the session stream: a session credential (the handler checks
+/// it names the agent of the path).
+pub async fn require_session(S(state): S<State>, mut req: Request, next: Next) -> Result<Response, ApiErr> {
+    let caller = bearer(&req).and_then(|t| state.agent_keys.verify_session(&t)).ok_or_else(ApiErr::unauthorized)?;
+    req.extensions_mut().insert(caller);
+    Ok(next.run(req).await)
+}
+
+/// Refuse a session credential used on another agent's path.
+pub(crate) fn check_agent_path(caller: &AgentCaller, agent_id: &str) -> Result<(), ApiErr> {
+    if caller.agent_id != agent_id {
+        return Err(forbidden("this credential belongs to another agent"));
+    }
+    Ok(())
+}
+
+/// `/v1/jobs/{job}/attempts/{epoch}/…`: the token of exactly that attempt.
+pub async fn require_attempt(S(state): S<State>, req: Request, next: Next) -> Result<Response, ApiErr> {
+    let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
+    let segs: Vec<&str> = req.uri().path().split('/').collect();
+    // ["", "v1", "jobs", JOB, "attempts", EPOCH, …]
+    let (job, epoch) = match (segs.get(3), segs.get(5).and_then(|e| e.parse::<i64>().ok())) {
+        (Some(job), Some(epoch)) => (percent_decode(job), epoch),
+        _ => return Err(ApiErr::bad_request("expected /v1/jobs/{job}/attempts/{epoch}/…")),
+    };
+    if !state.agent_keys.holds_attempt(&token, &job, epoch) {
+        // A credential of ours that is not this attempt's is refused as
+        // such; anything else is simply not a credential.
+        let ours = state.agent_keys.verify_session(&token).is_some() || token.starts_with("kiln_a1.");
+        return Err(if ours {
+            forbidden(format!("this credential does not hold attempt {epoch} of job {job}"))
+        } else {
+            ApiErr::unauthorized()
+        });
+    }
+    Ok(next.run(req).await)
 }
 
 #[cfg(test)]
@@ -69,8 +289,39 @@ mod tests {
         assert_eq!(percent_decode("kiln_ab12"), "kiln_ab12");
         assert_eq!(percent_decode("a%2Bb%3D%3d"), "a+b==");
         assert_eq!(percent_decode("bad%zz%4"), "bad%zz%4");
-        assert!(same("abc", "abc"));
-        assert!(!same("abc", "abd"));
-        assert!(!same("abc", "abcd"));
+    }
+
+    #[test]
+    fn the_policy_table() {
+        let trigger = Scope::Trigger { repo_id: "r".into() };
+        let (get, post, put, delete) = (Method::GET, Method::POST, Method::PUT, Method::DELETE);
+        use Access::*;
+        let rows: &[(&Scope, &Method, &str, Access)] = &[
+            (&Scope::Admin, &put, "/v1/repos/{repo}/secrets/{name}", Allow),
+            (&Scope::Admin, &post, "/v1/tokens", Allow),
+            (&Scope::Read, &get, "/v1/workflow-runs/{run}", Allow),
+            (&Scope::Read, &get, "/v1/repos", Allow),
+            (&Scope::Read, &get, "/v1/jobs/{job}/logs/events", Allow),
+            (&Scope::Read, &get, "/v1/repos/{repo}/secrets", Deny),
+            (&Scope::Read, &get, "/v1/tokens", Deny),
+            (&Scope::Read, &get, "/v1/agents", Deny),
+            (&Scope::Read, &get, "/v1/audit", Deny),
+            (&Scope::Read, &post, "/v1/repos/{repo}/workflow-runs", Deny),
+            (&Scope::Read, &post, "/v1/workflow-runs/{run}/cancel", Deny),
+            (&Scope::Read, &delete, "/v1/repos/{repo}/secrets/{name}", Deny),
+            (&trigger, &post, "/v1/repos/{repo}/workflow-runs", IfOwnRepo),
+            (&trigger, &get, "/v1/repos/{repo}/workflow-runs", IfOwnRepo),
+            (&trigger, &get, "/v1/workflow-runs/{run}", IfOwnRepo),
+            (&trigger, &get, "/v1/jobs/{job}/logs/events", IfOwnRepo),
+            (&trigger, &get, "/v1/repos", Deny),
+            (&trigger, &post, "/v1/workflow-runs/{run}/retry", Deny),
+            (&trigger, &post, "/v1/workflow-runs/{run}/cancel", Deny),
+            (&trigger, &post, "/v1/repos", Deny),
+            (&trigger, &get, "/v1/repos/{repo}/secrets", Deny),
+            (&trigger, &put, "/v1/repos/{repo}/secrets/{name}", Deny),
+        ];
+        for (scope, method, path, want) in rows {
+            assert_eq!(&policy(scope, method, path), want, "{scope:?} {method} {path}");
+        }
     }
 }

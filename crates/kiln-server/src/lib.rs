@@ -14,6 +14,7 @@ mod boot;
 mod capability;
 mod clock;
 mod config;
+mod credentials;
 mod dispatch;
 mod error;
 mod git;

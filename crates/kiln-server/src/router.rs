@@ -1,11 +1,13 @@
-//! The route table: the public API (admin token), the agent API (agent
-//! token), the data plane (capability URLs), health endpoints and the UI.
+//! The route table: the public API (API tokens by scope), the agent API
+//! (join token to register, then the session credential, then each
+//! attempt's token), the data plane (capability URLs), health endpoints
+//! and the UI. See `auth` for who may call what.
 
 use crate::auth;
-use crate::handlers::{agents, artifacts, attempts, blob, health, logs, repos, runs, secrets};
+use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, repos, runs, secrets};
 use crate::state::State;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Router, middleware};
 
 /// Largest accepted JSON body (log chunks are ≤ 1 MiB of bytes, base64 grows them).
@@ -22,10 +24,22 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/workflow-runs/{run}/retry", post(runs::retry))
         .route("/v1/jobs/{job}/logs/events", get(logs::events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
-    let agent = Router::new()
+        .route("/v1/tokens", post(access::create_token).get(access::list_tokens))
+        .route("/v1/tokens/{id}", delete(access::revoke_token))
+        .route("/v1/agent-tokens", post(access::create_join_token).get(access::list_join_tokens))
+        .route("/v1/agent-tokens/{id}", delete(access::revoke_join_token))
+        .route("/v1/agents", get(access::list_agents))
+        .route("/v1/agents/{agent}", delete(access::remove_agent))
+        .route("/v1/audit", get(access::audit))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api));
+    let join = Router::new()
         .route("/v1/agents/register", post(agents::register))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_join));
+    let session = Router::new()
         .route("/v1/agents/{agent}/claim", post(agents::claim))
+        .route("/v1/agents/{agent}/session", get(agents::session))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_session));
+    let attempt = Router::new()
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(attempts::heartbeat))
         .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(attempts::append_log))
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(attempts::complete))
@@ -34,8 +48,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/parts/{part}", post(artifacts::part_url))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal", post(artifacts::seal))
         .route("/v1/jobs/{job}/attempts/{epoch}/restore", post(artifacts::restore))
-        .route("/v1/agents/{agent}/session", get(agents::session))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_agent));
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_attempt));
     // Data plane: capability URLs, no bearer token, bodies streamed to disk.
     let data = Router::new()
         .route("/blob/uploads/{generation}/parts/{part}", put(blob::put_part))
@@ -43,7 +56,9 @@ pub(crate) fn router(state: State) -> Router {
         .layer(DefaultBodyLimit::disable());
     Router::new()
         .merge(public)
-        .merge(agent)
+        .merge(join)
+        .merge(session)
+        .merge(attempt)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

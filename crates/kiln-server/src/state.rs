@@ -5,6 +5,7 @@
 use crate::capability::Signer;
 use crate::clock::Clock;
 use crate::config::ServerConfig;
+use crate::credentials::{AgentKeys, TokenCache};
 use crate::dispatch::Dispatcher;
 use crate::git::Mirrors;
 use crate::images::Resolver;
@@ -40,6 +41,10 @@ pub(crate) struct AppState {
     pub cancel_events: broadcast::Sender<CancelEvent>,
     pub blob: kiln_blob::BlobStore,
     pub signer: Signer,
+    /// Session credentials and attempt tokens of agents.
+    pub agent_keys: AgentKeys,
+    /// API tokens recently read from the store.
+    pub tokens: TokenCache,
     /// Parsed log archive indexes, by object key.
     pub log_indexes: IndexCache,
     /// Resolves `image.ref` tags to digests at acceptance.
@@ -73,6 +78,8 @@ impl AppState {
             job_events: broadcast::channel(4096).0,
             cancel_events: broadcast::channel(1024).0,
             blob,
+            agent_keys: AgentKeys::new(&blob_key),
+            tokens: TokenCache::default(),
             signer: Signer::new(blob_key),
             log_indexes: Default::default(),
             clock,

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::model::*;
 use crate::store::SqlStore;
 use crate::traits::*;
-use crate::tx::{accept, agents, artifacts, cancel, claim, complete, images, lease, logs, outbox, repos};
+use crate::tx::{accept, access, agents, artifacts, cancel, claim, complete, images, lease, logs, outbox, repos};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 
@@ -65,12 +65,78 @@ impl RunStore for SqlStore {
 
 #[async_trait]
 impl AgentStore for SqlStore {
-    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord> {
-        agents::register_agent(self, name, labels, max_jobs).await
+    async fn register_agent_in(
+        &self,
+        name: &str,
+        labels: &str,
+        max_jobs: u32,
+        pool: &str,
+        join_token_id: Option<&str>,
+    ) -> Result<AgentRecord> {
+        agents::register_agent(self, name, labels, max_jobs, pool, join_token_id).await
     }
 
     async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord> {
         agents::get_agent(self, agent_id).await
+    }
+
+    async fn list_agents(&self) -> Result<Vec<AgentRecord>> {
+        agents::list_agents(self).await
+    }
+
+    async fn remove_agent(&self, agent_id: &str) -> Result<bool> {
+        agents::remove_agent(self, agent_id).await
+    }
+}
+
+#[async_trait]
+impl AccessStore for SqlStore {
+    async fn create_join_token(&self, id: &str, name: &str, pool: &str, token_hash: &str) -> Result<JoinTokenRecord> {
+        access::create_join_token(self, id, name, pool, token_hash).await
+    }
+
+    async fn get_join_token(&self, id: &str) -> Result<JoinTokenRecord> {
+        access::get_join_token(self, id).await
+    }
+
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRecord>> {
+        access::list_join_tokens(self).await
+    }
+
+    async fn revoke_join_token(&self, id: &str) -> Result<bool> {
+        access::revoke_join_token(self, id).await
+    }
+
+    async fn create_api_token(&self, token: &ApiTokenRecord) -> Result<ApiTokenRecord> {
+        access::create_api_token(self, token).await
+    }
+
+    async fn get_api_token(&self, id: &str) -> Result<ApiTokenRecord> {
+        access::get_api_token(self, id).await
+    }
+
+    async fn list_api_tokens(&self) -> Result<Vec<ApiTokenRecord>> {
+        access::list_api_tokens(self).await
+    }
+
+    async fn revoke_api_token(&self, id: &str) -> Result<bool> {
+        access::revoke_api_token(self, id).await
+    }
+
+    async fn touch_api_token(&self, id: &str) -> Result<()> {
+        access::touch_api_token(self, id).await
+    }
+
+    async fn set_secret_pools(&self, repo_id: &str, pools: &[String]) -> Result<()> {
+        access::set_secret_pools(self, repo_id, pools).await
+    }
+
+    async fn audit(&self, entry: &NewAudit) -> Result<()> {
+        access::audit(self, entry).await
+    }
+
+    async fn list_audit(&self, before: Option<i64>, limit: u32) -> Result<Vec<AuditEntry>> {
+        access::list_audit(self, before, limit).await
     }
 }
 
@@ -80,8 +146,8 @@ impl AttemptStore for SqlStore {
         claim::claim(self, &req).await
     }
 
-    async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>> {
-        claim::claimed_by_request(self, claim_request_id).await
+    async fn claimed_by_request(&self, claim_request_id: &str, session_id: &str) -> Result<Option<ClaimedAttempt>> {
+        claim::claimed_by_request(self, claim_request_id, session_id).await
     }
 
     async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome> {

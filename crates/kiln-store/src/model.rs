@@ -10,6 +10,8 @@ pub struct RepoRecord {
     pub clone_url: String,
     pub webhook_secret: Option<String>,
     pub created_at: i64,
+    /// Pools whose agents may receive the repository's secrets.
+    pub secret_pools: Vec<String>,
 }
 
 /// A frozen run to accept.
@@ -129,6 +131,10 @@ pub struct AgentRecord {
     pub labels: BTreeMap<String, String>,
     pub max_jobs: u32,
     pub session_id: String,
+    /// The pool of the join token it registered with.
+    pub pool: String,
+    pub created_at: i64,
+    pub last_seen_at: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -242,4 +248,56 @@ pub struct BoundArtifact {
     pub job_name: String,
     pub name: String,
     pub generation: GenerationRecord,
+}
+
+/// A join token an agent registers with (beyond `DATA_DIR/agent.token`);
+/// only the sha256 of its secret part is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinTokenRecord {
+    pub id: String,
+    pub name: String,
+    pub pool: String,
+    pub token_hash: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+/// A scoped API token (beyond `DATA_DIR/admin.token`); only the sha256 of
+/// its secret part is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiTokenRecord {
+    pub id: String,
+    pub name: String,
+    /// `admin`, `read` or `trigger`.
+    pub scope: String,
+    /// The one repository a `trigger` token may start runs of.
+    pub repo_id: Option<String>,
+    /// Whether runs it starts may be trusted.
+    pub trusted: bool,
+    pub token_hash: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+    pub last_used_at: Option<i64>,
+}
+
+/// One audit log entry to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAudit {
+    /// Who: `admin.token`, `token:ID`, `agent:ID`, `forge:REPO`, `server`.
+    pub actor: String,
+    /// What: `run.submit`, `run.cancel`, `run.retry`, `secret.read`, …
+    pub action: String,
+    /// On what: a run id, `REPO/SECRET`, a token id.
+    pub target: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    pub id: i64,
+    pub at: i64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub detail: String,
 }

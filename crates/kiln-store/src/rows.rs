@@ -122,6 +122,7 @@ pub(crate) fn repo_from_row(row: &Row) -> Result<RepoRecord> {
         clone_url: row.get("clone_url")?,
         webhook_secret: row.get("webhook_secret")?,
         created_at: row.get("created_at")?,
+        secret_pools: serde_json::from_str(row.str("secret_pools")?).unwrap_or_default(),
     })
 }
 
@@ -132,6 +133,9 @@ pub(crate) fn agent_from_row(row: &Row) -> Result<AgentRecord> {
         labels: serde_json::from_str(row.str("labels")?).unwrap_or_default(),
         max_jobs: row.get::<i64>("max_jobs")? as u32,
         session_id: row.get("session_id")?,
+        pool: row.get("pool")?,
+        created_at: row.get("created_at")?,
+        last_seen_at: row.get("last_seen_at")?,
     })
 }
 

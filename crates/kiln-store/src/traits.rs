@@ -56,8 +56,48 @@ pub trait RunStore: Send + Sync {
 
 #[async_trait]
 pub trait AgentStore: Send + Sync {
-    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord>;
+    /// A new agent with a fresh session in `pool` (registered with the join
+    /// token `join_token_id`, or with `DATA_DIR/agent.token` when `None`).
+    async fn register_agent_in(
+        &self,
+        name: &str,
+        labels: &str,
+        max_jobs: u32,
+        pool: &str,
+        join_token_id: Option<&str>,
+    ) -> Result<AgentRecord>;
+    /// [`Self::register_agent_in`] the `default` pool.
+    async fn register_agent(&self, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord> {
+        self.register_agent_in(name, labels, max_jobs, "default", None).await
+    }
     async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord>;
+    async fn list_agents(&self) -> Result<Vec<AgentRecord>>;
+    /// Forget an agent and end the leases of its running attempts now (the
+    /// reconciler fences them). False if there was no such agent.
+    async fn remove_agent(&self, agent_id: &str) -> Result<bool>;
+}
+
+/// Who may do what: join tokens, scoped API tokens, secret pools and the
+/// audit log. Tokens are stored as a hash of their secret part.
+#[async_trait]
+pub trait AccessStore: Send + Sync {
+    async fn create_join_token(&self, id: &str, name: &str, pool: &str, token_hash: &str) -> Result<JoinTokenRecord>;
+    async fn get_join_token(&self, id: &str) -> Result<JoinTokenRecord>;
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRecord>>;
+    /// False if there is no such token (revoking twice is fine).
+    async fn revoke_join_token(&self, id: &str) -> Result<bool>;
+    /// Insert `token` (its `created_at` is set from the database clock).
+    async fn create_api_token(&self, token: &ApiTokenRecord) -> Result<ApiTokenRecord>;
+    async fn get_api_token(&self, id: &str) -> Result<ApiTokenRecord>;
+    async fn list_api_tokens(&self) -> Result<Vec<ApiTokenRecord>>;
+    async fn revoke_api_token(&self, id: &str) -> Result<bool>;
+    /// Record that the token was used now.
+    async fn touch_api_token(&self, id: &str) -> Result<()>;
+    /// The pools whose agents may receive a repository's secrets.
+    async fn set_secret_pools(&self, repo_id: &str, pools: &[String]) -> Result<()>;
+    async fn audit(&self, entry: &NewAudit) -> Result<()>;
+    /// Newest first, entries with an id below `before`.
+    async fn list_audit(&self, before: Option<i64>, limit: u32) -> Result<Vec<AuditEntry>>;
 }
 
 #[async_trait]
@@ -68,7 +108,8 @@ pub trait AttemptStore: Send + Sync {
     /// delivery is stale or a duplicate (absorbed) or capacity is full.
     async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>>;
     /// Recover the attempt a claim request created, if it is still running.
-    async fn claimed_by_request(&self, claim_request_id: &str) -> Result<Option<ClaimedAttempt>>;
+    /// Only the session that sent the claim request gets it back.
+    async fn claimed_by_request(&self, claim_request_id: &str, session_id: &str) -> Result<Option<ClaimedAttempt>>;
     /// spec 000 §8: extend the lease of the current live epoch.
     async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
     /// spec 000 §9 completion transaction.
@@ -167,5 +208,11 @@ pub trait ArtifactStore: Send + Sync {
 }
 
 /// The whole authoritative store.
-pub trait Store: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore {}
-impl<T: RepoStore + RunStore + AgentStore + AttemptStore + OutboxStore + LogStore + ArtifactStore> Store for T {}
+pub trait Store:
+    RepoStore + RunStore + AgentStore + AccessStore + AttemptStore + OutboxStore + LogStore + ArtifactStore
+{
+}
+impl<T: RepoStore + RunStore + AgentStore + AccessStore + AttemptStore + OutboxStore + LogStore + ArtifactStore> Store
+    for T
+{
+}

@@ -69,9 +69,21 @@ impl TestApp {
         Caller { app: self, token: Some(self.admin_token.clone()) }
     }
 
-    /// Requests with the agent token (the agent API).
+    /// Requests with the agent join token (`DATA_DIR/agent.token`): it
+    /// registers agents and does nothing else.
     pub fn agent(&self) -> Caller<'_> {
         Caller { app: self, token: Some(self.agent_token.clone()) }
+    }
+
+    /// Requests with `token`: an agent's session credential, an attempt's
+    /// token, a scoped API token.
+    pub fn with_token(&self, token: &str) -> Caller<'_> {
+        Caller { app: self, token: Some(token.to_string()) }
+    }
+
+    /// Requests of the agent session that holds `a` (its attempt token).
+    pub fn holder(&self, a: &kiln_api::Assignment) -> Caller<'_> {
+        self.with_token(&a.attempt_token)
     }
 
     /// Requests without a token (health, data plane, refusals).

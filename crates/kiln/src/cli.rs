@@ -51,6 +51,25 @@ pub enum Command {
         #[command(subcommand)]
         command: SecretCommand,
     },
+    /// Manage API tokens: admin, read-only, and per-repository trigger tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Manage agent join tokens (what a machine registers as an agent with).
+    #[command(name = "agent-token")]
+    AgentToken {
+        #[command(subcommand)]
+        command: AgentTokenCommand,
+    },
+    /// List or remove registered agents.
+    Agents {
+        #[command(subcommand)]
+        command: AgentsCommand,
+    },
+    /// Show the audit log: who started, cancelled or retried what, token and
+    /// agent changes, and every secret handed to a job.
+    Audit(AuditArgs),
     /// Start a workflow run for a commit.
     Run(RunArgs),
     /// Show a run's status and jobs.
@@ -230,6 +249,10 @@ pub enum RepoCommand {
         /// Secret for verifying webhook signatures.
         #[arg(long)]
         webhook_secret: Option<String>,
+        /// Agent pools whose agents may receive this repository's secrets
+        /// (comma-separated; default: `default`, the pool of DATA_DIR/agent.token).
+        #[arg(long, value_delimiter = ',')]
+        secret_pools: Option<Vec<String>>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -238,6 +261,101 @@ pub enum RepoCommand {
         #[command(flatten)]
         conn: Conn,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create an API token and print it (shown once; the server keeps a hash).
+    Create {
+        /// A name to recognise it by in listings and the audit log.
+        #[arg(long)]
+        name: String,
+        /// `admin` (everything), `read` (every read but secrets, tokens,
+        /// agents and the audit log) or `trigger` (start and read runs of one
+        /// repository, given with --repo).
+        #[arg(long, value_parser = ["admin", "read", "trigger"])]
+        scope: String,
+        /// The repository of a trigger token.
+        #[arg(long)]
+        repo: Option<String>,
+        /// Runs this token starts are trusted (may read secrets). Default:
+        /// yes for admin, no for trigger tokens.
+        #[arg(long)]
+        trusted: Option<bool>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List API tokens (never their secrets).
+    #[command(alias = "list")]
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Revoke an API token (by id); it stops working at once on this server,
+    /// within 2 s on other replicas.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentTokenCommand {
+    /// Create a join token and print it (shown once). Agents started with it
+    /// (`kiln agent --token-file`) join POOL; a repository hands its secrets
+    /// only to the pools it names (`kiln repo add --secret-pools`).
+    Create {
+        #[arg(long)]
+        name: String,
+        /// The pool its agents join.
+        #[arg(long, default_value = "default")]
+        pool: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List join tokens (never their secrets).
+    #[command(alias = "list")]
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Revoke a join token: no new agent registers with it (agents already
+    /// registered keep their session until removed with `kiln agents rm`).
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentsCommand {
+    /// List registered agents (one per agent process start).
+    #[command(alias = "list")]
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove an agent: its credential stops working and its running jobs
+    /// are handed to other agents. Revoke its join token too to keep it out.
+    Rm {
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct AuditArgs {
+    /// Entries to show, newest first.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
 #[derive(Subcommand, Debug)]

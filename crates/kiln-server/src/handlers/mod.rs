@@ -3,6 +3,7 @@
 //! the response; authorization is the router's middleware (`auth`). No
 //! handler holds SQL, a retry or a long-poll loop: those are the services'.
 
+pub(crate) mod access;
 pub(crate) mod agents;
 pub(crate) mod artifacts;
 pub(crate) mod attempts;

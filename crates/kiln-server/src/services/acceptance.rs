@@ -8,9 +8,11 @@
 //! registry digests (a moved tag must not change what a retry runs), same
 //! trust (never raised).
 
+use crate::auth::Principal;
 use crate::error::{ApiErr, ApiResult};
 use crate::git::GitError;
 use crate::images::ResolveError;
+use crate::services::access;
 use crate::state::AppState;
 use axum::http::StatusCode;
 use kiln_api as api;
@@ -25,19 +27,23 @@ const EVENTS: &[&str] = &["manual", "push", "pull_request", "retry", "schedule"]
 
 /// What asked for the run; trust is decided from it and nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Trigger {
-    /// The public API (or the CLI) with the admin token.
-    Api,
+pub(crate) enum Trigger<'a> {
+    /// The public API (or the CLI): the event named and whether the
+    /// caller's token may start trusted runs.
+    Api { event: &'a str, may_start_trusted: bool },
     /// `POST /v1/workflow-runs/{run}/retry` of a run accepted with `parent`.
-    Retry { parent: Trust },
+    Retry { parent: Trust, may_start_trusted: bool },
 }
 
-/// The trust decision (invariant 10): an admin-token caller is trusted; a
-/// retry keeps its parent's trust, so it can never be raised by retrying.
+/// The trust decision (invariant 10): an API run is trusted only for a
+/// caller allowed to start trusted runs and an event that runs the
+/// repository's own code (not a pull request); a retry keeps its parent's
+/// trust, so it can never be raised by retrying.
 pub(crate) fn decide_trust(trigger: Trigger) -> Trust {
     match trigger {
-        Trigger::Api => Trust::Trusted,
-        Trigger::Retry { parent } => parent,
+        Trigger::Api { event, may_start_trusted } => Trust::for_submission(event, may_start_trusted),
+        Trigger::Retry { parent: Trust::Trusted, may_start_trusted: true } => Trust::Trusted,
+        Trigger::Retry { .. } => Trust::Untrusted,
     }
 }
 
@@ -48,12 +54,14 @@ pub(crate) struct Submission {
     pub request: api::SubmitRun,
     /// The raw `Idempotency-Key` header, if sent.
     pub idempotency_key: Option<Vec<u8>>,
+    /// Who submitted it.
+    pub by: Principal,
 }
 
 /// Accept a submitted run; returns the run id (the original one for a
 /// redelivery with the same key and body).
 pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<String> {
-    let Submission { repo, request: req, idempotency_key } = sub;
+    let Submission { repo, request: req, idempotency_key, by } = sub;
     let repo = state.store.get_repo(&repo).await?;
     let idempotency = match idempotency_key {
         None => None,
@@ -70,7 +78,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &req.inputs).map_err(ApiErr::invalid)?;
     let image_digests = state.resolver.resolve_workflow(&workflow).await.map_err(resolve_err)?;
-    let trust = decide_trust(Trigger::Api);
+    let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
     let accepted = state
         .store
         .accept_run(NewRun {
@@ -89,11 +97,17 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
         })
         .await?;
     state.relay_wake.notify_one();
+    let detail = format!("repository {} event {} trust {}", repo.name, accepted_event(&req), trust.as_str());
+    access::audit(state, &by.actor, "run.submit", &accepted.run_id, detail).await?;
     Ok(accepted.run_id)
 }
 
+fn accepted_event(req: &api::SubmitRun) -> &str {
+    req.event.as_deref().unwrap_or("manual")
+}
+
 /// Accept a new run with `run_id`'s frozen definition; returns its id.
-pub(crate) async fn retry(state: &AppState, run_id: &str) -> ApiResult<String> {
+pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> ApiResult<String> {
     let old_view = state.store.get_run(run_id).await?;
     // Same pinned definition, same pinned images: registry digests are
     // copied, never re-resolved (a moved tag must not change what a retry
@@ -114,7 +128,7 @@ pub(crate) async fn retry(state: &AppState, run_id: &str) -> ApiResult<String> {
         .trust
         .parse()
         .map_err(|e| ApiErr::internal(format!("run {} has an unreadable trust context: {e}", old.id)))?;
-    let trust = decide_trust(Trigger::Retry { parent });
+    let trust = decide_trust(Trigger::Retry { parent, may_start_trusted: by.may_start_trusted });
     let concurrency =
         run_concurrency(&old.definition, "retry", old.git_ref.as_deref(), &old.inputs).map_err(ApiErr::invalid)?;
     let accepted = state
@@ -129,12 +143,14 @@ pub(crate) async fn retry(state: &AppState, run_id: &str) -> ApiResult<String> {
             workflow_path: old.workflow_path,
             workflow: old.definition,
             inputs: old.inputs,
-            parent_run_id: Some(old.id),
+            parent_run_id: Some(old.id.clone()),
             idempotency: None,
             image_digests,
         })
         .await?;
     state.relay_wake.notify_one();
+    let detail = format!("retry of {} trust {}", old.id, trust.as_str());
+    access::audit(state, &by.actor, "run.retry", &accepted.run_id, detail).await?;
     Ok(accepted.run_id)
 }
 

@@ -4,6 +4,7 @@
 //! shortens the session's leases to the loss grace (spec 004, fast loss
 //! detection; the lease TTL still catches a paused agent).
 
+use crate::auth::JoinGrant;
 use crate::error::{ApiErr, ApiResult};
 use crate::state::{AppState, State};
 use axum::http::StatusCode;
@@ -12,7 +13,11 @@ use kiln_api as api;
 use kiln_store::AgentRecord;
 use std::time::Duration;
 
-pub(crate) async fn register(state: &AppState, req: api::RegisterAgent) -> ApiResult<api::AgentRegistration> {
+pub(crate) async fn register(
+    state: &AppState,
+    grant: &JoinGrant,
+    req: api::RegisterAgent,
+) -> ApiResult<api::AgentRegistration> {
     if req.name.trim().is_empty() || req.name.len() > 100 {
         return Err(ApiErr::invalid("agent name must be 1-100 characters"));
     }
@@ -20,13 +25,19 @@ pub(crate) async fn register(state: &AppState, req: api::RegisterAgent) -> ApiRe
         return Err(ApiErr::invalid("max_jobs must be 1-256"));
     }
     let labels = serde_json::to_string(&req.labels).expect("labels");
-    let agent = state.store.register_agent(req.name.trim(), &labels, req.max_jobs).await?;
+    let agent = state
+        .store
+        .register_agent_in(req.name.trim(), &labels, req.max_jobs, &grant.pool, grant.token_id.as_deref())
+        .await?;
     let ttl = state.config.lease_ttl.as_millis() as u64;
+    tracing::info!(agent = %agent.id, name = %agent.name, pool = %agent.pool, "agent registered");
     Ok(api::AgentRegistration {
+        credential: state.agent_keys.session_credential(&agent.id, &agent.session_id),
         agent_id: agent.id,
         session_id: agent.session_id,
         lease_ttl_ms: ttl,
         heartbeat_interval_ms: (ttl / 3).max(50),
+        pool: agent.pool,
     })
 }
 

@@ -8,7 +8,7 @@ use crate::error::ApiResult;
 use crate::state::AppState;
 use kiln_api as api;
 use kiln_core::Trust;
-use kiln_store::ClaimedAttempt;
+use kiln_store::{AgentRecord, ClaimedAttempt, NewAudit};
 use kiln_workflow::Image;
 use std::collections::BTreeMap;
 
@@ -57,6 +57,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
         lease_ttl_ms,
         heartbeat_interval_ms: (lease_ttl_ms / 3).max(50),
         secrets: BTreeMap::new(),
+        attempt_token: String::new(),
     }
 }
 
@@ -72,14 +73,42 @@ pub(crate) fn may_read_secrets(c: &ClaimedAttempt) -> bool {
     c.run.trust.parse::<Trust>().is_ok_and(Trust::may_read_secrets)
 }
 
-/// The full assignment: [`build`] plus the clone URL and, for a trusted run,
-/// the values of the secrets the job asked for.
-pub(crate) async fn for_claim(state: &AppState, c: &ClaimedAttempt) -> ApiResult<api::Assignment> {
+/// What the claiming agent gets for an attempt.
+pub(crate) enum Handout {
+    Assignment(Box<api::Assignment>),
+    /// The job asks for secrets of a trusted run, and the agent's pool is
+    /// not one the repository hands its secrets to: the attempt must not
+    /// run there (the message says why).
+    Withheld(String),
+}
+
+/// The full assignment: [`build`] plus the clone URL, the attempt's own
+/// token and, for a trusted run on an agent of an allowed pool, the values
+/// of the secrets the job asked for (each handout is audited).
+pub(crate) async fn for_claim(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> ApiResult<Handout> {
     let mut a = build(state.config.lease_ttl.as_millis() as u64, c);
-    a.clone_url = state.store.get_repo(&a.repo).await?.clone_url;
+    let repo = state.store.get_repo(&c.run.repo_id).await?;
+    a.clone_url = repo.clone_url;
+    a.attempt_token = state.agent_keys.attempt_token(&c.job.id, c.epoch);
     let def = &c.run.definition.jobs[c.job.index as usize];
     if !def.secrets.is_empty() && may_read_secrets(c) {
+        if !repo.secret_pools.contains(&agent.pool) {
+            return Ok(Handout::Withheld(format!(
+                "job `{}` needs secrets of repository `{}`, which are not handed to agent pool `{}` (allowed: {})",
+                c.job.name,
+                repo.name,
+                agent.pool,
+                if repo.secret_pools.is_empty() { "none".to_string() } else { repo.secret_pools.join(", ") }
+            )));
+        }
         a.secrets = state.store.secret_values(&c.run.repo_id, &def.secrets).await?;
+        let audit = NewAudit {
+            actor: format!("agent:{}", agent.id),
+            action: "secret.read".into(),
+            target: format!("{}/{}", repo.name, a.secrets.keys().cloned().collect::<Vec<_>>().join(",")),
+            detail: format!("run {} job {} epoch {}", c.run.id, c.job.name, c.epoch),
+        };
+        state.store.audit(&audit).await?;
     }
-    Ok(a)
+    Ok(Handout::Assignment(Box::new(a)))
 }

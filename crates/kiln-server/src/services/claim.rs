@@ -17,6 +17,7 @@
 //!   `wait_ms` (at most a minute) runs out.
 
 use crate::error::ApiResult;
+use crate::services::assignment::Handout;
 use crate::services::{agents, assignment};
 use crate::state::AppState;
 use kiln_api as api;
@@ -40,8 +41,10 @@ pub(crate) async fn claim(
     req: &api::ClaimRequest,
 ) -> ApiResult<Option<api::Assignment>> {
     let agent = agents::current_session(state, agent_id, &req.session_id).await?;
-    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id).await? {
-        return Ok(Some(assignment::for_claim(state, &c).await?));
+    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id, &req.session_id).await? {
+        if let Handout::Assignment(a) = assignment::for_claim(state, &agent, &c).await? {
+            return Ok(Some(*a));
+        }
     }
     let wait = Duration::from_millis(req.wait_ms).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
@@ -70,7 +73,10 @@ pub(crate) async fn claim(
                 Ok(Some(c)) => {
                     state.job_changed(&c.job.id);
                     tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
-                    return Ok(Some(assignment::for_claim(state, &c).await?));
+                    match assignment::for_claim(state, &agent, &c).await? {
+                        Handout::Assignment(a) => return Ok(Some(*a)),
+                        Handout::Withheld(why) => withheld(state, &c, &why).await?,
+                    }
                 }
                 Ok(None) => {
                     if still_ready(state, &ev).await {
@@ -107,6 +113,20 @@ pub(crate) async fn claim(
             return Ok(None);
         }
     }
+}
+
+/// The claimed attempt may not run on this agent (its secrets are not for
+/// this pool): it fails at once with the reason, as a job failure (running
+/// it elsewhere is the operator's decision, not a retry's).
+async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -> ApiResult<()> {
+    tracing::warn!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, "{why}");
+    let done = api::Completion {
+        outcome: api::AttemptOutcome::Failed,
+        exit_code: None,
+        message: Some(why.to_string()),
+        infra_failure: false,
+    };
+    crate::services::attempts::complete(state, &c.job.id, c.epoch, done).await.map(|_| ())
 }
 
 /// Whether the delivery's job is still ready at its generation (so a "no"

@@ -9,6 +9,7 @@
 //! `attempts` and `runs` → `notices`.
 
 pub(crate) mod acceptance;
+pub(crate) mod access;
 pub(crate) mod agents;
 pub(crate) mod artifacts;
 pub(crate) mod assignment;

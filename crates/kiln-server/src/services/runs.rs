@@ -1,7 +1,9 @@
 //! Reading and cancelling runs (spec 000 §9 cancellation; the run view of
 //! the contract in ARCHITECTURE.md).
 
+use crate::auth::Principal;
 use crate::error::{ApiErr, ApiResult};
+use crate::services::access;
 use crate::services::notices;
 use crate::state::AppState;
 use crate::views;
@@ -32,8 +34,9 @@ pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
 }
 
 /// Cancel the run, tell the agents of its running attempts, and return it.
-pub(crate) async fn cancel(state: &AppState, run: &str) -> ApiResult<api::Run> {
+pub(crate) async fn cancel(state: &AppState, by: &Principal, run: &str) -> ApiResult<api::Run> {
     state.store.cancel_run(run).await?;
+    access::audit(state, &by.actor, "run.cancel", run, "").await?;
     let view = state.store.get_run(run).await?;
     notices::run_cancelled(state, &view);
     let bindings = state.store.run_bindings(run).await?;

@@ -28,10 +28,14 @@ async fn claim_gets_the_relayed_job_and_a_replaced_session_is_refused() {
     let a = super::claim(&app, &agent, "c1").await.expect("assignment");
     assert_eq!((a.run_id.as_str(), a.job_name.as_str(), a.epoch), (run.as_str(), "build", 1));
     assert_eq!(a.steps[0].run, "echo build");
-    // The agent process restarted: its old session may not claim.
-    let stale = api::ClaimRequest { session_id: "old".into(), claim_request_id: "c2".into(), wait_ms: 0 };
-    let res = app.agent().post(&format!("/v1/agents/{}/claim", agent.agent_id)).json(&stale).send().await;
-    assert_eq!(res.assert_status(StatusCode::CONFLICT).error_code(), api::codes::STALE_EPOCH);
+    // Another agent's credential may not claim for this agent, and the
+    // join token claims nothing.
+    let other = super::register(&app, "a2", 1).await;
+    let body = api::ClaimRequest { session_id: agent.session_id.clone(), claim_request_id: "c2".into(), wait_ms: 0 };
+    let path = format!("/v1/agents/{}/claim", agent.agent_id);
+    let res = app.with_token(&other.credential).post(&path).json(&body).send().await;
+    assert_eq!(res.assert_status(StatusCode::FORBIDDEN).error_code(), api::codes::FORBIDDEN);
+    app.agent().post(&path).json(&body).send().await.assert_status(StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]
@@ -39,7 +43,7 @@ async fn the_session_stream_pings_and_carries_cancel_notices() {
     let app = TestApp::new().await;
     let (run, agent, a) = super::claimed(&app, &["build"]).await;
     let path = format!("/v1/agents/{}/session?session_id={}", agent.agent_id, agent.session_id);
-    let res = app.agent().get(&path).send_streaming().await;
+    let res = app.with_token(&agent.credential).get(&path).send_streaming().await;
     assert_eq!(res.status(), StatusCode::OK);
     let mut body = res.into_body().into_data_stream();
     let first = next_frame(&mut body).await.unwrap();
@@ -54,6 +58,9 @@ async fn the_session_stream_pings_and_carries_cancel_notices() {
     };
     assert_eq!((notice.job_id, notice.epoch), (a.job_id, a.epoch));
     drop(body);
-    let bad = app.agent().get(&format!("/v1/agents/{}/session?session_id=old", agent.agent_id)).send().await;
-    bad.assert_status(StatusCode::CONFLICT);
+    // The join token opens no session stream; another agent's credential
+    // opens none of this agent's.
+    app.agent().get(&path).send().await.assert_status(StatusCode::UNAUTHORIZED);
+    let other = super::register(&app, "a2", 1).await;
+    app.with_token(&other.credential).get(&path).send().await.assert_status(StatusCode::FORBIDDEN);
 }

@@ -44,7 +44,7 @@ async fn upload_seal_restore_download() {
     let attempt = format!("/v1/jobs/{}/attempts/{}", a.job_id, a.epoch);
     let create = api::CreateUpload { name: "app".into(), size: bytes.len() as u64, sha256: Some(sha.clone()) };
     let s: api::UploadSession = app
-        .agent()
+        .holder(&a)
         .post(&format!("{attempt}/artifacts"))
         .json(&create)
         .send()
@@ -63,7 +63,7 @@ async fn upload_seal_restore_download() {
         app.anonymous().put(&part).body(bytes.clone()).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(receipt.size, bytes.len() as u64);
     let seal = format!("{attempt}/artifacts/{}/seal", s.generation_id);
-    let sealed: api::SealedGeneration = app.agent().post(&seal).send().await.assert_status(StatusCode::OK).json();
+    let sealed: api::SealedGeneration = app.holder(&a).post(&seal).send().await.assert_status(StatusCode::OK).json();
     assert_eq!((sealed.state.as_str(), sealed.sha256.as_str()), ("sealed", sha.as_str()));
 
     let public = format!("/v1/workflow-runs/{run}/artifacts/compile/app");
@@ -78,7 +78,7 @@ async fn upload_seal_restore_download() {
     let restore = api::RestoreRequest { from_job: "compile".into(), name: "app".into() };
     let path = format!("/v1/jobs/{}/attempts/{}/restore", t.job_id, t.epoch);
     let d: api::ArtifactDownload =
-        app.agent().post(&path).json(&restore).send().await.assert_status(StatusCode::OK).json();
+        app.holder(&t).post(&path).json(&restore).send().await.assert_status(StatusCode::OK).json();
     assert_eq!((d.sha256.as_str(), d.job.as_str()), (sha.as_str(), "compile"));
     let got = app.anonymous().get(&local(&d.url)).send().await.assert_status(StatusCode::OK);
     assert_eq!(got.header("x-kiln-sha256"), Some(sha.as_str()));

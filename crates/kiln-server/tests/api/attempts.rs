@@ -10,10 +10,15 @@ use sha2::{Digest, Sha256};
 async fn heartbeat_of_the_live_epoch_only() {
     let app = TestApp::new().await;
     let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
-    let ok = app.agent().post(&format!("/v1/jobs/{}/attempts/1/heartbeat", a.job_id)).send().await;
+    let ok = app.holder(&a).post(&format!("/v1/jobs/{}/attempts/1/heartbeat", a.job_id)).send().await;
     let hb: api::HeartbeatResponse = ok.assert_status(StatusCode::OK).json();
     assert_eq!((hb.cancel_requested, hb.lease_ttl_ms), (false, 30_000));
-    let stale = app.agent().post(&format!("/v1/jobs/{}/attempts/2/heartbeat", a.job_id)).send().await;
+    // Epoch 2 is not this token's attempt (nobody holds it yet).
+    let other = app.holder(&a).post(&format!("/v1/jobs/{}/attempts/2/heartbeat", a.job_id)).send().await;
+    assert_eq!(other.assert_status(StatusCode::FORBIDDEN).error_code(), api::codes::FORBIDDEN);
+    // Once epoch 1 is over, its own token is refused as stale.
+    super::complete(&app, &a, "success").await.assert_status(StatusCode::OK);
+    let stale = app.holder(&a).post(&format!("/v1/jobs/{}/attempts/1/heartbeat", a.job_id)).send().await;
     assert_eq!(stale.assert_status(StatusCode::CONFLICT).error_code(), api::codes::STALE_EPOCH);
 }
 
@@ -30,12 +35,12 @@ async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
         data: base64::engine::general_purpose::STANDARD.encode("hello\n"),
         sha256: sha(b"hello\n"),
     };
-    let ack: api::LogAck = app.agent().post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
+    let ack: api::LogAck = app.holder(&a).post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(ack.committed.get("stdout"), Some(&6));
-    let retry: api::LogAck = app.agent().post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
+    let retry: api::LogAck = app.holder(&a).post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(retry.committed, ack.committed);
     let raw = app
-        .agent()
+        .holder(&a)
         .post(&path)
         .header("content-type", "application/octet-stream")
         .header(api::log_headers::STREAM, "stdout")
@@ -50,14 +55,15 @@ async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
     let mut conflict = json.clone();
     conflict.data = base64::engine::general_purpose::STANDARD.encode("HELLO\n");
     conflict.sha256 = sha(b"HELLO\n");
-    app.agent().post(&path).json(&conflict).send().await.assert_status(StatusCode::CONFLICT);
+    app.holder(&a).post(&path).json(&conflict).send().await.assert_status(StatusCode::CONFLICT);
     let mut bad = json.clone();
     bad.stream = "seal".into();
-    app.agent().post(&path).json(&bad).send().await.assert_status(StatusCode::BAD_REQUEST);
-    let no_headers = app.agent().post(&path).header("content-type", "application/octet-stream").body("x").send().await;
+    app.holder(&a).post(&path).json(&bad).send().await.assert_status(StatusCode::BAD_REQUEST);
+    let no_headers =
+        app.holder(&a).post(&path).header("content-type", "application/octet-stream").body("x").send().await;
     no_headers.assert_status(StatusCode::BAD_REQUEST);
-    let stale = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch + 1);
-    app.agent().post(&stale).json(&json).send().await.assert_status(StatusCode::CONFLICT);
+    let other = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch + 1);
+    app.holder(&a).post(&other).json(&json).send().await.assert_status(StatusCode::FORBIDDEN);
 }
 
 #[tokio::test]
@@ -83,11 +89,13 @@ async fn an_image_digest_is_committed_once() {
     let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
     let path = format!("/v1/jobs/{}/attempts/{}/image", a.job_id, a.epoch);
     let bad = api::ImageCommit { digest: "latest".into() };
-    app.agent().post(&path).json(&bad).send().await.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
+    app.holder(&a).post(&path).json(&bad).send().await.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
     let first = api::ImageCommit { digest: format!("sha256:{}", "a".repeat(64)) };
     let second = api::ImageCommit { digest: format!("sha256:{}", "b".repeat(64)) };
-    let got: api::ImageCommit = app.agent().post(&path).json(&first).send().await.assert_status(StatusCode::OK).json();
+    let got: api::ImageCommit =
+        app.holder(&a).post(&path).json(&first).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(got.digest, first.digest);
-    let got: api::ImageCommit = app.agent().post(&path).json(&second).send().await.assert_status(StatusCode::OK).json();
+    let got: api::ImageCommit =
+        app.holder(&a).post(&path).json(&second).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(got.digest, first.digest, "the first committed digest wins");
 }

@@ -36,7 +36,7 @@ async fn a_get_may_carry_the_token_in_the_query_for_event_source() {
     app.anonymous().get("/v1/repos?token=kiln_admin_test").send().await.assert_status(StatusCode::OK);
     // Percent-encoded as a browser may send it; never on a POST.
     app.anonymous().get("/v1/repos?token=kiln%5Fadmin%5Ftest").send().await.assert_status(StatusCode::OK);
-    let create = api::CreateRepo { name: "r".into(), clone_url: "/x".into(), webhook_secret: None };
+    let create = api::CreateRepo { name: "r".into(), clone_url: "/x".into(), webhook_secret: None, secret_pools: None };
     let res = app.anonymous().post("/v1/repos?token=kiln_admin_test").json(&create).send().await;
     res.assert_status(StatusCode::UNAUTHORIZED);
 }

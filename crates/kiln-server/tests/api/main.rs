@@ -3,6 +3,7 @@
 //! One module per route family; the real binary's behaviour is proven by
 //! the e2e suite in `crates/kiln/tests`.
 
+mod access;
 mod agents;
 mod artifacts;
 mod attempts;
@@ -55,7 +56,12 @@ pub async fn register(app: &TestApp, name: &str, max_jobs: u32) -> api::AgentReg
 pub async fn claim(app: &TestApp, agent: &api::AgentRegistration, request_id: &str) -> Option<api::Assignment> {
     let body =
         api::ClaimRequest { session_id: agent.session_id.clone(), claim_request_id: request_id.into(), wait_ms: 0 };
-    let res = app.agent().post(&format!("/v1/agents/{}/claim", agent.agent_id)).json(&body).send().await;
+    let res = app
+        .with_token(&agent.credential)
+        .post(&format!("/v1/agents/{}/claim", agent.agent_id))
+        .json(&body)
+        .send()
+        .await;
     res.assert_status(StatusCode::OK).json::<api::ClaimResponse>().assignment
 }
 
@@ -75,5 +81,5 @@ pub async fn get_run(app: &TestApp, run: &str) -> api::Run {
 
 pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln_testkit::TestResponse {
     let body = api::Completion { outcome: outcome.into(), exit_code: Some(0), message: None, infra_failure: false };
-    app.agent().post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
+    app.holder(a).post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
 }

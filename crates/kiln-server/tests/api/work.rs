@@ -24,7 +24,7 @@ async fn an_expired_lease_is_fenced_and_its_epoch_refused() {
     let app = TestApp::with_config(|c| c.lease_ttl = Duration::ZERO).await;
     let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
     assert_eq!(app.run_pending_work().await.fenced, 1);
-    let hb = app.agent().post(&format!("/v1/jobs/{}/attempts/{}/heartbeat", a.job_id, a.epoch)).send().await;
+    let hb = app.holder(&a).post(&format!("/v1/jobs/{}/attempts/{}/heartbeat", a.job_id, a.epoch)).send().await;
     assert_eq!(hb.assert_status(StatusCode::CONFLICT).error_code(), api::codes::STALE_EPOCH);
     let run = super::get_run(&app, &a.run_id).await;
     assert_eq!(run.jobs[0].attempts[0].outcome, "lost");
@@ -42,7 +42,8 @@ async fn an_unbound_generation_is_collected_after_the_grace() {
     let bytes = b"partial";
     let create = api::CreateUpload { name: "app".into(), size: 7, sha256: Some(hex::encode(Sha256::digest(bytes))) };
     let path = format!("/v1/jobs/{}/attempts/{}/artifacts", a.job_id, a.epoch);
-    let s: api::UploadSession = app.agent().post(&path).json(&create).send().await.assert_status(StatusCode::OK).json();
+    let s: api::UploadSession =
+        app.holder(&a).post(&path).json(&create).send().await.assert_status(StatusCode::OK).json();
     // The attempt fails before sealing: the generation stays unbound.
     super::complete(&app, &a, "failed").await.assert_status(StatusCode::OK);
     assert_eq!(app.run_pending_work().await.collected, 0, "within the grace period");

@@ -2,28 +2,36 @@
 //! an attempt is accepted only from the session that holds it).
 
 use crate::db::{Exec, now};
-use crate::dialect::Isolation;
+use crate::dialect::{Isolation, Sql, lit};
 use crate::error::{Result, StoreError};
 use crate::model::AgentRecord;
 use crate::rows::{agent_from_row, new_id};
 use crate::store::SqlStore;
+use kiln_core::AttemptOutcome;
 use std::collections::BTreeMap;
 
-/// `AgentStore::register_agent`.
-pub(crate) async fn register_agent(store: &SqlStore, name: &str, labels: &str, max_jobs: u32) -> Result<AgentRecord> {
+/// `AgentStore::register_agent_in`.
+pub(crate) async fn register_agent(
+    store: &SqlStore,
+    name: &str,
+    labels: &str,
+    max_jobs: u32,
+    pool: &str,
+    join_token_id: Option<&str>,
+) -> Result<AgentRecord> {
     let parsed: BTreeMap<String, String> =
         serde_json::from_str(labels).map_err(|e| StoreError::Invalid(format!("labels: {e}")))?;
     let (id, session) = (&new_id(), &new_id());
-    store
+    let now = store
         .transaction(
             Isolation::Serializable,
-            &(id, session, name, labels, max_jobs),
-            |tx, &(id, session, name, labels, max_jobs)| {
+            &(id, session, name, labels, max_jobs, pool, join_token_id),
+            |tx, &(id, session, name, labels, max_jobs, pool, join_token_id)| {
                 Box::pin(async move {
                     let now = now(tx).await?;
                     tx.sql(
-                        "INSERT INTO agents (id, name, labels, max_jobs, session_id, created_at, last_seen_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                        "INSERT INTO agents (id, name, labels, max_jobs, session_id, created_at, last_seen_at, \
+                         pool, join_token_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                     )
                     .bind(id)
                     .bind(name)
@@ -32,14 +40,25 @@ pub(crate) async fn register_agent(store: &SqlStore, name: &str, labels: &str, m
                     .bind(session)
                     .bind(now)
                     .bind(now)
+                    .bind(pool)
+                    .bind(join_token_id)
                     .execute()
                     .await?;
-                    Ok(())
+                    Ok(now)
                 })
             },
         )
         .await?;
-    Ok(AgentRecord { id: id.into(), name: name.into(), labels: parsed, max_jobs, session_id: session.into() })
+    Ok(AgentRecord {
+        id: id.into(),
+        name: name.into(),
+        labels: parsed,
+        max_jobs,
+        session_id: session.into(),
+        pool: pool.into(),
+        created_at: now,
+        last_seen_at: now,
+    })
 }
 
 /// `AgentStore::get_agent`.
@@ -47,10 +66,39 @@ pub(crate) async fn get_agent(store: &SqlStore, agent_id: &str) -> Result<AgentR
     let row = store
         .reader()
         .await?
-        .sql("SELECT id, name, labels, max_jobs, session_id FROM agents WHERE id = $1")
+        .sql("SELECT * FROM agents WHERE id = $1")
         .bind(agent_id)
         .fetch_optional()
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("agent {agent_id}")))?;
     agent_from_row(&row)
+}
+
+/// `AgentStore::list_agents`.
+pub(crate) async fn list_agents(store: &SqlStore) -> Result<Vec<AgentRecord>> {
+    let rows = store.reader().await?.sql("SELECT * FROM agents ORDER BY created_at, id").fetch_all().await?;
+    rows.iter().map(agent_from_row).collect()
+}
+
+/// `AgentStore::remove_agent`: forget the agent, and end the leases of its
+/// running attempts now (the reconciler fences them at once), in one
+/// transaction. Its credentials then name no agent.
+pub(crate) async fn remove_agent(store: &SqlStore, agent_id: &str) -> Result<bool> {
+    static END_LEASES: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE attempts SET lease_deadline = $1 WHERE agent_id = $2 AND outcome = {running} \
+             AND lease_deadline > $1",
+            running = lit(AttemptOutcome::Running)
+        )
+    });
+    store
+        .transaction(Isolation::Serializable, &agent_id, |tx, &agent_id| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                let gone = tx.sql("DELETE FROM agents WHERE id = $1").bind(agent_id).execute().await?;
+                tx.sql(&END_LEASES).bind(now).bind(agent_id).execute().await?;
+                Ok(gone > 0)
+            })
+        })
+        .await
 }

@@ -181,13 +181,19 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
 }
 
 /// `AttemptStore::claimed_by_request`.
-pub(crate) async fn claimed_by_request(store: &SqlStore, claim_request_id: &str) -> Result<Option<ClaimedAttempt>> {
-    // Usually there is none: one statement, no transaction.
+pub(crate) async fn claimed_by_request(
+    store: &SqlStore,
+    claim_request_id: &str,
+    session_id: &str,
+) -> Result<Option<ClaimedAttempt>> {
+    // Usually there is none: one statement, no transaction. Another
+    // session's request id recovers nothing (its assignment is not ours).
     let prior: Option<(String, i64)> = store
         .reader()
         .await?
-        .sql("SELECT job_id, epoch FROM attempts WHERE claim_request_id = $1")
+        .sql("SELECT job_id, epoch FROM attempts WHERE claim_request_id = $1 AND session_id = $2")
         .bind(claim_request_id)
+        .bind(session_id)
         .optional()
         .await?;
     let Some((job_id, epoch)) = prior else {

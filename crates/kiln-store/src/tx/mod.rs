@@ -15,6 +15,7 @@
 //! - below all: `store.rs` (runner, locks), `rows.rs`, `db.rs`, `dialect.rs`.
 
 pub(crate) mod accept;
+pub(crate) mod access;
 pub(crate) mod advance;
 pub(crate) mod agents;
 pub(crate) mod artifacts;

@@ -49,6 +49,7 @@ pub(crate) async fn create_repo(
         clone_url: clone_url.into(),
         webhook_secret: webhook_secret.map(Into::into),
         created_at,
+        secret_pools: vec!["default".into()],
     })
 }
 

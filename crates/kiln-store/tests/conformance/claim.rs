@@ -179,18 +179,23 @@ pub async fn claim_request_id_is_idempotent<S: Store + 'static>(o: &Opener<S>) {
     assert_eq!(retried.epoch, 1, "a retried claim must not create epoch 2");
     assert_eq!(retried.job.id, build);
     assert_eq!(retried.lease_deadline, first.lease_deadline);
-    let recovered = s.claimed_by_request(&req.claim_request_id).await.unwrap().expect("recover by request id");
+    let recovered =
+        s.claimed_by_request(&req.claim_request_id, &req.session_id).await.unwrap().expect("recover by request id");
     assert_eq!((recovered.epoch, recovered.job.id.as_str()), (1, build.as_str()));
     assert_eq!(recovered.run.id, run_id);
     let v = view(s, &run_id).await;
     assert_eq!(v.jobs[0].attempts.len(), 1);
     assert_eq!(v.jobs[0].job.current_epoch, 1);
 
-    assert!(s.claimed_by_request("never-sent").await.unwrap().is_none());
+    assert!(s.claimed_by_request("never-sent", &req.session_id).await.unwrap().is_none());
+    // Another session (another agent that learned the request id) recovers
+    // nothing: the assignment is the claiming session's alone.
+    let other = agent(s, "b", 4).await;
+    assert!(s.claimed_by_request(&req.claim_request_id, &other.session_id).await.unwrap().is_none());
 
     // Once the attempt ended it is no longer a live ticket.
     s.complete(&build, 1, success()).await.unwrap();
-    assert!(s.claimed_by_request(&req.claim_request_id).await.unwrap().is_none());
+    assert!(s.claimed_by_request(&req.claim_request_id, &req.session_id).await.unwrap().is_none());
     assert!(s.claim(req).await.unwrap().is_none());
     assert_eq!(view(s, &run_id).await.jobs[0].attempts.len(), 1);
 }

@@ -18,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod accept;
+pub mod access;
 pub mod artifacts;
 pub mod bench;
 pub mod cancel;
@@ -56,6 +57,10 @@ macro_rules! suite {
             accept::idempotency_key_with_other_body_is_refused,
             accept::concurrent_idempotent_accepts_create_one_run,
             accept::unknown_repository_is_not_unavailable,
+            access::join_tokens_are_stored_hashed_and_revocable,
+            access::api_tokens_carry_scope_repo_and_trust,
+            access::agents_register_in_pools_and_removal_ends_their_leases,
+            access::secret_pools_and_audit_log,
             images::accept_stores_the_resolved_image_digests,
             images::built_image_digest_is_committed_once_by_the_live_epoch,
             claim::claim_creates_epoch_one_and_starts_the_run,

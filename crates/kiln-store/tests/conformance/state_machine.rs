@@ -293,7 +293,8 @@ impl<S: Store> Model<'_, S> {
                 let got = s.claim(req.clone()).await.expect("replayed claim");
                 assert_eq!(got.map(|c| c.epoch), still.then_some(epoch), "replayed claim of epoch {epoch}");
                 assert_eq!(self.reference.replay_claim(job, epoch), still.then_some(epoch), "model: replayed claim");
-                let rec = s.claimed_by_request(&req.claim_request_id).await.expect("claimed_by_request");
+                let rec =
+                    s.claimed_by_request(&req.claim_request_id, &req.session_id).await.expect("claimed_by_request");
                 assert_eq!(rec.map(|c| c.epoch), still.then_some(epoch));
                 false
             }

@@ -2,6 +2,7 @@
 //! several of them use. Modules here depend on `shared` (and `run` on
 //! `logs`), never on this file.
 
+mod access;
 mod agent;
 mod artifact;
 mod cancel;
@@ -26,6 +27,10 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Agent(a) => agent::run(a).await,
         Command::Repo { command } => repo::run(command).await,
         Command::Secret { command } => secret::run(command).await,
+        Command::Token { command } => access::token(command).await,
+        Command::AgentToken { command } => access::agent_token(command).await,
+        Command::Agents { command } => access::agents(command).await,
+        Command::Audit(a) => access::audit(a).await,
         Command::Run(a) => run::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Logs(a) => logs::run(a).await,

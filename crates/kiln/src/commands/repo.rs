@@ -7,11 +7,16 @@ use kiln_cmd::CmdResult;
 
 pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
     match cmd {
-        RepoCommand::Add { name, url, webhook_secret, conn } => {
+        RepoCommand::Add { name, url, webhook_secret, secret_pools, conn } => {
             let c = client(&conn)?;
             let url = absolutize(&url);
-            let r = c.create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret }).await?;
-            println!("registered repository {} ({})", r.name, r.clone_url);
+            let r = c.create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret, secret_pools }).await?;
+            println!(
+                "registered repository {} ({}); secrets go to agent pools: {}",
+                r.name,
+                r.clone_url,
+                r.secret_pools.join(", ")
+            );
         }
         RepoCommand::List { conn } => {
             let c = client(&conn)?;

@@ -22,7 +22,12 @@ async fn option_like_and_helper_clone_urls_are_refused() {
     let before = names_under(&server.data_dir());
     for url in &hostile {
         let e = c
-            .create_repo(&CreateRepo { name: "evil".into(), clone_url: url.clone(), webhook_secret: None })
+            .create_repo(&CreateRepo {
+                name: "evil".into(),
+                clone_url: url.clone(),
+                webhook_secret: None,
+                secret_pools: None,
+            })
             .await
             .expect_err(url);
         assert_eq!(e.status(), Some(422), "{url}: {e:?}");

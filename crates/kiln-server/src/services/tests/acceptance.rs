@@ -11,6 +11,7 @@ fn submission(repo: &str, commit: &str, key: Option<&[u8]>) -> Submission {
         repo: repo.into(),
         request: api::SubmitRun { commit_sha: commit.into(), ..Default::default() },
         idempotency_key: key.map(<[u8]>::to_vec),
+        by: crate::auth::Principal::admin_file(),
     }
 }
 
@@ -18,9 +19,13 @@ fn submission(repo: &str, commit: &str, key: Option<&[u8]>) -> Submission {
 fn trust_is_decided_by_the_trigger_and_never_raised() {
     // (trigger, decided trust): literal rows, not a copy of the match.
     let rows = [
-        (Trigger::Api, Trust::Trusted),
-        (Trigger::Retry { parent: Trust::Trusted }, Trust::Trusted),
-        (Trigger::Retry { parent: Trust::Untrusted }, Trust::Untrusted),
+        (Trigger::Api { event: "manual", may_start_trusted: true }, Trust::Trusted),
+        (Trigger::Api { event: "push", may_start_trusted: true }, Trust::Trusted),
+        (Trigger::Api { event: "pull_request", may_start_trusted: true }, Trust::Untrusted),
+        (Trigger::Api { event: "manual", may_start_trusted: false }, Trust::Untrusted),
+        (Trigger::Retry { parent: Trust::Trusted, may_start_trusted: true }, Trust::Trusted),
+        (Trigger::Retry { parent: Trust::Trusted, may_start_trusted: false }, Trust::Untrusted),
+        (Trigger::Retry { parent: Trust::Untrusted, may_start_trusted: true }, Trust::Untrusted),
     ];
     for (trigger, want) in rows {
         assert_eq!(decide_trust(trigger), want, "{trigger:?}");
@@ -110,13 +115,13 @@ async fn a_retry_keeps_the_frozen_run_and_its_trust() {
     let repo = env.pipeline("r", &["build"]).await;
     let parent = env.submit("r").await;
     repo.commit(&[(".kiln/pipeline.yaml", &workflow(&["other"]))], "change the pipeline").unwrap();
-    let child = acceptance::retry(&env.state, &parent).await.unwrap();
+    let child = acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), &parent).await.unwrap();
     let (p, c) = (env.state.store.get_run(&parent).await.unwrap(), env.state.store.get_run(&child).await.unwrap());
     assert_eq!(c.run.parent_run_id.as_deref(), Some(parent.as_str()));
     assert_eq!((c.run.commit_sha, c.run.workflow_hash), (p.run.commit_sha, p.run.workflow_hash));
     assert_eq!(c.jobs.iter().map(|j| j.job.name.as_str()).collect::<Vec<_>>(), ["build"]);
     assert_eq!((c.run.event.as_str(), c.run.trust.as_str()), ("retry", "trusted"));
-    let e = acceptance::retry(&env.state, "no-such-run").await.unwrap_err();
+    let e = acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), "no-such-run").await.unwrap_err();
     assert_eq!(e.status, StatusCode::NOT_FOUND);
 }
 

@@ -37,7 +37,12 @@ async fn a_trusted_runs_assignment_carries_its_job_and_secrets() {
     env.state.store.put_secret(&r.id, "TOKEN", "s3cret").await.unwrap();
     let mut request = kiln_api::SubmitRun { commit_sha: "HEAD".into(), ..Default::default() };
     request.inputs.insert("target-env".into(), "prod".into());
-    let sub = crate::services::acceptance::Submission { repo: "r".into(), request, idempotency_key: None };
+    let sub = crate::services::acceptance::Submission {
+        repo: "r".into(),
+        request,
+        idempotency_key: None,
+        by: crate::auth::Principal::admin_file(),
+    };
     crate::services::acceptance::submit(&env.state, sub).await.unwrap();
     env.relay().await;
     let agent = small_agent(&env).await;
@@ -106,9 +111,67 @@ async fn an_untrusted_run_gets_no_secrets() {
         .unwrap()
         .expect("claimed");
     assert!(!assignment::may_read_secrets(&c));
-    let a = assignment::for_claim(&env.state, &c).await.unwrap();
+    let record = env.state.store.get_agent(&agent.0).await.unwrap();
+    let assignment::Handout::Assignment(a) = assignment::for_claim(&env.state, &record, &c).await.unwrap() else {
+        panic!("an untrusted run's job runs, without its secrets");
+    };
     assert!(a.secrets.is_empty(), "{:?}", a.secrets);
     // The recovery path builds the same assignment.
     let req = Env::claim_request(&agent.1, "c1", 0);
     assert!(claim::claim(&env.state, &agent.0, &req).await.unwrap().unwrap().secrets.is_empty());
+}
+
+#[tokio::test]
+async fn a_pull_request_submitted_with_the_admin_token_is_untrusted_and_gets_no_secrets() {
+    let env = Env::new().await;
+    let _repo = env.repo("r", &[(".kiln/pipeline.yaml", WF)]).await;
+    let r = env.state.store.get_repo("r").await.unwrap();
+    env.state.store.put_secret(&r.id, "TOKEN", "s3cret").await.unwrap();
+    let request =
+        kiln_api::SubmitRun { commit_sha: "HEAD".into(), event: Some("pull_request".into()), ..Default::default() };
+    let by = crate::auth::Principal::admin_file();
+    let sub = crate::services::acceptance::Submission { repo: "r".into(), request, idempotency_key: None, by };
+    let run = crate::services::acceptance::submit(&env.state, sub).await.unwrap();
+    assert_eq!(env.state.store.get_run(&run).await.unwrap().run.trust, "untrusted");
+    env.relay().await;
+    let agent = small_agent(&env).await;
+    let a = env.claim_now(&agent, "c1").await.unwrap();
+    assert!(a.secrets.is_empty(), "{:?}", a.secrets);
+    assert!(!a.attempt_token.is_empty(), "every assignment carries its attempt token");
+    assert!(env.state.agent_keys.holds_attempt(&a.attempt_token, &a.job_id, a.epoch));
+    let reads = env.state.store.list_audit(None, 100).await.unwrap();
+    assert!(reads.iter().all(|e| e.action != "secret.read"), "{reads:?}");
+}
+
+#[tokio::test]
+async fn secrets_are_not_handed_to_agents_of_other_pools() {
+    let env = Env::new().await;
+    let _repo = env.repo("r", &[(".kiln/pipeline.yaml", WF)]).await;
+    let r = env.state.store.get_repo("r").await.unwrap();
+    env.state.store.put_secret(&r.id, "TOKEN", "s3cret").await.unwrap();
+    env.submit("r").await;
+    env.relay().await;
+    // An agent that joined with a token of pool `forks`: the repository
+    // hands its secrets to `default` only.
+    let a = env.state.store.register_agent_in("pr-box", r#"{"size":"small"}"#, 1, "forks", Some("j1")).await.unwrap();
+    assert!(env.claim_now(&(a.id.clone(), a.session_id.clone()), "c1").await.is_none(), "nothing runs there");
+    let run = env.state.store.list_runs(&r.id, None, 10).await.unwrap().remove(0);
+    let view = env.state.store.get_run(&run.id).await.unwrap();
+    let job = &view.jobs[0];
+    assert_eq!(job.job.status, kiln_core::JobStatus::Failed);
+    let msg = job.attempts[0].message.clone().unwrap_or_default();
+    assert!(msg.contains("not handed to agent pool `forks`"), "{msg}");
+    assert!(env.state.store.list_audit(None, 100).await.unwrap().iter().all(|e| e.action != "secret.read"));
+
+    // The same job on an agent of an allowed pool gets them, and the
+    // handout is in the audit log.
+    env.state.store.set_secret_pools(&r.id, &["forks".into()]).await.unwrap();
+    env.submit("r").await;
+    env.relay().await;
+    let b = env.state.store.register_agent_in("pr-box-2", r#"{"size":"small"}"#, 1, "forks", None).await.unwrap();
+    let got = env.claim_now(&(b.id.clone(), b.session_id.clone()), "c2").await.expect("claimed");
+    assert_eq!(got.secrets.get("TOKEN").map(String::as_str), Some("s3cret"));
+    let audit = env.state.store.list_audit(None, 100).await.unwrap();
+    let read = audit.iter().find(|e| e.action == "secret.read").expect("audited");
+    assert_eq!((read.actor.as_str(), read.target.as_str()), (format!("agent:{}", b.id).as_str(), "r/TOKEN"));
 }

@@ -61,7 +61,12 @@ impl Env {
     /// Submit HEAD of `repo`; the run id.
     pub async fn submit(&self, repo: &str) -> String {
         let request = api::SubmitRun { commit_sha: "HEAD".into(), ..Default::default() };
-        let sub = acceptance::Submission { repo: repo.into(), request, idempotency_key: None };
+        let sub = acceptance::Submission {
+            repo: repo.into(),
+            request,
+            idempotency_key: None,
+            by: crate::auth::Principal::admin_file(),
+        };
         acceptance::submit(&self.state, sub).await.expect("submit")
     }
 

@@ -1,0 +1,96 @@
+//! Access records: join and API tokens (hashes only, revocation), agent
+//! pools and removal, secret pools, and the audit log.
+
+use super::*;
+
+pub async fn join_tokens_are_stored_hashed_and_revocable<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let t = s.create_join_token("j1", "builders", "gpu", "hash-1").await.unwrap();
+    assert_eq!((t.pool.as_str(), t.revoked_at), ("gpu", None));
+    assert!(matches!(s.create_join_token("j1", "again", "gpu", "hash-2").await, Err(StoreError::Conflict(_))));
+    assert_eq!(s.get_join_token("j1").await.unwrap().token_hash, "hash-1");
+    assert!(s.revoke_join_token("j1").await.unwrap());
+    let revoked = s.get_join_token("j1").await.unwrap().revoked_at.expect("revoked");
+    assert!(s.revoke_join_token("j1").await.unwrap(), "revoking twice is fine");
+    assert_eq!(s.get_join_token("j1").await.unwrap().revoked_at, Some(revoked), "the first revocation stands");
+    assert!(!s.revoke_join_token("nope").await.unwrap());
+    assert!(matches!(s.get_join_token("nope").await, Err(StoreError::NotFound(_))));
+    assert_eq!(s.list_join_tokens().await.unwrap().len(), 1);
+}
+
+pub async fn api_tokens_carry_scope_repo_and_trust<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    let t = ApiTokenRecord {
+        id: "t1".into(),
+        name: "ci".into(),
+        scope: "trigger".into(),
+        repo_id: Some(r.id.clone()),
+        trusted: true,
+        token_hash: "h".into(),
+        created_at: 0,
+        revoked_at: None,
+        last_used_at: None,
+    };
+    let made = s.create_api_token(&t).await.unwrap();
+    assert!(made.created_at > 0);
+    let got = s.get_api_token("t1").await.unwrap();
+    assert_eq!(got, made);
+    s.touch_api_token("t1").await.unwrap();
+    assert!(s.get_api_token("t1").await.unwrap().last_used_at.is_some());
+    assert!(s.revoke_api_token("t1").await.unwrap());
+    assert!(s.get_api_token("t1").await.unwrap().revoked_at.is_some());
+    assert_eq!(s.list_api_tokens().await.unwrap().len(), 1);
+}
+
+pub async fn agents_register_in_pools_and_removal_ends_their_leases<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0)])).await;
+    let a = s.register_agent_in("a", r#"{"os":"linux"}"#, 2, "gpu", Some("j1")).await.unwrap();
+    assert_eq!(s.get_agent(&a.id).await.unwrap().pool, "gpu");
+    let plain = agent(s, "b", 1).await;
+    assert_eq!(plain.pool, "default");
+    let build = job_id(s, &run_id, "build").await;
+    let g = s.get_job(&build).await.unwrap().dispatch_generation;
+    s.claim(claim_input(&a, &build, g, LONG_TTL)).await.unwrap().expect("claimed");
+    assert!(s.fence_expired().await.unwrap().is_empty(), "a live lease is not fenced");
+
+    assert!(s.remove_agent(&a.id).await.unwrap());
+    assert!(!s.remove_agent(&a.id).await.unwrap());
+    assert!(matches!(s.get_agent(&a.id).await, Err(StoreError::NotFound(_))));
+    assert_eq!(
+        s.list_agents().await.unwrap().iter().map(|x| x.id.as_str()).collect::<Vec<_>>(),
+        vec![plain.id.as_str()]
+    );
+    // Its attempt can no longer act, and the reconciler fences it at once.
+    assert!(s.heartbeat(&build, 1, LONG_TTL).await.is_err(), "a removed agent's lease is over");
+    assert_eq!(s.fence_expired().await.unwrap(), vec![(build.clone(), 1)]);
+}
+
+pub async fn secret_pools_and_audit_log<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    assert_eq!(r.secret_pools, vec!["default".to_string()], "the default pool only, by default");
+    s.set_secret_pools(&r.id, &["gpu".into(), "default".into()]).await.unwrap();
+    assert_eq!(s.get_repo(&r.id).await.unwrap().secret_pools, vec!["gpu".to_string(), "default".to_string()]);
+    assert!(matches!(s.set_secret_pools("nope", &[]).await, Err(StoreError::NotFound(_))));
+
+    for i in 0..5 {
+        let e = NewAudit {
+            actor: "admin.token".into(),
+            action: "run.submit".into(),
+            target: format!("run-{i}"),
+            detail: String::new(),
+        };
+        s.audit(&e).await.unwrap();
+    }
+    let page = s.list_audit(None, 3).await.unwrap();
+    assert_eq!(page.iter().map(|e| e.target.as_str()).collect::<Vec<_>>(), vec!["run-4", "run-3", "run-2"]);
+    let rest = s.list_audit(Some(page[2].id), 10).await.unwrap();
+    assert_eq!(rest.iter().map(|e| e.target.as_str()).collect::<Vec<_>>(), vec!["run-1", "run-0"]);
+    assert!(page[0].at > 0);
+}
