@@ -126,12 +126,14 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let ticket = Arc::new(AtomicU64::new(0));
     let mut agents = tokio::task::JoinSet::new();
     let mut jobs = tokio::task::JoinSet::new();
-    let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<(String, i64, String)>();
+    let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<(String, i64, String, String)>();
     for i in 0..a.agents {
         let c = Client::new(&urls[i as usize % urls.len()], &agent_token);
         let reg = c
             .register_agent(&RegisterAgent { name: format!("virtual-{i}"), labels: Default::default(), max_jobs: 256 })
             .await?;
+        // Claims carry the session's credential, not the join token.
+        let c = c.with_token(&reg.credential);
         let (stats, ticket, job_tx, url) =
             (stats.clone(), ticket.clone(), job_tx.clone(), urls[i as usize % urls.len()].clone());
         agents.spawn(async move {
@@ -154,7 +156,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         if let Some(asg) = r.assignment {
                             stats.claim_ms.lock().await.push(t.elapsed().as_secs_f64() * 1000.0);
                             stats.claims.fetch_add(1, Ordering::Relaxed);
-                            let _ = job_tx.send((asg.job_id, asg.epoch, url.clone()));
+                            let _ = job_tx.send((asg.job_id, asg.epoch, asg.attempt_token, url.clone()));
                         }
                     }
                     Err(_) => {
@@ -174,8 +176,13 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let spawner = {
         let stats = stats.clone();
         tokio::spawn(async move {
-            while let Some((job, epoch, url)) = job_rx.recv().await {
-                let c = lease_clients.get(&url).cloned().unwrap_or_else(|| Client::new(&url, &agent_token));
+            while let Some((job, epoch, token, url)) = job_rx.recv().await {
+                // Each attempt's calls carry its own token (same connection pool).
+                let c = lease_clients
+                    .get(&url)
+                    .cloned()
+                    .unwrap_or_else(|| Client::new(&url, &agent_token))
+                    .with_token(&token);
                 let stats = stats.clone();
                 jobs.spawn(async move {
                     let until = Instant::now() + hold;

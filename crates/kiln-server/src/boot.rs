@@ -59,6 +59,25 @@ pub(crate) async fn open_store(config: &ServerConfig) -> anyhow::Result<Arc<dyn 
     Ok(Arc::new(store.with_backoff(backoff)))
 }
 
+/// Seal secrets an earlier version stored in clear (each only if unchanged
+/// meanwhile, all in one transaction); how many.
+pub(crate) async fn seal_legacy_secrets(store: &dyn Store, secrets: &crate::sealing::SecretBox) -> anyhow::Result<u64> {
+    let changes: Vec<_> = store
+        .all_secrets()
+        .await?
+        .into_iter()
+        .filter(|(_, _, v)| !crate::sealing::SecretBox::is_sealed(v))
+        .map(|(repo, name, v)| {
+            let sealed = secrets.seal(&repo, &name, &v);
+            (repo, name, v, sealed)
+        })
+        .collect();
+    if changes.is_empty() {
+        return Ok(0);
+    }
+    Ok(store.replace_secrets(&changes).await?)
+}
+
 /// A database URL without its password, for messages.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

@@ -40,6 +40,9 @@ pub struct ServerConfig {
     /// `s3://BUCKET[/PREFIX]?endpoint=…&region=…` (credentials from the
     /// environment; agents get presigned URLs).
     pub object_store: String,
+    /// The key secrets are sealed with (`None`: `DATA_DIR/secrets.key`,
+    /// created on first start). Keep it apart from the database's backups.
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -58,6 +61,12 @@ impl ServerConfig {
             dispatch_sweep: Duration::ZERO,
             registries: RegistryConfig::default(),
             object_store: String::new(),
+            secrets_key_file: None,
         }
+    }
+
+    /// Where the secrets key lives.
+    pub fn secrets_key_path(&self) -> PathBuf {
+        self.secrets_key_file.clone().unwrap_or_else(|| self.data_dir.join("secrets.key"))
     }
 }

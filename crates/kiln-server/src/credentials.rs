@@ -31,13 +31,13 @@ const ATTEMPT_PREFIX: &str = "kiln_a1";
 
 /// The key of agent credentials, derived from the server's `blob.key`.
 #[derive(Clone)]
-pub(crate) struct AgentKeys {
+pub struct AgentKeys {
     key: Vec<u8>,
 }
 
 /// Who a valid session credential names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AgentCaller {
+pub struct AgentCaller {
     pub agent_id: String,
     pub session_id: String,
 }

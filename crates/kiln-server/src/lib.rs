@@ -14,7 +14,7 @@ mod boot;
 mod capability;
 mod clock;
 mod config;
-mod credentials;
+pub mod credentials;
 mod dispatch;
 mod error;
 mod git;
@@ -22,7 +22,9 @@ mod handlers;
 mod images;
 mod log_index;
 mod loops;
+pub mod oidc;
 mod router;
+pub mod sealing;
 mod services;
 mod state;
 mod views;
@@ -77,6 +79,34 @@ impl ServerHandle {
     }
 }
 
+/// `kiln secret rotate-key`: seal every secret under a new key, in one
+/// transaction, then put the new key in place (running servers pick it up
+/// at their next read of a secret). Returns how many secrets and the new
+/// key's id.
+pub async fn rotate_secrets_key(config: &ServerConfig) -> anyhow::Result<(u64, String)> {
+    let path = config.secrets_key_path();
+    anyhow::ensure!(path.exists(), "{} does not exist: there is no key to rotate", path.display());
+    let old = sealing::SecretBox::load_or_create(&path)?;
+    let store = boot::open_store(config).await?;
+    let new_hex = sealing::new_key_hex();
+    let new = sealing::SecretBox::from_hex(&new_hex)?;
+    let mut changes = Vec::new();
+    for (repo_id, name, stored) in store.all_secrets().await? {
+        let plain = old.open(&repo_id, &name, &stored).map_err(|e| anyhow::anyhow!("secret {name}: {e}"))?;
+        let resealed = new.seal(&repo_id, &name, &plain);
+        changes.push((repo_id, name, stored, resealed));
+    }
+    // The new key is on disk before any value needs it.
+    let next = path.with_extension("next");
+    sealing::write_key_file(&next, &new_hex)?;
+    if let Err(e) = store.replace_secrets(&changes).await {
+        let _ = std::fs::remove_file(&next);
+        return Err(anyhow::anyhow!("nothing was changed: {e}"));
+    }
+    std::fs::rename(&next, &path).with_context(|| format!("cannot replace {}", path.display()))?;
+    Ok((changes.len() as u64, new.key_id()))
+}
+
 /// Open the store, bind the listener and start serving in the background.
 pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let url = config.database_url.as_deref().unwrap_or("");
@@ -90,10 +120,16 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let admin_token = boot::load_or_create_token(&config.data_dir, "admin.token")?;
     let agent_token = boot::load_or_create_token(&config.data_dir, "agent.token")?;
     let blob_key = boot::load_or_create_token(&config.data_dir, "blob.key")?;
+    let secrets = sealing::SecretBox::load_or_create(&config.secrets_key_path())?;
+    let oidc = oidc::Issuer::open(&config.data_dir.join("oidc"))?;
     let blob = kiln_blob::BlobStore::open_url(&config.object_store, &config.data_dir.join("objects"))
         .map_err(|e| anyhow::anyhow!(e))?;
     tracing::info!(object_store = %blob.describe(), "object store");
     let store = boot::open_store(&config).await?;
+    let sealed = boot::seal_legacy_secrets(&*store, &secrets).await?;
+    if sealed > 0 {
+        tracing::info!(sealed, "sealed secrets stored in clear by an earlier version");
+    }
     let listener =
         TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
@@ -105,6 +141,8 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
         agent_token: agent_token.clone(),
         blob_key: blob_key.into_bytes(),
         clock: Arc::new(SystemClock),
+        secrets,
+        oidc,
     });
     let (shutdown, mut rx) = watch::channel(false);
     loops::spawn(app.state().clone(), shutdown.subscribe()).await?;

@@ -4,7 +4,7 @@
 //! and the UI. See `auth` for who may call what.
 
 use crate::auth;
-use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, repos, runs, secrets};
+use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, oidc, repos, runs, secrets};
 use crate::state::State;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post, put};
@@ -62,6 +62,8 @@ pub(crate) fn router(state: State) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
+        .route("/.well-known/openid-configuration", get(oidc::discovery))
+        .route("/.well-known/jwks.json", get(oidc::jwks))
         .route("/", get(health::ui))
         .fallback(health::no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))

@@ -10,6 +10,8 @@ use crate::dispatch::Dispatcher;
 use crate::git::Mirrors;
 use crate::images::Resolver;
 use crate::log_index::IndexCache;
+use crate::oidc::Issuer;
+use crate::sealing::SecretBox;
 use kiln_store::Store;
 use std::sync::Arc;
 use tokio::sync::{Notify, broadcast};
@@ -24,6 +26,10 @@ pub struct AppParts {
     /// Key of the data plane's capability URLs.
     pub blob_key: Vec<u8>,
     pub clock: Arc<dyn Clock>,
+    /// Seals secret values at rest.
+    pub secrets: SecretBox,
+    /// Signs jobs' OIDC identity tokens.
+    pub oidc: Issuer,
 }
 
 pub(crate) struct AppState {
@@ -45,6 +51,10 @@ pub(crate) struct AppState {
     pub agent_keys: AgentKeys,
     /// API tokens recently read from the store.
     pub tokens: TokenCache,
+    /// Seals and opens secret values.
+    pub secrets: SecretBox,
+    /// Signs jobs' OIDC identity tokens and publishes their keys.
+    pub oidc: Issuer,
     /// Parsed log archive indexes, by object key.
     pub log_indexes: IndexCache,
     /// Resolves `image.ref` tags to digests at acceptance.
@@ -65,7 +75,7 @@ pub(crate) struct CancelEvent {
 
 impl AppState {
     pub fn new(parts: AppParts) -> State {
-        let AppParts { config, store, blob, admin_token, agent_token, blob_key, clock } = parts;
+        let AppParts { config, store, blob, admin_token, agent_token, blob_key, clock, secrets, oidc } = parts;
         Arc::new(AppState {
             store,
             mirrors: Mirrors::new(config.data_dir.join("mirrors")),
@@ -80,6 +90,8 @@ impl AppState {
             blob,
             agent_keys: AgentKeys::new(&blob_key),
             tokens: TokenCache::default(),
+            secrets,
+            oidc,
             signer: Signer::new(blob_key),
             log_indexes: Default::default(),
             clock,
@@ -89,6 +101,11 @@ impl AppState {
     /// Wake SSE followers of `job` (its log or status changed).
     pub fn job_changed(&self, job: &str) {
         let _ = self.job_events.send(job.to_string());
+    }
+
+    /// The `iss` of identity tokens: the URL this server is reached at.
+    pub fn issuer_url(&self) -> String {
+        format!("http://{}", self.config.listen).trim_end_matches('/').to_string()
     }
 
     /// Lease TTL in milliseconds.

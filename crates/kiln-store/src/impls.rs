@@ -38,6 +38,14 @@ impl RepoStore for SqlStore {
     async fn secret_values(&self, repo_id: &str, names: &[String]) -> Result<BTreeMap<String, String>> {
         repos::secret_values(self, repo_id, names).await
     }
+
+    async fn all_secrets(&self) -> Result<Vec<(String, String, String)>> {
+        repos::all_secrets(self).await
+    }
+
+    async fn replace_secrets(&self, changes: &[(String, String, String, String)]) -> Result<u64> {
+        repos::replace_secrets(self, changes).await
+    }
 }
 
 #[async_trait]

@@ -39,6 +39,12 @@ pub trait RepoStore: Send + Sync {
         repo_id: &str,
         names: &[String],
     ) -> Result<std::collections::BTreeMap<String, String>>;
+    /// Every secret as `(repo_id, name, stored value)` (for resealing).
+    async fn all_secrets(&self) -> Result<Vec<(String, String, String)>>;
+    /// Replace stored values `(repo_id, name, old, new)` in one transaction,
+    /// each only if it is still `old`; `Conflict` (and nothing changed) if
+    /// any moved meanwhile.
+    async fn replace_secrets(&self, changes: &[(String, String, String, String)]) -> Result<u64>;
 }
 
 #[async_trait]

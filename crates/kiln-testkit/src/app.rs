@@ -58,6 +58,8 @@ impl TestApp {
             admin_token: admin_token.clone(),
             agent_token: agent_token.clone(),
             blob_key: b"test blob key".to_vec(),
+            secrets: kiln_server::sealing::SecretBox::from_hex(&"5e".repeat(32)).expect("key"),
+            oidc: kiln_server::oidc::Issuer::open(&dir.path().join("oidc")).expect("oidc keys"),
             clock: clock.clone(),
         });
         let router = app.router();

@@ -24,6 +24,14 @@ pub struct Workflow {
     pub jobs: Vec<Job>,
 }
 
+/// What identity token a job asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdToken {
+    /// The token's `aud` (default: the server's public URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub name: String,
@@ -46,6 +54,10 @@ pub struct Job {
     /// their values are masked in logs (best effort).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// `id-token:`: the job receives a signed OIDC identity token
+    /// (`KILN_ID_TOKEN`) for cloud federation; trusted runs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_token: Option<IdToken>,
     /// Job timeout in seconds (`timeout: 30m`, `90s`, `1h`, or a number of seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,

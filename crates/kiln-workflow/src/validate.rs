@@ -3,7 +3,8 @@
 use crate::diag::Diagnostic;
 use crate::expr::{check_template, matrix_ref, parse_condition};
 use crate::model::{
-    Artifacts, Cache, Concurrency, Image, Job, MAX_JOBS, MAX_STEPS, MatrixInfo, Publish, Restore, Step, Workflow,
+    Artifacts, Cache, Concurrency, IdToken, Image, Job, MAX_JOBS, MAX_STEPS, MatrixInfo, Publish, Restore, Step,
+    Workflow,
 };
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -36,7 +37,9 @@ const JOB_KEYS: &[&str] = &[
     "runs-on",
     "env",
     "secrets",
+    "id-token",
 ];
+const ID_TOKEN_KEYS: &[&str] = &["audience"];
 const MATRIX_KEYWORDS: &[&str] = &["include", "exclude", "max-parallel", "fail-fast"];
 const NEEDS_POLICY_KEYS: &[&str] = &["quorum"];
 const CONCURRENCY_KEYS: &[&str] = &["group", "cancel-in-progress"];
@@ -460,6 +463,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let runs_on = get(entries, "runs-on").and_then(|e| runs_on(ctx, &label, &e.value)).unwrap_or_default();
     let env = get(entries, "env").and_then(|e| env(ctx, &label, &e.value)).unwrap_or_default();
     let secrets = get(entries, "secrets").and_then(|e| secrets(ctx, &label, &e.value, &env)).unwrap_or_default();
+    let id_token = get(entries, "id-token").and_then(|e| id_token(ctx, &label, &e.value));
 
     let job = Job {
         name: name.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
@@ -473,6 +477,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         },
         env,
         secrets,
+        id_token,
         timeout_secs,
         retry,
         runs_on,
@@ -680,6 +685,35 @@ fn secrets(ctx: &mut Ctx, label: &str, node: &Node, env: &BTreeMap<String, Strin
         }
     }
     ok.then_some(out)
+}
+
+/// `id-token: write` or `id-token: {audience: AUD}`: the job receives a
+/// signed OIDC identity token (trusted runs only).
+fn id_token(ctx: &mut Ctx, label: &str, node: &Node) -> Option<IdToken> {
+    let subject = format!("`id-token` of {label}");
+    let expected = "`write`, or a map with `audience`";
+    if let Value::Scalar(_) = &node.value {
+        let text = as_nonempty_text(ctx, node, &subject, expected)?;
+        if text != "write" {
+            ctx.err(node.pos, format!("{subject} is `{}`; expected {expected}", show(text)));
+            return None;
+        }
+        return Some(IdToken { audience: None });
+    }
+    let entries = as_map(ctx, node, &subject, expected)?;
+    check_keys(ctx, entries, ID_TOKEN_KEYS, &format!("in {subject}"));
+    let audience = match get(entries, "audience") {
+        None => None,
+        Some(e) => {
+            let a = as_nonempty_text(ctx, &e.value, &format!("`audience` of {subject}"), "an audience string")?;
+            if a.len() > 256 || a.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                ctx.err(e.value.pos, format!("`audience` of {subject} must be up to 256 characters without spaces"));
+                return None;
+            }
+            Some(a.to_string())
+        }
+    };
+    Some(IdToken { audience })
 }
 
 fn string_list(ctx: &mut Ctx, node: &Node, subject: &str, allow_absolute: bool) -> Option<Vec<String>> {

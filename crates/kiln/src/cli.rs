@@ -139,6 +139,11 @@ pub struct ServerArgs {
     /// bytes to and from the store directly).
     #[arg(long, env = "KILN_OBJECT_STORE")]
     pub object_store: Option<String>,
+    /// The key repository secrets are sealed with at rest (default:
+    /// DATA_DIR/secrets.key, created on first start). Keep it out of the
+    /// database's backups; every replica needs the same file.
+    #[arg(long, env = "KILN_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
     /// Lease TTL (e.g. 30s); agents heartbeat every third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub lease_ttl: std::time::Duration,
@@ -381,6 +386,21 @@ pub enum SecretCommand {
         name: String,
         #[command(flatten)]
         conn: Conn,
+    },
+    /// Seal every secret under a new key, in one transaction, and replace
+    /// the key file (run on the server's machine; running servers pick the
+    /// new key up at their next read of a secret).
+    #[command(name = "rotate-key")]
+    RotateKey {
+        /// The server's data directory.
+        #[arg(long, default_value = "kiln-data")]
+        data_dir: PathBuf,
+        /// The server's database (default: SQLite in DATA_DIR).
+        #[arg(long, env = "KILN_DATABASE_URL")]
+        database_url: Option<String>,
+        /// The key file (default: DATA_DIR/secrets.key).
+        #[arg(long, env = "KILN_SECRETS_KEY_FILE")]
+        secrets_key_file: Option<PathBuf>,
     },
 }
 

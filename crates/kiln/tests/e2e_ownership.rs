@@ -62,7 +62,8 @@ async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
 
     // A comes back and reports: every call of epoch 1 is refused.
     a.signal("CONT");
-    let agent_api = Client::new(&server.url, &server.agent_token);
+    // As agent A would send them: with epoch 1's own attempt token.
+    let agent_api = Client::new(&server.url, &epoch_token(&server.data_dir(), &compile, 1));
     let hb = agent_api.heartbeat(&compile, 1).await.unwrap_err();
     assert!(hb.is_stale_epoch(), "{hb}");
     let completion =
@@ -341,4 +342,11 @@ async fn a_gigabyte_of_output_is_truncated_and_the_job_succeeds() {
     assert!(
         out.contains(&format!("truncated: {} bytes of output were dropped", 1_000_000_000 + 1 + 5 - 10 * 1024 * 1024))
     );
+}
+
+/// The attempt token the server issued for `(job, epoch)`, derived from the
+/// data dir's `blob.key` as the server does (what the paused agent holds).
+fn epoch_token(data: &std::path::Path, job: &str, epoch: i64) -> String {
+    let key = std::fs::read_to_string(data.join("blob.key")).unwrap();
+    kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(job, epoch)
 }

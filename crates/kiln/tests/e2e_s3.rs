@@ -150,7 +150,10 @@ async fn runner_vanishes_on_postgres_and_s3_with_a_replica_killed() {
 
     // Agent A comes back: every call of epoch 1 is refused by the survivor.
     agent_a.signal("CONT");
-    let agent_api = Client::new(&b.url, &b.agent_token);
+    // As agent A would send them: with epoch 1's own attempt token.
+    let key = std::fs::read_to_string(b.data_dir().join("blob.key")).unwrap();
+    let token = kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(&compile, 1);
+    let agent_api = Client::new(&b.url, &token);
     assert!(agent_api.heartbeat(&compile, 1).await.unwrap_err().is_stale_epoch());
     let completion =
         kiln_api::Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false };
@@ -254,8 +257,15 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
         .unwrap();
     let claim =
         kiln_api::ClaimRequest { session_id: reg.session_id.clone(), claim_request_id: "c1".into(), wait_ms: 20_000 };
-    let a = agent.claim(&reg.agent_id, &claim).await.unwrap().assignment.expect("an assignment");
+    let a = agent
+        .with_token(&reg.credential)
+        .claim(&reg.agent_id, &claim)
+        .await
+        .unwrap()
+        .assignment
+        .expect("an assignment");
     let (job, epoch) = (a.job_id.clone(), a.epoch);
+    let agent = agent.with_token(&a.attempt_token);
 
     let bytes: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     let sha = {

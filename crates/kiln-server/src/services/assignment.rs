@@ -101,7 +101,14 @@ pub(crate) async fn for_claim(state: &AppState, agent: &AgentRecord, c: &Claimed
                 if repo.secret_pools.is_empty() { "none".to_string() } else { repo.secret_pools.join(", ") }
             )));
         }
-        a.secrets = state.store.secret_values(&c.run.repo_id, &def.secrets).await?;
+        for (name, stored) in state.store.secret_values(&c.run.repo_id, &def.secrets).await? {
+            match state.secrets.open(&c.run.repo_id, &name, &stored) {
+                Ok(v) => {
+                    a.secrets.insert(name, v);
+                }
+                Err(e) => return Ok(Handout::Withheld(format!("secret {name} of `{}`: {e}", repo.name))),
+            }
+        }
         let audit = NewAudit {
             actor: format!("agent:{}", agent.id),
             action: "secret.read".into(),
@@ -110,5 +117,36 @@ pub(crate) async fn for_claim(state: &AppState, agent: &AgentRecord, c: &Claimed
         };
         state.store.audit(&audit).await?;
     }
+    if let Some(req) = &def.id_token
+        && may_read_secrets(c)
+    {
+        let issuer = state.issuer_url();
+        let git_ref = c.run.git_ref.clone().unwrap_or_else(|| c.run.commit_sha.clone());
+        let claims = crate::oidc::Claims {
+            issuer: &issuer,
+            audience: req.audience.as_deref().unwrap_or(&issuer),
+            repo: &repo.name,
+            git_ref: &git_ref,
+            sha: &c.run.commit_sha,
+            event: &c.run.event,
+            run_id: &c.run.id,
+            job: &c.job.name,
+            trust: &c.run.trust,
+            ttl: std::time::Duration::from_secs(def.timeout_secs.unwrap_or(u64::MAX / 2)),
+        };
+        let token = state.oidc.mint(&claims).map_err(|e| crate::error::ApiErr::internal(format!("{e:#}")))?;
+        // Delivered like a secret: an environment variable, masked in logs.
+        a.secrets.insert(ID_TOKEN_VAR.to_string(), token);
+        let audit = NewAudit {
+            actor: format!("agent:{}", agent.id),
+            action: "id-token.issue".into(),
+            target: format!("{} aud {}", claims.audience, repo.name),
+            detail: format!("run {} job {} epoch {}", c.run.id, c.job.name, c.epoch),
+        };
+        state.store.audit(&audit).await?;
+    }
     Ok(Handout::Assignment(Box::new(a)))
 }
+
+/// The environment variable a job's identity token is in.
+pub(crate) const ID_TOKEN_VAR: &str = "KILN_ID_TOKEN";

@@ -4,6 +4,12 @@
 //! transaction that records the archive — trimmed. Nothing is trimmed that
 //! is not stored; `log_feed` merges archives and journal so event ids mean
 //! the same before and after.
+//!
+//! The archive is what stays: a value of any secret of the repository that
+//! a trusted run could see is masked in it (`*` for each byte, so offsets
+//! and lengths keep their meaning), even if the job never declared it and
+//! so the agent could not mask it. A value split across two chunks is not
+//! caught here.
 
 use crate::log_index::{Index, IndexEntry};
 use crate::state::AppState;
@@ -19,6 +25,7 @@ const MAX_SEGMENT: usize = 256 * 1024 * 1024;
 /// Returns the archives written. Nothing is trimmed unless its segment and
 /// index are stored.
 pub(crate) async fn archive_job(state: &AppState, job: &str) -> anyhow::Result<Vec<LogArchive>> {
+    let secrets = visible_secrets(state, job).await?;
     let mut done = vec![];
     let mut cursor = 0;
     loop {
@@ -27,8 +34,9 @@ pub(crate) async fn archive_job(state: &AppState, job: &str) -> anyhow::Result<V
         loop {
             let rows = state.store.log_chunks_after(job, cursor, PAGE).await?;
             let more = rows.len() == PAGE as usize;
-            for c in rows {
+            for mut c in rows {
                 cursor = c.id;
+                mask(&mut c.data, &secrets);
                 entries.push(IndexEntry {
                     id: c.id,
                     epoch: c.epoch,
@@ -64,5 +72,62 @@ pub(crate) async fn archive_job(state: &AppState, job: &str) -> anyhow::Result<V
         state.store.record_log_archive(&archive).await?;
         tracing::info!(job, first_id, last_id, chunks, bytes = archive.bytes, "archived log segment");
         done.push(archive);
+    }
+}
+
+/// Secret values shorter than this are not masked (they would mask ordinary
+/// text).
+const MIN_MASKED: usize = 4;
+
+/// The values of every secret of the job's repository if its run was
+/// trusted (an untrusted run could see none).
+async fn visible_secrets(state: &AppState, job: &str) -> anyhow::Result<Vec<Vec<u8>>> {
+    let run_id = state.store.get_job(job).await?.run_id;
+    let run = state.store.get_run(&run_id).await?.run;
+    if !run.trust.parse::<kiln_core::Trust>().is_ok_and(kiln_core::Trust::may_read_secrets) {
+        return Ok(vec![]);
+    }
+    let mut out = Vec::new();
+    for (repo_id, name, stored) in state.store.all_secrets().await? {
+        if repo_id != run.repo_id {
+            continue;
+        }
+        match state.secrets.open(&repo_id, &name, &stored) {
+            Ok(v) if v.len() >= MIN_MASKED => out.push(v.into_bytes()),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(job, secret = %name, "cannot open a secret to mask it in the archive: {e}"),
+        }
+    }
+    Ok(out)
+}
+
+/// Overwrite every occurrence of each value in `data` with `*`s.
+pub(crate) fn mask(data: &mut [u8], values: &[Vec<u8>]) {
+    for v in values {
+        if v.is_empty() || v.len() > data.len() {
+            continue;
+        }
+        let mut i = 0;
+        while i + v.len() <= data.len() {
+            if data[i..i + v.len()] == v[..] {
+                data[i..i + v.len()].fill(b'*');
+                i += v.len();
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mask_overwrites_every_occurrence_keeping_the_length() {
+        let mut data = b"a hunter2 b hunter2hunter2 c".to_vec();
+        super::mask(&mut data, &[b"hunter2".to_vec(), b"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz".to_vec()]);
+        assert_eq!(data, b"a ******* b ************** c");
+        let mut short = b"abc".to_vec();
+        super::mask(&mut short, &[b"abcd".to_vec(), vec![]]);
+        assert_eq!(short, b"abc");
     }
 }

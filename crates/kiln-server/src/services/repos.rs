@@ -70,7 +70,7 @@ pub(crate) async fn put_secret(
     if value.is_empty() || value.len() > MAX_SECRET {
         return Err(ApiErr::bad_request(format!("a secret value is 1 to {MAX_SECRET} bytes")));
     }
-    state.store.put_secret(&repo.id, name, value).await?;
+    state.store.put_secret(&repo.id, name, &state.secrets.seal(&repo.id, name, value)).await?;
     access::audit(state, &by.actor, "secret.put", &format!("{}/{name}", repo.name), "").await?;
     let updated_at_ms =
         state.store.list_secrets(&repo.id).await?.into_iter().find(|(n, _)| n == name).map_or(0, |(_, t)| t);

@@ -16,6 +16,10 @@ async fn put_list_delete_never_showing_values() {
     let list = app.admin().get("/v1/repos/r/secrets").send().await.assert_status(StatusCode::OK);
     assert!(!list.text().contains("hunter2"), "{}", list.text());
     assert_eq!(list.json::<serde_json::Value>()["secrets"][0]["name"], "DB_PASS");
+    // At rest the value is sealed: the database holds no clear text.
+    let rows = app.store().all_secrets().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].2.starts_with("kiln-sealed:v1:") && !rows[0].2.contains("hunter2"), "{:?}", rows[0]);
     let del = app.admin().delete("/v1/repos/r/secrets/DB_PASS").send().await.assert_status(StatusCode::OK);
     assert_eq!(del.json::<serde_json::Value>()["deleted"], "DB_PASS");
     let again = app.admin().delete("/v1/repos/r/secrets/DB_PASS").send().await;

@@ -130,3 +130,38 @@ pub(crate) async fn secret_values(
     }
     Ok(out)
 }
+
+/// `RepoStore::all_secrets`.
+pub(crate) async fn all_secrets(store: &SqlStore) -> Result<Vec<(String, String, String)>> {
+    store.reader().await?.sql("SELECT repo_id, name, value FROM secrets ORDER BY repo_id, name").all().await
+}
+
+/// `RepoStore::replace_secrets`: every `(repo, name, old, new)` in one
+/// transaction, each only if the stored value is still `old`.
+pub(crate) async fn replace_secrets(store: &SqlStore, changes: &[(String, String, String, String)]) -> Result<u64> {
+    store
+        .transaction(Isolation::Serializable, &changes, |tx, &changes| {
+            Box::pin(async move {
+                let mut n = 0;
+                for (repo_id, name, old, new) in changes {
+                    n += tx
+                        .sql("UPDATE secrets SET value = $1 WHERE repo_id = $2 AND name = $3 AND value = $4")
+                        .bind(new)
+                        .bind(repo_id)
+                        .bind(name)
+                        .bind(old)
+                        .execute()
+                        .await?;
+                }
+                if n != changes.len() as u64 {
+                    return Err(StoreError::Conflict(format!(
+                        "{} of {} secrets changed while being resealed; nothing was changed, try again",
+                        changes.len() as u64 - n,
+                        changes.len()
+                    )));
+                }
+                Ok(n)
+            })
+        })
+        .await
+}

@@ -94,3 +94,28 @@ pub async fn secret_pools_and_audit_log<S: Store + 'static>(o: &Opener<S>) {
     assert_eq!(rest.iter().map(|e| e.target.as_str()).collect::<Vec<_>>(), vec!["run-1", "run-0"]);
     assert!(page[0].at > 0);
 }
+
+pub async fn secrets_are_replaced_all_or_nothing<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    s.put_secret(&r.id, "A", "a1").await.unwrap();
+    s.put_secret(&r.id, "B", "b1").await.unwrap();
+    let all = s.all_secrets().await.unwrap();
+    assert_eq!(all, vec![(r.id.clone(), "A".into(), "a1".into()), (r.id.clone(), "B".into(), "b1".into())]);
+    // One of the two moved since it was read: nothing changes.
+    let stale = vec![
+        (r.id.clone(), "A".to_string(), "a1".to_string(), "a2".to_string()),
+        (r.id.clone(), "B".to_string(), "b0".to_string(), "b2".to_string()),
+    ];
+    assert!(matches!(s.replace_secrets(&stale).await, Err(StoreError::Conflict(_))));
+    assert_eq!(s.all_secrets().await.unwrap(), all);
+    let fresh = vec![
+        (r.id.clone(), "A".to_string(), "a1".to_string(), "a2".to_string()),
+        (r.id.clone(), "B".to_string(), "b1".to_string(), "b2".to_string()),
+    ];
+    assert_eq!(s.replace_secrets(&fresh).await.unwrap(), 2);
+    let names = vec!["A".to_string(), "B".to_string()];
+    let got = s.secret_values(&r.id, &names).await.unwrap();
+    assert_eq!((got["A"].as_str(), got["B"].as_str()), ("a2", "b2"));
+}

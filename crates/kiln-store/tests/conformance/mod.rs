@@ -61,6 +61,7 @@ macro_rules! suite {
             access::api_tokens_carry_scope_repo_and_trust,
             access::agents_register_in_pools_and_removal_ends_their_leases,
             access::secret_pools_and_audit_log,
+            access::secrets_are_replaced_all_or_nothing,
             images::accept_stores_the_resolved_image_digests,
             images::built_image_digest_is_committed_once_by_the_live_epoch,
             claim::claim_creates_epoch_one_and_starts_the_run,

@@ -29,6 +29,15 @@ pub(super) async fn run(cmd: SecretCommand) -> CmdResult {
             client(&conn)?.delete_secret(&repo, &name).await?;
             println!("secret {name} of {repo} deleted");
         }
+        SecretCommand::RotateKey { data_dir, database_url, secrets_key_file } => {
+            let mut config = kiln_server::ServerConfig::new(data_dir, String::new());
+            config.database_url = database_url;
+            config.secrets_key_file = secrets_key_file;
+            let (n, id) = kiln_server::rotate_secrets_key(&config)
+                .await
+                .map_err(|e| kiln_cmd::Failure { code: exit::REFUSED, message: format!("{e:#}") })?;
+            println!("{n} secrets sealed under the new key {id} ({})", config.secrets_key_path().display());
+        }
     }
     Ok(exit::OK)
 }

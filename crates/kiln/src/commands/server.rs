@@ -23,6 +23,7 @@ pub(super) async fn run(a: ServerArgs) -> CmdResult {
     config.lease_ttl = a.lease_ttl;
     config.database_url = a.database_url.clone();
     config.object_store = object_store;
+    config.secrets_key_file = a.secrets_key_file.clone();
     config.loss_grace = a.loss_grace;
     if let Some(d) = a.dispatch_sweep {
         config.dispatch_sweep = d;

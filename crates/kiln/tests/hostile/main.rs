@@ -2,7 +2,9 @@
 //! module per boundary): each is refused with a clear error and changes
 //! nothing on disk or in the database.
 
+mod agents;
 mod git_urls;
+mod oidc;
 
 use std::path::Path;
 

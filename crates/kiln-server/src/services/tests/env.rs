@@ -42,6 +42,8 @@ impl Env {
             agent_token: "agent".into(),
             blob_key: b"key".to_vec(),
             clock: clock.clone(),
+            secrets: crate::sealing::SecretBox::from_hex(&"ab".repeat(32)).expect("key"),
+            oidc: crate::oidc::Issuer::open(&data.join("oidc")).expect("oidc keys"),
         });
         Env { state, clock, _dir: dir }
     }

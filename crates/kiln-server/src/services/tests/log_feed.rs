@@ -86,3 +86,29 @@ async fn an_unknown_job_is_not_found() {
     let e = log_feed::follow(&env.state, "nope", 0).await.err().expect("refused");
     assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
 }
+
+/// Finding 4 of issue 13: a step printed a secret of the repository it
+/// never declared (so the agent could not mask it); the archive masks it.
+#[tokio::test]
+async fn the_archive_masks_the_repositorys_secrets_in_a_trusted_runs_log() {
+    let env = Env::new().await;
+    let _repo = env.pipeline("r", &["build"]).await;
+    let r = env.state.store.get_repo("r").await.unwrap();
+    let by = crate::auth::Principal::admin_file();
+    crate::services::repos::put_secret(&env.state, &by, "r", "DB_PASS", "hunter2-xyz").await.unwrap();
+    env.submit("r").await;
+    env.relay().await;
+    let agent = env.agent(1).await;
+    let a = env.claim_now(&agent, "c1").await.unwrap();
+    let (job, epoch) = (a.job_id.as_str(), a.epoch);
+    attempts::append_log(&env.state, job, epoch, chunk("stdout", 0, 0, b"pass=hunter2-xyz!\n")).await.unwrap();
+    let done = api::Completion { outcome: "success".into(), exit_code: Some(0), message: None, infra_failure: false };
+    attempts::complete(&env.state, job, epoch, done).await.unwrap();
+    env.clock.advance(env.state.config.log_archive_after + Duration::from_secs(1));
+    assert_eq!(work::archive_once(&env.state).await.unwrap(), 1);
+    let all = read_all(&env, job, 0).await;
+    assert_eq!(all[0].2, "pass=***********!\n", "masked, same length");
+    assert!(
+        env.state.store.all_secrets().await.unwrap().iter().all(|(id, _, v)| *id == r.id && !v.contains("hunter2"))
+    );
+}

@@ -1,0 +1,17 @@
+//! `/.well-known/openid-configuration` and `/.well-known/jwks.json`: how a
+//! cloud provider verifies a job's identity token. Public, no token.
+
+use crate::state::State;
+use axum::Json;
+use axum::extract::State as S;
+use serde_json::Value;
+
+pub(crate) async fn discovery(S(state): S<State>) -> Json<Value> {
+    Json(crate::oidc::discovery(&state.issuer_url()))
+}
+
+pub(crate) async fn jwks(S(state): S<State>) -> Json<Value> {
+    let state = state.clone();
+    // Reads the key directory: off the async runtime.
+    Json(tokio::task::spawn_blocking(move || state.oidc.jwks()).await.unwrap_or_default())
+}

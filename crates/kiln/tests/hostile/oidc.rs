@@ -1,0 +1,80 @@
+//! OIDC identity tokens: a trusted run's job that asks for `id-token:` gets
+//! a JWT that verifies with an independent JWT library against the JWKS
+//! the server publishes; an untrusted run's job gets neither it nor secrets.
+
+use crate::BIN;
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnServer, TestRepo, wait_run};
+
+/// The job writes its token (or `none`) and its secret (or `none`) to a
+/// published artifact: logs would mask them.
+const WF: &str = "version: 1\njobs:\n  - name: deploy\n    id-token:\n      audience: sts.example.com\n    \
+                  secrets: [CLOUD_KEY]\n    steps:\n      - printf %s \"${KILN_ID_TOKEN:-none}\" > token.txt\n      \
+                  - printf %s \"${CLOUD_KEY:-none}\" > key.txt\n    artifacts:\n      publish:\n        \
+                  - {name: token, path: token.txt}\n        - {name: key, path: key.txt}\n";
+
+async fn artifact(c: &Client, run: &str, name: &str) -> String {
+    let d = c.artifact(run, "deploy", name).await.unwrap();
+    c.download(&d.url).await.unwrap().text().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trusted_job_gets_a_verifiable_id_token_and_an_untrusted_one_gets_nothing() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF)]).unwrap();
+    server.add_repo("app", &repo);
+    let c = Client::new(&server.url, &server.token);
+    c.put_secret("app", "CLOUD_KEY", "ck-93b1").await.unwrap();
+    let _agent = server.agent("real", &[]).unwrap();
+
+    let run = c.submit_run("app", &SubmitRun { commit_sha: "HEAD".into(), ..Default::default() }, None).await.unwrap();
+    let r = wait_run(&c, &run.run_id, 60).await;
+    assert_eq!(r.status, "success", "{r:#?}");
+    let token = artifact(&c, &run.run_id, "token").await;
+    assert_eq!(artifact(&c, &run.run_id, "key").await, "ck-93b1");
+
+    // Discovery, then the key set, as a cloud provider would fetch them.
+    let http = reqwest::Client::new();
+    let discovery: serde_json::Value = http
+        .get(format!("{}/.well-known/openid-configuration", server.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let issuer = discovery["issuer"].as_str().unwrap().to_string();
+    let jwks_uri = discovery["jwks_uri"].as_str().unwrap();
+    assert!(jwks_uri.ends_with("/.well-known/jwks.json"), "{jwks_uri}");
+    let jwks: jsonwebtoken::jwk::JwkSet =
+        http.get(format!("{}/.well-known/jwks.json", server.url)).send().await.unwrap().json().await.unwrap();
+    let header = jsonwebtoken::decode_header(&token).unwrap();
+    assert_eq!(header.alg, jsonwebtoken::Algorithm::ES256);
+    let jwk = jwks.find(header.kid.as_deref().expect("kid")).expect("the signing key is published");
+    let key = jsonwebtoken::DecodingKey::from_jwk(jwk).unwrap();
+    let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
+    v.set_audience(&["sts.example.com"]);
+    v.set_issuer(&[issuer.as_str()]);
+    v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+    let claims = jsonwebtoken::decode::<serde_json::Value>(&token, &key, &v).expect("verifies").claims;
+    assert_eq!(claims["sub"], "repo:app:ref:HEAD");
+    assert_eq!((claims["run_id"].as_str(), claims["job"].as_str()), (Some(run.run_id.as_str()), Some("deploy")));
+    assert_eq!(claims["trust"], "trusted");
+    let ttl = claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap();
+    assert!(ttl > 0 && ttl <= 3600, "short-lived: {ttl} s");
+    // Another audience, or a tampered payload, does not verify.
+    let mut other = v.clone();
+    other.set_audience(&["someone-else"]);
+    assert!(jsonwebtoken::decode::<serde_json::Value>(&token, &key, &other).is_err());
+    let parts: Vec<&str> = token.split('.').collect();
+    let forged = format!("{}.{}x.{}", parts[0], parts[1], parts[2]);
+    assert!(jsonwebtoken::decode::<serde_json::Value>(&forged, &key, &v).is_err());
+
+    // A pull request's run: no token, no secret.
+    let pr = SubmitRun { commit_sha: "HEAD".into(), event: Some("pull_request".into()), ..Default::default() };
+    let run = c.submit_run("app", &pr, None).await.unwrap();
+    let r = wait_run(&c, &run.run_id, 60).await;
+    assert_eq!((r.status.as_str(), r.trust.as_str()), ("success", "untrusted"));
+    assert_eq!(artifact(&c, &run.run_id, "token").await, "none");
+    assert_eq!(artifact(&c, &run.run_id, "key").await, "none");
+}
