@@ -1,15 +1,14 @@
 //! The route table: the public API (admin token), the agent API (agent
-//! token), the data plane (capability URLs), health endpoints and the UI.
+//! token), the data plane (capability URLs), health endpoints and the UI
+//! (its page and cookie session); every answer gets `security`'s headers.
 
 use crate::auth;
-use crate::handlers::{agents, artifacts, attempts, blob, health, logs, repos, runs, secrets};
+use crate::handlers::{agents, artifacts, attempts, blob, health, logs, repos, runs, secrets, ui};
+use crate::security::{self, MAX_BODY};
 use crate::state::State;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::{Router, middleware};
-
-/// Largest accepted JSON body (log chunks are ≤ 1 MiB of bytes, base64 grows them).
-const MAX_BODY: usize = 2 * 1024 * 1024;
 
 pub(crate) fn router(state: State) -> Router {
     let public = Router::new()
@@ -47,9 +46,11 @@ pub(crate) fn router(state: State) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
-        .route("/", get(health::ui))
+        .route("/", get(ui::page))
+        .route("/v1/ui/session", post(ui::sign_in).delete(ui::sign_out))
         .fallback(health::no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .merge(data)
+        .layer(middleware::from_fn_with_state(state.clone(), security::headers))
         .with_state(state)
 }

@@ -13,3 +13,4 @@ pub(crate) mod logs;
 pub(crate) mod repos;
 pub(crate) mod runs;
 pub(crate) mod secrets;
+pub(crate) mod ui;
