@@ -123,7 +123,8 @@ pub struct WebArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub header_read_timeout: std::time::Duration,
     /// A connection on which no byte moved either way for this long is closed (log streams send
-    /// a keep-alive every 15s and agent sessions ping every second, so they stay open).
+    /// a keep-alive every 15s and agent sessions ping every second, so they stay open; keep it
+    /// above the agents' claim long-poll of 60s).
     #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "DURATION")]
     pub idle_timeout: std::time::Duration,
     /// Open connections at most; past it a new connection is answered 503 and closed.

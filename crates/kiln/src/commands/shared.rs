@@ -33,6 +33,9 @@ pub(super) fn apply_web(config: &mut kiln_server::ServerConfig, web: &WebArgs) -
         config.tls = Some(kiln_server::TlsFiles { cert: cert.clone(), key: key.clone() });
     }
     config.header_read_timeout = web.header_read_timeout;
+    if web.idle_timeout <= std::time::Duration::from_secs(60) {
+        return Err(usage("--idle-timeout must be above 60s: an agent's claim long-poll waits up to a minute"));
+    }
     config.idle_timeout = web.idle_timeout;
     if let Some(n) = web.max_connections {
         if n == 0 {
