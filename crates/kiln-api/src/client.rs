@@ -80,13 +80,49 @@ pub struct Client {
     http: reqwest::Client,
 }
 
+/// Certificates (PEM) every client built later trusts besides the system's
+/// roots: see [`trust_root_pem`].
+static EXTRA_ROOTS: std::sync::Mutex<Vec<reqwest::Certificate>> = std::sync::Mutex::new(Vec::new());
+
+/// Trust the certificates of `pem` (a private CA, or a server's self-signed
+/// certificate) in every [`Client`] built after this call, besides the
+/// system's roots. `kiln up --tls-cert` does this for its own agents; any
+/// other process can name such a file in `KILN_CA_CERT`.
+pub fn trust_root_pem(pem: &[u8]) -> Result<(), ApiError> {
+    let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| ApiError::Decode(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(ApiError::Decode("no PEM certificate found".into()));
+    }
+    EXTRA_ROOTS.lock().unwrap_or_else(|e| e.into_inner()).extend(certs);
+    Ok(())
+}
+
+/// The extra roots: those of [`trust_root_pem`] and of `KILN_CA_CERT`.
+fn extra_roots() -> Vec<reqwest::Certificate> {
+    let mut roots = EXTRA_ROOTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(path) = std::env::var_os("KILN_CA_CERT").filter(|p| !p.is_empty()) {
+        match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|pem| reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| e.to_string()))
+        {
+            Ok(certs) => roots.extend(certs),
+            Err(e) => tracing::warn!("KILN_CA_CERT {}: {e}", std::path::Path::new(&path).display()),
+        }
+    }
+    roots
+}
+
 impl Client {
     /// `base` is a server URL, or several separated by commas.
     pub fn new(base: &str, token: &str) -> Client {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
+            // Below the server's header-read timeout (30 s by default), which
+            // also closes keep-alive connections idle that long: a pooled
+            // connection is dropped here first rather than reused as it closes.
+            .pool_idle_timeout(Duration::from_secs(20))
+            .tls_certs_merge(extra_roots())
             .build()
             .expect("http client");
         let mut bases: Vec<String> =

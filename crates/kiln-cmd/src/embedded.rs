@@ -53,6 +53,16 @@ pub async fn start_embedded(
     let mut config = kiln_server::ServerConfig::new(data_dir.to_path_buf(), listen.to_string());
     config.lease_ttl = lease_ttl;
     config.database_url = database_url;
+    start_embedded_config(config, agents).await
+}
+
+/// [`start_embedded`] with a complete server configuration (`kiln up`'s
+/// flags); the agents work under `DATA_DIR/agents`.
+pub async fn start_embedded_config(
+    config: kiln_server::ServerConfig,
+    agents: u32,
+) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
+    let data_dir = config.data_dir.clone();
     let handle = kiln_server::start(config).await?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = vec![];

@@ -9,5 +9,5 @@ mod embedded;
 mod failure;
 
 pub use duration::parse_duration;
-pub use embedded::{agent_config, default_labels, start_embedded};
+pub use embedded::{agent_config, default_labels, start_embedded, start_embedded_config};
 pub use failure::{CmdResult, Failure, usage};

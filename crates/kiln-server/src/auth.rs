@@ -3,7 +3,14 @@
 //! - Public API: the bearer token is `DATA_DIR/admin.token` (scope `admin`)
 //!   or an API token made with `kiln token create` (scope `admin`, `read` or
 //!   `trigger` of one repository; see [`policy`]). The resolved [`Principal`]
-//!   rides in the request's extensions for trust and the audit log.
+//!   rides in the request's extensions for trust and the audit log. The web
+//!   UI sends the same credential in its session cookie (`kiln_session`,
+//!   HttpOnly, SameSite=Strict, set by `POST /v1/ui/session`); a
+//!   cookie-authenticated request that is not a GET must also carry
+//!   `X-Kiln-CSRF` (a header no cross-site form can set and no cross-origin
+//!   script may send without a CORS preflight, which this server never
+//!   grants). Tokens in URLs are not accepted: they end up in logs, history
+//!   and `Referer`s.
 //! - Agent registration: a join token (see `credentials`).
 //! - Claims and the session stream: the agent's session credential, for
 //!   that agent's path only.
@@ -13,7 +20,7 @@ use crate::credentials::{self, API_PREFIX, AgentCaller, JOIN_PREFIX, TOKEN_CACHE
 use crate::error::ApiErr;
 use crate::state::{AppState, State};
 use axum::extract::{MatchedPath, Request, State as S};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use kiln_api::codes;
@@ -47,19 +54,47 @@ impl Principal {
     }
 }
 
-/// The bearer token of a request (`Authorization: Bearer …`).
-pub(crate) fn bearer(req: &Request) -> Option<String> {
-    if let Some(h) = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        return h.strip_prefix("Bearer ").map(|t| t.trim().to_string());
+/// The web UI's session cookie.
+pub(crate) const SESSION_COOKIE: &str = "kiln_session";
+/// The header a cookie-authenticated non-GET request must carry.
+pub(crate) const CSRF_HEADER: &str = "x-kiln-csrf";
+
+/// The token of an `Authorization: Bearer` header (the only way agents
+/// send their credentials).
+fn bearer(req: &Request) -> Option<String> {
+    let h = req.headers().get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    h.strip_prefix("Bearer ").map(|t| t.trim().to_string())
+}
+
+/// The value of cookie `name`.
+pub(crate) fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|kv| {
+            let (k, v) = kv.trim().split_once('=')?;
+            (k == name && !v.is_empty()).then(|| v.trim_matches('"').to_string())
+        })
+}
+
+/// The public-API credential a request carries: its bearer token, else the
+/// UI's session cookie (then a non-GET must carry [`CSRF_HEADER`]).
+/// `Ok(None)`: no credential at all.
+pub(crate) fn public_credential(req: &Request) -> Result<Option<String>, ApiErr> {
+    if let Some(t) = bearer(req) {
+        return Ok(Some(t));
     }
-    // EventSource in browsers cannot set headers: accept `?token=` on GETs.
-    if req.method() == Method::GET {
-        return req
-            .uri()
-            .query()
-            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=").map(percent_decode)));
+    let Some(t) = cookie(req.headers(), SESSION_COOKIE) else { return Ok(None) };
+    if !matches!(*req.method(), Method::GET | Method::HEAD) && !req.headers().contains_key(CSRF_HEADER) {
+        return Err(ApiErr::new(
+            StatusCode::FORBIDDEN,
+            "csrf",
+            format!("a request authenticated by the session cookie must carry the {CSRF_HEADER} header"),
+        ));
     }
-    None
+    Ok(Some(t))
 }
 
 /// Decode `%XX` escapes of a query value (a browser may encode the token).
@@ -191,7 +226,7 @@ async fn repo_of_request(state: &AppState, uri_path: &str, path: &str) -> Result
 
 /// Public API: resolve the caller, check the route against its scope.
 pub async fn require_api(S(state): S<State>, mut req: Request, next: Next) -> Result<Response, ApiErr> {
-    let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
+    let Some(token) = public_credential(&req)? else { return Err(ApiErr::unauthorized()) };
     let Some(p) = principal(&state, &token).await? else { return Err(ApiErr::unauthorized()) };
     let path = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_default();
     match policy(&p.scope, req.method(), &path) {
@@ -283,9 +318,32 @@ pub async fn require_attempt(S(state): S<State>, req: Request, next: Next) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
+
+    fn req(method: Method, headers: &[(&str, &str)], uri: &str) -> Request {
+        let mut b = axum::http::Request::builder().method(method).uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Body::empty()).unwrap()
+    }
 
     #[test]
-    fn query_tokens_are_percent_decoded() {
+    fn credentials_come_from_the_header_or_the_cookie_never_the_query() {
+        let get = |h: &[(&str, &str)], uri: &str| public_credential(&req(Method::GET, h, uri)).unwrap();
+        assert_eq!(get(&[("authorization", "Bearer t1")], "/v1/repos"), Some("t1".into()));
+        assert_eq!(get(&[], "/v1/repos?token=t1"), None, "a token in the URL is ignored");
+        assert_eq!(get(&[("cookie", "a=b; kiln_session=t2; c=d")], "/"), Some("t2".into()));
+        assert_eq!(get(&[("cookie", "kiln_session=")], "/"), None);
+        // A cookie-authenticated POST needs the CSRF header; a bearer one does not.
+        let post = |h: &[(&str, &str)]| public_credential(&req(Method::POST, h, "/v1/repos"));
+        assert_eq!(post(&[("cookie", "kiln_session=t2")]).unwrap_err().status, StatusCode::FORBIDDEN);
+        assert_eq!(post(&[("cookie", "kiln_session=t2"), ("x-kiln-csrf", "1")]).unwrap(), Some("t2".into()));
+        assert_eq!(post(&[("authorization", "Bearer t1")]).unwrap(), Some("t1".into()));
+    }
+
+    #[test]
+    fn path_segments_are_percent_decoded() {
         assert_eq!(percent_decode("kiln_ab12"), "kiln_ab12");
         assert_eq!(percent_decode("a%2Bb%3D%3d"), "a+b==");
         assert_eq!(percent_decode("bad%zz%4"), "bad%zz%4");

@@ -43,9 +43,50 @@ pub struct ServerConfig {
     /// The key secrets are sealed with (`None`: `DATA_DIR/secrets.key`,
     /// created on first start). Keep it apart from the database's backups.
     pub secrets_key_file: Option<PathBuf>,
+    /// The URL clients and agents reach this server at (`--public-url`):
+    /// download and upload URLs are built from it, never from a request's
+    /// `Host` header. `None`: derived from the listen address at start.
+    pub public_url: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain and private key.
+    pub tls: Option<TlsFiles>,
+    /// A connection must send a complete request head within this (also
+    /// the longest idle gap between requests on a keep-alive connection).
+    pub header_read_timeout: Duration,
+    /// A connection on which no byte moved either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// Open connections at most; more are answered 503 and closed.
+    pub max_connections: usize,
+}
+
+/// `--tls-cert` and `--tls-key`.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl ServerConfig {
+    /// The base of the URLs the server hands out: `public_url`, or
+    /// `http(s)://LISTEN` (an unspecified address as loopback).
+    pub fn base_url(&self) -> String {
+        if let Some(u) = &self.public_url {
+            return u.trim_end_matches('/').to_string();
+        }
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let listen = match self.listen.parse::<std::net::SocketAddr>() {
+            Ok(a) if a.ip().is_unspecified() => {
+                let lo: std::net::IpAddr = if a.is_ipv4() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                };
+                std::net::SocketAddr::new(lo, a.port()).to_string()
+            }
+            _ => self.listen.clone(),
+        };
+        format!("{scheme}://{listen}")
+    }
+
     pub fn new(data_dir: PathBuf, listen: String) -> Self {
         ServerConfig {
             data_dir,
@@ -62,6 +103,11 @@ impl ServerConfig {
             registries: RegistryConfig::default(),
             object_store: String::new(),
             secrets_key_file: None,
+            public_url: None,
+            tls: None,
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: crate::serve::default_max_connections(),
         }
     }
 

@@ -6,7 +6,7 @@
 //! Layering, one-way (no module uses one that uses it back):
 //! `lib` → `app` → `router` → `handlers` → `services` → `state` → leaves
 //! (`config`, `clock`, `capability`, `dispatch`, `git`, `images`,
-//! `log_index`, `error`, `views`); `loops` → `work` → `services`.
+//! `log_index`, `error`, `views`, `serve`); `loops` → `work` → `services`.
 
 mod app;
 mod auth;
@@ -25,6 +25,8 @@ mod loops;
 pub mod oidc;
 mod router;
 pub mod sealing;
+mod security;
+mod serve;
 mod services;
 mod state;
 mod views;
@@ -32,9 +34,10 @@ mod work;
 
 pub use app::{App, WorkDone};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::ServerConfig;
+pub use config::{ServerConfig, TlsFiles};
 pub use git::normalize_url;
 pub use images::{RegistryConfig, ResolveError, Resolver};
+pub use serve::default_max_connections;
 pub use state::AppParts;
 
 use anyhow::Context;
@@ -49,13 +52,15 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     pub admin_token: String,
     pub agent_token: String,
+    /// `https` when serving TLS.
+    scheme: &'static str,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl ServerHandle {
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Stop accepting requests and end the background loops.
@@ -125,6 +130,11 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let blob = kiln_blob::BlobStore::open_url(&config.object_store, &config.data_dir.join("objects"))
         .map_err(|e| anyhow::anyhow!(e))?;
     tracing::info!(object_store = %blob.describe(), "object store");
+    let tls = match &config.tls {
+        Some(files) => Some(serve::tls_acceptor(&files.cert, &files.key)?),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let store = boot::open_store(&config).await?;
     let sealed = boot::seal_legacy_secrets(&*store, &secrets).await?;
     if sealed > 0 {
@@ -133,6 +143,17 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let listener =
         TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
+    if config.public_url.is_none() {
+        // Derived from the address actually bound (a port 0 resolved).
+        let mut bound = config.clone();
+        bound.listen = addr.to_string();
+        config.public_url = Some(bound.base_url());
+    }
+    let limits = serve::ConnLimits {
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: config.max_connections,
+    };
     let app = App::new(AppParts {
         config,
         store,
@@ -144,17 +165,11 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
         secrets,
         oidc,
     });
-    let (shutdown, mut rx) = watch::channel(false);
+    let (shutdown, _) = watch::channel(false);
     loops::spawn(app.state().clone(), shutdown.subscribe()).await?;
     let router = app.router();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move {
-                let _ = rx.wait_for(|v| *v).await;
-            })
-            .await
-            .context("server failed")
-    });
-    tracing::info!(%addr, "kiln server listening");
-    Ok(ServerHandle { addr, admin_token, agent_token, shutdown, task })
+    let rx = shutdown.subscribe();
+    let task = tokio::spawn(serve::serve(listener, router, tls, limits, rx));
+    tracing::info!(%addr, scheme, "kiln server listening");
+    Ok(ServerHandle { addr, admin_token, agent_token, scheme, shutdown, task })
 }

@@ -1,17 +1,16 @@
 //! The route table: the public API (API tokens by scope), the agent API
 //! (join token to register, then the session credential, then each
 //! attempt's token), the data plane (capability URLs), health endpoints
-//! and the UI. See `auth` for who may call what.
+//! and the UI (its page and cookie session); every answer gets `security`'s
+//! headers. See `auth` for who may call what.
 
 use crate::auth;
-use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, oidc, repos, runs, secrets};
+use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, oidc, repos, runs, secrets, ui};
+use crate::security::{self, MAX_BODY};
 use crate::state::State;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post, put};
 use axum::{Router, middleware};
-
-/// Largest accepted JSON body (log chunks are ≤ 1 MiB of bytes, base64 grows them).
-const MAX_BODY: usize = 2 * 1024 * 1024;
 
 pub(crate) fn router(state: State) -> Router {
     let public = Router::new()
@@ -64,9 +63,11 @@ pub(crate) fn router(state: State) -> Router {
         .route("/metrics", get(health::metrics))
         .route("/.well-known/openid-configuration", get(oidc::discovery))
         .route("/.well-known/jwks.json", get(oidc::jwks))
-        .route("/", get(health::ui))
+        .route("/", get(ui::page))
+        .route("/v1/ui/session", post(ui::sign_in).delete(ui::sign_out))
         .fallback(health::no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .merge(data)
+        .layer(middleware::from_fn_with_state(state.clone(), security::headers))
         .with_state(state)
 }

@@ -103,9 +103,10 @@ impl AppState {
         let _ = self.job_events.send(job.to_string());
     }
 
-    /// The `iss` of identity tokens: the URL this server is reached at.
+    /// The `iss` of identity tokens: the URL this server is reached at
+    /// (`--public-url`, else derived from the listen address).
     pub fn issuer_url(&self) -> String {
-        format!("http://{}", self.config.listen).trim_end_matches('/').to_string()
+        self.config.base_url()
     }
 
     /// Lease TTL in milliseconds.

@@ -1,7 +1,7 @@
 //! Store records → wire types of the contract.
 
 use kiln_api as api;
-use kiln_store::{BoundArtifact, RunRecord, RunView};
+use kiln_store::{BoundArtifact, RunSummaryRecord, RunView};
 
 pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
     let r = &v.run;
@@ -64,7 +64,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
     }
 }
 
-pub fn summary(r: &RunRecord) -> api::RunSummary {
+pub fn summary(r: &RunSummaryRecord) -> api::RunSummary {
     api::RunSummary {
         id: r.id.clone(),
         repo: r.repo_name.clone(),

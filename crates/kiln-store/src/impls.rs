@@ -58,7 +58,7 @@ impl RunStore for SqlStore {
         accept::get_run(self, run_id).await
     }
 
-    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>> {
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunSummaryRecord>> {
         accept::list_runs(self, repo_id, status, limit).await
     }
 

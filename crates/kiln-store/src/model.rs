@@ -56,6 +56,26 @@ pub struct Accepted {
     pub created: bool,
 }
 
+/// A run as listed: everything but its frozen definition and inputs, which
+/// a list never needs (a definition may be hundreds of KiB).
+#[derive(Debug, Clone)]
+pub struct RunSummaryRecord {
+    pub id: String,
+    pub repo_id: String,
+    pub repo_name: String,
+    pub status: RunStatus,
+    pub commit_sha: String,
+    pub git_ref: Option<String>,
+    pub event: String,
+    pub trust: String,
+    pub workflow_path: String,
+    pub workflow_hash: String,
+    pub parent_run_id: Option<String>,
+    pub message: Option<String>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
 #[derive(Debug, Clone)]
 pub struct RunRecord {
     pub id: String,

@@ -6,12 +6,18 @@
 use crate::db::{Exec, Row};
 use crate::dialect::Sql;
 use crate::error::{Result, StoreError, parse_enum};
-use crate::model::{AgentRecord, AttemptRecord, BoundArtifact, GenerationRecord, JobRecord, RepoRecord, RunRecord};
+use crate::model::{
+    AgentRecord, AttemptRecord, BoundArtifact, GenerationRecord, JobRecord, RepoRecord, RunRecord, RunSummaryRecord,
+};
 
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
     r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.parent_run_id, r.cancel_version, \
     r.message, r.created_at, r.finished_at";
+
+/// A run as listed (no definition, no inputs); tables as in [`RUN_COLS`].
+pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
+    r.event, r.trust, r.workflow_path, r.workflow_hash, r.parent_run_id, r.message, r.created_at, r.finished_at";
 
 pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, \
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
@@ -54,6 +60,25 @@ pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
         inputs: json(row.str("inputs")?)?,
         parent_run_id: row.get("parent_run_id")?,
         cancel_version: row.get("cancel_version")?,
+        message: row.get("message")?,
+        created_at: row.get("created_at")?,
+        finished_at: row.get("finished_at")?,
+    })
+}
+
+pub(crate) fn run_summary_from_row(row: &Row) -> Result<RunSummaryRecord> {
+    Ok(RunSummaryRecord {
+        id: row.get("id")?,
+        repo_id: row.get("repo_id")?,
+        repo_name: row.get("repo_name")?,
+        status: parse_enum(row.str("status")?)?,
+        commit_sha: row.get("commit_sha")?,
+        git_ref: row.get("git_ref")?,
+        event: row.get("event")?,
+        trust: row.get("trust")?,
+        workflow_path: row.get("workflow_path")?,
+        workflow_hash: row.get("workflow_hash")?,
+        parent_run_id: row.get("parent_run_id")?,
         message: row.get("message")?,
         created_at: row.get("created_at")?,
         finished_at: row.get("finished_at")?,

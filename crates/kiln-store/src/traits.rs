@@ -53,7 +53,8 @@ pub trait RunStore: Send + Sync {
     /// outbox events, and the idempotency record, in one transaction.
     async fn accept_run(&self, run: NewRun) -> Result<Accepted>;
     async fn get_run(&self, run_id: &str) -> Result<RunView>;
-    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunRecord>>;
+    /// Newest first, without definitions (see [`RunSummaryRecord`]).
+    async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunSummaryRecord>>;
     /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
     /// not running, and leave the run `cancelling` while attempts still run.
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;

@@ -46,6 +46,8 @@ impl TestApp {
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).expect("data dir");
         let mut config = ServerConfig::new(data.clone(), "kiln.test:80".into());
+        // Links are built from the public URL, never from a request's Host.
+        config.public_url = Some("http://kiln.test".into());
         tune(&mut config);
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data.join("kiln.db")).await.expect("sqlite store"));
         let blob = kiln_blob::BlobStore::open_url("", &data.join("objects")).expect("local object store");

@@ -118,6 +118,38 @@ pub struct UpArgs {
     /// Lease TTL (e.g. 30s, 500ms); agents heartbeat every third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub lease_ttl: std::time::Duration,
+    #[command(flatten)]
+    pub web: WebArgs,
+}
+
+/// How the server faces the network (`kiln server` and `kiln up`).
+#[derive(Args, Debug, Clone)]
+pub struct WebArgs {
+    /// The URL clients and agents reach this server at, e.g. https://ci.example.com (behind a
+    /// proxy, the proxy's). Download and upload links are built from it, never from a request's
+    /// Host header. Default: derived from --listen (http, or https with --tls-cert).
+    #[arg(long, env = "KILN_PUBLIC_URL", value_name = "URL")]
+    pub public_url: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key). `kiln up`'s own agents
+    /// trust it; other clients trust it through the system's roots or KILN_CA_CERT=FILE.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// A connection must send a complete request head within this; it also bounds the idle gap
+    /// between requests on a keep-alive connection (slow or idle clients are closed).
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub header_read_timeout: std::time::Duration,
+    /// A connection on which no byte moved either way for this long is closed (log streams send
+    /// a keep-alive every 15s and agent sessions ping every second, so they stay open; keep it
+    /// above the agents' claim long-poll of 60s).
+    #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "DURATION")]
+    pub idle_timeout: std::time::Duration,
+    /// Open connections at most; past it a new connection is answered 503 and closed.
+    /// Default: a quarter of the open-file limit, between 64 and 4096.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -182,6 +214,8 @@ pub struct ServerArgs {
         value_delimiter = ','
     )]
     pub registry_auth: Vec<String>,
+    #[command(flatten)]
+    pub web: WebArgs,
 }
 
 #[derive(Args, Debug)]
@@ -194,6 +228,11 @@ pub struct AgentArgs {
     /// Agent token (DATA_DIR/agent.token of the server).
     #[arg(long, env = "KILN_AGENT_TOKEN", hide_env_values = true)]
     pub token: String,
+    /// Allow plain http:// to a server that is not on loopback. Without it the agent refuses to
+    /// start: its token, secrets and artifacts would cross the network in clear. (A server with
+    /// a private certificate: KILN_CA_CERT=FILE.)
+    #[arg(long)]
+    pub insecure: bool,
     /// Agent name shown in attempts.
     #[arg(long)]
     pub name: Option<String>,

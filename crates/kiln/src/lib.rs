@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+pub mod term;
 
 pub use cli::Cli;
 

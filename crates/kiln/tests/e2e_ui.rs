@@ -99,6 +99,13 @@ async fn sign_in(c: &fantoccini::Client, url: &str, token: &str) {
         .for_element(Locator::Css("#signout:not([hidden])"))
         .await
         .unwrap();
+    // The session is an HttpOnly cookie: no script can read the token, and
+    // nothing keeps it in the page's storage.
+    let seen = c
+        .execute("return [document.cookie, JSON.stringify(localStorage), JSON.stringify(sessionStorage)];", vec![])
+        .await
+        .unwrap();
+    assert!(!seen.to_string().contains(token), "the token is visible to scripts: {seen}");
 }
 
 /// Waits until the text of `css` contains `needle`.
@@ -203,6 +210,18 @@ jobs:
     }
     assert!(ended, "the rest of the log arrived live");
     shot("log-done", &c.screenshot().await.unwrap());
+
+    // The session survives a reload (the cookie), and Sign out clears the
+    // cookie: the browser no longer sends a credential.
+    c.refresh().await.unwrap();
+    wait().for_element(Locator::Css("#signout:not([hidden])")).await.unwrap();
+    c.find(Locator::Css("#signout")).await.unwrap().click().await.unwrap();
+    wait().for_element(Locator::Css("form.signin")).await.unwrap();
+    let status = c
+        .execute("return fetch('/v1/repos', {credentials: 'same-origin'}).then(r => r.status);", vec![])
+        .await
+        .unwrap();
+    assert_eq!(status, serde_json::json!(401), "signed out, the browser holds no credential");
     c.close().await.unwrap();
 }
 

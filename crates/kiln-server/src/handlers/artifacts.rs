@@ -8,17 +8,15 @@ use crate::state::State;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State as S};
-use axum::http::HeaderMap;
 use kiln_api as api;
 
 pub(crate) async fn create_upload(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<api::UploadSession>> {
     let req: api::CreateUpload = parse(&body)?;
-    Ok(Json(artifacts::create_upload(&state, &base_url(&headers, &state), &job, epoch, req).await?))
+    Ok(Json(artifacts::create_upload(&state, &base_url(&state), &job, epoch, req).await?))
 }
 
 pub(crate) async fn part_url(
@@ -42,17 +40,15 @@ pub(crate) async fn seal(
 pub(crate) async fn restore(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<api::ArtifactDownload>> {
     let req: api::RestoreRequest = parse(&body)?;
-    Ok(Json(artifacts::restore(&state, &base_url(&headers, &state), (&job, epoch), req).await?))
+    Ok(Json(artifacts::restore(&state, &base_url(&state), (&job, epoch), req).await?))
 }
 
 pub(crate) async fn get(
     S(state): S<State>,
     Path((run, job, name)): Path<(String, String, String)>,
-    headers: HeaderMap,
 ) -> ApiResult<Json<api::ArtifactDownload>> {
-    Ok(Json(artifacts::get(&state, &base_url(&headers, &state), (&run, &job, &name)).await?))
+    Ok(Json(artifacts::get(&state, &base_url(&state), (&run, &job, &name)).await?))
 }

@@ -1,6 +1,7 @@
 //! The data plane: capability URLs, no bearer token, bodies streamed.
 
 use crate::error::ApiResult;
+use crate::security::BLOB_CSP;
 use crate::services::artifacts::{self, Object};
 use crate::state::State;
 use axum::Json;
@@ -46,6 +47,11 @@ pub(crate) async fn get_object(
                     (axum::http::header::CONTENT_TYPE, "application/octet-stream".to_string()),
                     (axum::http::header::CONTENT_LENGTH, len.to_string()),
                     (axum::http::header::HeaderName::from_static("x-kiln-sha256"), sha256),
+                    // Never rendered from the UI's origin: downloaded, and
+                    // sandboxed should anything display it anyway.
+                    (axum::http::header::CONTENT_DISPOSITION, "attachment".to_string()),
+                    (axum::http::header::CONTENT_SECURITY_POLICY, BLOB_CSP.to_string()),
+                    (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
                 ],
                 Body::from_stream(stream),
             )

@@ -1,10 +1,10 @@
-//! Health, readiness, metrics and the embedded UI (no token).
+//! Health, readiness and metrics (no token).
 
 use crate::error::ApiErr;
 use crate::state::State;
 use axum::extract::State as S;
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use kiln_api as api;
 
 pub(crate) async fn healthz() -> &'static str {
@@ -28,10 +28,6 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
         state.dispatcher.depth()
     );
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
-}
-
-pub(crate) async fn ui() -> Html<&'static str> {
-    Html(include_str!("../../assets/index.html"))
 }
 
 pub(crate) async fn no_such_endpoint() -> ApiErr {

@@ -15,3 +15,4 @@ pub(crate) mod oidc;
 pub(crate) mod repos;
 pub(crate) mod runs;
 pub(crate) mod secrets;
+pub(crate) mod ui;

@@ -1,6 +1,6 @@
 //! Workflow runs: submit and list (per repository), get, cancel, retry.
 
-use super::body::parse;
+use super::body::{json_blocking, parse};
 use crate::auth::Principal;
 use crate::error::ApiResult;
 use crate::services::acceptance::{self, Submission};
@@ -9,6 +9,7 @@ use crate::state::State;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State as S};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::{Extension, Json};
 use kiln_api as api;
 use serde::Deserialize;
@@ -38,12 +39,12 @@ pub(crate) async fn list(
     S(state): S<State>,
     Path(repo): Path<String>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<Json<api::RunList>> {
-    Ok(Json(runs::list(&state, &repo, q.status.as_deref(), q.limit).await?))
+) -> ApiResult<Response> {
+    json_blocking(runs::list(&state, &repo, q.status.as_deref(), q.limit).await?).await
 }
 
-pub(crate) async fn get(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::Run>> {
-    Ok(Json(runs::get(&state, &run).await?))
+pub(crate) async fn get(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Response> {
+    json_blocking(runs::get(&state, &run).await?).await
 }
 
 pub(crate) async fn cancel(

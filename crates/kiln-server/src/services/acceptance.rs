@@ -12,7 +12,7 @@ use crate::auth::Principal;
 use crate::error::{ApiErr, ApiResult};
 use crate::git::GitError;
 use crate::images::ResolveError;
-use crate::services::access;
+use crate::services::{access, limits};
 use crate::state::AppState;
 use axum::http::StatusCode;
 use kiln_api as api;
@@ -62,6 +62,7 @@ pub(crate) struct Submission {
 /// redelivery with the same key and body).
 pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<String> {
     let Submission { repo, request: req, idempotency_key, by } = sub;
+    limits::check_inputs(&req.inputs)?;
     let repo = state.store.get_repo(&repo).await?;
     let idempotency = match idempotency_key {
         None => None,
@@ -74,6 +75,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
     let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(git_err)?;
     let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
+    limits::check_definition(&workflow, &workflow_path).await?;
     check_secrets(state, &repo, &workflow, &workflow_path).await?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &req.inputs).map_err(ApiErr::invalid)?;
@@ -198,7 +200,11 @@ async fn read_workflow(state: &AppState, repo: &RepoRecord, sha: &str, path: &st
         .await
         .map_err(|e| ApiErr::invalid(e.to_string()))?;
     let text = String::from_utf8(bytes).map_err(|_| ApiErr::invalid(format!("{path} is not UTF-8")))?;
-    kiln_workflow::parse(&text).map_err(|d| ApiErr::invalid(format!("{path} at {sha} is not a valid workflow:\n{d}")))
+    // Parsing up to 256 KiB of YAML is CPU work: keep it off the async runtime.
+    tokio::task::spawn_blocking(move || kiln_workflow::parse(&text))
+        .await
+        .map_err(|e| ApiErr::internal(e.to_string()))?
+        .map_err(|d| ApiErr::invalid(format!("{path} at {sha} is not a valid workflow:\n{d}")))
 }
 
 /// Refuse a workflow that asks for secrets the repository does not have:

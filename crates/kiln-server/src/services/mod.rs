@@ -15,6 +15,7 @@ pub(crate) mod artifacts;
 pub(crate) mod assignment;
 pub(crate) mod attempts;
 pub(crate) mod claim;
+pub(crate) mod limits;
 pub(crate) mod log_archive;
 pub(crate) mod log_feed;
 pub(crate) mod notices;

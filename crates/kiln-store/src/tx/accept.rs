@@ -6,9 +6,9 @@
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, active_runs, lit};
 use crate::error::{Result, StoreError};
-use crate::model::{Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunRecord, RunView, class_key};
-use crate::rows::run_from_row;
-use crate::rows::{ATTEMPT_COLS, JOB_COLS, RUN_COLS, attempt_from_row, job_from_row, load_job, load_run, new_id};
+use crate::model::{Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunSummaryRecord, RunView, class_key};
+use crate::rows::{ATTEMPT_COLS, JOB_COLS, attempt_from_row, job_from_row, load_job, load_run, new_id};
+use crate::rows::{RUN_SUMMARY_COLS, run_summary_from_row};
 use crate::store::SqlStore;
 use crate::tx::advance::{advance_run, finish_run};
 use crate::tx::cancel::cancel_in_tx;
@@ -200,22 +200,22 @@ pub(crate) async fn get_run(store: &SqlStore, run_id: &str) -> Result<RunView> {
     Ok(RunView { run, jobs })
 }
 
-/// `RunStore::list_runs`: newest first.
+/// `RunStore::list_runs`: newest first; the definition column is not read.
 pub(crate) async fn list_runs(
     store: &SqlStore,
     repo_id: &str,
     status: Option<&str>,
     limit: u32,
-) -> Result<Vec<RunRecord>> {
+) -> Result<Vec<RunSummaryRecord>> {
     static LIST: Sql = Sql::new(|_| {
         format!(
-            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+            "SELECT {RUN_SUMMARY_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
              WHERE r.repo_id = $1 AND ($2 IS NULL OR r.status = $3) ORDER BY r.created_at DESC, r.id DESC LIMIT $4"
         )
     });
     let rows =
         store.reader().await?.sql(&LIST).bind(repo_id).bind(status).bind(status).bind(limit as i64).fetch_all().await?;
-    rows.iter().map(run_from_row).collect()
+    rows.iter().map(run_summary_from_row).collect()
 }
 
 /// `RunStore::get_job`.

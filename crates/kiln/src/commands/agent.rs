@@ -1,11 +1,12 @@
 //! `kiln agent`: an agent process claiming jobs from a server.
 
-use super::shared::ctrl_c;
+use super::shared::{check_transport, ctrl_c};
 use crate::cli::AgentArgs;
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, agent_config, default_labels, usage};
 
 pub(super) async fn run(a: AgentArgs) -> CmdResult {
+    check_transport(&a.server, a.insecure)?;
     let mut labels = default_labels();
     for l in &a.labels {
         let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;

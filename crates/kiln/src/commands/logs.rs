@@ -3,11 +3,13 @@
 
 use super::shared::client;
 use crate::cli::LogsArgs;
+use crate::term::{Sanitizer, for_stderr, for_stdout};
 use base64::Engine;
 use futures::StreamExt;
 use kiln_api::logs::event;
 use kiln_api::{Client, exit};
 use kiln_cmd::{CmdResult, Failure, usage};
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::Duration;
 
@@ -19,7 +21,7 @@ pub(super) async fn run(a: LogsArgs) -> CmdResult {
     }
     let run = c.get_run(&a.run).await?;
     for j in run.jobs.iter().filter(|j| a.job.as_deref().is_none_or(|o| j.name == o || j.id == o)) {
-        println!("── {} ──", j.name);
+        println!("{}", for_stdout(&format!("── {} ──", j.name)));
         stream_job(&c, &j.id, Sink::Stdout, j.status.is_terminal()).await?;
     }
     Ok(exit::OK)
@@ -33,6 +35,15 @@ pub(super) enum Sink {
 }
 
 impl Sink {
+    /// Whether this sink is a terminal (then log bytes are sanitized: see `term`).
+    fn is_terminal(self) -> bool {
+        use std::io::IsTerminal;
+        match self {
+            Sink::Stdout => std::io::stdout().is_terminal(),
+            Sink::Stderr => std::io::stderr().is_terminal(),
+        }
+    }
+
     fn write(self, bytes: &[u8]) {
         // Raw bytes: the terminal decodes UTF-8 across chunk boundaries.
         let _ = match self {
@@ -55,7 +66,8 @@ pub(super) async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, sin
         return Err(usage(format!("run {run_id} has no job `{}`", only.unwrap_or(""))));
     }
     for (id, name) in jobs {
-        sink.write(format!("── {name} ──\n").as_bytes());
+        let header = format!("── {name} ──\n");
+        sink.write(if sink.is_terminal() { crate::term::clean(&header) } else { header }.as_bytes());
         stream_job(c, &id, sink, true).await?;
     }
     Ok(())
@@ -65,6 +77,9 @@ pub(super) async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, sin
 /// reconnecting with Last-Event-ID so nothing is lost or repeated.
 async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(), Failure> {
     let b64 = base64::engine::general_purpose::STANDARD;
+    // On a terminal, one sanitizer per stream of each attempt (a sequence
+    // may be split across chunks, never across streams).
+    let mut sanitizers: Option<HashMap<(i64, String), Sanitizer>> = sink.is_terminal().then(HashMap::new);
     let mut last: Option<String> = None;
     let mut failures = 0;
     loop {
@@ -99,7 +114,14 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(
                             if let Ok(le) = serde_json::from_str::<kiln_api::LogEvent>(&ev.data)
                                 && let Ok(bytes) = b64.decode(le.data.as_bytes())
                             {
-                                sink.write(&bytes);
+                                match &mut sanitizers {
+                                    None => sink.write(&bytes),
+                                    Some(map) => {
+                                        let mut out = Vec::with_capacity(bytes.len());
+                                        map.entry((le.epoch, le.stream.clone())).or_default().feed(&bytes, &mut out);
+                                        sink.write(&out);
+                                    }
+                                }
                             }
                         }
                         event::END => return Ok(()),
@@ -107,7 +129,8 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(
                             if let Ok(g) = serde_json::from_str::<kiln_api::LogGap>(&ev.data) {
                                 eprintln!(
                                     "kiln: ⚠ log gap in attempt {}: {}; its log has no clean end",
-                                    g.epoch, g.reason
+                                    g.epoch,
+                                    for_stderr(&g.reason)
                                 );
                             }
                         }

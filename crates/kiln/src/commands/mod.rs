@@ -45,7 +45,7 @@ pub async fn run(cli: Cli) -> i32 {
     match res {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", e.message);
+            eprintln!("error: {}", crate::term::for_stderr(&e.message));
             e.code
         }
     }

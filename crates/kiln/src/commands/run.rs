@@ -3,6 +3,7 @@
 use super::logs::{Sink, follow_run};
 use super::shared::client;
 use crate::cli::RunArgs;
+use crate::term::for_stderr;
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, usage};
 use std::collections::BTreeMap;
@@ -46,6 +47,6 @@ fn print_summary(run: &kiln_api::Run) {
     eprintln!("run {} {}", run.id, run.status);
     for j in &run.jobs {
         let msg = j.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
-        eprintln!("  {:<24} {:<10} epoch {}{msg}", j.name, j.status, j.current_epoch);
+        eprintln!("{}", for_stderr(&format!("  {:<24} {:<10} epoch {}{msg}", j.name, j.status, j.current_epoch)));
     }
 }

@@ -1,6 +1,6 @@
 //! `kiln server`: the server alone, until SIGINT/SIGTERM.
 
-use super::shared::ctrl_c;
+use super::shared::{apply_web, ctrl_c};
 use crate::cli::ServerArgs;
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, usage};
@@ -41,6 +41,7 @@ pub(super) async fn run(a: ServerArgs) -> CmdResult {
         };
         config.registries.credentials.insert(host.trim().to_string(), (user.to_string(), password.to_string()));
     }
+    apply_web(&mut config, &a.web)?;
     let handle = kiln_server::start(config).await?;
     println!("kiln server listening on {} (tokens in {})", handle.url(), a.data_dir.display());
     let _ = std::io::stdout().flush();

@@ -2,6 +2,7 @@
 
 use super::shared::client;
 use crate::cli::StatusArgs;
+use crate::term::for_stdout;
 use kiln_api::exit;
 use kiln_cmd::CmdResult;
 
@@ -11,12 +12,18 @@ pub(super) async fn run(a: StatusArgs) -> CmdResult {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&run).expect("json"));
     } else {
-        println!("run {}  {}", run.id, run.status);
-        println!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path);
+        // Names and messages come from the server (and from repositories):
+        // sanitized on a terminal.
+        let out = |s: String| println!("{}", for_stdout(&s));
+        out(format!("run {}  {}", run.id, run.status));
+        out(format!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path));
+        if let Some(m) = &run.message {
+            out(format!("message {m}"));
+        }
         for j in &run.jobs {
             let runner = j.attempts.last().map(|a| a.runner.as_str()).unwrap_or("-");
             let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
-            println!("  {:<24} {:<10} epoch {:<3} {runner}{msg}", j.name, j.status, j.current_epoch);
+            out(format!("  {:<24} {:<10} epoch {:<3} {runner}{msg}", j.name, j.status, j.current_epoch));
         }
     }
     Ok(exit::OK)

@@ -4,6 +4,7 @@
 
 mod agents;
 mod git_urls;
+mod http;
 mod oidc;
 
 use std::path::Path;

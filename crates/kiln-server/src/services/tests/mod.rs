@@ -3,4 +3,5 @@ mod artifacts;
 mod assignment;
 mod claim;
 mod env;
+mod limits;
 mod log_feed;

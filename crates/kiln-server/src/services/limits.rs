@@ -1,0 +1,74 @@
+//! Size limits of what a submission may store (issue 13, findings 7 and
+//! 10): a run's inputs and its frozen definition. Each is refused with 422
+//! and a message naming the limit, before anything is stored — rather than
+//! accepted, stored, and then failing every attempt as an infrastructure
+//! error (an environment that `execve` refuses) or weighing on every read.
+
+use crate::error::{ApiErr, ApiResult};
+use kiln_workflow::Workflow;
+use std::collections::BTreeMap;
+
+/// Inputs per run.
+pub(crate) const MAX_INPUTS: usize = 64;
+/// Bytes of one input's name.
+pub(crate) const MAX_INPUT_NAME: usize = 128;
+/// Bytes of one input's value (Linux refuses a single environment string
+/// past 128 KiB; inputs are for parameters, not payloads).
+pub(crate) const MAX_INPUT_VALUE: usize = 16 * 1024;
+/// Bytes of all names and values together.
+pub(crate) const MAX_INPUTS_TOTAL: usize = 64 * 1024;
+/// Bytes of a frozen definition as stored (JSON). A 256 KiB workflow file
+/// can expand to several times that (every step and matrix cell spelled
+/// out); every read of the run parses it.
+pub(crate) const MAX_DEFINITION: usize = 512 * 1024;
+
+/// Refuse inputs past the limits, or that cannot be an environment variable.
+pub(crate) fn check_inputs(inputs: &BTreeMap<String, String>) -> ApiResult<()> {
+    if inputs.len() > MAX_INPUTS {
+        return Err(ApiErr::invalid(format!("{} inputs; at most {MAX_INPUTS} are accepted", inputs.len())));
+    }
+    let mut total = 0;
+    for (k, v) in inputs {
+        if k.is_empty() || k.len() > MAX_INPUT_NAME || k.contains('=') || k.chars().any(char::is_control) {
+            return Err(ApiErr::invalid(format!(
+                "input name `{}` must be 1-{MAX_INPUT_NAME} bytes without `=` or control characters",
+                k.escape_debug()
+            )));
+        }
+        if v.len() > MAX_INPUT_VALUE {
+            return Err(ApiErr::invalid(format!(
+                "input `{k}` is {} bytes; at most {MAX_INPUT_VALUE} bytes per value are accepted",
+                v.len()
+            )));
+        }
+        if v.contains('\0') {
+            return Err(ApiErr::invalid(format!("input `{k}` contains a NUL byte")));
+        }
+        total += k.len() + v.len();
+    }
+    if total > MAX_INPUTS_TOTAL {
+        return Err(ApiErr::invalid(format!(
+            "inputs total {total} bytes; at most {MAX_INPUTS_TOTAL} bytes are accepted"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuse a definition whose stored form is past [`MAX_DEFINITION`]
+/// (measured off the async runtime: it may be large).
+pub(crate) async fn check_definition(workflow: &Workflow, path: &str) -> ApiResult<()> {
+    let wf = workflow.clone();
+    let size = tokio::task::spawn_blocking(move || serde_json::to_vec(&wf).map(|v| v.len()))
+        .await
+        .map_err(|e| ApiErr::internal(e.to_string()))?
+        .map_err(|e| ApiErr::internal(e.to_string()))?;
+    if size > MAX_DEFINITION {
+        return Err(ApiErr::invalid(format!(
+            "{path} expands to a {} KiB definition; at most {} KiB are stored per run (fewer jobs, steps or \
+             matrix cells, or split the workflow)",
+            size / 1024,
+            MAX_DEFINITION / 1024
+        )));
+    }
+    Ok(())
+}
