@@ -297,8 +297,13 @@ impl KilnAgent {
     pub fn spawn(bin: &Path, server: &str, token: &str, name: &str, extra: &[&str]) -> Result<KilnAgent> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("agent.log");
+        // The token goes in a file, never in argv (/proc/PID/cmdline is public).
+        let token_file = dir.path().join("agent.token");
+        std::fs::write(&token_file, token)?;
         let child = Command::new(bin)
-            .args(["agent", "--server", server, "--token", token, "--name", name, "--work-dir"])
+            .args(["agent", "--server", server, "--name", name, "--token-file"])
+            .arg(&token_file)
+            .arg("--work-dir")
             .arg(dir.path().join("work"))
             .args(extra)
             .env("KILN_LOG", "info,sqlx=warn")
