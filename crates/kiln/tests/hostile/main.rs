@@ -3,6 +3,7 @@
 //! nothing on disk or in the database.
 
 mod git_urls;
+mod host_executor;
 
 use std::path::Path;
 
