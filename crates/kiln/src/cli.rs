@@ -83,7 +83,8 @@ impl Command {
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
-    /// Where the database, object store, tokens and agent workspaces live.
+    /// Where the database, object store, tokens and the agents' own state live (0700); the
+    /// agents' workspaces are elsewhere (their sandbox dirs, in the system temp dir).
     #[arg(long, default_value = "kiln-data")]
     pub data_dir: PathBuf,
     /// Address to listen on.
