@@ -13,6 +13,12 @@ use std::time::Duration;
 
 const SECRETS: [&str; 3] = ["admin.token", "agent.token", "blob.key"];
 
+/// The `kiln` under test: this build, or `KILN_HOSTILE_BIN` (how these tests
+/// were checked against an earlier build, where each of them fails).
+fn bin() -> PathBuf {
+    std::env::var_os("KILN_HOSTILE_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
+}
+
 fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).mode() & 0o7777
 }
@@ -68,7 +74,7 @@ fn all_cmdlines() -> Vec<(i32, String)> {
 /// workspace finds no key.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_step_cannot_read_kilns_keys_database_or_mirrors() {
-    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let up = KilnUp::start(&bin(), 1).unwrap();
     let data = up.data_dir();
     let agent_dir = data.join("agents/local-1");
     // Another repository's run first, so its mirror exists.
@@ -112,7 +118,7 @@ echo done-probing"#;
 /// dir, which the step can neither reach by walking up nor open by name.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_step_cannot_write_the_agents_process_records() {
-    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let up = KilnUp::start(&bin(), 1).unwrap();
     let pgids = up.data_dir().join("agents/local-1/pgids");
     let step = format!(
         r#"for d in "{pgids}" "$KILN_WORKSPACE/../../pgids" "$KILN_WORKSPACE/../../../pgids" "$KILN_WORKSPACE/../../../../pgids"; do
@@ -135,9 +141,9 @@ done"#,
 /// of a running server + agent (+ a `kiln up`) has a token in its argv.
 #[tokio::test(flavor = "multi_thread")]
 async fn no_token_is_in_any_command_line() {
-    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let server = KilnServer::start(&bin(), &[]).unwrap();
     let agent = server.agent("argv-agent", &[]).unwrap();
-    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let up = KilnUp::start(&bin(), 1).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &pipeline(&[], &["sleep 0.2; echo hi"]))]).unwrap();
     let (run, log) = run_on(&server.url, &server.token, server.cli(), &repo).await;
     assert_eq!(run.status.as_str(), "success", "{log}\n{}", agent.log());
@@ -149,7 +155,7 @@ async fn no_token_is_in_any_command_line() {
         }
     }
     // And the old way is refused with a message saying what to do instead.
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .args(["agent", "--server", &server.url, "--name", "x", "--token", &server.agent_token])
         .output()
         .unwrap();
@@ -166,7 +172,7 @@ async fn no_token_is_in_any_command_line() {
 /// their own attempt, list nothing), each attempt's dir 0700.
 #[tokio::test(flavor = "multi_thread")]
 async fn data_dir_database_tokens_and_workspaces_are_private() {
-    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let up = KilnUp::start(&bin(), 1).unwrap();
     let data = up.data_dir();
     let marker = up.data.path().join("ws-modes");
     let step = format!(
@@ -212,7 +218,7 @@ async fn data_dir_database_tokens_and_workspaces_are_private() {
 /// bytes; a symbolic link out of the workspace is refused too.
 #[tokio::test(flavor = "multi_thread")]
 async fn publishing_a_link_to_a_file_outside_the_workspace_is_refused_and_changes_nothing() {
-    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let up = KilnUp::start(&bin(), 1).unwrap();
     // A file outside the workspace that the step user may link (hard links
     // need read and write access under fs.protected_hardlinks): the stand-in
     // for any file on the agent's filesystem.
@@ -256,7 +262,7 @@ async fn publishing_a_link_to_a_file_outside_the_workspace_is_refused_and_change
 /// the check refused it. Now nothing is made outside.
 #[tokio::test(flavor = "multi_thread")]
 async fn restoring_through_a_symlink_makes_nothing_outside_the_workspace() {
-    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let up = KilnUp::start(&bin(), 1).unwrap();
     let outside = tempfile::tempdir().unwrap();
     let yaml = "version: 1\njobs:\n  - name: compile\n    steps:\n      - mkdir -p target && echo bytes > target/app\n    \
          artifacts:\n      publish:\n        - name: app\n          path: target/app\n  - name: consume\n    \
@@ -284,22 +290,20 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
         return;
     }
     const UID: u32 = 4242;
-    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let server = KilnServer::start(&bin(), &[]).unwrap();
     // The agent's files: a copy of the binary it can execute, a home with a
     // git config that trusts the (root-owned) test repository, its token.
     let home = tempfile::tempdir().unwrap();
     std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = home.path().join("kiln");
-    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::copy(self::bin(), &bin).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let agent_home = home.path().join("agent");
     std::fs::create_dir(&agent_home).unwrap();
     std::fs::write(agent_home.join(".gitconfig"), "[safe]\n\tdirectory = *\n").unwrap();
-    std::fs::write(agent_home.join("token"), &server.agent_token).unwrap();
-    for p in [&agent_home, &agent_home.join(".gitconfig"), &agent_home.join("token")] {
+    for p in [&agent_home, &agent_home.join(".gitconfig")] {
         std::os::unix::fs::chown(p, Some(UID), Some(UID)).unwrap();
     }
-    std::fs::set_permissions(agent_home.join("token"), std::fs::Permissions::from_mode(0o600)).unwrap();
     let marker = format!("4242.{}", rand_suffix() % 1000);
     let step = format!(
         "setsid sleep {marker} >/dev/null 2>&1 </dev/null &\nsleep 0.3\necho \"uid=$(id -u) procs=$(ls /proc | grep -c '^[0-9]')\"\n\
@@ -315,14 +319,14 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     let mut agent = std::process::Command::new("setpriv")
         .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
         .arg(&bin)
-        .args(["agent", "--server", &server.url, "--name", "nonroot", "--token-file"])
-        .arg(agent_home.join("token"))
-        .arg("--work-dir")
+        .args(["agent", "--server", &server.url, "--name", "nonroot", "--work-dir"])
         .arg(agent_home.join("work"))
         .env_clear()
         .env("HOME", &agent_home)
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("KILN_LOG", "info")
+        // (The environment, not a file: an earlier build reads it too.)
+        .env("KILN_AGENT_TOKEN", &server.agent_token)
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
@@ -331,7 +335,6 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     let agent_log = std::fs::read_to_string(&log_path).unwrap_or_default();
     assert_eq!(run.status.as_str(), "success", "{log}\n{agent_log}");
     assert!(log.contains(&format!("uid={UID} ")), "{log}");
-    assert!(agent_log.contains("user, PID and mount namespaces"), "{agent_log}");
     // The daemon died with the step (bounded wait: the kernel kills the
     // namespace when its first process exits).
     let survivor = kiln_testkit::wait_for(Duration::from_secs(5), || {
@@ -345,6 +348,7 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     assert!(procs < 10, "the step sees {procs} processes:\n{log}");
     // (`token-fil[e]` matches the agent's argv, not this script's own text.)
     assert!(log.lines().any(|l| l.trim() == "0"), "the step saw the agent's command line:\n{log}");
+    assert!(agent_log.contains("user, PID and mount namespaces"), "{agent_log}");
     let _ = agent.kill();
     let _ = agent.wait();
 }
