@@ -124,7 +124,7 @@ impl HostExecutor {
             // the step's processes (no agent command lines or environments).
             Some((args, unshare)) => {
                 let mut c = Command::new(unshare);
-                c.args(args).args(["--", "/bin/sh"]);
+                c.args(args).arg("/bin/sh");
                 c
             }
             None => Command::new("/bin/sh"),

@@ -118,7 +118,13 @@ impl Isolation {
     pub fn detect(user: Option<StepUser>) -> Result<Isolation, String> {
         let euid = nix::unistd::geteuid().as_raw();
         let egid = nix::unistd::getegid().as_raw();
-        let (root_ns, user_ns) = if euid == 0 { (probe(Probe::Root), false) } else { (false, probe(Probe::User)) };
+        let (root_ns, user_ns) = if euid == 0 {
+            // A step user in namespaces needs setpriv (see `launcher_args`).
+            let switch_ok = user.is_none_or(|u| u.uid == 0) || setpriv_path().is_some();
+            (switch_ok && probe(Probe::Root), false)
+        } else {
+            (false, probe(Probe::User))
+        };
         let iso = Isolation::decide(euid, egid, user, root_ns, user_ns)?;
         if iso.namespaces == Namespaces::None {
             static WARNED: OnceLock<()> = OnceLock::new();
@@ -132,7 +138,9 @@ impl Isolation {
         Ok(iso)
     }
 
-    /// `unshare`'s arguments (before `--`), or None without namespaces.
+    /// `unshare`'s arguments up to the shell (ending with `--`, or with a
+    /// `setpriv … --` that switches to the step user), or None without
+    /// namespaces.
     pub fn launcher_args(&self) -> Option<Vec<String>> {
         let mut args: Vec<String> = match self.namespaces {
             Namespaces::None => return None,
@@ -141,10 +149,23 @@ impl Isolation {
                 vec!["--user".into(), format!("--map-user={uid}"), format!("--map-group={gid}")]
             }
         };
-        args.extend(["--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc"].map(String::from));
+        args.extend(["--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--"].map(String::from));
         if let (Namespaces::Pid, Some(u)) = (self.namespaces, self.user) {
-            // unshare drops supplementary groups when it sets the gid.
-            args.extend(["--setgid".into(), u.gid.to_string(), "--setuid".into(), u.uid.to_string()]);
+            // Not unshare's own --setuid: changing the uid clears the
+            // parent-death signal its --kill-child set, and the namespace
+            // would outlive a killed agent. setpriv sets it again after.
+            let setpriv = setpriv_path().map_or_else(|| "setpriv".into(), |p| p.display().to_string());
+            args.extend([
+                setpriv,
+                "--reuid".into(),
+                u.uid.to_string(),
+                "--regid".into(),
+                u.gid.to_string(),
+                "--clear-groups".into(),
+                "--pdeathsig".into(),
+                "SIGKILL".into(),
+                "--".into(),
+            ]);
         }
         Some(args)
     }
@@ -176,6 +197,12 @@ pub(crate) fn unshare_path() -> Option<&'static Path> {
     PATH.get_or_init(|| ["/usr/bin/unshare", "/bin/unshare"].iter().map(PathBuf::from).find(|p| p.exists())).as_deref()
 }
 
+/// `setpriv` of util-linux, if installed.
+fn setpriv_path() -> Option<&'static Path> {
+    static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PATH.get_or_init(|| ["/usr/bin/setpriv", "/bin/setpriv"].iter().map(PathBuf::from).find(|p| p.exists())).as_deref()
+}
+
 /// Whether `unshare` makes the namespaces of `kind` here (checked once).
 fn probe(kind: Probe) -> bool {
     static ROOT: OnceLock<bool> = OnceLock::new();
@@ -198,7 +225,7 @@ fn probe(kind: Probe) -> bool {
         let args = iso.launcher_args().expect("namespaces");
         std::process::Command::new(unshare)
             .args(&args)
-            .args(["--", "/bin/true"])
+            .arg("/bin/true")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -235,9 +262,13 @@ mod tests {
     fn a_root_agent_runs_steps_as_the_step_user_in_pid_and_mount_namespaces() {
         let iso = Isolation::decide(0, 0, Some(NOBODY), true, false).unwrap();
         assert_eq!(iso, Isolation { namespaces: Namespaces::Pid, user: Some(NOBODY) });
+        let args = iso.launcher_args().unwrap();
+        assert_eq!(args[..5], ["--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--"]);
+        assert!(args[5].ends_with("setpriv"), "{args:?}");
+        // The parent-death signal is set again after the uid changed.
         assert_eq!(
-            iso.launcher_args().unwrap(),
-            ["--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--setgid", "65534", "--setuid", "65534"]
+            args[6..],
+            ["--reuid", "65534", "--regid", "65534", "--clear-groups", "--pdeathsig", "SIGKILL", "--"]
         );
         // Without namespaces the user switch still happens (in the child).
         let iso = Isolation::decide(0, 0, Some(NOBODY), false, false).unwrap();
@@ -246,7 +277,8 @@ mod tests {
         // `--step-user root` is the explicit opt-out.
         let iso = Isolation::decide(0, 0, Some(StepUser { uid: 0, gid: 0 }), true, false).unwrap();
         assert_eq!(iso.user, None);
-        assert!(!iso.launcher_args().unwrap().contains(&"--setuid".to_string()));
+        assert_eq!(iso.launcher_args().unwrap().last().unwrap(), "--");
+        assert!(!iso.launcher_args().unwrap().contains(&"--reuid".to_string()));
     }
 
     #[test]
@@ -262,7 +294,8 @@ mod tests {
                 "--pid",
                 "--fork",
                 "--kill-child=SIGKILL",
-                "--mount-proc"
+                "--mount-proc",
+                "--"
             ]
         );
         assert!(iso.describe().contains("agent's own user"), "{}", iso.describe());

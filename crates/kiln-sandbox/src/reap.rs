@@ -106,7 +106,13 @@ fn make_writable(path: &Path) {
     if meta.is_dir() {
         let mut perm = meta.permissions();
         perm.set_mode(perm.mode() | 0o700);
-        let _ = std::fs::set_permissions(path, perm);
+        // On the directory opened without following a link: a step-made
+        // tree never gets the agent to chmod what a link points to.
+        use std::os::unix::fs::OpenOptionsExt;
+        let flags = (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_DIRECTORY).bits();
+        if let Ok(dir) = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path) {
+            let _ = dir.set_permissions(perm);
+        }
         if let Ok(rd) = std::fs::read_dir(path) {
             for e in rd.flatten() {
                 make_writable(&e.path());

@@ -17,8 +17,9 @@ use tokio::process::Command;
 ///
 /// With `user`, the child also sets `no_new_privs` (a setuid binary gains
 /// nothing) and, when `switch` is true, drops to that user itself (no
-/// supplementary groups); with namespaces, `unshare` switches after it
-/// made them (`switch` false).
+/// supplementary groups) *before* asking for the parent-death signal, which
+/// a uid change clears; with namespaces, `setpriv` switches inside them
+/// (`switch` false) and sets the signal again.
 ///
 /// PR_SET_PDEATHSIG fires when the *thread* that forked exits: spawn steps
 /// from async tasks (tokio worker threads live as long as the runtime), not
@@ -34,15 +35,9 @@ pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, sw
             if libc::setsid() == -1 {
                 return Err(io::Error::last_os_error());
             }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died between fork and prctl: then the
-            // death signal will never come, so refuse to run.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
             libc::umask(0o022);
+            // The user switch first: changing the uid clears the
+            // parent-death signal.
             if let Some(u) = user {
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
                     return Err(io::Error::last_os_error());
@@ -54,6 +49,14 @@ pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, sw
                 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl: then the
+            // death signal will never come, so refuse to run.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
         });
