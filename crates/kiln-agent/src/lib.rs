@@ -218,6 +218,12 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     if let Some(engine) = &agent.ctx.engine {
         engine.settle().await;
     }
+    if config.sandbox_dir.is_none() {
+        // The default sandbox dir is the agent's alone: leave no empty
+        // directory behind in the system temp dir.
+        let root = agent.ctx.sandbox_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || kiln_sandbox::remove_tree(&root)).await;
+    }
     tracing::info!("agent stopped");
     Ok(())
 }

@@ -204,7 +204,7 @@ pub struct AgentArgs {
     pub work_dir: PathBuf,
     /// Where attempts' workspaces live, apart from --work-dir so that a step cannot walk to the
     /// agent's state (default: a directory named after the agent's uid and work dir in the
-    /// system temp dir; emptied when the agent starts).
+    /// system temp dir; emptied when the agent starts, removed when it stops).
     #[arg(long, value_name = "DIR")]
     pub sandbox_dir: Option<PathBuf>,
     /// Host executor, agent running as root: the unprivileged user steps run as (name, UID or
