@@ -46,7 +46,9 @@ Kiln is still running (pid $pid); look around:
   $kiln logs $run
   web UI:      $KILN_SERVER/
   server log:  $work/kiln-up.log
-  data:        $work/data (kiln.db, tokens, agent workspaces)
+  data:        $work/data (kiln.db, tokens, agent state; 0700)
+  one more agent (the token from a file, never an argument):
+               $kiln agent --server $KILN_SERVER --token-file $work/data/agent.token --name extra
 Stop it with: kill $pid
 MSG
 exit $rc

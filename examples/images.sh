@@ -31,7 +31,7 @@ echo "==> starting kiln server and a container agent (data in $work)"
 server=$!
 for _ in $(seq 1 100); do [ -s "$work/data/agent.token" ] && grep -q listening "$work/server.log" && break; sleep 0.1; done
 export KILN_SERVER=http://$listen KILN_TOKEN=$(cat "$work/data/admin.token")
-"$kiln" agent --server "$KILN_SERVER" --token "$(cat "$work/data/agent.token")" --name images-agent \
+"$kiln" agent --server "$KILN_SERVER" --token-file "$work/data/agent.token" --name images-agent \
     --work-dir "$work/agent" --executor container --engine "$KILN_ENGINE" >"$work/agent.log" 2>&1 &
 agent=$!
 

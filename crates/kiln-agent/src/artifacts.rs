@@ -42,6 +42,7 @@ use kiln_api::types::{
 };
 use sha2::{Digest, Sha256};
 use std::future::Future;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -83,6 +84,36 @@ fn spool_name_ok(name: &str) -> bool {
 /// Whether `dir` (which exists) resolves inside `ws`, symlinks followed.
 fn inside(ws: &Path, dir: &Path) -> std::io::Result<bool> {
     Ok(dir.canonicalize()?.starts_with(ws.canonicalize()?))
+}
+
+/// Creates `ws/rel` (a relative path without `..`) one directory at a time
+/// without following symbolic links: a link on the way is
+/// `PermissionDenied`, anything else that is not a directory an error.
+pub(crate) fn dirs_within(ws: &Path, rel: &Path) -> std::io::Result<()> {
+    let mut cur = ws.to_path_buf();
+    for c in rel.components() {
+        let Component::Normal(c) = c else { continue };
+        cur.push(c);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "a symbolic link is in the way"));
+            }
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(std::io::Error::other(format!("{} is not a directory", cur.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::create_dir(&cur) {
+                Ok(()) => {}
+                // Made meanwhile: look again on the next round.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if !std::fs::symlink_metadata(&cur)?.is_dir() {
+                        return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "not a directory"));
+                    }
+                }
+                Err(e) => return Err(e),
+            },
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn job_error(msg: String) -> Ran {
@@ -154,21 +185,23 @@ async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<
     };
     let target = ws.join(&rel);
     let parent = target.parent().expect("a joined relative path has a parent");
-    if let Err(e) = tokio::fs::create_dir_all(parent).await {
-        return Err(job_error(format!(
-            "cannot restore artifact `{label}` to `{}`: cannot create its directory: {e}",
-            spec.path
-        )));
-    }
-    match inside(ws, parent) {
-        Ok(true) => {}
-        Ok(false) => {
+    // Created one component at a time, never through a symbolic link: the
+    // checkout may hold links out of the workspace, and creating first and
+    // checking after would already have made directories outside it.
+    match dirs_within(ws, rel.parent().unwrap_or(Path::new(""))) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Err(job_error(format!(
                 "cannot restore artifact `{label}` to `{}`: the path leads outside the workspace through a symbolic link",
                 spec.path
             )));
         }
-        Err(e) => return Err(infra(format!("cannot resolve {}: {e}", parent.display()))),
+        Err(e) => {
+            return Err(job_error(format!(
+                "cannot restore artifact `{label}` to `{}`: cannot create its directory: {e}",
+                spec.path
+            )));
+        }
     }
     if tokio::fs::symlink_metadata(&target).await.is_ok_and(|m| m.is_dir()) {
         return Err(job_error(format!(
@@ -339,6 +372,18 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
     if !meta.is_file() {
         return Err(not_produced(": it is not a regular file".into()));
     }
+    let linked = |links: u64| {
+        job_error(format!(
+            "declared artifact `{name}` at `{path}` has {links} hard links: a file with other names may be outside \
+             the workspace, so it is not published (publish a copy: `cp --remove-destination` or `cat a > b`)"
+        ))
+    };
+    // A hard link to a file outside the workspace (issue 13: a published
+    // link to agent.token made the server's token 0444) is refused before
+    // anything touches it.
+    if meta.nlink() > 1 {
+        return Err(linked(meta.nlink()));
+    }
     let parent = src.parent().expect("a joined relative path has a parent");
     match inside(ws, parent) {
         Ok(true) => {}
@@ -350,20 +395,48 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
     let io = |what: &str, p: &Path, e: std::io::Error| {
         infra(format!("cannot freeze artifact `{name}`: cannot {what} {}: {e}", p.display()))
     };
-    std::fs::create_dir_all(spool).map_err(|e| io("create", spool, e))?;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(spool).map_err(|e| io("create", spool, e))?;
     let dst = spool.join(name);
     if let Err(e) = std::fs::rename(&src, &dst) {
         if e.kind() != std::io::ErrorKind::CrossesDevices {
             return Err(io("move into the spool", &src, e));
         }
-        std::fs::copy(&src, &dst).map_err(|e| io("copy into the spool", &src, e))?;
+        copy_nofollow(&src, &dst).map_err(|e| io("copy into the spool", &src, e))?;
     }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o444))
-        .map_err(|e| io("make read-only", &dst, e))?;
+    // From here on only the agent's spool names the file: check what was
+    // moved (not what the path showed a moment ago) and make *that* inode,
+    // with no other name anywhere, read-only.
+    let file = open_nofollow(&dst).map_err(|e| io("open", &dst, e))?;
+    let meta = file.metadata().map_err(|e| io("stat", &dst, e))?;
+    if !meta.is_file() || meta.nlink() != 1 {
+        let _ = std::fs::remove_file(&dst);
+        return Err(linked(meta.nlink()));
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io("make read-only", &dst, e))?;
     // The digest is computed while uploading: the frozen bytes are read once.
-    let size = std::fs::metadata(&dst).map_err(|e| io("stat", &dst, e))?.len();
-    Ok(Frozen { name: name.clone(), path: dst, size })
+    Ok(Frozen { name: name.clone(), path: dst, size: meta.len() })
+}
+
+/// Opens `path` for reading, refusing a symbolic link in its last component.
+fn open_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().read(true).custom_flags(libc_o_nofollow()).open(path)
+}
+
+fn libc_o_nofollow() -> i32 {
+    nix::fcntl::OFlag::O_NOFOLLOW.bits()
+}
+
+/// Copies a regular, singly-linked file without following a symbolic link
+/// (the spool is on another filesystem): into a new 0600 file.
+fn copy_nofollow(src: &Path, dst: &Path) -> std::io::Result<()> {
+    let mut from = open_nofollow(src)?;
+    let meta = from.metadata()?;
+    if !meta.is_file() || meta.nlink() != 1 {
+        return Err(std::io::Error::other("not a regular file with one name"));
+    }
+    let mut to = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dst)?;
+    std::io::copy(&mut from, &mut to)?;
+    Ok(())
 }
 
 /// Byte range `[start, end)` of every part; one empty part for an empty file.
@@ -656,6 +729,41 @@ mod tests {
         let mode = std::fs::metadata(&f.path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o444);
         assert_eq!(std::fs::read(&f.path).unwrap(), b"frozen bytes");
+    }
+
+    #[test]
+    fn freeze_refuses_a_hard_link_and_leaves_its_other_name_untouched() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ws, spool) = (dir.path().join("ws"), dir.path().join("spool"));
+        std::fs::create_dir_all(&ws).unwrap();
+        let token = dir.path().join("agent.token");
+        std::fs::write(&token, b"kiln_secret").unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::hard_link(&token, ws.join("token.txt")).unwrap();
+        let m = failure(freeze(&ws, &spool, &spec("t", "token.txt")));
+        assert!(m.contains("2 hard links"), "{m}");
+        let meta = std::fs::metadata(&token).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "the outside name's mode is unchanged");
+        assert_eq!(std::fs::read(&token).unwrap(), b"kiln_secret");
+        assert!(!spool.join("t").exists(), "nothing in the spool");
+    }
+
+    #[test]
+    fn restore_directories_are_never_made_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("up")).unwrap();
+        let e = dirs_within(&ws, Path::new("up/new/dir")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing made outside the workspace");
+        dirs_within(&ws, Path::new("a/b/c")).unwrap();
+        assert!(ws.join("a/b/c").is_dir());
+        std::fs::write(ws.join("file"), b"").unwrap();
+        assert!(dirs_within(&ws, Path::new("file/x")).is_err());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use kiln_sandbox::{
     StepEvent, StepRequest, remove_tree,
 };
 use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +35,10 @@ use tracing::Instrument;
 pub(crate) struct AttemptContext {
     pub client: Client,
     pub work_dir: PathBuf,
+    /// Root of the attempts' sandboxes (see [`crate::layout`]).
+    pub sandbox_dir: PathBuf,
+    /// Who runs host steps, in which namespaces.
+    pub isolation: kiln_sandbox::Isolation,
     pub mirrors: Arc<Mirrors>,
     pub executor: ExecutorKind,
     /// The container engine (container executor only).
@@ -70,6 +75,23 @@ impl AttemptContext {
     pub(crate) fn pgid_dir(&self) -> PathBuf {
         self.work_dir.join("pgids")
     }
+
+    /// The attempt's sandbox: `ws/`, `home/`, `tmp/` (the step's).
+    fn sandbox_of(&self, attempt: &str) -> PathBuf {
+        self.sandbox_dir.join(attempt)
+    }
+
+    /// The agent's spool for the attempt's published artifacts, beside its
+    /// sandbox (same filesystem) but the agent's alone.
+    fn spool_of(&self, attempt: &str) -> PathBuf {
+        self.sandbox_dir.join(format!("{attempt}.spool"))
+    }
+
+    /// A separate step user whose checkout must not borrow the agent's
+    /// mirror objects (alternates): host executor with a root agent only.
+    fn private_objects(&self) -> Option<kiln_sandbox::StepUser> {
+        if self.executor == ExecutorKind::Host { self.isolation.user } else { None }
+    }
 }
 
 pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdown: watch::Receiver<bool>) {
@@ -105,7 +127,8 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
                 }
             })
         };
-        let attempt_dir = ctx.attempts_dir().join(format!("{}-{}", a.job_id, a.epoch));
+        let attempt = format!("{}-{}", a.job_id, a.epoch);
+        let attempt_dir = ctx.attempts_dir().join(&attempt);
         let logs = LogStreamer::start(
             ctx.client.clone(),
             a.job_id.clone(),
@@ -123,7 +146,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         );
 
         let t0 = std::time::Instant::now();
-        let ran = execute(ctx, &a, &attempt_dir, &ctl, &logs).await;
+        let ran = execute(ctx, &a, &attempt, &ctl, &logs).await;
         let t_exec = t0.elapsed();
         let completion = decide(&a, ran, ctl.reason());
         logs.report_truncation();
@@ -142,7 +165,9 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         hb.abort();
         drop(beat);
         watcher.abort();
-        discard(ctx, &attempt_dir).await;
+        for dir in [attempt_dir, ctx.sandbox_of(&attempt), ctx.spool_of(&attempt)] {
+            discard(&dir).await;
+        }
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         tracing::debug!(
             execute_ms = ms(t_exec),
@@ -160,8 +185,9 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
 /// background: deleting even a small tree can take tens of milliseconds (on
 /// filesystems mounted with `discard`), which must not delay the next claim.
 /// Leftovers are removed when the agent starts.
-async fn discard(ctx: &AttemptContext, attempt_dir: &Path) {
-    let trash = ctx.attempts_dir().join(format!(".trash-{}", uuid::Uuid::new_v4()));
+async fn discard(attempt_dir: &Path) {
+    let parent = attempt_dir.parent().unwrap_or(attempt_dir);
+    let trash = parent.join(format!(".trash-{}", uuid::Uuid::new_v4()));
     let target = match tokio::fs::rename(attempt_dir, &trash).await {
         Ok(()) => trash,
         Err(_) => attempt_dir.to_path_buf(),
@@ -175,16 +201,19 @@ async fn discard(ctx: &AttemptContext, attempt_dir: &Path) {
 
 /// Checkout, restore, steps, publish. The sandbox is killed as soon as a
 /// stop reason is set.
-async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: &Control, logs: &LogStreamer) -> Ran {
-    let ws = attempt_dir.join("ws");
-    let _ = remove_tree(attempt_dir);
-    if let Err(e) = tokio::fs::create_dir_all(attempt_dir).await {
-        return Ran::Infra(format!("cannot create the attempt directory {}: {e}", attempt_dir.display()));
+async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Control, logs: &LogStreamer) -> Ran {
+    let sandbox = ctx.sandbox_of(attempt);
+    let ws = sandbox.join("ws");
+    for dir in [&sandbox, &ctx.spool_of(attempt)] {
+        let _ = remove_tree(dir);
+        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            return Ran::Infra(format!("cannot create the attempt directory {}: {e}", dir.display()));
+        }
     }
 
     logs.system_note(&format!("checking out {} at {}", a.repo, a.commit_sha));
     let checkout = tokio::select! {
-        r = ctx.mirrors.checkout(&a.clone_url, &a.commit_sha, &ws) => r,
+        r = ctx.mirrors.checkout(&a.clone_url, &a.commit_sha, &ws, ctx.private_objects().is_some()) => r,
         _ = ctl.stopped() => return Ran::Stopped,
     };
     if let Err(e) = checkout {
@@ -236,8 +265,9 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: 
             ))
         }
         _ => {
-            let mut cfg = HostConfig::new(ws.clone(), attempt_dir.to_path_buf(), ctx.pgid_dir());
+            let mut cfg = HostConfig::new(ws.clone(), sandbox.clone(), ctx.pgid_dir());
             cfg.kill_grace = ctx.kill_grace;
+            cfg.isolation = ctx.isolation;
             Arc::new(HostExecutor::new(cfg))
         }
     };
@@ -265,7 +295,7 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt_dir: &Path, ctl: 
     if ctl.reason().is_some() {
         return Ran::Stopped;
     }
-    match publish_all(&transfer, &ws, &attempt_dir.join("spool")).await {
+    match publish_all(&transfer, &ws, &ctx.spool_of(attempt)).await {
         Ok(()) => Ran::Success,
         Err(ran) => ran,
     }

@@ -54,7 +54,18 @@ impl Mirrors {
     }
 
     /// Checks out `sha` of `clone_url` into `ws` (which must not exist).
-    pub(crate) async fn checkout(&self, clone_url: &str, sha: &str, ws: &Path) -> Result<(), CheckoutError> {
+    ///
+    /// With `private_objects` (steps run as another user, who cannot open
+    /// the agent's 0700 mirrors), the workspace gets its own object
+    /// store instead of borrowing the mirror's: its files hard-linked (made
+    /// read-only first; the step user does not own them) or copied.
+    pub(crate) async fn checkout(
+        &self,
+        clone_url: &str,
+        sha: &str,
+        ws: &Path,
+        private_objects: bool,
+    ) -> Result<(), CheckoutError> {
         let full_sha = (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit());
         if !full_sha {
             return Err(CheckoutError::BadSha(sha.to_string()));
@@ -107,6 +118,14 @@ impl Mirrors {
         .await
         .map_err(io)?;
         git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
+        if private_objects {
+            // Under the mirror's lock: no fetch is adding packs meanwhile.
+            let lock = self.lock_for(&mirror);
+            let _guard = lock.lock().await;
+            let (src, dst) = (objects.clone(), dot_git.join("objects"));
+            tokio::task::spawn_blocking(move || link_objects(&src, &dst)).await.expect("link task").map_err(io)?;
+            tokio::fs::remove_file(dot_git.join("objects/info/alternates")).await.map_err(io)?;
+        }
         self.known.lock().expect("known").insert((mirror, sha.to_string()));
         Ok(())
     }
@@ -124,6 +143,37 @@ impl Mirrors {
         let _ = remove_tree(mirror);
         tokio::fs::rename(&tmp, mirror).await.map_err(io)
     }
+}
+
+/// Gives `dst` every object file of `src` (a mirror's `objects/`): a hard
+/// link where possible (the mirror's files are made read-only for all
+/// first: they are immutable, and only reachable through a workspace of the
+/// same repository), else a copy. Git's temporary files are skipped.
+fn link_objects(src: &Path, dst: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src)? {
+        let e = e?;
+        let name = e.file_name();
+        let n = name.to_string_lossy();
+        if n.starts_with("tmp_") || n.starts_with("incoming-") || n == "alternates" {
+            continue;
+        }
+        let (from, to) = (e.path(), dst.join(&name));
+        let ft = e.file_type()?;
+        if ft.is_dir() {
+            link_objects(&from, &to)?;
+        } else if ft.is_file() {
+            if to.exists() {
+                continue;
+            }
+            std::fs::set_permissions(&from, std::fs::Permissions::from_mode(0o444))?;
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Local paths are made absolute (git runs with another working directory);

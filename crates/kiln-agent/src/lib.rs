@@ -32,6 +32,7 @@ mod attempt;
 mod checkout;
 mod control;
 mod heartbeat;
+mod layout;
 mod logs;
 mod mask;
 mod ran;
@@ -92,10 +93,19 @@ pub struct AgentConfig {
     pub token: String,
     pub name: String,
     pub labels: BTreeMap<String, String>,
-    /// Private to this agent process: `attempts/` (workspaces, deleted
-    /// after each attempt), `mirrors/` (bare git mirrors, kept), `pgids/`
-    /// (running step groups), `agent.lock`.
+    /// Private to this agent process (0700; no step runs under it):
+    /// `attempts/` (log spools, deleted after each attempt), `mirrors/`
+    /// (bare git mirrors, kept), `pgids/` (running step groups),
+    /// `agent.lock`.
     pub work_dir: PathBuf,
+    /// Root of the attempts' workspaces, `HOME`s and `TMPDIR`s, apart from
+    /// `work_dir` (see the `layout` module). `None`: a directory of the
+    /// system temp dir named after the agent's uid and work dir.
+    pub sandbox_dir: Option<PathBuf>,
+    /// Host executor under a root agent: the user steps run as (a name,
+    /// `UID` or `UID:GID`; `None`: `nobody`; `root` opts out). A non-root
+    /// agent's steps keep its uid (asking for another is refused).
+    pub step_user: Option<String>,
     /// Concurrent jobs (at least 1).
     pub max_jobs: u32,
     pub executor: ExecutorKind,
@@ -136,8 +146,14 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
         "upload_rate_limit must be positive (leave it unset for no limit)"
     );
     let work_dir = &config.work_dir;
-    std::fs::create_dir_all(work_dir).with_context(|| format!("cannot create work dir {}", work_dir.display()))?;
+    layout::private_dir(work_dir).with_context(|| format!("cannot create work dir {}", work_dir.display()))?;
     let _lock = lock_work_dir(work_dir)?;
+    let isolation = host_isolation(config.step_user.as_deref())?;
+    let sandbox_dir = config.sandbox_dir.clone().unwrap_or_else(|| layout::default_sandbox_dir(work_dir));
+    if config.executor == ExecutorKind::Host {
+        tracing::info!(sandbox_dir = %sandbox_dir.display(), "{}", isolation.describe());
+    }
+    layout::prepare_sandbox_root(&sandbox_dir, isolation.user.is_some())?;
     let reaped = kiln_sandbox::reap_orphans(&work_dir.join("pgids"))
         .with_context(|| format!("cannot reap orphaned steps recorded in {}", work_dir.join("pgids").display()))?;
     if reaped > 0 {
@@ -172,6 +188,8 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     let ctx = AttemptContext {
         client: client.clone(),
         work_dir: work_dir.clone(),
+        sandbox_dir,
+        isolation,
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors"))),
         executor: config.executor.clone(),
         engine,
@@ -200,8 +218,28 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     if let Some(engine) = &agent.ctx.engine {
         engine.settle().await;
     }
+    if config.sandbox_dir.is_none() {
+        // The default sandbox dir is the agent's alone: leave no empty
+        // directory behind in the system temp dir.
+        let root = agent.ctx.sandbox_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || kiln_sandbox::remove_tree(&root)).await;
+    }
     tracing::info!("agent stopped");
     Ok(())
+}
+
+/// Who runs host steps: under root, `step_user` (default `nobody`; `root`
+/// opts out); otherwise the agent's own uid.
+fn host_isolation(step_user: Option<&str>) -> anyhow::Result<kiln_sandbox::Isolation> {
+    let root = nix::unistd::geteuid().is_root();
+    let user = match step_user {
+        Some(spec) => {
+            Some(kiln_sandbox::StepUser::lookup(spec).with_context(|| format!("--step-user {spec}: no such user"))?)
+        }
+        None if root => Some(kiln_sandbox::StepUser::nobody()),
+        None => None,
+    };
+    kiln_sandbox::Isolation::detect(user).map_err(|e| anyhow::anyhow!("--step-user: {e}"))
 }
 
 fn lock_work_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {

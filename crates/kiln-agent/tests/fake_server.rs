@@ -606,6 +606,10 @@ impl Harness {
         self.path("agent")
     }
 
+    fn sandbox_dir(&self) -> PathBuf {
+        self.path("sandbox")
+    }
+
     fn assignment(&self, steps: &[(Option<&str>, &str)]) -> Assignment {
         Assignment {
             run_id: "run-1".into(),
@@ -643,6 +647,11 @@ impl Harness {
             name: "test-agent".into(),
             labels: BTreeMap::new(),
             work_dir: self.work_dir(),
+            sandbox_dir: Some(self.sandbox_dir()),
+            // Steps write to the test's own (0700) temp dir: under a root
+            // test runner they keep root (the kiln e2e and hostile tests
+            // cover the default, `nobody`).
+            step_user: Some("root".into()),
             max_jobs: 1,
             executor: ExecutorKind::Host,
             kill_grace: None,
@@ -680,15 +689,19 @@ impl Harness {
 }
 
 /// A step that starts `sleep 1000` in the background, records its *host*
-/// pid in `$PID_FILE` (atomically), and waits. Steps may run in their own
-/// PID namespace where `$!` is not a host pid, so the sleeper reads its pid
-/// from `/proc/self/stat` (the host's procfs) before exec'ing.
+/// pid in `$PID_FILE` (atomically), and waits. Steps run in their own PID
+/// namespace with their own /proc, where no pid is a host pid: the test
+/// finds the sleeper from the host by its environment (`PID_FILE=…`).
 const BACKGROUND_SLEEP: &str = "sh -c 'read -r p _ < /proc/self/stat; echo $p > \"$PID_FILE.tmp\"; \
      mv \"$PID_FILE.tmp\" \"$PID_FILE\"; exec sleep 1000' & wait";
 
 fn alive(pid_file: &std::path::Path) -> bool {
-    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
-    kiln_sandbox::process_alive(pid)
+    let want = format!("PID_FILE={}", pid_file.display());
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { return false };
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        env.split(|b| *b == 0).any(|v| v == want.as_bytes()) && kiln_sandbox::process_alive(pid)
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -710,7 +723,7 @@ async fn runs_steps_in_the_checkout_and_streams_logs() {
     assert_eq!((completions[0].outcome.as_str(), completions[0].exit_code), ("success", Some(0)));
 
     let stdout = h.fake.log("stdout");
-    let ws = h.work_dir().join("attempts").join("job-1-3").join("ws");
+    let ws = h.sandbox_dir().join("job-1-3").join("ws");
     assert!(stdout.starts_with("hello from the repo\nscript ran with arg\n"), "{}", &stdout[..200.min(stdout.len())]);
     assert!(stdout.contains("job=build id=job-1 epoch=3 run=run-1\n"));
     assert!(stdout.contains(&format!("commit={} custom=custom-value\n", h.sha)));
@@ -1213,7 +1226,9 @@ async fn step_headers_arrive_before_the_output_of_their_step() {
 /// for it (bounded) instead of expecting it gone at once.
 async fn assert_attempts_dir_emptied(work_dir: &std::path::Path) {
     for _ in 0..200 {
-        if std::fs::read_dir(work_dir.join("attempts")).map(|d| d.count()).unwrap_or(0) == 0 {
+        let count = |d: std::path::PathBuf| std::fs::read_dir(d).map(|d| d.count()).unwrap_or(0);
+        // The harness's sandbox dir is the work dir's sibling.
+        if count(work_dir.join("attempts")) + count(work_dir.with_file_name("sandbox")) == 0 {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;

@@ -73,6 +73,8 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             name: format!("bench-{kind}-{}", std::process::id()),
             labels: BTreeMap::from([("executor".to_string(), kind.to_string())]),
             work_dir: tmp.join("agents").join(kind),
+            sandbox_dir: None,
+            step_user: None,
             max_jobs: 1,
             executor,
             upload_rate_limit: None,

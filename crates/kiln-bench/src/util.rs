@@ -70,8 +70,9 @@ pub(crate) fn spawn_agent_with(
 ) -> anyhow::Result<Proc> {
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
-        .args(["agent", "--server", server, "--token", token, "--name", name, "--work-dir"])
+        .args(["agent", "--server", server, "--name", name, "--work-dir"])
         .arg(dir.join(name))
+        .env("KILN_AGENT_TOKEN", token)
         .args(extra)
         .env("KILN_LOG", "warn")
         .stdout(Stdio::null())

@@ -22,6 +22,8 @@ pub fn agent_config(
         name,
         labels,
         work_dir,
+        sandbox_dir: None,
+        step_user: None,
         max_jobs,
         executor: kiln_agent::ExecutorKind::Host,
         upload_rate_limit: None,

@@ -8,6 +8,7 @@
 //! When the step's shell exits, whatever it left running in its group is
 //! SIGKILLed: a step owns no processes beyond its own lifetime.
 
+use crate::isolation::{Isolation, chown_tree, unshare_path};
 use crate::procs::{group_alive, signal_group};
 use crate::reap::{forget, record, remove_tree};
 use crate::spawn::isolate_process_tree;
@@ -57,13 +58,18 @@ pub struct HostConfig {
     pub path: String,
     /// Time between SIGTERM and SIGKILL when killing.
     pub kill_grace: Duration,
+    /// Who runs the steps and in which namespaces ([`Isolation::detect`]).
+    /// With a separate step user, `prepare` hands it the workspace (links
+    /// not followed), `HOME`, `TMPDIR` and the attempt directory.
+    pub isolation: Isolation,
 }
 
 impl HostConfig {
     /// Defaults: the agent's `PATH` (or [`DEFAULT_PATH`]) and [`DEFAULT_KILL_GRACE`].
     pub fn new(workspace: PathBuf, attempt_dir: PathBuf, state_dir: PathBuf) -> Self {
         let path = std::env::var("PATH").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| DEFAULT_PATH.to_string());
-        HostConfig { workspace, attempt_dir, state_dir, path, kill_grace: DEFAULT_KILL_GRACE }
+        let isolation = Isolation::detect(None).expect("the agent's own user is always allowed");
+        HostConfig { workspace, attempt_dir, state_dir, path, kill_grace: DEFAULT_KILL_GRACE, isolation }
     }
 
     fn home(&self) -> PathBuf {
@@ -108,13 +114,17 @@ impl HostExecutor {
         if inner.running.is_some() {
             return Err(SandboxError::Busy);
         }
-        let mut cmd = match pid_namespace_launcher() {
+        let iso = self.cfg.isolation;
+        let launcher = iso.launcher_args().zip(unshare_path());
+        let namespaced = launcher.is_some();
+        let mut cmd = match launcher {
             // A PID namespace whose init dies with the agent: the kernel then
             // kills every process of the step, including double-forked
-            // daemons that left the process group.
-            Some(unshare) => {
+            // daemons that left the process group. Its own /proc shows only
+            // the step's processes (no agent command lines or environments).
+            Some((args, unshare)) => {
                 let mut c = Command::new(unshare);
-                c.args(["--pid", "--kill-child=SIGKILL", "--", "/bin/sh"]);
+                c.args(args).arg("/bin/sh");
                 c
             }
             None => Command::new("/bin/sh"),
@@ -134,7 +144,7 @@ impl HostExecutor {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(false);
-        isolate_process_tree(&mut cmd);
+        isolate_process_tree(&mut cmd, iso.user, !namespaced);
         let spawn_err = |source| SandboxError::Spawn { step: step.name.clone(), source };
         let mut child = cmd.spawn().map_err(spawn_err)?;
         // setsid made the shell the leader: its pid is the group's id.
@@ -266,6 +276,24 @@ impl Executor for HostExecutor {
                     .await
                     .map_err(|source| SandboxError::Prepare { path: dir.display().to_string(), source })?;
             }
+            if let Some(user) = self.cfg.isolation.user {
+                // The step's own tree; the agent's state dir stays the agent's.
+                let cfg = self.cfg.clone();
+                let handed = tokio::task::spawn_blocking(move || {
+                    for dir in [&cfg.workspace, &cfg.attempt_dir, &cfg.home(), &cfg.tmp()] {
+                        let r = if dir == &cfg.attempt_dir {
+                            std::os::unix::fs::lchown(dir, Some(user.uid), Some(user.gid))
+                        } else {
+                            chown_tree(dir, user)
+                        };
+                        r.map_err(|source| SandboxError::Prepare { path: dir.display().to_string(), source })?;
+                    }
+                    Ok(())
+                })
+                .await
+                .expect("chown task");
+                handed?;
+            }
             Ok(())
         }
         .boxed()
@@ -293,27 +321,4 @@ impl Executor for HostExecutor {
         }
         .boxed()
     }
-}
-
-/// `unshare` when it can create PID namespaces here (root or CAP_SYS_ADMIN),
-/// checked once. Without it, steps run in their own session with a
-/// parent-death signal, and leftovers are reaped when the agent restarts.
-fn pid_namespace_launcher() -> Option<&'static std::path::Path> {
-    static LAUNCHER: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    LAUNCHER
-        .get_or_init(|| {
-            let path = ["/usr/bin/unshare", "/bin/unshare"].iter().map(std::path::PathBuf::from).find(|p| p.exists())?;
-            let ok = std::process::Command::new(&path)
-                .args(["--pid", "--kill-child=SIGKILL", "--", "/bin/true"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                tracing::warn!("cannot create PID namespaces (not root?): a step's daemons may outlive a crashed agent until it restarts");
-            }
-            ok.then_some(path)
-        })
-        .as_deref()
 }

@@ -3,13 +3,17 @@
 //! The sandbox is the untrusted side of the agent (ARCHITECTURE.md, "Data
 //! flow"): it runs the job's commands with a fresh writable state per attempt
 //! and never sees the agent's credentials or environment. Implementations:
-//! - [`HostExecutor`]: each step is a host process in its own session, with a
-//!   cleared environment, killed with its whole process group.
+//! - [`HostExecutor`]: each step is a host process in its own session (and,
+//!   where the kernel allows, PID and mount namespaces; as a separate
+//!   unprivileged user under a root agent: see [`Isolation`]), with a
+//!   cleared environment, killed with its whole process group. For trusted
+//!   code: under a non-root agent a step has the agent user's file access.
 //! - [`ContainerExecutor`]: each attempt in a fresh container of a pinned
 //!   image, steps as execs, through the Docker Engine API (Podman or dockerd).
 
 mod container;
 mod host;
+mod isolation;
 mod procs;
 mod reap;
 mod spawn;
@@ -19,6 +23,7 @@ pub use container::{
     LABEL_RUN, Limits, Network, PinnedImage, repository_of,
 };
 pub use host::{DEFAULT_KILL_GRACE, DEFAULT_PATH, HostConfig, HostExecutor};
+pub use isolation::{Isolation, Namespaces, StepUser};
 pub use procs::process_alive;
 pub use reap::{reap_orphans, remove_tree};
 

@@ -20,6 +20,13 @@ fn stat(pid: &str) -> Option<(char, i32, i32)> {
     Some((state, pgrp, session))
 }
 
+/// Start time of a process (clock ticks after boot, `/proc/<pid>/stat`
+/// field 22): with the boot id, it names one process for good, pid reuse or not.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 1..].split_whitespace().nth(19)?.parse().ok()
+}
+
 fn live(state: char) -> bool {
     !matches!(state, 'Z' | 'X' | 'x')
 }

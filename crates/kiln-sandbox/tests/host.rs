@@ -83,11 +83,33 @@ async fn next_stdout(h: &mut StepHandle) -> Vec<u8> {
     }
 }
 
-/// Steps may run in their own PID namespace, where `$!` and `$$` are not host
-/// pids: test steps record host pids by reading `/proc/self/stat` (the host's
-/// procfs) from the process itself.
+/// Steps run in their own PID namespace with their own /proc, where no pid
+/// is a host pid: test steps record their pid as they see it (from
+/// `/proc/self/stat`), and the test finds the host pid of that process (the
+/// one whose `NSpid` ends with it, working in the same directory).
 fn read_pid(path: &Path) -> i32 {
-    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+    host_pid(path).expect("the process runs")
+}
+
+/// The host pid of the live process that wrote `path` (see [`read_pid`]).
+fn host_pid(path: &Path) -> Option<i32> {
+    let seen: i32 = std::fs::read_to_string(path).unwrap().trim().parse().unwrap();
+    let cwd = path.parent().unwrap().canonicalize().unwrap();
+    let mut found = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:")).unwrap_or("");
+        let last = nspid.split_whitespace().last().and_then(|p| p.parse::<i32>().ok());
+        if last == Some(seen)
+            && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c == cwd)
+            && process_alive(pid)
+        {
+            found.push(pid);
+        }
+    }
+    assert!(found.len() <= 1, "host pids of {seen} in {}: {found:?}", cwd.display());
+    found.first().copied()
 }
 
 #[tokio::test]
@@ -180,7 +202,7 @@ async fn leftovers_die_when_the_step_ends() {
         .run("sh -c 'read -r p _ < /proc/self/stat; echo $p > bg.pid.tmp; mv bg.pid.tmp bg.pid; exec sleep 1000' >/dev/null 2>&1 & while [ ! -s bg.pid ]; do sleep 0.01; done")
         .await;
     assert_eq!(out.exit, Some(StepExit::Code(0)));
-    assert!(!process_alive(read_pid(&sb.ws().join("bg.pid"))));
+    assert_eq!(host_pid(&sb.ws().join("bg.pid")), None, "the background process survived");
     // The next step may run: the sandbox is free again.
     assert_eq!(sb.run("echo again").await.stdout, b"again\n");
 }
@@ -234,15 +256,23 @@ async fn reap_orphans_kills_recorded_groups_that_survived() {
     let mut orphan = std::process::Command::new("setsid").args(["sleep", "1000"]).spawn().unwrap();
     let pgid = orphan.id() as i32;
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
-    std::fs::write(state.join(pgid.to_string()), boot.trim()).unwrap();
+    let boot = boot.trim();
+    std::fs::write(state.join(pgid.to_string()), format!("{boot} {}", start_time(pgid))).unwrap();
     // A record from another boot names a pgid that may have been reused: left alone.
     let mut bystander = std::process::Command::new("setsid").args(["sleep", "1000"]).spawn().unwrap();
-    std::fs::write(state.join(bystander.id().to_string()), "another-boot").unwrap();
+    std::fs::write(state.join(bystander.id().to_string()), "another-boot 1").unwrap();
+    // A forged record (issue 13: a step wrote one to get a process killed)
+    // names this boot but not the process's start time: left alone too, as
+    // is an old-format record without a start time.
+    let mut forged = std::process::Command::new("setsid").args(["sleep", "1000"]).spawn().unwrap();
+    std::fs::write(state.join(forged.id().to_string()), format!("{boot} 1")).unwrap();
+    let mut old = std::process::Command::new("setsid").args(["sleep", "1000"]).spawn().unwrap();
+    std::fs::write(state.join(old.id().to_string()), boot).unwrap();
 
     // (`setsid` execs in place: our child is not a group leader, so its pid is
     // the new sid — once the child got as far as calling setsid(2), which
     // `spawn` returning does not promise.)
-    for child in [&orphan, &bystander] {
+    for child in [&orphan, &bystander, &forged, &old] {
         let pid = child.id() as i32;
         let pid = nix::unistd::Pid::from_raw(pid);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -254,9 +284,19 @@ async fn reap_orphans_kills_recorded_groups_that_survived() {
     assert_eq!(reap_orphans(&state).unwrap(), 1);
     let status = orphan.wait().unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
-    assert!(process_alive(bystander.id() as i32));
+    for other in [&mut bystander, &mut forged, &mut old] {
+        assert!(process_alive(other.id() as i32));
+    }
     assert_eq!(std::fs::read_dir(&state).unwrap().count(), 0);
-    bystander.kill().unwrap();
-    bystander.wait().unwrap();
+    for other in [&mut bystander, &mut forged, &mut old] {
+        other.kill().unwrap();
+        other.wait().unwrap();
+    }
     assert_eq!(reap_orphans(&dir.path().join("absent")).unwrap(), 0);
+}
+
+/// Field 22 of /proc/PID/stat: what a genuine record holds besides the boot id.
+fn start_time(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    s[s.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().parse().unwrap()
 }

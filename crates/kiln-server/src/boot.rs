@@ -4,7 +4,7 @@
 use crate::config::ServerConfig;
 use anyhow::Context;
 use kiln_store::{PgStore, SqliteStore, Store};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Read `DATA_DIR/NAME`, or create it with a fresh random token (mode 0600).
@@ -40,6 +40,43 @@ pub(crate) fn load_or_create_token(dir: &std::path::Path, name: &str) -> anyhow:
     }
 }
 
+/// Creates `dir` (and its parents) and makes it 0700: only the server's
+/// user may list or traverse it. A symbolic link is left as it is (its
+/// target is the operator's choice).
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if meta.is_dir() && meta.permissions().mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// The SQLite database and its `-wal` / `-shm` files are 0600: created so
+/// before SQLite opens them (SQLite gives the WAL the database's mode), and
+/// tightened when an older server left them readable.
+fn private_db_files(db: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(db) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = db.as_os_str().to_owned();
+        p.push(suffix);
+        let p = PathBuf::from(p);
+        if let Ok(meta) = std::fs::symlink_metadata(&p)
+            && meta.is_file()
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
+}
+
 /// Open the metadata store the configuration names (see
 /// [`ServerConfig::database_url`]).
 pub(crate) async fn open_store(config: &ServerConfig) -> anyhow::Result<Arc<dyn Store>> {
@@ -54,6 +91,7 @@ pub(crate) async fn open_store(config: &ServerConfig) -> anyhow::Result<Arc<dyn 
         Some(p) if !p.trim_start_matches("//").is_empty() => PathBuf::from(p.trim_start_matches("//")),
         _ => anyhow::bail!("--database-url {url}: expected postgres://USER@HOST:PORT/DB or sqlite:PATH"),
     };
+    private_db_files(&db_path).with_context(|| format!("cannot create database {}", db_path.display()))?;
     let store =
         SqliteStore::open(&db_path).await.with_context(|| format!("cannot open database {}", db_path.display()))?;
     Ok(Arc::new(store.with_backoff(backoff)))
@@ -86,6 +124,42 @@ fn redact(url: &str) -> String {
             None => url.to_string(),
         },
         _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod mode_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &std::path::Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_data_dir_is_made_private_also_when_it_existed() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("a/data");
+        super::private_dir(&data).unwrap();
+        assert_eq!(mode(&data), 0o700);
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+        super::private_dir(&data).unwrap();
+        assert_eq!(mode(&data), 0o700);
+    }
+
+    #[test]
+    fn database_files_are_private_before_sqlite_opens_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("kiln.db");
+        super::private_db_files(&db).unwrap();
+        assert_eq!(mode(&db), 0o600);
+        assert_eq!(std::fs::metadata(&db).unwrap().len(), 0, "an empty file is an empty database");
+        // An older server's world-readable files are tightened.
+        let wal = dir.path().join("kiln.db-wal");
+        std::fs::write(&wal, b"").unwrap();
+        std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+        super::private_db_files(&db).unwrap();
+        assert_eq!((mode(&db), mode(&wal)), (0o600, 0o600));
     }
 }
 

@@ -120,11 +120,17 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
         // (at once when notified; this often regardless).
         config.dispatch_sweep = Duration::from_secs(5);
     }
-    std::fs::create_dir_all(&config.data_dir)
+    // Tokens, keys, the database and the objects: the data dir is private
+    // to the server's user (0700, also when it existed before).
+    boot::private_dir(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let admin_token = boot::load_or_create_token(&config.data_dir, "admin.token")?;
     let agent_token = boot::load_or_create_token(&config.data_dir, "agent.token")?;
     let blob_key = boot::load_or_create_token(&config.data_dir, "blob.key")?;
+    if config.object_store.is_empty() {
+        let objects = config.data_dir.join("objects");
+        boot::private_dir(&objects).with_context(|| format!("cannot create {}", objects.display()))?;
+    }
     let secrets = sealing::SecretBox::load_or_create(&config.secrets_key_path())?;
     let oidc = oidc::Issuer::open(&config.data_dir.join("oidc"))?;
     let blob = kiln_blob::BlobStore::open_url(&config.object_store, &config.data_dir.join("objects"))

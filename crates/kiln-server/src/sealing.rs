@@ -134,11 +134,12 @@ impl SecretBox {
         };
         let (id, b64) = rest.split_once(':').ok_or(SealError::Corrupt)?;
         let mut key = self.key.read().expect("key").clone();
-        if key.id != id && !self.path.as_os_str().is_empty() {
-            if let Ok(fresh) = Self::read(&self.path) {
-                *self.key.write().expect("key") = fresh.clone();
-                key = fresh;
-            }
+        if key.id != id
+            && !self.path.as_os_str().is_empty()
+            && let Ok(fresh) = Self::read(&self.path)
+        {
+            *self.key.write().expect("key") = fresh.clone();
+            key = fresh;
         }
         if key.id != id {
             return Err(SealError::UnknownKey(id.to_string()));

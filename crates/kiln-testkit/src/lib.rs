@@ -297,8 +297,13 @@ impl KilnAgent {
     pub fn spawn(bin: &Path, server: &str, token: &str, name: &str, extra: &[&str]) -> Result<KilnAgent> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("agent.log");
+        // The token goes in a file, never in argv (/proc/PID/cmdline is public).
+        let token_file = dir.path().join("agent.token");
+        std::fs::write(&token_file, token)?;
         let child = Command::new(bin)
-            .args(["agent", "--server", server, "--token", token, "--name", name, "--work-dir"])
+            .args(["agent", "--server", server, "--name", name, "--token-file"])
+            .arg(&token_file)
+            .arg("--work-dir")
             .arg(dir.path().join("work"))
             .args(extra)
             .env("KILN_LOG", "info,sqlx=warn")
@@ -382,6 +387,33 @@ jobs:
       - echo "consumed $(sha256sum < inputs/app.jar | cut -d' ' -f1)"
 "#
     )
+}
+
+/// Live host processes of a run's steps: those whose environment holds
+/// `KILN_RUN_ID=<run_id>`. (Host steps run in their own PID namespace with
+/// their own /proc: a pid a step prints is not a host pid.) Needs the
+/// right to read other users' /proc/PID/environ (root, in these tests).
+pub fn step_processes(run_id: &str) -> Vec<i32> {
+    let want = format!("KILN_RUN_ID={run_id}");
+    let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat.rfind(')').is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
+            !zombie && env.split(|b| *b == 0).any(|v| v == want.as_bytes())
+        })
+        .collect()
+}
+
+/// A temporary directory a host step may write to: under a root agent steps
+/// run as `nobody`, and `tempfile`'s directories are 0700.
+pub fn step_writable_tempdir() -> Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))?;
+    Ok(dir)
 }
 
 /// Files (not directories) under `dir`, recursively; 0 if it does not exist.

@@ -102,7 +102,8 @@ impl Command {
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
-    /// Where the database, object store, tokens and agent workspaces live.
+    /// Where the database, object store, tokens and the agents' own state live (0700); the
+    /// agents' workspaces are elsewhere (their sandbox dirs, in the system temp dir).
     #[arg(long, default_value = "kiln-data")]
     pub data_dir: PathBuf,
     /// Address to listen on.
@@ -225,9 +226,14 @@ pub struct AgentArgs {
     /// moves to the next.
     #[arg(long, env = "KILN_SERVER")]
     pub server: String,
-    /// Agent token (DATA_DIR/agent.token of the server).
-    #[arg(long, env = "KILN_AGENT_TOKEN", hide_env_values = true)]
-    pub token: String,
+    /// File holding the agent token (the server's DATA_DIR/agent.token). Or set
+    /// KILN_AGENT_TOKEN in the agent's environment. Tokens are never taken
+    /// from the command line, where every local user can read them (/proc/PID/cmdline).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Refused (a token in argv is visible to every local user): use --token-file or KILN_AGENT_TOKEN.
+    #[arg(long, hide = true, value_name = "TOKEN")]
+    pub token: Option<String>,
     /// Allow plain http:// to a server that is not on loopback. Without it the agent refuses to
     /// start: its token, secrets and artifacts would cross the network in clear. (A server with
     /// a private certificate: KILN_CA_CERT=FILE.)
@@ -256,9 +262,18 @@ pub struct AgentArgs {
     /// Time between SIGTERM and SIGKILL when a job is stopped (cancel, timeout, fencing, shutdown).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub kill_grace: std::time::Duration,
-    /// Directory for workspaces and the git mirror cache.
+    /// The agent's own state (0700): git mirrors, step process records, log spools.
     #[arg(long, default_value = "kiln-agent")]
     pub work_dir: PathBuf,
+    /// Where attempts' workspaces live, apart from --work-dir so that a step cannot walk to the
+    /// agent's state (default: a directory named after the agent's uid and work dir in the
+    /// system temp dir; emptied when the agent starts, removed when it stops).
+    #[arg(long, value_name = "DIR")]
+    pub sandbox_dir: Option<PathBuf>,
+    /// Host executor, agent running as root: the unprivileged user steps run as (name, UID or
+    /// UID:GID; default nobody; `root` opts out). A non-root agent's steps keep its own uid.
+    #[arg(long, value_name = "USER")]
+    pub step_user: Option<String>,
     /// Jobs to run at once.
     #[arg(long, default_value_t = 1)]
     pub max_jobs: u32,

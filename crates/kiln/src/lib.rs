@@ -13,6 +13,11 @@ use clap::Parser;
 /// (see `kiln_api::exit`).
 pub fn main_entry() -> i32 {
     let cli = Cli::parse();
+    if cli.command.is_daemon() {
+        // Server and agent files (database, WAL, tokens, objects, workspaces)
+        // are private to the user running Kiln (issue 13).
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| {
         // PostgreSQL's "there is no transaction in progress" notice (a
         // ROLLBACK after a failed serializable COMMIT) is not worth a line each.

@@ -175,7 +175,7 @@ fn signal(pid: u32, sig: &str) {
 async fn output_spools_to_disk_while_the_server_is_unreachable() {
     let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
     let agent = server.agent("a1", &["--log-buffer", "65536"]).unwrap();
-    let flags = tempfile::tempdir().unwrap();
+    let flags = kiln_testkit::step_writable_tempdir().unwrap();
     let (go, done) = (flags.path().join("go"), flags.path().join("done"));
     let repo = TestRepo::new(&[(
         ".kiln/pipeline.yaml",

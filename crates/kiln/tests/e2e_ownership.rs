@@ -128,11 +128,10 @@ async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
     let server = KilnServer::start(BIN.as_ref(), &["--lease-ttl", "30s", "--retry-base", "100ms"]).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let pids = tmp.path().join("pids");
-    std::fs::create_dir_all(&pids).unwrap();
+    let tmp = kiln_testkit::step_writable_tempdir().unwrap();
+    let pids = tmp.path().to_path_buf();
     let wf = format!(
-        "version: 1\njobs:\n  - name: work\n    steps:\n      - if [ \"$KILN_EPOCH\" = 1 ]; then sh -c 'read -r p _ < /proc/self/stat; echo $p > {p}/child; exec sleep 600' & read -r p _ < /proc/self/stat; echo $p > {p}/shell; wait; fi; echo done-$KILN_EPOCH\n",
+        "version: 1\njobs:\n  - name: work\n    steps:\n      - if [ \"$KILN_EPOCH\" = 1 ]; then sh -c 'echo $$ > {p}/child; exec sleep 600' & echo $$ > {p}/shell; wait; fi; echo done-$KILN_EPOCH\n",
         p = pids.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
@@ -141,10 +140,13 @@ async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
     let a = server.agent("victim", &[]).unwrap();
     let run = c.submit_run("kill", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let read_pid = |f: &str| -> Option<i32> { std::fs::read_to_string(pids.join(f)).ok()?.trim().parse().ok() };
-    // Host pids, read by each process from /proc/self/stat (steps may run in
-    // their own PID namespace, where `$$` and `$!` differ).
-    let shell = wait_for(Duration::from_secs(60), || read_pid("shell")).expect("step started");
-    let child = wait_for(Duration::from_secs(10), || read_pid("child")).expect("child started");
+    // Steps run in their own PID namespace with their own /proc: the pids
+    // they write only say they started; their host processes are found by
+    // their environment.
+    wait_for(Duration::from_secs(60), || read_pid("shell")).expect("step started");
+    wait_for(Duration::from_secs(10), || read_pid("child")).expect("child started");
+    let step = kiln_testkit::step_processes(&run.run_id);
+    assert!(step.len() >= 2, "the step's shell and child: {step:?}");
 
     a.signal("KILL");
     let b = server.agent("rescuer", &[]).unwrap();
@@ -152,7 +154,7 @@ async fn killed_agent_loses_its_job_fast_and_leaves_no_orphans() {
     assert_eq!(done.status, "success", "{done:#?}\n{}", server.log());
     let attempts: Vec<_> = done.jobs[0].attempts.iter().map(|a| (a.outcome.as_str(), a.runner.as_str())).collect();
     assert_eq!(attempts, vec![("lost", "victim"), ("success", "rescuer")]);
-    for pid in [shell, child] {
+    for pid in step {
         let gone = wait_for(Duration::from_secs(10), || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
         assert!(gone.is_some(), "process {pid} of the killed agent's step survived");
     }

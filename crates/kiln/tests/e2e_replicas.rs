@@ -14,8 +14,9 @@ async fn agent_with_several_server_urls_skips_a_dead_one() {
     // Nothing listens there once the listener is dropped.
     let urls = format!("http://{dead},{}", server.url);
     let agent = std::process::Command::new(BIN)
-        .args(["agent", "--server", &urls, "--token", &server.agent_token, "--name", "multi", "--work-dir"])
+        .args(["agent", "--server", &urls, "--name", "multi", "--work-dir"])
         .arg(server.data_dir().join("agent-work"))
+        .env("KILN_AGENT_TOKEN", &server.agent_token)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -247,18 +247,21 @@ async fn run_is_frozen_at_acceptance() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cancel_stops_a_running_job_and_the_run_ends_cancelled() {
     let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kiln_testkit::step_writable_tempdir().unwrap();
     let pidfile = tmp.path().join("pid");
     let wf = format!(
-        "version: 1\njobs:\n  - name: long\n    steps:\n      - read -r p _ < /proc/self/stat; echo $p > {}; sleep 600\n  - name: after\n    steps:\n      - echo after\n",
+        "version: 1\njobs:\n  - name: long\n    steps:\n      - echo $$ > {}; sleep 600\n  - name: after\n    steps:\n      - echo after\n",
         pidfile.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
     add_repo(&up, "cancel", &repo);
     let c = Client::new(&up.url, &up.token);
     let r = c.submit_run("cancel", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
-    let pid: i32 = wait_for(Duration::from_secs(30), || std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok())
+    let _: i32 = wait_for(Duration::from_secs(30), || std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok())
         .expect("step started");
+    // The step's pids are its own namespace's: find its host processes.
+    let running = kiln_testkit::step_processes(&r.run_id);
+    assert!(!running.is_empty(), "the step's processes are visible from the host");
     let out = up.cli().args(["cancel", &r.run_id]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let run = wait_run(&c, &r.run_id).await;
@@ -267,9 +270,8 @@ async fn cancel_stops_a_running_job_and_the_run_ends_cancelled() {
     assert_eq!(run.jobs[0].attempts[0].outcome, "cancelled");
     assert_eq!(run.jobs[1].status, "cancelled");
     assert!(run.jobs[1].attempts.is_empty());
-    let gone =
-        wait_for(Duration::from_secs(20), || (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
-    assert!(gone.is_some(), "the step process {pid} survived cancellation");
+    let gone = wait_for(Duration::from_secs(20), || kiln_testkit::step_processes(&r.run_id).is_empty().then_some(()));
+    assert!(gone.is_some(), "the step's processes {running:?} survived cancellation");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -41,10 +41,10 @@ pub(crate) async fn claim(
     req: &api::ClaimRequest,
 ) -> ApiResult<Option<api::Assignment>> {
     let agent = agents::current_session(state, agent_id, &req.session_id).await?;
-    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id, &req.session_id).await? {
-        if let Handout::Assignment(a) = assignment::for_claim(state, &agent, &c).await? {
-            return Ok(Some(*a));
-        }
+    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id, &req.session_id).await?
+        && let Handout::Assignment(a) = assignment::for_claim(state, &agent, &c).await?
+    {
+        return Ok(Some(*a));
     }
     let wait = Duration::from_millis(req.wait_ms).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;

@@ -15,7 +15,7 @@ async fn append(app: &TestApp, a: &api::Assignment, seq: i64, offset: i64, text:
         sha256: hex::encode(Sha256::digest(text.as_bytes())),
     };
     let path = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch);
-    app.holder(&a).post(&path).json(&chunk).send().await.assert_status(StatusCode::OK);
+    app.holder(a).post(&path).json(&chunk).send().await.assert_status(StatusCode::OK);
 }
 
 fn chunk_text(ev: &SseEvent) -> String {

@@ -22,16 +22,6 @@ fn when(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn when_is_utc_civil_time() {
-        assert_eq!(super::when(0), "1970-01-01 00:00:00Z");
-        assert_eq!(super::when(1_796_146_200_000), "2026-12-01 17:30:00Z");
-        assert_eq!(super::when(951_782_400_000), "2000-02-29 00:00:00Z");
-    }
-}
-
 pub(super) async fn token(cmd: TokenCommand) -> CmdResult {
     match cmd {
         TokenCommand::Create { name, scope, repo, trusted, conn } => {
@@ -129,4 +119,14 @@ pub(super) async fn audit(a: AuditArgs) -> CmdResult {
         println!("{}  {:<20} {:<18} {} {}", when(e.at_ms), e.actor, e.action, e.target, e.detail);
     }
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn when_is_utc_civil_time() {
+        assert_eq!(super::when(0), "1970-01-01 00:00:00Z");
+        assert_eq!(super::when(1_796_146_200_000), "2026-12-01 17:30:00Z");
+        assert_eq!(super::when(951_782_400_000), "2000-02-29 00:00:00Z");
+    }
 }

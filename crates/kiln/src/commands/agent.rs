@@ -3,10 +3,41 @@
 use super::shared::{check_transport, ctrl_c};
 use crate::cli::AgentArgs;
 use kiln_api::exit;
-use kiln_cmd::{CmdResult, agent_config, default_labels, usage};
+use kiln_cmd::{CmdResult, Failure, agent_config, default_labels, usage};
+
+/// Environment variable holding the agent token (the alternative to `--token-file`).
+pub(crate) const TOKEN_ENV: &str = "KILN_AGENT_TOKEN";
+
+/// The agent token from `--token-file` or `KILN_AGENT_TOKEN`; `--token` is
+/// refused: an argument is readable by every local user in /proc/PID/cmdline.
+pub(crate) fn agent_token(a: &AgentArgs, env: Option<String>) -> Result<String, Failure> {
+    if a.token.is_some() {
+        return Err(usage(
+            "--token is refused: a token on the command line is visible to every local user (/proc/PID/cmdline); \
+             pass --token-file FILE (e.g. the server's DATA_DIR/agent.token) or set KILN_AGENT_TOKEN",
+        ));
+    }
+    let token = match (&a.token_file, env) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("--token-file {}: {e}", path.display())))?
+            .trim()
+            .to_string(),
+        (None, Some(t)) => t.trim().to_string(),
+        (None, None) => {
+            return Err(usage(
+                "no agent token: pass --token-file FILE (the server's DATA_DIR/agent.token) or set KILN_AGENT_TOKEN",
+            ));
+        }
+    };
+    if token.is_empty() {
+        return Err(usage("the agent token is empty (--token-file or KILN_AGENT_TOKEN)"));
+    }
+    Ok(token)
+}
 
 pub(super) async fn run(a: AgentArgs) -> CmdResult {
     check_transport(&a.server, a.insecure)?;
+    let token = agent_token(&a, std::env::var(TOKEN_ENV).ok())?;
     let mut labels = default_labels();
     for l in &a.labels {
         let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
@@ -15,7 +46,9 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
     let name = a.name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "agent".into())
     });
-    let mut cfg = agent_config(a.server, a.token, name, labels, a.work_dir, a.max_jobs.max(1));
+    let mut cfg = agent_config(a.server, token, name, labels, a.work_dir, a.max_jobs.max(1));
+    cfg.sandbox_dir = a.sandbox_dir.clone();
+    cfg.step_user = a.step_user.clone();
     cfg.upload_rate_limit = a.upload_rate_limit;
     cfg.log_limit = a.log_limit;
     cfg.log_rate_limit = a.log_rate_limit;
@@ -39,4 +72,48 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
         }
     }
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agent_token;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn ok(r: Result<String, kiln_cmd::Failure>) -> String {
+        r.unwrap_or_else(|e| panic!("{}", e.message))
+    }
+
+    fn args(extra: &[&str]) -> crate::cli::AgentArgs {
+        let mut argv = vec!["kiln", "agent", "--server", "http://127.0.0.1:1"];
+        argv.extend(extra);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Agent(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_token_comes_from_a_file_or_the_environment_never_argv() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.token");
+        std::fs::write(&file, "kiln_secret\n").unwrap();
+        let f = file.to_str().unwrap();
+        assert_eq!(ok(agent_token(&args(&["--token-file", f]), None)), "kiln_secret");
+        assert_eq!(ok(agent_token(&args(&[]), Some("kiln_env\n".into()))), "kiln_env");
+        // The file wins over the environment.
+        assert_eq!(ok(agent_token(&args(&["--token-file", f]), Some("other".into()))), "kiln_secret");
+
+        let refused = agent_token(&args(&["--token", "kiln_secret"]), Some("x".into())).err().unwrap();
+        assert_eq!(refused.code, kiln_api::exit::USAGE);
+        assert!(refused.message.contains("--token-file") && refused.message.contains("KILN_AGENT_TOKEN"));
+        assert!(!refused.message.contains("kiln_secret"), "the message does not echo the token");
+
+        let missing = agent_token(&args(&[]), None).err().unwrap();
+        assert!(missing.message.contains("--token-file"), "{}", missing.message);
+        let absent = agent_token(&args(&["--token-file", "/nonexistent/agent.token"]), None).err().unwrap();
+        assert!(absent.message.contains("/nonexistent/agent.token"), "{}", absent.message);
+        std::fs::write(&file, "\n").unwrap();
+        assert!(agent_token(&args(&["--token-file", f]), None).err().unwrap().message.contains("empty"));
+    }
 }

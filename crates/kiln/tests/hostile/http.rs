@@ -418,7 +418,8 @@ fn agents_refuse_plain_http_off_loopback_without_insecure() {
     let work = tempfile::tempdir().unwrap();
     let agent = |server: &str, extra: &[&str]| {
         Command::new(BIN)
-            .args(["agent", "--server", server, "--token", "t", "--name", "a", "--work-dir"])
+            .args(["agent", "--server", server, "--name", "a", "--work-dir"])
+            .env("KILN_AGENT_TOKEN", "t")
             .arg(work.path())
             .args(extra)
             .stdout(Stdio::null())

@@ -1,0 +1,132 @@
+//! Where an agent keeps what (issue 13, finding 3): two separate roots.
+//!
+//! - `work_dir` (0700, the agent's alone): `agent.lock`, `pgids/` (running
+//!   step groups, SIGKILLed on restart), `mirrors/` (bare git mirrors), and
+//!   `attempts/<job>-<epoch>/log-spool`. No step ever runs under it, so a
+//!   step cannot walk from its workspace to it, and (root agent, steps as
+//!   another user) cannot open it at all.
+//! - the sandbox root (`--sandbox-dir`, by default a directory of the system
+//!   temp dir named after the agent's uid and work dir): one
+//!   `<job>-<epoch>/` per attempt holding `ws/`, `home/`, `tmp/` (handed to
+//!   the step user when there is one), and beside it the agent's
+//!   `<job>-<epoch>.spool/` (0700, the agent's) into which published
+//!   artifacts are moved (same filesystem: a rename). The root is 0711 when
+//!   steps run as another user (they traverse to their own attempt but
+//!   cannot list the others), else 0700.
+//!
+//! Under `kiln up` the data directory (tokens, keys, database) is 0700 and
+//! holds the agents' work dirs, never a workspace.
+
+use anyhow::Context;
+use sha2::{Digest, Sha256};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Creates `dir` (and parents) 0700 and tightens it to 0700 if it existed.
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if meta.is_dir() && meta.mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// The default sandbox root of an agent whose work dir is `work_dir`.
+pub(crate) fn default_sandbox_dir(work_dir: &Path) -> PathBuf {
+    let abs = std::path::absolute(work_dir).unwrap_or_else(|_| work_dir.to_path_buf());
+    let digest = hex::encode(Sha256::digest(abs.as_os_str().as_encoded_bytes()));
+    let uid = nix::unistd::geteuid().as_raw();
+    std::env::temp_dir().join(format!("kiln-sandbox-{uid}-{}", &digest[..16]))
+}
+
+/// Mode of the sandbox root: traversable by a separate step user, else private.
+pub(crate) fn sandbox_root_mode(separate_step_user: bool) -> u32 {
+    if separate_step_user { 0o711 } else { 0o700 }
+}
+
+/// Makes `root` the agent's sandbox root, empty: created if missing; an
+/// existing one must be a real directory of the agent's own user (in a
+/// shared temp dir another user could have made it first, or put a
+/// symbolic link there). Stale workspaces of an earlier agent process are
+/// removed.
+pub(crate) fn prepare_sandbox_root(root: &Path, separate_step_user: bool) -> anyhow::Result<()> {
+    let parent = root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    match std::fs::DirBuilder::new().mode(0o700).create(root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create the sandbox dir {}", root.display())),
+    }
+    let meta = std::fs::symlink_metadata(root).with_context(|| format!("cannot inspect {}", root.display()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    anyhow::ensure!(
+        meta.is_dir() && meta.uid() == euid,
+        "the sandbox dir {} is not a directory of this agent's user (uid {euid}); remove it or pass another \
+         --sandbox-dir",
+        root.display()
+    );
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(sandbox_root_mode(separate_step_user)))
+        .with_context(|| format!("cannot set the mode of {}", root.display()))?;
+    for e in std::fs::read_dir(root).with_context(|| format!("cannot list {}", root.display()))? {
+        let e = e?;
+        let p = e.path();
+        let removed = if e.file_type()?.is_dir() { kiln_sandbox::remove_tree(&p) } else { std::fs::remove_file(&p) };
+        removed.with_context(|| format!("cannot remove the stale workspace {}", p.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o777
+    }
+
+    #[test]
+    fn the_sandbox_root_is_outside_the_work_dir_and_per_agent() {
+        let a = default_sandbox_dir(Path::new("/data/agents/local-1"));
+        let b = default_sandbox_dir(Path::new("/data/agents/local-2"));
+        assert_ne!(a, b);
+        assert!(!a.starts_with("/data"), "{}", a.display());
+        assert!(a.starts_with(std::env::temp_dir()));
+    }
+
+    #[test]
+    fn the_sandbox_root_is_emptied_and_gets_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("sandbox");
+        prepare_sandbox_root(&root, false).unwrap();
+        assert_eq!(mode(&root), 0o700);
+        std::fs::create_dir_all(root.join("old-1/ws")).unwrap();
+        std::fs::write(root.join("old-1.spool"), b"x").unwrap();
+        prepare_sandbox_root(&root, true).unwrap();
+        assert_eq!(mode(&root), 0o711, "a separate step user may traverse, not list");
+        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0, "stale workspaces removed");
+    }
+
+    #[test]
+    fn a_sandbox_root_that_is_a_symlink_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(target.join("keep"), b"x").unwrap();
+        let root = dir.path().join("sandbox");
+        std::os::unix::fs::symlink(&target, &root).unwrap();
+        let e = prepare_sandbox_root(&root, false).unwrap_err().to_string();
+        assert!(e.contains("not a directory of this agent's user"), "{e}");
+        assert!(target.join("keep").exists());
+    }
+
+    #[test]
+    fn private_dirs_are_0700_even_when_they_existed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("work");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&d).unwrap();
+        assert_eq!(mode(&d), 0o700);
+    }
+}
