@@ -317,7 +317,15 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     readable(repo.path());
 
     let log_path = home.path().join("agent.log");
-    let mut agent = std::process::Command::new("setpriv")
+    /// Kills the agent also when an assertion fails.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let agent = std::process::Command::new("setpriv")
         .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
         .arg(&bin)
         .args(["agent", "--server", &server.url, "--name", "nonroot", "--work-dir"])
@@ -332,6 +340,7 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
         .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
+    let _agent = Kill(agent);
     let (run, log) = run_on(&server.url, &server.token, server.cli(), &repo).await;
     let agent_log = std::fs::read_to_string(&log_path).unwrap_or_default();
     assert_eq!(run.status.as_str(), "success", "{log}\n{agent_log}");
@@ -343,6 +352,10 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
         alive.is_empty().then_some(())
     });
     let leftovers: Vec<_> = all_cmdlines().into_iter().filter(|(_, c)| c.contains(&marker)).collect();
+    for (pid, _) in &leftovers {
+        // (An earlier build's survivor: do not leave it running.)
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+    }
     assert!(survivor.is_some(), "`setsid sleep &` survived the job: {leftovers:?}");
     // Its own /proc: a handful of its own processes, none of the agent's.
     let procs: usize = log.split("procs=").nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap();
@@ -350,6 +363,4 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     // (`token-fil[e]` matches the agent's argv, not this script's own text.)
     assert!(log.lines().any(|l| l.trim() == "0"), "the step saw the agent's command line:\n{log}");
     assert!(agent_log.contains("user, PID and mount namespaces"), "{agent_log}");
-    let _ = agent.kill();
-    let _ = agent.wait();
 }
