@@ -28,8 +28,13 @@ pub struct Conn {
     /// Kiln server URL (or several replicas' URLs separated by commas).
     #[arg(long, env = "KILN_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
     pub server: String,
-    /// API token (the server writes DATA_DIR/admin.token on first start).
-    #[arg(long, env = "KILN_TOKEN", hide_env_values = true, global = true)]
+    /// File holding the API token (e.g. the server's DATA_DIR/admin.token, or
+    /// one from `kiln token create`). Or set KILN_TOKEN.
+    #[arg(long, value_name = "FILE", env = "KILN_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+    /// Refused: a token on the command line is readable by every local user
+    /// (/proc/PID/cmdline). Use KILN_TOKEN or --token-file.
+    #[arg(long, hide = true, value_name = "TOKEN", global = true)]
     pub token: Option<String>,
 }
 

@@ -7,10 +7,59 @@ use kiln_api::Client;
 use kiln_cmd::{Failure, usage};
 
 pub(super) fn client(conn: &Conn) -> Result<Client, Failure> {
-    let token = conn.token.clone().ok_or_else(|| {
-        usage("no API token: set KILN_TOKEN or pass --token (the server writes DATA_DIR/admin.token)")
-    })?;
+    let token = api_token(conn, std::env::var("KILN_TOKEN").ok())?;
     Ok(Client::new(&conn.server, &token))
+}
+
+/// The API token from `KILN_TOKEN` or `--token-file`; never from argv.
+pub(super) fn api_token(conn: &Conn, env: Option<String>) -> Result<String, Failure> {
+    if conn.token.is_some() {
+        return Err(usage(
+            "--token is refused: a token on the command line is visible to every local user (/proc/PID/cmdline); \
+             set KILN_TOKEN or pass --token-file FILE (e.g. the server's DATA_DIR/admin.token)",
+        ));
+    }
+    let token = match (&conn.token_file, env) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("--token-file {}: {e}", path.display())))?
+            .trim()
+            .to_string(),
+        (None, Some(t)) => t.trim().to_string(),
+        (None, None) => {
+            return Err(usage(
+                "no API token: set KILN_TOKEN or pass --token-file FILE (the server writes DATA_DIR/admin.token)",
+            ));
+        }
+    };
+    if token.is_empty() {
+        return Err(usage("the API token is empty (KILN_TOKEN or --token-file)"));
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::api_token;
+    use crate::cli::Conn;
+
+    fn conn(token: Option<&str>, file: Option<&std::path::Path>) -> Conn {
+        Conn { server: "http://127.0.0.1:7070".into(), token: token.map(Into::into), token_file: file.map(Into::into) }
+    }
+
+    #[test]
+    fn the_api_token_comes_from_the_environment_or_a_file_never_argv() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("admin.token");
+        std::fs::write(&f, "kiln_file\n").unwrap();
+        let ok = |r: Result<String, kiln_cmd::Failure>| r.map_err(|e| e.message).unwrap();
+        assert_eq!(ok(api_token(&conn(None, None), Some("kiln_env".into()))), "kiln_env");
+        assert_eq!(ok(api_token(&conn(None, Some(&f)), Some("kiln_env".into()))), "kiln_file");
+        let Err(e) = api_token(&conn(Some("kiln_argv"), None), Some("kiln_env".into())) else { panic!("refused") };
+        assert!(e.message.contains("--token is refused"), "{}", e.message);
+        assert!(api_token(&conn(None, None), None).is_err_and(|e| e.message.contains("KILN_TOKEN")));
+        assert!(api_token(&conn(None, Some(&dir.path().join("nope"))), None).is_err());
+        assert!(api_token(&conn(None, None), Some("  ".into())).is_err());
+    }
 }
 
 /// Apply `--public-url`, `--tls-cert/--tls-key` and the connection limits.
