@@ -1,6 +1,6 @@
 //! `kiln agent`: an agent process claiming jobs from a server.
 
-use super::shared::{check_transport, ctrl_c};
+use super::shared::{TokenSource, check_transport, ctrl_c, read_token};
 use crate::cli::AgentArgs;
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, Failure, agent_config, default_labels, usage};
@@ -11,28 +11,8 @@ pub(crate) const TOKEN_ENV: &str = "KILN_AGENT_TOKEN";
 /// The agent token from `--token-file` or `KILN_AGENT_TOKEN`; `--token` is
 /// refused: an argument is readable by every local user in /proc/PID/cmdline.
 pub(crate) fn agent_token(a: &AgentArgs, env: Option<String>) -> Result<String, Failure> {
-    if a.token.is_some() {
-        return Err(usage(
-            "--token is refused: a token on the command line is visible to every local user (/proc/PID/cmdline); \
-             pass --token-file FILE (e.g. the server's DATA_DIR/agent.token) or set KILN_AGENT_TOKEN",
-        ));
-    }
-    let token = match (&a.token_file, env) {
-        (Some(path), _) => std::fs::read_to_string(path)
-            .map_err(|e| usage(format!("--token-file {}: {e}", path.display())))?
-            .trim()
-            .to_string(),
-        (None, Some(t)) => t.trim().to_string(),
-        (None, None) => {
-            return Err(usage(
-                "no agent token: pass --token-file FILE (the server's DATA_DIR/agent.token) or set KILN_AGENT_TOKEN",
-            ));
-        }
-    };
-    if token.is_empty() {
-        return Err(usage("the agent token is empty (--token-file or KILN_AGENT_TOKEN)"));
-    }
-    Ok(token)
+    let source = TokenSource { what: "agent", env: TOKEN_ENV, file: "agent.token" };
+    read_token(&source, a.token.is_some(), a.token_file.as_deref(), env)
 }
 
 pub(super) async fn run(a: AgentArgs) -> CmdResult {

@@ -13,26 +13,50 @@ pub(super) fn client(conn: &Conn) -> Result<Client, Failure> {
 
 /// The API token from `KILN_TOKEN` or `--token-file`; never from argv.
 pub(super) fn api_token(conn: &Conn, env: Option<String>) -> Result<String, Failure> {
-    if conn.token.is_some() {
-        return Err(usage(
+    let source = TokenSource { what: "API", env: "KILN_TOKEN", file: "admin.token" };
+    read_token(&source, conn.token.is_some(), conn.token_file.as_deref(), env)
+}
+
+/// Where a command's token may come from (the messages name them).
+pub(super) struct TokenSource {
+    /// `API`, `agent`.
+    pub what: &'static str,
+    /// The environment variable, e.g. `KILN_TOKEN`.
+    pub env: &'static str,
+    /// The server's file under DATA_DIR holding such a token.
+    pub file: &'static str,
+}
+
+/// A token from `--token-file` (first) or the environment, trimmed. A
+/// `--token` argument is refused: every local user can read a command line
+/// (/proc/PID/cmdline).
+pub(super) fn read_token(
+    source: &TokenSource,
+    in_argv: bool,
+    file: Option<&std::path::Path>,
+    env: Option<String>,
+) -> Result<String, Failure> {
+    let TokenSource { what, env: var, file: server_file } = source;
+    if in_argv {
+        return Err(usage(format!(
             "--token is refused: a token on the command line is visible to every local user (/proc/PID/cmdline); \
-             set KILN_TOKEN or pass --token-file FILE (e.g. the server's DATA_DIR/admin.token)",
-        ));
+             set {var} or pass --token-file FILE (e.g. the server's DATA_DIR/{server_file})"
+        )));
     }
-    let token = match (&conn.token_file, env) {
+    let token = match (file, env) {
         (Some(path), _) => std::fs::read_to_string(path)
             .map_err(|e| usage(format!("--token-file {}: {e}", path.display())))?
             .trim()
             .to_string(),
         (None, Some(t)) => t.trim().to_string(),
         (None, None) => {
-            return Err(usage(
-                "no API token: set KILN_TOKEN or pass --token-file FILE (the server writes DATA_DIR/admin.token)",
-            ));
+            return Err(usage(format!(
+                "no {what} token: set {var} or pass --token-file FILE (the server writes DATA_DIR/{server_file})"
+            )));
         }
     };
     if token.is_empty() {
-        return Err(usage("the API token is empty (KILN_TOKEN or --token-file)"));
+        return Err(usage(format!("the {what} token is empty ({var} or --token-file)")));
     }
     Ok(token)
 }
