@@ -22,6 +22,82 @@ pub struct Workflow {
     /// Every job, matrices expanded, in a topological order: each job comes
     /// after all of its `needs`.
     pub jobs: Vec<Job>,
+    /// `on:`: which events start a run. Absent (not declared) → only a run
+    /// started by hand; a workflow without `on:` serialises (and hashes)
+    /// exactly as before the key existed.
+    #[serde(default, skip_serializing_if = "Triggers::is_unset")]
+    pub on: Triggers,
+}
+
+/// Longest accepted filter pattern (branch, tag or path), in characters.
+pub const MAX_PATTERN_CHARS: usize = 512;
+/// Most patterns in one filter list (`branches`, `paths-ignore`, …).
+pub const MAX_PATTERNS: usize = 100;
+/// Most `schedule` entries in one workflow.
+pub const MAX_SCHEDULES: usize = 20;
+/// Longest accepted `cron` expression, in characters.
+pub const MAX_CRON_CHARS: usize = 100;
+/// Longest accepted `timezone` name, in characters.
+pub const MAX_TIMEZONE_CHARS: usize = 64;
+
+/// `on:`: when a workflow runs (see [`Triggers::matches_push`] and friends).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Triggers {
+    /// Whether `on:` was written at all (false → manual only, today's behaviour).
+    #[serde(default)]
+    pub declared: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<PushTrigger>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request: Option<PullRequestTrigger>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedule: Vec<Schedule>,
+    /// `manual`: a run may be started by hand (CLI, API, UI).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub manual: bool,
+}
+
+/// `on: push:` filters. Empty lists mean "not given".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PushTrigger {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches_ignore: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags_ignore: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths_ignore: Vec<String>,
+}
+
+/// `on: pull_request:` filters; `branches` filter the pull request's base
+/// (target) branch. Empty lists mean "not given".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PullRequestTrigger {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branches_ignore: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths_ignore: Vec<String>,
+}
+
+/// One `schedule:` entry: a 5-field crontab line read in `timezone`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// As written (validated at parse time): minute hour day-of-month month day-of-week.
+    pub cron: String,
+    /// An IANA time zone name; `None` means UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
 }
 
 /// What identity token a job asks for.

@@ -410,7 +410,7 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
     let run_concurrency = get(top, "concurrency").and_then(|e| concurrency(ctx, "the run", &e.value));
     let drafts: Vec<Draft> = items.iter().enumerate().filter_map(|(i, node)| job(ctx, i, node)).collect();
     let jobs = cross_check(ctx, drafts);
-    Some(Workflow { version: version?, concurrency: run_concurrency, jobs })
+    Some(Workflow { version: version?, concurrency: run_concurrency, jobs, on: Default::default() })
 }
 
 fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
