@@ -124,7 +124,12 @@ pub(crate) fn parse_cron(cron: &str) -> Result<Cron, String> {
         .year(Year::Disallowed)
         .build()
         .parse(text)
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            format!(
+                "{} (the fields are minute 0-59, hour 0-23, day-of-month 1-31, month 1-12 or JAN-DEC, day-of-week 0-7 or SUN-SAT)",
+                e.to_string().trim_end_matches('.')
+            )
+        })
 }
 
 pub(crate) fn parse_timezone(name: &str) -> Option<Tz> {

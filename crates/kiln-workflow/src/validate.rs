@@ -9,6 +9,8 @@ use crate::model::{
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+mod on;
+
 /// Longest accepted job or artifact name, in characters.
 pub const MAX_NAME_CHARS: usize = 100;
 /// Largest accepted `retry`.
@@ -20,7 +22,7 @@ pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 60 * 60;
 /// (the expanded jobs are bounded by [`MAX_JOBS`]).
 pub const MAX_MATRIX_COMBINATIONS: usize = 1024;
 
-const TOP_KEYS: &[&str] = &["version", "concurrency", "jobs"];
+const TOP_KEYS: &[&str] = &["version", "on", "concurrency", "jobs"];
 const JOB_KEYS: &[&str] = &[
     "name",
     "image",
@@ -361,6 +363,9 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
         }
     };
     check_keys(ctx, top, TOP_KEYS, "at the top level");
+    // Read before `jobs`, so that its problems are reported even when the
+    // jobs are missing.
+    let triggers = get(top, "on").and_then(|e| on::on(ctx, &e.value)).unwrap_or_default();
 
     let version = match require(ctx, top, root.pos, "version", || {
         "missing `version`; add `version: 1` at the top of the file".to_string()
@@ -410,7 +415,7 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
     let run_concurrency = get(top, "concurrency").and_then(|e| concurrency(ctx, "the run", &e.value));
     let drafts: Vec<Draft> = items.iter().enumerate().filter_map(|(i, node)| job(ctx, i, node)).collect();
     let jobs = cross_check(ctx, drafts);
-    Some(Workflow { version: version?, concurrency: run_concurrency, jobs, on: Default::default() })
+    Some(Workflow { version: version?, concurrency: run_concurrency, jobs, on: triggers })
 }
 
 fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {

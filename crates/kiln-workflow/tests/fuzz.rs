@@ -59,6 +59,11 @@ fn fragment() -> impl Strategy<Value = String> {
         Just("    timeout: 30m\n".to_string()),
         Just("    retry: 99\n".to_string()),
         Just("..".to_string()),
+        Just("on: push\n".to_string()),
+        Just("on:\n  push:\n    branches: [main, \"!x\"]\n".to_string()),
+        Just("  schedule:\n    - cron: \"*/15 * * * *\"\n      timezone: Europe/Berlin\n".to_string()),
+        Just("paths-ignore: [\"**/*.md\"]".to_string()),
+        Just("[a-z]+?*".to_string()),
         Just("/".to_string()),
         "\\PC{0,8}",
         any::<String>(),
@@ -126,6 +131,76 @@ proptest! {
         let src = apply(SPEC_EXAMPLE, &edits);
         check(&src);
     }
+}
+
+const ON_EXAMPLE: &str = include_str!("fixtures/valid/on-triggers.yaml");
+
+/// Pieces of `on:` syntax, valid and not, to build random `on:` values from.
+fn on_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("push".to_string()),
+        Just("pull_request".to_string()),
+        Just("manual".to_string()),
+        Just("schedule".to_string()),
+        Just("branches".to_string()),
+        Just("branches-ignore".to_string()),
+        Just("tags".to_string()),
+        Just("paths-ignore".to_string()),
+        Just("cron".to_string()),
+        Just("timezone".to_string()),
+        Just("\"*/15 * * * *\"".to_string()),
+        Just("\"0 25 * * *\"".to_string()),
+        Just("\"0 0 30 2 *\"".to_string()),
+        Just("Europe/Berlin".to_string()),
+        Just("\"!**\"".to_string()),
+        Just("\"[a-\"".to_string()),
+        Just("\"v[12].[0-9]+\"".to_string()),
+        Just(": ".to_string()),
+        Just(", ".to_string()),
+        Just("[".to_string()),
+        Just("]".to_string()),
+        Just("{".to_string()),
+        Just("}".to_string()),
+        Just("\n  ".to_string()),
+        Just("\n    - ".to_string()),
+        "[ -~]{0,6}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_on_values_never_panic(pieces in prop::collection::vec(on_piece(), 0..24)) {
+        let src = format!("version: 1\non: {}\njobs:\n  - name: a\n    steps: [x]\n", pieces.concat());
+        check(&src);
+        if let Ok(w) = parse(&src) {
+            // Whatever was accepted can be evaluated without panicking.
+            let changed = vec!["src/a.rs".to_string(), "docs/b.md".to_string()];
+            let _ = w.on.matches_push("refs/heads/main", Some(&changed));
+            let _ = w.on.matches_push("refs/tags/v1.2", None);
+            let _ = w.on.matches_pull_request("main", Some(&[]));
+            for s in &w.on.schedule {
+                let _ = s.due_tick(0, 1_700_000_000_000);
+                let _ = s.next_tick(1_700_000_000_000);
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_on_example_never_panics(edits in prop::collection::vec(edit(), 1..6)) {
+        check(&apply(ON_EXAMPLE, &edits));
+    }
+
+    #[test]
+    fn glob_match_never_panics(pattern in "[a-z*?+\\[\\]\\\\/!.-]{0,12}", text in "[a-z/.-]{0,12}") {
+        let _ = kiln_workflow::glob_match(&pattern, &text);
+    }
+}
+
+#[test]
+fn on_example_is_valid_before_mutation() {
+    parse(ON_EXAMPLE).unwrap();
 }
 
 #[test]
