@@ -160,13 +160,11 @@ impl Schedule {
         // The latest wall clock match at or before now, searching backwards;
         // the forward search (which defines the ticks) then confirms it and
         // picks up anything the backward search stepped over.
-        let now = at(now_ms, &tz)?;
         let mut probe = floor;
-        if let Ok(prev) = cron.find_previous_occurrence(&now, true) {
-            let prev_ms = prev.timestamp_millis();
-            if prev_ms > floor {
-                probe = prev_ms - 1;
-            }
+        if let Some(prev) = prev_tick_in(&cron, &tz, now_ms)
+            && prev > floor
+        {
+            probe = prev - 1;
         }
         let mut best = None;
         // One step when the two searches agree; bounded either way.
@@ -193,6 +191,28 @@ fn at(ms: i64, tz: &Tz) -> Option<DateTime<Tz>> {
     DateTime::<Utc>::from_timestamp_millis(ms).map(|t| t.with_timezone(tz))
 }
 
+/// Whether `t` is the second instant of a wall clock time that a fall-back
+/// repeats.
+fn repeated_later(tz: &Tz, t: &DateTime<Tz>) -> bool {
+    matches!(tz.from_local_datetime(&t.naive_local()), LocalResult::Ambiguous(_, later) if later == *t)
+}
+
+/// The latest wall clock match at or before `at_ms`, skipping the second
+/// instants of repeated wall clock times (see [`next_tick_in`]).
+fn prev_tick_in(cron: &Cron, tz: &Tz, at_ms: i64) -> Option<i64> {
+    let mut from = at(at_ms, tz)?;
+    let mut inclusive = true;
+    for _ in 0..256 {
+        let prev = cron.find_previous_occurrence(&from, inclusive).ok()?;
+        if !repeated_later(tz, &prev) {
+            return Some(prev.timestamp_millis());
+        }
+        from = prev;
+        inclusive = false;
+    }
+    None
+}
+
 /// The ticks are croner's forward matches, in the zone's wall clock: a
 /// fixed time that falls in a spring-forward gap runs at the first instant
 /// after the gap, an interval pattern skips the gap, and a wall clock minute
@@ -200,13 +220,11 @@ fn at(ms: i64, tz: &Tz) -> Option<DateTime<Tz>> {
 fn next_tick_in(cron: &Cron, tz: &Tz, after_ms: i64) -> Option<i64> {
     // Ticks fall on whole seconds: searching after the whole second that
     // holds `after_ms` finds the first tick strictly after it.
-    let mut from = at(after_ms.div_euclid(1000) * 1000, tz)?;
+    let mut from = at(after_ms.div_euclid(1000).checked_mul(1000)?, tz)?;
     // A repeated hour holds at most 60 per-minute matches of its later half.
     for _ in 0..256 {
         let next = cron.find_next_occurrence(&from, false).ok()?;
-        let repeated_later =
-            matches!(tz.from_local_datetime(&next.naive_local()), LocalResult::Ambiguous(_, later) if later == next);
-        if !repeated_later {
+        if !repeated_later(tz, &next) {
             return Some(next.timestamp_millis());
         }
         from = next;
@@ -483,6 +501,27 @@ mod tests {
         // The scheduler's view: waking during the repeated hour finds nothing
         // new after the last tick at 02:45 CEST.
         assert_eq!(quarter.due_tick(utc(2024, 10, 27, 0, 45), utc(2024, 10, 27, 1, 50)), None);
+        // Down since before the last CEST tick, waking in the repeated hour:
+        // that tick (02:45 CEST) is due, not a repeated 02:xx CET one.
+        assert_eq!(
+            quarter.due_tick(utc(2024, 10, 27, 0, 30), utc(2024, 10, 27, 1, 50)),
+            Some(utc(2024, 10, 27, 0, 45))
+        );
+        assert_eq!(daily.due_tick(utc(2024, 10, 26, 12, 0), utc(2024, 10, 27, 1, 45)), Some(utc(2024, 10, 27, 0, 30)));
+        // Every tick that due_tick reports is one that next_tick walks through.
+        let mut last = utc(2024, 10, 26, 22, 0);
+        let mut now = last;
+        let mut walked = Vec::new();
+        while now < utc(2024, 10, 27, 3, 0) {
+            now += 7 * MIN;
+            if let Some(t) = quarter.due_tick(last, now) {
+                assert_eq!(quarter.next_tick(last), Some(t), "one tick per 7 minutes at most");
+                walked.push(t);
+                last = t;
+            }
+        }
+        assert!(walked.windows(2).all(|w| w[0] < w[1]));
+        assert!(!walked.iter().any(|&t| t > utc(2024, 10, 27, 0, 45) && t < utc(2024, 10, 27, 2, 0)), "{walked:?}");
         assert_eq!(quarter.due_tick(utc(2024, 10, 27, 0, 45), utc(2024, 10, 27, 2, 1)), Some(utc(2024, 10, 27, 2, 0)));
     }
 

@@ -207,3 +207,28 @@ fn on_example_is_valid_before_mutation() {
 fn spec_example_is_valid_before_mutation() {
     parse(SPEC_EXAMPLE).unwrap();
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// `due_tick` is the latest tick in (last, now]: a tick `next_tick` also
+    /// finds, with no tick after it up to `now`.
+    #[test]
+    fn due_tick_is_the_latest_tick(
+        cron in prop::sample::select(vec!["*/15 * * * *", "30 2 * * *", "0 9 * * MON-FRI", "*/7 1-3 * * *", "0 0 29 2 *"]),
+        tz in prop::sample::select(vec![None, Some("Europe/Berlin"), Some("America/New_York"), Some("Australia/Lord_Howe")]),
+        last in 1_600_000_000_000i64..1_800_000_000_000,
+        span in 0i64..(3 * 24 * 3600 * 1000),
+    ) {
+        let s = kiln_workflow::Schedule { cron: cron.to_string(), timezone: tz.map(str::to_string) };
+        let now = last + span;
+        match s.due_tick(last, now) {
+            Some(t) => {
+                prop_assert!(last < t && t <= now);
+                prop_assert_eq!(s.next_tick(t - 1), Some(t));
+                prop_assert!(s.next_tick(t).is_none_or(|n| n > now));
+            }
+            None => prop_assert!(s.next_tick(last).is_none_or(|n| n > now)),
+        }
+    }
+}

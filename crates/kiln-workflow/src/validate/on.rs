@@ -235,8 +235,7 @@ fn pattern_problem(text: &str, first: bool) -> Option<String> {
         return Some("it contains a control character".to_string());
     }
     let body = match text.strip_prefix('!') {
-        Some(rest) if first => {
-            let _ = rest;
+        Some(_) if first => {
             return Some(
                 "the first pattern of a list cannot be negative (`!`); start with the patterns to include, then exclude from them"
                     .to_string(),
