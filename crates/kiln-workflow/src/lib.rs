@@ -29,6 +29,15 @@
 //! * `if:` ([`eval_condition`]) and concurrency groups ([`render_group`])
 //!   use the small expression language of the `expr` module, checked at
 //!   parse time.
+//!
+//! When a workflow runs (`on:`, see `docs/workflow.md`): [`Workflow::on`]
+//! ([`Triggers`]) holds the push / pull request filters, schedules and
+//! whether a hand-started run is allowed. [`Triggers::matches_push`],
+//! [`Triggers::matches_pull_request`] and [`Triggers::allows_manual`] decide
+//! with GitHub Actions filter semantics ([`glob_match`]);
+//! [`Schedule::due_tick`] and [`Schedule::next_tick`] give a schedule's ticks
+//! (croner, in the schedule's IANA time zone). A workflow without `on:`
+//! runs only by hand, and its frozen definition and hash are unchanged.
 
 mod diag;
 mod expr;

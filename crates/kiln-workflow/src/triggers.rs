@@ -22,7 +22,7 @@ impl Triggers {
         !self.declared || self.manual
     }
 
-    /// `git_ref` is a full ref: "refs/heads/<branch>" or "refs/tags/<tag>".
+    /// `git_ref` is a full ref: `"refs/heads/<branch>"` or `"refs/tags/<tag>"`.
     /// `changed` is the list of changed file paths (repo-relative,
     /// '/'-separated), or None when unknown (e.g. a new branch): then path
     /// filters pass.
