@@ -73,7 +73,10 @@ pub fn parse(forge: Forge, event: &str, body: &[u8]) -> Result<ForgeEvent, Parse
         (Forge::Gitlab, "Push Hook" | "Tag Push Hook") => gitlab_push(&json(body)?),
         (Forge::Gitlab, "Merge Request Hook") => gitlab_merge_request(&json(body)?),
         (Forge::Gitea, "push") => gitea_push(&json(body)?),
-        (Forge::Gitea, "pull_request") => gitea_pull_request(&json(body)?),
+        // X-Gitea-Event is `pull_request` for every pull request delivery;
+        // the finer X-Gitea-Event-Type (`pull_request_sync` for new commits)
+        // is accepted too, in case a server passes that instead.
+        (Forge::Gitea, "pull_request" | "pull_request_sync") => gitea_pull_request(&json(body)?),
         // Gitea/Forgejo announce branch and tag deletions as their own event.
         (Forge::Gitea, "delete") => {
             json(body)?;

@@ -359,6 +359,8 @@ fn gitea_pull_request_synchronized_same_repo() {
     assert!(!p.fork);
     assert_eq!(p.actor, "gitea");
     assert_eq!(p.fetch_ref, "refs/pull/2/head");
+    // The same delivery under its event type name.
+    assert_eq!(pr(Forge::Gitea, "pull_request_sync", "pull_request_synchronized"), p);
 }
 
 #[test]
