@@ -199,6 +199,28 @@ impl Client {
         self.send(Method::POST, "/v1/repos", Some(body), &[], None).await
     }
 
+    pub async fn get_repo(&self, repo: &str) -> Result<Repo, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/repos/{}", enc(repo)), None, &[], None).await
+    }
+
+    pub async fn update_repo(&self, repo: &str, body: &UpdateRepo) -> Result<Repo, ApiError> {
+        self.send(Method::PATCH, &format!("/v1/repos/{}", enc(repo)), Some(body), &[], None).await
+    }
+
+    pub async fn hook_info(&self, repo: &str) -> Result<HookInfo, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/repos/{}/hook-info", enc(repo)), None, &[], None).await
+    }
+
+    pub async fn deliveries(&self, repo: &str, limit: u32) -> Result<Vec<Delivery>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct List {
+            deliveries: Vec<Delivery>,
+        }
+        let path = format!("/v1/repos/{}/deliveries?limit={limit}", enc(repo));
+        let r: List = self.send::<(), _>(Method::GET, &path, None, &[], None).await?;
+        Ok(r.deliveries)
+    }
+
     pub async fn list_repos(&self) -> Result<Vec<Repo>, ApiError> {
         #[derive(serde::Deserialize)]
         struct Repos {

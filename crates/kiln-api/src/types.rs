@@ -30,6 +30,106 @@ pub struct CreateRepo {
     /// Agent pools that may receive the repository's secrets (default: `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_pools: Option<Vec<String>>,
+    /// The forge connection and trigger policy (all optional).
+    #[serde(default, flatten)]
+    pub forge: ForgeSettings,
+}
+
+/// How a repository is connected to its forge. In an update, an absent
+/// field keeps its value; an empty string clears an optional one.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ForgeSettings {
+    /// `github`, `gitlab` or `gitea` (Forgejo: `gitea`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forge: Option<String>,
+    /// The forge's API base URL (GitHub Enterprise: `https://HOST/api/v3`;
+    /// GitLab and Gitea: the instance URL). Default: github.com's API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forge_url: Option<String>,
+    /// The repository on the forge: `owner/name` (GitLab: the project path or id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forge_repo: Option<String>,
+    /// Token for the forge's commit status API; never returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forge_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_branch: Option<String>,
+    /// Branch patterns whose pushes are trusted besides the default branch and tags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protected_refs: Option<Vec<String>>,
+    /// `write-access` (default), `same-repo` or `never`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request_trust: Option<String>,
+    /// Poll the remote's heads every this many seconds (0: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval_secs: Option<u64>,
+}
+
+/// `PATCH /v1/repos/{repo}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UpdateRepo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_url: Option<String>,
+    /// A new webhook secret (empty: remove it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_pools: Option<Vec<String>>,
+    #[serde(default, flatten)]
+    pub forge: ForgeSettings,
+}
+
+/// What to paste into the forge's webhook settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HookInfo {
+    pub repo: String,
+    pub forge: String,
+    /// The payload URL.
+    pub url: String,
+    pub content_type: String,
+    /// Events to send.
+    pub events: Vec<String>,
+    /// Whether a webhook secret is set (deliveries are refused without one).
+    pub secret_configured: bool,
+    /// Whether commit statuses can be reported (forge repository and token set).
+    pub statuses_configured: bool,
+}
+
+/// The answer to a webhook delivery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WebhookAck {
+    /// Kiln's id of the delivery.
+    pub delivery: String,
+    /// The forge's delivery id.
+    pub forge_delivery: String,
+    /// `pending` (accepted, planning), `planned`, `ignored` or `failed`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Runs created by the delivery (once planned).
+    #[serde(default)]
+    pub runs: Vec<String>,
+    /// Whether this answer repeats the first one for a redelivery.
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+/// A delivery as listed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Delivery {
+    pub id: String,
+    pub forge: String,
+    pub forge_delivery: String,
+    pub event: String,
+    pub trust: String,
+    pub status: String,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub runs: Vec<String>,
+    pub created_at_ms: i64,
+    #[serde(default)]
+    pub planned_at_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,6 +141,25 @@ pub struct Repo {
     /// Agent pools that may receive the repository's secrets.
     #[serde(default)]
     pub secret_pools: Vec<String>,
+    /// The forge connection (its token is never shown).
+    #[serde(default)]
+    pub forge: Option<String>,
+    #[serde(default)]
+    pub forge_url: Option<String>,
+    #[serde(default)]
+    pub forge_repo: Option<String>,
+    #[serde(default)]
+    pub default_branch: Option<String>,
+    #[serde(default)]
+    pub protected_refs: Vec<String>,
+    #[serde(default)]
+    pub pull_request_trust: Option<String>,
+    #[serde(default)]
+    pub poll_interval_secs: Option<u64>,
+    #[serde(default)]
+    pub webhook_secret_set: bool,
+    #[serde(default)]
+    pub forge_token_set: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -76,6 +195,9 @@ pub struct RunSummary {
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
     pub trust: String,
+    /// Who caused the run: the forge's pusher or pull request author, `schedule`, or the API token's name.
+    #[serde(default)]
+    pub actor: Option<String>,
     pub created_at_ms: i64,
     #[serde(default)]
     pub finished_at_ms: Option<i64>,
@@ -92,6 +214,9 @@ pub struct Run {
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
     pub trust: String,
+    /// Who caused the run: the forge's pusher or pull request author, `schedule`, or the API token's name.
+    #[serde(default)]
+    pub actor: Option<String>,
     pub workflow_path: String,
     pub workflow_hash: String,
     pub inputs: BTreeMap<String, String>,

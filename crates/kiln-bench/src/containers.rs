@@ -52,6 +52,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     let c = Client::new(&server.url(), &server.admin_token);
     for (name, dir) in [("host", "host-repo"), ("ctr", "ctr-repo")] {
         c.create_repo(&kiln_api::CreateRepo {
+            forge: Default::default(),
             name: name.into(),
             clone_url: tmp.join(dir).display().to_string(),
             webhook_secret: None,

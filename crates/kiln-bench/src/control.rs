@@ -67,6 +67,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let agent_token = handles[0].agent_token.clone();
     admin
         .create_repo(&kiln_api::CreateRepo {
+            forge: Default::default(),
             name: "control".into(),
             clone_url: repo.display().to_string(),
             webhook_secret: None,

@@ -33,6 +33,7 @@ pub async fn run() -> Result<i32, Failure> {
     let server = kiln_server::start(config).await?;
     let c = Client::new(&server.url(), &server.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
+        forge: Default::default(),
         name: "hang".into(),
         clone_url: repo.display().to_string(),
         webhook_secret: None,

@@ -20,11 +20,15 @@ pub struct WorkDone {
     pub collected: usize,
     /// Finished logs moved to the object store.
     pub archived: usize,
+    /// Webhook deliveries planned.
+    pub planned: usize,
+    /// Commit statuses sent to forges.
+    pub reported: usize,
 }
 
 impl WorkDone {
     pub fn total(&self) -> usize {
-        self.relayed + self.fenced + self.swept + self.collected + self.archived
+        self.relayed + self.fenced + self.swept + self.collected + self.archived + self.planned + self.reported
     }
 }
 
@@ -78,6 +82,36 @@ impl App {
         work::archive_once(&self.state).await
     }
 
+    /// Plan accepted webhook deliveries into runs.
+    pub async fn plan_once(&self) -> Result<usize, StoreError> {
+        crate::services::planning::plan_once(&self.state).await
+    }
+
+    /// Send due commit statuses to forges.
+    pub async fn report_once(&self) -> Result<usize, StoreError> {
+        crate::services::forge_status::report_once(&self.state).await
+    }
+
+    /// Fire due schedule ticks (without the leader lease; see `triggers_round`).
+    pub async fn schedule_once(&self) -> Result<usize, StoreError> {
+        crate::services::triggers::schedule_once(&self.state).await
+    }
+
+    /// Poll repositories whose interval passed (without the leader lease).
+    pub async fn poll_once(&self) -> Result<usize, StoreError> {
+        crate::services::triggers::poll_once(&self.state).await
+    }
+
+    /// One round of the triggers loop as a served app runs it: take or renew
+    /// the `triggers` lease for `ttl_ms`, then schedules and polls. None when
+    /// another replica holds the lease.
+    pub async fn triggers_round(&self, ttl_ms: i64) -> Result<Option<(usize, usize)>, StoreError> {
+        if !self.state.store.acquire_lease("triggers", &self.state.instance_id, ttl_ms).await? {
+            return Ok(None);
+        }
+        Ok(Some((self.schedule_once().await?, self.poll_once().await?)))
+    }
+
     /// Run every background round the server runs until a pass finds
     /// nothing to do; returns what was done. The sweep runs only when
     /// configured (`dispatch_sweep`), as in a served app.
@@ -92,6 +126,8 @@ impl App {
                 swept: if self.state.config.dispatch_sweep.is_zero() { 0 } else { self.sweep_once().await? },
                 collected: self.collect_once().await?,
                 archived: self.archive_once().await?,
+                planned: self.plan_once().await?,
+                reported: self.report_once().await?,
             };
             if pass.total() == 0 {
                 return Ok(done);
@@ -101,6 +137,8 @@ impl App {
             done.swept += pass.swept;
             done.collected += pass.collected;
             done.archived += pass.archived;
+            done.planned += pass.planned;
+            done.reported += pass.reported;
         }
         Ok(done)
     }

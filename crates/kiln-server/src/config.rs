@@ -56,6 +56,12 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Open connections at most; more are answered 503 and closed.
     pub max_connections: usize,
+    /// How often the replica holding the `triggers` lease checks schedules
+    /// and due polls (0: never; the lease is not taken).
+    pub trigger_interval: Duration,
+    /// How long a repository's scheduled workflows are cached before the
+    /// default branch is fetched and read again.
+    pub schedule_refresh: Duration,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -108,6 +114,8 @@ impl ServerConfig {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             max_connections: crate::serve::default_max_connections(),
+            trigger_interval: Duration::from_secs(5),
+            schedule_refresh: Duration::from_secs(60),
         }
     }
 

@@ -48,6 +48,8 @@ fn is_full_sha(s: &str) -> bool {
 /// clone, 10 min); local git calls get [`LOCAL_TIMEOUT`].
 const FETCH_TIMEOUT: Duration = Duration::from_secs(600);
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Beyond this many changed files a diff is "unknown" for path filters.
+pub const MAX_CHANGED_FILES: usize = 3000;
 
 /// Runs git on the mirror `dir`. Transports are restricted for any URL
 /// (`GIT_ALLOW_PROTOCOL`: no `ext::` helpers), nothing prompts, and the
@@ -181,6 +183,115 @@ impl Mirrors {
         let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
         self.known.lock().expect("cache").insert((repo_id.to_string(), sha.clone()));
         Ok(sha)
+    }
+
+    /// Fetch one ref (a pull request's head, which a fork's commit is only
+    /// reachable from) into the mirror under the same name.
+    pub async fn fetch_ref(&self, repo_id: &str, url: &str, git_ref: &str) -> Result<(), GitError> {
+        if !git_ref.starts_with("refs/")
+            || git_ref.contains("..")
+            || git_ref.chars().any(|c| c.is_control() || c == ' ' || c == ':' || c == '*')
+        {
+            return Err(GitError::UnknownRevision(git_ref.to_string()));
+        }
+        let lock = self.lock(repo_id).await;
+        let _g = lock.lock().await;
+        let _file_lock = self.file_lock(repo_id).await?;
+        if !self.dir(repo_id).join("HEAD").exists() {
+            self.fetch(repo_id, url).await?;
+        }
+        kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
+        let url = normalize_url(url);
+        let spec = format!("+{git_ref}:{git_ref}");
+        let out =
+            git_within(&self.dir(repo_id), &["fetch", "-q", "--no-tags", "--", &url, &spec], FETCH_TIMEOUT).await?;
+        if !out.status.success() {
+            return Err(GitError::Fetch { url, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        }
+        Ok(())
+    }
+
+    /// The workflow files at `sha`: `.kiln/*.yaml` and `.kiln/*.yml` (not in
+    /// subdirectories), sorted; each is a separate pipeline.
+    pub async fn list_workflows(&self, repo_id: &str, sha: &str) -> Result<Vec<String>, GitError> {
+        let out = git(&self.dir(repo_id), &["ls-tree", "-z", sha, "--", ".kiln/"]).await?;
+        if !out.status.success() {
+            return Err(GitError::UnknownRevision(sha.to_string()));
+        }
+        let mut files: Vec<String> = out
+            .stdout
+            .split(|b| *b == 0)
+            .filter_map(|entry| {
+                let entry = std::str::from_utf8(entry).ok()?;
+                let (meta, path) = entry.split_once('\t')?;
+                let kind = meta.split(' ').nth(1)?;
+                (kind == "blob" && (path.ends_with(".yaml") || path.ends_with(".yml"))).then(|| path.to_string())
+            })
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    /// Paths changed from `from` to `to` (`three_dot`: since their merge
+    /// base, as a pull request's diff). None when it cannot be known: `from`
+    /// is missing from the mirror (a force push's old tip), or the diff is
+    /// larger than [`MAX_CHANGED_FILES`] (then path filters do not exclude).
+    pub async fn changed_files(
+        &self,
+        repo_id: &str,
+        from: &str,
+        to: &str,
+        three_dot: bool,
+    ) -> Result<Option<Vec<String>>, GitError> {
+        let dir = self.dir(repo_id);
+        if !self.has_commit(&dir, from).await || !self.has_commit(&dir, to).await {
+            return Ok(None);
+        }
+        let range = if three_dot { format!("{from}...{to}") } else { format!("{from}..{to}") };
+        let out = git(&dir, &["diff", "--name-only", "-z", "--no-renames", &range, "--"]).await?;
+        if !out.status.success() {
+            return Ok(None);
+        }
+        let files: Vec<String> = out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .take(MAX_CHANGED_FILES + 1)
+            .collect();
+        Ok((files.len() <= MAX_CHANGED_FILES).then_some(files))
+    }
+
+    /// The branch and tag heads of `url` (`git ls-remote`), tags peeled to
+    /// their commits.
+    pub async fn ls_remote(&self, repo_id: &str, url: &str) -> Result<Vec<(String, String)>, GitError> {
+        if !self.dir(repo_id).join("HEAD").exists() {
+            let lock = self.lock(repo_id).await;
+            let _g = lock.lock().await;
+            let _file_lock = self.file_lock(repo_id).await?;
+            self.fetch(repo_id, url).await?;
+        }
+        kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
+        let url = normalize_url(url);
+        let out =
+            git_within(&self.dir(repo_id), &["ls-remote", "--heads", "--tags", "--", &url], FETCH_TIMEOUT).await?;
+        if !out.status.success() {
+            return Err(GitError::Fetch { url, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        }
+        let mut heads: std::collections::BTreeMap<String, String> = Default::default();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some((sha, name)) = line.split_once('\t') else { continue };
+            match name.strip_suffix("^{}") {
+                // The peeled commit of an annotated tag wins over the tag object.
+                Some(tag) => {
+                    heads.insert(tag.to_string(), sha.to_string());
+                }
+                None => {
+                    heads.entry(name.to_string()).or_insert_with(|| sha.to_string());
+                }
+            }
+        }
+        Ok(heads.into_iter().collect())
     }
 
     async fn has_commit(&self, dir: &Path, sha: &str) -> bool {

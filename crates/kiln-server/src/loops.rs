@@ -26,6 +26,13 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
         let wake = state.store.ready_wakeups().await?;
         tokio::spawn(sweeper(state.clone(), wake, shutdown.clone()));
     }
+    tokio::spawn(planner(state.clone(), shutdown.clone()));
+    tokio::spawn(every(state.clone(), shutdown.clone(), REPORT_POLL, "commit status reporter", |s| {
+        Box::pin(crate::services::forge_status::report_once(s))
+    }));
+    if state.config.trigger_interval > Duration::ZERO {
+        tokio::spawn(triggers(state.clone(), shutdown.clone()));
+    }
     let archive_every = state.config.log_archive_interval;
     tokio::spawn(every(state, shutdown, archive_every, "log archiver", |s| Box::pin(work::archive_once(s))));
     Ok(())
@@ -73,6 +80,61 @@ async fn sweeper(state: State, wake: Option<Arc<Notify>>, mut shutdown: watch::R
             Ok(0) => {}
             Ok(added) => tracing::debug!(added, "dispatch sweep queued ready jobs"),
             Err(e) => tracing::warn!("dispatch sweep paused: {e}"),
+        }
+    }
+}
+
+/// How often the planner looks for deliveries whose backoff passed, and the
+/// reporter for runs whose status moved.
+const PLANNER_POLL: Duration = Duration::from_secs(1);
+const REPORT_POLL: Duration = Duration::from_millis(500);
+/// The lease of the schedule and poll loop: renewed every round; another
+/// replica takes over this long after its holder stopped renewing.
+const TRIGGERS_LEASE_MS: i64 = 15_000;
+
+/// Plans webhook deliveries: at once when one was accepted, and every
+/// second for deferred ones and those accepted before a restart.
+async fn planner(state: State, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let notified = state.planner_wake.notified();
+        match crate::services::planning::plan_once(&state).await {
+            Ok(0) => {}
+            Ok(_) => continue,
+            Err(e) => tracing::warn!("delivery planner paused: {e}"),
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(PLANNER_POLL) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Schedules and polls, on the one replica that holds the `triggers` lease
+/// (a row in the database with an expiry in database time, renewed every
+/// round; another replica takes over after it expires).
+async fn triggers(state: State, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(state.config.trigger_interval) => {}
+            _ = shutdown.changed() => {
+                let _ = state.store.release_lease("triggers", &state.instance_id).await;
+                return;
+            }
+        }
+        match state.store.acquire_lease("triggers", &state.instance_id, TRIGGERS_LEASE_MS).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!("triggers lease not taken: {e}");
+                continue;
+            }
+        }
+        if let Err(e) = crate::services::triggers::schedule_once(&state).await {
+            tracing::warn!("scheduler paused: {e}");
+        }
+        if let Err(e) = crate::services::triggers::poll_once(&state).await {
+            tracing::warn!("poller paused: {e}");
         }
     }
 }

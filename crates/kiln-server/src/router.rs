@@ -9,12 +9,15 @@ use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, o
 use crate::security::{self, MAX_BODY};
 use crate::state::State;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use axum::{Router, middleware};
 
 pub(crate) fn router(state: State) -> Router {
     let public = Router::new()
         .route("/v1/repos", post(repos::create).get(repos::list))
+        .route("/v1/repos/{repo}", get(repos::get).merge(patch(repos::update)))
+        .route("/v1/repos/{repo}/hook-info", get(repos::hook_info))
+        .route("/v1/repos/{repo}/deliveries", get(repos::deliveries))
         .route("/v1/repos/{repo}/workflow-runs", post(runs::submit).get(runs::list))
         .route("/v1/repos/{repo}/secrets", get(secrets::list))
         .route("/v1/repos/{repo}/secrets/{name}", put(secrets::put).delete(secrets::delete))
@@ -53,6 +56,11 @@ pub(crate) fn router(state: State) -> Router {
         .route("/blob/uploads/{generation}/parts/{part}", put(blob::put_part))
         .route("/blob/objects/{generation}", get(blob::get_object))
         .layer(DefaultBodyLimit::disable());
+    // Forge webhooks: the forge's signature is the credential; bodies up
+    // to GitHub's own 25 MiB limit.
+    let hooks = Router::new()
+        .route("/v1/repos/{repo}/webhooks/{forge}", post(repos::webhook))
+        .layer(DefaultBodyLimit::max(kiln_forge::MAX_BODY_BYTES));
     Router::new()
         .merge(public)
         .merge(join)
@@ -68,6 +76,7 @@ pub(crate) fn router(state: State) -> Router {
         .fallback(health::no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .merge(data)
+        .merge(hooks)
         .layer(middleware::from_fn_with_state(state.clone(), security::headers))
         .with_state(state)
 }

@@ -61,6 +61,16 @@ pub(crate) struct AppState {
     pub resolver: Resolver,
     /// Server-side "now" (see `clock`): capability expiry and grace periods.
     pub clock: Arc<dyn Clock>,
+    /// Wakes the planner after a webhook delivery was accepted.
+    pub planner_wake: Notify,
+    /// Counters of the webhook ingress.
+    pub webhooks: crate::services::webhooks::WebhookCounts,
+    /// HTTP client of the forges' status APIs.
+    pub forge_http: reqwest::Client,
+    /// Scheduled workflows per repository (the scheduler's cache).
+    pub schedule_indexes: crate::services::triggers::ScheduleIndexes,
+    /// This process, as the holder of leader leases.
+    pub instance_id: String,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -95,6 +105,16 @@ impl AppState {
             signer: Signer::new(blob_key),
             log_indexes: Default::default(),
             clock,
+            planner_wake: Notify::new(),
+            webhooks: Default::default(),
+            forge_http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(30))
+                .connect_timeout(std::time::Duration::from_secs(10))
+                .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .expect("HTTP client"),
+            schedule_indexes: Default::default(),
+            instance_id: uuid::Uuid::new_v4().to_string(),
         })
     }
 

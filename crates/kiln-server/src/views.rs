@@ -13,6 +13,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
         event: r.event.clone(),
         git_ref: r.git_ref.clone(),
         trust: r.trust.clone(),
+        actor: r.actor.clone(),
         workflow_path: r.workflow_path.clone(),
         workflow_hash: r.workflow_hash.clone(),
         inputs: r.inputs.clone(),
@@ -73,6 +74,7 @@ pub fn summary(r: &RunSummaryRecord) -> api::RunSummary {
         event: r.event.clone(),
         git_ref: r.git_ref.clone(),
         trust: r.trust.clone(),
+        actor: r.actor.clone(),
         created_at_ms: r.created_at,
         finished_at_ms: r.finished_at,
     }

@@ -5,7 +5,9 @@ use crate::error::Result;
 use crate::model::*;
 use crate::store::SqlStore;
 use crate::traits::*;
-use crate::tx::{accept, access, agents, artifacts, cancel, claim, complete, images, lease, logs, outbox, repos};
+use crate::tx::{
+    accept, access, agents, artifacts, cancel, claim, complete, forge, images, lease, logs, outbox, repos,
+};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 
@@ -279,5 +281,107 @@ impl ArtifactStore for SqlStore {
 
     async fn mark_generation_deleted(&self, id: &str) -> Result<()> {
         artifacts::mark_generation_deleted(self, id).await
+    }
+}
+
+#[async_trait]
+impl ForgeStore for SqlStore {
+    async fn record_delivery(&self, d: &NewDelivery) -> Result<(DeliveryRecord, bool)> {
+        forge::record_delivery(self, d).await
+    }
+
+    async fn get_delivery(&self, id: &str) -> Result<DeliveryRecord> {
+        forge::get_delivery(self, id).await
+    }
+
+    async fn list_deliveries(&self, repo_id: &str, limit: u32) -> Result<Vec<DeliveryRecord>> {
+        forge::list_deliveries(self, repo_id, limit).await
+    }
+
+    async fn due_deliveries(&self, limit: u32) -> Result<Vec<DeliveryRecord>> {
+        forge::due_deliveries(self, limit).await
+    }
+
+    async fn claim_delivery(&self, id: &str, ttl_ms: i64) -> Result<bool> {
+        forge::claim_delivery(self, id, ttl_ms).await
+    }
+
+    async fn finish_delivery(&self, id: &str, status: &str, message: Option<&str>, run_ids: &[String]) -> Result<()> {
+        forge::finish_delivery(self, id, status, message, run_ids).await
+    }
+
+    async fn defer_delivery(&self, id: &str, delay_ms: i64, message: &str) -> Result<()> {
+        forge::defer_delivery(self, id, delay_ms, message).await
+    }
+
+    async fn create_report(
+        &self,
+        repo_id: &str,
+        commit_sha: &str,
+        context: &str,
+        fixed_state: &str,
+        description: &str,
+    ) -> Result<String> {
+        forge::create_report(self, repo_id, commit_sha, context, fixed_state, description).await
+    }
+
+    async fn due_reports(&self, limit: u32) -> Result<Vec<ReportTodo>> {
+        forge::due_reports(self, limit).await
+    }
+
+    async fn claim_report(&self, id: &str, ttl_ms: i64) -> Result<bool> {
+        forge::claim_report(self, id, ttl_ms).await
+    }
+
+    async fn report_sent(&self, id: &str, state: &str, done: bool, error: Option<&str>) -> Result<()> {
+        forge::report_sent(self, id, state, done, error).await
+    }
+
+    async fn report_retry(&self, id: &str, delay_ms: i64, error: &str) -> Result<()> {
+        forge::report_retry(self, id, delay_ms, error).await
+    }
+
+    async fn reports_of_commit(
+        &self,
+        repo_id: &str,
+        commit_sha: &str,
+    ) -> Result<Vec<(String, Option<String>, Option<String>, bool)>> {
+        forge::reports_of_commit(self, repo_id, commit_sha).await
+    }
+
+    async fn record_ref_head(&self, repo_id: &str, git_ref: &str, sha: &str) -> Result<()> {
+        forge::record_ref_head(self, repo_id, git_ref, sha).await
+    }
+
+    async fn ref_heads(&self, repo_id: &str) -> Result<Vec<(String, String)>> {
+        forge::ref_heads(self, repo_id).await
+    }
+
+    async fn schedule_cursor(&self, repo_id: &str, path: &str) -> Result<Option<i64>> {
+        forge::schedule_cursor(self, repo_id, path).await
+    }
+
+    async fn advance_schedule_cursor(&self, repo_id: &str, path: &str, from: Option<i64>, to: i64) -> Result<bool> {
+        forge::advance_schedule_cursor(self, repo_id, path, from, to).await
+    }
+
+    async fn acquire_lease(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<bool> {
+        forge::acquire_lease(self, name, holder, ttl_ms).await
+    }
+
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
+        forge::release_lease(self, name, holder).await
+    }
+
+    async fn set_repo_forge(&self, repo_id: &str, forge: &RepoForge) -> Result<()> {
+        forge::set_repo_forge(self, repo_id, forge).await
+    }
+
+    async fn set_webhook_secret(&self, repo_id: &str, secret: Option<&str>) -> Result<()> {
+        forge::set_webhook_secret(self, repo_id, secret).await
+    }
+
+    async fn repos_to_poll(&self) -> Result<Vec<String>> {
+        forge::repos_to_poll(self).await
     }
 }

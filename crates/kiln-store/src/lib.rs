@@ -28,3 +28,4 @@ pub use error::{Result, StoreError};
 pub use model::*;
 pub use store::{PgStore, SqlStore, SqliteStore};
 pub use traits::*;
+pub use tx::repos::{FORGE_TOKEN, WEBHOOK_SECRET};

@@ -12,6 +12,43 @@ pub struct RepoRecord {
     pub created_at: i64,
     /// Pools whose agents may receive the repository's secrets.
     pub secret_pools: Vec<String>,
+    /// How the repository is connected to its forge (issue 14).
+    pub forge: RepoForge,
+}
+
+/// A repository's forge connection and trigger policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepoForge {
+    /// `github`, `gitlab` or `gitea`; None: not connected.
+    pub forge: Option<String>,
+    /// The forge's API base URL.
+    pub forge_url: Option<String>,
+    /// The repository on the forge (`owner/name`).
+    pub forge_repo: Option<String>,
+    /// The status API token, sealed.
+    pub forge_token: Option<String>,
+    pub default_branch: String,
+    /// Branch patterns whose pushes are trusted besides the default branch and tags.
+    pub protected_refs: Vec<String>,
+    /// `write-access`, `same-repo` or `never`.
+    pub pull_request_trust: String,
+    /// Reconciliation by `git ls-remote` every this many ms; None: off.
+    pub poll_interval_ms: Option<i64>,
+}
+
+impl Default for RepoForge {
+    fn default() -> Self {
+        RepoForge {
+            forge: None,
+            forge_url: None,
+            forge_repo: None,
+            forge_token: None,
+            default_branch: "main".into(),
+            protected_refs: Vec::new(),
+            pull_request_trust: "write-access".into(),
+            poll_interval_ms: None,
+        }
+    }
 }
 
 /// A frozen run to accept.
@@ -32,6 +69,10 @@ pub struct NewRun {
     /// Pinned image digest (`sha256:…`) per job name, resolved at planning
     /// (spec 000 §5): stored on the jobs in the acceptance transaction.
     pub image_digests: BTreeMap<String, String>,
+    /// Who caused the run (a forge's pusher or author, or the token's actor).
+    pub actor: Option<String>,
+    /// Report the run's status to the forge under this context (issue 14).
+    pub report_context: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +111,7 @@ pub struct RunSummaryRecord {
     pub trust: String,
     pub workflow_path: String,
     pub workflow_hash: String,
+    pub actor: Option<String>,
     pub parent_run_id: Option<String>,
     pub message: Option<String>,
     pub created_at: i64,
@@ -90,6 +132,7 @@ pub struct RunRecord {
     pub workflow_hash: String,
     pub definition: kiln_workflow::Workflow,
     pub inputs: BTreeMap<String, String>,
+    pub actor: Option<String>,
     pub parent_run_id: Option<String>,
     pub cancel_version: i64,
     pub message: Option<String>,
@@ -320,4 +363,60 @@ pub struct AuditEntry {
     pub action: String,
     pub target: String,
     pub detail: String,
+}
+
+/// A webhook delivery to persist before answering the forge.
+#[derive(Debug, Clone)]
+pub struct NewDelivery {
+    pub repo_id: String,
+    pub forge: String,
+    /// The forge's delivery id (redeliveries repeat it).
+    pub delivery_key: String,
+    pub event: String,
+    /// sha256 of the verified body.
+    pub payload_digest: String,
+    /// The normalized event, JSON.
+    pub trigger_event: String,
+    /// Decided at acceptance from the payload and the repository's policy.
+    pub trust: String,
+    /// `pending` (to plan) or `ignored`.
+    pub status: String,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeliveryRecord {
+    pub id: String,
+    pub repo_id: String,
+    pub forge: String,
+    pub delivery_key: String,
+    pub event: String,
+    pub payload_digest: String,
+    pub trigger_event: String,
+    pub trust: String,
+    /// `pending`, `planned`, `ignored` or `failed`.
+    pub status: String,
+    pub message: Option<String>,
+    pub run_ids: Vec<String>,
+    pub attempts: i64,
+    pub created_at: i64,
+    pub planned_at: Option<i64>,
+}
+
+/// A commit status whose wanted state differs from the one sent.
+#[derive(Debug, Clone)]
+pub struct ReportTodo {
+    pub id: String,
+    pub repo_id: String,
+    pub commit_sha: String,
+    pub context: String,
+    pub run_id: Option<String>,
+    /// `pending`, `running`, `success`, `failure`, `cancelled` (or a fixed state).
+    pub state: String,
+    pub description: String,
+    pub sent_state: Option<String>,
+    pub attempts: i64,
+    pub run_message: Option<String>,
+    pub run_created_at: Option<i64>,
+    pub run_finished_at: Option<i64>,
 }

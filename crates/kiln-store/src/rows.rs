@@ -7,17 +7,18 @@ use crate::db::{Exec, Row};
 use crate::dialect::Sql;
 use crate::error::{Result, StoreError, parse_enum};
 use crate::model::{
-    AgentRecord, AttemptRecord, BoundArtifact, GenerationRecord, JobRecord, RepoRecord, RunRecord, RunSummaryRecord,
+    AgentRecord, AttemptRecord, BoundArtifact, GenerationRecord, JobRecord, RepoForge, RepoRecord, RunRecord,
+    RunSummaryRecord,
 };
 
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
-    r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.parent_run_id, r.cancel_version, \
+    r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.actor, r.parent_run_id, r.cancel_version, \
     r.message, r.created_at, r.finished_at";
 
 /// A run as listed (no definition, no inputs); tables as in [`RUN_COLS`].
 pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
-    r.event, r.trust, r.workflow_path, r.workflow_hash, r.parent_run_id, r.message, r.created_at, r.finished_at";
+    r.event, r.trust, r.workflow_path, r.workflow_hash, r.actor, r.parent_run_id, r.message, r.created_at, r.finished_at";
 
 pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, \
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
@@ -58,6 +59,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
         workflow_hash: row.get("workflow_hash")?,
         definition: json(row.str("definition")?)?,
         inputs: json(row.str("inputs")?)?,
+        actor: row.get("actor")?,
         parent_run_id: row.get("parent_run_id")?,
         cancel_version: row.get("cancel_version")?,
         message: row.get("message")?,
@@ -78,6 +80,7 @@ pub(crate) fn run_summary_from_row(row: &Row) -> Result<RunSummaryRecord> {
         trust: row.get("trust")?,
         workflow_path: row.get("workflow_path")?,
         workflow_hash: row.get("workflow_hash")?,
+        actor: row.get("actor")?,
         parent_run_id: row.get("parent_run_id")?,
         message: row.get("message")?,
         created_at: row.get("created_at")?,
@@ -148,6 +151,16 @@ pub(crate) fn repo_from_row(row: &Row) -> Result<RepoRecord> {
         webhook_secret: row.get("webhook_secret")?,
         created_at: row.get("created_at")?,
         secret_pools: serde_json::from_str(row.str("secret_pools")?).unwrap_or_default(),
+        forge: RepoForge {
+            forge: row.get("forge")?,
+            forge_url: row.get("forge_url")?,
+            forge_repo: row.get("forge_repo")?,
+            forge_token: row.get("forge_token")?,
+            default_branch: row.get("default_branch")?,
+            protected_refs: serde_json::from_str(row.str("protected_refs")?).unwrap_or_default(),
+            pull_request_trust: row.get("pull_request_trust")?,
+            poll_interval_ms: row.get("poll_interval_ms")?,
+        },
     })
 }
 

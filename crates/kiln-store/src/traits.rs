@@ -107,6 +107,54 @@ pub trait AccessStore: Send + Sync {
     async fn list_audit(&self, before: Option<i64>, limit: u32) -> Result<Vec<AuditEntry>>;
 }
 
+/// The forge loop (issue 14): deliveries, commit status reports, ref heads,
+/// schedule cursors and leader leases.
+#[async_trait]
+pub trait ForgeStore: Send + Sync {
+    /// Persist a delivery unless one with the same (repository, forge,
+    /// delivery id) exists; returns the stored one and whether it is new.
+    async fn record_delivery(&self, d: &NewDelivery) -> Result<(DeliveryRecord, bool)>;
+    async fn get_delivery(&self, id: &str) -> Result<DeliveryRecord>;
+    async fn list_deliveries(&self, repo_id: &str, limit: u32) -> Result<Vec<DeliveryRecord>>;
+    /// Pending deliveries due for planning and not claimed.
+    async fn due_deliveries(&self, limit: u32) -> Result<Vec<DeliveryRecord>>;
+    /// Claim a pending delivery for planning for `ttl_ms`; false if another holds it.
+    async fn claim_delivery(&self, id: &str, ttl_ms: i64) -> Result<bool>;
+    async fn finish_delivery(&self, id: &str, status: &str, message: Option<&str>, run_ids: &[String]) -> Result<()>;
+    /// Release a claimed delivery to be planned again after `delay_ms`.
+    async fn defer_delivery(&self, id: &str, delay_ms: i64, message: &str) -> Result<()>;
+    /// A status with a fixed state (no run), superseding older ones of the commit and context.
+    async fn create_report(
+        &self,
+        repo_id: &str,
+        commit_sha: &str,
+        context: &str,
+        fixed_state: &str,
+        description: &str,
+    ) -> Result<String>;
+    async fn due_reports(&self, limit: u32) -> Result<Vec<ReportTodo>>;
+    async fn claim_report(&self, id: &str, ttl_ms: i64) -> Result<bool>;
+    async fn report_sent(&self, id: &str, state: &str, done: bool, error: Option<&str>) -> Result<()>;
+    async fn report_retry(&self, id: &str, delay_ms: i64, error: &str) -> Result<()>;
+    async fn reports_of_commit(
+        &self,
+        repo_id: &str,
+        commit_sha: &str,
+    ) -> Result<Vec<(String, Option<String>, Option<String>, bool)>>;
+    async fn record_ref_head(&self, repo_id: &str, git_ref: &str, sha: &str) -> Result<()>;
+    async fn ref_heads(&self, repo_id: &str) -> Result<Vec<(String, String)>>;
+    async fn schedule_cursor(&self, repo_id: &str, path: &str) -> Result<Option<i64>>;
+    /// Move the cursor from `from` (None: no cursor yet) to `to`; false if it moved meanwhile.
+    async fn advance_schedule_cursor(&self, repo_id: &str, path: &str, from: Option<i64>, to: i64) -> Result<bool>;
+    /// Take or renew the lease `name` for `holder` for `ttl_ms` (database time).
+    async fn acquire_lease(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<bool>;
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<()>;
+    async fn set_repo_forge(&self, repo_id: &str, forge: &RepoForge) -> Result<()>;
+    async fn set_webhook_secret(&self, repo_id: &str, secret: Option<&str>) -> Result<()>;
+    /// Repositories due for a poll, each marked polled now.
+    async fn repos_to_poll(&self) -> Result<Vec<String>>;
+}
+
 #[async_trait]
 pub trait AttemptStore: Send + Sync {
     /// spec 000 §7: one transaction — run active, job ready, dispatch
@@ -216,10 +264,19 @@ pub trait ArtifactStore: Send + Sync {
 
 /// The whole authoritative store.
 pub trait Store:
-    RepoStore + RunStore + AgentStore + AccessStore + AttemptStore + OutboxStore + LogStore + ArtifactStore
+    RepoStore + RunStore + AgentStore + AccessStore + ForgeStore + AttemptStore + OutboxStore + LogStore + ArtifactStore
 {
 }
-impl<T: RepoStore + RunStore + AgentStore + AccessStore + AttemptStore + OutboxStore + LogStore + ArtifactStore> Store
-    for T
+impl<
+    T: RepoStore
+        + RunStore
+        + AgentStore
+        + AccessStore
+        + ForgeStore
+        + AttemptStore
+        + OutboxStore
+        + LogStore
+        + ArtifactStore,
+> Store for T
 {
 }

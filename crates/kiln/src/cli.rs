@@ -305,18 +305,56 @@ pub struct AgentArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum RepoCommand {
-    /// Register a repository (local path, file:// or remote git URL).
+    /// Register a repository (local path, file:// or remote git URL), and
+    /// optionally connect it to its forge (webhooks in, commit statuses out).
     Add {
         name: String,
         #[arg(long)]
         url: String,
-        /// Secret for verifying webhook signatures.
-        #[arg(long)]
-        webhook_secret: Option<String>,
         /// Agent pools whose agents may receive this repository's secrets
         /// (comma-separated; default: `default`, the pool of DATA_DIR/agent.token).
         #[arg(long, value_delimiter = ',')]
         secret_pools: Option<Vec<String>>,
+        #[command(flatten)]
+        forge: ForgeArgs,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Change a repository's forge connection, trigger policy, webhook secret
+    /// or secret pools (what is not given is kept).
+    Set {
+        name: String,
+        #[arg(long, value_delimiter = ',')]
+        secret_pools: Option<Vec<String>>,
+        #[command(flatten)]
+        forge: ForgeArgs,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show a repository's settings.
+    Show {
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Print what to paste into the forge's webhook settings.
+    #[command(name = "hook-info")]
+    HookInfo {
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the repository's latest webhook deliveries and what became of them.
+    Deliveries {
+        name: String,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -325,6 +363,49 @@ pub enum RepoCommand {
         #[command(flatten)]
         conn: Conn,
     },
+}
+
+/// The forge connection of `kiln repo add` and `kiln repo set`. Secrets are
+/// read from files (`-`: standard input), never from the command line.
+#[derive(clap::Args, Debug, Default)]
+pub struct ForgeArgs {
+    /// Refused: a secret on the command line is visible to every local user
+    /// (/proc/PID/cmdline). Use --webhook-secret-file.
+    #[arg(long, hide = true)]
+    pub webhook_secret: Option<String>,
+    /// File holding the webhook secret the forge signs deliveries with
+    /// (`-`: standard input; at least 16 characters, e.g. `openssl rand -hex 32`).
+    #[arg(long, value_name = "FILE")]
+    pub webhook_secret_file: Option<PathBuf>,
+    /// The forge: github (also GitHub Enterprise), gitlab, or gitea (also Forgejo).
+    #[arg(long, value_parser = ["github", "gitlab", "gitea", "forgejo"])]
+    pub forge: Option<String>,
+    /// The forge's API base URL: default https://api.github.com; GitHub
+    /// Enterprise https://HOST/api/v3; GitLab and Gitea the instance URL.
+    #[arg(long, value_name = "URL")]
+    pub forge_url: Option<String>,
+    /// The repository on the forge: OWNER/NAME (GitLab: the project path or id).
+    #[arg(long, value_name = "OWNER/NAME")]
+    pub forge_repo: Option<String>,
+    /// File holding the token for the forge's commit status API (`-`: standard input).
+    #[arg(long, value_name = "FILE")]
+    pub forge_token_file: Option<PathBuf>,
+    /// The default branch (its pushes are trusted; schedules run on it). Default: main.
+    #[arg(long)]
+    pub default_branch: Option<String>,
+    /// More branch patterns whose pushes are trusted (comma-separated globs,
+    /// e.g. `release/*`); tags and the default branch always are.
+    #[arg(long, value_delimiter = ',')]
+    pub protected_refs: Option<Vec<String>>,
+    /// When a pull request from the repository itself (never a fork's) is
+    /// trusted: write-access (the payload says the author can write; default),
+    /// same-repo, or never.
+    #[arg(long, value_parser = ["write-access", "same-repo", "never"])]
+    pub pull_request_trust: Option<String>,
+    /// Poll the remote's branch and tag heads this often and start the push
+    /// runs of missed webhooks (tip only), e.g. 5m; 0 turns polling off.
+    #[arg(long, value_name = "DURATION")]
+    pub poll_interval: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -75,6 +75,12 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
     let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(git_err)?;
     let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
+    if event == "manual" && !workflow.on.allows_manual() {
+        return Err(ApiErr::invalid(format!(
+            "{workflow_path} declares `on:` without `manual`, so it is not started by hand; add `manual: {{}}` \
+             under `on:` to allow it"
+        )));
+    }
     limits::check_definition(&workflow, &workflow_path).await?;
     check_secrets(state, &repo, &workflow, &workflow_path).await?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
@@ -96,6 +102,8 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             idempotency,
             concurrency,
             image_digests,
+            actor: Some(by.actor.clone()),
+            report_context: None,
         })
         .await?;
     state.relay_wake.notify_one();
@@ -148,6 +156,8 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> Api
             parent_run_id: Some(old.id.clone()),
             idempotency: None,
             image_digests,
+            actor: Some(by.actor.clone()),
+            report_context: None,
         })
         .await?;
     state.relay_wake.notify_one();
@@ -209,7 +219,7 @@ async fn read_workflow(state: &AppState, repo: &RepoRecord, sha: &str, path: &st
 
 /// Refuse a workflow that asks for secrets the repository does not have:
 /// better now than as a failed job later.
-async fn check_secrets(state: &AppState, repo: &RepoRecord, wf: &Workflow, path: &str) -> ApiResult<()> {
+pub(crate) async fn check_secrets(state: &AppState, repo: &RepoRecord, wf: &Workflow, path: &str) -> ApiResult<()> {
     let wanted: Vec<String> = wf.jobs.iter().flat_map(|j| j.secrets.iter().cloned()).collect();
     if wanted.is_empty() {
         return Ok(());

@@ -15,12 +15,16 @@ pub(crate) mod artifacts;
 pub(crate) mod assignment;
 pub(crate) mod attempts;
 pub(crate) mod claim;
+pub(crate) mod forge_status;
 pub(crate) mod limits;
 pub(crate) mod log_archive;
 pub(crate) mod log_feed;
 pub(crate) mod notices;
+pub(crate) mod planning;
 pub(crate) mod repos;
 pub(crate) mod runs;
+pub(crate) mod triggers;
+pub(crate) mod webhooks;
 // Unit tests of each service's policy, one file per service, over a real
 // SQLite store (kept apart so that no service module refers to its tests).
 #[cfg(test)]

@@ -21,23 +21,238 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
         Some(p) => Some(crate::services::access::check_pools(p)?),
         None => None,
     };
-    let mut repo = state.store.create_repo(name, req.clone_url.trim(), req.webhook_secret.as_deref()).await?;
+    if let Some(s) = &req.webhook_secret {
+        check_webhook_secret(s)?;
+    }
+    let mut forge = apply_forge(kiln_store::RepoForge::default(), &req.forge)?;
+    let mut repo = state.store.create_repo(name, req.clone_url.trim(), None).await?;
+    if let Some(secret) = &req.webhook_secret {
+        let sealed = state.secrets.seal(&repo.id, kiln_store::WEBHOOK_SECRET, secret);
+        state.store.set_webhook_secret(&repo.id, Some(&sealed)).await?;
+        repo.webhook_secret = Some(sealed);
+    }
+    if let Some(token) = &req.forge.forge_token {
+        forge.forge_token = Some(state.secrets.seal(&repo.id, kiln_store::FORGE_TOKEN, token));
+    }
+    if forge != kiln_store::RepoForge::default() {
+        state.store.set_repo_forge(&repo.id, &forge).await?;
+        repo.forge = forge;
+    }
     if let Some(pools) = pools {
         state.store.set_secret_pools(&repo.id, &pools).await?;
         repo.secret_pools = pools;
     }
-    let detail = format!("{} secret pools {}", repo.clone_url, repo.secret_pools.join(","));
+    let detail = format!(
+        "{} secret pools {} forge {}",
+        repo.clone_url,
+        repo.secret_pools.join(","),
+        repo.forge.forge.as_deref().unwrap_or("none")
+    );
     access::audit(state, &by.actor, "repo.create", &repo.name, detail).await?;
     Ok(view(repo))
 }
 
-fn view(r: kiln_store::RepoRecord) -> api::Repo {
+/// `PATCH /v1/repos/{repo}`: change the forge connection, trigger policy,
+/// webhook secret or secret pools; absent fields keep their value.
+pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: api::UpdateRepo) -> ApiResult<api::Repo> {
+    let repo = state.store.get_repo(name).await?;
+    if req.clone_url.is_some() {
+        return Err(ApiErr::invalid(
+            "the clone URL of a repository cannot be changed (runs and mirrors refer to it); add a new repository",
+        ));
+    }
+    if let Some(s) = &req.webhook_secret
+        && !s.is_empty()
+    {
+        check_webhook_secret(s)?;
+    }
+    let pools = match &req.secret_pools {
+        Some(p) => Some(crate::services::access::check_pools(p)?),
+        None => None,
+    };
+    let mut forge = apply_forge(repo.forge.clone(), &req.forge)?;
+    match req.forge.forge_token.as_deref() {
+        Some("") => forge.forge_token = None,
+        Some(token) => forge.forge_token = Some(state.secrets.seal(&repo.id, kiln_store::FORGE_TOKEN, token)),
+        None => {}
+    }
+    let mut changed = Vec::new();
+    if forge != repo.forge {
+        state.store.set_repo_forge(&repo.id, &forge).await?;
+        changed.push("forge");
+    }
+    if let Some(secret) = &req.webhook_secret {
+        let sealed = (!secret.is_empty()).then(|| state.secrets.seal(&repo.id, kiln_store::WEBHOOK_SECRET, secret));
+        state.store.set_webhook_secret(&repo.id, sealed.as_deref()).await?;
+        changed.push("webhook secret");
+    }
+    if let Some(pools) = pools {
+        state.store.set_secret_pools(&repo.id, &pools).await?;
+        changed.push("secret pools");
+    }
+    // Schedules follow the new default branch at once.
+    state.schedule_indexes.lock().expect("index").remove(&repo.id);
+    access::audit(state, &by.actor, "repo.update", &repo.name, changed.join(", ")).await?;
+    Ok(view(state.store.get_repo(&repo.id).await?))
+}
+
+fn check_webhook_secret(s: &str) -> ApiResult<()> {
+    if s.len() < 16 || s.len() > 1024 || s.chars().any(char::is_control) {
+        return Err(ApiErr::invalid(
+            "a webhook secret is 16 to 1024 printable characters (e.g. `openssl rand -hex 32`)",
+        ));
+    }
+    Ok(())
+}
+
+/// Apply the settings of a request to `f`, validating each; an empty
+/// string clears an optional setting.
+fn apply_forge(mut f: kiln_store::RepoForge, s: &api::ForgeSettings) -> ApiResult<kiln_store::RepoForge> {
+    fn opt(v: &str) -> Option<String> {
+        (!v.trim().is_empty()).then(|| v.trim().to_string())
+    }
+    if let Some(forge) = &s.forge {
+        f.forge = match opt(forge) {
+            None => None,
+            Some(name) => Some(
+                name.parse::<kiln_forge::Forge>()
+                    .map_err(|_| ApiErr::invalid(format!("unknown forge `{name}`; use github, gitlab or gitea")))?
+                    .as_str()
+                    .to_string(),
+            ),
+        };
+    }
+    if let Some(url) = &s.forge_url {
+        f.forge_url = match opt(url) {
+            None => None,
+            Some(u) => Some(check_forge_url(&u)?),
+        };
+    }
+    if let Some(r) = &s.forge_repo {
+        f.forge_repo = match opt(r) {
+            None => None,
+            Some(r) => {
+                let ok = r.len() <= 200
+                    && !r.starts_with('/')
+                    && !r.ends_with('/')
+                    && !r.contains("..")
+                    && r.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+                if !ok {
+                    return Err(ApiErr::invalid(format!(
+                        "`{r}` is not a forge repository; give it as OWNER/NAME (GitLab: the project path or id)"
+                    )));
+                }
+                Some(r)
+            }
+        };
+    }
+    if let Some(t) = &s.forge_token
+        && (t.len() > 4096 || t.chars().any(char::is_control))
+    {
+        return Err(ApiErr::invalid("a forge token is at most 4096 printable characters"));
+    }
+    if let Some(b) = &s.default_branch {
+        let b = b.trim();
+        let ok = !b.is_empty()
+            && b.len() <= 200
+            && !b.starts_with('-')
+            && !b.starts_with("refs/")
+            && !b.contains("..")
+            && !b.chars().any(|c| c.is_control() || " ~^:?*[\\".contains(c));
+        if !ok {
+            return Err(ApiErr::invalid(format!("`{b}` is not a branch name (without refs/heads/)")));
+        }
+        f.default_branch = b.to_string();
+    }
+    if let Some(p) = &s.protected_refs {
+        if p.len() > 100 || p.iter().any(|x| x.trim().is_empty() || x.len() > 200) {
+            return Err(ApiErr::invalid("protected refs are at most 100 non-empty branch patterns of 200 characters"));
+        }
+        f.protected_refs = p.iter().map(|x| x.trim().to_string()).collect();
+    }
+    if let Some(t) = &s.pull_request_trust {
+        if !["write-access", "same-repo", "never"].contains(&t.as_str()) {
+            return Err(ApiErr::invalid(format!(
+                "unknown pull request trust `{t}`; use write-access (default), same-repo or never"
+            )));
+        }
+        f.pull_request_trust = t.clone();
+    }
+    if let Some(secs) = s.poll_interval_secs {
+        if secs > 7 * 24 * 3600 {
+            return Err(ApiErr::invalid("the poll interval is at most a week (0 turns polling off)"));
+        }
+        f.poll_interval_ms = (secs > 0).then_some(secs as i64 * 1000);
+    }
+    Ok(f)
+}
+
+/// A forge API URL: https, or http to a loopback address only (the token
+/// would cross the network in clear).
+fn check_forge_url(u: &str) -> ApiResult<String> {
+    let url = reqwest::Url::parse(u).map_err(|e| ApiErr::invalid(format!("forge URL `{u}`: {e}")))?;
+    let host = url.host_str().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback());
+    match url.scheme() {
+        "https" => {}
+        "http" if loopback => {}
+        "http" => {
+            return Err(ApiErr::invalid(format!(
+                "forge URL `{u}` is plain http to another host; the forge token would cross the network in clear: use https"
+            )));
+        }
+        other => return Err(ApiErr::invalid(format!("forge URL `{u}`: scheme {other} is not http(s)"))),
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ApiErr::invalid("a forge URL carries no credentials; use --forge-token-file"));
+    }
+    Ok(u.trim_end_matches('/').to_string())
+}
+
+/// `GET /v1/repos/{repo}/hook-info`.
+pub(crate) async fn hook_info(state: &AppState, name: &str) -> ApiResult<api::HookInfo> {
+    let repo = state.store.get_repo(name).await?;
+    let forge = repo.forge.forge.clone().unwrap_or_else(|| "github".into());
+    let events = match forge.as_str() {
+        "gitlab" => vec!["Push events".into(), "Tag push events".into(), "Merge request events".into()],
+        "gitea" => vec!["push".into(), "create".into(), "pull_request".into()],
+        _ => vec!["push".into(), "pull_request".into()],
+    };
+    Ok(api::HookInfo {
+        url: format!("{}/v1/repos/{}/webhooks/{forge}", state.config.base_url(), repo.name),
+        repo: repo.name.clone(),
+        content_type: "application/json".into(),
+        events,
+        secret_configured: repo.webhook_secret.is_some(),
+        statuses_configured: crate::services::planning::reports_statuses(&repo),
+        forge,
+    })
+}
+
+/// `GET /v1/repos/{repo}/deliveries`.
+pub(crate) async fn deliveries(state: &AppState, name: &str, limit: Option<u32>) -> ApiResult<Vec<api::Delivery>> {
+    let repo = state.store.get_repo(name).await?;
+    let list = state.store.list_deliveries(&repo.id, limit.unwrap_or(50).min(500)).await?;
+    Ok(list.iter().map(crate::services::webhooks::delivery_view).collect())
+}
+
+pub(crate) fn view(r: kiln_store::RepoRecord) -> api::Repo {
+    let f = r.forge;
     api::Repo {
         id: r.id,
         name: r.name,
         clone_url: r.clone_url,
         created_at_ms: r.created_at,
         secret_pools: r.secret_pools,
+        forge: f.forge,
+        forge_url: f.forge_url,
+        forge_repo: f.forge_repo,
+        default_branch: Some(f.default_branch),
+        protected_refs: f.protected_refs,
+        pull_request_trust: Some(f.pull_request_trust),
+        poll_interval_secs: f.poll_interval_ms.map(|ms| (ms / 1000) as u64),
+        webhook_secret_set: r.webhook_secret.is_some(),
+        forge_token_set: f.forge_token.is_some(),
     }
 }
 

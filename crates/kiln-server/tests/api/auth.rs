@@ -35,7 +35,13 @@ async fn a_token_in_the_query_grants_nothing() {
     let app = TestApp::new().await;
     app.anonymous().get("/v1/repos?token=kiln_admin_test").send().await.assert_status(StatusCode::UNAUTHORIZED);
     app.anonymous().get("/v1/repos?token=kiln%5Fadmin%5Ftest").send().await.assert_status(StatusCode::UNAUTHORIZED);
-    let create = api::CreateRepo { name: "r".into(), clone_url: "/x".into(), webhook_secret: None, secret_pools: None };
+    let create = api::CreateRepo {
+        forge: Default::default(),
+        name: "r".into(),
+        clone_url: "/x".into(),
+        webhook_secret: None,
+        secret_pools: None,
+    };
     let res = app.anonymous().post("/v1/repos?token=kiln_admin_test").json(&create).send().await;
     res.assert_status(StatusCode::UNAUTHORIZED);
 }
@@ -56,7 +62,13 @@ async fn the_ui_session_cookie_authenticates_with_a_csrf_header_on_writes() {
     assert!(!cookie.contains("Secure"), "no Secure attribute without TLS: {cookie}");
     let jar = "kiln_session=kiln_admin_test";
     app.anonymous().get("/v1/repos").header("cookie", jar).send().await.assert_status(StatusCode::OK);
-    let create = api::CreateRepo { name: "r".into(), clone_url: "/x".into(), webhook_secret: None, secret_pools: None };
+    let create = api::CreateRepo {
+        forge: Default::default(),
+        name: "r".into(),
+        clone_url: "/x".into(),
+        webhook_secret: None,
+        secret_pools: None,
+    };
     let res = app.anonymous().post("/v1/repos").header("cookie", jar).json(&create).send().await;
     let res = res.assert_status(StatusCode::FORBIDDEN);
     assert_eq!(res.error_code(), "csrf");

@@ -5,7 +5,13 @@ use kiln_api as api;
 use kiln_testkit::TestApp;
 
 fn repo(name: &str, url: &str) -> api::CreateRepo {
-    api::CreateRepo { name: name.into(), clone_url: url.into(), webhook_secret: None, secret_pools: None }
+    api::CreateRepo {
+        forge: Default::default(),
+        name: name.into(),
+        clone_url: url.into(),
+        webhook_secret: None,
+        secret_pools: None,
+    }
 }
 
 #[tokio::test]

@@ -20,8 +20,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
     static RUN: Sql = Sql::new(|_| {
         format!(
             "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
-             definition, inputs, parent_run_id, created_at, updated_at) \
-             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)",
+             definition, inputs, parent_run_id, created_at, updated_at, actor) \
+             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13)",
             queued = lit(RunStatus::Queued)
         )
     });
@@ -68,6 +68,7 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&inputs)
                     .bind(&run.parent_run_id)
                     .bind(now)
+                    .bind(&run.actor)
                     .execute()
                     .await?;
                 for (i, job) in run.workflow.jobs.iter().enumerate() {
@@ -89,6 +90,19 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                 };
                 if !held {
                     advance_run(tx, &run_id, now).await?;
+                }
+                if let Some(context) = &run.report_context {
+                    crate::tx::forge::insert_report(
+                        tx,
+                        &run.repo_id,
+                        &run.commit_sha,
+                        context,
+                        Some(&run_id),
+                        None,
+                        "",
+                        now,
+                    )
+                    .await?;
                 }
                 if let Some(idem) = &run.idempotency {
                     tx.sql(

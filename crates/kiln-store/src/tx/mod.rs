@@ -23,6 +23,7 @@ pub(crate) mod attempt;
 pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod complete;
+pub(crate) mod forge;
 pub(crate) mod images;
 pub(crate) mod lease;
 pub(crate) mod logs;

@@ -50,6 +50,7 @@ pub(crate) async fn create_repo(
         webhook_secret: webhook_secret.map(Into::into),
         created_at,
         secret_pools: vec!["default".into()],
+        forge: Default::default(),
     })
 }
 
@@ -133,8 +134,34 @@ pub(crate) async fn secret_values(
 
 /// `RepoStore::all_secrets`.
 pub(crate) async fn all_secrets(store: &SqlStore) -> Result<Vec<(String, String, String)>> {
-    store.reader().await?.sql("SELECT repo_id, name, value FROM secrets ORDER BY repo_id, name").all().await
+    store
+        .reader()
+        .await?
+        .sql(
+            "SELECT repo_id, name, value FROM secrets \
+             UNION ALL SELECT id, '@webhook', webhook_secret FROM repos WHERE webhook_secret IS NOT NULL \
+             UNION ALL SELECT id, '@forge-token', forge_token FROM repos WHERE forge_token IS NOT NULL \
+             ORDER BY 1, 2",
+        )
+        .all()
+        .await
 }
+
+/// The repository column holding a credential listed by `all_secrets` under
+/// a reserved name (`@…` is never a secret's name).
+fn credential_column(name: &str) -> Option<&'static str> {
+    match name {
+        WEBHOOK_SECRET => Some("UPDATE repos SET webhook_secret = $1 WHERE id = $2 AND webhook_secret = $3"),
+        FORGE_TOKEN => Some("UPDATE repos SET forge_token = $1 WHERE id = $2 AND forge_token = $3"),
+        _ => None,
+    }
+}
+
+/// The name `all_secrets` lists a repository's webhook secret under (and
+/// the associated data it is sealed with).
+pub const WEBHOOK_SECRET: &str = "@webhook";
+/// Likewise for the forge status token.
+pub const FORGE_TOKEN: &str = "@forge-token";
 
 /// `RepoStore::replace_secrets`: every `(repo, name, old, new)` in one
 /// transaction, each only if the stored value is still `old`.
@@ -144,14 +171,18 @@ pub(crate) async fn replace_secrets(store: &SqlStore, changes: &[(String, String
             Box::pin(async move {
                 let mut n = 0;
                 for (repo_id, name, old, new) in changes {
-                    n += tx
-                        .sql("UPDATE secrets SET value = $1 WHERE repo_id = $2 AND name = $3 AND value = $4")
-                        .bind(new)
-                        .bind(repo_id)
-                        .bind(name)
-                        .bind(old)
-                        .execute()
-                        .await?;
+                    n += match credential_column(name) {
+                        Some(update) => tx.sql(update).bind(new).bind(repo_id).bind(old).execute().await?,
+                        None => {
+                            tx.sql("UPDATE secrets SET value = $1 WHERE repo_id = $2 AND name = $3 AND value = $4")
+                                .bind(new)
+                                .bind(repo_id)
+                                .bind(name)
+                                .bind(old)
+                                .execute()
+                                .await?
+                        }
+                    };
                 }
                 if n != changes.len() as u64 {
                     return Err(StoreError::Conflict(format!(

@@ -238,7 +238,7 @@ pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
 }
 
 pub fn workflow(jobs: Vec<Job>) -> Workflow {
-    Workflow { version: 1, concurrency: None, jobs }
+    Workflow { version: 1, concurrency: None, jobs, on: Default::default() }
 }
 
 pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
@@ -255,6 +255,8 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         idempotency: None,
         concurrency: None,
         image_digests: BTreeMap::new(),
+        actor: None,
+        report_context: None,
     }
 }
 

@@ -1,22 +1,91 @@
-//! `kiln repo add|list`.
+//! `kiln repo add|set|show|hook-info|deliveries|list`.
 
 use super::shared::client;
-use crate::cli::RepoCommand;
+use crate::cli::{ForgeArgs, RepoCommand};
 use kiln_api::exit;
-use kiln_cmd::CmdResult;
+use kiln_cmd::{CmdResult, Failure, usage};
+use std::path::Path;
 
 pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
     match cmd {
-        RepoCommand::Add { name, url, webhook_secret, secret_pools, conn } => {
+        RepoCommand::Add { name, url, secret_pools, forge, conn } => {
+            let (webhook_secret, forge) = settings(forge)?;
             let c = client(&conn)?;
             let url = absolutize(&url);
-            let r = c.create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret, secret_pools }).await?;
+            let r = c
+                .create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret, secret_pools, forge })
+                .await?;
             println!(
                 "registered repository {} ({}); secrets go to agent pools: {}",
                 r.name,
                 r.clone_url,
                 r.secret_pools.join(", ")
             );
+            if r.forge.is_some() || r.webhook_secret_set {
+                println!("connect the forge with: kiln repo hook-info {}", r.name);
+            }
+        }
+        RepoCommand::Set { name, secret_pools, forge, conn } => {
+            let (webhook_secret, forge) = settings(forge)?;
+            let c = client(&conn)?;
+            let r = c
+                .update_repo(&name, &kiln_api::UpdateRepo { clone_url: None, webhook_secret, secret_pools, forge })
+                .await?;
+            println!("updated repository {}", r.name);
+            print_repo(&r);
+        }
+        RepoCommand::Show { name, json, conn } => {
+            let c = client(&conn)?;
+            let r = c.get_repo(&name).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).expect("json"));
+            } else {
+                print_repo(&r);
+            }
+        }
+        RepoCommand::HookInfo { name, conn } => {
+            let c = client(&conn)?;
+            let h = c.hook_info(&name).await?;
+            println!("Add a webhook to {} on {}:", h.repo, h.forge);
+            println!("  Payload URL:   {}", h.url);
+            println!("  Content type:  {}", h.content_type);
+            println!(
+                "  Secret:        {}",
+                if h.secret_configured {
+                    "the one you set with --webhook-secret-file"
+                } else {
+                    "NOT SET: deliveries are refused until `kiln repo set NAME --webhook-secret-file FILE`"
+                }
+            );
+            println!("  Events:        {}", h.events.join(", "));
+            if h.forge == "gitlab" {
+                println!("  (GitLab sends the secret as its Secret token.)");
+            }
+            if !h.statuses_configured {
+                println!(
+                    "Commit statuses are off: set --forge, --forge-repo and --forge-token-file with `kiln repo set`."
+                );
+            }
+        }
+        RepoCommand::Deliveries { name, limit, json, conn } => {
+            let c = client(&conn)?;
+            let list = c.deliveries(&name, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+            } else {
+                for d in list {
+                    println!(
+                        "{}  {:<7} {:<14} {:<9} {:<9} runs: {}  {}",
+                        d.id,
+                        d.forge,
+                        crate::term::clean(&d.event),
+                        d.trust,
+                        d.status,
+                        d.runs.len(),
+                        crate::term::clean(d.message.as_deref().unwrap_or(""))
+                    );
+                }
+            }
         }
         RepoCommand::List { conn } => {
             let c = client(&conn)?;
@@ -26,6 +95,85 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
         }
     }
     Ok(exit::OK)
+}
+
+fn print_repo(r: &kiln_api::Repo) {
+    println!("name:               {}", r.name);
+    println!("url:                {}", r.clone_url);
+    println!("forge:              {}", r.forge.as_deref().unwrap_or("(none)"));
+    if let Some(u) = &r.forge_url {
+        println!("forge url:          {u}");
+    }
+    if let Some(p) = &r.forge_repo {
+        println!("forge repository:   {p}");
+    }
+    println!("forge token:        {}", if r.forge_token_set { "set" } else { "not set" });
+    println!("webhook secret:     {}", if r.webhook_secret_set { "set" } else { "not set" });
+    println!("default branch:     {}", r.default_branch.as_deref().unwrap_or("main"));
+    if !r.protected_refs.is_empty() {
+        println!("protected refs:     {}", r.protected_refs.join(", "));
+    }
+    println!("pull request trust: {}", r.pull_request_trust.as_deref().unwrap_or("write-access"));
+    match r.poll_interval_secs {
+        Some(s) => println!("polling:            every {s}s"),
+        None => println!("polling:            off"),
+    }
+    println!("secret pools:       {}", r.secret_pools.join(", "));
+}
+
+/// The request fields of the forge flags; secrets read from their files.
+fn settings(f: ForgeArgs) -> Result<(Option<String>, kiln_api::ForgeSettings), Failure> {
+    if f.webhook_secret.is_some() {
+        return Err(usage(
+            "--webhook-secret is refused: a secret on the command line is visible to every local user \
+             (/proc/PID/cmdline); pass --webhook-secret-file FILE (or - for standard input)",
+        ));
+    }
+    if f.webhook_secret_file.as_deref() == Some(Path::new("-")) && f.forge_token_file.as_deref() == Some(Path::new("-"))
+    {
+        return Err(usage("only one of --webhook-secret-file and --forge-token-file can read standard input"));
+    }
+    let webhook_secret =
+        f.webhook_secret_file.as_deref().map(|p| read_secret("--webhook-secret-file", p)).transpose()?;
+    let forge_token = f.forge_token_file.as_deref().map(|p| read_secret("--forge-token-file", p)).transpose()?;
+    let poll_interval_secs = match f.poll_interval.as_deref() {
+        None => None,
+        Some("0") => Some(0),
+        Some(d) => {
+            let d = kiln_cmd::parse_duration(d).map_err(|e| usage(format!("--poll-interval: {e}")))?;
+            Some(d.as_secs().max(1))
+        }
+    };
+    Ok((
+        webhook_secret,
+        kiln_api::ForgeSettings {
+            forge: f.forge,
+            forge_url: f.forge_url,
+            forge_repo: f.forge_repo,
+            forge_token,
+            default_branch: f.default_branch,
+            protected_refs: f.protected_refs,
+            pull_request_trust: f.pull_request_trust,
+            poll_interval_secs,
+        },
+    ))
+}
+
+/// A secret from a file (`-`: standard input), without its final newline.
+fn read_secret(flag: &str, path: &Path) -> Result<String, Failure> {
+    let text = if path == Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| usage(format!("{flag}: cannot read standard input: {e}")))?;
+        s
+    } else {
+        std::fs::read_to_string(path).map_err(|e| usage(format!("{flag} {}: {e}", path.display())))?
+    };
+    let value = text.trim_end_matches(['\n', '\r']).to_string();
+    if value.is_empty() {
+        return Err(usage(format!("{flag}: the secret is empty")));
+    }
+    Ok(value)
 }
 
 /// Local paths are made absolute so the server and agents find them from anywhere.

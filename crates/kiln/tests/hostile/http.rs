@@ -98,6 +98,7 @@ async fn slow_clients_time_out_and_connections_past_the_cap_are_refused() {
 async fn repo_with(server: &KilnServer, c: &Client, name: &str, yaml: &str) -> TestRepo {
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", yaml)]).unwrap();
     c.create_repo(&CreateRepo {
+        forge: Default::default(),
         name: name.into(),
         clone_url: repo.path().display().to_string(),
         webhook_secret: None,
@@ -378,6 +379,7 @@ async fn tls_end_to_end_with_a_self_signed_certificate() {
         TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: a\n    steps: [\"echo over-tls\"]\n")])
             .unwrap();
     c.create_repo(&CreateRepo {
+        forge: Default::default(),
         name: "t".into(),
         clone_url: repo.path().display().to_string(),
         webhook_secret: None,

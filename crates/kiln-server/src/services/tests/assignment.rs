@@ -90,6 +90,8 @@ async fn an_untrusted_run_gets_no_secrets() {
             idempotency: None,
             concurrency: None,
             image_digests: Default::default(),
+            actor: None,
+            report_context: None,
         })
         .await
         .unwrap();

@@ -1,0 +1,295 @@
+//! Planning a webhook delivery (issue 14), after the forge got its 2xx:
+//! read every `.kiln/*.yaml` at the event's SHA, keep the workflows whose
+//! `on:` matches the event (branch, tag and path filters), and accept one
+//! frozen run per workflow with the trust decided at acceptance.
+//!
+//! Exactly once: a delivery is claimed for planning (a lease in the
+//! database; an expired claim is planned again, e.g. after a crash), and
+//! every run is accepted with an idempotency record — a push's by
+//! (ref, SHA, workflow), so a redelivery, a second delivery of the same
+//! push or the poller's reconciliation all find the same run; a pull
+//! request's by delivery id. A workflow that fails validation at that SHA
+//! gets a failed status on the commit naming the file and line, and no run.
+
+use crate::error::ApiErr;
+use crate::git::GitError;
+use crate::images::ResolveError;
+use crate::services::acceptance::{check_secrets, run_concurrency};
+use crate::services::{access, limits};
+use crate::state::AppState;
+use kiln_core::Trust;
+use kiln_forge::ForgeEvent;
+use kiln_store::{DeliveryRecord, Idempotency, NewRun, RepoRecord, StoreError};
+
+/// How long a planner holds a delivery before another may take it over.
+const CLAIM_MS: i64 = 120_000;
+/// Attempts before a delivery that keeps failing (the repository cannot be
+/// fetched, a registry is down) is given up as `failed`.
+const MAX_ATTEMPTS: i64 = 8;
+/// Deliveries planned at once.
+const PARALLEL: usize = 4;
+
+enum PlanError {
+    /// Worth trying again later (a fetch or registry failed).
+    Transient(String),
+    /// Will not change by trying again.
+    Permanent(String),
+    Store(StoreError),
+}
+
+impl From<StoreError> for PlanError {
+    fn from(e: StoreError) -> Self {
+        PlanError::Store(e)
+    }
+}
+
+/// What planning one delivery produced.
+struct Planned {
+    runs: Vec<String>,
+    /// Workflows that were refused (file: problem).
+    problems: Vec<String>,
+    considered: usize,
+}
+
+/// Plan the deliveries that are due; how many were planned.
+pub(crate) async fn plan_once(state: &AppState) -> Result<usize, StoreError> {
+    let due = state.store.due_deliveries(64).await?;
+    let mut done = 0;
+    for chunk in due.chunks(PARALLEL) {
+        let results = futures::future::join_all(chunk.iter().map(|d| plan_claimed(state, d))).await;
+        for r in results {
+            done += usize::from(r?);
+        }
+    }
+    Ok(done)
+}
+
+/// Claim `d` and plan it; whether this call planned it.
+async fn plan_claimed(state: &AppState, d: &DeliveryRecord) -> Result<bool, StoreError> {
+    if !state.store.claim_delivery(&d.id, CLAIM_MS).await? {
+        return Ok(false);
+    }
+    match plan(state, d).await {
+        Ok(p) => {
+            let message = if p.problems.is_empty() {
+                format!("{} run(s) from {} workflow file(s)", p.runs.len(), p.considered)
+            } else {
+                format!("{} run(s); refused: {}", p.runs.len(), p.problems.join("; "))
+            };
+            state.store.finish_delivery(&d.id, "planned", Some(&message), &p.runs).await?;
+            Ok(true)
+        }
+        Err(PlanError::Permanent(m)) => {
+            tracing::warn!(delivery = %d.id, "delivery not planned: {m}");
+            state.store.finish_delivery(&d.id, "failed", Some(&m), &[]).await?;
+            Ok(true)
+        }
+        Err(PlanError::Transient(m)) | Err(PlanError::Store(StoreError::Unavailable(m))) => {
+            // `attempts` counts this one already (the claim added it).
+            if d.attempts + 1 >= MAX_ATTEMPTS {
+                let m = format!("given up after {} attempts: {m}", d.attempts + 1);
+                state.store.finish_delivery(&d.id, "failed", Some(&m), &[]).await?;
+            } else {
+                let backoff = kiln_core::backoff::Backoff { base_ms: 1_000, max_ms: 300_000 };
+                let delay = backoff.delay_ms((d.attempts + 1) as u32, &mut rand::rng()) as i64;
+                tracing::info!(delivery = %d.id, delay_ms = delay, "planning deferred: {m}");
+                state.store.defer_delivery(&d.id, delay, &m).await?;
+            }
+            Ok(false)
+        }
+        Err(PlanError::Store(e)) => {
+            let _ = state.store.defer_delivery(&d.id, 5_000, &e.to_string()).await;
+            Err(e)
+        }
+    }
+}
+
+/// The status context of a workflow file for an event: `kiln/ci (push)`.
+pub(crate) fn context(path: &str, event: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    let stem = file.strip_suffix(".yaml").or_else(|| file.strip_suffix(".yml")).unwrap_or(file);
+    format!("kiln/{stem} ({event})")
+}
+
+/// Whether commit statuses can be sent for the repository.
+pub(crate) fn reports_statuses(repo: &RepoRecord) -> bool {
+    repo.forge.forge.is_some() && repo.forge.forge_repo.is_some() && repo.forge.forge_token.is_some()
+}
+
+async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError> {
+    let repo = state.store.get_repo(&d.repo_id).await?;
+    let event: ForgeEvent = serde_json::from_str(&d.trigger_event)
+        .map_err(|e| PlanError::Permanent(format!("stored event is unreadable: {e}")))?;
+    let trust: Trust = d.trust.parse().map_err(|e| PlanError::Permanent(format!("stored trust: {e}")))?;
+    let (kind, want_sha, git_ref, base_branch, diff_from, fetch_ref, actor) = match event {
+        ForgeEvent::Push(p) => ("push", p.after, p.git_ref, None, p.before.map(|b| (b, false)), None, p.actor),
+        ForgeEvent::PullRequest(pr) => (
+            "pull_request",
+            pr.head_sha,
+            pr.fetch_ref.clone(),
+            Some(pr.base_ref),
+            pr.base_sha.map(|b| (b, true)),
+            Some(pr.fetch_ref),
+            pr.actor,
+        ),
+        ForgeEvent::Ping | ForgeEvent::Ignored { .. } => {
+            return Ok(Planned { runs: vec![], problems: vec![], considered: 0 });
+        }
+    };
+    let sha = resolve(state, &repo, &want_sha, fetch_ref.as_deref()).await?;
+    let files = state.mirrors.list_workflows(&repo.id, &sha).await.map_err(|e| PlanError::Transient(e.to_string()))?;
+    let changed = match &diff_from {
+        Some((from, three_dot)) => state.mirrors.changed_files(&repo.id, from, &sha, *three_dot).await.ok().flatten(),
+        None => None,
+    };
+    let mut planned = Planned { runs: vec![], problems: vec![], considered: files.len() };
+    for path in &files {
+        let ctx = context(path, kind);
+        let wf = match read(state, &repo, &sha, path).await {
+            Ok(wf) => wf,
+            Err(problem) => {
+                refuse(state, &repo, &sha, &ctx, path, &problem, &mut planned).await?;
+                continue;
+            }
+        };
+        let runs = match (kind, &base_branch) {
+            ("push", _) => wf.on.matches_push(&git_ref, changed.as_deref()),
+            (_, Some(base)) => wf.on.matches_pull_request(base, changed.as_deref()),
+            _ => false,
+        };
+        if !runs {
+            continue;
+        }
+        if let Err(e) = limits::check_definition(&wf, path).await {
+            refuse(state, &repo, &sha, &ctx, path, &e.message, &mut planned).await?;
+            continue;
+        }
+        if trust == Trust::Trusted
+            && let Err(e) = check_secrets(state, &repo, &wf, path).await
+        {
+            refuse(state, &repo, &sha, &ctx, path, &e.message, &mut planned).await?;
+            continue;
+        }
+        let concurrency = match run_concurrency(&wf, kind, Some(&git_ref), &Default::default()) {
+            Ok(c) => c,
+            Err(e) => {
+                refuse(state, &repo, &sha, &ctx, path, &e, &mut planned).await?;
+                continue;
+            }
+        };
+        let image_digests = match state.resolver.resolve_workflow(&wf).await {
+            Ok(d) => d,
+            Err(ResolveError::Refused(m)) => {
+                refuse(state, &repo, &sha, &ctx, path, &m, &mut planned).await?;
+                continue;
+            }
+            Err(ResolveError::Unavailable(m)) => return Err(PlanError::Transient(m)),
+        };
+        let idempotency = if kind == "push" {
+            Idempotency {
+                scope: format!("push:{}", repo.id),
+                key: format!("{git_ref}@{sha}:{path}"),
+                request_digest: "push".into(),
+            }
+        } else {
+            Idempotency {
+                scope: format!("delivery:{}", repo.id),
+                key: format!("{}:{}:{path}", d.forge, d.delivery_key),
+                request_digest: d.payload_digest.clone(),
+            }
+        };
+        let accepted = state
+            .store
+            .accept_run(NewRun {
+                repo_id: repo.id.clone(),
+                commit_sha: sha.clone(),
+                git_ref: Some(git_ref.clone()),
+                event: kind.into(),
+                trust: trust.as_str().into(),
+                workflow_path: path.clone(),
+                workflow: wf,
+                inputs: Default::default(),
+                parent_run_id: None,
+                idempotency: Some(idempotency),
+                concurrency,
+                image_digests,
+                actor: Some(actor.clone()),
+                report_context: reports_statuses(&repo).then(|| ctx.clone()),
+            })
+            .await?;
+        state.relay_wake.notify_one();
+        if accepted.created {
+            let detail = format!("{kind} {git_ref} at {sha} trust {} delivery {}", trust.as_str(), d.delivery_key);
+            let who = format!("{}:{actor}", d.forge);
+            access::audit(state, &who, "run.submit", &accepted.run_id, detail).await.map_err(api_store)?;
+        }
+        planned.runs.push(accepted.run_id);
+    }
+    if kind == "push" {
+        state.store.record_ref_head(&repo.id, &git_ref, &sha).await?;
+    }
+    Ok(planned)
+}
+
+fn api_store(e: ApiErr) -> PlanError {
+    PlanError::Transient(e.message)
+}
+
+/// The event's commit in the mirror: fetched when missing, a pull
+/// request's head by its ref (a fork's commit is reachable only from it).
+async fn resolve(state: &AppState, repo: &RepoRecord, sha: &str, fetch_ref: Option<&str>) -> Result<String, PlanError> {
+    match state.mirrors.resolve(&repo.id, &repo.clone_url, sha).await {
+        Ok(s) => Ok(s),
+        Err(GitError::UnknownRevision(_)) if fetch_ref.is_some() => {
+            let r = fetch_ref.expect("checked");
+            state
+                .mirrors
+                .fetch_ref(&repo.id, &repo.clone_url, r)
+                .await
+                .map_err(|e| PlanError::Transient(e.to_string()))?;
+            state.mirrors.resolve(&repo.id, &repo.clone_url, sha).await.map_err(|e| PlanError::Transient(e.to_string()))
+        }
+        // A commit not there yet may be replication lag on the forge's side.
+        Err(e) => Err(PlanError::Transient(e.to_string())),
+    }
+}
+
+/// A workflow file at `sha`, parsed; the problem (`line:col: message`) if not.
+async fn read(state: &AppState, repo: &RepoRecord, sha: &str, path: &str) -> Result<kiln_workflow::Workflow, String> {
+    let bytes =
+        state.mirrors.read_file(&repo.id, sha, path, kiln_workflow::MAX_FILE_BYTES).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_string())?;
+    tokio::task::spawn_blocking(move || kiln_workflow::parse(&text))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|d| d.0.first().map(|x| x.to_string()).unwrap_or_else(|| d.to_string()))
+}
+
+/// A workflow refused at this commit: a failed status naming the file and
+/// the problem (no run), and a note in the delivery.
+async fn refuse(
+    state: &AppState,
+    repo: &RepoRecord,
+    sha: &str,
+    ctx: &str,
+    path: &str,
+    problem: &str,
+    planned: &mut Planned,
+) -> Result<(), PlanError> {
+    let first = problem.lines().next().unwrap_or(problem);
+    let description = format!("{path}:{first}");
+    if reports_statuses(repo) {
+        state.store.create_report(&repo.id, sha, ctx, "failure", &description).await?;
+    }
+    planned.problems.push(description);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn contexts_name_the_workflow_and_event() {
+        assert_eq!(super::context(".kiln/ci.yaml", "push"), "kiln/ci (push)");
+        assert_eq!(super::context(".kiln/deploy.yml", "pull_request"), "kiln/deploy (pull_request)");
+    }
+}

@@ -1,0 +1,201 @@
+//! Runs nobody pushed (issue 14): schedules and reconciliation, on one
+//! replica at a time (the `triggers` lease in the database; see `loops`).
+//!
+//! Schedules: every workflow on the default branch's tip with `on.schedule`
+//! fires at most once per tick, even across replicas and restarts — its
+//! run is accepted with the idempotency key (workflow, tick) before the
+//! workflow's cursor moves past the tick. A new workflow starts at "now"
+//! (no backfill); ticks missed while the server was down run once, as the
+//! latest missed tick, on recovery.
+//!
+//! Reconciliation: for repositories with polling on, `git ls-remote`
+//! compares the remote's heads with the last head recorded per ref (by
+//! webhooks and earlier polls); a moved or new ref gets a synthetic push
+//! delivery for its tip, planned like a webhook's — tip only: intermediate
+//! pushes between two polls are not recovered. The first poll of a
+//! repository only records its heads.
+
+use crate::services::acceptance::run_concurrency;
+use crate::services::webhooks::decide_trust;
+use crate::state::AppState;
+use kiln_core::Trust;
+use kiln_forge::{ForgeEvent, PushEvent};
+use kiln_store::{Idempotency, NewDelivery, NewRun, RepoRecord, StoreError};
+use kiln_workflow::Workflow;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// The scheduled workflows of one repository at its default branch's tip.
+#[derive(Clone)]
+pub(crate) struct ScheduleIndex {
+    /// When (server clock) it was read.
+    pub read_at_ms: i64,
+    pub sha: String,
+    /// (path, workflow) of every workflow with `on.schedule`.
+    pub workflows: Vec<(String, Arc<Workflow>)>,
+}
+
+pub(crate) type ScheduleIndexes = std::sync::Mutex<HashMap<String, ScheduleIndex>>;
+
+/// The scheduled workflows of `repo`, re-read from its default branch once
+/// per `schedule_refresh`.
+async fn index(state: &AppState, repo: &RepoRecord, now: i64) -> Result<ScheduleIndex, String> {
+    let refresh = state.config.schedule_refresh.as_millis() as i64;
+    if let Some(i) = state.schedule_indexes.lock().expect("index").get(&repo.id)
+        && now - i.read_at_ms < refresh
+        && now >= i.read_at_ms
+    {
+        return Ok(i.clone());
+    }
+    let branch = format!("refs/heads/{}", repo.forge.default_branch);
+    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, &branch).await.map_err(|e| e.to_string())?;
+    let files = state.mirrors.list_workflows(&repo.id, &sha).await.map_err(|e| e.to_string())?;
+    let mut workflows = Vec::new();
+    for path in files {
+        let Ok(bytes) = state.mirrors.read_file(&repo.id, &sha, &path, kiln_workflow::MAX_FILE_BYTES).await else {
+            continue;
+        };
+        let Ok(text) = String::from_utf8(bytes) else { continue };
+        let parsed =
+            tokio::task::spawn_blocking(move || kiln_workflow::parse(&text)).await.map_err(|e| e.to_string())?;
+        if let Ok(wf) = parsed
+            && !wf.on.schedule.is_empty()
+        {
+            workflows.push((path, Arc::new(wf)));
+        }
+    }
+    let i = ScheduleIndex { read_at_ms: now, sha, workflows };
+    state.schedule_indexes.lock().expect("index").insert(repo.id.clone(), i.clone());
+    Ok(i)
+}
+
+/// Fire the schedule ticks that are due; how many runs were started.
+pub(crate) async fn schedule_once(state: &AppState) -> Result<usize, StoreError> {
+    let now = state.clock.now_ms();
+    let mut fired = 0;
+    for repo in state.store.list_repos().await? {
+        let idx = match index(state, &repo, now).await {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::debug!(repo = %repo.name, "schedules not read: {e}");
+                continue;
+            }
+        };
+        for (path, wf) in &idx.workflows {
+            let Some(last) = state.store.schedule_cursor(&repo.id, path).await? else {
+                // A workflow seen for the first time starts now: no backfill.
+                state.store.advance_schedule_cursor(&repo.id, path, None, now).await?;
+                continue;
+            };
+            let Some(tick) = wf.on.schedule.iter().filter_map(|s| s.due_tick(last, now)).max() else { continue };
+            match fire(state, &repo, &idx.sha, path, wf, tick).await {
+                Ok(true) => fired += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(repo = %repo.name, workflow = %path, tick, "scheduled run refused: {e}"),
+            }
+            // Only after the run exists: a crash in between fires the same
+            // tick again, which the idempotency record answers with that run.
+            state.store.advance_schedule_cursor(&repo.id, path, Some(last), tick).await?;
+        }
+    }
+    Ok(fired)
+}
+
+/// Accept the run of `path` for `tick`; whether it was new.
+async fn fire(
+    state: &AppState,
+    repo: &RepoRecord,
+    sha: &str,
+    path: &str,
+    wf: &Workflow,
+    tick: i64,
+) -> Result<bool, String> {
+    let git_ref = format!("refs/heads/{}", repo.forge.default_branch);
+    let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &Default::default())?;
+    let image_digests = state.resolver.resolve_workflow(wf).await.map_err(|e| format!("{e:?}"))?;
+    let accepted = state
+        .store
+        .accept_run(NewRun {
+            repo_id: repo.id.clone(),
+            commit_sha: sha.to_string(),
+            git_ref: Some(git_ref),
+            event: "schedule".into(),
+            trust: Trust::for_submission("schedule", true).as_str().into(),
+            workflow_path: path.to_string(),
+            workflow: wf.clone(),
+            inputs: Default::default(),
+            parent_run_id: None,
+            idempotency: Some(Idempotency {
+                scope: format!("schedule:{}", repo.id),
+                key: format!("{path}@{tick}"),
+                request_digest: "schedule".into(),
+            }),
+            concurrency,
+            image_digests,
+            actor: Some("schedule".into()),
+            report_context: None,
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    state.relay_wake.notify_one();
+    if accepted.created {
+        let detail = format!("schedule tick {tick} of {path}");
+        let _ = crate::services::access::audit(state, "schedule", "run.submit", &accepted.run_id, detail).await;
+    }
+    Ok(accepted.created)
+}
+
+/// Poll the repositories whose interval passed; how many deliveries were made.
+pub(crate) async fn poll_once(state: &AppState) -> Result<usize, StoreError> {
+    let mut made = 0;
+    for repo_id in state.store.repos_to_poll().await? {
+        let repo = state.store.get_repo(&repo_id).await?;
+        let remote = match state.mirrors.ls_remote(&repo.id, &repo.clone_url).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(repo = %repo.name, "poll failed: {e}");
+                continue;
+            }
+        };
+        let recorded: BTreeMap<String, String> = state.store.ref_heads(&repo.id).await?.into_iter().collect();
+        let first = recorded.is_empty();
+        for (git_ref, sha) in remote {
+            if !(git_ref.starts_with("refs/heads/") || git_ref.starts_with("refs/tags/"))
+                || recorded.get(&git_ref) == Some(&sha)
+            {
+                continue;
+            }
+            if !first {
+                let event = ForgeEvent::Push(PushEvent {
+                    git_ref: git_ref.clone(),
+                    before: recorded.get(&git_ref).cloned(),
+                    after: sha.clone(),
+                    actor: "poll".into(),
+                    changed: None,
+                });
+                let trigger_event = serde_json::to_string(&event).expect("event");
+                let (_, created) = state
+                    .store
+                    .record_delivery(&NewDelivery {
+                        repo_id: repo.id.clone(),
+                        forge: "poll".into(),
+                        delivery_key: format!("{git_ref}@{sha}"),
+                        event: "push".into(),
+                        payload_digest: hex::encode(Sha256::digest(trigger_event.as_bytes())),
+                        trust: decide_trust(&repo.forge, &event).as_str().into(),
+                        trigger_event,
+                        status: "pending".into(),
+                        message: Some("found by polling".into()),
+                    })
+                    .await?;
+                made += usize::from(created);
+            }
+            state.store.record_ref_head(&repo.id, &git_ref, &sha).await?;
+        }
+    }
+    if made > 0 {
+        state.planner_wake.notify_one();
+    }
+    Ok(made)
+}
