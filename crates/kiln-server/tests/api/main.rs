@@ -13,6 +13,7 @@ mod logs;
 mod repos;
 mod runs;
 mod secrets;
+mod webhooks;
 mod work;
 
 use axum::http::StatusCode;

@@ -1,0 +1,484 @@
+//! The forge loop through the router (issue 14): signed deliveries in the
+//! forges' documented formats (fixtures in `crates/kiln-forge/tests/fixtures`,
+//! patched to this test's commits), planning into runs, commit statuses
+//! received by a fake forge whose endpoints follow each forge's REST docs,
+//! schedules with an injected clock, and reconciliation by polling.
+
+use super::{get_run, register};
+use axum::http::StatusCode;
+use kiln_api as api;
+use kiln_forge::Forge;
+use kiln_forge::fake::FakeForge;
+use kiln_testkit::{TestApp, TestRepo};
+use serde_json::{Value, json};
+use std::process::Command;
+use std::time::Duration;
+
+const SECRET: &str = "a-webhook-secret-of-some-length";
+const TOKEN: &str = "forge-token-123";
+
+/// Build everything: `ci.yaml` runs on pushes to main and tags v*, and on
+/// pull requests to main; `docs.yaml` only on branch pushes touching docs/
+const CI: &str = "version: 1
+on:
+  push:
+    branches: [main]
+    tags: ['v*']
+  pull_request:
+    branches: [main]
+jobs:
+  - name: build
+    secrets: [DEPLOY_KEY]
+    steps: [echo build]
+";
+const DOCS: &str = "version: 1
+on:
+  push:
+    branches: ['**']
+    paths: ['docs/**']
+jobs:
+  - name: docs
+    steps: [echo docs]
+";
+
+fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("git").args(args).current_dir(dir).output().expect("git");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn fixture(path: &str) -> Value {
+    let p = format!("{}/../kiln-forge/tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("fixture json")
+}
+
+struct Env {
+    app: TestApp,
+    forge: FakeForge,
+    repo: TestRepo,
+    kind: Forge,
+}
+
+/// A repository holding `files`, connected to a fake `kind` forge.
+async fn connected(kind: Forge, files: &[(&str, &str)]) -> Env {
+    let app = TestApp::new().await;
+    let forge = FakeForge::start(TOKEN).await;
+    let repo = TestRepo::new(files).unwrap();
+    let body = json!({
+        "name": "r",
+        "clone_url": repo.path().display().to_string(),
+        "webhook_secret": SECRET,
+        "forge": kind.as_str(),
+        "forge_url": forge.url(),
+        "forge_repo": "acme/widget",
+        "forge_token": TOKEN,
+    });
+    let created: api::Repo =
+        app.admin().post("/v1/repos").json(&body).send().await.assert_status(StatusCode::CREATED).json();
+    assert!(created.webhook_secret_set && created.forge_token_set);
+    let text = app.admin().get("/v1/repos/r").send().await.text();
+    assert!(!text.contains(SECRET) && !text.contains(TOKEN), "secrets are never shown: {text}");
+    app.admin()
+        .put("/v1/repos/r/secrets/DEPLOY_KEY")
+        .json(&json!({ "value": "s3cr3t-deploy-key" }))
+        .send()
+        .await
+        .assert_status(StatusCode::OK);
+    Env { app, forge, repo, kind }
+}
+
+/// A push payload in `kind`'s format for `git_ref` from `before` to `after`.
+fn push_payload(kind: Forge, git_ref: &str, before: &str, after: &str) -> Value {
+    let mut v = match kind {
+        Forge::Github => fixture("github/push_branch.json"),
+        Forge::Gitlab => fixture("gitlab/push_branch.json"),
+        Forge::Gitea => fixture("gitea/push_branch.json"),
+    };
+    v["ref"] = json!(git_ref);
+    v["before"] = json!(before);
+    v["after"] = json!(after);
+    if kind == Forge::Gitlab {
+        v["checkout_sha"] = json!(after);
+        v["total_commits_count"] = json!(0);
+    }
+    if let Some(c) = v.get_mut("commits") {
+        *c = json!([]);
+    }
+    if kind == Forge::Gitea {
+        v["total_commits"] = json!(0);
+    }
+    v
+}
+
+fn push_event(kind: Forge) -> &'static str {
+    match kind {
+        Forge::Github | Forge::Gitea => "push",
+        Forge::Gitlab => "Push Hook",
+    }
+}
+
+/// Send `body` as a delivery of `event` with id `id`, signed with `secret`.
+async fn deliver_with(
+    env: &Env,
+    event: &str,
+    id: &str,
+    body: &[u8],
+    secret: Option<&str>,
+) -> kiln_testkit::TestResponse {
+    let (event_h, id_h) = match env.kind {
+        Forge::Github => ("X-GitHub-Event", "X-GitHub-Delivery"),
+        Forge::Gitlab => ("X-Gitlab-Event", "X-Gitlab-Event-UUID"),
+        Forge::Gitea => ("X-Gitea-Event", "X-Gitea-Delivery"),
+    };
+    let mut req = env
+        .app
+        .anonymous()
+        .post(&format!("/v1/repos/r/webhooks/{}", env.kind.as_str()))
+        .header("content-type", "application/json")
+        .header(event_h, event)
+        .header(id_h, id)
+        .body(body.to_vec());
+    if let Some(secret) = secret {
+        let (name, value) = kiln_forge::sign(env.kind, secret.as_bytes(), body);
+        req = req.header(name, &value);
+    }
+    req.send().await
+}
+
+async fn deliver(env: &Env, event: &str, id: &str, body: &Value) -> kiln_testkit::TestResponse {
+    deliver_with(env, event, id, &serde_json::to_vec(body).unwrap(), Some(SECRET)).await
+}
+
+async fn runs(app: &TestApp) -> Vec<api::RunSummary> {
+    let list: api::RunList = app.admin().get("/v1/repos/r/workflow-runs").send().await.json();
+    list.runs
+}
+
+/// Claim and finish every job that can run, with `outcome`.
+async fn finish_all(app: &TestApp, outcome: &str) -> Vec<api::Assignment> {
+    let agent = register(app, "worker", 8).await;
+    let mut handed = Vec::new();
+    for i in 0..50 {
+        app.run_pending_work().await;
+        let Some(a) = super::claim(app, &agent, &format!("c{i}")).await else { break };
+        super::complete(app, &a, outcome).await.assert_status(StatusCode::OK);
+        handed.push(a);
+    }
+    app.run_pending_work().await;
+    handed
+}
+
+/// The states the forge received for `context`, in order.
+fn states(forge: &FakeForge, context: &str) -> Vec<String> {
+    forge.statuses().into_iter().filter(|s| s.context == context).map(|s| s.state).collect()
+}
+
+/// A signed push to main starts one run per matching workflow at the
+/// payload's `after`, with event, ref, actor and trust recorded; the forge
+/// sees pending then the result, each with a link to the run; a
+/// redelivery answers with the same run and creates nothing.
+async fn push_runs_and_reports(kind: Forge) {
+    let env = connected(kind, &[(".kiln/ci.yaml", CI), (".kiln/docs.yaml", DOCS), ("src/a.rs", "1")]).await;
+    let before = env.repo.head().unwrap();
+    let after = env.repo.commit(&[("src/a.rs", "2")], "change src").unwrap();
+    let payload = push_payload(kind, "refs/heads/main", &before, &after);
+    let res = deliver(&env, push_event(kind), "d-1", &payload).await.assert_status(StatusCode::ACCEPTED);
+    let ack: api::WebhookAck = res.json();
+    assert_eq!(ack.status, "pending");
+    assert!(!ack.duplicate);
+    env.app.run_pending_work().await;
+
+    let list = runs(&env.app).await;
+    assert_eq!(list.len(), 1, "only ci.yaml matches (docs.yaml wants docs/**): {list:?}");
+    let run = get_run(&env.app, &list[0].id).await;
+    assert_eq!(run.commit_sha, after);
+    assert_eq!(run.event, "push");
+    assert_eq!(run.git_ref.as_deref(), Some("refs/heads/main"));
+    assert_eq!(run.trust, "trusted");
+    assert_eq!(run.workflow_path, ".kiln/ci.yaml");
+    assert!(run.actor.is_some());
+
+    // Redelivery: the same run, nothing new.
+    let again: api::WebhookAck =
+        deliver(&env, push_event(kind), "d-1", &payload).await.assert_status(StatusCode::OK).json();
+    assert!(again.duplicate);
+    assert_eq!(again.runs, vec![run.id.clone()]);
+    env.app.run_pending_work().await;
+    assert_eq!(runs(&env.app).await.len(), 1);
+
+    let handed = finish_all(&env.app, "success").await;
+    assert_eq!(handed.len(), 1);
+    assert_eq!(handed[0].secrets.get("DEPLOY_KEY").map(String::as_str), Some("s3cr3t-deploy-key"));
+    let got = states(&env.forge, "kiln/ci (push)");
+    let (pending, success) = match kind {
+        Forge::Gitlab => ("pending", "success"),
+        _ => ("pending", "success"),
+    };
+    assert_eq!(got.first().map(String::as_str), Some(pending), "{got:?}");
+    assert_eq!(got.last().map(String::as_str), Some(success), "{got:?}");
+    let all = env.forge.statuses();
+    assert!(all.iter().all(|s| s.sha == after && s.repo == "acme/widget"), "{all:?}");
+    let link = format!("http://kiln.test/#/runs/{}", run.id);
+    assert!(all.iter().all(|s| s.target_url.as_deref() == Some(link.as_str())), "{all:?}");
+    let d: Value = env.app.admin().get("/v1/repos/r/deliveries").send().await.json();
+    assert_eq!(d["deliveries"].as_array().unwrap().len(), 1, "{d}");
+    assert_eq!(d["deliveries"][0]["status"], "planned");
+}
+
+#[tokio::test]
+async fn github_push_starts_matching_runs_and_reports_statuses() {
+    push_runs_and_reports(Forge::Github).await;
+}
+
+#[tokio::test]
+async fn gitlab_push_starts_matching_runs_and_reports_statuses() {
+    push_runs_and_reports(Forge::Gitlab).await;
+}
+
+#[tokio::test]
+async fn gitea_push_starts_matching_runs_and_reports_statuses() {
+    push_runs_and_reports(Forge::Gitea).await;
+}
+
+/// A failed run ends as the forge's own word for failure.
+#[tokio::test]
+async fn a_failed_run_reports_failure_in_each_forges_words() {
+    for (kind, word) in [(Forge::Github, "failure"), (Forge::Gitlab, "failed"), (Forge::Gitea, "failure")] {
+        let env = connected(kind, &[(".kiln/ci.yaml", CI)]).await;
+        let sha = env.repo.head().unwrap();
+        let payload = push_payload(kind, "refs/heads/main", &"0".repeat(40), &sha);
+        deliver(&env, push_event(kind), "f-1", &payload).await.assert_status(StatusCode::ACCEPTED);
+        finish_all(&env.app, "failed").await;
+        let got = states(&env.forge, "kiln/ci (push)");
+        assert_eq!(got.last().map(String::as_str), Some(word), "{kind}: {got:?}");
+    }
+}
+
+/// Tampered body, wrong secret, missing signature: 401 and nothing stored.
+#[tokio::test]
+async fn forged_deliveries_are_refused_and_leave_nothing() {
+    for kind in [Forge::Github, Forge::Gitlab, Forge::Gitea] {
+        let env = connected(kind, &[(".kiln/ci.yaml", CI)]).await;
+        let sha = env.repo.head().unwrap();
+        let body = serde_json::to_vec(&push_payload(kind, "refs/heads/main", &"0".repeat(40), &sha)).unwrap();
+        let ev = push_event(kind);
+        deliver_with(&env, ev, "x1", &body, Some("not-the-secret-at-all"))
+            .await
+            .assert_status(StatusCode::UNAUTHORIZED);
+        deliver_with(&env, ev, "x2", &body, None).await.assert_status(StatusCode::UNAUTHORIZED);
+        // Signed, then one byte changed.
+        let (name, value) = kiln_forge::sign(kind, SECRET.as_bytes(), &body);
+        let mut tampered = body.clone();
+        let at = tampered.iter().position(|b| *b == b'm').unwrap();
+        tampered[at] = b'n';
+        let (event_h, id_h) = match kind {
+            Forge::Github => ("X-GitHub-Event", "X-GitHub-Delivery"),
+            Forge::Gitlab => ("X-Gitlab-Event", "X-Gitlab-Event-UUID"),
+            Forge::Gitea => ("X-Gitea-Event", "X-Gitea-Delivery"),
+        };
+        if kind != Forge::Gitlab {
+            // (GitLab's token does not cover the body.)
+            env.app
+                .anonymous()
+                .post(&format!("/v1/repos/r/webhooks/{}", kind.as_str()))
+                .header(event_h, ev)
+                .header(id_h, "x3")
+                .header(name, &value)
+                .body(tampered)
+                .send()
+                .await
+                .assert_status(StatusCode::UNAUTHORIZED);
+        }
+        // A bearer token is no substitute for the forge's signature.
+        env.app
+            .admin()
+            .post(&format!("/v1/repos/r/webhooks/{}", kind.as_str()))
+            .header(event_h, ev)
+            .header(id_h, "x4")
+            .body(body.clone())
+            .send()
+            .await
+            .assert_status(StatusCode::UNAUTHORIZED);
+        env.app.run_pending_work().await;
+        let d: Value = env.app.admin().get("/v1/repos/r/deliveries").send().await.json();
+        assert_eq!(d["deliveries"].as_array().unwrap().len(), 0, "{kind}: {d}");
+        assert!(runs(&env.app).await.is_empty());
+        assert!(env.forge.statuses().is_empty());
+        let metrics = env.app.anonymous().get("/metrics").send().await.text();
+        assert!(metrics.contains("kiln_webhook_deliveries_total{outcome=\"bad_signature\"} "), "{metrics}");
+        assert!(!metrics.contains("kiln_webhook_deliveries_total{outcome=\"bad_signature\"} 0\n"), "{metrics}");
+    }
+}
+
+/// Unknown repository 404; unknown forge 404; malformed JSON 400 (signed);
+/// unsupported event 202 "ignored" and recorded; ping answered; oversized
+/// body 413; a repository without a webhook secret refuses every delivery.
+#[tokio::test]
+async fn bad_input_gets_a_clear_answer() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
+    let post = |path: &str| env.app.anonymous().post(path);
+    post("/v1/repos/nope/webhooks/github").body("{}").send().await.assert_status(StatusCode::NOT_FOUND);
+    post("/v1/repos/r/webhooks/bitbucket").body("{}").send().await.assert_status(StatusCode::NOT_FOUND);
+    let res = deliver_with(&env, "push", "m1", b"{not json", Some(SECRET)).await;
+    res.assert_status(StatusCode::BAD_REQUEST);
+    let ignored: api::WebhookAck =
+        deliver(&env, "issues", "i1", &json!({"action": "opened"})).await.assert_status(StatusCode::ACCEPTED).json();
+    assert_eq!(ignored.status, "ignored");
+    let ping: api::WebhookAck =
+        deliver(&env, "ping", "p1", &fixture("github/ping.json")).await.assert_status(StatusCode::ACCEPTED).json();
+    assert_eq!(ping.status, "ignored");
+    let big = vec![b' '; kiln_forge::MAX_BODY_BYTES + 1];
+    post("/v1/repos/r/webhooks/github").body(big).send().await.assert_status(StatusCode::PAYLOAD_TOO_LARGE);
+    let d: Value = env.app.admin().get("/v1/repos/r/deliveries").send().await.json();
+    let statuses: Vec<&str> =
+        d["deliveries"].as_array().unwrap().iter().map(|x| x["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, vec!["ignored", "ignored"], "{d}");
+    assert!(runs(&env.app).await.is_empty());
+
+    // No secret: nothing can be verified, so nothing is accepted.
+    let plain = TestRepo::new(&[(".kiln/ci.yaml", CI)]).unwrap();
+    env.app.add_repo("plain", &plain).await;
+    let body =
+        serde_json::to_vec(&push_payload(Forge::Github, "refs/heads/main", &"0".repeat(40), &plain.head().unwrap()))
+            .unwrap();
+    let (name, value) = kiln_forge::sign(Forge::Github, b"", &body);
+    let res = post("/v1/repos/plain/webhooks/github")
+        .header("X-GitHub-Event", "push")
+        .header("X-GitHub-Delivery", "n1")
+        .header(name, &value)
+        .body(body)
+        .send()
+        .await;
+    let res = res.assert_status(StatusCode::UNAUTHORIZED);
+    assert!(res.text().contains("no webhook secret"), "{}", res.text());
+}
+
+/// A pull request from a fork runs untrusted: no secrets in its assignment,
+/// shown as untrusted; one from the repository by a collaborator is trusted.
+#[tokio::test]
+async fn a_fork_pull_request_runs_untrusted_without_secrets() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
+    let base = env.repo.head().unwrap();
+    let dir = env.repo.path();
+    git(dir, &["checkout", "-q", "-b", "contrib"]);
+    let head = env.repo.commit(&[("src/evil.sh", "cat /etc/passwd")], "from a fork").unwrap();
+    git(dir, &["update-ref", "refs/pull/2/head", &head]);
+    git(dir, &["checkout", "-q", "main"]);
+    git(dir, &["branch", "-q", "-D", "contrib"]);
+    let mut pr = fixture("github/pull_request_opened_fork.json");
+    pr["number"] = json!(2);
+    pr["pull_request"]["number"] = json!(2);
+    pr["pull_request"]["head"]["sha"] = json!(head);
+    pr["pull_request"]["base"]["sha"] = json!(base);
+    pr["pull_request"]["base"]["ref"] = json!("main");
+    deliver(&env, "pull_request", "pr-1", &pr).await.assert_status(StatusCode::ACCEPTED);
+    env.app.run_pending_work().await;
+    let list = runs(&env.app).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    let run = get_run(&env.app, &list[0].id).await;
+    assert_eq!(
+        (run.trust.as_str(), run.event.as_str(), run.commit_sha.as_str()),
+        ("untrusted", "pull_request", head.as_str())
+    );
+    assert_eq!(run.git_ref.as_deref(), Some("refs/pull/2/head"));
+    let handed = finish_all(&env.app, "success").await;
+    assert_eq!(handed.len(), 1);
+    assert!(handed[0].secrets.is_empty(), "an untrusted run got secrets: {:?}", handed[0].secrets.keys());
+    assert!(!serde_json::to_string(&handed[0]).unwrap().contains("s3cr3t-deploy-key"));
+    assert_eq!(states(&env.forge, "kiln/ci (pull_request)").last().map(String::as_str), Some("success"));
+
+    // The same pull request from a branch of the repository, by a collaborator.
+    let mut same = pr.clone();
+    same["pull_request"]["head"]["repo"] = pr["pull_request"]["base"]["repo"].clone();
+    same["pull_request"]["author_association"] = json!("COLLABORATOR");
+    deliver(&env, "pull_request", "pr-2", &same).await.assert_status(StatusCode::ACCEPTED);
+    env.app.run_pending_work().await;
+    let list = runs(&env.app).await;
+    assert_eq!(list.len(), 2);
+    assert_eq!(list.iter().filter(|r| r.trust == "trusted").count(), 1, "{list:?}");
+}
+
+/// Branch, tag and path filters include and exclude: a feature branch and
+/// a tag that does not match start nothing; a matching tag runs ci; a push
+/// touching docs/ runs docs (and ci, on main).
+#[tokio::test]
+async fn branch_tag_and_path_filters_choose_the_workflows() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI), (".kiln/docs.yaml", DOCS), ("src/a", "1")]).await;
+    let dir = env.repo.path();
+    let zero = "0".repeat(40);
+    let base = env.repo.head().unwrap();
+    let src = env.repo.commit(&[("src/a", "2")], "src").unwrap();
+    deliver(&env, "push", "b1", &push_payload(Forge::Github, "refs/heads/feature", &base, &src)).await;
+    deliver(&env, "push", "b2", &push_payload(Forge::Github, "refs/tags/release-1", &zero, &src)).await;
+    env.app.run_pending_work().await;
+    let none = runs(&env.app).await;
+    assert!(none.is_empty(), "feature (src only) and tag release-1 match nothing: {none:?}");
+
+    git(dir, &["tag", "v1.0", &src]);
+    deliver(&env, "push", "b3", &push_payload(Forge::Github, "refs/tags/v1.0", &zero, &src)).await;
+    env.app.run_pending_work().await;
+    let tagged = runs(&env.app).await;
+    assert_eq!(tagged.len(), 1, "{tagged:?}");
+    let tag_run = get_run(&env.app, &tagged[0].id).await;
+    assert_eq!((tag_run.workflow_path.as_str(), tag_run.git_ref.as_deref()), (".kiln/ci.yaml", Some("refs/tags/v1.0")));
+
+    let docs = env.repo.commit(&[("docs/guide.md", "hi")], "docs").unwrap();
+    deliver(&env, "push", "b4", &push_payload(Forge::Github, "refs/heads/feature", &src, &docs)).await;
+    env.app.run_pending_work().await;
+    let after_docs = runs(&env.app).await;
+    assert_eq!(after_docs.len(), 2, "{after_docs:?}");
+    let newest = get_run(&env.app, &after_docs[0].id).await;
+    assert_eq!(newest.workflow_path, ".kiln/docs.yaml");
+    assert_eq!(newest.trust, "untrusted", "a push to an unprotected branch is untrusted");
+
+    // Deleting a branch starts nothing.
+    let mut del = push_payload(Forge::Github, "refs/heads/feature", &docs, &zero);
+    del["deleted"] = json!(true);
+    let ack: api::WebhookAck = deliver(&env, "push", "b5", &del).await.json();
+    assert_eq!(ack.status, "ignored");
+    env.app.run_pending_work().await;
+    assert_eq!(runs(&env.app).await.len(), 2);
+}
+
+/// A workflow that fails validation at the pushed SHA: a failed status
+/// naming the file and line, and no run; valid workflows still run.
+#[tokio::test]
+async fn an_invalid_workflow_fails_the_commit_status_with_its_line() {
+    let bad = "version: 1\non:\n  push: {}\njobs:\n  - name: x\n    stepz: [a]\n";
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI), (".kiln/bad.yaml", bad)]).await;
+    let sha = env.repo.head().unwrap();
+    deliver(&env, "push", "v1", &push_payload(Forge::Github, "refs/heads/main", &"0".repeat(40), &sha)).await;
+    env.app.run_pending_work().await;
+    let list = runs(&env.app).await;
+    assert_eq!(list.len(), 1);
+    let bad_status: Vec<_> = env.forge.statuses().into_iter().filter(|s| s.context == "kiln/bad (push)").collect();
+    assert_eq!(bad_status.len(), 1, "{bad_status:?}");
+    assert_eq!(bad_status[0].state, "failure");
+    let d = bad_status[0].description.clone().unwrap_or_default();
+    assert!(d.starts_with(".kiln/bad.yaml:5:"), "names file and line: {d}");
+}
+
+/// A forge that is down delays statuses, never runs; they arrive once it
+/// answers again, and never out of order.
+#[tokio::test]
+async fn a_forge_that_is_down_delays_statuses_not_runs() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
+    let sha = env.repo.head().unwrap();
+    env.forge.set_failing(1000);
+    deliver(&env, "push", "down-1", &push_payload(Forge::Github, "refs/heads/main", &"0".repeat(40), &sha)).await;
+    let handed = finish_all(&env.app, "success").await;
+    assert_eq!(handed.len(), 1, "the run ran while the forge was down");
+    assert!(env.forge.statuses().is_empty());
+    env.forge.set_failing(0);
+    // The retry waits for its backoff (database time).
+    let mut got = Vec::new();
+    for _ in 0..300 {
+        env.app.run_pending_work().await;
+        got = states(&env.forge, "kiln/ci (push)");
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got, vec!["success".to_string()], "only the current state is sent, nothing stale after it");
+}
