@@ -55,6 +55,11 @@ impl ManualClock {
     pub fn advance(&self, by: Duration) {
         self.offset_ms.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
     }
+
+    /// Jump to `ms` since the epoch (e.g. another replica's clock).
+    pub fn set_ms(&self, ms: i64) {
+        self.offset_ms.store(ms - self.start_ms, Ordering::SeqCst);
+    }
 }
 
 impl Default for ManualClock {

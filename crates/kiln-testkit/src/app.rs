@@ -30,7 +30,7 @@ pub struct TestApp {
     clock: Arc<ManualClock>,
     admin_token: String,
     agent_token: String,
-    dir: tempfile::TempDir,
+    dir: Arc<tempfile::TempDir>,
 }
 
 impl TestApp {
@@ -42,7 +42,20 @@ impl TestApp {
     /// A server whose configuration `tune` adjusts (data dir and listen
     /// address are the test's).
     pub async fn with_config(tune: impl FnOnce(&mut ServerConfig)) -> TestApp {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        Self::open(dir, tune).await
+    }
+
+    /// Another server on this one's database, objects and data directory
+    /// (a replica, or this server restarted), with its own clock set to
+    /// this one's time.
+    pub async fn replica(&self) -> TestApp {
+        let other = Self::open(self.dir.clone(), |_| {}).await;
+        other.clock.set_ms(kiln_server::Clock::now_ms(&*self.clock));
+        other
+    }
+
+    async fn open(dir: Arc<tempfile::TempDir>, tune: impl FnOnce(&mut ServerConfig)) -> TestApp {
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).expect("data dir");
         let mut config = ServerConfig::new(data.clone(), "kiln.test:80".into());

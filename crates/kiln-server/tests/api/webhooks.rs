@@ -482,3 +482,159 @@ async fn a_forge_that_is_down_delays_statuses_not_runs() {
     }
     assert_eq!(got, vec!["success".to_string()], "only the current state is sent, nothing stale after it");
 }
+
+const NIGHTLY: &str = "version: 1
+on:
+  schedule:
+    - cron: '* * * * *'
+jobs:
+  - name: nightly
+    steps: [echo nightly]
+";
+
+async fn schedule_runs(app: &TestApp) -> Vec<api::RunSummary> {
+    runs(app).await.into_iter().filter(|r| r.event == "schedule").collect()
+}
+
+fn advance_all(apps: &[&TestApp], by: Duration) {
+    for a in apps {
+        a.advance(by);
+    }
+}
+
+/// Two replicas on one database and a restart in between: a `* * * * *`
+/// workflow gets exactly one run per minute (the lease keeps the loop on
+/// one replica; the idempotency record (workflow, tick) keeps even two
+/// overlapping leaders from starting a tick twice), and ticks missed while
+/// down run once on recovery.
+#[tokio::test]
+async fn schedules_fire_once_per_tick_across_replicas_and_restarts() {
+    let a = TestApp::new().await;
+    let repo = TestRepo::new(&[(".kiln/nightly.yaml", NIGHTLY)]).unwrap();
+    a.add_repo("r", &repo).await;
+    let now = kiln_server::Clock::now_ms(a.clock());
+    a.clock().set_ms(now - now % 60_000 + 10_000);
+    let b = a.replica().await;
+    const TTL: i64 = 300;
+
+    assert_eq!(a.app().triggers_round(TTL).await.unwrap(), Some((0, 0)), "first sight starts the cursor: no backfill");
+    assert_eq!(b.app().triggers_round(TTL).await.unwrap(), None, "b waits while a holds the lease");
+
+    // Minute 1 on a.
+    advance_all(&[&a, &b], Duration::from_secs(60));
+    assert_eq!(a.app().triggers_round(TTL).await.unwrap(), Some((1, 0)));
+    assert_eq!(a.app().triggers_round(TTL).await.unwrap(), Some((0, 0)), "a tick fires once");
+    assert_eq!(b.app().triggers_round(TTL).await.unwrap(), None);
+
+    // a dies (no release); after its lease expires, a restarted c takes over.
+    drop(a);
+    let c = b.replica().await;
+    tokio::time::sleep(Duration::from_millis(TTL as u64 + 200)).await;
+    advance_all(&[&b, &c], Duration::from_secs(60));
+    assert_eq!(c.app().triggers_round(TTL).await.unwrap(), Some((1, 0)), "minute 2 on the restarted replica");
+    assert_eq!(b.app().triggers_round(TTL).await.unwrap(), None);
+
+    // Minute 3: two leaders overlapping (a lease expired mid-round) still
+    // start the tick once.
+    advance_all(&[&b, &c], Duration::from_secs(60));
+    let fired = b.app().schedule_once().await.unwrap() + c.app().schedule_once().await.unwrap();
+    assert_eq!(fired, 1);
+    let list = schedule_runs(&b).await;
+    assert_eq!(list.len(), 3, "one run per minute: {list:?}");
+    assert!(list.iter().all(|r| r.trust == "trusted" && r.actor.as_deref() == Some("schedule")));
+    assert!(list.iter().all(|r| r.git_ref.as_deref() == Some("refs/heads/main")));
+
+    // Down for five minutes: one run on recovery (the latest missed tick).
+    advance_all(&[&b, &c], Duration::from_secs(300));
+    assert_eq!(c.app().schedule_once().await.unwrap(), 1);
+    assert_eq!(c.app().schedule_once().await.unwrap(), 0);
+    assert_eq!(schedule_runs(&b).await.len(), 4);
+}
+
+/// Reconciliation: a push whose webhook never came gets its run within one
+/// poll interval; the webhook arriving late finds the same run.
+#[tokio::test]
+async fn polling_starts_the_run_of_a_missed_webhook() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
+    env.app
+        .admin()
+        .request(axum::http::Method::PATCH, "/v1/repos/r")
+        .json(&json!({ "poll_interval_secs": 1 }))
+        .send()
+        .await
+        .assert_status(StatusCode::OK);
+    assert_eq!(env.app.app().poll_once().await.unwrap(), 0, "the first poll only records the heads");
+    assert!(runs(&env.app).await.is_empty());
+    let before = env.repo.head().unwrap();
+    let pushed = env.repo.commit(&[("src/x", "1")], "pushed, webhook lost").unwrap();
+    let mut made = 0;
+    for _ in 0..50 {
+        made = env.app.app().poll_once().await.unwrap();
+        if made > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(made, 1, "the moved head became a delivery within the interval");
+    env.app.run_pending_work().await;
+    let list = runs(&env.app).await;
+    assert_eq!(list.len(), 1);
+    assert_eq!((list[0].commit_sha.as_str(), list[0].actor.as_deref()), (pushed.as_str(), Some("poll")));
+    // The webhook, late: the same run.
+    let ack: api::WebhookAck =
+        deliver(&env, "push", "late", &push_payload(Forge::Github, "refs/heads/main", &before, &pushed)).await.json();
+    assert_eq!(ack.status, "pending");
+    env.app.run_pending_work().await;
+    assert_eq!(runs(&env.app).await.len(), 1, "one run per push, however it was found");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(env.app.app().poll_once().await.unwrap(), 0, "nothing moved since");
+}
+
+/// A workflow that declares `on:` without `manual` is not started by hand.
+#[tokio::test]
+async fn a_workflow_without_on_manual_is_not_started_by_hand() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
+    let res = env
+        .app
+        .admin()
+        .post("/v1/repos/r/workflow-runs")
+        .json(&api::SubmitRun {
+            commit_sha: "HEAD".into(),
+            workflow_path: Some(".kiln/ci.yaml".into()),
+            ..Default::default()
+        })
+        .send()
+        .await;
+    let res = res.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(res.text().contains("manual"), "{}", res.text());
+    assert!(runs(&env.app).await.is_empty());
+}
+
+/// Settings: hook-info tells what to paste; bad settings are refused and
+/// change nothing; tokens of other scopes cannot change them.
+#[tokio::test]
+async fn repository_forge_settings_are_validated() {
+    let env = connected(Forge::Gitlab, &[(".kiln/ci.yaml", CI)]).await;
+    let info: api::HookInfo = env.app.admin().get("/v1/repos/r/hook-info").send().await.json();
+    assert_eq!(info.url, "http://kiln.test/v1/repos/r/webhooks/gitlab");
+    assert!(info.secret_configured && info.statuses_configured);
+    let patch = |body: Value| env.app.admin().request(axum::http::Method::PATCH, "/v1/repos/r").json(&body).send();
+    for bad in [
+        json!({ "forge": "bitbucket" }),
+        json!({ "forge_url": "http://forge.example.com" }),
+        json!({ "forge_url": "ftp://x" }),
+        json!({ "forge_repo": "../../etc" }),
+        json!({ "pull_request_trust": "everyone" }),
+        json!({ "webhook_secret": "short" }),
+        json!({ "default_branch": "refs/heads/main" }),
+        json!({ "clone_url": "/elsewhere" }),
+    ] {
+        patch(bad.clone()).await.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    let repo: api::Repo = env.app.admin().get("/v1/repos/r").send().await.json();
+    assert_eq!(repo.forge.as_deref(), Some("gitlab"));
+    assert_eq!(repo.pull_request_trust.as_deref(), Some("write-access"));
+    let ok: api::Repo = patch(json!({ "protected_refs": ["release/*"], "forge_token": "" })).await.json();
+    assert_eq!(ok.protected_refs, vec!["release/*".to_string()]);
+    assert!(!ok.forge_token_set);
+}
