@@ -1,0 +1,185 @@
+//! The forge loop with real processes (issue 14): `kiln server` and a
+//! `kiln agent`, a repository connected with the CLI (secrets from a file
+//! and stdin), signed webhook deliveries over HTTP, commit statuses received
+//! by a fake forge; and a server SIGKILLed between accepting a delivery and
+//! planning it, which plans it exactly once after the restart.
+
+use kiln_forge::Forge;
+use kiln_forge::fake::FakeForge;
+use kiln_testkit::{KilnServer, TestRepo};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+const SECRET: &str = "e2e-webhook-secret-0123456789";
+const TOKEN: &str = "e2e-forge-token";
+const CI: &str = "version: 1
+on:
+  push:
+    branches: [main]
+jobs:
+  - name: build
+    steps: [echo built $KILN_COMMIT]
+";
+
+fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("git").args(args).current_dir(dir).output().expect("git");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn push_body(before: &str, after: &str) -> Vec<u8> {
+    let p = format!("{}/../kiln-forge/tests/fixtures/github/push_branch.json", env!("CARGO_MANIFEST_DIR"));
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["ref"] = json!("refs/heads/main");
+    v["before"] = json!(before);
+    v["after"] = json!(after);
+    v["commits"] = json!([]);
+    serde_json::to_vec(&v).unwrap()
+}
+
+async fn deliver(server: &KilnServer, id: &str, body: &[u8]) -> (u16, Value) {
+    let (name, value) = kiln_forge::sign(Forge::Github, SECRET.as_bytes(), body);
+    let res = reqwest::Client::new()
+        .post(format!("{}/v1/repos/r/webhooks/github", server.url))
+        .header("X-GitHub-Event", "push")
+        .header("X-GitHub-Delivery", id)
+        .header(name, value)
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+/// `kiln repo add` with the forge flags: the webhook secret from stdin,
+/// the forge token from a file.
+fn connect(server: &KilnServer, repo: &TestRepo, forge: &FakeForge) {
+    let token_file = server.data.path().join("forge.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let mut child = server
+        .cli()
+        .args(["repo", "add", "r", "--url"])
+        .arg(repo.path())
+        .args(["--forge", "github", "--forge-url", &forge.url(), "--forge-repo", "acme/widget"])
+        .arg("--forge-token-file")
+        .arg(&token_file)
+        .args(["--webhook-secret-file", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(format!("{SECRET}\n").as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "repo add: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+async fn runs(server: &KilnServer) -> Vec<Value> {
+    let res = reqwest::Client::new()
+        .get(format!("{}/v1/repos/r/workflow-runs", server.url))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = res.json().await.unwrap();
+    v["runs"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signed_push_runs_on_an_agent_and_the_commit_shows_success() {
+    let forge = FakeForge::start(TOKEN).await;
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/ci.yaml", CI)]).unwrap();
+
+    // A secret on the command line is refused, and nothing is registered.
+    let out = server
+        .cli()
+        .args(["repo", "add", "r", "--url"])
+        .arg(repo.path())
+        .args(["--webhook-secret", SECRET])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--webhook-secret-file"));
+
+    connect(&server, &repo, &forge);
+    let info = server.cli().args(["repo", "hook-info", "r"]).output().unwrap();
+    let info = String::from_utf8_lossy(&info.stdout).to_string();
+    assert!(info.contains(&format!("{}/v1/repos/r/webhooks/github", server.url)), "{info}");
+    assert!(!info.contains(SECRET), "{info}");
+
+    let sha = repo.head().unwrap();
+    let (status, ack) = deliver(&server, "e2e-1", &push_body(&"0".repeat(40), &sha)).await;
+    assert_eq!(status, 202, "{ack}");
+    let mut success = false;
+    for _ in 0..300 {
+        let s = forge.statuses();
+        if s.iter().any(|x| x.state == "success") {
+            success = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = forge.statuses();
+    assert!(success, "statuses: {got:?}\n{}", server.log());
+    assert!(got.iter().all(|s| s.sha == sha && s.context == "kiln/ci (push)"), "{got:?}");
+    assert_eq!(got.last().unwrap().state, "success");
+    let list = runs(&server).await;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["status"], "success");
+    assert_eq!(list[0]["trust"], "trusted");
+}
+
+/// Acceptance, then SIGKILL before planning could finish (the pushed
+/// commit had not reached the repository yet, so planning was deferred),
+/// then a restart: the delivery is planned exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_accepted_before_a_crash_is_planned_once_after_restart() {
+    let forge = FakeForge::start(TOKEN).await;
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/ci.yaml", CI)]).unwrap();
+    connect(&server, &repo, &forge);
+    // The pushed commit exists elsewhere first.
+    let elsewhere = tempfile::tempdir().unwrap();
+    git(elsewhere.path(), &["clone", "-q", &repo.path().display().to_string(), "w"]);
+    let w = elsewhere.path().join("w");
+    std::fs::write(w.join("new.txt"), "x").unwrap();
+    git(&w, &["add", "."]);
+    git(&w, &["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "pushed"]);
+    let pushed = git(&w, &["rev-parse", "HEAD"]);
+    let before = repo.head().unwrap();
+    let body = push_body(&before, &pushed);
+
+    let (status, ack) = deliver(&server, "crash-1", &body).await;
+    assert_eq!(status, 202, "{ack}");
+    // The planner tries, cannot find the commit, and defers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(runs(&server).await.is_empty());
+    let server = server.kill_and_restart(&[]).unwrap();
+    // Now the commit arrives.
+    git(repo.path(), &["fetch", "-q", &w.display().to_string(), "main:refs/heads/incoming"]);
+    git(repo.path(), &["merge", "-q", "--ff-only", "incoming"]);
+    let mut list = Vec::new();
+    for _ in 0..300 {
+        list = runs(&server).await;
+        if !list.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(list.len(), 1, "{list:?}\n{}", server.log());
+    assert_eq!(list[0]["commit_sha"], pushed.as_str());
+    // A redelivery (and more planner rounds) start nothing more.
+    let (status, again) = deliver(&server, "crash-1", &body).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["duplicate"], true);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let list = runs(&server).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(again["runs"], json!([list[0]["id"]]));
+}
