@@ -226,6 +226,9 @@ pub struct Run {
     pub finished_at_ms: Option<i64>,
     #[serde(default)]
     pub message: Option<String>,
+    /// The commit on the forge's web UI, when the repository is connected to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_url: Option<String>,
     pub jobs: Vec<Job>,
 }
 

@@ -26,6 +26,7 @@ fn run() -> Run {
         git_ref: Some("refs/heads/main".into()),
         trust: "trusted".into(),
         actor: Some("dev".into()),
+        commit_url: None,
         workflow_path: DEFAULT_WORKFLOW_PATH.into(),
         workflow_hash: "sha256:0c5e".into(),
         inputs: BTreeMap::from([("target".to_string(), "release".to_string())]),

@@ -22,6 +22,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
         created_at_ms: r.created_at,
         finished_at_ms: r.finished_at,
         message: r.message.clone(),
+        commit_url: None,
         jobs: v
             .jobs
             .iter()

@@ -157,6 +157,10 @@ jobs:
     c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
     let node = wait().for_element(Locator::XPath("//*[name()='text' and contains(., 'test ×2')]")).await.unwrap();
     shot("run-collapsed", &c.screenshot().await.unwrap());
+    // Who started it and with what trust (issue 14).
+    assert!(wait_text(&c, "dl.meta", "Started by").await);
+    let meta = c.find(Locator::Css("dl.meta")).await.unwrap().text().await.unwrap();
+    assert!(meta.contains("trusted") && meta.contains("manual"), "{meta}");
     node.click().await.unwrap();
     wait().for_element(Locator::XPath("//*[name()='text' and contains(., 'test (shard=1)')]")).await.unwrap();
     shot("run-expanded", &c.screenshot().await.unwrap());
