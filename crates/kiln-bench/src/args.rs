@@ -10,8 +10,9 @@ pub struct BenchArgs {
     /// ingested, durable before acknowledgement, vs a file write + fsync), or all;
     /// control-plane: simulated agents over HTTP drive claim → heartbeat →
     /// complete at spec 000 §3's peak rates against the real server and store;
-    /// containers (a one-step job in a container vs on the host; needs --engine and --image, not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers"])]
+    /// containers (a one-step job in a container vs on the host; needs --engine and --image, not in all);
+    /// webhooks (1,000 signed deliveries in 10 s with repeats and forgeries, ack latency and webhook-to-start vs the API).
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]

@@ -15,6 +15,7 @@ mod dispatch;
 mod failover;
 mod logs;
 mod util;
+mod webhooks;
 
 pub use args::BenchArgs;
 use kiln_api::exit;
@@ -48,6 +49,9 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
             })
             .await?,
         );
+    }
+    if matches!(a.suite.as_str(), "webhooks" | "all") {
+        code = code.max(webhooks::run(&a).await?);
     }
     // Not part of `all`: it needs a container engine and a registry.
     if a.suite == "containers" {

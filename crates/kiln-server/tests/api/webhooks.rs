@@ -638,3 +638,37 @@ async fn repository_forge_settings_are_validated() {
     assert_eq!(ok.protected_refs, vec!["release/*".to_string()]);
     assert!(!ok.forge_token_set);
 }
+
+/// Who may touch the forge settings: admin only; read tokens see settings
+/// (never secrets) and deliveries; trigger tokens see neither.
+#[tokio::test]
+async fn only_admin_tokens_change_forge_settings() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
+    let make = |scope: &str| {
+        let body = api::CreateToken {
+            name: format!("{scope}-t"),
+            scope: scope.into(),
+            repo: (scope == "trigger").then(|| "r".to_string()),
+            trusted: None,
+        };
+        env.app.admin().post("/v1/tokens").json(&body).send()
+    };
+    let read: api::CreatedToken = make("read").await.assert_status(StatusCode::CREATED).json();
+    let trigger: api::CreatedToken = make("trigger").await.assert_status(StatusCode::CREATED).json();
+    for t in [&read.token, &trigger.token] {
+        env.app
+            .with_token(t)
+            .request(axum::http::Method::PATCH, "/v1/repos/r")
+            .json(&json!({ "pull_request_trust": "same-repo" }))
+            .send()
+            .await
+            .assert_status(StatusCode::FORBIDDEN);
+    }
+    let seen = env.app.with_token(&read.token).get("/v1/repos/r").send().await.assert_status(StatusCode::OK).text();
+    assert!(!seen.contains(SECRET) && !seen.contains(TOKEN));
+    env.app.with_token(&read.token).get("/v1/repos/r/deliveries").send().await.assert_status(StatusCode::OK);
+    env.app.with_token(&trigger.token).get("/v1/repos/r/deliveries").send().await.assert_status(StatusCode::FORBIDDEN);
+    env.app.with_token(&trigger.token).get("/v1/repos/r/hook-info").send().await.assert_status(StatusCode::FORBIDDEN);
+    let repo: api::Repo = env.app.admin().get("/v1/repos/r").send().await.json();
+    assert_eq!(repo.pull_request_trust.as_deref(), Some("write-access"), "nothing changed");
+}
