@@ -349,6 +349,10 @@ impl ForgeStore for SqlStore {
         forge::reports_of_commit(self, repo_id, commit_sha).await
     }
 
+    async fn report_context_of_run(&self, run_id: &str) -> Result<Option<String>> {
+        forge::report_context_of_run(self, run_id).await
+    }
+
     async fn record_ref_head(&self, repo_id: &str, git_ref: &str, sha: &str) -> Result<()> {
         forge::record_ref_head(self, repo_id, git_ref, sha).await
     }

@@ -141,6 +141,8 @@ pub trait ForgeStore: Send + Sync {
         repo_id: &str,
         commit_sha: &str,
     ) -> Result<Vec<(String, Option<String>, Option<String>, bool)>>;
+    /// The status context a run reports under, if it reports to a forge.
+    async fn report_context_of_run(&self, run_id: &str) -> Result<Option<String>>;
     async fn record_ref_head(&self, repo_id: &str, git_ref: &str, sha: &str) -> Result<()>;
     async fn ref_heads(&self, repo_id: &str) -> Result<Vec<(String, String)>>;
     async fn schedule_cursor(&self, repo_id: &str, path: &str) -> Result<Option<i64>>;

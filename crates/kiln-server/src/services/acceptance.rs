@@ -141,6 +141,14 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> Api
     let trust = decide_trust(Trigger::Retry { parent, may_start_trusted: by.may_start_trusted });
     let concurrency =
         run_concurrency(&old.definition, "retry", old.git_ref.as_deref(), &old.inputs).map_err(ApiErr::invalid)?;
+    // A retry of a run that reports to the forge reports under the same
+    // context: the commit shows the retry's result, not the old one's.
+    let report_context = match state.store.report_context_of_run(&old.id).await? {
+        Some(ctx) if crate::services::planning::reports_statuses(&state.store.get_repo(&old.repo_id).await?) => {
+            Some(ctx)
+        }
+        _ => None,
+    };
     let accepted = state
         .store
         .accept_run(NewRun {
@@ -157,7 +165,7 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> Api
             idempotency: None,
             image_digests,
             actor: Some(by.actor.clone()),
-            report_context: None,
+            report_context,
         })
         .await?;
     state.relay_wake.notify_one();

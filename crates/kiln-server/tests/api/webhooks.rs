@@ -160,7 +160,7 @@ async fn finish_all(app: &TestApp, outcome: &str) -> Vec<api::Assignment> {
     let mut handed = Vec::new();
     for i in 0..50 {
         app.run_pending_work().await;
-        let Some(a) = super::claim(app, &agent, &format!("c{i}")).await else { break };
+        let Some(a) = super::claim(app, &agent, &format!("c{i}-{}", uuid_like())).await else { break };
         super::complete(app, &a, outcome).await.assert_status(StatusCode::OK);
         handed.push(a);
     }
@@ -671,4 +671,30 @@ async fn only_admin_tokens_change_forge_settings() {
     env.app.with_token(&trigger.token).get("/v1/repos/r/hook-info").send().await.assert_status(StatusCode::FORBIDDEN);
     let repo: api::Repo = env.app.admin().get("/v1/repos/r").send().await.json();
     assert_eq!(repo.pull_request_trust.as_deref(), Some("write-access"), "nothing changed");
+}
+
+/// Retrying a failed run that came from a push reports under the same
+/// context: the commit ends up showing the retry's success.
+#[tokio::test]
+async fn a_retry_reports_to_the_same_commit_status() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
+    let sha = env.repo.head().unwrap();
+    deliver(&env, "push", "r-1", &push_payload(Forge::Github, "refs/heads/main", &"0".repeat(40), &sha)).await;
+    finish_all(&env.app, "failed").await;
+    assert_eq!(states(&env.forge, "kiln/ci (push)").last().map(String::as_str), Some("failure"));
+    let first = runs(&env.app).await[0].id.clone();
+    let res = env.app.admin().post(&format!("/v1/workflow-runs/{first}/retry")).send().await;
+    let retried: Value = res.assert_status(StatusCode::ACCEPTED).json();
+    finish_all(&env.app, "success").await;
+    let got = env.forge.statuses();
+    let last = got.iter().rev().find(|s| s.context == "kiln/ci (push)").unwrap();
+    assert_eq!(last.state, "success", "{got:?}");
+    assert!(last.target_url.as_deref().unwrap().ends_with(retried["run_id"].as_str().unwrap()), "{got:?}");
+}
+
+/// A claim request id unique to this call (claims are idempotent per id).
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }

@@ -494,3 +494,14 @@ pub(crate) async fn repos_to_poll(store: &SqlStore) -> Result<Vec<String>> {
     }
     Ok(out)
 }
+
+/// `ForgeStore::report_context_of_run`.
+pub(crate) async fn report_context_of_run(store: &SqlStore, run_id: &str) -> Result<Option<String>> {
+    store
+        .reader()
+        .await?
+        .sql("SELECT context FROM forge_reports WHERE run_id = $1 ORDER BY created_at LIMIT 1")
+        .bind(run_id)
+        .scalar_optional()
+        .await
+}
