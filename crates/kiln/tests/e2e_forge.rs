@@ -183,3 +183,38 @@ async fn a_delivery_accepted_before_a_crash_is_planned_once_after_restart() {
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(again["runs"], json!([list[0]["id"]]));
 }
+
+/// The webhook secret and the forge token are sealed at rest like secrets,
+/// resealed by `kiln secret rotate-key`, and still work afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn forge_credentials_are_sealed_and_survive_a_key_rotation() {
+    let forge = FakeForge::start(TOKEN).await;
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/ci.yaml", CI)]).unwrap();
+    connect(&server, &repo, &forge);
+    for name in ["kiln.db", "kiln.db-wal"] {
+        let bytes = std::fs::read(server.data_dir().join(name)).unwrap_or_default();
+        for clear in [SECRET, TOKEN] {
+            assert!(!bytes.windows(clear.len()).any(|w| w == clear.as_bytes()), "{name} holds {clear} in clear");
+        }
+    }
+    let out = server.cli().args(["secret", "rotate-key", "--data-dir"]).arg(server.data_dir()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("2 secrets sealed"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let sha = repo.head().unwrap();
+    let (status, ack) = deliver(&server, "rot-1", &push_body(&"0".repeat(40), &sha)).await;
+    assert_eq!(status, 202, "the webhook secret still verifies after the rotation: {ack}");
+    let mut sent = false;
+    for _ in 0..200 {
+        if !forge.statuses().is_empty() {
+            sent = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(sent, "the forge token still opens after the rotation\n{}", server.log());
+}
