@@ -24,6 +24,7 @@ pub mod bench;
 pub mod cancel;
 pub mod claim;
 pub mod completion;
+pub mod forge;
 pub mod graphs;
 pub mod images;
 pub mod lease;
@@ -62,6 +63,11 @@ macro_rules! suite {
             access::agents_register_in_pools_and_removal_ends_their_leases,
             access::secret_pools_and_audit_log,
             access::secrets_are_replaced_all_or_nothing,
+            forge::deliveries_are_recorded_once_and_planned_by_one_claimant,
+            forge::reports_follow_their_run_and_newer_ones_supersede,
+            forge::the_leader_lease_has_one_holder_until_it_lapses,
+            forge::schedule_cursors_move_by_compare_and_set,
+            forge::ref_heads_polls_and_credentials,
             images::accept_stores_the_resolved_image_digests,
             images::built_image_digest_is_committed_once_by_the_live_epoch,
             claim::claim_creates_epoch_one_and_starts_the_run,
