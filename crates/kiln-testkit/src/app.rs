@@ -31,6 +31,8 @@ pub struct TestApp {
     admin_token: String,
     agent_token: String,
     dir: Arc<tempfile::TempDir>,
+    /// The PostgreSQL database, when not the SQLite file in `dir`.
+    database_url: Option<String>,
 }
 
 impl TestApp {
@@ -43,26 +45,42 @@ impl TestApp {
     /// address are the test's).
     pub async fn with_config(tune: impl FnOnce(&mut ServerConfig)) -> TestApp {
         let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
-        Self::open(dir, tune).await
+        Self::open(dir, None, tune).await
+    }
+
+    /// A server on a fresh database of the shared test PostgreSQL server;
+    /// None when PostgreSQL is not installed.
+    pub async fn on_postgres() -> Option<TestApp> {
+        let pg = crate::TempPostgres::shared()?;
+        let url = pg.create_database().await.expect("create database");
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        Some(Self::open(dir, Some(url), |_| {}).await)
     }
 
     /// Another server on this one's database, objects and data directory
     /// (a replica, or this server restarted), with its own clock set to
     /// this one's time.
     pub async fn replica(&self) -> TestApp {
-        let other = Self::open(self.dir.clone(), |_| {}).await;
+        let other = Self::open(self.dir.clone(), self.database_url.clone(), |_| {}).await;
         other.clock.set_ms(kiln_server::Clock::now_ms(&*self.clock));
         other
     }
 
-    async fn open(dir: Arc<tempfile::TempDir>, tune: impl FnOnce(&mut ServerConfig)) -> TestApp {
+    async fn open(
+        dir: Arc<tempfile::TempDir>,
+        database_url: Option<String>,
+        tune: impl FnOnce(&mut ServerConfig),
+    ) -> TestApp {
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).expect("data dir");
         let mut config = ServerConfig::new(data.clone(), "kiln.test:80".into());
         // Links are built from the public URL, never from a request's Host.
         config.public_url = Some("http://kiln.test".into());
         tune(&mut config);
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data.join("kiln.db")).await.expect("sqlite store"));
+        let store: Arc<dyn Store> = match &database_url {
+            None => Arc::new(SqliteStore::open(&data.join("kiln.db")).await.expect("sqlite store")),
+            Some(url) => Arc::new(kiln_store::PgStore::connect(url).await.expect("postgres store")),
+        };
         let blob = kiln_blob::BlobStore::open_url("", &data.join("objects")).expect("local object store");
         let clock = Arc::new(ManualClock::new());
         let (admin_token, agent_token) = ("kiln_admin_test".to_string(), "kiln_agent_test".to_string());
@@ -78,7 +96,7 @@ impl TestApp {
             clock: clock.clone(),
         });
         let router = app.router();
-        TestApp { app, router, store, clock, admin_token, agent_token, dir }
+        TestApp { app, router, store, clock, admin_token, agent_token, dir, database_url }
     }
 
     /// Requests with the admin token (the public API).

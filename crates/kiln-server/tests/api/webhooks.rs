@@ -509,7 +509,23 @@ fn advance_all(apps: &[&TestApp], by: Duration) {
 /// down run once on recovery.
 #[tokio::test]
 async fn schedules_fire_once_per_tick_across_replicas_and_restarts() {
-    let a = TestApp::new().await;
+    schedule_walk(TestApp::new().await).await;
+}
+
+/// The same walk with both replicas on PostgreSQL (skipped when it is not
+/// installed, unless KILN_REQUIRE_POSTGRES=1).
+#[tokio::test(flavor = "multi_thread")]
+async fn schedules_fire_once_per_tick_across_replicas_on_postgres() {
+    match TestApp::on_postgres().await {
+        Some(app) => schedule_walk(app).await,
+        None if std::env::var("KILN_REQUIRE_POSTGRES").as_deref() == Ok("1") => {
+            panic!("PostgreSQL is required (KILN_REQUIRE_POSTGRES=1) but not installed")
+        }
+        None => eprintln!("skipped: PostgreSQL is not installed"),
+    }
+}
+
+async fn schedule_walk(a: TestApp) {
     let repo = TestRepo::new(&[(".kiln/nightly.yaml", NIGHTLY)]).unwrap();
     a.add_repo("r", &repo).await;
     let now = kiln_server::Clock::now_ms(a.clock());
