@@ -33,46 +33,63 @@ fn delivery_from_row(row: &Row) -> Result<DeliveryRecord> {
     })
 }
 
-/// `ForgeStore::record_delivery`.
+/// `ForgeStore::record_delivery`: one statement under the write lock (the
+/// acknowledgement waits for it); a redelivery is answered from a read.
 pub(crate) async fn record_delivery(store: &SqlStore, d: &NewDelivery) -> Result<(DeliveryRecord, bool)> {
     static EXISTING: Sql = Sql::new(|_| {
         format!("SELECT {DELIVERY_COLS} FROM deliveries WHERE repo_id = $1 AND forge = $2 AND delivery_key = $3")
     });
-    store
-        .transaction(Isolation::Serializable, d, |tx, d| {
-            Box::pin(async move {
-                if let Some(row) =
-                    tx.sql(&EXISTING).bind(&d.repo_id).bind(&d.forge).bind(&d.delivery_key).fetch_optional().await?
-                {
-                    return Ok((delivery_from_row(&row)?, false));
-                }
-                let now = now(tx).await?;
-                let id = new_id();
-                tx.sql(
-                    "INSERT INTO deliveries (id, repo_id, forge, delivery_key, event, payload_digest, trigger_event, \
-                     trust, status, message, next_at, created_at, planned_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)",
-                )
-                .bind(&id)
-                .bind(&d.repo_id)
-                .bind(&d.forge)
-                .bind(&d.delivery_key)
-                .bind(&d.event)
-                .bind(&d.payload_digest)
-                .bind(&d.trigger_event)
-                .bind(&d.trust)
-                .bind(&d.status)
-                .bind(&d.message)
-                .bind(now)
-                .bind((d.status != "pending").then_some(now))
-                .execute()
-                .await?;
-                let row =
-                    tx.sql(&EXISTING).bind(&d.repo_id).bind(&d.forge).bind(&d.delivery_key).fetch_optional().await?;
-                Ok((delivery_from_row(&row.ok_or_else(|| StoreError::Invalid("delivery vanished".into()))?)?, true))
-            })
-        })
-        .await
+    static INSERT: Sql = Sql::new(|dl| {
+        format!(
+            "INSERT INTO deliveries (id, repo_id, forge, delivery_key, event, payload_digest, trigger_event, \
+             trust, status, message, next_at, created_at, planned_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {now}, {now}, \
+             CASE WHEN $9 = 'pending' THEN NULL ELSE {now} END) \
+             ON CONFLICT (repo_id, forge, delivery_key) DO NOTHING",
+            now = dl.now_ms
+        )
+    });
+    let existing =
+        |row: Option<Row>| -> Result<Option<DeliveryRecord>> { row.as_ref().map(delivery_from_row).transpose() };
+    let found = store
+        .reader()
+        .await?
+        .sql(&EXISTING)
+        .bind(&d.repo_id)
+        .bind(&d.forge)
+        .bind(&d.delivery_key)
+        .fetch_optional()
+        .await?;
+    if let Some(rec) = existing(found)? {
+        return Ok((rec, false));
+    }
+    let inserted = store
+        .writer()
+        .await?
+        .sql(&INSERT)
+        .bind(new_id())
+        .bind(&d.repo_id)
+        .bind(&d.forge)
+        .bind(&d.delivery_key)
+        .bind(&d.event)
+        .bind(&d.payload_digest)
+        .bind(&d.trigger_event)
+        .bind(&d.trust)
+        .bind(&d.status)
+        .bind(&d.message)
+        .execute()
+        .await?;
+    let found = store
+        .reader()
+        .await?
+        .sql(&EXISTING)
+        .bind(&d.repo_id)
+        .bind(&d.forge)
+        .bind(&d.delivery_key)
+        .fetch_optional()
+        .await?;
+    let rec = existing(found)?.ok_or_else(|| StoreError::Invalid("a recorded delivery is not readable".into()))?;
+    Ok((rec, inserted == 1))
 }
 
 /// `ForgeStore::get_delivery`.
