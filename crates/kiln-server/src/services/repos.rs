@@ -215,7 +215,7 @@ pub(crate) async fn hook_info(state: &AppState, name: &str) -> ApiResult<api::Ho
     let forge = repo.forge.forge.clone().unwrap_or_else(|| "github".into());
     let events = match forge.as_str() {
         "gitlab" => vec!["Push events".into(), "Tag push events".into(), "Merge request events".into()],
-        "gitea" => vec!["push".into(), "create".into(), "pull_request".into()],
+        "gitea" => vec!["push".into(), "pull_request".into()],
         _ => vec!["push".into(), "pull_request".into()],
     };
     Ok(api::HookInfo {
