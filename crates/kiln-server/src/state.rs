@@ -64,11 +64,11 @@ pub(crate) struct AppState {
     /// Wakes the planner after a webhook delivery was accepted.
     pub planner_wake: Notify,
     /// Counters of the webhook ingress.
-    pub webhooks: crate::services::webhooks::WebhookCounts,
+    pub webhooks: WebhookCounts,
     /// HTTP client of the forges' status APIs.
     pub forge_http: reqwest::Client,
     /// Scheduled workflows per repository (the scheduler's cache).
-    pub schedule_indexes: crate::services::triggers::ScheduleIndexes,
+    pub schedule_indexes: ScheduleIndexes,
     /// This process, as the holder of leader leases.
     pub instance_id: String,
 }
@@ -134,3 +134,25 @@ impl AppState {
         self.config.lease_ttl.as_millis() as i64
     }
 }
+
+/// Counters of the ingress, exported on `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct WebhookCounts {
+    pub accepted: std::sync::atomic::AtomicU64,
+    pub duplicate: std::sync::atomic::AtomicU64,
+    pub ignored: std::sync::atomic::AtomicU64,
+    pub rejected_signature: std::sync::atomic::AtomicU64,
+    pub rejected_payload: std::sync::atomic::AtomicU64,
+}
+
+/// The scheduled workflows of one repository at its default branch's tip.
+#[derive(Clone)]
+pub(crate) struct ScheduleIndex {
+    /// When (server clock) it was read.
+    pub read_at_ms: i64,
+    pub sha: String,
+    /// (path, workflow) of every workflow with `on.schedule`.
+    pub workflows: Vec<(String, Arc<kiln_workflow::Workflow>)>,
+}
+
+pub(crate) type ScheduleIndexes = std::sync::Mutex<std::collections::HashMap<String, ScheduleIndex>>;

@@ -144,7 +144,7 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> Api
     // A retry of a run that reports to the forge reports under the same
     // context: the commit shows the retry's result, not the old one's.
     let report_context = match state.store.report_context_of_run(&old.id).await? {
-        Some(ctx) if crate::services::planning::reports_statuses(&state.store.get_repo(&old.repo_id).await?) => {
+        Some(ctx) if crate::services::forge_status::reports_statuses(&state.store.get_repo(&old.repo_id).await?) => {
             Some(ctx)
         }
         _ => None,

@@ -35,6 +35,11 @@ fn is_final(s: &str) -> bool {
     matches!(s, "success" | "failure" | "cancelled" | "error")
 }
 
+/// Whether commit statuses can be sent for the repository.
+pub(crate) fn reports_statuses(repo: &RepoRecord) -> bool {
+    repo.forge.forge.is_some() && repo.forge.forge_repo.is_some() && repo.forge.forge_token.is_some()
+}
+
 /// The forge a repository's statuses go to, with its token opened.
 pub(crate) fn target(state: &AppState, repo: &RepoRecord) -> Result<StatusTarget, String> {
     let f = &repo.forge;

@@ -15,6 +15,7 @@ use crate::error::ApiErr;
 use crate::git::GitError;
 use crate::images::ResolveError;
 use crate::services::acceptance::{check_secrets, run_concurrency};
+use crate::services::forge_status::reports_statuses;
 use crate::services::{access, limits};
 use crate::state::AppState;
 use kiln_core::Trust;
@@ -109,11 +110,6 @@ pub(crate) fn context(path: &str, event: &str) -> String {
     let file = path.rsplit('/').next().unwrap_or(path);
     let stem = file.strip_suffix(".yaml").or_else(|| file.strip_suffix(".yml")).unwrap_or(file);
     format!("kiln/{stem} ({event})")
-}
-
-/// Whether commit statuses can be sent for the repository.
-pub(crate) fn reports_statuses(repo: &RepoRecord) -> bool {
-    repo.forge.forge.is_some() && repo.forge.forge_repo.is_some() && repo.forge.forge_token.is_some()
 }
 
 async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError> {

@@ -224,7 +224,7 @@ pub(crate) async fn hook_info(state: &AppState, name: &str) -> ApiResult<api::Ho
         content_type: "application/json".into(),
         events,
         secret_configured: repo.webhook_secret.is_some(),
-        statuses_configured: crate::services::planning::reports_statuses(&repo),
+        statuses_configured: crate::services::forge_status::reports_statuses(&repo),
         forge,
     })
 }

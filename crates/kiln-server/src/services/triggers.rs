@@ -23,20 +23,10 @@ use kiln_forge::{ForgeEvent, PushEvent};
 use kiln_store::{Idempotency, NewDelivery, NewRun, RepoRecord, StoreError};
 use kiln_workflow::Workflow;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The scheduled workflows of one repository at its default branch's tip.
-#[derive(Clone)]
-pub(crate) struct ScheduleIndex {
-    /// When (server clock) it was read.
-    pub read_at_ms: i64,
-    pub sha: String,
-    /// (path, workflow) of every workflow with `on.schedule`.
-    pub workflows: Vec<(String, Arc<Workflow>)>,
-}
-
-pub(crate) type ScheduleIndexes = std::sync::Mutex<HashMap<String, ScheduleIndex>>;
+use crate::state::ScheduleIndex;
 
 /// The scheduled workflows of `repo`, re-read from its default branch once
 /// per `schedule_refresh`.

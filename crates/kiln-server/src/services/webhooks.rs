@@ -14,19 +14,7 @@ use kiln_core::Trust;
 use kiln_forge::{Forge, ForgeEvent};
 use kiln_store::{DeliveryRecord, NewDelivery, RepoForge, RepoRecord};
 use sha2::{Digest, Sha256};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Counters of the ingress, exported on `/metrics`.
-#[derive(Debug, Default)]
-pub(crate) struct WebhookCounts {
-    pub accepted: AtomicU64,
-    pub duplicate: AtomicU64,
-    pub ignored: AtomicU64,
-    pub rejected_signature: AtomicU64,
-    pub rejected_payload: AtomicU64,
-    /// Sum and count of acceptance latency (receipt → durable), µs.
-    pub accept_micros: AtomicU64,
-}
+use std::sync::atomic::Ordering;
 
 /// Who may start trusted work from a forge event (invariant 10), decided
 /// once, at acceptance, from the payload and the repository's policy:
@@ -79,7 +67,6 @@ pub(crate) async fn receive(
     headers: &HeaderMap,
     body: &[u8],
 ) -> ApiResult<(StatusCode, api::WebhookAck)> {
-    let started = std::time::Instant::now();
     let forge: Forge = forge
         .parse()
         .map_err(|_| ApiErr::not_found(format!("no webhook endpoint for `{forge}`; use github, gitlab or gitea")))?;
@@ -152,7 +139,6 @@ pub(crate) async fn receive(
         counts.duplicate.fetch_add(1, Ordering::Relaxed);
         return Ok((StatusCode::OK, ack(&stored, true)));
     }
-    counts.accept_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
     if stored.status == "pending" {
         counts.accepted.fetch_add(1, Ordering::Relaxed);
         state.planner_wake.notify_one();
