@@ -1,0 +1,54 @@
+//! The cache key.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::FORMAT_VERSION;
+
+/// Everything a cache key depends on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyParts {
+    pub namespace: String,
+    pub os: String,
+    pub arch: String,
+    /// Image digest, or "host".
+    pub image: String,
+    pub kind: String,
+    /// The user's `version`.
+    pub version: String,
+    /// The declared paths, as written.
+    pub paths: Vec<String>,
+    /// `(input path, digest)` as returned by [`hash_inputs`](crate::hash_inputs).
+    pub inputs: Vec<(String, String)>,
+}
+
+/// Lowercase hex sha256 over a canonical encoding of the parts: a domain
+/// tag, then every string as its length (u64, big endian) and bytes, every
+/// list as its length then its items, in the order namespace,
+/// FORMAT_VERSION (u32 big endian), os, arch, image, kind, version, paths,
+/// inputs.
+pub fn cache_key(parts: &KeyParts) -> String {
+    let mut h = Sha256::new();
+    let put = |h: &mut Sha256, s: &str| {
+        h.update((s.len() as u64).to_be_bytes());
+        h.update(s.as_bytes());
+    };
+    put(&mut h, "kiln-cache-key");
+    put(&mut h, &parts.namespace);
+    h.update(FORMAT_VERSION.to_be_bytes());
+    put(&mut h, &parts.os);
+    put(&mut h, &parts.arch);
+    put(&mut h, &parts.image);
+    put(&mut h, &parts.kind);
+    put(&mut h, &parts.version);
+    h.update((parts.paths.len() as u64).to_be_bytes());
+    for p in &parts.paths {
+        put(&mut h, p);
+    }
+    h.update((parts.inputs.len() as u64).to_be_bytes());
+    for (path, digest) in &parts.inputs {
+        put(&mut h, path);
+        put(&mut h, digest);
+    }
+    hex::encode(h.finalize())
+}

@@ -1,0 +1,116 @@
+//! Build caches for CI jobs: the archive format, `pack`, `unpack`, input
+//! hashing and the cache key.
+//!
+//! An archive is a zstd-compressed tar stream. Its first member is
+//! `.kiln-cache/manifest.json` (a [`Manifest`]); every following member is
+//! `"<root index>/<relative path>"` (the root directory itself is the member
+//! `"<root index>"`) and must match, in order, the manifest entry at the same
+//! position. `unpack` verifies every member against the manifest while it
+//! streams, writes into staging directories and only moves them into place
+//! once the whole archive has been verified.
+
+use serde::{Deserialize, Serialize};
+
+mod inputs;
+mod key;
+mod pack;
+mod paths;
+mod unpack;
+
+pub use inputs::hash_inputs;
+pub use key::{KeyParts, cache_key};
+pub use pack::{Packed, pack};
+pub use unpack::{Unpacked, unpack};
+
+/// Version of the archive format (also part of the cache key).
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Name of the first tar member.
+pub const MANIFEST_NAME: &str = ".kiln-cache/manifest.json";
+
+/// Limits enforced by [`unpack`] (zip-bomb defence).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most entries (files, directories, symlinks) an archive may hold.
+    pub max_entries: u64,
+    /// Most bytes of file contents an archive may expand to.
+    pub max_expanded_bytes: u64,
+    /// Longest member name (`"<root>/<path>"`) or symlink target, in bytes.
+    pub max_path_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_entries: 1_000_000, max_expanded_bytes: 20 * 1024 * 1024 * 1024, max_path_bytes: 4096 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// A local I/O failure; the message says what was being done.
+    #[error("cache i/o error: {0}")]
+    Io(std::io::Error),
+    /// A hostile or invalid archive, entry or input (the message names it).
+    #[error("cache archive refused: {0}")]
+    Refused(String),
+    /// Digest or manifest mismatch, truncated or undecodable stream.
+    #[error("cache archive corrupt: {0}")]
+    Corrupt(String),
+    /// The archive exceeds a [`Limits`] bound.
+    #[error("cache archive too large: {0}")]
+    TooLarge(String),
+}
+
+/// Wraps an I/O error with what was being done, keeping its kind.
+pub(crate) fn io_err(context: impl std::fmt::Display, e: std::io::Error) -> CacheError {
+    CacheError::Io(std::io::Error::new(e.kind(), format!("{context}: {e}")))
+}
+
+/// What was archived: one entry per file, directory and symlink, in archive order.
+///
+/// Each present root has a `Dir` entry with the empty path (the root
+/// directory itself), before any other entry of that root; a root that was
+/// missing when packing has no entries at all. Every entry's parent
+/// directory is listed before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    /// The declared paths, as written.
+    pub roots: Vec<String>,
+    pub entries: Vec<ManifestEntry>,
+    /// Sum of the sizes of all files.
+    pub total_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Index into `roots`.
+    pub root: u32,
+    /// Relative, '/'-separated ("" for the root directory itself).
+    pub path: String,
+    pub kind: EntryKind,
+    /// Permission bits (`0o777` at most).
+    pub mode: u32,
+    /// Content length for files, 0 otherwise.
+    pub size: u64,
+    /// Lowercase hex sha256 of the contents (files only).
+    pub sha256: Option<String>,
+    /// Symlinks only: a relative target (leading `..` components, then
+    /// normal ones) that stays inside its root.
+    pub target: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+impl ManifestEntry {
+    /// The tar member name of this entry.
+    pub(crate) fn member_name(&self) -> String {
+        if self.path.is_empty() { self.root.to_string() } else { format!("{}/{}", self.root, self.path) }
+    }
+}

@@ -1,0 +1,288 @@
+//! Building an archive from local directories.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use crate::paths::normalise_symlink_target;
+use crate::{CacheError, EntryKind, FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestEntry, io_err};
+
+/// Result of [`pack`].
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub manifest: Manifest,
+    /// Lowercase hex sha256 of the compressed bytes written to `out`.
+    pub archive_sha256: String,
+    /// Number of compressed bytes written to `out`.
+    pub archive_bytes: u64,
+    /// Entries left out: devices, fifos, sockets, symlinks leaving their
+    /// root (or absolute), names that are not UTF-8.
+    pub skipped: u64,
+}
+
+/// Archive each source directory (`sources[i] = (declared path as written,
+/// directory on disk)`; a missing directory has no entries in the manifest)
+/// as a zstd-compressed tar stream written to `out`.
+///
+/// Regular files (hardlinks are stored as independent files), directories
+/// and symlinks whose target stays inside the same root are kept; other
+/// symlinks, devices, fifos and sockets are skipped and counted in
+/// [`Packed::skipped`]. Files are hashed in a first (parallel) pass, so the
+/// manifest can be the first member; the second pass streams them into the
+/// (multithreaded) zstd encoder and fails if a file changed in between.
+pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Result<Packed, CacheError> {
+    let mut entries = Vec::new();
+    let mut disk = Vec::new();
+    let mut skipped = 0u64;
+    for (i, (declared, dir)) in sources.iter().enumerate() {
+        let root = u32::try_from(i).map_err(|_| CacheError::Refused("too many roots".into()))?;
+        let meta = match fs::metadata(dir) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(format_args!("stat {}", dir.display()), e)),
+        };
+        if !meta.is_dir() {
+            return Err(CacheError::Refused(format!("cache path {declared:?} ({}) is not a directory", dir.display())));
+        }
+        entries.push(ManifestEntry {
+            root,
+            path: String::new(),
+            kind: EntryKind::Dir,
+            mode: meta.permissions().mode() & 0o777,
+            size: 0,
+            sha256: None,
+            target: None,
+        });
+        disk.push(dir.clone());
+        walk(root, dir, "", &mut entries, &mut disk, &mut skipped)?;
+    }
+
+    hash_files(&mut entries, &disk)?;
+    let total_bytes = entries.iter().map(|e| e.size).sum();
+    let manifest = Manifest {
+        format: FORMAT_VERSION,
+        roots: sources.iter().map(|(d, _)| d.clone()).collect(),
+        entries,
+        total_bytes,
+    };
+    let json = serde_json::to_vec(&manifest)
+        .map_err(|e| CacheError::Io(io::Error::other(format!("encoding the manifest: {e}"))))?;
+
+    let counting = HashingWriter { inner: out, hasher: Sha256::new(), bytes: 0 };
+    let wctx = |e| io_err("writing the archive", e);
+    let mut enc = zstd::stream::write::Encoder::new(counting, level).map_err(wctx)?;
+    enc.include_checksum(true).map_err(wctx)?;
+    let workers = workers();
+    if workers > 1 {
+        enc.multithread(workers as u32).map_err(wctx)?;
+    }
+    let mut tb = tar::Builder::new(enc);
+
+    let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
+    tb.append_data(&mut h, MANIFEST_NAME, &json[..]).map_err(wctx)?;
+
+    for (e, path) in manifest.entries.iter().zip(&disk) {
+        let name = e.member_name();
+        match e.kind {
+            EntryKind::Dir => {
+                let mut h = header(tar::EntryType::Directory, e.mode, 0);
+                tb.append_data(&mut h, &name, io::empty()).map_err(wctx)?;
+            }
+            EntryKind::Symlink => {
+                let mut h = header(tar::EntryType::Symlink, e.mode, 0);
+                let target = e.target.as_deref().unwrap_or_default();
+                tb.append_link(&mut h, &name, target).map_err(wctx)?;
+            }
+            EntryKind::File => {
+                let f = open_nofollow(path)?;
+                let mut r = HashingReader { inner: f.take(e.size), hasher: Sha256::new(), bytes: 0 };
+                let mut h = header(tar::EntryType::Regular, e.mode, e.size);
+                tb.append_data(&mut h, &name, &mut r)
+                    .map_err(|err| io_err(format_args!("archiving {}", path.display()), err))?;
+                let digest = hex::encode(r.hasher.finalize());
+                if r.bytes != e.size || Some(&digest) != e.sha256.as_ref() {
+                    return Err(CacheError::Corrupt(format!("{} changed while it was being archived", path.display())));
+                }
+            }
+        }
+    }
+    let enc = tb.into_inner().map_err(wctx)?;
+    let mut counting = enc.finish().map_err(wctx)?;
+    counting.flush().map_err(wctx)?;
+    Ok(Packed {
+        manifest,
+        archive_sha256: hex::encode(counting.hasher.finalize()),
+        archive_bytes: counting.bytes,
+        skipped,
+    })
+}
+
+fn workers() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8)
+}
+
+fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h
+}
+
+fn open_nofollow(path: &Path) -> Result<File, CacheError> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io_err(format_args!("opening {}", path.display()), e))
+}
+
+/// Depth-first, names sorted bytewise, parents before children.
+fn walk(
+    root: u32,
+    dir: &Path,
+    rel: &str,
+    entries: &mut Vec<ManifestEntry>,
+    disk: &mut Vec<PathBuf>,
+    skipped: &mut u64,
+) -> Result<(), CacheError> {
+    let rd = fs::read_dir(dir).map_err(|e| io_err(format_args!("listing {}", dir.display()), e))?;
+    let mut children = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| io_err(format_args!("listing {}", dir.display()), e))?;
+        children.push(ent.file_name());
+    }
+    children.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    for name in children {
+        let path = dir.join(&name);
+        let Some(name) = name.to_str() else {
+            *skipped += 1;
+            continue;
+        };
+        let child_rel = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
+        let meta = fs::symlink_metadata(&path).map_err(|e| io_err(format_args!("stat {}", path.display()), e))?;
+        let ft = meta.file_type();
+        let mode = meta.permissions().mode() & 0o777;
+        if ft.is_dir() {
+            entries.push(entry(root, &child_rel, EntryKind::Dir, mode, None));
+            disk.push(path.clone());
+            walk(root, &path, &child_rel, entries, disk, skipped)?;
+        } else if ft.is_file() {
+            let mut e = entry(root, &child_rel, EntryKind::File, mode, None);
+            e.size = meta.len();
+            entries.push(e);
+            disk.push(path);
+        } else if ft.is_symlink() {
+            let target =
+                fs::read_link(&path).map_err(|e| io_err(format_args!("reading link {}", path.display()), e))?;
+            match target.to_str().and_then(|t| normalise_symlink_target(&child_rel, t)) {
+                Some(t) => {
+                    entries.push(entry(root, &child_rel, EntryKind::Symlink, 0o777, Some(t)));
+                    disk.push(path);
+                }
+                None => *skipped += 1,
+            }
+        } else {
+            // Devices, fifos, sockets.
+            *skipped += 1;
+        }
+    }
+    Ok(())
+}
+
+fn entry(root: u32, path: &str, kind: EntryKind, mode: u32, target: Option<String>) -> ManifestEntry {
+    ManifestEntry { root, path: path.to_string(), kind, mode, size: 0, sha256: None, target }
+}
+
+/// Fills `sha256` and `size` of every file entry, on several threads.
+fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<(), CacheError> {
+    let files: Vec<usize> =
+        entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File).map(|(i, _)| i).collect();
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, Result<(u64, String), CacheError>)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..workers().min(files.len().max(1)) {
+            s.spawn(|| {
+                let mut buf = vec![0u8; 256 * 1024];
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&i) = files.get(k) else { break };
+                    let r = hash_file(&disk[i], &mut buf);
+                    let failed = r.is_err();
+                    results.lock().expect("hash results lock").push((i, r));
+                    if failed {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    for (i, r) in results.into_inner().expect("hash results lock") {
+        let (size, digest) = r?;
+        entries[i].size = size;
+        entries[i].sha256 = Some(digest);
+    }
+    if let Some(&i) = files.iter().find(|&&i| entries[i].sha256.is_none()) {
+        return Err(CacheError::Io(io::Error::other(format!("{} was not hashed", disk[i].display()))));
+    }
+    Ok(())
+}
+
+fn hash_file(path: &Path, buf: &mut [u8]) -> Result<(u64, String), CacheError> {
+    let mut f = open_nofollow(path)?;
+    let mut hasher = Sha256::new();
+    let mut n = 0u64;
+    loop {
+        let k = match f.read(buf) {
+            Ok(0) => break,
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_err(format_args!("reading {}", path.display()), e)),
+        };
+        hasher.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((n, hex::encode(hasher.finalize())))
+}
+
+pub(crate) struct HashingWriter<W> {
+    pub(crate) inner: W,
+    pub(crate) hasher: Sha256,
+    pub(crate) bytes: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+pub(crate) struct HashingReader<R> {
+    pub(crate) inner: R,
+    pub(crate) hasher: Sha256,
+    pub(crate) bytes: u64,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
