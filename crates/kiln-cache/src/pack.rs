@@ -203,12 +203,14 @@ fn entry(root: u32, path: &str, kind: EntryKind, mode: u32, target: Option<Strin
     ManifestEntry { root, path: path.to_string(), kind, mode, size: 0, sha256: None, target }
 }
 
+type HashResult = Result<(u64, String), CacheError>;
+
 /// Fills `sha256` and `size` of every file entry, on several threads.
 fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<(), CacheError> {
     let files: Vec<usize> =
         entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File).map(|(i, _)| i).collect();
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, Result<(u64, String), CacheError>)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<(usize, HashResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..workers().min(files.len().max(1)) {
             s.spawn(|| {

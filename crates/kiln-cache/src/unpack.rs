@@ -499,7 +499,6 @@ fn extract(
         }
         count += 1;
     }
-    drop(entries);
     if count != manifest.entries.len() {
         return Err(CacheError::Corrupt(format!(
             "archive is truncated: {count} of {} entries",

@@ -1,0 +1,7 @@
+//! Integration tests of kiln-cache (one binary, several modules).
+
+mod common;
+mod fuzz;
+mod hostile;
+mod inputs_key;
+mod roundtrip;

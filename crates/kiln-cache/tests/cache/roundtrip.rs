@@ -1,0 +1,184 @@
+//! pack → unpack reproduces the tree.
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+use std::process::Command;
+
+use kiln_cache::{EntryKind, Limits, pack, unpack};
+use sha2::{Digest, Sha256};
+
+use super::common::{Node, snapshot};
+
+fn pseudo_random(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        v.extend_from_slice(&seed.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Builds the source tree; returns how many entries pack must skip.
+fn make_tree(src: &Path) -> u64 {
+    fs::create_dir_all(src.join("a/b/c")).unwrap();
+    fs::create_dir_all(src.join("empty_dir")).unwrap();
+    fs::write(src.join("a/b/c/deep.txt"), b"deep").unwrap();
+    fs::write(src.join("empty.txt"), b"").unwrap();
+    fs::write(src.join("big.bin"), pseudo_random(5 * 1024 * 1024, 42)).unwrap();
+    fs::write(src.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    chmod(&src.join("run.sh"), 0o755);
+    fs::write(src.join("ro.txt"), b"read only").unwrap();
+    chmod(&src.join("ro.txt"), 0o444);
+    chmod(&src.join("a/b"), 0o750);
+    symlink("a/b/c/deep.txt", src.join("link")).unwrap();
+    symlink("../../empty.txt", src.join("a/b/up")).unwrap();
+    symlink("a", src.join("dirlink")).unwrap();
+    // Hardlinks are stored as independent files.
+    fs::hard_link(src.join("run.sh"), src.join("run2.sh")).unwrap();
+    // Skipped: absolute and escaping symlinks, a fifo, a socket.
+    symlink("/etc/passwd", src.join("abs")).unwrap();
+    symlink("../../outside", src.join("a/esc")).unwrap();
+    let st = Command::new("mkfifo").arg(src.join("fifo")).status().unwrap();
+    assert!(st.success());
+    let _sock = std::os::unix::net::UnixListener::bind(src.join("sock")).unwrap();
+    let mut skipped = 4;
+    // A character device when allowed (root).
+    if Command::new("mknod")
+        .arg(src.join("null"))
+        .args(["c", "1", "3"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        skipped += 1;
+    }
+    chmod(src, 0o750);
+    skipped
+}
+
+/// The source snapshot minus what pack skips.
+fn expected(src: &Path) -> std::collections::BTreeMap<String, Node> {
+    let mut s = snapshot(src);
+    for k in ["abs", "a/esc", "fifo", "sock", "null"] {
+        s.remove(k);
+    }
+    s
+}
+
+#[test]
+fn round_trip_reproduces_the_tree_and_replaces_stale_targets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let src2 = tmp.path().join("src2");
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(src2.join("x")).unwrap();
+    fs::write(src2.join("x/y"), b"second root").unwrap();
+    let skipped = make_tree(&src);
+    let sources = vec![
+        ("target".to_string(), src.clone()),
+        ("~/.cargo/registry".to_string(), src2.clone()),
+        ("missing".to_string(), tmp.path().join("does-not-exist")),
+    ];
+    let mut out = Vec::new();
+    let packed = pack(&sources, &mut out, 3).unwrap();
+    assert_eq!(packed.skipped, skipped);
+    assert_eq!(packed.archive_bytes, out.len() as u64);
+    assert_eq!(packed.archive_sha256, hex::encode(Sha256::digest(&out)));
+    let m = &packed.manifest;
+    assert_eq!(m.roots, vec!["target", "~/.cargo/registry", "missing"]);
+    assert!(m.entries.iter().all(|e| e.root != 2), "missing root has no entries");
+    assert!(!m.entries.iter().any(|e| ["abs", "a/esc", "fifo", "sock", "null"].contains(&e.path.as_str())));
+    let big = m.entries.iter().find(|e| e.path == "big.bin").unwrap();
+    assert_eq!(big.kind, EntryKind::File);
+    assert_eq!(big.size, 5 * 1024 * 1024);
+    assert_eq!(m.total_bytes, m.entries.iter().map(|e| e.size).sum::<u64>());
+    let link = m.entries.iter().find(|e| e.path == "a/b/up").unwrap();
+    assert_eq!(link.target.as_deref(), Some("../../empty.txt"));
+    // Compressed: the 5 MB random file dominates.
+    assert!(out.len() < 6 * 1024 * 1024);
+
+    let declared: Vec<String> = sources.iter().map(|(d, _)| d.clone()).collect();
+    let limits = Limits::default();
+
+    // Fresh targets (parents do not exist yet).
+    let dst = tmp.path().join("fresh");
+    let targets = vec![dst.join("t0"), dst.join("t1"), dst.join("t2")];
+    let u = unpack(&out[..], &targets, &declared, &limits).unwrap();
+    assert_eq!(u.entries, m.entries.len() as u64);
+    assert_eq!(u.bytes, m.total_bytes);
+    assert_eq!(snapshot(&targets[0]), expected(&src));
+    assert_eq!(snapshot(&targets[1]), snapshot(&src2));
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&targets[0]), 0o750);
+    assert_eq!(mode(&targets[0].join("run.sh")), 0o755);
+    assert_eq!(mode(&targets[0].join("ro.txt")), 0o444);
+    assert_eq!(fs::read(targets[0].join("link")).unwrap(), b"deep");
+    assert_eq!(fs::read(targets[0].join("dirlink/b/c/deep.txt")).unwrap(), b"deep");
+    assert!(!targets[2].exists(), "a root missing at pack time is not created");
+    // Only the targets remain next to each other: no staging or old dirs.
+    let names: Vec<_> = fs::read_dir(&dst).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    // Stale targets are replaced; a target for a missing root is left alone.
+    let stale = tmp.path().join("stale");
+    let targets = vec![stale.join("t0"), stale.join("t1"), stale.join("t2")];
+    for t in &targets {
+        fs::create_dir_all(t.join("sub")).unwrap();
+        fs::write(t.join("stale.txt"), b"old").unwrap();
+        fs::write(t.join("big.bin"), b"old big").unwrap();
+    }
+    let t2_before = snapshot(&targets[2]);
+    unpack(&out[..], &targets, &declared, &limits).unwrap();
+    assert_eq!(snapshot(&targets[0]), expected(&src));
+    assert_eq!(snapshot(&targets[1]), snapshot(&src2));
+    assert_eq!(snapshot(&targets[2]), t2_before);
+    let mut names: Vec<_> = fs::read_dir(&stale).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, vec!["t0", "t1", "t2"]);
+}
+
+#[test]
+fn pack_of_nothing_and_of_an_empty_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::create_dir(tmp.path().join("empty")).unwrap();
+    let sources = vec![("e".to_string(), tmp.path().join("empty"))];
+    let mut out = Vec::new();
+    let p = pack(&sources, &mut out, 1).unwrap();
+    assert_eq!(p.manifest.entries.len(), 1);
+    let t = tmp.path().join("restored");
+    let u = unpack(&out[..], std::slice::from_ref(&t), &["e".to_string()], &Limits::default()).unwrap();
+    assert_eq!(u, kiln_cache::Unpacked { entries: 1, bytes: 0 });
+    assert!(t.is_dir());
+    assert!(snapshot(&t).is_empty());
+}
+
+#[test]
+fn pack_refuses_a_file_as_a_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::write(tmp.path().join("f"), b"x").unwrap();
+    let r = pack(&[("f".to_string(), tmp.path().join("f"))], Vec::new(), 1);
+    assert!(matches!(r, Err(kiln_cache::CacheError::Refused(_))));
+}
+
+#[test]
+fn long_paths_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let deep = src.join("d".repeat(120)).join("e".repeat(120));
+    fs::create_dir_all(&deep).unwrap();
+    fs::write(deep.join("f".repeat(150)), b"long").unwrap();
+    symlink(format!("../{}", "e".repeat(120)), deep.join("l".repeat(110))).unwrap();
+    let mut out = Vec::new();
+    pack(&[("c".to_string(), src.clone())], &mut out, 1).unwrap();
+    let t = tmp.path().join("t");
+    unpack(&out[..], std::slice::from_ref(&t), &["c".to_string()], &Limits::default()).unwrap();
+    assert_eq!(snapshot(&t), snapshot(&src));
+}
