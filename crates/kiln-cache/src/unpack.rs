@@ -74,7 +74,7 @@ pub fn unpack(
             Err(e) => {
                 // Roll back what was already moved, drop the rest.
                 for (j, old) in moved.into_iter().rev() {
-                    let _ = fs::remove_dir_all(&targets[j]);
+                    remove_any(&targets[j]);
                     if let Some(old) = old {
                         let _ = fs::rename(&old, &targets[j]);
                     }
@@ -89,10 +89,23 @@ pub fn unpack(
     }
     for (_, old) in moved {
         if let Some(old) = old {
-            let _ = fs::remove_dir_all(&old);
+            remove_any(&old);
         }
     }
     Ok(unpacked)
+}
+
+/// Removes a directory tree, file or symlink (best effort, never follows links).
+fn remove_any(p: &Path) {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => {
+            let _ = fs::remove_dir_all(p);
+        }
+        Ok(_) => {
+            let _ = fs::remove_file(p);
+        }
+        Err(_) => {}
+    }
 }
 
 fn target_parent(t: &Path) -> &Path {

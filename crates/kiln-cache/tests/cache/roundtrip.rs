@@ -135,6 +135,9 @@ fn round_trip_reproduces_the_tree_and_replaces_stale_targets() {
         fs::write(t.join("stale.txt"), b"old").unwrap();
         fs::write(t.join("big.bin"), b"old big").unwrap();
     }
+    // A target that is a file (or a symlink) is replaced too.
+    fs::remove_dir_all(&targets[1]).unwrap();
+    fs::write(&targets[1], b"a file").unwrap();
     let t2_before = snapshot(&targets[2]);
     unpack(&out[..], &targets, &declared, &limits).unwrap();
     assert_eq!(snapshot(&targets[0]), expected(&src));
