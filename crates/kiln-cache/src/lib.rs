@@ -17,7 +17,7 @@ mod pack;
 mod paths;
 mod unpack;
 
-pub use inputs::hash_inputs;
+pub use inputs::{ABSENT, hash_inputs};
 pub use key::{KeyParts, cache_key};
 pub use pack::{Packed, pack};
 pub use unpack::{Unpacked, unpack};
