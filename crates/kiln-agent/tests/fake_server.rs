@@ -635,6 +635,7 @@ impl Harness {
             lease_ttl_ms: 5_000,
             heartbeat_interval_ms: 100,
             attempt_token: ATTEMPT_TOKEN.into(),
+            cache: None,
         }
     }
 

@@ -525,6 +525,25 @@ impl Client {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/restore", enc(job)), Some(body), &[], None).await
     }
 
+    /// Agent: find a cache entry among `candidates` (namespaces this run may read).
+    pub async fn cache_lookup(&self, job: &str, epoch: i64, body: &CacheLookup) -> Result<CacheLookupResult, ApiError> {
+        let path = format!("/v1/jobs/{}/attempts/{epoch}/cache/lookup", enc(job));
+        self.send(Method::POST, &path, Some(body), &[], None).await
+    }
+
+    /// Agent: bind a sealed `@cache` upload of this live attempt to its key.
+    pub async fn cache_save(&self, job: &str, epoch: i64, body: &CacheSave) -> Result<CacheSaved, ApiError> {
+        let path = format!("/v1/jobs/{}/attempts/{epoch}/cache/save", enc(job));
+        self.send(Method::POST, &path, Some(body), &[], None).await
+    }
+
+    /// Agent: what happened to the job's cache (shown in the run).
+    pub async fn cache_report(&self, job: &str, epoch: i64, body: &CacheInfo) -> Result<(), ApiError> {
+        let path = format!("/v1/jobs/{}/attempts/{epoch}/cache/report", enc(job));
+        let _: serde_json::Value = self.send(Method::POST, &path, Some(body), &[], None).await?;
+        Ok(())
+    }
+
     /// Public API: a download capability for a run's bound artifact.
     pub async fn artifact(&self, run: &str, job: &str, name: &str) -> Result<ArtifactDownload, ApiError> {
         self.send::<(), _>(

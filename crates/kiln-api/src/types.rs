@@ -269,10 +269,84 @@ pub struct Artifact {
     pub epoch: i64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Default, Debug, Clone, Serialize, Deserialize)]
 pub struct CacheInfo {
     pub key: String,
+    /// `hit`, `miss`, `partial-refused` (an archive was refused and cleaned
+    /// up: the job ran cold) or `error`.
     pub result: String,
+    /// Where the hit came from (`protected`, `untrusted/…`), or the namespace saved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Bytes restored (a hit) or saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Seconds spent restoring (and saving).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// `saved`, `exists`, `conflict` or why nothing was saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The job's cache as handed to the attempt: what to key and archive, and
+/// the namespaces this run may write and read (from its trust).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheSpec {
+    pub kind: String,
+    pub version: String,
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    pub paths: Vec<String>,
+    /// `protected` for trusted runs; `untrusted/<ref or run>` otherwise.
+    pub write_namespace: String,
+    /// In the order to look them up.
+    pub read_namespaces: Vec<String>,
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/cache/lookup`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheLookup {
+    /// (namespace, key) in the order to try.
+    pub candidates: Vec<CacheCandidate>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheCandidate {
+    pub namespace: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheLookupResult {
+    #[serde(default)]
+    pub hit: Option<CacheHitInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheHitInfo {
+    pub namespace: String,
+    pub key: String,
+    pub download: ArtifactDownload,
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/cache/save`: bind a sealed upload
+/// (artifact name `@cache`) to the key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheSave {
+    pub generation_id: String,
+    pub namespace: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheSaved {
+    /// The key names this upload now.
+    pub bound: bool,
+    /// The key already named other bytes (a second writer); nothing changed.
+    pub conflict: bool,
 }
 
 // ---------- log events (SSE) ----------
@@ -396,6 +470,9 @@ pub struct Assignment {
     /// logs, uploads, seal, restore, completion) sends it as the bearer.
     #[serde(default)]
     pub attempt_token: String,
+    /// The job's build cache, if it declares one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSpec>,
 }
 
 /// `PUT /v1/repos/{repo}/secrets/{name}`.

@@ -65,7 +65,11 @@ fn run() -> Run {
                     },
                 ],
                 artifacts: vec![Artifact { name: "app".into(), size: 4096, sha256: "9f86d0".into(), epoch: 2 }],
-                cache: Some(CacheInfo { key: "cargo-linux-x86_64-v1".into(), result: "hit".into() }),
+                cache: Some(CacheInfo {
+                    key: "cargo-linux-x86_64-v1".into(),
+                    result: "hit".into(),
+                    ..Default::default()
+                }),
                 message: None,
                 started_at_ms: Some(1_764_590_000_100),
                 finished_at_ms: Some(1_764_590_031_000),
@@ -170,6 +174,7 @@ fn assignment() -> Assignment {
         heartbeat_interval_ms: 10_000,
         secrets: BTreeMap::from([("DEPLOY_KEY".to_string(), "s3cr3t".to_string())]),
         attempt_token: "kiln_a1.6b1f".into(),
+        cache: None,
     }
 }
 

@@ -62,6 +62,12 @@ pub struct ServerConfig {
     /// How long a repository's scheduled workflows are cached before the
     /// default branch is fetched and read again.
     pub schedule_refresh: Duration,
+    /// A cache entry unused this long is evicted.
+    pub cache_ttl: Duration,
+    /// Bytes of cache entries kept per repository (least recently used go first).
+    pub cache_repo_quota: u64,
+    /// Bytes of cache entries kept in all.
+    pub cache_global_budget: u64,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -116,6 +122,9 @@ impl ServerConfig {
             max_connections: crate::serve::default_max_connections(),
             trigger_interval: Duration::from_secs(5),
             schedule_refresh: Duration::from_secs(60),
+            cache_ttl: Duration::from_secs(7 * 24 * 3600),
+            cache_repo_quota: 10 << 30,
+            cache_global_budget: 100 << 30,
         }
     }
 

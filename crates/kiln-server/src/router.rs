@@ -50,6 +50,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/parts/{part}", post(artifacts::part_url))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal", post(artifacts::seal))
         .route("/v1/jobs/{job}/attempts/{epoch}/restore", post(artifacts::restore))
+        .route("/v1/jobs/{job}/attempts/{epoch}/cache/lookup", post(artifacts::cache_lookup))
+        .route("/v1/jobs/{job}/attempts/{epoch}/cache/save", post(artifacts::cache_save))
+        .route("/v1/jobs/{job}/attempts/{epoch}/cache/report", post(artifacts::cache_report))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_attempt));
     // Data plane: capability URLs, no bearer token, bodies streamed to disk.
     let data = Router::new()

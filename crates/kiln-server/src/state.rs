@@ -71,6 +71,8 @@ pub(crate) struct AppState {
     pub schedule_indexes: ScheduleIndexes,
     /// This process, as the holder of leader leases.
     pub instance_id: String,
+    /// Counters of the build caches.
+    pub cache_counts: CacheCounts,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -115,6 +117,7 @@ impl AppState {
                 .expect("HTTP client"),
             schedule_indexes: Default::default(),
             instance_id: uuid::Uuid::new_v4().to_string(),
+            cache_counts: Default::default(),
         })
     }
 
@@ -156,3 +159,16 @@ pub(crate) struct ScheduleIndex {
 }
 
 pub(crate) type ScheduleIndexes = std::sync::Mutex<std::collections::HashMap<String, ScheduleIndex>>;
+
+/// Counters of the build caches, exported on `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct CacheCounts {
+    pub hits: std::sync::atomic::AtomicU64,
+    pub misses: std::sync::atomic::AtomicU64,
+    pub saves: std::sync::atomic::AtomicU64,
+    pub conflicts: std::sync::atomic::AtomicU64,
+    pub evictions: std::sync::atomic::AtomicU64,
+    /// Reports of a refused or failed restore (the job ran cold).
+    pub integrity_failures: std::sync::atomic::AtomicU64,
+    pub bytes_restored: std::sync::atomic::AtomicU64,
+}

@@ -66,7 +66,8 @@ fn grace_ms(state: &AppState, grace: std::time::Duration) -> i64 {
 /// cannot be deleted now is left for a later round.
 pub(crate) async fn collect_once(state: &AppState) -> Result<usize, StoreError> {
     let grace = grace_ms(state, state.config.gc_grace);
-    let mut collected = 0;
+    // Evicted cache entries leave their bytes unbound: collected below.
+    let mut collected = crate::services::caches::evict_once(state).await?;
     for g in state.store.collectable_generations(grace, COLLECT_BATCH).await? {
         // An unfinished S3 multipart upload keeps its parts until aborted.
         if let (kiln_blob::BlobStore::S3(s3), false) = (&state.blob, g.upload_id.is_empty())

@@ -6,7 +6,7 @@ use crate::model::*;
 use crate::store::SqlStore;
 use crate::traits::*;
 use crate::tx::{
-    accept, access, agents, artifacts, cancel, claim, complete, forge, images, lease, logs, outbox, repos,
+    accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, outbox, repos,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -387,5 +387,36 @@ impl ForgeStore for SqlStore {
 
     async fn repos_to_poll(&self) -> Result<Vec<String>> {
         forge::repos_to_poll(self).await
+    }
+}
+
+#[async_trait]
+impl CacheStore for SqlStore {
+    async fn bind_cache(
+        &self,
+        job_id: &str,
+        epoch: i64,
+        generation_id: &str,
+        namespace: &str,
+        key: &str,
+        kind: &str,
+    ) -> Result<CacheBinding> {
+        caches::bind_cache(self, job_id, epoch, generation_id, namespace, key, kind).await
+    }
+
+    async fn lookup_cache(&self, repo_id: &str, candidates: &[(String, String)]) -> Result<Option<CacheHit>> {
+        caches::lookup_cache(self, repo_id, candidates).await
+    }
+
+    async fn evict_caches(&self, ttl_ms: i64, repo_quota: i64, global_budget: i64) -> Result<Vec<CacheEntry>> {
+        caches::evict_caches(self, ttl_ms, repo_quota, global_budget).await
+    }
+
+    async fn list_caches(&self, repo_id: &str) -> Result<Vec<CacheEntry>> {
+        caches::list_caches(self, repo_id).await
+    }
+
+    async fn report_cache(&self, job_id: &str, epoch: i64, report: &str) -> Result<()> {
+        caches::report_cache(self, job_id, epoch, report).await
     }
 }

@@ -28,4 +28,5 @@ pub use error::{Result, StoreError};
 pub use model::*;
 pub use store::{PgStore, SqlStore, SqliteStore};
 pub use traits::*;
+pub use tx::caches::CACHE_ARTIFACT;
 pub use tx::repos::{FORGE_TOKEN, WEBHOOK_SECRET};

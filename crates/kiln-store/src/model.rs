@@ -158,6 +158,8 @@ pub struct JobRecord {
     pub finished_at: Option<i64>,
     /// This job alone was asked to stop (fail-fast of a matrix sibling).
     pub cancel_requested: bool,
+    /// The live attempt's cache report (JSON), if any.
+    pub cache_result: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -419,4 +421,36 @@ pub struct ReportTodo {
     pub run_message: Option<String>,
     pub run_created_at: Option<i64>,
     pub run_finished_at: Option<i64>,
+}
+
+/// The answer to binding a cache key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheBinding {
+    /// The key now names this upload (first writer).
+    pub bound: bool,
+    /// Another upload with other bytes already held the key.
+    pub conflict: bool,
+}
+
+/// A cache lookup's hit: which namespace and key, and the sealed bytes.
+#[derive(Debug, Clone)]
+pub struct CacheHit {
+    pub namespace: String,
+    pub key: String,
+    pub generation: GenerationRecord,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheEntry {
+    pub repo_id: String,
+    pub namespace: String,
+    pub key: String,
+    pub kind: String,
+    pub generation_id: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub created_at: i64,
+    pub last_used_at: i64,
+    pub hits: i64,
+    pub conflicts: i64,
 }

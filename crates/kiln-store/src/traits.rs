@@ -157,6 +157,30 @@ pub trait ForgeStore: Send + Sync {
     async fn repos_to_poll(&self) -> Result<Vec<String>>;
 }
 
+/// Build caches (issue 15).
+#[async_trait]
+pub trait CacheStore: Send + Sync {
+    /// Bind (the run's repository, `namespace`, `key`) to a sealed cache
+    /// upload of the live attempt `(job, epoch)`; first writer wins.
+    async fn bind_cache(
+        &self,
+        job_id: &str,
+        epoch: i64,
+        generation_id: &str,
+        namespace: &str,
+        key: &str,
+        kind: &str,
+    ) -> Result<CacheBinding>;
+    /// The first candidate (namespace, key) with an entry; marks it used.
+    async fn lookup_cache(&self, repo_id: &str, candidates: &[(String, String)]) -> Result<Option<CacheHit>>;
+    /// Delete entries past their TTL, then over the per-repository quota and
+    /// the global budget (least recently used first).
+    async fn evict_caches(&self, ttl_ms: i64, repo_quota: i64, global_budget: i64) -> Result<Vec<CacheEntry>>;
+    async fn list_caches(&self, repo_id: &str) -> Result<Vec<CacheEntry>>;
+    /// Record the live attempt's cache report (JSON) on its job.
+    async fn report_cache(&self, job_id: &str, epoch: i64, report: &str) -> Result<()>;
+}
+
 #[async_trait]
 pub trait AttemptStore: Send + Sync {
     /// spec 000 §7: one transaction — run active, job ready, dispatch
@@ -266,7 +290,16 @@ pub trait ArtifactStore: Send + Sync {
 
 /// The whole authoritative store.
 pub trait Store:
-    RepoStore + RunStore + AgentStore + AccessStore + ForgeStore + AttemptStore + OutboxStore + LogStore + ArtifactStore
+    RepoStore
+    + RunStore
+    + AgentStore
+    + AccessStore
+    + ForgeStore
+    + CacheStore
+    + AttemptStore
+    + OutboxStore
+    + LogStore
+    + ArtifactStore
 {
 }
 impl<
@@ -275,6 +308,7 @@ impl<
         + AgentStore
         + AccessStore
         + ForgeStore
+        + CacheStore
         + AttemptStore
         + OutboxStore
         + LogStore

@@ -52,3 +52,34 @@ pub(crate) async fn get(
 ) -> ApiResult<Json<api::ArtifactDownload>> {
     Ok(Json(artifacts::get(&state, &base_url(&state), (&run, &job, &name)).await?))
 }
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/cache/lookup`.
+pub(crate) async fn cache_lookup(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::CacheLookupResult>> {
+    let req: api::CacheLookup = parse(&body)?;
+    Ok(Json(crate::services::caches::lookup(&state, &base_url(&state), (&job, epoch), req).await?))
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/cache/save`.
+pub(crate) async fn cache_save(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::CacheSaved>> {
+    let req: api::CacheSave = parse(&body)?;
+    Ok(Json(crate::services::caches::save(&state, (&job, epoch), req).await?))
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/cache/report`.
+pub(crate) async fn cache_report(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    let req: api::CacheInfo = parse(&body)?;
+    crate::services::caches::report(&state, (&job, epoch), req).await?;
+    Ok(Json(serde_json::json!({})))
+}

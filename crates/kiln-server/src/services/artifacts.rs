@@ -247,23 +247,33 @@ fn part_etags(parts: &[api::UploadedPart], count: u64, size: u64) -> ApiResult<V
 
 /// A download capability for a bound artifact.
 async fn download(state: &AppState, base_url: &str, b: &BoundArtifact) -> ApiResult<api::ArtifactDownload> {
+    download_of(state, base_url, &b.generation, &b.name, &b.job_name).await
+}
+
+/// A download capability for a sealed generation (an artifact's or a cache's).
+pub(crate) async fn download_of(
+    state: &AppState,
+    base_url: &str,
+    g: &kiln_store::GenerationRecord,
+    name: &str,
+    job_name: &str,
+) -> ApiResult<api::ArtifactDownload> {
     let expires = state.clock.now_ms() + DOWNLOAD_CAP_MS;
     let url = match &state.blob {
-        BlobStore::S3(s3) => s3
-            .presign_get(&b.generation.object_key, Duration::from_millis(DOWNLOAD_CAP_MS as u64))
-            .await
-            .map_err(blob_err)?,
+        BlobStore::S3(s3) => {
+            s3.presign_get(&g.object_key, Duration::from_millis(DOWNLOAD_CAP_MS as u64)).await.map_err(blob_err)?
+        }
         BlobStore::Local(_) => {
-            let cap = state.signer.sign(Op::Get, &b.generation.id, expires);
-            format!("{base_url}/blob/objects/{}?cap={cap}", b.generation.id)
+            let cap = state.signer.sign(Op::Get, &g.id, expires);
+            format!("{base_url}/blob/objects/{}?cap={cap}", g.id)
         }
     };
     Ok(api::ArtifactDownload {
-        name: b.name.clone(),
-        job: b.job_name.clone(),
-        epoch: b.generation.epoch,
-        size: b.generation.expected_size as u64,
-        sha256: b.generation.expected_sha256.clone(),
+        name: name.to_string(),
+        job: job_name.to_string(),
+        epoch: g.epoch,
+        size: g.expected_size as u64,
+        sha256: g.expected_sha256.clone(),
         url,
         expires_at_ms: expires,
     })

@@ -58,7 +58,37 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
         heartbeat_interval_ms: (lease_ttl_ms / 3).max(50),
         secrets: BTreeMap::new(),
         attempt_token: String::new(),
+        cache: def.cache.as_ref().map(|cache| {
+            let (write_namespace, read_namespaces) = cache_namespaces(c);
+            api::CacheSpec {
+                kind: cache.kind.clone(),
+                version: cache.version.clone(),
+                inputs: cache.inputs.clone(),
+                paths: cache.paths.clone(),
+                write_namespace,
+                read_namespaces,
+            }
+        }),
     }
+}
+
+/// The cache namespaces of the attempt's run (spec 000 §10, §14), from the
+/// trust decided at acceptance: a trusted run writes and reads `protected`;
+/// an untrusted one writes only its own `untrusted/<ref or run>` and reads
+/// that, then `protected`. Returns (write, read in lookup order).
+pub(crate) fn cache_namespaces(c: &ClaimedAttempt) -> (String, Vec<String>) {
+    namespaces_of(&c.run.trust, c.run.git_ref.as_deref(), &c.run.id)
+}
+
+/// `cache_namespaces` from a run's trust, ref and id (an unreadable trust
+/// is untrusted).
+pub(crate) fn namespaces_of(trust: &str, git_ref: Option<&str>, run_id: &str) -> (String, Vec<String>) {
+    if trust.parse::<Trust>().is_ok_and(Trust::may_read_secrets) {
+        return ("protected".into(), vec!["protected".into()]);
+    }
+    let scope = git_ref.map(str::to_string).unwrap_or_else(|| format!("run/{run_id}"));
+    let own = format!("untrusted/{scope}");
+    (own.clone(), vec![own, "protected".into()])
 }
 
 /// An input name as an environment variable suffix: ASCII letters and

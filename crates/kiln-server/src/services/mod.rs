@@ -14,6 +14,7 @@ pub(crate) mod agents;
 pub(crate) mod artifacts;
 pub(crate) mod assignment;
 pub(crate) mod attempts;
+pub(crate) mod caches;
 pub(crate) mod claim;
 pub(crate) mod forge_status;
 pub(crate) mod limits;

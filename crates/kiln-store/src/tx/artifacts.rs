@@ -50,11 +50,10 @@ pub(crate) async fn create_generation(
                     let now = now(tx).await?;
                     let (job, _) = require_live(tx, job_id, epoch, now).await?;
                     let run = load_run(tx, &job.run_id).await?;
-                    let declared = run
-                        .definition
-                        .jobs
-                        .get(job.index as usize)
-                        .is_some_and(|j| j.artifacts.publish.iter().any(|p| p.name == name));
+                    let declared = run.definition.jobs.get(job.index as usize).is_some_and(|j| {
+                        j.artifacts.publish.iter().any(|p| p.name == name)
+                            || (name == crate::tx::caches::CACHE_ARTIFACT && j.cache.is_some())
+                    });
                     if !declared {
                         return Err(StoreError::Invalid(format!(
                             "job `{}` does not declare an artifact `{name}`",
@@ -278,6 +277,7 @@ pub(crate) async fn collectable_generations(
             "SELECT {GEN_COLS} FROM artifact_generations g JOIN attempts a ON a.job_id = g.job_id AND a.epoch = g.epoch \
              WHERE g.state != {deleted} AND a.outcome != {running} \
              AND NOT EXISTS (SELECT 1 FROM artifact_bindings b WHERE b.generation_id = g.id) \
+             AND NOT EXISTS (SELECT 1 FROM cache_entries c WHERE c.generation_id = g.id) \
              AND COALESCE(a.finished_at, g.created_at) <= {now} - $1 \
              ORDER BY g.created_at LIMIT $2",
             deleted = lit(GenerationState::Deleted),
@@ -289,13 +289,14 @@ pub(crate) async fn collectable_generations(
     rows.iter().map(gen_from_row).collect()
 }
 
-/// `ArtifactStore::mark_generation_deleted`: never a bound generation,
-/// whatever the caller thought.
+/// `ArtifactStore::mark_generation_deleted`: never a bound generation (nor
+/// one a cache entry names), whatever the caller thought.
 pub(crate) async fn mark_generation_deleted(store: &SqlStore, id: &str) -> Result<()> {
     static DELETED: Sql = Sql::new(|d| {
         format!(
             "UPDATE artifact_generations SET state = {deleted}, deleted_at = {now} WHERE id = $1 \
-             AND NOT EXISTS (SELECT 1 FROM artifact_bindings b WHERE b.generation_id = artifact_generations.id)",
+             AND NOT EXISTS (SELECT 1 FROM artifact_bindings b WHERE b.generation_id = artifact_generations.id) \
+             AND NOT EXISTS (SELECT 1 FROM cache_entries c WHERE c.generation_id = artifact_generations.id)",
             deleted = lit(GenerationState::Deleted),
             now = d.now_ms,
         )

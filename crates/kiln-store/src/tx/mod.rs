@@ -20,6 +20,7 @@ pub(crate) mod advance;
 pub(crate) mod agents;
 pub(crate) mod artifacts;
 pub(crate) mod attempt;
+pub(crate) mod caches;
 pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod complete;

@@ -1,0 +1,277 @@
+//! Build cache entries (spec 000 §10, §14; issue 15): an entry binds
+//! (repository, namespace, key) to a sealed generation saved by a live
+//! attempt, first writer wins. Lookups name the namespaces the caller may
+//! read (the server decides them from the run's trust); eviction deletes
+//! entries, and the garbage collector then deletes their unbound bytes.
+
+use crate::db::{Exec, now};
+use crate::dialect::{Isolation, Sql};
+use crate::error::{Result, StoreError};
+use crate::model::{CacheBinding, CacheEntry, CacheHit};
+use crate::rows::{GEN_COLS, gen_from_row};
+use crate::store::{SqlStore, lock_job};
+use crate::tx::attempt::require_live;
+
+/// The artifact name a cache archive is uploaded under (never a declared
+/// artifact's: `@` is not allowed in those).
+pub const CACHE_ARTIFACT: &str = "@cache";
+
+/// `CacheStore::bind_cache`.
+pub(crate) async fn bind_cache(
+    store: &SqlStore,
+    job_id: &str,
+    epoch: i64,
+    generation_id: &str,
+    namespace: &str,
+    key: &str,
+    kind: &str,
+) -> Result<CacheBinding> {
+    static GEN: Sql = Sql::new(|_| format!("SELECT {GEN_COLS} FROM artifact_generations g WHERE g.id = $1"));
+    let args = (job_id, epoch, generation_id, namespace, key, kind);
+    store
+        .transaction(Isolation::Serializable, &args, |tx, &(job_id, epoch, generation_id, namespace, key, kind)| {
+            Box::pin(async move {
+                lock_job(tx, job_id).await?;
+                let now = now(tx).await?;
+                // A fenced attempt publishes nothing, caches included.
+                let (job, _) = require_live(tx, job_id, epoch, now).await?;
+                let row = tx.sql(&GEN).bind(generation_id).fetch_optional().await?;
+                let g =
+                    gen_from_row(&row.ok_or_else(|| StoreError::NotFound(format!("upload session {generation_id}")))?)?;
+                if g.job_id != job_id || g.epoch != epoch || g.name != CACHE_ARTIFACT {
+                    return Err(StoreError::NotFound(format!(
+                        "cache upload {generation_id} of job {job_id} epoch {epoch}"
+                    )));
+                }
+                if g.state != "sealed" {
+                    return Err(StoreError::Conflict(format!(
+                        "cache upload {generation_id} is {}, not sealed",
+                        g.state
+                    )));
+                }
+                let repo_id: String =
+                    tx.sql("SELECT repo_id FROM runs WHERE id = $1").bind(&job.run_id).scalar().await?;
+                let inserted = tx
+                    .sql(
+                        "INSERT INTO cache_entries (repo_id, namespace, cache_key, kind, generation_id, size_bytes, \
+                             sha256, created_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) \
+                             ON CONFLICT (repo_id, namespace, cache_key) DO NOTHING",
+                    )
+                    .bind(&repo_id)
+                    .bind(namespace)
+                    .bind(key)
+                    .bind(kind)
+                    .bind(generation_id)
+                    .bind(g.expected_size)
+                    .bind(&g.expected_sha256)
+                    .bind(now)
+                    .execute()
+                    .await?;
+                if inserted == 1 {
+                    return Ok(CacheBinding { bound: true, conflict: false });
+                }
+                let (existing_gen, existing_sha): (String, String) = tx
+                    .sql(
+                        "SELECT generation_id, sha256 FROM cache_entries WHERE repo_id = $1 AND namespace = $2 \
+                             AND cache_key = $3",
+                    )
+                    .bind(&repo_id)
+                    .bind(namespace)
+                    .bind(key)
+                    .one()
+                    .await?;
+                let conflict = existing_gen != generation_id && existing_sha != g.expected_sha256;
+                if conflict {
+                    tx.sql(
+                        "UPDATE cache_entries SET conflicts = conflicts + 1 WHERE repo_id = $1 AND namespace = $2 \
+                             AND cache_key = $3",
+                    )
+                    .bind(&repo_id)
+                    .bind(namespace)
+                    .bind(key)
+                    .execute()
+                    .await?;
+                }
+                Ok(CacheBinding { bound: existing_gen == generation_id, conflict })
+            })
+        })
+        .await
+}
+
+/// `CacheStore::lookup_cache`: the first of `candidates` (namespace, key)
+/// with an entry whose bytes are still sealed; its last use is now.
+pub(crate) async fn lookup_cache(
+    store: &SqlStore,
+    repo_id: &str,
+    candidates: &[(String, String)],
+) -> Result<Option<CacheHit>> {
+    static FIND: Sql = Sql::new(|_| {
+        format!(
+            "SELECT {GEN_COLS}, c.namespace, c.cache_key FROM cache_entries c \
+             JOIN artifact_generations g ON g.id = c.generation_id \
+             WHERE c.repo_id = $1 AND c.namespace = $2 AND c.cache_key = $3 AND g.state = 'sealed'"
+        )
+    });
+    static TOUCH: Sql = Sql::new(|d| {
+        format!(
+            "UPDATE cache_entries SET last_used_at = {now}, hits = hits + 1 \
+             WHERE repo_id = $1 AND namespace = $2 AND cache_key = $3",
+            now = d.now_ms
+        )
+    });
+    for (namespace, key) in candidates {
+        let row = store.reader().await?.sql(&FIND).bind(repo_id).bind(namespace).bind(key).fetch_optional().await?;
+        if let Some(row) = row {
+            let generation = gen_from_row(&row)?;
+            store.writer().await?.sql(&TOUCH).bind(repo_id).bind(namespace).bind(key).execute().await?;
+            return Ok(Some(CacheHit { namespace: namespace.clone(), key: key.clone(), generation }));
+        }
+    }
+    Ok(None)
+}
+
+/// `CacheStore::evict_caches`: entries unused for `ttl_ms`, then the least
+/// recently used of each repository over `repo_quota`, then of all over
+/// `global_budget` (bytes). Returns the evicted entries.
+pub(crate) async fn evict_caches(
+    store: &SqlStore,
+    ttl_ms: i64,
+    repo_quota: i64,
+    global_budget: i64,
+) -> Result<Vec<CacheEntry>> {
+    static ALL: Sql = Sql::new(|_| {
+        "SELECT repo_id, namespace, cache_key, kind, generation_id, size_bytes, sha256, created_at, last_used_at, \
+         hits, conflicts FROM cache_entries ORDER BY last_used_at DESC"
+            .to_string()
+    });
+    let now = now(&mut store.reader().await?).await?;
+    type Row = (String, String, String, String, String, i64, String, i64, i64, i64, i64);
+    let rows: Vec<Row> = store.reader().await?.sql(&ALL).all().await?;
+    let entries: Vec<CacheEntry> = rows
+        .into_iter()
+        .map(
+            |(
+                repo_id,
+                namespace,
+                key,
+                kind,
+                generation_id,
+                size,
+                sha256,
+                created_at,
+                last_used_at,
+                hits,
+                conflicts,
+            )| {
+                CacheEntry {
+                    repo_id,
+                    namespace,
+                    key,
+                    kind,
+                    generation_id,
+                    size_bytes: size,
+                    sha256,
+                    created_at,
+                    last_used_at,
+                    hits,
+                    conflicts,
+                }
+            },
+        )
+        .collect();
+    // Newest use first: walk and keep while within the budgets.
+    let mut per_repo: std::collections::HashMap<&str, i64> = Default::default();
+    let mut global = 0i64;
+    let mut evict = Vec::new();
+    for e in &entries {
+        let repo = per_repo.entry(e.repo_id.as_str()).or_default();
+        let expired = e.last_used_at < now - ttl_ms;
+        if expired || *repo + e.size_bytes > repo_quota || global + e.size_bytes > global_budget {
+            evict.push(e.clone());
+            continue;
+        }
+        *repo += e.size_bytes;
+        global += e.size_bytes;
+    }
+    let mut w = store.writer().await?;
+    let mut done = Vec::new();
+    for e in evict {
+        // Only if unused since it was read: a restore that just touched it wins.
+        let n = w
+            .sql(
+                "DELETE FROM cache_entries WHERE repo_id = $1 AND namespace = $2 AND cache_key = $3 \
+                 AND last_used_at = $4",
+            )
+            .bind(&e.repo_id)
+            .bind(&e.namespace)
+            .bind(&e.key)
+            .bind(e.last_used_at)
+            .execute()
+            .await?;
+        if n == 1 {
+            done.push(e);
+        }
+    }
+    Ok(done)
+}
+
+/// `CacheStore::list_caches`.
+pub(crate) async fn list_caches(store: &SqlStore, repo_id: &str) -> Result<Vec<CacheEntry>> {
+    type Row = (String, String, String, String, String, i64, String, i64, i64, i64, i64);
+    let rows: Vec<Row> = store
+        .reader()
+        .await?
+        .sql(
+            "SELECT repo_id, namespace, cache_key, kind, generation_id, size_bytes, sha256, created_at, last_used_at, \
+             hits, conflicts FROM cache_entries WHERE repo_id = $1 ORDER BY last_used_at DESC",
+        )
+        .bind(repo_id)
+        .all()
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(
+                repo_id,
+                namespace,
+                key,
+                kind,
+                generation_id,
+                size,
+                sha256,
+                created_at,
+                last_used_at,
+                hits,
+                conflicts,
+            )| {
+                CacheEntry {
+                    repo_id,
+                    namespace,
+                    key,
+                    kind,
+                    generation_id,
+                    size_bytes: size,
+                    sha256,
+                    created_at,
+                    last_used_at,
+                    hits,
+                    conflicts,
+                }
+            },
+        )
+        .collect())
+}
+
+/// `CacheStore::report_cache`: what the live attempt says about its cache.
+pub(crate) async fn report_cache(store: &SqlStore, job_id: &str, epoch: i64, report: &str) -> Result<()> {
+    store
+        .transaction(Isolation::Serializable, &(job_id, epoch, report), |tx, &(job_id, epoch, report)| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                require_live(tx, job_id, epoch, now).await?;
+                tx.sql("UPDATE jobs SET cache_result = $1 WHERE id = $2").bind(report).bind(job_id).execute().await?;
+                Ok(())
+            })
+        })
+        .await
+}
