@@ -128,7 +128,7 @@ fn infra(msg: String) -> Ran {
 
 /// An API call retried while retryable; 409 stale_epoch fences, any stop
 /// reason interrupts. Err carries the final error, or `Ran::Stopped`.
-async fn call<T, F, Fut>(t: &Transfer<'_>, what: &str, mut f: F) -> Result<T, CallError>
+pub(crate) async fn call<T, F, Fut>(t: &Transfer<'_>, what: &str, mut f: F) -> Result<T, CallError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ApiError>>,
@@ -160,7 +160,7 @@ where
     }
 }
 
-enum CallError {
+pub(crate) enum CallError {
     Api(ApiError, u32),
     Stopped,
 }
@@ -274,7 +274,7 @@ async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<
     }
 }
 
-enum Fetch {
+pub(crate) enum Fetch {
     Stopped,
     Stale(ApiError),
     Retryable(String),
@@ -283,7 +283,7 @@ enum Fetch {
 
 /// Streams the download into `tmp`; returns (size, sha256) of what arrived.
 /// Stops reading once more than the announced size arrived.
-async fn download(client: &Client, dl: &ArtifactDownload, tmp: &Path) -> Result<(u64, String), Fetch> {
+pub(crate) async fn download(client: &Client, dl: &ArtifactDownload, tmp: &Path) -> Result<(u64, String), Fetch> {
     let mut resp = match client.download(&dl.url).await {
         Ok(r) => r,
         Err(e) if e.is_stale_epoch() => return Err(Fetch::Stale(e)),
@@ -447,7 +447,8 @@ pub(crate) fn part_ranges(size: u64, part_size: u64) -> Vec<(u64, u64)> {
     (0..size.div_ceil(part_size)).map(|n| (n * part_size, ((n + 1) * part_size).min(size))).collect()
 }
 
-async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<(), Ran> {
+/// Uploads and seals `f`; the sealed generation's id.
+pub(crate) async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<String, Ran> {
     let name = &f.name;
     t.logs.system(&format!("uploading artifact `{name}`: {} bytes", f.size));
     let body = CreateUpload { name: name.clone(), size: f.size, sha256: None };
@@ -511,7 +512,7 @@ async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<(), Ran> {
     }
     tracing::info!(artifact = %name, generation = %sealed.generation_id, state = %sealed.state, "sealed artifact");
     t.logs.system(&format!("✓ artifact `{name}` sealed: {} bytes, sha256 {sha256}", f.size));
-    Ok(())
+    Ok(sealed.generation_id)
 }
 
 /// Sends part `n` (bytes `[start, end)` of the spool file) until the server

@@ -243,6 +243,13 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     if let Err(ran) = restore_all(&transfer, &ws).await {
         return ran;
     }
+    // The cache key names the image the steps run in (its digest or local
+    // id), or the host.
+    let image_id = image.clone();
+    let mut cache = match crate::caches::restore(&transfer, &ctx.work_dir, &ws, image_id.as_deref()).await {
+        Ok(c) => c,
+        Err(ran) => return ran,
+    };
 
     let exec: Arc<dyn Executor> = match (&ctx.executor, image, &ctx.engine) {
         (ExecutorKind::Container(settings), Some(image), Some(engine)) => {
@@ -289,6 +296,15 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
         tracing::warn!(error = %e, "sandbox cleanup failed");
     }
     killer.abort();
+    if let Some(c) = cache.as_mut() {
+        if matches!(ran, Ran::Success) && ctl.reason().is_none() {
+            let spool = ctx.spool_of(attempt).join("cache");
+            if let Err(r) = crate::caches::save(&transfer, &ws, &spool, &ctx.work_dir, c).await {
+                return r;
+            }
+        }
+        crate::caches::report(&transfer, c).await;
+    }
     if !matches!(ran, Ran::Success) || a.publish.is_empty() {
         return ran;
     }

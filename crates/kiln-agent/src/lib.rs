@@ -29,6 +29,7 @@
 
 mod artifacts;
 mod attempt;
+mod caches;
 mod checkout;
 mod control;
 mod heartbeat;

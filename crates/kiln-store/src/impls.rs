@@ -416,6 +416,10 @@ impl CacheStore for SqlStore {
         caches::list_caches(self, repo_id).await
     }
 
+    async fn remove_cache(&self, repo_id: &str, namespace: &str, key: &str, generation_id: &str) -> Result<bool> {
+        caches::remove_cache(self, repo_id, namespace, key, generation_id).await
+    }
+
     async fn report_cache(&self, job_id: &str, epoch: i64, report: &str) -> Result<()> {
         caches::report_cache(self, job_id, epoch, report).await
     }

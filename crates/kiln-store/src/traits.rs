@@ -177,6 +177,8 @@ pub trait CacheStore: Send + Sync {
     /// the global budget (least recently used first).
     async fn evict_caches(&self, ttl_ms: i64, repo_quota: i64, global_budget: i64) -> Result<Vec<CacheEntry>>;
     async fn list_caches(&self, repo_id: &str) -> Result<Vec<CacheEntry>>;
+    /// Delete the entry (namespace, key) if it still names `generation_id`.
+    async fn remove_cache(&self, repo_id: &str, namespace: &str, key: &str, generation_id: &str) -> Result<bool>;
     /// Record the live attempt's cache report (JSON) on its job.
     async fn report_cache(&self, job_id: &str, epoch: i64, report: &str) -> Result<()>;
 }

@@ -110,6 +110,9 @@ pub(crate) async fn report(state: &AppState, (job, epoch): (&str, i64), info: ap
     }
     if info.result == "partial-refused" || info.result == "error" {
         state.cache_counts.integrity_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(ns) = &info.namespace {
+            verify_entry(state, job, epoch, ns, &info.key).await?;
+        }
     }
     if let Some(b) = info.bytes
         && info.result == "hit"
@@ -132,4 +135,44 @@ pub(crate) async fn evict_once(state: &AppState) -> Result<usize, StoreError> {
         tracing::info!(evicted = gone.len(), "cache entries evicted");
     }
     Ok(gone.len())
+}
+
+/// A restore from `namespace`/`key` failed: check the stored bytes against
+/// the entry's digest ourselves (a report alone proves nothing) and drop an
+/// entry whose bytes are damaged, so the next save can bind fresh ones.
+async fn verify_entry(state: &AppState, job: &str, epoch: i64, namespace: &str, key: &str) -> ApiResult<()> {
+    let (repo_id, _, readable) = scope(state, job, epoch).await?;
+    if !readable.iter().any(|n| n == namespace) {
+        return Ok(());
+    }
+    let candidates = [(namespace.to_string(), key.to_string())];
+    let Some(hit) = state.store.lookup_cache(&repo_id, &candidates).await? else { return Ok(()) };
+    let kiln_blob::BlobStore::Local(local) = &state.blob else { return Ok(()) };
+    let intact = match local.open(&hit.generation.object_key).await {
+        Ok((mut file, len)) => {
+            use sha2::Digest;
+            use tokio::io::AsyncReadExt;
+            let mut h = sha2::Sha256::new();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total = 0u64;
+            loop {
+                let n = file.read(&mut buf).await.map_err(|e| ApiErr::internal(e.to_string()))?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+                h.update(&buf[..n]);
+            }
+            total == len
+                && len == hit.generation.expected_size as u64
+                && hex::encode(h.finalize()) == hit.generation.expected_sha256
+        }
+        Err(_) => false,
+    };
+    if !intact {
+        tracing::warn!(namespace, key, generation = %hit.generation.id, "cache entry's bytes are damaged: dropped");
+        state.store.remove_cache(&repo_id, namespace, key, &hit.generation.id).await?;
+        state.cache_counts.evictions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(())
 }

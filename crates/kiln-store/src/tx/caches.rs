@@ -275,3 +275,26 @@ pub(crate) async fn report_cache(store: &SqlStore, job_id: &str, epoch: i64, rep
         })
         .await
 }
+
+/// `CacheStore::remove_cache`: delete the entry if it still names `generation_id`.
+pub(crate) async fn remove_cache(
+    store: &SqlStore,
+    repo_id: &str,
+    namespace: &str,
+    key: &str,
+    generation_id: &str,
+) -> Result<bool> {
+    let n = store
+        .writer()
+        .await?
+        .sql(
+            "DELETE FROM cache_entries WHERE repo_id = $1 AND namespace = $2 AND cache_key = $3 AND generation_id = $4",
+        )
+        .bind(repo_id)
+        .bind(namespace)
+        .bind(key)
+        .bind(generation_id)
+        .execute()
+        .await?;
+    Ok(n == 1)
+}

@@ -1,0 +1,365 @@
+//! The job's build cache on the agent (spec 000 §10, §14; issue 15).
+//!
+//! Before the steps: the key is computed from the cache block, the image
+//! and the declared input files at the checkout; the node-local copy is
+//! tried first, then the server (only the namespaces the assignment allows
+//! this run to read). Every archive is verified and unpacked by
+//! `kiln_cache::unpack`, which leaves the targets untouched on any failure:
+//! a refused, corrupt, truncated or vanished archive is a clean miss and
+//! the job runs cold.
+//!
+//! After successful steps on a miss: the declared paths are packed, uploaded
+//! through the live epoch's upload session (artifact `@cache`), and bound to
+//! the key in the run's one writable namespace; the server keeps the first
+//! writer. Cache trouble never fails the job: it is reported (log, run API).
+
+use crate::artifacts::{CallError, Fetch, Frozen, Transfer, call, download, upload};
+use crate::ran::Ran;
+use kiln_api::{CacheCandidate, CacheInfo, CacheLookup, CacheSave, CacheSpec};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Node-local copies kept at most (least recently used removed first).
+const LOCAL_BUDGET: u64 = 5 << 30;
+
+/// What the restore decided, carried to the save and the report.
+pub(crate) struct CacheRun {
+    spec: CacheSpec,
+    /// (namespace, key) per readable namespace, in lookup order.
+    candidates: Vec<(String, String)>,
+    /// The key in the writable namespace.
+    write_key: String,
+    pub(crate) info: CacheInfo,
+    hit: bool,
+    started: Instant,
+}
+
+fn local_name(namespace: &str, key: &str) -> String {
+    hex::encode(Sha256::digest(format!("{namespace}\n{key}").as_bytes()))
+}
+
+/// The declared paths as (declared, directory in the workspace); None (with
+/// the reason) for a path the agent cannot cache yet.
+fn targets(ws: &Path, spec: &CacheSpec) -> Result<Vec<(String, PathBuf)>, String> {
+    spec.paths
+        .iter()
+        .map(|p| match crate::artifacts::workspace_relative(p) {
+            Some(rel) => Ok((p.clone(), ws.join(rel))),
+            None => Err(format!(
+                "cache path `{p}` is not inside the workspace: only workspace-relative cache paths are cached so far"
+            )),
+        })
+        .collect()
+}
+
+/// Compute the key and restore; None when the job declares no cache.
+pub(crate) async fn restore(
+    t: &Transfer<'_>,
+    work_dir: &Path,
+    ws: &Path,
+    image: Option<&str>,
+) -> Result<Option<CacheRun>, Ran> {
+    let Some(spec) = t.a.cache.clone() else { return Ok(None) };
+    let started = Instant::now();
+    let mut run = CacheRun {
+        candidates: vec![],
+        write_key: String::new(),
+        info: CacheInfo { result: "miss".into(), ..Default::default() },
+        hit: false,
+        started,
+        spec,
+    };
+    let dirs = match targets(ws, &run.spec) {
+        Ok(d) => d,
+        Err(why) => {
+            t.logs.system(&format!("cache: {why}; the job runs without its cache"));
+            run.info.result = "error".into();
+            run.info.message = Some(why);
+            return Ok(Some(run));
+        }
+    };
+    let (ws2, inputs) = (ws.to_path_buf(), run.spec.inputs.clone());
+    let hashed = tokio::task::spawn_blocking(move || kiln_cache::hash_inputs(&ws2, &inputs)).await;
+    let inputs = match hashed {
+        Ok(Ok(i)) => i,
+        Ok(Err(e)) => {
+            t.logs.system(&format!("cache: cannot hash the declared inputs: {e}; the job runs without its cache"));
+            run.info.result = "error".into();
+            run.info.message = Some(e.to_string());
+            return Ok(Some(run));
+        }
+        Err(e) => return Err(Ran::Infra(format!("the input hashing task failed: {e}"))),
+    };
+    let key_for = |namespace: &str| {
+        kiln_cache::cache_key(&kiln_cache::KeyParts {
+            namespace: namespace.to_string(),
+            os: std::env::consts::OS.into(),
+            arch: std::env::consts::ARCH.into(),
+            image: image.unwrap_or("host").to_string(),
+            kind: run.spec.kind.clone(),
+            version: run.spec.version.clone(),
+            paths: run.spec.paths.clone(),
+            inputs: inputs.clone(),
+        })
+    };
+    run.candidates = run.spec.read_namespaces.iter().map(|ns| (ns.clone(), key_for(ns))).collect();
+    run.write_key = key_for(&run.spec.write_namespace);
+    run.info.key = run.write_key.clone();
+    let local_dir = work_dir.join("caches");
+    let declared: Vec<String> = dirs.iter().map(|d| d.0.clone()).collect();
+    let target_dirs: Vec<PathBuf> = dirs.iter().map(|d| d.1.clone()).collect();
+
+    // 1. The node-local copy.
+    for (ns, key) in run.candidates.clone() {
+        let file = local_dir.join(local_name(&ns, &key));
+        if !file.is_file() {
+            continue;
+        }
+        match unpack_file(&file, &target_dirs, &declared).await {
+            Ok(bytes) => {
+                let _ = filetime_touch(&file);
+                t.logs.system(&format!("cache: hit on this agent ({ns}), {bytes} bytes restored"));
+                run.hit_with(&ns, bytes);
+                run.info.message = Some("node-local copy".into());
+                return Ok(Some(run));
+            }
+            Err(e) => {
+                t.logs.system(&format!("cache: the node-local copy was refused ({e}); it is removed"));
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+    }
+    // 2. The server.
+    let body = CacheLookup {
+        candidates: run
+            .candidates
+            .iter()
+            .map(|(n, k)| CacheCandidate { namespace: n.clone(), key: k.clone() })
+            .collect(),
+    };
+    let found = match call(t, "cache lookup", || t.client.cache_lookup(&t.a.job_id, t.a.epoch, &body)).await {
+        Ok(r) => r.hit,
+        Err(CallError::Stopped) => return Err(Ran::Stopped),
+        Err(CallError::Api(e, _)) => {
+            t.logs.system(&format!("cache: lookup failed ({e}); the job runs cold"));
+            run.info.result = "error".into();
+            run.info.message = Some(e.to_string());
+            return Ok(Some(run));
+        }
+    };
+    let Some(hit) = found else {
+        t.logs.system("cache: miss; the job runs cold and saves its cache if it succeeds");
+        return Ok(Some(run));
+    };
+    if let Err(e) = std::fs::DirBuilder::new().recursive(true).create(local_dir.join("tmp")) {
+        return Ok(Some(run.failed(t, "error", format!("cannot create {}: {e}", local_dir.display()))));
+    }
+    let tmp = local_dir.join("tmp").join(format!("{}.part", uuid_like()));
+    let got = download(t.client, &hit.download, &tmp).await;
+    let verified = match got {
+        Ok((size, sha)) if size == hit.download.size && sha.eq_ignore_ascii_case(&hit.download.sha256) => Ok(()),
+        Ok((size, sha)) => Err(format!(
+            "the download has {size} bytes with sha256 {sha}, not {} bytes with {}",
+            hit.download.size, hit.download.sha256
+        )),
+        Err(Fetch::Stopped) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Ran::Stopped);
+        }
+        Err(Fetch::Stale(e)) => Err(e.to_string()),
+        Err(Fetch::Retryable(e) | Fetch::Fatal(e)) => Err(e),
+    };
+    if let Err(why) = verified {
+        let _ = std::fs::remove_file(&tmp);
+        let mut run = run.failed(t, "error", format!("the cache download failed: {why}"));
+        run.info.namespace = Some(hit.namespace.clone());
+        run.info.key = hit.key.clone();
+        // Tell the server now: it checks the stored bytes and drops a
+        // damaged entry, so this attempt's save can replace it.
+        report(t, &run).await;
+        run.info.key = run.write_key.clone();
+        return Ok(Some(run));
+    }
+    match unpack_file(&tmp, &target_dirs, &declared).await {
+        Ok(bytes) => {
+            let keep = local_dir.join(local_name(&hit.namespace, &hit.key));
+            if std::fs::rename(&tmp, &keep).is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            prune_local(&local_dir, LOCAL_BUDGET);
+            t.logs.system(&format!("cache: hit ({}), {bytes} bytes restored", hit.namespace));
+            run.hit_with(&hit.namespace, bytes);
+            Ok(Some(run))
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            let mut run = run.failed(t, "partial-refused", format!("the cache archive was refused: {e}"));
+            run.info.namespace = Some(hit.namespace.clone());
+            run.info.key = hit.key.clone();
+            report(t, &run).await;
+            run.info.key = run.write_key.clone();
+            Ok(Some(run))
+        }
+    }
+}
+
+impl CacheRun {
+    fn hit_with(&mut self, namespace: &str, bytes: u64) {
+        self.hit = true;
+        self.info.result = "hit".into();
+        self.info.namespace = Some(namespace.to_string());
+        self.info.bytes = Some(bytes);
+        self.info.seconds = Some(self.started.elapsed().as_secs_f64());
+    }
+
+    fn failed(mut self, t: &Transfer<'_>, result: &str, why: String) -> CacheRun {
+        t.logs.system(&format!("cache: {why}; nothing was restored, the job runs cold"));
+        self.info.result = result.into();
+        self.info.message = Some(why);
+        self
+    }
+}
+
+async fn unpack_file(file: &Path, targets: &[PathBuf], declared: &[String]) -> Result<u64, kiln_cache::CacheError> {
+    let (file, targets, declared) = (file.to_path_buf(), targets.to_vec(), declared.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&file).map_err(kiln_cache::CacheError::Io)?;
+        kiln_cache::unpack(std::io::BufReader::new(f), &targets, &declared, &kiln_cache::Limits::default())
+            .map(|u| u.bytes)
+    })
+    .await
+    .map_err(|e| kiln_cache::CacheError::Io(std::io::Error::other(e.to_string())))?
+}
+
+/// After successful steps: save on a miss (a hit's key already exists).
+pub(crate) async fn save(
+    t: &Transfer<'_>,
+    ws: &Path,
+    spool: &Path,
+    work_dir: &Path,
+    run: &mut CacheRun,
+) -> Result<(), Ran> {
+    if run.hit || run.write_key.is_empty() {
+        return Ok(());
+    }
+    let Ok(dirs) = targets(ws, &run.spec) else { return Ok(()) };
+    let started = Instant::now();
+    if let Err(e) = std::fs::DirBuilder::new().recursive(true).create(spool) {
+        run.info.saved = Some(format!("not saved: cannot create {}: {e}", spool.display()));
+        return Ok(());
+    }
+    let archive = spool.join("cache.tar.zst");
+    let (archive2, dirs2) = (archive.clone(), dirs.clone());
+    let packed = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::create(&archive2).map_err(kiln_cache::CacheError::Io)?;
+        let mut w = std::io::BufWriter::new(f);
+        let p = kiln_cache::pack(&dirs2, &mut w, 3)?;
+        std::io::Write::flush(&mut w).map_err(kiln_cache::CacheError::Io)?;
+        Ok::<_, kiln_cache::CacheError>(p)
+    })
+    .await
+    .map_err(|e| Ran::Infra(format!("the cache packing task failed: {e}")))?;
+    let packed = match packed {
+        Ok(p) => p,
+        Err(e) => {
+            t.logs.system(&format!("cache: not saved: {e}"));
+            run.info.saved = Some(format!("not saved: {e}"));
+            let _ = std::fs::remove_file(&archive);
+            return Ok(());
+        }
+    };
+    t.logs.system(&format!(
+        "cache: saving {} bytes ({} files and directories) as {}",
+        packed.archive_bytes,
+        packed.manifest.entries.len(),
+        run.spec.write_namespace
+    ));
+    let frozen = Frozen { name: kiln_store_cache_name(), path: archive.clone(), size: packed.archive_bytes };
+    let generation = match upload(t, &frozen).await {
+        Ok(g) => g,
+        Err(Ran::Stopped) => return Err(Ran::Stopped),
+        Err(ran) => {
+            run.info.saved = Some(format!("not saved: {ran:?}"));
+            let _ = std::fs::remove_file(&archive);
+            return Ok(());
+        }
+    };
+    let body = CacheSave {
+        generation_id: generation,
+        namespace: run.spec.write_namespace.clone(),
+        key: run.write_key.clone(),
+    };
+    match call(t, "cache save", || t.client.cache_save(&t.a.job_id, t.a.epoch, &body)).await {
+        Ok(s) if s.conflict => {
+            t.logs.system("cache: warning: another attempt saved other bytes under this key first; it stays");
+            run.info.saved = Some("conflict".into());
+        }
+        Ok(s) if s.bound => {
+            run.info.saved = Some("saved".into());
+            // Keep it on this agent too: the next run here restores locally.
+            let local_dir = work_dir.join("caches");
+            if std::fs::DirBuilder::new().recursive(true).create(&local_dir).is_ok() {
+                let keep = local_dir.join(local_name(&run.spec.write_namespace, &run.write_key));
+                if std::fs::rename(&archive, &keep).is_ok() {
+                    prune_local(&local_dir, LOCAL_BUDGET);
+                }
+            }
+        }
+        Ok(_) => run.info.saved = Some("exists".into()),
+        Err(CallError::Stopped) => return Err(Ran::Stopped),
+        Err(CallError::Api(e, _)) => {
+            t.logs.system(&format!("cache: not saved: {e}"));
+            run.info.saved = Some(format!("not saved: {e}"));
+        }
+    }
+    let _ = std::fs::remove_file(&archive);
+    run.info.bytes = Some(packed.archive_bytes);
+    run.info.seconds = Some(run.info.seconds.unwrap_or(0.0) + started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn kiln_store_cache_name() -> String {
+    "@cache".to_string()
+}
+
+/// Tell the server what happened (shown on the job); best effort.
+pub(crate) async fn report(t: &Transfer<'_>, run: &CacheRun) {
+    if run.info.seconds.is_none() {
+        let mut info = run.info.clone();
+        info.seconds = Some(run.started.elapsed().as_secs_f64());
+        let _ = t.client.cache_report(&t.a.job_id, t.a.epoch, &info).await;
+    } else {
+        let _ = t.client.cache_report(&t.a.job_id, t.a.epoch, &run.info).await;
+    }
+}
+
+fn uuid_like() -> String {
+    format!("{}-{}", std::process::id(), rand::random::<u64>())
+}
+
+/// Mark a node-local copy as just used (its mtime), for the LRU prune.
+fn filetime_touch(file: &Path) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new().append(true).open(file)?;
+    f.set_modified(std::time::SystemTime::now())
+}
+
+/// Remove the least recently used node-local copies beyond `budget` bytes.
+fn prune_local(dir: &Path, budget: u64) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = rd
+        .flatten()
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            m.is_file().then(|| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len(), e.path()))
+        })
+        .collect();
+    files.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut total = 0u64;
+    for (_, len, path) in files {
+        total += len;
+        if total > budget {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Build caches end to end (issue 15): `kiln up` with a real agent, a real
+//! git repository and the local blob store. A cold run saves, the next one
+//! restores; changing an input file changes the key; an untrusted run reads
+//! the protected namespace but its own writes are invisible to trusted runs;
+//! a corrupted stored archive (and node-local copy) is a clean miss that
+//! re-saves.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnUp, TestRepo};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+const WF: &str = r#"version: 1
+jobs:
+  - name: build
+    cache: {kind: deps, version: "1", inputs: [lock.txt], paths: [deps]}
+    steps:
+      - 'if [ -f deps/built ]; then echo "restored: $(cat deps/built)"; else mkdir -p deps/sub && echo "fresh-$KILN_RUN_ID" > deps/built && head -c 100000 /dev/urandom > deps/sub/blob && echo "cold build"; fi'
+"#;
+
+async fn run(up: &KilnUp, c: &Client, event: Option<&str>) -> (kiln_api::Run, String) {
+    let body = SubmitRun { commit_sha: "main".into(), event: event.map(str::to_string), ..Default::default() };
+    let r = c.submit_run("app", &body, None).await.unwrap();
+    let run = kiln_testkit::wait_run(c, &r.run_id, 120).await;
+    let out = up.cli().args(["logs", &r.run_id]).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(run.status.as_str(), "success", "{log}\n{}", up.log());
+    (run, log)
+}
+
+fn cache(r: &kiln_api::Run) -> kiln_api::CacheInfo {
+    r.jobs[0].cache.clone().expect("the job reports its cache")
+}
+
+fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files_under(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF), ("lock.txt", "v1\n")]).unwrap();
+    let out = up.cli().args(["repo", "add", "app", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success());
+    let c = Client::new(&up.url, &up.token);
+
+    // Cold, then warm.
+    let (r1, log1) = run(&up, &c, None).await;
+    assert!(log1.contains("cold build"), "{log1}");
+    let c1 = cache(&r1);
+    assert_eq!((c1.result.as_str(), c1.saved.as_deref()), ("miss", Some("saved")), "{c1:?}");
+    let (r2, log2) = run(&up, &c, None).await;
+    assert!(log2.contains(&format!("restored: fresh-{}", r1.id)), "{log2}");
+    let c2 = cache(&r2);
+    assert_eq!(c2.result, "hit", "{c2:?}");
+    assert_eq!(c2.key, c1.key, "same inputs, same key");
+
+    // An input changes: a new key, a miss.
+    repo.commit(&[("lock.txt", "v2\n")], "bump").unwrap();
+    let (r3, log3) = run(&up, &c, None).await;
+    assert!(log3.contains("cold build"), "{log3}");
+    assert_ne!(cache(&r3).key, c1.key);
+    assert_eq!(cache(&r3).result, "miss");
+
+    // An untrusted run may read the protected namespace...
+    let (r4, log4) = run(&up, &c, Some("pull_request")).await;
+    assert_eq!(r4.trust, "untrusted");
+    assert!(log4.contains(&format!("restored: fresh-{}", r3.id)), "{log4}");
+    assert_eq!(cache(&r4).namespace.as_deref(), Some("protected"));
+    // ...but what it writes, trusted runs never see.
+    repo.commit(&[("lock.txt", "v3\n")], "bump again").unwrap();
+    let (r5, log5) = run(&up, &c, Some("pull_request")).await;
+    assert!(log5.contains("cold build"), "{log5}");
+    assert_eq!(cache(&r5).saved.as_deref(), Some("saved"));
+    let (r6, log6) = run(&up, &c, None).await;
+    assert!(log6.contains("cold build"), "a trusted run must not restore an untrusted run's cache: {log6}");
+    assert_eq!(cache(&r6).result, "miss");
+    assert_eq!(cache(&r6).saved.as_deref(), Some("saved"));
+
+    // Damage the stored archive of r6 and the agent's node-local copies.
+    let mut all = Vec::new();
+    files_under(&up.data_dir().join("objects"), &mut all);
+    let stored: Vec<_> = all.iter().filter(|p| p.display().to_string().contains(&r6.id)).collect();
+    assert!(!stored.is_empty(), "r6's archive is in the object store");
+    for p in stored {
+        let mut bytes = std::fs::read(p).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(p, bytes).unwrap();
+    }
+    let mut local = Vec::new();
+    files_under(&up.data_dir().join("agents"), &mut local);
+    for p in local.iter().filter(|p| p.parent().is_some_and(|d| d.ends_with("caches"))) {
+        std::fs::write(p, b"garbage").unwrap();
+    }
+    let (r7, log7) = run(&up, &c, None).await;
+    assert!(log7.contains("cold build"), "a damaged cache is a clean miss: {log7}");
+    let c7 = cache(&r7);
+    assert_eq!(c7.result, "error", "{c7:?}");
+    assert_eq!(c7.saved.as_deref(), Some("saved"), "the damaged entry was dropped and re-saved: {c7:?}");
+    let (r8, log8) = run(&up, &c, None).await;
+    assert!(log8.contains(&format!("restored: fresh-{}", r7.id)), "{log8}");
+    assert_eq!(cache(&r8).result, "hit");
+}
