@@ -354,7 +354,7 @@ fn prune_local(dir: &Path, budget: u64) {
             m.is_file().then(|| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len(), e.path()))
         })
         .collect();
-    files.sort_by(|a, b| b.0.cmp(&a.0));
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
     let mut total = 0u64;
     for (_, len, path) in files {
         total += len;
