@@ -21,6 +21,7 @@ pub mod accept;
 pub mod access;
 pub mod artifacts;
 pub mod bench;
+pub mod caches;
 pub mod cancel;
 pub mod claim;
 pub mod completion;
@@ -63,6 +64,9 @@ macro_rules! suite {
             access::agents_register_in_pools_and_removal_ends_their_leases,
             access::secret_pools_and_audit_log,
             access::secrets_are_replaced_all_or_nothing,
+            caches::cache_keys_bind_first_writer_wins_and_fenced_attempts_bind_nothing,
+            caches::concurrent_saves_of_one_key_leave_one_binding,
+            caches::eviction_frees_entries_and_their_bytes_become_garbage,
             forge::deliveries_are_recorded_once_and_planned_by_one_claimant,
             forge::reports_follow_their_run_and_newer_ones_supersede,
             forge::the_leader_lease_has_one_holder_until_it_lapses,
