@@ -179,6 +179,7 @@ pub(crate) async fn restore(
         // damaged entry, so this attempt's save can replace it.
         report(t, &run).await;
         run.info.key = run.write_key.clone();
+        run.info.namespace = None;
         return Ok(Some(run));
     }
     match unpack_file(&tmp, &target_dirs, &declared).await {
@@ -199,6 +200,7 @@ pub(crate) async fn restore(
             run.info.key = hit.key.clone();
             report(t, &run).await;
             run.info.key = run.write_key.clone();
+            run.info.namespace = None;
             Ok(Some(run))
         }
     }

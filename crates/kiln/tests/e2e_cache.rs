@@ -110,4 +110,12 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     let (r8, log8) = run(&up, &c, None).await;
     assert!(log8.contains(&format!("restored: fresh-{}", r7.id)), "{log8}");
     assert_eq!(cache(&r8).result, "hit");
+    let metrics = reqwest::get(format!("{}/metrics", up.url)).await.unwrap().text().await.unwrap();
+    for line in [
+        "kiln_cache_lookups_total{result=\"hit\"} ",
+        "kiln_cache_integrity_failures_total 1",
+        "kiln_cache_evictions_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
 }

@@ -33,13 +33,39 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
          kiln_webhook_deliveries_total{{outcome=\"duplicate\"}} {}\n\
          kiln_webhook_deliveries_total{{outcome=\"ignored\"}} {}\n\
          kiln_webhook_deliveries_total{{outcome=\"bad_signature\"}} {}\n\
-         kiln_webhook_deliveries_total{{outcome=\"bad_payload\"}} {}\n",
+         kiln_webhook_deliveries_total{{outcome=\"bad_payload\"}} {}\n\
+         # HELP kiln_cache_lookups_total Cache lookups by result.\n\
+         # TYPE kiln_cache_lookups_total counter\n\
+         kiln_cache_lookups_total{{result=\"hit\"}} {}\n\
+         kiln_cache_lookups_total{{result=\"miss\"}} {}\n\
+         # HELP kiln_cache_saves_total Cache archives bound to their key (first writer).\n\
+         # TYPE kiln_cache_saves_total counter\n\
+         kiln_cache_saves_total {}\n\
+         # HELP kiln_cache_conflicts_total Saves refused because the key held other bytes.\n\
+         # TYPE kiln_cache_conflicts_total counter\n\
+         kiln_cache_conflicts_total {}\n\
+         # HELP kiln_cache_evictions_total Cache entries evicted (TTL, quota, budget, damaged).\n\
+         # TYPE kiln_cache_evictions_total counter\n\
+         kiln_cache_evictions_total {}\n\
+         # HELP kiln_cache_integrity_failures_total Restores refused or failed (the job ran cold).\n\
+         # TYPE kiln_cache_integrity_failures_total counter\n\
+         kiln_cache_integrity_failures_total {}\n\
+         # HELP kiln_cache_restored_bytes_total Bytes restored from caches (as reported by agents).\n\
+         # TYPE kiln_cache_restored_bytes_total counter\n\
+         kiln_cache_restored_bytes_total {}\n",
         state.dispatcher.depth(),
         w.accepted.load(Relaxed),
         w.duplicate.load(Relaxed),
         w.ignored.load(Relaxed),
         w.rejected_signature.load(Relaxed),
         w.rejected_payload.load(Relaxed),
+        state.cache_counts.hits.load(Relaxed),
+        state.cache_counts.misses.load(Relaxed),
+        state.cache_counts.saves.load(Relaxed),
+        state.cache_counts.conflicts.load(Relaxed),
+        state.cache_counts.evictions.load(Relaxed),
+        state.cache_counts.integrity_failures.load(Relaxed),
+        state.cache_counts.bytes_restored.load(Relaxed),
     );
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }

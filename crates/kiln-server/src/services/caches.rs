@@ -108,11 +108,13 @@ pub(crate) async fn report(state: &AppState, (job, epoch): (&str, i64), info: ap
     if text.len() > 4096 {
         return Err(ApiErr::bad_request("a cache report is at most 4 KiB"));
     }
-    if info.result == "partial-refused" || info.result == "error" {
+    // A failed restore of a found entry names where it came from: counted,
+    // and the stored bytes are checked.
+    if (info.result == "partial-refused" || info.result == "error")
+        && let Some(ns) = &info.namespace
+    {
         state.cache_counts.integrity_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(ns) = &info.namespace {
-            verify_entry(state, job, epoch, ns, &info.key).await?;
-        }
+        verify_entry(state, job, epoch, ns, &info.key).await?;
     }
     if let Some(b) = info.bytes
         && info.result == "hit"

@@ -8,6 +8,7 @@ mod agents;
 mod artifacts;
 mod attempts;
 mod auth;
+mod caches;
 mod health;
 mod logs;
 mod repos;
