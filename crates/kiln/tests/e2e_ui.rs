@@ -242,8 +242,9 @@ async fn start_run_open_artifact_and_cancel_in_chromium() {
 jobs:
   - name: build
     needs: []
+    cache: {kind: deps, version: "1", paths: [deps]}
     steps:
-      - mkdir -p out && printf 'artifact bytes of %s\n' "$KILN_RUN_ID" > out/app.txt
+      - mkdir -p out deps && printf 'artifact bytes of %s\n' "$KILN_RUN_ID" > out/app.txt && echo x > deps/x
     artifacts:
       publish:
         - {name: app, path: out/app.txt}
@@ -290,6 +291,8 @@ jobs:
     })
     .await;
     c.goto(&format!("{}/#/runs/{}", up.url, run_id)).await.unwrap();
+    // The job's cache result shows on the run page (issue 15).
+    assert!(wait_text(&c, "table.cards", "cache miss").await, "the job table shows the cache result");
     let link = wait().for_element(Locator::Css("button[title='Download app']")).await.unwrap();
     link.click().await.unwrap();
     let expected = format!("artifact bytes of {run_id}\n");
