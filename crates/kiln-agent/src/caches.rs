@@ -110,27 +110,9 @@ pub(crate) async fn restore(
     let declared: Vec<String> = dirs.iter().map(|d| d.0.clone()).collect();
     let target_dirs: Vec<PathBuf> = dirs.iter().map(|d| d.1.clone()).collect();
 
-    // 1. The node-local copy.
-    for (ns, key) in run.candidates.clone() {
-        let file = local_dir.join(local_name(&ns, &key));
-        if !file.is_file() {
-            continue;
-        }
-        match unpack_file(&file, &target_dirs, &declared).await {
-            Ok(bytes) => {
-                let _ = filetime_touch(&file);
-                t.logs.system(&format!("cache: hit on this agent ({ns}), {bytes} bytes restored"));
-                run.hit_with(&ns, bytes);
-                run.info.message = Some("node-local copy".into());
-                return Ok(Some(run));
-            }
-            Err(e) => {
-                t.logs.system(&format!("cache: the node-local copy was refused ({e}); it is removed"));
-                let _ = std::fs::remove_file(&file);
-            }
-        }
-    }
-    // 2. The server.
+    // The server decides whether there is an entry this run may read, and
+    // its digest: a node-local copy is used only if it has those bytes (a
+    // step that could write the agent's directory cannot poison it).
     let body = CacheLookup {
         candidates: run
             .candidates
@@ -152,6 +134,35 @@ pub(crate) async fn restore(
         t.logs.system("cache: miss; the job runs cold and saves its cache if it succeeds");
         return Ok(Some(run));
     };
+    let local = local_dir.join(local_name(&hit.namespace, &hit.key));
+    if local.is_file() {
+        let (path, want) = (local.clone(), hit.download.sha256.clone());
+        let same = tokio::task::spawn_blocking(move || file_sha256(&path).is_ok_and(|h| h.eq_ignore_ascii_case(&want)))
+            .await
+            .unwrap_or(false);
+        match same {
+            true => match unpack_file(&local, &target_dirs, &declared).await {
+                Ok(bytes) => {
+                    let _ = filetime_touch(&local);
+                    t.logs.system(&format!(
+                        "cache: hit ({}) from this agent's copy, {bytes} bytes restored",
+                        hit.namespace
+                    ));
+                    run.hit_with(&hit.namespace, bytes);
+                    run.info.message = Some("node-local copy".into());
+                    return Ok(Some(run));
+                }
+                Err(e) => {
+                    t.logs.system(&format!("cache: this agent's copy was refused ({e}); it is removed"));
+                    let _ = std::fs::remove_file(&local);
+                }
+            },
+            false => {
+                t.logs.system("cache: this agent's copy does not have the entry's bytes; it is removed");
+                let _ = std::fs::remove_file(&local);
+            }
+        }
+    }
     if let Err(e) = std::fs::DirBuilder::new().recursive(true).create(local_dir.join("tmp")) {
         return Ok(Some(run.failed(t, "error", format!("cannot create {}: {e}", local_dir.display()))));
     }
@@ -338,6 +349,20 @@ pub(crate) async fn report(t: &Transfer<'_>, run: &CacheRun) {
 
 fn uuid_like() -> String {
     format!("{}-{}", std::process::id(), rand::random::<u64>())
+}
+
+/// sha256 of a file, hex.
+fn file_sha256(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf)?;
+        if n == 0 {
+            return Ok(hex::encode(h.finalize()));
+        }
+        h.update(&buf[..n]);
+    }
 }
 
 /// Mark a node-local copy as just used (its mtime), for the LRU prune.

@@ -64,6 +64,26 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     assert_eq!(c2.result, "hit", "{c2:?}");
     assert_eq!(c2.key, c1.key, "same inputs, same key");
 
+    // A node-local copy replaced by another valid archive (what a step that
+    // could write the agent's directory might do) is not used: only bytes
+    // with the server's digest are restored.
+    let poison = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(poison.path().join("deps")).unwrap();
+    std::fs::write(poison.path().join("deps/built"), "poisoned\n").unwrap();
+    let mut archive = Vec::new();
+    kiln_cache::pack(&[("deps".to_string(), poison.path().join("deps"))], &mut archive, 3).unwrap();
+    let mut copies = Vec::new();
+    files_under(&up.data_dir().join("agents"), &mut copies);
+    let copies: Vec<_> = copies.into_iter().filter(|p| p.parent().is_some_and(|d| d.ends_with("caches"))).collect();
+    assert!(!copies.is_empty(), "the agent kept a node-local copy");
+    for p in &copies {
+        std::fs::write(p, &archive).unwrap();
+    }
+    let (r2b, log2b) = run(&up, &c, None).await;
+    assert!(!log2b.contains("poisoned"), "{log2b}");
+    assert!(log2b.contains(&format!("restored: fresh-{}", r1.id)), "{log2b}");
+    assert_eq!(cache(&r2b).result, "hit");
+
     // An input changes: a new key, a miss.
     repo.commit(&[("lock.txt", "v2\n")], "bump").unwrap();
     let (r3, log3) = run(&up, &c, None).await;
