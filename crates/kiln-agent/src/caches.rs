@@ -288,7 +288,7 @@ pub(crate) async fn save(
         packed.manifest.entries.len(),
         run.spec.write_namespace
     ));
-    let frozen = Frozen { name: kiln_store_cache_name(), path: archive.clone(), size: packed.archive_bytes };
+    let frozen = Frozen { name: CACHE_ARTIFACT.to_string(), path: archive.clone(), size: packed.archive_bytes };
     let generation = match upload(t, &frozen).await {
         Ok(g) => g,
         Err(Ran::Stopped) => return Err(Ran::Stopped),
@@ -332,19 +332,15 @@ pub(crate) async fn save(
     Ok(())
 }
 
-fn kiln_store_cache_name() -> String {
-    "@cache".to_string()
-}
+/// The artifact name cache archives are uploaded under (the server's
+/// `kiln_store::CACHE_ARTIFACT`).
+const CACHE_ARTIFACT: &str = "@cache";
 
 /// Tell the server what happened (shown on the job); best effort.
 pub(crate) async fn report(t: &Transfer<'_>, run: &CacheRun) {
-    if run.info.seconds.is_none() {
-        let mut info = run.info.clone();
-        info.seconds = Some(run.started.elapsed().as_secs_f64());
-        let _ = t.client.cache_report(&t.a.job_id, t.a.epoch, &info).await;
-    } else {
-        let _ = t.client.cache_report(&t.a.job_id, t.a.epoch, &run.info).await;
-    }
+    let mut info = run.info.clone();
+    info.seconds.get_or_insert_with(|| run.started.elapsed().as_secs_f64());
+    let _ = t.client.cache_report(&t.a.job_id, t.a.epoch, &info).await;
 }
 
 fn uuid_like() -> String {

@@ -17,15 +17,22 @@ use kiln_store::StoreError;
 /// Longest cache key or namespace accepted.
 const MAX_KEY: usize = 512;
 
-/// The live attempt's run: (repository id, write namespace, read namespaces).
-async fn scope(state: &AppState, job: &str, epoch: i64) -> ApiResult<(String, String, Vec<String>)> {
+/// The live attempt's job and run, and the run's namespaces.
+struct Scope {
+    job: kiln_store::JobRecord,
+    run: kiln_store::RunRecord,
+    writable: String,
+    readable: Vec<String>,
+}
+
+async fn scope(state: &AppState, job: &str, epoch: i64) -> ApiResult<Scope> {
     let j = state.store.get_job(job).await?;
     if j.current_epoch != epoch || j.status != kiln_core::JobStatus::Running {
         return Err(StoreError::StaleEpoch(format!("epoch {epoch} of job {job} is not the live attempt")).into());
     }
     let run = state.store.get_run(&j.run_id).await?.run;
-    let (write, read) = namespaces_of(&run.trust, run.git_ref.as_deref(), &run.id);
-    Ok((run.repo_id, write, read))
+    let (writable, readable) = namespaces_of(&run.trust, run.git_ref.as_deref(), &run.id);
+    Ok(Scope { job: j, run, writable, readable })
 }
 
 fn forbidden(message: String) -> ApiErr {
@@ -39,7 +46,8 @@ pub(crate) async fn lookup(
     (job, epoch): (&str, i64),
     req: api::CacheLookup,
 ) -> ApiResult<api::CacheLookupResult> {
-    let (repo_id, _, readable) = scope(state, job, epoch).await?;
+    let Scope { run, readable, .. } = scope(state, job, epoch).await?;
+    let repo_id = run.repo_id;
     if req.candidates.len() > 8 {
         return Err(ApiErr::bad_request("at most 8 cache candidates per lookup"));
     }
@@ -72,7 +80,7 @@ pub(crate) async fn save(
     (job, epoch): (&str, i64),
     req: api::CacheSave,
 ) -> ApiResult<api::CacheSaved> {
-    let (_, writable, _) = scope(state, job, epoch).await?;
+    let Scope { job: j, run, writable, .. } = scope(state, job, epoch).await?;
     if req.namespace != writable {
         return Err(forbidden(format!(
             "this run may write only the cache namespace `{writable}`, not `{}`",
@@ -82,8 +90,6 @@ pub(crate) async fn save(
     if req.key.len() > MAX_KEY || req.key.is_empty() {
         return Err(ApiErr::bad_request("a cache key is 1-512 characters"));
     }
-    let j = state.store.get_job(job).await?;
-    let run = state.store.get_run(&j.run_id).await?.run;
     let kind = run
         .definition
         .job(&j.name)
@@ -143,7 +149,8 @@ pub(crate) async fn evict_once(state: &AppState) -> Result<usize, StoreError> {
 /// the entry's digest ourselves (a report alone proves nothing) and drop an
 /// entry whose bytes are damaged, so the next save can bind fresh ones.
 async fn verify_entry(state: &AppState, job: &str, epoch: i64, namespace: &str, key: &str) -> ApiResult<()> {
-    let (repo_id, _, readable) = scope(state, job, epoch).await?;
+    let Scope { run, readable, .. } = scope(state, job, epoch).await?;
+    let repo_id = run.repo_id;
     if !readable.iter().any(|n| n == namespace) {
         return Ok(());
     }

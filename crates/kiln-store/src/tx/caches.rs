@@ -4,7 +4,7 @@
 //! read (the server decides them from the run's trust); eviction deletes
 //! entries, and the garbage collector then deletes their unbound bytes.
 
-use crate::db::{Exec, now};
+use crate::db::{Exec, Row, now};
 use crate::dialect::{Isolation, Sql};
 use crate::error::{Result, StoreError};
 use crate::model::{CacheBinding, CacheEntry, CacheHit};
@@ -15,6 +15,26 @@ use crate::tx::attempt::require_live;
 /// The artifact name a cache archive is uploaded under (never a declared
 /// artifact's: `@` is not allowed in those).
 pub const CACHE_ARTIFACT: &str = "@cache";
+
+/// The columns of [`entry_from_row`].
+const ENTRY_COLS: &str = "repo_id, namespace, cache_key, kind, generation_id, size_bytes, sha256, created_at, \
+    last_used_at, hits, conflicts";
+
+fn entry_from_row(row: &Row) -> Result<CacheEntry> {
+    Ok(CacheEntry {
+        repo_id: row.get("repo_id")?,
+        namespace: row.get("namespace")?,
+        key: row.get("cache_key")?,
+        kind: row.get("kind")?,
+        generation_id: row.get("generation_id")?,
+        size_bytes: row.get("size_bytes")?,
+        sha256: row.get("sha256")?,
+        created_at: row.get("created_at")?,
+        last_used_at: row.get("last_used_at")?,
+        hits: row.get("hits")?,
+        conflicts: row.get("conflicts")?,
+    })
+}
 
 /// `CacheStore::bind_cache`.
 pub(crate) async fn bind_cache(
@@ -139,46 +159,10 @@ pub(crate) async fn evict_caches(
     repo_quota: i64,
     global_budget: i64,
 ) -> Result<Vec<CacheEntry>> {
-    static ALL: Sql = Sql::new(|_| {
-        "SELECT repo_id, namespace, cache_key, kind, generation_id, size_bytes, sha256, created_at, last_used_at, \
-         hits, conflicts FROM cache_entries ORDER BY last_used_at DESC"
-            .to_string()
-    });
+    static ALL: Sql = Sql::new(|_| format!("SELECT {ENTRY_COLS} FROM cache_entries ORDER BY last_used_at DESC"));
     let now = now(&mut store.reader().await?).await?;
-    type Row = (String, String, String, String, String, i64, String, i64, i64, i64, i64);
-    let rows: Vec<Row> = store.reader().await?.sql(&ALL).all().await?;
-    let entries: Vec<CacheEntry> = rows
-        .into_iter()
-        .map(
-            |(
-                repo_id,
-                namespace,
-                key,
-                kind,
-                generation_id,
-                size,
-                sha256,
-                created_at,
-                last_used_at,
-                hits,
-                conflicts,
-            )| {
-                CacheEntry {
-                    repo_id,
-                    namespace,
-                    key,
-                    kind,
-                    generation_id,
-                    size_bytes: size,
-                    sha256,
-                    created_at,
-                    last_used_at,
-                    hits,
-                    conflicts,
-                }
-            },
-        )
-        .collect();
+    let rows = store.reader().await?.sql(&ALL).fetch_all().await?;
+    let entries = rows.iter().map(entry_from_row).collect::<Result<Vec<_>>>()?;
     // Newest use first: walk and keep while within the budgets.
     let mut per_repo: std::collections::HashMap<&str, i64> = Default::default();
     let mut global = 0i64;
@@ -217,49 +201,10 @@ pub(crate) async fn evict_caches(
 
 /// `CacheStore::list_caches`.
 pub(crate) async fn list_caches(store: &SqlStore, repo_id: &str) -> Result<Vec<CacheEntry>> {
-    type Row = (String, String, String, String, String, i64, String, i64, i64, i64, i64);
-    let rows: Vec<Row> = store
-        .reader()
-        .await?
-        .sql(
-            "SELECT repo_id, namespace, cache_key, kind, generation_id, size_bytes, sha256, created_at, last_used_at, \
-             hits, conflicts FROM cache_entries WHERE repo_id = $1 ORDER BY last_used_at DESC",
-        )
-        .bind(repo_id)
-        .all()
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                repo_id,
-                namespace,
-                key,
-                kind,
-                generation_id,
-                size,
-                sha256,
-                created_at,
-                last_used_at,
-                hits,
-                conflicts,
-            )| {
-                CacheEntry {
-                    repo_id,
-                    namespace,
-                    key,
-                    kind,
-                    generation_id,
-                    size_bytes: size,
-                    sha256,
-                    created_at,
-                    last_used_at,
-                    hits,
-                    conflicts,
-                }
-            },
-        )
-        .collect())
+    static LIST: Sql =
+        Sql::new(|_| format!("SELECT {ENTRY_COLS} FROM cache_entries WHERE repo_id = $1 ORDER BY last_used_at DESC"));
+    let rows = store.reader().await?.sql(&LIST).bind(repo_id).fetch_all().await?;
+    rows.iter().map(entry_from_row).collect()
 }
 
 /// `CacheStore::report_cache`: what the live attempt says about its cache.
