@@ -78,9 +78,16 @@ pub struct AgentInfo {
     pub pool: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Capacity: jobs it runs at once.
     pub max_jobs: u32,
     pub created_at_ms: i64,
     pub last_seen_at_ms: i64,
+    /// Its session stream is open to the server that answered.
+    #[serde(default)]
+    pub connected: bool,
+    /// Attempts it is running now.
+    #[serde(default)]
+    pub running_jobs: u32,
 }
 
 /// One audit log entry: who did what to what.

@@ -112,6 +112,31 @@ fn extra_roots() -> Vec<reqwest::Certificate> {
     roots
 }
 
+/// Check a `--server`/`KILN_SERVER` value (one URL, or several separated
+/// by commas): each must be an http(s) URL with a host. The message says
+/// how to fix it, e.g. "server URL needs a scheme: http://localhost:7070".
+pub fn check_server_urls(servers: &str) -> Result<(), String> {
+    let urls: Vec<&str> = servers.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+    if urls.is_empty() {
+        return Err("no server URL: set KILN_SERVER or pass --server, e.g. http://127.0.0.1:7070".into());
+    }
+    for u in urls {
+        let lower = u.to_ascii_lowercase();
+        if !lower.starts_with("http://") && !lower.starts_with("https://") {
+            return Err(match u.split_once("://") {
+                Some((scheme, _)) => format!("server URL {u}: the scheme must be http or https, not {scheme}"),
+                None => format!("server URL needs a scheme: http://{u}"),
+            });
+        }
+        match reqwest::Url::parse(u) {
+            Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => {}
+            Ok(_) => return Err(format!("server URL {u} has no host, e.g. http://127.0.0.1:7070")),
+            Err(e) => return Err(format!("server URL {u}: {e}")),
+        }
+    }
+    Ok(())
+}
+
 impl Client {
     /// `base` is a server URL, or several separated by commas.
     pub fn new(base: &str, token: &str) -> Client {
@@ -207,6 +232,11 @@ impl Client {
         self.send(Method::PATCH, &format!("/v1/repos/{}", enc(repo)), Some(body), &[], None).await
     }
 
+    /// `DELETE /v1/repos/{repo}`: the removed repository.
+    pub async fn delete_repo(&self, repo: &str) -> Result<Repo, ApiError> {
+        self.send::<(), _>(Method::DELETE, &format!("/v1/repos/{}", enc(repo)), None, &[], None).await
+    }
+
     pub async fn hook_info(&self, repo: &str) -> Result<HookInfo, ApiError> {
         self.send::<(), _>(Method::GET, &format!("/v1/repos/{}/hook-info", enc(repo)), None, &[], None).await
     }
@@ -271,6 +301,32 @@ impl Client {
             q.push(format!("limit={l}"));
         }
         let path = format!("/v1/repos/{}/workflow-runs?{}", enc(repo), q.join("&"));
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
+    /// Runs newest first: of one repository (`GET
+    /// /v1/repos/{repo}/workflow-runs`) or of all (`GET /v1/workflow-runs`),
+    /// filtered by status and branch.
+    pub async fn find_runs(
+        &self,
+        repo: Option<&str>,
+        status: Option<&str>,
+        branch: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<RunList, ApiError> {
+        let mut q = vec![];
+        for (k, v) in [("status", status), ("branch", branch)] {
+            if let Some(v) = v {
+                q.push(format!("{k}={}", enc(v)));
+            }
+        }
+        if let Some(l) = limit {
+            q.push(format!("limit={l}"));
+        }
+        let path = match repo {
+            Some(r) => format!("/v1/repos/{}/workflow-runs?{}", enc(r), q.join("&")),
+            None => format!("/v1/workflow-runs?{}", q.join("&")),
+        };
         self.send::<(), _>(Method::GET, &path, None, &[], None).await
     }
 
@@ -613,4 +669,22 @@ fn enc(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod server_url_tests {
+    use super::check_server_urls;
+
+    #[test]
+    fn server_urls_need_an_http_scheme_and_a_host() {
+        assert!(check_server_urls("http://localhost:7070").is_ok());
+        assert!(check_server_urls("https://ci.example.com, http://10.0.0.1:7070/").is_ok());
+        assert_eq!(
+            check_server_urls("localhost:7070").unwrap_err(),
+            "server URL needs a scheme: http://localhost:7070"
+        );
+        assert!(check_server_urls("ftp://x").unwrap_err().contains("http or https"));
+        assert!(check_server_urls("http://").is_err());
+        assert!(check_server_urls("").is_err());
+    }
 }

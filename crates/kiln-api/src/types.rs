@@ -188,6 +188,10 @@ pub struct RunList {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunSummary {
     pub id: String,
+    /// The shortest prefix of `id` (8 characters or more) that no other run
+    /// shares when listed: accepted wherever a run id is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short_id: Option<String>,
     pub repo: String,
     pub status: RunStatus,
     pub commit_sha: String,
@@ -603,6 +607,9 @@ pub mod codes {
     pub const UNAVAILABLE: &str = "unavailable";
     pub const INTERNAL: &str = "internal";
     pub const TOO_LARGE: &str = "too_large";
+    /// A run id prefix that more than one run starts with (409; the
+    /// message lists them).
+    pub const AMBIGUOUS: &str = "ambiguous";
 }
 
 // ---------- artifacts (spec 000 §12) ----------

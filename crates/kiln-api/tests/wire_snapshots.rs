@@ -112,6 +112,7 @@ fn run_summary_list() {
         runs: vec![
             RunSummary {
                 id: "run-0193".into(),
+                short_id: None,
                 repo: "demo".into(),
                 status: RunStatus::Cancelling,
                 commit_sha: "3f2c1e0d".into(),
@@ -124,6 +125,7 @@ fn run_summary_list() {
             },
             RunSummary {
                 id: "run-0192".into(),
+                short_id: None,
                 repo: "demo".into(),
                 status: RunStatus::Failed,
                 commit_sha: "3f2c1e0d".into(),

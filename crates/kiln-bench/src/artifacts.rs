@@ -90,15 +90,15 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
         s3_base = Some(t.elapsed().as_secs_f64() * 1000.0);
         let _ = s3.delete(&key).await;
     }
-    println!("artifact_object_store: {}", if s3_base.is_some() { "s3" } else { "local" });
-    println!("artifact_size_bytes: {SIZE}");
-    println!("artifact_upload_seal_ms: {kiln_ms:.0}");
-    println!("artifact_upload_seal_mb_per_s: {:.0}", SIZE as f64 / 1e6 / (kiln_ms / 1000.0));
-    println!("baseline_cp_sha256sum_ms: {base_ms:.0}");
-    println!("artifact_ratio_vs_cp_sha256sum: {:.2}", base_ms / kiln_ms);
+    kiln_cmd::outln!("artifact_object_store: {}", if s3_base.is_some() { "s3" } else { "local" });
+    kiln_cmd::outln!("artifact_size_bytes: {SIZE}");
+    kiln_cmd::outln!("artifact_upload_seal_ms: {kiln_ms:.0}");
+    kiln_cmd::outln!("artifact_upload_seal_mb_per_s: {:.0}", SIZE as f64 / 1e6 / (kiln_ms / 1000.0));
+    kiln_cmd::outln!("baseline_cp_sha256sum_ms: {base_ms:.0}");
+    kiln_cmd::outln!("artifact_ratio_vs_cp_sha256sum: {:.2}", base_ms / kiln_ms);
     if let Some(b) = s3_base {
-        println!("baseline_s3_put_then_get_sha256_ms: {b:.0}");
-        println!("artifact_ratio_vs_s3_put_get: {:.2}", b / kiln_ms);
+        kiln_cmd::outln!("baseline_s3_put_then_get_sha256_ms: {b:.0}");
+        kiln_cmd::outln!("artifact_ratio_vs_s3_put_get: {:.2}", b / kiln_ms);
     }
     drop(agent);
     let _ = server.shutdown().await;

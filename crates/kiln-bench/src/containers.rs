@@ -109,11 +109,11 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     let _ = std::fs::remove_dir_all(&tmp);
     let (host, ctr) = result?;
     let (h50, c50) = (percentile(&host, 0.5), percentile(&ctr, 0.5));
-    println!("container_job_p50_ms: {c50:.1}");
-    println!("container_job_p95_ms: {:.1}", percentile(&ctr, 0.95));
-    println!("baseline_host_job_p50_ms: {h50:.1}");
-    println!("baseline_host_job_p95_ms: {:.1}", percentile(&host, 0.95));
-    println!("container_overhead_p50_ms: {:.1}", c50 - h50);
-    println!("container_overhead_target_p50_ms: 500");
+    kiln_cmd::outln!("container_job_p50_ms: {c50:.1}");
+    kiln_cmd::outln!("container_job_p95_ms: {:.1}", percentile(&ctr, 0.95));
+    kiln_cmd::outln!("baseline_host_job_p50_ms: {h50:.1}");
+    kiln_cmd::outln!("baseline_host_job_p95_ms: {:.1}", percentile(&host, 0.95));
+    kiln_cmd::outln!("container_overhead_p50_ms: {:.1}", c50 - h50);
+    kiln_cmd::outln!("container_overhead_target_p50_ms: 500");
     Ok(exit::OK)
 }

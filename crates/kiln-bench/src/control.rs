@@ -245,25 +245,25 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let (cl, hb, co) = (sorted(&stats.claim_ms), sorted(&stats.heartbeat_ms), sorted(&stats.complete_ms));
     let backend =
         if a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) { "postgres" } else { "sqlite" };
-    println!("control_backend: {backend}");
-    println!("control_replicas: {}", a.replicas.max(1));
-    println!("control_target_claims_per_s: {:.0}", a.claims_per_s);
-    println!("control_target_heartbeats_per_s: {:.0}", a.heartbeats_per_s);
-    println!(
+    kiln_cmd::outln!("control_backend: {backend}");
+    kiln_cmd::outln!("control_replicas: {}", a.replicas.max(1));
+    kiln_cmd::outln!("control_target_claims_per_s: {:.0}", a.claims_per_s);
+    kiln_cmd::outln!("control_target_heartbeats_per_s: {:.0}", a.heartbeats_per_s);
+    kiln_cmd::outln!(
         "control_leases_held: {:.0} (heartbeat every {} ms each)",
         a.claims_per_s * a.hold.as_secs_f64(),
         hb_every.as_millis()
     );
-    println!("control_accepted_runs_per_s: {accept_rate:.0}");
-    println!("control_claims_per_s: {:.0}", (c1 - c0) as f64 / window);
-    println!("control_heartbeats_per_s: {:.0}", (h1 - h0) as f64 / window);
-    println!("control_completions_per_s: {:.0}", (d1 - d0) as f64 / window);
-    println!("control_claim_latency_p50_ms: {:.1}", percentile(&cl, 0.5));
-    println!("control_claim_latency_p99_ms: {:.1}", percentile(&cl, 0.99));
-    println!("control_heartbeat_latency_p99_ms: {:.1}", percentile(&hb, 0.99));
-    println!("control_completion_latency_p99_ms: {:.1}", percentile(&co, 0.99));
-    println!("control_errors: {}", stats.errors.load(Ordering::Relaxed));
-    println!("baseline_http_healthz_per_s: {base:.0}");
+    kiln_cmd::outln!("control_accepted_runs_per_s: {accept_rate:.0}");
+    kiln_cmd::outln!("control_claims_per_s: {:.0}", (c1 - c0) as f64 / window);
+    kiln_cmd::outln!("control_heartbeats_per_s: {:.0}", (h1 - h0) as f64 / window);
+    kiln_cmd::outln!("control_completions_per_s: {:.0}", (d1 - d0) as f64 / window);
+    kiln_cmd::outln!("control_claim_latency_p50_ms: {:.1}", percentile(&cl, 0.5));
+    kiln_cmd::outln!("control_claim_latency_p99_ms: {:.1}", percentile(&cl, 0.99));
+    kiln_cmd::outln!("control_heartbeat_latency_p99_ms: {:.1}", percentile(&hb, 0.99));
+    kiln_cmd::outln!("control_completion_latency_p99_ms: {:.1}", percentile(&co, 0.99));
+    kiln_cmd::outln!("control_errors: {}", stats.errors.load(Ordering::Relaxed));
+    kiln_cmd::outln!("baseline_http_healthz_per_s: {base:.0}");
     for h in handles {
         let _ = h.shutdown().await;
     }

@@ -84,13 +84,13 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     }
     starts.sort_by(|a, b| a.total_cmp(b));
 
-    println!("noop_jobs_per_s: {rate:.1}");
-    println!("baseline_sh_true_per_s: {sh_rate:.1}");
-    println!("noop_runs_failed: {failed}");
-    println!("trigger_to_start_p50_ms: {:.1}", percentile(&starts, 0.5));
-    println!("trigger_to_start_p95_ms: {:.1}", percentile(&starts, 0.95));
-    println!("baseline_sh_true_p50_ms: {:.2}", percentile(&lat, 0.5));
-    println!("baseline_sh_true_p95_ms: {:.2}", percentile(&lat, 0.95));
+    kiln_cmd::outln!("noop_jobs_per_s: {rate:.1}");
+    kiln_cmd::outln!("baseline_sh_true_per_s: {sh_rate:.1}");
+    kiln_cmd::outln!("noop_runs_failed: {failed}");
+    kiln_cmd::outln!("trigger_to_start_p50_ms: {:.1}", percentile(&starts, 0.5));
+    kiln_cmd::outln!("trigger_to_start_p95_ms: {:.1}", percentile(&starts, 0.95));
+    kiln_cmd::outln!("baseline_sh_true_p50_ms: {:.2}", percentile(&lat, 0.5));
+    kiln_cmd::outln!("baseline_sh_true_p95_ms: {:.2}", percentile(&lat, 0.95));
     let _ = stop.send(true);
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;

@@ -68,10 +68,10 @@ pub async fn run() -> Result<i32, Failure> {
         drop(victim);
     }
     kill_ms.sort_by(|a, b| a.total_cmp(b));
-    println!("lease_ttl_ms: {}", ttl.as_millis());
-    println!("sigkill_to_reclaim_p50_ms: {:.0}", percentile(&kill_ms, 0.5));
-    println!("sigkill_to_reclaim_max_ms: {:.0}", kill_ms.last().copied().unwrap_or(f64::NAN));
-    println!("sigstop_to_reclaim_ms: {:.0}", stop_ms.first().copied().unwrap_or(f64::NAN));
+    kiln_cmd::outln!("lease_ttl_ms: {}", ttl.as_millis());
+    kiln_cmd::outln!("sigkill_to_reclaim_p50_ms: {:.0}", percentile(&kill_ms, 0.5));
+    kiln_cmd::outln!("sigkill_to_reclaim_max_ms: {:.0}", kill_ms.last().copied().unwrap_or(f64::NAN));
+    kiln_cmd::outln!("sigstop_to_reclaim_ms: {:.0}", stop_ms.first().copied().unwrap_or(f64::NAN));
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(exit::OK)

@@ -51,9 +51,9 @@ pub async fn run() -> Result<i32, Failure> {
     let run = wait_terminal(&c, &r.run_id).await?;
     let a = run.jobs[0].attempts.last().expect("attempt");
     let secs = (a.finished_at_ms.unwrap_or(a.started_at_ms) - a.started_at_ms) as f64 / 1000.0;
-    println!("log_bytes: {SIZE}");
-    println!("log_ingest_mb_per_s: {:.0}", SIZE as f64 / 1e6 / secs.max(0.001));
-    println!("baseline_file_write_fsync_mb_per_s: {:.0}", SIZE as f64 / 1e6 / base_s);
+    kiln_cmd::outln!("log_bytes: {SIZE}");
+    kiln_cmd::outln!("log_ingest_mb_per_s: {:.0}", SIZE as f64 / 1e6 / secs.max(0.001));
+    kiln_cmd::outln!("baseline_file_write_fsync_mb_per_s: {:.0}", SIZE as f64 / 1e6 / base_s);
     let latency_ok = write_to_reader_latency(&c, &tmp).await?;
     drop(agent);
     let _ = server.shutdown().await;
@@ -128,10 +128,10 @@ async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool>
     }
     child.wait().await?;
     base_ms.sort_by(f64::total_cmp);
-    println!("log_latency_lines: {}", lat_ms.len());
-    println!("log_write_to_reader_p50_ms: {:.1}", percentile(&lat_ms, 0.5));
-    println!("log_write_to_reader_p95_ms: {:.1}", percentile(&lat_ms, 0.95));
-    println!("log_write_to_reader_max_ms: {:.1}", lat_ms.last().copied().unwrap_or(f64::NAN));
-    println!("baseline_pipe_p95_ms: {:.2}", percentile(&base_ms, 0.95));
+    kiln_cmd::outln!("log_latency_lines: {}", lat_ms.len());
+    kiln_cmd::outln!("log_write_to_reader_p50_ms: {:.1}", percentile(&lat_ms, 0.5));
+    kiln_cmd::outln!("log_write_to_reader_p95_ms: {:.1}", percentile(&lat_ms, 0.95));
+    kiln_cmd::outln!("log_write_to_reader_max_ms: {:.1}", lat_ms.last().copied().unwrap_or(f64::NAN));
+    kiln_cmd::outln!("baseline_pipe_p95_ms: {:.2}", percentile(&base_ms, 0.95));
     Ok(lat_ms.len() == LINES)
 }

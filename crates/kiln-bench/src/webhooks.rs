@@ -207,25 +207,25 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     }
     api_acks.sort_by(|a, b| a.total_cmp(b));
 
-    println!("webhook_deliveries: {TOTAL}");
-    println!("webhook_send_seconds: {send_secs:.1}");
-    println!("webhook_accepted: {accepted}");
-    println!("webhook_duplicates_answered: {duplicate}");
-    println!("webhook_forged_refused: {refused}");
-    println!("webhook_unexpected_answers: {other}");
-    println!("webhook_runs: {}", runs.len());
-    println!("webhook_runs_expected: {unique}");
-    println!("webhook_runs_from_forged: {from_forged}");
-    println!("webhook_runs_failed: {failed}");
-    println!("webhook_all_runs_done_s: {all_done_s:.1}");
-    println!("webhook_ack_p50_ms: {:.1}", percentile(&acks, 0.5));
-    println!("webhook_ack_p99_ms: {:.1}", percentile(&acks, 0.99));
-    println!("api_submit_ack_p50_ms: {:.1}", percentile(&api_acks, 0.5));
-    println!("api_submit_ack_p99_ms: {:.1}", percentile(&api_acks, 0.99));
-    println!("webhook_to_start_p50_ms: {:.1}", percentile(&hook_starts, 0.5));
-    println!("webhook_to_start_p95_ms: {:.1}", percentile(&hook_starts, 0.95));
-    println!("api_trigger_to_start_p50_ms: {:.1}", percentile(&api_starts, 0.5));
-    println!("api_trigger_to_start_p95_ms: {:.1}", percentile(&api_starts, 0.95));
+    kiln_cmd::outln!("webhook_deliveries: {TOTAL}");
+    kiln_cmd::outln!("webhook_send_seconds: {send_secs:.1}");
+    kiln_cmd::outln!("webhook_accepted: {accepted}");
+    kiln_cmd::outln!("webhook_duplicates_answered: {duplicate}");
+    kiln_cmd::outln!("webhook_forged_refused: {refused}");
+    kiln_cmd::outln!("webhook_unexpected_answers: {other}");
+    kiln_cmd::outln!("webhook_runs: {}", runs.len());
+    kiln_cmd::outln!("webhook_runs_expected: {unique}");
+    kiln_cmd::outln!("webhook_runs_from_forged: {from_forged}");
+    kiln_cmd::outln!("webhook_runs_failed: {failed}");
+    kiln_cmd::outln!("webhook_all_runs_done_s: {all_done_s:.1}");
+    kiln_cmd::outln!("webhook_ack_p50_ms: {:.1}", percentile(&acks, 0.5));
+    kiln_cmd::outln!("webhook_ack_p99_ms: {:.1}", percentile(&acks, 0.99));
+    kiln_cmd::outln!("api_submit_ack_p50_ms: {:.1}", percentile(&api_acks, 0.5));
+    kiln_cmd::outln!("api_submit_ack_p99_ms: {:.1}", percentile(&api_acks, 0.99));
+    kiln_cmd::outln!("webhook_to_start_p50_ms: {:.1}", percentile(&hook_starts, 0.5));
+    kiln_cmd::outln!("webhook_to_start_p95_ms: {:.1}", percentile(&hook_starts, 0.95));
+    kiln_cmd::outln!("api_trigger_to_start_p50_ms: {:.1}", percentile(&api_starts, 0.5));
+    kiln_cmd::outln!("api_trigger_to_start_p95_ms: {:.1}", percentile(&api_starts, 0.95));
     let _ = stop.send(true);
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;

@@ -64,6 +64,16 @@ pub async fn start_embedded_config(
     config: kiln_server::ServerConfig,
     agents: u32,
 ) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
+    start_embedded_agents(config, agents, |_| {}).await
+}
+
+/// [`start_embedded_config`] with each agent's configuration adjusted by
+/// `tune` (`kiln up --labels`, `--max-jobs`, `--executor`, …).
+pub async fn start_embedded_agents(
+    config: kiln_server::ServerConfig,
+    agents: u32,
+    tune: impl Fn(&mut kiln_agent::AgentConfig),
+) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
     let data_dir = config.data_dir.clone();
     let handle = kiln_server::start(config).await?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
@@ -77,6 +87,8 @@ pub async fn start_embedded_config(
             data_dir.join("agents").join(format!("local-{i}")),
             1,
         );
+        let mut cfg = cfg;
+        tune(&mut cfg);
         let rx = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = kiln_agent::run(cfg, rx).await {

@@ -68,6 +68,10 @@ pub struct ServerConfig {
     pub cache_repo_quota: u64,
     /// Bytes of cache entries kept in all.
     pub cache_global_budget: u64,
+    /// `POST /v1/repos` checks that the clone URL answers as a git
+    /// repository before registering it (the in-process test app turns this
+    /// off: its API tests register placeholder URLs).
+    pub probe_clone_urls: bool,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -125,6 +129,7 @@ impl ServerConfig {
             cache_ttl: Duration::from_secs(7 * 24 * 3600),
             cache_repo_quota: 10 << 30,
             cache_global_budget: 100 << 30,
+            probe_clone_urls: true,
         }
     }
 

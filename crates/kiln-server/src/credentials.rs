@@ -131,6 +131,11 @@ impl TokenCache {
     pub fn forget(&self, id: &str) {
         self.entries.lock().expect("token cache").remove(id);
     }
+
+    /// Read every token from the store again (several were revoked at once).
+    pub fn forget_all(&self) {
+        self.entries.lock().expect("token cache").clear();
+    }
 }
 
 #[cfg(test)]

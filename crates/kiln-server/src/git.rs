@@ -72,6 +72,40 @@ async fn git_within(dir: &Path, args: &[&str], limit: Duration) -> Result<std::p
     }
 }
 
+/// How long `probe` waits for a remote to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether `url` answers as a git repository (`git ls-remote --heads`),
+/// run outside any repository: what `POST /v1/repos` checks before it
+/// registers anything. The error says what git said.
+pub async fn probe(url: &str) -> Result<(), GitError> {
+    kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
+    let target = normalize_url(url);
+    let out = Command::new("git")
+        .args(["ls-remote", "--heads", "--", &target])
+        .current_dir(std::env::temp_dir())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
+        .env_remove("GIT_DIR")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(PROBE_TIMEOUT, out).await {
+        Ok(out) => out.map_err(|e| GitError::Other(format!("cannot run git: {e}")))?,
+        Err(_) => {
+            return Err(GitError::Fetch {
+                url: url.to_string(),
+                detail: format!("no answer within {PROBE_TIMEOUT:?}"),
+            });
+        }
+    };
+    if !out.status.success() {
+        let detail = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(GitError::Fetch { url: url.to_string(), detail });
+    }
+    Ok(())
+}
+
 async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError> {
     git_within(dir, args, LOCAL_TIMEOUT).await
 }

@@ -73,6 +73,8 @@ pub(crate) struct AppState {
     pub instance_id: String,
     /// Counters of the build caches.
     pub cache_counts: CacheCounts,
+    /// Agents whose session stream is open to this server.
+    pub live_agents: LiveAgents,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -118,6 +120,7 @@ impl AppState {
             schedule_indexes: Default::default(),
             instance_id: uuid::Uuid::new_v4().to_string(),
             cache_counts: Default::default(),
+            live_agents: Default::default(),
         })
     }
 
@@ -171,4 +174,29 @@ pub(crate) struct CacheCounts {
     /// Reports of a refused or failed restore (the job ran cold).
     pub integrity_failures: std::sync::atomic::AtomicU64,
     pub bytes_restored: std::sync::atomic::AtomicU64,
+}
+
+/// The agents whose session stream is open to this server process (agent
+/// id → session id): what `GET /v1/agents` reports as `connected`, and what
+/// a waiting job's message is decided against. With replicas each knows its
+/// own connections only.
+#[derive(Debug, Default)]
+pub(crate) struct LiveAgents(std::sync::Mutex<std::collections::HashMap<String, String>>);
+
+impl LiveAgents {
+    pub fn connect(&self, agent_id: &str, session_id: &str) {
+        self.0.lock().expect("live agents").insert(agent_id.to_string(), session_id.to_string());
+    }
+
+    /// The stream of `session_id` ended (a newer session of the agent stays).
+    pub fn disconnect(&self, agent_id: &str, session_id: &str) {
+        let mut live = self.0.lock().expect("live agents");
+        if live.get(agent_id).is_some_and(|s| s == session_id) {
+            live.remove(agent_id);
+        }
+    }
+
+    pub fn is_connected(&self, agent_id: &str) -> bool {
+        self.0.lock().expect("live agents").contains_key(agent_id)
+    }
 }

@@ -69,6 +69,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
 pub fn summary(r: &RunSummaryRecord) -> api::RunSummary {
     api::RunSummary {
         id: r.id.clone(),
+        short_id: None,
         repo: r.repo_name.clone(),
         status: r.status.into(),
         commit_sha: r.commit_sha.clone(),

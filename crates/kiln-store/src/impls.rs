@@ -25,6 +25,10 @@ impl RepoStore for SqlStore {
         repos::list_repos(self).await
     }
 
+    async fn delete_repo(&self, name_or_id: &str) -> Result<RepoRecord> {
+        repos::delete_repo(self, name_or_id).await
+    }
+
     async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()> {
         repos::put_secret(self, repo_id, name, value).await
     }
@@ -64,6 +68,18 @@ impl RunStore for SqlStore {
         accept::list_runs(self, repo_id, status, limit).await
     }
 
+    async fn find_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummaryRecord>> {
+        accept::find_runs(self, filter).await
+    }
+
+    async fn find_runs_by_prefix(&self, prefix: &str, limit: u32) -> Result<Vec<String>> {
+        accept::find_runs_by_prefix(self, prefix, limit).await
+    }
+
+    async fn run_id_neighbours(&self, id: &str) -> Result<(Option<String>, Option<String>)> {
+        accept::run_id_neighbours(self, id).await
+    }
+
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord> {
         cancel::cancel_run(self, run_id).await
     }
@@ -96,6 +112,10 @@ impl AgentStore for SqlStore {
 
     async fn remove_agent(&self, agent_id: &str) -> Result<bool> {
         agents::remove_agent(self, agent_id).await
+    }
+
+    async fn running_per_agent(&self) -> Result<std::collections::BTreeMap<String, u32>> {
+        agents::running_per_agent(self).await
     }
 }
 

@@ -189,6 +189,16 @@ pub struct RunView {
     pub jobs: Vec<JobView>,
 }
 
+/// Which runs `RunStore::find_runs` returns (every field optional but `limit`).
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub repo_id: Option<String>,
+    pub status: Option<String>,
+    /// A branch name: runs whose ref is `BRANCH` or `refs/heads/BRANCH`.
+    pub branch: Option<String>,
+    pub limit: u32,
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentRecord {
     pub id: String,

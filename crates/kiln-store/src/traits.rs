@@ -27,6 +27,10 @@ pub trait RepoStore: Send + Sync {
     async fn create_repo(&self, name: &str, clone_url: &str, webhook_secret: Option<&str>) -> Result<RepoRecord>;
     async fn get_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
     async fn list_repos(&self) -> Result<Vec<RepoRecord>>;
+    /// Forget a repository without runs (with its secrets, deliveries, ref
+    /// heads, schedule cursors; its trigger tokens are revoked). `Conflict`
+    /// if it has runs. Returns what was removed.
+    async fn delete_repo(&self, name_or_id: &str) -> Result<RepoRecord>;
     /// Create or replace a repository secret.
     async fn put_secret(&self, repo_id: &str, name: &str, value: &str) -> Result<()>;
     /// False if there was no such secret.
@@ -55,6 +59,12 @@ pub trait RunStore: Send + Sync {
     async fn get_run(&self, run_id: &str) -> Result<RunView>;
     /// Newest first, without definitions (see [`RunSummaryRecord`]).
     async fn list_runs(&self, repo_id: &str, status: Option<&str>, limit: u32) -> Result<Vec<RunSummaryRecord>>;
+    /// Newest first, filtered (see [`RunFilter`]).
+    async fn find_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummaryRecord>>;
+    /// Ids of runs that start with `prefix`, at most `limit`, in id order.
+    async fn find_runs_by_prefix(&self, prefix: &str, limit: u32) -> Result<Vec<String>>;
+    /// The run ids just before and just after `id` in id order.
+    async fn run_id_neighbours(&self, id: &str) -> Result<(Option<String>, Option<String>)>;
     /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
     /// not running, and leave the run `cancelling` while attempts still run.
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;
@@ -82,6 +92,8 @@ pub trait AgentStore: Send + Sync {
     /// Forget an agent and end the leases of its running attempts now (the
     /// reconciler fences them). False if there was no such agent.
     async fn remove_agent(&self, agent_id: &str) -> Result<bool>;
+    /// How many running attempts each agent holds (agents with none are absent).
+    async fn running_per_agent(&self) -> Result<std::collections::BTreeMap<String, u32>>;
 }
 
 /// Who may do what: join tokens, scoped API tokens, secret pools and the

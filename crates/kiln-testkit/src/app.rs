@@ -76,6 +76,8 @@ impl TestApp {
         let mut config = ServerConfig::new(data.clone(), "kiln.test:80".into());
         // Links are built from the public URL, never from a request's Host.
         config.public_url = Some("http://kiln.test".into());
+        // API tests register placeholder clone URLs.
+        config.probe_clone_urls = false;
         tune(&mut config);
         let store: Arc<dyn Store> = match &database_url {
             None => Arc::new(SqliteStore::open(&data.join("kiln.db")).await.expect("sqlite store")),

@@ -40,6 +40,7 @@
 //! runs only by hand, and its frozen definition and hash are unchanged.
 
 mod diag;
+mod duration;
 mod expr;
 mod glob;
 mod model;
@@ -49,6 +50,7 @@ mod triggers;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics};
+pub use duration::{parse_bytes, parse_duration};
 pub use expr::{ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, render_group};
 pub use glob::glob_match;
 pub use model::*;

@@ -2,7 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use kiln_bench::BenchArgs;
-use kiln_cmd::parse_duration;
+use kiln_cmd::{parse_bytes, parse_duration};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -16,7 +16,11 @@ then, with the printed KILN_SERVER/KILN_TOKEN exported:\n\
   kiln repo add demo --url /path/to/repo\n\
   kiln run --repo demo --commit HEAD --follow\n\n\
 Exit codes: 0 success, 1 run failed or cancelled, 2 usage or invalid input,\n\
-3 refused by the server, 4 authentication failed, 5 server unreachable or failing."
+3 refused by the server, 4 authentication failed, 5 server unreachable or failing.\n\
+A closed standard output (`kiln logs RUN | head -1`) ends a command quietly with 0.\n\n\
+Environment: KILN_SERVER (server URL), KILN_TOKEN (API token), KILN_LOG (log filter,\n\
+e.g. `info`, `debug`, `kiln_server=debug,sqlx=warn`; default `info` for up/server/agent,\n\
+`warn` otherwise). Logs go to stderr, coloured only on a terminal (and never with NO_COLOR)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -67,16 +71,24 @@ pub enum Command {
         #[command(subcommand)]
         command: AgentTokenCommand,
     },
-    /// List or remove registered agents.
+    /// List registered agents (name, labels, running jobs / capacity,
+    /// connected, registered), or remove one (`kiln agents rm ID`).
     Agents {
         #[command(subcommand)]
-        command: AgentsCommand,
+        command: Option<AgentsCommand>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
     },
     /// Show the audit log: who started, cancelled or retried what, token and
     /// agent changes, and every secret handed to a job.
     Audit(AuditArgs),
     /// Start a workflow run for a commit.
     Run(RunArgs),
+    /// List runs, newest first (every repository's, or one's).
+    Runs(RunsArgs),
     /// Show a run's status and jobs.
     Status(StatusArgs),
     /// Print a run's logs (all jobs, or one).
@@ -85,6 +97,8 @@ pub enum Command {
     Cancel(RunRef),
     /// Start a new run with the same pinned definition as RUN.
     Retry(RunRef),
+    /// Wait until RUN ends; exit 0 if it succeeded, 1 if it failed or was cancelled.
+    Wait(RunRef),
     /// Download artifacts of a run.
     Artifact {
         #[command(subcommand)]
@@ -95,7 +109,18 @@ pub enum Command {
         /// Path of the workflow file.
         file: PathBuf,
     },
+    /// Print a shell completion script: `kiln completions bash > /etc/bash_completion.d/kiln`,
+    /// `kiln completions zsh > "${fpath[1]}/_kiln"`, `kiln completions fish > ~/.config/fish/completions/kiln.fish`.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), generated from these definitions: `kiln man | man -l -`.
+    Man,
     /// Measure throughput and latency against an embedded `kiln up` (prints `name: value` lines).
+    /// A developer tool, hidden from the main help.
+    #[command(hide = true)]
     Bench(BenchArgs),
 }
 
@@ -122,8 +147,12 @@ pub struct UpArgs {
     #[arg(long, env = "KILN_DATABASE_URL")]
     pub database_url: Option<String>,
     /// Lease TTL (e.g. 30s, 500ms); agents heartbeat every third of it.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_ttl: std::time::Duration,
+    #[command(flatten)]
+    pub server: ServerTuning,
+    #[command(flatten)]
+    pub agent: AgentTuning,
     #[command(flatten)]
     pub web: WebArgs,
 }
@@ -158,53 +187,42 @@ pub struct WebArgs {
     pub max_connections: Option<usize>,
 }
 
+/// What `kiln server` and `kiln up` both take: where bytes and secrets
+/// live, leases, garbage collection, log archiving, registries.
 #[derive(Args, Debug)]
-pub struct ServerArgs {
-    /// Where the database, object store and tokens live.
-    #[arg(long, default_value = "kiln-data")]
-    pub data_dir: PathBuf,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    pub listen: String,
-    /// Metadata database URL: postgres://USER[:PASS]@HOST:PORT/DB for
-    /// PostgreSQL, or sqlite:PATH (default: SQLite in DATA_DIR).
-    #[arg(long, env = "KILN_DATABASE_URL")]
-    pub database_url: Option<String>,
+pub struct ServerTuning {
     /// Object store URL (default: DATA_DIR/objects): file:///DIR, or
     /// s3://BUCKET[/PREFIX]?endpoint=URL&region=REGION for an S3-compatible
     /// store, with credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
     /// (agents never see them: they get short-lived presigned URLs and move
     /// bytes to and from the store directly).
-    #[arg(long, env = "KILN_OBJECT_STORE")]
+    #[arg(long, env = "KILN_OBJECT_STORE", value_name = "URL")]
     pub object_store: Option<String>,
     /// The key repository secrets are sealed with at rest (default:
     /// DATA_DIR/secrets.key, created on first start). Keep it out of the
     /// database's backups; every replica needs the same file.
     #[arg(long, env = "KILN_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
-    /// Lease TTL (e.g. 30s); agents heartbeat every third of it.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub lease_ttl: std::time::Duration,
     /// How long an agent's leases survive once its connection drops.
-    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = parse_duration, value_name = "DURATION")]
     pub loss_grace: std::time::Duration,
     /// With PostgreSQL: how often this replica re-reads the ready jobs
     /// regardless of notifications from other replicas (the safety net for
     /// lost ones; default 5s).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub dispatch_sweep: Option<std::time::Duration>,
     /// Unbound artifact bytes of ended attempts are deleted after this.
-    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    #[arg(long, default_value = "15m", value_parser = parse_duration, value_name = "DURATION")]
     pub artifact_gc_grace: std::time::Duration,
     /// How often the artifact garbage collector runs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub gc_interval: std::time::Duration,
     /// Base delay of the retry backoff (exponential, with jitter).
-    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub retry_base: std::time::Duration,
     /// A finished job's log moves from the database's hot journal to the
     /// object store (immutable segment + index) this long after the job ended.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     pub log_archive_after: std::time::Duration,
     /// A registry (HOST:PORT) spoken to over plain HTTP when resolving image tags; repeatable.
     /// Meant for loopback/test registries.
@@ -220,33 +238,33 @@ pub struct ServerArgs {
         value_delimiter = ','
     )]
     pub registry_auth: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Where the database, object store and tokens live.
+    #[arg(long, default_value = "kiln-data")]
+    pub data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Metadata database URL: postgres://USER[:PASS]@HOST:PORT/DB for
+    /// PostgreSQL, or sqlite:PATH (default: SQLite in DATA_DIR).
+    #[arg(long, env = "KILN_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Lease TTL (e.g. 30s); agents heartbeat every third of it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_ttl: std::time::Duration,
+    #[command(flatten)]
+    pub tuning: ServerTuning,
     #[command(flatten)]
     pub web: WebArgs,
 }
 
+/// What `kiln agent` and `kiln up` (for its local agents) both take: labels,
+/// capacity, executor, limits.
 #[derive(Args, Debug)]
-pub struct AgentArgs {
-    /// Server URL, or several replicas' URLs separated by commas
-    /// (`http://a:7070,http://b:7070`): when one stops answering, the agent
-    /// moves to the next.
-    #[arg(long, env = "KILN_SERVER")]
-    pub server: String,
-    /// File holding the agent token (the server's DATA_DIR/agent.token). Or set
-    /// KILN_AGENT_TOKEN in the agent's environment. Tokens are never taken
-    /// from the command line, where every local user can read them (/proc/PID/cmdline).
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Refused (a token in argv is visible to every local user): use --token-file or KILN_AGENT_TOKEN.
-    #[arg(long, hide = true, value_name = "TOKEN")]
-    pub token: Option<String>,
-    /// Allow plain http:// to a server that is not on loopback. Without it the agent refuses to
-    /// start: its token, secrets and artifacts would cross the network in clear. (A server with
-    /// a private certificate: KILN_CA_CERT=FILE.)
-    #[arg(long)]
-    pub insecure: bool,
-    /// Agent name shown in attempts.
-    #[arg(long)]
-    pub name: Option<String>,
+pub struct AgentTuning {
     /// Labels jobs can require with `runs-on`, e.g. os=linux,size=large.
     #[arg(long, value_delimiter = ',')]
     pub labels: Vec<String>,
@@ -265,8 +283,59 @@ pub struct AgentArgs {
     #[arg(long, default_value = "none", value_parser = ["none", "bridge"])]
     pub container_network: String,
     /// Time between SIGTERM and SIGKILL when a job is stopped (cancel, timeout, fencing, shutdown).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub kill_grace: std::time::Duration,
+    /// Host executor, agent running as root: the unprivileged user steps run as (name, UID or
+    /// UID:GID; default nobody; `root` opts out). A non-root agent's steps keep its own uid.
+    #[arg(long, value_name = "USER")]
+    pub step_user: Option<String>,
+    /// Jobs to run at once.
+    #[arg(long, default_value_t = 1)]
+    pub max_jobs: u32,
+    /// Cap on artifact upload bandwidth per second, across all jobs (e.g. 20MB, 20000000).
+    #[arg(long, value_name = "BYTES_PER_S", value_parser = parse_bytes)]
+    pub upload_rate_limit: Option<u64>,
+    /// Per-attempt cap on stdout + stderr bytes kept in the log (default 100 MiB); the rest is
+    /// drained, dropped and reported as truncated.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub log_limit: Option<u64>,
+    /// Per-attempt stdout + stderr rate limit in bytes per second (default:
+    /// unlimited); faster output is drained, dropped and marked as a gap.
+    #[arg(long, value_name = "BYTES_PER_S", value_parser = parse_bytes)]
+    pub log_rate_limit: Option<u64>,
+    /// Unshipped log bytes an attempt keeps in memory before spilling them
+    /// to its on-disk spool (default 16 MiB).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub log_buffer: Option<u64>,
+    /// Largest on-disk log spool per attempt (default 1 GiB); output beyond
+    /// it is dropped and the drop recorded in the log.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub log_spool_limit: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Server URL, or several replicas' URLs separated by commas
+    /// (`http://a:7070,http://b:7070`): when one stops answering, the agent
+    /// moves to the next. Required (or KILN_SERVER).
+    #[arg(long, env = "KILN_SERVER", value_name = "URL")]
+    pub server: Option<String>,
+    /// File holding the agent token (the server's DATA_DIR/agent.token). Or set
+    /// KILN_AGENT_TOKEN in the agent's environment. Tokens are never taken
+    /// from the command line, where every local user can read them (/proc/PID/cmdline).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Refused (a token in argv is visible to every local user): use --token-file or KILN_AGENT_TOKEN.
+    #[arg(long, hide = true, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Allow plain http:// to a server that is not on loopback. Without it the agent refuses to
+    /// start: its token, secrets and artifacts would cross the network in clear. (A server with
+    /// a private certificate: KILN_CA_CERT=FILE.)
+    #[arg(long)]
+    pub insecure: bool,
+    /// Agent name shown in attempts.
+    #[arg(long)]
+    pub name: Option<String>,
     /// The agent's own state (0700): git mirrors, step process records, log spools.
     #[arg(long, default_value = "kiln-agent")]
     pub work_dir: PathBuf,
@@ -275,32 +344,8 @@ pub struct AgentArgs {
     /// system temp dir; emptied when the agent starts, removed when it stops).
     #[arg(long, value_name = "DIR")]
     pub sandbox_dir: Option<PathBuf>,
-    /// Host executor, agent running as root: the unprivileged user steps run as (name, UID or
-    /// UID:GID; default nobody; `root` opts out). A non-root agent's steps keep its own uid.
-    #[arg(long, value_name = "USER")]
-    pub step_user: Option<String>,
-    /// Jobs to run at once.
-    #[arg(long, default_value_t = 1)]
-    pub max_jobs: u32,
-    /// Cap on artifact upload bandwidth in bytes per second, across all jobs (e.g. 20000000).
-    #[arg(long, value_name = "BYTES_PER_S")]
-    pub upload_rate_limit: Option<u64>,
-    /// Per-attempt cap on stdout + stderr bytes kept in the log (default 100 MiB); the rest is
-    /// drained, dropped and reported as truncated.
-    #[arg(long, value_name = "BYTES")]
-    pub log_limit: Option<u64>,
-    /// Per-attempt stdout + stderr rate limit in bytes per second (default:
-    /// unlimited); faster output is drained, dropped and marked as a gap.
-    #[arg(long, value_name = "BYTES_PER_S")]
-    pub log_rate_limit: Option<u64>,
-    /// Unshipped log bytes an attempt keeps in memory before spilling them
-    /// to its on-disk spool (default 16 MiB).
-    #[arg(long, value_name = "BYTES")]
-    pub log_buffer: Option<u64>,
-    /// Largest on-disk log spool per attempt (default 1 GiB); output beyond
-    /// it is dropped and the drop recorded in the log.
-    #[arg(long, value_name = "BYTES")]
-    pub log_spool_limit: Option<u64>,
+    #[command(flatten)]
+    pub tuning: AgentTuning,
 }
 
 #[derive(Subcommand, Debug)]
@@ -308,7 +353,9 @@ pub enum RepoCommand {
     /// Register a repository (local path, file:// or remote git URL), and
     /// optionally connect it to its forge (webhooks in, commit statuses out).
     Add {
+        /// The repository's name in Kiln (1-100 characters of [A-Za-z0-9._-]).
         name: String,
+        /// Where to clone it from: a local path, file:// URL or remote git URL (probed now).
         #[arg(long)]
         url: String,
         /// Agent pools whose agents may receive this repository's secrets
@@ -323,7 +370,9 @@ pub enum RepoCommand {
     /// Change a repository's forge connection, trigger policy, webhook secret
     /// or secret pools (what is not given is kept).
     Set {
+        /// The repository's name.
         name: String,
+        /// Agent pools whose agents may receive this repository's secrets (comma-separated).
         #[arg(long, value_delimiter = ',')]
         secret_pools: Option<Vec<String>>,
         #[command(flatten)]
@@ -331,8 +380,18 @@ pub enum RepoCommand {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Remove a repository that has no runs (its secrets, webhook deliveries
+    /// and schedules go with it; its trigger tokens are revoked).
+    #[command(alias = "remove")]
+    Rm {
+        /// The repository's name.
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Show a repository's settings.
     Show {
+        /// The repository's name.
         name: String,
         /// Print JSON.
         #[arg(long)]
@@ -343,13 +402,16 @@ pub enum RepoCommand {
     /// Print what to paste into the forge's webhook settings.
     #[command(name = "hook-info")]
     HookInfo {
+        /// The repository's name.
         name: String,
         #[command(flatten)]
         conn: Conn,
     },
     /// List the repository's latest webhook deliveries and what became of them.
     Deliveries {
+        /// The repository's name.
         name: String,
+        /// How many deliveries at most, newest first.
         #[arg(long, default_value_t = 20)]
         limit: u32,
         /// Print JSON.
@@ -359,7 +421,11 @@ pub enum RepoCommand {
         conn: Conn,
     },
     /// List repositories.
+    #[command(alias = "ls")]
     List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -433,12 +499,16 @@ pub enum TokenCommand {
     /// List API tokens (never their secrets).
     #[command(alias = "list")]
     Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
     /// Revoke an API token (by id); it stops working at once on this server,
     /// within 2 s on other replicas.
     Revoke {
+        /// The token's id (from `kiln token ls`).
         id: String,
         #[command(flatten)]
         conn: Conn,
@@ -451,6 +521,7 @@ pub enum AgentTokenCommand {
     /// (`kiln agent --token-file`) join POOL; a repository hands its secrets
     /// only to the pools it names (`kiln repo add --secret-pools`).
     Create {
+        /// A name to recognise it by in listings and the audit log.
         #[arg(long)]
         name: String,
         /// The pool its agents join.
@@ -462,12 +533,16 @@ pub enum AgentTokenCommand {
     /// List join tokens (never their secrets).
     #[command(alias = "list")]
     Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
     /// Revoke a join token: no new agent registers with it (agents already
     /// registered keep their session until removed with `kiln agents rm`).
     Revoke {
+        /// The join token's id (from `kiln agent-token ls`).
         id: String,
         #[command(flatten)]
         conn: Conn,
@@ -479,12 +554,16 @@ pub enum AgentsCommand {
     /// List registered agents (one per agent process start).
     #[command(alias = "list")]
     Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
     /// Remove an agent: its credential stops working and its running jobs
     /// are handed to other agents. Revoke its join token too to keep it out.
     Rm {
+        /// The agent's id (from `kiln agents`).
         id: String,
         #[command(flatten)]
         conn: Conn,
@@ -509,20 +588,29 @@ pub enum SecretCommand {
     /// input (one trailing newline removed), so it stays out of shell history:
     /// `printf %s "$TOKEN" | kiln secret set myrepo DEPLOY_TOKEN`.
     Set {
+        /// The repository.
         repo: String,
+        /// The secret's name (an environment variable name).
         name: String,
         #[command(flatten)]
         conn: Conn,
     },
     /// List the secret names of REPO (values are never shown).
+    #[command(alias = "ls")]
     List {
+        /// The repository.
         repo: String,
+        /// Print JSON instead of names.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },
     /// Delete secret NAME of REPO.
     Rm {
+        /// The repository.
         repo: String,
+        /// The secret's name.
         name: String,
         #[command(flatten)]
         conn: Conn,
@@ -548,8 +636,11 @@ pub enum SecretCommand {
 pub enum ArtifactCommand {
     /// Download the artifact NAME that job JOB of RUN published (its bound generation), verifying its sha256.
     Get {
+        /// The run's id (or a unique prefix of 8+ characters).
         run: String,
+        /// The job's name (or id).
         job: String,
+        /// The artifact's name (as published by the job).
         name: String,
         /// Where to write it (`-` for standard output).
         #[arg(short, long)]
@@ -587,7 +678,29 @@ pub struct RunArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct RunsArgs {
+    /// Only this repository's runs.
+    #[arg(long)]
+    pub repo: Option<String>,
+    /// Only runs with this status.
+    #[arg(long, value_parser = ["queued", "running", "cancelling", "success", "failed", "cancelled"])]
+    pub status: Option<String>,
+    /// Only runs of this branch (the ref they were started for: BRANCH or refs/heads/BRANCH).
+    #[arg(long)]
+    pub branch: Option<String>,
+    /// How many runs at most (1-500).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub limit: u32,
+    /// Print the API's run summaries as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
 pub struct StatusArgs {
+    /// The run's id (or a unique prefix of 8+ characters).
     pub run: String,
     /// Print the run object of the API as JSON.
     #[arg(long)]
@@ -598,10 +711,12 @@ pub struct StatusArgs {
 
 #[derive(Args, Debug)]
 pub struct LogsArgs {
+    /// The run's id (or a unique prefix of 8+ characters).
     pub run: String,
     /// Only this job (name or id).
     pub job: Option<String>,
-    /// Keep streaming until the jobs finish.
+    /// Keep streaming until the jobs finish, then exit with the result: 0 if
+    /// the run (or JOB) succeeded, 1 if it failed or was cancelled.
     #[arg(long, short)]
     pub follow: bool,
     #[command(flatten)]
@@ -610,7 +725,9 @@ pub struct LogsArgs {
 
 #[derive(Args, Debug)]
 pub struct RunRef {
+    /// The run's id.
     pub run: String,
+    /// Print the run object of the API as JSON.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -625,5 +742,44 @@ mod tests {
     fn clap_definition_is_valid() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// Every visible argument and subcommand says what it is for.
+    #[test]
+    fn every_argument_is_documented() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if a.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.is_hide_set() || sub.get_name() == "help" {
+                    continue;
+                }
+                let name = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(format!("{name} (about)"));
+                }
+                walk(sub, &name, missing);
+            }
+        }
+        let mut missing = vec![];
+        walk(&Cli::command(), "kiln", &mut missing);
+        assert!(missing.is_empty(), "undocumented: {missing:#?}");
+    }
+
+    /// `bench` is a developer tool: hidden from the main help.
+    #[test]
+    fn bench_is_hidden() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_help().to_string();
+        assert!(!help.contains("bench"), "{help}");
+        assert!(help.contains("completions") && help.contains("runs") && help.contains("wait"), "{help}");
     }
 }

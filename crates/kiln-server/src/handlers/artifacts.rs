@@ -50,6 +50,7 @@ pub(crate) async fn get(
     S(state): S<State>,
     Path((run, job, name)): Path<(String, String, String)>,
 ) -> ApiResult<Json<api::ArtifactDownload>> {
+    let run = crate::services::runs::resolve_id(&state, &run).await?;
     Ok(Json(artifacts::get(&state, &base_url(&state), (&run, &job, &name)).await?))
 }
 

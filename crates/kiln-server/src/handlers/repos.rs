@@ -1,4 +1,4 @@
-//! `POST /v1/repos`, `GET /v1/repos`.
+//! `POST /v1/repos`, `GET /v1/repos`, `GET|PATCH|DELETE /v1/repos/{repo}`, hook info, deliveries, webhooks.
 
 use super::body::parse;
 use crate::auth::Principal;
@@ -34,6 +34,15 @@ pub(crate) async fn update(
 ) -> ApiResult<Json<api::Repo>> {
     let req: api::UpdateRepo = parse(&body)?;
     Ok(Json(repos::update(&state, &by, &repo, req).await?))
+}
+
+/// `DELETE /v1/repos/{repo}` (admin): the removed repository.
+pub(crate) async fn delete(
+    S(state): S<State>,
+    Extension(by): Extension<Principal>,
+    Path(repo): Path<String>,
+) -> ApiResult<Json<api::Repo>> {
+    Ok(Json(repos::delete(&state, &by, &repo).await?))
 }
 
 /// `GET /v1/repos/{repo}`.

@@ -12,7 +12,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
 use kiln_api as api;
-use serde::Deserialize;
 
 /// `POST /v1/repos/{repo}/workflow-runs` (`Idempotency-Key` header) → 202.
 pub(crate) async fn submit(
@@ -28,22 +27,24 @@ pub(crate) async fn submit(
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id })))
 }
 
-#[derive(Deserialize)]
-pub(crate) struct ListQuery {
-    status: Option<String>,
-    limit: Option<u32>,
-}
-
-/// `GET /v1/repos/{repo}/workflow-runs?status=…&limit=…`, newest first.
+/// `GET /v1/repos/{repo}/workflow-runs?status=…&branch=…&limit=…`, newest first.
 pub(crate) async fn list(
     S(state): S<State>,
     Path(repo): Path<String>,
-    Query(q): Query<ListQuery>,
+    Query(q): Query<runs::ListFilter>,
 ) -> ApiResult<Response> {
-    json_blocking(runs::list(&state, &repo, q.status.as_deref(), q.limit).await?).await
+    json_blocking(runs::list(&state, Some(&repo), &q).await?).await
 }
 
+/// `GET /v1/workflow-runs?repo=…&status=…&branch=…&limit=…`: every
+/// repository's runs, newest first.
+pub(crate) async fn list_all(S(state): S<State>, Query(q): Query<runs::ListFilter>) -> ApiResult<Response> {
+    json_blocking(runs::list(&state, None, &q).await?).await
+}
+
+/// `GET /v1/workflow-runs/{run}` (a full id or a unique prefix of 8+ characters).
 pub(crate) async fn get(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Response> {
+    let run = runs::resolve_id(&state, &run).await?;
     json_blocking(runs::get(&state, &run).await?).await
 }
 
@@ -52,6 +53,7 @@ pub(crate) async fn cancel(
     Extension(by): Extension<Principal>,
     Path(run): Path<String>,
 ) -> ApiResult<Json<api::Run>> {
+    let run = runs::resolve_id(&state, &run).await?;
     Ok(Json(runs::cancel(&state, &by, &run).await?))
 }
 
@@ -60,6 +62,7 @@ pub(crate) async fn retry(
     Extension(by): Extension<Principal>,
     Path(run): Path<String>,
 ) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
+    let run = runs::resolve_id(&state, &run).await?;
     let run_id = acceptance::retry(&state, &by, &run).await?;
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id })))
 }

@@ -147,12 +147,15 @@ pub(crate) async fn revoke_join_token(state: &AppState, by: &Principal, id: &str
 }
 
 pub(crate) async fn list_agents(state: &AppState) -> ApiResult<Vec<api::AgentInfo>> {
+    let running = state.store.running_per_agent().await?;
     Ok(state
         .store
         .list_agents()
         .await?
         .into_iter()
         .map(|a| api::AgentInfo {
+            connected: state.live_agents.is_connected(&a.id),
+            running_jobs: running.get(&a.id).copied().unwrap_or(0),
             id: a.id,
             name: a.name,
             pool: a.pool,

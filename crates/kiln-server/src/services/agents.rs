@@ -67,6 +67,7 @@ pub(crate) enum SessionEvent {
 /// Shortens a session's leases when its stream is dropped.
 struct SessionGuard {
     state: State,
+    agent: String,
     session: String,
 }
 
@@ -74,6 +75,7 @@ impl Drop for SessionGuard {
     fn drop(&mut self) {
         let state = self.state.clone();
         let session = std::mem::take(&mut self.session);
+        state.live_agents.disconnect(&self.agent, &session);
         let grace = state.config.loss_grace.as_millis() as i64;
         tokio::spawn(async move {
             match state.store.shorten_session_leases(&session, grace).await {
@@ -97,7 +99,8 @@ pub(crate) async fn session(
     session_id: &str,
 ) -> ApiResult<impl Stream<Item = SessionEvent> + use<>> {
     current_session(state, agent_id, session_id).await?;
-    let guard = SessionGuard { state: state.clone(), session: session_id.to_string() };
+    state.live_agents.connect(agent_id, session_id);
+    let guard = SessionGuard { state: state.clone(), agent: agent_id.to_string(), session: session_id.to_string() };
     let ticks =
         tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(Duration::from_millis(api::SESSION_PING_MS)))
             .map(|_| SessionEvent::Ping);

@@ -25,6 +25,17 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
         check_webhook_secret(s)?;
     }
     let mut forge = apply_forge(kiln_store::RepoForge::default(), &req.forge)?;
+    if state.store.get_repo(name).await.is_ok() {
+        return Err(kiln_store::StoreError::Conflict(format!("repository `{name}` already exists")).into());
+    }
+    if state.config.probe_clone_urls
+        && let Err(e) = crate::git::probe(req.clone_url.trim()).await
+    {
+        return Err(ApiErr::invalid(format!(
+            "{e}; nothing was registered: check the URL (a local path must exist on the server's machine and be a \
+             git repository)"
+        )));
+    }
     let mut repo = state.store.create_repo(name, req.clone_url.trim(), None).await?;
     if let Some(secret) = &req.webhook_secret {
         let sealed = state.secrets.seal(&repo.id, kiln_store::WEBHOOK_SECRET, secret);
@@ -94,6 +105,16 @@ pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: ap
     state.schedule_indexes.lock().expect("index").remove(&repo.id);
     access::audit(state, &by.actor, "repo.update", &repo.name, changed.join(", ")).await?;
     Ok(view(state.store.get_repo(&repo.id).await?))
+}
+
+/// `DELETE /v1/repos/{repo}`: forget a repository that has no runs (its
+/// secrets, deliveries and schedules with it; its trigger tokens revoked).
+pub(crate) async fn delete(state: &AppState, by: &Principal, name: &str) -> ApiResult<api::Repo> {
+    let repo = state.store.delete_repo(name).await?;
+    state.schedule_indexes.lock().expect("index").remove(&repo.id);
+    state.tokens.forget_all();
+    access::audit(state, &by.actor, "repo.delete", &repo.name, repo.clone_url.clone()).await?;
+    Ok(view(repo))
 }
 
 fn check_webhook_secret(s: &str) -> ApiResult<()> {

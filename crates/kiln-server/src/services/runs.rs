@@ -13,18 +13,80 @@ use kiln_api as api;
 const LIST_DEFAULT: u32 = 50;
 const LIST_MAX: u32 = 500;
 
-pub(crate) async fn list(
-    state: &AppState,
-    repo: &str,
-    status: Option<&str>,
-    limit: Option<u32>,
-) -> ApiResult<api::RunList> {
-    let repo = state.store.get_repo(repo).await?;
-    if let Some(s) = status {
+/// What a run list may be filtered by (`?status=&branch=&limit=`).
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct ListFilter {
+    pub status: Option<String>,
+    pub branch: Option<String>,
+    pub limit: Option<u32>,
+    /// Only for `GET /v1/workflow-runs`: a repository's name.
+    pub repo: Option<String>,
+}
+
+/// `GET /v1/repos/{repo}/workflow-runs` (`repo` given) or `GET
+/// /v1/workflow-runs` (every repository, or `?repo=`): newest first.
+pub(crate) async fn list(state: &AppState, repo: Option<&str>, q: &ListFilter) -> ApiResult<api::RunList> {
+    let repo_id = match repo.or(q.repo.as_deref()) {
+        Some(r) => Some(state.store.get_repo(r).await?.id),
+        None => None,
+    };
+    if let Some(s) = &q.status {
         s.parse::<kiln_core::RunStatus>().map_err(ApiErr::bad_request)?;
     }
-    let runs = state.store.list_runs(&repo.id, status, limit.unwrap_or(LIST_DEFAULT).min(LIST_MAX)).await?;
-    Ok(api::RunList { runs: runs.iter().map(views::summary).collect() })
+    let filter = kiln_store::RunFilter {
+        repo_id,
+        status: q.status.clone(),
+        branch: q.branch.clone().filter(|b| !b.is_empty()),
+        limit: q.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX),
+    };
+    let runs = state.store.find_runs(&filter).await?;
+    let mut out = Vec::with_capacity(runs.len());
+    for r in &runs {
+        let mut summary = views::summary(r);
+        let (before, after) = state.store.run_id_neighbours(&r.id).await?;
+        summary.short_id = Some(short_id(&r.id, [before.as_deref(), after.as_deref()]));
+        out.push(summary);
+    }
+    Ok(api::RunList { runs: out })
+}
+
+/// The shortest prefix of `id`, at least [`MIN_PREFIX`] characters, that
+/// its neighbours in id order (hence every other id) do not start with.
+fn short_id(id: &str, neighbours: [Option<&str>; 2]) -> String {
+    let shared = |other: &str| id.bytes().zip(other.bytes()).take_while(|(a, b)| a == b).count();
+    let len = neighbours.into_iter().flatten().map(|n| shared(n) + 1).max().unwrap_or(0).max(MIN_PREFIX);
+    id.get(..len.min(id.len())).unwrap_or(id).to_string()
+}
+
+/// Shortest run id prefix accepted in place of a full id.
+pub(crate) const MIN_PREFIX: usize = 8;
+
+/// The run a path names: its full id, or a unique prefix of at least
+/// [`MIN_PREFIX`] characters (ids are UUIDv7, so runs made close together
+/// share their first characters: an ambiguous prefix is a 409 listing the
+/// runs it matches).
+pub(crate) async fn resolve_id(state: &AppState, given: &str) -> ApiResult<String> {
+    let given = given.trim();
+    if given.len() == 36 || given.len() < MIN_PREFIX || !given.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Ok(given.to_string());
+    }
+    let mut ids = state.store.find_runs_by_prefix(&given.to_ascii_lowercase(), 11).await?;
+    match ids.len() {
+        0 => Err(ApiErr::not_found(format!("run {given}"))),
+        1 => Ok(ids.remove(0)),
+        n => {
+            let more = if n > 10 { ", …" } else { "" };
+            ids.truncate(10);
+            Err(ApiErr::new(
+                axum::http::StatusCode::CONFLICT,
+                api::codes::AMBIGUOUS,
+                format!(
+                    "run id prefix {given} is ambiguous: it matches {}{more}; give more characters",
+                    ids.join(", ")
+                ),
+            ))
+        }
+    }
 }
 
 pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
@@ -34,7 +96,50 @@ pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
     if let Ok(repo) = state.store.get_repo(&view.run.repo_id).await {
         out.commit_url = commit_url(&repo.forge, &view.run.commit_sha);
     }
+    explain_waiting(state, &view, &mut out).await?;
     Ok(out)
+}
+
+/// A job that is ready but that no connected agent can take says why in its
+/// `message` ("no connected agent has labels {os: ubuntu-latest}; agents:
+/// a1 {os: linux}"), instead of staying `ready` in silence. Decided when
+/// read, against the agents connected now.
+async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut api::Run) -> ApiResult<()> {
+    let waiting: Vec<usize> = view
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.job.status == kiln_core::JobStatus::Ready && j.job.message.is_none())
+        .map(|(i, _)| i)
+        .collect();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let agents: Vec<_> =
+        state.store.list_agents().await?.into_iter().filter(|a| state.live_agents.is_connected(&a.id)).collect();
+    for i in waiting {
+        let required: std::collections::BTreeMap<String, String> =
+            serde_json::from_str(&view.jobs[i].job.class_key).unwrap_or_default();
+        if agents.iter().any(|a| kiln_core::claim::labels_match(&required, &a.labels)) {
+            continue;
+        }
+        let message = if agents.is_empty() {
+            "waiting: no agent is connected (start one with `kiln agent`, or `kiln up --agents N`)".to_string()
+        } else {
+            let list: Vec<String> = agents.iter().map(|a| format!("{} {}", a.name, labels_text(&a.labels))).collect();
+            format!("waiting: no connected agent has labels {}; agents: {}", labels_text(&required), list.join(", "))
+        };
+        if let Some(job) = out.jobs.get_mut(i) {
+            job.message = Some(message);
+        }
+    }
+    Ok(())
+}
+
+/// `{os: linux, size: large}`.
+fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
+    let kv: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    format!("{{{}}}", kv.join(", "))
 }
 
 /// The commit's page on the forge's web UI.
@@ -96,5 +201,17 @@ mod tests {
         );
         assert_eq!(commit_url(&f("gitea", Some("https://git.io/")), sha).unwrap(), "https://git.io/acme/w/commit/abc");
         assert_eq!(commit_url(&RepoForge::default(), sha), None);
+    }
+}
+
+#[cfg(test)]
+mod short_id_tests {
+    #[test]
+    fn a_short_id_is_unique_among_its_neighbours() {
+        let id = "0190aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee";
+        assert_eq!(super::short_id(id, [None, None]), "0190aaaa");
+        assert_eq!(super::short_id(id, [Some("0190aaa0-0000-7000-8000-000000000000"), None]), "0190aaaa");
+        assert_eq!(super::short_id(id, [Some("0190aaaa-bb00-7000-8000-000000000000"), None]), "0190aaaa-bbbb");
+        assert_eq!(super::short_id(id, [None, Some("0190aaaa-bbbb-7ccd-8000-000000000000")]), "0190aaaa-bbbb-7ccc");
     }
 }

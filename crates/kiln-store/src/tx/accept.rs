@@ -6,7 +6,9 @@
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, active_runs, lit};
 use crate::error::{Result, StoreError};
-use crate::model::{Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunSummaryRecord, RunView, class_key};
+use crate::model::{
+    Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunFilter, RunSummaryRecord, RunView, class_key,
+};
 use crate::rows::{ATTEMPT_COLS, JOB_COLS, attempt_from_row, job_from_row, load_job, load_run, new_id};
 use crate::rows::{RUN_SUMMARY_COLS, run_summary_from_row};
 use crate::store::SqlStore;
@@ -230,6 +232,58 @@ pub(crate) async fn list_runs(
     let rows =
         store.reader().await?.sql(&LIST).bind(repo_id).bind(status).bind(status).bind(limit as i64).fetch_all().await?;
     rows.iter().map(run_summary_from_row).collect()
+}
+
+/// `RunStore::find_runs`: newest first, across repositories or in one,
+/// by status and branch (the run's ref as named, or `refs/heads/BRANCH`).
+pub(crate) async fn find_runs(store: &SqlStore, f: &RunFilter) -> Result<Vec<RunSummaryRecord>> {
+    static FIND: Sql = Sql::new(|_| {
+        format!(
+            "SELECT {RUN_SUMMARY_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+             WHERE ($1 IS NULL OR r.repo_id = $2) AND ($3 IS NULL OR r.status = $4) \
+             AND ($5 IS NULL OR r.git_ref = $6 OR r.git_ref = $7) \
+             ORDER BY r.created_at DESC, r.id DESC LIMIT $8"
+        )
+    });
+    let full_ref = f.branch.as_ref().map(|b| format!("refs/heads/{b}"));
+    let rows = store
+        .reader()
+        .await?
+        .sql(&FIND)
+        .bind(f.repo_id.as_deref())
+        .bind(f.repo_id.as_deref())
+        .bind(f.status.as_deref())
+        .bind(f.status.as_deref())
+        .bind(f.branch.as_deref())
+        .bind(f.branch.as_deref())
+        .bind(full_ref.as_deref())
+        .bind(f.limit as i64)
+        .fetch_all()
+        .await?;
+    rows.iter().map(run_summary_from_row).collect()
+}
+
+/// `RunStore::find_runs_by_prefix`: the ids of runs starting with `prefix`
+/// (at most `limit`).
+pub(crate) async fn find_runs_by_prefix(store: &SqlStore, prefix: &str, limit: u32) -> Result<Vec<String>> {
+    let pattern = format!("{}%", prefix.replace(['%', '_', '\\'], ""));
+    store
+        .reader()
+        .await?
+        .sql("SELECT id FROM runs WHERE id LIKE $1 ORDER BY id LIMIT $2")
+        .bind(pattern)
+        .bind(limit as i64)
+        .scalars()
+        .await
+}
+
+/// `RunStore::run_id_neighbours`: the run ids just before and just after
+/// `id` in id order (what a unique prefix of `id` must tell it from).
+pub(crate) async fn run_id_neighbours(store: &SqlStore, id: &str) -> Result<(Option<String>, Option<String>)> {
+    let mut r = store.reader().await?;
+    let before: Option<String> = r.sql("SELECT MAX(id) FROM runs WHERE id < $1").bind(id).scalar().await?;
+    let after: Option<String> = r.sql("SELECT MIN(id) FROM runs WHERE id > $1").bind(id).scalar().await?;
+    Ok((before, after))
 }
 
 /// `RunStore::get_job`.

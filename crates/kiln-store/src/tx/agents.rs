@@ -80,6 +80,19 @@ pub(crate) async fn list_agents(store: &SqlStore) -> Result<Vec<AgentRecord>> {
     rows.iter().map(agent_from_row).collect()
 }
 
+/// `AgentStore::running_per_agent`: how many running attempts each agent
+/// holds (agents holding none are absent).
+pub(crate) async fn running_per_agent(store: &SqlStore) -> Result<BTreeMap<String, u32>> {
+    static RUNNING: Sql = Sql::new(|_| {
+        format!(
+            "SELECT agent_id, COUNT(*) FROM attempts WHERE outcome = {running} GROUP BY agent_id",
+            running = lit(AttemptOutcome::Running)
+        )
+    });
+    let rows: Vec<(String, i64)> = store.reader().await?.sql(&RUNNING).all().await?;
+    Ok(rows.into_iter().map(|(a, n)| (a, u32::try_from(n).unwrap_or(u32::MAX))).collect())
+}
+
 /// `AgentStore::remove_agent`: forget the agent, and end the leases of its
 /// running attempts now (the reconciler fences them at once), in one
 /// transaction. Its credentials then name no agent.

@@ -67,6 +67,49 @@ pub(crate) async fn get_repo(store: &SqlStore, name_or_id: &str) -> Result<RepoR
     repo_from_row(&row)
 }
 
+/// `RepoStore::delete_repo`: forget a repository that has no runs, with
+/// its secrets, webhook deliveries, ref heads and schedule cursors, and
+/// revoke its trigger tokens, in one transaction. A repository with runs is
+/// refused (`Conflict`): their history, artifacts and caches refer to it.
+pub(crate) async fn delete_repo(store: &SqlStore, name_or_id: &str) -> Result<RepoRecord> {
+    let repo = get_repo(store, name_or_id).await?;
+    store
+        .transaction(Isolation::Serializable, &repo, |tx, repo| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                let runs: i64 = tx.sql("SELECT COUNT(*) FROM runs WHERE repo_id = $1").bind(&repo.id).scalar().await?;
+                if runs > 0 {
+                    return Err(StoreError::Conflict(format!(
+                        "repository `{}` has {runs} run(s): their history, logs and artifacts refer to it, so it \
+                         cannot be removed",
+                        repo.name
+                    )));
+                }
+                for delete in [
+                    "DELETE FROM secrets WHERE repo_id = $1",
+                    "DELETE FROM deliveries WHERE repo_id = $1",
+                    "DELETE FROM forge_reports WHERE repo_id = $1",
+                    "DELETE FROM ref_heads WHERE repo_id = $1",
+                    "DELETE FROM schedule_cursors WHERE repo_id = $1",
+                    "DELETE FROM cache_entries WHERE repo_id = $1",
+                ] {
+                    tx.sql(delete).bind(&repo.id).execute().await?;
+                }
+                tx.sql("UPDATE api_tokens SET revoked_at = $1 WHERE repo_id = $2 AND revoked_at IS NULL")
+                    .bind(now)
+                    .bind(&repo.id)
+                    .execute()
+                    .await?;
+                if tx.sql("DELETE FROM repos WHERE id = $1").bind(&repo.id).execute().await? == 0 {
+                    return Err(StoreError::NotFound(format!("repository `{}`", repo.name)));
+                }
+                Ok(())
+            })
+        })
+        .await?;
+    Ok(repo)
+}
+
 /// `RepoStore::list_repos`.
 pub(crate) async fn list_repos(store: &SqlStore) -> Result<Vec<RepoRecord>> {
     let rows = store.reader().await?.sql("SELECT * FROM repos ORDER BY name").fetch_all().await?;

@@ -79,6 +79,34 @@ pub async fn accept_run_freezes_definition_and_readies_roots<S: Store + 'static>
     assert_eq!(s.list_runs(&repo.id, Some("queued"), 10).await.unwrap().len(), 1);
     assert!(s.list_runs(&repo.id, Some("running"), 10).await.unwrap().is_empty());
 
+    // Filtered listing across repositories, by branch (`main` matches
+    // `refs/heads/main`), id prefixes and neighbours.
+    let find = |repo_id: Option<&str>, status: Option<&str>, branch: Option<&str>| RunFilter {
+        repo_id: repo_id.map(Into::into),
+        status: status.map(Into::into),
+        branch: branch.map(Into::into),
+        limit: 10,
+    };
+    let ids = |list: Vec<RunSummaryRecord>| list.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(ids(s.find_runs(&find(None, None, None)).await.unwrap()), [acc.run_id.clone()]);
+    assert_eq!(
+        ids(s.find_runs(&find(Some(&repo.id), Some("queued"), Some("main"))).await.unwrap()),
+        [acc.run_id.clone()]
+    );
+    assert!(s.find_runs(&find(None, None, Some("dev"))).await.unwrap().is_empty());
+    assert!(s.find_runs(&find(None, Some("failed"), None)).await.unwrap().is_empty());
+    assert_eq!(s.find_runs_by_prefix(&acc.run_id[..8], 5).await.unwrap(), [acc.run_id.clone()]);
+    assert!(s.find_runs_by_prefix("ffffffff", 5).await.unwrap().is_empty());
+    assert_eq!(s.run_id_neighbours(&acc.run_id).await.unwrap(), (None, None));
+
+    // A repository with runs cannot be removed; one without can, once.
+    assert!(matches!(s.delete_repo(&repo.name).await, Err(StoreError::Conflict(_))));
+    let empty = s.create_repo("empty", "/srv/empty", None).await.unwrap();
+    s.put_secret(&empty.id, "TOKEN", "sealed").await.unwrap();
+    assert_eq!(s.delete_repo("empty").await.unwrap().id, empty.id);
+    assert!(matches!(s.get_repo("empty").await, Err(StoreError::NotFound(_))));
+    assert!(matches!(s.delete_repo("empty").await, Err(StoreError::NotFound(_))));
+
     assert!(matches!(s.get_run("no-such-run").await, Err(StoreError::NotFound(_))));
 }
 

@@ -1,6 +1,6 @@
 //! `kiln agent`: an agent process claiming jobs from a server.
 
-use super::shared::{TokenSource, check_transport, ctrl_c, read_token};
+use super::shared::{TokenSource, apply_agent_tuning, check_transport, ctrl_c, read_token};
 use crate::cli::AgentArgs;
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, Failure, agent_config, default_labels, usage};
@@ -16,31 +16,17 @@ pub(crate) fn agent_token(a: &AgentArgs, env: Option<String>) -> Result<String, 
 }
 
 pub(super) async fn run(a: AgentArgs) -> CmdResult {
-    check_transport(&a.server, a.insecure)?;
+    let Some(server) = a.server.clone() else {
+        return Err(usage("no server: pass --server URL (e.g. http://127.0.0.1:7070) or set KILN_SERVER"));
+    };
+    check_transport(&server, a.insecure)?;
     let token = agent_token(&a, std::env::var(TOKEN_ENV).ok())?;
-    let mut labels = default_labels();
-    for l in &a.labels {
-        let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
-        labels.insert(k.trim().into(), v.trim().into());
-    }
     let name = a.name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "agent".into())
     });
-    let mut cfg = agent_config(a.server, token, name, labels, a.work_dir, a.max_jobs.max(1));
+    let mut cfg = agent_config(server, token, name, default_labels(), a.work_dir.clone(), 1);
     cfg.sandbox_dir = a.sandbox_dir.clone();
-    cfg.step_user = a.step_user.clone();
-    cfg.upload_rate_limit = a.upload_rate_limit;
-    cfg.log_limit = a.log_limit;
-    cfg.log_rate_limit = a.log_rate_limit;
-    cfg.log_buffer = a.log_buffer;
-    cfg.log_spool_limit = a.log_spool_limit;
-    cfg.kill_grace = Some(a.kill_grace);
-    if a.executor == "container" {
-        let mut settings = kiln_agent::ContainerSettings::new(a.engine.clone());
-        settings.default_image = a.default_image.clone();
-        settings.network = a.container_network.parse().map_err(usage)?;
-        cfg.executor = kiln_agent::ExecutorKind::Container(settings);
-    }
+    apply_agent_tuning(&mut cfg, &a.tuning)?;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run(cfg, rx));
     tokio::pin!(task);

@@ -9,9 +9,9 @@ pub(super) async fn run(a: RunRef) -> CmdResult {
     let c = client(&a.conn)?;
     let run = c.cancel_run(&a.run).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&run).expect("json"));
     } else {
-        println!("run {} {}", run.id, run.status);
+        kiln_cmd::outln!("run {} {}", run.id, run.status);
     }
     Ok(exit::OK)
 }

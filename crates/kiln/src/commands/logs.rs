@@ -17,14 +17,61 @@ pub(super) async fn run(a: LogsArgs) -> CmdResult {
     let c = client(&a.conn)?;
     if a.follow {
         follow_run(&c, &a.run, a.job.as_deref(), Sink::Stdout).await?;
-        return Ok(exit::OK);
+        // The exit code is the result of what was followed: the job's with
+        // JOB, else the run's (which may still be ending: wait for it).
+        return Ok(match a.job.as_deref() {
+            Some(only) => {
+                let run = c.get_run(&a.run).await?;
+                let ok = select_jobs(&run, Some(only))?.iter().all(|j| j.status.is_success());
+                if ok { exit::OK } else { exit::RUN_FAILED }
+            }
+            None => result_code(&wait_terminal(&c, &a.run).await?),
+        });
     }
     let run = c.get_run(&a.run).await?;
-    for j in run.jobs.iter().filter(|j| a.job.as_deref().is_none_or(|o| j.name == o || j.id == o)) {
-        println!("{}", for_stdout(&format!("── {} ──", j.name)));
+    let jobs = select_jobs(&run, a.job.as_deref())?;
+    for j in jobs {
+        kiln_cmd::outln!("{}", for_stdout(&format!("── {} ──", j.name)));
         stream_job(&c, &j.id, Sink::Stdout, j.status.is_terminal()).await?;
     }
     Ok(exit::OK)
+}
+
+/// The jobs of `run` named (or with the id) `only`, or all of them; a name
+/// no job has is an error listing the names there are.
+fn select_jobs<'r>(run: &'r kiln_api::Run, only: Option<&str>) -> Result<Vec<&'r kiln_api::Job>, Failure> {
+    let named = |j: &kiln_api::Job, o: &str| j.name == o || j.id == o || (o.len() >= 8 && j.id.starts_with(o));
+    let jobs: Vec<_> = run.jobs.iter().filter(|j| only.is_none_or(|o| named(j, o))).collect();
+    if let Some(o) = only
+        && jobs.is_empty()
+    {
+        let names: Vec<&str> = run.jobs.iter().map(|j| j.name.as_str()).collect();
+        return Err(usage(for_stderr(&format!(
+            "run {} has no job `{o}`; its jobs are: {}",
+            run.id,
+            if names.is_empty() { "(none)".to_string() } else { names.join(", ") }
+        ))));
+    }
+    Ok(jobs)
+}
+
+/// Exit code of a finished run: 0 on success, 1 otherwise.
+pub(super) fn result_code(run: &kiln_api::Run) -> i32 {
+    if run.status.is_success() { exit::OK } else { exit::RUN_FAILED }
+}
+
+/// The run once it has reached a terminal status (polled every half second).
+pub(super) async fn wait_terminal(c: &Client, run_id: &str) -> Result<kiln_api::Run, Failure> {
+    let mut failures = 0;
+    loop {
+        match c.get_run(run_id).await {
+            Ok(run) if run.status.is_terminal() => return Ok(run),
+            Ok(_) => failures = 0,
+            Err(e) if e.is_retryable() && failures < 30 => failures += 1,
+            Err(e) => return Err(e.into()),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Where streamed log bytes go.
@@ -46,25 +93,21 @@ impl Sink {
 
     fn write(self, bytes: &[u8]) {
         // Raw bytes: the terminal decodes UTF-8 across chunk boundaries.
-        let _ = match self {
-            Sink::Stdout => std::io::stdout().lock().write_all(bytes).and_then(|_| std::io::stdout().flush()),
-            Sink::Stderr => std::io::stderr().lock().write_all(bytes),
-        };
+        // A closed standard output (`kiln logs RUN | head -1`) ends the
+        // command quietly (see `kiln_cmd::write_stdout`).
+        match self {
+            Sink::Stdout => kiln_cmd::write_stdout(bytes),
+            Sink::Stderr => {
+                let _ = std::io::stderr().lock().write_all(bytes);
+            }
+        }
     }
 }
 
 /// Stream logs of the run's jobs in order until each ends.
 pub(super) async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, sink: Sink) -> Result<(), Failure> {
     let run = c.get_run(run_id).await?;
-    let jobs: Vec<_> = run
-        .jobs
-        .iter()
-        .filter(|j| only.is_none_or(|o| j.name == o || j.id == o))
-        .map(|j| (j.id.clone(), j.name.clone()))
-        .collect();
-    if jobs.is_empty() {
-        return Err(usage(format!("run {run_id} has no job `{}`", only.unwrap_or(""))));
-    }
+    let jobs: Vec<_> = select_jobs(&run, only)?.into_iter().map(|j| (j.id.clone(), j.name.clone())).collect();
     for (id, name) in jobs {
         let header = format!("── {name} ──\n");
         sink.write(if sink.is_terminal() { crate::term::clean(&header) } else { header }.as_bytes());

@@ -1,6 +1,6 @@
 //! Command implementations, one file per command; `shared` holds what
-//! several of them use. Modules here depend on `shared` (and `run` on
-//! `logs`), never on this file.
+//! several of them use. Modules here depend on `shared` (and `run` and
+//! `wait` on `logs`), never on this file.
 
 mod access;
 mod agent;
@@ -10,12 +10,14 @@ mod logs;
 mod repo;
 mod retry;
 mod run;
+mod runs;
 mod secret;
 mod server;
 mod shared;
 mod status;
 mod up;
 mod validate;
+mod wait;
 
 use crate::cli::{ArtifactCommand, Cli, Command};
 
@@ -29,17 +31,27 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Secret { command } => secret::run(command).await,
         Command::Token { command } => access::token(command).await,
         Command::AgentToken { command } => access::agent_token(command).await,
-        Command::Agents { command } => access::agents(command).await,
+        Command::Agents { command, json, conn } => {
+            access::agents(command.unwrap_or(crate::cli::AgentsCommand::Ls { json, conn })).await
+        }
         Command::Audit(a) => access::audit(a).await,
         Command::Run(a) => run::run(a).await,
+        Command::Runs(a) => runs::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Logs(a) => logs::run(a).await,
         Command::Cancel(a) => cancel::run(a).await,
         Command::Retry(a) => retry::run(a).await,
+        Command::Wait(a) => wait::run(a).await,
         Command::Validate { file } => Ok(validate::run(&file)),
         Command::Artifact { command: ArtifactCommand::Get { run, job, name, output, conn } } => {
             artifact::get(&conn, &run, &job, &name, &output).await
         }
+        Command::Completions { shell } => Ok(generated(|out| {
+            clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "kiln", out)
+        })),
+        Command::Man => Ok(generated(|out| {
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(out).expect("roff")
+        })),
         Command::Bench(a) => kiln_bench::run(a).await,
     };
     match res {
@@ -49,4 +61,13 @@ pub async fn run(cli: Cli) -> i32 {
             e.code
         }
     }
+}
+
+/// Write what `write` generates (a completion script, the man page) to
+/// standard output; a closed pipe ends quietly.
+fn generated(write: impl FnOnce(&mut Vec<u8>)) -> i32 {
+    let mut out = Vec::new();
+    write(&mut out);
+    kiln_cmd::write_stdout(&out);
+    kiln_api::exit::OK
 }

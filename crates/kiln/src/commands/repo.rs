@@ -1,4 +1,4 @@
-//! `kiln repo add|set|show|hook-info|deliveries|list`.
+//! `kiln repo add|set|rm|show|hook-info|deliveries|list`.
 
 use super::shared::client;
 use crate::cli::{ForgeArgs, RepoCommand};
@@ -15,14 +15,14 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
             let r = c
                 .create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret, secret_pools, forge })
                 .await?;
-            println!(
+            kiln_cmd::outln!(
                 "registered repository {} ({}); secrets go to agent pools: {}",
                 r.name,
                 r.clone_url,
                 r.secret_pools.join(", ")
             );
             if r.forge.is_some() || r.webhook_secret_set {
-                println!("connect the forge with: kiln repo hook-info {}", r.name);
+                kiln_cmd::outln!("connect the forge with: kiln repo hook-info {}", r.name);
             }
         }
         RepoCommand::Set { name, secret_pools, forge, conn } => {
@@ -31,14 +31,18 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
             let r = c
                 .update_repo(&name, &kiln_api::UpdateRepo { clone_url: None, webhook_secret, secret_pools, forge })
                 .await?;
-            println!("updated repository {}", r.name);
+            kiln_cmd::outln!("updated repository {}", r.name);
             print_repo(&r);
+        }
+        RepoCommand::Rm { name, conn } => {
+            let r = client(&conn)?.delete_repo(&name).await?;
+            kiln_cmd::outln!("removed repository {} ({})", r.name, r.clone_url);
         }
         RepoCommand::Show { name, json, conn } => {
             let c = client(&conn)?;
             let r = c.get_repo(&name).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r).expect("json"));
+                kiln_cmd::outln!("{}", serde_json::to_string_pretty(&r).expect("json"));
             } else {
                 print_repo(&r);
             }
@@ -46,10 +50,10 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
         RepoCommand::HookInfo { name, conn } => {
             let c = client(&conn)?;
             let h = c.hook_info(&name).await?;
-            println!("Add a webhook to {} on {}:", h.repo, h.forge);
-            println!("  Payload URL:   {}", h.url);
-            println!("  Content type:  {}", h.content_type);
-            println!(
+            kiln_cmd::outln!("Add a webhook to {} on {}:", h.repo, h.forge);
+            kiln_cmd::outln!("  Payload URL:   {}", h.url);
+            kiln_cmd::outln!("  Content type:  {}", h.content_type);
+            kiln_cmd::outln!(
                 "  Secret:        {}",
                 if h.secret_configured {
                     "the one you set with --webhook-secret-file"
@@ -57,12 +61,12 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
                     "NOT SET: deliveries are refused until `kiln repo set NAME --webhook-secret-file FILE`"
                 }
             );
-            println!("  Events:        {}", h.events.join(", "));
+            kiln_cmd::outln!("  Events:        {}", h.events.join(", "));
             if h.forge == "gitlab" {
-                println!("  (GitLab sends the secret as its Secret token.)");
+                kiln_cmd::outln!("  (GitLab sends the secret as its Secret token.)");
             }
             if !h.statuses_configured {
-                println!(
+                kiln_cmd::outln!(
                     "Commit statuses are off: set --forge, --forge-repo and --forge-token-file with `kiln repo set`."
                 );
             }
@@ -71,10 +75,10 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
             let c = client(&conn)?;
             let list = c.deliveries(&name, limit).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+                kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
             } else {
                 for d in list {
-                    println!(
+                    kiln_cmd::outln!(
                         "{}  {:<7} {:<14} {:<9} {:<9} runs: {}  {}",
                         d.id,
                         d.forge,
@@ -87,10 +91,15 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
                 }
             }
         }
-        RepoCommand::List { conn } => {
+        RepoCommand::List { json, conn } => {
             let c = client(&conn)?;
-            for r in c.list_repos().await? {
-                println!("{:<24} {}", r.name, r.clone_url);
+            let list = c.list_repos().await?;
+            if json {
+                kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
+                return Ok(exit::OK);
+            }
+            for r in list {
+                kiln_cmd::outln!("{:<24} {}", r.name, r.clone_url);
             }
         }
     }
@@ -98,27 +107,27 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
 }
 
 fn print_repo(r: &kiln_api::Repo) {
-    println!("name:               {}", r.name);
-    println!("url:                {}", r.clone_url);
-    println!("forge:              {}", r.forge.as_deref().unwrap_or("(none)"));
+    kiln_cmd::outln!("name:               {}", r.name);
+    kiln_cmd::outln!("url:                {}", r.clone_url);
+    kiln_cmd::outln!("forge:              {}", r.forge.as_deref().unwrap_or("(none)"));
     if let Some(u) = &r.forge_url {
-        println!("forge url:          {u}");
+        kiln_cmd::outln!("forge url:          {u}");
     }
     if let Some(p) = &r.forge_repo {
-        println!("forge repository:   {p}");
+        kiln_cmd::outln!("forge repository:   {p}");
     }
-    println!("forge token:        {}", if r.forge_token_set { "set" } else { "not set" });
-    println!("webhook secret:     {}", if r.webhook_secret_set { "set" } else { "not set" });
-    println!("default branch:     {}", r.default_branch.as_deref().unwrap_or("main"));
+    kiln_cmd::outln!("forge token:        {}", if r.forge_token_set { "set" } else { "not set" });
+    kiln_cmd::outln!("webhook secret:     {}", if r.webhook_secret_set { "set" } else { "not set" });
+    kiln_cmd::outln!("default branch:     {}", r.default_branch.as_deref().unwrap_or("main"));
     if !r.protected_refs.is_empty() {
-        println!("protected refs:     {}", r.protected_refs.join(", "));
+        kiln_cmd::outln!("protected refs:     {}", r.protected_refs.join(", "));
     }
-    println!("pull request trust: {}", r.pull_request_trust.as_deref().unwrap_or("write-access"));
+    kiln_cmd::outln!("pull request trust: {}", r.pull_request_trust.as_deref().unwrap_or("write-access"));
     match r.poll_interval_secs {
-        Some(s) => println!("polling:            every {s}s"),
-        None => println!("polling:            off"),
+        Some(s) => kiln_cmd::outln!("polling:            every {s}s"),
+        None => kiln_cmd::outln!("polling:            off"),
     }
-    println!("secret pools:       {}", r.secret_pools.join(", "));
+    kiln_cmd::outln!("secret pools:       {}", r.secret_pools.join(", "));
 }
 
 /// The request fields of the forge flags; secrets read from their files.

@@ -9,9 +9,9 @@ pub(super) async fn run(a: RunRef) -> CmdResult {
     let c = client(&a.conn)?;
     let resp = c.retry_run(&a.run).await?;
     if a.json {
-        println!("{}", serde_json::json!({ "run_id": resp.run_id }));
+        kiln_cmd::outln!("{}", serde_json::json!({ "run_id": resp.run_id }));
     } else {
-        println!("{}", resp.run_id);
+        kiln_cmd::outln!("{}", resp.run_id);
     }
     Ok(exit::OK)
 }

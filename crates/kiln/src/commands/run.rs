@@ -1,6 +1,6 @@
 //! `kiln run`: submit a run; with `--follow`, stream its logs and exit 0 only on success.
 
-use super::logs::{Sink, follow_run};
+use super::logs::{Sink, follow_run, result_code, wait_terminal};
 use super::shared::client;
 use crate::cli::RunArgs;
 use crate::term::for_stderr;
@@ -25,22 +25,22 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
     if !a.follow {
         if a.json {
             let run = c.get_run(&resp.run_id).await?;
-            println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+            kiln_cmd::outln!("{}", serde_json::to_string_pretty(&run).expect("json"));
         } else {
-            println!("{}", resp.run_id);
+            kiln_cmd::outln!("{}", resp.run_id);
         }
         return Ok(exit::OK);
     }
     eprintln!("run {} accepted", resp.run_id);
     // With --json, stdout carries only the final run object; logs go to stderr.
     follow_run(&c, &resp.run_id, None, if a.json { Sink::Stderr } else { Sink::Stdout }).await?;
-    let run = c.get_run(&resp.run_id).await?;
+    let run = wait_terminal(&c, &resp.run_id).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&run).expect("json"));
     } else {
         print_summary(&run);
     }
-    Ok(if run.status.is_success() { exit::OK } else { exit::RUN_FAILED })
+    Ok(result_code(&run))
 }
 
 fn print_summary(run: &kiln_api::Run) {

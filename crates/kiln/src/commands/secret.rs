@@ -17,17 +17,22 @@ pub(super) async fn run(cmd: SecretCommand) -> CmdResult {
                 return Err(usage("the secret value (standard input) is empty"));
             }
             c.put_secret(&repo, &name, value).await?;
-            println!("secret {name} of {repo} set ({} bytes)", value.len());
+            kiln_cmd::outln!("secret {name} of {repo} set ({} bytes)", value.len());
         }
-        SecretCommand::List { repo, conn } => {
+        SecretCommand::List { repo, json, conn } => {
             let c = client(&conn)?;
-            for s in c.list_secrets(&repo).await? {
-                println!("{}", s.name);
+            let list = c.list_secrets(&repo).await?;
+            if json {
+                kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
+                return Ok(exit::OK);
+            }
+            for s in list {
+                kiln_cmd::outln!("{}", s.name);
             }
         }
         SecretCommand::Rm { repo, name, conn } => {
             client(&conn)?.delete_secret(&repo, &name).await?;
-            println!("secret {name} of {repo} deleted");
+            kiln_cmd::outln!("secret {name} of {repo} deleted");
         }
         SecretCommand::RotateKey { data_dir, database_url, secrets_key_file } => {
             let mut config = kiln_server::ServerConfig::new(data_dir, String::new());
@@ -36,7 +41,7 @@ pub(super) async fn run(cmd: SecretCommand) -> CmdResult {
             let (n, id) = kiln_server::rotate_secrets_key(&config)
                 .await
                 .map_err(|e| kiln_cmd::Failure { code: exit::REFUSED, message: format!("{e:#}") })?;
-            println!("{n} secrets sealed under the new key {id} ({})", config.secrets_key_path().display());
+            kiln_cmd::outln!("{n} secrets sealed under the new key {id} ({})", config.secrets_key_path().display());
         }
     }
     Ok(exit::OK)

@@ -2,11 +2,12 @@
 //! waiting for SIGINT/SIGTERM. (The failure type and the embedded
 //! deployment are in kiln-cmd, shared with kiln-bench.)
 
-use crate::cli::{Conn, WebArgs};
+use crate::cli::{AgentTuning, Conn, ServerTuning, WebArgs};
 use kiln_api::Client;
 use kiln_cmd::{Failure, usage};
 
 pub(super) fn client(conn: &Conn) -> Result<Client, Failure> {
+    kiln_api::client::check_server_urls(&conn.server).map_err(usage)?;
     let token = api_token(conn, std::env::var("KILN_TOKEN").ok())?;
     Ok(Client::new(&conn.server, &token))
 }
@@ -86,6 +87,68 @@ mod token_tests {
     }
 }
 
+/// Apply what `kiln server` and `kiln up` share (object store, secrets key,
+/// grace periods, garbage collection, log archiving, registries).
+pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &ServerTuning) -> Result<(), Failure> {
+    let object_store = t.object_store.clone().unwrap_or_default();
+    if !object_store.is_empty()
+        && let Err(e) = kiln_blob::BlobStore::open_url(&object_store, &config.data_dir.join("objects"))
+    {
+        return Err(usage(format!("--object-store: {e}")));
+    }
+    config.object_store = object_store;
+    config.secrets_key_file = t.secrets_key_file.clone();
+    config.loss_grace = t.loss_grace;
+    if let Some(d) = t.dispatch_sweep {
+        config.dispatch_sweep = d;
+    }
+    config.gc_grace = t.artifact_gc_grace;
+    config.gc_interval = t.gc_interval;
+    config.retry_base = t.retry_base;
+    config.log_archive_after = t.log_archive_after;
+    config.log_archive_interval =
+        t.log_archive_after.clamp(std::time::Duration::from_millis(200), std::time::Duration::from_secs(10));
+    config.registries.insecure = t.insecure_registries.clone();
+    for entry in &t.registry_auth {
+        let parsed = entry.split_once('=').and_then(|(h, c)| Some((h, c.split_once(':')?)));
+        let Some((host, (user, password))) = parsed else {
+            return Err(usage("--registry-auth must be HOST=USER:PASSWORD"));
+        };
+        config.registries.credentials.insert(host.trim().to_string(), (user.to_string(), password.to_string()));
+    }
+    Ok(())
+}
+
+/// Apply what `kiln agent` and `kiln up`'s local agents share (labels,
+/// capacity, executor, limits) to an agent configuration.
+pub(super) fn apply_agent_tuning(cfg: &mut kiln_agent::AgentConfig, t: &AgentTuning) -> Result<(), Failure> {
+    for l in &t.labels {
+        let (k, v) = l.split_once('=').ok_or_else(|| usage(format!("label `{l}` must be key=value")))?;
+        if k.trim().is_empty() {
+            return Err(usage(format!("label `{l}` has no key")));
+        }
+        cfg.labels.insert(k.trim().into(), v.trim().into());
+    }
+    if t.max_jobs == 0 || t.max_jobs > 256 {
+        return Err(usage("--max-jobs must be 1-256"));
+    }
+    cfg.max_jobs = t.max_jobs;
+    cfg.step_user = t.step_user.clone();
+    cfg.upload_rate_limit = t.upload_rate_limit;
+    cfg.log_limit = t.log_limit;
+    cfg.log_rate_limit = t.log_rate_limit;
+    cfg.log_buffer = t.log_buffer;
+    cfg.log_spool_limit = t.log_spool_limit;
+    cfg.kill_grace = Some(t.kill_grace);
+    if t.executor == "container" {
+        let mut settings = kiln_agent::ContainerSettings::new(t.engine.clone());
+        settings.default_image = t.default_image.clone();
+        settings.network = t.container_network.parse().map_err(usage)?;
+        cfg.executor = kiln_agent::ExecutorKind::Container(settings);
+    }
+    Ok(())
+}
+
 /// Apply `--public-url`, `--tls-cert/--tls-key` and the connection limits.
 pub(super) fn apply_web(config: &mut kiln_server::ServerConfig, web: &WebArgs) -> Result<(), Failure> {
     if let Some(u) = &web.public_url {
@@ -123,6 +186,7 @@ pub(super) fn apply_web(config: &mut kiln_server::ServerConfig, web: &WebArgs) -
 /// `insecure`: the agent's token, jobs' secrets and artifacts would cross
 /// the network in clear.
 pub(super) fn check_transport(servers: &str, insecure: bool) -> Result<(), Failure> {
+    kiln_api::client::check_server_urls(servers).map_err(usage)?;
     for url in servers.split(',').map(str::trim).filter(|u| !u.is_empty()) {
         let Some(rest) = url.strip_prefix("http://") else { continue };
         let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
@@ -142,6 +206,23 @@ pub(super) fn check_transport(servers: &str, insecure: bool) -> Result<(), Failu
         }
     }
     Ok(())
+}
+
+/// Milliseconds since the epoch as `2026-12-01 17:30:00Z` (UTC).
+pub(super) fn when(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 pub(super) async fn ctrl_c() {

@@ -10,11 +10,11 @@ pub(super) async fn run(a: StatusArgs) -> CmdResult {
     let c = client(&a.conn)?;
     let run = c.get_run(&a.run).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&run).expect("json"));
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&run).expect("json"));
     } else {
         // Names and messages come from the server (and from repositories):
         // sanitized on a terminal.
-        let out = |s: String| println!("{}", for_stdout(&s));
+        let out = |s: String| kiln_cmd::outln!("{}", for_stdout(&s));
         out(format!("run {}  {}", run.id, run.status));
         out(format!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path));
         if let Some(m) = &run.message {

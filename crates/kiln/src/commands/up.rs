@@ -1,27 +1,38 @@
 //! `kiln up`: a server and N local agents in one process on embedded defaults.
 
-use super::shared::{apply_web, ctrl_c};
+use super::shared::{apply_agent_tuning, apply_server_tuning, apply_web, ctrl_c};
 use crate::cli::UpArgs;
 use kiln_api::exit;
-use kiln_cmd::{CmdResult, start_embedded_config, usage};
+use kiln_cmd::{CmdResult, start_embedded_agents, usage};
 use std::io::Write;
 use std::time::Duration;
 
 pub(super) async fn run(a: UpArgs) -> CmdResult {
+    let _lock = lock_data_dir(&a.data_dir)?;
     let mut config = kiln_server::ServerConfig::new(a.data_dir.clone(), a.listen.clone());
     config.lease_ttl = a.lease_ttl;
     config.database_url = a.database_url.clone();
+    apply_server_tuning(&mut config, &a.server)?;
     apply_web(&mut config, &a.web)?;
+    // Check the agents' flags once, before anything starts.
+    let mut probe =
+        kiln_cmd::agent_config(String::new(), String::new(), String::new(), Default::default(), a.data_dir.clone(), 1);
+    apply_agent_tuning(&mut probe, &a.agent)?;
     if let Some(cert) = &a.web.tls_cert {
         // The local agents reach the server over TLS too: they trust its certificate.
         let pem = std::fs::read(cert).map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?;
         kiln_api::client::trust_root_pem(&pem).map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?;
     }
-    let (handle, stop, tasks) = start_embedded_config(config, a.agents).await?;
+    let tuning = &a.agent;
+    let (handle, stop, tasks) = start_embedded_agents(config, a.agents, |cfg| {
+        // Checked on `probe` above: the same flags cannot fail here.
+        let _ = apply_agent_tuning(cfg, tuning);
+    })
+    .await?;
     let url = handle.url();
-    println!("Kiln is up: server {url}, {} local agent(s), data in {}", a.agents, a.data_dir.display());
-    println!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
-    println!("web UI: {url}/");
+    kiln_cmd::outln!("Kiln is up: server {url}, {} local agent(s), data in {}", a.agents, a.data_dir.display());
+    kiln_cmd::outln!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
+    kiln_cmd::outln!("web UI: {url}/");
     let _ = std::io::stdout().flush();
     ctrl_c().await;
     eprintln!("shutting down");
@@ -31,4 +42,44 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
     }
     handle.shutdown().await?;
     Ok(exit::OK)
+}
+
+/// The lock file of a data directory `kiln up` runs on.
+const LOCK_FILE: &str = "kiln-up.lock";
+
+/// Hold an exclusive lock on `DATA_DIR/kiln-up.lock` (with our pid in it)
+/// for as long as the returned value lives: a second `kiln up` on the same
+/// directory would share the database and tokens but not the agents, and
+/// run none of the jobs. The kernel drops the lock when the process dies,
+/// however it dies.
+fn lock_data_dir(dir: &std::path::Path) -> Result<nix::fcntl::Flock<std::fs::File>, kiln_cmd::Failure> {
+    use std::io::{Read, Seek};
+    let fail = |e: &dyn std::fmt::Display| usage(format!("--data-dir {}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| fail(&e))?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut lock) => {
+            lock.set_len(0).and_then(|()| lock.rewind()).map_err(|e| fail(&e))?;
+            write!(lock, "{}", std::process::id()).and_then(|()| lock.flush()).map_err(|e| fail(&e))?;
+            Ok(lock)
+        }
+        Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            Err(usage(format!(
+                "data directory {} is in use by another kiln up (pid {}); stop it first, or pass another --data-dir",
+                dir.display(),
+                if pid.is_empty() { "unknown" } else { pid }
+            )))
+        }
+        Err((_, e)) => Err(fail(&format!("cannot lock {}: {e}", path.display()))),
+    }
 }

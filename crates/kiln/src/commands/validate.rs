@@ -26,7 +26,12 @@ pub(super) fn run(file: &Path) -> i32 {
     };
     match kiln_workflow::parse(&text) {
         Ok(w) => {
-            println!("{}: valid ({} jobs, definition sha256 {})", file.display(), w.jobs.len(), w.canonical_hash());
+            kiln_cmd::outln!(
+                "{}: valid ({} jobs, definition sha256 {})",
+                file.display(),
+                w.jobs.len(),
+                w.canonical_hash()
+            );
             exit::OK
         }
         Err(d) => {

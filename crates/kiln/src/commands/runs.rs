@@ -1,0 +1,40 @@
+//! `kiln runs`: runs newest first, filtered by repository, status and branch.
+
+use super::shared::{client, when};
+use crate::cli::RunsArgs;
+use crate::term::for_stdout;
+use kiln_api::exit;
+use kiln_cmd::CmdResult;
+
+pub(super) async fn run(a: RunsArgs) -> CmdResult {
+    let c = client(&a.conn)?;
+    let list = c.find_runs(a.repo.as_deref(), a.status.as_deref(), a.branch.as_deref(), Some(a.limit)).await?.runs;
+    if a.json {
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
+        return Ok(exit::OK);
+    }
+    kiln_cmd::outln!(
+        "{:<14} {:<10} {:<16} {:<20} {:<8} {:<12} CREATED",
+        "RUN",
+        "STATUS",
+        "REPO",
+        "REF",
+        "COMMIT",
+        "EVENT"
+    );
+    for r in list {
+        let short = r.short_id.clone().unwrap_or_else(|| r.id.clone());
+        let line = format!(
+            "{:<14} {:<10} {:<16} {:<20} {:<8} {:<12} {}",
+            short,
+            r.status,
+            r.repo,
+            r.git_ref.as_deref().unwrap_or("-"),
+            r.commit_sha.get(..7).unwrap_or(&r.commit_sha),
+            r.event,
+            when(r.created_at_ms)
+        );
+        kiln_cmd::outln!("{}", for_stdout(&line));
+    }
+    Ok(exit::OK)
+}
