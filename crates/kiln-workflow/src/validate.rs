@@ -282,7 +282,7 @@ fn env_key_ok(key: &str) -> bool {
 /// [`crate::parse_duration`]: `90s`, `1m30s`, `2h30m`, `1d`, or seconds).
 fn parse_duration(text: &str) -> Option<u64> {
     let d = crate::parse_duration(text).ok()?;
-    (d.subsec_nanos() == 0).then(|| d.as_secs())
+    (d.subsec_nanos() == 0).then_some(d.as_secs())
 }
 
 /// One job as read from the file, with the positions the cross-job checks
