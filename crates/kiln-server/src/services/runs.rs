@@ -211,7 +211,7 @@ mod short_id_tests {
         let id = "0190aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee";
         assert_eq!(super::short_id(id, [None, None]), "0190aaaa");
         assert_eq!(super::short_id(id, [Some("0190aaa0-0000-7000-8000-000000000000"), None]), "0190aaaa");
-        assert_eq!(super::short_id(id, [Some("0190aaaa-bb00-7000-8000-000000000000"), None]), "0190aaaa-bbbb");
+        assert_eq!(super::short_id(id, [Some("0190aaaa-bb00-7000-8000-000000000000"), None]), "0190aaaa-bbb");
         assert_eq!(super::short_id(id, [None, Some("0190aaaa-bbbb-7ccd-8000-000000000000")]), "0190aaaa-bbbb-7ccc");
     }
 }
