@@ -45,7 +45,7 @@ pub struct Conn {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a server and N local agents in one process on embedded defaults (SQLite, local disk).
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Run the Kiln server (API, dispatch, reconciler).
     Server(ServerArgs),
     /// Run an agent that claims jobs from a server and executes them.

@@ -24,7 +24,7 @@ use crate::cli::{ArtifactCommand, Cli, Command};
 /// Run the command; print a failure as `error: …`. Returns the exit code.
 pub async fn run(cli: Cli) -> i32 {
     let res = match cli.command {
-        Command::Up(a) => up::run(a).await,
+        Command::Up(a) => up::run(*a).await,
         Command::Server(a) => server::run(a).await,
         Command::Agent(a) => agent::run(a).await,
         Command::Repo { command } => repo::run(command).await,
