@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+#[doc(hidden)]
+pub mod corpus;
 mod inputs;
 mod key;
 mod pack;
