@@ -68,7 +68,7 @@ pub fn content(len: usize, seed: u64) -> Vec<u8> {
     let mut v = Vec::with_capacity(len + 16);
     while v.len() < len {
         let x = r.next();
-        if x % 16 == 0 {
+        if x.is_multiple_of(16) {
             v.extend_from_slice(&r.next().to_le_bytes());
         } else {
             v.extend_from_slice(WORDS[(x >> 32) as usize % WORDS.len()]);
@@ -99,7 +99,7 @@ pub fn make_tree(root: &Path, files: u64, bytes: u64) -> io::Result<Tree> {
     let mut t = Tree { files: 0, dirs: 0, bytes: 0 };
     let mut dir = root.to_path_buf();
     for i in 0..small {
-        if i % 32 == 0 {
+        if i.is_multiple_of(32) {
             let d = i / 32;
             dir = root.join(format!("crate-{}/deps-{}/build-{d}", d / 64, d / 8 % 8));
             fs::create_dir_all(&dir)?;
