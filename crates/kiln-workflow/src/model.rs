@@ -206,7 +206,15 @@ pub struct Cache {
     pub kind: String,
     pub version: String,
     pub inputs: Vec<String>,
+    /// Workspace-relative directories, or absolute directories in the job's
+    /// container (mounted there from the agent).
     pub paths: Vec<String>,
+    /// On a miss, restore the most recently used entry saved for other
+    /// inputs (dependency caches only); the exact key is saved after.
+    /// Left out of the canonical encoding when false, so workflows without
+    /// it hash as before.
+    #[serde(default, rename = "restore-prefix", skip_serializing_if = "std::ops::Not::not")]
+    pub restore_prefix: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

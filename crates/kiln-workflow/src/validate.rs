@@ -47,7 +47,7 @@ const NEEDS_POLICY_KEYS: &[&str] = &["quorum"];
 const CONCURRENCY_KEYS: &[&str] = &["group", "cancel-in-progress"];
 const STEP_KEYS: &[&str] = &["run", "name"];
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
-const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths"];
+const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths", "restore-prefix"];
 const ARTIFACTS_KEYS: &[&str] = &["publish", "restore"];
 const PUBLISH_KEYS: &[&str] = &["name", "path"];
 const RESTORE_KEYS: &[&str] = &["from_job", "name", "path"];
@@ -760,12 +760,89 @@ fn cache(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Cache> {
             if paths.as_ref().is_some_and(Vec::is_empty) {
                 ctx.err(e.value.pos, format!("{s} is empty; list at least one directory to cache"));
                 None
+            } else if let (Some(ps), Value::Seq(items)) = (&paths, &e.value.value) {
+                let mut ok = true;
+                for (p, item) in ps.iter().zip(items) {
+                    if let Some(why) = absolute_cache_path_problem(p) {
+                        ctx.err(item.pos, format!("an entry of {s}: {why}"));
+                        ok = false;
+                    }
+                }
+                ok.then_some(paths).flatten()
             } else {
                 paths
             }
         }
     };
-    Some(Cache { kind: kind?, version: version?, inputs: inputs?, paths: paths? })
+    let restore_prefix = match get(entries, "restore-prefix") {
+        None => Some(false),
+        Some(e) => match &e.value.value {
+            Value::Scalar(sc) if sc.kind() == ScalarKind::Bool => {
+                let on = sc.text.eq_ignore_ascii_case("true");
+                if on && kind.as_deref().is_some_and(|k| k != "dependencies") {
+                    ctx.err(
+                        e.value.pos,
+                        format!(
+                            "`restore-prefix` in {subject} is for dependency caches (`kind: dependencies`) only: \
+                             an entry saved for other inputs must not stand in for `{}` outputs",
+                            kind.as_deref().unwrap_or_default()
+                        ),
+                    );
+                    None
+                } else {
+                    Some(on)
+                }
+            }
+            _ => {
+                ctx.err(
+                    e.value.pos,
+                    format!("`restore-prefix` in {subject} must be `true` or `false`, found {}", e.value.describe()),
+                );
+                None
+            }
+        },
+    };
+    Some(Cache { kind: kind?, version: version?, inputs: inputs?, paths: paths?, restore_prefix: restore_prefix? })
+}
+
+/// Directories a cache may not be mounted over (absolute cache paths are
+/// mounted into the job's container).
+const SYSTEM_DIRS: &[&str] = &[
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+    "/tmp",
+    "/workspace",
+];
+
+/// Why an absolute cache path cannot be used (None for a relative path or
+/// a usable absolute one).
+fn absolute_cache_path_problem(p: &str) -> Option<String> {
+    if !p.starts_with('/') {
+        return None;
+    }
+    if p.len() > 1 && (p.ends_with('/') || p.contains("//") || p.split('/').any(|c| c == ".")) {
+        return Some(format!("`{}` is not a normalised path (no `//`, `.` or trailing `/`)", show(p)));
+    }
+    if p == "/" || SYSTEM_DIRS.contains(&p) || ["/proc/", "/sys/", "/dev/"].iter().any(|d| p.starts_with(d)) {
+        return Some(format!(
+            "`{}` is a system directory; an absolute cache path is mounted into the job's container \
+             and would hide what the image has there (use e.g. `/root/.m2` or `/work/cache/maven`)",
+            show(p)
+        ));
+    }
+    None
 }
 
 type ArtifactLists = (Vec<(Publish, Pos)>, Vec<(Restore, Pos, Pos)>);

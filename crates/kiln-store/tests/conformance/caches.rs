@@ -12,7 +12,13 @@ const SHA_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
 
 fn caching(name: &str) -> Job {
     Job {
-        cache: Some(Cache { kind: "deps".into(), version: "1".into(), inputs: vec![], paths: vec!["deps".into()] }),
+        cache: Some(Cache {
+            kind: "deps".into(),
+            version: "1".into(),
+            inputs: vec![],
+            paths: vec!["deps".into()],
+            restore_prefix: false,
+        }),
         ..job(name, &[], 0)
     }
 }
