@@ -246,10 +246,15 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     // The cache key names the image the steps run in (its digest or local
     // id), or the host.
     let image_id = image.clone();
-    let mut cache = match crate::caches::restore(&transfer, &ctx.work_dir, &ws, image_id.as_deref()).await {
-        Ok(c) => c,
-        Err(ran) => return ran,
-    };
+    // Absolute cache paths are directories of the attempt mounted into the
+    // container; the host executor has nowhere private to put them.
+    let mounts_dir = image.is_some().then(|| sandbox.join("cache-mounts"));
+    let mut cache =
+        match crate::caches::restore(&transfer, &ctx.work_dir, &ws, mounts_dir.as_deref(), image_id.as_deref()).await {
+            Ok(c) => c,
+            Err(ran) => return ran,
+        };
+    let mounts = cache.as_ref().map(|c| c.mounts().to_vec()).unwrap_or_default();
 
     let exec: Arc<dyn Executor> = match (&ctx.executor, image, &ctx.engine) {
         (ExecutorKind::Container(settings), Some(image), Some(engine)) => {
@@ -264,6 +269,7 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
                 ContainerConfig {
                     image,
                     workspace: ws.clone(),
+                    mounts,
                     labels,
                     limits: Limits::for_size(a.size.as_deref()),
                     network: settings.network.clone(),
@@ -287,7 +293,11 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
         })
     };
     tracing::debug!("checkout and restore done");
+    let steps_started = std::time::Instant::now();
     let ran = run_steps(exec.as_ref(), a, &ws, ctl, logs).await;
+    if let Some(c) = cache.as_mut() {
+        c.info.steps_seconds = Some(steps_started.elapsed().as_secs_f64());
+    }
     tracing::debug!("steps done");
     // Every step's process group (and PID namespace, where available) was
     // killed when its shell exited; cleanup kills whatever still runs, so
@@ -299,7 +309,7 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     if let Some(c) = cache.as_mut() {
         if matches!(ran, Ran::Success) && ctl.reason().is_none() {
             let spool = ctx.spool_of(attempt).join("cache");
-            if let Err(r) = crate::caches::save(&transfer, &ws, &spool, &ctx.work_dir, c).await {
+            if let Err(r) = crate::caches::save(&transfer, &spool, &ctx.work_dir, c).await {
                 return r;
             }
         }

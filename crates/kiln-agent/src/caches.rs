@@ -30,7 +30,16 @@ pub(crate) struct CacheRun {
     candidates: Vec<(String, String)>,
     /// The key in the writable namespace.
     write_key: String,
+    /// The key without the input fingerprints, per namespace (with
+    /// `restore-prefix`, and for the save).
+    prefixes: Vec<(String, String)>,
+    write_prefix: String,
+    /// The declared paths and where they are on this host.
+    dirs: Vec<(String, PathBuf)>,
+    /// (host directory, path in the container) of absolute cache paths.
+    mounts: Vec<(PathBuf, String)>,
     pub(crate) info: CacheInfo,
+    /// Restored by its exact key: nothing to save.
     hit: bool,
     started: Instant,
 }
@@ -39,25 +48,53 @@ fn local_name(namespace: &str, key: &str) -> String {
     hex::encode(Sha256::digest(format!("{namespace}\n{key}").as_bytes()))
 }
 
-/// The declared paths as (declared, directory in the workspace); None (with
-/// the reason) for a path the agent cannot cache yet.
-fn targets(ws: &Path, spec: &CacheSpec) -> Result<Vec<(String, PathBuf)>, String> {
-    spec.paths
-        .iter()
-        .map(|p| match crate::artifacts::workspace_relative(p) {
-            Some(rel) => Ok((p.clone(), ws.join(rel))),
-            None => Err(format!(
-                "cache path `{p}` is not inside the workspace: only workspace-relative cache paths are cached so far"
-            )),
-        })
-        .collect()
+/// The declared paths as (declared, directory on this host), and the
+/// mounts absolute paths need: a workspace-relative path is in the
+/// workspace; an absolute one is a directory of its own under `mounts_dir`
+/// mounted at that path in the job's container (`mounts_dir` is None on the
+/// host executor, where an absolute path cannot be given to the job alone).
+type Targets = (Vec<(String, PathBuf)>, Vec<(PathBuf, String)>);
+fn targets(ws: &Path, mounts_dir: Option<&Path>, spec: &CacheSpec) -> Result<Targets, String> {
+    let (mut dirs, mut mounts) = (vec![], vec![]);
+    for (i, p) in spec.paths.iter().enumerate() {
+        if let Some(rest) = p.strip_prefix(kiln_sandbox::CONTAINER_WORKSPACE).and_then(|r| r.strip_prefix('/'))
+            && mounts_dir.is_some()
+            && let Some(rel) = crate::artifacts::workspace_relative(rest)
+        {
+            dirs.push((p.clone(), ws.join(rel)));
+            continue;
+        }
+        if let Some(rel) = crate::artifacts::workspace_relative(p) {
+            dirs.push((p.clone(), ws.join(rel)));
+            continue;
+        }
+        let usable = p.starts_with('/') && !p.split('/').any(|c| c == ".." || c == ".") && p.len() > 1;
+        match mounts_dir {
+            Some(m) if usable => {
+                let host = m.join(i.to_string());
+                dirs.push((p.clone(), host.clone()));
+                mounts.push((host, p.clone()));
+            }
+            Some(_) => return Err(format!("cache path `{p}` is neither in the workspace nor a plain absolute path")),
+            None => {
+                return Err(format!(
+                    "cache path `{p}` is absolute: absolute cache paths are mounted into the job's container, and \
+                     this agent runs steps on the host (--executor host); use a workspace-relative path"
+                ));
+            }
+        }
+    }
+    Ok((dirs, mounts))
 }
 
 /// Compute the key and restore; None when the job declares no cache.
+/// `mounts_dir`: where absolute cache paths live on this host (container
+/// executor only); see [`CacheRun::mounts`].
 pub(crate) async fn restore(
     t: &Transfer<'_>,
     work_dir: &Path,
     ws: &Path,
+    mounts_dir: Option<&Path>,
     image: Option<&str>,
 ) -> Result<Option<CacheRun>, Ran> {
     let Some(spec) = t.a.cache.clone() else { return Ok(None) };
@@ -65,13 +102,24 @@ pub(crate) async fn restore(
     let mut run = CacheRun {
         candidates: vec![],
         write_key: String::new(),
+        prefixes: vec![],
+        write_prefix: String::new(),
+        dirs: vec![],
+        mounts: vec![],
         info: CacheInfo { result: "miss".into(), ..Default::default() },
         hit: false,
         started,
         spec,
     };
-    let dirs = match targets(ws, &run.spec) {
-        Ok(d) => d,
+    match targets(ws, mounts_dir, &run.spec) {
+        Ok((dirs, mounts)) => {
+            for (host, _) in &mounts {
+                if let Err(e) = std::fs::create_dir_all(host) {
+                    return Err(Ran::Infra(format!("cannot create the cache directory {}: {e}", host.display())));
+                }
+            }
+            (run.dirs, run.mounts) = (dirs, mounts);
+        }
         Err(why) => {
             t.logs.system(&format!("cache: {why}; the job runs without its cache"));
             run.info.result = "error".into();
@@ -91,24 +139,26 @@ pub(crate) async fn restore(
         }
         Err(e) => return Err(Ran::Infra(format!("the input hashing task failed: {e}"))),
     };
-    let key_for = |namespace: &str| {
-        kiln_cache::cache_key(&kiln_cache::KeyParts {
-            namespace: namespace.to_string(),
-            os: std::env::consts::OS.into(),
-            arch: std::env::consts::ARCH.into(),
-            image: image.unwrap_or("host").to_string(),
-            kind: run.spec.kind.clone(),
-            version: run.spec.version.clone(),
-            paths: run.spec.paths.clone(),
-            inputs: inputs.clone(),
-        })
+    let parts_for = |namespace: &str| kiln_cache::KeyParts {
+        namespace: namespace.to_string(),
+        os: std::env::consts::OS.into(),
+        arch: std::env::consts::ARCH.into(),
+        image: image.unwrap_or("host").to_string(),
+        kind: run.spec.kind.clone(),
+        version: run.spec.version.clone(),
+        paths: run.spec.paths.clone(),
+        inputs: inputs.clone(),
     };
+    let key_for = |ns: &str| kiln_cache::cache_key(&parts_for(ns));
+    let prefix_for = |ns: &str| kiln_cache::prefix_key(&parts_for(ns));
     run.candidates = run.spec.read_namespaces.iter().map(|ns| (ns.clone(), key_for(ns))).collect();
+    run.prefixes = run.spec.read_namespaces.iter().map(|ns| (ns.clone(), prefix_for(ns))).collect();
     run.write_key = key_for(&run.spec.write_namespace);
+    run.write_prefix = prefix_for(&run.spec.write_namespace);
     run.info.key = run.write_key.clone();
     let local_dir = work_dir.join("caches");
-    let declared: Vec<String> = dirs.iter().map(|d| d.0.clone()).collect();
-    let target_dirs: Vec<PathBuf> = dirs.iter().map(|d| d.1.clone()).collect();
+    let declared: Vec<String> = run.dirs.iter().map(|d| d.0.clone()).collect();
+    let target_dirs: Vec<PathBuf> = run.dirs.iter().map(|d| d.1.clone()).collect();
 
     // The server decides whether there is an entry this run may read, and
     // its digest: a node-local copy is used only if it has those bytes (a
@@ -117,7 +167,12 @@ pub(crate) async fn restore(
         candidates: run
             .candidates
             .iter()
-            .map(|(n, k)| CacheCandidate { namespace: n.clone(), key: k.clone() })
+            .zip(&run.prefixes)
+            .map(|((n, k), (_, prefix))| CacheCandidate {
+                namespace: n.clone(),
+                key: k.clone(),
+                prefix: run.spec.restore_prefix.then(|| prefix.clone()),
+            })
             .collect(),
     };
     let found = match call(t, "cache lookup", || t.client.cache_lookup(&t.a.job_id, t.a.epoch, &body)).await {
@@ -145,10 +200,11 @@ pub(crate) async fn restore(
                 Ok(bytes) => {
                     let _ = filetime_touch(&local);
                     t.logs.system(&format!(
-                        "cache: hit ({}) from this agent's copy, {bytes} bytes restored",
+                        "cache: {} ({}) from this agent's copy, {bytes} bytes restored",
+                        hit_word(&hit),
                         hit.namespace
                     ));
-                    run.hit_with(&hit.namespace, bytes);
+                    run.hit_with(&hit, bytes);
                     run.info.message = Some("node-local copy".into());
                     return Ok(Some(run));
                 }
@@ -200,8 +256,8 @@ pub(crate) async fn restore(
                 let _ = std::fs::remove_file(&tmp);
             }
             prune_local(&local_dir, LOCAL_BUDGET);
-            t.logs.system(&format!("cache: hit ({}), {bytes} bytes restored", hit.namespace));
-            run.hit_with(&hit.namespace, bytes);
+            t.logs.system(&format!("cache: {} ({}), {bytes} bytes restored", hit_word(&hit), hit.namespace));
+            run.hit_with(&hit, bytes);
             Ok(Some(run))
         }
         Err(e) => {
@@ -217,11 +273,28 @@ pub(crate) async fn restore(
     }
 }
 
+fn hit_word(hit: &kiln_api::CacheHitInfo) -> &'static str {
+    match hit.by_prefix {
+        true => "restored by prefix (an entry saved for other inputs; the exact key is saved if the job succeeds)",
+        false => "hit",
+    }
+}
+
 impl CacheRun {
-    fn hit_with(&mut self, namespace: &str, bytes: u64) {
-        self.hit = true;
-        self.info.result = "hit".into();
-        self.info.namespace = Some(namespace.to_string());
+    /// (host directory, path in the container) to mount for absolute
+    /// cache paths.
+    pub(crate) fn mounts(&self) -> &[(PathBuf, String)] {
+        &self.mounts
+    }
+
+    fn hit_with(&mut self, hit: &kiln_api::CacheHitInfo, bytes: u64) {
+        // A prefix restore still saves the exact key after success.
+        self.hit = !hit.by_prefix;
+        self.info.result = if hit.by_prefix { "prefix" } else { "hit" }.into();
+        self.info.namespace = Some(hit.namespace.clone());
+        if !hit.by_prefix {
+            self.info.key = hit.key.clone();
+        }
         self.info.bytes = Some(bytes);
         self.info.seconds = Some(self.started.elapsed().as_secs_f64());
     }
@@ -246,17 +319,11 @@ async fn unpack_file(file: &Path, targets: &[PathBuf], declared: &[String]) -> R
 }
 
 /// After successful steps: save on a miss (a hit's key already exists).
-pub(crate) async fn save(
-    t: &Transfer<'_>,
-    ws: &Path,
-    spool: &Path,
-    work_dir: &Path,
-    run: &mut CacheRun,
-) -> Result<(), Ran> {
-    if run.hit || run.write_key.is_empty() {
+pub(crate) async fn save(t: &Transfer<'_>, spool: &Path, work_dir: &Path, run: &mut CacheRun) -> Result<(), Ran> {
+    if run.hit || run.write_key.is_empty() || run.dirs.is_empty() {
         return Ok(());
     }
-    let Ok(dirs) = targets(ws, &run.spec) else { return Ok(()) };
+    let dirs = run.dirs.clone();
     let started = Instant::now();
     if let Err(e) = std::fs::DirBuilder::new().recursive(true).create(spool) {
         run.info.saved = Some(format!("not saved: cannot create {}: {e}", spool.display()));
@@ -302,6 +369,8 @@ pub(crate) async fn save(
         generation_id: generation,
         namespace: run.spec.write_namespace.clone(),
         key: run.write_key.clone(),
+        prefix: Some(run.write_prefix.clone()),
+        build_seconds: run.info.steps_seconds,
     };
     match call(t, "cache save", || t.client.cache_save(&t.a.job_id, t.a.epoch, &body)).await {
         Ok(s) if s.conflict => {
@@ -327,7 +396,9 @@ pub(crate) async fn save(
         }
     }
     let _ = std::fs::remove_file(&archive);
-    run.info.bytes = Some(packed.archive_bytes);
+    if !matches!(run.info.result.as_str(), "prefix") {
+        run.info.bytes = Some(packed.archive_bytes);
+    }
     run.info.seconds = Some(run.info.seconds.unwrap_or(0.0) + started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -272,8 +272,10 @@ pub struct Artifact {
 #[derive(Default, Debug, Clone, Serialize, Deserialize)]
 pub struct CacheInfo {
     pub key: String,
-    /// `hit`, `miss`, `partial-refused` (an archive was refused and cleaned
-    /// up: the job ran cold) or `error`.
+    /// `hit`, `prefix` (restore-prefix: an entry saved for other inputs was
+    /// restored; the exact key is saved after success), `miss`,
+    /// `partial-refused` (an archive was refused and cleaned up: the job ran
+    /// cold) or `error`.
     pub result: String,
     /// Where the hit came from (`protected`, `untrusted/…`), or the namespace saved to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -289,6 +291,13 @@ pub struct CacheInfo {
     pub saved: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// How long the job's steps took with this cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_seconds: Option<f64>,
+    /// A hit's estimate (set by the server): the saving attempt's steps'
+    /// time minus this attempt's steps and restore, at least 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_saved: Option<f64>,
 }
 
 /// The job's cache as handed to the attempt: what to key and archive, and
@@ -300,6 +309,10 @@ pub struct CacheSpec {
     #[serde(default)]
     pub inputs: Vec<String>,
     pub paths: Vec<String>,
+    /// On an exact miss, restore the newest entry with the same key but
+    /// other inputs (dependency caches).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restore_prefix: bool,
     /// `protected` for trusted runs; `untrusted/<ref or run>` otherwise.
     pub write_namespace: String,
     /// In the order to look them up.
@@ -317,6 +330,10 @@ pub struct CacheLookup {
 pub struct CacheCandidate {
     pub namespace: String,
     pub key: String,
+    /// With `restore-prefix`: the key without the input fingerprints, tried
+    /// (in every candidate's namespace, in order) when no exact key is found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -330,6 +347,9 @@ pub struct CacheHitInfo {
     pub namespace: String,
     pub key: String,
     pub download: ArtifactDownload,
+    /// Found by prefix: the entry was saved for other inputs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_prefix: bool,
 }
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/save`: bind a sealed upload
@@ -339,6 +359,12 @@ pub struct CacheSave {
     pub generation_id: String,
     pub namespace: String,
     pub key: String,
+    /// The key without the input fingerprints (for `restore-prefix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// How long the steps took (the cold build), for the time-saved estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

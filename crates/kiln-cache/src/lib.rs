@@ -20,7 +20,7 @@ mod paths;
 mod unpack;
 
 pub use inputs::{ABSENT, hash_inputs};
-pub use key::{KeyParts, cache_key};
+pub use key::{KeyParts, cache_key, prefix_key};
 pub use pack::{Packed, pack};
 pub use unpack::{Unpacked, unpack};
 

@@ -494,6 +494,9 @@ pub struct ContainerConfig {
     pub image: String,
     /// Host directory mounted at [`CONTAINER_WORKSPACE`].
     pub workspace: PathBuf,
+    /// More (host directory, absolute path in the container) read-write
+    /// mounts: the job's absolute cache paths.
+    pub mounts: Vec<(PathBuf, String)>,
     /// `kiln.agent`, `kiln.job`, `kiln.epoch`, `kiln.run`, …
     pub labels: BTreeMap<String, String>,
     pub limits: Limits,
@@ -538,8 +541,16 @@ impl ContainerExecutor {
         };
         tokio::fs::create_dir_all(&self.cfg.workspace).await.map_err(|e| prep(e.to_string()))?;
         let ws = self.cfg.workspace.canonicalize().map_err(|e| prep(e.to_string()))?;
+        let mut binds = vec![format!("{}:{CONTAINER_WORKSPACE}:rw", ws.display())];
+        for (dir, at) in &self.cfg.mounts {
+            if !at.starts_with('/') || at.contains(':') || at.contains(',') {
+                return Err(prep(format!("cannot mount a directory at `{at}`: not a plain absolute path")));
+            }
+            let dir = dir.canonicalize().map_err(|e| prep(format!("{}: {e}", dir.display())))?;
+            binds.push(format!("{}:{at}:rw", dir.display()));
+        }
         let host = HostConfig {
-            binds: Some(vec![format!("{}:{CONTAINER_WORKSPACE}:rw", ws.display())]),
+            binds: Some(binds),
             network_mode: Some(self.cfg.network.mode().into()),
             nano_cpus: Some((self.cfg.limits.cpus * 1e9) as i64),
             memory: Some(self.cfg.limits.memory_bytes),

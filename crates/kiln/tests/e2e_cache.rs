@@ -139,3 +139,71 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
 }
+
+const PREFIX_WF: &str = r#"version: 1
+jobs:
+  - name: deps
+    cache: {kind: dependencies, version: "1", inputs: [lock.txt], paths: [deps], restore-prefix: true}
+    steps:
+      - |
+        mkdir -p deps && echo "$KILN_RUN_ID" >> deps/history && echo "history: $(tr '\n' ' ' < deps/history)"
+  - name: absolute
+    needs: []
+    cache: {kind: dependencies, version: "1", paths: [/kiln-e2e-absolute-cache]}
+    steps:
+      - echo "runs cold"
+"#;
+
+/// `restore-prefix` on a dependency cache: an input change restores the
+/// newest entry saved for other inputs (result `prefix`) and then saves the
+/// exact key, which the next run hits (with a time-saved estimate). On the
+/// host executor an absolute cache path is refused with a clear message
+/// and the job still runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_prefix_falls_back_then_saves_the_exact_key() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", PREFIX_WF), ("lock.txt", "v1\n")]).unwrap();
+    let out = up.cli().args(["repo", "add", "app", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success());
+    let c = Client::new(&up.url, &up.token);
+    let job = |r: &kiln_api::Run, name: &str| {
+        r.jobs.iter().find(|j| j.name == name).and_then(|j| j.cache.clone()).expect("the job reports its cache")
+    };
+
+    let (r1, log1) = run(&up, &c, None).await;
+    assert!(log1.contains(&format!("history: {} ", r1.id)), "{log1}");
+    assert_eq!((job(&r1, "deps").result.as_str(), job(&r1, "deps").saved.as_deref()), ("miss", Some("saved")));
+    let abs = job(&r1, "absolute");
+    assert_eq!(abs.result, "error", "{abs:?}");
+    assert!(abs.message.as_deref().unwrap_or_default().contains("absolute cache paths are mounted"), "{abs:?}");
+    assert!(log1.contains("runs cold"), "{log1}");
+    assert!(!std::path::Path::new("/kiln-e2e-absolute-cache").exists(), "nothing written on the host");
+
+    // Another lock file: no exact entry, the prefix restores r1's, and the
+    // exact key is saved after.
+    repo.commit(&[("lock.txt", "v2\n")], "bump").unwrap();
+    let (r2, log2) = run(&up, &c, None).await;
+    assert!(log2.contains(&format!("history: {} {} ", r1.id, r2.id)), "{log2}");
+    let c2 = job(&r2, "deps");
+    assert_eq!((c2.result.as_str(), c2.saved.as_deref()), ("prefix", Some("saved")), "{c2:?}");
+    assert!(log2.contains("restored by prefix"), "{log2}");
+    assert_ne!(c2.key, job(&r1, "deps").key);
+
+    // Same lock file: an exact hit of r2's entry, with an estimate.
+    let (r3, log3) = run(&up, &c, None).await;
+    assert!(log3.contains(&format!("history: {} {} {} ", r1.id, r2.id, r3.id)), "{log3}");
+    let c3 = job(&r3, "deps");
+    assert_eq!((c3.result.as_str(), c3.key.as_str()), ("hit", c2.key.as_str()), "{c3:?}");
+    assert!(c3.seconds_saved.is_some_and(|s| s >= 0.0), "a hit gets a time-saved estimate: {c3:?}");
+    assert!(c3.steps_seconds.is_some(), "{c3:?}");
+    let metrics = reqwest::get(format!("{}/metrics", up.url)).await.unwrap().text().await.unwrap();
+    for line in [
+        "kiln_cache_lookups_total{result=\"prefix\"} 1",
+        "kiln_cache_lookups_total{result=\"hit\"} 1",
+        "kiln_cache_time_saved_seconds_total ",
+        "kiln_cache_saved_bytes_total ",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(!metrics.contains("kiln_cache_saved_bytes_total 0\n"), "{metrics}");
+}

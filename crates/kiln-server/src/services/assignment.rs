@@ -65,6 +65,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
                 version: cache.version.clone(),
                 inputs: cache.inputs.clone(),
                 paths: cache.paths.clone(),
+                restore_prefix: cache.restore_prefix,
                 write_namespace,
                 read_namespaces,
             }
