@@ -21,8 +21,8 @@ mod unpack;
 
 pub use inputs::{ABSENT, hash_inputs};
 pub use key::{KeyParts, cache_key, prefix_key};
-pub use pack::{Packed, pack};
-pub use unpack::{Unpacked, unpack};
+pub use pack::{Packed, pack, verify_tree};
+pub use unpack::{Unpacked, install, read_manifest, unpack};
 
 /// Version of the archive format (also part of the cache key).
 pub const FORMAT_VERSION: u32 = 1;

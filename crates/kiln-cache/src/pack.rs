@@ -37,6 +37,52 @@ pub struct Packed {
 /// manifest can be the first member; the second pass streams them into the
 /// (multithreaded) zstd encoder and fails if a file changed in between.
 pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Result<Packed, CacheError> {
+    let (mut entries, disk, skipped) = scan(sources)?;
+    let prints = hash_files(&mut entries, &disk)?;
+    let total_bytes = entries.iter().map(|e| e.size).sum();
+    let manifest = Manifest {
+        format: FORMAT_VERSION,
+        roots: sources.iter().map(|(d, _)| d.clone()).collect(),
+        entries,
+        total_bytes,
+    };
+    write_archive(manifest, &disk, &prints, out, level, skipped)
+}
+
+/// Whether the trees `sources` (as for [`pack`]) hold exactly what
+/// `expected` lists (kinds, modes, sizes, digests, link targets, and nothing
+/// else): a prepared copy of an archive is checked this way before use.
+pub fn verify_tree(sources: &[(String, PathBuf)], expected: &Manifest) -> Result<(), CacheError> {
+    let (mut entries, disk, skipped) = scan(sources)?;
+    if skipped > 0 {
+        return Err(CacheError::Corrupt(format!("{skipped} entries the manifest cannot list")));
+    }
+    if entries.len() != expected.entries.len() {
+        return Err(CacheError::Corrupt(format!(
+            "{} entries instead of the manifest's {}",
+            entries.len(),
+            expected.entries.len()
+        )));
+    }
+    for (e, x) in entries.iter().zip(&expected.entries) {
+        let same_shape =
+            e.root == x.root && e.path == x.path && e.kind == x.kind && e.mode == x.mode && e.target == x.target;
+        if !same_shape || (e.kind == EntryKind::File && e.size != x.size) {
+            return Err(CacheError::Corrupt(format!("entry {:?} differs from the manifest", x.member_name())));
+        }
+    }
+    hash_files(&mut entries, &disk)?;
+    match entries == expected.entries {
+        true => Ok(()),
+        false => Err(CacheError::Corrupt("file contents differ from the manifest".into())),
+    }
+}
+
+type Scanned = (Vec<ManifestEntry>, Vec<PathBuf>, u64);
+
+/// The entries of `sources` (unhashed), their paths on disk, and how many
+/// were skipped.
+fn scan(sources: &[(String, PathBuf)]) -> Result<Scanned, CacheError> {
     let mut entries = Vec::new();
     let mut disk = Vec::new();
     let mut skipped = 0u64;
@@ -62,15 +108,17 @@ pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Resul
         disk.push(dir.clone());
         walk(root, dir, "", &mut entries, &mut disk, &mut skipped)?;
     }
+    Ok((entries, disk, skipped))
+}
 
-    let prints = hash_files(&mut entries, &disk)?;
-    let total_bytes = entries.iter().map(|e| e.size).sum();
-    let manifest = Manifest {
-        format: FORMAT_VERSION,
-        roots: sources.iter().map(|(d, _)| d.clone()).collect(),
-        entries,
-        total_bytes,
-    };
+fn write_archive(
+    manifest: Manifest,
+    disk: &[PathBuf],
+    prints: &[Fingerprint],
+    out: impl Write,
+    level: i32,
+    skipped: u64,
+) -> Result<Packed, CacheError> {
     let json = serde_json::to_vec(&manifest)
         .map_err(|e| CacheError::Io(io::Error::other(format!("encoding the manifest: {e}"))))?;
 
@@ -87,7 +135,7 @@ pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Resul
     let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
     tb.append_data(&mut h, MANIFEST_NAME, &json[..]).map_err(wctx)?;
 
-    for ((e, path), print) in manifest.entries.iter().zip(&disk).zip(&prints) {
+    for ((e, path), print) in manifest.entries.iter().zip(disk).zip(prints) {
         let name = e.member_name();
         match e.kind {
             EntryKind::Dir => {

@@ -63,10 +63,60 @@ pub fn unpack(
     // On error `staging` is dropped here, which removes the staging dirs.
     let (present, unpacked) = extract(archive, &dirs, declared, limits)?;
 
-    // Move into place. Once a staging dir is kept it is our job to clean it.
-    let mut moved: Vec<(usize, Option<PathBuf>)> = Vec::new();
-    let mut kept: Vec<Option<PathBuf>> =
+    // Once a staging dir is kept it is our job to clean it.
+    let kept: Vec<Option<PathBuf>> =
         staging.into_iter().enumerate().map(|(i, d)| present[i].then(|| d.keep())).collect();
+    install(kept, targets)?;
+    Ok(unpacked)
+}
+
+/// Reads and validates the manifest at the head of an archive (only the
+/// first member is decoded).
+pub fn read_manifest(archive: impl Read, declared: &[String], limits: &Limits) -> Result<Manifest, CacheError> {
+    let mut dec =
+        zstd::stream::read::Decoder::new(SourceReader(archive)).map_err(|e| io_err("starting the zstd decoder", e))?;
+    dec.window_log_max(27).map_err(|e| io_err("configuring the zstd decoder", e))?;
+    let budget = manifest_cap(limits).saturating_add(4 * 512 + 2 * limits.max_path_bytes as u64);
+    let mut ar = tar::Archive::new(LimitReader { inner: dec, read: 0, budget });
+    let mut entries = ar.entries().map_err(|e| read_err("reading the archive", e))?.raw(true);
+    manifest_member(&mut entries, declared, limits)
+}
+
+fn manifest_member<R: Read>(
+    entries: &mut tar::Entries<'_, R>,
+    declared: &[String],
+    limits: &Limits,
+) -> Result<Manifest, CacheError> {
+    let Some(mut first) = next_member(entries, limits)? else {
+        return Err(CacheError::Refused("archive is empty (no manifest)".into()));
+    };
+    if first.name != MANIFEST_NAME.as_bytes() || first.entry.header().entry_type() != tar::EntryType::Regular {
+        return Err(CacheError::Refused(format!(
+            "first member {:?} is not the manifest",
+            String::from_utf8_lossy(&first.name)
+        )));
+    }
+    let size = first.entry.header().entry_size().map_err(|e| CacheError::Corrupt(format!("manifest header: {e}")))?;
+    let cap = manifest_cap(limits);
+    if size > cap {
+        return Err(CacheError::TooLarge(format!("manifest of {size} bytes exceeds {cap} bytes")));
+    }
+    let mut json = Vec::with_capacity(size as usize);
+    first.entry.read_to_end(&mut json).map_err(|e| read_err("reading the manifest", e))?;
+    drop(first);
+    let manifest: Manifest =
+        serde_json::from_slice(&json).map_err(|e| CacheError::Corrupt(format!("manifest does not parse: {e}")))?;
+    validate_manifest(&manifest, declared, limits)?;
+    Ok(manifest)
+}
+
+/// Moves `staged[i]` (a directory on the same filesystem, or None to leave
+/// target i alone) to `targets[i]`, replacing what is there; all or
+/// nothing: on error every target is as it was and the staged directories
+/// are removed.
+pub fn install(staged: Vec<Option<PathBuf>>, targets: &[PathBuf]) -> Result<(), CacheError> {
+    let mut kept = staged;
+    let mut moved: Vec<(usize, Option<PathBuf>)> = Vec::new();
     for (i, target) in targets.iter().enumerate() {
         let Some(src) = kept[i].clone() else { continue };
         match replace(&src, target, i) {
@@ -92,7 +142,7 @@ pub fn unpack(
             remove_any(&old);
         }
     }
-    Ok(unpacked)
+    Ok(())
 }
 
 /// Removes a directory tree, file or symlink (best effort, never follows links).
@@ -581,28 +631,7 @@ fn extract_stream(
     let mut ar = tar::Archive::new(LimitReader { inner: reader, read: 0, budget });
     let mut entries = ar.entries().map_err(|e| read_err("reading the archive", e))?.raw(true);
 
-    // The manifest.
-    let Some(mut first) = next_member(&mut entries, limits)? else {
-        return Err(CacheError::Refused("archive is empty (no manifest)".into()));
-    };
-    if first.name != MANIFEST_NAME.as_bytes() || first.entry.header().entry_type() != tar::EntryType::Regular {
-        return Err(CacheError::Refused(format!(
-            "first member {:?} is not the manifest",
-            String::from_utf8_lossy(&first.name)
-        )));
-    }
-    let size = first.entry.header().entry_size().map_err(|e| CacheError::Corrupt(format!("manifest header: {e}")))?;
-    let cap = manifest_cap(limits);
-    if size > cap {
-        return Err(CacheError::TooLarge(format!("manifest of {size} bytes exceeds {cap} bytes")));
-    }
-    let mut json = Vec::with_capacity(size as usize);
-    first.entry.read_to_end(&mut json).map_err(|e| read_err("reading the manifest", e))?;
-    drop(first);
-    let manifest: Manifest =
-        serde_json::from_slice(&json).map_err(|e| CacheError::Corrupt(format!("manifest does not parse: {e}")))?;
-    drop(json);
-    validate_manifest(&manifest, declared, limits)?;
+    let manifest = manifest_member(&mut entries, declared, limits)?;
 
     let mut present = vec![false; dirs.len()];
     let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
