@@ -17,6 +17,7 @@ use crate::artifacts::{CallError, Fetch, Frozen, Transfer, call, download, uploa
 use crate::ran::Ran;
 use kiln_api::{CacheCandidate, CacheInfo, CacheLookup, CacheSave, CacheSpec};
 use sha2::{Digest, Sha256};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -195,10 +196,23 @@ pub(crate) async fn restore(
         let same = tokio::task::spawn_blocking(move || file_sha256(&path).is_ok_and(|h| h.eq_ignore_ascii_case(&want)))
             .await
             .unwrap_or(false);
+        if same && let Some(bytes) = use_tree(&local_dir, &local, &target_dirs, &declared).await {
+            let _ = filetime_touch(&local);
+            t.logs.system(&format!(
+                "cache: {} ({}) from this agent's prepared copy, {bytes} bytes restored",
+                hit_word(&hit),
+                hit.namespace
+            ));
+            run.hit_with(&hit, bytes);
+            run.info.message = Some("node-local prepared copy".into());
+            prepare_tree(&local_dir, &local, &declared);
+            return Ok(Some(run));
+        }
         match same {
             true => match unpack_file(&local, &target_dirs, &declared).await {
                 Ok(bytes) => {
                     let _ = filetime_touch(&local);
+                    prepare_tree(&local_dir, &local, &declared);
                     t.logs.system(&format!(
                         "cache: {} ({}) from this agent's copy, {bytes} bytes restored",
                         hit_word(&hit),
@@ -252,8 +266,11 @@ pub(crate) async fn restore(
     match unpack_file(&tmp, &target_dirs, &declared).await {
         Ok(bytes) => {
             let keep = local_dir.join(local_name(&hit.namespace, &hit.key));
-            if std::fs::rename(&tmp, &keep).is_err() {
-                let _ = std::fs::remove_file(&tmp);
+            match std::fs::rename(&tmp, &keep) {
+                Ok(()) => prepare_tree(&local_dir, &keep, &declared),
+                Err(_) => {
+                    let _ = std::fs::remove_file(&tmp);
+                }
             }
             prune_local(&local_dir, LOCAL_BUDGET);
             t.logs.system(&format!("cache: {} ({}), {bytes} bytes restored", hit_word(&hit), hit.namespace));
@@ -384,6 +401,8 @@ pub(crate) async fn save(t: &Transfer<'_>, spool: &Path, work_dir: &Path, run: &
             if std::fs::DirBuilder::new().recursive(true).create(&local_dir).is_ok() {
                 let keep = local_dir.join(local_name(&run.spec.write_namespace, &run.write_key));
                 if std::fs::rename(&archive, &keep).is_ok() {
+                    let declared: Vec<String> = dirs.iter().map(|d| d.0.clone()).collect();
+                    prepare_tree(&local_dir, &keep, &declared);
                     prune_local(&local_dir, LOCAL_BUDGET);
                 }
             }
@@ -438,8 +457,78 @@ fn filetime_touch(file: &Path) -> std::io::Result<()> {
     f.set_modified(std::time::SystemTime::now())
 }
 
-/// Remove the least recently used node-local copies beyond `budget` bytes.
+/// Where the prepared (unpacked, verified) copy of a node-local archive is.
+fn tree_of(local_dir: &Path, archive: &Path) -> PathBuf {
+    local_dir.join("trees").join(archive.file_name().unwrap_or_default())
+}
+
+/// In the background, unpack a node-local archive (already checked against
+/// the server's digest) into a prepared copy, so the next restore of this
+/// entry on this agent is a check and a rename instead of an unpack. One
+/// prepared copy per archive; a restore consumes it and prepares the next.
+fn prepare_tree(local_dir: &Path, archive: &Path, declared: &[String]) {
+    let (tree, archive, declared) = (tree_of(local_dir, archive), archive.to_path_buf(), declared.to_vec());
+    if tree.exists() {
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        let Some(parent) = tree.parent() else { return };
+        let tmp = parent.join(format!(".tmp-{}", uuid_like()));
+        let roots: Vec<PathBuf> = (0..declared.len()).map(|i| tmp.join(i.to_string())).collect();
+        let made = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&tmp).is_ok()
+            && std::fs::File::open(&archive).is_ok_and(|f| {
+                kiln_cache::unpack(std::io::BufReader::new(f), &roots, &declared, &kiln_cache::Limits::default())
+                    .is_ok()
+            });
+        if !made || std::fs::rename(&tmp, &tree).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+    });
+}
+
+/// Restore from the prepared copy of `archive` (whose bytes the caller
+/// checked): claim it (so no other job takes it), check it holds exactly
+/// the archive's manifest, move its roots into place. None (and the copy
+/// gone) on any failure: the caller unpacks the archive instead.
+async fn use_tree(local_dir: &Path, archive: &Path, targets: &[PathBuf], declared: &[String]) -> Option<u64> {
+    let tree = tree_of(local_dir, archive);
+    let claimed = local_dir.join("trees").join(format!(".claimed-{}", uuid_like()));
+    std::fs::rename(&tree, &claimed).ok()?;
+    let (archive, targets, declared, claimed2) =
+        (archive.to_path_buf(), targets.to_vec(), declared.to_vec(), claimed.clone());
+    let used = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&archive).ok()?;
+        let limits = kiln_cache::Limits::default();
+        let m = kiln_cache::read_manifest(std::io::BufReader::new(f), &declared, &limits).ok()?;
+        let present: Vec<bool> = (0..declared.len()).map(|i| m.entries.iter().any(|e| e.root as usize == i)).collect();
+        let roots: Vec<(String, PathBuf)> =
+            declared.iter().enumerate().map(|(i, d)| (d.clone(), claimed2.join(i.to_string()))).collect();
+        kiln_cache::verify_tree(&roots, &m).ok()?;
+        let staged = roots.into_iter().zip(&present).map(|((_, p), &here)| here.then_some(p)).collect();
+        kiln_cache::install(staged, &targets).ok()?;
+        Some(m.total_bytes)
+    })
+    .await
+    .ok()
+    .flatten();
+    let _ = std::fs::remove_dir_all(&claimed);
+    used
+}
+
+/// Remove the least recently used node-local copies beyond `budget` bytes
+/// (with their prepared copies), and prepared copies left half-made.
 fn prune_local(dir: &Path, budget: u64) {
+    if let Ok(rd) = std::fs::read_dir(dir.join("trees")) {
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for e in rd.flatten() {
+            let stale = e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < hour_ago);
+            let name = e.file_name().to_string_lossy().into_owned();
+            let orphan = !name.starts_with('.') && !dir.join(&name).is_file();
+            if (name.starts_with('.') && stale) || orphan {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     let Ok(rd) = std::fs::read_dir(dir) else { return };
     let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = rd
         .flatten()
@@ -453,7 +542,8 @@ fn prune_local(dir: &Path, budget: u64) {
     for (_, len, path) in files {
         total += len;
         if total > budget {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_dir_all(tree_of(dir, &path));
         }
     }
 }

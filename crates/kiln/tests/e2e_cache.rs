@@ -64,6 +64,27 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     assert_eq!(c2.result, "hit", "{c2:?}");
     assert_eq!(c2.key, c1.key, "same inputs, same key");
 
+    // The agent prepares an unpacked copy in the background; the next
+    // restore checks it against the manifest and moves it into place...
+    let prepared = || {
+        let mut files = Vec::new();
+        files_under(&up.data_dir().join("agents"), &mut files);
+        files.into_iter().find(|p| p.ends_with("0/built") && p.display().to_string().contains("/caches/trees/"))
+    };
+    let built = kiln_testkit::wait_for(std::time::Duration::from_secs(30), prepared).expect("a prepared copy");
+    let (r2a, log2a) = run(&up, &c, None).await;
+    assert!(log2a.contains("prepared copy"), "{log2a}");
+    assert!(log2a.contains(&format!("restored: fresh-{}", r1.id)), "{log2a}");
+    assert_eq!(cache(&r2a).result, "hit");
+    // ...but one changed on disk is not used: the archive is unpacked instead.
+    let built = kiln_testkit::wait_for(std::time::Duration::from_secs(30), prepared).unwrap_or(built);
+    std::fs::write(&built, "poisoned-tree\n").unwrap();
+    let (r2t, log2t) = run(&up, &c, None).await;
+    assert!(!log2t.contains("poisoned"), "{log2t}");
+    assert!(!log2t.contains("prepared copy"), "{log2t}");
+    assert!(log2t.contains(&format!("restored: fresh-{}", r1.id)), "{log2t}");
+    assert_eq!(cache(&r2t).result, "hit");
+
     // A node-local copy replaced by another valid archive (what a step that
     // could write the agent's directory might do) is not used: only bytes
     // with the server's digest are restored.
