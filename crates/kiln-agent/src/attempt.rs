@@ -47,6 +47,8 @@ pub(crate) struct AttemptContext {
     pub agent_name: String,
     /// SIGTERM → SIGKILL grace of the sandbox.
     pub kill_grace: Duration,
+    /// Cache operation timeout and node-local budget.
+    pub cache: crate::caches::Settings,
     /// Agent-wide upload rate limit, shared by all attempts.
     pub limiter: RateLimiter,
     /// "Heartbeat now" triggers of the running attempts (session stream).
@@ -249,11 +251,19 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     // Absolute cache paths are directories of the attempt mounted into the
     // container; the host executor has nowhere private to put them.
     let mounts_dir = image.is_some().then(|| sandbox.join("cache-mounts"));
-    let mut cache =
-        match crate::caches::restore(&transfer, &ctx.work_dir, &ws, mounts_dir.as_deref(), image_id.as_deref()).await {
-            Ok(c) => c,
-            Err(ran) => return ran,
-        };
+    let mut cache = match crate::caches::restore(
+        &transfer,
+        ctx.cache,
+        &ctx.work_dir,
+        &ws,
+        mounts_dir.as_deref(),
+        image_id.as_deref(),
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(ran) => return ran,
+    };
     let mounts = cache.as_ref().map(|c| c.mounts().to_vec()).unwrap_or_default();
 
     let exec: Arc<dyn Executor> = match (&ctx.executor, image, &ctx.engine) {
@@ -309,7 +319,7 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     if let Some(c) = cache.as_mut() {
         if matches!(ran, Ran::Success) && ctl.reason().is_none() {
             let spool = ctx.spool_of(attempt).join("cache");
-            if let Err(r) = crate::caches::save(&transfer, &spool, &ctx.work_dir, c).await {
+            if let Err(r) = crate::caches::save(&transfer, ctx.cache, &spool, &ctx.work_dir, c).await {
                 return r;
             }
         }

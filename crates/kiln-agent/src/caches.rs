@@ -22,7 +22,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Node-local copies kept at most (least recently used removed first).
-const LOCAL_BUDGET: u64 = 5 << 30;
+pub(crate) const DEFAULT_LOCAL_BUDGET: u64 = 5 << 30;
+/// Longest a restore, and a save, may take.
+pub(crate) const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The agent's cache settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub timeout: std::time::Duration,
+    pub local_budget: u64,
+}
 
 /// What the restore decided, carried to the save and the report.
 pub(crate) struct CacheRun {
@@ -93,6 +102,7 @@ fn targets(ws: &Path, mounts_dir: Option<&Path>, spec: &CacheSpec) -> Result<Tar
 /// executor only); see [`CacheRun::mounts`].
 pub(crate) async fn restore(
     t: &Transfer<'_>,
+    settings: Settings,
     work_dir: &Path,
     ws: &Path,
     mounts_dir: Option<&Path>,
@@ -100,6 +110,7 @@ pub(crate) async fn restore(
 ) -> Result<Option<CacheRun>, Ran> {
     let Some(spec) = t.a.cache.clone() else { return Ok(None) };
     let started = Instant::now();
+    let deadline = started + settings.timeout;
     let mut run = CacheRun {
         candidates: vec![],
         write_key: String::new(),
@@ -196,7 +207,7 @@ pub(crate) async fn restore(
         let same = tokio::task::spawn_blocking(move || file_sha256(&path).is_ok_and(|h| h.eq_ignore_ascii_case(&want)))
             .await
             .unwrap_or(false);
-        if same && let Some(bytes) = use_tree(&local_dir, &local, &target_dirs, &declared).await {
+        if same && let Some(bytes) = use_tree(&local_dir, &local, &target_dirs, &declared, deadline).await {
             let _ = filetime_touch(&local);
             t.logs.system(&format!(
                 "cache: {} ({}) from this agent's prepared copy, {bytes} bytes restored",
@@ -209,7 +220,7 @@ pub(crate) async fn restore(
             return Ok(Some(run));
         }
         match same {
-            true => match unpack_file(&local, &target_dirs, &declared).await {
+            true => match unpack_file(&local, &target_dirs, &declared, deadline).await {
                 Ok(bytes) => {
                     let _ = filetime_touch(&local);
                     prepare_tree(&local_dir, &local, &declared);
@@ -237,7 +248,10 @@ pub(crate) async fn restore(
         return Ok(Some(run.failed(t, "error", format!("cannot create {}: {e}", local_dir.display()))));
     }
     let tmp = local_dir.join("tmp").join(format!("{}.part", uuid_like()));
-    let got = download(t.client, &hit.download, &tmp).await;
+    let got = match tokio::time::timeout_at(deadline.into(), download(t.client, &hit.download, &tmp)).await {
+        Ok(r) => r,
+        Err(_) => Err(Fetch::Fatal(format!("timed out after {:?} (--cache-timeout)", settings.timeout))),
+    };
     let verified = match got {
         Ok((size, sha)) if size == hit.download.size && sha.eq_ignore_ascii_case(&hit.download.sha256) => Ok(()),
         Ok((size, sha)) => Err(format!(
@@ -263,7 +277,7 @@ pub(crate) async fn restore(
         run.info.namespace = None;
         return Ok(Some(run));
     }
-    match unpack_file(&tmp, &target_dirs, &declared).await {
+    match unpack_file(&tmp, &target_dirs, &declared, deadline).await {
         Ok(bytes) => {
             let keep = local_dir.join(local_name(&hit.namespace, &hit.key));
             match std::fs::rename(&tmp, &keep) {
@@ -272,10 +286,14 @@ pub(crate) async fn restore(
                     let _ = std::fs::remove_file(&tmp);
                 }
             }
-            prune_local(&local_dir, LOCAL_BUDGET);
+            prune_local(&local_dir, settings.local_budget);
             t.logs.system(&format!("cache: {} ({}), {bytes} bytes restored", hit_word(&hit), hit.namespace));
             run.hit_with(&hit, bytes);
             Ok(Some(run))
+        }
+        Err(e @ kiln_cache::CacheError::Timeout(_)) => {
+            let _ = std::fs::remove_file(&tmp);
+            Ok(Some(run.failed(t, "error", format!("{e} (--cache-timeout {:?})", settings.timeout))))
         }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -324,19 +342,30 @@ impl CacheRun {
     }
 }
 
-async fn unpack_file(file: &Path, targets: &[PathBuf], declared: &[String]) -> Result<u64, kiln_cache::CacheError> {
+async fn unpack_file(
+    file: &Path,
+    targets: &[PathBuf],
+    declared: &[String],
+    deadline: Instant,
+) -> Result<u64, kiln_cache::CacheError> {
     let (file, targets, declared) = (file.to_path_buf(), targets.to_vec(), declared.to_vec());
     tokio::task::spawn_blocking(move || {
         let f = std::fs::File::open(&file).map_err(kiln_cache::CacheError::Io)?;
-        kiln_cache::unpack(std::io::BufReader::new(f), &targets, &declared, &kiln_cache::Limits::default())
-            .map(|u| u.bytes)
+        let limits = kiln_cache::Limits { deadline: Some(deadline), ..Default::default() };
+        kiln_cache::unpack(std::io::BufReader::new(f), &targets, &declared, &limits).map(|u| u.bytes)
     })
     .await
     .map_err(|e| kiln_cache::CacheError::Io(std::io::Error::other(e.to_string())))?
 }
 
 /// After successful steps: save on a miss (a hit's key already exists).
-pub(crate) async fn save(t: &Transfer<'_>, spool: &Path, work_dir: &Path, run: &mut CacheRun) -> Result<(), Ran> {
+pub(crate) async fn save(
+    t: &Transfer<'_>,
+    settings: Settings,
+    spool: &Path,
+    work_dir: &Path,
+    run: &mut CacheRun,
+) -> Result<(), Ran> {
     if run.hit || run.write_key.is_empty() || run.dirs.is_empty() {
         return Ok(());
     }
@@ -373,10 +402,17 @@ pub(crate) async fn save(t: &Transfer<'_>, spool: &Path, work_dir: &Path, run: &
         run.spec.write_namespace
     ));
     let frozen = Frozen { name: CACHE_ARTIFACT.to_string(), path: archive.clone(), size: packed.archive_bytes };
-    let generation = match upload(t, &frozen).await {
-        Ok(g) => g,
-        Err(Ran::Stopped) => return Err(Ran::Stopped),
-        Err(ran) => {
+    let budget = settings.timeout.saturating_sub(started.elapsed());
+    let generation = match tokio::time::timeout(budget, upload(t, &frozen)).await {
+        Err(_) => {
+            t.logs.system(&format!("cache: not saved: the upload took longer than {:?}", settings.timeout));
+            run.info.saved = Some("not saved: timed out".into());
+            let _ = std::fs::remove_file(&archive);
+            return Ok(());
+        }
+        Ok(Ok(g)) => g,
+        Ok(Err(Ran::Stopped)) => return Err(Ran::Stopped),
+        Ok(Err(ran)) => {
             run.info.saved = Some(format!("not saved: {ran:?}"));
             let _ = std::fs::remove_file(&archive);
             return Ok(());
@@ -403,7 +439,7 @@ pub(crate) async fn save(t: &Transfer<'_>, spool: &Path, work_dir: &Path, run: &
                 if std::fs::rename(&archive, &keep).is_ok() {
                     let declared: Vec<String> = dirs.iter().map(|d| d.0.clone()).collect();
                     prepare_tree(&local_dir, &keep, &declared);
-                    prune_local(&local_dir, LOCAL_BUDGET);
+                    prune_local(&local_dir, settings.local_budget);
                 }
             }
         }
@@ -490,7 +526,13 @@ fn prepare_tree(local_dir: &Path, archive: &Path, declared: &[String]) {
 /// checked): claim it (so no other job takes it), check it holds exactly
 /// the archive's manifest, move its roots into place. None (and the copy
 /// gone) on any failure: the caller unpacks the archive instead.
-async fn use_tree(local_dir: &Path, archive: &Path, targets: &[PathBuf], declared: &[String]) -> Option<u64> {
+async fn use_tree(
+    local_dir: &Path,
+    archive: &Path,
+    targets: &[PathBuf],
+    declared: &[String],
+    deadline: Instant,
+) -> Option<u64> {
     let tree = tree_of(local_dir, archive);
     let claimed = local_dir.join("trees").join(format!(".claimed-{}", uuid_like()));
     std::fs::rename(&tree, &claimed).ok()?;
@@ -504,6 +546,9 @@ async fn use_tree(local_dir: &Path, archive: &Path, targets: &[PathBuf], declare
         let roots: Vec<(String, PathBuf)> =
             declared.iter().enumerate().map(|(i, d)| (d.clone(), claimed2.join(i.to_string()))).collect();
         kiln_cache::verify_tree(&roots, &m).ok()?;
+        if Instant::now() >= deadline {
+            return None;
+        }
         let staged = roots.into_iter().zip(&present).map(|((_, p), &here)| here.then_some(p)).collect();
         kiln_cache::install(staged, &targets).ok()?;
         Some(m.total_bytes)

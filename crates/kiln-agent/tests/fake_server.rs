@@ -656,6 +656,8 @@ impl Harness {
             max_jobs: 1,
             executor: ExecutorKind::Host,
             kill_grace: None,
+            cache_timeout: None,
+            cache_local_budget: None,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
             log_rate_limit: None,

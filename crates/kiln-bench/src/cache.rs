@@ -69,8 +69,7 @@ async fn measure(object_store: String) -> anyhow::Result<i32> {
         let u = tmp.join(format!("u{i}/deps"));
         let s = Instant::now();
         let f = std::io::BufReader::new(std::fs::File::open(&archive)?);
-        kiln_cache::unpack(f, std::slice::from_ref(&u), &declared, &kiln_cache::Limits::default())
-            ?;
+        kiln_cache::unpack(f, std::slice::from_ref(&u), &declared, &kiln_cache::Limits::default())?;
         unpack.push(s.elapsed().as_secs_f64() * 1000.0);
         let _ = std::fs::remove_dir_all(tmp.join(format!("u{i}")));
     }

@@ -63,6 +63,8 @@ pub fn unpack(
     // On error `staging` is dropped here, which removes the staging dirs.
     let (present, unpacked) = extract(archive, &dirs, declared, limits)?;
 
+    // Last moment to give up: nothing is in place yet (staging is dropped).
+    limits.check_deadline("restoring the cache")?;
     // Once a staging dir is kept it is our job to clean it.
     let kept: Vec<Option<PathBuf>> =
         staging.into_iter().enumerate().map(|(i, d)| present[i].then(|| d.keep())).collect();
@@ -639,6 +641,7 @@ fn extract_stream(
     let mut count = 0usize;
     let mut buf = vec![0u8; 256 * 1024];
     while let Some(mut m) = next_member(&mut entries, limits)? {
+        limits.check_deadline("unpacking the cache")?;
         if writers.failed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(writers.take_error().unwrap_or_else(|| CacheError::Io(io::Error::other("a writer failed"))));
         }

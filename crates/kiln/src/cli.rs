@@ -267,6 +267,14 @@ pub struct AgentArgs {
     /// Time between SIGTERM and SIGKILL when a job is stopped (cancel, timeout, fencing, shutdown).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub kill_grace: std::time::Duration,
+    /// Longest a job's cache restore, and its cache save, may take; past it the restore is a
+    /// clean miss (the job runs cold) and the save is skipped.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub cache_timeout: std::time::Duration,
+    /// Bytes of node-local cache archives kept for reuse by later jobs on this agent (least
+    /// recently used removed first; each also keeps one unpacked copy ready). Default 5 GiB.
+    #[arg(long, value_name = "BYTES")]
+    pub cache_local_budget: Option<u64>,
     /// The agent's own state (0700): git mirrors, step process records, log spools.
     #[arg(long, default_value = "kiln-agent")]
     pub work_dir: PathBuf,

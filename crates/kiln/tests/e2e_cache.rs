@@ -228,3 +228,34 @@ async fn restore_prefix_falls_back_then_saves_the_exact_key() {
     }
     assert!(!metrics.contains("kiln_cache_saved_bytes_total 0\n"), "{metrics}");
 }
+
+/// `--cache-timeout`: a restore that cannot finish in time is a clean miss
+/// (the job runs cold, nothing half-restored), and the save is skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cache_operation_past_its_timeout_is_a_clean_miss() {
+    let s = kiln_testkit::KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF), ("lock.txt", "v1\n")]).unwrap();
+    s.add_repo("app", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let go = || async {
+        let r =
+            c.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let run = kiln_testkit::wait_run(&c, &r.run_id, 120).await;
+        let out = s.cli().args(["logs", &r.run_id]).output().unwrap();
+        let log = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(run.status.as_str(), "success", "{log}");
+        (run, log)
+    };
+    let agent = s.agent("patient", &[]).unwrap();
+    let (r1, _) = go().await;
+    assert_eq!(cache(&r1).saved.as_deref(), Some("saved"));
+    drop(agent);
+    let _hasty = s.agent("hasty", &["--cache-timeout", "1ms"]).unwrap();
+    let (r2, log2) = go().await;
+    assert!(log2.contains("cold build"), "{log2}");
+    assert!(!log2.contains("restored: fresh"), "{log2}");
+    let c2 = cache(&r2);
+    assert_eq!(c2.result, "error", "{c2:?}");
+    assert!(c2.message.as_deref().unwrap_or_default().contains("timed out"), "{c2:?}");
+    assert!(c2.saved.as_deref().unwrap_or_default().contains("timed out"), "{c2:?}");
+}

@@ -208,7 +208,8 @@ fn verify_tree_accepts_only_the_manifests_tree() {
     let ok = fresh("ok");
     kiln_cache::verify_tree(&[("c".into(), ok.clone())], &m).unwrap();
 
-    let changes: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+    type Change = (&'static str, Box<dyn Fn(&Path)>);
+    let changes: Vec<Change> = vec![
         ("same-size rewrite", Box::new(|t| fs::write(t.join("d/f.txt"), b"HELLO").unwrap())),
         ("extra file", Box::new(|t| fs::write(t.join("d/extra"), b"").unwrap())),
         ("missing file", Box::new(|t| fs::remove_file(t.join("g.bin")).unwrap())),

@@ -35,6 +35,8 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
     cfg.log_buffer = a.log_buffer;
     cfg.log_spool_limit = a.log_spool_limit;
     cfg.kill_grace = Some(a.kill_grace);
+    cfg.cache_timeout = Some(a.cache_timeout);
+    cfg.cache_local_budget = a.cache_local_budget;
     if a.executor == "container" {
         let mut settings = kiln_agent::ContainerSettings::new(a.engine.clone());
         settings.default_image = a.default_image.clone();
