@@ -3,7 +3,7 @@
 //! processes, beside `tar -c --zstd` / `tar -x --zstd` of the same tree and
 //! archive, measured in the same invocation.
 
-use crate::util::{percentile, repo_with, spawn_agent, wait_terminal};
+use crate::util::{percentile, repo_with, spawn_agent_with, wait_terminal};
 use kiln_api::{Client, SubmitRun, exit};
 use kiln_cmd::Failure;
 use std::path::Path;
@@ -109,7 +109,11 @@ async fn measure(object_store: String) -> anyhow::Result<i32> {
         }
     };
     eprintln!("bench cache: cold run (save) ...");
-    let agent = spawn_agent(&server.url(), &server.agent_token, "cold", &agents)?;
+    // Sandboxes inside the bench's directory: the agents are killed, and
+    // their 500 MB workspaces go with it.
+    let sandbox = |name: &str| agents.join(format!("{name}-sandbox")).display().to_string();
+    let agent =
+        spawn_agent_with(&server.url(), &server.agent_token, "cold", &agents, &["--sandbox-dir", &sandbox("cold")])?;
     let cold = go(&client).await?;
     anyhow::ensure!(cold.saved.as_deref() == Some("saved"), "the cold run did not save: {cold:?}");
     let save_ms = cold.seconds.unwrap_or(f64::NAN) * 1000.0;
@@ -118,7 +122,8 @@ async fn measure(object_store: String) -> anyhow::Result<i32> {
     for i in 0..ROUNDS {
         eprintln!("bench cache: restore round {} of {ROUNDS} ...", i + 1);
         let name = format!("warm{i}");
-        let agent = spawn_agent(&server.url(), &server.agent_token, &name, &agents)?;
+        let agent =
+            spawn_agent_with(&server.url(), &server.agent_token, &name, &agents, &["--sandbox-dir", &sandbox(&name)])?;
         let hit = go(&client).await?;
         anyhow::ensure!(hit.result == "hit", "expected a hit from the object store: {hit:?}");
         blob.push(hit.seconds.unwrap_or(f64::NAN) * 1000.0);
