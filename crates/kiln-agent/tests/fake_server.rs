@@ -621,7 +621,11 @@ impl Harness {
             commit_sha: self.sha.clone(),
             steps: steps
                 .iter()
-                .map(|(name, run)| StepSpec { name: name.map(str::to_string), run: run.to_string() })
+                .map(|(name, run)| StepSpec {
+                    name: name.map(str::to_string),
+                    run: run.to_string(),
+                    ..Default::default()
+                })
                 .collect(),
             env: BTreeMap::from([("CUSTOM".to_string(), "custom-value".to_string())]),
             timeout_secs: None,

@@ -529,10 +529,67 @@ pub struct ImageCommit {
     pub digest: String,
 }
 
+/// One step as the agent runs it: everything evaluated from the run's
+/// frozen data by the server (`${{ }}` in `run` already turned into
+/// environment references, see `kiln_workflow::render_run`). The fields
+/// after `run` were added with step options (workflow-lang): an agent that
+/// predates them ignores them, so agents are upgraded with the server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepSpec {
     pub name: Option<String>,
     pub run: String,
+    /// The step's own variables (its `env` and the values of its `${{ }}`
+    /// expressions), over the job's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Whether the step runs when every earlier step succeeded (its `if:`,
+    /// with `success()` true). Default true.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub run_after_success: bool,
+    /// Whether the step runs after an earlier step failed (its `if:` with
+    /// `failure()` true). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run_after_failure: bool,
+    /// The `if:` as written, for the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// Relative to the checkout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_directory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub continue_on_error: bool,
+    /// The program and arguments the script is appended to; empty is
+    /// `sh -e -c`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shell: Vec<String>,
+}
+
+/// A step that runs `sh -e -c` in the checkout after successful steps only.
+impl Default for StepSpec {
+    fn default() -> Self {
+        StepSpec {
+            name: None,
+            run: String::new(),
+            env: BTreeMap::new(),
+            run_after_success: true,
+            run_after_failure: false,
+            condition: None,
+            working_directory: None,
+            timeout_secs: None,
+            continue_on_error: false,
+            shell: Vec::new(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

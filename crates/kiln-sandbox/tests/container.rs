@@ -88,7 +88,7 @@ async fn sandbox(engine: &Engine, ws: &Path, image: &PinnedImage, agent: &str, g
 }
 
 fn step(cmd: &str) -> StepRequest {
-    StepRequest { name: "test".into(), command: cmd.into(), env: BTreeMap::new() }
+    StepRequest { name: "test".into(), command: cmd.into(), env: BTreeMap::new(), ..Default::default() }
 }
 
 #[derive(Debug, Default)]

@@ -236,7 +236,7 @@ pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
     Job {
         name: name.into(),
         image: None,
-        steps: vec![Step { name: None, run: format!("echo {name}") }],
+        steps: vec![Step { name: None, run: format!("echo {name}"), ..Default::default() }],
         needs: needs.iter().map(|n| n.to_string()).collect(),
         cache: None,
         artifacts: Default::default(),
@@ -249,7 +249,7 @@ pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
 }
 
 pub fn workflow(jobs: Vec<Job>) -> Workflow {
-    Workflow { version: 1, concurrency: None, jobs, on: Default::default() }
+    Workflow { version: 1, concurrency: None, jobs, on: Default::default(), inputs: Default::default() }
 }
 
 pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
