@@ -47,6 +47,8 @@ pub(crate) struct AttemptContext {
     pub agent_name: String,
     /// SIGTERM → SIGKILL grace of the sandbox.
     pub kill_grace: Duration,
+    /// Cache operation timeout and node-local budget.
+    pub cache: crate::caches::Settings,
     /// Agent-wide upload rate limit, shared by all attempts.
     pub limiter: RateLimiter,
     /// "Heartbeat now" triggers of the running attempts (session stream).
@@ -246,10 +248,23 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     // The cache key names the image the steps run in (its digest or local
     // id), or the host.
     let image_id = image.clone();
-    let mut cache = match crate::caches::restore(&transfer, &ctx.work_dir, &ws, image_id.as_deref()).await {
+    // Absolute cache paths are directories of the attempt mounted into the
+    // container; the host executor has nowhere private to put them.
+    let mounts_dir = image.is_some().then(|| sandbox.join("cache-mounts"));
+    let mut cache = match crate::caches::restore(
+        &transfer,
+        ctx.cache,
+        &ctx.work_dir,
+        &ws,
+        mounts_dir.as_deref(),
+        image_id.as_deref(),
+    )
+    .await
+    {
         Ok(c) => c,
         Err(ran) => return ran,
     };
+    let mounts = cache.as_ref().map(|c| c.mounts().to_vec()).unwrap_or_default();
 
     let exec: Arc<dyn Executor> = match (&ctx.executor, image, &ctx.engine) {
         (ExecutorKind::Container(settings), Some(image), Some(engine)) => {
@@ -264,6 +279,7 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
                 ContainerConfig {
                     image,
                     workspace: ws.clone(),
+                    mounts,
                     labels,
                     limits: Limits::for_size(a.size.as_deref()),
                     network: settings.network.clone(),
@@ -287,7 +303,11 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
         })
     };
     tracing::debug!("checkout and restore done");
-    let ran = run_steps(exec.as_ref(), a, &ws, ctl, logs).await;
+    let steps_started = std::time::Instant::now();
+    let ran = run_steps(&exec, a, &ws, ctl, logs).await;
+    if let Some(c) = cache.as_mut() {
+        c.info.steps_seconds = Some(steps_started.elapsed().as_secs_f64());
+    }
     tracing::debug!("steps done");
     // Every step's process group (and PID namespace, where available) was
     // killed when its shell exited; cleanup kills whatever still runs, so
@@ -299,7 +319,7 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     if let Some(c) = cache.as_mut() {
         if matches!(ran, Ran::Success) && ctl.reason().is_none() {
             let spool = ctx.spool_of(attempt).join("cache");
-            if let Err(r) = crate::caches::save(&transfer, &ws, &spool, &ctx.work_dir, c).await {
+            if let Err(r) = crate::caches::save(&transfer, ctx.cache, &spool, &ctx.work_dir, c).await {
                 return r;
             }
         }
@@ -420,7 +440,16 @@ async fn commit_image(ctx: &AttemptContext, a: &Assignment, id: &str, ctl: &Cont
     }
 }
 
-async fn run_steps(exec: &dyn Executor, a: &Assignment, ws: &Path, ctl: &Control, logs: &LogStreamer) -> Ran {
+/// How one step ended, for the log's summary.
+enum StepOutcome {
+    Success,
+    Failure(String),
+    /// Failed with `continue-on-error`: the job goes on as if it succeeded.
+    Continued(String),
+    Skipped,
+}
+
+async fn run_steps(exec: &Arc<dyn Executor>, a: &Assignment, ws: &Path, ctl: &Control, logs: &LogStreamer) -> Ran {
     if let Err(e) = exec.prepare().await {
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
     }
@@ -437,38 +466,155 @@ async fn run_steps(exec: &dyn Executor, a: &Assignment, ws: &Path, ctl: &Control
         env.insert(k.to_string(), v);
     }
     let n = a.steps.len();
+    // The first failure that fails the job; later steps run only if their
+    // `if:` holds after a failure (`failure()`, `always()`).
+    let mut failed: Option<Ran> = None;
+    let mut summary: Vec<(String, StepOutcome, Option<Duration>)> = Vec::with_capacity(n);
     for (i, s) in a.steps.iter().enumerate() {
         if ctl.reason().is_some() {
             return Ran::Stopped;
         }
         let label = s.name.clone().unwrap_or_else(|| summarize(&s.run));
+        let runs = if failed.is_none() { s.run_after_success } else { s.run_after_failure };
+        if !runs {
+            let why = match &s.condition {
+                Some(c) => format!("`if: {c}` is false"),
+                None => "an earlier step failed".to_string(),
+            };
+            logs.system(&format!("○ step {}/{n}: {label} skipped ({why})", i + 1));
+            summary.push((label, StepOutcome::Skipped, None));
+            continue;
+        }
         logs.system(&format!("▶ step {}/{n}: {label}", i + 1));
-        let req = StepRequest { name: label.clone(), command: s.run.clone(), env: env.clone() };
-        let mut handle = match exec.exec(&req).await {
-            Ok(h) => h,
-            Err(kiln_sandbox::SandboxError::Killed) => return Ran::Stopped,
-            Err(e) => return Ran::Infra(e.to_string()),
-        };
-        let exit = loop {
-            match handle.next().await {
-                Some(StepEvent::Output { stream, data }) => logs.write(Stream::from(stream), &data),
-                Some(StepEvent::Exited(e)) => break e,
-                None => return Ran::Infra(format!("lost track of step {}/{n}", i + 1)),
+        let mut step_env = env.clone();
+        // Step > job > workflow; the KILN_* variables stay the agent's.
+        for (k, v) in &s.env {
+            if !k.starts_with("KILN_") || k.starts_with("KILN_EXPR_") {
+                step_env.insert(k.clone(), v.clone());
+            }
+        }
+        let started = std::time::Instant::now();
+        let result = match &s.working_directory {
+            Some(d) if !ws.join(d).is_dir() => {
+                Err(format!("working-directory `{d}` does not exist in the checkout (or is not a directory)"))
+            }
+            _ => {
+                let req = StepRequest {
+                    name: label.clone(),
+                    command: s.run.clone(),
+                    env: step_env,
+                    program: s.shell.clone(),
+                    working_dir: s.working_directory.clone(),
+                };
+                match run_one(exec, &req, s.timeout_secs, logs).await {
+                    Ok(r) => r,
+                    Err(ran) => return ran,
+                }
             }
         };
-        logs.flush();
+        let took = started.elapsed();
         if ctl.reason().is_some() {
             return Ran::Stopped;
         }
-        if !exit.success() {
-            logs.system(&format!("✗ step {}/{n} failed: {exit}", i + 1));
-            return Ran::StepFailed {
-                exit_code: exit.code(),
-                message: format!("step {}/{n} `{label}` failed: {exit}", i + 1),
-            };
-        }
+        let outcome = match result {
+            Ok(()) => {
+                logs.system(&format!("✓ step {}/{n}: {label} ({})", i + 1, seconds(took)));
+                StepOutcome::Success
+            }
+            Err(why) if s.continue_on_error => {
+                logs.system(&format!(
+                    "✗ step {}/{n} failed: {why} ({}); continue-on-error: the job goes on",
+                    i + 1,
+                    seconds(took)
+                ));
+                StepOutcome::Continued(why)
+            }
+            Err(why) => {
+                logs.system(&format!("✗ step {}/{n} failed: {why} ({})", i + 1, seconds(took)));
+                if failed.is_none() {
+                    failed = Some(Ran::StepFailed {
+                        exit_code: exit_code_of(&why),
+                        message: format!("step {}/{n} `{label}` failed: {why}", i + 1),
+                    });
+                }
+                StepOutcome::Failure(why)
+            }
+        };
+        summary.push((label, outcome, Some(took)));
     }
-    Ran::Success
+    if summary.iter().any(|(_, o, _)| !matches!(o, StepOutcome::Success)) {
+        let mut text = String::from("steps:");
+        for (i, (label, outcome, took)) in summary.iter().enumerate() {
+            let took = took.map(|t| format!(" in {}", seconds(t))).unwrap_or_default();
+            let line = match outcome {
+                StepOutcome::Success => format!("✓ {label}: success{took}"),
+                StepOutcome::Failure(w) => format!("✗ {label}: failure{took} ({w})"),
+                StepOutcome::Continued(w) => format!("✗ {label}: failure, continued{took} ({w})"),
+                StepOutcome::Skipped => format!("○ {label}: skipped"),
+            };
+            text.push_str(&format!("\n  {}. {line}", i + 1));
+        }
+        logs.system(&text);
+    }
+    failed.unwrap_or(Ran::Success)
+}
+
+/// Runs one step to its end; `Ok(Err(why))` when it failed or ran out of
+/// its own `timeout` (then it is interrupted, and the next steps still
+/// run). `Err` ends the attempt (killed sandbox, lost executor).
+async fn run_one(
+    exec: &Arc<dyn Executor>,
+    req: &StepRequest,
+    timeout_secs: Option<u64>,
+    logs: &LogStreamer,
+) -> Result<Result<(), String>, Ran> {
+    let mut handle = match exec.exec(req).await {
+        Ok(h) => h,
+        Err(kiln_sandbox::SandboxError::Killed) => return Err(Ran::Stopped),
+        Err(kiln_sandbox::SandboxError::Spawn { source, .. }) => {
+            return Ok(Err(format!("cannot start the step's shell: {source}")));
+        }
+        Err(e) => return Err(Ran::Infra(e.to_string())),
+    };
+    let timer = async {
+        match timeout_secs {
+            Some(t) => tokio::time::sleep(Duration::from_secs(t)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(timer);
+    let mut timed_out = false;
+    let exit = loop {
+        tokio::select! {
+            ev = handle.next() => match ev {
+                Some(StepEvent::Output { stream, data }) => logs.write(Stream::from(stream), &data),
+                Some(StepEvent::Exited(e)) => break e,
+                None => return Err(Ran::Infra(format!("lost track of step `{}`", req.name))),
+            },
+            _ = &mut timer, if !timed_out => {
+                timed_out = true;
+                // Interrupted beside this loop, which keeps draining the
+                // step's output until it exits.
+                let exec = exec.clone();
+                tokio::spawn(async move { exec.interrupt().await });
+            }
+        }
+    };
+    logs.flush();
+    Ok(match (timed_out, exit.success()) {
+        (true, _) => Err(format!("timed out after {}s", timeout_secs.unwrap_or_default())),
+        (false, true) => Ok(()),
+        (false, false) => Err(exit.to_string()),
+    })
+}
+
+/// `exit code N` → N (the job's exit code is its first failed step's).
+fn exit_code_of(why: &str) -> i32 {
+    why.strip_prefix("exit code ").and_then(|c| c.parse().ok()).unwrap_or(1)
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
 }
 
 /// The first line of a command, shortened, to name an unnamed step.

@@ -17,11 +17,21 @@ use crate::artifacts::{CallError, Fetch, Frozen, Transfer, call, download, uploa
 use crate::ran::Ran;
 use kiln_api::{CacheCandidate, CacheInfo, CacheLookup, CacheSave, CacheSpec};
 use sha2::{Digest, Sha256};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Node-local copies kept at most (least recently used removed first).
-const LOCAL_BUDGET: u64 = 5 << 30;
+pub(crate) const DEFAULT_LOCAL_BUDGET: u64 = 5 << 30;
+/// Longest a restore, and a save, may take.
+pub(crate) const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The agent's cache settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub timeout: std::time::Duration,
+    pub local_budget: u64,
+}
 
 /// What the restore decided, carried to the save and the report.
 pub(crate) struct CacheRun {
@@ -30,7 +40,16 @@ pub(crate) struct CacheRun {
     candidates: Vec<(String, String)>,
     /// The key in the writable namespace.
     write_key: String,
+    /// The key without the input fingerprints, per namespace (with
+    /// `restore-prefix`, and for the save).
+    prefixes: Vec<(String, String)>,
+    write_prefix: String,
+    /// The declared paths and where they are on this host.
+    dirs: Vec<(String, PathBuf)>,
+    /// (host directory, path in the container) of absolute cache paths.
+    mounts: Vec<(PathBuf, String)>,
     pub(crate) info: CacheInfo,
+    /// Restored by its exact key: nothing to save.
     hit: bool,
     started: Instant,
 }
@@ -39,39 +58,80 @@ fn local_name(namespace: &str, key: &str) -> String {
     hex::encode(Sha256::digest(format!("{namespace}\n{key}").as_bytes()))
 }
 
-/// The declared paths as (declared, directory in the workspace); None (with
-/// the reason) for a path the agent cannot cache yet.
-fn targets(ws: &Path, spec: &CacheSpec) -> Result<Vec<(String, PathBuf)>, String> {
-    spec.paths
-        .iter()
-        .map(|p| match crate::artifacts::workspace_relative(p) {
-            Some(rel) => Ok((p.clone(), ws.join(rel))),
-            None => Err(format!(
-                "cache path `{p}` is not inside the workspace: only workspace-relative cache paths are cached so far"
-            )),
-        })
-        .collect()
+/// The declared paths as (declared, directory on this host), and the
+/// mounts absolute paths need: a workspace-relative path is in the
+/// workspace; an absolute one is a directory of its own under `mounts_dir`
+/// mounted at that path in the job's container (`mounts_dir` is None on the
+/// host executor, where an absolute path cannot be given to the job alone).
+type Targets = (Vec<(String, PathBuf)>, Vec<(PathBuf, String)>);
+fn targets(ws: &Path, mounts_dir: Option<&Path>, spec: &CacheSpec) -> Result<Targets, String> {
+    let (mut dirs, mut mounts) = (vec![], vec![]);
+    for (i, p) in spec.paths.iter().enumerate() {
+        if let Some(rest) = p.strip_prefix(kiln_sandbox::CONTAINER_WORKSPACE).and_then(|r| r.strip_prefix('/'))
+            && mounts_dir.is_some()
+            && let Some(rel) = crate::artifacts::workspace_relative(rest)
+        {
+            dirs.push((p.clone(), ws.join(rel)));
+            continue;
+        }
+        if let Some(rel) = crate::artifacts::workspace_relative(p) {
+            dirs.push((p.clone(), ws.join(rel)));
+            continue;
+        }
+        let usable = p.starts_with('/') && !p.split('/').any(|c| c == ".." || c == ".") && p.len() > 1;
+        match mounts_dir {
+            Some(m) if usable => {
+                let host = m.join(i.to_string());
+                dirs.push((p.clone(), host.clone()));
+                mounts.push((host, p.clone()));
+            }
+            Some(_) => return Err(format!("cache path `{p}` is neither in the workspace nor a plain absolute path")),
+            None => {
+                return Err(format!(
+                    "cache path `{p}` is absolute: absolute cache paths are mounted into the job's container, and \
+                     this agent runs steps on the host (--executor host); use a workspace-relative path"
+                ));
+            }
+        }
+    }
+    Ok((dirs, mounts))
 }
 
 /// Compute the key and restore; None when the job declares no cache.
+/// `mounts_dir`: where absolute cache paths live on this host (container
+/// executor only); see [`CacheRun::mounts`].
 pub(crate) async fn restore(
     t: &Transfer<'_>,
+    settings: Settings,
     work_dir: &Path,
     ws: &Path,
+    mounts_dir: Option<&Path>,
     image: Option<&str>,
 ) -> Result<Option<CacheRun>, Ran> {
     let Some(spec) = t.a.cache.clone() else { return Ok(None) };
     let started = Instant::now();
+    let deadline = started + settings.timeout;
     let mut run = CacheRun {
         candidates: vec![],
         write_key: String::new(),
+        prefixes: vec![],
+        write_prefix: String::new(),
+        dirs: vec![],
+        mounts: vec![],
         info: CacheInfo { result: "miss".into(), ..Default::default() },
         hit: false,
         started,
         spec,
     };
-    let dirs = match targets(ws, &run.spec) {
-        Ok(d) => d,
+    match targets(ws, mounts_dir, &run.spec) {
+        Ok((dirs, mounts)) => {
+            for (host, _) in &mounts {
+                if let Err(e) = std::fs::create_dir_all(host) {
+                    return Err(Ran::Infra(format!("cannot create the cache directory {}: {e}", host.display())));
+                }
+            }
+            (run.dirs, run.mounts) = (dirs, mounts);
+        }
         Err(why) => {
             t.logs.system(&format!("cache: {why}; the job runs without its cache"));
             run.info.result = "error".into();
@@ -91,24 +151,26 @@ pub(crate) async fn restore(
         }
         Err(e) => return Err(Ran::Infra(format!("the input hashing task failed: {e}"))),
     };
-    let key_for = |namespace: &str| {
-        kiln_cache::cache_key(&kiln_cache::KeyParts {
-            namespace: namespace.to_string(),
-            os: std::env::consts::OS.into(),
-            arch: std::env::consts::ARCH.into(),
-            image: image.unwrap_or("host").to_string(),
-            kind: run.spec.kind.clone(),
-            version: run.spec.version.clone(),
-            paths: run.spec.paths.clone(),
-            inputs: inputs.clone(),
-        })
+    let parts_for = |namespace: &str| kiln_cache::KeyParts {
+        namespace: namespace.to_string(),
+        os: std::env::consts::OS.into(),
+        arch: std::env::consts::ARCH.into(),
+        image: image.unwrap_or("host").to_string(),
+        kind: run.spec.kind.clone(),
+        version: run.spec.version.clone(),
+        paths: run.spec.paths.clone(),
+        inputs: inputs.clone(),
     };
+    let key_for = |ns: &str| kiln_cache::cache_key(&parts_for(ns));
+    let prefix_for = |ns: &str| kiln_cache::prefix_key(&parts_for(ns));
     run.candidates = run.spec.read_namespaces.iter().map(|ns| (ns.clone(), key_for(ns))).collect();
+    run.prefixes = run.spec.read_namespaces.iter().map(|ns| (ns.clone(), prefix_for(ns))).collect();
     run.write_key = key_for(&run.spec.write_namespace);
+    run.write_prefix = prefix_for(&run.spec.write_namespace);
     run.info.key = run.write_key.clone();
     let local_dir = work_dir.join("caches");
-    let declared: Vec<String> = dirs.iter().map(|d| d.0.clone()).collect();
-    let target_dirs: Vec<PathBuf> = dirs.iter().map(|d| d.1.clone()).collect();
+    let declared: Vec<String> = run.dirs.iter().map(|d| d.0.clone()).collect();
+    let target_dirs: Vec<PathBuf> = run.dirs.iter().map(|d| d.1.clone()).collect();
 
     // The server decides whether there is an entry this run may read, and
     // its digest: a node-local copy is used only if it has those bytes (a
@@ -117,7 +179,12 @@ pub(crate) async fn restore(
         candidates: run
             .candidates
             .iter()
-            .map(|(n, k)| CacheCandidate { namespace: n.clone(), key: k.clone() })
+            .zip(&run.prefixes)
+            .map(|((n, k), (_, prefix))| CacheCandidate {
+                namespace: n.clone(),
+                key: k.clone(),
+                prefix: run.spec.restore_prefix.then(|| prefix.clone()),
+            })
             .collect(),
     };
     let found = match call(t, "cache lookup", || t.client.cache_lookup(&t.a.job_id, t.a.epoch, &body)).await {
@@ -140,15 +207,29 @@ pub(crate) async fn restore(
         let same = tokio::task::spawn_blocking(move || file_sha256(&path).is_ok_and(|h| h.eq_ignore_ascii_case(&want)))
             .await
             .unwrap_or(false);
+        if same && let Some(bytes) = use_tree(&local_dir, &local, &target_dirs, &declared, deadline).await {
+            let _ = filetime_touch(&local);
+            t.logs.system(&format!(
+                "cache: {} ({}) from this agent's prepared copy, {bytes} bytes restored",
+                hit_word(&hit),
+                hit.namespace
+            ));
+            run.hit_with(&hit, bytes);
+            run.info.message = Some("node-local prepared copy".into());
+            prepare_tree(&local_dir, &local, &declared);
+            return Ok(Some(run));
+        }
         match same {
-            true => match unpack_file(&local, &target_dirs, &declared).await {
+            true => match unpack_file(&local, &target_dirs, &declared, deadline).await {
                 Ok(bytes) => {
                     let _ = filetime_touch(&local);
+                    prepare_tree(&local_dir, &local, &declared);
                     t.logs.system(&format!(
-                        "cache: hit ({}) from this agent's copy, {bytes} bytes restored",
+                        "cache: {} ({}) from this agent's copy, {bytes} bytes restored",
+                        hit_word(&hit),
                         hit.namespace
                     ));
-                    run.hit_with(&hit.namespace, bytes);
+                    run.hit_with(&hit, bytes);
                     run.info.message = Some("node-local copy".into());
                     return Ok(Some(run));
                 }
@@ -167,7 +248,10 @@ pub(crate) async fn restore(
         return Ok(Some(run.failed(t, "error", format!("cannot create {}: {e}", local_dir.display()))));
     }
     let tmp = local_dir.join("tmp").join(format!("{}.part", uuid_like()));
-    let got = download(t.client, &hit.download, &tmp).await;
+    let got = match tokio::time::timeout_at(deadline.into(), download(t.client, &hit.download, &tmp)).await {
+        Ok(r) => r,
+        Err(_) => Err(Fetch::Fatal(format!("timed out after {:?} (--cache-timeout)", settings.timeout))),
+    };
     let verified = match got {
         Ok((size, sha)) if size == hit.download.size && sha.eq_ignore_ascii_case(&hit.download.sha256) => Ok(()),
         Ok((size, sha)) => Err(format!(
@@ -193,16 +277,23 @@ pub(crate) async fn restore(
         run.info.namespace = None;
         return Ok(Some(run));
     }
-    match unpack_file(&tmp, &target_dirs, &declared).await {
+    match unpack_file(&tmp, &target_dirs, &declared, deadline).await {
         Ok(bytes) => {
             let keep = local_dir.join(local_name(&hit.namespace, &hit.key));
-            if std::fs::rename(&tmp, &keep).is_err() {
-                let _ = std::fs::remove_file(&tmp);
+            match std::fs::rename(&tmp, &keep) {
+                Ok(()) => prepare_tree(&local_dir, &keep, &declared),
+                Err(_) => {
+                    let _ = std::fs::remove_file(&tmp);
+                }
             }
-            prune_local(&local_dir, LOCAL_BUDGET);
-            t.logs.system(&format!("cache: hit ({}), {bytes} bytes restored", hit.namespace));
-            run.hit_with(&hit.namespace, bytes);
+            prune_local(&local_dir, settings.local_budget);
+            t.logs.system(&format!("cache: {} ({}), {bytes} bytes restored", hit_word(&hit), hit.namespace));
+            run.hit_with(&hit, bytes);
             Ok(Some(run))
+        }
+        Err(e @ kiln_cache::CacheError::Timeout(_)) => {
+            let _ = std::fs::remove_file(&tmp);
+            Ok(Some(run.failed(t, "error", format!("{e} (--cache-timeout {:?})", settings.timeout))))
         }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -217,11 +308,28 @@ pub(crate) async fn restore(
     }
 }
 
+fn hit_word(hit: &kiln_api::CacheHitInfo) -> &'static str {
+    match hit.by_prefix {
+        true => "restored by prefix (an entry saved for other inputs; the exact key is saved if the job succeeds)",
+        false => "hit",
+    }
+}
+
 impl CacheRun {
-    fn hit_with(&mut self, namespace: &str, bytes: u64) {
-        self.hit = true;
-        self.info.result = "hit".into();
-        self.info.namespace = Some(namespace.to_string());
+    /// (host directory, path in the container) to mount for absolute
+    /// cache paths.
+    pub(crate) fn mounts(&self) -> &[(PathBuf, String)] {
+        &self.mounts
+    }
+
+    fn hit_with(&mut self, hit: &kiln_api::CacheHitInfo, bytes: u64) {
+        // A prefix restore still saves the exact key after success.
+        self.hit = !hit.by_prefix;
+        self.info.result = if hit.by_prefix { "prefix" } else { "hit" }.into();
+        self.info.namespace = Some(hit.namespace.clone());
+        if !hit.by_prefix {
+            self.info.key = hit.key.clone();
+        }
         self.info.bytes = Some(bytes);
         self.info.seconds = Some(self.started.elapsed().as_secs_f64());
     }
@@ -234,12 +342,17 @@ impl CacheRun {
     }
 }
 
-async fn unpack_file(file: &Path, targets: &[PathBuf], declared: &[String]) -> Result<u64, kiln_cache::CacheError> {
+async fn unpack_file(
+    file: &Path,
+    targets: &[PathBuf],
+    declared: &[String],
+    deadline: Instant,
+) -> Result<u64, kiln_cache::CacheError> {
     let (file, targets, declared) = (file.to_path_buf(), targets.to_vec(), declared.to_vec());
     tokio::task::spawn_blocking(move || {
         let f = std::fs::File::open(&file).map_err(kiln_cache::CacheError::Io)?;
-        kiln_cache::unpack(std::io::BufReader::new(f), &targets, &declared, &kiln_cache::Limits::default())
-            .map(|u| u.bytes)
+        let limits = kiln_cache::Limits { deadline: Some(deadline), ..Default::default() };
+        kiln_cache::unpack(std::io::BufReader::new(f), &targets, &declared, &limits).map(|u| u.bytes)
     })
     .await
     .map_err(|e| kiln_cache::CacheError::Io(std::io::Error::other(e.to_string())))?
@@ -248,15 +361,15 @@ async fn unpack_file(file: &Path, targets: &[PathBuf], declared: &[String]) -> R
 /// After successful steps: save on a miss (a hit's key already exists).
 pub(crate) async fn save(
     t: &Transfer<'_>,
-    ws: &Path,
+    settings: Settings,
     spool: &Path,
     work_dir: &Path,
     run: &mut CacheRun,
 ) -> Result<(), Ran> {
-    if run.hit || run.write_key.is_empty() {
+    if run.hit || run.write_key.is_empty() || run.dirs.is_empty() {
         return Ok(());
     }
-    let Ok(dirs) = targets(ws, &run.spec) else { return Ok(()) };
+    let dirs = run.dirs.clone();
     let started = Instant::now();
     if let Err(e) = std::fs::DirBuilder::new().recursive(true).create(spool) {
         run.info.saved = Some(format!("not saved: cannot create {}: {e}", spool.display()));
@@ -289,10 +402,17 @@ pub(crate) async fn save(
         run.spec.write_namespace
     ));
     let frozen = Frozen { name: CACHE_ARTIFACT.to_string(), path: archive.clone(), size: packed.archive_bytes };
-    let generation = match upload(t, &frozen).await {
-        Ok(g) => g,
-        Err(Ran::Stopped) => return Err(Ran::Stopped),
-        Err(ran) => {
+    let budget = settings.timeout.saturating_sub(started.elapsed());
+    let generation = match tokio::time::timeout(budget, upload(t, &frozen)).await {
+        Err(_) => {
+            t.logs.system(&format!("cache: not saved: the upload took longer than {:?}", settings.timeout));
+            run.info.saved = Some("not saved: timed out".into());
+            let _ = std::fs::remove_file(&archive);
+            return Ok(());
+        }
+        Ok(Ok(g)) => g,
+        Ok(Err(Ran::Stopped)) => return Err(Ran::Stopped),
+        Ok(Err(ran)) => {
             run.info.saved = Some(format!("not saved: {ran:?}"));
             let _ = std::fs::remove_file(&archive);
             return Ok(());
@@ -302,6 +422,8 @@ pub(crate) async fn save(
         generation_id: generation,
         namespace: run.spec.write_namespace.clone(),
         key: run.write_key.clone(),
+        prefix: Some(run.write_prefix.clone()),
+        build_seconds: run.info.steps_seconds,
     };
     match call(t, "cache save", || t.client.cache_save(&t.a.job_id, t.a.epoch, &body)).await {
         Ok(s) if s.conflict => {
@@ -315,7 +437,9 @@ pub(crate) async fn save(
             if std::fs::DirBuilder::new().recursive(true).create(&local_dir).is_ok() {
                 let keep = local_dir.join(local_name(&run.spec.write_namespace, &run.write_key));
                 if std::fs::rename(&archive, &keep).is_ok() {
-                    prune_local(&local_dir, LOCAL_BUDGET);
+                    let declared: Vec<String> = dirs.iter().map(|d| d.0.clone()).collect();
+                    prepare_tree(&local_dir, &keep, &declared);
+                    prune_local(&local_dir, settings.local_budget);
                 }
             }
         }
@@ -327,7 +451,9 @@ pub(crate) async fn save(
         }
     }
     let _ = std::fs::remove_file(&archive);
-    run.info.bytes = Some(packed.archive_bytes);
+    if !matches!(run.info.result.as_str(), "prefix") {
+        run.info.bytes = Some(packed.archive_bytes);
+    }
     run.info.seconds = Some(run.info.seconds.unwrap_or(0.0) + started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -367,8 +493,87 @@ fn filetime_touch(file: &Path) -> std::io::Result<()> {
     f.set_modified(std::time::SystemTime::now())
 }
 
-/// Remove the least recently used node-local copies beyond `budget` bytes.
+/// Where the prepared (unpacked, verified) copy of a node-local archive is.
+fn tree_of(local_dir: &Path, archive: &Path) -> PathBuf {
+    local_dir.join("trees").join(archive.file_name().unwrap_or_default())
+}
+
+/// In the background, unpack a node-local archive (already checked against
+/// the server's digest) into a prepared copy, so the next restore of this
+/// entry on this agent is a check and a rename instead of an unpack. One
+/// prepared copy per archive; a restore consumes it and prepares the next.
+fn prepare_tree(local_dir: &Path, archive: &Path, declared: &[String]) {
+    let (tree, archive, declared) = (tree_of(local_dir, archive), archive.to_path_buf(), declared.to_vec());
+    if tree.exists() {
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        let Some(parent) = tree.parent() else { return };
+        let tmp = parent.join(format!(".tmp-{}", uuid_like()));
+        let roots: Vec<PathBuf> = (0..declared.len()).map(|i| tmp.join(i.to_string())).collect();
+        let made = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&tmp).is_ok()
+            && std::fs::File::open(&archive).is_ok_and(|f| {
+                kiln_cache::unpack(std::io::BufReader::new(f), &roots, &declared, &kiln_cache::Limits::default())
+                    .is_ok()
+            });
+        if !made || std::fs::rename(&tmp, &tree).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+    });
+}
+
+/// Restore from the prepared copy of `archive` (whose bytes the caller
+/// checked): claim it (so no other job takes it), check it holds exactly
+/// the archive's manifest, move its roots into place. None (and the copy
+/// gone) on any failure: the caller unpacks the archive instead.
+async fn use_tree(
+    local_dir: &Path,
+    archive: &Path,
+    targets: &[PathBuf],
+    declared: &[String],
+    deadline: Instant,
+) -> Option<u64> {
+    let tree = tree_of(local_dir, archive);
+    let claimed = local_dir.join("trees").join(format!(".claimed-{}", uuid_like()));
+    std::fs::rename(&tree, &claimed).ok()?;
+    let (archive, targets, declared, claimed2) =
+        (archive.to_path_buf(), targets.to_vec(), declared.to_vec(), claimed.clone());
+    let used = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&archive).ok()?;
+        let limits = kiln_cache::Limits::default();
+        let m = kiln_cache::read_manifest(std::io::BufReader::new(f), &declared, &limits).ok()?;
+        let present: Vec<bool> = (0..declared.len()).map(|i| m.entries.iter().any(|e| e.root as usize == i)).collect();
+        let roots: Vec<(String, PathBuf)> =
+            declared.iter().enumerate().map(|(i, d)| (d.clone(), claimed2.join(i.to_string()))).collect();
+        kiln_cache::verify_tree(&roots, &m).ok()?;
+        if Instant::now() >= deadline {
+            return None;
+        }
+        let staged = roots.into_iter().zip(&present).map(|((_, p), &here)| here.then_some(p)).collect();
+        kiln_cache::install(staged, &targets).ok()?;
+        Some(m.total_bytes)
+    })
+    .await
+    .ok()
+    .flatten();
+    let _ = std::fs::remove_dir_all(&claimed);
+    used
+}
+
+/// Remove the least recently used node-local copies beyond `budget` bytes
+/// (with their prepared copies), and prepared copies left half-made.
 fn prune_local(dir: &Path, budget: u64) {
+    if let Ok(rd) = std::fs::read_dir(dir.join("trees")) {
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for e in rd.flatten() {
+            let stale = e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < hour_ago);
+            let name = e.file_name().to_string_lossy().into_owned();
+            let orphan = !name.starts_with('.') && !dir.join(&name).is_file();
+            if (name.starts_with('.') && stale) || orphan {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     let Ok(rd) = std::fs::read_dir(dir) else { return };
     let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = rd
         .flatten()
@@ -382,7 +587,8 @@ fn prune_local(dir: &Path, budget: u64) {
     for (_, len, path) in files {
         total += len;
         if total > budget {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_dir_all(tree_of(dir, &path));
         }
     }
 }

@@ -128,6 +128,11 @@ pub struct AgentConfig {
     pub log_spool_limit: Option<u64>,
     /// Time between SIGTERM and SIGKILL when a job is stopped (default 10 s).
     pub kill_grace: Option<std::time::Duration>,
+    /// Longest a cache restore, and a cache save, may take (default 10
+    /// min); past it the restore is a clean miss, the save is skipped.
+    pub cache_timeout: Option<std::time::Duration>,
+    /// Node-local cache copies kept at most, in bytes (default 5 GiB).
+    pub cache_local_budget: Option<u64>,
 }
 
 struct Agent {
@@ -196,6 +201,10 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
         engine,
         agent_name: config.name.clone(),
         kill_grace: config.kill_grace.unwrap_or(kiln_sandbox::DEFAULT_KILL_GRACE),
+        cache: caches::Settings {
+            timeout: config.cache_timeout.unwrap_or(caches::DEFAULT_TIMEOUT),
+            local_budget: config.cache_local_budget.unwrap_or(caches::DEFAULT_LOCAL_BUDGET),
+        },
         limiter: RateLimiter::new(config.upload_rate_limit),
         beats: Beats::default(),
         log_limit: config.log_limit.unwrap_or(logs::DEFAULT_LOG_LIMIT),

@@ -621,7 +621,11 @@ impl Harness {
             commit_sha: self.sha.clone(),
             steps: steps
                 .iter()
-                .map(|(name, run)| StepSpec { name: name.map(str::to_string), run: run.to_string() })
+                .map(|(name, run)| StepSpec {
+                    name: name.map(str::to_string),
+                    run: run.to_string(),
+                    ..Default::default()
+                })
                 .collect(),
             env: BTreeMap::from([("CUSTOM".to_string(), "custom-value".to_string())]),
             timeout_secs: None,
@@ -656,6 +660,8 @@ impl Harness {
             max_jobs: 1,
             executor: ExecutorKind::Host,
             kill_grace: None,
+            cache_timeout: None,
+            cache_local_budget: None,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
             log_rate_limit: None,

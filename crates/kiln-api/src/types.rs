@@ -276,8 +276,10 @@ pub struct Artifact {
 #[derive(Default, Debug, Clone, Serialize, Deserialize)]
 pub struct CacheInfo {
     pub key: String,
-    /// `hit`, `miss`, `partial-refused` (an archive was refused and cleaned
-    /// up: the job ran cold) or `error`.
+    /// `hit`, `prefix` (restore-prefix: an entry saved for other inputs was
+    /// restored; the exact key is saved after success), `miss`,
+    /// `partial-refused` (an archive was refused and cleaned up: the job ran
+    /// cold) or `error`.
     pub result: String,
     /// Where the hit came from (`protected`, `untrusted/…`), or the namespace saved to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,6 +295,13 @@ pub struct CacheInfo {
     pub saved: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// How long the job's steps took with this cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_seconds: Option<f64>,
+    /// A hit's estimate (set by the server): the saving attempt's steps'
+    /// time minus this attempt's steps and restore, at least 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_saved: Option<f64>,
 }
 
 /// The job's cache as handed to the attempt: what to key and archive, and
@@ -304,6 +313,10 @@ pub struct CacheSpec {
     #[serde(default)]
     pub inputs: Vec<String>,
     pub paths: Vec<String>,
+    /// On an exact miss, restore the newest entry with the same key but
+    /// other inputs (dependency caches).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restore_prefix: bool,
     /// `protected` for trusted runs; `untrusted/<ref or run>` otherwise.
     pub write_namespace: String,
     /// In the order to look them up.
@@ -321,6 +334,10 @@ pub struct CacheLookup {
 pub struct CacheCandidate {
     pub namespace: String,
     pub key: String,
+    /// With `restore-prefix`: the key without the input fingerprints, tried
+    /// (in every candidate's namespace, in order) when no exact key is found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -334,6 +351,9 @@ pub struct CacheHitInfo {
     pub namespace: String,
     pub key: String,
     pub download: ArtifactDownload,
+    /// Found by prefix: the entry was saved for other inputs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_prefix: bool,
 }
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/save`: bind a sealed upload
@@ -343,6 +363,12 @@ pub struct CacheSave {
     pub generation_id: String,
     pub namespace: String,
     pub key: String,
+    /// The key without the input fingerprints (for `restore-prefix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// How long the steps took (the cold build), for the time-saved estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -507,10 +533,67 @@ pub struct ImageCommit {
     pub digest: String,
 }
 
+/// One step as the agent runs it: everything evaluated from the run's
+/// frozen data by the server (`${{ }}` in `run` already turned into
+/// environment references, see `kiln_workflow::render_run`). The fields
+/// after `run` were added with step options (workflow-lang): an agent that
+/// predates them ignores them, so agents are upgraded with the server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepSpec {
     pub name: Option<String>,
     pub run: String,
+    /// The step's own variables (its `env` and the values of its `${{ }}`
+    /// expressions), over the job's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Whether the step runs when every earlier step succeeded (its `if:`,
+    /// with `success()` true). Default true.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub run_after_success: bool,
+    /// Whether the step runs after an earlier step failed (its `if:` with
+    /// `failure()` true). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run_after_failure: bool,
+    /// The `if:` as written, for the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// Relative to the checkout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_directory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub continue_on_error: bool,
+    /// The program and arguments the script is appended to; empty is
+    /// `sh -e -c`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shell: Vec<String>,
+}
+
+/// A step that runs `sh -e -c` in the checkout after successful steps only.
+impl Default for StepSpec {
+    fn default() -> Self {
+        StepSpec {
+            name: None,
+            run: String::new(),
+            env: BTreeMap::new(),
+            run_after_success: true,
+            run_after_failure: false,
+            condition: None,
+            working_directory: None,
+            timeout_secs: None,
+            continue_on_error: false,
+            shell: Vec::new(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -161,8 +161,8 @@ fn assignment() -> Assignment {
         clone_url: "https://git.example/demo.git".into(),
         commit_sha: "3f2c1e0d9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e".into(),
         steps: vec![
-            StepSpec { name: Some("unit".into()), run: "cargo test".into() },
-            StepSpec { name: None, run: "./smoke.sh".into() },
+            StepSpec { name: Some("unit".into()), run: "cargo test".into(), ..Default::default() },
+            StepSpec { name: None, run: "./smoke.sh".into(), ..Default::default() },
         ],
         env: BTreeMap::from([("RUST_LOG".to_string(), "info".to_string())]),
         timeout_secs: Some(600),

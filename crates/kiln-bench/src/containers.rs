@@ -81,6 +81,8 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             upload_rate_limit: None,
             log_limit: None,
             kill_grace: None,
+            cache_timeout: None,
+            cache_local_budget: None,
             log_rate_limit: None,
             log_buffer: None,
             log_spool_limit: None,

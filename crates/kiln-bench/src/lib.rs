@@ -9,6 +9,7 @@
 
 mod args;
 mod artifacts;
+mod cache;
 mod containers;
 mod control;
 mod dispatch;
@@ -52,6 +53,10 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     if matches!(a.suite.as_str(), "webhooks" | "all") {
         code = code.max(webhooks::run(&a).await?);
+    }
+    // Not part of `all`: it writes and moves several GB.
+    if a.suite == "cache" {
+        code = code.max(cache::run(a.object_store.clone().unwrap_or_default()).await?);
     }
     // Not part of `all`: it needs a container engine and a registry.
     if a.suite == "containers" {

@@ -52,3 +52,31 @@ pub fn cache_key(parts: &KeyParts) -> String {
     }
     hex::encode(h.finalize())
 }
+
+/// The key without the input fingerprints (a different domain tag, so it
+/// never equals a [`cache_key`]): entries of a dependency cache that differ
+/// only in their inputs share it, and `restore-prefix` falls back to them.
+pub fn prefix_key(parts: &KeyParts) -> String {
+    let mut h = Sha256::new();
+    let put = |h: &mut Sha256, s: &str| {
+        h.update((s.len() as u64).to_be_bytes());
+        h.update(s.as_bytes());
+    };
+    put(&mut h, "kiln-cache-prefix");
+    put(&mut h, &parts.namespace);
+    h.update(FORMAT_VERSION.to_be_bytes());
+    put(&mut h, &parts.os);
+    put(&mut h, &parts.arch);
+    put(&mut h, &parts.image);
+    put(&mut h, &parts.kind);
+    put(&mut h, &parts.version);
+    h.update((parts.paths.len() as u64).to_be_bytes());
+    for p in &parts.paths {
+        put(&mut h, p);
+    }
+    h.update((parts.inputs.len() as u64).to_be_bytes());
+    for (path, _) in &parts.inputs {
+        put(&mut h, path);
+    }
+    hex::encode(h.finalize())
+}

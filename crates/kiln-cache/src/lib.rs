@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+#[doc(hidden)]
+pub mod corpus;
 mod inputs;
 mod key;
 mod pack;
@@ -18,9 +20,9 @@ mod paths;
 mod unpack;
 
 pub use inputs::{ABSENT, hash_inputs};
-pub use key::{KeyParts, cache_key};
-pub use pack::{Packed, pack};
-pub use unpack::{Unpacked, unpack};
+pub use key::{KeyParts, cache_key, prefix_key};
+pub use pack::{Packed, pack, verify_tree};
+pub use unpack::{Unpacked, install, read_manifest, unpack};
 
 /// Version of the archive format (also part of the cache key).
 pub const FORMAT_VERSION: u32 = 1;
@@ -37,11 +39,20 @@ pub struct Limits {
     pub max_expanded_bytes: u64,
     /// Longest member name (`"<root>/<path>"`) or symlink target, in bytes.
     pub max_path_bytes: usize,
+    /// Give up (a [`CacheError::Timeout`], nothing left behind) once past
+    /// this instant; checked between entries and before anything is moved
+    /// into place.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_entries: 1_000_000, max_expanded_bytes: 20 * 1024 * 1024 * 1024, max_path_bytes: 4096 }
+        Limits {
+            max_entries: 1_000_000,
+            max_expanded_bytes: 20 * 1024 * 1024 * 1024,
+            max_path_bytes: 4096,
+            deadline: None,
+        }
     }
 }
 
@@ -59,6 +70,19 @@ pub enum CacheError {
     /// The archive exceeds a [`Limits`] bound.
     #[error("cache archive too large: {0}")]
     TooLarge(String),
+    /// [`Limits::deadline`] passed.
+    #[error("cache operation timed out: {0}")]
+    Timeout(String),
+}
+
+impl Limits {
+    /// Err once the deadline has passed.
+    pub fn check_deadline(&self, what: &str) -> Result<(), CacheError> {
+        match self.deadline {
+            Some(d) if std::time::Instant::now() >= d => Err(CacheError::Timeout(format!("{what}: out of time"))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Wraps an I/O error with what was being done, keeping its kind.

@@ -37,6 +37,52 @@ pub struct Packed {
 /// manifest can be the first member; the second pass streams them into the
 /// (multithreaded) zstd encoder and fails if a file changed in between.
 pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Result<Packed, CacheError> {
+    let (mut entries, disk, skipped) = scan(sources)?;
+    let prints = hash_files(&mut entries, &disk)?;
+    let total_bytes = entries.iter().map(|e| e.size).sum();
+    let manifest = Manifest {
+        format: FORMAT_VERSION,
+        roots: sources.iter().map(|(d, _)| d.clone()).collect(),
+        entries,
+        total_bytes,
+    };
+    write_archive(manifest, &disk, &prints, out, level, skipped)
+}
+
+/// Whether the trees `sources` (as for [`pack`]) hold exactly what
+/// `expected` lists (kinds, modes, sizes, digests, link targets, and nothing
+/// else): a prepared copy of an archive is checked this way before use.
+pub fn verify_tree(sources: &[(String, PathBuf)], expected: &Manifest) -> Result<(), CacheError> {
+    let (mut entries, disk, skipped) = scan(sources)?;
+    if skipped > 0 {
+        return Err(CacheError::Corrupt(format!("{skipped} entries the manifest cannot list")));
+    }
+    if entries.len() != expected.entries.len() {
+        return Err(CacheError::Corrupt(format!(
+            "{} entries instead of the manifest's {}",
+            entries.len(),
+            expected.entries.len()
+        )));
+    }
+    for (e, x) in entries.iter().zip(&expected.entries) {
+        let same_shape =
+            e.root == x.root && e.path == x.path && e.kind == x.kind && e.mode == x.mode && e.target == x.target;
+        if !same_shape || (e.kind == EntryKind::File && e.size != x.size) {
+            return Err(CacheError::Corrupt(format!("entry {:?} differs from the manifest", x.member_name())));
+        }
+    }
+    hash_files(&mut entries, &disk)?;
+    match entries == expected.entries {
+        true => Ok(()),
+        false => Err(CacheError::Corrupt("file contents differ from the manifest".into())),
+    }
+}
+
+type Scanned = (Vec<ManifestEntry>, Vec<PathBuf>, u64);
+
+/// The entries of `sources` (unhashed), their paths on disk, and how many
+/// were skipped.
+fn scan(sources: &[(String, PathBuf)]) -> Result<Scanned, CacheError> {
     let mut entries = Vec::new();
     let mut disk = Vec::new();
     let mut skipped = 0u64;
@@ -62,15 +108,17 @@ pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Resul
         disk.push(dir.clone());
         walk(root, dir, "", &mut entries, &mut disk, &mut skipped)?;
     }
+    Ok((entries, disk, skipped))
+}
 
-    hash_files(&mut entries, &disk)?;
-    let total_bytes = entries.iter().map(|e| e.size).sum();
-    let manifest = Manifest {
-        format: FORMAT_VERSION,
-        roots: sources.iter().map(|(d, _)| d.clone()).collect(),
-        entries,
-        total_bytes,
-    };
+fn write_archive(
+    manifest: Manifest,
+    disk: &[PathBuf],
+    prints: &[Fingerprint],
+    out: impl Write,
+    level: i32,
+    skipped: u64,
+) -> Result<Packed, CacheError> {
     let json = serde_json::to_vec(&manifest)
         .map_err(|e| CacheError::Io(io::Error::other(format!("encoding the manifest: {e}"))))?;
 
@@ -87,7 +135,7 @@ pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Resul
     let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
     tb.append_data(&mut h, MANIFEST_NAME, &json[..]).map_err(wctx)?;
 
-    for (e, path) in manifest.entries.iter().zip(&disk) {
+    for ((e, path), print) in manifest.entries.iter().zip(disk).zip(prints) {
         let name = e.member_name();
         match e.kind {
             EntryKind::Dir => {
@@ -100,14 +148,20 @@ pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Resul
                 tb.append_link(&mut h, &name, target).map_err(wctx)?;
             }
             EntryKind::File => {
+                // Hashed once: the fingerprint taken then must still hold
+                // before and after the bytes are archived.
                 let f = open_nofollow(path)?;
-                let mut r = HashingReader { inner: f.take(e.size), hasher: Sha256::new(), bytes: 0 };
+                let stat =
+                    |f: &File| Fingerprint::of(f).map_err(|err| io_err(format_args!("stat {}", path.display()), err));
+                if stat(&f)? != *print {
+                    return Err(changed(path));
+                }
+                let mut r = CountingReader { inner: (&f).take(e.size), bytes: 0 };
                 let mut h = header(tar::EntryType::Regular, e.mode, e.size);
                 tb.append_data(&mut h, &name, &mut r)
                     .map_err(|err| io_err(format_args!("archiving {}", path.display()), err))?;
-                let digest = hex::encode(r.hasher.finalize());
-                if r.bytes != e.size || Some(&digest) != e.sha256.as_ref() {
-                    return Err(CacheError::Corrupt(format!("{} changed while it was being archived", path.display())));
+                if r.bytes != e.size || stat(&f)? != *print {
+                    return Err(changed(path));
                 }
             }
         }
@@ -203,10 +257,36 @@ fn entry(root: u32, path: &str, kind: EntryKind, mode: u32, target: Option<Strin
     ManifestEntry { root, path: path.to_string(), kind, mode, size: 0, sha256: None, target }
 }
 
-type HashResult = Result<(u64, String), CacheError>;
+/// What identifies a file's contents without reading them again: a write
+/// changes its size or its modification or change time (nanoseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Fingerprint {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
 
-/// Fills `sha256` and `size` of every file entry, on several threads.
-fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<(), CacheError> {
+impl Fingerprint {
+    fn of(f: &File) -> io::Result<Fingerprint> {
+        use std::os::unix::fs::MetadataExt;
+        let m = f.metadata()?;
+        Ok(Fingerprint {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+type HashResult = Result<(u64, String, Fingerprint), CacheError>;
+
+/// Fills `sha256` and `size` of every file entry, on several threads, and
+/// returns each entry's fingerprint (default for non-files).
+fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<Vec<Fingerprint>, CacheError> {
     let files: Vec<usize> =
         entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File).map(|(i, _)| i).collect();
     let next = AtomicUsize::new(0);
@@ -228,19 +308,27 @@ fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<(), Cac
             });
         }
     });
+    let mut prints = vec![Fingerprint::default(); entries.len()];
     for (i, r) in results.into_inner().expect("hash results lock") {
-        let (size, digest) = r?;
+        let (size, digest, fp) = r?;
         entries[i].size = size;
         entries[i].sha256 = Some(digest);
+        prints[i] = fp;
     }
     if let Some(&i) = files.iter().find(|&&i| entries[i].sha256.is_none()) {
         return Err(CacheError::Io(io::Error::other(format!("{} was not hashed", disk[i].display()))));
     }
-    Ok(())
+    Ok(prints)
 }
 
-fn hash_file(path: &Path, buf: &mut [u8]) -> Result<(u64, String), CacheError> {
+fn changed(path: &Path) -> CacheError {
+    CacheError::Corrupt(format!("{} changed while it was being archived", path.display()))
+}
+
+fn hash_file(path: &Path, buf: &mut [u8]) -> HashResult {
     let mut f = open_nofollow(path)?;
+    let stat = |f: &File| Fingerprint::of(f).map_err(|e| io_err(format_args!("stat {}", path.display()), e));
+    let before = stat(&f)?;
     let mut hasher = Sha256::new();
     let mut n = 0u64;
     loop {
@@ -253,7 +341,10 @@ fn hash_file(path: &Path, buf: &mut [u8]) -> Result<(u64, String), CacheError> {
         hasher.update(&buf[..k]);
         n += k as u64;
     }
-    Ok((n, hex::encode(hasher.finalize())))
+    if stat(&f)? != before || n != before.size {
+        return Err(changed(path));
+    }
+    Ok((n, hex::encode(hasher.finalize()), before))
 }
 
 pub(crate) struct HashingWriter<W> {
@@ -274,17 +365,44 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-pub(crate) struct HashingReader<R> {
-    pub(crate) inner: R,
-    pub(crate) hasher: Sha256,
-    pub(crate) bytes: u64,
+struct CountingReader<R> {
+    inner: R,
+    bytes: u64,
 }
 
-impl<R: Read> Read for HashingReader<R> {
+impl<R: Read> Read for CountingReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
         self.bytes += n as u64;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rewrite_of_the_same_size_changes_the_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        fs::write(&p, b"aaaa").unwrap();
+        let (_, _, fp) = hash_file(&p, &mut [0u8; 64]).unwrap();
+        assert_eq!(Fingerprint::of(&File::open(&p).unwrap()).unwrap(), fp);
+        // Same size, same second: only the nanoseconds (or ctime) differ.
+        fs::write(&p, b"bbbb").unwrap();
+        assert_ne!(Fingerprint::of(&File::open(&p).unwrap()).unwrap(), fp);
+    }
+
+    #[test]
+    fn a_file_replaced_by_another_changes_the_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        fs::write(&p, b"aaaa").unwrap();
+        let (_, _, fp) = hash_file(&p, &mut [0u8; 64]).unwrap();
+        let q = dir.path().join("g");
+        fs::write(&q, b"aaaa").unwrap();
+        fs::rename(&q, &p).unwrap();
+        assert_ne!(Fingerprint::of(&File::open(&p).unwrap()).unwrap(), fp);
     }
 }

@@ -36,7 +36,7 @@ const MANIFEST_HARD_CAP: u64 = 1 << 30;
 /// error the staging directories are removed and the targets are left as
 /// they were.
 pub fn unpack(
-    archive: impl Read,
+    archive: impl Read + Send,
     targets: &[PathBuf],
     declared: &[String],
     limits: &Limits,
@@ -63,10 +63,62 @@ pub fn unpack(
     // On error `staging` is dropped here, which removes the staging dirs.
     let (present, unpacked) = extract(archive, &dirs, declared, limits)?;
 
-    // Move into place. Once a staging dir is kept it is our job to clean it.
-    let mut moved: Vec<(usize, Option<PathBuf>)> = Vec::new();
-    let mut kept: Vec<Option<PathBuf>> =
+    // Last moment to give up: nothing is in place yet (staging is dropped).
+    limits.check_deadline("restoring the cache")?;
+    // Once a staging dir is kept it is our job to clean it.
+    let kept: Vec<Option<PathBuf>> =
         staging.into_iter().enumerate().map(|(i, d)| present[i].then(|| d.keep())).collect();
+    install(kept, targets)?;
+    Ok(unpacked)
+}
+
+/// Reads and validates the manifest at the head of an archive (only the
+/// first member is decoded).
+pub fn read_manifest(archive: impl Read, declared: &[String], limits: &Limits) -> Result<Manifest, CacheError> {
+    let mut dec =
+        zstd::stream::read::Decoder::new(SourceReader(archive)).map_err(|e| io_err("starting the zstd decoder", e))?;
+    dec.window_log_max(27).map_err(|e| io_err("configuring the zstd decoder", e))?;
+    let budget = manifest_cap(limits).saturating_add(4 * 512 + 2 * limits.max_path_bytes as u64);
+    let mut ar = tar::Archive::new(LimitReader { inner: dec, read: 0, budget });
+    let mut entries = ar.entries().map_err(|e| read_err("reading the archive", e))?.raw(true);
+    manifest_member(&mut entries, declared, limits)
+}
+
+fn manifest_member<R: Read>(
+    entries: &mut tar::Entries<'_, R>,
+    declared: &[String],
+    limits: &Limits,
+) -> Result<Manifest, CacheError> {
+    let Some(mut first) = next_member(entries, limits)? else {
+        return Err(CacheError::Refused("archive is empty (no manifest)".into()));
+    };
+    if first.name != MANIFEST_NAME.as_bytes() || first.entry.header().entry_type() != tar::EntryType::Regular {
+        return Err(CacheError::Refused(format!(
+            "first member {:?} is not the manifest",
+            String::from_utf8_lossy(&first.name)
+        )));
+    }
+    let size = first.entry.header().entry_size().map_err(|e| CacheError::Corrupt(format!("manifest header: {e}")))?;
+    let cap = manifest_cap(limits);
+    if size > cap {
+        return Err(CacheError::TooLarge(format!("manifest of {size} bytes exceeds {cap} bytes")));
+    }
+    let mut json = Vec::with_capacity(size as usize);
+    first.entry.read_to_end(&mut json).map_err(|e| read_err("reading the manifest", e))?;
+    drop(first);
+    let manifest: Manifest =
+        serde_json::from_slice(&json).map_err(|e| CacheError::Corrupt(format!("manifest does not parse: {e}")))?;
+    validate_manifest(&manifest, declared, limits)?;
+    Ok(manifest)
+}
+
+/// Moves `staged[i]` (a directory on the same filesystem, or None to leave
+/// target i alone) to `targets[i]`, replacing what is there; all or
+/// nothing: on error every target is as it was and the staged directories
+/// are removed.
+pub fn install(staged: Vec<Option<PathBuf>>, targets: &[PathBuf]) -> Result<(), CacheError> {
+    let mut kept = staged;
+    let mut moved: Vec<(usize, Option<PathBuf>)> = Vec::new();
     for (i, target) in targets.iter().enumerate() {
         let Some(src) = kept[i].clone() else { continue };
         match replace(&src, target, i) {
@@ -92,7 +144,7 @@ pub fn unpack(
             remove_any(&old);
         }
     }
-    Ok(unpacked)
+    Ok(())
 }
 
 /// Removes a directory tree, file or symlink (best effort, never follows links).
@@ -369,10 +421,158 @@ fn kind_of(t: tar::EntryType) -> Result<EntryKind, String> {
     }
 }
 
+/// Files up to this size are handed whole to a writer thread; larger ones
+/// are streamed by the reading thread.
+const HANDOFF_MAX: u64 = 16 << 20;
+/// File contents read but not yet written, at most.
+const IN_FLIGHT_MAX: u64 = 96 << 20;
+/// Decompressed chunks the decoding thread may run ahead.
+const READ_AHEAD: usize = 8;
+const CHUNK: usize = 1 << 20;
+
+/// A reader fed by a decoding thread over a bounded channel.
+struct ChanReader {
+    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    cur: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+impl Read for ChanReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.cur.len() {
+            if self.done {
+                return Ok(0);
+            }
+            match self.rx.recv() {
+                Ok(Ok(v)) if v.is_empty() => self.done = true,
+                Ok(Ok(v)) => (self.cur, self.pos) = (v, 0),
+                Ok(Err(e)) => {
+                    self.done = true;
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.done = true;
+                    return Err(io::Error::other("the decoding thread stopped"));
+                }
+            }
+        }
+        let n = buf.len().min(self.cur.len() - self.pos);
+        buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Decodes `r` into chunks until the end, an error, or the reader is gone.
+fn decode_into(mut r: impl Read, tx: std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>) {
+    loop {
+        let mut v = vec![0u8; CHUNK];
+        let mut n = 0;
+        while n < CHUNK {
+            match r.read(&mut v[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    if n > 0 {
+                        v.truncate(n);
+                        let _ = tx.send(Ok(v));
+                    }
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+        v.truncate(n);
+        let end = n == 0;
+        if tx.send(Ok(v)).is_err() || end {
+            return;
+        }
+    }
+}
+
+/// A whole file for a writer thread.
+struct WriteJob {
+    dest: PathBuf,
+    data: Vec<u8>,
+    sha256: String,
+    mode: u32,
+    shown: String,
+}
+
+/// What the writer threads share with the reading thread.
+struct Writers {
+    failed: std::sync::atomic::AtomicBool,
+    error: std::sync::Mutex<Option<CacheError>>,
+    in_flight: std::sync::Mutex<u64>,
+    freed: std::sync::Condvar,
+}
+
+impl Writers {
+    fn fail(&self, e: CacheError) {
+        let mut slot = self.error.lock().expect("writer error lock");
+        slot.get_or_insert(e);
+        self.failed.store(true, std::sync::atomic::Ordering::Release);
+        self.freed.notify_all();
+    }
+    fn take_error(&self) -> Option<CacheError> {
+        self.error.lock().expect("writer error lock").take()
+    }
+    /// Waits until `n` more bytes fit in flight (or a writer failed).
+    fn reserve(&self, n: u64) {
+        let mut g = self.in_flight.lock().expect("in-flight lock");
+        while *g > 0 && *g + n > IN_FLIGHT_MAX && !self.failed.load(std::sync::atomic::Ordering::Acquire) {
+            g = self.freed.wait(g).expect("in-flight lock");
+        }
+        *g += n;
+    }
+    fn release(&self, n: u64) {
+        *self.in_flight.lock().expect("in-flight lock") -= n;
+        self.freed.notify_all();
+    }
+}
+
+fn create_file(dest: &Path) -> io::Result<fs::File> {
+    OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(dest)
+}
+
+fn write_job(j: &WriteJob) -> Result<(), CacheError> {
+    let wctx = |e| io_err(format_args!("restoring {}", j.dest.display()), e);
+    let digest = hex::encode(Sha256::digest(&j.data));
+    if digest != j.sha256 {
+        return Err(CacheError::Corrupt(format!("member {:?}: sha256 {digest} differs from the manifest", j.shown)));
+    }
+    let mut f = create_file(&j.dest).map_err(wctx)?;
+    f.write_all(&j.data).map_err(wctx)?;
+    f.set_permissions(fs::Permissions::from_mode(j.mode)).map_err(wctx)
+}
+
+fn writer_loop(rx: &std::sync::Mutex<std::sync::mpsc::Receiver<WriteJob>>, w: &Writers) {
+    loop {
+        let job = match rx.lock().expect("job queue lock").recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let n = job.data.len() as u64;
+        if !w.failed.load(std::sync::atomic::Ordering::Acquire)
+            && let Err(e) = write_job(&job)
+        {
+            w.fail(e);
+        }
+        drop(job);
+        w.release(n);
+    }
+}
+
 /// Streams the archive into `dirs` (one staging dir per root), verifying as
 /// it goes. Returns which roots are present in the archive.
+///
+/// Three stages overlap: a thread decodes zstd, this thread parses the tar
+/// stream against the manifest (directories and links are made here, in
+/// order), and writer threads hash and write whole files; a file larger than
+/// [`HANDOFF_MAX`] is hashed and written here.
 fn extract(
-    archive: impl Read,
+    archive: impl Read + Send,
     dirs: &[PathBuf],
     declared: &[String],
     limits: &Limits,
@@ -380,37 +580,60 @@ fn extract(
     let mut dec =
         zstd::stream::read::Decoder::new(SourceReader(archive)).map_err(|e| io_err("starting the zstd decoder", e))?;
     dec.window_log_max(27).map_err(|e| io_err("configuring the zstd decoder", e))?;
+    let writers = Writers {
+        failed: false.into(),
+        error: std::sync::Mutex::new(None),
+        in_flight: std::sync::Mutex::new(0),
+        freed: std::sync::Condvar::new(),
+    };
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel::<WriteJob>(64);
+    let jobs_rx = std::sync::Mutex::new(jobs_rx);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
+        s.spawn(move || decode_into(dec, tx));
+        let n_writers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(2, 4);
+        let mut handles = Vec::new();
+        for _ in 0..n_writers {
+            handles.push(s.spawn(|| writer_loop(&jobs_rx, &writers)));
+        }
+        let reader = ChanReader { rx, cur: Vec::new(), pos: 0, done: false };
+        let r = extract_stream(reader, dirs, declared, limits, &jobs_tx, &writers);
+        drop(jobs_tx);
+        for h in handles {
+            let _ = h.join();
+        }
+        if let Some(e) = writers.take_error() {
+            return Err(e);
+        }
+        let x = r?;
+        // Directory modes last (children were written into 0700 dirs, and
+        // every writer is done), deepest first.
+        for (dir, mode) in x.dir_modes.iter().rev() {
+            fs::set_permissions(dir, fs::Permissions::from_mode(*mode))
+                .map_err(|e| io_err(format_args!("chmod {}", dir.display()), e))?;
+        }
+        Ok((x.present, x.unpacked))
+    })
+}
+
+fn extract_stream(
+    reader: ChanReader,
+    dirs: &[PathBuf],
+    declared: &[String],
+    limits: &Limits,
+    jobs: &std::sync::mpsc::SyncSender<WriteJob>,
+    writers: &Writers,
+) -> Result<Extracted, CacheError> {
     let per_entry = 3 * 512 + 2 * limits.max_path_bytes as u64;
     let budget = limits
         .max_expanded_bytes
         .saturating_add(manifest_cap(limits))
         .saturating_add(limits.max_entries.saturating_add(2).saturating_mul(per_entry))
         .saturating_add(MAX_TRAILER);
-    let mut ar = tar::Archive::new(LimitReader { inner: dec, read: 0, budget });
+    let mut ar = tar::Archive::new(LimitReader { inner: reader, read: 0, budget });
     let mut entries = ar.entries().map_err(|e| read_err("reading the archive", e))?.raw(true);
 
-    // The manifest.
-    let Some(mut first) = next_member(&mut entries, limits)? else {
-        return Err(CacheError::Refused("archive is empty (no manifest)".into()));
-    };
-    if first.name != MANIFEST_NAME.as_bytes() || first.entry.header().entry_type() != tar::EntryType::Regular {
-        return Err(CacheError::Refused(format!(
-            "first member {:?} is not the manifest",
-            String::from_utf8_lossy(&first.name)
-        )));
-    }
-    let size = first.entry.header().entry_size().map_err(|e| CacheError::Corrupt(format!("manifest header: {e}")))?;
-    let cap = manifest_cap(limits);
-    if size > cap {
-        return Err(CacheError::TooLarge(format!("manifest of {size} bytes exceeds {cap} bytes")));
-    }
-    let mut json = Vec::with_capacity(size as usize);
-    first.entry.read_to_end(&mut json).map_err(|e| read_err("reading the manifest", e))?;
-    drop(first);
-    let manifest: Manifest =
-        serde_json::from_slice(&json).map_err(|e| CacheError::Corrupt(format!("manifest does not parse: {e}")))?;
-    drop(json);
-    validate_manifest(&manifest, declared, limits)?;
+    let manifest = manifest_member(&mut entries, declared, limits)?;
 
     let mut present = vec![false; dirs.len()];
     let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
@@ -418,6 +641,10 @@ fn extract(
     let mut count = 0usize;
     let mut buf = vec![0u8; 256 * 1024];
     while let Some(mut m) = next_member(&mut entries, limits)? {
+        limits.check_deadline("unpacking the cache")?;
+        if writers.failed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(writers.take_error().unwrap_or_else(|| CacheError::Io(io::Error::other("a writer failed"))));
+        }
         let shown = String::from_utf8_lossy(&m.name).into_owned();
         if m.name.len() > limits.max_path_bytes {
             return Err(CacheError::Refused(format!(
@@ -474,40 +701,61 @@ fn extract(
                         limits.max_expanded_bytes
                     )));
                 }
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&dest)
-                    .map_err(wctx)?;
-                let mut hasher = Sha256::new();
-                let mut n = 0u64;
-                loop {
-                    let k = match m.entry.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(k) => k,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(read_err(&format!("member {shown:?}"), e)),
-                    };
-                    n += k as u64;
-                    if n > size {
+                let sha256 = exp.sha256.clone().unwrap_or_default();
+                if size <= HANDOFF_MAX {
+                    let mut data = Vec::with_capacity(size as usize);
+                    (&mut m.entry)
+                        .take(size + 1)
+                        .read_to_end(&mut data)
+                        .map_err(|e| read_err(&format!("member {shown:?}"), e))?;
+                    if data.len() as u64 > size {
                         return Err(CacheError::Corrupt(format!("member {shown:?} is longer than its header")));
                     }
-                    hasher.update(&buf[..k]);
-                    f.write_all(&buf[..k]).map_err(wctx)?;
+                    if (data.len() as u64) != size {
+                        return Err(CacheError::Corrupt(format!(
+                            "member {shown:?} is truncated ({} of {size} bytes)",
+                            data.len()
+                        )));
+                    }
+                    writers.reserve(size);
+                    let job = WriteJob { dest, data, sha256, mode: exp.mode, shown };
+                    if jobs.send(job).is_err() {
+                        writers.release(size);
+                        return Err(CacheError::Io(io::Error::other("the writer threads stopped")));
+                    }
+                    bytes += size;
+                } else {
+                    let mut f = create_file(&dest).map_err(wctx)?;
+                    let mut hasher = Sha256::new();
+                    let mut n = 0u64;
+                    loop {
+                        let k = match m.entry.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(k) => k,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(read_err(&format!("member {shown:?}"), e)),
+                        };
+                        n += k as u64;
+                        if n > size {
+                            return Err(CacheError::Corrupt(format!("member {shown:?} is longer than its header")));
+                        }
+                        hasher.update(&buf[..k]);
+                        f.write_all(&buf[..k]).map_err(wctx)?;
+                    }
+                    if n != size {
+                        return Err(CacheError::Corrupt(format!(
+                            "member {shown:?} is truncated ({n} of {size} bytes)"
+                        )));
+                    }
+                    let digest = hex::encode(hasher.finalize());
+                    if digest != sha256 {
+                        return Err(CacheError::Corrupt(format!(
+                            "member {shown:?}: sha256 {digest} differs from the manifest"
+                        )));
+                    }
+                    f.set_permissions(fs::Permissions::from_mode(exp.mode)).map_err(wctx)?;
+                    bytes += n;
                 }
-                if n != size {
-                    return Err(CacheError::Corrupt(format!("member {shown:?} is truncated ({n} of {size} bytes)")));
-                }
-                let digest = hex::encode(hasher.finalize());
-                if Some(&digest) != exp.sha256.as_ref() {
-                    return Err(CacheError::Corrupt(format!(
-                        "member {shown:?}: sha256 {digest} differs from the manifest"
-                    )));
-                }
-                f.set_permissions(fs::Permissions::from_mode(exp.mode)).map_err(wctx)?;
-                bytes += n;
             }
         }
         count += 1;
@@ -526,10 +774,12 @@ fn extract(
     if trailer.len() as u64 > MAX_TRAILER || trailer.iter().any(|&b| b != 0) {
         return Err(CacheError::Corrupt("unexpected data after the end of the archive".into()));
     }
-    // Directory modes last (children were written into 0700 dirs), deepest first.
-    for (dir, mode) in dir_modes.iter().rev() {
-        fs::set_permissions(dir, fs::Permissions::from_mode(*mode))
-            .map_err(|e| io_err(format_args!("chmod {}", dir.display()), e))?;
-    }
-    Ok((present, Unpacked { entries: count as u64, bytes }))
+    Ok(Extracted { present, unpacked: Unpacked { entries: count as u64, bytes }, dir_modes })
+}
+
+struct Extracted {
+    present: Vec<bool>,
+    unpacked: Unpacked,
+    /// Directories and their modes, parents first.
+    dir_modes: Vec<(PathBuf, u32)>,
 }

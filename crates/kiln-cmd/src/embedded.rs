@@ -32,6 +32,8 @@ pub fn agent_config(
         log_buffer: None,
         log_spool_limit: None,
         kill_grace: None,
+        cache_timeout: None,
+        cache_local_budget: None,
     }
 }
 

@@ -3,7 +3,7 @@
 use kiln_forge::{Forge, ForgeEvent, PullRequestEvent, PushEvent, parse};
 
 fn fixture(forge: Forge, name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{}/{name}.json", env!("CARGO_MANIFEST_DIR"), forge.as_str());
+    let path = format!("{}/tests/fixtures/{}/{name}.json", manifest_dir(), forge.as_str());
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
@@ -428,4 +428,11 @@ fn bad_shas_and_refs_are_errors() {
     let mut v = base.clone();
     v["after"] = "ab".repeat(32).into();
     assert!(matches!(parse(Forge::Github, "push", v.to_string().as_bytes()).unwrap(), ForgeEvent::Push(_)));
+}
+
+/// The package's directory, read when the test runs: a test binary reused
+/// from a build of another checkout (a shared target dir, as CI has) must
+/// read this checkout's files.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
 }

@@ -19,7 +19,7 @@ const EVENTS: &[(Forge, &str)] = &[
 fn fixtures() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for forge in Forge::ALL {
-        let dir = format!("{}/tests/fixtures/{}", env!("CARGO_MANIFEST_DIR"), forge.as_str());
+        let dir = format!("{}/tests/fixtures/{}", manifest_dir(), forge.as_str());
         for entry in std::fs::read_dir(dir).unwrap() {
             out.push(std::fs::read(entry.unwrap().path()).unwrap());
         }
@@ -147,4 +147,11 @@ proptest! {
             doc[&k] = saved;
         }
     }
+}
+
+/// The package's directory, read when the test runs: a test binary reused
+/// from a build of another checkout (a shared target dir, as CI has) must
+/// read this checkout's files.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
 }

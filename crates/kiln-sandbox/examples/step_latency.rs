@@ -12,7 +12,7 @@ async fn main() {
     std::fs::create_dir_all(&ws).unwrap();
     let exec = HostExecutor::new(HostConfig::new(ws.clone(), dir.path().to_path_buf(), dir.path().join("pgids")));
     exec.prepare().await.unwrap();
-    let req = StepRequest { name: "t".into(), command: "true".into(), env: Default::default() };
+    let req = StepRequest { name: "t".into(), command: "true".into(), ..Default::default() };
     let n = 100;
     let mut lat = vec![];
     for _ in 0..n {

@@ -494,6 +494,9 @@ pub struct ContainerConfig {
     pub image: String,
     /// Host directory mounted at [`CONTAINER_WORKSPACE`].
     pub workspace: PathBuf,
+    /// More (host directory, absolute path in the container) read-write
+    /// mounts: the job's absolute cache paths.
+    pub mounts: Vec<(PathBuf, String)>,
     /// `kiln.agent`, `kiln.job`, `kiln.epoch`, `kiln.run`, …
     pub labels: BTreeMap<String, String>,
     pub limits: Limits,
@@ -538,8 +541,16 @@ impl ContainerExecutor {
         };
         tokio::fs::create_dir_all(&self.cfg.workspace).await.map_err(|e| prep(e.to_string()))?;
         let ws = self.cfg.workspace.canonicalize().map_err(|e| prep(e.to_string()))?;
+        let mut binds = vec![format!("{}:{CONTAINER_WORKSPACE}:rw", ws.display())];
+        for (dir, at) in &self.cfg.mounts {
+            if !at.starts_with('/') || at.contains(':') || at.contains(',') {
+                return Err(prep(format!("cannot mount a directory at `{at}`: not a plain absolute path")));
+            }
+            let dir = dir.canonicalize().map_err(|e| prep(format!("{}: {e}", dir.display())))?;
+            binds.push(format!("{}:{at}:rw", dir.display()));
+        }
         let host = HostConfig {
-            binds: Some(vec![format!("{}:{CONTAINER_WORKSPACE}:rw", ws.display())]),
+            binds: Some(binds),
             network_mode: Some(self.cfg.network.mode().into()),
             nano_cpus: Some((self.cfg.limits.cpus * 1e9) as i64),
             memory: Some(self.cfg.limits.memory_bytes),
@@ -605,9 +616,20 @@ impl ContainerExecutor {
         let exec = CreateExecOptions {
             attach_stdout: Some(true),
             attach_stderr: Some(true),
-            cmd: Some(vec!["sh".to_string(), "-e".into(), "-c".into(), step.command.clone()]),
+            cmd: Some({
+                let mut argv = if step.program.is_empty() {
+                    vec!["sh".to_string(), "-e".into(), "-c".into()]
+                } else {
+                    step.program.clone()
+                };
+                argv.push(step.command.clone());
+                argv
+            }),
             env: Some(env),
-            working_dir: Some(CONTAINER_WORKSPACE.into()),
+            working_dir: Some(match &step.working_dir {
+                Some(d) => format!("{CONTAINER_WORKSPACE}/{d}"),
+                None => CONTAINER_WORKSPACE.into(),
+            }),
             ..Default::default()
         };
         let docker = self.engine.docker.clone();
@@ -666,25 +688,38 @@ impl ContainerExecutor {
         Ok(StepHandle::new(rx))
     }
 
-    async fn kill_running(&self) {
+    /// Terminates the running step; `for_good`: and every later one.
+    async fn kill_running(&self, for_good: bool) {
         let (container, running) = {
             let mut inner = self.inner.lock().expect("executor lock");
-            inner.killed = true;
+            inner.killed |= for_good;
             (inner.container.clone(), inner.running.clone())
         };
         let (Some(container), Some(mut r)) = (container, running) else { return };
-        if !r.killing.swap(true, Ordering::SeqCst) {
-            let docker = &self.engine.docker;
-            // SIGTERM to everything but the init (and the idle shell, which ignores it).
-            let term = CreateExecOptions::<String> {
-                cmd: Some(vec!["sh".into(), "-c".into(), "kill -TERM -1".into()]),
+        let docker = &self.engine.docker;
+        let id = container.as_str();
+        let signal_all = |signal: &'static str| async move {
+            // To everything but the init (and the idle shell, which ignores TERM).
+            let exec = CreateExecOptions::<String> {
+                cmd: Some(vec!["sh".into(), "-c".into(), format!("kill -{signal} -1")]),
                 ..Default::default()
             };
-            if let Ok(e) = docker.create_exec(&container, term).await {
+            if let Ok(e) = docker.create_exec(id, exec).await {
                 let _ = docker
                     .start_exec(&e.id, Some(StartExecOptions { detach: true, tty: false, output_capacity: None }))
                     .await;
             }
+        };
+        if !r.killing.swap(true, Ordering::SeqCst) {
+            signal_all("TERM").await;
+        }
+        if !for_good {
+            // A step's own timeout: the container stays for the next steps.
+            if tokio::time::timeout(self.cfg.kill_grace, r.done.wait_for(|d| *d)).await.is_err() {
+                signal_all("KILL").await;
+            }
+            let _ = r.done.wait_for(|d| *d).await;
+            return;
         }
         if tokio::time::timeout(self.cfg.kill_grace, r.done.wait_for(|d| *d)).await.is_err() {
             tracing::info!(container = %container, "step ignored SIGTERM; killing its container");
@@ -723,12 +758,16 @@ impl Executor for ContainerExecutor {
     }
 
     fn kill(&self) -> BoxFuture<'_, ()> {
-        self.kill_running().boxed()
+        self.kill_running(true).boxed()
+    }
+
+    fn interrupt(&self) -> BoxFuture<'_, ()> {
+        self.kill_running(false).boxed()
     }
 
     fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         async move {
-            self.kill_running().await;
+            self.kill_running(true).await;
             let container = self.inner.lock().expect("executor lock").container.take();
             if let Some(id) = container {
                 // What steps left running is SIGKILLed at once (SIGUSR1 to the

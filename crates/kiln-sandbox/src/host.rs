@@ -117,6 +117,8 @@ impl HostExecutor {
         let iso = self.cfg.isolation;
         let launcher = iso.launcher_args().zip(unshare_path());
         let namespaced = launcher.is_some();
+        let default_program = ["/bin/sh".to_string(), "-e".into(), "-c".into()];
+        let program: &[String] = if step.program.is_empty() { &default_program } else { &step.program };
         let mut cmd = match launcher {
             // A PID namespace whose init dies with the agent: the kernel then
             // kills every process of the step, including double-forked
@@ -124,15 +126,21 @@ impl HostExecutor {
             // the step's processes (no agent command lines or environments).
             Some((args, unshare)) => {
                 let mut c = Command::new(unshare);
-                c.args(args).arg("/bin/sh");
+                c.args(args).args(program);
                 c
             }
-            None => Command::new("/bin/sh"),
+            None => {
+                let mut c = Command::new(&program[0]);
+                c.args(&program[1..]);
+                c
+            }
         };
-        cmd.arg("-e")
-            .arg("-c")
-            .arg(&step.command)
-            .current_dir(&self.cfg.workspace)
+        let dir = match &step.working_dir {
+            Some(d) => self.cfg.workspace.join(d),
+            None => self.cfg.workspace.clone(),
+        };
+        cmd.arg(&step.command)
+            .current_dir(dir)
             .env_clear()
             .env("PATH", &self.cfg.path)
             .env("HOME", self.cfg.home())
@@ -219,10 +227,11 @@ impl HostExecutor {
         Ok(StepHandle::new(rx))
     }
 
-    async fn kill_running(&self) {
+    /// Terminates the running step; `for_good`: and every later one.
+    async fn kill_running(&self, for_good: bool) {
         let running = {
             let mut inner = self.inner.lock().expect("executor lock");
-            inner.killed = true;
+            inner.killed |= for_good;
             inner.running.clone()
         };
         let Some(mut r) = running else { return };
@@ -304,12 +313,16 @@ impl Executor for HostExecutor {
     }
 
     fn kill(&self) -> BoxFuture<'_, ()> {
-        self.kill_running().boxed()
+        self.kill_running(true).boxed()
+    }
+
+    fn interrupt(&self) -> BoxFuture<'_, ()> {
+        self.kill_running(false).boxed()
     }
 
     fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         async move {
-            self.kill_running().await;
+            self.kill_running(true).await;
             for dir in [self.cfg.home(), self.cfg.tmp()] {
                 let d = dir.clone();
                 tokio::task::spawn_blocking(move || remove_tree(&d))

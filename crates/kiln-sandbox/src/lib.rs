@@ -93,8 +93,15 @@ pub enum StepEvent {
 pub struct StepRequest {
     /// Shown in diagnostics only.
     pub name: String,
-    /// Run as `sh -e -c <command>` with the workspace as working directory.
+    /// The script: the last argument of [`StepRequest::program`].
     pub command: String,
+    /// The program and its arguments, the command appended as the last one
+    /// (`bash --noprofile --norc -eo pipefail -c`, `python3 -c`, …). Empty:
+    /// `/bin/sh -e -c`.
+    pub program: Vec<String>,
+    /// Relative to the workspace (the caller checked it stays inside);
+    /// `None`: the workspace.
+    pub working_dir: Option<String>,
     /// Job environment (KILN_* and the workflow's `env`). Applied after the
     /// executor's base environment, so a job may override e.g. `PATH`.
     pub env: BTreeMap<String, String>,
@@ -168,5 +175,10 @@ pub trait Executor: Send + Sync {
     fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
     fn exec<'a>(&'a self, step: &'a StepRequest) -> BoxFuture<'a, Result<StepHandle, SandboxError>>;
     fn kill(&self) -> BoxFuture<'_, ()>;
+    /// Terminates the running step only, like [`Executor::kill`] (its whole
+    /// process tree, gracefully then forcibly, waiting until it is gone),
+    /// but later `exec`s still run: for a step's own timeout. No-op when no
+    /// step runs.
+    fn interrupt(&self) -> BoxFuture<'_, ()>;
     fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
 }

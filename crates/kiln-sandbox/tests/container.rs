@@ -76,6 +76,7 @@ async fn sandbox(engine: &Engine, ws: &Path, image: &PinnedImage, agent: &str, g
         ContainerConfig {
             image: reference,
             workspace: ws.to_path_buf(),
+            mounts: vec![],
             labels: labels(agent),
             limits: Limits { cpus: 1.0, memory_bytes: 256 * 1024 * 1024, pids: 128 },
             network: Network::None,
@@ -87,7 +88,7 @@ async fn sandbox(engine: &Engine, ws: &Path, image: &PinnedImage, agent: &str, g
 }
 
 fn step(cmd: &str) -> StepRequest {
-    StepRequest { name: "test".into(), command: cmd.into(), env: BTreeMap::new() }
+    StepRequest { name: "test".into(), command: cmd.into(), env: BTreeMap::new(), ..Default::default() }
 }
 
 #[derive(Debug, Default)]

@@ -16,7 +16,7 @@ fn steps_see_only_the_environment_built_for_them() {
         cfg.path = "/usr/bin:/bin".into();
         let exec = HostExecutor::new(cfg);
         exec.prepare().await.unwrap();
-        let mut req = StepRequest { name: "env".into(), command: "env".into(), env: Default::default() };
+        let mut req = StepRequest { name: "env".into(), command: "env".into(), ..Default::default() };
         req.env.insert("KILN_JOB".into(), "build".into());
         let mut h = exec.exec(&req).await.unwrap();
         let mut stdout = Vec::new();

@@ -44,7 +44,7 @@ impl Sandbox {
 }
 
 fn step(cmd: &str) -> StepRequest {
-    StepRequest { name: "test".into(), command: cmd.into(), env: Default::default() }
+    StepRequest { name: "test".into(), command: cmd.into(), ..Default::default() }
 }
 
 #[derive(Debug, Default)]
@@ -299,4 +299,30 @@ async fn reap_orphans_kills_recorded_groups_that_survived() {
 fn start_time(pid: i32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     s[s.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+/// A step's own timeout: `interrupt` ends the running step (its whole
+/// group) but not the sandbox; the next step runs, with its own program and
+/// working directory.
+#[tokio::test]
+async fn interrupt_ends_only_the_running_step() {
+    let sb = Sandbox::with_grace(Duration::from_secs(2)).await;
+    std::fs::create_dir_all(sb.ws().join("sub")).unwrap();
+    let mut h = sb.start("echo started; sleep 600 & wait").await;
+    assert_eq!(next_stdout(&mut h).await, b"started\n");
+    let exec = &sb.exec;
+    // It ends (whatever its status: in its own PID namespace the shell is
+    // init and outlives TERM, its children do not).
+    let (_, out) = tokio::join!(exec.interrupt(), collect(h));
+    assert!(out.exit.is_some());
+    let req = StepRequest {
+        name: "after".into(),
+        command: "import os; print('py in', os.path.basename(os.getcwd()))".into(),
+        program: vec!["/usr/bin/env".into(), "python3".into(), "-c".into()],
+        working_dir: Some("sub".into()),
+        ..Default::default()
+    };
+    let out = collect(sb.exec.exec(&req).await.unwrap()).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "py in sub\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.exit, Some(StepExit::Code(0)));
 }

@@ -174,6 +174,11 @@ pub(crate) struct CacheCounts {
     /// Reports of a refused or failed restore (the job ran cold).
     pub integrity_failures: std::sync::atomic::AtomicU64,
     pub bytes_restored: std::sync::atomic::AtomicU64,
+    /// Lookups answered by `restore-prefix` (an entry saved for other inputs).
+    pub prefix_hits: std::sync::atomic::AtomicU64,
+    pub bytes_saved: std::sync::atomic::AtomicU64,
+    /// Estimated build time saved by hits, in milliseconds.
+    pub ms_saved: std::sync::atomic::AtomicU64,
 }
 
 /// The agents whose session stream is open to this server process (agent

@@ -412,24 +412,24 @@ impl ForgeStore for SqlStore {
 
 #[async_trait]
 impl CacheStore for SqlStore {
-    async fn bind_cache(
-        &self,
-        job_id: &str,
-        epoch: i64,
-        generation_id: &str,
-        namespace: &str,
-        key: &str,
-        kind: &str,
-    ) -> Result<CacheBinding> {
-        caches::bind_cache(self, job_id, epoch, generation_id, namespace, key, kind).await
+    async fn bind_cache(&self, job_id: &str, epoch: i64, entry: NewCacheEntry<'_>) -> Result<CacheBinding> {
+        caches::bind_cache(self, job_id, epoch, entry).await
     }
 
     async fn lookup_cache(&self, repo_id: &str, candidates: &[(String, String)]) -> Result<Option<CacheHit>> {
         caches::lookup_cache(self, repo_id, candidates).await
     }
 
+    async fn lookup_cache_prefix(&self, repo_id: &str, prefixes: &[(String, String)]) -> Result<Option<CacheHit>> {
+        caches::lookup_cache_prefix(self, repo_id, prefixes).await
+    }
+
     async fn evict_caches(&self, ttl_ms: i64, repo_quota: i64, global_budget: i64) -> Result<Vec<CacheEntry>> {
         caches::evict_caches(self, ttl_ms, repo_quota, global_budget).await
+    }
+
+    async fn get_cache(&self, repo_id: &str, namespace: &str, key: &str) -> Result<Option<CacheEntry>> {
+        caches::get_cache(self, repo_id, namespace, key).await
     }
 
     async fn list_caches(&self, repo_id: &str) -> Result<Vec<CacheEntry>> {

@@ -448,6 +448,21 @@ pub struct CacheHit {
     pub namespace: String,
     pub key: String,
     pub generation: GenerationRecord,
+    /// How long the saving attempt's steps took, if it said.
+    pub build_ms: Option<i64>,
+}
+
+/// What [`CacheStore::bind_cache`](crate::CacheStore::bind_cache) binds.
+#[derive(Debug, Clone, Copy)]
+pub struct NewCacheEntry<'a> {
+    pub generation_id: &'a str,
+    pub namespace: &'a str,
+    pub key: &'a str,
+    pub kind: &'a str,
+    /// The key without the input fingerprints (dependency caches).
+    pub prefix: Option<&'a str>,
+    /// How long the saving attempt's steps took.
+    pub build_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,4 +478,6 @@ pub struct CacheEntry {
     pub last_used_at: i64,
     pub hits: i64,
     pub conflicts: i64,
+    pub prefix: Option<String>,
+    pub build_ms: Option<i64>,
 }

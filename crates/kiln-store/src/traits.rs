@@ -174,21 +174,18 @@ pub trait ForgeStore: Send + Sync {
 pub trait CacheStore: Send + Sync {
     /// Bind (the run's repository, `namespace`, `key`) to a sealed cache
     /// upload of the live attempt `(job, epoch)`; first writer wins.
-    async fn bind_cache(
-        &self,
-        job_id: &str,
-        epoch: i64,
-        generation_id: &str,
-        namespace: &str,
-        key: &str,
-        kind: &str,
-    ) -> Result<CacheBinding>;
+    async fn bind_cache(&self, job_id: &str, epoch: i64, entry: NewCacheEntry<'_>) -> Result<CacheBinding>;
     /// The first candidate (namespace, key) with an entry; marks it used.
     async fn lookup_cache(&self, repo_id: &str, candidates: &[(String, String)]) -> Result<Option<CacheHit>>;
+    /// For each (namespace, prefix) in order, the most recently used entry
+    /// with that prefix; the first found is marked used.
+    async fn lookup_cache_prefix(&self, repo_id: &str, prefixes: &[(String, String)]) -> Result<Option<CacheHit>>;
     /// Delete entries past their TTL, then over the per-repository quota and
     /// the global budget (least recently used first).
     async fn evict_caches(&self, ttl_ms: i64, repo_quota: i64, global_budget: i64) -> Result<Vec<CacheEntry>>;
     async fn list_caches(&self, repo_id: &str) -> Result<Vec<CacheEntry>>;
+    /// The entry (namespace, key), without marking it used.
+    async fn get_cache(&self, repo_id: &str, namespace: &str, key: &str) -> Result<Option<CacheEntry>>;
     /// Delete the entry (namespace, key) if it still names `generation_id`.
     async fn remove_cache(&self, repo_id: &str, namespace: &str, key: &str, generation_id: &str) -> Result<bool>;
     /// Record the live attempt's cache report (JSON) on its job.

@@ -27,6 +27,7 @@
 //! `contains`, `startsWith` and `endsWith` work on the string forms of
 //! their arguments (case-sensitive).
 
+use crate::model::InputKind;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -57,6 +58,10 @@ pub struct ConditionContext {
     pub branch: Option<String>,
     /// `inputs.<name>`; a name not present is null.
     pub inputs: BTreeMap<String, String>,
+    /// The declared type of each input (`Workflow::input_kinds`): a
+    /// `boolean` input is a boolean in expressions, a `number` a number;
+    /// anything else (or undeclared) is a string.
+    pub input_kinds: BTreeMap<String, InputKind>,
     /// The results of the job's effective `needs` (every expansion of a
     /// matrix), in any order.
     pub needs_results: Vec<JobResult>,
@@ -99,6 +104,19 @@ pub fn render_group(template: &str, ctx: &ConditionContext) -> Result<String, St
     Ok(out)
 }
 
+/// Whether a step with this `if:` runs: `(after_success, after_failure)` —
+/// when every earlier step of the job succeeded, and when one failed (a
+/// `continue-on-error` step's failure does not count). `success()` and
+/// `failure()` refer to those earlier steps; everything else is the frozen
+/// run's data in `ctx` (its `needs_results`, `quorum` and `run_cancelled`
+/// are ignored). No `if:` is `(true, false)`: a failed step skips the rest.
+pub fn step_gate(expr: Option<&str>, ctx: &ConditionContext) -> Result<(bool, bool), String> {
+    let Some(expr) = expr else { return Ok((true, false)) };
+    let with =
+        |result| ConditionContext { needs_results: vec![result], quorum: None, run_cancelled: false, ..ctx.clone() };
+    Ok((eval_condition(expr, &with(JobResult::Success))?, eval_condition(expr, &with(JobResult::Failure))?))
+}
+
 /// A problem in an expression: byte offset into the source and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ExprError {
@@ -111,7 +129,7 @@ impl ExprError {
         ExprError { offset, message: message.into() }
     }
 
-    fn shifted(self, by: usize) -> Self {
+    pub(crate) fn shifted(self, by: usize) -> Self {
         ExprError { offset: self.offset + by, ..self }
     }
 }
@@ -146,19 +164,41 @@ pub(crate) fn parse_condition(src: &str) -> Result<Expr, ExprError> {
     parse_expr(src, Mode::Condition)
 }
 
-/// Check every `${{ }}` part of a concurrency-group template. `matrix_ok`
-/// accepts a part that is exactly `matrix.<key>` (substituted at expansion).
-pub(crate) fn check_template(src: &str, matrix_ok: &dyn Fn(&str) -> Result<(), String>) -> Result<(), ExprError> {
+/// Check every `${{ }}` part of a template (concurrency group, `env`
+/// value, step `name` or `run`). `matrix_ok` accepts a part that is exactly
+/// `matrix.<key>` (substituted at expansion); `input_ok` each `inputs.<name>`.
+pub(crate) fn check_template(
+    src: &str,
+    matrix_ok: &dyn Fn(&str) -> Result<(), String>,
+    input_ok: &dyn Fn(&str) -> Result<(), String>,
+) -> Result<(), ExprError> {
     for seg in segments(src)? {
         if let Segment::Expr { inner, offset } = seg {
             if let Some(key) = matrix_ref(inner) {
                 matrix_ok(key).map_err(|m| ExprError::new(offset, m))?;
                 continue;
             }
-            parse_expr(inner, Mode::Template).map_err(|e| e.shifted(offset))?;
+            let e = parse_expr(inner, Mode::Template).map_err(|e| e.shifted(offset))?;
+            check_inputs(&e, input_ok).map_err(|m| ExprError::new(offset, m))?;
         }
     }
     Ok(())
+}
+
+/// Every `inputs.<name>` of `e` passes `input_ok`.
+pub(crate) fn check_inputs(e: &Expr, input_ok: &dyn Fn(&str) -> Result<(), String>) -> Result<(), String> {
+    match e {
+        Expr::Lit(_) | Expr::Name(Name::Event | Name::Ref | Name::Branch) => Ok(()),
+        Expr::Name(Name::Input(n)) => input_ok(n),
+        Expr::Not(x) => check_inputs(x, input_ok),
+        Expr::And(xs) | Expr::Or(xs) | Expr::Call(_, xs) => xs.iter().try_for_each(|x| check_inputs(x, input_ok)),
+        Expr::Eq(a, b, _) => check_inputs(a, input_ok).and_then(|()| check_inputs(b, input_ok)),
+    }
+}
+
+/// Evaluate one `${{ }}` part (no wrapper) of a template to its text.
+pub(crate) fn eval_part(inner: &str, ctx: &ConditionContext) -> Result<String, ExprError> {
+    Ok(eval(&parse_expr(inner, Mode::Template)?, ctx).to_text())
 }
 
 /// `matrix.<key>` (trimmed) → the key.
@@ -332,7 +372,12 @@ fn eval(e: &Expr, ctx: &ConditionContext) -> Val {
         Expr::Name(Name::Event) => Val::Str(ctx.event.clone()),
         Expr::Name(Name::Ref) => ctx.git_ref.clone().map_or(Val::Null, Val::Str),
         Expr::Name(Name::Branch) => ctx.branch.clone().map_or(Val::Null, Val::Str),
-        Expr::Name(Name::Input(n)) => ctx.inputs.get(n).cloned().map_or(Val::Null, Val::Str),
+        Expr::Name(Name::Input(n)) => match (ctx.inputs.get(n), ctx.input_kinds.get(n)) {
+            (None, _) => Val::Null,
+            (Some(v), Some(InputKind::Boolean)) => Val::Bool(v == "true"),
+            (Some(v), Some(InputKind::Number)) => Val::Num(v.trim().parse().unwrap_or(f64::NAN)),
+            (Some(v), _) => Val::Str(v.clone()),
+        },
         Expr::Not(x) => Val::Bool(!eval(x, ctx).truthy()),
         Expr::And(xs) => {
             let mut last = Val::Bool(true);

@@ -45,15 +45,17 @@ mod expr;
 mod glob;
 mod model;
 mod parse;
+mod script;
 mod tree;
 mod triggers;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics};
 pub use duration::{parse_bytes, parse_duration};
-pub use expr::{ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, render_group};
+pub use expr::{ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, render_group, step_gate};
 pub use glob::glob_match;
 pub use model::*;
 pub use parse::{MAX_DIAGNOSTICS, parse};
+pub use script::{SHELLS, render_run, shell_argv};
 pub use triggers::MAX_CATCH_UP_MS;
 pub use validate::{MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};

@@ -27,6 +27,101 @@ pub struct Workflow {
     /// exactly as before the key existed.
     #[serde(default, skip_serializing_if = "Triggers::is_unset")]
     pub on: Triggers,
+    /// `inputs:`: the inputs a run may be given, by name. Empty (not
+    /// declared) → any inputs are accepted as strings, as before the key
+    /// existed; declared → [`Workflow::check_inputs`] refuses unknown and
+    /// ill-typed ones at acceptance and fills in defaults.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub inputs: BTreeMap<String, InputSpec>,
+}
+
+/// Most inputs one workflow may declare.
+pub const MAX_DECLARED_INPUTS: usize = 64;
+
+/// One declared input (`inputs: {name: {type, description, default, required, options}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputSpec {
+    #[serde(rename = "type")]
+    pub kind: InputKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The value used when the run is not given one (already checked
+    /// against `kind` and `options`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    /// Without a `default`, a run must be given a value.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub required: bool,
+    /// The allowed values of a `choice`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+/// The type of a declared input. Values travel as strings; a `boolean` is
+/// `true` or `false`, a `number` a decimal number, a `choice` one of its
+/// options. In expressions a boolean input is a boolean and a number input
+/// a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    String,
+    Boolean,
+    Number,
+    Choice,
+}
+
+impl InputKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputKind::String => "string",
+            InputKind::Boolean => "boolean",
+            InputKind::Number => "number",
+            InputKind::Choice => "choice",
+        }
+    }
+}
+
+impl InputSpec {
+    /// Why `value` is not a valid value of this input, if it is not.
+    pub fn check(&self, value: &str) -> Result<(), String> {
+        match self.kind {
+            InputKind::String => Ok(()),
+            InputKind::Boolean if value == "true" || value == "false" => Ok(()),
+            InputKind::Boolean => Err(format!("must be `true` or `false`, found `{}`", value.escape_debug())),
+            InputKind::Number if is_number(value) => Ok(()),
+            InputKind::Number => Err(format!("must be a number, found `{}`", value.escape_debug())),
+            InputKind::Choice if self.options.iter().any(|o| o == value) => Ok(()),
+            InputKind::Choice => Err(format!(
+                "must be one of {}, found `{}`",
+                self.options.iter().map(|o| format!("`{}`", o.escape_debug())).collect::<Vec<_>>().join(", "),
+                value.escape_debug()
+            )),
+        }
+    }
+}
+
+/// `branch` of a run's ref: `refs/heads/X` → `X`; another `refs/…` or a
+/// full commit SHA → none; a bare name as given.
+pub fn branch_of(git_ref: &str) -> Option<String> {
+    match git_ref.strip_prefix("refs/heads/") {
+        Some(b) => Some(b.to_string()),
+        None if git_ref.starts_with("refs/")
+            || (git_ref.len() == 40 && git_ref.bytes().all(|b| b.is_ascii_hexdigit())) =>
+        {
+            None
+        }
+        None => Some(git_ref.to_string()),
+    }
+}
+
+/// A decimal number: optional sign, digits, optional fraction and exponent
+/// (what `f64` parses, without `inf`/`nan`).
+pub(crate) fn is_number(text: &str) -> bool {
+    let t = text.trim();
+    !t.is_empty()
+        && t.len() == text.len()
+        && t.chars().all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'))
+        && t.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
 /// Longest accepted filter pattern (branch, tag or path), in characters.
@@ -194,11 +289,34 @@ pub enum Image {
     Dockerfile { path: String, context: String },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One step. The optional fields are left out of the canonical encoding
+/// when unused, so workflows written before they existed keep their hash.
+/// Workflow- and job-level `env` and `defaults` are already resolved into
+/// each step's job (`Job::env`) and into `shell`/`working_directory` here.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub run: String,
+    /// The step's own `env` (over the job's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// `if:` as written; `success()`/`failure()` refer to the earlier steps
+    /// of the job (see [`step_gate`](crate::step_gate)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// Relative to the checkout (no `..`); `None` is the checkout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_directory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    /// A failure of this step does not fail the job (nor make `failure()` true).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub continue_on_error: bool,
+    /// `sh`, `bash`, `python3` or a command template with `{0}` (the script
+    /// file); `None` is `sh` (see [`shell_argv`](crate::shell_argv)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,7 +324,15 @@ pub struct Cache {
     pub kind: String,
     pub version: String,
     pub inputs: Vec<String>,
+    /// Workspace-relative directories, or absolute directories in the job's
+    /// container (mounted there from the agent).
     pub paths: Vec<String>,
+    /// On a miss, restore the most recently used entry saved for other
+    /// inputs (dependency caches only); the exact key is saved after.
+    /// Left out of the canonical encoding when false, so workflows without
+    /// it hash as before.
+    #[serde(default, rename = "restore-prefix", skip_serializing_if = "std::ops::Not::not")]
+    pub restore_prefix: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,5 +370,58 @@ impl Workflow {
 
     pub fn job(&self, name: &str) -> Option<&Job> {
         self.jobs.iter().find(|j| j.name == name)
+    }
+
+    /// The inputs a run of this workflow is accepted with (spec 000 §5:
+    /// frozen at acceptance). Without an `inputs:` declaration, `given` as
+    /// is. With one: an undeclared or ill-typed input, or a missing required
+    /// one, is an error naming it; missing ones get their `default`.
+    pub fn check_inputs(&self, given: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+        if self.inputs.is_empty() {
+            return Ok(given.clone());
+        }
+        let declared = || self.inputs.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+        for name in given.keys() {
+            if !self.inputs.contains_key(name) {
+                return Err(format!("unknown input `{}`; the workflow declares {}", name.escape_debug(), declared()));
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (name, spec) in &self.inputs {
+            match given.get(name).or(spec.default.as_ref()) {
+                Some(v) => {
+                    spec.check(v).map_err(|e| format!("input `{name}` ({}) {e}", spec.kind.as_str()))?;
+                    out.insert(name.clone(), v.clone());
+                }
+                None if spec.required => {
+                    return Err(format!("input `{name}` is required; give it with `--input {name}=VALUE`"));
+                }
+                None => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// What the expressions of a run of this workflow see: the frozen
+    /// trigger (`event`, `ref`, `branch`) and inputs, typed as declared.
+    pub fn expr_context(
+        &self,
+        event: &str,
+        git_ref: Option<&str>,
+        inputs: &BTreeMap<String, String>,
+    ) -> crate::ConditionContext {
+        crate::ConditionContext {
+            event: event.to_string(),
+            git_ref: git_ref.map(str::to_string),
+            branch: git_ref.and_then(branch_of),
+            inputs: inputs.clone(),
+            input_kinds: self.input_kinds(),
+            ..Default::default()
+        }
+    }
+
+    /// The declared type of each input (for expressions).
+    pub fn input_kinds(&self) -> BTreeMap<String, InputKind> {
+        self.inputs.iter().map(|(k, v)| (k.clone(), v.kind)).collect()
     }
 }

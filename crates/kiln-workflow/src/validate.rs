@@ -1,11 +1,12 @@
 //! Tree → validated [`Workflow`], collecting every problem with its position.
 
 use crate::diag::Diagnostic;
-use crate::expr::{check_template, matrix_ref, parse_condition};
+use crate::expr::{Mode, check_inputs, check_template, matrix_ref, parse_condition, parse_expr, segments};
 use crate::model::{
-    Artifacts, Cache, Concurrency, IdToken, Image, Job, MAX_JOBS, MAX_STEPS, MatrixInfo, Publish, Restore, Step,
-    Workflow,
+    Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS, MAX_STEPS,
+    MatrixInfo, Publish, Restore, Step, Workflow,
 };
+use crate::script::{check_run, check_shell, shell_expands};
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -22,7 +23,7 @@ pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 60 * 60;
 /// (the expanded jobs are bounded by [`MAX_JOBS`]).
 pub const MAX_MATRIX_COMBINATIONS: usize = 1024;
 
-const TOP_KEYS: &[&str] = &["version", "on", "concurrency", "jobs"];
+const TOP_KEYS: &[&str] = &["version", "on", "inputs", "env", "defaults", "concurrency", "jobs"];
 const JOB_KEYS: &[&str] = &[
     "name",
     "image",
@@ -38,6 +39,7 @@ const JOB_KEYS: &[&str] = &[
     "retry",
     "runs-on",
     "env",
+    "defaults",
     "secrets",
     "id-token",
 ];
@@ -45,9 +47,60 @@ const ID_TOKEN_KEYS: &[&str] = &["audience"];
 const MATRIX_KEYWORDS: &[&str] = &["include", "exclude", "max-parallel", "fail-fast"];
 const NEEDS_POLICY_KEYS: &[&str] = &["quorum"];
 const CONCURRENCY_KEYS: &[&str] = &["group", "cancel-in-progress"];
-const STEP_KEYS: &[&str] = &["run", "name"];
+const STEP_KEYS: &[&str] = &["run", "name", "env", "if", "working-directory", "timeout", "continue-on-error", "shell"];
+const DEFAULTS_KEYS: &[&str] = &["shell", "working-directory"];
+const INPUT_KEYS: &[&str] = &["type", "description", "default", "required", "options"];
+/// Longest accepted input `description`, in characters.
+const MAX_DESCRIPTION_CHARS: usize = 1000;
+
+/// Keys people write from habit (other CI systems, typos of ours): the key
+/// meant, when that key is allowed where the unknown one stands.
+const ALIASES: &[(&str, &str)] = &[
+    ("timeout-minutes", "timeout"),
+    ("timeout_minutes", "timeout"),
+    ("timeout_secs", "timeout"),
+    ("depends_on", "needs"),
+    ("depends-on", "needs"),
+    ("dependencies", "needs"),
+    ("requires", "needs"),
+    ("runs_on", "runs-on"),
+    ("working_directory", "working-directory"),
+    ("working-dir", "working-directory"),
+    ("workdir", "working-directory"),
+    ("cwd", "working-directory"),
+    ("continue_on_error", "continue-on-error"),
+    ("allow_failure", "continue-on-error"),
+    ("allow-failure", "continue-on-error"),
+    ("script", "run"),
+    ("command", "run"),
+    ("cmd", "run"),
+    ("environment", "env"),
+    ("variables", "env"),
+    ("when", "if"),
+    ("condition", "if"),
+    ("strategy", "matrix"),
+    ("container", "image"),
+    ("needs_policy", "needs-policy"),
+    ("id_token", "id-token"),
+    ("cancel_in_progress", "cancel-in-progress"),
+    ("max_parallel", "max-parallel"),
+    ("fail_fast", "fail-fast"),
+    ("from-job", "from_job"),
+];
+
+/// Keys of other CI systems (or of later Kiln versions) that are not built:
+/// refused with what to do instead, never silently ignored.
+const NOT_BUILT: &[(&str, &str)] = &[
+    ("services", "job `services` are not supported yet; start the service from a step instead"),
+    ("outputs", "job `outputs` are not supported yet; pass values between jobs as artifacts"),
+    ("include", "`include` of other workflow files is not supported yet"),
+    ("extends", "`extends` is not supported yet"),
+    ("uses", "reusable actions (`uses`) are not supported; write the commands in `run`"),
+    ("with", "`with` (inputs of an action) is not supported; set variables in `env`"),
+    ("permissions", "`permissions` is not supported; a job's identity token is asked for with `id-token: write`"),
+];
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
-const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths"];
+const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths", "restore-prefix"];
 const ARTIFACTS_KEYS: &[&str] = &["publish", "restore"];
 const PUBLISH_KEYS: &[&str] = &["name", "path"];
 const RESTORE_KEYS: &[&str] = &["from_job", "name", "path"];
@@ -57,6 +110,19 @@ struct Ctx {
     diags: Vec<Diagnostic>,
     /// What `${{ matrix.<key> }}` may name in the job being read.
     matrix_refs: MatrixRefs,
+    /// The declared inputs (`None`: no `inputs:`, any name may be used).
+    inputs: Option<BTreeSet<String>>,
+    /// Top-level `env`, under every job's own.
+    env: BTreeMap<String, String>,
+    /// Top-level `defaults`.
+    defaults: Defaults,
+}
+
+/// `defaults: {shell, working-directory}` (top level or job).
+#[derive(Default, Clone)]
+struct Defaults {
+    shell: Option<String>,
+    working_directory: Option<String>,
 }
 
 #[derive(Default)]
@@ -73,6 +139,73 @@ enum MatrixRefs {
 impl Ctx {
     fn err(&mut self, pos: Pos, message: impl Into<String>) {
         self.diags.push(Diagnostic { line: pos.line, column: pos.column, message: message.into() });
+    }
+
+    /// Whether `inputs.<name>` may be used: always without an `inputs:`
+    /// declaration, else only for a declared input.
+    fn input_ok(&self, name: &str) -> Result<(), String> {
+        match &self.inputs {
+            Some(declared) if !declared.contains(name) => Err(format!(
+                "`inputs.{}` is not a declared input; the workflow declares {}",
+                show(name),
+                if declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    declared.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                }
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Check the `${{ }}` parts of text that is evaluated for each run (an
+    /// `env` value, a step's `name` or `run`): matrix references as
+    /// [`Ctx::matrix_refs`], everything else as an expression over the
+    /// run's data. Returns whether the text has a non-matrix expression.
+    fn exprs(&mut self, pos: Pos, text: &str, subject: &str) -> bool {
+        self.matrix_refs(pos, text, subject);
+        let segs = match segments(text) {
+            Ok(s) => s,
+            Err(e) => {
+                self.err(pos, format!("invalid {subject}: {e}"));
+                return false;
+            }
+        };
+        let mut any = false;
+        for seg in segs {
+            let crate::expr::Segment::Expr { inner, offset } = seg else { continue };
+            if inner.trim_start().starts_with("matrix") {
+                continue;
+            }
+            any = true;
+            let checked = parse_expr(inner, Mode::Template)
+                .map_err(|e| e.shifted(offset).to_string())
+                .and_then(|e| check_inputs(&e, &|n| self.input_ok(n)));
+            if let Err(m) = checked {
+                self.err(pos, format!("invalid `${{{{ }}}}` in {subject}: {m}"));
+            }
+        }
+        any
+    }
+
+    /// Refuse `${{ }}` other than matrix references where expressions are
+    /// not evaluated (yet).
+    fn no_exprs(&mut self, pos: Pos, text: &str, subject: &str) {
+        let Ok(segs) = segments(text) else { return };
+        for seg in segs {
+            if let crate::expr::Segment::Expr { inner, .. } = seg
+                && !inner.trim_start().starts_with("matrix")
+            {
+                self.err(
+                    pos,
+                    format!(
+                        "{subject} uses `${{{{{}}}}}`; expressions are not evaluated here (only in `env`, `if`, a step's `name` and `run`, and concurrency groups)",
+                        show(inner)
+                    ),
+                );
+                return;
+            }
+        }
     }
 
     /// Check the `${{ matrix.<key> }}` references in a step, env value or
@@ -191,13 +324,60 @@ fn as_nonempty_text<'a>(ctx: &mut Ctx, node: &'a Node, subject: &str, expected: 
 
 fn check_keys(ctx: &mut Ctx, entries: &[Entry], allowed: &[&str], place: &str) {
     for e in entries {
-        if !allowed.contains(&e.key.as_str()) {
-            ctx.err(
-                e.key_pos,
-                format!("unknown key `{}` {place}; expected one of {}", show(&e.key), key_list(allowed)),
-            );
+        if allowed.contains(&e.key.as_str()) {
+            continue;
+        }
+        let key = show(&e.key);
+        let message = match (suggest(&e.key, allowed), NOT_BUILT.iter().find(|(k, _)| *k == e.key)) {
+            (Some(s), _) => {
+                format!("unknown key `{key}` {place}; did you mean `{s}`? (expected one of {})", key_list(allowed))
+            }
+            (None, Some((_, why))) => format!("unsupported key `{key}` {place}: {why}"),
+            (None, None) => format!("unknown key `{key}` {place}; expected one of {}", key_list(allowed)),
+        };
+        ctx.err(e.key_pos, message);
+    }
+}
+
+/// The allowed key an unknown one most likely means: a known alias, the
+/// same key with `_`/`-` swapped or another case, or one at most two edits
+/// away (for keys of four or more characters).
+fn suggest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
+    let lower = key.to_ascii_lowercase();
+    if let Some((_, to)) = ALIASES.iter().find(|(from, _)| *from == lower)
+        && let Some(a) = allowed.iter().find(|a| *a == to)
+    {
+        return Some(a);
+    }
+    let norm = |k: &str| k.to_ascii_lowercase().replace('_', "-");
+    if let Some(a) = allowed.iter().find(|a| norm(a) == norm(key)) {
+        return Some(a);
+    }
+    if key.chars().count() < 4 || key.chars().count() > 40 {
+        return None;
+    }
+    allowed
+        .iter()
+        .map(|a| (edit_distance(&lower, a), *a))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, a)| a)
+}
+
+/// Levenshtein distance (keys are short).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
         }
     }
+    row[b.len()]
 }
 
 fn get<'a>(entries: &'a [Entry], key: &str) -> Option<&'a Entry> {
@@ -335,6 +515,24 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
     // Read before `jobs`, so that its problems are reported even when the
     // jobs are missing.
     let triggers = get(top, "on").and_then(|e| on::on(ctx, &e.value)).unwrap_or_default();
+    let inputs = match get(top, "inputs") {
+        None => BTreeMap::new(),
+        Some(e) => {
+            let inputs = declared_inputs(ctx, &e.value).unwrap_or_default();
+            // Even when some are invalid: check references against what is declared.
+            ctx.inputs = Some(match &e.value.value {
+                Value::Map(entries) => entries.iter().map(|e| e.key.clone()).collect(),
+                _ => BTreeSet::new(),
+            });
+            inputs
+        }
+    };
+    if let Some(e) = get(top, "env") {
+        ctx.env = env(ctx, "the workflow", &e.value).unwrap_or_default();
+    }
+    if let Some(e) = get(top, "defaults") {
+        ctx.defaults = defaults(ctx, "the workflow", &e.value).unwrap_or_default();
+    }
 
     let version = match require(ctx, top, root.pos, "version", || {
         "missing `version`; add `version: 1` at the top of the file".to_string()
@@ -384,7 +582,7 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
     let run_concurrency = get(top, "concurrency").and_then(|e| concurrency(ctx, "the run", &e.value));
     let drafts: Vec<Draft> = items.iter().enumerate().filter_map(|(i, node)| job(ctx, i, node)).collect();
     let jobs = cross_check(ctx, drafts);
-    Some(Workflow { version: version?, concurrency: run_concurrency, jobs, on: triggers })
+    Some(Workflow { version: version?, concurrency: run_concurrency, jobs, on: triggers, inputs })
 }
 
 fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
@@ -400,6 +598,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
             if let Some(text) = as_nonempty_text(ctx, &e.value, &subject, "a job name")
                 && check_name(ctx, &e.value, text, "job name")
             {
+                ctx.no_exprs(e.value.pos, text, &subject);
                 name = Some((text.to_string(), e.value.pos));
             }
         }
@@ -418,11 +617,21 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         (Some(_), Some(m)) => MatrixRefs::Keys(m.order.iter().cloned().collect()),
         (Some(_), None) => MatrixRefs::Unknown,
     };
+    let job_defaults = match get(entries, "defaults") {
+        None => ctx.defaults.clone(),
+        Some(e) => {
+            let own = defaults(ctx, &label, &e.value).unwrap_or_default();
+            Defaults {
+                shell: own.shell.or_else(|| ctx.defaults.shell.clone()),
+                working_directory: own.working_directory.or_else(|| ctx.defaults.working_directory.clone()),
+            }
+        }
+    };
     let steps = match require(ctx, entries, node.pos, "steps", || {
         format!("{label} has no `steps`; add a `steps:` list with at least one command")
     }) {
         None => Vec::new(),
-        Some(e) => steps(ctx, &label, &e.value).unwrap_or_default(),
+        Some(e) => steps(ctx, &label, &e.value, &job_defaults).unwrap_or_default(),
     };
     let image = get(entries, "image").and_then(|e| image(ctx, &label, &e.value));
     let needs_entry = get(entries, "needs");
@@ -435,7 +644,11 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let timeout_secs = get(entries, "timeout").and_then(|e| timeout(ctx, &label, &e.value));
     let retry = get(entries, "retry").and_then(|e| retry(ctx, &label, &e.value)).unwrap_or(0);
     let runs_on = get(entries, "runs-on").and_then(|e| runs_on(ctx, &label, &e.value)).unwrap_or_default();
-    let env = get(entries, "env").and_then(|e| env(ctx, &label, &e.value)).unwrap_or_default();
+    let own_env = get(entries, "env").and_then(|e| env(ctx, &label, &e.value)).unwrap_or_default();
+    // Precedence: step > job > workflow. The workflow's `env` is resolved
+    // into every job here (a file without it is unchanged).
+    let mut env = ctx.env.clone();
+    env.extend(own_env);
     let secrets = get(entries, "secrets").and_then(|e| secrets(ctx, &label, &e.value, &env)).unwrap_or_default();
     let id_token = get(entries, "id-token").and_then(|e| id_token(ctx, &label, &e.value));
 
@@ -464,7 +677,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     Some(Draft { label, name, needs_declared: needs_entry.is_some(), needs, quorum, matrix, publish, restore, job })
 }
 
-fn steps(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<Step>> {
+fn steps(ctx: &mut Ctx, label: &str, node: &Node, defaults: &Defaults) -> Option<Vec<Step>> {
     let items = as_seq(ctx, node, &format!("`steps` of {label}"), "a list of commands")?;
     if items.is_empty() {
         ctx.err(node.pos, format!("`steps` of {label} is empty; add at least one command"));
@@ -484,41 +697,18 @@ fn steps(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<Step>> {
     for (i, item) in items.iter().enumerate() {
         let subject = format!("step {} of {label}", i + 1);
         let step = match &item.value {
-            Value::Map(entries) => {
-                check_keys(ctx, entries, STEP_KEYS, &format!("in {subject}"));
-                let run = match require(ctx, entries, item.pos, "run", || {
-                    format!("{subject} has no `run`; add `run: <command>`")
-                }) {
-                    None => None,
-                    Some(e) => {
-                        let run = as_nonempty_text(ctx, &e.value, &format!("`run` in {subject}"), "a command string");
-                        if let Some(run) = run {
-                            ctx.matrix_refs(e.value.pos, run, &format!("`run` in {subject}"));
-                        }
-                        run
-                    }
-                };
-                let name = match get(entries, "name") {
-                    None => Some(None),
-                    Some(e) => {
-                        let n = as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "a string");
-                        if let Some(n) = n {
-                            ctx.matrix_refs(e.value.pos, n, &format!("`name` in {subject}"));
-                        }
-                        n.map(|n| Some(n.to_string()))
-                    }
-                };
-                match (run, name) {
-                    (Some(run), Some(name)) => Some(Step { name, run: run.to_string() }),
-                    _ => None,
-                }
-            }
+            Value::Map(entries) => step(ctx, &subject, item.pos, entries, defaults),
             _ => {
                 let run = as_nonempty_text(ctx, item, &subject, "a command string or a map with `run`");
-                if let Some(run) = run {
-                    ctx.matrix_refs(item.pos, run, &subject);
-                }
-                run.map(|run| Step { name: None, run: run.to_string() })
+                run.and_then(|run| {
+                    let shell = defaults.shell.clone();
+                    check_script(ctx, item.pos, run, &subject, shell.as_deref()).then(|| Step {
+                        run: run.to_string(),
+                        shell,
+                        working_directory: defaults.working_directory.clone(),
+                        ..Step::default()
+                    })
+                })
             }
         };
         match step {
@@ -529,11 +719,275 @@ fn steps(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<Step>> {
     ok.then_some(out)
 }
 
+/// Check a step's `run`: its `${{ }}` parts, and that they can become
+/// environment references for its shell.
+fn check_script(ctx: &mut Ctx, pos: Pos, run: &str, subject: &str, shell: Option<&str>) -> bool {
+    let before = ctx.diags.len();
+    let has_exprs = ctx.exprs(pos, run, subject);
+    if has_exprs && !shell_expands(shell) {
+        ctx.err(
+            pos,
+            format!(
+                "{subject} uses `${{{{ }}}}` with `shell: {}`; values are handed to the script as environment variables, which only `sh` and `bash` steps can reference in `run` — set the value in the step's `env` and read it from the environment",
+                show(shell.unwrap_or("sh"))
+            ),
+        );
+    } else if has_exprs && let Err(e) = check_run(run) {
+        ctx.err(pos, format!("invalid {subject}: {e}"));
+    }
+    ctx.diags.len() == before
+}
+
+fn step(ctx: &mut Ctx, subject: &str, pos: Pos, entries: &[Entry], defaults: &Defaults) -> Option<Step> {
+    check_keys(ctx, entries, STEP_KEYS, &format!("in {subject}"));
+    let mut ok = true;
+    let shell = match get(entries, "shell") {
+        None => defaults.shell.clone(),
+        Some(e) => {
+            let s = shell(ctx, &format!("`shell` of {subject}"), &e.value);
+            ok &= s.is_some();
+            s
+        }
+    };
+    let run = match require(ctx, entries, pos, "run", || format!("{subject} has no `run`; add `run: <command>`")) {
+        None => None,
+        Some(e) => {
+            let run_subject = format!("`run` in {subject}");
+            as_nonempty_text(ctx, &e.value, &run_subject, "a command string")
+                .filter(|run| check_script(ctx, e.value.pos, run, &run_subject, shell.as_deref()))
+        }
+    };
+    let name = match get(entries, "name") {
+        None => Some(None),
+        Some(e) => {
+            let n = as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "a string");
+            if let Some(n) = n {
+                ctx.exprs(e.value.pos, n, &format!("`name` in {subject}"));
+            }
+            n.map(|n| Some(n.to_string()))
+        }
+    };
+    let env = match get(entries, "env") {
+        None => Some(BTreeMap::new()),
+        Some(e) => env(ctx, subject, &e.value),
+    };
+    let condition = match get(entries, "if") {
+        None => Some(None),
+        Some(e) => condition(ctx, subject, &e.value).map(Some),
+    };
+    let working_directory = match get(entries, "working-directory") {
+        None => Some(defaults.working_directory.clone()),
+        Some(e) => working_directory(ctx, &format!("`working-directory` of {subject}"), &e.value).map(Some),
+    };
+    let timeout_secs = match get(entries, "timeout") {
+        None => Some(None),
+        Some(e) => timeout(ctx, subject, &e.value).map(Some),
+    };
+    let continue_on_error = match get(entries, "continue-on-error") {
+        None => Some(false),
+        Some(e) => boolean(ctx, &format!("`continue-on-error` of {subject}"), &e.value),
+    };
+    if !ok {
+        return None;
+    }
+    Some(Step {
+        name: name?,
+        run: run?.to_string(),
+        env: env?,
+        condition: condition?,
+        working_directory: working_directory?,
+        timeout_secs: timeout_secs?,
+        continue_on_error: continue_on_error?,
+        shell,
+    })
+}
+
+fn boolean(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<bool> {
+    match &node.value {
+        Value::Scalar(s) if s.kind() == ScalarKind::Bool => Some(s.text.eq_ignore_ascii_case("true")),
+        _ => {
+            ctx.err(node.pos, format!("{subject} must be `true` or `false`, found {}", node.describe()));
+            None
+        }
+    }
+}
+
+fn shell(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<String> {
+    let text = as_nonempty_text(ctx, node, subject, "`sh`, `bash`, `python3` or a command template with `{0}`")?;
+    match check_shell(text) {
+        Ok(()) => Some(text.to_string()),
+        Err(e) => {
+            ctx.err(node.pos, format!("{subject}: {e}"));
+            None
+        }
+    }
+}
+
+fn working_directory(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<String> {
+    let text = as_nonempty_text(ctx, node, subject, "a directory in the checkout")?;
+    if text.contains("${{") {
+        ctx.err(node.pos, format!("{subject} uses `${{{{ }}}}`; expressions are not evaluated here, write a path"));
+        return None;
+    }
+    check_path(ctx, node, text, subject, false).then(|| text.to_string())
+}
+
+/// `defaults: {shell, working-directory}` of the workflow or a job.
+fn defaults(ctx: &mut Ctx, owner: &str, node: &Node) -> Option<Defaults> {
+    let subject = format!("`defaults` of {owner}");
+    let entries = as_map(ctx, node, &subject, "a map with `shell` and/or `working-directory`")?;
+    if let Some(run) = get(entries, "run") {
+        ctx.err(
+            run.key_pos,
+            format!("{subject} takes `shell` and `working-directory` directly (`defaults: {{shell: bash}}`), not under `run`"),
+        );
+        return None;
+    }
+    check_keys(ctx, entries, DEFAULTS_KEYS, &format!("in {subject}"));
+    let shell = match get(entries, "shell") {
+        None => Some(None),
+        Some(e) => shell(ctx, &format!("`shell` in {subject}"), &e.value).map(Some),
+    };
+    let working_directory = match get(entries, "working-directory") {
+        None => Some(None),
+        Some(e) => working_directory(ctx, &format!("`working-directory` in {subject}"), &e.value).map(Some),
+    };
+    Some(Defaults { shell: shell?, working_directory: working_directory? })
+}
+
+/// Input names: letters, digits, `_` and `-`, starting with a letter or `_`
+/// (what `inputs.<name>` can spell).
+fn input_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name.len() <= 100
+}
+
+/// `inputs: {name: {type, description, default, required, options}}`.
+fn declared_inputs(ctx: &mut Ctx, node: &Node) -> Option<BTreeMap<String, InputSpec>> {
+    let subject = "`inputs`";
+    let entries = as_map(ctx, node, subject, "a map of input names to `{type, default, required, description}`")?;
+    if entries.len() > MAX_DECLARED_INPUTS {
+        ctx.err(
+            node.pos,
+            format!("{subject} declares {} inputs; at most {MAX_DECLARED_INPUTS} are allowed", entries.len()),
+        );
+        return None;
+    }
+    let mut out = BTreeMap::new();
+    let mut ok = true;
+    for e in entries {
+        if !input_name_ok(&e.key) {
+            ctx.err(
+                e.key_pos,
+                format!(
+                    "`{}` is not a valid input name; use letters, digits, `_` and `-`, starting with a letter",
+                    show(&e.key)
+                ),
+            );
+            ok = false;
+            continue;
+        }
+        match input(ctx, &e.key, &e.value) {
+            Some(spec) => {
+                out.insert(e.key.clone(), spec);
+            }
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
+}
+
+fn input(ctx: &mut Ctx, name: &str, node: &Node) -> Option<InputSpec> {
+    let subject = format!("input `{name}`");
+    let entries = as_map(ctx, node, &subject, "a map like `{type: string, default: x}`")?;
+    check_keys(ctx, entries, INPUT_KEYS, &format!("in {subject}"));
+    let kind = match get(entries, "type") {
+        None => Some(InputKind::String),
+        Some(e) => match as_text(ctx, &e.value, &format!("`type` of {subject}"), "a type name") {
+            Some("string") => Some(InputKind::String),
+            Some("boolean") => Some(InputKind::Boolean),
+            Some("number") => Some(InputKind::Number),
+            Some("choice") => Some(InputKind::Choice),
+            Some(other) => {
+                ctx.err(
+                    e.value.pos,
+                    format!("`type` of {subject} is `{}`; use `string`, `boolean`, `number` or `choice`", show(other)),
+                );
+                None
+            }
+            None => None,
+        },
+    }?;
+    let description = match get(entries, "description") {
+        None => Some(None),
+        Some(e) => as_text(ctx, &e.value, &format!("`description` of {subject}"), "a string").and_then(|d| {
+            if d.chars().count() > MAX_DESCRIPTION_CHARS {
+                ctx.err(
+                    e.value.pos,
+                    format!("`description` of {subject} is longer than {MAX_DESCRIPTION_CHARS} characters"),
+                );
+                None
+            } else {
+                Some(Some(d.to_string()))
+            }
+        }),
+    };
+    let required = match get(entries, "required") {
+        None => Some(false),
+        Some(e) => boolean(ctx, &format!("`required` of {subject}"), &e.value),
+    };
+    let options = match (get(entries, "options"), kind) {
+        (None, InputKind::Choice) => {
+            ctx.err(node.pos, format!("{subject} is a `choice` without `options`; list the allowed values"));
+            None
+        }
+        (None, _) => Some(Vec::new()),
+        (Some(e), InputKind::Choice) => {
+            let os = format!("`options` of {subject}");
+            as_seq(ctx, &e.value, &os, "a list of values").and_then(|items| {
+                let mut opts: Vec<String> = Vec::new();
+                for item in items {
+                    let v = matrix_value(ctx, item, &format!("an entry of {os}"))?;
+                    if opts.contains(&v) {
+                        ctx.err(item.pos, format!("{os} lists `{}` twice", show(&v)));
+                        return None;
+                    }
+                    opts.push(v);
+                }
+                if opts.is_empty() {
+                    ctx.err(e.value.pos, format!("{os} is empty; list at least one value"));
+                    return None;
+                }
+                Some(opts)
+            })
+        }
+        (Some(e), _) => {
+            ctx.err(e.key_pos, format!("`options` of {subject} only applies to `type: choice`"));
+            None
+        }
+    };
+    let mut spec = InputSpec { kind, description: description?, default: None, required: required?, options: options? };
+    if let Some(e) = get(entries, "default") {
+        let v = matrix_value(ctx, &e.value, &format!("`default` of {subject}"))?;
+        if let Err(m) = spec.check(&v) {
+            ctx.err(e.value.pos, format!("`default` of {subject} ({}) {m}", kind.as_str()));
+            return None;
+        }
+        spec.default = Some(v);
+    }
+    Some(spec)
+}
+
 fn image(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Image> {
     let subject = format!("`image` of {label}");
     let expected = "an image reference or a map with `ref` or `dockerfile`";
     let check_ref = |ctx: &mut Ctx, n: &Node, text: &str| {
-        if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if text.contains("${{") {
+            ctx.no_exprs(n.pos, text, &format!("the image reference of {label}"));
+            false
+        } else if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
             ctx.err(
                 n.pos,
                 format!("image reference `{}` in {label} contains whitespace or control characters", show(text)),
@@ -729,12 +1183,89 @@ fn cache(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Cache> {
             if paths.as_ref().is_some_and(Vec::is_empty) {
                 ctx.err(e.value.pos, format!("{s} is empty; list at least one directory to cache"));
                 None
+            } else if let (Some(ps), Value::Seq(items)) = (&paths, &e.value.value) {
+                let mut ok = true;
+                for (p, item) in ps.iter().zip(items) {
+                    if let Some(why) = absolute_cache_path_problem(p) {
+                        ctx.err(item.pos, format!("an entry of {s}: {why}"));
+                        ok = false;
+                    }
+                }
+                ok.then_some(paths).flatten()
             } else {
                 paths
             }
         }
     };
-    Some(Cache { kind: kind?, version: version?, inputs: inputs?, paths: paths? })
+    let restore_prefix = match get(entries, "restore-prefix") {
+        None => Some(false),
+        Some(e) => match &e.value.value {
+            Value::Scalar(sc) if sc.kind() == ScalarKind::Bool => {
+                let on = sc.text.eq_ignore_ascii_case("true");
+                if on && kind.as_deref().is_some_and(|k| k != "dependencies") {
+                    ctx.err(
+                        e.value.pos,
+                        format!(
+                            "`restore-prefix` in {subject} is for dependency caches (`kind: dependencies`) only: \
+                             an entry saved for other inputs must not stand in for `{}` outputs",
+                            kind.as_deref().unwrap_or_default()
+                        ),
+                    );
+                    None
+                } else {
+                    Some(on)
+                }
+            }
+            _ => {
+                ctx.err(
+                    e.value.pos,
+                    format!("`restore-prefix` in {subject} must be `true` or `false`, found {}", e.value.describe()),
+                );
+                None
+            }
+        },
+    };
+    Some(Cache { kind: kind?, version: version?, inputs: inputs?, paths: paths?, restore_prefix: restore_prefix? })
+}
+
+/// Directories a cache may not be mounted over (absolute cache paths are
+/// mounted into the job's container).
+const SYSTEM_DIRS: &[&str] = &[
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+    "/tmp",
+    "/workspace",
+];
+
+/// Why an absolute cache path cannot be used (None for a relative path or
+/// a usable absolute one).
+fn absolute_cache_path_problem(p: &str) -> Option<String> {
+    if !p.starts_with('/') {
+        return None;
+    }
+    if p.len() > 1 && (p.ends_with('/') || p.contains("//") || p.split('/').any(|c| c == ".")) {
+        return Some(format!("`{}` is not a normalised path (no `//`, `.` or trailing `/`)", show(p)));
+    }
+    if p == "/" || SYSTEM_DIRS.contains(&p) || ["/proc/", "/sys/", "/dev/"].iter().any(|d| p.starts_with(d)) {
+        return Some(format!(
+            "`{}` is a system directory; an absolute cache path is mounted into the job's container \
+             and would hide what the image has there (use e.g. `/root/.m2` or `/work/cache/maven`)",
+            show(p)
+        ));
+    }
+    None
 }
 
 type ArtifactLists = (Vec<(Publish, Pos)>, Vec<(Restore, Pos, Pos)>);
@@ -902,6 +1433,7 @@ fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, S
     if let Value::Scalar(_) = node.value {
         let os = as_nonempty_text(ctx, node, &subject, expected)?;
         ctx.matrix_refs(node.pos, os, &subject);
+        ctx.no_exprs(node.pos, os, &subject);
         return Some(BTreeMap::from([("os".to_string(), os.to_string())]));
     }
     let entries = as_map(ctx, node, &subject, expected)?;
@@ -916,6 +1448,7 @@ fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, S
         match as_nonempty_text(ctx, &e.value, &format!("label `{}` in {subject}", show(&e.key)), "a string") {
             Some(v) => {
                 ctx.matrix_refs(e.value.pos, v, &format!("label `{}` in {subject}", show(&e.key)));
+                ctx.no_exprs(e.value.pos, v, &format!("label `{}` in {subject}", show(&e.key)));
                 out.insert(e.key.clone(), v.to_string());
             }
             None => ok = false,
@@ -947,7 +1480,7 @@ fn env(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, Strin
         }
         match &e.value.value {
             Value::Scalar(s) if s.kind() != ScalarKind::Null => {
-                ctx.matrix_refs(e.value.pos, &s.text, &format!("variable `{}` in {subject}", e.key));
+                ctx.exprs(e.value.pos, &s.text, &format!("variable `{}` in {subject}", e.key));
                 out.insert(e.key.clone(), s.text.clone());
             }
             Value::Scalar(_) => {
@@ -1266,7 +1799,13 @@ fn condition(ctx: &mut Ctx, label: &str, node: &Node) -> Option<String> {
     let subject = format!("`if` of {label}");
     let text = as_nonempty_text(ctx, node, &subject, "an expression like `branch == 'main'`")?;
     match parse_condition(text) {
-        Ok(_) => Some(text.to_string()),
+        Ok(e) => match check_inputs(&e, &|n| ctx.input_ok(n)) {
+            Ok(()) => Some(text.to_string()),
+            Err(m) => {
+                ctx.err(node.pos, format!("invalid {subject}: {m}"));
+                None
+            }
+        },
         Err(e) => {
             ctx.err(node.pos, format!("invalid {subject}: {e}"));
             None
@@ -1305,11 +1844,15 @@ fn concurrency(ctx: &mut Ctx, owner: &str, node: &Node) -> Option<Concurrency> {
     let group_subject = format!("`group` in {subject}");
     let group = as_nonempty_text(ctx, group_node, &group_subject, "a group name")?;
     let refs = std::mem::take(&mut ctx.matrix_refs);
-    let checked = check_template(group, &|key| match &refs {
-        MatrixRefs::NoMatrix => Err(format!("`matrix.{key}` can only be used in a job with a `matrix`")),
-        MatrixRefs::Keys(keys) if !keys.contains(key) => Err(format!("the matrix has no key `{key}`")),
-        _ => Ok(()),
-    });
+    let checked = check_template(
+        group,
+        &|key| match &refs {
+            MatrixRefs::NoMatrix => Err(format!("`matrix.{key}` can only be used in a job with a `matrix`")),
+            MatrixRefs::Keys(keys) if !keys.contains(key) => Err(format!("the matrix has no key `{key}`")),
+            _ => Ok(()),
+        },
+        &|n| ctx.input_ok(n),
+    );
     ctx.matrix_refs = refs;
     if let Err(e) = checked {
         ctx.err(group_node.pos, format!("invalid {group_subject}: {e}"));
@@ -1384,6 +1927,9 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                     for step in &mut job.steps {
                         step.run = substitute(&step.run, values);
                         step.name = step.name.as_deref().map(|n| substitute(n, values));
+                        for v in step.env.values_mut() {
+                            *v = substitute(v, values);
+                        }
                     }
                     for v in job.env.values_mut().chain(job.runs_on.values_mut()) {
                         *v = substitute(v, values);

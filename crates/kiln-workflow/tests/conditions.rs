@@ -16,6 +16,7 @@ fn ctx(name: &str) -> ConditionContext {
         needs_results: vec![Success, Success],
         run_cancelled: false,
         quorum: None,
+        input_kinds: BTreeMap::new(),
     };
     match name {
         "ok" => base,
@@ -186,6 +187,7 @@ fn any_ctx() -> impl Strategy<Value = ConditionContext> {
             needs_results,
             run_cancelled,
             quorum,
+            input_kinds: BTreeMap::new(),
         })
 }
 

@@ -147,7 +147,7 @@ fn every_problem_is_reported_with_its_position() {
         "5:5: `on.push` sets both `branches` and `branches-ignore`; use only one (to exclude some branches from `branches`, add `!pattern` entries to it)",
         "7:5: `on.push` sets both `tags` and `tags-ignore`; use only one (to exclude some tags from `tags`, add `!pattern` entries to it)",
         "9:5: `on.push` sets both `paths` and `paths-ignore`; use only one (to exclude some paths from `paths`, add `!pattern` entries to it)",
-        "10:5: unknown key `branch` in `on.push`; expected one of `branches`, `branches-ignore`, `tags`, `tags-ignore`, `paths`, `paths-ignore`",
+        "10:5: unknown key `branch` in `on.push`; did you mean `branches`? (expected one of `branches`, `branches-ignore`, `tags`, `tags-ignore`, `paths`, `paths-ignore`)",
         "12:16: invalid pattern `!main` in `branches` in `on.pull_request`: the first pattern of a list cannot be negative (`!`); start with the patterns to include, then exclude from them",
         "13:5: unknown key `tags` in `on.pull_request`; expected one of `branches`, `branches-ignore`, `paths`, `paths-ignore`",
         "15:13: invalid `cron` `* * * * * *` in schedule 1 of `on.schedule`: it has 6 fields; write exactly five: minute hour day-of-month month day-of-week (no seconds or year field)",

@@ -285,6 +285,14 @@ pub struct AgentTuning {
     /// Time between SIGTERM and SIGKILL when a job is stopped (cancel, timeout, fencing, shutdown).
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub kill_grace: std::time::Duration,
+    /// Longest a job's cache restore, and its cache save, may take; past it the restore is a
+    /// clean miss (the job runs cold) and the save is skipped.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub cache_timeout: std::time::Duration,
+    /// Node-local cache archives kept for reuse by later jobs on this agent (least recently used
+    /// removed first; each also keeps one unpacked copy ready), e.g. 5GiB (the default).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub cache_local_budget: Option<u64>,
     /// Host executor, agent running as root: the unprivileged user steps run as (name, UID or
     /// UID:GID; default nobody; `root` opts out). A non-root agent's steps keep its own uid.
     #[arg(long, value_name = "USER")]

@@ -64,6 +64,27 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     assert_eq!(c2.result, "hit", "{c2:?}");
     assert_eq!(c2.key, c1.key, "same inputs, same key");
 
+    // The agent prepares an unpacked copy in the background; the next
+    // restore checks it against the manifest and moves it into place...
+    let prepared = || {
+        let mut files = Vec::new();
+        files_under(&up.data_dir().join("agents"), &mut files);
+        files.into_iter().find(|p| p.ends_with("0/built") && p.display().to_string().contains("/caches/trees/"))
+    };
+    let built = kiln_testkit::wait_for(std::time::Duration::from_secs(30), prepared).expect("a prepared copy");
+    let (r2a, log2a) = run(&up, &c, None).await;
+    assert!(log2a.contains("prepared copy"), "{log2a}");
+    assert!(log2a.contains(&format!("restored: fresh-{}", r1.id)), "{log2a}");
+    assert_eq!(cache(&r2a).result, "hit");
+    // ...but one changed on disk is not used: the archive is unpacked instead.
+    let built = kiln_testkit::wait_for(std::time::Duration::from_secs(30), prepared).unwrap_or(built);
+    std::fs::write(&built, "poisoned-tree\n").unwrap();
+    let (r2t, log2t) = run(&up, &c, None).await;
+    assert!(!log2t.contains("poisoned"), "{log2t}");
+    assert!(!log2t.contains("prepared copy"), "{log2t}");
+    assert!(log2t.contains(&format!("restored: fresh-{}", r1.id)), "{log2t}");
+    assert_eq!(cache(&r2t).result, "hit");
+
     // A node-local copy replaced by another valid archive (what a step that
     // could write the agent's directory might do) is not used: only bytes
     // with the server's digest are restored.
@@ -138,4 +159,103 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
+}
+
+const PREFIX_WF: &str = r#"version: 1
+jobs:
+  - name: deps
+    cache: {kind: dependencies, version: "1", inputs: [lock.txt], paths: [deps], restore-prefix: true}
+    steps:
+      - |
+        mkdir -p deps && echo "$KILN_RUN_ID" >> deps/history && echo "history: $(tr '\n' ' ' < deps/history)"
+  - name: absolute
+    needs: []
+    cache: {kind: dependencies, version: "1", paths: [/kiln-e2e-absolute-cache]}
+    steps:
+      - echo "runs cold"
+"#;
+
+/// `restore-prefix` on a dependency cache: an input change restores the
+/// newest entry saved for other inputs (result `prefix`) and then saves the
+/// exact key, which the next run hits (with a time-saved estimate). On the
+/// host executor an absolute cache path is refused with a clear message
+/// and the job still runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_prefix_falls_back_then_saves_the_exact_key() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", PREFIX_WF), ("lock.txt", "v1\n")]).unwrap();
+    let out = up.cli().args(["repo", "add", "app", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success());
+    let c = Client::new(&up.url, &up.token);
+    let job = |r: &kiln_api::Run, name: &str| {
+        r.jobs.iter().find(|j| j.name == name).and_then(|j| j.cache.clone()).expect("the job reports its cache")
+    };
+
+    let (r1, log1) = run(&up, &c, None).await;
+    assert!(log1.contains(&format!("history: {} ", r1.id)), "{log1}");
+    assert_eq!((job(&r1, "deps").result.as_str(), job(&r1, "deps").saved.as_deref()), ("miss", Some("saved")));
+    let abs = job(&r1, "absolute");
+    assert_eq!(abs.result, "error", "{abs:?}");
+    assert!(abs.message.as_deref().unwrap_or_default().contains("absolute cache paths are mounted"), "{abs:?}");
+    assert!(log1.contains("runs cold"), "{log1}");
+    assert!(!std::path::Path::new("/kiln-e2e-absolute-cache").exists(), "nothing written on the host");
+
+    // Another lock file: no exact entry, the prefix restores r1's, and the
+    // exact key is saved after.
+    repo.commit(&[("lock.txt", "v2\n")], "bump").unwrap();
+    let (r2, log2) = run(&up, &c, None).await;
+    assert!(log2.contains(&format!("history: {} {} ", r1.id, r2.id)), "{log2}");
+    let c2 = job(&r2, "deps");
+    assert_eq!((c2.result.as_str(), c2.saved.as_deref()), ("prefix", Some("saved")), "{c2:?}");
+    assert!(log2.contains("restored by prefix"), "{log2}");
+    assert_ne!(c2.key, job(&r1, "deps").key);
+
+    // Same lock file: an exact hit of r2's entry, with an estimate.
+    let (r3, log3) = run(&up, &c, None).await;
+    assert!(log3.contains(&format!("history: {} {} {} ", r1.id, r2.id, r3.id)), "{log3}");
+    let c3 = job(&r3, "deps");
+    assert_eq!((c3.result.as_str(), c3.key.as_str()), ("hit", c2.key.as_str()), "{c3:?}");
+    assert!(c3.seconds_saved.is_some_and(|s| s >= 0.0), "a hit gets a time-saved estimate: {c3:?}");
+    assert!(c3.steps_seconds.is_some(), "{c3:?}");
+    let metrics = reqwest::get(format!("{}/metrics", up.url)).await.unwrap().text().await.unwrap();
+    for line in [
+        "kiln_cache_lookups_total{result=\"prefix\"} 1",
+        "kiln_cache_lookups_total{result=\"hit\"} 1",
+        "kiln_cache_time_saved_seconds_total ",
+        "kiln_cache_saved_bytes_total ",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(!metrics.contains("kiln_cache_saved_bytes_total 0\n"), "{metrics}");
+}
+
+/// `--cache-timeout`: a restore that cannot finish in time is a clean miss
+/// (the job runs cold, nothing half-restored), and the save is skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cache_operation_past_its_timeout_is_a_clean_miss() {
+    let s = kiln_testkit::KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF), ("lock.txt", "v1\n")]).unwrap();
+    s.add_repo("app", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let go = || async {
+        let r =
+            c.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let run = kiln_testkit::wait_run(&c, &r.run_id, 120).await;
+        let out = s.cli().args(["logs", &r.run_id]).output().unwrap();
+        let log = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(run.status.as_str(), "success", "{log}");
+        (run, log)
+    };
+    let agent = s.agent("patient", &[]).unwrap();
+    let (r1, _) = go().await;
+    assert_eq!(cache(&r1).saved.as_deref(), Some("saved"));
+    drop(agent);
+    let _hasty = s.agent("hasty", &["--cache-timeout", "1ms"]).unwrap();
+    let (r2, log2) = go().await;
+    assert!(log2.contains("cold build"), "{log2}");
+    assert!(!log2.contains("restored: fresh"), "{log2}");
+    let c2 = cache(&r2);
+    assert_eq!(c2.result, "error", "{c2:?}");
+    assert!(c2.message.as_deref().unwrap_or_default().contains("timed out"), "{c2:?}");
+    assert!(c2.saved.as_deref().unwrap_or_default().contains("timed out"), "{c2:?}");
 }

@@ -278,10 +278,10 @@ fn runs_are_listed_and_found_by_a_unique_prefix() {
     };
     assert_eq!(ids(&["runs", "--json"]), [failed.clone(), on_head.clone(), on_main.clone()], "newest first");
     assert_eq!(ids(&["runs", "--json", "--repo", "good"]), [on_head.clone(), on_main.clone()]);
-    assert_eq!(ids(&["runs", "--json", "--status", "failed"]), [failed.clone()]);
-    assert_eq!(ids(&["runs", "--json", "--branch", "main"]), [on_main.clone()]);
-    assert_eq!(ids(&["runs", "--json", "--repo", "good", "--branch", "main"]), [on_main.clone()]);
-    assert_eq!(ids(&["runs", "--json", "--limit", "1"]), [failed.clone()]);
+    assert_eq!(ids(&["runs", "--json", "--status", "failed"]), std::slice::from_ref(&failed));
+    assert_eq!(ids(&["runs", "--json", "--branch", "main"]), std::slice::from_ref(&on_main));
+    assert_eq!(ids(&["runs", "--json", "--repo", "good", "--branch", "main"]), std::slice::from_ref(&on_main));
+    assert_eq!(ids(&["runs", "--json", "--limit", "1"]), std::slice::from_ref(&failed));
     let out = kiln(&up, &["runs", "--status", "nonsense"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 

@@ -410,3 +410,62 @@ async fn cancel_fencing_and_agent_restart_remove_containers() {
     assert!(gone.is_some(), "orphan not reaped\n{}", restarted.log());
     assert!(restarted.log().contains("removed containers left by a previous agent process"), "{}", restarted.log());
 }
+
+/// Caches in container jobs: a workspace-relative path and an absolute one
+/// (mounted into the container) are saved by a cold run and restored by the
+/// next; moving the image's tag to other bytes changes the digest pinned at
+/// acceptance, hence the key: a miss, and a cold build.
+#[tokio::test(flavor = "multi_thread")]
+async fn container_jobs_cache_relative_and_absolute_paths_keyed_by_image_digest() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-cache"]);
+    let name = format!("kiln-test/{}", unique("e2e-cache"));
+    push_as("kiln-test/base", &name);
+    let reg = registry();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: build
+    image: "{reg}/{name}:latest"
+    cache: {{kind: dependencies, version: "1", paths: [/cache/deps, target]}}
+    steps:
+      - |
+        for d in /cache/deps target; do
+          if [ -f "$d/built" ]; then echo "restored $d: $(cat "$d/built")"; else mkdir -p "$d" && echo "$KILN_RUN_ID" > "$d/built" && echo "cold $d"; fi
+        done
+"#
+    );
+    let s = server();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    s.add_repo("ccache", &repo);
+    let agent = container_agent(&s, "ctr-cache", &[]);
+    let c = Client::new(&s.url, &s.token);
+    let go = || async {
+        let r =
+            c.submit_run("ccache", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let done = wait_run(&c, &r.run_id, 180).await;
+        let log = logs(&s, &r.run_id, "build");
+        assert_eq!(done.status, "success", "{log}\n{}", agent.log());
+        let cache = done.jobs[0].cache.clone().expect("cache reported");
+        (done, log, cache)
+    };
+    let (r1, log1, c1) = go().await;
+    assert!(log1.contains("cold /cache/deps") && log1.contains("cold target"), "{log1}");
+    assert_eq!((c1.result.as_str(), c1.saved.as_deref()), ("miss", Some("saved")), "{c1:?}");
+    let (_, log2, c2) = go().await;
+    assert!(log2.contains(&format!("restored /cache/deps: {}", r1.id)), "{log2}");
+    assert!(log2.contains(&format!("restored target: {}", r1.id)), "{log2}");
+    assert_eq!((c2.result.as_str(), c2.key.as_str()), ("hit", c1.key.as_str()), "{c2:?}");
+
+    // The tag moves to other bytes: another digest, another key.
+    let before = registry_digest(&name);
+    push_as("kiln-test/tool", &name);
+    assert_ne!(registry_digest(&name), before);
+    let (r3, log3, c3) = go().await;
+    assert_ne!(r3.jobs[0].image_digest.as_deref(), Some(before.as_str()));
+    assert!(log3.contains("cold /cache/deps") && log3.contains("cold target"), "{log3}");
+    assert_eq!(c3.result, "miss", "{c3:?}");
+    assert_ne!(c3.key, c1.key, "the image digest is part of the key");
+}

@@ -31,7 +31,7 @@ fn git(dir: &std::path::Path, args: &[&str]) -> String {
 }
 
 fn push_body(before: &str, after: &str) -> Vec<u8> {
-    let p = format!("{}/../kiln-forge/tests/fixtures/github/push_branch.json", env!("CARGO_MANIFEST_DIR"));
+    let p = format!("{}/../kiln-forge/tests/fixtures/github/push_branch.json", manifest_dir());
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     v["ref"] = json!("refs/heads/main");
     v["before"] = json!(before);
@@ -217,4 +217,11 @@ async fn forge_credentials_are_sealed_and_survive_a_key_rotation() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(sent, "the forge token still opens after the rotation\n{}", server.log());
+}
+
+/// The package's directory, read when the test runs: a test binary reused
+/// from a build of another checkout (a shared target dir, as CI has) must
+/// read this checkout's files.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
 }

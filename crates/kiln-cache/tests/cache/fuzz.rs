@@ -36,7 +36,7 @@ fn fixture() -> &'static Fixture {
 fn check(archive: &[u8]) {
     let env = Env::new();
     let before = env.snapshot();
-    let limits = Limits { max_expanded_bytes: 1 << 20, max_entries: 100, max_path_bytes: 4096 };
+    let limits = Limits { max_expanded_bytes: 1 << 20, max_entries: 100, max_path_bytes: 4096, deadline: None };
     match unpack(archive, std::slice::from_ref(&env.target), &["cache".to_string()], &limits) {
         Err(_) => assert_eq!(env.snapshot(), before),
         Ok(_) => {

@@ -410,3 +410,14 @@ fn a_second_root_failing_leaves_the_first_target_alone() {
     members.last_mut().unwrap().data = b"HELLO".to_vec();
     assert_refused(&build(&members), &["cache", "second"], &default_limits());
 }
+
+#[test]
+fn past_its_deadline_an_unpack_leaves_nothing() {
+    let env = Env::new();
+    let before = env.snapshot();
+    let a = build(&good_members());
+    let limits = Limits { deadline: Some(std::time::Instant::now()), ..Limits::default() };
+    let r = unpack(&a[..], std::slice::from_ref(&env.target), &["cache".into()], &limits);
+    assert!(matches!(r, Err(CacheError::Timeout(_))), "{r:?}");
+    assert_eq!(env.snapshot(), before);
+}

@@ -126,3 +126,26 @@ fn cache_key_changes_with_every_part() {
         assert!(seen.insert(k), "variant {i} collides");
     }
 }
+
+#[test]
+fn prefix_key_ignores_input_contents_only() {
+    use kiln_cache::prefix_key;
+    let base = prefix_key(&parts());
+    assert_ne!(base, cache_key(&parts()), "a prefix never equals a key");
+    let mut p = parts();
+    p.inputs[0].1 = "0".repeat(64);
+    assert_eq!(prefix_key(&p), base, "other input contents: same prefix");
+    let changes: Vec<Change> = vec![
+        Box::new(|p| p.namespace.push('x')),
+        Box::new(|p| p.image = "sha256:abc".into()),
+        Box::new(|p| p.kind = "npm".into()),
+        Box::new(|p| p.version = "2".into()),
+        Box::new(|p| p.paths.push("more".into())),
+        Box::new(|p| p.inputs[0].0 = "Cargo.toml".into()),
+    ];
+    for (i, c) in changes.iter().enumerate() {
+        let mut p = parts();
+        c(&mut p);
+        assert_ne!(prefix_key(&p), base, "change {i} keeps the prefix");
+    }
+}

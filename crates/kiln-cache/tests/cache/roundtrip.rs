@@ -185,3 +185,56 @@ fn long_paths_round_trip() {
     unpack(&out[..], std::slice::from_ref(&t), &["c".to_string()], &Limits::default()).unwrap();
     assert_eq!(snapshot(&t), snapshot(&src));
 }
+
+/// A prepared copy is used only when it holds exactly the manifest: a
+/// changed byte, an extra or missing file, another mode or a link all fail.
+#[test]
+fn verify_tree_accepts_only_the_manifests_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/f.txt"), b"hello").unwrap();
+    fs::write(src.join("g.bin"), pseudo_random(70_000, 7)).unwrap();
+    let mut archive = Vec::new();
+    pack(&[("c".into(), src.clone())], &mut archive, 3).unwrap();
+    let declared = vec!["c".to_string()];
+    let m = kiln_cache::read_manifest(&archive[..], &declared, &Limits::default()).unwrap();
+    assert_eq!(m.entries.len(), 4);
+    let fresh = |name: &str| {
+        let out = tmp.path().join(name).join("c");
+        unpack(&archive[..], std::slice::from_ref(&out), &declared, &Limits::default()).unwrap();
+        out
+    };
+    let ok = fresh("ok");
+    kiln_cache::verify_tree(&[("c".into(), ok.clone())], &m).unwrap();
+
+    type Change = (&'static str, Box<dyn Fn(&Path)>);
+    let changes: Vec<Change> = vec![
+        ("same-size rewrite", Box::new(|t| fs::write(t.join("d/f.txt"), b"HELLO").unwrap())),
+        ("extra file", Box::new(|t| fs::write(t.join("d/extra"), b"").unwrap())),
+        ("missing file", Box::new(|t| fs::remove_file(t.join("g.bin")).unwrap())),
+        ("mode", Box::new(|t| chmod(&t.join("d/f.txt"), 0o777))),
+        ("link", Box::new(|t| symlink("/etc/passwd", t.join("d/evil")).unwrap())),
+        (
+            "file becomes a link",
+            Box::new(|t| {
+                fs::remove_file(t.join("d/f.txt")).unwrap();
+                symlink("../g.bin", t.join("d/f.txt")).unwrap();
+            }),
+        ),
+    ];
+    for (i, (what, change)) in changes.iter().enumerate() {
+        let t = fresh(&format!("bad{i}"));
+        change(&t);
+        let r = kiln_cache::verify_tree(&[("c".into(), t)], &m);
+        assert!(matches!(r, Err(kiln_cache::CacheError::Corrupt(_))), "{what}: {r:?}");
+    }
+
+    // install moves prepared roots into place, replacing the targets.
+    let target = tmp.path().join("ws/c");
+    fs::create_dir_all(&target).unwrap();
+    fs::write(target.join("stale"), b"x").unwrap();
+    kiln_cache::install(vec![Some(ok.clone())], std::slice::from_ref(&target)).unwrap();
+    assert!(!ok.exists() && !target.join("stale").exists());
+    kiln_cache::verify_tree(&[("c".into(), target)], &m).unwrap();
+}

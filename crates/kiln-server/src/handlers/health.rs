@@ -38,6 +38,7 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
          # TYPE kiln_cache_lookups_total counter\n\
          kiln_cache_lookups_total{{result=\"hit\"}} {}\n\
          kiln_cache_lookups_total{{result=\"miss\"}} {}\n\
+         kiln_cache_lookups_total{{result=\"prefix\"}} {}\n\
          # HELP kiln_cache_saves_total Cache archives bound to their key (first writer).\n\
          # TYPE kiln_cache_saves_total counter\n\
          kiln_cache_saves_total {}\n\
@@ -52,7 +53,14 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
          kiln_cache_integrity_failures_total {}\n\
          # HELP kiln_cache_restored_bytes_total Bytes restored from caches (as reported by agents).\n\
          # TYPE kiln_cache_restored_bytes_total counter\n\
-         kiln_cache_restored_bytes_total {}\n",
+         kiln_cache_restored_bytes_total {}\n\
+         # HELP kiln_cache_saved_bytes_total Bytes of cache archives bound (first writers).\n\
+         # TYPE kiln_cache_saved_bytes_total counter\n\
+         kiln_cache_saved_bytes_total {}\n\
+         # HELP kiln_cache_time_saved_seconds_total Estimated build time saved by hits: the saving attempt's steps \
+         minus the hit's steps and restore.\n\
+         # TYPE kiln_cache_time_saved_seconds_total counter\n\
+         kiln_cache_time_saved_seconds_total {:.3}\n",
         state.dispatcher.depth(),
         w.accepted.load(Relaxed),
         w.duplicate.load(Relaxed),
@@ -61,11 +69,14 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
         w.rejected_payload.load(Relaxed),
         state.cache_counts.hits.load(Relaxed),
         state.cache_counts.misses.load(Relaxed),
+        state.cache_counts.prefix_hits.load(Relaxed),
         state.cache_counts.saves.load(Relaxed),
         state.cache_counts.conflicts.load(Relaxed),
         state.cache_counts.evictions.load(Relaxed),
         state.cache_counts.integrity_failures.load(Relaxed),
         state.cache_counts.bytes_restored.load(Relaxed),
+        state.cache_counts.bytes_saved.load(Relaxed),
+        state.cache_counts.ms_saved.load(Relaxed) as f64 / 1000.0,
     );
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }

@@ -81,10 +81,15 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
              under `on:` to allow it"
         )));
     }
+    // Declared inputs (spec 000 §5: the accepted inputs are frozen with the
+    // run): unknown, ill-typed or missing required ones are refused before
+    // anything is stored; defaults are filled in.
+    let inputs = workflow.check_inputs(&req.inputs).map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
+    limits::check_inputs(&inputs)?;
     limits::check_definition(&workflow, &workflow_path).await?;
     check_secrets(state, &repo, &workflow, &workflow_path).await?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
-    let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &req.inputs).map_err(ApiErr::invalid)?;
+    let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
     let image_digests = state.resolver.resolve_workflow(&workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
     let accepted = state
@@ -97,7 +102,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             trust: trust.as_str().into(),
             workflow_path,
             workflow,
-            inputs: req.inputs.clone(),
+            inputs,
             parent_run_id: None,
             idempotency,
             concurrency,
@@ -256,13 +261,7 @@ pub(crate) fn run_concurrency(
 ) -> Result<Option<RunConcurrency>, String> {
     let Some(c) = &wf.concurrency else { return Ok(None) };
     let branch = git_ref.map(|r| r.strip_prefix("refs/heads/").unwrap_or(r).to_string());
-    let ctx = kiln_workflow::ConditionContext {
-        event: event.to_string(),
-        git_ref: git_ref.map(str::to_string),
-        branch,
-        inputs: inputs.clone(),
-        ..Default::default()
-    };
+    let ctx = kiln_workflow::ConditionContext { branch, ..wf.expr_context(event, git_ref, inputs) };
     let group = kiln_workflow::render_group(&c.group, &ctx).map_err(|e| format!("concurrency group: {e}"))?;
     Ok(Some(RunConcurrency { group, cancel_in_progress: c.cancel_in_progress }))
 }

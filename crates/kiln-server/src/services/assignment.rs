@@ -9,13 +9,15 @@ use crate::state::AppState;
 use kiln_api as api;
 use kiln_core::Trust;
 use kiln_store::{AgentRecord, ClaimedAttempt, NewAudit};
-use kiln_workflow::Image;
+use kiln_workflow::{ConditionContext, Image, Step};
 use std::collections::BTreeMap;
 
 /// The assignment from the claimed attempt alone: no clone URL, no secrets.
 pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
     let def = &c.run.definition.jobs[c.job.index as usize];
-    let mut env: BTreeMap<String, String> = def.env.clone();
+    // Expressions see only the run's frozen data (spec 000 §5).
+    let ctx = c.run.definition.expr_context(&c.run.event, c.run.git_ref.as_deref(), &c.run.inputs);
+    let mut env: BTreeMap<String, String> = def.env.iter().map(|(k, v)| (k.clone(), text(v, &ctx))).collect();
     for (k, v) in &c.run.inputs {
         env.insert(format!("KILN_INPUT_{}", input_var(k)), v.clone());
     }
@@ -27,7 +29,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
         repo: c.run.repo_name.clone(),
         clone_url: String::new(),
         commit_sha: c.run.commit_sha.clone(),
-        steps: def.steps.iter().map(|s| api::StepSpec { name: s.name.clone(), run: s.run.clone() }).collect(),
+        steps: def.steps.iter().map(|s| step(s, &ctx)).collect(),
         env,
         timeout_secs: def.timeout_secs,
         image: def.image.as_ref().and_then(|i| match i {
@@ -65,10 +67,51 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
                 version: cache.version.clone(),
                 inputs: cache.inputs.clone(),
                 paths: cache.paths.clone(),
+                restore_prefix: cache.restore_prefix,
                 write_namespace,
                 read_namespaces,
             }
         }),
+    }
+}
+
+/// A text with `${{ }}` parts (an `env` value, a step name) evaluated. A
+/// definition frozen before expressions were checked at parse time may hold
+/// one that does not evaluate: it is kept as written, as it was then.
+fn text(template: &str, ctx: &ConditionContext) -> String {
+    if !template.contains("${{") {
+        return template.to_string();
+    }
+    kiln_workflow::render_group(template, ctx).unwrap_or_else(|_| template.to_string())
+}
+
+/// One step as the agent runs it: `${{ }}` in `run` turned into references
+/// to variables holding the values (never pasted into the script), `env`
+/// and `name` evaluated, `if:` decided for both outcomes of the earlier
+/// steps, the shell resolved to a program.
+fn step(s: &Step, ctx: &ConditionContext) -> api::StepSpec {
+    let (run, values) = if s.run.contains("${{") {
+        kiln_workflow::render_run(&s.run, ctx).unwrap_or_else(|_| (s.run.clone(), BTreeMap::new()))
+    } else {
+        (s.run.clone(), BTreeMap::new())
+    };
+    let mut env: BTreeMap<String, String> = s.env.iter().map(|(k, v)| (k.clone(), text(v, ctx))).collect();
+    env.extend(values);
+    // A condition that does not evaluate (it was checked at parse time)
+    // runs the step in neither case rather than guessing.
+    let (run_after_success, run_after_failure) =
+        kiln_workflow::step_gate(s.condition.as_deref(), ctx).unwrap_or((false, false));
+    api::StepSpec {
+        name: s.name.as_deref().map(|n| text(n, ctx)),
+        run,
+        env,
+        run_after_success,
+        run_after_failure,
+        condition: s.condition.clone(),
+        working_directory: s.working_directory.clone(),
+        timeout_secs: s.timeout_secs,
+        continue_on_error: s.continue_on_error,
+        shell: kiln_workflow::shell_argv(s.shell.as_deref()),
     }
 }
 

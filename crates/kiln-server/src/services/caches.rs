@@ -46,8 +46,9 @@ pub(crate) async fn lookup(
     (job, epoch): (&str, i64),
     req: api::CacheLookup,
 ) -> ApiResult<api::CacheLookupResult> {
-    let Scope { run, readable, .. } = scope(state, job, epoch).await?;
-    let repo_id = run.repo_id;
+    let Scope { job: j, run, readable, .. } = scope(state, job, epoch).await?;
+    let repo_id = run.repo_id.clone();
+    let by_prefix = declared_cache(&run, &j)?.restore_prefix;
     if req.candidates.len() > 8 {
         return Err(ApiErr::bad_request("at most 8 cache candidates per lookup"));
     }
@@ -58,19 +59,47 @@ pub(crate) async fn lookup(
                 c.namespace
             )));
         }
-        if c.key.len() > MAX_KEY || c.key.is_empty() {
+        if c.key.len() > MAX_KEY || c.key.is_empty() || c.prefix.as_ref().is_some_and(|p| p.len() > MAX_KEY) {
             return Err(ApiErr::bad_request("a cache key is 1-512 characters"));
+        }
+        if c.prefix.is_some() && !by_prefix {
+            return Err(ApiErr::invalid(format!(
+                "job `{}` does not declare `restore-prefix`: no prefix lookups",
+                j.name
+            )));
         }
     }
     let candidates: Vec<(String, String)> =
         req.candidates.iter().map(|c| (c.namespace.clone(), c.key.clone())).collect();
-    let Some(hit) = state.store.lookup_cache(&repo_id, &candidates).await? else {
-        state.cache_counts.misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut found = state.store.lookup_cache(&repo_id, &candidates).await?.map(|h| (h, false));
+    if found.is_none() && by_prefix {
+        let prefixes: Vec<(String, String)> =
+            req.candidates.iter().filter_map(|c| Some((c.namespace.clone(), c.prefix.clone()?))).collect();
+        if !prefixes.is_empty() {
+            found = state.store.lookup_cache_prefix(&repo_id, &prefixes).await?.map(|h| (h, true));
+        }
+    }
+    let counts = &state.cache_counts;
+    let Some((hit, by_prefix)) = found else {
+        counts.misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return Ok(api::CacheLookupResult { hit: None });
     };
-    state.cache_counts.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    match by_prefix {
+        true => counts.prefix_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        false => counts.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    };
     let download = download_of(state, base_url, &hit.generation, kiln_store::CACHE_ARTIFACT, "cache").await?;
-    Ok(api::CacheLookupResult { hit: Some(api::CacheHitInfo { namespace: hit.namespace, key: hit.key, download }) })
+    Ok(api::CacheLookupResult {
+        hit: Some(api::CacheHitInfo { namespace: hit.namespace, key: hit.key, download, by_prefix }),
+    })
+}
+
+/// The job's `cache` block as frozen in the run.
+fn declared_cache(run: &kiln_store::RunRecord, j: &kiln_store::JobRecord) -> ApiResult<kiln_workflow::Cache> {
+    run.definition
+        .job(&j.name)
+        .and_then(|d| d.cache.clone())
+        .ok_or_else(|| ApiErr::invalid(format!("job `{}` declares no cache", j.name)))
 }
 
 /// Bind a sealed `@cache` upload of the live attempt to its key, in the one
@@ -90,16 +119,28 @@ pub(crate) async fn save(
     if req.key.len() > MAX_KEY || req.key.is_empty() {
         return Err(ApiErr::bad_request("a cache key is 1-512 characters"));
     }
-    let kind = run
-        .definition
-        .job(&j.name)
-        .and_then(|d| d.cache.as_ref())
-        .map(|c| c.kind.clone())
-        .ok_or_else(|| ApiErr::invalid(format!("job `{}` declares no cache", j.name)))?;
-    let b = state.store.bind_cache(job, epoch, &req.generation_id, &req.namespace, &req.key, &kind).await?;
+    if req.prefix.as_ref().is_some_and(|p| p.len() > MAX_KEY || p.is_empty()) {
+        return Err(ApiErr::bad_request("a cache prefix is 1-512 characters"));
+    }
+    let kind = declared_cache(&run, &j)?.kind;
+    // Only dependency caches may be found by prefix (spec 000 §10).
+    let prefix = req.prefix.as_deref().filter(|_| kind == "dependencies");
+    let build_ms = req.build_seconds.filter(|s| s.is_finite() && *s >= 0.0).map(|s| (s.min(1e7) * 1000.0) as i64);
+    let entry = kiln_store::NewCacheEntry {
+        generation_id: &req.generation_id,
+        namespace: &req.namespace,
+        key: &req.key,
+        kind: &kind,
+        prefix,
+        build_ms,
+    };
+    let b = state.store.bind_cache(job, epoch, entry).await?;
     let counts = &state.cache_counts;
     if b.bound {
         counts.saves.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(Some(e)) = state.store.get_cache(&run.repo_id, &req.namespace, &req.key).await {
+            counts.bytes_saved.fetch_add(e.size_bytes.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
+        }
     }
     if b.conflict {
         counts.conflicts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -109,7 +150,23 @@ pub(crate) async fn save(
 }
 
 /// Record what the live attempt says happened to its cache.
-pub(crate) async fn report(state: &AppState, (job, epoch): (&str, i64), info: api::CacheInfo) -> ApiResult<()> {
+pub(crate) async fn report(state: &AppState, (job, epoch): (&str, i64), mut info: api::CacheInfo) -> ApiResult<()> {
+    // The estimate is the server's: the entry's cold build time (recorded
+    // when it was saved) minus this attempt's steps and restore.
+    info.seconds_saved = None;
+    if info.result == "hit"
+        && let (Some(ns), Some(steps)) = (&info.namespace, info.steps_seconds)
+    {
+        let Scope { run, readable, .. } = scope(state, job, epoch).await?;
+        if readable.contains(ns)
+            && let Some(build_ms) = state.store.get_cache(&run.repo_id, ns, &info.key).await?.and_then(|e| e.build_ms)
+        {
+            let spent = steps.max(0.0) + info.seconds.unwrap_or(0.0).max(0.0);
+            let saved = (build_ms as f64 / 1000.0 - spent).max(0.0);
+            info.seconds_saved = Some((saved * 1000.0).round() / 1000.0);
+            state.cache_counts.ms_saved.fetch_add((saved * 1000.0) as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     let text = serde_json::to_string(&info).map_err(|e| ApiErr::internal(e.to_string()))?;
     if text.len() > 4096 {
         return Err(ApiErr::bad_request("a cache report is at most 4 KiB"));

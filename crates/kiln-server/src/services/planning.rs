@@ -166,7 +166,15 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
             refuse(state, &repo, &sha, &ctx, path, &e.message, &mut planned).await?;
             continue;
         }
-        let concurrency = match run_concurrency(&wf, kind, Some(&git_ref), &Default::default()) {
+        // Forge events carry no inputs: the declared defaults apply.
+        let inputs = match wf.check_inputs(&Default::default()) {
+            Ok(i) => i,
+            Err(e) => {
+                refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;
+                continue;
+            }
+        };
+        let concurrency = match run_concurrency(&wf, kind, Some(&git_ref), &inputs) {
             Ok(c) => c,
             Err(e) => {
                 refuse(state, &repo, &sha, &ctx, path, &e, &mut planned).await?;
@@ -204,7 +212,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 trust: trust.as_str().into(),
                 workflow_path: path.clone(),
                 workflow: wf,
-                inputs: Default::default(),
+                inputs,
                 parent_run_id: None,
                 idempotency: Some(idempotency),
                 concurrency,

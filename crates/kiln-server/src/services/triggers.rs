@@ -102,7 +102,10 @@ async fn fire(
     tick: i64,
 ) -> Result<bool, String> {
     let git_ref = format!("refs/heads/{}", repo.forge.default_branch);
-    let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &Default::default())?;
+    // A scheduled run gets the declared inputs' defaults (a required input
+    // without one refuses the run).
+    let inputs = wf.check_inputs(&Default::default())?;
+    let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs)?;
     let image_digests = state.resolver.resolve_workflow(wf).await.map_err(|e| format!("{e:?}"))?;
     let accepted = state
         .store
@@ -114,7 +117,7 @@ async fn fire(
             trust: Trust::for_submission("schedule", true).as_str().into(),
             workflow_path: path.to_string(),
             workflow: wf.clone(),
-            inputs: Default::default(),
+            inputs,
             parent_run_id: None,
             idempotency: Some(Idempotency {
                 scope: format!("schedule:{}", repo.id),

@@ -48,7 +48,7 @@ fn git(dir: &std::path::Path, args: &[&str]) -> String {
 }
 
 fn fixture(path: &str) -> Value {
-    let p = format!("{}/../kiln-forge/tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
+    let p = format!("{}/../kiln-forge/tests/fixtures/{path}", manifest_dir());
     serde_json::from_str(&std::fs::read_to_string(&p).expect("fixture")).expect("fixture json")
 }
 
@@ -713,4 +713,11 @@ fn uuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The package's directory, read when the test runs: a test binary reused
+/// from a build of another checkout (a shared target dir, as CI has) must
+/// read this checkout's files.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
 }

@@ -244,6 +244,7 @@ impl RunConditions<'_> {
             git_ref: run.git_ref.clone(),
             branch,
             inputs: run.inputs.clone(),
+            input_kinds: run.definition.input_kinds(),
             needs_results: needs
                 .iter()
                 .map(|n| match n {

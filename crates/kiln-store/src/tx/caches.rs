@@ -7,7 +7,7 @@
 use crate::db::{Exec, Row, now};
 use crate::dialect::{Isolation, Sql};
 use crate::error::{Result, StoreError};
-use crate::model::{CacheBinding, CacheEntry, CacheHit};
+use crate::model::{CacheBinding, CacheEntry, CacheHit, NewCacheEntry};
 use crate::rows::{GEN_COLS, gen_from_row};
 use crate::store::{SqlStore, lock_job};
 use crate::tx::attempt::require_live;
@@ -18,7 +18,7 @@ pub const CACHE_ARTIFACT: &str = "@cache";
 
 /// The columns of [`entry_from_row`].
 const ENTRY_COLS: &str = "repo_id, namespace, cache_key, kind, generation_id, size_bytes, sha256, created_at, \
-    last_used_at, hits, conflicts";
+    last_used_at, hits, conflicts, prefix, build_ms";
 
 fn entry_from_row(row: &Row) -> Result<CacheEntry> {
     Ok(CacheEntry {
@@ -33,6 +33,8 @@ fn entry_from_row(row: &Row) -> Result<CacheEntry> {
         last_used_at: row.get("last_used_at")?,
         hits: row.get("hits")?,
         conflicts: row.get("conflicts")?,
+        prefix: row.get("prefix")?,
+        build_ms: row.get("build_ms")?,
     })
 }
 
@@ -41,15 +43,13 @@ pub(crate) async fn bind_cache(
     store: &SqlStore,
     job_id: &str,
     epoch: i64,
-    generation_id: &str,
-    namespace: &str,
-    key: &str,
-    kind: &str,
+    entry: NewCacheEntry<'_>,
 ) -> Result<CacheBinding> {
     static GEN: Sql = Sql::new(|_| format!("SELECT {GEN_COLS} FROM artifact_generations g WHERE g.id = $1"));
-    let args = (job_id, epoch, generation_id, namespace, key, kind);
+    let args = (job_id, epoch, entry);
     store
-        .transaction(Isolation::Serializable, &args, |tx, &(job_id, epoch, generation_id, namespace, key, kind)| {
+        .transaction(Isolation::Serializable, &args, |tx, &(job_id, epoch, entry)| {
+            let NewCacheEntry { generation_id, namespace, key, kind, prefix, build_ms } = entry;
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
                 let now = now(tx).await?;
@@ -74,7 +74,8 @@ pub(crate) async fn bind_cache(
                 let inserted = tx
                     .sql(
                         "INSERT INTO cache_entries (repo_id, namespace, cache_key, kind, generation_id, size_bytes, \
-                             sha256, created_at, last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) \
+                             sha256, created_at, last_used_at, prefix, build_ms) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9, $10) \
                              ON CONFLICT (repo_id, namespace, cache_key) DO NOTHING",
                     )
                     .bind(&repo_id)
@@ -85,6 +86,8 @@ pub(crate) async fn bind_cache(
                     .bind(g.expected_size)
                     .bind(&g.expected_sha256)
                     .bind(now)
+                    .bind(prefix)
+                    .bind(build_ms)
                     .execute()
                     .await?;
                 if inserted == 1 {
@@ -127,7 +130,7 @@ pub(crate) async fn lookup_cache(
 ) -> Result<Option<CacheHit>> {
     static FIND: Sql = Sql::new(|_| {
         format!(
-            "SELECT {GEN_COLS}, c.namespace, c.cache_key FROM cache_entries c \
+            "SELECT {GEN_COLS}, c.namespace, c.cache_key, c.build_ms FROM cache_entries c \
              JOIN artifact_generations g ON g.id = c.generation_id \
              WHERE c.repo_id = $1 AND c.namespace = $2 AND c.cache_key = $3 AND g.state = 'sealed'"
         )
@@ -143,11 +146,38 @@ pub(crate) async fn lookup_cache(
         let row = store.reader().await?.sql(&FIND).bind(repo_id).bind(namespace).bind(key).fetch_optional().await?;
         if let Some(row) = row {
             let generation = gen_from_row(&row)?;
+            let build_ms = row.get("build_ms")?;
             store.writer().await?.sql(&TOUCH).bind(repo_id).bind(namespace).bind(key).execute().await?;
-            return Ok(Some(CacheHit { namespace: namespace.clone(), key: key.clone(), generation }));
+            return Ok(Some(CacheHit { namespace: namespace.clone(), key: key.clone(), generation, build_ms }));
         }
     }
     Ok(None)
+}
+
+/// `CacheStore::lookup_cache_prefix`.
+pub(crate) async fn lookup_cache_prefix(
+    store: &SqlStore,
+    repo_id: &str,
+    prefixes: &[(String, String)],
+) -> Result<Option<CacheHit>> {
+    static FIND: Sql = Sql::new(|_| {
+        format!(
+            "SELECT {GEN_COLS}, c.namespace, c.cache_key, c.build_ms FROM cache_entries c \
+             JOIN artifact_generations g ON g.id = c.generation_id \
+             WHERE c.repo_id = $1 AND c.namespace = $2 AND c.prefix = $3 AND g.state = 'sealed' \
+             ORDER BY c.last_used_at DESC, c.created_at DESC LIMIT 1"
+        )
+    });
+    let mut exact = Vec::new();
+    for (namespace, prefix) in prefixes {
+        let row = store.reader().await?.sql(&FIND).bind(repo_id).bind(namespace).bind(prefix).fetch_optional().await?;
+        if let Some(row) = row {
+            exact.push((namespace.clone(), row.get::<String>("cache_key")?));
+            break;
+        }
+    }
+    // Marked used like an exact hit (and gone if evicted meanwhile).
+    lookup_cache(store, repo_id, &exact).await
 }
 
 /// `CacheStore::evict_caches`: entries unused for `ttl_ms`, then the least
@@ -205,6 +235,20 @@ pub(crate) async fn list_caches(store: &SqlStore, repo_id: &str) -> Result<Vec<C
         Sql::new(|_| format!("SELECT {ENTRY_COLS} FROM cache_entries WHERE repo_id = $1 ORDER BY last_used_at DESC"));
     let rows = store.reader().await?.sql(&LIST).bind(repo_id).fetch_all().await?;
     rows.iter().map(entry_from_row).collect()
+}
+
+/// `CacheStore::get_cache`.
+pub(crate) async fn get_cache(
+    store: &SqlStore,
+    repo_id: &str,
+    namespace: &str,
+    key: &str,
+) -> Result<Option<CacheEntry>> {
+    static GET: Sql = Sql::new(|_| {
+        format!("SELECT {ENTRY_COLS} FROM cache_entries WHERE repo_id = $1 AND namespace = $2 AND cache_key = $3")
+    });
+    let row = store.reader().await?.sql(&GET).bind(repo_id).bind(namespace).bind(key).fetch_optional().await?;
+    row.as_ref().map(entry_from_row).transpose()
 }
 
 /// `CacheStore::report_cache`: what the live attempt says about its cache.

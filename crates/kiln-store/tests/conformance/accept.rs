@@ -88,14 +88,14 @@ pub async fn accept_run_freezes_definition_and_readies_roots<S: Store + 'static>
         limit: 10,
     };
     let ids = |list: Vec<RunSummaryRecord>| list.into_iter().map(|r| r.id).collect::<Vec<_>>();
-    assert_eq!(ids(s.find_runs(&find(None, None, None)).await.unwrap()), [acc.run_id.clone()]);
+    assert_eq!(ids(s.find_runs(&find(None, None, None)).await.unwrap()), std::slice::from_ref(&acc.run_id));
     assert_eq!(
         ids(s.find_runs(&find(Some(&repo.id), Some("queued"), Some("main"))).await.unwrap()),
-        [acc.run_id.clone()]
+        std::slice::from_ref(&acc.run_id)
     );
     assert!(s.find_runs(&find(None, None, Some("dev"))).await.unwrap().is_empty());
     assert!(s.find_runs(&find(None, Some("failed"), None)).await.unwrap().is_empty());
-    assert_eq!(s.find_runs_by_prefix(&acc.run_id[..8], 5).await.unwrap(), [acc.run_id.clone()]);
+    assert_eq!(s.find_runs_by_prefix(&acc.run_id[..8], 5).await.unwrap(), std::slice::from_ref(&acc.run_id));
     assert!(s.find_runs_by_prefix("ffffffff", 5).await.unwrap().is_empty());
     assert_eq!(s.run_id_neighbours(&acc.run_id).await.unwrap(), (None, None));
 

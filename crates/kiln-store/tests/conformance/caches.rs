@@ -12,9 +12,19 @@ const SHA_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
 
 fn caching(name: &str) -> Job {
     Job {
-        cache: Some(Cache { kind: "deps".into(), version: "1".into(), inputs: vec![], paths: vec!["deps".into()] }),
+        cache: Some(Cache {
+            kind: "deps".into(),
+            version: "1".into(),
+            inputs: vec![],
+            paths: vec!["deps".into()],
+            restore_prefix: false,
+        }),
         ..job(name, &[], 0)
     }
+}
+
+fn entry<'a>(generation_id: &'a str, namespace: &'a str, key: &'a str, prefix: Option<&'a str>) -> NewCacheEntry<'a> {
+    NewCacheEntry { generation_id, namespace, key, kind: "deps", prefix, build_ms: None }
 }
 
 /// A sealed `@cache` upload of `(job, epoch)` with digest `sha`.
@@ -36,11 +46,11 @@ pub async fn cache_keys_bind_first_writer_wins_and_fenced_attempts_bind_nothing<
     let c2 = claim(s, &ag, &j2, LONG_TTL).await;
     let g1 = sealed(s, &j1, c1.epoch, SHA_A).await;
     let g2 = sealed(s, &j2, c2.epoch, SHA_B).await;
-    let first = s.bind_cache(&j1, c1.epoch, &g1, "protected", "k", "deps").await.unwrap();
+    let first = s.bind_cache(&j1, c1.epoch, entry(&g1, "protected", "k", None)).await.unwrap();
     assert_eq!(first, CacheBinding { bound: true, conflict: false });
-    let second = s.bind_cache(&j2, c2.epoch, &g2, "protected", "k", "deps").await.unwrap();
+    let second = s.bind_cache(&j2, c2.epoch, entry(&g2, "protected", "k", None)).await.unwrap();
     assert_eq!(second, CacheBinding { bound: false, conflict: true }, "other bytes: a conflict, not an overwrite");
-    let again = s.bind_cache(&j1, c1.epoch, &g1, "protected", "k", "deps").await.unwrap();
+    let again = s.bind_cache(&j1, c1.epoch, entry(&g1, "protected", "k", None)).await.unwrap();
     assert_eq!(again, CacheBinding { bound: true, conflict: false }, "a retried save is idempotent");
     let hit = s.lookup_cache(&repo.id, &[("protected".into(), "k".into())]).await.unwrap().expect("hit");
     assert_eq!(hit.generation.id, g1);
@@ -55,12 +65,12 @@ pub async fn cache_keys_bind_first_writer_wins_and_fenced_attempts_bind_nothing<
         .unwrap();
     assert_eq!(h.namespace, "protected");
     // A generation that is not a cache upload of that attempt is refused.
-    assert!(s.bind_cache(&j2, c2.epoch, &g1, "protected", "k2", "deps").await.is_err());
+    assert!(s.bind_cache(&j2, c2.epoch, entry(&g1, "protected", "k2", None)).await.is_err());
     // A fenced attempt binds nothing.
     s.heartbeat(&j2, c2.epoch, SHORT_TTL).await.unwrap();
     expire(SHORT_TTL).await;
     s.fence_expired().await.unwrap();
-    let stale = s.bind_cache(&j2, c2.epoch, &g2, "protected", "k3", "deps").await;
+    let stale = s.bind_cache(&j2, c2.epoch, entry(&g2, "protected", "k3", None)).await;
     assert!(matches!(stale, Err(StoreError::StaleEpoch(_))), "{stale:?}");
     assert!(s.lookup_cache(&repo.id, &[("protected".into(), "k3".into())]).await.unwrap().is_none());
 }
@@ -84,7 +94,7 @@ pub async fn concurrent_saves_of_one_key_leave_one_binding<S: Store + 'static>(o
     let mut set = tokio::task::JoinSet::new();
     for (j, e, g) in uploads {
         let s = s.clone();
-        set.spawn(async move { s.bind_cache(&j, e, &g, "protected", "same", "deps").await.unwrap() });
+        set.spawn(async move { s.bind_cache(&j, e, entry(&g, "protected", "same", None)).await.unwrap() });
     }
     let mut bound = 0;
     while let Some(b) = set.join_next().await {
@@ -102,7 +112,7 @@ pub async fn eviction_frees_entries_and_their_bytes_become_garbage<S: Store + 's
     let j = job_id(s, &run, "build").await;
     let c = claim(s, &ag, &j, LONG_TTL).await;
     let g = sealed(s, &j, c.epoch, SHA_A).await;
-    s.bind_cache(&j, c.epoch, &g, "protected", "k", "deps").await.unwrap();
+    s.bind_cache(&j, c.epoch, entry(&g, "protected", "k", None)).await.unwrap();
     s.complete(&j, c.epoch, success()).await.unwrap();
     assert!(
         s.collectable_generations(0, 100).await.unwrap().iter().all(|x| x.id != g),
@@ -114,4 +124,37 @@ pub async fn eviction_frees_entries_and_their_bytes_become_garbage<S: Store + 's
     assert!(s.lookup_cache(&repo.id, &[("protected".into(), "k".into())]).await.unwrap().is_none());
     assert!(s.collectable_generations(0, 100).await.unwrap().iter().any(|x| x.id == g), "now garbage");
     assert!(s.remove_cache(&repo.id, "protected", "k", &g).await.is_ok());
+}
+
+pub async fn prefix_lookups_find_the_most_recently_used_entry_of_a_namespace<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let ag = agent(s, "a", 8).await;
+    let (repo, run1) = start(s, workflow(vec![caching("build")])).await;
+    let run2 = s.accept_run(new_run(&repo.id, workflow(vec![caching("build")]))).await.unwrap().run_id;
+    let (j1, j2) = (job_id(s, &run1, "build").await, job_id(s, &run2, "build").await);
+    let c1 = claim(s, &ag, &j1, LONG_TTL).await;
+    let c2 = claim(s, &ag, &j2, LONG_TTL).await;
+    let g1 = sealed(s, &j1, c1.epoch, SHA_A).await;
+    let g2 = sealed(s, &j2, c2.epoch, SHA_B).await;
+    let old = NewCacheEntry { build_ms: Some(42_000), ..entry(&g1, "protected", "k-old", Some("p")) };
+    s.bind_cache(&j1, c1.epoch, old).await.unwrap();
+    s.bind_cache(&j2, c2.epoch, entry(&g2, "protected", "k-new", Some("p"))).await.unwrap();
+    // Used last: k-old (a lookup marks it used).
+    expire(5).await;
+    s.lookup_cache(&repo.id, &[("protected".into(), "k-old".into())]).await.unwrap().expect("hit");
+    let by_prefix = s.lookup_cache_prefix(&repo.id, &[("protected".into(), "p".into())]).await.unwrap().expect("found");
+    assert_eq!((by_prefix.key.as_str(), by_prefix.build_ms), ("k-old", Some(42_000)));
+    assert_eq!(s.get_cache(&repo.id, "protected", "k-old").await.unwrap().unwrap().build_ms, Some(42_000));
+    // Another prefix, or another namespace: nothing.
+    assert!(s.lookup_cache_prefix(&repo.id, &[("protected".into(), "q".into())]).await.unwrap().is_none());
+    assert!(s.lookup_cache_prefix(&repo.id, &[("untrusted/x".into(), "p".into())]).await.unwrap().is_none());
+    // Namespaces in order: the first with an entry answers.
+    let h = s
+        .lookup_cache_prefix(&repo.id, &[("untrusted/x".into(), "p".into()), ("protected".into(), "p".into())])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.namespace, "protected");
+    assert!(s.get_cache(&repo.id, "protected", "nope").await.unwrap().is_none());
 }

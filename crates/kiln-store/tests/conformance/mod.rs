@@ -66,6 +66,7 @@ macro_rules! suite {
             access::secrets_are_replaced_all_or_nothing,
             caches::cache_keys_bind_first_writer_wins_and_fenced_attempts_bind_nothing,
             caches::concurrent_saves_of_one_key_leave_one_binding,
+            caches::prefix_lookups_find_the_most_recently_used_entry_of_a_namespace,
             caches::eviction_frees_entries_and_their_bytes_become_garbage,
             forge::deliveries_are_recorded_once_and_planned_by_one_claimant,
             forge::reports_follow_their_run_and_newer_ones_supersede,
@@ -235,7 +236,7 @@ pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
     Job {
         name: name.into(),
         image: None,
-        steps: vec![Step { name: None, run: format!("echo {name}") }],
+        steps: vec![Step { name: None, run: format!("echo {name}"), ..Default::default() }],
         needs: needs.iter().map(|n| n.to_string()).collect(),
         cache: None,
         artifacts: Default::default(),
@@ -248,7 +249,7 @@ pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
 }
 
 pub fn workflow(jobs: Vec<Job>) -> Workflow {
-    Workflow { version: 1, concurrency: None, jobs, on: Default::default() }
+    Workflow { version: 1, concurrency: None, jobs, on: Default::default(), inputs: Default::default() }
 }
 
 pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
