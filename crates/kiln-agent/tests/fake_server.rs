@@ -781,8 +781,9 @@ async fn a_failing_step_fails_the_job_and_later_steps_never_run() {
     assert_eq!(c[1].outcome, "success");
     assert_eq!(h.fake.log_of("job-2", "stdout"), "hello from the repo\n");
     let system = h.fake.log("system");
-    assert!(system.contains("✗ step 2/3 failed: exit code 3\n"), "{system}");
-    assert!(!system.contains("step 3/3"), "{system}");
+    assert!(system.contains("✗ step 2/3 failed: exit code 3"), "{system}");
+    assert!(!system.contains("▶ step 3/3"), "the third step never started: {system}");
+    assert!(system.contains("○ step 3/3"), "and is reported skipped: {system}");
     assert_eq!(std::fs::read_dir(h.work_dir().join("mirrors")).unwrap().count(), 1);
     h.stop().await;
 }

@@ -210,7 +210,11 @@ async fn output_spools_to_disk_while_the_server_is_unreachable() {
     let text = log_text(&c, &job).await;
     // The combined view keeps the step header after the step's output.
     let header = text.find("▶ step 3/3").expect("third step header");
-    assert!(text[..header].ends_with("3000000\n"), "{}", &text[header.saturating_sub(200)..header + 20]);
+    // ...and after step 2's own outcome line.
+    let mut before = text[..header].lines().rev();
+    let shown = &text[header.saturating_sub(200)..header + 20];
+    assert!(before.next().is_some_and(|l| l.starts_with("✓ step 2/3")), "{shown}");
+    assert_eq!(before.next(), Some("3000000"), "{shown}");
     let numbers: Vec<u32> = text.lines().filter_map(|l| l.parse().ok()).collect();
     assert_eq!(numbers.len(), 3_000_000, "nothing lost");
     if let Some(i) = numbers.iter().enumerate().position(|(i, &n)| n != i as u32 + 1) {
