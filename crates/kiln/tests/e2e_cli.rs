@@ -347,8 +347,13 @@ fn help_flags_completions_and_man_page() {
         &["--log-limit", "100MiB", "--kill-grace", "1m30s", "--labels", "os=ubuntu-latest,gpu=none", "--max-jobs", "2"],
     )
     .unwrap();
-    let out = kiln(&up, &["agents", "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The agent registers shortly after `kiln up` answers.
+    let v = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
+        let out = kiln(&up, &["agents", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        v.as_array().is_some_and(|a| !a.is_empty()).then_some(v)
+    })
+    .expect("the agent registered");
     assert_eq!(v[0]["labels"]["os"], "ubuntu-latest");
     assert_eq!(v[0]["labels"]["gpu"], "none");
     assert_eq!(v[0]["max_jobs"], 2);
