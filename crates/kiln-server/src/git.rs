@@ -372,6 +372,54 @@ impl Mirrors {
     }
 }
 
+/// Why a workflow could not be read at a commit.
+#[derive(Debug)]
+pub enum WorkflowFileError {
+    /// The file itself could not be read.
+    Read(GitError),
+    /// It (or a file it includes) is not a valid workflow.
+    Invalid(kiln_workflow::Diagnostics),
+    Internal(String),
+}
+
+impl Mirrors {
+    /// The workflow file `path` at `sha`, with every file it `include`s read
+    /// at the same commit (spec 000 §5: the composed definition is what is
+    /// frozen), parsed and validated off the async runtime.
+    pub async fn parse_workflow(
+        &self,
+        repo_id: &str,
+        sha: &str,
+        path: &str,
+    ) -> Result<kiln_workflow::Workflow, WorkflowFileError> {
+        let max = kiln_workflow::MAX_FILE_BYTES;
+        let bytes = self.read_file(repo_id, sha, path, max).await.map_err(WorkflowFileError::Read)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            WorkflowFileError::Invalid(kiln_workflow::Diagnostics(vec![kiln_workflow::Diagnostic::new(
+                0,
+                0,
+                "the file is not UTF-8",
+            )]))
+        })?;
+        let (mirrors, repo_id, sha) = (self.clone(), repo_id.to_string(), sha.to_string());
+        let runtime = tokio::runtime::Handle::current();
+        // YAML parsing is CPU work (up to 256 KiB a file): a blocking thread,
+        // which may wait on the runtime for the included files' bytes.
+        tokio::task::spawn_blocking(move || {
+            kiln_workflow::parse_with(&text, &mut |inc: &str| {
+                let bytes = runtime.block_on(mirrors.read_file(&repo_id, &sha, inc, max)).map_err(|e| match e {
+                    GitError::MissingFile { .. } => format!("there is no file `{inc}` at commit {sha}"),
+                    e => e.to_string(),
+                })?;
+                String::from_utf8(bytes).map_err(|_| format!("`{inc}` is not UTF-8"))
+            })
+        })
+        .await
+        .map_err(|e| WorkflowFileError::Internal(e.to_string()))?
+        .map_err(WorkflowFileError::Invalid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

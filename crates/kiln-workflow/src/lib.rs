@@ -39,6 +39,7 @@
 //! (croner, in the schedule's IANA time zone). A workflow without `on:`
 //! runs only by hand, and its frozen definition and hash are unchanged.
 
+mod compose;
 mod diag;
 mod duration;
 mod expr;
@@ -50,12 +51,13 @@ mod tree;
 mod triggers;
 mod validate;
 
+pub use compose::{Loader, MAX_EXTENDS_DEPTH, MAX_INCLUDE_DEPTH, MAX_INCLUDED_FILES};
 pub use diag::{Diagnostic, Diagnostics};
 pub use duration::{parse_bytes, parse_duration};
 pub use expr::{ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, render_group, step_gate};
 pub use glob::glob_match;
 pub use model::*;
-pub use parse::{MAX_DIAGNOSTICS, parse};
+pub use parse::{MAX_DIAGNOSTICS, parse, parse_with};
 pub use script::{SHELLS, render_run, shell_argv};
 pub use triggers::MAX_CATCH_UP_MS;
 pub use validate::{MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};

@@ -24,13 +24,40 @@ use std::collections::HashMap;
 /// A 1-based source position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Pos {
+    /// Which file: 0 is the workflow file, others are `include`d files
+    /// (numbered by `compose`, in the order they were read).
+    pub file: u16,
     pub line: usize,
     pub column: usize,
 }
 
 impl Pos {
     fn from_marker(m: &Marker) -> Pos {
-        Pos { line: m.line().max(1), column: m.col() + 1 }
+        Pos { file: 0, line: m.line().max(1), column: m.col() + 1 }
+    }
+}
+
+impl Diagnostic {
+    /// A problem at `pos` (in whichever file `pos` is).
+    pub(crate) fn at(pos: Pos, message: impl Into<String>) -> Diagnostic {
+        Diagnostic { file: None, src: pos.file, line: pos.line, column: pos.column, message: message.into() }
+    }
+}
+
+impl Node {
+    /// Mark every position in this tree as being in file `file`.
+    pub(crate) fn stamp(&mut self, file: u16) {
+        self.pos.file = file;
+        match &mut self.value {
+            Value::Scalar(_) => {}
+            Value::Seq(items) => items.iter_mut().for_each(|n| n.stamp(file)),
+            Value::Map(entries) => {
+                for e in entries {
+                    e.key_pos.file = file;
+                    e.value.stamp(file);
+                }
+            }
+        }
     }
 }
 
@@ -185,7 +212,7 @@ enum Frame {
 }
 
 fn diag(pos: Pos, message: impl Into<String>) -> Diagnostic {
-    Diagnostic { line: pos.line, column: pos.column, message: message.into() }
+    Diagnostic::at(pos, message)
 }
 
 const ANCHOR_MESSAGE: &str =
@@ -343,7 +370,7 @@ fn depth_message() -> String {
 fn first_indent_tab(src: &str, line: usize) -> Option<Pos> {
     src.lines().enumerate().skip(line.saturating_sub(1)).find_map(|(i, text)| {
         let indent = text.len() - text.trim_start_matches([' ', '\t']).len();
-        text[..indent].find('\t').map(|col| Pos { line: i + 1, column: col + 1 })
+        text[..indent].find('\t').map(|col| Pos { file: 0, line: i + 1, column: col + 1 })
     })
 }
 
@@ -381,10 +408,10 @@ mod tests {
         assert!(!loaded.fatal, "{:?}", loaded.diags);
         let root = loaded.root.unwrap();
         let Value::Map(entries) = &root.value else { panic!() };
-        assert_eq!(entries[0].key_pos, Pos { line: 1, column: 1 });
+        assert_eq!(entries[0].key_pos, Pos { file: 0, line: 1, column: 1 });
         let Value::Map(inner) = &entries[0].value.value else { panic!() };
-        assert_eq!(inner[0].key_pos, Pos { line: 2, column: 3 });
-        assert_eq!(inner[0].value.pos, Pos { line: 2, column: 6 });
+        assert_eq!(inner[0].key_pos, Pos { file: 0, line: 2, column: 3 });
+        assert_eq!(inner[0].value.pos, Pos { file: 0, line: 2, column: 6 });
     }
 
     #[test]

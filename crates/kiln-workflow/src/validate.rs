@@ -23,7 +23,9 @@ pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 60 * 60;
 /// (the expanded jobs are bounded by [`MAX_JOBS`]).
 pub const MAX_MATRIX_COMBINATIONS: usize = 1024;
 
-const TOP_KEYS: &[&str] = &["version", "on", "inputs", "env", "defaults", "concurrency", "jobs"];
+/// `include` and `templates` (and a job's `extends`) are resolved by
+/// `compose` before validation; they are listed for "did you mean".
+const TOP_KEYS: &[&str] = &["version", "on", "inputs", "env", "defaults", "concurrency", "jobs", "include", "templates"];
 const JOB_KEYS: &[&str] = &[
     "name",
     "image",
@@ -42,6 +44,7 @@ const JOB_KEYS: &[&str] = &[
     "defaults",
     "secrets",
     "id-token",
+    "extends",
 ];
 const ID_TOKEN_KEYS: &[&str] = &["audience"];
 const MATRIX_KEYWORDS: &[&str] = &["include", "exclude", "max-parallel", "fail-fast"];
@@ -93,8 +96,6 @@ const ALIASES: &[(&str, &str)] = &[
 const NOT_BUILT: &[(&str, &str)] = &[
     ("services", "job `services` are not supported yet; start the service from a step instead"),
     ("outputs", "job `outputs` are not supported yet; pass values between jobs as artifacts"),
-    ("include", "`include` of other workflow files is not supported yet"),
-    ("extends", "`extends` is not supported yet"),
     ("uses", "reusable actions (`uses`) are not supported; write the commands in `run`"),
     ("with", "`with` (inputs of an action) is not supported; set variables in `env`"),
     ("permissions", "`permissions` is not supported; a job's identity token is asked for with `id-token: write`"),
@@ -138,7 +139,7 @@ enum MatrixRefs {
 
 impl Ctx {
     fn err(&mut self, pos: Pos, message: impl Into<String>) {
-        self.diags.push(Diagnostic { line: pos.line, column: pos.column, message: message.into() });
+        self.diags.push(Diagnostic::at(pos, message));
     }
 
     /// Whether `inputs.<name>` may be used: always without an `inputs:`
@@ -365,7 +366,7 @@ fn suggest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
 }
 
 /// Levenshtein distance (keys are short).
-fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

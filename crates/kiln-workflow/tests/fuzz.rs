@@ -237,3 +237,44 @@ proptest! {
         }
     }
 }
+
+/// Pieces of `include`/`templates`/`extends` YAML: random files made of them
+/// (with includes of each other, cycles and self-extension included) never
+/// panic, and every failure has a diagnostic.
+fn compose_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("include: .kiln/t/a.yaml\n".to_string()),
+        Just("include: [.kiln/t/b.yaml, .kiln/t/a.yaml]\n".to_string()),
+        Just("include: 7\n".to_string()),
+        Just("templates:\n  a:\n    extends: [b, a]\n    timeout: 5m\n  b:\n    env: {X: y}\n".to_string()),
+        Just("templates:\n  b:\n    extends: a\n".to_string()),
+        Just("templates: [x]\n".to_string()),
+        Just("jobs:\n  - name: j\n    extends: a\n    steps: [echo]\n".to_string()),
+        Just("jobs:\n  - name: k\n    extends: [b, zz]\n    env: {X: 1}\n    steps: [echo]\n".to_string()),
+        Just("jobs: 3\n".to_string()),
+        Just("version: 1\n".to_string()),
+        "[a-z:\\-\\[\\] \n.]{0,30}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn random_includes_and_templates_never_panic(
+        main in prop::collection::vec(compose_piece(), 0..5),
+        a in prop::collection::vec(compose_piece(), 0..4),
+        b in prop::collection::vec(compose_piece(), 0..4),
+    ) {
+        let (main, a, b) = (main.concat(), a.concat(), b.concat());
+        let result = kiln_workflow::parse_with(&main, &mut |p: &str| match p {
+            ".kiln/t/a.yaml" => Ok(a.clone()),
+            ".kiln/t/b.yaml" => Ok(b.clone()),
+            _ => Err("missing".into()),
+        });
+        if let Err(d) = result {
+            prop_assert!(!d.0.is_empty());
+            prop_assert!(d.0.iter().all(|x| !x.message.is_empty()));
+        }
+    }
+}

@@ -10,7 +10,7 @@
 
 use crate::auth::Principal;
 use crate::error::{ApiErr, ApiResult};
-use crate::git::GitError;
+use crate::git::{GitError, WorkflowFileError};
 use crate::images::ResolveError;
 use crate::services::{access, limits};
 use crate::state::AppState;
@@ -217,17 +217,11 @@ fn resolve_err(e: ResolveError) -> ApiErr {
 
 /// The workflow file at the resolved SHA, parsed and validated.
 async fn read_workflow(state: &AppState, repo: &RepoRecord, sha: &str, path: &str) -> ApiResult<Workflow> {
-    let bytes = state
-        .mirrors
-        .read_file(&repo.id, sha, path, kiln_workflow::MAX_FILE_BYTES)
-        .await
-        .map_err(|e| ApiErr::invalid(e.to_string()))?;
-    let text = String::from_utf8(bytes).map_err(|_| ApiErr::invalid(format!("{path} is not UTF-8")))?;
-    // Parsing up to 256 KiB of YAML is CPU work: keep it off the async runtime.
-    tokio::task::spawn_blocking(move || kiln_workflow::parse(&text))
-        .await
-        .map_err(|e| ApiErr::internal(e.to_string()))?
-        .map_err(|d| ApiErr::invalid(format!("{path} at {sha} is not a valid workflow:\n{d}")))
+    state.mirrors.parse_workflow(&repo.id, sha, path).await.map_err(|e| match e {
+        WorkflowFileError::Read(e) => ApiErr::invalid(e.to_string()),
+        WorkflowFileError::Invalid(d) => ApiErr::invalid(format!("{path} at {sha} is not a valid workflow:\n{d}")),
+        WorkflowFileError::Internal(e) => ApiErr::internal(e),
+    })
 }
 
 /// Refuse a workflow that asks for secrets the repository does not have:

@@ -12,7 +12,7 @@
 //! gets a failed status on the commit naming the file and line, and no run.
 
 use crate::error::ApiErr;
-use crate::git::GitError;
+use crate::git::{GitError, WorkflowFileError};
 use crate::images::ResolveError;
 use crate::services::acceptance::{check_secrets, run_concurrency};
 use crate::services::forge_status::reports_statuses;
@@ -260,13 +260,11 @@ async fn resolve(state: &AppState, repo: &RepoRecord, sha: &str, fetch_ref: Opti
 
 /// A workflow file at `sha`, parsed; the problem (`line:col: message`) if not.
 async fn read(state: &AppState, repo: &RepoRecord, sha: &str, path: &str) -> Result<kiln_workflow::Workflow, String> {
-    let bytes =
-        state.mirrors.read_file(&repo.id, sha, path, kiln_workflow::MAX_FILE_BYTES).await.map_err(|e| e.to_string())?;
-    let text = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_string())?;
-    tokio::task::spawn_blocking(move || kiln_workflow::parse(&text))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|d| d.0.first().map(|x| x.to_string()).unwrap_or_else(|| d.to_string()))
+    state.mirrors.parse_workflow(&repo.id, sha, path).await.map_err(|e| match e {
+        WorkflowFileError::Read(e) => e.to_string(),
+        WorkflowFileError::Invalid(d) => d.0.first().map(|x| x.to_string()).unwrap_or_else(|| d.to_string()),
+        WorkflowFileError::Internal(e) => e,
+    })
 }
 
 /// A workflow refused at this commit: a failed status naming the file and

@@ -15,6 +15,7 @@
 //! pushes between two polls are not recovered. The first poll of a
 //! repository only records its heads.
 
+use crate::git::WorkflowFileError;
 use crate::services::acceptance::run_concurrency;
 use crate::services::webhooks::decide_trust;
 use crate::state::AppState;
@@ -43,12 +44,10 @@ async fn index(state: &AppState, repo: &RepoRecord, now: i64) -> Result<Schedule
     let files = state.mirrors.list_workflows(&repo.id, &sha).await.map_err(|e| e.to_string())?;
     let mut workflows = Vec::new();
     for path in files {
-        let Ok(bytes) = state.mirrors.read_file(&repo.id, &sha, &path, kiln_workflow::MAX_FILE_BYTES).await else {
-            continue;
-        };
-        let Ok(text) = String::from_utf8(bytes) else { continue };
-        let parsed =
-            tokio::task::spawn_blocking(move || kiln_workflow::parse(&text)).await.map_err(|e| e.to_string())?;
+        let parsed = state.mirrors.parse_workflow(&repo.id, &sha, &path).await;
+        if let Err(WorkflowFileError::Internal(e)) = &parsed {
+            return Err(e.clone());
+        }
         if let Ok(wf) = parsed
             && !wf.on.schedule.is_empty()
         {

@@ -1,7 +1,31 @@
-//! `kiln validate FILE`: every problem of a workflow file with its line and column.
+//! `kiln validate FILE`: every problem of a workflow file (and of the files
+//! it includes) with its line and column.
 
 use kiln_api::exit;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The repository root `include:` paths are relative to: the nearest
+/// directory above FILE holding `.git`, else the parent of FILE's `.kiln/`
+/// directory, else FILE's directory.
+fn repo_root(file: &Path) -> PathBuf {
+    let abs = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
+    let dir = abs.parent().map(Path::to_path_buf).unwrap_or_default();
+    if let Some(root) = dir.ancestors().find(|d| d.join(".git").exists()) {
+        return root.to_path_buf();
+    }
+    if let Some(k) = dir.ancestors().find(|d| d.file_name().is_some_and(|n| n == ".kiln")) {
+        return k.parent().map(Path::to_path_buf).unwrap_or_default();
+    }
+    dir
+}
+
+/// `path` relative to the working directory when it is below it.
+fn relative_to_cwd(path: &Path) -> PathBuf {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| path.to_path_buf())
+}
 
 pub(super) fn run(file: &Path) -> i32 {
     let bytes = match std::fs::read(file) {
@@ -24,7 +48,12 @@ pub(super) fn run(file: &Path) -> i32 {
         eprintln!("{}:0:0: the workflow file is not valid UTF-8", file.display());
         return exit::USAGE;
     };
-    match kiln_workflow::parse(&text) {
+    let root = repo_root(file);
+    let mut load = |path: &str| -> Result<String, String> {
+        // `path` is checked by the parser: relative, no `..`.
+        std::fs::read_to_string(root.join(path)).map_err(|e| format!("cannot read {}: {e}", root.join(path).display()))
+    };
+    match kiln_workflow::parse_with(&text, &mut load) {
         Ok(w) => {
             kiln_cmd::outln!(
                 "{}: valid ({} jobs, definition sha256 {})",
@@ -36,7 +65,8 @@ pub(super) fn run(file: &Path) -> i32 {
         }
         Err(d) => {
             for diag in &d.0 {
-                eprintln!("{}:{}:{}: {}", file.display(), diag.line, diag.column, diag.message);
+                let shown = diag.file.as_ref().map(|f| relative_to_cwd(&root.join(f))).unwrap_or_else(|| file.to_path_buf());
+                eprintln!("{}:{}:{}: {}", shown.display(), diag.line, diag.column, diag.message);
             }
             eprintln!("{}: {} problem(s)", file.display(), d.0.len());
             exit::USAGE
