@@ -292,6 +292,21 @@ impl Client {
         self.send(Method::POST, &format!("/v1/repos/{}/workflow-runs", enc(repo)), Some(body), &headers, None).await
     }
 
+    /// The inputs the workflow at `git_ref` declares (`GET
+    /// /v1/repos/{repo}/workflow-inputs`).
+    pub async fn workflow_inputs(
+        &self,
+        repo: &str,
+        git_ref: &str,
+        workflow: Option<&str>,
+    ) -> Result<crate::WorkflowInputs, ApiError> {
+        let mut path = format!("/v1/repos/{}/workflow-inputs?ref={}", enc(repo), enc(git_ref));
+        if let Some(w) = workflow {
+            path.push_str(&format!("&workflow={}", enc(w)));
+        }
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
     pub async fn list_runs(&self, repo: &str, status: Option<&str>, limit: Option<u32>) -> Result<RunList, ApiError> {
         let mut q = vec![];
         if let Some(s) = status {

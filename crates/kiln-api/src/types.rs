@@ -175,6 +175,39 @@ pub struct SubmitRun {
     pub event: Option<String>,
 }
 
+/// `GET /v1/repos/{repo}/workflow-inputs?ref=…&workflow=…`: what a run of
+/// that workflow at that commit may be given (the UI's run form is made
+/// from it). Nothing is stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowInputs {
+    pub workflow_path: String,
+    /// The commit the ref resolved to.
+    pub commit_sha: String,
+    /// Whether the workflow may be started by hand (its `on:` allows `manual`).
+    pub manual: bool,
+    /// False when the workflow declares no `inputs:` (any string inputs are accepted).
+    pub declared: bool,
+    /// By name.
+    pub inputs: Vec<InputInfo>,
+}
+
+/// One declared input.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InputInfo {
+    pub name: String,
+    /// `string`, `boolean`, `number` or `choice`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    #[serde(default)]
+    pub required: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubmitRunResponse {
     pub run_id: String,

@@ -183,6 +183,7 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         &["/v1/repos/{repo}/secrets", "/v1/tokens", "/v1/agent-tokens", "/v1/agents", "/v1/audit"];
     const TRIGGER_READS: &[&str] = &[
         "/v1/repos/{repo}/workflow-runs",
+        "/v1/repos/{repo}/workflow-inputs",
         "/v1/workflow-runs/{run}",
         "/v1/jobs/{job}/logs/events",
         "/v1/workflow-runs/{run}/artifacts/{job}/{name}",
@@ -369,6 +370,8 @@ mod tests {
             (&Scope::Read, &delete, "/v1/repos/{repo}/secrets/{name}", Deny),
             (&trigger, &post, "/v1/repos/{repo}/workflow-runs", IfOwnRepo),
             (&trigger, &get, "/v1/repos/{repo}/workflow-runs", IfOwnRepo),
+            (&trigger, &get, "/v1/repos/{repo}/workflow-inputs", IfOwnRepo),
+            (&Scope::Read, &get, "/v1/repos/{repo}/workflow-inputs", Allow),
             (&trigger, &get, "/v1/workflow-runs/{run}", IfOwnRepo),
             (&trigger, &get, "/v1/jobs/{job}/logs/events", IfOwnRepo),
             (&trigger, &get, "/v1/repos", Deny),

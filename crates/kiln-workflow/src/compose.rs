@@ -157,11 +157,17 @@ impl Composer<'_, '_> {
                 continue;
             }
             if depth > MAX_INCLUDE_DEPTH {
-                self.err(pos, format!("cannot include `{path}`: includes nest at most {MAX_INCLUDE_DEPTH} levels deep"));
+                self.err(
+                    pos,
+                    format!("cannot include `{path}`: includes nest at most {MAX_INCLUDE_DEPTH} levels deep"),
+                );
                 continue;
             }
             if self.files.len() > MAX_INCLUDED_FILES {
-                self.err(pos, format!("cannot include `{path}`: a workflow includes at most {MAX_INCLUDED_FILES} files"));
+                self.err(
+                    pos,
+                    format!("cannot include `{path}`: a workflow includes at most {MAX_INCLUDED_FILES} files"),
+                );
                 continue;
             }
             self.seen.insert(path.clone(), pos);
@@ -173,7 +179,13 @@ impl Composer<'_, '_> {
                 }
             };
             if text.len() > MAX_FILE_BYTES {
-                self.err(pos, format!("cannot include `{path}`: it is {} bytes; at most {MAX_FILE_BYTES} are allowed", text.len()));
+                self.err(
+                    pos,
+                    format!(
+                        "cannot include `{path}`: it is {} bytes; at most {MAX_FILE_BYTES} are allowed",
+                        text.len()
+                    ),
+                );
                 continue;
             }
             let index = u16::try_from(self.files.len()).expect("bounded by MAX_INCLUDED_FILES");
@@ -197,7 +209,10 @@ impl Composer<'_, '_> {
 
     fn included(&mut self, root: Node, path: &str, depth: usize, jobs: &mut Vec<Node>) {
         let Value::Map(mut entries) = root.value else {
-            self.err(root.pos, format!("`{path}` must be a map of `templates` and/or `jobs`; found {}", root.describe()));
+            self.err(
+                root.pos,
+                format!("`{path}` must be a map of `templates` and/or `jobs`; found {}", root.describe()),
+            );
             return;
         };
         for e in &entries {

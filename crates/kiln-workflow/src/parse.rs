@@ -82,10 +82,7 @@ fn finish(mut diags: Vec<Diagnostic>) -> Diagnostics {
         let rest = diags.len() - MAX_DIAGNOSTICS;
         let next = diags[MAX_DIAGNOSTICS].clone();
         diags.truncate(MAX_DIAGNOSTICS);
-        diags.push(Diagnostic {
-            message: format!("{rest} more problems not shown; fix the ones above first"),
-            ..next
-        });
+        diags.push(Diagnostic { message: format!("{rest} more problems not shown; fix the ones above first"), ..next });
     }
     Diagnostics(diags)
 }

@@ -25,7 +25,8 @@ pub const MAX_MATRIX_COMBINATIONS: usize = 1024;
 
 /// `include` and `templates` (and a job's `extends`) are resolved by
 /// `compose` before validation; they are listed for "did you mean".
-const TOP_KEYS: &[&str] = &["version", "on", "inputs", "env", "defaults", "concurrency", "jobs", "include", "templates"];
+const TOP_KEYS: &[&str] =
+    &["version", "on", "inputs", "env", "defaults", "concurrency", "jobs", "include", "templates"];
 const JOB_KEYS: &[&str] = &[
     "name",
     "image",

@@ -58,9 +58,7 @@ fn included_files_are_part_of_the_hash() {
     let root = cases().into_iter().find(|c| c.ends_with("valid-include-and-extends")).unwrap();
     let src = std::fs::read_to_string(root.join(".kiln/ci.yaml")).unwrap();
     let template = std::fs::read_to_string(root.join(".kiln/templates/rust.yaml")).unwrap();
-    let hash = |t: String| {
-        parse_with(&src, &mut |_: &str| Ok(t.clone())).expect("parses").canonical_hash()
-    };
+    let hash = |t: String| parse_with(&src, &mut |_: &str| Ok(t.clone())).expect("parses").canonical_hash();
     assert_ne!(hash(template.clone()), hash(template.replace("rust:1.83", "rust:1.84")));
     assert_eq!(hash(template.clone()), hash(template));
 }

@@ -316,3 +316,89 @@ jobs:
     shot("run-cancelled", &c.screenshot().await.unwrap());
     c.close().await.unwrap();
 }
+
+/// The run form is made from the workflow's declared inputs (issue 16): a
+/// select for a choice, a checkbox for a boolean, a number field; the values
+/// chosen are what the run is frozen with. The declaration is read with
+/// `GET /v1/repos/{repo}/workflow-inputs`, which a trigger token may call for
+/// its own repository only.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_form_is_made_from_declared_inputs_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let wf = r#"version: 1
+inputs:
+  target: {type: choice, options: [staging, production], default: staging, description: Where to deploy}
+  count: {type: number, default: 2}
+  dry-run: {type: boolean, default: true}
+  note: {type: string}
+jobs:
+  - name: show
+    steps: ["echo \"target=${{ inputs.target }} count=${{ inputs.count }}\""]
+"#;
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    assert!(up.cli().args(["repo", "add", "formy", "--url"]).arg(repo.path()).status().unwrap().success());
+    let other =
+        TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: a\n    steps: [echo]\n")]).unwrap();
+    assert!(up.cli().args(["repo", "add", "other", "--url"]).arg(other.path()).status().unwrap().success());
+    let api = Client::new(&up.url, &up.token);
+
+    // The declaration as the API gives it.
+    let d = api.workflow_inputs("formy", "HEAD", None).await.unwrap();
+    assert!(d.declared && d.manual);
+    let names: Vec<&str> = d.inputs.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["count", "dry-run", "note", "target"]);
+    let target = d.inputs.iter().find(|i| i.name == "target").unwrap();
+    assert_eq!((target.kind.as_str(), target.options.len(), target.default.as_deref()), ("choice", 2, Some("staging")));
+    // A trigger token of another repository learns nothing about this one.
+    let t = api
+        .create_token(&kiln_api::CreateToken {
+            name: "other-trigger".into(),
+            scope: "trigger".into(),
+            repo: Some("other".into()),
+            trusted: None,
+        })
+        .await
+        .unwrap();
+    let as_other = Client::new(&up.url, &t.token);
+    assert_eq!(as_other.workflow_inputs("formy", "HEAD", None).await.unwrap_err().status(), Some(404));
+    assert!(as_other.workflow_inputs("other", "HEAD", None).await.unwrap().inputs.is_empty());
+
+    let (_driver, c) = browser(None).await;
+    let wait = || c.wait().at_most(Duration::from_secs(30)).every(Duration::from_millis(100));
+    sign_in(&c, &up.url, &up.token).await;
+    // Pick the repository: the fields appear.
+    wait().for_element(Locator::Css("form.start-run select[name=repo] option[value='formy']")).await.unwrap();
+    c.execute(
+        "const s = document.querySelector('form.start-run select[name=repo]'); s.value = 'formy'; s.dispatchEvent(new Event('change'));",
+        vec![],
+    )
+    .await
+    .unwrap();
+    let choice = wait().for_element(Locator::Css("select[name='input-target']")).await.unwrap();
+    choice.select_by_value("production").await.unwrap();
+    let count = c.find(Locator::Css("input[name='input-count'][type=number]")).await.unwrap();
+    count.send_keys("5").await.unwrap();
+    let dry = c.find(Locator::Css("input[name='input-dry-run'][type=checkbox]")).await.unwrap();
+    assert!(dry.prop("checked").await.unwrap().as_deref() == Some("true"), "the default is shown");
+    dry.click().await.unwrap();
+    shot("inputs-form", &c.screenshot().await.unwrap());
+    c.find(Locator::Css("form.start-run button[type=submit]")).await.unwrap().click().await.unwrap();
+    let mut run_id = String::new();
+    for _ in 0..300 {
+        let url = c.current_url().await.unwrap();
+        if let Some(id) = url.fragment().and_then(|f| f.strip_prefix("/runs/")) {
+            run_id = id.to_string();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!run_id.is_empty(), "the form leads to the new run's page");
+    let run = kiln_testkit::wait_run(&api, &run_id, 120).await;
+    assert_eq!(run.status, "success");
+    let inputs: Vec<(&str, &str)> = run.inputs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(inputs, [("count", "5"), ("dry-run", "false"), ("target", "production")], "the frozen inputs");
+    c.close().await.unwrap();
+}

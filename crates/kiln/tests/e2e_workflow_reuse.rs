@@ -41,7 +41,8 @@ async fn included_templates_run_from_the_runs_commit() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let c = Client::new(&up.url, &up.token);
 
-    let run = c.submit_run("reuse", &SubmitRun { commit_sha: first.clone(), ..Default::default() }, None).await.unwrap();
+    let run =
+        c.submit_run("reuse", &SubmitRun { commit_sha: first.clone(), ..Default::default() }, None).await.unwrap();
     let done = kiln_testkit::wait_run(&c, &run.run_id, 120).await;
     let logs = up.cli().args(["logs", &run.run_id]).output().unwrap();
     let logs = String::from_utf8_lossy(&logs.stdout).to_string();
@@ -55,10 +56,8 @@ async fn included_templates_run_from_the_runs_commit() {
     // 422 naming the included file and line, and nothing is stored.
     let broken = TEMPLATES.replace("timeout: 5m", "timeout: soon");
     let second = repo.commit(&[(".kiln/templates/common.yaml", &broken)], "break the template").unwrap();
-    let e = c
-        .submit_run("reuse", &SubmitRun { commit_sha: second.clone(), ..Default::default() }, None)
-        .await
-        .unwrap_err();
+    let e =
+        c.submit_run("reuse", &SubmitRun { commit_sha: second.clone(), ..Default::default() }, None).await.unwrap_err();
     assert_eq!(e.status(), Some(422), "{e}");
     assert!(e.to_string().contains(".kiln/templates/common.yaml:3:14: `timeout` of job"), "{e}");
     assert_eq!(c.list_runs("reuse", None, None).await.unwrap().runs.len(), 1, "nothing stored");

@@ -66,3 +66,21 @@ pub(crate) async fn retry(
     let run_id = acceptance::retry(&state, &by, &run).await?;
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id })))
 }
+
+#[derive(serde::Deserialize)]
+pub(crate) struct InputsQuery {
+    #[serde(rename = "ref")]
+    git_ref: Option<String>,
+    workflow: Option<String>,
+}
+
+/// `GET /v1/repos/{repo}/workflow-inputs?ref=…&workflow=…`: the inputs the
+/// workflow at that ref declares (default `HEAD` and `.kiln/pipeline.yaml`).
+pub(crate) async fn workflow_inputs(
+    S(state): S<State>,
+    Path(repo): Path<String>,
+    Query(q): Query<InputsQuery>,
+) -> ApiResult<Json<api::WorkflowInputs>> {
+    let git_ref = q.git_ref.unwrap_or_else(|| "HEAD".into());
+    Ok(Json(acceptance::describe_inputs(&state, &repo, &git_ref, q.workflow.as_deref()).await?))
+}

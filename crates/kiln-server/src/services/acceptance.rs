@@ -179,6 +179,39 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> Api
     Ok(accepted.run_id)
 }
 
+/// The inputs a run of `workflow_path` at `git_ref` may be given (for the
+/// UI's run form): the same read as acceptance, nothing stored.
+pub(crate) async fn describe_inputs(
+    state: &AppState,
+    repo: &str,
+    git_ref: &str,
+    workflow_path: Option<&str>,
+) -> ApiResult<api::WorkflowInputs> {
+    let repo = state.store.get_repo(repo).await?;
+    let workflow_path = workflow_path.filter(|p| !p.is_empty()).unwrap_or(api::DEFAULT_WORKFLOW_PATH).to_string();
+    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, git_ref.trim()).await.map_err(git_err)?;
+    let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
+    let inputs = workflow
+        .inputs
+        .iter()
+        .map(|(name, spec)| api::InputInfo {
+            name: name.clone(),
+            kind: spec.kind.as_str().to_string(),
+            description: spec.description.clone(),
+            default: spec.default.clone(),
+            required: spec.required,
+            options: spec.options.clone(),
+        })
+        .collect();
+    Ok(api::WorkflowInputs {
+        workflow_path,
+        commit_sha: sha,
+        manual: workflow.on.allows_manual(),
+        declared: !workflow.inputs.is_empty(),
+        inputs,
+    })
+}
+
 /// The idempotency record of a submission (invariant 9). The digest covers
 /// the request as sent (canonical JSON), so a redelivery matches even if a
 /// branch moved since.

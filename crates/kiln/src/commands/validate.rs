@@ -65,7 +65,8 @@ pub(super) fn run(file: &Path) -> i32 {
         }
         Err(d) => {
             for diag in &d.0 {
-                let shown = diag.file.as_ref().map(|f| relative_to_cwd(&root.join(f))).unwrap_or_else(|| file.to_path_buf());
+                let shown =
+                    diag.file.as_ref().map(|f| relative_to_cwd(&root.join(f))).unwrap_or_else(|| file.to_path_buf());
                 eprintln!("{}:{}:{}: {}", shown.display(), diag.line, diag.column, diag.message);
             }
             eprintln!("{}: {} problem(s)", file.display(), d.0.len());
