@@ -252,6 +252,49 @@ pub struct Job {
     /// Job-level `concurrency:` (matrix references already substituted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<Concurrency>,
+    /// `services:` by name: containers started beside the job, reachable
+    /// by name from a container job (on a network of their own) and on
+    /// loopback ports from a host job.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub services: BTreeMap<String, Service>,
+}
+
+/// Most services one job may declare.
+pub const MAX_SERVICES: usize = 8;
+/// Most ports one service may publish.
+pub const MAX_SERVICE_PORTS: usize = 16;
+
+/// One service container (`services: {db: {image, env, ports, health}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Service {
+    /// The image reference as written.
+    pub image: String,
+    /// The manifest digest `image` resolved to at acceptance (spec 000 §5:
+    /// pinned like a job's `image.ref`, so a retry runs the same bytes).
+    /// `None` until the run is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Container ports: published on loopback for a host job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+    /// `command:` overriding the image's (an argument list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// The readiness check; without one a service is ready once started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<ServiceHealth>,
+}
+
+/// `health: {cmd, interval, retries}`: `cmd` runs with `sh -c` inside the
+/// service's container every `interval` until it exits 0, at most
+/// `retries` times.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceHealth {
+    pub cmd: String,
+    pub interval_ms: u64,
+    pub retries: u32,
 }
 
 /// Which matrix combination a job is.

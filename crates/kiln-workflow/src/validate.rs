@@ -11,6 +11,7 @@ use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 mod on;
+mod services;
 
 /// Longest accepted job or artifact name, in characters.
 pub const MAX_NAME_CHARS: usize = 100;
@@ -45,6 +46,7 @@ const JOB_KEYS: &[&str] = &[
     "defaults",
     "secrets",
     "id-token",
+    "services",
     "extends",
 ];
 const ID_TOKEN_KEYS: &[&str] = &["audience"];
@@ -90,12 +92,14 @@ const ALIASES: &[(&str, &str)] = &[
     ("max_parallel", "max-parallel"),
     ("fail_fast", "fail-fast"),
     ("from-job", "from_job"),
+    ("healthcheck", "health"),
+    ("health-check", "health"),
+    ("test", "cmd"),
 ];
 
 /// Keys of other CI systems (or of later Kiln versions) that are not built:
 /// refused with what to do instead, never silently ignored.
 const NOT_BUILT: &[(&str, &str)] = &[
-    ("services", "job `services` are not supported yet; start the service from a step instead"),
     ("outputs", "job `outputs` are not supported yet; pass values between jobs as artifacts"),
     ("uses", "reusable actions (`uses`) are not supported; write the commands in `run`"),
     ("with", "`with` (inputs of an action) is not supported; set variables in `env`"),
@@ -653,6 +657,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     env.extend(own_env);
     let secrets = get(entries, "secrets").and_then(|e| secrets(ctx, &label, &e.value, &env)).unwrap_or_default();
     let id_token = get(entries, "id-token").and_then(|e| id_token(ctx, &label, &e.value));
+    let services = get(entries, "services").and_then(|e| services::services(ctx, &label, &e.value)).unwrap_or_default();
 
     let job = Job {
         name: name.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
@@ -674,6 +679,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         quorum: quorum.map(|(n, _)| n),
         condition,
         concurrency: job_concurrency,
+        services,
     };
     ctx.matrix_refs = MatrixRefs::NoMatrix;
     Some(Draft { label, name, needs_declared: needs_entry.is_some(), needs, quorum, matrix, publish, restore, job })
