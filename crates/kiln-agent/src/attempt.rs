@@ -43,6 +43,8 @@ pub(crate) struct AttemptContext {
     pub executor: ExecutorKind,
     /// The container engine (container executor only).
     pub engine: Option<Engine>,
+    /// Host executor: where jobs' services run (see `AgentConfig`).
+    pub services_engine: Option<String>,
     /// Containers are labelled `kiln.agent=<agent_name>`.
     pub agent_name: String,
     /// SIGTERM → SIGKILL grace of the sandbox.
@@ -266,6 +268,29 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     };
     let mounts = cache.as_ref().map(|c| c.mounts().to_vec()).unwrap_or_default();
 
+    // Services (healthy) before the first step; a container job joins
+    // their network, a host job gets their loopback ports.
+    let (container_engine, internal) = match (&ctx.executor, &image, &ctx.engine) {
+        (ExecutorKind::Container(settings), Some(_), Some(engine)) => {
+            (Some(engine), settings.network != kiln_sandbox::Network::Bridge)
+        }
+        _ => (None, false),
+    };
+    let mut services = match crate::services::start(ctx, a, container_engine, internal, ctl, logs).await {
+        Ok(s) => s,
+        Err(ran) => return ran,
+    };
+    let with_ports;
+    let a = match services.as_ref().filter(|s| !s.env.is_empty()) {
+        Some(s) => {
+            let mut copy = a.clone();
+            copy.env.extend(s.env.clone());
+            with_ports = copy;
+            &with_ports
+        }
+        None => a,
+    };
+
     let exec: Arc<dyn Executor> = match (&ctx.executor, image, &ctx.engine) {
         (ExecutorKind::Container(settings), Some(image), Some(engine)) => {
             let labels = BTreeMap::from([
@@ -282,7 +307,10 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
                     mounts,
                     labels,
                     limits: Limits::for_size(a.size.as_deref()),
-                    network: settings.network.clone(),
+                    network: match &services {
+                        Some(s) => kiln_sandbox::Network::Named(s.network().to_string()),
+                        None => settings.network.clone(),
+                    },
                     kill_grace: ctx.kill_grace,
                 },
             ))
@@ -304,7 +332,24 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     };
     tracing::debug!("checkout and restore done");
     let steps_started = std::time::Instant::now();
-    let ran = run_steps(&exec, a, &ws, ctl, logs).await;
+    let ran = match services.as_mut() {
+        None => run_steps(&exec, a, &ws, ctl, logs).await,
+        Some(s) => {
+            let pump = s.pump(logs);
+            let steps = async {
+                let ran = run_steps(&exec, a, &ws, ctl, logs).await;
+                // The job's container leaves the services' network first.
+                if let Err(e) = exec.cleanup().await {
+                    tracing::warn!(error = %e, "sandbox cleanup failed");
+                }
+                if let Some(s) = services.take() {
+                    s.stop().await;
+                }
+                ran
+            };
+            tokio::join!(steps, pump).0
+        }
+    };
     if let Some(c) = cache.as_mut() {
         c.info.steps_seconds = Some(steps_started.elapsed().as_secs_f64());
     }

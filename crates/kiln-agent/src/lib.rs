@@ -38,6 +38,7 @@ mod logs;
 mod mask;
 mod ran;
 mod ratelimit;
+mod services;
 mod session;
 
 use anyhow::Context;
@@ -133,6 +134,10 @@ pub struct AgentConfig {
     pub cache_timeout: Option<std::time::Duration>,
     /// Node-local cache copies kept at most, in bytes (default 5 GiB).
     pub cache_local_budget: Option<u64>,
+    /// Host executor: the Docker Engine API endpoint that runs jobs'
+    /// `services:` (the container executor uses its own engine). `None`:
+    /// a host job with services fails, saying so.
+    pub services_engine: Option<String>,
 }
 
 struct Agent {
@@ -168,11 +173,24 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     // Containers are labelled with the agent's name: those a previous
     // process of this agent left (SIGKILL, crash) are removed now.
     let engine = match &config.executor {
-        ExecutorKind::Host => None,
+        ExecutorKind::Host => {
+            // Services of host jobs a previous process left (best effort:
+            // a host agent runs without an engine until a job needs one).
+            if let Some(url) = &config.services_engine
+                && let Ok(e) = kiln_sandbox::Engine::connect(url)
+                && e.ping().await.is_ok()
+            {
+                let reaped = e.reap(&config.name).await.unwrap_or(0) + e.reap_networks(&config.name).await.unwrap_or(0);
+                if reaped > 0 {
+                    tracing::warn!(reaped, "removed service containers and networks left by a previous agent process");
+                }
+            }
+            None
+        }
         ExecutorKind::Container(c) => {
             let engine = kiln_sandbox::Engine::connect(&c.engine)?;
             engine.ping().await?;
-            let reaped = engine.reap(&config.name).await?;
+            let reaped = engine.reap(&config.name).await? + engine.reap_networks(&config.name).await?;
             if reaped > 0 {
                 tracing::warn!(reaped, agent = %config.name, "removed containers left by a previous agent process");
             }
@@ -199,6 +217,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors"))),
         executor: config.executor.clone(),
         engine,
+        services_engine: config.services_engine.clone(),
         agent_name: config.name.clone(),
         kill_grace: config.kill_grace.unwrap_or(kiln_sandbox::DEFAULT_KILL_GRACE),
         cache: caches::Settings {

@@ -48,10 +48,12 @@ pub(crate) enum Stream {
     Stdout = 0,
     Stderr = 1,
     System = 2,
+    /// Service containers' output (`[name] ` lines).
+    Services = 3,
 }
 
 /// Indexed by `Stream as usize`.
-const NAMES: [&str; 3] = kiln_api::logs::stream::AGENT_STREAMS;
+const NAMES: [&str; 4] = kiln_api::logs::stream::AGENT_STREAMS;
 
 impl From<kiln_sandbox::OutputStream> for Stream {
     fn from(s: kiln_sandbox::OutputStream) -> Self {
@@ -174,7 +176,7 @@ impl StreamBuf {
 
 #[derive(Default)]
 struct Buffers {
-    streams: [StreamBuf; 3],
+    streams: [StreamBuf; 4],
     /// Chunks cut ahead of the shipper (by [`LogStreamer::system`]), in order.
     ready: VecDeque<LogChunk>,
     flush_requested: bool,
@@ -384,9 +386,21 @@ impl LogStreamer {
             b.accepted += data.len() as u64;
         }
         let over = b.buffered() + data.len() > self.cfg.max_buffered;
+        if stream == Stream::Services && over {
+            // Services' output never waits on disk (the spool keeps the
+            // job's own stdout/stderr in order); over the memory bound it is
+            // dropped, and the log says so.
+            let note = format!("[kiln] {} bytes of services output dropped: the log buffer was full\n", data.len());
+            let sys = &mut b.streams[Stream::System as usize];
+            sys.pending.extend(note.as_bytes());
+            sys.first_pending_at.get_or_insert_with(Instant::now);
+            drop(b);
+            self.notify.notify_one();
+            return;
+        }
         let spooled = b.spooled();
         let s = &mut b.streams[stream as usize];
-        if stream != Stream::System && (over || s.spooled() > 0) {
+        if matches!(stream, Stream::Stdout | Stream::Stderr) && (over || s.spooled() > 0) {
             // Memory is full (or older bytes wait on disk): spool, in order.
             let room = self.cfg.max_spool.saturating_sub(spooled);
             let written = match &self.cfg.spool_dir {

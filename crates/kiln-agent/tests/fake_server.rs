@@ -640,6 +640,7 @@ impl Harness {
             heartbeat_interval_ms: 100,
             attempt_token: ATTEMPT_TOKEN.into(),
             cache: None,
+            services: vec![],
         }
     }
 
@@ -662,6 +663,7 @@ impl Harness {
             kill_grace: None,
             cache_timeout: None,
             cache_local_budget: None,
+            services_engine: None,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
             log_rate_limit: None,

@@ -536,6 +536,34 @@ pub struct Assignment {
     /// The job's build cache, if it declares one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSpec>,
+    /// Service containers to start (healthy) before the first step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceSpec>,
+}
+
+/// One service of a job (`services:`), its image pinned at acceptance.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ServiceSpec {
+    /// The name the job reaches it by (a DNS label).
+    pub name: String,
+    /// The image reference as written.
+    pub image: String,
+    /// The manifest digest pinned at acceptance.
+    #[serde(default)]
+    pub digest: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// `sh -c` command run inside the service until it exits 0.
+    #[serde(default)]
+    pub health_cmd: Option<String>,
+    #[serde(default)]
+    pub health_interval_ms: u64,
+    #[serde(default)]
+    pub health_retries: u32,
 }
 
 /// `PUT /v1/repos/{repo}/secrets/{name}`.

@@ -177,6 +177,7 @@ fn assignment() -> Assignment {
         secrets: BTreeMap::from([("DEPLOY_KEY".to_string(), "s3cr3t".to_string())]),
         attempt_token: "kiln_a1.6b1f".into(),
         cache: None,
+        services: vec![],
     }
 }
 

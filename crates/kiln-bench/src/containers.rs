@@ -83,6 +83,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             kill_grace: None,
             cache_timeout: None,
             cache_local_budget: None,
+            services_engine: None,
             log_rate_limit: None,
             log_buffer: None,
             log_spool_limit: None,

@@ -34,6 +34,7 @@ pub fn agent_config(
         kill_grace: None,
         cache_timeout: None,
         cache_local_budget: None,
+        services_engine: None,
     }
 }
 

@@ -16,6 +16,9 @@ pub mod stream {
     pub const STDERR: &str = "stderr";
     /// Agent-side lines (step headers, dropped-output notes).
     pub const SYSTEM: &str = "system";
+    /// The output of the job's service containers, each line prefixed
+    /// with `[name] `.
+    pub const SERVICES: &str = "services";
     /// Marker row: the attempt ended through its agent; its payload is the
     /// JSON of a `LogSealed` (epoch, outcome, committed lengths).
     pub const SEAL: &str = "seal";
@@ -24,7 +27,7 @@ pub mod stream {
     pub const GAP: &str = "gap";
     /// The streams an agent may write bytes to; markers are written only by
     /// the store's own transactions.
-    pub const AGENT_STREAMS: [&str; 3] = [STDOUT, STDERR, SYSTEM];
+    pub const AGENT_STREAMS: [&str; 4] = [STDOUT, STDERR, SYSTEM, SERVICES];
 
     /// A marker row (`seal`, `gap`) rather than bytes of output.
     pub fn is_marker(name: &str) -> bool {

@@ -78,7 +78,7 @@ fn api(e: bollard::errors::Error) -> EngineError {
 /// A connection to a Docker Engine API (cheap to clone).
 #[derive(Clone)]
 pub struct Engine {
-    docker: Docker,
+    pub(crate) docker: Docker,
     url: String,
     /// Container removals still running in the background (see `cleanup`).
     removals: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
@@ -424,7 +424,7 @@ fn context_tar(dir: &Path, extra_dockerfile: Option<&Path>) -> std::io::Result<V
     b.into_inner()
 }
 
-async fn remove_container(docker: &Docker, id: &str) {
+pub(crate) async fn remove_container(docker: &Docker, id: &str) {
     // SIGKILL first: a forced remove would otherwise stop with SIGTERM and
     // the engine's stop timeout.
     let _ = docker.kill_container(id, Some(KillContainerOptions { signal: "SIGKILL".into() })).await;
@@ -443,13 +443,17 @@ pub enum Network {
     None,
     /// The engine's default network (outbound access).
     Bridge,
+    /// A network of the attempt's own, shared with its services (see
+    /// [`crate::Services`]).
+    Named(String),
 }
 
 impl Network {
-    fn mode(&self) -> &'static str {
+    fn mode(&self) -> String {
         match self {
-            Network::None => "none",
-            Network::Bridge => "bridge",
+            Network::None => "none".into(),
+            Network::Bridge => "bridge".into(),
+            Network::Named(n) => n.clone(),
         }
     }
 }
@@ -551,7 +555,7 @@ impl ContainerExecutor {
         }
         let host = HostConfig {
             binds: Some(binds),
-            network_mode: Some(self.cfg.network.mode().into()),
+            network_mode: Some(self.cfg.network.mode()),
             nano_cpus: Some((self.cfg.limits.cpus * 1e9) as i64),
             memory: Some(self.cfg.limits.memory_bytes),
             memory_swap: Some(self.cfg.limits.memory_bytes),

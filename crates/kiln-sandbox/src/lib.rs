@@ -16,6 +16,7 @@ mod host;
 mod isolation;
 mod procs;
 mod reap;
+mod services;
 mod spawn;
 
 pub use container::{
@@ -26,6 +27,7 @@ pub use host::{DEFAULT_KILL_GRACE, DEFAULT_PATH, HostConfig, HostExecutor};
 pub use isolation::{Isolation, Namespaces, StepUser};
 pub use procs::process_alive;
 pub use reap::{reap_orphans, remove_tree};
+pub use services::{FAILED_LOG_TAIL, HealthCheck, LABEL_SERVICE, ServiceError, ServiceRequest, Services};
 
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;

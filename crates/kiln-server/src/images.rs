@@ -5,7 +5,13 @@
 //! linux/amd64). The digests are stored on the jobs in the acceptance
 //! transaction and every attempt runs exactly them.
 
-use kiln_workflow::{Image, Workflow};
+use kiln_workflow::{Image, Job, Workflow};
+
+/// A job's platform (`runs-on` `os`/`arch`, default linux/amd64).
+fn platform(job: &Job) -> (String, String) {
+    let os = job.runs_on.get("os").cloned().unwrap_or_else(|| "linux".into());
+    (os, normalise_arch(job.runs_on.get("arch").map(String::as_str).unwrap_or("amd64")))
+}
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
@@ -65,13 +71,17 @@ impl Resolver {
     }
 
     /// The digest of every `image.ref` job of `wf`, by job name.
-    pub async fn resolve_workflow(&self, wf: &Workflow) -> Result<BTreeMap<String, String>, ResolveError> {
+    ///
+    /// Service images are pinned in place: each service's `digest` is set
+    /// in `wf`, so the frozen definition names the bytes every attempt (and
+    /// a retry) runs.
+    pub async fn resolve_workflow(&self, wf: &mut Workflow) -> Result<BTreeMap<String, String>, ResolveError> {
+        self.pin_services(wf).await?;
         // Resolve each distinct (reference, platform) once, concurrently.
         let mut wanted: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
         for job in &wf.jobs {
             if let Some(Image::Ref { reference }) = &job.image {
-                let os = job.runs_on.get("os").cloned().unwrap_or_else(|| "linux".into());
-                let arch = normalise_arch(job.runs_on.get("arch").map(String::as_str).unwrap_or("amd64"));
+                let (os, arch) = platform(job);
                 wanted.entry((reference.clone(), os, arch)).or_default().push(job.name.clone());
             }
         }
@@ -92,6 +102,41 @@ impl Resolver {
             }
         }
         Ok(out)
+    }
+
+    /// Set the digest of every job service's image (once per distinct
+    /// reference and platform).
+    async fn pin_services(&self, wf: &mut Workflow) -> Result<(), ResolveError> {
+        let mut wanted: BTreeMap<(String, String, String), String> = BTreeMap::new();
+        for job in &wf.jobs {
+            for (name, svc) in &job.services {
+                let (os, arch) = platform(job);
+                wanted
+                    .entry((svc.image.clone(), os, arch))
+                    .or_insert_with(|| format!("service `{name}` of job `{}`", job.name));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let results = futures::future::join_all(wanted.keys().map(|(r, os, arch)| self.resolve(r, os, arch))).await;
+        let mut pinned = BTreeMap::new();
+        for (((reference, os, arch), whose), res) in wanted.into_iter().zip(results) {
+            let digest = res.map_err(|e| match e {
+                ResolveError::Refused(m) => ResolveError::Refused(format!("image `{reference}` of {whose}: {m}")),
+                ResolveError::Unavailable(m) => {
+                    ResolveError::Unavailable(format!("image `{reference}` of {whose}: {m}"))
+                }
+            })?;
+            pinned.insert((reference, os, arch), digest);
+        }
+        for job in &mut wf.jobs {
+            let (os, arch) = platform(job);
+            for svc in job.services.values_mut() {
+                svc.digest = pinned.get(&(svc.image.clone(), os.clone(), arch.clone())).cloned();
+            }
+        }
+        Ok(())
     }
 
     /// The digest of the image manifest `reference` names for `os`/`arch`.

@@ -272,7 +272,8 @@ pub struct AgentTuning {
     /// from the job's pinned image, through the Docker Engine API of --engine).
     #[arg(long, default_value = "host", value_parser = ["host", "container"])]
     pub executor: String,
-    /// Docker Engine API endpoint of the container executor (Podman: `podman system service`).
+    /// Docker Engine API endpoint of the container executor (Podman: `podman system service`);
+    /// with the host executor, where jobs' `services:` run.
     #[arg(long, env = "KILN_ENGINE", default_value = "unix:///run/podman/podman.sock")]
     pub engine: String,
     /// Image for jobs without `image:` on the container executor (pin it as repo@sha256:…).

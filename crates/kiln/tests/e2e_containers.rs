@@ -469,3 +469,147 @@ jobs:
     assert_eq!(c3.result, "miss", "{c3:?}");
     assert_ne!(c3.key, c1.key, "the image digest is part of the key");
 }
+
+fn networks_named(name: &str) -> usize {
+    podman(&["network", "ls", "-q", "--filter", &format!("name=^{name}$")]).lines().filter(|l| !l.is_empty()).count()
+}
+
+/// `services:` (issue 16): a container job reaches its service by name on
+/// a network of the attempt's own once the service's health check passed,
+/// the service's output is the job log's `services` stream, and everything
+/// is removed afterwards; a host job gets the service's loopback port; a
+/// service that never gets healthy fails the job as infrastructure with its
+/// log attached.
+#[tokio::test(flavor = "multi_thread")]
+async fn services_start_healthy_answer_by_name_and_are_removed() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["svc-ctr", "svc-host"]);
+    let reg = registry();
+    let serve = r#"[sh, -c, "echo service-starting; mkdir -p /srv && echo \"$GREETING\" > /srv/index.html && exec httpd -f -p 8080 -h /srv"]"#;
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: in-container
+    needs: []
+    image: {reg}/kiln-test/base:latest
+    runs-on: {{kind: container}}
+    services:
+      web:
+        image: {reg}/kiln-test/base:latest
+        env: {{GREETING: hello-from-service}}
+        command: {serve}
+        ports: [8080]
+        health: {{cmd: "wget -qO- http://127.0.0.1:8080/index.html", interval: 200ms, retries: 50}}
+    steps:
+      - echo "got $(wget -qO- http://web:8080/index.html)"
+  - name: on-host
+    needs: []
+    runs-on: {{kind: host}}
+    services:
+      web:
+        image: {reg}/kiln-test/base:latest
+        env: {{GREETING: hello-host}}
+        command: {serve}
+        ports: [8080]
+        health: {{cmd: "wget -qO- http://127.0.0.1:8080/index.html", interval: 200ms, retries: 50}}
+    steps:
+      - echo "host got $(curl -fsS http://127.0.0.1:$KILN_SERVICE_WEB_PORT/index.html)"
+"#
+    );
+    let broken = format!(
+        r#"version: 1
+jobs:
+  - name: never-healthy
+    image: {reg}/kiln-test/base:latest
+    runs-on: {{kind: container}}
+    services:
+      bad:
+        image: {reg}/kiln-test/base:latest
+        command: [sh, -c, "echo broken-service-log; sleep 600"]
+        health: {{cmd: "false", interval: 100ms, retries: 3}}
+    steps:
+      - echo must-not-run
+"#
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf), (".kiln/broken.yaml", &broken)]).unwrap();
+    let s = server();
+    s.add_repo("svc", &repo);
+    let _ctr = container_agent(&s, "svc-ctr", &["--labels", "kind=container"]);
+    let engine = engine_url();
+    let _host = s.agent(&agent_name("svc-host"), &["--labels", "kind=host", "--engine", &engine]).unwrap();
+    let c = Client::new(&s.url, &s.token);
+
+    let run = c.submit_run("svc", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 240).await;
+    let ctr_log = logs(&s, &run.run_id, "in-container");
+    let host_log = logs(&s, &run.run_id, "on-host");
+    assert_eq!(done.status, "success", "{ctr_log}\n---\n{host_log}\n{}", s.log());
+    assert!(ctr_log.contains("got hello-from-service"), "reached by name: {ctr_log}");
+    assert!(ctr_log.contains("[web] service-starting"), "the service's output is in the log: {ctr_log}");
+    assert!(host_log.contains("host got hello-host"), "reached on its loopback port: {host_log}");
+    // The service runs the image pinned at acceptance, by digest.
+    let digest = registry_digest("kiln-test/base");
+    assert!(ctr_log.contains(&format!("kiln-test/base@{digest}")), "{ctr_log}");
+    for job in &done.jobs {
+        let gone = wait_for(Duration::from_secs(30), || containers_of_job(&job.id).is_empty().then_some(()));
+        assert!(gone.is_some(), "service containers of {} removed", job.name);
+        let net = format!("kiln-{}-1", job.id);
+        assert!(
+            wait_for(Duration::from_secs(30), || (networks_named(&net) == 0).then_some(())).is_some(),
+            "{net} removed"
+        );
+    }
+
+    // Never healthy: the job fails as infrastructure, with the service's log.
+    let body =
+        SubmitRun { commit_sha: "main".into(), workflow_path: Some(".kiln/broken.yaml".into()), ..Default::default() };
+    let run = c.submit_run("svc", &body, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 240).await;
+    let log = logs(&s, &run.run_id, "never-healthy");
+    assert_eq!(done.status, "failed", "{log}");
+    let job = &done.jobs[0];
+    let message = job.attempts[0].message.clone().unwrap_or_default();
+    assert!(message.contains("service `bad` did not become healthy"), "{message}");
+    assert!(job.attempts.len() > 1, "an infrastructure failure is retried: {:?}", job.attempts);
+    assert!(log.contains("[bad] broken-service-log"), "{log}");
+    assert!(!log.contains("must-not-run"), "{log}");
+    assert!(wait_for(Duration::from_secs(30), || containers_of_job(&job.id).is_empty().then_some(())).is_some());
+}
+
+/// A SIGKILLed agent leaves its job's services behind; the restarted agent
+/// removes them (containers and network) by their labels.
+#[tokio::test(flavor = "multi_thread")]
+async fn services_of_a_killed_agent_are_reaped_when_it_restarts() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["svc-crash"]);
+    let reg = registry();
+    let wf = format!(
+        "version: 1\njobs:\n  - name: long\n    services:\n      idle:\n        image: {reg}/kiln-test/base:latest\n        command: [sleep, \"600\"]\n    steps:\n      - echo running; sleep 600\n"
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let s = server();
+    s.add_repo("svccrash", &repo);
+    let engine = engine_url();
+    let agent = s.agent(&agent_name("svc-crash"), &["--engine", &engine]).unwrap();
+    let c = Client::new(&s.url, &s.token);
+    let run =
+        c.submit_run("svccrash", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = until(&c, &run.run_id, 120, "job running", |r| r.jobs[0].status == "running").await;
+    let job = r.jobs[0].id.clone();
+    wait_for(Duration::from_secs(60), || logs(&s, &run.run_id, "long").contains("running").then_some(()))
+        .expect("the step runs once its service started");
+    assert_eq!(containers_of_job(&job).len(), 1, "the service's container");
+    agent.signal("KILL");
+    drop(agent);
+    c.cancel_run(&run.run_id).await.unwrap();
+    assert_eq!(containers_of_job(&job).len(), 1, "orphaned by the SIGKILL");
+    let restarted = s.agent(&agent_name("svc-crash"), &["--engine", &engine]).unwrap();
+    let gone = wait_for(Duration::from_secs(30), || containers_of_job(&job).is_empty().then_some(()));
+    assert!(gone.is_some(), "orphaned service not reaped\n{}", restarted.log());
+    let net = format!("kiln-{job}-1");
+    assert!(wait_for(Duration::from_secs(30), || (networks_named(&net) == 0).then_some(())).is_some(), "{net} reaped");
+}

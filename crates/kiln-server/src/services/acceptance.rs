@@ -74,7 +74,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     }
     let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
     let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(git_err)?;
-    let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
+    let mut workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
     if event == "manual" && !workflow.on.allows_manual() {
         return Err(ApiErr::invalid(format!(
             "{workflow_path} declares `on:` without `manual`, so it is not started by hand; add `manual: {{}}` \
@@ -90,7 +90,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     check_secrets(state, &repo, &workflow, &workflow_path).await?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
-    let image_digests = state.resolver.resolve_workflow(&workflow).await.map_err(resolve_err)?;
+    let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
     let accepted = state
         .store

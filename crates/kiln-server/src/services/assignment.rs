@@ -72,6 +72,21 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
                 read_namespaces,
             }
         }),
+        services: def
+            .services
+            .iter()
+            .map(|(name, s)| api::ServiceSpec {
+                name: name.clone(),
+                image: s.image.clone(),
+                digest: s.digest.clone(),
+                env: s.env.clone(),
+                ports: s.ports.clone(),
+                command: s.command.clone(),
+                health_cmd: s.health.as_ref().map(|h| h.cmd.clone()),
+                health_interval_ms: s.health.as_ref().map_or(0, |h| h.interval_ms),
+                health_retries: s.health.as_ref().map_or(0, |h| h.retries),
+            })
+            .collect(),
     }
 }
 

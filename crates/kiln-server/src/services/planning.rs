@@ -141,7 +141,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
     let mut planned = Planned { runs: vec![], problems: vec![], considered: files.len() };
     for path in &files {
         let ctx = context(path, kind);
-        let wf = match read(state, &repo, &sha, path).await {
+        let mut wf = match read(state, &repo, &sha, path).await {
             Ok(wf) => wf,
             Err(problem) => {
                 refuse(state, &repo, &sha, &ctx, path, &problem, &mut planned).await?;
@@ -181,7 +181,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 continue;
             }
         };
-        let image_digests = match state.resolver.resolve_workflow(&wf).await {
+        let image_digests = match state.resolver.resolve_workflow(&mut wf).await {
             Ok(d) => d,
             Err(ResolveError::Refused(m)) => {
                 refuse(state, &repo, &sha, &ctx, path, &m, &mut planned).await?;

@@ -105,7 +105,8 @@ async fn fire(
     // without one refuses the run).
     let inputs = wf.check_inputs(&Default::default())?;
     let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs)?;
-    let image_digests = state.resolver.resolve_workflow(wf).await.map_err(|e| format!("{e:?}"))?;
+    let mut wf = wf.clone();
+    let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
     let accepted = state
         .store
         .accept_run(NewRun {
@@ -115,7 +116,7 @@ async fn fire(
             event: "schedule".into(),
             trust: Trust::for_submission("schedule", true).as_str().into(),
             workflow_path: path.to_string(),
-            workflow: wf.clone(),
+            workflow: wf,
             inputs,
             parent_run_id: None,
             idempotency: Some(Idempotency {

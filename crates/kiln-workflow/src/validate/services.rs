@@ -196,7 +196,10 @@ fn health(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<ServiceHealth> {
     check_keys(ctx, entries, HEALTH_KEYS, &format!("in {subject}"));
     let cmd = match get(entries, "cmd") {
         None => {
-            ctx.err(node.pos, format!("{subject} has no `cmd`; add the command that exits 0 once the service is ready"));
+            ctx.err(
+                node.pos,
+                format!("{subject} has no `cmd`; add the command that exits 0 once the service is ready"),
+            );
             None
         }
         Some(e) => {
@@ -214,10 +217,7 @@ fn health(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<ServiceHealth> {
             match text.and_then(|t| crate::parse_duration(t).ok()) {
                 Some(d) if d.as_millis() >= 100 && d.as_secs() <= 300 => Some(d.as_millis() as u64),
                 _ => {
-                    ctx.err(
-                        e.value.pos,
-                        format!("`interval` of {subject} is a duration from 100ms to 5m, e.g. `2s`"),
-                    );
+                    ctx.err(e.value.pos, format!("`interval` of {subject} is a duration from 100ms to 5m, e.g. `2s`"));
                     None
                 }
             }

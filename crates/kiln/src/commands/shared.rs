@@ -147,6 +147,9 @@ pub(super) fn apply_agent_tuning(cfg: &mut kiln_agent::AgentConfig, t: &AgentTun
         settings.default_image = t.default_image.clone();
         settings.network = t.container_network.parse().map_err(usage)?;
         cfg.executor = kiln_agent::ExecutorKind::Container(settings);
+    } else {
+        // Host jobs' `services:` run in containers of this engine.
+        cfg.services_engine = Some(t.engine.clone());
     }
     Ok(())
 }
