@@ -26,6 +26,7 @@ pub mod backoff;
 pub mod cancel;
 pub mod claim;
 pub mod complete;
+pub mod degradation;
 pub mod failure;
 pub mod groups;
 pub mod job;

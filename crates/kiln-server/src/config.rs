@@ -66,6 +66,11 @@ pub struct ServerConfig {
     pub cache_ttl: Duration,
     /// Bytes of cache entries kept per repository (least recently used go first).
     pub cache_repo_quota: u64,
+    /// How often the resource monitor samples the data directory's
+    /// filesystem and the memory (spec 004).
+    pub resource_interval: Duration,
+    /// Where the degradation levels start.
+    pub degradation: kiln_core::degradation::Thresholds,
     /// Bytes of cache entries kept in all.
     pub cache_global_budget: u64,
     /// `POST /v1/repos` checks that the clone URL answers as a git
@@ -130,6 +135,8 @@ impl ServerConfig {
             cache_repo_quota: 10 << 30,
             cache_global_budget: 100 << 30,
             probe_clone_urls: true,
+            resource_interval: Duration::from_secs(5),
+            degradation: kiln_core::degradation::Thresholds::default(),
         }
     }
 

@@ -11,11 +11,17 @@ pub struct ApiErr {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for a `Retry-After` header (a 503 that will pass).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiErr {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiErr { status, code, message: message.into() }
+        ApiErr { status, code, message: message.into(), retry_after: None }
+    }
+    /// 503 `unavailable` with `Retry-After: secs`.
+    pub fn unavailable_for(secs: u64, message: impl Into<String>) -> Self {
+        ApiErr { retry_after: Some(secs), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE, message) }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID, message)
@@ -64,7 +70,12 @@ impl IntoResponse for ApiErr {
             tracing::warn!(code = self.code, "{}", self.message);
         }
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
-        (self.status, Json(body)).into_response()
+        match self.retry_after {
+            Some(secs) => {
+                (self.status, [(axum::http::header::RETRY_AFTER, secs.to_string())], Json(body)).into_response()
+            }
+            None => (self.status, Json(body)).into_response(),
+        }
     }
 }
 

@@ -23,6 +23,7 @@ mod images;
 mod log_index;
 mod loops;
 pub mod oidc;
+mod resources;
 mod router;
 pub mod sealing;
 mod security;

@@ -16,6 +16,12 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
     // Rebuild dispatch queues: ready jobs whose events were published before a restart.
     work::sweep_once(&state).await?;
     tokio::spawn(relay(state.clone(), shutdown.clone()));
+    tokio::spawn(every(state.clone(), shutdown.clone(), state.config.resource_interval, "resource monitor", |s| {
+        Box::pin(async move {
+            s.resources.sample_now();
+            Ok(0)
+        })
+    }));
     tokio::spawn(reconciler(state.clone(), shutdown.clone()));
     tokio::spawn(every(state.clone(), shutdown.clone(), state.config.gc_interval, "garbage collector", |s| {
         Box::pin(work::collect_once(s))

@@ -75,6 +75,8 @@ pub(crate) struct AppState {
     pub cache_counts: CacheCounts,
     /// Agents whose session stream is open to this server.
     pub live_agents: LiveAgents,
+    /// Disk and memory, and the degradation level they give.
+    pub resources: crate::resources::ResourceMonitor,
 }
 
 pub(crate) type State = Arc<AppState>;
@@ -90,6 +92,8 @@ pub(crate) struct CancelEvent {
 impl AppState {
     pub fn new(parts: AppParts) -> State {
         let AppParts { config, store, blob, admin_token, agent_token, blob_key, clock, secrets, oidc } = parts;
+        let resources = crate::resources::ResourceMonitor::new(config.data_dir.clone(), config.degradation);
+        resources.sample_now();
         Arc::new(AppState {
             store,
             mirrors: Mirrors::new(config.data_dir.join("mirrors")),
@@ -121,6 +125,7 @@ impl AppState {
             instance_id: uuid::Uuid::new_v4().to_string(),
             cache_counts: Default::default(),
             live_agents: Default::default(),
+            resources,
         })
     }
 

@@ -238,6 +238,12 @@ pub struct ServerTuning {
         value_delimiter = ','
     )]
     pub registry_auth: Vec<String>,
+    /// How often the data directory's disk use and the memory are sampled for the degradation
+    /// level (spec 004: warning at 80 % of the disk or under 2 GiB of memory, degraded at 90 % /
+    /// 1 GiB — runs with a `size: large` job are refused —, critical at 95 % / 500 MiB — new runs
+    /// are refused with 503 and Retry-After). The level is in /readyz and /metrics.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub resource_interval: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

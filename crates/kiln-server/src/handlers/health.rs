@@ -6,16 +6,31 @@ use axum::extract::State as S;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kiln_api as api;
+use kiln_core::degradation::Level;
 
 pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready when the store answers.
+/// Ready when the store answers and the server is not in critical
+/// degradation; the body says the degradation level (and why) either way:
+/// `ready (degradation: warning: …)`.
 pub(crate) async fn readyz(S(state): S<State>) -> Response {
+    let (level, why, _) = state.resources.status();
+    let degradation = if why.is_empty() {
+        format!("degradation: {}", level.as_str())
+    } else {
+        format!("degradation: {}: {why}", level.as_str())
+    };
     match state.store.list_repos().await {
-        Ok(_) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, api::codes::UNAVAILABLE, e.to_string()).into_response(),
+        Ok(_) if level == Level::Critical => ApiErr::unavailable_for(
+            crate::resources::RETRY_AFTER_SECS,
+            format!("not ready: {degradation}; new runs are refused"),
+        )
+        .into_response(),
+        Ok(_) => (StatusCode::OK, format!("ready ({degradation})")).into_response(),
+        Err(e) => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, api::codes::UNAVAILABLE, format!("{e} ({degradation})"))
+            .into_response(),
     }
 }
 
@@ -23,6 +38,7 @@ pub(crate) async fn readyz(S(state): S<State>) -> Response {
 pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
     use std::sync::atomic::Ordering::Relaxed;
     let w = &state.webhooks;
+    let (_, _, sample) = state.resources.status();
     let body = format!(
         "# HELP kiln_dispatch_queue_depth Deliveries waiting in dispatch queues.\n\
          # TYPE kiln_dispatch_queue_depth gauge\n\
@@ -60,7 +76,19 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
          # HELP kiln_cache_time_saved_seconds_total Estimated build time saved by hits: the saving attempt's steps \
          minus the hit's steps and restore.\n\
          # TYPE kiln_cache_time_saved_seconds_total counter\n\
-         kiln_cache_time_saved_seconds_total {:.3}\n",
+         kiln_cache_time_saved_seconds_total {:.3}\n\
+         # HELP kiln_degradation_level The server's degradation level (0 normal, 1 warning, 2 degraded, 3 critical).\n\
+         # TYPE kiln_degradation_level gauge\n\
+         kiln_degradation_level {}\n\
+         # HELP kiln_storage_used_ratio Used fraction of the data directory's filesystem.\n\
+         # TYPE kiln_storage_used_ratio gauge\n\
+         kiln_storage_used_ratio {:.4}\n\
+         # HELP kiln_memory_available_bytes Memory available to the server's host.\n\
+         # TYPE kiln_memory_available_bytes gauge\n\
+         kiln_memory_available_bytes {}\n\
+         # HELP kiln_runs_refused_degraded_total Runs refused by degradation (503).\n\
+         # TYPE kiln_runs_refused_degraded_total counter\n\
+         kiln_runs_refused_degraded_total {}\n",
         state.dispatcher.depth(),
         w.accepted.load(Relaxed),
         w.duplicate.load(Relaxed),
@@ -77,6 +105,10 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
         state.cache_counts.bytes_restored.load(Relaxed),
         state.cache_counts.bytes_saved.load(Relaxed),
         state.cache_counts.ms_saved.load(Relaxed) as f64 / 1000.0,
+        state.resources.level().as_number(),
+        sample.map_or(0.0, |s| s.storage_used_pct() / 100.0),
+        sample.and_then(|s| s.memory_available_bytes).unwrap_or(0),
+        state.resources.refused.load(Relaxed),
     );
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }

@@ -75,6 +75,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
     let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(git_err)?;
     let mut workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
+    admit(state, &workflow)?;
     if event == "manual" && !workflow.on.allows_manual() {
         return Err(ApiErr::invalid(format!(
             "{workflow_path} declares `on:` without `manual`, so it is not started by hand; add `manual: {{}}` \
@@ -124,6 +125,7 @@ fn accepted_event(req: &api::SubmitRun) -> &str {
 /// Accept a new run with `run_id`'s frozen definition; returns its id.
 pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> ApiResult<String> {
     let old_view = state.store.get_run(run_id).await?;
+    admit(state, &old_view.run.definition)?;
     // Same pinned definition, same pinned images: registry digests are
     // copied, never re-resolved (a moved tag must not change what a retry
     // runs). Built images are rebuilt by the new run.
@@ -210,6 +212,13 @@ pub(crate) async fn describe_inputs(
         declared: !workflow.inputs.is_empty(),
         inputs,
     })
+}
+
+/// Degradation (spec 004): no new run at `critical`, none with a large job
+/// at `degraded` — 503 with `Retry-After`, nothing stored.
+pub(crate) fn admit(state: &AppState, wf: &Workflow) -> ApiResult<()> {
+    let large = wf.jobs.iter().any(|j| j.runs_on.get("size").is_some_and(|s| s == "large"));
+    state.resources.admit_run(large).map_err(|r| ApiErr::unavailable_for(r.retry_after_secs, r.message))
 }
 
 /// The idempotency record of a submission (invariant 9). The digest covers

@@ -148,6 +148,8 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 continue;
             }
         };
+        // Degraded: the delivery stays pending and is planned again later.
+        crate::services::acceptance::admit(state, &wf).map_err(|e| PlanError::Transient(e.message))?;
         let runs = match (kind, &base_branch) {
             ("push", _) => wf.on.matches_push(&git_ref, changed.as_deref()),
             (_, Some(base)) => wf.on.matches_pull_request(base, changed.as_deref()),

@@ -104,6 +104,9 @@ async fn fire(
     // A scheduled run gets the declared inputs' defaults (a required input
     // without one refuses the run).
     let inputs = wf.check_inputs(&Default::default())?;
+    // Not at critical degradation: the tick stays due and fires once the
+    // server recovers (the cursor does not move).
+    crate::services::acceptance::admit(state, wf).map_err(|e| e.message)?;
     let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs)?;
     let mut wf = wf.clone();
     let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;

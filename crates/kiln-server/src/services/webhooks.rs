@@ -110,6 +110,13 @@ pub(crate) async fn receive(
         counts.rejected_payload.fetch_add(1, Ordering::Relaxed);
         ApiErr::bad_request(format!("the {} payload is not usable: {e}", meta.event))
     })?;
+    // A full disk (spec 004: critical) takes no new work: the forge
+    // redelivers after `Retry-After`, nothing is stored now.
+    if matches!(event, ForgeEvent::Push(_) | ForgeEvent::PullRequest(_))
+        && let Err(r) = state.resources.admit_run(false)
+    {
+        return Err(ApiErr::unavailable_for(r.retry_after_secs, r.message));
+    }
     let trust = decide_trust(&repo.forge, &event);
     let (status, message) = match &event {
         ForgeEvent::Push(_) | ForgeEvent::PullRequest(_) => ("pending", None),

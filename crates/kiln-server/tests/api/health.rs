@@ -7,7 +7,8 @@ use kiln_testkit::TestApp;
 async fn health_readiness_and_the_ui() {
     let app = TestApp::new().await;
     assert_eq!(app.anonymous().get("/healthz").send().await.assert_status(StatusCode::OK).text(), "ok");
-    assert_eq!(app.anonymous().get("/readyz").send().await.assert_status(StatusCode::OK).text(), "ready");
+    let ready = app.anonymous().get("/readyz").send().await.assert_status(StatusCode::OK).text();
+    assert!(ready.starts_with("ready (degradation: "), "{ready}");
     let ui = app.anonymous().get("/").send().await.assert_status(StatusCode::OK);
     assert!(ui.header("content-type").unwrap().starts_with("text/html"));
 }
@@ -23,4 +24,52 @@ async fn metrics_expose_the_dispatch_queue_depth() {
     assert_eq!(app.run_pending_work().await.relayed, 1);
     let res = app.anonymous().get("/metrics").send().await;
     assert!(res.text().contains("\nkiln_dispatch_queue_depth 1\n"), "{}", res.text());
+}
+
+/// Spec 004 degradation: at `critical` a new run is refused with 503 and
+/// `Retry-After` and nothing is stored; `/readyz` and `/metrics` say so. At
+/// `degraded` only runs with a `size: large` job are refused. (Thresholds
+/// at 0 % make the real disk's use critical or degraded; the e2e test fills
+/// a real tmpfs.)
+#[tokio::test]
+async fn degradation_refuses_new_runs_with_retry_after() {
+    use kiln_core::degradation::Thresholds;
+    let app =
+        TestApp::with_config(|c| c.degradation = Thresholds { storage_pct: [0.0, 0.0, 0.0], ..c.degradation }).await;
+    let _repo = super::repo(&app, "r", &super::pipeline(&["a"])).await;
+    let res = app
+        .admin()
+        .post("/v1/repos/r/workflow-runs")
+        .json(&serde_json::json!({"commit_sha": "main"}))
+        .send()
+        .await
+        .assert_status(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.error_code(), "unavailable");
+    assert!(res.text().contains("critical degradation"), "{}", res.text());
+    assert_eq!(res.header("retry-after"), Some("30"));
+    let runs: serde_json::Value = app.admin().get("/v1/repos/r/workflow-runs").send().await.json();
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 0, "nothing stored");
+    let ready = app.anonymous().get("/readyz").send().await.assert_status(StatusCode::SERVICE_UNAVAILABLE);
+    assert!(ready.text().contains("degradation: critical"), "{}", ready.text());
+    assert!(ready.header("retry-after").is_some());
+    let metrics = app.anonymous().get("/metrics").send().await.text();
+    assert!(metrics.contains("\nkiln_degradation_level 3\n"), "{metrics}");
+    assert!(metrics.contains("\nkiln_runs_refused_degraded_total 1\n"), "{metrics}");
+
+    let app =
+        TestApp::with_config(|c| c.degradation = Thresholds { storage_pct: [0.0, 0.0, 101.0], ..c.degradation }).await;
+    let large = "version: 1\njobs:\n  - name: big\n    runs-on: {size: large}\n    steps: [echo]\n";
+    let _big = super::repo(&app, "big", large).await;
+    let _small = super::repo(&app, "small", &super::pipeline(&["a"])).await;
+    let res = app
+        .admin()
+        .post("/v1/repos/big/workflow-runs")
+        .json(&serde_json::json!({"commit_sha": "main"}))
+        .send()
+        .await
+        .assert_status(StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.text().contains("size: large"), "{}", res.text());
+    super::submit(&app, "small").await;
+    let ready = app.anonymous().get("/readyz").send().await.assert_status(StatusCode::OK);
+    assert!(ready.text().starts_with("ready (degradation: degraded: the data directory"), "{}", ready.text());
 }
