@@ -32,6 +32,24 @@ pub(crate) async fn open_pools(path: &Path) -> Result<(SqlitePool, SqlitePool)> 
         .max_connections(1)
         .min_connections(1)
         .acquire_timeout(Duration::from_secs(30))
+        // A transaction whose COMMIT or ROLLBACK failed (a full disk:
+        // SQLITE_FULL) can leave the connection inside a transaction, or
+        // sqlx's count of it wrong; every later "transaction" would then be
+        // a savepoint inside one that is never committed — acknowledged
+        // writes that no reader sees and that vanish on restart. Such a
+        // connection is closed (SQLite rolls back what it held) rather than
+        // reused. The ping runs after any rollback queued on release.
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Connection;
+                conn.ping().await?;
+                let open = conn.is_in_transaction();
+                if open {
+                    tracing::warn!("closing a database connection left inside a transaction");
+                }
+                Ok(!open)
+            })
+        })
         .connect_with(opts.clone())
         .await
         .map_err(db_err)?;

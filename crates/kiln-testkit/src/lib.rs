@@ -209,6 +209,12 @@ impl KilnServer {
         Self::spawn(bin, data, "127.0.0.1:0", extra, env)
     }
 
+    /// On a data dir prepared by the caller: `data/data` (e.g. a small
+    /// tmpfs mounted there), with the log beside it in `data`.
+    pub fn start_in(bin: &Path, data: tempfile::TempDir, extra: &[&str]) -> Result<KilnServer> {
+        Self::spawn(bin, data, "127.0.0.1:0", extra, Vec::new())
+    }
+
     /// SIGKILL the server and start it again on the same data dir and address.
     pub fn kill_and_restart(self, extra: &[&str]) -> Result<KilnServer> {
         let mut me = std::mem::ManuallyDrop::new(self);
