@@ -32,6 +32,7 @@ mod attempt;
 mod caches;
 mod checkout;
 mod control;
+mod disk;
 mod heartbeat;
 mod layout;
 mod logs;
@@ -327,6 +328,15 @@ async fn slot_loop(agent: Arc<Agent>, slot: u32, mut shutdown: watch::Receiver<b
     loop {
         if *shutdown.borrow() {
             return;
+        }
+        if let Err(why) = disk::may_claim(&agent.ctx.sandbox_dir, &Default::default()) {
+            if slot == 0 {
+                tracing::warn!("not claiming jobs: {why}; claiming again once space returns");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => continue,
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
         }
         let assignment = tokio::select! {
             a = claim(&agent, slot) => a,
