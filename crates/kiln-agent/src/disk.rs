@@ -10,9 +10,9 @@ use std::path::Path;
 /// and the engine's concern), with why.
 pub(crate) fn level(dir: &Path, t: &Thresholds) -> (Level, String) {
     let Ok(st) = nix::sys::statvfs::statvfs(dir) else { return (Level::Normal, String::new()) };
-    let frag = st.fragment_size() as u64;
-    let total = st.blocks() as u64 * frag;
-    let used = total.saturating_sub(st.blocks_available() as u64 * frag);
+    let frag = st.fragment_size();
+    let total = st.blocks() * frag;
+    let used = total.saturating_sub(st.blocks_available() * frag);
     classify(&Sample { storage_used_bytes: used, storage_total_bytes: total, memory_available_bytes: None }, t)
 }
 

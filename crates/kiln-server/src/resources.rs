@@ -32,10 +32,10 @@ pub struct Refused {
 /// The data directory's filesystem and the memory, now.
 pub fn sample(dir: &Path) -> std::io::Result<Sample> {
     let st = nix::sys::statvfs::statvfs(dir).map_err(std::io::Error::from)?;
-    let frag = st.fragment_size() as u64;
-    let total = st.blocks() as u64 * frag;
+    let frag = st.fragment_size();
+    let total = st.blocks() * frag;
     // As `df` counts: blocks reserved for root are not available to us.
-    let used = total.saturating_sub(st.blocks_available() as u64 * frag);
+    let used = total.saturating_sub(st.blocks_available() * frag);
     let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| mem_available(&t));
     Ok(Sample { storage_used_bytes: used, storage_total_bytes: total, memory_available_bytes: memory })
 }
