@@ -700,7 +700,8 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
                 infra_failure: false,
             },
             Some(Stop::TimedOut) => {
-                failed(None, format!("timed out after {}s", a.timeout_secs.unwrap_or_default()), false)
+                // 124: the exit code of timeout(1), the convention for "timed out".
+                failed(Some(124), format!("timed out after {}s", a.timeout_secs.unwrap_or_default()), false)
             }
             Some(Stop::Shutdown) => failed(None, "the agent shut down during the job".into(), true),
             Some(Stop::Fenced) | None => failed(None, "the job was stopped".into(), true),

@@ -903,8 +903,8 @@ async fn a_job_over_its_timeout_is_killed_and_fails() {
 
     let c = &h.fake.completions()[0];
     assert_eq!(
-        (c.outcome.as_str(), c.message.as_deref(), c.infra_failure),
-        ("failed", Some("timed out after 1s"), false)
+        (c.outcome.as_str(), c.message.as_deref(), c.infra_failure, c.exit_code),
+        ("failed", Some("timed out after 1s"), false, Some(124))
     );
     assert!(!alive(&pid_file));
     h.stop().await;

@@ -71,6 +71,10 @@ pub struct ServerConfig {
     pub resource_interval: Duration,
     /// Where the degradation levels start.
     pub degradation: kiln_core::degradation::Thresholds,
+    /// The timeout of a job that sets none (frozen into its run).
+    pub job_timeout: Duration,
+    /// The longest `timeout` a job may ask for (longer: 422 at acceptance).
+    pub max_job_timeout: Duration,
     /// Bytes of cache entries kept in all.
     pub cache_global_budget: u64,
     /// `POST /v1/repos` checks that the clone URL answers as a git
@@ -136,6 +140,8 @@ impl ServerConfig {
             cache_global_budget: 100 << 30,
             probe_clone_urls: true,
             resource_interval: Duration::from_secs(5),
+            job_timeout: Duration::from_secs(3600),
+            max_job_timeout: Duration::from_secs(kiln_workflow::MAX_TIMEOUT_SECS),
             degradation: kiln_core::degradation::Thresholds::default(),
         }
     }

@@ -244,6 +244,12 @@ pub struct ServerTuning {
     /// are refused with 503 and Retry-After). The level is in /readyz and /metrics.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub resource_interval: std::time::Duration,
+    /// Timeout of a job whose workflow sets none (frozen into the run when it is accepted).
+    #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DURATION")]
+    pub job_timeout: std::time::Duration,
+    /// The longest `timeout` a job may ask for; a run asking for more is refused (422).
+    #[arg(long, default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
+    pub max_job_timeout: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

@@ -91,6 +91,8 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     check_secrets(state, &repo, &workflow, &workflow_path).await?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
+    limits::job_timeouts(&mut workflow, state.config.job_timeout, state.config.max_job_timeout)
+        .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
     let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
     let accepted = state

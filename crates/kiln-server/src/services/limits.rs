@@ -72,3 +72,45 @@ pub(crate) async fn check_definition(workflow: &Workflow, path: &str) -> ApiResu
     }
     Ok(())
 }
+
+/// Job timeouts (spec 004's hierarchy): a job without `timeout` gets the
+/// server's default, frozen into the definition (a retry keeps it); one
+/// asking for more than the server's maximum is refused with 422.
+pub(crate) fn job_timeouts(
+    wf: &mut Workflow,
+    default: std::time::Duration,
+    max: std::time::Duration,
+) -> Result<(), String> {
+    for job in &mut wf.jobs {
+        match job.timeout_secs {
+            Some(t) if t > max.as_secs() => {
+                return Err(format!(
+                    "job `{}` asks for `timeout: {t}s`; this server allows at most {}s (kiln server --max-job-timeout)",
+                    job.name,
+                    max.as_secs()
+                ));
+            }
+            Some(_) => {}
+            None => job.timeout_secs = Some(default.as_secs().min(max.as_secs()).max(1)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use std::time::Duration;
+
+    #[test]
+    fn defaults_fill_in_and_the_maximum_refuses() {
+        let mut wf = kiln_workflow::parse(
+            "version: 1\njobs:\n  - name: a\n    steps: [echo]\n  - name: b\n    timeout: 2h\n    steps: [echo]\n",
+        )
+        .unwrap();
+        super::job_timeouts(&mut wf, Duration::from_secs(3600), Duration::from_secs(86400)).unwrap();
+        assert_eq!(wf.jobs[0].timeout_secs, Some(3600));
+        assert_eq!(wf.jobs[1].timeout_secs, Some(7200));
+        let e = super::job_timeouts(&mut wf, Duration::from_secs(3600), Duration::from_secs(3600)).unwrap_err();
+        assert!(e.contains("job `b`") && e.contains("at most 3600s"), "{e}");
+    }
+}

@@ -183,6 +183,10 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 continue;
             }
         };
+        if let Err(e) = limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout) {
+            refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;
+            continue;
+        }
         let image_digests = match state.resolver.resolve_workflow(&mut wf).await {
             Ok(d) => d,
             Err(ResolveError::Refused(m)) => {

@@ -109,6 +109,7 @@ async fn fire(
     crate::services::acceptance::admit(state, wf).map_err(|e| e.message)?;
     let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs)?;
     let mut wf = wf.clone();
+    crate::services::limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout)?;
     let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
     let accepted = state
         .store

@@ -110,6 +110,8 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
         t.log_archive_after.clamp(std::time::Duration::from_millis(200), std::time::Duration::from_secs(10));
     config.registries.insecure = t.insecure_registries.clone();
     config.resource_interval = t.resource_interval;
+    config.job_timeout = t.job_timeout;
+    config.max_job_timeout = t.max_job_timeout;
     for entry in &t.registry_auth {
         let parsed = entry.split_once('=').and_then(|(h, c)| Some((h, c.split_once(':')?)));
         let Some((host, (user, password))) = parsed else {
