@@ -73,3 +73,28 @@ async fn degradation_refuses_new_runs_with_retry_after() {
     let ready = app.anonymous().get("/readyz").send().await.assert_status(StatusCode::OK);
     assert!(ready.text().starts_with("ready (degradation: degraded: the data directory"), "{}", ready.text());
 }
+
+/// Job timeouts at acceptance: a job without `timeout` runs with the
+/// server's default (in its assignment), one over the maximum is refused
+/// with 422 naming the job, and nothing is stored.
+#[tokio::test]
+async fn job_timeouts_default_and_maximum() {
+    use std::time::Duration;
+    let app = TestApp::with_config(|c| {
+        c.job_timeout = Duration::from_secs(600);
+        c.max_job_timeout = Duration::from_secs(3600);
+    })
+    .await;
+    let long = "version: 1\njobs:\n  - name: slow\n    timeout: 2h\n    steps: [echo]\n";
+    let _long = super::repo(&app, "long", long).await;
+    let res = app
+        .admin()
+        .post("/v1/repos/long/workflow-runs")
+        .json(&serde_json::json!({"commit_sha": "main"}))
+        .send()
+        .await
+        .assert_status(StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(res.text().contains("job `slow` asks for `timeout: 7200s`"), "{}", res.text());
+    let (_run, _agent, a) = super::claimed(&app, &["a"]).await;
+    assert_eq!(a.timeout_secs, Some(600), "the server's default");
+}
