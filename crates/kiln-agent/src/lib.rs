@@ -152,6 +152,19 @@ struct Agent {
 /// shutdown semantics). Errors only on a bad configuration, an unusable
 /// work_dir, or a registration the server refuses (e.g. a wrong token).
 pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let (_never, drain) = watch::channel(false);
+    run_draining(config, drain, shutdown).await
+}
+
+/// [`run`], and when `drain` becomes true (spec 004, graceful drain): slots
+/// stop claiming at once, running attempts go on to their end, and `run`
+/// returns once none is left. `shutdown` still stops what runs (the caller
+/// sends it when a drain timeout passes, or to hand jobs back at once).
+pub async fn run_draining(
+    config: AgentConfig,
+    drain: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(config.max_jobs >= 1, "max_jobs must be at least 1");
     anyhow::ensure!(
         config.upload_rate_limit != Some(0),
@@ -236,7 +249,7 @@ pub async fn run(config: AgentConfig, shutdown: watch::Receiver<bool>) -> anyhow
     let session = tokio::spawn(session::session_loop(agent.clone()));
     let mut slots = tokio::task::JoinSet::new();
     for slot in 0..config.max_jobs {
-        slots.spawn(slot_loop(agent.clone(), slot, shutdown.clone()));
+        slots.spawn(slot_loop(agent.clone(), slot, drain.clone(), shutdown.clone()));
     }
     while let Some(r) = slots.join_next().await {
         if let Err(e) = r {
@@ -324,9 +337,14 @@ async fn register(
     }
 }
 
-async fn slot_loop(agent: Arc<Agent>, slot: u32, mut shutdown: watch::Receiver<bool>) {
+async fn slot_loop(
+    agent: Arc<Agent>,
+    slot: u32,
+    mut drain: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
-        if *shutdown.borrow() {
+        if *shutdown.borrow() || *drain.borrow() {
             return;
         }
         if let Err(why) = disk::may_claim(&agent.ctx.sandbox_dir, &Default::default()) {
@@ -341,6 +359,12 @@ async fn slot_loop(agent: Arc<Agent>, slot: u32, mut shutdown: watch::Receiver<b
         let assignment = tokio::select! {
             a = claim(&agent, slot) => a,
             _ = shutdown.wait_for(|s| *s) => return,
+            _ = drain.wait_for(|d| *d) => {
+                if slot == 0 {
+                    tracing::info!("draining: no more claims; running jobs go on to their end");
+                }
+                return;
+            }
         };
         if let Some(a) = assignment {
             tracing::info!(slot, run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch, "claimed job");

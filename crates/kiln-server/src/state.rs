@@ -191,22 +191,43 @@ pub(crate) struct CacheCounts {
 /// a waiting job's message is decided against. With replicas each knows its
 /// own connections only.
 #[derive(Debug, Default)]
-pub(crate) struct LiveAgents(std::sync::Mutex<std::collections::HashMap<String, String>>);
+pub(crate) struct LiveAgents(std::sync::Mutex<LiveInner>);
+
+#[derive(Debug, Default)]
+pub(crate) struct LiveInner {
+    /// Agent id → its session whose stream is open here.
+    live: std::collections::HashMap<String, String>,
+    /// Sessions whose stream ended here (bounded: cleared past `GONE_MAX`).
+    gone: std::collections::HashSet<String>,
+}
+
+const GONE_MAX: usize = 10_000;
 
 impl LiveAgents {
     pub fn connect(&self, agent_id: &str, session_id: &str) {
-        self.0.lock().expect("live agents").insert(agent_id.to_string(), session_id.to_string());
+        self.0.lock().expect("live agents").live.insert(agent_id.to_string(), session_id.to_string());
     }
 
     /// The stream of `session_id` ended (a newer session of the agent stays).
     pub fn disconnect(&self, agent_id: &str, session_id: &str) {
-        let mut live = self.0.lock().expect("live agents");
-        if live.get(agent_id).is_some_and(|s| s == session_id) {
-            live.remove(agent_id);
+        let mut inner = self.0.lock().expect("live agents");
+        if inner.live.get(agent_id).is_some_and(|s| s == session_id) {
+            inner.live.remove(agent_id);
         }
+        if inner.gone.len() >= GONE_MAX {
+            inner.gone.clear();
+        }
+        inner.gone.insert(session_id.to_string());
     }
 
     pub fn is_connected(&self, agent_id: &str) -> bool {
-        self.0.lock().expect("live agents").contains_key(agent_id)
+        self.0.lock().expect("live agents").live.contains_key(agent_id)
+    }
+
+    /// Whether `session_id`'s stream was open here and has ended: an
+    /// attempt claimed for it now (a long poll its agent abandoned when it
+    /// stopped) has nobody to run it.
+    pub fn session_gone(&self, session_id: &str) -> bool {
+        self.0.lock().expect("live agents").gone.contains(session_id)
     }
 }

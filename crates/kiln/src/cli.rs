@@ -365,6 +365,11 @@ pub struct AgentArgs {
     /// system temp dir; emptied when the agent starts, removed when it stops).
     #[arg(long, value_name = "DIR")]
     pub sandbox_dir: Option<PathBuf>,
+    /// On SIGTERM the agent drains: it claims nothing more and lets running jobs finish for up to
+    /// this long, then hands the rest back (they are retried elsewhere at once). SIGINT, SIGUSR1
+    /// (e.g. a spot instance's preemption notice) or a second SIGTERM hand them back at once.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub drain_timeout: std::time::Duration,
     #[command(flatten)]
     pub tuning: AgentTuning,
 }

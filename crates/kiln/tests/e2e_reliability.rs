@@ -151,3 +151,68 @@ async fn until_ready(url: &str) {
     .await
     .expect("readyz recovers");
 }
+
+/// Graceful drain and preemption of a real agent process (spec 004): on
+/// SIGTERM it claims nothing more, lets its running job finish (not
+/// killed, one attempt) and exits 0; the next job waits for another agent.
+/// On SIGUSR1 it hands its running job back at once: the job runs again on
+/// another agent without waiting for the lease to expire.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_and_sigusr1_hands_jobs_back() {
+    let wf = r#"version: 1
+jobs:
+  - name: first
+    steps:
+      - echo started; sleep 2; echo finished-while-draining
+  - name: second
+    steps:
+      - echo second ran
+"#;
+    let preempt = r#"version: 1
+jobs:
+  - name: spot
+    steps:
+      - if [ "$KILN_EPOCH" = 1 ]; then echo on-epoch-1; sleep 600; fi; echo ran-on-epoch-$KILN_EPOCH
+"#;
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf), (".kiln/preempt.yaml", preempt)]).unwrap();
+    // A long lease: a hand-back that waited for the lease would time the test out.
+    let s = KilnServer::start(BIN.as_ref(), &["--lease-ttl", "5m", "--retry-base", "100ms"]).unwrap();
+    s.add_repo("drain", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let logs = |run: &str, job: &str| {
+        let out = s.cli().args(["logs", run, job]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    let mut a = s.agent("drainer", &[]).unwrap();
+    let run =
+        c.submit_run("drain", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = run.run_id;
+    wait_for(Duration::from_secs(60), || logs(&run, "first").contains("started").then_some(())).expect("first runs");
+    a.signal("TERM");
+    let code = wait_for(Duration::from_secs(60), || a.child.try_wait().ok().flatten()).expect("the agent exits");
+    assert!(code.success(), "exit {code:?}\n{}", a.log());
+    let r = c.get_run(&run).await.unwrap();
+    assert_eq!(r.jobs[0].status, "success", "the running job finished: {}", a.log());
+    assert_eq!(r.jobs[0].attempts.len(), 1);
+    assert!(logs(&run, "first").contains("finished-while-draining"));
+    assert!(!logs(&run, "second").contains("second ran"), "the drained agent ran nothing more");
+    // A claim the drained agent abandoned may still be answered with the
+    // next job; that attempt gets the loss grace, not the 5 min lease.
+    let _b = s.agent("after-drain", &[]).unwrap();
+    assert_eq!(wait_run(&c, &run, 60).await.status, "success");
+    assert!(logs(&run, "second").contains("second ran"));
+
+    // Preemption: SIGUSR1 hands the job back; another agent runs it at once.
+    let spot = s.agent("spot", &[]).unwrap();
+    let body =
+        SubmitRun { commit_sha: "main".into(), workflow_path: Some(".kiln/preempt.yaml".into()), ..Default::default() };
+    let run = c.submit_run("drain", &body, None).await.unwrap().run_id;
+    wait_for(Duration::from_secs(60), || logs(&run, "spot").contains("on-epoch-1").then_some(()))
+        .expect("epoch 1 runs");
+    spot.signal("USR1");
+    let done = wait_run(&c, &run, 60).await;
+    assert_eq!(done.status, "success", "{}", spot.log());
+    assert!(logs(&run, "spot").contains("ran-on-epoch-2"));
+    assert_eq!(done.jobs[0].attempts[0].outcome, "failed", "handed back: {:?}", done.jobs[0].attempts);
+}

@@ -73,6 +73,15 @@ pub(crate) async fn claim(
                 Ok(Some(c)) => {
                     state.job_changed(&c.job.id);
                     tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
+                    if state.live_agents.session_gone(&req.session_id) {
+                        // The agent stopped (drained, preempted, killed)
+                        // while this long poll waited: the attempt has no
+                        // runner, so its lease gets the loss grace rather
+                        // than a full TTL.
+                        let grace = state.config.loss_grace.as_millis() as i64;
+                        state.store.shorten_session_leases(&req.session_id, grace).await?;
+                        tracing::warn!(session = %req.session_id, "claimed for an agent that is gone: lease shortened");
+                    }
                     match assignment::for_claim(state, &agent, &c).await? {
                         Handout::Assignment(a) => return Ok(Some(*a)),
                         Handout::Withheld(why) => withheld(state, &c, &why).await?,

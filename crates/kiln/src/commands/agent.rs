@@ -1,9 +1,10 @@
 //! `kiln agent`: an agent process claiming jobs from a server.
 
-use super::shared::{TokenSource, apply_agent_tuning, check_transport, ctrl_c, read_token};
+use super::shared::{TokenSource, apply_agent_tuning, check_transport, read_token};
 use crate::cli::AgentArgs;
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, Failure, agent_config, default_labels, usage};
+use tokio::signal::unix::{SignalKind, signal as unix_signal};
 
 /// Environment variable holding the agent token (the alternative to `--token-file`).
 pub(crate) const TOKEN_ENV: &str = "KILN_AGENT_TOKEN";
@@ -28,16 +29,40 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
     cfg.sandbox_dir = a.sandbox_dir.clone();
     apply_agent_tuning(&mut cfg, &a.tuning)?;
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(kiln_agent::run(cfg, rx));
+    let (drain, drain_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(kiln_agent::run_draining(cfg, drain_rx, rx));
     tokio::pin!(task);
+    let mut term = unix_signal(SignalKind::terminate()).map_err(|e| anyhow::anyhow!("SIGTERM handler: {e}"))?;
+    let mut usr1 = unix_signal(SignalKind::user_defined1()).map_err(|e| anyhow::anyhow!("SIGUSR1 handler: {e}"))?;
+    let joined = |r: Result<anyhow::Result<()>, tokio::task::JoinError>| -> CmdResult {
+        r.map_err(|e| anyhow::anyhow!(e))??;
+        Ok(exit::OK)
+    };
+    // SIGTERM drains: no more claims, running jobs finish (up to
+    // --drain-timeout, then they are handed back). SIGINT, SIGUSR1
+    // (preemption) or a second SIGTERM hand them back now: killed, and
+    // completed as infrastructure failures so the server re-dispatches them
+    // at once instead of waiting for their leases.
     tokio::select! {
-        r = &mut task => { r.map_err(|e| anyhow::anyhow!(e))??; }
-        _ = ctrl_c() => {
-            let _ = stop.send(true);
-            task.await.map_err(|e| anyhow::anyhow!(e))??;
+        r = &mut task => return joined(r),
+        _ = term.recv() => {
+            tracing::info!(timeout = ?a.drain_timeout, "SIGTERM: draining");
+            let _ = drain.send(true);
+            tokio::select! {
+                r = &mut task => return joined(r),
+                _ = tokio::time::sleep(a.drain_timeout) => {
+                    tracing::warn!("drain timeout passed: handing the running jobs back");
+                }
+                _ = term.recv() => {}
+                _ = usr1.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
         }
+        _ = usr1.recv() => tracing::warn!("SIGUSR1 (preemption): handing the running jobs back"),
+        _ = tokio::signal::ctrl_c() => {}
     }
-    Ok(exit::OK)
+    let _ = stop.send(true);
+    joined(task.await)
 }
 
 #[cfg(test)]
