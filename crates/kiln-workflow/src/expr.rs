@@ -10,7 +10,7 @@
 //! unary   := "!" unary | primary
 //! primary := literal | name | call | "(" or ")"
 //! literal := 'string' ('' escapes a quote) | "string" | number | true | false | null
-//! name    := event | ref | branch | inputs.<name>
+//! name    := event | ref | branch | inputs.<name> | needs.<job>.outputs.<name>
 //! call    := success() | failure() | always() | cancelled()
 //!          | contains(a, b) | startsWith(a, b) | endsWith(a, b)
 //! ```
@@ -23,7 +23,9 @@
 //! different types are compared as numbers (null → 0, booleans → 0/1,
 //! strings parsed, NaN otherwise), like GitHub Actions. `&&` and `||`
 //! return one of their operands, so `inputs.env || 'prod'` works in group
-//! templates. Unknown `inputs.<name>` and missing `ref`/`branch` are null.
+//! templates. Unknown `inputs.<name>` and missing `ref`/`branch` are null;
+//! so is `needs.<job>.outputs.<name>` when that job bound no such output
+//! (it did not run, failed, or never wrote it).
 //! `contains`, `startsWith` and `endsWith` work on the string forms of
 //! their arguments (case-sensitive).
 
@@ -65,6 +67,10 @@ pub struct ConditionContext {
     /// The results of the job's effective `needs` (every expansion of a
     /// matrix), in any order.
     pub needs_results: Vec<JobResult>,
+    /// `needs.<job>.outputs.<name>`: the outputs bound by the completion of
+    /// each job's successful attempt (spec 000 §9), by job name. A job or
+    /// output not present is null.
+    pub needs_outputs: BTreeMap<String, BTreeMap<String, String>>,
     /// `cancelled()`: the run has been cancelled.
     pub run_cancelled: bool,
     /// The job's `needs-policy: {quorum: N}`: with it, `success()` holds when
@@ -188,12 +194,49 @@ pub(crate) fn check_template(
 /// Every `inputs.<name>` of `e` passes `input_ok`.
 pub(crate) fn check_inputs(e: &Expr, input_ok: &dyn Fn(&str) -> Result<(), String>) -> Result<(), String> {
     match e {
-        Expr::Lit(_) | Expr::Name(Name::Event | Name::Ref | Name::Branch) => Ok(()),
+        Expr::Lit(_) | Expr::Name(Name::Event | Name::Ref | Name::Branch | Name::Output { .. }) => Ok(()),
         Expr::Name(Name::Input(n)) => input_ok(n),
         Expr::Not(x) => check_inputs(x, input_ok),
         Expr::And(xs) | Expr::Or(xs) | Expr::Call(_, xs) => xs.iter().try_for_each(|x| check_inputs(x, input_ok)),
         Expr::Eq(a, b, _) => check_inputs(a, input_ok).and_then(|()| check_inputs(b, input_ok)),
     }
+}
+
+/// Every `needs.<job>.outputs.<name>` of `e`, as (job, output).
+pub(crate) fn output_refs(e: &Expr, out: &mut Vec<(String, String)>) {
+    match e {
+        Expr::Name(Name::Output { job, output }) => out.push((job.clone(), output.clone())),
+        Expr::Lit(_) | Expr::Name(_) => {}
+        Expr::Not(x) => output_refs(x, out),
+        Expr::And(xs) | Expr::Or(xs) | Expr::Call(_, xs) => xs.iter().for_each(|x| output_refs(x, out)),
+        Expr::Eq(a, b, _) => {
+            output_refs(a, out);
+            output_refs(b, out);
+        }
+    }
+}
+
+/// Every `needs.<job>.outputs.<name>` in the `${{ }}` parts of a template
+/// (parts that do not parse are left to the other checks).
+pub(crate) fn template_output_refs(src: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for seg in segments(src).unwrap_or_default() {
+        if let Segment::Expr { inner, .. } = seg
+            && let Ok(e) = parse_expr(inner, Mode::Template)
+        {
+            output_refs(&e, &mut out);
+        }
+    }
+    out
+}
+
+/// Every `needs.<job>.outputs.<name>` of an `if:` source.
+pub(crate) fn condition_output_refs(src: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Ok(e) = parse_condition(src) {
+        output_refs(&e, &mut out);
+    }
+    out
 }
 
 /// Evaluate one `${{ }}` part (no wrapper) of a template to its text.
@@ -333,6 +376,11 @@ pub(crate) enum Name {
     Ref,
     Branch,
     Input(String),
+    /// `needs.<job>.outputs.<output>`.
+    Output {
+        job: String,
+        output: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -378,6 +426,9 @@ fn eval(e: &Expr, ctx: &ConditionContext) -> Val {
             (Some(v), Some(InputKind::Number)) => Val::Num(v.trim().parse().unwrap_or(f64::NAN)),
             (Some(v), _) => Val::Str(v.clone()),
         },
+        Expr::Name(Name::Output { job, output }) => {
+            ctx.needs_outputs.get(job).and_then(|o| o.get(output)).map_or(Val::Null, |v| Val::Str(v.clone()))
+        }
         Expr::Not(x) => Val::Bool(!eval(x, ctx).truthy()),
         Expr::And(xs) => {
             let mut last = Val::Bool(true);
@@ -700,11 +751,12 @@ impl Parser {
             "branch" => Expr::Name(Name::Branch),
             _ => match name.strip_prefix("inputs.") {
                 Some(input) if !input.is_empty() && !input.contains('.') => Expr::Name(Name::Input(input.to_string())),
+                _ if name.starts_with("needs.") => return output_name(&name, pos),
                 _ => {
                     return Err(ExprError::new(
                         pos,
                         format!(
-                            "unknown name `{}`; expressions may use `event`, `ref`, `branch` and `inputs.<name>`",
+                            "unknown name `{}`; expressions may use `event`, `ref`, `branch`, `inputs.<name>` and `needs.<job>.outputs.<name>`",
                             name.escape_debug()
                         ),
                     ));
@@ -712,6 +764,35 @@ impl Parser {
             },
         })
     }
+}
+
+/// `needs.<job>.outputs.<output>` → the name. A job name may contain
+/// dots, so the job is everything between `needs.` and the last
+/// `.outputs.`; the output is a plain identifier.
+fn output_name(name: &str, pos: usize) -> Result<Expr, ExprError> {
+    let rest = &name["needs.".len()..];
+    let parsed = rest.rsplit_once(".outputs.").filter(|(job, output)| {
+        !job.is_empty() && !output.is_empty() && !output.contains('.') && output_name_ok(output)
+    });
+    match parsed {
+        Some((job, output)) => Ok(Expr::Name(Name::Output { job: job.to_string(), output: output.to_string() })),
+        None => Err(ExprError::new(
+            pos,
+            format!(
+                "`{}` is not a job output; write `needs.<job>.outputs.<name>` (the job's name, then one of its declared `outputs`)",
+                name.escape_debug()
+            ),
+        )),
+    }
+}
+
+/// A job output's name: a letter or `_`, then letters, digits, `_` or `-`
+/// (the `name=value` lines of `$KILN_OUTPUT` use the same rule).
+pub fn output_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name.len() <= 100
 }
 
 #[cfg(test)]

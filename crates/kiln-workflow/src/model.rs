@@ -257,7 +257,18 @@ pub struct Job {
     /// loopback ports from a host job.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub services: BTreeMap<String, Service>,
+    /// `outputs: [name, …]`: values the job's steps write to `$KILN_OUTPUT`
+    /// (`name=value`, or `name<<DELIM` … `DELIM`), bound by the completion
+    /// of its successful attempt and read downstream as
+    /// `${{ needs.<job>.outputs.<name> }}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
 }
+
+/// Most outputs one job may declare.
+pub const MAX_OUTPUTS: usize = 64;
+/// Most bytes of output values (names included) one attempt may bind.
+pub const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
 
 /// Most services one job may declare.
 pub const MAX_SERVICES: usize = 8;

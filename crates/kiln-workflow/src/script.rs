@@ -297,6 +297,17 @@ mod tests {
         assert_eq!(vars["KILN_EXPR_1"], "\"; rm -rf ~");
         assert_eq!(vars["KILN_EXPR_2"], "x");
         assert_eq!(render_run("plain $HOME", &ctx()).unwrap().0, "plain $HOME");
+        // A job output is data too: never pasted into the script.
+        let with_output = ConditionContext {
+            needs_outputs: BTreeMap::from([(
+                "build".into(),
+                BTreeMap::from([("v".into(), "$(touch /tmp/pwned)`id`".into())]),
+            )]),
+            ..ctx()
+        };
+        let (script, vars) = render_run("echo v=${{ needs.build.outputs.v }}", &with_output).unwrap();
+        assert_eq!(script, "echo v=\"${KILN_EXPR_1}\"");
+        assert_eq!(vars["KILN_EXPR_1"], "$(touch /tmp/pwned)`id`");
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! Tree → validated [`Workflow`], collecting every problem with its position.
 
 use crate::diag::Diagnostic;
-use crate::expr::{Mode, check_inputs, check_template, matrix_ref, parse_condition, parse_expr, segments};
+use crate::expr::{
+    Mode, check_inputs, check_template, condition_output_refs, matrix_ref, output_name_ok, parse_condition, parse_expr,
+    segments, template_output_refs,
+};
 use crate::model::{
-    Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS, MAX_STEPS,
-    MatrixInfo, Publish, Restore, Step, Workflow,
+    Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS, MAX_OUTPUTS,
+    MAX_STEPS, MatrixInfo, Publish, Restore, Step, Workflow,
 };
 use crate::script::{check_run, check_shell, shell_expands};
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
@@ -47,6 +50,7 @@ const JOB_KEYS: &[&str] = &[
     "secrets",
     "id-token",
     "services",
+    "outputs",
     "extends",
 ];
 const ID_TOKEN_KEYS: &[&str] = &["audience"];
@@ -100,7 +104,6 @@ const ALIASES: &[(&str, &str)] = &[
 /// Keys of other CI systems (or of later Kiln versions) that are not built:
 /// refused with what to do instead, never silently ignored.
 const NOT_BUILT: &[(&str, &str)] = &[
-    ("outputs", "job `outputs` are not supported yet; pass values between jobs as artifacts"),
     ("uses", "reusable actions (`uses`) are not supported; write the commands in `run`"),
     ("with", "`with` (inputs of an action) is not supported; set variables in `env`"),
     ("permissions", "`permissions` is not supported; a job's identity token is asked for with `id-token: write`"),
@@ -122,6 +125,16 @@ struct Ctx {
     env: BTreeMap<String, String>,
     /// Top-level `defaults`.
     defaults: Defaults,
+    /// `needs.<job>.outputs.<name>` read by the job being read: (position,
+    /// job, output, where), checked against the graph in `cross_check`.
+    output_refs: Vec<OutputRef>,
+}
+
+struct OutputRef {
+    pos: Pos,
+    job: String,
+    output: String,
+    subject: String,
 }
 
 /// `defaults: {shell, working-directory}` (top level or job).
@@ -178,6 +191,9 @@ impl Ctx {
             }
         };
         let mut any = false;
+        for (job, output) in template_output_refs(text) {
+            self.output_refs.push(OutputRef { pos, job, output, subject: subject.to_string() });
+        }
         for seg in segs {
             let crate::expr::Segment::Expr { inner, offset } = seg else { continue };
             if inner.trim_start().starts_with("matrix") {
@@ -485,6 +501,8 @@ struct Draft {
     publish: Vec<(Publish, Pos)>,
     /// `(restore, position of from_job, position of name)`
     restore: Vec<(Restore, Pos, Pos)>,
+    /// `needs.<job>.outputs.<name>` the job reads.
+    output_refs: Vec<OutputRef>,
     job: Job,
 }
 
@@ -535,6 +553,16 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
     };
     if let Some(e) = get(top, "env") {
         ctx.env = env(ctx, "the workflow", &e.value).unwrap_or_default();
+        for r in std::mem::take(&mut ctx.output_refs) {
+            ctx.err(
+                r.pos,
+                format!(
+                    "`needs.{}.outputs.{}` in {} cannot be read in the workflow's `env` (no job is known there); \
+                     set it in the `env` of the job that needs `{}`",
+                    r.job, r.output, r.subject, r.job
+                ),
+            );
+        }
     }
     if let Some(e) = get(top, "defaults") {
         ctx.defaults = defaults(ctx, "the workflow", &e.value).unwrap_or_default();
@@ -658,6 +686,8 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let secrets = get(entries, "secrets").and_then(|e| secrets(ctx, &label, &e.value, &env)).unwrap_or_default();
     let id_token = get(entries, "id-token").and_then(|e| id_token(ctx, &label, &e.value));
     let services = get(entries, "services").and_then(|e| services::services(ctx, &label, &e.value)).unwrap_or_default();
+    let outputs = get(entries, "outputs").and_then(|e| outputs(ctx, &label, &e.value)).unwrap_or_default();
+    let output_refs = std::mem::take(&mut ctx.output_refs);
 
     let job = Job {
         name: name.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
@@ -680,9 +710,21 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         condition,
         concurrency: job_concurrency,
         services,
+        outputs,
     };
     ctx.matrix_refs = MatrixRefs::NoMatrix;
-    Some(Draft { label, name, needs_declared: needs_entry.is_some(), needs, quorum, matrix, publish, restore, job })
+    Some(Draft {
+        label,
+        name,
+        needs_declared: needs_entry.is_some(),
+        needs,
+        quorum,
+        matrix,
+        publish,
+        restore,
+        output_refs,
+        job,
+    })
 }
 
 fn steps(ctx: &mut Ctx, label: &str, node: &Node, defaults: &Defaults) -> Option<Vec<Step>> {
@@ -1803,9 +1845,48 @@ fn needs_policy(ctx: &mut Ctx, label: &str, node: &Node) -> Option<(u32, Pos)> {
     }
 }
 
+/// `outputs: [name, …]`: the names the job's steps may write to
+/// `$KILN_OUTPUT`.
+fn outputs(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<String>> {
+    let subject = format!("`outputs` of {label}");
+    let items = as_seq(ctx, node, &subject, "a list of output names, e.g. `outputs: [version]`")?;
+    if items.len() > MAX_OUTPUTS {
+        ctx.err(node.pos, format!("{subject} declares {} outputs; at most {MAX_OUTPUTS} are allowed", items.len()));
+        return None;
+    }
+    let mut names: Vec<String> = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for item in items {
+        let Some(name) = as_nonempty_text(ctx, item, &format!("an entry of {subject}"), "an output name") else {
+            ok = false;
+            continue;
+        };
+        if !output_name_ok(name) {
+            ctx.err(
+                item.pos,
+                format!(
+                    "output name `{}` in {subject} must start with a letter or `_` and hold only letters, digits, `_` \
+                     and `-` (at most 100 characters)",
+                    show(name)
+                ),
+            );
+            ok = false;
+        } else if names.iter().any(|n| n == name) {
+            ctx.err(item.pos, format!("output `{}` is declared twice in {subject}", show(name)));
+            ok = false;
+        } else {
+            names.push(name.to_string());
+        }
+    }
+    ok.then_some(names)
+}
+
 fn condition(ctx: &mut Ctx, label: &str, node: &Node) -> Option<String> {
     let subject = format!("`if` of {label}");
     let text = as_nonempty_text(ctx, node, &subject, "an expression like `branch == 'main'`")?;
+    for (job, output) in condition_output_refs(text) {
+        ctx.output_refs.push(OutputRef { pos: node.pos, job, output, subject: subject.clone() });
+    }
     match parse_condition(text) {
         Ok(e) => match check_inputs(&e, &|n| ctx.input_ok(n)) {
             Ok(()) => Some(text.to_string()),
@@ -1864,6 +1945,16 @@ fn concurrency(ctx: &mut Ctx, owner: &str, node: &Node) -> Option<Concurrency> {
     ctx.matrix_refs = refs;
     if let Err(e) = checked {
         ctx.err(group_node.pos, format!("invalid {group_subject}: {e}"));
+        return None;
+    }
+    if let Some((job, output)) = template_output_refs(group).into_iter().next() {
+        ctx.err(
+            group_node.pos,
+            format!(
+                "invalid {group_subject}: `needs.{job}.outputs.{output}` is not known when concurrency groups are \
+                 decided (at acceptance); use `event`, `ref`, `branch`, `inputs.*` or `matrix.*`"
+            ),
+        );
         return None;
     }
     Some(Concurrency { group: group.to_string(), cancel_in_progress })
@@ -2051,6 +2142,41 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         }
         ancestors.push(anc);
         effective.push(needs.iter().map(|&u| units[u].job.name.clone()).collect());
+    }
+
+    for (i, d) in drafts.iter().enumerate() {
+        for r in &d.output_refs {
+            let job = show(&r.job);
+            let problem = match index.get(&r.job) {
+                None => Some(format!("there is no job named `{job}`")),
+                Some(t) if t.group => Some(format!(
+                    "`{job}` is a matrix job, and the outputs of its expansions cannot be read as one; write the value \
+                     in a job that is not a matrix"
+                )),
+                Some(t) if !t.units.iter().any(|u| effective[i].contains(&units[*u].job.name)) => {
+                    Some(format!("{} does not need `{job}`; add `{job}` to its `needs`", d.label))
+                }
+                Some(t) if !drafts[t.draft].job.outputs.contains(&r.output) => {
+                    let declared = &drafts[t.draft].job.outputs;
+                    Some(format!(
+                        "`{job}` declares no output `{}`; {}",
+                        show(&r.output),
+                        if declared.is_empty() {
+                            format!("add `outputs: [{}]` to `{job}`", show(&r.output))
+                        } else {
+                            format!(
+                                "it declares {}",
+                                declared.iter().map(|o| format!("`{o}`")).collect::<Vec<_>>().join(", ")
+                            )
+                        }
+                    ))
+                }
+                Some(_) => None,
+            };
+            if let Some(p) = problem {
+                ctx.err(r.pos, format!("invalid `needs.{job}.outputs.{}` in {}: {p}", show(&r.output), r.subject));
+            }
+        }
     }
 
     let published: Vec<HashSet<&str>> =

@@ -17,6 +17,10 @@ fn ctx(name: &str) -> ConditionContext {
         run_cancelled: false,
         quorum: None,
         input_kinds: BTreeMap::new(),
+        needs_outputs: BTreeMap::from([(
+            "build.v2".into(),
+            BTreeMap::from([("version".into(), "1.2.3".into()), ("empty".into(), String::new())]),
+        )]),
     };
     match name {
         "ok" => base,
@@ -29,6 +33,7 @@ fn ctx(name: &str) -> ConditionContext {
             git_ref: Some("refs/pull/7/merge".into()),
             branch: None,
             inputs: BTreeMap::new(),
+            needs_outputs: BTreeMap::new(),
             ..base
         },
         "root" => ConditionContext { needs_results: vec![], ..base },
@@ -77,6 +82,12 @@ fn truth_table() {
         ("'it''s' == \"it's\"",                         [true,  false, false, false, true,  true,  true ]),
         ("1 == true",                                   [true,  false, false, false, true,  true,  true ]),
         ("'' == false",                                 [true,  false, false, false, true,  true,  true ]),
+        ("needs.build.v2.outputs.version == '1.2.3'",   [true,  false, false, false, true,  false, true ]),
+        ("startsWith(needs.build.v2.outputs.version, '1.')",
+                                                        [true,  false, false, false, true,  false, true ]),
+        ("needs.build.v2.outputs.empty",                [false, false, false, false, false, false, false]),
+        ("needs.build.v2.outputs.missing == null",      [true,  false, false, false, true,  true,  true ]),
+        ("always() && !needs.ghost.outputs.version",    [true,  true,  true,  true,  true,  true,  true ]),
     ];
     let mut failures = Vec::new();
     for (expr, expected) in table {
@@ -188,6 +199,7 @@ fn any_ctx() -> impl Strategy<Value = ConditionContext> {
             run_cancelled,
             quorum,
             input_kinds: BTreeMap::new(),
+            needs_outputs: BTreeMap::new(),
         })
 }
 
