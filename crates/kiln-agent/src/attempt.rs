@@ -150,9 +150,10 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         );
 
         let t0 = std::time::Instant::now();
-        let ran = execute(ctx, &a, &attempt, &ctl, &logs).await;
+        let mut outputs = BTreeMap::new();
+        let ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs).await;
         let t_exec = t0.elapsed();
-        let completion = decide(&a, ran, ctl.reason());
+        let completion = decide(&a, ran, ctl.reason(), outputs);
         logs.report_truncation();
         if let Some(c) = &completion {
             let mark = if c.outcome.is_success() { "✓" } else { "✗" };
@@ -205,7 +206,14 @@ async fn discard(attempt_dir: &Path) {
 
 /// Checkout, restore, steps, publish. The sandbox is killed as soon as a
 /// stop reason is set.
-async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Control, logs: &LogStreamer) -> Ran {
+async fn execute(
+    ctx: &AttemptContext,
+    a: &Assignment,
+    attempt: &str,
+    ctl: &Control,
+    logs: &LogStreamer,
+    outputs: &mut BTreeMap<String, String>,
+) -> Ran {
     let sandbox = ctx.sandbox_of(attempt);
     let ws = sandbox.join("ws");
     for dir in [&sandbox, &ctx.spool_of(attempt)] {
@@ -291,6 +299,23 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
         None => a,
     };
 
+    // `$KILN_OUTPUT`: one file per attempt outside the workspace.
+    let in_container = matches!((&ctx.executor, &image, &ctx.engine), (ExecutorKind::Container(_), Some(_), Some(_)));
+    let output_file = match crate::outputs::prepare(&sandbox, in_container, ctx.private_objects()) {
+        Ok(f) => f,
+        Err(e) => return Ran::Infra(format!("cannot create the job's output file: {e}")),
+    };
+    let mut mounts = mounts;
+    if in_container {
+        mounts.push((output_file.dir.clone(), crate::outputs::CONTAINER_DIR.to_string()));
+    }
+    let with_output;
+    let a = {
+        let mut copy = a.clone();
+        copy.env.insert("KILN_OUTPUT".into(), output_file.env_value.clone());
+        with_output = copy;
+        &with_output
+    };
     let exec: Arc<dyn Executor> = match (&ctx.executor, image, &ctx.engine) {
         (ExecutorKind::Container(settings), Some(image), Some(engine)) => {
             let labels = BTreeMap::from([
@@ -353,6 +378,28 @@ async fn execute(ctx: &AttemptContext, a: &Assignment, attempt: &str, ctl: &Cont
     if let Some(c) = cache.as_mut() {
         c.info.steps_seconds = Some(steps_started.elapsed().as_secs_f64());
     }
+    // The declared outputs, read once every step is done (an output file
+    // that cannot be read as outputs fails the job: it is the job's own).
+    let ran = match ran {
+        Ran::Success if !a.outputs.is_empty() => {
+            let secrets: Vec<&str> = a.secrets.values().map(String::as_str).collect();
+            match crate::outputs::read(&output_file.host_path, &a.outputs, &secrets) {
+                Ok(got) => {
+                    for w in &got.warnings {
+                        logs.system_note(&format!("⚠ {w}"));
+                    }
+                    let names: Vec<&str> = got.outputs.keys().map(String::as_str).collect();
+                    if !names.is_empty() {
+                        logs.system_note(&format!("outputs: {}", names.join(", ")));
+                    }
+                    *outputs = got.outputs;
+                    Ran::Success
+                }
+                Err(m) => Ran::JobError(m),
+            }
+        }
+        other => other,
+    };
     tracing::debug!("steps done");
     // Every step's process group (and PID namespace, where available) was
     // killed when its shell exited; cleanup kills whatever still runs, so
@@ -673,12 +720,13 @@ fn summarize(cmd: &str) -> String {
 }
 
 /// The completion to send, or None when fenced.
-fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
+fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String, String>) -> Option<Completion> {
     let failed = |exit_code, message: String, infra_failure| Completion {
         outcome: AttemptOutcome::Failed,
         exit_code,
         message: Some(message),
         infra_failure,
+        outputs: BTreeMap::new(),
     };
     if stop == Some(Stop::Fenced) {
         return None;
@@ -686,9 +734,13 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
     // Work that ended on its own keeps its result even if a stop reason
     // arrived afterwards; only interrupted work reports the reason.
     Some(match ran {
-        Ran::Success => {
-            Completion { outcome: AttemptOutcome::Success, exit_code: Some(0), message: None, infra_failure: false }
-        }
+        Ran::Success => Completion {
+            outcome: AttemptOutcome::Success,
+            exit_code: Some(0),
+            message: None,
+            infra_failure: false,
+            outputs,
+        },
         Ran::StepFailed { exit_code, message } => failed(Some(exit_code), message, false),
         Ran::JobError(message) => failed(None, message, false),
         Ran::Infra(message) => failed(None, message, true),
@@ -698,6 +750,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>) -> Option<Completion> {
                 exit_code: None,
                 message: Some("cancelled".into()),
                 infra_failure: false,
+                outputs: BTreeMap::new(),
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".

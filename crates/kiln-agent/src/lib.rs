@@ -37,6 +37,7 @@ mod heartbeat;
 mod layout;
 mod logs;
 mod mask;
+mod outputs;
 mod ran;
 mod ratelimit;
 mod services;

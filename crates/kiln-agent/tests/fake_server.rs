@@ -641,6 +641,7 @@ impl Harness {
             attempt_token: ATTEMPT_TOKEN.into(),
             cache: None,
             services: vec![],
+            outputs: vec![],
         }
     }
 

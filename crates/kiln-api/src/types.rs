@@ -285,6 +285,10 @@ pub struct Job {
     pub message: Option<String>,
     pub started_at_ms: Option<i64>,
     pub finished_at_ms: Option<i64>,
+    /// The outputs the job bound (`outputs:` written to `$KILN_OUTPUT`),
+    /// set once its successful attempt completed; never a fenced attempt's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -539,6 +543,10 @@ pub struct Assignment {
     /// Service containers to start (healthy) before the first step.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceSpec>,
+    /// The job's declared `outputs`: the names read from `$KILN_OUTPUT`
+    /// after the steps and sent with the completion.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
 }
 
 /// One service of a job (`services:`), its image pinned at acceptance.
@@ -729,6 +737,12 @@ pub struct Completion {
     /// error) rather than the job's commands: retried within the budget.
     #[serde(default)]
     pub infra_failure: bool,
+    /// The job's outputs (`name=value` lines its steps wrote to
+    /// `$KILN_OUTPUT`), only the declared ones. Bound only when this
+    /// completion succeeds the job of the live epoch; refused (422) when
+    /// one is not declared or they exceed 1 MiB.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

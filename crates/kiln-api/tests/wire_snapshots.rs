@@ -73,6 +73,7 @@ fn run() -> Run {
                 message: None,
                 started_at_ms: Some(1_764_590_000_100),
                 finished_at_ms: Some(1_764_590_031_000),
+                outputs: BTreeMap::from([("version".into(), "1.2.3".into())]),
             },
             Job {
                 id: "job-2".into(),
@@ -96,6 +97,7 @@ fn run() -> Run {
                 message: None,
                 started_at_ms: Some(1_764_590_031_100),
                 finished_at_ms: None,
+                outputs: BTreeMap::new(),
             },
         ],
     }
@@ -178,6 +180,7 @@ fn assignment() -> Assignment {
         attempt_token: "kiln_a1.6b1f".into(),
         cache: None,
         services: vec![],
+        outputs: vec![],
     }
 }
 
@@ -202,6 +205,7 @@ fn heartbeat_completion_and_ack() {
         exit_code: Some(101),
         message: Some("step `unit` exited with 101".into()),
         infra_failure: false,
+        outputs: Default::default(),
     };
     insta::assert_json_snapshot!("completion", completion);
     insta::assert_json_snapshot!("completion_ack", CompletionAck { job_status: JobStatus::Ready });

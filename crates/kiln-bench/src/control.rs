@@ -210,6 +210,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         exit_code: Some(0),
                         message: None,
                         infra_failure: false,
+                        outputs: Default::default(),
                     };
                     match c.complete(&job, epoch, &done).await {
                         Ok(_) => {

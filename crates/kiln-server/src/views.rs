@@ -61,6 +61,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                 message: j.job.message.clone(),
                 started_at_ms: j.job.started_at,
                 finished_at_ms: j.job.finished_at,
+                outputs: Default::default(),
             })
             .collect(),
     }

@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::model::*;
 use crate::store::SqlStore;
 use crate::traits::*;
+use crate::tx::outputs::RunOutputs;
 use crate::tx::{
     accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, outbox, repos,
 };
@@ -186,6 +187,10 @@ impl AttemptStore for SqlStore {
 
     async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String> {
         complete::complete(self, job_id, epoch, &completion).await
+    }
+
+    async fn run_outputs(&self, run_id: &str) -> Result<RunOutputs> {
+        crate::tx::outputs::of_run(&mut self.reader().await?, run_id).await
     }
 
     async fn fence_expired(&self) -> Result<Vec<(String, i64)>> {

@@ -29,4 +29,5 @@ pub use model::*;
 pub use store::{PgStore, SqlStore, SqliteStore};
 pub use traits::*;
 pub use tx::caches::CACHE_ARTIFACT;
+pub use tx::outputs::RunOutputs;
 pub use tx::repos::{FORGE_TOKEN, WEBHOOK_SECRET};

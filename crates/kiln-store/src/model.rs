@@ -248,6 +248,9 @@ pub struct CompletionInput {
     pub exit_code: Option<i32>,
     pub message: Option<String>,
     pub infra_failure: bool,
+    /// The job's outputs (`$KILN_OUTPUT`), bound only if the completion
+    /// succeeds the job (see `tx::outputs`).
+    pub outputs: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

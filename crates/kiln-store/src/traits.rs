@@ -20,6 +20,7 @@ use crate::error::Result;
 #[cfg(doc)]
 use crate::error::StoreError;
 use crate::model::*;
+use crate::tx::outputs::RunOutputs;
 use async_trait::async_trait;
 
 #[async_trait]
@@ -206,6 +207,9 @@ pub trait AttemptStore: Send + Sync {
     async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
     /// spec 000 §9 completion transaction.
     async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String>;
+    /// The outputs bound by the completions of a run's successful jobs, by
+    /// job name then output name (issue 16; never a fenced attempt's).
+    async fn run_outputs(&self, run_id: &str) -> Result<RunOutputs>;
     /// Reconciler: fence every running attempt whose lease expired (outcome
     /// `lost`) and, within the budget, make its job ready again at
     /// `next_attempt_at`. Returns the fenced (job, epoch) pairs.

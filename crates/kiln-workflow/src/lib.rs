@@ -55,7 +55,8 @@ pub use compose::{Loader, MAX_EXTENDS_DEPTH, MAX_INCLUDE_DEPTH, MAX_INCLUDED_FIL
 pub use diag::{Diagnostic, Diagnostics};
 pub use duration::{parse_bytes, parse_duration};
 pub use expr::{
-    ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, output_name_ok, render_group, step_gate,
+    ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, output_name_ok, render_group,
+    step_gate,
 };
 pub use glob::glob_match;
 pub use model::*;

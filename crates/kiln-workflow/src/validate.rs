@@ -6,8 +6,8 @@ use crate::expr::{
     segments, template_output_refs,
 };
 use crate::model::{
-    Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS, MAX_OUTPUTS,
-    MAX_STEPS, MatrixInfo, Publish, Restore, Step, Workflow,
+    Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS,
+    MAX_OUTPUTS, MAX_STEPS, MatrixInfo, Publish, Restore, Step, Workflow,
 };
 use crate::script::{check_run, check_shell, shell_expands};
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};

@@ -8,15 +8,20 @@ use crate::error::ApiResult;
 use crate::state::AppState;
 use kiln_api as api;
 use kiln_core::Trust;
-use kiln_store::{AgentRecord, ClaimedAttempt, NewAudit};
+use kiln_store::{AgentRecord, ClaimedAttempt, NewAudit, RunOutputs};
 use kiln_workflow::{ConditionContext, Image, Step};
 use std::collections::BTreeMap;
 
 /// The assignment from the claimed attempt alone: no clone URL, no secrets.
-pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
+/// `outputs`: what the run's jobs bound so far (`needs.<job>.outputs.*`).
+pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) -> api::Assignment {
     let def = &c.run.definition.jobs[c.job.index as usize];
-    // Expressions see only the run's frozen data (spec 000 §5).
-    let ctx = c.run.definition.expr_context(&c.run.event, c.run.git_ref.as_deref(), &c.run.inputs);
+    // Expressions see only the run's frozen data (spec 000 §5) and the
+    // outputs bound by the completions of the jobs it needs (§9).
+    let ctx = ConditionContext {
+        needs_outputs: outputs,
+        ..c.run.definition.expr_context(&c.run.event, c.run.git_ref.as_deref(), &c.run.inputs)
+    };
     let mut env: BTreeMap<String, String> = def.env.iter().map(|(k, v)| (k.clone(), text(v, &ctx))).collect();
     for (k, v) in &c.run.inputs {
         env.insert(format!("KILN_INPUT_{}", input_var(k)), v.clone());
@@ -87,6 +92,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt) -> api::Assignment {
                 health_retries: s.health.as_ref().map_or(0, |h| h.retries),
             })
             .collect(),
+        outputs: def.outputs.clone(),
     }
 }
 
@@ -174,11 +180,15 @@ pub(crate) enum Handout {
 /// token and, for a trusted run on an agent of an allowed pool, the values
 /// of the secrets the job asked for (each handout is audited).
 pub(crate) async fn for_claim(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> ApiResult<Handout> {
-    let mut a = build(state.config.lease_ttl.as_millis() as u64, c);
+    let def = &c.run.definition.jobs[c.job.index as usize];
+    // Only a job whose needs declare outputs reads them (one query).
+    let reads_outputs =
+        def.needs.iter().any(|n| c.run.definition.jobs.iter().any(|j| &j.name == n && !j.outputs.is_empty()));
+    let outputs = if reads_outputs { state.store.run_outputs(&c.run.id).await? } else { RunOutputs::new() };
+    let mut a = build(state.config.lease_ttl.as_millis() as u64, c, outputs);
     let repo = state.store.get_repo(&c.run.repo_id).await?;
     a.clone_url = repo.clone_url;
     a.attempt_token = state.agent_keys.attempt_token(&c.job.id, c.epoch);
-    let def = &c.run.definition.jobs[c.job.index as usize];
     if !def.secrets.is_empty() && may_read_secrets(c) {
         if !repo.secret_pools.contains(&agent.pool) {
             return Ok(Handout::Withheld(format!(

@@ -66,6 +66,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
                 exit_code: c.exit_code,
                 message: c.message.map(|m| m.chars().take(MAX_MESSAGE).collect()),
                 infra_failure: c.infra_failure,
+                outputs: c.outputs,
             },
         )
         .await;

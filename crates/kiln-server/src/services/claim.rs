@@ -134,6 +134,7 @@ async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -
         exit_code: None,
         message: Some(why.to_string()),
         infra_failure: false,
+        outputs: Default::default(),
     };
     crate::services::attempts::complete(state, &c.job.id, c.epoch, done).await.map(|_| ())
 }

@@ -93,6 +93,12 @@ pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
     let view = state.store.get_run(run).await?;
     let bindings = state.store.run_bindings(run).await?;
     let mut out = views::run(&view, &bindings);
+    if view.run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
+        let mut outputs = state.store.run_outputs(run).await?;
+        for job in &mut out.jobs {
+            job.outputs = outputs.remove(&job.name).unwrap_or_default();
+        }
+    }
     if let Ok(repo) = state.store.get_repo(&view.run.repo_id).await {
         out.commit_url = commit_url(&repo.forge, &view.run.commit_sha);
     }

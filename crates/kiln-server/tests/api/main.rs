@@ -82,6 +82,12 @@ pub async fn get_run(app: &TestApp, run: &str) -> api::Run {
 }
 
 pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln_testkit::TestResponse {
-    let body = api::Completion { outcome: outcome.into(), exit_code: Some(0), message: None, infra_failure: false };
+    let body = api::Completion {
+        outcome: outcome.into(),
+        exit_code: Some(0),
+        message: None,
+        infra_failure: false,
+        outputs: Default::default(),
+    };
     app.holder(a).post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
 }

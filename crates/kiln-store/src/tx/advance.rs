@@ -110,7 +110,13 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         });
     }
     let advance = AdvanceRun { status: run.status, held: held != 0, repo_id: run.repo_id.clone() };
-    let cond = RunConditions(&run);
+    // `needs.<job>.outputs.<name>` in an `if:` reads what is bound so far.
+    let outputs = if run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
+        crate::tx::outputs::of_run(tx, run_id).await?
+    } else {
+        crate::tx::outputs::RunOutputs::new()
+    };
+    let cond = RunConditions(&run, &outputs);
     let mut pass = AdvancePass::new(advance, jobs);
     while let Some(verdict) = pass.next_verdict(&cond) {
         match verdict {
@@ -226,7 +232,7 @@ async fn enter_job_group(tx: &mut Tx, job_id: &str, key: &str, cancel_in_progres
 
 /// kiln-core's [`Conditions`] over kiln-workflow's expression language and
 /// the frozen run's trigger.
-struct RunConditions<'a>(&'a RunRecord);
+struct RunConditions<'a>(&'a RunRecord, &'a crate::tx::outputs::RunOutputs);
 
 impl RunConditions<'_> {
     /// The context an `if:` is evaluated in: the frozen run's trigger and the
@@ -256,6 +262,7 @@ impl RunConditions<'_> {
                 .collect(),
             run_cancelled: false,
             quorum,
+            needs_outputs: self.1.clone(),
         }
     }
 }

@@ -142,6 +142,13 @@ async fn complete_tx(
                     }
                 }
             }
+            let declared_outputs = usize::try_from(job.index)
+                .ok()
+                .and_then(|i| run.definition.jobs.get(i))
+                .map(|j| j.outputs.as_slice())
+                .unwrap_or_default();
+            crate::tx::outputs::check(declared_outputs, &c.outputs)?;
+            crate::tx::outputs::bind(tx, &job.run_id, job_id, epoch, &c.outputs, now).await?;
             for (name, g) in sealed {
                 tx.sql(
                     "INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at) \

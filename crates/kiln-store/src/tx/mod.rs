@@ -29,4 +29,5 @@ pub(crate) mod images;
 pub(crate) mod lease;
 pub(crate) mod logs;
 pub(crate) mod outbox;
+pub(crate) mod outputs;
 pub(crate) mod repos;

@@ -31,6 +31,7 @@ pub mod images;
 pub mod lease;
 pub mod logs;
 pub mod outbox;
+pub mod outputs;
 pub mod state_machine;
 
 use kiln_core::{AttemptOutcome, Backoff, JobStatus};
@@ -146,6 +147,8 @@ macro_rules! suite {
             artifacts::resolve_binding_by_name_and_id_within_its_run,
             artifacts::gc_collects_only_unbound_generations_of_ended_attempts,
             artifacts::deleted_generation_is_never_bound,
+            outputs::outputs_bind_only_with_the_live_epochs_success,
+            outputs::bound_outputs_decide_conditions_downstream,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -319,11 +322,23 @@ pub async fn claim<S: Store>(s: &S, agent: &AgentRecord, job_id: &str, ttl_ms: i
 }
 
 pub fn success() -> CompletionInput {
-    CompletionInput { outcome: AttemptOutcome::Success, exit_code: Some(0), message: None, infra_failure: false }
+    CompletionInput {
+        outcome: AttemptOutcome::Success,
+        exit_code: Some(0),
+        message: None,
+        infra_failure: false,
+        outputs: Default::default(),
+    }
 }
 
 pub fn failure(code: i32) -> CompletionInput {
-    CompletionInput { outcome: AttemptOutcome::Failed, exit_code: Some(code), message: None, infra_failure: false }
+    CompletionInput {
+        outcome: AttemptOutcome::Failed,
+        exit_code: Some(code),
+        message: None,
+        infra_failure: false,
+        outputs: Default::default(),
+    }
 }
 
 pub fn infra_failure() -> CompletionInput {
@@ -332,6 +347,7 @@ pub fn infra_failure() -> CompletionInput {
         exit_code: None,
         message: Some("artifact upload failed".into()),
         infra_failure: true,
+        outputs: Default::default(),
     }
 }
 
