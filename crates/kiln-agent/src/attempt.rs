@@ -150,10 +150,10 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         );
 
         let t0 = std::time::Instant::now();
-        let mut outputs = BTreeMap::new();
-        let ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs).await;
+        let (mut outputs, mut steps) = (BTreeMap::new(), Vec::new());
+        let ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs, &mut steps).await;
         let t_exec = t0.elapsed();
-        let completion = decide(&a, ran, ctl.reason(), outputs);
+        let completion = decide(&a, ran, ctl.reason(), outputs).map(|c| Completion { steps, ..c });
         logs.report_truncation();
         if let Some(c) = &completion {
             let mark = if c.outcome.is_success() { "✓" } else { "✗" };
@@ -213,6 +213,7 @@ async fn execute(
     ctl: &Control,
     logs: &LogStreamer,
     outputs: &mut BTreeMap<String, String>,
+    steps: &mut Vec<kiln_api::StepResult>,
 ) -> Ran {
     let sandbox = ctx.sandbox_of(attempt);
     let ws = sandbox.join("ws");
@@ -284,7 +285,16 @@ async fn execute(
         }
         _ => (None, false),
     };
-    let mut services = match crate::services::start(ctx, a, container_engine, internal, ctl, logs).await {
+    let mut services = match crate::services::start(
+        ctx.services_engine.as_deref(),
+        &ctx.agent_name,
+        a,
+        container_engine,
+        internal,
+        ctl,
+        logs,
+    )
+    .await {
         Ok(s) => s,
         Err(ran) => return ran,
     };
@@ -358,11 +368,11 @@ async fn execute(
     tracing::debug!("checkout and restore done");
     let steps_started = std::time::Instant::now();
     let ran = match services.as_mut() {
-        None => run_steps(&exec, a, &ws, ctl, logs).await,
+        None => run_steps(&exec, a, &ws, ctl, logs, steps).await,
         Some(s) => {
             let pump = s.pump(logs);
             let steps = async {
-                let ran = run_steps(&exec, a, &ws, ctl, logs).await;
+                let ran = run_steps(&exec, a, &ws, ctl, logs, steps).await;
                 // The job's container leaves the services' network first.
                 if let Err(e) = exec.cleanup().await {
                     tracing::warn!(error = %e, "sandbox cleanup failed");
@@ -541,7 +551,16 @@ enum StepOutcome {
     Skipped,
 }
 
-async fn run_steps(exec: &Arc<dyn Executor>, a: &Assignment, ws: &Path, ctl: &Control, logs: &LogStreamer) -> Ran {
+/// `results`: each step's outcome and duration, pushed as each one ends
+/// (for the completion; steps never reached are left out).
+async fn run_steps(
+    exec: &Arc<dyn Executor>,
+    a: &Assignment,
+    ws: &Path,
+    ctl: &Control,
+    logs: &LogStreamer,
+    results: &mut Vec<kiln_api::StepResult>,
+) -> Ran {
     if let Err(e) = exec.prepare().await {
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
     }
@@ -574,6 +593,12 @@ async fn run_steps(exec: &Arc<dyn Executor>, a: &Assignment, ws: &Path, ctl: &Co
                 None => "an earlier step failed".to_string(),
             };
             logs.system(&format!("○ step {}/{n}: {label} skipped ({why})", i + 1));
+            results.push(kiln_api::StepResult {
+                name: label.clone(),
+                outcome: "skipped".into(),
+                duration_ms: None,
+                message: Some(why),
+            });
             summary.push((label, StepOutcome::Skipped, None));
             continue;
         }
@@ -632,6 +657,18 @@ async fn run_steps(exec: &Arc<dyn Executor>, a: &Assignment, ws: &Path, ctl: &Co
                 StepOutcome::Failure(why)
             }
         };
+        let (word, message) = match &outcome {
+            StepOutcome::Success => ("success", None),
+            StepOutcome::Failure(w) => ("failure", Some(w.clone())),
+            StepOutcome::Continued(w) => ("continued", Some(w.clone())),
+            StepOutcome::Skipped => ("skipped", None),
+        };
+        results.push(kiln_api::StepResult {
+            name: label.clone(),
+            outcome: word.into(),
+            duration_ms: Some(took.as_millis() as u64),
+            message,
+        });
         summary.push((label, outcome, Some(took)));
     }
     if summary.iter().any(|(_, o, _)| !matches!(o, StepOutcome::Success)) {
@@ -727,6 +764,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
         message: Some(message),
         infra_failure,
         outputs: BTreeMap::new(),
+        steps: Vec::new(),
     };
     if stop == Some(Stop::Fenced) {
         return None;
@@ -740,6 +778,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
             message: None,
             infra_failure: false,
             outputs,
+            steps: Vec::new(),
         },
         Ran::StepFailed { exit_code, message } => failed(Some(exit_code), message, false),
         Ran::JobError(message) => failed(None, message, false),
@@ -751,6 +790,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
                 message: Some("cancelled".into()),
                 infra_failure: false,
                 outputs: BTreeMap::new(),
+        steps: Vec::new(),
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".

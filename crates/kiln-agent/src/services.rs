@@ -5,7 +5,6 @@
 //! container job joins the services' network and reaches each by name; a
 //! host job gets loopback ports (`KILN_SERVICE_<NAME>_PORT`).
 
-use crate::attempt::AttemptContext;
 use crate::control::Control;
 use crate::logs::{LogStreamer, Stream};
 use crate::ran::Ran;
@@ -64,9 +63,12 @@ fn port_env(host_ports: &BTreeMap<String, Vec<(u16, u16)>>) -> BTreeMap<String, 
 /// Start the job's services (none: `Ok(None)`). `engine` is the container
 /// executor's; a host job connects to the agent's services engine. `internal`:
 /// the services' network has no outbound access (container jobs whose
-/// agent gives jobs no network).
+/// agent gives jobs no network). `services_engine`: the agent's
+/// `--engine` for host jobs; `agent_name` labels what is started (for
+/// reaping after a crash).
 pub(crate) async fn start(
-    ctx: &AttemptContext,
+    services_engine: Option<&str>,
+    agent_name: &str,
     a: &Assignment,
     engine: Option<&Engine>,
     internal: bool,
@@ -80,7 +82,7 @@ pub(crate) async fn start(
     let engine = match engine {
         Some(e) => e.clone(),
         None => {
-            let Some(url) = &ctx.services_engine else {
+            let Some(url) = services_engine else {
                 return Err(Ran::Infra(
                     "the job declares `services`, which run in containers: this agent has no container engine (kiln agent --engine)".into(),
                 ));
@@ -94,7 +96,7 @@ pub(crate) async fn start(
     let names: Vec<&str> = requests.iter().map(|r| r.name.as_str()).collect();
     logs.system(&format!("starting services: {}", names.join(", ")));
     let labels = BTreeMap::from([
-        (kiln_sandbox::LABEL_AGENT.to_string(), ctx.agent_name.clone()),
+        (kiln_sandbox::LABEL_AGENT.to_string(), agent_name.to_string()),
         (kiln_sandbox::LABEL_JOB.to_string(), a.job_id.clone()),
         (kiln_sandbox::LABEL_EPOCH.to_string(), a.epoch.to_string()),
         (kiln_sandbox::LABEL_RUN.to_string(), a.run_id.clone()),

@@ -300,6 +300,9 @@ pub struct Attempt {
     pub message: Option<String>,
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+    /// Each step's outcome and duration, once the attempt completed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepResult>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -743,6 +746,25 @@ pub struct Completion {
     /// one is not declared or they exceed 1 MiB.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, String>,
+    /// Each step's outcome and duration, in order (steps never reached are
+    /// left out); recorded on the attempt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepResult>,
+}
+
+/// How one step of an attempt ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepResult {
+    pub name: String,
+    /// `success`, `failure`, `continued` (failed with `continue-on-error`)
+    /// or `skipped`.
+    pub outcome: String,
+    /// How long it ran; none for a skipped step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Why it failed (or was skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

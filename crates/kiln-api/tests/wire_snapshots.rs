@@ -53,6 +53,7 @@ fn run() -> Run {
                         message: Some("lease expired".into()),
                         started_at_ms: 1_764_590_000_100,
                         finished_at_ms: Some(1_764_590_030_100),
+                        steps: vec![],
                     },
                     Attempt {
                         epoch: 2,
@@ -62,6 +63,20 @@ fn run() -> Run {
                         message: None,
                         started_at_ms: 1_764_590_030_200,
                         finished_at_ms: Some(1_764_590_031_000),
+                        steps: vec![
+                            StepResult {
+                                name: "compile".into(),
+                                outcome: "success".into(),
+                                duration_ms: Some(640),
+                                message: None,
+                            },
+                            StepResult {
+                                name: "upload docs".into(),
+                                outcome: "skipped".into(),
+                                duration_ms: None,
+                                message: Some("`if: branch == 'main'` is false".into()),
+                            },
+                        ],
                     },
                 ],
                 artifacts: vec![Artifact { name: "app".into(), size: 4096, sha256: "9f86d0".into(), epoch: 2 }],
@@ -91,6 +106,7 @@ fn run() -> Run {
                     message: None,
                     started_at_ms: 1_764_590_031_100,
                     finished_at_ms: None,
+                    steps: vec![],
                 }],
                 artifacts: vec![],
                 cache: None,
@@ -206,6 +222,7 @@ fn heartbeat_completion_and_ack() {
         message: Some("step `unit` exited with 101".into()),
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     insta::assert_json_snapshot!("completion", completion);
     insta::assert_json_snapshot!("completion_ack", CompletionAck { job_status: JobStatus::Ready });

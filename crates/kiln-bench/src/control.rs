@@ -211,6 +211,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         message: None,
                         infra_failure: false,
                         outputs: Default::default(),
+                        steps: Default::default(),
                     };
                     match c.complete(&job, epoch, &done).await {
                         Ok(_) => {

@@ -45,6 +45,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                         message: a.message.clone(),
                         started_at_ms: a.started_at,
                         finished_at_ms: a.finished_at,
+                        steps: a.steps.as_deref().and_then(|t| serde_json::from_str(t).ok()).unwrap_or_default(),
                     })
                     .collect(),
                 artifacts: bindings

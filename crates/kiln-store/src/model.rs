@@ -175,6 +175,9 @@ pub struct AttemptRecord {
     pub message: Option<String>,
     pub started_at: i64,
     pub finished_at: Option<i64>,
+    /// The steps' outcomes and durations its completion reported (JSON of
+    /// the API's `StepResult` list), if any.
+    pub steps: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -251,6 +254,9 @@ pub struct CompletionInput {
     /// The job's outputs (`$KILN_OUTPUT`), bound only if the completion
     /// succeeds the job (see `tx::outputs`).
     pub outputs: BTreeMap<String, String>,
+    /// The steps' outcomes and durations (JSON), recorded on the attempt
+    /// whatever the outcome, if the completion is the live epoch's.
+    pub steps: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

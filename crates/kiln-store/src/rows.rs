@@ -25,7 +25,7 @@ pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, c
     max_failure_retries, cancel_requested, cache_result";
 
 pub(crate) const ATTEMPT_COLS: &str =
-    "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at";
+    "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps";
 
 /// A generation; the table is `g`.
 pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, \
@@ -141,6 +141,7 @@ pub(crate) fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
         message: row.get("message")?,
         started_at: row.get("started_at")?,
         finished_at: row.get("finished_at")?,
+        steps: row.get("steps")?,
     })
 }
 

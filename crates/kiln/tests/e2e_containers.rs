@@ -250,7 +250,8 @@ jobs:
       - if env | grep -q "{agent_token}"; then echo "token leaked"; exit 1; fi; echo "no token in env"
       - if grep -rqs "{agent_token}" /proc/1/environ /etc /root /tmp; then exit 1; fi; echo "no token in files"
       - test "$PWD" = /workspace && test -f .kiln/pipeline.yaml && echo "checkout at /workspace"
-      - mount | grep -v -E ' / | /proc| /sys| /dev| /run| /etc/(hosts|hostname|resolv.conf)|/workspace' | grep -v -E 'cgroup|mqueue|shm|devpts|tmpfs' || echo "no other host mounts"
+      - mount | grep -v -E ' / | /proc| /sys| /dev| /run| /etc/(hosts|hostname|resolv.conf)|/workspace| /kiln/outputs ' | grep -v -E 'cgroup|mqueue|shm|devpts|tmpfs' || echo "no other host mounts"
+      - test "$(ls -A /kiln/outputs)" = output && test "$KILN_OUTPUT" = /kiln/outputs/output && echo "only the attempt's output file"
 "#,
         token = token_file.display(),
         work = work.display(),
@@ -271,6 +272,7 @@ jobs:
         "no token in files",
         "checkout at /workspace",
         "no other host mounts",
+        "only the attempt's output file",
     ] {
         assert!(log.contains(expected), "missing `{expected}` in:\n{log}");
     }

@@ -72,6 +72,10 @@ async fn outputs_flow_through_jobs_and_stay_data() {
     assert!(!build.contains_key("undeclared"), "{build:?}");
     assert!(all.contains("ignored output not declared in the job's `outputs`: undeclared"), "{all}");
     assert_eq!(job("test").outputs["url"], "https://example.com/v1.2.3");
+    let steps = &job("test").attempts[0].steps;
+    assert_eq!(steps.len(), 2, "{steps:#?}");
+    assert_eq!(steps[0].name, "use 1.2.3");
+    assert!(steps.iter().all(|s| s.outcome == "success" && s.duration_ms.is_some()), "{steps:#?}");
 
     // Read downstream in env, run and a step name; a hostile value is data.
     assert!(all.contains("env=1.2.3 run=1.2.3"), "{all}");

@@ -72,6 +72,7 @@ async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     assert!(agent_api.complete(&compile, 1, &completion).await.unwrap_err().is_stale_epoch());
     let chunk = kiln_api::LogChunk {

@@ -199,9 +199,11 @@ jobs:
     assert!(!logs(&run, "second").contains("second ran"), "the drained agent ran nothing more");
     // A claim the drained agent abandoned may still be answered with the
     // next job; that attempt gets the loss grace, not the 5 min lease.
-    let _b = s.agent("after-drain", &[]).unwrap();
+    let b = s.agent("after-drain", &[]).unwrap();
     assert_eq!(wait_run(&c, &run, 60).await.status, "success");
     assert!(logs(&run, "second").contains("second ran"));
+    // Only the agent about to be preempted may take the next job.
+    drop(b);
 
     // Preemption: SIGUSR1 hands the job back; another agent runs it at once.
     let spot = s.agent("spot", &[]).unwrap();

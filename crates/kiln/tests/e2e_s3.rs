@@ -161,6 +161,7 @@ async fn runner_vanishes_on_postgres_and_s3_with_a_replica_killed() {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     assert!(agent_api.complete(&compile, 1, &completion).await.unwrap_err().is_stale_epoch());
     let up = kiln_api::CreateUpload { name: "app".into(), size: 1, sha256: Some("0".repeat(64)) };
@@ -314,6 +315,7 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     agent.complete(&job, epoch, &done).await.unwrap();
     // The attempt ended: no more part URLs for it.

@@ -125,6 +125,19 @@ async fn env_precedence_and_step_options() {
     assert!(all.contains("skipped after failure skipped (an earlier step failed)"), "{all}");
     assert!(all.contains("cleanup-ran") && all.contains("always-ran"), "{all}");
     assert!(all.contains("working-directory `nowhere` does not exist"), "{all}");
+    // Each step's outcome and duration is recorded on the attempt (the run API).
+    let steps = &job.attempts[0].steps;
+    let step = |name: &str| steps.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("{name}: {steps:#?}"));
+    assert_eq!(steps.len(), 15, "{steps:#?}");
+    assert_eq!(step("precedence").outcome, "success");
+    assert!(step("precedence").duration_ms.is_some());
+    assert_eq!(step("not yet").outcome, "skipped");
+    assert_eq!(step("not yet").duration_ms, None);
+    assert_eq!(step("allowed to fail").outcome, "continued");
+    assert_eq!(step("breaks").outcome, "failure");
+    assert!(step("breaks").message.as_deref().unwrap_or("").contains("exit code 4"), "{steps:#?}");
+    assert_eq!(step("skipped after failure").outcome, "skipped");
+    assert_eq!(step("cleanup").outcome, "success");
     // The summary shows every step's outcome.
     for line in [
         "1. ✓ precedence: success",

@@ -67,6 +67,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
                 message: c.message.map(|m| m.chars().take(MAX_MESSAGE).collect()),
                 infra_failure: c.infra_failure,
                 outputs: c.outputs,
+                steps: step_results(c.steps),
             },
         )
         .await;
@@ -95,4 +96,32 @@ pub(crate) async fn commit_image(state: &AppState, job: &str, epoch: i64, digest
         return Err(ApiErr::invalid("digest must be sha256:<64 hex digits>"));
     }
     Ok(state.store.commit_image_digest(job, epoch, digest).await?)
+}
+
+/// Most steps recorded per attempt (a workflow has at most 256).
+const MAX_STEP_RESULTS: usize = 256;
+/// Longest step name or message recorded, in characters.
+const MAX_STEP_TEXT: usize = 500;
+
+/// The reported steps as stored on the attempt (bounded; `None` when the
+/// agent reported none, so an older agent's completion changes nothing).
+fn step_results(steps: Vec<api::StepResult>) -> Option<String> {
+    if steps.is_empty() {
+        return None;
+    }
+    let cut = |t: String| if t.chars().count() > MAX_STEP_TEXT { t.chars().take(MAX_STEP_TEXT).collect() } else { t };
+    let steps: Vec<api::StepResult> = steps
+        .into_iter()
+        .take(MAX_STEP_RESULTS)
+        .map(|s| api::StepResult {
+            name: cut(s.name),
+            outcome: match s.outcome.as_str() {
+                "success" | "failure" | "continued" | "skipped" => s.outcome,
+                _ => "unknown".into(),
+            },
+            duration_ms: s.duration_ms,
+            message: s.message.map(cut),
+        })
+        .collect();
+    serde_json::to_string(&steps).ok()
 }

@@ -135,6 +135,7 @@ async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -
         message: Some(why.to_string()),
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     crate::services::attempts::complete(state, &c.job.id, c.epoch, done).await.map(|_| ())
 }

@@ -19,6 +19,7 @@ async fn only_the_claiming_session_may_act_on_an_attempt() {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     // The join token, another agent's session credential, its own session
     // credential used as if it were the attempt's, garbage: all refused.

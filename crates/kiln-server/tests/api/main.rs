@@ -88,6 +88,7 @@ pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     app.holder(a).post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
 }

@@ -12,3 +12,7 @@ CREATE TABLE job_outputs (
     PRIMARY KEY (job_id, name)
 );
 CREATE INDEX job_outputs_by_run ON job_outputs(run_id);
+
+-- Each step's outcome and duration as the attempt's agent reported them with
+-- its completion (JSON, written only for a completion of the live epoch).
+ALTER TABLE attempts ADD COLUMN steps TEXT;

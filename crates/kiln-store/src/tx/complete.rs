@@ -97,6 +97,14 @@ async fn complete_tx(
     if !serializable && uses_concurrency_groups(&run) {
         return Ok(None);
     }
+    if let Some(steps) = &c.steps {
+        tx.sql("UPDATE attempts SET steps = $1 WHERE job_id = $2 AND epoch = $3")
+            .bind(steps)
+            .bind(job_id)
+            .bind(epoch)
+            .execute()
+            .await?;
+    }
     let verdict = decide_completion(&CompletionFacts {
         run: run.status,
         cancel_requested: budget.cancel_requested,

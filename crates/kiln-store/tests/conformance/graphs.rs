@@ -209,6 +209,7 @@ pub async fn concurrency_cancel_in_progress<S: Store + 'static>(o: &Opener<S>) {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     s.complete(&a1, c1.epoch, cancelled).await.unwrap();
     assert_eq!(view(s, &r1).await.run.status, RunStatus::Cancelled);
@@ -347,6 +348,7 @@ pub async fn job_concurrency_cancel_in_progress<S: Store + 'static>(o: &Opener<S
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     s.complete(&d1, c1.epoch, cancelled).await.unwrap();
     assert_eq!(job_status(s, &d1).await, JobStatus::Cancelled);

@@ -328,6 +328,7 @@ pub fn success() -> CompletionInput {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     }
 }
 
@@ -338,6 +339,7 @@ pub fn failure(code: i32) -> CompletionInput {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     }
 }
 
@@ -348,6 +350,7 @@ pub fn infra_failure() -> CompletionInput {
         message: Some("artifact upload failed".into()),
         infra_failure: true,
         outputs: Default::default(),
+        steps: Default::default(),
     }
 }
 

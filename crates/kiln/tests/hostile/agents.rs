@@ -55,6 +55,7 @@ async fn a_join_token_holder_cannot_act_on_another_agents_attempt() {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     for client in [&fake, &as_fake] {
         let e = client.complete(&job, 1, &done).await.expect_err("not the holder");

@@ -86,6 +86,7 @@ async fn upload_seal_bind_restore_download() {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     attempts::complete(&env.state, job, epoch, ok).await.unwrap();
     env.relay().await;

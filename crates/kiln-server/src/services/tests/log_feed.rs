@@ -59,6 +59,7 @@ async fn replay_after_a_cursor_then_end_and_the_same_after_archival() {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     assert_eq!(attempts::complete(&env.state, job, epoch, done).await.unwrap(), "success");
 
@@ -114,6 +115,7 @@ async fn the_archive_masks_the_repositorys_secrets_in_a_trusted_runs_log() {
         message: None,
         infra_failure: false,
         outputs: Default::default(),
+        steps: Default::default(),
     };
     attempts::complete(&env.state, job, epoch, done).await.unwrap();
     env.clock.advance(env.state.config.log_archive_after + Duration::from_secs(1));
