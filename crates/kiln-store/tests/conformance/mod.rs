@@ -146,6 +146,7 @@ macro_rules! suite {
             artifacts::resolve_binding_by_name_and_id_within_its_run,
             artifacts::gc_collects_only_unbound_generations_of_ended_attempts,
             artifacts::deleted_generation_is_never_bound,
+            artifacts::bound_artifacts_expire_only_after_their_run_ended,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
