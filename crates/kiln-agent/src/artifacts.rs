@@ -534,11 +534,8 @@ fn freeze_glob(ws: &Path, spool: &Path, name: &str, pattern: &str, rel: &Path) -
         base.push(c);
     }
     let pattern_rel: String = comps.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>().join("/");
-    let none = || {
-        job_error(format!(
-            "declared artifact `{name}`: the glob `{pattern}` matched no files in the workspace"
-        ))
-    };
+    let none =
+        || job_error(format!("declared artifact `{name}`: the glob `{pattern}` matched no files in the workspace"));
     let start = ws.join(&base);
     match std::fs::symlink_metadata(&start) {
         Ok(m) if m.is_dir() => {}

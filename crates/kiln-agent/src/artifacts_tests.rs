@@ -258,7 +258,11 @@ fn good(root: &str) -> Vec<Member> {
     vec![
         manifest_member(
             root,
-            vec![entry("", EntryKind::Dir, b""), entry("sub", EntryKind::Dir, b""), entry("a.txt", EntryKind::File, b"hi")],
+            vec![
+                entry("", EntryKind::Dir, b""),
+                entry("sub", EntryKind::Dir, b""),
+                entry("a.txt", EntryKind::File, b"hi"),
+            ],
         ),
         dir("0"),
         dir("0/sub"),
@@ -300,7 +304,11 @@ fn hostile_archives_are_refused_and_leave_nothing() {
     let abs = format!("{}/evil", e.outside.display());
     let with = |extra_entries: Vec<ManifestEntry>, extra: Vec<Member>| {
         let mut m = good("art");
-        let mut entries = vec![entry("", EntryKind::Dir, b""), entry("sub", EntryKind::Dir, b""), entry("a.txt", EntryKind::File, b"hi")];
+        let mut entries = vec![
+            entry("", EntryKind::Dir, b""),
+            entry("sub", EntryKind::Dir, b""),
+            entry("a.txt", EntryKind::File, b"hi"),
+        ];
         entries.extend(extra_entries);
         m[0] = manifest_member("art", entries);
         m.extend(extra);
@@ -310,17 +318,29 @@ fn hostile_archives_are_refused_and_leave_nothing() {
     out_link.target = Some("../../../outside".into());
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("traversal member", with(vec![entry("x", EntryKind::File, b"p")], vec![file("0/../../x", b"p")])),
-        ("traversal in the manifest", with(vec![entry("../../x", EntryKind::File, b"p")], vec![file("0/../../x", b"p")])),
+        (
+            "traversal in the manifest",
+            with(vec![entry("../../x", EntryKind::File, b"p")], vec![file("0/../../x", b"p")]),
+        ),
         ("absolute member", with(vec![entry("x", EntryKind::File, b"p")], vec![file(&abs, b"p")])),
-        ("link leaving the target", with(vec![out_link], vec![link("0/sub/out", tar::EntryType::Symlink, "../../../outside")])),
+        (
+            "link leaving the target",
+            with(vec![out_link], vec![link("0/sub/out", tar::EntryType::Symlink, "../../../outside")]),
+        ),
         (
             "file through a link",
             with(
                 vec![entry("sub/l", EntryKind::Symlink, b""), entry("sub/l/evil", EntryKind::File, b"p")],
-                vec![link("0/sub/l", tar::EntryType::Symlink, &e.outside.display().to_string()), file("0/sub/l/evil", b"p")],
+                vec![
+                    link("0/sub/l", tar::EntryType::Symlink, &e.outside.display().to_string()),
+                    file("0/sub/l/evil", b"p"),
+                ],
             ),
         ),
-        ("hard link", with(vec![entry("h", EntryKind::File, b"")], vec![link("0/h", tar::EntryType::Link, "/etc/passwd")])),
+        (
+            "hard link",
+            with(vec![entry("h", EntryKind::File, b"")], vec![link("0/h", tar::EntryType::Link, "/etc/passwd")]),
+        ),
         ("entry not in the manifest", with(vec![], vec![file("0/extra", b"p")])),
         ("wrong digest", {
             let mut m = good("art");

@@ -1309,7 +1309,8 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
                         None => Some(None),
                         Some(e) => expire_in(ctx, &es, &e.value).map(Some),
                     };
-                    let (Some((name, name_pos)), Some(path), Some(expire_in_secs)) = (name, path, expire_in_secs) else {
+                    let (Some((name, name_pos)), Some(path), Some(expire_in_secs)) = (name, path, expire_in_secs)
+                    else {
                         continue;
                     };
                     if let Some(first) = first_line.get(&name) {

@@ -100,7 +100,8 @@ async fn directories_and_globs_cross_agents_and_expired_artifacts_answer_410() {
     let builder = server.agent("builder", &["--labels", "role=build"]).unwrap();
     let deployer = server.agent("deployer", &["--labels", "role=deploy"]).unwrap();
 
-    let run = c.submit_run("trees", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run =
+        c.submit_run("trees", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let done = wait_run(&c, &run.run_id, 300).await;
     assert_eq!(done.status, "success", "{done:#?}\nbuilder:\n{}\ndeployer:\n{}", builder.log(), deployer.log());
     assert_eq!(done.jobs[0].attempts[0].runner, "builder");
@@ -109,12 +110,8 @@ async fn directories_and_globs_cross_agents_and_expired_artifacts_answer_410() {
     // The restored tree, file by file with modes, as the deploying job saw it.
     let dir = tempfile::tempdir().unwrap();
     let listing = dir.path().join("listing.txt");
-    let out = server
-        .cli()
-        .args(["artifact", "get", &run.run_id, "deploy", "listing", "-o"])
-        .arg(&listing)
-        .output()
-        .unwrap();
+    let out =
+        server.cli().args(["artifact", "get", &run.run_id, "deploy", "listing", "-o"]).arg(&listing).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_to_string(&listing).unwrap(), expected_listing());
 
@@ -143,7 +140,7 @@ async fn directories_and_globs_cross_agents_and_expired_artifacts_answer_410() {
     .unwrap_or_else(|| panic!("report never expired\n{}", server.log()));
     assert_eq!(gone.code(), Some("expired"), "{gone}");
     if let Some(d) = early {
-        let e = c.download(&d.url).await.err().expect("an expired object's bytes are not served");
+        let e = c.download(&d.url).await.expect_err("an expired object's bytes are not served");
         assert_eq!((e.status(), e.code()), (Some(410), Some("expired")), "{e}");
     }
     // The others stay.
@@ -160,7 +157,8 @@ async fn directories_and_globs_cross_agents_and_expired_artifacts_answer_410() {
     let list = server.cli().args(["artifact", "list", &run.run_id]).output().unwrap();
     assert!(list.status.success());
     let text = String::from_utf8_lossy(&list.stdout);
-    let line = |n: &str| text.lines().find(|l| l.starts_with(n)).unwrap_or_else(|| panic!("{n} in\n{text}")).to_string();
+    let line =
+        |n: &str| text.lines().find(|l| l.starts_with(n)).unwrap_or_else(|| panic!("{n} in\n{text}")).to_string();
     assert!(line("report").contains("file") && line("report").trim_end().ends_with("expired"), "{text}");
     assert!(line("site").contains("archive") && !line("site").contains("expired"), "{text}");
     assert!(line("listing").contains("deploy"), "{text}");

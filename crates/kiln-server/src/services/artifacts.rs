@@ -58,7 +58,13 @@ pub(crate) async fn create_upload(
     }
     let sha = req.sha256.as_deref().unwrap_or("");
     let kind = req.kind.as_deref().unwrap_or(api::ARTIFACT_FILE);
-    let new = kiln_store::NewGeneration { name: &req.name, size: req.size as i64, sha256: sha, part_size: PART_SIZE as i64, kind };
+    let new = kiln_store::NewGeneration {
+        name: &req.name,
+        size: req.size as i64,
+        sha256: sha,
+        part_size: PART_SIZE as i64,
+        kind,
+    };
     let g = state.store.open_generation(job, epoch, new).await?;
     let expires = state.clock.now_ms() + UPLOAD_CAP_MS;
     tracing::info!(job, epoch, name = %req.name, size = req.size, generation = %g.id, "upload session opened");
@@ -253,7 +259,9 @@ pub(crate) fn expired(what: &str) -> ApiErr {
     ApiErr::new(
         StatusCode::GONE,
         api::codes::EXPIRED,
-        format!("artifact {what} has expired: its retention (`expire-in` / kiln server --artifact-expire-in) ran out and its bytes were deleted"),
+        format!(
+            "artifact {what} has expired: its retention (`expire-in` / kiln server --artifact-expire-in) ran out and its bytes were deleted"
+        ),
     )
 }
 

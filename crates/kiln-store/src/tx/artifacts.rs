@@ -10,8 +10,8 @@ use crate::model::{BoundArtifact, GENERATION_KINDS, GenerationRecord, NewGenerat
 use crate::rows::{BINDING_COLS, GEN_COLS, bound_from_row, gen_from_row, load_run, new_id};
 use crate::store::{SqlStore, lock_job};
 use crate::tx::attempt::require_live;
-use kiln_core::{AttemptOutcome, RunStatus};
 use kiln_core::lease::{AttemptLease, check_live};
+use kiln_core::{AttemptOutcome, RunStatus};
 
 fn valid_sha(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())

@@ -146,7 +146,8 @@ async fn complete_tx(
             }
             for (name, g, expire_in) in sealed {
                 // Issue 16: the expiry is fixed here, with the binding.
-                let expires_at = expire_in.map(|s| now.saturating_add(i64::try_from(s).unwrap_or(i64::MAX / 1000) * 1000));
+                let expires_at =
+                    expire_in.map(|s| now.saturating_add(i64::try_from(s).unwrap_or(i64::MAX / 1000) * 1000));
                 tx.sql(
                     "INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at, expires_at) \
                      VALUES ($1, $2, $3, $4, $5, $6)",

@@ -20,7 +20,10 @@ const PART: i64 = 1 << 20;
 fn publishing(name: &str, needs: &[&str], outputs: &[&str]) -> Job {
     Job {
         artifacts: Artifacts {
-            publish: outputs.iter().map(|o| Publish { name: o.to_string(), path: format!("out/{o}"), expire_in_secs: None }).collect(),
+            publish: outputs
+                .iter()
+                .map(|o| Publish { name: o.to_string(), path: format!("out/{o}"), expire_in_secs: None })
+                .collect(),
             restore: Vec::new(),
         },
         ..job(name, needs, 0)
@@ -334,15 +337,14 @@ pub async fn completion_binds_the_sealed_output<S: Store + 'static>(o: &Opener<S
     assert_eq!(job_status(s, &test).await, JobStatus::Pending);
 
     assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
-    let want =
-        BoundArtifact {
-            job_id: build.clone(),
-            job_name: "build".into(),
-            name: "jar".into(),
-            generation: sealed,
-            expires_at: None,
-            expired_at: None,
-        };
+    let want = BoundArtifact {
+        job_id: build.clone(),
+        job_name: "build".into(),
+        name: "jar".into(),
+        generation: sealed,
+        expires_at: None,
+        expired_at: None,
+    };
     assert_eq!(s.run_bindings(&run_id).await.unwrap(), vec![want.clone()]);
     let got = s.resolve_binding(&run_id, "build", "jar").await.unwrap();
     assert_eq!(got, want);
@@ -811,8 +813,12 @@ pub async fn bound_artifacts_expire_only_after_their_run_ended<S: Store + 'stati
     assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
 
     let run = run_id.as_str();
-    let (jar, keep, long, tree) =
-        (bound(s, run, "jar").await, bound(s, run, "keep").await, bound(s, run, "long").await, bound(s, run, "tree").await);
+    let (jar, keep, long, tree) = (
+        bound(s, run, "jar").await,
+        bound(s, run, "keep").await,
+        bound(s, run, "long").await,
+        bound(s, run, "tree").await,
+    );
     assert!(jar.expires_at.is_some() && tree.expires_at.is_some());
     assert!(long.expires_at.unwrap() > jar.expires_at.unwrap());
     assert_eq!(keep.expires_at, None, "no expire-in: never expires");

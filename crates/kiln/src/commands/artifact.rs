@@ -101,7 +101,11 @@ pub(super) async fn list(conn: &Conn, run: &str, job: Option<&str>, json: bool) 
         return Ok(exit::OK);
     }
     if listed.is_empty() {
-        eprintln!("run {} has no published artifacts{}", r.id, job.map(|j| format!(" in job `{j}`")).unwrap_or_default());
+        eprintln!(
+            "run {} has no published artifacts{}",
+            r.id,
+            job.map(|j| format!(" in job `{j}`")).unwrap_or_default()
+        );
         return Ok(exit::OK);
     }
     let out = |s: String| kiln_cmd::outln!("{}", crate::term::for_stdout(&s));

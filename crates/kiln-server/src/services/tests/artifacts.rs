@@ -112,7 +112,12 @@ async fn a_wrong_digest_fails_the_generation() {
     let agent = env.agent(1).await;
     let a = env.claim_now(&agent, "c1").await.unwrap();
     let (job, epoch) = (a.job_id.as_str(), a.epoch);
-    let create = api::CreateUpload { name: "app".into(), size: 3, sha256: Some(hex::encode(Sha256::digest(b"abc"))), kind: None };
+    let create = api::CreateUpload {
+        name: "app".into(),
+        size: 3,
+        sha256: Some(hex::encode(Sha256::digest(b"abc"))),
+        kind: None,
+    };
     let s = artifacts::create_upload(&env.state, "http://h", job, epoch, create).await.unwrap();
     artifacts::put_part(&env.state, &s.generation_id, 0, Some(&cap(&s.part_url)), &b"xyz"[..]).await.unwrap();
     let e = artifacts::seal(&env.state, (job, epoch), &s.generation_id, Default::default()).await.unwrap_err();
