@@ -21,6 +21,23 @@
 //! from the first send aborts the upload) → `seal`, which the server only
 //! grants after verifying size and sha256 of the stored object.
 //!
+//! # Directories and globs (issue 16)
+//! A `path` that is a directory, or a glob (`dist/**/*.whl`, the filter
+//! syntax of `kiln_workflow::glob_match`), is published as ONE object: a
+//! `kiln-cache` archive (tar+zstd, manifest first: paths, modes, sizes,
+//! sha256) with one root named after the artifact. The directory (or every
+//! matched file, at its workspace-relative path) is moved into the spool
+//! first, then packed from there; a file with more than one hard link is
+//! refused as for a single file; symbolic links leaving the tree, devices
+//! and fifos are left out (pack skips them). The upload session names
+//! `kind: archive`; the recorded size and sha256 are the archive's. A
+//! restore of an archive downloads and verifies it like a file, then
+//! unpacks it with `kiln_cache::unpack` (no `..`, no absolute names, no
+//! links leaving the target, size and entry limits, every member checked
+//! against the manifest) into a staging directory beside the target, moved
+//! into place only once all of it verified: a bad archive fails the job as
+//! infrastructure and leaves nothing behind.
+//!
 //! The freeze protects against the workspace changing under the upload; a
 //! process that escaped the step's process group (its own `setsid`) and
 //! still holds the file open could in principle write to it — that is
@@ -203,12 +220,6 @@ async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<
             )));
         }
     }
-    if tokio::fs::symlink_metadata(&target).await.is_ok_and(|m| m.is_dir()) {
-        return Err(job_error(format!(
-            "cannot restore artifact `{label}` to `{}`: a directory is in the way",
-            spec.path
-        )));
-    }
     t.logs.system(&format!("restoring artifact `{label}` to {}", rel.display()));
     let body = RestoreRequest { from_job: spec.from_job.clone(), name: spec.name.clone() };
     let mut tries = 0;
@@ -221,10 +232,22 @@ async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<
                 Err(CallError::Api(e, _)) if e.status() == Some(404) => {
                     return Err(job_error(format!("required artifact `{label}` is not available")));
                 }
+                Err(CallError::Api(e, _)) if e.code() == Some(kiln_api::codes::EXPIRED) => {
+                    return Err(job_error(format!(
+                        "required artifact `{label}` has expired (its bytes were deleted when its retention ran out)"
+                    )));
+                }
                 Err(CallError::Api(e, n)) => {
                     return Err(infra(format!("cannot restore artifact `{label}` (after {n} tries): {e}")));
                 }
             };
+        let archive = dl.kind == kiln_api::types::ARTIFACT_ARCHIVE;
+        if !archive && tokio::fs::symlink_metadata(&target).await.is_ok_and(|m| m.is_dir()) {
+            return Err(job_error(format!(
+                "cannot restore artifact `{label}` to `{}`: a directory is in the way",
+                spec.path
+            )));
+        }
         let tmp = parent.join(format!(".kiln-restore-{}.tmp", uuid::Uuid::new_v4()));
         let res = tokio::select! {
             r = download(t.client, &dl, &tmp) => r,
@@ -264,6 +287,25 @@ async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<
                 dl.size, dl.sha256, got.0, got.1
             )));
         }
+        if archive {
+            let (tmp2, target2, name) = (tmp.clone(), target.clone(), spec.name.clone());
+            let res = tokio::task::spawn_blocking(move || unpack_archive(&tmp2, &target2, &name)).await;
+            let _ = tokio::fs::remove_file(&tmp).await;
+            let u = match res {
+                Ok(Ok(u)) => u,
+                Ok(Err(e)) => {
+                    return Err(infra(format!(
+                        "artifact `{label}` could not be unpacked into `{}` (nothing was restored): {e}",
+                        spec.path
+                    )));
+                }
+                Err(e) => return Err(infra(format!("the unpack task of artifact `{label}` failed: {e}"))),
+            };
+            tracing::info!(artifact = %label, path = %rel.display(), size = dl.size, sha256 = %dl.sha256,
+                entries = u.entries, bytes = u.bytes, producer_epoch = dl.epoch, "restored artifact archive");
+            t.logs.system(&format!("restored artifact `{label}`: {} entries, {} bytes", u.entries, u.bytes));
+            return Ok(());
+        }
         if let Err(e) = tokio::fs::rename(&tmp, &target).await {
             let _ = tokio::fs::remove_file(&tmp).await;
             return Err(infra(format!("cannot move artifact `{label}` into place at {}: {e}", target.display())));
@@ -272,6 +314,25 @@ async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<
             producer_epoch = dl.epoch, "restored artifact");
         return Ok(());
     }
+}
+
+/// Unpacks the verified archive `file` (an artifact `name`: its one root)
+/// into `target` with the cache's path-safety rules and limits: staged
+/// beside `target`, moved into place (replacing what was there, a
+/// symbolic link included, never followed) only once every member
+/// verified; on error nothing is left behind. Blocking.
+pub(crate) fn unpack_archive(
+    file: &Path,
+    target: &Path,
+    name: &str,
+) -> Result<kiln_cache::Unpacked, kiln_cache::CacheError> {
+    let f = std::fs::File::open(file).map_err(kiln_cache::CacheError::Io)?;
+    kiln_cache::unpack(
+        std::io::BufReader::new(f),
+        &[target.to_path_buf()],
+        &[name.to_string()],
+        &kiln_cache::Limits::default(),
+    )
 }
 
 pub(crate) enum Fetch {
@@ -323,6 +384,8 @@ pub(crate) struct Frozen {
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
+    /// A directory or glob packed as one archive (kind `archive`).
+    pub archive: bool,
 }
 
 /// Freezes every declared output, then uploads and seals each. Ok only when
@@ -335,7 +398,7 @@ pub(crate) async fn publish_all(t: &Transfer<'_>, ws: &Path, spool: &Path) -> Re
             .await
             .map_err(|e| infra(format!("the freeze task failed: {e}")))?;
         let f = f?;
-        tracing::info!(artifact = %f.name, size = f.size, "froze artifact");
+        tracing::info!(artifact = %f.name, size = f.size, archive = f.archive, "froze artifact");
         frozen.push(f);
     }
     for f in &frozen {
@@ -345,7 +408,8 @@ pub(crate) async fn publish_all(t: &Transfer<'_>, ws: &Path, spool: &Path) -> Re
 }
 
 /// Moves the declared output into `spool/<name>`, read-only, and hashes it
-/// there. Blocking.
+/// there; a directory or glob is moved into the spool and packed there into
+/// `spool/<name>` (see the module docs). Blocking.
 pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Frozen, Ran> {
     let (name, path) = (&spec.name, &spec.path);
     if !spool_name_ok(name) {
@@ -356,6 +420,9 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
             "declared artifact `{name}` has path `{path}`, which must be relative to the workspace, without `..`"
         )));
     };
+    if kiln_workflow::is_glob(path) {
+        return freeze_glob(ws, spool, name, path, &rel);
+    }
     let not_produced = |why: String| job_error(format!("declared artifact `{name}` was not produced at `{path}`{why}"));
     let src = ws.join(&rel);
     let meta = match std::fs::symlink_metadata(&src) {
@@ -364,7 +431,7 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
         Err(e) => return Err(not_produced(format!(": {e}"))),
     };
     if meta.is_dir() {
-        return Err(not_produced(": it is a directory (publish a file; tar a directory in a step)".into()));
+        return freeze_dir(ws, spool, name, path, &src);
     }
     if meta.file_type().is_symlink() {
         return Err(not_produced(": it is a symbolic link (publish a regular file)".into()));
@@ -414,7 +481,209 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
     }
     file.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io("make read-only", &dst, e))?;
     // The digest is computed while uploading: the frozen bytes are read once.
-    Ok(Frozen { name: name.clone(), path: dst, size: meta.len() })
+    Ok(Frozen { name: name.clone(), path: dst, size: meta.len(), archive: false })
+}
+
+/// Where a directory or the matches of a glob are gathered before packing.
+fn tree_dir(spool: &Path, name: &str) -> PathBuf {
+    spool.join(format!(".tree-{name}"))
+}
+
+/// A directory artifact: moved into the spool (packed in place if the
+/// spool is on another filesystem; pack then still refuses a file that
+/// changes while it is read), then packed.
+fn freeze_dir(ws: &Path, spool: &Path, name: &str, path: &str, src: &Path) -> Result<Frozen, Ran> {
+    let parent = src.parent().expect("a joined relative path has a parent");
+    match inside(ws, parent) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(job_error(format!(
+                "declared artifact `{name}` was not produced at `{path}`: the path leads outside the workspace through a symbolic link"
+            )));
+        }
+        Err(e) => return Err(infra(format!("cannot resolve {}: {e}", parent.display()))),
+    }
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        infra(format!("cannot freeze artifact `{name}`: cannot {what} {}: {e}", p.display()))
+    };
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(spool).map_err(|e| io("create", spool, e))?;
+    let tree = tree_dir(spool, name);
+    let root = match std::fs::rename(src, &tree) {
+        Ok(()) => tree.clone(),
+        Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => src.to_path_buf(),
+        Err(e) => return Err(io("move into the spool", src, e)),
+    };
+    let res = refuse_linked(name, path, &root).and_then(|()| pack_tree(spool, name, &root));
+    let _ = std::fs::remove_dir_all(&tree);
+    res
+}
+
+/// A glob artifact: every regular file of the workspace whose
+/// '/'-separated relative path matches `pattern` is moved, at that path,
+/// into a tree in the spool, which is packed. Matching nothing is the
+/// job's error. Directories are walked without following symbolic links.
+fn freeze_glob(ws: &Path, spool: &Path, name: &str, pattern: &str, rel: &Path) -> Result<Frozen, Ran> {
+    // Walk only below the pattern's literal leading directories.
+    let mut base = PathBuf::new();
+    let comps: Vec<&std::ffi::OsStr> =
+        rel.components().filter_map(|c| if let Component::Normal(s) = c { Some(s) } else { None }).collect();
+    for c in &comps[..comps.len().saturating_sub(1)] {
+        if c.to_str().is_none_or(|s| s.contains(['*', '?', '[', '+', '\\'])) {
+            break;
+        }
+        base.push(c);
+    }
+    let pattern_rel: String = comps.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>().join("/");
+    let none =
+        || job_error(format!("declared artifact `{name}`: the glob `{pattern}` matched no files in the workspace"));
+    let start = ws.join(&base);
+    match std::fs::symlink_metadata(&start) {
+        Ok(m) if m.is_dir() => {}
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(job_error(format!(
+                "declared artifact `{name}`: the glob `{pattern}` starts below `{}`, a symbolic link (globs never follow symbolic links)",
+                base.display()
+            )));
+        }
+        Ok(_) => return Err(none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(none()),
+        Err(e) => return Err(infra(format!("cannot read {}: {e}", start.display()))),
+    }
+    match inside(ws, &start) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(job_error(format!(
+                "declared artifact `{name}`: the glob `{pattern}` leads outside the workspace through a symbolic link"
+            )));
+        }
+        Err(e) => return Err(infra(format!("cannot resolve {}: {e}", start.display()))),
+    }
+    let mut matched = Vec::new();
+    let mut stack = vec![base];
+    while let Some(dir) = stack.pop() {
+        let rd = std::fs::read_dir(ws.join(&dir)).map_err(|e| infra(format!("cannot read {}: {e}", dir.display())))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| infra(format!("cannot read {}: {e}", dir.display())))?;
+            let r = dir.join(entry.file_name());
+            let ft = entry.file_type().map_err(|e| infra(format!("cannot stat {}: {e}", r.display())))?;
+            if ft.is_dir() {
+                stack.push(r);
+                continue;
+            }
+            let Some(text) = r.to_str() else { continue };
+            if !kiln_workflow::glob_match(&pattern_rel, text) {
+                continue;
+            }
+            if ft.is_symlink() {
+                return Err(job_error(format!(
+                    "declared artifact `{name}`: `{text}` matches `{pattern}` but is a symbolic link (publish regular files)"
+                )));
+            }
+            if ft.is_file() {
+                matched.push(r);
+            }
+        }
+    }
+    if matched.is_empty() {
+        return Err(none());
+    }
+    matched.sort();
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        infra(format!("cannot freeze artifact `{name}`: cannot {what} {}: {e}", p.display()))
+    };
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(spool).map_err(|e| io("create", spool, e))?;
+    let tree = tree_dir(spool, name);
+    let res = (|| {
+        std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| io("create", &tree, e))?;
+        for r in &matched {
+            let src = ws.join(r);
+            let meta = std::fs::symlink_metadata(&src).map_err(|e| io("stat", &src, e))?;
+            if meta.nlink() > 1 {
+                return Err(linked_in_tree(name, pattern, &r.display().to_string(), meta.nlink()));
+            }
+            if let Some(p) = r.parent() {
+                dirs_within(&tree, p).map_err(|e| io("create", &tree.join(p), e))?;
+            }
+            let dst = tree.join(r);
+            if let Err(e) = std::fs::rename(&src, &dst) {
+                if e.kind() != std::io::ErrorKind::CrossesDevices {
+                    return Err(io("move into the spool", &src, e));
+                }
+                copy_nofollow(&src, &dst).map_err(|e| io("copy into the spool", &src, e))?;
+                std::fs::set_permissions(&dst, meta.permissions()).map_err(|e| io("chmod", &dst, e))?;
+            }
+        }
+        refuse_linked(name, pattern, &tree)?;
+        pack_tree(spool, name, &tree)
+    })();
+    let _ = std::fs::remove_dir_all(&tree);
+    res
+}
+
+fn linked_in_tree(name: &str, path: &str, file: &str, links: u64) -> Ran {
+    job_error(format!(
+        "declared artifact `{name}` (`{path}`) holds `{file}`, which has {links} hard links: a file with other \
+         names may be outside the workspace, so it is not published (publish a copy: `cp --remove-destination` or `cat a > b`)"
+    ))
+}
+
+/// Refuses a tree holding a regular file with more than one hard link
+/// (issue 13, as for a single file: pack would archive its bytes).
+fn refuse_linked(name: &str, path: &str, root: &Path) -> Result<(), Ran> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let rd = std::fs::read_dir(&dir).map_err(|e| infra(format!("cannot read {}: {e}", dir.display())))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| infra(format!("cannot read {}: {e}", dir.display())))?;
+            let p = entry.path();
+            let meta = std::fs::symlink_metadata(&p).map_err(|e| infra(format!("cannot stat {}: {e}", p.display())))?;
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file() && meta.nlink() > 1 {
+                let shown = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+                return Err(linked_in_tree(name, path, &shown, meta.nlink()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Packs `root` as the archive `spool/<name>` (one root named `name`),
+/// read-only.
+fn pack_tree(spool: &Path, name: &str, root: &Path) -> Result<Frozen, Ran> {
+    let dst = spool.join(name);
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        infra(format!("cannot freeze artifact `{name}`: cannot {what} {}: {e}", p.display()))
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&dst)
+        .map_err(|e| io("create", &dst, e))?;
+    let mut w = std::io::BufWriter::new(file);
+    let packed = kiln_cache::pack(&[(name.to_string(), root.to_path_buf())], &mut w, 3);
+    let packed = match packed {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_file(&dst);
+            return Err(match e {
+                kiln_cache::CacheError::Io(e) => infra(format!("cannot pack artifact `{name}`: {e}")),
+                e => job_error(format!("cannot pack artifact `{name}`: {e}")),
+            });
+        }
+    };
+    let file = w.into_inner().map_err(|e| io("write", &dst, e.into_error()))?;
+    file.sync_all().map_err(|e| io("write", &dst, e))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io("make read-only", &dst, e))?;
+    if packed.skipped > 0 {
+        tracing::warn!(artifact = %name, skipped = packed.skipped,
+            "left out of the archive: symbolic links leaving it, devices, fifos, sockets or names that are not UTF-8");
+    }
+    let files = packed.manifest.entries.iter().filter(|e| e.kind == kiln_cache::EntryKind::File).count();
+    tracing::info!(artifact = %name, files, bytes = packed.manifest.total_bytes, archive_bytes = packed.archive_bytes,
+        archive_sha256 = %packed.archive_sha256, "packed artifact");
+    Ok(Frozen { name: name.to_string(), path: dst, size: packed.archive_bytes, archive: true })
 }
 
 /// Opens `path` for reading, refusing a symbolic link in its last component.
@@ -450,8 +719,11 @@ pub(crate) fn part_ranges(size: u64, part_size: u64) -> Vec<(u64, u64)> {
 /// Uploads and seals `f`; the sealed generation's id.
 pub(crate) async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<String, Ran> {
     let name = &f.name;
-    t.logs.system(&format!("uploading artifact `{name}`: {} bytes", f.size));
-    let body = CreateUpload { name: name.clone(), size: f.size, sha256: None };
+    let what = if f.archive { "archive of " } else { "" };
+    t.logs.system(&format!("uploading artifact `{name}`: {what}{} bytes", f.size));
+    // A file's session is exactly what it always was (no `kind`).
+    let kind = f.archive.then(|| kiln_api::types::ARTIFACT_ARCHIVE.to_string());
+    let body = CreateUpload { name: name.clone(), size: f.size, sha256: None, kind };
     let session = match call(t, &format!("upload session for `{name}`"), || {
         t.client.create_upload(&t.a.job_id, t.a.epoch, &body)
     })
@@ -778,8 +1050,6 @@ mod tests {
 
         let m = failure(freeze(&ws, &spool, &spec("a", "out/missing")));
         assert_eq!(m, "declared artifact `a` was not produced at `out/missing`");
-        let m = failure(freeze(&ws, &spool, &spec("a", "out/dir")));
-        assert!(m.contains("publish a file; tar a directory in a step"), "{m}");
         let m = failure(freeze(&ws, &spool, &spec("a", "out/link")));
         assert!(m.contains("symbolic link"), "{m}");
         let m = failure(freeze(&ws, &spool, &spec("a", "up/secret")));
@@ -791,3 +1061,7 @@ mod tests {
         assert!(dir.path().join("secret").exists());
     }
 }
+
+#[cfg(test)]
+#[path = "artifacts_tests.rs"]
+mod archive_tests;

@@ -401,7 +401,8 @@ pub(crate) async fn save(
         packed.manifest.entries.len(),
         run.spec.write_namespace
     ));
-    let frozen = Frozen { name: CACHE_ARTIFACT.to_string(), path: archive.clone(), size: packed.archive_bytes };
+    let frozen =
+        Frozen { name: CACHE_ARTIFACT.to_string(), path: archive.clone(), size: packed.archive_bytes, archive: false };
     let budget = settings.timeout.saturating_sub(started.elapsed());
     let generation = match tokio::time::timeout(budget, upload(t, &frozen)).await {
         Err(_) => {

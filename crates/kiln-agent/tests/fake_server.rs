@@ -495,6 +495,7 @@ async fn restore(
                 sha256,
                 url: format!("{}/blobs/{}/{}", s.base, r.from_job, r.name),
                 expires_at_ms: i64::MAX,
+                kind: "file".into(),
             }
         });
     });
@@ -962,7 +963,7 @@ async fn a_published_file_is_uploaded_in_parts_and_sealed_before_success() {
     assert_eq!(written.len(), size);
     let opened = h.fake.uploads_opened();
     // The digest is named at seal time: the frozen bytes are read once, while uploading.
-    assert_eq!(opened, [CreateUpload { name: "app.bin".into(), size: size as u64, sha256: None }]);
+    assert_eq!(opened, [CreateUpload { name: "app.bin".into(), size: size as u64, sha256: None, kind: None }]);
     let puts = h.fake.part_puts();
     assert_eq!(
         puts.iter().map(|p| (p.0, p.1, p.3)).collect::<Vec<_>>(),
@@ -1041,7 +1042,7 @@ async fn a_stale_epoch_on_a_part_fences_the_attempt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_declared_artifact_fails_the_job_and_opens_no_upload() {
+async fn a_missing_declared_artifact_fails_the_job_and_a_directory_is_one_archive() {
     let mut h = Harness::new();
     let publish = |name: &str, path: &str| PublishSpec { name: name.into(), path: path.into() };
     let mut missing = h.assignment(&[(None, "echo built nothing")]);
@@ -1062,16 +1063,12 @@ async fn a_missing_declared_artifact_fails_the_job_and_opens_no_upload() {
         (c[0].outcome.as_str(), c[0].infra_failure, c[0].exit_code, c[0].message.as_deref()),
         ("failed", false, None, Some("declared artifact `app.bin` was not produced at `out/app.bin`"))
     );
-    assert_eq!((c[1].outcome.as_str(), c[1].infra_failure), ("failed", false));
-    let msg = c[1].message.as_deref().unwrap();
-    assert!(
-        msg.starts_with("declared artifact `classes` was not produced at `out/classes`")
-            && msg.contains("publish a file; tar a directory in a step"),
-        "{msg}"
-    );
+    // Issue 16: a directory is published as one archive (kind `archive`).
+    assert_eq!((c[1].outcome.as_str(), c[1].infra_failure), ("success", false), "{:?}", c[1].message);
     assert_eq!((c[2].outcome.as_str(), c[2].exit_code, c[2].infra_failure), ("failed", Some(1), false));
-    assert!(h.fake.uploads_opened().is_empty(), "an upload session was opened");
-    assert!(h.fake.part_puts().is_empty());
+    let opened = h.fake.uploads_opened();
+    assert_eq!(opened.len(), 1, "only the directory's upload session: {opened:?}");
+    assert_eq!((opened[0].name.as_str(), opened[0].kind.as_deref()), ("classes", Some("archive")));
     h.stop().await;
 }
 

@@ -308,9 +308,19 @@ pub struct Attempt {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Artifact {
     pub name: String,
+    /// Size and sha256 of the stored object (for an archive: of the archive).
     pub size: i64,
     pub sha256: String,
     pub epoch: i64,
+    /// `file` or `archive` (a directory or glob, restored by unpacking).
+    #[serde(default = "artifact_file")]
+    pub kind: String,
+    /// When the bytes expire (ms since the epoch; absent: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// The collector deleted the bytes: a download answers 410 `expired`.
+    #[serde(default)]
+    pub expired: bool,
 }
 
 #[derive(Default, Debug, Clone, Serialize, Deserialize)]
@@ -790,6 +800,9 @@ pub mod codes {
     /// A run id prefix that more than one run starts with (409; the
     /// message lists them).
     pub const AMBIGUOUS: &str = "ambiguous";
+    /// An artifact whose retention ran out (410 Gone): its bytes were
+    /// deleted by the collector; the run still lists it with `expired: true`.
+    pub const EXPIRED: &str = "expired";
 }
 
 // ---------- artifacts (spec 000 §12) ----------
@@ -805,6 +818,20 @@ pub struct CreateUpload {
     /// the frozen bytes are then read once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// What the bytes are: `file` (the default, left out) or `archive` (a
+    /// directory or glob the agent packed as one tar+zstd archive with a
+    /// manifest; a restore unpacks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+/// [`CreateUpload::kind`] / [`Artifact::kind`] of one published file.
+pub const ARTIFACT_FILE: &str = "file";
+/// [`CreateUpload::kind`] / [`Artifact::kind`] of a directory or glob packed as one archive.
+pub const ARTIFACT_ARCHIVE: &str = "archive";
+
+fn artifact_file() -> String {
+    ARTIFACT_FILE.to_string()
 }
 
 /// Body of a seal: the sha256 of the uploaded bytes when the session was
@@ -905,6 +932,9 @@ pub struct ArtifactDownload {
     /// Short-lived capability URL for `GET`.
     pub url: String,
     pub expires_at_ms: i64,
+    /// `file` or `archive` (unpack into the restore path).
+    #[serde(default = "artifact_file")]
+    pub kind: String,
 }
 
 /// Agent session stream: `GET /v1/agents/{agent}/session?session_id=…` is

@@ -79,7 +79,15 @@ fn run() -> Run {
                         ],
                     },
                 ],
-                artifacts: vec![Artifact { name: "app".into(), size: 4096, sha256: "9f86d0".into(), epoch: 2 }],
+                artifacts: vec![Artifact {
+                    name: "app".into(),
+                    size: 4096,
+                    sha256: "9f86d0".into(),
+                    epoch: 2,
+                    kind: "archive".into(),
+                    expires_at: Some(1_700_000_000_000),
+                    expired: false,
+                }],
                 cache: Some(CacheInfo {
                     key: "cargo-linux-x86_64-v1".into(),
                     result: "hit".into(),
@@ -358,4 +366,21 @@ fn wire_statuses_match_the_core_state_machines() {
 fn display_pads() {
     assert_eq!(format!("[{:<10}]", JobStatus::Running), "[running   ]");
     assert_eq!(format!("[{:<10}]", JobStatus::Unknown("new".into())), "[new       ]");
+}
+
+/// Issue 16, changed compatibly: what an older server or agent sends
+/// (no `kind`, no expiry) reads as a file that never expires, and a file's
+/// upload session is sent exactly as before (no `kind` key).
+#[test]
+fn artifact_kind_and_expiry_default_for_older_peers() {
+    let a: Artifact = serde_json::from_str(r#"{"name":"app","size":1,"sha256":"ab","epoch":1}"#).unwrap();
+    assert_eq!((a.kind.as_str(), a.expires_at, a.expired), ("file", None, false));
+    let d: kiln_api::ArtifactDownload = serde_json::from_str(
+        r#"{"name":"app","job":"build","epoch":1,"size":1,"sha256":"ab","url":"u","expires_at_ms":0}"#,
+    )
+    .unwrap();
+    assert_eq!(d.kind, "file");
+    let up = kiln_api::CreateUpload { name: "app".into(), size: 1, sha256: None, kind: None };
+    assert_eq!(serde_json::to_string(&up).unwrap(), r#"{"name":"app","size":1}"#);
+    assert_eq!(kiln_api::codes::EXPIRED, "expired");
 }

@@ -75,6 +75,9 @@ pub struct ServerConfig {
     pub job_timeout: Duration,
     /// The longest `timeout` a job may ask for (longer: 422 at acceptance).
     pub max_job_timeout: Duration,
+    /// How long a bound artifact's bytes are kept when its `publish` entry
+    /// sets no `expire-in` (frozen into the run at acceptance).
+    pub artifact_expire_in: Duration,
     /// Bytes of cache entries kept in all.
     pub cache_global_budget: u64,
     /// `POST /v1/repos` checks that the clone URL answers as a git
@@ -142,6 +145,7 @@ impl ServerConfig {
             resource_interval: Duration::from_secs(5),
             job_timeout: Duration::from_secs(3600),
             max_job_timeout: Duration::from_secs(kiln_workflow::MAX_TIMEOUT_SECS),
+            artifact_expire_in: Duration::from_secs(30 * 24 * 3600),
             degradation: kiln_core::degradation::Thresholds::default(),
         }
     }

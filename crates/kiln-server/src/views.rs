@@ -56,6 +56,9 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                         size: b.generation.expected_size,
                         sha256: b.generation.expected_sha256.clone(),
                         epoch: b.generation.epoch,
+                        kind: b.generation.kind.clone(),
+                        expires_at: b.expires_at,
+                        expired: b.expired_at.is_some(),
                     })
                     .collect(),
                 cache: j.job.cache_result.as_deref().and_then(|t| serde_json::from_str(t).ok()),

@@ -88,7 +88,34 @@ pub(crate) async fn collect_once(state: &AppState) -> Result<usize, StoreError> 
             Err(e) => tracing::warn!(generation = %g.id, "cannot mark generation deleted: {e}"),
         }
     }
+    collected += expire_once(state).await?;
     Ok(collected)
+}
+
+/// Retention (issue 16): bound artifacts of ended runs past their
+/// `expires_at` are first marked expired (readers get 410 from then on,
+/// never a capability for bytes being deleted), then their bytes are
+/// deleted and the generation marked so; the binding row stays. Bytes that
+/// cannot be deleted now are retried on a later round.
+pub(crate) async fn expire_once(state: &AppState) -> Result<usize, StoreError> {
+    let mut expired = 0;
+    for b in state.store.expirable_artifacts(COLLECT_BATCH).await? {
+        let g = &b.generation;
+        if !state.store.expire_artifact(&g.id).await? {
+            continue;
+        }
+        match state.blob.delete(&g.object_key).await {
+            Ok(()) | Err(kiln_blob::BlobError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(generation = %g.id, "cannot delete expired artifact bytes (will retry): {e}");
+                continue;
+            }
+        }
+        state.store.mark_expired_deleted(&g.id).await?;
+        expired += 1;
+        tracing::info!(generation = %g.id, job = %b.job_name, name = %b.name, run = %g.run_id, "expired artifact");
+    }
+    Ok(expired)
 }
 
 /// Log archival: finished jobs' logs move from the hot journal to the

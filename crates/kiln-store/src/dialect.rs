@@ -205,6 +205,8 @@ pub(crate) enum GenerationState {
     Sealed,
     Failed,
     Deleted,
+    /// Bound, then expired by the collector (issue 16): bytes deleted, row kept.
+    Expired,
 }
 
 impl Word for GenerationState {
@@ -214,6 +216,7 @@ impl Word for GenerationState {
             GenerationState::Sealed => "sealed",
             GenerationState::Failed => "failed",
             GenerationState::Deleted => "deleted",
+            GenerationState::Expired => "expired",
         }
     }
 }

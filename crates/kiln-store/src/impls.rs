@@ -259,7 +259,12 @@ impl ArtifactStore for SqlStore {
         sha256: &str,
         part_size: i64,
     ) -> Result<GenerationRecord> {
-        artifacts::create_generation(self, job_id, epoch, name, size, sha256, part_size).await
+        let g = NewGeneration { name, size, sha256, part_size, kind: "file" };
+        artifacts::create_generation(self, job_id, epoch, g).await
+    }
+
+    async fn open_generation(&self, job_id: &str, epoch: i64, g: NewGeneration<'_>) -> Result<GenerationRecord> {
+        artifacts::create_generation(self, job_id, epoch, g).await
     }
 
     async fn get_generation(&self, id: &str) -> Result<GenerationRecord> {
@@ -306,6 +311,18 @@ impl ArtifactStore for SqlStore {
 
     async fn mark_generation_deleted(&self, id: &str) -> Result<()> {
         artifacts::mark_generation_deleted(self, id).await
+    }
+
+    async fn expirable_artifacts(&self, limit: u32) -> Result<Vec<BoundArtifact>> {
+        artifacts::expirable_artifacts(self, limit).await
+    }
+
+    async fn expire_artifact(&self, generation_id: &str) -> Result<bool> {
+        artifacts::expire_artifact(self, generation_id).await
+    }
+
+    async fn mark_expired_deleted(&self, generation_id: &str) -> Result<()> {
+        artifacts::mark_expired_deleted(self, generation_id).await
     }
 }
 

@@ -318,11 +318,29 @@ pub struct GenerationRecord {
     pub expected_size: i64,
     pub expected_sha256: String,
     pub part_size: i64,
-    /// `uploading`, `sealed`, `failed` or `deleted`.
+    /// `uploading`, `sealed`, `failed`, `deleted` or `expired` (bound, bytes expired).
     pub state: String,
     pub created_at: i64,
     /// The S3 multipart upload holding the bytes ("" if none yet / local).
     pub upload_id: String,
+    /// What the bytes are: `file` (one published file) or `archive` (a
+    /// directory or glob packed by the agent as one tar+zstd archive).
+    pub kind: String,
+}
+
+/// The kinds of a generation's bytes ([`GenerationRecord::kind`]).
+pub const GENERATION_KINDS: &[&str] = &["file", "archive"];
+
+/// What [`ArtifactStore::open_generation`](crate::ArtifactStore::open_generation) opens.
+#[derive(Debug, Clone, Copy)]
+pub struct NewGeneration<'a> {
+    pub name: &'a str,
+    pub size: i64,
+    /// "" when named at seal time.
+    pub sha256: &'a str,
+    pub part_size: i64,
+    /// One of [`GENERATION_KINDS`].
+    pub kind: &'a str,
 }
 
 /// A bound artifact as consumers and the API see it.
@@ -332,6 +350,11 @@ pub struct BoundArtifact {
     pub job_name: String,
     pub name: String,
     pub generation: GenerationRecord,
+    /// When the bytes expire (ms; None: never), fixed by the completion
+    /// transaction that bound them.
+    pub expires_at: Option<i64>,
+    /// When the collector expired them (the bytes are gone; the row stays).
+    pub expired_at: Option<i64>,
 }
 
 /// A join token an agent registers with (beyond `DATA_DIR/agent.token`);

@@ -29,7 +29,9 @@ pub(crate) const ATTEMPT_COLS: &str =
 
 /// A generation; the table is `g`.
 pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, \
-    g.expected_sha256, g.part_size, g.state, g.created_at, g.upload_id";
+    g.expected_sha256, g.part_size, g.state, g.created_at, g.upload_id, g.kind";
+/// The binding's columns beside [`GEN_COLS`] for [`bound_from_row`].
+pub(crate) const BINDING_COLS: &str = "j.name AS job_name, b.expires_at, b.expired_at";
 
 /// What the heartbeat fast path returns for a live lease it extended: the new
 /// deadline, the job's `cancel_requested`, the run's status.
@@ -193,6 +195,7 @@ pub(crate) fn gen_from_row(row: &Row) -> Result<GenerationRecord> {
         state: row.get("state")?,
         created_at: row.get("created_at")?,
         upload_id: row.get("upload_id")?,
+        kind: row.get("kind")?,
     })
 }
 
@@ -203,6 +206,8 @@ pub(crate) fn bound_from_row(row: &Row) -> Result<BoundArtifact> {
         job_name: row.get("job_name")?,
         name: row.get("name")?,
         generation: gen_from_row(row)?,
+        expires_at: row.get("expires_at")?,
+        expired_at: row.get("expired_at")?,
     })
 }
 

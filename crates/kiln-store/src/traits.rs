@@ -275,6 +275,11 @@ pub trait ArtifactStore: Send + Sync {
         sha256: &str,
         part_size: i64,
     ) -> Result<GenerationRecord>;
+    /// As [`create_generation`](Self::create_generation), for bytes of a
+    /// given kind (`NewGeneration::kind`: `file` or `archive`, see
+    /// [`GENERATION_KINDS`](crate::GENERATION_KINDS)); `create_generation`
+    /// opens a `file`.
+    async fn open_generation(&self, job_id: &str, epoch: i64, g: NewGeneration<'_>) -> Result<GenerationRecord>;
     async fn get_generation(&self, id: &str) -> Result<GenerationRecord>;
     /// Record the sha256 of a generation opened without one (`sha256` = ""
     /// at creation). Requires the live epoch; a different digest than one
@@ -301,6 +306,19 @@ pub trait ArtifactStore: Send + Sync {
     /// older than `grace_ms`; never a bound generation.
     async fn collectable_generations(&self, grace_ms: i64, limit: u32) -> Result<Vec<GenerationRecord>>;
     async fn mark_generation_deleted(&self, id: &str) -> Result<()>;
+    /// Retention (issue 16; spec 000 §12: expiry is metadata-aware and
+    /// independent of cache eviction): bound artifacts past the `expires_at`
+    /// the completion transaction gave them, of runs that ended (a live run
+    /// holds its inputs), not yet expired or whose bytes are not yet
+    /// marked deleted; oldest expiry first.
+    async fn expirable_artifacts(&self, limit: u32) -> Result<Vec<BoundArtifact>>;
+    /// Mark a binding expired (`expired_at`) and its generation `expired`
+    /// in one transaction, before its bytes are deleted: from then on a
+    /// read answers "expired", never a capability for missing bytes. False
+    /// when the binding is not (yet) expirable. Idempotent; the rows stay.
+    async fn expire_artifact(&self, generation_id: &str) -> Result<bool>;
+    /// The expired generation's bytes were deleted (`deleted_at`).
+    async fn mark_expired_deleted(&self, generation_id: &str) -> Result<()>;
 }
 
 /// The whole authoritative store.

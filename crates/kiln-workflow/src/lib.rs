@@ -59,8 +59,16 @@ pub use expr::{
     step_gate,
 };
 pub use glob::glob_match;
+
+/// Whether an artifact `path` is a glob pattern (it has `*`, `?` or `[`)
+/// rather than one file or directory. Patterns use the filter syntax of
+/// [`glob_match`] and are matched against '/'-separated paths relative to
+/// the workspace.
+pub fn is_glob(path: &str) -> bool {
+    path.contains(['*', '?', '['])
+}
 pub use model::*;
 pub use parse::{MAX_DIAGNOSTICS, parse, parse_with};
 pub use script::{SHELLS, render_run, shell_argv};
 pub use triggers::MAX_CATCH_UP_MS;
-pub use validate::{MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};
+pub use validate::{MAX_EXPIRE_IN_SECS, MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY, MAX_TIMEOUT_SECS};

@@ -400,7 +400,16 @@ pub struct Artifacts {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Publish {
     pub name: String,
+    /// A file, a directory, or a glob ([`crate::is_glob`]: `dist/**/*.whl`)
+    /// relative to the workspace. A directory or a glob is published as one
+    /// archive.
     pub path: String,
+    /// `expire-in`: how long after the job's completion the artifact's bytes
+    /// are kept (the server's `--artifact-expire-in` is frozen in at
+    /// acceptance when unset). Left out of the canonical encoding when unset,
+    /// so workflows without it hash as before.
+    #[serde(default, rename = "expire-in", skip_serializing_if = "Option::is_none")]
+    pub expire_in_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -22,6 +22,8 @@ pub const MAX_NAME_CHARS: usize = 100;
 pub const MAX_RETRY: u32 = 10;
 /// Largest accepted `timeout`, in seconds (7 days).
 pub const MAX_TIMEOUT_SECS: u64 = 7 * 24 * 60 * 60;
+/// Largest accepted `expire-in` of a published artifact, in seconds (10 years).
+pub const MAX_EXPIRE_IN_SECS: u64 = 3650 * 24 * 60 * 60;
 
 /// Largest accepted cartesian product of a matrix's axes, before `exclude`
 /// (the expanded jobs are bounded by [`MAX_JOBS`]).
@@ -111,7 +113,7 @@ const NOT_BUILT: &[(&str, &str)] = &[
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
 const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths", "restore-prefix"];
 const ARTIFACTS_KEYS: &[&str] = &["publish", "restore"];
-const PUBLISH_KEYS: &[&str] = &["name", "path"];
+const PUBLISH_KEYS: &[&str] = &["name", "path", "expire-in"];
 const RESTORE_KEYS: &[&str] = &["from_job", "name", "path"];
 
 #[derive(Default)]
@@ -1341,8 +1343,16 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
                     };
                     check_keys(ctx, fields, PUBLISH_KEYS, &format!("in {es}"));
                     let name = artifact_name(ctx, fields, item.pos, &es);
-                    let path = artifact_path(ctx, fields, item.pos, &es);
-                    let (Some((name, name_pos)), Some(path)) = (name, path) else {
+                    let path = artifact_path(ctx, fields, item.pos, &es).filter(|p| {
+                        let pos = get(fields, "path").map(|e| e.value.pos).unwrap_or(item.pos);
+                        publish_pattern_ok(ctx, pos, p, &es)
+                    });
+                    let expire_in_secs = match get(fields, "expire-in") {
+                        None => Some(None),
+                        Some(e) => expire_in(ctx, &es, &e.value).map(Some),
+                    };
+                    let (Some((name, name_pos)), Some(path), Some(expire_in_secs)) = (name, path, expire_in_secs)
+                    else {
                         continue;
                     };
                     if let Some(first) = first_line.get(&name) {
@@ -1357,7 +1367,7 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
                         continue;
                     }
                     first_line.insert(name.clone(), name_pos.line);
-                    publish.push((Publish { name, path }, name_pos));
+                    publish.push((Publish { name, path, expire_in_secs }, name_pos));
                 }
             }
         }
@@ -1410,8 +1420,36 @@ fn artifact_path(ctx: &mut Ctx, fields: &[Entry], pos: Pos, subject: &str) -> Op
     check_path(ctx, &e.value, text, &s, false).then(|| text.to_string())
 }
 
+/// A publish `path` that is a glob ([`crate::is_glob`]) must be a valid
+/// pattern.
+fn publish_pattern_ok(ctx: &mut Ctx, pos: Pos, path: &str, subject: &str) -> bool {
+    if !crate::is_glob(path) {
+        return true;
+    }
+    match crate::glob::check_pattern(path) {
+        Ok(()) => true,
+        Err(why) => {
+            ctx.err(pos, format!("`path` in {subject} is an invalid glob pattern `{}`: {why}", show(path)));
+            false
+        }
+    }
+}
+
+/// `expire-in` of a published artifact: a positive duration (the syntax of
+/// `timeout`), at most [`MAX_EXPIRE_IN_SECS`].
+fn expire_in(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<u64> {
+    let subject = format!("`expire-in` in {subject}");
+    duration_secs(ctx, &subject, node, MAX_EXPIRE_IN_SECS, "3650d")
+}
+
 fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u64> {
     let subject = format!("`timeout` of {label}");
+    duration_secs(ctx, &subject, node, MAX_TIMEOUT_SECS, "7d")
+}
+
+/// A positive duration in whole seconds, at most `max` (written `max_text`
+/// in the message). One diagnostic on error.
+fn duration_secs(ctx: &mut Ctx, subject: &str, node: &Node, max: u64, max_text: &str) -> Option<u64> {
     let secs = match &node.value {
         Value::Scalar(s) if s.kind() == ScalarKind::Int => match s.as_int() {
             Some(n) if n > 0 => u64::try_from(n).ok().or(Some(u64::MAX)),
@@ -1446,10 +1484,11 @@ fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u64> {
             ctx.err(node.pos, format!("{subject} must be greater than zero"));
             None
         }
-        Some(n) if n > MAX_TIMEOUT_SECS => {
+        Some(n) if n > max => {
+            let days = max / 86400;
             ctx.err(
                 node.pos,
-                format!("{subject} is longer than 7 days; use at most `7d` ({MAX_TIMEOUT_SECS} seconds)"),
+                format!("{subject} is longer than {days} days; use at most `{max_text}` ({max} seconds)"),
             );
             None
         }

@@ -169,3 +169,21 @@ proptest! {
         }
     }
 }
+
+/// Issue 16: `expire-in` on a published artifact is optional; a workflow
+/// without it hashes (and serialises) exactly as before the key existed.
+#[test]
+fn artifact_expire_in_is_left_out_of_the_canonical_encoding_when_unset() {
+    let plain = "version: 1\njobs:\n  - name: a\n    steps: [make]\n    artifacts:\n      publish:\n        - {name: app, path: out/app}\n";
+    let w = parse(plain).unwrap();
+    let json = serde_json::to_string(&w).unwrap();
+    assert!(!json.contains("expire"), "{json}");
+    let with = plain.replace("path: out/app}", "path: out/app, expire-in: 7d}");
+    let w2 = parse(&with).unwrap();
+    assert_eq!(w2.jobs[0].artifacts.publish[0].expire_in_secs, Some(7 * 86400));
+    assert_ne!(w2.canonical_hash(), w.canonical_hash());
+    // Directories and globs are paths as before: only the agent tells them apart.
+    let glob = plain.replace("out/app", "\"dist/**/*.whl\"");
+    assert!(kiln_workflow::is_glob(&parse(&glob).unwrap().jobs[0].artifacts.publish[0].path));
+    assert!(!kiln_workflow::is_glob("out/site/"));
+}

@@ -250,6 +250,11 @@ pub struct ServerTuning {
     /// The longest `timeout` a job may ask for; a run asking for more is refused (422).
     #[arg(long, default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     pub max_job_timeout: std::time::Duration,
+    /// How long a published artifact's bytes are kept after its job completed when its
+    /// `publish` entry sets no `expire-in` (frozen into the run when it is accepted). The
+    /// garbage collector then deletes them; a download answers 410 `expired`.
+    #[arg(long, default_value = "30d", value_parser = parse_duration, value_name = "DURATION")]
+    pub artifact_expire_in: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -671,6 +676,18 @@ pub enum ArtifactCommand {
         /// Where to write it (`-` for standard output).
         #[arg(short, long)]
         output: PathBuf,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the artifacts a run's jobs published: name, job, size, sha256, kind (file or archive), expiry.
+    List {
+        /// The run's id (or a unique prefix of 8+ characters).
+        run: String,
+        /// Only this job's artifacts (name or id).
+        job: Option<String>,
+        /// Print the artifacts as JSON (`[{"job", "name", "size", "sha256", "kind", "expires_at", "expired", …}]`).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         conn: Conn,
     },

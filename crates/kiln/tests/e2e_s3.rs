@@ -164,7 +164,7 @@ async fn runner_vanishes_on_postgres_and_s3_with_a_replica_killed() {
         steps: Default::default(),
     };
     assert!(agent_api.complete(&compile, 1, &completion).await.unwrap_err().is_stale_epoch());
-    let up = kiln_api::CreateUpload { name: "app".into(), size: 1, sha256: Some("0".repeat(64)) };
+    let up = kiln_api::CreateUpload { name: "app".into(), size: 1, sha256: Some("0".repeat(64)), kind: None };
     assert!(agent_api.create_upload(&compile, 1, &up).await.unwrap_err().is_stale_epoch());
     wait_for(Duration::from_secs(30), || agent_a.log().contains("fenced").then_some(()))
         .unwrap_or_else(|| panic!("agent A should notice it was fenced:\n{}", agent_a.log()));
@@ -279,7 +279,7 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
         hex::encode(sha2::Sha256::digest(&bytes))
     };
     let md5 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(<md5::Md5 as md5::Digest>::digest(b));
-    let up = kiln_api::CreateUpload { name: "out".into(), size: bytes.len() as u64, sha256: None };
+    let up = kiln_api::CreateUpload { name: "out".into(), size: bytes.len() as u64, sha256: None, kind: None };
     let session = agent.create_upload(&job, epoch, &up).await.unwrap();
     assert!(session.presigned && session.part_url.is_empty(), "{session:?}");
     let gen_id = session.generation_id.clone();

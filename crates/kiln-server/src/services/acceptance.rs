@@ -93,6 +93,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
     limits::job_timeouts(&mut workflow, state.config.job_timeout, state.config.max_job_timeout)
         .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
+    limits::artifact_expiry(&mut workflow, state.config.artifact_expire_in);
     let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
     let accepted = state

@@ -57,7 +57,15 @@ pub(crate) async fn create_upload(
         ));
     }
     let sha = req.sha256.as_deref().unwrap_or("");
-    let g = state.store.create_generation(job, epoch, &req.name, req.size as i64, sha, PART_SIZE as i64).await?;
+    let kind = req.kind.as_deref().unwrap_or(api::ARTIFACT_FILE);
+    let new = kiln_store::NewGeneration {
+        name: &req.name,
+        size: req.size as i64,
+        sha256: sha,
+        part_size: PART_SIZE as i64,
+        kind,
+    };
+    let g = state.store.open_generation(job, epoch, new).await?;
     let expires = state.clock.now_ms() + UPLOAD_CAP_MS;
     tracing::info!(job, epoch, name = %req.name, size = req.size, generation = %g.id, "upload session opened");
     if let BlobStore::S3(_) = &state.blob {
@@ -245,8 +253,23 @@ fn part_etags(parts: &[api::UploadedPart], count: u64, size: u64) -> ApiResult<V
         .collect()
 }
 
-/// A download capability for a bound artifact.
+/// 410 `expired`: the retention of a bound artifact ran out and the
+/// collector deleted its bytes (issue 16).
+pub(crate) fn expired(what: &str) -> ApiErr {
+    ApiErr::new(
+        StatusCode::GONE,
+        api::codes::EXPIRED,
+        format!(
+            "artifact {what} has expired: its retention (`expire-in` / kiln server --artifact-expire-in) ran out and its bytes were deleted"
+        ),
+    )
+}
+
+/// A download capability for a bound artifact; 410 once it expired.
 async fn download(state: &AppState, base_url: &str, b: &BoundArtifact) -> ApiResult<api::ArtifactDownload> {
+    if b.expired_at.is_some() || b.generation.state == "expired" {
+        return Err(expired(&format!("`{}/{}`", b.job_name, b.name)));
+    }
     download_of(state, base_url, &b.generation, &b.name, &b.job_name).await
 }
 
@@ -276,6 +299,7 @@ pub(crate) async fn download_of(
         sha256: g.expected_sha256.clone(),
         url,
         expires_at_ms: expires,
+        kind: g.kind.clone(),
     })
 }
 
@@ -319,6 +343,9 @@ pub(crate) async fn open_object(state: &AppState, generation: &str, cap: Option<
         return Err(ApiErr::unauthorized());
     }
     let g = state.store.get_generation(generation).await?;
+    if g.state == "expired" {
+        return Err(expired(&format!("`{}` (generation {generation})", g.name)));
+    }
     if g.state != "sealed" {
         return Err(ApiErr::not_found(format!("artifact generation {generation} is {}", g.state)));
     }

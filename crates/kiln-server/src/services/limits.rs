@@ -97,6 +97,19 @@ pub(crate) fn job_timeouts(
     Ok(())
 }
 
+/// Artifact retention (issue 16): a published artifact without `expire-in`
+/// gets the server's `--artifact-expire-in`, frozen into the definition
+/// like the job timeout (a retry keeps it); the completion transaction
+/// turns it into the binding's `expires_at`.
+pub(crate) fn artifact_expiry(wf: &mut Workflow, default: std::time::Duration) {
+    let secs = default.as_secs().clamp(1, kiln_workflow::MAX_EXPIRE_IN_SECS);
+    for job in &mut wf.jobs {
+        for p in &mut job.artifacts.publish {
+            p.expire_in_secs.get_or_insert(secs);
+        }
+    }
+}
+
 #[cfg(test)]
 mod timeout_tests {
     use std::time::Duration;
@@ -112,5 +125,17 @@ mod timeout_tests {
         assert_eq!(wf.jobs[1].timeout_secs, Some(7200));
         let e = super::job_timeouts(&mut wf, Duration::from_secs(3600), Duration::from_secs(3600)).unwrap_err();
         assert!(e.contains("job `b`") && e.contains("at most 3600s"), "{e}");
+    }
+
+    #[test]
+    fn artifact_expiry_defaults_fill_in() {
+        let mut wf = kiln_workflow::parse(
+            "version: 1\njobs:\n  - name: a\n    steps: [echo]\n    artifacts:\n      publish:\n        \
+             - {name: x, path: x}\n        - {name: y, path: y, expire-in: 1h}\n",
+        )
+        .unwrap();
+        super::artifact_expiry(&mut wf, Duration::from_secs(86400));
+        let got: Vec<_> = wf.jobs[0].artifacts.publish.iter().map(|p| p.expire_in_secs).collect();
+        assert_eq!(got, [Some(86400), Some(3600)]);
     }
 }

@@ -110,6 +110,7 @@ async fn fire(
     let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs)?;
     let mut wf = wf.clone();
     crate::services::limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout)?;
+    crate::services::limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
     let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
     let accepted = state
         .store

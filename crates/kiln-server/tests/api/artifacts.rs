@@ -42,7 +42,8 @@ async fn upload_seal_restore_download() {
     let sha = hex::encode(Sha256::digest(&bytes));
 
     let attempt = format!("/v1/jobs/{}/attempts/{}", a.job_id, a.epoch);
-    let create = api::CreateUpload { name: "app".into(), size: bytes.len() as u64, sha256: Some(sha.clone()) };
+    let create =
+        api::CreateUpload { name: "app".into(), size: bytes.len() as u64, sha256: Some(sha.clone()), kind: None };
     let s: api::UploadSession = app
         .holder(&a)
         .post(&format!("{attempt}/artifacts"))

@@ -40,7 +40,8 @@ async fn an_unbound_generation_is_collected_after_the_grace() {
     let agent = super::register(&app, "a1", 1).await;
     let a = super::claim(&app, &agent, "c1").await.unwrap();
     let bytes = b"partial";
-    let create = api::CreateUpload { name: "app".into(), size: 7, sha256: Some(hex::encode(Sha256::digest(bytes))) };
+    let create =
+        api::CreateUpload { name: "app".into(), size: 7, sha256: Some(hex::encode(Sha256::digest(bytes))), kind: None };
     let path = format!("/v1/jobs/{}/attempts/{}/artifacts", a.job_id, a.epoch);
     let s: api::UploadSession =
         app.holder(&a).post(&path).json(&create).send().await.assert_status(StatusCode::OK).json();

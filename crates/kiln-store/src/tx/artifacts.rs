@@ -6,45 +6,47 @@
 use crate::db::{Exec, now};
 use crate::dialect::{GenerationState, Isolation, Sql, Word, lit};
 use crate::error::{Result, StoreError, parse_enum};
-use crate::model::{BoundArtifact, GenerationRecord};
-use crate::rows::{GEN_COLS, bound_from_row, gen_from_row, load_run, new_id};
+use crate::model::{BoundArtifact, GENERATION_KINDS, GenerationRecord, NewGeneration};
+use crate::rows::{BINDING_COLS, GEN_COLS, bound_from_row, gen_from_row, load_run, new_id};
 use crate::store::{SqlStore, lock_job};
 use crate::tx::attempt::require_live;
-use kiln_core::AttemptOutcome;
 use kiln_core::lease::{AttemptLease, check_live};
+use kiln_core::{AttemptOutcome, RunStatus};
 
 fn valid_sha(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
-/// `ArtifactStore::create_generation`.
+/// `ArtifactStore::open_generation` (and `create_generation`, of kind `file`).
 pub(crate) async fn create_generation(
     store: &SqlStore,
     job_id: &str,
     epoch: i64,
-    name: &str,
-    size: i64,
-    sha256: &str,
-    part_size: i64,
+    g: NewGeneration<'_>,
 ) -> Result<GenerationRecord> {
     static CREATE: Sql = Sql::new(|_| {
         format!(
             "INSERT INTO artifact_generations (id, run_id, job_id, epoch, name, object_key, expected_size, \
-             expected_sha256, part_size, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {uploading}, $10)",
+             expected_sha256, part_size, state, created_at, kind) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {uploading}, $10, $11)",
             uploading = lit(GenerationState::Uploading)
         )
     });
+    let NewGeneration { name, size, sha256, part_size, kind } = g;
     if !(sha256.is_empty() || valid_sha(sha256)) || size < 0 || part_size <= 0 {
         return Err(StoreError::Invalid(
             "size must be ≥ 0 and sha256 64 lowercase hex digits (or empty: named at seal)".into(),
         ));
     }
+    if !GENERATION_KINDS.contains(&kind) {
+        return Err(StoreError::Invalid(format!("artifact kind `{kind}` is not one of {GENERATION_KINDS:?}")));
+    }
     let id = &new_id();
     store
         .transaction(
             Isolation::Serializable,
-            &(id, job_id, epoch, name, size, sha256, part_size),
-            |tx, &(id, job_id, epoch, name, size, sha256, part_size)| {
+            &(id, job_id, epoch, name, size, sha256, part_size, kind),
+            |tx, &(id, job_id, epoch, name, size, sha256, part_size, kind)| {
                 Box::pin(async move {
                     lock_job(tx, job_id).await?;
                     let now = now(tx).await?;
@@ -74,6 +76,7 @@ pub(crate) async fn create_generation(
                         .bind(sha256)
                         .bind(part_size)
                         .bind(now)
+                        .bind(kind)
                         .execute()
                         .await?;
                     Ok(())
@@ -245,7 +248,7 @@ pub(crate) async fn resolve_binding(
 ) -> Result<BoundArtifact> {
     static RESOLVE: Sql = Sql::new(|_| {
         format!(
-            "SELECT {GEN_COLS}, j.name AS job_name FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
+            "SELECT {GEN_COLS}, {BINDING_COLS} FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
              JOIN artifact_generations g ON g.id = b.generation_id \
              WHERE b.run_id = $1 AND (j.name = $2 OR j.id = $2) AND b.name = $3"
         )
@@ -258,7 +261,7 @@ pub(crate) async fn resolve_binding(
 pub(crate) async fn run_bindings(store: &SqlStore, run_id: &str) -> Result<Vec<BoundArtifact>> {
     static BINDINGS: Sql = Sql::new(|_| {
         format!(
-            "SELECT {GEN_COLS}, j.name AS job_name FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
+            "SELECT {GEN_COLS}, {BINDING_COLS} FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
              JOIN artifact_generations g ON g.id = b.generation_id WHERE b.run_id = $1 ORDER BY j.job_index, b.name"
         )
     });
@@ -302,5 +305,77 @@ pub(crate) async fn mark_generation_deleted(store: &SqlStore, id: &str) -> Resul
         )
     });
     store.writer().await?.sql(&DELETED).bind(id).execute().await?;
+    Ok(())
+}
+
+/// `ArtifactStore::expirable_artifacts`: bindings past their `expires_at`
+/// whose run has ended (a live run's inputs are held: spec 000 §12), not
+/// yet expired or whose bytes are not yet deleted.
+pub(crate) async fn expirable_artifacts(store: &SqlStore, limit: u32) -> Result<Vec<BoundArtifact>> {
+    static EXPIRABLE: Sql = Sql::new(|d| {
+        format!(
+            "SELECT {GEN_COLS}, {BINDING_COLS} FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
+             JOIN artifact_generations g ON g.id = b.generation_id JOIN runs r ON r.id = b.run_id \
+             WHERE b.expires_at IS NOT NULL AND b.expires_at <= {now} \
+             AND r.status IN ({success}, {failed}, {cancelled}) \
+             AND (b.expired_at IS NULL OR g.deleted_at IS NULL) \
+             ORDER BY b.expires_at LIMIT $1",
+            now = d.now_ms,
+            success = lit(RunStatus::Success),
+            failed = lit(RunStatus::Failed),
+            cancelled = lit(RunStatus::Cancelled),
+        )
+    });
+    let rows = store.reader().await?.sql(&EXPIRABLE).bind(limit as i64).fetch_all().await?;
+    rows.iter().map(bound_from_row).collect()
+}
+
+/// `ArtifactStore::expire_artifact`: one transaction marks the binding
+/// expired and its generation `expired`, so no reader is handed a download
+/// capability for bytes about to be deleted. Only a binding past its
+/// `expires_at` of an ended run; idempotent.
+pub(crate) async fn expire_artifact(store: &SqlStore, generation_id: &str) -> Result<bool> {
+    static BINDING: Sql = Sql::new(|d| {
+        format!(
+            "UPDATE artifact_bindings SET expired_at = COALESCE(expired_at, {now}) WHERE generation_id = $1 \
+             AND expires_at IS NOT NULL AND expires_at <= {now} \
+             AND EXISTS (SELECT 1 FROM runs r WHERE r.id = artifact_bindings.run_id \
+             AND r.status IN ({success}, {failed}, {cancelled}))",
+            now = d.now_ms,
+            success = lit(RunStatus::Success),
+            failed = lit(RunStatus::Failed),
+            cancelled = lit(RunStatus::Cancelled),
+        )
+    });
+    static GENERATION: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE artifact_generations SET state = {expired} WHERE id = $1",
+            expired = lit(GenerationState::Expired)
+        )
+    });
+    store
+        .transaction(Isolation::Serializable, &generation_id, |tx, &id| {
+            Box::pin(async move {
+                if tx.sql(&BINDING).bind(id).execute().await? == 0 {
+                    return Ok(false);
+                }
+                tx.sql(&GENERATION).bind(id).execute().await?;
+                Ok(true)
+            })
+        })
+        .await
+}
+
+/// `ArtifactStore::mark_expired_deleted`: the expired generation's bytes
+/// are gone.
+pub(crate) async fn mark_expired_deleted(store: &SqlStore, generation_id: &str) -> Result<()> {
+    static DELETED: Sql = Sql::new(|d| {
+        format!(
+            "UPDATE artifact_generations SET deleted_at = COALESCE(deleted_at, {now}) WHERE id = $1 AND state = {expired}",
+            now = d.now_ms,
+            expired = lit(GenerationState::Expired),
+        )
+    });
+    store.writer().await?.sql(&DELETED).bind(generation_id).execute().await?;
     Ok(())
 }

@@ -131,16 +131,18 @@ async fn complete_tx(
         CompletionVerdict::Succeed => {
             // spec 000 §9: every declared output must be SEALED for this
             // attempt; nothing is ever substituted from elsewhere.
-            let declared: Vec<String> = usize::try_from(job.index)
+            // Each with its `expire-in` (the server's default was frozen
+            // into the definition at acceptance; None: never expires).
+            let declared: Vec<(String, Option<u64>)> = usize::try_from(job.index)
                 .ok()
                 .and_then(|i| run.definition.jobs.get(i))
-                .map(|j| j.artifacts.publish.iter().map(|p| p.name.clone()).collect())
+                .map(|j| j.artifacts.publish.iter().map(|p| (p.name.clone(), p.expire_in_secs)).collect())
                 .unwrap_or_default();
             let mut sealed = Vec::new();
-            for name in &declared {
+            for (name, expire_in) in &declared {
                 let g: Option<String> = tx.sql(&SEALED).bind(job_id).bind(epoch).bind(name).scalar_optional().await?;
                 match g {
-                    Some(g) => sealed.push((name, g)),
+                    Some(g) => sealed.push((name, g, *expire_in)),
                     None => {
                         let msg = missing_output(name, epoch);
                         end_attempt(tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
@@ -157,16 +159,20 @@ async fn complete_tx(
                 .unwrap_or_default();
             crate::tx::outputs::check(declared_outputs, &c.outputs)?;
             crate::tx::outputs::bind(tx, &job.run_id, job_id, epoch, &c.outputs, now).await?;
-            for (name, g) in sealed {
+            for (name, g, expire_in) in sealed {
+                // Issue 16: the expiry is fixed here, with the binding.
+                let expires_at =
+                    expire_in.map(|s| now.saturating_add(i64::try_from(s).unwrap_or(i64::MAX / 1000) * 1000));
                 tx.sql(
-                    "INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at) \
-                     VALUES ($1, $2, $3, $4, $5)",
+                    "INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
                 )
                 .bind(&job.run_id)
                 .bind(job_id)
                 .bind(name)
                 .bind(g)
                 .bind(now)
+                .bind(expires_at)
                 .execute()
                 .await?;
             }

@@ -9,6 +9,7 @@
 use super::*;
 use kiln_core::RunStatus;
 use kiln_workflow::{Artifacts, Publish};
+use std::collections::BTreeSet;
 
 /// A well-formed sha256 (64 lowercase hex digits).
 const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -19,7 +20,10 @@ const PART: i64 = 1 << 20;
 fn publishing(name: &str, needs: &[&str], outputs: &[&str]) -> Job {
     Job {
         artifacts: Artifacts {
-            publish: outputs.iter().map(|o| Publish { name: o.to_string(), path: format!("out/{o}") }).collect(),
+            publish: outputs
+                .iter()
+                .map(|o| Publish { name: o.to_string(), path: format!("out/{o}"), expire_in_secs: None })
+                .collect(),
             restore: Vec::new(),
         },
         ..job(name, needs, 0)
@@ -333,8 +337,14 @@ pub async fn completion_binds_the_sealed_output<S: Store + 'static>(o: &Opener<S
     assert_eq!(job_status(s, &test).await, JobStatus::Pending);
 
     assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
-    let want =
-        BoundArtifact { job_id: build.clone(), job_name: "build".into(), name: "jar".into(), generation: sealed };
+    let want = BoundArtifact {
+        job_id: build.clone(),
+        job_name: "build".into(),
+        name: "jar".into(),
+        generation: sealed,
+        expires_at: None,
+        expired_at: None,
+    };
     assert_eq!(s.run_bindings(&run_id).await.unwrap(), vec![want.clone()]);
     let got = s.resolve_binding(&run_id, "build", "jar").await.unwrap();
     assert_eq!(got, want);
@@ -761,4 +771,90 @@ pub async fn digest_named_at_seal_time<S: Store + 'static>(o: &Opener<S>) {
     let sealed = s.seal_generation(&g.id, &build, 1).await.unwrap();
     assert_eq!((sealed.state.as_str(), sealed.expected_sha256.as_str()), ("sealed", SHA));
     assert!(s.set_generation_digest(&g.id, &build, 1, &other).await.is_err(), "a sealed digest changed");
+}
+
+// ---------- 6. retention: expiry fixed at binding (issue 16) ----------
+
+async fn bound<S: Store>(s: &S, run_id: &str, name: &str) -> BoundArtifact {
+    s.resolve_binding(run_id, "build", name).await.unwrap()
+}
+
+/// `expire-in` is frozen into the definition; the completion transaction
+/// fixes each binding's `expires_at`. Only bindings of ended runs expire;
+/// an expired binding's row stays, its generation becomes `expired` and
+/// is never collected as garbage or handed out as sealed bytes.
+pub async fn bound_artifacts_expire_only_after_their_run_ended<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let mut build = publishing("build", &[], &["jar", "keep", "long", "tree"]);
+    for p in &mut build.artifacts.publish {
+        p.expire_in_secs = match p.name.as_str() {
+            "jar" | "tree" => Some(0),
+            "long" => Some(3650 * 86400),
+            _ => None,
+        };
+    }
+    let (_, run_id) = start(s, workflow(vec![build, job("test", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let test = job_id(s, &run_id, "test").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let mut ids = BTreeMap::new();
+    for name in ["jar", "keep", "long", "tree"] {
+        let kind = if name == "tree" { "archive" } else { "file" };
+        let g = NewGeneration { name, size: SIZE, sha256: SHA, part_size: PART, kind };
+        let g = s.open_generation(&build, 1, g).await.unwrap();
+        assert_eq!(g.kind, kind);
+        s.seal_generation(&g.id, &build, 1).await.unwrap();
+        ids.insert(name, g.id);
+    }
+    let bad = NewGeneration { name: "jar", size: SIZE, sha256: SHA, part_size: PART, kind: "tarball" };
+    assert_invalid(s.open_generation(&build, 1, bad).await);
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+
+    let run = run_id.as_str();
+    let (jar, keep, long, tree) = (
+        bound(s, run, "jar").await,
+        bound(s, run, "keep").await,
+        bound(s, run, "long").await,
+        bound(s, run, "tree").await,
+    );
+    assert!(jar.expires_at.is_some() && tree.expires_at.is_some());
+    assert!(long.expires_at.unwrap() > jar.expires_at.unwrap());
+    assert_eq!(keep.expires_at, None, "no expire-in: never expires");
+    assert_eq!(tree.generation.kind, "archive");
+    assert!([&jar, &keep, &long, &tree].iter().all(|b| b.expired_at.is_none()));
+
+    // The run is live: its artifacts are held, whatever their expiry.
+    assert!(s.expirable_artifacts(100).await.unwrap().is_empty());
+    assert!(!s.expire_artifact(&ids["jar"]).await.unwrap());
+    assert_eq!(state(s, &ids["jar"]).await, "sealed");
+
+    claim(s, &a, &test, LONG_TTL).await;
+    assert_eq!(s.complete(&test, 1, success()).await.unwrap(), "success");
+    let names = |v: Vec<BoundArtifact>| v.into_iter().map(|b| b.name).collect::<BTreeSet<_>>();
+    let due = names(s.expirable_artifacts(100).await.unwrap());
+    assert_eq!(due, BTreeSet::from(["jar".to_string(), "tree".to_string()]));
+
+    assert!(s.expire_artifact(&ids["jar"]).await.unwrap());
+    let jar = bound(s, run, "jar").await;
+    let at = jar.expired_at.expect("expired_at set");
+    assert_eq!(jar.generation.state, "expired");
+    assert!(s.expire_artifact(&ids["jar"]).await.unwrap(), "idempotent");
+    assert_eq!(bound(s, run, "jar").await.expired_at, Some(at), "the first expiry time stays");
+    // Until its bytes are marked deleted it is offered again (a crash
+    // between the two steps is finished by the next round).
+    assert!(names(s.expirable_artifacts(100).await.unwrap()).contains("jar"));
+    s.mark_expired_deleted(&ids["jar"]).await.unwrap();
+    assert_eq!(names(s.expirable_artifacts(100).await.unwrap()), BTreeSet::from(["tree".to_string()]));
+
+    // Never expired: the others; never garbage: the expired one.
+    assert!(!s.expire_artifact(&ids["keep"]).await.unwrap());
+    assert!(!s.expire_artifact(&ids["long"]).await.unwrap());
+    assert_eq!(state(s, &ids["keep"]).await, "sealed");
+    assert!(!collectable(s, 0).await.contains(&ids["jar"]));
+    s.mark_generation_deleted(&ids["jar"]).await.unwrap();
+    assert_eq!(state(s, &ids["jar"]).await, "expired");
+    // The rows stay.
+    assert_eq!(s.run_bindings(&run_id).await.unwrap().len(), 4);
 }

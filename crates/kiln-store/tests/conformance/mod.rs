@@ -149,6 +149,7 @@ macro_rules! suite {
             artifacts::deleted_generation_is_never_bound,
             outputs::outputs_bind_only_with_the_live_epochs_success,
             outputs::bound_outputs_decide_conditions_downstream,
+            artifacts::bound_artifacts_expire_only_after_their_run_ended,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -39,7 +39,7 @@ pub(super) async fn run(a: LogsArgs) -> CmdResult {
 
 /// The jobs of `run` named (or with the id) `only`, or all of them; a name
 /// no job has is an error listing the names there are.
-fn select_jobs<'r>(run: &'r kiln_api::Run, only: Option<&str>) -> Result<Vec<&'r kiln_api::Job>, Failure> {
+pub(super) fn select_jobs<'r>(run: &'r kiln_api::Run, only: Option<&str>) -> Result<Vec<&'r kiln_api::Job>, Failure> {
     let named = |j: &kiln_api::Job, o: &str| j.name == o || j.id == o || (o.len() >= 8 && j.id.starts_with(o));
     let jobs: Vec<_> = run.jobs.iter().filter(|j| only.is_none_or(|o| named(j, o))).collect();
     if let Some(o) = only

@@ -46,6 +46,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Artifact { command: ArtifactCommand::Get { run, job, name, output, conn } } => {
             artifact::get(&conn, &run, &job, &name, &output).await
         }
+        Command::Artifact { command: ArtifactCommand::List { run, job, json, conn } } => {
+            artifact::list(&conn, &run, job.as_deref(), json).await
+        }
         Command::Completions { shell } => Ok(generated(|out| {
             clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "kiln", out)
         })),

@@ -112,6 +112,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.resource_interval = t.resource_interval;
     config.job_timeout = t.job_timeout;
     config.max_job_timeout = t.max_job_timeout;
+    config.artifact_expire_in = t.artifact_expire_in;
     for entry in &t.registry_auth {
         let parsed = entry.split_once('=').and_then(|(h, c)| Some((h, c.split_once(':')?)));
         let Some((host, (user, password))) = parsed else {

@@ -45,7 +45,7 @@ async fn upload_seal_bind_restore_download() {
     let (job, epoch) = (a.job_id.as_str(), a.epoch);
     let bytes = b"the app".to_vec();
     let sha = hex::encode(Sha256::digest(&bytes));
-    let create = api::CreateUpload { name: "app".into(), size: bytes.len() as u64, sha256: None };
+    let create = api::CreateUpload { name: "app".into(), size: bytes.len() as u64, sha256: None, kind: None };
     let s = artifacts::create_upload(&env.state, "http://kiln.test", job, epoch, create).await.unwrap();
     assert!(!s.presigned);
     assert_eq!(s.expires_at_ms, env.clock.now_ms() + 60 * 60 * 1000, "an hour on the server clock");
@@ -119,7 +119,12 @@ async fn a_wrong_digest_fails_the_generation() {
     let agent = env.agent(1).await;
     let a = env.claim_now(&agent, "c1").await.unwrap();
     let (job, epoch) = (a.job_id.as_str(), a.epoch);
-    let create = api::CreateUpload { name: "app".into(), size: 3, sha256: Some(hex::encode(Sha256::digest(b"abc"))) };
+    let create = api::CreateUpload {
+        name: "app".into(),
+        size: 3,
+        sha256: Some(hex::encode(Sha256::digest(b"abc"))),
+        kind: None,
+    };
     let s = artifacts::create_upload(&env.state, "http://h", job, epoch, create).await.unwrap();
     artifacts::put_part(&env.state, &s.generation_id, 0, Some(&cap(&s.part_url)), &b"xyz"[..]).await.unwrap();
     let e = artifacts::seal(&env.state, (job, epoch), &s.generation_id, Default::default()).await.unwrap_err();
@@ -127,7 +132,7 @@ async fn a_wrong_digest_fails_the_generation() {
     assert!(e.message.contains("failed verification"), "{}", e.message);
     let e = artifacts::seal(&env.state, (job, epoch), &s.generation_id, Default::default()).await.unwrap_err();
     assert_eq!(e.status, StatusCode::CONFLICT, "a failed generation cannot be sealed");
-    let too_big = api::CreateUpload { name: "app".into(), size: artifacts::MAX_ARTIFACT + 1, sha256: None };
+    let too_big = api::CreateUpload { name: "app".into(), size: artifacts::MAX_ARTIFACT + 1, sha256: None, kind: None };
     let e = artifacts::create_upload(&env.state, "http://h", job, epoch, too_big).await.unwrap_err();
     assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
 }
