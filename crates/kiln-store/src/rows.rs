@@ -198,7 +198,9 @@ pub(crate) fn gen_from_row(row: &Row) -> Result<GenerationRecord> {
 /// A generation with its binding's `job_name` column.
 pub(crate) fn bound_from_row(row: &Row) -> Result<BoundArtifact> {
     Ok(BoundArtifact {
-        job_id: row.get("job_id")?,
+        // The binding's job: a pinned job of a retry binds a generation of
+        // its parent run's job (`generation.job_id`).
+        job_id: row.get("bound_job_id")?,
         job_name: row.get("job_name")?,
         name: row.get("name")?,
         generation: gen_from_row(row)?,

@@ -245,7 +245,7 @@ pub(crate) async fn resolve_binding(
 ) -> Result<BoundArtifact> {
     static RESOLVE: Sql = Sql::new(|_| {
         format!(
-            "SELECT {GEN_COLS}, j.name AS job_name FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
+            "SELECT {GEN_COLS}, j.name AS job_name, b.job_id AS bound_job_id FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
              JOIN artifact_generations g ON g.id = b.generation_id \
              WHERE b.run_id = $1 AND (j.name = $2 OR j.id = $2) AND b.name = $3"
         )
@@ -258,7 +258,7 @@ pub(crate) async fn resolve_binding(
 pub(crate) async fn run_bindings(store: &SqlStore, run_id: &str) -> Result<Vec<BoundArtifact>> {
     static BINDINGS: Sql = Sql::new(|_| {
         format!(
-            "SELECT {GEN_COLS}, j.name AS job_name FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
+            "SELECT {GEN_COLS}, j.name AS job_name, b.job_id AS bound_job_id FROM artifact_bindings b JOIN jobs j ON j.id = b.job_id \
              JOIN artifact_generations g ON g.id = b.generation_id WHERE b.run_id = $1 ORDER BY j.job_index, b.name"
         )
     });

@@ -146,6 +146,7 @@ macro_rules! suite {
             artifacts::resolve_binding_by_name_and_id_within_its_run,
             artifacts::gc_collects_only_unbound_generations_of_ended_attempts,
             artifacts::deleted_generation_is_never_bound,
+            artifacts::retry_of_failed_jobs_pins_the_successful_prefix,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -268,6 +269,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         image_digests: BTreeMap::new(),
         actor: None,
         report_context: None,
+        pin_succeeded: false,
     }
 }
 
