@@ -357,6 +357,12 @@ impl Client {
         self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/retry", enc(run)), None, &[], None).await
     }
 
+    /// `POST /v1/workflow-runs/{run}/retry` with a body: `failed: true`
+    /// retries from the failed jobs only.
+    pub async fn retry_run_with(&self, run: &str, body: &RetryRun) -> Result<SubmitRunResponse, ApiError> {
+        self.send(Method::POST, &format!("/v1/workflow-runs/{}/retry", enc(run)), Some(body), &[], None).await
+    }
+
     /// Streams the SSE log events of a job, resuming after `last_event_id`.
     pub async fn log_events(
         &self,

@@ -132,6 +132,7 @@ async fn fire(
             image_digests,
             actor: Some("schedule".into()),
             report_context: None,
+            pin_succeeded: false,
         })
         .await
         .map_err(|e| e.to_string())?;
