@@ -460,6 +460,15 @@ impl Client {
         self.send(Method::POST, "/v1/agents/register", Some(body), &[], None).await
     }
 
+    /// `POST /v1/agents/{agent}/drain` (session credential): this agent
+    /// drains; `GET /v1/agents` shows it.
+    pub async fn report_draining(&self, agent_id: &str) -> Result<(), ApiError> {
+        let path = format!("/v1/agents/{}/drain", enc(agent_id));
+        let _: serde_json::Value =
+            self.send::<(), _>(Method::POST, &path, None, &[], Some(Duration::from_secs(10))).await?;
+        Ok(())
+    }
+
     pub async fn claim(&self, agent_id: &str, body: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
         let timeout = Duration::from_millis(body.wait_ms) + Duration::from_secs(15);
         self.send(Method::POST, &format!("/v1/agents/{}/claim", enc(agent_id)), Some(body), &[], Some(timeout)).await

@@ -476,6 +476,9 @@ pub struct RegisterAgent {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     pub max_jobs: u32,
+    /// The Kiln version the agent runs (shown in `GET /v1/agents`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -215,6 +215,10 @@ pub struct AgentRecord {
     pub pool: String,
     pub created_at: i64,
     pub last_seen_at: i64,
+    /// The Kiln version the agent said it runs, if it said.
+    pub version: Option<String>,
+    /// The agent said it drains: it claims nothing more.
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -175,6 +175,8 @@ pub(crate) fn agent_from_row(row: &Row) -> Result<AgentRecord> {
         pool: row.get("pool")?,
         created_at: row.get("created_at")?,
         last_seen_at: row.get("last_seen_at")?,
+        version: row.get("version")?,
+        draining: row.get::<i64>("draining")? != 0,
     })
 }
 

@@ -81,7 +81,7 @@ pub enum Command {
         command: AgentTokenCommand,
     },
     /// List registered agents (name, labels, running jobs / capacity,
-    /// connected, registered), or remove one (`kiln agents rm ID`).
+    /// connected, draining, version, registered), or remove one (`kiln agents rm ID`).
     Agents {
         #[command(subcommand)]
         command: Option<AgentsCommand>,

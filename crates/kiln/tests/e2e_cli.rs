@@ -670,3 +670,47 @@ fn retry_failed_pins_the_successful_jobs_and_reruns_the_rest() {
     let out = kiln(&up, &["retry", &child]);
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// `kiln agents` shows each agent's version, and that an agent told to
+/// stop (SIGTERM) is draining while its job finishes.
+#[test]
+fn agents_show_their_version_and_draining() {
+    let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let flags = kiln_testkit::step_writable_tempdir().unwrap();
+    let (started, release) = (flags.path().join("started"), flags.path().join("release"));
+    let repo = repo_with(&format!(
+        "  - name: long\n    steps:\n      - touch {s}; while [ ! -e {r} ]; do sleep 0.1; done\n",
+        s = started.display(),
+        r = release.display()
+    ));
+    let cli = || server.cli();
+    let out = cli().args(["repo", "add", "long", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let a1 = server.agent("a1", &[]).unwrap();
+    let agents = || -> serde_json::Value { serde_json::from_slice(&cli().args(["agents", "--json"]).output().unwrap().stdout).unwrap() };
+    let v = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
+        let v = agents();
+        (v[0]["connected"] == true).then_some(v)
+    })
+    .expect("a1 connected");
+    assert_eq!(v[0]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v[0]["draining"], false);
+    let table = stdout(&cli().arg("agents").output().unwrap());
+    assert!(table.lines().next().unwrap().contains(" DRAINING  VERSION "), "{table}");
+    let row = table.lines().find(|l| l.starts_with("a1 ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains(&format!(" no        {} ", env!("CARGO_PKG_VERSION"))), "{row}");
+
+    let out = cli().args(["run", "--repo", "long"]).output().unwrap();
+    let run = stdout(&out).trim().to_string();
+    assert!(kiln_testkit::wait_for(std::time::Duration::from_secs(60), || started.exists().then_some(())).is_some());
+    a1.signal("TERM");
+    let v = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
+        let v = agents();
+        (v[0]["draining"] == true).then_some(v)
+    });
+    assert!(v.is_some(), "a1 never showed as draining: {}", agents());
+    let row = stdout(&cli().arg("agents").output().unwrap());
+    assert!(row.lines().any(|l| l.starts_with("a1 ") && l.contains(" 1/1 ") && l.contains(" yes       ")), "{row}");
+    std::fs::write(&release, "").unwrap();
+    assert_eq!(cli().args(["wait", &run]).output().unwrap().status.code(), Some(0), "the drained job finished");
+}

@@ -64,6 +64,7 @@ macro_rules! suite {
             access::agents_register_in_pools_and_removal_ends_their_leases,
             access::secret_pools_and_audit_log,
             access::secrets_are_replaced_all_or_nothing,
+            access::agents_record_their_version_and_draining,
             caches::cache_keys_bind_first_writer_wins_and_fenced_attempts_bind_nothing,
             caches::concurrent_saves_of_one_key_leave_one_binding,
             caches::prefix_lookups_find_the_most_recently_used_entry_of_a_namespace,
