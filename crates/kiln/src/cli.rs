@@ -754,7 +754,7 @@ pub struct RunArgs {
     pub json: bool,
     /// With --follow: prefix each log line with the time the server received it
     /// (RFC 3339 in UTC, millisecond precision, e.g. 2026-12-01T17:30:00.123Z).
-    #[arg(long)]
+    #[arg(long, requires = "follow")]
     pub timestamps: bool,
     #[command(flatten)]
     pub conn: Conn,

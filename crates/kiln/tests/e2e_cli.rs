@@ -413,7 +413,11 @@ fn login_writes_a_private_profile_that_the_environment_overrides() {
     // `printf wrong | kiln login URL`: refused, nothing written.
     let out = login(&[&up.url], "kiln_wrong_token\n");
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
-    assert!(stderr(&out).contains("refused the token") && stderr(&out).contains("nothing was written"), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("refused the token") && stderr(&out).contains("nothing was written"),
+        "{}",
+        text(&out)
+    );
     assert!(!config.exists());
     // An unreachable server: exit 5, nothing written.
     let out = login(&["http://127.0.0.1:9", "--token-file", token_file.to_str().unwrap()], "");
@@ -458,7 +462,8 @@ fn login_writes_a_private_profile_that_the_environment_overrides() {
     let out = bare(home.path()).args(["context", "use", "default"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value =
-        serde_json::from_slice(&bare(home.path()).args(["context", "list", "--json"]).output().unwrap().stdout).unwrap();
+        serde_json::from_slice(&bare(home.path()).args(["context", "list", "--json"]).output().unwrap().stdout)
+            .unwrap();
     assert_eq!(v[0], serde_json::json!({"name": "default", "server": up.url, "current": true}));
     assert!(!v.to_string().contains(&up.token), "listings never show tokens");
     let out = bare(home.path()).args(["runs", "--context", "second", "--json"]).output().unwrap();
@@ -687,7 +692,9 @@ fn agents_show_their_version_and_draining() {
     let out = cli().args(["repo", "add", "long", "--url"]).arg(repo.path()).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let a1 = server.agent("a1", &[]).unwrap();
-    let agents = || -> serde_json::Value { serde_json::from_slice(&cli().args(["agents", "--json"]).output().unwrap().stdout).unwrap() };
+    let agents = || -> serde_json::Value {
+        serde_json::from_slice(&cli().args(["agents", "--json"]).output().unwrap().stdout).unwrap()
+    };
     let v = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
         let v = agents();
         (v[0]["connected"] == true).then_some(v)

@@ -65,7 +65,14 @@ pub(crate) async fn register_agent(
 
 /// `AgentStore::describe_agent`.
 pub(crate) async fn describe_agent(store: &SqlStore, agent_id: &str, version: &str) -> Result<()> {
-    store.writer().await?.sql("UPDATE agents SET version = $1 WHERE id = $2").bind(version).bind(agent_id).execute().await?;
+    store
+        .writer()
+        .await?
+        .sql("UPDATE agents SET version = $1 WHERE id = $2")
+        .bind(version)
+        .bind(agent_id)
+        .execute()
+        .await?;
     Ok(())
 }
 

@@ -151,7 +151,9 @@ pub(crate) async fn log_chunks_after(
     after_id: i64,
     limit: u32,
 ) -> Result<Vec<LogChunkRecord>> {
-    let rows: Vec<(i64, i64, String, i64, Vec<u8>, Option<i64>)> = store
+    /// (id, epoch, stream, byte_offset, data, created_at)
+    type Row = (i64, i64, String, i64, Vec<u8>, Option<i64>);
+    let rows: Vec<Row> = store
         .reader()
         .await?
         .sql(

@@ -772,7 +772,8 @@ pub async fn digest_named_at_seal_time<S: Store + 'static>(o: &Opener<S>) {
 pub async fn retry_of_failed_jobs_pins_the_successful_prefix<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;
-    let wf = || workflow(vec![publishing("build", &[], &["jar"]), job("test", &["build"], 0), job("deploy", &["test"], 0)]);
+    let wf =
+        || workflow(vec![publishing("build", &[], &["jar"]), job("test", &["build"], 0), job("deploy", &["test"], 0)]);
     let (repo, parent) = start(s, wf()).await;
     let a = agent(s, "a", 4).await;
     let build = job_id(s, &parent, "build").await;
@@ -782,8 +783,12 @@ pub async fn retry_of_failed_jobs_pins_the_successful_prefix<S: Store + 'static>
     s.seal_generation(&jar.id, &build, 1).await.unwrap();
 
     // While the parent runs, there is no final result to pin.
-    let retry_failed =
-        |p: &str| NewRun { parent_run_id: Some(p.to_string()), pin_succeeded: true, event: "retry".into(), ..new_run(&repo.id, wf()) };
+    let retry_failed = |p: &str| NewRun {
+        parent_run_id: Some(p.to_string()),
+        pin_succeeded: true,
+        event: "retry".into(),
+        ..new_run(&repo.id, wf())
+    };
     assert_conflict(s.accept_run(retry_failed(&parent)).await);
 
     assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
@@ -798,7 +803,11 @@ pub async fn retry_of_failed_jobs_pins_the_successful_prefix<S: Store + 'static>
     assert_eq!(v.run.parent_run_id.as_deref(), Some(parent.as_str()));
     assert_eq!(
         statuses(&v),
-        [("build".into(), JobStatus::Success), ("test".into(), JobStatus::Ready), ("deploy".into(), JobStatus::Pending)]
+        [
+            ("build".into(), JobStatus::Success),
+            ("test".into(), JobStatus::Ready),
+            ("deploy".into(), JobStatus::Pending)
+        ]
     );
     let pinned = jv(&v, "build");
     assert!(pinned.attempts.is_empty(), "a pinned job does not run: {:?}", pinned.attempts);

@@ -64,7 +64,9 @@ pub(super) fn config_path() -> Result<PathBuf, Failure> {
 /// `$XDG_STATE_HOME/kiln/up`, or `~/.local/state/kiln/up`: one file per
 /// running `kiln up` (see [`UpState`]).
 pub(super) fn up_registry() -> Option<PathBuf> {
-    env_path("XDG_STATE_HOME").or_else(|| home().map(|h| h.join(".local").join("state"))).map(|d| d.join("kiln").join("up"))
+    env_path("XDG_STATE_HOME")
+        .or_else(|| home().map(|h| h.join(".local").join("state")))
+        .map(|d| d.join("kiln").join("up"))
 }
 
 impl Profile {
@@ -204,8 +206,10 @@ pub(super) fn discover() -> Result<Option<LocalUp>, Failure> {
         1 => Ok(found.pop()),
         _ => {
             found.sort_by(|a, b| a.state.data_dir.cmp(&b.state.data_dir));
-            let list: Vec<String> =
-                found.iter().map(|u| format!("{} ({}, pid {})", u.state.url, u.state.data_dir.display(), u.state.pid)).collect();
+            let list: Vec<String> = found
+                .iter()
+                .map(|u| format!("{} ({}, pid {})", u.state.url, u.state.data_dir.display(), u.state.pid))
+                .collect();
             Err(usage(format!(
                 "several local kiln up are running: {}; pick one with KILN_SERVER, --server, or `kiln login URL --token-file DATA_DIR/admin.token`",
                 list.join(", ")
@@ -318,10 +322,7 @@ mod tests {
         assert!(resolve(given(None, None, Some("nope")), &path, up).is_err_and(|e| e.message.contains("dev, prod")));
         // The environment's token beats the context's; its server too, and
         // then the context's token is not sent to that other server.
-        assert_eq!(
-            ok(resolve(given(None, Some("env"), None), &path, up)),
-            r("https://ci.example.com", Some("env"))
-        );
+        assert_eq!(ok(resolve(given(None, Some("env"), None), &path, up)), r("https://ci.example.com", Some("env")));
         assert_eq!(ok(resolve(given(Some("http://other:1"), None, None), &path, none)), r("http://other:1", None));
         assert_eq!(
             ok(resolve(given(Some("https://ci.example.com/"), None, None), &path, none)),

@@ -328,7 +328,9 @@ pub(super) fn attempt_text(j: &kiln_api::Job) -> String {
 pub(super) fn job_line(j: &kiln_api::Job, now: i64) -> String {
     let attempt = attempt_text(j);
     let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
-    format!("  {:<24} {:<10} {:>8}  {attempt}{msg}", j.name, j.status.to_string(), job_duration(j, now)).trim_end().to_string()
+    format!("  {:<24} {:<10} {:>8}  {attempt}{msg}", j.name, j.status.to_string(), job_duration(j, now))
+        .trim_end()
+        .to_string()
 }
 
 /// A finished run's summary on stderr: its result and duration, then a line per job.
@@ -348,10 +350,8 @@ pub(super) fn job_outcome(j: &kiln_api::Job, now: i64) -> String {
         "-" => String::new(),
         d => format!(" in {}", d.trim_end_matches('…')),
     };
-    let notes: Vec<String> = [attempt_text(j), j.message.clone().unwrap_or_default()]
-        .into_iter()
-        .filter(|s| !s.is_empty())
-        .collect();
+    let notes: Vec<String> =
+        [attempt_text(j), j.message.clone().unwrap_or_default()].into_iter().filter(|s| !s.is_empty()).collect();
     let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
     format!("{}{took}{notes}", j.status)
 }

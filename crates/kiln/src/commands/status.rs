@@ -31,4 +31,3 @@ pub(super) async fn run(a: StatusArgs) -> CmdResult {
     }
     Ok(exit::OK)
 }
-

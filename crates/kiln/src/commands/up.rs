@@ -77,7 +77,12 @@ fn record(data_dir: &std::path::Path, url: &str) -> Vec<std::path::PathBuf> {
     }
     if let Some(dir) = profile::up_registry() {
         let entry = dir.join(format!("{}.json", std::process::id()));
-        match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).and_then(|()| std::fs::write(&entry, &json)) {
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|()| std::fs::write(&entry, &json))
+        {
             Ok(()) => written.push(entry),
             Err(e) => tracing::warn!("cannot register this kiln up in {}: {e}", dir.display()),
         }

@@ -121,7 +121,8 @@ async fn a_retry_keeps_the_frozen_run_and_its_trust() {
     assert_eq!((c.run.commit_sha, c.run.workflow_hash), (p.run.commit_sha, p.run.workflow_hash));
     assert_eq!(c.jobs.iter().map(|j| j.job.name.as_str()).collect::<Vec<_>>(), ["build"]);
     assert_eq!((c.run.event.as_str(), c.run.trust.as_str()), ("retry", "trusted"));
-    let e = acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), "no-such-run", false).await.unwrap_err();
+    let e =
+        acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), "no-such-run", false).await.unwrap_err();
     assert_eq!(e.status, StatusCode::NOT_FOUND);
 }
 
