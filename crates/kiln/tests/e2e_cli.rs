@@ -557,9 +557,9 @@ fn durations_timestamps_attempts_and_the_ui_url() {
     assert!(stamped(first), "{first:?}");
     assert!(log.lines().filter(|l| !l.starts_with("── ")).all(stamped), "every line stamped:\n{log}");
     let err = stderr(&out);
-    let run = err.lines().find_map(|l| l.strip_prefix("run ")?.split_once(" accepted: ")).map(|(id, _)| id.to_string());
+    let run = err.lines().find_map(|l| l.strip_prefix("run ")?.strip_suffix(" accepted")).map(str::to_string);
     let run = run.unwrap_or_else(|| panic!("{err}"));
-    assert!(err.contains(&format!("accepted: {}/#/runs/{run}", up.url)), "{err}");
+    assert!(err.contains(&format!("\nweb UI: {}/#/runs/{run}\n", up.url)), "{err}");
     let job_line = err.lines().find(|l| l.starts_with("── build: success")).unwrap_or_else(|| panic!("{err}"));
     assert!(job_line.contains("attempt 1 on local-1"), "{job_line}");
     assert!(job_line.split_whitespace().nth(4).is_some_and(|d| d.ends_with('s')), "a duration: {job_line}");
@@ -645,7 +645,7 @@ fn retry_failed_pins_the_successful_jobs_and_reruns_the_rest() {
     assert!(log.contains(&format!("testing {sha}")), "job 2 restored the pinned artifact:\n{log}");
     assert!(log.contains("deployed"), "{log}");
     let err = stderr(&out);
-    let child = err.lines().find_map(|l| l.strip_prefix("run ")?.split_once(" accepted: ")).unwrap().0.to_string();
+    let child = err.lines().find_map(|l| l.strip_prefix("run ")?.strip_suffix(" accepted")).unwrap().to_string();
     assert!(err.contains("── build: success in ") && err.contains("(pinned: succeeded in run "), "{err}");
 
     let after = json(&["status", &child, "--json"]);

@@ -25,7 +25,9 @@ pub(super) async fn run(a: RetryArgs) -> CmdResult {
         }
         return Ok(exit::OK);
     }
-    eprintln!("run {} accepted: {url}", resp.run_id);
+    // `run ID accepted` stays a line of its own: scripts read it.
+    eprintln!("run {} accepted", resp.run_id);
+    eprintln!("web UI: {url}");
     let sink = if a.json { Sink::Stderr } else { Sink::Stdout };
     follow_run(&c, &resp.run_id, None, sink, a.timestamps).await?;
     let run = wait_terminal(&c, &resp.run_id).await?;
