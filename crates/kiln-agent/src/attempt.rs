@@ -294,7 +294,8 @@ async fn execute(
         ctl,
         logs,
     )
-    .await {
+    .await
+    {
         Ok(s) => s,
         Err(ran) => return ran,
     };
@@ -790,7 +791,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
                 message: Some("cancelled".into()),
                 infra_failure: false,
                 outputs: BTreeMap::new(),
-        steps: Vec::new(),
+                steps: Vec::new(),
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".

@@ -248,6 +248,21 @@ pub async fn run_draining(
     };
     let agent = Arc::new(Agent { config: config.clone(), client, registration: Mutex::new(registration), ctx });
     let session = tokio::spawn(session::session_loop(agent.clone()));
+    // When draining starts, say so to the server (`GET /v1/agents`, `kiln
+    // agents` show it); best effort: the slots stop claiming regardless.
+    let reporter = {
+        let agent = agent.clone();
+        let mut drain = drain.clone();
+        tokio::spawn(async move {
+            if drain.wait_for(|d| *d).await.is_err() {
+                return;
+            }
+            let reg = agent.registration.lock().await.clone();
+            if let Err(e) = agent.client.with_token(&reg.credential).report_draining(&reg.agent_id).await {
+                tracing::warn!(error = %e, "could not tell the server that this agent drains");
+            }
+        })
+    };
     let mut slots = tokio::task::JoinSet::new();
     for slot in 0..config.max_jobs {
         slots.spawn(slot_loop(agent.clone(), slot, drain.clone(), shutdown.clone()));
@@ -259,6 +274,7 @@ pub async fn run_draining(
     }
     // The stream lives as long as attempts may run: until every slot ended.
     session.abort();
+    reporter.abort();
     if let Some(engine) = &agent.ctx.engine {
         engine.settle().await;
     }
@@ -308,7 +324,12 @@ async fn register(
     config: &AgentConfig,
     shutdown: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<Option<AgentRegistration>> {
-    let body = RegisterAgent { name: config.name.clone(), labels: config.labels.clone(), max_jobs: config.max_jobs };
+    let body = RegisterAgent {
+        name: config.name.clone(),
+        labels: config.labels.clone(),
+        max_jobs: config.max_jobs,
+        version: Some(env!("CARGO_PKG_VERSION").into()),
+    };
     let mut failures = 0;
     loop {
         let res = tokio::select! {
@@ -420,6 +441,7 @@ pub(crate) async fn reregister(agent: &Agent, stale_session: &str) {
         name: agent.config.name.clone(),
         labels: agent.config.labels.clone(),
         max_jobs: agent.config.max_jobs,
+        version: Some(env!("CARGO_PKG_VERSION").into()),
     };
     match agent.client.register_agent(&body).await {
         Ok(r) => {

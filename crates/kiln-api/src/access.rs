@@ -88,6 +88,12 @@ pub struct AgentInfo {
     /// Attempts it is running now.
     #[serde(default)]
     pub running_jobs: u32,
+    /// The Kiln version it registered with (absent from older agents).
+    #[serde(default)]
+    pub version: Option<String>,
+    /// It drains (SIGTERM): it claims nothing more and lets its running jobs finish.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 /// One audit log entry: who did what to what.

@@ -357,6 +357,12 @@ impl Client {
         self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/retry", enc(run)), None, &[], None).await
     }
 
+    /// `POST /v1/workflow-runs/{run}/retry` with a body: `failed: true`
+    /// retries from the failed jobs only.
+    pub async fn retry_run_with(&self, run: &str, body: &RetryRun) -> Result<SubmitRunResponse, ApiError> {
+        self.send(Method::POST, &format!("/v1/workflow-runs/{}/retry", enc(run)), Some(body), &[], None).await
+    }
+
     /// Streams the SSE log events of a job, resuming after `last_event_id`.
     pub async fn log_events(
         &self,
@@ -452,6 +458,15 @@ impl Client {
 
     pub async fn register_agent(&self, body: &RegisterAgent) -> Result<AgentRegistration, ApiError> {
         self.send(Method::POST, "/v1/agents/register", Some(body), &[], None).await
+    }
+
+    /// `POST /v1/agents/{agent}/drain` (session credential): this agent
+    /// drains; `GET /v1/agents` shows it.
+    pub async fn report_draining(&self, agent_id: &str) -> Result<(), ApiError> {
+        let path = format!("/v1/agents/{}/drain", enc(agent_id));
+        let _: serde_json::Value =
+            self.send::<(), _>(Method::POST, &path, None, &[], Some(Duration::from_secs(10))).await?;
+        Ok(())
     }
 
     pub async fn claim(&self, agent_id: &str, body: &ClaimRequest) -> Result<ClaimResponse, ApiError> {

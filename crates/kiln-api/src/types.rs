@@ -208,6 +208,17 @@ pub struct InputInfo {
     pub options: Vec<String>,
 }
 
+/// `POST /v1/workflow-runs/{run}/retry` (the body is optional; `?failed=true` works too).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct RetryRun {
+    /// Retry from the failed jobs (spec 000 §9): the parent's successful
+    /// jobs are pinned (`success`, same bound artifacts, not run again); its
+    /// failed, cancelled and skipped jobs and their descendants run again.
+    /// Refused (409) while the parent runs, or when none of its jobs failed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubmitRunResponse {
     pub run_id: String,
@@ -438,6 +449,11 @@ pub struct LogEvent {
     pub stream: String,
     pub offset: i64,
     pub data: String,
+    /// When the server committed these bytes (ms since the epoch); agents
+    /// ship output every 100 ms or 64 KiB, so it is within about that of
+    /// when it was written. Absent from older servers and older chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<i64>,
 }
 
 /// Payload of an SSE `sealed` event: attempt `epoch` ended through its agent
@@ -477,6 +493,9 @@ pub struct RegisterAgent {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     pub max_jobs: u32,
+    /// The Kiln version the agent runs (shown in `GET /v1/agents`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

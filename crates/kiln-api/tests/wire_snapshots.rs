@@ -260,6 +260,7 @@ fn log_events() {
                 stream: stream::STDERR.into(),
                 offset: 0,
                 data: "d2Fybgo=".into(),
+                at_ms: None,
             })
             .unwrap(),
         ),

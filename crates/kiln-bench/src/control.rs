@@ -131,7 +131,12 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     for i in 0..a.agents {
         let c = Client::new(&urls[i as usize % urls.len()], &agent_token);
         let reg = c
-            .register_agent(&RegisterAgent { name: format!("virtual-{i}"), labels: Default::default(), max_jobs: 256 })
+            .register_agent(&RegisterAgent {
+                name: format!("virtual-{i}"),
+                labels: Default::default(),
+                max_jobs: 256,
+                version: None,
+            })
             .await?;
         // Claims carry the session's credential, not the join token.
         let c = c.with_token(&reg.credential);

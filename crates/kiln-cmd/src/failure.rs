@@ -12,7 +12,9 @@ pub struct Failure {
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Self {
         let hint = match e.status() {
-            Some(401) => "\nhint: set KILN_TOKEN (or --token) to the server's DATA_DIR/admin.token",
+            Some(401) => {
+                "\nhint: the server does not know this token: `kiln login URL` again, or set KILN_TOKEN (or --token-file) to the server's DATA_DIR/admin.token"
+            }
             None => "\nhint: is the server running? set KILN_SERVER (or --server)",
             _ => "",
         };

@@ -82,7 +82,7 @@ pub fn decide_completion(f: &CompletionFacts<'_>) -> CompletionVerdict {
 /// was not sealed by `epoch`: success without its outputs fails explicitly;
 /// nothing is substituted from elsewhere.
 pub fn missing_output(name: &str, epoch: i64) -> String {
-    format!("required artifact `{name}` was not sealed by epoch {epoch}")
+    format!("required artifact `{name}` was not sealed by attempt {epoch}")
 }
 
 /// A successful job keeps only a quorum's `degraded:` note as its message.
@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn messages() {
-        assert_eq!(missing_output("app", 2), "required artifact `app` was not sealed by epoch 2");
+        assert_eq!(missing_output("app", 2), "required artifact `app` was not sealed by attempt 2");
         assert_eq!(
             success_message(Some("degraded: 2 of 3 needs succeeded (quorum)")),
             Some("degraded: 2 of 3 needs succeeded (quorum)")

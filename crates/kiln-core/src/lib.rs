@@ -14,6 +14,7 @@
 //! | claim eligibility (§7) | [`claim`] |
 //! | cancellation (§9) | [`cancel`] |
 //! | completion and its ordering with cancellation (§9) | [`complete`] |
+//! | which jobs a retry of the failed jobs pins (§9, retry from job) | [`retry`] |
 //! | the reference model built from all of the above | [`protocol`] |
 //!
 //! Modules depend one way: the decision modules use only the status
@@ -33,6 +34,7 @@ pub mod job;
 pub mod lease;
 pub mod logs;
 pub mod protocol;
+pub mod retry;
 pub mod run;
 #[cfg(test)]
 mod test_lang;

@@ -71,7 +71,7 @@ fn success_without_sealed_output_fails_explicitly() {
     let e = claim(&mut m, 0, 0);
     assert_eq!(m.complete(0, e, &ok()), Ok(JobStatus::Failed));
     let j = &m.jobs[0];
-    assert_eq!(j.message.as_deref(), Some("required artifact `app` was not sealed by epoch 1"));
+    assert_eq!(j.message.as_deref(), Some("required artifact `app` was not sealed by attempt 1"));
     assert_eq!((j.attempts[0].outcome, j.bound, m.run), (AttemptOutcome::Failed, None, RunStatus::Failed));
 }
 

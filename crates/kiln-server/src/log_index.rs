@@ -26,6 +26,9 @@ pub(crate) struct IndexEntry {
     pub pos: u64,
     pub length: u64,
     pub sha256: String,
+    /// When the chunk was committed (absent in indexes written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<i64>,
 }
 
 /// Parsed indexes by object key; cleared whole when full (replays of a few

@@ -42,6 +42,7 @@ pub(crate) fn router(state: State) -> Router {
     let session = Router::new()
         .route("/v1/agents/{agent}/claim", post(agents::claim))
         .route("/v1/agents/{agent}/session", get(agents::session))
+        .route("/v1/agents/{agent}/drain", post(agents::drain))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_session));
     let attempt = Router::new()
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(attempts::heartbeat))

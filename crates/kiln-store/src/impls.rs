@@ -111,6 +111,14 @@ impl AgentStore for SqlStore {
         agents::list_agents(self).await
     }
 
+    async fn describe_agent(&self, agent_id: &str, version: &str) -> Result<()> {
+        agents::describe_agent(self, agent_id, version).await
+    }
+
+    async fn mark_draining(&self, agent_id: &str, session_id: &str) -> Result<bool> {
+        agents::mark_draining(self, agent_id, session_id).await
+    }
+
     async fn remove_agent(&self, agent_id: &str) -> Result<bool> {
         agents::remove_agent(self, agent_id).await
     }

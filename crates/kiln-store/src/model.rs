@@ -73,6 +73,11 @@ pub struct NewRun {
     pub actor: Option<String>,
     /// Report the run's status to the forge under this context (issue 14).
     pub report_context: Option<String>,
+    /// A retry of the failed jobs (spec 000 §9, retry from job; needs
+    /// `parent_run_id`): the parent's successful prefix
+    /// ([`kiln_core::retry::pinned_jobs`]) is pinned — `success` at once,
+    /// bound to the same artifact generations — and the rest runs again.
+    pub pin_succeeded: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,6 +218,10 @@ pub struct AgentRecord {
     pub pool: String,
     pub created_at: i64,
     pub last_seen_at: i64,
+    /// The Kiln version the agent said it runs, if it said.
+    pub version: Option<String>,
+    /// The agent said it drains: it claims nothing more.
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -285,6 +294,9 @@ pub struct LogChunkRecord {
     pub stream: String,
     pub offset: i64,
     pub data: Vec<u8>,
+    /// When the server committed the chunk (ms since the epoch; none for
+    /// chunks committed before migration 0018).
+    pub at_ms: Option<i64>,
 }
 
 /// One archived stretch of a job's log: chunks `first_id..=last_id` (event

@@ -24,14 +24,13 @@ pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, c
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
     max_failure_retries, cancel_requested, cache_result";
 
-pub(crate) const ATTEMPT_COLS: &str =
-    "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps";
+pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps";
 
 /// A generation; the table is `g`.
 pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, \
     g.expected_sha256, g.part_size, g.state, g.created_at, g.upload_id, g.kind";
 /// The binding's columns beside [`GEN_COLS`] for [`bound_from_row`].
-pub(crate) const BINDING_COLS: &str = "j.name AS job_name, b.expires_at, b.expired_at";
+pub(crate) const BINDING_COLS: &str = "j.name AS job_name, b.job_id AS bound_job_id, b.expires_at, b.expired_at";
 
 /// What the heartbeat fast path returns for a live lease it extended: the new
 /// deadline, the job's `cancel_requested`, the run's status.
@@ -178,6 +177,8 @@ pub(crate) fn agent_from_row(row: &Row) -> Result<AgentRecord> {
         pool: row.get("pool")?,
         created_at: row.get("created_at")?,
         last_seen_at: row.get("last_seen_at")?,
+        version: row.get("version")?,
+        draining: row.get::<i64>("draining")? != 0,
     })
 }
 
@@ -202,7 +203,9 @@ pub(crate) fn gen_from_row(row: &Row) -> Result<GenerationRecord> {
 /// A generation with its binding's `job_name` column.
 pub(crate) fn bound_from_row(row: &Row) -> Result<BoundArtifact> {
     Ok(BoundArtifact {
-        job_id: row.get("job_id")?,
+        // The binding's job: a pinned job of a retry binds a generation of
+        // its parent run's job (`generation.job_id`).
+        job_id: row.get("bound_job_id")?,
         job_name: row.get("job_name")?,
         name: row.get("name")?,
         generation: gen_from_row(row)?,

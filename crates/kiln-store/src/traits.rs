@@ -90,6 +90,11 @@ pub trait AgentStore: Send + Sync {
     }
     async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord>;
     async fn list_agents(&self) -> Result<Vec<AgentRecord>>;
+    /// Record the Kiln version an agent runs (said at registration).
+    async fn describe_agent(&self, agent_id: &str, version: &str) -> Result<()>;
+    /// The agent's session `session_id` drains (claims nothing more; spec
+    /// 004). False if that is not the agent's current session.
+    async fn mark_draining(&self, agent_id: &str, session_id: &str) -> Result<bool>;
     /// Forget an agent and end the leases of its running attempts now (the
     /// reconciler fences them). False if there was no such agent.
     async fn remove_agent(&self, agent_id: &str) -> Result<bool>;

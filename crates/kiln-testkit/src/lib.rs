@@ -129,7 +129,18 @@ impl KilnUp {
     }
 
     pub fn start_with(bin: &Path, agents: u32, extra: &[&str]) -> Result<KilnUp> {
+        Self::start_env(bin, agents, extra, &[])
+    }
+
+    /// Like [`KilnUp::start_with`], with more environment. `XDG_STATE_HOME`
+    /// defaults to [`KilnUp::state_home`] (where `kiln up` registers itself
+    /// for the CLI to find), so tests never touch the user's own.
+    pub fn start_env(bin: &Path, agents: u32, extra: &[&str], env: &[(&str, &str)]) -> Result<KilnUp> {
         let data = tempfile::tempdir()?;
+        let mut env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        if !env.iter().any(|(k, _)| k == "XDG_STATE_HOME") {
+            env.push(("XDG_STATE_HOME".into(), data.path().join("state").to_string_lossy().into_owned()));
+        }
         let log = data.path().join("kiln-up.log");
         let mut args: Vec<std::ffi::OsString> =
             ["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"]
@@ -139,7 +150,7 @@ impl KilnUp {
         args.push(data.path().join("data").into());
         args.extend(extra.iter().map(Into::into));
         // `export KILN_SERVER=… KILN_TOKEN=…`
-        let (child, (url, token)) = spawn_until(bin, &args, &[], &log, "kiln up", |line| {
+        let (child, (url, token)) = spawn_until(bin, &args, &env, &log, "kiln up", |line| {
             let rest = line.strip_prefix("export ")?;
             let val = |k: &str| rest.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_string);
             Some((val("KILN_SERVER=")?, val("KILN_TOKEN=")?))
@@ -149,6 +160,12 @@ impl KilnUp {
 
     pub fn data_dir(&self) -> PathBuf {
         self.data.path().join("data")
+    }
+
+    /// The `XDG_STATE_HOME` this `kiln up` registered itself under (unless
+    /// the test gave its own).
+    pub fn state_home(&self) -> PathBuf {
+        self.data.path().join("state")
     }
 
     /// A `kiln` CLI command with KILN_SERVER and KILN_TOKEN set.

@@ -12,13 +12,17 @@ use std::path::PathBuf;
     about = "Kiln: a self-hostable CI/CD server, agent and client in one binary",
     long_about = "Kiln runs CI pipelines defined in `.kiln/*.yaml` of a git repository.\n\n\
 Quick start:  kiln up --data-dir ./kiln-data --agents 2\n\
-then, with the printed KILN_SERVER/KILN_TOKEN exported:\n\
+then, in another shell on the same machine (the CLI finds a running local `kiln up`):\n\
   kiln repo add demo --url /path/to/repo\n\
-  kiln run --repo demo --commit HEAD --follow\n\n\
+  kiln run --repo demo --commit HEAD --follow\n\
+From elsewhere: kiln login URL --token-file FILE (or the token on standard input).\n\n\
 Exit codes: 0 success, 1 run failed or cancelled, 2 usage or invalid input,\n\
 3 refused by the server, 4 authentication failed, 5 server unreachable or failing.\n\
 A closed standard output (`kiln logs RUN | head -1`) ends a command quietly with 0.\n\n\
-Environment: KILN_SERVER (server URL), KILN_TOKEN (API token), KILN_LOG (log filter,\n\
+Server and token: flags, then KILN_SERVER / KILN_TOKEN, then the profile's context\n\
+($XDG_CONFIG_HOME/kiln/config.toml, written by `kiln login`; KILN_CONTEXT or --context\n\
+picks one), then a running local `kiln up`.\n\n\
+Environment: KILN_SERVER (server URL), KILN_TOKEN (API token), KILN_CONTEXT, KILN_LOG (log filter,\n\
 e.g. `info`, `debug`, `kiln_server=debug,sqlx=warn`; default `info` for up/server/agent,\n\
 `warn` otherwise). Logs go to stderr, coloured only on a terminal (and never with NO_COLOR)."
 )]
@@ -29,9 +33,14 @@ pub struct Cli {
 
 #[derive(Args, Debug, Clone)]
 pub struct Conn {
-    /// Kiln server URL (or several replicas' URLs separated by commas).
-    #[arg(long, env = "KILN_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
-    pub server: String,
+    /// Kiln server URL (or several replicas' URLs separated by commas). Default: the profile's
+    /// context (`kiln login`), else a running local `kiln up` (./kiln-data, or the one
+    /// registered under $XDG_STATE_HOME/kiln/up), else http://127.0.0.1:7070.
+    #[arg(long, env = "KILN_SERVER", value_name = "URL", global = true)]
+    pub server: Option<String>,
+    /// The profile's context to use (`kiln context list`); default: its current one.
+    #[arg(long, env = "KILN_CONTEXT", value_name = "NAME", global = true)]
+    pub context: Option<String>,
     /// File holding the API token (e.g. the server's DATA_DIR/admin.token, or
     /// one from `kiln token create`). Or set KILN_TOKEN.
     #[arg(long, value_name = "FILE", env = "KILN_TOKEN_FILE", global = true)]
@@ -72,7 +81,7 @@ pub enum Command {
         command: AgentTokenCommand,
     },
     /// List registered agents (name, labels, running jobs / capacity,
-    /// connected, registered), or remove one (`kiln agents rm ID`).
+    /// connected, draining, version, registered), or remove one (`kiln agents rm ID`).
     Agents {
         #[command(subcommand)]
         command: Option<AgentsCommand>,
@@ -85,6 +94,20 @@ pub enum Command {
     /// Show the audit log: who started, cancelled or retried what, token and
     /// agent changes, and every secret handed to a job.
     Audit(AuditArgs),
+    /// Save a server and its API token as a context of the CLI's profile
+    /// ($XDG_CONFIG_HOME/kiln/config.toml, mode 0600) after checking the token with the server.
+    Login(LoginArgs),
+    /// Remove a context (default: the current one) from the CLI's profile.
+    Logout {
+        /// The context to remove (default: the current one).
+        #[arg(long, value_name = "NAME", env = "KILN_CONTEXT")]
+        context: Option<String>,
+    },
+    /// List the profile's contexts, or pick the current one.
+    Context {
+        #[command(subcommand)]
+        command: ContextCommand,
+    },
     /// Start a workflow run for a commit.
     Run(RunArgs),
     /// List runs, newest first (every repository's, or one's).
@@ -95,8 +118,9 @@ pub enum Command {
     Logs(LogsArgs),
     /// Cancel a run.
     Cancel(RunRef),
-    /// Start a new run with the same pinned definition as RUN.
-    Retry(RunRef),
+    /// Start a new run with the same pinned definition as RUN (all its jobs, or with
+    /// --failed only the failed ones and their descendants).
+    Retry(RetryArgs),
     /// Wait until RUN ends; exit 0 if it succeeded, 1 if it failed or was cancelled.
     Wait(RunRef),
     /// Download artifacts of a run.
@@ -694,6 +718,35 @@ pub enum ArtifactCommand {
 }
 
 #[derive(Args, Debug)]
+pub struct LoginArgs {
+    /// The server's URL, e.g. https://ci.example.com or http://127.0.0.1:7070.
+    pub url: String,
+    /// File holding the API token (e.g. the server's DATA_DIR/admin.token, or one from
+    /// `kiln token create`); `-` or none: read it from standard input. Never on the command line.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The context's name; an existing context of that name is replaced. It becomes the current one.
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pub context: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ContextCommand {
+    /// List the contexts (name, server; `*` marks the current one).
+    #[command(alias = "ls")]
+    List {
+        /// Print JSON instead of a table (never the tokens).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make context NAME the current one.
+    Use {
+        /// The context's name (from `kiln context list`).
+        name: String,
+    },
+}
+
+#[derive(Args, Debug)]
 pub struct RunArgs {
     /// Repository name.
     #[arg(long)]
@@ -716,6 +769,10 @@ pub struct RunArgs {
     /// Print the run as JSON (with --follow: the final run object).
     #[arg(long)]
     pub json: bool,
+    /// With --follow: prefix each log line with the time the server received it
+    /// (RFC 3339 in UTC, millisecond precision, e.g. 2026-12-01T17:30:00.123Z).
+    #[arg(long, requires = "follow")]
+    pub timestamps: bool,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -762,6 +819,31 @@ pub struct LogsArgs {
     /// the run (or JOB) succeeded, 1 if it failed or was cancelled.
     #[arg(long, short)]
     pub follow: bool,
+    /// Prefix each line with the time the server received it (RFC 3339 in UTC, millisecond
+    /// precision, e.g. 2026-12-01T17:30:00.123Z; agents ship output every 100 ms).
+    #[arg(long, short)]
+    pub timestamps: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct RetryArgs {
+    /// The run's id (or a unique prefix of 8+ characters).
+    pub run: String,
+    /// Run again only the jobs that failed, were cancelled or skipped, and their descendants;
+    /// the jobs that succeeded are pinned: `success` with the same artifacts, not run again.
+    #[arg(long)]
+    pub failed: bool,
+    /// Stream the new run's logs until it finishes; exit 0 only if it succeeded.
+    #[arg(long)]
+    pub follow: bool,
+    /// With --follow: prefix each log line with its time (RFC 3339, UTC).
+    #[arg(long, requires = "follow")]
+    pub timestamps: bool,
+    /// Print JSON: `{"run_id"}` (with --follow: the final run object).
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub conn: Conn,
 }

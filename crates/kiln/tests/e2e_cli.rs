@@ -372,3 +372,352 @@ fn help_flags_completions_and_man_page() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("invalid duration `soon`"), "{}", stderr(&out));
 }
+
+/// A `kiln` command that sees no KILN_* connection variables, with its
+/// profile in `home/config`, its state in `home/state` and `home` as the
+/// working directory (no `./kiln-data` there).
+fn bare(home: &std::path::Path) -> Command {
+    let mut c = Command::new(BIN);
+    for k in ["KILN_SERVER", "KILN_TOKEN", "KILN_TOKEN_FILE", "KILN_CONTEXT", "KILN_LOG"] {
+        c.env_remove(k);
+    }
+    c.env("HOME", home).env("XDG_CONFIG_HOME", home.join("config")).env("XDG_STATE_HOME", home.join("state"));
+    c.current_dir(home);
+    c
+}
+
+/// `kiln login URL` reads the token from stdin or --token-file, checks it
+/// with the server and writes a 0600 profile of named contexts; the
+/// environment beats the profile; `kiln logout`, `kiln context list|use`.
+#[test]
+fn login_writes_a_private_profile_that_the_environment_overrides() {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/kiln/config.toml");
+    let token_file = up.data_dir().join("admin.token");
+    let login = |args: &[&str], stdin: &str| {
+        let mut child = bare(home.path())
+            .arg("login")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+
+    // `printf wrong | kiln login URL`: refused, nothing written.
+    let out = login(&[&up.url], "kiln_wrong_token\n");
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("refused the token") && stderr(&out).contains("nothing was written"),
+        "{}",
+        text(&out)
+    );
+    assert!(!config.exists());
+    // An unreachable server: exit 5, nothing written.
+    let out = login(&["http://127.0.0.1:9", "--token-file", token_file.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(stderr(&out).contains("nothing was written"), "{}", text(&out));
+    assert!(!config.exists());
+    // Nothing on stdin.
+    assert_eq!(login(&[&up.url], "").status.code(), Some(2));
+
+    // `kiln login URL < admin.token`.
+    let out = login(&[&up.url], &up.token);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stdout(&out).contains("context `default` (added, now current)"), "{}", text(&out));
+    assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(config.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+    let toml = std::fs::read_to_string(&config).unwrap();
+    assert!(toml.contains("current = \"default\"") && toml.contains(&up.url), "{toml}");
+
+    // No KILN_SERVER, no KILN_TOKEN: the profile is used.
+    let out = bare(home.path()).args(["runs", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // The environment beats the profile: a wrong KILN_TOKEN is refused…
+    let out = bare(home.path()).args(["runs"]).env("KILN_TOKEN", "kiln_wrong").output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    // …and the profile's token is never sent to another KILN_SERVER.
+    let out = bare(home.path()).args(["runs"]).env("KILN_SERVER", "http://127.0.0.1:9").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("no API token for http://127.0.0.1:9"), "{}", text(&out));
+    let out = bare(home.path()).args(["runs"]).env("KILN_CONTEXT", "nope").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("no context `nope`"), "{}", text(&out));
+
+    // A second context from a token file; the same name again replaces it.
+    let tf = token_file.to_str().unwrap();
+    let out = login(&[&up.url, "--token-file", tf, "--context", "second"], "");
+    assert!(stdout(&out).contains("context `second` (added, now current)"), "{}", text(&out));
+    let out = login(&[&up.url, "--token-file", tf, "--context", "second"], "");
+    assert!(stdout(&out).contains("context `second` (replaced, now current)"), "{}", text(&out));
+    let list = stdout(&bare(home.path()).args(["context", "list"]).output().unwrap());
+    assert!(list.lines().any(|l| l.starts_with("* second ")) && list.contains("  default "), "{list}");
+    let out = bare(home.path()).args(["context", "use", "default"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value =
+        serde_json::from_slice(&bare(home.path()).args(["context", "list", "--json"]).output().unwrap().stdout)
+            .unwrap();
+    assert_eq!(v[0], serde_json::json!({"name": "default", "server": up.url, "current": true}));
+    assert!(!v.to_string().contains(&up.token), "listings never show tokens");
+    let out = bare(home.path()).args(["runs", "--context", "second", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // `kiln logout` removes the current context; with none left to use and
+    // no local kiln up, the CLI says how to log in.
+    let out = bare(home.path()).arg("logout").output().unwrap();
+    assert!(stdout(&out).contains("context `default`"), "{}", text(&out));
+    let out = bare(home.path()).args(["logout", "--context", "second"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = bare(home.path()).args(["runs"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("run `kiln login http://127.0.0.1:7070`"), "{}", text(&out));
+    assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+/// With no flags, environment or profile, the CLI finds a running local
+/// `kiln up` (`./kiln-data`, or the one registered under
+/// $XDG_STATE_HOME/kiln/up); `kiln up` prints the `kiln login` line for
+/// elsewhere. A `kiln up` that is gone is not found.
+#[test]
+fn a_running_local_kiln_up_is_found_without_any_setup() {
+    let home = tempfile::tempdir().unwrap();
+    let mut up = bare(home.path())
+        .args(["up", "--listen", "127.0.0.1:0", "--agents", "1", "--data-dir", "kiln-data"])
+        .env("KILN_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
+    let mut printed = vec![];
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        let done = l.starts_with("export ");
+        printed.push(l);
+        if done {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let data = std::fs::canonicalize(home.path().join("kiln-data")).unwrap();
+    let login = printed.iter().find(|l| l.starts_with("kiln login http://127.0.0.1:")).expect("a login line");
+    assert!(login.contains(&format!("--token-file {}", data.join("admin.token").display())), "{printed:?}");
+
+    // In the directory holding ./kiln-data.
+    let out = bare(home.path()).args(["runs", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // Anywhere else, through the registry in $XDG_STATE_HOME.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = bare(home.path()).current_dir(elsewhere.path()).args(["agents", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // Gone (SIGKILL, so nothing was cleaned up): not found any more.
+    up.kill().unwrap();
+    up.wait().unwrap();
+    let out = bare(home.path()).current_dir(elsewhere.path()).args(["runs"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("no API token for http://127.0.0.1:7070"), "{}", text(&out));
+}
+
+/// Whether `line` starts with an RFC 3339 UTC time with milliseconds and a space.
+fn stamped(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 25
+        && b[..24].iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'.',
+            23 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+        && b[24] == b' '
+}
+
+/// `kiln status` and `kiln run --follow` show each job's duration and its
+/// attempt in words (never an epoch); `--timestamps` prefixes log lines with
+/// their time; `kiln run` prints the run's web UI URL.
+#[test]
+fn durations_timestamps_attempts_and_the_ui_url() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = repo_with("  - name: build\n    steps:\n      - echo first\n      - echo second\n");
+    add_repo(&up, "times", &repo);
+
+    let out = kiln(&up, &["run", "--repo", "times", "--follow", "--timestamps"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let log = stdout(&out);
+    let first = log.lines().find(|l| l.ends_with(" first")).unwrap_or_else(|| panic!("{log}"));
+    assert!(stamped(first), "{first:?}");
+    assert!(log.lines().filter(|l| !l.starts_with("── ")).all(stamped), "every line stamped:\n{log}");
+    let err = stderr(&out);
+    let run = err.lines().find_map(|l| l.strip_prefix("run ")?.strip_suffix(" accepted")).map(str::to_string);
+    let run = run.unwrap_or_else(|| panic!("{err}"));
+    assert!(err.contains(&format!("\nweb UI: {}/#/runs/{run}\n", up.url)), "{err}");
+    let job_line = err.lines().find(|l| l.starts_with("── build: success")).unwrap_or_else(|| panic!("{err}"));
+    assert!(job_line.contains("attempt 1 on local-1"), "{job_line}");
+    assert!(job_line.split_whitespace().nth(4).is_some_and(|d| d.ends_with('s')), "a duration: {job_line}");
+    assert!(!text(&out).contains("epoch"), "{}", text(&out));
+
+    let status = stdout(&kiln(&up, &["status", &run]));
+    assert!(status.contains(&format!("web UI {}/#/runs/{run}", up.url)), "{status}");
+    let row = status.lines().find(|l| l.trim_start().starts_with("build ")).unwrap_or_else(|| panic!("{status}"));
+    assert!(row.contains("success") && row.contains("attempt 1 on local-1") && !row.contains("epoch"), "{row}");
+    assert!(row.split_whitespace().nth(2).is_some_and(|d| d.ends_with('s')), "a duration: {row}");
+
+    let out = kiln(&up, &["logs", &run, "--timestamps"]);
+    let log = stdout(&out);
+    assert!(log.lines().filter(|l| !l.starts_with("── ")).all(stamped) && log.contains(" second\n"), "{log}");
+    let plain = stdout(&kiln(&up, &["logs", &run]));
+    assert!(plain.lines().any(|l| l == "first") && !plain.lines().any(stamped), "{plain}");
+
+    // Without --follow: the id on stdout, the page on stderr.
+    let out = kiln(&up, &["run", "--repo", "times"]);
+    let id = stdout(&out).trim().to_string();
+    assert_eq!(stderr(&out).trim(), format!("web UI: {}/#/runs/{id}", up.url));
+}
+
+/// A job whose agent is lost runs again; users read "attempt 2 on a2
+/// (agent a1 lost)", not epochs.
+#[test]
+fn a_lost_agent_reads_as_an_attempt_not_an_epoch() {
+    let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let flags = kiln_testkit::step_writable_tempdir().unwrap();
+    let flag = flags.path().join("started");
+    let repo = repo_with(&format!(
+        "  - name: slow\n    steps:\n      - if [ -e {f} ]; then echo second try; else touch {f}; sleep 120; fi\n",
+        f = flag.display()
+    ));
+    let cli = || server.cli();
+    let out = cli().args(["repo", "add", "lost", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let mut a1 = server.agent("a1", &[]).unwrap();
+    let out = cli().args(["run", "--repo", "lost"]).output().unwrap();
+    let run = stdout(&out).trim().to_string();
+    assert!(kiln_testkit::wait_for(std::time::Duration::from_secs(60), || flag.exists().then_some(())).is_some());
+    a1.child.kill().unwrap();
+    let _ = a1.child.wait();
+    let _a2 = server.agent("a2", &[]).unwrap();
+    let out = cli().args(["wait", &run]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let status = stdout(&cli().args(["status", &run]).output().unwrap());
+    assert!(status.contains("attempt 2 on a2 (agent a1 lost)"), "{status}");
+    assert!(!status.contains("epoch"), "{status}");
+}
+
+/// `kiln retry RUN --failed`: job 1 succeeded and is pinned (not run again,
+/// the same artifact), job 2 failed the first time and runs again, and so
+/// does job 3 after it; `--follow` streams the new run.
+#[test]
+fn retry_failed_pins_the_successful_jobs_and_reruns_the_rest() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let flags = kiln_testkit::step_writable_tempdir().unwrap();
+    let flag = flags.path().join("fixed");
+    let repo = repo_with(&format!(
+        "  - name: build\n    steps:\n      - mkdir -p out && head -c 4096 /dev/urandom > out/app.bin\n    artifacts:\n      publish:\n        - {{name: app, path: out/app.bin}}\n\
+         \x20 - name: test\n    artifacts:\n      restore:\n        - {{from_job: build, name: app, path: in/app.bin}}\n    steps:\n      - echo \"testing $(sha256sum < in/app.bin | cut -d' ' -f1)\"\n      - test -e {f} || {{ echo 'not fixed yet'; exit 1; }}\n\
+         \x20 - name: deploy\n    steps:\n      - echo deployed\n",
+        f = flag.display()
+    ));
+    add_repo(&up, "flaky", &repo);
+    let run = start_run(&up, "flaky");
+    assert_eq!(kiln(&up, &["wait", &run]).status.code(), Some(1));
+    let json = |args: &[&str]| -> serde_json::Value { serde_json::from_slice(&kiln(&up, args).stdout).unwrap() };
+    let before = json(&["status", &run, "--json"]);
+    let statuses = |v: &serde_json::Value| -> Vec<String> {
+        v["jobs"].as_array().unwrap().iter().map(|j| j["status"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(statuses(&before), ["success", "failed", "skipped"]);
+    let sha = before["jobs"][0]["artifacts"][0]["sha256"].as_str().unwrap().to_string();
+
+    // Still refused for a run that succeeded entirely (checked below), and
+    // the flag now makes job 2 pass.
+    std::fs::write(&flag, "").unwrap();
+    let out = kiln(&up, &["retry", &run, "--failed", "--follow"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let log = stdout(&out);
+    assert!(log.contains(&format!("testing {sha}")), "job 2 restored the pinned artifact:\n{log}");
+    assert!(log.contains("deployed"), "{log}");
+    let err = stderr(&out);
+    let child = err.lines().find_map(|l| l.strip_prefix("run ")?.strip_suffix(" accepted")).unwrap().to_string();
+    assert!(err.contains("── build: success in ") && err.contains("(pinned: succeeded in run "), "{err}");
+
+    let after = json(&["status", &child, "--json"]);
+    assert_eq!(after["parent_run_id"], run.as_str());
+    assert_eq!(statuses(&after), ["success", "success", "success"]);
+    let build = &after["jobs"][0];
+    assert_eq!(build["attempts"].as_array().unwrap().len(), 0, "job 1 did not run again: {build}");
+    assert_eq!(build["artifacts"][0]["sha256"], sha.as_str(), "the same bound artifact");
+    assert_eq!(build["artifacts"][0]["epoch"], before["jobs"][0]["artifacts"][0]["epoch"]);
+    assert!(build["message"].as_str().unwrap().contains(&format!("pinned: succeeded in run {run}")), "{build}");
+    assert_eq!(after["jobs"][1]["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(after["jobs"][2]["attempts"].as_array().unwrap().len(), 1);
+    // The parent is unchanged: job 1 still ran once.
+    assert_eq!(json(&["status", &run, "--json"])["jobs"][0]["attempts"].as_array().unwrap().len(), 1);
+    // `kiln artifact get` of the retry gives the very bytes.
+    let dl = tempfile::tempdir().unwrap();
+    let path = dl.path().join("app.bin");
+    let out = kiln(&up, &["artifact", "get", &child, "build", "app", "-o", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = stdout(&kiln(&up, &["status", &child]));
+    assert!(status.contains("pinned"), "{status}");
+
+    // Nothing failed: nothing to retry from (a plain retry runs everything).
+    let out = kiln(&up, &["retry", &child, "--failed"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(stderr(&out).contains("no failed job to retry"), "{}", text(&out));
+    let out = kiln(&up, &["retry", &child]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// `kiln agents` shows each agent's version, and that an agent told to
+/// stop (SIGTERM) is draining while its job finishes.
+#[test]
+fn agents_show_their_version_and_draining() {
+    let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let flags = kiln_testkit::step_writable_tempdir().unwrap();
+    let (started, release) = (flags.path().join("started"), flags.path().join("release"));
+    let repo = repo_with(&format!(
+        "  - name: long\n    steps:\n      - touch {s}; while [ ! -e {r} ]; do sleep 0.1; done\n",
+        s = started.display(),
+        r = release.display()
+    ));
+    let cli = || server.cli();
+    let out = cli().args(["repo", "add", "long", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let a1 = server.agent("a1", &[]).unwrap();
+    let agents = || -> serde_json::Value {
+        serde_json::from_slice(&cli().args(["agents", "--json"]).output().unwrap().stdout).unwrap()
+    };
+    let v = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
+        let v = agents();
+        (v[0]["connected"] == true).then_some(v)
+    })
+    .expect("a1 connected");
+    assert_eq!(v[0]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v[0]["draining"], false);
+    let table = stdout(&cli().arg("agents").output().unwrap());
+    assert!(table.lines().next().unwrap().contains(" DRAINING  VERSION "), "{table}");
+    let row = table.lines().find(|l| l.starts_with("a1 ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains(&format!(" no        {} ", env!("CARGO_PKG_VERSION"))), "{row}");
+
+    let out = cli().args(["run", "--repo", "long"]).output().unwrap();
+    let run = stdout(&out).trim().to_string();
+    assert!(kiln_testkit::wait_for(std::time::Duration::from_secs(60), || started.exists().then_some(())).is_some());
+    a1.signal("TERM");
+    let v = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
+        let v = agents();
+        (v[0]["draining"] == true).then_some(v)
+    });
+    assert!(v.is_some(), "a1 never showed as draining: {}", agents());
+    let row = stdout(&cli().arg("agents").output().unwrap());
+    assert!(row.lines().any(|l| l.starts_with("a1 ") && l.contains(" 1/1 ") && l.contains(" yes       ")), "{row}");
+    std::fs::write(&release, "").unwrap();
+    assert_eq!(cli().args(["wait", &run]).output().unwrap().status.code(), Some(0), "the drained job finished");
+}

@@ -258,7 +258,12 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
     let r = c.submit_run("manual", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let agent = Client::new(&server.url, &server.agent_token);
     let reg = agent
-        .register_agent(&kiln_api::RegisterAgent { name: "hand".into(), labels: Default::default(), max_jobs: 1 })
+        .register_agent(&kiln_api::RegisterAgent {
+            name: "hand".into(),
+            labels: Default::default(),
+            max_jobs: 1,
+            version: None,
+        })
         .await
         .unwrap();
     let claim =

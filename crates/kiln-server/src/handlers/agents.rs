@@ -41,6 +41,17 @@ pub(crate) async fn claim(
     Ok(Json(api::ClaimResponse { assignment }))
 }
 
+/// `POST /v1/agents/{agent}/drain`: the caller's session drains.
+pub(crate) async fn drain(
+    S(state): S<State>,
+    Extension(caller): Extension<AgentCaller>,
+    Path(agent_id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    check_agent_path(&caller, &agent_id)?;
+    agents::drain(&state, &agent_id, &caller.session_id).await?;
+    Ok(Json(serde_json::json!({ "draining": true })))
+}
+
 /// `GET /v1/agents/{agent}/session?session_id=…`: `ping` every second,
 /// `cancel` notices for the session's attempts.
 /// The session is the credential's (a `session_id` query is ignored).

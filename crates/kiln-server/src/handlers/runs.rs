@@ -57,13 +57,27 @@ pub(crate) async fn cancel(
     Ok(Json(runs::cancel(&state, &by, &run).await?))
 }
 
+#[derive(serde::Deserialize)]
+pub(crate) struct RetryQuery {
+    #[serde(default)]
+    failed: Option<bool>,
+}
+
+/// `POST /v1/workflow-runs/{run}/retry`: a new run with the same frozen
+/// definition; with `{"failed": true}` (or `?failed=true`) only the failed
+/// jobs and their descendants run again (the rest is pinned).
 pub(crate) async fn retry(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
     Path(run): Path<String>,
+    Query(q): Query<RetryQuery>,
+    body: Bytes,
 ) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
+    // An empty body is the plain retry of old clients.
+    let req: api::RetryRun = if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { parse(&body)? };
+    let failed = req.failed || q.failed.unwrap_or(false);
     let run = runs::resolve_id(&state, &run).await?;
-    let run_id = acceptance::retry(&state, &by, &run).await?;
+    let run_id = acceptance::retry(&state, &by, &run, failed).await?;
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id })))
 }
 

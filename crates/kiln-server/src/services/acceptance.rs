@@ -113,6 +113,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             image_digests,
             actor: Some(by.actor.clone()),
             report_context: None,
+            pin_succeeded: false,
         })
         .await?;
     state.relay_wake.notify_one();
@@ -126,7 +127,10 @@ fn accepted_event(req: &api::SubmitRun) -> &str {
 }
 
 /// Accept a new run with `run_id`'s frozen definition; returns its id.
-pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> ApiResult<String> {
+/// With `failed_only` (spec 000 §9, retry from job), the parent's
+/// successful prefix is pinned in the acceptance transaction and only its
+/// failed, cancelled or skipped jobs and their descendants run again.
+pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed_only: bool) -> ApiResult<String> {
     let old_view = state.store.get_run(run_id).await?;
     admit(state, &old_view.run.definition)?;
     // Same pinned definition, same pinned images: registry digests are
@@ -176,10 +180,12 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str) -> Api
             image_digests,
             actor: Some(by.actor.clone()),
             report_context,
+            pin_succeeded: failed_only,
         })
         .await?;
     state.relay_wake.notify_one();
-    let detail = format!("retry of {} trust {}", old.id, trust.as_str());
+    let what = if failed_only { "retry of the failed jobs of" } else { "retry of" };
+    let detail = format!("{what} {} trust {}", old.id, trust.as_str());
     access::audit(state, &by.actor, "run.retry", &accepted.run_id, detail).await?;
     Ok(accepted.run_id)
 }

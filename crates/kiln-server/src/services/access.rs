@@ -163,6 +163,8 @@ pub(crate) async fn list_agents(state: &AppState) -> ApiResult<Vec<api::AgentInf
             max_jobs: a.max_jobs,
             created_at_ms: a.created_at,
             last_seen_at_ms: a.last_seen_at,
+            version: a.version,
+            draining: a.draining,
         })
         .collect())
 }

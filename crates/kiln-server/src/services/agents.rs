@@ -29,6 +29,12 @@ pub(crate) async fn register(
         .store
         .register_agent_in(req.name.trim(), &labels, req.max_jobs, &grant.pool, grant.token_id.as_deref())
         .await?;
+    if let Some(v) = req.version.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
+        if v.len() > 64 {
+            return Err(ApiErr::invalid("agent version must be at most 64 characters"));
+        }
+        state.store.describe_agent(&agent.id, v).await?;
+    }
     let ttl = state.config.lease_ttl.as_millis() as u64;
     tracing::info!(agent = %agent.id, name = %agent.name, pool = %agent.pool, "agent registered");
     Ok(api::AgentRegistration {
@@ -53,6 +59,14 @@ pub(crate) async fn current_session(state: &AppState, agent_id: &str, session_id
         ));
     }
     Ok(agent)
+}
+
+/// The agent's current session drains (spec 004): it claims nothing more.
+pub(crate) async fn drain(state: &AppState, agent_id: &str, session_id: &str) -> ApiResult<()> {
+    current_session(state, agent_id, session_id).await?;
+    state.store.mark_draining(agent_id, session_id).await?;
+    tracing::info!(agent = %agent_id, "agent draining");
+    Ok(())
 }
 
 /// What the session stream tells its agent.

@@ -45,6 +45,7 @@ pub(crate) async fn archive_job(state: &AppState, job: &str) -> anyhow::Result<V
                     pos: segment.len() as u64,
                     length: c.data.len() as u64,
                     sha256: hex::encode(Sha256::digest(&c.data)),
+                    at_ms: c.at_ms,
                 });
                 segment.extend_from_slice(&c.data);
             }

@@ -51,6 +51,7 @@ impl FeedEvent {
                     stream: c.stream,
                     offset: c.offset,
                     data: base64::engine::general_purpose::STANDARD.encode(&c.data),
+                    at_ms: c.at_ms,
                 },
             },
         }
@@ -93,7 +94,14 @@ pub(crate) async fn chunks_after(
             if hex::encode(Sha256::digest(&data)) != e.sha256 {
                 anyhow::bail!("archived log segment {} is corrupt at chunk {}", a.segment_key, e.id);
             }
-            out.push(LogChunkRecord { id: e.id, epoch: e.epoch, stream: e.stream.clone(), offset: e.offset, data });
+            out.push(LogChunkRecord {
+                id: e.id,
+                epoch: e.epoch,
+                stream: e.stream.clone(),
+                offset: e.offset,
+                data,
+                at_ms: e.at_ms,
+            });
         }
     }
     if out.len() < limit as usize {

@@ -226,6 +226,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 image_digests,
                 actor: Some(actor.clone()),
                 report_context: reports_statuses(&repo).then(|| ctx.clone()),
+                pin_succeeded: false,
             })
             .await?;
         state.relay_wake.notify_one();

@@ -133,6 +133,7 @@ async fn fire(
             image_digests,
             actor: Some("schedule".into()),
             report_context: None,
+            pin_succeeded: false,
         })
         .await
         .map_err(|e| e.to_string())?;

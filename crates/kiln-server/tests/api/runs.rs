@@ -70,3 +70,20 @@ async fn cancel_then_retry() {
     assert_eq!((child.event.as_str(), child.trust.as_str()), ("retry", "trusted"));
     app.admin().post("/v1/workflow-runs/nope/cancel").send().await.assert_status(StatusCode::NOT_FOUND);
 }
+
+/// `POST /v1/workflow-runs/{run}/retry` with `{"failed": true}` or
+/// `?failed=true` retries from the failed jobs: refused (409) while the run
+/// still runs; an empty body is the plain retry; a malformed one is 400.
+#[tokio::test]
+async fn retry_of_the_failed_jobs_is_refused_while_the_run_goes_on() {
+    let app = TestApp::new().await;
+    let (run, _agent, _a) = super::claimed(&app, &["a", "b"]).await;
+    let path = format!("/v1/workflow-runs/{run}/retry");
+    let body = app.admin().post(&path).json(&api::RetryRun { failed: true }).send().await;
+    assert!(body.assert_status(StatusCode::CONFLICT).text().contains("have not ended"));
+    let query = app.admin().post(&format!("{path}?failed=true")).send().await;
+    query.assert_status(StatusCode::CONFLICT);
+    app.admin().post(&path).body("{").send().await.assert_status(StatusCode::BAD_REQUEST);
+    let plain: api::SubmitRunResponse = app.admin().post(&path).send().await.assert_status(StatusCode::ACCEPTED).json();
+    assert_eq!(super::get_run(&app, &plain.run_id).await.parent_run_id.as_deref(), Some(run.as_str()));
+}

@@ -73,9 +73,15 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&run.actor)
                     .execute()
                     .await?;
+                let pinned = match (&run.parent_run_id, run.pin_succeeded) {
+                    (Some(parent), true) => pinned_of(tx, parent).await?,
+                    (None, true) => return Err(StoreError::Invalid("pinning jobs needs the parent run".into())),
+                    (_, false) => HashMap::new(),
+                };
                 for (i, job) in run.workflow.jobs.iter().enumerate() {
+                    let job_id = new_id();
                     tx.sql(&JOB)
-                        .bind(new_id())
+                        .bind(&job_id)
                         .bind(&run_id)
                         .bind(i as i64)
                         .bind(&job.name)
@@ -85,6 +91,10 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                         .bind(run.image_digests.get(&job.name))
                         .execute()
                         .await?;
+                    if let Some(from) = pinned.get(&job.name) {
+                        let parent = run.parent_run_id.as_deref().unwrap_or_default();
+                        pin_job(tx, &run_id, &job_id, parent, from, now).await?;
+                    }
                 }
                 let held = match &run.concurrency {
                     Some(cc) => enter_run_group(tx, run, &run_id, &cc.group, cc.cancel_in_progress, now).await?,
@@ -123,6 +133,96 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
             })
         })
         .await
+}
+
+/// A job of the parent run that the retry pins.
+struct PinnedFrom {
+    job_id: String,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+}
+
+/// The jobs of `parent` a retry of its failed jobs pins, by name, as
+/// kiln-core decides; refused (409) while the parent runs or when nothing
+/// in it failed.
+async fn pinned_of(tx: &mut Tx, parent: &str) -> Result<HashMap<String, PinnedFrom>> {
+    use kiln_core::retry::{ParentJob, RetryFailedRefusal, pinned_jobs};
+    let rows = tx
+        .sql("SELECT id, name, status, needs, started_at, finished_at FROM jobs WHERE run_id = $1 ORDER BY job_index")
+        .bind(parent)
+        .fetch_all()
+        .await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    let mut from = HashMap::new();
+    for r in &rows {
+        let name: String = r.get("name")?;
+        jobs.push(ParentJob {
+            name: name.clone(),
+            status: crate::error::parse_enum(r.str("status")?)?,
+            needs: serde_json::from_str(r.str("needs")?).unwrap_or_default(),
+        });
+        from.insert(
+            name,
+            PinnedFrom { job_id: r.get("id")?, started_at: r.get("started_at")?, finished_at: r.get("finished_at")? },
+        );
+    }
+    let pinned = pinned_jobs(&jobs).map_err(|why| {
+        StoreError::Conflict(match why {
+            RetryFailedRefusal::NotEnded => {
+                format!("run {parent} has jobs that have not ended; retry its failed jobs once it has ended")
+            }
+            RetryFailedRefusal::NothingFailed => {
+                format!("every job of run {parent} succeeded: no failed job to retry (a plain retry runs them all)")
+            }
+        })
+    })?;
+    from.retain(|name, _| pinned.contains(name));
+    Ok(from)
+}
+
+/// Pin job `job_id` of the new run to its parent's job (spec 000 §9,
+/// retry from job): `success` without running, with the parent job's
+/// times, and bound to the very generations the parent's job bound, so
+/// consumers restore the same bytes (invariant 4: bindings, never
+/// substitutes).
+async fn pin_job(tx: &mut Tx, run_id: &str, job_id: &str, parent: &str, from: &PinnedFrom, now: i64) -> Result<()> {
+    static PIN: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE jobs SET status = {success}, message = $1, started_at = $2, finished_at = $3 WHERE id = $4",
+            success = lit(JobStatus::Success)
+        )
+    });
+    tx.sql(&PIN)
+        .bind(format!("pinned: succeeded in run {parent}, not run again"))
+        .bind(from.started_at)
+        .bind(from.finished_at)
+        .bind(job_id)
+        .execute()
+        .await?;
+    // The same retention too: a pinned binding expires when its parent's does.
+    tx.sql(
+        "INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at, expires_at, expired_at) \
+         SELECT $1, $2, name, generation_id, $3, expires_at, expired_at FROM artifact_bindings WHERE job_id = $4",
+    )
+    .bind(run_id)
+    .bind(job_id)
+    .bind(now)
+    .bind(&from.job_id)
+    .execute()
+    .await?;
+    // And the outputs its parent job bound (issue 16), so the jobs that run
+    // again read the same values.
+    tx.sql(
+        "INSERT INTO job_outputs (run_id, job_id, name, value, epoch, created_at) \
+         SELECT $1, $2, name, value, epoch, $3 FROM job_outputs WHERE job_id = $4",
+    )
+    .bind(run_id)
+    .bind(job_id)
+    .bind(now)
+    .bind(&from.job_id)
+    .execute()
+    .await?;
+    Ok(())
 }
 
 /// Run-level concurrency group (spec 003): at most one active run per group;

@@ -58,7 +58,35 @@ pub(crate) async fn register_agent(
         pool: pool.into(),
         created_at: now,
         last_seen_at: now,
+        version: None,
+        draining: false,
     })
+}
+
+/// `AgentStore::describe_agent`.
+pub(crate) async fn describe_agent(store: &SqlStore, agent_id: &str, version: &str) -> Result<()> {
+    store
+        .writer()
+        .await?
+        .sql("UPDATE agents SET version = $1 WHERE id = $2")
+        .bind(version)
+        .bind(agent_id)
+        .execute()
+        .await?;
+    Ok(())
+}
+
+/// `AgentStore::mark_draining`: only the agent's current session may say so.
+pub(crate) async fn mark_draining(store: &SqlStore, agent_id: &str, session_id: &str) -> Result<bool> {
+    let n = store
+        .writer()
+        .await?
+        .sql("UPDATE agents SET draining = 1 WHERE id = $1 AND session_id = $2")
+        .bind(agent_id)
+        .bind(session_id)
+        .execute()
+        .await?;
+    Ok(n > 0)
 }
 
 /// `AgentStore::get_agent`.

@@ -82,8 +82,8 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> R
                             )));
                         }
                         tx.sql(
-                            "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                            "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data, \
+                             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                         )
                         .bind(&chunk.job_id)
                         .bind(chunk.epoch)
@@ -93,6 +93,7 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> R
                         .bind(len)
                         .bind(&chunk.sha256)
                         .bind(&chunk.data)
+                        .bind(now)
                         .execute()
                         .await?;
                         // Advance the contiguous committed offset of this stream.
@@ -150,11 +151,13 @@ pub(crate) async fn log_chunks_after(
     after_id: i64,
     limit: u32,
 ) -> Result<Vec<LogChunkRecord>> {
-    let rows: Vec<(i64, i64, String, i64, Vec<u8>)> = store
+    /// (id, epoch, stream, byte_offset, data, created_at)
+    type Row = (i64, i64, String, i64, Vec<u8>, Option<i64>);
+    let rows: Vec<Row> = store
         .reader()
         .await?
         .sql(
-            "SELECT id, epoch, stream, byte_offset, data FROM log_chunks WHERE job_id = $1 AND id > $2 \
+            "SELECT id, epoch, stream, byte_offset, data, created_at FROM log_chunks WHERE job_id = $1 AND id > $2 \
              ORDER BY id LIMIT $3",
         )
         .bind(job_id)
@@ -164,7 +167,7 @@ pub(crate) async fn log_chunks_after(
         .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, epoch, stream, offset, data)| LogChunkRecord { id, epoch, stream, offset, data })
+        .map(|(id, epoch, stream, offset, data, at_ms)| LogChunkRecord { id, epoch, stream, offset, data, at_ms })
         .collect())
 }
 

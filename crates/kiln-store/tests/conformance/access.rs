@@ -119,3 +119,18 @@ pub async fn secrets_are_replaced_all_or_nothing<S: Store + 'static>(o: &Opener<
     let got = s.secret_values(&r.id, &names).await.unwrap();
     assert_eq!((got["A"].as_str(), got["B"].as_str()), ("a2", "b2"));
 }
+
+/// `GET /v1/agents` shows each agent's version and whether it drains; only
+/// the agent's current session may say it drains.
+pub async fn agents_record_their_version_and_draining<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let a = agent(s, "a", 1).await;
+    assert_eq!((a.version.as_deref(), a.draining), (None, false));
+    s.describe_agent(&a.id, "1.2.3").await.unwrap();
+    assert!(!s.mark_draining(&a.id, "another-session").await.unwrap());
+    assert!(!s.get_agent(&a.id).await.unwrap().draining);
+    assert!(s.mark_draining(&a.id, &a.session_id).await.unwrap());
+    let got = s.list_agents().await.unwrap().into_iter().find(|x| x.id == a.id).unwrap();
+    assert_eq!((got.version.as_deref(), got.draining), (Some("1.2.3"), true));
+}

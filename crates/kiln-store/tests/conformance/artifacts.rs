@@ -858,3 +858,91 @@ pub async fn bound_artifacts_expire_only_after_their_run_ended<S: Store + 'stati
     // The rows stay.
     assert_eq!(s.run_bindings(&run_id).await.unwrap().len(), 4);
 }
+
+/// Retry from the failed jobs (spec 000 §9, retry from job; `kiln retry RUN
+/// --failed`): the successful prefix is pinned in the acceptance
+/// transaction — `success` without an attempt, bound to the very
+/// generation its parent job bound — and the failed job and its
+/// descendants run again. Refused while the parent runs or when nothing
+/// in it failed.
+pub async fn retry_of_failed_jobs_pins_the_successful_prefix<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let wf = || {
+        let mut build = publishing("build", &[], &["jar"]);
+        build.outputs = vec!["version".into()];
+        workflow(vec![build, job("test", &["build"], 0), job("deploy", &["test"], 0)])
+    };
+    let (repo, parent) = start(s, wf()).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &parent, "build").await;
+    let test = job_id(s, &parent, "test").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let jar = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&jar.id, &build, 1).await.unwrap();
+
+    // While the parent runs, there is no final result to pin.
+    let retry_failed = |p: &str| NewRun {
+        parent_run_id: Some(p.to_string()),
+        pin_succeeded: true,
+        event: "retry".into(),
+        ..new_run(&repo.id, wf())
+    };
+    assert_conflict(s.accept_run(retry_failed(&parent)).await);
+
+    let with_version = CompletionInput { outputs: BTreeMap::from([("version".into(), "1.2.3".into())]), ..success() };
+    assert_eq!(s.complete(&build, 1, with_version).await.unwrap(), "success");
+    claim(s, &a, &test, LONG_TTL).await;
+    s.complete(&test, 1, failure(1)).await.unwrap();
+    let before = view(s, &parent).await;
+    assert_eq!(before.run.status, RunStatus::Failed);
+    assert_eq!(jv(&before, "deploy").job.status, JobStatus::Skipped);
+
+    let child = s.accept_run(retry_failed(&parent)).await.unwrap().run_id;
+    let v = view(s, &child).await;
+    assert_eq!(v.run.parent_run_id.as_deref(), Some(parent.as_str()));
+    assert_eq!(
+        statuses(&v),
+        [
+            ("build".into(), JobStatus::Success),
+            ("test".into(), JobStatus::Ready),
+            ("deploy".into(), JobStatus::Pending)
+        ]
+    );
+    let pinned = jv(&v, "build");
+    assert!(pinned.attempts.is_empty(), "a pinned job does not run: {:?}", pinned.attempts);
+    assert_eq!(pinned.job.current_epoch, 0);
+    assert!(pinned.job.message.as_deref().is_some_and(|m| m.contains("pinned") && m.contains(&parent)));
+    assert_eq!(pinned.job.finished_at, jv(&before, "build").job.finished_at);
+    // The same generation, bound to the retry's own job.
+    let bound = s.resolve_binding(&child, "build", "jar").await.unwrap();
+    assert_eq!((bound.generation.id.as_str(), bound.job_id.as_str()), (jar.id.as_str(), pinned.job.id.as_str()));
+    assert_eq!(bound.generation.expected_sha256, SHA);
+    let all = s.run_bindings(&child).await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].job_id, pinned.job.id);
+    // And the same outputs (issue 16), for the jobs that run again.
+    let outputs = s.run_outputs(&child).await.unwrap();
+    assert_eq!(outputs["build"], BTreeMap::from([("version".to_string(), "1.2.3".to_string())]));
+    // The parent's binding is untouched, and a generation bound twice is no garbage.
+    assert_eq!(s.resolve_binding(&parent, "build", "jar").await.unwrap().job_id, build);
+    assert!(!collectable(s, 0).await.contains(&jar.id));
+
+    // The failed job runs again (epoch 1 of the new job), then its descendants.
+    let test2 = jv(&v, "test").job.id.clone();
+    assert!(!pending_for(s, &test2).await.is_empty(), "the re-run job has its dispatch event");
+    claim(s, &a, &test2, LONG_TTL).await;
+    assert_eq!(s.complete(&test2, 1, success()).await.unwrap(), "success");
+    let deploy2 = job_id(s, &child, "deploy").await;
+    assert_eq!(job_status(s, &deploy2).await, JobStatus::Ready);
+    claim(s, &a, &deploy2, LONG_TTL).await;
+    assert_eq!(s.complete(&deploy2, 1, success()).await.unwrap(), "success");
+    assert_eq!(view(s, &child).await.run.status, RunStatus::Success);
+
+    // Nothing failed in the retry: nothing to retry from. A plain retry still works.
+    assert_conflict(s.accept_run(retry_failed(&child)).await);
+    let plain = NewRun { parent_run_id: Some(child.clone()), event: "retry".into(), ..new_run(&repo.id, wf()) };
+    let plain = s.accept_run(plain).await.unwrap().run_id;
+    assert_eq!(jv(&view(s, &plain).await, "build").job.status, JobStatus::Ready);
+    assert!(s.run_bindings(&plain).await.unwrap().is_empty());
+}

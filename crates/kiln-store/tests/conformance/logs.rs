@@ -118,6 +118,9 @@ pub async fn log_chunks_after_respects_the_cursor<S: Store + 'static>(o: &Opener
     let got: Vec<(&str, i64, &[u8])> = all.iter().map(|c| (c.stream.as_str(), c.offset, c.data.as_slice())).collect();
     assert_eq!(got, parts.to_vec(), "in acceptance order");
     assert!(all.iter().all(|c| c.epoch == 1));
+    // Each chunk keeps when it was committed (`kiln logs --timestamps`), in order.
+    let times: Vec<i64> = all.iter().map(|c| c.at_ms.expect("commit time")).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]) && times[0] > 1_700_000_000_000, "{times:?}");
 
     // Replay from a cursor, in pages.
     let page = s.log_chunks_after(&job, all[1].id, 2).await.unwrap();

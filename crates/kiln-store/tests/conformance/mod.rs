@@ -65,6 +65,7 @@ macro_rules! suite {
             access::agents_register_in_pools_and_removal_ends_their_leases,
             access::secret_pools_and_audit_log,
             access::secrets_are_replaced_all_or_nothing,
+            access::agents_record_their_version_and_draining,
             caches::cache_keys_bind_first_writer_wins_and_fenced_attempts_bind_nothing,
             caches::concurrent_saves_of_one_key_leave_one_binding,
             caches::prefix_lookups_find_the_most_recently_used_entry_of_a_namespace,
@@ -150,6 +151,7 @@ macro_rules! suite {
             outputs::outputs_bind_only_with_the_live_epochs_success,
             outputs::bound_outputs_decide_conditions_downstream,
             artifacts::bound_artifacts_expire_only_after_their_run_ended,
+            artifacts::retry_of_failed_jobs_pins_the_successful_prefix,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -272,6 +274,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         image_digests: BTreeMap::new(),
         actor: None,
         report_context: None,
+        pin_succeeded: false,
     }
 }
 

@@ -87,11 +87,13 @@ pub(super) async fn agents(cmd: AgentsCommand) -> CmdResult {
                 return Ok(exit::OK);
             }
             kiln_cmd::outln!(
-                "{:<20} {:<28} {:<8} {:<10} {:<12} {:<21} ID",
+                "{:<20} {:<28} {:<8} {:<10} {:<9} {:<10} {:<12} {:<21} ID",
                 "NAME",
                 "LABELS",
                 "JOBS",
                 "CONNECTED",
+                "DRAINING",
+                "VERSION",
                 "POOL",
                 "REGISTERED"
             );
@@ -100,11 +102,13 @@ pub(super) async fn agents(cmd: AgentsCommand) -> CmdResult {
                 kiln_cmd::outln!(
                     "{}",
                     crate::term::for_stdout(&format!(
-                        "{:<20} {:<28} {:<8} {:<10} {:<12} {:<21} {}",
+                        "{:<20} {:<28} {:<8} {:<10} {:<9} {:<10} {:<12} {:<21} {}",
                         a.name,
                         labels.join(","),
                         format!("{}/{}", a.running_jobs, a.max_jobs),
                         if a.connected { "yes" } else { "no" },
+                        if a.draining { "yes" } else { "no" },
+                        a.version.as_deref().unwrap_or("-"),
                         a.pool,
                         when(a.created_at_ms),
                         a.id

@@ -74,7 +74,7 @@ pub(super) async fn get(conn: &Conn, run: &str, job: &str, name: &str, output: &
     if let Some(f) = file {
         f.sync_all().map_err(|e| usage(e.to_string()))?;
         std::fs::rename(&tmp, output).map_err(|e| usage(format!("cannot write {}: {e}", output.display())))?;
-        eprintln!("{job}/{name} (epoch {}): {n} bytes, sha256 {sha} -> {}", d.epoch, output.display());
+        eprintln!("{job}/{name} (from attempt {}): {n} bytes, sha256 {sha} -> {}", d.epoch, output.display());
     }
     Ok(exit::OK)
 }

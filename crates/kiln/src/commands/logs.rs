@@ -1,7 +1,7 @@
 //! `kiln logs RUN [JOB] [--follow]`, and the log feed reader `kiln run --follow` shares:
 //! SSE events resumed with Last-Event-ID, so nothing is lost or repeated across reconnects.
 
-use super::shared::client;
+use super::shared::{client, now_ms, rfc3339_ms};
 use crate::cli::LogsArgs;
 use crate::term::{Sanitizer, for_stderr, for_stdout};
 use base64::Engine;
@@ -16,7 +16,7 @@ use std::time::Duration;
 pub(super) async fn run(a: LogsArgs) -> CmdResult {
     let c = client(&a.conn)?;
     if a.follow {
-        follow_run(&c, &a.run, a.job.as_deref(), Sink::Stdout).await?;
+        follow_run(&c, &a.run, a.job.as_deref(), Sink::Stdout, a.timestamps).await?;
         // The exit code is the result of what was followed: the job's with
         // JOB, else the run's (which may still be ending: wait for it).
         return Ok(match a.job.as_deref() {
@@ -32,7 +32,7 @@ pub(super) async fn run(a: LogsArgs) -> CmdResult {
     let jobs = select_jobs(&run, a.job.as_deref())?;
     for j in jobs {
         kiln_cmd::outln!("{}", for_stdout(&format!("── {} ──", j.name)));
-        stream_job(&c, &j.id, Sink::Stdout, j.status.is_terminal()).await?;
+        stream_job(&c, &j.id, Sink::Stdout, j.status.is_terminal(), a.timestamps).await?;
     }
     Ok(exit::OK)
 }
@@ -104,25 +104,64 @@ impl Sink {
     }
 }
 
-/// Stream logs of the run's jobs in order until each ends.
-pub(super) async fn follow_run(c: &Client, run_id: &str, only: Option<&str>, sink: Sink) -> Result<(), Failure> {
+/// Stream logs of the run's jobs in order until each ends; after each job,
+/// a line with its result, duration and attempt (on stderr, like the
+/// run's summary, so stdout stays the log).
+pub(super) async fn follow_run(
+    c: &Client,
+    run_id: &str,
+    only: Option<&str>,
+    sink: Sink,
+    timestamps: bool,
+) -> Result<(), Failure> {
     let run = c.get_run(run_id).await?;
     let jobs: Vec<_> = select_jobs(&run, only)?.into_iter().map(|j| (j.id.clone(), j.name.clone())).collect();
     for (id, name) in jobs {
         let header = format!("── {name} ──\n");
         sink.write(if sink.is_terminal() { crate::term::clean(&header) } else { header }.as_bytes());
-        stream_job(c, &id, sink, true).await?;
+        stream_job(c, &id, sink, true, timestamps).await?;
+        if let Ok(run) = c.get_run(run_id).await
+            && let Some(j) = run.jobs.iter().find(|j| j.id == id)
+        {
+            eprintln!("{}", for_stderr(&format!("── {name}: {}", super::shared::job_outcome(j, now_ms()))));
+        }
     }
     Ok(())
 }
 
+/// Prefixes each line of a stream with the time of its bytes
+/// (`--timestamps`): RFC 3339 in UTC, e.g. `2026-12-01T17:30:00.123Z `.
+#[derive(Default)]
+struct Stamper {
+    /// The next byte starts a line.
+    mid_line: bool,
+}
+
+impl Stamper {
+    fn feed(&mut self, at_ms: i64, bytes: &[u8], out: &mut Vec<u8>) {
+        for &b in bytes {
+            if !self.mid_line {
+                out.extend_from_slice(rfc3339_ms(at_ms).as_bytes());
+                out.push(b' ');
+                self.mid_line = true;
+            }
+            out.push(b);
+            if b == b'\n' {
+                self.mid_line = false;
+            }
+        }
+    }
+}
+
 /// Print a job's log events. Follows until the `end` event when `follow`,
 /// reconnecting with Last-Event-ID so nothing is lost or repeated.
-async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(), Failure> {
+async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool, timestamps: bool) -> Result<(), Failure> {
     let b64 = base64::engine::general_purpose::STANDARD;
     // On a terminal, one sanitizer per stream of each attempt (a sequence
     // may be split across chunks, never across streams).
     let mut sanitizers: Option<HashMap<(i64, String), Sanitizer>> = sink.is_terminal().then(HashMap::new);
+    // With --timestamps, one line state per stream of each attempt.
+    let mut stampers: Option<HashMap<(i64, String), Stamper>> = timestamps.then(HashMap::new);
     let mut last: Option<String> = None;
     let mut failures = 0;
     loop {
@@ -157,11 +196,23 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool) -> Result<(
                             if let Ok(le) = serde_json::from_str::<kiln_api::LogEvent>(&ev.data)
                                 && let Ok(bytes) = b64.decode(le.data.as_bytes())
                             {
-                                match &mut sanitizers {
-                                    None => sink.write(&bytes),
+                                let key = (le.epoch, le.stream.clone());
+                                let bytes = match &mut sanitizers {
+                                    None => bytes,
                                     Some(map) => {
                                         let mut out = Vec::with_capacity(bytes.len());
-                                        map.entry((le.epoch, le.stream.clone())).or_default().feed(&bytes, &mut out);
+                                        map.entry(key.clone()).or_default().feed(&bytes, &mut out);
+                                        out
+                                    }
+                                };
+                                match &mut stampers {
+                                    None => sink.write(&bytes),
+                                    Some(map) => {
+                                        // The server's commit time; from an older
+                                        // server, the time it arrived here.
+                                        let at = le.at_ms.unwrap_or_else(now_ms);
+                                        let mut out = Vec::with_capacity(bytes.len() + 32);
+                                        map.entry(key).or_default().feed(at, &bytes, &mut out);
                                         sink.write(&out);
                                     }
                                 }

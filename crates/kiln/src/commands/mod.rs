@@ -1,12 +1,15 @@
 //! Command implementations, one file per command; `shared` holds what
-//! several of them use. Modules here depend on `shared` (and `run` and
+//! several of them use, `profile` where the CLI's server and token come
+//! from. Modules here depend on `shared` and `profile` (and `run` and
 //! `wait` on `logs`), never on this file.
 
 mod access;
 mod agent;
 mod artifact;
 mod cancel;
+mod login;
 mod logs;
+mod profile;
 mod repo;
 mod retry;
 mod run;
@@ -35,6 +38,9 @@ pub async fn run(cli: Cli) -> i32 {
             access::agents(command.unwrap_or(crate::cli::AgentsCommand::Ls { json, conn })).await
         }
         Command::Audit(a) => access::audit(a).await,
+        Command::Login(a) => login::login(a).await,
+        Command::Logout { context } => login::logout(context),
+        Command::Context { command } => login::context(command),
         Command::Run(a) => run::run(a).await,
         Command::Runs(a) => runs::run(a).await,
         Command::Status(a) => status::run(a).await,

@@ -1,9 +1,8 @@
 //! `kiln run`: submit a run; with `--follow`, stream its logs and exit 0 only on success.
 
 use super::logs::{Sink, follow_run, result_code, wait_terminal};
-use super::shared::client;
+use super::shared::{client, print_summary, ui_url};
 use crate::cli::RunArgs;
-use crate::term::for_stderr;
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, usage};
 use std::collections::BTreeMap;
@@ -22,7 +21,10 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
         event: None,
     };
     let resp = c.submit_run(&a.repo, &body, a.idempotency_key.as_deref()).await?;
+    let url = ui_url(c.base_url(), &resp.run_id);
     if !a.follow {
+        // Standard output is the run id alone (scripts read it); the page is for people.
+        eprintln!("web UI: {url}");
         if a.json {
             let run = c.get_run(&resp.run_id).await?;
             kiln_cmd::outln!("{}", serde_json::to_string_pretty(&run).expect("json"));
@@ -31,9 +33,12 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
         }
         return Ok(exit::OK);
     }
+    // `run ID accepted` stays a line of its own: scripts read it.
     eprintln!("run {} accepted", resp.run_id);
+    eprintln!("web UI: {url}");
     // With --json, stdout carries only the final run object; logs go to stderr.
-    follow_run(&c, &resp.run_id, None, if a.json { Sink::Stderr } else { Sink::Stdout }).await?;
+    let sink = if a.json { Sink::Stderr } else { Sink::Stdout };
+    follow_run(&c, &resp.run_id, None, sink, a.timestamps).await?;
     let run = wait_terminal(&c, &resp.run_id).await?;
     if a.json {
         kiln_cmd::outln!("{}", serde_json::to_string_pretty(&run).expect("json"));
@@ -41,12 +46,4 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
         print_summary(&run);
     }
     Ok(result_code(&run))
-}
-
-fn print_summary(run: &kiln_api::Run) {
-    eprintln!("run {} {}", run.id, run.status);
-    for j in &run.jobs {
-        let msg = j.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
-        eprintln!("{}", for_stderr(&format!("  {:<24} {:<10} epoch {}{msg}", j.name, j.status, j.current_epoch)));
-    }
 }

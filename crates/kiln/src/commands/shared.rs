@@ -1,21 +1,49 @@
-//! What the commands share: the API client from `--server`/`--token`, and
+//! What the commands share: the API client from `--server`/`--token-file`
+//! (or the environment, the profile, a local `kiln up`: see `profile`), and
 //! waiting for SIGINT/SIGTERM. (The failure type and the embedded
 //! deployment are in kiln-cmd, shared with kiln-bench.)
 
+use super::profile;
 use crate::cli::{AgentTuning, Conn, ServerTuning, WebArgs};
+use crate::term::for_stderr;
 use kiln_api::Client;
 use kiln_cmd::{Failure, usage};
 
 pub(super) fn client(conn: &Conn) -> Result<Client, Failure> {
-    kiln_api::client::check_server_urls(&conn.server).map_err(usage)?;
-    let token = api_token(conn, std::env::var("KILN_TOKEN").ok())?;
-    Ok(Client::new(&conn.server, &token))
+    let r = resolve_conn(conn)?;
+    kiln_api::client::check_server_urls(&r.server).map_err(usage)?;
+    let Some(token) = r.token else {
+        return Err(usage(format!(
+            "no API token for {server}: run `kiln login {server}` (it reads the token from standard input or \
+             --token-file FILE), set KILN_TOKEN, or pass --token-file FILE (the server writes DATA_DIR/admin.token)",
+            server = r.server
+        )));
+    };
+    Ok(Client::new(&r.server, &token))
 }
 
-/// The API token from `KILN_TOKEN` or `--token-file`; never from argv.
-pub(super) fn api_token(conn: &Conn, env: Option<String>) -> Result<String, Failure> {
+/// The server and token of a client command: flags, then the environment,
+/// then the profile, then a running local `kiln up` (see `profile`).
+pub(super) fn resolve_conn(conn: &Conn) -> Result<profile::Resolved, Failure> {
+    let token = given_token(conn, std::env::var("KILN_TOKEN").ok())?;
+    let given = profile::Given { server: conn.server.clone(), token, context: conn.context.clone() };
+    let config = match profile::config_path() {
+        Ok(p) => p,
+        // Without HOME there is no profile: what was given must do.
+        Err(_) if given.server.is_some() && given.token.is_some() => std::path::PathBuf::new(),
+        Err(e) => return Err(e),
+    };
+    profile::resolve(given, &config, profile::discover)
+}
+
+/// The API token given by `--token-file` or `KILN_TOKEN` (trimmed), if
+/// any; never from argv.
+pub(super) fn given_token(conn: &Conn, env: Option<String>) -> Result<Option<String>, Failure> {
     let source = TokenSource { what: "API", env: "KILN_TOKEN", file: "admin.token" };
-    read_token(&source, conn.token.is_some(), conn.token_file.as_deref(), env)
+    if conn.token_file.is_none() && env.is_none() && conn.token.is_none() {
+        return Ok(None);
+    }
+    read_token(&source, conn.token.is_some(), conn.token_file.as_deref(), env).map(Some)
 }
 
 /// Where a command's token may come from (the messages name them).
@@ -64,11 +92,14 @@ pub(super) fn read_token(
 
 #[cfg(test)]
 mod token_tests {
-    use super::api_token;
     use crate::cli::Conn;
 
     fn conn(token: Option<&str>, file: Option<&std::path::Path>) -> Conn {
-        Conn { server: "http://127.0.0.1:7070".into(), token: token.map(Into::into), token_file: file.map(Into::into) }
+        Conn { server: None, context: None, token: token.map(Into::into), token_file: file.map(Into::into) }
+    }
+
+    fn api_token(conn: &Conn, env: Option<String>) -> Result<String, kiln_cmd::Failure> {
+        super::given_token(conn, env)?.ok_or_else(|| kiln_cmd::usage("no token: KILN_TOKEN"))
     }
 
     #[test]
@@ -234,6 +265,103 @@ pub(super) fn when(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// Milliseconds since the epoch as RFC 3339 in UTC with milliseconds,
+/// `2026-12-01T17:30:00.123Z` (what `--timestamps` prefixes lines with).
+pub(super) fn rfc3339_ms(ms: i64) -> String {
+    let day = when(ms);
+    let (date, time) = day.trim_end_matches('Z').split_once(' ').unwrap_or((&day, ""));
+    format!("{date}T{time}.{:03}Z", ms.rem_euclid(1000))
+}
+
+/// Now, in milliseconds since the epoch (this machine's clock).
+pub(super) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A duration for people: `850ms`, `12.3s`, `2m05s`, `1h02m`.
+pub(super) fn duration_text(ms: i64) -> String {
+    let ms = ms.max(0);
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// How long a job took (from the API's `started_at_ms`/`finished_at_ms`),
+/// or has been running (`running 12.3s`, by this machine's clock); `-`
+/// for a job that never started.
+pub(super) fn job_duration(j: &kiln_api::Job, now: i64) -> String {
+    match (j.started_at_ms, j.finished_at_ms) {
+        (Some(s), Some(f)) => duration_text(f - s),
+        (Some(s), None) => format!("{}…", duration_text(now - s)),
+        _ => "-".into(),
+    }
+}
+
+/// Which attempt a job is on, in words: `attempt 2 on local-2 (agent
+/// local-1 lost)`; earlier attempts say how they ended. Empty for a job
+/// that never had one. (Users read attempts; epochs are the protocol's.)
+pub(super) fn attempt_text(j: &kiln_api::Job) -> String {
+    use kiln_api::AttemptOutcome as O;
+    let Some(last) = j.attempts.last() else { return String::new() };
+    let earlier: Vec<String> = j.attempts[..j.attempts.len() - 1]
+        .iter()
+        .map(|a| match &a.outcome {
+            O::Lost => format!("agent {} lost", a.runner),
+            O::Failed => match a.exit_code {
+                Some(c) => format!("attempt {} failed with exit code {c} on {}", a.epoch, a.runner),
+                None => format!("attempt {} failed on {}", a.epoch, a.runner),
+            },
+            other => format!("attempt {} {other} on {}", a.epoch, a.runner),
+        })
+        .collect();
+    let mut text = format!("attempt {} on {}", last.epoch, last.runner);
+    if !earlier.is_empty() {
+        text.push_str(&format!(" ({})", earlier.join("; ")));
+    }
+    text
+}
+
+/// One job of a run for people: name, status, duration, attempt, message:
+/// `build   success   12.3s  attempt 2 on local-2 (agent local-1 lost)`.
+pub(super) fn job_line(j: &kiln_api::Job, now: i64) -> String {
+    let attempt = attempt_text(j);
+    let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
+    format!("  {:<24} {:<10} {:>8}  {attempt}{msg}", j.name, j.status.to_string(), job_duration(j, now))
+        .trim_end()
+        .to_string()
+}
+
+/// A finished run's summary on stderr: its result and duration, then a line per job.
+pub(super) fn print_summary(run: &kiln_api::Run) {
+    let took = run.finished_at_ms.map(|f| format!(" in {}", duration_text(f - run.created_at_ms))).unwrap_or_default();
+    eprintln!("run {} {}{took}", run.id, run.status);
+    let now = now_ms();
+    for j in &run.jobs {
+        eprintln!("{}", for_stderr(&job_line(j, now)));
+    }
+}
+
+/// How a job ended, after its log in `run --follow`/`logs --follow`:
+/// `success in 1.2s (attempt 2 on local-2 (agent local-1 lost))`.
+pub(super) fn job_outcome(j: &kiln_api::Job, now: i64) -> String {
+    let took = match job_duration(j, now).as_str() {
+        "-" => String::new(),
+        d => format!(" in {}", d.trim_end_matches('…')),
+    };
+    let notes: Vec<String> =
+        [attempt_text(j), j.message.clone().unwrap_or_default()].into_iter().filter(|s| !s.is_empty()).collect();
+    let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+    format!("{}{took}{notes}", j.status)
+}
+
+/// The run's page in the web UI (the UI routes by the URL's fragment).
+pub(super) fn ui_url(server: &str, run_id: &str) -> String {
+    format!("{}/#/runs/{run_id}", server.split(',').next().unwrap_or(server).trim().trim_end_matches('/'))
+}
+
 pub(super) async fn ctrl_c() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal");
     tokio::select! {
@@ -244,6 +372,16 @@ pub(super) async fn ctrl_c() {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_and_times_for_people() {
+        use super::{duration_text, rfc3339_ms};
+        assert_eq!(duration_text(850), "850ms");
+        assert_eq!(duration_text(12_345), "12.3s");
+        assert_eq!(duration_text(125_000), "2m05s");
+        assert_eq!(duration_text(3_720_000), "1h02m");
+        assert_eq!(rfc3339_ms(1_764_610_200_123), "2025-12-01T17:30:00.123Z");
+    }
+
     #[test]
     fn plain_http_is_refused_off_loopback_only() {
         let ok = |u: &str| super::check_transport(u, false).is_ok();

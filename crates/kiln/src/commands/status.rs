@@ -1,6 +1,6 @@
 //! `kiln status RUN`: a run's status and jobs.
 
-use super::shared::client;
+use super::shared::{client, job_line, now_ms, ui_url};
 use crate::cli::StatusArgs;
 use crate::term::for_stdout;
 use kiln_api::exit;
@@ -17,13 +17,16 @@ pub(super) async fn run(a: StatusArgs) -> CmdResult {
         let out = |s: String| kiln_cmd::outln!("{}", for_stdout(&s));
         out(format!("run {}  {}", run.id, run.status));
         out(format!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path));
+        if let Some(parent) = &run.parent_run_id {
+            out(format!("retry of {parent}"));
+        }
+        out(format!("web UI {}", ui_url(c.base_url(), &run.id)));
         if let Some(m) = &run.message {
             out(format!("message {m}"));
         }
+        let now = now_ms();
         for j in &run.jobs {
-            let runner = j.attempts.last().map(|a| a.runner.as_str()).unwrap_or("-");
-            let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
-            out(format!("  {:<24} {:<10} epoch {:<3} {runner}{msg}", j.name, j.status, j.current_epoch));
+            out(job_line(j, now));
         }
     }
     Ok(exit::OK)

@@ -1,5 +1,6 @@
 //! `kiln up`: a server and N local agents in one process on embedded defaults.
 
+use super::profile;
 use super::shared::{apply_agent_tuning, apply_server_tuning, apply_web, ctrl_c};
 use crate::cli::UpArgs;
 use kiln_api::exit;
@@ -30,11 +31,22 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
     })
     .await?;
     let url = handle.url();
+    let data_dir = std::path::absolute(&a.data_dir).unwrap_or_else(|_| a.data_dir.clone());
+    let recorded = record(&data_dir, &url);
     kiln_cmd::outln!("Kiln is up: server {url}, {} local agent(s), data in {}", a.agents, a.data_dir.display());
+    // The one command to run, for a shell of another user or machine; on
+    // this one the CLI finds this `kiln up` by itself (see `profile`).
+    kiln_cmd::outln!(
+        "kiln login {url} --token-file {}   # or nothing: the kiln CLI of this user finds this kiln up",
+        data_dir.join("admin.token").display()
+    );
     kiln_cmd::outln!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
     kiln_cmd::outln!("web UI: {url}/");
     let _ = std::io::stdout().flush();
     ctrl_c().await;
+    for f in recorded {
+        let _ = std::fs::remove_file(f);
+    }
     eprintln!("shutting down");
     let _ = stop.send(true);
     for t in tasks {
@@ -45,7 +57,38 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
 }
 
 /// The lock file of a data directory `kiln up` runs on.
-const LOCK_FILE: &str = "kiln-up.lock";
+const LOCK_FILE: &str = profile::UP_LOCK_FILE;
+
+/// Record this `kiln up` for the CLI to find (`profile::discover`):
+/// `DATA_DIR/kiln-up.json` and an entry under `$XDG_STATE_HOME/kiln/up/`.
+/// Both are valid only while the data directory's lock is held, so an
+/// entry left by a killed `kiln up` is ignored (and removed) by readers.
+/// Returns the files written, to remove at shutdown. Failing to record is
+/// no reason not to run: the CLI then needs `kiln login` or the environment.
+fn record(data_dir: &std::path::Path, url: &str) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let state = profile::UpState { pid: std::process::id(), url: url.to_string(), data_dir: data_dir.to_path_buf() };
+    let json = serde_json::to_vec_pretty(&state).expect("json");
+    let mut written = vec![];
+    let local = data_dir.join(profile::UP_STATE_FILE);
+    match std::fs::write(&local, &json) {
+        Ok(()) => written.push(local),
+        Err(e) => tracing::warn!("cannot write {}: {e}", local.display()),
+    }
+    if let Some(dir) = profile::up_registry() {
+        let entry = dir.join(format!("{}.json", std::process::id()));
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|()| std::fs::write(&entry, &json))
+        {
+            Ok(()) => written.push(entry),
+            Err(e) => tracing::warn!("cannot register this kiln up in {}: {e}", dir.display()),
+        }
+    }
+    written
+}
 
 /// Hold an exclusive lock on `DATA_DIR/kiln-up.lock` (with our pid in it)
 /// for as long as the returned value lives: a second `kiln up` on the same

@@ -45,7 +45,7 @@ async fn a_join_token_holder_cannot_act_on_another_agents_attempt() {
 
     let fake = Client::new(&server.url, &server.agent_token);
     let reg = fake
-        .register_agent(&RegisterAgent { name: "fake".into(), labels: Default::default(), max_jobs: 1 })
+        .register_agent(&RegisterAgent { name: "fake".into(), labels: Default::default(), max_jobs: 1, version: None })
         .await
         .expect("the join token registers");
     let as_fake = fake.with_token(&reg.credential);

@@ -115,13 +115,14 @@ async fn a_retry_keeps_the_frozen_run_and_its_trust() {
     let repo = env.pipeline("r", &["build"]).await;
     let parent = env.submit("r").await;
     repo.commit(&[(".kiln/pipeline.yaml", &workflow(&["other"]))], "change the pipeline").unwrap();
-    let child = acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), &parent).await.unwrap();
+    let child = acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), &parent, false).await.unwrap();
     let (p, c) = (env.state.store.get_run(&parent).await.unwrap(), env.state.store.get_run(&child).await.unwrap());
     assert_eq!(c.run.parent_run_id.as_deref(), Some(parent.as_str()));
     assert_eq!((c.run.commit_sha, c.run.workflow_hash), (p.run.commit_sha, p.run.workflow_hash));
     assert_eq!(c.jobs.iter().map(|j| j.job.name.as_str()).collect::<Vec<_>>(), ["build"]);
     assert_eq!((c.run.event.as_str(), c.run.trust.as_str()), ("retry", "trusted"));
-    let e = acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), "no-such-run").await.unwrap_err();
+    let e =
+        acceptance::retry(&env.state, &crate::auth::Principal::admin_file(), "no-such-run", false).await.unwrap_err();
     assert_eq!(e.status, StatusCode::NOT_FOUND);
 }
 

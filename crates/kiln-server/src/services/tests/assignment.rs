@@ -92,6 +92,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             image_digests: Default::default(),
             actor: None,
             report_context: None,
+            pin_succeeded: false,
         })
         .await
         .unwrap();
