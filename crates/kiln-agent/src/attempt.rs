@@ -154,6 +154,20 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         let ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs, &mut steps).await;
         let t_exec = t0.elapsed();
         let completion = decide(&a, ran, ctl.reason(), outputs).map(|c| Completion { steps, ..c });
+        // What the completion says reaches every reader of the run: mask
+        // the job's secrets in it as in its log (a step named after its
+        // command may hold one).
+        let completion = match crate::mask::Masker::new(a.secrets.values().map(String::as_str)) {
+            Some(m) => completion.map(|mut c| {
+                c.message = c.message.map(|t| m.mask_text(&t));
+                for s in &mut c.steps {
+                    s.name = m.mask_text(&s.name);
+                    s.message = s.message.as_deref().map(|t| m.mask_text(t));
+                }
+                c
+            }),
+            None => completion,
+        };
         logs.report_truncation();
         if let Some(c) = &completion {
             let mark = if c.outcome.is_success() { "✓" } else { "✗" };

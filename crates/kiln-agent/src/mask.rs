@@ -86,6 +86,14 @@ impl Masker {
         held.0 = buf;
     }
 
+    /// A whole text masked at once (a step's name or a failure message sent
+    /// with the completion: it ends up in the run API).
+    pub(crate) fn mask_text(&self, text: &str) -> String {
+        let mut out = Vec::with_capacity(text.len());
+        self.finish(&mut Held::from(text.as_bytes()), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
     /// The stream ended (or the step did): mask and release the held tail.
     pub(crate) fn finish(&self, held: &mut Held, out: &mut Vec<u8>) {
         let buf = std::mem::take(&mut held.0);
@@ -115,6 +123,13 @@ impl Masker {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn whole_texts_are_masked() {
+        let m = Masker::new(["s3cret-value"]).unwrap();
+        assert_eq!(m.mask_text("test \"$T\" = s3cret-value && echo ok"), "test \"$T\" = *** && echo ok");
+        assert_eq!(m.mask_text("no secret here"), "no secret here");
+    }
 
     fn mask_all(m: &Masker, parts: &[&[u8]]) -> Vec<u8> {
         let mut held = Held::default();
