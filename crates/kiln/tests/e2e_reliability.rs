@@ -212,6 +212,8 @@ jobs:
     let run = c.submit_run("drain", &body, None).await.unwrap().run_id;
     wait_for(Duration::from_secs(60), || logs(&run, "spot").contains("on-epoch-1").then_some(()))
         .expect("epoch 1 runs");
+    // The agent that takes the job over, started once `spot` holds it.
+    let _rescuer = s.agent("rescuer", &[]).unwrap();
     spot.signal("USR1");
     let done = wait_run(&c, &run, 60).await;
     assert_eq!(done.status, "success", "{}", spot.log());
