@@ -781,6 +781,20 @@ pub struct Completion {
     pub steps: Vec<StepResult>,
 }
 
+impl Completion {
+    /// A successful completion without outputs or step results (exit 0).
+    pub fn success() -> Completion {
+        Completion {
+            outcome: AttemptOutcome::Success,
+            exit_code: Some(0),
+            message: None,
+            infra_failure: false,
+            outputs: BTreeMap::new(),
+            steps: Vec::new(),
+        }
+    }
+}
+
 /// How one step of an attempt ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepResult {

@@ -66,14 +66,7 @@ async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
     let agent_api = Client::new(&server.url, &epoch_token(&server.data_dir(), &compile, 1));
     let hb = agent_api.heartbeat(&compile, 1).await.unwrap_err();
     assert!(hb.is_stale_epoch(), "{hb}");
-    let completion = kiln_api::Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let completion = kiln_api::Completion::success();
     assert!(agent_api.complete(&compile, 1, &completion).await.unwrap_err().is_stale_epoch());
     let chunk = kiln_api::LogChunk {
         stream: "stdout".into(),

@@ -155,14 +155,7 @@ async fn runner_vanishes_on_postgres_and_s3_with_a_replica_killed() {
     let token = kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(&compile, 1);
     let agent_api = Client::new(&b.url, &token);
     assert!(agent_api.heartbeat(&compile, 1).await.unwrap_err().is_stale_epoch());
-    let completion = kiln_api::Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let completion = kiln_api::Completion::success();
     assert!(agent_api.complete(&compile, 1, &completion).await.unwrap_err().is_stale_epoch());
     let up = kiln_api::CreateUpload { name: "app".into(), size: 1, sha256: Some("0".repeat(64)), kind: None };
     assert!(agent_api.create_upload(&compile, 1, &up).await.unwrap_err().is_stale_epoch());
@@ -314,14 +307,7 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
     // A repeated seal (lost response) answers the same.
     let again = agent.seal(&job, epoch, &gen_id, Some(&sha), parts).await.unwrap();
     assert_eq!(again.state, "sealed");
-    let done = kiln_api::Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let done = kiln_api::Completion::success();
     agent.complete(&job, epoch, &done).await.unwrap();
     // The attempt ended: no more part URLs for it.
     let second = agent.create_upload(&job, epoch, &up).await.unwrap_err();

@@ -13,14 +13,7 @@ async fn only_the_claiming_session_may_act_on_an_attempt() {
     let (run, _agent, a) = super::claimed(&app, &["build"]).await;
     let intruder = super::register(&app, "intruder", 1).await;
     let path = |what: &str| format!("/v1/jobs/{}/attempts/{}/{what}", a.job_id, a.epoch);
-    let done = api::Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let done = api::Completion::success();
     // The join token, another agent's session credential, its own session
     // credential used as if it were the attempt's, garbage: all refused.
     for (caller, want) in [

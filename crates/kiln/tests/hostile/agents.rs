@@ -49,14 +49,7 @@ async fn a_join_token_holder_cannot_act_on_another_agents_attempt() {
         .await
         .expect("the join token registers");
     let as_fake = fake.with_token(&reg.credential);
-    let done = Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let done = Completion::success();
     for client in [&fake, &as_fake] {
         let e = client.complete(&job, 1, &done).await.expect_err("not the holder");
         assert!(matches!(e.status(), Some(401 | 403)), "{e:?}");

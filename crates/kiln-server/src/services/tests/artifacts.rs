@@ -80,14 +80,7 @@ async fn upload_seal_bind_restore_download() {
     let run = a.run_id.as_str();
     let e = artifacts::get(&env.state, "http://kiln.test", (run, "compile", "app")).await.unwrap_err();
     assert_eq!(e.status, StatusCode::NOT_FOUND);
-    let ok = api::Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let ok = api::Completion::success();
     attempts::complete(&env.state, job, epoch, ok).await.unwrap();
     env.relay().await;
     let t = env.claim_now(&agent, "c2").await.unwrap();

@@ -34,8 +34,13 @@ impl Env {
         std::fs::create_dir_all(&data).expect("data dir");
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data.join("kiln.db")).await.expect("store"));
         let clock = Arc::new(ManualClock::new());
+        let mut config = ServerConfig::new(data.clone(), "kiln.test:80".into());
+        // These tests are about the protocol, not degradation: the level
+        // must not follow how full this machine's disk happens to be.
+        config.degradation =
+            kiln_core::degradation::Thresholds { storage_pct: [101.0, 101.0, 101.0], memory_bytes: [0, 0, 0] };
         let state = AppState::new(AppParts {
-            config: ServerConfig::new(data.clone(), "kiln.test:80".into()),
+            config,
             store,
             blob: kiln_blob::BlobStore::open_url("", &data.join("objects")).expect("blob store"),
             admin_token: "admin".into(),

@@ -53,14 +53,7 @@ async fn replay_after_a_cursor_then_end_and_the_same_after_archival() {
     attempts::append_log(&env.state, job, epoch, chunk("stdout", 0, 0, b"one\n")).await.unwrap();
     attempts::append_log(&env.state, job, epoch, chunk("stderr", 0, 0, b"two\n")).await.unwrap();
     attempts::append_log(&env.state, job, epoch, chunk("stdout", 1, 4, b"three\n")).await.unwrap();
-    let done = api::Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let done = api::Completion::success();
     assert_eq!(attempts::complete(&env.state, job, epoch, done).await.unwrap(), "success");
 
     let all = read_all(&env, job, 0).await;
@@ -109,14 +102,7 @@ async fn the_archive_masks_the_repositorys_secrets_in_a_trusted_runs_log() {
     let a = env.claim_now(&agent, "c1").await.unwrap();
     let (job, epoch) = (a.job_id.as_str(), a.epoch);
     attempts::append_log(&env.state, job, epoch, chunk("stdout", 0, 0, b"pass=hunter2-xyz!\n")).await.unwrap();
-    let done = api::Completion {
-        outcome: "success".into(),
-        exit_code: Some(0),
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let done = api::Completion::success();
     attempts::complete(&env.state, job, epoch, done).await.unwrap();
     env.clock.advance(env.state.config.log_archive_after + Duration::from_secs(1));
     assert_eq!(work::archive_once(&env.state).await.unwrap(), 1);
