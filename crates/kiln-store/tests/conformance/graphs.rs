@@ -203,14 +203,7 @@ pub async fn concurrency_cancel_in_progress<S: Store + 'static>(o: &Opener<S>) {
     assert_eq!(v1.run.status, RunStatus::Cancelling, "the running r1 is cancelled through the protocol");
     assert_eq!(status_of(s, &r2, "a").await, JobStatus::Pending, "r2 waits until r1 has stopped");
     assert!(s.heartbeat(&a1, c1.epoch, LONG_TTL).await.unwrap().cancel_requested);
-    let cancelled = CompletionInput {
-        outcome: AttemptOutcome::Cancelled,
-        exit_code: None,
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let cancelled = CompletionInput { outcome: AttemptOutcome::Cancelled, exit_code: None, ..success() };
     s.complete(&a1, c1.epoch, cancelled).await.unwrap();
     assert_eq!(view(s, &r1).await.run.status, RunStatus::Cancelled);
     assert_eq!(status_of(s, &r2, "a").await, JobStatus::Ready, "r1 stopped: r2 starts");
@@ -342,14 +335,7 @@ pub async fn job_concurrency_cancel_in_progress<S: Store + 'static>(o: &Opener<S
         s.heartbeat(&d1, c1.epoch, LONG_TTL).await.unwrap().cancel_requested,
         "the running deploy is asked to stop"
     );
-    let cancelled = CompletionInput {
-        outcome: AttemptOutcome::Cancelled,
-        exit_code: None,
-        message: None,
-        infra_failure: false,
-        outputs: Default::default(),
-        steps: Default::default(),
-    };
+    let cancelled = CompletionInput { outcome: AttemptOutcome::Cancelled, exit_code: None, ..success() };
     s.complete(&d1, c1.epoch, cancelled).await.unwrap();
     assert_eq!(job_status(s, &d1).await, JobStatus::Cancelled);
     assert_eq!(status_of(s, &r2, "deploy").await, JobStatus::Ready, "r1's deploy stopped: r2's starts");

@@ -33,14 +33,27 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
         }
         return Ok(exit::OK);
     }
+    follow_accepted(&c, &resp.run_id, &url, a.json, a.timestamps).await
+}
+
+/// `--follow` of a run just accepted (`kiln run`, `kiln retry`): its logs
+/// until it ends, then its summary (or, with `json`, the run object alone on
+/// standard output); exits with the run's result.
+pub(super) async fn follow_accepted(
+    c: &kiln_api::Client,
+    run_id: &str,
+    url: &str,
+    json: bool,
+    timestamps: bool,
+) -> CmdResult {
     // `run ID accepted` stays a line of its own: scripts read it.
-    eprintln!("run {} accepted", resp.run_id);
+    eprintln!("run {run_id} accepted");
     eprintln!("web UI: {url}");
     // With --json, stdout carries only the final run object; logs go to stderr.
-    let sink = if a.json { Sink::Stderr } else { Sink::Stdout };
-    follow_run(&c, &resp.run_id, None, sink, a.timestamps).await?;
-    let run = wait_terminal(&c, &resp.run_id).await?;
-    if a.json {
+    let sink = if json { Sink::Stderr } else { Sink::Stdout };
+    follow_run(c, run_id, None, sink, timestamps).await?;
+    let run = wait_terminal(c, run_id).await?;
+    if json {
         kiln_cmd::outln!("{}", serde_json::to_string_pretty(&run).expect("json"));
     } else {
         print_summary(&run);
