@@ -468,6 +468,10 @@ async fn prepare_image(
     logs: &LogStreamer,
 ) -> Result<String, Ran> {
     let infra = |e: EngineError| Ran::Infra(format!("cannot prepare the job's image: {e}"));
+    if let Some(why) = &a.image_error {
+        logs.system(&format!("✗ {why}"));
+        return Err(Ran::JobError(why.clone()));
+    }
     if let Some(build) = &a.image_build {
         if let Some(digest) = &a.image_digest {
             return match engine.local_image(digest).await.map_err(infra)? {

@@ -632,6 +632,7 @@ impl Harness {
             timeout_secs: None,
             image: None,
             image_digest: None,
+            image_error: None,
             image_build: None,
             size: None,
             publish: vec![],

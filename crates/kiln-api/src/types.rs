@@ -549,6 +549,11 @@ pub struct Assignment {
     /// acceptance; or of the image a previous attempt built from `image_build`.
     #[serde(default)]
     pub image_digest: Option<String>,
+    /// Why the job's `image` cannot be used (an image read from
+    /// `needs.<job>.outputs.*` that does not name a digest): the agent fails
+    /// the attempt with this message instead of running anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_error: Option<String>,
     /// `image.dockerfile` (+ `context`): built on the agent before any step.
     #[serde(default)]
     pub image_build: Option<ImageBuild>,

@@ -194,6 +194,7 @@ fn assignment() -> Assignment {
         timeout_secs: Some(600),
         image: Some("rust:1.94".into()),
         image_digest: Some("sha256:bb22".into()),
+        image_error: None,
         image_build: Some(ImageBuild { dockerfile: "ci/Dockerfile".into(), context: "ci".into() }),
         size: Some("large".into()),
         publish: vec![PublishSpec { name: "report".into(), path: "target/report.xml".into() }],

@@ -81,6 +81,11 @@ impl Resolver {
         let mut wanted: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
         for job in &wf.jobs {
             if let Some(Image::Ref { reference }) = &job.image {
+                if reference.contains("${{") {
+                    // Reads outputs: evaluated at claim, where it must name
+                    // an image by digest (`render_claimed_image`).
+                    continue;
+                }
                 let (os, arch) = platform(job);
                 wanted.entry((reference.clone(), os, arch)).or_default().push(job.name.clone());
             }

@@ -43,6 +43,7 @@ mod compose;
 mod diag;
 mod duration;
 mod expr;
+mod freeze;
 mod glob;
 mod model;
 mod parse;
@@ -58,6 +59,7 @@ pub use expr::{
     ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, output_name_ok, render_group,
     step_gate,
 };
+pub use freeze::render_claimed_image;
 pub use glob::glob_match;
 
 /// Whether an artifact `path` is a glob pattern (it has `*`, `?` or `[`)

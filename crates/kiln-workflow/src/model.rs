@@ -232,6 +232,11 @@ pub struct Job {
     /// Job timeout in seconds (`timeout: 30m`, `90s`, `1h`, or a number of seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// `timeout: ${{ … }}` as written: evaluated over the run's data when
+    /// the run is accepted ([`Workflow::render_accepted`]), which sets
+    /// `timeout_secs` and clears this. Never set in a frozen definition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_expr: Option<String>,
     /// How many extra attempts a deterministic failure (non-zero exit) gets. 0 by default.
     #[serde(default)]
     pub retry: u32,

@@ -212,9 +212,28 @@ impl Ctx {
         any
     }
 
-    /// Refuse `${{ }}` other than matrix references where expressions are
-    /// not evaluated (yet).
-    fn no_exprs(&mut self, pos: Pos, text: &str, subject: &str) {
+    /// [`Ctx::exprs`] for text decided when the run is accepted (`runs-on`,
+    /// `timeout`): over the run's frozen data only, since no job has
+    /// outputs yet.
+    fn run_exprs(&mut self, pos: Pos, text: &str, subject: &str) -> bool {
+        if let Some((job, output)) = template_output_refs(text).into_iter().next() {
+            self.err(
+                pos,
+                format!(
+                    "{subject} uses `needs.{}.outputs.{}`, but it is decided when the run is accepted, before any \
+                     job has outputs; outputs can be read in `env`, `if:`, `image` and steps",
+                    show(&job),
+                    show(&output)
+                ),
+            );
+            return false;
+        }
+        self.exprs(pos, text, subject)
+    }
+
+    /// A job's name is its identity: refuse `${{ }}` other than matrix
+    /// references in it.
+    fn no_name_exprs(&mut self, pos: Pos, text: &str, subject: &str) {
         let Ok(segs) = segments(text) else { return };
         for seg in segs {
             if let crate::expr::Segment::Expr { inner, .. } = seg
@@ -223,7 +242,9 @@ impl Ctx {
                 self.err(
                     pos,
                     format!(
-                        "{subject} uses `${{{{{}}}}}`; expressions are not evaluated here (only in `env`, `if`, a step's `name` and `run`, and concurrency groups)",
+                        "{subject} uses `${{{{{}}}}}`; a job's name is its identity (`needs`, artifacts and outputs \
+                         refer to it), so it is fixed in the file: only `${{{{ matrix.<key> }}}}` is filled in; put \
+                         the value in a step's `name` instead",
                         show(inner)
                     ),
                 );
@@ -634,7 +655,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
             if let Some(text) = as_nonempty_text(ctx, &e.value, &subject, "a job name")
                 && check_name(ctx, &e.value, text, "job name")
             {
-                ctx.no_exprs(e.value.pos, text, &subject);
+                ctx.no_name_exprs(e.value.pos, text, &subject);
                 name = Some((text.to_string(), e.value.pos));
             }
         }
@@ -677,7 +698,8 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let job_concurrency = get(entries, "concurrency").and_then(|e| concurrency(ctx, &label, &e.value));
     let cache = get(entries, "cache").and_then(|e| cache(ctx, &label, &e.value));
     let (publish, restore) = get(entries, "artifacts").map(|e| artifacts(ctx, &label, &e.value)).unwrap_or_default();
-    let timeout_secs = get(entries, "timeout").and_then(|e| timeout(ctx, &label, &e.value));
+    let (timeout_secs, timeout_expr) =
+        get(entries, "timeout").map(|e| timeout(ctx, &label, &e.value)).unwrap_or_default();
     let retry = get(entries, "retry").and_then(|e| retry(ctx, &label, &e.value)).unwrap_or(0);
     let runs_on = get(entries, "runs-on").and_then(|e| runs_on(ctx, &label, &e.value)).unwrap_or_default();
     let own_env = get(entries, "env").and_then(|e| env(ctx, &label, &e.value)).unwrap_or_default();
@@ -705,6 +727,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         secrets,
         id_token,
         timeout_secs,
+        timeout_expr,
         retry,
         runs_on,
         matrix: None,
@@ -833,7 +856,7 @@ fn step(ctx: &mut Ctx, subject: &str, pos: Pos, entries: &[Entry], defaults: &De
     };
     let timeout_secs = match get(entries, "timeout") {
         None => Some(None),
-        Some(e) => timeout(ctx, subject, &e.value).map(Some),
+        Some(e) => step_timeout(ctx, subject, &e.value).map(Some),
     };
     let continue_on_error = match get(entries, "continue-on-error") {
         None => Some(false),
@@ -1037,8 +1060,10 @@ fn image(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Image> {
     let expected = "an image reference or a map with `ref` or `dockerfile`";
     let check_ref = |ctx: &mut Ctx, n: &Node, text: &str| {
         if text.contains("${{") {
-            ctx.no_exprs(n.pos, text, &format!("the image reference of {label}"));
-            false
+            // Evaluated at acceptance over the run's data, or at claim when
+            // it reads outputs (then it must name an image by digest).
+            ctx.exprs(n.pos, text, &format!("the image reference of {label}"));
+            true
         } else if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
             ctx.err(
                 n.pos,
@@ -1442,9 +1467,33 @@ fn expire_in(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<u64> {
     duration_secs(ctx, &subject, node, MAX_EXPIRE_IN_SECS, "3650d")
 }
 
-fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u64> {
+/// A step's `timeout`: a plain duration (its job's `timeout` may be a
+/// template).
+fn step_timeout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u64> {
     let subject = format!("`timeout` of {label}");
+    if let Value::Scalar(s) = &node.value
+        && s.text.contains("${{")
+    {
+        ctx.err(node.pos, format!("{subject} uses `${{{{ }}}}`; a step's timeout is a plain duration (the job's `timeout` may use expressions)"));
+        return None;
+    }
     duration_secs(ctx, &subject, node, MAX_TIMEOUT_SECS, "7d")
+}
+
+/// A job's `timeout`: seconds, or a `${{ }}` template evaluated when the
+/// run is accepted (returned as the second part).
+fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> (Option<u64>, Option<String>) {
+    let subject = format!("`timeout` of {label}");
+    if let Value::Scalar(s) = &node.value
+        && s.kind() == ScalarKind::Str
+        && s.text.contains("${{")
+    {
+        // Checked here; its value (also after matrix substitution) is
+        // checked as a duration when the run is accepted.
+        ctx.run_exprs(node.pos, &s.text, &subject);
+        return (None, Some(s.text.clone()));
+    }
+    (duration_secs(ctx, &subject, node, MAX_TIMEOUT_SECS, "7d"), None)
 }
 
 /// A positive duration in whole seconds, at most `max` (written `max_text`
@@ -1521,8 +1570,7 @@ fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, S
     let expected = "a map of agent labels (e.g. `{os: linux}`) or an OS name";
     if let Value::Scalar(_) = node.value {
         let os = as_nonempty_text(ctx, node, &subject, expected)?;
-        ctx.matrix_refs(node.pos, os, &subject);
-        ctx.no_exprs(node.pos, os, &subject);
+        ctx.run_exprs(node.pos, os, &subject);
         return Some(BTreeMap::from([("os".to_string(), os.to_string())]));
     }
     let entries = as_map(ctx, node, &subject, expected)?;
@@ -1536,8 +1584,7 @@ fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, S
         }
         match as_nonempty_text(ctx, &e.value, &format!("label `{}` in {subject}", show(&e.key)), "a string") {
             Some(v) => {
-                ctx.matrix_refs(e.value.pos, v, &format!("label `{}` in {subject}", show(&e.key)));
-                ctx.no_exprs(e.value.pos, v, &format!("label `{}` in {subject}", show(&e.key)));
+                ctx.run_exprs(e.value.pos, v, &format!("label `{}` in {subject}", show(&e.key)));
                 out.insert(e.key.clone(), v.to_string());
             }
             None => ok = false,
@@ -2069,8 +2116,11 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                             *v = substitute(v, values);
                         }
                     }
-                    for v in job.env.values_mut().chain(job.runs_on.values_mut()) {
+                    for v in job.env.values_mut().chain(job.runs_on.values_mut()).chain(job.timeout_expr.iter_mut()) {
                         *v = substitute(v, values);
+                    }
+                    if let Some(Image::Ref { reference }) = &mut job.image {
+                        *reference = substitute(reference, values);
                     }
                     for (k, v) in values {
                         job.env.insert(matrix_env_name(k), v.clone());

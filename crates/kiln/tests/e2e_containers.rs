@@ -615,3 +615,96 @@ async fn services_of_a_killed_agent_are_reaped_when_it_restarts() {
     let net = format!("kiln-{job}-1");
     assert!(wait_for(Duration::from_secs(30), || (networks_named(&net) == 0).then_some(())).is_some(), "{net} reaped");
 }
+
+/// `${{ }}` in a job's `image`, `runs-on` and `timeout` (issue 16): from
+/// the run's inputs they are evaluated when the run is accepted (the image
+/// pinned like a literal one, a bad value refused with 422 and nothing
+/// stored); from `needs.<job>.outputs.*` the image is evaluated at claim
+/// and must name a digest, or the job fails saying so without running.
+#[tokio::test(flavor = "multi_thread")]
+async fn image_runs_on_and_timeout_from_inputs_and_outputs() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-exprs"]);
+    let reg = registry();
+    let base_digest = registry_digest("kiln-test/base");
+    let tool_digest = registry_digest("kiln-test/tool");
+    let wf = format!(
+        r#"version: 1
+on: {{manual: {{}}}}
+inputs:
+  img: {{type: string, default: "{reg}/kiln-test/base:latest"}}
+  os: {{type: string, default: linux}}
+  limit: {{type: string, default: 10m}}
+jobs:
+  - name: pick
+    image: "${{{{ inputs.img }}}}"
+    runs-on: {{os: "${{{{ inputs.os }}}}"}}
+    timeout: ${{{{ inputs.limit }}}}
+    outputs: [image, tagged]
+    steps:
+      - if command -v kiln-tool; then exit 9; fi
+      - echo "image={reg}/kiln-test/tool@{tool_digest}" >> "$KILN_OUTPUT"
+      - echo "tagged={reg}/kiln-test/tool:latest" >> "$KILN_OUTPUT"
+  - name: use
+    needs: [pick]
+    runs-on: {{os: linux}}
+    image: "${{{{ needs.pick.outputs.image }}}}"
+    steps:
+      - command -v kiln-tool && echo "has the tool"
+  - name: unpinned
+    needs: [pick]
+    runs-on: {{os: linux}}
+    image: "${{{{ needs.pick.outputs.tagged }}}}"
+    steps:
+      - echo "must not run"
+"#
+    );
+    let s = server();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    s.add_repo("exprs", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let submit = |inputs: &[(&str, &str)]| SubmitRun {
+        commit_sha: "main".into(),
+        inputs: inputs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+
+    // A value that is no duration (or an empty label) is refused at acceptance.
+    for (inputs, want) in [
+        (vec![("limit", "soon")], "`timeout` of job `pick` is `soon`"),
+        (vec![("os", "")], "label `os` in `runs-on` of job `pick` is empty"),
+    ] {
+        let err = c.submit_run("exprs", &submit(&inputs), None).await.unwrap_err();
+        assert_eq!(err.status(), Some(422), "{err}");
+        assert!(err.to_string().contains(want), "{err}");
+    }
+    assert!(c.list_runs("exprs", None, None).await.unwrap().runs.is_empty(), "nothing stored");
+
+    // `runs-on` from an input: no agent has `os: plan9`, and the job says so.
+    let waiting = c.submit_run("exprs", &submit(&[("os", "plan9")]), None).await.unwrap();
+    let _agent = container_agent(&s, "ctr-exprs", &["--labels", "os=linux"]);
+    let w = until(&c, &waiting.run_id, 30, "the waiting job's message", |r| {
+        r.jobs[0].message.as_deref().is_some_and(|m| m.contains("os: plan9"))
+    })
+    .await;
+    assert_eq!(w.jobs[0].status, "ready", "{w:#?}");
+    c.cancel_run(&waiting.run_id).await.unwrap();
+
+    let run = c.submit_run("exprs", &submit(&[]), None).await.unwrap();
+    let r = c.get_run(&run.run_id).await.unwrap();
+    assert_eq!(r.jobs[0].image_digest.as_deref(), Some(base_digest.as_str()), "the input's image pinned at acceptance");
+    let done = wait_run(&c, &run.run_id, 180).await;
+    assert_eq!(done.status, "failed", "{done:#?}");
+    let job = |n: &str| done.jobs.iter().find(|j| j.name == n).unwrap();
+    assert_eq!(job("pick").status, "success", "{}", logs(&s, &run.run_id, "pick"));
+    assert_eq!(job("use").status, "success", "{}", logs(&s, &run.run_id, "use"));
+    assert!(logs(&s, &run.run_id, "use").contains("has the tool"));
+    let unpinned = job("unpinned");
+    assert_eq!(unpinned.status, "failed");
+    let m = unpinned.message.clone().unwrap_or_default();
+    assert!(m.contains("does not name an image by digest"), "{m}");
+    assert!(!logs(&s, &run.run_id, "unpinned").contains("must not run"));
+    assert_eq!(unpinned.attempts.len(), 1, "a refused image is the job's own failure, not retried as infra");
+}

@@ -91,6 +91,8 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     check_secrets(state, &repo, &workflow, &workflow_path).await?;
     let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
+    render_accepted(&mut workflow, &event, git_ref.as_deref(), &inputs)
+        .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
     limits::job_timeouts(&mut workflow, state.config.job_timeout, state.config.max_job_timeout)
         .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
     limits::artifact_expiry(&mut workflow, state.config.artifact_expire_in);
@@ -295,6 +297,18 @@ pub(crate) async fn check_secrets(state: &AppState, repo: &RepoRecord, wf: &Work
         missing.join(", "),
         repo.name
     )))
+}
+
+/// Evaluate the jobs' `runs-on`, `timeout` and `image` templates over the
+/// run's data (spec 000 §5: the frozen definition holds their values).
+pub(crate) fn render_accepted(
+    wf: &mut Workflow,
+    event: &str,
+    git_ref: Option<&str>,
+    inputs: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    let ctx = wf.expr_context(event, git_ref, inputs);
+    wf.render_accepted(&ctx)
 }
 
 /// Render the workflow's run-level concurrency group for this trigger.

@@ -26,6 +26,20 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
     for (k, v) in &c.run.inputs {
         env.insert(format!("KILN_INPUT_{}", input_var(k)), v.clone());
     }
+    // An image read from outputs is evaluated now, from the outputs bound
+    // by the needs' completions; everything else was pinned at acceptance.
+    let mut image = def.image.as_ref().and_then(|i| match i {
+        Image::Ref { reference } => Some(reference.clone()),
+        Image::Dockerfile { .. } => None,
+    });
+    let mut image_digest = c.job.image_digest.clone();
+    let mut image_error = None;
+    if let Some(reference) = image.clone().filter(|r| r.contains("${{")) {
+        match kiln_workflow::render_claimed_image(&reference, &ctx) {
+            Ok((r, d)) => (image, image_digest) = (Some(r), Some(d)),
+            Err(e) => image_error = Some(e),
+        }
+    }
     api::Assignment {
         run_id: c.run.id.clone(),
         job_id: c.job.id.clone(),
@@ -37,11 +51,9 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
         steps: def.steps.iter().map(|s| step(s, &ctx)).collect(),
         env,
         timeout_secs: def.timeout_secs,
-        image: def.image.as_ref().and_then(|i| match i {
-            Image::Ref { reference } => Some(reference.clone()),
-            Image::Dockerfile { .. } => None,
-        }),
-        image_digest: c.job.image_digest.clone(),
+        image,
+        image_digest,
+        image_error,
         image_build: def.image.as_ref().and_then(|i| match i {
             Image::Dockerfile { path, context } => {
                 Some(api::ImageBuild { dockerfile: path.clone(), context: context.clone() })

@@ -183,6 +183,10 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 continue;
             }
         };
+        if let Err(e) = crate::services::acceptance::render_accepted(&mut wf, kind, Some(&git_ref), &inputs) {
+            refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;
+            continue;
+        }
         limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
         if let Err(e) = limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout) {
             refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;

@@ -109,6 +109,8 @@ async fn fire(
     crate::services::acceptance::admit(state, wf).map_err(|e| e.message)?;
     let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs)?;
     let mut wf = wf.clone();
+    crate::services::acceptance::render_accepted(&mut wf, "schedule", Some(&git_ref), &inputs)
+        .map_err(|e| format!("{path}: {e}"))?;
     crate::services::limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout)?;
     crate::services::limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
     let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
