@@ -29,6 +29,18 @@ e.g. `info`, `debug`, `kiln_server=debug,sqlx=warn`; default `info` for up/serve
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How diagnostic log lines on stderr are written: `text` (for people) or `json` (one
+    /// object per line with `timestamp`, `level`, `target`, `fields` and the spans, for a log
+    /// pipeline). Or set KILN_LOG_FORMAT. Filter with KILN_LOG (e.g. `info,kiln_server=debug`).
+    #[arg(long, env = "KILN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args, Debug, Clone)]

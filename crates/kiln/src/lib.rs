@@ -29,7 +29,11 @@ pub fn main_entry() -> i32 {
     });
     // Colours only on a terminal (a redirected log stays plain text), and never with NO_COLOR.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        cli::LogFormat::Text => logs.with_ansi(ansi).init(),
+        cli::LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     rt.block_on(commands::run(cli))
 }

@@ -381,3 +381,31 @@ async fn bundled_example_pipeline_hands_off_its_artifact() {
     assert!(logs.contains(&format!("testing {sha}  inputs/app.jar")), "{logs}");
     assert!(logs.contains("ok - the published app greets"), "{logs}");
 }
+
+/// `--log-format json` (issue 19): every line the server and its agents
+/// write to stderr is one JSON object with a level and a message, and the
+/// lines about a job carry its id and epoch as fields.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_are_one_object_per_line() {
+    let repo = two_job_repo();
+    let up = KilnUp::start_with(BIN.as_ref(), 1, &["--log-format", "json"]).unwrap();
+    add_repo(&up, "json", &repo);
+    let c = Client::new(&up.url, &up.token);
+    let run = c.submit_run("json", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    assert_eq!(wait_run(&c, &run.run_id).await.status, "success");
+    let log = up.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines.len() > 3, "{log}");
+    for l in &lines {
+        assert!(l["level"].is_string() && l["fields"]["message"].is_string(), "{l}");
+    }
+    let completed = lines.iter().find(|l| l["fields"]["message"] == "completed").unwrap_or_else(|| panic!("{log}"));
+    assert!(completed["fields"]["job"].is_string() && completed["fields"]["epoch"] == 1, "{completed}");
+    // Nothing but JSON on stderr besides what the CLI prints for people.
+    let text: Vec<&str> = log.lines().filter(|l| l.contains(" INFO ") || l.contains(" WARN ")).collect();
+    assert!(text.is_empty(), "text log lines: {text:?}");
+}
