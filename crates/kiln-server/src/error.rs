@@ -69,13 +69,16 @@ impl IntoResponse for ApiErr {
         if self.status.is_server_error() {
             tracing::warn!(code = self.code, "{}", self.message);
         }
+        let code = crate::metrics::ErrorCode(self.code);
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
-        match self.retry_after {
+        let mut res = match self.retry_after {
             Some(secs) => {
                 (self.status, [(axum::http::header::RETRY_AFTER, secs.to_string())], Json(body)).into_response()
             }
             None => (self.status, Json(body)).into_response(),
-        }
+        };
+        res.extensions_mut().insert(code);
+        res
     }
 }
 

@@ -22,6 +22,7 @@ mod handlers;
 mod images;
 mod log_index;
 mod loops;
+pub mod metrics;
 pub mod oidc;
 mod resources;
 mod router;

@@ -84,5 +84,6 @@ pub(crate) fn router(state: State) -> Router {
         .merge(data)
         .merge(hooks)
         .layer(middleware::from_fn_with_state(state.clone(), security::headers))
+        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::layer))
         .with_state(state)
 }

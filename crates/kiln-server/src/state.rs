@@ -73,6 +73,8 @@ pub(crate) struct AppState {
     pub instance_id: String,
     /// Counters of the build caches.
     pub cache_counts: CacheCounts,
+    /// Series of `/metrics` kept with the prometheus crate.
+    pub metrics: crate::metrics::Metrics,
     /// Agents whose session stream is open to this server.
     pub live_agents: LiveAgents,
     /// Disk and memory, and the degradation level they give.
@@ -124,6 +126,7 @@ impl AppState {
             schedule_indexes: Default::default(),
             instance_id: uuid::Uuid::new_v4().to_string(),
             cache_counts: Default::default(),
+            metrics: Default::default(),
             live_agents: Default::default(),
             resources,
         })

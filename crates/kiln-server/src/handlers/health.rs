@@ -110,6 +110,7 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
         sample.and_then(|s| s.memory_available_bytes).unwrap_or(0),
         state.resources.refused.load(Relaxed),
     );
+    let body = body + &state.metrics.encode();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }
 

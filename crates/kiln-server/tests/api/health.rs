@@ -98,3 +98,34 @@ async fn job_timeouts_default_and_maximum() {
     let (_run, _agent, a) = super::claimed(&app, &["a"]).await;
     assert_eq!(a.timeout_secs, Some(600), "the server's default");
 }
+
+/// Issue 19: request durations by route pattern (ids never make series)
+/// and stale-result rejections, counted exactly.
+#[tokio::test]
+async fn metrics_count_requests_by_route_and_stale_results() {
+    let app = TestApp::new().await;
+    let scrape = |text: &str, series: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse::<f64>().ok()))
+            .map_or(0, |v| v as u64)
+    };
+    let healthz = "kiln_http_request_duration_seconds_count{method=\"GET\",route=\"/healthz\",status=\"200\"}";
+    let stale = "kiln_stale_results_rejected_total";
+    let before = app.anonymous().get("/metrics").send().await.text();
+    for _ in 0..3 {
+        app.anonymous().get("/healthz").send().await.assert_status(StatusCode::OK);
+    }
+    let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
+    super::complete(&app, &a, "success").await.assert_status(StatusCode::OK);
+    for _ in 0..2 {
+        let hb = app.holder(&a).post(&format!("/v1/jobs/{}/attempts/1/heartbeat", a.job_id)).send().await;
+        hb.assert_status(StatusCode::CONFLICT);
+    }
+    let after = app.anonymous().get("/metrics").send().await.text();
+    assert_eq!(scrape(&after, healthz) - scrape(&before, healthz), 3, "{after}");
+    assert_eq!(scrape(&after, stale) - scrape(&before, stale), 2, "{after}");
+    // The route is the pattern, not the job's id.
+    assert!(after.contains("route=\"/v1/jobs/{job}/attempts/{epoch}/heartbeat\""), "{after}");
+    assert!(!after.contains(&a.job_id), "ids never label a series");
+    assert!(after.contains("# TYPE kiln_http_request_duration_seconds histogram"));
+}

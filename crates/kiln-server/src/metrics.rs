@@ -1,0 +1,69 @@
+//! Series kept with the `prometheus` crate (spec 000 §15, issue 19): HTTP
+//! request durations by route and stale-result rejections. The older hand-written series of `/metrics` stay beside them
+//! until they move here.
+
+use axum::extract::{MatchedPath, Request, State as S};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, Registry, TextEncoder};
+use std::time::Instant;
+
+/// The error code of an API error answer, set by `ApiErr` on its response
+/// so the metrics layer can count rejections by kind.
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorCode(pub &'static str);
+
+pub struct Metrics {
+    registry: Registry,
+    http: HistogramVec,
+    stale: IntCounter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let registry = Registry::new();
+        let http = HistogramVec::new(
+            HistogramOpts::new("kiln_http_request_duration_seconds", "HTTP requests by route, method and status.")
+                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]),
+            &["route", "method", "status"],
+        )
+        .expect("valid histogram");
+        let stale = IntCounter::new(
+            "kiln_stale_results_rejected_total",
+            "Calls of an attempt that no longer owns its job (stale epoch), refused.",
+        )
+        .expect("valid counter");
+        registry.register(Box::new(http.clone())).expect("unique metric");
+        registry.register(Box::new(stale.clone())).expect("unique metric");
+        Metrics { registry, http, stale }
+    }
+}
+
+impl Metrics {
+    /// The text exposition of these series.
+    pub fn encode(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail on I/O; a malformed family would
+        // be a bug caught by the tests.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Time every request and count stale-epoch refusals. The route is the
+/// matched pattern (`/v1/jobs/{job}/…`), never the raw path, so ids do not
+/// make new series; unmatched paths are `other`.
+pub(crate) async fn layer(S(state): S<crate::state::State>, req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_string();
+    let method = req.method().as_str().to_string();
+    let started = Instant::now();
+    let res = next.run(req).await;
+    let m = &state.metrics;
+    m.http
+        .with_label_values(&[route.as_str(), method.as_str(), res.status().as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    if res.extensions().get::<ErrorCode>().is_some_and(|c| c.0 == kiln_api::codes::STALE_EPOCH) {
+        m.stale.inc();
+    }
+    res
+}
