@@ -1,11 +1,14 @@
 //! Series kept with the `prometheus` crate (spec 000 §15, issue 19): HTTP
-//! request durations by route and stale-result rejections. The older hand-written series of `/metrics` stay beside them
+//! request durations by route, stale-result rejections, jobs by status and
+//! connected agents. The older hand-written series of `/metrics` stay beside them
 //! until they move here.
 
 use axum::extract::{MatchedPath, Request, State as S};
 use axum::middleware::Next;
 use axum::response::Response;
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, Registry, TextEncoder};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 use std::time::Instant;
 
 /// The error code of an API error answer, set by `ApiErr` on its response
@@ -17,6 +20,9 @@ pub struct Metrics {
     registry: Registry,
     http: HistogramVec,
     stale: IntCounter,
+    /// Set at each scrape.
+    pub jobs: IntGaugeVec,
+    pub agents_connected: IntGauge,
 }
 
 impl Default for Metrics {
@@ -33,9 +39,19 @@ impl Default for Metrics {
             "Calls of an attempt that no longer owns its job (stale epoch), refused.",
         )
         .expect("valid counter");
+        let jobs = IntGaugeVec::new(
+            Opts::new("kiln_jobs", "Jobs not yet finished, by status (pending, ready, running)."),
+            &["status"],
+        )
+        .expect("valid gauge");
+        let agents_connected =
+            IntGauge::new("kiln_agents_connected", "Agents whose session stream is open on this server process.")
+                .expect("valid gauge");
         registry.register(Box::new(http.clone())).expect("unique metric");
         registry.register(Box::new(stale.clone())).expect("unique metric");
-        Metrics { registry, http, stale }
+        registry.register(Box::new(jobs.clone())).expect("unique metric");
+        registry.register(Box::new(agents_connected.clone())).expect("unique metric");
+        Metrics { registry, http, stale, jobs, agents_connected }
     }
 }
 

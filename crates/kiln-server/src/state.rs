@@ -223,6 +223,11 @@ impl LiveAgents {
         inner.gone.insert(session_id.to_string());
     }
 
+    /// How many agents have their session stream open here.
+    pub fn connected_count(&self) -> usize {
+        self.0.lock().expect("live agents").live.len()
+    }
+
     pub fn is_connected(&self, agent_id: &str) -> bool {
         self.0.lock().expect("live agents").live.contains_key(agent_id)
     }

@@ -126,6 +126,10 @@ impl AgentStore for SqlStore {
     async fn running_per_agent(&self) -> Result<std::collections::BTreeMap<String, u32>> {
         agents::running_per_agent(self).await
     }
+
+    async fn active_job_counts(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        agents::active_job_counts(self).await
+    }
 }
 
 #[async_trait]

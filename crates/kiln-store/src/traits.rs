@@ -100,6 +100,9 @@ pub trait AgentStore: Send + Sync {
     async fn remove_agent(&self, agent_id: &str) -> Result<bool>;
     /// How many running attempts each agent holds (agents with none are absent).
     async fn running_per_agent(&self) -> Result<std::collections::BTreeMap<String, u32>>;
+    /// How many jobs are `pending`, `ready` and `running` (every one of the
+    /// three present, 0 when none), for `/metrics`.
+    async fn active_job_counts(&self) -> Result<std::collections::BTreeMap<String, u64>>;
 }
 
 /// Who may do what: join tokens, scoped API tokens, secret pools and the

@@ -111,6 +111,13 @@ async fn metrics_count_requests_by_route_and_stale_results() {
     };
     let healthz = "kiln_http_request_duration_seconds_count{method=\"GET\",route=\"/healthz\",status=\"200\"}";
     let stale = "kiln_stale_results_rejected_total";
+    // Jobs by status: one job ready (nobody claims it yet).
+    let _q = super::repo(&app, "q", &super::pipeline(&["x"])).await;
+    super::submit(&app, "q").await;
+    let text = app.anonymous().get("/metrics").send().await.text();
+    assert_eq!(scrape(&text, "kiln_jobs{status=\"ready\"}"), 1, "{text}");
+    assert_eq!(scrape(&text, "kiln_jobs{status=\"running\"}"), 0, "{text}");
+    assert!(text.contains("\nkiln_agents_connected 0\n"), "{text}");
     let before = app.anonymous().get("/metrics").send().await.text();
     for _ in 0..3 {
         app.anonymous().get("/healthz").send().await.assert_status(StatusCode::OK);

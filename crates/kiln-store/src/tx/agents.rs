@@ -121,6 +121,28 @@ pub(crate) async fn running_per_agent(store: &SqlStore) -> Result<BTreeMap<Strin
     Ok(rows.into_iter().map(|(a, n)| (a, u32::try_from(n).unwrap_or(u32::MAX))).collect())
 }
 
+/// `AgentStore::active_job_counts` (through the `jobs(status)` index).
+pub(crate) async fn active_job_counts(store: &SqlStore) -> Result<BTreeMap<String, u64>> {
+    use kiln_core::JobStatus;
+    static ACTIVE: Sql = Sql::new(|_| {
+        format!(
+            "SELECT status, COUNT(*) FROM jobs WHERE status IN ({}, {}, {}) GROUP BY status",
+            lit(JobStatus::Pending),
+            lit(JobStatus::Ready),
+            lit(JobStatus::Running)
+        )
+    });
+    let rows: Vec<(String, i64)> = store.reader().await?.sql(&ACTIVE).all().await?;
+    let mut out: BTreeMap<String, u64> = [JobStatus::Pending, JobStatus::Ready, JobStatus::Running]
+        .iter()
+        .map(|s| (s.as_str().to_string(), 0))
+        .collect();
+    for (status, n) in rows {
+        out.insert(status, u64::try_from(n).unwrap_or(0));
+    }
+    Ok(out)
+}
+
 /// `AgentStore::remove_agent`: forget the agent, and end the leases of its
 /// running attempts now (the reconciler fences them at once), in one
 /// transaction. Its credentials then name no agent.
