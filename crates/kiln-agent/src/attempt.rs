@@ -151,7 +151,15 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
 
         let t0 = std::time::Instant::now();
         let (mut outputs, mut steps) = (BTreeMap::new(), Vec::new());
-        let ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs, &mut steps).await;
+        let hang_watch = async {
+            let secs = |s: Option<u64>| s.map(Duration::from_secs);
+            logs.watch_silence(secs(a.hang_after_secs), secs(a.hang_kill_after_secs), &ctl).await;
+            std::future::pending::<Ran>().await
+        };
+        let ran = tokio::select! {
+            ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs, &mut steps) => ran,
+            never = hang_watch => never,
+        };
         let t_exec = t0.elapsed();
         let completion = decide(&a, ran, ctl.reason(), outputs).map(|c| Completion { steps, ..c });
         // What the completion says reaches every reader of the run: mask
@@ -668,9 +676,12 @@ async fn run_steps(
             Err(why) => {
                 logs.system(&format!("✗ step {}/{n} failed: {why} ({})", i + 1, seconds(took)));
                 if failed.is_none() {
+                    let timed_out = why.starts_with(STEP_TIMED_OUT);
                     failed = Some(Ran::StepFailed {
-                        exit_code: exit_code_of(&why),
+                        // 124: the exit code of timeout(1), the convention for "timed out".
+                        exit_code: if timed_out { 124 } else { exit_code_of(&why) },
                         message: format!("step {}/{n} `{label}` failed: {why}", i + 1),
+                        timed_out,
                     });
                 }
                 StepOutcome::Failure(why)
@@ -750,11 +761,14 @@ async fn run_one(
     };
     logs.flush();
     Ok(match (timed_out, exit.success()) {
-        (true, _) => Err(format!("timed out after {}s", timeout_secs.unwrap_or_default())),
+        (true, _) => Err(format!("{STEP_TIMED_OUT}{}s", timeout_secs.unwrap_or_default())),
         (false, true) => Ok(()),
         (false, false) => Err(exit.to_string()),
     })
 }
+
+/// How a step stopped by its own `timeout` fails.
+const STEP_TIMED_OUT: &str = "timed out after ";
 
 /// `exit code N` → N (the job's exit code is its first failed step's).
 fn exit_code_of(why: &str) -> i32 {
@@ -777,11 +791,13 @@ fn summarize(cmd: &str) -> String {
 
 /// The completion to send, or None when fenced.
 fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String, String>) -> Option<Completion> {
-    let failed = |exit_code, message: String, infra_failure| Completion {
+    let failed = |exit_code, message: String, class: &str| Completion {
         outcome: AttemptOutcome::Failed,
         exit_code,
         message: Some(message),
-        infra_failure,
+        // Kept for servers that read only the flag.
+        infra_failure: class == "infra",
+        failure_class: Some(class.to_string()),
         outputs: BTreeMap::new(),
         steps: Vec::new(),
     };
@@ -796,27 +812,40 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
             exit_code: Some(0),
             message: None,
             infra_failure: false,
+            failure_class: None,
             outputs,
             steps: Vec::new(),
         },
-        Ran::StepFailed { exit_code, message } => failed(Some(exit_code), message, false),
-        Ran::JobError(message) => failed(None, message, false),
-        Ran::Infra(message) => failed(None, message, true),
+        Ran::StepFailed { exit_code, message, timed_out } => {
+            failed(Some(exit_code), message, if timed_out { "timeout" } else { "step_failed" })
+        }
+        Ran::JobError(message) => failed(None, message, "step_failed"),
+        Ran::Infra(message) => failed(None, message, "infra"),
         Ran::Stopped => match stop {
             Some(Stop::Cancelled) => Completion {
                 outcome: AttemptOutcome::Cancelled,
                 exit_code: None,
                 message: Some("cancelled".into()),
                 infra_failure: false,
+                failure_class: Some("cancelled".into()),
                 outputs: BTreeMap::new(),
                 steps: Vec::new(),
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".
-                failed(Some(124), format!("timed out after {}s", a.timeout_secs.unwrap_or_default()), false)
+                failed(Some(124), format!("timed out after {}s", a.timeout_secs.unwrap_or_default()), "timeout")
             }
-            Some(Stop::Shutdown) => failed(None, "the agent shut down during the job".into(), true),
-            Some(Stop::Fenced) | None => failed(None, "the job was stopped".into(), true),
+            Some(Stop::Hung) => failed(
+                Some(124),
+                format!(
+                    "hang: no output for {}; killed",
+                    crate::logs::span(Duration::from_secs(a.hang_kill_after_secs.unwrap_or_default()))
+                ),
+                "hang",
+            ),
+            // Handed back (drain timeout, preemption): retried elsewhere at once.
+            Some(Stop::Shutdown) => failed(None, "the agent shut down during the job".into(), "agent_lost"),
+            Some(Stop::Fenced) | None => failed(None, "the job was stopped".into(), "infra"),
         },
     })
 }

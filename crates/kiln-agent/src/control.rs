@@ -14,6 +14,8 @@ pub(crate) enum Stop {
     Cancelled,
     /// The job's `timeout_secs` elapsed.
     TimedOut,
+    /// The job printed nothing for its `hang-kill-after` (spec 004's hang detector).
+    Hung,
     /// The agent is shutting down.
     Shutdown,
 }

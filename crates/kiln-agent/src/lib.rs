@@ -140,6 +140,9 @@ pub struct AgentConfig {
     /// `services:` (the container executor uses its own engine). `None`:
     /// a host job with services fails, saying so.
     pub services_engine: Option<String>,
+    /// Percent of the workspaces' disk used at which warning, degraded and
+    /// critical start (default 80/90/95); a slot claims nothing at critical.
+    pub storage_levels: Option<[f64; 3]>,
 }
 
 struct Agent {
@@ -147,6 +150,16 @@ struct Agent {
     client: Client,
     registration: Mutex<AgentRegistration>,
     ctx: AttemptContext,
+}
+
+impl Agent {
+    fn thresholds(&self) -> kiln_core::degradation::Thresholds {
+        let mut t = kiln_core::degradation::Thresholds::default();
+        if let Some(levels) = self.config.storage_levels {
+            t.storage_pct = levels;
+        }
+        t
+    }
 }
 
 /// Runs the agent until `shutdown` becomes true (see the crate docs for the
@@ -369,7 +382,7 @@ async fn slot_loop(
         if *shutdown.borrow() || *drain.borrow() {
             return;
         }
-        if let Err(why) = disk::may_claim(&agent.ctx.sandbox_dir, &Default::default()) {
+        if let Err(why) = disk::may_claim(&agent.ctx.sandbox_dir, &agent.thresholds()) {
             if slot == 0 {
                 tracing::warn!("not claiming jobs: {why}; claiming again once space returns");
             }

@@ -196,6 +196,9 @@ struct Buffers {
     /// stdout and stderr positions they follow: each is released once the
     /// output before it has left the spool, exactly after that output.
     deferred: VecDeque<(String, [i64; 2])>,
+    /// When the attempt last wrote anything (steps' output, the agent's own
+    /// progress lines; not hang warnings): what the hang detector measures.
+    last_activity: Option<Instant>,
 }
 
 impl Buffers {
@@ -270,6 +273,18 @@ impl Default for LogConfig {
     }
 }
 
+/// `90s`, `5m`, `2h`, `1h30m`: a duration as workflows write it.
+pub(crate) fn span(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, 0) => format!("{m}m"),
+        (h, 0, 0) => format!("{h}h"),
+        (h, m, 0) => format!("{h}h{m}m"),
+        _ => format!("{s}s"),
+    }
+}
+
 /// Default largest on-disk log spool per attempt: 1 GiB.
 pub const DEFAULT_SPOOL_LIMIT: u64 = 1024 * 1024 * 1024;
 
@@ -301,6 +316,7 @@ impl LogStreamer {
         if b.closed {
             return;
         }
+        b.last_activity = Some(Instant::now());
         let masked;
         let data = match (&self.masker, stream) {
             (Some(m), Stream::Stdout | Stream::Stderr) => {
@@ -435,10 +451,19 @@ impl LogStreamer {
     /// A line in the `system` stream (a newline is added), shipped at once
     /// as its own chunk, after everything written before it.
     pub(crate) fn system(&self, line: &str) {
+        self.system_line(line, true);
+    }
+
+    /// [`Self::system`]; `activity`: whether the line counts as output for
+    /// the hang detector (its own warnings do not).
+    fn system_line(&self, line: &str, activity: bool) {
         let line = &self.mask_line(line);
         let mut b = self.bufs.lock().expect("log buffers");
         if b.closed {
             return;
+        }
+        if activity {
+            b.last_activity = Some(Instant::now());
         }
         if b.spooled() > 0 {
             // Output written before this line still waits on disk.
@@ -458,6 +483,63 @@ impl LogStreamer {
         sys.cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
         drop(b);
         self.notify.notify_one();
+    }
+
+    /// Spec 004's hang detector, run beside the attempt's work: after
+    /// `warn_after` without output the log gets one warning per silence;
+    /// after `kill_after` the attempt is stopped ([`Stop::Hung`]: killed
+    /// like a timeout, failed with class `hang`). Returns once it stopped
+    /// the attempt; pends forever otherwise.
+    pub(crate) async fn watch_silence(
+        &self,
+        warn_after: Option<Duration>,
+        kill_after: Option<Duration>,
+        ctl: &Control,
+    ) {
+        if warn_after.is_none() && kill_after.is_none() {
+            return std::future::pending().await;
+        }
+        let begun = Instant::now();
+        // The silence (by its start) the warning was given for.
+        let mut warned: Option<Instant> = None;
+        loop {
+            let last = self.bufs.lock().expect("log buffers").last_activity.unwrap_or(begun).max(begun);
+            let silent = last.elapsed();
+            if let Some(k) = kill_after
+                && silent >= k
+            {
+                self.system_line(
+                    &format!("✗ hang: no output for {}; the job is killed (hang-kill-after)", span(k)),
+                    false,
+                );
+                ctl.stop(Stop::Hung);
+                return;
+            }
+            if let Some(w) = warn_after
+                && silent >= w
+                && warned != Some(last)
+            {
+                warned = Some(last);
+                let then = kill_after
+                    .map(|k| format!("; it is killed after {} without output (hang-kill-after)", span(k)))
+                    .unwrap_or_default();
+                self.system_line(&format!("⚠ hang: no output for {}{then}", span(w)), false);
+            }
+            let mut next = kill_after.map(|k| last + k);
+            if let Some(w) = warn_after
+                && warned != Some(last)
+            {
+                next = Some(next.map_or(last + w, |n| n.min(last + w)));
+            }
+            // Output may start a new silence meanwhile: look again at least
+            // every second (one lock).
+            let soon = Instant::now() + Duration::from_secs(1);
+            let at = next.map_or(soon, |n| n.min(soon));
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = ctl.stopped() => return std::future::pending().await,
+            }
+        }
     }
 
     /// A line in the `system` stream shipped with the next [`Self::system`]

@@ -12,6 +12,8 @@ pub(crate) enum Ran {
     StepFailed {
         exit_code: i32,
         message: String,
+        /// The step ran past its own `timeout` (class `timeout`, exit 124).
+        timed_out: bool,
     },
     /// The job's own fault without an exit code (a declared output missing,
     /// a required input not available): not retried as infrastructure.

@@ -630,6 +630,8 @@ impl Harness {
                 .collect(),
             env: BTreeMap::from([("CUSTOM".to_string(), "custom-value".to_string())]),
             timeout_secs: None,
+            hang_after_secs: None,
+            hang_kill_after_secs: None,
             image: None,
             image_digest: None,
             image_error: None,
@@ -667,6 +669,9 @@ impl Harness {
             cache_timeout: None,
             cache_local_budget: None,
             services_engine: None,
+            // The host's disk may be nearly full on a CI machine: claims here
+            // do not depend on it (tests/disk covers the level).
+            storage_levels: Some(kiln_core::degradation::STORAGE_OFF),
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
             log_rate_limit: None,

@@ -314,6 +314,10 @@ pub struct Attempt {
     /// Each step's outcome and duration, once the attempt completed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepResult>,
+    /// Why it did not succeed: `step_failed`, `timeout`, `hang`,
+    /// `agent_lost`, `infra` or `cancelled` (absent while it runs and on success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_class: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -542,6 +546,12 @@ pub struct Assignment {
     pub steps: Vec<StepSpec>,
     pub env: BTreeMap<String, String>,
     pub timeout_secs: Option<u64>,
+    /// Seconds without output after which the log gets a hang warning, and
+    /// after which the job is killed (class `hang`). Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_after_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_kill_after_secs: Option<u64>,
     /// `image.ref` as written in the workflow.
     #[serde(default)]
     pub image: Option<String>,
@@ -774,6 +784,13 @@ pub struct Completion {
     /// error) rather than the job's commands: retried within the budget.
     #[serde(default)]
     pub infra_failure: bool,
+    /// Why the attempt failed: `step_failed`, `timeout`, `hang`, `infra`,
+    /// `cancelled`, or `agent_lost` for a job the agent hands back (drain,
+    /// preemption; the server also records it for a lost lease). Absent: `infra`
+    /// when `infra_failure`, else `step_failed`. Matched by the job's
+    /// `retry: {on: [...]}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_class: Option<String>,
     /// The job's outputs (`name=value` lines its steps wrote to
     /// `$KILN_OUTPUT`), only the declared ones. Bound only when this
     /// completion succeeds the job of the live epoch; refused (422) when
@@ -794,6 +811,7 @@ impl Completion {
             exit_code: Some(0),
             message: None,
             infra_failure: false,
+            failure_class: None,
             outputs: BTreeMap::new(),
             steps: Vec::new(),
         }

@@ -54,6 +54,7 @@ fn run() -> Run {
                         started_at_ms: 1_764_590_000_100,
                         finished_at_ms: Some(1_764_590_030_100),
                         steps: vec![],
+                        failure_class: Some("agent_lost".into()),
                     },
                     Attempt {
                         epoch: 2,
@@ -63,6 +64,7 @@ fn run() -> Run {
                         message: None,
                         started_at_ms: 1_764_590_030_200,
                         finished_at_ms: Some(1_764_590_031_000),
+                        failure_class: None,
                         steps: vec![
                             StepResult {
                                 name: "compile".into(),
@@ -115,6 +117,7 @@ fn run() -> Run {
                     started_at_ms: 1_764_590_031_100,
                     finished_at_ms: None,
                     steps: vec![],
+                    failure_class: None,
                 }],
                 artifacts: vec![],
                 cache: None,
@@ -192,6 +195,8 @@ fn assignment() -> Assignment {
         ],
         env: BTreeMap::from([("RUST_LOG".to_string(), "info".to_string())]),
         timeout_secs: Some(600),
+        hang_after_secs: Some(1800),
+        hang_kill_after_secs: Some(7200),
         image: Some("rust:1.94".into()),
         image_digest: Some("sha256:bb22".into()),
         image_error: None,
@@ -230,6 +235,7 @@ fn heartbeat_completion_and_ack() {
         exit_code: Some(101),
         message: Some("step `unit` exited with 101".into()),
         infra_failure: false,
+        failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
     };

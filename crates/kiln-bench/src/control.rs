@@ -215,6 +215,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         exit_code: Some(0),
                         message: None,
                         infra_failure: false,
+                        failure_class: None,
                         outputs: Default::default(),
                         steps: Default::default(),
                     };

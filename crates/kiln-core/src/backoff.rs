@@ -32,9 +32,10 @@ impl Backoff {
     }
 }
 
-/// Infrastructure failures (agent lost, upload failed) are retried up to this
-/// many extra attempts by default; deterministic failures only per `retry:`.
-pub const DEFAULT_INFRA_RETRIES: u32 = 3;
+/// Infrastructure failures (`agent_lost`, `infra`) are retried up to this
+/// many extra attempts by default (spec 004); the job's own failures only
+/// per `retry:`.
+pub const DEFAULT_INFRA_RETRIES: u32 = 2;
 
 #[cfg(test)]
 mod tests {

@@ -22,8 +22,9 @@ pub struct CompletionFacts<'a> {
     pub reported: AttemptOutcome,
     pub exit_code: Option<i32>,
     pub message: Option<&'a str>,
-    /// The agent says the infrastructure failed (e.g. an upload).
-    pub infra_failure: bool,
+    /// The class the agent reports (`timeout`, `hang`, `infra`, …); none:
+    /// `step_failed` (`agent_lost` for a `lost` report).
+    pub class: Option<FailureClass>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +72,11 @@ pub fn decide_completion(f: &CompletionFacts<'_>) -> CompletionVerdict {
                 Some(code) => format!("step exited with code {code}"),
                 None => "attempt failed".into(),
             });
-            let class = if f.infra_failure { FailureClass::Infrastructure } else { FailureClass::Deterministic };
+            let class = f.class.unwrap_or(if f.reported == AttemptOutcome::Lost {
+                FailureClass::AgentLost
+            } else {
+                FailureClass::StepFailed
+            });
             CompletionVerdict::Fail { message, class }
         }
         AttemptOutcome::Running => CompletionVerdict::Invalid,
@@ -95,29 +100,46 @@ mod tests {
     use super::*;
     use AttemptOutcome as A;
     use CompletionVerdict as V;
-    use FailureClass::{Deterministic as Det, Infrastructure as Infra};
+    use FailureClass::{AgentLost as Lost, Infra, StepFailed as Det, Timeout};
 
     #[test]
     fn table() {
         let fail = |m: &str, class| V::Fail { message: m.to_string(), class };
-        // (run, cancel_requested, reported, exit code, message, infra) → verdict
+        // (run, cancel_requested, reported, exit code, message, class) → verdict
         let rows = [
-            (RunStatus::Running, false, A::Success, Some(0), None, false, V::Succeed),
-            (RunStatus::Queued, false, A::Success, Some(0), Some("ok"), false, V::Succeed),
-            (RunStatus::Running, false, A::Failed, Some(2), None, false, fail("step exited with code 2", Det)),
-            (RunStatus::Running, false, A::Failed, None, None, false, fail("attempt failed", Det)),
-            (RunStatus::Running, false, A::Failed, None, Some("upload failed"), true, fail("upload failed", Infra)),
-            (RunStatus::Running, false, A::Cancelled, Some(137), None, false, fail("step exited with code 137", Det)),
-            (RunStatus::Running, false, A::Lost, None, None, true, fail("attempt failed", Infra)),
-            (RunStatus::Running, false, A::Running, None, None, false, V::Invalid),
+            (RunStatus::Running, false, A::Success, Some(0), None, None, V::Succeed),
+            (RunStatus::Queued, false, A::Success, Some(0), Some("ok"), None, V::Succeed),
+            (RunStatus::Running, false, A::Failed, Some(2), None, None, fail("step exited with code 2", Det)),
+            (RunStatus::Running, false, A::Failed, None, None, None, fail("attempt failed", Det)),
+            (
+                RunStatus::Running,
+                false,
+                A::Failed,
+                None,
+                Some("upload failed"),
+                Some(Infra),
+                fail("upload failed", Infra),
+            ),
+            (
+                RunStatus::Running,
+                false,
+                A::Failed,
+                Some(124),
+                Some("timed out"),
+                Some(Timeout),
+                fail("timed out", Timeout),
+            ),
+            (RunStatus::Running, false, A::Cancelled, Some(137), None, None, fail("step exited with code 137", Det)),
+            (RunStatus::Running, false, A::Lost, None, None, None, fail("attempt failed", Lost)),
+            (RunStatus::Running, false, A::Running, None, None, None, V::Invalid),
             // Cancellation committed first.
-            (RunStatus::Cancelling, false, A::Success, Some(0), None, false, V::Cancelled { accepted: false }),
-            (RunStatus::Cancelling, false, A::Cancelled, None, None, false, V::Cancelled { accepted: true }),
-            (RunStatus::Running, true, A::Failed, Some(1), None, false, V::Cancelled { accepted: false }),
-            (RunStatus::Running, true, A::Cancelled, None, None, false, V::Cancelled { accepted: true }),
+            (RunStatus::Cancelling, false, A::Success, Some(0), None, None, V::Cancelled { accepted: false }),
+            (RunStatus::Cancelling, false, A::Cancelled, None, None, None, V::Cancelled { accepted: true }),
+            (RunStatus::Running, true, A::Failed, Some(1), None, None, V::Cancelled { accepted: false }),
+            (RunStatus::Running, true, A::Cancelled, None, None, None, V::Cancelled { accepted: true }),
         ];
-        for (run, cancel_requested, reported, exit_code, message, infra_failure, want) in rows {
-            let f = CompletionFacts { run, cancel_requested, reported, exit_code, message, infra_failure };
+        for (run, cancel_requested, reported, exit_code, message, class, want) in rows {
+            let f = CompletionFacts { run, cancel_requested, reported, exit_code, message, class };
             assert_eq!(decide_completion(&f), want, "{f:?}");
         }
     }

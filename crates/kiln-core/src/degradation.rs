@@ -63,6 +63,33 @@ impl Default for Thresholds {
     }
 }
 
+/// Storage levels that never start: `--storage-levels off`.
+pub const STORAGE_OFF: [f64; 3] = [f64::INFINITY; 3];
+
+/// `--storage-levels`: `off`, or three ascending percentages of the disk
+/// used at which warning, degraded and critical start (`80,90,95`).
+pub fn parse_storage_levels(s: &str) -> Result<[f64; 3], String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(STORAGE_OFF);
+    }
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let expected = || format!("`{s}`: expected `off` or WARNING,DEGRADED,CRITICAL percentages, e.g. 80,90,95");
+    let [a, b, c] = parts.as_slice() else { return Err(expected()) };
+    let mut out = [0.0; 3];
+    for (slot, text) in out.iter_mut().zip([a, b, c]) {
+        let v: f64 = text.trim_end_matches('%').parse().map_err(|_| expected())?;
+        if !(0.0..=100.0).contains(&v) {
+            return Err(format!("`{s}`: {v} is not a percentage (0-100)"));
+        }
+        *slot = v;
+    }
+    if !(out[0] <= out[1] && out[1] <= out[2]) {
+        return Err(format!("`{s}`: the levels must not decrease (warning <= degraded <= critical)"));
+    }
+    Ok(out)
+}
+
 /// One measurement.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
@@ -161,6 +188,18 @@ mod tests {
         let (_, why) = classify(&sample(10.0, Some(300)), &t);
         assert!(why.contains("300 MiB of memory"), "{why}");
         assert!(classify(&sample(10.0, Some(8192)), &t).1.is_empty());
+    }
+
+    #[test]
+    fn storage_levels_parse_or_say_why() {
+        assert_eq!(parse_storage_levels("80,90,95"), Ok([80.0, 90.0, 95.0]));
+        assert_eq!(parse_storage_levels(" 70%, 85 ,99.5"), Ok([70.0, 85.0, 99.5]));
+        let off = Thresholds { storage_pct: parse_storage_levels("off").unwrap(), ..Thresholds::default() };
+        assert_eq!(classify(&sample(100.0, Some(8192)), &off).0, Level::Normal);
+        for bad in ["", "80,90", "80,90,95,99", "a,b,c", "90,80,95", "80,90,101", "-1,2,3"] {
+            assert!(parse_storage_levels(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_storage_levels("90,80,95").unwrap_err().contains("must not decrease"));
     }
 
     #[test]

@@ -14,38 +14,161 @@ use crate::run::RunStatus;
 use crate::{InvalidTransition, backoff::DEFAULT_INFRA_RETRIES};
 use rand::Rng;
 
-/// Why an attempt did not succeed, for the retry budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why an attempt did not succeed (spec 004's failure classes), recorded on
+/// the attempt and matched by a job's `retry: {on: [...]}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FailureClass {
-    /// The job's own commands failed (non-zero exit, a required output not
-    /// sealed): retried only per the workflow's `retry:`.
-    Deterministic,
-    /// The infrastructure failed (agent lost, upload failed): retried up to
-    /// [`RetryBudget::max_infra_retries`].
-    Infrastructure,
+    /// A step's commands failed (non-zero exit), or the job's definition
+    /// could not be run (an image that names no digest, a required output
+    /// not sealed).
+    StepFailed,
+    /// The job (or a step) ran past its `timeout` and was killed (exit 124).
+    Timeout,
+    /// The job printed nothing for `hang-kill-after` and was killed.
+    Hang,
+    /// The agent stopped answering (its lease expired) or handed the job
+    /// back (drain, preemption, shutdown).
+    AgentLost,
+    /// The infrastructure failed inside the attempt: checkout, image pull or
+    /// build, cache, upload.
+    Infra,
+    /// The attempt was cancelled. Never retried.
+    Cancelled,
+}
+
+impl FailureClass {
+    pub const ALL: [FailureClass; 6] = [
+        FailureClass::StepFailed,
+        FailureClass::Timeout,
+        FailureClass::Hang,
+        FailureClass::AgentLost,
+        FailureClass::Infra,
+        FailureClass::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::StepFailed => "step_failed",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Hang => "hang",
+            FailureClass::AgentLost => "agent_lost",
+            FailureClass::Infra => "infra",
+            FailureClass::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FailureClass> {
+        FailureClass::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// Counted against the infrastructure allowance rather than the job's
+    /// own `retry: max`.
+    pub fn is_infrastructure(self) -> bool {
+        matches!(self, FailureClass::AgentLost | FailureClass::Infra)
+    }
+}
+
+impl std::fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A set of failure classes (`retry: {on: [...]}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassSet(u8);
+
+impl ClassSet {
+    /// What `retry: N` retries: the job's own failures.
+    pub const OWN: ClassSet = ClassSet(1 << 0 | 1 << 1 | 1 << 2);
+
+    pub fn of(classes: impl IntoIterator<Item = FailureClass>) -> ClassSet {
+        ClassSet(classes.into_iter().fold(0, |acc, c| acc | 1 << c as u8))
+    }
+
+    pub fn contains(self, c: FailureClass) -> bool {
+        self.0 & (1 << c as u8) != 0
+    }
+}
+
+/// Exit codes 0-255 (`retry: {exit_codes: [...]}`); empty means any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExitCodes([u64; 4]);
+
+impl ExitCodes {
+    /// `None` when a code is outside 0-255.
+    pub fn of(codes: &[i32]) -> Option<ExitCodes> {
+        let mut bits = [0u64; 4];
+        for &c in codes {
+            let c = u8::try_from(c).ok()?;
+            bits[usize::from(c / 64)] |= 1 << (c % 64);
+        }
+        Some(ExitCodes(bits))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0 == [0; 4]
+    }
+
+    /// Whether a failure with `code` matches: any code when empty, and a
+    /// failure without a code only then.
+    pub fn admits(&self, code: Option<i32>) -> bool {
+        if self.is_empty() {
+            return true;
+        }
+        match code.and_then(|c| u8::try_from(c).ok()) {
+            Some(c) => self.0[usize::from(c / 64)] & (1 << (c % 64)) != 0,
+            None => false,
+        }
+    }
 }
 
 /// Retries used and allowed, as counted in the job's row.
+///
+/// The rule: a `cancelled` attempt is never retried. Any other class in
+/// `on` (and, for `step_failed`, with an exit code in `exit_codes` when that
+/// is set) may be retried up to `max_failure_retries` times; the job's own
+/// classes (`step_failed`, `timeout`, `hang`) share that count.
+/// Infrastructure classes (`agent_lost`, `infra`) have their own count and
+/// are always allowed at least `max_infra_retries` (2 by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryBudget {
     pub failure_used: u32,
     pub infra_used: u32,
-    /// The workflow's `retry:`.
+    /// The workflow's `retry: max` (or `retry: N`).
     pub max_failure_retries: u32,
     pub max_infra_retries: u32,
+    /// The workflow's `retry: on` ([`ClassSet::OWN`] for `retry: N`).
+    pub on: ClassSet,
+    /// The workflow's `retry: exit_codes`.
+    pub exit_codes: ExitCodes,
 }
 
 impl RetryBudget {
-    /// A budget with the default infrastructure allowance.
+    /// A budget of `retry: N` with the default infrastructure allowance.
     pub fn new(failure_used: u32, infra_used: u32, max_failure_retries: u32) -> Self {
-        RetryBudget { failure_used, infra_used, max_failure_retries, max_infra_retries: DEFAULT_INFRA_RETRIES }
+        RetryBudget {
+            failure_used,
+            infra_used,
+            max_failure_retries,
+            max_infra_retries: DEFAULT_INFRA_RETRIES,
+            on: ClassSet::OWN,
+            exit_codes: ExitCodes::default(),
+        }
     }
 
-    /// (used, allowed) for a class.
-    pub fn of(&self, class: FailureClass) -> (u32, u32) {
-        match class {
-            FailureClass::Deterministic => (self.failure_used, self.max_failure_retries),
-            FailureClass::Infrastructure => (self.infra_used, self.max_infra_retries),
+    /// (used, allowed) for a failure of `class` with `exit_code`.
+    pub fn of(&self, class: FailureClass, exit_code: Option<i32>) -> (u32, u32) {
+        if class == FailureClass::Cancelled {
+            return (self.failure_used, 0);
+        }
+        let listed =
+            self.on.contains(class) && (class != FailureClass::StepFailed || self.exit_codes.admits(exit_code));
+        let allowed = if listed { self.max_failure_retries } else { 0 };
+        if class.is_infrastructure() {
+            (self.infra_used, allowed.max(self.max_infra_retries))
+        } else {
+            (self.failure_used, allowed)
         }
     }
 }
@@ -57,6 +180,8 @@ pub struct FailureFacts<'a> {
     /// The job alone was asked to stop (fail-fast of a matrix sibling).
     pub cancel_requested: bool,
     pub class: FailureClass,
+    /// The failed attempt's exit code, for `retry: exit_codes`.
+    pub exit_code: Option<i32>,
     pub budget: RetryBudget,
     /// What went wrong (the job's message).
     pub message: &'a str,
@@ -104,7 +229,7 @@ pub fn decide_failure(f: &FailureFacts<'_>, backoff: &Backoff, rng: &mut impl Rn
         let why = if f.cancel_requested { CANCELLED_BY_FAIL_FAST } else { CANCELLED };
         return FailureVerdict::Cancel { why };
     }
-    let (used, allowed) = f.budget.of(f.class);
+    let (used, allowed) = f.budget.of(f.class, f.exit_code);
     if used < allowed {
         let attempt = used + 1;
         let delay_ms = backoff.delay_ms(attempt, rng);
@@ -155,11 +280,65 @@ pub fn fail_fast_siblings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use FailureClass::{Deterministic as Det, Infrastructure as Infra};
+    use FailureClass::{AgentLost as Infra, StepFailed as Det};
     use rand::SeedableRng;
 
     fn budget(failure_used: u32, infra_used: u32, max_failure: u32) -> RetryBudget {
-        RetryBudget { failure_used, infra_used, max_failure_retries: max_failure, max_infra_retries: 3 }
+        RetryBudget { max_infra_retries: 3, ..RetryBudget::new(failure_used, infra_used, max_failure) }
+    }
+
+    #[test]
+    fn classes_round_trip_and_group() {
+        for c in FailureClass::ALL {
+            assert_eq!(FailureClass::parse(c.as_str()), Some(c));
+        }
+        assert_eq!(FailureClass::parse("flaky"), None);
+        let infra: Vec<_> = FailureClass::ALL.into_iter().filter(|c| c.is_infrastructure()).collect();
+        assert_eq!(infra, [FailureClass::AgentLost, FailureClass::Infra]);
+    }
+
+    /// The policy table: what `retry:` allows for each class.
+    #[test]
+    fn policy_allows_per_class_and_exit_code() {
+        use FailureClass::*;
+        let legacy = RetryBudget::new(0, 0, 2);
+        // `retry: 2`: the job's own failures twice, infrastructure at least the default.
+        for (class, code, allowed) in [
+            (StepFailed, Some(1), 2),
+            (Timeout, Some(124), 2),
+            (Hang, Some(124), 2),
+            (AgentLost, None, 2),
+            (Infra, None, 2),
+            (Cancelled, None, 0),
+        ] {
+            assert_eq!(legacy.of(class, code).1, allowed, "{class}");
+        }
+        // Defaults (no `retry:`): agent_lost and infra twice, nothing else.
+        let none = RetryBudget::new(0, 0, 0);
+        let allowed: Vec<_> = FailureClass::ALL.into_iter().map(|c| none.of(c, Some(1)).1).collect();
+        assert_eq!(allowed, [0, 0, 0, 2, 2, 0]);
+        // `retry: {max: 5, on: [timeout, agent_lost], exit_codes: [75]}`.
+        let p = RetryBudget {
+            on: ClassSet::of([Timeout, AgentLost]),
+            exit_codes: ExitCodes::of(&[75]).unwrap(),
+            ..RetryBudget::new(1, 1, 5)
+        };
+        assert_eq!(p.of(StepFailed, Some(75)), (1, 0), "step_failed is not in `on`");
+        assert_eq!(p.of(Timeout, Some(124)), (1, 5), "exit codes filter step failures only");
+        assert_eq!(p.of(Hang, None), (1, 0));
+        assert_eq!(p.of(AgentLost, None), (1, 5));
+        assert_eq!(p.of(Infra, None), (1, 2), "infra keeps the default allowance");
+        // `on: [step_failed], exit_codes: [75, 255]`.
+        let q = RetryBudget {
+            on: ClassSet::of([StepFailed]),
+            exit_codes: ExitCodes::of(&[75, 255]).unwrap(),
+            ..RetryBudget::new(0, 0, 1)
+        };
+        assert_eq!(q.of(StepFailed, Some(75)).1, 1);
+        assert_eq!(q.of(StepFailed, Some(255)).1, 1);
+        assert_eq!(q.of(StepFailed, Some(1)).1, 0);
+        assert_eq!(q.of(StepFailed, None).1, 0, "a failure without an exit code does not match a list");
+        assert!(ExitCodes::of(&[256]).is_none() && ExitCodes::of(&[-1]).is_none());
     }
 
     #[test]
@@ -219,6 +398,7 @@ mod tests {
                 run,
                 cancel_requested,
                 class,
+                exit_code: Some(1),
                 budget,
                 message: "step exited with code 1",
                 fail_fast_group: group,

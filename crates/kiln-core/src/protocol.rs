@@ -88,7 +88,7 @@ pub struct Report {
     pub outcome: AttemptOutcome,
     pub exit_code: Option<i32>,
     pub message: Option<String>,
-    pub infra_failure: bool,
+    pub class: Option<FailureClass>,
 }
 
 /// One run, its jobs and the agents that claim them.
@@ -264,7 +264,7 @@ impl<C: Conditions> RunModel<C> {
             a.message = Some(LOST_ATTEMPT.into());
             let j = &self.jobs[job];
             if crate::lease::fence_fails_job(j.status, j.current_epoch, epoch) {
-                self.fail_or_retry(job, FailureClass::Infrastructure, LOST_JOB);
+                self.fail_or_retry(job, FailureClass::AgentLost, None, LOST_JOB);
             }
         }
         expired
@@ -279,13 +279,13 @@ impl<C: Conditions> RunModel<C> {
             reported: report.outcome,
             exit_code: report.exit_code,
             message: report.message.as_deref(),
-            infra_failure: report.infra_failure,
+            class: report.class,
         });
         let Some(outcome) = verdict.attempt_outcome() else { return Err(Refusal::Invalid) };
         match verdict {
             CompletionVerdict::Cancelled { accepted } => {
                 self.end_attempt(job, epoch, outcome, Some(CANCELLED.into()));
-                self.fail_or_retry(job, FailureClass::Deterministic, CANCELLED);
+                self.fail_or_retry(job, FailureClass::Cancelled, report.exit_code, CANCELLED);
                 if accepted { Ok(self.jobs[job].status) } else { Err(Refusal::CancelledFirst) }
             }
             CompletionVerdict::Succeed => {
@@ -293,7 +293,7 @@ impl<C: Conditions> RunModel<C> {
                 if let Some(missing) = self.jobs[job].spec.outputs.iter().find(|o| !sealed.contains(o)) {
                     let msg = missing_output(missing, epoch);
                     self.end_attempt(job, epoch, AttemptOutcome::Failed, Some(msg.clone()));
-                    self.fail_or_retry(job, FailureClass::Deterministic, &msg);
+                    self.fail_or_retry(job, FailureClass::StepFailed, None, &msg);
                     return Ok(self.jobs[job].status);
                 }
                 self.end_attempt(job, epoch, outcome, report.message.clone());
@@ -306,7 +306,7 @@ impl<C: Conditions> RunModel<C> {
             }
             CompletionVerdict::Fail { message, class } => {
                 self.end_attempt(job, epoch, outcome, Some(message.clone()));
-                self.fail_or_retry(job, class, &message);
+                self.fail_or_retry(job, class, report.exit_code, &message);
                 Ok(self.jobs[job].status)
             }
             CompletionVerdict::Invalid => Err(Refusal::Invalid),
@@ -335,13 +335,14 @@ impl<C: Conditions> RunModel<C> {
     }
 
     /// The failure rule applied to a job whose attempt ended without success.
-    fn fail_or_retry(&mut self, job: usize, class: FailureClass, message: &str) {
+    fn fail_or_retry(&mut self, job: usize, class: FailureClass, exit_code: Option<i32>, message: &str) {
         let j = &self.jobs[job];
         let fail_fast_group = j.spec.rules.matrix.as_ref().filter(|m| m.fail_fast).map(|m| m.group.clone());
         let facts = FailureFacts {
             run: self.run,
             cancel_requested: j.cancel_requested,
             class,
+            exit_code,
             budget: j.budget,
             message,
             fail_fast_group: fail_fast_group.as_deref(),
@@ -352,9 +353,10 @@ impl<C: Conditions> RunModel<C> {
         match verdict {
             FailureVerdict::Cancel { why } => j.message = Some(why.into()),
             FailureVerdict::Retry { class, message, .. } => {
-                match class {
-                    FailureClass::Deterministic => j.budget.failure_used += 1,
-                    FailureClass::Infrastructure => j.budget.infra_used += 1,
+                if class.is_infrastructure() {
+                    j.budget.infra_used += 1;
+                } else {
+                    j.budget.failure_used += 1;
                 }
                 j.message = Some(message);
                 // Backoff is not modelled: ready again with a new generation.

@@ -30,7 +30,7 @@ fn model(jobs: Vec<JobSpec>) -> RunModel<Lang> {
 }
 
 fn report(outcome: AttemptOutcome, exit_code: Option<i32>) -> Report {
-    Report { outcome, exit_code, message: None, infra_failure: false }
+    Report { outcome, exit_code, message: None, class: None }
 }
 
 fn ok() -> Report {
@@ -180,7 +180,7 @@ proptest! {
                 Op::Complete(a, j, k) => if let Some(&e) = held.get(&(a, j)) {
                     let outcome = [AttemptOutcome::Success, AttemptOutcome::Failed, AttemptOutcome::Cancelled, AttemptOutcome::Success][k as usize];
                     let before = m.jobs[j].bound;
-                    let r = m.complete(j, e, &Report { infra_failure: k == 3, ..report(outcome, None) });
+                    let r = m.complete(j, e, &Report { class: (k == 3).then_some(crate::failure::FailureClass::Infra), ..report(outcome, None) });
                     // A refused completion never changes the bound output.
                     if r.is_err() { prop_assert_eq!(m.jobs[j].bound, before); }
                 },

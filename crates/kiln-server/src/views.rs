@@ -46,6 +46,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                         started_at_ms: a.started_at,
                         finished_at_ms: a.finished_at,
                         steps: a.steps.as_deref().and_then(|t| serde_json::from_str(t).ok()).unwrap_or_default(),
+                        failure_class: a.failure_class.map(|c| c.as_str().to_string()),
                     })
                     .collect(),
                 artifacts: bindings

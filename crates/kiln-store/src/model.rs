@@ -183,6 +183,8 @@ pub struct AttemptRecord {
     /// The steps' outcomes and durations its completion reported (JSON of
     /// the API's `StepResult` list), if any.
     pub steps: Option<String>,
+    /// Why it did not succeed (none for a success or a running attempt).
+    pub failure_class: Option<kiln_core::failure::FailureClass>,
 }
 
 #[derive(Debug, Clone)]
@@ -259,7 +261,10 @@ pub struct CompletionInput {
     pub outcome: AttemptOutcome,
     pub exit_code: Option<i32>,
     pub message: Option<String>,
-    pub infra_failure: bool,
+    /// What kind of failure the agent reports (`timeout`, `hang`, `infra`,
+    /// …); none: `step_failed`. Recorded on the attempt, matched by the
+    /// job's `retry: on`.
+    pub failure_class: Option<kiln_core::failure::FailureClass>,
     /// The job's outputs (`$KILN_OUTPUT`), bound only if the completion
     /// succeeds the job (see `tx::outputs`).
     pub outputs: BTreeMap<String, String>,

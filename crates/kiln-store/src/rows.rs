@@ -10,6 +10,7 @@ use crate::model::{
     AgentRecord, AttemptRecord, BoundArtifact, GenerationRecord, JobRecord, RepoForge, RepoRecord, RunRecord,
     RunSummaryRecord,
 };
+use kiln_core::failure::FailureClass;
 
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
@@ -24,7 +25,7 @@ pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, c
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
     max_failure_retries, cancel_requested, cache_result";
 
-pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps";
+pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps, failure_class";
 
 /// A generation; the table is `g`.
 pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, \
@@ -143,6 +144,7 @@ pub(crate) fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
         started_at: row.get("started_at")?,
         finished_at: row.get("finished_at")?,
         steps: row.get("steps")?,
+        failure_class: row.get::<Option<String>>("failure_class")?.as_deref().and_then(FailureClass::parse),
     })
 }
 

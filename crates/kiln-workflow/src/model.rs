@@ -237,9 +237,28 @@ pub struct Job {
     /// `timeout_secs` and clears this. Never set in a frozen definition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_expr: Option<String>,
-    /// How many extra attempts a deterministic failure (non-zero exit) gets. 0 by default.
+    /// `hang-after`: seconds without output after which the log gets a
+    /// warning (default [`crate::HANG_AFTER_SECS`], 30 min).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_after_secs: Option<u64>,
+    /// `hang-kill-after`: seconds without output after which the job is
+    /// killed and fails with class `hang` (default 2 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_kill_after_secs: Option<u64>,
+    /// How many extra attempts the job's failures in `retry_on` get
+    /// (`retry: N`, or `retry: {max: N}`). 0 by default.
     #[serde(default)]
     pub retry: u32,
+    /// `retry: {on: [...]}`: the failure classes `retry` applies to
+    /// (`step_failed`, `timeout`, `hang`, `agent_lost`, `infra`). Empty: those
+    /// of `retry: N`, the job's own (`step_failed`, `timeout`, `hang`).
+    /// Infrastructure failures always get at least 2 retries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry_on: Vec<String>,
+    /// `retry: {exit_codes: [...]}`: a `step_failed` attempt is retried only
+    /// when its exit code is one of these. Empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry_exit_codes: Vec<i32>,
     /// Labels an agent must carry to run this job (`runs-on: {os: linux, size: large}`).
     #[serde(default)]
     pub runs_on: BTreeMap<String, String>,

@@ -45,6 +45,8 @@ const JOB_KEYS: &[&str] = &[
     "cache",
     "artifacts",
     "timeout",
+    "hang-after",
+    "hang-kill-after",
     "retry",
     "runs-on",
     "env",
@@ -700,7 +702,9 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let (publish, restore) = get(entries, "artifacts").map(|e| artifacts(ctx, &label, &e.value)).unwrap_or_default();
     let (timeout_secs, timeout_expr) =
         get(entries, "timeout").map(|e| timeout(ctx, &label, &e.value)).unwrap_or_default();
-    let retry = get(entries, "retry").and_then(|e| retry(ctx, &label, &e.value)).unwrap_or(0);
+    let (hang_after_secs, hang_kill_after_secs) = hang(ctx, &label, entries);
+    let (retry, retry_on, retry_exit_codes) =
+        get(entries, "retry").and_then(|e| retry(ctx, &label, &e.value)).unwrap_or_default();
     let runs_on = get(entries, "runs-on").and_then(|e| runs_on(ctx, &label, &e.value)).unwrap_or_default();
     let own_env = get(entries, "env").and_then(|e| env(ctx, &label, &e.value)).unwrap_or_default();
     // Precedence: step > job > workflow. The workflow's `env` is resolved
@@ -728,7 +732,11 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         id_token,
         timeout_secs,
         timeout_expr,
+        hang_after_secs,
+        hang_kill_after_secs,
         retry,
+        retry_on,
+        retry_exit_codes,
         runs_on,
         matrix: None,
         quorum: quorum.map(|(n, _)| n),
@@ -1496,6 +1504,42 @@ fn timeout(ctx: &mut Ctx, label: &str, node: &Node) -> (Option<u64>, Option<Stri
     (duration_secs(ctx, &subject, node, MAX_TIMEOUT_SECS, "7d"), None)
 }
 
+/// `hang-after` and `hang-kill-after` (spec 004's hang detection): the
+/// silence after which the log gets a warning, and after which the job is
+/// killed (class `hang`). The kill must come after the warning.
+fn hang(ctx: &mut Ctx, label: &str, entries: &[Entry]) -> (Option<u64>, Option<u64>) {
+    let mut one = |key: &str| {
+        get(entries, key).map(|e| {
+            let secs = duration_secs(ctx, &format!("`{key}` of {label}"), &e.value, MAX_TIMEOUT_SECS, "7d");
+            (secs, e.value.pos)
+        })
+    };
+    let after = one("hang-after");
+    let kill = one("hang-kill-after");
+    let (a, k) = (after.and_then(|(s, _)| s), kill.and_then(|(s, _)| s));
+    let (warn_at, kill_at) = (a.unwrap_or(HANG_AFTER_SECS), k.unwrap_or(HANG_KILL_AFTER_SECS));
+    if (a.is_some() || k.is_some())
+        && kill_at <= warn_at
+        && let Some((_, pos)) = kill.or(after)
+    {
+        ctx.err(
+            pos,
+            format!(
+                "`hang-kill-after` of {label} ({kill_at}s) must be longer than `hang-after` ({warn_at}s): \
+                 the warning comes first"
+            ),
+        );
+        return (None, None);
+    }
+    (a, k)
+}
+
+/// The hang detector's defaults (spec 004): a warning after 30 minutes
+/// without output...
+pub const HANG_AFTER_SECS: u64 = 30 * 60;
+/// ...and the kill after 2 hours.
+pub const HANG_KILL_AFTER_SECS: u64 = 2 * 60 * 60;
+
 /// A positive duration in whole seconds, at most `max` (written `max_text`
 /// in the message). One diagnostic on error.
 fn duration_secs(ctx: &mut Ctx, subject: &str, node: &Node, max: u64, max_text: &str) -> Option<u64> {
@@ -1545,9 +1589,16 @@ fn duration_secs(ctx: &mut Ctx, subject: &str, node: &Node, max: u64, max_text: 
     }
 }
 
-fn retry(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u32> {
+/// The failure classes `retry: {on: [...]}` may name (spec 004), and the
+/// group `transient` (the infrastructure's).
+pub const RETRY_CLASSES: &[&str] = &["step_failed", "timeout", "hang", "agent_lost", "infra"];
+const RETRY_KEYS: &[&str] = &["max", "on", "exit_codes"];
+
+/// `retry: N` or `retry: {max: N, on: [classes], exit_codes: [codes]}`:
+/// (max, the classes (empty for `retry: N`), the exit codes).
+fn retry(ctx: &mut Ctx, label: &str, node: &Node) -> Option<(u32, Vec<String>, Vec<i32>)> {
     let subject = format!("`retry` of {label}");
-    match &node.value {
+    let count = |ctx: &mut Ctx, node: &Node, subject: &str| match &node.value {
         Value::Scalar(s) if s.kind() == ScalarKind::Int => match s.as_int() {
             Some(n) if (0..=i128::from(MAX_RETRY)).contains(&n) => u32::try_from(n).ok(),
             _ => {
@@ -1558,11 +1609,128 @@ fn retry(ctx: &mut Ctx, label: &str, node: &Node) -> Option<u32> {
         _ => {
             ctx.err(
                 node.pos,
-                format!("{subject} must be a whole number from 0 to {MAX_RETRY}, found {}", node.describe()),
+                format!(
+                    "{subject} must be a whole number from 0 to {MAX_RETRY} or a map like \
+                     `{{max: 2, on: [timeout, agent_lost]}}`, found {}",
+                    node.describe()
+                ),
             );
             None
         }
+    };
+    let Value::Map(entries) = &node.value else {
+        return count(ctx, node, &subject).map(|n| (n, Vec::new(), Vec::new()));
+    };
+    check_keys(ctx, entries, RETRY_KEYS, &format!("in {subject}"));
+    let max = require(ctx, entries, node.pos, "max", || {
+        format!("{subject} has no `max`; write `{{max: N, on: [...]}}` (N extra attempts)")
+    })
+    .and_then(|e| count(ctx, &e.value, &format!("`max` in {subject}")));
+    let on = match get(entries, "on") {
+        // Without `on`, every class that can be retried.
+        None => Some(RETRY_CLASSES.iter().map(|c| c.to_string()).collect::<Vec<_>>()),
+        Some(e) => retry_classes(ctx, &subject, &e.value),
+    };
+    let codes = match get(entries, "exit_codes") {
+        None => Some(Vec::new()),
+        Some(e) => retry_exit_codes(ctx, &subject, &e.value),
+    };
+    let (max, on, codes) = (max?, on?, codes?);
+    if !codes.is_empty() && !on.iter().any(|c| c == "step_failed") {
+        let pos = get(entries, "exit_codes").map_or(node.pos, |e| e.key_pos);
+        ctx.err(
+            pos,
+            format!(
+                "`exit_codes` in {subject} choose which `step_failed` attempts are retried; add `step_failed` to `on`"
+            ),
+        );
+        return None;
     }
+    Some((max, on, codes))
+}
+
+fn retry_classes(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<Vec<String>> {
+    let expected = format!("a failure class or a list of them ({}, or `transient`)", key_list(RETRY_CLASSES));
+    let items: Vec<&Node> = match &node.value {
+        Value::Seq(items) => items.iter().collect(),
+        Value::Scalar(_) => vec![node],
+        _ => {
+            ctx.err(node.pos, format!("`on` in {subject} must be {expected}, found {}", node.describe()));
+            return None;
+        }
+    };
+    if items.is_empty() {
+        ctx.err(node.pos, format!("`on` in {subject} is empty; name a class to retry, or write `retry: 0`"));
+        return None;
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut ok = true;
+    for item in items {
+        let Some(name) = as_nonempty_text(ctx, item, &format!("`on` in {subject}"), &expected) else {
+            ok = false;
+            continue;
+        };
+        let names: Vec<&str> = match name {
+            "transient" => vec!["agent_lost", "infra"],
+            "cancelled" => {
+                ctx.err(item.pos, format!("`on` in {subject} names `cancelled`: a cancelled attempt is never retried"));
+                ok = false;
+                continue;
+            }
+            n if RETRY_CLASSES.contains(&n) => vec![n],
+            n => {
+                let hint = suggest(n, RETRY_CLASSES).map(|s| format!("did you mean `{s}`? ")).unwrap_or_default();
+                ctx.err(
+                    item.pos,
+                    format!("`on` in {subject}: unknown failure class `{}`; {hint}expected {expected}", show(n)),
+                );
+                ok = false;
+                continue;
+            }
+        };
+        for n in names {
+            if !out.iter().any(|o| o == n) {
+                out.push(n.to_string());
+            }
+        }
+    }
+    // In the order of RETRY_CLASSES, so equal policies freeze equally.
+    out.sort_by_key(|c| RETRY_CLASSES.iter().position(|k| k == c));
+    ok.then_some(out)
+}
+
+fn retry_exit_codes(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<Vec<i32>> {
+    let expected = "a list of exit codes from 1 to 255, e.g. `[75, 137]`";
+    let items = as_seq(ctx, node, &format!("`exit_codes` in {subject}"), expected)?;
+    if items.is_empty() {
+        ctx.err(node.pos, format!("`exit_codes` in {subject} is empty; leave it out to retry any exit code"));
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for item in items {
+        match &item.value {
+            Value::Scalar(s) if s.kind() == ScalarKind::Int && s.as_int().is_some_and(|n| (1..=255).contains(&n)) => {
+                let n = s.as_int().and_then(|n| i32::try_from(n).ok()).unwrap_or_default();
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+            _ => {
+                let found = match &item.value {
+                    Value::Scalar(s) if s.kind() == ScalarKind::Int => format!("`{}`", show(&s.text)),
+                    _ => item.describe().to_string(),
+                };
+                ctx.err(
+                    item.pos,
+                    format!("an entry of `exit_codes` in {subject} must be an exit code from 1 to 255, found {found}"),
+                );
+                ok = false;
+            }
+        }
+    }
+    out.sort_unstable();
+    ok.then_some(out)
 }
 
 fn runs_on(ctx: &mut Ctx, label: &str, node: &Node) -> Option<BTreeMap<String, String>> {

@@ -9,7 +9,7 @@
 //! skips with a message, unless `KILN_REQUIRE_ROOT=1`.
 
 use kiln_api::{Client, SubmitRun};
-use kiln_testkit::{KilnServer, TestRepo, until, wait_for, wait_run};
+use kiln_testkit::{KilnServer, TestRepo, step_processes, until, wait_for, wait_run};
 use std::process::Command;
 use std::time::Duration;
 
@@ -83,8 +83,12 @@ jobs:
         - {from_job: produce, name: blob-sha, path: blob.sha}
 "#;
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
-    let s =
-        KilnServer::start_in(BIN.as_ref(), data, &["--resource-interval", "200ms", "--retry-base", "100ms"]).unwrap();
+    let s = KilnServer::start_in(
+        BIN.as_ref(),
+        data,
+        &["--resource-interval", "200ms", "--retry-base", "100ms", "--storage-levels", "80,90,95"],
+    )
+    .unwrap();
     s.add_repo("disk", &repo);
     let agent = s.agent("disk-agent", &[]).unwrap();
     let c = Client::new(&s.url, &s.token);
@@ -219,4 +223,80 @@ jobs:
     assert_eq!(done.status, "success", "{}", spot.log());
     assert!(logs(&run, "spot").contains("ran-on-epoch-2"));
     assert_eq!(done.jobs[0].attempts[0].outcome, "failed", "handed back: {:?}", done.jobs[0].attempts);
+    assert_eq!(done.jobs[0].attempts[0].failure_class.as_deref(), Some("agent_lost"));
+    assert_eq!(done.jobs[0].attempts[1].failure_class, None);
+}
+
+/// Spec 004's hang detector and failure classes with a real agent: a job
+/// silent for `hang-after` gets a warning in its log, one silent for
+/// `hang-kill-after` is killed (its process too) and fails with class
+/// `hang`; output resets the silence; a timed-out job is class `timeout`
+/// and retried when its `retry: on` names it, a step failure is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn hangs_are_warned_then_killed_and_timeouts_retried_per_policy() {
+    let wf = r#"version: 1
+jobs:
+  - name: silent
+    needs: []
+    hang-after: 1s
+    hang-kill-after: 3s
+    steps:
+      - echo started; sleep 600 & wait
+  - name: chatty
+    needs: []
+    hang-after: 1s
+    hang-kill-after: 2s
+    steps:
+      - for i in 1 2 3 4 5 6 7 8; do echo "tick $i"; sleep 0.5; done
+  - name: slow
+    needs: []
+    timeout: 1s
+    retry: {max: 1, on: [timeout]}
+    steps:
+      - sleep 30
+  - name: broken
+    needs: []
+    retry: {max: 2, on: [timeout]}
+    steps:
+      - exit 3
+"#;
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    let s = KilnServer::start(BIN.as_ref(), &["--retry-base", "100ms"]).unwrap();
+    s.add_repo("hang", &repo);
+    let _a = s.agent("hang-agent", &["--max-jobs", "4"]).unwrap();
+    let c = Client::new(&s.url, &s.token);
+    let logs = |run: &str, job: &str| {
+        let out = s.cli().args(["logs", run, job]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+    let run = c.submit_run("hang", &body, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 120).await;
+    assert_eq!(done.status, "failed");
+    let job = |name: &str| done.jobs.iter().find(|j| j.name == name).unwrap();
+    let classes = |name: &str| job(name).attempts.iter().map(|a| a.failure_class.clone()).collect::<Vec<_>>();
+
+    let silent = logs(&run.run_id, "silent");
+    assert!(silent.contains("⚠ hang: no output for 1s; it is killed after 3s without output"), "{silent}");
+    assert!(silent.contains("hang: no output for 3s; the job is killed"), "{silent}");
+    assert_eq!(silent.matches("⚠ hang").count(), 1, "one warning per silence: {silent}");
+    let j = job("silent");
+    assert_eq!(j.status, "failed");
+    assert_eq!(classes("silent"), [Some("hang".to_string())], "`hang` is not retried by default");
+    assert_eq!(j.attempts[0].exit_code, Some(124));
+    assert!(j.attempts[0].message.as_deref().unwrap_or("").contains("hang: no output for 3s"), "{:?}", j.attempts);
+    // The step's own `sleep 600` child was killed with it (the run is over:
+    // no step process of it is left).
+    let left = wait_for(Duration::from_secs(10), || step_processes(&run.run_id).is_empty().then_some(()));
+    assert!(left.is_some(), "step processes left: {:?}", step_processes(&run.run_id));
+
+    assert_eq!(job("chatty").status, "success", "output resets the silence: {}", logs(&run.run_id, "chatty"));
+    assert!(!logs(&run.run_id, "chatty").contains("hang:"));
+
+    assert_eq!(job("slow").status, "failed");
+    assert_eq!(classes("slow"), [Some("timeout".to_string()), Some("timeout".to_string())], "retried once on timeout");
+    assert!(job("slow").attempts.iter().all(|a| a.exit_code == Some(124)));
+
+    assert_eq!(classes("broken"), [Some("step_failed".to_string())], "a step failure is not in `on`");
+    assert_eq!(job("broken").attempts[0].exit_code, Some(3));
 }

@@ -51,6 +51,8 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
         steps: def.steps.iter().map(|s| step(s, &ctx)).collect(),
         env,
         timeout_secs: def.timeout_secs,
+        hang_after_secs: Some(def.hang_after_secs.unwrap_or(kiln_workflow::HANG_AFTER_SECS)),
+        hang_kill_after_secs: Some(def.hang_kill_after_secs.unwrap_or(kiln_workflow::HANG_KILL_AFTER_SECS)),
         image,
         image_digest,
         image_error,

@@ -10,6 +10,7 @@ use crate::state::AppState;
 use axum::http::StatusCode;
 use kiln_api as api;
 use kiln_core::AttemptOutcome;
+use kiln_core::failure::FailureClass;
 use kiln_store::{CompletionInput, NewLogChunk, StoreError};
 
 /// Largest log chunk accepted.
@@ -56,6 +57,16 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
     if outcome == AttemptOutcome::Running || outcome == AttemptOutcome::Lost {
         return Err(ApiErr::bad_request("outcome must be success, failed or cancelled"));
     }
+    let failure_class = match c.failure_class.as_deref() {
+        None => c.infra_failure.then_some(FailureClass::Infra),
+        // `agent_lost` from an agent: it handed the job back (drain, preemption).
+        Some(s) => Some(FailureClass::parse(s).ok_or_else(|| {
+            ApiErr::bad_request(format!(
+                "unknown failure_class `{}`: expected step_failed, timeout, hang, agent_lost, infra or cancelled",
+                s.chars().take(40).collect::<String>()
+            ))
+        })?),
+    };
     let res = state
         .store
         .complete(
@@ -65,7 +76,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
                 outcome,
                 exit_code: c.exit_code,
                 message: c.message.map(|m| m.chars().take(MAX_MESSAGE).collect()),
-                infra_failure: c.infra_failure,
+                failure_class,
                 outputs: c.outputs,
                 steps: step_results(c.steps),
             },

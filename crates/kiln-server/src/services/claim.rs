@@ -134,6 +134,7 @@ async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -
         exit_code: None,
         message: Some(why.to_string()),
         infra_failure: false,
+        failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
     };

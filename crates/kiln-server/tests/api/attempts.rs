@@ -83,6 +83,32 @@ async fn complete_once_then_the_epoch_is_stale() {
     assert_eq!(super::get_run(&app, &run).await.status, "running");
 }
 
+/// The class an agent reports is recorded on the attempt; an unknown one is
+/// refused and changes nothing.
+#[tokio::test]
+async fn a_reported_failure_class_is_recorded_and_an_unknown_one_refused() {
+    let app = TestApp::new().await;
+    let (run, _agent, a) = super::claimed(&app, &["build"]).await;
+    let path = format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch);
+    let mut body = api::Completion {
+        outcome: api::AttemptOutcome::Failed,
+        exit_code: Some(124),
+        message: Some("timed out after 5s".into()),
+        ..api::Completion::success()
+    };
+    body.failure_class = Some("flaky".into());
+    let r = app.holder(&a).post(&path).json(&body).send().await.assert_status(StatusCode::BAD_REQUEST);
+    assert!(r.text().contains("unknown failure_class `flaky`"), "{}", r.text());
+    let j = &super::get_run(&app, &run).await.jobs[0];
+    assert_eq!((j.status.as_str(), j.attempts[0].outcome.as_str()), ("running", "running"), "nothing changed");
+    body.failure_class = Some("timeout".into());
+    let ack: api::CompletionAck =
+        app.holder(&a).post(&path).json(&body).send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(ack.job_status, "failed", "no `retry:`: a timeout is final");
+    let j = &super::get_run(&app, &run).await.jobs[0];
+    assert_eq!(j.attempts[0].failure_class.as_deref(), Some("timeout"));
+}
+
 #[tokio::test]
 async fn an_image_digest_is_committed_once() {
     let app = TestApp::new().await;

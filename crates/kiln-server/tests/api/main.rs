@@ -87,6 +87,7 @@ pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln
         exit_code: Some(0),
         message: None,
         infra_failure: false,
+        failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
     };

@@ -38,6 +38,7 @@ pub(crate) async fn attempt_lease(tx: &mut Tx, job_id: &str, epoch: i64) -> Resu
 
 /// End the running attempt `(job, epoch)` with `outcome`. An attempt that
 /// ended through its agent (anything but `lost`) gets its `seal` marker.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn end_attempt(
     tx: &mut Tx,
     job_id: &str,
@@ -45,12 +46,13 @@ pub(crate) async fn end_attempt(
     outcome: AttemptOutcome,
     exit_code: Option<i32>,
     message: Option<&str>,
+    class: Option<kiln_core::failure::FailureClass>,
     now: i64,
 ) -> Result<()> {
     static END: Sql = Sql::new(|_| {
         format!(
-            "UPDATE attempts SET outcome = $1, exit_code = $2, message = $3, finished_at = $4 \
-             WHERE job_id = $5 AND epoch = $6 AND outcome = {running}",
+            "UPDATE attempts SET outcome = $1, exit_code = $2, message = $3, failure_class = $4, finished_at = $5 \
+             WHERE job_id = $6 AND epoch = $7 AND outcome = {running}",
             running = lit(AttemptOutcome::Running)
         )
     });
@@ -59,6 +61,7 @@ pub(crate) async fn end_attempt(
         .bind(outcome.as_str())
         .bind(exit_code)
         .bind(message)
+        .bind(class.map(|c| c.as_str()))
         .bind(now)
         .bind(job_id)
         .bind(epoch)

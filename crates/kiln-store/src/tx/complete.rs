@@ -18,8 +18,8 @@ use crate::tx::advance::{advance_run, make_ready};
 use crate::tx::attempt::{end_attempt, require_live};
 use kiln_core::complete::{CompletionFacts, CompletionVerdict, decide_completion, missing_output, success_message};
 use kiln_core::failure::{
-    CANCELLED, FailureClass, FailureFacts, FailureVerdict, RetryBudget, SiblingAction, decide_failure,
-    fail_fast_siblings,
+    CANCELLED, ClassSet, ExitCodes, FailureClass, FailureFacts, FailureVerdict, RetryBudget, SiblingAction,
+    decide_failure, fail_fast_siblings,
 };
 use kiln_core::{AttemptOutcome, JobStatus};
 
@@ -111,7 +111,7 @@ async fn complete_tx(
         reported: c.outcome,
         exit_code: c.exit_code,
         message: c.message.as_deref(),
-        infra_failure: c.infra_failure,
+        class: c.failure_class,
     });
     let Some(ends) = verdict.attempt_outcome() else {
         return Err(StoreError::Invalid("completion outcome cannot be running".into()));
@@ -121,8 +121,9 @@ async fn complete_tx(
             // Cancellation (of the run, or of this job by fail-fast) committed
             // first: the late completion is rejected, but it does confirm the
             // sandbox ended.
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), now).await?;
-            fail_or_retry(store, tx, &job, &budget, FailureClass::Deterministic, CANCELLED, now).await?;
+            let class = FailureClass::Cancelled;
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), Some(class), now).await?;
+            fail_or_retry(store, tx, &job, &budget, class, c.exit_code, CANCELLED, now).await?;
             if accepted {
                 return Ok(Some(Ok(JobStatus::Cancelled.as_str().into())));
             }
@@ -145,9 +146,10 @@ async fn complete_tx(
                     Some(g) => sealed.push((name, g, *expire_in)),
                     None => {
                         let msg = missing_output(name, epoch);
-                        end_attempt(tx, job_id, epoch, AttemptOutcome::Failed, c.exit_code, Some(&msg), now).await?;
-                        let st =
-                            fail_or_retry(store, tx, &job, &budget, FailureClass::Deterministic, &msg, now).await?;
+                        let class = FailureClass::StepFailed;
+                        let failed = AttemptOutcome::Failed;
+                        end_attempt(tx, job_id, epoch, failed, c.exit_code, Some(&msg), Some(class), now).await?;
+                        let st = fail_or_retry(store, tx, &job, &budget, class, None, &msg, now).await?;
                         return Ok(Some(Ok(st.as_str().into())));
                     }
                 }
@@ -176,15 +178,15 @@ async fn complete_tx(
                 .execute()
                 .await?;
             }
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, c.message.as_deref(), now).await?;
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, c.message.as_deref(), None, now).await?;
             let message = success_message(job.message.as_deref());
             tx.sql(&SUCCEED).bind(now).bind(message).bind(job_id).execute().await?;
             advance_run(tx, &job.run_id, now).await?;
             JobStatus::Success
         }
         CompletionVerdict::Fail { message, class } => {
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), now).await?;
-            fail_or_retry(store, tx, &job, &budget, class, &message, now).await?
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), Some(class), now).await?;
+            fail_or_retry(store, tx, &job, &budget, class, c.exit_code, &message, now).await?
         }
         CompletionVerdict::Invalid => unreachable!("an invalid completion ends no attempt"),
     };
@@ -192,13 +194,16 @@ async fn complete_tx(
 }
 
 /// Ends a job whose attempt did not succeed, as kiln-core's
-/// [`decide_failure`] decides. Returns the job's new status.
+/// [`decide_failure`] decides under the job's frozen `retry:` policy.
+/// Returns the job's new status.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn fail_or_retry(
     store: &SqlStore,
     tx: &mut Tx,
     job: &JobRecord,
     budget: &JobBudget,
     class: FailureClass,
+    exit_code: Option<i32>,
     message: &str,
     now: i64,
 ) -> Result<JobStatus> {
@@ -215,17 +220,25 @@ pub(crate) async fn fail_or_retry(
         )
     });
     let run = load_run(tx, &job.run_id).await?;
-    let matrix =
-        usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i)).and_then(|d| d.matrix.as_ref());
+    let def = usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i));
+    let matrix = def.and_then(|d| d.matrix.as_ref());
+    let mut retry =
+        RetryBudget::new(count(budget.failure_retries), count(budget.infra_retries), count(budget.max_failure_retries));
+    if let Some(d) = def {
+        // `retry: {on, exit_codes}` as frozen (validated at acceptance; an
+        // empty `on` is `retry: N`'s own classes).
+        let on: Vec<FailureClass> = d.retry_on.iter().filter_map(|c| FailureClass::parse(c)).collect();
+        if !on.is_empty() {
+            retry.on = ClassSet::of(on);
+        }
+        retry.exit_codes = ExitCodes::of(&d.retry_exit_codes).unwrap_or_default();
+    }
     let facts = FailureFacts {
         run: run.status,
         cancel_requested: budget.cancel_requested,
         class,
-        budget: RetryBudget::new(
-            count(budget.failure_retries),
-            count(budget.infra_retries),
-            count(budget.max_failure_retries),
-        ),
+        exit_code,
+        budget: retry,
         message,
         fail_fast_group: matrix.filter(|m| m.fail_fast).map(|m| m.group.as_str()),
     };
@@ -239,13 +252,10 @@ pub(crate) async fn fail_or_retry(
         }
         FailureVerdict::Retry { class, delay_ms, message, .. } => {
             let at = now.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
-            let spend = match class {
-                FailureClass::Infrastructure => {
-                    "UPDATE jobs SET infra_retries = infra_retries + 1, message = $1 WHERE id = $2"
-                }
-                FailureClass::Deterministic => {
-                    "UPDATE jobs SET failure_retries = failure_retries + 1, message = $1 WHERE id = $2"
-                }
+            let spend = if class.is_infrastructure() {
+                "UPDATE jobs SET infra_retries = infra_retries + 1, message = $1 WHERE id = $2"
+            } else {
+                "UPDATE jobs SET failure_retries = failure_retries + 1, message = $1 WHERE id = $2"
             };
             tx.sql(spend).bind(message).bind(&job.id).execute().await?;
             make_ready(tx, &job.id, at, now).await?;

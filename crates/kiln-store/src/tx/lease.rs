@@ -139,12 +139,13 @@ async fn fence_tx(store: &SqlStore, tx: &mut Tx, job_id: &str, epoch: i64) -> Re
         return Ok(false);
     }
     // Fence first: the old epoch can no longer publish...
-    end_attempt(tx, job_id, epoch, AttemptOutcome::Lost, None, Some(LOST_ATTEMPT), now).await?;
+    let class = FailureClass::AgentLost;
+    end_attempt(tx, job_id, epoch, AttemptOutcome::Lost, None, Some(LOST_ATTEMPT), Some(class), now).await?;
     append_gap_marker(tx, job_id, epoch).await?;
     let (job, budget) = load_job(tx, job_id).await?;
     if fence_fails_job(job.status, job.current_epoch, epoch) {
         // ...then authorize a replacement within the budget.
-        fail_or_retry(store, tx, &job, &budget, FailureClass::Infrastructure, LOST_JOB, now).await?;
+        fail_or_retry(store, tx, &job, &budget, class, None, LOST_JOB, now).await?;
     }
     Ok(true)
 }

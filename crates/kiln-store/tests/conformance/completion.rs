@@ -217,6 +217,93 @@ pub async fn infra_failures_retry_up_to_the_default_budget<S: Store + 'static>(o
     assert!(try_claim(s, &a, &build, b.job.dispatch_generation, LONG_TTL).await.is_none());
 }
 
+/// `retry: {max, on, exit_codes}` (issue 18): each failed attempt records
+/// its class; only the listed classes (and exit codes) are retried, up to
+/// `max` shared by the job's own classes; infrastructure keeps its default
+/// allowance; `cancelled` is never retried.
+pub async fn retry_policy_follows_failure_classes<S: Store + 'static>(o: &Opener<S>) {
+    use kiln_core::failure::FailureClass::{self, *};
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let policy = |name: &str, max: u32, on: &[&str], codes: &[i32]| Job {
+        retry_on: on.iter().map(|c| c.to_string()).collect(),
+        retry_exit_codes: codes.to_vec(),
+        needs: vec![],
+        ..job(name, &[], max)
+    };
+    let jobs = vec![
+        // Timeouts retried; a plain step failure is final.
+        policy("timeouts", 2, &["timeout"], &[]),
+        // Only exit code 75 of a step failure.
+        policy("codes", 3, &["step_failed"], &[75]),
+        // `retry: 1`: the job's own classes share one retry.
+        job("shared", &[], 1),
+        // A lost agent is retried even if `on` does not name it.
+        policy("lost", 1, &["hang"], &[]),
+    ];
+    let mut wf = workflow(jobs);
+    for j in &mut wf.jobs {
+        j.needs.clear();
+    }
+    let (_, run_id) = start(s, wf).await;
+    let a = agent(s, "a", 8).await;
+    let fail = |class: Option<FailureClass>, code: Option<i32>| CompletionInput {
+        exit_code: code,
+        failure_class: class,
+        ..failure(code.unwrap_or(1))
+    };
+    let step = |code: i32| fail(None, Some(code));
+    // (job, [(what its attempt reports, the job's status after, the class recorded)])
+    type Step<'a> = (CompletionInput, &'a str, FailureClass);
+    let cases: Vec<(&str, Vec<Step>)> = vec![
+        (
+            "timeouts",
+            vec![
+                (fail(Some(Timeout), Some(124)), "ready", Timeout),
+                (fail(Some(Timeout), Some(124)), "ready", Timeout),
+                (fail(Some(Timeout), Some(124)), "failed", Timeout),
+            ],
+        ),
+        (
+            "codes",
+            vec![(step(75), "ready", StepFailed), (step(75), "ready", StepFailed), (step(1), "failed", StepFailed)],
+        ),
+        ("shared", vec![(fail(Some(Hang), Some(124)), "ready", Hang), (step(2), "failed", StepFailed)]),
+        (
+            "lost",
+            vec![
+                (fail(Some(Infra), None), "ready", Infra),
+                (fail(Some(Hang), Some(124)), "ready", Hang),
+                (fail(Some(Infra), None), "ready", Infra),
+                (fail(Some(Infra), None), "failed", Infra),
+            ],
+        ),
+    ];
+    for (name, steps) in cases {
+        let id = job_id(s, &run_id, name).await;
+        let mut want_classes = vec![];
+        for (epoch, (input, want, class)) in (1..).zip(steps) {
+            assert_eq!(claim(s, &a, &id, LONG_TTL).await.epoch, epoch, "{name}");
+            assert_eq!(s.complete(&id, epoch, input).await.unwrap(), want, "{name}: epoch {epoch}");
+            want_classes.push(Some(class));
+        }
+        let v = view(s, &run_id).await;
+        let classes: Vec<_> = jv(&v, name).attempts.iter().map(|a| a.failure_class).collect();
+        assert_eq!(classes, want_classes, "{name}: the classes recorded on the attempts");
+    }
+    // A success records no class; a lost lease records `agent_lost`.
+    let (_, run2) = start(s, workflow(vec![job("once", &[], 0)])).await;
+    let once = job_id(s, &run2, "once").await;
+    claim(s, &a, &once, 50).await;
+    expire(50).await;
+    s.fence_expired().await.unwrap();
+    assert_eq!(claim(s, &a, &once, LONG_TTL).await.epoch, 2);
+    assert_eq!(s.complete(&once, 2, success()).await.unwrap(), "success");
+    let v = view(s, &run2).await;
+    let classes: Vec<_> = jv(&v, "once").attempts.iter().map(|a| a.failure_class).collect();
+    assert_eq!(classes, [Some(AgentLost), None]);
+}
+
 /// The last needs of a fan-in complete at the same moment: whichever commits
 /// last sees every other one, so the joining job becomes ready exactly once
 /// and the run finishes. (On PostgreSQL completions of a run without

@@ -113,6 +113,7 @@ macro_rules! suite {
             completion::failure_with_retry_is_claimable_after_backoff,
             completion::retried_job_that_succeeds_unblocks_successor,
             completion::infra_failures_retry_up_to_the_default_budget,
+            completion::retry_policy_follows_failure_classes,
             outbox::relay_delivering_twice_is_absorbed,
             outbox::unmarked_events_are_delivered_again,
             cancel::cancel_after_success_is_a_no_op,
@@ -330,7 +331,7 @@ pub fn success() -> CompletionInput {
         outcome: AttemptOutcome::Success,
         exit_code: Some(0),
         message: None,
-        infra_failure: false,
+        failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
     }
@@ -341,7 +342,7 @@ pub fn failure(code: i32) -> CompletionInput {
         outcome: AttemptOutcome::Failed,
         exit_code: Some(code),
         message: None,
-        infra_failure: false,
+        failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
     }
@@ -352,7 +353,7 @@ pub fn infra_failure() -> CompletionInput {
         outcome: AttemptOutcome::Failed,
         exit_code: None,
         message: Some("artifact upload failed".into()),
-        infra_failure: true,
+        failure_class: Some(kiln_core::failure::FailureClass::Infra),
         outputs: Default::default(),
         steps: Default::default(),
     }

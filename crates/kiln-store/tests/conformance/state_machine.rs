@@ -379,7 +379,7 @@ impl<S: Store> Model<'_, S> {
                     outcome: input.outcome,
                     exit_code: input.exit_code,
                     message: input.message.clone(),
-                    infra_failure: input.infra_failure,
+                    class: input.failure_class,
                 };
                 let r = s.complete(&self.ids[job], epoch, input).await;
                 let modelled = self.reference.complete(job, epoch, &report);
