@@ -3,13 +3,9 @@
 //! connected agents. The older hand-written series of `/metrics` stay beside them
 //! until they move here.
 
-use axum::extract::{MatchedPath, Request, State as S};
-use axum::middleware::Next;
-use axum::response::Response;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use std::time::Instant;
 
 /// The error code of an API error answer, set by `ApiErr` on its response
 /// so the metrics layer can count rejections by kind.
@@ -66,20 +62,14 @@ impl Metrics {
     }
 }
 
-/// Time every request and count stale-epoch refusals. The route is the
-/// matched pattern (`/v1/jobs/{job}/…`), never the raw path, so ids do not
-/// make new series; unmatched paths are `other`.
-pub(crate) async fn layer(S(state): S<crate::state::State>, req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_string();
-    let method = req.method().as_str().to_string();
-    let started = Instant::now();
-    let res = next.run(req).await;
-    let m = &state.metrics;
-    m.http
-        .with_label_values(&[route.as_str(), method.as_str(), res.status().as_str()])
-        .observe(started.elapsed().as_secs_f64());
-    if res.extensions().get::<ErrorCode>().is_some_and(|c| c.0 == kiln_api::codes::STALE_EPOCH) {
-        m.stale.inc();
+/// Count one answered request: its duration by route pattern, method and
+/// status, and a stale-epoch refusal (told by the answer's [`ErrorCode`]).
+/// The middleware in `router` calls it for every request.
+impl Metrics {
+    pub(crate) fn observe(&self, route: &str, method: &str, status: &str, secs: f64, code: Option<&ErrorCode>) {
+        self.http.with_label_values(&[route, method, status]).observe(secs);
+        if code.is_some_and(|c| c.0 == kiln_api::codes::STALE_EPOCH) {
+            self.stale.inc();
+        }
     }
-    res
 }

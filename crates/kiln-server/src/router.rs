@@ -84,6 +84,23 @@ pub(crate) fn router(state: State) -> Router {
         .merge(data)
         .merge(hooks)
         .layer(middleware::from_fn_with_state(state.clone(), security::headers))
-        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::layer))
+        .layer(middleware::from_fn_with_state(state.clone(), metrics_layer))
         .with_state(state)
+}
+
+/// Time every request and count stale-epoch refusals. The route is the
+/// matched pattern (`/v1/jobs/{job}/…`), never the raw path, so ids do not
+/// make new series; unmatched paths are `other`.
+async fn metrics_layer(
+    axum::extract::State(state): axum::extract::State<State>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    let route = req.extensions().get::<axum::extract::MatchedPath>().map_or("other", |p| p.as_str()).to_string();
+    let method = req.method().as_str().to_string();
+    let started = std::time::Instant::now();
+    let res = next.run(req).await;
+    let code = res.extensions().get::<crate::metrics::ErrorCode>();
+    state.metrics.observe(&route, &method, res.status().as_str(), started.elapsed().as_secs_f64(), code);
+    res
 }
