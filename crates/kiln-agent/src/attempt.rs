@@ -247,8 +247,9 @@ async fn execute(
     }
 
     logs.system_note(&format!("checking out {} at {}", a.repo, a.commit_sha));
+    let on_retry = |line: String| logs.system(&format!("⚠ {line}"));
     let checkout = tokio::select! {
-        r = ctx.mirrors.checkout(&a.clone_url, &a.commit_sha, &ws, ctx.private_objects().is_some()) => r,
+        r = ctx.mirrors.checkout(&a.clone_url, &a.commit_sha, &ws, ctx.private_objects().is_some(), &on_retry) => r,
         _ = ctl.stopped() => return Ran::Stopped,
     };
     if let Err(e) = checkout {

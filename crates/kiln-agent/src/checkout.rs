@@ -33,6 +33,9 @@ pub(crate) enum CheckoutError {
 
 pub(crate) struct Mirrors {
     dir: PathBuf,
+    /// Fetch retries (spec 004's table for git clone: 3 tries, 5 s doubling
+    /// to 60 s, ±15 % jitter); shorter in tests.
+    retry: FetchRetry,
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
     /// (mirror, sha) seen present: objects are never removed from a mirror,
     /// so the next checkout of that commit skips the `cat-file` probe.
@@ -41,7 +44,7 @@ pub(crate) struct Mirrors {
 
 impl Mirrors {
     pub(crate) fn new(dir: PathBuf) -> Self {
-        Mirrors { dir, locks: Mutex::default(), known: Mutex::default() }
+        Mirrors { dir, retry: FetchRetry::default(), locks: Mutex::default(), known: Mutex::default() }
     }
 
     pub(crate) fn mirror_path(&self, clone_url: &str) -> PathBuf {
@@ -59,12 +62,18 @@ impl Mirrors {
     /// the agent's 0700 mirrors), the workspace gets its own object
     /// store instead of borrowing the mirror's: its files hard-linked (made
     /// read-only first; the step user does not own them) or copied.
+    ///
+    /// A fetch that fails transiently (connection refused or reset, DNS, a
+    /// timeout, HTTP 5xx or 429) is tried again with backoff; `on_retry`
+    /// gets a line for the job's log each time. A permanent failure
+    /// (repository not found, authentication, other 4xx) is not retried.
     pub(crate) async fn checkout(
         &self,
         clone_url: &str,
         sha: &str,
         ws: &Path,
         private_objects: bool,
+        on_retry: &(dyn Fn(String) + Send + Sync),
     ) -> Result<(), CheckoutError> {
         let full_sha = (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit());
         if !full_sha {
@@ -79,11 +88,26 @@ impl Mirrors {
             let known = self.known.lock().expect("known").contains(&(mirror.clone(), sha.to_string()));
             if !known && !has_commit(&mirror, sha).await {
                 tracing::info!(url = %clone_url, mirror = %mirror.display(), "fetching into mirror");
-                let fetch_all = git(
-                    Some(&mirror),
-                    ["fetch", "-q", "--no-tags", "--", &url, "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
-                )
-                .await;
+                let refs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"];
+                let mut tries = 0;
+                let fetch_all = loop {
+                    tries += 1;
+                    let r = git(Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, refs[0], refs[1]]).await;
+                    match r {
+                        Err(e) if tries < self.retry.tries && is_transient(&e) => {
+                            let delay = self.retry.delay(tries);
+                            let line = format!(
+                                "git fetch failed (try {tries}/{}): {e}; retrying in {:.1}s",
+                                self.retry.tries,
+                                delay.as_secs_f64()
+                            );
+                            tracing::warn!("{line}");
+                            on_retry(line);
+                            tokio::time::sleep(delay).await;
+                        }
+                        r => break r,
+                    }
+                };
                 if !has_commit(&mirror, sha).await {
                     // An unadvertised commit (e.g. a pull request head): ask for it by id.
                     let by_id = git(Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, sha]).await;
@@ -197,6 +221,51 @@ async fn has_commit(repo: &Path, sha: &str) -> bool {
     git(Some(repo), ["cat-file", "-e", &format!("{sha}^{{commit}}")]).await.is_ok()
 }
 
+/// How often, and how patiently, a fetch is tried.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FetchRetry {
+    pub tries: u32,
+    pub base: std::time::Duration,
+    pub max: std::time::Duration,
+}
+
+impl Default for FetchRetry {
+    fn default() -> Self {
+        FetchRetry { tries: 3, base: std::time::Duration::from_secs(5), max: std::time::Duration::from_secs(60) }
+    }
+}
+
+impl FetchRetry {
+    /// The wait after failed try `n` (1-based): `base` doubling up to
+    /// `max`, then ±15 % jitter.
+    fn delay(&self, n: u32) -> std::time::Duration {
+        let ceiling = self.base.saturating_mul(1u32 << (n - 1).min(16)).min(self.max);
+        ceiling.mul_f64(rand::random_range(0.85..=1.15))
+    }
+}
+
+/// Whether a failed git call is worth trying again: the network or the
+/// server failed, not the request (a repository that does not exist, a
+/// refused login, another 4xx stay failed however often they are asked).
+fn is_transient(e: &CheckoutError) -> bool {
+    let CheckoutError::Git { detail, .. } = e else { return false };
+    let d = detail.to_ascii_lowercase();
+    const PERMANENT: &[&str] = &[
+        "not found",
+        "does not appear to be a git repository",
+        "authentication failed",
+        "could not read username",
+        "permission denied",
+        "returned error: 4",
+        "unsupported protocol",
+        "transport '",
+    ];
+    if d.contains("returned error: 429") {
+        return true;
+    }
+    !PERMANENT.iter().any(|p| d.contains(p))
+}
+
 /// The longest any git call of a checkout may take (spec 004: git clone, 10 min).
 const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -230,4 +299,127 @@ where
     let stderr = String::from_utf8_lossy(&out.stderr);
     let detail = stderr.trim().chars().take(2000).collect::<String>();
     Err(CheckoutError::Git { args: shown(), detail: if detail.is_empty() { out.status.to_string() } else { detail } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A real git repository served over dumb HTTP by Python, answering
+    /// 503 to its first `fail` requests.
+    struct FlakyServer {
+        child: std::process::Child,
+        url: String,
+        sha: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for FlakyServer {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn sh(dir: &Path, cmd: &str) -> String {
+        let out = std::process::Command::new("sh").arg("-c").arg(cmd).current_dir(dir).output().unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn flaky_server(fail: usize) -> FlakyServer {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        sh(
+            &repo,
+            "git init -q && echo hi > f && git add f && git -c user.name=t -c user.email=t@t commit -qm one \
+             && git update-server-info",
+        );
+        let sha = sh(&repo, "git rev-parse HEAD");
+        let script = format!(
+            r#"
+import http.server, sys, functools
+left = [{fail}]
+class H(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        if left[0] > 0:
+            left[0] -= 1
+            self.send_error(503, "try later")
+            return
+        super().do_GET()
+    def log_message(self, *a): pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(H, directory=sys.argv[1]))
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#
+        );
+        let mut child = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(repo.join(".git"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url = format!("http://127.0.0.1:{}/", line.trim());
+        FlakyServer { child, url, sha, _dir: dir }
+    }
+
+    fn mirrors(dir: &Path) -> Mirrors {
+        let mut m = Mirrors::new(dir.join("mirrors"));
+        m.retry = FetchRetry {
+            tries: 3,
+            base: std::time::Duration::from_millis(20),
+            max: std::time::Duration::from_millis(50),
+        };
+        m
+    }
+
+    #[tokio::test]
+    async fn a_fetch_failing_with_503_is_retried_with_a_line_per_retry() {
+        let server = flaky_server(2);
+        let work = tempfile::tempdir().unwrap();
+        let lines = Mutex::new(Vec::new());
+        let on_retry = |l: String| lines.lock().unwrap().push(l);
+        let ws = work.path().join("ws");
+        mirrors(work.path()).checkout(&server.url, &server.sha, &ws, false, &on_retry).await.unwrap();
+        assert_eq!(std::fs::read_to_string(ws.join("f")).unwrap(), "hi\n");
+        let lines = lines.into_inner().unwrap();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("try 1/3") && lines[0].contains("503"), "{lines:?}");
+        assert!(lines[1].contains("try 2/3"), "{lines:?}");
+    }
+
+    #[tokio::test]
+    async fn a_permanent_failure_is_not_retried_and_retries_are_bounded() {
+        let server = flaky_server(0);
+        let work = tempfile::tempdir().unwrap();
+        let calls = AtomicUsize::new(0);
+        let on_retry = |_: String| {
+            calls.fetch_add(1, Ordering::SeqCst);
+        };
+        // 404: the repository does not exist there.
+        let missing = format!("{}nosuch/", server.url);
+        let e = mirrors(work.path()).checkout(&missing, &server.sha, &work.path().join("a"), false, &on_retry).await;
+        assert!(e.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "404 is permanent");
+        // Always 503: three tries, two retries, then the error.
+        let down = flaky_server(100);
+        let e = mirrors(work.path()).checkout(&down.url, &down.sha, &work.path().join("b"), false, &on_retry).await;
+        assert!(e.unwrap_err().to_string().contains("503"));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn delays_double_up_to_the_cap_with_jitter() {
+        let r = FetchRetry::default();
+        for (n, ceiling) in [(1, 5.0), (2, 10.0), (3, 20.0), (6, 60.0), (30, 60.0)] {
+            let d = r.delay(n).as_secs_f64();
+            assert!((ceiling * 0.85..=ceiling * 1.15).contains(&d), "try {n}: {d}s");
+        }
+    }
 }
