@@ -11,6 +11,14 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(d)
 }
 
+/// A duration, or `off` / `0` for none (`Duration::ZERO`).
+pub fn parse_duration_or_off(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim() {
+        "off" | "0" => Ok(std::time::Duration::ZERO),
+        _ => parse_duration(s),
+    }
+}
+
 /// A byte size: `100MiB`, `16 MiB`, `1GB`, or plain bytes.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     kiln_workflow::parse_bytes(s)

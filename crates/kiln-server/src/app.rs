@@ -82,6 +82,11 @@ impl App {
         work::archive_once(&self.state).await
     }
 
+    /// Fail ready jobs no agent claimed within the queue timeout.
+    pub async fn queue_timeout_once(&self) -> Result<usize, StoreError> {
+        crate::services::runs::queue_timeout_once(&self.state).await
+    }
+
     /// Plan accepted webhook deliveries into runs.
     pub async fn plan_once(&self) -> Result<usize, StoreError> {
         crate::services::planning::plan_once(&self.state).await

@@ -73,6 +73,8 @@ pub struct ServerConfig {
     pub degradation: kiln_core::degradation::Thresholds,
     /// The timeout of a job that sets none (frozen into its run).
     pub job_timeout: Duration,
+    /// A ready job no agent claimed for this long fails (0: never).
+    pub queue_timeout: Duration,
     /// The longest `timeout` a job may ask for (longer: 422 at acceptance).
     pub max_job_timeout: Duration,
     /// How long a bound artifact's bytes are kept when its `publish` entry
@@ -144,6 +146,7 @@ impl ServerConfig {
             probe_clone_urls: true,
             resource_interval: Duration::from_secs(5),
             job_timeout: Duration::from_secs(3600),
+            queue_timeout: Duration::from_secs(24 * 3600),
             max_job_timeout: Duration::from_secs(kiln_workflow::MAX_TIMEOUT_SECS),
             artifact_expire_in: Duration::from_secs(30 * 24 * 3600),
             degradation: kiln_core::degradation::Thresholds::default(),

@@ -32,6 +32,13 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
         let wake = state.store.ready_wakeups().await?;
         tokio::spawn(sweeper(state.clone(), wake, shutdown.clone()));
     }
+    if !state.config.queue_timeout.is_zero() {
+        // A tenth of the timeout, between 1 s and 1 min.
+        let every_ = (state.config.queue_timeout / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        tokio::spawn(every(state.clone(), shutdown.clone(), every_, "queue timeout", |s| {
+            Box::pin(crate::services::runs::queue_timeout_once(s))
+        }));
+    }
     tokio::spawn(planner(state.clone(), shutdown.clone()));
     tokio::spawn(every(state.clone(), shutdown.clone(), REPORT_POLL, "commit status reporter", |s| {
         Box::pin(crate::services::forge_status::report_once(s))

@@ -88,6 +88,14 @@ impl RunStore for SqlStore {
     async fn get_job(&self, job_id: &str) -> Result<JobRecord> {
         accept::get_job(self, job_id).await
     }
+
+    async fn overdue_jobs(&self, max_wait_ms: i64, limit: u32) -> Result<Vec<(String, String)>> {
+        crate::tx::queue::overdue(self, max_wait_ms, limit).await
+    }
+
+    async fn fail_overdue_job(&self, job_id: &str, max_wait_ms: i64, message: &str) -> Result<bool> {
+        crate::tx::queue::fail_overdue(self, job_id, max_wait_ms, message).await
+    }
 }
 
 #[async_trait]

@@ -70,6 +70,12 @@ pub trait RunStore: Send + Sync {
     /// not running, and leave the run `cancelling` while attempts still run.
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;
     async fn get_job(&self, job_id: &str) -> Result<JobRecord>;
+    /// The queue timeout: ready jobs no agent claimed for `max_wait_ms`
+    /// (job id, label requirements), oldest first, at most `limit`.
+    async fn overdue_jobs(&self, max_wait_ms: i64, limit: u32) -> Result<Vec<(String, String)>>;
+    /// Fail an overdue ready job with `message` and advance its run (its
+    /// dependents skipped); false when it is no longer ready and overdue.
+    async fn fail_overdue_job(&self, job_id: &str, max_wait_ms: i64, message: &str) -> Result<bool>;
 }
 
 #[async_trait]

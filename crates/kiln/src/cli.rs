@@ -293,6 +293,10 @@ pub struct ServerTuning {
     /// Timeout of a job whose workflow sets none (frozen into the run when it is accepted).
     #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DURATION")]
     pub job_timeout: std::time::Duration,
+    /// A job that stays queued this long — no agent claimed it, e.g. none has the labels its
+    /// `runs-on` asks for — fails, saying why, and its run moves on. `off` disables.
+    #[arg(long, default_value = "24h", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub queue_timeout: std::time::Duration,
     /// The longest `timeout` a job may ask for; a run asking for more is refused (422).
     #[arg(long, default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     pub max_job_timeout: std::time::Duration,

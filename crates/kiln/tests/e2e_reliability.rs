@@ -300,3 +300,24 @@ jobs:
     assert_eq!(classes("broken"), [Some("step_failed".to_string())], "a step failure is not in `on`");
     assert_eq!(job("broken").attempts[0].exit_code, Some(3));
 }
+
+/// The queue timeout with a real server and agent: a job whose `runs-on`
+/// no connected agent has fails after `--queue-timeout`, naming the labels
+/// and the agents there are; its run ends `failed`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_no_agent_can_take_fails_at_the_queue_timeout() {
+    let wf = "version: 1\njobs:\n  - name: build\n    runs-on: {os: ubuntu-latest}\n    steps: [echo never]\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    let s = KilnServer::start(BIN.as_ref(), &["--queue-timeout", "2s"]).unwrap();
+    s.add_repo("stuck", &repo);
+    let _a = s.agent("linux-agent", &["--labels", "os=linux"]).unwrap();
+    let c = Client::new(&s.url, &s.token);
+    let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+    let run = c.submit_run("stuck", &body, None).await.unwrap().run_id;
+    let done = wait_run(&c, &run, 60).await;
+    assert_eq!(done.status, "failed");
+    let m = done.jobs[0].message.clone().unwrap_or_default();
+    assert!(m.starts_with("queue timeout: no agent claimed the job within 2s"), "{m}");
+    assert!(m.contains("no connected agent has labels {os: ubuntu-latest}; agents: linux-agent"), "{m}");
+    assert!(done.jobs[0].attempts.is_empty());
+}

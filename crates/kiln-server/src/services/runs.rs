@@ -126,20 +126,75 @@ async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut
     for i in waiting {
         let required: std::collections::BTreeMap<String, String> =
             serde_json::from_str(&view.jobs[i].job.class_key).unwrap_or_default();
-        if agents.iter().any(|a| kiln_core::claim::labels_match(&required, &a.labels)) {
-            continue;
-        }
-        let message = if agents.is_empty() {
-            "waiting: no agent is connected (start one with `kiln agent`, or `kiln up --agents N`)".to_string()
-        } else {
-            let list: Vec<String> = agents.iter().map(|a| format!("{} {}", a.name, labels_text(&a.labels))).collect();
-            format!("waiting: no connected agent has labels {}; agents: {}", labels_text(&required), list.join(", "))
-        };
-        if let Some(job) = out.jobs.get_mut(i) {
-            job.message = Some(message);
+        if let Some(why) = unclaimable(&agents, &required)
+            && let Some(job) = out.jobs.get_mut(i)
+        {
+            job.message = Some(format!("waiting: {why}"));
         }
     }
     Ok(())
+}
+
+/// Why no agent of `connected` can take a job requiring `required`, or
+/// None when one can.
+fn unclaimable(
+    connected: &[kiln_store::AgentRecord],
+    required: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
+    if connected.iter().any(|a| kiln_core::claim::labels_match(required, &a.labels)) {
+        return None;
+    }
+    Some(if connected.is_empty() {
+        "no agent is connected (start one with `kiln agent`, or `kiln up --agents N`)".to_string()
+    } else {
+        let list: Vec<String> = connected.iter().map(|a| format!("{} {}", a.name, labels_text(&a.labels))).collect();
+        format!("no connected agent has labels {}; agents: {}", labels_text(required), list.join(", "))
+    })
+}
+
+/// The queue timeout (spec 004): ready jobs no agent claimed within
+/// `--queue-timeout` fail, saying why (no compatible agent connected, or
+/// the compatible ones stayed busy); their runs move on.
+pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_store::StoreError> {
+    let limit = state.config.queue_timeout;
+    if limit.is_zero() {
+        return Ok(0);
+    }
+    let ms = i64::try_from(limit.as_millis()).unwrap_or(i64::MAX);
+    let overdue = state.store.overdue_jobs(ms, 100).await?;
+    if overdue.is_empty() {
+        return Ok(0);
+    }
+    let agents: Vec<_> =
+        state.store.list_agents().await?.into_iter().filter(|a| state.live_agents.is_connected(&a.id)).collect();
+    let mut failed = 0;
+    for (job, class_key) in overdue {
+        let required = serde_json::from_str(&class_key).unwrap_or_default();
+        let why = unclaimable(&agents, &required)
+            .unwrap_or_else(|| "the connected agents that could run it stayed busy".to_string());
+        let message = format!("queue timeout: no agent claimed the job within {} ({why})", span(limit));
+        if state.store.fail_overdue_job(&job, ms, &message).await? {
+            tracing::warn!(job = %job, "{message}");
+            state.job_changed(&job);
+            failed += 1;
+        }
+    }
+    Ok(failed)
+}
+
+/// `90s`, `30m`, `24h`, `1h30m`.
+fn span(d: std::time::Duration) -> String {
+    if d < std::time::Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    let s = d.as_secs();
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, 0) => format!("{m}m"),
+        (h, 0, 0) => format!("{h}h"),
+        (h, m, 0) => format!("{h}h{m}m"),
+        _ => format!("{s}s"),
+    }
 }
 
 /// `{os: linux, size: large}`.

@@ -30,4 +30,5 @@ pub(crate) mod lease;
 pub(crate) mod logs;
 pub(crate) mod outbox;
 pub(crate) mod outputs;
+pub(crate) mod queue;
 pub(crate) mod repos;

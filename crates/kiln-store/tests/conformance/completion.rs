@@ -304,6 +304,34 @@ pub async fn retry_policy_follows_failure_classes<S: Store + 'static>(o: &Opener
     assert_eq!(classes, [Some(AgentLost), None]);
 }
 
+/// The queue timeout's store side: only ready jobs claimable for longer
+/// than the wait are overdue; failing one skips its dependents and ends
+/// the run; a job claimed meanwhile is not failed.
+pub async fn overdue_ready_jobs_fail_and_their_runs_end<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let (_, other) = start(s, workflow(vec![job("solo", &[], 0)])).await;
+    let build = job_id(s, &run_id, "build").await;
+    let solo = job_id(s, &other, "solo").await;
+    assert!(s.overdue_jobs(60_000, 10).await.unwrap().is_empty(), "nothing waited a minute");
+    expire(50).await;
+    let overdue: Vec<String> = s.overdue_jobs(20, 10).await.unwrap().into_iter().map(|(id, _)| id).collect();
+    assert!(overdue.contains(&build) && overdue.contains(&solo), "{overdue:?}");
+    let a = agent(s, "a", 4).await;
+    claim(s, &a, &solo, LONG_TTL).await;
+    assert!(!s.fail_overdue_job(&solo, 20, "queue timeout").await.unwrap(), "claimed meanwhile");
+    assert!(!s.fail_overdue_job(&build, 60_000, "queue timeout").await.unwrap(), "not overdue for that wait");
+    assert!(s.fail_overdue_job(&build, 20, "queue timeout: nobody came").await.unwrap());
+    let v = view(s, &run_id).await;
+    assert_eq!(jv(&v, "build").job.status, JobStatus::Failed);
+    assert_eq!(jv(&v, "build").job.message.as_deref(), Some("queue timeout: nobody came"));
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Skipped);
+    assert_eq!(v.run.status, RunStatus::Failed);
+    assert!(!s.fail_overdue_job(&build, 20, "again").await.unwrap());
+    assert_eq!(job_status(s, &solo).await, JobStatus::Running);
+}
+
 /// The last needs of a fan-in complete at the same moment: whichever commits
 /// last sees every other one, so the joining job becomes ready exactly once
 /// and the run finishes. (On PostgreSQL completions of a run without

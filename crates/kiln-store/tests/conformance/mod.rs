@@ -114,6 +114,7 @@ macro_rules! suite {
             completion::retried_job_that_succeeds_unblocks_successor,
             completion::infra_failures_retry_up_to_the_default_budget,
             completion::retry_policy_follows_failure_classes,
+            completion::overdue_ready_jobs_fail_and_their_runs_end,
             outbox::relay_delivering_twice_is_absorbed,
             outbox::unmarked_events_are_delivered_again,
             cancel::cancel_after_success_is_a_no_op,

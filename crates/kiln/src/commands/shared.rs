@@ -143,6 +143,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.resource_interval = t.resource_interval;
     config.degradation.storage_pct = t.storage_levels;
     config.job_timeout = t.job_timeout;
+    config.queue_timeout = t.queue_timeout;
     config.max_job_timeout = t.max_job_timeout;
     config.artifact_expire_in = t.artifact_expire_in;
     for entry in &t.registry_auth {
