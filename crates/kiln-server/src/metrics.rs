@@ -4,7 +4,7 @@
 //! until they move here.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The error code of an API error answer, set by `ApiErr` on its response
@@ -19,6 +19,10 @@ pub struct Metrics {
     /// Set at each scrape.
     pub jobs: IntGaugeVec,
     pub agents_connected: IntGauge,
+    /// Failed attempts by failure class (agent reports, lost leases).
+    pub attempt_failures: IntCounterVec,
+    /// Jobs failed by the queue timeout.
+    pub queue_timeouts: IntCounter,
 }
 
 impl Default for Metrics {
@@ -43,11 +47,27 @@ impl Default for Metrics {
         let agents_connected =
             IntGauge::new("kiln_agents_connected", "Agents whose session stream is open on this server process.")
                 .expect("valid gauge");
+        let attempt_failures = IntCounterVec::new(
+            Opts::new(
+                "kiln_attempt_failures_total",
+                "Attempts that ended without success, by failure class (step_failed, timeout, hang, agent_lost, \
+                 infra, cancelled).",
+            ),
+            &["class"],
+        )
+        .expect("valid counter");
+        let queue_timeouts = IntCounter::new(
+            "kiln_queue_timeouts_total",
+            "Jobs failed because no agent claimed them within --queue-timeout.",
+        )
+        .expect("valid counter");
+        registry.register(Box::new(attempt_failures.clone())).expect("unique metric");
+        registry.register(Box::new(queue_timeouts.clone())).expect("unique metric");
         registry.register(Box::new(http.clone())).expect("unique metric");
         registry.register(Box::new(stale.clone())).expect("unique metric");
         registry.register(Box::new(jobs.clone())).expect("unique metric");
         registry.register(Box::new(agents_connected.clone())).expect("unique metric");
-        Metrics { registry, http, stale, jobs, agents_connected }
+        Metrics { registry, http, stale, jobs, agents_connected, attempt_failures, queue_timeouts }
     }
 }
 

@@ -36,6 +36,7 @@ pub(crate) async fn relay_once(state: &AppState) -> Result<usize, StoreError> {
 /// store decides expiry on the database clock.
 pub(crate) async fn fence_once(state: &AppState) -> Result<usize, StoreError> {
     let fenced = state.store.fence_expired().await?;
+    state.metrics.attempt_failures.with_label_values(&["agent_lost"]).inc_by(fenced.len() as u64);
     for (job, epoch) in &fenced {
         tracing::warn!(job, epoch, "lease expired: epoch fenced");
         state.job_changed(job);

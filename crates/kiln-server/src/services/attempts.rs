@@ -90,6 +90,14 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
     }
     match res {
         Ok(status) => {
+            if outcome != AttemptOutcome::Success || status != "success" {
+                let class = match failure_class {
+                    Some(c) => c,
+                    None if outcome == AttemptOutcome::Cancelled || status == "cancelled" => FailureClass::Cancelled,
+                    None => FailureClass::StepFailed,
+                };
+                state.metrics.attempt_failures.with_label_values(&[class.as_str()]).inc();
+            }
             tracing::info!(job, epoch, status, "completed");
             Ok(status)
         }

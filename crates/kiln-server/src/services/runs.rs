@@ -175,6 +175,7 @@ pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_s
         let message = format!("queue timeout: no agent claimed the job within {} ({why})", span(limit));
         if state.store.fail_overdue_job(&job, ms, &message).await? {
             tracing::warn!(job = %job, "{message}");
+            state.metrics.queue_timeouts.inc();
             state.job_changed(&job);
             failed += 1;
         }

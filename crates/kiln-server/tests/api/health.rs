@@ -165,4 +165,6 @@ async fn a_job_no_agent_claims_fails_at_the_queue_timeout() {
     assert!(r.jobs[0].attempts.is_empty());
     assert_eq!(super::get_run(&app, &fine).await.jobs[0].status, "running", "a claimed job is not touched");
     assert_eq!(app.app().queue_timeout_once().await.unwrap(), 0, "once");
+    let text = app.anonymous().get("/metrics").send().await.text();
+    assert!(text.contains("\nkiln_queue_timeouts_total 1\n"), "{text}");
 }
