@@ -840,7 +840,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
                 Some(124),
                 format!(
                     "hang: no output for {}; killed",
-                    crate::logs::span(Duration::from_secs(a.hang_kill_after_secs.unwrap_or_default()))
+                    kiln_workflow::format_duration(Duration::from_secs(a.hang_kill_after_secs.unwrap_or_default()))
                 ),
                 "hang",
             ),

@@ -273,18 +273,6 @@ impl Default for LogConfig {
     }
 }
 
-/// `90s`, `5m`, `2h`, `1h30m`: a duration as workflows write it.
-pub(crate) fn span(d: Duration) -> String {
-    let s = d.as_secs();
-    match (s / 3600, s % 3600 / 60, s % 60) {
-        (0, 0, sec) => format!("{sec}s"),
-        (0, m, 0) => format!("{m}m"),
-        (h, 0, 0) => format!("{h}h"),
-        (h, m, 0) => format!("{h}h{m}m"),
-        _ => format!("{s}s"),
-    }
-}
-
 /// Default largest on-disk log spool per attempt: 1 GiB.
 pub const DEFAULT_SPOOL_LIMIT: u64 = 1024 * 1024 * 1024;
 
@@ -509,7 +497,10 @@ impl LogStreamer {
                 && silent >= k
             {
                 self.system_line(
-                    &format!("✗ hang: no output for {}; the job is killed (hang-kill-after)", span(k)),
+                    &format!(
+                        "✗ hang: no output for {}; the job is killed (hang-kill-after)",
+                        kiln_workflow::format_duration(k)
+                    ),
                     false,
                 );
                 ctl.stop(Stop::Hung);
@@ -521,9 +512,14 @@ impl LogStreamer {
             {
                 warned = Some(last);
                 let then = kill_after
-                    .map(|k| format!("; it is killed after {} without output (hang-kill-after)", span(k)))
+                    .map(|k| {
+                        format!(
+                            "; it is killed after {} without output (hang-kill-after)",
+                            kiln_workflow::format_duration(k)
+                        )
+                    })
                     .unwrap_or_default();
-                self.system_line(&format!("⚠ hang: no output for {}{then}", span(w)), false);
+                self.system_line(&format!("⚠ hang: no output for {}{then}", kiln_workflow::format_duration(w)), false);
             }
             let mut next = kill_after.map(|k| last + k);
             if let Some(w) = warn_after

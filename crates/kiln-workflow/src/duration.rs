@@ -19,6 +19,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
+/// A duration as workflows write it, the inverse of [`parse_duration`] for
+/// whole units: `500ms`, `90s`, `5m`, `2h`, `1h30m` (others in seconds).
+pub fn format_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    let s = d.as_secs();
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, 0) => format!("{m}m"),
+        (h, 0, 0) => format!("{h}h"),
+        (h, m, 0) => format!("{h}h{m}m"),
+        _ => format!("{s}s"),
+    }
+}
+
 /// `100MiB`, `100 MiB`, `1.5GB`, `64KiB`, `16M` or a bare number of bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -30,6 +46,22 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_format_as_written_and_parse_back() {
+        for (secs_ms, text) in [
+            (400, "400ms"),
+            (90_000, "90s"),
+            (300_000, "5m"),
+            (7_200_000, "2h"),
+            (5_400_000, "1h30m"),
+            (3_661_000, "3661s"),
+        ] {
+            let d = Duration::from_millis(secs_ms);
+            assert_eq!(format_duration(d), text);
+            assert_eq!(parse_duration(text).unwrap(), d);
+        }
+    }
 
     #[test]
     fn durations_people_write() {

@@ -54,7 +54,7 @@ mod validate;
 
 pub use compose::{Loader, MAX_EXTENDS_DEPTH, MAX_INCLUDE_DEPTH, MAX_INCLUDED_FILES};
 pub use diag::{Diagnostic, Diagnostics};
-pub use duration::{parse_bytes, parse_duration};
+pub use duration::{format_duration, parse_bytes, parse_duration};
 pub use expr::{
     ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, output_name_ok, render_group,
     step_gate,

@@ -172,7 +172,8 @@ pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_s
         let required = serde_json::from_str(&class_key).unwrap_or_default();
         let why = unclaimable(&agents, &required)
             .unwrap_or_else(|| "the connected agents that could run it stayed busy".to_string());
-        let message = format!("queue timeout: no agent claimed the job within {} ({why})", span(limit));
+        let message =
+            format!("queue timeout: no agent claimed the job within {} ({why})", kiln_workflow::format_duration(limit));
         if state.store.fail_overdue_job(&job, ms, &message).await? {
             tracing::warn!(job = %job, "{message}");
             state.metrics.queue_timeouts.inc();
@@ -181,21 +182,6 @@ pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_s
         }
     }
     Ok(failed)
-}
-
-/// `90s`, `30m`, `24h`, `1h30m`.
-fn span(d: std::time::Duration) -> String {
-    if d < std::time::Duration::from_secs(1) {
-        return format!("{}ms", d.as_millis());
-    }
-    let s = d.as_secs();
-    match (s / 3600, s % 3600 / 60, s % 60) {
-        (0, 0, sec) => format!("{sec}s"),
-        (0, m, 0) => format!("{m}m"),
-        (h, 0, 0) => format!("{h}h"),
-        (h, m, 0) => format!("{h}h{m}m"),
-        _ => format!("{s}s"),
-    }
 }
 
 /// `{os: linux, size: large}`.
