@@ -14,6 +14,7 @@ async fn agent_with_several_server_urls_skips_a_dead_one() {
     // Nothing listens there once the listener is dropped.
     let urls = format!("http://{dead},{}", server.url);
     let agent = std::process::Command::new(BIN)
+        .env("KILN_STORAGE_LEVELS", "off") // the host disk's fill is not under test
         .args(["agent", "--server", &urls, "--name", "multi", "--work-dir"])
         .arg(server.data_dir().join("agent-work"))
         .env("KILN_AGENT_TOKEN", &server.agent_token)

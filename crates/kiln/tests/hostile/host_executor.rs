@@ -158,6 +158,7 @@ async fn no_token_is_in_any_command_line() {
     }
     // And the old way is refused with a message saying what to do instead.
     let out = std::process::Command::new(bin())
+        .env("KILN_STORAGE_LEVELS", "off") // the host disk's fill is not under test
         .args(["agent", "--server", &server.url, "--name", "x", "--token", &server.agent_token])
         .output()
         .unwrap();
@@ -329,6 +330,7 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     let agent = std::process::Command::new("setpriv")
         .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
         .arg(&bin)
+        .env("KILN_STORAGE_LEVELS", "off") // the host disk's fill is not under test
         .args(["agent", "--server", &server.url, "--name", "nonroot", "--work-dir"])
         .arg(agent_home.join("work"))
         .env_clear()

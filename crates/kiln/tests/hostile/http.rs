@@ -420,6 +420,7 @@ fn agents_refuse_plain_http_off_loopback_without_insecure() {
     let work = tempfile::tempdir().unwrap();
     let agent = |server: &str, extra: &[&str]| {
         Command::new(BIN)
+            .env("KILN_STORAGE_LEVELS", "off") // the host disk's fill is not under test
             .args(["agent", "--server", server, "--name", "a", "--work-dir"])
             .env("KILN_AGENT_TOKEN", "t")
             .arg(work.path())
