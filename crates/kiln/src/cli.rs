@@ -280,16 +280,8 @@ pub struct ServerTuning {
     /// are refused with 503 and Retry-After). The level is in /readyz and /metrics.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub resource_interval: std::time::Duration,
-    /// Percent of the data directory's disk used at which the warning, degraded and critical
-    /// levels start, or `off` (disk use then never degrades). `kiln up`'s agents use the same.
-    #[arg(
-        long,
-        env = "KILN_STORAGE_LEVELS",
-        default_value = "80,90,95",
-        value_parser = kiln_core::degradation::parse_storage_levels,
-        value_name = "W,D,C"
-    )]
-    pub storage_levels: [f64; 3],
+    #[command(flatten)]
+    pub storage: StorageLevels,
     /// Timeout of a job whose workflow sets none (frozen into the run when it is accepted).
     #[arg(long, default_value = "60m", value_parser = parse_duration, value_name = "DURATION")]
     pub job_timeout: std::time::Duration,
@@ -305,6 +297,23 @@ pub struct ServerTuning {
     /// garbage collector then deletes them; a download answers 410 `expired`.
     #[arg(long, default_value = "30d", value_parser = parse_duration, value_name = "DURATION")]
     pub artifact_expire_in: std::time::Duration,
+}
+
+/// `--storage-levels`, shared by `kiln server` / `kiln up` (whose local
+/// agents use the same) and `kiln agent`.
+#[derive(Args, Debug)]
+pub struct StorageLevels {
+    /// Percent of the disk used (the server's data directory, an agent's workspaces) at which
+    /// the warning, degraded and critical levels start, or `off` (disk use never degrades). At
+    /// critical the server refuses new runs and an agent stops claiming, until space returns.
+    #[arg(
+        long = "storage-levels",
+        env = "KILN_STORAGE_LEVELS",
+        default_value = "80,90,95",
+        value_parser = kiln_core::degradation::parse_storage_levels,
+        value_name = "W,D,C"
+    )]
+    pub levels: [f64; 3],
 }
 
 #[derive(Args, Debug)]
@@ -425,16 +434,8 @@ pub struct AgentArgs {
     /// (e.g. a spot instance's preemption notice) or a second SIGTERM hand them back at once.
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub drain_timeout: std::time::Duration,
-    /// Percent of the workspaces' disk used at which the agent stops claiming (the third value,
-    /// critical; it claims again by itself once space returns), or `off`.
-    #[arg(
-        long,
-        env = "KILN_STORAGE_LEVELS",
-        default_value = "80,90,95",
-        value_parser = kiln_core::degradation::parse_storage_levels,
-        value_name = "W,D,C"
-    )]
-    pub storage_levels: [f64; 3],
+    #[command(flatten)]
+    pub storage: StorageLevels,
     #[command(flatten)]
     pub tuning: AgentTuning,
 }

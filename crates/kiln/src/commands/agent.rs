@@ -28,7 +28,7 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
     let mut cfg = agent_config(server, token, name, default_labels(), a.work_dir.clone(), 1);
     cfg.sandbox_dir = a.sandbox_dir.clone();
     apply_agent_tuning(&mut cfg, &a.tuning)?;
-    cfg.storage_levels = Some(a.storage_levels);
+    cfg.storage_levels = Some(a.storage.levels);
     let (stop, rx) = tokio::sync::watch::channel(false);
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run_draining(cfg, drain_rx, rx));

@@ -141,7 +141,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
         t.log_archive_after.clamp(std::time::Duration::from_millis(200), std::time::Duration::from_secs(10));
     config.registries.insecure = t.insecure_registries.clone();
     config.resource_interval = t.resource_interval;
-    config.degradation.storage_pct = t.storage_levels;
+    config.degradation.storage_pct = t.storage.levels;
     config.job_timeout = t.job_timeout;
     config.queue_timeout = t.queue_timeout;
     config.max_job_timeout = t.max_job_timeout;

@@ -25,7 +25,7 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
         kiln_api::client::trust_root_pem(&pem).map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?;
     }
     let tuning = &a.agent;
-    let storage_levels = a.server.storage_levels;
+    let storage_levels = a.server.storage.levels;
     let (handle, stop, tasks) = start_embedded_agents(config, a.agents, |cfg| {
         // Checked on `probe` above: the same flags cannot fail here.
         let _ = apply_agent_tuning(cfg, tuning);
