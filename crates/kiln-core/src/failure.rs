@@ -232,7 +232,12 @@ pub fn decide_failure(f: &FailureFacts<'_>, backoff: &Backoff, rng: &mut impl Rn
     let (used, allowed) = f.budget.of(f.class, f.exit_code);
     if used < allowed {
         let attempt = used + 1;
-        let delay_ms = backoff.delay_ms(attempt, rng);
+        // A lost agent's job goes out again at once: fencing made the old
+        // attempt harmless, and the loss says nothing about the job. A job
+        // that keeps losing its agents (say, it exhausts their memory)
+        // backs off from its second loss on.
+        let delay_ms =
+            if f.class == FailureClass::AgentLost && attempt == 1 { 0 } else { backoff.delay_ms(attempt, rng) };
         return FailureVerdict::Retry {
             class: f.class,
             attempt,
@@ -280,7 +285,7 @@ pub fn fail_fast_siblings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use FailureClass::{AgentLost as Infra, StepFailed as Det};
+    use FailureClass::{AgentLost as Lost, Infra, StepFailed as Det};
     use rand::SeedableRng;
 
     fn budget(failure_used: u32, infra_used: u32, max_failure: u32) -> RetryBudget {
@@ -363,6 +368,10 @@ mod tests {
             (RunStatus::Running, false, Infra, budget(2, 0, 2), None, retry(Infra, 1, 51)),
             (RunStatus::Queued, false, Infra, budget(0, 2, 0), None, retry(Infra, 3, 206)),
             (RunStatus::Running, false, Infra, budget(0, 3, 5), None, fail()),
+            // A lost agent's job goes out again at once the first time, then backs off.
+            (RunStatus::Running, false, Lost, budget(0, 0, 0), None, retry(Lost, 1, 0)),
+            (RunStatus::Running, false, Lost, budget(0, 1, 0), None, retry(Lost, 2, 103)),
+            (RunStatus::Running, false, Lost, budget(0, 3, 0), None, fail()),
             (
                 RunStatus::Running,
                 false,
