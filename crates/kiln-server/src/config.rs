@@ -123,7 +123,7 @@ impl ServerConfig {
             listen,
             database_url: None,
             lease_ttl: Duration::from_secs(30),
-            loss_grace: Duration::from_secs(3),
+            loss_grace: Duration::from_millis(500),
             retry_base: Duration::from_millis(500),
             gc_grace: Duration::from_secs(15 * 60),
             gc_interval: Duration::from_secs(30),

@@ -57,6 +57,8 @@ pub struct ServerHandle {
     /// `https` when serving TLS.
     scheme: &'static str,
     shutdown: watch::Sender<bool>,
+    /// Set before `shutdown`: streams closed from here on are not agent losses.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
@@ -69,6 +71,7 @@ impl ServerHandle {
     /// Long-lived streams (agent sessions, log followers) get a short grace,
     /// then the server stops regardless.
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = self.shutdown.send(true);
         let mut task = self.task;
         match tokio::time::timeout(Duration::from_secs(3), &mut task).await {
@@ -174,10 +177,11 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
         oidc,
     });
     let (shutdown, _) = watch::channel(false);
+    let stopping = app.state().stopping.clone();
     loops::spawn(app.state().clone(), shutdown.subscribe()).await?;
     let router = app.router();
     let rx = shutdown.subscribe();
     let task = tokio::spawn(serve::serve(listener, router, tls, limits, rx));
     tracing::info!(%addr, scheme, "kiln server listening");
-    Ok(ServerHandle { addr, admin_token, agent_token, scheme, shutdown, task })
+    Ok(ServerHandle { addr, admin_token, agent_token, scheme, shutdown, stopping, task })
 }

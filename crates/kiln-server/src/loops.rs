@@ -173,7 +173,8 @@ async fn relay(state: State, mut shutdown: watch::Receiver<bool>) {
 /// A lease is fenced at most ~1/30 of its TTL late. Each round reads every
 /// running attempt's deadline (PostgreSQL keeps no index on it, so that
 /// heartbeats stay HOT updates; about 16 ms for 82,800 live leases), so
-/// rounds are no more frequent than a second needs.
+/// rounds are no more frequent than a second needs. A lost agent's
+/// shortened leases wake a round the moment their loss grace ends.
 async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
     let period = (state.config.lease_ttl / 30).clamp(Duration::from_millis(50), Duration::from_secs(1));
     loop {
@@ -182,6 +183,7 @@ async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
         }
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
+            _ = state.reconcile_wake.notified() => {}
             _ = shutdown.changed() => return,
         }
     }

@@ -41,6 +41,12 @@ pub(crate) struct AppState {
     pub dispatcher: Dispatcher,
     /// Wakes the outbox relay after a transaction wrote outbox events.
     pub relay_wake: Notify,
+    /// Wakes the reconciler (lease fencing) before its next round: a lost
+    /// agent's shortened leases expire then.
+    pub reconcile_wake: Notify,
+    /// The server is shutting down: connections it closes itself say
+    /// nothing about the agents at their other end.
+    pub stopping: Arc<std::sync::atomic::AtomicBool>,
     /// Job ids whose logs or status changed (SSE followers listen).
     pub job_events: broadcast::Sender<String>,
     /// Cancellation notices for agent session streams.
@@ -105,6 +111,8 @@ impl AppState {
             agent_token,
             dispatcher: Dispatcher::default(),
             relay_wake: Notify::new(),
+            reconcile_wake: Notify::new(),
+            stopping: Default::default(),
             job_events: broadcast::channel(4096).0,
             cancel_events: broadcast::channel(1024).0,
             blob,

@@ -238,9 +238,17 @@ impl KilnServer {
 
     /// SIGKILL the server and start it again on the same data dir and address.
     pub fn kill_and_restart(self, extra: &[&str]) -> Result<KilnServer> {
+        self.restart("KILL", Duration::ZERO, extra)
+    }
+
+    /// Send `signal` (e.g. "TERM": a graceful stop), wait for the process to
+    /// end, stay down for `down`, then start again on the same data dir and
+    /// address.
+    pub fn restart(self, signal: &str, down: Duration, extra: &[&str]) -> Result<KilnServer> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        let _ = me.child.kill();
+        let _ = Command::new("kill").arg(format!("-{signal}")).arg(me.child.id().to_string()).status();
         let _ = me.child.wait();
+        std::thread::sleep(down);
         let listen = me.url.trim_start_matches("http://").to_string();
         // Keep the data dir: swap a throwaway one into the forgotten value.
         let data = std::mem::replace(&mut me.data, tempfile::tempdir()?);

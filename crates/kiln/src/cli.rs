@@ -239,8 +239,11 @@ pub struct ServerTuning {
     /// database's backups; every replica needs the same file.
     #[arg(long, env = "KILN_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
-    /// How long an agent's leases survive once its connection drops.
-    #[arg(long, default_value = "3s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How long an agent's leases survive once its session connection drops (the agent was
+    /// killed or its host is gone): then its jobs are fenced and re-dispatched. A live agent
+    /// reconnects and heartbeats within it (reconnects start at 100ms); fencing keeps a
+    /// falsely-suspected agent from publishing anything.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub loss_grace: std::time::Duration,
     /// With PostgreSQL: how often this replica re-reads the ready jobs
     /// regardless of notifications from other replicas (the safety net for

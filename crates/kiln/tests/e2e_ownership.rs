@@ -318,6 +318,39 @@ async fn server_killed_mid_run_loses_nothing() {
     assert!(logs.contains("a-done") && logs.contains("b-done"), "{logs}");
 }
 
+/// A graceful stop (SIGTERM) closes every agent's session stream from the
+/// server's side: that is no agent loss. Down for several loss graces and
+/// restarted, the server keeps the running job on its first attempt; then
+/// an agent SIGKILLed while its job runs loses it within the grace.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_server_restart_is_no_agent_loss() {
+    let flags = ["--loss-grace", "200ms", "--retry-base", "100ms"];
+    let server = KilnServer::start(BIN.as_ref(), &flags).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gate = tmp.path().join("gate");
+    let wf = format!(
+        "version: 1\njobs:\n  - name: a\n    steps:\n      - while [ ! -e {} ]; do sleep 0.05; done; echo a-done\n",
+        gate.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    server.add_repo("restart", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _agent = server.agent("steady", &[]).unwrap();
+    let run =
+        c.submit_run("restart", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    wait_job(&c, &run.run_id, 0, |j| j.status == "running").await;
+
+    let server = server.restart("TERM", Duration::from_secs(2), &flags).unwrap();
+    // Heartbeats resume against the new process; leave time for a fence.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    std::fs::write(&gate, "").unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let done = wait_run(&c, &run.run_id, 60).await;
+    assert_eq!(done.status, "success", "{done:#?}\n{}", server.log());
+    assert_eq!(done.jobs[0].attempts.len(), 1, "a graceful restart fenced the job: {:#?}", done.jobs[0]);
+    assert!(!server.log().contains("agent connection lost"), "{}", server.log());
+}
+
 /// spec 000 §13: a process writing 1 GB to stdout with a 10 MiB limit
 /// finishes normally; the log keeps 10 MiB and carries a truncation marker.
 #[tokio::test(flavor = "multi_thread")]

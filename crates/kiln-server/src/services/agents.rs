@@ -78,6 +78,10 @@ pub(crate) enum SessionEvent {
     Cancel(api::CancelNotice),
 }
 
+/// How long after the loss grace the reconciler is woken: the lease
+/// deadline is in database time, a few milliseconds off this clock.
+const FENCE_SLACK: Duration = Duration::from_millis(20);
+
 /// Shortens a session's leases when its stream is dropped.
 struct SessionGuard {
     state: State,
@@ -90,11 +94,21 @@ impl Drop for SessionGuard {
         let state = self.state.clone();
         let session = std::mem::take(&mut self.session);
         state.live_agents.disconnect(&self.agent, &session);
-        let grace = state.config.loss_grace.as_millis() as i64;
+        if state.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            // This server closed the stream: the agent is fine and
+            // reconnects to a replica or to this server once restarted.
+            return;
+        }
+        let grace = state.config.loss_grace;
         tokio::spawn(async move {
-            match state.store.shorten_session_leases(&session, grace).await {
+            match state.store.shorten_session_leases(&session, grace.as_millis() as i64).await {
                 Ok(n) if n > 0 => {
-                    tracing::warn!(session, leases = n, "agent connection lost: leases shortened to the loss grace")
+                    tracing::warn!(session, leases = n, "agent connection lost: leases shortened to the loss grace");
+                    // Fence them the moment the grace runs out (unless a
+                    // reconnected agent's heartbeat restored them first),
+                    // not at the reconciler's next round.
+                    tokio::time::sleep(grace + FENCE_SLACK).await;
+                    state.reconcile_wake.notify_one();
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("cannot shorten leases of session {session}: {e}"),
