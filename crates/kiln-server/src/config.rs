@@ -77,6 +77,9 @@ pub struct ServerConfig {
     pub queue_timeout: Duration,
     /// The longest `timeout` a job may ask for (longer: 422 at acceptance).
     pub max_job_timeout: Duration,
+    /// The run-level timeout of a workflow that sets none (frozen into its
+    /// run); zero: none.
+    pub run_timeout: Duration,
     /// How long a bound artifact's bytes are kept when its `publish` entry
     /// sets no `expire-in` (frozen into the run at acceptance).
     pub artifact_expire_in: Duration,
@@ -148,6 +151,7 @@ impl ServerConfig {
             job_timeout: Duration::from_secs(3600),
             queue_timeout: Duration::from_secs(24 * 3600),
             max_job_timeout: Duration::from_secs(kiln_workflow::MAX_TIMEOUT_SECS),
+            run_timeout: Duration::from_secs(24 * 3600),
             artifact_expire_in: Duration::from_secs(30 * 24 * 3600),
             degradation: kiln_core::degradation::Thresholds::default(),
         }

@@ -39,6 +39,10 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
             Box::pin(crate::services::runs::queue_timeout_once(s))
         }));
     }
+    // Deadlines are indexed and few: checking each second is cheap.
+    tokio::spawn(every(state.clone(), shutdown.clone(), Duration::from_secs(1), "run timeout", |s| {
+        Box::pin(crate::services::runs::run_timeout_once(s))
+    }));
     tokio::spawn(planner(state.clone(), shutdown.clone()));
     tokio::spawn(every(state.clone(), shutdown.clone(), REPORT_POLL, "commit status reporter", |s| {
         Box::pin(crate::services::forge_status::report_once(s))

@@ -23,6 +23,7 @@ pub struct Metrics {
     pub attempt_failures: IntCounterVec,
     /// Jobs failed by the queue timeout.
     pub queue_timeouts: IntCounter,
+    pub run_timeouts: IntCounter,
 }
 
 impl Default for Metrics {
@@ -63,11 +64,15 @@ impl Default for Metrics {
         .expect("valid counter");
         registry.register(Box::new(attempt_failures.clone())).expect("unique metric");
         registry.register(Box::new(queue_timeouts.clone())).expect("unique metric");
+        let run_timeouts =
+            IntCounter::new("kiln_run_timeouts_total", "Runs cancelled because they passed their run-level timeout.")
+                .expect("valid metric");
+        registry.register(Box::new(run_timeouts.clone())).expect("unique metric");
         registry.register(Box::new(http.clone())).expect("unique metric");
         registry.register(Box::new(stale.clone())).expect("unique metric");
         registry.register(Box::new(jobs.clone())).expect("unique metric");
         registry.register(Box::new(agents_connected.clone())).expect("unique metric");
-        Metrics { registry, http, stale, jobs, agents_connected, attempt_failures, queue_timeouts }
+        Metrics { registry, http, stale, jobs, agents_connected, attempt_failures, queue_timeouts, run_timeouts }
     }
 }
 

@@ -96,6 +96,14 @@ impl RunStore for SqlStore {
     async fn fail_overdue_job(&self, job_id: &str, max_wait_ms: i64, message: &str) -> Result<bool> {
         crate::tx::queue::fail_overdue(self, job_id, max_wait_ms, message).await
     }
+
+    async fn overdue_runs(&self, limit: u32) -> Result<Vec<String>> {
+        crate::tx::queue::overdue_runs(self, limit).await
+    }
+
+    async fn time_out_run(&self, run_id: &str) -> Result<bool> {
+        crate::tx::queue::time_out_run(self, run_id).await
+    }
 }
 
 #[async_trait]

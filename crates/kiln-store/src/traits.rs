@@ -76,6 +76,13 @@ pub trait RunStore: Send + Sync {
     /// Fail an overdue ready job with `message` and advance its run (its
     /// dependents skipped); false when it is no longer ready and overdue.
     async fn fail_overdue_job(&self, job_id: &str, max_wait_ms: i64, message: &str) -> Result<bool>;
+    /// The run-level timeout: runs past their `deadline_at`, earliest
+    /// first, at most `limit`.
+    async fn overdue_runs(&self, limit: u32) -> Result<Vec<String>>;
+    /// Cancel a run past its deadline (its waiting jobs cancelled, its
+    /// running attempts asked to stop; never retried); false when it is not
+    /// (or no longer) overdue.
+    async fn time_out_run(&self, run_id: &str) -> Result<bool>;
 }
 
 #[async_trait]

@@ -33,6 +33,11 @@ pub struct Workflow {
     /// ill-typed ones at acceptance and fills in defaults.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inputs: BTreeMap<String, InputSpec>,
+    /// The run-level `timeout:` in seconds: the run is cancelled (with every
+    /// job still waiting or running) once it has existed this long. Absent →
+    /// the server's `--run-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
 }
 
 /// Most inputs one workflow may declare.

@@ -32,7 +32,7 @@ pub const MAX_MATRIX_COMBINATIONS: usize = 1024;
 /// `include` and `templates` (and a job's `extends`) are resolved by
 /// `compose` before validation; they are listed for "did you mean".
 const TOP_KEYS: &[&str] =
-    &["version", "on", "inputs", "env", "defaults", "concurrency", "jobs", "include", "templates"];
+    &["version", "on", "inputs", "env", "defaults", "concurrency", "timeout", "jobs", "include", "templates"];
 const JOB_KEYS: &[&str] = &[
     "name",
     "image",
@@ -639,9 +639,26 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
     }
 
     let run_concurrency = get(top, "concurrency").and_then(|e| concurrency(ctx, "the run", &e.value));
+    let run_timeout = get(top, "timeout").and_then(|e| {
+        let subject = "the run's `timeout`";
+        if let Value::Scalar(s) = &e.value.value
+            && s.text.contains("${{")
+        {
+            ctx.err(e.value.pos, format!("{subject} uses `${{{{ }}}}`; the run's timeout is a plain duration"));
+            return None;
+        }
+        duration_secs(ctx, subject, &e.value, MAX_TIMEOUT_SECS, "7d")
+    });
     let drafts: Vec<Draft> = items.iter().enumerate().filter_map(|(i, node)| job(ctx, i, node)).collect();
     let jobs = cross_check(ctx, drafts);
-    Some(Workflow { version: version?, concurrency: run_concurrency, jobs, on: triggers, inputs })
+    Some(Workflow {
+        version: version?,
+        concurrency: run_concurrency,
+        jobs,
+        on: triggers,
+        inputs,
+        timeout_secs: run_timeout,
+    })
 }
 
 fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {

@@ -187,3 +187,22 @@ fn artifact_expire_in_is_left_out_of_the_canonical_encoding_when_unset() {
     assert!(kiln_workflow::is_glob(&parse(&glob).unwrap().jobs[0].artifacts.publish[0].path));
     assert!(!kiln_workflow::is_glob("out/site/"));
 }
+
+#[test]
+fn the_run_level_timeout_is_a_plain_duration() {
+    let jobs = "jobs:\n  - name: a\n    steps: [echo]\n";
+    let w = parse(&format!("version: 1\ntimeout: 2h30m\n{jobs}")).unwrap();
+    assert_eq!(w.timeout_secs, Some(9000));
+    assert_eq!(parse(&format!("version: 1\n{jobs}")).unwrap().timeout_secs, None);
+    // Absent, it does not change the definition (nor its hash).
+    assert!(!serde_json::to_string(&parse(&format!("version: 1\n{jobs}")).unwrap()).unwrap().contains("timeout"));
+    for (bad, why) in [
+        ("timeout: 0", "greater than zero"),
+        ("timeout: soon", "must be a duration"),
+        ("timeout: 8d", "7d"),
+        ("timeout: ${{ inputs.t }}", "plain duration"),
+    ] {
+        let e = parse(&format!("version: 1\n{bad}\n{jobs}")).unwrap_err().to_string();
+        assert!(e.contains("the run's `timeout`") && e.contains(why), "{bad}: {e}");
+    }
+}

@@ -295,6 +295,12 @@ pub struct ServerTuning {
     /// The longest `timeout` a job may ask for; a run asking for more is refused (422).
     #[arg(long, default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     pub max_job_timeout: std::time::Duration,
+    /// The run-level timeout of a workflow that sets no top-level `timeout` (frozen into
+    /// the run when it is accepted): a run not finished this long after it was accepted
+    /// (queued time included) is cancelled with every job still waiting or running, and
+    /// says so. `off` disables.
+    #[arg(long, default_value = "24h", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub run_timeout: std::time::Duration,
     /// How long a published artifact's bytes are kept after its job completed when its
     /// `publish` entry sets no `expire-in` (frozen into the run when it is accepted). The
     /// garbage collector then deletes them; a download answers 410 `expired`.

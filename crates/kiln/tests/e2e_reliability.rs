@@ -321,3 +321,53 @@ async fn a_job_no_agent_can_take_fails_at_the_queue_timeout() {
     assert!(m.contains("no connected agent has labels {os: ubuntu-latest}; agents: linux-agent"), "{m}");
     assert!(done.jobs[0].attempts.is_empty());
 }
+
+/// The run-level timeout (spec 004's hierarchy): the server's
+/// `--run-timeout` applies to a workflow without a top-level `timeout`, and
+/// cancels the run — its running attempt killed and classed `cancelled`
+/// (never retried), its waiting jobs cancelled — saying why; a workflow's
+/// own `timeout` replaces the default.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_past_its_timeout_is_cancelled_with_every_job() {
+    let stuck = r#"version: 1
+jobs:
+  - name: forever
+    needs: []
+    retry: 3
+    steps: [sleep 600]
+  - name: after
+    needs: [forever]
+    steps: [echo never]
+  - name: unclaimable
+    needs: []
+    runs-on: {os: nowhere}
+    steps: [echo never]
+"#;
+    let own = "version: 1\ntimeout: 1h\njobs:\n  - name: slow\n    steps: [sleep 4, echo done]\n";
+    let repo = TestRepo::new(&[(".kiln/stuck.yaml", stuck), (".kiln/own.yaml", own)]).unwrap();
+    let s = KilnServer::start(BIN.as_ref(), &["--run-timeout", "2s"]).unwrap();
+    s.add_repo("timeouts", &repo);
+    let _a = s.agent("a1", &[]).unwrap();
+    let c = Client::new(&s.url, &s.token);
+    let submit =
+        |path: &str| SubmitRun { commit_sha: "main".into(), workflow_path: Some(path.into()), ..Default::default() };
+    let stuck_run = c.submit_run("timeouts", &submit(".kiln/stuck.yaml"), None).await.unwrap().run_id;
+    let own_run = c.submit_run("timeouts", &submit(".kiln/own.yaml"), None).await.unwrap().run_id;
+
+    let done = wait_run(&c, &stuck_run, 60).await;
+    assert_eq!(done.status, "cancelled", "{done:?}");
+    let m = done.message.clone().unwrap_or_default();
+    assert!(m.contains("timed out after 2s"), "{m}");
+    let forever = &done.jobs[0];
+    assert_eq!(forever.status, "cancelled");
+    assert_eq!(forever.attempts.len(), 1, "a timed-out run is not retried: {:?}", forever.attempts);
+    assert_eq!(forever.attempts[0].failure_class.as_deref(), Some("cancelled"));
+    assert_eq!(done.jobs[1].status, "cancelled");
+    assert_eq!(done.jobs[2].status, "cancelled");
+    assert!(done.jobs[2].attempts.is_empty());
+    assert!(step_processes(&stuck_run).is_empty(), "the step's processes were killed");
+
+    // Its own `timeout: 1h` outlives the server's 2 s default.
+    let done = wait_run(&c, &own_run, 60).await;
+    assert_eq!(done.status, "success", "{done:?}");
+}

@@ -96,6 +96,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     limits::job_timeouts(&mut workflow, state.config.job_timeout, state.config.max_job_timeout)
         .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
     limits::artifact_expiry(&mut workflow, state.config.artifact_expire_in);
+    limits::run_timeout(&mut workflow, state.config.run_timeout);
     let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
     let accepted = state

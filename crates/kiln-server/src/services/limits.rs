@@ -97,6 +97,15 @@ pub(crate) fn job_timeouts(
     Ok(())
 }
 
+/// The run-level timeout (spec 004's hierarchy): a workflow without a
+/// top-level `timeout` gets the server's `--run-timeout` (none when off),
+/// frozen into the definition like the job timeouts (a retry keeps it).
+pub(crate) fn run_timeout(wf: &mut Workflow, default: std::time::Duration) {
+    if wf.timeout_secs.is_none() && !default.is_zero() {
+        wf.timeout_secs = Some(default.as_secs().clamp(1, kiln_workflow::MAX_TIMEOUT_SECS));
+    }
+}
+
 /// Artifact retention (issue 16): a published artifact without `expire-in`
 /// gets the server's `--artifact-expire-in`, frozen into the definition
 /// like the job timeout (a retry keeps it); the completion transaction

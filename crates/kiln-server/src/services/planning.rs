@@ -188,6 +188,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
             continue;
         }
         limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
+        limits::run_timeout(&mut wf, state.config.run_timeout);
         if let Err(e) = limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout) {
             refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;
             continue;

@@ -184,6 +184,23 @@ pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_s
     Ok(failed)
 }
 
+/// The run-level timeout (spec 004): runs past their frozen `timeout` are
+/// cancelled — waiting jobs at once, running attempts through their
+/// heartbeat — and say why.
+pub(crate) async fn run_timeout_once(state: &AppState) -> Result<usize, kiln_store::StoreError> {
+    let mut timed_out = 0;
+    for run in state.store.overdue_runs(100).await? {
+        if state.store.time_out_run(&run).await? {
+            tracing::warn!(run = %run, "the run timed out: cancelled");
+            state.metrics.run_timeouts.inc();
+            let view = state.store.get_run(&run).await?;
+            notices::run_cancelled(state, &view);
+            timed_out += 1;
+        }
+    }
+    Ok(timed_out)
+}
+
 /// `{os: linux, size: large}`.
 fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
     let kv: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();

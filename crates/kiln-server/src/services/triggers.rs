@@ -113,6 +113,7 @@ async fn fire(
         .map_err(|e| format!("{path}: {e}"))?;
     crate::services::limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout)?;
     crate::services::limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
+    crate::services::limits::run_timeout(&mut wf, state.config.run_timeout);
     let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
     let accepted = state
         .store

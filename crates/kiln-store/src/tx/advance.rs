@@ -288,7 +288,7 @@ pub(crate) async fn finish_run(
     now: i64,
 ) -> Result<()> {
     tx.sql(
-        "UPDATE runs SET status = $1, finished_at = $2, updated_at = $3, held = 0, \
+        "UPDATE runs SET status = $1, finished_at = $2, updated_at = $3, held = 0, deadline_at = NULL, \
          message = COALESCE($4, message) WHERE id = $5",
     )
     .bind(status.as_str())

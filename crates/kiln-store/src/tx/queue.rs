@@ -9,7 +9,7 @@ use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, lit};
 use crate::error::Result;
 use crate::rows::load_job;
-use crate::store::{SqlStore, lock_job, lock_run_of_job};
+use crate::store::{SqlStore, lock_job, lock_run, lock_run_of_job};
 use crate::tx::advance::advance_run;
 use kiln_core::JobStatus;
 use kiln_core::job::JobEvent;
@@ -62,5 +62,45 @@ async fn fail_overdue_tx(tx: &mut Tx, job_id: &str, max_wait_ms: i64, message: &
         return Ok(false);
     }
     advance_run(tx, &job.run_id, now).await?;
+    Ok(true)
+}
+
+/// Runs past their run-level `timeout` (`deadline_at`), at most `limit`,
+/// earliest first.
+pub(crate) async fn overdue_runs(store: &SqlStore, limit: u32) -> Result<Vec<String>> {
+    static SQL: Sql = Sql::new(|d| {
+        format!(
+            "SELECT id FROM runs WHERE deadline_at IS NOT NULL AND deadline_at <= {now} \
+             ORDER BY deadline_at LIMIT $1",
+            now = d.now_ms
+        )
+    });
+    let mut tx = store.read_tx().await?;
+    let rows: Vec<(String,)> = tx.sql(&SQL).bind(i64::from(limit)).all().await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+/// Cancel `run_id` as timed out if its deadline has passed (checked again
+/// under the run's lock): every waiting job is cancelled and every running
+/// attempt is asked to stop, exactly as `kiln cancel` does — a timed-out run
+/// is never retried. The deadline is cleared, so this happens once. Returns
+/// whether it timed the run out.
+pub(crate) async fn time_out_run(store: &SqlStore, run_id: &str) -> Result<bool> {
+    store.transaction(Isolation::Serializable, run_id, |tx, run_id| Box::pin(time_out_run_tx(tx, run_id))).await
+}
+
+async fn time_out_run_tx(tx: &mut Tx, run_id: &str) -> Result<bool> {
+    lock_run(tx, run_id).await?;
+    let now = now(tx).await?;
+    let row: Option<(Option<i64>, i64)> =
+        tx.sql("SELECT deadline_at, created_at FROM runs WHERE id = $1").bind(run_id).optional().await?;
+    let Some((Some(deadline), created)) = row else { return Ok(false) };
+    if deadline > now {
+        return Ok(false);
+    }
+    tx.sql("UPDATE runs SET deadline_at = NULL WHERE id = $1").bind(run_id).execute().await?;
+    let after = std::time::Duration::from_millis(u64::try_from(deadline - created).unwrap_or(0));
+    let message = format!("the run timed out after {} (its `timeout`)", kiln_workflow::format_duration(after));
+    crate::tx::cancel::cancel_in_tx(tx, run_id, Some(&message), now).await?;
     Ok(true)
 }

@@ -145,6 +145,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.job_timeout = t.job_timeout;
     config.queue_timeout = t.queue_timeout;
     config.max_job_timeout = t.max_job_timeout;
+    config.run_timeout = t.run_timeout;
     config.artifact_expire_in = t.artifact_expire_in;
     for entry in &t.registry_auth {
         let parsed = entry.split_once('=').and_then(|(h, c)| Some((h, c.split_once(':')?)));
