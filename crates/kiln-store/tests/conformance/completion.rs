@@ -418,3 +418,39 @@ pub async fn completion_racing_cancellation_is_one_or_the_other<S: Store + 'stat
         assert_eq!(v.run.status, RunStatus::Cancelled, "{v:#?}");
     }
 }
+
+/// The run timeout's store side: only unfinished runs past their frozen
+/// `timeout` are overdue; timing one out cancels its waiting jobs, asks its
+/// running attempt to stop (the run stays cancelling until it ends), says
+/// why, and happens once; a run that finished in time is never overdue.
+pub async fn runs_past_their_deadline_are_cancelled_once<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let timed = |mut w: Workflow| {
+        w.timeout_secs = Some(1);
+        w
+    };
+    let (_, late) = start(s, timed(workflow(vec![job("build", &[], 0), job("test", &["build"], 0)]))).await;
+    let (_, quick) = start(s, timed(workflow(vec![job("solo", &[], 0)]))).await;
+    let (_, unbounded) = start(s, workflow(vec![job("free", &[], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &late, "build").await;
+    let solo = job_id(s, &quick, "solo").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    claim(s, &a, &solo, LONG_TTL).await;
+    s.complete(&solo, 1, success()).await.unwrap();
+    assert!(s.overdue_runs(10).await.unwrap().is_empty(), "nothing is a second old");
+    assert!(!s.time_out_run(&late).await.unwrap(), "not yet");
+    expire(1100).await;
+    assert_eq!(s.overdue_runs(10).await.unwrap(), vec![late.clone()], "finished and unbounded runs are not overdue");
+    assert!(s.time_out_run(&late).await.unwrap());
+    assert!(!s.time_out_run(&late).await.unwrap(), "once");
+    assert!(s.overdue_runs(10).await.unwrap().is_empty());
+    let v = view(s, &late).await;
+    assert_eq!(v.run.status, RunStatus::Cancelling, "its attempt still runs");
+    assert!(v.run.message.as_deref().unwrap_or_default().contains("timed out after 1s"), "{:?}", v.run.message);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Cancelled);
+    assert_eq!(jv(&v, "build").job.status, JobStatus::Running);
+    assert_eq!(view(s, &quick).await.run.status, RunStatus::Success);
+    assert_ne!(view(s, &unbounded).await.run.status, RunStatus::Cancelled);
+}

@@ -115,6 +115,7 @@ macro_rules! suite {
             completion::infra_failures_retry_up_to_the_default_budget,
             completion::retry_policy_follows_failure_classes,
             completion::overdue_ready_jobs_fail_and_their_runs_end,
+            completion::runs_past_their_deadline_are_cancelled_once,
             outbox::relay_delivering_twice_is_absorbed,
             outbox::unmarked_events_are_delivered_again,
             cancel::cancel_after_success_is_a_no_op,
@@ -257,7 +258,14 @@ pub fn job(name: &str, needs: &[&str], retry: u32) -> Job {
 }
 
 pub fn workflow(jobs: Vec<Job>) -> Workflow {
-    Workflow { version: 1, concurrency: None, jobs, on: Default::default(), inputs: Default::default() }
+    Workflow {
+        version: 1,
+        concurrency: None,
+        jobs,
+        on: Default::default(),
+        inputs: Default::default(),
+        timeout_secs: None,
+    }
 }
 
 pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
