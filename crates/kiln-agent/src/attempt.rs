@@ -10,7 +10,7 @@
 use crate::ExecutorKind;
 use crate::artifacts::{Transfer, publish_all, restore_all};
 use crate::checkout::Mirrors;
-use crate::control::{Control, Stop, backoff};
+use crate::control::{Control, Stage, Stop, backoff};
 use crate::heartbeat::heartbeat_loop;
 use crate::logs::{LogConfig, LogStreamer, Stream};
 use crate::ran::Ran;
@@ -30,6 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
+
+/// Spec 004's stage timeouts for preparing and for finalizing.
+pub(crate) const DEFAULT_STAGE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 #[derive(Clone)]
 pub(crate) struct AttemptContext {
@@ -53,6 +56,9 @@ pub(crate) struct AttemptContext {
     pub cache: crate::caches::Settings,
     /// Agent-wide upload rate limit, shared by all attempts.
     pub limiter: RateLimiter,
+    /// Stage timeouts (`None`: unlimited).
+    pub prepare_timeout: Option<Duration>,
+    pub finalize_timeout: Option<Duration>,
     /// "Heartbeat now" triggers of the running attempts (session stream).
     pub beats: Beats,
     /// Per-attempt stdout + stderr limit in bytes.
@@ -117,6 +123,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         let watcher = {
             let ctl = ctl.clone();
             let timeout = a.timeout_secs.map(Duration::from_secs);
+            let (prepare, finalize) = (ctx.prepare_timeout, ctx.finalize_timeout);
             tokio::spawn(async move {
                 let timer = async {
                     match timeout {
@@ -127,6 +134,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
                 tokio::select! {
                     _ = timer => ctl.stop(Stop::TimedOut),
                     _ = shutdown.wait_for(|s| *s) => ctl.stop(Stop::Shutdown),
+                    _ = ctl.enforce_stage_timeouts(prepare, finalize) => {}
                     _ = ctl.stopped() => {}
                 }
             })
@@ -161,7 +169,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
             never = hang_watch => never,
         };
         let t_exec = t0.elapsed();
-        let completion = decide(&a, ran, ctl.reason(), outputs).map(|c| Completion { steps, ..c });
+        let completion = decide(&a, ran, ctl.reason(), outputs, ctx).map(|c| Completion { steps, ..c });
         // What the completion says reaches every reader of the run: mask
         // the job's secrets in it as in its log (a step named after its
         // command may hold one).
@@ -390,6 +398,7 @@ async fn execute(
         })
     };
     tracing::debug!("checkout and restore done");
+    ctl.enter(Stage::Running);
     let steps_started = std::time::Instant::now();
     let ran = match services.as_mut() {
         None => run_steps(&exec, a, &ws, ctl, logs, steps).await,
@@ -435,6 +444,7 @@ async fn execute(
         other => other,
     };
     tracing::debug!("steps done");
+    ctl.enter(Stage::Finalizing);
     // Every step's process group (and PID namespace, where available) was
     // killed when its shell exited; cleanup kills whatever still runs, so
     // nothing of the job runs while its outputs are frozen and uploaded.
@@ -791,7 +801,13 @@ fn summarize(cmd: &str) -> String {
 }
 
 /// The completion to send, or None when fenced.
-fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String, String>) -> Option<Completion> {
+fn decide(
+    a: &Assignment,
+    ran: Ran,
+    stop: Option<Stop>,
+    outputs: BTreeMap<String, String>,
+    ctx: &AttemptContext,
+) -> Option<Completion> {
     let failed = |exit_code, message: String, class: &str| Completion {
         outcome: AttemptOutcome::Failed,
         exit_code,
@@ -844,6 +860,18 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
                 ),
                 "hang",
             ),
+            Some(Stop::StageTimedOut(stage)) => {
+                let (limit, flag) = match stage {
+                    Stage::Finalizing => (ctx.finalize_timeout, "--finalize-timeout"),
+                    _ => (ctx.prepare_timeout, "--prepare-timeout"),
+                };
+                let limit = kiln_workflow::format_duration(limit.unwrap_or_default());
+                failed(
+                    Some(124),
+                    format!("{} took longer than {limit} (kiln agent {flag})", stage.describe()),
+                    "timeout",
+                )
+            }
             // Handed back (drain timeout, preemption): retried elsewhere at once.
             Some(Stop::Shutdown) => failed(None, "the agent shut down during the job".into(), "agent_lost"),
             Some(Stop::Fenced) | None => failed(None, "the job was stopped".into(), "infra"),

@@ -18,16 +18,82 @@ pub(crate) enum Stop {
     Hung,
     /// The agent is shutting down.
     Shutdown,
+    /// A stage (preparing or finalizing) outlived its `--prepare-timeout` /
+    /// `--finalize-timeout` (spec 004's stage timeouts).
+    StageTimedOut(Stage),
+}
+
+/// Where an attempt is (spec 004's stages): preparing (checkout, image,
+/// artifact and cache restore, services), running (the steps; the job's
+/// `timeout` bounds the whole attempt), finalizing (cache save, artifact
+/// upload). Each of preparing and finalizing has its own timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Preparing,
+    Running,
+    Finalizing,
+}
+
+impl Stage {
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Stage::Preparing => "preparing the job (checkout, image, artifacts, caches, services)",
+            Stage::Running => "running the steps",
+            Stage::Finalizing => "finalizing the job (cache save, artifact upload)",
+        }
+    }
 }
 
 #[derive(Clone)]
 pub(crate) struct Control {
     tx: watch::Sender<Option<Stop>>,
+    stage: watch::Sender<Stage>,
 }
 
 impl Control {
     pub(crate) fn new() -> Self {
-        Control { tx: watch::Sender::new(None) }
+        Control { tx: watch::Sender::new(None), stage: watch::Sender::new(Stage::Preparing) }
+    }
+
+    /// The attempt enters `stage`.
+    pub(crate) fn enter(&self, stage: Stage) {
+        self.stage.send_replace(stage);
+    }
+
+    /// Follows the attempt's stage.
+    pub(crate) fn stages(&self) -> watch::Receiver<Stage> {
+        self.stage.subscribe()
+    }
+
+    /// Stops the attempt with [`Stop::StageTimedOut`] when preparing or
+    /// finalizing lasts longer than its limit (`None`: unlimited). Each
+    /// stage's clock starts when the attempt enters it. Never returns.
+    pub(crate) async fn enforce_stage_timeouts(&self, prepare: Option<Duration>, finalize: Option<Duration>) {
+        let mut rx = self.stages();
+        loop {
+            let stage = *rx.borrow_and_update();
+            let limit = match stage {
+                Stage::Preparing => prepare,
+                Stage::Running => None,
+                Stage::Finalizing => finalize,
+            };
+            let timer = async {
+                match limit {
+                    Some(t) => tokio::time::sleep(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = timer => {
+                    tracing::warn!(?stage, limit_ms = limit.unwrap_or_default().as_millis() as u64, "stage timed out: stopping the attempt");
+                    self.stop(Stop::StageTimedOut(stage));
+                    return std::future::pending().await;
+                }
+                changed = rx.changed() => if changed.is_err() {
+                    return std::future::pending().await;
+                },
+            }
+        }
     }
 
     pub(crate) fn stop(&self, reason: Stop) {
@@ -85,5 +151,34 @@ mod tests {
         c.stop(Stop::Fenced);
         c.stop(Stop::Shutdown);
         assert_eq!(c.reason(), Some(Stop::Fenced));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_stage_has_its_own_clock() {
+        let c = Control::new();
+        let enforcer = tokio::spawn({
+            let c = c.clone();
+            async move { c.enforce_stage_timeouts(Some(Duration::from_secs(10)), Some(Duration::from_secs(5))).await }
+        });
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        c.enter(Stage::Running);
+        // Running is bounded by the job's timeout only.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(c.reason(), None);
+        c.enter(Stage::Finalizing);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(c.reason(), None);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(c.reason(), Some(Stop::StageTimedOut(Stage::Finalizing)));
+        enforcer.abort();
+
+        let c = Control::new();
+        let enforcer = tokio::spawn({
+            let c = c.clone();
+            async move { c.enforce_stage_timeouts(Some(Duration::from_secs(10)), None).await }
+        });
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(c.reason(), Some(Stop::StageTimedOut(Stage::Preparing)));
+        enforcer.abort();
     }
 }

@@ -134,6 +134,13 @@ pub struct AgentConfig {
     /// Longest a cache restore, and a cache save, may take (default 10
     /// min); past it the restore is a clean miss, the save is skipped.
     pub cache_timeout: Option<std::time::Duration>,
+    /// Longest an attempt may spend preparing (checkout, image, artifact and
+    /// cache restore, services) before it fails as `timeout` (default 15
+    /// min, spec 004); `Some(ZERO)`: unlimited.
+    pub prepare_timeout: Option<std::time::Duration>,
+    /// Longest an attempt may spend finalizing (cache save, artifact
+    /// upload) after its steps (default 15 min); `Some(ZERO)`: unlimited.
+    pub finalize_timeout: Option<std::time::Duration>,
     /// Node-local cache copies kept at most, in bytes (default 5 GiB).
     pub cache_local_budget: Option<u64>,
     /// Host executor: the Docker Engine API endpoint that runs jobs'
@@ -253,6 +260,8 @@ pub async fn run_draining(
             local_budget: config.cache_local_budget.unwrap_or(caches::DEFAULT_LOCAL_BUDGET),
         },
         limiter: RateLimiter::new(config.upload_rate_limit),
+        prepare_timeout: stage_limit(config.prepare_timeout),
+        finalize_timeout: stage_limit(config.finalize_timeout),
         beats: Beats::default(),
         log_limit: config.log_limit.unwrap_or(logs::DEFAULT_LOG_LIMIT),
         log_rate_limit: config.log_rate_limit,
@@ -462,5 +471,14 @@ pub(crate) async fn reregister(agent: &Agent, stale_session: &str) {
             *reg = r;
         }
         Err(e) => tracing::warn!(error = %e, "cannot register again; will retry"),
+    }
+}
+
+/// A stage timeout as configured: unset → spec 004's 15 minutes, zero → none.
+fn stage_limit(configured: Option<std::time::Duration>) -> Option<std::time::Duration> {
+    match configured {
+        None => Some(attempt::DEFAULT_STAGE_TIMEOUT),
+        Some(d) if d.is_zero() => None,
+        Some(d) => Some(d),
     }
 }

@@ -667,6 +667,8 @@ impl Harness {
             executor: ExecutorKind::Host,
             kill_grace: None,
             cache_timeout: None,
+            prepare_timeout: None,
+            finalize_timeout: None,
             cache_local_budget: None,
             services_engine: None,
             // The host's disk may be nearly full on a CI machine: claims here

@@ -82,6 +82,8 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             log_limit: None,
             kill_grace: None,
             cache_timeout: None,
+            prepare_timeout: None,
+            finalize_timeout: None,
             cache_local_budget: None,
             services_engine: None,
             storage_levels: None,

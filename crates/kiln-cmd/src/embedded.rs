@@ -33,6 +33,8 @@ pub fn agent_config(
         log_spool_limit: None,
         kill_grace: None,
         cache_timeout: None,
+        prepare_timeout: None,
+        finalize_timeout: None,
         cache_local_budget: None,
         services_engine: None,
         storage_levels: None,

@@ -375,6 +375,15 @@ pub struct AgentTuning {
     /// clean miss (the job runs cold) and the save is skipped.
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub cache_timeout: std::time::Duration,
+    /// Longest a job may spend preparing — checkout, image pull or build, artifact and cache
+    /// restore, services becoming healthy — before its attempt fails as `timeout` (exit 124).
+    /// `off` disables.
+    #[arg(long, default_value = "15m", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub prepare_timeout: std::time::Duration,
+    /// Longest a job may spend finalizing after its steps — cache save, artifact upload —
+    /// before its attempt fails as `timeout` (exit 124). `off` disables.
+    #[arg(long, default_value = "15m", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub finalize_timeout: std::time::Duration,
     /// Node-local cache archives kept for reuse by later jobs on this agent (least recently used
     /// removed first; each also keeps one unpacked copy ready), e.g. 5GiB (the default).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]

@@ -708,3 +708,49 @@ jobs:
     assert!(!logs(&s, &run.run_id, "unpinned").contains("must not run"));
     assert_eq!(unpinned.attempts.len(), 1, "a refused image is the job's own failure, not retried as infra");
 }
+
+/// Spec 004's stage timeout for preparing: a job whose service never gets
+/// healthy within the agent's `--prepare-timeout` fails as `timeout` (exit
+/// 124, not retried by default), saying which stage and which flag, and its
+/// service is removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn preparing_longer_than_the_prepare_timeout_fails_as_timeout() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["prep-slow"]);
+    let reg = registry();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: slow-start
+    services:
+      slow:
+        image: {reg}/kiln-test/base:latest
+        command: [sleep, "600"]
+        health: {{cmd: "false", interval: 1s, retries: 1000}}
+    steps:
+      - echo must-not-run
+"#
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let s = server();
+    s.add_repo("prep", &repo);
+    let engine = engine_url();
+    let _agent = s.agent(&agent_name("prep-slow"), &["--engine", &engine, "--prepare-timeout", "3s"]).unwrap();
+    let c = Client::new(&s.url, &s.token);
+    let run = c.submit_run("prep", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 120).await;
+    let log = logs(&s, &run.run_id, "slow-start");
+    assert_eq!(done.status, "failed", "{log}");
+    let job = &done.jobs[0];
+    assert_eq!(job.attempts.len(), 1, "a timeout is not retried by default: {:?}", job.attempts);
+    let a = &job.attempts[0];
+    assert_eq!(a.failure_class.as_deref(), Some("timeout"), "{a:?}");
+    assert_eq!(a.exit_code, Some(124), "{a:?}");
+    let message = a.message.clone().unwrap_or_default();
+    assert!(message.contains("preparing the job") && message.contains("took longer than 3s"), "{message}");
+    assert!(message.contains("--prepare-timeout"), "{message}");
+    assert!(!log.contains("must-not-run"), "{log}");
+    assert!(wait_for(Duration::from_secs(30), || containers_of_job(&job.id).is_empty().then_some(())).is_some());
+}

@@ -371,3 +371,56 @@ jobs:
     let done = wait_run(&c, &own_run, 60).await;
     assert_eq!(done.status, "success", "{done:?}");
 }
+
+/// Spec 004's stage timeout for finalizing: the steps are done, but the
+/// artifact upload stalls (the server is SIGSTOPped); past the agent's
+/// `--finalize-timeout` the attempt stops and, once the server answers
+/// again, completes as `timeout` (exit 124) naming the stage and the flag.
+/// Nothing of the stalled upload is bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn finalizing_longer_than_the_finalize_timeout_fails_as_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Steps run as an unprivileged user: the marker directory is theirs too.
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let (ready, go) = (tmp.path().join("ready"), tmp.path().join("go"));
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: publish
+    steps:
+      - head -c 4194304 /dev/urandom > out.bin
+      - touch {ready}; while [ ! -e {go} ]; do sleep 0.05; done
+    artifacts:
+      publish:
+        - {{name: out, path: out.bin}}
+"#,
+        ready = ready.display(),
+        go = go.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let s = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    s.add_repo("finalize", &repo);
+    let agent = s.agent("a1", &["--finalize-timeout", "2s"]).unwrap();
+    let c = Client::new(&s.url, &s.token);
+    let run =
+        c.submit_run("finalize", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let ran = wait_for(Duration::from_secs(60), || ready.exists().then_some(()));
+    assert!(ran.is_some(), "the steps ran: {}\n{}", agent.log(), s.log());
+    let pid = nix::unistd::Pid::from_raw(s.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::fs::write(&go, "").unwrap();
+    // Until the agent has given up on finalizing (it says so in its own log).
+    let gave_up = wait_for(Duration::from_secs(60), || agent.log().contains("stage timed out").then_some(()));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(gave_up.is_some(), "{}", agent.log());
+    let done = wait_run(&c, &run.run_id, 60).await;
+    assert_eq!(done.status, "failed", "{done:?}");
+    let a = &done.jobs[0].attempts[0];
+    assert_eq!(a.failure_class.as_deref(), Some("timeout"), "{a:?}");
+    assert_eq!(a.exit_code, Some(124), "{a:?}");
+    let message = a.message.clone().unwrap_or_default();
+    assert!(message.contains("finalizing the job") && message.contains("took longer than 2s"), "{message}");
+    assert!(message.contains("--finalize-timeout"), "{message}");
+    assert_eq!(done.jobs[0].attempts.len(), 1, "{:?}", done.jobs[0].attempts);
+    assert!(c.artifact(&run.run_id, "publish", "out").await.is_err(), "a timed-out attempt binds nothing");
+}

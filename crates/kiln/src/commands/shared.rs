@@ -179,6 +179,8 @@ pub(super) fn apply_agent_tuning(cfg: &mut kiln_agent::AgentConfig, t: &AgentTun
     cfg.log_spool_limit = t.log_spool_limit;
     cfg.kill_grace = Some(t.kill_grace);
     cfg.cache_timeout = Some(t.cache_timeout);
+    cfg.prepare_timeout = Some(t.prepare_timeout);
+    cfg.finalize_timeout = Some(t.finalize_timeout);
     cfg.cache_local_budget = t.cache_local_budget;
     if t.executor == "container" {
         let mut settings = kiln_agent::ContainerSettings::new(t.engine.clone());
