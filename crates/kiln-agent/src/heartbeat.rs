@@ -51,6 +51,16 @@ pub(crate) async fn heartbeat_loop(
                 ctl.stop(Stop::Fenced);
                 return;
             }
+            // The server answered that its database is unavailable: nobody
+            // can fence this attempt meanwhile (fencing is a database
+            // transaction, and a reconciler that could not reach the
+            // database extends the running leases before it fences again),
+            // so this is no silence; the job keeps running and its log
+            // keeps spooling until the database is back.
+            Err(e) if e.status() == Some(503) && e.code() == Some(kiln_api::codes::UNAVAILABLE) => {
+                last_ok = Instant::now();
+                tracing::warn!(error = %e, "heartbeat not recorded: the server's database is unavailable; retrying");
+            }
             Err(e) => {
                 let silent = last_ok.elapsed();
                 if silent >= lease_ttl {
