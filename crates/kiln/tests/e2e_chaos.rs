@@ -419,7 +419,7 @@ async fn stdout_so_far(c: &Client, job: &str) -> String {
     let Ok(stream) = c.log_events(job, None).await else { return String::new() };
     tokio::pin!(stream);
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
     while let Ok(Some(Ok(ev))) =
         tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + Duration::from_secs(1)), stream.next()).await
     {
@@ -538,7 +538,15 @@ async fn a_database_outage_pauses_the_control_plane_and_loses_no_job_or_line() {
     // Heartbeats resume: the attempt stays live past a whole lease TTL
     // after the database came back (an attempt whose heartbeats did not
     // resume would be fenced by then).
+    let at_recovery = stdout_so_far(&c, &job_id).await.lines().filter(|l| l.starts_with("line ")).count();
     tokio::time::sleep(Duration::from_secs(12)).await;
+    // ...and the step is alive: it kept printing since.
+    let later = stdout_so_far(&c, &job_id).await.lines().filter(|l| l.starts_with("line ")).count();
+    assert!(
+        later > at_recovery,
+        "the step stopped printing ({at_recovery} lines, then {later})\nagent:\n{}",
+        agent.log()
+    );
     let r = c.get_run(&run).await.unwrap();
     assert_eq!(r.jobs[0].status, "running", "{r:#?}\nserver:\n{}\nagent:\n{}", s.log(), agent.log());
     assert_eq!(r.jobs[0].attempts.len(), 1, "{r:#?}");
@@ -549,7 +557,14 @@ async fn a_database_outage_pauses_the_control_plane_and_loses_no_job_or_line() {
     assert_eq!(done.status, "success", "{done:#?}\nserver:\n{}\nagent:\n{}", s.log(), agent.log());
     for j in &done.jobs {
         let at: Vec<_> = j.attempts.iter().map(|a| (a.epoch, a.outcome.to_string())).collect();
-        assert_eq!(at, [(1, "success".to_string())], "{} ran once, on epoch 1: {j:#?}", j.name);
+        assert_eq!(
+            at,
+            [(1, "success".to_string())],
+            "{} ran once, on epoch 1: {j:#?}\nserver:\n{}\nagent:\n{}",
+            j.name,
+            s.log(),
+            agent.log()
+        );
     }
     let text = stdout_so_far(&c, &job_id).await;
     assert!(!text.contains("gap"), "no gap in the log: {text}");
