@@ -4,7 +4,10 @@
 //! 409 stale_epoch fences the attempt at once. Transient errors are retried
 //! on the next tick, but once no heartbeat has succeeded for a whole lease
 //! TTL the server has fenced us (it fences expired leases before authorizing
-//! a replacement), so the attempt is treated as fenced.
+//! a replacement), so the attempt is treated as fenced. A 503
+//! `unavailable` answer (the server's database is down) is no silence:
+//! nobody can fence meanwhile, and the reconciler extends the leases it
+//! could not see renewed before it fences again.
 //!
 //! `beat_now` (see [`crate::session::Beats`]) triggers a heartbeat at once:
 //! the session stream does that after a reconnect, because the server
