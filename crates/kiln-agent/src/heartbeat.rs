@@ -4,7 +4,10 @@
 //! 409 stale_epoch fences the attempt at once. Transient errors are retried
 //! on the next tick, but once no heartbeat has succeeded for a whole lease
 //! TTL the server has fenced us (it fences expired leases before authorizing
-//! a replacement), so the attempt is treated as fenced.
+//! a replacement), so the attempt is treated as fenced. A 503
+//! `unavailable` answer (the server's database is down) is no silence:
+//! nobody can fence meanwhile, and the reconciler extends the leases it
+//! could not see renewed before it fences again.
 //!
 //! `beat_now` (see [`crate::session::Beats`]) triggers a heartbeat at once:
 //! the session stream does that after a reconnect, because the server
@@ -50,6 +53,16 @@ pub(crate) async fn heartbeat_loop(
                 tracing::warn!(error = %e, "heartbeat refused: this attempt was fenced; killing it without completing");
                 ctl.stop(Stop::Fenced);
                 return;
+            }
+            // The server answered that its database is unavailable: nobody
+            // can fence this attempt meanwhile (fencing is a database
+            // transaction, and a reconciler that could not reach the
+            // database extends the running leases before it fences again),
+            // so this is no silence; the job keeps running and its log
+            // keeps spooling until the database is back.
+            Err(e) if e.status() == Some(503) && e.code() == Some(kiln_api::codes::UNAVAILABLE) => {
+                last_ok = Instant::now();
+                tracing::warn!(error = %e, "heartbeat not recorded: the server's database is unavailable; retrying");
             }
             Err(e) => {
                 let silent = last_ok.elapsed();

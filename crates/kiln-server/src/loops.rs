@@ -179,11 +179,41 @@ async fn relay(state: State, mut shutdown: watch::Receiver<bool>) {
 /// heartbeats stay HOT updates; about 16 ms for 82,800 live leases), so
 /// rounds are no more frequent than a second needs. A lost agent's
 /// shortened leases wake a round the moment their loss grace ends.
+///
+/// A lease that expired while the database could not be reached proves
+/// nothing about its agent: nobody could renew it (the heartbeat is a
+/// database write), and without this every job running through a database
+/// outage longer than a lease was fenced the moment the database came back
+/// (its live agent's heartbeats refused as expired). So a round that fails,
+/// or cannot finish within a heartbeat interval (a third of the TTL: the
+/// pool waits for an unreachable database for its whole 30 s acquire
+/// timeout), makes the reconciler "blind"; before it fences again it
+/// extends every running lease by a TTL, in which live agents heartbeat.
+/// A round cut short is harmless: each fence is its own transaction, and
+/// the relay's poll delivers what a skipped wakeup would have.
 async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
     let period = (state.config.lease_ttl / 30).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let ttl_ms = state.config.lease_ttl.as_millis() as i64;
+    let patience = (state.config.lease_ttl / 3).max(Duration::from_millis(500));
+    let mut blind = false;
     loop {
-        if let Err(e) = work::fence_once(&state).await {
-            tracing::warn!("reconciler paused: {e}");
+        let round = async {
+            if blind {
+                let n = state.store.extend_running_leases(ttl_ms).await?;
+                tracing::warn!(extended = n, "the database was unreachable: running leases extended by a lease TTL");
+            }
+            work::fence_once(&state).await
+        };
+        match tokio::time::timeout(patience, round).await {
+            Ok(Ok(_)) => blind = false,
+            Ok(Err(e)) => {
+                blind = true;
+                tracing::warn!("reconciler paused: {e}");
+            }
+            Err(_) => {
+                blind = true;
+                tracing::warn!("reconciler paused: the database did not answer within {patience:?}");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(period) => {}

@@ -234,6 +234,30 @@ impl TempPostgres {
         Ok(self.url(&name))
     }
 
+    /// Stop the server (`pg_ctl stop -m fast`: connections are closed, the
+    /// data stays) to simulate a database outage; [`TempPostgres::resume`]
+    /// starts it again on the same port.
+    pub fn stop(&self) -> Result<()> {
+        let mut c = as_pg(&self.bin, "pg_ctl");
+        c.arg("-D").arg(self.dir.path().join("data")).args(["-m", "fast", "-w", "-t", "60", "stop"]);
+        run(c, "pg_ctl stop")
+    }
+
+    /// Start the server stopped by [`TempPostgres::stop`] again, on the same
+    /// data directory and port.
+    pub fn resume(&self) -> Result<()> {
+        let mut c = as_pg(&self.bin, "pg_ctl");
+        c.arg("-D")
+            .arg(self.dir.path().join("data"))
+            .arg("-l")
+            .arg(self.dir.path().join("server.log"))
+            .args(["-w", "-t", "60", "-o"])
+            .arg(format!("-p {} -k {}", self.port, self.dir.path().display()))
+            .arg("start")
+            .stdout(Stdio::null());
+        run(c, "pg_ctl start")
+    }
+
     /// The server's log (for failure messages).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()

@@ -12,6 +12,9 @@ pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
 
+/// How long `/readyz` waits for the database.
+const STORE_CHECK: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Ready when the store answers and the server is not in critical
 /// degradation; the body says the degradation level (and why) either way:
 /// `ready (degradation: warning: …)`.
@@ -22,7 +25,20 @@ pub(crate) async fn readyz(S(state): S<State>) -> Response {
     } else {
         format!("degradation: {}: {why}", level.as_str())
     };
-    match state.store.list_repos().await {
+    // Bounded: with the database down the pool keeps retrying to connect
+    // for its whole acquire timeout (30 s), far past any probe's own
+    // timeout, and a probe that times out learns nothing. A database that
+    // does not answer in time is reported as such.
+    let answer = tokio::time::timeout(STORE_CHECK, state.store.list_repos()).await;
+    let Ok(answer) = answer else {
+        return ApiErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            api::codes::UNAVAILABLE,
+            format!("database unavailable: no answer within {}s ({degradation})", STORE_CHECK.as_secs()),
+        )
+        .into_response();
+    };
+    match answer {
         Ok(_) if level == Level::Critical => ApiErr::unavailable_for(
             crate::resources::RETRY_AFTER_SECS,
             format!("not ready: {degradation}; new runs are refused"),

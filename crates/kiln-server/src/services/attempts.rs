@@ -18,9 +18,24 @@ pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
 /// Completion messages are cut to this many characters.
 const MAX_MESSAGE: usize = 2000;
 
+/// How long a heartbeat waits for the database before answering 503.
+const HEARTBEAT_DB_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(crate) async fn heartbeat(state: &AppState, job: &str, epoch: i64) -> ApiResult<api::HeartbeatResponse> {
     let ttl = state.lease_ttl_ms();
-    let out = state.store.heartbeat(job, epoch, ttl).await?;
+    // Bounded below the agent's 10 s heartbeat timeout: with the database
+    // down the pool waits up to its 30 s acquire timeout, the agent's call
+    // timed out unanswered (silence: it killed its live job), whereas a 503
+    // `unavailable` tells it the database, not its lease, is the problem.
+    // Dropping the call is harmless: at worst the lease is extended later.
+    let out =
+        tokio::time::timeout(HEARTBEAT_DB_WAIT, state.store.heartbeat(job, epoch, ttl)).await.map_err(|_| {
+            ApiErr::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                api::codes::UNAVAILABLE,
+                format!("database unavailable: no answer within {}s", HEARTBEAT_DB_WAIT.as_secs()),
+            )
+        })??;
     Ok(api::HeartbeatResponse { cancel_requested: out.cancel_requested, lease_ttl_ms: ttl as u64 })
 }
 

@@ -150,6 +150,26 @@ async fn fence_tx(store: &SqlStore, tx: &mut Tx, job_id: &str, epoch: i64) -> Re
     Ok(true)
 }
 
+/// `AttemptStore::extend_running_leases`: every running attempt's lease is
+/// moved to at least `now + ttl_ms` (database time), never shortened. Only
+/// `running` attempts: a fenced epoch stays fenced.
+pub(crate) async fn extend_running_leases(store: &SqlStore, ttl_ms: i64) -> Result<u64> {
+    static EXTEND: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE attempts SET lease_deadline = $1 WHERE outcome = {running} AND lease_deadline < $1",
+            running = lit(AttemptOutcome::Running)
+        )
+    });
+    store
+        .transaction(Isolation::Serializable, &ttl_ms, |tx, &ttl_ms| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                tx.sql(&EXTEND).bind(now + ttl_ms).execute().await
+            })
+        })
+        .await
+}
+
 /// `AttemptStore::shorten_session_leases`.
 pub(crate) async fn shorten_session_leases(store: &SqlStore, session_id: &str, grace_ms: i64) -> Result<u64> {
     static SHORTEN: Sql = Sql::new(|_| {
