@@ -801,6 +801,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
         failure_class: Some(class.to_string()),
         outputs: BTreeMap::new(),
         steps: Vec::new(),
+        telemetry: None,
     };
     if stop == Some(Stop::Fenced) {
         return None;
@@ -816,6 +817,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
             failure_class: None,
             outputs,
             steps: Vec::new(),
+            telemetry: None,
         },
         Ran::StepFailed { exit_code, message, timed_out } => {
             failed(Some(exit_code), message, if timed_out { "timeout" } else { "step_failed" })
@@ -831,6 +833,7 @@ fn decide(a: &Assignment, ran: Ran, stop: Option<Stop>, outputs: BTreeMap<String
                 failure_class: Some("cancelled".into()),
                 outputs: BTreeMap::new(),
                 steps: Vec::new(),
+                telemetry: None,
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".

@@ -200,11 +200,8 @@ pub(crate) async fn operating_gauges(store: &SqlStore, classes: u32) -> Result<c
     });
     let mut r = store.reader().await?;
     let runs: Vec<(String, i64)> = r.sql(&RUNS).all().await?;
-    let mut active_runs: BTreeMap<String, u64> = RunStatus::ALL
-        .iter()
-        .filter(|s| !s.is_terminal())
-        .map(|s| (s.as_str().to_string(), 0))
-        .collect();
+    let mut active_runs: BTreeMap<String, u64> =
+        RunStatus::ALL.iter().filter(|s| !s.is_terminal()).map(|s| (s.as_str().to_string(), 0)).collect();
     for (status, n) in runs {
         active_runs.insert(status, u64::try_from(n).unwrap_or(0));
     }
