@@ -25,6 +25,7 @@ pub(crate) async fn heartbeat_loop(
     lease_ttl: Duration,
     ctl: Control,
     beat_now: Arc<Notify>,
+    metrics: Arc<crate::metrics::AgentMetrics>,
 ) {
     let interval = interval.max(Duration::from_millis(50));
     let mut lease_ttl = lease_ttl;
@@ -37,6 +38,7 @@ pub(crate) async fn heartbeat_loop(
         }
         match client.heartbeat(&job_id, epoch).await {
             Ok(resp) => {
+                metrics.heartbeats.with_label_values(&["ok"]).inc();
                 last_ok = Instant::now();
                 if resp.lease_ttl_ms > 0 {
                     lease_ttl = Duration::from_millis(resp.lease_ttl_ms);
@@ -47,11 +49,13 @@ pub(crate) async fn heartbeat_loop(
                 }
             }
             Err(e) if e.is_stale_epoch() => {
+                metrics.heartbeats.with_label_values(&["stale"]).inc();
                 tracing::warn!(error = %e, "heartbeat refused: this attempt was fenced; killing it without completing");
                 ctl.stop(Stop::Fenced);
                 return;
             }
             Err(e) => {
+                metrics.heartbeats.with_label_values(&["failed"]).inc();
                 let silent = last_ok.elapsed();
                 if silent >= lease_ttl {
                     tracing::error!(error = %e, silent_ms = silent.as_millis() as u64,
