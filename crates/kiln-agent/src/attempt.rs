@@ -269,6 +269,8 @@ async fn discard(attempt_dir: &Path) {
 
 /// Checkout, restore, steps, publish. The sandbox is killed as soon as a
 /// stop reason is set.
+// What the attempt produced goes back through the last three.
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     ctx: &AttemptContext,
     a: &Assignment,

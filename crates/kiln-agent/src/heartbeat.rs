@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn heartbeat_loop(
     client: Client,
     job_id: String,

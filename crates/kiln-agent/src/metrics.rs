@@ -196,7 +196,7 @@ pub(crate) async fn serve(
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
-            let (m, a, s, t) = (metrics.clone(), attempts_dir.clone(), sandbox_dir.clone(), thresholds.clone());
+            let (m, a, s, t) = (metrics.clone(), attempts_dir.clone(), sandbox_dir.clone(), thresholds);
             async move {
                 let body = tokio::task::spawn_blocking(move || m.render(&a, &s, &t)).await.unwrap_or_default();
                 ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
