@@ -69,6 +69,16 @@ pub(crate) struct AttemptContext {
     pub log_buffer: usize,
     /// Largest on-disk log spool per attempt.
     pub log_spool_limit: u64,
+    /// The agent's own `/metrics` series.
+    pub metrics: Arc<crate::metrics::AgentMetrics>,
+}
+
+/// When an attempt's phases began and ended (its telemetry).
+#[derive(Default)]
+struct Phases {
+    image: Option<Duration>,
+    steps_started: Option<std::time::Instant>,
+    steps_done: Option<std::time::Instant>,
 }
 
 impl AttemptContext {
@@ -119,6 +129,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
             Duration::from_millis(a.lease_ttl_ms),
             ctl.clone(),
             beat.notify.clone(),
+            ctx.metrics.clone(),
         ));
         let watcher = {
             let ctl = ctl.clone();
@@ -152,23 +163,29 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
                 max_buffered: ctx.log_buffer,
                 spool_dir: Some(attempt_dir.join("log-spool")),
                 max_spool: ctx.log_spool_limit,
+                metrics: Some(ctx.metrics.clone()),
                 ..LogConfig::default()
             },
             crate::mask::Masker::new(a.secrets.values().map(String::as_str)),
         );
 
         let t0 = std::time::Instant::now();
-        let (mut outputs, mut steps) = (BTreeMap::new(), Vec::new());
+        let (mut outputs, mut steps, mut phases) = (BTreeMap::new(), Vec::new(), Phases::default());
         let hang_watch = async {
             let secs = |s: Option<u64>| s.map(Duration::from_secs);
             logs.watch_silence(secs(a.hang_after_secs), secs(a.hang_kill_after_secs), &ctl).await;
             std::future::pending::<Ran>().await
         };
         let ran = tokio::select! {
-            ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs, &mut steps) => ran,
+            ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs, &mut steps, &mut phases) => ran,
             never = hang_watch => never,
         };
         let t_exec = t0.elapsed();
+        for s in &steps {
+            if let Some(ms) = s.duration_ms {
+                ctx.metrics.steps.with_label_values(&[s.outcome.as_str()]).observe(ms as f64 / 1000.0);
+            }
+        }
         let completion = decide(&a, ran, ctl.reason(), outputs, ctx).map(|c| Completion { steps, ..c });
         // What the completion says reaches every reader of the run: mask
         // the job's secrets in it as in its log (a step named after its
@@ -190,8 +207,31 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
             let detail = c.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
             logs.system(&format!("{mark} job {}{detail}", c.outcome));
         }
+        let (log_truncated_bytes, log_rate_dropped_bytes, log_buffer_dropped_bytes) = logs.losses();
         let logs_complete = logs.finish().await;
         let t_logs = t0.elapsed();
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let telemetry = kiln_api::AttemptTelemetry {
+            prepare_ms: phases.steps_started.map(|s| ms(s - t0)),
+            image_ms: phases.image.map(ms),
+            command_ms: phases.steps_started.zip(phases.steps_done).map(|(s, d)| ms(d - s)),
+            // Up to now: the completion is sent next.
+            publish_ms: phases.steps_done.map(|d| ms(d.elapsed())),
+            log_truncated_bytes,
+            log_rate_dropped_bytes,
+            log_buffer_dropped_bytes,
+        };
+        let m = &ctx.metrics;
+        let observe = |phase: &str, v: Option<u64>| {
+            if let Some(v) = v {
+                m.phases.with_label_values(&[phase]).observe(v as f64 / 1000.0);
+            }
+        };
+        observe("prepare", telemetry.prepare_ms);
+        observe("image", telemetry.image_ms);
+        observe("command", telemetry.command_ms);
+        observe("publish", telemetry.publish_ms);
+        let completion = completion.map(|c| Completion { telemetry: Some(telemetry), ..c });
         match completion {
             Some(c) if logs_complete && !ctl.is_fenced() => complete(ctx, &a, &c, &ctl).await,
             _ => tracing::warn!("attempt fenced: the sandbox was killed and nothing more is published"),
@@ -203,6 +243,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         for dir in [attempt_dir, ctx.sandbox_of(&attempt), ctx.spool_of(&attempt)] {
             discard(&dir).await;
         }
+        ctx.metrics.attempt_duration.observe(t0.elapsed().as_secs_f64());
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         tracing::debug!(
             execute_ms = ms(t_exec),
@@ -236,6 +277,8 @@ async fn discard(attempt_dir: &Path) {
 
 /// Checkout, restore, steps, publish. The sandbox is killed as soon as a
 /// stop reason is set.
+// What the attempt produced goes back through the last three.
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     ctx: &AttemptContext,
     a: &Assignment,
@@ -244,6 +287,7 @@ async fn execute(
     logs: &LogStreamer,
     outputs: &mut BTreeMap<String, String>,
     steps: &mut Vec<kiln_api::StepResult>,
+    phases: &mut Phases,
 ) -> Ran {
     let sandbox = ctx.sandbox_of(attempt);
     let ws = sandbox.join("ws");
@@ -270,7 +314,10 @@ async fn execute(
     // any user step runs.
     let image = match (&ctx.executor, &ctx.engine) {
         (ExecutorKind::Container(settings), Some(engine)) => {
-            match prepare_image(ctx, engine, settings, a, &ws, ctl, logs).await {
+            let started = std::time::Instant::now();
+            let r = prepare_image(ctx, engine, settings, a, &ws, ctl, logs).await;
+            phases.image = Some(started.elapsed());
+            match r {
                 Ok(r) => Some(r),
                 Err(ran) => return ran,
             }
@@ -400,6 +447,7 @@ async fn execute(
     tracing::debug!("checkout and restore done");
     ctl.enter(Stage::Running);
     let steps_started = std::time::Instant::now();
+    phases.steps_started = Some(steps_started);
     let ran = match services.as_mut() {
         None => run_steps(&exec, a, &ws, ctl, logs, steps).await,
         Some(s) => {
@@ -418,6 +466,7 @@ async fn execute(
             tokio::join!(steps, pump).0
         }
     };
+    phases.steps_done = Some(std::time::Instant::now());
     if let Some(c) = cache.as_mut() {
         c.info.steps_seconds = Some(steps_started.elapsed().as_secs_f64());
     }
@@ -817,6 +866,7 @@ fn decide(
         failure_class: Some(class.to_string()),
         outputs: BTreeMap::new(),
         steps: Vec::new(),
+        telemetry: None,
     };
     if stop == Some(Stop::Fenced) {
         return None;
@@ -832,6 +882,7 @@ fn decide(
             failure_class: None,
             outputs,
             steps: Vec::new(),
+            telemetry: None,
         },
         Ran::StepFailed { exit_code, message, timed_out } => {
             failed(Some(exit_code), message, if timed_out { "timeout" } else { "step_failed" })
@@ -847,6 +898,7 @@ fn decide(
                 failure_class: Some("cancelled".into()),
                 outputs: BTreeMap::new(),
                 steps: Vec::new(),
+                telemetry: None,
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn heartbeat_loop(
     client: Client,
     job_id: String,
@@ -28,6 +29,7 @@ pub(crate) async fn heartbeat_loop(
     lease_ttl: Duration,
     ctl: Control,
     beat_now: Arc<Notify>,
+    metrics: Arc<crate::metrics::AgentMetrics>,
 ) {
     let interval = interval.max(Duration::from_millis(50));
     let mut lease_ttl = lease_ttl;
@@ -40,6 +42,7 @@ pub(crate) async fn heartbeat_loop(
         }
         match client.heartbeat(&job_id, epoch).await {
             Ok(resp) => {
+                metrics.heartbeats.with_label_values(&["ok"]).inc();
                 last_ok = Instant::now();
                 if resp.lease_ttl_ms > 0 {
                     lease_ttl = Duration::from_millis(resp.lease_ttl_ms);
@@ -50,6 +53,7 @@ pub(crate) async fn heartbeat_loop(
                 }
             }
             Err(e) if e.is_stale_epoch() => {
+                metrics.heartbeats.with_label_values(&["stale"]).inc();
                 tracing::warn!(error = %e, "heartbeat refused: this attempt was fenced; killing it without completing");
                 ctl.stop(Stop::Fenced);
                 return;
@@ -65,6 +69,7 @@ pub(crate) async fn heartbeat_loop(
                 tracing::warn!(error = %e, "heartbeat not recorded: the server's database is unavailable; retrying");
             }
             Err(e) => {
+                metrics.heartbeats.with_label_values(&["failed"]).inc();
                 let silent = last_ok.elapsed();
                 if silent >= lease_ttl {
                     tracing::error!(error = %e, silent_ms = silent.as_millis() as u64,

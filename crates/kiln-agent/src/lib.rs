@@ -37,6 +37,7 @@ mod heartbeat;
 mod layout;
 mod logs;
 mod mask;
+mod metrics;
 mod outputs;
 mod ran;
 mod ratelimit;
@@ -150,6 +151,9 @@ pub struct AgentConfig {
     /// Percent of the workspaces' disk used at which warning, degraded and
     /// critical start (default 80/90/95); a slot claims nothing at critical.
     pub storage_levels: Option<[f64; 3]>,
+    /// Where to serve the agent's own `GET /metrics` (Prometheus text);
+    /// `None` (the default): nowhere.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 struct Agent {
@@ -237,6 +241,32 @@ pub async fn run_draining(
         .with_context(|| format!("cannot remove stale workspaces in {}", attempts.display()))?;
     std::fs::create_dir_all(&attempts).with_context(|| format!("cannot create {}", attempts.display()))?;
 
+    let metrics = Arc::new(metrics::AgentMetrics::new(config.max_jobs));
+    let metrics_task = match config.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
+            let bound = listener.local_addr()?;
+            tracing::info!("agent metrics on http://{bound}/metrics");
+            let thresholds = {
+                let mut t = kiln_core::degradation::Thresholds::default();
+                if let Some(levels) = config.storage_levels {
+                    t.storage_pct = levels;
+                }
+                t
+            };
+            Some(tokio::spawn(metrics::serve(
+                listener,
+                metrics.clone(),
+                attempts.clone(),
+                sandbox_dir.clone(),
+                thresholds,
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
     let client = Client::new(&config.server, &config.token);
     let mut sd = shutdown.clone();
     let Some(registration) = register(&client, &config, &mut sd).await? else {
@@ -267,6 +297,7 @@ pub async fn run_draining(
         log_rate_limit: config.log_rate_limit,
         log_buffer: config.log_buffer.map_or(logs::MAX_BUFFERED, |b| b as usize),
         log_spool_limit: config.log_spool_limit.unwrap_or(logs::DEFAULT_SPOOL_LIMIT),
+        metrics,
     };
     let agent = Arc::new(Agent { config: config.clone(), client, registration: Mutex::new(registration), ctx });
     let session = tokio::spawn(session::session_loop(agent.clone()));
@@ -297,6 +328,9 @@ pub async fn run_draining(
     // The stream lives as long as attempts may run: until every slot ended.
     session.abort();
     reporter.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     if let Some(engine) = &agent.ctx.engine {
         engine.settle().await;
     }
@@ -412,7 +446,9 @@ async fn slot_loop(
         };
         if let Some(a) = assignment {
             tracing::info!(slot, run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch, "claimed job");
+            agent.ctx.metrics.jobs_running.inc();
             run_attempt(&agent.ctx, a, shutdown.clone()).await;
+            agent.ctx.metrics.jobs_running.dec();
         }
     }
 }
@@ -429,8 +465,13 @@ async fn claim(agent: &Agent, slot: u32) -> Option<Assignment> {
             wait_ms: CLAIM_WAIT_MS,
         };
         match agent.client.with_token(&reg.credential).claim(&reg.agent_id, &body).await {
-            Ok(r) => return r.assignment,
+            Ok(r) => {
+                let result = if r.assignment.is_some() { "assigned" } else { "empty" };
+                agent.ctx.metrics.claims.with_label_values(&[result]).inc();
+                return r.assignment;
+            }
             Err(e) => {
+                agent.ctx.metrics.claims.with_label_values(&["error"]).inc();
                 failures += 1;
                 let delay = backoff(failures, 500, 30_000);
                 if e.is_retryable() {

@@ -192,6 +192,11 @@ struct Buffers {
     tokens_at: Option<Instant>,
     /// Bytes dropped over the rate limit since the last gap note.
     rate_dropped: u64,
+    /// Bytes dropped over the rate limit in all (the attempt's telemetry).
+    rate_dropped_total: u64,
+    /// Bytes dropped because the buffer and spool were full, as noted in
+    /// the log (telemetry).
+    buffer_dropped_total: u64,
     /// `system` lines written while output waited in the spool, with the
     /// stdout and stderr positions they follow: each is released once the
     /// output before it has left the spool, exactly after that output.
@@ -253,6 +258,8 @@ pub(crate) struct LogConfig {
     /// step keeps running and its pipes keep draining; the excess is dropped
     /// and the log says so.
     pub max_bytes: u64,
+    /// The agent's metrics (bytes acknowledged, chunks retried).
+    pub metrics: Option<Arc<crate::metrics::AgentMetrics>>,
 }
 
 /// Default per-attempt output limit: 100 MiB.
@@ -269,6 +276,7 @@ impl Default for LogConfig {
             max_spool: DEFAULT_SPOOL_LIMIT,
             rate_limit: None,
             max_bytes: DEFAULT_LOG_LIMIT,
+            metrics: None,
         }
     }
 }
@@ -355,6 +363,7 @@ impl LogStreamer {
             let n = b.admit(rate, data.len());
             if n < data.len() {
                 b.rate_dropped += (data.len() - n) as u64;
+                b.rate_dropped_total += (data.len() - n) as u64;
                 data = &data[..n];
             } else if b.rate_dropped > 0 {
                 let note = rate_gap_note(std::mem::take(&mut b.rate_dropped), rate);
@@ -553,6 +562,13 @@ impl LogStreamer {
 
     /// If output was dropped over the limit, say how much (before the final
     /// status line).
+    /// Bytes this attempt's output lost so far: over the limit, over the
+    /// rate limit, to a full buffer and spool.
+    pub(crate) fn losses(&self) -> (u64, u64, u64) {
+        let b = self.bufs.lock().expect("log buffers");
+        (b.truncated, b.rate_dropped_total, b.buffer_dropped_total)
+    }
+
     pub(crate) fn report_truncation(&self) {
         let (truncated, rate_dropped) = {
             let mut b = self.bufs.lock().expect("log buffers");
@@ -635,6 +651,8 @@ impl Shipper {
         let force = std::mem::take(&mut b.flush_requested) || b.closed;
         for (i, name) in NAMES.iter().enumerate().take(2) {
             let dropped = std::mem::take(&mut b.streams[i].dropped);
+            // Counted when noted in the log (every drop is noted).
+            b.buffer_dropped_total += dropped;
             if dropped > 0 {
                 let note = format!("[kiln] {dropped} bytes of {name} dropped: the log buffer was full\n");
                 let sys = &mut b.streams[Stream::System as usize];
@@ -713,7 +731,12 @@ impl Shipper {
                 _ = self.ctl.fenced() => return false,
             };
             match res {
-                Ok(_) => return true,
+                Ok(_) => {
+                    if let Some(m) = &self.cfg.metrics {
+                        m.log_bytes_sent.inc_by(chunk.data.len() as u64);
+                    }
+                    return true;
+                }
                 Err(e) if e.is_stale_epoch() => {
                     tracing::warn!(error = %e, "log chunk refused: this attempt was fenced");
                     self.ctl.stop(Stop::Fenced);
@@ -721,6 +744,9 @@ impl Shipper {
                 }
                 Err(e) if e.is_retryable() => {
                     failures += 1;
+                    if let Some(m) = &self.cfg.metrics {
+                        m.log_chunk_retries.inc();
+                    }
                     let delay = backoff(failures, 200, 5_000);
                     tracing::warn!(error = %e, stream = %chunk.stream, seq = chunk.seq, retry_in_ms = delay.as_millis() as u64,
                         "log chunk not accepted; retrying with the same bytes");

@@ -801,6 +801,39 @@ pub struct Completion {
     /// left out); recorded on the attempt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepResult>,
+    /// Where the attempt's time went and what its log lost, as the agent
+    /// measured them; exported on the server's `/metrics`. Absent from an
+    /// older agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<AttemptTelemetry>,
+}
+
+/// An attempt's phases and log losses as its agent measured them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttemptTelemetry {
+    /// From the claim to the first step: checkout, image, restores,
+    /// caches, services. None if no step started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepare_ms: Option<u64>,
+    /// Pulling or building the job's image (container executor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ms: Option<u64>,
+    /// The steps' commands, first start to last end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command_ms: Option<u64>,
+    /// From the last step's end to sending the completion: outputs, cache
+    /// save, artifact uploads and seals, the last log chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_ms: Option<u64>,
+    /// Output bytes dropped over the attempt's log limit (a truncation).
+    #[serde(default)]
+    pub log_truncated_bytes: u64,
+    /// Output bytes dropped over the log rate limit (marked as gaps).
+    #[serde(default)]
+    pub log_rate_dropped_bytes: u64,
+    /// Output bytes dropped because the buffer and spool were full.
+    #[serde(default)]
+    pub log_buffer_dropped_bytes: u64,
 }
 
 impl Completion {
@@ -814,6 +847,7 @@ impl Completion {
             failure_class: None,
             outputs: BTreeMap::new(),
             steps: Vec::new(),
+            telemetry: None,
         }
     }
 }

@@ -238,6 +238,7 @@ fn heartbeat_completion_and_ack() {
         failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
+        telemetry: None,
     };
     insta::assert_json_snapshot!("completion", completion);
     insta::assert_json_snapshot!("completion_ack", CompletionAck { job_status: JobStatus::Ready });

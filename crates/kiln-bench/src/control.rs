@@ -218,6 +218,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         failure_class: None,
                         outputs: Default::default(),
                         steps: Default::default(),
+                        telemetry: None,
                     };
                     match c.complete(&job, epoch, &done).await {
                         Ok(_) => {

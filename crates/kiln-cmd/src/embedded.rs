@@ -38,6 +38,7 @@ pub fn agent_config(
         cache_local_budget: None,
         services_engine: None,
         storage_levels: None,
+        metrics_listen: None,
     }
 }
 

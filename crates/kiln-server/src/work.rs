@@ -36,10 +36,17 @@ pub(crate) async fn relay_once(state: &AppState) -> Result<usize, StoreError> {
 /// store decides expiry on the database clock.
 pub(crate) async fn fence_once(state: &AppState) -> Result<usize, StoreError> {
     let fenced = state.store.fence_expired().await?;
-    state.metrics.attempt_failures.with_label_values(&["agent_lost"]).inc_by(fenced.len() as u64);
+    let m = &state.metrics;
+    m.attempts_finished.with_label_values(&["lost"]).inc_by(fenced.len() as u64);
+    // Each fenced epoch's log ends with a gap marker (spec 000 §13).
+    m.log_gaps.with_label_values(&["agent_lost"]).inc_by(fenced.len() as u64);
     for (job, epoch) in &fenced {
         tracing::warn!(job, epoch, "lease expired: epoch fenced");
         state.job_changed(job);
+        // Fencing is rare: one read tells whether the job retries or ended.
+        let status = state.store.get_job(job).await.map(|j| j.status.as_str().to_string()).unwrap_or_default();
+        m.failed_attempt(kiln_core::failure::FailureClass::AgentLost, &status);
+        m.job_finished(&status);
     }
     if !fenced.is_empty() {
         // A fenced job may be ready again: its event is in the outbox.
@@ -127,7 +134,11 @@ pub(crate) async fn archive_once(state: &AppState) -> Result<usize, StoreError> 
     let mut archived = 0;
     for job in state.store.logs_to_archive(grace, ARCHIVE_BATCH).await? {
         match log_archive::archive_job(state, &job).await {
-            Ok(_) => archived += 1,
+            Ok(done) => {
+                let bytes: i64 = done.iter().map(|a| a.bytes).sum();
+                state.metrics.log_archived_bytes.inc_by(bytes.max(0) as u64);
+                archived += 1;
+            }
             Err(e) => tracing::warn!(job, "cannot archive log (kept in the journal; will retry): {e:#}"),
         }
     }

@@ -146,6 +146,10 @@ impl AgentStore for SqlStore {
     async fn active_job_counts(&self) -> Result<std::collections::BTreeMap<String, u64>> {
         agents::active_job_counts(self).await
     }
+
+    async fn operating_gauges(&self, classes: u32) -> Result<OperatingGauges> {
+        agents::operating_gauges(self, classes).await
+    }
 }
 
 #[async_trait]

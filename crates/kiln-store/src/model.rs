@@ -248,6 +248,10 @@ pub struct ClaimedAttempt {
     pub job: JobRecord,
     pub epoch: i64,
     pub lease_deadline: i64,
+    /// How long the job was eligible (ready and due) before this claim
+    /// took it, in milliseconds on the database clock; `None` when the
+    /// attempt was claimed earlier (a claim request answered again).
+    pub eligible_wait_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -529,4 +533,23 @@ pub struct CacheEntry {
     pub conflicts: i64,
     pub prefix: Option<String>,
     pub build_ms: Option<i64>,
+}
+
+/// What `/metrics` reads from the store at each scrape (spec 000 §15),
+/// each through an index and bounded (`AgentStore::operating_gauges`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OperatingGauges {
+    /// Runs not yet finished, by status (`queued`, `running`,
+    /// `cancelling`; each present, 0 when none).
+    pub active_runs: std::collections::BTreeMap<String, u64>,
+    /// The oldest eligible jobs' ages in milliseconds (ready, due, not
+    /// claimed) per compatibility class (`class_key`): the oldest classes
+    /// first, at most the limit asked for.
+    pub oldest_eligible_ms: Vec<(String, i64)>,
+    /// How long the oldest lease past its deadline has waited to be fenced
+    /// (0 when none): the reconciler's lag.
+    pub reconciler_lag_ms: i64,
+    /// How long ago the longest-finished job whose log is still in the hot
+    /// journal finished (0 when none).
+    pub oldest_unarchived_log_ms: i64,
 }

@@ -116,6 +116,12 @@ pub trait AgentStore: Send + Sync {
     /// How many jobs are `pending`, `ready` and `running` (every one of the
     /// three present, 0 when none), for `/metrics`.
     async fn active_job_counts(&self) -> Result<std::collections::BTreeMap<String, u64>>;
+    /// The gauges `/metrics` reads at each scrape: unfinished runs by
+    /// status, the oldest eligible job's age per compatibility class (the
+    /// `classes` oldest), the reconciler's lag and the oldest finished log
+    /// still in the hot journal. Every read goes through an index over live
+    /// rows only.
+    async fn operating_gauges(&self, classes: u32) -> Result<OperatingGauges>;
 }
 
 /// Who may do what: join tokens, scoped API tokens, secret pools and the

@@ -452,6 +452,11 @@ pub struct AgentArgs {
     /// (e.g. a spot instance's preemption notice) or a second SIGTERM hand them back at once.
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub drain_timeout: std::time::Duration,
+    /// Serve this agent's own Prometheus metrics (jobs running, claims, heartbeats, log bytes
+    /// sent, spool bytes, step durations, disk level) at http://ADDR/metrics, e.g.
+    /// 127.0.0.1:9100 (port 0: any free port, logged at start). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub storage: StorageLevels,
     #[command(flatten)]

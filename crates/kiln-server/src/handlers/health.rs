@@ -127,13 +127,7 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
         state.resources.refused.load(Relaxed),
     );
     let m = &state.metrics;
-    // A store that does not answer leaves the last values (readyz says why).
-    if let Ok(counts) = state.store.active_job_counts().await {
-        for (status, n) in counts {
-            m.jobs.with_label_values(&[status.as_str()]).set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-    m.agents_connected.set(i64::try_from(state.live_agents.connected_count()).unwrap_or(i64::MAX));
+    m.refresh(&state).await;
     let body = body + &m.encode();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }

@@ -99,9 +99,10 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     limits::run_timeout(&mut workflow, state.config.run_timeout);
     let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
-    let accepted = state
-        .store
-        .accept_run(NewRun {
+    let accepted = crate::metrics::accept_timed(
+        state,
+        "api",
+        NewRun {
             repo_id: repo.id.clone(),
             commit_sha: sha,
             git_ref,
@@ -117,8 +118,9 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             actor: Some(by.actor.clone()),
             report_context: None,
             pin_succeeded: false,
-        })
-        .await?;
+        },
+    )
+    .await?;
     state.relay_wake.notify_one();
     let detail = format!("repository {} event {} trust {}", repo.name, accepted_event(&req), trust.as_str());
     access::audit(state, &by.actor, "run.submit", &accepted.run_id, detail).await?;
@@ -166,9 +168,10 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed
         }
         _ => None,
     };
-    let accepted = state
-        .store
-        .accept_run(NewRun {
+    let accepted = crate::metrics::accept_timed(
+        state,
+        "retry",
+        NewRun {
             concurrency,
             repo_id: old.repo_id,
             commit_sha: old.commit_sha,
@@ -184,8 +187,9 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed
             actor: Some(by.actor.clone()),
             report_context,
             pin_succeeded: failed_only,
-        })
-        .await?;
+        },
+    )
+    .await?;
     state.relay_wake.notify_one();
     let what = if failed_only { "retry of the failed jobs of" } else { "retry of" };
     let detail = format!("{what} {} trust {}", old.id, trust.as_str());

@@ -220,7 +220,12 @@ pub(crate) async fn seal(
             format!("upload session {generation} is {}", g.state),
         ));
     }
+    let was_sealed = g.state == "sealed";
     let g = state.store.seal_generation(generation, job, epoch).await?;
+    if !was_sealed {
+        state.metrics.artifacts_sealed.inc();
+        state.metrics.artifact_bytes.inc_by(g.expected_size.max(0) as u64);
+    }
     tracing::info!(job, epoch, name = %g.name, generation = %g.id, "artifact sealed");
     Ok(api::SealedGeneration {
         generation_id: g.id,

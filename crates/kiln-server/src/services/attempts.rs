@@ -58,10 +58,12 @@ pub(crate) async fn append_log(
     }
     let api::RawLogChunk { stream, seq, offset, sha256, data } = chunk;
     let data = data.to_vec();
+    let bytes = data.len() as u64;
     let committed = state
         .store
         .append_log_chunk(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data })
         .await?;
+    state.metrics.log_bytes.inc_by(bytes);
     state.job_changed(job);
     Ok(api::LogAck { committed: committed.into_iter().collect() })
 }
@@ -82,6 +84,8 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
             ))
         })?),
     };
+    let telemetry = c.telemetry;
+    let started = std::time::Instant::now();
     let res = state
         .store
         .complete(
@@ -105,14 +109,20 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
     }
     match res {
         Ok(status) => {
+            let m = &state.metrics;
+            if let Some(t) = &telemetry {
+                m.attempt_telemetry(t, started.elapsed());
+            }
+            m.attempts_finished.with_label_values(&[outcome.as_str()]).inc();
             if outcome != AttemptOutcome::Success || status != "success" {
                 let class = match failure_class {
                     Some(c) => c,
                     None if outcome == AttemptOutcome::Cancelled || status == "cancelled" => FailureClass::Cancelled,
                     None => FailureClass::StepFailed,
                 };
-                state.metrics.attempt_failures.with_label_values(&[class.as_str()]).inc();
+                m.failed_attempt(class, &status);
             }
+            m.job_finished(&status);
             tracing::info!(job, epoch, status, "completed");
             Ok(status)
         }

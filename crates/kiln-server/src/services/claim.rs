@@ -71,6 +71,9 @@ pub(crate) async fn claim(
             };
             match state.store.claim(input).await {
                 Ok(Some(c)) => {
+                    if let Some(ms) = c.eligible_wait_ms {
+                        state.metrics.dispatch_latency.observe(ms as f64 / 1000.0);
+                    }
                     state.job_changed(&c.job.id);
                     tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
                     if state.live_agents.session_gone(&req.session_id) {
@@ -137,6 +140,7 @@ async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -
         failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
+        telemetry: None,
     };
     crate::services::attempts::complete(state, &c.job.id, c.epoch, done).await.map(|_| ())
 }

@@ -214,9 +214,10 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 request_digest: d.payload_digest.clone(),
             }
         };
-        let accepted = state
-            .store
-            .accept_run(NewRun {
+        let accepted = crate::metrics::accept_timed(
+            state,
+            "forge",
+            NewRun {
                 repo_id: repo.id.clone(),
                 commit_sha: sha.clone(),
                 git_ref: Some(git_ref.clone()),
@@ -232,8 +233,9 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 actor: Some(actor.clone()),
                 report_context: reports_statuses(&repo).then(|| ctx.clone()),
                 pin_succeeded: false,
-            })
-            .await?;
+            },
+        )
+        .await?;
         state.relay_wake.notify_one();
         if accepted.created {
             let detail = format!("{kind} {git_ref} at {sha} trust {} delivery {}", trust.as_str(), d.delivery_key);

@@ -177,6 +177,7 @@ pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_s
         if state.store.fail_overdue_job(&job, ms, &message).await? {
             tracing::warn!(job = %job, "{message}");
             state.metrics.queue_timeouts.inc();
+            state.metrics.job_finished("failed");
             state.job_changed(&job);
             failed += 1;
         }

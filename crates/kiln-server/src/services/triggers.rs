@@ -115,9 +115,10 @@ async fn fire(
     crate::services::limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
     crate::services::limits::run_timeout(&mut wf, state.config.run_timeout);
     let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
-    let accepted = state
-        .store
-        .accept_run(NewRun {
+    let accepted = crate::metrics::accept_timed(
+        state,
+        "schedule",
+        NewRun {
             repo_id: repo.id.clone(),
             commit_sha: sha.to_string(),
             git_ref: Some(git_ref),
@@ -137,9 +138,10 @@ async fn fire(
             actor: Some("schedule".into()),
             report_context: None,
             pin_succeeded: false,
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     state.relay_wake.notify_one();
     if accepted.created {
         let detail = format!("schedule tick {tick} of {path}");

@@ -90,6 +90,7 @@ pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln
         failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
+        telemetry: None,
     };
     app.holder(a).post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
 }

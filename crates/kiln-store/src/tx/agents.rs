@@ -165,3 +165,53 @@ pub(crate) async fn remove_agent(store: &SqlStore, agent_id: &str) -> Result<boo
         })
         .await
 }
+
+/// `AgentStore::operating_gauges`: four reads, each through an index
+/// (`runs(status)`, `jobs(status)`, `attempts(outcome, lease_deadline)`,
+/// `log_chunks(job_id, id)`) over rows that are live by nature: unfinished
+/// runs, ready jobs, running attempts, the hot log journal.
+pub(crate) async fn operating_gauges(store: &SqlStore, classes: u32) -> Result<crate::model::OperatingGauges> {
+    use crate::dialect::{active_runs, terminal_jobs};
+    use kiln_core::{JobStatus, RunStatus};
+    static RUNS: Sql =
+        Sql::new(|_| format!("SELECT status, COUNT(*) FROM runs WHERE status IN {} GROUP BY status", active_runs()));
+    static ELIGIBLE: Sql = Sql::new(|d| {
+        format!(
+            "SELECT class_key, {now} - MIN(next_attempt_at) FROM jobs WHERE status = {ready} \
+             AND next_attempt_at <= {now} GROUP BY class_key ORDER BY 2 DESC LIMIT $1",
+            ready = lit(JobStatus::Ready),
+            now = d.now_ms,
+        )
+    });
+    static LAG: Sql = Sql::new(|d| {
+        format!(
+            "SELECT {now} - MIN(lease_deadline) FROM attempts WHERE outcome = {running} AND lease_deadline < {now}",
+            running = lit(AttemptOutcome::Running),
+            now = d.now_ms,
+        )
+    });
+    static UNARCHIVED: Sql = Sql::new(|d| {
+        format!(
+            "SELECT {now} - MIN(j.finished_at) FROM (SELECT DISTINCT job_id FROM log_chunks) c \
+             JOIN jobs j ON j.id = c.job_id WHERE j.status IN {terminal} AND j.finished_at IS NOT NULL",
+            terminal = terminal_jobs(),
+            now = d.now_ms,
+        )
+    });
+    let mut r = store.reader().await?;
+    let runs: Vec<(String, i64)> = r.sql(&RUNS).all().await?;
+    let mut active_runs: BTreeMap<String, u64> =
+        RunStatus::ALL.iter().filter(|s| !s.is_terminal()).map(|s| (s.as_str().to_string(), 0)).collect();
+    for (status, n) in runs {
+        active_runs.insert(status, u64::try_from(n).unwrap_or(0));
+    }
+    let oldest_eligible_ms: Vec<(String, i64)> = r.sql(&ELIGIBLE).bind(i64::from(classes)).all().await?;
+    let lag: Option<i64> = r.sql(&LAG).scalar().await?;
+    let unarchived: Option<i64> = r.sql(&UNARCHIVED).scalar().await?;
+    Ok(crate::model::OperatingGauges {
+        active_runs,
+        oldest_eligible_ms,
+        reconciler_lag_ms: lag.unwrap_or(0).max(0),
+        oldest_unarchived_log_ms: unarchived.unwrap_or(0).max(0),
+    })
+}

@@ -175,9 +175,10 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
     // The rows as this transaction left them (both are locked).
     job.status = grant.job;
     job.current_epoch = epoch;
+    let eligible_wait_ms = job.next_attempt_at.map(|at| (now - at).max(0));
     job.next_attempt_at = None;
     job.started_at = job.started_at.or(Some(now));
-    Ok(Some(ClaimedAttempt { run, job, epoch, lease_deadline: deadline }))
+    Ok(Some(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms }))
 }
 
 /// `AttemptStore::claimed_by_request`.
@@ -214,7 +215,7 @@ async fn still_running(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<Option<C
         .bind(epoch)
         .scalar()
         .await?;
-    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline };
+    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms: None };
     Ok(replay_stands(c.job.status, c.job.current_epoch, epoch).then_some(c))
 }
 

@@ -29,6 +29,7 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
     cfg.sandbox_dir = a.sandbox_dir.clone();
     apply_agent_tuning(&mut cfg, &a.tuning)?;
     cfg.storage_levels = Some(a.storage.levels);
+    cfg.metrics_listen = a.metrics_listen;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(kiln_agent::run_draining(cfg, drain_rx, rx));

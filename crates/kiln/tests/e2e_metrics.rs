@@ -1,0 +1,266 @@
+//! The operating signals end to end (issue 19): a real `kiln server` and a
+//! real `kiln agent --metrics-listen` run a scripted scenario (a success
+//! that saves a cache, a success that hits it, a step failure, an agent
+//! SIGKILLed mid-job); `/metrics` of both is scraped before and after and
+//! the counters must have moved by exactly what happened. `promtool check
+//! metrics` must pass on both scrapes, `promtool check rules` on the shipped
+//! alert rules, and every metric the rules and the Grafana dashboard name
+//! must exist in the real scrape. promtool (Debian `prometheus`) is
+//! required: without it these tests fail.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnServer, TestRepo, wait_for, wait_run};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+const CACHED: &str = r#"version: 1
+jobs:
+  - name: build
+    cache: {kind: dependencies, version: "1", inputs: [lock.txt], paths: [deps]}
+    steps:
+      - mkdir -p deps && echo built > deps/out && echo done
+"#;
+const FAILING: &str = "version: 1\njobs:\n  - name: test\n    steps:\n      - echo failing && exit 3\n";
+const SLOW: &str = "version: 1\njobs:\n  - name: slow\n    steps:\n      - echo started && sleep 600\n";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A sample's value by its exact name and labels as printed
+/// (`kiln_x_total{class="infra"}`); 0 when absent.
+fn value(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().expect("a sample value"))
+}
+
+/// The names of every sample and family in a scrape.
+fn names(scrape: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for l in scrape.lines() {
+        let name = match l.strip_prefix("# TYPE ") {
+            Some(rest) => rest.split(' ').next(),
+            None if !l.starts_with('#') => l.split(['{', ' ']).next(),
+            None => None,
+        };
+        if let Some(n) = name.filter(|n| !n.is_empty()) {
+            out.insert(n.to_string());
+        }
+    }
+    out
+}
+
+/// Every `kiln_…` metric name in `text` (PromQL expressions).
+fn referenced(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("kiln_") {
+        let before = rest[..i].chars().last();
+        let tail = &rest[i..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.insert(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+fn promtool(args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is required (Debian package `prometheus`; scripts/test installs it)");
+    if let Some(s) = stdin {
+        child.stdin.take().expect("stdin").write_all(s.as_bytes()).expect("write to promtool");
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("promtool");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+async fn scrape(url: &str) -> String {
+    let r = reqwest::get(format!("{url}/metrics")).await.expect("scrape");
+    assert!(r.status().is_success());
+    r.text().await.expect("body")
+}
+
+async fn submit(c: &Client, repo: &str) -> String {
+    c.submit_run(repo, &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None)
+        .await
+        .expect("submit")
+        .run_id
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scripted_scenario_moves_every_counter_by_exactly_what_happened() {
+    let server = KilnServer::start(BIN.as_ref(), &["--lease-ttl", "3s", "--retry-base", "100ms"]).unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let mut repos = Vec::new();
+    for (name, wf) in [("cached", CACHED), ("failing", FAILING), ("slow", SLOW)] {
+        let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf), ("lock.txt", "v1\n")]).unwrap();
+        server.add_repo(name, &repo);
+        repos.push(repo);
+    }
+    let agent = server.agent("m1", &["--metrics-listen", "127.0.0.1:0"]).unwrap();
+    let agent_url = wait_for(Duration::from_secs(60), || {
+        agent.log().lines().find_map(|l| {
+            let at = l.find("agent metrics on http://")?;
+            let url = &l[at + "agent metrics on ".len()..];
+            Some(url.trim_end_matches("/metrics").trim().to_string())
+        })
+    })
+    .unwrap_or_else(|| panic!("the agent never announced its metrics address:\n{}", agent.log()));
+    let before = scrape(&server.url).await;
+    let agent_before = scrape(&agent_url).await;
+
+    // A success that saves its cache, a success that hits it, a failure.
+    for (repo, want) in [("cached", "success"), ("cached", "success"), ("failing", "failed")] {
+        let id = submit(&c, repo).await;
+        let run = wait_run(&c, &id, 120).await;
+        assert_eq!(run.status, want, "{run:#?}\n{}", agent.log());
+    }
+    // An agent lost mid-job: SIGKILL while the step sleeps.
+    let slow = submit(&c, "slow").await;
+    kiln_testkit::until(&c, &slow, 120, "the slow job running", |r| {
+        r.jobs[0].status == "running" && r.jobs[0].attempts.len() == 1
+    })
+    .await;
+    let agent_during = scrape(&agent_url).await;
+    agent.signal("KILL");
+    let lost = kiln_testkit::until(&c, &slow, 60, "the attempt fenced", |r| {
+        r.jobs[0].attempts.first().is_some_and(|a| a.outcome == "lost")
+    })
+    .await;
+    assert_eq!(lost.jobs[0].status, "ready", "an agent loss is retried: {lost:#?}");
+    let after = scrape(&server.url).await;
+
+    let delta = |series: &str| value(&after, series) - value(&before, series);
+    let want: BTreeMap<&str, f64> = [
+        ("kiln_trigger_persist_duration_seconds_count{trigger=\"api\"}", 4.0),
+        ("kiln_dispatch_latency_seconds_count", 4.0),
+        ("kiln_attempts_finished_total{outcome=\"success\"}", 2.0),
+        ("kiln_attempts_finished_total{outcome=\"failed\"}", 1.0),
+        ("kiln_attempts_finished_total{outcome=\"cancelled\"}", 0.0),
+        ("kiln_attempts_finished_total{outcome=\"lost\"}", 1.0),
+        ("kiln_attempt_failures_total{class=\"step_failed\"}", 1.0),
+        ("kiln_attempt_failures_total{class=\"agent_lost\"}", 1.0),
+        ("kiln_attempt_failures_total{class=\"infra\"}", 0.0),
+        ("kiln_retries_total{class=\"agent_lost\"}", 1.0),
+        ("kiln_retries_total{class=\"step_failed\"}", 0.0),
+        ("kiln_jobs_finished_total{status=\"success\"}", 2.0),
+        ("kiln_jobs_finished_total{status=\"failed\"}", 1.0),
+        ("kiln_jobs_finished_total{status=\"cancelled\"}", 0.0),
+        ("kiln_log_gaps_total{reason=\"agent_lost\"}", 1.0),
+        ("kiln_log_gaps_total{reason=\"rate_limit\"}", 0.0),
+        ("kiln_log_truncations_total", 0.0),
+        ("kiln_stale_results_rejected_total", 0.0),
+        ("kiln_queue_timeouts_total", 0.0),
+        ("kiln_cache_lookups_total{result=\"miss\"}", 1.0),
+        ("kiln_cache_lookups_total{result=\"hit\"}", 1.0),
+        ("kiln_cache_saves_total", 1.0),
+        ("kiln_cache_conflicts_total", 0.0),
+        ("kiln_cache_integrity_failures_total", 0.0),
+        // Three attempts reached their steps and completed with telemetry.
+        ("kiln_attempt_phase_duration_seconds_count{phase=\"prepare\"}", 3.0),
+        ("kiln_attempt_phase_duration_seconds_count{phase=\"command\"}", 3.0),
+        ("kiln_attempt_phase_duration_seconds_count{phase=\"publication\"}", 3.0),
+    ]
+    .into_iter()
+    .collect();
+    let got: BTreeMap<&str, f64> = want.keys().map(|s| (*s, delta(s))).collect();
+    assert_eq!(got, want, "server /metrics after:\n{after}");
+    assert!(delta("kiln_log_ingested_bytes_total") > 0.0, "{after}");
+    assert!(delta("kiln_cache_saved_bytes_total") > 0.0, "{after}");
+    assert!(delta("kiln_cache_restored_bytes_total") > 0.0, "{after}");
+    // Gauges as the store has them now: the lost run waits for an agent.
+    assert_eq!(value(&after, "kiln_runs{status=\"running\"}"), 1.0, "{after}");
+    assert_eq!(value(&after, "kiln_jobs{status=\"ready\"}"), 1.0, "{after}");
+    assert_eq!(value(&after, "kiln_jobs{status=\"running\"}"), 0.0, "{after}");
+    assert!(after.contains("kiln_oldest_eligible_job_age_seconds{labels=\"any\"} "), "{after}");
+    assert_eq!(value(&after, "kiln_agent_capacity_slots{agent=\"m1\"}"), 1.0, "{after}");
+    assert_eq!(value(&after, "kiln_agent_reserved_slots{agent=\"m1\"}"), 0.0, "fenced: nothing reserved");
+    assert_eq!(value(&after, "kiln_agents_connected"), 0.0, "{after}");
+    assert_eq!(value(&after, "kiln_reconciler_lag_seconds"), 0.0, "nothing expired waits: {after}");
+
+    // The agent's own series, while the slow job ran.
+    let agent_delta = |series: &str| value(&agent_during, series) - value(&agent_before, series);
+    assert_eq!(value(&agent_during, "kiln_agent_jobs_running"), 1.0, "{agent_during}");
+    assert_eq!(value(&agent_during, "kiln_agent_slots"), 1.0, "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_claims_total{result=\"assigned\"}"), 4.0, "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_claims_total{result=\"error\"}"), 0.0, "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_step_duration_seconds_count{outcome=\"success\"}"), 2.0, "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_step_duration_seconds_count{outcome=\"failure\"}"), 1.0, "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_attempt_duration_seconds_count"), 3.0, "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_heartbeats_total{result=\"stale\"}"), 0.0, "{agent_during}");
+    assert!(agent_delta("kiln_agent_log_bytes_sent_total") > 0.0, "{agent_during}");
+    assert!(agent_during.contains("kiln_agent_disk_level "), "{agent_during}");
+    assert!(agent_during.contains("kiln_agent_log_spool_bytes "), "{agent_during}");
+
+    // The expositions are valid and lint-clean.
+    for (what, text) in [("server", &after), ("agent", &agent_during)] {
+        let (ok, out) = promtool(&["check", "metrics"], Some(text));
+        assert!(ok, "promtool check metrics on the {what}'s scrape:\n{out}\n{text}");
+    }
+
+    // Every metric the shipped alert rules and dashboard use is real.
+    let have = names(&after);
+    let rules = std::fs::read_to_string(root().join("deploy/prometheus/kiln-alerts.yml")).unwrap();
+    let dashboard = std::fs::read_to_string(root().join("deploy/grafana/kiln-dashboard.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let exprs: Vec<String> = json["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("a target's expr").to_string())
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    for (what, text) in [("alert rules", rules.clone()), ("dashboard", exprs.join("\n"))] {
+        let used = referenced(&text);
+        assert!(!used.is_empty());
+        let missing: Vec<_> = used.difference(&have).collect();
+        assert!(missing.is_empty(), "the {what} use metrics the server does not export: {missing:?}");
+    }
+}
+
+/// The shipped rules load in Prometheus, and each alert's runbook link
+/// names a section of docs/operations.md.
+#[test]
+fn alert_rules_pass_promtool_and_link_existing_runbook_sections() {
+    let path = root().join("deploy/prometheus/kiln-alerts.yml");
+    let (ok, out) = promtool(&["check", "rules", path.to_str().unwrap()], None);
+    assert!(ok, "promtool check rules:\n{out}");
+    let rules = std::fs::read_to_string(&path).unwrap();
+    let runbook = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    // GitHub's anchors: a heading lower-cased, spaces to dashes.
+    let anchors: BTreeSet<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix("### ").or_else(|| l.strip_prefix("## ")))
+        .map(|h| h.trim().to_lowercase().replace(' ', "-"))
+        .collect();
+    let mut alerts = 0;
+    for l in rules.lines() {
+        if l.trim_start().starts_with("- alert:") {
+            alerts += 1;
+        }
+        if let Some(url) = l.trim().strip_prefix("runbook_url:") {
+            let url = url.trim().trim_matches('"');
+            let anchor = url.strip_prefix("docs/operations.md#").unwrap_or_else(|| panic!("{url}"));
+            assert!(anchors.contains(anchor), "no section `{anchor}` in docs/operations.md: {anchors:?}");
+        }
+    }
+    assert_eq!(rules.matches("runbook_url:").count(), alerts, "every alert links its runbook");
+    assert!(alerts >= 6);
+}
