@@ -31,7 +31,9 @@ use syn::visit::Visit;
 /// component. The lead empties this list after merging those branches; an
 /// entry that no longer matches a cycle fails the test so it is removed.
 /// Cycles tolerated for now, each with why. Empty: the workspace has none.
-const ALLOWED: &[(&str, &[&str])] = &[];
+// metrics -> state: `Metrics::refresh` and `accept_timed` read AppState; move them
+// into `services` (issue 19 follow-up) and empty this list again.
+const ALLOWED: &[(&str, &[&str])] = &[("kiln-server", &["metrics", "state"])];
 
 /// A module of one crate (its path: `""` is the crate root): its child
 /// modules' names and the modules it names.
