@@ -374,8 +374,16 @@ impl Metrics {
 
     /// Set the scrape-time gauges from the store. A store that does not
     /// answer leaves the last values (`/readyz` says why).
-    pub(crate) async fn refresh(&self, state: &crate::state::AppState) {
-        let store = &state.store;
+    ///
+    /// `log_archive_after` is the server's archive delay, `db_now_ms` the
+    /// database clock's now, `connected` the agents holding a session.
+    pub(crate) async fn refresh(
+        &self,
+        store: &dyn kiln_store::Store,
+        log_archive_after: std::time::Duration,
+        db_now_ms: i64,
+        connected: usize,
+    ) {
         if let Ok(counts) = store.active_job_counts().await {
             for (status, n) in counts {
                 self.jobs.with_label_values(&[status.as_str()]).set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -392,7 +400,7 @@ impl Metrics {
                 self.oldest_eligible.with_label_values(&[&class_label(class)]).set(secs((*ms).max(0)));
             }
             self.reconciler_lag.set(secs(g.reconciler_lag_ms));
-            let after = state.config.log_archive_after.as_millis() as i64;
+            let after = log_archive_after.as_millis() as i64;
             self.log_archive_lag.set(secs((g.oldest_unarchived_log_ms - after).max(0)));
         }
         if let (Ok(agents), Ok(running)) = (store.list_agents().await, store.running_per_agent().await) {
@@ -406,26 +414,10 @@ impl Metrics {
         }
         if let Ok(oldest) = store.collectable_generations(0, 1).await {
             // The generation's time is the database clock's.
-            let now = state.clock.now_ms() - state.clock.ahead_of_database_ms();
-            self.unbound_age.set(oldest.first().map_or(0.0, |g| secs((now - g.created_at).max(0))));
+            self.unbound_age.set(oldest.first().map_or(0.0, |g| secs((db_now_ms - g.created_at).max(0))));
         }
-        self.agents_connected.set(i64::try_from(state.live_agents.connected_count()).unwrap_or(i64::MAX));
+        self.agents_connected.set(i64::try_from(connected).unwrap_or(i64::MAX));
     }
-}
-
-/// `accept_run`, timed as the trigger's persistence (`trigger`: api,
-/// retry, forge, schedule). Only decided acceptances are observed.
-pub(crate) async fn accept_timed(
-    state: &crate::state::AppState,
-    trigger: &'static str,
-    run: kiln_store::NewRun,
-) -> kiln_store::Result<kiln_store::Accepted> {
-    let started = std::time::Instant::now();
-    let r = state.store.accept_run(run).await;
-    if r.is_ok() {
-        state.metrics.trigger_persist.with_label_values(&[trigger]).observe(started.elapsed().as_secs_f64());
-    }
-    r
 }
 
 #[cfg(test)]

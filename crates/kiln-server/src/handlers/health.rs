@@ -127,7 +127,8 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
         state.resources.refused.load(Relaxed),
     );
     let m = &state.metrics;
-    m.refresh(&state).await;
+    let db_now = state.clock.now_ms() - state.clock.ahead_of_database_ms();
+    m.refresh(state.store.as_ref(), state.config.log_archive_after, db_now, state.live_agents.connected_count()).await;
     let body = body + &m.encode();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }

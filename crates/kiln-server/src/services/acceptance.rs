@@ -99,7 +99,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     limits::run_timeout(&mut workflow, state.config.run_timeout);
     let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
-    let accepted = crate::metrics::accept_timed(
+    let accepted = accept_timed(
         state,
         "api",
         NewRun {
@@ -168,7 +168,7 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed
         }
         _ => None,
     };
-    let accepted = crate::metrics::accept_timed(
+    let accepted = accept_timed(
         state,
         "retry",
         NewRun {
@@ -328,4 +328,19 @@ pub(crate) fn run_concurrency(
     let ctx = kiln_workflow::ConditionContext { branch, ..wf.expr_context(event, git_ref, inputs) };
     let group = kiln_workflow::render_group(&c.group, &ctx).map_err(|e| format!("concurrency group: {e}"))?;
     Ok(Some(RunConcurrency { group, cancel_in_progress: c.cancel_in_progress }))
+}
+
+/// `accept_run`, timed as the trigger's persistence (`trigger`: api,
+/// retry, forge, schedule). Only decided acceptances are observed.
+pub(crate) async fn accept_timed(
+    state: &AppState,
+    trigger: &'static str,
+    run: kiln_store::NewRun,
+) -> kiln_store::Result<kiln_store::Accepted> {
+    let started = std::time::Instant::now();
+    let r = state.store.accept_run(run).await;
+    if r.is_ok() {
+        state.metrics.trigger_persist.with_label_values(&[trigger]).observe(started.elapsed().as_secs_f64());
+    }
+    r
 }

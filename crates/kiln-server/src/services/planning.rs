@@ -214,7 +214,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 request_digest: d.payload_digest.clone(),
             }
         };
-        let accepted = crate::metrics::accept_timed(
+        let accepted = crate::services::acceptance::accept_timed(
             state,
             "forge",
             NewRun {

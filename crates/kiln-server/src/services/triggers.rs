@@ -115,7 +115,7 @@ async fn fire(
     crate::services::limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
     crate::services::limits::run_timeout(&mut wf, state.config.run_timeout);
     let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
-    let accepted = crate::metrics::accept_timed(
+    let accepted = crate::services::acceptance::accept_timed(
         state,
         "schedule",
         NewRun {
