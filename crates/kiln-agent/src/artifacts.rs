@@ -78,6 +78,8 @@ pub(crate) struct Transfer<'a> {
     pub ctl: &'a Control,
     pub logs: &'a LogStreamer,
     pub limiter: &'a RateLimiter,
+    /// The limit of each artifact's upload and seal (`None`: unlimited).
+    pub upload_timeout: Option<std::time::Duration>,
 }
 
 /// `path` as a relative path inside the workspace: no root, no `..`, not empty.
@@ -402,7 +404,11 @@ pub(crate) async fn publish_all(t: &Transfer<'_>, ws: &Path, spool: &Path) -> Re
         frozen.push(f);
     }
     for f in &frozen {
-        upload(t, f).await?;
+        let what = format!("uploading artifact `{}`", f.name);
+        match crate::ran::within(t.upload_timeout, upload(t, f)).await {
+            Some(r) => r?,
+            None => return Err(crate::ran::op_timed_out(t.logs, &what, t.upload_timeout, "--upload-timeout")),
+        };
     }
     Ok(())
 }

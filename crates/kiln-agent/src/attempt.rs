@@ -59,6 +59,8 @@ pub(crate) struct AttemptContext {
     /// Stage timeouts (`None`: unlimited).
     pub prepare_timeout: Option<Duration>,
     pub finalize_timeout: Option<Duration>,
+    /// Operation timeouts.
+    pub ops: crate::OpTimeouts,
     /// "Heartbeat now" triggers of the running attempts (session stream).
     pub beats: Beats,
     /// Per-attempt stdout + stderr limit in bytes.
@@ -307,7 +309,11 @@ async fn execute(
     if let Err(e) = checkout {
         let msg = format!("checkout of {} at {} failed: {e}", a.clone_url, a.commit_sha);
         tracing::error!("{msg}");
-        return Ran::Infra(msg);
+        logs.system(&format!("✗ {msg}"));
+        return match e {
+            crate::checkout::CheckoutError::TimedOut { .. } => Ran::TimedOut(msg),
+            _ => Ran::Infra(msg),
+        };
     }
 
     // The job's image, pinned (pulled or built from the checkout) before
@@ -330,7 +336,8 @@ async fn execute(
         }
     };
 
-    let transfer = Transfer { client: &ctx.client, a, ctl, logs, limiter: &ctx.limiter };
+    let transfer =
+        Transfer { client: &ctx.client, a, ctl, logs, limiter: &ctx.limiter, upload_timeout: ctx.ops.upload };
     if let Err(ran) = restore_all(&transfer, &ws).await {
         return ran;
     }
@@ -557,8 +564,12 @@ async fn prepare_image(
         let tag = format!("localhost/kiln-build/{}:{}", a.job_id.to_ascii_lowercase(), a.epoch);
         let mut out = |b: &[u8]| logs.write(crate::logs::Stream::Stdout, b);
         let built = tokio::select! {
-            r = engine.build(ws, &build.dockerfile, &build.context, &tag, &settings.network, &mut out) => r,
+            r = crate::ran::within(ctx.ops.build, engine.build(ws, &build.dockerfile, &build.context, &tag, &settings.network, &mut out)) => r,
             _ = ctl.stopped() => return Err(Ran::Stopped),
+        };
+        let Some(built) = built else {
+            logs.flush();
+            return Err(crate::ran::op_timed_out(logs, "the image build", ctx.ops.build, "--build-timeout"));
         };
         logs.flush();
         let id = match built {
@@ -597,8 +608,11 @@ async fn prepare_image(
     };
     let mut progress = |m: &str| logs.system_note(m);
     let res = tokio::select! {
-        r = engine.ensure_image(&pinned, &mut progress) => r,
+        r = crate::ran::within(ctx.ops.pull, engine.ensure_image(&pinned, &mut progress)) => r,
         _ = ctl.stopped() => return Err(Ran::Stopped),
+    };
+    let Some(res) = res else {
+        return Err(crate::ran::op_timed_out(logs, "pulling the job's image", ctx.ops.pull, "--pull-timeout"));
     };
     match res {
         Ok(reference) => Ok(reference),
@@ -889,6 +903,7 @@ fn decide(
         }
         Ran::JobError(message) => failed(None, message, "step_failed"),
         Ran::Infra(message) => failed(None, message, "infra"),
+        Ran::TimedOut(message) => failed(Some(124), message, "timeout"),
         Ran::Stopped => match stop {
             Some(Stop::Cancelled) => Completion {
                 outcome: AttemptOutcome::Cancelled,

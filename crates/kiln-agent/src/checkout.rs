@@ -27,6 +27,9 @@ pub(crate) enum CheckoutError {
     MissingCommit { sha: String, url: String },
     #[error("`git {args}` failed: {detail}")]
     Git { args: String, detail: String },
+    /// A fetch ran past `kiln agent --git-timeout`.
+    #[error("`git {args}` took longer than {limit} (kiln agent --git-timeout)")]
+    TimedOut { args: String, limit: String },
     #[error("cannot prepare {path}: {source}")]
     Io { path: String, source: std::io::Error },
 }
@@ -36,6 +39,8 @@ pub(crate) struct Mirrors {
     /// Fetch retries (spec 004's table for git clone: 3 tries, 5 s doubling
     /// to 60 s, ±15 % jitter); shorter in tests.
     retry: FetchRetry,
+    /// The limit of each fetch (`None`: unlimited).
+    fetch_timeout: Option<std::time::Duration>,
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
     /// (mirror, sha) seen present: objects are never removed from a mirror,
     /// so the next checkout of that commit skips the `cat-file` probe.
@@ -44,7 +49,19 @@ pub(crate) struct Mirrors {
 
 impl Mirrors {
     pub(crate) fn new(dir: PathBuf) -> Self {
-        Mirrors { dir, retry: FetchRetry::default(), locks: Mutex::default(), known: Mutex::default() }
+        Mirrors {
+            dir,
+            retry: FetchRetry::default(),
+            fetch_timeout: Some(LOCAL_GIT_TIMEOUT),
+            locks: Mutex::default(),
+            known: Mutex::default(),
+        }
+    }
+
+    /// Bounds each `git fetch` (spec 004: git clone, 10 min; `None`: unlimited).
+    pub(crate) fn with_fetch_timeout(mut self, limit: Option<std::time::Duration>) -> Self {
+        self.fetch_timeout = limit;
+        self
     }
 
     pub(crate) fn mirror_path(&self, clone_url: &str) -> PathBuf {
@@ -92,7 +109,12 @@ impl Mirrors {
                 let mut tries = 0;
                 let fetch_all = loop {
                     tries += 1;
-                    let r = git(Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, refs[0], refs[1]]).await;
+                    let r = git_within(
+                        self.fetch_timeout,
+                        Some(&mirror),
+                        ["fetch", "-q", "--no-tags", "--", &url, refs[0], refs[1]],
+                    )
+                    .await;
                     match r {
                         Err(e) if tries < self.retry.tries && is_transient(&e) => {
                             let delay = self.retry.delay(tries);
@@ -110,10 +132,13 @@ impl Mirrors {
                 };
                 if !has_commit(&mirror, sha).await {
                     // An unadvertised commit (e.g. a pull request head): ask for it by id.
-                    let by_id = git(Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, sha]).await;
+                    let by_id =
+                        git_within(self.fetch_timeout, Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, sha])
+                            .await;
                     if !has_commit(&mirror, sha).await {
                         return Err(match (fetch_all, by_id) {
                             (Err(e), _) => e,
+                            (_, Err(e @ CheckoutError::TimedOut { .. })) => e,
                             _ => CheckoutError::MissingCommit { sha: sha.to_string(), url: clone_url.to_string() },
                         });
                     }
@@ -248,6 +273,9 @@ impl FetchRetry {
 /// server failed, not the request (a repository that does not exist, a
 /// refused login, another 4xx stay failed however often they are asked).
 fn is_transient(e: &CheckoutError) -> bool {
+    if matches!(e, CheckoutError::TimedOut { .. }) {
+        return true;
+    }
     let CheckoutError::Git { detail, .. } = e else { return false };
     let d = detail.to_ascii_lowercase();
     const PERMANENT: &[&str] = &[
@@ -266,10 +294,20 @@ fn is_transient(e: &CheckoutError) -> bool {
     !PERMANENT.iter().any(|p| d.contains(p))
 }
 
-/// The longest any git call of a checkout may take (spec 004: git clone, 10 min).
-const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// The longest a local git call of a checkout (init, cat-file, read-tree)
+/// may take, and a fetch's default (spec 004: git clone, 10 min).
+const LOCAL_GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 async fn git<I, S>(dir: Option<&Path>, args: I) -> Result<(), CheckoutError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    git_within(Some(LOCAL_GIT_TIMEOUT), dir, args).await
+}
+
+/// Runs git, killed (and [`CheckoutError::TimedOut`]) past `limit`.
+async fn git_within<I, S>(limit: Option<std::time::Duration>, dir: Option<&Path>, args: I) -> Result<(), CheckoutError>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -286,13 +324,31 @@ where
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group, so that a timeout also kills the remote
+        // helper (git-remote-http) that holds the stalled connection.
+        .process_group(0)
         .kill_on_drop(true);
     let shown = || args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
-    // spec 004: a git fetch gets 10 minutes; the process is killed after.
-    let out = match tokio::time::timeout(GIT_TIMEOUT, cmd.output()).await {
-        Ok(out) => out.map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?,
-        Err(_) => return Err(CheckoutError::Git { args: shown(), detail: format!("timed out after {GIT_TIMEOUT:?}") }),
+    let child =
+        cmd.spawn().map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?;
+    let pgid = child.id().map(|id| nix::unistd::Pid::from_raw(id as i32));
+    // spec 004: a git fetch gets 10 minutes by default; past it the whole
+    // process group is killed.
+    let output = child.wait_with_output();
+    let out = match limit {
+        Some(limit) => match tokio::time::timeout(limit, output).await {
+            Ok(out) => out,
+            Err(_) => {
+                if let Some(pgid) = pgid {
+                    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+                }
+                let limit = kiln_workflow::format_duration(limit);
+                return Err(CheckoutError::TimedOut { args: shown(), limit });
+            }
+        },
+        None => output.await,
     };
+    let out = out.map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?;
     if out.status.success() {
         return Ok(());
     }
@@ -330,6 +386,15 @@ mod tests {
     }
 
     fn flaky_server(fail: usize) -> FlakyServer {
+        served(fail, false)
+    }
+
+    /// A server whose every GET hangs (it never answers).
+    fn stalled_server() -> FlakyServer {
+        served(0, true)
+    }
+
+    fn served(fail: usize, stall: bool) -> FlakyServer {
         let dir = tempfile::tempdir().unwrap();
         let repo = dir.path().join("repo");
         std::fs::create_dir(&repo).unwrap();
@@ -342,9 +407,12 @@ mod tests {
         let script = format!(
             r#"
 import http.server, sys, functools
+import time
 left = [{fail}]
 class H(http.server.SimpleHTTPRequestHandler):
     def do_GET(self):
+        if {stall}:
+            time.sleep(3600)
         if left[0] > 0:
             left[0] -= 1
             self.send_error(503, "try later")
@@ -354,7 +422,8 @@ class H(http.server.SimpleHTTPRequestHandler):
 s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(H, directory=sys.argv[1]))
 print(s.server_address[1], flush=True)
 s.serve_forever()
-"#
+"#,
+            stall = if stall { "True" } else { "False" }
         );
         let mut child = std::process::Command::new("python3")
             .arg("-c")
@@ -412,6 +481,37 @@ s.serve_forever()
         let e = mirrors(work.path()).checkout(&down.url, &down.sha, &work.path().join("b"), false, &on_retry).await;
         assert!(e.unwrap_err().to_string().contains("503"));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// `--git-timeout`: a fetch that never finishes is killed at the limit,
+    /// tried again like any transient failure, and ends as `TimedOut`
+    /// naming the flag.
+    #[tokio::test]
+    async fn a_fetch_past_the_git_timeout_is_killed_retried_and_reported() {
+        let server = stalled_server();
+        let work = tempfile::tempdir().unwrap();
+        let lines = Mutex::new(Vec::new());
+        let on_retry = |l: String| lines.lock().unwrap().push(l);
+        let m = mirrors(work.path()).with_fetch_timeout(Some(std::time::Duration::from_millis(300)));
+        let e = m.checkout(&server.url, &server.sha, &work.path().join("ws"), false, &on_retry).await.unwrap_err();
+        assert!(matches!(e, CheckoutError::TimedOut { .. }), "{e:?}");
+        let shown = e.to_string();
+        assert!(shown.contains("took longer than 300ms") && shown.contains("--git-timeout"), "{shown}");
+        let lines = lines.into_inner().unwrap();
+        assert_eq!(lines.len(), 2, "a timeout is transient: tried 3 times: {lines:?}");
+        assert!(lines[0].contains("try 1/3") && lines[0].contains("--git-timeout"), "{lines:?}");
+        // Killed, not left behind: no git of this mirror still runs.
+        let mirror = m.mirror_path(&server.url);
+        let ps = std::process::Command::new("ps").args(["-eo", "args"]).output().unwrap();
+        let ps = String::from_utf8_lossy(&ps.stdout);
+        let port = server.url.trim_end_matches('/').rsplit(':').next().unwrap().to_string();
+        let left: Vec<_> = ps
+            .lines()
+            .filter(|l| {
+                l.contains("git") && (l.contains(&*mirror.to_string_lossy()) || l.contains(&format!(":{port}/")))
+            })
+            .collect();
+        assert!(left.is_empty(), "git and its remote helper are killed: {left:?}");
     }
 
     #[test]

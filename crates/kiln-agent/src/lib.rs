@@ -90,6 +90,32 @@ impl ContainerSettings {
     }
 }
 
+/// The limits of an attempt's single operations (spec 004's operation
+/// timeouts; `None`: unlimited). Each bounds one try: a git fetch that
+/// times out is tried again like any transient failure. Past its limit an
+/// operation's attempt fails as `timeout` (exit 124), the message naming
+/// the operation and its `kiln agent` flag. Cache restore and save have
+/// their own limit ([`AgentConfig::cache_timeout`]): a slow cache is a
+/// miss, not a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpTimeouts {
+    /// Each `git fetch` of a checkout (`--git-timeout`, 10 min).
+    pub git: Option<std::time::Duration>,
+    /// Pulling the job's image (`--pull-timeout`, 10 min).
+    pub pull: Option<std::time::Duration>,
+    /// Building the job's Dockerfile image (`--build-timeout`, 10 min).
+    pub build: Option<std::time::Duration>,
+    /// Uploading and sealing each declared artifact (`--upload-timeout`, 10 min).
+    pub upload: Option<std::time::Duration>,
+}
+
+impl Default for OpTimeouts {
+    fn default() -> Self {
+        let ten = Some(std::time::Duration::from_secs(600));
+        OpTimeouts { git: ten, pull: ten, build: ten, upload: ten }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// Base URL of the server, e.g. `http://127.0.0.1:8080`.
@@ -142,6 +168,8 @@ pub struct AgentConfig {
     /// Longest an attempt may spend finalizing (cache save, artifact
     /// upload) after its steps (default 15 min); `Some(ZERO)`: unlimited.
     pub finalize_timeout: Option<std::time::Duration>,
+    /// Operation timeouts (git fetch, image pull and build, artifact upload).
+    pub op_timeouts: OpTimeouts,
     /// Node-local cache copies kept at most, in bytes (default 5 GiB).
     pub cache_local_budget: Option<u64>,
     /// Host executor: the Docker Engine API endpoint that runs jobs'
@@ -279,7 +307,7 @@ pub async fn run_draining(
         work_dir: work_dir.clone(),
         sandbox_dir,
         isolation,
-        mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors"))),
+        mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors")).with_fetch_timeout(config.op_timeouts.git)),
         executor: config.executor.clone(),
         engine,
         services_engine: config.services_engine.clone(),
@@ -292,6 +320,7 @@ pub async fn run_draining(
         limiter: RateLimiter::new(config.upload_rate_limit),
         prepare_timeout: stage_limit(config.prepare_timeout),
         finalize_timeout: stage_limit(config.finalize_timeout),
+        ops: config.op_timeouts,
         beats: Beats::default(),
         log_limit: config.log_limit.unwrap_or(logs::DEFAULT_LOG_LIMIT),
         log_rate_limit: config.log_rate_limit,

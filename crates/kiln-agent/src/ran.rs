@@ -19,6 +19,35 @@ pub(crate) enum Ran {
     /// a required input not available): not retried as infrastructure.
     JobError(String),
     Infra(String),
+    /// An operation of the attempt (git fetch, image pull or build,
+    /// artifact upload) ran past its own limit: class `timeout`, exit 124.
+    TimedOut(String),
     /// A stop reason interrupted the work.
     Stopped,
+}
+
+/// `fut`'s output, or `None` once `limit` passed (the future is dropped).
+pub(crate) async fn within<T>(
+    limit: Option<std::time::Duration>,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+/// The result of an operation past its limit: class `timeout`, the
+/// message naming the operation and the flag that sets the limit.
+pub(crate) fn op_timed_out(
+    logs: &crate::logs::LogStreamer,
+    what: &str,
+    limit: Option<std::time::Duration>,
+    flag: &str,
+) -> Ran {
+    let limit = kiln_workflow::format_duration(limit.unwrap_or_default());
+    let msg = format!("{what} took longer than {limit} (kiln agent {flag})");
+    tracing::error!("{msg}");
+    logs.system(&format!("✗ {msg}"));
+    Ran::TimedOut(msg)
 }

@@ -669,6 +669,7 @@ impl Harness {
             cache_timeout: None,
             prepare_timeout: None,
             finalize_timeout: None,
+            op_timeouts: Default::default(),
             cache_local_budget: None,
             services_engine: None,
             // The host's disk may be nearly full on a CI machine: claims here

@@ -84,6 +84,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             cache_timeout: None,
             prepare_timeout: None,
             finalize_timeout: None,
+            op_timeouts: Default::default(),
             cache_local_budget: None,
             services_engine: None,
             storage_levels: None,

@@ -35,6 +35,7 @@ pub fn agent_config(
         cache_timeout: None,
         prepare_timeout: None,
         finalize_timeout: None,
+        op_timeouts: Default::default(),
         cache_local_budget: None,
         services_engine: None,
         storage_levels: None,

@@ -384,6 +384,23 @@ pub struct AgentTuning {
     /// before its attempt fails as `timeout` (exit 124). `off` disables.
     #[arg(long, default_value = "15m", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
     pub finalize_timeout: std::time::Duration,
+    /// Longest each `git fetch` of a checkout may take; a fetch past it is killed and tried
+    /// again like any transient failure (3 tries), then the attempt fails as `timeout`. `off`
+    /// disables.
+    #[arg(long, default_value = "10m", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub git_timeout: std::time::Duration,
+    /// Longest pulling a job's image may take before its attempt fails as `timeout` (exit 124).
+    /// `off` disables.
+    #[arg(long, default_value = "10m", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub pull_timeout: std::time::Duration,
+    /// Longest building a job's Dockerfile image may take before its attempt fails as `timeout`
+    /// (exit 124). `off` disables.
+    #[arg(long, default_value = "10m", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub build_timeout: std::time::Duration,
+    /// Longest uploading and sealing each declared artifact may take before its attempt fails as
+    /// `timeout` (exit 124); nothing of it is bound. `off` disables.
+    #[arg(long, default_value = "10m", value_parser = kiln_cmd::parse_duration_or_off, value_name = "DURATION")]
+    pub upload_timeout: std::time::Duration,
     /// Node-local cache archives kept for reuse by later jobs on this agent (least recently used
     /// removed first; each also keeps one unpacked copy ready), e.g. 5GiB (the default).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]

@@ -181,6 +181,13 @@ pub(super) fn apply_agent_tuning(cfg: &mut kiln_agent::AgentConfig, t: &AgentTun
     cfg.cache_timeout = Some(t.cache_timeout);
     cfg.prepare_timeout = Some(t.prepare_timeout);
     cfg.finalize_timeout = Some(t.finalize_timeout);
+    let limit = |d: std::time::Duration| (!d.is_zero()).then_some(d);
+    cfg.op_timeouts = kiln_agent::OpTimeouts {
+        git: limit(t.git_timeout),
+        pull: limit(t.pull_timeout),
+        build: limit(t.build_timeout),
+        upload: limit(t.upload_timeout),
+    };
     cfg.cache_local_budget = t.cache_local_budget;
     if t.executor == "container" {
         let mut settings = kiln_agent::ContainerSettings::new(t.engine.clone());
