@@ -337,6 +337,46 @@ async fn dockerfile_jobs_build_then_run_and_broken_builds_fail_visibly() {
     assert!(!log.contains("never"), "{log}");
 }
 
+/// Spec 004's operation timeout for an image build: a Dockerfile that
+/// builds longer than the agent's `--build-timeout` fails the job as
+/// `timeout` (exit 124, not retried by default), naming the flag; no step
+/// runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_build_longer_than_the_build_timeout_fails_as_timeout() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-build-slow"]);
+    let reg = registry();
+    let repo = TestRepo::new(&[
+        ("ci/slow/Dockerfile", &format!("FROM {reg}/kiln-test/base:latest\nRUN echo building-slowly && sleep 20\n")),
+        (
+            ".kiln/pipeline.yaml",
+            "version: 1\njobs:\n  - name: slow\n    image: {dockerfile: ci/slow/Dockerfile, context: ci/slow}\n    steps:\n      - echo must-not-run\n",
+        ),
+    ])
+    .unwrap();
+    let s = server();
+    s.add_repo("slowbuild", &repo);
+    let _agent = container_agent(&s, "ctr-build-slow", &["--build-timeout", "2s"]);
+    let c = Client::new(&s.url, &s.token);
+    let run =
+        c.submit_run("slowbuild", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 120).await;
+    let log = logs(&s, &run.run_id, "slow");
+    assert_eq!(done.status, "failed", "{log}");
+    let job = &done.jobs[0];
+    assert_eq!(job.attempts.len(), 1, "a timeout is not retried by default: {:?}", job.attempts);
+    let a = &job.attempts[0];
+    assert_eq!(a.failure_class.as_deref(), Some("timeout"), "{a:?}");
+    assert_eq!(a.exit_code, Some(124), "{a:?}");
+    let message = a.message.clone().unwrap_or_default();
+    assert!(message.contains("the image build took longer than 2s (kiln agent --build-timeout)"), "{message}");
+    assert!(log.contains("building-slowly") && log.contains("--build-timeout"), "{log}");
+    assert!(!log.contains("must-not-run"), "{log}");
+    assert_eq!(job.image_digest, None, "nothing was committed");
+}
+
 /// Cancelling kills the job's container within the grace period, as does
 /// fencing (an agent paused past its lease); SIGKILL the agent and start it
 /// again: the orphaned container is removed.

@@ -379,6 +379,31 @@ jobs:
 /// Nothing of the stalled upload is bound.
 #[tokio::test(flavor = "multi_thread")]
 async fn finalizing_longer_than_the_finalize_timeout_fails_as_timeout() {
+    stalled_upload_times_out(
+        &["--finalize-timeout", "2s"],
+        "stage timed out",
+        &["finalizing the job", "took longer than 2s", "--finalize-timeout"],
+    )
+    .await;
+}
+
+/// Spec 004's operation timeout for an artifact upload: the same stalled
+/// upload, stopped by `--upload-timeout` (the stage's limit is far off),
+/// fails as `timeout` naming the artifact and the flag.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_longer_than_the_upload_timeout_fails_as_timeout() {
+    stalled_upload_times_out(
+        &["--upload-timeout", "2s"],
+        "uploading artifact `out` took longer than 2s",
+        &["uploading artifact `out` took longer than 2s", "(kiln agent --upload-timeout)"],
+    )
+    .await;
+}
+
+/// A job's steps produce a 4 MiB artifact; the server is SIGSTOPped while
+/// it is uploaded; the agent runs with `agent_args`, logs `gave_up` when it
+/// stops waiting, and the attempt's message then has every `expected`.
+async fn stalled_upload_times_out(agent_args: &[&str], gave_up: &str, expected: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     // Steps run as an unprivileged user: the marker directory is theirs too.
     std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
@@ -400,7 +425,7 @@ jobs:
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
     let s = KilnServer::start(BIN.as_ref(), &[]).unwrap();
     s.add_repo("finalize", &repo);
-    let agent = s.agent("a1", &["--finalize-timeout", "2s"]).unwrap();
+    let agent = s.agent("a1", agent_args).unwrap();
     let c = Client::new(&s.url, &s.token);
     let run =
         c.submit_run("finalize", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
@@ -409,18 +434,19 @@ jobs:
     let pid = nix::unistd::Pid::from_raw(s.child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     std::fs::write(&go, "").unwrap();
-    // Until the agent has given up on finalizing (it says so in its own log).
-    let gave_up = wait_for(Duration::from_secs(60), || agent.log().contains("stage timed out").then_some(()));
+    // Until the agent has given up on the upload (it says so in its own log).
+    let stopped = wait_for(Duration::from_secs(60), || agent.log().contains(gave_up).then_some(()));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    assert!(gave_up.is_some(), "{}", agent.log());
+    assert!(stopped.is_some(), "{}", agent.log());
     let done = wait_run(&c, &run.run_id, 60).await;
     assert_eq!(done.status, "failed", "{done:?}");
     let a = &done.jobs[0].attempts[0];
     assert_eq!(a.failure_class.as_deref(), Some("timeout"), "{a:?}");
     assert_eq!(a.exit_code, Some(124), "{a:?}");
     let message = a.message.clone().unwrap_or_default();
-    assert!(message.contains("finalizing the job") && message.contains("took longer than 2s"), "{message}");
-    assert!(message.contains("--finalize-timeout"), "{message}");
+    for e in expected {
+        assert!(message.contains(e), "{e:?} in {message}");
+    }
     assert_eq!(done.jobs[0].attempts.len(), 1, "{:?}", done.jobs[0].attempts);
     assert!(c.artifact(&run.run_id, "publish", "out").await.is_err(), "a timed-out attempt binds nothing");
 }
