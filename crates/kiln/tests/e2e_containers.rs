@@ -377,6 +377,111 @@ async fn a_build_longer_than_the_build_timeout_fails_as_timeout() {
     assert_eq!(job.image_digest, None, "nothing was committed");
 }
 
+/// A registry front for the pull-timeout test: plain HTTP is passed
+/// through to the test registry (the server, with `--insecure-registry`,
+/// resolves digests through it), while a TLS handshake — the engine's pull,
+/// this address not being marked insecure for it — is held open unanswered.
+struct StallingRegistry {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Drop for StallingRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stalling_registry() -> StallingRegistry {
+    use std::io::{BufRead, BufReader};
+    let (host, port) = registry().rsplit_once(':').map(|(h, p)| (h.to_string(), p.to_string())).unwrap();
+    let script = format!(
+        r#"
+import socket, threading, time
+up = ("{host}", {port})
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d: break
+            b.sendall(d)
+    except OSError: pass
+    for s in (a, b):
+        try: s.shutdown(socket.SHUT_RDWR)
+        except OSError: pass
+def serve(c):
+    first = c.recv(1, socket.MSG_PEEK)
+    if first == b"\x16":
+        time.sleep(3600)
+        return
+    u = socket.create_connection(up)
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+    pipe(c, u)
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", 0))
+l.listen(64)
+print(l.getsockname()[1], flush=True)
+while True:
+    c, _ = l.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#
+    );
+    let mut child =
+        Command::new("python3").arg("-c").arg(script).stdout(std::process::Stdio::piped()).spawn().expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    StallingRegistry { child, addr: format!("127.0.0.1:{}", line.trim()) }
+}
+
+/// Spec 004's operation timeout for an image pull: the engine's pull of
+/// the job's pinned image never gets an answer; past the agent's
+/// `--pull-timeout` the attempt fails as `timeout` (exit 124) naming the
+/// flag, and no step runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pull_longer_than_the_pull_timeout_fails_as_timeout() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-pull-slow"]);
+    let reg = registry();
+    // An image the engine does not hold, so that it must be pulled.
+    let name = unique("kiln-test/stall").to_ascii_lowercase();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("unique"), &name).unwrap();
+    std::fs::write(dir.path().join("Dockerfile"), format!("FROM {reg}/kiln-test/base:latest\nCOPY unique /unique\n"))
+        .unwrap();
+    let tag = format!("{reg}/{name}:latest");
+    podman(&["build", "-q", "--tls-verify=false", "-t", &tag, &dir.path().display().to_string()]);
+    podman(&["push", "-q", "--tls-verify=false", &tag]);
+    podman(&["rmi", &tag]);
+    let front = stalling_registry();
+    let wf = format!(
+        "version: 1\njobs:\n  - name: pull\n    image: {}/{name}:latest\n    steps:\n      - echo must-not-run\n",
+        front.addr
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let s = KilnServer::start(BIN.as_ref(), &["--insecure-registry", &front.addr, "--retry-base", "100ms"]).unwrap();
+    s.add_repo("slowpull", &repo);
+    let _agent = container_agent(&s, "ctr-pull-slow", &["--pull-timeout", "2s"]);
+    let c = Client::new(&s.url, &s.token);
+    let run =
+        c.submit_run("slowpull", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 120).await;
+    let log = logs(&s, &run.run_id, "pull");
+    assert_eq!(done.status, "failed", "{log}");
+    let job = &done.jobs[0];
+    assert!(job.image_digest.as_deref().is_some_and(|d| d.starts_with("sha256:")), "resolved through the front");
+    assert_eq!(job.attempts.len(), 1, "a timeout is not retried by default: {:?}", job.attempts);
+    let a = &job.attempts[0];
+    assert_eq!(a.failure_class.as_deref(), Some("timeout"), "{a:?}\n{log}");
+    assert_eq!(a.exit_code, Some(124), "{a:?}");
+    let message = a.message.clone().unwrap_or_default();
+    assert!(message.contains("pulling the job's image took longer than 2s (kiln agent --pull-timeout)"), "{message}");
+    assert!(!log.contains("must-not-run"), "{log}");
+}
+
 /// Cancelling kills the job's container within the grace period, as does
 /// fencing (an agent paused past its lease); SIGKILL the agent and start it
 /// again: the orphaned container is removed.
