@@ -188,24 +188,40 @@ async fn relay(state: State, mut shutdown: watch::Receiver<bool>) {
 /// or cannot finish within a heartbeat interval (a third of the TTL: the
 /// pool waits for an unreachable database for its whole 30 s acquire
 /// timeout), makes the reconciler "blind"; before it fences again it
-/// extends every running lease by a TTL, in which live agents heartbeat.
+/// extends the running leases that were live when the last good round
+/// ended to half a TTL from now, in which live agents heartbeat. Leases
+/// that had expired before are fenced as usual, so an outage delays the
+/// failover of a dead agent by at most half a TTL, not a whole one.
 /// A round cut short is harmless: each fence is its own transaction, and
 /// the relay's poll delivers what a skipped wakeup would have.
 async fn reconciler(state: State, mut shutdown: watch::Receiver<bool>) {
     let period = (state.config.lease_ttl / 30).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let ttl_ms = state.config.lease_ttl.as_millis() as i64;
+    let margin_ms = (state.config.lease_ttl / 2).as_millis() as i64;
     let patience = (state.config.lease_ttl / 3).max(Duration::from_millis(500));
     let mut blind = false;
+    // When the last round that reached the database ended.
+    let mut last_good = std::time::Instant::now();
     loop {
         let round = async {
             if blind {
-                let n = state.store.extend_running_leases(ttl_ms).await?;
-                tracing::warn!(extended = n, "the database was unreachable: running leases extended by a lease TTL");
+                // The outage, measured generously: since the last good round
+                // ended, plus a period (the round before it may have read
+                // the leases that long before).
+                let outage_ms = (last_good.elapsed() + period).as_millis() as i64;
+                let n = state.store.extend_running_leases(outage_ms, margin_ms).await?;
+                tracing::warn!(
+                    extended = n,
+                    outage_ms,
+                    "the database was unreachable: leases live when it went away extended by half a lease TTL"
+                );
             }
             work::fence_once(&state).await
         };
         match tokio::time::timeout(patience, round).await {
-            Ok(Ok(_)) => blind = false,
+            Ok(Ok(_)) => {
+                blind = false;
+                last_good = std::time::Instant::now();
+            }
             Ok(Err(e)) => {
                 blind = true;
                 tracing::warn!("reconciler paused: {e}");

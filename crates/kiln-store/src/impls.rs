@@ -229,8 +229,8 @@ impl AttemptStore for SqlStore {
         lease::fence_expired(self).await
     }
 
-    async fn extend_running_leases(&self, ttl_ms: i64) -> Result<u64> {
-        lease::extend_running_leases(self, ttl_ms).await
+    async fn extend_running_leases(&self, outage_ms: i64, margin_ms: i64) -> Result<u64> {
+        lease::extend_running_leases(self, outage_ms, margin_ms).await
     }
 
     async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String> {

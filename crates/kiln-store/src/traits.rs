@@ -241,11 +241,14 @@ pub trait AttemptStore: Send + Sync {
     /// `lost`) and, within the budget, make its job ready again at
     /// `next_attempt_at`. Returns the fenced (job, epoch) pairs.
     async fn fence_expired(&self) -> Result<Vec<(String, i64)>>;
-    /// After the database could not be reached: extend every running
-    /// attempt's lease to at least `ttl_ms` from now (nobody could renew
-    /// them meanwhile, so their expiry says nothing about the agents).
-    /// Returns how many leases were extended.
-    async fn extend_running_leases(&self, ttl_ms: i64) -> Result<u64>;
+    /// After the database could not be reached for `outage_ms`: extend
+    /// every running attempt's lease that was live when the outage began
+    /// (it expired since, or is about to, with nobody able to renew it, so
+    /// its expiry says nothing about its agent) to at least `margin_ms`
+    /// from now, time for a live agent's next heartbeat. A lease that had
+    /// expired before the outage stays expired. Returns how many leases
+    /// were extended.
+    async fn extend_running_leases(&self, outage_ms: i64, margin_ms: i64) -> Result<u64>;
     /// Commit the digest of an image the attempt built (a Dockerfile job,
     /// spec 000 §5): requires the current live epoch; the first committed
     /// digest wins and is returned (later ones do not replace it).

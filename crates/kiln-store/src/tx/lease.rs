@@ -150,21 +150,24 @@ async fn fence_tx(store: &SqlStore, tx: &mut Tx, job_id: &str, epoch: i64) -> Re
     Ok(true)
 }
 
-/// `AttemptStore::extend_running_leases`: every running attempt's lease is
-/// moved to at least `now + ttl_ms` (database time), never shortened. Only
+/// `AttemptStore::extend_running_leases`: every running attempt whose lease
+/// was still live `outage_ms` ago (database time) is moved to at least `now
+/// + margin_ms`, never shortened. Leases that had expired before the outage
+/// began stay expired (their agents were already silent), and only
 /// `running` attempts: a fenced epoch stays fenced.
-pub(crate) async fn extend_running_leases(store: &SqlStore, ttl_ms: i64) -> Result<u64> {
+pub(crate) async fn extend_running_leases(store: &SqlStore, outage_ms: i64, margin_ms: i64) -> Result<u64> {
     static EXTEND: Sql = Sql::new(|_| {
         format!(
-            "UPDATE attempts SET lease_deadline = $1 WHERE outcome = {running} AND lease_deadline < $1",
+            "UPDATE attempts SET lease_deadline = $1 \
+             WHERE outcome = {running} AND lease_deadline < $1 AND lease_deadline >= $2",
             running = lit(AttemptOutcome::Running)
         )
     });
     store
-        .transaction(Isolation::Serializable, &ttl_ms, |tx, &ttl_ms| {
+        .transaction(Isolation::Serializable, &(outage_ms, margin_ms), |tx, &(outage_ms, margin_ms)| {
             Box::pin(async move {
                 let now = now(tx).await?;
-                tx.sql(&EXTEND).bind(now + ttl_ms).execute().await
+                tx.sql(&EXTEND).bind(now + margin_ms).bind(now - outage_ms.max(0)).execute().await
             })
         })
         .await

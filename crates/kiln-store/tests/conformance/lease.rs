@@ -253,3 +253,41 @@ pub async fn concurrent_heartbeats_each_get_their_own_answer<S: Store + 'static>
     let without_leases = |s: String| s.lines().filter(|l| !l.contains("lease_deadline")).collect::<Vec<_>>().join("\n");
     assert_eq!(without_leases(snapshot(&**s, &cancelled_run).await), without_leases(before_cancelled));
 }
+
+/// After a database outage the reconciler extends only the leases that
+/// were live when the outage began (nobody could renew them since); a
+/// lease that had already expired before it stays expired and is fenced,
+/// a longer lease is never shortened, and a fenced epoch is not revived.
+pub async fn an_outage_extends_only_leases_live_when_it_began<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("x", &[], 0), job("y", &[], 0), job("z", &[], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let [x, y, z] = [job_id(s, &run_id, "x").await, job_id(s, &run_id, "y").await, job_id(s, &run_id, "z").await];
+    // x's lease ends long before the outage.
+    claim(s, &a, &x, SHORT_TTL).await;
+    expire(3_000).await;
+    // y's ends during it; z's outlasts it.
+    claim(s, &a, &y, SHORT_TTL).await;
+    let cz = claim(s, &a, &z, LONG_TTL).await;
+    expire(SHORT_TTL + 100).await;
+
+    // Generous against a slow machine: y's lease ended at most 1.5 s ago.
+    const OUTAGE: i64 = 1_500;
+    const MARGIN: i64 = 10_000;
+    assert_eq!(s.extend_running_leases(OUTAGE, MARGIN).await.unwrap(), 1, "only y's lease");
+    let v = view(s, &run_id).await;
+    let y_deadline = jv(&v, "y").attempts[0].lease_deadline;
+    assert!(y_deadline >= jv(&v, "y").attempts[0].started_at + MARGIN, "y extended by the margin");
+    assert_eq!(jv(&v, "z").attempts[0].lease_deadline, cz.lease_deadline, "a longer lease is kept as it is");
+
+    let fenced = s.fence_expired().await.unwrap();
+    assert_eq!(fenced, vec![(x.clone(), 1)], "the lease that expired before the outage is fenced");
+    s.heartbeat(&y, 1, LONG_TTL).await.expect("y's agent renews its extended lease");
+    s.heartbeat(&z, 1, LONG_TTL).await.expect("z untouched and live");
+    // However long the outage, a fenced epoch stays fenced.
+    s.extend_running_leases(i64::MAX / 4, MARGIN).await.unwrap();
+    let v = view(s, &run_id).await;
+    assert_eq!(jv(&v, "x").attempts[0].outcome, AttemptOutcome::Lost);
+    assert_stale(s.heartbeat(&x, 1, LONG_TTL).await);
+}

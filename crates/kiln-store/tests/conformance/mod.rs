@@ -104,6 +104,7 @@ macro_rules! suite {
             lease::fencing_rejects_the_replaced_epoch,
             lease::lost_attempts_use_the_infra_budget,
             lease::shorten_session_leases_only_touches_that_session,
+            lease::an_outage_extends_only_leases_live_when_it_began,
             completion::success_readies_successor_and_finishes_run,
             completion::successor_waits_for_every_need,
             completion::concurrent_completions_ready_a_fan_in_once,
