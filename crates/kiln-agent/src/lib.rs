@@ -179,6 +179,9 @@ pub struct AgentConfig {
     /// Percent of the workspaces' disk used at which warning, degraded and
     /// critical start (default 80/90/95); a slot claims nothing at critical.
     pub storage_levels: Option<[f64; 3]>,
+    /// Available memory below which warning, degraded and critical start
+    /// (`None`: 2 GiB, 1 GiB, 500 MiB; `[0; 3]`: off).
+    pub memory_levels: Option<[u64; 3]>,
     /// Where to serve the agent's own `GET /metrics` (Prometheus text);
     /// `None` (the default): nowhere.
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -193,11 +196,7 @@ struct Agent {
 
 impl Agent {
     fn thresholds(&self) -> kiln_core::degradation::Thresholds {
-        let mut t = kiln_core::degradation::Thresholds::default();
-        if let Some(levels) = self.config.storage_levels {
-            t.storage_pct = levels;
-        }
-        t
+        thresholds(&self.config)
     }
 }
 
@@ -277,13 +276,7 @@ pub async fn run_draining(
                 .with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
             let bound = listener.local_addr()?;
             tracing::info!("agent metrics on http://{bound}/metrics");
-            let thresholds = {
-                let mut t = kiln_core::degradation::Thresholds::default();
-                if let Some(levels) = config.storage_levels {
-                    t.storage_pct = levels;
-                }
-                t
-            };
+            let thresholds = thresholds(&config);
             Some(tokio::spawn(metrics::serve(
                 listener,
                 metrics.clone(),
@@ -545,6 +538,18 @@ pub(crate) async fn reregister(agent: &Agent, stale_session: &str) {
 }
 
 /// A stage timeout as configured: unset → spec 004's 15 minutes, zero → none.
+/// The degradation levels of `config` (`--storage-levels`, `--memory-levels`).
+fn thresholds(config: &AgentConfig) -> kiln_core::degradation::Thresholds {
+    let mut t = kiln_core::degradation::Thresholds::default();
+    if let Some(levels) = config.storage_levels {
+        t.storage_pct = levels;
+    }
+    if let Some(levels) = config.memory_levels {
+        t.memory_bytes = levels;
+    }
+    t
+}
+
 fn stage_limit(configured: Option<std::time::Duration>) -> Option<std::time::Duration> {
     match configured {
         None => Some(attempt::DEFAULT_STAGE_TIMEOUT),

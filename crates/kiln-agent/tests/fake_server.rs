@@ -675,6 +675,7 @@ impl Harness {
             // The host's disk may be nearly full on a CI machine: claims here
             // do not depend on it (tests/disk covers the level).
             storage_levels: Some(kiln_core::degradation::STORAGE_OFF),
+            memory_levels: None,
             metrics_listen: None,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,

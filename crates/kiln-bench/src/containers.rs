@@ -88,6 +88,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             cache_local_budget: None,
             services_engine: None,
             storage_levels: None,
+            memory_levels: None,
             metrics_listen: None,
             log_rate_limit: None,
             log_buffer: None,

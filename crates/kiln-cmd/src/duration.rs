@@ -19,6 +19,27 @@ pub fn parse_duration_or_off(s: &str) -> Result<std::time::Duration, String> {
     }
 }
 
+/// `--memory-levels`: `off`, or three descending amounts of available
+/// memory below which warning, degraded and critical start
+/// (`2GiB,1GiB,500MiB`).
+pub fn parse_memory_levels(s: &str) -> Result<[u64; 3], String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("off") {
+        return Ok([0; 3]);
+    }
+    let expected = || format!("`{t}`: expected `off` or WARNING,DEGRADED,CRITICAL sizes, e.g. 2GiB,1GiB,500MiB");
+    let parts: Vec<&str> = t.split(',').map(str::trim).collect();
+    let [a, b, c] = parts.as_slice() else { return Err(expected()) };
+    let mut out = [0u64; 3];
+    for (slot, text) in out.iter_mut().zip([a, b, c]) {
+        *slot = parse_bytes(text).map_err(|e| format!("{}: {e}", expected()))?;
+    }
+    if !(out[0] >= out[1] && out[1] >= out[2]) {
+        return Err(format!("`{t}`: the levels must not increase (warning >= degraded >= critical)"));
+    }
+    Ok(out)
+}
+
 /// A byte size: `100MiB`, `16 MiB`, `1GB`, or plain bytes.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     kiln_workflow::parse_bytes(s)
@@ -44,5 +65,21 @@ mod tests {
         assert_eq!(parse_bytes("100MiB"), Ok(100 << 20));
         assert_eq!(parse_bytes("100 MiB"), Ok(100 << 20));
         assert!(parse_bytes("much").is_err());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_levels_are_three_descending_sizes_or_off() {
+        assert_eq!(parse_memory_levels("2GiB,1GiB,500MiB").unwrap(), [2 << 30, 1 << 30, 500 << 20]);
+        assert_eq!(parse_memory_levels(" off ").unwrap(), [0, 0, 0]);
+        assert_eq!(parse_memory_levels("1000,1000,0").unwrap(), [1000, 1000, 0]);
+        for bad in ["", "1GiB,2GiB,3GiB", "1GiB,1GiB", "a,b,c", "1GiB,1GiB,1GiB,1GiB"] {
+            assert!(parse_memory_levels(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_memory_levels("1GiB,2GiB,0").unwrap_err().contains("must not increase"));
     }
 }

@@ -39,6 +39,7 @@ pub fn agent_config(
         cache_local_budget: None,
         services_engine: None,
         storage_levels: None,
+        memory_levels: None,
         metrics_listen: None,
     }
 }

@@ -10,7 +10,7 @@ mod embedded;
 mod failure;
 mod output;
 
-pub use duration::{parse_bytes, parse_duration, parse_duration_or_off};
+pub use duration::{parse_bytes, parse_duration, parse_duration_or_off, parse_memory_levels};
 pub use embedded::{agent_config, default_labels, start_embedded, start_embedded_agents, start_embedded_config};
 pub use failure::{CmdResult, Failure, usage};
 pub use output::write_stdout;

@@ -308,8 +308,8 @@ pub struct ServerTuning {
     pub artifact_expire_in: std::time::Duration,
 }
 
-/// `--storage-levels`, shared by `kiln server` / `kiln up` (whose local
-/// agents use the same) and `kiln agent`.
+/// `--storage-levels` and `--memory-levels`, shared by `kiln server` /
+/// `kiln up` (whose local agents use the same) and `kiln agent`.
 #[derive(Args, Debug)]
 pub struct StorageLevels {
     /// Percent of the disk used (the server's data directory, an agent's workspaces) at which
@@ -323,6 +323,16 @@ pub struct StorageLevels {
         value_name = "W,D,C"
     )]
     pub levels: [f64; 3],
+    /// Available memory (MemAvailable) below which the warning, degraded and critical levels
+    /// start, or `off` (memory never degrades). Levels act as for disk use.
+    #[arg(
+        long = "memory-levels",
+        env = "KILN_MEMORY_LEVELS",
+        default_value = "2GiB,1GiB,500MiB",
+        value_parser = kiln_cmd::parse_memory_levels,
+        value_name = "W,D,C"
+    )]
+    pub memory: [u64; 3],
 }
 
 #[derive(Args, Debug)]

@@ -450,3 +450,33 @@ jobs:
     assert_eq!(done.jobs[0].attempts.len(), 1, "{:?}", done.jobs[0].attempts);
     assert!(c.artifact(&run.run_id, "publish", "out").await.is_err(), "a timed-out attempt binds nothing");
 }
+
+/// `--memory-levels`: with less memory available than the critical level
+/// the server reports `critical` on `/readyz` (naming the memory) and
+/// refuses new runs with 503 + `Retry-After`; levels that increase are
+/// refused at start, and nothing starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_below_the_critical_level_refuses_new_runs() {
+    let levels = "1000TiB,1000TiB,1000TiB";
+    let s = KilnServer::start(BIN.as_ref(), &["--resource-interval", "200ms", "--memory-levels", levels]).unwrap();
+    let repo =
+        TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: a\n    steps: [\"true\"]\n")]).unwrap();
+    s.add_repo("mem", &repo);
+    let (status, body, retry) = readyz(&s.url).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("degradation: critical") && body.contains("MiB of memory available"), "{body}");
+    assert!(retry.is_some(), "Retry-After on /readyz");
+    let c = Client::new(&s.url, &s.token);
+    let e =
+        c.submit_run("mem", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap_err();
+    assert_eq!(e.status(), Some(503), "{e}");
+    let runs = c.list_runs("mem", None, None).await.unwrap();
+    assert!(runs.runs.is_empty(), "nothing was stored: {:?}", runs.runs);
+
+    let out = Command::new(BIN)
+        .args(["server", "--memory-levels", "1GiB,2GiB,3GiB", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must not increase"), "{out:?}");
+}

@@ -29,6 +29,7 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
     cfg.sandbox_dir = a.sandbox_dir.clone();
     apply_agent_tuning(&mut cfg, &a.tuning)?;
     cfg.storage_levels = Some(a.storage.levels);
+    cfg.memory_levels = Some(a.storage.memory);
     cfg.metrics_listen = a.metrics_listen;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let (drain, drain_rx) = tokio::sync::watch::channel(false);

@@ -142,6 +142,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.registries.insecure = t.insecure_registries.clone();
     config.resource_interval = t.resource_interval;
     config.degradation.storage_pct = t.storage.levels;
+    config.degradation.memory_bytes = t.storage.memory;
     config.job_timeout = t.job_timeout;
     config.queue_timeout = t.queue_timeout;
     config.max_job_timeout = t.max_job_timeout;

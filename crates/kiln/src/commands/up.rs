@@ -25,11 +25,12 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
         kiln_api::client::trust_root_pem(&pem).map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?;
     }
     let tuning = &a.agent;
-    let storage_levels = a.server.storage.levels;
+    let (storage_levels, memory_levels) = (a.server.storage.levels, a.server.storage.memory);
     let (handle, stop, tasks) = start_embedded_agents(config, a.agents, |cfg| {
         // Checked on `probe` above: the same flags cannot fail here.
         let _ = apply_agent_tuning(cfg, tuning);
         cfg.storage_levels = Some(storage_levels);
+        cfg.memory_levels = Some(memory_levels);
     })
     .await?;
     let url = handle.url();
