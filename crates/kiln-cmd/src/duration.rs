@@ -66,11 +66,6 @@ mod tests {
         assert_eq!(parse_bytes("100 MiB"), Ok(100 << 20));
         assert!(parse_bytes("much").is_err());
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn memory_levels_are_three_descending_sizes_or_off() {
