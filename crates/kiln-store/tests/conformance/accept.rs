@@ -136,9 +136,12 @@ pub async fn runs_are_filtered_by_event_and_actor_and_paged<S: Store + 'static>(
     let ids = |list: Vec<RunSummaryRecord>| list.into_iter().map(|r| r.id).collect::<Vec<_>>();
     let newest_first: Vec<String> = made.iter().rev().cloned().collect();
     assert_eq!(ids(s.find_runs(&f(None, None, None, 10)).await.unwrap()), newest_first);
-    assert_eq!(ids(s.find_runs(&f(Some("push"), None, None, 10)).await.unwrap()), [&made[4], &made[2], &made[0]]);
-    assert_eq!(ids(s.find_runs(&f(None, Some("bob"), None, 10)).await.unwrap()), [&made[4], &made[3]]);
-    assert_eq!(ids(s.find_runs(&f(Some("manual"), Some("alice"), None, 10)).await.unwrap()), [&made[1]]);
+    assert_eq!(
+        ids(s.find_runs(&f(Some("push"), None, None, 10)).await.unwrap()),
+        [made[4].clone(), made[2].clone(), made[0].clone()]
+    );
+    assert_eq!(ids(s.find_runs(&f(None, Some("bob"), None, 10)).await.unwrap()), [made[4].clone(), made[3].clone()]);
+    assert_eq!(ids(s.find_runs(&f(Some("manual"), Some("alice"), None, 10)).await.unwrap()), [made[1].clone()]);
     // Pages of two: 4 3 | 2 1 | 0, then nothing.
     let mut paged = Vec::new();
     let mut before: Option<String> = None;
@@ -153,7 +156,7 @@ pub async fn runs_are_filtered_by_event_and_actor_and_paged<S: Store + 'static>(
     }
     assert_eq!(paged, newest_first);
     // Paging composes with the filters.
-    assert_eq!(ids(s.find_runs(&f(Some("push"), None, Some(&made[4]), 1)).await.unwrap()), [&made[2]]);
+    assert_eq!(ids(s.find_runs(&f(Some("push"), None, Some(&made[4]), 1)).await.unwrap()), [made[2].clone()]);
 }
 
 fn idem(scope: &str, key: &str, digest: &str) -> Option<Idempotency> {

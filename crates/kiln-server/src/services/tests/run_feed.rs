@@ -34,10 +34,9 @@ async fn the_list_feed_sends_the_list_then_each_change() {
 #[tokio::test]
 async fn the_run_feed_refuses_an_unknown_run_and_a_bad_filter_is_400() {
     let env = Env::new().await;
-    let e =
-        run_feed::follow_run(&env.state, "0190aaaa-0000-7000-8000-000000000000".into()).await.err().expect("refused");
+    let e = run_feed::follow_run(&env.state, "0190aaaa-0000-7000-8000-000000000000".into()).await.expect_err("refused");
     assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
     let bad = ListFilter { status: Some("nope".into()), ..Default::default() };
-    let e = run_feed::follow_list(&env.state, bad).await.err().expect("refused");
+    let e = run_feed::follow_list(&env.state, bad).await.expect_err("refused");
     assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
 }
