@@ -369,11 +369,24 @@ impl Client {
         job: &str,
         last_event_id: Option<&str>,
     ) -> Result<impl Stream<Item = Result<SseEvent, ApiError>> + use<>, ApiError> {
+        self.log_events_with(job, last_event_id, true).await
+    }
+
+    /// [`Client::log_events`]; with `follow` false (`?follow=false`) the
+    /// server ends the stream once it has sent what is written now, even
+    /// while the job still runs (an older server ignores it and follows).
+    pub async fn log_events_with(
+        &self,
+        job: &str,
+        last_event_id: Option<&str>,
+        follow: bool,
+    ) -> Result<impl Stream<Item = Result<SseEvent, ApiError>> + use<>, ApiError> {
         use eventsource_stream::Eventsource;
         let i = self.idx();
+        let query = if follow { "" } else { "?follow=false" };
         let mut req = self
             .http
-            .get(self.url_at(i, &format!("/v1/jobs/{}/logs/events", enc(job))))
+            .get(self.url_at(i, &format!("/v1/jobs/{}/logs/events{query}", enc(job))))
             .bearer_auth(&self.token)
             .header("Accept", "text/event-stream");
         if let Some(id) = last_event_id {

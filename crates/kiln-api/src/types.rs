@@ -227,6 +227,10 @@ pub struct SubmitRunResponse {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunList {
     pub runs: Vec<RunSummary>,
+    /// A full page was returned: pass this as `before` for the next
+    /// (older) page. Absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -277,7 +281,24 @@ pub struct Run {
     /// The commit on the forge's web UI, when the repository is connected to one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_url: Option<String>,
+    /// The commit's message and author, read from the server's mirror of
+    /// the repository (absent when the mirror does not have it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<CommitInfo>,
     pub jobs: Vec<Job>,
+}
+
+/// What the repository says about a run's commit.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// The full message (subject, blank line, body).
+    pub message: String,
+    pub author_name: String,
+    #[serde(default)]
+    pub author_email: String,
+    /// Author date, milliseconds since the epoch.
+    #[serde(default)]
+    pub authored_at_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

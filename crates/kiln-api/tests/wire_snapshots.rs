@@ -27,6 +27,7 @@ fn run() -> Run {
         trust: "trusted".into(),
         actor: Some("dev".into()),
         commit_url: None,
+        commit: None,
         workflow_path: DEFAULT_WORKFLOW_PATH.into(),
         workflow_hash: "sha256:0c5e".into(),
         inputs: BTreeMap::from([("target".to_string(), "release".to_string())]),
@@ -166,6 +167,7 @@ fn run_summary_list() {
                 finished_at_ms: Some(1_764_590_060_000),
             },
         ],
+        next_before: None,
     };
     insta::assert_json_snapshot!("run_list", list);
 }

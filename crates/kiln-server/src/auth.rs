@@ -185,6 +185,7 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         "/v1/repos/{repo}/workflow-runs",
         "/v1/repos/{repo}/workflow-inputs",
         "/v1/workflow-runs/{run}",
+        "/v1/workflow-runs/{run}/events",
         "/v1/jobs/{job}/logs/events",
         "/v1/workflow-runs/{run}/artifacts/{job}/{name}",
     ];
@@ -374,6 +375,10 @@ mod tests {
             (&Scope::Read, &get, "/v1/repos/{repo}/workflow-inputs", Allow),
             (&trigger, &get, "/v1/workflow-runs/{run}", IfOwnRepo),
             (&trigger, &get, "/v1/jobs/{job}/logs/events", IfOwnRepo),
+            (&trigger, &get, "/v1/workflow-runs/{run}/events", IfOwnRepo),
+            (&trigger, &get, "/v1/workflow-runs/events", Deny),
+            (&Scope::Read, &get, "/v1/workflow-runs/events", Allow),
+            (&Scope::Read, &get, "/v1/workflow-runs/{run}/events", Allow),
             (&trigger, &get, "/v1/repos", Deny),
             (&trigger, &post, "/v1/workflow-runs/{run}/retry", Deny),
             (&trigger, &post, "/v1/workflow-runs/{run}/cancel", Deny),

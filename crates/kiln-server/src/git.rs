@@ -28,6 +28,8 @@ pub struct Mirrors {
     /// and (repo, sha, path) → bytes, so resubmitting a commit runs no git.
     known: Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
     files: Arc<std::sync::Mutex<HashMap<FileKey, Arc<Vec<u8>>>>>,
+    /// (repo, sha) → what the commit says (it never changes either).
+    commits: Arc<std::sync::Mutex<HashMap<(String, String), kiln_api::CommitInfo>>>,
 }
 
 const FILE_CACHE_ENTRIES: usize = 512;
@@ -112,7 +114,13 @@ async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError
 
 impl Mirrors {
     pub fn new(root: PathBuf) -> Self {
-        Mirrors { root, locks: Default::default(), known: Default::default(), files: Default::default() }
+        Mirrors {
+            root,
+            locks: Default::default(),
+            known: Default::default(),
+            files: Default::default(),
+            commits: Default::default(),
+        }
     }
 
     fn dir(&self, repo_id: &str) -> PathBuf {
@@ -345,6 +353,43 @@ impl Mirrors {
         }
         files.insert(key, Arc::new(bytes.clone()));
         Ok(bytes)
+    }
+
+    /// The message and author of commit `sha` in the mirror (the web UI's
+    /// run page). Cached: a commit's metadata never changes.
+    pub async fn commit_info(&self, repo_id: &str, sha: &str) -> Result<kiln_api::CommitInfo, GitError> {
+        if !is_full_sha(sha) {
+            return Err(GitError::UnknownRevision(sha.to_string()));
+        }
+        let key = (repo_id.to_string(), sha.to_string());
+        if let Some(c) = self.commits.lock().expect("cache").get(&key) {
+            return Ok(c.clone());
+        }
+        // NUL-separated: names and messages may hold any other character.
+        let out = git_within(
+            &self.dir(repo_id),
+            &["show", "-s", "--format=%an%x00%ae%x00%at%x00%B", sha, "--"],
+            Duration::from_secs(5),
+        )
+        .await?;
+        if !out.status.success() {
+            return Err(GitError::UnknownRevision(sha.to_string()));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut parts = text.splitn(4, '\0');
+        let (name, email, at, message) = (parts.next(), parts.next(), parts.next(), parts.next());
+        let info = kiln_api::CommitInfo {
+            author_name: name.unwrap_or_default().to_string(),
+            author_email: email.unwrap_or_default().to_string(),
+            authored_at_ms: at.and_then(|t| t.trim().parse::<i64>().ok()).map(|s| s * 1000),
+            message: message.unwrap_or_default().trim_end().to_string(),
+        };
+        let mut commits = self.commits.lock().expect("cache");
+        if commits.len() >= FILE_CACHE_ENTRIES {
+            commits.clear();
+        }
+        commits.insert(key, info.clone());
+        Ok(info)
     }
 
     async fn read_file_uncached(

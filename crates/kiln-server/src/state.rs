@@ -47,7 +47,8 @@ pub(crate) struct AppState {
     /// The server is shutting down: connections it closes itself say
     /// nothing about the agents at their other end.
     pub stopping: Arc<std::sync::atomic::AtomicBool>,
-    /// Job ids whose logs or status changed (SSE followers listen).
+    /// Job ids whose logs or status changed, and ids of runs just accepted
+    /// (SSE followers listen: a job's log feed for its id, run feeds for any).
     pub job_events: broadcast::Sender<String>,
     /// Cancellation notices for agent session streams.
     pub cancel_events: broadcast::Sender<CancelEvent>,
@@ -140,7 +141,8 @@ impl AppState {
         })
     }
 
-    /// Wake SSE followers of `job` (its log or status changed).
+    /// Wake SSE followers of `job` (its log or status changed), or of the
+    /// run lists (a run id: the run was just accepted).
     pub fn job_changed(&self, job: &str) {
         let _ = self.job_events.send(job.to_string());
     }

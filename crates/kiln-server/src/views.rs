@@ -23,6 +23,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
         finished_at_ms: r.finished_at,
         message: r.message.clone(),
         commit_url: None,
+        commit: None,
         jobs: v
             .jobs
             .iter()

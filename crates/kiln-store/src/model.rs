@@ -206,6 +206,13 @@ pub struct RunFilter {
     pub status: Option<String>,
     /// A branch name: runs whose ref is `BRANCH` or `refs/heads/BRANCH`.
     pub branch: Option<String>,
+    /// The trigger: `push`, `pull_request`, `manual`, `schedule`, ….
+    pub event: Option<String>,
+    /// Who caused the run, exactly as recorded.
+    pub actor: Option<String>,
+    /// Keyset pagination: only runs older than this run (by creation time,
+    /// then id), so pages do not shift while new runs arrive.
+    pub before: Option<String>,
     pub limit: u32,
 }
 

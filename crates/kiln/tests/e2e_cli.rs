@@ -112,6 +112,44 @@ fn logs_of_an_unknown_job_and_result_codes() {
     assert_eq!(v["status"], "failed");
 }
 
+/// `kiln logs RUN JOB` without `--follow` on a job that prints without
+/// pause prints what is there now and exits 0 (it used to wait for a quiet
+/// spell that never came); `--follow` is what keeps reading.
+#[test]
+fn logs_without_follow_return_while_the_job_keeps_printing() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = repo_with(
+        "  - name: chatty\n    steps:\n      - i=0; while true; do i=$((i+1)); echo line $i; sleep 0.01; done\n",
+    );
+    add_repo(&up, "chatty", &repo);
+    let run = start_run(&up, "chatty");
+    // Wait until it has printed something.
+    let mut seen = false;
+    for _ in 0..600 {
+        if stdout(&kiln(&up, &["logs", &run, "chatty"])).contains("line 5") {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(seen, "the job's lines show");
+    let started = std::time::Instant::now();
+    let mut child =
+        up.cli().args(["logs", &run, "chatty"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let status = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || child.try_wait().unwrap());
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("`kiln logs RUN JOB` did not return while the job kept printing");
+    };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", stderr(&out));
+    let printed = stdout(&out);
+    assert!(printed.starts_with("── chatty ──\n") && printed.contains("line 1\n"), "{printed}");
+    eprintln!("returned after {:?} with {} lines", started.elapsed(), printed.lines().count());
+    let out = kiln(&up, &["cancel", &run]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// `KILN_SERVER=localhost:7070 kiln …`: the message says what to write.
 #[test]
 fn a_server_url_without_a_scheme_says_so() {

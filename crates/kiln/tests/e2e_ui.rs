@@ -52,15 +52,19 @@ fn have_browser() -> bool {
 /// A headless Chromium session through chromedriver; downloads go to
 /// `downloads` when given.
 async fn browser(downloads: Option<&std::path::Path>) -> (Driver, fantoccini::Client) {
+    browser_in(downloads, None).await
+}
+
+/// [`browser`] with Chromium in the time zone `tz` (its `TZ`), so that
+/// local-time rendering is checked against a zone that is not UTC.
+async fn browser_in(downloads: Option<&std::path::Path>, tz: Option<&str>) -> (Driver, fantoccini::Client) {
     let port = free_port();
-    let driver = Driver(
-        Command::new(CHROMEDRIVER)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut cmd = Command::new(CHROMEDRIVER);
+    cmd.arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null());
+    if let Some(tz) = tz {
+        cmd.env("TZ", tz);
+    }
+    let driver = Driver(cmd.spawn().unwrap());
     let mut opts = serde_json::json!({
         "binary": CHROMIUM,
         "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
@@ -400,5 +404,586 @@ jobs:
     assert_eq!(run.status, "success");
     let inputs: Vec<(&str, &str)> = run.inputs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     assert_eq!(inputs, [("count", "5"), ("dry-run", "false"), ("target", "production")], "the frozen inputs");
+    c.close().await.unwrap();
+}
+
+// ---------- issue 17: the web UI's pages ----------
+
+/// Runs `js` (a function body that returns a value) until it returns
+/// `want`; the last value it returned otherwise.
+async fn wait_js(c: &fantoccini::Client, js: &str, want: serde_json::Value) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    for _ in 0..300 {
+        match c.execute(js, vec![]).await {
+            Ok(v) if v == want => return v,
+            Ok(v) => last = v,
+            Err(e) => last = serde_json::Value::String(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    last
+}
+
+/// The current URL's fragment once it starts with `prefix`.
+async fn wait_fragment(c: &fantoccini::Client, prefix: &str) -> String {
+    for _ in 0..300 {
+        let url = c.current_url().await.unwrap();
+        if let Some(f) = url.fragment()
+            && f.starts_with(prefix)
+        {
+            return f.to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the URL never reached #{prefix}: {}", c.current_url().await.unwrap());
+}
+
+/// Rows of the first `table.cards` body (a `td[colspan]` notice is no row).
+const ROWS: &str = "return [...document.querySelectorAll('table.cards tbody tr')].filter(r => !r.querySelector('td[colspan]')).length;";
+
+async fn wait_run_done(api: &Client, run: &str) -> kiln_api::Run {
+    kiln_testkit::wait_run(api, run, 120).await
+}
+
+/// The agents page lists every registered agent with its labels, capacity,
+/// what it runs, when it was last seen and its version; it survives a reload.
+/// The repositories page adds a repository; its page sets and deletes a
+/// secret, whose value never reaches the page (the API gives names only).
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_repos_and_secrets_pages_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let api = Client::new(&up.url, &up.token);
+    let agents = {
+        let mut found = Vec::new();
+        for _ in 0..300 {
+            found = api.list_agents().await.unwrap();
+            if found.len() == 2 && found.iter().all(|a| a.connected) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        found
+    };
+    assert_eq!(agents.len(), 2, "{agents:?}");
+    let (_driver, c) = browser(None).await;
+    let wait = || c.wait().at_most(Duration::from_secs(30)).every(Duration::from_millis(100));
+    sign_in(&c, &up.url, &up.token).await;
+
+    // Agents: from the nav link, then as a deep link after a reload.
+    c.find(Locator::Css("header nav a[href='#/agents']")).await.unwrap().click().await.unwrap();
+    for pass in ["clicked", "reloaded"] {
+        for a in &agents {
+            let row = format!("table.agents tr[data-agent='{}']", a.name);
+            assert!(wait_text(&c, &row, &a.name).await, "{pass}: agent {} listed", a.name);
+            let text = c.find(Locator::Css(&row)).await.unwrap().text().await.unwrap();
+            assert!(text.contains(&format!("{} / {}", a.running_jobs, a.max_jobs)), "{pass}: capacity in {text:?}");
+            for (k, v) in &a.labels {
+                assert!(text.contains(&format!("{k}={v}")), "{pass}: label {k}={v} in {text:?}");
+            }
+            if let Some(v) = &a.version {
+                assert!(text.contains(v.as_str()), "{pass}: version in {text:?}");
+            }
+            assert!(text.contains("idle") && text.contains("ago"), "{pass}: state and last seen in {text:?}");
+        }
+        assert!(wait_text(&c, "main", "2 agents · 2 connected").await);
+        shot("agents", &c.screenshot().await.unwrap());
+        c.refresh().await.unwrap();
+        assert_eq!(wait_fragment(&c, "/agents").await, "/agents");
+    }
+
+    // Repositories: add one with the form; its page opens.
+    let repo =
+        TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: a\n    steps: [echo]\n")]).unwrap();
+    c.goto(&format!("{}/#/repos", up.url)).await.unwrap();
+    let form = wait().for_element(Locator::Css("form.add-repo")).await.unwrap();
+    form.find(Locator::Css("input[name=name]")).await.unwrap().send_keys("fromui").await.unwrap();
+    form.find(Locator::Css("input[name=clone_url]"))
+        .await
+        .unwrap()
+        .send_keys(&repo.path().display().to_string())
+        .await
+        .unwrap();
+    form.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
+    assert_eq!(wait_fragment(&c, "/repos/").await, "/repos/fromui");
+    assert_eq!(api.get_repo("fromui").await.unwrap().clone_url, repo.path().display().to_string());
+    assert!(wait_text(&c, "dl.meta", &repo.path().display().to_string()).await);
+    c.goto(&format!("{}/#/repos", up.url)).await.unwrap();
+    assert!(wait_text(&c, "table.repos", "fromui").await, "listed");
+
+    // A secret: set with the form, listed by name; its value is nowhere on
+    // the page and the API returns names only.
+    const VALUE: &str = "s3cr3t-value-9f1c";
+    c.goto(&format!("{}/#/repos/fromui", up.url)).await.unwrap();
+    let form = wait().for_element(Locator::Css("form.put-secret")).await.unwrap();
+    form.find(Locator::Css("input[name=secret-name]")).await.unwrap().send_keys("DEPLOY_KEY").await.unwrap();
+    let value = form.find(Locator::Css("input[name=secret-value]")).await.unwrap();
+    assert_eq!(value.attr("type").await.unwrap().as_deref(), Some("password"));
+    value.send_keys(VALUE).await.unwrap();
+    form.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
+    assert!(wait_text(&c, "table.secrets", "DEPLOY_KEY").await, "the secret is listed");
+    let secrets = api.list_secrets("fromui").await.unwrap();
+    assert_eq!(secrets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["DEPLOY_KEY"]);
+    let page = c
+        .execute(
+            "return document.documentElement.outerHTML + [...document.querySelectorAll('input')].map(i => i.value).join(' ');",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(!page.to_string().contains(VALUE), "the secret's value is on the page");
+    let raw = c
+        .execute("return fetch('/v1/repos/fromui/secrets', {credentials: 'same-origin'}).then(r => r.text());", vec![])
+        .await
+        .unwrap();
+    assert!(raw.to_string().contains("DEPLOY_KEY") && !raw.to_string().contains(VALUE), "{raw}");
+    shot("repo-secrets", &c.screenshot().await.unwrap());
+    // The page is a deep link too.
+    c.refresh().await.unwrap();
+    assert!(wait_text(&c, "table.secrets", "DEPLOY_KEY").await, "listed after a reload");
+    // Delete it (confirming).
+    wait()
+        .for_element(Locator::Css("button[aria-label='Delete secret DEPLOY_KEY']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.accept_alert().await.unwrap();
+    assert!(wait_text(&c, "table.secrets", "No secrets.").await);
+    assert!(api.list_secrets("fromui").await.unwrap().is_empty());
+    c.close().await.unwrap();
+}
+
+/// The run page shows the commit's message and author; a job's log has a
+/// section per step with its outcome and duration that collapses; "Retry
+/// failed jobs" starts a run where only the failed job runs again; run
+/// pages follow the run over SSE.
+#[tokio::test(flavor = "multi_thread")]
+async fn commit_steps_and_retry_failed_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    // Steps run as another user (uid 65534 under root): a dir they may read.
+    let marker = kiln_testkit::step_writable_tempdir().unwrap();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: build
+    needs: []
+    steps:
+      - name: compile
+        run: echo compiling
+  - name: flaky
+    needs: []
+    steps:
+      - name: prepare
+        run: echo preparing
+      - name: check
+        run: test -e {m}/ok || {{ echo not yet; exit 3; }}
+      - name: after
+        run: echo never
+"#,
+        m = marker.path().display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let sha = repo.commit(&[("NOTES", "x\n")], "Add the flaky check\n\nIt fails until the marker exists.").unwrap();
+    assert!(up.cli().args(["repo", "add", "steps", "--url"]).arg(repo.path()).status().unwrap().success());
+    let api = Client::new(&up.url, &up.token);
+    let run =
+        api.submit_run("steps", &SubmitRun { commit_sha: sha.clone(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run_done(&api, &run.run_id).await;
+    assert_eq!(done.status, "failed");
+    let flaky = done.jobs.iter().find(|j| j.name == "flaky").unwrap();
+    let (_driver, c) = browser(None).await;
+    sign_in(&c, &up.url, &up.token).await;
+
+    // Commit message (subject and body), author and the full SHA.
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    assert!(wait_text(&c, "dl.meta", "Add the flaky check").await);
+    let meta = c.find(Locator::Css("dl.meta")).await.unwrap().text().await.unwrap();
+    assert!(meta.contains("It fails until the marker exists."), "{meta}");
+    assert!(meta.contains("kiln-test") && meta.contains("test@kiln.invalid"), "{meta}");
+    assert!(meta.contains(&sha), "{meta}");
+
+    // Step sections of the failed job: outcomes and durations as recorded.
+    c.goto(&format!("{}/#/runs/{}/jobs/{}", up.url, run.run_id, flaky.id)).await.unwrap();
+    let outcomes = "return [...document.querySelectorAll('.log section.step .step-head .badge')].map(b => b.textContent).join(',');";
+    assert_eq!(wait_js(&c, outcomes, "success,failure,skipped".into()).await, "success,failure,skipped");
+    let names = c
+        .execute("return [...document.querySelectorAll('.log section.step .nm')].map(b => b.textContent);", vec![])
+        .await
+        .unwrap();
+    assert_eq!(names, serde_json::json!(["1/3 · prepare", "2/3 · check", "3/3 · after"]));
+    let durs = c
+        .execute("return [...document.querySelectorAll('.log section.step .dur')].map(b => b.textContent);", vec![])
+        .await
+        .unwrap();
+    let durs: Vec<String> = serde_json::from_value(durs).unwrap();
+    assert!(durs[0].ends_with('s') && durs[1].ends_with('s') && durs[2].is_empty(), "durations {durs:?}");
+    // A step's lines are inside its section; its header collapses them.
+    assert!(wait_text(&c, ".log section.step[data-step='2']", "not yet").await);
+    let head = c.find(Locator::Css(".log section.step[data-step='1'] .step-head")).await.unwrap();
+    assert_eq!(head.attr("aria-expanded").await.unwrap().as_deref(), Some("true"));
+    head.click().await.unwrap();
+    assert_eq!(head.attr("aria-expanded").await.unwrap().as_deref(), Some("false"));
+    let log = c.find(Locator::Css(".log")).await.unwrap().text().await.unwrap();
+    assert!(!log.contains("preparing") && log.contains("not yet"), "step 1 collapsed: {log}");
+    shot("steps-collapsed", &c.screenshot().await.unwrap());
+    head.click().await.unwrap();
+    assert!(wait_text(&c, ".log", "preparing").await, "expanded again");
+
+    // Retry failed jobs: the new run re-runs only `flaky`; `build` is kept.
+    std::fs::write(marker.path().join("ok"), "").unwrap();
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    let btn = c
+        .wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("button.retry-failed:not([disabled])"))
+        .await
+        .unwrap();
+    btn.click().await.unwrap();
+    let mut new_id = String::new();
+    for _ in 0..300 {
+        let url = c.current_url().await.unwrap();
+        let id = url.fragment().unwrap_or_default().trim_start_matches("/runs/").to_string();
+        if id != run.run_id && !id.contains('/') && !id.is_empty() {
+            new_id = id;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_ne!(new_id, run.run_id, "the button leads to the new run");
+    let retried = wait_run_done(&api, &new_id).await;
+    assert_eq!(retried.status, "success");
+    assert_eq!(retried.parent_run_id.as_deref(), Some(run.run_id.as_str()));
+    let build = retried.jobs.iter().find(|j| j.name == "build").unwrap();
+    assert!(build.attempts.is_empty(), "build was pinned, not run again: {build:?}");
+    let flaky2 = retried.jobs.iter().find(|j| j.name == "flaky").unwrap();
+    assert_eq!(flaky2.attempts.len(), 1);
+    // The open page followed the run to its end over SSE.
+    assert!(wait_text(&c, "main h1 + .badge", "success").await, "the run page shows success");
+    let disabled = c.execute("return document.querySelector('button.retry-failed').disabled;", vec![]).await.unwrap();
+    assert_eq!(disabled, serde_json::json!(true), "nothing failed: nothing to retry");
+    shot("retried", &c.screenshot().await.unwrap());
+    c.close().await.unwrap();
+}
+
+/// The runs list filters by repository, status, event, branch and actor,
+/// and pages, on the server (the query lives in the URL's hash, so a
+/// filtered list survives a reload); new runs arrive over SSE, with no
+/// request repeated while the page is open.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_list_filters_pages_and_live_updates_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let wf = "version: 1\njobs:\n  - name: a\n    steps: [echo hi]\n";
+    let (ra, rb) = (
+        TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap(),
+        TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap(),
+    );
+    assert!(up.cli().args(["repo", "add", "alpha", "--url"]).arg(ra.path()).status().unwrap().success());
+    assert!(up.cli().args(["repo", "add", "beta", "--url"]).arg(rb.path()).status().unwrap().success());
+    let api = Client::new(&up.url, &up.token);
+    let submit = |c: Client, repo: &'static str, event: Option<&'static str>| async move {
+        let req = SubmitRun { commit_sha: "main".into(), event: event.map(Into::into), ..Default::default() };
+        c.submit_run(repo, &req, None).await.unwrap().run_id
+    };
+    let mut alpha = Vec::new();
+    for _ in 0..3 {
+        alpha.push(submit(api.clone(), "alpha", None).await);
+    }
+    let beta = submit(api.clone(), "beta", Some("push")).await;
+    let bot = api
+        .create_token(&kiln_api::CreateToken {
+            name: "ci-bot".into(),
+            scope: "trigger".into(),
+            repo: Some("alpha".into()),
+            trusted: None,
+        })
+        .await
+        .unwrap();
+    let by_bot = submit(Client::new(&up.url, &bot.token), "alpha", None).await;
+    alpha.push(by_bot.clone());
+    for r in alpha.iter().chain([&beta]) {
+        wait_run_done(&api, r).await;
+    }
+    let (_driver, c) = browser(None).await;
+    sign_in(&c, &up.url, &up.token).await;
+    let ids = "return [...document.querySelectorAll('table.cards tbody tr a.mono')].map(a => a.getAttribute('href').slice(7));";
+
+    // By repository, as a deep link; the filter survives a reload.
+    c.goto(&format!("{}/#/?repo=beta", up.url)).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(wait_js(&c, ids, serde_json::json!([beta])).await, serde_json::json!([beta]));
+        let sel = c.execute("return document.querySelector('select[name=f-repo]').value;", vec![]).await.unwrap();
+        assert_eq!(sel, "beta");
+        c.refresh().await.unwrap();
+    }
+    // By event, chosen in the form: the hash follows.
+    c.goto(&format!("{}/#/", up.url)).await.unwrap();
+    assert_eq!(wait_js(&c, ROWS, 5.into()).await, 5);
+    c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("select[name=f-event] option[value=push]"))
+        .await
+        .unwrap();
+    c.find(Locator::Css("select[name=f-event]")).await.unwrap().select_by_value("push").await.unwrap();
+    assert_eq!(wait_fragment(&c, "/?").await, "/?event=push");
+    assert_eq!(wait_js(&c, ids, serde_json::json!([beta])).await, serde_json::json!([beta]));
+    // By actor (typed, then Filter), by status, by branch.
+    c.goto(&format!("{}/#/", up.url)).await.unwrap();
+    let actor =
+        c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("input[name=f-actor]")).await.unwrap();
+    // (A token's runs are recorded as `token:ID`.)
+    let bot_actor = api.get_run(&by_bot).await.unwrap().actor.unwrap();
+    assert_ne!(bot_actor, api.get_run(&beta).await.unwrap().actor.unwrap());
+    actor.send_keys(&bot_actor).await.unwrap();
+    c.find(Locator::Css("form.filters button[type=submit]")).await.unwrap().click().await.unwrap();
+    assert!(wait_fragment(&c, "/?actor=").await.starts_with("/?actor=token"));
+    assert_eq!(wait_js(&c, ids, serde_json::json!([by_bot])).await, serde_json::json!([by_bot]));
+    c.goto(&format!("{}/#/?status=failed", up.url)).await.unwrap();
+    assert!(wait_text(&c, "table.cards", "No runs match.").await);
+    c.goto(&format!("{}/#/?branch=main&repo=alpha", up.url)).await.unwrap();
+    assert_eq!(wait_js(&c, ROWS, 4.into()).await, 4);
+    c.goto(&format!("{}/#/?branch=nope", up.url)).await.unwrap();
+    assert!(wait_text(&c, "table.cards", "No runs match.").await);
+
+    // Pages of two (newest first): the server's cursor, no run twice.
+    c.goto(&format!("{}/#/?repo=alpha&limit=2", up.url)).await.unwrap();
+    let newest_first: Vec<String> = alpha.iter().rev().cloned().collect();
+    assert_eq!(wait_js(&c, ids, serde_json::json!(newest_first[..2])).await, serde_json::json!(newest_first[..2]));
+    c.find(Locator::Css("button.older")).await.unwrap().click().await.unwrap();
+    assert!(wait_fragment(&c, "/?repo=alpha&before=").await.ends_with("&limit=2"));
+    assert_eq!(wait_js(&c, ids, serde_json::json!(newest_first[2..])).await, serde_json::json!(newest_first[2..]));
+    c.refresh().await.unwrap();
+    assert_eq!(wait_js(&c, ids, serde_json::json!(newest_first[2..])).await, serde_json::json!(newest_first[2..]));
+    c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("a.newest"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(wait_js(&c, ids, serde_json::json!(newest_first[..2])).await, serde_json::json!(newest_first[..2]));
+
+    // Live: a new run shows up without a reload, and the page repeats no
+    // request (one event stream, no polling).
+    c.goto(&format!("{}/#/", up.url)).await.unwrap();
+    assert_eq!(wait_js(&c, ROWS, 5.into()).await, 5);
+    let requests =
+        "return performance.getEntriesByType('resource').filter(e => e.name.includes('/workflow-runs')).length;";
+    let before = c.execute(requests, vec![]).await.unwrap();
+    let fresh = submit(api.clone(), "beta", None).await;
+    let row = format!("return !!document.querySelector(\"a[href='#/runs/{fresh}']\");");
+    assert_eq!(wait_js(&c, &row, true.into()).await, true, "the new run arrived");
+    wait_run_done(&api, &fresh).await;
+    let finished = format!(
+        "return document.querySelector(\"a[href='#/runs/{fresh}']\").closest('tr').textContent.includes('success');"
+    );
+    assert_eq!(wait_js(&c, &finished, true.into()).await, true, "its status followed");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = c.execute(requests, vec![]).await.unwrap();
+    assert_eq!(before, after, "no request repeated while the list was open");
+    shot("runs-filtered", &c.screenshot().await.unwrap());
+    c.close().await.unwrap();
+}
+
+/// The theme toggle switches light and dark and is remembered across
+/// reloads; timestamps are in the viewer's time zone (Chromium runs in
+/// Asia/Kolkata here); deep links to a log line, the agents page and a
+/// repository survive a reload; an unknown page says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn theme_local_time_and_deep_links_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let wf = "version: 1\njobs:\n  - name: lines\n    steps: [\"printf 'one\\\\ntwo\\\\nthree\\\\n'\"]\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    assert!(up.cli().args(["repo", "add", "deep", "--url"]).arg(repo.path()).status().unwrap().success());
+    let api = Client::new(&up.url, &up.token);
+    let run =
+        api.submit_run("deep", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run_done(&api, &run.run_id).await;
+    assert_eq!(done.status, "success");
+    let (_driver, c) = browser_in(None, Some("Asia/Kolkata")).await;
+    sign_in(&c, &up.url, &up.token).await;
+
+    // Theme: the toggle flips it, the choice is kept.
+    let theme =
+        "return [document.documentElement.dataset.theme || '', getComputedStyle(document.body).backgroundColor];";
+    let start = c.execute(theme, vec![]).await.unwrap();
+    assert_eq!(start, serde_json::json!(["", "rgb(255, 255, 255)"]), "headless Chromium prefers light");
+    c.find(Locator::Css("#theme")).await.unwrap().click().await.unwrap();
+    assert_eq!(c.execute(theme, vec![]).await.unwrap(), serde_json::json!(["dark", "rgb(15, 19, 24)"]));
+    let label = c.find(Locator::Css("#theme")).await.unwrap().attr("aria-label").await.unwrap();
+    assert_eq!(label.as_deref(), Some("Switch to light theme"));
+    c.refresh().await.unwrap();
+    c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#signout:not([hidden])")).await.unwrap();
+    assert_eq!(c.execute(theme, vec![]).await.unwrap(), serde_json::json!(["dark", "rgb(15, 19, 24)"]), "kept");
+    shot("dark", &c.screenshot().await.unwrap());
+    c.find(Locator::Css("#theme")).await.unwrap().click().await.unwrap();
+    assert_eq!(c.execute(theme, vec![]).await.unwrap(), serde_json::json!(["light", "rgb(255, 255, 255)"]));
+    c.refresh().await.unwrap();
+    c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#signout:not([hidden])")).await.unwrap();
+    assert_eq!(c.execute(theme, vec![]).await.unwrap(), serde_json::json!(["light", "rgb(255, 255, 255)"]));
+
+    // Local time: the run's creation in the browser's zone, named.
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    assert!(wait_text(&c, "dd.created", "GMT+5:30").await, "the zone is named");
+    let shown = c
+        .execute(
+            "const t = document.querySelector('dd.created time');
+             const f = new Intl.DateTimeFormat(undefined, { year: 'numeric', month: 'short', day: 'numeric',
+               hour: '2-digit', minute: '2-digit', second: '2-digit', timeZoneName: 'short', timeZone: 'Asia/Kolkata' });
+             return [Intl.DateTimeFormat().resolvedOptions().timeZone, new Date(t.dateTime).getTime(),
+                     t.textContent === f.format(new Date(t.dateTime))];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    // `datetime` keeps the exact instant; whole milliseconds of the API's value.
+    // (ICU may name the zone by its older alias.)
+    assert!(["Asia/Kolkata", "Asia/Calcutta"].contains(&shown[0].as_str().unwrap_or_default()), "{shown}");
+    assert_eq!((&shown[1], &shown[2]), (&serde_json::json!(done.created_at_ms), &serde_json::json!(true)), "{shown}");
+
+    // Deep links: a log line, highlighted again after a reload.
+    let job = &done.jobs[0].id;
+    c.goto(&format!("{}/#/runs/{}/jobs/{}?line=3", up.url, run.run_id, job)).await.unwrap();
+    for _ in 0..2 {
+        let hl = "const l = document.querySelectorAll('.ln.hl'); return l.length === 1 ? l[0].id : l.length;";
+        assert_eq!(wait_js(&c, hl, "L3".into()).await, "L3", "line 3 highlighted");
+        c.refresh().await.unwrap();
+    }
+    // Pages by their hash, after a reload.
+    for (hash, h1) in [("/agents", "Agents"), ("/repos", "Repositories"), ("/repos/deep", "deep")] {
+        c.goto(&format!("{}/#{hash}", up.url)).await.unwrap();
+        c.refresh().await.unwrap();
+        assert!(wait_text(&c, "main h1", h1).await, "#{hash} after a reload");
+    }
+    c.goto(&format!("{}/#/no/such/page", up.url)).await.unwrap();
+    assert!(wait_text(&c, "main h1", "Not found").await);
+    c.close().await.unwrap();
+}
+
+const AXE: &str = include_str!("fixtures/axe/axe.min.js");
+
+/// axe-core's serious and critical violations on the current page.
+async fn axe_violations(c: &fantoccini::Client) -> Vec<String> {
+    let have = c.execute("return typeof window.axe;", vec![]).await.unwrap();
+    if have != "object" {
+        c.execute(AXE, vec![]).await.unwrap();
+        let have = c.execute("return typeof window.axe;", vec![]).await.unwrap();
+        assert_eq!(have, "object", "axe-core loaded");
+    }
+    let v = c
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             axe.run(document, { resultTypes: ['violations'] }).then(r => done(r.violations
+               .filter(v => v.impact === 'serious' || v.impact === 'critical')
+               .map(v => v.id + ' (' + v.impact + '): ' + v.help + ' — ' + v.nodes.slice(0, 4)
+                 .map(n => n.target.join(' ') + ': ' + (n.failureSummary || '').replace(/\\s+/g, ' ')).join(' | '))),
+               e => done(['axe failed: ' + e]));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
+/// Horizontal overflow of the current page: (innerWidth, scrollWidth).
+async fn widths(c: &fantoccini::Client) -> (i64, i64) {
+    let v = c.execute("return [innerWidth, document.documentElement.scrollWidth];", vec![]).await.unwrap();
+    (v[0].as_i64().unwrap(), v[1].as_i64().unwrap())
+}
+
+/// Every page passes axe-core with no serious or critical violation, in
+/// the light and the dark theme, and fits a 375 px wide screen.
+#[tokio::test(flavor = "multi_thread")]
+async fn accessibility_and_narrow_screen_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let wf = "version: 1\njobs:\n  - name: works\n    needs: []\n    steps:\n      - name: hello\n        run: echo hello world\n  - name: breaks\n    needs: []\n    steps:\n      - name: fail\n        run: \"echo a-rather-long-line-without-any-space-that-must-scroll-inside-the-log-box-and-not-widen-the-page-0123456789; exit 1\"\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    assert!(
+        up.cli()
+            .args(["repo", "add", "a11y-repository-with-a-long-name", "--url"])
+            .arg(repo.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    let api = Client::new(&up.url, &up.token);
+    api.put_secret("a11y-repository-with-a-long-name", "API_TOKEN", "x").await.unwrap();
+    let run = api
+        .submit_run(
+            "a11y-repository-with-a-long-name",
+            &SubmitRun { commit_sha: "main".into(), ..Default::default() },
+            None,
+        )
+        .await
+        .unwrap();
+    let done = wait_run_done(&api, &run.run_id).await;
+    assert_eq!(done.status, "failed");
+    let breaks = done.jobs.iter().find(|j| j.name == "breaks").unwrap().id.clone();
+    let (_driver, c) = browser(None).await;
+    let pages: Vec<(&str, String, &str)> = vec![
+        ("runs", "/".into(), "table.cards tbody a.mono"),
+        ("run", format!("/runs/{}", run.run_id), "button.retry-failed"),
+        ("log", format!("/runs/{}/jobs/{breaks}", run.run_id), ".log section.step"),
+        ("agents", "/agents".into(), "table.agents tbody tr[data-agent]"),
+        ("repos", "/repos".into(), "table.repos tbody a"),
+        ("repo", "/repos/a11y-repository-with-a-long-name".into(), "table.secrets tr[data-secret]"),
+    ];
+    let mut problems = Vec::new();
+
+    // The sign-in page first.
+    c.goto(&format!("{}/", up.url)).await.unwrap();
+    c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("form.signin")).await.unwrap();
+    problems.extend(axe_violations(&c).await.into_iter().map(|v| format!("sign-in: {v}")));
+    // The audit itself works: an image without a text alternative is found.
+    c.execute(
+        "const i = document.createElement('img'); i.id = 'planted'; i.src = 'data:,'; document.body.append(i);",
+        vec![],
+    )
+    .await
+    .unwrap();
+    let planted = axe_violations(&c).await;
+    assert!(planted.iter().any(|v| v.starts_with("image-alt")), "axe saw the planted violation: {planted:?}");
+    c.execute("document.getElementById('planted').remove();", vec![]).await.unwrap();
+    sign_in(&c, &up.url, &up.token).await;
+    for theme in ["light", "dark"] {
+        c.execute(&format!("localStorage.setItem('kiln.theme', '{theme}');"), vec![]).await.unwrap();
+        for (name, hash, ready) in &pages {
+            c.goto(&format!("{}/#{hash}", up.url)).await.unwrap();
+            c.refresh().await.unwrap();
+            c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css(ready)).await.unwrap();
+            problems.extend(axe_violations(&c).await.into_iter().map(|v| format!("{name} ({theme}): {v}")));
+        }
+    }
+    // 375 px wide: nothing wider than the screen.
+    c.execute("localStorage.setItem('kiln.theme', 'light');", vec![]).await.unwrap();
+    c.set_window_size(375, 812).await.unwrap();
+    for (name, hash, ready) in &pages {
+        c.goto(&format!("{}/#{hash}", up.url)).await.unwrap();
+        c.refresh().await.unwrap();
+        c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css(ready)).await.unwrap();
+        let (inner, scroll) = widths(&c).await;
+        assert!(inner <= 400, "the window is narrow: innerWidth {inner}");
+        if scroll > inner {
+            problems.push(format!("{name} at {inner}px: scrollWidth {scroll}"));
+        }
+        shot(&format!("narrow-{name}"), &c.screenshot().await.unwrap());
+    }
+    assert!(problems.is_empty(), "accessibility / narrow-screen problems:\n{}", problems.join("\n"));
     c.close().await.unwrap();
 }

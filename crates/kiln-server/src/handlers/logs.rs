@@ -1,5 +1,6 @@
 //! `GET /v1/jobs/{job}/logs/events`: the log feed as SSE, `id:` per event,
-//! replay from `Last-Event-ID` (or `?after=`).
+//! replay from `Last-Event-ID` (or `?after=`); `?follow=false` ends the
+//! stream once it has caught up.
 
 use crate::error::ApiResult;
 use crate::services::log_feed::{self, FeedEvent};
@@ -16,6 +17,9 @@ use std::time::Duration;
 #[derive(Deserialize)]
 pub(crate) struct EventsQuery {
     after: Option<i64>,
+    /// `false`: end the stream once it has caught up, even while the job
+    /// still runs (what is there now); default `true`, follow to the end.
+    follow: Option<bool>,
 }
 
 pub(crate) async fn events(
@@ -30,7 +34,11 @@ pub(crate) async fn events(
         .and_then(|v| v.parse::<i64>().ok())
         .or(q.after)
         .unwrap_or(0);
-    let feed = log_feed::follow(&state, &job, cursor).await?;
+    let feed = if q.follow.unwrap_or(true) {
+        log_feed::follow(&state, &job, cursor).await?.boxed()
+    } else {
+        log_feed::snapshot(&state, &job, cursor).await?.boxed()
+    };
     let stream = feed.map(|ev| Ok(sse_event(ev)));
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

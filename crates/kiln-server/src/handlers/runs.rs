@@ -4,14 +4,18 @@ use super::body::{json_blocking, parse};
 use crate::auth::Principal;
 use crate::error::ApiResult;
 use crate::services::acceptance::{self, Submission};
-use crate::services::runs;
+use crate::services::{run_feed, runs};
 use crate::state::State;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State as S};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::{Extension, Json};
+use futures::{Stream, StreamExt};
 use kiln_api as api;
+use std::convert::Infallible;
+use std::time::Duration;
 
 /// `POST /v1/repos/{repo}/workflow-runs` (`Idempotency-Key` header) → 202.
 pub(crate) async fn submit(
@@ -40,6 +44,37 @@ pub(crate) async fn list(
 /// repository's runs, newest first.
 pub(crate) async fn list_all(S(state): S<State>, Query(q): Query<runs::ListFilter>) -> ApiResult<Response> {
     json_blocking(runs::list(&state, None, &q).await?).await
+}
+
+/// `GET /v1/workflow-runs/events?repo=…&status=…&branch=…&event=…&actor=…&limit=…`:
+/// the list `GET /v1/workflow-runs` gives, as an SSE `runs` event now and
+/// whenever it changes (the web UI's runs page).
+pub(crate) async fn list_events(
+    S(state): S<State>,
+    Query(q): Query<runs::ListFilter>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let feed = run_feed::follow_list(&state, q).await?;
+    Ok(sse(feed, "runs"))
+}
+
+/// `GET /v1/workflow-runs/{run}/events`: the run as `GET
+/// /v1/workflow-runs/{run}` gives it, as an SSE `run` event now and
+/// whenever it changes (the web UI's run page).
+pub(crate) async fn run_events(
+    S(state): S<State>,
+    Path(run): Path<String>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let run = runs::resolve_id(&state, &run).await?;
+    let feed = run_feed::follow_run(&state, run).await?;
+    Ok(sse(feed, "run"))
+}
+
+fn sse(
+    feed: impl Stream<Item = String> + Send + 'static,
+    name: &'static str,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(feed.map(move |data| Ok(Event::default().event(name).data(data))))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
 /// `GET /v1/workflow-runs/{run}` (a full id or a unique prefix of 8+ characters).

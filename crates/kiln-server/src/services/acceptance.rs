@@ -339,8 +339,10 @@ pub(crate) async fn accept_timed(
 ) -> kiln_store::Result<kiln_store::Accepted> {
     let started = std::time::Instant::now();
     let r = state.store.accept_run(run).await;
-    if r.is_ok() {
+    if let Ok(a) = &r {
         state.metrics.trigger_persist.with_label_values(&[trigger]).observe(started.elapsed().as_secs_f64());
+        // Run-list followers (the web UI's SSE) see the new run at once.
+        state.job_changed(&a.run_id);
     }
     r
 }

@@ -118,13 +118,34 @@ pub(crate) async fn follow(
     job: &str,
     cursor: i64,
 ) -> crate::error::ApiResult<impl Stream<Item = FeedEvent> + use<>> {
+    start(state, job, cursor, true).await
+}
+
+/// The feed of `job` after event `cursor` as far as it is written now
+/// (`?follow=false`, `kiln logs` without `-f`): like [`follow`], but the
+/// stream also ends, without `End`, once it has caught up with a job
+/// that is still running (a job printing continuously never idles).
+pub(crate) async fn snapshot(
+    state: &State,
+    job: &str,
+    cursor: i64,
+) -> crate::error::ApiResult<impl Stream<Item = FeedEvent> + use<>> {
+    start(state, job, cursor, false).await
+}
+
+async fn start(
+    state: &State,
+    job: &str,
+    cursor: i64,
+    live: bool,
+) -> crate::error::ApiResult<impl Stream<Item = FeedEvent> + use<>> {
     state.store.get_job(job).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<FeedEvent>(64);
-    tokio::spawn(feed(state.clone(), job.to_string(), cursor, tx));
+    tokio::spawn(feed(state.clone(), job.to_string(), cursor, live, tx));
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-async fn feed(state: State, job: String, mut cursor: i64, tx: tokio::sync::mpsc::Sender<FeedEvent>) {
+async fn feed(state: State, job: String, mut cursor: i64, live: bool, tx: tokio::sync::mpsc::Sender<FeedEvent>) {
     let mut events = state.job_events.subscribe();
     loop {
         let chunks = match chunks_after(&state, &job, cursor, PAGE).await {
@@ -154,6 +175,9 @@ async fn feed(state: State, job: String, mut cursor: i64, tx: tokio::sync::mpsc:
                 return;
             }
             continue;
+        }
+        if !live {
+            return;
         }
         // Wait for news about this job (or poll now and then).
         let deadline = tokio::time::sleep(POLL);

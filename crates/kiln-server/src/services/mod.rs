@@ -23,6 +23,7 @@ pub(crate) mod log_feed;
 pub(crate) mod notices;
 pub(crate) mod planning;
 pub(crate) mod repos;
+pub(crate) mod run_feed;
 pub(crate) mod runs;
 pub(crate) mod triggers;
 pub(crate) mod webhooks;

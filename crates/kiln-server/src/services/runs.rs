@@ -13,11 +13,17 @@ use kiln_api as api;
 const LIST_DEFAULT: u32 = 50;
 const LIST_MAX: u32 = 500;
 
-/// What a run list may be filtered by (`?status=&branch=&limit=`).
-#[derive(Debug, Default, serde::Deserialize)]
+/// What a run list may be filtered by
+/// (`?status=&branch=&event=&actor=&before=&limit=`; empty means any).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Deserialize)]
 pub(crate) struct ListFilter {
     pub status: Option<String>,
     pub branch: Option<String>,
+    pub event: Option<String>,
+    pub actor: Option<String>,
+    /// A run id: only runs listed after it (older); `next_before` of the
+    /// previous page.
+    pub before: Option<String>,
     pub limit: Option<u32>,
     /// Only for `GET /v1/workflow-runs`: a repository's name.
     pub repo: Option<String>,
@@ -26,20 +32,31 @@ pub(crate) struct ListFilter {
 /// `GET /v1/repos/{repo}/workflow-runs` (`repo` given) or `GET
 /// /v1/workflow-runs` (every repository, or `?repo=`): newest first.
 pub(crate) async fn list(state: &AppState, repo: Option<&str>, q: &ListFilter) -> ApiResult<api::RunList> {
-    let repo_id = match repo.or(q.repo.as_deref()) {
+    let repo_id = match repo.or(q.repo.as_deref().filter(|r| !r.is_empty())) {
         Some(r) => Some(state.store.get_repo(r).await?.id),
         None => None,
     };
-    if let Some(s) = &q.status {
+    let given = |v: &Option<String>| v.clone().filter(|x| !x.is_empty());
+    let status = given(&q.status);
+    if let Some(s) = &status {
         s.parse::<kiln_core::RunStatus>().map_err(ApiErr::bad_request)?;
     }
+    let before = match given(&q.before) {
+        Some(b) => Some(resolve_id(state, &b).await?),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX);
     let filter = kiln_store::RunFilter {
         repo_id,
-        status: q.status.clone(),
-        branch: q.branch.clone().filter(|b| !b.is_empty()),
-        limit: q.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX),
+        status,
+        branch: given(&q.branch),
+        event: given(&q.event),
+        actor: given(&q.actor),
+        before,
+        limit,
     };
     let runs = state.store.find_runs(&filter).await?;
+    let next_before = (runs.len() == limit as usize).then(|| runs.last().map(|r| r.id.clone())).flatten();
     let mut out = Vec::with_capacity(runs.len());
     for r in &runs {
         let mut summary = views::summary(r);
@@ -47,7 +64,7 @@ pub(crate) async fn list(state: &AppState, repo: Option<&str>, q: &ListFilter) -
         summary.short_id = Some(short_id(&r.id, [before.as_deref(), after.as_deref()]));
         out.push(summary);
     }
-    Ok(api::RunList { runs: out })
+    Ok(api::RunList { runs: out, next_before })
 }
 
 /// The shortest prefix of `id`, at least [`MIN_PREFIX`] characters, that
@@ -102,6 +119,7 @@ pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
     if let Ok(repo) = state.store.get_repo(&view.run.repo_id).await {
         out.commit_url = commit_url(&repo.forge, &view.run.commit_sha);
     }
+    out.commit = state.mirrors.commit_info(&view.run.repo_id, &view.run.commit_sha).await.ok();
     explain_waiting(state, &view, &mut out).await?;
     Ok(out)
 }

@@ -336,17 +336,23 @@ pub(crate) async fn list_runs(
 }
 
 /// `RunStore::find_runs`: newest first, across repositories or in one,
-/// by status and branch (the run's ref as named, or `refs/heads/BRANCH`).
+/// by status, branch (the run's ref as named, or `refs/heads/BRANCH`),
+/// event and actor; `before` a run id pages on (created_at, id), the
+/// order of the list, so a page never repeats or skips a run.
 pub(crate) async fn find_runs(store: &SqlStore, f: &RunFilter) -> Result<Vec<RunSummaryRecord>> {
     static FIND: Sql = Sql::new(|_| {
         format!(
             "SELECT {RUN_SUMMARY_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
              WHERE ($1 IS NULL OR r.repo_id = $2) AND ($3 IS NULL OR r.status = $4) \
              AND ($5 IS NULL OR r.git_ref = $6 OR r.git_ref = $7) \
-             ORDER BY r.created_at DESC, r.id DESC LIMIT $8"
+             AND ($8 IS NULL OR r.event = $9) AND ($10 IS NULL OR r.actor = $11) \
+             AND ($12 IS NULL OR r.created_at < (SELECT b.created_at FROM runs b WHERE b.id = $13) \
+                  OR (r.created_at = (SELECT b.created_at FROM runs b WHERE b.id = $14) AND r.id < $15)) \
+             ORDER BY r.created_at DESC, r.id DESC LIMIT $16"
         )
     });
     let full_ref = f.branch.as_ref().map(|b| format!("refs/heads/{b}"));
+    let before = f.before.as_deref();
     let rows = store
         .reader()
         .await?
@@ -358,6 +364,14 @@ pub(crate) async fn find_runs(store: &SqlStore, f: &RunFilter) -> Result<Vec<Run
         .bind(f.branch.as_deref())
         .bind(f.branch.as_deref())
         .bind(full_ref.as_deref())
+        .bind(f.event.as_deref())
+        .bind(f.event.as_deref())
+        .bind(f.actor.as_deref())
+        .bind(f.actor.as_deref())
+        .bind(before)
+        .bind(before)
+        .bind(before)
+        .bind(before)
         .bind(f.limit as i64)
         .fetch_all()
         .await?;

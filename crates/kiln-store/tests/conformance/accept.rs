@@ -86,6 +86,7 @@ pub async fn accept_run_freezes_definition_and_readies_roots<S: Store + 'static>
         status: status.map(Into::into),
         branch: branch.map(Into::into),
         limit: 10,
+        ..Default::default()
     };
     let ids = |list: Vec<RunSummaryRecord>| list.into_iter().map(|r| r.id).collect::<Vec<_>>();
     assert_eq!(ids(s.find_runs(&find(None, None, None)).await.unwrap()), std::slice::from_ref(&acc.run_id));
@@ -108,6 +109,54 @@ pub async fn accept_run_freezes_definition_and_readies_roots<S: Store + 'static>
     assert!(matches!(s.delete_repo("empty").await, Err(StoreError::NotFound(_))));
 
     assert!(matches!(s.get_run("no-such-run").await, Err(StoreError::NotFound(_))));
+}
+
+/// The run list filtered by event and actor, and paged with `before`
+/// (keyset on creation time, then id): pages neither repeat nor skip runs,
+/// even when runs share a creation millisecond.
+pub async fn runs_are_filtered_by_event_and_actor_and_paged<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let repo = repo(s).await;
+    let mut made = Vec::new();
+    for i in 0..5 {
+        let mut req = new_run(&repo.id, workflow(vec![job("build", &[], 0)]));
+        req.event = if i % 2 == 0 { "push".into() } else { "manual".into() };
+        req.actor = Some(if i < 3 { "alice".into() } else { "bob".into() });
+        made.push(s.accept_run(req).await.unwrap().run_id);
+    }
+    let f = |event: Option<&str>, actor: Option<&str>, before: Option<&str>, limit: u32| RunFilter {
+        repo_id: Some(repo.id.clone()),
+        event: event.map(Into::into),
+        actor: actor.map(Into::into),
+        before: before.map(Into::into),
+        limit,
+        ..Default::default()
+    };
+    let ids = |list: Vec<RunSummaryRecord>| list.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+    assert_eq!(ids(s.find_runs(&f(None, None, None, 10)).await.unwrap()), newest_first);
+    assert_eq!(
+        ids(s.find_runs(&f(Some("push"), None, None, 10)).await.unwrap()),
+        [made[4].clone(), made[2].clone(), made[0].clone()]
+    );
+    assert_eq!(ids(s.find_runs(&f(None, Some("bob"), None, 10)).await.unwrap()), [made[4].clone(), made[3].clone()]);
+    assert_eq!(ids(s.find_runs(&f(Some("manual"), Some("alice"), None, 10)).await.unwrap()), [made[1].clone()]);
+    // Pages of two: 4 3 | 2 1 | 0, then nothing.
+    let mut paged = Vec::new();
+    let mut before: Option<String> = None;
+    loop {
+        let page = ids(s.find_runs(&f(None, None, before.as_deref(), 2)).await.unwrap());
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 2);
+        before = page.last().cloned();
+        paged.extend(page);
+    }
+    assert_eq!(paged, newest_first);
+    // Paging composes with the filters.
+    assert_eq!(ids(s.find_runs(&f(Some("push"), None, Some(&made[4]), 1)).await.unwrap()), [made[2].clone()]);
 }
 
 fn idem(scope: &str, key: &str, digest: &str) -> Option<Idempotency> {

@@ -60,6 +60,7 @@ macro_rules! suite {
             accept::idempotency_key_with_other_body_is_refused,
             accept::concurrent_idempotent_accepts_create_one_run,
             accept::unknown_repository_is_not_unavailable,
+            accept::runs_are_filtered_by_event_and_actor_and_paged,
             access::join_tokens_are_stored_hashed_and_revocable,
             access::api_tokens_carry_scope_repo_and_trust,
             access::agents_register_in_pools_and_removal_ends_their_leases,

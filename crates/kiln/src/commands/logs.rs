@@ -153,8 +153,15 @@ impl Stamper {
     }
 }
 
+/// Without --follow, against a server that does not end the stream by
+/// itself: stop reading after this long.
+const SNAPSHOT_CAP: Duration = Duration::from_secs(60);
+
 /// Print a job's log events. Follows until the `end` event when `follow`,
-/// reconnecting with Last-Event-ID so nothing is lost or repeated.
+/// reconnecting with Last-Event-ID so nothing is lost or repeated; else
+/// prints what the server has now and returns, even while the job still
+/// prints (`?follow=false` ends the server's stream once caught up; an
+/// older server's stream is cut after a quiet spell or [`SNAPSHOT_CAP`]).
 async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool, timestamps: bool) -> Result<(), Failure> {
     let b64 = base64::engine::general_purpose::STANDARD;
     // On a terminal, one sanitizer per stream of each attempt (a sequence
@@ -164,8 +171,9 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool, timestamps:
     let mut stampers: Option<HashMap<(i64, String), Stamper>> = timestamps.then(HashMap::new);
     let mut last: Option<String> = None;
     let mut failures = 0;
+    let cap = tokio::time::Instant::now() + SNAPSHOT_CAP;
     loop {
-        let stream = match c.log_events(job, last.as_deref()).await {
+        let stream = match c.log_events_with(job, last.as_deref(), follow).await {
             Ok(s) => s,
             Err(e) if e.is_retryable() && failures < 30 => {
                 failures += 1;
@@ -179,12 +187,15 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool, timestamps:
             let next = if follow {
                 stream.next().await
             } else {
-                match tokio::time::timeout(Duration::from_millis(300), stream.next()).await {
+                let quiet = Duration::from_secs(2).min(cap.saturating_duration_since(tokio::time::Instant::now()));
+                match tokio::time::timeout(quiet, stream.next()).await {
                     Ok(n) => n,
                     Err(_) => return Ok(()),
                 }
             };
             match next {
+                // Without --follow the server ends the stream once caught up.
+                None if !follow => return Ok(()),
                 None => break,
                 Some(Err(_)) => break,
                 Some(Ok(ev)) => {

@@ -112,3 +112,30 @@ async fn the_archive_masks_the_repositorys_secrets_in_a_trusted_runs_log() {
         env.state.store.all_secrets().await.unwrap().iter().all(|(id, _, v)| *id == r.id && !v.contains("hunter2"))
     );
 }
+
+/// `?follow=false` (`kiln logs` without `-f`): the feed of a job that is
+/// still running ends, without `end`, once it sent what is written now.
+#[tokio::test]
+async fn a_snapshot_of_a_running_job_ends_once_caught_up() {
+    let env = Env::new().await;
+    let _repo = env.pipeline("r", &["build"]).await;
+    env.submit("r").await;
+    env.relay().await;
+    let agent = env.agent(1).await;
+    let a = env.claim_now(&agent, "c1").await.unwrap();
+    let (job, epoch) = (a.job_id.as_str(), a.epoch);
+    attempts::append_log(&env.state, job, epoch, chunk("stdout", 0, 0, b"one\n")).await.unwrap();
+    attempts::append_log(&env.state, job, epoch, chunk("stdout", 1, 4, b"two\n")).await.unwrap();
+    let feed = log_feed::snapshot(&env.state, job, 0).await.unwrap();
+    let events: Vec<FeedEvent> =
+        tokio::time::timeout(Duration::from_secs(10), feed.collect()).await.expect("the snapshot ends by itself");
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| match e {
+            FeedEvent::Chunk { .. } => "chunk",
+            FeedEvent::End { .. } => "end",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["chunk", "chunk"], "what is written, and no `end`: the job still runs");
+}

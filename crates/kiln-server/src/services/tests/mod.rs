@@ -5,3 +5,4 @@ mod claim;
 mod env;
 mod limits;
 mod log_feed;
+mod run_feed;
