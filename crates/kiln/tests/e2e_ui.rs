@@ -987,3 +987,24 @@ async fn accessibility_and_narrow_screen_in_chromium() {
     assert!(problems.is_empty(), "accessibility / narrow-screen problems:\n{}", problems.join("\n"));
     c.close().await.unwrap();
 }
+
+/// The server's degradation level shows in the UI (spec 004): a server
+/// whose available memory is below its critical level says so in a banner
+/// on every page, new runs refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_degraded_server_says_so_in_a_banner_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let levels = "1000TiB,1000TiB,1000TiB";
+    let s = kiln_testkit::KilnServer::start(BIN.as_ref(), &["--resource-interval", "200ms", "--memory-levels", levels])
+        .unwrap();
+    let (_driver, c) = browser(None).await;
+    sign_in(&c, &s.url, &s.token).await;
+    assert!(wait_text(&c, "#health", "critical").await, "the banner shows the level");
+    let text = c.find(Locator::Css("#health")).await.unwrap().text().await.unwrap();
+    assert!(text.contains("memory available") && text.contains("new runs are refused"), "{text}");
+    c.goto(&format!("{}/#/agents", s.url)).await.unwrap();
+    assert!(wait_text(&c, "#health", "critical").await, "on every page");
+    shot("degraded-banner", &c.screenshot().await.unwrap());
+}
