@@ -54,8 +54,10 @@ struct Composer<'l, 'a> {
     seen: HashMap<String, Pos>,
     templates: BTreeMap<String, (Pos, Vec<Entry>)>,
     /// Templates with their own `extends` resolved (memoised, so a wide
-    /// diamond of templates costs linear work).
-    expanded: HashMap<String, Vec<Entry>>,
+    /// diamond of templates costs linear work), with the length of their
+    /// longest chain (the template itself included): a memoised template
+    /// reused deeper down must still count its whole chain.
+    expanded: HashMap<String, (Vec<Entry>, usize)>,
     diags: Vec<Diagnostic>,
 }
 
@@ -113,7 +115,7 @@ impl Composer<'_, '_> {
             for job in jobs.iter_mut() {
                 if let Value::Map(fields) = &mut job.value {
                     let own = std::mem::take(fields);
-                    *fields = self.extend(own, &mut Vec::new());
+                    *fields = self.extend(own, &mut Vec::new()).0;
                 }
             }
         }
@@ -270,10 +272,11 @@ impl Composer<'_, '_> {
         }
     }
 
-    /// A job's (or template's) fields with its `extends` resolved. `chain`
-    /// holds the templates being expanded, to report cycles.
-    fn extend(&mut self, mut fields: Vec<Entry>, chain: &mut Vec<String>) -> Vec<Entry> {
-        let Some(ext) = take(&mut fields, "extends") else { return fields };
+    /// A job's (or template's) fields with its `extends` resolved, and the
+    /// length of the longest chain of templates below it. `chain` holds the
+    /// templates being expanded, to report cycles and chains too deep.
+    fn extend(&mut self, mut fields: Vec<Entry>, chain: &mut Vec<String>) -> (Vec<Entry>, usize) {
+        let Some(ext) = take(&mut fields, "extends") else { return (fields, 0) };
         let names: Vec<(String, Pos)> = match &ext.value.value {
             Value::Scalar(s) if s.kind() == ScalarKind::Str => vec![(s.text.clone(), ext.value.pos)],
             Value::Seq(items) if !items.is_empty() => items
@@ -291,10 +294,11 @@ impl Composer<'_, '_> {
                     ext.value.pos,
                     format!("`extends` takes a template's name or a list of them; found {}", ext.value.describe()),
                 );
-                return fields;
+                return (fields, 0);
             }
         };
         let mut base: Vec<Entry> = Vec::new();
+        let mut below = 0;
         for (name, pos) in names {
             if let Some(i) = chain.iter().position(|n| *n == name) {
                 let mut cycle = chain[i..].to_vec();
@@ -306,7 +310,7 @@ impl Composer<'_, '_> {
                 self.err(pos, format!("`extends` chains at most {MAX_EXTENDS_DEPTH} templates deep"));
                 continue;
             }
-            let Some(template) = self.template(&name, chain) else {
+            let Some((template, height)) = self.template(&name, chain) else {
                 let known: Vec<&str> = self.templates.keys().map(String::as_str).collect();
                 let hint = closest(&name, &known).map(|k| format!("did you mean `{k}`? ")).unwrap_or_default();
                 let listing = if known.is_empty() {
@@ -317,20 +321,29 @@ impl Composer<'_, '_> {
                 self.err(pos, format!("unknown template `{name}`; {hint}({listing})"));
                 continue;
             };
+            // A template expanded earlier (memoised) was checked against its
+            // own chain only; here it hangs below `chain`.
+            if chain.len() + height > MAX_EXTENDS_DEPTH {
+                self.err(pos, format!("`extends` chains at most {MAX_EXTENDS_DEPTH} templates deep"));
+                continue;
+            }
+            below = below.max(height);
             base = merge(base, template);
         }
-        merge(base, fields)
+        (merge(base, fields), below)
     }
 
-    /// Template `name` with its own `extends` resolved (`None`: unknown).
-    fn template(&mut self, name: &str, chain: &mut Vec<String>) -> Option<Vec<Entry>> {
+    /// Template `name` with its own `extends` resolved, and the length of
+    /// its longest chain, itself included (`None`: unknown).
+    fn template(&mut self, name: &str, chain: &mut Vec<String>) -> Option<(Vec<Entry>, usize)> {
         if let Some(done) = self.expanded.get(name) {
             return Some(done.clone());
         }
         let (_, fields) = self.templates.get(name)?.clone();
         chain.push(name.to_string());
-        let done = self.extend(fields, chain);
+        let (fields, below) = self.extend(fields, chain);
         chain.pop();
+        let done = (fields, below + 1);
         self.expanded.insert(name.to_string(), done.clone());
         Some(done)
     }

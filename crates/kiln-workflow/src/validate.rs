@@ -2543,6 +2543,55 @@ mod tests {
         assert_eq!(parse_duration("99999999999999999999999h"), None);
     }
 
+    /// Every key the validator accepts is shown in the README (issue 16: "the
+    /// README's workflow section documents every key with a short example"),
+    /// as `key:` in an example or in running text. A key added to a key list
+    /// without a word in the README fails here. (`on:`'s own keys are in
+    /// docs/workflow.md, which the README points to for them.)
+    #[test]
+    fn the_readme_shows_every_accepted_key() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md at the workspace root");
+        let reference = std::fs::read_to_string(root.join("docs/workflow.md")).expect("docs/workflow.md");
+        let shown = |text: &str, key: &str| {
+            let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+            text.match_indices(&format!("{key}:")).any(|(i, _)| !text[..i].chars().next_back().is_some_and(word))
+        };
+        let readme_lists: &[(&str, &[&str])] = &[
+            ("top level", TOP_KEYS),
+            ("job", JOB_KEYS),
+            ("step", STEP_KEYS),
+            ("defaults", DEFAULTS_KEYS),
+            ("input", INPUT_KEYS),
+            ("matrix", MATRIX_KEYWORDS),
+            ("needs-policy", NEEDS_POLICY_KEYS),
+            ("concurrency", CONCURRENCY_KEYS),
+            ("retry", RETRY_KEYS),
+            ("image", IMAGE_KEYS),
+            ("cache", CACHE_KEYS),
+            ("artifacts", ARTIFACTS_KEYS),
+            ("artifacts.publish", PUBLISH_KEYS),
+            ("artifacts.restore", RESTORE_KEYS),
+            ("id-token", ID_TOKEN_KEYS),
+            ("service", services::SERVICE_KEYS),
+            ("health", services::HEALTH_KEYS),
+        ];
+        let mut missing = Vec::new();
+        for (place, keys) in readme_lists {
+            missing.extend(keys.iter().filter(|k| !shown(&readme, k)).map(|k| format!("README: {place} key `{k}`")));
+        }
+        for (place, keys) in
+            [("push", on::PUSH_KEYS), ("pull_request", on::PULL_REQUEST_KEYS), ("schedule", on::SCHEDULE_KEYS)]
+        {
+            missing.extend(
+                keys.iter()
+                    .filter(|k| !shown(&reference, k))
+                    .map(|k| format!("docs/workflow.md: `on.{place}` key `{k}`")),
+            );
+        }
+        assert!(missing.is_empty(), "accepted keys documented nowhere:\n{}", missing.join("\n"));
+    }
+
     #[test]
     fn env_keys() {
         assert!(env_key_ok("A"));

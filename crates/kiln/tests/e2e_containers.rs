@@ -617,6 +617,30 @@ jobs:
     assert_ne!(c3.key, c1.key, "the image digest is part of the key");
 }
 
+/// The bytes of one log stream of a job (every attempt, in order), as the
+/// server's SSE feed has them now.
+async fn stream_of(c: &Client, job: &str, stream: &str) -> String {
+    use base64::Engine;
+    use futures::StreamExt;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let events = c.log_events_with(job, None, false).await.unwrap();
+    tokio::pin!(events);
+    let mut out = Vec::new();
+    while let Ok(Some(Ok(ev))) = tokio::time::timeout(Duration::from_secs(30), events.next()).await {
+        match ev.event.as_str() {
+            kiln_api::logs::event::CHUNK => {
+                let le: kiln_api::LogEvent = serde_json::from_str(&ev.data).unwrap();
+                if le.stream == stream {
+                    out.extend(b64.decode(le.data.as_bytes()).unwrap());
+                }
+            }
+            kiln_api::logs::event::END => break,
+            _ => {}
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn networks_named(name: &str) -> usize {
     podman(&["network", "ls", "-q", "--filter", &format!("name=^{name}$")]).lines().filter(|l| !l.is_empty()).count()
 }
@@ -695,6 +719,13 @@ jobs:
     assert_eq!(done.status, "success", "{ctr_log}\n---\n{host_log}\n{}", s.log());
     assert!(ctr_log.contains("got hello-from-service"), "reached by name: {ctr_log}");
     assert!(ctr_log.contains("[web] service-starting"), "the service's output is in the log: {ctr_log}");
+    // … as a stream of its own, apart from the steps' output.
+    let ctr_job = &done.jobs.iter().find(|j| j.name == "in-container").unwrap().id;
+    let services = stream_of(&c, ctr_job, kiln_api::logs::stream::SERVICES).await;
+    assert!(services.contains("[web] service-starting"), "services stream: {services}");
+    assert!(!services.contains("got hello-from-service"), "services stream: {services}");
+    let stdout = stream_of(&c, ctr_job, kiln_api::logs::stream::STDOUT).await;
+    assert!(stdout.contains("got hello-from-service") && !stdout.contains("service-starting"), "stdout: {stdout}");
     assert!(host_log.contains("host got hello-host"), "reached on its loopback port: {host_log}");
     // The service runs the image pinned at acceptance, by digest.
     let digest = registry_digest("kiln-test/base");
@@ -720,6 +751,11 @@ jobs:
     let message = job.attempts[0].message.clone().unwrap_or_default();
     assert!(message.contains("service `bad` did not become healthy"), "{message}");
     assert!(job.attempts.len() > 1, "an infrastructure failure is retried: {:?}", job.attempts);
+    assert!(
+        job.attempts.iter().all(|a| a.failure_class.as_deref() == Some("infra")),
+        "every attempt fails as `infra`: {:?}",
+        job.attempts
+    );
     assert!(log.contains("[bad] broken-service-log"), "{log}");
     assert!(!log.contains("must-not-run"), "{log}");
     assert!(wait_for(Duration::from_secs(30), || containers_of_job(&job.id).is_empty().then_some(())).is_some());

@@ -1,9 +1,9 @@
 //! Job outputs end to end (issue 16) with the real `kiln` binary, real
 //! agents running real shells and real git: values written to
-//! `$KILN_OUTPUT` flow through two jobs (env, `run`, `if:`), hostile values
-//! stay inert, and a fenced attempt's outputs never reach anyone — its
-//! agent is SIGSTOPped after its step wrote them, a replacement writes
-//! others, and downstream sees the replacement's.
+//! `$KILN_OUTPUT` flow through two jobs (env, `run`, a job's and a step's
+//! `if:`), hostile values stay inert, and a fenced attempt's outputs never
+//! reach anyone — its agent is SIGSTOPped after its step wrote them, a
+//! replacement writes others, and downstream sees the replacement's.
 
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnServer, KilnUp, TestRepo, step_writable_tempdir, wait_for, wait_run};
@@ -40,6 +40,12 @@ jobs:
           echo "hostile=[${{ needs.build.outputs.hostile }}]"
           for f in pwned*; do [ -e "$f" ] && echo "found-$f"; done; true
       - run: echo "url=https://example.com/v$VERSION" >> "$KILN_OUTPUT"
+      - name: for 1.x
+        if: startsWith(needs.build.outputs.version, '1.')
+        run: echo "step-if saw 1.x"
+      - name: for 2.x
+        if: startsWith(needs.build.outputs.version, '2.')
+        run: echo "step-if-wrongly-ran"
   - name: deploy
     needs: [test]
     if: startsWith(needs.test.outputs.url, 'https://example.com/v1.')
@@ -73,9 +79,12 @@ async fn outputs_flow_through_jobs_and_stay_data() {
     assert!(all.contains("ignored output not declared in the job's `outputs`: undeclared"), "{all}");
     assert_eq!(job("test").outputs["url"], "https://example.com/v1.2.3");
     let steps = &job("test").attempts[0].steps;
-    assert_eq!(steps.len(), 2, "{steps:#?}");
+    assert_eq!(steps.len(), 4, "{steps:#?}");
     assert_eq!(steps[0].name, "use 1.2.3");
-    assert!(steps.iter().all(|s| s.outcome == "success" && s.duration_ms.is_some()), "{steps:#?}");
+    assert!(steps[..3].iter().all(|s| s.outcome == "success" && s.duration_ms.is_some()), "{steps:#?}");
+    // A step's `if:` reads them too.
+    assert_eq!((steps[3].name.as_str(), steps[3].outcome.as_str()), ("for 2.x", "skipped"), "{steps:#?}");
+    assert!(all.contains("step-if saw 1.x") && !all.contains("step-if-wrongly-ran"), "{all}");
 
     // Read downstream in env, run and a step name; a hostile value is data.
     assert!(all.contains("env=1.2.3 run=1.2.3"), "{all}");

@@ -10,9 +10,9 @@ use crate::tree::{Entry, Node, ScalarKind, Value};
 use crate::triggers::{parse_cron, parse_timezone};
 
 const EVENTS: &[&str] = &["push", "pull_request", "schedule", "manual"];
-const PUSH_KEYS: &[&str] = &["branches", "branches-ignore", "tags", "tags-ignore", "paths", "paths-ignore"];
-const PULL_REQUEST_KEYS: &[&str] = &["branches", "branches-ignore", "paths", "paths-ignore"];
-const SCHEDULE_KEYS: &[&str] = &["cron", "timezone"];
+pub(super) const PUSH_KEYS: &[&str] = &["branches", "branches-ignore", "tags", "tags-ignore", "paths", "paths-ignore"];
+pub(super) const PULL_REQUEST_KEYS: &[&str] = &["branches", "branches-ignore", "paths", "paths-ignore"];
+pub(super) const SCHEDULE_KEYS: &[&str] = &["cron", "timezone"];
 
 /// 2000-01-01T00:00:00Z: a schedule that has no tick in the 28 years after
 /// this (a full weekday/leap-year cycle) names a date that never comes.

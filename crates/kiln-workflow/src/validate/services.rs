@@ -9,8 +9,8 @@ use crate::model::{MAX_SERVICE_PORTS, MAX_SERVICES, Service, ServiceHealth};
 use crate::tree::{Node, ScalarKind, Value};
 use std::collections::BTreeMap;
 
-const SERVICE_KEYS: &[&str] = &["image", "env", "ports", "command", "health"];
-const HEALTH_KEYS: &[&str] = &["cmd", "interval", "retries"];
+pub(super) const SERVICE_KEYS: &[&str] = &["image", "env", "ports", "command", "health"];
+pub(super) const HEALTH_KEYS: &[&str] = &["cmd", "interval", "retries"];
 /// Longest service name (a DNS label is at most 63).
 const MAX_SERVICE_NAME: usize = 32;
 /// Default time between two health checks.
