@@ -117,9 +117,21 @@ impl AttemptContext {
 }
 
 pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdown: watch::Receiver<bool>) {
-    let own = ctx.for_attempt(&a.attempt_token);
+    let span = tracing::info_span!(
+        "attempt",
+        run_id = %a.run_id,
+        job = %a.job_name,
+        job_id = %a.job_id,
+        epoch = a.epoch,
+        trace_id = tracing::field::Empty
+    );
+    // The attempt is a span of the run's trace, a child of its claim
+    // (issue 19); its calls carry the context back to the server.
+    let parent = a.traceparent.as_deref().and_then(kiln_api::trace::TraceParent::parse);
+    let trace = kiln_api::trace::enter(&span, parent).to_string();
+    let mut own = ctx.for_attempt(&a.attempt_token);
+    own.client = own.client.with_traceparent(&trace);
     let ctx = &own;
-    let span = tracing::info_span!("attempt", run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch);
     async move {
         let ctl = Control::new();
         let beat = ctx.beats.register();
@@ -291,6 +303,9 @@ async fn execute(
     steps: &mut Vec<kiln_api::StepResult>,
     phases: &mut Phases,
 ) -> Ran {
+    // Spans of the attempt's phases (issue 19): each lasts from its
+    // creation to its drop.
+    let prepare_span = tracing::info_span!("prepare");
     let sandbox = ctx.sandbox_of(attempt);
     let ws = sandbox.join("ws");
     for dir in [&sandbox, &ctx.spool_of(attempt)] {
@@ -452,6 +467,7 @@ async fn execute(
         })
     };
     tracing::debug!("checkout and restore done");
+    drop(prepare_span);
     ctl.enter(Stage::Running);
     let steps_started = std::time::Instant::now();
     phases.steps_started = Some(steps_started);
@@ -523,7 +539,7 @@ async fn execute(
     if ctl.reason().is_some() {
         return Ran::Stopped;
     }
-    match publish_all(&transfer, &ws, &ctx.spool_of(attempt)).await {
+    match publish_all(&transfer, &ws, &ctx.spool_of(attempt)).instrument(tracing::info_span!("upload")).await {
         Ok(()) => Ran::Success,
         Err(ran) => ran,
     }
@@ -724,7 +740,10 @@ async fn run_steps(
                     program: s.shell.clone(),
                     working_dir: s.working_directory.clone(),
                 };
-                match run_one(exec, &req, s.timeout_secs, logs).await {
+                match run_one(exec, &req, s.timeout_secs, logs)
+                    .instrument(tracing::info_span!("step", step = i + 1))
+                    .await
+                {
                     Ok(r) => r,
                     Err(ran) => return ran,
                 }

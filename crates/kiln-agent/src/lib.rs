@@ -467,7 +467,17 @@ async fn slot_loop(
             }
         };
         if let Some(a) = assignment {
-            tracing::info!(slot, run = %a.run_id, job = %a.job_name, job_id = %a.job_id, epoch = a.epoch, "claimed job");
+            let trace_id =
+                a.traceparent.as_deref().and_then(kiln_api::trace::TraceParent::parse).map(|t| t.trace_id_hex());
+            tracing::info!(
+                slot,
+                run = %a.run_id,
+                job = %a.job_name,
+                job_id = %a.job_id,
+                epoch = a.epoch,
+                trace_id = trace_id.as_deref().unwrap_or_default(),
+                "claimed job"
+            );
             agent.ctx.metrics.jobs_running.inc();
             run_attempt(&agent.ctx, a, shutdown.clone()).await;
             agent.ctx.metrics.jobs_running.dec();

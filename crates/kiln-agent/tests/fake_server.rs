@@ -646,6 +646,7 @@ impl Harness {
             cache: None,
             services: vec![],
             outputs: vec![],
+            traceparent: None,
         }
     }
 

@@ -78,6 +78,9 @@ pub struct Client {
     current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     token: String,
     http: reqwest::Client,
+    /// Sent as the `traceparent` header on JSON calls (an attempt's
+    /// heartbeats and completion), see [`crate::trace`].
+    traceparent: Option<String>,
 }
 
 /// Certificates (PEM) every client built later trusts besides the system's
@@ -155,12 +158,18 @@ impl Client {
         if bases.is_empty() {
             bases.push(String::new());
         }
-        Client { bases: bases.into(), current: Default::default(), token: token.to_string(), http }
+        Client { bases: bases.into(), current: Default::default(), token: token.to_string(), http, traceparent: None }
     }
 
     /// The same servers (and connection pool) with another bearer token.
     pub fn with_token(&self, token: &str) -> Client {
         Client { token: token.to_string(), ..self.clone() }
+    }
+
+    /// The same client, sending `traceparent` (a W3C trace context) with
+    /// its JSON calls: an attempt's calls join the run's trace (issue 19).
+    pub fn with_traceparent(&self, traceparent: &str) -> Client {
+        Client { traceparent: Some(traceparent.to_string()), ..self.clone() }
     }
 
     /// The server requests currently go to.
@@ -207,6 +216,9 @@ impl Client {
     ) -> Result<T, ApiError> {
         let i = self.idx();
         let mut req = self.http.request(method, self.url_at(i, path)).bearer_auth(&self.token);
+        if let Some(tp) = &self.traceparent {
+            req = req.header(crate::trace::HEADER, tp);
+        }
         for (k, v) in headers {
             req = req.header(*k, *v);
         }

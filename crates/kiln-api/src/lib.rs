@@ -10,6 +10,7 @@ pub mod client;
 pub mod exit;
 pub mod giturl;
 pub mod status;
+pub mod trace;
 pub mod types;
 
 pub use access::*;

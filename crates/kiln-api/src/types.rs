@@ -285,6 +285,11 @@ pub struct Run {
     /// the repository (absent when the mirror does not have it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<CommitInfo>,
+    /// The run's trace id (32 hex digits, issue 19): in the server's and
+    /// agents' JSON log lines and exported spans for the run (the submitter's
+    /// when it sent a `traceparent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     pub jobs: Vec<Job>,
 }
 
@@ -615,6 +620,11 @@ pub struct Assignment {
     /// after the steps and sent with the completion.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<String>,
+    /// The W3C trace context of the claim (issue 19): the agent's spans and
+    /// log lines for the attempt join the run's trace, and its calls on the
+    /// attempt send it back as the `traceparent` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// One service of a job (`services:`), its image pinned at acceptance.

@@ -28,6 +28,7 @@ fn run() -> Run {
         actor: Some("dev".into()),
         commit_url: None,
         commit: None,
+        trace_id: None,
         workflow_path: DEFAULT_WORKFLOW_PATH.into(),
         workflow_hash: "sha256:0c5e".into(),
         inputs: BTreeMap::from([("target".to_string(), "release".to_string())]),
@@ -213,6 +214,7 @@ fn assignment() -> Assignment {
         cache: None,
         services: vec![],
         outputs: vec![],
+        traceparent: None,
     }
 }
 

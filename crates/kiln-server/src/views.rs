@@ -24,6 +24,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
         message: r.message.clone(),
         commit_url: None,
         commit: None,
+        trace_id: r.traceparent.as_deref().and_then(kiln_api::trace::TraceParent::parse).map(|t| t.trace_id_hex()),
         jobs: v
             .jobs
             .iter()

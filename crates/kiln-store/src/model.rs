@@ -78,6 +78,9 @@ pub struct NewRun {
     /// ([`kiln_core::retry::pinned_jobs`]) is pinned — `success` at once,
     /// bound to the same artifact generations — and the rest runs again.
     pub pin_succeeded: bool,
+    /// The run's W3C trace context (issue 19), set by the server when it
+    /// accepts the run; handed to each attempt through its claim.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +146,8 @@ pub struct RunRecord {
     pub message: Option<String>,
     pub created_at: i64,
     pub finished_at: Option<i64>,
+    /// The W3C traceparent made at acceptance (absent for older runs).
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use kiln_core::failure::FailureClass;
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
     r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.actor, r.parent_run_id, r.cancel_version, \
-    r.message, r.created_at, r.finished_at";
+    r.message, r.created_at, r.finished_at, r.traceparent";
 
 /// A run as listed (no definition, no inputs); tables as in [`RUN_COLS`].
 pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
@@ -67,6 +67,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
         message: row.get("message")?,
         created_at: row.get("created_at")?,
         finished_at: row.get("finished_at")?,
+        traceparent: row.get("traceparent")?,
     })
 }
 

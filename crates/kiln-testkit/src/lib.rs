@@ -5,6 +5,8 @@
 #[cfg(feature = "app")]
 mod app;
 mod garage;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 mod postgres;
 
 #[cfg(feature = "app")]

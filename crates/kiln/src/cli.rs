@@ -34,6 +34,25 @@ pub struct Cli {
     /// pipeline). Or set KILN_LOG_FORMAT. Filter with KILN_LOG (e.g. `info,kiln_server=debug`).
     #[arg(long, env = "KILN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// Export the daemon's spans (run lifecycle, claim, prepare, each step, upload,
+    /// completion) over OpenTelemetry's OTLP to this collector, e.g. http://127.0.0.1:4318
+    /// (`http`; the traces path /v1/traces is added to a bare URL) or http://127.0.0.1:4317
+    /// (`grpc`). For `kiln up`, `kiln server` and `kiln agent`. Default: no export, no cost.
+    /// Or set KILN_OTLP_ENDPOINT. The batch exporter honours OTEL_BSP_* (e.g.
+    /// OTEL_BSP_SCHEDULE_DELAY in ms).
+    #[arg(long, env = "KILN_OTLP_ENDPOINT", value_name = "URL", global = true)]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP transport for --otlp-endpoint: `http` (protobuf over HTTP) or `grpc`. Or set
+    /// KILN_OTLP_PROTOCOL.
+    #[arg(long, env = "KILN_OTLP_PROTOCOL", value_enum, default_value_t = OtlpProtocol::Http, global = true)]
+    pub otlp_protocol: OtlpProtocol,
+}
+
+/// `--otlp-protocol`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    Http,
+    Grpc,
 }
 
 /// `--log-format`.

@@ -11,6 +11,7 @@ use axum::extract::{Path, State as S};
 use axum::http::HeaderMap;
 use base64::Engine;
 use kiln_api as api;
+use tracing::Instrument;
 
 pub(crate) async fn heartbeat(
     S(state): S<State>,
@@ -66,10 +67,17 @@ fn raw_chunk(headers: &HeaderMap, body: Bytes) -> ApiResult<api::RawLogChunk> {
 pub(crate) async fn complete(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<api::CompletionAck>> {
     let c: api::Completion = parse(&body)?;
-    let job_status = attempts::complete(&state, &job, epoch, c).await?;
+    // A span of the run's trace (issue 19): the agent's attempt sends its
+    // context with each call. Only the trace's shape rests on it: who may
+    // complete is decided by the attempt token, as before.
+    let parent = headers.get(api::trace::HEADER).and_then(|v| v.to_str().ok()).and_then(api::trace::TraceParent::parse);
+    let span = tracing::info_span!("complete", job_id = %job, epoch, trace_id = tracing::field::Empty);
+    api::trace::enter(&span, parent);
+    let job_status = attempts::complete(&state, &job, epoch, c).instrument(span).await?;
     Ok(Json(api::CompletionAck { job_status: job_status.into() }))
 }
 

@@ -16,6 +16,7 @@ use futures::{Stream, StreamExt};
 use kiln_api as api;
 use std::convert::Infallible;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// `POST /v1/repos/{repo}/workflow-runs` (`Idempotency-Key` header) → 202.
 pub(crate) async fn submit(
@@ -27,7 +28,14 @@ pub(crate) async fn submit(
 ) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
     let request: api::SubmitRun = parse(&body)?;
     let idempotency_key = headers.get("idempotency-key").map(|v| v.as_bytes().to_vec());
-    let run_id = acceptance::submit(&state, Submission { repo, request, idempotency_key, by }).await?;
+    // The run's trace (issue 19) begins with this trigger, a child of the
+    // submitter's `traceparent` when it sent a valid one (an invalid one
+    // starts a new trace, as W3C Trace Context says).
+    let parent = headers.get(api::trace::HEADER).and_then(|v| v.to_str().ok()).and_then(api::trace::TraceParent::parse);
+    let span = tracing::info_span!("trigger", trigger = "api", repo = %repo, trace_id = tracing::field::Empty);
+    let trace = Some(api::trace::enter(&span, parent));
+    let run_id =
+        acceptance::submit(&state, Submission { repo, request, idempotency_key, by, trace }).instrument(span).await?;
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id })))
 }
 

@@ -16,11 +16,13 @@ use crate::services::{access, limits};
 use crate::state::AppState;
 use axum::http::StatusCode;
 use kiln_api as api;
+use kiln_api::trace::TraceParent;
 use kiln_core::Trust;
 use kiln_store::{Idempotency, NewRun, RepoRecord, RunConcurrency};
 use kiln_workflow::Workflow;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use tracing::Instrument;
 
 /// Events a submission may name.
 const EVENTS: &[&str] = &["manual", "push", "pull_request", "retry", "schedule"];
@@ -56,12 +58,15 @@ pub(crate) struct Submission {
     pub idempotency_key: Option<Vec<u8>>,
     /// Who submitted it.
     pub by: Principal,
+    /// The trigger span's trace context (a child of the submitter's
+    /// `traceparent`, when it sent a valid one).
+    pub trace: Option<TraceParent>,
 }
 
 /// Accept a submitted run; returns the run id (the original one for a
 /// redelivery with the same key and body).
 pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<String> {
-    let Submission { repo, request: req, idempotency_key, by } = sub;
+    let Submission { repo, request: req, idempotency_key, by, trace } = sub;
     limits::check_inputs(&req.inputs)?;
     let repo = state.store.get_repo(&repo).await?;
     let idempotency = match idempotency_key {
@@ -118,7 +123,9 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             actor: Some(by.actor.clone()),
             report_context: None,
             pin_succeeded: false,
+            traceparent: None,
         },
+        trace,
     )
     .await?;
     state.relay_wake.notify_one();
@@ -187,7 +194,9 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed
             actor: Some(by.actor.clone()),
             report_context,
             pin_succeeded: failed_only,
+            traceparent: None,
         },
+        None,
     )
     .await?;
     state.relay_wake.notify_one();
@@ -332,17 +341,30 @@ pub(crate) fn run_concurrency(
 
 /// `accept_run`, timed as the trigger's persistence (`trigger`: api,
 /// retry, forge, schedule). Only decided acceptances are observed.
+///
+/// The run's trace (issue 19) starts here: an `accept` span, a child of
+/// `parent` (the trigger's context) or of the current span, whose context
+/// is frozen with the run for its attempts' claims.
 pub(crate) async fn accept_timed(
     state: &AppState,
     trigger: &'static str,
-    run: kiln_store::NewRun,
+    mut run: kiln_store::NewRun,
+    parent: Option<TraceParent>,
 ) -> kiln_store::Result<kiln_store::Accepted> {
-    let started = std::time::Instant::now();
-    let r = state.store.accept_run(run).await;
-    if let Ok(a) = &r {
-        state.metrics.trigger_persist.with_label_values(&[trigger]).observe(started.elapsed().as_secs_f64());
-        // Run-list followers (the web UI's SSE) see the new run at once.
-        state.job_changed(&a.run_id);
+    let span = tracing::info_span!("accept", trigger, run_id = tracing::field::Empty, trace_id = tracing::field::Empty);
+    run.traceparent = Some(kiln_api::trace::enter(&span, parent).to_string());
+    async move {
+        let started = std::time::Instant::now();
+        let r = state.store.accept_run(run).await;
+        if let Ok(a) = &r {
+            state.metrics.trigger_persist.with_label_values(&[trigger]).observe(started.elapsed().as_secs_f64());
+            tracing::Span::current().record("run_id", a.run_id.as_str());
+            tracing::info!(run_id = %a.run_id, created = a.created, "accepted");
+            // Run-list followers (the web UI's SSE) see the new run at once.
+            state.job_changed(&a.run_id);
+        }
+        r
     }
-    r
+    .instrument(span)
+    .await
 }

@@ -7,10 +7,12 @@
 use crate::error::ApiResult;
 use crate::state::AppState;
 use kiln_api as api;
+use kiln_api::trace::TraceParent;
 use kiln_core::Trust;
 use kiln_store::{AgentRecord, ClaimedAttempt, NewAudit, RunOutputs};
 use kiln_workflow::{ConditionContext, Image, Step};
 use std::collections::BTreeMap;
+use tracing::Instrument;
 
 /// The assignment from the claimed attempt alone: no clone URL, no secrets.
 /// `outputs`: what the run's jobs bound so far (`needs.<job>.outputs.*`).
@@ -107,6 +109,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
             })
             .collect(),
         outputs: def.outputs.clone(),
+        traceparent: None,
     }
 }
 
@@ -193,7 +196,34 @@ pub(crate) enum Handout {
 /// The full assignment: [`build`] plus the clone URL, the attempt's own
 /// token and, for a trusted run on an agent of an allowed pool, the values
 /// of the secrets the job asked for (each handout is audited).
+///
+/// The claim is a span of the run's trace (issue 19), a child of its
+/// acceptance; the assignment carries its context to the agent.
 pub(crate) async fn for_claim(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> ApiResult<Handout> {
+    let parent = c.run.traceparent.as_deref().and_then(TraceParent::parse);
+    let span = tracing::info_span!(
+        "claim",
+        run_id = %c.run.id,
+        job_id = %c.job.id,
+        job = %c.job.name,
+        epoch = c.epoch,
+        agent = %agent.name,
+        trace_id = tracing::field::Empty
+    );
+    let trace = kiln_api::trace::enter(&span, parent);
+    let mut handout = async {
+        tracing::info!("claimed");
+        handout(state, agent, c).await
+    }
+    .instrument(span)
+    .await?;
+    if let Handout::Assignment(a) = &mut handout {
+        a.traceparent = Some(trace.to_string());
+    }
+    Ok(handout)
+}
+
+async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> ApiResult<Handout> {
     let def = &c.run.definition.jobs[c.job.index as usize];
     // Only a job whose needs declare outputs reads them (one query).
     let reads_outputs =

@@ -75,7 +75,6 @@ pub(crate) async fn claim(
                         state.metrics.dispatch_latency.observe(ms as f64 / 1000.0);
                     }
                     state.job_changed(&c.job.id);
-                    tracing::info!(run = %c.run.id, job = %c.job.name, epoch = c.epoch, agent = %agent.name, "claimed");
                     if state.live_agents.session_gone(&req.session_id) {
                         // The agent stopped (drained, preempted, killed)
                         // while this long poll waited: the attempt has no

@@ -233,7 +233,9 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 actor: Some(actor.clone()),
                 report_context: reports_statuses(&repo).then(|| ctx.clone()),
                 pin_succeeded: false,
+                traceparent: None,
             },
+            None,
         )
         .await?;
         state.relay_wake.notify_one();

@@ -138,7 +138,9 @@ async fn fire(
             actor: Some("schedule".into()),
             report_context: None,
             pin_succeeded: false,
+            traceparent: None,
         },
+        None,
     )
     .await
     .map_err(|e| e.to_string())?;

@@ -22,8 +22,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
     static RUN: Sql = Sql::new(|_| {
         format!(
             "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
-             definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at) \
-             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14)",
+             definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at, traceparent) \
+             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15)",
             queued = lit(RunStatus::Queued)
         )
     });
@@ -72,6 +72,7 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(now)
                     .bind(&run.actor)
                     .bind(run.workflow.timeout_secs.map(|t| now.saturating_add((t as i64).saturating_mul(1000))))
+                    .bind(&run.traceparent)
                     .execute()
                     .await?;
                 let pinned = match (&run.parent_run_id, run.pin_succeeded) {

@@ -287,6 +287,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         actor: None,
         report_context: None,
         pin_succeeded: false,
+        traceparent: None,
     }
 }
 

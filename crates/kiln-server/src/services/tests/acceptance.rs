@@ -12,6 +12,7 @@ fn submission(repo: &str, commit: &str, key: Option<&[u8]>) -> Submission {
         request: api::SubmitRun { commit_sha: commit.into(), ..Default::default() },
         idempotency_key: key.map(<[u8]>::to_vec),
         by: crate::auth::Principal::admin_file(),
+        trace: None,
     }
 }
 

@@ -42,6 +42,7 @@ async fn a_trusted_runs_assignment_carries_its_job_and_secrets() {
         request,
         idempotency_key: None,
         by: crate::auth::Principal::admin_file(),
+        trace: None,
     };
     crate::services::acceptance::submit(&env.state, sub).await.unwrap();
     env.relay().await;
@@ -93,6 +94,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             actor: None,
             report_context: None,
             pin_succeeded: false,
+            traceparent: None,
         })
         .await
         .unwrap();
@@ -133,7 +135,8 @@ async fn a_pull_request_submitted_with_the_admin_token_is_untrusted_and_gets_no_
     let request =
         kiln_api::SubmitRun { commit_sha: "HEAD".into(), event: Some("pull_request".into()), ..Default::default() };
     let by = crate::auth::Principal::admin_file();
-    let sub = crate::services::acceptance::Submission { repo: "r".into(), request, idempotency_key: None, by };
+    let sub =
+        crate::services::acceptance::Submission { repo: "r".into(), request, idempotency_key: None, by, trace: None };
     let run = crate::services::acceptance::submit(&env.state, sub).await.unwrap();
     assert_eq!(env.state.store.get_run(&run).await.unwrap().run.trust, "untrusted");
     env.relay().await;

@@ -73,6 +73,7 @@ impl Env {
             request,
             idempotency_key: None,
             by: crate::auth::Principal::admin_file(),
+            trace: None,
         };
         acceptance::submit(&self.state, sub).await.expect("submit")
     }
