@@ -21,6 +21,7 @@ use crate::state::AppState;
 use kiln_core::Trust;
 use kiln_forge::ForgeEvent;
 use kiln_store::{DeliveryRecord, Idempotency, NewRun, RepoRecord, StoreError};
+use tracing::Instrument;
 
 /// How long a planner holds a delivery before another may take it over.
 const CLAIM_MS: i64 = 120_000;
@@ -70,7 +71,9 @@ async fn plan_claimed(state: &AppState, d: &DeliveryRecord) -> Result<bool, Stor
     if !state.store.claim_delivery(&d.id, CLAIM_MS).await? {
         return Ok(false);
     }
-    match plan(state, d).await {
+    // The runs of a forge delivery start their traces with this trigger (issue 19).
+    let span = tracing::info_span!("trigger", trigger = "forge", delivery = %d.id);
+    match plan(state, d).instrument(span).await {
         Ok(p) => {
             let message = if p.problems.is_empty() {
                 format!("{} run(s) from {} workflow file(s)", p.runs.len(), p.considered)

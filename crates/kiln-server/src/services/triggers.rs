@@ -26,6 +26,7 @@ use kiln_workflow::Workflow;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tracing::Instrument;
 
 use crate::state::ScheduleIndex;
 
@@ -78,7 +79,9 @@ pub(crate) async fn schedule_once(state: &AppState) -> Result<usize, StoreError>
                 continue;
             };
             let Some(tick) = wf.on.schedule.iter().filter_map(|s| s.due_tick(last, now)).max() else { continue };
-            match fire(state, &repo, &idx.sha, path, wf, tick).await {
+            // The scheduled run's trace starts with this trigger (issue 19).
+            let span = tracing::info_span!("trigger", trigger = "schedule", path = %path);
+            match fire(state, &repo, &idx.sha, path, wf, tick).instrument(span).await {
                 Ok(true) => fired += 1,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(repo = %repo.name, workflow = %path, tick, "scheduled run refused: {e}"),
