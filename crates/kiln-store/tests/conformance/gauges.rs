@@ -86,7 +86,8 @@ pub async fn operating_gauges_count_live_rows_by_class_and_agent<S: Store + 'sta
     }
     assert_eq!(s.queue_classes(1).await.unwrap().len(), 1);
     let running = s.running_attempts(10).await.unwrap();
-    let shape: Vec<(&str, &str, i64, &str, &str, Option<&str>)> = running
+    type Shape<'a> = (&'a str, &'a str, i64, &'a str, &'a str, Option<&'a str>);
+    let shape: Vec<Shape> = running
         .iter()
         .map(|r| {
             (
