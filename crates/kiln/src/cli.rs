@@ -892,7 +892,7 @@ pub struct RunsArgs {
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
-    /// How often to refresh the view on a terminal (e.g. `2s`, `500ms`).
+    /// How often to refresh the view on a terminal (e.g. `2s`, `500ms`; at least 100ms).
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: std::time::Duration,
     /// Print one snapshot as plain text and exit (what happens anyway when

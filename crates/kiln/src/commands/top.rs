@@ -41,7 +41,8 @@ pub(super) async fn run(a: TopArgs) -> CmdResult {
         }
         kiln_cmd::write_stdout(screen.as_bytes());
         tokio::select! {
-            _ = tokio::time::sleep(a.interval) => {}
+            // `--interval 0s` must not turn into a busy loop against the server.
+            _ = tokio::time::sleep(a.interval.max(std::time::Duration::from_millis(100))) => {}
             _ = tokio::signal::ctrl_c() => return Ok(exit::OK),
         }
         match c.overview().await {
