@@ -80,6 +80,8 @@ pub(crate) struct Transfer<'a> {
     pub limiter: &'a RateLimiter,
     /// The limit of each artifact's upload and seal (`None`: unlimited).
     pub upload_timeout: Option<std::time::Duration>,
+    /// The agent's `/metrics` (part retries).
+    pub metrics: &'a crate::metrics::AgentMetrics,
 }
 
 /// `path` as a relative path inside the workspace: no root, no `..`, not empty.
@@ -840,6 +842,7 @@ async fn upload_part(
             return Err(infra(format!("upload of part {n} of artifact `{name}` failed {tries} times: {err}")));
         }
         let delay = backoff(tries, 250, 10_000);
+        t.metrics.multipart_retries.with_label_values(&["server"]).inc();
         tracing::warn!(artifact = %name, part = n, tries, error = %err, retry_in_ms = delay.as_millis() as u64,
             "part upload failed; retrying with the same bytes");
         tokio::select! {
@@ -903,6 +906,7 @@ async fn upload_presigned_part(
             return Err(infra(format!("upload of part {n} of artifact `{name}` failed {tries} times: {err}")));
         }
         let delay = backoff(tries, 250, 10_000);
+        t.metrics.multipart_retries.with_label_values(&["object_store"]).inc();
         tracing::warn!(artifact = %name, part = n, tries, error = %err, retry_in_ms = delay.as_millis() as u64,
             "part upload to the object store failed; retrying with the same bytes");
         tokio::select! {

@@ -351,8 +351,15 @@ async fn execute(
         }
     };
 
-    let transfer =
-        Transfer { client: &ctx.client, a, ctl, logs, limiter: &ctx.limiter, upload_timeout: ctx.ops.upload };
+    let transfer = Transfer {
+        client: &ctx.client,
+        a,
+        ctl,
+        logs,
+        limiter: &ctx.limiter,
+        upload_timeout: ctx.ops.upload,
+        metrics: &ctx.metrics,
+    };
     if let Err(ran) = restore_all(&transfer, &ws).await {
         return ran;
     }
@@ -622,11 +629,25 @@ async fn prepare_image(
             ));
         }
     };
-    let mut progress = |m: &str| logs.system_note(m);
+    // The engine says `pulling REF` when the image is not in its store.
+    let pulled = std::sync::atomic::AtomicBool::new(false);
+    let mut progress = |m: &str| {
+        if m.starts_with("pulling ") {
+            pulled.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        logs.system_note(m)
+    };
+    let started = std::time::Instant::now();
     let res = tokio::select! {
         r = crate::ran::within(ctx.ops.pull, engine.ensure_image(&pinned, &mut progress)) => r,
         _ = ctl.stopped() => return Err(Ran::Stopped),
     };
+    let result = match &res {
+        Some(Ok(_)) if pulled.load(std::sync::atomic::Ordering::Relaxed) => "pulled",
+        Some(Ok(_)) => "present",
+        _ => "failed",
+    };
+    ctx.metrics.image_pull.with_label_values(&[result]).observe(started.elapsed().as_secs_f64());
     let Some(res) = res else {
         return Err(crate::ran::op_timed_out(logs, "pulling the job's image", ctx.ops.pull, "--pull-timeout"));
     };

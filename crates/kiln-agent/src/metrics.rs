@@ -21,6 +21,8 @@ pub(crate) struct AgentMetrics {
     pub steps: HistogramVec,
     pub phases: HistogramVec,
     pub attempt_duration: Histogram,
+    pub multipart_retries: IntCounterVec,
+    pub image_pull: HistogramVec,
     spool_bytes: IntGauge,
     disk_level: IntGauge,
     disk_used: Gauge,
@@ -112,6 +114,32 @@ impl AgentMetrics {
             )
             .expect("valid histogram"),
         );
+        // Spec 000 §15: multipart retries and image pull latency, apart
+        // from the `image` phase (which also covers builds and commits).
+        let multipart_retries = counter_vec(
+            &r,
+            "kiln_agent_multipart_retries_total",
+            "Parts of artifact and cache uploads sent again after a failure, by target: server (the server's data \
+             plane), object_store (a presigned URL).",
+            "target",
+            &["server", "object_store"],
+        );
+        let image_pull = reg(
+            &r,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "kiln_agent_image_pull_duration_seconds",
+                    "Making a job's image present in the engine, by result: pulled (from its registry), present \
+                     (already in the engine's image store), failed.",
+                )
+                .buckets(PHASES.to_vec()),
+                &["result"],
+            )
+            .expect("valid histogram"),
+        );
+        for result in ["pulled", "present", "failed"] {
+            image_pull.with_label_values(&[result]);
+        }
         let spool_bytes = reg(
             &r,
             IntGauge::new("kiln_agent_log_spool_bytes", "Log bytes waiting in the running attempts' on-disk spools.")
@@ -141,6 +169,8 @@ impl AgentMetrics {
             steps,
             phases,
             attempt_duration,
+            multipart_retries,
+            image_pull,
             spool_bytes,
             disk_level,
             disk_used,

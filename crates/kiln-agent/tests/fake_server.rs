@@ -578,6 +578,7 @@ struct Harness {
     agent: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     upload_rate_limit: Option<u64>,
     log_limit: Option<u64>,
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Harness {
@@ -596,6 +597,7 @@ impl Harness {
             agent: None,
             upload_rate_limit: None,
             log_limit: None,
+            metrics_listen: None,
         }
     }
 
@@ -677,7 +679,7 @@ impl Harness {
             // do not depend on it (tests/disk covers the level).
             storage_levels: Some(kiln_core::degradation::STORAGE_OFF),
             memory_levels: None,
-            metrics_listen: None,
+            metrics_listen: self.metrics_listen,
             upload_rate_limit: self.upload_rate_limit,
             log_limit: self.log_limit,
             log_rate_limit: None,
@@ -1004,9 +1006,15 @@ async fn a_published_file_is_uploaded_in_parts_and_sealed_before_success() {
 async fn a_part_refused_with_503_is_resent_with_identical_bytes() {
     let mut h = Harness::new();
     h.fake.state.lock().unwrap().fail_part_once = Some(1);
+    // A free port for the agent's /metrics (bound and released here).
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    h.metrics_listen = Some(addr);
     let (a, copy) = h.publishing_job(2 * MIB + 10);
     h.start(vec![a]).await;
     h.wait_attempts_done(1).await;
+    let scrape = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(scrape.contains("kiln_agent_multipart_retries_total{target=\"server\"} 1\n"), "{scrape}");
+    assert!(scrape.contains("kiln_agent_multipart_retries_total{target=\"object_store\"} 0\n"), "{scrape}");
 
     let puts: Vec<_> = h.fake.part_puts().into_iter().filter(|p| p.0 == 1).collect();
     assert_eq!(puts.len(), 2, "{puts:?}");

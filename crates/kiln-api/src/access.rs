@@ -107,3 +107,58 @@ pub struct AuditEntry {
     #[serde(default)]
     pub detail: String,
 }
+
+/// `GET /v1/overview` (admin scope): what `kiln top` shows, one read of
+/// the store's live rows.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Overview {
+    /// When the server answered (ms since the epoch).
+    pub at_ms: i64,
+    /// How many jobs are `pending`, `ready` and `running`.
+    #[serde(default)]
+    pub jobs: BTreeMap<String, u64>,
+    /// Eligible jobs (ready, due, unclaimed) by `runs-on` label set, the
+    /// longest-waiting set first (at most 50 sets).
+    #[serde(default)]
+    pub queue: Vec<QueueEntry>,
+    #[serde(default)]
+    pub agents: Vec<AgentInfo>,
+    /// Running attempts, longest-running first (at most 200).
+    #[serde(default)]
+    pub running: Vec<RunningJob>,
+}
+
+/// One `runs-on` label set of the eligible queue.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QueueEntry {
+    /// The jobs' `runs-on` labels (empty: any agent).
+    pub labels: BTreeMap<String, String>,
+    /// Jobs with these labels that are ready and due, not claimed.
+    pub eligible: u64,
+    /// How long the oldest of them has waited, in milliseconds.
+    pub oldest_age_ms: i64,
+}
+
+/// A running attempt.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunningJob {
+    pub run_id: String,
+    pub repo: String,
+    pub job_id: String,
+    /// The job's name.
+    pub job: String,
+    pub epoch: i64,
+    pub agent_id: String,
+    /// The agent's name.
+    pub agent: String,
+    pub started_at_ms: i64,
+    pub elapsed_ms: i64,
+    /// `prepare`, `image`, `command` or `publication`, as far as the
+    /// attempt's log tells (absent when it does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The last line of the attempt's `system` log stream (`▶ step 2/3:
+    /// cargo test`, `uploading artifact …`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<String>,
+}

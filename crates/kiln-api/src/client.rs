@@ -460,6 +460,11 @@ impl Client {
         Ok(self.send::<(), L>(Method::GET, "/v1/agents", None, &[], None).await?.agents)
     }
 
+    /// `GET /v1/overview`: queue, agents and running jobs (admin scope).
+    pub async fn overview(&self) -> Result<Overview, ApiError> {
+        self.send::<(), Overview>(Method::GET, "/v1/overview", None, &[], None).await
+    }
+
     pub async fn remove_agent(&self, id: &str) -> Result<(), ApiError> {
         let _: serde_json::Value =
             self.send::<(), _>(Method::DELETE, &format!("/v1/agents/{}", enc(id)), None, &[], None).await?;

@@ -180,7 +180,7 @@ pub(crate) enum Access {
 /// The public API's authorization table.
 pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
     const ADMIN_ONLY_READS: &[&str] =
-        &["/v1/repos/{repo}/secrets", "/v1/tokens", "/v1/agent-tokens", "/v1/agents", "/v1/audit"];
+        &["/v1/repos/{repo}/secrets", "/v1/tokens", "/v1/agent-tokens", "/v1/agents", "/v1/overview", "/v1/audit"];
     const TRIGGER_READS: &[&str] = &[
         "/v1/repos/{repo}/workflow-runs",
         "/v1/repos/{repo}/workflow-inputs",
@@ -365,6 +365,8 @@ mod tests {
             (&Scope::Read, &get, "/v1/repos/{repo}/secrets", Deny),
             (&Scope::Read, &get, "/v1/tokens", Deny),
             (&Scope::Read, &get, "/v1/agents", Deny),
+            (&Scope::Read, &get, "/v1/overview", Deny),
+            (&trigger, &get, "/v1/overview", Deny),
             (&Scope::Read, &get, "/v1/audit", Deny),
             (&Scope::Read, &post, "/v1/repos/{repo}/workflow-runs", Deny),
             (&Scope::Read, &post, "/v1/workflow-runs/{run}/cancel", Deny),

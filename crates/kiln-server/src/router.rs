@@ -36,6 +36,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/agent-tokens/{id}", delete(access::revoke_join_token))
         .route("/v1/agents", get(access::list_agents))
         .route("/v1/agents/{agent}", delete(access::remove_agent))
+        .route("/v1/overview", get(access::overview))
         .route("/v1/audit", get(access::audit))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api));
     let join = Router::new()

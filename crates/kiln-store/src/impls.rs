@@ -150,6 +150,14 @@ impl AgentStore for SqlStore {
     async fn operating_gauges(&self, classes: u32) -> Result<OperatingGauges> {
         agents::operating_gauges(self, classes).await
     }
+
+    async fn queue_classes(&self, limit: u32) -> Result<Vec<QueueClass>> {
+        agents::queue_classes(self, limit).await
+    }
+
+    async fn running_attempts(&self, limit: u32) -> Result<Vec<RunningAttempt>> {
+        agents::running_attempts(self, limit).await
+    }
 }
 
 #[async_trait]

@@ -547,6 +547,37 @@ pub struct CacheEntry {
     pub build_ms: Option<i64>,
 }
 
+/// One compatibility class of the eligible queue (`AgentStore::queue_classes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueClass {
+    /// The jobs' `runs-on` labels as their `class_key` (JSON, `{}` for none).
+    pub class_key: String,
+    /// Jobs of the class that are ready and due, not claimed.
+    pub eligible: u64,
+    /// How long the oldest of them has been eligible, in milliseconds.
+    pub oldest_ms: i64,
+}
+
+/// A running attempt as `kiln top` shows it (`AgentStore::running_attempts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningAttempt {
+    pub run_id: String,
+    pub repo: String,
+    pub job_id: String,
+    pub job_name: String,
+    pub epoch: i64,
+    pub agent_id: String,
+    /// The agent's name as it claimed (`attempts.runner`).
+    pub runner: String,
+    pub started_at: i64,
+    /// Database now − `started_at`.
+    pub elapsed_ms: i64,
+    /// The last line the agent wrote to the attempt's `system` log stream
+    /// (its step headers, "checking out …", "uploading artifact …"), if
+    /// that is still in the hot journal.
+    pub last_system_line: Option<String>,
+}
+
 /// What `/metrics` reads from the store at each scrape (spec 000 §15),
 /// each through an index and bounded (`AgentStore::operating_gauges`).
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -122,6 +122,14 @@ pub trait AgentStore: Send + Sync {
     /// still in the hot journal. Every read goes through an index over live
     /// rows only.
     async fn operating_gauges(&self, classes: u32) -> Result<OperatingGauges>;
+    /// The eligible queue (ready, due, unclaimed jobs) by compatibility
+    /// class: how many and the oldest's age, the `limit` oldest classes
+    /// first (through the `jobs(status)` index, as the gauges).
+    async fn queue_classes(&self, limit: u32) -> Result<Vec<QueueClass>>;
+    /// The running attempts, longest-running first (at most `limit`), each
+    /// with its job, run, repository, agent and the last line of its
+    /// `system` log stream.
+    async fn running_attempts(&self, limit: u32) -> Result<Vec<RunningAttempt>>;
 }
 
 /// Who may do what: join tokens, scoped API tokens, secret pools and the

@@ -122,6 +122,11 @@ pub enum Command {
         #[command(flatten)]
         conn: Conn,
     },
+    /// A live view of the eligible queue by `runs-on` label set, the agents
+    /// (slots used / capacity, draining, last seen) and the running jobs with
+    /// their phase (admin token). Redraws every --interval on a terminal;
+    /// otherwise, or with --once, prints one snapshot and exits.
+    Top(TopArgs),
     /// Show the audit log: who started, cancelled or retried what, token and
     /// agent changes, and every secret handed to a job.
     Audit(AuditArgs),
@@ -898,6 +903,22 @@ pub struct RunsArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]
     pub limit: u32,
     /// Print the API's run summaries as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// How often to refresh the view on a terminal (e.g. `2s`, `500ms`; at least 100ms).
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub interval: std::time::Duration,
+    /// Print one snapshot as plain text and exit (what happens anyway when
+    /// standard output is not a terminal).
+    #[arg(long)]
+    pub once: bool,
+    /// Print one snapshot as JSON (the API's `GET /v1/overview`) and exit.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

@@ -246,6 +246,76 @@ fn a_job_no_agent_can_take_says_why_and_agents_are_listed() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
 }
 
+/// `kiln top --once`: a running job with its agent and phase, a job no
+/// agent can take under its `runs-on` label set in the queue, the agents'
+/// slots; `--json` is the API's overview; only an admin token reads it; a
+/// closed standard output is no panic.
+#[test]
+fn top_shows_the_queue_agents_and_running_jobs() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let slow = repo_with("  - name: spin\n    steps:\n      - echo started; sleep 60\n");
+    let ubuntu = repo_with("  - name: build\n    runs-on: {os: ubuntu-latest}\n    steps:\n      - echo hi\n");
+    add_repo(&up, "slow", &slow);
+    add_repo(&up, "ubuntu", &ubuntu);
+    let running = start_run(&up, "slow");
+    let waiting = start_run(&up, "ubuntu");
+
+    let top = poll(&up, &["top", "--once"], |s| s.contains("▶ step 1/1") && s.contains("os=ubuntu-latest"));
+    let section = |name: &str| -> Vec<String> {
+        top.split("\n\n")
+            .find(|b| b.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{top}"))
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let queue = section("QUEUE");
+    let row = queue.iter().find(|l| l.trim_start().starts_with("os=ubuntu-latest ")).unwrap_or_else(|| panic!("{top}"));
+    assert_eq!(row.split_whitespace().nth(1), Some("1"), "{row}");
+    let agents = section("AGENTS");
+    let row = agents.iter().find(|l| l.trim_start().starts_with("local-1 ")).unwrap_or_else(|| panic!("{top}"));
+    assert!(row.contains(" 1/1 ") && row.contains(" yes "), "{row}");
+    let rows = section("RUNNING");
+    let row = rows.iter().find(|l| l.contains(" spin ")).unwrap_or_else(|| panic!("{top}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[..5], &[&running[..13], "slow", "spin", "local-1", "command"], "{row}");
+    assert_eq!(rows.len(), 3, "a title, a header and one running job:\n{top}");
+    assert!(!top.contains('\u{1b}'), "no screen control codes off a terminal: {top:?}");
+
+    let out = kiln(&up, &["top", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["queue"][0]["labels"], serde_json::json!({"os": "ubuntu-latest"}));
+    assert_eq!(v["queue"][0]["eligible"], 1);
+    assert_eq!(v["running"][0]["run_id"], running.as_str());
+    assert_eq!(v["running"][0]["job"], "spin");
+    assert_eq!(v["running"][0]["agent"], "local-1");
+    assert_eq!(v["running"][0]["phase"], "command");
+    assert_eq!(v["agents"][0]["running_jobs"], 1);
+    assert_eq!(v["jobs"]["running"], 1);
+    assert_eq!(v["running"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_ne!(v["running"][0]["run_id"], waiting.as_str());
+
+    // Only an admin reads it, as `kiln agents`.
+    let agent_token = std::fs::read_to_string(up.data_dir().join("agent.token")).unwrap();
+    let out = up.cli().env("KILN_TOKEN", agent_token.trim()).args(["top", "--once"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let out = kiln(&up, &["token", "create", "--name", "reader", "--scope", "read"]);
+    let reader = stdout(&out).trim().to_string();
+    let out = up.cli().env("KILN_TOKEN", &reader).args(["top", "--once"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+
+    // `kiln top | head -0`.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = up.cli().args(["top"]).stdout(writer).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+
+    let out = kiln(&up, &["cancel", &running]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// `kiln repo add ghost --url /nonexistent` is refused at add time;
 /// `kiln repo rm` removes a repository (admin only), `kiln repo set` changes one.
 #[test]

@@ -207,6 +207,15 @@ async fn a_scripted_scenario_moves_every_counter_by_exactly_what_happened() {
     assert!(agent_delta("kiln_agent_log_bytes_sent_total") > 0.0, "{agent_during}");
     assert!(agent_during.contains("kiln_agent_disk_level "), "{agent_during}");
     assert!(agent_during.contains("kiln_agent_log_spool_bytes "), "{agent_during}");
+    // The cache save uploaded its archive in parts, none of them again; the
+    // host executor pulls no image (the series exist, at 0).
+    assert!(agent_during.contains("kiln_agent_multipart_retries_total{target=\"server\"} "), "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_multipart_retries_total{target=\"server\"}"), 0.0, "{agent_during}");
+    assert_eq!(agent_delta("kiln_agent_multipart_retries_total{target=\"object_store\"}"), 0.0, "{agent_during}");
+    for result in ["pulled", "present", "failed"] {
+        let series = format!("kiln_agent_image_pull_duration_seconds_count{{result=\"{result}\"}}");
+        assert!(agent_during.contains(&format!("{series} 0\n")), "{agent_during}");
+    }
 
     // The expositions are valid and lint-clean.
     for (what, text) in [("server", &after), ("agent", &agent_during)] {
@@ -214,8 +223,10 @@ async fn a_scripted_scenario_moves_every_counter_by_exactly_what_happened() {
         assert!(ok, "promtool check metrics on the {what}'s scrape:\n{out}\n{text}");
     }
 
-    // Every metric the shipped alert rules and dashboard use is real.
-    let have = names(&after);
+    // Every metric the shipped alert rules and dashboard use is real (the
+    // dashboard's agent panels read the agents' scrape).
+    let mut have = names(&after);
+    have.extend(names(&agent_during));
     let rules = std::fs::read_to_string(root().join("deploy/prometheus/kiln-alerts.yml")).unwrap();
     let dashboard = std::fs::read_to_string(root().join("deploy/grafana/kiln-dashboard.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");

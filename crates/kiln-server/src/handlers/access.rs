@@ -1,4 +1,4 @@
-//! `/v1/tokens`, `/v1/agent-tokens`, `/v1/agents`, `/v1/audit` (admin scope).
+//! `/v1/tokens`, `/v1/agent-tokens`, `/v1/agents`, `/v1/overview`, `/v1/audit` (admin scope).
 
 use super::body::parse;
 use crate::auth::Principal;
@@ -59,6 +59,10 @@ pub(crate) async fn revoke_join_token(
 
 pub(crate) async fn list_agents(S(state): S<State>) -> ApiResult<Json<Value>> {
     Ok(Json(json!({ "agents": access::list_agents(&state).await? })))
+}
+
+pub(crate) async fn overview(S(state): S<State>) -> ApiResult<Json<api::Overview>> {
+    Ok(Json(crate::services::overview::overview(&state).await?))
 }
 
 pub(crate) async fn remove_agent(

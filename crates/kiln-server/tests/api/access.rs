@@ -80,12 +80,20 @@ async fn read_tokens_read_and_change_nothing() {
         ("POST", "/v1/tokens".to_string()),
         ("GET", "/v1/audit".to_string()),
         ("GET", "/v1/agents".to_string()),
+        ("GET", "/v1/overview".to_string()),
     ] {
         let m = method.parse().unwrap();
         let res = read.request(m, &path).json(&serde_json::json!({"value": "x"})).send().await;
         assert_eq!(res.assert_status(StatusCode::FORBIDDEN).error_code(), api::codes::FORBIDDEN, "{method} {path}");
     }
     assert_eq!(super::get_run(&app, &run).await.status, "queued", "nothing changed");
+    // The admin's overview: the queued run's job waits in the queue under
+    // no labels; nothing runs.
+    let o: api::Overview = app.admin().get("/v1/overview").send().await.assert_status(StatusCode::OK).json();
+    let queue: Vec<_> = o.queue.iter().map(|q| (q.labels.len(), q.eligible)).collect();
+    assert_eq!(queue, vec![(0, 1)], "{o:?}");
+    assert!(o.running.is_empty() && o.agents.is_empty(), "{o:?}");
+    assert_eq!(o.jobs.get("ready"), Some(&1), "{o:?}");
     // Scope errors are 422 and create nothing.
     for bad in [
         api::CreateToken { name: "x".into(), scope: "root".into(), repo: None, trusted: None },

@@ -215,3 +215,70 @@ pub(crate) async fn operating_gauges(store: &SqlStore, classes: u32) -> Result<c
         oldest_unarchived_log_ms: unarchived.unwrap_or(0).max(0),
     })
 }
+
+/// `AgentStore::queue_classes`: the gauges' eligible read, with counts.
+pub(crate) async fn queue_classes(store: &SqlStore, limit: u32) -> Result<Vec<crate::model::QueueClass>> {
+    use kiln_core::JobStatus;
+    static QUEUE: Sql = Sql::new(|d| {
+        format!(
+            "SELECT class_key, COUNT(*), {now} - MIN(next_attempt_at) FROM jobs WHERE status = {ready} \
+             AND next_attempt_at <= {now} GROUP BY class_key ORDER BY 3 DESC, 1 LIMIT $1",
+            ready = lit(JobStatus::Ready),
+            now = d.now_ms,
+        )
+    });
+    let rows: Vec<(String, i64, i64)> = store.reader().await?.sql(&QUEUE).bind(i64::from(limit)).all().await?;
+    Ok(rows
+        .into_iter()
+        .map(|(class_key, n, age)| crate::model::QueueClass {
+            class_key,
+            eligible: u64::try_from(n).unwrap_or(0),
+            oldest_ms: age.max(0),
+        })
+        .collect())
+}
+
+/// `AgentStore::running_attempts`: through `attempts(outcome, …)`; the
+/// last `system` line through the log journal's unique
+/// `(job_id, epoch, stream, byte_offset)` index.
+pub(crate) async fn running_attempts(store: &SqlStore, limit: u32) -> Result<Vec<crate::model::RunningAttempt>> {
+    static RUNNING: Sql = Sql::new(|d| {
+        format!(
+            "SELECT a.run_id, p.name, a.job_id, j.name, a.epoch, a.agent_id, a.runner, a.started_at, \
+             {now} - a.started_at, \
+             (SELECT c.data FROM log_chunks c WHERE c.job_id = a.job_id AND c.epoch = a.epoch \
+              AND c.stream = 'system' ORDER BY c.byte_offset DESC LIMIT 1) \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN runs r ON r.id = a.run_id \
+             JOIN repos p ON p.id = r.repo_id \
+             WHERE a.outcome = {running} ORDER BY a.started_at, a.job_id LIMIT $1",
+            running = lit(AttemptOutcome::Running),
+            now = d.now_ms,
+        )
+    });
+    type Row = (String, String, String, String, i64, String, String, i64, i64, Option<Vec<u8>>);
+    let rows: Vec<Row> = store.reader().await?.sql(&RUNNING).bind(i64::from(limit)).all().await?;
+    Ok(rows
+        .into_iter()
+        .map(|(run_id, repo, job_id, job_name, epoch, agent_id, runner, started_at, elapsed, data)| {
+            crate::model::RunningAttempt {
+                run_id,
+                repo,
+                job_id,
+                job_name,
+                epoch,
+                agent_id,
+                runner,
+                started_at,
+                elapsed_ms: elapsed.max(0),
+                last_system_line: data.as_deref().and_then(last_line),
+            }
+        })
+        .collect())
+}
+
+/// The last non-empty line of a log chunk, at most 200 characters.
+fn last_line(data: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(data);
+    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    Some(line.chars().take(200).collect())
+}

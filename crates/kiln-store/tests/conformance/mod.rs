@@ -26,6 +26,7 @@ pub mod cancel;
 pub mod claim;
 pub mod completion;
 pub mod forge;
+pub mod gauges;
 pub mod graphs;
 pub mod images;
 pub mod lease;
@@ -67,6 +68,7 @@ macro_rules! suite {
             access::secret_pools_and_audit_log,
             access::secrets_are_replaced_all_or_nothing,
             access::agents_record_their_version_and_draining,
+            gauges::operating_gauges_count_live_rows_by_class_and_agent,
             caches::cache_keys_bind_first_writer_wins_and_fenced_attempts_bind_nothing,
             caches::concurrent_saves_of_one_key_leave_one_binding,
             caches::prefix_lookups_find_the_most_recently_used_entry_of_a_namespace,

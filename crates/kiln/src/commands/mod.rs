@@ -18,6 +18,7 @@ mod secret;
 mod server;
 mod shared;
 mod status;
+mod top;
 mod up;
 mod validate;
 mod wait;
@@ -37,6 +38,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Agents { command, json, conn } => {
             access::agents(command.unwrap_or(crate::cli::AgentsCommand::Ls { json, conn })).await
         }
+        Command::Top(a) => top::run(a).await,
         Command::Audit(a) => access::audit(a).await,
         Command::Login(a) => login::login(a).await,
         Command::Logout { context } => login::logout(context),
