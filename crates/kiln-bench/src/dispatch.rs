@@ -337,28 +337,6 @@ async fn wait_all_terminal(c: &Client, ids: &[String]) -> anyhow::Result<usize> 
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_step_clock_is_read_from_its_line() {
-        assert_eq!(parse_marker("KILN_T=1764820000123456789\n"), Some(1_764_820_000_123_456_789));
-        assert_eq!(parse_marker("noise\nKILN_T=42\r\n"), Some(42));
-        assert_eq!(parse_marker("KILN_T=\n"), None);
-        assert_eq!(parse_marker("▶ step 1/1: echo KILN_T=$(date +%s%N)\nKILN_T=7\n"), Some(7));
-        assert_eq!(parse_marker("nothing"), None);
-    }
-
-    #[test]
-    fn configs_parse_by_name() {
-        for c in [Config::Plain, Config::Observed, Config::Otlp] {
-            assert_eq!(Config::parse(c.name()), Some(c));
-        }
-        assert_eq!(Config::parse("loud"), None);
-    }
-}
-
 /// The earlier figure: an in-process `kiln up` (`--embedded`).
 async fn embedded(a: &BenchArgs) -> Result<i32, Failure> {
     let tmp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
@@ -426,4 +404,26 @@ async fn embedded(a: &BenchArgs) -> Result<i32, Failure> {
     let _ = handle.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(if failed == 0 { exit::OK } else { exit::RUN_FAILED })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_clock_is_read_from_its_line() {
+        assert_eq!(parse_marker("KILN_T=1764820000123456789\n"), Some(1_764_820_000_123_456_789));
+        assert_eq!(parse_marker("noise\nKILN_T=42\r\n"), Some(42));
+        assert_eq!(parse_marker("KILN_T=\n"), None);
+        assert_eq!(parse_marker("▶ step 1/1: echo KILN_T=$(date +%s%N)\nKILN_T=7\n"), Some(7));
+        assert_eq!(parse_marker("nothing"), None);
+    }
+
+    #[test]
+    fn configs_parse_by_name() {
+        for c in [Config::Plain, Config::Observed, Config::Otlp] {
+            assert_eq!(Config::parse(c.name()), Some(c));
+        }
+        assert_eq!(Config::parse("loud"), None);
+    }
 }
