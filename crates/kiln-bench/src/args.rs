@@ -56,6 +56,11 @@ pub struct BenchArgs {
     /// a loopback sink the bench runs). `*_overhead_pct` is the throughput lost against `plain`.
     #[arg(long, value_delimiter = ',', default_value = "plain,observed,otlp", value_parser = ["plain", "observed", "otlp"])]
     pub configs: Vec<String>,
+    /// dispatch: measure every configuration this many times, interleaved (plain, observed,
+    /// otlp, plain, …), and print the median round's throughput and the pooled latencies:
+    /// on a shared host one round's noise can exceed the overhead being measured.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
     /// dispatch: measure an in-process `kiln up` (server and agents in the bench's own
     /// process, no logs, no observability) instead of real processes: the earlier figure.
     #[arg(long)]

@@ -101,6 +101,29 @@ struct Figures {
     otlp: Option<(u64, u64)>,
 }
 
+impl Figures {
+    /// Several rounds of one configuration as one: the median throughput,
+    /// the latencies pooled, the counts summed.
+    fn pool(mut rounds: Vec<Figures>) -> Figures {
+        rounds.sort_by(|a, b| a.runs_per_s.total_cmp(&b.runs_per_s));
+        let rates: Vec<f64> = rounds.iter().map(|f| f.runs_per_s).collect();
+        let sorted = |v: Vec<f64>| {
+            let mut v = v;
+            v.sort_by(|a, b| a.total_cmp(b));
+            v
+        };
+        Figures {
+            runs_per_s: percentile(&rates, 0.5),
+            failed: rounds.iter().map(|f| f.failed).sum(),
+            step: sorted(rounds.iter().flat_map(|f| f.step.iter().copied()).collect()),
+            claim: sorted(rounds.iter().flat_map(|f| f.claim.iter().copied()).collect()),
+            scrapes: rounds.iter().map(|f| f.scrapes).sum(),
+            log_bytes: rounds.iter().map(|f| f.log_bytes).sum(),
+            otlp: rounds.iter().filter_map(|f| f.otlp).reduce(|(r, b), (r2, b2)| (r + r2, b + b2)),
+        }
+    }
+}
+
 async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
     let mut configs = vec![];
     for s in &a.configs {
@@ -117,9 +140,20 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
     let (sh_rate, sh_lat) = baseline(n)?;
 
     kiln_cmd::outln!("dispatch_agents: {}", a.agents);
+    // Rounds interleave the configurations, so that a host's drift (other
+    // load, a warming page cache) falls on all of them alike.
+    let mut rounds: Vec<(Config, Vec<Figures>)> = configs.iter().map(|c| (*c, vec![])).collect();
+    for round in 0..a.rounds.max(1) {
+        for (cfg, figs) in &mut rounds {
+            figs.push(measure(a, *cfg, &repo, &tmp.join(format!("{}-{round}", cfg.name()))).await?);
+        }
+    }
+    if a.rounds > 1 {
+        kiln_cmd::outln!("dispatch_rounds: {} (throughput: the median round; latency: all rounds pooled)", a.rounds);
+    }
     let mut results = vec![];
-    for cfg in configs {
-        let f = measure(a, cfg, &repo, &tmp.join(cfg.name())).await?;
+    for (cfg, figs) in rounds {
+        let f = Figures::pool(figs);
         let s = cfg.name();
         kiln_cmd::outln!("noop_runs_per_s_{s}: {:.1}", f.runs_per_s);
         kiln_cmd::outln!("noop_runs_failed_{s}: {}", f.failed);
