@@ -4,7 +4,9 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// What to measure: dispatch (throughput, trigger-to-start), artifacts
+    /// What to measure: dispatch (no-op throughput, trigger-to-start and claim latency
+    /// against a real `kiln server` and --agents `kiln agent` processes, per --configs;
+    /// --embedded: against an in-process `kiln up` instead), artifacts
     /// (1 GiB upload + seal vs cp + sha256sum), failover (SIGKILL / SIGSTOP
     /// of an agent to its job claimed elsewhere), logs (200 MB of stdout
     /// ingested, durable before acknowledgement, vs a file write + fsync), or all;
@@ -47,6 +49,22 @@ pub struct BenchArgs {
     /// Local agents.
     #[arg(long, default_value_t = 2)]
     pub agents: u32,
+    /// dispatch: the deployments to measure, each with fresh processes and its figures
+    /// suffixed `_<config>`: `plain` (text logs, nothing scraped), `observed` (`--log-format
+    /// json` on server and agents, the server's /metrics scraped every second, as Prometheus
+    /// would), `otlp` (observed, and spans exported with `--otlp-endpoint` over OTLP/HTTP to
+    /// a loopback sink the bench runs). `*_overhead_pct` is the throughput lost against `plain`.
+    #[arg(long, value_delimiter = ',', default_value = "plain,observed,otlp", value_parser = ["plain", "observed", "otlp"])]
+    pub configs: Vec<String>,
+    /// dispatch: measure every configuration this many times, interleaved (plain, observed,
+    /// otlp, plain, …), and print the median round's throughput and the pooled latencies:
+    /// on a shared host one round's noise can exceed the overhead being measured.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    /// dispatch: measure an in-process `kiln up` (server and agents in the bench's own
+    /// process, no logs, no observability) instead of real processes: the earlier figure.
+    #[arg(long)]
+    pub embedded: bool,
     /// containers: Docker Engine API endpoint.
     #[arg(long, env = "KILN_ENGINE", default_value = "unix:///run/podman/podman.sock")]
     pub engine: String,

@@ -15,13 +15,12 @@
 //! One SIGSTOP round shows the other path: a paused agent keeps its
 //! connection, so only the lease TTL catches it.
 
-use crate::util::{Proc, now_ms, percentile, repo_with, spawn_agent};
+use crate::util::{Proc, add_repo, now_ms, percentile, repo_with, spawn_agent, spawn_server, token};
 use futures::StreamExt;
 use kiln_api::{Client, SubmitRun, exit};
 use kiln_cmd::Failure;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The targets, and the figures measured before fast failover.
@@ -47,46 +46,9 @@ async fn wait_epoch(c: &Client, run: &str, job: usize, epoch: i64) -> anyhow::Re
     }
 }
 
-/// `kiln server` on `data` at `listen`; returns once it listens.
-fn spawn_server(data: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["server", "--listen", listen, "--data-dir"])
-        .arg(data)
-        .env("KILN_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let out = child.stdout.take().expect("stdout");
-    let proc = Proc(child);
-    for line in BufReader::new(out).lines() {
-        let line = line?;
-        if let Some(rest) = line.strip_prefix("kiln server listening on ") {
-            let url = rest.split_whitespace().next().unwrap_or_default().to_string();
-            return Ok((proc, url));
-        }
-    }
-    anyhow::bail!("kiln server exited before listening")
-}
-
 fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {
     let st = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status()?;
     anyhow::ensure!(st.success(), "kill -{sig} {pid} failed");
-    Ok(())
-}
-
-fn token(data: &Path, name: &str) -> anyhow::Result<String> {
-    Ok(std::fs::read_to_string(data.join(name))?.trim().to_string())
-}
-
-async fn add_repo(c: &Client, name: &str, dir: &Path) -> anyhow::Result<()> {
-    c.create_repo(&kiln_api::CreateRepo {
-        forge: Default::default(),
-        name: name.into(),
-        clone_url: dir.display().to_string(),
-        webhook_secret: None,
-        secret_pools: None,
-    })
-    .await?;
     Ok(())
 }
 

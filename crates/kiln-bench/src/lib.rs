@@ -15,6 +15,7 @@ mod control;
 mod dispatch;
 mod failover;
 mod logs;
+mod otlp_sink;
 mod util;
 mod webhooks;
 

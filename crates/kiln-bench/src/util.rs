@@ -1,8 +1,9 @@
 //! What the benchmarks share: percentiles, a one-commit repository, waiting
-//! for a run, and real agent processes.
+//! for a run, and real server and agent processes.
 
 use kiln_api::Client;
-use std::path::Path;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -77,6 +78,111 @@ pub(crate) fn spawn_agent_with(
         .env("KILN_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .spawn()?;
+    Ok(Proc(child))
+}
+
+/// How a daemon of a benchmarked deployment is started: global flags
+/// (`--log-format`, `--otlp-endpoint`, …) and environment. With a `log`
+/// file the process logs at its default level (`info`) into it, as a
+/// deployment logs into its journal; without one it logs errors only, to
+/// nowhere.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Launch {
+    pub(crate) global: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) log: Option<PathBuf>,
+}
+
+impl Launch {
+    /// `kiln GLOBAL… SUB` with this launch's environment and stderr. The
+    /// bench's own KILN_LOG_FORMAT / KILN_OTLP_* would leak into every
+    /// configuration, so they are removed; the flags say what is on.
+    fn command(&self, sub: &str) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(&self.global).arg(sub);
+        for var in ["KILN_LOG_FORMAT", "KILN_OTLP_ENDPOINT", "KILN_OTLP_PROTOCOL"] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        match &self.log {
+            Some(file) => {
+                cmd.env_remove("KILN_LOG").stderr(std::fs::File::create(file)?);
+            }
+            None => {
+                cmd.env("KILN_LOG", "error").stderr(Stdio::null());
+            }
+        }
+        Ok(cmd)
+    }
+
+    /// This launch, logging into `file`.
+    pub(crate) fn logging_to(&self, file: PathBuf) -> Self {
+        Self { log: Some(file), ..self.clone() }
+    }
+}
+
+/// `kiln server` on `data` at `listen` (errors only, discarded); returns
+/// once it listens, with its URL.
+pub(crate) fn spawn_server(data: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
+    spawn_server_with(data, listen, &Launch::default())
+}
+
+/// [`spawn_server`] started as `launch` says.
+pub(crate) fn spawn_server_with(data: &Path, listen: &str, launch: &Launch) -> anyhow::Result<(Proc, String)> {
+    let mut child =
+        launch.command("server")?.args(["--listen", listen, "--data-dir"]).arg(data).stdout(Stdio::piped()).spawn()?;
+    let out = child.stdout.take().expect("stdout");
+    let proc = Proc(child);
+    let mut lines = BufReader::new(out).lines();
+    for line in lines.by_ref() {
+        let line = line?;
+        if let Some(rest) = line.strip_prefix("kiln server listening on ") {
+            let url = rest.split_whitespace().next().unwrap_or_default().to_string();
+            // Keep reading: a closed stdout would end a later `outln!` (and
+            // the server) quietly.
+            std::thread::spawn(move || lines.for_each(drop));
+            return Ok((proc, url));
+        }
+    }
+    anyhow::bail!("kiln server exited before listening")
+}
+
+/// A token the server wrote into its data dir (`admin.token`, `agent.token`).
+pub(crate) fn token(data: &Path, name: &str) -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string(data.join(name))?.trim().to_string())
+}
+
+/// Register the local repository `dir` as `name`.
+pub(crate) async fn add_repo(c: &Client, name: &str, dir: &Path) -> anyhow::Result<()> {
+    c.create_repo(&kiln_api::CreateRepo {
+        forge: Default::default(),
+        name: name.into(),
+        clone_url: dir.display().to_string(),
+        webhook_secret: None,
+        secret_pools: None,
+    })
+    .await?;
+    Ok(())
+}
+
+/// A `kiln agent` as deployed: its token read from `token_file` (never
+/// argv, never the environment), started as `launch` says.
+pub(crate) fn spawn_agent_deployed(
+    server: &str,
+    token_file: &Path,
+    name: &str,
+    dir: &Path,
+    launch: &Launch,
+) -> anyhow::Result<Proc> {
+    let child = launch
+        .command("agent")?
+        .args(["--server", server, "--name", name, "--token-file"])
+        .arg(token_file)
+        .arg("--work-dir")
+        .arg(dir.join(name))
+        .env_remove("KILN_AGENT_TOKEN")
+        .stdout(Stdio::null())
         .spawn()?;
     Ok(Proc(child))
 }
