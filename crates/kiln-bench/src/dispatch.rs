@@ -99,6 +99,10 @@ struct Figures {
     log_bytes: u64,
     /// (export requests, bytes) the sink received.
     otlp: Option<(u64, u64)>,
+    /// CPU time (user + system, the daemons and the steps they reaped)
+    /// per run of the throughput phase, ms: steadier than throughput on a
+    /// shared host, since another process's load does not add to it.
+    cpu_ms_per_run: f64,
 }
 
 impl Figures {
@@ -120,6 +124,7 @@ impl Figures {
             scrapes: rounds.iter().map(|f| f.scrapes).sum(),
             log_bytes: rounds.iter().map(|f| f.log_bytes).sum(),
             otlp: rounds.iter().filter_map(|f| f.otlp).reduce(|(r, b), (r2, b2)| (r + r2, b + b2)),
+            cpu_ms_per_run: percentile(&sorted(rounds.iter().map(|f| f.cpu_ms_per_run).collect()), 0.5),
         }
     }
 }
@@ -162,6 +167,7 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
         kiln_cmd::outln!("claim_p50_ms_{s}: {:.1}", percentile(&f.claim, 0.5));
         kiln_cmd::outln!("claim_p95_ms_{s}: {:.1}", percentile(&f.claim, 0.95));
         kiln_cmd::outln!("daemon_log_bytes_{s}: {}", f.log_bytes);
+        kiln_cmd::outln!("cpu_ms_per_run_{s}: {:.2}", f.cpu_ms_per_run);
         if cfg != Config::Plain {
             kiln_cmd::outln!("metrics_scrapes_{s}: {}", f.scrapes);
         }
@@ -172,10 +178,12 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
         results.push((cfg, f));
     }
     let rate = |c: Config| results.iter().find(|(k, _)| *k == c).map(|(_, f)| f.runs_per_s);
-    if let Some(plain) = rate(Config::Plain) {
+    let cpu = |c: Config| results.iter().find(|(k, _)| *k == c).map(|(_, f)| f.cpu_ms_per_run);
+    if let (Some(plain), Some(plain_cpu)) = (rate(Config::Plain), cpu(Config::Plain)) {
         for c in [Config::Observed, Config::Otlp] {
-            if let Some(r) = rate(c) {
+            if let (Some(r), Some(u)) = (rate(c), cpu(c)) {
                 kiln_cmd::outln!("{}_overhead_pct: {:.1}", c.name(), (1.0 - r / plain) * 100.0);
+                kiln_cmd::outln!("{}_cpu_overhead_pct: {:.1}", c.name(), (u / plain_cpu - 1.0) * 100.0);
             }
         }
     }
@@ -232,6 +240,8 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
 
     // Throughput: all runs submitted at once, until all are terminal.
     let n = a.runs as usize;
+    let pids: Vec<u32> = std::iter::once(&server).chain(&agents).map(|p| p.0.id()).collect();
+    let cpu0 = cpu_ticks(&pids);
     let t0 = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..n {
@@ -245,6 +255,7 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     }
     let failed = wait_all_terminal(&c, &ids).await?;
     let runs_per_s = n as f64 / t0.elapsed().as_secs_f64();
+    let cpu_ms_per_run = cpu_ticks(&pids).saturating_sub(cpu0) as f64 * 1000.0 / clock_ticks_per_s() / n as f64;
 
     // Trigger-to-start on an idle deployment, one run at a time.
     let (mut step, mut claim) = (vec![], vec![]);
@@ -280,6 +291,34 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
         scrapes: scrapes.load(Relaxed),
         log_bytes,
         otlp: sink.map(|s| (s.requests(), s.bytes())),
+        cpu_ms_per_run,
+    })
+}
+
+/// User + system CPU ticks of `pids` and of the children they reaped
+/// (`/proc/PID/stat` fields 14-17).
+fn cpu_ticks(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            // After the command name, which may hold spaces: field 3 on.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum::<u64>()
+        })
+        .sum()
+}
+
+/// `sysconf(_SC_CLK_TCK)`, read once from `getconf` (100 on Linux).
+fn clock_ticks_per_s() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
     })
 }
 
