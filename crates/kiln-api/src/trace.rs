@@ -51,10 +51,10 @@ impl TraceParent {
             return None;
         }
         let mut tp = TraceParent { trace_id: [0; 16], span_id: [0; 8], flags: 0 };
-        hex_into(trace, &mut tp.trace_id)?;
-        hex_into(span, &mut tp.span_id)?;
         let mut f = [0u8; 1];
-        hex_into(flags, &mut f)?;
+        hex::decode_to_slice(trace, &mut tp.trace_id).ok()?;
+        hex::decode_to_slice(span, &mut tp.span_id).ok()?;
+        hex::decode_to_slice(flags, &mut f).ok()?;
         tp.flags = f[0];
         if tp.trace_id == [0; 16] || tp.span_id == [0; 8] {
             return None;
@@ -80,7 +80,7 @@ impl TraceParent {
 
     /// The trace id as 32 lower-case hex digits (what log lines carry).
     pub fn trace_id_hex(&self) -> String {
-        hex(&self.trace_id)
+        hex::encode(self.trace_id)
     }
 
     fn span_context(&self) -> SpanContext {
@@ -96,7 +96,7 @@ impl TraceParent {
 
 impl fmt::Display for TraceParent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "00-{}-{}-{:02x}", hex(&self.trace_id), hex(&self.span_id), self.flags)
+        write!(f, "00-{}-{}-{:02x}", hex::encode(self.trace_id), hex::encode(self.span_id), self.flags)
     }
 }
 
@@ -130,24 +130,6 @@ pub fn enter(span: &tracing::Span, parent: Option<TraceParent>) -> TraceParent {
     };
     span.record("trace_id", tp.trace_id_hex().as_str());
     tp
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
-}
-
-fn hex_into(s: &str, out: &mut [u8]) -> Option<()> {
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    for (i, pair) in s.as_bytes().chunks(2).enumerate() {
-        *out.get_mut(i)? = digit(pair[0])? << 4 | digit(*pair.get(1)?)?;
-    }
-    Some(())
 }
 
 #[cfg(test)]
