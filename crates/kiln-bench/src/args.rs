@@ -53,7 +53,7 @@ pub struct BenchArgs {
     /// suffixed `_<config>`: `plain` (text logs, nothing scraped), `observed` (`--log-format
     /// json` on server and agents, the server's /metrics scraped every second, as Prometheus
     /// would), `otlp` (observed, and spans exported with `--otlp-endpoint` over OTLP/HTTP to
-    /// a loopback sink the bench runs). `*_overhead_pct` is the throughput lost against `plain`.
+    /// a loopback sink the bench runs). `*_overhead_pct` is the throughput lost against `plain`, `*_cpu_overhead_pct` the CPU time per run (server, agents and their steps) added: the steadier figure on a shared host.
     #[arg(long, value_delimiter = ',', default_value = "plain,observed,otlp", value_parser = ["plain", "observed", "otlp"])]
     pub configs: Vec<String>,
     /// dispatch: measure every configuration this many times, interleaved (plain, observed,
