@@ -70,10 +70,13 @@ pub fn init(cli: &Cli) -> Result<Telemetry, String> {
             Box::new(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_filter(filter))
         }
         LogFormat::Json => Box::new(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .fmt_fields(JsonFields::new())
-                .event_format(JsonLines)
+            Correlate
+                .and_then(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(std::io::stderr)
+                        .fmt_fields(JsonFields::new())
+                        .event_format(JsonLines),
+                )
                 .with_filter(filter),
         ),
     };
@@ -132,8 +135,13 @@ fn http_traces_url(endpoint: &str) -> String {
 }
 
 /// `--log-format json`: one object per line with `timestamp`, `level`,
-/// `target`, `fields` (the event's), `spans` (outermost first, each with
-/// its `name` and fields) and the correlation ids at the top level.
+/// `target`, the correlation ids at the top level, `fields` (the event's)
+/// and `spans` (outermost first, each with its `name` and fields).
+///
+/// The line is written straight to the output: a span's fields were
+/// formatted as a JSON object once, when the span was made, and are
+/// spliced in as they are; its correlation ids were picked out once too
+/// (by [`Correlate`]), so an event costs no parse of its spans.
 struct JsonLines;
 
 impl<S, N> FormatEvent<S, N> for JsonLines
@@ -143,42 +151,121 @@ where
 {
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut w: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let meta = event.metadata();
-        let mut line = Map::new();
-        line.insert(
-            "timestamp".into(),
-            humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string().into(),
-        );
-        line.insert("level".into(), meta.level().as_str().into());
-        line.insert("target".into(), meta.target().into());
-        let mut spans = Vec::new();
-        if let Some(scope) = ctx.event_scope() {
-            for span in scope.from_root() {
-                let mut obj = Map::new();
-                obj.insert("name".into(), span.name().into());
-                if let Some(f) = span.extensions().get::<FormattedFields<N>>()
-                    && let Ok(Value::Object(m)) = serde_json::from_str::<Value>(f)
-                {
-                    obj.extend(m);
-                }
-                lift(&obj, &mut line);
-                spans.push(Value::Object(obj));
-            }
-        }
         let mut fields = Map::new();
         event.record(&mut Fields(&mut fields));
-        lift(&fields, &mut line);
-        line.insert("fields".into(), Value::Object(fields));
-        if !spans.is_empty() {
-            line.insert("spans".into(), Value::Array(spans));
+        let mut ids = Ids::default();
+        let mut spans = String::new();
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let ext = span.extensions();
+                if let Some(found) = ext.get::<Ids>() {
+                    ids.update(found);
+                }
+                spans.push_str(if spans.is_empty() { "[" } else { "," });
+                spans.push_str("{\"name\":");
+                spans.push_str(&json_str(span.name()));
+                match ext.get::<FormattedFields<N>>().map(|f| f.as_str().trim()) {
+                    Some(f) if f.len() > 2 && f.starts_with('{') => {
+                        spans.push(',');
+                        spans.push_str(&f[1..]);
+                    }
+                    _ => spans.push('}'),
+                }
+            }
         }
-        writeln!(w, "{}", Value::Object(line))
+        ids.lift(&fields);
+        write!(
+            w,
+            "{{\"timestamp\":\"{}\",\"level\":\"{}\",\"target\":{}",
+            humantime::format_rfc3339_micros(std::time::SystemTime::now()),
+            meta.level().as_str(),
+            json_str(meta.target())
+        )?;
+        for ((_, top), v) in CORRELATION[1..].iter().zip(&ids.0) {
+            if let Some(v) = v {
+                write!(w, ",\"{top}\":{v}")?;
+            }
+        }
+        write!(w, ",\"fields\":{}", Value::Object(fields))?;
+        if !spans.is_empty() {
+            write!(w, ",\"spans\":{spans}]")?;
+        }
+        writeln!(w, "}}")
     }
 }
 
-fn lift(from: &Map<String, Value>, line: &mut Map<String, Value>) {
-    for (name, top) in CORRELATION {
-        if let Some(v) = from.get(name) {
-            line.insert(top.into(), v.clone());
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// The correlation ids found in a span's or an event's fields, in the
+/// order of their top-level names (`run_id`, `job_id`, `epoch`, `trace_id`).
+#[derive(Default, Clone)]
+struct Ids([Option<Value>; 4]);
+
+impl Ids {
+    fn slot(name: &str) -> Option<usize> {
+        let top = CORRELATION.iter().find(|(n, _)| *n == name)?.1;
+        CORRELATION[1..].iter().position(|(_, t)| *t == top)
+    }
+    fn update(&mut self, other: &Ids) {
+        for (mine, theirs) in self.0.iter_mut().zip(&other.0) {
+            if theirs.is_some() {
+                mine.clone_from(theirs);
+            }
+        }
+    }
+    fn lift(&mut self, from: &Map<String, Value>) {
+        for (name, _) in CORRELATION {
+            if let (Some(v), Some(i)) = (from.get(name), Self::slot(name)) {
+                self.0[i] = Some(v.clone());
+            }
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+}
+
+/// Picks a span's correlation ids out of its fields once, when it is made
+/// or recorded, for [`JsonLines`].
+struct Correlate;
+
+impl<S> Layer<S> for Correlate
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut found = Map::new();
+        attrs.record(&mut Fields(&mut found));
+        let mut ids = Ids::default();
+        ids.lift(&found);
+        if let (false, Some(span)) = (ids.is_empty(), ctx.span(id)) {
+            span.extensions_mut().insert(ids);
+        }
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut found = Map::new();
+        values.record(&mut Fields(&mut found));
+        let mut ids = Ids::default();
+        ids.lift(&found);
+        if let (false, Some(span)) = (ids.is_empty(), ctx.span(id)) {
+            let mut ext = span.extensions_mut();
+            match ext.get_mut::<Ids>() {
+                Some(have) => have.update(&ids),
+                None => ext.insert(ids),
+            }
         }
     }
 }
@@ -210,6 +297,73 @@ impl Visit for Fields<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `--log-format json` writes for an event in two spans.
+    fn json_line(f: impl FnOnce()) -> Value {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let layer = Correlate.and_then(
+            tracing_subscriber::fmt::layer()
+                .with_writer(move || out.clone())
+                .fmt_fields(JsonFields::new())
+                .event_format(JsonLines),
+        );
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+    }
+
+    #[test]
+    fn a_json_line_lifts_the_innermost_ids_and_keeps_every_span() {
+        let line = json_line(|| {
+            let outer = tracing::info_span!("attempt", run = "r1", job_id = "j1", epoch = 1, trace_id = "t\"1");
+            let _o = outer.enter();
+            let inner = tracing::info_span!("step", epoch = 2, number = 3, job_id = tracing::field::Empty);
+            inner.record("job_id", "j2");
+            let _i = inner.enter();
+            tracing::info!(run_id = "r9", bytes = 7u64, "a \"quoted\" message");
+        });
+        assert_eq!(line["level"], "INFO");
+        // The event's own run_id beats the spans' `run`; the inner span's
+        // epoch and (recorded later) job id beat the outer span's.
+        assert_eq!(line["run_id"], "r9");
+        assert_eq!(line["job_id"], "j2");
+        assert_eq!(line["epoch"], 2);
+        assert_eq!(line["trace_id"], "t\"1");
+        assert_eq!(line["fields"]["message"], "a \"quoted\" message");
+        assert_eq!(line["fields"]["bytes"], 7);
+        assert_eq!(line["spans"][0]["name"], "attempt");
+        assert_eq!(line["spans"][0]["run"], "r1");
+        assert_eq!(line["spans"][1]["name"], "step");
+        assert_eq!(line["spans"][1]["number"], 3);
+        assert_eq!(line["spans"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_json_line_outside_spans_has_no_ids_and_no_spans() {
+        let line = json_line(|| {
+            let empty = tracing::info_span!("quiet");
+            let _e = empty.enter();
+            tracing::warn!("plain");
+        });
+        assert_eq!(line["spans"], serde_json::json!([{"name": "quiet"}]));
+        assert!(line.get("run_id").is_none() && line.get("trace_id").is_none(), "{line}");
+        let line = json_line(|| tracing::warn!(epoch = 4, "bare"));
+        assert!(line.get("spans").is_none(), "{line}");
+        assert_eq!(line["epoch"], 4);
+    }
 
     #[test]
     fn an_http_base_url_gets_the_traces_path() {

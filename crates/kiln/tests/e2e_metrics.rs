@@ -5,8 +5,10 @@
 //! the counters must have moved by exactly what happened. `promtool check
 //! metrics` must pass on both scrapes, `promtool check rules` on the shipped
 //! alert rules, and every metric the rules and the Grafana dashboard name
-//! must exist in the real scrape. promtool (Debian `prometheus`) is
-//! required: without it these tests fail.
+//! must exist in the real scrape. A real Prometheus scrapes a real server
+//! and agent, evaluates the shipped alert rules and answers every query of
+//! the dashboard. promtool and prometheus (Debian `prometheus`) are
+//! required: without them these tests fail.
 
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnServer, TestRepo, wait_for, wait_run};
@@ -274,4 +276,147 @@ fn alert_rules_pass_promtool_and_link_existing_runbook_sections() {
     }
     assert_eq!(rules.matches("runbook_url:").count(), alerts, "every alert links its runbook");
     assert!(alerts >= 6);
+}
+
+/// A real Prometheus (Debian `prometheus`) scrapes a real server and agent
+/// once a second and loads the shipped alert rules: every rule evaluates
+/// without error, and every query of the shipped Grafana dashboard
+/// evaluates, and returns series whenever the metrics it reads exist.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_prometheus_evaluates_every_dashboard_query_and_alert_rule() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let mut repos = Vec::new();
+    for (name, wf) in [("cached", CACHED), ("failing", FAILING)] {
+        let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf), ("lock.txt", "v1\n")]).unwrap();
+        server.add_repo(name, &repo);
+        repos.push(repo);
+    }
+    let agent = server.agent("m1", &["--metrics-listen", "127.0.0.1:0"]).unwrap();
+    let agent_url = wait_for(Duration::from_secs(60), || {
+        agent.log().lines().find_map(|l| {
+            let at = l.find("agent metrics on http://")?;
+            Some(l[at + "agent metrics on ".len()..].trim_end_matches("/metrics").trim().to_string())
+        })
+    })
+    .unwrap_or_else(|| panic!("the agent never announced its metrics address:\n{}", agent.log()));
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let host = |url: &str| url.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let rules = root().join("deploy/prometheus/kiln-alerts.yml");
+    let config = format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: ['{}']\nscrape_configs:\n  \
+         - job_name: kiln\n    static_configs: [{{targets: ['{}']}}]\n  \
+         - job_name: kiln-agent\n    static_configs: [{{targets: ['{}']}}]\n",
+        rules.display(),
+        host(&server.url),
+        host(&agent_url)
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _prometheus = Kill(
+        std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus is required (Debian package `prometheus`; scripts/test installs it)"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let prom_log = || std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default();
+    let query = |q: String| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let r = http.get(format!("{base}/api/v1/query")).query(&[("query", q.as_str())]).send().await;
+            match r {
+                Ok(r) => r.json::<serde_json::Value>().await.ok(),
+                Err(_) => None,
+            }
+        }
+    };
+    // Samples of the server's target so far.
+    let samples = |v: Option<serde_json::Value>| -> f64 {
+        v.and_then(|v| v["data"]["result"][0]["value"][1].as_str().and_then(|s| s.parse().ok())).unwrap_or(0.0)
+    };
+    let scrapes = || query("count_over_time(up{job=\"kiln\"}[10m])".into());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while samples(scrapes().await) < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "Prometheus never scraped the server:\n{}", prom_log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    for (repo, want) in [("cached", "success"), ("cached", "success"), ("failing", "failed")] {
+        let id = submit(&c, repo).await;
+        let run = wait_run(&c, &id, 120).await;
+        assert_eq!(run.status, want, "{run:#?}\n{}", agent.log());
+    }
+    // Three more scrapes of both targets: every series that exists now has
+    // at least two samples, so a rate over it has a value.
+    let start = samples(scrapes().await);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while samples(scrapes().await) < start + 3.0
+        || samples(query("count_over_time(up{job=\"kiln-agent\"}[10m])".into()).await) < 4.0
+    {
+        assert!(std::time::Instant::now() < deadline, "Prometheus stopped scraping:\n{}", prom_log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let up = query("min(up)".into()).await.expect("query");
+    assert_eq!(up["data"]["result"][0]["value"][1], "1", "both targets are up: {up}\n{}", prom_log());
+
+    // What exists in the scrapes now.
+    let mut have = names(&scrape(&server.url).await);
+    have.extend(names(&scrape(&agent_url).await));
+    let dashboard = std::fs::read_to_string(root().join("deploy/grafana/kiln-dashboard.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let exprs: Vec<String> = json["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("a target's expr").to_string())
+        .collect();
+    let mut with_data = 0;
+    for expr in &exprs {
+        let v = query(expr.clone()).await.unwrap_or_else(|| panic!("no answer for `{expr}`"));
+        assert_eq!(v["status"], "success", "Prometheus refused the dashboard query `{expr}`: {v}");
+        let series = v["data"]["result"].as_array().map_or(0, Vec::len);
+        if referenced(expr).is_subset(&have) {
+            assert!(series > 0, "the dashboard query `{expr}` returned nothing although its metrics exist: {v}");
+            with_data += 1;
+        }
+    }
+    assert!(with_data * 2 > exprs.len(), "most panels show data after a success and a failure: {with_data}");
+
+    // Every alert rule loaded and evaluated without error.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r: serde_json::Value = http.get(format!("{base}/api/v1/rules")).send().await.unwrap().json().await.unwrap();
+        let rules: Vec<&serde_json::Value> = r["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .collect();
+        let alerts = rules.iter().filter(|r| r["type"] == "alerting").count();
+        let bad: Vec<_> = rules.iter().filter(|r| r["health"] != "ok").collect();
+        if alerts >= 6 && bad.is_empty() {
+            break;
+        }
+        let unknown = bad.iter().all(|r| r["health"] == "unknown");
+        assert!(unknown, "alert rules failed to evaluate: {bad:#?}");
+        assert!(std::time::Instant::now() < deadline, "rules never evaluated: {r}\n{}", prom_log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
