@@ -60,13 +60,17 @@ pub async fn run() -> Result<i32, Failure> {
     kiln_cmd::outln!("log_ingest_vs_baseline: {:.2}", rate / base);
     let latency_ok = write_to_reader_latency(&c, &tmp).await?;
     drop(agent);
-    let crowd = spawn_agent_with(
-        &server.url(),
-        &server.agent_token,
-        "crowd",
-        &tmp,
-        &["--log-limit", &limit, "--max-jobs", &(CONCURRENT + 1).to_string()],
-    )?;
+    // One agent per job (as 21 machines would run them).
+    let mut crowd = vec![];
+    for i in 0..=CONCURRENT {
+        crowd.push(spawn_agent_with(
+            &server.url(),
+            &server.agent_token,
+            &format!("crowd{i}"),
+            &tmp,
+            &["--log-limit", &limit],
+        )?);
+    }
     let crowd_ok = concurrent(&c, &tmp).await?;
     drop(crowd);
     let _ = server.shutdown().await;
@@ -85,7 +89,7 @@ const CONCURRENT: usize = 20;
 async fn concurrent(c: &Client, tmp: &Path) -> anyhow::Result<bool> {
     const PER_JOB: u64 = 25_000_000;
     const LINES: usize = 200;
-    let repo = tmp.join("crowd");
+    let repo = tmp.join("crowd-repo");
     let mut wf = format!(
         "version: 1\njobs:\n  - name: ticker\n    steps:\n      - for i in $(seq 1 {LINES}); do date +%s%N; sleep 0.05; done\n"
     );
@@ -112,6 +116,8 @@ async fn concurrent(c: &Client, tmp: &Path) -> anyhow::Result<bool> {
     let start = loud.iter().map(|a| a.started_at_ms).min().unwrap_or(0);
     let end = loud.iter().map(|a| a.finished_at_ms.unwrap_or(a.started_at_ms)).max().unwrap_or(0);
     let secs = (end - start) as f64 / 1000.0;
+    let last_start = loud.iter().map(|a| a.started_at_ms).max().unwrap_or(0);
+    kiln_cmd::outln!("log_concurrent_span_s: {secs:.1} (starts spread over {} ms)", last_start - start);
     // Lines printed while the loud jobs wrote (their first second is a sleep).
     let mut lat_ms: Vec<f64> = lines
         .iter()
