@@ -38,6 +38,23 @@ pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
 /// under 250 ms) while heavy output still leaves in 64 KiB–1 MiB chunks, so
 /// a quiet stream costs at most ten requests a second.
 pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
+/// Chunks of one stream in flight at once (issue 20): with one, a stream
+/// moved one chunk per round trip (fsync included); the server makes the
+/// bytes of concurrent chunks durable together and commits them in offset
+/// order.
+pub(crate) const IN_FLIGHT: usize = 4;
+/// [`IN_FLIGHT`], or `KILN_AGENT_LOG_IN_FLIGHT` (1 ships one chunk per
+/// round trip, as before issue 20: for measurements).
+fn in_flight() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("KILN_AGENT_LOG_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(IN_FLIGHT)
+    })
+}
 /// Unshipped bytes held in memory per attempt; beyond, output goes to the
 /// on-disk spool, and beyond that it is dropped (and the drop recorded in
 /// the `system` stream) rather than blocking the step.
@@ -260,6 +277,8 @@ pub(crate) struct LogConfig {
     pub max_bytes: u64,
     /// The agent's metrics (bytes acknowledged, chunks retried).
     pub metrics: Option<Arc<crate::metrics::AgentMetrics>>,
+    /// Chunks of one stream sent before the first is acknowledged.
+    pub in_flight: usize,
 }
 
 /// Default per-attempt output limit: 100 MiB.
@@ -277,6 +296,7 @@ impl Default for LogConfig {
             rate_limit: None,
             max_bytes: DEFAULT_LOG_LIMIT,
             metrics: None,
+            in_flight: in_flight(),
         }
     }
 }
@@ -616,37 +636,66 @@ struct Shipper {
 }
 
 impl Shipper {
+    /// Sends chunks as they are cut, up to [`LogConfig::in_flight`] of one
+    /// stream at a time (the server commits them in offset order); a chunk
+    /// of another stream waits until those were acknowledged, so the order
+    /// between streams (a step header before the step's output) holds.
     async fn run(self) -> bool {
+        use futures::StreamExt;
+        let mut queue: VecDeque<LogChunk> = VecDeque::new();
+        let mut inflight = futures::stream::FuturesOrdered::new();
+        let mut inflight_stream: Option<String> = None;
+        let window = self.cfg.in_flight.max(1);
         loop {
-            let (chunks, deadline, done) = self.cut();
-            if chunks.is_empty() {
-                if done {
-                    return true;
-                }
-                let sleep = async {
-                    match deadline {
-                        Some(d) => tokio::time::sleep_until(d).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    _ = self.notify.notified() => {}
-                    _ = sleep => {}
-                    _ = self.ctl.fenced() => return false,
-                }
-                continue;
+            let (mut deadline, mut done) = (None, false);
+            if queue.is_empty() {
+                // While chunks are in flight only full-size chunks (or
+                // output due by the flush timer) are cut: a backlog leaves
+                // in large chunks rather than many small ones.
+                let (chunks, d, dn) = self.cut(!inflight.is_empty());
+                queue.extend(chunks);
+                (deadline, done) = (d, dn);
             }
-            for c in chunks {
-                if !self.send(c).await {
-                    return false;
+            while let Some(c) = queue.front() {
+                let other_stream = inflight_stream.as_ref().is_some_and(|s| *s != c.stream);
+                if inflight.len() >= window || (!inflight.is_empty() && other_stream) {
+                    break;
                 }
+                let c = queue.pop_front().expect("front");
+                inflight_stream = Some(c.stream.clone());
+                inflight.push_back(self.send(c));
+            }
+            if inflight.is_empty() && queue.is_empty() && done {
+                return true;
+            }
+            let idle = queue.is_empty();
+            let sleep = async {
+                match deadline {
+                    Some(d) if idle => tokio::time::sleep_until(d).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                Some(ok) = inflight.next(), if !inflight.is_empty() => {
+                    if !ok {
+                        return false;
+                    }
+                    if inflight.is_empty() {
+                        inflight_stream = None;
+                    }
+                }
+                _ = self.notify.notified(), if idle => {}
+                _ = sleep => {}
+                _ = self.ctl.fenced() => return false,
             }
         }
     }
 
     /// Chunks ready to ship, the next time-based flush, and whether the
     /// streamer is closed and empty.
-    fn cut(&self) -> (Vec<LogChunk>, Option<Instant>, bool) {
+    /// `busy`: chunks are in flight; only full chunks of `max_chunk` bytes
+    /// (and output due by the timer or a flush) are cut.
+    fn cut(&self, busy: bool) -> (Vec<LogChunk>, Option<Instant>, bool) {
         let mut b = self.bufs.lock().expect("log buffers");
         let force = std::mem::take(&mut b.flush_requested) || b.closed;
         for (i, name) in NAMES.iter().enumerate().take(2) {
@@ -704,8 +753,10 @@ impl Shipper {
             // 64 KiB triggers a chunk; a backlog that built up while the
             // previous chunk was in flight leaves in chunks of up to
             // `max_chunk`, so heavy output is not shipped 64 KiB at a time.
-            while s.pending.len() >= self.cfg.chunk_size {
-                let n = s.pending.len().min(self.cfg.max_chunk.max(self.cfg.chunk_size));
+            let max = self.cfg.max_chunk.max(self.cfg.chunk_size);
+            let full = if busy { max } else { self.cfg.chunk_size };
+            while s.pending.len() >= full {
+                let n = s.pending.len().min(max);
                 chunks.push(s.cut(NAMES[i], n));
             }
             if let Some(first) = s.first_pending_at {
@@ -800,7 +851,7 @@ mod tests {
             b.streams[0].pending.extend(b"abcdefghij");
             b.streams[0].first_pending_at = Some(Instant::now());
         }
-        let (chunks, deadline, done) = s.cut();
+        let (chunks, deadline, done) = s.cut(false);
         assert_eq!(
             chunks.iter().map(|c| (c.seq, c.offset, decode(c))).collect::<Vec<_>>(),
             [(0, 0, b"abcd".to_vec()), (1, 4, b"efgh".to_vec())]
@@ -808,12 +859,12 @@ mod tests {
         assert!(deadline.is_some() && !done, "the tail waits for the timer");
         assert_eq!(chunks[0].sha256, hex::encode(Sha256::digest(b"abcd")));
         s.bufs.lock().unwrap().flush_requested = true;
-        let (chunks, deadline, _) = s.cut();
+        let (chunks, deadline, _) = s.cut(false);
         assert_eq!((chunks[0].seq, chunks[0].offset, decode(&chunks[0])), (2, 8, b"ij".to_vec()));
         assert_eq!(chunks[0].stream, "stdout");
         assert!(deadline.is_none());
         s.bufs.lock().unwrap().closed = true;
-        assert!(s.cut().2, "closed and empty");
+        assert!(s.cut(false).2, "closed and empty");
     }
 
     #[tokio::test]
@@ -825,7 +876,7 @@ mod tests {
             b.streams[0].pending.extend(b"abcdefghijklmnopqrs");
             b.streams[0].first_pending_at = Some(Instant::now());
         }
-        let (chunks, _, _) = s.cut();
+        let (chunks, _, _) = s.cut(false);
         assert_eq!(
             chunks.iter().map(|c| (c.seq, c.offset, decode(c))).collect::<Vec<_>>(),
             [(0, 0, b"abcdefgh".to_vec()), (1, 8, b"ijklmnop".to_vec())],
@@ -848,7 +899,7 @@ mod tests {
         streamer.system("▶ s");
         streamer.write(Stream::Stdout, b"gh");
         s.bufs.lock().unwrap().flush_requested = true;
-        let (chunks, _, _) = s.cut();
+        let (chunks, _, _) = s.cut(false);
         let got: Vec<(String, i64, i64, Vec<u8>)> =
             chunks.iter().map(|c| (c.stream.clone(), c.seq, c.offset, decode(c))).collect();
         let sys = "▶ s\n".as_bytes();
@@ -871,7 +922,7 @@ mod tests {
         let s = shipper(1 << 20);
         s.bufs.lock().unwrap().streams[1].dropped = 42;
         s.bufs.lock().unwrap().flush_requested = true;
-        let (chunks, _, _) = s.cut();
+        let (chunks, _, _) = s.cut(false);
         assert_eq!(chunks.len(), 1);
         assert_eq!(chunks[0].stream, "system");
         assert!(String::from_utf8(decode(&chunks[0])).unwrap().contains("42 bytes of stderr dropped"));
@@ -892,7 +943,7 @@ mod tests {
         let mut all = vec![];
         s.bufs.lock().unwrap().closed = true;
         loop {
-            let (chunks, _, done) = s.cut();
+            let (chunks, _, done) = s.cut(false);
             all.extend(chunks);
             if done {
                 return all;

@@ -1,6 +1,8 @@
 //! `kiln bench logs`: log ingestion (200 MB of stdout, each chunk durable
-//! before it is acknowledged) beside a file write + fsync, and the
-//! write-to-reader latency of the SSE log feed beside a bare pipe.
+//! before it is acknowledged) beside a file write + fsync, the
+//! write-to-reader latency of the SSE log feed beside a bare pipe, and both
+//! again with 20 jobs writing at once (issue 20): their aggregate rate, and
+//! the write-to-SSE latency of a ticker job running beside them.
 
 use crate::util::{percentile, repo_with, spawn_agent_with, wait_terminal};
 use kiln_api::logs::{event, stream};
@@ -52,13 +54,122 @@ pub async fn run() -> Result<i32, Failure> {
     let a = run.jobs[0].attempts.last().expect("attempt");
     let secs = (a.finished_at_ms.unwrap_or(a.started_at_ms) - a.started_at_ms) as f64 / 1000.0;
     kiln_cmd::outln!("log_bytes: {SIZE}");
-    kiln_cmd::outln!("log_ingest_mb_per_s: {:.0}", SIZE as f64 / 1e6 / secs.max(0.001));
-    kiln_cmd::outln!("baseline_file_write_fsync_mb_per_s: {:.0}", SIZE as f64 / 1e6 / base_s);
+    let (rate, base) = (SIZE as f64 / 1e6 / secs.max(0.001), SIZE as f64 / 1e6 / base_s);
+    kiln_cmd::outln!("log_ingest_mb_per_s: {rate:.0}");
+    kiln_cmd::outln!("baseline_file_write_fsync_mb_per_s: {base:.0}");
+    kiln_cmd::outln!("log_ingest_vs_baseline: {:.2}", rate / base);
     let latency_ok = write_to_reader_latency(&c, &tmp).await?;
     drop(agent);
+    // One agent per job (as 21 machines would run them).
+    let mut crowd = vec![];
+    for i in 0..=CONCURRENT {
+        crowd.push(spawn_agent_with(
+            &server.url(),
+            &server.agent_token,
+            &format!("crowd{i}"),
+            &tmp,
+            &["--log-limit", &limit],
+        )?);
+    }
+    let crowd_ok = concurrent(&c, &tmp).await?;
+    drop(crowd);
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
-    Ok(if run.status.is_success() && latency_ok { exit::OK } else { exit::RUN_FAILED })
+    Ok(if run.status.is_success() && latency_ok && crowd_ok { exit::OK } else { exit::RUN_FAILED })
+}
+
+/// Jobs writing at once in the concurrent measurement.
+const CONCURRENT: usize = 20;
+
+/// 20 jobs of one run each write 25 MB to stdout at once, beside a ticker
+/// job printing its clock every 50 ms. The aggregate rate is all bytes over
+/// the span from the first loud attempt's start to the last one's end
+/// (database times); the latency is that of the ticker's lines printed
+/// within that span, read from the SSE feed as the web UI reads it.
+async fn concurrent(c: &Client, tmp: &Path) -> anyhow::Result<bool> {
+    const PER_JOB: u64 = 25_000_000;
+    const LINES: usize = 200;
+    let repo = tmp.join("crowd-repo");
+    let mut wf = format!(
+        "version: 1\njobs:\n  - name: ticker\n    steps:\n      - for i in $(seq 1 {LINES}); do date +%s%N; sleep 0.05; done\n"
+    );
+    for i in 0..CONCURRENT {
+        wf.push_str(&format!(
+            "  - name: loud{i}\n    steps:\n      - sleep 1; head -c {PER_JOB} /dev/zero | tr '\\0' x\n"
+        ));
+    }
+    repo_with(&repo, &wf)?;
+    c.create_repo(&kiln_api::CreateRepo {
+        forge: Default::default(),
+        name: "crowd".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+        secret_pools: None,
+    })
+    .await?;
+    let r = c.submit_run("crowd", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+    let ticker = c.get_run(&r.run_id).await?.jobs.iter().find(|j| j.name == "ticker").expect("ticker job").id.clone();
+    let lines = ticker_lines(c, &ticker).await?;
+    let run = wait_terminal(c, &r.run_id).await?;
+    let loud: Vec<_> =
+        run.jobs.iter().filter(|j| j.name.starts_with("loud")).filter_map(|j| j.attempts.last()).collect();
+    let start = loud.iter().map(|a| a.started_at_ms).min().unwrap_or(0);
+    let end = loud.iter().map(|a| a.finished_at_ms.unwrap_or(a.started_at_ms)).max().unwrap_or(0);
+    let secs = (end - start) as f64 / 1000.0;
+    let last_start = loud.iter().map(|a| a.started_at_ms).max().unwrap_or(0);
+    kiln_cmd::outln!("log_concurrent_span_s: {secs:.1} (starts spread over {} ms)", last_start - start);
+    // Lines printed while the loud jobs wrote (their first second is a sleep).
+    let mut lat_ms: Vec<f64> = lines
+        .iter()
+        .filter(|(ts_ns, _)| *ts_ns / 1_000_000 >= (start + 1000) as i128 && *ts_ns / 1_000_000 <= end as i128)
+        .map(|(_, l)| *l)
+        .collect();
+    lat_ms.sort_by(f64::total_cmp);
+    kiln_cmd::outln!("log_concurrent_jobs: {CONCURRENT}");
+    kiln_cmd::outln!("log_concurrent_bytes: {}", PER_JOB * CONCURRENT as u64);
+    kiln_cmd::outln!(
+        "log_concurrent_aggregate_mb_per_s: {:.0}",
+        (PER_JOB * CONCURRENT as u64) as f64 / 1e6 / (secs - 1.0).max(0.001)
+    );
+    kiln_cmd::outln!("log_concurrent_latency_lines: {}", lat_ms.len());
+    kiln_cmd::outln!("log_concurrent_write_to_sse_p50_ms: {:.1}", percentile(&lat_ms, 0.5));
+    kiln_cmd::outln!("log_concurrent_write_to_sse_p95_ms: {:.1}", percentile(&lat_ms, 0.95));
+    kiln_cmd::outln!("log_concurrent_write_to_sse_p99_ms: {:.1}", percentile(&lat_ms, 0.99));
+    kiln_cmd::outln!("log_concurrent_write_to_sse_max_ms: {:.1}", lat_ms.last().copied().unwrap_or(f64::NAN));
+    Ok(run.status.is_success() && lines.len() == LINES)
+}
+
+/// Follows `job`'s SSE feed to its end; per stdout line holding a clock
+/// (ns), that clock and the line's arrival latency (ms).
+async fn ticker_lines(c: &Client, job: &str) -> anyhow::Result<Vec<(i128, f64)>> {
+    use base64::Engine;
+    use futures::StreamExt;
+    let events = c.log_events(job, None).await?;
+    tokio::pin!(events);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut partial = String::new();
+    let mut out = Vec::new();
+    while let Some(Ok(ev)) = tokio::time::timeout(Duration::from_secs(120), events.next()).await? {
+        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i128;
+        match ev.event.as_str() {
+            event::CHUNK => {
+                let le: kiln_api::LogEvent = serde_json::from_str(&ev.data)?;
+                if le.stream != stream::STDOUT {
+                    continue;
+                }
+                partial.push_str(&String::from_utf8_lossy(&b64.decode(le.data)?));
+                while let Some(i) = partial.find('\n') {
+                    if let Ok(ts) = partial[..i].trim().parse::<i128>() {
+                        out.push((ts, (now_ns - ts) as f64 / 1e6));
+                    }
+                    partial.drain(..=i);
+                }
+            }
+            event::END => break,
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 /// Write-to-reader latency: a step prints its clock (ns) every 50 ms; a
@@ -66,8 +177,6 @@ pub async fn run() -> Result<i32, Failure> {
 /// uses) and, per line, subtracts the printed time from its arrival time.
 /// Same machine, same clock.
 async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool> {
-    use base64::Engine;
-    use futures::StreamExt;
     const LINES: usize = 100;
     let repo = tmp.join("ticker");
     repo_with(
@@ -86,31 +195,7 @@ async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool>
     .await?;
     let r = c.submit_run("ticker", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
     let job = c.get_run(&r.run_id).await?.jobs[0].id.clone();
-    let events = c.log_events(&job, None).await?;
-    tokio::pin!(events);
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut partial = String::new();
-    let mut lat_ms = Vec::new();
-    while let Some(Ok(ev)) = tokio::time::timeout(Duration::from_secs(60), events.next()).await? {
-        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i128;
-        match ev.event.as_str() {
-            event::CHUNK => {
-                let le: kiln_api::LogEvent = serde_json::from_str(&ev.data)?;
-                if le.stream != stream::STDOUT {
-                    continue;
-                }
-                partial.push_str(&String::from_utf8_lossy(&b64.decode(le.data)?));
-                while let Some(i) = partial.find('\n') {
-                    if let Ok(ts) = partial[..i].trim().parse::<i128>() {
-                        lat_ms.push((now_ns - ts) as f64 / 1e6);
-                    }
-                    partial.drain(..=i);
-                }
-            }
-            event::END => break,
-            _ => {}
-        }
-    }
+    let mut lat_ms: Vec<f64> = ticker_lines(c, &job).await?.into_iter().map(|(_, l)| l).collect();
     lat_ms.sort_by(f64::total_cmp);
     // Baseline: the same loop read straight from a pipe.
     let mut child = tokio::process::Command::new("sh")

@@ -272,7 +272,7 @@ impl OutboxStore for SqlStore {
 #[async_trait]
 impl LogStore for SqlStore {
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
-        logs::append_log_chunk(self, &chunk).await
+        logs::append_log_chunk(self, chunk).await
     }
 
     async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>> {

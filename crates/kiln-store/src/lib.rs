@@ -10,7 +10,9 @@
 //! - `store.rs` — the store type, the transaction runner and row locks;
 //!   `rows.rs` — row mapping; `db.rs` — running a statement on either
 //!   backend; `dialect.rs` — what differs between SQLite and PostgreSQL;
-//!   `sqlite.rs`, `postgres.rs` — what only one backend has.
+//!   `sqlite.rs`, `postgres.rs` — what only one backend has; `segments.rs`
+//!   — SQLite's log segment files; `sequencer.rs` — commit order of log
+//!   chunks in flight together.
 
 mod db;
 mod dialect;
@@ -19,6 +21,8 @@ mod impls;
 mod model;
 mod postgres;
 mod rows;
+mod segments;
+mod sequencer;
 mod sqlite;
 mod store;
 mod traits;

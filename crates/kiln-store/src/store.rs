@@ -28,6 +28,19 @@ use std::path::Path;
 pub struct SqlStore {
     pools: Pools,
     backoff: Backoff,
+    logs: std::sync::Arc<LogFiles>,
+}
+
+/// What the store keeps beside the database for log chunks.
+#[derive(Default)]
+pub(crate) struct LogFiles {
+    /// SQLite: the segment files holding the log bytes (`None`: the bytes
+    /// stay in the database, as on PostgreSQL).
+    pub(crate) segments: Option<crate::segments::Segments>,
+    /// New chunks keep their bytes in the database even with `segments`.
+    pub(crate) bytes_in_db: bool,
+    /// Commit order of chunks in flight together.
+    pub(crate) sequencer: crate::sequencer::Sequencer,
 }
 
 /// The SQLite store (embedded default): [`SqlStore::open`].
@@ -52,7 +65,15 @@ impl SqlStore {
     /// Open (creating if needed) the SQLite database at `path` and run migrations.
     pub async fn open(path: &Path) -> Result<SqlStore> {
         let (writer, reader) = sqlite::open_pools(path).await?;
-        Ok(SqlStore { pools: Pools::Sqlite { writer, reader }, backoff: Backoff::default() })
+        // `kiln.db` keeps its log bytes in `kiln.db.logs/`, unless
+        // KILN_LOG_SEGMENTS=off keeps them in the database (for comparison;
+        // chunks already in segments stay readable either way).
+        let mut dir = path.as_os_str().to_owned();
+        dir.push(".logs");
+        let segments = crate::segments::Segments::new(dir.into());
+        let off = std::env::var("KILN_LOG_SEGMENTS").is_ok_and(|v| v == "off");
+        let logs = LogFiles { segments: Some(segments), bytes_in_db: off, ..LogFiles::default() };
+        Ok(SqlStore { pools: Pools::Sqlite { writer, reader }, backoff: Backoff::default(), logs: logs.into() })
     }
 
     /// Connect to PostgreSQL at `url` (`postgres://user:pass@host:port/db`)
@@ -60,13 +81,17 @@ impl SqlStore {
     pub async fn connect(url: &str) -> Result<SqlStore> {
         let pool = postgres::connect_pool(url).await?;
         let beats = postgres::Heartbeats::spawn(pool.clone());
-        Ok(SqlStore { pools: Pools::Pg { pool, beats }, backoff: Backoff::default() })
+        Ok(SqlStore { pools: Pools::Pg { pool, beats }, backoff: Backoff::default(), logs: Default::default() })
     }
 
     /// Override the retry backoff (tests use a small one).
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
+    }
+
+    pub(crate) fn log_files(&self) -> &LogFiles {
+        &self.logs
     }
 
     pub(crate) fn dialect(&self) -> &'static Dialect {

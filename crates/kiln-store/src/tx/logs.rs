@@ -11,7 +11,12 @@ use crate::store::{SqlStore, lock_job};
 use crate::tx::attempt::require_live;
 
 /// `LogStore::append_log_chunk`.
-pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> Result<Vec<(String, i64)>> {
+///
+/// On SQLite the bytes (except the small `system` stream's, which the
+/// running-attempts view reads in SQL) go to a segment file and are synced
+/// before the index row commits; the row's `data` is then empty. Chunks of
+/// one stream in flight together commit in offset order (`sequencer.rs`).
+pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
     use sha2::{Digest, Sha256};
     if hex::encode(Sha256::digest(&chunk.data)) != chunk.sha256 {
         return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
@@ -20,8 +25,22 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> R
         return Err(StoreError::Invalid("negative offset or seq".into()));
     }
     let len = chunk.data.len() as i64;
-    store
-        .transaction(Isolation::Serializable, &(chunk, len), |tx, &(chunk, len)| {
+    let files = store.log_files();
+    let ticket = files.sequencer.enter(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset);
+    let mut placed: Option<(i64, i64)> = None;
+    if let Some(segments) = &files.segments
+        && !files.bytes_in_db
+        && len > 0
+        && chunk.stream != kiln_core::logs::stream::SYSTEM
+        && !committed_identically(store, &chunk, len).await?
+    {
+        placed = Some(segments.append(std::mem::take(&mut chunk.data)).await?);
+    }
+    ticket.wait_turn().await;
+    let chunk = &chunk;
+    let (seg, seg_pos) = (placed.map(|p| p.0), placed.map(|p| p.1));
+    let progress = store
+        .transaction(Isolation::Serializable, &(chunk, len, seg, seg_pos), |tx, &(chunk, len, seg, seg_pos)| {
             Box::pin(async move {
                 // Chunks of a job commit one at a time, so their ids (the SSE
                 // cursor) become visible in order.
@@ -83,7 +102,7 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> R
                         }
                         tx.sql(
                             "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data, \
-                             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                             created_at, seg, seg_pos) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                         )
                         .bind(&chunk.job_id)
                         .bind(chunk.epoch)
@@ -94,6 +113,8 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> R
                         .bind(&chunk.sha256)
                         .bind(&chunk.data)
                         .bind(now)
+                        .bind(seg)
+                        .bind(seg_pos)
                         .execute()
                         .await?;
                         // Advance the contiguous committed offset of this stream.
@@ -141,7 +162,25 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, chunk: &NewLogChunk) -> R
                     .await
             })
         })
-        .await
+        .await?;
+    files.sequencer.committed(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset + len);
+    Ok(progress)
+}
+
+/// Whether a chunk with these bytes is committed at this position already
+/// (an identical retry: its bytes are not written again).
+async fn committed_identically(store: &SqlStore, chunk: &NewLogChunk, len: i64) -> Result<bool> {
+    let existing: Option<(i64, String)> = store
+        .reader()
+        .await?
+        .sql("SELECT length, sha256 FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4")
+        .bind(&chunk.job_id)
+        .bind(chunk.epoch)
+        .bind(&chunk.stream)
+        .bind(chunk.offset)
+        .optional()
+        .await?;
+    Ok(existing.is_some_and(|(l, s)| l == len && s == chunk.sha256))
 }
 
 /// `LogStore::log_chunks_after`.
@@ -151,24 +190,40 @@ pub(crate) async fn log_chunks_after(
     after_id: i64,
     limit: u32,
 ) -> Result<Vec<LogChunkRecord>> {
-    /// (id, epoch, stream, byte_offset, data, created_at)
-    type Row = (i64, i64, String, i64, Vec<u8>, Option<i64>);
-    let rows: Vec<Row> = store
-        .reader()
-        .await?
-        .sql(
-            "SELECT id, epoch, stream, byte_offset, data, created_at FROM log_chunks WHERE job_id = $1 AND id > $2 \
-             ORDER BY id LIMIT $3",
-        )
-        .bind(job_id)
-        .bind(after_id)
-        .bind(limit as i64)
-        .all()
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, epoch, stream, offset, data, at_ms)| LogChunkRecord { id, epoch, stream, offset, data, at_ms })
-        .collect())
+    /// (id, epoch, stream, byte_offset, length, data, created_at, seg, seg_pos)
+    type Row = (i64, i64, String, i64, i64, Vec<u8>, Option<i64>, Option<i64>, Option<i64>);
+    let mut tries = 0;
+    'again: loop {
+        let rows: Vec<Row> = store
+            .reader()
+            .await?
+            .sql(
+                "SELECT id, epoch, stream, byte_offset, length, data, created_at, seg, seg_pos FROM log_chunks \
+                 WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            )
+            .bind(job_id)
+            .bind(after_id)
+            .bind(limit as i64)
+            .all()
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (id, epoch, stream, offset, length, mut data, at_ms, seg, seg_pos) in rows {
+            if let (Some(seg), Some(pos), Some(segments)) = (seg, seg_pos, &store.log_files().segments) {
+                data = match segments.read(seg, pos, length).await {
+                    Ok(d) => d,
+                    // Archived and trimmed (its segment deleted) since the
+                    // query: ask again (it is now in an archive).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => {
+                        tries += 1;
+                        continue 'again;
+                    }
+                    Err(e) => return Err(StoreError::Unavailable(format!("log segment {seg}: {e}"))),
+                };
+            }
+            out.push(LogChunkRecord { id, epoch, stream, offset, data, at_ms });
+        }
+        return Ok(out);
+    }
 }
 
 /// `LogStore::logs_to_archive`.
@@ -231,7 +286,16 @@ pub(crate) async fn record_log_archive(store: &SqlStore, a: &LogArchive) -> Resu
                 Ok(())
             })
         })
-        .await
+        .await?;
+    if let Some(segments) = &store.log_files().segments {
+        // Segments no row refers to any more are deleted.
+        let referenced: Vec<i64> =
+            store.reader().await?.sql("SELECT DISTINCT seg FROM log_chunks WHERE seg IS NOT NULL").scalars().await?;
+        if let Err(e) = segments.remove_unreferenced(&referenced.into_iter().collect()) {
+            tracing::warn!(error = %e, "cannot delete archived log segments");
+        }
+    }
+    Ok(())
 }
 
 /// `LogStore::log_archives`.

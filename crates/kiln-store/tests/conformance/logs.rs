@@ -64,6 +64,41 @@ pub async fn out_of_order_chunks_commit_contiguously<S: Store + 'static>(o: &Ope
     assert_eq!(at(&p, "stdout"), 39, "the gap closed: up to the end of the early chunk");
 }
 
+/// An agent sends several chunks of a stream before the first is
+/// acknowledged (issue 20): however their requests interleave, even
+/// arriving in reverse order, they commit in offset order, so event ids
+/// (what a reader replays and sees) follow the bytes.
+pub async fn chunks_in_flight_together_commit_in_offset_order<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let job = running_job(&*fx.store).await;
+    fn part(i: usize) -> Vec<u8> {
+        vec![b'a' + i as u8; 40_000 + i]
+    }
+    fn offset(i: usize) -> i64 {
+        (0..i).map(|k| part(k).len() as i64).sum()
+    }
+    fx.store.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, &part(0))).await.unwrap();
+    let mut tasks = vec![];
+    for i in (1..8).rev() {
+        let (s, job) = (fx.store.clone(), job.clone());
+        tasks.push(tokio::spawn(async move {
+            s.append_log_chunk(chunk(&job, 1, "stdout", i as i64, offset(i), &part(i))).await.unwrap()
+        }));
+        tokio::task::yield_now().await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let rows = fx.store.log_chunks_after(&job, 0, 100).await.unwrap();
+    let got: Vec<i64> = rows.iter().map(|r| r.offset).collect();
+    assert_eq!(got, (0..8).map(offset).collect::<Vec<_>>(), "event ids follow the offsets");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.data, part(i), "the bytes of chunk {i}");
+    }
+    let p = progress(fx.store.append_log_chunk(chunk(&job, 1, "stdout", 7, offset(7), &part(7))).await.unwrap());
+    assert_eq!(at(&p, "stdout"), offset(8), "an identical retry is still accepted");
+}
+
 pub async fn streams_are_tracked_separately<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;

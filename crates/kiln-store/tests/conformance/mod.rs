@@ -129,6 +129,7 @@ macro_rules! suite {
             logs::identical_log_retry_is_accepted,
             logs::conflicting_log_bytes_are_refused,
             logs::out_of_order_chunks_commit_contiguously,
+            logs::chunks_in_flight_together_commit_in_offset_order,
             logs::streams_are_tracked_separately,
             logs::bad_digest_and_stale_epoch_are_refused,
             logs::log_chunks_after_respects_the_cursor,
