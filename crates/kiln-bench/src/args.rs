@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// control-plane: server replicas (`kiln server` processes) on the same database.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
+    /// control-plane: the replicas' `--dispatch-offer` (`shared`: each ready job offered by one
+    /// replica; `every`: every replica offers every ready job, as before, for comparison).
+    #[arg(long, default_value = "shared", value_parser = ["shared", "every"])]
+    pub dispatch_offer: String,
     /// artifacts: the object store to measure (as `kiln server
     /// --object-store`; default: the local directory). For S3 the
     /// credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.

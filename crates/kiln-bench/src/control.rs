@@ -34,6 +34,8 @@ pub struct ControlArgs {
     pub database_url: Option<String>,
     /// Server processes (replicas) on the same database.
     pub replicas: u32,
+    /// The replicas' `--dispatch-offer`.
+    pub dispatch_offer: String,
 }
 
 #[derive(Default)]
@@ -79,7 +81,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let data = tmp.join("data");
     let mut servers = vec![];
     for _ in 0..a.replicas.max(1) {
-        servers.push(spawn_replica(&data, database_url.as_deref())?);
+        servers.push(spawn_replica(&data, database_url.as_deref(), &a.dispatch_offer)?);
     }
     let urls: Vec<String> = servers.iter().map(|(_, u)| u.clone()).collect();
     let server_pids: Vec<u32> = servers.iter().map(|(p, _)| p.0.id()).collect();
@@ -281,6 +283,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let pct = |t0: u64, t1: u64| t1.saturating_sub(t0) as f64 / clock_ticks_per_s() / window * 100.0;
     kiln_cmd::outln!("control_backend: {backend}");
     kiln_cmd::outln!("control_replicas: {}", a.replicas.max(1));
+    kiln_cmd::outln!("control_dispatch_offer: {}", a.dispatch_offer);
     kiln_cmd::outln!("control_target_claims_per_s: {:.0}", a.claims_per_s);
     kiln_cmd::outln!("control_target_heartbeats_per_s: {:.0}", a.heartbeats_per_s);
     kiln_cmd::outln!(
@@ -316,9 +319,9 @@ fn counts(s: &Stats) -> (u64, u64, u64) {
 
 /// `kiln server` on `data` (errors only, discarded), on `database_url` when
 /// given; returns once it listens, with its URL.
-fn spawn_replica(data: &Path, database_url: Option<&str>) -> anyhow::Result<(Proc, String)> {
+fn spawn_replica(data: &Path, database_url: Option<&str>, offer: &str) -> anyhow::Result<(Proc, String)> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["server", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data);
+    cmd.args(["server", "--dispatch-offer", offer, "--listen", "127.0.0.1:0", "--data-dir"]).arg(data);
     if let Some(url) = database_url {
         cmd.args(["--database-url", url]);
     }

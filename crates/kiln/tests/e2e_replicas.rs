@@ -196,8 +196,8 @@ async fn a_killed_replicas_share_of_the_offering_passes_to_the_survivor() {
         async move {
             let mut ids = vec![];
             for _ in 0..n {
-                let r = c.submit_run("hi", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None);
-                ids.push(r.await.unwrap().run_id);
+                let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+                ids.push(c.submit_run("hi", &body, None).await.unwrap().run_id);
             }
             ids
         }
