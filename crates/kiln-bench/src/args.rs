@@ -29,12 +29,17 @@ pub struct BenchArgs {
     /// control-plane: how long a virtual agent holds each lease before completing.
     #[arg(long, default_value = "5s", value_parser = kiln_cmd::parse_duration)]
     pub hold: std::time::Duration,
-    /// control-plane: metadata database (default: SQLite in a temporary dir).
+    /// control-plane: metadata database (default: SQLite in a temporary dir; with
+    /// --replicas above 1, or `postgres`: a throwaway PostgreSQL server the bench starts).
     #[arg(long)]
     pub database_url: Option<String>,
-    /// control-plane: server replicas on the same database.
+    /// control-plane: server replicas (`kiln server` processes) on the same database.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
+    /// control-plane: the replicas' `--dispatch-offer` (`shared`: each ready job offered by one
+    /// replica; `every`: every replica offers every ready job, as before, for comparison).
+    #[arg(long, default_value = "shared", value_parser = ["shared", "every"])]
+    pub dispatch_offer: String,
     /// artifacts: the object store to measure (as `kiln server
     /// --object-store`; default: the local directory). For S3 the
     /// credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.

@@ -10,9 +10,12 @@
 //! heartbeats proportionally more often: the store sees the same rate of
 //! the same heartbeat transaction. The figure printed says so.
 
-use crate::util::{percentile, repo_with};
+use crate::util::{Proc, percentile, repo_with, token};
 use kiln_api::{AttemptOutcome, ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
 use kiln_cmd::Failure;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -25,10 +28,14 @@ pub struct ControlArgs {
     pub seconds: u64,
     pub hold: Duration,
     pub agents: u32,
-    /// `postgres://…` to run against PostgreSQL instead of SQLite.
+    /// `postgres://…` to run against PostgreSQL instead of SQLite;
+    /// `postgres`: a throwaway PostgreSQL server the bench starts (also the
+    /// default with several replicas).
     pub database_url: Option<String>,
     /// Server processes (replicas) on the same database.
     pub replicas: u32,
+    /// The replicas' `--dispatch-offer`.
+    pub dispatch_offer: String,
 }
 
 #[derive(Default)]
@@ -48,23 +55,40 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let repo = tmp.join("repo");
     repo_with(&repo, "version: 1\njobs:\n  - name: j\n    steps: [\"true\"]\n")?;
 
-    if a.replicas > 1 && !a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) {
+    // A throwaway PostgreSQL server when asked for (`postgres`), and for
+    // several replicas without a URL: the figure is one command.
+    let mut _pg = None;
+    let database_url = match a.database_url.as_deref() {
+        Some("postgres") | None if a.replicas > 1 || a.database_url.is_some() => {
+            eprintln!("bench control-plane: starting a throwaway PostgreSQL…");
+            let pg = kiln_testkit::TempPostgres::start()?;
+            let url = pg.create_database().await?;
+            _pg = Some(pg);
+            Some(url)
+        }
+        other => other.map(str::to_string),
+    };
+    let postgres = database_url.as_deref().is_some_and(|u| u.starts_with("postgres"));
+    if a.replicas > 1 && !postgres {
         return Err(Failure {
-            message: "--replicas needs a shared database: pass --database-url postgres://…".into(),
+            message: "--replicas needs a shared database: pass --database-url postgres://… (or postgres)".into(),
             code: exit::USAGE,
         });
     }
-    // Replicas share the database and the data dir (tokens, object store),
-    // as on one box behind a load balancer; started one after the other.
-    let mut handles = vec![];
+    // Replicas are `kiln server` processes, as deployed: they share the
+    // database and the data dir (tokens, object store), as on one box
+    // behind a load balancer; started one after the other.
+    let data = tmp.join("data");
+    let mut servers = vec![];
     for _ in 0..a.replicas.max(1) {
-        let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
-        config.database_url = a.database_url.clone();
-        handles.push(kiln_server::start(config).await?);
+        servers.push(spawn_replica(&data, database_url.as_deref(), &a.dispatch_offer)?);
     }
-    let urls: Vec<String> = handles.iter().map(|h| h.url()).collect();
-    let admin = Client::new(&urls[0], &handles[0].admin_token);
-    let agent_token = handles[0].agent_token.clone();
+    let urls: Vec<String> = servers.iter().map(|(_, u)| u.clone()).collect();
+    let server_pids: Vec<u32> = servers.iter().map(|(p, _)| p.0.id()).collect();
+    let pg_pids = _pg.as_ref().map(|pg| postgres_pids(pg.port())).unwrap_or_default();
+    let admin_token = token(&data, "admin.token")?;
+    let admin = Client::new(&urls[0], &admin_token);
+    let agent_token = token(&data, "agent.token")?;
     admin
         .create_repo(&kiln_api::CreateRepo {
             forge: Default::default(),
@@ -104,7 +128,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let next = Arc::new(AtomicU64::new(0));
     let mut set = tokio::task::JoinSet::new();
     for w in 0..16 {
-        let (c, body, next) = (Client::new(&urls[w % urls.len()], &handles[0].admin_token), body.clone(), next.clone());
+        let (c, body, next) = (Client::new(&urls[w % urls.len()], &admin_token), body.clone(), next.clone());
         set.spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < total as u64 {
                 c.submit_run("control", &body, None).await?;
@@ -239,8 +263,10 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let steady_from = start + a.hold;
     tokio::time::sleep_until(steady_from.into()).await;
     let (c0, h0, d0) = counts(&stats);
+    let cpu0 = (cpu_ticks(&server_pids), cpu_ticks(&pg_pids), cpu_ticks(&[std::process::id()]));
     tokio::time::sleep_until(claim_until.into()).await;
     let (c1, h1, d1) = counts(&stats);
+    let cpu1 = (cpu_ticks(&server_pids), cpu_ticks(&pg_pids), cpu_ticks(&[std::process::id()]));
     let window = (claim_until - steady_from).as_secs_f64();
     while agents.join_next().await.is_some() {}
     let _ = spawner.await;
@@ -252,10 +278,12 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
         v
     };
     let (cl, hb, co) = (sorted(&stats.claim_ms), sorted(&stats.heartbeat_ms), sorted(&stats.complete_ms));
-    let backend =
-        if a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) { "postgres" } else { "sqlite" };
+    let backend = if postgres { "postgres" } else { "sqlite" };
+    // CPU time in the steady window, in percent of one core.
+    let pct = |t0: u64, t1: u64| t1.saturating_sub(t0) as f64 / clock_ticks_per_s() / window * 100.0;
     kiln_cmd::outln!("control_backend: {backend}");
     kiln_cmd::outln!("control_replicas: {}", a.replicas.max(1));
+    kiln_cmd::outln!("control_dispatch_offer: {}", a.dispatch_offer);
     kiln_cmd::outln!("control_target_claims_per_s: {:.0}", a.claims_per_s);
     kiln_cmd::outln!("control_target_heartbeats_per_s: {:.0}", a.heartbeats_per_s);
     kiln_cmd::outln!(
@@ -269,17 +297,95 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     kiln_cmd::outln!("control_completions_per_s: {:.0}", (d1 - d0) as f64 / window);
     kiln_cmd::outln!("control_claim_latency_p50_ms: {:.1}", percentile(&cl, 0.5));
     kiln_cmd::outln!("control_claim_latency_p99_ms: {:.1}", percentile(&cl, 0.99));
+    kiln_cmd::outln!("control_heartbeat_latency_p50_ms: {:.1}", percentile(&hb, 0.5));
     kiln_cmd::outln!("control_heartbeat_latency_p99_ms: {:.1}", percentile(&hb, 0.99));
+    kiln_cmd::outln!("control_completion_latency_p50_ms: {:.1}", percentile(&co, 0.5));
     kiln_cmd::outln!("control_completion_latency_p99_ms: {:.1}", percentile(&co, 0.99));
     kiln_cmd::outln!("control_errors: {}", stats.errors.load(Ordering::Relaxed));
-    kiln_cmd::outln!("baseline_http_healthz_per_s: {base:.0}");
-    for h in handles {
-        let _ = h.shutdown().await;
+    kiln_cmd::outln!("control_server_cpu_pct: {:.0} (all replicas, % of one core)", pct(cpu0.0, cpu1.0));
+    if !pg_pids.is_empty() {
+        kiln_cmd::outln!("control_postgres_cpu_pct: {:.0}", pct(cpu0.1, cpu1.1));
     }
+    kiln_cmd::outln!("control_bench_client_cpu_pct: {:.0}", pct(cpu0.2, cpu1.2));
+    kiln_cmd::outln!("baseline_http_healthz_per_s: {base:.0}");
+    drop(servers);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(if stats.errors.load(Ordering::Relaxed) == 0 { exit::OK } else { exit::RUN_FAILED })
 }
 
 fn counts(s: &Stats) -> (u64, u64, u64) {
     (s.claims.load(Ordering::Relaxed), s.heartbeats.load(Ordering::Relaxed), s.completions.load(Ordering::Relaxed))
+}
+
+/// `kiln server` on `data` (errors only, discarded), on `database_url` when
+/// given; returns once it listens, with its URL.
+fn spawn_replica(data: &Path, database_url: Option<&str>, offer: &str) -> anyhow::Result<(Proc, String)> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["server", "--dispatch-offer", offer, "--listen", "127.0.0.1:0", "--data-dir"]).arg(data);
+    if let Some(url) = database_url {
+        cmd.args(["--database-url", url]);
+    }
+    for var in ["KILN_LOG_FORMAT", "KILN_OTLP_ENDPOINT", "KILN_OTLP_PROTOCOL"] {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd.env("KILN_LOG", "error").stderr(Stdio::null()).stdout(Stdio::piped()).spawn()?;
+    let out = child.stdout.take().expect("stdout");
+    let proc = Proc(child);
+    let mut lines = BufReader::new(out).lines();
+    for line in lines.by_ref() {
+        if let Some(rest) = line?.strip_prefix("kiln server listening on ") {
+            let url = rest.split_whitespace().next().unwrap_or_default().to_string();
+            // Keep reading: a closed stdout would end the server's output quietly.
+            std::thread::spawn(move || lines.for_each(drop));
+            return Ok((proc, url));
+        }
+    }
+    anyhow::bail!("kiln server exited before listening")
+}
+
+/// The throwaway PostgreSQL server's processes: the postmaster listening on
+/// `port` and its children (backends, writers), found in /proc.
+fn postgres_pids(port: u16) -> Vec<u32> {
+    let procs: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?.replace('\0', " ");
+            Some((pid, ppid, cmdline))
+        })
+        .collect();
+    let port = format!("-p {port} ");
+    let Some(master) = procs.iter().find(|(_, _, c)| c.contains("postgres") && c.contains(&port)).map(|p| p.0) else {
+        return vec![];
+    };
+    procs.iter().filter(|(pid, ppid, _)| *pid == master || *ppid == master).map(|p| p.0).collect()
+}
+
+/// User + system CPU ticks of `pids` and of the children they reaped
+/// (`/proc/PID/stat` fields 14-17).
+fn cpu_ticks(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum::<u64>()
+        })
+        .sum()
+}
+
+/// `sysconf(_SC_CLK_TCK)` (100 on Linux), read once from `getconf`.
+fn clock_ticks_per_s() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }

@@ -48,6 +48,7 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
                 agents: 32,
                 database_url: a.database_url.clone(),
                 replicas: a.replicas,
+                dispatch_offer: a.dispatch_offer.clone(),
             })
             .await?,
         );

@@ -34,6 +34,10 @@ pub struct ServerConfig {
     /// at once when another replica commits ready jobs (`LISTEN/NOTIFY`);
     /// this period is the safety net for lost notifications.
     pub dispatch_sweep: Duration,
+    /// Several replicas on one database share the offering of ready jobs
+    /// (each job queued by one replica whose agents claim; see `dispatch`).
+    /// False: every replica queues every ready job.
+    pub dispatch_offer_shared: bool,
     /// How image references are resolved to digests at acceptance.
     pub registries: RegistryConfig,
     /// Where bytes live: "" for `DATA_DIR/objects`, `file:///DIR`, or
@@ -133,6 +137,7 @@ impl ServerConfig {
             log_archive_after: Duration::from_secs(60),
             log_archive_interval: Duration::from_secs(10),
             dispatch_sweep: Duration::ZERO,
+            dispatch_offer_shared: true,
             registries: RegistryConfig::default(),
             object_store: String::new(),
             secrets_key_file: None,

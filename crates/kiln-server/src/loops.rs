@@ -31,6 +31,10 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
         // replica from now on wakes this one's sweep at once.
         let wake = state.store.ready_wakeups().await?;
         tokio::spawn(sweeper(state.clone(), wake, shutdown.clone()));
+        // Replicas on one database share the offering of ready jobs.
+        if state.config.dispatch_offer_shared {
+            tokio::spawn(offering(state.clone(), shutdown.clone()));
+        }
     }
     if !state.config.queue_timeout.is_zero() {
         // A tenth of the timeout, between 1 s and 1 min.
@@ -88,8 +92,17 @@ async fn sweeper(state: State, wake: Option<Arc<Notify>>, mut shutdown: watch::R
         }
     }
     loop {
+        // While other replicas offer ready jobs, sweep at least every
+        // second: their jobs turn spare on time, and one that another
+        // replica's relay took out of the outbox after its backoff reaches
+        // this one (its offerer) soon.
+        let period = if state.dispatcher.offer_members() > 0 || state.dispatcher.has_unowned() {
+            state.config.dispatch_sweep.min(OFFER_SWEEP)
+        } else {
+            state.config.dispatch_sweep
+        };
         tokio::select! {
-            _ = tokio::time::sleep(state.config.dispatch_sweep) => {}
+            _ = tokio::time::sleep(period) => {}
             _ = woken(&wake) => {}
             _ = shutdown.changed() => return,
         }
@@ -97,6 +110,65 @@ async fn sweeper(state: State, wake: Option<Arc<Notify>>, mut shutdown: watch::R
             Ok(0) => {}
             Ok(added) => tracing::debug!(added, "dispatch sweep queued ready jobs"),
             Err(e) => tracing::warn!("dispatch sweep paused: {e}"),
+        }
+    }
+}
+
+/// The sweep period while replicas share the offering.
+const OFFER_SWEEP: Duration = Duration::from_secs(1);
+/// A replica whose agents claim holds the lease `offer:<instance>` this long
+/// (database time), renewed every [`OFFER_RENEW`]: a replica that died stops
+/// offering after at most the TTL plus a renewal, when the others' next
+/// reading of the members gives its share to them.
+const OFFER_TTL_MS: i64 = 3_000;
+const OFFER_RENEW: Duration = Duration::from_secs(1);
+/// The lease names' prefix.
+const OFFER_PREFIX: &str = "offer:";
+
+/// Shares the offering of ready jobs among the replicas whose agents claim
+/// (see `dispatch`): announces this one while it has agents, reads the live
+/// members, and sweeps at once when they changed (a member that left or
+/// died leaves its share to the others). When the database cannot be read,
+/// this replica offers everything (claims decide ownership regardless).
+async fn offering(state: State, mut shutdown: watch::Receiver<bool>) {
+    let name = format!("{OFFER_PREFIX}{}", state.instance_id);
+    let mut announced = false;
+    loop {
+        let serving = state.dispatcher.has_agents(Duration::from_millis(OFFER_TTL_MS as u64));
+        let members = async {
+            if serving {
+                state.store.acquire_lease(&name, &state.instance_id, OFFER_TTL_MS).await?;
+            } else if announced {
+                state.store.release_lease(&name, &state.instance_id).await?;
+            }
+            announced = serving;
+            state.store.lease_holders(OFFER_PREFIX).await
+        };
+        let members = match tokio::time::timeout(OFFER_RENEW * 2, members).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                tracing::warn!("replica offering paused: {e}");
+                vec![]
+            }
+            Err(_) => {
+                tracing::warn!("replica offering paused: the database did not answer");
+                vec![]
+            }
+        };
+        if state.dispatcher.set_members(&state.instance_id, members) {
+            tracing::info!(members = state.dispatcher.offer_members(), "replicas offering ready jobs changed");
+            if let Err(e) = work::sweep_once(&state).await {
+                tracing::warn!("dispatch sweep paused: {e}");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(OFFER_RENEW) => {}
+            _ = shutdown.changed() => {
+                if announced {
+                    let _ = state.store.release_lease(&name, &state.instance_id).await;
+                }
+                return;
+            }
         }
     }
 }

@@ -55,11 +55,18 @@ pub(crate) async fn fence_once(state: &AppState) -> Result<usize, StoreError> {
     Ok(fenced.len())
 }
 
-/// Queue every job that is ready now (a replica's sweep, and the rebuild of
-/// the queues at start). A (job, generation) already queued adds nothing.
+/// How long a ready job another replica offers waits before this replica's
+/// idle agents may try it (its owner's agents are busy or cannot run it, or
+/// the owner died and its offer lease has not lapsed yet).
+pub(crate) const SPARE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Queue every job that is ready now that this replica offers (a replica's
+/// sweep, and the rebuild of the queues at start); the others are noted and
+/// become spare after [`SPARE_AFTER`]. A (job, generation) already queued
+/// adds nothing.
 pub(crate) async fn sweep_once(state: &AppState) -> Result<usize, StoreError> {
     let events = state.store.ready_jobs().await?;
-    Ok(events.into_iter().filter(|ev| state.dispatcher.push(ev.clone())).count())
+    Ok(state.dispatcher.sweep(events, SPARE_AFTER))
 }
 
 /// A grace period measured on the server clock, in the database clock's

@@ -463,6 +463,10 @@ impl ForgeStore for SqlStore {
         forge::release_lease(self, name, holder).await
     }
 
+    async fn lease_holders(&self, prefix: &str) -> Result<Vec<String>> {
+        forge::lease_holders(self, prefix).await
+    }
+
     async fn set_repo_forge(&self, repo_id: &str, forge: &RepoForge) -> Result<()> {
         forge::set_repo_forge(self, repo_id, forge).await
     }

@@ -199,6 +199,9 @@ pub trait ForgeStore: Send + Sync {
     /// Take or renew the lease `name` for `holder` for `ttl_ms` (database time).
     async fn acquire_lease(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<bool>;
     async fn release_lease(&self, name: &str, holder: &str) -> Result<()>;
+    /// Holders of the unexpired leases whose name starts with `prefix`,
+    /// sorted (replicas announcing themselves, one lease each).
+    async fn lease_holders(&self, prefix: &str) -> Result<Vec<String>>;
     async fn set_repo_forge(&self, repo_id: &str, forge: &RepoForge) -> Result<()>;
     async fn set_webhook_secret(&self, repo_id: &str, secret: Option<&str>) -> Result<()>;
     /// Repositories due for a poll, each marked polled now.

@@ -274,6 +274,13 @@ pub struct ServerTuning {
     /// lost ones; default 5s).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub dispatch_sweep: Option<std::time::Duration>,
+    /// With PostgreSQL: `shared` offers each ready job through one of the replicas whose
+    /// agents claim (the others try it only when their agents are idle and it waited 2s;
+    /// a replica that died hands its share on within about 4s); `every`: every replica
+    /// offers every ready job to its agents (claims of one job race across replicas; for
+    /// comparison). The claim transaction decides ownership either way.
+    #[arg(long, default_value = "shared", value_parser = ["shared", "every"], value_name = "MODE")]
+    pub dispatch_offer: String,
     /// Unbound artifact bytes of ended attempts are deleted after this.
     #[arg(long, default_value = "15m", value_parser = parse_duration, value_name = "DURATION")]
     pub artifact_gc_grace: std::time::Duration,

@@ -147,3 +147,86 @@ async fn ready_jobs_reach_another_replica_by_notification() {
         assert_eq!(run.status, "success", "{run:#?}\nA: {}\nB: {}", a.log(), b.log());
     }
 }
+
+/// `kiln_dispatch_offer_replicas` of a replica (None: it does not answer).
+async fn offer_replicas(url: &str) -> Option<u64> {
+    let body = reqwest::get(format!("{url}/metrics")).await.ok()?.text().await.ok()?;
+    body.lines().find_map(|l| l.strip_prefix("kiln_dispatch_offer_replicas ")).and_then(|v| v.trim().parse().ok())
+}
+
+async fn until_offer_replicas(url: &str, n: u64, what: &str) -> std::time::Duration {
+    let t = std::time::Instant::now();
+    while offer_replicas(url).await != Some(n) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(90), "{what}: offer replicas never became {n}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    t.elapsed()
+}
+
+/// Two replicas, each with an agent that knows only it, share the offering
+/// of ready jobs (each job offered by one; both replicas' metrics say two
+/// members) and every job runs once. Replica A is SIGKILLed: its offer
+/// lease lapses, B offers every job again (its metric drops to 0), and
+/// every run submitted after the kill, half of whose jobs A offered while
+/// it lived, is claimed through B by B's agent, each exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_replicas_share_of_the_offering_passes_to_the_survivor() {
+    if !kiln_testkit::postgres_available() {
+        return;
+    }
+    let pg = kiln_testkit::TempPostgres::start().unwrap();
+    let url = pg.create_database().await.unwrap();
+    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url]).unwrap();
+    let b = a.replica(&["--database-url", &url]).unwrap();
+    let agent_a = a.agent("only-a", &[]).unwrap();
+    let agent_b = b.agent("only-b", &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: one\n    steps: [\"true\"]\n  - name: two\n    steps: [\"true\"]\n  - name: three\n    steps: [\"true\"]\n",
+    )])
+    .unwrap();
+    a.add_repo("hi", &repo);
+    let logs = |a: &KilnServer, b: &KilnServer| format!("A: {}\nB: {}", a.log(), b.log());
+    until_offer_replicas(&a.url, 2, "A").await;
+    until_offer_replicas(&b.url, 2, "B").await;
+
+    let via_b = Client::new(&b.url, &b.token);
+    let submit = |n: usize| {
+        let c = via_b.clone();
+        async move {
+            let mut ids = vec![];
+            for _ in 0..n {
+                let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+                ids.push(c.submit_run("hi", &body, None).await.unwrap().run_id);
+            }
+            ids
+        }
+    };
+    let mut runners = std::collections::BTreeSet::new();
+    for id in submit(6).await {
+        let run = wait_run(&via_b, &id, 60).await;
+        assert_eq!(run.status, "success", "{run:#?}\n{}", logs(&a, &b));
+        for j in &run.jobs {
+            assert_eq!(j.attempts.len(), 1, "one attempt per job: {run:#?}");
+            runners.insert(j.attempts[0].runner.clone());
+        }
+    }
+    assert!(runners.contains("only-b"), "B's agent ran jobs: {runners:?}");
+
+    // SIGKILL replica A (its agent stays, talking to nobody).
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let ids = submit(10).await;
+    let took = until_offer_replicas(&b.url, 0, "B after A died").await;
+    eprintln!("B offers everything {took:?} after A was killed");
+    for id in ids {
+        let run = wait_run(&via_b, &id, 120).await;
+        assert_eq!(run.status, "success", "{run:#?}\n{}\nagent b: {}", logs(&a, &b), agent_b.log());
+        for j in &run.jobs {
+            assert_eq!(j.attempts.len(), 1, "one attempt per job: {run:#?}");
+            assert_eq!(j.attempts[0].runner, "only-b", "{run:#?}");
+        }
+    }
+    drop(agent_a);
+}

@@ -129,7 +129,14 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
     let m = &state.metrics;
     let db_now = state.clock.now_ms() - state.clock.ahead_of_database_ms();
     m.refresh(state.store.as_ref(), state.config.log_archive_after, db_now, state.live_agents.connected_count()).await;
-    let body = body + &m.encode();
+    let body =
+        body + &format!(
+            "# HELP kiln_dispatch_offer_replicas Live replicas sharing the offering of ready jobs, this one included \
+             (0: it offers every ready job).\n\
+             # TYPE kiln_dispatch_offer_replicas gauge\n\
+             kiln_dispatch_offer_replicas {}\n",
+            state.dispatcher.offer_members()
+        ) + &m.encode();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }
 

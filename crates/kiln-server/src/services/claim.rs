@@ -41,6 +41,8 @@ pub(crate) async fn claim(
     req: &api::ClaimRequest,
 ) -> ApiResult<Option<api::Assignment>> {
     let agent = agents::current_session(state, agent_id, &req.session_id).await?;
+    // This replica has agents: it takes a share of the offering.
+    let _polling = state.dispatcher.poll_started();
     if let Some(c) = state.store.claimed_by_request(&req.claim_request_id, &req.session_id).await?
         && let Handout::Assignment(a) = assignment::for_claim(state, &agent, &c).await?
     {
@@ -64,9 +66,10 @@ pub(crate) async fn claim(
                 job_id: ev.job_id.clone(),
                 dispatch_generation: ev.dispatch_generation,
                 lease_ttl_ms: state.lease_ttl_ms(),
-                // Every replica queues every ready job, so agents of two
-                // replicas often claim the same job at the same moment: the
-                // loser moves on at once instead of waiting for the winner.
+                // Agents of two replicas may claim the same job at the same
+                // moment (a spare job, or while the replicas' views of who
+                // offers what differ): the loser moves on at once instead
+                // of waiting for the winner.
                 skip_locked: true,
             };
             match state.store.claim(input).await {

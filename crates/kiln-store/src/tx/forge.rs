@@ -445,6 +445,26 @@ pub(crate) async fn release_lease(store: &SqlStore, name: &str, holder: &str) ->
     Ok(())
 }
 
+/// `ForgeStore::lease_holders`.
+pub(crate) async fn lease_holders(store: &SqlStore, prefix: &str) -> Result<Vec<String>> {
+    static SQL: Sql = Sql::new(|d| {
+        format!(
+            "SELECT holder FROM leader_leases WHERE name LIKE $1 ESCAPE '\\' AND expires_at >= {now} ORDER BY holder",
+            now = d.now_ms
+        )
+    });
+    let pattern: String = prefix
+        .chars()
+        .flat_map(|c| match c {
+            '\\' | '%' | '_' => vec!['\\', c],
+            c => vec![c],
+        })
+        .chain(['%'])
+        .collect();
+    let rows: Vec<(String,)> = store.reader().await?.sql(&SQL).bind(pattern).all().await?;
+    Ok(rows.into_iter().map(|(h,)| h).collect())
+}
+
 /// `ForgeStore::set_repo_forge`.
 pub(crate) async fn set_repo_forge(store: &SqlStore, repo_id: &str, f: &RepoForge) -> Result<()> {
     let n = store

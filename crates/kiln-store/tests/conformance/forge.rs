@@ -132,6 +132,26 @@ pub async fn the_leader_lease_has_one_holder_until_it_lapses<S: Store + 'static>
     assert!(s.acquire_lease("other", "a", 60_000).await.unwrap(), "a lapsed lease is taken over");
 }
 
+/// Replicas announce themselves with one lease each (`offer:<id>`): the
+/// live holders under a prefix, sorted; a lapsed or released one is gone.
+pub async fn lease_holders_are_the_live_ones_under_a_prefix<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &fx.store;
+    assert!(s.lease_holders("offer:").await.unwrap().is_empty());
+    for id in ["r2", "r1", "r3"] {
+        assert!(s.acquire_lease(&format!("offer:{id}"), id, 60_000).await.unwrap());
+    }
+    s.acquire_lease("triggers", "r9", 60_000).await.unwrap();
+    s.acquire_lease("offerx", "r8", 60_000).await.unwrap();
+    s.acquire_lease("offer%x", "r7", 60_000).await.unwrap();
+    assert_eq!(s.lease_holders("offer:").await.unwrap(), vec!["r1", "r2", "r3"]);
+    assert_eq!(s.lease_holders("offer%").await.unwrap(), vec!["r7"], "the prefix is literal");
+    s.release_lease("offer:r2", "r2").await.unwrap();
+    assert!(s.acquire_lease("offer:r3", "r3", 1).await.unwrap(), "renewed with a short TTL");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(s.lease_holders("offer:").await.unwrap(), vec!["r1"], "released and lapsed ones are gone");
+}
+
 pub async fn schedule_cursors_move_by_compare_and_set<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;

@@ -76,6 +76,7 @@ macro_rules! suite {
             forge::deliveries_are_recorded_once_and_planned_by_one_claimant,
             forge::reports_follow_their_run_and_newer_ones_supersede,
             forge::the_leader_lease_has_one_holder_until_it_lapses,
+            forge::lease_holders_are_the_live_ones_under_a_prefix,
             forge::schedule_cursors_move_by_compare_and_set,
             forge::ref_heads_polls_and_credentials,
             images::accept_stores_the_resolved_image_digests,

@@ -133,6 +133,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     if let Some(d) = t.dispatch_sweep {
         config.dispatch_sweep = d;
     }
+    config.dispatch_offer_shared = t.dispatch_offer != "every";
     config.gc_grace = t.artifact_gc_grace;
     config.gc_interval = t.gc_interval;
     config.retry_base = t.retry_base;
