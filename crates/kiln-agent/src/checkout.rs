@@ -45,6 +45,9 @@ pub(crate) struct Mirrors {
     /// (mirror, sha) seen present: objects are never removed from a mirror,
     /// so the next checkout of that commit skips the `cat-file` probe.
     known: Mutex<std::collections::HashSet<(PathBuf, String)>>,
+    /// Pristine checkouts known to exist (see [`Mirrors::keep_pristine`]),
+    /// each with the number of copies from it in progress.
+    pristine: Arc<Mutex<HashMap<PathBuf, usize>>>,
 }
 
 impl Mirrors {
@@ -55,6 +58,7 @@ impl Mirrors {
             fetch_timeout: Some(LOCAL_GIT_TIMEOUT),
             locks: Mutex::default(),
             known: Mutex::default(),
+            pristine: Arc::default(),
         }
     }
 
@@ -149,24 +153,29 @@ impl Mirrors {
         // (alternates, like `clone --shared`), HEAD detached at the frozen
         // commit; one `read-tree` fills index and files. This skips clone's
         // templates, ref negotiation and upload-pack process: a checkout
-        // costs one short git process.
+        // costs one short git process. A small tree checked out before is
+        // copied from the mirror's pristine copy of it instead: no process.
         let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
         let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
         let dot_git = ws.join(".git");
-        for d in ["objects/info", "refs"] {
-            tokio::fs::create_dir_all(dot_git.join(d)).await.map_err(io)?;
-        }
-        tokio::fs::write(dot_git.join("objects/info/alternates"), format!("{}\n", objects.display()))
+        let pristine = self.pristine_path(&mirror, sha);
+        if !self.from_pristine(&pristine, ws).await {
+            for d in ["objects/info", "refs"] {
+                tokio::fs::create_dir_all(dot_git.join(d)).await.map_err(io)?;
+            }
+            tokio::fs::write(dot_git.join("objects/info/alternates"), format!("{}\n", objects.display()))
+                .await
+                .map_err(io)?;
+            tokio::fs::write(dot_git.join("HEAD"), format!("{sha}\n")).await.map_err(io)?;
+            tokio::fs::write(
+                dot_git.join("config"),
+                "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = false\n",
+            )
             .await
             .map_err(io)?;
-        tokio::fs::write(dot_git.join("HEAD"), format!("{sha}\n")).await.map_err(io)?;
-        tokio::fs::write(
-            dot_git.join("config"),
-            "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = false\n",
-        )
-        .await
-        .map_err(io)?;
-        git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
+            git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
+            self.keep_pristine(&mirror, sha, ws).await;
+        }
         if private_objects {
             // Under the mirror's lock: no fetch is adding packs meanwhile.
             let lock = self.lock_for(&mirror);
@@ -177,6 +186,111 @@ impl Mirrors {
         }
         self.known.lock().expect("known").insert((mirror, sha.to_string()));
         Ok(())
+    }
+
+    /// Where the pristine copy of `sha`'s checkout of `mirror` is kept:
+    /// `pristine/` in the agent's private work dir (no step ever sees it;
+    /// workspaces get copies, never links).
+    fn pristine_path(&self, mirror: &Path, sha: &str) -> PathBuf {
+        let name = mirror.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        self.pristine_dir().join(format!("{}{PRISTINE_INFIX}{sha}", name.trim_end_matches(".git")))
+    }
+
+    /// `pristine/` beside `mirrors/` in the agent's work dir.
+    fn pristine_dir(&self) -> PathBuf {
+        self.dir.parent().unwrap_or(&self.dir).join("pristine")
+    }
+
+    /// Fills the fresh workspace `ws` from `pristine`, if there is one.
+    /// False (and `ws` removed again) when there is none or the copy
+    /// failed: the caller then checks out with git. A copy in progress
+    /// keeps its source from being removed (see [`Mirrors::keep_pristine`]).
+    async fn from_pristine(&self, pristine: &Path, ws: &Path) -> bool {
+        {
+            let mut copies = self.pristine.lock().expect("pristine");
+            if !copies.contains_key(pristine) {
+                // A previous agent process made it (renamed into place only
+                // once whole).
+                if !std::fs::symlink_metadata(pristine).is_ok_and(|m| m.is_dir()) {
+                    return false;
+                }
+                copies.insert(pristine.to_path_buf(), 0);
+            }
+            *copies.get_mut(pristine).expect("present") += 1;
+        }
+        let (from, to) = (pristine.to_path_buf(), ws.to_path_buf());
+        let copied = tokio::task::spawn_blocking(move || {
+            let r = copy_tree(&from, &to, &mut Budget::unlimited());
+            if r.is_err() {
+                let _ = remove_tree(&to);
+            }
+            r
+        })
+        .await;
+        if let Some(n) = self.pristine.lock().expect("pristine").get_mut(pristine) {
+            *n -= 1;
+        }
+        match copied {
+            Ok(Ok(())) => true,
+            other => {
+                tracing::warn!(pristine = %pristine.display(), result = ?other.map(|r| r.err()),
+                    "cannot copy the pristine checkout; checking out with git");
+                false
+            }
+        }
+    }
+
+    /// Keeps a pristine copy of the workspace just checked out (before any
+    /// step ran in it) for the next checkout of the same commit, when its
+    /// tree is small ([`PRISTINE_MAX_FILES`], [`PRISTINE_MAX_BYTES`]). One
+    /// per mirror: the copies of its other commits are removed unless a
+    /// copy from them is in progress (then a later call removes them).
+    /// Best effort: a failure only means the next checkout runs git again.
+    async fn keep_pristine(&self, mirror: &Path, sha: &str, ws: &Path) {
+        let target = self.pristine_path(mirror, sha);
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let prefix = name.trim_end_matches(sha).to_string();
+        let (dir, ws, copies) = (self.pristine_dir(), ws.to_path_buf(), self.pristine.clone());
+        let kept = tokio::task::spawn_blocking(move || -> std::io::Result<bool> {
+            std::fs::create_dir_all(&dir)?;
+            let tmp = dir.join(format!(".pristine-{}", uuid::Uuid::new_v4()));
+            if let Err(e) = copy_tree(&ws, &tmp, &mut Budget::new(PRISTINE_MAX_FILES, PRISTINE_MAX_BYTES)) {
+                let _ = remove_tree(&tmp);
+                return if e.kind() == std::io::ErrorKind::FileTooLarge { Ok(false) } else { Err(e) };
+            }
+            if std::fs::rename(&tmp, &target).is_err() {
+                // Another slot kept the same commit first.
+                let _ = remove_tree(&tmp);
+            }
+            let mut trash = vec![];
+            {
+                let mut copies = copies.lock().expect("pristine");
+                copies.entry(target.clone()).or_insert(0);
+                for e in std::fs::read_dir(&dir)?.flatten() {
+                    let (path, n) = (e.path(), e.file_name());
+                    if !n.to_string_lossy().starts_with(&prefix) || path == target {
+                        continue;
+                    }
+                    if copies.get(&path).is_some_and(|n| *n > 0) {
+                        continue;
+                    }
+                    // Renamed away under the lock: no new copy can start from it.
+                    let t = dir.join(format!(".trash-{}", uuid::Uuid::new_v4()));
+                    if std::fs::rename(&path, &t).is_ok() {
+                        copies.remove(&path);
+                        trash.push(t);
+                    }
+                }
+            }
+            for t in trash {
+                let _ = remove_tree(&t);
+            }
+            Ok(true)
+        })
+        .await;
+        if let Ok(Err(e)) = kept {
+            tracing::debug!(error = %e, "cannot keep a pristine copy of the checkout");
+        }
     }
 
     async fn ensure_mirror(&self, mirror: &Path) -> Result<(), CheckoutError> {
@@ -192,6 +306,63 @@ impl Mirrors {
         let _ = remove_tree(mirror);
         tokio::fs::rename(&tmp, mirror).await.map_err(io)
     }
+}
+
+/// `<mirror>` + this + `<sha>`: a pristine checkout beside its mirror.
+const PRISTINE_INFIX: &str = ".tree-";
+/// Largest tree kept as a pristine copy: files (directories and links
+/// included) and bytes. Beyond, `git read-tree` is the cheaper checkout.
+const PRISTINE_MAX_FILES: u64 = 2_000;
+const PRISTINE_MAX_BYTES: u64 = 32 * 1024 * 1024;
+
+/// What a [`copy_tree`] may still copy.
+struct Budget {
+    files: u64,
+    bytes: u64,
+}
+
+impl Budget {
+    fn new(files: u64, bytes: u64) -> Self {
+        Budget { files, bytes }
+    }
+
+    fn unlimited() -> Self {
+        Budget { files: u64::MAX, bytes: u64::MAX }
+    }
+
+    fn take(&mut self, bytes: u64) -> std::io::Result<()> {
+        if self.files == 0 || self.bytes < bytes {
+            return Err(std::io::ErrorKind::FileTooLarge.into());
+        }
+        self.files -= 1;
+        self.bytes -= bytes;
+        Ok(())
+    }
+}
+
+/// Copies the tree `src` to `dst` (which must not exist): directories,
+/// regular files (content and mode) and symbolic links (never followed);
+/// anything else is left out. New files everywhere, no hard links, so
+/// nothing written under `dst` reaches `src`. Fails with `FileTooLarge`
+/// past the budget.
+fn copy_tree(src: &Path, dst: &Path, budget: &mut Budget) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let meta = std::fs::symlink_metadata(src)?;
+    budget.take(if meta.is_file() { meta.len() } else { 0 })?;
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        std::fs::DirBuilder::new().mode(0o700).create(dst)?;
+        for e in std::fs::read_dir(src)? {
+            let e = e?;
+            copy_tree(&e.path(), &dst.join(e.file_name()), budget)?;
+        }
+        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(meta.permissions().mode() & 0o7777))?;
+    } else if ft.is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(src)?, dst)?;
+    } else if ft.is_file() {
+        std::fs::copy(src, dst)?;
+    }
+    Ok(())
 }
 
 /// Gives `dst` every object file of `src` (a mirror's `objects/`): a hard
@@ -512,6 +683,55 @@ s.serve_forever()
             })
             .collect();
         assert!(left.is_empty(), "git and its remote helper are killed: {left:?}");
+    }
+
+    /// A second checkout of a commit is copied from the pristine tree kept
+    /// at the first: it holds none of what a job did to the first
+    /// workspace (new, hidden and read-only files, a tracked file changed
+    /// in place), and git sees it clean at the commit.
+    #[tokio::test]
+    async fn a_checkout_copied_from_the_pristine_tree_has_none_of_an_earlier_jobs_files() {
+        let work = tempfile::tempdir().unwrap();
+        let repo = work.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        sh(
+            &repo,
+            "git init -q && mkdir -p sub && echo hi > f && echo deep > sub/g && ln -s f link && chmod +x sub/g \
+             && git add -A && git -c user.name=t -c user.email=t@t commit -qm one",
+        );
+        let sha = sh(&repo, "git rev-parse HEAD");
+        let url = repo.display().to_string();
+        let m = mirrors(work.path());
+        let none = |_: String| {};
+        let first = work.path().join("ws1");
+        m.checkout(&url, &sha, &first, false, &none).await.unwrap();
+        assert!(m.pristine_path(&m.mirror_path(&url), &sha).is_dir(), "kept after the first checkout");
+        // What a job leaves behind.
+        sh(
+            &first,
+            "echo changed > f.tmp && cat f.tmp > f && echo x > .hidden && mkdir -p ro/deeper && echo y > ro/deeper/z \
+             && chmod -R a-w ro && echo dirty >> sub/g && git config user.name job",
+        );
+        let second = work.path().join("ws2");
+        m.checkout(&url, &sha, &second, false, &none).await.unwrap();
+        assert_eq!(std::fs::read_to_string(second.join("f")).unwrap(), "hi\n");
+        assert_eq!(std::fs::read_to_string(second.join("sub/g")).unwrap(), "deep\n");
+        assert_eq!(std::fs::read_link(second.join("link")).unwrap(), Path::new("f"));
+        for left in ["f.tmp", ".hidden", "ro"] {
+            assert!(!second.join(left).exists(), "{left} of the first job is not in the second workspace");
+        }
+        assert_eq!(sh(&second, "git status --porcelain"), "", "clean at the commit");
+        assert_eq!(sh(&second, "git rev-parse HEAD"), sha);
+        assert_eq!(sh(&second, "test -x sub/g && echo exec"), "exec", "modes kept");
+        assert_eq!(sh(&second, "git config --local --get user.name || true"), "", "the job's git config is not kept");
+        // The first workspace is the job's own, untouched by the copy.
+        assert_eq!(std::fs::read_to_string(first.join("f")).unwrap(), "changed\n");
+        // A checkout of another commit replaces the kept tree.
+        sh(&repo, "echo two > f && git -c user.name=t -c user.email=t@t commit -qam two");
+        let sha2 = sh(&repo, "git rev-parse HEAD");
+        m.checkout(&url, &sha2, &work.path().join("ws3"), false, &none).await.unwrap();
+        assert!(m.pristine_path(&m.mirror_path(&url), &sha2).is_dir());
+        assert!(!m.pristine_path(&m.mirror_path(&url), &sha).exists(), "one kept tree per mirror");
     }
 
     #[test]

@@ -126,7 +126,8 @@ pub struct AgentConfig {
     pub labels: BTreeMap<String, String>,
     /// Private to this agent process (0700; no step runs under it):
     /// `attempts/` (log spools, deleted after each attempt), `mirrors/`
-    /// (bare git mirrors, kept), `pgids/` (running step groups),
+    /// (bare git mirrors, kept), `pristine/` (one small pristine checkout
+    /// per mirror, kept), `pgids/` (running step groups),
     /// `agent.lock`.
     pub work_dir: PathBuf,
     /// Root of the attempts' workspaces, `HOME`s and `TMPDIR`s, apart from

@@ -242,7 +242,7 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     let n = a.runs as usize;
     let pids: Vec<u32> = std::iter::once(&server).chain(&agents).map(|p| p.0.id()).collect();
     let cpu0 = cpu_ticks(&pids);
-    let t0 = Instant::now();
+    let (t0, wall0_ms) = (Instant::now(), now_ms());
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..n {
         let c = c.clone();
@@ -253,8 +253,8 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     while let Some(r) = set.join_next().await {
         ids.push(r??.run_id);
     }
-    let failed = wait_all_terminal(&c, &ids).await?;
-    let runs_per_s = n as f64 / t0.elapsed().as_secs_f64();
+    let (failed, last_ms) = wait_all_terminal(&c, &ids).await?;
+    let runs_per_s = n as f64 / elapsed_until(t0, wall0_ms, last_ms);
     let cpu_ms_per_run = cpu_ticks(&pids).saturating_sub(cpu0) as f64 * 1000.0 / clock_ticks_per_s() / n as f64;
 
     // Trigger-to-start on an idle deployment, one run at a time.
@@ -395,18 +395,36 @@ fn baseline(n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
     Ok((rate, lat))
 }
 
-/// Wait until every run of `ids` is terminal; how many did not succeed.
-/// Polls the run list (one cheap query) rather than every run.
-async fn wait_all_terminal(c: &Client, ids: &[String]) -> anyhow::Result<usize> {
+/// Seconds from `t0` (the wall clock then: `wall0_ms`) to the last run's
+/// end (`last_ms`, the server's clock on the same host), or to now when
+/// the runs did not say when they ended.
+fn elapsed_until(t0: Instant, wall0_ms: i64, last_ms: Option<i64>) -> f64 {
+    match last_ms {
+        Some(end) if end > wall0_ms => (end - wall0_ms) as f64 / 1000.0,
+        _ => t0.elapsed().as_secs_f64(),
+    }
+}
+
+/// How often [`wait_all_terminal`] lists the runs. The end of the
+/// measurement is the last run's own `finished_at`, not the poll that saw
+/// it, so polling slowly loses no precision, and it keeps the bench's own
+/// queries (each lists every run) from eating the server's CPU.
+const POLL_RUNS: Duration = Duration::from_millis(200);
+
+/// Wait until every run of `ids` is terminal: how many did not succeed,
+/// and when the last one ended (ms since the epoch). Polls the run list
+/// (one query) rather than every run.
+async fn wait_all_terminal(c: &Client, ids: &[String]) -> anyhow::Result<(usize, Option<i64>)> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let runs = c.list_runs("bench", None, Some(ids.len() as u32 + 10)).await?.runs;
         let mine: Vec<_> = runs.iter().filter(|r| ids.contains(&r.id)).collect();
         if mine.len() == ids.len() && mine.iter().all(|r| r.status.is_terminal()) {
-            return Ok(mine.iter().filter(|r| !r.status.is_success()).count());
+            let failed = mine.iter().filter(|r| !r.status.is_success()).count();
+            return Ok((failed, mine.iter().filter_map(|r| r.finished_at_ms).max()));
         }
         anyhow::ensure!(Instant::now() < deadline, "{} runs not all ended after 600 s", ids.len());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(POLL_RUNS).await;
     }
 }
 
@@ -437,7 +455,7 @@ async fn embedded(a: &BenchArgs) -> Result<i32, Failure> {
     let (sh_rate, lat) = baseline(n)?;
 
     // Throughput: all runs submitted at once.
-    let t0 = Instant::now();
+    let (t0, wall0_ms) = (Instant::now(), now_ms());
     let mut ids = vec![];
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..n {
@@ -448,8 +466,8 @@ async fn embedded(a: &BenchArgs) -> Result<i32, Failure> {
     while let Some(r) = set.join_next().await {
         ids.push(r.map_err(anyhow::Error::from)??.run_id);
     }
-    let failed = wait_all_terminal(&c, &ids).await?;
-    let rate = n as f64 / t0.elapsed().as_secs_f64();
+    let (failed, last_ms) = wait_all_terminal(&c, &ids).await?;
+    let rate = n as f64 / elapsed_until(t0, wall0_ms, last_ms);
 
     // Trigger-to-start on an idle system.
     let mut starts = vec![];

@@ -8,10 +8,11 @@
 //! When the step's shell exits, whatever it left running in its group is
 //! SIGKILLed: a step owns no processes beyond its own lifetime.
 
+use crate::isolation::Namespaces;
 use crate::isolation::{Isolation, chown_tree, unshare_path};
 use crate::procs::{group_alive, signal_group};
 use crate::reap::{forget, record, remove_tree};
-use crate::spawn::isolate_process_tree;
+use crate::spawn::{isolate_in_namespaces, isolate_process_tree};
 use crate::{Executor, OutputStream, SandboxError, StepEvent, StepExit, StepHandle, StepRequest};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -115,8 +116,11 @@ impl HostExecutor {
             return Err(SandboxError::Busy);
         }
         let iso = self.cfg.isolation;
-        let launcher = iso.launcher_args().zip(unshare_path());
-        let namespaced = launcher.is_some();
+        // A root agent makes the step's namespaces in the forked child
+        // itself; a non-root one (user namespace, uid maps) through `unshare`.
+        let in_process = iso.namespaces == Namespaces::Pid;
+        let launcher = if in_process { None } else { iso.launcher_args().zip(unshare_path()) };
+        let namespaced = in_process || launcher.is_some();
         let default_program = ["/bin/sh".to_string(), "-e".into(), "-c".into()];
         let program: &[String] = if step.program.is_empty() { &default_program } else { &step.program };
         let mut cmd = match launcher {
@@ -152,7 +156,11 @@ impl HostExecutor {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(false);
-        isolate_process_tree(&mut cmd, iso.user, !namespaced);
+        if in_process {
+            isolate_in_namespaces(&mut cmd, iso.user);
+        } else {
+            isolate_process_tree(&mut cmd, iso.user, !namespaced);
+        }
         let spawn_err = |source| SandboxError::Spawn { step: step.name.clone(), source };
         let mut child = cmd.spawn().map_err(spawn_err)?;
         // setsid made the shell the leader: its pid is the group's id.

@@ -16,8 +16,10 @@
 //!   session and a parent-death signal only; a root agent still switches to
 //!   the step user.
 //!
-//! The namespaces are made by util-linux's `unshare`, which forks the step's
-//! shell as PID 1 of the new namespace and SIGKILLs it when it dies itself.
+//! A root agent makes the namespaces in the step's forked child (no helper
+//! program to load per step); a non-root agent through util-linux's
+//! `unshare`. Either way a keeper process outside forks the step's shell as
+//! PID 1 of the new namespace and SIGKILLs it when it dies itself.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -119,9 +121,9 @@ impl Isolation {
         let euid = nix::unistd::geteuid().as_raw();
         let egid = nix::unistd::getegid().as_raw();
         let (root_ns, user_ns) = if euid == 0 {
-            // A step user in namespaces needs setpriv (see `launcher_args`).
-            let switch_ok = user.is_none_or(|u| u.uid == 0) || setpriv_path().is_some();
-            (switch_ok && probe(Probe::Root), false)
+            // Made in the step's forked child (see `crate::spawn`): neither
+            // `unshare` nor `setpriv` is needed.
+            (probe(Probe::Root), false)
         } else {
             (false, probe(Probe::User))
         };
@@ -140,7 +142,9 @@ impl Isolation {
 
     /// `unshare`'s arguments up to the shell (ending with `--`, or with a
     /// `setpriv … --` that switches to the step user), or None without
-    /// namespaces.
+    /// namespaces. The host executor uses them for [`Namespaces::UserPid`];
+    /// [`Namespaces::Pid`] is made in the step's forked child (the same
+    /// namespaces and switch, see `crate::spawn`).
     pub fn launcher_args(&self) -> Option<Vec<String>> {
         let mut args: Vec<String> = match self.namespaces {
             Namespaces::None => return None,
@@ -212,6 +216,9 @@ fn probe(kind: Probe) -> bool {
         Probe::User => &USER,
     };
     *cell.get_or_init(|| {
+        if let Probe::Root = kind {
+            return crate::spawn::namespaces_work();
+        }
         let Some(unshare) = unshare_path() else { return false };
         let iso = Isolation {
             namespaces: match kind {

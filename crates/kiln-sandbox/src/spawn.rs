@@ -62,3 +62,160 @@ pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, sw
         });
     }
 }
+
+/// [`isolate_process_tree`] plus new PID and mount namespaces, made in the
+/// forked child itself rather than by exec'ing util-linux's `unshare` and
+/// `setpriv` (two fewer programs to load per step; issue 20). What `unshare
+/// --pid --fork --kill-child=SIGKILL --mount-proc` and `setpriv --reuid
+/// --regid --clear-groups --pdeathsig SIGKILL` did is done the same way:
+///
+/// - the child becomes a session leader with a parent-death signal (as in
+///   [`isolate_process_tree`]), sets `no_new_privs` when `user` is given,
+///   and unshares its PID and mount namespaces;
+/// - it forks: the parent stays outside as the namespace's keeper (it
+///   closes every descriptor, so neither the output pipes nor the spawn's
+///   error pipe wait on it, ignores SIGINT and SIGTERM like `unshare`,
+///   waits for its child and exits as it did, a signal re-raised);
+/// - the grandchild, PID 1 of the namespace, gets SIGKILL when the keeper
+///   dies (so the kernel kills the whole namespace with the agent), makes
+///   its mounts private, mounts a fresh `/proc`, switches to `user` (no
+///   supplementary groups; real, effective and saved ids), sets its
+///   parent-death signal again (a uid change clears it) and execs the step.
+pub(crate) fn isolate_in_namespaces(cmd: &mut Command, user: Option<StepUser>) {
+    // SAFETY: see `namespace_child`: raw async-signal-safe syscalls only.
+    unsafe {
+        cmd.pre_exec(namespace_child(user));
+    }
+}
+
+/// Whether [`isolate_in_namespaces`] works here (it needs root, and a
+/// kernel or container that allows new PID and mount namespaces): runs
+/// `/bin/true` so, once.
+pub(crate) fn namespaces_work() -> bool {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("/bin/true");
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    // SAFETY: see `namespace_child`.
+    unsafe {
+        cmd.pre_exec(namespace_child(None));
+    }
+    cmd.status().is_ok_and(|s| s.success())
+}
+
+/// The child-side setup of [`isolate_in_namespaces`], for any `pre_exec`
+/// (tokio's or std's `Command`). It runs between fork and exec: only raw
+/// syscalls (setsid, umask, prctl, getppid, sigprocmask, unshare, fork,
+/// close_range, waitpid, signal, kill, _exit, mount, setgroups, setresgid,
+/// setresuid), no allocation, no locks.
+pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
+    let parent = std::process::id() as libc::pid_t;
+    move || {
+        // SAFETY: async-signal-safe syscalls on values owned by this frame.
+        unsafe {
+            if libc::setsid() == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::umask(0o022);
+            if user.is_some() && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            // SIGINT and SIGTERM are blocked across the fork: the keeper
+            // never dies of them (it waits for the namespace's end), the
+            // step unblocks them at once.
+            let mut term: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut term);
+            libc::sigaddset(&mut term, libc::SIGINT);
+            libc::sigaddset(&mut term, libc::SIGTERM);
+            if libc::sigprocmask(libc::SIG_BLOCK, &term, &mut old) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            let pid = libc::fork();
+            if pid == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if pid > 0 {
+                keep_namespace(pid);
+            }
+            // PID 1 of the new namespace.
+            if libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            let none = c"none".as_ptr();
+            if libc::mount(none, c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
+                == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(u) = user {
+                if libc::setgroups(0, std::ptr::null()) == -1
+                    || libc::setresgid(u.gid, u.gid, u.gid) == -1
+                    || libc::setresuid(u.uid, u.uid, u.uid) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // Cleared by the uid change.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The keeper of a step's namespaces (the first child, outside them):
+/// waits for the step's shell and ends as it did. Never returns.
+///
+/// # Safety
+/// Only in a forked child, between fork and exec.
+unsafe fn keep_namespace(child: libc::pid_t) -> ! {
+    // SAFETY: async-signal-safe syscalls; the process ends here.
+    unsafe {
+        // Hold nothing open: the step's output pipes reach EOF when the
+        // step's own processes close them, and the spawning parent's
+        // exec-error pipe when the step execs.
+        if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) == -1 {
+            for fd in 0..1024 {
+                libc::close(fd);
+            }
+        }
+        let mut status = 0;
+        loop {
+            let r = libc::waitpid(child, &mut status, 0);
+            if r == child {
+                break;
+            }
+            if r == -1 && *libc::__errno_location() != libc::EINTR {
+                libc::_exit(1);
+            }
+        }
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 1 })
+    }
+}
