@@ -49,6 +49,12 @@ impl Sequencer {
         Ticket { seq: self, key, offset, id }
     }
 
+    /// Whether this process committed the stream's bytes up to `offset`.
+    pub(crate) fn covers(&self, job: &str, epoch: i64, stream: &str, offset: i64) -> bool {
+        let key = (job.to_string(), epoch, stream.to_string());
+        self.committed.lock().expect("sequencer").get(&key).is_some_and(|&end| end >= offset)
+    }
+
     /// Records a committed chunk of a stream ending at `end`.
     pub(crate) fn committed(&self, job: &str, epoch: i64, stream: &str, end: i64) {
         {

@@ -174,3 +174,36 @@ async fn claim_skips_a_run_locked_elsewhere() {
     let c = s.claim(skipping).await.unwrap().expect("claimed once the run is free");
     assert_eq!((c.job.id.as_str(), c.epoch), (job_a.as_str(), 1));
 }
+
+/// Two replicas on one database (two stores): an agent with several chunks
+/// in flight may send the second to one replica before the first reaches
+/// the other. The second waits (briefly) for the first to commit, so event
+/// ids still follow the byte offsets across replicas.
+#[tokio::test]
+async fn a_chunk_on_another_replica_commits_after_its_predecessor() {
+    use conformance::*;
+    use kiln_store::LogStore;
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let a = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    let b = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    let (_, run_id) = start(&a, workflow(vec![job("build", &[], 0)])).await;
+    let agent_rec = agent(&a, "a", 4).await;
+    let build = job_id(&a, &run_id, "build").await;
+    claim(&a, &agent_rec, &build, LONG_TTL).await;
+
+    let second = {
+        let (b, build) = (b.clone(), build.clone());
+        tokio::spawn(async move { b.append_log_chunk(chunk(&build, 1, "stdout", 1, 6, b"second")).await.unwrap() })
+    };
+    // The first chunk reaches the other replica a little later.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    a.append_log_chunk(chunk(&build, 1, "stdout", 0, 0, b"first\n")).await.unwrap();
+    second.await.unwrap();
+    let rows = a.log_chunks_after(&build, 0, 10).await.unwrap();
+    let got: Vec<(i64, &[u8])> = rows.iter().map(|r| (r.offset, r.data.as_slice())).collect();
+    assert_eq!(got, vec![(0, &b"first\n"[..]), (6, &b"second"[..])], "ids follow the offsets across replicas");
+}

@@ -37,6 +37,13 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
         placed = Some(segments.append(std::mem::take(&mut chunk.data)).await?);
     }
     ticket.wait_turn().await;
+    if files.segments.is_none() && chunk.offset > 0 {
+        // PostgreSQL may have replicas: the chunk before this one can be in
+        // flight on another replica, which this process's sequencer does not
+        // see. Wait as briefly as for one in flight here until the database
+        // says the bytes before this chunk are committed.
+        wait_for_predecessor(store, &chunk).await?;
+    }
     let chunk = &chunk;
     let (seg, seg_pos) = (placed.map(|p| p.0), placed.map(|p| p.1));
     let progress = store
@@ -165,6 +172,33 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
         .await?;
     files.sequencer.committed(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset + len);
     Ok(progress)
+}
+
+/// Waits at most [`crate::sequencer::ARRIVAL_WAIT`] until the stream's
+/// contiguous committed end reaches the chunk's offset: known here when
+/// this process committed the predecessor, else read from the database.
+async fn wait_for_predecessor(store: &SqlStore, chunk: &NewLogChunk) -> Result<()> {
+    let files = store.log_files();
+    if files.sequencer.covers(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset) {
+        return Ok(());
+    }
+    let until = tokio::time::Instant::now() + crate::sequencer::ARRIVAL_WAIT;
+    loop {
+        let committed: i64 = store
+            .reader()
+            .await?
+            .sql("SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = $3")
+            .bind(&chunk.job_id)
+            .bind(chunk.epoch)
+            .bind(&chunk.stream)
+            .scalar_optional()
+            .await?
+            .unwrap_or(0);
+        if committed >= chunk.offset || tokio::time::Instant::now() >= until {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// Whether a chunk with these bytes is committed at this position already
