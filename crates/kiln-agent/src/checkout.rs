@@ -159,7 +159,7 @@ impl Mirrors {
         let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
         let dot_git = ws.join(".git");
         let pristine = self.pristine_path(&mirror, sha);
-        if !self.from_pristine(&pristine, ws).await {
+        if !self.copy_from_pristine(&pristine, ws).await {
             for d in ["objects/info", "refs"] {
                 tokio::fs::create_dir_all(dot_git.join(d)).await.map_err(io)?;
             }
@@ -205,7 +205,7 @@ impl Mirrors {
     /// False (and `ws` removed again) when there is none or the copy
     /// failed: the caller then checks out with git. A copy in progress
     /// keeps its source from being removed (see [`Mirrors::keep_pristine`]).
-    async fn from_pristine(&self, pristine: &Path, ws: &Path) -> bool {
+    async fn copy_from_pristine(&self, pristine: &Path, ws: &Path) -> bool {
         {
             let mut copies = self.pristine.lock().expect("pristine");
             if !copies.contains_key(pristine) {

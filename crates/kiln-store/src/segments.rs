@@ -266,7 +266,7 @@ mod tests {
         }
         let cur = segs.current.lock().unwrap().clone().unwrap();
         let syncs = cur.sync.lock().unwrap().started;
-        assert!(syncs <= 32 && syncs >= 1, "{syncs}");
+        assert!((1..=32).contains(&syncs), "{syncs}");
         // Everything but the current segment, unreferenced, is removed.
         let empty = Segments::create(&dir.path().join("segs")).unwrap();
         assert_eq!(segs.remove_unreferenced(&HashSet::new()).unwrap(), 0, "a later segment is another store's");
