@@ -38,13 +38,15 @@ pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
 /// under 250 ms) while heavy output still leaves in 64 KiB–1 MiB chunks, so
 /// a quiet stream costs at most ten requests a second.
 pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
-/// Chunks of one stream in flight at once (issue 20): with one, a stream
-/// moved one chunk per round trip (fsync included); the server makes the
-/// bytes of concurrent chunks durable together and commits them in offset
-/// order.
-pub(crate) const IN_FLIGHT: usize = 4;
-/// [`IN_FLIGHT`], or `KILN_AGENT_LOG_IN_FLIGHT` (1 ships one chunk per
-/// round trip, as before issue 20: for measurements).
+/// Chunks of one stream in flight at once. One by default: with several
+/// (issue 20), chunks retried after a refusal (a full server disk) could be
+/// committed after later ones, and a reader saw lines out of order
+/// (`e2e_reliability::a_full_disk_refuses_new_runs_loses_nothing_and_recovers`).
+/// Until a retried chunk holds its successors back, more than one is only
+/// for measurements.
+pub(crate) const IN_FLIGHT: usize = 1;
+/// [`IN_FLIGHT`], or `KILN_AGENT_LOG_IN_FLIGHT` (for measurements only: see
+/// [`IN_FLIGHT`]).
 fn in_flight() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {

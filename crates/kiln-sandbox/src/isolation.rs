@@ -25,12 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
 
-/// The unprivileged user a root agent runs steps as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepUser {
-    pub uid: u32,
-    pub gid: u32,
-}
+/// Defined beside the fork-time code that switches to it (`spawn.rs`).
+pub use crate::spawn::StepUser;
 
 impl StepUser {
     /// `nobody` (and its primary group) from the user database, else 65534:65534.

@@ -4,9 +4,15 @@
 //! a multi-threaded process, where only async-signal-safe calls are allowed.
 #![allow(unsafe_code)]
 
-use crate::isolation::StepUser;
 use std::io;
 use tokio::process::Command;
+
+/// The unprivileged user a root agent runs steps as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepUser {
+    pub uid: u32,
+    pub gid: u32,
+}
 
 /// Makes the child a session (and process group) leader, so that the whole
 /// tree of the step can be signalled as one group, and asks the kernel to
