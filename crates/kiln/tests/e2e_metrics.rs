@@ -92,6 +92,19 @@ fn promtool(args: &[&str], stdin: Option<&str>) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The PromQL of every panel target of the shipped Grafana dashboard.
+fn dashboard_exprs() -> Vec<String> {
+    let dashboard = std::fs::read_to_string(root().join("deploy/grafana/kiln-dashboard.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    json["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("a target's expr").to_string())
+        .collect()
+}
+
 async fn scrape(url: &str) -> String {
     let r = reqwest::get(format!("{url}/metrics")).await.expect("scrape");
     assert!(r.status().is_success());
@@ -230,15 +243,7 @@ async fn a_scripted_scenario_moves_every_counter_by_exactly_what_happened() {
     let mut have = names(&after);
     have.extend(names(&agent_during));
     let rules = std::fs::read_to_string(root().join("deploy/prometheus/kiln-alerts.yml")).unwrap();
-    let dashboard = std::fs::read_to_string(root().join("deploy/grafana/kiln-dashboard.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
-    let exprs: Vec<String> = json["panels"]
-        .as_array()
-        .expect("panels")
-        .iter()
-        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
-        .map(|t| t["expr"].as_str().expect("a target's expr").to_string())
-        .collect();
+    let exprs = dashboard_exprs();
     assert!(exprs.len() >= 10, "{exprs:?}");
     for (what, text) in [("alert rules", rules.clone()), ("dashboard", exprs.join("\n"))] {
         let used = referenced(&text);
@@ -378,15 +383,7 @@ async fn a_real_prometheus_evaluates_every_dashboard_query_and_alert_rule() {
     // What exists in the scrapes now.
     let mut have = names(&scrape(&server.url).await);
     have.extend(names(&scrape(&agent_url).await));
-    let dashboard = std::fs::read_to_string(root().join("deploy/grafana/kiln-dashboard.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
-    let exprs: Vec<String> = json["panels"]
-        .as_array()
-        .expect("panels")
-        .iter()
-        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
-        .map(|t| t["expr"].as_str().expect("a target's expr").to_string())
-        .collect();
+    let exprs = dashboard_exprs();
     let mut with_data = 0;
     for expr in &exprs {
         let v = query(expr.clone()).await.unwrap_or_else(|| panic!("no answer for `{expr}`"));
