@@ -96,10 +96,19 @@ impl Segments {
     /// A new segment: the next free number, created exclusively, its
     /// directory entry synced.
     fn create(dir: &Path) -> io::Result<Segment> {
-        std::fs::create_dir_all(dir)?;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        // Log bytes can hold what a step printed: readable by the server's
+        // user only, like the database.
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
         let mut no = Self::numbers(dir)?.into_iter().max().unwrap_or(0) + 1;
         let file = loop {
-            match std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(Self::path(dir, no)) {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(Self::path(dir, no))
+            {
                 Ok(f) => break f,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => no += 1,
                 Err(e) => return Err(e),
