@@ -105,6 +105,17 @@ fn dashboard_exprs() -> Vec<String> {
         .collect()
 }
 
+/// The base URL of the agent's own /metrics, from its start-up line.
+fn agent_metrics_url(agent: &kiln_testkit::KilnAgent) -> String {
+    wait_for(Duration::from_secs(60), || {
+        agent.log().lines().find_map(|l| {
+            let at = l.find("agent metrics on http://")?;
+            Some(l[at + "agent metrics on ".len()..].trim_end_matches("/metrics").trim().to_string())
+        })
+    })
+    .unwrap_or_else(|| panic!("the agent never announced its metrics address:\n{}", agent.log()))
+}
+
 async fn scrape(url: &str) -> String {
     let r = reqwest::get(format!("{url}/metrics")).await.expect("scrape");
     assert!(r.status().is_success());
@@ -129,14 +140,7 @@ async fn a_scripted_scenario_moves_every_counter_by_exactly_what_happened() {
         repos.push(repo);
     }
     let agent = server.agent("m1", &["--metrics-listen", "127.0.0.1:0"]).unwrap();
-    let agent_url = wait_for(Duration::from_secs(60), || {
-        agent.log().lines().find_map(|l| {
-            let at = l.find("agent metrics on http://")?;
-            let url = &l[at + "agent metrics on ".len()..];
-            Some(url.trim_end_matches("/metrics").trim().to_string())
-        })
-    })
-    .unwrap_or_else(|| panic!("the agent never announced its metrics address:\n{}", agent.log()));
+    let agent_url = agent_metrics_url(&agent);
     let before = scrape(&server.url).await;
     let agent_before = scrape(&agent_url).await;
 
@@ -298,13 +302,7 @@ async fn a_real_prometheus_evaluates_every_dashboard_query_and_alert_rule() {
         repos.push(repo);
     }
     let agent = server.agent("m1", &["--metrics-listen", "127.0.0.1:0"]).unwrap();
-    let agent_url = wait_for(Duration::from_secs(60), || {
-        agent.log().lines().find_map(|l| {
-            let at = l.find("agent metrics on http://")?;
-            Some(l[at + "agent metrics on ".len()..].trim_end_matches("/metrics").trim().to_string())
-        })
-    })
-    .unwrap_or_else(|| panic!("the agent never announced its metrics address:\n{}", agent.log()));
+    let agent_url = agent_metrics_url(&agent);
 
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
