@@ -60,8 +60,8 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let mut _pg = None;
     let database_url = match a.database_url.as_deref() {
         Some("postgres") | None if a.replicas > 1 || a.database_url.is_some() => {
-            eprintln!("bench control-plane: starting a throwaway PostgreSQL…");
-            let pg = kiln_testkit::TempPostgres::start()?;
+            eprintln!("bench control-plane: starting a throwaway PostgreSQL (fsync and synchronous commit on)…");
+            let pg = kiln_testkit::TempPostgres::start_durable()?;
             let url = pg.create_database().await?;
             _pg = Some(pg);
             Some(url)
@@ -264,9 +264,11 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     tokio::time::sleep_until(steady_from.into()).await;
     let (c0, h0, d0) = counts(&stats);
     let cpu0 = (cpu_ticks(&server_pids), cpu_ticks(&pg_pids), cpu_ticks(&[std::process::id()]));
+    let xacts0 = pg_xacts(database_url.as_deref()).await;
     tokio::time::sleep_until(claim_until.into()).await;
     let (c1, h1, d1) = counts(&stats);
     let cpu1 = (cpu_ticks(&server_pids), cpu_ticks(&pg_pids), cpu_ticks(&[std::process::id()]));
+    let xacts1 = pg_xacts(database_url.as_deref()).await;
     let window = (claim_until - steady_from).as_secs_f64();
     while agents.join_next().await.is_some() {}
     let _ = spawner.await;
@@ -278,7 +280,11 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
         v
     };
     let (cl, hb, co) = (sorted(&stats.claim_ms), sorted(&stats.heartbeat_ms), sorted(&stats.complete_ms));
-    let backend = if postgres { "postgres" } else { "sqlite" };
+    let backend = match (postgres, _pg.is_some()) {
+        (true, true) => "postgres (started by the bench: fsync and synchronous commit on)",
+        (true, false) => "postgres",
+        _ => "sqlite",
+    };
     // CPU time in the steady window, in percent of one core.
     let pct = |t0: u64, t1: u64| t1.saturating_sub(t0) as f64 / clock_ticks_per_s() / window * 100.0;
     kiln_cmd::outln!("control_backend: {backend}");
@@ -306,11 +312,32 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     if !pg_pids.is_empty() {
         kiln_cmd::outln!("control_postgres_cpu_pct: {:.0}", pct(cpu0.1, cpu1.1));
     }
+    if let (Some((c0, r0)), Some((c1, r1))) = (xacts0, xacts1) {
+        // Rolled back: mostly serialization failures and deadlocks that the
+        // store ran again (each one a transaction's work done twice).
+        kiln_cmd::outln!("control_postgres_commits_per_s: {:.0}", (c1 - c0) as f64 / window);
+        kiln_cmd::outln!("control_postgres_rollbacks_per_s: {:.0}", (r1 - r0) as f64 / window);
+    }
     kiln_cmd::outln!("control_bench_client_cpu_pct: {:.0}", pct(cpu0.2, cpu1.2));
     kiln_cmd::outln!("baseline_http_healthz_per_s: {base:.0}");
     drop(servers);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(if stats.errors.load(Ordering::Relaxed) == 0 { exit::OK } else { exit::RUN_FAILED })
+}
+
+/// PostgreSQL's committed and rolled-back transactions on the bench's
+/// database so far (`pg_stat_database`); `None` on SQLite.
+async fn pg_xacts(url: Option<&str>) -> Option<(i64, i64)> {
+    use sqlx::Connection;
+    let url = url.filter(|u| u.starts_with("postgres"))?;
+    let mut c = sqlx::PgConnection::connect(url).await.ok()?;
+    // The statistics are sent by each backend at transaction end and read
+    // from a snapshot: start from a fresh one.
+    let _ = sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut c).await;
+    sqlx::query_as("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(&mut c)
+        .await
+        .ok()
 }
 
 fn counts(s: &Stats) -> (u64, u64, u64) {

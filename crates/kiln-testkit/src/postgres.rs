@@ -145,8 +145,22 @@ fn free_port() -> Result<u16> {
 }
 
 impl TempPostgres {
-    /// Start a server from the cached template on a free port.
+    /// Start a server from the cached template on a free port. Throwaway
+    /// data: fsync and synchronous commit are off (see [`Self::start_durable`]).
     pub fn start() -> Result<TempPostgres> {
+        Self::start_with("")
+    }
+
+    /// [`Self::start`] with PostgreSQL's durable defaults (fsync, synchronous
+    /// commit, full page writes): what a benchmark must measure against, since
+    /// a deployment commits to disk.
+    pub fn start_durable() -> Result<TempPostgres> {
+        Self::start_with(" -c fsync=on -c synchronous_commit=on -c full_page_writes=on")
+    }
+
+    /// Start with extra `postgres` command-line options (they override the
+    /// template's `postgresql.conf`).
+    fn start_with(options: &str) -> Result<TempPostgres> {
         let bin = find_bin().context("PostgreSQL binaries (initdb, pg_ctl) not found")?;
         ensure_user()?;
         let template = template(&bin)?;
@@ -164,7 +178,7 @@ impl TempPostgres {
                 .arg("-l")
                 .arg(dir.path().join("server.log"))
                 .args(["-w", "-t", "60", "-o"])
-                .arg(format!("-p {port} -k {}", dir.path().display()))
+                .arg(format!("-p {port} -k {}{options}", dir.path().display()))
                 .arg("start")
                 .stdout(Stdio::null());
             match run(c, "pg_ctl start") {
