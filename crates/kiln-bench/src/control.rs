@@ -10,12 +10,10 @@
 //! heartbeats proportionally more often: the store sees the same rate of
 //! the same heartbeat transaction. The figure printed says so.
 
-use crate::util::{Proc, percentile, repo_with, token};
+use crate::util::{Launch, Proc, clock_ticks_per_s, cpu_ticks, percentile, repo_with, spawn_server_with, token};
 use kiln_api::{AttemptOutcome, ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
 use kiln_cmd::Failure;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -344,30 +342,13 @@ fn counts(s: &Stats) -> (u64, u64, u64) {
     (s.claims.load(Ordering::Relaxed), s.heartbeats.load(Ordering::Relaxed), s.completions.load(Ordering::Relaxed))
 }
 
-/// `kiln server` on `data` (errors only, discarded), on `database_url` when
-/// given; returns once it listens, with its URL.
+/// A replica: `kiln server` on the shared data dir and database.
 fn spawn_replica(data: &Path, database_url: Option<&str>, offer: &str) -> anyhow::Result<(Proc, String)> {
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["server", "--dispatch-offer", offer, "--listen", "127.0.0.1:0", "--data-dir"]).arg(data);
+    let mut extra = vec!["--dispatch-offer", offer];
     if let Some(url) = database_url {
-        cmd.args(["--database-url", url]);
+        extra.extend(["--database-url", url]);
     }
-    for var in ["KILN_LOG_FORMAT", "KILN_OTLP_ENDPOINT", "KILN_OTLP_PROTOCOL"] {
-        cmd.env_remove(var);
-    }
-    let mut child = cmd.env("KILN_LOG", "error").stderr(Stdio::null()).stdout(Stdio::piped()).spawn()?;
-    let out = child.stdout.take().expect("stdout");
-    let proc = Proc(child);
-    let mut lines = BufReader::new(out).lines();
-    for line in lines.by_ref() {
-        if let Some(rest) = line?.strip_prefix("kiln server listening on ") {
-            let url = rest.split_whitespace().next().unwrap_or_default().to_string();
-            // Keep reading: a closed stdout would end the server's output quietly.
-            std::thread::spawn(move || lines.for_each(drop));
-            return Ok((proc, url));
-        }
-    }
-    anyhow::bail!("kiln server exited before listening")
+    spawn_server_with(data, "127.0.0.1:0", &Launch::default(), &extra)
 }
 
 /// The throwaway PostgreSQL server's processes: the postmaster listening on
@@ -389,30 +370,4 @@ fn postgres_pids(port: u16) -> Vec<u32> {
         return vec![];
     };
     procs.iter().filter(|(pid, ppid, _)| *pid == master || *ppid == master).map(|p| p.0).collect()
-}
-
-/// User + system CPU ticks of `pids` and of the children they reaped
-/// (`/proc/PID/stat` fields 14-17).
-fn cpu_ticks(pids: &[u32]) -> u64 {
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .map(|stat| {
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum::<u64>()
-        })
-        .sum()
-}
-
-/// `sysconf(_SC_CLK_TCK)` (100 on Linux), read once from `getconf`.
-fn clock_ticks_per_s() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
 }

@@ -31,8 +31,8 @@
 use crate::args::BenchArgs;
 use crate::otlp_sink::OtlpSink;
 use crate::util::{
-    Launch, Proc, add_repo, now_ms, percentile, repo_with, spawn_agent_deployed, spawn_server_with, token,
-    wait_terminal,
+    Launch, Proc, add_repo, clock_ticks_per_s, cpu_ticks, now_ms, percentile, repo_with, spawn_agent_deployed,
+    spawn_server_with, token, wait_terminal,
 };
 use futures::StreamExt;
 use kiln_api::{Client, SubmitRun, exit};
@@ -211,7 +211,7 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
         launch.env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), OTLP_BATCH_DELAY_MS.into()));
     }
     let data = dir.join("data");
-    let (server, url) = spawn_server_with(&data, "127.0.0.1:0", &launch.logging_to(dir.join("server.log")))?;
+    let (server, url) = spawn_server_with(&data, "127.0.0.1:0", &launch.logging_to(dir.join("server.log")), &[])?;
     let c = Client::new(&url, &token(&data, "admin.token")?);
     add_repo(&c, "bench", repo).await?;
     let agents: Vec<Proc> = (0..a.agents)
@@ -292,33 +292,6 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
         log_bytes,
         otlp: sink.map(|s| (s.requests(), s.bytes())),
         cpu_ms_per_run,
-    })
-}
-
-/// User + system CPU ticks of `pids` and of the children they reaped
-/// (`/proc/PID/stat` fields 14-17).
-fn cpu_ticks(pids: &[u32]) -> u64 {
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .map(|stat| {
-            // After the command name, which may hold spaces: field 3 on.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum::<u64>()
-        })
-        .sum()
-}
-
-/// `sysconf(_SC_CLK_TCK)`, read once from `getconf` (100 on Linux).
-fn clock_ticks_per_s() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
     })
 }
 

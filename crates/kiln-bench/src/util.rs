@@ -125,13 +125,24 @@ impl Launch {
 /// `kiln server` on `data` at `listen` (errors only, discarded); returns
 /// once it listens, with its URL.
 pub(crate) fn spawn_server(data: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
-    spawn_server_with(data, listen, &Launch::default())
+    spawn_server_with(data, listen, &Launch::default(), &[])
 }
 
-/// [`spawn_server`] started as `launch` says.
-pub(crate) fn spawn_server_with(data: &Path, listen: &str, launch: &Launch) -> anyhow::Result<(Proc, String)> {
-    let mut child =
-        launch.command("server")?.args(["--listen", listen, "--data-dir"]).arg(data).stdout(Stdio::piped()).spawn()?;
+/// [`spawn_server`] started as `launch` says, with `extra` server flags
+/// (`--database-url …`, `--dispatch-offer …`).
+pub(crate) fn spawn_server_with(
+    data: &Path,
+    listen: &str,
+    launch: &Launch,
+    extra: &[&str],
+) -> anyhow::Result<(Proc, String)> {
+    let mut child = launch
+        .command("server")?
+        .args(["--listen", listen, "--data-dir"])
+        .arg(data)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()?;
     let out = child.stdout.take().expect("stdout");
     let proc = Proc(child);
     let mut lines = BufReader::new(out).lines();
@@ -185,4 +196,31 @@ pub(crate) fn spawn_agent_deployed(
         .stdout(Stdio::null())
         .spawn()?;
     Ok(Proc(child))
+}
+
+/// User + system CPU ticks of `pids` and of the children they reaped
+/// (`/proc/PID/stat` fields 14-17).
+pub(crate) fn cpu_ticks(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            // After the command name, which may hold spaces: field 3 on.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum::<u64>()
+        })
+        .sum()
+}
+
+/// `sysconf(_SC_CLK_TCK)` (100 on Linux), read once from `getconf`.
+pub(crate) fn clock_ticks_per_s() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
