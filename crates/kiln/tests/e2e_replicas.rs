@@ -56,13 +56,9 @@ async fn agent_with_several_server_urls_skips_a_dead_one() {
 /// the survivor alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replica_killed_mid_run_loses_nothing() {
-    if !kiln_testkit::postgres_available() {
+    let Some((_pg, a, b)) = two_replicas(&["--loss-grace", "30s"]).await else {
         return;
-    }
-    let pg = kiln_testkit::TempPostgres::start().unwrap();
-    let url = pg.create_database().await.unwrap();
-    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url, "--loss-grace", "30s"]).unwrap();
-    let b = a.replica(&["--database-url", &url, "--loss-grace", "30s"]).unwrap();
+    };
     let gate = tempfile::tempdir().unwrap();
     let go = gate.path().join("go");
     let wf = format!(
@@ -101,13 +97,9 @@ async fn a_replica_killed_mid_run_loses_nothing() {
 /// (B sweeps the ready jobs of the shared database into its queues).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_accepted_by_one_replica_reaches_agents_of_another() {
-    if !kiln_testkit::postgres_available() {
+    let Some((_pg, a, b)) = two_replicas(&[]).await else {
         return;
-    }
-    let pg = kiln_testkit::TempPostgres::start().unwrap();
-    let url = pg.create_database().await.unwrap();
-    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url]).unwrap();
-    let b = a.replica(&["--database-url", &url]).unwrap();
+    };
     let _agent = b.agent("only-b", &[]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: hi\n    steps: [\"echo hi\"]\n")])
         .unwrap();
@@ -125,13 +117,9 @@ async fn a_run_accepted_by_one_replica_reaches_agents_of_another() {
 /// listening.
 #[tokio::test(flavor = "multi_thread")]
 async fn ready_jobs_reach_another_replica_by_notification() {
-    if !kiln_testkit::postgres_available() {
+    let Some((_pg, a, b)) = two_replicas(&["--dispatch-sweep", "1h"]).await else {
         return;
-    }
-    let pg = kiln_testkit::TempPostgres::start().unwrap();
-    let url = pg.create_database().await.unwrap();
-    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url, "--dispatch-sweep", "1h"]).unwrap();
-    let b = a.replica(&["--database-url", &url, "--dispatch-sweep", "1h"]).unwrap();
+    };
     let _agent = b.agent("only-b", &[]).unwrap();
     let repo = TestRepo::new(&[(
         ".kiln/pipeline.yaml",
@@ -171,13 +159,9 @@ async fn until_offer_replicas(url: &str, n: u64, what: &str) -> std::time::Durat
 /// it lived, is claimed through B by B's agent, each exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_replicas_share_of_the_offering_passes_to_the_survivor() {
-    if !kiln_testkit::postgres_available() {
+    let Some((_pg, a, b)) = two_replicas(&[]).await else {
         return;
-    }
-    let pg = kiln_testkit::TempPostgres::start().unwrap();
-    let url = pg.create_database().await.unwrap();
-    let a = KilnServer::start(BIN.as_ref(), &["--database-url", &url]).unwrap();
-    let b = a.replica(&["--database-url", &url]).unwrap();
+    };
     let agent_a = a.agent("only-a", &[]).unwrap();
     let agent_b = b.agent("only-b", &[]).unwrap();
     let repo = TestRepo::new(&[(
@@ -229,4 +213,19 @@ async fn a_killed_replicas_share_of_the_offering_passes_to_the_survivor() {
         }
     }
     drop(agent_a);
+}
+
+/// Two replicas (`kiln server` processes) with `extra` flags on one fresh
+/// database of a throwaway PostgreSQL server (kept alive by the first
+/// element); `None` when PostgreSQL is not installed.
+async fn two_replicas(extra: &[&str]) -> Option<(kiln_testkit::TempPostgres, KilnServer, KilnServer)> {
+    if !kiln_testkit::postgres_available() {
+        return None;
+    }
+    let pg = kiln_testkit::TempPostgres::start().unwrap();
+    let url = pg.create_database().await.unwrap();
+    let args: Vec<&str> = ["--database-url", url.as_str()].into_iter().chain(extra.iter().copied()).collect();
+    let a = KilnServer::start(BIN.as_ref(), &args).unwrap();
+    let b = a.replica(&args).unwrap();
+    Some((pg, a, b))
 }
