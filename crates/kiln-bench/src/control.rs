@@ -263,6 +263,10 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let (c0, h0, d0) = counts(&stats);
     let cpu0 = (cpu_ticks(&server_pids), cpu_ticks(&pg_pids), cpu_ticks(&[std::process::id()]));
     let xacts0 = pg_xacts(database_url.as_deref()).await;
+    let waits = database_url
+        .as_deref()
+        .filter(|u| u.starts_with("postgres"))
+        .map(|u| tokio::spawn(pg_waits(u.to_string(), claim_until)));
     tokio::time::sleep_until(claim_until.into()).await;
     let (c1, h1, d1) = counts(&stats);
     let cpu1 = (cpu_ticks(&server_pids), cpu_ticks(&pg_pids), cpu_ticks(&[std::process::id()]));
@@ -316,6 +320,13 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
         kiln_cmd::outln!("control_postgres_commits_per_s: {:.0}", (c1 - c0) as f64 / window);
         kiln_cmd::outln!("control_postgres_rollbacks_per_s: {:.0}", (r1 - r0) as f64 / window);
     }
+    if let Some(Ok(Some(w))) = match waits {
+        Some(t) => Some(t.await),
+        None => None,
+    } {
+        kiln_cmd::outln!("control_postgres_active_backends: {:.1} (mean of {} samples)", w.active_mean, w.samples);
+        kiln_cmd::outln!("control_postgres_waits: {}", w.top);
+    }
     kiln_cmd::outln!("control_bench_client_cpu_pct: {:.0}", pct(cpu0.2, cpu1.2));
     kiln_cmd::outln!("baseline_http_healthz_per_s: {base:.0}");
     drop(servers);
@@ -336,6 +347,54 @@ async fn pg_xacts(url: Option<&str>) -> Option<(i64, i64)> {
         .fetch_one(&mut c)
         .await
         .ok()
+}
+
+/// What PostgreSQL's backends were doing in the window.
+struct Waits {
+    samples: u64,
+    active_mean: f64,
+    /// The most frequent states of active backends, in % of active samples.
+    top: String,
+}
+
+/// Samples `pg_stat_activity` every 50 ms until `until`: how many of the
+/// bench database's backends run a statement, and what each of those
+/// waits for (`IO:WALSync`, `Lock:transactionid`, … or `CPU` when it waits
+/// for nothing PostgreSQL knows of). `None` if the database cannot be read.
+async fn pg_waits(url: String, until: Instant) -> Option<Waits> {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&url).await.ok()?;
+    let mut by: std::collections::HashMap<String, u64> = Default::default();
+    let (mut samples, mut active) = (0u64, 0u64);
+    while Instant::now() < until {
+        let rows: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT wait_event_type, wait_event FROM pg_stat_activity \
+             WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&mut c)
+        .await
+        .ok()?;
+        samples += 1;
+        active += rows.len() as u64;
+        for (kind, event) in rows {
+            let key = match (kind, event) {
+                (Some(k), Some(e)) => format!("{k}:{e}"),
+                _ => "CPU".to_string(),
+            };
+            *by.entry(key).or_default() += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut top: Vec<(String, u64)> = by.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let total = active.max(1) as f64;
+    let top = top
+        .iter()
+        .take(6)
+        .map(|(k, n)| format!("{k} {:.0}%", *n as f64 * 100.0 / total))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(Waits { samples, active_mean: active as f64 / samples.max(1) as f64, top })
 }
 
 fn counts(s: &Stats) -> (u64, u64, u64) {
