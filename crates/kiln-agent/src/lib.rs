@@ -83,9 +83,10 @@ pub struct ContainerSettings {
     pub default_image: Option<String>,
     /// `none` (default: no network) or `bridge`.
     pub network: kiln_sandbox::Network,
-    /// How many warm containers the agent keeps started for the next jobs
-    /// of the shapes it ran last (0: every job's container is created when
-    /// the job starts). Default 1.
+    /// For how many of the job shapes (image digest, size, network) it ran
+    /// last the agent keeps one container started for the next job (see
+    /// `warm.rs`; 0: every job's container is created when the job starts).
+    /// Default 1.
     pub warm_containers: usize,
 }
 
