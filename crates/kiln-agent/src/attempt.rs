@@ -16,6 +16,7 @@ use crate::logs::{LogConfig, LogStreamer, Stream};
 use crate::ran::Ran;
 use crate::ratelimit::RateLimiter;
 use crate::session::Beats;
+use crate::warm::{Warm, WarmKey};
 use kiln_api::AttemptOutcome;
 use kiln_api::client::Client;
 use kiln_api::types::{Assignment, Completion};
@@ -73,6 +74,8 @@ pub(crate) struct AttemptContext {
     pub log_spool_limit: u64,
     /// The agent's own `/metrics` series.
     pub metrics: Arc<crate::metrics::AgentMetrics>,
+    /// Warm containers (container executor only; see [`crate::warm`]).
+    pub warm: Option<Arc<crate::warm::WarmPool>>,
 }
 
 /// When an attempt's phases began and ended (its telemetry).
@@ -308,12 +311,38 @@ async fn execute(
     let prepare_span = tracing::info_span!("prepare");
     let sandbox = ctx.sandbox_of(attempt);
     let ws = sandbox.join("ws");
+    // A warm container of the job's shape, if the agent has one: its
+    // sandbox directory (bound into it) becomes the attempt's.
+    let warm_key = warm_key(ctx, a);
+    let mut warm = match (&ctx.warm, &warm_key) {
+        (Some(pool), Some(key)) => pool.take(key).await.map(|w| (pool.clone(), w)),
+        _ => None,
+    };
     for dir in [&sandbox, &ctx.spool_of(attempt)] {
         let _ = remove_tree(dir);
+        if dir == &sandbox
+            && let Some((pool, w)) = warm.take()
+        {
+            match std::fs::rename(&w.dir, dir) {
+                Ok(()) => {
+                    warm = Some((pool, w));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot move the warm container's directory; starting a fresh one");
+                    pool.discard(Some(w));
+                }
+            }
+        }
         if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(dir) {
             return Ran::Infra(format!("cannot create the attempt directory {}: {e}", dir.display()));
         }
     }
+    // Until the executor adopts it, the warm container is the attempt's to remove.
+    let mut warm = warm.map(|(pool, w)| {
+        tracing::info!(container = %w.id, job = %a.job_id, epoch = a.epoch, "the job takes a warm container");
+        WarmTaken { pool, warm: Some(Warm { dir: sandbox.clone(), ..w }) }
+    });
 
     logs.system_note(&format!("checking out {} at {}", a.repo, a.commit_sha));
     let on_retry = |line: String| logs.system(&format!("⚠ {line}"));
@@ -331,15 +360,42 @@ async fn execute(
         };
     }
 
+    // The checkout filled the directory the warm container has bound (not
+    // one put in its place).
+    if let Some(t) = warm.as_mut()
+        && !t.warm.as_ref().is_some_and(|w| w.binds(&ws))
+    {
+        tracing::warn!("the workspace is not the warm container's any more; starting a fresh one");
+        t.release();
+        warm = None;
+    }
     // The job's image, pinned (pulled or built from the checkout) before
     // any user step runs.
-    let image = match (&ctx.executor, &ctx.engine) {
-        (ExecutorKind::Container(settings), Some(engine)) => {
+    let image = match (&ctx.executor, &ctx.engine, warm.as_ref().and(warm_key.as_ref())) {
+        (ExecutorKind::Container(_), Some(_), Some(key)) => {
+            // The warm container runs the pinned digest an earlier attempt
+            // verified; the next job of this shape gets the next one.
+            logs.system_note(&format!("using a warm container of {}", key.reference));
+            phases.image = Some(Duration::ZERO);
+            if let Some(pool) = &ctx.warm {
+                pool.refill(key);
+            }
+            Some(key.reference.clone())
+        }
+        (ExecutorKind::Container(settings), Some(engine), _) => {
             let started = std::time::Instant::now();
             let r = prepare_image(ctx, engine, settings, a, &ws, ctl, logs).await;
             phases.image = Some(started.elapsed());
             match r {
-                Ok(r) => Some(r),
+                Ok(r) => {
+                    // The next job of this shape finds its container started.
+                    if let (Some(pool), Some(key)) = (&ctx.warm, &warm_key)
+                        && key.reference == r
+                    {
+                        pool.refill(key);
+                    }
+                    Some(r)
+                }
                 Err(ran) => return ran,
             }
         }
@@ -419,7 +475,13 @@ async fn execute(
 
     // `$KILN_OUTPUT`: one file per attempt outside the workspace.
     let in_container = matches!((&ctx.executor, &image, &ctx.engine), (ExecutorKind::Container(_), Some(_), Some(_)));
-    let output_file = match crate::outputs::prepare(&sandbox, in_container, ctx.private_objects()) {
+    let output_file = if warm.is_some() {
+        // Made with the warm container's directory.
+        crate::outputs::prepared_for_container(&sandbox)
+    } else {
+        crate::outputs::prepare(&sandbox, in_container, ctx.private_objects())
+    };
+    let output_file = match output_file {
         Ok(f) => f,
         Err(e) => return Ran::Infra(format!("cannot create the job's output file: {e}")),
     };
@@ -442,21 +504,22 @@ async fn execute(
                 (kiln_sandbox::LABEL_EPOCH.to_string(), a.epoch.to_string()),
                 (kiln_sandbox::LABEL_RUN.to_string(), a.run_id.clone()),
             ]);
-            Arc::new(ContainerExecutor::new(
-                engine.clone(),
-                ContainerConfig {
-                    image,
-                    workspace: ws.clone(),
-                    mounts,
-                    labels,
-                    limits: Limits::for_size(a.size.as_deref()),
-                    network: match &services {
-                        Some(s) => kiln_sandbox::Network::Named(s.network().to_string()),
-                        None => settings.network.clone(),
-                    },
-                    kill_grace: ctx.kill_grace,
+            let cfg = ContainerConfig {
+                image,
+                workspace: ws.clone(),
+                mounts,
+                labels,
+                limits: Limits::for_size(a.size.as_deref()),
+                network: match &services {
+                    Some(s) => kiln_sandbox::Network::Named(s.network().to_string()),
+                    None => settings.network.clone(),
                 },
-            ))
+                kill_grace: ctx.kill_grace,
+            };
+            match warm.as_mut().and_then(WarmTaken::adopt) {
+                Some(id) => Arc::new(ContainerExecutor::adopt(engine.clone(), cfg, id)),
+                None => Arc::new(ContainerExecutor::new(engine.clone(), cfg)),
+            }
         }
         _ => {
             let mut cfg = HostConfig::new(ws.clone(), sandbox.clone(), ctx.pgid_dir());
@@ -549,6 +612,54 @@ async fn execute(
     match publish_all(&transfer, &ws, &ctx.spool_of(attempt)).instrument(tracing::info_span!("upload")).await {
         Ok(()) => Ran::Success,
         Err(ran) => ran,
+    }
+}
+
+/// What a warm container must match to serve `a`; `None` when its
+/// container needs something chosen at run time (see [`crate::warm`]).
+fn warm_key(ctx: &AttemptContext, a: &Assignment) -> Option<WarmKey> {
+    let ExecutorKind::Container(settings) = &ctx.executor else { return None };
+    ctx.warm.as_ref()?;
+    if a.image_build.is_some() || a.image_error.is_some() || !a.services.is_empty() {
+        return None;
+    }
+    if a.cache.as_ref().is_some_and(|c| c.paths.iter().any(|p| p.starts_with('/'))) {
+        return None;
+    }
+    let (Some(image), Some(digest)) = (&a.image, &a.image_digest) else { return None };
+    let pinned = PinnedImage::Registry { repository: kiln_sandbox::repository_of(image), digest: digest.clone() };
+    Some(WarmKey {
+        reference: pinned.reference(),
+        limits: Limits::for_size(a.size.as_deref()),
+        network: settings.network.clone(),
+    })
+}
+
+/// A warm container an attempt took: removed with its directory unless an
+/// executor adopts it.
+struct WarmTaken {
+    pool: Arc<crate::warm::WarmPool>,
+    warm: Option<Warm>,
+}
+
+impl WarmTaken {
+    /// The container's id, now the executor's to clean up.
+    fn adopt(&mut self) -> Option<String> {
+        self.warm.take().map(|w| w.id)
+    }
+
+    /// Gives the container up (removed in the background).
+    fn release(&mut self) {
+        if let Some(w) = self.warm.take() {
+            // The directory is the attempt's sandbox now: the attempt removes it.
+            self.pool.discard_container(w.id);
+        }
+    }
+}
+
+impl Drop for WarmTaken {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

@@ -351,7 +351,15 @@ fn copy_tree(src: &Path, dst: &Path, budget: &mut Budget) -> std::io::Result<()>
     budget.take(if meta.is_file() { meta.len() } else { 0 })?;
     let ft = meta.file_type();
     if ft.is_dir() {
-        std::fs::DirBuilder::new().mode(0o700).create(dst)?;
+        match std::fs::DirBuilder::new().mode(0o700).create(dst) {
+            Ok(()) => {}
+            // An empty workspace made beforehand (a warm container has it bound).
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && std::fs::symlink_metadata(dst).is_ok_and(|m| m.is_dir())
+                    && std::fs::read_dir(dst)?.next().is_none() => {}
+            Err(e) => return Err(e),
+        }
         for e in std::fs::read_dir(src)? {
             let e = e?;
             copy_tree(&e.path(), &dst.join(e.file_name()), budget)?;

@@ -43,6 +43,7 @@ mod ran;
 mod ratelimit;
 mod services;
 mod session;
+mod warm;
 
 use anyhow::Context;
 use attempt::{AttemptContext, run_attempt};
@@ -82,11 +83,21 @@ pub struct ContainerSettings {
     pub default_image: Option<String>,
     /// `none` (default: no network) or `bridge`.
     pub network: kiln_sandbox::Network,
+    /// For how many of the job shapes (image digest, size, network) it ran
+    /// last the agent keeps one container started for the next job (see
+    /// `warm.rs`; 0: every job's container is created when the job starts).
+    /// Default 1.
+    pub warm_containers: usize,
 }
 
 impl ContainerSettings {
     pub fn new(engine: impl Into<String>) -> Self {
-        ContainerSettings { engine: engine.into(), default_image: None, network: kiln_sandbox::Network::None }
+        ContainerSettings {
+            engine: engine.into(),
+            default_image: None,
+            network: kiln_sandbox::Network::None,
+            warm_containers: 1,
+        }
     }
 }
 
@@ -296,6 +307,12 @@ pub async fn run_draining(
     };
     tracing::info!(agent_id = %registration.agent_id, session_id = %registration.session_id, server = %config.server,
         max_jobs = config.max_jobs, "agent registered");
+    let warm = match (&config.executor, &engine) {
+        (ExecutorKind::Container(c), Some(e)) if c.warm_containers > 0 => {
+            Some(warm::WarmPool::new(e.clone(), config.name.clone(), sandbox_dir.clone(), c.warm_containers))
+        }
+        _ => None,
+    };
     let ctx = AttemptContext {
         client: client.clone(),
         work_dir: work_dir.clone(),
@@ -321,6 +338,7 @@ pub async fn run_draining(
         log_buffer: config.log_buffer.map_or(logs::MAX_BUFFERED, |b| b as usize),
         log_spool_limit: config.log_spool_limit.unwrap_or(logs::DEFAULT_SPOOL_LIMIT),
         metrics,
+        warm,
     };
     let agent = Arc::new(Agent { config: config.clone(), client, registration: Mutex::new(registration), ctx });
     let session = tokio::spawn(session::session_loop(agent.clone()));
@@ -353,6 +371,9 @@ pub async fn run_draining(
     reporter.abort();
     if let Some(t) = metrics_task {
         t.abort();
+    }
+    if let Some(pool) = &agent.ctx.warm {
+        pool.drain().await;
     }
     if let Some(engine) = &agent.ctx.engine {
         engine.settle().await;

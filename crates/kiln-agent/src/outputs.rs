@@ -57,6 +57,17 @@ pub(crate) fn prepare(
     Ok(OutputFile { host_path: path, env_value, dir })
 }
 
+/// The output file [`prepare`] made for a container in `sandbox` (a warm
+/// container's directory, made before the job was known).
+pub(crate) fn prepared_for_container(sandbox: &Path) -> std::io::Result<OutputFile> {
+    let dir = sandbox.join("outputs");
+    let path = dir.join(FILE);
+    if !std::fs::symlink_metadata(&path)?.is_file() {
+        return Err(std::io::Error::other(format!("{} is not a regular file", path.display())));
+    }
+    Ok(OutputFile { host_path: path, env_value: format!("{CONTAINER_DIR}/{FILE}"), dir })
+}
+
 /// What the file held: the declared outputs, and warnings for the log.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Collected {

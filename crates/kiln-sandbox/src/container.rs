@@ -341,6 +341,63 @@ impl Engine {
         }
     }
 
+    /// Creates and starts a job container from `cfg`: the workspace and
+    /// mounts bound, limits and network applied, the idle main process
+    /// under the engine's init. `created` gets the id as soon as the
+    /// container exists (before it is started), so that a failed start
+    /// still leaves it to whoever removes it. Returns the id.
+    pub async fn start_idle(&self, cfg: &ContainerConfig, created: impl FnOnce(&str)) -> Result<String, String> {
+        tokio::fs::create_dir_all(&cfg.workspace).await.map_err(|e| e.to_string())?;
+        let ws = cfg.workspace.canonicalize().map_err(|e| e.to_string())?;
+        let mut binds = vec![format!("{}:{CONTAINER_WORKSPACE}:rw", ws.display())];
+        for (dir, at) in &cfg.mounts {
+            if !at.starts_with('/') || at.contains(':') || at.contains(',') {
+                return Err(format!("cannot mount a directory at `{at}`: not a plain absolute path"));
+            }
+            let dir = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
+            binds.push(format!("{}:{at}:rw", dir.display()));
+        }
+        let host = HostConfig {
+            binds: Some(binds),
+            network_mode: Some(cfg.network.mode()),
+            nano_cpus: Some((cfg.limits.cpus * 1e9) as i64),
+            memory: Some(cfg.limits.memory_bytes),
+            memory_swap: Some(cfg.limits.memory_bytes),
+            pids_limit: Some(cfg.limits.pids),
+            init: Some(true),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(cfg.image.clone()),
+            entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), IDLE.into()]),
+            cmd: Some(vec![]),
+            working_dir: Some(CONTAINER_WORKSPACE.into()),
+            env: Some(vec!["CI=true".into()]),
+            labels: Some(cfg.labels.clone().into_iter().collect()),
+            hostname: Some("kiln".into()),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let t = std::time::Instant::now();
+        let made = self
+            .docker
+            .create_container(None::<CreateContainerOptions>, body)
+            .await
+            .map_err(|e| format!("cannot create a container from {}: {e}", cfg.image))?;
+        created(&made.id);
+        let t_create = t.elapsed();
+        self.docker.start_container(&made.id, None).await.map_err(|e| format!("cannot start the container: {e}"))?;
+        tracing::debug!(container = %made.id, create_ms = ms(t_create), start_ms = ms(t.elapsed() - t_create),
+            "container created and started");
+        Ok(made.id)
+    }
+
+    /// Removes a container in the background (see [`Engine::settle`]).
+    pub fn discard(&self, id: String) {
+        self.remove_in_background(id);
+    }
+
     /// SIGKILLs and removes every container labelled `kiln.agent=<agent>`
     /// (left by a previous process of this agent). Returns how many.
     pub async fn reap(&self, agent: &str) -> Result<usize, EngineError> {
@@ -518,6 +575,8 @@ pub struct ContainerExecutor {
 #[derive(Default)]
 struct Inner {
     container: Option<String>,
+    /// The container was adopted warm and no step ran in it yet.
+    adopted: bool,
     killed: bool,
     running: Option<Running>,
 }
@@ -538,58 +597,32 @@ impl ContainerExecutor {
         self.inner.lock().expect("executor lock").container.clone()
     }
 
+    /// A container already created and started from `cfg` by
+    /// [`Engine::start_idle`] (a warm one, never used by any job): `prepare`
+    /// has nothing left to do. Should it be gone by the first step (removed
+    /// or killed behind the agent's back), a fresh one is created from `cfg`
+    /// as `prepare` would have.
+    pub fn adopt(engine: Engine, cfg: ContainerConfig, container: String) -> Self {
+        let inner = Inner { container: Some(container), adopted: true, ..Default::default() };
+        ContainerExecutor { engine, cfg, inner: Arc::new(Mutex::new(inner)) }
+    }
+
     async fn create(&self) -> Result<(), SandboxError> {
+        if self.inner.lock().expect("executor lock").container.is_some() {
+            return Ok(());
+        }
+        self.create_fresh().await
+    }
+
+    async fn create_fresh(&self) -> Result<(), SandboxError> {
         let prep = |e: String| SandboxError::Prepare {
             path: self.cfg.workspace.display().to_string(),
             source: std::io::Error::other(e),
         };
-        tokio::fs::create_dir_all(&self.cfg.workspace).await.map_err(|e| prep(e.to_string()))?;
-        let ws = self.cfg.workspace.canonicalize().map_err(|e| prep(e.to_string()))?;
-        let mut binds = vec![format!("{}:{CONTAINER_WORKSPACE}:rw", ws.display())];
-        for (dir, at) in &self.cfg.mounts {
-            if !at.starts_with('/') || at.contains(':') || at.contains(',') {
-                return Err(prep(format!("cannot mount a directory at `{at}`: not a plain absolute path")));
-            }
-            let dir = dir.canonicalize().map_err(|e| prep(format!("{}: {e}", dir.display())))?;
-            binds.push(format!("{}:{at}:rw", dir.display()));
-        }
-        let host = HostConfig {
-            binds: Some(binds),
-            network_mode: Some(self.cfg.network.mode()),
-            nano_cpus: Some((self.cfg.limits.cpus * 1e9) as i64),
-            memory: Some(self.cfg.limits.memory_bytes),
-            memory_swap: Some(self.cfg.limits.memory_bytes),
-            pids_limit: Some(self.cfg.limits.pids),
-            init: Some(true),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            ..Default::default()
-        };
-        let body = ContainerCreateBody {
-            image: Some(self.cfg.image.clone()),
-            entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), IDLE.into()]),
-            cmd: Some(vec![]),
-            working_dir: Some(CONTAINER_WORKSPACE.into()),
-            env: Some(vec!["CI=true".into()]),
-            labels: Some(self.cfg.labels.clone().into_iter().collect()),
-            hostname: Some("kiln".into()),
-            host_config: Some(host),
-            ..Default::default()
-        };
-        let created = self
-            .engine
-            .docker
-            .create_container(None::<CreateContainerOptions>, body)
-            .await
-            .map_err(|e| prep(format!("cannot create a container from {}: {e}", self.cfg.image)))?;
-        {
-            let mut inner = self.inner.lock().expect("executor lock");
-            inner.container = Some(created.id.clone());
-        }
-        self.engine
-            .docker
-            .start_container(&created.id, None)
-            .await
-            .map_err(|e| prep(format!("cannot start the container: {e}")))?;
+        let id = self.engine.start_idle(&self.cfg, |id| {
+            self.inner.lock().expect("executor lock").container = Some(id.to_string());
+        });
+        id.await.map_err(prep)?;
         Ok(())
     }
 
@@ -637,13 +670,38 @@ impl ContainerExecutor {
             ..Default::default()
         };
         let docker = self.engine.docker.clone();
-        let created = match docker.create_exec(&container, exec).await {
+        let t = std::time::Instant::now();
+        let adopted = std::mem::take(&mut self.inner.lock().expect("executor lock").adopted);
+        let created = match docker.create_exec(&container, exec.clone()).await {
+            Ok(c) => Ok(c),
+            Err(e) if adopted => {
+                // The warm container is gone or stopped: nothing of the job
+                // ran in it. Replace it with a fresh one, as `prepare` would
+                // have made.
+                tracing::warn!(container = %container, error = %e, "the warm container cannot run steps; creating a fresh one");
+                self.inner.lock().expect("executor lock").container = None;
+                self.engine.remove_in_background(container);
+                match self.create_fresh().await {
+                    Ok(()) => {
+                        let c = self.inner.lock().expect("executor lock").container.clone().unwrap_or_default();
+                        docker.create_exec(&c, exec).await
+                    }
+                    Err(e) => {
+                        release();
+                        return Err(spawn_err(e.to_string()));
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        let created = match created {
             Ok(c) => c,
             Err(e) => {
                 release();
                 return Err(spawn_err(e.to_string()));
             }
         };
+        let t_create = t.elapsed();
         let opts = StartExecOptions { detach: false, tty: false, output_capacity: Some(OUTPUT_CAPACITY) };
         let output = match docker.start_exec(&created.id, Some(opts)).await {
             Ok(StartExecResults::Attached { output, .. }) => output,
@@ -656,6 +714,7 @@ impl ContainerExecutor {
                 return Err(spawn_err(e.to_string()));
             }
         };
+        let t_start = t.elapsed();
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let inner = self.inner.clone();
         let name = step.name.clone();
@@ -677,7 +736,10 @@ impl ContainerExecutor {
                     consumer = tx.send(StepEvent::Output { stream, data: bytes.to_vec() }).await.is_ok();
                 }
             }
+            let t_output = t.elapsed();
             let code = exit_code(&docker, &created.id).await;
+            tracing::debug!(step = %name, exec_create_ms = ms(t_create), exec_start_ms = ms(t_start - t_create),
+                output_ms = ms(t_output - t_start), exit_inspect_ms = ms(t.elapsed() - t_output), "step exec phases");
             let exit = match code {
                 Some(c) if killing.load(Ordering::SeqCst) && c > 128 => StepExit::Signal((c - 128) as i32),
                 Some(c) => StepExit::Code(c as i32),
@@ -737,6 +799,10 @@ impl ContainerExecutor {
     }
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 /// The exec's exit code once it stopped running; `None` if the engine lost it.
 async fn exit_code(docker: &Docker, exec_id: &str) -> Option<i64> {
     let mut pause = Duration::from_millis(2);
@@ -779,7 +845,9 @@ impl Executor for ContainerExecutor {
                 // the container takes the engine 100-400 ms more, which need
                 // not delay the job's completion.
                 let docker = &self.engine.docker;
+                let t = std::time::Instant::now();
                 let _ = docker.kill_container(&id, Some(KillContainerOptions { signal: "SIGUSR1".into() })).await;
+                tracing::debug!(container = %id, kill_ms = ms(t.elapsed()), "leftover processes killed");
                 self.engine.remove_in_background(id);
             }
             Ok(())

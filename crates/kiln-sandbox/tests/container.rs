@@ -345,3 +345,57 @@ async fn dockerfile_builds_run_and_broken_ones_fail_with_their_log() {
     assert!(log.contains("about-to-fail"), "{log}");
     assert!(err.to_string().contains("build failed"), "{err}");
 }
+
+/// A container started before its job (a warm one) serves the workspace it
+/// has bound after the directory is renamed into the job's place, is
+/// removed by cleanup like any other; one that is gone by the first step is
+/// replaced by a fresh one, the step running as if nothing happened.
+#[tokio::test]
+async fn an_adopted_container_serves_its_renamed_workspace_or_is_replaced() {
+    let Some(engine) = engine().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_name("adopt");
+    let reference = engine.ensure_image(&base(), &mut |_| {}).await.unwrap();
+    let cfg = |ws: &Path| ContainerConfig {
+        image: reference.clone(),
+        workspace: ws.to_path_buf(),
+        mounts: vec![],
+        labels: labels(&agent),
+        limits: Limits { cpus: 1.0, memory_bytes: 256 * 1024 * 1024, pids: 128 },
+        network: Network::None,
+        kill_grace: Duration::from_secs(10),
+    };
+
+    // Started in one directory, used under another name.
+    let (warm_dir, job_dir) = (dir.path().join("warm"), dir.path().join("job"));
+    std::fs::create_dir_all(warm_dir.join("ws")).unwrap();
+    let mut seen = None;
+    let id = engine.start_idle(&cfg(&warm_dir.join("ws")), |id| seen = Some(id.to_string())).await.unwrap();
+    assert_eq!(seen.as_deref(), Some(id.as_str()));
+    std::fs::rename(&warm_dir, &job_dir).unwrap();
+    std::fs::write(job_dir.join("ws/input.txt"), "checked out after the start\n").unwrap();
+    let exec = ContainerExecutor::adopt(engine.clone(), cfg(&job_dir.join("ws")), id.clone());
+    exec.prepare().await.unwrap();
+    assert_eq!(exec.container_id().as_deref(), Some(id.as_str()), "prepare keeps the adopted container");
+    let out = run(&exec, "cat input.txt; echo made > made.txt").await;
+    assert_eq!((out.stdout.as_str(), out.exit), ("checked out after the start\n", Some(StepExit::Code(0))));
+    assert_eq!(std::fs::read_to_string(job_dir.join("ws/made.txt")).unwrap(), "made\n");
+    exec.cleanup().await.unwrap();
+    assert!(removed(&engine, &agent, &id).await, "the adopted container is removed after cleanup");
+
+    // Gone before the first step: a fresh container takes its place.
+    let ws2 = dir.path().join("ws2");
+    let gone = engine.start_idle(&cfg(&ws2), |_| {}).await.unwrap();
+    engine.discard(gone.clone());
+    engine.settle().await;
+    assert!(removed(&engine, &agent, &gone).await);
+    let exec = ContainerExecutor::adopt(engine.clone(), cfg(&ws2), gone.clone());
+    exec.prepare().await.unwrap();
+    let out = run(&exec, "echo still-runs > out.txt; cat out.txt").await;
+    assert_eq!((out.stdout.as_str(), out.exit), ("still-runs\n", Some(StepExit::Code(0))));
+    let fresh = exec.container_id().unwrap();
+    assert_ne!(fresh, gone);
+    exec.cleanup().await.unwrap();
+    engine.settle().await;
+    assert!(engine.containers_labelled("kiln.agent", &agent).await.unwrap().is_empty());
+}

@@ -409,6 +409,12 @@ pub struct AgentTuning {
     /// Network of job containers: none (no network, the default) or bridge (the engine's default network).
     #[arg(long, default_value = "none", value_parser = ["none", "bridge"])]
     pub container_network: String,
+    /// Container executor: keep a container created and started for the next job of each of the
+    /// last N job shapes (image digest, size, network) this agent ran; each serves one job only,
+    /// then is removed like any job's container. 0: every job's container is created when the
+    /// job starts.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub warm_containers: usize,
     /// Time between SIGTERM and SIGKILL when a job is stopped (cancel, timeout, fencing, shutdown).
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub kill_grace: std::time::Duration,

@@ -555,7 +555,12 @@ async fn cancel_fencing_and_agent_restart_remove_containers() {
     let restarted = container_agent(&s, "ctr-crash", &[]);
     let gone = wait_for(Duration::from_secs(30), || containers_of_job(&job).is_empty().then_some(()));
     assert!(gone.is_some(), "orphan not reaped\n{}", restarted.log());
-    assert!(restarted.log().contains("removed containers left by a previous agent process"), "{}", restarted.log());
+    // Said once every container of the agent is removed (the orphaned warm
+    // container too), possibly after the job's is gone.
+    let said = wait_for(Duration::from_secs(30), || {
+        restarted.log().contains("removed containers left by a previous agent process").then_some(())
+    });
+    assert!(said.is_some(), "{}", restarted.log());
 }
 
 /// Caches in container jobs: a workspace-relative path and an absolute one
@@ -934,4 +939,76 @@ jobs:
     assert!(message.contains("--prepare-timeout"), "{message}");
     assert!(!log.contains("must-not-run"), "{log}");
     assert!(wait_for(Duration::from_secs(30), || containers_of_job(&job.id).is_empty().then_some(())).is_some());
+}
+
+/// The 64-hex container id in the agent's log line saying `job` took a
+/// warm container.
+fn warm_container_of(agent_log: &str, job: &str) -> Option<String> {
+    let line = agent_log.lines().find(|l| l.contains("takes a warm container") && l.contains(job))?;
+    line.split(|c: char| !c.is_ascii_hexdigit()).find(|w| w.len() == 64).map(str::to_string)
+}
+
+/// Warm containers (spec 003's warm pool on one agent): after a job of an
+/// image the agent starts the next container of that shape, and the next
+/// job takes it without creating one. Each serves one job only and is
+/// removed after it: a job finds none of the previous job's files (in the
+/// workspace, /tmp or the outputs directory), processes or environment.
+#[tokio::test(flavor = "multi_thread")]
+async fn warm_containers_serve_one_job_each_and_leak_nothing() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-warm"]);
+    let reg = registry();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: probe
+    image: {reg}/kiln-test/base:latest
+    outputs: [mark]
+    steps:
+      - test ! -e leak && test ! -e /tmp/leak && test ! -e /kiln/outputs/leak && echo "no files left"
+      - test ! -s "$KILN_OUTPUT" && echo "empty output file"
+      - if ps | grep -q "sleep 424[2]"; then echo "process left"; exit 1; fi; echo "no process left"
+      - if tr '\0' '\n' < /proc/1/environ | grep -q KILN_; then echo "job env in the container"; exit 1; fi; echo "no job env"
+      - echo "$KILN_JOB_ID" > leak; echo x > /tmp/leak; echo x > /kiln/outputs/leak; echo mark=1 >> "$KILN_OUTPUT"
+      - sleep 4242 >/dev/null 2>&1 &
+"#
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let s = server();
+    s.add_repo("warm", &repo);
+    let agent = container_agent(&s, "ctr-warm", &[]);
+    let c = Client::new(&s.url, &s.token);
+    let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+    let mut used = vec![];
+    for i in 0..3 {
+        let run = c.submit_run("warm", &body, None).await.unwrap();
+        let done = wait_run(&c, &run.run_id, 120).await;
+        let log = logs(&s, &run.run_id, "probe");
+        assert_eq!(done.status, "success", "run {i}:\n{log}\nagent:\n{}", agent.log());
+        for expected in ["no files left", "empty output file", "no process left", "no job env"] {
+            assert!(log.contains(expected), "run {i}: missing `{expected}` in:\n{log}");
+        }
+        let job = &done.jobs[0].id;
+        if i == 0 {
+            // The first job of the image creates its container (with the job's labels).
+            assert!(!log.contains("using a warm container"), "{log}");
+            continue;
+        }
+        // Later ones take the container started after the previous job.
+        assert!(log.contains("using a warm container of"), "run {i}:\n{log}\nagent:\n{}", agent.log());
+        let id = wait_for(Duration::from_secs(10), || warm_container_of(&agent.log(), job))
+            .unwrap_or_else(|| panic!("no warm container logged for {job}:\n{}", agent.log()));
+        assert!(!used.contains(&id), "a warm container served two jobs: {id}");
+        // Removed after its job (off the completion's path, but removed).
+        let gone = wait_for(Duration::from_secs(30), || {
+            podman(&["ps", "-a", "-q", "--no-trunc", "--filter", &format!("id={id}")]).trim().is_empty().then_some(())
+        });
+        assert!(gone.is_some(), "the warm container {id} of {job} outlived its job\n{}", agent.log());
+        used.push(id);
+    }
+    // What is left is at most the next warm container, labelled for reaping.
+    let left = podman(&["ps", "-a", "-q", "--filter", &format!("label=kiln.agent={}", agent_name("ctr-warm"))]);
+    assert!(left.lines().filter(|l| !l.is_empty()).count() <= 1, "{left}");
 }

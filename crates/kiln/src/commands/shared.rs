@@ -195,6 +195,7 @@ pub(super) fn apply_agent_tuning(cfg: &mut kiln_agent::AgentConfig, t: &AgentTun
         let mut settings = kiln_agent::ContainerSettings::new(t.engine.clone());
         settings.default_image = t.default_image.clone();
         settings.network = t.container_network.parse().map_err(usage)?;
+        settings.warm_containers = t.warm_containers;
         cfg.executor = kiln_agent::ExecutorKind::Container(settings);
     } else {
         // Host jobs' `services:` run in containers of this engine.
