@@ -56,12 +56,12 @@ pub(crate) async fn append_log(
             "a log chunk carries at most 1 MiB",
         ));
     }
-    let api::RawLogChunk { stream, seq, offset, sha256, data } = chunk;
+    let api::RawLogChunk { stream, seq, offset, sha256, data, in_order } = chunk;
     let data = data.to_vec();
     let bytes = data.len() as u64;
     let committed = state
         .store
-        .append_log_chunk(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data })
+        .append_log_chunk(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data, in_order })
         .await?;
     state.metrics.log_bytes.inc_by(bytes);
     state.job_changed(job);
