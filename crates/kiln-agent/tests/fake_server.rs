@@ -169,7 +169,9 @@ impl Fake {
         self.events().into_iter().filter_map(|e| if let Event::Complete(c) = e { Some(c) } else { None }).collect()
     }
 
-    /// Accepted chunks of one stream, in arrival order.
+    /// Accepted chunks of one stream, in offset order: the order the real
+    /// server commits them in (several are in flight at once, so they can
+    /// arrive in another).
     fn accepted(&self, job: &str, stream: &str) -> Vec<LogChunk> {
         let mut out: Vec<LogChunk> = vec![];
         for e in self.events() {
@@ -181,6 +183,7 @@ impl Fake {
                 out.push(c);
             }
         }
+        out.sort_by_key(|c| c.offset);
         out
     }
 
