@@ -323,15 +323,15 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
     };
     let second = send(1);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(attempt.append_log_raw(&job, 1, &chunk(0)).await.unwrap().committed["stdout"], 6);
-    assert_eq!(second.await.unwrap().committed["stdout"], 12);
+    assert_eq!(attempt.append_log_raw(&job, 1, &chunk(0)).await.unwrap().committed["stdout"], 8);
+    assert_eq!(second.await.unwrap().committed["stdout"], 16);
     // Six more at once, the last first.
     let tasks: Vec<_> = (2..8).rev().map(send).collect();
     for t in tasks {
         t.await.unwrap();
     }
     // An identical retry is still accepted.
-    assert_eq!(attempt.append_log_raw(&job, 1, &chunk(3)).await.unwrap().committed["stdout"], 48);
+    assert_eq!(attempt.append_log_raw(&job, 1, &chunk(3)).await.unwrap().committed["stdout"], 64);
     std::fs::write(&done, "").unwrap();
     let run = wait_run(&c, &r.run_id, 60).await;
     assert_eq!(run.status, "success");
@@ -344,7 +344,7 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
             }
         }
     }
-    assert_eq!(offsets, (0..8).map(|i| i * 6).collect::<Vec<_>>(), "events follow the offsets");
+    assert_eq!(offsets, (0..8).map(|i| i * 8).collect::<Vec<_>>(), "events follow the offsets");
     let want: String = (0..8).map(line).collect();
     assert!(log_text(&c, &job).await.contains(&want), "every line once, in order");
 }
