@@ -3,12 +3,18 @@
 //! Step output is appended to per-stream buffers without ever waiting on
 //! the network, so pipe draining never blocks on the server. A shipper task
 //! cuts chunks — at [`CHUNK_SIZE`] bytes, [`FLUSH_AFTER`] (100 ms) after the first
-//! unflushed byte, or on an explicit flush — and sends them one at a time,
-//! in order. Each chunk is identified by (stream, seq, offset, length,
-//! sha256); a failed chunk is retried with identical bytes while the error
-//! is retryable. 409 stale_epoch fences the attempt and drops everything.
-//! A chunk refused for another reason is skipped: the server sees a gap,
-//! never a rewritten history.
+//! unflushed byte, or on an explicit flush — and sends them in order, up to
+//! [`IN_FLIGHT`] of one stream at a time. Each chunk is identified by
+//! (stream, seq, offset, length, sha256); a failed chunk is retried with
+//! identical bytes while the error is retryable. 409 stale_epoch fences the
+//! attempt and drops everything. A chunk refused for another reason is
+//! skipped: the server sees a gap, never a rewritten history.
+//!
+//! Chunks are sent `in_order`: the server commits one only right after the
+//! stream's bytes before it and answers 503 (retried here) until then, so a
+//! chunk refused for a while (a full server disk) and retried later still
+//! commits before the chunks sent after it. The chunk after a skipped one
+//! is sent without the flag: the hole is explicit, and nothing waits on it.
 //!
 //! Seq and offset both start at 0 per stream; offset counts bytes of that
 //! stream. Streams: `stdout`, `stderr`, `system` (agent messages).
@@ -38,15 +44,18 @@ pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
 /// under 250 ms) while heavy output still leaves in 64 KiB–1 MiB chunks, so
 /// a quiet stream costs at most ten requests a second.
 pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
-/// Chunks of one stream in flight at once. One by default: with several
-/// (issue 20), chunks retried after a refusal (a full server disk) could be
-/// committed after later ones, and a reader saw lines out of order
-/// (`e2e_reliability::a_full_disk_refuses_new_runs_loses_nothing_and_recovers`).
-/// Until a retried chunk holds its successors back, more than one is only
-/// for measurements.
-pub(crate) const IN_FLIGHT: usize = 1;
-/// [`IN_FLIGHT`], or `KILN_AGENT_LOG_IN_FLIGHT` (for measurements only: see
-/// [`IN_FLIGHT`]).
+/// Chunks of one stream in flight at once (issue 20): the server syncs
+/// chunks that arrive together with one `fdatasync`, so a heavy stream's
+/// sync groups grow with the window (8 × 1 MiB: on the reference disk a
+/// write + `fdatasync` loop does ~190 MB/s at 1 MiB per sync, ~550 MB/s at
+/// 4 MiB). Only a backlog fills it: while chunks are in flight only full
+/// 1 MiB chunks are cut, so slow output still leaves in small chunks at
+/// the flush timer. Safe because every chunk is sent `in_order` (see the
+/// module doc): a chunk refused and retried later still commits before the
+/// ones sent after it.
+pub(crate) const IN_FLIGHT: usize = 8;
+/// [`IN_FLIGHT`], or `KILN_AGENT_LOG_IN_FLIGHT` (measurements: `1` is the
+/// one-at-a-time path).
 fn in_flight() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
@@ -174,6 +183,7 @@ impl StreamBuf {
             offset: self.offset,
             sha256: hex::encode(Sha256::digest(&data)),
             data: data.into(),
+            in_order: true,
         };
         self.seq += 1;
         self.offset += len as i64;
@@ -317,8 +327,16 @@ impl LogStreamer {
     ) -> Self {
         let bufs = Arc::new(Mutex::new(Buffers::default()));
         let notify = Arc::new(Notify::new());
-        let shipper =
-            Shipper { client, job_id, epoch, ctl, cfg: cfg.clone(), bufs: bufs.clone(), notify: notify.clone() };
+        let shipper = Shipper {
+            client,
+            job_id,
+            epoch,
+            ctl,
+            cfg: cfg.clone(),
+            bufs: bufs.clone(),
+            notify: notify.clone(),
+            holes: Mutex::default(),
+        };
         let task = tokio::spawn(shipper.run());
         LogStreamer { cfg, masker, bufs, notify, task }
     }
@@ -635,9 +653,17 @@ struct Shipper {
     cfg: LogConfig,
     bufs: Arc<Mutex<Buffers>>,
     notify: Arc<Notify>,
+    /// Per stream, the end offsets of chunks given up (refused for good):
+    /// the chunk starting there follows an explicit hole.
+    holes: Mutex<Vec<(String, i64)>>,
 }
 
 impl Shipper {
+    /// Whether `chunk` starts right after a chunk that was given up.
+    fn after_hole(&self, chunk: &LogChunk) -> bool {
+        self.holes.lock().expect("holes").iter().any(|(s, end)| *s == chunk.stream && *end == chunk.offset)
+    }
+
     /// Sends chunks as they are cut, up to [`LogConfig::in_flight`] of one
     /// stream at a time (the server commits them in offset order); a chunk
     /// of another stream waits until those were acknowledged, so the order
@@ -776,9 +802,12 @@ impl Shipper {
     }
 
     /// Sends one chunk until acknowledged. False if fenced.
-    async fn send(&self, chunk: LogChunk) -> bool {
+    async fn send(&self, mut chunk: LogChunk) -> bool {
         let mut failures = 0;
         loop {
+            // Decided on every try: the chunk before may be given up while
+            // this one waits for it.
+            chunk.in_order = !self.after_hole(&chunk);
             let res = tokio::select! {
                 r = self.client.append_log_raw(&self.job_id, self.epoch, &chunk) => r,
                 _ = self.ctl.fenced() => return false,
@@ -811,6 +840,8 @@ impl Shipper {
                 Err(e) => {
                     tracing::error!(error = %e, stream = %chunk.stream, seq = chunk.seq, offset = chunk.offset,
                         "log chunk refused; the log will show a gap here");
+                    let end = chunk.offset + chunk.data.len() as i64;
+                    self.holes.lock().expect("holes").push((chunk.stream.clone(), end));
                     return true;
                 }
             }
@@ -838,6 +869,7 @@ mod tests {
             },
             bufs: Arc::default(),
             notify: Arc::default(),
+            holes: Mutex::default(),
         }
     }
 

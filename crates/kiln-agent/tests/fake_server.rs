@@ -63,6 +63,8 @@ struct FakeState {
     lose_first_claim_response: bool,
     /// Answer 503 to the first post of this (stream, seq).
     fail_chunk_once: Option<(String, i64)>,
+    /// Answer 409 conflict (final) to every post of this (stream, seq).
+    refuse_chunk: Option<(String, i64)>,
     heartbeats: Heartbeats,
     fenced: bool,
     bad_auth: u32,
@@ -167,7 +169,9 @@ impl Fake {
         self.events().into_iter().filter_map(|e| if let Event::Complete(c) = e { Some(c) } else { None }).collect()
     }
 
-    /// Accepted chunks of one stream, in arrival order.
+    /// Accepted chunks of one stream, in offset order: the order the real
+    /// server commits them in (several are in flight at once, so they can
+    /// arrive in another).
     fn accepted(&self, job: &str, stream: &str) -> Vec<LogChunk> {
         let mut out: Vec<LogChunk> = vec![];
         for e in self.events() {
@@ -179,6 +183,7 @@ impl Fake {
                 out.push(c);
             }
         }
+        out.sort_by_key(|c| c.offset);
         out
     }
 
@@ -302,18 +307,22 @@ async fn logs(
         offset: h(lh::OFFSET).parse().unwrap(),
         data: base64::engine::general_purpose::STANDARD.encode(&body),
         sha256: h(lh::SHA256),
+        in_order: headers.contains_key(lh::IN_ORDER),
     };
-    let mut status = 200;
+    let (mut status, mut conflict) = (200, false);
     fake.record(|s| {
         if s.fenced {
             status = 409;
         } else if s.fail_chunk_once.as_ref() == Some(&(c.stream.clone(), c.seq)) {
             s.fail_chunk_once = None;
             status = 503;
+        } else if s.refuse_chunk.as_ref() == Some(&(c.stream.clone(), c.seq)) {
+            (status, conflict) = (409, true);
         }
         s.events.push(Event::Chunk(job.clone(), c.clone(), status));
     });
     match status {
+        409 if conflict => error(StatusCode::CONFLICT, codes::CONFLICT),
         409 => error(StatusCode::CONFLICT, codes::STALE_EPOCH),
         503 => error(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE),
         _ => Json(LogAck { committed: BTreeMap::new() }).into_response(),
@@ -887,6 +896,34 @@ async fn a_refused_chunk_is_retried_with_identical_bytes() {
     assert_eq!(posts[1].1, 200);
     assert_eq!(posts[0].0, posts[1].0, "the retry must carry identical seq, offset and bytes");
     assert_eq!(h.fake.log("stdout"), "first-chunk\n");
+    assert_eq!(h.fake.completions()[0].outcome, "success");
+    h.stop().await;
+}
+
+/// Chunks go `in_order` (the server commits each only after the one before
+/// it); the chunk after one refused for good is sent without the flag, so
+/// the hole is explicit and the rest of the log is not held up (issue 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chunk_after_one_given_up_declares_the_hole() {
+    let mut h = Harness::new();
+    h.fake.state.lock().unwrap().refuse_chunk = Some(("stdout".into(), 1));
+    let a = h.assignment(&[(None, "echo one; sleep 0.5; echo two; sleep 0.5; echo three; sleep 0.5; echo four")]);
+    h.start(vec![a]).await;
+    h.wait_attempts_done(1).await;
+    let posts: Vec<(i64, bool, u16)> = h
+        .fake
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Chunk(_, c, s) if c.stream == "stdout" => Some((c.seq, c.in_order, s)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        posts,
+        [(0, true, 200), (1, true, 409), (2, false, 200), (3, true, 200)],
+        "refused once and given up; the next declares the hole; then in order again"
+    );
     assert_eq!(h.fake.completions()[0].outcome, "success");
     h.stop().await;
 }

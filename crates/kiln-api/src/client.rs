@@ -523,7 +523,7 @@ impl Client {
     pub async fn append_log_raw(&self, job: &str, epoch: i64, chunk: &RawLogChunk) -> Result<LogAck, ApiError> {
         use crate::types::log_headers as h;
         let i = self.idx();
-        let resp = self
+        let mut req = self
             .http
             .post(self.url_at(i, &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job))))
             .bearer_auth(&self.token)
@@ -531,7 +531,11 @@ impl Client {
             .header(h::STREAM, &chunk.stream)
             .header(h::SEQ, chunk.seq.to_string())
             .header(h::OFFSET, chunk.offset.to_string())
-            .header(h::SHA256, &chunk.sha256)
+            .header(h::SHA256, &chunk.sha256);
+        if chunk.in_order {
+            req = req.header(h::IN_ORDER, "1");
+        }
+        let resp = req
             .body(chunk.data.clone())
             .timeout(Duration::from_secs(60))
             .send()

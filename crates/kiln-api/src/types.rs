@@ -774,6 +774,10 @@ pub struct LogChunk {
     pub data: String,
     /// hex sha256 of the raw bytes.
     pub sha256: String,
+    /// Commit this chunk only right after the stream's bytes before it (see
+    /// [`RawLogChunk::in_order`]). Not part of the chunk's identity.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_order: bool,
 }
 
 /// A log chunk sent as the raw request body (`Content-Type:
@@ -787,6 +791,16 @@ pub struct RawLogChunk {
     /// hex sha256 of `data`.
     pub sha256: String,
     pub data: bytes::Bytes,
+    /// The server commits this chunk only directly after the stream's bytes
+    /// before it: at offset 0, or once a committed chunk of the stream ends
+    /// at this chunk's offset. Until then it answers 503 (retryable) and
+    /// commits nothing, so chunks sent several at a time commit in offset
+    /// order even when one is refused and retried later. An agent that gave
+    /// up a chunk (refused for good) sends the chunk after it without this
+    /// flag: the hole is then explicit. Not part of the chunk's identity
+    /// (an identical retry is one whatever its flag). Header
+    /// [`log_headers::IN_ORDER`] `1`.
+    pub in_order: bool,
 }
 
 /// Headers naming a [`RawLogChunk`].
@@ -795,6 +809,8 @@ pub mod log_headers {
     pub const SEQ: &str = "kiln-log-seq";
     pub const OFFSET: &str = "kiln-log-offset";
     pub const SHA256: &str = "kiln-log-sha256";
+    /// `1`: [`super::RawLogChunk::in_order`].
+    pub const IN_ORDER: &str = "kiln-log-in-order";
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

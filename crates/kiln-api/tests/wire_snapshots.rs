@@ -256,6 +256,7 @@ fn log_chunk_and_ack() {
         offset: 1024,
         data: "aGVsbG8K".into(),
         sha256: "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03".into(),
+        in_order: false,
     };
     insta::assert_json_snapshot!("log_chunk", chunk);
     insta::assert_json_snapshot!("log_ack", LogAck { committed: committed() });

@@ -306,6 +306,11 @@ pub struct NewLogChunk {
     pub offset: i64,
     pub sha256: String,
     pub data: Vec<u8>,
+    /// Commit only directly after the stream's bytes before this chunk
+    /// (offset 0, or a committed chunk ending at `offset`); otherwise
+    /// [`crate::StoreError::Busy`] and nothing is committed. Not part of
+    /// the chunk's identity.
+    pub in_order: bool,
 }
 
 #[derive(Debug, Clone)]

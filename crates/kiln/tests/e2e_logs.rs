@@ -248,3 +248,103 @@ async fn output_over_the_rate_limit_is_dropped_with_a_gap_marker() {
     );
     assert!(text.len() < 100_000_000, "most of the flood was dropped: {}", text.len());
 }
+
+/// Issue 20: an agent keeps several chunks of a stream in flight, and one of
+/// them can be refused for a while (a full server disk) and retried later.
+/// Against a real server process, as the attempt itself (its token): a
+/// chunk whose predecessor has not been committed is answered 503
+/// (retryable) and commits nothing, however often it is tried, until the
+/// predecessor gets through; six chunks tried all at once in reverse order,
+/// each retried while refused, still commit in offset order. The reader
+/// (SSE, as the web UI reads it) sees every line once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
+    use sha2::{Digest, Sha256};
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let flag = kiln_testkit::step_writable_tempdir().unwrap();
+    let done = flag.path().join("done");
+    // The job only waits (it prints nothing to stdout itself): the test
+    // writes its stdout as the attempt would.
+    let wf = format!(
+        "version: 1\njobs:\n  - name: hold\n    steps:\n      - while [ ! -e {} ]; do sleep 0.1; done\n",
+        done.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    server.add_repo("order", &repo);
+    let _agent = server.agent("holder", &[]).unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("order", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let mut job = None;
+    for _ in 0..1200 {
+        let run = c.get_run(&r.run_id).await.unwrap();
+        if run.jobs[0].status == "running" && run.jobs[0].current_epoch == 1 {
+            job = Some(run.jobs[0].id.clone());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let job = job.expect("the job runs");
+    let key = std::fs::read_to_string(server.data_dir().join("blob.key")).unwrap();
+    let token = kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(&job, 1);
+    let attempt = Client::new(&server.url, &token);
+    let line = |i: usize| format!("line {i:02}\n");
+    let chunk = |i: usize| {
+        let data = line(i);
+        kiln_api::RawLogChunk {
+            stream: "stdout".into(),
+            seq: i as i64,
+            offset: (i * data.len()) as i64,
+            sha256: hex::encode(Sha256::digest(data.as_bytes())),
+            data: data.into_bytes().into(),
+            in_order: true,
+        }
+    };
+    // Chunk 1 is tried while chunk 0 is "refused" (not sent yet): 503,
+    // retryable, every time, and nothing of it is committed.
+    for _ in 0..3 {
+        let e = attempt.append_log_raw(&job, 1, &chunk(1)).await.unwrap_err();
+        assert_eq!(e.status(), Some(503), "{e}");
+        assert!(e.is_retryable(), "{e}");
+    }
+    // As the agent does: chunk 1 keeps being retried while chunk 0's retry
+    // finally gets through.
+    let send = |i: usize| {
+        let (attempt, job, c) = (attempt.clone(), job.clone(), chunk(i));
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                match attempt.append_log_raw(&job, 1, &c).await {
+                    Ok(ack) => return ack,
+                    Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Err(e) => panic!("chunk {} refused: {e}", c.seq),
+                }
+            }
+            panic!("chunk {} never committed", c.seq)
+        })
+    };
+    let second = send(1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(attempt.append_log_raw(&job, 1, &chunk(0)).await.unwrap().committed["stdout"], 8);
+    assert_eq!(second.await.unwrap().committed["stdout"], 16);
+    // Six more at once, the last first.
+    let tasks: Vec<_> = (2..8).rev().map(send).collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // An identical retry is still accepted.
+    assert_eq!(attempt.append_log_raw(&job, 1, &chunk(3)).await.unwrap().committed["stdout"], 64);
+    std::fs::write(&done, "").unwrap();
+    let run = wait_run(&c, &r.run_id, 60).await;
+    assert_eq!(run.status, "success");
+    let mut offsets = vec![];
+    for (_, ev, data) in events(&c, &job, None).await {
+        if ev == "chunk" {
+            let le: kiln_api::LogEvent = serde_json::from_str(&data).unwrap();
+            if le.stream == "stdout" {
+                offsets.push(le.offset);
+            }
+        }
+    }
+    assert_eq!(offsets, (0..8).map(|i| i * 8).collect::<Vec<_>>(), "events follow the offsets");
+    let want: String = (0..8).map(line).collect();
+    assert!(log_text(&c, &job).await.contains(&want), "every line once, in order");
+}

@@ -41,7 +41,14 @@ fn json_chunk(body: &Bytes) -> ApiResult<api::RawLogChunk> {
     let data = base64::engine::general_purpose::STANDARD
         .decode(c.data.as_bytes())
         .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;
-    Ok(api::RawLogChunk { stream: c.stream, seq: c.seq, offset: c.offset, sha256: c.sha256, data: data.into() })
+    Ok(api::RawLogChunk {
+        stream: c.stream,
+        seq: c.seq,
+        offset: c.offset,
+        sha256: c.sha256,
+        data: data.into(),
+        in_order: c.in_order,
+    })
 }
 
 /// A chunk as a raw body, its identity in `kiln-log-*` headers.
@@ -61,6 +68,7 @@ fn raw_chunk(headers: &HeaderMap, body: Bytes) -> ApiResult<api::RawLogChunk> {
         offset: int(h::OFFSET)?,
         sha256: get(h::SHA256)?.to_string(),
         data: body,
+        in_order: headers.get(h::IN_ORDER).is_some_and(|v| v.as_bytes() == b"1"),
     })
 }
 

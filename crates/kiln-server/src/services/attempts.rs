@@ -56,12 +56,13 @@ pub(crate) async fn append_log(
             "a log chunk carries at most 1 MiB",
         ));
     }
-    let api::RawLogChunk { stream, seq, offset, sha256, data } = chunk;
-    let data = data.to_vec();
+    let api::RawLogChunk { stream, seq, offset, sha256, data, in_order } = chunk;
+    // The body's buffer when it is the only owner (no copy of a 1 MiB chunk).
+    let data = Vec::from(data);
     let bytes = data.len() as u64;
     let committed = state
         .store
-        .append_log_chunk(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data })
+        .append_log_chunk(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data, in_order })
         .await?;
     state.metrics.log_bytes.inc_by(bytes);
     state.job_changed(job);

@@ -34,6 +34,7 @@ async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
         offset: 0,
         data: base64::engine::general_purpose::STANDARD.encode("hello\n"),
         sha256: sha(b"hello\n"),
+        in_order: false,
     };
     let ack: api::LogAck = app.holder(&a).post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(ack.committed.get("stdout"), Some(&6));

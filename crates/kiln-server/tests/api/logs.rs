@@ -13,6 +13,7 @@ async fn append(app: &TestApp, a: &api::Assignment, seq: i64, offset: i64, text:
         offset,
         data: base64::engine::general_purpose::STANDARD.encode(text),
         sha256: hex::encode(Sha256::digest(text.as_bytes())),
+        in_order: false,
     };
     let path = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch);
     app.holder(a).post(&path).json(&chunk).send().await.assert_status(StatusCode::OK);

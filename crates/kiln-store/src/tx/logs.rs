@@ -37,11 +37,12 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
         placed = Some(segments.append(std::mem::take(&mut chunk.data)).await?);
     }
     ticket.wait_turn().await;
-    if files.segments.is_none() && chunk.offset > 0 {
+    if (files.segments.is_none() || chunk.in_order) && chunk.offset > 0 {
         // PostgreSQL may have replicas: the chunk before this one can be in
         // flight on another replica, which this process's sequencer does not
-        // see. Wait as briefly as for one in flight here until the database
-        // says the bytes before this chunk are committed.
+        // see (and after a restart this process knows no stream): wait as
+        // briefly as for one in flight here until the database says the
+        // bytes before this chunk are committed.
         wait_for_predecessor(store, &chunk).await?;
     }
     let chunk = &chunk;
@@ -104,6 +105,16 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
                         if overlap && len > 0 {
                             return Err(StoreError::Conflict(format!(
                                 "chunk at {} offset {} overlaps bytes already committed",
+                                chunk.stream, chunk.offset
+                            )));
+                        }
+                        // In order: never past a hole the agent has not
+                        // declared (the chunk before may be refused now and
+                        // retried later). Nothing is committed; the agent
+                        // retries (503) once its predecessor got through.
+                        if chunk.in_order && chunk.offset > 0 && prev_end != Some(chunk.offset) {
+                            return Err(StoreError::Busy(format!(
+                                "the {} bytes before offset {} are not committed yet: send them first, then retry",
                                 chunk.stream, chunk.offset
                             )));
                         }
@@ -174,8 +185,8 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
     Ok(progress)
 }
 
-/// Waits at most [`crate::sequencer::ARRIVAL_WAIT`] until the stream's
-/// contiguous committed end reaches the chunk's offset: known here when
+/// Waits at most [`crate::sequencer::ARRIVAL_WAIT`] until the bytes of the
+/// stream just before the chunk's offset are committed: known here when
 /// this process committed the predecessor, else read from the database.
 async fn wait_for_predecessor(store: &SqlStore, chunk: &NewLogChunk) -> Result<()> {
     let files = store.log_files();
@@ -184,17 +195,23 @@ async fn wait_for_predecessor(store: &SqlStore, chunk: &NewLogChunk) -> Result<(
     }
     let until = tokio::time::Instant::now() + crate::sequencer::ARRIVAL_WAIT;
     loop {
-        let committed: i64 = store
+        // The end of the closest chunk before (an explicit hole earlier in
+        // the stream does not hold this one up, as `log_progress` would).
+        let prev_end: i64 = store
             .reader()
             .await?
-            .sql("SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = $3")
+            .sql(
+                "SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
+                 AND stream = $3 AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1",
+            )
             .bind(&chunk.job_id)
             .bind(chunk.epoch)
             .bind(&chunk.stream)
+            .bind(chunk.offset)
             .scalar_optional()
             .await?
             .unwrap_or(0);
-        if committed >= chunk.offset || tokio::time::Instant::now() >= until {
+        if prev_end >= chunk.offset || tokio::time::Instant::now() >= until {
             return Ok(());
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -82,7 +82,8 @@ pub async fn chunks_in_flight_together_commit_in_offset_order<S: Store + 'static
     for i in (1..8).rev() {
         let (s, job) = (fx.store.clone(), job.clone());
         tasks.push(tokio::spawn(async move {
-            s.append_log_chunk(chunk(&job, 1, "stdout", i as i64, offset(i), &part(i))).await.unwrap()
+            let c = NewLogChunk { in_order: true, ..chunk(&job, 1, "stdout", i as i64, offset(i), &part(i)) };
+            s.append_log_chunk(c).await.unwrap()
         }));
         tokio::task::yield_now().await;
     }
@@ -97,6 +98,62 @@ pub async fn chunks_in_flight_together_commit_in_offset_order<S: Store + 'static
     }
     let p = progress(fx.store.append_log_chunk(chunk(&job, 1, "stdout", 7, offset(7), &part(7))).await.unwrap());
     assert_eq!(at(&p, "stdout"), offset(8), "an identical retry is still accepted");
+}
+
+/// A chunk sent `in_order` commits only directly after the stream's bytes
+/// before it (issue 20): a chunk refused now and retried later (a full
+/// disk) still commits before the chunks sent after it, whatever the order
+/// of their tries; until its predecessor is in, a successor is answered
+/// `Busy` (503, retryable) and nothing of it is committed. Stale epochs,
+/// identical retries and conflicts are decided as before, and a chunk sent
+/// without the flag after a hole (the agent gave its predecessor up)
+/// commits, so the hole is explicit and nothing waits on it.
+pub async fn in_order_chunks_never_commit_past_a_missing_predecessor<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    let ordered =
+        |seq, offset, data: &[u8]| NewLogChunk { in_order: true, ..chunk(&job, 1, "stdout", seq, offset, data) };
+    // The first chunk is refused for a while (not sent here); the second
+    // is tried first, twice: refused, retryably, both times.
+    for _ in 0..2 {
+        match s.append_log_chunk(ordered(1, 6, b"line2\n")).await {
+            Err(StoreError::Busy(_)) => {}
+            other => panic!("expected Busy (retry later), got {other:?}"),
+        }
+    }
+    assert!(s.log_chunks_after(&job, 0, 100).await.unwrap().is_empty(), "nothing committed past the hole");
+    // A stale epoch is refused as stale, not as "later".
+    assert_stale(
+        s.append_log_chunk(NewLogChunk { in_order: true, ..chunk(&job, 2, "stdout", 1, 6, b"line2\n") }).await,
+    );
+    // The first chunk's retry gets through; then the second's.
+    assert_eq!(at(&progress(s.append_log_chunk(ordered(0, 0, b"line1\n")).await.unwrap()), "stdout"), 6);
+    assert_eq!(at(&progress(s.append_log_chunk(ordered(1, 6, b"line2\n")).await.unwrap()), "stdout"), 12);
+    // Identical retries are accepted (with or without the flag); different
+    // bytes at a committed position are a conflict, not a "later".
+    assert_eq!(at(&progress(s.append_log_chunk(ordered(1, 6, b"line2\n")).await.unwrap()), "stdout"), 12);
+    assert_eq!(
+        at(&progress(s.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, b"line1\n")).await.unwrap()), "stdout"),
+        12
+    );
+    assert_conflict(s.append_log_chunk(ordered(1, 6, b"LINE2\n")).await);
+    // The agent gave up 12..18: the chunk after it comes without the flag
+    // and commits; chunks after that one are in order again.
+    match s.append_log_chunk(ordered(3, 18, b"line4\n")).await {
+        Err(StoreError::Busy(_)) => {}
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    s.append_log_chunk(chunk(&job, 1, "stdout", 3, 18, b"line4\n")).await.expect("an explicit hole");
+    s.append_log_chunk(ordered(4, 24, b"line5\n")).await.expect("right after the chunk after the hole");
+    let rows = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    let got: Vec<(i64, &[u8])> = rows.iter().map(|r| (r.offset, &r.data[..])).collect();
+    assert_eq!(
+        got,
+        [(0, &b"line1\n"[..]), (6, b"line2\n"), (18, b"line4\n"), (24, b"line5\n")],
+        "committed in offset order"
+    );
+    assert_eq!(at(&progress(s.append_log_chunk(ordered(5, 30, b"x")).await.unwrap()), "stdout"), 12, "the hole stays");
 }
 
 pub async fn streams_are_tracked_separately<S: Store + 'static>(o: &Opener<S>) {

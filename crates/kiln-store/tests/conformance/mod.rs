@@ -131,6 +131,7 @@ macro_rules! suite {
             logs::conflicting_log_bytes_are_refused,
             logs::out_of_order_chunks_commit_contiguously,
             logs::chunks_in_flight_together_commit_in_offset_order,
+            logs::in_order_chunks_never_commit_past_a_missing_predecessor,
             logs::streams_are_tracked_separately,
             logs::bad_digest_and_stale_epoch_are_refused,
             logs::log_chunks_after_respects_the_cursor,
@@ -448,6 +449,7 @@ pub fn chunk(job_id: &str, epoch: i64, stream: &str, seq: i64, offset: i64, data
         offset,
         sha256: hex::encode(Sha256::digest(data)),
         data: data.to_vec(),
+        in_order: false,
     }
 }
 

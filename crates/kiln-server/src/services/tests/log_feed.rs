@@ -17,6 +17,7 @@ fn chunk(stream: &str, seq: i64, offset: i64, data: &[u8]) -> api::RawLogChunk {
         offset,
         sha256: hex::encode(Sha256::digest(data)),
         data: bytes_of(data),
+        in_order: false,
     }
 }
 
