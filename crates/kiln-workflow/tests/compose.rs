@@ -8,7 +8,12 @@ use kiln_workflow::{parse, parse_with};
 use std::path::{Path, PathBuf};
 
 fn cases() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/compose");
+    // The checkout the test runs in (cargo sets it at run time): a shared
+    // target dir may hold a binary built from another checkout.
+    let dir = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("tests/fixtures/compose");
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     v.sort();
     v

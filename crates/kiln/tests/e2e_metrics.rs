@@ -13,7 +13,7 @@
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnServer, TestRepo, wait_for, wait_run};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
@@ -29,7 +29,12 @@ const FAILING: &str = "version: 1\njobs:\n  - name: test\n    steps:\n      - ec
 const SLOW: &str = "version: 1\njobs:\n  - name: slow\n    steps:\n      - echo started && sleep 600\n";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    // The checkout the test runs in (cargo sets it at run time): a shared
+    // target dir may hold a binary built from another checkout.
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../..")
 }
 
 /// A sample's value by its exact name and labels as printed

@@ -26,7 +26,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 const IMAGE_UID: u32 = 10001;
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    // The checkout the test runs in (cargo sets it at run time): a shared
+    // target dir may hold a binary built from another checkout.
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../..")
+    .canonicalize()
+    .unwrap()
 }
 
 fn require(var: &str, what: &str) -> bool {
