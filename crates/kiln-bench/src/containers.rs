@@ -50,8 +50,11 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
         )?;
     }
     let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
-    // The disk is the host's, shared: its fill level is not what is measured.
-    config.degradation.storage_pct = [f64::INFINITY; 3];
+    // As `kiln server` and `kiln agent` read it (see `bench logs`).
+    let storage_levels = crate::util::storage_levels_from_env()?;
+    if let Some(levels) = storage_levels {
+        config.degradation.storage_pct = levels;
+    }
     if registry.starts_with("127.") || registry.starts_with("localhost") {
         config.registries.insecure.push(registry);
     }
@@ -99,7 +102,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             op_timeouts: Default::default(),
             cache_local_budget: None,
             services_engine: None,
-            storage_levels: Some([f64::INFINITY; 3]),
+            storage_levels,
             memory_levels: None,
             metrics_listen: None,
             log_rate_limit: None,

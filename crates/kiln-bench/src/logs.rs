@@ -39,9 +39,8 @@ pub async fn run() -> Result<i32, Failure> {
     let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
     // As `kiln server` reads it (a shared host's disk may be fuller than
     // the benchmark's few hundred megabytes need).
-    if let Ok(levels) = std::env::var("KILN_STORAGE_LEVELS") {
-        config.degradation.storage_pct =
-            kiln_core::degradation::parse_storage_levels(&levels).map_err(anyhow::Error::msg)?;
+    if let Some(levels) = crate::util::storage_levels_from_env()? {
+        config.degradation.storage_pct = levels;
     }
     let server = kiln_server::start(config).await?;
     let c = Client::new(&server.url(), &server.admin_token);

@@ -224,3 +224,13 @@ pub(crate) fn clock_ticks_per_s() -> f64 {
             .unwrap_or(100.0)
     })
 }
+
+/// `KILN_STORAGE_LEVELS`, as `kiln server` and `kiln agent` read it, for a
+/// bench's in-process server and agents (a shared host's disk may be fuller
+/// than the benchmark's few hundred megabytes need). `None`: unset.
+pub(crate) fn storage_levels_from_env() -> anyhow::Result<Option<[f64; 3]>> {
+    match std::env::var("KILN_STORAGE_LEVELS") {
+        Ok(levels) => Ok(Some(kiln_core::degradation::parse_storage_levels(&levels).map_err(anyhow::Error::msg)?)),
+        Err(_) => Ok(None),
+    }
+}
