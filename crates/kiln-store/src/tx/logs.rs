@@ -78,17 +78,7 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
                         require_live(tx, &chunk.job_id, chunk.epoch, now).await?;
                         // Overlap with a neighbour: only the closest chunks before
                         // and after can overlap (index seeks, not a scan of the stream).
-                        let prev_end: Option<i64> = tx
-                            .sql(
-                                "SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
-                             AND stream = $3 AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1",
-                            )
-                            .bind(&chunk.job_id)
-                            .bind(chunk.epoch)
-                            .bind(&chunk.stream)
-                            .bind(chunk.offset)
-                            .scalar_optional()
-                            .await?;
+                        let prev_end = end_before(tx, chunk).await?;
                         let next_start: Option<i64> = tx
                             .sql(
                                 "SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
@@ -197,25 +187,27 @@ async fn wait_for_predecessor(store: &SqlStore, chunk: &NewLogChunk) -> Result<(
     loop {
         // The end of the closest chunk before (an explicit hole earlier in
         // the stream does not hold this one up, as `log_progress` would).
-        let prev_end: i64 = store
-            .reader()
-            .await?
-            .sql(
-                "SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
-                 AND stream = $3 AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1",
-            )
-            .bind(&chunk.job_id)
-            .bind(chunk.epoch)
-            .bind(&chunk.stream)
-            .bind(chunk.offset)
-            .scalar_optional()
-            .await?
-            .unwrap_or(0);
+        let prev_end = end_before(&mut store.reader().await?, chunk).await?.unwrap_or(0);
         if prev_end >= chunk.offset || tokio::time::Instant::now() >= until {
             return Ok(());
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// The end of the committed chunk closest before `chunk`'s offset in its
+/// stream (an index seek, not a scan), if any.
+async fn end_before(ex: &mut impl Exec, chunk: &NewLogChunk) -> Result<Option<i64>> {
+    ex.sql(
+        "SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
+         AND stream = $3 AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1",
+    )
+    .bind(&chunk.job_id)
+    .bind(chunk.epoch)
+    .bind(&chunk.stream)
+    .bind(chunk.offset)
+    .scalar_optional()
+    .await
 }
 
 /// Whether a chunk with these bytes is committed at this position already
