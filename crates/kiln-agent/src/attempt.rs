@@ -257,9 +257,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         hb.abort();
         drop(beat);
         watcher.abort();
-        for dir in [attempt_dir, ctx.sandbox_of(&attempt), ctx.spool_of(&attempt)] {
-            discard(&dir).await;
-        }
+        discard(vec![attempt_dir, ctx.sandbox_of(&attempt), ctx.spool_of(&attempt)]);
         ctx.metrics.attempt_duration.observe(t0.elapsed().as_secs_f64());
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         tracing::debug!(
@@ -274,20 +272,21 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
     .await
 }
 
-/// Moves the attempt directory out of the way at once and deletes it in the
-/// background: deleting even a small tree can take tens of milliseconds (on
-/// filesystems mounted with `discard`), which must not delay the next claim.
+/// Moves the attempt's directories out of the way and deletes them, all in
+/// the background: deleting even a small tree takes milliseconds on ext4
+/// (tens to a hundred while another process syncs the same disk), which
+/// must delay neither the completion nor the next claim. Every directory
+/// is named after its attempt, so a new attempt never meets one of these.
 /// Leftovers are removed when the agent starts.
-async fn discard(attempt_dir: &Path) {
-    let parent = attempt_dir.parent().unwrap_or(attempt_dir);
-    let trash = parent.join(format!(".trash-{}", uuid::Uuid::new_v4()));
-    let target = match tokio::fs::rename(attempt_dir, &trash).await {
-        Ok(()) => trash,
-        Err(_) => attempt_dir.to_path_buf(),
-    };
+fn discard(dirs: Vec<PathBuf>) {
     tokio::task::spawn_blocking(move || {
-        if let Err(e) = remove_tree(&target) {
-            tracing::warn!(dir = %target.display(), error = %e, "cannot remove the attempt directory");
+        for dir in dirs {
+            let parent = dir.parent().unwrap_or(&dir);
+            let trash = parent.join(format!(".trash-{}", uuid::Uuid::new_v4()));
+            let target = if std::fs::rename(&dir, &trash).is_ok() { trash } else { dir };
+            if let Err(e) = remove_tree(&target) {
+                tracing::warn!(dir = %target.display(), error = %e, "cannot remove the attempt directory");
+            }
         }
     });
 }

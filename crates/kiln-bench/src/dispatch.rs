@@ -103,6 +103,10 @@ struct Figures {
     /// per run of the throughput phase, ms: steadier than throughput on a
     /// shared host, since another process's load does not add to it.
     cpu_ms_per_run: f64,
+    /// Mean ms of each attempt phase the agents reported during the
+    /// throughput phase (`kiln_attempt_phase_duration_seconds`, from the
+    /// server's `/metrics`): where an agent's turn-around goes.
+    phases: Vec<(String, f64)>,
 }
 
 impl Figures {
@@ -125,6 +129,14 @@ impl Figures {
             log_bytes: rounds.iter().map(|f| f.log_bytes).sum(),
             otlp: rounds.iter().filter_map(|f| f.otlp).reduce(|(r, b), (r2, b2)| (r + r2, b + b2)),
             cpu_ms_per_run: percentile(&sorted(rounds.iter().map(|f| f.cpu_ms_per_run).collect()), 0.5),
+            phases: PHASES
+                .iter()
+                .map(|p| {
+                    let v: Vec<f64> =
+                        rounds.iter().flat_map(|f| f.phases.iter()).filter(|(k, _)| k == p).map(|(_, v)| *v).collect();
+                    (p.to_string(), v.iter().sum::<f64>() / v.len().max(1) as f64)
+                })
+                .collect(),
         }
     }
 }
@@ -168,6 +180,9 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
         kiln_cmd::outln!("claim_p95_ms_{s}: {:.1}", percentile(&f.claim, 0.95));
         kiln_cmd::outln!("daemon_log_bytes_{s}: {}", f.log_bytes);
         kiln_cmd::outln!("cpu_ms_per_run_{s}: {:.2}", f.cpu_ms_per_run);
+        for (phase, ms) in &f.phases {
+            kiln_cmd::outln!("attempt_{phase}_ms_mean_{s}: {ms:.1}");
+        }
         if cfg != Config::Plain {
             kiln_cmd::outln!("metrics_scrapes_{s}: {}", f.scrapes);
         }
@@ -242,6 +257,7 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     let n = a.runs as usize;
     let pids: Vec<u32> = std::iter::once(&server).chain(&agents).map(|p| p.0.id()).collect();
     let cpu0 = cpu_ticks(&pids);
+    let phases0 = phase_sums(&url).await?;
     let (t0, wall0_ms) = (Instant::now(), now_ms());
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..n {
@@ -256,6 +272,17 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     let (failed, last_ms) = wait_all_terminal(&c, &ids).await?;
     let runs_per_s = n as f64 / elapsed_until(t0, wall0_ms, last_ms);
     let cpu_ms_per_run = cpu_ticks(&pids).saturating_sub(cpu0) as f64 * 1000.0 / clock_ticks_per_s() / n as f64;
+    let phases1 = phase_sums(&url).await?;
+    let phases = PHASES
+        .iter()
+        .map(|p| {
+            let d = |m: &[(String, f64, f64)]| {
+                m.iter().find(|(k, ..)| k == p).map(|(_, s, c)| (*s, *c)).unwrap_or_default()
+            };
+            let ((s0, c0), (s1, c1)) = (d(&phases0), d(&phases1));
+            (p.to_string(), if c1 > c0 { (s1 - s0) / (c1 - c0) * 1000.0 } else { f64::NAN })
+        })
+        .collect();
 
     // Trigger-to-start on an idle deployment, one run at a time.
     let (mut step, mut claim) = (vec![], vec![]);
@@ -292,7 +319,25 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
         log_bytes,
         otlp: sink.map(|s| (s.requests(), s.bytes())),
         cpu_ms_per_run,
+        phases,
     })
+}
+
+/// The attempt phases the bench reports, as the server's metric labels them.
+const PHASES: [&str; 3] = ["prepare", "command", "publication"];
+
+/// `(phase, sum of seconds, count)` of `kiln_attempt_phase_duration_seconds`
+/// from the server's `/metrics`.
+async fn phase_sums(url: &str) -> anyhow::Result<Vec<(String, f64, f64)>> {
+    let text = reqwest::get(format!("{url}/metrics")).await?.error_for_status()?.text().await?;
+    let value = |name: &str, phase: &str| {
+        let key = format!("kiln_attempt_phase_duration_seconds_{name}{{phase=\"{phase}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok(PHASES.iter().map(|p| (p.to_string(), value("sum", p), value("count", p))).collect())
 }
 
 /// GET `url` every [`SCRAPE_EVERY`], reading the whole body, counting

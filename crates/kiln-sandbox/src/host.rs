@@ -21,7 +21,7 @@ use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -50,7 +50,8 @@ pub struct HostConfig {
     /// Working directory of every step (the checkout).
     pub workspace: PathBuf,
     /// Private per-attempt directory: `HOME` is `<attempt_dir>/home`, `TMPDIR`
-    /// is `<attempt_dir>/tmp`; both are removed by `cleanup`.
+    /// is `<attempt_dir>/tmp`; `cleanup` moves both aside at once (to
+    /// `<attempt_dir>/.removed-*`) and deletes them in the background.
     pub attempt_dir: PathBuf,
     /// Where running process groups are recorded for [`crate::reap_orphans`]
     /// (shared by all executors of one agent).
@@ -331,12 +332,28 @@ impl Executor for HostExecutor {
     fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         async move {
             self.kill_running(true).await;
+            // Moved aside at once and deleted in the background: deleting a
+            // directory costs milliseconds on ext4 (and up to a journal
+            // commit, ~100 ms, while a database syncs the same disk), which
+            // must not delay the attempt's completion.
+            let mut doomed = vec![];
             for dir in [self.cfg.home(), self.cfg.tmp()] {
-                let d = dir.clone();
-                tokio::task::spawn_blocking(move || remove_tree(&d))
-                    .await
-                    .expect("remove task")
-                    .map_err(|source| SandboxError::Cleanup { path: dir.display().to_string(), source })?;
+                static N: AtomicU64 = AtomicU64::new(0);
+                let aside = self.cfg.attempt_dir.join(format!(".removed-{}", N.fetch_add(1, Ordering::Relaxed)));
+                match std::fs::rename(&dir, &aside) {
+                    Ok(()) => doomed.push(aside),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => return Err(SandboxError::Cleanup { path: dir.display().to_string(), source }),
+                }
+            }
+            if !doomed.is_empty() {
+                tokio::task::spawn_blocking(move || {
+                    for d in doomed {
+                        if let Err(e) = remove_tree(&d) {
+                            tracing::warn!(dir = %d.display(), error = %e, "cannot remove a step's home or tmp");
+                        }
+                    }
+                });
             }
             Ok(())
         }

@@ -157,7 +157,8 @@ pub enum SandboxError {
 ///   run one at a time (a second `exec` while a step runs is [`SandboxError::Busy`]).
 ///   Drive the handle to `Exited` before starting the next step.
 /// - `cleanup` kills whatever still runs and removes the sandbox's private
-///   state. It is safe after a failed or partial `prepare`, after a failed
+///   state (the host executor moves it aside at once and deletes it in the
+///   background, off the attempt's path). It is safe after a failed or partial `prepare`, after a failed
 ///   `exec`, after `kill`, and when called more than once.
 ///
 /// # Kill and concurrency
