@@ -19,10 +19,13 @@
 //! Seq and offset both start at 0 per stream; offset counts bytes of that
 //! stream. Streams: `stdout`, `stderr`, `system` (agent messages).
 //!
-//! A `system` line (step header, "checking out …") is cut at once into its
-//! own chunk, after everything buffered before it, and queued: chunks are
-//! sent in queue order, so in arrival order the line precedes the output
-//! written after it (e.g. the step it announces).
+//! A `system` line (step header, "checking out …") cuts everything buffered
+//! before it into the queue and waits in the `system` buffer, like output,
+//! for the flush timer, a flush or the next output — which cuts it into the
+//! queue first. Chunks are sent in queue order, so in arrival order the line
+//! precedes the output written after it (e.g. the step it announces), and
+//! lines written together (a short step's result and the job's last line)
+//! leave in one chunk.
 
 use crate::control::{Control, Stop, backoff};
 use crate::mask::{Held, Masker};
@@ -438,6 +441,19 @@ impl LogStreamer {
             }
             b.accepted += data.len() as u64;
         }
+        // System lines waiting for the flush timer precede this output:
+        // cut them first (the queue keeps the order between streams).
+        // (Output still pending beside them was written before them: a note
+        // appended above, e.g. the truncation notice.)
+        if stream != Stream::System && !b.streams[Stream::System as usize].pending.is_empty() {
+            let Buffers { streams, ready, .. } = &mut *b;
+            for (i, s) in streams.iter_mut().enumerate() {
+                if i != Stream::System as usize {
+                    s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
+                }
+            }
+            streams[Stream::System as usize].cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
+        }
         let over = b.buffered() + data.len() > self.cfg.max_buffered;
         if stream == Stream::Services && over {
             // Services' output never waits on disk (the spool keeps the
@@ -485,8 +501,9 @@ impl LogStreamer {
         }
     }
 
-    /// A line in the `system` stream (a newline is added), shipped at once
-    /// as its own chunk, after everything written before it.
+    /// A line in the `system` stream (a newline is added), after everything
+    /// written before it and before everything written after it; shipped
+    /// within [`FLUSH_AFTER`] (see the module doc).
     pub(crate) fn system(&self, line: &str) {
         self.system_line(line, true);
     }
@@ -513,13 +530,21 @@ impl LogStreamer {
         }
         let Buffers { streams, ready, .. } = &mut *b;
         for (i, s) in streams.iter_mut().enumerate() {
-            s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
+            if i != Stream::System as usize {
+                s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
+            }
         }
         let sys = &mut streams[Stream::System as usize];
         sys.pending.extend(format!("{line}\n").as_bytes());
-        sys.cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
+        // Shipped with the next output (cut before it), a flush or the
+        // timer: a short step's header, result and the job's last line
+        // leave in one chunk, not one request each.
+        let started = sys.first_pending_at.is_none();
+        sys.first_pending_at.get_or_insert_with(Instant::now);
         drop(b);
-        self.notify.notify_one();
+        if started {
+            self.notify.notify_one();
+        }
     }
 
     /// Spec 004's hang detector, run beside the attempt's work: after
@@ -949,6 +974,40 @@ mod tests {
                 c("stdout", 2, 6, b"gh"),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn system_lines_wait_for_the_timer_and_lines_written_together_leave_in_one_chunk() {
+        let s = shipper(64);
+        let streamer = streamer_for(&s);
+        streamer.system("✓ step 1/1: true (0.0s)");
+        streamer.system("✓ job success");
+        let (chunks, deadline, _) = s.cut(false);
+        assert!(chunks.is_empty(), "not shipped at once: {chunks:?}");
+        assert!(deadline.is_some(), "the flush timer is armed");
+        s.bufs.lock().unwrap().flush_requested = true;
+        let (chunks, _, _) = s.cut(false);
+        let got: Vec<(String, i64, Vec<u8>)> = chunks.iter().map(|c| (c.stream.clone(), c.offset, decode(c))).collect();
+        assert_eq!(got, [("system".to_string(), 0, "✓ step 1/1: true (0.0s)\n✓ job success\n".as_bytes().to_vec())]);
+    }
+
+    #[tokio::test]
+    async fn a_note_keeps_its_place_after_the_output_written_before_it() {
+        let mut s = shipper(256);
+        s.cfg.max_bytes = 5;
+        let streamer = streamer_for(&s);
+        streamer.write(Stream::Stdout, b"abc");
+        // Over the limit: "de" is kept, the rest dropped, with a notice.
+        streamer.write(Stream::Stdout, b"defgh");
+        streamer.system("✓ job success");
+        let chunks = drain_all(&s);
+        let got: Vec<(String, String)> =
+            chunks.iter().map(|c| (c.stream.clone(), String::from_utf8_lossy(&c.data).into_owned())).collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0], ("stdout".to_string(), "abc".to_string()), "{got:?}");
+        assert!(got[1].0 == "system" && got[1].1.contains("truncated"), "{got:?}");
+        assert_eq!(got[2], ("stdout".to_string(), "de".to_string()), "{got:?}");
+        assert_eq!(got[3], ("system".to_string(), "✓ job success\n".to_string()), "{got:?}");
     }
 
     #[tokio::test]

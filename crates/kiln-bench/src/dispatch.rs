@@ -104,8 +104,9 @@ struct Figures {
     /// shared host, since another process's load does not add to it.
     cpu_ms_per_run: f64,
     /// Mean ms of each attempt phase the agents reported during the
-    /// throughput phase (`kiln_attempt_phase_duration_seconds`, from the
-    /// server's `/metrics`): where an agent's turn-around goes.
+    /// throughput phase, then (`*_idle`) the one-at-a-time phase
+    /// (`kiln_attempt_phase_duration_seconds`, from the server's
+    /// `/metrics`): where an agent's turn-around goes.
     phases: Vec<(String, f64)>,
 }
 
@@ -129,12 +130,16 @@ impl Figures {
             log_bytes: rounds.iter().map(|f| f.log_bytes).sum(),
             otlp: rounds.iter().filter_map(|f| f.otlp).reduce(|(r, b), (r2, b2)| (r + r2, b + b2)),
             cpu_ms_per_run: percentile(&sorted(rounds.iter().map(|f| f.cpu_ms_per_run).collect()), 0.5),
-            phases: PHASES
-                .iter()
+            phases: rounds
+                .first()
+                .map(|f| f.phases.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
                 .map(|p| {
                     let v: Vec<f64> =
-                        rounds.iter().flat_map(|f| f.phases.iter()).filter(|(k, _)| k == p).map(|(_, v)| *v).collect();
-                    (p.to_string(), v.iter().sum::<f64>() / v.len().max(1) as f64)
+                        rounds.iter().flat_map(|f| f.phases.iter()).filter(|(k, _)| *k == p).map(|(_, v)| *v).collect();
+                    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+                    (p, mean)
                 })
                 .collect(),
         }
@@ -273,16 +278,6 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     let runs_per_s = n as f64 / elapsed_until(t0, wall0_ms, last_ms);
     let cpu_ms_per_run = cpu_ticks(&pids).saturating_sub(cpu0) as f64 * 1000.0 / clock_ticks_per_s() / n as f64;
     let phases1 = phase_sums(&url).await?;
-    let phases = PHASES
-        .iter()
-        .map(|p| {
-            let d = |m: &[(String, f64, f64)]| {
-                m.iter().find(|(k, ..)| k == p).map(|(_, s, c)| (*s, *c)).unwrap_or_default()
-            };
-            let ((s0, c0), (s1, c1)) = (d(&phases0), d(&phases1));
-            (p.to_string(), if c1 > c0 { (s1 - s0) / (c1 - c0) * 1000.0 } else { f64::NAN })
-        })
-        .collect();
 
     // Trigger-to-start on an idle deployment, one run at a time.
     let (mut step, mut claim) = (vec![], vec![]);
@@ -298,6 +293,9 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     }
     step.sort_by(|a, b| a.total_cmp(b));
     claim.sort_by(|a, b| a.total_cmp(b));
+    let phases2 = phase_sums(&url).await?;
+    let mut phases = phase_means(&phases0, &phases1);
+    phases.extend(phase_means(&phases1, &phases2).into_iter().map(|(p, v)| (format!("{p}_idle"), v)));
 
     if let Some(s) = scraper {
         s.abort();
@@ -325,6 +323,20 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
 
 /// The attempt phases the bench reports, as the server's metric labels them.
 const PHASES: [&str; 3] = ["prepare", "command", "publication"];
+
+/// Mean ms of each phase between two [`phase_sums`].
+fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> Vec<(String, f64)> {
+    let get = |m: &[(String, f64, f64)], p: &str| {
+        m.iter().find(|(k, ..)| k == p).map(|(_, s, c)| (*s, *c)).unwrap_or_default()
+    };
+    PHASES
+        .iter()
+        .map(|p| {
+            let ((s0, c0), (s1, c1)) = (get(before, p), get(after, p));
+            (p.to_string(), if c1 > c0 { (s1 - s0) / (c1 - c0) * 1000.0 } else { f64::NAN })
+        })
+        .collect()
+}
 
 /// `(phase, sum of seconds, count)` of `kiln_attempt_phase_duration_seconds`
 /// from the server's `/metrics`.
