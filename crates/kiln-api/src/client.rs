@@ -320,7 +320,22 @@ impl Client {
     }
 
     pub async fn list_runs(&self, repo: &str, status: Option<&str>, limit: Option<u32>) -> Result<RunList, ApiError> {
+        self.list_runs_before(repo, status, limit, None).await
+    }
+
+    /// [`Self::list_runs`] from the page after `before` (a previous page's
+    /// `next_before`).
+    pub async fn list_runs_before(
+        &self,
+        repo: &str,
+        status: Option<&str>,
+        limit: Option<u32>,
+        before: Option<&str>,
+    ) -> Result<RunList, ApiError> {
         let mut q = vec![];
+        if let Some(b) = before {
+            q.push(format!("before={}", enc(b)));
+        }
         if let Some(s) = status {
             q.push(format!("status={}", enc(s)));
         }

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// Local agents.
     #[arg(long, default_value_t = 2)]
     pub agents: u32,
+    /// dispatch: jobs each agent runs at once (`kiln agent --max-jobs`); the figures are
+    /// suffixed `_plain` etc. as usual, and `dispatch_agent_max_jobs` says which was used.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub agent_max_jobs: u32,
     /// dispatch: the deployments to measure, each with fresh processes and its figures
     /// suffixed `_<config>`: `plain` (text logs, nothing scraped), `observed` (`--log-format
     /// json` on server and agents, the server's /metrics scraped every second, as Prometheus

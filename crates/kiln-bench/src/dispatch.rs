@@ -162,6 +162,7 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
     let (sh_rate, sh_lat) = baseline(n)?;
 
     kiln_cmd::outln!("dispatch_agents: {}", a.agents);
+    kiln_cmd::outln!("dispatch_agent_max_jobs: {}", a.agent_max_jobs);
     // Rounds interleave the configurations, so that a host's drift (other
     // load, a warming page cache) falls on all of them alike.
     let mut rounds: Vec<(Config, Vec<Figures>)> = configs.iter().map(|c| (*c, vec![])).collect();
@@ -242,6 +243,7 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
                 &data.join("agent.token"),
                 &name,
                 dir,
+                a.agent_max_jobs,
                 &launch.logging_to(dir.join(format!("{name}.log"))),
             )
         })
@@ -447,8 +449,19 @@ const POLL_RUNS: Duration = Duration::from_millis(200);
 async fn wait_all_terminal(c: &Client, ids: &[String]) -> anyhow::Result<(usize, Option<i64>)> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let runs = c.list_runs("bench", None, Some(ids.len() as u32 + 10)).await?.runs;
-        let mine: Vec<_> = runs.iter().filter(|r| ids.contains(&r.id)).collect();
+        // Page by page (the server returns at most a few hundred at once).
+        let mut runs = vec![];
+        let mut before: Option<String> = None;
+        loop {
+            let page = c.list_runs_before("bench", None, Some(ids.len() as u32 + 10), before.as_deref()).await?;
+            runs.extend(page.runs);
+            match page.next_before {
+                Some(b) if runs.len() < ids.len() + 10 => before = Some(b),
+                _ => break,
+            }
+        }
+        let wanted: std::collections::HashSet<&String> = ids.iter().collect();
+        let mine: Vec<_> = runs.iter().filter(|r| wanted.contains(&r.id)).collect();
         if mine.len() == ids.len() && mine.iter().all(|r| r.status.is_terminal()) {
             let failed = mine.iter().filter(|r| !r.status.is_success()).count();
             return Ok((failed, mine.iter().filter_map(|r| r.finished_at_ms).max()));

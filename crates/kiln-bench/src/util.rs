@@ -184,11 +184,12 @@ pub(crate) fn spawn_agent_deployed(
     token_file: &Path,
     name: &str,
     dir: &Path,
+    max_jobs: u32,
     launch: &Launch,
 ) -> anyhow::Result<Proc> {
     let child = launch
         .command("agent")?
-        .args(["--server", server, "--name", name, "--token-file"])
+        .args(["--server", server, "--name", name, "--max-jobs", &max_jobs.to_string(), "--token-file"])
         .arg(token_file)
         .arg("--work-dir")
         .arg(dir.join(name))

@@ -16,7 +16,7 @@
 //! and [`Value`]. Database errors are mapped per backend here
 //! (`pg_err`: serialization failures are `Retryable`).
 
-use crate::dialect::{Dialect, POSTGRES, SQLITE, Sql, SqlText};
+use crate::dialect::{Backend, Dialect, POSTGRES, SQLITE, Sql, SqlText};
 use crate::error::{Result, StoreError, db_err, pg_err};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
@@ -82,8 +82,15 @@ pub(crate) trait Exec: Send {
 
 /// The database clock (unix ms): "now" of a transaction is read once, from
 /// the database, so lease decisions never depend on a caller's clock.
+/// Embedded SQLite's clock is this process's own (`unixepoch('subsec')`
+/// reads the same system clock), so it is read here without a statement:
+/// each statement is a round trip to SQLite's worker thread.
 pub(crate) async fn now(ex: &mut impl Exec) -> Result<i64> {
     static NOW: Sql = Sql::new(|d| format!("SELECT {}", d.now_ms));
+    if ex.dialect().backend == Backend::Sqlite {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        return Ok(i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
+    }
     ex.sql(&NOW).scalar().await
 }
 

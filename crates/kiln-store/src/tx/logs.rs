@@ -134,6 +134,10 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
                             .scalar_optional()
                             .await?
                             .unwrap_or(0);
+                        // Usually this chunk is the one that extends it.
+                        if committed == chunk.offset && len > 0 {
+                            committed += len;
+                        }
                         loop {
                             let next: Option<i64> = tx
                                 .sql(
