@@ -539,12 +539,11 @@ impl LogStreamer {
         // Shipped with the next output (cut before it), a flush or the
         // timer: a short step's header, result and the job's last line
         // leave in one chunk, not one request each.
-        let started = sys.first_pending_at.is_none();
         sys.first_pending_at.get_or_insert_with(Instant::now);
         drop(b);
-        if started {
-            self.notify.notify_one();
-        }
+        // Wake the shipper so it arms its timer (a note before this line
+        // may have started the clock without waking it).
+        self.notify.notify_one();
     }
 
     /// Spec 004's hang detector, run beside the attempt's work: after
@@ -989,6 +988,19 @@ mod tests {
         let (chunks, _, _) = s.cut(false);
         let got: Vec<(String, i64, Vec<u8>)> = chunks.iter().map(|c| (c.stream.clone(), c.offset, decode(c))).collect();
         assert_eq!(got, [("system".to_string(), 0, "✓ step 1/1: true (0.0s)\n✓ job success\n".as_bytes().to_vec())]);
+    }
+
+    #[tokio::test]
+    async fn a_system_line_wakes_the_shipper_to_arm_its_timer_even_after_a_note() {
+        let s = shipper(64);
+        let streamer = streamer_for(&s);
+        streamer.system_note("checking out");
+        streamer.system("▶ step 1/1");
+        // Else a shipper asleep without a deadline would keep the line until
+        // the step's next output or its end.
+        tokio::time::timeout(Duration::from_secs(5), s.notify.notified())
+            .await
+            .expect("the shipper was not woken by the system line");
     }
 
     #[tokio::test]

@@ -1275,7 +1275,11 @@ async fn step_headers_arrive_before_the_output_of_their_step() {
             })
             .unwrap_or_else(|| panic!("no {stream} chunk with {text:?}: {events:?}"))
     };
-    assert!(chunk("system", "checking out") < chunk("system", "▶ step 1/3"));
+    // The note and the first header may share a chunk (system lines wait
+    // for the flush timer like output); in order either way.
+    assert!(chunk("system", "checking out") <= chunk("system", "▶ step 1/3"));
+    let system = h.fake.log("system");
+    assert!(system.find("checking out") < system.find("▶ step 1/3"), "{system}");
     for (i, out) in ["one", "two", "three"].iter().enumerate() {
         let header = chunk("system", &format!("▶ step {}/3", i + 1));
         assert!(header < chunk("stdout", out), "step {} header after its output", i + 1);
@@ -1326,6 +1330,30 @@ async fn small_output_is_shipped_while_the_step_runs() {
     assert!(seen, "the first line was not shipped while the step was running");
     h.wait_attempts_done(1).await;
     assert_eq!(h.fake.log("stdout"), "early-line\nlate\n");
+    h.stop().await;
+}
+
+/// A step's header reaches the server while the step runs, even when the
+/// step prints nothing: system lines wait for the flush timer, never for the
+/// step's end (the step only ends once its header arrived).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_steps_header_is_shipped_while_it_runs() {
+    let mut h = Harness::new();
+    let gate = h.path("gate");
+    let a = h.assignment(&[(Some("silent"), &format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display()))]);
+    h.start(vec![a]).await;
+    let mut seen = false;
+    for _ in 0..300 {
+        if h.fake.log("system").contains("▶ step 1/1: silent") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    std::fs::write(&gate, "").unwrap();
+    assert!(seen, "the step header was not shipped while the step was running: {:?}", h.fake.log("system"));
+    h.wait_attempts_done(1).await;
+    assert!(h.fake.log("system").ends_with("✓ job success\n"), "{}", h.fake.log("system"));
     h.stop().await;
 }
 
