@@ -333,9 +333,9 @@ impl Executor for HostExecutor {
         async move {
             self.kill_running(true).await;
             // Moved aside at once and deleted in the background: deleting a
-            // directory costs milliseconds on ext4 (and up to a journal
-            // commit, ~100 ms, while a database syncs the same disk), which
-            // must not delay the attempt's completion.
+            // directory costs milliseconds on ext4 (up to ~100 ms while a
+            // database syncs the same disk), which must not delay the
+            // attempt's completion.
             let mut doomed = vec![];
             for dir in [self.cfg.home(), self.cfg.tmp()] {
                 static N: AtomicU64 = AtomicU64::new(0);

@@ -158,8 +158,9 @@ pub enum SandboxError {
 ///   Drive the handle to `Exited` before starting the next step.
 /// - `cleanup` kills whatever still runs and removes the sandbox's private
 ///   state (the host executor moves it aside at once and deletes it in the
-///   background, off the attempt's path). It is safe after a failed or partial `prepare`, after a failed
-///   `exec`, after `kill`, and when called more than once.
+///   background, off the attempt's path). It is safe after a failed or
+///   partial `prepare`, after a failed `exec`, after `kill`, and when called
+///   more than once.
 ///
 /// # Kill and concurrency
 /// The executor is `Send + Sync` and its methods take `&self`: `kill` may be
