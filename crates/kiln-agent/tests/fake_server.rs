@@ -1305,6 +1305,17 @@ async fn assert_attempts_dir_emptied(work_dir: &std::path::Path) {
     panic!("attempt directories were not removed");
 }
 
+/// Whether `text` reaches the fake server's `stream` log within 15 s.
+async fn arrives_within_15s(h: &Harness, stream: &str, text: &str) -> bool {
+    for _ in 0..300 {
+        if h.fake.log(stream).contains(text) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
 /// Output is shipped while the step still runs (64 KiB or 2 s, whichever
 /// first): a step that prints a little and then blocks has its line delivered
 /// before it ends. The step only ends once the line arrived, so a streamer
@@ -1318,14 +1329,7 @@ async fn small_output_is_shipped_while_the_step_runs() {
         &format!("echo early-line; while [ ! -e {} ]; do sleep 0.05; done; echo late", gate.display()),
     )]);
     h.start(vec![a]).await;
-    let mut seen = false;
-    for _ in 0..300 {
-        if h.fake.log("stdout").contains("early-line") {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let seen = arrives_within_15s(&h, "stdout", "early-line").await;
     std::fs::write(&gate, "").unwrap();
     assert!(seen, "the first line was not shipped while the step was running");
     h.wait_attempts_done(1).await;
@@ -1342,14 +1346,7 @@ async fn a_silent_steps_header_is_shipped_while_it_runs() {
     let gate = h.path("gate");
     let a = h.assignment(&[(Some("silent"), &format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display()))]);
     h.start(vec![a]).await;
-    let mut seen = false;
-    for _ in 0..300 {
-        if h.fake.log("system").contains("▶ step 1/1: silent") {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let seen = arrives_within_15s(&h, "system", "▶ step 1/1: silent").await;
     std::fs::write(&gate, "").unwrap();
     assert!(seen, "the step header was not shipped while the step was running: {:?}", h.fake.log("system"));
     h.wait_attempts_done(1).await;
