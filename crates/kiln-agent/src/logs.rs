@@ -47,6 +47,14 @@ pub(crate) const MAX_CHUNK: usize = 1024 * 1024;
 /// under 250 ms) while heavy output still leaves in 64 KiB–1 MiB chunks, so
 /// a quiet stream costs at most ten requests a second.
 pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
+/// How long the first bytes after a quiet [`FLUSH_AFTER`] wait (so lines
+/// written together leave together). A stream still ships at most one
+/// timer-flushed chunk per [`FLUSH_AFTER`]: bytes written sooner after the
+/// last one wait until [`FLUSH_AFTER`] after it — never longer than
+/// [`FLUSH_AFTER`] after they were written. A line printed now and then so
+/// leaves within milliseconds rather than 100 ms later (issue 20:
+/// write-to-browser latency), for no more requests than before.
+pub(crate) const FIRST_FLUSH_AFTER: Duration = Duration::from_millis(5);
 /// Chunks of one stream in flight at once (issue 20): the server syncs
 /// chunks that arrive together with one `fdatasync`, so a heavy stream's
 /// sync groups grow with the window (8 × 1 MiB: on the reference disk a
@@ -105,6 +113,8 @@ struct StreamBuf {
     /// quadratic under heavy output).
     pending: VecDeque<u8>,
     first_pending_at: Option<Instant>,
+    /// When the flush timer last cut a chunk of this stream.
+    flushed_at: Option<Instant>,
     dropped: u64,
     /// Bytes that arrived while memory was full, in order after `pending`.
     spool: Option<Spool>,
@@ -274,6 +284,8 @@ pub(crate) struct LogStreamer {
 pub(crate) struct LogConfig {
     pub chunk_size: usize,
     pub flush_after: Duration,
+    /// [`FIRST_FLUSH_AFTER`].
+    pub first_flush_after: Duration,
     /// Unshipped bytes held in memory; more go to the spool.
     pub max_buffered: usize,
     /// Directory of the attempt's on-disk spool (`None`: no spool; output
@@ -305,6 +317,7 @@ impl Default for LogConfig {
             chunk_size: CHUNK_SIZE,
             max_chunk: MAX_CHUNK,
             flush_after: FLUSH_AFTER,
+            first_flush_after: FIRST_FLUSH_AFTER,
             max_buffered: MAX_BUFFERED,
             spool_dir: None,
             max_spool: DEFAULT_SPOOL_LIMIT,
@@ -812,12 +825,18 @@ impl Shipper {
                 chunks.push(s.cut(NAMES[i], n));
             }
             if let Some(first) = s.first_pending_at {
-                if force || now >= first + self.cfg.flush_after {
+                // Due FLUSH_AFTER after the last timer flush, at most
+                // FLUSH_AFTER after the first pending byte, at least
+                // FIRST_FLUSH_AFTER after it.
+                let fa = self.cfg.flush_after;
+                let quick = first + self.cfg.first_flush_after.min(fa);
+                let due = s.flushed_at.map_or(quick, |last| (last + fa).min(first + fa).max(quick));
+                if force || now >= due {
                     let len = s.pending.len();
                     chunks.push(s.cut(NAMES[i], len));
+                    s.flushed_at = Some(now);
                 } else {
-                    let d = first + self.cfg.flush_after;
-                    deadline = Some(deadline.map_or(d, |x| x.min(d)));
+                    deadline = Some(deadline.map_or(due, |x| x.min(due)));
                 }
             }
         }
@@ -887,6 +906,7 @@ mod tests {
                 chunk_size,
                 max_chunk: chunk_size,
                 flush_after: Duration::from_secs(3600),
+                first_flush_after: Duration::from_secs(3600),
                 max_buffered: MAX_BUFFERED,
                 max_bytes: DEFAULT_LOG_LIMIT,
                 ..LogConfig::default()
@@ -899,6 +919,49 @@ mod tests {
 
     fn decode(c: &LogChunk) -> Vec<u8> {
         c.data.to_vec()
+    }
+
+    /// Issue 20: the first bytes after a quiet spell leave after
+    /// FIRST_FLUSH_AFTER, not FLUSH_AFTER; a stream still gets at most one
+    /// timer-flushed chunk per FLUSH_AFTER, and no byte waits longer.
+    #[tokio::test(start_paused = true)]
+    async fn quiet_output_leaves_at_once_and_timer_chunks_stay_one_per_flush_interval() {
+        let mut s = shipper(1 << 20);
+        s.cfg.flush_after = FLUSH_AFTER;
+        s.cfg.first_flush_after = FIRST_FLUSH_AFTER;
+        let write = |s: &Shipper, data: &[u8]| {
+            let mut b = s.bufs.lock().unwrap();
+            b.streams[0].pending.extend(data);
+            b.streams[0].first_pending_at.get_or_insert_with(Instant::now);
+        };
+        let t0 = Instant::now();
+        write(&s, b"one\n");
+        let (chunks, deadline, _) = s.cut(false);
+        assert!(chunks.is_empty(), "lines written together leave together");
+        assert_eq!(deadline, Some(t0 + FIRST_FLUSH_AFTER));
+        tokio::time::advance(FIRST_FLUSH_AFTER).await;
+        let (chunks, _, _) = s.cut(false);
+        assert_eq!(chunks.iter().map(decode).collect::<Vec<_>>(), [b"one\n".to_vec()], "not 100 ms later");
+        // 50 ms later: the next line waits until FLUSH_AFTER after the last flush.
+        tokio::time::advance(Duration::from_millis(50)).await;
+        write(&s, b"two\n");
+        let (chunks, deadline, _) = s.cut(false);
+        assert!(chunks.is_empty());
+        assert_eq!(deadline, Some(t0 + FIRST_FLUSH_AFTER + FLUSH_AFTER));
+        tokio::time::advance(FLUSH_AFTER - Duration::from_millis(50)).await;
+        let (chunks, _, _) = s.cut(false);
+        assert_eq!(chunks.iter().map(decode).collect::<Vec<_>>(), [b"two\n".to_vec()]);
+        // After a quiet FLUSH_AFTER, quick again.
+        tokio::time::advance(FLUSH_AFTER * 2).await;
+        write(&s, b"three\n");
+        let (_, deadline, _) = s.cut(false);
+        assert_eq!(deadline, Some(Instant::now() + FIRST_FLUSH_AFTER));
+        // Never later than FLUSH_AFTER after the first pending byte.
+        let mut b = s.bufs.lock().unwrap();
+        b.streams[0].flushed_at = Some(Instant::now());
+        drop(b);
+        let (_, deadline, _) = s.cut(false);
+        assert_eq!(deadline, Some(Instant::now() + FLUSH_AFTER));
     }
 
     #[tokio::test]

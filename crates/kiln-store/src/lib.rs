@@ -30,6 +30,7 @@ mod tx;
 
 pub use error::{Result, StoreError};
 pub use model::*;
+pub use segments::SMALL_CHUNK as SMALL_LOG_CHUNK;
 pub use store::{PgStore, SqlStore, SqliteStore};
 pub use traits::*;
 pub use tx::caches::CACHE_ARTIFACT;

@@ -55,6 +55,14 @@ impl Sequencer {
         self.committed.lock().expect("sequencer").get(&key).is_some_and(|&end| end >= offset)
     }
 
+    /// Whether this process committed chunks of the stream, none of them
+    /// ending past `offset` (a chunk at `offset` is then new, not a retry,
+    /// unless another process committed it).
+    pub(crate) fn fresh(&self, job: &str, epoch: i64, stream: &str, offset: i64) -> bool {
+        let key = (job.to_string(), epoch, stream.to_string());
+        self.committed.lock().expect("sequencer").get(&key).is_some_and(|&end| end <= offset)
+    }
+
     /// Records a committed chunk of a stream ending at `end`.
     pub(crate) fn committed(&self, job: &str, epoch: i64, stream: &str, end: i64) {
         {

@@ -28,13 +28,42 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
     let files = store.log_files();
     let ticket = files.sequencer.enter(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset);
     let mut placed: Option<(i64, i64)> = None;
+    let bulk = crate::segments::Lane::of(chunk.data.len()) == crate::segments::Lane::Bulk;
     if let Some(segments) = &files.segments
         && !files.bytes_in_db
         && len > 0
         && chunk.stream != kiln_core::logs::stream::SYSTEM
-        && !committed_identically(store, &chunk, len).await?
     {
-        placed = Some(segments.append(std::mem::take(&mut chunk.data)).await?);
+        // An identical retry's bytes are not written again. Whether it is
+        // one is read first only where it may be: a bulk chunk this process
+        // has not committed past. A small chunk, and a bulk one beyond what
+        // this process committed of its stream, is written at once (a rare
+        // retry then leaves a few unreferenced bytes in the segment) — under
+        // load those reads queued for the read connections the live feeds
+        // need (issue 20). The transaction decides either way.
+        let maybe_retry = bulk && !files.sequencer.fresh(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset);
+        let identical = maybe_retry && committed_identically(store, &chunk, len).await?;
+        if !identical {
+            // Ordered after `enter`: a chunk waiting here is in flight for
+            // the chunks after it, which wait for it rather than time out.
+            let _turn = match &files.bulk_admission {
+                Some(a) if bulk => Some(a.acquire().await.expect("never closed")),
+                _ => None,
+            };
+            let (data, r) = segments.append(std::mem::take(&mut chunk.data)).await;
+            chunk.data = data;
+            match r {
+                Ok(p) => placed = Some(p),
+                // Cannot write (a full disk): an identical retry is still
+                // accepted (the bytes stay in hand: the transaction stores
+                // them in the row should it find no chunk there after all).
+                Err(e) => {
+                    if maybe_retry || !committed_identically(store, &chunk, len).await? {
+                        return Err(e);
+                    }
+                }
+            }
+        }
     }
     ticket.wait_turn().await;
     if (files.segments.is_none() || chunk.in_order) && chunk.offset > 0 {
@@ -45,6 +74,13 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
         // bytes before this chunk are committed.
         wait_for_predecessor(store, &chunk).await?;
     }
+    // SQLite has one writer: a bulk chunk queues for it behind at most one
+    // other bulk chunk, so a small one (and every other write: heartbeats,
+    // claims) is never behind the index rows of a whole burst of megabytes.
+    let _gate = match &files.bulk_gate {
+        Some(g) if bulk => Some(g.lock().await),
+        _ => None,
+    };
     let chunk = &chunk;
     let (seg, seg_pos) = (placed.map(|p| p.0), placed.map(|p| p.1));
     let progress = store
@@ -119,7 +155,8 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
                         .bind(chunk.offset)
                         .bind(len)
                         .bind(&chunk.sha256)
-                        .bind(&chunk.data)
+                        // The bytes are in a segment, or in the row.
+                        .bind(if seg.is_some() { &[][..] } else { &chunk.data[..] })
                         .bind(now)
                         .bind(seg)
                         .bind(seg_pos)

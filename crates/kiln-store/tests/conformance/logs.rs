@@ -100,6 +100,64 @@ pub async fn chunks_in_flight_together_commit_in_offset_order<S: Store + 'static
     assert_eq!(at(&p, "stdout"), offset(8), "an identical retry is still accepted");
 }
 
+/// Issue 20: more bulk chunks (over `SMALL_LOG_CHUNK` bytes) of a stream
+/// in flight than the store writes at once, arriving in reverse order,
+/// with small chunks of another stream between them: every one commits
+/// (none refused as "later": a chunk waiting for its turn to write is in
+/// flight for those after it), in offset order, every byte readable.
+/// Retries of both sizes are still accepted, and different bytes at a
+/// committed offset refused.
+pub async fn bulk_chunks_beyond_the_admitted_ones_commit_in_order_beside_small_ones<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let job = running_job(&*fx.store).await;
+    const N: usize = 20;
+    fn part(i: usize) -> Vec<u8> {
+        vec![b'A' + i as u8; kiln_store::SMALL_LOG_CHUNK + 1 + i]
+    }
+    fn offset(i: usize) -> i64 {
+        (0..i).map(|k| part(k).len() as i64).sum()
+    }
+    let line = |i: usize| format!("tick {i}\n").into_bytes();
+    fx.store.append_log_chunk(chunk(&job, 1, "stdout", 0, 0, &part(0))).await.unwrap();
+    let mut tasks = vec![];
+    for i in (1..N).rev() {
+        let (s, job) = (fx.store.clone(), job.clone());
+        tasks.push(tokio::spawn(async move {
+            let c = NewLogChunk { in_order: true, ..chunk(&job, 1, "stdout", i as i64, offset(i), &part(i)) };
+            s.append_log_chunk(c).await
+        }));
+        tokio::task::yield_now().await;
+    }
+    let mut err_off = 0;
+    for i in 0..N {
+        let l = line(i);
+        let c = NewLogChunk { in_order: true, ..chunk(&job, 1, "stderr", i as i64, err_off, &l) };
+        fx.store.append_log_chunk(c).await.expect("a small chunk commits");
+        err_off += l.len() as i64;
+    }
+    for t in tasks {
+        t.await.unwrap().expect("every bulk chunk commits, none is refused");
+    }
+    let rows = fx.store.log_chunks_after(&job, 0, 1000).await.unwrap();
+    let out: Vec<&kiln_store::LogChunkRecord> = rows.iter().filter(|r| r.stream == "stdout").collect();
+    assert_eq!(out.iter().map(|r| r.offset).collect::<Vec<_>>(), (0..N).map(offset).collect::<Vec<_>>());
+    for (i, r) in out.iter().enumerate() {
+        assert_eq!(r.data, part(i), "the bytes of bulk chunk {i}");
+    }
+    let err: Vec<u8> = rows.iter().filter(|r| r.stream == "stderr").flat_map(|r| r.data.clone()).collect();
+    assert_eq!(err, (0..N).flat_map(line).collect::<Vec<u8>>());
+    // Identical retries (bulk and small) are accepted; different bytes refused.
+    let p = progress(fx.store.append_log_chunk(chunk(&job, 1, "stdout", 3, offset(3), &part(3))).await.unwrap());
+    assert_eq!(at(&p, "stdout"), offset(N));
+    let p = progress(fx.store.append_log_chunk(chunk(&job, 1, "stderr", 0, 0, &line(0))).await.unwrap());
+    assert_eq!(at(&p, "stderr"), err_off);
+    assert_conflict(fx.store.append_log_chunk(chunk(&job, 1, "stderr", 0, 0, b"tock 0\n")).await);
+    assert_conflict(fx.store.append_log_chunk(chunk(&job, 1, "stdout", 3, offset(3), &part(4)[..part(3).len()])).await);
+    let rows = fx.store.log_chunks_after(&job, 0, 1000).await.unwrap();
+    assert_eq!(rows.len(), 2 * N, "retries add nothing");
+    assert_eq!(rows.iter().find(|r| r.stream == "stderr" && r.offset == 0).unwrap().data, line(0));
+}
+
 /// A chunk sent `in_order` commits only directly after the stream's bytes
 /// before it (issue 20): a chunk refused now and retried later (a full
 /// disk) still commits before the chunks sent after it, whatever the order

@@ -131,6 +131,7 @@ macro_rules! suite {
             logs::conflicting_log_bytes_are_refused,
             logs::out_of_order_chunks_commit_contiguously,
             logs::chunks_in_flight_together_commit_in_offset_order,
+            logs::bulk_chunks_beyond_the_admitted_ones_commit_in_order_beside_small_ones,
             logs::in_order_chunks_never_commit_past_a_missing_predecessor,
             logs::streams_are_tracked_separately,
             logs::bad_digest_and_stale_epoch_are_refused,
