@@ -180,11 +180,43 @@ impl StreamBuf {
     }
 }
 
+/// Chunk buffers handed back once their chunk was acknowledged, for the
+/// next large chunk (issue 20: a fresh 1 MiB buffer per chunk cost page
+/// faults and unmapping on every chunk). At most [`SPARE_MAX`] are kept.
+static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+const SPARE_MAX: usize = 16;
+
+/// An empty buffer for a chunk of `len` bytes (a spare one for a large chunk).
+fn chunk_buf(len: usize) -> Vec<u8> {
+    if len >= CHUNK_SIZE
+        && let Some(mut v) = SPARE.lock().expect("spare buffers").pop()
+    {
+        v.clear();
+        v.reserve(len);
+        return v;
+    }
+    Vec::with_capacity(len)
+}
+
+/// Keeps an acknowledged chunk's buffer for a later chunk, if nothing else
+/// holds it.
+fn give_back(data: bytes::Bytes) {
+    if data.len() < CHUNK_SIZE {
+        return;
+    }
+    if let Ok(m) = data.try_into_mut() {
+        let mut spare = SPARE.lock().expect("spare buffers");
+        if spare.len() < SPARE_MAX {
+            spare.push(Vec::from(m));
+        }
+    }
+}
+
 impl StreamBuf {
     fn cut(&mut self, name: &str, len: usize) -> LogChunk {
         // Copy the deque's (at most two) slices, then drop the range: a
         // byte-wise `drain().collect()` cost more than hashing the chunk.
-        let mut data = Vec::with_capacity(len);
+        let mut data = chunk_buf(len);
         let (a, b) = self.pending.as_slices();
         let from_a = a.len().min(len);
         data.extend_from_slice(&a[..from_a]);
@@ -860,6 +892,7 @@ impl Shipper {
                     if let Some(m) = &self.cfg.metrics {
                         m.log_bytes_sent.inc_by(chunk.data.len() as u64);
                     }
+                    give_back(chunk.data);
                     return true;
                 }
                 Err(e) if e.is_stale_epoch() => {
@@ -919,6 +952,24 @@ mod tests {
 
     fn decode(c: &LogChunk) -> Vec<u8> {
         c.data.to_vec()
+    }
+
+    /// A buffer handed back after an acknowledgement is reused without
+    /// its old bytes leaking into the next chunk.
+    #[test]
+    fn reused_chunk_buffers_carry_only_the_new_bytes() {
+        give_back(bytes::Bytes::from(vec![b'Z'; CHUNK_SIZE * 2]));
+        let mut s = StreamBuf::default();
+        let data: Vec<u8> = (0..CHUNK_SIZE + 7).map(|i| b'a' + (i % 26) as u8).collect();
+        s.pending.extend(&data);
+        let c = s.cut("stdout", data.len());
+        assert_eq!(c.data.to_vec(), data);
+        assert_eq!(c.sha256, hex::encode(Sha256::digest(&data)));
+        assert_eq!((c.offset, s.offset, s.pending.len()), (0, data.len() as i64, 0));
+        // A buffer someone else still holds is not taken back.
+        let held = c.data.clone();
+        give_back(c.data);
+        assert_eq!(held.to_vec(), data);
     }
 
     /// Issue 20: the first bytes after a quiet spell leave after
