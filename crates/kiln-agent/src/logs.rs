@@ -859,9 +859,13 @@ impl Shipper {
             if let Some(first) = s.first_pending_at {
                 // Due FLUSH_AFTER after the last timer flush, at most
                 // FLUSH_AFTER after the first pending byte, at least
-                // FIRST_FLUSH_AFTER after it.
+                // FIRST_FLUSH_AFTER after it. System lines wait the whole
+                // FLUSH_AFTER: the step's output (or its end) usually takes
+                // them along, and a short job's lines leave in one chunk
+                // rather than one request at its start.
                 let fa = self.cfg.flush_after;
-                let quick = first + self.cfg.first_flush_after.min(fa);
+                let first_after = if i == Stream::System as usize { fa } else { self.cfg.first_flush_after.min(fa) };
+                let quick = first + first_after;
                 let due = s.flushed_at.map_or(quick, |last| (last + fa).min(first + fa).max(quick));
                 if force || now >= due {
                     let len = s.pending.len();
@@ -1091,13 +1095,17 @@ mod tests {
 
     #[tokio::test]
     async fn system_lines_wait_for_the_timer_and_lines_written_together_leave_in_one_chunk() {
-        let s = shipper(64);
+        let mut s = shipper(64);
+        s.cfg.flush_after = FLUSH_AFTER;
+        s.cfg.first_flush_after = FIRST_FLUSH_AFTER;
         let streamer = streamer_for(&s);
+        let t0 = Instant::now();
         streamer.system("✓ step 1/1: true (0.0s)");
         streamer.system("✓ job success");
         let (chunks, deadline, _) = s.cut(false);
         assert!(chunks.is_empty(), "not shipped at once: {chunks:?}");
-        assert!(deadline.is_some(), "the flush timer is armed");
+        // Not the quick first flush of output: the whole interval.
+        assert!(deadline.is_some_and(|d| d >= t0 + FLUSH_AFTER), "the flush timer is armed for FLUSH_AFTER");
         s.bufs.lock().unwrap().flush_requested = true;
         let (chunks, _, _) = s.cut(false);
         let got: Vec<(String, i64, Vec<u8>)> = chunks.iter().map(|c| (c.stream.clone(), c.offset, decode(c))).collect();
