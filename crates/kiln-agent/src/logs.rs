@@ -444,6 +444,20 @@ impl LogStreamer {
         if data.is_empty() {
             return;
         }
+        // System lines waiting for the flush timer precede this output: cut
+        // them first (the queue keeps the order between streams). Output
+        // still pending beside them was written before them (a note such as
+        // the truncation notice, which follows the bytes kept): cut first.
+        // Notes this call adds below stay pending, as they always did.
+        if stream != Stream::System && !b.streams[Stream::System as usize].pending.is_empty() {
+            let Buffers { streams, ready, .. } = &mut *b;
+            for (i, s) in streams.iter_mut().enumerate() {
+                if i != Stream::System as usize {
+                    s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
+                }
+            }
+            streams[Stream::System as usize].cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
+        }
         let mut data = data;
         if stream != Stream::System
             && let Some(rate) = self.cfg.rate_limit
@@ -485,19 +499,6 @@ impl LogStreamer {
                 }
             }
             b.accepted += data.len() as u64;
-        }
-        // System lines waiting for the flush timer precede this output:
-        // cut them first (the queue keeps the order between streams).
-        // (Output still pending beside them was written before them: a note
-        // appended above, e.g. the truncation notice.)
-        if stream != Stream::System && !b.streams[Stream::System as usize].pending.is_empty() {
-            let Buffers { streams, ready, .. } = &mut *b;
-            for (i, s) in streams.iter_mut().enumerate() {
-                if i != Stream::System as usize {
-                    s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
-                }
-            }
-            streams[Stream::System as usize].cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
         }
         let over = b.buffered() + data.len() > self.cfg.max_buffered;
         if stream == Stream::Services && over {
@@ -1126,22 +1127,24 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_note_keeps_its_place_after_the_output_written_before_it() {
+    async fn the_truncation_notice_follows_every_byte_kept() {
         let mut s = shipper(256);
         s.cfg.max_bytes = 5;
         let streamer = streamer_for(&s);
         streamer.write(Stream::Stdout, b"abc");
         // Over the limit: "de" is kept, the rest dropped, with a notice.
         streamer.write(Stream::Stdout, b"defgh");
+        // More output after the limit: dropped, and it moves nothing.
+        streamer.write(Stream::Stdout, b"ijk");
         streamer.system("✓ job success");
         let chunks = drain_all(&s);
         let got: Vec<(String, String)> =
             chunks.iter().map(|c| (c.stream.clone(), String::from_utf8_lossy(&c.data).into_owned())).collect();
-        assert_eq!(got.len(), 4, "{got:?}");
-        assert_eq!(got[0], ("stdout".to_string(), "abc".to_string()), "{got:?}");
-        assert!(got[1].0 == "system" && got[1].1.contains("truncated"), "{got:?}");
-        assert_eq!(got[2], ("stdout".to_string(), "de".to_string()), "{got:?}");
-        assert_eq!(got[3], ("system".to_string(), "✓ job success\n".to_string()), "{got:?}");
+        // The bytes kept stay one run, and the notice follows them.
+        assert_eq!(got[0], ("stdout".to_string(), "abcde".to_string()), "{got:?}");
+        assert!(got[1..].iter().all(|(stream, _)| stream == "system"), "{got:?}");
+        let system: String = got[1..].iter().map(|(_, t)| t.as_str()).collect();
+        assert!(system.contains("truncated") && system.ends_with("✓ job success\n"), "{got:?}");
     }
 
     #[tokio::test]
