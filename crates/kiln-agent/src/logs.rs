@@ -281,6 +281,17 @@ struct Buffers {
 }
 
 impl Buffers {
+    /// Cuts the pending output of every stream but `system` into the queue,
+    /// in chunks of at most `chunk_size`.
+    fn cut_output(&mut self, chunk_size: usize) {
+        let Buffers { streams, ready, .. } = self;
+        for (i, s) in streams.iter_mut().enumerate() {
+            if i != Stream::System as usize {
+                s.cut_all(NAMES[i], chunk_size, ready);
+            }
+        }
+    }
+
     /// Unshipped bytes, including chunks already cut.
     fn buffered(&self) -> usize {
         let pending: usize = self.streams.iter().map(|s| s.pending.len()).sum();
@@ -450,12 +461,8 @@ impl LogStreamer {
         // the truncation notice, which follows the bytes kept): cut first.
         // Notes this call adds below stay pending, as they always did.
         if stream != Stream::System && !b.streams[Stream::System as usize].pending.is_empty() {
+            b.cut_output(self.cfg.chunk_size);
             let Buffers { streams, ready, .. } = &mut *b;
-            for (i, s) in streams.iter_mut().enumerate() {
-                if i != Stream::System as usize {
-                    s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
-                }
-            }
             streams[Stream::System as usize].cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
         }
         let mut data = data;
@@ -574,13 +581,8 @@ impl LogStreamer {
             self.notify.notify_one();
             return;
         }
-        let Buffers { streams, ready, .. } = &mut *b;
-        for (i, s) in streams.iter_mut().enumerate() {
-            if i != Stream::System as usize {
-                s.cut_all(NAMES[i], self.cfg.chunk_size, ready);
-            }
-        }
-        let sys = &mut streams[Stream::System as usize];
+        b.cut_output(self.cfg.chunk_size);
+        let sys = &mut b.streams[Stream::System as usize];
         sys.pending.extend(format!("{line}\n").as_bytes());
         // Shipped with the next output (cut before it), a flush or the
         // timer: a short step's header, result and the job's last line
