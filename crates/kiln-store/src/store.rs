@@ -81,6 +81,18 @@ enum Pools {
 /// A transaction body's future (see [`SqlStore::transaction`]).
 pub(crate) type Body<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 't>>;
 
+/// [`BULK_IN_FLIGHT`], or `KILN_LOG_BULK_IN_FLIGHT` when set: a positive
+/// integer, else the store refuses to open (a measurement knob that is
+/// accepted must do what it says).
+fn bulk_in_flight() -> Result<usize> {
+    match std::env::var("KILN_LOG_BULK_IN_FLIGHT") {
+        Err(_) => Ok(BULK_IN_FLIGHT),
+        Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            crate::StoreError::Invalid(format!("KILN_LOG_BULK_IN_FLIGHT must be a positive integer, not {v:?}"))
+        }),
+    }
+}
+
 impl SqlStore {
     /// Open (creating if needed) the SQLite database at `path` and run migrations.
     pub async fn open(path: &Path) -> Result<SqlStore> {
@@ -96,13 +108,7 @@ impl SqlStore {
             segments: Some(segments),
             bytes_in_db: off,
             bulk_gate: Some(tokio::sync::Mutex::new(())),
-            bulk_admission: Some(tokio::sync::Semaphore::new(
-                std::env::var("KILN_LOG_BULK_IN_FLIGHT")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|&n: &usize| n > 0)
-                    .unwrap_or(BULK_IN_FLIGHT),
-            )),
+            bulk_admission: Some(tokio::sync::Semaphore::new(bulk_in_flight()?)),
             ..LogFiles::default()
         };
         Ok(SqlStore { pools: Pools::Sqlite { writer, reader }, backoff: Backoff::default(), logs: logs.into() })
