@@ -4,7 +4,7 @@
 //! again with 20 jobs writing at once (issue 20): their aggregate rate, and
 //! the write-to-SSE latency of a ticker job running beside them.
 
-use crate::util::{percentile, repo_with, spawn_agent_with, wait_terminal};
+use crate::util::{add_repo, percentile, repo_with, spawn_agent_with, wait_terminal};
 use kiln_api::logs::{event, stream};
 use kiln_api::{Client, SubmitRun, exit};
 use kiln_cmd::Failure;
@@ -115,14 +115,7 @@ async fn concurrent(c: &Client, tmp: &Path) -> anyhow::Result<bool> {
         ),
     )?;
     for (name, repo) in [("crowd-ticker", &ticker_repo), ("crowd", &loud_repo)] {
-        c.create_repo(&kiln_api::CreateRepo {
-            forge: Default::default(),
-            name: name.into(),
-            clone_url: repo.display().to_string(),
-            webhook_secret: None,
-            secret_pools: None,
-        })
-        .await?;
+        add_repo(c, name, repo).await?;
     }
     let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
     let tr = c.submit_run("crowd-ticker", &body, None).await?;
