@@ -76,6 +76,9 @@ pub(crate) struct AttemptContext {
     pub metrics: Arc<crate::metrics::AgentMetrics>,
     /// Warm containers (container executor only; see [`crate::warm`]).
     pub warm: Option<Arc<crate::warm::WarmPool>>,
+    /// The job slots' kept sandboxes (host executor with PID namespaces;
+    /// see [`crate::slots`]).
+    pub slots: Arc<crate::slots::Slots>,
 }
 
 /// When an attempt's phases began and ended (its telemetry).
@@ -84,6 +87,17 @@ struct Phases {
     image: Option<Duration>,
     steps_started: Option<std::time::Instant>,
     steps_done: Option<std::time::Instant>,
+    /// The sandbox's cleanup failed: something of the job may still run.
+    sandbox_dirty: bool,
+}
+
+/// Where an attempt's sandbox is.
+struct SandboxDir {
+    path: PathBuf,
+    /// A job slot's kept sandbox (see [`crate::slots`]).
+    slot: bool,
+    /// It exists already, reset after the slot's last attempt.
+    reused: bool,
 }
 
 impl AttemptContext {
@@ -112,6 +126,13 @@ impl AttemptContext {
         self.sandbox_dir.join(format!("{attempt}.spool"))
     }
 
+    /// Whether host job slots keep their sandbox from one attempt to the
+    /// next: only where every process of a job is gone once its sandbox is
+    /// cleaned up (PID namespaces; see [`crate::slots`]).
+    fn keeps_slots(&self) -> bool {
+        self.executor == ExecutorKind::Host && self.isolation.namespaces != kiln_sandbox::Namespaces::None
+    }
+
     /// A separate step user whose checkout must not borrow the agent's
     /// mirror objects (alternates): host executor with a root agent only.
     fn private_objects(&self) -> Option<kiln_sandbox::StepUser> {
@@ -119,7 +140,7 @@ impl AttemptContext {
     }
 }
 
-pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, mut shutdown: watch::Receiver<bool>) {
     let span = tracing::info_span!(
         "attempt",
         run_id = %a.run_id,
@@ -169,6 +190,12 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         };
         let attempt = format!("{}-{}", a.job_id, a.epoch);
         let attempt_dir = ctx.attempts_dir().join(&attempt);
+        let sandbox = if ctx.keeps_slots() {
+            let (path, reused) = ctx.slots.take(slot);
+            SandboxDir { path, slot: true, reused }
+        } else {
+            SandboxDir { path: ctx.sandbox_of(&attempt), slot: false, reused: false }
+        };
         let logs = LogStreamer::start(
             ctx.client.clone(),
             a.job_id.clone(),
@@ -194,7 +221,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
             std::future::pending::<Ran>().await
         };
         let ran = tokio::select! {
-            ran = execute(ctx, &a, &attempt, &ctl, &logs, &mut outputs, &mut steps, &mut phases) => ran,
+            ran = execute(ctx, &a, &attempt, &sandbox, &ctl, &logs, &mut outputs, &mut steps, &mut phases) => ran,
             never = hang_watch => never,
         };
         let t_exec = t0.elapsed();
@@ -257,7 +284,13 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, mut shutdow
         hb.abort();
         drop(beat);
         watcher.abort();
-        discard(vec![attempt_dir, ctx.sandbox_of(&attempt), ctx.spool_of(&attempt)]);
+        let mut gone = vec![attempt_dir, ctx.spool_of(&attempt)];
+        if sandbox.slot && !phases.sandbox_dirty && reset_slot(ctx, &a, &sandbox.path).await {
+            ctx.slots.keep(slot, sandbox.path);
+        } else {
+            gone.push(sandbox.path);
+        }
+        discard(gone);
         ctx.metrics.attempt_duration.observe(t0.elapsed().as_secs_f64());
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         tracing::debug!(
@@ -291,6 +324,36 @@ fn discard(dirs: Vec<PathBuf>) {
     });
 }
 
+/// Puts a slot's sandbox back for its next attempt (see [`crate::slots`]):
+/// the workspace at the commit's pristine tree (or moved out when there is
+/// none), `home/`, `tmp/` and the output file emptied, the rest moved out.
+/// False: the sandbox must go.
+async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> bool {
+    let ws = sandbox.join("ws");
+    let root = ctx.sandbox_dir.clone();
+    if std::fs::symlink_metadata(&ws).is_ok() {
+        // False: moved out; the next attempt checks out afresh.
+        let private = ctx.private_objects().is_some();
+        ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await;
+    }
+    let dir = sandbox.to_path_buf();
+    let reset = tokio::task::spawn_blocking(move || {
+        let mut doomed = crate::slots::Doomed::new(&root);
+        let r = crate::slots::reset_skeleton(&dir, &root, &mut doomed);
+        doomed.bury();
+        r
+    })
+    .await;
+    match reset {
+        Ok(Ok(())) => true,
+        other => {
+            tracing::warn!(sandbox = %sandbox.display(), result = ?other.map(|r| r.err()),
+                "cannot reset the job slot's sandbox; the next attempt makes a fresh one");
+            false
+        }
+    }
+}
+
 /// Checkout, restore, steps, publish. The sandbox is killed as soon as a
 /// stop reason is set.
 // What the attempt produced goes back through the last three.
@@ -299,6 +362,7 @@ async fn execute(
     ctx: &AttemptContext,
     a: &Assignment,
     attempt: &str,
+    sandbox_dir: &SandboxDir,
     ctl: &Control,
     logs: &LogStreamer,
     outputs: &mut BTreeMap<String, String>,
@@ -308,7 +372,7 @@ async fn execute(
     // Spans of the attempt's phases (issue 19): each lasts from its
     // creation to its drop.
     let prepare_span = tracing::info_span!("prepare");
-    let sandbox = ctx.sandbox_of(attempt);
+    let sandbox = sandbox_dir.path.clone();
     let ws = sandbox.join("ws");
     // A warm container of the job's shape, if the agent has one: its
     // sandbox directory (bound into it) becomes the attempt's.
@@ -317,15 +381,16 @@ async fn execute(
         (Some(pool), Some(key)) => pool.take(key).await.map(|w| (pool.clone(), w)),
         _ => None,
     };
-    for dir in [&sandbox, &ctx.spool_of(attempt)] {
-        let _ = remove_tree(dir);
-        if dir == &sandbox
-            && let Some((pool, w)) = warm.take()
-        {
-            match std::fs::rename(&w.dir, dir) {
+    // The spool is made when something is published or cached.
+    let _ = remove_tree(&ctx.spool_of(attempt));
+    if !sandbox_dir.reused {
+        let _ = remove_tree(&sandbox);
+        let mut made = false;
+        if let Some((pool, w)) = warm.take() {
+            match std::fs::rename(&w.dir, &sandbox) {
                 Ok(()) => {
                     warm = Some((pool, w));
-                    continue;
+                    made = true;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot move the warm container's directory; starting a fresh one");
@@ -333,8 +398,8 @@ async fn execute(
                 }
             }
         }
-        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(dir) {
-            return Ran::Infra(format!("cannot create the attempt directory {}: {e}", dir.display()));
+        if !made && let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&sandbox) {
+            return Ran::Infra(format!("cannot create the attempt directory {}: {e}", sandbox.display()));
         }
     }
     // Until the executor adopts it, the warm container is the attempt's to remove.
@@ -346,7 +411,14 @@ async fn execute(
     logs.system_note(&format!("checking out {} at {}", a.repo, a.commit_sha));
     let on_retry = |line: String| logs.system(&format!("⚠ {line}"));
     let checkout = tokio::select! {
-        r = ctx.mirrors.checkout(&a.clone_url, &a.commit_sha, &ws, ctx.private_objects().is_some(), &on_retry) => r,
+        r = ctx.mirrors.checkout(
+            &a.clone_url,
+            &a.commit_sha,
+            &ws,
+            ctx.private_objects().is_some(),
+            sandbox_dir.slot.then_some(ctx.sandbox_dir.as_path()),
+            &on_retry,
+        ) => r,
         _ = ctl.stopped() => return Ran::Stopped,
     };
     if let Err(e) = checkout {
@@ -524,6 +596,7 @@ async fn execute(
             let mut cfg = HostConfig::new(ws.clone(), sandbox.clone(), ctx.pgid_dir());
             cfg.kill_grace = ctx.kill_grace;
             cfg.isolation = ctx.isolation;
+            cfg.keep_dirs = sandbox_dir.slot;
             Arc::new(HostExecutor::new(cfg))
         }
     };
@@ -591,6 +664,7 @@ async fn execute(
     // nothing of the job runs while its outputs are frozen and uploaded.
     if let Err(e) = exec.cleanup().await {
         tracing::warn!(error = %e, "sandbox cleanup failed");
+        phases.sandbox_dirty = true;
     }
     killer.abort();
     if let Some(c) = cache.as_mut() {

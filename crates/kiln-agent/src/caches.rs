@@ -371,7 +371,10 @@ pub(crate) async fn save(
     }
     let dirs = run.dirs.clone();
     let started = Instant::now();
-    if let Err(e) = std::fs::DirBuilder::new().recursive(true).create(spool) {
+    // The agent's alone (the spool is made on first use).
+    let mut builder = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(builder.recursive(true), 0o700);
+    if let Err(e) = builder.create(spool) {
         run.info.saved = Some(format!("not saved: cannot create {}: {e}", spool.display()));
         return Ok(());
     }

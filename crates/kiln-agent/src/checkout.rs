@@ -8,6 +8,7 @@
 //! The run's commit SHA is frozen at acceptance (invariant 1); branch names
 //! are never consulted to pick the bytes.
 
+use crate::slots::{Budget, copy_tree};
 use kiln_sandbox::remove_tree;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -77,7 +78,9 @@ impl Mirrors {
         self.locks.lock().expect("mirror locks").entry(mirror.to_path_buf()).or_default().clone()
     }
 
-    /// Checks out `sha` of `clone_url` into `ws` (which must not exist).
+    /// Checks out `sha` of `clone_url` into `ws`, which must not exist
+    /// unless it is a job slot's kept workspace (`slot_trash`: where what is
+    /// moved out of it goes, see [`Mirrors::sync_existing`]).
     ///
     /// With `private_objects` (steps run as another user, who cannot open
     /// the agent's 0700 mirrors), the workspace gets its own object
@@ -94,6 +97,7 @@ impl Mirrors {
         sha: &str,
         ws: &Path,
         private_objects: bool,
+        slot_trash: Option<&Path>,
         on_retry: &(dyn Fn(String) + Send + Sync),
     ) -> Result<(), CheckoutError> {
         let full_sha = (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit());
@@ -155,6 +159,15 @@ impl Mirrors {
         // templates, ref negotiation and upload-pack process: a checkout
         // costs one short git process. A small tree checked out before is
         // copied from the mirror's pristine copy of it instead: no process.
+        // A job slot's kept workspace (see `crate::slots`): brought to the
+        // commit in place when this agent has its pristine tree.
+        if let Some(trash) = slot_trash
+            && std::fs::symlink_metadata(ws).is_ok()
+            && self.sync_existing(clone_url, sha, ws, private_objects, trash).await
+        {
+            self.known.lock().expect("known").insert((mirror, sha.to_string()));
+            return Ok(());
+        }
         let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
         let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
         let dot_git = ws.join(".git");
@@ -206,17 +219,8 @@ impl Mirrors {
     /// failed: the caller then checks out with git. A copy in progress
     /// keeps its source from being removed (see [`Mirrors::keep_pristine`]).
     async fn copy_from_pristine(&self, pristine: &Path, ws: &Path) -> bool {
-        {
-            let mut copies = self.pristine.lock().expect("pristine");
-            if !copies.contains_key(pristine) {
-                // A previous agent process made it (renamed into place only
-                // once whole).
-                if !std::fs::symlink_metadata(pristine).is_ok_and(|m| m.is_dir()) {
-                    return false;
-                }
-                copies.insert(pristine.to_path_buf(), 0);
-            }
-            *copies.get_mut(pristine).expect("present") += 1;
+        if !self.pin(pristine) {
+            return false;
         }
         let (from, to) = (pristine.to_path_buf(), ws.to_path_buf());
         let copied = tokio::task::spawn_blocking(move || {
@@ -227,9 +231,7 @@ impl Mirrors {
             r
         })
         .await;
-        if let Some(n) = self.pristine.lock().expect("pristine").get_mut(pristine) {
-            *n -= 1;
-        }
+        self.unpin(pristine);
         match copied {
             Ok(Ok(())) => true,
             other => {
@@ -238,6 +240,96 @@ impl Mirrors {
                 false
             }
         }
+    }
+
+    /// Counts a copy from `pristine` in progress (so that it is not
+    /// removed meanwhile); false when there is no such pristine tree.
+    fn pin(&self, pristine: &Path) -> bool {
+        let mut copies = self.pristine.lock().expect("pristine");
+        if !copies.contains_key(pristine) {
+            // A previous agent process made it (renamed into place only
+            // once whole).
+            if !std::fs::symlink_metadata(pristine).is_ok_and(|m| m.is_dir()) {
+                return false;
+            }
+            copies.insert(pristine.to_path_buf(), 0);
+        }
+        *copies.get_mut(pristine).expect("present") += 1;
+        true
+    }
+
+    fn unpin(&self, pristine: &Path) {
+        if let Some(n) = self.pristine.lock().expect("pristine").get_mut(pristine) {
+            *n -= 1;
+        }
+    }
+
+    /// Brings the existing workspace `ws` of a job slot (see
+    /// [`crate::slots`]) to the pristine tree of `sha` in place. False when
+    /// there is no pristine tree of that commit here or the workspace
+    /// cannot be brought back: `ws` is then moved out (to `trash`, deleted
+    /// in the background) and the caller checks out afresh. With
+    /// `private_objects` the workspace's own object store keeps only hard
+    /// links to the mirror's files and gets the missing ones.
+    pub(crate) async fn sync_existing(
+        &self,
+        clone_url: &str,
+        sha: &str,
+        ws: &Path,
+        private_objects: bool,
+        trash: &Path,
+    ) -> bool {
+        let mirror = self.mirror_path(clone_url);
+        let pristine = self.pristine_path(&mirror, sha);
+        let mut doomed = crate::slots::Doomed::new(trash);
+        let mut ok = false;
+        if self.pin(&pristine) {
+            let (src, dst, theirs) = (pristine.clone(), ws.to_path_buf(), mirror.join("objects"));
+            let synced = tokio::task::spawn_blocking(move || {
+                let r = (|| -> std::io::Result<()> {
+                    let objects = dst.join(".git/objects");
+                    crate::slots::sync_tree(&src, &dst, private_objects.then_some(objects.as_path()), &mut doomed)?;
+                    if private_objects {
+                        match std::fs::symlink_metadata(&objects) {
+                            Ok(m) if m.is_dir() => {}
+                            Ok(_) => {
+                                doomed.take(&objects)?;
+                                std::fs::create_dir(&objects)?;
+                            }
+                            Err(_) => std::fs::create_dir(&objects)?,
+                        }
+                        crate::slots::prune_objects(&objects, &theirs, &mut doomed)?;
+                    }
+                    Ok(())
+                })();
+                (r, doomed)
+            })
+            .await;
+            self.unpin(&pristine);
+            match synced {
+                Ok((r, d)) => {
+                    doomed = d;
+                    match r {
+                        Ok(()) => ok = true,
+                        Err(e) => tracing::warn!(ws = %ws.display(), error = %e,
+                            "cannot bring the slot's workspace back in place; checking out afresh"),
+                    }
+                }
+                Err(_) => doomed = crate::slots::Doomed::new(trash),
+            }
+        }
+        if ok && private_objects {
+            let lock = self.lock_for(&mirror);
+            let _guard = lock.lock().await;
+            let (src, dst) = (mirror.join("objects"), ws.join(".git/objects"));
+            let linked = tokio::task::spawn_blocking(move || link_objects(&src, &dst)).await;
+            ok = matches!(linked, Ok(Ok(())));
+        }
+        if !ok && std::fs::symlink_metadata(ws).is_ok() && doomed.take(ws).is_err() {
+            let _ = remove_tree(ws);
+        }
+        doomed.bury();
+        ok
     }
 
     /// Keeps a pristine copy of the workspace just checked out (before any
@@ -314,64 +406,6 @@ const PRISTINE_INFIX: &str = ".tree-";
 /// included) and bytes. Beyond, `git read-tree` is the cheaper checkout.
 const PRISTINE_MAX_FILES: u64 = 2_000;
 const PRISTINE_MAX_BYTES: u64 = 32 * 1024 * 1024;
-
-/// What a [`copy_tree`] may still copy.
-struct Budget {
-    files: u64,
-    bytes: u64,
-}
-
-impl Budget {
-    fn new(files: u64, bytes: u64) -> Self {
-        Budget { files, bytes }
-    }
-
-    fn unlimited() -> Self {
-        Budget { files: u64::MAX, bytes: u64::MAX }
-    }
-
-    fn take(&mut self, bytes: u64) -> std::io::Result<()> {
-        if self.files == 0 || self.bytes < bytes {
-            return Err(std::io::ErrorKind::FileTooLarge.into());
-        }
-        self.files -= 1;
-        self.bytes -= bytes;
-        Ok(())
-    }
-}
-
-/// Copies the tree `src` to `dst` (which must not exist): directories,
-/// regular files (content and mode) and symbolic links (never followed);
-/// anything else is left out. New files everywhere, no hard links, so
-/// nothing written under `dst` reaches `src`. Fails with `FileTooLarge`
-/// past the budget.
-fn copy_tree(src: &Path, dst: &Path, budget: &mut Budget) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let meta = std::fs::symlink_metadata(src)?;
-    budget.take(if meta.is_file() { meta.len() } else { 0 })?;
-    let ft = meta.file_type();
-    if ft.is_dir() {
-        match std::fs::DirBuilder::new().mode(0o700).create(dst) {
-            Ok(()) => {}
-            // An empty workspace made beforehand (a warm container has it bound).
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AlreadyExists
-                    && std::fs::symlink_metadata(dst).is_ok_and(|m| m.is_dir())
-                    && std::fs::read_dir(dst)?.next().is_none() => {}
-            Err(e) => return Err(e),
-        }
-        for e in std::fs::read_dir(src)? {
-            let e = e?;
-            copy_tree(&e.path(), &dst.join(e.file_name()), budget)?;
-        }
-        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(meta.permissions().mode() & 0o7777))?;
-    } else if ft.is_symlink() {
-        std::os::unix::fs::symlink(std::fs::read_link(src)?, dst)?;
-    } else if ft.is_file() {
-        std::fs::copy(src, dst)?;
-    }
-    Ok(())
-}
 
 /// Gives `dst` every object file of `src` (a mirror's `objects/`): a hard
 /// link where possible (the mirror's files are made read-only for all
@@ -634,7 +668,7 @@ s.serve_forever()
         let lines = Mutex::new(Vec::new());
         let on_retry = |l: String| lines.lock().unwrap().push(l);
         let ws = work.path().join("ws");
-        mirrors(work.path()).checkout(&server.url, &server.sha, &ws, false, &on_retry).await.unwrap();
+        mirrors(work.path()).checkout(&server.url, &server.sha, &ws, false, None, &on_retry).await.unwrap();
         assert_eq!(std::fs::read_to_string(ws.join("f")).unwrap(), "hi\n");
         let lines = lines.into_inner().unwrap();
         assert_eq!(lines.len(), 2, "{lines:?}");
@@ -652,12 +686,14 @@ s.serve_forever()
         };
         // 404: the repository does not exist there.
         let missing = format!("{}nosuch/", server.url);
-        let e = mirrors(work.path()).checkout(&missing, &server.sha, &work.path().join("a"), false, &on_retry).await;
+        let e =
+            mirrors(work.path()).checkout(&missing, &server.sha, &work.path().join("a"), false, None, &on_retry).await;
         assert!(e.is_err());
         assert_eq!(calls.load(Ordering::SeqCst), 0, "404 is permanent");
         // Always 503: three tries, two retries, then the error.
         let down = flaky_server(100);
-        let e = mirrors(work.path()).checkout(&down.url, &down.sha, &work.path().join("b"), false, &on_retry).await;
+        let e =
+            mirrors(work.path()).checkout(&down.url, &down.sha, &work.path().join("b"), false, None, &on_retry).await;
         assert!(e.unwrap_err().to_string().contains("503"));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
@@ -672,7 +708,8 @@ s.serve_forever()
         let lines = Mutex::new(Vec::new());
         let on_retry = |l: String| lines.lock().unwrap().push(l);
         let m = mirrors(work.path()).with_fetch_timeout(Some(std::time::Duration::from_millis(300)));
-        let e = m.checkout(&server.url, &server.sha, &work.path().join("ws"), false, &on_retry).await.unwrap_err();
+        let e =
+            m.checkout(&server.url, &server.sha, &work.path().join("ws"), false, None, &on_retry).await.unwrap_err();
         assert!(matches!(e, CheckoutError::TimedOut { .. }), "{e:?}");
         let shown = e.to_string();
         assert!(shown.contains("took longer than 300ms") && shown.contains("--git-timeout"), "{shown}");
@@ -712,7 +749,7 @@ s.serve_forever()
         let m = mirrors(work.path());
         let none = |_: String| {};
         let first = work.path().join("ws1");
-        m.checkout(&url, &sha, &first, false, &none).await.unwrap();
+        m.checkout(&url, &sha, &first, false, None, &none).await.unwrap();
         assert!(m.pristine_path(&m.mirror_path(&url), &sha).is_dir(), "kept after the first checkout");
         // What a job leaves behind.
         sh(
@@ -721,7 +758,7 @@ s.serve_forever()
              && chmod -R a-w ro && echo dirty >> sub/g && git config user.name job",
         );
         let second = work.path().join("ws2");
-        m.checkout(&url, &sha, &second, false, &none).await.unwrap();
+        m.checkout(&url, &sha, &second, false, None, &none).await.unwrap();
         assert_eq!(std::fs::read_to_string(second.join("f")).unwrap(), "hi\n");
         assert_eq!(std::fs::read_to_string(second.join("sub/g")).unwrap(), "deep\n");
         assert_eq!(std::fs::read_link(second.join("link")).unwrap(), Path::new("f"));
@@ -737,7 +774,7 @@ s.serve_forever()
         // A checkout of another commit replaces the kept tree.
         sh(&repo, "echo two > f && git -c user.name=t -c user.email=t@t commit -qam two");
         let sha2 = sh(&repo, "git rev-parse HEAD");
-        m.checkout(&url, &sha2, &work.path().join("ws3"), false, &none).await.unwrap();
+        m.checkout(&url, &sha2, &work.path().join("ws3"), false, None, &none).await.unwrap();
         assert!(m.pristine_path(&m.mirror_path(&url), &sha2).is_dir());
         assert!(!m.pristine_path(&m.mirror_path(&url), &sha).exists(), "one kept tree per mirror");
     }

@@ -43,6 +43,7 @@ mod ran;
 mod ratelimit;
 mod services;
 mod session;
+mod slots;
 mod warm;
 
 use anyhow::Context;
@@ -313,12 +314,14 @@ pub async fn run_draining(
         }
         _ => None,
     };
+    let slots_root = sandbox_dir.clone();
     let ctx = AttemptContext {
         client: client.clone(),
         work_dir: work_dir.clone(),
         sandbox_dir,
         isolation,
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors")).with_fetch_timeout(config.op_timeouts.git)),
+        slots: Arc::new(slots::Slots::new(slots_root)),
         executor: config.executor.clone(),
         engine,
         services_engine: config.services_engine.clone(),
@@ -378,6 +381,8 @@ pub async fn run_draining(
     if let Some(engine) = &agent.ctx.engine {
         engine.settle().await;
     }
+    let kept = agent.ctx.slots.drain();
+    let _ = tokio::task::spawn_blocking(move || kept.iter().for_each(|d| drop(kiln_sandbox::remove_tree(d)))).await;
     if config.sandbox_dir.is_none() {
         // The default sandbox dir is the agent's alone: leave no empty
         // directory behind in the system temp dir.
@@ -501,7 +506,7 @@ async fn slot_loop(
                 "claimed job"
             );
             agent.ctx.metrics.jobs_running.inc();
-            run_attempt(&agent.ctx, a, shutdown.clone()).await;
+            run_attempt(&agent.ctx, a, slot, shutdown.clone()).await;
             agent.ctx.metrics.jobs_running.dec();
         }
     }

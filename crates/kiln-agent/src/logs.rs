@@ -694,7 +694,9 @@ impl LogStreamer {
         }
     }
 
-    /// Ship everything buffered now (step end); does not wait.
+    /// Ship the output buffered now (step end); does not wait. System
+    /// lines keep their timer: the step's result line leaves with the next
+    /// line or output (a no-op job's last two lines in one chunk).
     pub(crate) fn flush(&self) {
         self.release_held();
         self.bufs.lock().expect("log buffers").flush_requested = true;
@@ -797,7 +799,10 @@ impl Shipper {
     /// (and output due by the timer or a flush) are cut.
     fn cut(&self, busy: bool) -> (Vec<LogChunk>, Option<Instant>, bool) {
         let mut b = self.bufs.lock().expect("log buffers");
-        let force = std::mem::take(&mut b.flush_requested) || b.closed;
+        // A flush (a step's end) ships its output now; system lines keep
+        // their timer (the job's next line usually takes them along).
+        let flush = std::mem::take(&mut b.flush_requested);
+        let closed = b.closed;
         for (i, name) in NAMES.iter().enumerate().take(2) {
             let dropped = std::mem::take(&mut b.streams[i].dropped);
             // Counted when noted in the log (every drop is noted).
@@ -870,6 +875,7 @@ impl Shipper {
                 let first_after = if i == Stream::System as usize { fa } else { self.cfg.first_flush_after.min(fa) };
                 let quick = first + first_after;
                 let due = s.flushed_at.map_or(quick, |last| (last + fa).min(first + fa).max(quick));
+                let force = closed || (flush && i != Stream::System as usize);
                 if force || now >= due {
                     let len = s.pending.len();
                     chunks.push(s.cut(NAMES[i], len));
@@ -1109,10 +1115,46 @@ mod tests {
         assert!(chunks.is_empty(), "not shipped at once: {chunks:?}");
         // Not the quick first flush of output: the whole interval.
         assert!(deadline.is_some_and(|d| d >= t0 + FLUSH_AFTER), "the flush timer is armed for FLUSH_AFTER");
+        // A step's end flushes its output, not the system lines: the
+        // step's result leaves with the job's last line.
         s.bufs.lock().unwrap().flush_requested = true;
+        let (chunks, deadline, _) = s.cut(false);
+        assert!(chunks.is_empty() && deadline.is_some(), "a flush leaves system lines to the timer: {chunks:?}");
+        s.bufs.lock().unwrap().closed = true;
         let (chunks, _, _) = s.cut(false);
         let got: Vec<(String, i64, Vec<u8>)> = chunks.iter().map(|c| (c.stream.clone(), c.offset, decode(c))).collect();
         assert_eq!(got, [("system".to_string(), 0, "✓ step 1/1: true (0.0s)\n✓ job success\n".as_bytes().to_vec())]);
+    }
+
+    /// A no-op job's log in three requests: the checkout note with the
+    /// step's header (cut by its output), the output (the step's end
+    /// flushes it), and the step's result with the job's last line.
+    #[tokio::test]
+    async fn a_short_jobs_log_leaves_in_three_chunks() {
+        let mut s = shipper(64);
+        s.cfg.flush_after = FLUSH_AFTER;
+        s.cfg.first_flush_after = FLUSH_AFTER;
+        let streamer = streamer_for(&s);
+        streamer.system_note("checking out r at abc");
+        streamer.system("▶ step 1/1: date");
+        streamer.write(Stream::Stdout, b"12:00\n");
+        streamer.flush();
+        streamer.system("✓ step 1/1: date (0.0s)");
+        let mut all = s.cut(false).0;
+        streamer.system("✓ job success");
+        s.bufs.lock().unwrap().closed = true;
+        all.extend(s.cut(false).0);
+        let got: Vec<(String, String)> =
+            all.iter().map(|c| (c.stream.clone(), String::from_utf8(decode(c)).unwrap())).collect();
+        let c = |st: &str, t: &str| (st.to_string(), t.to_string());
+        assert_eq!(
+            got,
+            [
+                c("system", "checking out r at abc\n▶ step 1/1: date\n"),
+                c("stdout", "12:00\n"),
+                c("system", "✓ step 1/1: date (0.0s)\n✓ job success\n"),
+            ]
+        );
     }
 
     #[tokio::test]
@@ -1153,7 +1195,7 @@ mod tests {
     async fn dropped_output_is_reported_in_the_system_stream() {
         let s = shipper(1 << 20);
         s.bufs.lock().unwrap().streams[1].dropped = 42;
-        s.bufs.lock().unwrap().flush_requested = true;
+        s.bufs.lock().unwrap().closed = true;
         let (chunks, _, _) = s.cut(false);
         assert_eq!(chunks.len(), 1);
         assert_eq!(chunks[0].stream, "system");

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 /// Where a container job's output directory is mounted.
 pub(crate) const CONTAINER_DIR: &str = "/kiln/outputs";
-const FILE: &str = "output";
+pub(crate) const FILE: &str = "output";
 /// The most a job's output file may hold (the server binds at most
 /// [`kiln_workflow::MAX_OUTPUT_BYTES`] of names and values).
 pub(crate) const MAX_FILE_BYTES: u64 = kiln_workflow::MAX_OUTPUT_BYTES as u64 + 64 * 1024;
@@ -42,9 +42,26 @@ pub(crate) fn prepare(
     step_user: Option<kiln_sandbox::StepUser>,
 ) -> std::io::Result<OutputFile> {
     let dir = sandbox.join("outputs");
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        // A job slot's kept sandbox, reset after its last attempt (see
+        // `crate::slots`): the directory and its emptied file are reused.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && std::fs::symlink_metadata(&dir)?.is_dir() => {}
+        Err(e) => return Err(e),
+    }
     let path = dir.join(FILE);
-    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(&path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
+        return Err(std::io::Error::other(format!("{} is not a file of its own", path.display())));
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     if container {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;

@@ -757,7 +757,12 @@ async fn runs_steps_in_the_checkout_and_streams_logs() {
     assert_eq!((completions[0].outcome.as_str(), completions[0].exit_code), ("success", Some(0)));
 
     let stdout = h.fake.log("stdout");
-    let ws = h.sandbox_dir().join("job-1-3").join("ws");
+    // A job slot's kept sandbox: `slot-<n>-<random>/ws`.
+    let ws_line = stdout.lines().find(|l| l.starts_with("ws=")).expect("the ws line");
+    let ws = std::path::PathBuf::from(ws_line.trim_start_matches("ws=").split(" pwd=").next().unwrap());
+    assert_eq!(ws.parent().and_then(|p| p.parent()), Some(h.sandbox_dir().as_path()), "{ws_line}");
+    assert!(ws.parent().unwrap().file_name().unwrap().to_string_lossy().starts_with("slot-0-"), "{ws_line}");
+    assert!(ws.ends_with("ws"), "{ws_line}");
     assert!(stdout.starts_with("hello from the repo\nscript ran with arg\n"), "{}", &stdout[..200.min(stdout.len())]);
     assert!(stdout.contains("job=build id=job-1 epoch=3 run=run-1\n"));
     assert!(stdout.contains(&format!("commit={} custom=custom-value\n", h.sha)));
@@ -1292,17 +1297,40 @@ async fn step_headers_arrive_before_the_output_of_their_step() {
 }
 
 /// The attempt directory is moved aside and deleted in the background: wait
-/// for it (bounded) instead of expecting it gone at once.
+/// for it (bounded) instead of expecting it gone at once. The sandbox dir
+/// then holds only the job slots' kept sandboxes (see `slots.rs`), with
+/// nothing of the job but its workspace: `home/` and `tmp/` empty, the
+/// output file empty.
 async fn assert_attempts_dir_emptied(work_dir: &std::path::Path) {
+    let count = |d: &std::path::Path| std::fs::read_dir(d).map(|d| d.count()).unwrap_or(0);
+    // The harness's sandbox dir is the work dir's sibling.
+    let sandbox = work_dir.with_file_name("sandbox");
+    let mut left = vec![];
     for _ in 0..200 {
-        let count = |d: std::path::PathBuf| std::fs::read_dir(d).map(|d| d.count()).unwrap_or(0);
-        // The harness's sandbox dir is the work dir's sibling.
-        if count(work_dir.join("attempts")) + count(work_dir.with_file_name("sandbox")) == 0 {
+        left.clear();
+        if count(&work_dir.join("attempts")) > 0 {
+            left.push(work_dir.join("attempts"));
+        }
+        for e in std::fs::read_dir(&sandbox).into_iter().flatten() {
+            let p = e.unwrap().path();
+            let slot = p.file_name().unwrap().to_string_lossy().starts_with("slot-");
+            let clean = slot
+                && count(&p.join("home")) == 0
+                && count(&p.join("tmp")) == 0
+                && std::fs::metadata(p.join("outputs/output")).map_or(true, |m| m.len() == 0)
+                && std::fs::read_dir(&p).unwrap().all(|e| {
+                    ["ws", "home", "tmp", "outputs"].contains(&e.unwrap().file_name().to_string_lossy().as_ref())
+                });
+            if !clean {
+                left.push(p);
+            }
+        }
+        if left.is_empty() {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    panic!("attempt directories were not removed");
+    panic!("attempt directories were not removed: {left:?}");
 }
 
 /// Whether `text` reaches the fake server's `stream` log within 15 s.

@@ -64,6 +64,9 @@ pub struct HostConfig {
     /// With a separate step user, `prepare` hands it the workspace (links
     /// not followed), `HOME`, `TMPDIR` and the attempt directory.
     pub isolation: Isolation,
+    /// `cleanup` leaves `HOME` and `TMPDIR` in place: the caller keeps the
+    /// attempt directory for the next attempt and empties them itself.
+    pub keep_dirs: bool,
 }
 
 impl HostConfig {
@@ -71,7 +74,15 @@ impl HostConfig {
     pub fn new(workspace: PathBuf, attempt_dir: PathBuf, state_dir: PathBuf) -> Self {
         let path = std::env::var("PATH").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| DEFAULT_PATH.to_string());
         let isolation = Isolation::detect(None).expect("the agent's own user is always allowed");
-        HostConfig { workspace, attempt_dir, state_dir, path, kill_grace: DEFAULT_KILL_GRACE, isolation }
+        HostConfig {
+            workspace,
+            attempt_dir,
+            state_dir,
+            path,
+            kill_grace: DEFAULT_KILL_GRACE,
+            isolation,
+            keep_dirs: false,
+        }
     }
 
     fn home(&self) -> PathBuf {
@@ -332,6 +343,9 @@ impl Executor for HostExecutor {
     fn cleanup(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         async move {
             self.kill_running(true).await;
+            if self.cfg.keep_dirs {
+                return Ok(());
+            }
             // Moved aside at once and deleted in the background: deleting a
             // directory costs milliseconds on ext4 (up to ~100 ms while a
             // database syncs the same disk), which must not delay the

@@ -369,3 +369,63 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     assert!(log.lines().any(|l| l.trim() == "0"), "the step saw the agent's command line:\n{log}");
     assert!(agent_log.contains("user, PID and mount namespaces"), "{agent_log}");
 }
+
+/// Issue 20: a host job slot keeps its sandbox from one job to the next
+/// (same workspace path) and puts it back in place. Nothing a job does
+/// reaches the next one: its `$HOME`, `$TMPDIR` and output file are emptied
+/// as soon as it ends, and the next job's workspace is its commit's tree
+/// exactly (git sees it clean, with its own objects: steps run as `nobody`),
+/// whatever the job added, changed, linked, hid in `.git` or made
+/// unreadable, and also when the next job is of another commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_job_slot_gives_the_next_job_nothing_of_the_last() {
+    let up = KilnUp::start(&bin(), 1).unwrap();
+    let probe = "echo \"ws=$KILN_WORKSPACE\"\n\
+        echo \"status=[$(git status --porcelain | tr '\\n' ' ')] head=$(git rev-parse HEAD)\"\n\
+        echo \"files=[$(ls -A | tr '\\n' ' ')] mode=$(stat -c %a .)\"\n\
+        echo \"home=[$(ls -A \"$HOME\" | tr '\\n' ' ')] tmp=[$(ls -A \"$TMPDIR\" | tr '\\n' ' ')] output=$(wc -c < \"$KILN_OUTPUT\")\"\n\
+        echo \"tracked=$(cat tracked.txt) hooks=$(ls .git/hooks 2>&1 | wc -l)\"\n\
+        echo secret > \"$HOME/.netrc\"; echo t > \"$TMPDIR/t\"; echo dirty >> tracked.txt; echo new > added\n\
+        mkdir -p build/deep && echo o > build/deep/o && chmod 000 build; ln -s /etc evil; echo a=1 >> \"$KILN_OUTPUT\"\n\
+        mkdir -p .git/hooks && echo 'exit 1' > .git/hooks/pre-commit; chmod 777 .";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &pipeline(&[], &[probe])), ("tracked.txt", "v1")]).unwrap();
+    let line = |log: &str, key: &str| {
+        log.lines()
+            .find_map(|l| l.split_once(key).map(|(_, v)| format!("{key}{v}")))
+            .unwrap_or_else(|| panic!("no {key} in {log}"))
+    };
+    let (first, log1) = run_on(&up.url, &up.token, up.cli(), &repo).await;
+    assert_eq!(first.status.as_str(), "success", "{log1}");
+    let ws = PathBuf::from(line(&log1, "ws=").trim_start_matches("ws=").trim());
+    // Emptied when the job ends, not when the next one starts.
+    let home = ws.parent().unwrap().join("home");
+    let mut left = usize::MAX;
+    for _ in 0..200 {
+        left = std::fs::read_dir(&home).map(|d| d.count()).unwrap_or(0);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, 0, "the job's home ({}) is emptied after it", home.display());
+
+    let (second, log2) = run_on(&up.url, &up.token, up.cli(), &repo).await;
+    assert_eq!(second.status.as_str(), "success", "{log2}");
+    assert_eq!(line(&log2, "ws="), line(&log1, "ws="), "the same slot's sandbox, kept");
+    for key in ["status=", "files=", "home=", "tracked="] {
+        assert_eq!(line(&log2, key), line(&log1, key), "{key} as for the first job:\n{log2}");
+    }
+    assert!(line(&log1, "status=").starts_with("status=[] "), "{log1}");
+    assert!(line(&log1, "home=").ends_with("output=0"), "{log1}");
+
+    // Another commit in the same kept workspace.
+    let sha = repo.commit(&[("tracked.txt", "v2")], "two").unwrap();
+    let (third, log3) = run_on(&up.url, &up.token, up.cli(), &repo).await;
+    assert_eq!(third.status.as_str(), "success", "{log3}");
+    assert_eq!(line(&log3, "ws="), line(&log1, "ws="));
+    assert_eq!(line(&log3, "status="), format!("status=[] head={sha}"), "{log3}");
+    assert_eq!(line(&log3, "tracked="), line(&log1, "tracked=").replace("v1", "v2"));
+    for key in ["files=", "home="] {
+        assert_eq!(line(&log3, key), line(&log1, key), "{log3}");
+    }
+}
