@@ -22,19 +22,60 @@ pub(crate) fn record_path(state_dir: &Path, pgid: i32) -> PathBuf {
     state_dir.join(pgid.to_string())
 }
 
+/// Records of finished groups kept for the next ones, `(state dir, path)`:
+/// rewritten and renamed, a record costs no new inode (creating and
+/// deleting a file per step was measurable on ext4, issue 20). Named
+/// `.spare-N`, which no pgid parses as: [`reap_orphans`] only removes them.
+static SPARE: std::sync::Mutex<Vec<(PathBuf, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+/// Spare records kept at most (one per step running at once is enough).
+const MAX_SPARE: usize = 64;
+
 pub(crate) fn record(state_dir: &Path, pgid: i32) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(state_dir)?;
     let start = start_time(pgid).ok_or_else(|| io::Error::other(format!("process {pgid} is gone")))?;
     let path = record_path(state_dir, pgid);
+    let content = format!("{} {start}", boot_id());
+    let spare = {
+        let mut spare = SPARE.lock().expect("spare records");
+        spare.iter().position(|(dir, _)| dir == state_dir).map(|i| spare.swap_remove(i).1)
+    };
+    if let Some(spare) = spare {
+        // Rewritten before it takes the group's name: a record never
+        // names one group with another's start time.
+        let flags = nix::fcntl::OFlag::O_NOFOLLOW.bits();
+        let reused = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .custom_flags(flags)
+            .open(&spare)
+            .and_then(|mut f| f.write_all(content.as_bytes()))
+            .and_then(|()| std::fs::rename(&spare, &path));
+        if reused.is_ok() {
+            return Ok(());
+        }
+        let _ = std::fs::remove_file(&spare);
+    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(state_dir)?;
     let _ = std::fs::remove_file(&path);
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-    write!(f, "{} {start}", boot_id())
+    f.write_all(content.as_bytes())
 }
 
 pub(crate) fn forget(state_dir: &Path, pgid: i32) {
-    let _ = std::fs::remove_file(record_path(state_dir, pgid));
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let path = record_path(state_dir, pgid);
+    let mut spare = SPARE.lock().expect("spare records");
+    if spare.len() < MAX_SPARE {
+        let to = state_dir.join(format!(".spare-{}", N.fetch_add(1, Ordering::Relaxed)));
+        if std::fs::rename(&path, &to).is_ok() {
+            spare.push((state_dir.to_path_buf(), to));
+            return;
+        }
+    }
+    drop(spare);
+    let _ = std::fs::remove_file(path);
 }
 
 /// Whether the record at `path` (already known to name `pgid`) is one this
@@ -118,5 +159,43 @@ fn make_writable(path: &Path) {
                 make_writable(&e.path());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A finished group's record becomes the next group's (the same
+    /// inode, its content rewritten), and a spare record kills nothing.
+    #[test]
+    fn a_forgotten_record_is_reused_for_the_next_group_and_never_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("pgids");
+        let me = nix::unistd::getpgrp().as_raw();
+        let path = record_path(&state, me);
+        let want = format!("{} {}", boot_id(), start_time(me).unwrap());
+        record(&state, me).unwrap();
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        forget(&state, me);
+        assert!(!path.exists());
+        let names: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1);
+        assert!(names[0].to_string_lossy().starts_with(".spare-"), "{names:?}");
+        std::fs::write(state.join(&names[0]), b"stale content of a longer record").unwrap();
+        record(&state, me).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), ino, "the spare became the record");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want, "rewritten whole");
+        assert_eq!(std::fs::read_dir(&state).unwrap().count(), 1);
+        // A spare is never a record: reaping only removes it (this test's
+        // own group is alive and must not be killed).
+        forget(&state, me);
+        assert_eq!(reap_orphans(&state).unwrap(), 0);
+        assert_eq!(std::fs::read_dir(&state).unwrap().count(), 0);
+        // A spare removed from disk meanwhile: the record is a new file.
+        record(&state, me).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+        forget(&state, me);
     }
 }

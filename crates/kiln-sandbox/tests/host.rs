@@ -30,8 +30,14 @@ impl Sandbox {
         self.dir.path().join("ws")
     }
 
+    /// The records of running groups (named by their pgid; a finished
+    /// group's record is kept as a `.spare-N` for the next one).
     fn pgids(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.dir.path().join("pgids")).unwrap().map(|e| e.unwrap().path()).collect()
+        std::fs::read_dir(self.dir.path().join("pgids"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().parse::<i32>().is_ok())
+            .collect()
     }
 
     async fn start(&self, cmd: &str) -> StepHandle {
