@@ -5,10 +5,28 @@
 
 use crate::db::{Exec, now};
 use crate::dialect::{Isolation, Sql, terminal_jobs};
+use crate::error::parse_enum;
 use crate::error::{Result, StoreError};
 use crate::model::{LogArchive, LogChunkRecord, NewLogChunk};
 use crate::store::{SqlStore, lock_job};
-use crate::tx::attempt::require_live;
+use kiln_core::lease::{AttemptLease, check_live};
+
+/// An existing chunk at the offset (length, digest), the end of the closest
+/// chunk before, the start of the closest after, the job's current epoch,
+/// and the attempt's outcome and lease deadline.
+type Placement = (Option<i64>, Option<String>, Option<i64>, Option<i64>, Option<i64>, Option<String>, Option<i64>);
+
+/// The [`Placement`] of a chunk `($1 job, $2 epoch, $3 stream, $4 offset)`.
+const PLACEMENT: &str = "SELECT \
+     (SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
+     (SELECT sha256 FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
+     (SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+      AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1), \
+     (SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+      AND byte_offset > $4 ORDER BY byte_offset LIMIT 1), \
+     (SELECT current_epoch FROM jobs WHERE id = $1), \
+     (SELECT outcome FROM attempts WHERE job_id = $1 AND epoch = $2), \
+     (SELECT lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2)";
 
 /// `LogStore::append_log_chunk`.
 ///
@@ -90,42 +108,45 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
                 // cursor) become visible in order.
                 lock_job(tx, &chunk.job_id).await?;
                 let now = now(tx).await?;
-                let existing: Option<(i64, String)> = tx
-                    .sql(
-                        "SELECT length, sha256 FROM log_chunks \
-                     WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4",
-                    )
+                // Where the chunk lands and whether its attempt is live, in
+                // one statement, and the attempt's progress in another:
+                // each statement is a round trip to SQLite's worker thread
+                // (issue 20). Read at the start, the progress is what the
+                // end would read but for this transaction's own write.
+                let (ex_len, ex_sha, prev_end, next_start, current_epoch, outcome, lease_deadline): Placement = tx
+                    .sql(PLACEMENT)
                     .bind(&chunk.job_id)
                     .bind(chunk.epoch)
                     .bind(&chunk.stream)
                     .bind(chunk.offset)
-                    .optional()
+                    .one()
                     .await?;
-                match existing {
+                let mut progress: Vec<(String, i64)> = tx
+                    .sql("SELECT stream, committed FROM log_progress WHERE job_id = $1 AND epoch = $2 ORDER BY stream")
+                    .bind(&chunk.job_id)
+                    .bind(chunk.epoch)
+                    .all()
+                    .await?;
+                match (ex_len, ex_sha) {
                     // An identical retry is accepted even after the attempt ended.
-                    Some((l, s)) if l == len && s == chunk.sha256 => {}
-                    Some(_) => {
+                    (Some(l), Some(s)) if l == len && s == chunk.sha256 => {}
+                    (Some(_), _) => {
                         return Err(StoreError::Conflict(format!(
                             "different bytes were already committed at {} offset {}",
                             chunk.stream, chunk.offset
                         )));
                     }
-                    None => {
-                        require_live(tx, &chunk.job_id, chunk.epoch, now).await?;
+                    (None, _) => {
+                        let current_epoch =
+                            current_epoch.ok_or_else(|| StoreError::NotFound(format!("job {}", chunk.job_id)))?;
+                        let attempt = match (outcome, lease_deadline) {
+                            (Some(o), Some(d)) => Some(AttemptLease { outcome: parse_enum(&o)?, lease_deadline: d }),
+                            _ => None,
+                        };
+                        check_live(chunk.epoch, current_epoch, attempt, now)
+                            .map_err(|stale| StoreError::StaleEpoch(stale.message(&chunk.job_id, chunk.epoch)))?;
                         // Overlap with a neighbour: only the closest chunks before
                         // and after can overlap (index seeks, not a scan of the stream).
-                        let prev_end = end_before(tx, chunk).await?;
-                        let next_start: Option<i64> = tx
-                            .sql(
-                                "SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
-                             AND byte_offset > $4 ORDER BY byte_offset LIMIT 1",
-                            )
-                            .bind(&chunk.job_id)
-                            .bind(chunk.epoch)
-                            .bind(&chunk.stream)
-                            .bind(chunk.offset)
-                            .scalar_optional()
-                            .await?;
                         let overlap = prev_end.is_some_and(|e| e > chunk.offset)
                             || next_start.is_some_and(|n| n < chunk.offset + len);
                         if overlap && len > 0 {
@@ -162,53 +183,57 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
                         .bind(seg_pos)
                         .execute()
                         .await?;
-                        // Advance the contiguous committed offset of this stream.
-                        let mut committed: i64 = tx
-                            .sql("SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = $3")
+                        // Advance the contiguous committed offset of this
+                        // stream. It is the end of the contiguous run from 0
+                        // after every commit, so only a chunk right at it
+                        // moves it: past this chunk, and past the chunks
+                        // that follow without a gap (there are some only if
+                        // the closest one after starts where this one ends).
+                        let row = progress.iter().position(|(s, _)| *s == chunk.stream);
+                        let was = row.map_or(0, |i| progress[i].1);
+                        let mut committed = was;
+                        if committed == chunk.offset && len > 0 {
+                            committed += len;
+                            while next_start.is_some_and(|n| n <= committed) {
+                                let next: Option<i64> = tx
+                                    .sql(
+                                        "SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
+                                         AND stream = $3 AND byte_offset = $4 AND length > 0",
+                                    )
+                                    .bind(&chunk.job_id)
+                                    .bind(chunk.epoch)
+                                    .bind(&chunk.stream)
+                                    .bind(committed)
+                                    .scalar_optional()
+                                    .await?;
+                                match next {
+                                    Some(l) => committed += l,
+                                    None => break,
+                                }
+                            }
+                        }
+                        if row.is_none() || committed != was {
+                            tx.sql(
+                                "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
+                                 ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
+                            )
                             .bind(&chunk.job_id)
                             .bind(chunk.epoch)
                             .bind(&chunk.stream)
-                            .scalar_optional()
-                            .await?
-                            .unwrap_or(0);
-                        // Usually this chunk is the one that extends it.
-                        if committed == chunk.offset && len > 0 {
-                            committed += len;
-                        }
-                        loop {
-                            let next: Option<i64> = tx
-                                .sql(
-                                    "SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
-                                 AND byte_offset = $4 AND length > 0",
-                                )
-                                .bind(&chunk.job_id)
-                                .bind(chunk.epoch)
-                                .bind(&chunk.stream)
-                                .bind(committed)
-                                .scalar_optional()
-                                .await?;
-                            match next {
-                                Some(l) => committed += l,
-                                None => break,
+                            .bind(committed)
+                            .execute()
+                            .await?;
+                            match row {
+                                Some(i) => progress[i].1 = committed,
+                                None => {
+                                    progress.push((chunk.stream.clone(), committed));
+                                    progress.sort();
+                                }
                             }
                         }
-                        tx.sql(
-                            "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
-                         ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
-                        )
-                        .bind(&chunk.job_id)
-                        .bind(chunk.epoch)
-                        .bind(&chunk.stream)
-                        .bind(committed)
-                        .execute()
-                        .await?;
                     }
                 }
-                tx.sql("SELECT stream, committed FROM log_progress WHERE job_id = $1 AND epoch = $2 ORDER BY stream")
-                    .bind(&chunk.job_id)
-                    .bind(chunk.epoch)
-                    .all()
-                    .await
+                Ok(progress)
             })
         })
         .await?;
