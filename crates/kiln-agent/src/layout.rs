@@ -6,12 +6,16 @@
 //!   step cannot walk from its workspace to it, and (root agent, steps as
 //!   another user) cannot open it at all.
 //! - the sandbox root (`--sandbox-dir`, by default a directory of the system
-//!   temp dir named after the agent's uid and work dir): one
-//!   `<job>-<epoch>/` per attempt holding `ws/`, `home/`, `tmp/` (handed to
-//!   the step user when there is one), and beside it the agent's
-//!   `<job>-<epoch>.spool/` (0700, the agent's) into which published
-//!   artifacts are moved (same filesystem: a rename). The root is 0711 when
-//!   steps run as another user (they traverse to their own attempt but
+//!   temp dir named after the agent's uid and work dir): the sandbox of an
+//!   attempt holding `ws/`, `home/`, `tmp/`, `outputs/` (handed to the step
+//!   user when there is one) — for host jobs with PID namespaces one
+//!   `slot-<n>-<random>/` per job slot, kept from one attempt to the next
+//!   and put back in place ([`crate::slots`]); otherwise one
+//!   `<job>-<epoch>/` per attempt — and beside it the agent's
+//!   `<job>-<epoch>.spool/` (0700, the agent's, made on first use) into
+//!   which published artifacts are moved (same filesystem: a rename), and
+//!   `.trash-*` entries being deleted in the background. The root is 0711
+//!   when steps run as another user (they traverse to their own sandbox but
 //!   cannot list the others), else 0700.
 //!
 //! Under `kiln up` the data directory (tokens, keys, database) is 0700 and

@@ -16,9 +16,14 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 
+/// chromedriver in its own process group, killed with the Chromium it
+/// started (a test that ends without closing its session left Chromium
+/// running after the suite).
 struct Driver(Child);
 impl Drop for Driver {
     fn drop(&mut self) {
+        let group = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -61,6 +66,7 @@ async fn browser_in(downloads: Option<&std::path::Path>, tz: Option<&str>) -> (D
     let port = free_port();
     let mut cmd = Command::new(CHROMEDRIVER);
     cmd.arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     if let Some(tz) = tz {
         cmd.env("TZ", tz);
     }
