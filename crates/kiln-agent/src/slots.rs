@@ -123,6 +123,11 @@ impl Doomed {
 /// and mode (ACLs and file capabilities are extended attributes).
 type Extras = (Vec<(OsString, Vec<u8>)>, u32);
 
+/// The inode flags a user may set (ext4's `EXT4_FL_USER_MODIFIABLE`); the
+/// others are the file system's own (a directory that once held many
+/// entries keeps its hash index, `I`, after they are gone).
+const USER_FLAGS: u32 = 0x604B_C0FF;
+
 fn extras_of(f: &File) -> io::Result<Extras> {
     use xattr::FileExt;
     let mut attrs = vec![];
@@ -132,7 +137,7 @@ fn extras_of(f: &File) -> io::Result<Extras> {
     }
     attrs.sort();
     let flags = match rustix::fs::ioctl_getflags(f) {
-        Ok(fl) => fl.bits(),
+        Ok(fl) => fl.bits() & USER_FLAGS,
         // A file system without inode flags.
         Err(e) if e == rustix::io::Errno::NOTTY || e == rustix::io::Errno::OPNOTSUPP => 0,
         Err(e) => return Err(e.into()),

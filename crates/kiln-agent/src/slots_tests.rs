@@ -73,6 +73,9 @@ fn a_used_workspace_is_brought_back_to_the_pristine_tree_without_following_anyth
     std::fs::write(src.join("sub/x"), b"same").unwrap();
     std::fs::write(&with_xattr, b"same").unwrap();
     let xattrs = xattr::set(&with_xattr, "user.kiln-test", b"1").is_ok();
+    // An inode flag a user may set (no dump), where the file system has them.
+    let flagged =
+        std::process::Command::new("chattr").arg("+d").arg(ws.join("sub/deep")).status().is_ok_and(|s| s.success());
     let root = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
     let mut doomed = Doomed::new(&root);
@@ -80,6 +83,11 @@ fn a_used_workspace_is_brought_back_to_the_pristine_tree_without_following_anyth
     assert_eq!(listing(&ws), listing(&src));
     if xattrs {
         assert!(xattr::list(&with_xattr).unwrap().next().is_none(), "the attribute went with the old file");
+    }
+    if flagged {
+        let f = std::fs::File::open(ws.join("sub/deep")).unwrap();
+        let flags = rustix::fs::ioctl_getflags(&f).unwrap();
+        assert!(!flags.contains(rustix::fs::IFlags::NODUMP), "the flagged directory was replaced");
     }
     assert_eq!(std::fs::symlink_metadata(ws.join("f")).unwrap().nlink(), 1);
     assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"hi\n", "nothing written through a link");
@@ -192,4 +200,24 @@ fn a_slots_skeleton_is_emptied_in_place() {
     assert!(!slot.join("home").exists() && std::fs::symlink_metadata(slot.join("home")).is_err());
     assert!(!out.exists(), "an output file with another name is moved out");
     assert!(elsewhere.join("precious").exists());
+}
+
+/// A directory that once held many entries keeps ext4's hash index flag
+/// after they are gone: that is the file system's, not a job's, and
+/// does not cost the slot its sandbox.
+#[test]
+fn the_file_systems_own_flags_do_not_count_as_a_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let slot = root.join("slot-0-x");
+    std::fs::create_dir_all(slot.join("home")).unwrap();
+    // The job filled its home (the reset empties it).
+    for i in 0..400 {
+        std::fs::write(slot.join(format!("home/an-entry-with-a-rather-long-name-{i}")), b"").unwrap();
+    }
+    let home = std::fs::metadata(slot.join("home")).unwrap().ino();
+    let mut doomed = Doomed::new(&root);
+    reset_skeleton(&slot, &root, &mut doomed).unwrap();
+    assert_eq!(std::fs::metadata(slot.join("home")).unwrap().ino(), home, "kept");
+    assert_eq!(std::fs::read_dir(slot.join("home")).unwrap().count(), 0, "and emptied");
 }
