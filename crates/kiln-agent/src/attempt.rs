@@ -332,9 +332,16 @@ async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> boo
     let ws = sandbox.join("ws");
     let root = ctx.sandbox_dir.clone();
     if std::fs::symlink_metadata(&ws).is_ok() {
-        // False: moved out; the next attempt checks out afresh.
+        // False: moved out, and the next attempt checks out afresh; if it
+        // could not even be moved (a root step's `chattr +i`), the slot
+        // starts over with a new sandbox.
         let private = ctx.private_objects().is_some();
-        ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await;
+        if !ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await
+            && std::fs::symlink_metadata(&ws).is_ok()
+        {
+            tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
+            return false;
+        }
     }
     let dir = sandbox.to_path_buf();
     let reset = tokio::task::spawn_blocking(move || {
