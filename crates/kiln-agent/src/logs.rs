@@ -66,16 +66,25 @@ pub(crate) const FIRST_FLUSH_AFTER: Duration = Duration::from_millis(5);
 /// ones sent after it.
 pub(crate) const IN_FLIGHT: usize = 8;
 /// [`IN_FLIGHT`], or `KILN_AGENT_LOG_IN_FLIGHT` (measurements: `1` is the
-/// one-at-a-time path).
+/// one-at-a-time path) when it is a positive integer; anything else is
+/// refused (the agent does not start: a knob that is accepted must do what
+/// it says).
+pub(crate) fn in_flight_setting() -> Result<usize, String> {
+    match std::env::var("KILN_AGENT_LOG_IN_FLIGHT") {
+        Err(_) => Ok(IN_FLIGHT),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("KILN_AGENT_LOG_IN_FLIGHT must be a positive integer, not {v:?}")),
+    }
+}
+
+/// [`in_flight_setting`], checked when the agent starts.
 fn in_flight() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("KILN_AGENT_LOG_IN_FLIGHT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(IN_FLIGHT)
-    })
+    *N.get_or_init(|| in_flight_setting().unwrap_or(IN_FLIGHT))
 }
 /// Unshipped bytes held in memory per attempt; beyond, output goes to the
 /// on-disk spool, and beyond that it is dropped (and the drop recorded in

@@ -99,11 +99,18 @@ impl SqlStore {
         let (writer, reader) = sqlite::open_pools(path).await?;
         // `kiln.db` keeps its log bytes in `kiln.db.logs/`, unless
         // KILN_LOG_SEGMENTS=off keeps them in the database (for comparison;
-        // chunks already in segments stay readable either way).
+        // chunks already in segments stay readable either way). Any other
+        // value than `on` or `off` is refused.
         let mut dir = path.as_os_str().to_owned();
         dir.push(".logs");
         let segments = crate::segments::Segments::new(dir.into());
-        let off = std::env::var("KILN_LOG_SEGMENTS").is_ok_and(|v| v == "off");
+        let off = match std::env::var("KILN_LOG_SEGMENTS").as_deref() {
+            Err(_) | Ok("on") => false,
+            Ok("off") => true,
+            Ok(v) => {
+                return Err(crate::StoreError::Invalid(format!("KILN_LOG_SEGMENTS must be `on` or `off`, not {v:?}")));
+            }
+        };
         let logs = LogFiles {
             segments: Some(segments),
             bytes_in_db: off,

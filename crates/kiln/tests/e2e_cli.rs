@@ -168,37 +168,55 @@ fn a_server_url_without_a_scheme_says_so() {
     assert!(stderr(&out).contains("server URL needs a scheme: http://localhost:7070"), "{}", text(&out));
 }
 
-/// A log-ingest knob set to something it cannot mean stops the server with
-/// a message naming it, before it listens (not silently the default).
+/// A log knob set to something it cannot mean stops the server (or the
+/// agent) with a message naming it, before it listens or registers (not
+/// silently the default).
 #[test]
-fn a_bad_kiln_log_bulk_in_flight_is_refused() {
+fn a_bad_log_knob_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
-        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .env("KILN_LOG_BULK_IN_FLIGHT", "zero")
-        .env("KILN_STORAGE_LEVELS", "off")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A server that took the value would run on: stop it and fail.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            break;
+    let token = dir.path().join("agent.token");
+    std::fs::write(&token, "kiln_not_a_real_token\n").unwrap();
+    let server = |var: &str, value: &str| {
+        let mut c = Command::new(BIN);
+        c.args(["server", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir.path().join(var)).env(var, value);
+        c
+    };
+    let mut agent = Command::new(BIN);
+    agent
+        .args(["agent", "--server", "http://127.0.0.1:9", "--work-dir"])
+        .arg(dir.path().join("agent"))
+        .arg("--token-file")
+        .arg(&token)
+        .env("KILN_AGENT_LOG_IN_FLIGHT", "-1");
+    let cases = [
+        (server("KILN_LOG_BULK_IN_FLIGHT", "zero"), "KILN_LOG_BULK_IN_FLIGHT must be a positive integer, not \"zero\""),
+        (server("KILN_LOG_SEGMENTS", "maybe"), "KILN_LOG_SEGMENTS must be `on` or `off`, not \"maybe\""),
+        (agent, "KILN_AGENT_LOG_IN_FLIGHT must be a positive integer, not \"-1\""),
+    ];
+    for (mut cmd, message) in cases {
+        let mut child = cmd
+            .env("KILN_STORAGE_LEVELS", "off")
+            .env("KILN_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A process that took the value would run on: stop it and fail.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.code().is_some_and(|c| c != 0), "{message}: {}", text(&out));
+        assert!(stderr(&out).contains(message), "{message}: {}", text(&out));
+        for started in ["listening", "agent registered", "cannot register"] {
+            assert!(!text(&out).contains(started), "{message}: {}", text(&out));
+        }
     }
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.code().is_some_and(|c| c != 0), "{}", text(&out));
-    assert!(
-        stderr(&out).contains("KILN_LOG_BULK_IN_FLIGHT must be a positive integer, not \"zero\""),
-        "{}",
-        text(&out)
-    );
-    assert!(!stdout(&out).contains("listening"), "{}", text(&out));
 }
 
 /// A second `kiln up` on the same data directory is refused with the
