@@ -12,7 +12,7 @@ use crate::isolation::Namespaces;
 use crate::isolation::{Isolation, chown_tree, unshare_path};
 use crate::procs::{group_alive, signal_group};
 use crate::reap::{forget, record, remove_tree};
-use crate::spawn::{isolate_in_namespaces, isolate_process_tree};
+use crate::spawn::{ParentAlive, PidNsSpawner, isolate_as_pid1, isolate_in_namespaces, isolate_process_tree};
 use crate::{Executor, OutputStream, SandboxError, StepEvent, StepExit, StepHandle, StepRequest};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -119,13 +119,15 @@ impl HostExecutor {
         HostExecutor { cfg, inner: Arc::default() }
     }
 
-    fn start(&self, step: &StepRequest) -> Result<StepHandle, SandboxError> {
-        let mut inner = self.inner.lock().expect("executor lock");
-        if inner.killed {
-            return Err(SandboxError::Killed);
-        }
-        if inner.running.is_some() {
-            return Err(SandboxError::Busy);
+    async fn start(&self, step: &StepRequest) -> Result<StepHandle, SandboxError> {
+        {
+            let inner = self.inner.lock().expect("executor lock");
+            if inner.killed {
+                return Err(SandboxError::Killed);
+            }
+            if inner.running.is_some() {
+                return Err(SandboxError::Busy);
+            }
         }
         let iso = self.cfg.isolation;
         // A root agent makes the step's namespaces in the forked child
@@ -168,15 +170,35 @@ impl HostExecutor {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(false);
-        if in_process {
-            isolate_in_namespaces(&mut cmd, iso.user);
-        } else {
-            isolate_process_tree(&mut cmd, iso.user, !namespaced);
-        }
+        // A root agent starts the step as PID 1 of its new namespace from
+        // its spawner thread (one fork), else through a keeper process.
+        let spawner = if in_process { PidNsSpawner::get() } else { None };
         let spawn_err = |source| SandboxError::Spawn { step: step.name.clone(), source };
-        let mut child = cmd.spawn().map_err(spawn_err)?;
+        let alive = match spawner {
+            Some(_) => Some(ParentAlive::new().map_err(spawn_err)?),
+            None => None,
+        };
+        match (&alive, in_process) {
+            (Some(alive), _) => isolate_as_pid1(&mut cmd, iso.user, alive),
+            (None, true) => isolate_in_namespaces(&mut cmd, iso.user),
+            (None, false) => isolate_process_tree(&mut cmd, iso.user, !namespaced),
+        }
+        let spawned = match spawner {
+            Some(s) => s.spawn(cmd).await,
+            None => cmd.spawn(),
+        };
+        drop(alive);
+        let mut child = spawned.map_err(spawn_err)?;
         // setsid made the shell the leader: its pid is the group's id.
         let pgid = child.id().expect("a just-spawned child has a pid") as i32;
+        let mut inner = self.inner.lock().expect("executor lock");
+        if inner.killed {
+            // Killed while it was being spawned.
+            drop(inner);
+            signal_group(pgid, Signal::SIGKILL);
+            tokio::spawn(async move { child.wait().await });
+            return Err(SandboxError::Killed);
+        }
         if let Err(e) = record(&self.cfg.state_dir, pgid) {
             tracing::warn!(pgid, error = %e, "cannot record step process group; it will not be reaped after an agent crash");
         }
@@ -329,7 +351,7 @@ impl Executor for HostExecutor {
     }
 
     fn exec<'a>(&'a self, step: &'a StepRequest) -> BoxFuture<'a, Result<StepHandle, SandboxError>> {
-        async move { self.start(step) }.boxed()
+        self.start(step).boxed()
     }
 
     fn kill(&self) -> BoxFuture<'_, ()> {

@@ -94,6 +94,15 @@ pub(crate) fn isolate_in_namespaces(cmd: &mut Command, user: Option<StepUser>) {
     }
 }
 
+/// Sets up `cmd` to run as PID 1 of the new namespace [`PidNsSpawner`]
+/// spawns it in ([`pid1_child`]).
+pub(crate) fn isolate_as_pid1(cmd: &mut Command, user: Option<StepUser>, alive: &ParentAlive) {
+    // SAFETY: see `pid1_child`: raw async-signal-safe syscalls only.
+    unsafe {
+        cmd.pre_exec(pid1_child(user, alive));
+    }
+}
+
 /// Whether [`isolate_in_namespaces`] works here (it needs root, and a
 /// kernel or container that allows new PID and mount namespaces): runs
 /// `/bin/true` so, once.
@@ -223,5 +232,183 @@ unsafe fn keep_namespace(child: libc::pid_t) -> ! {
             libc::_exit(128 + sig);
         }
         libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 1 })
+    }
+}
+
+/// Steps spawned as PID 1 of a new PID namespace straight from the agent
+/// (issue 20: no keeper process, so the agent is forked once per step
+/// instead of twice). `unshare(CLONE_NEWPID)` gives the *calling thread's*
+/// next child a new namespace; a thread kept for this returns that to its
+/// own namespace (`setns`) and asks for a new one before each spawn, and
+/// forks nothing else. Root agents only (both calls need `CAP_SYS_ADMIN`);
+/// elsewhere, or when the probe fails, steps keep the keeper
+/// ([`isolate_in_namespaces`]).
+pub(crate) struct PidNsSpawner {
+    jobs: std::sync::Mutex<std::sync::mpsc::Sender<SpawnJob>>,
+}
+
+type SpawnJob = (Command, tokio::runtime::Handle, tokio::sync::oneshot::Sender<io::Result<tokio::process::Child>>);
+
+impl PidNsSpawner {
+    /// The agent's spawner, if steps can be started this way here (checked
+    /// once, by running `/bin/true` so).
+    pub(crate) fn get() -> Option<&'static PidNsSpawner> {
+        static SPAWNER: std::sync::OnceLock<Option<PidNsSpawner>> = std::sync::OnceLock::new();
+        SPAWNER
+            .get_or_init(|| match PidNsSpawner::start() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::info!(error = %e, "steps start through a keeper process in their PID namespace");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    fn start() -> io::Result<PidNsSpawner> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(io::Error::other("not root"));
+        }
+        let own = std::fs::File::open("/proc/self/ns/pid")?;
+        let (jobs, queue) = std::sync::mpsc::channel::<SpawnJob>();
+        let (ready, probed) = std::sync::mpsc::channel::<io::Result<()>>();
+        std::thread::Builder::new().name("kiln-spawner".into()).spawn(move || {
+            let probe = new_pid_namespace(&own).and_then(|()| {
+                use std::os::unix::process::CommandExt;
+                let alive = ParentAlive::new()?;
+                let mut cmd = std::process::Command::new("/bin/true");
+                cmd.stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null());
+                // SAFETY: see `pid1_child`.
+                unsafe {
+                    cmd.pre_exec(pid1_child(None, &alive));
+                }
+                let status = cmd.status()?;
+                drop(alive);
+                if status.success() { Ok(()) } else { Err(io::Error::other(format!("/bin/true as PID 1: {status}"))) }
+            });
+            let ok = probe.is_ok();
+            let _ = ready.send(probe);
+            if !ok {
+                return;
+            }
+            // Lives as long as the agent: a step's parent-death signal
+            // fires when the thread that forked it ends.
+            for (mut cmd, runtime, reply) in queue {
+                let _enter = runtime.enter();
+                let _ = reply.send(new_pid_namespace(&own).and_then(|()| cmd.spawn()));
+            }
+        })?;
+        probed.recv().map_err(|_| io::Error::other("the spawner thread ended"))??;
+        Ok(PidNsSpawner { jobs: std::sync::Mutex::new(jobs) })
+    }
+
+    /// Spawns `cmd` (set up with [`pid1_child`]) as PID 1 of a new PID
+    /// namespace.
+    pub(crate) async fn spawn(&self, cmd: Command) -> io::Result<tokio::process::Child> {
+        let gone = || io::Error::other("the step spawner thread is gone");
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = (cmd, tokio::runtime::Handle::current(), reply);
+        self.jobs.lock().expect("spawner").send(job).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+/// Points this thread's next child at a new PID namespace.
+fn new_pid_namespace(own: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: two syscalls on a descriptor this thread holds.
+    unsafe {
+        // Back to our own namespace first: a second unshare from a thread
+        // whose children already go elsewhere is refused.
+        if libc::setns(own.as_raw_fd(), libc::CLONE_NEWPID) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::unshare(libc::CLONE_NEWPID) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A close-on-exec pipe the agent holds while it spawns a step: PID 1 of a
+/// new namespace cannot ask `getppid()` whether its parent is still there
+/// (it says 0), so the child closes its copy of the write end and checks
+/// that the read end has not hung up, i.e. that the agent (which holds the
+/// other copy) has not died before the parent-death signal was set.
+pub(crate) struct ParentAlive {
+    read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+}
+
+impl ParentAlive {
+    pub(crate) fn new() -> io::Result<ParentAlive> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        Ok(ParentAlive { read, write })
+    }
+}
+
+/// The child-side setup of a step spawned by [`PidNsSpawner`], PID 1 of its
+/// new PID namespace: what [`namespace_child`]'s grandchild does, without
+/// the keeper. Only raw async-signal-safe syscalls (setsid, umask, prctl,
+/// close, poll, unshare, mount, setgroups, setresgid, setresuid).
+pub(crate) fn pid1_child(
+    user: Option<StepUser>,
+    alive: &ParentAlive,
+) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
+    use std::os::fd::AsRawFd;
+    let (read, write) = (alive.read.as_raw_fd(), alive.write.as_raw_fd());
+    move || {
+        // SAFETY: async-signal-safe syscalls on values owned by this frame.
+        unsafe {
+            if libc::setsid() == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::umask(0o022);
+            if user.is_some() && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(write);
+            let mut fd = libc::pollfd { fd: read, events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut fd, 1, 0) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if fd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                // The agent died before the death signal was set: it will
+                // never come, so refuse to run.
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            libc::close(read);
+            if libc::unshare(libc::CLONE_NEWNS) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            let none = c"none".as_ptr();
+            if libc::mount(none, c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
+                == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(u) = user {
+                if libc::setgroups(0, std::ptr::null()) == -1
+                    || libc::setresgid(u.gid, u.gid, u.gid) == -1
+                    || libc::setresuid(u.uid, u.uid, u.uid) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // Cleared by the uid change.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        }
     }
 }

@@ -332,3 +332,32 @@ async fn interrupt_ends_only_the_running_step() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "py in sub\n", "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.exit, Some(StepExit::Code(0)));
 }
+
+/// Issue 20: a root agent starts a step as PID 1 of its new PID namespace
+/// itself (one fork), not through a keeper process: the group's leader is
+/// the step's shell, a child of this process, and it is PID 1 inside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_agents_step_is_pid_1_of_its_namespace_without_a_keeper() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // PID namespaces from the agent itself need root
+    }
+    let sb = Sandbox::with_grace(Duration::from_millis(200)).await;
+    let h = sb.start("echo pid=$$; sleep 30").await;
+    let pgid = loop {
+        if let Some(p) = sb.pgids().first() {
+            break p.file_name().unwrap().to_string_lossy().parse::<i32>().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pgid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmdline.starts_with("/bin/sh -e -c echo pid=$$"), "the group's leader is the step's shell: {cmdline}");
+    let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap();
+    let ppid: u32 = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_eq!(ppid, std::process::id(), "spawned by the agent itself");
+    sb.exec.kill().await;
+    let out = collect(h).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("pid=1\n"), "PID 1 of its namespace: {stdout}");
+    assert!(!process_alive(pgid), "killed with its namespace");
+}
