@@ -16,10 +16,14 @@
 //!   session and a parent-death signal only; a root agent still switches to
 //!   the step user.
 //!
-//! A root agent makes the namespaces in the step's forked child (no helper
-//! program to load per step); a non-root agent through util-linux's
-//! `unshare`. Either way a keeper process outside forks the step's shell as
-//! PID 1 of the new namespace and SIGKILLs it when it dies itself.
+//! A root agent makes the namespaces itself (no helper program to load per
+//! step): a thread kept for spawning steps points its next child at a new
+//! PID namespace, and the step's shell is forked straight into it as its
+//! PID 1, with the agent's death as its own (`spawn::PidNsSpawner`; where
+//! that cannot work, the forked child makes the namespaces and a keeper
+//! process outside forks the shell into them). A non-root agent goes
+//! through util-linux's `unshare`, whose keeper forks the shell as PID 1
+//! and SIGKILLs it when it dies itself.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
