@@ -127,16 +127,7 @@ pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Res
     move || {
         // SAFETY: async-signal-safe syscalls on values owned by this frame.
         unsafe {
-            if libc::setsid() == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            libc::umask(0o022);
-            if user.is_some() && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
+            lead_session(user.is_some())?;
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
@@ -168,30 +159,65 @@ pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Res
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
                 return Err(io::Error::last_os_error());
             }
-            let none = c"none".as_ptr();
-            if libc::mount(none, c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
-                == -1
+            settle_as_pid1(user)
+        }
+    }
+}
+
+/// What a namespaced step's child does first: it leads its own session
+/// (its whole tree is one process group), gets umask 022, `no_new_privs`
+/// when it will run as the step user, and SIGKILL when its parent dies.
+///
+/// # Safety
+/// Only in a forked child, between fork and exec: raw syscalls only.
+unsafe fn lead_session(step_user: bool) -> io::Result<()> {
+    // SAFETY: async-signal-safe syscalls on constants.
+    unsafe {
+        if libc::setsid() == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        libc::umask(0o022);
+        if step_user && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// What PID 1 of a step's new namespaces does last, either way it got
+/// there: its mounts private, a fresh `/proc`, the step user (no
+/// supplementary groups; real, effective and saved ids) and the
+/// parent-death signal again (a uid change clears it).
+///
+/// # Safety
+/// Only in a forked child, between fork and exec: raw syscalls only.
+unsafe fn settle_as_pid1(user: Option<StepUser>) -> io::Result<()> {
+    // SAFETY: async-signal-safe syscalls on constants and copied values.
+    unsafe {
+        let none = c"none".as_ptr();
+        if libc::mount(none, c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        if let Some(u) = user {
+            if libc::setgroups(0, std::ptr::null()) == -1
+                || libc::setresgid(u.gid, u.gid, u.gid) == -1
+                || libc::setresuid(u.uid, u.uid, u.uid) == -1
             {
                 return Err(io::Error::last_os_error());
             }
-            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-            if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) == -1 {
+            // Cleared by the uid change.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
                 return Err(io::Error::last_os_error());
             }
-            if let Some(u) = user {
-                if libc::setgroups(0, std::ptr::null()) == -1
-                    || libc::setresgid(u.gid, u.gid, u.gid) == -1
-                    || libc::setresuid(u.uid, u.uid, u.uid) == -1
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                // Cleared by the uid change.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
         }
+        Ok(())
     }
 }
 
@@ -362,16 +388,7 @@ pub(crate) fn pid1_child(
     move || {
         // SAFETY: async-signal-safe syscalls on values owned by this frame.
         unsafe {
-            if libc::setsid() == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            libc::umask(0o022);
-            if user.is_some() && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
+            lead_session(user.is_some())?;
             libc::close(write);
             let mut fd = libc::pollfd { fd: read, events: libc::POLLIN, revents: 0 };
             if libc::poll(&mut fd, 1, 0) == -1 {
@@ -386,29 +403,7 @@ pub(crate) fn pid1_child(
             if libc::unshare(libc::CLONE_NEWNS) == -1 {
                 return Err(io::Error::last_os_error());
             }
-            let none = c"none".as_ptr();
-            if libc::mount(none, c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
-                == -1
-            {
-                return Err(io::Error::last_os_error());
-            }
-            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-            if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            if let Some(u) = user {
-                if libc::setgroups(0, std::ptr::null()) == -1
-                    || libc::setresgid(u.gid, u.gid, u.gid) == -1
-                    || libc::setresuid(u.uid, u.uid, u.uid) == -1
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                // Cleared by the uid change.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
+            settle_as_pid1(user)
         }
     }
 }
