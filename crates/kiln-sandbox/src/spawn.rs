@@ -323,7 +323,14 @@ impl PidNsSpawner {
             // fires when the thread that forked it ends.
             for (mut cmd, runtime, reply) in queue {
                 let _enter = runtime.enter();
-                let _ = reply.send(new_pid_namespace(&own).and_then(|()| cmd.spawn()));
+                let spawned = new_pid_namespace(&own).and_then(|()| cmd.spawn());
+                // Nobody waits for it any more (the caller was dropped): a
+                // step nobody tracks must not run, so its namespace goes.
+                if let Err(Ok(child)) = reply.send(spawned)
+                    && let Some(pid) = child.id()
+                {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL);
+                }
             }
         })?;
         probed.recv().map_err(|_| io::Error::other("the spawner thread ended"))??;

@@ -361,3 +361,39 @@ async fn a_root_agents_step_is_pid_1_of_its_namespace_without_a_keeper() {
     assert!(stdout.contains("pid=1\n"), "PID 1 of its namespace: {stdout}");
     assert!(!process_alive(pgid), "killed with its namespace");
 }
+
+/// A step whose start was abandoned (the caller's future dropped while the
+/// spawner thread started it) does not run on untracked: the spawner kills
+/// its namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_start_was_abandoned_does_not_run_on() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // the spawner thread is a root agent's
+    }
+    let sb = Sandbox::with_grace(Duration::from_millis(200)).await;
+    let value = format!("{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    let mut req = step("sleep 30");
+    req.env.insert("KILN_ABANDONED".into(), value.clone());
+    // Polled once (the spawn is handed to the spawner thread), then dropped.
+    if let Ok(started) = tokio::time::timeout(Duration::ZERO, sb.exec.exec(&req)).await {
+        // Spawned before the first poll returned: nothing was abandoned.
+        drop(started);
+        sb.exec.kill().await;
+        return;
+    }
+    let want = format!("KILN_ABANDONED={value}");
+    let running = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { return false };
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            env.split(|b| *b == 0).any(|v| v == want.as_bytes()) && process_alive(pid)
+        })
+    };
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if !running() {
+            return;
+        }
+    }
+    panic!("the abandoned step still runs");
+}
