@@ -285,9 +285,11 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
         drop(beat);
         watcher.abort();
         let mut gone = vec![attempt_dir, ctx.spool_of(&attempt)];
-        if sandbox.slot && !phases.sandbox_dirty && reset_slot(ctx, &a, &sandbox.path).await {
-            ctx.slots.keep(slot, sandbox.path);
-        } else {
+        let kept = sandbox.slot
+            && !phases.sandbox_dirty
+            && reset_slot(ctx, &a, &sandbox.path).await
+            && ctx.slots.keep(slot, &sandbox.path).is_ok();
+        if !kept {
             gone.push(sandbox.path);
         }
         discard(gone);

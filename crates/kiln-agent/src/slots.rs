@@ -5,8 +5,8 @@
 //! every new inode searched past the recently freed ones. Each of an
 //! agent's `max_jobs` slots therefore keeps one sandbox,
 //! `<sandbox root>/slot-<n>-<random>/` (`ws/`, `home/`, `tmp/`,
-//! `outputs/output`), from one attempt to the next, and puts it back in
-//! place instead:
+//! `outputs/output`), from one attempt to the next (renamed to a new random
+//! name in between), and puts it back in place instead:
 //!
 //! - **after an attempt** (once every process of the job is gone: PID
 //!   namespaces, and the sandbox's cleanup succeeded) the workspace is
@@ -30,8 +30,9 @@
 //!
 //! A slot whose job could have left a process running (no PID namespaces,
 //! or a failed cleanup) is never reused. The slot's directory name is
-//! random, so a step of another slot (the same step user) cannot guess it
-//! under the sandbox root it may traverse but not list.
+//! random and changes after every job, so a step of another slot (the same
+//! step user) can neither guess it under the sandbox root it may traverse
+//! but not list, nor reuse a path an earlier job's log showed.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -57,13 +58,22 @@ impl Slots {
     pub(crate) fn take(&self, slot: u32) -> (PathBuf, bool) {
         match self.kept.lock().expect("slots").remove(&slot) {
             Some(dir) => (dir, true),
-            None => (self.root.join(format!("slot-{slot}-{}", uuid::Uuid::new_v4().simple())), false),
+            None => (self.fresh_name(slot), false),
         }
     }
 
-    /// Keeps `dir` (reset) for the slot's next attempt.
-    pub(crate) fn keep(&self, slot: u32, dir: PathBuf) {
-        self.kept.lock().expect("slots").insert(slot, dir);
+    fn fresh_name(&self, slot: u32) -> PathBuf {
+        self.root.join(format!("slot-{slot}-{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    /// Keeps `dir` (reset) for the slot's next attempt, under a new random
+    /// name: the path a job saw (its log may show it to anyone who reads
+    /// the run) leads nowhere once it ended. A rename, not a new inode.
+    pub(crate) fn keep(&self, slot: u32, dir: &Path) -> io::Result<()> {
+        let next = self.fresh_name(slot);
+        std::fs::rename(dir, &next)?;
+        self.kept.lock().expect("slots").insert(slot, next);
+        Ok(())
     }
 
     /// Every kept sandbox, forgotten (for removal when the agent stops).

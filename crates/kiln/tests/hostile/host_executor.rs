@@ -371,7 +371,8 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
 }
 
 /// Issue 20: a host job slot keeps its sandbox from one job to the next
-/// (same workspace path) and puts it back in place. Nothing a job does
+/// (the same workspace directory, renamed in between) and puts it back in
+/// place. Nothing a job does
 /// reaches the next one: its `$HOME`, `$TMPDIR` and output file are emptied
 /// as soon as it ends, and the next job's workspace is its commit's tree
 /// exactly (git sees it clean, with its own objects: steps run as `nobody`),
@@ -380,7 +381,7 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kept_job_slot_gives_the_next_job_nothing_of_the_last() {
     let up = KilnUp::start(&bin(), 1).unwrap();
-    let probe = "echo \"ws=$KILN_WORKSPACE\"\n\
+    let probe = "echo \"ws=$KILN_WORKSPACE\"; echo \"inode=$(stat -c %i .)\"\n\
         echo \"status=[$(git status --porcelain | tr '\\n' ' ')] head=$(git rev-parse HEAD)\"\n\
         echo \"files=[$(ls -A | tr '\\n' ' ')] mode=$(stat -c %a .)\"\n\
         echo \"home=[$(ls -A \"$HOME\" | tr '\\n' ' ')] tmp=[$(ls -A \"$TMPDIR\" | tr '\\n' ' ')] output=$(wc -c < \"$KILN_OUTPUT\")\"\n\
@@ -390,39 +391,49 @@ async fn a_kept_job_slot_gives_the_next_job_nothing_of_the_last() {
         mkdir -p .git/hooks && echo 'exit 1' > .git/hooks/pre-commit; chmod 777 .";
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &pipeline(&[], &[probe])), ("tracked.txt", "v1")]).unwrap();
     let line = |log: &str, key: &str| {
+        // The step's own output lines (its header shows the command's first line).
         log.lines()
-            .find_map(|l| l.split_once(key).map(|(_, v)| format!("{key}{v}")))
-            .unwrap_or_else(|| panic!("no {key} in {log}"))
+            .find_map(|l| l.strip_prefix(key).map(|v| format!("{key}{v}")))
+            .unwrap_or_else(|| panic!("no line starting with {key} in {log}"))
     };
     let (first, log1) = run_on(&up.url, &up.token, up.cli(), &repo).await;
     assert_eq!(first.status.as_str(), "success", "{log1}");
     let ws = PathBuf::from(line(&log1, "ws=").trim_start_matches("ws=").trim());
-    // Emptied when the job ends, not when the next one starts.
-    let home = ws.parent().unwrap().join("home");
-    let mut left = usize::MAX;
+    // Emptied when the job ends, not when the next one starts; and the
+    // slot's directory is renamed: the path the job's log shows is gone.
+    let root = ws.parent().unwrap().parent().unwrap().to_path_buf();
+    let mut left = vec![];
     for _ in 0..200 {
-        left = std::fs::read_dir(&home).map(|d| d.count()).unwrap_or(0);
-        if left == 0 {
+        left = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("slot-0-"))
+            .flat_map(|e| std::fs::read_dir(e.path().join("home")).unwrap().flatten().map(|h| h.path()))
+            .collect();
+        if left.is_empty() && !ws.exists() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(left, 0, "the job's home ({}) is emptied after it", home.display());
+    assert_eq!(left, Vec::<PathBuf>::new(), "the job's home is emptied after it");
+    assert!(!ws.exists(), "the slot's directory has a new name once the job ended");
 
     let (second, log2) = run_on(&up.url, &up.token, up.cli(), &repo).await;
     assert_eq!(second.status.as_str(), "success", "{log2}");
-    assert_eq!(line(&log2, "ws="), line(&log1, "ws="), "the same slot's sandbox, kept");
+    assert_eq!(line(&log2, "inode="), line(&log1, "inode="), "the same slot's workspace, kept");
+    assert_ne!(line(&log2, "ws="), line(&log1, "ws="), "under a new name");
     for key in ["status=", "files=", "home=", "tracked="] {
         assert_eq!(line(&log2, key), line(&log1, key), "{key} as for the first job:\n{log2}");
     }
     assert!(line(&log1, "status=").starts_with("status=[] "), "{log1}");
     assert!(line(&log1, "home=").ends_with("output=0"), "{log1}");
 
-    // Another commit in the same kept workspace.
+    // Another commit in the same kept sandbox.
     let sha = repo.commit(&[("tracked.txt", "v2")], "two").unwrap();
     let (third, log3) = run_on(&up.url, &up.token, up.cli(), &repo).await;
     assert_eq!(third.status.as_str(), "success", "{log3}");
-    assert_eq!(line(&log3, "ws="), line(&log1, "ws="));
+    // (A commit this agent has not checked out before gets a fresh
+    // workspace: there is no pristine tree of it to bring the kept one to.)
     assert_eq!(line(&log3, "status="), format!("status=[] head={sha}"), "{log3}");
     assert_eq!(line(&log3, "tracked="), line(&log1, "tracked=").replace("v1", "v2"));
     for key in ["files=", "home="] {
