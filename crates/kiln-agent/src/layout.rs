@@ -10,7 +10,8 @@
 //!   attempt holding `ws/`, `home/`, `tmp/`, `outputs/` (handed to the step
 //!   user when there is one) — for host jobs with PID namespaces one
 //!   `slot-<n>-<random>/` per job slot, kept from one attempt to the next
-//!   and put back in place ([`crate::slots`]); otherwise one
+//!   (renamed in between) and put back in place ([`crate::slots`]);
+//!   otherwise one
 //!   `<job>-<epoch>/` per attempt — and beside it the agent's
 //!   `<job>-<epoch>.spool/` (0700, the agent's, made on first use) into
 //!   which published artifacts are moved (same filesystem: a rename), and
