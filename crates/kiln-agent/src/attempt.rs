@@ -98,6 +98,14 @@ struct SandboxDir {
     slot: bool,
     /// It exists already, reset after the slot's last attempt.
     reused: bool,
+    /// The tree ([`tree_key`]) its workspace was brought to then.
+    tree: Option<String>,
+}
+
+/// Which pristine tree a workspace holds: the commit of the clone URL, and
+/// whether its objects are its own (a separate step user).
+fn tree_key(ctx: &AttemptContext, a: &Assignment) -> String {
+    format!("{}\n{}\n{}", ctx.private_objects().is_some(), a.clone_url, a.commit_sha)
 }
 
 impl AttemptContext {
@@ -191,10 +199,10 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
         let attempt = format!("{}-{}", a.job_id, a.epoch);
         let attempt_dir = ctx.attempts_dir().join(&attempt);
         let sandbox = if ctx.keeps_slots() {
-            let (path, reused) = ctx.slots.take(slot);
-            SandboxDir { path, slot: true, reused }
+            let (path, reused, tree) = ctx.slots.take(slot);
+            SandboxDir { path, slot: true, reused, tree }
         } else {
-            SandboxDir { path: ctx.sandbox_of(&attempt), slot: false, reused: false }
+            SandboxDir { path: ctx.sandbox_of(&attempt), slot: false, reused: false, tree: None }
         };
         let logs = LogStreamer::start(
             ctx.client.clone(),
@@ -285,10 +293,17 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
         drop(beat);
         watcher.abort();
         let mut gone = vec![attempt_dir, ctx.spool_of(&attempt)];
-        let kept = sandbox.slot
-            && !phases.sandbox_dirty
-            && reset_slot(ctx, &a, &sandbox.path).await
-            && ctx.slots.keep(slot, &sandbox.path).is_ok();
+        let reset = match sandbox.slot && !phases.sandbox_dirty {
+            true => reset_slot(ctx, &a, &sandbox.path).await,
+            false => None,
+        };
+        let kept = match reset {
+            Some(synced) => {
+                let tree = synced.then(|| tree_key(ctx, &a));
+                ctx.slots.keep(slot, &sandbox.path, tree).is_ok()
+            }
+            None => false,
+        };
         if !kept {
             gone.push(sandbox.path);
         }
@@ -329,20 +344,21 @@ fn discard(dirs: Vec<PathBuf>) {
 /// Puts a slot's sandbox back for its next attempt (see [`crate::slots`]):
 /// the workspace at the commit's pristine tree (or moved out when there is
 /// none), `home/`, `tmp/` and the output file emptied, the rest moved out.
-/// False: the sandbox must go.
-async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> bool {
+/// `Some(true)`: the workspace is at the commit's tree; `None`: the
+/// sandbox must go.
+async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> Option<bool> {
     let ws = sandbox.join("ws");
     let root = ctx.sandbox_dir.clone();
+    let mut synced = false;
     if std::fs::symlink_metadata(&ws).is_ok() {
         // False: moved out, and the next attempt checks out afresh; if it
         // could not even be moved (a root step's `chattr +i`), the slot
         // starts over with a new sandbox.
         let private = ctx.private_objects().is_some();
-        if !ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await
-            && std::fs::symlink_metadata(&ws).is_ok()
-        {
+        synced = ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await;
+        if !synced && std::fs::symlink_metadata(&ws).is_ok() {
             tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
-            return false;
+            return None;
         }
     }
     let dir = sandbox.to_path_buf();
@@ -354,11 +370,11 @@ async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> boo
     })
     .await;
     match reset {
-        Ok(Ok(())) => true,
+        Ok(Ok(())) => Some(synced),
         other => {
             tracing::warn!(sandbox = %sandbox.display(), result = ?other.map(|r| r.err()),
                 "cannot reset the job slot's sandbox; the next attempt makes a fresh one");
-            false
+            None
         }
     }
 }
@@ -419,7 +435,11 @@ async fn execute(
 
     logs.system_note(&format!("checking out {} at {}", a.repo, a.commit_sha));
     let on_retry = |line: String| logs.system(&format!("⚠ {line}"));
+    // A kept workspace brought to this very tree when the slot's last job
+    // ended (nothing ran in it since) is the checkout already.
+    let at_tree = sandbox_dir.tree.as_deref() == Some(tree_key(ctx, a).as_str());
     let checkout = tokio::select! {
+        r = std::future::ready(Ok(())), if at_tree => r,
         r = ctx.mirrors.checkout(
             &a.clone_url,
             &a.commit_sha,
@@ -427,7 +447,7 @@ async fn execute(
             ctx.private_objects().is_some(),
             sandbox_dir.slot.then_some(ctx.sandbox_dir.as_path()),
             &on_retry,
-        ) => r,
+        ), if !at_tree => r,
         _ = ctl.stopped() => return Ran::Stopped,
     };
     if let Err(e) = checkout {

@@ -45,7 +45,15 @@ use std::sync::Mutex;
 /// The kept sandboxes of an agent's host job slots.
 pub(crate) struct Slots {
     root: PathBuf,
-    kept: Mutex<HashMap<u32, PathBuf>>,
+    kept: Mutex<HashMap<u32, Kept>>,
+}
+
+/// A slot's kept sandbox, and the tree its workspace was brought to when
+/// the last job ended (nothing ran in it since): the next job of that tree
+/// needs no checkout.
+struct Kept {
+    dir: PathBuf,
+    tree: Option<String>,
 }
 
 impl Slots {
@@ -53,12 +61,13 @@ impl Slots {
         Slots { root, kept: Mutex::default() }
     }
 
-    /// The slot's kept sandbox (`true`: it exists and was reset), else a
-    /// new random name for one (not made yet).
-    pub(crate) fn take(&self, slot: u32) -> (PathBuf, bool) {
+    /// The slot's kept sandbox (`true`: it exists and was reset) with the
+    /// tree its workspace is at, if known, else a new random name for one
+    /// (not made yet).
+    pub(crate) fn take(&self, slot: u32) -> (PathBuf, bool, Option<String>) {
         match self.kept.lock().expect("slots").remove(&slot) {
-            Some(dir) => (dir, true),
-            None => (self.fresh_name(slot), false),
+            Some(k) => (k.dir, true, k.tree),
+            None => (self.fresh_name(slot), false, None),
         }
     }
 
@@ -69,16 +78,17 @@ impl Slots {
     /// Keeps `dir` (reset) for the slot's next attempt, under a new random
     /// name: the path a job saw (its log may show it to anyone who reads
     /// the run) leads nowhere once it ended. A rename, not a new inode.
-    pub(crate) fn keep(&self, slot: u32, dir: &Path) -> io::Result<()> {
+    /// `tree`: what its workspace is at (see [`Slots::take`]).
+    pub(crate) fn keep(&self, slot: u32, dir: &Path, tree: Option<String>) -> io::Result<()> {
         let next = self.fresh_name(slot);
         std::fs::rename(dir, &next)?;
-        self.kept.lock().expect("slots").insert(slot, next);
+        self.kept.lock().expect("slots").insert(slot, Kept { dir: next, tree });
         Ok(())
     }
 
     /// Every kept sandbox, forgotten (for removal when the agent stops).
     pub(crate) fn drain(&self) -> Vec<PathBuf> {
-        self.kept.lock().expect("slots").drain().map(|(_, d)| d).collect()
+        self.kept.lock().expect("slots").drain().map(|(_, k)| k.dir).collect()
     }
 }
 
