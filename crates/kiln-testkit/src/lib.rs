@@ -127,6 +127,8 @@ pub struct KilnUp {
     pub token: String,
     pub bin: PathBuf,
     log: PathBuf,
+    /// Its `TMPDIR` (dropped after the process: fields drop after `drop`).
+    _tmp: tempfile::TempDir,
 }
 
 impl KilnUp {
@@ -147,6 +149,10 @@ impl KilnUp {
         if !env.iter().any(|(k, _)| k == "XDG_STATE_HOME") {
             env.push(("XDG_STATE_HOME".into(), data.path().join("state").to_string_lossy().into_owned()));
         }
+        let tmp = test_tmp()?;
+        if !env.iter().any(|(k, _)| k == "TMPDIR") {
+            env.push(("TMPDIR".into(), tmp.path().to_string_lossy().into_owned()));
+        }
         let log = data.path().join("kiln-up.log");
         let mut args: Vec<std::ffi::OsString> =
             ["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"]
@@ -161,7 +167,7 @@ impl KilnUp {
             let val = |k: &str| rest.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_string);
             Some((val("KILN_SERVER=")?, val("KILN_TOKEN=")?))
         })?;
-        Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log })
+        Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log, _tmp: tmp })
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -182,6 +188,17 @@ impl KilnUp {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// A temporary directory, world-writable and sticky like `/tmp`, for a
+/// daemon's `TMPDIR`: the agents' sandboxes (under the temp dir by default)
+/// then go with the test (a daemon killed at the end of a test cannot
+/// remove them itself), and steps run as another user still reach theirs.
+fn test_tmp() -> Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::Builder::new().prefix("kiln-test-tmp-").tempdir()?;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o1777))?;
+    Ok(tmp)
 }
 
 impl Drop for KilnUp {
@@ -327,6 +344,8 @@ pub struct KilnAgent {
     pub child: Child,
     pub dir: tempfile::TempDir,
     log: PathBuf,
+    /// Its `TMPDIR` (see [`test_tmp`]).
+    _tmp: tempfile::TempDir,
 }
 
 impl KilnAgent {
@@ -337,19 +356,22 @@ impl KilnAgent {
         // The token goes in a file, never in argv (/proc/PID/cmdline is public).
         let token_file = dir.path().join("agent.token");
         std::fs::write(&token_file, token)?;
+        let tmp = test_tmp()?;
         let child = Command::new(bin)
             .args(["agent", "--server", server, "--name", name, "--token-file"])
             .arg(&token_file)
             .arg("--work-dir")
             .arg(dir.path().join("work"))
             .args(extra)
+            // The default sandbox dir goes with the test (see `test_tmp`).
+            .env("TMPDIR", tmp.path())
             .env("KILN_STORAGE_LEVELS", "off")
             .env("KILN_LOG", "info,sqlx=warn")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("spawn kiln agent")?;
-        Ok(KilnAgent { child, dir, log })
+        Ok(KilnAgent { child, dir, log, _tmp: tmp })
     }
 
     pub fn pid(&self) -> i32 {
