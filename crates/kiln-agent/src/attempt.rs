@@ -438,17 +438,19 @@ async fn execute(
     // A kept workspace brought to this very tree when the slot's last job
     // ended (nothing ran in it since) is the checkout already.
     let at_tree = sandbox_dir.tree.as_deref() == Some(tree_key(ctx, a).as_str());
-    let checkout = tokio::select! {
-        r = std::future::ready(Ok(())), if at_tree => r,
-        r = ctx.mirrors.checkout(
-            &a.clone_url,
-            &a.commit_sha,
-            &ws,
-            ctx.private_objects().is_some(),
-            sandbox_dir.slot.then_some(ctx.sandbox_dir.as_path()),
-            &on_retry,
-        ), if !at_tree => r,
-        _ = ctl.stopped() => return Ran::Stopped,
+    let checkout = match at_tree {
+        true => Ok(()),
+        false => tokio::select! {
+            r = ctx.mirrors.checkout(
+                &a.clone_url,
+                &a.commit_sha,
+                &ws,
+                ctx.private_objects().is_some(),
+                sandbox_dir.slot.then_some(ctx.sandbox_dir.as_path()),
+                &on_retry,
+            ) => r,
+            _ = ctl.stopped() => return Ran::Stopped,
+        },
     };
     if let Err(e) = checkout {
         let msg = format!("checkout of {} at {} failed: {e}", a.clone_url, a.commit_sha);

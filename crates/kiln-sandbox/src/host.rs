@@ -130,8 +130,8 @@ impl HostExecutor {
             }
         }
         let iso = self.cfg.isolation;
-        // A root agent makes the step's namespaces in the forked child
-        // itself; a non-root one (user namespace, uid maps) through `unshare`.
+        // A root agent makes the step's namespaces itself (see below); a
+        // non-root one (user namespace, uid maps) through `unshare`.
         let in_process = iso.namespaces == Namespaces::Pid;
         let launcher = if in_process { None } else { iso.launcher_args().zip(unshare_path()) };
         let namespaced = in_process || launcher.is_some();
