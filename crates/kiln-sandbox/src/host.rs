@@ -12,11 +12,13 @@ use crate::isolation::Namespaces;
 use crate::isolation::{Isolation, chown_tree, unshare_path};
 use crate::procs::{group_alive, signal_group};
 use crate::reap::{forget, record, remove_tree};
-use crate::spawn::{ParentAlive, PidNsSpawner, isolate_as_pid1, isolate_in_namespaces, isolate_process_tree};
+use crate::spawn::{PidNsSpawner, StepChild, StepSpec, isolate_in_namespaces, isolate_process_tree};
 use crate::{Executor, OutputStream, SandboxError, StepEvent, StepExit, StepHandle, StepRequest};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -137,77 +139,79 @@ impl HostExecutor {
         let namespaced = in_process || launcher.is_some();
         let default_program = ["/bin/sh".to_string(), "-e".into(), "-c".into()];
         let program: &[String] = if step.program.is_empty() { &default_program } else { &step.program };
-        let mut cmd = match launcher {
-            // A PID namespace whose init dies with the agent: the kernel then
-            // kills every process of the step, including double-forked
-            // daemons that left the process group. Its own /proc shows only
-            // the step's processes (no agent command lines or environments).
-            Some((args, unshare)) => {
-                let mut c = Command::new(unshare);
-                c.args(args).args(program);
-                c
-            }
-            None => {
-                let mut c = Command::new(&program[0]);
-                c.args(&program[1..]);
-                c
-            }
-        };
+        let mut argv: Vec<&OsStr> = program.iter().map(OsStr::new).collect();
+        argv.push(OsStr::new(&step.command));
         let dir = match &step.working_dir {
             Some(d) => self.cfg.workspace.join(d),
             None => self.cfg.workspace.clone(),
         };
-        cmd.arg(&step.command)
-            .current_dir(dir)
-            .env_clear()
-            .env("PATH", &self.cfg.path)
-            .env("HOME", self.cfg.home())
-            .env("TMPDIR", self.cfg.tmp())
-            .env("LANG", "C.UTF-8")
-            .env("CI", "true")
-            .envs(&step.env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(false);
+        // Built from scratch: the agent's own environment never reaches a step.
+        let mut env: BTreeMap<OsString, OsString> = [
+            ("PATH", OsString::from(&self.cfg.path)),
+            ("HOME", self.cfg.home().into()),
+            ("TMPDIR", self.cfg.tmp().into()),
+            ("LANG", "C.UTF-8".into()),
+            ("CI", "true".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (OsString::from(k), v))
+        .collect();
+        env.extend(step.env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
         // A root agent starts the step as PID 1 of its new namespace from
-        // its spawner thread (one fork), else through a keeper process.
+        // its spawner thread (one clone sharing the agent's memory until it
+        // execs), else through a keeper process.
         let spawner = if in_process { PidNsSpawner::get() } else { None };
         let spawn_err = |source| SandboxError::Spawn { step: step.name.clone(), source };
-        let alive = match spawner {
-            Some(_) => Some(ParentAlive::new().map_err(spawn_err)?),
-            None => None,
+        let started = match spawner {
+            Some(s) => {
+                let spec = StepSpec::new(OsStr::new(&program[0]), &argv, &dir, &env, iso.user).map_err(spawn_err)?;
+                Started::direct(s.spawn(spec).await.map_err(spawn_err)?).map_err(spawn_err)?
+            }
+            None => {
+                let mut cmd = match launcher {
+                    // A PID namespace whose init dies with the agent: the
+                    // kernel then kills every process of the step, including
+                    // double-forked daemons that left the process group. Its
+                    // own /proc shows only the step's processes (no agent
+                    // command lines or environments).
+                    Some((args, unshare)) => {
+                        let mut c = Command::new(unshare);
+                        c.args(args).args(&argv);
+                        c
+                    }
+                    None => {
+                        let mut c = Command::new(argv[0]);
+                        c.args(&argv[1..]);
+                        c
+                    }
+                };
+                cmd.current_dir(dir)
+                    .env_clear()
+                    .envs(&env)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .kill_on_drop(false);
+                if in_process {
+                    isolate_in_namespaces(&mut cmd, iso.user);
+                } else {
+                    isolate_process_tree(&mut cmd, iso.user, !namespaced);
+                }
+                Started::tokio(cmd.spawn().map_err(spawn_err)?)
+            }
         };
-        match (&alive, in_process) {
-            (Some(alive), _) => isolate_as_pid1(&mut cmd, iso.user, alive),
-            (None, true) => isolate_in_namespaces(&mut cmd, iso.user),
-            (None, false) => isolate_process_tree(&mut cmd, iso.user, !namespaced),
-        }
-        let spawned = match spawner {
-            Some(s) => s.spawn(cmd).await,
-            None => cmd.spawn(),
-        };
-        drop(alive);
-        let mut child = spawned.map_err(spawn_err)?;
         // setsid made the shell the leader: its pid is the group's id.
-        let pgid = child.id().expect("a just-spawned child has a pid") as i32;
+        let Started { pid: pgid, stdout, stderr, wait } = started;
         let mut inner = self.inner.lock().expect("executor lock");
         if inner.killed {
             // Killed while it was being spawned.
             drop(inner);
             signal_group(pgid, Signal::SIGKILL);
-            tokio::spawn(async move { child.wait().await });
+            tokio::spawn(wait);
             return Err(SandboxError::Killed);
         }
         if let Err(e) = record(&self.cfg.state_dir, pgid) {
             tracing::warn!(pgid, error = %e, "cannot record step process group; it will not be reaped after an agent crash");
-        }
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        // Larger pipes: a loud step fills 1 MiB before it waits for us,
-        // instead of waking the reader every 64 KiB (best effort).
-        for fd in [stdout.as_fd(), stderr.as_fd()] {
-            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
         }
 
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
@@ -225,7 +229,7 @@ impl HostExecutor {
         let name = step.name.clone();
         let grace = self.cfg.kill_grace;
         tokio::spawn(async move {
-            let exit = match child.wait().await {
+            let exit = match wait.await {
                 Ok(st) => match (st.code(), st.signal()) {
                     (Some(c), _) => StepExit::Code(c),
                     (None, Some(s)) => StepExit::Signal(s),
@@ -285,6 +289,55 @@ impl HostExecutor {
             signal_group(r.pgid, Signal::SIGKILL);
         }
         let _ = r.done.wait_for(|d| *d).await;
+    }
+}
+
+/// A step's process as started either way: its pid (the group's id), its
+/// output pipes (made 1 MiB large: a loud step fills that before it waits
+/// for us, instead of waking the reader every 64 KiB; best effort) and its
+/// exit.
+struct Started {
+    pid: i32,
+    stdout: Pipe,
+    stderr: Pipe,
+    wait: BoxFuture<'static, std::io::Result<std::process::ExitStatus>>,
+}
+
+type Pipe = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+
+impl Started {
+    fn tokio(mut child: tokio::process::Child) -> Started {
+        let pid = child.id().expect("a just-spawned child has a pid") as i32;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        for fd in [stdout.as_fd(), stderr.as_fd()] {
+            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        }
+        Started {
+            pid,
+            stdout: Box::new(stdout),
+            stderr: Box::new(stderr),
+            wait: async move { child.wait().await }.boxed(),
+        }
+    }
+
+    fn direct(child: StepChild) -> std::io::Result<Started> {
+        let (pid, stdout, stderr, waiter) = child.into_parts();
+        for fd in [stdout.as_fd(), stderr.as_fd()] {
+            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        }
+        let pipes = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout)
+            .and_then(|o| Ok((o, tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)?)));
+        match pipes {
+            Ok((stdout, stderr)) => {
+                Ok(Started { pid, stdout: Box::new(stdout), stderr: Box::new(stderr), wait: waiter.wait().boxed() })
+            }
+            Err(e) => {
+                signal_group(pid, Signal::SIGKILL);
+                tokio::spawn(waiter.wait());
+                Err(e)
+            }
+        }
     }
 }
 

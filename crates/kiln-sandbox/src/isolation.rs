@@ -18,7 +18,7 @@
 //!
 //! A root agent makes the namespaces itself (no helper program to load per
 //! step): a thread kept for spawning steps points its next child at a new
-//! PID namespace, and the step's shell is forked straight into it as its
+//! PID namespace, and the step's shell is cloned straight into it as its
 //! PID 1, with the agent's death as its own (`spawn::PidNsSpawner`; where
 //! that cannot work, the forked child makes the namespaces and a keeper
 //! process outside forks the shell into them). A non-root agent goes

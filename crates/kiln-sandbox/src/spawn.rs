@@ -1,10 +1,18 @@
-//! Process-tree setup of a step, run in the child between fork and exec.
+//! Process-tree setup of a step, run in the child between fork (or clone)
+//! and exec.
 //!
 //! The only unsafe code of the crate: `pre_exec` runs in the forked child of
-//! a multi-threaded process, where only async-signal-safe calls are allowed.
+//! a multi-threaded process, where only async-signal-safe calls are allowed;
+//! a root agent's [`PidNsSpawner`] clones steps that share the agent's
+//! memory until they exec, where only raw system calls on values prepared
+//! beforehand are.
 #![allow(unsafe_code)]
 
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr, OsString};
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use tokio::process::Command;
 
 /// The unprivileged user a root agent runs steps as.
@@ -33,9 +41,10 @@ pub struct StepUser {
 pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, switch: bool) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure only makes raw syscalls (setsid, prctl, getppid,
-    // umask, setgroups, setgid, setuid), which are async-signal-safe, and
-    // builds io::Errors from raw errno values without allocating; it touches
-    // no locks or memory shared with other threads of the parent.
+    // umask, setgroups, setgid, setuid, rt_sigaction, rt_sigprocmask), which
+    // are async-signal-safe, and builds io::Errors from raw errno values
+    // without allocating; it touches no locks or memory shared with other
+    // threads of the parent.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() == -1 {
@@ -64,6 +73,7 @@ pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, sw
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
+            default_signals();
             Ok(())
         });
     }
@@ -94,15 +104,6 @@ pub(crate) fn isolate_in_namespaces(cmd: &mut Command, user: Option<StepUser>) {
     }
 }
 
-/// Sets up `cmd` to run as PID 1 of the new namespace [`PidNsSpawner`]
-/// spawns it in ([`pid1_child`]).
-pub(crate) fn isolate_as_pid1(cmd: &mut Command, user: Option<StepUser>, alive: &ParentAlive) {
-    // SAFETY: see `pid1_child`: raw async-signal-safe syscalls only.
-    unsafe {
-        cmd.pre_exec(pid1_child(user, alive));
-    }
-}
-
 /// Whether [`isolate_in_namespaces`] works here (it needs root, and a
 /// kernel or container that allows new PID and mount namespaces): runs
 /// `/bin/true` so, once.
@@ -121,7 +122,7 @@ pub(crate) fn namespaces_work() -> bool {
 /// (tokio's or std's `Command`). It runs between fork and exec: only raw
 /// syscalls (setsid, umask, prctl, getppid, sigprocmask, unshare, fork,
 /// close_range, waitpid, signal, kill, _exit, mount, setgroups, setresgid,
-/// setresuid), no allocation, no locks.
+/// setresuid, rt_sigaction, rt_sigprocmask), no allocation, no locks.
 pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
     let parent = std::process::id() as libc::pid_t;
     move || {
@@ -159,7 +160,9 @@ pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Res
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
                 return Err(io::Error::last_os_error());
             }
-            settle_as_pid1(user)
+            settle_as_pid1(user)?;
+            default_signals();
+            Ok(())
         }
     }
 }
@@ -206,9 +209,13 @@ unsafe fn settle_as_pid1(user: Option<StepUser>) -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
         if let Some(u) = user {
-            if libc::setgroups(0, std::ptr::null()) == -1
-                || libc::setresgid(u.gid, u.gid, u.gid) == -1
-                || libc::setresuid(u.uid, u.uid, u.uid) == -1
+            // Raw system calls: glibc's wrappers would also switch the other
+            // threads they know of, which in a `CLONE_VM` child are the
+            // agent's ([`exec_child`]).
+            let empty: *const libc::gid_t = std::ptr::null();
+            if libc::syscall(libc::SYS_setgroups, 0, empty) == -1
+                || libc::syscall(libc::SYS_setresgid, u.gid, u.gid, u.gid) == -1
+                || libc::syscall(libc::SYS_setresuid, u.uid, u.uid, u.uid) == -1
             {
                 return Err(io::Error::last_os_error());
             }
@@ -261,19 +268,26 @@ unsafe fn keep_namespace(child: libc::pid_t) -> ! {
     }
 }
 
-/// Steps spawned as PID 1 of a new PID namespace straight from the agent
-/// (issue 20: no keeper process, so the agent is forked once per step
-/// instead of twice). `unshare(CLONE_NEWPID)` gives the *calling thread's*
-/// next child a new namespace; a thread kept for this returns that to its
-/// own namespace (`setns`) and asks for a new one before each spawn, and
-/// forks nothing else. Root agents only (both calls need `CAP_SYS_ADMIN`);
-/// elsewhere, or when the probe fails, steps keep the keeper
-/// ([`isolate_in_namespaces`]).
+/// Steps spawned as PID 1 of a new PID namespace straight from the agent,
+/// without copying the agent (issue 20).
+///
+/// `unshare(CLONE_NEWPID)` gives the *calling thread's* next child a new
+/// namespace; a thread kept for this returns that to its own namespace
+/// (`setns`) and asks for a new one before each spawn, and starts nothing
+/// else. The child is cloned with `CLONE_VM | CLONE_VFORK`, as
+/// `posix_spawn` does: it runs on a stack of its own in the agent's memory
+/// while the spawner thread waits for its `execve`, so the agent's page
+/// tables are neither copied for it nor torn down after it, and the agent
+/// takes no copy-on-write faults on its own pages after each spawn. Such a
+/// child may only make system calls on values prepared beforehand
+/// ([`StepSpec`], [`exec_child`]). Root agents only (both namespace calls
+/// need `CAP_SYS_ADMIN`); elsewhere, or when the probe fails, steps keep
+/// the keeper ([`isolate_in_namespaces`]).
 pub(crate) struct PidNsSpawner {
     jobs: std::sync::Mutex<std::sync::mpsc::Sender<SpawnJob>>,
 }
 
-type SpawnJob = (Command, tokio::runtime::Handle, tokio::sync::oneshot::Sender<io::Result<tokio::process::Child>>);
+type SpawnJob = (StepSpec, tokio::sync::oneshot::Sender<io::Result<StepChild>>);
 
 impl PidNsSpawner {
     /// The agent's spawner, if steps can be started this way here (checked
@@ -299,37 +313,39 @@ impl PidNsSpawner {
         let (jobs, queue) = std::sync::mpsc::channel::<SpawnJob>();
         let (ready, probed) = std::sync::mpsc::channel::<io::Result<()>>();
         std::thread::Builder::new().name("kiln-spawner".into()).spawn(move || {
-            let probe = new_pid_namespace(&own).and_then(|()| {
-                use std::os::unix::process::CommandExt;
-                let alive = ParentAlive::new()?;
-                let mut cmd = std::process::Command::new("/bin/true");
-                cmd.stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null());
-                // SAFETY: see `pid1_child`.
-                unsafe {
-                    cmd.pre_exec(pid1_child(None, &alive));
+            let probe = Cloner::new(own).and_then(|cloner| {
+                let spec = StepSpec::new(
+                    OsStr::new("/bin/true"),
+                    [OsStr::new("/bin/true")],
+                    Path::new("/"),
+                    &BTreeMap::new(),
+                    None,
+                )?;
+                let status = cloner.spawn(&spec)?.wait_blocking()?;
+                if status.success() {
+                    Ok(cloner)
+                } else {
+                    Err(io::Error::other(format!("/bin/true as PID 1: {status}")))
                 }
-                let status = cmd.status()?;
-                drop(alive);
-                if status.success() { Ok(()) } else { Err(io::Error::other(format!("/bin/true as PID 1: {status}"))) }
             });
-            let ok = probe.is_ok();
-            let _ = ready.send(probe);
-            if !ok {
-                return;
-            }
+            let cloner = match probe {
+                Ok(c) => {
+                    let _ = ready.send(Ok(()));
+                    c
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+            };
             // Lives as long as the agent: a step's parent-death signal
-            // fires when the thread that forked it ends.
-            for (mut cmd, runtime, reply) in queue {
-                let _enter = runtime.enter();
-                let spawned = new_pid_namespace(&own).and_then(|()| cmd.spawn());
+            // fires when the thread that started it ends.
+            for (spec, reply) in queue {
                 // Nobody waits for it any more (the caller was dropped): a
                 // step nobody tracks must not run, so its namespace goes.
-                if let Err(Ok(child)) = reply.send(spawned)
-                    && let Some(pid) = child.id()
-                {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL);
+                if let Err(Ok(child)) = reply.send(cloner.spawn(&spec)) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.pid), nix::sys::signal::SIGKILL);
+                    let _ = child.wait_blocking();
                 }
             }
         })?;
@@ -337,20 +353,393 @@ impl PidNsSpawner {
         Ok(PidNsSpawner { jobs: std::sync::Mutex::new(jobs) })
     }
 
-    /// Spawns `cmd` (set up with [`pid1_child`]) as PID 1 of a new PID
-    /// namespace.
-    pub(crate) async fn spawn(&self, cmd: Command) -> io::Result<tokio::process::Child> {
+    /// Starts `spec` as PID 1 of a new PID namespace.
+    pub(crate) async fn spawn(&self, spec: StepSpec) -> io::Result<StepChild> {
         let gone = || io::Error::other("the step spawner thread is gone");
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = (cmd, tokio::runtime::Handle::current(), reply);
-        self.jobs.lock().expect("spawner").send(job).map_err(|_| gone())?;
+        self.jobs.lock().expect("spawner").send((spec, reply)).map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
+    }
+}
+
+/// A step to start through [`PidNsSpawner`]: everything its child needs,
+/// made before the clone, because the child shares the agent's memory
+/// until it execs and must not allocate.
+pub(crate) struct StepSpec {
+    program: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    cwd: CString,
+    user: Option<StepUser>,
+}
+
+impl StepSpec {
+    /// `program` with `argv` (its first element is `argv[0]`) in `cwd`, with
+    /// exactly `env`, as `user`. A program without a slash is looked up in
+    /// `env`'s `PATH` (relative entries from `cwd`), as `Command` does.
+    pub(crate) fn new<A: AsRef<OsStr>>(
+        program: &OsStr,
+        argv: impl IntoIterator<Item = A>,
+        cwd: &Path,
+        env: &BTreeMap<OsString, OsString>,
+        user: Option<StepUser>,
+    ) -> io::Result<StepSpec> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |s: &OsStr| {
+            CString::new(s.as_bytes()).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a step's command or environment")
+            })
+        };
+        let program = resolve(program, env.get(OsStr::new("PATH")).map(OsString::as_os_str), cwd)?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| {
+                let mut kv = k.clone();
+                kv.push("=");
+                kv.push(v);
+                c(&kv)
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(StepSpec {
+            program: c(program.as_os_str())?,
+            argv: argv.into_iter().map(|a| c(a.as_ref())).collect::<io::Result<_>>()?,
+            envp,
+            cwd: c(cwd.as_os_str())?,
+            user,
+        })
+    }
+}
+
+/// Where `program` is: itself with a slash, else the first executable file
+/// of that name in `path`.
+fn resolve(program: &OsStr, path: Option<&OsStr>, cwd: &Path) -> io::Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    if program.as_bytes().contains(&b'/') {
+        return Ok(program.into());
+    }
+    for dir in std::env::split_paths(path.unwrap_or_default()) {
+        let candidate = cwd.join(dir).join(program);
+        if std::fs::metadata(&candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) {
+            return Ok(candidate);
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::NotFound, format!("{} not found in the step's PATH", program.to_string_lossy())))
+}
+
+/// A step started by [`PidNsSpawner`]: its pid (PID 1 inside its
+/// namespace), a pidfd to wait on, and the read ends of its output pipes.
+pub(crate) struct StepChild {
+    pub(crate) pid: i32,
+    pidfd: OwnedFd,
+    pub(crate) stdout: OwnedFd,
+    pub(crate) stderr: OwnedFd,
+}
+
+impl StepChild {
+    /// Splits off the pidfd: the rest is read while [`ExitWaiter::wait`]
+    /// waits.
+    pub(crate) fn into_parts(self) -> (i32, OwnedFd, OwnedFd, ExitWaiter) {
+        (self.pid, self.stdout, self.stderr, ExitWaiter { pidfd: self.pidfd })
+    }
+
+    fn wait_blocking(self) -> io::Result<std::process::ExitStatus> {
+        loop {
+            if let Some(st) = reap(&self.pidfd, 0)? {
+                return Ok(st);
+            }
+        }
+    }
+}
+
+/// Waits for a [`StepChild`] to end, and reaps it.
+pub(crate) struct ExitWaiter {
+    pidfd: OwnedFd,
+}
+
+impl ExitWaiter {
+    pub(crate) async fn wait(self) -> io::Result<std::process::ExitStatus> {
+        // SAFETY: an OwnedFd: open, and the same descriptor for as long as
+        // the AsyncFd owns it.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(self.pidfd, tokio::io::Interest::READABLE) }
+            .map_err(io::Error::from)?;
+        loop {
+            let mut ready = fd.readable().await?;
+            match reap(fd.get_ref(), libc::WNOHANG)? {
+                Some(st) => return Ok(st),
+                None => ready.clear_ready(),
+            }
+        }
+    }
+}
+
+/// `waitid` on a pidfd: the exit status, or none yet (with `WNOHANG`).
+fn reap(pidfd: &OwnedFd, flags: libc::c_int) -> io::Result<Option<std::process::ExitStatus>> {
+    use std::os::unix::process::ExitStatusExt;
+    loop {
+        // SAFETY: a zeroed siginfo_t filled in by the kernel, on a pidfd we own.
+        let (r, info) = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED | flags);
+            (r, info)
+        };
+        if r == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: filled in by waitid for a child that changed state.
+        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+        if pid == 0 {
+            return Ok(None);
+        }
+        let raw = match info.si_code {
+            libc::CLD_EXITED => (status & 0xff) << 8,
+            libc::CLD_DUMPED => status | 0x80,
+            _ => status,
+        };
+        return Ok(Some(std::process::ExitStatus::from_raw(raw)));
+    }
+}
+
+/// The spawner thread's means: its own PID namespace (to return to), a
+/// stack for the children, and `/dev/null` for their stdin.
+struct Cloner {
+    own: std::fs::File,
+    stack: Stack,
+    null: OwnedFd,
+}
+
+/// Bytes of a child's stack, above one guard page. The child only runs
+/// [`exec_child`]'s system calls on it.
+const CHILD_STACK: usize = 256 * 1024;
+
+struct Stack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is only used by the spawner thread (and its
+// children, while that thread waits for them).
+unsafe impl Send for Stack {}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unused once the Cloner goes.
+        unsafe {
+            libc::munmap(self.base, self.len);
+        }
+    }
+}
+
+impl Cloner {
+    fn new(own: std::fs::File) -> io::Result<Cloner> {
+        let page = 4096;
+        let len = CHILD_STACK + page;
+        // SAFETY: a fresh private anonymous mapping; its lowest page is made
+        // inaccessible, so an overflow faults instead of writing below.
+        let base = unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::mprotect(base, page, libc::PROT_NONE) == -1 {
+                let e = io::Error::last_os_error();
+                libc::munmap(base, len);
+                return Err(e);
+            }
+            base
+        };
+        let stack = Stack { base, len };
+        let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?.into();
+        Ok(Cloner { own, stack, null })
+    }
+
+    /// Starts `spec` as PID 1 of a new PID namespace; returns once it
+    /// has exec'd, or with the error that stopped it.
+    fn spawn(&self, spec: &StepSpec) -> io::Result<StepChild> {
+        use nix::fcntl::OFlag;
+        let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let alive = ParentAlive::new()?;
+        let ptrs =
+            |v: &[CString]| v.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect::<Vec<_>>();
+        let (argv, envp) = (ptrs(&spec.argv), ptrs(&spec.envp));
+        let args = ChildArgs {
+            program: spec.program.as_ptr(),
+            argv: argv.as_ptr(),
+            envp: envp.as_ptr(),
+            cwd: spec.cwd.as_ptr(),
+            fds: [self.null.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            alive: (alive.read.as_raw_fd(), alive.write.as_raw_fd()),
+            user: spec.user,
+            errno: std::sync::atomic::AtomicI32::new(0),
+        };
+        new_pid_namespace(&self.own)?;
+        let mut pidfd: libc::c_int = -1;
+        // SAFETY: the child runs `child_main` on our stack mapping (its top,
+        // 16-byte aligned) with `args`, which outlives it: CLONE_VFORK
+        // suspends this thread until the child has exec'd or exited. All
+        // signals are blocked across the clone, so no handler of the agent
+        // runs in the child before `exec_child` resets them.
+        let pid = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            let top = (self.stack.base as usize + self.stack.len) & !15;
+            let pid = libc::clone(
+                child_main,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+                &args as *const ChildArgs as *mut libc::c_void,
+                &mut pidfd as *mut libc::c_int,
+            );
+            let e = io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            if pid == -1 {
+                return Err(e);
+            }
+            pid
+        };
+        // SAFETY: CLONE_PIDFD stored a new descriptor there, now ours.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        let child = StepChild { pid, pidfd, stdout: out_r, stderr: err_r };
+        match args.errno.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => Ok(child),
+            e => {
+                let _ = child.wait_blocking();
+                Err(io::Error::from_raw_os_error(e))
+            }
+        }
+    }
+}
+
+/// What [`child_main`] gets: raw pointers into the spawner thread's
+/// [`StepSpec`] and its vectors, which outlive the child's `execve`.
+struct ChildArgs {
+    program: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    cwd: *const libc::c_char,
+    /// Become stdin, stdout and stderr.
+    fds: [libc::c_int; 3],
+    /// [`ParentAlive`]'s read and write ends.
+    alive: (libc::c_int, libc::c_int),
+    user: Option<StepUser>,
+    /// Set by the child when it cannot exec: the error number.
+    errno: std::sync::atomic::AtomicI32,
+}
+
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the spawner's `ChildArgs`, alive and unchanged until
+    // this child execs or exits; `exec_child` makes system calls only.
+    unsafe {
+        let a = &*(arg as *const ChildArgs);
+        let Err(e) = exec_child(a);
+        a.errno
+            .store(e.raw_os_error().filter(|n| *n != 0).unwrap_or(libc::EINVAL), std::sync::atomic::Ordering::SeqCst);
+        libc::_exit(127)
+    }
+}
+
+/// The child's side of [`Cloner::spawn`]: what [`namespace_child`]'s
+/// grandchild does, without the keeper, then stdio, the working directory,
+/// the signals and `execve`. Returns only on failure.
+///
+/// # Safety
+/// Only in a `CLONE_VM` child: it shares the agent's memory (and glibc's
+/// state), so only raw system calls on `a`'s prepared values, no
+/// allocation, no locks, no glibc call that would act on other threads
+/// (`settle_as_pid1` switches users with raw syscalls).
+unsafe fn exec_child(a: &ChildArgs) -> io::Result<std::convert::Infallible> {
+    // SAFETY: system calls on descriptors and strings prepared by the parent.
+    unsafe {
+        lead_session(a.user.is_some())?;
+        libc::close(a.alive.1);
+        let mut fd = libc::pollfd { fd: a.alive.0, events: libc::POLLIN, revents: 0 };
+        if libc::poll(&mut fd, 1, 0) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        if fd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            // The agent died before the death signal was set: it will
+            // never come, so refuse to run.
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        libc::close(a.alive.0);
+        if libc::unshare(libc::CLONE_NEWNS) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        settle_as_pid1(a.user)?;
+        for (target, fd) in a.fds.iter().enumerate() {
+            if libc::dup2(*fd, target as libc::c_int) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if libc::chdir(a.cwd) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // The agent's handlers live in its memory: back to the default
+        // before signals are unblocked.
+        default_signals();
+        libc::execve(a.program, a.argv, a.envp);
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Every signal's disposition back to the default and none blocked, so a
+/// step starts with a clean slate whatever the agent handles, ignores
+/// (Rust ignores SIGPIPE; an agent started by `nohup` ignores SIGHUP) or
+/// blocks. Raw `rt_sigaction`: glibc's wrapper refuses its own reserved
+/// signals, which may be ignored too.
+///
+/// # Safety
+/// Only in a child between fork (or clone) and exec: the agent's handlers
+/// must not run there.
+unsafe fn default_signals() {
+    /// The kernel's `struct sigaction`: the handler first; zeroes elsewhere
+    /// (no flags, restorer or mask) are right for `SIG_DFL`.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    const SET_SIZE: usize = 8;
+    let dfl = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
+    // SAFETY: rt_sigaction and rt_sigprocmask on values of this frame.
+    unsafe {
+        for sig in 1..=64 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            let mut old = KernelSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
+            let null: *const KernelSigaction = std::ptr::null();
+            if libc::syscall(libc::SYS_rt_sigaction, sig, null, &mut old as *mut KernelSigaction, SET_SIZE) == 0
+                && old.handler != libc::SIG_DFL
+            {
+                let none: *mut KernelSigaction = std::ptr::null_mut();
+                libc::syscall(libc::SYS_rt_sigaction, sig, &dfl as *const KernelSigaction, none, SET_SIZE);
+            }
+        }
+        let empty: u64 = 0;
+        let none: *mut u64 = std::ptr::null_mut();
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &empty as *const u64, none, SET_SIZE);
     }
 }
 
 /// Points this thread's next child at a new PID namespace.
 fn new_pid_namespace(own: &std::fs::File) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     // SAFETY: two syscalls on a descriptor this thread holds.
     unsafe {
         // Back to our own namespace first: a second unshare from a thread
@@ -365,52 +754,19 @@ fn new_pid_namespace(own: &std::fs::File) -> io::Result<()> {
     Ok(())
 }
 
-/// A close-on-exec pipe the agent holds while it spawns a step: PID 1 of a
-/// new namespace cannot ask `getppid()` whether its parent is still there
+/// A close-on-exec pipe the spawner holds while it starts a step: PID 1 of
+/// a new namespace cannot ask `getppid()` whether its parent is still there
 /// (it says 0), so the child closes its copy of the write end and checks
 /// that the read end has not hung up, i.e. that the agent (which holds the
 /// other copy) has not died before the parent-death signal was set.
-pub(crate) struct ParentAlive {
-    read: std::os::fd::OwnedFd,
-    write: std::os::fd::OwnedFd,
+struct ParentAlive {
+    read: OwnedFd,
+    write: OwnedFd,
 }
 
 impl ParentAlive {
-    pub(crate) fn new() -> io::Result<ParentAlive> {
+    fn new() -> io::Result<ParentAlive> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         Ok(ParentAlive { read, write })
-    }
-}
-
-/// The child-side setup of a step spawned by [`PidNsSpawner`], PID 1 of its
-/// new PID namespace: what [`namespace_child`]'s grandchild does, without
-/// the keeper. Only raw async-signal-safe syscalls (setsid, umask, prctl,
-/// close, poll, unshare, mount, setgroups, setresgid, setresuid).
-pub(crate) fn pid1_child(
-    user: Option<StepUser>,
-    alive: &ParentAlive,
-) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
-    use std::os::fd::AsRawFd;
-    let (read, write) = (alive.read.as_raw_fd(), alive.write.as_raw_fd());
-    move || {
-        // SAFETY: async-signal-safe syscalls on values owned by this frame.
-        unsafe {
-            lead_session(user.is_some())?;
-            libc::close(write);
-            let mut fd = libc::pollfd { fd: read, events: libc::POLLIN, revents: 0 };
-            if libc::poll(&mut fd, 1, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            if fd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-                // The agent died before the death signal was set: it will
-                // never come, so refuse to run.
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            libc::close(read);
-            if libc::unshare(libc::CLONE_NEWNS) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            settle_as_pid1(user)
-        }
     }
 }

@@ -334,7 +334,7 @@ async fn interrupt_ends_only_the_running_step() {
 }
 
 /// Issue 20: a root agent starts a step as PID 1 of its new PID namespace
-/// itself (one fork), not through a keeper process: the group's leader is
+/// itself (one clone), not through a keeper process: the group's leader is
 /// the step's shell, a child of this process, and it is PID 1 inside.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_agents_step_is_pid_1_of_its_namespace_without_a_keeper() {
@@ -396,4 +396,61 @@ async fn a_step_whose_start_was_abandoned_does_not_run_on() {
         }
     }
     panic!("the abandoned step still runs");
+}
+
+/// A step starts as `Command` would start it, however the agent starts it
+/// (issue 20: a root agent clones it sharing its own memory until it
+/// execs): no signal is blocked or ignored in it, whatever the agent
+/// blocks, ignores or handles (Rust ignores SIGPIPE, the tokio runtime
+/// handles others, and this test process ignores signal 32 too), a program
+/// without a
+/// slash is found in the step's own `PATH`, and one that cannot run is a
+/// spawn error naming why, with the executor free for the next step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_starts_with_default_signals_and_its_own_path() {
+    // The test process handles and ignores signals like an agent (an agent
+    // started by `nohup` ignores SIGHUP): a step must not inherit any of that.
+    let ignored = std::fs::read_to_string("/proc/self/status").unwrap();
+    assert!(ignored.lines().any(|l| l.starts_with("SigIgn:") && l != "SigIgn:\t0000000000000000"));
+    let _term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+    let sb = Sandbox::new().await;
+    let out = sb.run("grep -E '^Sig(Blk|Ign):' /proc/self/status; yes | head -n 1").await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\ny\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.exit, Some(StepExit::Code(0)));
+
+    // Found in the step's PATH, not the agent's.
+    let bin = sb.ws().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let tool = bin.join("kiln-test-shell");
+    std::fs::write(&tool, "#!/bin/sh\necho \"own shell: $1\"\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut req = step("hello");
+    req.program = vec!["kiln-test-shell".into()];
+    req.env.insert("PATH".into(), format!("{}:/usr/bin:/bin", bin.display()));
+    let out = collect(sb.exec.exec(&req).await.unwrap()).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "own shell: hello\n");
+
+    // Not found, and not executable: spawn errors with the reason.
+    req.env.remove("PATH");
+    match sb.exec.exec(&req).await {
+        Err(SandboxError::Spawn { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::NotFound, "{source}"),
+        Err(e) => panic!("not a spawn error: {e}"),
+        Ok(_) => panic!("a program missing from the step's PATH ran"),
+    }
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    req.program = vec![tool.display().to_string()];
+    match sb.exec.exec(&req).await {
+        Err(SandboxError::Spawn { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied, "{source}")
+        }
+        Err(e) => panic!("not a spawn error: {e}"),
+        Ok(_) => panic!("a file without an execute bit ran"),
+    }
+    let out = sb.run("echo still free").await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "still free\n");
 }
