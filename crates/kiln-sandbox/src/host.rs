@@ -36,8 +36,10 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
 /// `PATH` of steps when the agent itself has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Bytes read from a pipe at once (and the largest output event).
+/// Bytes read from a pipe at once at most (and the largest output event).
 const READ_BUF: usize = 256 * 1024;
+/// Bytes read from a pipe at once at first ([`drain`]).
+const FIRST_READ: usize = 16 * 1024;
 /// Capacity asked for the output pipes (Linux's default unprivileged maximum).
 const PIPE_SIZE: i32 = 1024 * 1024;
 /// Output events buffered between the pipe readers and the consumer.
@@ -351,16 +353,24 @@ async fn wait_gone(pgid: i32) {
 
 /// Reads a pipe to its end. If the consumer went away, keep reading and
 /// discard, so the step never blocks on a full pipe.
+/// The buffer starts at [`FIRST_READ`] bytes, not zeroed, and doubles up to
+/// [`READ_BUF`] while reads fill it: a quiet step (most of them) costs no
+/// large zeroed allocation per stream.
 async fn drain<R: tokio::io::AsyncRead + Unpin>(mut pipe: R, stream: OutputStream, tx: mpsc::Sender<StepEvent>) {
-    let mut buf = vec![0u8; READ_BUF];
+    let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
     let mut consumer = true;
     loop {
-        match pipe.read(&mut buf).await {
+        buf.clear();
+        match pipe.read_buf(&mut buf).await {
             Ok(0) => return,
             Ok(n) => {
                 if consumer {
-                    let ev = StepEvent::Output { stream, data: buf[..n].to_vec() };
+                    let ev = StepEvent::Output { stream, data: buf.clone() };
                     consumer = tx.send(ev).await.is_ok();
+                }
+                if n >= buf.capacity() && n < READ_BUF {
+                    buf.clear();
+                    buf.reserve_exact((n * 2).min(READ_BUF));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

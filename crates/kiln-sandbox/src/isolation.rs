@@ -250,7 +250,11 @@ pub(crate) fn chown_tree(path: &Path, user: StepUser) -> std::io::Result<()> {
     if !meta.is_dir() && meta.nlink() > 1 {
         return Ok(());
     }
-    std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))?;
+    // What is the user's already (most of a kept job slot, issue 20) is
+    // left alone: no syscall, no inode change.
+    if meta.uid() != user.uid || meta.gid() != user.gid {
+        std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))?;
+    }
     if meta.is_dir() {
         for e in std::fs::read_dir(path)? {
             chown_tree(&e?.path(), user)?;
@@ -340,5 +344,21 @@ mod tests {
         assert_eq!(std::fs::metadata(tree.join("sub/own")).unwrap().uid(), 65534);
         assert_eq!(std::fs::symlink_metadata(tree.join("link")).unwrap().uid(), 65534, "the link itself");
         assert_eq!(std::fs::metadata(&outside).unwrap().uid(), 0, "neither the symlink's nor the hard link's target");
+
+        // Owned already: untouched (its change time stays); a group that
+        // differs is still set.
+        std::fs::write(tree.join("mine"), b"z").unwrap();
+        std::fs::write(tree.join("group"), b"z").unwrap();
+        std::os::unix::fs::lchown(tree.join("mine"), Some(NOBODY.uid), Some(NOBODY.gid)).unwrap();
+        std::os::unix::fs::lchown(tree.join("group"), Some(NOBODY.uid), Some(0)).unwrap();
+        let ctime = |p: &str| {
+            let m = std::fs::symlink_metadata(tree.join(p)).unwrap();
+            (m.ctime(), m.ctime_nsec())
+        };
+        let before = ctime("mine");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        chown_tree(&tree, NOBODY).unwrap();
+        assert_eq!(ctime("mine"), before, "an entry the user owns is not chowned again");
+        assert_eq!(std::fs::metadata(tree.join("group")).unwrap().gid(), NOBODY.gid);
     }
 }

@@ -42,14 +42,20 @@ pub(crate) fn record(state_dir: &Path, pgid: i32) -> io::Result<()> {
     };
     if let Some(spare) = spare {
         // Rewritten before it takes the group's name: a record never
-        // names one group with another's start time.
+        // names one group with another's start time. Overwritten in place
+        // and then cut to length, never truncated to zero: ext4 flushes a
+        // file truncated to zero and rewritten when it is closed (its
+        // `auto_da_alloc`), a block write per step.
+        use std::os::unix::fs::FileExt;
         let flags = nix::fcntl::OFlag::O_NOFOLLOW.bits();
         let reused = std::fs::OpenOptions::new()
             .write(true)
-            .truncate(true)
             .custom_flags(flags)
             .open(&spare)
-            .and_then(|mut f| f.write_all(content.as_bytes()))
+            .and_then(|f| {
+                f.write_all_at(content.as_bytes(), 0)?;
+                f.set_len(content.len() as u64)
+            })
             .and_then(|()| std::fs::rename(&spare, &path));
         if reused.is_ok() {
             return Ok(());
@@ -183,7 +189,8 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 1);
         assert!(names[0].to_string_lossy().starts_with(".spare-"), "{names:?}");
-        std::fs::write(state.join(&names[0]), b"stale content of a longer record").unwrap();
+        // Longer than any record: the rewrite must cut it.
+        std::fs::write(state.join(&names[0]), "stale content of a longer record ".repeat(8)).unwrap();
         record(&state, me).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().ino(), ino, "the spare became the record");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), want, "rewritten whole");

@@ -222,6 +222,21 @@ async fn large_output_on_both_pipes_does_not_hang() {
     assert_eq!(out.stderr.len(), 3_000_000);
 }
 
+/// Output reaches the consumer whole and in order, in reads that grow from
+/// a small buffer to the largest one and back to quiet lines.
+#[tokio::test]
+async fn output_arrives_intact_through_growing_reads() {
+    let sb = Sandbox::new().await;
+    let out = sb.run("echo first; sleep 0.1; seq 1 300000; sleep 0.1; echo last").await;
+    let mut want = String::from("first\n");
+    for i in 1..=300_000 {
+        want.push_str(&format!("{i}\n"));
+    }
+    want.push_str("last\n");
+    assert_eq!(out.exit, Some(StepExit::Code(0)));
+    assert!(out.stdout == want.as_bytes(), "{} bytes instead of {}", out.stdout.len(), want.len());
+}
+
 #[tokio::test]
 async fn a_dropped_handle_does_not_block_the_step() {
     let sb = Sandbox::new().await;
