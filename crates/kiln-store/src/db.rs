@@ -45,14 +45,14 @@ impl<T> Record for T where T: for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'
 
 /// An open transaction.
 pub(crate) enum Tx {
-    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    Sqlite(crate::sqlite::SqliteTx),
     Pg(sqlx::Transaction<'static, Postgres>),
 }
 
 impl Tx {
     pub(crate) async fn commit(self) -> Result<()> {
         match self {
-            Tx::Sqlite(t) => t.commit().await.map_err(db_err),
+            Tx::Sqlite(t) => t.commit().await,
             Tx::Pg(t) => t.commit().await.map_err(pg_err),
         }
     }
@@ -61,15 +61,15 @@ impl Tx {
     /// rollback happens when it returns to the pool).
     pub(crate) async fn rollback(self) {
         let _ = match self {
-            Tx::Sqlite(t) => t.rollback().await,
-            Tx::Pg(t) => t.rollback().await,
+            Tx::Sqlite(t) => t.rollback().await.map_err(drop),
+            Tx::Pg(t) => t.rollback().await.map_err(drop),
         };
     }
 }
 
 /// A pooled connection, for statements outside an explicit transaction.
 pub(crate) enum Conn {
-    Sqlite(PoolConnection<Sqlite>),
+    Sqlite(crate::sqlite::Lease),
     Pg(PoolConnection<Postgres>),
 }
 
@@ -105,7 +105,7 @@ impl Exec for Tx {
     fn sql(&mut self, text: impl SqlText) -> Stmt<'_> {
         let d = self.dialect();
         match self {
-            Tx::Sqlite(t) => Stmt::Sqlite(t, sqlx::query(text.text(d))),
+            Tx::Sqlite(t) => Stmt::Sqlite(t.conn(), sqlx::query(text.text(d))),
             Tx::Pg(t) => Stmt::Pg(t, sqlx::query(text.text(d))),
         }
     }

@@ -16,11 +16,11 @@
 
 use crate::db::{Conn, Exec, Tx};
 use crate::dialect::{Dialect, Isolation, POSTGRES, SQLITE};
-use crate::error::{Result, StoreError, db_err, pg_err};
+use crate::error::{Result, StoreError, pg_err};
 use crate::rows::LeaseExtended;
 use crate::{postgres, sqlite};
 use kiln_core::Backoff;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::PgPool;
 use std::path::Path;
 
 /// The authoritative store on SQLite or PostgreSQL.
@@ -73,7 +73,7 @@ enum Pools {
     /// WAL mode; one writer connection serializes every mutating
     /// transaction (the run lock of spec 000 §9 is implied by SQLite's
     /// single writer), several read-only connections serve queries.
-    Sqlite { writer: SqlitePool, reader: SqlitePool },
+    Sqlite { writer: std::sync::Arc<sqlite::Lanes>, reader: std::sync::Arc<sqlite::Lanes> },
     /// One pool; concurrent heartbeats share statements (see `postgres.rs`).
     Pg { pool: PgPool, beats: postgres::Heartbeats },
 }
@@ -155,7 +155,7 @@ impl SqlStore {
     /// A connection for reads outside a transaction (SQLite: a read-only one).
     pub(crate) async fn reader(&self) -> Result<Conn> {
         match &self.pools {
-            Pools::Sqlite { reader, .. } => reader.acquire().await.map(Conn::Sqlite).map_err(db_err),
+            Pools::Sqlite { reader, .. } => reader.acquire().await.map(Conn::Sqlite),
             Pools::Pg { pool, .. } => pool.acquire().await.map(Conn::Pg).map_err(pg_err),
         }
     }
@@ -163,7 +163,7 @@ impl SqlStore {
     /// A connection for a single-statement write outside a transaction.
     pub(crate) async fn writer(&self) -> Result<Conn> {
         match &self.pools {
-            Pools::Sqlite { writer, .. } => writer.acquire().await.map(Conn::Sqlite).map_err(db_err),
+            Pools::Sqlite { writer, .. } => writer.acquire().await.map(Conn::Sqlite),
             Pools::Pg { pool, .. } => pool.acquire().await.map(Conn::Pg).map_err(pg_err),
         }
     }
@@ -172,14 +172,14 @@ impl SqlStore {
     /// (SQLite) or one consistent moment per statement (PostgreSQL's default).
     pub(crate) async fn read_tx(&self) -> Result<Tx> {
         match &self.pools {
-            Pools::Sqlite { reader, .. } => reader.begin().await.map(Tx::Sqlite).map_err(db_err),
+            Pools::Sqlite { reader, .. } => sqlite::SqliteTx::begin(reader).await.map(Tx::Sqlite),
             Pools::Pg { pool, .. } => pool.begin().await.map(Tx::Pg).map_err(pg_err),
         }
     }
 
     async fn begin(&self, isolation: Isolation) -> Result<Tx> {
         match &self.pools {
-            Pools::Sqlite { writer, .. } => writer.begin().await.map(Tx::Sqlite).map_err(db_err),
+            Pools::Sqlite { writer, .. } => sqlite::SqliteTx::begin(writer).await.map(Tx::Sqlite),
             Pools::Pg { pool, .. } => match POSTGRES.begin(isolation) {
                 Some(begin) => pool.begin_with(begin).await.map(Tx::Pg).map_err(pg_err),
                 None => pool.begin().await.map(Tx::Pg).map_err(pg_err),
