@@ -364,8 +364,16 @@ async fn a_root_agents_step_is_pid_1_of_its_namespace_without_a_keeper() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let cmdline = std::fs::read(format!("/proc/{pgid}/cmdline")).unwrap();
-    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    // The spawner returns once the step's exec has begun: its command line
+    // is set up a moment later.
+    let mut cmdline = String::new();
+    for _ in 0..500 {
+        cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pgid}/cmdline")).unwrap()).replace('\0', " ");
+        if !cmdline.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(cmdline.starts_with("/bin/sh -e -c echo pid=$$"), "the group's leader is the step's shell: {cmdline}");
     let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap();
     let ppid: u32 = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse().unwrap();

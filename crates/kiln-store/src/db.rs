@@ -45,7 +45,7 @@ impl<T> Record for T where T: for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'
 
 /// An open transaction.
 pub(crate) enum Tx {
-    Sqlite(crate::sqlite::SqliteTx),
+    Sqlite(crate::lanes::SqliteTx),
     Pg(sqlx::Transaction<'static, Postgres>),
 }
 
@@ -69,7 +69,7 @@ impl Tx {
 
 /// A pooled connection, for statements outside an explicit transaction.
 pub(crate) enum Conn {
-    Sqlite(crate::sqlite::Lease),
+    Sqlite(crate::lanes::Lease),
     Pg(PoolConnection<Postgres>),
 }
 

@@ -18,6 +18,7 @@ mod db;
 mod dialect;
 mod error;
 mod impls;
+mod lanes;
 mod model;
 mod postgres;
 mod rows;

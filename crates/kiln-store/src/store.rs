@@ -73,7 +73,7 @@ enum Pools {
     /// WAL mode; one writer connection serializes every mutating
     /// transaction (the run lock of spec 000 §9 is implied by SQLite's
     /// single writer), several read-only connections serve queries.
-    Sqlite { writer: std::sync::Arc<sqlite::Lanes>, reader: std::sync::Arc<sqlite::Lanes> },
+    Sqlite { writer: std::sync::Arc<crate::lanes::Lanes>, reader: std::sync::Arc<crate::lanes::Lanes> },
     /// One pool; concurrent heartbeats share statements (see `postgres.rs`).
     Pg { pool: PgPool, beats: postgres::Heartbeats },
 }
@@ -172,14 +172,14 @@ impl SqlStore {
     /// (SQLite) or one consistent moment per statement (PostgreSQL's default).
     pub(crate) async fn read_tx(&self) -> Result<Tx> {
         match &self.pools {
-            Pools::Sqlite { reader, .. } => sqlite::SqliteTx::begin(reader).await.map(Tx::Sqlite),
+            Pools::Sqlite { reader, .. } => crate::lanes::SqliteTx::begin(reader).await.map(Tx::Sqlite),
             Pools::Pg { pool, .. } => pool.begin().await.map(Tx::Pg).map_err(pg_err),
         }
     }
 
     async fn begin(&self, isolation: Isolation) -> Result<Tx> {
         match &self.pools {
-            Pools::Sqlite { writer, .. } => sqlite::SqliteTx::begin(writer).await.map(Tx::Sqlite),
+            Pools::Sqlite { writer, .. } => crate::lanes::SqliteTx::begin(writer).await.map(Tx::Sqlite),
             Pools::Pg { pool, .. } => match POSTGRES.begin(isolation) {
                 Some(begin) => pool.begin_with(begin).await.map(Tx::Pg).map_err(pg_err),
                 None => pool.begin().await.map(Tx::Pg).map_err(pg_err),
