@@ -93,8 +93,10 @@ impl Drop for Lease {
         let Some(conn) = self.conn.take() else { return };
         if self.discard {
             // Dropping it ends its thread, which closes the database handle:
-            // SQLite rolls back an open transaction.
-            tracing::warn!("closing a database connection whose transaction did not end cleanly");
+            // SQLite rolls back an open transaction. Usually a cancelled
+            // request or a server shutting down; a failed COMMIT is the
+            // caller's error already.
+            tracing::debug!("closing a database connection whose transaction did not end cleanly");
             drop(conn);
         } else {
             self.lanes.idle.lock().expect("lanes").push(conn);
