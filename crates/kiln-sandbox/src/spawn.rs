@@ -430,10 +430,10 @@ fn resolve(program: &OsStr, path: Option<&OsStr>, cwd: &Path) -> io::Result<Path
 /// A step started by [`PidNsSpawner`]: its pid (PID 1 inside its
 /// namespace), a pidfd to wait on, and the read ends of its output pipes.
 pub(crate) struct StepChild {
-    pub(crate) pid: i32,
+    pid: i32,
     pidfd: OwnedFd,
-    pub(crate) stdout: OwnedFd,
-    pub(crate) stderr: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
 }
 
 impl StepChild {
@@ -505,11 +505,14 @@ fn reap(pidfd: &OwnedFd, flags: libc::c_int) -> io::Result<Option<std::process::
 }
 
 /// The spawner thread's means: its own PID namespace (to return to), a
-/// stack for the children, and `/dev/null` for their stdin.
+/// stack for the children, `/dev/null` for their stdin, and the
+/// [`ParentAlive`] pipe (one for all spawns: they run one at a time, and
+/// each child closes its copies before the next clone).
 struct Cloner {
     own: std::fs::File,
     stack: Stack,
     null: OwnedFd,
+    alive: ParentAlive,
 }
 
 /// Bytes of a child's stack, above one guard page. The child only runs
@@ -561,7 +564,7 @@ impl Cloner {
         };
         let stack = Stack { base, len };
         let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?.into();
-        Ok(Cloner { own, stack, null })
+        Ok(Cloner { own, stack, null, alive: ParentAlive::new()? })
     }
 
     /// Starts `spec` as PID 1 of a new PID namespace; returns once it
@@ -570,7 +573,6 @@ impl Cloner {
         use nix::fcntl::OFlag;
         let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let alive = ParentAlive::new()?;
         let ptrs =
             |v: &[CString]| v.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect::<Vec<_>>();
         let (argv, envp) = (ptrs(&spec.argv), ptrs(&spec.envp));
@@ -580,7 +582,7 @@ impl Cloner {
             envp: envp.as_ptr(),
             cwd: spec.cwd.as_ptr(),
             fds: [self.null.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-            alive: (alive.read.as_raw_fd(), alive.write.as_raw_fd()),
+            alive: (self.alive.read.as_raw_fd(), self.alive.write.as_raw_fd()),
             user: spec.user,
             errno: std::sync::atomic::AtomicI32::new(0),
         };
@@ -754,7 +756,7 @@ fn new_pid_namespace(own: &std::fs::File) -> io::Result<()> {
     Ok(())
 }
 
-/// A close-on-exec pipe the spawner holds while it starts a step: PID 1 of
+/// A close-on-exec pipe the spawner holds for the agent's life: PID 1 of
 /// a new namespace cannot ask `getppid()` whether its parent is still there
 /// (it says 0), so the child closes its copy of the write end and checks
 /// that the read end has not hung up, i.e. that the agent (which holds the
