@@ -1075,7 +1075,12 @@ async fn run_one(
     let exit = loop {
         tokio::select! {
             ev = handle.next() => match ev {
-                Some(StepEvent::Output { stream, data }) => logs.write(Stream::from(stream), &data),
+                Some(StepEvent::Output { stream, data }) => {
+                    // Output faster than it is shipped waits here (and the
+                    // step on its pipe) while the server keeps taking it.
+                    logs.room(data.len()).await;
+                    logs.write(Stream::from(stream), &data);
+                }
                 Some(StepEvent::Exited(e)) => break e,
                 None => return Err(Ran::Infra(format!("lost track of step `{}`", req.name))),
             },

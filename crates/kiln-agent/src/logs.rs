@@ -86,10 +86,18 @@ fn in_flight() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| in_flight_setting().unwrap_or(IN_FLIGHT))
 }
-/// Unshipped bytes held in memory per attempt; beyond, output goes to the
-/// on-disk spool, and beyond that it is dropped (and the drop recorded in
+/// Unshipped bytes held in memory per attempt. While the server keeps
+/// taking chunks, a step writing faster than they are shipped waits for
+/// room (its pipe fills, as it would into a file on a slow disk); when the
+/// server takes nothing for [`SPOOL_AFTER`], output goes to the on-disk
+/// spool instead, and beyond that it is dropped (and the drop recorded in
 /// the `system` stream) rather than blocking the step.
 pub const MAX_BUFFERED: usize = 16 * 1024 * 1024;
+/// How long step output waits for room in memory while nothing is shipped
+/// before it goes to the spool (see [`MAX_BUFFERED`]). Issue 20: writing a
+/// backlog to the spool and reading it back cost a loud step's agent about
+/// a fifth of its CPU, for bytes the server was about to take anyway.
+pub const SPOOL_AFTER: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stream {
@@ -329,6 +337,8 @@ pub(crate) struct LogStreamer {
     masker: Option<Masker>,
     bufs: Arc<Mutex<Buffers>>,
     notify: Arc<Notify>,
+    /// Notified whenever the shipper takes bytes out of memory.
+    drained: Arc<Notify>,
     task: JoinHandle<bool>,
 }
 
@@ -338,8 +348,11 @@ pub(crate) struct LogConfig {
     pub flush_after: Duration,
     /// [`FIRST_FLUSH_AFTER`].
     pub first_flush_after: Duration,
-    /// Unshipped bytes held in memory; more go to the spool.
+    /// Unshipped bytes held in memory; more wait for room, or go to the
+    /// spool once nothing was shipped for `spool_after`.
     pub max_buffered: usize,
+    /// [`SPOOL_AFTER`] (zero: spool at once, never wait).
+    pub spool_after: Duration,
     /// Directory of the attempt's on-disk spool (`None`: no spool; output
     /// over `max_buffered` is dropped and the drop recorded).
     pub spool_dir: Option<std::path::PathBuf>,
@@ -371,6 +384,7 @@ impl Default for LogConfig {
             flush_after: FLUSH_AFTER,
             first_flush_after: FIRST_FLUSH_AFTER,
             max_buffered: MAX_BUFFERED,
+            spool_after: SPOOL_AFTER,
             spool_dir: None,
             max_spool: DEFAULT_SPOOL_LIMIT,
             rate_limit: None,
@@ -395,6 +409,7 @@ impl LogStreamer {
     ) -> Self {
         let bufs = Arc::new(Mutex::new(Buffers::default()));
         let notify = Arc::new(Notify::new());
+        let drained = Arc::new(Notify::new());
         let shipper = Shipper {
             client,
             job_id,
@@ -403,10 +418,40 @@ impl LogStreamer {
             cfg: cfg.clone(),
             bufs: bufs.clone(),
             notify: notify.clone(),
+            drained: drained.clone(),
             holes: Mutex::default(),
         };
         let task = tokio::spawn(shipper.run());
-        LogStreamer { cfg, masker, bufs, notify, task }
+        LogStreamer { cfg, masker, bufs, notify, drained, task }
+    }
+
+    /// Waits until memory has room for `len` more bytes of output, for as
+    /// long as the shipper keeps taking bytes out of it: a step writing
+    /// faster than its output is shipped is held back by its own pipe
+    /// instead of the agent writing the excess to disk and reading it back.
+    /// Returns at once when there is room, when output already waits in
+    /// the spool (order), or when the output limit drops it anyway; and
+    /// after [`LogConfig::spool_after`] without progress (a stalled or
+    /// unreachable server), so [`Self::write`] spools and the step never
+    /// hangs on its log.
+    pub(crate) async fn room(&self, len: usize) {
+        let deadline = Instant::now() + self.cfg.spool_after;
+        loop {
+            let drained = self.drained.notified();
+            {
+                let b = self.bufs.lock().expect("log buffers");
+                if b.closed
+                    || b.buffered() + len <= self.cfg.max_buffered
+                    || b.spooled() > 0
+                    || b.accepted >= self.cfg.max_bytes
+                {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(deadline, drained).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Appends bytes; never waits. Over the buffer cap, bytes are dropped
@@ -736,6 +781,8 @@ struct Shipper {
     cfg: LogConfig,
     bufs: Arc<Mutex<Buffers>>,
     notify: Arc<Notify>,
+    /// See [`LogStreamer::room`].
+    drained: Arc<Notify>,
     /// Per stream, the end offsets of chunks given up (refused for good):
     /// the chunk starting there follows an explicit hole.
     holes: Mutex<Vec<(String, i64)>>,
@@ -895,6 +942,10 @@ impl Shipper {
             }
         }
         let done = b.closed && b.buffered() == 0 && b.ready.is_empty() && b.spooled() == 0 && b.deferred.is_empty();
+        drop(b);
+        if !chunks.is_empty() {
+            self.drained.notify_waiters();
+        }
         (chunks, deadline, done)
     }
 
@@ -968,6 +1019,7 @@ mod tests {
             },
             bufs: Arc::default(),
             notify: Arc::default(),
+            drained: Arc::default(),
             holes: Mutex::default(),
         }
     }
@@ -1081,13 +1133,7 @@ mod tests {
     #[tokio::test]
     async fn a_system_line_is_its_own_chunk_after_what_was_written_before() {
         let s = shipper(4);
-        let streamer = LogStreamer {
-            cfg: s.cfg.clone(),
-            masker: None,
-            bufs: s.bufs.clone(),
-            notify: s.notify.clone(),
-            task: tokio::spawn(async { true }),
-        };
+        let streamer = streamer_for(&s);
         streamer.write(Stream::Stdout, b"abcdef");
         streamer.write(Stream::Stderr, b"err");
         streamer.system("▶ s");
@@ -1217,8 +1263,59 @@ mod tests {
             masker: None,
             bufs: s.bufs.clone(),
             notify: s.notify.clone(),
+            drained: s.drained.clone(),
             task: tokio::spawn(async { true }),
         }
+    }
+
+    /// Output over the memory bound waits for the shipper instead of going
+    /// to the spool while the shipper keeps taking bytes, and goes on the
+    /// moment it takes some.
+    #[tokio::test]
+    async fn output_over_the_memory_bound_waits_for_the_shipper() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper(8);
+        s.cfg.max_buffered = 32;
+        s.cfg.spool_after = Duration::from_secs(3600);
+        s.cfg.spool_dir = Some(dir.path().to_path_buf());
+        let s = Arc::new(s);
+        let streamer = Arc::new(streamer_for(&s));
+        streamer.write(Stream::Stdout, &[b'a'; 30]);
+        // Room for 2 bytes: returns at once.
+        tokio::time::timeout(Duration::from_secs(5), streamer.room(2)).await.expect("room for 2 bytes");
+        let waiter = tokio::spawn({
+            let streamer = streamer.clone();
+            async move { streamer.room(10).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "30 + 10 bytes do not fit in 32: the write waits");
+        let (chunks, _, _) = s.cut(false);
+        assert!(!chunks.is_empty(), "the shipper took the pending bytes");
+        tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("woken by the shipper").unwrap();
+        streamer.write(Stream::Stdout, &[b'b'; 10]);
+        assert_eq!(s.bufs.lock().unwrap().spooled(), 0, "nothing went to disk");
+        assert!(!dir.path().join("stdout.spool").exists());
+    }
+
+    /// When the shipper takes nothing for `spool_after` (a stalled server),
+    /// the write goes on into the spool: the step never hangs on its log.
+    #[tokio::test]
+    async fn output_goes_to_the_spool_when_nothing_is_shipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = shipper(8);
+        s.cfg.max_buffered = 32;
+        s.cfg.spool_after = Duration::from_millis(20);
+        s.cfg.spool_dir = Some(dir.path().to_path_buf());
+        let streamer = streamer_for(&s);
+        streamer.write(Stream::Stdout, &[b'a'; 30]);
+        tokio::time::timeout(Duration::from_secs(5), streamer.room(10)).await.expect("gives up waiting");
+        streamer.write(Stream::Stdout, &[b'b'; 10]);
+        assert_eq!(s.bufs.lock().unwrap().spooled(), 10, "the write went to the spool");
+        // Once output waits in the spool, later writes follow it at once (order).
+        tokio::time::timeout(Duration::from_secs(5), streamer.room(10)).await.expect("no wait behind the spool");
+        let chunks = drain_all(&s);
+        let out: Vec<u8> = chunks.iter().filter(|c| c.stream == "stdout").flat_map(|c| c.data.to_vec()).collect();
+        assert_eq!(out, [[b'a'; 30].as_slice(), &[b'b'; 10]].concat());
     }
 
     /// Drains the shipper as the network would: every chunk, in order.

@@ -75,6 +75,9 @@ pub(crate) fn spawn_agent_with(
         .arg(dir.join(name))
         .env("KILN_AGENT_TOKEN", token)
         .args(extra)
+        // Extra agent flags for a comparison (e.g. `--log-buffer 1GiB`),
+        // separated by spaces: the agents of `logs`, `failover`, … all get them.
+        .args(std::env::var("KILN_BENCH_AGENT_ARGS").unwrap_or_default().split_whitespace())
         .env("KILN_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -733,7 +733,7 @@ impl ContainerExecutor {
                     }
                 };
                 if consumer && !bytes.is_empty() {
-                    consumer = tx.send(StepEvent::Output { stream, data: bytes.to_vec() }).await.is_ok();
+                    consumer = tx.send(StepEvent::Output { stream, data: bytes }).await.is_ok();
                 }
             }
             let t_output = t.elapsed();

@@ -353,24 +353,32 @@ async fn wait_gone(pgid: i32) {
 
 /// Reads a pipe to its end. If the consumer went away, keep reading and
 /// discard, so the step never blocks on a full pipe.
-/// The buffer starts at [`FIRST_READ`] bytes, not zeroed, and doubles up to
-/// [`READ_BUF`] while reads fill it: a quiet step (most of them) costs no
-/// large zeroed allocation per stream.
+/// A read goes into a buffer of [`FIRST_READ`] bytes at first, not zeroed,
+/// twice that after a read filled it, up to [`READ_BUF`]: a quiet step (most
+/// of them) costs no large allocation per stream. Each read is handed on
+/// without a copy, and its buffer is read into again once the consumer has
+/// dropped it (issue 20: a fresh buffer per read, and the page faults of
+/// touching it, were a visible share of a loud step's cost).
 async fn drain<R: tokio::io::AsyncRead + Unpin>(mut pipe: R, stream: OutputStream, tx: mpsc::Sender<StepEvent>) {
-    let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
+    let mut want = FIRST_READ;
+    // Buffers handed on, oldest first: one the consumer has dropped is ours again.
+    let mut sent: std::collections::VecDeque<bytes::Bytes> = std::collections::VecDeque::new();
     let mut consumer = true;
     loop {
-        buf.clear();
-        match pipe.read_buf(&mut buf).await {
+        let mut buf = reuse(&mut sent, want).unwrap_or_else(|| bytes::BytesMut::with_capacity(want));
+        match pipe.read_buf(&mut bytes::BufMut::limit(&mut buf, want)).await {
             Ok(0) => return,
             Ok(n) => {
                 if consumer {
-                    let ev = StepEvent::Output { stream, data: buf.clone() };
-                    consumer = tx.send(ev).await.is_ok();
+                    let data = buf.freeze();
+                    sent.push_back(data.clone());
+                    if sent.len() > KEPT_READS {
+                        sent.pop_front();
+                    }
+                    consumer = tx.send(StepEvent::Output { stream, data }).await.is_ok();
                 }
-                if n >= buf.capacity() && n < READ_BUF {
-                    buf.clear();
-                    buf.reserve_exact((n * 2).min(READ_BUF));
+                if n >= want && want < READ_BUF {
+                    want = (want * 2).min(READ_BUF);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -380,6 +388,29 @@ async fn drain<R: tokio::io::AsyncRead + Unpin>(mut pipe: R, stream: OutputStrea
             }
         }
     }
+}
+
+/// Read buffers [`drain`] keeps to read into again.
+const KEPT_READS: usize = 4;
+
+/// The oldest buffer handed on that nobody else holds any more, emptied, if
+/// it is large enough for `want` bytes.
+fn reuse(sent: &mut std::collections::VecDeque<bytes::Bytes>, want: usize) -> Option<bytes::BytesMut> {
+    while let Some(b) = sent.pop_front() {
+        match b.try_into_mut() {
+            Ok(mut m) if m.capacity() >= want => {
+                m.clear();
+                return Some(m);
+            }
+            // Smaller than reads are now: let it go.
+            Ok(_) => {}
+            Err(b) => {
+                sent.push_front(b);
+                return None;
+            }
+        }
+    }
+    None
 }
 
 impl Executor for HostExecutor {
@@ -457,5 +488,62 @@ impl Executor for HostExecutor {
             Ok(())
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_buffer_is_read_into_again_only_once_its_reader_dropped_it() {
+        let mut sent = std::collections::VecDeque::new();
+        let mut b = bytes::BytesMut::with_capacity(64);
+        b.extend_from_slice(b"abc");
+        let data = b.freeze();
+        let at = data.as_ptr();
+        sent.push_back(data.clone());
+        assert!(reuse(&mut sent, 64).is_none(), "its reader still holds it");
+        assert_eq!(sent.len(), 1, "kept for later");
+        drop(data);
+        let again = reuse(&mut sent, 64).expect("nobody else holds it");
+        assert_eq!(again.as_ptr(), at, "the same buffer");
+        assert!(again.is_empty() && again.capacity() >= 64);
+        sent.push_back(again.freeze());
+        assert!(reuse(&mut sent, 128).is_none(), "too small for the reads now");
+        assert!(sent.is_empty(), "and let go");
+    }
+
+    /// Every byte arrives intact while the consumer holds some reads and
+    /// drops others: a buffer is never read into while someone holds it.
+    #[tokio::test]
+    async fn output_arrives_intact_while_buffers_are_reused() {
+        let input: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        let (mut w, r) = tokio::io::duplex(64 * 1024);
+        let (tx, mut rx) = mpsc::channel(4);
+        let reader = tokio::spawn(drain(r, OutputStream::Stdout, tx));
+        let feed = input.clone();
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for piece in feed.chunks(70_001) {
+                w.write_all(piece).await.unwrap();
+            }
+        });
+        let (mut held, mut out, mut reads) = (vec![], 0, 0);
+        while let Some(StepEvent::Output { data, .. }) = rx.recv().await {
+            assert_eq!(&data[..], &input[out..out + data.len()], "read {reads} as written");
+            if reads % 3 == 0 {
+                held.push((out, data.clone()));
+            }
+            out += data.len();
+            reads += 1;
+        }
+        writer.await.unwrap();
+        reader.await.unwrap();
+        assert_eq!(out, input.len(), "every byte");
+        assert!(reads > 12, "many reads: {reads}");
+        for (at, b) in &held {
+            assert_eq!(&b[..], &input[*at..at + b.len()], "a held read changed under its holder");
+        }
     }
 }

@@ -86,7 +86,13 @@ impl std::fmt::Display for StepExit {
 /// read from each pipe; `Exited` is always the last event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StepEvent {
-    Output { stream: OutputStream, data: Vec<u8> },
+    /// Bytes as read from the pipe. The reader reads into their buffer
+    /// again once nobody holds them any more (holding them is safe; it only
+    /// costs the reader a fresh buffer).
+    Output {
+        stream: OutputStream,
+        data: bytes::Bytes,
+    },
     Exited(StepExit),
 }
 

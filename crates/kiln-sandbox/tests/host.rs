@@ -82,7 +82,7 @@ async fn collect(mut h: StepHandle) -> Output {
 async fn next_stdout(h: &mut StepHandle) -> Vec<u8> {
     loop {
         match tokio::time::timeout(Duration::from_secs(30), h.next()).await.expect("no output").expect("ended") {
-            StepEvent::Output { stream: OutputStream::Stdout, data } => return data,
+            StepEvent::Output { stream: OutputStream::Stdout, data } => return data.to_vec(),
             StepEvent::Output { .. } => {}
             StepEvent::Exited(e) => panic!("step exited early: {e}"),
         }

@@ -223,6 +223,32 @@ async fn output_spools_to_disk_while_the_server_is_unreachable() {
     assert!(!text.contains("dropped"), "nothing dropped");
 }
 
+/// A step writing faster than its output is shipped, with a small memory
+/// buffer (`--log-buffer`), is held back by its pipe while the server keeps
+/// taking chunks: every line arrives once, in order, nothing is dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_loud_step_waits_for_its_log() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &["--log-buffer", "65536"]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: loud\n    steps:\n      - seq 1 2000000\n",
+    )])
+    .unwrap();
+    server.add_repo("loud", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let r = c.submit_run("loud", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &r.run_id, 120).await;
+    assert_eq!(run.status, "success", "{run:#?}");
+    let text = log_text(&c, &run.jobs[0].id).await;
+    let numbers: Vec<u32> = text.lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(numbers.len(), 2_000_000, "nothing lost");
+    if let Some(i) = numbers.iter().enumerate().position(|(i, &n)| n != i as u32 + 1) {
+        panic!("out of order at line {i}: {:?}", &numbers[i.saturating_sub(3)..(i + 3).min(numbers.len())]);
+    }
+    assert!(!text.contains("dropped"), "nothing dropped");
+}
+
 /// Output faster than the agent's byte-rate limit is drained and dropped,
 /// the step ends normally, and the log marks the gap.
 #[tokio::test(flavor = "multi_thread")]
