@@ -163,8 +163,10 @@ pub struct AgentConfig {
     /// Per-attempt stdout + stderr rate in bytes per second (`None`:
     /// unlimited). Output over it is drained, dropped, and marked as a gap.
     pub log_rate_limit: Option<u64>,
-    /// Unshipped log bytes an attempt keeps in memory before spilling to its
-    /// on-disk spool (`None`: 16 MiB).
+    /// Unshipped log bytes an attempt keeps in memory (`None`: 16 MiB).
+    /// When full, the step waits on its pipe while chunks are still being
+    /// shipped, and output spills to the on-disk spool after
+    /// 500 ms without progress.
     pub log_buffer: Option<u64>,
     /// Largest on-disk log spool per attempt (`None`: 1 GiB); beyond it
     /// output is dropped and the drop recorded.

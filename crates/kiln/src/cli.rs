@@ -470,8 +470,9 @@ pub struct AgentTuning {
     /// unlimited); faster output is drained, dropped and marked as a gap.
     #[arg(long, value_name = "BYTES_PER_S", value_parser = parse_bytes)]
     pub log_rate_limit: Option<u64>,
-    /// Unshipped log bytes an attempt keeps in memory before spilling them
-    /// to its on-disk spool (default 16 MiB).
+    /// Unshipped log bytes an attempt keeps in memory (default 16 MiB). When they fill it, the
+    /// step waits on its pipe while the server keeps taking chunks; after 500 ms without one
+    /// taken (a slow or unreachable server), output spills to the attempt's on-disk spool.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub log_buffer: Option<u64>,
     /// Largest on-disk log spool per attempt (default 1 GiB); output beyond

@@ -471,8 +471,9 @@ async fn a_database_outage_pauses_the_control_plane_and_loses_no_job_or_line() {
     let flags = ["--database-url", &db, "--lease-ttl", "10s", "--retry-base", "100ms"];
     let s = KilnServer::start(BIN.as_ref(), &flags).unwrap();
     s.add_repo("outage", &repo);
-    // A small memory buffer: what cannot be shipped goes to the disk spool
-    // (1 GiB by default: it never overflows here).
+    // A small memory buffer: once nothing is shipped for a while, what
+    // cannot be shipped goes to the disk spool (1 GiB by default: it never
+    // overflows here).
     let agent = s.agent("steady", &["--log-buffer", "4096"]).unwrap();
     let c = Client::new(&s.url, &s.token);
     let run =

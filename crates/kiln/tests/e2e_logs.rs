@@ -168,6 +168,17 @@ fn signal(pid: u32, sig: &str) {
     );
 }
 
+/// The log's numbered lines (`seq 1 n`) are all there, once each, in
+/// order, and nothing was dropped.
+fn assert_counts_to(text: &str, n: usize) {
+    let numbers: Vec<u32> = text.lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(numbers.len(), n, "nothing lost");
+    if let Some(i) = numbers.iter().enumerate().position(|(i, &n)| n != i as u32 + 1) {
+        panic!("out of order at line {i}: {:?}", &numbers[i.saturating_sub(3)..(i + 3).min(numbers.len())]);
+    }
+    assert!(!text.contains("dropped"), "nothing dropped");
+}
+
 /// The server stops answering (SIGSTOP) while a step writes 20 MB: the
 /// agent keeps draining the pipe into its on-disk spool, the step finishes,
 /// and once the server is back every byte arrives, in order.
@@ -215,12 +226,7 @@ async fn output_spools_to_disk_while_the_server_is_unreachable() {
     let shown = &text[header.saturating_sub(200)..header + 20];
     assert!(before.next().is_some_and(|l| l.starts_with("✓ step 2/3")), "{shown}");
     assert_eq!(before.next(), Some("3000000"), "{shown}");
-    let numbers: Vec<u32> = text.lines().filter_map(|l| l.parse().ok()).collect();
-    assert_eq!(numbers.len(), 3_000_000, "nothing lost");
-    if let Some(i) = numbers.iter().enumerate().position(|(i, &n)| n != i as u32 + 1) {
-        panic!("out of order at line {i}: {:?}", &numbers[i.saturating_sub(3)..(i + 3).min(numbers.len())]);
-    }
-    assert!(!text.contains("dropped"), "nothing dropped");
+    assert_counts_to(&text, 3_000_000);
 }
 
 /// A step writing faster than its output is shipped, with a small memory
@@ -241,12 +247,7 @@ async fn a_loud_step_waits_for_its_log() {
     let run = wait_run(&c, &r.run_id, 120).await;
     assert_eq!(run.status, "success", "{run:#?}");
     let text = log_text(&c, &run.jobs[0].id).await;
-    let numbers: Vec<u32> = text.lines().filter_map(|l| l.parse().ok()).collect();
-    assert_eq!(numbers.len(), 2_000_000, "nothing lost");
-    if let Some(i) = numbers.iter().enumerate().position(|(i, &n)| n != i as u32 + 1) {
-        panic!("out of order at line {i}: {:?}", &numbers[i.saturating_sub(3)..(i + 3).min(numbers.len())]);
-    }
-    assert!(!text.contains("dropped"), "nothing dropped");
+    assert_counts_to(&text, 2_000_000);
 }
 
 /// Output faster than the agent's byte-rate limit is drained and dropped,
