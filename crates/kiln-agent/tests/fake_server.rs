@@ -65,6 +65,11 @@ struct FakeState {
     fail_chunk_once: Option<(String, i64)>,
     /// Answer 409 conflict (final) to every post of this (stream, seq).
     refuse_chunk: Option<(String, i64)>,
+    /// Answer each log chunk after this long (a server's sync time).
+    log_delay: Duration,
+    /// Log chunks being answered now, and the most at once.
+    logs_in_flight: usize,
+    max_logs_in_flight: usize,
     heartbeats: Heartbeats,
     fenced: bool,
     bad_auth: u32,
@@ -299,6 +304,14 @@ async fn logs(
 ) -> Response {
     // The agent sends raw bodies with the identity in headers; recorded here
     // in the JSON shape (data in base64) the assertions read.
+    let mut delay = Duration::ZERO;
+    fake.record(|s| {
+        s.logs_in_flight += 1;
+        s.max_logs_in_flight = s.max_logs_in_flight.max(s.logs_in_flight);
+        delay = s.log_delay;
+    });
+    tokio::time::sleep(delay).await;
+    fake.record(|s| s.logs_in_flight -= 1);
     let h = |name: &str| headers.get(name).expect("log header").to_str().unwrap().to_string();
     use kiln_api::types::log_headers as lh;
     let c = LogChunk {
@@ -1363,6 +1376,32 @@ async fn small_output_is_shipped_while_the_step_runs() {
     h.wait_attempts_done(1).await;
     assert_eq!(h.fake.log("stdout"), "early-line\nlate\n");
     h.stop().await;
+}
+
+/// A loud stream's window (chunks in flight at once) grows past its base of
+/// 8 while the server acknowledges full chunks quickly, and stays at 8 when
+/// every acknowledgement is slow (a busy server gets no more than before).
+/// Every byte arrives either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loud_streams_window_grows_only_while_the_server_keeps_up() {
+    // 30 ms: the server is the bottleneck (a backlog builds), yet well
+    // within FAST_ACK (100 ms); 150 ms: every acknowledgement is slow.
+    for (delay_ms, grows) in [(30, true), (150, false)] {
+        let mut h = Harness::new();
+        h.fake.record(|s| s.log_delay = Duration::from_millis(delay_ms));
+        let a = h.assignment(&[(None, "head -c 48000000 /dev/zero | tr '\\0' x")]);
+        h.start(vec![a]).await;
+        h.wait_attempts_done(1).await;
+        assert_eq!(h.fake.completions()[0].outcome, "success");
+        assert_eq!(h.fake.log("stdout").len(), 48_000_000, "every byte");
+        let most = h.fake.state.lock().unwrap().max_logs_in_flight;
+        if grows {
+            assert!(most > 8, "acknowledged within {delay_ms} ms: the window grows past 8 (at most {most} at once)");
+        } else {
+            assert!(most <= 8, "acknowledged after {delay_ms} ms: the window stays at 8 (but {most} at once)");
+        }
+        h.stop().await;
+    }
 }
 
 /// A step's header reaches the server while the step runs, even when the
