@@ -824,6 +824,7 @@ impl Shipper {
         let mut inflight_stream: Option<String> = None;
         let base = self.cfg.in_flight.max(1);
         let mut window = base;
+        let me = &self;
         loop {
             let (mut deadline, mut done) = (None, false);
             if queue.is_empty() {
@@ -842,7 +843,6 @@ impl Shipper {
                 let c = queue.pop_front().expect("front");
                 inflight_stream = Some(c.stream.clone());
                 let large = c.data.len() >= self.cfg.max_chunk.max(self.cfg.chunk_size);
-                let me = &self;
                 inflight.push_back(async move {
                     let sent = Instant::now();
                     (me.send(c).await, large.then(|| sent.elapsed()))
@@ -1310,17 +1310,23 @@ mod tests {
         }
     }
 
+    /// A shipper whose memory holds 32 bytes, spooling into `dir` after
+    /// `spool_after` without progress.
+    fn spooling_shipper(dir: &std::path::Path, spool_after: Duration) -> Shipper {
+        let mut s = shipper(8);
+        s.cfg.max_buffered = 32;
+        s.cfg.spool_after = spool_after;
+        s.cfg.spool_dir = Some(dir.to_path_buf());
+        s
+    }
+
     /// Output over the memory bound waits for the shipper instead of going
     /// to the spool while the shipper keeps taking bytes, and goes on the
     /// moment it takes some.
     #[tokio::test]
     async fn output_over_the_memory_bound_waits_for_the_shipper() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = shipper(8);
-        s.cfg.max_buffered = 32;
-        s.cfg.spool_after = Duration::from_secs(3600);
-        s.cfg.spool_dir = Some(dir.path().to_path_buf());
-        let s = Arc::new(s);
+        let s = Arc::new(spooling_shipper(dir.path(), Duration::from_secs(3600)));
         let streamer = Arc::new(streamer_for(&s));
         streamer.write(Stream::Stdout, &[b'a'; 30]);
         // Room for 2 bytes: returns at once.
@@ -1344,10 +1350,7 @@ mod tests {
     #[tokio::test]
     async fn output_goes_to_the_spool_when_nothing_is_shipped() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = shipper(8);
-        s.cfg.max_buffered = 32;
-        s.cfg.spool_after = Duration::from_millis(20);
-        s.cfg.spool_dir = Some(dir.path().to_path_buf());
+        let s = spooling_shipper(dir.path(), Duration::from_millis(20));
         let streamer = streamer_for(&s);
         streamer.write(Stream::Stdout, &[b'a'; 30]);
         tokio::time::timeout(Duration::from_secs(5), streamer.room(10)).await.expect("gives up waiting");
