@@ -204,7 +204,9 @@ impl Fake {
             assert_eq!(c.offset, bytes.len() as i64, "offset of {stream} chunk {i}");
             let data = base64::engine::general_purpose::STANDARD.decode(&c.data).unwrap();
             assert!(!data.is_empty() && data.len() <= 1024 * 1024, "chunk size {} over the 1 MiB maximum", data.len());
-            assert_eq!(c.sha256, hex::encode(Sha256::digest(&data)), "digest of {stream} chunk {i}");
+            // The agent checks its bytes with a CRC-32C (the server digests them).
+            assert_eq!(c.crc32c, Some(kiln_api::types::log_crc32c(&data)), "crc32c of {stream} chunk {i}");
+            assert_eq!(c.sha256, None, "the agent does not digest {stream} chunk {i}");
             bytes.extend(data);
         }
         String::from_utf8(bytes).unwrap()
@@ -319,7 +321,8 @@ async fn logs(
         seq: h(lh::SEQ).parse().unwrap(),
         offset: h(lh::OFFSET).parse().unwrap(),
         data: base64::engine::general_purpose::STANDARD.encode(&body),
-        sha256: h(lh::SHA256),
+        sha256: headers.get(lh::SHA256).map(|v| v.to_str().unwrap().to_string()),
+        crc32c: headers.get(lh::CRC32C).map(|v| v.to_str().unwrap().to_string()),
         in_order: headers.contains_key(lh::IN_ORDER),
     };
     let (mut status, mut conflict) = (200, false);

@@ -545,8 +545,13 @@ impl Client {
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .header(h::STREAM, &chunk.stream)
             .header(h::SEQ, chunk.seq.to_string())
-            .header(h::OFFSET, chunk.offset.to_string())
-            .header(h::SHA256, &chunk.sha256);
+            .header(h::OFFSET, chunk.offset.to_string());
+        if let Some(sha) = &chunk.sha256 {
+            req = req.header(h::SHA256, sha);
+        }
+        if let Some(crc) = &chunk.crc32c {
+            req = req.header(h::CRC32C, crc);
+        }
         if chunk.in_order {
             req = req.header(h::IN_ORDER, "1");
         }

@@ -255,10 +255,26 @@ fn log_chunk_and_ack() {
         seq: 3,
         offset: 1024,
         data: "aGVsbG8K".into(),
-        sha256: "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03".into(),
+        sha256: Some("5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03".into()),
+        crc32c: None,
         in_order: false,
     };
     insta::assert_json_snapshot!("log_chunk", chunk);
+    // Since 2026-12-05 a chunk may carry a CRC-32C instead: the field is
+    // added, the digest left out, nothing else changes.
+    let crc_only = LogChunk { sha256: None, crc32c: Some(kiln_api::log_crc32c(b"hello\n")), ..chunk };
+    let v = serde_json::to_value(&crc_only).unwrap();
+    assert_eq!(v["crc32c"], "353dd8be");
+    assert!(v.get("sha256").is_none(), "{v}");
+    let back: LogChunk = serde_json::from_value(v).unwrap();
+    assert_eq!((back.sha256, back.crc32c.as_deref()), (None, Some("353dd8be")));
+}
+
+/// CRC-32C, not the zlib CRC-32: the standard check value of "123456789".
+#[test]
+fn log_crc32c_is_castagnoli() {
+    assert_eq!(kiln_api::log_crc32c(b"123456789"), "e3069283");
+    assert_eq!(kiln_api::log_crc32c(b""), "00000000");
     insta::assert_json_snapshot!("log_ack", LogAck { committed: committed() });
 }
 

@@ -304,7 +304,10 @@ pub struct NewLogChunk {
     pub stream: String,
     pub seq: i64,
     pub offset: i64,
-    pub sha256: String,
+    /// The sender's hex SHA-256 of `data`, if it sent one: the store
+    /// digests the bytes itself (the chunk's identity) and refuses a chunk
+    /// whose given digest differs.
+    pub sha256: Option<String>,
     pub data: Vec<u8>,
     /// Commit only directly after the stream's bytes before this chunk
     /// (offset 0, or a committed chunk ending at `offset`); otherwise

@@ -321,7 +321,8 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
             stream: "stdout".into(),
             seq: i as i64,
             offset: (i * data.len()) as i64,
-            sha256: hex::encode(Sha256::digest(data.as_bytes())),
+            sha256: Some(hex::encode(Sha256::digest(data.as_bytes()))),
+            crc32c: None,
             data: data.into_bytes().into(),
             in_order: true,
         }

@@ -73,7 +73,8 @@ async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
         seq: 999,
         offset: 1 << 30,
         data: String::new(),
-        sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
+        sha256: Some("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into()),
+        crc32c: None,
         in_order: false,
     };
     assert!(agent_api.append_log(&compile, 1, &chunk).await.unwrap_err().is_stale_epoch());

@@ -46,6 +46,7 @@ fn json_chunk(body: &Bytes) -> ApiResult<api::RawLogChunk> {
         seq: c.seq,
         offset: c.offset,
         sha256: c.sha256,
+        crc32c: c.crc32c,
         data: data.into(),
         in_order: c.in_order,
     })
@@ -66,7 +67,8 @@ fn raw_chunk(headers: &HeaderMap, body: Bytes) -> ApiResult<api::RawLogChunk> {
         stream: get(h::STREAM)?.to_string(),
         seq: int(h::SEQ)?,
         offset: int(h::OFFSET)?,
-        sha256: get(h::SHA256)?.to_string(),
+        sha256: headers.get(h::SHA256).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        crc32c: headers.get(h::CRC32C).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
         data: body,
         in_order: headers.get(h::IN_ORDER).is_some_and(|v| v.as_bytes() == b"1"),
     })

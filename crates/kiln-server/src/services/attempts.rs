@@ -56,7 +56,23 @@ pub(crate) async fn append_log(
             "a log chunk carries at most 1 MiB",
         ));
     }
-    let api::RawLogChunk { stream, seq, offset, sha256, data, in_order } = chunk;
+    let api::RawLogChunk { stream, seq, offset, sha256, crc32c, data, in_order } = chunk;
+    // The agent's check of the bytes: a CRC-32C (its default) or a
+    // SHA-256 (which the store compares with the digest it computes).
+    // The chunk's identity is the server's own digest either way.
+    match (&sha256, &crc32c) {
+        (None, None) => {
+            return Err(ApiErr::bad_request(format!(
+                "a log chunk needs its sha256 or crc32c ({} or {} header)",
+                api::log_headers::SHA256,
+                api::log_headers::CRC32C
+            )));
+        }
+        (_, Some(crc)) if !crc.eq_ignore_ascii_case(&api::log_crc32c(&data)) => {
+            return Err(ApiErr::bad_request("chunk crc32c does not match its bytes"));
+        }
+        _ => {}
+    }
     // The body's buffer when it is the only owner (no copy of a 1 MiB chunk).
     let data = Vec::from(data);
     let bytes = data.len() as u64;

@@ -33,7 +33,8 @@ async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
         seq: 0,
         offset: 0,
         data: base64::engine::general_purpose::STANDARD.encode("hello\n"),
-        sha256: sha(b"hello\n"),
+        sha256: Some(sha(b"hello\n")),
+        crc32c: None,
         in_order: false,
     };
     let ack: api::LogAck = app.holder(&a).post(&path).json(&json).send().await.assert_status(StatusCode::OK).json();
@@ -55,7 +56,7 @@ async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
     // Conflicting bytes for an identity already committed: refused.
     let mut conflict = json.clone();
     conflict.data = base64::engine::general_purpose::STANDARD.encode("HELLO\n");
-    conflict.sha256 = sha(b"HELLO\n");
+    conflict.sha256 = Some(sha(b"HELLO\n"));
     app.holder(&a).post(&path).json(&conflict).send().await.assert_status(StatusCode::CONFLICT);
     let mut bad = json.clone();
     bad.stream = "seal".into();
@@ -65,6 +66,51 @@ async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
     no_headers.assert_status(StatusCode::BAD_REQUEST);
     let other = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch + 1);
     app.holder(&a).post(&other).json(&json).send().await.assert_status(StatusCode::FORBIDDEN);
+}
+
+/// A raw chunk checked by a CRC-32C instead of a SHA-256 (the agent's
+/// default since 2026-12-05): the server digests the bytes itself, so the
+/// chunk's identity is the same whichever check came with it. A check that
+/// does not match the bytes is refused and commits nothing.
+#[tokio::test]
+async fn a_chunk_checked_by_crc32c_has_the_servers_digest_as_its_identity() {
+    let app = TestApp::new().await;
+    let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
+    let path = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch);
+    let send = |offset: i64, body: &'static str, sha: Option<String>, crc: Option<String>| {
+        let mut req = app
+            .holder(&a)
+            .post(&path)
+            .header("content-type", "application/octet-stream")
+            .header(api::log_headers::STREAM, "stdout")
+            .header(api::log_headers::SEQ, if offset == 0 { "0" } else { "1" })
+            .header(api::log_headers::OFFSET, &offset.to_string());
+        if let Some(sha) = sha {
+            req = req.header(api::log_headers::SHA256, &sha);
+        }
+        if let Some(crc) = crc {
+            req = req.header(api::log_headers::CRC32C, &crc);
+        }
+        req.body(body).send()
+    };
+    let crc = |d: &[u8]| Some(api::log_crc32c(d));
+    let sha = |d: &[u8]| Some(hex::encode(Sha256::digest(d)));
+    let committed = |r: kiln_testkit::TestResponse| r.assert_status(StatusCode::OK).json::<api::LogAck>().committed;
+    // A wrong CRC, and a right CRC beside a wrong digest: refused, nothing committed.
+    let r = send(0, "hello\n", None, crc(b"HELLO\n")).await.assert_status(StatusCode::BAD_REQUEST);
+    assert!(r.text().contains("crc32c does not match"), "{}", r.text());
+    send(0, "hello\n", sha(b"HELLO\n"), crc(b"hello\n")).await.assert_status(StatusCode::BAD_REQUEST);
+    // Accepted with the CRC alone; its identical retry too, and a retry
+    // that carries the SHA-256 instead is the same chunk.
+    assert_eq!(committed(send(0, "hello\n", None, crc(b"hello\n")).await).get("stdout"), Some(&6));
+    assert_eq!(committed(send(0, "hello\n", None, crc(b"hello\n")).await).get("stdout"), Some(&6));
+    assert_eq!(committed(send(0, "hello\n", sha(b"hello\n"), None).await).get("stdout"), Some(&6));
+    // Other bytes at that position, correctly checked, conflict.
+    send(0, "HELLO\n", None, crc(b"HELLO\n")).await.assert_status(StatusCode::CONFLICT);
+    assert_eq!(committed(send(6, "world\n", None, crc(b"world\n")).await).get("stdout"), Some(&12));
+    let rows = app.store().log_chunks_after(&a.job_id, 0, 10).await.unwrap();
+    let bytes: Vec<u8> = rows.iter().filter(|r| r.stream == "stdout").flat_map(|r| r.data.clone()).collect();
+    assert_eq!(bytes, b"hello\nworld\n", "each chunk once, the refused ones nowhere");
 }
 
 #[tokio::test]

@@ -12,7 +12,8 @@ async fn append(app: &TestApp, a: &api::Assignment, seq: i64, offset: i64, text:
         seq,
         offset,
         data: base64::engine::general_purpose::STANDARD.encode(text),
-        sha256: hex::encode(Sha256::digest(text.as_bytes())),
+        sha256: Some(hex::encode(Sha256::digest(text.as_bytes()))),
+        crc32c: None,
         in_order: false,
     };
     let path = format!("/v1/jobs/{}/attempts/{}/logs", a.job_id, a.epoch);

@@ -36,9 +36,12 @@ const PLACEMENT: &str = "SELECT \
 /// one stream in flight together commit in offset order (`sequencer.rs`).
 pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
     use sha2::{Digest, Sha256};
-    if hex::encode(Sha256::digest(&chunk.data)) != chunk.sha256 {
+    // The one digest of the bytes on this side: the chunk's identity.
+    let digest = hex::encode(Sha256::digest(&chunk.data));
+    if chunk.sha256.as_ref().is_some_and(|given| !given.eq_ignore_ascii_case(&digest)) {
         return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
     }
+    chunk.sha256 = Some(digest);
     if chunk.offset < 0 || chunk.seq < 0 {
         return Err(StoreError::Invalid("negative offset or seq".into()));
     }
@@ -129,7 +132,7 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
                     .await?;
                 match (ex_len, ex_sha) {
                     // An identical retry is accepted even after the attempt ended.
-                    (Some(l), Some(s)) if l == len && s == chunk.sha256 => {}
+                    (Some(l), Some(s)) if l == len && chunk.sha256.as_ref() == Some(&s) => {}
                     (Some(_), _) => {
                         return Err(StoreError::Conflict(format!(
                             "different bytes were already committed at {} offset {}",
@@ -289,7 +292,7 @@ async fn committed_identically(store: &SqlStore, chunk: &NewLogChunk, len: i64) 
         .bind(chunk.offset)
         .optional()
         .await?;
-    Ok(existing.is_some_and(|(l, s)| l == len && s == chunk.sha256))
+    Ok(existing.is_some_and(|(l, s)| l == len && chunk.sha256.as_ref() == Some(&s)))
 }
 
 /// `LogStore::log_chunks_after`.

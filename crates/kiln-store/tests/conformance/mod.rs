@@ -448,7 +448,7 @@ pub fn chunk(job_id: &str, epoch: i64, stream: &str, seq: i64, offset: i64, data
         stream: stream.into(),
         seq,
         offset,
-        sha256: hex::encode(Sha256::digest(data)),
+        sha256: Some(hex::encode(Sha256::digest(data))),
         data: data.to_vec(),
         in_order: false,
     }

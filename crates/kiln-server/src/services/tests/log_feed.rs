@@ -15,7 +15,8 @@ fn chunk(stream: &str, seq: i64, offset: i64, data: &[u8]) -> api::RawLogChunk {
         stream: stream.into(),
         seq,
         offset,
-        sha256: hex::encode(Sha256::digest(data)),
+        sha256: Some(hex::encode(Sha256::digest(data))),
+        crc32c: None,
         data: bytes_of(data),
         in_order: false,
     }
