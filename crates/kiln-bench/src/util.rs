@@ -69,8 +69,27 @@ pub(crate) fn spawn_agent_with(
     dir: &Path,
     extra: &[&str],
 ) -> anyhow::Result<Proc> {
+    spawn_agent_niced(server, token, name, dir, extra, 0)
+}
+
+/// [`spawn_agent_with`] as `nice -n NICE kiln agent …` (0: without `nice`).
+pub(crate) fn spawn_agent_niced(
+    server: &str,
+    token: &str,
+    name: &str,
+    dir: &Path,
+    extra: &[&str],
+    nice: i32,
+) -> anyhow::Result<Proc> {
     let exe = std::env::current_exe()?;
-    let child = Command::new(exe)
+    let mut cmd = if nice == 0 {
+        Command::new(exe)
+    } else {
+        let mut c = Command::new("nice");
+        c.args(["-n", &nice.to_string()]).arg(exe);
+        c
+    };
+    let child = cmd
         .args(["agent", "--server", server, "--name", name, "--work-dir"])
         .arg(dir.join(name))
         .env("KILN_AGENT_TOKEN", token)

@@ -22,6 +22,70 @@ pub struct StepUser {
     pub gid: u32,
 }
 
+/// The agent's CPU priority, for a step to keep across its `setsid`.
+///
+/// A step leads a session of its own, and on a kernel with scheduler
+/// autogroups (`/proc/sys/kernel/sched_autogroup_enabled`, the default of
+/// most distributions) a new session is a new scheduling group at nice 0,
+/// whatever the nice value of its processes: an agent started with
+/// `nice -n 10` would run every step at the weight of a whole
+/// interactive session, beside the server it shares a host with (issue 20:
+/// 20 such steps and their agents took the CPU from the server for about a
+/// second, and its write-to-browser latency with it). So the child sets its
+/// new group's nice value to the agent's own. Nothing is written when that
+/// is 0 (the group's default), so an agent at the default priority makes no
+/// extra system call per step.
+///
+/// Best effort: without autogroups there is no file to write (and the
+/// step's processes keep the agent's nice value anyway); an unprivileged
+/// agent may set a group's nice value at most ten times a second (the
+/// kernel answers EAGAIN beyond that), and a group left at 0 is how every
+/// step ran before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SessionNice {
+    /// The value as ASCII decimal (-20 to 19).
+    text: [u8; 3],
+    len: usize,
+}
+
+impl SessionNice {
+    /// The calling thread's nice value (a forked child inherits the
+    /// forking thread's), unless it is 0.
+    pub(crate) fn of_caller() -> Option<SessionNice> {
+        // SAFETY: getpriority reads the caller's own value; PRIO_PROCESS
+        // with who = 0 cannot fail.
+        let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS as _, 0) };
+        Self::new(nice)
+    }
+
+    fn new(nice: libc::c_int) -> Option<SessionNice> {
+        if nice == 0 || !(-20..=19).contains(&nice) {
+            return None;
+        }
+        let digits = nice.to_string();
+        let mut text = [0u8; 3];
+        text[..digits.len()].copy_from_slice(digits.as_bytes());
+        Some(SessionNice { text, len: digits.len() })
+    }
+
+    /// Sets the calling process's autogroup to this nice value; errors
+    /// are ignored (see the type's doc).
+    ///
+    /// # Safety
+    /// Callable between fork and exec: raw syscalls on a static path and
+    /// this value's bytes only.
+    unsafe fn apply(&self) {
+        // SAFETY: open, write and close on a static C string and owned bytes.
+        unsafe {
+            let fd = libc::open(c"/proc/self/autogroup".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd >= 0 {
+                libc::write(fd, self.text.as_ptr().cast(), self.len);
+                libc::close(fd);
+            }
+        }
+    }
+}
+
 /// Makes the child a session (and process group) leader, so that the whole
 /// tree of the step can be signalled as one group, and asks the kernel to
 /// SIGKILL it when its parent dies, so that a crashed agent leaves no step
@@ -40,15 +104,21 @@ pub struct StepUser {
 /// from `spawn_blocking` threads, which are retired when idle.
 pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, switch: bool) {
     let parent = std::process::id() as libc::pid_t;
+    let nice = SessionNice::of_caller();
     // SAFETY: the closure only makes raw syscalls (setsid, prctl, getppid,
-    // umask, setgroups, setgid, setuid, rt_sigaction, rt_sigprocmask), which
-    // are async-signal-safe, and builds io::Errors from raw errno values
+    // umask, setgroups, setgid, setuid, rt_sigaction, rt_sigprocmask, and
+    // open/write/close of /proc/self/autogroup), which are async-signal-safe, and builds io::Errors from raw errno values
     // without allocating; it touches no locks or memory shared with other
     // threads of the parent.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() == -1 {
                 return Err(io::Error::last_os_error());
+            }
+            // Before the user switch: the group's nice value is set as the
+            // agent's user.
+            if let Some(n) = nice {
+                n.apply();
             }
             libc::umask(0o022);
             // The user switch first: changing the uid clears the
@@ -125,10 +195,11 @@ pub(crate) fn namespaces_work() -> bool {
 /// setresuid, rt_sigaction, rt_sigprocmask), no allocation, no locks.
 pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
     let parent = std::process::id() as libc::pid_t;
+    let nice = SessionNice::of_caller();
     move || {
         // SAFETY: async-signal-safe syscalls on values owned by this frame.
         unsafe {
-            lead_session(user.is_some())?;
+            lead_session(user.is_some(), nice)?;
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
@@ -168,16 +239,20 @@ pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Res
 }
 
 /// What a namespaced step's child does first: it leads its own session
-/// (its whole tree is one process group), gets umask 022, `no_new_privs`
+/// (its whole tree is one process group) at the agent's priority
+/// ([`SessionNice`]), gets umask 022, `no_new_privs`
 /// when it will run as the step user, and SIGKILL when its parent dies.
 ///
 /// # Safety
 /// Only in a forked child, between fork and exec: raw syscalls only.
-unsafe fn lead_session(step_user: bool) -> io::Result<()> {
+unsafe fn lead_session(step_user: bool, nice: Option<SessionNice>) -> io::Result<()> {
     // SAFETY: async-signal-safe syscalls on constants.
     unsafe {
         if libc::setsid() == -1 {
             return Err(io::Error::last_os_error());
+        }
+        if let Some(n) = nice {
+            n.apply();
         }
         libc::umask(0o022);
         if step_user && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
@@ -584,6 +659,7 @@ impl Cloner {
             fds: [self.null.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
             alive: (self.alive.read.as_raw_fd(), self.alive.write.as_raw_fd()),
             user: spec.user,
+            nice: SessionNice::of_caller(),
             errno: std::sync::atomic::AtomicI32::new(0),
         };
         new_pid_namespace(&self.own)?;
@@ -638,6 +714,7 @@ struct ChildArgs {
     /// [`ParentAlive`]'s read and write ends.
     alive: (libc::c_int, libc::c_int),
     user: Option<StepUser>,
+    nice: Option<SessionNice>,
     /// Set by the child when it cannot exec: the error number.
     errno: std::sync::atomic::AtomicI32,
 }
@@ -666,7 +743,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 unsafe fn exec_child(a: &ChildArgs) -> io::Result<std::convert::Infallible> {
     // SAFETY: system calls on descriptors and strings prepared by the parent.
     unsafe {
-        lead_session(a.user.is_some())?;
+        lead_session(a.user.is_some(), a.nice)?;
         libc::close(a.alive.1);
         let mut fd = libc::pollfd { fd: a.alive.0, events: libc::POLLIN, revents: 0 };
         if libc::poll(&mut fd, 1, 0) == -1 {
@@ -770,5 +847,26 @@ impl ParentAlive {
     fn new() -> io::Result<ParentAlive> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         Ok(ParentAlive { read, write })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SessionNice;
+
+    fn text(n: libc::c_int) -> Option<String> {
+        SessionNice::new(n).map(|s| String::from_utf8(s.text[..s.len].to_vec()).unwrap())
+    }
+
+    #[test]
+    fn a_session_nice_value_is_written_as_the_kernel_reads_it_and_not_at_all_for_0() {
+        assert_eq!(text(0), None, "0 is a new group's default: nothing to write");
+        assert_eq!(text(10).as_deref(), Some("10"));
+        assert_eq!(text(7).as_deref(), Some("7"));
+        assert_eq!(text(19).as_deref(), Some("19"));
+        assert_eq!(text(-20).as_deref(), Some("-20"));
+        assert_eq!(text(-5).as_deref(), Some("-5"));
+        assert_eq!(text(20), None);
+        assert_eq!(text(-21), None);
     }
 }

@@ -330,6 +330,12 @@ impl KilnServer {
     pub fn agent(&self, name: &str, extra: &[&str]) -> Result<KilnAgent> {
         KilnAgent::spawn(&self.bin, &self.url, &self.agent_token, name, extra)
     }
+
+    /// An agent started as `nice -n NICE kiln agent …` (`nice` execs it:
+    /// the pid is the agent's).
+    pub fn agent_niced(&self, name: &str, extra: &[&str], nice: i32) -> Result<KilnAgent> {
+        KilnAgent::spawn_via(&["nice", "-n", &nice.to_string()], &self.bin, &self.url, &self.agent_token, name, extra)
+    }
 }
 
 impl Drop for KilnServer {
@@ -351,13 +357,34 @@ pub struct KilnAgent {
 impl KilnAgent {
     /// A `kiln agent` process for `server` (one URL, or several comma-separated).
     pub fn spawn(bin: &Path, server: &str, token: &str, name: &str, extra: &[&str]) -> Result<KilnAgent> {
+        Self::spawn_via(&[], bin, server, token, name, extra)
+    }
+
+    /// [`KilnAgent::spawn`] through a program that execs it (`wrapper`:
+    /// that program and its arguments, e.g. `nice -n 10`).
+    pub fn spawn_via(
+        wrapper: &[&str],
+        bin: &Path,
+        server: &str,
+        token: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> Result<KilnAgent> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("agent.log");
         // The token goes in a file, never in argv (/proc/PID/cmdline is public).
         let token_file = dir.path().join("agent.token");
         std::fs::write(&token_file, token)?;
         let tmp = test_tmp()?;
-        let child = Command::new(bin)
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .args(["agent", "--server", server, "--name", name, "--token-file"])
             .arg(&token_file)
             .arg("--work-dir")

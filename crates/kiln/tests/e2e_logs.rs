@@ -250,6 +250,47 @@ async fn a_loud_step_waits_for_its_log() {
     assert_counts_to(&text, 2_000_000);
 }
 
+/// Issue 20: a step leads a session of its own, which on a kernel with
+/// scheduler autogroups is a scheduling group of its own, at nice 0 unless
+/// the agent sets it: an agent started with `nice -n 7` runs its steps at
+/// nice 7, their session included, not at the weight of a whole session
+/// beside the server sharing its host. An agent at the default priority
+/// leaves its steps' groups at 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_niced_agents_steps_keep_its_priority_in_their_own_session() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: prio\n    steps:\n      - echo \"process-nice $(nice)\"; cat /proc/self/autogroup 2>/dev/null || echo no-autogroups\n",
+    )])
+    .unwrap();
+    server.add_repo("prio", &repo);
+    let c = Client::new(&server.url, &server.token);
+    for (name, nice) in [("niced", Some(7)), ("plain", None)] {
+        let agent = match nice {
+            Some(n) => server.agent_niced(name, &[], n).unwrap(),
+            None => server.agent(name, &[]).unwrap(),
+        };
+        let r =
+            c.submit_run("prio", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let run = wait_run(&c, &r.run_id, 60).await;
+        assert_eq!(run.status, "success", "{run:#?}");
+        let text = log_text(&c, &run.jobs[0].id).await;
+        drop(agent);
+        let want = nice.unwrap_or(0);
+        assert!(text.contains(&format!("process-nice {want}\n")), "{text}");
+        if text.contains("no-autogroups") {
+            eprintln!("this kernel has no scheduler autogroups: only the process nice value is checked");
+            continue;
+        }
+        assert!(text.contains(&format!(" nice {want}\n")), "the step's session is at nice {want}: {text}");
+        // A group of its own (the step leads its session), not the agent's.
+        let agent_group = std::fs::read_to_string(format!("/proc/{}/autogroup", std::process::id())).unwrap();
+        let group = agent_group.split_whitespace().next().unwrap();
+        assert!(!text.contains(&format!("{group} ")), "{text} vs the test's {agent_group}");
+    }
+}
+
 /// Output faster than the agent's byte-rate limit is drained and dropped,
 /// the step ends normally, and the log marks the gap.
 #[tokio::test(flavor = "multi_thread")]
