@@ -852,7 +852,57 @@ impl ParentAlive {
 
 #[cfg(test)]
 mod tests {
-    use super::SessionNice;
+    use super::{SessionNice, isolate_in_namespaces, isolate_process_tree, namespaces_work};
+    use std::process::Stdio;
+    use tokio::process::Command;
+
+    /// How a test isolates the step it spawns.
+    type Isolate = fn(&mut Command);
+
+    /// What a step prints about its priority, spawned by a thread at nice 5
+    /// (the thread's own: Linux keeps nice values per thread) through
+    /// `isolate`.
+    fn step_priority_at_nice_5(isolate: Isolate) -> String {
+        std::thread::spawn(move || {
+            // SAFETY: sets this thread's own nice value (who = 0).
+            assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS as _, 0, 5) }, 0);
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let mut cmd = Command::new("/bin/sh");
+                cmd.args(["-c", "echo \"nice $(nice)\"; cat /proc/self/autogroup 2>/dev/null || echo no-autogroups"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped());
+                isolate(&mut cmd);
+                String::from_utf8(cmd.output().await.unwrap().stdout).unwrap()
+            })
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Both `pre_exec` paths (a plain session, and new namespaces where
+    /// they work) set the step's new session to the spawning thread's nice
+    /// value; the clone path is covered end to end (`e2e_logs`).
+    #[test]
+    fn a_step_leads_a_session_at_its_spawners_nice_value() {
+        let mut paths: Vec<(&str, Isolate)> = vec![("session", |c| isolate_process_tree(c, None, false))];
+        if namespaces_work() {
+            paths.push(("namespaces", |c| isolate_in_namespaces(c, None)));
+        }
+        for (name, isolate) in paths {
+            let out = step_priority_at_nice_5(isolate);
+            assert!(out.starts_with("nice 5\n"), "{name}: {out}");
+            if !out.contains("no-autogroups") {
+                assert!(out.trim_end().ends_with(" nice 5"), "{name}: the session's group at nice 5: {out}");
+                let mine = std::fs::read_to_string("/proc/self/autogroup").unwrap();
+                assert_ne!(
+                    out.lines().nth(1).unwrap().split_whitespace().next(),
+                    mine.split_whitespace().next(),
+                    "{name}"
+                );
+            }
+        }
+    }
 
     fn text(n: libc::c_int) -> Option<String> {
         SessionNice::new(n).map(|s| String::from_utf8(s.text[..s.len].to_vec()).unwrap())
