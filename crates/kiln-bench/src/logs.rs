@@ -78,11 +78,16 @@ pub async fn run() -> Result<i32, Failure> {
     let latency_ok = write_to_reader_latency(&c, &tmp).await?;
     drop(agent);
     // One agent per job (as 21 machines would run them), one job each:
-    // first at the server's CPU priority, then at nice 10 (steps included),
-    // as if the agents had machines of their own (see `concurrent`).
+    // first at the server's CPU priority, then with the loud jobs' agents
+    // (and so their steps) at CROWD_NICE, as if the agents had machines of
+    // their own (see `concurrent`).
     let mut crowd_ok = true;
     let crowd_nice = match std::env::var("KILN_BENCH_CROWD_NICE") {
-        Ok(v) => v.parse().map_err(|_| anyhow::anyhow!("KILN_BENCH_CROWD_NICE must be a nice value (1 to 19)"))?,
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (1..=19).contains(n))
+            .ok_or_else(|| anyhow::anyhow!("KILN_BENCH_CROWD_NICE must be a nice value from 1 to 19, not {v:?}"))?,
         Err(_) => CROWD_NICE,
     };
     for (round, nice) in [(0, 0), (1, crowd_nice)] {
