@@ -22,6 +22,15 @@ use std::time::Duration;
 /// before 2026-12-05).
 pub async fn run() -> Result<i32, Failure> {
     const SIZE: u64 = 200_000_000;
+    // Checked before anything runs.
+    let crowd_nice = match std::env::var("KILN_BENCH_CROWD_NICE") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (1..=19).contains(n))
+            .ok_or_else(|| anyhow::anyhow!("KILN_BENCH_CROWD_NICE must be a nice value from 1 to 19, not {v:?}"))?,
+        Err(_) => CROWD_NICE,
+    };
     let tmp = std::env::temp_dir().join(format!("kiln-bench-logs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
@@ -82,14 +91,6 @@ pub async fn run() -> Result<i32, Failure> {
     // (and so their steps) at CROWD_NICE, as if the agents had machines of
     // their own (see `concurrent`).
     let mut crowd_ok = true;
-    let crowd_nice = match std::env::var("KILN_BENCH_CROWD_NICE") {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|n| (1..=19).contains(n))
-            .ok_or_else(|| anyhow::anyhow!("KILN_BENCH_CROWD_NICE must be a nice value from 1 to 19, not {v:?}"))?,
-        Err(_) => CROWD_NICE,
-    };
     for (round, nice) in [(0, 0), (1, crowd_nice)] {
         let mut crowd = vec![];
         // The ticker's agent (`role=ticker`, at the server's priority: its
