@@ -107,7 +107,8 @@ pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, sw
     let nice = SessionNice::of_caller();
     // SAFETY: the closure only makes raw syscalls (setsid, prctl, getppid,
     // umask, setgroups, setgid, setuid, rt_sigaction, rt_sigprocmask, and
-    // open/write/close of /proc/self/autogroup), which are async-signal-safe, and builds io::Errors from raw errno values
+    // open/write/close of /proc/self/autogroup), which are
+    // async-signal-safe, and builds io::Errors from raw errno values
     // without allocating; it touches no locks or memory shared with other
     // threads of the parent.
     unsafe {
@@ -192,7 +193,8 @@ pub(crate) fn namespaces_work() -> bool {
 /// (tokio's or std's `Command`). It runs between fork and exec: only raw
 /// syscalls (setsid, umask, prctl, getppid, sigprocmask, unshare, fork,
 /// close_range, waitpid, signal, kill, _exit, mount, setgroups, setresgid,
-/// setresuid, rt_sigaction, rt_sigprocmask), no allocation, no locks.
+/// setresuid, rt_sigaction, rt_sigprocmask, and open/write/close of
+/// /proc/self/autogroup), no allocation, no locks.
 pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
     let parent = std::process::id() as libc::pid_t;
     let nice = SessionNice::of_caller();
@@ -240,8 +242,8 @@ pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Res
 
 /// What a namespaced step's child does first: it leads its own session
 /// (its whole tree is one process group) at the agent's priority
-/// ([`SessionNice`]), gets umask 022, `no_new_privs`
-/// when it will run as the step user, and SIGKILL when its parent dies.
+/// ([`SessionNice`]), gets umask 022, `no_new_privs` when it will run as
+/// the step user, and SIGKILL when its parent dies.
 ///
 /// # Safety
 /// Only in a forked child, between fork and exec: raw syscalls only.
