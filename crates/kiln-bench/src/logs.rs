@@ -19,7 +19,10 @@ use std::time::Duration;
 /// chunk was acknowledged), beside the same bytes written to a file and
 /// fsynced. The attempt's whole duration, which also holds its checkout
 /// before the step, is reported beside it (`log_attempt_*`: the figure
-/// before 2026-12-05).
+/// before 2026-12-05). Both run [`SINGLE_ROUNDS`] times, alternating (the
+/// file, then the job), and the figures are the medians, the ratio's being
+/// that of each round's ratio to its own baseline (before 2026-12-06, one
+/// round).
 pub async fn run() -> Result<i32, Failure> {
     const SIZE: u64 = 200_000_000;
     // Checked before anything runs.
@@ -31,19 +34,17 @@ pub async fn run() -> Result<i32, Failure> {
             .ok_or_else(|| anyhow::anyhow!("KILN_BENCH_CROWD_NICE must be a nice value from 1 to 19, not {v:?}"))?,
         Err(_) => CROWD_NICE,
     };
+    let rounds = match std::env::var("KILN_BENCH_LOG_ROUNDS") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (1..=20).contains(n))
+            .ok_or_else(|| anyhow::anyhow!("KILN_BENCH_LOG_ROUNDS must be a count from 1 to 20, not {v:?}"))?,
+        Err(_) => SINGLE_ROUNDS,
+    };
     let tmp = std::env::temp_dir().join(format!("kiln-bench-logs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
-    let t = std::time::Instant::now();
-    let st = Command::new("sh")
-        .arg("-c")
-        .arg(format!("head -c {SIZE} /dev/zero | tr '\\0' x > {f} && sync {f}", f = tmp.join("out").display()))
-        .status()
-        .map_err(anyhow::Error::from)?;
-    if !st.success() {
-        return Err(anyhow::anyhow!("baseline failed").into());
-    }
-    let base_s = t.elapsed().as_secs_f64();
     let repo = tmp.join("repo");
     repo_with(
         &repo,
@@ -69,21 +70,42 @@ pub async fn run() -> Result<i32, Failure> {
     .await?;
     let limit = (SIZE * 2).to_string();
     let agent = spawn_agent_with(&server.url(), &server.agent_token, "talker", &tmp, &["--log-limit", &limit])?;
-    let r = c.submit_run("logs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
-    let run = wait_terminal(&c, &r.run_id).await?;
-    let a = run.jobs[0].attempts.last().expect("attempt");
-    let finished = a.finished_at_ms.unwrap_or(a.started_at_ms);
-    let step_start = step_start_ms(&c, &run.jobs[0].id).await?.unwrap_or(a.started_at_ms);
     let mb_per_s = |ms: i64| SIZE as f64 / 1e6 / (ms as f64 / 1000.0).max(0.001);
     kiln_cmd::outln!("log_bytes: {SIZE}");
-    let (rate, base) = (mb_per_s(finished - step_start), SIZE as f64 / 1e6 / base_s);
-    kiln_cmd::outln!("log_ingest_mb_per_s: {rate:.0}");
-    kiln_cmd::outln!("baseline_file_write_fsync_mb_per_s: {base:.0}");
-    kiln_cmd::outln!("log_ingest_vs_baseline: {:.2}", rate / base);
-    let attempt = mb_per_s(finished - a.started_at_ms);
-    kiln_cmd::outln!("log_attempt_before_step_ms: {}", step_start - a.started_at_ms);
-    kiln_cmd::outln!("log_attempt_mb_per_s: {attempt:.0}");
-    kiln_cmd::outln!("log_attempt_vs_baseline: {:.2}", attempt / base);
+    kiln_cmd::outln!("log_ingest_rounds: {rounds}");
+    // Each round writes the bytes to a file with fsync, then has a job
+    // write them to its stdout, so each ratio compares two measurements
+    // taken seconds apart on the same host.
+    let mut single_ok = true;
+    let (mut ingest, mut bases, mut ratios, mut attempts) = (vec![], vec![], vec![], vec![]);
+    for round in 1..=rounds {
+        let base = file_write_fsync_mb_per_s(&tmp, SIZE)?;
+        let r = c.submit_run("logs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+        let run = wait_terminal(&c, &r.run_id).await?;
+        single_ok &= run.status.is_success();
+        let a = run.jobs[0].attempts.last().expect("attempt");
+        let finished = a.finished_at_ms.unwrap_or(a.started_at_ms);
+        let step_start = step_start_ms(&c, &run.jobs[0].id).await?.unwrap_or(a.started_at_ms);
+        let (rate, attempt) = (mb_per_s(finished - step_start), mb_per_s(finished - a.started_at_ms));
+        kiln_cmd::outln!(
+            "log_ingest_round_{round}: {rate:.0} MB/s, write + fsync {base:.0} MB/s: {:.2} ({}; {} ms before the step)",
+            rate / base,
+            run.status.as_str(),
+            step_start - a.started_at_ms
+        );
+        ingest.push(rate);
+        bases.push(base);
+        ratios.push(rate / base);
+        attempts.push(attempt / base);
+    }
+    // Medians: one round disturbed by the host (a noisy neighbour's I/O, a
+    // stall in the baseline's own fsync) moves neither figure.
+    kiln_cmd::outln!("log_ingest_mb_per_s: {:.0}", median(&mut ingest));
+    kiln_cmd::outln!("baseline_file_write_fsync_mb_per_s: {:.0}", median(&mut bases));
+    kiln_cmd::outln!("log_ingest_vs_baseline: {:.2}", median(&mut ratios));
+    kiln_cmd::outln!("log_ingest_vs_baseline_min: {:.2}", ratios[0]);
+    kiln_cmd::outln!("log_ingest_vs_baseline_max: {:.2}", ratios[ratios.len() - 1]);
+    kiln_cmd::outln!("log_attempt_vs_baseline: {:.2}", median(&mut attempts));
     let latency_ok = write_to_reader_latency(&c, &tmp).await?;
     drop(agent);
     // One agent per job (as 21 machines would run them), one job each:
@@ -111,7 +133,39 @@ pub async fn run() -> Result<i32, Failure> {
     }
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
-    Ok(if run.status.is_success() && latency_ok && crowd_ok { exit::OK } else { exit::RUN_FAILED })
+    Ok(if single_ok && latency_ok && crowd_ok { exit::OK } else { exit::RUN_FAILED })
+}
+
+/// Rounds of the single stream (`KILN_BENCH_LOG_ROUNDS` overrides it).
+const SINGLE_ROUNDS: usize = 3;
+
+/// Writes `size` bytes to a file (`head | tr`, as the job's step makes
+/// them) and fsyncs it: MB/s.
+fn file_write_fsync_mb_per_s(tmp: &Path, size: u64) -> anyhow::Result<f64> {
+    let out = tmp.join("out");
+    let t = std::time::Instant::now();
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!("head -c {size} /dev/zero | tr '\\0' x > {f} && sync {f}", f = out.display()))
+        .status()?;
+    let s = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&out);
+    anyhow::ensure!(st.success(), "the write + fsync baseline failed: {st}");
+    Ok(size as f64 / 1e6 / s)
+}
+
+/// The median of `v` (sorted in place; the mean of the middle two for an
+/// even count).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Jobs writing at once in the concurrent measurement.
@@ -323,4 +377,20 @@ async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool>
     kiln_cmd::outln!("log_write_to_reader_max_ms: {:.1}", lat_ms.last().copied().unwrap_or(f64::NAN));
     kiln_cmd::outln!("baseline_pipe_p95_ms: {:.2}", percentile(&base_ms, 0.95));
     Ok(lat_ms.len() == LINES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_is_the_middle_round_whatever_the_order() {
+        assert_eq!(median(&mut [0.9, 0.5, 0.8]), 0.8);
+        assert_eq!(median(&mut [0.7]), 0.7);
+        assert_eq!(median(&mut [0.6, 1.0, 0.8, 0.7]), 0.75);
+        assert!(median(&mut []).is_nan());
+        let mut v = [3.0, 1.0, 2.0];
+        median(&mut v);
+        assert_eq!(v, [1.0, 2.0, 3.0], "sorted in place: the first is the least");
+    }
 }
