@@ -422,3 +422,153 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
     let want: String = (0..8).map(line).collect();
     assert!(log_text(&c, &job).await.contains(&want), "every line once, in order");
 }
+
+/// Issue 20, durability under the fast path: a real server process is
+/// SIGKILLed while 1 MiB-class chunks of one stream are in flight, as an
+/// agent sends them (eight at once, in order, checked by CRC-32C, as the
+/// attempt itself). Restarted on the same data, it replays every chunk it
+/// acknowledged before the kill, byte for byte at its offset, before
+/// anything is sent again; then the chunks whose answers were lost are
+/// sent again (identical retries where the old process had committed
+/// them), and the log holds every byte once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_sigkilled_mid_stream_keeps_every_acknowledged_byte() {
+    use base64::Engine;
+    use std::sync::{Arc, Mutex};
+    const CHUNK: usize = 256 * 1024;
+    const N: usize = 48;
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let flag = kiln_testkit::step_writable_tempdir().unwrap();
+    let done = flag.path().join("done");
+    let wf = format!(
+        "version: 1\njobs:\n  - name: hold\n    steps:\n      - while [ ! -e {} ]; do sleep 0.1; done\n",
+        done.display()
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    server.add_repo("durable", &repo);
+    let _agent = server.agent("holder", &[]).unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let r =
+        c.submit_run("durable", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let mut job = None;
+    for _ in 0..1200 {
+        let run = c.get_run(&r.run_id).await.unwrap();
+        if run.jobs[0].status == "running" {
+            job = Some(run.jobs[0].id.clone());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let job = job.expect("the job runs");
+    let key = std::fs::read_to_string(server.data_dir().join("blob.key")).unwrap();
+    let token = kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(&job, 1);
+    let attempt = Client::new(&server.url, &token);
+    // Chunk i: 64-byte lines naming the chunk and the line.
+    fn bytes(i: usize) -> Vec<u8> {
+        (0..CHUNK / 64).flat_map(|l| format!("chunk {i:04} line {l:05} {:>41}\n", "").into_bytes()).collect()
+    }
+    fn chunk(i: usize) -> kiln_api::RawLogChunk {
+        kiln_api::RawLogChunk {
+            stream: "stdout".into(),
+            seq: i as i64,
+            offset: (i * CHUNK) as i64,
+            sha256: None,
+            crc32c: Some(kiln_api::types::log_crc32c(&bytes(i))),
+            data: bytes(i).into(),
+            in_order: true,
+        }
+    }
+    assert_eq!(bytes(3).len(), CHUNK);
+
+    // Eight in flight, each sent once; the acknowledged ones are noted.
+    let acked: Arc<Mutex<Vec<(usize, i64)>>> = Arc::default();
+    let sender = {
+        let (attempt, job, acked) = (attempt.clone(), job.clone(), acked.clone());
+        tokio::spawn(async move {
+            futures::stream::iter(0..N)
+                .map(|i| {
+                    let (attempt, job, acked) = (attempt.clone(), job.clone(), acked.clone());
+                    async move {
+                        if let Ok(ack) = attempt.append_log_raw(&job, 1, &chunk(i)).await {
+                            acked.lock().unwrap().push((i, ack.committed["stdout"]));
+                        }
+                    }
+                })
+                .buffer_unordered(8)
+                .collect::<Vec<()>>()
+                .await
+        })
+    };
+    wait_for(Duration::from_secs(60), || (acked.lock().unwrap().len() >= 6).then_some(())).expect("chunks are acked");
+    let server = tokio::task::spawn_blocking(move || server.kill_and_restart(&[])).await.unwrap().unwrap();
+    sender.await.unwrap();
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() < N, "the kill came mid-stream: {} of {N} chunks acknowledged", acked.len());
+    eprintln!("{} of {N} chunks acknowledged before the kill", acked.len());
+    // In order: what was acknowledged is a prefix of the stream, and each
+    // acknowledgement names a committed end at or past its chunk.
+    let end = acked.iter().map(|&(_, committed)| committed).max().unwrap() as usize;
+    for &(i, committed) in &acked {
+        assert!(committed as usize >= (i + 1) * CHUNK, "chunk {i} acked at {committed}");
+    }
+    assert_eq!(end % CHUNK, 0);
+
+    // Before anything is sent again: the restarted server replays the
+    // acknowledged prefix, byte for byte.
+    let c = Client::new(&server.url, &server.token);
+    let want: Vec<u8> = (0..end / CHUNK).flat_map(bytes).collect();
+    let mut got = Vec::new();
+    {
+        let events = c.log_events(&job, None).await.unwrap();
+        tokio::pin!(events);
+        while got.len() < end {
+            let ev = tokio::time::timeout(Duration::from_secs(30), events.next())
+                .await
+                .unwrap_or_else(|_| panic!("replay stopped at {} of the {end} acknowledged bytes", got.len()))
+                .expect("the feed stays open while the job runs")
+                .unwrap();
+            if ev.event == "chunk" {
+                let le: kiln_api::LogEvent = serde_json::from_str(&ev.data).unwrap();
+                if le.stream == "stdout" {
+                    assert_eq!(le.offset as usize, got.len(), "chunks replay in offset order, without holes");
+                    got.extend(base64::engine::general_purpose::STANDARD.decode(le.data).unwrap());
+                }
+            }
+        }
+    }
+    assert!(got.len() >= end);
+    assert!(got[..end] == want[..], "the acknowledged bytes after the kill differ from those sent");
+
+    // Everything again from the first chunk not acknowledged, retried until
+    // it commits (an identical retry where the old process had committed
+    // it without its answer getting out).
+    let attempt = Client::new(&server.url, &token);
+    for i in end / CHUNK..N {
+        let mut tries = 0;
+        loop {
+            match attempt.append_log_raw(&job, 1, &chunk(i)).await {
+                Ok(ack) => {
+                    assert_eq!(ack.committed["stdout"] as usize, (i + 1) * CHUNK);
+                    break;
+                }
+                Err(e) if e.is_retryable() && tries < 200 => tries += 1,
+                Err(e) => panic!("chunk {i} after the restart: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    std::fs::write(&done, "").unwrap();
+    let run = wait_run(&c, &r.run_id, 60).await;
+    assert_eq!(run.status, "success", "{run:#?}");
+    let mut stdout = Vec::new();
+    for (_, ev, data) in events(&c, &job, None).await {
+        if ev == "chunk" {
+            let le: kiln_api::LogEvent = serde_json::from_str(&data).unwrap();
+            if le.stream == "stdout" {
+                stdout.extend(base64::engine::general_purpose::STANDARD.decode(le.data).unwrap());
+            }
+        }
+    }
+    let all: Vec<u8> = (0..N).flat_map(bytes).collect();
+    assert!(stdout == all, "the whole log, once, in order ({} bytes of {})", stdout.len(), all.len());
+}
