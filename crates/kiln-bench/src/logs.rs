@@ -21,27 +21,13 @@ use std::time::Duration;
 /// before the step, is reported beside it (`log_attempt_*`: the figure
 /// before 2026-12-05). Both run [`SINGLE_ROUNDS`] times, alternating (the
 /// file, then the job), and the figures are the medians, the ratio's being
-/// that of each round's ratio to its own baseline (before 2026-12-06, one
-/// round).
+/// that of each round's ratio to its own baseline (before session 39,
+/// one round).
 pub async fn run() -> Result<i32, Failure> {
     const SIZE: u64 = 200_000_000;
     // Checked before anything runs.
-    let crowd_nice = match std::env::var("KILN_BENCH_CROWD_NICE") {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|n| (1..=19).contains(n))
-            .ok_or_else(|| anyhow::anyhow!("KILN_BENCH_CROWD_NICE must be a nice value from 1 to 19, not {v:?}"))?,
-        Err(_) => CROWD_NICE,
-    };
-    let rounds = match std::env::var("KILN_BENCH_LOG_ROUNDS") {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|n| (1..=20).contains(n))
-            .ok_or_else(|| anyhow::anyhow!("KILN_BENCH_LOG_ROUNDS must be a count from 1 to 20, not {v:?}"))?,
-        Err(_) => SINGLE_ROUNDS,
-    };
+    let crowd_nice = env_setting("KILN_BENCH_CROWD_NICE", "a nice value", 1..=19, CROWD_NICE)?;
+    let rounds = env_setting("KILN_BENCH_LOG_ROUNDS", "a count", 1..=20, SINGLE_ROUNDS)?;
     let tmp = std::env::temp_dir().join(format!("kiln-bench-logs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
@@ -152,6 +138,34 @@ fn file_write_fsync_mb_per_s(tmp: &Path, size: u64) -> anyhow::Result<f64> {
     let _ = std::fs::remove_file(&out);
     anyhow::ensure!(st.success(), "the write + fsync baseline failed: {st}");
     Ok(size as f64 / 1e6 / s)
+}
+
+/// The value of environment variable `name`, which must be `what` in
+/// `range`; `default` when it is unset.
+fn env_setting<T>(name: &str, what: &str, range: std::ops::RangeInclusive<T>, default: T) -> anyhow::Result<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    setting(name, std::env::var(name).ok(), what, range, default)
+}
+
+/// [`env_setting`] of the variable's value `raw`.
+fn setting<T>(
+    name: &str,
+    raw: Option<String>,
+    what: &str,
+    range: std::ops::RangeInclusive<T>,
+    default: T,
+) -> anyhow::Result<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    match raw {
+        Some(v) => v.parse().ok().filter(|n| range.contains(n)).ok_or_else(|| {
+            anyhow::anyhow!("{name} must be {what} from {} to {}, not {v:?}", range.start(), range.end())
+        }),
+        None => Ok(default),
+    }
 }
 
 /// The median of `v` (sorted in place; the mean of the middle two for an
@@ -381,7 +395,19 @@ async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool>
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{median, setting};
+
+    #[test]
+    fn a_setting_is_its_default_unset_and_refused_outside_its_range() {
+        let rounds = |raw: Option<&str>| setting("KILN_BENCH_LOG_ROUNDS", raw.map(String::from), "a count", 1..=20, 3);
+        assert_eq!(rounds(None).unwrap(), 3);
+        assert_eq!(rounds(Some("5")).unwrap(), 5);
+        assert_eq!(rounds(Some("20")).unwrap(), 20);
+        for bad in ["0", "21", "-1", "three", ""] {
+            let e = rounds(Some(bad)).unwrap_err().to_string();
+            assert_eq!(e, format!("KILN_BENCH_LOG_ROUNDS must be a count from 1 to 20, not {bad:?}"));
+        }
+    }
 
     #[test]
     fn the_median_is_the_middle_round_whatever_the_order() {
