@@ -322,31 +322,31 @@ async fn output_over_the_rate_limit_is_dropped_with_a_gap_marker() {
     assert!(text.len() < 100_000_000, "most of the flood was dropped: {}", text.len());
 }
 
-/// Issue 20: an agent keeps several chunks of a stream in flight, and one of
-/// them can be refused for a while (a full server disk) and retried later.
-/// Against a real server process, as the attempt itself (its token): a
-/// chunk whose predecessor has not been committed is answered 503
-/// (retryable) and commits nothing, however often it is tried, until the
-/// predecessor gets through; six chunks tried all at once in reverse order,
-/// each retried while refused, still commit in offset order. The reader
-/// (SSE, as the web UI reads it) sees every line once, in order.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
-    use sha2::{Digest, Sha256};
-    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+/// A job held running by a real agent (its step waits for `done`), whose
+/// stdout a test writes as the attempt would, with the attempt's token.
+struct HeldJob {
+    _flag: tempfile::TempDir,
+    done: std::path::PathBuf,
+    _agent: kiln_testkit::KilnAgent,
+    run_id: String,
+    job: String,
+    token: String,
+}
+
+/// Starts a [`HeldJob`] in repository `name` of `server`, once it runs.
+async fn hold_a_job(server: &KilnServer, name: &str) -> HeldJob {
     let flag = kiln_testkit::step_writable_tempdir().unwrap();
     let done = flag.path().join("done");
-    // The job only waits (it prints nothing to stdout itself): the test
-    // writes its stdout as the attempt would.
+    // The job only waits (it prints nothing to stdout itself).
     let wf = format!(
         "version: 1\njobs:\n  - name: hold\n    steps:\n      - while [ ! -e {} ]; do sleep 0.1; done\n",
         done.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    server.add_repo("order", &repo);
-    let _agent = server.agent("holder", &[]).unwrap();
+    server.add_repo(name, &repo);
+    let agent = server.agent("holder", &[]).unwrap();
     let c = Client::new(&server.url, &server.token);
-    let r = c.submit_run("order", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = c.submit_run(name, &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let mut job = None;
     for _ in 0..1200 {
         let run = c.get_run(&r.run_id).await.unwrap();
@@ -359,6 +359,24 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
     let job = job.expect("the job runs");
     let key = std::fs::read_to_string(server.data_dir().join("blob.key")).unwrap();
     let token = kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(&job, 1);
+    HeldJob { _flag: flag, done, _agent: agent, run_id: r.run_id, job, token }
+}
+
+/// Issue 20: an agent keeps several chunks of a stream in flight, and one of
+/// them can be refused for a while (a full server disk) and retried later.
+/// Against a real server process, as the attempt itself (its token): a
+/// chunk whose predecessor has not been committed is answered 503
+/// (retryable) and commits nothing, however often it is tried, until the
+/// predecessor gets through; six chunks tried all at once in reverse order,
+/// each retried while refused, still commit in offset order. The reader
+/// (SSE, as the web UI reads it) sees every line once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
+    use sha2::{Digest, Sha256};
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let held = hold_a_job(&server, "order").await;
+    let (done, job, token) = (&held.done, held.job.clone(), held.token.clone());
+    let c = Client::new(&server.url, &server.token);
     let attempt = Client::new(&server.url, &token);
     let line = |i: usize| format!("line {i:02}\n");
     let chunk = |i: usize| {
@@ -406,8 +424,8 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
     }
     // An identical retry is still accepted.
     assert_eq!(attempt.append_log_raw(&job, 1, &chunk(3)).await.unwrap().committed["stdout"], 64);
-    std::fs::write(&done, "").unwrap();
-    let run = wait_run(&c, &r.run_id, 60).await;
+    std::fs::write(done, "").unwrap();
+    let run = wait_run(&c, &held.run_id, 60).await;
     assert_eq!(run.status, "success");
     let mut offsets = vec![];
     for (_, ev, data) in events(&c, &job, None).await {
@@ -424,9 +442,9 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
 }
 
 /// Issue 20, durability under the fast path: a real server process is
-/// SIGKILLed while 1 MiB-class chunks of one stream are in flight, as an
-/// agent sends them (eight at once, in order, checked by CRC-32C, as the
-/// attempt itself). Restarted on the same data, it replays every chunk it
+/// SIGKILLed while bulk chunks (256 KiB) of one stream are in flight, as
+/// an agent sends them (eight at once, in order, checked by CRC-32C,
+/// retried while refused with 503, as the attempt itself). Restarted on the same data, it replays every chunk it
 /// acknowledged before the kill, byte for byte at its offset, before
 /// anything is sent again; then the chunks whose answers were lost are
 /// sent again (identical retries where the old process had committed
@@ -438,30 +456,8 @@ async fn a_server_sigkilled_mid_stream_keeps_every_acknowledged_byte() {
     const CHUNK: usize = 256 * 1024;
     const N: usize = 48;
     let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
-    let flag = kiln_testkit::step_writable_tempdir().unwrap();
-    let done = flag.path().join("done");
-    let wf = format!(
-        "version: 1\njobs:\n  - name: hold\n    steps:\n      - while [ ! -e {} ]; do sleep 0.1; done\n",
-        done.display()
-    );
-    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
-    server.add_repo("durable", &repo);
-    let _agent = server.agent("holder", &[]).unwrap();
-    let c = Client::new(&server.url, &server.token);
-    let r =
-        c.submit_run("durable", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
-    let mut job = None;
-    for _ in 0..1200 {
-        let run = c.get_run(&r.run_id).await.unwrap();
-        if run.jobs[0].status == "running" {
-            job = Some(run.jobs[0].id.clone());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let job = job.expect("the job runs");
-    let key = std::fs::read_to_string(server.data_dir().join("blob.key")).unwrap();
-    let token = kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(&job, 1);
+    let held = hold_a_job(&server, "durable").await;
+    let (done, job, token) = (&held.done, held.job.clone(), held.token.clone());
     let attempt = Client::new(&server.url, &token);
     // Chunk i: 64-byte lines naming the chunk and the line.
     fn bytes(i: usize) -> Vec<u8> {
@@ -480,17 +476,39 @@ async fn a_server_sigkilled_mid_stream_keeps_every_acknowledged_byte() {
     }
     assert_eq!(bytes(3).len(), CHUNK);
 
-    // Eight in flight, each sent once; the acknowledged ones are noted.
+    // Eight in flight, each retried while the server answers "not yet"
+    // (503: its predecessor is still on its way), as the agent does; the
+    // acknowledged ones are noted. The server is SIGKILLed as chunk KILL_AT
+    // would be sent: at least KILL_AT - 8 chunks are acknowledged by then,
+    // and the rest of the window is in flight.
+    const KILL_AT: usize = 16;
     let acked: Arc<Mutex<Vec<(usize, i64)>>> = Arc::default();
+    let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pid = server.child.id().to_string();
     let sender = {
-        let (attempt, job, acked) = (attempt.clone(), job.clone(), acked.clone());
+        let (attempt, job, acked, killed) = (attempt.clone(), job.clone(), acked.clone(), killed.clone());
         tokio::spawn(async move {
             futures::stream::iter(0..N)
                 .map(|i| {
-                    let (attempt, job, acked) = (attempt.clone(), job.clone(), acked.clone());
+                    let (attempt, job, acked, killed, pid) =
+                        (attempt.clone(), job.clone(), acked.clone(), killed.clone(), pid.clone());
                     async move {
-                        if let Ok(ack) = attempt.append_log_raw(&job, 1, &chunk(i)).await {
-                            acked.lock().unwrap().push((i, ack.committed["stdout"]));
+                        use std::sync::atomic::Ordering::SeqCst;
+                        if i == KILL_AT {
+                            killed.store(true, SeqCst);
+                            let st = std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+                            assert!(st.success(), "kill -KILL {pid}");
+                        }
+                        while !killed.load(SeqCst) {
+                            match attempt.append_log_raw(&job, 1, &chunk(i)).await {
+                                Ok(ack) => {
+                                    acked.lock().unwrap().push((i, ack.committed["stdout"]));
+                                    return;
+                                }
+                                Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(20)).await,
+                                Err(_) if killed.load(SeqCst) => return,
+                                Err(e) => panic!("chunk {i} refused before the kill: {e}"),
+                            }
                         }
                     }
                 })
@@ -499,11 +517,10 @@ async fn a_server_sigkilled_mid_stream_keeps_every_acknowledged_byte() {
                 .await
         })
     };
-    wait_for(Duration::from_secs(60), || (acked.lock().unwrap().len() >= 6).then_some(())).expect("chunks are acked");
-    let server = tokio::task::spawn_blocking(move || server.kill_and_restart(&[])).await.unwrap().unwrap();
     sender.await.unwrap();
+    let server = tokio::task::spawn_blocking(move || server.kill_and_restart(&[])).await.unwrap().unwrap();
     let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() < N, "the kill came mid-stream: {} of {N} chunks acknowledged", acked.len());
+    assert!((KILL_AT - 8..=KILL_AT).contains(&acked.len()), "{} acknowledged", acked.len());
     eprintln!("{} of {N} chunks acknowledged before the kill", acked.len());
     // In order: what was acknowledged is a prefix of the stream, and each
     // acknowledgement names a committed end at or past its chunk.
@@ -557,8 +574,8 @@ async fn a_server_sigkilled_mid_stream_keeps_every_acknowledged_byte() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    std::fs::write(&done, "").unwrap();
-    let run = wait_run(&c, &r.run_id, 60).await;
+    std::fs::write(done, "").unwrap();
+    let run = wait_run(&c, &held.run_id, 60).await;
     assert_eq!(run.status, "success", "{run:#?}");
     let mut stdout = Vec::new();
     for (_, ev, data) in events(&c, &job, None).await {
