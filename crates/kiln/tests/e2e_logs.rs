@@ -325,9 +325,13 @@ async fn output_over_the_rate_limit_is_dropped_with_a_gap_marker() {
 /// A job held running by a real agent (its step waits for `done`), whose
 /// stdout a test writes as the attempt would, with the attempt's token.
 struct HeldJob {
+    /// Dropped first (fields drop in order): the agent stops before its
+    /// job's repository and flag directory go.
+    _agent: kiln_testkit::KilnAgent,
+    /// The repository the job checks out (a retry checks out again).
+    _repo: TestRepo,
     _flag: tempfile::TempDir,
     done: std::path::PathBuf,
-    _agent: kiln_testkit::KilnAgent,
     run_id: String,
     job: String,
     token: String,
@@ -359,7 +363,7 @@ async fn hold_a_job(server: &KilnServer, name: &str) -> HeldJob {
     let job = job.expect("the job runs");
     let key = std::fs::read_to_string(server.data_dir().join("blob.key")).unwrap();
     let token = kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(&job, 1);
-    HeldJob { _flag: flag, done, _agent: agent, run_id: r.run_id, job, token }
+    HeldJob { _repo: repo, _flag: flag, done, _agent: agent, run_id: r.run_id, job, token }
 }
 
 /// Issue 20: an agent keeps several chunks of a stream in flight, and one of
