@@ -446,13 +446,14 @@ async fn a_chunk_retried_later_still_commits_before_the_chunks_sent_after_it() {
 }
 
 /// Issue 20, durability under the fast path: a real server process is
-/// SIGKILLed while bulk chunks (256 KiB) of one stream are in flight, as
-/// an agent sends them (eight at once, in order, checked by CRC-32C,
-/// retried while refused with 503, as the attempt itself). Restarted on the same data, it replays every chunk it
-/// acknowledged before the kill, byte for byte at its offset, before
-/// anything is sent again; then the chunks whose answers were lost are
-/// sent again (identical retries where the old process had committed
-/// them), and the log holds every byte once, in order.
+/// SIGKILLed while bulk chunks (256 KiB) of one stream are in flight, sent
+/// as an agent sends them (eight at once, in order, checked by CRC-32C,
+/// retried while refused with 503, with the attempt's token). Restarted on
+/// the same data, it replays every chunk it acknowledged before the kill,
+/// byte for byte at its offset, before anything is sent again; then the
+/// chunks whose answers were lost are sent again (identical retries where
+/// the old process had committed them), and the log holds every byte once,
+/// in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_sigkilled_mid_stream_keeps_every_acknowledged_byte() {
     use base64::Engine;
