@@ -504,7 +504,11 @@ async fn a_server_sigkilled_mid_stream_keeps_every_acknowledged_byte() {
                             let st = std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap();
                             assert!(st.success(), "kill -KILL {pid}");
                         }
-                        while !killed.load(SeqCst) {
+                        for tries in 0.. {
+                            if killed.load(SeqCst) {
+                                return;
+                            }
+                            assert!(tries < 3000, "chunk {i} was never committed");
                             match attempt.append_log_raw(&job, 1, &chunk(i)).await {
                                 Ok(ack) => {
                                     acked.lock().unwrap().push((i, ack.committed["stdout"]));
