@@ -833,9 +833,17 @@ fn check_script(ctx: &mut Ctx, pos: Pos, run: &str, subject: &str, shell: Option
             ),
         );
     } else if has_exprs && let Err(e) = check_run(run) {
-        ctx.err(pos, format!("invalid {subject}: {e}"));
+        ctx.err(pos, format!("invalid {subject}: {}", script_error(run, &e)));
     }
     ctx.diags.len() == before
+}
+
+/// A refusal of `run`'s text, with where in the script it stands.
+fn script_error(run: &str, e: &crate::expr::ExprError) -> String {
+    let before = &run[..e.offset.min(run.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()).saturating_sub(2).max(1);
+    format!("at line {line}, column {column} of the script: {}", e.message)
 }
 
 fn step(ctx: &mut Ctx, subject: &str, pos: Pos, entries: &[Entry], defaults: &Defaults) -> Option<Step> {
@@ -2294,8 +2302,24 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                     }
                     let mut job = d.job.clone();
                     job.name = expanded.clone();
-                    for step in &mut job.steps {
+                    for (i, step) in job.steps.iter_mut().enumerate() {
+                        let written = step.run.clone();
                         step.run = substitute(&step.run, values);
+                        // The values are text of the script now: check again
+                        // where the other `${{ }}` stand.
+                        if step.run != written && step.run.contains("${{") && shell_expands(step.shell.as_deref()) {
+                            if let Err(e) = check_run(&step.run) {
+                                ctx.err(
+                                    m.pos,
+                                    format!(
+                                        "invalid `run` in step {} of {}: {}",
+                                        i + 1,
+                                        expanded,
+                                        script_error(&step.run, &e)
+                                    ),
+                                );
+                            }
+                        }
                         step.name = step.name.as_deref().map(|n| substitute(n, values));
                         for v in step.env.values_mut() {
                             *v = substitute(v, values);
