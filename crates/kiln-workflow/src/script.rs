@@ -705,6 +705,12 @@ impl Scanner {
         let next2 = chars.get(i + 1).copied();
         let in_test = matches!(self.frames.last(), Some(Frame::Code { cmd, .. }) if cmd.test.is_some());
         match c {
+            // bash reads `a[x y]=1` as one word: a subscript may hold blanks.
+            ' ' | '\t' if self.code().is_some_and(|cmd| cmd.brackets > 0) => {
+                if let Some(cmd) = self.code() {
+                    cmd.push_char(c);
+                }
+            }
             ' ' | '\t' => self.end_word(),
             '\\' => {
                 self.escaped = true;
@@ -1185,6 +1191,7 @@ mod tests {
             ("[[ \"${{ inputs.who }}\" -gt 0 ]] && echo big", "compares numbers"),
             ("[[ 1 -lt \"${{ inputs.who }}\" ]]", "compares numbers"),
             ("arr[${{ inputs.who }}]=1", "subscript"),
+            ("a[bash -c ${{ inputs.who }}]=1", "subscript"),
             ("echo \"${arr[${{ inputs.who }}]}\"", "parameter expansion"),
             ("echo \"${x:${{ inputs.who }}}\"", "parameter expansion"),
             ("let n=${{ inputs.who }}", "`let`"),

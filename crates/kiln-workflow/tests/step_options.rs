@@ -145,6 +145,30 @@ fn script_piece() -> impl Strategy<Value = String> {
         Just("${{ event".to_string()),
         Just("$HOME ".to_string()),
         "[a-z ]{0,5}",
+        // Issue 39 item 11: nested interpreters, arithmetic, names.
+        Just("sh -c ".to_string()),
+        Just("python3 -c ".to_string()),
+        Just("eval ".to_string()),
+        Just("$((".to_string()),
+        Just("((".to_string()),
+        Just("))".to_string()),
+        Just("1<<2".to_string()),
+        Just("[[ ".to_string()),
+        Just(" -eq 1 ]]".to_string()),
+        Just("a[".to_string()),
+        Just("]".to_string()),
+        Just("${".to_string()),
+        Just("}".to_string()),
+        Just("$(".to_string()),
+        Just(")".to_string()),
+        Just("`".to_string()),
+        Just("<<<".to_string()),
+        Just("cat ".to_string()),
+        Just("sh ".to_string()),
+        Just("| ".to_string()),
+        Just("; ".to_string()),
+        Just("read ".to_string()),
+        Just("let ".to_string()),
     ]
 }
 
@@ -167,6 +191,111 @@ proptest! {
                 prop_assert!(!script.contains(&value), "{script}");
             }
         }
+    }
+}
+
+/// Shell text before a `${{ }}`: the contexts of issue 39 item 11 and
+/// plain ones (no loops, no reads from the terminal).
+fn before_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("echo ".to_string()),
+        Just("echo \"".to_string()),
+        Just("echo '".to_string()),
+        Just("sh -c \"echo ".to_string()),
+        Just("sh -c 'echo ".to_string()),
+        Just("bash -c ".to_string()),
+        Just("python3 -c \"print('".to_string()),
+        Just("eval \"echo ".to_string()),
+        Just("echo $(( ".to_string()),
+        Just("(( x = ".to_string()),
+        Just("[[ ".to_string()),
+        Just("[ ".to_string()),
+        Just("a[".to_string()),
+        Just("echo ${x:-".to_string()),
+        Just("echo \"$(echo ".to_string()),
+        Just("sh -c \"$(echo ".to_string()),
+        Just("sh <<EOF\necho ".to_string()),
+        Just("cat <<EOF\n".to_string()),
+        Just("cat <<EOF | sh\necho ".to_string()),
+        Just("bash <<< \"echo ".to_string()),
+        Just("cat <<< ".to_string()),
+        Just("read ".to_string()),
+        Just("let x=".to_string()),
+        Just("x=".to_string()),
+        Just("echo $((1<<2)); echo ".to_string()),
+        Just("\n".to_string()),
+        Just("; ".to_string()),
+        Just(" ".to_string()),
+    ]
+}
+
+/// Shell text after a `${{ }}`.
+fn after_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("\"".to_string()),
+        Just("'".to_string()),
+        Just("')\"".to_string()),
+        Just(" ))".to_string()),
+        Just(" -eq 1 ]]".to_string()),
+        Just(" == a ]]".to_string()),
+        Just(" = a ]".to_string()),
+        Just("]=1".to_string()),
+        Just("}".to_string()),
+        Just(")\"".to_string()),
+        Just("\nEOF\n".to_string()),
+        Just("\n".to_string()),
+        Just(" ".to_string()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Issue 39 item 11: whatever script the pieces make, if it renders, the
+    /// real `sh` and `bash` running it with a hostile value never run the
+    /// value (the marker file is never created).
+    #[test]
+    fn rendered_scripts_never_run_the_value(
+        before in prop::collection::vec(before_value(), 1..3),
+        after in prop::collection::vec(after_value(), 0..3),
+        which in 0usize..6,
+    ) {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kiln-expr-prop-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mark = dir.join("pwned");
+        let m = mark.display();
+        let value = [
+            format!("x; touch {m}"),
+            format!("'; touch {m}; '"),
+            format!("\"; touch {m}; \""),
+            format!("$(touch {m})`touch {m}`"),
+            format!("a[$(touch {m})]"),
+            format!("x\nEOF\ntouch {m}\n"),
+        ][which].clone();
+        let run = format!("{}${{{{ inputs.v }}}}{}", before.concat(), after.concat());
+        let ctx = ConditionContext { event: "push".into(), inputs: inputs(&[("v", &value)]), ..Default::default() };
+        if let Ok((script, vars)) = render_run(&run, &ctx) {
+            for shell in ["sh", "bash"] {
+                let mut child = std::process::Command::new("timeout")
+                    .args(["5", shell, "-c", &script])
+                    .envs(&vars)
+                    .current_dir(&dir)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                child.wait().unwrap();
+                let ran = mark.exists();
+                if ran {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                prop_assert!(!ran, "{shell} ran the value {value:?}\nrun: {run:?}\nscript: {script:?}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
