@@ -139,6 +139,10 @@ struct Cmd {
     brackets: u32,
     serial: u64,
     test: Option<Test>,
+    /// The expressions in this command (also inside its `$( )` and quotes).
+    exprs: Vec<usize>,
+    /// The expressions of the commands piped into this one.
+    upstream: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -266,6 +270,101 @@ const NAME_BUILTINS: &[&str] = &["read", "unset", "mapfile", "readarray"];
 /// Reserved words that may precede a command.
 const RESERVED: &[&str] = &["if", "then", "else", "elif", "do", "while", "until", "!", "{", "time"];
 
+/// The index of the program a command runs, from `k` (after assignments
+/// and reserved words): wrappers (`sudo -u x`, `env A=b`, `timeout 5`) are
+/// skipped. At most `end`.
+fn program_index(words: &[String], k: usize, end: usize) -> usize {
+    let mut name_at = k;
+    while name_at < end && WRAPPERS.contains(&basename(&words[name_at])) {
+        let wrapper = basename(&words[name_at]);
+        name_at += 1;
+        while name_at < end {
+            let w = &words[name_at];
+            if w.starts_with('-') || (wrapper == "env" && is_assignment(w)) {
+                let takes_arg = matches!(
+                    (wrapper, w.as_str()),
+                    ("sudo" | "doas", "-u" | "-g" | "-C" | "-D" | "-h" | "-p" | "-r" | "-t" | "-U")
+                        | ("nice", "-n")
+                        | ("timeout", "-s" | "-k")
+                        | ("env", "-u" | "-C")
+                        | ("xargs", "-I" | "-n" | "-P" | "-d" | "-E" | "-L" | "-s" | "-a")
+                );
+                name_at += if takes_arg { 2 } else { 1 };
+            } else if wrapper == "timeout" && w.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+                name_at += 1;
+                break;
+            } else {
+                break;
+            }
+        }
+    }
+    name_at.min(end)
+}
+
+/// Whether a command runs what it reads on its input as code (its name):
+/// a shell or interpreter without program text or a script (also inside
+/// `docker`/`podman`/`kubectl` commands), `ssh`, `xargs`, a SQL client…
+fn runs_stdin(words: &[String]) -> Option<String> {
+    const RUNNERS: &[&str] = &[
+        "eval", "source", ".", "ssh", "xargs", "psql", "mysql", "sqlite3", "dc", "at", "batch", "crontab", "parallel",
+    ];
+    let mut k = 0;
+    while k < words.len() && (is_assignment(&words[k]) || RESERVED.contains(&words[k].as_str())) {
+        k += 1;
+    }
+    let start = program_index(words, k, words.len());
+    // `xargs` makes command lines of what it reads.
+    if words[k..start].iter().any(|w| basename(w) == "xargs") {
+        return Some("xargs".into());
+    }
+    let program = words.get(start)?;
+    // Container tools run a command given in their arguments.
+    let scan_all =
+        matches!(basename(program), "docker" | "podman" | "nerdctl" | "kubectl" | "oc" | "chroot" | "nsenter");
+    let mut i = start;
+    while i < words.len() {
+        if i > start && !scan_all {
+            break;
+        }
+        let b = basename(&words[i]);
+        if RUNNERS.contains(&b) {
+            return Some(b.to_string());
+        }
+        if let Some(interp) = INTERPRETERS.iter().find(|x| x.names.contains(&b)) {
+            // It runs its input unless it has program text or a script.
+            let rest = &words[i + 1..];
+            let mut runs = true;
+            let mut skip = false;
+            for w in rest {
+                if skip {
+                    skip = false;
+                    continue;
+                }
+                if is_code_flag(interp, w) || w == "-m" {
+                    runs = false;
+                    break;
+                }
+                if w == "-s" || w == "-" {
+                    break;
+                }
+                if w == "-o" || w == "-O" || w == "-W" || w == "-X" {
+                    skip = true;
+                    continue;
+                }
+                if !w.starts_with(['-', '+']) {
+                    runs = false;
+                    break;
+                }
+            }
+            if runs {
+                return Some(b.to_string());
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
 fn basename(word: &str) -> &str {
     word.rsplit('/').next().unwrap_or(word)
 }
@@ -350,31 +449,7 @@ impl Cmd {
                 ))
             };
         }
-        // Skip wrappers to the program they run.
-        let mut name_at = k;
-        while name_at < idx && WRAPPERS.contains(&basename(&words[name_at])) {
-            let wrapper = basename(&words[name_at]);
-            name_at += 1;
-            while name_at < idx {
-                let w = &words[name_at];
-                if w.starts_with('-') || (wrapper == "env" && is_assignment(w)) {
-                    let takes_arg = matches!(
-                        (wrapper, w.as_str()),
-                        ("sudo" | "doas", "-u" | "-g" | "-C" | "-D" | "-h" | "-p" | "-r" | "-t" | "-U")
-                            | ("nice", "-n")
-                            | ("timeout", "-s" | "-k")
-                            | ("env", "-u" | "-C")
-                            | ("xargs", "-I" | "-n" | "-P" | "-d" | "-E" | "-L" | "-s" | "-a")
-                    );
-                    name_at += if takes_arg { 2 } else { 1 };
-                } else if wrapper == "timeout" && w.chars().next().is_some_and(|c| c.is_ascii_digit()) {
-                    name_at += 1;
-                    break;
-                } else {
-                    break;
-                }
-            }
-        }
+        let name_at = program_index(words, k, idx);
         if name_at == idx && !cur.starts_with('-') {
             return Some(refusal(
                 "stands where the shell reads a command name; the value would choose the program to run",
@@ -535,11 +610,39 @@ impl Scanner {
 
     /// The simple command in the innermost code frame ends.
     fn end_command(&mut self) {
+        self.end_command_by(false);
+    }
+
+    /// The simple command in the innermost code frame ends, by a pipe or
+    /// otherwise. A command that runs its input as code refuses every value
+    /// piped into it.
+    fn end_command_by(&mut self, pipe: bool) {
         self.end_word();
         let serial = self.next_serial();
-        if let Some(Frame::Code { cmd, .. }) = self.frames.last_mut() {
-            if cmd.test.is_none() {
-                *cmd = Cmd::new(serial);
+        let Some(Frame::Code { cmd, .. }) = self.frames.last_mut() else { return };
+        if cmd.test.is_some() {
+            return;
+        }
+        if cmd.words.is_empty() && !pipe {
+            // `a |` then a newline: the pipeline goes on.
+            return;
+        }
+        let runner = runs_stdin(&cmd.words);
+        let upstream = std::mem::take(&mut cmd.upstream);
+        let exprs = std::mem::take(&mut cmd.exprs);
+        *cmd = Cmd::new(serial);
+        if pipe {
+            cmd.upstream = upstream.iter().chain(&exprs).copied().collect();
+        }
+        if let Some(name) = runner {
+            for offset in upstream {
+                if let Some(f) = self.found.iter_mut().find(|f| f.offset == offset) {
+                    if f.place.is_ok() {
+                        f.place = Err(refusal(&format!(
+                            "is in a command whose output is piped to `{name}`, which runs what it reads"
+                        )));
+                    }
+                }
             }
         }
     }
@@ -742,9 +845,15 @@ impl Scanner {
                         h.piped = true;
                     }
                 }
-                self.end_command();
                 if next == Some('|') {
+                    self.end_command();
                     self.line.push('|');
+                    return 1;
+                }
+                self.end_command_by(true);
+                if next == Some('&') {
+                    // `|&`
+                    self.line.push('&');
                     return 1;
                 }
             }
@@ -985,10 +1094,19 @@ impl Scanner {
             };
             place.get_or_insert(here?);
         }
-        for f in &mut self.frames {
-            if let Frame::Code { cmd: Cmd { test: Some(t), .. }, .. } = f {
-                t.exprs.push(offset);
+        // The value is part of each enclosing command's words (and output).
+        let mut after_body = false;
+        for f in self.frames.iter_mut().rev() {
+            if let Frame::Code { cmd, .. } = f {
+                if std::mem::take(&mut after_body) {
+                    continue;
+                }
+                cmd.exprs.push(offset);
+                if let Some(t) = &mut cmd.test {
+                    t.exprs.push(offset);
+                }
             }
+            after_body = matches!(f, Frame::Body(_));
         }
         Ok(place.unwrap_or(Place::Bare))
     }
@@ -1203,6 +1321,14 @@ mod tests {
             ("[ -v \"${{ inputs.who }}\" ]", "variable name"),
             ("[[ -v ${{ inputs.who }} ]]", "compares numbers"),
             ("export ${{ inputs.who }}", "variable name"),
+            // Piped into something that runs what it reads.
+            ("echo \"${{ inputs.who }}\" | sh", "piped to `sh`"),
+            ("printf '%s' \"${{ inputs.who }}\" | tr a b | bash -s", "piped to `bash`"),
+            ("echo \"${{ inputs.who }}\" |\n  python3", "piped to `python3`"),
+            ("echo \"$(echo ${{ inputs.who }})\" | sudo sh", "piped to `sh`"),
+            ("echo ${{ inputs.who }} | docker run -i img sh", "piped to `sh`"),
+            ("echo ${{ inputs.who }} | xargs -I{} touch {}", "piped to `xargs`"),
+            ("echo ${{ inputs.who }} |& ssh host", "piped to `ssh`"),
             ("unset \"${{ inputs.who }}\"", "variable name"),
         ];
         for (src, want) in cases {
@@ -1239,6 +1365,11 @@ mod tests {
             ("x=$(cat <<EOF\n${{ event }}\nEOF\n)", "x=$(cat <<EOF\n${KILN_EXPR_1}\nEOF\n)"),
             ("echo ok 2>/dev/null ${{ event }}", "echo ok 2>/dev/null \"${KILN_EXPR_1}\""),
             ("echo ${{ matrix.os }} ${{ event }}", "echo ${{ matrix.os }} \"${KILN_EXPR_1}\""),
+            ("echo \"${{ event }}\" | grep sh", "echo \"${KILN_EXPR_1}\" | grep sh"),
+            ("echo ${{ event }} | python3 check.py", "echo \"${KILN_EXPR_1}\" | python3 check.py"),
+            ("echo ${{ event }} | sh -c 'cat'", "echo \"${KILN_EXPR_1}\" | sh -c 'cat'"),
+            ("echo ${{ event }} || sh\nsh", "echo \"${KILN_EXPR_1}\" || sh\nsh"),
+            ("echo ${{ event }} | tee out; cat out | sh", "echo \"${KILN_EXPR_1}\" | tee out; cat out | sh"),
         ];
         for (src, want) in cases {
             let (script, vars) = render_run(src, &ctx()).unwrap_or_else(|e| panic!("{src}: {e}"));

@@ -245,6 +245,9 @@ fn after_value() -> impl Strategy<Value = String> {
         Just("\nEOF\n".to_string()),
         Just("\n".to_string()),
         Just(" ".to_string()),
+        Just(" | sh".to_string()),
+        Just("\" | bash".to_string()),
+        Just(" | tr a a | sh -s".to_string()),
     ]
 }
 
