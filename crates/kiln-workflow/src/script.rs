@@ -2,14 +2,23 @@
 //! in `run` reaches it ([`render_run`]).
 //!
 //! A value is never pasted into shell text. Each `${{ expr }}` of a `run`
-//! becomes a reference to an environment variable (`KILN_EXPR_<n>`) that
-//! holds the value, quoted to fit where it stands: `"${KILN_EXPR_1}"`
+//! becomes a reference to an exported environment variable (`KILN_EXPR_<n>`)
+//! that holds the value, quoted to fit where it stands: `"${KILN_EXPR_1}"`
 //! outside quotes, `${KILN_EXPR_1}` inside double quotes or an unquoted
-//! here-document, `'"${KILN_EXPR_1}"'` inside single quotes. The shell
-//! never parses an expanded parameter as code, so a branch name or input
-//! like `"; rm -rf ~` stays text. Only `sh` and `bash` steps may use
-//! `${{ }}` in `run` (checked at parse time): other interpreters read the
-//! value from `env:`.
+//! here-document. The shell expands a reference once and never parses the
+//! result as code, so a branch name or input like `"; rm -rf ~` stays text.
+//!
+//! A nested parser would parse it, though (issue 39 item 11). So a `${{ }}`
+//! is refused where the expanded value would reach one: inside single
+//! quotes (text handed on unexpanded, usually a program: `sh -c '…'`), in
+//! the program text of an interpreter (`sh -c "…"`, `python3 -c`, `awk`,
+//! `eval`, …), in a here-document, here-string or pipe read by something
+//! that runs it (`sh <<EOF`, `| python3`), in bash arithmetic (`$(( ))`,
+//! `(( ))`, `[[ -eq ]]`, array subscripts, where `a[$(id)]` runs `id`), in a
+//! variable name (`read`, `printf -v`), or as the command name. The refusal
+//! says where and to pass the value through `env:`. Only `sh` and `bash`
+//! steps may use `${{ }}` in `run` (checked at parse time): other
+//! interpreters read the value from `env:`.
 
 use crate::expr::{ConditionContext, ExprError, Segment, eval_part, segments};
 use std::collections::BTreeMap;
@@ -91,8 +100,12 @@ enum Place {
 enum Closer {
     /// The script itself.
     Top,
-    /// `$( … )`, `<( … )`, `>( … )`.
+    /// `$( … )`.
     Paren,
+    /// `<( … )`: its output is a file another command reads.
+    ProcIn,
+    /// `>( … )`: it reads the output of the command it stands in.
+    ProcOut,
     /// `` ` … ` ``.
     Backtick,
 }
@@ -143,6 +156,8 @@ struct Cmd {
     exprs: Vec<usize>,
     /// The expressions of the commands piped into this one.
     upstream: Vec<usize>,
+    /// Its output goes to a `>( … )` that runs what it reads.
+    output_runner: Option<String>,
 }
 
 #[derive(Debug)]
@@ -192,6 +207,8 @@ struct Scanner {
     escaped: bool,
     serial: u64,
     found: Vec<Found>,
+    /// A command that runs its input ended inside the innermost `>( … )`.
+    proc_runner: Option<String>,
 }
 
 /// Data-only readers of a here-document or here-string: what they read is
@@ -586,6 +603,7 @@ impl Scanner {
             escaped: false,
             serial: 0,
             found: Vec::new(),
+            proc_runner: None,
         }
     }
 
@@ -619,10 +637,11 @@ impl Scanner {
     fn end_command_by(&mut self, pipe: bool) {
         self.end_word();
         let serial = self.next_serial();
-        let Some(Frame::Code { cmd, .. }) = self.frames.last_mut() else { return };
+        let Some(Frame::Code { cmd, closer, .. }) = self.frames.last_mut() else { return };
         if cmd.test.is_some() {
             return;
         }
+        let in_proc_out = *closer == Closer::ProcOut;
         if cmd.words.is_empty() && !pipe {
             // `a |` then a newline: the pipeline goes on.
             return;
@@ -630,9 +649,25 @@ impl Scanner {
         let runner = runs_stdin(&cmd.words);
         let upstream = std::mem::take(&mut cmd.upstream);
         let exprs = std::mem::take(&mut cmd.exprs);
+        let output_runner = cmd.output_runner.take();
         *cmd = Cmd::new(serial);
         if pipe {
             cmd.upstream = upstream.iter().chain(&exprs).copied().collect();
+        }
+        let exprs_here = exprs;
+        if in_proc_out && runner.is_some() {
+            self.proc_runner.clone_from(&runner);
+        }
+        if let Some(name) = output_runner {
+            for offset in exprs_here.iter().chain(&upstream) {
+                if let Some(f) = self.found.iter_mut().find(|f| f.offset == *offset) {
+                    if f.place.is_ok() {
+                        f.place = Err(refusal(&format!(
+                            "is in a command whose output goes to `>( {name} … )`, which runs what it reads"
+                        )));
+                    }
+                }
+            }
         }
         if let Some(name) = runner {
             for offset in upstream {
@@ -650,7 +685,7 @@ impl Scanner {
     fn end_word(&mut self) {
         let Some(Frame::Code { cmd, .. }) = self.frames.last_mut() else { return };
         let Some(word) = cmd.end_word() else { return };
-        let at_start = cmd.words.len() == 1 || cmd.words[..cmd.words.len() - 1].iter().all(|w| w == "!");
+        let at_start = cmd.words.len() == 1 || cmd.words[..cmd.words.len() - 1].iter().all(|w| RESERVED.contains(&w.as_str()));
         if word == "[[" && at_start && cmd.test.is_none() {
             cmd.test = Some(Test::default());
         } else if word == "]]" {
@@ -862,7 +897,9 @@ impl Scanner {
                 // Process substitution: a command whose output is a file name.
                 self.start_word();
                 let serial = self.next_serial();
-                self.frames.push(Frame::Code { cmd: Cmd::new(serial), closer: Closer::Paren, parens: 0 });
+                let closer = if c == '<' { Closer::ProcIn } else { Closer::ProcOut };
+                self.proc_runner = None;
+                self.frames.push(Frame::Code { cmd: Cmd::new(serial), closer, parens: 0 });
                 self.line.push('(');
                 return 1;
             }
@@ -911,8 +948,16 @@ impl Scanner {
                 self.end_command();
                 match self.frames.last_mut() {
                     Some(Frame::Code { parens, .. }) if *parens > 0 => *parens -= 1,
-                    Some(Frame::Code { closer: Closer::Paren, .. }) => {
+                    Some(Frame::Code { closer: Closer::Paren | Closer::ProcIn, .. }) => {
                         self.frames.pop();
+                    }
+                    Some(Frame::Code { closer: Closer::ProcOut, .. }) => {
+                        self.frames.pop();
+                        if let Some(runner) = self.proc_runner.take() {
+                            if let Some(cmd) = self.code() {
+                                cmd.output_runner = Some(runner);
+                            }
+                        }
                     }
                     _ => {}
                 }
@@ -1074,6 +1119,9 @@ impl Scanner {
                 Frame::Double => Ok(Place::Quoted),
                 // The shell skips a comment.
                 Frame::Comment => return Ok(Place::Bare),
+                Frame::Code { closer: Closer::ProcIn, .. } => Err(refusal(
+                    "stands in a process substitution `<( … )`, whose output a command reads as a file (`source <(…)` runs it)",
+                )),
                 Frame::Code { cmd, .. } => {
                     if let Some(why) = cmd.code_position() {
                         Err(why)
@@ -1308,6 +1356,8 @@ mod tests {
             ("[[ ${{ inputs.who }} -eq 1 ]]", "compares numbers"),
             ("[[ \"${{ inputs.who }}\" -gt 0 ]] && echo big", "compares numbers"),
             ("[[ 1 -lt \"${{ inputs.who }}\" ]]", "compares numbers"),
+            ("if [[ \"${{ inputs.who }}\" -gt 1 ]]; then :; fi", "compares numbers"),
+            ("while ! [[ ${{ inputs.who }} -le 1 ]]; do :; done", "compares numbers"),
             ("arr[${{ inputs.who }}]=1", "subscript"),
             ("a[bash -c ${{ inputs.who }}]=1", "subscript"),
             ("echo \"${arr[${{ inputs.who }}]}\"", "parameter expansion"),
@@ -1329,6 +1379,10 @@ mod tests {
             ("echo ${{ inputs.who }} | docker run -i img sh", "piped to `sh`"),
             ("echo ${{ inputs.who }} | xargs -I{} touch {}", "piped to `xargs`"),
             ("echo ${{ inputs.who }} |& ssh host", "piped to `ssh`"),
+            ("sh <(echo ${{ inputs.who }})", "process substitution"),
+            ("source <(echo \"${{ inputs.who }}\")", "process substitution"),
+            ("echo \"${{ inputs.who }}\" > >(sh)", "`>( sh … )`"),
+            ("echo \"${{ inputs.who }}\" | tee >(bash) >/dev/null", "`>( bash … )`"),
             ("unset \"${{ inputs.who }}\"", "variable name"),
         ];
         for (src, want) in cases {
@@ -1370,6 +1424,7 @@ mod tests {
             ("echo ${{ event }} | sh -c 'cat'", "echo \"${KILN_EXPR_1}\" | sh -c 'cat'"),
             ("echo ${{ event }} || sh\nsh", "echo \"${KILN_EXPR_1}\" || sh\nsh"),
             ("echo ${{ event }} | tee out; cat out | sh", "echo \"${KILN_EXPR_1}\" | tee out; cat out | sh"),
+            ("echo ${{ event }} | tee >(wc -c)", "echo \"${KILN_EXPR_1}\" | tee >(wc -c)"),
         ];
         for (src, want) in cases {
             let (script, vars) = render_run(src, &ctx()).unwrap_or_else(|e| panic!("{src}: {e}"));

@@ -223,6 +223,9 @@ fn before_value() -> impl Strategy<Value = String> {
         Just("let x=".to_string()),
         Just("x=".to_string()),
         Just("echo $((1<<2)); echo ".to_string()),
+        Just("if [[ ".to_string()),
+        Just("bash <(echo ".to_string()),
+        Just("echo x | tee >(sh) | echo ".to_string()),
         Just("\n".to_string()),
         Just("; ".to_string()),
         Just(" ".to_string()),
@@ -248,6 +251,9 @@ fn after_value() -> impl Strategy<Value = String> {
         Just(" | sh".to_string()),
         Just("\" | bash".to_string()),
         Just(" | tr a a | sh -s".to_string()),
+        Just(")".to_string()),
+        Just(" > >(sh)".to_string()),
+        Just(" -gt 1 ]]; then :; fi".to_string()),
     ]
 }
 

@@ -167,7 +167,7 @@ jobs:
     steps:
       - echo "dq[${{ inputs.who }}]"
       - echo bare[${{ inputs.who }}]
-      - echo 'sq[${{ inputs.who }}]'
+      - echo 'sq['"${{ inputs.who }}"']'
       - |
         cat <<EOF
         hd[${{ inputs.who }}]

@@ -129,7 +129,15 @@ fn text(template: &str, ctx: &ConditionContext) -> String {
 /// steps, the shell resolved to a program.
 fn step(s: &Step, ctx: &ConditionContext) -> api::StepSpec {
     let (run, values) = if s.run.contains("${{") {
-        kiln_workflow::render_run(&s.run, ctx).unwrap_or_else(|_| (s.run.clone(), BTreeMap::new()))
+        // A definition frozen before a rule existed may hold a `${{ }}`
+        // where its value could run as code: the step fails saying so, and
+        // the value is never handed to it.
+        kiln_workflow::render_run(&s.run, ctx).unwrap_or_else(|e| {
+            (
+                "printf 'kiln: this step was not run: %s\\n' \"$KILN_EXPR_ERROR\" >&2; exit 2".to_string(),
+                BTreeMap::from([("KILN_EXPR_ERROR".to_string(), e)]),
+            )
+        })
     } else {
         (s.run.clone(), BTreeMap::new())
     };
