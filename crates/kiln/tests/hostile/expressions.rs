@@ -12,6 +12,11 @@ use kiln_api::Client;
 use kiln_testkit::{KilnUp, TestRepo, step_writable_tempdir};
 use std::process::Output;
 
+fn add_repo(up: &KilnUp, name: &str, repo: &TestRepo) {
+    let out = up.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "repo add: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
@@ -80,7 +85,7 @@ async fn expression_values_stay_data_in_nested_interpreters() {
 
     // Through `env:`: the run succeeds and every form prints the value.
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", AS_DATA)]).unwrap();
-    up.add_repo("as-data", &repo);
+    add_repo(&up, "as-data", &repo);
     let out = up
         .cli()
         .args(["run", "--repo", "as-data", "--commit", "main", "--follow", "--input"])
@@ -100,7 +105,7 @@ async fn expression_values_stay_data_in_nested_interpreters() {
     // Into program text, arithmetic or single quotes: refused at
     // acceptance, with where and what to do instead; nothing stored.
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", AS_CODE)]).unwrap();
-    up.add_repo("as-code", &repo);
+    add_repo(&up, "as-code", &repo);
     let out = up
         .cli()
         .args(["run", "--repo", "as-code", "--commit", "main", "--follow", "--input"])
