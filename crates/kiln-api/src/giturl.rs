@@ -180,7 +180,10 @@ pub fn check_credential(c: &CloneCredential) -> Result<(), String> {
         return Err("a clone credential is a username of 1 to 256 and a token of at most 4096 characters".into());
     }
     if c.username.chars().chain(c.password.chars()).any(char::is_control) {
-        return Err("a clone credential must not contain control characters (a newline at the end of a token file is removed)".into());
+        return Err(
+            "a clone credential must not contain control characters (a newline at the end of a token file is removed)"
+                .into(),
+        );
     }
     Ok(())
 }

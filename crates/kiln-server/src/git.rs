@@ -330,9 +330,13 @@ impl Mirrors {
         remote.check()?;
         let url = normalize_url(&remote.url);
         let spec = format!("+{git_ref}:{git_ref}");
-        let out =
-            git_within(&self.dir(repo_id), &["fetch", "-q", "--no-tags", "--", &url, &spec], FETCH_TIMEOUT, &remote.env())
-                .await?;
+        let out = git_within(
+            &self.dir(repo_id),
+            &["fetch", "-q", "--no-tags", "--", &url, &spec],
+            FETCH_TIMEOUT,
+            &remote.env(),
+        )
+        .await?;
         if !out.status.success() {
             return Err(GitError::Fetch { url, detail: stderr_of(&out) });
         }
@@ -447,9 +451,13 @@ impl Mirrors {
         }
         remote.check()?;
         let url = normalize_url(&remote.url);
-        let out =
-            git_within(&self.dir(repo_id), &["ls-remote", "--heads", "--tags", "--", &url], FETCH_TIMEOUT, &remote.env())
-                .await?;
+        let out = git_within(
+            &self.dir(repo_id),
+            &["ls-remote", "--heads", "--tags", "--", &url],
+            FETCH_TIMEOUT,
+            &remote.env(),
+        )
+        .await?;
         if !out.status.success() {
             return Err(GitError::Fetch { url, detail: stderr_of(&out) });
         }

@@ -255,7 +255,11 @@ impl Resolver {
         Ok((bytes, digest))
     }
 
-    async fn get_manifest(&self, url: &reqwest::Url, authorization: Option<&str>) -> Result<reqwest::Response, ResolveError> {
+    async fn get_manifest(
+        &self,
+        url: &reqwest::Url,
+        authorization: Option<&str>,
+    ) -> Result<reqwest::Response, ResolveError> {
         let mut req = self.http.get(url.clone()).header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "));
         if let Some(a) = authorization {
             req = req.header(reqwest::header::AUTHORIZATION, a);
@@ -282,13 +286,15 @@ impl Resolver {
             return Err(ResolveError::Refused("not authorized to pull it (HTTP 401)".into()));
         }
         let params = challenge_params(params);
-        let realm = params
-            .get("realm")
-            .ok_or_else(|| ResolveError::Refused("the registry asked for a token without naming a token service".into()))?;
+        let realm = params.get("realm").ok_or_else(|| {
+            ResolveError::Refused("the registry asked for a token without naming a token service".into())
+        })?;
         let mut realm: reqwest::Url = realm
             .parse()
             .map_err(|_| ResolveError::Refused("the registry named a token service that is not a URL".into()))?;
-        self.guard.check_url(&realm).map_err(|why| ResolveError::Refused(format!("the registry's token service is {why}")))?;
+        self.guard
+            .check_url(&realm)
+            .map_err(|why| ResolveError::Refused(format!("the registry's token service is {why}")))?;
         {
             let mut q = realm.query_pairs_mut();
             q.append_pair("scope", &format!("repository:{}:pull", r.repository()));
@@ -547,9 +553,20 @@ mod tests {
 
     #[test]
     fn internal_addresses_are_not_public() {
-        for a in ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
-            "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1", "64:ff9b::a9fe:a9fe"]
-        {
+        for a in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+        ] {
             assert!(!is_public(a.parse().unwrap()), "{a}");
         }
         for a in ["1.1.1.1", "140.82.112.3", "2606:4700::1111"] {

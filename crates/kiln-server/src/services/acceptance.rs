@@ -79,7 +79,8 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     }
     let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
     let remote = crate::services::repos::remote(state, &repo).await?;
-    let (sha, git_ref) = state.mirrors.resolve_named(&repo.id, &remote, req.commit_sha.trim()).await.map_err(git_err)?;
+    let (sha, git_ref) =
+        state.mirrors.resolve_named(&repo.id, &remote, req.commit_sha.trim()).await.map_err(git_err)?;
     let mut workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
     admit(state, &workflow)?;
     if event == "manual" && !workflow.on.allows_manual() {

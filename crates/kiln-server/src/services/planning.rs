@@ -276,11 +276,7 @@ async fn resolve(state: &AppState, repo: &RepoRecord, sha: &str, fetch_ref: Opti
         Ok(s) => Ok(s),
         Err(GitError::UnknownRevision(_)) if fetch_ref.is_some() => {
             let r = fetch_ref.expect("checked");
-            state
-                .mirrors
-                .fetch_ref(&repo.id, &remote, r)
-                .await
-                .map_err(|e| PlanError::Transient(e.to_string()))?;
+            state.mirrors.fetch_ref(&repo.id, &remote, r).await.map_err(|e| PlanError::Transient(e.to_string()))?;
             state.mirrors.resolve(&repo.id, &remote, sha).await.map_err(|e| PlanError::Transient(e.to_string()))
         }
         // A commit not there yet may be replication lag on the forge's side.

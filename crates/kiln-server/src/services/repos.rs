@@ -171,11 +171,7 @@ fn clone_credential(
     Ok(c)
 }
 
-async fn put_clone_credential(
-    state: &AppState,
-    repo_id: &str,
-    c: &kiln_api::giturl::CloneCredential,
-) -> ApiResult<()> {
+async fn put_clone_credential(state: &AppState, repo_id: &str, c: &kiln_api::giturl::CloneCredential) -> ApiResult<()> {
     let json = serde_json::to_string(c).map_err(|e| ApiErr::internal(e.to_string()))?;
     let sealed = state.secrets.seal(repo_id, kiln_store::CLONE_CREDENTIAL, &json);
     state.store.put_secret(repo_id, kiln_store::CLONE_CREDENTIAL, &sealed).await?;

@@ -87,8 +87,8 @@ pub(crate) async fn receive(
     let (Some(repo), Some(secret)) = (repo, secret) else {
         counts.rejected_signature.fetch_add(1, Ordering::Relaxed);
         let decoy: [u8; 32] = rand::random();
-        let e = kiln_forge::verify(forge, headers, body, &decoy)
-            .expect_err("a random secret nobody holds never verifies");
+        let e =
+            kiln_forge::verify(forge, headers, body, &decoy).expect_err("a random secret nobody holds never verifies");
         tracing::warn!(forge = %forge, "webhook refused: no such repository, or it has no webhook secret");
         return Err(not_verified(&e));
     };
@@ -175,7 +175,11 @@ fn not_verified(e: &kiln_forge::VerifyError) -> ApiErr {
         kiln_forge::VerifyError::EmptySecret => "the signature does not match".to_string(),
         e => e.to_string(),
     };
-    ApiErr::new(StatusCode::UNAUTHORIZED, api::codes::UNAUTHORIZED, format!("the delivery's signature does not verify: {e}"))
+    ApiErr::new(
+        StatusCode::UNAUTHORIZED,
+        api::codes::UNAUTHORIZED,
+        format!("the delivery's signature does not verify: {e}"),
+    )
 }
 
 /// A push or pull request delivery must name the repository it was sent

@@ -42,7 +42,11 @@ async fn an_api_run_is_frozen_trusted_at_the_resolved_sha() {
     let run = env.state.store.get_run(&id).await.unwrap().run;
     assert_eq!(run.trust, "trusted");
     assert_eq!(run.commit_sha, sha);
-    assert_eq!(run.git_ref.as_deref(), Some("refs/heads/main"), "a short name is stored as the full ref it resolved to");
+    assert_eq!(
+        run.git_ref.as_deref(),
+        Some("refs/heads/main"),
+        "a short name is stored as the full ref it resolved to"
+    );
     assert_eq!(run.event, "manual");
 }
 
