@@ -4,6 +4,7 @@
 
 mod agents;
 mod expressions;
+mod forge;
 mod git_urls;
 mod host_executor;
 mod http;
