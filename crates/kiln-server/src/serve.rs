@@ -37,6 +37,7 @@
 
 use axum::Router;
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -211,7 +212,6 @@ async fn connection<I>(io: I, conn: Conn, router: Router, limits: ConnLimits, mu
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    use axum::response::IntoResponse as _;
     let peer = conn.peer;
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Watched { inner: io, activity: activity.clone() });
@@ -427,5 +427,14 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["code"], "unavailable");
         assert!((64..=4096).contains(&super::default_max_connections()));
+    }
+
+    #[test]
+    fn the_reserved_share_leaves_a_public_slot() {
+        use super::default_reserved_connections as reserved;
+        assert_eq!([reserved(1), reserved(2), reserved(8), reserved(16), reserved(64), reserved(4096)], [
+            0, 1, 4, 8, 16, 1024
+        ]);
+        assert!((1..200).all(|n| reserved(n) < n));
     }
 }

@@ -47,6 +47,30 @@ pub(crate) fn refuse_unread(e: ApiErr) -> Response {
     res
 }
 
+fn too_large(limit: usize) -> Response {
+    refuse_unread(ApiErr::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        kiln_api::codes::TOO_LARGE,
+        format!("the request body is larger than this endpoint accepts ({limit} bytes)"),
+    ))
+}
+
+/// The length a request declares for its body (`Content-Length`, or what
+/// the body itself knows), refused with 413 — unread — past `limit`.
+pub(crate) fn declared_within(headers: &HeaderMap, body: &Body, limit: usize) -> Result<Option<u64>, Response> {
+    let declared = match headers.get(header::CONTENT_LENGTH) {
+        None => http_body::Body::size_hint(body).exact(),
+        Some(v) => match v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+            Some(n) => Some(n),
+            None => return Err(refuse_unread(ApiErr::bad_request("the Content-Length header is malformed"))),
+        },
+    };
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    Ok(declared)
+}
+
 /// Read the body of a request that is not authenticated yet (issue 39,
 /// item 7): at most `limit` bytes, and only within the server's budget of
 /// unauthenticated body bytes held at once (`--unauthenticated-body-budget`,
@@ -62,23 +86,7 @@ pub(crate) async fn read_unauthenticated(
     body: Body,
     limit: usize,
 ) -> Result<Unverified, Response> {
-    let too_large = || {
-        refuse_unread(ApiErr::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            kiln_api::codes::TOO_LARGE,
-            format!("the request body is larger than this endpoint accepts ({limit} bytes)"),
-        ))
-    };
-    let declared = match headers.get(header::CONTENT_LENGTH) {
-        None => None,
-        Some(v) => match v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) {
-            Some(n) => Some(n),
-            None => return Err(refuse_unread(ApiErr::bad_request("the Content-Length header is malformed"))),
-        },
-    };
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
+    let declared = declared_within(headers, &body, limit)?;
     let want = declared.map_or(limit, |n| n as usize);
     let share = u32::try_from(want).unwrap_or(u32::MAX);
     let Ok(share) = state.body_budget.clone().try_acquire_many_owned(share) else {
@@ -93,7 +101,7 @@ pub(crate) async fn read_unauthenticated(
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| refuse_unread(ApiErr::bad_request(format!("the request body could not be read: {e}"))))?;
         if buf.len() + chunk.len() > want {
-            return Err(too_large());
+            return Err(too_large(limit));
         }
         buf.extend_from_slice(&chunk);
     }

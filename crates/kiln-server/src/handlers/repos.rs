@@ -1,6 +1,6 @@
 //! `POST /v1/repos`, `GET /v1/repos`, `GET|PATCH|DELETE /v1/repos/{repo}`, hook info, deliveries, webhooks.
 
-use super::body::{parse, read_unauthenticated, refuse_unread};
+use super::body::{declared_within, parse, read_unauthenticated, refuse_unread};
 use crate::auth::Principal;
 use crate::error::{ApiErr, ApiResult};
 use crate::services::repos;
@@ -81,6 +81,7 @@ pub(crate) async fn webhook(
 ) -> Result<(StatusCode, Json<api::WebhookAck>), Response> {
     // Issue 39, item 7: nothing is read before the delivery could verify,
     // and what is read counts against the unauthenticated body budget.
+    declared_within(&headers, &body, kiln_forge::MAX_BODY_BYTES)?;
     before_body(&state, &repo, &forge, &headers).await.map_err(refuse_unread)?;
     let body = read_unauthenticated(&state, &headers, body, kiln_forge::MAX_BODY_BYTES).await?;
     let (status, ack) = crate::services::webhooks::receive(&state, &repo, &forge, &headers, &body.bytes)

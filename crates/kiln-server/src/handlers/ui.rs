@@ -59,9 +59,10 @@ pub(crate) struct SignIn {
 /// send that, and a cross-origin script cannot without a CORS preflight this
 /// server never grants), and what the browser says of its origin is this
 /// server: `Sec-Fetch-Site`, when sent, is `same-origin`, and `Origin`, when
-/// sent, names the host the request came to. (Clients that are not
+/// sent, names the host the request came to (or is the origin of
+/// `--public-url`). (Clients that are not
 /// browsers send neither header and are not at risk of CSRF.)
-fn same_origin_json(headers: &HeaderMap) -> ApiResult<()> {
+fn same_origin_json(state: &State, headers: &HeaderMap) -> ApiResult<()> {
     let forbidden = |why: &str| {
         ApiErr::new(StatusCode::FORBIDDEN, "csrf", format!("sign-in refused: {why}; sign in from Kiln's own page"))
     };
@@ -84,8 +85,14 @@ fn same_origin_json(headers: &HeaderMap) -> ApiResult<()> {
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
-        let origin_host = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, rest)| rest);
-        if host.is_empty() || origin_host != Some(host) {
+        let origin = origin.to_str().unwrap_or_default();
+        let origin_host = origin.split_once("://").map(|(_, rest)| rest);
+        // Behind a proxy that rewrites `Host`, the public URL's origin.
+        let public = state.config.public_url.as_deref().map(|u| {
+            let rest = u.split_once("://").map_or(u.len(), |(scheme, rest)| scheme.len() + 3 + rest.find('/').unwrap_or(rest.len()));
+            &u[..rest]
+        });
+        if (host.is_empty() || origin_host != Some(host)) && public != Some(origin) {
             return Err(forbidden("the request's Origin is not this server"));
         }
     }
@@ -95,7 +102,7 @@ fn same_origin_json(headers: &HeaderMap) -> ApiResult<()> {
 /// `POST /v1/ui/session` `{"token"}`: 204 with the session cookie when the
 /// token is accepted as the bearer header would be, else 401.
 pub(crate) async fn sign_in(S(state): S<State>, headers: HeaderMap, body: Body) -> Result<Response, Response> {
-    same_origin_json(&headers).map_err(refuse_unread)?;
+    same_origin_json(&state, &headers).map_err(refuse_unread)?;
     // A token is short: a small share of the unauthenticated body budget.
     let body = read_unauthenticated(&state, &headers, body, 16 * 1024).await?;
     sign_in_with(&state, &headers, &body.bytes).await.map_err(IntoResponse::into_response)

