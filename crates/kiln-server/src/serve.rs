@@ -39,11 +39,11 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::future::Future;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -144,8 +144,11 @@ pub(crate) async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let (router, tls, shutdown) = (router.clone(), tls.clone(), shutdown.clone());
-        let head_timeout =
-            if on_reserve { limits.header_read_timeout.min(RESERVED_HEADER_TIMEOUT) } else { limits.header_read_timeout };
+        let head_timeout = if on_reserve {
+            limits.header_read_timeout.min(RESERVED_HEADER_TIMEOUT)
+        } else {
+            limits.header_read_timeout
+        };
         conns.spawn(async move {
             let _permit = permit;
             let conn = Conn { peer, on_reserve, head_timeout };
@@ -238,8 +241,7 @@ where
                 res = body_timeout(limits.body_read_timeout);
             }
             if reserved.is_some_and(|r| !r.is_authenticated()) {
-                res.headers_mut()
-                    .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+                res.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
             }
             Ok::<_, std::convert::Infallible>(res)
         }
@@ -432,9 +434,10 @@ mod tests {
     #[test]
     fn the_reserved_share_leaves_a_public_slot() {
         use super::default_reserved_connections as reserved;
-        assert_eq!([reserved(1), reserved(2), reserved(8), reserved(16), reserved(64), reserved(4096)], [
-            0, 1, 4, 8, 16, 1024
-        ]);
+        assert_eq!(
+            [reserved(1), reserved(2), reserved(8), reserved(16), reserved(64), reserved(4096)],
+            [0, 1, 4, 8, 16, 1024]
+        );
         assert!((1..200).all(|n| reserved(n) < n));
     }
 }

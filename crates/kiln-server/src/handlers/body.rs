@@ -99,7 +99,8 @@ pub(crate) async fn read_unauthenticated(
     let mut buf = Vec::with_capacity(want);
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| refuse_unread(ApiErr::bad_request(format!("the request body could not be read: {e}"))))?;
+        let chunk = chunk
+            .map_err(|e| refuse_unread(ApiErr::bad_request(format!("the request body could not be read: {e}"))))?;
         if buf.len() + chunk.len() > want {
             return Err(too_large(limit));
         }

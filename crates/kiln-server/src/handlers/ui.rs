@@ -11,9 +11,9 @@ use crate::state::State;
 use axum::body::{Body, Bytes};
 use axum::extract::State as S;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use kiln_api as api;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use kiln_api as api;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::sync::LazyLock;
@@ -89,7 +89,9 @@ fn same_origin_json(state: &State, headers: &HeaderMap) -> ApiResult<()> {
         let origin_host = origin.split_once("://").map(|(_, rest)| rest);
         // Behind a proxy that rewrites `Host`, the public URL's origin.
         let public = state.config.public_url.as_deref().map(|u| {
-            let rest = u.split_once("://").map_or(u.len(), |(scheme, rest)| scheme.len() + 3 + rest.find('/').unwrap_or(rest.len()));
+            let rest = u
+                .split_once("://")
+                .map_or(u.len(), |(scheme, rest)| scheme.len() + 3 + rest.find('/').unwrap_or(rest.len()));
             &u[..rest]
         });
         if (host.is_empty() || origin_host != Some(host)) && public != Some(origin) {
@@ -180,7 +182,8 @@ pub(crate) async fn sign_out(S(state): S<State>, headers: HeaderMap) -> ApiResul
 }
 
 fn with_cookies(cookies: &[String]) -> Response {
-    let mut res = (StatusCode::NO_CONTENT, [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))]).into_response();
+    let mut res =
+        (StatusCode::NO_CONTENT, [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))]).into_response();
     for c in cookies {
         res.headers_mut().append(header::SET_COOKIE, HeaderValue::from_str(c).expect("cookie-safe"));
     }

@@ -92,9 +92,7 @@ pub(crate) const MIN_PREFIX: usize = 8;
 async fn cursor_in_repo(state: &AppState, repo_id: &str, given: &str) -> ApiResult<String> {
     let given = given.trim();
     let refused = || {
-        ApiErr::bad_request(format!(
-            "before={given}: not a run of this repository (use a `next_before` of this list)"
-        ))
+        ApiErr::bad_request(format!("before={given}: not a run of this repository (use a `next_before` of this list)"))
     };
     let candidates = if given.len() == 36 {
         vec![given.to_string()]
@@ -117,7 +115,10 @@ async fn cursor_in_repo(state: &AppState, repo_id: &str, given: &str) -> ApiResu
         _ => Err(ApiErr::new(
             axum::http::StatusCode::CONFLICT,
             api::codes::AMBIGUOUS,
-            format!("before={given} matches several runs of this repository ({}); give more characters", mine.join(", ")),
+            format!(
+                "before={given} matches several runs of this repository ({}); give more characters",
+                mine.join(", ")
+            ),
         )),
     }
 }

@@ -7,7 +7,8 @@ use kiln_testkit::{Caller, TestApp, next_frame};
 
 /// A token made by `by` (a caller with an admin token).
 async fn mint(by: Caller<'_>, scope: &str, repo: Option<&str>, trusted: Option<bool>) -> api::CreatedToken {
-    let body = api::CreateToken { name: format!("{scope}-t"), scope: scope.into(), repo: repo.map(Into::into), trusted };
+    let body =
+        api::CreateToken { name: format!("{scope}-t"), scope: scope.into(), repo: repo.map(Into::into), trusted };
     by.post("/v1/tokens").json(&body).send().await.assert_status(StatusCode::CREATED).json()
 }
 
@@ -25,7 +26,8 @@ async fn an_untrusted_admin_token_never_mints_a_trusted_token() {
     let trigger = mint(app.with_token(&untrusted.token), "trigger", Some("r"), None).await;
     assert!(!trigger.info.trusted);
     for (scope, repo) in [("admin", None), ("trigger", Some("r"))] {
-        let body = api::CreateToken { name: "x".into(), scope: scope.into(), repo: repo.map(Into::into), trusted: Some(true) };
+        let body =
+            api::CreateToken { name: "x".into(), scope: scope.into(), repo: repo.map(Into::into), trusted: Some(true) };
         let res = app.with_token(&untrusted.token).post("/v1/tokens").json(&body).send().await;
         assert_eq!(res.error_code(), "forbidden", "{scope}: {}", res.text());
         res.assert_status(StatusCode::FORBIDDEN);
@@ -147,7 +149,9 @@ async fn a_cross_site_sign_in_sets_no_session() {
     assert!(res.header("set-cookie").is_none(), "{:?}", res.headers);
     assert!(res.status.is_client_error(), "{}", res.status);
     // JSON, but from another origin or site.
-    for (name, value) in [("origin", "https://evil.example"), ("origin", "http://kiln.test:8080"), ("sec-fetch-site", "same-site")] {
+    for (name, value) in
+        [("origin", "https://evil.example"), ("origin", "http://kiln.test:8080"), ("sec-fetch-site", "same-site")]
+    {
         let res = post().header("content-type", "application/json").header(name, value).body(body.clone()).send().await;
         assert!(res.header("set-cookie").is_none(), "{name}: {value}");
         res.assert_status(StatusCode::FORBIDDEN);

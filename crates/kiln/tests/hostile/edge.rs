@@ -124,7 +124,8 @@ async fn an_unsigned_delivery_is_refused_before_its_body_is_read() {
     let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
     let _repo = hooked_repo(&server).await;
     let at = addr(&server.url);
-    let head = forged_head(&at, 25 * 1024 * 1024).replace(&format!("X-Hub-Signature-256: sha256={}\r\n", "0".repeat(64)), "");
+    let head =
+        forged_head(&at, 25 * 1024 * 1024).replace(&format!("X-Hub-Signature-256: sha256={}\r\n", "0".repeat(64)), "");
     let mut s = TcpStream::connect(&at).await.unwrap();
     s.write_all(head.as_bytes()).await.unwrap();
     let answer = answer_then_close(&mut s, Duration::from_secs(30)).await.expect("answered and closed unread");
