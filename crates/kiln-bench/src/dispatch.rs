@@ -258,13 +258,15 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     wait_all_terminal(&c, &warm).await?;
 
     let scrapes = Arc::new(AtomicU64::new(0));
-    let scraper = (cfg != Config::Plain).then(|| tokio::spawn(scrape(format!("{url}/metrics"), scrapes.clone())));
+    let admin = token(&data, "admin.token")?;
+    let scraper =
+        (cfg != Config::Plain).then(|| tokio::spawn(scrape(format!("{url}/metrics"), admin.clone(), scrapes.clone())));
 
     // Throughput: all runs submitted at once, until all are terminal.
     let n = a.runs as usize;
     let pids: Vec<u32> = std::iter::once(&server).chain(&agents).map(|p| p.0.id()).collect();
     let cpu0 = cpu_ticks(&pids);
-    let phases0 = phase_sums(&url).await?;
+    let phases0 = phase_sums(&url, &admin).await?;
     let (t0, wall0_ms) = (Instant::now(), now_ms());
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..n {
@@ -279,7 +281,7 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     let (failed, last_ms) = wait_all_terminal(&c, &ids).await?;
     let runs_per_s = n as f64 / elapsed_until(t0, wall0_ms, last_ms);
     let cpu_ms_per_run = cpu_ticks(&pids).saturating_sub(cpu0) as f64 * 1000.0 / clock_ticks_per_s() / n as f64;
-    let phases1 = phase_sums(&url).await?;
+    let phases1 = phase_sums(&url, &admin).await?;
 
     // Trigger-to-start on an idle deployment, one run at a time.
     let (mut step, mut claim) = (vec![], vec![]);
@@ -295,7 +297,7 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     }
     step.sort_by(|a, b| a.total_cmp(b));
     claim.sort_by(|a, b| a.total_cmp(b));
-    let phases2 = phase_sums(&url).await?;
+    let phases2 = phase_sums(&url, &admin).await?;
     let mut phases = phase_means(&phases0, &phases1);
     phases.extend(phase_means(&phases1, &phases2).into_iter().map(|(p, v)| (format!("{p}_idle"), v)));
 
@@ -342,8 +344,15 @@ fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> V
 
 /// `(phase, sum of seconds, count)` of `kiln_attempt_phase_duration_seconds`
 /// from the server's `/metrics`.
-async fn phase_sums(url: &str) -> anyhow::Result<Vec<(String, f64, f64)>> {
-    let text = reqwest::get(format!("{url}/metrics")).await?.error_for_status()?.text().await?;
+async fn phase_sums(url: &str, token: &str) -> anyhow::Result<Vec<(String, f64, f64)>> {
+    let text = reqwest::Client::new()
+        .get(format!("{url}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
     let value = |name: &str, phase: &str| {
         let key = format!("kiln_attempt_phase_duration_seconds_{name}{{phase=\"{phase}\"}} ");
         text.lines()
@@ -356,12 +365,12 @@ async fn phase_sums(url: &str) -> anyhow::Result<Vec<(String, f64, f64)>> {
 
 /// GET `url` every [`SCRAPE_EVERY`], reading the whole body, counting
 /// successful scrapes, until aborted.
-async fn scrape(url: String, ok: Arc<AtomicU64>) {
+async fn scrape(url: String, token: String, ok: Arc<AtomicU64>) {
     let http = reqwest::Client::new();
     let mut tick = tokio::time::interval(SCRAPE_EVERY);
     loop {
         tick.tick().await;
-        if let Ok(resp) = http.get(&url).send().await
+        if let Ok(resp) = http.get(&url).bearer_auth(&token).send().await
             && resp.status().is_success()
             && resp.bytes().await.is_ok()
         {

@@ -4,8 +4,10 @@
 //!   or an API token made with `kiln token create` (scope `admin`, `read` or
 //!   `trigger` of one repository; see [`policy`]). The resolved [`Principal`]
 //!   rides in the request's extensions for trust and the audit log. The web
-//!   UI sends the same credential in its session cookie (`kiln_session`,
-//!   HttpOnly, SameSite=Strict, set by `POST /v1/ui/session`); a
+//!   UI sends a session id in its cookie (`__Host-kiln_session`, or
+//!   `kiln_session` over plain http off loopback; HttpOnly,
+//!   SameSite=Strict, set by `POST /v1/ui/session`), which stands for the
+//!   token it signed in with until it expires or is signed out; a
 //!   cookie-authenticated request that is not a GET must also carry
 //!   `X-Kiln-CSRF` (a header no cross-site form can set and no cross-origin
 //!   script may send without a CORS preflight, which this server never
@@ -54,8 +56,14 @@ impl Principal {
     }
 }
 
-/// The web UI's session cookie.
-pub(crate) const SESSION_COOKIE: &str = "kiln_session";
+/// The web UI's session cookie (issue 39, item 12): it holds a random
+/// session id, never a token (see `handlers::ui`). `__Host-` (Secure, host
+/// only, `Path=/`: no other host or plain-http origin can set or shadow it)
+/// where the browser takes a Secure cookie — over TLS, and on loopback,
+/// which browsers treat as a secure context — else the plain name.
+pub(crate) const SESSION_COOKIE: &str = "__Host-kiln_session";
+/// The session cookie's name over plain http off loopback.
+pub(crate) const PLAIN_SESSION_COOKIE: &str = "kiln_session";
 /// The header a cookie-authenticated non-GET request must carry.
 pub(crate) const CSRF_HEADER: &str = "x-kiln-csrf";
 
@@ -79,14 +87,28 @@ pub(crate) fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         })
 }
 
+/// A credential of the public API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Credential {
+    /// An `Authorization: Bearer` token.
+    Bearer(String),
+    /// The UI's session cookie: a session id.
+    Session(String),
+}
+
+/// The UI session id a request's cookie carries, if any.
+pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    cookie(headers, SESSION_COOKIE).or_else(|| cookie(headers, PLAIN_SESSION_COOKIE))
+}
+
 /// The public-API credential a request carries: its bearer token, else the
 /// UI's session cookie (then a non-GET must carry [`CSRF_HEADER`]).
 /// `Ok(None)`: no credential at all.
-pub(crate) fn public_credential(req: &Request) -> Result<Option<String>, ApiErr> {
+pub(crate) fn public_credential(req: &Request) -> Result<Option<Credential>, ApiErr> {
     if let Some(t) = bearer(req) {
-        return Ok(Some(t));
+        return Ok(Some(Credential::Bearer(t)));
     }
-    let Some(t) = cookie(req.headers(), SESSION_COOKIE) else { return Ok(None) };
+    let Some(t) = session_cookie(req.headers()) else { return Ok(None) };
     if !matches!(*req.method(), Method::GET | Method::HEAD) && !req.headers().contains_key(CSRF_HEADER) {
         return Err(ApiErr::new(
             StatusCode::FORBIDDEN,
@@ -94,7 +116,7 @@ pub(crate) fn public_credential(req: &Request) -> Result<Option<String>, ApiErr>
             format!("a request authenticated by the session cookie must carry the {CSRF_HEADER} header"),
         ));
     }
-    Ok(Some(t))
+    Ok(Some(Credential::Session(t)))
 }
 
 /// Decode `%XX` escapes of a query value (a browser may encode the token).
@@ -145,6 +167,50 @@ pub(crate) async fn principal(state: &AppState, token: &str) -> Result<Option<Pr
     if record.revoked_at.is_some() || !same(&credentials::hash_secret(secret), &record.token_hash) {
         return Ok(None);
     }
+    touched(state, id).await;
+    Ok(principal_of(record))
+}
+
+/// Who signed in to the UI session `session_id`: the credential it was
+/// made from, as long as that still stands (the session unexpired and not
+/// signed out, the token not revoked, `admin.token` not replaced).
+pub(crate) async fn session_principal(state: &AppState, session_id: &str) -> Result<Option<Principal>, ApiErr> {
+    let s = match state.store.get_ui_session(&credentials::hash_secret(session_id)).await {
+        Ok(s) => s,
+        Err(StoreError::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if s.actor == ADMIN_ACTOR {
+        let current = credentials::hash_secret(&state.admin_token);
+        return Ok(same(&current, &s.token_hash).then(Principal::admin_file));
+    }
+    let record = match state.store.get_api_token(&s.actor).await {
+        Ok(t) => t,
+        Err(StoreError::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if record.revoked_at.is_some() || !same(&record.token_hash, &s.token_hash) {
+        return Ok(None);
+    }
+    touched(state, &record.id).await;
+    Ok(principal_of(record))
+}
+
+/// The actor of a UI session made from `DATA_DIR/admin.token`.
+pub(crate) const ADMIN_ACTOR: &str = "admin.token";
+
+/// The credential a token is, for a UI session: (actor, hash of its
+/// secret). `None`: not an API token of ours.
+pub(crate) fn session_subject(state: &AppState, token: &str) -> Option<(String, String)> {
+    if same(token, &state.admin_token) {
+        return Some((ADMIN_ACTOR.to_string(), credentials::hash_secret(&state.admin_token)));
+    }
+    let (id, secret) = credentials::split(token, API_PREFIX)?;
+    Some((id.to_string(), credentials::hash_secret(secret)))
+}
+
+/// Record (at most every `TOUCH_EVERY`) that API token `id` was used.
+async fn touched(state: &AppState, id: &str) {
     let due = {
         let mut touched = state.tokens.touched.lock().expect("token cache");
         let due = touched.get(id).is_none_or(|at| at.elapsed() >= TOUCH_EVERY);
@@ -156,16 +222,17 @@ pub(crate) async fn principal(state: &AppState, token: &str) -> Result<Option<Pr
     if due && let Err(e) = state.store.touch_api_token(id).await {
         tracing::warn!("cannot record the use of token {id}: {e}");
     }
+}
+
+/// The principal of a valid API token's record.
+fn principal_of(record: kiln_store::ApiTokenRecord) -> Option<Principal> {
     let scope = match record.scope.as_str() {
         "admin" => Scope::Admin,
         "read" => Scope::Read,
-        "trigger" => match record.repo_id {
-            Some(repo_id) => Scope::Trigger { repo_id },
-            None => return Ok(None),
-        },
-        _ => return Ok(None),
+        "trigger" => Scope::Trigger { repo_id: record.repo_id? },
+        _ => return None,
     };
-    Ok(Some(Principal { actor: format!("token:{}", record.id), scope, may_start_trusted: record.trusted }))
+    Some(Principal { actor: format!("token:{}", record.id), scope, may_start_trusted: record.trusted })
 }
 
 /// What a scope may do with a route (`method`, matched path).
@@ -228,8 +295,12 @@ async fn repo_of_request(state: &AppState, uri_path: &str, path: &str) -> Result
 
 /// Public API: resolve the caller, check the route against its scope.
 pub async fn require_api(S(state): S<State>, mut req: Request, next: Next) -> Result<Response, ApiErr> {
-    let Some(token) = public_credential(&req)? else { return Err(ApiErr::unauthorized()) };
-    let Some(p) = principal(&state, &token).await? else { return Err(ApiErr::unauthorized()) };
+    let found = match public_credential(&req)? {
+        None => None,
+        Some(Credential::Bearer(token)) => principal(&state, &token).await?,
+        Some(Credential::Session(id)) => session_principal(&state, &id).await?,
+    };
+    let Some(p) = found else { return Err(ApiErr::unauthorized()) };
     let path = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_default();
     match policy(&p.scope, req.method(), &path) {
         Access::Allow => {}
@@ -333,15 +404,18 @@ mod tests {
     #[test]
     fn credentials_come_from_the_header_or_the_cookie_never_the_query() {
         let get = |h: &[(&str, &str)], uri: &str| public_credential(&req(Method::GET, h, uri)).unwrap();
-        assert_eq!(get(&[("authorization", "Bearer t1")], "/v1/repos"), Some("t1".into()));
+        let bearer = |t: &str| Some(Credential::Bearer(t.into()));
+        let session = |t: &str| Some(Credential::Session(t.into()));
+        assert_eq!(get(&[("authorization", "Bearer t1")], "/v1/repos"), bearer("t1"));
         assert_eq!(get(&[], "/v1/repos?token=t1"), None, "a token in the URL is ignored");
-        assert_eq!(get(&[("cookie", "a=b; kiln_session=t2; c=d")], "/"), Some("t2".into()));
+        assert_eq!(get(&[("cookie", "a=b; kiln_session=t2; c=d")], "/"), session("t2"));
+        assert_eq!(get(&[("cookie", "a=b; __Host-kiln_session=t3")], "/"), session("t3"));
         assert_eq!(get(&[("cookie", "kiln_session=")], "/"), None);
         // A cookie-authenticated POST needs the CSRF header; a bearer one does not.
         let post = |h: &[(&str, &str)]| public_credential(&req(Method::POST, h, "/v1/repos"));
         assert_eq!(post(&[("cookie", "kiln_session=t2")]).unwrap_err().status, StatusCode::FORBIDDEN);
-        assert_eq!(post(&[("cookie", "kiln_session=t2"), ("x-kiln-csrf", "1")]).unwrap(), Some("t2".into()));
-        assert_eq!(post(&[("authorization", "Bearer t1")]).unwrap(), Some("t1".into()));
+        assert_eq!(post(&[("cookie", "kiln_session=t2"), ("x-kiln-csrf", "1")]).unwrap(), session("t2"));
+        assert_eq!(post(&[("authorization", "Bearer t1")]).unwrap(), bearer("t1"));
     }
 
     #[test]

@@ -60,6 +60,16 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Open connections at most; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Of `max_connections`, the slots kept for authenticated calls and
+    /// health checks (`None`: `serve::default_reserved_connections`).
+    pub reserved_connections: Option<usize>,
+    /// A request body must arrive whole within this of its request head
+    /// (the data plane's streamed uploads excepted); past it, 408.
+    pub body_read_timeout: Duration,
+    /// Bytes of request bodies from callers not yet authenticated (webhook
+    /// deliveries before their signature is checked, UI sign-ins) held at
+    /// once; past it such a request is answered 503 without being read.
+    pub unauthenticated_body_budget: usize,
     /// How often the replica holding the `triggers` lease checks schedules
     /// and due polls (0: never; the lease is not taken).
     pub trigger_interval: Duration,
@@ -146,6 +156,9 @@ impl ServerConfig {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             max_connections: crate::serve::default_max_connections(),
+            reserved_connections: None,
+            body_read_timeout: Duration::from_secs(60),
+            unauthenticated_body_budget: 64 << 20,
             trigger_interval: Duration::from_secs(5),
             schedule_refresh: Duration::from_secs(60),
             cache_ttl: Duration::from_secs(7 * 24 * 3600),

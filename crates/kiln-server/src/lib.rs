@@ -39,7 +39,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ServerConfig, TlsFiles};
 pub use git::normalize_url;
 pub use images::{RegistryConfig, ResolveError, Resolver};
-pub use serve::default_max_connections;
+pub use serve::{default_max_connections, default_reserved_connections};
 pub use state::AppParts;
 
 use anyhow::Context;
@@ -164,6 +164,10 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
         header_read_timeout: config.header_read_timeout,
         idle_timeout: config.idle_timeout,
         max_connections: config.max_connections,
+        body_read_timeout: config.body_read_timeout,
+        reserved_connections: config
+            .reserved_connections
+            .unwrap_or_else(|| serve::default_reserved_connections(config.max_connections)),
     };
     let app = App::new(AppParts {
         config,

@@ -38,14 +38,20 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/agents/{agent}", delete(access::remove_agent))
         .route("/v1/overview", get(access::overview))
         .route("/v1/audit", get(access::audit))
+        // Label values name repositories' pools, agents and routes: an
+        // admin or read token scrapes (issue 39, item 12).
+        .route("/metrics", get(health::metrics))
+        .route_layer(middleware::from_fn(security::authenticated))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api));
     let join = Router::new()
         .route("/v1/agents/register", post(agents::register))
+        .route_layer(middleware::from_fn(security::authenticated))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_join));
     let session = Router::new()
         .route("/v1/agents/{agent}/claim", post(agents::claim))
         .route("/v1/agents/{agent}/session", get(agents::session))
         .route("/v1/agents/{agent}/drain", post(agents::drain))
+        .route_layer(middleware::from_fn(security::authenticated))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_session));
     let attempt = Router::new()
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(attempts::heartbeat))
@@ -59,29 +65,38 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/cache/lookup", post(artifacts::cache_lookup))
         .route("/v1/jobs/{job}/attempts/{epoch}/cache/save", post(artifacts::cache_save))
         .route("/v1/jobs/{job}/attempts/{epoch}/cache/report", post(artifacts::cache_report))
+        .route_layer(middleware::from_fn(security::authenticated))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_attempt));
     // Data plane: capability URLs, no bearer token, bodies streamed to disk.
     let data = Router::new()
         .route("/blob/uploads/{generation}/parts/{part}", put(blob::put_part))
         .route("/blob/objects/{generation}", get(blob::get_object))
-        .layer(DefaultBodyLimit::disable());
+        .layer(DefaultBodyLimit::disable())
+        .route_layer(middleware::from_fn(security::authenticated_if_served));
     // Forge webhooks: the forge's signature is the credential; bodies up
     // to GitHub's own 25 MiB limit.
+    // The webhook handler reads its body itself, within the budget of
+    // unauthenticated bodies (`handlers::body::read_unauthenticated`).
     let hooks = Router::new()
         .route("/v1/repos/{repo}/webhooks/{forge}", post(repos::webhook))
-        .layer(DefaultBodyLimit::max(kiln_forge::MAX_BODY_BYTES));
+        .layer(DefaultBodyLimit::max(kiln_forge::MAX_BODY_BYTES))
+        .route_layer(middleware::from_fn(security::public_side));
+    // Open to anyone: never served on a connection slot kept for
+    // authenticated calls (`serve`'s reserved share).
+    let open = Router::new()
+        .route("/.well-known/openid-configuration", get(oidc::discovery))
+        .route("/.well-known/jwks.json", get(oidc::jwks))
+        .route("/", get(ui::page))
+        .route("/v1/ui/session", post(ui::sign_in).delete(ui::sign_out))
+        .route_layer(middleware::from_fn(security::public_side));
     Router::new()
         .merge(public)
         .merge(join)
         .merge(session)
         .merge(attempt)
+        .merge(open)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
-        .route("/.well-known/openid-configuration", get(oidc::discovery))
-        .route("/.well-known/jwks.json", get(oidc::jwks))
-        .route("/", get(ui::page))
-        .route("/v1/ui/session", post(ui::sign_in).delete(ui::sign_out))
         .fallback(health::no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .merge(data)

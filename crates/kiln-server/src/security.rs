@@ -3,6 +3,7 @@
 //! the limit, a malformed path or query, a wrong method).
 
 use crate::error::ApiErr;
+use crate::serve::Reserved;
 use crate::state::State;
 use axum::extract::{Request, State as S};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -63,4 +64,39 @@ async fn json_errors(res: Response) -> Response {
         _ => text,
     };
     ApiErr::new(status, code, message).into_response()
+}
+
+/// Inside an authentication layer: the request authenticated, so a
+/// connection on a reserved slot (see `serve`) may stay open after it.
+pub(crate) async fn authenticated(req: Request, next: Next) -> Response {
+    if let Some(r) = req.extensions().get::<Reserved>() {
+        r.authenticated();
+    }
+    next.run(req).await
+}
+
+/// The data plane checks its capability in the handler: a reserved slot
+/// stays open after an answer that shows the capability held.
+pub(crate) async fn authenticated_if_served(req: Request, next: Next) -> Response {
+    let reserved = req.extensions().get::<Reserved>().cloned();
+    let res = next.run(req).await;
+    if let Some(r) = reserved
+        && res.status().is_success()
+    {
+        r.authenticated();
+    }
+    res
+}
+
+/// Routes open to anyone (webhooks, the UI, `/metrics`, discovery): not
+/// served on a reserved connection slot, which is kept for authenticated
+/// calls and health checks — answered 503 without reading the body.
+pub(crate) async fn public_side(req: Request, next: Next) -> Response {
+    if req.extensions().get::<Reserved>().is_some() {
+        return crate::handlers::body::refuse_unread(ApiErr::unavailable_for(
+            1,
+            "the server's connections for unauthenticated callers are all in use; retry later",
+        ));
+    }
+    next.run(req).await
 }

@@ -72,6 +72,9 @@ pub(crate) struct AppState {
     pub planner_wake: Notify,
     /// Counters of the webhook ingress.
     pub webhooks: WebhookCounts,
+    /// Bytes of unauthenticated request bodies that may be held at once
+    /// (`--unauthenticated-body-budget`; see `handlers::body`).
+    pub body_budget: Arc<tokio::sync::Semaphore>,
     /// HTTP client of the forges' status APIs.
     pub forge_http: reqwest::Client,
     /// Scheduled workflows per repository (the scheduler's cache).
@@ -103,6 +106,7 @@ impl AppState {
         let AppParts { config, store, blob, admin_token, agent_token, blob_key, clock, secrets, oidc } = parts;
         let resources = crate::resources::ResourceMonitor::new(config.data_dir.clone(), config.degradation);
         resources.sample_now();
+        let body_budget = Arc::new(tokio::sync::Semaphore::new(config.unauthenticated_body_budget));
         Arc::new(AppState {
             store,
             mirrors: Mirrors::new(config.data_dir.join("mirrors")),
@@ -126,6 +130,7 @@ impl AppState {
             clock,
             planner_wake: Notify::new(),
             webhooks: Default::default(),
+            body_budget,
             forge_http: reqwest::Client::builder()
                 .timeout(std::time::Duration::from_secs(30))
                 .connect_timeout(std::time::Duration::from_secs(10))

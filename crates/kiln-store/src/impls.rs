@@ -198,6 +198,24 @@ impl AccessStore for SqlStore {
         access::touch_api_token(self, id).await
     }
 
+    async fn create_ui_session(
+        &self,
+        id_hash: &str,
+        actor: &str,
+        token_hash: &str,
+        ttl_ms: i64,
+    ) -> Result<UiSessionRecord> {
+        access::create_ui_session(self, id_hash, actor, token_hash, ttl_ms).await
+    }
+
+    async fn get_ui_session(&self, id_hash: &str) -> Result<UiSessionRecord> {
+        access::get_ui_session(self, id_hash).await
+    }
+
+    async fn delete_ui_session(&self, id_hash: &str) -> Result<bool> {
+        access::delete_ui_session(self, id_hash).await
+    }
+
     async fn set_secret_pools(&self, repo_id: &str, pools: &[String]) -> Result<()> {
         access::set_secret_pools(self, repo_id, pools).await
     }

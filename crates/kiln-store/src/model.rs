@@ -428,6 +428,19 @@ pub struct ApiTokenRecord {
     pub last_used_at: Option<i64>,
 }
 
+/// A web UI session (issue 39): the sha256 of the random id its cookie
+/// holds, and the credential it stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UiSessionRecord {
+    pub id_hash: String,
+    /// `admin.token`, or the id of the API token it was made from.
+    pub actor: String,
+    /// The sha256 of that credential's secret when the session was made.
+    pub token_hash: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
 /// One audit log entry to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewAudit {

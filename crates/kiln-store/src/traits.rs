@@ -148,6 +148,19 @@ pub trait AccessStore: Send + Sync {
     async fn revoke_api_token(&self, id: &str) -> Result<bool>;
     /// Record that the token was used now.
     async fn touch_api_token(&self, id: &str) -> Result<()>;
+    /// Store a web UI session that lasts `ttl_ms` from now (database
+    /// clock); expired sessions are deleted in the same transaction.
+    async fn create_ui_session(
+        &self,
+        id_hash: &str,
+        actor: &str,
+        token_hash: &str,
+        ttl_ms: i64,
+    ) -> Result<UiSessionRecord>;
+    /// The session, unless it does not exist or has expired (`NotFound`).
+    async fn get_ui_session(&self, id_hash: &str) -> Result<UiSessionRecord>;
+    /// Sign-out: false if there was no such session.
+    async fn delete_ui_session(&self, id_hash: &str) -> Result<bool>;
     /// The pools whose agents may receive a repository's secrets.
     async fn set_secret_pools(&self, repo_id: &str, pools: &[String]) -> Result<()>;
     async fn audit(&self, entry: &NewAudit) -> Result<()>;

@@ -190,6 +190,18 @@ impl KilnUp {
     }
 }
 
+/// Write a credential `file` readable by its owner only, in `dir` made
+/// 0700 (a test's temporary directory, whatever the umask).
+pub fn write_private(dir: &Path, file: &Path, contents: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(file)?;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(contents.as_bytes())?;
+    Ok(())
+}
+
 /// A temporary directory, world-writable and sticky like `/tmp`, for a
 /// daemon's `TMPDIR`: the agents' sandboxes (under the temp dir by default)
 /// then go with the test (a daemon killed at the end of a test cannot
@@ -372,9 +384,11 @@ impl KilnAgent {
     ) -> Result<KilnAgent> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("agent.log");
-        // The token goes in a file, never in argv (/proc/PID/cmdline is public).
+        // The token goes in a file, never in argv (/proc/PID/cmdline is
+        // public): 0600 in a 0700 directory, so a step running as another
+        // user on this host cannot read it (issue 39, item 12).
         let token_file = dir.path().join("agent.token");
-        std::fs::write(&token_file, token)?;
+        write_private(dir.path(), &token_file, token)?;
         let tmp = test_tmp()?;
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {

@@ -245,6 +245,21 @@ pub struct WebArgs {
     /// Default: a quarter of the open-file limit, between 64 and 4096.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Of --max-connections, the slots kept for authenticated calls (agents, API tokens) and
+    /// /healthz, /readyz: a flood of unauthenticated callers (webhooks, the UI, /metrics) never
+    /// takes them. Default: a quarter (at least half of a cap up to 16); 0 keeps none.
+    #[arg(long, value_name = "N")]
+    pub reserved_connections: Option<usize>,
+    /// A request body must arrive whole within this of its request head, however steadily it
+    /// trickles (past it: 408, connection closed). Artifact and cache uploads to the data plane
+    /// are bounded by --idle-timeout instead.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub body_read_timeout: std::time::Duration,
+    /// Bytes of request bodies from callers not yet authenticated (webhook deliveries before
+    /// their signature is checked, UI sign-ins) held at once; past it such a request is answered
+    /// 503 with Retry-After before its body is read. At least 25MiB (the largest delivery).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes, value_name = "BYTES")]
+    pub unauthenticated_body_budget: u64,
 }
 
 /// What `kiln server` and `kiln up` both take: where bytes and secrets

@@ -121,8 +121,15 @@ fn agent_metrics_url(agent: &kiln_testkit::KilnAgent) -> String {
     .unwrap_or_else(|| panic!("the agent never announced its metrics address:\n{}", agent.log()))
 }
 
-async fn scrape(url: &str) -> String {
-    let r = reqwest::get(format!("{url}/metrics")).await.expect("scrape");
+/// `/metrics` of `url`, with `token` (the server's needs an admin or read
+/// token, as Prometheus sends with `authorization: credentials_file:`; the
+/// agent's own listener takes none).
+async fn scrape_with(url: &str, token: Option<&str>) -> String {
+    let mut req = reqwest::Client::new().get(format!("{url}/metrics"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("scrape");
     assert!(r.status().is_success());
     r.text().await.expect("body")
 }
@@ -146,8 +153,8 @@ async fn a_scripted_scenario_moves_every_counter_by_exactly_what_happened() {
     }
     let agent = server.agent("m1", &["--metrics-listen", "127.0.0.1:0"]).unwrap();
     let agent_url = agent_metrics_url(&agent);
-    let before = scrape(&server.url).await;
-    let agent_before = scrape(&agent_url).await;
+    let before = scrape_with(&server.url, Some(&server.token)).await;
+    let agent_before = scrape_with(&agent_url, None).await;
 
     // A success that saves its cache, a success that hits it, a failure.
     for (repo, want) in [("cached", "success"), ("cached", "success"), ("failing", "failed")] {
@@ -161,14 +168,14 @@ async fn a_scripted_scenario_moves_every_counter_by_exactly_what_happened() {
         r.jobs[0].status == "running" && r.jobs[0].attempts.len() == 1
     })
     .await;
-    let agent_during = scrape(&agent_url).await;
+    let agent_during = scrape_with(&agent_url, None).await;
     agent.signal("KILL");
     let lost = kiln_testkit::until(&c, &slow, 60, "the attempt fenced", |r| {
         r.jobs[0].attempts.first().is_some_and(|a| a.outcome == "lost")
     })
     .await;
     assert_eq!(lost.jobs[0].status, "ready", "an agent loss is retried: {lost:#?}");
-    let after = scrape(&server.url).await;
+    let after = scrape_with(&server.url, Some(&server.token)).await;
 
     let delta = |series: &str| value(&after, series) - value(&before, series);
     let want: BTreeMap<&str, f64> = [
@@ -315,9 +322,10 @@ async fn a_real_prometheus_evaluates_every_dashboard_query_and_alert_rule() {
     let rules = root().join("deploy/prometheus/kiln-alerts.yml");
     let config = format!(
         "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: ['{}']\nscrape_configs:\n  \
-         - job_name: kiln\n    static_configs: [{{targets: ['{}']}}]\n  \
+         - job_name: kiln\n    authorization: {{credentials_file: '{}'}}\n    static_configs: [{{targets: ['{}']}}]\n  \
          - job_name: kiln-agent\n    static_configs: [{{targets: ['{}']}}]\n",
         rules.display(),
+        server.data_dir().join("admin.token").display(),
         host(&server.url),
         host(&agent_url)
     );
@@ -384,8 +392,8 @@ async fn a_real_prometheus_evaluates_every_dashboard_query_and_alert_rule() {
     assert_eq!(up["data"]["result"][0]["value"][1], "1", "both targets are up: {up}\n{}", prom_log());
 
     // What exists in the scrapes now.
-    let mut have = names(&scrape(&server.url).await);
-    have.extend(names(&scrape(&agent_url).await));
+    let mut have = names(&scrape_with(&server.url, Some(&server.token)).await);
+    have.extend(names(&scrape_with(&agent_url, None).await));
     let exprs = dashboard_exprs();
     let mut with_data = 0;
     for expr in &exprs {

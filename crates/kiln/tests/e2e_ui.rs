@@ -116,6 +116,12 @@ async fn sign_in(c: &fantoccini::Client, url: &str, token: &str) {
         .await
         .unwrap();
     assert!(!seen.to_string().contains(token), "the token is visible to scripts: {seen}");
+    // The browser holds a `__Host-` cookie (Secure, host-only: Chromium
+    // treats http://127.0.0.1 as a secure context) whose value is a session
+    // id, not the token (issue 39).
+    let cookie = c.get_named_cookie("__Host-kiln_session").await.expect("the __Host- session cookie");
+    assert!(cookie.secure() == Some(true) && cookie.domain().is_none_or(|d| !d.starts_with('.')), "{cookie:?}");
+    assert!(!cookie.value().contains(token) && !token.contains(cookie.value()), "{cookie:?}");
 }
 
 /// Waits until the text of `css` contains `needle`.
@@ -229,6 +235,7 @@ jobs:
     // cookie: the browser no longer sends a credential.
     c.refresh().await.unwrap();
     wait().for_element(Locator::Css("#signout:not([hidden])")).await.unwrap();
+    let session = c.get_named_cookie("__Host-kiln_session").await.unwrap().value().to_string();
     c.find(Locator::Css("#signout")).await.unwrap().click().await.unwrap();
     wait().for_element(Locator::Css("form.signin")).await.unwrap();
     let status = c
@@ -237,6 +244,15 @@ jobs:
         .unwrap();
     assert_eq!(status, serde_json::json!(401), "signed out, the browser holds no credential");
     c.close().await.unwrap();
+    // The session is gone on the server too: the cookie's old value,
+    // replayed, authenticates nothing.
+    let replay = reqwest::Client::new()
+        .get(format!("{}/v1/repos", up.url))
+        .header("cookie", format!("__Host-kiln_session={session}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status().as_u16(), 401, "a signed-out session id still authenticates");
 }
 
 /// Start a run from the UI, watch its log lines arrive, open an artifact

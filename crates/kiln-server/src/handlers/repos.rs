@@ -1,13 +1,14 @@
 //! `POST /v1/repos`, `GET /v1/repos`, `GET|PATCH|DELETE /v1/repos/{repo}`, hook info, deliveries, webhooks.
 
-use super::body::parse;
+use super::body::{declared_within, parse, read_unauthenticated, refuse_unread};
 use crate::auth::Principal;
-use crate::error::ApiResult;
+use crate::error::{ApiErr, ApiResult};
 use crate::services::repos;
-use crate::state::State;
-use axum::body::Bytes;
+use crate::state::{AppState, State};
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State as S};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use kiln_api as api;
 
@@ -76,8 +77,45 @@ pub(crate) async fn webhook(
     S(state): S<State>,
     Path((repo, forge)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<(StatusCode, Json<api::WebhookAck>)> {
-    let (status, ack) = crate::services::webhooks::receive(&state, &repo, &forge, &headers, &body).await?;
+    body: Body,
+) -> Result<(StatusCode, Json<api::WebhookAck>), Response> {
+    // Issue 39, item 7: nothing is read before the delivery could verify,
+    // and what is read counts against the unauthenticated body budget.
+    declared_within(&headers, &body, kiln_forge::MAX_BODY_BYTES)?;
+    before_body(&state, &repo, &forge, &headers).await.map_err(refuse_unread)?;
+    let body = read_unauthenticated(&state, &headers, body, kiln_forge::MAX_BODY_BYTES).await?;
+    let (status, ack) = crate::services::webhooks::receive(&state, &repo, &forge, &headers, &body.bytes)
+        .await
+        .map_err(IntoResponse::into_response)?;
     Ok((status, Json(ack)))
+}
+
+/// Refuse, before reading any of its body, a delivery that cannot verify
+/// whatever its body: an unknown forge or repository, a repository without
+/// a webhook secret, a signature header missing or malformed. The refusal
+/// is the one `receive` gives (it checks these before it looks at the
+/// body), so a delivery is answered the same whether its body was read.
+async fn before_body(state: &AppState, repo: &str, forge: &str, headers: &HeaderMap) -> ApiResult<()> {
+    let verifiable = match forge.parse::<kiln_forge::Forge>() {
+        Err(_) => false,
+        Ok(forge) => match state.store.get_repo(repo).await {
+            Ok(r) => {
+                r.webhook_secret.is_some()
+                    && !matches!(
+                        // Any secret: only the header's presence and shape are checked here.
+                        kiln_forge::verify(forge, headers, b"", b"-"),
+                        Err(kiln_forge::VerifyError::MissingHeader(_) | kiln_forge::VerifyError::MalformedHeader(_))
+                    )
+            }
+            Err(kiln_store::StoreError::NotFound(_)) => false,
+            Err(e) => return Err(e.into()),
+        },
+    };
+    if verifiable {
+        return Ok(());
+    }
+    match crate::services::webhooks::receive(state, repo, forge, headers, b"").await {
+        Err(e) => Err(e),
+        Ok(_) => Err(ApiErr::new(StatusCode::UNAUTHORIZED, api::codes::UNAUTHORIZED, "the delivery does not verify")),
+    }
 }

@@ -71,7 +71,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     let repo = state.store.get_repo(&repo).await?;
     let idempotency = match idempotency_key {
         None => None,
-        Some(key) => Some(idempotency(&repo, &key, &req)?),
+        Some(key) => Some(idempotency(&repo, &by, &key, &req)?),
     };
     let event = req.event.clone().unwrap_or_else(|| "manual".into());
     if !EVENTS.contains(&event.as_str()) {
@@ -257,8 +257,16 @@ pub(crate) fn admit(state: &AppState, wf: &Workflow) -> ApiResult<()> {
 
 /// The idempotency record of a submission (invariant 9). The digest covers
 /// the request as sent (canonical JSON), so a redelivery matches even if a
-/// branch moved since.
-pub(crate) fn idempotency(repo: &RepoRecord, key: &[u8], req: &api::SubmitRun) -> ApiResult<Idempotency> {
+/// branch moved since. A key is the caller's own (issue 39, item 12): the
+/// scope names the token that sent it (`admin.token` keeps the scope it
+/// always had), so the same key from another token is another request and
+/// never answers with a run that token did not start.
+pub(crate) fn idempotency(
+    repo: &RepoRecord,
+    by: &Principal,
+    key: &[u8],
+    req: &api::SubmitRun,
+) -> ApiResult<Idempotency> {
     let key = std::str::from_utf8(key)
         .ok()
         .filter(|k| k.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)))
@@ -268,7 +276,10 @@ pub(crate) fn idempotency(repo: &RepoRecord, key: &[u8], req: &api::SubmitRun) -
     }
     let canonical = serde_json::to_vec(&serde_json::to_value(req).expect("request")).expect("json");
     Ok(Idempotency {
-        scope: format!("admin:{}", repo.id),
+        scope: match by.actor.as_str() {
+            "admin.token" => format!("admin:{}", repo.id),
+            actor => format!("{actor}:{}", repo.id),
+        },
         key: key.to_string(),
         request_digest: hex::encode(Sha256::digest(&canonical)),
     })

@@ -83,6 +83,7 @@ pub(crate) async fn create_token(
         }
         other => return Err(ApiErr::invalid(format!("unknown scope `{other}`: use admin, read or trigger"))),
     };
+    let trusted = within_grant(by, trusted, req.trusted)?;
     let (id, token, hash) = credentials::mint(API_PREFIX);
     let record = ApiTokenRecord {
         id,
@@ -98,6 +99,31 @@ pub(crate) async fn create_token(
     let made = state.store.create_api_token(&record).await?;
     audit(state, &by.actor, "token.create", &made.id, format!("{} {}", made.scope, made.name)).await?;
     Ok(api::CreatedToken { token, info: token_info(made) })
+}
+
+/// A token never makes a token with more than it has (issue 39, item 12):
+/// only an admin token makes tokens (the policy table), and an untrusted
+/// one (`--trusted false`) makes only untrusted ones — asked for `trusted`,
+/// it is refused; by default its tokens are untrusted.
+fn within_grant(by: &Principal, trusted: bool, asked: Option<bool>) -> ApiResult<bool> {
+    if by.scope != crate::auth::Scope::Admin {
+        return Err(ApiErr::new(
+            axum::http::StatusCode::FORBIDDEN,
+            api::codes::FORBIDDEN,
+            "only an admin token makes tokens",
+        ));
+    }
+    if trusted && !by.may_start_trusted {
+        if asked == Some(true) {
+            return Err(ApiErr::new(
+                axum::http::StatusCode::FORBIDDEN,
+                api::codes::FORBIDDEN,
+                "this token is untrusted (`--trusted false`): it cannot make a trusted token",
+            ));
+        }
+        return Ok(false);
+    }
+    Ok(trusted)
 }
 
 pub(crate) async fn list_tokens(state: &AppState) -> ApiResult<Vec<api::TokenInfo>> {

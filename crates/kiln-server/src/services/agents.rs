@@ -25,6 +25,7 @@ pub(crate) async fn register(
         return Err(ApiErr::invalid("max_jobs must be 1-256"));
     }
     let labels = serde_json::to_string(&req.labels).expect("labels");
+    claim_name(state, grant, req.name.trim()).await?;
     let agent = state
         .store
         .register_agent_in(req.name.trim(), &labels, req.max_jobs, &grant.pool, grant.token_id.as_deref())
@@ -45,6 +46,38 @@ pub(crate) async fn register(
         heartbeat_interval_ms: (ttl / 3).max(50),
         pool: agent.pool,
     })
+}
+
+/// An agent's name is its own (issue 39, item 12): a name held by an agent
+/// whose session stream is open is refused (409, naming it); one held by an
+/// agent of the same pool with no live session — the same machine started
+/// again — is taken over: that record is removed (its leases end at once,
+/// as `DELETE /v1/agents/{id}` does) and the new registration gets the
+/// name. One held by an offline agent of another pool is refused too: a
+/// join token of one pool never takes another pool's agent's name. (Live
+/// means connected to this server process; with replicas an agent streaming
+/// to another replica is not seen as live here.)
+async fn claim_name(state: &AppState, grant: &JoinGrant, name: &str) -> ApiResult<()> {
+    let conflict = |m: String| ApiErr::new(StatusCode::CONFLICT, api::codes::CONFLICT, m);
+    for other in state.store.list_agents().await?.into_iter().filter(|a| a.name == name) {
+        if state.live_agents.is_connected(&other.id) {
+            return Err(conflict(format!(
+                "an agent named `{name}` is already connected (agent {}, pool {}); give this one another --name, \
+                 or stop that one first",
+                other.id, other.pool
+            )));
+        }
+        if other.pool != grant.pool {
+            return Err(conflict(format!(
+                "the name `{name}` belongs to agent {} of pool {} (offline); this join token's pool is {}: give \
+                 this agent another --name, or remove that one (`DELETE /v1/agents/{}`)",
+                other.id, other.pool, grant.pool, other.id
+            )));
+        }
+        state.store.remove_agent(&other.id).await?;
+        tracing::info!(agent = %other.id, name, "an offline agent's name taken over by a new registration");
+    }
+    Ok(())
 }
 
 /// The agent, if `session_id` is its current session; a replaced session

@@ -41,9 +41,10 @@ pub(crate) async fn list(state: &AppState, repo: Option<&str>, q: &ListFilter) -
     if let Some(s) = &status {
         s.parse::<kiln_core::RunStatus>().map_err(ApiErr::bad_request)?;
     }
-    let before = match given(&q.before) {
-        Some(b) => Some(resolve_id(state, &b).await?),
-        None => None,
+    let before = match (given(&q.before), &repo_id) {
+        (Some(b), Some(repo_id)) => Some(cursor_in_repo(state, repo_id, &b).await?),
+        (Some(b), None) => Some(resolve_id(state, &b).await?),
+        (None, _) => None,
     };
     let limit = q.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX);
     let filter = kiln_store::RunFilter {
@@ -82,6 +83,46 @@ pub(crate) const MIN_PREFIX: usize = 8;
 /// [`MIN_PREFIX`] characters (ids are UUIDv7, so runs made close together
 /// share their first characters: an ambiguous prefix is a 409 listing the
 /// runs it matches).
+/// The `before=` cursor of one repository's run list (issue 39, item 12):
+/// a run of that repository, by id or unambiguous prefix among its runs. A
+/// run of another repository is refused exactly as a run that does not
+/// exist (the same 400), so a caller who may list one repository (a
+/// trigger token) learns nothing of another's run ids: neither that one
+/// exists, nor where it falls in time, nor the ids a prefix matches.
+async fn cursor_in_repo(state: &AppState, repo_id: &str, given: &str) -> ApiResult<String> {
+    let given = given.trim();
+    let refused = || {
+        ApiErr::bad_request(format!("before={given}: not a run of this repository (use a `next_before` of this list)"))
+    };
+    let candidates = if given.len() == 36 {
+        vec![given.to_string()]
+    } else if given.len() >= MIN_PREFIX && given.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        state.store.find_runs_by_prefix(&given.to_ascii_lowercase(), 11).await?
+    } else {
+        return Err(refused());
+    };
+    let mut mine = vec![];
+    for id in candidates {
+        match state.store.get_run(&id).await {
+            Ok(v) if v.run.repo_id == repo_id => mine.push(id),
+            Ok(_) | Err(kiln_store::StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match mine.len() {
+        0 => Err(refused()),
+        1 => Ok(mine.remove(0)),
+        _ => Err(ApiErr::new(
+            axum::http::StatusCode::CONFLICT,
+            api::codes::AMBIGUOUS,
+            format!(
+                "before={given} matches several runs of this repository ({}); give more characters",
+                mine.join(", ")
+            ),
+        )),
+    }
+}
+
 pub(crate) async fn resolve_id(state: &AppState, given: &str) -> ApiResult<String> {
     let given = given.trim();
     if given.len() == 36 || given.len() < MIN_PREFIX || !given.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {

@@ -155,7 +155,7 @@ async fn a_reported_failure_class_is_recorded_and_an_unknown_one_refused() {
     let j = &super::get_run(&app, &run).await.jobs[0];
     assert_eq!(j.attempts[0].failure_class.as_deref(), Some("timeout"));
     // Counted by class on /metrics, the refused call not at all.
-    let text = app.anonymous().get("/metrics").send().await.text();
+    let text = app.admin().get("/metrics").send().await.text();
     assert!(text.contains("\nkiln_attempt_failures_total{class=\"timeout\"} 1\n"), "{text}");
     assert!(!text.contains("class=\"flaky\""), "{text}");
 }

@@ -1,4 +1,4 @@
-//! Health, readiness, metrics and the UI need no token.
+//! Health, readiness and the UI need no token; `/metrics` needs an admin or read token.
 
 use axum::http::StatusCode;
 use kiln_testkit::TestApp;
@@ -16,13 +16,13 @@ async fn health_readiness_and_the_ui() {
 #[tokio::test]
 async fn metrics_expose_the_dispatch_queue_depth() {
     let app = TestApp::new().await;
-    let res = app.anonymous().get("/metrics").send().await.assert_status(StatusCode::OK);
+    let res = app.admin().get("/metrics").send().await.assert_status(StatusCode::OK);
     assert_eq!(res.header("content-type"), Some("text/plain; version=0.0.4"));
     assert!(res.text().contains("\nkiln_dispatch_queue_depth 0\n"), "{}", res.text());
     let _repo = super::repo(&app, "r", &super::pipeline(&["a"])).await;
     super::submit(&app, "r").await;
     assert_eq!(app.run_pending_work().await.relayed, 1);
-    let res = app.anonymous().get("/metrics").send().await;
+    let res = app.admin().get("/metrics").send().await;
     assert!(res.text().contains("\nkiln_dispatch_queue_depth 1\n"), "{}", res.text());
 }
 
@@ -52,7 +52,7 @@ async fn degradation_refuses_new_runs_with_retry_after() {
     let ready = app.anonymous().get("/readyz").send().await.assert_status(StatusCode::SERVICE_UNAVAILABLE);
     assert!(ready.text().contains("degradation: critical"), "{}", ready.text());
     assert!(ready.header("retry-after").is_some());
-    let metrics = app.anonymous().get("/metrics").send().await.text();
+    let metrics = app.admin().get("/metrics").send().await.text();
     assert!(metrics.contains("\nkiln_degradation_level 3\n"), "{metrics}");
     assert!(metrics.contains("\nkiln_runs_refused_degraded_total 1\n"), "{metrics}");
 
@@ -114,11 +114,11 @@ async fn metrics_count_requests_by_route_and_stale_results() {
     // Jobs by status: one job ready (nobody claims it yet).
     let _q = super::repo(&app, "q", &super::pipeline(&["x"])).await;
     super::submit(&app, "q").await;
-    let text = app.anonymous().get("/metrics").send().await.text();
+    let text = app.admin().get("/metrics").send().await.text();
     assert_eq!(scrape(&text, "kiln_jobs{status=\"ready\"}"), 1, "{text}");
     assert_eq!(scrape(&text, "kiln_jobs{status=\"running\"}"), 0, "{text}");
     assert!(text.contains("\nkiln_agents_connected 0\n"), "{text}");
-    let before = app.anonymous().get("/metrics").send().await.text();
+    let before = app.admin().get("/metrics").send().await.text();
     for _ in 0..3 {
         app.anonymous().get("/healthz").send().await.assert_status(StatusCode::OK);
     }
@@ -128,7 +128,7 @@ async fn metrics_count_requests_by_route_and_stale_results() {
         let hb = app.holder(&a).post(&format!("/v1/jobs/{}/attempts/1/heartbeat", a.job_id)).send().await;
         hb.assert_status(StatusCode::CONFLICT);
     }
-    let after = app.anonymous().get("/metrics").send().await.text();
+    let after = app.admin().get("/metrics").send().await.text();
     assert_eq!(scrape(&after, healthz) - scrape(&before, healthz), 3, "{after}");
     assert_eq!(scrape(&after, stale) - scrape(&before, stale), 2, "{after}");
     // The route is the pattern, not the job's id.
@@ -165,6 +165,6 @@ async fn a_job_no_agent_claims_fails_at_the_queue_timeout() {
     assert!(r.jobs[0].attempts.is_empty());
     assert_eq!(super::get_run(&app, &fine).await.jobs[0].status, "running", "a claimed job is not touched");
     assert_eq!(app.app().queue_timeout_once().await.unwrap(), 0, "once");
-    let text = app.anonymous().get("/metrics").send().await.text();
+    let text = app.admin().get("/metrics").send().await.text();
     assert!(text.contains("\nkiln_queue_timeouts_total 1\n"), "{text}");
 }

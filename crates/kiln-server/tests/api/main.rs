@@ -9,6 +9,7 @@ mod artifacts;
 mod attempts;
 mod auth;
 mod caches;
+mod edge;
 mod health;
 mod logs;
 mod repos;

@@ -324,7 +324,7 @@ async fn forged_deliveries_are_refused_and_leave_nothing() {
         assert_eq!(d["deliveries"].as_array().unwrap().len(), 0, "{kind}: {d}");
         assert!(runs(&env.app).await.is_empty());
         assert!(env.forge.statuses().is_empty());
-        let metrics = env.app.anonymous().get("/metrics").send().await.text();
+        let metrics = env.app.admin().get("/metrics").send().await.text();
         assert!(metrics.contains("kiln_webhook_deliveries_total{outcome=\"bad_signature\"} "), "{metrics}");
         assert!(!metrics.contains("kiln_webhook_deliveries_total{outcome=\"bad_signature\"} 0\n"), "{metrics}");
     }

@@ -29,7 +29,7 @@ async fn an_expired_lease_is_fenced_and_its_epoch_refused() {
     let run = super::get_run(&app, &a.run_id).await;
     assert_eq!(run.jobs[0].attempts[0].outcome, "lost");
     assert_eq!(run.jobs[0].attempts[0].failure_class.as_deref(), Some("agent_lost"));
-    let text = app.anonymous().get("/metrics").send().await.text();
+    let text = app.admin().get("/metrics").send().await.text();
     assert!(text.contains("\nkiln_attempt_failures_total{class=\"agent_lost\"} 1\n"), "{text}");
 }
 

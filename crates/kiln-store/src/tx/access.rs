@@ -6,7 +6,7 @@ use crate::db::Row;
 use crate::db::{Exec, now};
 use crate::dialect::Isolation;
 use crate::error::{Result, StoreError};
-use crate::model::{ApiTokenRecord, AuditEntry, JoinTokenRecord, NewAudit};
+use crate::model::{ApiTokenRecord, AuditEntry, JoinTokenRecord, NewAudit, UiSessionRecord};
 use crate::store::SqlStore;
 
 fn join_from_row(row: &Row) -> Result<JoinTokenRecord> {
@@ -237,4 +237,73 @@ pub(crate) async fn list_audit(store: &SqlStore, before: Option<i64>, limit: u32
         .into_iter()
         .map(|(id, at, actor, action, target, detail)| AuditEntry { id, at, actor, action, target, detail })
         .collect())
+}
+
+/// `AccessStore::create_ui_session`.
+pub(crate) async fn create_ui_session(
+    store: &SqlStore,
+    id_hash: &str,
+    actor: &str,
+    token_hash: &str,
+    ttl_ms: i64,
+) -> Result<UiSessionRecord> {
+    let args = (id_hash, actor, token_hash, ttl_ms);
+    let created_at = store
+        .transaction(Isolation::Serializable, &args, |tx, &(id_hash, actor, token_hash, ttl_ms)| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                tx.sql("DELETE FROM ui_sessions WHERE expires_at <= $1").bind(now).execute().await?;
+                tx.sql(
+                    "INSERT INTO ui_sessions (id_hash, actor, token_hash, created_at, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(id_hash)
+                .bind(actor)
+                .bind(token_hash)
+                .bind(now)
+                .bind(now + ttl_ms)
+                .execute()
+                .await?;
+                Ok(now)
+            })
+        })
+        .await?;
+    Ok(UiSessionRecord {
+        id_hash: id_hash.into(),
+        actor: actor.into(),
+        token_hash: token_hash.into(),
+        created_at,
+        expires_at: created_at + ttl_ms,
+    })
+}
+
+/// `AccessStore::get_ui_session`.
+pub(crate) async fn get_ui_session(store: &SqlStore, id_hash: &str) -> Result<UiSessionRecord> {
+    store
+        .transaction(Isolation::Serializable, &id_hash, |tx, &id_hash| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                let row = tx
+                    .sql("SELECT * FROM ui_sessions WHERE id_hash = $1 AND expires_at > $2")
+                    .bind(id_hash)
+                    .bind(now)
+                    .fetch_optional()
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound("UI session".into()))?;
+                Ok(UiSessionRecord {
+                    id_hash: row.get("id_hash")?,
+                    actor: row.get("actor")?,
+                    token_hash: row.get("token_hash")?,
+                    created_at: row.get("created_at")?,
+                    expires_at: row.get("expires_at")?,
+                })
+            })
+        })
+        .await
+}
+
+/// `AccessStore::delete_ui_session`.
+pub(crate) async fn delete_ui_session(store: &SqlStore, id_hash: &str) -> Result<bool> {
+    let gone = store.writer().await?.sql("DELETE FROM ui_sessions WHERE id_hash = $1").bind(id_hash).execute().await?;
+    Ok(gone > 0)
 }

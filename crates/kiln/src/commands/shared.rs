@@ -234,6 +234,24 @@ pub(super) fn apply_web(config: &mut kiln_server::ServerConfig, web: &WebArgs) -
         }
         config.max_connections = n;
     }
+    if let Some(n) = web.reserved_connections {
+        if n >= config.max_connections {
+            return Err(usage(format!(
+                "--reserved-connections {n} must be less than --max-connections ({}): the rest serve everyone else",
+                config.max_connections
+            )));
+        }
+        config.reserved_connections = Some(n);
+    }
+    config.body_read_timeout = web.body_read_timeout;
+    let least = 25 << 20; // kiln_forge::MAX_BODY_BYTES: a webhook delivery must fit
+    if web.unauthenticated_body_budget < least || web.unauthenticated_body_budget > u32::MAX as u64 {
+        return Err(usage(format!(
+            "--unauthenticated-body-budget must be between 25MiB (the largest webhook delivery) and 4GiB; got {} bytes",
+            web.unauthenticated_body_budget
+        )));
+    }
+    config.unauthenticated_body_budget = web.unauthenticated_body_budget as usize;
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 mod agents;
 mod expressions;
 mod forge;
+mod edge;
 mod git_urls;
 mod host_executor;
 mod http;
