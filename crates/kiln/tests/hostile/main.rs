@@ -6,6 +6,7 @@ mod agents;
 mod git_urls;
 mod host_executor;
 mod http;
+mod isolation;
 mod oidc;
 
 use std::path::Path;
