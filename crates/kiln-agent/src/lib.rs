@@ -406,8 +406,13 @@ pub async fn run_draining(
 /// What host steps may not see: the work dir and `extra`, absolute. Err
 /// when the sandbox root lies under one of them (its jobs would vanish
 /// with it).
-fn hidden_paths(work_dir: &std::path::Path, extra: &[PathBuf], sandbox: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
-    let abs = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+fn hidden_paths(
+    work_dir: &std::path::Path,
+    extra: &[PathBuf],
+    sandbox: &std::path::Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let abs =
+        |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
     let sandbox = abs(sandbox);
     let mut hide = vec![];
     for p in std::iter::once(work_dir).chain(extra.iter().map(PathBuf::as_path)) {

@@ -170,7 +170,10 @@ impl HostExecutor {
         let namespaced = iso.namespaces != Namespaces::None;
         let mounts = if namespaced {
             self.cfg.step_mounts().map_err(|e| {
-                spawn_err(std::io::Error::new(e.kind(), format!("cannot prepare its private /tmp and hidden paths: {e}")))
+                spawn_err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot prepare its private /tmp and hidden paths: {e}"),
+                ))
             })?
         } else if !self.cfg.hide.is_empty() && iso.user.is_none() {
             // Fail closed: it would see the agent's files as the agent.
@@ -460,9 +463,13 @@ fn reuse(sent: &mut std::collections::VecDeque<bytes::Bytes>, want: usize) -> Op
 impl Executor for HostExecutor {
     fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         async move {
-            for dir in
-                [self.cfg.workspace.clone(), self.cfg.home(), self.cfg.tmp(), self.cfg.shm(), self.cfg.state_dir.clone()]
-            {
+            for dir in [
+                self.cfg.workspace.clone(),
+                self.cfg.home(),
+                self.cfg.tmp(),
+                self.cfg.shm(),
+                self.cfg.state_dir.clone(),
+            ] {
                 tokio::fs::create_dir_all(&dir)
                     .await
                     .map_err(|source| SandboxError::Prepare { path: dir.display().to_string(), source })?;

@@ -18,14 +18,12 @@
 //!   the way made without following a link (a step cannot redirect the
 //!   mount through a link it left in its `/tmp`).
 //!
-//! Every source is a descriptor the agent opened without following a link
-//! in its last component, and hidden paths are covered first: a link a
-//! step left in place of its `tmp/` cannot point a later bind at a hidden
-//! path's old contents.
+//! Every source is opened without following a link in its last component
+//! (a step's `tmp/` replaced by a link stops its next step), before
+//! anything is covered, and then bound through its descriptor.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -36,19 +34,24 @@ pub(crate) enum MountOp {
     HideDir(CString),
     /// `/dev/null` over this file.
     HideFile(CString),
-    /// `source` (`/proc/self/fd/N` of an open directory) bound over `target`.
+    /// The directory `source` bound over `target`.
     Bind { source: CString, target: CString },
-    /// `source` (`/proc/self/fd/N`) bound again at `under` followed by
+    /// The directory `source` bound again at `under` followed by
     /// `components`, each made if missing and never followed if a link.
     Reexpose { source: CString, under: CString, components: Vec<CString> },
 }
 
-/// The mounts of one step, and the descriptors their sources are (kept
-/// open until the step has started).
+/// Most sources (binds and re-exposed directories) of one step.
+pub(crate) const MAX_SOURCES: usize = 8;
+
+/// The mounts of one step. Sources are opened by the child itself, in its
+/// new mount namespace (a bind's source must be a mount of the caller's
+/// namespace), before anything is covered, never following a link in
+/// their last component; the agent opened each once the same way to refuse
+/// a bad one with a clear message.
 #[derive(Default)]
 pub(crate) struct StepMounts {
     pub(crate) ops: Vec<MountOp>,
-    _fds: Vec<OwnedFd>,
 }
 
 fn c_path(p: &Path) -> io::Result<CString> {
@@ -56,18 +59,17 @@ fn c_path(p: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("a NUL byte in {}", p.display())))
 }
 
-/// A directory opened as a mount source: no link followed in its last
-/// component (the agent made every other one).
-fn open_source(dir: &Path) -> io::Result<(OwnedFd, CString)> {
+/// A directory as a mount source, checked as the child will open it: no
+/// link followed in its last component (the agent made every other one).
+fn source(dir: &Path) -> io::Result<CString> {
     use nix::fcntl::OFlag;
-    let fd = nix::fcntl::open(
+    nix::fcntl::open(
         dir,
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", dir.display())))?;
-    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
-    Ok((fd, path))
+    c_path(dir)
 }
 
 /// The path with links resolved when it exists (the mounts land where the
@@ -108,8 +110,7 @@ impl StepMounts {
             if !target.is_dir() {
                 continue;
             }
-            let (fd, path) = open_source(source)?;
-            m._fds.push(fd);
+            let path = self::source(source)?;
             let target = resolved(target);
             m.ops.push(MountOp::Bind { source: path, target: c_path(&target)? });
             covered.push(target);
@@ -120,7 +121,8 @@ impl StepMounts {
             if kept.iter().any(|o| k.starts_with(o)) {
                 continue;
             }
-            let Some(under) = covered.iter().filter(|c| k.starts_with(c) && k != *c).max_by_key(|c| c.as_os_str().len())
+            let Some(under) =
+                covered.iter().filter(|c| k.starts_with(c) && k != *c).max_by_key(|c| c.as_os_str().len())
             else {
                 continue;
             };
@@ -133,10 +135,13 @@ impl StepMounts {
                     _ => Err(io::Error::other(format!("{}: not a plain path", k.display()))),
                 })
                 .collect::<io::Result<Vec<_>>>()?;
-            let (fd, source) = open_source(k)?;
-            m._fds.push(fd);
+            let source = source(k)?;
             m.ops.push(MountOp::Reexpose { source, under: c_path(under)?, components });
             kept.push(k);
+        }
+        let sources = m.ops.iter().filter(|op| matches!(op, MountOp::Bind { .. } | MountOp::Reexpose { .. })).count();
+        if sources > MAX_SOURCES {
+            return Err(io::Error::other(format!("{sources} directories to bind into a step; at most {MAX_SOURCES}")));
         }
         Ok(m)
     }

@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use tokio::process::Command;
 
-use crate::mounts::{MountOp, StepMounts};
+use crate::mounts::{MAX_SOURCES, MountOp, StepMounts};
 
 /// The unprivileged user a root agent runs steps as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,7 +245,8 @@ pub(crate) fn namespace_child(
     let parent = std::process::id() as libc::pid_t;
     let nice = SessionNice::of_caller();
     // Prepared here: the child may not allocate.
-    let maps = userns.map(|(uid, gid)| (format!("{uid} {uid} 1\n").into_bytes(), format!("{gid} {gid} 1\n").into_bytes()));
+    let maps =
+        userns.map(|(uid, gid)| (format!("{uid} {uid} 1\n").into_bytes(), format!("{gid} {gid} 1\n").into_bytes()));
     move || {
         // SAFETY: async-signal-safe syscalls on values owned by this frame.
         unsafe {
@@ -343,34 +344,79 @@ fn fd_path(buf: &mut [u8; 32], fd: libc::c_int) -> *const libc::c_char {
 /// Only in a forked (or `CLONE_VM`) child between fork and exec, in its
 /// own mount namespace: raw syscalls on values prepared beforehand.
 unsafe fn make_mounts(m: &StepMounts) -> io::Result<()> {
+    let mut fds: [libc::c_int; MAX_SOURCES] = [-1; MAX_SOURCES];
+    // SAFETY: closes only descriptors this function opened.
+    let result = unsafe { mounts_with(m, &mut fds) };
+    for fd in fds {
+        if fd >= 0 {
+            // SAFETY: as above.
+            unsafe { libc::close(fd) };
+        }
+    }
+    result
+}
+
+/// [`make_mounts`]'s work: every source opened first (in this mount
+/// namespace, before anything covers it, no link followed in its last
+/// component) into `fds`, then the mounts in order.
+///
+/// # Safety
+/// As [`make_mounts`].
+unsafe fn mounts_with(m: &StepMounts, fds: &mut [libc::c_int; MAX_SOURCES]) -> io::Result<()> {
     let null: *const libc::c_char = std::ptr::null();
     let err = || Err(io::Error::last_os_error());
+    let walk = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: system calls on C strings the parent prepared and on
-    // descriptors this function opens and closes.
+    // descriptors opened here (closed by the caller, or here at once).
     unsafe {
+        let mut n = 0;
+        for op in &m.ops {
+            if let MountOp::Bind { source, .. } | MountOp::Reexpose { source, .. } = op {
+                if n == MAX_SOURCES {
+                    return Err(io::Error::from_raw_os_error(libc::E2BIG));
+                }
+                fds[n] = libc::open(source.as_ptr(), walk);
+                if fds[n] == -1 {
+                    return err();
+                }
+                n += 1;
+            }
+        }
+        let mut next_source = 0;
+        let mut path = [0u8; 32];
+        let mut target_path = [0u8; 32];
         for op in &m.ops {
             match op {
                 MountOp::HideDir(target) => {
                     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
                     let data = c"size=4k,mode=0555";
-                    if libc::mount(c"kiln-hidden".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), flags, data.as_ptr().cast())
-                        == -1
+                    if libc::mount(
+                        c"kiln-hidden".as_ptr(),
+                        target.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        flags,
+                        data.as_ptr().cast(),
+                    ) == -1
                     {
                         return err();
                     }
                 }
                 MountOp::HideFile(target) => {
-                    if libc::mount(c"/dev/null".as_ptr(), target.as_ptr(), null, libc::MS_BIND, std::ptr::null()) == -1 {
+                    if libc::mount(c"/dev/null".as_ptr(), target.as_ptr(), null, libc::MS_BIND, std::ptr::null()) == -1
+                    {
                         return err();
                     }
                 }
-                MountOp::Bind { source, target } => {
-                    if libc::mount(source.as_ptr(), target.as_ptr(), null, libc::MS_BIND, std::ptr::null()) == -1 {
+                MountOp::Bind { target, .. } => {
+                    let source = fd_path(&mut path, fds[next_source]);
+                    next_source += 1;
+                    if libc::mount(source, target.as_ptr(), null, libc::MS_BIND, std::ptr::null()) == -1 {
                         return err();
                     }
                 }
-                MountOp::Reexpose { source, under, components } => {
-                    let walk = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+                MountOp::Reexpose { under, components, .. } => {
+                    let source = fd_path(&mut path, fds[next_source]);
+                    next_source += 1;
                     let mut dir = libc::open(under.as_ptr(), walk);
                     if dir == -1 {
                         return err();
@@ -378,7 +424,8 @@ unsafe fn make_mounts(m: &StepMounts) -> io::Result<()> {
                     for name in components {
                         let mut next = libc::openat(dir, name.as_ptr(), walk);
                         if next == -1 && *libc::__errno_location() == libc::ENOENT {
-                            if libc::mkdirat(dir, name.as_ptr(), 0o755) == -1 && *libc::__errno_location() != libc::EEXIST
+                            if libc::mkdirat(dir, name.as_ptr(), 0o755) == -1
+                                && *libc::__errno_location() != libc::EEXIST
                             {
                                 let e = io::Error::last_os_error();
                                 libc::close(dir);
@@ -393,9 +440,8 @@ unsafe fn make_mounts(m: &StepMounts) -> io::Result<()> {
                         }
                         dir = next;
                     }
-                    let mut buf = [0u8; 32];
-                    let target = fd_path(&mut buf, dir);
-                    let r = libc::mount(source.as_ptr(), target, null, libc::MS_BIND, std::ptr::null());
+                    let target = fd_path(&mut target_path, dir);
+                    let r = libc::mount(source, target, null, libc::MS_BIND, std::ptr::null());
                     let e = io::Error::last_os_error();
                     libc::close(dir);
                     if r == -1 {
@@ -403,33 +449,6 @@ unsafe fn make_mounts(m: &StepMounts) -> io::Result<()> {
                     }
                 }
             }
-        }
-        Ok(())
-    }
-}
-
-/// What a namespaced step's child does first: it leads its own session
-/// (its whole tree is one process group) at the agent's priority
-/// ([`SessionNice`]), gets umask 022, `no_new_privs` when it will run as
-/// the step user, and SIGKILL when its parent dies.
-///
-/// # Safety
-/// Only in a forked child, between fork and exec: raw syscalls only.
-unsafe fn lead_session(step_user: bool, nice: Option<SessionNice>) -> io::Result<()> {
-    // SAFETY: async-signal-safe syscalls on constants.
-    unsafe {
-        if libc::setsid() == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        if let Some(n) = nice {
-            n.apply();
-        }
-        libc::umask(0o022);
-        if step_user && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
-            return Err(io::Error::last_os_error());
         }
         Ok(())
     }

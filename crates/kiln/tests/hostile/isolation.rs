@@ -149,7 +149,9 @@ async fn a_non_root_kiln_ups_step_finds_none_of_its_keys() {
         let val = |k: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_string);
         Some((val("KILN_SERVER=")?, val("KILN_TOKEN=")?))
     })
-    .unwrap_or_else(|| panic!("kiln up did not start: {}", std::fs::read_to_string(home.path().join("up.log")).unwrap()));
+    .unwrap_or_else(|| {
+        panic!("kiln up did not start: {}", std::fs::read_to_string(home.path().join("up.log")).unwrap())
+    });
 
     let probe = key_probe(&data) + &format!("\necho planted > /tmp/{marker}");
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &one_job(&[&probe]))]).unwrap();
@@ -283,9 +285,7 @@ async fn a_link_left_in_tmp_carries_nothing_to_the_next_job() {
     let up = KilnUp::start_env(&bin(), 1, &[], &[("TMPDIR", tmp.path().to_str().unwrap())]).unwrap();
     let n = unique();
     let (x, leak, planted) = (format!("/tmp/x-{n}"), format!("/dev/shm/leak-{n}"), format!("/dev/shm/planted-{n}"));
-    let plant = format!(
-        "ln -s {leak} {x} && echo planted > {planted} && ls -l {x}"
-    );
+    let plant = format!("ln -s {leak} {x} && echo planted > {planted} && ls -l {x}");
     let share = format!("echo next-step-sees=$(cat {planted})");
     let a = TestRepo::new(&[(".kiln/pipeline.yaml", &one_job(&[&plant, &share]))]).unwrap();
     let (run, log_a) = run_repo(&up.url, &up.token, &a).await;
