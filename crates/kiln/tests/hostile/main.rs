@@ -9,6 +9,7 @@ mod edge;
 mod git_urls;
 mod host_executor;
 mod http;
+mod isolation;
 mod oidc;
 
 use std::path::Path;
