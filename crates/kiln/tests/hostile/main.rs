@@ -3,6 +3,7 @@
 //! nothing on disk or in the database.
 
 mod agents;
+mod caches;
 mod git_urls;
 mod host_executor;
 mod http;
