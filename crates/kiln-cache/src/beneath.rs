@@ -103,7 +103,9 @@ pub fn target_within(declared: &str, base: &Path, rel: &Path) -> Result<Target, 
                 match rustix::fs::mkdirat(&cur, *d, Mode::from_raw_mode(0o755)) {
                     Ok(()) => {}
                     Err(e) if e == rustix::io::Errno::EXIST => {}
-                    Err(e) => return Err(crate::io_err(format_args!("creating the parents of {declared:?}"), e.into())),
+                    Err(e) => {
+                        return Err(crate::io_err(format_args!("creating the parents of {declared:?}"), e.into()));
+                    }
                 }
                 rustix::fs::openat(&cur, *d, dflags, Mode::empty()).map_err(|e| match e {
                     rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {

@@ -11,9 +11,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod beneath;
 #[doc(hidden)]
 pub mod corpus;
-mod beneath;
 mod inputs;
 mod key;
 mod pack;

@@ -464,7 +464,11 @@ fn hash_files(
                     let r = disk.open(i, OFlags::RDONLY | OFlags::NONBLOCK).and_then(|f| {
                         let found = |what: String| {
                             let e = &entries_ro[i];
-                            CacheError::Secret { root: sources[e.root as usize].declared.clone(), path: e.path.clone(), what }
+                            CacheError::Secret {
+                                root: sources[e.root as usize].declared.clone(),
+                                path: e.path.clone(),
+                                what,
+                            }
                         };
                         hash_file(f, &disk.show(i), &mut buf, scan, found)
                     });

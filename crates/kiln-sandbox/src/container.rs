@@ -514,14 +514,22 @@ fn open_below(dir: &Path, rel: &str, want_dir: bool) -> Result<std::os::fd::Owne
             (true, false) => OFlag::O_RDONLY | OFlag::O_CLOEXEC,
             _ => dflags,
         };
+        // `O_DIRECTORY | O_NOFOLLOW` on a link says ENOTDIR: look at it.
+        let is_link = |cur: &std::os::fd::OwnedFd| {
+            nix::sys::stat::fstatat(cur, *name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+        };
         cur = match openat(&cur, *name, flags | OFlag::O_NOFOLLOW, Mode::empty()) {
             Ok(fd) => fd,
             Err(nix::errno::Errno::ELOOP) => {
                 return Err("is, or is reached through, a symbolic link: the checkout is never left".into());
             }
+            Err(nix::errno::Errno::ENOTDIR) if is_link(&cur) => {
+                return Err("is, or is reached through, a symbolic link: the checkout is never left".into());
+            }
             Err(nix::errno::Errno::ENOENT) => return Err("is not in the checkout".into()),
-            Err(nix::errno::Errno::ENOTDIR) if Some(i) == last && want_dir => {
-                return Err("is not a directory of the checkout (or is a symbolic link)".into());
+            Err(nix::errno::Errno::ENOTDIR) => {
+                return Err("is not a directory of the checkout, or is reached through a file".into());
             }
             Err(e) => return Err(format!("cannot be opened: {e}")),
         };
