@@ -396,9 +396,12 @@ pub(crate) struct Frozen {
 /// all are sealed.
 pub(crate) async fn publish_all(t: &Transfer<'_>, ws: &Path, spool: &Path) -> Result<(), Ran> {
     let mut frozen = vec![];
+    // Every published byte is looked at for the job's secrets (issue 39,
+    // item 13) before anything is uploaded.
+    let scan = Arc::new(crate::mask::SecretScan::new(&t.a.secrets));
     for spec in &t.a.publish {
-        let (ws, spool, spec2) = (ws.to_path_buf(), spool.to_path_buf(), spec.clone());
-        let f = tokio::task::spawn_blocking(move || freeze(&ws, &spool, &spec2))
+        let (ws, spool, spec2, scan) = (ws.to_path_buf(), spool.to_path_buf(), spec.clone(), scan.clone());
+        let f = tokio::task::spawn_blocking(move || freeze_scanned(&ws, &spool, &spec2, scan.as_ref().as_ref()))
             .await
             .map_err(|e| infra(format!("the freeze task failed: {e}")))?;
         let f = f?;
@@ -415,10 +418,51 @@ pub(crate) async fn publish_all(t: &Transfer<'_>, ws: &Path, spool: &Path) -> Re
     Ok(())
 }
 
+/// [`freeze_scanned`] without looking for secrets.
+#[cfg(test)]
+pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Frozen, Ran> {
+    freeze_scanned(ws, spool, spec, None)
+}
+
+/// The job's error for an artifact holding a secret: names the file and the
+/// secret, never its value; nothing is published.
+fn holds_secret(name: &str, file: &str, what: &str) -> Ran {
+    job_error(format!(
+        "artifact `{name}` is not published: `{file}` holds {what} (an artifact never holds the job's secrets)"
+    ))
+}
+
+/// Looks for the job's secrets in the frozen file `dst` (read in pieces);
+/// on a find the file is removed and the job's error returned.
+fn scan_frozen(name: &str, path: &str, dst: &Path, scan: &crate::mask::SecretScan) -> Result<(), Ran> {
+    use std::io::Read;
+    let mut f = open_nofollow(dst).map_err(|e| infra(format!("cannot read {}: {e}", dst.display())))?;
+    let (mut buf, mut carry) = (vec![0u8; READ_CHUNK as usize], Vec::new());
+    loop {
+        let n = match f.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(infra(format!("cannot read {}: {e}", dst.display()))),
+        };
+        if let Some(what) = kiln_cache::Scan::feed(scan, &mut carry, &buf[..n]) {
+            let _ = std::fs::remove_file(dst);
+            return Err(holds_secret(name, path, &what));
+        }
+    }
+}
+
 /// Moves the declared output into `spool/<name>`, read-only, and hashes it
 /// there; a directory or glob is moved into the spool and packed there into
-/// `spool/<name>` (see the module docs). Blocking.
-pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Frozen, Ran> {
+/// `spool/<name>` (see the module docs). With `scan`, a file holding one of
+/// the job's secrets is refused (the job's error, naming the file and the
+/// secret). Blocking.
+pub(crate) fn freeze_scanned(
+    ws: &Path,
+    spool: &Path,
+    spec: &PublishSpec,
+    scan: Option<&crate::mask::SecretScan>,
+) -> Result<Frozen, Ran> {
     let (name, path) = (&spec.name, &spec.path);
     if !spool_name_ok(name) {
         return Err(job_error(format!("artifact name `{name}` cannot be used as a file name")));
@@ -429,7 +473,7 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
         )));
     };
     if kiln_workflow::is_glob(path) {
-        return freeze_glob(ws, spool, name, path, &rel);
+        return freeze_glob(ws, spool, name, path, &rel, scan);
     }
     let not_produced = |why: String| job_error(format!("declared artifact `{name}` was not produced at `{path}`{why}"));
     let src = ws.join(&rel);
@@ -439,7 +483,7 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
         Err(e) => return Err(not_produced(format!(": {e}"))),
     };
     if meta.is_dir() {
-        return freeze_dir(ws, spool, name, path, &src);
+        return freeze_dir(ws, spool, name, path, &src, scan);
     }
     if meta.file_type().is_symlink() {
         return Err(not_produced(": it is a symbolic link (publish a regular file)".into()));
@@ -488,7 +532,11 @@ pub(crate) fn freeze(ws: &Path, spool: &Path, spec: &PublishSpec) -> Result<Froz
         return Err(linked(meta.nlink()));
     }
     file.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io("make read-only", &dst, e))?;
-    // The digest is computed while uploading: the frozen bytes are read once.
+    // The digest is computed while uploading; the secret scan reads the
+    // frozen bytes before any leaves the agent.
+    if let Some(scan) = scan {
+        scan_frozen(name, path, &dst, scan)?;
+    }
     Ok(Frozen { name: name.clone(), path: dst, size: meta.len(), archive: false })
 }
 
@@ -500,7 +548,14 @@ fn tree_dir(spool: &Path, name: &str) -> PathBuf {
 /// A directory artifact: moved into the spool (packed in place if the
 /// spool is on another filesystem; pack then still refuses a file that
 /// changes while it is read), then packed.
-fn freeze_dir(ws: &Path, spool: &Path, name: &str, path: &str, src: &Path) -> Result<Frozen, Ran> {
+fn freeze_dir(
+    ws: &Path,
+    spool: &Path,
+    name: &str,
+    path: &str,
+    src: &Path,
+    scan: Option<&crate::mask::SecretScan>,
+) -> Result<Frozen, Ran> {
     let parent = src.parent().expect("a joined relative path has a parent");
     match inside(ws, parent) {
         Ok(true) => {}
@@ -521,7 +576,7 @@ fn freeze_dir(ws: &Path, spool: &Path, name: &str, path: &str, src: &Path) -> Re
         Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => src.to_path_buf(),
         Err(e) => return Err(io("move into the spool", src, e)),
     };
-    let res = refuse_linked(name, path, &root).and_then(|()| pack_tree(spool, name, &root));
+    let res = refuse_linked(name, path, &root).and_then(|()| pack_tree(spool, name, &root, path, scan));
     let _ = std::fs::remove_dir_all(&tree);
     res
 }
@@ -530,7 +585,14 @@ fn freeze_dir(ws: &Path, spool: &Path, name: &str, path: &str, src: &Path) -> Re
 /// '/'-separated relative path matches `pattern` is moved, at that path,
 /// into a tree in the spool, which is packed. Matching nothing is the
 /// job's error. Directories are walked without following symbolic links.
-fn freeze_glob(ws: &Path, spool: &Path, name: &str, pattern: &str, rel: &Path) -> Result<Frozen, Ran> {
+fn freeze_glob(
+    ws: &Path,
+    spool: &Path,
+    name: &str,
+    pattern: &str,
+    rel: &Path,
+    scan: Option<&crate::mask::SecretScan>,
+) -> Result<Frozen, Ran> {
     // Walk only below the pattern's literal leading directories.
     let mut base = PathBuf::new();
     let comps: Vec<&std::ffi::OsStr> =
@@ -622,7 +684,7 @@ fn freeze_glob(ws: &Path, spool: &Path, name: &str, pattern: &str, rel: &Path) -
             }
         }
         refuse_linked(name, pattern, &tree)?;
-        pack_tree(spool, name, &tree)
+        pack_tree(spool, name, &tree, "", scan)
     })();
     let _ = std::fs::remove_dir_all(&tree);
     res
@@ -657,8 +719,16 @@ fn refuse_linked(name: &str, path: &str, root: &Path) -> Result<(), Ran> {
 }
 
 /// Packs `root` as the archive `spool/<name>` (one root named `name`),
-/// read-only.
-fn pack_tree(spool: &Path, name: &str, root: &Path) -> Result<Frozen, Ran> {
+/// read-only. `shown` is where the root is in the workspace ("" for a
+/// glob's tree, whose files are at their workspace paths): a file holding
+/// a secret is named by its workspace path.
+fn pack_tree(
+    spool: &Path,
+    name: &str,
+    root: &Path,
+    shown: &str,
+    scan: Option<&crate::mask::SecretScan>,
+) -> Result<Frozen, Ran> {
     let dst = spool.join(name);
     let io = |what: &str, p: &Path, e: std::io::Error| {
         infra(format!("cannot freeze artifact `{name}`: cannot {what} {}: {e}", p.display()))
@@ -670,13 +740,21 @@ fn pack_tree(spool: &Path, name: &str, root: &Path) -> Result<Frozen, Ran> {
         .open(&dst)
         .map_err(|e| io("create", &dst, e))?;
     let mut w = std::io::BufWriter::new(file);
-    let packed = kiln_cache::pack(&[(name.to_string(), root.to_path_buf())], &mut w, 3);
+    let source = kiln_cache::Source::at(name, root);
+    let packed = kiln_cache::pack_sources(&[source], &mut w, 3, scan.map(|s| s as &dyn kiln_cache::Scan));
     let packed = match packed {
         Ok(p) => p,
         Err(e) => {
             let _ = std::fs::remove_file(&dst);
             return Err(match e {
                 kiln_cache::CacheError::Io(e) => infra(format!("cannot pack artifact `{name}`: {e}")),
+                kiln_cache::CacheError::Secret { path, what, .. } => {
+                    let file = match shown.trim_end_matches('/') {
+                        "" => path,
+                        dir => format!("{dir}/{path}"),
+                    };
+                    holds_secret(name, &file, &what)
+                }
                 e => job_error(format!("cannot pack artifact `{name}`: {e}")),
             });
         }

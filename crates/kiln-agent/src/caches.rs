@@ -46,6 +46,10 @@ pub(crate) struct CacheRun {
     write_prefix: String,
     /// The declared paths and where they are on this host.
     dirs: Vec<(String, PathBuf)>,
+    /// The same, as what is packed: each below a directory of the agent's
+    /// (the workspace, or the mounts directory), reached without following
+    /// a symbolic link.
+    sources: Vec<kiln_cache::Source>,
     /// (host directory, path in the container) of absolute cache paths.
     mounts: Vec<(PathBuf, String)>,
     pub(crate) info: CacheInfo,
@@ -63,19 +67,21 @@ fn local_name(namespace: &str, key: &str) -> String {
 /// workspace; an absolute one is a directory of its own under `mounts_dir`
 /// mounted at that path in the job's container (`mounts_dir` is None on the
 /// host executor, where an absolute path cannot be given to the job alone).
-type Targets = (Vec<(String, PathBuf)>, Vec<(PathBuf, String)>);
+type Targets = (Vec<(String, PathBuf)>, Vec<(PathBuf, String)>, Vec<kiln_cache::Source>);
 fn targets(ws: &Path, mounts_dir: Option<&Path>, spec: &CacheSpec) -> Result<Targets, String> {
-    let (mut dirs, mut mounts) = (vec![], vec![]);
+    let (mut dirs, mut mounts, mut sources) = (vec![], vec![], vec![]);
     for (i, p) in spec.paths.iter().enumerate() {
         if let Some(rest) = p.strip_prefix(kiln_sandbox::CONTAINER_WORKSPACE).and_then(|r| r.strip_prefix('/'))
             && mounts_dir.is_some()
             && let Some(rel) = crate::artifacts::workspace_relative(rest)
         {
-            dirs.push((p.clone(), ws.join(rel)));
+            dirs.push((p.clone(), ws.join(&rel)));
+            sources.push(kiln_cache::Source::within(p.clone(), ws, rel));
             continue;
         }
         if let Some(rel) = crate::artifacts::workspace_relative(p) {
-            dirs.push((p.clone(), ws.join(rel)));
+            dirs.push((p.clone(), ws.join(&rel)));
+            sources.push(kiln_cache::Source::within(p.clone(), ws, rel));
             continue;
         }
         let usable = p.starts_with('/') && !p.split('/').any(|c| c == ".." || c == ".") && p.len() > 1;
@@ -83,6 +89,7 @@ fn targets(ws: &Path, mounts_dir: Option<&Path>, spec: &CacheSpec) -> Result<Tar
             Some(m) if usable => {
                 let host = m.join(i.to_string());
                 dirs.push((p.clone(), host.clone()));
+                sources.push(kiln_cache::Source::within(p.clone(), m, i.to_string()));
                 mounts.push((host, p.clone()));
             }
             Some(_) => return Err(format!("cache path `{p}` is neither in the workspace nor a plain absolute path")),
@@ -94,7 +101,7 @@ fn targets(ws: &Path, mounts_dir: Option<&Path>, spec: &CacheSpec) -> Result<Tar
             }
         }
     }
-    Ok((dirs, mounts))
+    Ok((dirs, mounts, sources))
 }
 
 /// Compute the key and restore; None when the job declares no cache.
@@ -117,6 +124,7 @@ pub(crate) async fn restore(
         prefixes: vec![],
         write_prefix: String::new(),
         dirs: vec![],
+        sources: vec![],
         mounts: vec![],
         info: CacheInfo { result: "miss".into(), ..Default::default() },
         hit: false,
@@ -124,13 +132,13 @@ pub(crate) async fn restore(
         spec,
     };
     match targets(ws, mounts_dir, &run.spec) {
-        Ok((dirs, mounts)) => {
+        Ok((dirs, mounts, sources)) => {
             for (host, _) in &mounts {
                 if let Err(e) = std::fs::create_dir_all(host) {
                     return Err(Ran::Infra(format!("cannot create the cache directory {}: {e}", host.display())));
                 }
             }
-            (run.dirs, run.mounts) = (dirs, mounts);
+            (run.dirs, run.mounts, run.sources) = (dirs, mounts, sources);
         }
         Err(why) => {
             t.logs.system(&format!("cache: {why}; the job runs without its cache"));
@@ -170,7 +178,6 @@ pub(crate) async fn restore(
     run.info.key = run.write_key.clone();
     let local_dir = work_dir.join("caches");
     let declared: Vec<String> = run.dirs.iter().map(|d| d.0.clone()).collect();
-    let target_dirs: Vec<PathBuf> = run.dirs.iter().map(|d| d.1.clone()).collect();
 
     // The server decides whether there is an entry this run may read, and
     // its digest: a node-local copy is used only if it has those bytes (a
@@ -201,6 +208,22 @@ pub(crate) async fn restore(
         t.logs.system("cache: miss; the job runs cold and saves its cache if it succeeds");
         return Ok(Some(run));
     };
+    // Each target is named through an open descriptor of its parent, made
+    // without following a link (issue 39: a committed `deps -> /root`
+    // would have had the agent restore, and replace, outside the workspace).
+    let anchored: Result<Vec<kiln_cache::Target>, _> =
+        run.sources.iter().map(|s| kiln_cache::target_within(&s.declared, &s.base, &s.rel)).collect();
+    let anchored = match anchored {
+        Ok(a) => a,
+        Err(e) => {
+            t.logs.system(&format!("cache: {e}; nothing is restored or saved, the job runs without its cache"));
+            run.info.result = "error".into();
+            run.info.message = Some(e.to_string());
+            run.write_key.clear();
+            return Ok(Some(run));
+        }
+    };
+    let target_dirs: Vec<PathBuf> = anchored.iter().map(|a| a.path.clone()).collect();
     let local = local_dir.join(local_name(&hit.namespace, &hit.key));
     if local.is_file() {
         let (path, want) = (local.clone(), hit.download.sha256.clone());
@@ -379,11 +402,15 @@ pub(crate) async fn save(
         return Ok(());
     }
     let archive = spool.join("cache.tar.zst");
-    let (archive2, dirs2) = (archive.clone(), dirs.clone());
+    let (archive2, sources) = (archive.clone(), run.sources.clone());
+    // The job's secrets are looked for in every file while it is hashed
+    // (issue 39, item 13): a cache holding one is not saved.
+    let scan = crate::mask::SecretScan::new(&t.a.secrets);
     let packed = tokio::task::spawn_blocking(move || {
         let f = std::fs::File::create(&archive2).map_err(kiln_cache::CacheError::Io)?;
         let mut w = std::io::BufWriter::new(f);
-        let p = kiln_cache::pack(&dirs2, &mut w, 3)?;
+        let scan = scan.as_ref().map(|s| s as &dyn kiln_cache::Scan);
+        let p = kiln_cache::pack_sources(&sources, &mut w, 3, scan)?;
         std::io::Write::flush(&mut w).map_err(kiln_cache::CacheError::Io)?;
         Ok::<_, kiln_cache::CacheError>(p)
     })
@@ -392,8 +419,12 @@ pub(crate) async fn save(
     let packed = match packed {
         Ok(p) => p,
         Err(e) => {
-            t.logs.system(&format!("cache: not saved: {e}"));
-            run.info.saved = Some(format!("not saved: {e}"));
+            let why = match &e {
+                kiln_cache::CacheError::Secret { .. } => format!("{e}; a cache never holds the job's secrets"),
+                _ => e.to_string(),
+            };
+            t.logs.system(&format!("cache: not saved: {why}"));
+            run.info.saved = Some(format!("not saved: {why}"));
             let _ = std::fs::remove_file(&archive);
             return Ok(());
         }

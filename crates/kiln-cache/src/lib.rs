@@ -11,6 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
+mod beneath;
 #[doc(hidden)]
 pub mod corpus;
 mod inputs;
@@ -19,9 +20,10 @@ mod pack;
 mod paths;
 mod unpack;
 
+pub use beneath::{Target, target_within};
 pub use inputs::{ABSENT, hash_inputs};
 pub use key::{KeyParts, cache_key, prefix_key};
-pub use pack::{Packed, pack, verify_tree};
+pub use pack::{Packed, Scan, Source, pack, pack_sources, verify_tree};
 pub use unpack::{Unpacked, install, read_manifest, unpack};
 
 /// Version of the archive format (also part of the cache key).
@@ -73,6 +75,19 @@ pub enum CacheError {
     /// [`Limits::deadline`] passed.
     #[error("cache operation timed out: {0}")]
     Timeout(String),
+    /// A file's contents were refused by the [`Scan`] given to
+    /// [`pack_sources`]: `path` below the root declared as `root` holds
+    /// `what` (as the scan names it: never the matched bytes).
+    #[error("`{}` holds {what}", shown_path(root, path))]
+    Secret { root: String, path: String, what: String },
+}
+
+/// A file of a root as a user wrote the root.
+fn shown_path(root: &str, path: &str) -> String {
+    match path.is_empty() {
+        true => root.to_string(),
+        false => format!("{}/{path}", root.trim_end_matches('/')),
+    }
 }
 
 impl Limits {

@@ -1,15 +1,19 @@
 //! Building an archive from local directories.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Dir, OFlags};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sha2::{Digest, Sha256};
 
+use crate::beneath::{is_link_error, open_beneath, open_dir};
 use crate::paths::normalise_symlink_target;
 use crate::{CacheError, EntryKind, FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestEntry, io_err};
 
@@ -26,6 +30,45 @@ pub struct Packed {
     pub skipped: u64,
 }
 
+/// One directory to archive: `rel` below `base`, reached without following
+/// a symbolic link (issue 39: a step that made its cache path a link to
+/// `/etc` had the agent pack `/etc`).
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The declared path, as written (the manifest's root).
+    pub declared: String,
+    /// A directory the caller trusts as it is named (the workspace).
+    pub base: PathBuf,
+    /// The root below `base` ("" for `base` itself): names only, no `..`,
+    /// not absolute; no component may be a symbolic link.
+    pub rel: PathBuf,
+}
+
+impl Source {
+    /// `rel` below `base` (see the fields).
+    pub fn within(declared: impl Into<String>, base: impl Into<PathBuf>, rel: impl Into<PathBuf>) -> Source {
+        Source { declared: declared.into(), base: base.into(), rel: rel.into() }
+    }
+
+    /// The directory `dir` itself, trusted as named.
+    pub fn at(declared: impl Into<String>, dir: impl Into<PathBuf>) -> Source {
+        Source { declared: declared.into(), base: dir.into(), rel: PathBuf::new() }
+    }
+
+    fn shown(&self) -> String {
+        self.base.join(&self.rel).display().to_string()
+    }
+}
+
+/// Looks at the contents of every archived file while it is read (once, in
+/// the hashing pass): a file it names is refused, and nothing is archived.
+pub trait Scan: Sync {
+    /// `chunk` is the next piece of one file; `carry` starts empty for each
+    /// file and is the implementation's to keep what a match across pieces
+    /// needs. `Some(what)` refuses the file ([`CacheError::Secret`]).
+    fn feed(&self, carry: &mut Vec<u8>, chunk: &[u8]) -> Option<String>;
+}
+
 /// Archive each source directory (`sources[i] = (declared path as written,
 /// directory on disk)`; a missing directory has no entries in the manifest)
 /// as a zstd-compressed tar stream written to `out`.
@@ -36,13 +79,32 @@ pub struct Packed {
 /// [`Packed::skipped`]. Files are hashed in a first (parallel) pass, so the
 /// manifest can be the first member; the second pass streams them into the
 /// (multithreaded) zstd encoder and fails if a file changed in between.
+/// The directory itself may not be a symbolic link; nothing below it is
+/// followed (see [`pack_sources`]).
 pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Result<Packed, CacheError> {
-    let (mut entries, disk, skipped) = scan(sources)?;
-    let prints = hash_files(&mut entries, &disk)?;
+    let sources: Vec<Source> = sources.iter().map(|(d, p)| Source::at(d.clone(), p.clone())).collect();
+    pack_sources(&sources, out, level, None)
+}
+
+/// [`pack`] of roots given below a trusted directory: every root is opened
+/// component by component from its `base` and every entry from its root's
+/// open directory, never following a symbolic link (a link on the way is
+/// [`CacheError::Refused`], naming the declared path; a root that is
+/// missing has no entries). Symbolic links inside a root are archived as
+/// links (when their target stays inside the root), never followed.
+/// `scan` sees every file's bytes as they are hashed.
+pub fn pack_sources(
+    sources: &[Source],
+    out: impl Write,
+    level: i32,
+    scan: Option<&dyn Scan>,
+) -> Result<Packed, CacheError> {
+    let (mut entries, disk, skipped) = scan_tree(sources)?;
+    let prints = hash_files(&mut entries, &disk, sources, scan)?;
     let total_bytes = entries.iter().map(|e| e.size).sum();
     let manifest = Manifest {
         format: FORMAT_VERSION,
-        roots: sources.iter().map(|(d, _)| d.clone()).collect(),
+        roots: sources.iter().map(|s| s.declared.clone()).collect(),
         entries,
         total_bytes,
     };
@@ -53,7 +115,8 @@ pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Resul
 /// `expected` lists (kinds, modes, sizes, digests, link targets, and nothing
 /// else): a prepared copy of an archive is checked this way before use.
 pub fn verify_tree(sources: &[(String, PathBuf)], expected: &Manifest) -> Result<(), CacheError> {
-    let (mut entries, disk, skipped) = scan(sources)?;
+    let sources: Vec<Source> = sources.iter().map(|(d, p)| Source::at(d.clone(), p.clone())).collect();
+    let (mut entries, disk, skipped) = scan_tree(&sources)?;
     if skipped > 0 {
         return Err(CacheError::Corrupt(format!("{skipped} entries the manifest cannot list")));
     }
@@ -71,49 +134,128 @@ pub fn verify_tree(sources: &[(String, PathBuf)], expected: &Manifest) -> Result
             return Err(CacheError::Corrupt(format!("entry {:?} differs from the manifest", x.member_name())));
         }
     }
-    hash_files(&mut entries, &disk)?;
+    hash_files(&mut entries, &disk, &sources, None)?;
     match entries == expected.entries {
         true => Ok(()),
         false => Err(CacheError::Corrupt("file contents differ from the manifest".into())),
     }
 }
 
-type Scanned = (Vec<ManifestEntry>, Vec<PathBuf>, u64);
+/// The open root directories (None: missing) and each entry's path below
+/// its root.
+pub(crate) struct Disk {
+    roots: Vec<Option<OwnedFd>>,
+    /// Per entry: its root's index and its path below the root.
+    paths: Vec<(usize, PathBuf)>,
+    /// Per root, how it is shown in messages.
+    shown: Vec<String>,
+}
 
-/// The entries of `sources` (unhashed), their paths on disk, and how many
-/// were skipped.
-fn scan(sources: &[(String, PathBuf)]) -> Result<Scanned, CacheError> {
-    let mut entries = Vec::new();
-    let mut disk = Vec::new();
-    let mut skipped = 0u64;
-    for (i, (declared, dir)) in sources.iter().enumerate() {
-        let root = u32::try_from(i).map_err(|_| CacheError::Refused("too many roots".into()))?;
-        let meta = match fs::metadata(dir) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_err(format_args!("stat {}", dir.display()), e)),
+impl Disk {
+    fn open(&self, i: usize, flags: OFlags) -> Result<File, CacheError> {
+        let (root, rel) = &self.paths[i];
+        let shown = self.show(i);
+        let Some(fd) = &self.roots[*root] else {
+            return Err(CacheError::Io(io::Error::other(format!("{shown}: its root is not open"))));
         };
-        if !meta.is_dir() {
-            return Err(CacheError::Refused(format!("cache path {declared:?} ({}) is not a directory", dir.display())));
+        match open_beneath(fd, rel, flags) {
+            Ok(fd) => Ok(File::from(fd)),
+            Err(e) if is_link_error(&e) => {
+                Err(CacheError::Refused(format!("{shown} became a symbolic link while it was being archived")))
+            }
+            Err(e) => Err(io_err(format_args!("opening {shown}"), e)),
         }
+    }
+
+    fn show(&self, i: usize) -> String {
+        let (root, rel) = &self.paths[i];
+        Path::new(&self.shown[*root]).join(rel).display().to_string()
+    }
+}
+
+type Scanned = (Vec<ManifestEntry>, Disk, u64);
+
+/// Opens the root of `s` (None: it does not exist), refusing a path that
+/// leaves its base or passes a symbolic link, and anything not a directory.
+fn open_root(s: &Source) -> Result<Option<OwnedFd>, CacheError> {
+    let declared = &s.declared;
+    if s.rel.is_absolute() || crate::beneath::components(&s.rel).is_none() {
+        return Err(CacheError::Refused(format!("path {declared:?} leaves the workspace")));
+    }
+    let base = match open_dir(&s.base) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            return Err(CacheError::Refused(format!("path {declared:?} ({}) is not a directory", s.base.display())));
+        }
+        Err(e) => return Err(io_err(format_args!("opening {}", s.base.display()), e)),
+    };
+    let fd = match open_beneath(&base, &s.rel, OFlags::RDONLY | OFlags::DIRECTORY) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if is_link_error(&e) || (e.raw_os_error() == Some(libc::ENOTDIR) && is_link(&base, &s.rel)) => {
+            return Err(CacheError::Refused(format!(
+                "path {declared:?} is, or is reached through, a symbolic link ({}): links are never followed out of the workspace",
+                s.shown()
+            )));
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            return Err(CacheError::Refused(format!(
+                "path {declared:?} ({}) is not a directory, or is reached through something that is not one",
+                s.shown()
+            )));
+        }
+        Err(e) => return Err(io_err(format_args!("opening {}", s.shown()), e)),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| io_err(format_args!("stat {}", s.shown()), e.into()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+        return Err(CacheError::Refused(format!("cache path {declared:?} ({}) is not a directory", s.shown())));
+    }
+    Ok(Some(fd))
+}
+
+/// Whether `rel` below `base` is itself a symbolic link (opening a link
+/// with `O_DIRECTORY | O_NOFOLLOW` says `ENOTDIR`).
+fn is_link(base: &OwnedFd, rel: &Path) -> bool {
+    match open_beneath(base, rel, OFlags::PATH) {
+        Ok(fd) => rustix::fs::fstat(&fd)
+            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink),
+        Err(e) => is_link_error(&e),
+    }
+}
+
+/// The entries of `sources` (unhashed), where they are, and how many were
+/// skipped.
+fn scan_tree(sources: &[Source]) -> Result<Scanned, CacheError> {
+    let mut entries = Vec::new();
+    let mut disk = Disk { roots: vec![], paths: vec![], shown: sources.iter().map(Source::shown).collect() };
+    let mut skipped = 0u64;
+    for (i, s) in sources.iter().enumerate() {
+        let root = u32::try_from(i).map_err(|_| CacheError::Refused("too many roots".into()))?;
+        let Some(fd) = open_root(s)? else {
+            disk.roots.push(None);
+            continue;
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| io_err(format_args!("stat {}", s.shown()), e.into()))?;
         entries.push(ManifestEntry {
             root,
             path: String::new(),
             kind: EntryKind::Dir,
-            mode: meta.permissions().mode() & 0o777,
+            mode: st.st_mode & 0o777,
             size: 0,
             sha256: None,
             target: None,
         });
-        disk.push(dir.clone());
-        walk(root, dir, "", &mut entries, &mut disk, &mut skipped)?;
+        disk.paths.push((i, PathBuf::new()));
+        walk(root, &fd, Path::new(""), "", &mut entries, &mut disk, &mut skipped)?;
+        disk.roots.push(Some(fd));
     }
     Ok((entries, disk, skipped))
 }
 
 fn write_archive(
     manifest: Manifest,
-    disk: &[PathBuf],
+    disk: &Disk,
     prints: &[Fingerprint],
     out: impl Write,
     level: i32,
@@ -135,7 +277,7 @@ fn write_archive(
     let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
     tb.append_data(&mut h, MANIFEST_NAME, &json[..]).map_err(wctx)?;
 
-    for ((e, path), print) in manifest.entries.iter().zip(disk).zip(prints) {
+    for (i, (e, print)) in manifest.entries.iter().zip(prints).enumerate() {
         let name = e.member_name();
         match e.kind {
             EntryKind::Dir => {
@@ -150,18 +292,17 @@ fn write_archive(
             EntryKind::File => {
                 // Hashed once: the fingerprint taken then must still hold
                 // before and after the bytes are archived.
-                let f = open_nofollow(path)?;
-                let stat =
-                    |f: &File| Fingerprint::of(f).map_err(|err| io_err(format_args!("stat {}", path.display()), err));
+                let path = disk.show(i);
+                let f = disk.open(i, OFlags::RDONLY | OFlags::NONBLOCK)?;
+                let stat = |f: &File| Fingerprint::of(f).map_err(|err| io_err(format_args!("stat {path}"), err));
                 if stat(&f)? != *print {
-                    return Err(changed(path));
+                    return Err(changed(&path));
                 }
                 let mut r = CountingReader { inner: (&f).take(e.size), bytes: 0 };
                 let mut h = header(tar::EntryType::Regular, e.mode, e.size);
-                tb.append_data(&mut h, &name, &mut r)
-                    .map_err(|err| io_err(format_args!("archiving {}", path.display()), err))?;
+                tb.append_data(&mut h, &name, &mut r).map_err(|err| io_err(format_args!("archiving {path}"), err))?;
                 if r.bytes != e.size || stat(&f)? != *print {
-                    return Err(changed(path));
+                    return Err(changed(&path));
                 }
             }
         }
@@ -192,62 +333,78 @@ fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
     h
 }
 
-fn open_nofollow(path: &Path) -> Result<File, CacheError> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| io_err(format_args!("opening {}", path.display()), e))
-}
-
-/// Depth-first, names sorted bytewise, parents before children.
+/// Depth-first, names sorted bytewise, parents before children; `dir` is
+/// the open directory at `rel_path` below the root. Only one directory is
+/// open per level, and each is opened from its parent without following a
+/// link.
 fn walk(
     root: u32,
-    dir: &Path,
+    dir: &OwnedFd,
+    rel_path: &Path,
     rel: &str,
     entries: &mut Vec<ManifestEntry>,
-    disk: &mut Vec<PathBuf>,
+    disk: &mut Disk,
     skipped: &mut u64,
 ) -> Result<(), CacheError> {
-    let rd = fs::read_dir(dir).map_err(|e| io_err(format_args!("listing {}", dir.display()), e))?;
+    let shown = || Path::new(&disk.shown[root as usize]).join(rel_path).display().to_string();
+    let listing = |e: rustix::io::Errno| io_err(format_args!("listing {}", shown()), e.into());
     let mut children = Vec::new();
-    for ent in rd {
-        let ent = ent.map_err(|e| io_err(format_args!("listing {}", dir.display()), e))?;
-        children.push(ent.file_name());
+    for ent in Dir::read_from(dir).map_err(listing)? {
+        let ent = ent.map_err(listing)?;
+        let name = ent.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            children.push(OsStr::from_bytes(name).to_os_string());
+        }
     }
     children.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     for name in children {
-        let path = dir.join(&name);
-        let Some(name) = name.to_str() else {
+        let child_path = rel_path.join(&name);
+        let Some(name_str) = name.to_str() else {
             *skipped += 1;
             continue;
         };
-        let child_rel = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
-        let meta = fs::symlink_metadata(&path).map_err(|e| io_err(format_args!("stat {}", path.display()), e))?;
-        let ft = meta.file_type();
-        let mode = meta.permissions().mode() & 0o777;
-        if ft.is_dir() {
-            entries.push(entry(root, &child_rel, EntryKind::Dir, mode, None));
-            disk.push(path.clone());
-            walk(root, &path, &child_rel, entries, disk, skipped)?;
-        } else if ft.is_file() {
-            let mut e = entry(root, &child_rel, EntryKind::File, mode, None);
-            e.size = meta.len();
-            entries.push(e);
-            disk.push(path);
-        } else if ft.is_symlink() {
-            let target =
-                fs::read_link(&path).map_err(|e| io_err(format_args!("reading link {}", path.display()), e))?;
-            match target.to_str().and_then(|t| normalise_symlink_target(&child_rel, t)) {
-                Some(t) => {
-                    entries.push(entry(root, &child_rel, EntryKind::Symlink, 0o777, Some(t)));
-                    disk.push(path);
-                }
-                None => *skipped += 1,
+        let child_rel = if rel.is_empty() { name_str.to_string() } else { format!("{rel}/{name_str}") };
+        let shown_child = || Path::new(&disk.shown[root as usize]).join(&child_path).display().to_string();
+        let st = rustix::fs::statat(dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| io_err(format_args!("stat {}", shown_child()), e.into()))?;
+        let ft = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        let mode = st.st_mode & 0o777;
+        match ft {
+            rustix::fs::FileType::Directory => {
+                let sub = match open_beneath(dir, Path::new(&name), OFlags::RDONLY | OFlags::DIRECTORY) {
+                    Ok(fd) => fd,
+                    Err(e) if is_link_error(&e) || e.raw_os_error() == Some(libc::ENOTDIR) => {
+                        return Err(CacheError::Refused(format!(
+                            "{} became a symbolic link while it was being archived",
+                            shown_child()
+                        )));
+                    }
+                    Err(e) => return Err(io_err(format_args!("opening {}", shown_child()), e)),
+                };
+                entries.push(entry(root, &child_rel, EntryKind::Dir, mode, None));
+                disk.paths.push((root as usize, child_path.clone()));
+                walk(root, &sub, &child_path, &child_rel, entries, disk, skipped)?;
             }
-        } else {
+            rustix::fs::FileType::RegularFile => {
+                let mut e = entry(root, &child_rel, EntryKind::File, mode, None);
+                e.size = st.st_size as u64;
+                entries.push(e);
+                disk.paths.push((root as usize, child_path));
+            }
+            rustix::fs::FileType::Symlink => {
+                let target = rustix::fs::readlinkat(dir, name.as_os_str(), Vec::new())
+                    .map_err(|e| io_err(format_args!("reading link {}", shown_child()), e.into()))?;
+                let target = target.to_str().ok().and_then(|t| normalise_symlink_target(&child_rel, t));
+                match target {
+                    Some(t) => {
+                        entries.push(entry(root, &child_rel, EntryKind::Symlink, 0o777, Some(t)));
+                        disk.paths.push((root as usize, child_path));
+                    }
+                    None => *skipped += 1,
+                }
+            }
             // Devices, fifos, sockets.
-            *skipped += 1;
+            _ => *skipped += 1,
         }
     }
     Ok(())
@@ -286,10 +443,16 @@ type HashResult = Result<(u64, String, Fingerprint), CacheError>;
 
 /// Fills `sha256` and `size` of every file entry, on several threads, and
 /// returns each entry's fingerprint (default for non-files).
-fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<Vec<Fingerprint>, CacheError> {
+fn hash_files(
+    entries: &mut [ManifestEntry],
+    disk: &Disk,
+    sources: &[Source],
+    scan: Option<&dyn Scan>,
+) -> Result<Vec<Fingerprint>, CacheError> {
     let files: Vec<usize> =
         entries.iter().enumerate().filter(|(_, e)| e.kind == EntryKind::File).map(|(i, _)| i).collect();
     let next = AtomicUsize::new(0);
+    let entries_ro: &[ManifestEntry] = entries;
     let results: Mutex<Vec<(usize, HashResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..workers().min(files.len().max(1)) {
@@ -298,7 +461,17 @@ fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<Vec<Fin
                 loop {
                     let k = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&i) = files.get(k) else { break };
-                    let r = hash_file(&disk[i], &mut buf);
+                    let r = disk.open(i, OFlags::RDONLY | OFlags::NONBLOCK).and_then(|f| {
+                        let found = |what: String| {
+                            let e = &entries_ro[i];
+                            CacheError::Secret {
+                                root: sources[e.root as usize].declared.clone(),
+                                path: e.path.clone(),
+                                what,
+                            }
+                        };
+                        hash_file(f, &disk.show(i), &mut buf, scan, found)
+                    });
                     let failed = r.is_err();
                     results.lock().expect("hash results lock").push((i, r));
                     if failed {
@@ -316,29 +489,40 @@ fn hash_files(entries: &mut [ManifestEntry], disk: &[PathBuf]) -> Result<Vec<Fin
         prints[i] = fp;
     }
     if let Some(&i) = files.iter().find(|&&i| entries[i].sha256.is_none()) {
-        return Err(CacheError::Io(io::Error::other(format!("{} was not hashed", disk[i].display()))));
+        return Err(CacheError::Io(io::Error::other(format!("{} was not hashed", disk.show(i)))));
     }
     Ok(prints)
 }
 
-fn changed(path: &Path) -> CacheError {
-    CacheError::Corrupt(format!("{} changed while it was being archived", path.display()))
+fn changed(path: &str) -> CacheError {
+    CacheError::Corrupt(format!("{path} changed while it was being archived"))
 }
 
-fn hash_file(path: &Path, buf: &mut [u8]) -> HashResult {
-    let mut f = open_nofollow(path)?;
-    let stat = |f: &File| Fingerprint::of(f).map_err(|e| io_err(format_args!("stat {}", path.display()), e));
+/// Hashes (and scans) the open file `f`, shown as `path`; `found` makes the
+/// error for what `scan` finds.
+fn hash_file(
+    mut f: File,
+    path: &str,
+    buf: &mut [u8],
+    scan: Option<&dyn Scan>,
+    found: impl Fn(String) -> CacheError,
+) -> HashResult {
+    let stat = |f: &File| Fingerprint::of(f).map_err(|e| io_err(format_args!("stat {path}"), e));
     let before = stat(&f)?;
     let mut hasher = Sha256::new();
     let mut n = 0u64;
+    let mut carry = Vec::new();
     loop {
         let k = match f.read(buf) {
             Ok(0) => break,
             Ok(k) => k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_err(format_args!("reading {}", path.display()), e)),
+            Err(e) => return Err(io_err(format_args!("reading {path}"), e)),
         };
         hasher.update(&buf[..k]);
+        if let Some(what) = scan.and_then(|s| s.feed(&mut carry, &buf[..k])) {
+            return Err(found(what));
+        }
         n += k as u64;
     }
     if stat(&f)? != before || n != before.size {
@@ -381,13 +565,18 @@ impl<R: Read> Read for CountingReader<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+
+    fn hash_path(p: &Path) -> HashResult {
+        hash_file(File::open(p).unwrap(), "f", &mut [0u8; 64], None, |_| unreachable!())
+    }
 
     #[test]
     fn a_rewrite_of_the_same_size_changes_the_fingerprint() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         fs::write(&p, b"aaaa").unwrap();
-        let (_, _, fp) = hash_file(&p, &mut [0u8; 64]).unwrap();
+        let (_, _, fp) = hash_path(&p).unwrap();
         assert_eq!(Fingerprint::of(&File::open(&p).unwrap()).unwrap(), fp);
         // Same size, same second: only the nanoseconds (or ctime) differ.
         fs::write(&p, b"bbbb").unwrap();
@@ -399,7 +588,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         fs::write(&p, b"aaaa").unwrap();
-        let (_, _, fp) = hash_file(&p, &mut [0u8; 64]).unwrap();
+        let (_, _, fp) = hash_path(&p).unwrap();
         let q = dir.path().join("g");
         fs::write(&q, b"aaaa").unwrap();
         fs::rename(&q, &p).unwrap();

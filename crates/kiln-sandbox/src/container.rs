@@ -279,28 +279,40 @@ impl Engine {
         network: &Network,
         output: &mut (dyn FnMut(&[u8]) + Send),
     ) -> Result<String, EngineError> {
-        let context_dir = checkout.join(context);
-        let dockerfile_path = checkout.join(dockerfile);
-        if !context_dir.is_dir() {
-            return Err(EngineError::Build(format!("build context `{context}` is not a directory of the checkout")));
-        }
-        if !dockerfile_path.is_file() {
-            return Err(EngineError::Build(format!("`{dockerfile}` is not a file of the checkout")));
-        }
-        // Inside the context: name it by its path there; otherwise add it to the tar.
-        let in_context = dockerfile_path
-            .canonicalize()
-            .ok()
-            .zip(context_dir.canonicalize().ok())
-            .and_then(|(d, c)| d.strip_prefix(&c).ok().map(|p| p.to_string_lossy().into_owned()));
-        let (dockerfile_name, extra) = match in_context {
+        // Both are opened below the checkout one name at a time, never
+        // following a symbolic link (issue 39: a context that was a link to
+        // `/` had the agent tar the host's files for the engine).
+        let context_fd = open_below(checkout, context, true)
+            .map_err(|why| EngineError::Build(format!("build context `{context}` {why}")))?;
+        let dockerfile_fd = open_below(checkout, dockerfile, false)
+            .map_err(|why| EngineError::Build(format!("`{dockerfile}` {why}")))?;
+        // Inside the context (by its path): name it by its path there;
+        // otherwise its bytes (read through the descriptor) are added.
+        let (dockerfile_name, extra) = match dockerfile_in_context(dockerfile, context) {
             Some(rel) => (rel, None),
-            None => (".kiln.Dockerfile".to_string(), Some(dockerfile_path.clone())),
+            None => {
+                use std::io::Read;
+                let mut bytes = Vec::new();
+                std::fs::File::from(dockerfile_fd)
+                    .take(MAX_DOCKERFILE + 1)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| EngineError::Build(format!("cannot read `{dockerfile}`: {e}")))?;
+                if bytes.len() as u64 > MAX_DOCKERFILE {
+                    return Err(EngineError::Build(format!("`{dockerfile}` is larger than {MAX_DOCKERFILE} bytes")));
+                }
+                (".kiln.Dockerfile".to_string(), Some(bytes))
+            }
         };
-        let tar = tokio::task::spawn_blocking(move || context_tar(&context_dir, extra.as_deref()))
-            .await
-            .map_err(|e| EngineError::Build(e.to_string()))?
-            .map_err(|e| EngineError::Build(format!("cannot pack the build context: {e}")))?;
+        let tar = tokio::task::spawn_blocking(move || {
+            // The open directory itself, whatever its path now names.
+            let dir = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&context_fd)));
+            let tar = context_tar(&dir, extra.as_deref());
+            drop(context_fd);
+            tar
+        })
+        .await
+        .map_err(|e| EngineError::Build(e.to_string()))?
+        .map_err(|e| EngineError::Build(format!("cannot pack the build context: {e}")))?;
         let opts = BuildImageOptions {
             dockerfile: dockerfile_name,
             t: Some(tag.to_string()),
@@ -459,14 +471,81 @@ fn percent_encode(s: &str) -> String {
         .collect()
 }
 
+/// A Dockerfile outside the build context is sent at most this large.
+const MAX_DOCKERFILE: u64 = 1 << 20;
+
+/// The names of a relative path (`.` and empty ones dropped); `None` for a
+/// path with a root or a `..`.
+fn names_of(rel: &str) -> Option<Vec<&str>> {
+    if rel.starts_with('/') {
+        return None;
+    }
+    let names: Vec<&str> = rel.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    (!names.contains(&"..")).then_some(names)
+}
+
+/// The Dockerfile's path inside the context, if it is there (by name).
+fn dockerfile_in_context(dockerfile: &str, context: &str) -> Option<String> {
+    let (d, c) = (names_of(dockerfile)?, names_of(context)?);
+    (d.len() > c.len() && d.starts_with(&c)).then(|| d[c.len()..].join("/"))
+}
+
+/// Opens `rel` below `dir` one name at a time without following a symbolic
+/// link; the error says why (to follow the path's name in a message).
+fn open_below(dir: &Path, rel: &str, want_dir: bool) -> Result<std::os::fd::OwnedFd, String> {
+    use nix::fcntl::{OFlag, open, openat};
+    use nix::sys::stat::Mode;
+    let names = names_of(rel).ok_or_else(|| "leaves the checkout (an absolute path or `..`)".to_string())?;
+    let dflags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut cur = open(dir, dflags, Mode::empty()).map_err(|e| format!("cannot be opened: {e}"))?;
+    let last = names.len().checked_sub(1);
+    for (i, name) in names.iter().enumerate() {
+        let flags = match (Some(i) == last, want_dir) {
+            (true, false) => OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            _ => dflags,
+        };
+        // `O_DIRECTORY | O_NOFOLLOW` on a link says ENOTDIR: look at it.
+        let is_link = |cur: &std::os::fd::OwnedFd| {
+            nix::sys::stat::fstatat(cur, *name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+        };
+        cur = match openat(&cur, *name, flags | OFlag::O_NOFOLLOW, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ELOOP) => {
+                return Err("is, or is reached through, a symbolic link: the checkout is never left".into());
+            }
+            Err(nix::errno::Errno::ENOTDIR) if is_link(&cur) => {
+                return Err("is, or is reached through, a symbolic link: the checkout is never left".into());
+            }
+            Err(nix::errno::Errno::ENOENT) => return Err("is not in the checkout".into()),
+            Err(nix::errno::Errno::ENOTDIR) => {
+                return Err("is not a directory of the checkout, or is reached through a file".into());
+            }
+            Err(e) => return Err(format!("cannot be opened: {e}")),
+        };
+    }
+    let st = nix::sys::stat::fstat(&cur).map_err(|e| format!("cannot be read: {e}"))?;
+    let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    let is_file = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+    match want_dir {
+        true if !is_dir => Err("is not a directory of the checkout".into()),
+        false if !is_file => Err("is not a file of the checkout".into()),
+        _ => Ok(cur),
+    }
+}
+
 /// Packs a build context: regular files, directories and symlinks (as links).
-fn context_tar(dir: &Path, extra_dockerfile: Option<&Path>) -> std::io::Result<Vec<u8>> {
+fn context_tar(dir: &Path, extra_dockerfile: Option<&[u8]>) -> std::io::Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
     b.follow_symlinks(false);
     b.mode(tar::HeaderMode::Deterministic);
     b.append_dir_all(".", dir)?;
     if let Some(df) = extra_dockerfile {
-        b.append_path_with_name(df, ".kiln.Dockerfile")?;
+        let mut h = tar::Header::new_gnu();
+        h.set_size(df.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, ".kiln.Dockerfile", df)?;
     }
     b.into_inner()
 }

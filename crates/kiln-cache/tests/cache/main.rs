@@ -5,3 +5,4 @@ mod fuzz;
 mod hostile;
 mod inputs_key;
 mod roundtrip;
+mod workspace;

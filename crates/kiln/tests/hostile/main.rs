@@ -6,6 +6,7 @@ mod agents;
 mod expressions;
 mod forge;
 mod edge;
+mod caches;
 mod git_urls;
 mod host_executor;
 mod http;
