@@ -14,9 +14,7 @@ use crate::advance::{AdvanceJob, AdvanceRun, Conditions, JobRules, Verdict, plan
 use crate::attempt::{AttemptEvent, AttemptOutcome};
 use crate::backoff::Backoff;
 use crate::cancel::{CancelVerdict, plan_cancel};
-use crate::claim::{
-    ClaimAgent, ClaimFacts, ClaimRefusal, JobPlacement, UntrustedPolicy, decide_claim, replay_stands,
-};
+use crate::claim::{ClaimAgent, ClaimFacts, ClaimRefusal, JobPlacement, UntrustedPolicy, decide_claim, replay_stands};
 use crate::complete::{CompletionFacts, CompletionVerdict, decide_completion, missing_output, success_message};
 use crate::failure::{
     CANCELLED, FailureClass, FailureFacts, FailureVerdict, RetryBudget, SiblingAction, decide_failure,
