@@ -165,7 +165,13 @@ async fn join_tokens_register_agents_into_their_pool_until_revoked() {
     let body = api::CreateJoinToken { name: "gpu-boxes".into(), pool: Some("gpu".into()) };
     let j: api::CreatedJoinToken =
         app.admin().post("/v1/agent-tokens").json(&body).send().await.assert_status(StatusCode::CREATED).json();
-    let reg = api::RegisterAgent { name: "g1".into(), labels: Default::default(), max_jobs: 1, version: None };
+    let reg = api::RegisterAgent {
+        name: "g1".into(),
+        labels: Default::default(),
+        max_jobs: 1,
+        version: None,
+        executor: None,
+    };
     let got: api::AgentRegistration = app
         .with_token(&j.token)
         .post("/v1/agents/register")
