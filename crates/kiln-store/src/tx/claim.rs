@@ -150,7 +150,7 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
             session_current: *session == req.session_id,
             labels: &labels,
             pool: pool.as_str(),
-            executor: Executor::reported(Some(executor)),
+            executor: Executor::reported(Some(executor.as_str())),
             // Admitted by the attempt's insert below.
             running: None,
             max_jobs: u32::try_from(*max_jobs).unwrap_or(0),
