@@ -25,6 +25,13 @@ pub(crate) async fn register(
     if req.max_jobs == 0 || req.max_jobs > 256 {
         return Err(ApiErr::invalid("max_jobs must be 1-256"));
     }
+    // Placement (invariant 12): what the agent runs jobs with. An agent that
+    // does not say counts as a host executor (stored so by default).
+    let executor = match req.executor.as_deref().map(str::trim) {
+        None | Some("") | Some("host") => Executor::Host,
+        Some("container") => Executor::Container,
+        Some(other) => return Err(ApiErr::invalid(format!("unknown executor `{other}` (host or container)"))),
+    };
     let labels = serde_json::to_string(&req.labels).expect("labels");
     let agent = state
         .store
@@ -36,13 +43,6 @@ pub(crate) async fn register(
         }
         state.store.describe_agent(&agent.id, v).await?;
     }
-    // Placement (invariant 12): what the agent runs jobs with. An agent that
-    // does not say counts as a host executor (stored so by default).
-    let executor = match req.executor.as_deref().map(str::trim) {
-        None | Some("") | Some("host") => Executor::Host,
-        Some("container") => Executor::Container,
-        Some(other) => return Err(ApiErr::invalid(format!("unknown executor `{other}` (host or container)"))),
-    };
     if executor != Executor::Host {
         state.store.set_agent_executor(&agent.id, executor).await?;
     }
