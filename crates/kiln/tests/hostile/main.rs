@@ -12,6 +12,7 @@ mod host_executor;
 mod http;
 mod isolation;
 mod oidc;
+mod placement;
 
 use std::path::Path;
 
