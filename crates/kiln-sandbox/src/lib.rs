@@ -14,7 +14,6 @@
 mod container;
 mod host;
 mod isolation;
-mod mounts;
 mod procs;
 mod reap;
 mod services;

@@ -10,7 +10,6 @@ mod caches;
 mod git_urls;
 mod host_executor;
 mod http;
-mod isolation;
 mod oidc;
 mod placement;
 
