@@ -158,6 +158,7 @@ impl Dispatcher {
     /// Next event of any class whose labels are a subset of the agent's:
     /// of the jobs this replica offers, oldest first; with none that fits,
     /// a spare job (one another replica offers that waited too long).
+    #[cfg(test)]
     pub fn pop(&self, agent_labels: &BTreeMap<String, String>) -> Option<OutboxEvent> {
         self.pop_for(agent_labels, |_| true)
     }

@@ -465,7 +465,7 @@ async fn a_clone_url_credential_shows_nowhere() {
         let run =
             admin.submit_run(name, &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
         let done = kiln_testkit::wait_run(&admin, &run.run_id, 120).await;
-        assert_eq!(done.status, kiln_core::RunStatus::Success, "{name}: {done:?}\n{}", agent.log());
+        assert_eq!(done.status, kiln_api::RunStatus::Success, "{name}: {done:?}\n{}", agent.log());
     }
     let first_agent_log = agent.log();
     drop(agent);
