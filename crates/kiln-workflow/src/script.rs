@@ -685,7 +685,8 @@ impl Scanner {
     fn end_word(&mut self) {
         let Some(Frame::Code { cmd, .. }) = self.frames.last_mut() else { return };
         let Some(word) = cmd.end_word() else { return };
-        let at_start = cmd.words.len() == 1 || cmd.words[..cmd.words.len() - 1].iter().all(|w| RESERVED.contains(&w.as_str()));
+        let at_start =
+            cmd.words.len() == 1 || cmd.words[..cmd.words.len() - 1].iter().all(|w| RESERVED.contains(&w.as_str()));
         if word == "[[" && at_start && cmd.test.is_none() {
             cmd.test = Some(Test::default());
         } else if word == "]]" {

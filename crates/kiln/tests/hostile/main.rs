@@ -3,10 +3,10 @@
 //! nothing on disk or in the database.
 
 mod agents;
+mod caches;
+mod edge;
 mod expressions;
 mod forge;
-mod edge;
-mod caches;
 mod git_urls;
 mod host_executor;
 mod http;
