@@ -353,7 +353,7 @@ impl Mirrors {
         git_ref: &str,
         sha: &str,
     ) -> Result<String, GitError> {
-        if !is_full_sha(sha) && !(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())) {
+        if !(is_full_sha(sha) || (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()))) {
             return Err(GitError::UnknownRevision(sha.to_string()));
         }
         let sha = sha.to_ascii_lowercase();

@@ -260,6 +260,7 @@ pub struct ClaimInput {
 
 /// What a claim transaction did.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per claim, moved once
 pub enum ClaimOutcome {
     Claimed(ClaimedAttempt),
     /// Stale, duplicate, not yet due, labels or capacity: nothing changed.

@@ -432,10 +432,10 @@ impl Cmd {
         if redirect {
             return None;
         }
-        if let Some(t) = &mut self.test {
-            if matches!(word.as_str(), "-eq" | "-ne" | "-lt" | "-le" | "-gt" | "-ge" | "-v" | "-R") {
-                t.arithmetic = true;
-            }
+        if let Some(t) = &mut self.test
+            && matches!(word.as_str(), "-eq" | "-ne" | "-lt" | "-le" | "-gt" | "-ge" | "-v" | "-R")
+        {
+            t.arithmetic = true;
         }
         self.words.push(word.clone());
         Some(word)
@@ -557,10 +557,10 @@ impl Cmd {
         if code_next {
             return Some(refusal(&format!("is the program text of `{interp_name}`")));
         }
-        if let Some(awk) = script_operand {
-            if !cur.starts_with('-') {
-                return Some(refusal(&format!("is the program text of `{awk}`")));
-            }
+        if let Some(awk) = script_operand
+            && !cur.starts_with('-')
+        {
+            return Some(refusal(&format!("is the program text of `{awk}`")));
         }
         if let Some(i) = interp {
             if i.attached && i.letters.chars().any(|l| cur.starts_with(&format!("-{l}"))) {
@@ -660,23 +660,23 @@ impl Scanner {
         }
         if let Some(name) = output_runner {
             for offset in exprs_here.iter().chain(&upstream) {
-                if let Some(f) = self.found.iter_mut().find(|f| f.offset == *offset) {
-                    if f.place.is_ok() {
-                        f.place = Err(refusal(&format!(
-                            "is in a command whose output goes to `>( {name} … )`, which runs what it reads"
-                        )));
-                    }
+                if let Some(f) = self.found.iter_mut().find(|f| f.offset == *offset)
+                    && f.place.is_ok()
+                {
+                    f.place = Err(refusal(&format!(
+                        "is in a command whose output goes to `>( {name} … )`, which runs what it reads"
+                    )));
                 }
             }
         }
         if let Some(name) = runner {
             for offset in upstream {
-                if let Some(f) = self.found.iter_mut().find(|f| f.offset == offset) {
-                    if f.place.is_ok() {
-                        f.place = Err(refusal(&format!(
-                            "is in a command whose output is piped to `{name}`, which runs what it reads"
-                        )));
-                    }
+                if let Some(f) = self.found.iter_mut().find(|f| f.offset == offset)
+                    && f.place.is_ok()
+                {
+                    f.place = Err(refusal(&format!(
+                        "is in a command whose output is piped to `{name}`, which runs what it reads"
+                    )));
                 }
             }
         }
@@ -689,18 +689,17 @@ impl Scanner {
             cmd.words.len() == 1 || cmd.words[..cmd.words.len() - 1].iter().all(|w| RESERVED.contains(&w.as_str()));
         if word == "[[" && at_start && cmd.test.is_none() {
             cmd.test = Some(Test::default());
-        } else if word == "]]" {
-            if let Some(t) = cmd.test.take() {
-                if t.arithmetic {
-                    for offset in t.exprs {
-                        if let Some(f) = self.found.iter_mut().find(|f| f.offset == offset) {
-                            if f.place.is_ok() {
-                                f.place = Err(refusal(
-                                    "stands in a `[[ … ]]` that compares numbers (`-eq`, `-lt`, …), where bash evaluates operands as arithmetic",
-                                ));
-                            }
-                        }
-                    }
+        } else if word == "]]"
+            && let Some(t) = cmd.test.take()
+            && t.arithmetic
+        {
+            for offset in t.exprs {
+                if let Some(f) = self.found.iter_mut().find(|f| f.offset == offset)
+                    && f.place.is_ok()
+                {
+                    f.place = Err(refusal(
+                        "stands in a `[[ … ]]` that compares numbers (`-eq`, `-lt`, …), where bash evaluates operands as arithmetic",
+                    ));
                 }
             }
         }
@@ -906,11 +905,11 @@ impl Scanner {
             }
             '<' | '>' => {
                 // A file descriptor number before the operator is not a word.
-                if let Some(cmd) = self.code() {
-                    if cmd.cur.as_deref().is_some_and(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_digit())) {
-                        cmd.cur = None;
-                        cmd.cur_redirect = false;
-                    }
+                if let Some(cmd) = self.code()
+                    && cmd.cur.as_deref().is_some_and(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_digit()))
+                {
+                    cmd.cur = None;
+                    cmd.cur_redirect = false;
                 }
                 self.end_word();
                 if c == '<' && next == Some('<') && next2 == Some('<') {
@@ -954,10 +953,10 @@ impl Scanner {
                     }
                     Some(Frame::Code { closer: Closer::ProcOut, .. }) => {
                         self.frames.pop();
-                        if let Some(runner) = self.proc_runner.take() {
-                            if let Some(cmd) = self.code() {
-                                cmd.output_runner = Some(runner);
-                            }
+                        if let Some(runner) = self.proc_runner.take()
+                            && let Some(cmd) = self.code()
+                        {
+                            cmd.output_runner = Some(runner);
                         }
                     }
                     _ => {}

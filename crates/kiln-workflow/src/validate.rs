@@ -2307,18 +2307,20 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                         step.run = substitute(&step.run, values);
                         // The values are text of the script now: check again
                         // where the other `${{ }}` stand.
-                        if step.run != written && step.run.contains("${{") && shell_expands(step.shell.as_deref()) {
-                            if let Err(e) = check_run(&step.run) {
-                                ctx.err(
-                                    m.pos,
-                                    format!(
-                                        "invalid `run` in step {} of {}: {}",
-                                        i + 1,
-                                        expanded,
-                                        script_error(&step.run, &e)
-                                    ),
-                                );
-                            }
+                        if step.run != written
+                            && step.run.contains("${{")
+                            && shell_expands(step.shell.as_deref())
+                            && let Err(e) = check_run(&step.run)
+                        {
+                            ctx.err(
+                                m.pos,
+                                format!(
+                                    "invalid `run` in step {} of {}: {}",
+                                    i + 1,
+                                    expanded,
+                                    script_error(&step.run, &e)
+                                ),
+                            );
                         }
                         step.name = step.name.as_deref().map(|n| substitute(n, values));
                         for v in step.env.values_mut() {

@@ -57,6 +57,7 @@ fn too_large(limit: usize) -> Response {
 
 /// The length a request declares for its body (`Content-Length`, or what
 /// the body itself knows), refused with 413 — unread — past `limit`.
+#[allow(clippy::result_large_err)] // the refusal is the answer, built once
 pub(crate) fn declared_within(headers: &HeaderMap, body: &Body, limit: usize) -> Result<Option<u64>, Response> {
     let declared = match headers.get(header::CONTENT_LENGTH) {
         None => http_body::Body::size_hint(body).exact(),
