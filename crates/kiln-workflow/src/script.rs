@@ -974,7 +974,10 @@ impl Scanner {
                     return 1;
                 }
                 cmd.push_char('[');
-                if !(word_start && spaced) {
+                // A subscript is arithmetic only in a name: an assignment
+                // (`a[x]=1`, before the command) or a name argument (refused
+                // on its own); in an argument word `x[…]` is a glob.
+                if !(word_start && spaced) && cmd.words.iter().all(|w| is_assignment(w)) {
                     cmd.brackets += 1;
                 }
             }
@@ -1410,6 +1413,8 @@ mod tests {
             ("[[ \"${{ event }}\" == p* ]] && echo y", "[[ \"${KILN_EXPR_1}\" == p* ]] && echo y"),
             ("[[ -n ${{ event }} ]] && sh -c 'echo hi'", "[[ -n \"${KILN_EXPR_1}\" ]] && sh -c 'echo hi'"),
             ("FOO=${{ event }} make", "FOO=\"${KILN_EXPR_1}\" make"),
+            // In an argument, `x[…]` is a glob, not a subscript.
+            ("echo bare[${{ event }}]", "echo bare[\"${KILN_EXPR_1}\"]"),
             ("export FOO=\"${{ event }}\"", "export FOO=\"${KILN_EXPR_1}\""),
             ("grep -q p <<< \"${{ event }}\"", "grep -q p <<< \"${KILN_EXPR_1}\""),
             ("echo \"$(basename \"${{ event }}\")\"", "echo \"$(basename \"${KILN_EXPR_1}\")\""),

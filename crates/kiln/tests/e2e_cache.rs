@@ -154,7 +154,15 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     let (r8, log8) = run(&up, &c, None).await;
     assert!(log8.contains(&format!("restored: fresh-{}", r7.id)), "{log8}");
     assert_eq!(cache(&r8).result, "hit");
-    let metrics = reqwest::get(format!("{}/metrics", up.url)).await.unwrap().text().await.unwrap();
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", up.url))
+        .bearer_auth(&up.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for line in [
         "kiln_cache_lookups_total{result=\"hit\"} ",
         "kiln_cache_integrity_failures_total 1",
@@ -220,7 +228,15 @@ async fn restore_prefix_falls_back_then_saves_the_exact_key() {
     assert_eq!((c3.result.as_str(), c3.key.as_str()), ("hit", c2.key.as_str()), "{c3:?}");
     assert!(c3.seconds_saved.is_some_and(|s| s >= 0.0), "a hit gets a time-saved estimate: {c3:?}");
     assert!(c3.steps_seconds.is_some(), "{c3:?}");
-    let metrics = reqwest::get(format!("{}/metrics", up.url)).await.unwrap().text().await.unwrap();
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", up.url))
+        .bearer_auth(&up.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for line in [
         "kiln_cache_lookups_total{result=\"prefix\"} 1",
         "kiln_cache_lookups_total{result=\"hit\"} 1",

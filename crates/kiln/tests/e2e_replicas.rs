@@ -137,14 +137,15 @@ async fn ready_jobs_reach_another_replica_by_notification() {
 }
 
 /// `kiln_dispatch_offer_replicas` of a replica (None: it does not answer).
-async fn offer_replicas(url: &str) -> Option<u64> {
-    let body = reqwest::get(format!("{url}/metrics")).await.ok()?.text().await.ok()?;
+async fn offer_replicas(url: &str, token: &str) -> Option<u64> {
+    let body =
+        reqwest::Client::new().get(format!("{url}/metrics")).bearer_auth(token).send().await.ok()?.text().await.ok()?;
     body.lines().find_map(|l| l.strip_prefix("kiln_dispatch_offer_replicas ")).and_then(|v| v.trim().parse().ok())
 }
 
-async fn until_offer_replicas(url: &str, n: u64, what: &str) -> std::time::Duration {
+async fn until_offer_replicas(url: &str, token: &str, n: u64, what: &str) -> std::time::Duration {
     let t = std::time::Instant::now();
-    while offer_replicas(url).await != Some(n) {
+    while offer_replicas(url, token).await != Some(n) {
         assert!(t.elapsed() < std::time::Duration::from_secs(90), "{what}: offer replicas never became {n}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
@@ -171,8 +172,8 @@ async fn a_killed_replicas_share_of_the_offering_passes_to_the_survivor() {
     .unwrap();
     a.add_repo("hi", &repo);
     let logs = |a: &KilnServer, b: &KilnServer| format!("A: {}\nB: {}", a.log(), b.log());
-    until_offer_replicas(&a.url, 2, "A").await;
-    until_offer_replicas(&b.url, 2, "B").await;
+    until_offer_replicas(&a.url, &a.token, 2, "A").await;
+    until_offer_replicas(&b.url, &b.token, 2, "B").await;
 
     let via_b = Client::new(&b.url, &b.token);
     let submit = |n: usize| {
@@ -202,7 +203,7 @@ async fn a_killed_replicas_share_of_the_offering_passes_to_the_survivor() {
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     let ids = submit(10).await;
-    let took = until_offer_replicas(&b.url, 0, "B after A died").await;
+    let took = until_offer_replicas(&b.url, &b.token, 0, "B after A died").await;
     eprintln!("B offers everything {took:?} after A was killed");
     for id in ids {
         let run = wait_run(&via_b, &id, 120).await;
