@@ -11,7 +11,6 @@ mod git_urls;
 mod host_executor;
 mod http;
 mod oidc;
-mod placement;
 
 use std::path::Path;
 
