@@ -147,8 +147,7 @@ pub(crate) async fn list_secrets(store: &SqlStore, repo_id: &str) -> Result<Vec<
     store
         .reader()
         .await?
-        // `@…` rows are the server's own credentials (the clone URL's), never a listed secret.
-        .sql("SELECT name, updated_at FROM secrets WHERE repo_id = $1 AND name NOT LIKE '@%' ORDER BY name")
+        .sql("SELECT name, updated_at FROM secrets WHERE repo_id = $1 ORDER BY name")
         .bind(repo_id)
         .all()
         .await
@@ -206,9 +205,6 @@ fn credential_column(name: &str) -> Option<&'static str> {
 pub const WEBHOOK_SECRET: &str = "@webhook";
 /// Likewise for the forge status token.
 pub const FORGE_TOKEN: &str = "@forge-token";
-/// The name a repository's clone credential is kept under in its secrets
-/// (sealed like them; `@` keeps it out of listings, workflows and the API).
-pub const CLONE_CREDENTIAL: &str = "@clone-credential";
 
 /// `RepoStore::replace_secrets`: every `(repo, name, old, new)` in one
 /// transaction, each only if the stored value is still `old`.
