@@ -143,7 +143,6 @@ impl Dispatcher {
     /// Next event of any class whose labels are a subset of the agent's:
     /// of the jobs this replica offers, oldest first; with none that fits,
     /// a spare job (one another replica offers that waited too long).
-    #[cfg(test)]
     pub fn pop(&self, agent_labels: &BTreeMap<String, String>) -> Option<OutboxEvent> {
         let mut q = self.inner.lock().unwrap();
         if let Some(ev) = pop_from(&mut q.by_class, agent_labels) {

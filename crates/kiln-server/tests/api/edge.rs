@@ -65,7 +65,9 @@ async fn a_trigger_token_learns_nothing_of_another_repositorys_runs_through_befo
         async move { c.get(&format!("/v1/repos/a/workflow-runs?before={before}")).send().await }
     };
     let nowhere = list("0badc0de-0000-4000-8000-000000000000".into()).await;
-    for probe in [theirs.clone(), theirs[..8].to_string(), theirs[..12].to_string()] {
+    // Prefixes long enough to be `b`'s alone (ids are time-ordered: a short one
+    // may match `a`'s own runs too, which the caller may see).
+    for probe in [theirs.clone(), theirs[..30].to_string(), theirs[..34].to_string()] {
         let got = list(probe.clone()).await;
         let norm = |r: &kiln_testkit::TestResponse, p: &str| r.text().replace(p, "P");
         assert_eq!(
@@ -183,13 +185,7 @@ async fn agent_names_are_unique_among_live_agents() {
     let mut frames = stream.into_body().into_data_stream();
     let ping = next_frame(&mut frames).await.unwrap();
     assert!(ping.starts_with("event: ping"), "{ping}");
-    let body = api::RegisterAgent {
-        name: "builder-1".into(),
-        labels: Default::default(),
-        max_jobs: 1,
-        version: None,
-        executor: None,
-    };
+    let body = api::RegisterAgent { name: "builder-1".into(), labels: Default::default(), max_jobs: 1, version: None };
     let res = app.agent().post("/v1/agents/register").json(&body).send().await;
     assert!(res.text().contains("already connected") && res.text().contains(&first.agent_id), "{}", res.text());
     res.assert_status(StatusCode::CONFLICT);
