@@ -151,15 +151,7 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     let (r8, log8) = run(&up, &c, None).await;
     assert!(log8.contains(&format!("restored: fresh-{}", r7.id)), "{log8}");
     assert_eq!(cache(&r8).result, "hit");
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", up.url))
-        .bearer_auth(&up.token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&up.url, &up.token).await;
     for line in [
         "kiln_cache_lookups_total{result=\"hit\"} ",
         "kiln_cache_integrity_failures_total 1",
@@ -225,15 +217,7 @@ async fn restore_prefix_falls_back_then_saves_the_exact_key() {
     assert_eq!((c3.result.as_str(), c3.key.as_str()), ("hit", c2.key.as_str()), "{c3:?}");
     assert!(c3.seconds_saved.is_some_and(|s| s >= 0.0), "a hit gets a time-saved estimate: {c3:?}");
     assert!(c3.steps_seconds.is_some(), "{c3:?}");
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", up.url))
-        .bearer_auth(&up.token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&up.url, &up.token).await;
     for line in [
         "kiln_cache_lookups_total{result=\"prefix\"} 1",
         "kiln_cache_lookups_total{result=\"hit\"} 1",
@@ -274,4 +258,10 @@ async fn a_cache_operation_past_its_timeout_is_a_clean_miss() {
     assert_eq!(c2.result, "error", "{c2:?}");
     assert!(c2.message.as_deref().unwrap_or_default().contains("timed out"), "{c2:?}");
     assert!(c2.saved.as_deref().unwrap_or_default().contains("timed out"), "{c2:?}");
+}
+
+/// The server's `/metrics` text (it needs an admin or read token).
+async fn scrape(url: &str, token: &str) -> String {
+    let res = reqwest::Client::new().get(format!("{url}/metrics")).bearer_auth(token).send().await.unwrap();
+    res.text().await.unwrap()
 }
