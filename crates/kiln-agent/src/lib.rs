@@ -311,6 +311,7 @@ pub async fn run_draining(
     };
     tracing::info!(agent_id = %registration.agent_id, session_id = %registration.session_id, server = %config.server,
         max_jobs = config.max_jobs, "agent registered");
+    tracing::info!("{}", untrusted_line(&config.name, &registration, executor_name(&config.executor)));
     let warm = match (&config.executor, &engine) {
         (ExecutorKind::Container(c), Some(e)) if c.warm_containers > 0 => {
             Some(warm::WarmPool::new(e.clone(), config.name.clone(), sandbox_dir.clone(), c.warm_containers))
@@ -426,6 +427,30 @@ fn lock_work_dir(dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std:
     })
 }
 
+/// The executor's name as the agent registers it (placement, invariant 12).
+fn executor_name(kind: &ExecutorKind) -> &'static str {
+    match kind {
+        ExecutorKind::Host => "host",
+        ExecutorKind::Container(_) => "container",
+    }
+}
+
+/// The start-up line saying whether this agent takes untrusted work (fork
+/// pull requests, untrusted trigger-token runs), as the server decided.
+pub fn untrusted_line(name: &str, reg: &AgentRegistration, executor: &str) -> String {
+    let pool = &reg.pool;
+    let who = reg.untrusted_agents.as_deref().unwrap_or("see the server's --untrusted-pools");
+    match reg.takes_untrusted {
+        Some(true) => format!("agent `{name}` (pool {pool}, {executor} executor) takes untrusted work ({who})"),
+        Some(false) => format!(
+            "agent `{name}` (pool {pool}, {executor} executor) takes no untrusted work: untrusted runs go to agents of {who}"
+        ),
+        None => format!(
+            "agent `{name}` (pool {pool}, {executor} executor): the server did not say whether it takes untrusted work"
+        ),
+    }
+}
+
 /// Registers, retrying while the server is unreachable. None on shutdown.
 async fn register(
     client: &Client,
@@ -437,6 +462,7 @@ async fn register(
         labels: config.labels.clone(),
         max_jobs: config.max_jobs,
         version: Some(env!("CARGO_PKG_VERSION").into()),
+        executor: Some(executor_name(&config.executor).into()),
     };
     let mut failures = 0;
     loop {
@@ -567,6 +593,7 @@ pub(crate) async fn reregister(agent: &Agent, stale_session: &str) {
         labels: agent.config.labels.clone(),
         max_jobs: agent.config.max_jobs,
         version: Some(env!("CARGO_PKG_VERSION").into()),
+        executor: Some(executor_name(&agent.config.executor).into()),
     };
     match agent.client.register_agent(&body).await {
         Ok(r) => {

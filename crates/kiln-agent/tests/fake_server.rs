@@ -237,6 +237,8 @@ async fn register(State(fake): State<Arc<Fake>>, headers: HeaderMap, Json(_): Js
         heartbeat_interval_ms: 100,
         credential: CREDENTIAL.into(),
         pool: "default".into(),
+        takes_untrusted: None,
+        untrusted_agents: None,
     })
     .into_response()
 }

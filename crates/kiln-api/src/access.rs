@@ -94,6 +94,13 @@ pub struct AgentInfo {
     /// It drains (SIGTERM): it claims nothing more and lets its running jobs finish.
     #[serde(default)]
     pub draining: bool,
+    /// The executor it runs jobs with (`host` or `container`; absent from older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
+    /// It takes untrusted work (its pool is one of the server's `--untrusted-pools` and it runs
+    /// a container executor, or host agents are allowed to); absent from older servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takes_untrusted: Option<bool>,
 }
 
 /// One audit log entry: who did what to what.

@@ -526,6 +526,11 @@ pub struct RegisterAgent {
     /// The Kiln version the agent runs (shown in `GET /v1/agents`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The executor it runs jobs with: `host` or `container` (placement,
+    /// invariant 12: only a container executor takes a job with `image:`
+    /// or, by default, untrusted work). Absent: `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -542,6 +547,15 @@ pub struct AgentRegistration {
     /// The pool of the join token the agent registered with.
     #[serde(default)]
     pub pool: String,
+    /// Whether the server hands this agent untrusted work (fork pull
+    /// requests, untrusted trigger-token runs): its pool is one of the
+    /// server's `--untrusted-pools` and it runs a container executor (or
+    /// the server allows host executors, unsafe). Absent from older servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takes_untrusted: Option<bool>,
+    /// Which agents take untrusted work, e.g. `pools: forks, container executor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted_agents: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

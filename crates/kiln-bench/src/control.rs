@@ -158,6 +158,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                 labels: Default::default(),
                 max_jobs: 256,
                 version: None,
+                executor: None,
             })
             .await?;
         // Claims carry the session's credential, not the join token.

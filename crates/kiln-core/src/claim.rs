@@ -6,10 +6,169 @@
 //!
 //! Invariant protected: a queue delivery never grants ownership by itself;
 //! duplicates and stale deliveries are absorbed (refused without effect).
+//!
+//! Placement (invariant 12) is part of compatibility: an untrusted job is
+//! claimed only by an agent configured for untrusted work, a job with
+//! `image:` only by a container executor, a job handed secrets or an
+//! identity token only by an agent of a pool the repository allows
+//! ([`placement_refusal`]). A job no connected agent may take waits, and
+//! says why ([`waiting_reason`]).
 
 use crate::job::{JobEvent, JobStatus};
 use crate::run::{RunEvent, RunStatus};
 use std::collections::BTreeMap;
+
+/// The executor an agent runs jobs with, as it said when it registered.
+/// An agent that did not say (an older agent) counts as a host executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Executor {
+    /// Processes on the agent's machine.
+    Host,
+    /// A fresh container per attempt.
+    Container,
+}
+
+crate::string_enum!(Executor { Host => "host", Container => "container" });
+
+impl Executor {
+    /// What an agent reported (`None`, or anything unknown: host).
+    pub fn reported(s: Option<&str>) -> Executor {
+        match s.map(str::trim) {
+            Some("container") => Executor::Container,
+            _ => Executor::Host,
+        }
+    }
+}
+
+/// Which agents may take untrusted work: those of `pools` (the server's
+/// `--untrusted-pools`) that run a container executor, or, with
+/// `host_executor` (`--untrusted-on-host-agents`, unsafe), any executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UntrustedPolicy {
+    pub pools: Vec<String>,
+    pub host_executor: bool,
+}
+
+/// The pool `--untrusted-pools` names by default.
+pub const DEFAULT_UNTRUSTED_POOL: &str = "forks";
+
+impl Default for UntrustedPolicy {
+    fn default() -> Self {
+        UntrustedPolicy { pools: vec![DEFAULT_UNTRUSTED_POOL.to_string()], host_executor: false }
+    }
+}
+
+impl UntrustedPolicy {
+    /// Whether an agent of `pool` running `executor` may take untrusted work.
+    pub fn takes_untrusted(&self, pool: &str, executor: Executor) -> bool {
+        self.pools.iter().any(|p| p == pool) && (executor == Executor::Container || self.host_executor)
+    }
+
+    /// `pools: forks, container executor` (what an agent needs).
+    pub fn describe(&self) -> String {
+        let pools = if self.pools.is_empty() { "none".to_string() } else { self.pools.join(", ") };
+        if self.host_executor {
+            format!("pools: {pools}, any executor")
+        } else {
+            format!("pools: {pools}, container executor")
+        }
+    }
+}
+
+/// What a job asks of the agent that runs it (invariant 12).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct JobPlacement {
+    /// The run is untrusted.
+    pub untrusted: bool,
+    /// The job names an `image:` (a reference or a Dockerfile).
+    pub container: bool,
+    /// The job is handed secrets or an identity token: only an agent of
+    /// one of these pools (the repository's secret pools) may run it.
+    /// `None`: any pool.
+    pub credential_pools: Option<Vec<String>>,
+}
+
+impl JobPlacement {
+    /// From the run's trust and the job's definition: only a trusted run
+    /// is handed the secrets (or the identity token) a job asks for, so
+    /// only then does the pool matter.
+    pub fn of(trusted: bool, image: bool, wants_credentials: bool, secret_pools: &[String]) -> JobPlacement {
+        JobPlacement {
+            untrusted: !trusted,
+            container: image,
+            credential_pools: (trusted && wants_credentials).then(|| secret_pools.to_vec()),
+        }
+    }
+}
+
+/// Which placement rule keeps an agent from a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementRefusal {
+    /// The run is untrusted and the agent does not take untrusted work.
+    Untrusted,
+    /// The job has `image:` and the agent runs a host executor.
+    Container,
+    /// The job is handed secrets or an identity token and the agent's pool
+    /// is not one the repository allows.
+    CredentialPool,
+}
+
+/// The placement rule: `None` when an agent of `pool` running `executor`
+/// may run the job.
+pub fn placement_refusal(
+    job: &JobPlacement,
+    pool: &str,
+    executor: Executor,
+    policy: &UntrustedPolicy,
+) -> Option<PlacementRefusal> {
+    if job.untrusted && !policy.takes_untrusted(pool, executor) {
+        return Some(PlacementRefusal::Untrusted);
+    }
+    if job.container && executor != Executor::Container {
+        return Some(PlacementRefusal::Container);
+    }
+    if job.credential_pools.as_ref().is_some_and(|pools| !pools.iter().any(|p| p == pool)) {
+        return Some(PlacementRefusal::CredentialPool);
+    }
+    None
+}
+
+/// What the job waits for, as a phrase: `an agent that takes untrusted
+/// work (pools: forks, container executor)`, joined with `and`.
+pub fn placement_needs(job: &JobPlacement, policy: &UntrustedPolicy) -> Vec<String> {
+    let mut needs = vec![];
+    if job.untrusted {
+        needs.push(format!("takes untrusted work ({})", policy.describe()));
+    } else if job.container {
+        needs.push("runs a container executor (the job has `image:`)".to_string());
+    }
+    if let Some(pools) = &job.credential_pools {
+        let pools = if pools.is_empty() { "none".to_string() } else { pools.join(", ") };
+        needs.push(format!("is of a pool the repository hands secrets and identity tokens to ({pools})"));
+    }
+    needs
+}
+
+/// Why a ready job waits, given the connected agents whose labels match
+/// its `runs-on` (name, pool, executor): `None` when one of them may run
+/// it (it is busy, or about to claim it).
+pub fn waiting_reason(
+    job: &JobPlacement,
+    policy: &UntrustedPolicy,
+    matching: &[(&str, &str, Executor)],
+) -> Option<String> {
+    if matching.iter().any(|(_, pool, executor)| placement_refusal(job, pool, *executor, policy).is_none()) {
+        return None;
+    }
+    let needs = placement_needs(job, policy);
+    let connected: Vec<String> =
+        matching.iter().map(|(name, pool, executor)| format!("{name} (pool {pool}, {executor} executor)")).collect();
+    Some(format!(
+        "waiting for an agent that {}; none connected{}",
+        needs.join(" and "),
+        if connected.is_empty() { String::new() } else { format!(" (connected: {})", connected.join(", ")) }
+    ))
+}
 
 /// The claiming agent, as its (locked) row stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +176,9 @@ pub struct ClaimAgent<'a> {
     /// The claim names the agent's current session.
     pub session_current: bool,
     pub labels: &'a BTreeMap<String, String>,
+    /// The pool of its join token, and its executor.
+    pub pool: &'a str,
+    pub executor: Executor,
     /// Attempts of the session still running, and how many it may run.
     /// `None`: the caller admits capacity atomically with creating the
     /// attempt (the store's insert counts the session's running attempts in
@@ -42,6 +204,10 @@ pub struct ClaimFacts<'a> {
     pub current_epoch: i64,
     /// The job's `runs-on` labels.
     pub required_labels: &'a BTreeMap<String, String>,
+    /// What the job asks of its agent beyond labels, and which agents take
+    /// untrusted work.
+    pub placement: &'a JobPlacement,
+    pub untrusted: &'a UntrustedPolicy,
     /// `None`: no such agent.
     pub agent: Option<ClaimAgent<'a>>,
     pub lease_ttl_ms: i64,
@@ -65,6 +231,8 @@ pub enum ClaimRefusal {
     SessionReplaced,
     /// The agent lacks a label the job requires.
     Labels,
+    /// The agent may not run the job (trust, isolation or secret pool).
+    Placement(PlacementRefusal),
     /// The agent's session runs as many attempts as it may.
     Capacity,
 }
@@ -135,6 +303,9 @@ pub fn decide_claim(f: &ClaimFacts<'_>) -> Result<ClaimGrant, ClaimRefusal> {
     if !labels_match(f.required_labels, agent.labels) {
         return Err(ClaimRefusal::Labels);
     }
+    if let Some(why) = placement_refusal(f.placement, agent.pool, agent.executor, f.untrusted) {
+        return Err(ClaimRefusal::Placement(why));
+    }
     if agent.running.is_some_and(|running| !admits(running, agent.max_jobs)) {
         return Err(ClaimRefusal::Capacity);
     }
@@ -164,9 +335,14 @@ mod tests {
         let agent = |labels, running, session_current| ClaimAgent {
             session_current,
             labels,
+            pool: "default",
+            executor: Executor::Host,
             running: Some(running),
             max_jobs: 2,
         };
+        let anywhere = JobPlacement::default();
+        let policy = UntrustedPolicy::default();
+        let untrusted = JobPlacement { untrusted: true, ..JobPlacement::default() };
         let base = ClaimFacts {
             run: RunStatus::Running,
             job: JobStatus::Ready,
@@ -177,6 +353,8 @@ mod tests {
             now: 1_000,
             current_epoch: 1,
             required_labels: &linux,
+            placement: &anywhere,
+            untrusted: &policy,
             agent: Some(agent(&linux_big, 1, true)),
             lease_ttl_ms: 30_000,
         };
@@ -205,7 +383,30 @@ mod tests {
             // Capacity left to the caller's atomic admission.
             (
                 ClaimFacts {
-                    agent: Some(ClaimAgent { session_current: true, labels: &linux, running: None, max_jobs: 0 }),
+                    agent: Some(ClaimAgent {
+                        session_current: true,
+                        labels: &linux,
+                        pool: "default",
+                        executor: Executor::Host,
+                        running: None,
+                        max_jobs: 0,
+                    }),
+                    ..base.clone()
+                },
+                grant(RunStatus::Running),
+            ),
+            // Placement: an untrusted job on a default-pool host agent whose
+            // labels match is refused (before capacity)...
+            (ClaimFacts { placement: &untrusted, ..base.clone() }, Err(R::Placement(PlacementRefusal::Untrusted))),
+            (
+                ClaimFacts { placement: &untrusted, agent: Some(agent(&linux, 2, true)), ..base.clone() },
+                Err(R::Placement(PlacementRefusal::Untrusted)),
+            ),
+            // ... and granted to a container agent of the forks pool.
+            (
+                ClaimFacts {
+                    placement: &untrusted,
+                    agent: Some(ClaimAgent { pool: "forks", executor: Executor::Container, ..agent(&linux, 0, true) }),
                     ..base.clone()
                 },
                 grant(RunStatus::Running),
@@ -215,6 +416,107 @@ mod tests {
             assert_eq!(decide_claim(&facts), want, "{facts:?}");
         }
         assert!(R::UnknownAgent.is_error() && R::SessionReplaced.is_error() && !R::Capacity.is_error());
+    }
+
+    #[test]
+    fn placement_table() {
+        use Executor::{Container, Host};
+        use PlacementRefusal as P;
+        let policy = UntrustedPolicy::default();
+        let unsafe_host = UntrustedPolicy { pools: vec!["forks".into(), "pr".into()], host_executor: true };
+        let default_pools = vec!["default".to_string()];
+        // (trusted, image, credentials, agent pool, executor, policy) → refusal
+        let rows = [
+            (true, false, false, "default", Host, &policy, None),
+            (true, false, false, "forks", Container, &policy, None),
+            // Untrusted: only agents of the configured pools, and only
+            // container executors unless the unsafe opt-in says otherwise.
+            (false, false, false, "default", Host, &policy, Some(P::Untrusted)),
+            (false, false, false, "default", Container, &policy, Some(P::Untrusted)),
+            (false, false, false, "forks", Host, &policy, Some(P::Untrusted)),
+            (false, false, false, "forks", Container, &policy, None),
+            (false, false, false, "pr", Host, &unsafe_host, None),
+            (false, false, false, "default", Host, &unsafe_host, Some(P::Untrusted)),
+            // An untrusted run is handed no credentials: no pool rule.
+            (false, false, true, "forks", Container, &policy, None),
+            // `image:` never on a host executor, whatever the trust.
+            (true, true, false, "default", Host, &policy, Some(P::Container)),
+            (true, true, false, "default", Container, &policy, None),
+            (false, true, false, "pr", Host, &unsafe_host, Some(P::Container)),
+            // Secrets or an identity token: only the repository's pools.
+            (true, false, true, "forks", Container, &policy, Some(P::CredentialPool)),
+            (true, false, true, "default", Host, &policy, None),
+            (true, true, true, "forks", Host, &policy, Some(P::Container)),
+        ];
+        for (trusted, image, creds, pool, executor, policy, want) in rows {
+            let job = JobPlacement::of(trusted, image, creds, &default_pools);
+            assert_eq!(placement_refusal(&job, pool, executor, policy), want, "{job:?} on {pool}/{executor}");
+        }
+        assert_eq!(Executor::reported(None), Host);
+        assert_eq!(Executor::reported(Some("container")), Container);
+        assert_eq!(Executor::reported(Some("microvm")), Host, "unknown: the conservative guess");
+    }
+
+    #[test]
+    fn a_waiting_job_says_what_it_waits_for() {
+        use Executor::{Container, Host};
+        let policy = UntrustedPolicy::default();
+        let fork = JobPlacement::of(false, false, false, &[]);
+        let why = waiting_reason(&fork, &policy, &[("a1", "default", Host)]).unwrap();
+        assert_eq!(
+            why,
+            "waiting for an agent that takes untrusted work (pools: forks, container executor); none connected \
+             (connected: a1 (pool default, host executor))"
+        );
+        assert_eq!(waiting_reason(&fork, &policy, &[("a1", "default", Host), ("pr", "forks", Container)]), None);
+        let image = JobPlacement::of(true, true, false, &[]);
+        assert!(waiting_reason(&image, &policy, &[("a1", "default", Host)]).unwrap().contains("container executor"));
+        let secrets = JobPlacement::of(true, false, true, &["default".to_string()]);
+        let why = waiting_reason(&secrets, &policy, &[("pr", "forks", Container)]).unwrap();
+        assert!(why.contains("hands secrets and identity tokens to (default)"), "{why}");
+    }
+
+    proptest::proptest! {
+        /// A granted claim never breaks a placement rule, and a refusal
+        /// names the first rule broken.
+        #[test]
+        fn grants_follow_placement(
+            trusted: bool, image: bool, creds: bool, in_secret_pool: bool, in_untrusted_pool: bool,
+            container: bool, host_opt_in: bool,
+        ) {
+            let labels = BTreeMap::new();
+            let pool = "p";
+            let secret_pools = if in_secret_pool { vec![pool.to_string()] } else { vec!["default".to_string()] };
+            let policy = UntrustedPolicy {
+                pools: if in_untrusted_pool { vec![pool.to_string()] } else { vec!["forks".to_string()] },
+                host_executor: host_opt_in,
+            };
+            let executor = if container { Executor::Container } else { Executor::Host };
+            let placement = JobPlacement::of(trusted, image, creds, &secret_pools);
+            let facts = ClaimFacts {
+                run: RunStatus::Running,
+                job: JobStatus::Ready,
+                dispatch_generation: 1,
+                requested_generation: 1,
+                needs_unfinished: 0,
+                next_attempt_at: None,
+                now: 0,
+                current_epoch: 0,
+                required_labels: &labels,
+                placement: &placement,
+                untrusted: &policy,
+                agent: Some(ClaimAgent { session_current: true, labels: &labels, pool, executor, running: Some(0), max_jobs: 1 }),
+                lease_ttl_ms: 1,
+            };
+            let granted = decide_claim(&facts).is_ok();
+            let untrusted_ok = trusted || (in_untrusted_pool && (container || host_opt_in));
+            let image_ok = !image || container;
+            let creds_ok = !(trusted && creds) || in_secret_pool;
+            proptest::prop_assert_eq!(granted, untrusted_ok && image_ok && creds_ok);
+            if !untrusted_ok {
+                proptest::prop_assert_eq!(decide_claim(&facts), Err(R::Placement(PlacementRefusal::Untrusted)));
+            }
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::advance::{AdvanceJob, AdvanceRun, Conditions, JobRules, Verdict, plan
 use crate::attempt::{AttemptEvent, AttemptOutcome};
 use crate::backoff::Backoff;
 use crate::cancel::{CancelVerdict, plan_cancel};
-use crate::claim::{ClaimAgent, ClaimFacts, ClaimRefusal, decide_claim, replay_stands};
+use crate::claim::{ClaimAgent, ClaimFacts, ClaimRefusal, JobPlacement, UntrustedPolicy, decide_claim, replay_stands};
 use crate::complete::{CompletionFacts, CompletionVerdict, decide_completion, missing_output, success_message};
 use crate::failure::{
     CANCELLED, FailureClass, FailureFacts, FailureVerdict, RetryBudget, SiblingAction, decide_failure,
@@ -176,9 +176,13 @@ impl<C: Conditions> RunModel<C> {
             now: self.now,
             current_epoch: j.current_epoch,
             required_labels: &j.spec.runs_on,
+            placement: &JobPlacement::default(),
+            untrusted: &UntrustedPolicy::default(),
             agent: Some(ClaimAgent {
                 session_current: true,
                 labels: &a.labels,
+                pool: "default",
+                executor: crate::claim::Executor::Host,
                 running: Some(self.running_of(agent)),
                 max_jobs: a.max_jobs,
             }),

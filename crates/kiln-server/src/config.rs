@@ -103,6 +103,10 @@ pub struct ServerConfig {
     /// repository before registering it (the in-process test app turns this
     /// off: its API tests register placeholder URLs).
     pub probe_clone_urls: bool,
+    /// Which agents take untrusted work (invariant 12): `--untrusted-pools`
+    /// (default `forks`), container executors only unless
+    /// `--untrusted-on-host-agents` (unsafe).
+    pub untrusted: kiln_core::claim::UntrustedPolicy,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -165,6 +169,7 @@ impl ServerConfig {
             cache_repo_quota: 10 << 30,
             cache_global_budget: 100 << 30,
             probe_clone_urls: true,
+            untrusted: kiln_core::claim::UntrustedPolicy::default(),
             resource_interval: Duration::from_secs(5),
             job_timeout: Duration::from_secs(3600),
             queue_timeout: Duration::from_secs(24 * 3600),

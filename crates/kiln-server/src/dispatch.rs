@@ -19,7 +19,17 @@
 //! has not lapsed yet). So the claim transactions of all replicas together
 //! stay about one per job instead of one per job and replica. Offering only
 //! decides who tries first: the claim transaction alone decides who owns.
+//!
+//! **Placement.** A delivery knows only the job's labels. When a claim is
+//! refused because the agent may never run the job (invariant 12: an
+//! untrusted run, an `image:`, secrets), the job's needs are noted on its
+//! delivery ([`Dispatcher::note_placement`]) and agents that may not run it
+//! pass it over ([`Dispatcher::pop_for`]) while it waits for one that may,
+//! instead of trying it again and again ahead of the jobs behind it. A note
+//! is trusted for [`PLACEMENT_NOTE_TTL`], then learned again by a claim (the
+//! repository's secret pools may have changed).
 
+use kiln_core::claim::JobPlacement;
 use kiln_store::OutboxEvent;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
@@ -28,6 +38,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 type ClassQueue = (BTreeMap<String, String>, VecDeque<OutboxEvent>);
+
+/// How long a delivery's noted placement is trusted before a claim learns it again.
+pub const PLACEMENT_NOTE_TTL: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub struct Dispatcher {
@@ -50,6 +63,8 @@ struct Queues {
     spare: HashMap<String, ClassQueue>,
     /// When each ready job another replica offers was first seen ready.
     unowned: HashMap<(String, i64), Instant>,
+    /// What (job, generation) needs of its agent, as a refused claim said.
+    placements: HashMap<(String, i64), (JobPlacement, Instant)>,
 }
 
 /// The replicas sharing the offering of ready jobs, as last read.
@@ -144,12 +159,42 @@ impl Dispatcher {
     /// of the jobs this replica offers, oldest first; with none that fits,
     /// a spare job (one another replica offers that waited too long).
     pub fn pop(&self, agent_labels: &BTreeMap<String, String>) -> Option<OutboxEvent> {
+        self.pop_for(agent_labels, |_| true)
+    }
+
+    /// [`Self::pop`], passing over deliveries whose noted placement the
+    /// agent does not meet (`fits` false).
+    pub fn pop_for(
+        &self,
+        agent_labels: &BTreeMap<String, String>,
+        fits: impl Fn(&JobPlacement) -> bool,
+    ) -> Option<OutboxEvent> {
         let mut q = self.inner.lock().unwrap();
-        if let Some(ev) = pop_from(&mut q.by_class, agent_labels) {
+        let q = &mut *q;
+        let now = Instant::now();
+        let placements = &q.placements;
+        let may = |ev: &OutboxEvent| match placements.get(&(ev.job_id.clone(), ev.dispatch_generation)) {
+            Some((needs, at)) if now.duration_since(*at) < PLACEMENT_NOTE_TTL => fits(needs),
+            _ => true,
+        };
+        if let Some(ev) = pop_from(&mut q.by_class, agent_labels, &may) {
             q.queued.remove(&(ev.job_id.clone(), ev.dispatch_generation));
             return Some(ev);
         }
-        pop_from(&mut q.spare, agent_labels)
+        pop_from(&mut q.spare, agent_labels, &may)
+    }
+
+    /// Note what a delivery's job needs of its agent (a claim was refused
+    /// for placement), and put the delivery back where it was, waking the
+    /// waiting claims (one of them may be of an agent that may run it).
+    pub fn note_placement(&self, ev: OutboxEvent, needs: JobPlacement) {
+        {
+            let mut q = self.inner.lock().unwrap();
+            q.placements.insert((ev.job_id.clone(), ev.dispatch_generation), (needs, Instant::now()));
+        }
+        if self.insert(ev, true) {
+            self.notify.notify_waiters();
+        }
     }
 
     /// Deliveries queued for this replica's agents (spare ones not counted).
@@ -229,6 +274,10 @@ impl Dispatcher {
             woke |= spare.values().any(|(_, q)| !q.is_empty());
             q.unowned = unowned;
             q.spare = spare;
+            // Notes of deliveries no longer queued here (claimed, or moved
+            // to another replica) go.
+            let (queued, unowned) = (&q.queued, &q.unowned);
+            q.placements.retain(|k, _| queued.contains(k) || unowned.contains_key(k));
         }
         if woke {
             self.notify.notify_waiters();
@@ -261,16 +310,23 @@ fn class_queue<'a>(by_class: &'a mut HashMap<String, ClassQueue>, class_key: &st
         .1
 }
 
+/// The oldest delivery of a class the agent's labels fit that `may` allows
+/// (usually each queue's front; deliveries the agent may not run are passed
+/// over and stay queued).
 fn pop_from(
     by_class: &mut HashMap<String, ClassQueue>,
     agent_labels: &BTreeMap<String, String>,
+    may: &dyn Fn(&OutboxEvent) -> bool,
 ) -> Option<OutboxEvent> {
     by_class
         .values_mut()
         .filter(|(labels, _)| labels.iter().all(|(k, v)| agent_labels.get(k) == Some(v)))
-        .filter_map(|(_, queue)| Some((queue.front()?.id, queue)))
-        .min_by_key(|(id, _)| *id)
-        .and_then(|(_, queue)| queue.pop_front())
+        .filter_map(|(_, queue)| {
+            let at = queue.iter().position(may)?;
+            Some((queue[at].id, at, queue))
+        })
+        .min_by_key(|(id, ..)| *id)
+        .and_then(|(_, at, queue)| queue.remove(at))
 }
 
 #[cfg(test)]
@@ -309,6 +365,27 @@ mod tests {
         assert_eq!(d.depth(), 1, "declined for capacity: back in the queue");
         d.pop(&any).unwrap();
         assert!(d.push(ev(1, "{}")), "popped: may be queued again (e.g. its claim failed)");
+    }
+
+    #[test]
+    fn agents_pass_over_jobs_they_may_not_run() {
+        let d = Dispatcher::default();
+        d.push(ev(1, "{}"));
+        d.push(ev(2, "{}"));
+        let any = BTreeMap::new();
+        let untrusted = JobPlacement { untrusted: true, ..JobPlacement::default() };
+        let trusted_only = |p: &JobPlacement| !p.untrusted;
+        // Not yet known: tried by whoever asks first, refused, noted.
+        let first = d.pop_for(&any, trusted_only).unwrap();
+        assert_eq!(first.id, 1);
+        d.note_placement(first, untrusted);
+        assert_eq!(d.depth(), 2, "still queued for an agent that may run it");
+        // The host agent now gets the job behind it, then nothing.
+        assert_eq!(d.pop_for(&any, trusted_only).unwrap().id, 2);
+        assert!(d.pop_for(&any, trusted_only).is_none());
+        // An agent that takes untrusted work gets it.
+        assert_eq!(d.pop_for(&any, |_| true).unwrap().id, 1);
+        assert_eq!(d.depth(), 0);
     }
 
     fn job(id: &str) -> OutboxEvent {

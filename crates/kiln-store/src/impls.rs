@@ -131,6 +131,10 @@ impl AgentStore for SqlStore {
         agents::describe_agent(self, agent_id, version).await
     }
 
+    async fn set_agent_executor(&self, agent_id: &str, executor: kiln_core::claim::Executor) -> Result<()> {
+        agents::set_agent_executor(self, agent_id, executor).await
+    }
+
     async fn mark_draining(&self, agent_id: &str, session_id: &str) -> Result<bool> {
         agents::mark_draining(self, agent_id, session_id).await
     }
@@ -231,7 +235,7 @@ impl AccessStore for SqlStore {
 
 #[async_trait]
 impl AttemptStore for SqlStore {
-    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>> {
+    async fn claim_placed(&self, req: ClaimInput) -> Result<ClaimOutcome> {
         claim::claim(self, &req).await
     }
 

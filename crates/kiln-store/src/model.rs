@@ -236,6 +236,8 @@ pub struct AgentRecord {
     pub version: Option<String>,
     /// The agent said it drains: it claims nothing more.
     pub draining: bool,
+    /// The executor it said it runs (`host` unless it said `container`).
+    pub executor: kiln_core::claim::Executor,
 }
 
 #[derive(Debug, Clone)]
@@ -251,6 +253,33 @@ pub struct ClaimInput {
     /// [`StoreError::Busy`](crate::StoreError::Busy) instead of waiting for
     /// it: the caller may try another job and come back to this one.
     pub skip_locked: bool,
+    /// Which agents take untrusted work (invariant 12; the server's
+    /// `--untrusted-pools`).
+    pub untrusted: kiln_core::claim::UntrustedPolicy,
+}
+
+/// What a claim transaction did.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per claim, moved once
+pub enum ClaimOutcome {
+    Claimed(ClaimedAttempt),
+    /// Stale, duplicate, not yet due, labels or capacity: nothing changed.
+    Declined,
+    /// The agent may not run the job (invariant 12): what the job needs,
+    /// and the rule the agent broke. Nothing changed.
+    Misplaced(kiln_core::claim::JobPlacement, kiln_core::claim::PlacementRefusal),
+}
+
+/// What job `index` of `run` asks of its agent (invariant 12), with the
+/// repository's secret pools: its run's trust, its `image:`, and whether it
+/// is handed secrets or an identity token.
+pub fn job_placement(run: &RunRecord, index: usize, secret_pools: &[String]) -> kiln_core::claim::JobPlacement {
+    let trusted = run.trust.parse::<kiln_core::Trust>().is_ok_and(kiln_core::Trust::may_read_secrets);
+    let Some(def) = run.definition.jobs.get(index) else {
+        return kiln_core::claim::JobPlacement::of(trusted, false, false, secret_pools);
+    };
+    let credentials = !def.secrets.is_empty() || def.id_token.is_some();
+    kiln_core::claim::JobPlacement::of(trusted, def.image.is_some(), credentials, secret_pools)
 }
 
 /// A durable attempt ticket: everything needed to build the assignment.

@@ -182,6 +182,7 @@ pub(crate) fn agent_from_row(row: &Row) -> Result<AgentRecord> {
         last_seen_at: row.get("last_seen_at")?,
         version: row.get("version")?,
         draining: row.get::<i64>("draining")? != 0,
+        executor: kiln_core::claim::Executor::reported(Some(row.str("executor")?)),
     })
 }
 

@@ -105,6 +105,9 @@ pub trait AgentStore: Send + Sync {
     async fn list_agents(&self) -> Result<Vec<AgentRecord>>;
     /// Record the Kiln version an agent runs (said at registration).
     async fn describe_agent(&self, agent_id: &str, version: &str) -> Result<()>;
+    /// Record the executor an agent runs (said at registration; until
+    /// then, and for agents that never say, `host`).
+    async fn set_agent_executor(&self, agent_id: &str, executor: kiln_core::claim::Executor) -> Result<()>;
     /// The agent's session `session_id` drains (claims nothing more; spec
     /// 004). False if that is not the agent's current session.
     async fn mark_draining(&self, agent_id: &str, session_id: &str) -> Result<bool>;
@@ -250,7 +253,15 @@ pub trait AttemptStore: Send + Sync {
     /// generation matches, predecessors succeeded, capacity admitted → new
     /// attempt with epoch + 1 and a lease in database time. `Ok(None)` when the
     /// delivery is stale or a duplicate (absorbed) or capacity is full.
-    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>>;
+    async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>> {
+        Ok(match self.claim_placed(req).await? {
+            ClaimOutcome::Claimed(c) => Some(c),
+            ClaimOutcome::Declined | ClaimOutcome::Misplaced(..) => None,
+        })
+    }
+    /// [`Self::claim`], saying when the agent may not run the job at all
+    /// (invariant 12: trust, isolation, secret pools) and what the job needs.
+    async fn claim_placed(&self, req: ClaimInput) -> Result<ClaimOutcome>;
     /// Recover the attempt a claim request created, if it is still running.
     /// Only the session that sent the claim request gets it back.
     async fn claimed_by_request(&self, claim_request_id: &str, session_id: &str) -> Result<Option<ClaimedAttempt>>;

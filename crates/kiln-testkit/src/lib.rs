@@ -343,6 +343,21 @@ impl KilnServer {
         KilnAgent::spawn(&self.bin, &self.url, &self.agent_token, name, extra)
     }
 
+    /// A join token of `pool` (`kiln agent-token create --pool POOL`).
+    pub fn join_token(&self, pool: &str) -> Result<String> {
+        let out =
+            self.cli().args(["agent-token", "create", "--name", &format!("{pool}-token"), "--pool", pool]).output()?;
+        anyhow::ensure!(out.status.success(), "kiln agent-token create: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8(out.stdout)?.trim().to_string())
+    }
+
+    /// An agent process of `pool` (joined with a token of that pool), e.g.
+    /// `forks` with `--executor container`: the agents that take untrusted
+    /// work (the server's `--untrusted-pools`).
+    pub fn pool_agent(&self, pool: &str, name: &str, extra: &[&str]) -> Result<KilnAgent> {
+        KilnAgent::spawn(&self.bin, &self.url, &self.join_token(pool)?, name, extra)
+    }
+
     /// An agent started as `nice -n NICE kiln agent …` (`nice` execs it:
     /// the pid is the agent's).
     pub fn agent_niced(&self, name: &str, extra: &[&str], nice: i32) -> Result<KilnAgent> {

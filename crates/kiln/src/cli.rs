@@ -352,6 +352,19 @@ pub struct ServerTuning {
     /// garbage collector then deletes them; a download answers 410 `expired`.
     #[arg(long, default_value = "30d", value_parser = parse_duration, value_name = "DURATION")]
     pub artifact_expire_in: std::time::Duration,
+    /// Agent pools that take untrusted work (fork pull requests, runs of trigger tokens not made
+    /// --trusted): only agents of these pools (their join token's `--pool`) running the container
+    /// executor claim it; other agents never do, and untrusted jobs wait (saying why) until one
+    /// connects. E.g. `kiln agent-token create --pool forks` and `kiln agent --executor
+    /// container` with that token.
+    #[arg(long, value_delimiter = ',', default_value = "forks", value_name = "POOL[,POOL]")]
+    pub untrusted_pools: Vec<String>,
+    /// UNSAFE: let host-executor agents of --untrusted-pools take untrusted work too. Their steps
+    /// run as processes on the agent's machine, with its network, files and kernel: anyone who
+    /// can open a pull request runs code there. Only for a single-user machine with nothing to
+    /// protect.
+    #[arg(long)]
+    pub untrusted_on_host_agents: bool,
 }
 
 /// `--storage-levels` and `--memory-levels`, shared by `kiln server` /

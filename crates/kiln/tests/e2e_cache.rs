@@ -47,7 +47,10 @@ fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() {
-    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    // The one local (host) agent also runs the pull-request runs: this test
+    // is about cache namespaces, not placement (the unsafe opt-in).
+    let up =
+        KilnUp::start_with(BIN.as_ref(), 1, &["--untrusted-pools", "default", "--untrusted-on-host-agents"]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF), ("lock.txt", "v1\n")]).unwrap();
     let out = up.cli().args(["repo", "add", "app", "--url"]).arg(repo.path()).output().unwrap();
     assert!(out.status.success());

@@ -256,6 +256,7 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
             labels: Default::default(),
             max_jobs: 1,
             version: None,
+            executor: None,
         })
         .await
         .unwrap();

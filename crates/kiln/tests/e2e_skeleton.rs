@@ -155,7 +155,13 @@ async fn idempotency_keys_and_authentication() {
     let agent_token = std::fs::read_to_string(up.data_dir().join("agent.token")).unwrap();
     let agent = Client::new(&up.url, agent_token.trim());
     assert_eq!(agent.get_run(&a.run_id).await.unwrap_err().status(), Some(401));
-    let reg = kiln_api::RegisterAgent { name: "x".into(), labels: Default::default(), max_jobs: 1, version: None };
+    let reg = kiln_api::RegisterAgent {
+        name: "x".into(),
+        labels: Default::default(),
+        max_jobs: 1,
+        version: None,
+        executor: None,
+    };
     assert_eq!(c.register_agent(&reg).await.unwrap_err().status(), Some(401));
     // Token files are private to the server's user.
     use std::os::unix::fs::PermissionsExt;

@@ -726,7 +726,9 @@ async fn runs_list_filters_pages_and_live_updates_in_chromium() {
             name: "ci-bot".into(),
             scope: "trigger".into(),
             repo: Some("alpha".into()),
-            trusted: None,
+            // Trusted, so `kiln up`'s host agents run it (an untrusted run
+            // would wait for an agent of the `forks` pool).
+            trusted: Some(true),
         })
         .await
         .unwrap();

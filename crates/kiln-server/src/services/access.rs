@@ -181,6 +181,8 @@ pub(crate) async fn list_agents(state: &AppState) -> ApiResult<Vec<api::AgentInf
         .into_iter()
         .map(|a| api::AgentInfo {
             connected: state.live_agents.is_connected(&a.id),
+            executor: Some(a.executor.to_string()),
+            takes_untrusted: Some(state.config.untrusted.takes_untrusted(&a.pool, a.executor)),
             running_jobs: running.get(&a.id).copied().unwrap_or(0),
             id: a.id,
             name: a.name,

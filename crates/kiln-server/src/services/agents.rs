@@ -10,6 +10,7 @@ use crate::state::{AppState, State};
 use axum::http::StatusCode;
 use futures::{Stream, StreamExt};
 use kiln_api as api;
+use kiln_core::claim::Executor;
 use kiln_store::AgentRecord;
 use std::time::Duration;
 
@@ -24,6 +25,13 @@ pub(crate) async fn register(
     if req.max_jobs == 0 || req.max_jobs > 256 {
         return Err(ApiErr::invalid("max_jobs must be 1-256"));
     }
+    // Placement (invariant 12): what the agent runs jobs with. An agent that
+    // does not say counts as a host executor (stored so by default).
+    let executor = match req.executor.as_deref().map(str::trim) {
+        None | Some("") | Some("host") => Executor::Host,
+        Some("container") => Executor::Container,
+        Some(other) => return Err(ApiErr::invalid(format!("unknown executor `{other}` (host or container)"))),
+    };
     let labels = serde_json::to_string(&req.labels).expect("labels");
     claim_name(state, grant, req.name.trim()).await?;
     let agent = state
@@ -36,8 +44,14 @@ pub(crate) async fn register(
         }
         state.store.describe_agent(&agent.id, v).await?;
     }
+    if executor != Executor::Host {
+        state.store.set_agent_executor(&agent.id, executor).await?;
+    }
+    let policy = &state.config.untrusted;
+    let takes_untrusted = policy.takes_untrusted(&agent.pool, executor);
     let ttl = state.config.lease_ttl.as_millis() as u64;
-    tracing::info!(agent = %agent.id, name = %agent.name, pool = %agent.pool, "agent registered");
+    tracing::info!(agent = %agent.id, name = %agent.name, pool = %agent.pool, %executor, takes_untrusted,
+        "agent registered");
     Ok(api::AgentRegistration {
         credential: state.agent_keys.session_credential(&agent.id, &agent.session_id),
         agent_id: agent.id,
@@ -45,6 +59,8 @@ pub(crate) async fn register(
         lease_ttl_ms: ttl,
         heartbeat_interval_ms: (ttl / 3).max(50),
         pool: agent.pool,
+        takes_untrusted: Some(takes_untrusted),
+        untrusted_agents: Some(policy.describe()),
     })
 }
 

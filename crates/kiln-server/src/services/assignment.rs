@@ -270,6 +270,19 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
     if let Some(req) = &def.id_token
         && may_read_secrets(c)
     {
+        // Defence in depth (the claim placed the job by the same rule,
+        // invariant 12): an identity token goes only to the pools the
+        // repository hands its secrets to.
+        if !repo.secret_pools.contains(&agent.pool) {
+            return Ok(Handout::Withheld(format!(
+                "job `{}` asks for an identity token of repository `{}`, which is not handed to agent pool `{}` \
+                 (allowed: {})",
+                c.job.name,
+                repo.name,
+                agent.pool,
+                if repo.secret_pools.is_empty() { "none".to_string() } else { repo.secret_pools.join(", ") }
+            )));
+        }
         let issuer = state.issuer_url();
         let git_ref = c.run.git_ref.clone().unwrap_or_else(|| c.run.commit_sha.clone());
         let claims = crate::oidc::Claims {

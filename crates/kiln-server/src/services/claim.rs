@@ -10,6 +10,9 @@
 //! - a job still ready but declined (this agent is at capacity) goes back
 //!   to the front of its queue for the other agents, and this agent is
 //!   answered "nothing" after [`CAPACITY_PAUSE`] rather than spin;
+//! - a job this agent may never run (invariant 12: untrusted, `image:`,
+//!   secrets of another pool) stays queued with its needs noted, so this
+//!   agent and the others like it pass over it, and the next job is tried;
 //! - a job whose run another transaction holds (`Busy`) goes to the back
 //!   of the queue and the others are tried; met busy twice, the request
 //!   pauses [`BUSY_PAUSE`] to give the holder a moment;
@@ -22,7 +25,8 @@ use crate::services::{agents, assignment};
 use crate::state::AppState;
 use kiln_api as api;
 use kiln_core::JobStatus;
-use kiln_store::{ClaimInput, OutboxEvent, StoreError};
+use kiln_core::claim::placement_refusal;
+use kiln_store::{ClaimInput, ClaimOutcome, OutboxEvent, StoreError};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -58,7 +62,11 @@ pub(crate) async fn claim(
         let notified = state.dispatcher.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        while let Some(ev) = state.dispatcher.pop(&agent.labels) {
+        let policy = &state.config.untrusted;
+        let fits = |needs: &kiln_core::claim::JobPlacement| {
+            placement_refusal(needs, &agent.pool, agent.executor, policy).is_none()
+        };
+        while let Some(ev) = state.dispatcher.pop_for(&agent.labels, fits) {
             let input = ClaimInput {
                 agent_id: agent.id.clone(),
                 session_id: req.session_id.clone(),
@@ -71,9 +79,16 @@ pub(crate) async fn claim(
                 // offers what differ): the loser moves on at once instead
                 // of waiting for the winner.
                 skip_locked: true,
+                untrusted: policy.clone(),
             };
-            match state.store.claim(input).await {
-                Ok(Some(c)) => {
+            match state.store.claim_placed(input).await {
+                Ok(ClaimOutcome::Misplaced(needs, why)) => {
+                    // Never for this agent: the job waits for one that may
+                    // run it; this agent tries the next.
+                    tracing::debug!(job = %ev.job_id, agent = %agent.name, ?why, "not placed on this agent");
+                    state.dispatcher.note_placement(ev, needs);
+                }
+                Ok(ClaimOutcome::Claimed(c)) => {
                     if let Some(ms) = c.eligible_wait_ms {
                         state.metrics.dispatch_latency.observe(ms as f64 / 1000.0);
                     }
@@ -92,7 +107,7 @@ pub(crate) async fn claim(
                         Handout::Withheld(why) => withheld(state, &c, &why).await?,
                     }
                 }
-                Ok(None) => {
+                Ok(ClaimOutcome::Declined) => {
                     if still_ready(state, &ev).await {
                         // This agent is full (the database still counts an
                         // attempt it considers over): hand the job to the

@@ -167,8 +167,11 @@ pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
 
 /// A job that is ready but that no connected agent can take says why in its
 /// `message` ("no connected agent has labels {os: ubuntu-latest}; agents:
-/// a1 {os: linux}"), instead of staying `ready` in silence. Decided when
-/// read, against the agents connected now.
+/// a1 {os: linux}", or, when agents with its labels are connected but none
+/// may run it (invariant 12), "waiting for an agent that takes untrusted
+/// work (pools: forks, container executor); none connected …"), instead of
+/// staying `ready` in silence. Decided when read, against the agents
+/// connected now.
 async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut api::Run) -> ApiResult<()> {
     let waiting: Vec<usize> = view
         .jobs
@@ -182,16 +185,38 @@ async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut
     }
     let agents: Vec<_> =
         state.store.list_agents().await?.into_iter().filter(|a| state.live_agents.is_connected(&a.id)).collect();
+    let secret_pools = state.store.get_repo(&view.run.repo_id).await?.secret_pools;
     for i in waiting {
         let required: std::collections::BTreeMap<String, String> =
             serde_json::from_str(&view.jobs[i].job.class_key).unwrap_or_default();
-        if let Some(why) = unclaimable(&agents, &required)
+        let placement = kiln_store::job_placement(&view.run, view.jobs[i].job.index as usize, &secret_pools);
+        let why = match unclaimable(&agents, &required) {
+            Some(why) => Some(format!("waiting: {why}")),
+            None => misplaced(&agents, &required, &placement, &state.config.untrusted),
+        };
+        if let Some(why) = why
             && let Some(job) = out.jobs.get_mut(i)
         {
-            job.message = Some(format!("waiting: {why}"));
+            job.message = Some(why);
         }
     }
     Ok(())
+}
+
+/// Why no connected agent with the job's labels may run it (trust,
+/// isolation, secret pools; kiln-core's `waiting_reason`), or None.
+fn misplaced(
+    connected: &[kiln_store::AgentRecord],
+    required: &std::collections::BTreeMap<String, String>,
+    placement: &kiln_core::claim::JobPlacement,
+    policy: &kiln_core::claim::UntrustedPolicy,
+) -> Option<String> {
+    let matching: Vec<(&str, &str, kiln_core::claim::Executor)> = connected
+        .iter()
+        .filter(|a| kiln_core::claim::labels_match(required, &a.labels))
+        .map(|a| (a.name.as_str(), a.pool.as_str(), a.executor))
+        .collect();
+    kiln_core::claim::waiting_reason(placement, policy, &matching)
 }
 
 /// Why no agent of `connected` can take a job requiring `required`, or
@@ -229,8 +254,13 @@ pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_s
     let mut failed = 0;
     for (job, class_key) in overdue {
         let required = serde_json::from_str(&class_key).unwrap_or_default();
-        let why = unclaimable(&agents, &required)
-            .unwrap_or_else(|| "the connected agents that could run it stayed busy".to_string());
+        let why = match unclaimable(&agents, &required) {
+            Some(why) => why,
+            None => placement_of(state, &job)
+                .await
+                .and_then(|p| misplaced(&agents, &required, &p, &state.config.untrusted))
+                .unwrap_or_else(|| "the connected agents that could run it stayed busy".to_string()),
+        };
         let message =
             format!("queue timeout: no agent claimed the job within {} ({why})", kiln_workflow::format_duration(limit));
         if state.store.fail_overdue_job(&job, ms, &message).await? {
@@ -242,6 +272,14 @@ pub(crate) async fn queue_timeout_once(state: &AppState) -> Result<usize, kiln_s
         }
     }
     Ok(failed)
+}
+
+/// What a job needs of its agent (invariant 12), if it can be read.
+async fn placement_of(state: &AppState, job_id: &str) -> Option<kiln_core::claim::JobPlacement> {
+    let job = state.store.get_job(job_id).await.ok()?;
+    let view = state.store.get_run(&job.run_id).await.ok()?;
+    let repo = state.store.get_repo(&view.run.repo_id).await.ok()?;
+    Some(kiln_store::job_placement(&view.run, job.index as usize, &repo.secret_pools))
 }
 
 /// The run-level timeout (spec 004): runs past their frozen `timeout` are

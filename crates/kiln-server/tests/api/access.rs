@@ -165,7 +165,13 @@ async fn join_tokens_register_agents_into_their_pool_until_revoked() {
     let body = api::CreateJoinToken { name: "gpu-boxes".into(), pool: Some("gpu".into()) };
     let j: api::CreatedJoinToken =
         app.admin().post("/v1/agent-tokens").json(&body).send().await.assert_status(StatusCode::CREATED).json();
-    let reg = api::RegisterAgent { name: "g1".into(), labels: Default::default(), max_jobs: 1, version: None };
+    let reg = api::RegisterAgent {
+        name: "g1".into(),
+        labels: Default::default(),
+        max_jobs: 1,
+        version: None,
+        executor: None,
+    };
     let got: api::AgentRegistration = app
         .with_token(&j.token)
         .post("/v1/agents/register")
@@ -206,4 +212,52 @@ async fn removing_an_agent_fences_its_running_attempts() {
     assert_eq!(view.jobs[0].attempts[0].outcome, "lost");
     let res = super::complete(&app, &a, "success").await;
     assert_eq!(res.assert_status(StatusCode::CONFLICT).error_code(), api::codes::STALE_EPOCH);
+}
+
+/// An agent says its executor at registration; the server answers whether
+/// it takes untrusted work (by default: a container agent of pool `forks`)
+/// and refuses an unknown executor, registering nothing.
+#[tokio::test]
+async fn registration_says_whether_an_agent_takes_untrusted_work() {
+    let app = TestApp::new().await;
+    let body = api::CreateJoinToken { name: "pr-boxes".into(), pool: Some("forks".into()) };
+    let j: api::CreatedJoinToken =
+        app.admin().post("/v1/agent-tokens").json(&body).send().await.assert_status(StatusCode::CREATED).json();
+    let reg = |name: &str, executor: Option<&str>| api::RegisterAgent {
+        name: name.into(),
+        labels: Default::default(),
+        max_jobs: 1,
+        version: None,
+        executor: executor.map(Into::into),
+    };
+    for (name, executor, takes) in [("c", Some("container"), true), ("h", Some("host"), false), ("o", None, false)] {
+        let got: api::AgentRegistration = app
+            .with_token(&j.token)
+            .post("/v1/agents/register")
+            .json(&reg(name, executor))
+            .send()
+            .await
+            .assert_status(StatusCode::OK)
+            .json();
+        assert_eq!(got.takes_untrusted, Some(takes), "{executor:?}");
+        assert_eq!(got.untrusted_agents.as_deref(), Some("pools: forks, container executor"));
+    }
+    // An agent of the default pool never does, whatever its executor.
+    let got: api::AgentRegistration = app
+        .agent()
+        .post("/v1/agents/register")
+        .json(&reg("d", Some("container")))
+        .send()
+        .await
+        .assert_status(StatusCode::OK)
+        .json();
+    assert_eq!(got.takes_untrusted, Some(false));
+    let agents: serde_json::Value = app.admin().get("/v1/agents").send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(agents["agents"].as_array().map(Vec::len), Some(4));
+    let c = agents["agents"].as_array().unwrap().iter().find(|a| a["name"] == "c").unwrap();
+    assert_eq!((c["executor"].as_str(), c["takes_untrusted"].as_bool()), (Some("container"), Some(true)));
+    let res = app.with_token(&j.token).post("/v1/agents/register").json(&reg("m", Some("microvm"))).send().await;
+    res.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
+    let agents: serde_json::Value = app.admin().get("/v1/agents").send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(agents["agents"].as_array().map(Vec::len), Some(4), "nothing registered");
 }

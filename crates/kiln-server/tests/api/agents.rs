@@ -11,7 +11,13 @@ async fn register_validates_and_answers_lease_timing() {
     assert!(!reg.agent_id.is_empty() && !reg.session_id.is_empty());
     assert_eq!((reg.lease_ttl_ms, reg.heartbeat_interval_ms), (30_000, 10_000));
     for (name, max_jobs) in [("", 1), ("a", 0), ("a", 257)] {
-        let body = api::RegisterAgent { name: name.into(), labels: Default::default(), max_jobs, version: None };
+        let body = api::RegisterAgent {
+            name: name.into(),
+            labels: Default::default(),
+            max_jobs,
+            version: None,
+            executor: None,
+        };
         let res = app.agent().post("/v1/agents/register").json(&body).send().await;
         res.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
     }

@@ -23,7 +23,12 @@ async fn claimed_run(app: &TestApp, event: &str, agent: &api::AgentRegistration,
 
 #[tokio::test]
 async fn cache_namespaces_follow_the_runs_trust_and_are_enforced() {
-    let app = TestApp::new().await;
+    // One agent claims the trusted and the untrusted run (this test is about
+    // cache namespaces, not placement): the unsafe opt-in lets it.
+    let app = TestApp::with_config(|c| {
+        c.untrusted = kiln_core::claim::UntrustedPolicy { pools: vec!["default".into()], host_executor: true }
+    })
+    .await;
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF)]).unwrap();
     app.add_repo("r", &repo).await;
     let agent = register(&app, "a", 4).await;

@@ -61,7 +61,13 @@ struct Env {
 
 /// A repository holding `files`, connected to a fake `kind` forge.
 async fn connected(kind: Forge, files: &[(&str, &str)]) -> Env {
-    let app = TestApp::new().await;
+    // Its agents (default pool, host executor) also claim the untrusted runs
+    // deliveries start (these tests are about triggers and trust, not
+    // placement): the unsafe opt-in lets them.
+    let app = TestApp::with_config(|c| {
+        c.untrusted = kiln_core::claim::UntrustedPolicy { pools: vec!["default".into()], host_executor: true }
+    })
+    .await;
     let forge = FakeForge::start(TOKEN).await;
     let repo = TestRepo::new(files).unwrap();
     let body = json!({

@@ -60,6 +60,7 @@ pub(crate) async fn register_agent(
         last_seen_at: now,
         version: None,
         draining: false,
+        executor: kiln_core::claim::Executor::Host,
     })
 }
 
@@ -70,6 +71,23 @@ pub(crate) async fn describe_agent(store: &SqlStore, agent_id: &str, version: &s
         .await?
         .sql("UPDATE agents SET version = $1 WHERE id = $2")
         .bind(version)
+        .bind(agent_id)
+        .execute()
+        .await?;
+    Ok(())
+}
+
+/// `AgentStore::set_agent_executor`.
+pub(crate) async fn set_agent_executor(
+    store: &SqlStore,
+    agent_id: &str,
+    executor: kiln_core::claim::Executor,
+) -> Result<()> {
+    store
+        .writer()
+        .await?
+        .sql("UPDATE agents SET executor = $1 WHERE id = $2")
+        .bind(executor.as_str())
         .bind(agent_id)
         .execute()
         .await?;

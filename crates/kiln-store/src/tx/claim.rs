@@ -13,6 +13,10 @@
 //! row it locked, so a SERIALIZABLE transaction that waited for that lock
 //! fails with a serialization error and reruns on the new state.
 //!
+//! Placement (invariant 12) is part of the claim: the run's trust, the
+//! job's `image:` and credentials, and the repository's secret pools are read
+//! under the run lock; the agent's pool and executor under the agent lock.
+//!
 //! The eligibility rule is kiln-core's [`decide_claim`] (its first checks,
 //! [`check_delivery`], run before anything else is read); capacity is
 //! admitted by the attempt's insert itself (kiln-core's
@@ -21,22 +25,33 @@
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, lit, terminal_jobs};
 use crate::error::{Result, StoreError};
-use crate::model::{ClaimInput, ClaimedAttempt, JobRecord, RunRecord};
+use crate::model::{ClaimInput, ClaimOutcome, ClaimedAttempt, JobRecord, RunRecord, job_placement};
 use crate::rows::{JOB_COLS, RUN_COLS, job_from_row, load_job, load_run, run_from_row};
 use crate::store::SqlStore;
-use kiln_core::claim::{ClaimAgent, ClaimFacts, ClaimRefusal, check_delivery, decide_claim, replay_stands};
+use kiln_core::claim::{ClaimAgent, ClaimFacts, ClaimRefusal, Executor, check_delivery, decide_claim, replay_stands};
 use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
 use std::collections::BTreeMap;
 
 /// `AttemptStore::claim`. The run, the job and the agent are locked in that
 /// order before anything is decided, so two claims of one job, or of one
 /// agent's capacity, run one after the other and the second sees the first's
-/// attempt. `Ok(None)`: stale, duplicate, not yet due, incompatible or full.
-pub(crate) async fn claim(store: &SqlStore, req: &ClaimInput) -> Result<Option<ClaimedAttempt>> {
+/// attempt. Declined: stale, duplicate, not yet due, incompatible or full;
+/// misplaced: the agent may never run the job.
+pub(crate) async fn claim(store: &SqlStore, req: &ClaimInput) -> Result<ClaimOutcome> {
     store.transaction(Isolation::LockedReadCommitted, req, |tx, req| Box::pin(claim_tx(tx, req))).await
 }
 
-async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt>> {
+async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<ClaimOutcome> {
+    Ok(match claim_rows(tx, req).await? {
+        Ok(c) => ClaimOutcome::Claimed(c),
+        Err(Some((placement, why))) => ClaimOutcome::Misplaced(placement, why),
+        Err(None) => ClaimOutcome::Declined,
+    })
+}
+
+type Refused = Option<(kiln_core::claim::JobPlacement, kiln_core::claim::PlacementRefusal)>;
+
+async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result<ClaimedAttempt, Refused>> {
     static PREDECESSORS_OPEN: Sql = Sql::new(|d| {
         format!(
             "SELECT COUNT(*) FROM jobs WHERE run_id = $1 AND name IN (SELECT value FROM {names}) \
@@ -48,7 +63,7 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
     // The agent, locked, and the database clock read in the same statement.
     static AGENT: Sql = Sql::new(|d| {
         format!(
-            "SELECT session_id, max_jobs, name, labels, {now} AS now FROM agents WHERE id = $1{lock}",
+            "SELECT session_id, max_jobs, name, labels, pool, executor, {now} AS now FROM agents WHERE id = $1{lock}",
             now = d.now_ms,
             lock = d.for_update,
         )
@@ -80,14 +95,14 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
     let Some((mut run, mut job, prior)) =
         lock_claim_rows(tx, &req.job_id, &req.claim_request_id, req.skip_locked).await?
     else {
-        return Ok(None);
+        return Ok(Err(None));
     };
     // A retried claim request returns what the first one committed.
     if let Some((job_id, epoch)) = prior {
-        return still_running(tx, &job_id, epoch).await;
+        return Ok(still_running(tx, &job_id, epoch).await?.ok_or(None));
     }
     if check_delivery(run.status, job.status, job.dispatch_generation, req.dispatch_generation).is_err() {
-        return Ok(None);
+        return Ok(Err(None));
     }
     // Predecessors decided (defensive: readiness already implies it; which
     // outcomes let the job run is its `if:`, evaluated when it became ready).
@@ -103,11 +118,19 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
     }
     // The agent, locked (claims of one agent take its capacity one at a
     // time), and the database clock, read once the run and job locks are held.
-    let agent: Option<(String, i64, String, String, i64)> = tx.sql(&AGENT).bind(&req.agent_id).optional().await?;
+    #[allow(clippy::type_complexity)]
+    let agent: Option<(String, i64, String, String, String, String, i64)> =
+        tx.sql(&AGENT).bind(&req.agent_id).optional().await?;
     let now = match &agent {
-        Some(a) => a.4,
+        Some(a) => a.6,
         None => now(tx).await?,
     };
+    // What the job asks of its agent: the repository's secret pools are
+    // read now (a change applies to the next claim).
+    let secret_pools: String =
+        tx.sql("SELECT secret_pools FROM repos WHERE id = $1").bind(&run.repo_id).scalar().await?;
+    let secret_pools: Vec<String> = serde_json::from_str(&secret_pools).unwrap_or_default();
+    let placement = job_placement(&run, job.index as usize, &secret_pools);
     let required: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
     let labels: BTreeMap<String, String> =
         agent.as_ref().and_then(|a| serde_json::from_str(&a.3).ok()).unwrap_or_default();
@@ -121,9 +144,13 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
         now,
         current_epoch: job.current_epoch,
         required_labels: &required,
-        agent: agent.as_ref().map(|(session, max_jobs, ..)| ClaimAgent {
+        placement: &placement,
+        untrusted: &req.untrusted,
+        agent: agent.as_ref().map(|(session, max_jobs, _, _, pool, executor, _)| ClaimAgent {
             session_current: *session == req.session_id,
             labels: &labels,
+            pool: pool.as_str(),
+            executor: Executor::reported(Some(executor.as_str())),
             // Admitted by the attempt's insert below.
             running: None,
             max_jobs: u32::try_from(*max_jobs).unwrap_or(0),
@@ -136,9 +163,10 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
         Err(ClaimRefusal::SessionReplaced) => {
             return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
         }
-        Err(_) => return Ok(None),
+        Err(ClaimRefusal::Placement(why)) => return Ok(Err(Some((placement, why)))),
+        Err(_) => return Ok(Err(None)),
     };
-    let Some((_, max_jobs, agent_name, _, _)) = agent else { unreachable!("a grant names a known agent") };
+    let Some((_, max_jobs, agent_name, ..)) = agent else { unreachable!("a grant names a known agent") };
     // Capacity admission for this agent session and the attempt, in one
     // statement (the count is read after the agent lock).
     let (epoch, deadline) = (grant.epoch, grant.lease_deadline);
@@ -164,8 +192,8 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
             .bind(&req.claim_request_id)
             .optional()
             .await?;
-        let Some((job_id, epoch)) = prior else { return Ok(None) };
-        return still_running(tx, &job_id, epoch).await;
+        let Some((job_id, epoch)) = prior else { return Ok(Err(None)) };
+        return Ok(still_running(tx, &job_id, epoch).await?.ok_or(None));
     }
     tx.sql(&RUNNING).bind(epoch).bind(now).bind(&job.id).execute().await?;
     if grant.run != run.status {
@@ -178,7 +206,7 @@ async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<Option<ClaimedAttempt
     let eligible_wait_ms = job.next_attempt_at.map(|at| (now - at).max(0));
     job.next_attempt_at = None;
     job.started_at = job.started_at.or(Some(now));
-    Ok(Some(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms }))
+    Ok(Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms }))
 }
 
 /// `AttemptStore::claimed_by_request`.

@@ -313,3 +313,81 @@ pub async fn concurrent_retries_of_one_claim_request_create_one_attempt<S: Store
     assert!(!got.is_empty());
     assert!(got.iter().all(|g| *g == got[0]), "every answer is that attempt: {got:?}");
 }
+
+/// Placement is part of the claim (invariant 12): an untrusted job is
+/// claimed only by a container agent of a pool that takes untrusted work, a
+/// job with `image:` only by a container executor, and a trusted job handed
+/// secrets or an identity token only by an agent of the repository's secret
+/// pools. A refused claim changes nothing and says what the job needs.
+pub async fn claim_follows_trust_and_isolation<S: Store + 'static>(o: &Opener<S>) {
+    use kiln_core::claim::{Executor, JobPlacement, PlacementRefusal as P, UntrustedPolicy};
+    use kiln_workflow::{IdToken, Image};
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let linux = r#"{"os":"linux"}"#;
+    let host = s.register_agent("trusted-host", linux, 4).await.unwrap();
+    let forks_host = s.register_agent_in("forks-host", linux, 4, "forks", None).await.unwrap();
+    let forks_box = s.register_agent_in("forks-box", linux, 4, "forks", None).await.unwrap();
+    s.set_agent_executor(&forks_box.id, Executor::Container).await.unwrap();
+    let default_box = s.register_agent("default-box", linux, 4).await.unwrap();
+    s.set_agent_executor(&default_box.id, Executor::Container).await.unwrap();
+    assert_eq!(s.get_agent(&forks_box.id).await.unwrap().executor, Executor::Container);
+    assert_eq!(s.get_agent(&host.id).await.unwrap().executor, Executor::Host, "unsaid: a host executor");
+    let policy = UntrustedPolicy::default();
+    let placed = |a: &AgentRecord, job: &str, g: i64| ClaimInput {
+        untrusted: policy.clone(),
+        ..claim_input(a, job, g, LONG_TTL)
+    };
+    let misplaced = |o: ClaimOutcome| match o {
+        ClaimOutcome::Misplaced(needs, why) => (needs, why),
+        other => panic!("expected a placement refusal, got {other:?}"),
+    };
+
+    // A fork's job, its `runs-on` naming the trusted host agent's labels.
+    let repo = repo(s).await;
+    let fork = s
+        .accept_run(NewRun { trust: "untrusted".into(), ..new_run(&repo.id, workflow(vec![job("pr", &[], 0)])) })
+        .await
+        .unwrap()
+        .run_id;
+    let pr = job_id(s, &fork, "pr").await;
+    let g = s.get_job(&pr).await.unwrap().dispatch_generation;
+    let before = snapshot(s, &fork).await;
+    for a in [&host, &forks_host, &default_box] {
+        let (needs, why) = misplaced(s.claim_placed(placed(a, &pr, g)).await.unwrap());
+        assert_eq!((needs.untrusted, why), (true, P::Untrusted), "{}", a.name);
+    }
+    assert!(s.claim(placed(&host, &pr, g)).await.unwrap().is_none());
+    assert_eq!(snapshot(s, &fork).await, before, "a refused placement changes nothing");
+    assert_eq!(job_status(s, &pr).await, JobStatus::Ready);
+    let c = s.claim(placed(&forks_box, &pr, g)).await.unwrap().expect("the forks container agent claims");
+    assert_eq!(c.epoch, 1);
+
+    // `image:`: never a host executor, whatever the trust.
+    let mut boxed = job("boxed", &[], 0);
+    boxed.image = Some(Image::Ref { reference: "127.0.0.1:5000/kiln-test/base:latest".into() });
+    let (_, run) = start(s, workflow(vec![boxed])).await;
+    let id = job_id(s, &run, "boxed").await;
+    let g = s.get_job(&id).await.unwrap().dispatch_generation;
+    let (needs, why) = misplaced(s.claim_placed(placed(&host, &id, g)).await.unwrap());
+    assert_eq!(needs, JobPlacement { untrusted: false, container: true, credential_pools: None });
+    assert_eq!(why, P::Container);
+    s.claim(placed(&default_box, &id, g)).await.unwrap().expect("a container agent claims");
+
+    // Secrets, or an identity token: only the repository's secret pools
+    // (`default` unless set), read at the claim.
+    for (name, secrets, id_token) in
+        [("deploy", vec!["TOKEN".to_string()], None), ("oidc", vec![], Some(IdToken::default()))]
+    {
+        let mut j = job(name, &[], 0);
+        (j.secrets, j.id_token) = (secrets, id_token);
+        let (repo, run) = start(s, workflow(vec![j])).await;
+        let id = job_id(s, &run, name).await;
+        let g = s.get_job(&id).await.unwrap().dispatch_generation;
+        let (needs, why) = misplaced(s.claim_placed(placed(&forks_box, &id, g)).await.unwrap());
+        assert_eq!((needs.credential_pools, why), (Some(vec!["default".to_string()]), P::CredentialPool), "{name}");
+        s.set_secret_pools(&repo.id, &["forks".to_string()]).await.unwrap();
+        assert!(matches!(s.claim_placed(placed(&host, &id, g)).await.unwrap(), ClaimOutcome::Misplaced(..)), "{name}");
+        s.claim(placed(&forks_box, &id, g)).await.unwrap().expect("an agent of the allowed pool claims");
+    }
+}

@@ -87,6 +87,7 @@ macro_rules! suite {
             claim::claim_in_cancelled_run_is_refused,
             claim::claim_respects_agent_capacity,
             claim::claim_requires_compatible_labels,
+            claim::claim_follows_trust_and_isolation,
             graphs::diamond_fans_out_and_in,
             graphs::conditions_decide_ready_or_skipped,
             graphs::quorum_needs_enough_successes,
@@ -324,6 +325,7 @@ pub fn claim_input(agent: &AgentRecord, job_id: &str, generation: i64, ttl_ms: i
         dispatch_generation: generation,
         lease_ttl_ms: ttl_ms,
         skip_locked: false,
+        untrusted: Default::default(),
     }
 }
 

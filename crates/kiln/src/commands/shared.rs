@@ -149,6 +149,19 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.max_job_timeout = t.max_job_timeout;
     config.run_timeout = t.run_timeout;
     config.artifact_expire_in = t.artifact_expire_in;
+    let mut pools: Vec<String> = vec![];
+    for p in &t.untrusted_pools {
+        let p = p.trim();
+        if p.is_empty() || p.len() > 100 || !p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(usage(format!(
+                "--untrusted-pools: `{p}` is not a pool name (1-100 characters of [A-Za-z0-9._-])"
+            )));
+        }
+        if !pools.iter().any(|q| q == p) {
+            pools.push(p.to_string());
+        }
+    }
+    config.untrusted = kiln_core::claim::UntrustedPolicy { pools, host_executor: t.untrusted_on_host_agents };
     for entry in &t.registry_auth {
         let parsed = entry.split_once('=').and_then(|(h, c)| Some((h, c.split_once(':')?)));
         let Some((host, (user, password))) = parsed else {

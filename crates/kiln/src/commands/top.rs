@@ -165,6 +165,8 @@ mod tests {
                 running_jobs: 1,
                 version: None,
                 draining: false,
+                executor: None,
+                takes_untrusted: None,
             }],
             running: vec![RunningJob {
                 run_id: "0190aaaa-bbbb-7ccc-8000-000000000000".into(),

@@ -8,6 +8,26 @@ use kiln_cmd::{CmdResult, start_embedded_agents, usage};
 use std::io::Write;
 use std::time::Duration;
 
+/// Whether `kiln up`'s local agents (pool `default`, of `agent.token`)
+/// take untrusted work, in one line.
+fn untrusted_line(policy: &kiln_core::claim::UntrustedPolicy, agent: &kiln_agent::AgentConfig) -> String {
+    let executor = match agent.executor {
+        kiln_agent::ExecutorKind::Host => kiln_core::claim::Executor::Host,
+        kiln_agent::ExecutorKind::Container(_) => kiln_core::claim::Executor::Container,
+    };
+    if policy.takes_untrusted("default", executor) {
+        format!(
+            "untrusted work (fork pull requests, untrusted runs): taken by the local agents (pool default, {executor} executor)"
+        )
+    } else {
+        format!(
+            "untrusted work (fork pull requests, untrusted runs): not taken by the local agents (pool default, {executor} \
+             executor); it waits for an agent of {} (docs/security.md)",
+            policy.describe()
+        )
+    }
+}
+
 pub(super) async fn run(a: UpArgs) -> CmdResult {
     let _lock = lock_data_dir(&a.data_dir)?;
     let mut config = kiln_server::ServerConfig::new(a.data_dir.clone(), a.listen.clone());
@@ -24,6 +44,7 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
         let pem = std::fs::read(cert).map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?;
         kiln_api::client::trust_root_pem(&pem).map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?;
     }
+    let untrusted = config.untrusted.clone();
     let tuning = &a.agent;
     let (storage_levels, memory_levels) = (a.server.storage.levels, a.server.storage.memory);
     let (handle, stop, tasks) = start_embedded_agents(config, a.agents, |cfg| {
@@ -45,6 +66,7 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
     );
     kiln_cmd::outln!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
     kiln_cmd::outln!("web UI: {url}/");
+    kiln_cmd::outln!("{}", untrusted_line(&untrusted, &probe));
     let _ = std::io::stdout().flush();
     ctrl_c().await;
     for f in recorded {

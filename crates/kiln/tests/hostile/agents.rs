@@ -45,7 +45,13 @@ async fn a_join_token_holder_cannot_act_on_another_agents_attempt() {
 
     let fake = Client::new(&server.url, &server.agent_token);
     let reg = fake
-        .register_agent(&RegisterAgent { name: "fake".into(), labels: Default::default(), max_jobs: 1, version: None })
+        .register_agent(&RegisterAgent {
+            name: "fake".into(),
+            labels: Default::default(),
+            max_jobs: 1,
+            version: None,
+            executor: None,
+        })
         .await
         .expect("the join token registers");
     let as_fake = fake.with_token(&reg.credential);
@@ -67,12 +73,14 @@ async fn a_join_token_holder_cannot_act_on_another_agents_attempt() {
 /// runs without the secret; and the database holds the secret sealed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pull_request_run_gets_no_secrets_and_secrets_are_sealed_at_rest() {
-    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    // The untrusted run goes to an agent of pool `forks`; a host one here,
+    // with the unsafe opt-in (placement is proven in `placement`).
+    let server = KilnServer::start(BIN.as_ref(), &["--untrusted-on-host-agents"]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF)]).unwrap();
     server.add_repo("app", &repo);
     let c = Client::new(&server.url, &server.token);
     c.put_secret("app", "DEPLOY_TOKEN", "tok-7f3a9c").await.unwrap();
-    let _agent = server.agent("real", &[]).unwrap();
+    let _agent = server.pool_agent("forks", "real", &[]).unwrap();
     let pr = SubmitRun { commit_sha: "HEAD".into(), event: Some("pull_request".into()), ..Default::default() };
     let run = c.submit_run("app", &pr, None).await.unwrap();
     let r = wait_run(&c, &run.run_id, 60).await;

@@ -10,6 +10,7 @@ mod git_urls;
 mod host_executor;
 mod http;
 mod oidc;
+mod placement;
 
 use std::path::Path;
 

@@ -22,7 +22,9 @@ async fn artifact(c: &Client, run: &str, name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_trusted_job_gets_a_verifiable_id_token_and_an_untrusted_one_gets_nothing() {
-    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    // The pull request's run goes to an agent of pool `forks` (a host one
+    // here, with the unsafe opt-in; placement is proven in `placement`).
+    let server = KilnServer::start(BIN.as_ref(), &["--untrusted-on-host-agents"]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF)]).unwrap();
     server.add_repo("app", &repo);
     let c = Client::new(&server.url, &server.token);
@@ -73,6 +75,7 @@ async fn a_trusted_job_gets_a_verifiable_id_token_and_an_untrusted_one_gets_noth
     assert!(jsonwebtoken::decode::<serde_json::Value>(&forged, &key, &v).is_err());
 
     // A pull request's run: no token, no secret.
+    let _forks = server.pool_agent("forks", "pr-box", &[]).unwrap();
     let pr = SubmitRun { commit_sha: "HEAD".into(), event: Some("pull_request".into()), ..Default::default() };
     let run = c.submit_run("app", &pr, None).await.unwrap();
     let r = wait_run(&c, &run.run_id, 60).await;

@@ -23,9 +23,18 @@ jobs:
         run: ./ship.sh
 "#;
 
-/// An agent whose labels fit the job's `runs-on`.
+/// An agent whose labels fit the job's `runs-on`, with a container executor
+/// (the job has `image:`), of the `default` pool.
 async fn small_agent(env: &Env) -> (String, String) {
     let a = env.state.store.register_agent("small", r#"{"size":"small"}"#, 1).await.unwrap();
+    env.state.store.set_agent_executor(&a.id, kiln_core::claim::Executor::Container).await.unwrap();
+    (a.id, a.session_id)
+}
+
+/// [`small_agent`] of pool `forks`, which takes untrusted work.
+async fn fork_box(env: &Env, name: &str) -> (String, String) {
+    let a = env.state.store.register_agent_in(name, r#"{"size":"small"}"#, 1, "forks", None).await.unwrap();
+    env.state.store.set_agent_executor(&a.id, kiln_core::claim::Executor::Container).await.unwrap();
     (a.id, a.session_id)
 }
 
@@ -99,7 +108,7 @@ async fn an_untrusted_run_gets_no_secrets() {
         .await
         .unwrap();
     let job = env.state.store.get_run(&accepted.run_id).await.unwrap().jobs.remove(0).job;
-    let agent = small_agent(&env).await;
+    let agent = fork_box(&env, "pr-box").await;
     let c = env
         .state
         .store
@@ -111,6 +120,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             dispatch_generation: job.dispatch_generation,
             lease_ttl_ms: 30_000,
             skip_locked: false,
+            untrusted: Default::default(),
         })
         .await
         .unwrap()
@@ -140,7 +150,7 @@ async fn a_pull_request_submitted_with_the_admin_token_is_untrusted_and_gets_no_
     let run = crate::services::acceptance::submit(&env.state, sub).await.unwrap();
     assert_eq!(env.state.store.get_run(&run).await.unwrap().run.trust, "untrusted");
     env.relay().await;
-    let agent = small_agent(&env).await;
+    let agent = fork_box(&env, "pr-box").await;
     let a = env.claim_now(&agent, "c1").await.unwrap();
     assert!(a.secrets.is_empty(), "{:?}", a.secrets);
     assert!(!a.attempt_token.is_empty(), "every assignment carries its attempt token");
@@ -158,26 +168,28 @@ async fn secrets_are_not_handed_to_agents_of_other_pools() {
     env.submit("r").await;
     env.relay().await;
     // An agent that joined with a token of pool `forks`: the repository
-    // hands its secrets to `default` only.
-    let a = env.state.store.register_agent_in("pr-box", r#"{"size":"small"}"#, 1, "forks", Some("j1")).await.unwrap();
-    assert!(env.claim_now(&(a.id.clone(), a.session_id.clone()), "c1").await.is_none(), "nothing runs there");
+    // hands its secrets to `default` only. The job waits (invariant 12),
+    // it does not fail there.
+    let a = fork_box(&env, "pr-box").await;
+    env.state.live_agents.connect(&a.0, &a.1);
+    assert!(env.claim_now(&a, "c1").await.is_none(), "nothing runs there");
     let run = env.state.store.list_runs(&r.id, None, 10).await.unwrap().remove(0);
     let view = env.state.store.get_run(&run.id).await.unwrap();
     let job = &view.jobs[0];
-    assert_eq!(job.job.status, kiln_core::JobStatus::Failed);
-    let msg = job.attempts[0].message.clone().unwrap_or_default();
-    assert!(msg.contains("not handed to agent pool `forks`"), "{msg}");
+    assert_eq!(job.job.status, kiln_core::JobStatus::Ready, "it waits for an agent of an allowed pool");
+    assert!(job.attempts.is_empty());
     assert!(env.state.store.list_audit(None, 100).await.unwrap().iter().all(|e| e.action != "secret.read"));
+    let shown = crate::services::runs::get(&env.state, &run.id).await.unwrap();
+    let why = shown.jobs[0].message.clone().unwrap_or_default();
+    assert!(why.contains("hands secrets and identity tokens to (default)"), "{why}");
 
     // The same job on an agent of an allowed pool gets them, and the
     // handout is in the audit log.
     env.state.store.set_secret_pools(&r.id, &["forks".into()]).await.unwrap();
-    env.submit("r").await;
-    env.relay().await;
-    let b = env.state.store.register_agent_in("pr-box-2", r#"{"size":"small"}"#, 1, "forks", None).await.unwrap();
-    let got = env.claim_now(&(b.id.clone(), b.session_id.clone()), "c2").await.expect("claimed");
+    let b = fork_box(&env, "pr-box-2").await;
+    let got = env.claim_now(&b, "c2").await.expect("claimed");
     assert_eq!(got.secrets.get("TOKEN").map(String::as_str), Some("s3cret"));
     let audit = env.state.store.list_audit(None, 100).await.unwrap();
     let read = audit.iter().find(|e| e.action == "secret.read").expect("audited");
-    assert_eq!((read.actor.as_str(), read.target.as_str()), (format!("agent:{}", b.id).as_str(), "r/TOKEN"));
+    assert_eq!((read.actor.as_str(), read.target.as_str()), (format!("agent:{}", b.0).as_str(), "r/TOKEN"));
 }
