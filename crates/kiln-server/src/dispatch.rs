@@ -158,6 +158,7 @@ impl Dispatcher {
     /// Next event of any class whose labels are a subset of the agent's:
     /// of the jobs this replica offers, oldest first; with none that fits,
     /// a spare job (one another replica offers that waited too long).
+    #[cfg(test)]
     pub fn pop(&self, agent_labels: &BTreeMap<String, String>) -> Option<OutboxEvent> {
         self.pop_for(agent_labels, |_| true)
     }
@@ -195,6 +196,14 @@ impl Dispatcher {
         if self.insert(ev, true) {
             self.notify.notify_waiters();
         }
+    }
+
+    /// Forget every noted placement (what jobs need of their agents changed,
+    /// e.g. a repository's secret pools): the next claim learns them again.
+    /// Other replicas keep theirs for at most [`PLACEMENT_NOTE_TTL`].
+    pub fn forget_placements(&self) {
+        self.inner.lock().unwrap().placements.clear();
+        self.notify.notify_waiters();
     }
 
     /// Deliveries queued for this replica's agents (spare ones not counted).

@@ -99,6 +99,7 @@ pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: ap
     }
     if let Some(pools) = pools {
         state.store.set_secret_pools(&repo.id, &pools).await?;
+        state.dispatcher.forget_placements();
         changed.push("secret pools");
     }
     // Schedules follow the new default branch at once.

@@ -185,7 +185,13 @@ async fn agent_names_are_unique_among_live_agents() {
     let mut frames = stream.into_body().into_data_stream();
     let ping = next_frame(&mut frames).await.unwrap();
     assert!(ping.starts_with("event: ping"), "{ping}");
-    let body = api::RegisterAgent { name: "builder-1".into(), labels: Default::default(), max_jobs: 1, version: None };
+    let body = api::RegisterAgent {
+        name: "builder-1".into(),
+        labels: Default::default(),
+        max_jobs: 1,
+        version: None,
+        executor: None,
+    };
     let res = app.agent().post("/v1/agents/register").json(&body).send().await;
     assert!(res.text().contains("already connected") && res.text().contains(&first.agent_id), "{}", res.text());
     res.assert_status(StatusCode::CONFLICT);

@@ -92,7 +92,9 @@ async fn a_pull_request_run_gets_no_secrets_and_secrets_are_sealed_at_rest() {
         let bytes = std::fs::read(server.data_dir().join(name)).unwrap_or_default();
         assert!(!bytes.windows(10).any(|w| w == b"tok-7f3a9c"), "{name} holds the secret in clear");
     }
-    // Rotating the key reseals it; the running server still hands it out.
+    // Rotating the key reseals it; the running server still hands it out,
+    // to an agent of the repository's secret pools (`default`).
+    let _trusted = server.agent("trusted", &[]).unwrap();
     let out = server.cli().args(["secret", "rotate-key", "--data-dir"]).arg(server.data_dir()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(

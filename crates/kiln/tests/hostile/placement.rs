@@ -198,9 +198,9 @@ async fn an_image_job_never_runs_on_a_host_agent() {
 async fn credentials_wait_for_an_agent_of_the_secret_pools() {
     let server = server();
     let wf = "version: 1\njobs:\n  - name: deploy\n    secrets: [CLOUD_KEY]\n    needs: []\n    steps:\n      \
-              - printf %s \"${CLOUD_KEY:-none}\" > key.txt\n    artifacts:\n      publish:\n        \
+              - printf %s \"${CLOUD_KEY:-none}\" | rev > key.txt\n    artifacts:\n      publish:\n        \
               - {name: key, path: key.txt}\n  - name: oidc\n    needs: []\n    id-token: {audience: sts.example.com}\n    \
-              steps:\n      - printf %s \"${KILN_ID_TOKEN:-none}\" > token.txt\n    artifacts:\n      publish:\n        \
+              steps:\n      - printf %s \"${KILN_ID_TOKEN:-none}\" | rev > token.txt\n    artifacts:\n      publish:\n        \
               - {name: token, path: token.txt}\n";
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
     server.add_repo("app", &repo);
@@ -234,7 +234,9 @@ async fn credentials_wait_for_an_agent_of_the_secret_pools() {
         let run = run.clone();
         async move {
             let d = c.artifact(&run, job, name).await.unwrap();
-            c.download(&d.url).await.unwrap().text().await.unwrap()
+            // Reversed back: an artifact holding a secret is refused.
+            let text = c.download(&d.url).await.unwrap().text().await.unwrap();
+            text.trim_end().chars().rev().collect::<String>()
         }
     };
     assert_eq!(get("key", "deploy").await, "ck-5150");

@@ -185,7 +185,8 @@ async fn secrets_are_not_handed_to_agents_of_other_pools() {
 
     // The same job on an agent of an allowed pool gets them, and the
     // handout is in the audit log.
-    env.state.store.set_secret_pools(&r.id, &["forks".into()]).await.unwrap();
+    let change = kiln_api::UpdateRepo { secret_pools: Some(vec!["forks".into()]), ..Default::default() };
+    crate::services::repos::update(&env.state, &crate::auth::Principal::admin_file(), "r", change).await.unwrap();
     let b = fork_box(&env, "pr-box-2").await;
     let got = env.claim_now(&b, "c2").await.expect("claimed");
     assert_eq!(got.secrets.get("TOKEN").map(String::as_str), Some("s3cret"));
