@@ -441,8 +441,9 @@ async fn execute(
     let checkout = match at_tree {
         true => Ok(()),
         false => tokio::select! {
-            r = ctx.mirrors.checkout(
+            r = ctx.mirrors.checkout_with(
                 &a.clone_url,
+                a.clone_credential.as_ref(),
                 &a.commit_sha,
                 &ws,
                 ctx.private_objects().is_some(),
@@ -453,7 +454,7 @@ async fn execute(
         },
     };
     if let Err(e) = checkout {
-        let msg = format!("checkout of {} at {} failed: {e}", a.clone_url, a.commit_sha);
+        let msg = kiln_api::giturl::redact(&format!("checkout of {} at {} failed: {e}", a.clone_url, a.commit_sha));
         tracing::error!("{msg}");
         logs.system(&format!("✗ {msg}"));
         return match e {

@@ -91,9 +91,28 @@ impl Mirrors {
     /// timeout, HTTP 5xx or 429) is tried again with backoff; `on_retry`
     /// gets a line for the job's log each time. A permanent failure
     /// (repository not found, authentication, other 4xx) is not retried.
+    #[cfg(test)]
     pub(crate) async fn checkout(
         &self,
         clone_url: &str,
+        sha: &str,
+        ws: &Path,
+        private_objects: bool,
+        slot_trash: Option<&Path>,
+        on_retry: &(dyn Fn(String) + Send + Sync),
+    ) -> Result<(), CheckoutError> {
+        self.checkout_with(clone_url, None, sha, ws, private_objects, slot_trash, on_retry).await
+    }
+
+    /// [`Mirrors::checkout`] with the clone URL's credential, which reaches
+    /// git only through its environment (a credential helper answering for
+    /// the URL's origin; see `kiln_api::giturl::git_credential_env`): never
+    /// a command line, a file, or a step.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn checkout_with(
+        &self,
+        clone_url: &str,
+        credential: Option<&kiln_api::giturl::CloneCredential>,
         sha: &str,
         ws: &Path,
         private_objects: bool,
@@ -104,7 +123,14 @@ impl Mirrors {
         if !full_sha {
             return Err(CheckoutError::BadSha(sha.to_string()));
         }
-        let url = resolve_url(clone_url)?;
+        // A credential still written in the URL (an older server) is taken
+        // out of it too.
+        let (bare, inline) = kiln_api::giturl::split_credential(clone_url);
+        let url = resolve_url(&bare)?;
+        let env = match credential.or(inline.as_ref()) {
+            Some(c) => kiln_api::giturl::git_credential_env(&url, c),
+            None => Vec::new(),
+        };
         let mirror = self.mirror_path(clone_url);
         {
             let lock = self.lock_for(&mirror);
@@ -112,15 +138,16 @@ impl Mirrors {
             self.ensure_mirror(&mirror).await?;
             let known = self.known.lock().expect("known").contains(&(mirror.clone(), sha.to_string()));
             if !known && !has_commit(&mirror, sha).await {
-                tracing::info!(url = %clone_url, mirror = %mirror.display(), "fetching into mirror");
+                tracing::info!(url = %bare, mirror = %mirror.display(), "fetching into mirror");
                 let refs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"];
                 let mut tries = 0;
                 let fetch_all = loop {
                     tries += 1;
-                    let r = git_within(
+                    let r = git_within_env(
                         self.fetch_timeout,
                         Some(&mirror),
                         ["fetch", "-q", "--no-tags", "--", &url, refs[0], refs[1]],
+                        &env,
                     )
                     .await;
                     match r {
@@ -140,14 +167,18 @@ impl Mirrors {
                 };
                 if !has_commit(&mirror, sha).await {
                     // An unadvertised commit (e.g. a pull request head): ask for it by id.
-                    let by_id =
-                        git_within(self.fetch_timeout, Some(&mirror), ["fetch", "-q", "--no-tags", "--", &url, sha])
-                            .await;
+                    let by_id = git_within_env(
+                        self.fetch_timeout,
+                        Some(&mirror),
+                        ["fetch", "-q", "--no-tags", "--", &url, sha],
+                        &env,
+                    )
+                    .await;
                     if !has_commit(&mirror, sha).await {
                         return Err(match (fetch_all, by_id) {
                             (Err(e), _) => e,
                             (_, Err(e @ CheckoutError::TimedOut { .. })) => e,
-                            _ => CheckoutError::MissingCommit { sha: sha.to_string(), url: clone_url.to_string() },
+                            _ => CheckoutError::MissingCommit { sha: sha.to_string(), url: bare.clone() },
                         });
                     }
                 }
@@ -525,6 +556,20 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    git_within_env(limit, dir, args, &[]).await
+}
+
+/// [`git_within`] with more environment (a credential helper's).
+async fn git_within_env<I, S>(
+    limit: Option<std::time::Duration>,
+    dir: Option<&Path>,
+    args: I,
+    env: &[(String, String)],
+) -> Result<(), CheckoutError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
     let mut cmd = Command::new("git");
     cmd.args(["-c", "gc.auto=0", "-c", "maintenance.auto=false"]);
@@ -534,6 +579,7 @@ where
     cmd.args(&args)
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -541,7 +587,7 @@ where
         // helper (git-remote-http) that holds the stalled connection.
         .process_group(0)
         .kill_on_drop(true);
-    let shown = || args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    let shown = || kiln_api::giturl::redact(&args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "));
     let child =
         cmd.spawn().map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?;
     let pgid = child.id().map(|id| nix::unistd::Pid::from_raw(id as i32));
@@ -566,7 +612,7 @@ where
         return Ok(());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let detail = stderr.trim().chars().take(2000).collect::<String>();
+    let detail = kiln_api::giturl::redact(&stderr.trim().chars().take(2000).collect::<String>());
     Err(CheckoutError::Git { args: shown(), detail: if detail.is_empty() { out.status.to_string() } else { detail } })
 }
 

@@ -648,6 +648,7 @@ impl Harness {
             epoch: 3,
             repo: "demo".into(),
             clone_url: self.url.clone(),
+            clone_credential: None,
             commit_sha: self.sha.clone(),
             steps: steps
                 .iter()

@@ -63,6 +63,13 @@ pub struct ForgeSettings {
     /// Poll the remote's heads every this many seconds (0: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_interval_secs: Option<u64>,
+    /// A token (password) for cloning an `http(s)` URL; stored sealed, never
+    /// returned, given to git only through its environment. Sent with the
+    /// URL's username, else `x-access-token`. In an update, empty removes it.
+    /// (A credential written into the clone URL is taken out of it and
+    /// stored the same way.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_token: Option<String>,
 }
 
 /// `PATCH /v1/repos/{repo}`.
@@ -160,6 +167,9 @@ pub struct Repo {
     pub webhook_secret_set: bool,
     #[serde(default)]
     pub forge_token_set: bool,
+    /// Whether a clone credential is stored (never shown).
+    #[serde(default)]
+    pub clone_token_set: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -582,6 +592,9 @@ pub struct Assignment {
     pub epoch: i64,
     pub repo: String,
     pub clone_url: String,
+    /// The clone URL's credential, for the agent's git only (never a step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_credential: Option<crate::giturl::CloneCredential>,
     pub commit_sha: String,
     pub steps: Vec<StepSpec>,
     pub env: BTreeMap<String, String>,

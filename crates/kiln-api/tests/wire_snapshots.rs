@@ -191,6 +191,7 @@ fn assignment() -> Assignment {
         epoch: 1,
         repo: "demo".into(),
         clone_url: "https://git.example/demo.git".into(),
+        clone_credential: None,
         commit_sha: "3f2c1e0d9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e".into(),
         steps: vec![
             StepSpec { name: Some("unit".into()), run: "cargo test".into(), ..Default::default() },

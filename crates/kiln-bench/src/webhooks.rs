@@ -72,7 +72,8 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
         start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30), None).await?;
     let c = Client::new(&handle.url(), &handle.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
-        forge: Default::default(),
+        // Deliveries are bound to the repository their payload names.
+        forge: kiln_api::ForgeSettings { forge_repo: Some("bench/bench".into()), ..Default::default() },
         name: "bench".into(),
         clone_url: repo.display().to_string(),
         webhook_secret: Some(SECRET.into()),
@@ -82,6 +83,20 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     let head = c.submit_run("bench", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
     let warm = wait_terminal(&c, &head.run_id).await?;
     let sha = warm.commit_sha.clone();
+    // Each push names a branch of its own, which the remote must hold (a
+    // push's commit is checked against the pushed ref).
+    let refs: String = (0..TOTAL).map(|i| format!("create refs/heads/b{i} {sha}\n")).collect();
+    let mut update = std::process::Command::new("git")
+        .args(["update-ref", "--stdin"])
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("git update-ref: {e}"))?;
+    std::io::Write::write_all(&mut update.stdin.take().expect("stdin"), refs.as_bytes())
+        .map_err(|e| anyhow::anyhow!("git update-ref: {e}"))?;
+    if !update.wait().map_err(|e| anyhow::anyhow!("git update-ref: {e}"))?.success() {
+        return Err(anyhow::anyhow!("git update-ref failed").into());
+    }
     let url = format!("{}/v1/repos/bench/webhooks/github", handle.url());
     let http = reqwest::Client::new();
 

@@ -24,7 +24,7 @@ mod verify;
 #[cfg(feature = "fake")]
 pub mod fake;
 
-pub use parse::{ForgeEvent, PullRequestEvent, PushEvent, parse};
+pub use parse::{ForgeEvent, PullRequestEvent, PushEvent, RepoIdentity, parse, repository};
 pub use status::{CommitState, PostError, StatusTarget, api_url, post_status};
 pub use verify::{DeliveryMeta, VerifyError, delivery_meta, sign, verify};
 

@@ -99,6 +99,56 @@ fn json(body: &[u8]) -> Result<Value, ParseError> {
     Ok(v)
 }
 
+/// The repository a delivery names: the forge's numeric id and its full
+/// name (`owner/name`; GitLab: the project's path with namespace).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepoIdentity {
+    pub id: Option<u64>,
+    pub full_name: Option<String>,
+}
+
+impl RepoIdentity {
+    /// Whether this is the repository configured as `forge_repo`: by id when
+    /// `forge_repo` is a number (GitLab's project id), else by full name,
+    /// compared without regard to ASCII case (the forges treat names so).
+    pub fn matches(&self, forge_repo: &str) -> bool {
+        let configured = forge_repo.trim().trim_matches('/');
+        if !configured.is_empty() && configured.bytes().all(|b| b.is_ascii_digit()) {
+            return self.id.is_some_and(|id| id.to_string() == configured);
+        }
+        self.full_name.as_deref().is_some_and(|n| !configured.is_empty() && n.eq_ignore_ascii_case(configured))
+    }
+
+    /// How the delivery named it, for messages.
+    pub fn describe(&self) -> String {
+        match (&self.full_name, self.id) {
+            (Some(n), Some(id)) => format!("{n} (id {id})"),
+            (Some(n), None) => n.clone(),
+            (None, Some(id)) => format!("id {id}"),
+            (None, None) => "no repository".into(),
+        }
+    }
+}
+
+/// The repository a delivery's payload names (GitHub and Gitea:
+/// `repository.id` and `repository.full_name`; GitLab: `project.id` or
+/// `project_id`, and `project.path_with_namespace`). `None` when the payload
+/// names none or is not a JSON object.
+pub fn repository(forge: Forge, body: &[u8]) -> Option<RepoIdentity> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let (id, name) = match forge {
+        Forge::Github | Forge::Gitea => {
+            (field(&v, "repository.id").and_then(Value::as_u64), field(&v, "repository.full_name"))
+        }
+        Forge::Gitlab => (
+            field(&v, "project.id").or_else(|| field(&v, "project_id")).and_then(Value::as_u64),
+            field(&v, "project.path_with_namespace"),
+        ),
+    };
+    let full_name = name.and_then(Value::as_str).filter(|s| !s.is_empty() && s.len() <= MAX_TEXT).map(str::to_owned);
+    (id.is_some() || full_name.is_some()).then_some(RepoIdentity { id, full_name })
+}
+
 // ---- field access, each error naming the field by its dotted path ----
 
 fn field<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {

@@ -56,7 +56,12 @@ pub const MAX_CHANGED_FILES: usize = 3000;
 /// Runs git on the mirror `dir`. Transports are restricted for any URL
 /// (`GIT_ALLOW_PROTOCOL`: no `ext::` helpers), nothing prompts, and the
 /// process is killed when `limit` passes.
-async fn git_within(dir: &Path, args: &[&str], limit: Duration) -> Result<std::process::Output, GitError> {
+async fn git_within(
+    dir: &Path,
+    args: &[&str],
+    limit: Duration,
+    env: &[(String, String)],
+) -> Result<std::process::Output, GitError> {
     let out = Command::new("git")
         // No background gc/maintenance processes forked by fetches.
         .args(["-c", "gc.auto=0", "-c", "maintenance.auto=false"])
@@ -65,6 +70,7 @@ async fn git_within(dir: &Path, args: &[&str], limit: Duration) -> Result<std::p
         .args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
@@ -80,14 +86,16 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Whether `url` answers as a git repository (`git ls-remote --heads`),
 /// run outside any repository: what `POST /v1/repos` checks before it
 /// registers anything. The error says what git said.
-pub async fn probe(url: &str) -> Result<(), GitError> {
-    kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
+pub async fn probe(remote: &Remote) -> Result<(), GitError> {
+    remote.check()?;
+    let url = &remote.url;
     let target = normalize_url(url);
     let out = Command::new("git")
         .args(["ls-remote", "--heads", "--", &target])
         .current_dir(std::env::temp_dir())
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
+        .envs(remote.env())
         .env_remove("GIT_DIR")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -102,14 +110,49 @@ pub async fn probe(url: &str) -> Result<(), GitError> {
         }
     };
     if !out.status.success() {
-        let detail = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        return Err(GitError::Fetch { url: url.to_string(), detail });
+        return Err(GitError::Fetch { url: url.to_string(), detail: stderr_of(&out) });
     }
     Ok(())
 }
 
+/// What git said, with any URL credential in it redacted.
+fn stderr_of(out: &std::process::Output) -> String {
+    kiln_api::giturl::redact(String::from_utf8_lossy(&out.stderr).trim())
+}
+
+/// A repository's remote: its URL (never with a credential in it) and the
+/// credential git is given through its environment.
+#[derive(Clone, Debug, Default)]
+pub struct Remote {
+    pub url: String,
+    pub credential: Option<kiln_api::giturl::CloneCredential>,
+}
+
+impl Remote {
+    /// The remote of `url` with `credential`; a credential still written in
+    /// the URL (stored by an older version) is taken out of it here too.
+    pub fn new(url: &str, credential: Option<kiln_api::giturl::CloneCredential>) -> Remote {
+        let (url, inline) = kiln_api::giturl::split_credential(url);
+        Remote { url, credential: credential.or(inline) }
+    }
+
+    /// Checked again before every git call: a URL stored before the check
+    /// existed is not trusted either.
+    fn check(&self) -> Result<(), GitError> {
+        kiln_api::giturl::check_clone_url(&self.url)
+            .map_err(|detail| GitError::Fetch { url: self.url.clone(), detail: kiln_api::giturl::redact(&detail) })
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        match &self.credential {
+            Some(c) => kiln_api::giturl::git_credential_env(&self.url, c),
+            None => Vec::new(),
+        }
+    }
+}
+
 async fn git(dir: &Path, args: &[&str]) -> Result<std::process::Output, GitError> {
-    git_within(dir, args, LOCAL_TIMEOUT).await
+    git_within(dir, args, LOCAL_TIMEOUT, &[]).await
 }
 
 impl Mirrors {
@@ -145,7 +188,7 @@ impl Mirrors {
     }
 
     /// Fetch every ref of `url` into the mirror of `repo_id`, creating it.
-    pub async fn fetch(&self, repo_id: &str, url: &str) -> Result<(), GitError> {
+    pub async fn fetch(&self, repo_id: &str, remote: &Remote) -> Result<(), GitError> {
         let dir = self.dir(repo_id);
         if !dir.join("HEAD").exists() {
             // Initialized aside and renamed into place: a mirror directory
@@ -170,8 +213,8 @@ impl Mirrors {
         }
         // Checked again here: a URL stored before the check existed is not
         // trusted either. `--` ends git's options before the URL.
-        kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
-        let url = normalize_url(url);
+        remote.check()?;
+        let url = normalize_url(&remote.url);
         let out = git_within(
             &dir,
             &[
@@ -186,17 +229,18 @@ impl Mirrors {
                 "+HEAD:refs/kiln/HEAD",
             ],
             FETCH_TIMEOUT,
+            &remote.env(),
         )
         .await?;
         if !out.status.success() {
-            return Err(GitError::Fetch { url, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+            return Err(GitError::Fetch { url, detail: stderr_of(&out) });
         }
         Ok(())
     }
 
     /// Resolve `rev` (a SHA or ref) to a commit SHA, fetching when the answer
     /// could be stale: refs are always refetched, a full SHA only if absent.
-    pub async fn resolve(&self, repo_id: &str, url: &str, rev: &str) -> Result<String, GitError> {
+    pub async fn resolve(&self, repo_id: &str, remote: &Remote, rev: &str) -> Result<String, GitError> {
         if rev.is_empty()
             || rev.starts_with('-')
             || rev.contains("..")
@@ -215,7 +259,7 @@ impl Mirrors {
             // Replicas may share the data directory: one fetch into a
             // mirror at a time across processes too.
             let _file_lock = self.file_lock(repo_id).await?;
-            self.fetch(repo_id, url).await?;
+            self.fetch(repo_id, remote).await?;
         }
         let spec = if rev == "HEAD" { "refs/kiln/HEAD".to_string() } else { rev.to_string() };
         let out = git(&dir, &["rev-parse", "--verify", "-q", &format!("{spec}^{{commit}}")]).await?;
@@ -227,9 +271,50 @@ impl Mirrors {
         Ok(sha)
     }
 
+    /// Resolve what an API caller named to a commit and the full ref it
+    /// names (issue 39): a full SHA is itself (no ref); `HEAD` is the
+    /// remote's HEAD; a full ref (`refs/...`) is that ref; a short name is the
+    /// branch `refs/heads/NAME` if there is one, else the tag `refs/tags/NAME`
+    /// — never a tag that shadows a branch, as git's own lookup order would
+    /// — else an abbreviated commit id (no ref). Anything else is unknown.
+    pub async fn resolve_named(
+        &self,
+        repo_id: &str,
+        remote: &Remote,
+        rev: &str,
+    ) -> Result<(String, Option<String>), GitError> {
+        let hex = !rev.is_empty() && rev.bytes().all(|b| b.is_ascii_hexdigit());
+        if is_full_sha(rev) || (hex && rev.len() == 64) {
+            return Ok((self.resolve(repo_id, remote, rev).await?, None));
+        }
+        if rev == "HEAD" || rev.starts_with("refs/") {
+            return Ok((self.resolve(repo_id, remote, rev).await?, Some(rev.to_string())));
+        }
+        let branch = format!("refs/heads/{rev}");
+        match self.resolve(repo_id, remote, &branch).await {
+            Ok(sha) => return Ok((sha, Some(branch))),
+            Err(GitError::UnknownRevision(_)) => {}
+            Err(e) => return Err(e),
+        }
+        // Fetched just now by the branch lookup: no second fetch.
+        let dir = self.dir(repo_id);
+        let tag = format!("refs/tags/{rev}");
+        let out = git(&dir, &["rev-parse", "--verify", "-q", &format!("{tag}^{{commit}}")]).await?;
+        if out.status.success() {
+            return Ok((String::from_utf8_lossy(&out.stdout).trim().to_string(), Some(tag)));
+        }
+        if hex && rev.len() >= 4 {
+            let out = git(&dir, &["rev-parse", "--verify", "-q", &format!("{rev}^{{commit}}")]).await?;
+            if out.status.success() {
+                return Ok((String::from_utf8_lossy(&out.stdout).trim().to_string(), None));
+            }
+        }
+        Err(GitError::UnknownRevision(rev.to_string()))
+    }
+
     /// Fetch one ref (a pull request's head, which a fork's commit is only
     /// reachable from) into the mirror under the same name.
-    pub async fn fetch_ref(&self, repo_id: &str, url: &str, git_ref: &str) -> Result<(), GitError> {
+    pub async fn fetch_ref(&self, repo_id: &str, remote: &Remote, git_ref: &str) -> Result<(), GitError> {
         if !git_ref.starts_with("refs/")
             || git_ref.contains("..")
             || git_ref.chars().any(|c| c.is_control() || c == ' ' || c == ':' || c == '*')
@@ -240,17 +325,68 @@ impl Mirrors {
         let _g = lock.lock().await;
         let _file_lock = self.file_lock(repo_id).await?;
         if !self.dir(repo_id).join("HEAD").exists() {
-            self.fetch(repo_id, url).await?;
+            self.fetch(repo_id, remote).await?;
         }
-        kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
-        let url = normalize_url(url);
+        remote.check()?;
+        let url = normalize_url(&remote.url);
         let spec = format!("+{git_ref}:{git_ref}");
-        let out =
-            git_within(&self.dir(repo_id), &["fetch", "-q", "--no-tags", "--", &url, &spec], FETCH_TIMEOUT).await?;
+        let out = git_within(
+            &self.dir(repo_id),
+            &["fetch", "-q", "--no-tags", "--", &url, &spec],
+            FETCH_TIMEOUT,
+            &remote.env(),
+        )
+        .await?;
         if !out.status.success() {
-            return Err(GitError::Fetch { url, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+            return Err(GitError::Fetch { url, detail: stderr_of(&out) });
         }
         Ok(())
+    }
+
+    /// `sha` if the remote's `git_ref` (fetched now, under the same name)
+    /// is that commit or has it as an ancestor; [`GitError::UnknownRevision`]
+    /// if not. What the mirror held before does not count.
+    pub async fn commit_on_remote_ref(
+        &self,
+        repo_id: &str,
+        remote: &Remote,
+        git_ref: &str,
+        sha: &str,
+    ) -> Result<String, GitError> {
+        if !(is_full_sha(sha) || (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()))) {
+            return Err(GitError::UnknownRevision(sha.to_string()));
+        }
+        let sha = sha.to_ascii_lowercase();
+        // The mirror's copy of a branch or tag only ever comes from the
+        // remote's ref of the same name: a commit already on it was on the
+        // remote's ref. Otherwise the ref is fetched now and asked again.
+        if !(self.dir(repo_id).join("HEAD").exists() && self.on_mirror_ref(repo_id, git_ref, &sha).await?) {
+            self.fetch_ref(repo_id, remote, git_ref).await?;
+            if !self.on_mirror_ref(repo_id, git_ref, &sha).await? {
+                return Err(GitError::UnknownRevision(sha));
+            }
+        }
+        self.known.lock().expect("cache").insert((repo_id.to_string(), sha.clone()));
+        Ok(sha)
+    }
+
+    /// Whether the mirror's `git_ref` is `sha` or has it as an ancestor.
+    async fn on_mirror_ref(&self, repo_id: &str, git_ref: &str, sha: &str) -> Result<bool, GitError> {
+        let lock = self.lock(repo_id).await;
+        let _g = lock.lock().await;
+        let dir = self.dir(repo_id);
+        let tip = git(&dir, &["rev-parse", "--verify", "-q", &format!("{git_ref}^{{commit}}")]).await?;
+        if !tip.status.success() {
+            return Ok(false);
+        }
+        let tip = String::from_utf8_lossy(&tip.stdout).trim().to_string();
+        if tip == sha {
+            return Ok(true);
+        }
+        if !self.has_commit(&dir, sha).await {
+            return Ok(false);
+        }
+        Ok(git(&dir, &["merge-base", "--is-ancestor", sha, &tip]).await?.status.success())
     }
 
     /// The workflow files at `sha`: `.kiln/*.yaml` and `.kiln/*.yml` (not in
@@ -306,19 +442,24 @@ impl Mirrors {
 
     /// The branch and tag heads of `url` (`git ls-remote`), tags peeled to
     /// their commits.
-    pub async fn ls_remote(&self, repo_id: &str, url: &str) -> Result<Vec<(String, String)>, GitError> {
+    pub async fn ls_remote(&self, repo_id: &str, remote: &Remote) -> Result<Vec<(String, String)>, GitError> {
         if !self.dir(repo_id).join("HEAD").exists() {
             let lock = self.lock(repo_id).await;
             let _g = lock.lock().await;
             let _file_lock = self.file_lock(repo_id).await?;
-            self.fetch(repo_id, url).await?;
+            self.fetch(repo_id, remote).await?;
         }
-        kiln_api::giturl::check_clone_url(url).map_err(|detail| GitError::Fetch { url: url.to_string(), detail })?;
-        let url = normalize_url(url);
-        let out =
-            git_within(&self.dir(repo_id), &["ls-remote", "--heads", "--tags", "--", &url], FETCH_TIMEOUT).await?;
+        remote.check()?;
+        let url = normalize_url(&remote.url);
+        let out = git_within(
+            &self.dir(repo_id),
+            &["ls-remote", "--heads", "--tags", "--", &url],
+            FETCH_TIMEOUT,
+            &remote.env(),
+        )
+        .await?;
         if !out.status.success() {
-            return Err(GitError::Fetch { url, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+            return Err(GitError::Fetch { url, detail: stderr_of(&out) });
         }
         let mut heads: std::collections::BTreeMap<String, String> = Default::default();
         for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -370,6 +511,7 @@ impl Mirrors {
             &self.dir(repo_id),
             &["show", "-s", "--format=%an%x00%ae%x00%at%x00%B", sha, "--"],
             Duration::from_secs(5),
+            &[],
         )
         .await?;
         if !out.status.success() {
@@ -486,7 +628,7 @@ mod tests {
             format!("--upload-pack=touch {};false", marker.display()),
             format!("ext::sh -c touch% {}", marker.display()),
         ] {
-            let e = m.resolve("r", &url, "main").await.expect_err(&url);
+            let e = m.resolve("r", &Remote::new(&url, None), "main").await.expect_err(&url);
             assert!(matches!(e, GitError::Fetch { .. }), "{url}: {e}");
         }
         assert!(!marker.exists(), "no command ran");
@@ -514,7 +656,7 @@ mod tests {
         for i in 0..8 {
             let m = if i % 2 == 0 { a.clone() } else { b.clone() };
             let url = url.clone();
-            tasks.push(tokio::spawn(async move { m.resolve("repo-1", &url, "main").await }));
+            tasks.push(tokio::spawn(async move { m.resolve("repo-1", &Remote::new(&url, None), "main").await }));
         }
         for t in tasks {
             assert_eq!(t.await.unwrap().expect("resolve"), sha);

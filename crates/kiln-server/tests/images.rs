@@ -137,3 +137,87 @@ async fn unknown_images_are_refused_and_unreachable_registries_are_unavailable()
     let err = down.resolve("127.0.0.1:5999/kiln-test/base:latest", "linux", "amd64").await.unwrap_err();
     assert!(matches!(err, ResolveError::Unavailable(_)), "{err}");
 }
+
+/// A loopback HTTP server answering every request with `answer` (a whole
+/// response, head and body); the number of requests it received.
+fn serve(answer: String) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 8192];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(answer.as_bytes());
+        }
+    });
+    (addr, hits)
+}
+
+const INTERNAL: &str = "INTERNAL-METADATA-ai-key-0123456789";
+
+fn internal_service() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    serve(format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{INTERNAL}",
+        INTERNAL.len()
+    ))
+}
+
+/// Issue 39, item 5: a fork's `image:` names a registry (allowed, an
+/// `--insecure-registry`) that redirects the manifest request, or sends its
+/// token request, to a plain-http internal address (a cloud metadata
+/// service, an admin port). The server never contacts the internal address
+/// and never puts a remote answer's words into its message.
+#[tokio::test]
+async fn a_registry_cannot_send_the_resolver_to_an_internal_address() {
+    let (internal, hits) = internal_service();
+    let redirects = [
+        format!("http://{internal}/latest/meta-data"),
+        format!("https://{internal}/latest/meta-data"),
+        format!("http://localhost:{}/x", internal.rsplit_once(':').unwrap().1),
+    ];
+    for location in &redirects {
+        let (front, _) = serve(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ));
+        let r = Resolver::new(RegistryConfig { insecure: vec![front.clone()], ..Default::default() });
+        let err = r.resolve(&format!("{front}/evil/app:latest"), "linux", "amd64").await.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, ResolveError::Refused(_)), "{location}: {text}");
+        assert!(!text.contains(INTERNAL), "{location}: the internal answer was echoed: {text}");
+    }
+    let (front, _) = serve(format!(
+        "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://{internal}/token\",service=\"x\"\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    ));
+    let r = Resolver::new(RegistryConfig { insecure: vec![front.clone()], ..Default::default() });
+    let err = r.resolve(&format!("{front}/evil/app:latest"), "linux", "amd64").await.unwrap_err();
+    assert!(!err.to_string().contains(INTERNAL), "{err}");
+    assert!(matches!(err, ResolveError::Refused(_)), "{err}");
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the internal address was contacted");
+
+    // A registry named by an internal address that nobody configured is not
+    // contacted either, over http or https.
+    for reference in [format!("{internal}/evil/app:latest"), format!("localhost:{}/evil/app:latest", &internal[10..])] {
+        let err = Resolver::new(RegistryConfig::default()).resolve(&reference, "linux", "amd64").await.unwrap_err();
+        assert!(matches!(err, ResolveError::Refused(_)), "{reference}: {err}");
+        assert!(!err.to_string().contains(INTERNAL), "{err}");
+    }
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the internal address was contacted");
+}
+
+/// A registry's own error answer (its body) never reaches the message:
+/// only the status code and a fixed description.
+#[tokio::test]
+async fn a_registrys_answer_is_never_echoed() {
+    let (reg, hits) = internal_service();
+    let r = Resolver::new(RegistryConfig { insecure: vec![reg.clone()], ..Default::default() });
+    let err = r.resolve(&format!("{reg}/evil/app:latest"), "linux", "amd64").await.unwrap_err();
+    assert!(hits.load(std::sync::atomic::Ordering::SeqCst) >= 1, "the configured registry is asked");
+    assert!(!err.to_string().contains(INTERNAL), "{err}");
+    assert!(err.to_string().contains("400"), "{err}");
+}

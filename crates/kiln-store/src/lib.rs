@@ -36,4 +36,4 @@ pub use store::{PgStore, SqlStore, SqliteStore};
 pub use traits::*;
 pub use tx::caches::CACHE_ARTIFACT;
 pub use tx::outputs::RunOutputs;
-pub use tx::repos::{FORGE_TOKEN, WEBHOOK_SECRET};
+pub use tx::repos::{CLONE_CREDENTIAL, FORGE_TOKEN, WEBHOOK_SECRET};

@@ -664,6 +664,13 @@ pub struct ForgeArgs {
     /// File holding the token for the forge's commit status API (`-`: standard input).
     #[arg(long, value_name = "FILE")]
     pub forge_token_file: Option<PathBuf>,
+    /// File holding a token (password) for cloning an http(s) --url (`-`:
+    /// standard input). Stored sealed and never shown; git gets it through
+    /// its environment, never its command line. Sent with the URL's username
+    /// (`https://oauth2@gitlab.example/...`), else `x-access-token`. Do not
+    /// write a credential into --url: it would show in /proc/PID/cmdline.
+    #[arg(long, value_name = "FILE")]
+    pub clone_token_file: Option<PathBuf>,
     /// The default branch (its pushes are trusted; schedules run on it). Default: main.
     #[arg(long)]
     pub default_branch: Option<String>,

@@ -34,6 +34,8 @@ fn push_body(before: &str, after: &str) -> Vec<u8> {
     let p = format!("{}/../kiln-forge/tests/fixtures/github/push_branch.json", manifest_dir());
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     v["ref"] = json!("refs/heads/main");
+    // The repository the hook belongs to (`--forge-repo`).
+    v["repository"]["full_name"] = json!("acme/widget");
     v["before"] = json!(before);
     v["after"] = json!(after);
     v["commits"] = json!([]);

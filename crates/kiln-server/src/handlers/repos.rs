@@ -48,7 +48,7 @@ pub(crate) async fn delete(
 
 /// `GET /v1/repos/{repo}`.
 pub(crate) async fn get(S(state): S<State>, Path(repo): Path<String>) -> ApiResult<Json<api::Repo>> {
-    Ok(Json(repos::view(state.store.get_repo(&repo).await?)))
+    Ok(Json(repos::shown(&state, state.store.get_repo(&repo).await?).await?))
 }
 
 /// `GET /v1/repos/{repo}/hook-info`.

@@ -78,7 +78,9 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
         return Err(ApiErr::invalid(format!("unknown event `{event}`")));
     }
     let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
-    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, req.commit_sha.trim()).await.map_err(git_err)?;
+    let remote = crate::services::repos::remote(state, &repo).await?;
+    let (sha, git_ref) =
+        state.mirrors.resolve_named(&repo.id, &remote, req.commit_sha.trim()).await.map_err(git_err)?;
     let mut workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
     admit(state, &workflow)?;
     if event == "manual" && !workflow.on.allows_manual() {
@@ -94,7 +96,6 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     limits::check_inputs(&inputs)?;
     limits::check_definition(&workflow, &workflow_path).await?;
     check_secrets(state, &repo, &workflow, &workflow_path).await?;
-    let git_ref = (req.commit_sha.trim() != sha).then(|| req.commit_sha.trim().to_string());
     let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
     render_accepted(&mut workflow, &event, git_ref.as_deref(), &inputs)
         .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
@@ -104,6 +105,13 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     limits::run_timeout(&mut workflow, state.config.run_timeout);
     let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
     let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
+    // A pull request's head (`refs/pull/N/head`, `refs/merge-requests/N/head`)
+    // or any ref that is not a branch or tag of the repository holds code
+    // nobody with write access put there: it runs untrusted (issue 39).
+    let trust = match git_ref.as_deref() {
+        Some(r) if !(r == "HEAD" || r.starts_with("refs/heads/") || r.starts_with("refs/tags/")) => Trust::Untrusted,
+        _ => trust,
+    };
     let accepted = accept_timed(
         state,
         "api",
@@ -216,7 +224,8 @@ pub(crate) async fn describe_inputs(
 ) -> ApiResult<api::WorkflowInputs> {
     let repo = state.store.get_repo(repo).await?;
     let workflow_path = workflow_path.filter(|p| !p.is_empty()).unwrap_or(api::DEFAULT_WORKFLOW_PATH).to_string();
-    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, git_ref.trim()).await.map_err(git_err)?;
+    let remote = crate::services::repos::remote(state, &repo).await?;
+    let sha = state.mirrors.resolve(&repo.id, &remote, git_ref.trim()).await.map_err(git_err)?;
     let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
     let inputs = workflow
         .inputs

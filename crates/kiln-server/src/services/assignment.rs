@@ -49,6 +49,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
         epoch: c.epoch,
         repo: c.run.repo_name.clone(),
         clone_url: String::new(),
+        clone_credential: None,
         commit_sha: c.run.commit_sha.clone(),
         steps: def.steps.iter().map(|s| step(s, &ctx)).collect(),
         env,
@@ -239,7 +240,9 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
     let outputs = if reads_outputs { state.store.run_outputs(&c.run.id).await? } else { RunOutputs::new() };
     let mut a = build(state.config.lease_ttl.as_millis() as u64, c, outputs);
     let repo = state.store.get_repo(&c.run.repo_id).await?;
-    a.clone_url = repo.clone_url;
+    let remote = crate::services::repos::remote(state, &repo).await?;
+    a.clone_url = remote.url;
+    a.clone_credential = remote.credential;
     a.attempt_token = state.agent_keys.attempt_token(&c.job.id, c.epoch);
     if !def.secrets.is_empty() && may_read_secrets(c) {
         if !repo.secret_pools.contains(&agent.pool) {

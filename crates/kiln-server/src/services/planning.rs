@@ -135,7 +135,11 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
             return Ok(Planned { runs: vec![], problems: vec![], considered: 0 });
         }
     };
-    let sha = resolve(state, &repo, &want_sha, fetch_ref.as_deref()).await?;
+    let sha = if kind == "push" {
+        on_pushed_ref(state, &repo, &git_ref, &want_sha).await?
+    } else {
+        resolve(state, &repo, &want_sha, fetch_ref.as_deref()).await?
+    };
     let files = state.mirrors.list_workflows(&repo.id, &sha).await.map_err(|e| PlanError::Transient(e.to_string()))?;
     let changed = match &diff_from {
         Some((from, three_dot)) => state.mirrors.changed_files(&repo.id, from, &sha, *three_dot).await.ok().flatten(),
@@ -211,10 +215,15 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 request_digest: "push".into(),
             }
         } else {
+            // By what runs, not by delivery id (issue 39): a captured
+            // delivery replayed under a new id, a redelivery, and an
+            // `opened`, `synchronize` or `reopened` of the same head commit
+            // all find the same run. Trust is part of the key: the same
+            // commit as a fork's and as a collaborator's branch are two runs.
             Idempotency {
-                scope: format!("delivery:{}", repo.id),
-                key: format!("{}:{}:{path}", d.forge, d.delivery_key),
-                request_digest: d.payload_digest.clone(),
+                scope: format!("pull_request:{}", repo.id),
+                key: format!("{git_ref}@{sha}:{}:{path}", trust.as_str()),
+                request_digest: "pull_request".into(),
             }
         };
         let accepted = crate::services::acceptance::accept_timed(
@@ -262,18 +271,33 @@ fn api_store(e: ApiErr) -> PlanError {
 /// The event's commit in the mirror: fetched when missing, a pull
 /// request's head by its ref (a fork's commit is reachable only from it).
 async fn resolve(state: &AppState, repo: &RepoRecord, sha: &str, fetch_ref: Option<&str>) -> Result<String, PlanError> {
-    match state.mirrors.resolve(&repo.id, &repo.clone_url, sha).await {
+    let remote = crate::services::repos::remote(state, repo).await.map_err(|e| PlanError::Transient(e.message))?;
+    match state.mirrors.resolve(&repo.id, &remote, sha).await {
         Ok(s) => Ok(s),
         Err(GitError::UnknownRevision(_)) if fetch_ref.is_some() => {
             let r = fetch_ref.expect("checked");
-            state
-                .mirrors
-                .fetch_ref(&repo.id, &repo.clone_url, r)
-                .await
-                .map_err(|e| PlanError::Transient(e.to_string()))?;
-            state.mirrors.resolve(&repo.id, &repo.clone_url, sha).await.map_err(|e| PlanError::Transient(e.to_string()))
+            state.mirrors.fetch_ref(&repo.id, &remote, r).await.map_err(|e| PlanError::Transient(e.to_string()))?;
+            state.mirrors.resolve(&repo.id, &remote, sha).await.map_err(|e| PlanError::Transient(e.to_string()))
         }
         // A commit not there yet may be replication lag on the forge's side.
+        Err(e) => Err(PlanError::Transient(e.to_string())),
+    }
+}
+
+/// A push's commit, proven to be on the pushed ref (issue 39): the ref
+/// itself is fetched from the remote and the commit must be its tip or an
+/// ancestor of it. Never the mirror's say-so alone: a fork's commit fetched
+/// for a pull request (`refs/pull/N/head`) is in the mirror too, and a push
+/// payload naming it must not run it as a trusted push to `main`. Not on the
+/// ref (yet: a forge's replica may lag) is retried, then given up.
+async fn on_pushed_ref(state: &AppState, repo: &RepoRecord, git_ref: &str, sha: &str) -> Result<String, PlanError> {
+    let remote = crate::services::repos::remote(state, repo).await.map_err(|e| PlanError::Transient(e.message))?;
+    match state.mirrors.commit_on_remote_ref(&repo.id, &remote, git_ref, sha).await {
+        Ok(sha) => Ok(sha),
+        Err(GitError::UnknownRevision(_)) => Err(PlanError::Transient(format!(
+            "commit {sha} is not on {git_ref} of the remote (neither its tip nor an ancestor of it); a push runs \
+             only what the pushed ref holds"
+        ))),
         Err(e) => Err(PlanError::Transient(e.to_string())),
     }
 }

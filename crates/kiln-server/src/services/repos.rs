@@ -16,7 +16,11 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
     if name.is_empty() || name.len() > 100 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(ApiErr::invalid("repository name must be 1-100 characters of [A-Za-z0-9._-]"));
     }
-    kiln_api::giturl::check_clone_url(req.clone_url.trim()).map_err(ApiErr::invalid)?;
+    // A credential in the URL (issue 39) is taken out of it: the URL is
+    // stored and shown without it, the credential sealed like a secret.
+    let (clone_url, inline) = kiln_api::giturl::split_credential(req.clone_url.trim());
+    kiln_api::giturl::check_clone_url(&clone_url).map_err(|e| ApiErr::invalid(kiln_api::giturl::redact(&e)))?;
+    let credential = clone_credential(&clone_url, inline, req.forge.clone_token.as_deref())?;
     let pools = match &req.secret_pools {
         Some(p) => Some(crate::services::access::check_pools(p)?),
         None => None,
@@ -29,14 +33,17 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
         return Err(kiln_store::StoreError::Conflict(format!("repository `{name}` already exists")).into());
     }
     if state.config.probe_clone_urls
-        && let Err(e) = crate::git::probe(req.clone_url.trim()).await
+        && let Err(e) = crate::git::probe(&crate::git::Remote::new(&clone_url, credential.clone())).await
     {
         return Err(ApiErr::invalid(format!(
             "{e}; nothing was registered: check the URL (a local path must exist on the server's machine and be a \
              git repository)"
         )));
     }
-    let mut repo = state.store.create_repo(name, req.clone_url.trim(), None).await?;
+    let mut repo = state.store.create_repo(name, &clone_url, None).await?;
+    if let Some(c) = &credential {
+        put_clone_credential(state, &repo.id, c).await?;
+    }
     if let Some(secret) = &req.webhook_secret {
         let sealed = state.secrets.seal(&repo.id, kiln_store::WEBHOOK_SECRET, secret);
         state.store.set_webhook_secret(&repo.id, Some(&sealed)).await?;
@@ -60,7 +67,7 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
         repo.forge.forge.as_deref().unwrap_or("none")
     );
     access::audit(state, &by.actor, "repo.create", &repo.name, detail).await?;
-    Ok(view(repo))
+    shown(state, repo).await
 }
 
 /// `PATCH /v1/repos/{repo}`: change the forge connection, trigger policy,
@@ -88,6 +95,26 @@ pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: ap
         None => {}
     }
     let mut changed = Vec::new();
+    match req.forge.clone_token.as_deref() {
+        Some("") => {
+            state.store.delete_secret(&repo.id, kiln_store::CLONE_CREDENTIAL).await?;
+            changed.push("clone credential removed");
+        }
+        Some(token) => {
+            // The username stays what it was (the URL's, or the default).
+            let current = stored_credential(state, &repo).await?;
+            let (_, inline) = kiln_api::giturl::split_credential(&repo.clone_url);
+            let user = current.or(inline).map(|c| c.username);
+            let c = kiln_api::giturl::CloneCredential {
+                username: user.unwrap_or_else(|| kiln_api::giturl::DEFAULT_TOKEN_USER.into()),
+                password: token.to_string(),
+            };
+            kiln_api::giturl::check_credential(&c).map_err(ApiErr::invalid)?;
+            put_clone_credential(state, &repo.id, &c).await?;
+            changed.push("clone credential");
+        }
+        None => {}
+    }
     if forge != repo.forge {
         state.store.set_repo_forge(&repo.id, &forge).await?;
         changed.push("forge");
@@ -105,7 +132,7 @@ pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: ap
     // Schedules follow the new default branch at once.
     state.schedule_indexes.lock().expect("index").remove(&repo.id);
     access::audit(state, &by.actor, "repo.update", &repo.name, changed.join(", ")).await?;
-    Ok(view(state.store.get_repo(&repo.id).await?))
+    shown(state, state.store.get_repo(&repo.id).await?).await
 }
 
 /// `DELETE /v1/repos/{repo}`: forget a repository that has no runs (its
@@ -114,8 +141,65 @@ pub(crate) async fn delete(state: &AppState, by: &Principal, name: &str) -> ApiR
     let repo = state.store.delete_repo(name).await?;
     state.schedule_indexes.lock().expect("index").remove(&repo.id);
     state.tokens.forget_all();
-    access::audit(state, &by.actor, "repo.delete", &repo.name, repo.clone_url.clone()).await?;
+    access::audit(state, &by.actor, "repo.delete", &repo.name, kiln_api::giturl::redact(&repo.clone_url)).await?;
     Ok(view(repo))
+}
+
+/// The credential to store for `url`: a token (`--clone-token-file`) with
+/// the URL's username, else the default user; or the one written in the URL.
+fn clone_credential(
+    url: &str,
+    inline: Option<kiln_api::giturl::CloneCredential>,
+    token: Option<&str>,
+) -> ApiResult<Option<kiln_api::giturl::CloneCredential>> {
+    let c = match (token.filter(|t| !t.is_empty()), inline) {
+        (Some(t), inline) => Some(kiln_api::giturl::CloneCredential {
+            username: inline
+                .map(|c| c.username)
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| kiln_api::giturl::DEFAULT_TOKEN_USER.into()),
+            password: t.to_string(),
+        }),
+        (None, inline) => inline,
+    };
+    if let Some(c) = &c {
+        let lower = url.to_ascii_lowercase();
+        if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+            return Err(ApiErr::invalid("a clone token is used only with an http(s) clone URL"));
+        }
+        kiln_api::giturl::check_credential(c).map_err(ApiErr::invalid)?;
+    }
+    Ok(c)
+}
+
+async fn put_clone_credential(state: &AppState, repo_id: &str, c: &kiln_api::giturl::CloneCredential) -> ApiResult<()> {
+    let json = serde_json::to_string(c).map_err(|e| ApiErr::internal(e.to_string()))?;
+    let sealed = state.secrets.seal(repo_id, kiln_store::CLONE_CREDENTIAL, &json);
+    state.store.put_secret(repo_id, kiln_store::CLONE_CREDENTIAL, &sealed).await?;
+    Ok(())
+}
+
+/// The repository's stored clone credential, opened.
+pub(crate) async fn stored_credential(
+    state: &AppState,
+    repo: &kiln_store::RepoRecord,
+) -> ApiResult<Option<kiln_api::giturl::CloneCredential>> {
+    let names = [kiln_store::CLONE_CREDENTIAL.to_string()];
+    let Some(stored) = state.store.secret_values(&repo.id, &names).await?.remove(kiln_store::CLONE_CREDENTIAL) else {
+        return Ok(None);
+    };
+    let json = state
+        .secrets
+        .open(&repo.id, kiln_store::CLONE_CREDENTIAL, &stored)
+        .map_err(|e| ApiErr::internal(format!("the clone credential of {} cannot be opened: {e}", repo.name)))?;
+    serde_json::from_str(&json)
+        .map(Some)
+        .map_err(|_| ApiErr::internal(format!("the clone credential of {} is unreadable", repo.name)))
+}
+
+/// What the server's git fetches from: the URL and its credential.
+pub(crate) async fn remote(state: &AppState, repo: &kiln_store::RepoRecord) -> ApiResult<crate::git::Remote> {
+    Ok(crate::git::Remote::new(&repo.clone_url, stored_credential(state, repo).await?))
 }
 
 fn check_webhook_secret(s: &str) -> ApiResult<()> {
@@ -258,12 +342,21 @@ pub(crate) async fn deliveries(state: &AppState, name: &str, limit: Option<u32>)
     Ok(list.iter().map(crate::services::webhooks::delivery_view).collect())
 }
 
+/// The API view of a repository, with whether it has a clone credential.
+pub(crate) async fn shown(state: &AppState, r: kiln_store::RepoRecord) -> ApiResult<api::Repo> {
+    let names = [kiln_store::CLONE_CREDENTIAL.to_string()];
+    let set = !state.store.secret_values(&r.id, &names).await?.is_empty();
+    Ok(api::Repo { clone_token_set: set, ..view(r) })
+}
+
 pub(crate) fn view(r: kiln_store::RepoRecord) -> api::Repo {
+    let clone_token_set = kiln_api::giturl::split_credential(&r.clone_url).1.is_some();
     let f = r.forge;
     api::Repo {
         id: r.id,
         name: r.name,
-        clone_url: r.clone_url,
+        // A URL stored with its credential by an older version is shown without it.
+        clone_url: kiln_api::giturl::split_credential(&r.clone_url).0,
         created_at_ms: r.created_at,
         secret_pools: r.secret_pools,
         forge: f.forge,
@@ -275,11 +368,16 @@ pub(crate) fn view(r: kiln_store::RepoRecord) -> api::Repo {
         poll_interval_secs: f.poll_interval_ms.map(|ms| (ms / 1000) as u64),
         webhook_secret_set: r.webhook_secret.is_some(),
         forge_token_set: f.forge_token.is_some(),
+        clone_token_set,
     }
 }
 
 pub(crate) async fn list(state: &AppState) -> ApiResult<Vec<api::Repo>> {
-    Ok(state.store.list_repos().await?.into_iter().map(view).collect())
+    let mut out = Vec::new();
+    for r in state.store.list_repos().await? {
+        out.push(shown(state, r).await?);
+    }
+    Ok(out)
 }
 
 /// A secret name: a letter or `_`, then letters, digits and `_` (it

@@ -41,7 +41,8 @@ async fn index(state: &AppState, repo: &RepoRecord, now: i64) -> Result<Schedule
         return Ok(i.clone());
     }
     let branch = format!("refs/heads/{}", repo.forge.default_branch);
-    let sha = state.mirrors.resolve(&repo.id, &repo.clone_url, &branch).await.map_err(|e| e.to_string())?;
+    let remote = crate::services::repos::remote(state, repo).await.map_err(|e| e.message)?;
+    let sha = state.mirrors.resolve(&repo.id, &remote, &branch).await.map_err(|e| e.to_string())?;
     let files = state.mirrors.list_workflows(&repo.id, &sha).await.map_err(|e| e.to_string())?;
     let mut workflows = Vec::new();
     for path in files {
@@ -160,7 +161,14 @@ pub(crate) async fn poll_once(state: &AppState) -> Result<usize, StoreError> {
     let mut made = 0;
     for repo_id in state.store.repos_to_poll().await? {
         let repo = state.store.get_repo(&repo_id).await?;
-        let remote = match state.mirrors.ls_remote(&repo.id, &repo.clone_url).await {
+        let source = match crate::services::repos::remote(state, &repo).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(repo = %repo.name, "poll failed: {}", e.message);
+                continue;
+            }
+        };
+        let remote = match state.mirrors.ls_remote(&repo.id, &source).await {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(repo = %repo.name, "poll failed: {e}");

@@ -70,28 +70,32 @@ pub(crate) async fn receive(
     let forge: Forge = forge
         .parse()
         .map_err(|_| ApiErr::not_found(format!("no webhook endpoint for `{forge}`; use github, gitlab or gitea")))?;
-    let repo = state.store.get_repo(repo).await?;
     let counts = &state.webhooks;
-    let Some(secret) = webhook_secret(state, &repo)? else {
+    // No existence oracle (issue 39): an unknown repository and one without
+    // a webhook secret answer exactly as a known one does to a delivery that
+    // does not verify — the same status and the same words, computed the
+    // same way (the headers checked against a secret nobody holds).
+    let repo = match state.store.get_repo(repo).await {
+        Ok(r) => Some(r),
+        Err(kiln_store::StoreError::NotFound(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let secret = match &repo {
+        Some(r) => webhook_secret(state, r)?,
+        None => None,
+    };
+    let (Some(repo), Some(secret)) = (repo, secret) else {
         counts.rejected_signature.fetch_add(1, Ordering::Relaxed);
-        return Err(ApiErr::new(
-            StatusCode::UNAUTHORIZED,
-            api::codes::UNAUTHORIZED,
-            format!(
-                "repository {} has no webhook secret, so no delivery can be verified; set one with \
-                 `kiln repo set {} --webhook-secret-file FILE`",
-                repo.name, repo.name
-            ),
-        ));
+        let decoy: [u8; 32] = rand::random();
+        let e =
+            kiln_forge::verify(forge, headers, body, &decoy).expect_err("a random secret nobody holds never verifies");
+        tracing::warn!(forge = %forge, "webhook refused: no such repository, or it has no webhook secret");
+        return Err(not_verified(&e));
     };
     if let Err(e) = kiln_forge::verify(forge, headers, body, secret.as_bytes()) {
         counts.rejected_signature.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(repo = %repo.name, forge = %forge, "webhook refused: {e}");
-        return Err(ApiErr::new(
-            StatusCode::UNAUTHORIZED,
-            api::codes::UNAUTHORIZED,
-            format!("the delivery's signature does not verify: {e}"),
-        ));
+        return Err(not_verified(&e));
     }
     if let Some(configured) = &repo.forge.forge
         && configured != forge.as_str()
@@ -110,6 +114,13 @@ pub(crate) async fn receive(
         counts.rejected_payload.fetch_add(1, Ordering::Relaxed);
         ApiErr::bad_request(format!("the {} payload is not usable: {e}", meta.event))
     })?;
+    if matches!(event, ForgeEvent::Push(_) | ForgeEvent::PullRequest(_))
+        && let Err(message) = check_bound(&repo, forge, body)
+    {
+        counts.rejected_payload.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(repo = %repo.name, forge = %forge, "webhook refused: {message}");
+        return Err(ApiErr::bad_request(message));
+    }
     // A full disk (spec 004: critical) takes no new work: the forge
     // redelivers after `Retry-After`, nothing is stored now.
     if matches!(event, ForgeEvent::Push(_) | ForgeEvent::PullRequest(_))
@@ -153,6 +164,55 @@ pub(crate) async fn receive(
         counts.ignored.fetch_add(1, Ordering::Relaxed);
     }
     Ok((StatusCode::ACCEPTED, ack(&stored, false)))
+}
+
+/// The answer to a delivery that does not verify (or names no repository
+/// that could verify it): the same for every cause but the header at fault.
+fn not_verified(e: &kiln_forge::VerifyError) -> ApiErr {
+    let e = match e {
+        // Never "no secret is configured": that would tell a stranger the
+        // repository exists.
+        kiln_forge::VerifyError::EmptySecret => "the signature does not match".to_string(),
+        e => e.to_string(),
+    };
+    ApiErr::new(
+        StatusCode::UNAUTHORIZED,
+        api::codes::UNAUTHORIZED,
+        format!("the delivery's signature does not verify: {e}"),
+    )
+}
+
+/// A push or pull request delivery must name the repository it was sent
+/// for (issue 39): one secret may be shared by many repositories (GitHub
+/// organisation hooks, GitLab group and system hooks), so a signature alone
+/// does not say which repository the event happened in. The payload's
+/// repository (GitHub and Gitea `repository`, GitLab `project`) must be the
+/// repository's `forge_repo` — by id when `forge_repo` is GitLab's numeric
+/// project id, else by full name (Kiln is told names, not ids). Without a
+/// `forge_repo` nothing can be bound, and the delivery is refused.
+fn check_bound(repo: &RepoRecord, forge: Forge, body: &[u8]) -> Result<(), String> {
+    let Some(configured) = repo.forge.forge_repo.as_deref() else {
+        return Err(format!(
+            "repository {} has no forge repository, so a delivery cannot be bound to it (a webhook secret may be \
+             shared by many repositories); set it with `kiln repo set {} --forge-repo OWNER/NAME`",
+            repo.name, repo.name
+        ));
+    };
+    match kiln_forge::repository(forge, body) {
+        Some(named) if named.matches(configured) => Ok(()),
+        Some(named) => Err(format!(
+            "the delivery is for repository {}, not {configured} (repository {}'s --forge-repo); nothing was stored",
+            named.describe(),
+            repo.name
+        )),
+        None => Err(format!(
+            "the delivery names no repository ({}), so it cannot be bound to {configured}; nothing was stored",
+            match forge {
+                Forge::Gitlab => "project.path_with_namespace or project.id",
+                _ => "repository.full_name or repository.id",
+            }
+        )),
+    }
 }
 
 pub(crate) fn ack(d: &DeliveryRecord, duplicate: bool) -> api::WebhookAck {

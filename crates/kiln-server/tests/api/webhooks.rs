@@ -113,6 +113,25 @@ fn push_payload(kind: Forge, git_ref: &str, before: &str, after: &str) -> Value 
     if kind == Forge::Gitea {
         v["total_commits"] = json!(0);
     }
+    bound(kind, v)
+}
+
+/// `v` naming the connected repository, `acme/widget` (the fixtures name
+/// the forges' documentation examples; a delivery is bound to its
+/// repository).
+fn bound(kind: Forge, mut v: Value) -> Value {
+    match kind {
+        Forge::Github | Forge::Gitea => {
+            if v.get("repository").is_some_and(Value::is_object) {
+                v["repository"]["full_name"] = json!("acme/widget");
+            }
+        }
+        Forge::Gitlab => {
+            if v.get("project").is_some_and(Value::is_object) {
+                v["project"]["path_with_namespace"] = json!("acme/widget");
+            }
+        }
+    }
     v
 }
 
@@ -152,7 +171,8 @@ async fn deliver_with(
 }
 
 async fn deliver(env: &Env, event: &str, id: &str, body: &Value) -> kiln_testkit::TestResponse {
-    deliver_with(env, event, id, &serde_json::to_vec(body).unwrap(), Some(SECRET)).await
+    let body = bound(env.kind, body.clone());
+    deliver_with(env, event, id, &serde_json::to_vec(&body).unwrap(), Some(SECRET)).await
 }
 
 async fn runs(app: &TestApp) -> Vec<api::RunSummary> {
@@ -316,14 +336,15 @@ async fn forged_deliveries_are_refused_and_leave_nothing() {
     }
 }
 
-/// Unknown repository 404; unknown forge 404; malformed JSON 400 (signed);
-/// unsupported event 202 "ignored" and recorded; ping answered; oversized
-/// body 413; a repository without a webhook secret refuses every delivery.
+/// Unknown repository 401 (as a bad signature: no oracle); unknown forge
+/// 404; malformed JSON 400 (signed); unsupported event 202 "ignored" and
+/// recorded; ping answered; oversized body 413; a repository without a
+/// webhook secret refuses every delivery.
 #[tokio::test]
 async fn bad_input_gets_a_clear_answer() {
     let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI)]).await;
     let post = |path: &str| env.app.anonymous().post(path);
-    post("/v1/repos/nope/webhooks/github").body("{}").send().await.assert_status(StatusCode::NOT_FOUND);
+    post("/v1/repos/nope/webhooks/github").body("{}").send().await.assert_status(StatusCode::UNAUTHORIZED);
     post("/v1/repos/r/webhooks/bitbucket").body("{}").send().await.assert_status(StatusCode::NOT_FOUND);
     let res = deliver_with(&env, "push", "m1", b"{not json", Some(SECRET)).await;
     res.assert_status(StatusCode::BAD_REQUEST);
@@ -356,7 +377,7 @@ async fn bad_input_gets_a_clear_answer() {
         .send()
         .await;
     let res = res.assert_status(StatusCode::UNAUTHORIZED);
-    assert!(res.text().contains("no webhook secret"), "{}", res.text());
+    assert!(res.text().contains("signature does not verify"), "{}", res.text());
 }
 
 /// A pull request from a fork runs untrusted: no secrets in its assignment,

@@ -147,7 +147,8 @@ pub(crate) async fn list_secrets(store: &SqlStore, repo_id: &str) -> Result<Vec<
     store
         .reader()
         .await?
-        .sql("SELECT name, updated_at FROM secrets WHERE repo_id = $1 ORDER BY name")
+        // `@…` rows are the server's own credentials (the clone URL's), never a listed secret.
+        .sql("SELECT name, updated_at FROM secrets WHERE repo_id = $1 AND name NOT LIKE '@%' ORDER BY name")
         .bind(repo_id)
         .all()
         .await
@@ -205,6 +206,9 @@ fn credential_column(name: &str) -> Option<&'static str> {
 pub const WEBHOOK_SECRET: &str = "@webhook";
 /// Likewise for the forge status token.
 pub const FORGE_TOKEN: &str = "@forge-token";
+/// The name a repository's clone credential is kept under in its secrets
+/// (sealed like them; `@` keeps it out of listings, workflows and the API).
+pub const CLONE_CREDENTIAL: &str = "@clone-credential";
 
 /// `RepoStore::replace_secrets`: every `(repo, name, old, new)` in one
 /// transaction, each only if the stored value is still `old`.

@@ -10,6 +10,14 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
     match cmd {
         RepoCommand::Add { name, url, secret_pools, forge, conn } => {
             let (webhook_secret, forge) = settings(forge)?;
+            if let (_, Some(c)) = kiln_api::giturl::split_credential(&url)
+                && (!c.password.is_empty() || forge.clone_token.is_none())
+            {
+                return Err(usage(
+                    "--url holds a credential, and a command line is visible to every local user (/proc/PID/cmdline); \
+                     give the URL without it and the token with --clone-token-file FILE (or - for standard input)",
+                ));
+            }
             let c = client(&conn)?;
             let url = absolutize(&url);
             let r = c
@@ -118,6 +126,7 @@ fn print_repo(r: &kiln_api::Repo) {
     }
     kiln_cmd::outln!("forge token:        {}", if r.forge_token_set { "set" } else { "not set" });
     kiln_cmd::outln!("webhook secret:     {}", if r.webhook_secret_set { "set" } else { "not set" });
+    kiln_cmd::outln!("clone token:        {}", if r.clone_token_set { "set" } else { "not set" });
     kiln_cmd::outln!("default branch:     {}", r.default_branch.as_deref().unwrap_or("main"));
     if !r.protected_refs.is_empty() {
         kiln_cmd::outln!("protected refs:     {}", r.protected_refs.join(", "));
@@ -138,13 +147,19 @@ fn settings(f: ForgeArgs) -> Result<(Option<String>, kiln_api::ForgeSettings), F
              (/proc/PID/cmdline); pass --webhook-secret-file FILE (or - for standard input)",
         ));
     }
-    if f.webhook_secret_file.as_deref() == Some(Path::new("-")) && f.forge_token_file.as_deref() == Some(Path::new("-"))
-    {
-        return Err(usage("only one of --webhook-secret-file and --forge-token-file can read standard input"));
+    let stdin_readers = [&f.webhook_secret_file, &f.forge_token_file, &f.clone_token_file]
+        .iter()
+        .filter(|p| p.as_deref() == Some(Path::new("-")))
+        .count();
+    if stdin_readers > 1 {
+        return Err(usage(
+            "only one of --webhook-secret-file, --forge-token-file and --clone-token-file can read standard input",
+        ));
     }
     let webhook_secret =
         f.webhook_secret_file.as_deref().map(|p| read_secret("--webhook-secret-file", p)).transpose()?;
     let forge_token = f.forge_token_file.as_deref().map(|p| read_secret("--forge-token-file", p)).transpose()?;
+    let clone_token = f.clone_token_file.as_deref().map(|p| read_secret("--clone-token-file", p)).transpose()?;
     let poll_interval_secs = match f.poll_interval.as_deref() {
         None => None,
         Some("0") => Some(0),
@@ -164,6 +179,7 @@ fn settings(f: ForgeArgs) -> Result<(Option<String>, kiln_api::ForgeSettings), F
             protected_refs: f.protected_refs,
             pull_request_trust: f.pull_request_trust,
             poll_interval_secs,
+            clone_token,
         },
     ))
 }

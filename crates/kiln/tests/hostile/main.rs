@@ -6,6 +6,7 @@ mod agents;
 mod caches;
 mod edge;
 mod expressions;
+mod forge;
 mod git_urls;
 mod host_executor;
 mod http;

@@ -42,7 +42,11 @@ async fn an_api_run_is_frozen_trusted_at_the_resolved_sha() {
     let run = env.state.store.get_run(&id).await.unwrap().run;
     assert_eq!(run.trust, "trusted");
     assert_eq!(run.commit_sha, sha);
-    assert_eq!(run.git_ref.as_deref(), Some("main"), "the ref named is kept, descriptive only");
+    assert_eq!(
+        run.git_ref.as_deref(),
+        Some("refs/heads/main"),
+        "a short name is stored as the full ref it resolved to"
+    );
     assert_eq!(run.event, "manual");
 }
 
@@ -137,4 +141,54 @@ fn the_concurrency_group_is_rendered_for_the_trigger() {
     assert_eq!((c.group.as_str(), c.cancel_in_progress), ("deploy-main", true));
     let plain = kiln_workflow::parse(&workflow(&["a"])).unwrap();
     assert!(acceptance::run_concurrency(&plain, "push", None, &Default::default()).unwrap().is_none());
+}
+
+fn git_in(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git").args(args).current_dir(dir).output().expect("git");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Issue 39: someone who can push a tag (a fork's author cannot, but a
+/// contributor without rights to `main` may) makes a tag named `main` at
+/// their own commit. A trusted run of `main` runs the branch, not the tag,
+/// and its ref (what the identity token's `sub` says) is `refs/heads/main`;
+/// a name that is only a tag runs the tag, and says so.
+#[tokio::test]
+async fn a_branch_name_runs_the_branch_not_a_tag_that_shadows_it() {
+    let env = Env::new().await;
+    let repo = env.pipeline("r", &["build"]).await;
+    let main = repo.head().unwrap();
+    let other = repo.commit(&[("evil.sh", "steal")], "not main").unwrap();
+    git_in(repo.path(), &["tag", "main", &other]);
+    git_in(repo.path(), &["tag", "v1", &other]);
+    git_in(repo.path(), &["reset", "-q", "--hard", &main]);
+    let id = acceptance::submit(&env.state, submission("r", "main", None)).await.unwrap();
+    let run = env.state.store.get_run(&id).await.unwrap().run;
+    assert_eq!((run.commit_sha.as_str(), run.git_ref.as_deref()), (main.as_str(), Some("refs/heads/main")));
+    let id = acceptance::submit(&env.state, submission("r", "v1", None)).await.unwrap();
+    let run = env.state.store.get_run(&id).await.unwrap().run;
+    assert_eq!((run.commit_sha.as_str(), run.git_ref.as_deref()), (other.as_str(), Some("refs/tags/v1")));
+}
+
+/// Issue 39: a pull request's head (a fork's code, fetched into the mirror
+/// when the pull request was planned) named by a caller who may start
+/// trusted runs runs untrusted: it is not the repository's own code.
+#[tokio::test]
+async fn a_pull_request_head_never_runs_trusted_from_the_api() {
+    let env = Env::new().await;
+    let repo = env.pipeline("r", &["build"]).await;
+    let main = repo.head().unwrap();
+    let fork = repo.commit(&[("evil.sh", "steal")], "from a fork").unwrap();
+    git_in(repo.path(), &["update-ref", "refs/pull/7/head", &fork]);
+    git_in(repo.path(), &["reset", "-q", "--hard", &main]);
+    let r = env.state.store.get_repo("r").await.unwrap();
+    env.state.mirrors.fetch_ref(&r.id, &crate::git::Remote::new(&r.clone_url, None), "refs/pull/7/head").await.unwrap();
+    let id = acceptance::submit(&env.state, submission("r", "refs/pull/7/head", None)).await.unwrap();
+    let run = env.state.store.get_run(&id).await.unwrap().run;
+    assert_eq!(run.commit_sha, fork);
+    assert_eq!(run.trust, "untrusted", "a fork's commit ran trusted from the API");
+    let id = acceptance::submit(&env.state, submission("r", &fork, None)).await;
+    // A bare commit id is the caller's choice of commit; only refs are judged.
+    assert!(id.is_ok());
 }
