@@ -57,7 +57,7 @@ async fn two_job_run_follows_to_success() {
     let run: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
     assert_eq!(run["status"], "success");
     assert_eq!(run["commit_sha"], head);
-    assert_eq!(run["ref"], "main");
+    assert_eq!(run["ref"], "refs/heads/main", "an API run names the branch it ran in full");
     assert_eq!(run["workflow_path"], ".kiln/pipeline.yaml");
     assert_eq!(run["workflow_hash"].as_str().unwrap().len(), 64);
     let jobs = run["jobs"].as_array().unwrap();

@@ -435,6 +435,8 @@ async fn branch_tag_and_path_filters_choose_the_workflows() {
     let zero = "0".repeat(40);
     let base = env.repo.head().unwrap();
     let src = env.repo.commit(&[("src/a", "2")], "src").unwrap();
+    // Pushed commits are on the pushed refs of the remote (planning checks).
+    git(dir, &["branch", "feature", &src]);
     deliver(&env, "push", "b1", &push_payload(Forge::Github, "refs/heads/feature", &base, &src)).await;
     deliver(&env, "push", "b2", &push_payload(Forge::Github, "refs/tags/release-1", &zero, &src)).await;
     env.app.run_pending_work().await;
@@ -450,6 +452,7 @@ async fn branch_tag_and_path_filters_choose_the_workflows() {
     assert_eq!((tag_run.workflow_path.as_str(), tag_run.git_ref.as_deref()), (".kiln/ci.yaml", Some("refs/tags/v1.0")));
 
     let docs = env.repo.commit(&[("docs/guide.md", "hi")], "docs").unwrap();
+    git(dir, &["branch", "-f", "feature", &docs]);
     deliver(&env, "push", "b4", &push_payload(Forge::Github, "refs/heads/feature", &src, &docs)).await;
     env.app.run_pending_work().await;
     let after_docs = runs(&env.app).await;

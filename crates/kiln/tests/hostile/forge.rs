@@ -35,6 +35,11 @@ jobs:
     steps: [echo built]
 ";
 
+/// A run of `ci.yaml` at `main`, submitted by hand.
+fn ci_run() -> SubmitRun {
+    SubmitRun { commit_sha: "main".into(), workflow_path: Some(".kiln/ci.yaml".into()), ..Default::default() }
+}
+
 fn git(dir: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new("git").args(args).current_dir(dir).output().expect("git");
     assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -462,8 +467,7 @@ async fn a_clone_url_credential_shows_nowhere() {
     // An agent clones with it.
     let agent = server.agent("cred-1", &[]).unwrap();
     for name in ["app", "cli"] {
-        let run =
-            admin.submit_run(name, &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let run = admin.submit_run(name, &ci_run(), None).await.unwrap();
         let done = kiln_testkit::wait_run(&admin, &run.run_id, 120).await;
         assert_eq!(done.status, kiln_api::RunStatus::Success, "{name}: {done:?}\n{}", agent.log());
     }
@@ -474,8 +478,7 @@ async fn a_clone_url_credential_shows_nowhere() {
     // server's fetch still works), then a fresh agent's checkout fails.
     repo.commit(&[("b.txt", "next")], "next").unwrap();
     git(repo.path(), &["update-server-info"]);
-    let run =
-        admin.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run = admin.submit_run("app", &ci_run(), None).await.unwrap();
     http.set("slow", true);
     http.set("fail", true);
     let agent = server.agent("cred-2", &[]).unwrap();
@@ -492,10 +495,7 @@ async fn a_clone_url_credential_shows_nowhere() {
     assert!(!log.contains(CLONE_TOKEN), "the job log shows the credential: {log}");
 
     // An API error: the server's own fetch fails.
-    let e = admin
-        .submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None)
-        .await
-        .unwrap_err();
+    let e = admin.submit_run("app", &ci_run(), None).await.unwrap_err();
     let text = format!("{e:?} {e}");
     assert!(!text.contains(CLONE_TOKEN), "an API error shows the credential: {text}");
 
