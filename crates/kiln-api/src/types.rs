@@ -137,6 +137,13 @@ pub struct Delivery {
     pub created_at_ms: i64,
     #[serde(default)]
     pub planned_at_ms: Option<i64>,
+    /// Planning attempts so far.
+    #[serde(default)]
+    pub attempts: i64,
+    /// Pending longer than the server's `--delivery-alert-after`: planning
+    /// keeps meeting trouble (`message` says which) and keeps retrying.
+    #[serde(default)]
+    pub delayed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

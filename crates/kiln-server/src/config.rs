@@ -18,6 +18,14 @@ pub struct ServerConfig {
     pub loss_grace: Duration,
     /// Base delay of retry backoff.
     pub retry_base: Duration,
+    /// The longest wait between two attempts to plan a delivery that meets
+    /// transient trouble (backoff from `2 × retry_base`; retried until it
+    /// is planned or proven impossible).
+    pub delivery_retry_max: Duration,
+    /// A delivery not planned this long after it arrived is delayed: an
+    /// alert (`kiln_deliveries_delayed`), `delayed` in its listing, and a
+    /// pending commit status saying so.
+    pub delivery_alert_after: Duration,
     /// Unbound artifact generations of ended attempts are deleted after this.
     pub gc_grace: Duration,
     /// How often the garbage collector runs.
@@ -146,6 +154,8 @@ impl ServerConfig {
             lease_ttl: Duration::from_secs(30),
             loss_grace: Duration::from_millis(500),
             retry_base: Duration::from_millis(500),
+            delivery_retry_max: Duration::from_secs(300),
+            delivery_alert_after: Duration::from_secs(600),
             gc_grace: Duration::from_secs(15 * 60),
             gc_interval: Duration::from_secs(30),
             log_archive_after: Duration::from_secs(60),

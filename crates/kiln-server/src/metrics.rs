@@ -49,6 +49,9 @@ pub struct Metrics {
     reconciler_lag: Gauge,
     unbound_age: Gauge,
     log_archive_lag: Gauge,
+    deliveries_pending: IntGauge,
+    deliveries_delayed: IntGauge,
+    delivery_oldest_pending: Gauge,
     /// Failed attempts by failure class (agent reports, lost leases).
     pub attempt_failures: IntCounterVec,
     /// Jobs failed by the queue timeout.
@@ -173,6 +176,23 @@ impl Default for Metrics {
             "kiln_log_archive_lag_seconds",
             "How long ago the longest-finished job whose log is still in the hot journal finished (0: none).",
         );
+        let deliveries_pending = IntGauge::new(
+            "kiln_deliveries_pending",
+            "Accepted webhook and poll deliveries not yet planned into runs (retried until planned).",
+        )
+        .expect("valid gauge");
+        r.register(Box::new(deliveries_pending.clone())).expect("unique metric");
+        let deliveries_delayed = IntGauge::new(
+            "kiln_deliveries_delayed",
+            "Deliveries pending for longer than --delivery-alert-after (planning keeps meeting trouble).",
+        )
+        .expect("valid gauge");
+        r.register(Box::new(deliveries_delayed.clone())).expect("unique metric");
+        let delivery_oldest_pending = gauge(
+            &r,
+            "kiln_delivery_oldest_pending_seconds",
+            "How long ago the oldest delivery not yet planned arrived (0: none).",
+        );
         let attempt_failures = counter_vec(
             &r,
             "kiln_attempt_failures_total",
@@ -276,6 +296,9 @@ impl Default for Metrics {
             reconciler_lag,
             unbound_age,
             log_archive_lag,
+            deliveries_pending,
+            deliveries_delayed,
+            delivery_oldest_pending,
             attempt_failures,
             queue_timeouts,
             run_timeouts,
@@ -375,15 +398,22 @@ impl Metrics {
     /// Set the scrape-time gauges from the store. A store that does not
     /// answer leaves the last values (`/readyz` says why).
     ///
-    /// `log_archive_after` is the server's archive delay, `db_now_ms` the
-    /// database clock's now, `connected` the agents holding a session.
+    /// `log_archive_after` is the server's archive delay,
+    /// `delivery_alert_after` its bound on pending deliveries, `db_now_ms`
+    /// the database clock's now, `connected` the agents holding a session.
     pub(crate) async fn refresh(
         &self,
         store: &dyn kiln_store::Store,
         log_archive_after: std::time::Duration,
+        delivery_alert_after: std::time::Duration,
         db_now_ms: i64,
         connected: usize,
     ) {
+        if let Ok(b) = store.delivery_backlog(delivery_alert_after.as_millis() as i64).await {
+            self.deliveries_pending.set(i64::try_from(b.pending).unwrap_or(i64::MAX));
+            self.deliveries_delayed.set(i64::try_from(b.delayed).unwrap_or(i64::MAX));
+            self.delivery_oldest_pending.set(b.oldest_ms as f64 / 1000.0);
+        }
         if let Ok(counts) = store.active_job_counts().await {
             for (status, n) in counts {
                 self.jobs.with_label_values(&[status.as_str()]).set(i64::try_from(n).unwrap_or(i64::MAX));

@@ -410,6 +410,10 @@ impl ForgeStore for SqlStore {
         forge::due_deliveries(self, limit).await
     }
 
+    async fn delivery_backlog(&self, delayed_after_ms: i64) -> Result<crate::model::DeliveryBacklog> {
+        forge::delivery_backlog(self, delayed_after_ms).await
+    }
+
     async fn claim_delivery(&self, id: &str, ttl_ms: i64) -> Result<bool> {
         forge::claim_delivery(self, id, ttl_ms).await
     }

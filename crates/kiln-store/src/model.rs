@@ -530,6 +530,16 @@ pub struct DeliveryRecord {
     pub planned_at: Option<i64>,
 }
 
+/// The deliveries not yet planned (`ForgeStore::delivery_backlog`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryBacklog {
+    pub pending: u64,
+    /// Pending longer than the bound asked for.
+    pub delayed: u64,
+    /// The oldest pending delivery's age (0: none).
+    pub oldest_ms: i64,
+}
+
 /// A commit status whose wanted state differs from the one sent.
 #[derive(Debug, Clone)]
 pub struct ReportTodo {

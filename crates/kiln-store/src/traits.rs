@@ -182,6 +182,9 @@ pub trait ForgeStore: Send + Sync {
     async fn list_deliveries(&self, repo_id: &str, limit: u32) -> Result<Vec<DeliveryRecord>>;
     /// Pending deliveries due for planning and not claimed.
     async fn due_deliveries(&self, limit: u32) -> Result<Vec<DeliveryRecord>>;
+    /// The deliveries not yet planned: how many, how many of them were
+    /// received more than `delayed_after_ms` ago, and the oldest's age.
+    async fn delivery_backlog(&self, delayed_after_ms: i64) -> Result<DeliveryBacklog>;
     /// Claim a pending delivery for planning for `ttl_ms`; false if another holds it.
     async fn claim_delivery(&self, id: &str, ttl_ms: i64) -> Result<bool>;
     async fn finish_delivery(&self, id: &str, status: &str, message: Option<&str>, run_ids: &[String]) -> Result<()>;

@@ -305,6 +305,16 @@ pub struct ServerTuning {
     /// Base delay of the retry backoff (exponential, with jitter).
     #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub retry_base: std::time::Duration,
+    /// The longest wait between two attempts to plan an accepted webhook delivery that meets
+    /// transient trouble (the repository cannot be fetched, a registry is down, the server is
+    /// degraded). Such a delivery is retried until it is planned, never dropped.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub delivery_retry_max: std::time::Duration,
+    /// A delivery not yet planned this long after it arrived is delayed: counted by the
+    /// `kiln_deliveries_delayed` metric (alert KilnDeliveriesDelayed), marked in `kiln repo
+    /// deliveries`, and its commit gets a pending status saying why.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub delivery_alert_after: std::time::Duration,
     /// A finished job's log moves from the database's hot journal to the
     /// object store (immutable segment + index) this long after the job ended.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]

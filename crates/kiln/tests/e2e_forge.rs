@@ -60,6 +60,10 @@ async fn deliver(server: &KilnServer, id: &str, body: &[u8]) -> (u16, Value) {
 /// `kiln repo add` with the forge flags: the webhook secret from stdin,
 /// the forge token from a file.
 fn connect(server: &KilnServer, repo: &TestRepo, forge: &FakeForge) {
+    connect_with(server, repo, forge, &[]);
+}
+
+fn connect_with(server: &KilnServer, repo: &TestRepo, forge: &FakeForge, extra: &[&str]) {
     let token_file = server.data.path().join("forge.token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let mut child = server
@@ -70,6 +74,7 @@ fn connect(server: &KilnServer, repo: &TestRepo, forge: &FakeForge) {
         .arg("--forge-token-file")
         .arg(&token_file)
         .args(["--webhook-secret-file", "-"])
+        .args(extra)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -184,6 +189,143 @@ async fn a_delivery_accepted_before_a_crash_is_planned_once_after_restart() {
     let list = runs(&server).await;
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(again["runs"], json!([list[0]["id"]]));
+}
+
+async fn admin_get(server: &KilnServer, path: &str) -> Value {
+    let res = reqwest::Client::new().get(format!("{}{path}", server.url)).bearer_auth(&server.token).send().await;
+    res.unwrap().json().await.unwrap()
+}
+
+async fn metric(server: &KilnServer, series: &str) -> Option<f64> {
+    let res = reqwest::Client::new().get(format!("{}/metrics", server.url)).bearer_auth(&server.token).send().await;
+    let text = res.unwrap().text().await.unwrap();
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Wait (bounded) until `f` holds for what the forge has received.
+async fn statuses_until(forge: &FakeForge, what: &str, f: impl Fn(&[kiln_forge::fake::RecordedStatus]) -> bool) {
+    for _ in 0..600 {
+        if f(&forge.statuses()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: {:#?}", forge.statuses());
+}
+
+/// Issue 40: an accepted push is never dropped. The repository's remote is
+/// gone far longer than planning used to try (8 attempts): the delivery
+/// stays pending and is retried, becomes delayed past
+/// `--delivery-alert-after` (the gauge, `kiln repo deliveries`, a pending
+/// `kiln/delivery (push)` status saying why), and when the remote is back
+/// the run is created once and both statuses are settled.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_accepted_push_outlives_a_long_remote_outage() {
+    let forge = FakeForge::start(TOKEN).await;
+    let flags = ["--retry-base", "20ms", "--delivery-retry-max", "300ms", "--delivery-alert-after", "2s"];
+    let server = KilnServer::start(BIN.as_ref(), &flags).unwrap();
+    let repo = TestRepo::new(&[(".kiln/ci.yaml", CI)]).unwrap();
+    connect(&server, &repo, &forge);
+    let _agent = server.agent("a1", &[]).unwrap();
+    let before = repo.head().unwrap();
+    let sha = repo.commit(&[("next.txt", "x")], "next").unwrap();
+    // The remote becomes unreachable.
+    let away = repo.path().with_extension("away");
+    std::fs::rename(repo.path(), &away).unwrap();
+    struct Back(std::path::PathBuf, std::path::PathBuf);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            let _ = std::fs::rename(&self.0, &self.1);
+        }
+    }
+    let back = Back(away.clone(), repo.path().to_path_buf());
+
+    let (status, ack) = deliver(&server, "outage-1", &push_body(&before, &sha)).await;
+    assert_eq!(status, 202, "{ack}");
+    let mut d = Value::Null;
+    for _ in 0..600 {
+        d = admin_get(&server, "/v1/repos/r/deliveries").await["deliveries"][0].clone();
+        if d["attempts"].as_i64().unwrap_or(0) >= 16 && d["delayed"] == true {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(d["attempts"].as_i64().unwrap_or(0) >= 16 && d["delayed"] == true, "{d}\n{}", server.log());
+    assert_eq!(d["status"], "pending", "still retried, not given up: {d}");
+    assert!(runs(&server).await.is_empty());
+    statuses_until(&forge, "a pending delayed status", |s| {
+        s.iter().any(|x| x.context == "kiln/delivery (push)" && x.state == "pending" && x.sha == sha)
+    })
+    .await;
+    let delayed = forge.statuses().into_iter().rfind(|x| x.context == "kiln/delivery (push)").unwrap();
+    assert!(delayed.description.as_deref().unwrap_or("").contains("delayed"), "{delayed:?}");
+    assert_eq!(metric(&server, "kiln_deliveries_delayed").await, Some(1.0));
+    assert_eq!(metric(&server, "kiln_deliveries_pending").await, Some(1.0));
+    let out = server.cli().args(["repo", "deliveries", "r"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("DELAYED") && listed.contains("attempts"), "{listed}");
+
+    // The remote is back: one run, reported, and the delivery's own status settled.
+    drop(back);
+    statuses_until(&forge, "the run's success", |s| {
+        s.iter().any(|x| x.context == "kiln/ci (push)" && x.state == "success")
+    })
+    .await;
+    statuses_until(&forge, "the delivery's status settled", |s| {
+        s.iter().rfind(|x| x.context == "kiln/delivery (push)").is_some_and(|x| x.state == "success")
+    })
+    .await;
+    let list = runs(&server).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["commit_sha"], sha.as_str());
+    let d = admin_get(&server, "/v1/repos/r/deliveries").await["deliveries"][0].clone();
+    assert_eq!((d["status"].as_str(), d["delayed"].as_bool()), (Some("planned"), Some(false)), "{d}");
+    assert_eq!(metric(&server, "kiln_deliveries_delayed").await, Some(0.0));
+}
+
+/// Issue 40: a push made while the server was down (no webhook reached
+/// it) runs once after the restart, found by polling — on a branch other
+/// than the default one that the workflow's `on:` matches.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_made_while_the_server_was_down_runs_once_after_restart() {
+    let wf = "version: 1\non:\n  push:\n    branches: [main, 'release/*']\njobs:\n  - name: build\n    steps: [echo built]\n";
+    let forge = FakeForge::start(TOKEN).await;
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/ci.yaml", wf)]).unwrap();
+    git(repo.path(), &["branch", "release/1"]);
+    connect_with(&server, &repo, &forge, &["--poll-interval", "1s"]);
+    // The first poll records the heads (nothing runs).
+    let polled = kiln_testkit::wait_for(Duration::from_secs(60), || server.log().contains("first poll").then_some(()));
+    assert!(polled.is_some(), "{}", server.log());
+    assert!(runs(&server).await.is_empty(), "the first poll only records the heads");
+    // Down; a push to release/1 meanwhile; up again.
+    let dir = repo.path().to_path_buf();
+    let pusher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        git(&dir, &["checkout", "-q", "release/1"]);
+        std::fs::write(dir.join("r.txt"), "1").unwrap();
+        git(&dir, &["add", "."]);
+        git(&dir, &["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "while down"]);
+        git(&dir, &["rev-parse", "HEAD"])
+    });
+    let server = server.restart("TERM", Duration::from_secs(1), &[]).unwrap();
+    let pushed = pusher.join().unwrap();
+    let mut list = Vec::new();
+    for _ in 0..600 {
+        list = runs(&server).await;
+        if !list.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(list.len(), 1, "{list:?}\n{}", server.log());
+    assert_eq!(
+        (list[0]["commit_sha"].as_str(), list[0]["ref"].as_str()),
+        (Some(pushed.as_str()), Some("refs/heads/release/1"))
+    );
+    // More polls start nothing more.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(runs(&server).await.len(), 1);
 }
 
 /// The webhook secret and the forge token are sealed at rest like secrets,

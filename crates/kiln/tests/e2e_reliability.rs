@@ -146,6 +146,104 @@ jobs:
     let _ = until(&c, &again, 120, "accepted and running", |r| r.status != "queued").await;
 }
 
+/// Issue 40: at critical degradation a webhook delivery is recorded and
+/// answered 202 (forges do not send it again), and a schedule tick that
+/// falls due is held, not skipped; when the level drops the push is planned
+/// and the held tick fires, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn triggers_at_critical_degradation_wait_and_run_once_after() {
+    if !root() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("data");
+    std::fs::create_dir(&dir).unwrap();
+    let ok = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"]).arg(&dir).status().unwrap();
+    assert!(ok.success(), "mount tmpfs");
+    let _mount = Mount(dir.clone());
+    let ci = "version: 1\non:\n  push:\n    branches: [main]\njobs:\n  - name: build\n    steps: [echo pushed]\n";
+    let nightly =
+        "version: 1\non:\n  schedule:\n    - cron: '* * * * *'\njobs:\n  - name: tick\n    steps: [echo ticked]\n";
+    let repo = TestRepo::new(&[(".kiln/ci.yaml", ci), (".kiln/nightly.yaml", nightly)]).unwrap();
+    let flags = ["--resource-interval", "200ms", "--retry-base", "100ms", "--storage-levels", "80,90,95"];
+    let s = KilnServer::start_in(BIN.as_ref(), data, &flags).unwrap();
+    const SECRET: &str = "critical-webhook-secret-0123";
+    let mut add = s
+        .cli()
+        .args(["repo", "add", "r", "--url"])
+        .arg(repo.path())
+        .args(["--forge", "github", "--forge-repo", "acme/widget", "--webhook-secret-file", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    add.stdin.take().unwrap().write_all(SECRET.as_bytes()).unwrap();
+    assert!(add.wait().unwrap().success());
+    let c = Client::new(&s.url, &s.token);
+    let seen = wait_for(Duration::from_secs(60), || s.log().contains("schedule: first seen").then_some(()));
+    assert!(seen.is_some(), "{}", s.log());
+
+    // The disk fills (1 MiB left: the database still takes a small row).
+    let filler = fill(&dir);
+    let len = std::fs::metadata(&filler).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&filler).unwrap().set_len(len - (1 << 20)).unwrap();
+    let critical = tokio::time::timeout(Duration::from_secs(30), async {
+        while readyz(&s.url).await.0 != 503 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    critical.await.expect("readyz reports critical");
+    let runs = |l: &[kiln_api::RunSummary], e: &str| l.iter().filter(|r| r.event == e).count();
+    // (A tick may have fired before the disk filled.)
+    let ticks_before = runs(&c.list_runs("r", None, None).await.unwrap().runs, "schedule");
+
+    // A push arrives: recorded, 202.
+    let sha = repo.head().unwrap();
+    let payload = serde_json::json!({
+        "ref": "refs/heads/main", "before": "0".repeat(40), "after": sha, "commits": [],
+        "repository": {"full_name": "acme/widget", "id": 1}, "sender": {"login": "dev"}, "pusher": {"name": "dev"},
+    });
+    let body = serde_json::to_vec(&payload).unwrap();
+    let (name, value) = kiln_forge::sign(kiln_forge::Forge::Github, SECRET.as_bytes(), &body);
+    let res = reqwest::Client::new()
+        .post(format!("{}/v1/repos/r/webhooks/github", s.url))
+        .header("X-GitHub-Event", "push")
+        .header("X-GitHub-Delivery", "critical-1")
+        .header(name, value)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    assert_eq!(status, 202, "{}", res.text().await.unwrap());
+    // A tick falls due and is held (the next minute, at most).
+    let held = wait_for(Duration::from_secs(90), || s.log().contains("scheduled run waits").then_some(()));
+    assert!(held.is_some(), "{}", s.log());
+    let list = c.list_runs("r", None, None).await.unwrap().runs;
+    assert_eq!((runs(&list, "push"), runs(&list, "schedule")), (0, ticks_before), "nothing at critical: {list:?}");
+    let deliveries = s.cli().args(["repo", "deliveries", "r", "--json"]).output().unwrap();
+    let deliveries: serde_json::Value = serde_json::from_slice(&deliveries.stdout).unwrap();
+    assert_eq!(deliveries[0]["status"], "pending", "{deliveries}");
+    assert!(deliveries[0]["message"].as_str().unwrap_or("").contains("critical degradation"), "{deliveries}");
+
+    // Space returns: one push run and one scheduled run.
+    std::fs::remove_file(&filler).unwrap();
+    until_ready(&s.url).await;
+    let mut list = Vec::new();
+    for _ in 0..600 {
+        list = c.list_runs("r", None, None).await.unwrap().runs;
+        if runs(&list, "push") > 0 && runs(&list, "schedule") > ticks_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(runs(&list, "push") > 0 && runs(&list, "schedule") > ticks_before, "{list:?}\n{}", s.log());
+    // More trigger rounds (5 s each) fire nothing more for the held tick.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let list = c.list_runs("r", None, None).await.unwrap().runs;
+    assert_eq!((runs(&list, "push"), runs(&list, "schedule")), (1, ticks_before + 1), "{list:?}");
+}
+
 async fn until_ready(url: &str) {
     tokio::time::timeout(Duration::from_secs(30), async {
         while readyz(url).await.0 != 200 {

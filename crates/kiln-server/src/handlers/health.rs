@@ -128,7 +128,9 @@ pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
     );
     let m = &state.metrics;
     let db_now = state.clock.now_ms() - state.clock.ahead_of_database_ms();
-    m.refresh(state.store.as_ref(), state.config.log_archive_after, db_now, state.live_agents.connected_count()).await;
+    let c = &state.config;
+    let connected = state.live_agents.connected_count();
+    m.refresh(state.store.as_ref(), c.log_archive_after, c.delivery_alert_after, db_now, connected).await;
     let body =
         body + &format!(
             "# HELP kiln_dispatch_offer_replicas Live replicas sharing the offering of ready jobs, this one included \

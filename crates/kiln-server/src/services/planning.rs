@@ -10,6 +10,16 @@
 //! push or the poller's reconciliation all find the same run; a pull
 //! request's by delivery id. A workflow that fails validation at that SHA
 //! gets a failed status on the commit naming the file and line, and no run.
+//!
+//! Never dropped (issue 40): trouble that may pass (the remote or a
+//! registry cannot be reached, the server is degraded, the store is busy) is
+//! retried with capped backoff for as long as it lasts; only what cannot
+//! change ends a delivery `failed` — the remote answered and does not have
+//! the commit on the ref (after a few tries: a forge's replica may lag), or
+//! the stored event is unreadable. A delivery pending longer than
+//! `--delivery-alert-after` is delayed: the `kiln_deliveries_delayed`
+//! gauge counts it, its listing says so, and its commit gets a pending
+//! status `kiln/delivery (EVENT)` saying why, settled when planning ends.
 
 use crate::error::ApiErr;
 use crate::git::{GitError, WorkflowFileError};
@@ -25,15 +35,25 @@ use tracing::Instrument;
 
 /// How long a planner holds a delivery before another may take it over.
 const CLAIM_MS: i64 = 120_000;
-/// Attempts before a delivery that keeps failing (the repository cannot be
-/// fetched, a registry is down) is given up as `failed`.
-const MAX_ATTEMPTS: i64 = 8;
+/// Attempts before a delivery whose commit the remote proves absent (not on
+/// the pushed ref, not behind the pull request's ref) is given up as
+/// `failed`: a forge's replica may lag, for seconds, not for ever.
+const ABSENT_ATTEMPTS: i64 = 8;
+/// The wait before planning again while the server refuses new runs
+/// (degradation): short, so planning resumes soon after the level drops.
+const DEGRADED_RETRY_MS: i64 = 5_000;
+/// The prefix of a delivery's message once its delayed status was posted.
+const DELAYED: &str = "delayed: ";
 /// Deliveries planned at once.
 const PARALLEL: usize = 4;
 
 enum PlanError {
     /// Worth trying again later (a fetch or registry failed).
     Transient(String),
+    /// The server refuses new runs now (degradation): planned when it recovers.
+    Degraded(String),
+    /// The remote answered and does not hold the commit where the event says.
+    Absent(String),
     /// Will not change by trying again.
     Permanent(String),
     Store(StoreError),
@@ -73,39 +93,99 @@ async fn plan_claimed(state: &AppState, d: &DeliveryRecord) -> Result<bool, Stor
     }
     // The runs of a forge delivery start their traces with this trigger (issue 19).
     let span = tracing::info_span!("trigger", trigger = "forge", delivery = %d.id);
-    match plan(state, d).instrument(span).await {
+    // `attempts` counts this one already (the claim added it).
+    let attempts = d.attempts + 1;
+    let outcome = match state.resources.admit_run(false) {
+        // Critical degradation: recorded, not planned (issue 40); the
+        // forge got its 202 and will not send it again.
+        Err(r) => Err(PlanError::Degraded(r.message)),
+        Ok(()) => plan(state, d).instrument(span).await,
+    };
+    match outcome {
         Ok(p) => {
             let message = if p.problems.is_empty() {
                 format!("{} run(s) from {} workflow file(s)", p.runs.len(), p.considered)
             } else {
                 format!("{} run(s); refused: {}", p.runs.len(), p.problems.join("; "))
             };
+            if was_delayed(d) {
+                settle_delayed(state, d, "success", &format!("planned after {attempts} attempts: {message}")).await?;
+            }
             state.store.finish_delivery(&d.id, "planned", Some(&message), &p.runs).await?;
             Ok(true)
         }
-        Err(PlanError::Permanent(m)) => {
-            tracing::warn!(delivery = %d.id, "delivery not planned: {m}");
-            state.store.finish_delivery(&d.id, "failed", Some(&m), &[]).await?;
-            Ok(true)
+        Err(PlanError::Permanent(m)) => give_up(state, d, &m).await,
+        Err(PlanError::Absent(m)) if attempts >= ABSENT_ATTEMPTS => {
+            give_up(state, d, &format!("given up after {attempts} attempts: {m}")).await
         }
-        Err(PlanError::Transient(m)) | Err(PlanError::Store(StoreError::Unavailable(m))) => {
-            // `attempts` counts this one already (the claim added it).
-            if d.attempts + 1 >= MAX_ATTEMPTS {
-                let m = format!("given up after {} attempts: {m}", d.attempts + 1);
-                state.store.finish_delivery(&d.id, "failed", Some(&m), &[]).await?;
-            } else {
-                let backoff = kiln_core::backoff::Backoff { base_ms: 1_000, max_ms: 300_000 };
-                let delay = backoff.delay_ms((d.attempts + 1) as u32, &mut rand::rng()) as i64;
-                tracing::info!(delivery = %d.id, delay_ms = delay, "planning deferred: {m}");
-                state.store.defer_delivery(&d.id, delay, &m).await?;
-            }
-            Ok(false)
-        }
-        Err(PlanError::Store(e)) => {
+        Err(PlanError::Store(e)) if !matches!(e, StoreError::Unavailable(_)) => {
             let _ = state.store.defer_delivery(&d.id, 5_000, &e.to_string()).await;
             Err(e)
         }
+        Err(PlanError::Transient(m) | PlanError::Absent(m) | PlanError::Degraded(m))
+        | Err(PlanError::Store(StoreError::Unavailable(m))) => {
+            let degraded = state.resources.admit_run(false).is_err();
+            let delay = if degraded {
+                DEGRADED_RETRY_MS
+            } else {
+                let backoff = kiln_core::backoff::Backoff {
+                    base_ms: (2 * state.config.retry_base.as_millis() as u64).max(1),
+                    max_ms: state.config.delivery_retry_max.as_millis() as u64,
+                };
+                backoff.delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), &mut rand::rng()) as i64
+            };
+            tracing::info!(delivery = %d.id, attempts, delay_ms = delay, "planning deferred: {m}");
+            let age = state.clock.now_ms() - d.created_at;
+            let message = if was_delayed(d) {
+                format!("{DELAYED}{m}")
+            } else if age >= state.config.delivery_alert_after.as_millis() as i64 {
+                tracing::warn!(delivery = %d.id, attempts, age_ms = age, "delivery delayed: {m}");
+                let waited = age / 60_000;
+                let why = format!("delayed {waited} min, still retrying: {m}");
+                settle_delayed(state, d, "pending", &why).await?;
+                format!("{DELAYED}{m}")
+            } else {
+                m
+            };
+            state.store.defer_delivery(&d.id, delay, &message).await?;
+            Ok(false)
+        }
+        Err(PlanError::Store(e)) => Err(e),
     }
+}
+
+/// A delivery that cannot be planned, ever: `failed`, saying why.
+async fn give_up(state: &AppState, d: &DeliveryRecord, m: &str) -> Result<bool, StoreError> {
+    tracing::warn!(delivery = %d.id, "delivery not planned: {m}");
+    if was_delayed(d) {
+        settle_delayed(state, d, "failure", m).await?;
+    }
+    state.store.finish_delivery(&d.id, "failed", Some(m), &[]).await?;
+    Ok(true)
+}
+
+fn was_delayed(d: &DeliveryRecord) -> bool {
+    d.message.as_deref().is_some_and(|m| m.starts_with(DELAYED))
+}
+
+/// The delivery's own commit status, `kiln/delivery (EVENT)`: pending while
+/// it is delayed, then how planning ended (the workflows' statuses follow
+/// from their runs).
+async fn settle_delayed(state: &AppState, d: &DeliveryRecord, status: &str, why: &str) -> Result<(), StoreError> {
+    let Ok(event) = serde_json::from_str::<ForgeEvent>(&d.trigger_event) else { return Ok(()) };
+    let (sha, kind) = match event {
+        ForgeEvent::Push(p) => (p.after, "push"),
+        ForgeEvent::PullRequest(pr) => (pr.head_sha, "pull_request"),
+        ForgeEvent::Ping | ForgeEvent::Ignored { .. } => return Ok(()),
+    };
+    let repo = state.store.get_repo(&d.repo_id).await?;
+    if !reports_statuses(&repo) {
+        return Ok(());
+    }
+    // Forges cap descriptions (GitHub: 140 characters).
+    let why: String = why.chars().take(138).collect();
+    state.store.create_report(&repo.id, &sha, &format!("kiln/delivery ({kind})"), status, &why).await?;
+    Ok(())
 }
 
 /// The status context of a workflow file for an event: `kiln/ci (push)`.
@@ -156,7 +236,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
             }
         };
         // Degraded: the delivery stays pending and is planned again later.
-        crate::services::acceptance::admit(state, &wf).map_err(|e| PlanError::Transient(e.message))?;
+        crate::services::acceptance::admit(state, &wf).map_err(|e| PlanError::Degraded(e.message))?;
         let runs = match (kind, &base_branch) {
             ("push", _) => wf.on.matches_push(&git_ref, changed.as_deref()),
             (_, Some(base)) => wf.on.matches_pull_request(base, changed.as_deref()),
@@ -277,7 +357,11 @@ async fn resolve(state: &AppState, repo: &RepoRecord, sha: &str, fetch_ref: Opti
         Err(GitError::UnknownRevision(_)) if fetch_ref.is_some() => {
             let r = fetch_ref.expect("checked");
             state.mirrors.fetch_ref(&repo.id, &remote, r).await.map_err(|e| PlanError::Transient(e.to_string()))?;
-            state.mirrors.resolve(&repo.id, &remote, sha).await.map_err(|e| PlanError::Transient(e.to_string()))
+            // Fetched, and the commit is not behind the pull request's ref.
+            state.mirrors.resolve(&repo.id, &remote, sha).await.map_err(|e| match e {
+                GitError::UnknownRevision(_) => PlanError::Absent(e.to_string()),
+                e => PlanError::Transient(e.to_string()),
+            })
         }
         // A commit not there yet may be replication lag on the forge's side.
         Err(e) => Err(PlanError::Transient(e.to_string())),
@@ -294,7 +378,7 @@ async fn on_pushed_ref(state: &AppState, repo: &RepoRecord, git_ref: &str, sha: 
     let remote = crate::services::repos::remote(state, repo).await.map_err(|e| PlanError::Transient(e.message))?;
     match state.mirrors.commit_on_remote_ref(&repo.id, &remote, git_ref, sha).await {
         Ok(sha) => Ok(sha),
-        Err(GitError::UnknownRevision(_)) => Err(PlanError::Transient(format!(
+        Err(GitError::UnknownRevision(_)) => Err(PlanError::Absent(format!(
             "commit {sha} is not on {git_ref} of the remote (neither its tip nor an ancestor of it); a push runs \
              only what the pushed ref holds"
         ))),

@@ -339,7 +339,7 @@ pub(crate) async fn hook_info(state: &AppState, name: &str) -> ApiResult<api::Ho
 pub(crate) async fn deliveries(state: &AppState, name: &str, limit: Option<u32>) -> ApiResult<Vec<api::Delivery>> {
     let repo = state.store.get_repo(name).await?;
     let list = state.store.list_deliveries(&repo.id, limit.unwrap_or(50).min(500)).await?;
-    Ok(list.iter().map(crate::services::webhooks::delivery_view).collect())
+    Ok(list.iter().map(|d| crate::services::webhooks::delivery_view(state, d)).collect())
 }
 
 /// The API view of a repository, with whether it has a clone credential.

@@ -77,6 +77,7 @@ pub(crate) async fn schedule_once(state: &AppState) -> Result<usize, StoreError>
             let Some(last) = state.store.schedule_cursor(&repo.id, path).await? else {
                 // A workflow seen for the first time starts now: no backfill.
                 state.store.advance_schedule_cursor(&repo.id, path, None, now).await?;
+                tracing::info!(repo = %repo.name, workflow = %path, "schedule: first seen, its ticks count from now");
                 continue;
             };
             let Some(tick) = wf.on.schedule.iter().filter_map(|s| s.due_tick(last, now)).max() else { continue };
@@ -85,7 +86,16 @@ pub(crate) async fn schedule_once(state: &AppState) -> Result<usize, StoreError>
             match fire(state, &repo, &idx.sha, path, wf, tick).instrument(span).await {
                 Ok(true) => fired += 1,
                 Ok(false) => {}
-                Err(e) => tracing::warn!(repo = %repo.name, workflow = %path, tick, "scheduled run refused: {e}"),
+                // Refused for now (degradation, a registry down): the tick
+                // stays due and fires once when it can, like a missed one
+                // (issue 40); the cursor does not move.
+                Err(Refusal::ForNow(e)) => {
+                    tracing::info!(repo = %repo.name, workflow = %path, tick, "scheduled run waits: {e}");
+                    continue;
+                }
+                Err(Refusal::Never(e)) => {
+                    tracing::warn!(repo = %repo.name, workflow = %path, tick, "scheduled run refused: {e}");
+                }
             }
             // Only after the run exists: a crash in between fires the same
             // tick again, which the idempotency record answers with that run.
@@ -93,6 +103,15 @@ pub(crate) async fn schedule_once(state: &AppState) -> Result<usize, StoreError>
         }
     }
     Ok(fired)
+}
+
+/// Why a tick did not fire.
+enum Refusal {
+    /// It may fire later (degradation, a registry or the store down): the
+    /// tick stays due.
+    ForNow(String),
+    /// It never will (the workflow cannot run as scheduled): the tick passes.
+    Never(String),
 }
 
 /// Accept the run of `path` for `tick`; whether it was new.
@@ -103,22 +122,27 @@ async fn fire(
     path: &str,
     wf: &Workflow,
     tick: i64,
-) -> Result<bool, String> {
+) -> Result<bool, Refusal> {
+    use crate::images::ResolveError;
     let git_ref = format!("refs/heads/{}", repo.forge.default_branch);
     // A scheduled run gets the declared inputs' defaults (a required input
     // without one refuses the run).
-    let inputs = wf.check_inputs(&Default::default())?;
+    let inputs = wf.check_inputs(&Default::default()).map_err(Refusal::Never)?;
     // Not at critical degradation: the tick stays due and fires once the
     // server recovers (the cursor does not move).
-    crate::services::acceptance::admit(state, wf).map_err(|e| e.message)?;
-    let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs)?;
+    crate::services::acceptance::admit(state, wf).map_err(|e| Refusal::ForNow(e.message))?;
+    let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs).map_err(Refusal::Never)?;
     let mut wf = wf.clone();
     crate::services::acceptance::render_accepted(&mut wf, "schedule", Some(&git_ref), &inputs)
-        .map_err(|e| format!("{path}: {e}"))?;
-    crate::services::limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout)?;
+        .map_err(|e| Refusal::Never(format!("{path}: {e}")))?;
+    crate::services::limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout)
+        .map_err(Refusal::Never)?;
     crate::services::limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
     crate::services::limits::run_timeout(&mut wf, state.config.run_timeout);
-    let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| format!("{e:?}"))?;
+    let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| match e {
+        ResolveError::Refused(m) => Refusal::Never(m),
+        ResolveError::Unavailable(m) => Refusal::ForNow(m),
+    })?;
     let accepted = crate::services::acceptance::accept_timed(
         state,
         "schedule",
@@ -147,7 +171,10 @@ async fn fire(
         None,
     )
     .await
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| match e {
+        StoreError::Unavailable(_) | StoreError::Busy(_) | StoreError::Retryable(_) => Refusal::ForNow(e.to_string()),
+        e => Refusal::Never(e.to_string()),
+    })?;
     state.relay_wake.notify_one();
     if accepted.created {
         let detail = format!("schedule tick {tick} of {path}");
@@ -209,6 +236,9 @@ pub(crate) async fn poll_once(state: &AppState) -> Result<usize, StoreError> {
                 made += usize::from(created);
             }
             state.store.record_ref_head(&repo.id, &git_ref, &sha).await?;
+        }
+        if first {
+            tracing::info!(repo = %repo.name, "first poll: the remote's heads are recorded (nothing runs)");
         }
     }
     if made > 0 {

@@ -121,13 +121,10 @@ pub(crate) async fn receive(
         tracing::warn!(repo = %repo.name, forge = %forge, "webhook refused: {message}");
         return Err(ApiErr::bad_request(message));
     }
-    // A full disk (spec 004: critical) takes no new work: the forge
-    // redelivers after `Retry-After`, nothing is stored now.
-    if matches!(event, ForgeEvent::Push(_) | ForgeEvent::PullRequest(_))
-        && let Err(r) = state.resources.admit_run(false)
-    {
-        return Err(ApiErr::unavailable_for(r.retry_after_secs, r.message));
-    }
+    // At critical degradation (a full disk, spec 004) the delivery is still
+    // recorded and answered 202: forges do not redeliver by themselves, so a
+    // 503 would lose the push. Planning waits until the level drops
+    // (`planning`, issue 40).
     let trust = decide_trust(&repo.forge, &event);
     let (status, message) = match &event {
         ForgeEvent::Push(_) | ForgeEvent::PullRequest(_) => ("pending", None),
@@ -226,8 +223,12 @@ pub(crate) fn ack(d: &DeliveryRecord, duplicate: bool) -> api::WebhookAck {
     }
 }
 
-pub(crate) fn delivery_view(d: &DeliveryRecord) -> api::Delivery {
+pub(crate) fn delivery_view(state: &AppState, d: &DeliveryRecord) -> api::Delivery {
+    let delayed = d.status == "pending"
+        && state.clock.now_ms() - d.created_at >= state.config.delivery_alert_after.as_millis() as i64;
     api::Delivery {
+        attempts: d.attempts,
+        delayed,
         id: d.id.clone(),
         forge: d.forge.clone(),
         forge_delivery: d.delivery_key.clone(),

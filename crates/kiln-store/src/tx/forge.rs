@@ -121,6 +121,24 @@ pub(crate) async fn due_deliveries(store: &SqlStore, limit: u32) -> Result<Vec<D
     rows.iter().map(delivery_from_row).collect()
 }
 
+/// `ForgeStore::delivery_backlog` (through the `deliveries_pending` index).
+pub(crate) async fn delivery_backlog(store: &SqlStore, delayed_after_ms: i64) -> Result<crate::model::DeliveryBacklog> {
+    static SQL: Sql = Sql::new(|d| {
+        format!(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN created_at < {now} - $1 THEN 1 ELSE 0 END), 0), \
+             COALESCE({now} - MIN(created_at), 0) FROM deliveries WHERE status = 'pending'",
+            now = d.now_ms
+        )
+    });
+    let (pending, delayed, oldest): (i64, i64, i64) =
+        store.reader().await?.sql(&SQL).bind(delayed_after_ms).one().await?;
+    Ok(crate::model::DeliveryBacklog {
+        pending: u64::try_from(pending).unwrap_or(0),
+        delayed: u64::try_from(delayed).unwrap_or(0),
+        oldest_ms: oldest.max(0),
+    })
+}
+
 /// `ForgeStore::claim_delivery`.
 pub(crate) async fn claim_delivery(store: &SqlStore, id: &str, ttl_ms: i64) -> Result<bool> {
     static SQL: Sql = Sql::new(|d| {

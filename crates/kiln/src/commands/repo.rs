@@ -86,13 +86,21 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
                 kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
             } else {
                 for d in list {
+                    // A delivery that keeps meeting trouble is still pending
+                    // (it is retried until planned); say how long it waits.
+                    let (status, note) = if d.delayed {
+                        let waited = super::shared::duration_text(super::shared::now_ms() - d.created_at_ms);
+                        ("DELAYED", format!("waiting {waited}, {} attempts: ", d.attempts))
+                    } else {
+                        (d.status.as_str(), String::new())
+                    };
                     kiln_cmd::outln!(
-                        "{}  {:<7} {:<14} {:<9} {:<9} runs: {}  {}",
+                        "{}  {:<7} {:<14} {:<9} {:<9} runs: {}  {note}{}",
                         d.id,
                         d.forge,
                         crate::term::clean(&d.event),
                         d.trust,
-                        d.status,
+                        status,
                         d.runs.len(),
                         crate::term::clean(d.message.as_deref().unwrap_or(""))
                     );

@@ -137,6 +137,8 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.gc_grace = t.artifact_gc_grace;
     config.gc_interval = t.gc_interval;
     config.retry_base = t.retry_base;
+    config.delivery_retry_max = t.delivery_retry_max;
+    config.delivery_alert_after = t.delivery_alert_after;
     config.log_archive_after = t.log_archive_after;
     config.log_archive_interval =
         t.log_archive_after.clamp(std::time::Duration::from_millis(200), std::time::Duration::from_secs(10));
