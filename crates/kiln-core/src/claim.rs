@@ -281,9 +281,23 @@ pub fn admits(running: u32, max_jobs: u32) -> bool {
     running < max_jobs
 }
 
-/// Every label the job requires, with the same value.
+/// Every label the job requires, with the same value ([`label_eq`]).
 pub fn labels_match(required: &BTreeMap<String, String>, have: &BTreeMap<String, String>) -> bool {
-    required.iter().all(|(k, v)| have.get(k) == Some(v))
+    required.iter().all(|(k, v)| have.get(k).is_some_and(|h| label_eq(k, v, h)))
+}
+
+/// Whether a label's wanted value is the agent's: equal, or for `arch` the
+/// same architecture under another common name (`amd64` = `x86_64` =
+/// `x86-64`, `arm64` = `aarch64`), as the image resolver treats them.
+pub fn label_eq(key: &str, want: &str, have: &str) -> bool {
+    fn arch(v: &str) -> &str {
+        match v {
+            "x86_64" | "x86-64" => "amd64",
+            "aarch64" => "arm64",
+            v => v,
+        }
+    }
+    want == have || (key == "arch" && arch(want) == arch(have))
 }
 
 /// The claim rule.
@@ -325,6 +339,17 @@ pub fn replay_stands(job: JobStatus, current_epoch: i64, claimed_epoch: i64) -> 
 mod tests {
     use super::*;
     use ClaimRefusal as R;
+
+    #[test]
+    fn arch_labels_match_their_other_common_names() {
+        let l = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        assert!(labels_match(&l("arch", "amd64"), &l("arch", "x86_64")));
+        assert!(labels_match(&l("arch", "x86_64"), &l("arch", "amd64")));
+        assert!(labels_match(&l("arch", "arm64"), &l("arch", "aarch64")));
+        assert!(!labels_match(&l("arch", "arm64"), &l("arch", "x86_64")));
+        assert!(!labels_match(&l("os", "amd64"), &l("os", "x86_64")), "only `arch` has aliases");
+        assert!(!labels_match(&l("arch", "amd64"), &BTreeMap::new()));
+    }
 
     #[test]
     fn table() {

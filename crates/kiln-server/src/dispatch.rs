@@ -329,7 +329,7 @@ fn pop_from(
 ) -> Option<OutboxEvent> {
     by_class
         .values_mut()
-        .filter(|(labels, _)| labels.iter().all(|(k, v)| agent_labels.get(k) == Some(v)))
+        .filter(|(labels, _)| kiln_core::claim::labels_match(labels, agent_labels))
         .filter_map(|(_, queue)| {
             let at = queue.iter().position(may)?;
             Some((queue[at].id, at, queue))

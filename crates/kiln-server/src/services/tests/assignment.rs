@@ -194,3 +194,23 @@ async fn secrets_are_not_handed_to_agents_of_other_pools() {
     let read = audit.iter().find(|e| e.action == "secret.read").expect("audited");
     assert_eq!((read.actor.as_str(), read.target.as_str()), (format!("agent:{}", b.0).as_str(), "r/TOKEN"));
 }
+
+/// `runs-on: {arch: amd64}` is claimed by an agent that says `x86_64` (and
+/// `arm64` by `aarch64`), as the image resolver treats them; another
+/// architecture is not (issue 40).
+#[tokio::test]
+async fn an_arch_label_matches_its_other_common_name() {
+    let env = Env::new().await;
+    let wf = "version: 1\njobs:\n  - name: a\n    runs-on: {arch: amd64}\n    steps: [echo a]\n  \
+              - name: b\n    needs: []\n    runs-on: {arch: arm64}\n    steps: [echo b]\n";
+    let _repo = env.repo("r", &[(".kiln/pipeline.yaml", wf)]).await;
+    env.submit("r").await;
+    env.relay().await;
+    let x86 = env.state.store.register_agent("x86", r#"{"arch":"x86_64"}"#, 1).await.unwrap();
+    let arm = env.state.store.register_agent("arm", r#"{"arch":"aarch64"}"#, 1).await.unwrap();
+    let riscv = env.state.store.register_agent("rv", r#"{"arch":"riscv64"}"#, 1).await.unwrap();
+    assert!(env.claim_now(&(riscv.id, riscv.session_id), "c0").await.is_none(), "another architecture");
+    let a = env.claim_now(&(x86.id, x86.session_id), "c1").await.expect("amd64 on x86_64");
+    let b = env.claim_now(&(arm.id, arm.session_id), "c2").await.expect("arm64 on aarch64");
+    assert_eq!((a.job_name.as_str(), b.job_name.as_str()), ("a", "b"));
+}
