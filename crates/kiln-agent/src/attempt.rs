@@ -43,6 +43,8 @@ pub(crate) struct AttemptContext {
     pub sandbox_dir: PathBuf,
     /// Who runs host steps, in which namespaces.
     pub isolation: kiln_sandbox::Isolation,
+    /// What host steps may not see (see `AgentConfig::hide_paths`).
+    pub hide: Arc<Vec<PathBuf>>,
     pub mirrors: Arc<Mirrors>,
     pub executor: ExecutorKind,
     /// The container engine (container executor only).
@@ -628,6 +630,7 @@ async fn execute(
             let mut cfg = HostConfig::new(ws.clone(), sandbox.clone(), ctx.pgid_dir());
             cfg.kill_grace = ctx.kill_grace;
             cfg.isolation = ctx.isolation;
+            cfg.hide = ctx.hide.to_vec();
             cfg.keep_dirs = sandbox_dir.slot;
             Arc::new(HostExecutor::new(cfg))
         }

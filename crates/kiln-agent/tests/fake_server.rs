@@ -690,6 +690,7 @@ impl Harness {
             labels: BTreeMap::new(),
             work_dir: self.work_dir(),
             sandbox_dir: Some(self.sandbox_dir()),
+            hide_paths: vec![],
             // Steps write to the test's own (0700) temp dir: under a root
             // test runner they keep root (the kiln e2e and hostile tests
             // cover the default, `nobody`).
