@@ -295,6 +295,33 @@ pub(crate) fn namespace_child(
     }
 }
 
+/// What a namespaced step's child does first: it leads its own session
+/// (its whole tree is one process group) at the agent's priority
+/// ([`SessionNice`]), gets umask 022, `no_new_privs` when it will run as
+/// the step user, and SIGKILL when its parent dies.
+///
+/// # Safety
+/// Only in a forked child, between fork and exec: raw syscalls only.
+unsafe fn lead_session(step_user: bool, nice: Option<SessionNice>) -> io::Result<()> {
+    // SAFETY: async-signal-safe syscalls on constants.
+    unsafe {
+        if libc::setsid() == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        if let Some(n) = nice {
+            n.apply();
+        }
+        libc::umask(0o022);
+        if step_user && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
 /// Writes `bytes` to a file of `/proc/self` (a user namespace's maps).
 ///
 /// # Safety
