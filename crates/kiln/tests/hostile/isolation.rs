@@ -303,7 +303,7 @@ async fn a_link_left_in_tmp_carries_nothing_to_the_next_job() {
     assert!(!log_b.contains("LINK-FOUND"), "the next job found the link:\n{log_b}");
     assert!(!log_b.contains("SHM-FOUND"), "the next job found the /dev/shm file:\n{log_b}");
 
-    let read = format!("cat {leak} {x} /dev/shm/* 2>/dev/null; ls -A /dev/shm /tmp; echo read-done");
+    let read = format!("cat {leak} {x} /dev/shm/* 2>/dev/null || true; ls -A /dev/shm /tmp; echo read-done");
     let c = TestRepo::new(&[(".kiln/pipeline.yaml", &one_job(&[&read]))]).unwrap();
     let (run, log_c) = run_repo(&up.url, &up.token, &c).await;
     assert_eq!(run.status.as_str(), "success", "{log_c}");
