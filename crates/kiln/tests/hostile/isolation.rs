@@ -191,11 +191,13 @@ async fn a_root_kiln_ups_step_finds_an_empty_data_dir() {
     assert_eq!(std::fs::metadata(&data).unwrap().permissions().mode() & 0o777, 0o700);
 }
 
-/// Item 8, a standalone `kiln agent` as a normal user (uid 4244): it
-/// hides its `--token-file` and its work dir by itself, and with
-/// `--hide-path` what it cannot know (here a stand-in for the data
-/// directory of a `kiln server` of the same user). A step of it tries them
-/// all and reads nothing.
+/// Item 8, a standalone `kiln agent` as a normal user (uid 4244). First
+/// without `--hide-path`: a step of it tries the agent's `--token-file` and
+/// its work dir and reads neither (the agent hides them by itself), while
+/// the stand-in for the data directory of a `kiln server` of the same user
+/// is still readable (the probe does read what is not hidden). Then the
+/// same agent with `--hide-path` that directory: nothing is read. (Before
+/// the fix the first step read the token; the flag did not exist.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_non_root_agent_hides_its_token_file_work_dir_and_hide_paths() {
     if !nix::unistd::geteuid().is_root() {
@@ -221,29 +223,8 @@ async fn a_non_root_agent_hides_its_token_file_work_dir_and_hide_paths() {
     Command::new("chown").arg("-R").arg(format!("{UID}:{UID}")).arg(&user).status().unwrap();
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let work = user.join("work");
-    let log_path = home.path().join("agent.log");
-    let agent = Command::new("setpriv")
-        .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
-        .arg(&bin)
-        .args(["agent", "--server", &server.url, "--name", "hider", "--token-file"])
-        .arg(&token_file)
-        .arg("--work-dir")
-        .arg(&work)
-        .arg("--hide-path")
-        .arg(&data)
-        .env_clear()
-        .env("KILN_STORAGE_LEVELS", "off")
-        .env("HOME", &user)
-        .env("TMPDIR", &tmp)
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("KILN_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
-    let _agent = Kill(agent);
     let step = format!(
-        r#"for f in "{token}" "{data}/admin.token" "{work}/agent.lock"; do
+        r#"for f in "{token}" "{work}/agent.lock" "{data}/admin.token"; do
   if [ -s "$f" ] && cat "$f" >/dev/null 2>&1; then echo "READ $f"; else echo "hidden $f"; fi
 done
 echo "entries=$(ls -A "{data}" | wc -l) work=$(ls -A "{work}" | wc -l) uid=$(id -u)""#,
@@ -253,12 +234,47 @@ echo "entries=$(ls -A "{data}" | wc -l) work=$(ls -A "{work}" | wc -l) uid=$(id 
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &one_job(&[&step]))]).unwrap();
     Command::new("chmod").arg("-R").arg("a+rX").arg(repo.path()).status().unwrap();
-    let (run, log) = run_repo(&server.url, &server.token, &repo).await;
-    let agent_log = std::fs::read_to_string(&log_path).unwrap_or_default();
-    assert_eq!(run.status.as_str(), "success", "{log}\n{agent_log}");
-    assert!(!log.contains("READ "), "{log}");
-    assert!(log.contains(&format!("entries=0 work=0 uid={UID}")), "{log}");
-    assert!(!log.contains(server.agent_token.trim()) && !log.contains("STANDIN"), "{log}");
+    for (name, hide) in [("plain", None), ("hider", Some(&data))] {
+        let log_path = home.path().join(format!("{name}.log"));
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
+            .arg(&bin)
+            .args(["agent", "--server", &server.url, "--name", name, "--token-file"])
+            .arg(&token_file)
+            .arg("--work-dir")
+            .arg(&work);
+        if let Some(p) = hide {
+            cmd.arg("--hide-path").arg(p);
+        }
+        let agent = cmd
+            .env_clear()
+            .env("KILN_STORAGE_LEVELS", "off")
+            .env("HOME", &user)
+            .env("TMPDIR", &tmp)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("KILN_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap();
+        let agent = Kill(agent);
+        let (run, log) = run_repo(&server.url, &server.token, &repo).await;
+        drop(agent);
+        let agent_log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        assert_eq!(run.status.as_str(), "success", "{name}: {log}\n{agent_log}");
+        assert!(log.contains(&format!("uid={UID}")), "{name}: the step runs as the agent's user:\n{log}");
+        assert!(!log.contains(&format!("READ {}", token_file.display())), "{name}: the step read the token:\n{log}");
+        assert!(!log.contains(&format!("READ {}/", work.display())), "{name}: the step read the work dir:\n{log}");
+        assert!(log.contains(" work=0 "), "{name}: the step listed the work dir:\n{log}");
+        assert!(!log.contains(server.agent_token.trim()), "{name}: {log}");
+        if hide.is_some() {
+            assert!(!log.contains("READ ") && !log.contains("STANDIN"), "{name}: {log}");
+            assert!(log.contains("entries=0 "), "{name}: the step listed the hidden path:\n{log}");
+        } else {
+            // Not hidden without the flag: the probe reads what it can.
+            assert!(log.contains(&format!("READ {}/admin.token", data.display())), "{name}: {log}");
+        }
+    }
     // A path that does not exist is refused, not ignored.
     let out = Command::new(self::bin())
         .env("KILN_STORAGE_LEVELS", "off")
