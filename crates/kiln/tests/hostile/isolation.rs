@@ -75,7 +75,8 @@ impl Drop for Kill {
 
 /// What a step prints about Kiln's files under `data` (and its agents'
 /// work dirs): `READ <f>` for each it could read, `entries=<n>` for the
-/// data directory's listing.
+/// data directory's listing, `open-fd: <path>` for a descriptor it
+/// inherited into the data directory (the server's database).
 fn key_probe(data: &Path) -> String {
     format!(
         r#"D="{data}"
@@ -84,6 +85,7 @@ for f in admin.token agent.token blob.key kiln.db kiln.db-wal agents/local-1/age
 done
 if ls -A "$D" >/dev/null 2>&1; then echo "listed entries=$(ls -A "$D" | wc -l)"; else echo "denied listing"; fi
 ls -A "$D/agents/local-1" 2>/dev/null | sed 's/^/agent-dir: /'
+for fd in /proc/$$/fd/*; do readlink "$fd"; done | grep -F "$D" | sed 's/^/open-fd: /'
 echo "uid=$(id -u)"
 echo done-probing"#,
         data = data.display()
@@ -167,6 +169,7 @@ async fn a_non_root_kiln_ups_step_finds_none_of_its_keys() {
     assert!(!log.contains("READ "), "{log}");
     assert!(log.contains("listed entries=0\n"), "the step listed the data dir:\n{log}");
     assert!(!log.contains("agent-dir: "), "the step listed the agent's work dir:\n{log}");
+    assert!(!log.contains("open-fd: "), "the step inherited a descriptor into the data dir:\n{log}");
     for f in ["admin.token", "agent.token", "blob.key"] {
         let secret = std::fs::read_to_string(data.join(f)).unwrap();
         assert!(!log.contains(secret.trim()), "{f} is in the log");
@@ -185,7 +188,7 @@ async fn a_root_kiln_ups_step_finds_an_empty_data_dir() {
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &one_job(&[&key_probe(&data)]))]).unwrap();
     let (run, log) = run_repo(&up.url, &up.token, &repo).await;
     assert_eq!(run.status.as_str(), "success", "{log}");
-    assert!(!log.contains("READ ") && !log.contains("uid=0\n"), "{log}");
+    assert!(!log.contains("READ ") && !log.contains("uid=0\n") && !log.contains("open-fd: "), "{log}");
     // `ls` succeeds on the empty tmpfs (it was denied the 0700 directory).
     assert!(log.contains("listed entries=0\n"), "{log}");
     assert_eq!(std::fs::metadata(&data).unwrap().permissions().mode() & 0o777, 0o700);
