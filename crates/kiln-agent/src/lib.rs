@@ -412,8 +412,9 @@ fn hidden_paths(
     extra: &[PathBuf],
     sandbox: &std::path::Path,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let abs =
-        |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
+    let abs = |p: &std::path::Path| {
+        p.canonicalize().unwrap_or_else(|_| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()))
+    };
     let sandbox = abs(sandbox);
     let mut hide = vec![];
     for p in std::iter::once(work_dir).chain(extra.iter().map(PathBuf::as_path)) {

@@ -196,7 +196,7 @@ mod tests {
             ]
         );
         // A job directory under a hidden one is refused, not silently hidden.
-        let e = StepMounts::plan(&[root.join("sb")], &[], &[sandbox.clone()]).err().unwrap();
+        let e = StepMounts::plan(&[root.join("sb")], &[], std::slice::from_ref(&sandbox)).err().unwrap();
         assert!(e.to_string().contains("must not see"), "{e}");
         // A link in place of a private dir's source is not followed.
         std::fs::remove_dir(sandbox.join("tmp")).unwrap();
