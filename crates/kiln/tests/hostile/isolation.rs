@@ -155,7 +155,10 @@ async fn a_non_root_kiln_ups_step_finds_none_of_its_keys() {
         panic!("kiln up did not start: {}", std::fs::read_to_string(home.path().join("up.log")).unwrap())
     });
 
-    let probe = key_probe(&data) + &format!("\necho planted > /tmp/{marker}");
+    // git in the step: the checkout's objects are its own (the mirror it
+    // would borrow them from is in the hidden work dir).
+    let probe = key_probe(&data)
+        + &format!("\necho planted > /tmp/{marker}\ngit -C \"$KILN_WORKSPACE\" log -1 --format=git-log-%H-ok");
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &one_job(&[&probe]))]).unwrap();
     Command::new("chmod").arg("-R").arg("a+rX").arg(repo.path()).status().unwrap();
     let (run, log) = run_repo(&url, &token, &repo).await;
@@ -163,6 +166,7 @@ async fn a_non_root_kiln_ups_step_finds_none_of_its_keys() {
     assert_eq!(run.status.as_str(), "success", "{log}\n{up_log}");
     assert!(log.contains("done-probing"), "{log}");
     assert!(log.contains(&format!("uid={UID}\n")), "the step runs as the user of kiln up:\n{log}");
+    assert!(log.contains(&format!("git-log-{}-ok", run.commit_sha)), "git in the step:\n{log}");
     for f in ["admin.token", "agent.token", "blob.key", "kiln.db", "agents/local-1/agent.lock"] {
         assert!(log.contains(&format!("hidden {f}\n")), "the step read {f}:\n{log}");
     }
