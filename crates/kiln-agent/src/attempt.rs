@@ -43,6 +43,8 @@ pub(crate) struct AttemptContext {
     pub sandbox_dir: PathBuf,
     /// Who runs host steps, in which namespaces.
     pub isolation: kiln_sandbox::Isolation,
+    /// What host steps may not see (see `AgentConfig::hide_paths`).
+    pub hide: Arc<Vec<PathBuf>>,
     pub mirrors: Arc<Mirrors>,
     pub executor: ExecutorKind,
     /// The container engine (container executor only).
@@ -103,9 +105,9 @@ struct SandboxDir {
 }
 
 /// Which pristine tree a workspace holds: the commit of the clone URL, and
-/// whether its objects are its own (a separate step user).
+/// whether its objects are its own ([`AttemptContext::own_objects`]).
 fn tree_key(ctx: &AttemptContext, a: &Assignment) -> String {
-    format!("{}\n{}\n{}", ctx.private_objects().is_some(), a.clone_url, a.commit_sha)
+    format!("{}\n{}\n{}", ctx.own_objects(), a.clone_url, a.commit_sha)
 }
 
 impl AttemptContext {
@@ -145,6 +147,16 @@ impl AttemptContext {
     /// mirror objects (alternates): host executor with a root agent only.
     fn private_objects(&self) -> Option<kiln_sandbox::StepUser> {
         if self.executor == ExecutorKind::Host { self.isolation.user } else { None }
+    }
+
+    /// Whether a host checkout gets its own object store instead of
+    /// borrowing the mirror's (alternates): when its steps cannot open the
+    /// mirror, run as another user ([`Self::private_objects`]) or with the
+    /// agent's work dir, mirrors included, hidden by their mount namespace
+    /// (any host agent with namespaces; issue 39, item 8).
+    fn own_objects(&self) -> bool {
+        self.private_objects().is_some()
+            || (self.executor == ExecutorKind::Host && self.isolation.namespaces != kiln_sandbox::Namespaces::None)
     }
 }
 
@@ -354,7 +366,7 @@ async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> Opt
         // False: moved out, and the next attempt checks out afresh; if it
         // could not even be moved (a root step's `chattr +i`), the slot
         // starts over with a new sandbox.
-        let private = ctx.private_objects().is_some();
+        let private = ctx.own_objects();
         synced = ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await;
         if !synced && std::fs::symlink_metadata(&ws).is_ok() {
             tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
@@ -446,7 +458,7 @@ async fn execute(
                 a.clone_credential.as_ref(),
                 &a.commit_sha,
                 &ws,
-                ctx.private_objects().is_some(),
+                ctx.own_objects(),
                 sandbox_dir.slot.then_some(ctx.sandbox_dir.as_path()),
                 &on_retry,
             ) => r,
@@ -628,6 +640,7 @@ async fn execute(
             let mut cfg = HostConfig::new(ws.clone(), sandbox.clone(), ctx.pgid_dir());
             cfg.kill_grace = ctx.kill_grace;
             cfg.isolation = ctx.isolation;
+            cfg.hide = ctx.hide.to_vec();
             cfg.keep_dirs = sandbox_dir.slot;
             Arc::new(HostExecutor::new(cfg))
         }

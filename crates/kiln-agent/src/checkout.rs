@@ -82,10 +82,11 @@ impl Mirrors {
     /// unless it is a job slot's kept workspace (`slot_trash`: where what is
     /// moved out of it goes, see [`Mirrors::sync_existing`]).
     ///
-    /// With `private_objects` (steps run as another user, who cannot open
-    /// the agent's 0700 mirrors), the workspace gets its own object
+    /// With `private_objects` (steps that cannot open the agent's mirrors:
+    /// another user, for whom they are 0700, or a mount namespace that
+    /// hides the agent's work dir), the workspace gets its own object
     /// store instead of borrowing the mirror's: its files hard-linked (made
-    /// read-only first; the step user does not own them) or copied.
+    /// read-only first) or copied.
     ///
     /// A fetch that fails transiently (connection refused or reset, DNS, a
     /// timeout, HTTP 5xx or 429) is tried again with backoff; `on_retry`

@@ -7,7 +7,7 @@
 //!   another user) cannot open it at all.
 //! - the sandbox root (`--sandbox-dir`, by default a directory of the system
 //!   temp dir named after the agent's uid and work dir): the sandbox of an
-//!   attempt holding `ws/`, `home/`, `tmp/`, `outputs/` (handed to the step
+//!   attempt holding `ws/`, `home/`, `tmp/`, `shm/`, `outputs/` (handed to the step
 //!   user when there is one) — for host jobs with PID namespaces one
 //!   `slot-<n>-<random>/` per job slot, kept from one attempt to the next
 //!   (renamed in between) and put back in place ([`crate::slots`]);

@@ -200,6 +200,11 @@ pub struct AgentConfig {
     /// Where to serve the agent's own `GET /metrics` (Prometheus text);
     /// `None` (the default): nowhere.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Paths no host step may see besides `work_dir` (always hidden): the
+    /// token file, `kiln up`'s data directory, `--hide-path`. Each step's
+    /// mount namespace covers them; a step that cannot get one and would
+    /// run as the agent's own user does not run (issue 39, item 8).
+    pub hide_paths: Vec<PathBuf>,
 }
 
 struct Agent {
@@ -246,6 +251,7 @@ pub async fn run_draining(
     if config.executor == ExecutorKind::Host {
         tracing::info!(sandbox_dir = %sandbox_dir.display(), "{}", isolation.describe());
     }
+    let hide = hidden_paths(work_dir, &config.hide_paths, &sandbox_dir)?;
     layout::prepare_sandbox_root(&sandbox_dir, isolation.user.is_some())?;
     let reaped = kiln_sandbox::reap_orphans(&work_dir.join("pgids"))
         .with_context(|| format!("cannot reap orphaned steps recorded in {}", work_dir.join("pgids").display()))?;
@@ -324,6 +330,7 @@ pub async fn run_draining(
         work_dir: work_dir.clone(),
         sandbox_dir,
         isolation,
+        hide: Arc::new(hide),
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors")).with_fetch_timeout(config.op_timeouts.git)),
         slots: Arc::new(slots::Slots::new(slots_root)),
         executor: config.executor.clone(),
@@ -395,6 +402,34 @@ pub async fn run_draining(
     }
     tracing::info!("agent stopped");
     Ok(())
+}
+
+/// What host steps may not see: the work dir and `extra`, absolute. Err
+/// when the sandbox root lies under one of them (its jobs would vanish
+/// with it).
+fn hidden_paths(
+    work_dir: &std::path::Path,
+    extra: &[PathBuf],
+    sandbox: &std::path::Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let abs = |p: &std::path::Path| {
+        p.canonicalize().unwrap_or_else(|_| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()))
+    };
+    let sandbox = abs(sandbox);
+    let mut hide = vec![];
+    for p in std::iter::once(work_dir).chain(extra.iter().map(PathBuf::as_path)) {
+        let p = abs(p);
+        anyhow::ensure!(
+            !sandbox.starts_with(&p),
+            "the sandbox dir {} is under {}, which host steps must not see: pass another --sandbox-dir",
+            sandbox.display(),
+            p.display()
+        );
+        if !hide.contains(&p) {
+            hide.push(p);
+        }
+    }
+    Ok(hide)
 }
 
 /// Who runs host steps: under root, `step_user` (default `nobody`; `root`

@@ -360,7 +360,7 @@ pub(crate) fn prune_objects(ws_objects: &Path, mirror_objects: &Path, doomed: &m
 }
 
 /// Puts a slot's sandbox (see the module docs) back to its skeleton,
-/// except `ws/` (the caller syncs it): `home/` and `tmp/` emptied, the
+/// except `ws/` (the caller syncs it): `home/`, `tmp/` and `shm/` emptied, the
 /// output file kept but emptied, anything else doomed; the directory itself
 /// and the kept ones get their mode back and must carry what a directory
 /// the agent makes under `root` carries (attributes, flags), else they are
@@ -377,7 +377,7 @@ pub(crate) fn reset_skeleton(slot: &Path, root: &Path, doomed: &mut Doomed) -> i
         let (name, path) = (e.file_name(), e.path());
         let kept = match name.to_str() {
             Some("ws") => continue,
-            Some("home" | "tmp") => emptied(&path, 0o755, &plain, &[], doomed)?,
+            Some("home" | "tmp" | "shm") => emptied(&path, 0o755, &plain, &[], doomed)?,
             Some("outputs") => emptied(&path, 0o700, &plain, &[crate::outputs::FILE], doomed)?,
             _ => false,
         };

@@ -690,6 +690,7 @@ impl Harness {
             labels: BTreeMap::new(),
             work_dir: self.work_dir(),
             sandbox_dir: Some(self.sandbox_dir()),
+            hide_paths: vec![],
             // Steps write to the test's own (0700) temp dir: under a root
             // test runner they keep root (the kiln e2e and hostile tests
             // cover the default, `nobody`).
@@ -1318,7 +1319,7 @@ async fn step_headers_arrive_before_the_output_of_their_step() {
 /// The attempt directory is moved aside and deleted in the background: wait
 /// for it (bounded) instead of expecting it gone at once. The sandbox dir
 /// then holds only the job slots' kept sandboxes (see `slots.rs`), with
-/// nothing of the job but its workspace: `home/` and `tmp/` empty, the
+/// nothing of the job but its workspace: `home/`, `tmp/` and `shm/` empty, the
 /// output file empty.
 async fn assert_attempts_dir_emptied(work_dir: &std::path::Path) {
     let count = |d: &std::path::Path| std::fs::read_dir(d).map(|d| d.count()).unwrap_or(0);
@@ -1336,9 +1337,10 @@ async fn assert_attempts_dir_emptied(work_dir: &std::path::Path) {
             let clean = slot
                 && count(&p.join("home")) == 0
                 && count(&p.join("tmp")) == 0
+                && count(&p.join("shm")) == 0
                 && std::fs::metadata(p.join("outputs/output")).map_or(true, |m| m.len() == 0)
                 && std::fs::read_dir(&p).unwrap().all(|e| {
-                    ["ws", "home", "tmp", "outputs"].contains(&e.unwrap().file_name().to_string_lossy().as_ref())
+                    ["ws", "home", "tmp", "shm", "outputs"].contains(&e.unwrap().file_name().to_string_lossy().as_ref())
                 });
             if !clean {
                 left.push(p);

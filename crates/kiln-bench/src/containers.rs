@@ -91,6 +91,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             work_dir: tmp.join("agents").join(kind),
             sandbox_dir: None,
             step_user: None,
+            hide_paths: vec![],
             max_jobs: 1,
             executor,
             upload_rate_limit: None,

@@ -41,6 +41,7 @@ pub fn agent_config(
         storage_levels: None,
         memory_levels: None,
         metrics_listen: None,
+        hide_paths: vec![],
     }
 }
 
@@ -97,6 +98,9 @@ pub async fn start_embedded_agents(
             1,
         );
         let mut cfg = cfg;
+        // The server's data directory (tokens, keys, database): never seen
+        // by a host step, even one running as this process's own user.
+        cfg.hide_paths.push(std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone()));
         tune(&mut cfg);
         let rx = stop_rx.clone();
         tasks.push(tokio::spawn(async move {

@@ -369,17 +369,7 @@ impl Engine {
             let dir = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
             binds.push(format!("{}:{at}:rw", dir.display()));
         }
-        let host = HostConfig {
-            binds: Some(binds),
-            network_mode: Some(cfg.network.mode()),
-            nano_cpus: Some((cfg.limits.cpus * 1e9) as i64),
-            memory: Some(cfg.limits.memory_bytes),
-            memory_swap: Some(cfg.limits.memory_bytes),
-            pids_limit: Some(cfg.limits.pids),
-            init: Some(true),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            ..Default::default()
-        };
+        let host = job_host_config(cfg, binds);
         let body = ContainerCreateBody {
             image: Some(cfg.image.clone()),
             entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), IDLE.into()]),
@@ -625,6 +615,45 @@ impl Limits {
         };
         let host = std::thread::available_parallelism().map(|n| n.get() as f64).unwrap_or(1.0);
         Limits { cpus: f64::min(cpus, host), memory_bytes, pids }
+    }
+}
+
+/// The capabilities a job container's processes keep (issue 39, item 10):
+/// everything else is dropped (`CapDrop: ALL`). What a root step of a
+/// common image needs to install and run software: `apt-get`/`dpkg`
+/// (files of other owners and their modes: CHOWN, DAC_OVERRIDE, FOWNER,
+/// FSETID for set-group-id files; `_apt`'s privilege drop: SETUID, SETGID),
+/// a step stopping the processes it started as another user (KILL), and a
+/// test server on a port below 1024 (NET_BIND_SERVICE). Left out of the
+/// engines' defaults: MKNOD, NET_RAW (raw packets, ARP/ICMP spoofing on the
+/// job's network), SYS_CHROOT, SETPCAP, SETFCAP (file capabilities, e.g.
+/// `setcap` in `iputils-ping`'s install, which falls back to set-user-id),
+/// AUDIT_WRITE.
+pub const JOB_CAPABILITIES: [&str; 8] =
+    ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE"];
+
+/// The engine settings of a job container: `binds` only (the workspace and
+/// the job's own directories: its output dir and cache mounts, all in the
+/// attempt's sandbox), the limits (CPU, memory without swap beyond it, a
+/// pids limit), the network, an init, every capability dropped but
+/// [`JOB_CAPABILITIES`], and `no-new-privileges` (a set-user-id binary of
+/// the image gains nothing). Not privileged, no devices, the engine's
+/// default seccomp profile and masked `/proc` paths. The image's `USER`,
+/// when it names one, is kept: such steps run without any capability.
+pub(crate) fn job_host_config(cfg: &ContainerConfig, binds: Vec<String>) -> HostConfig {
+    HostConfig {
+        binds: Some(binds),
+        network_mode: Some(cfg.network.mode()),
+        nano_cpus: Some((cfg.limits.cpus * 1e9) as i64),
+        memory: Some(cfg.limits.memory_bytes),
+        memory_swap: Some(cfg.limits.memory_bytes),
+        pids_limit: Some(cfg.limits.pids),
+        init: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(JOB_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+        privileged: Some(false),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        ..Default::default()
     }
 }
 
@@ -950,6 +979,30 @@ mod tests {
             repository_of("registry.example.com/ci/jdk17-maven:approved"),
             "registry.example.com/ci/jdk17-maven"
         );
+    }
+
+    #[test]
+    fn a_job_container_keeps_only_the_minimal_capabilities_and_mounts_only_what_it_is_given() {
+        let cfg = ContainerConfig {
+            image: "img".into(),
+            workspace: "/ws".into(),
+            mounts: vec![],
+            labels: BTreeMap::new(),
+            limits: Limits::for_size(None),
+            network: Network::None,
+            kill_grace: Duration::from_secs(1),
+        };
+        let h = job_host_config(&cfg, vec!["/ws:/workspace:rw".into()]);
+        assert_eq!(h.cap_drop.as_deref(), Some(&["ALL".to_string()][..]));
+        let added = h.cap_add.unwrap();
+        for absent in ["SYS_ADMIN", "NET_RAW", "MKNOD", "SYS_CHROOT", "SETFCAP", "SETPCAP", "SYS_PTRACE"] {
+            assert!(!added.iter().any(|c| c == absent), "{absent} in {added:?}");
+        }
+        assert_eq!(h.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(h.pids_limit, Some(1024));
+        assert_eq!(h.privileged, Some(false));
+        assert_eq!(h.binds, Some(vec!["/ws:/workspace:rw".to_string()]), "nothing of the host beyond what is given");
+        assert!(h.mounts.is_none() && h.devices.is_none() && h.volumes_from.is_none());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! SIGKILLed: a step owns no processes beyond its own lifetime.
 
 use crate::isolation::Namespaces;
-use crate::isolation::{Isolation, chown_tree, unshare_path};
+use crate::isolation::{Isolation, chown_tree};
+use crate::mounts::StepMounts;
 use crate::procs::{group_alive, signal_group};
 use crate::reap::{forget, record, remove_tree};
 use crate::spawn::{PidNsSpawner, StepChild, StepSpec, isolate_in_namespaces, isolate_process_tree};
@@ -71,6 +72,12 @@ pub struct HostConfig {
     /// `cleanup` leaves `HOME` and `TMPDIR` in place: the caller keeps the
     /// attempt directory for the next attempt and empties them itself.
     pub keep_dirs: bool,
+    /// Paths no step may see (the agent's work dir and token file, `kiln
+    /// up`'s data directory): each step's mount namespace covers them (a
+    /// directory with an empty read-only tmpfs, a file with `/dev/null`).
+    /// Where that cannot be done (no namespaces) a step that would run as
+    /// the agent's own user does not run.
+    pub hide: Vec<PathBuf>,
 }
 
 impl HostConfig {
@@ -86,6 +93,7 @@ impl HostConfig {
             kill_grace: DEFAULT_KILL_GRACE,
             isolation,
             keep_dirs: false,
+            hide: vec![],
         }
     }
 
@@ -93,8 +101,26 @@ impl HostConfig {
         self.attempt_dir.join("home")
     }
 
+    /// The job's `/tmp` (also `TMPDIR`), bound over `/tmp` in its steps'
+    /// mount namespaces.
     fn tmp(&self) -> PathBuf {
         self.attempt_dir.join("tmp")
+    }
+
+    /// The job's `/dev/shm`.
+    fn shm(&self) -> PathBuf {
+        self.attempt_dir.join("shm")
+    }
+
+    /// The mounts of a step's namespace: the hidden paths, the job's
+    /// private `/tmp` and `/dev/shm`, and its own directories where those
+    /// cover them.
+    fn step_mounts(&self) -> std::io::Result<StepMounts> {
+        StepMounts::plan(
+            &self.hide,
+            &[(self.tmp(), "/tmp"), (self.shm(), "/dev/shm")],
+            &[self.attempt_dir.clone(), self.workspace.clone()],
+        )
     }
 }
 
@@ -134,11 +160,42 @@ impl HostExecutor {
             }
         }
         let iso = self.cfg.isolation;
-        // A root agent makes the step's namespaces itself (see below); a
-        // non-root one (user namespace, uid maps) through `unshare`.
-        let in_process = iso.namespaces == Namespaces::Pid;
-        let launcher = if in_process { None } else { iso.launcher_args().zip(unshare_path()) };
-        let namespaced = in_process || launcher.is_some();
+        let spawn_err = |source| SandboxError::Spawn { step: step.name.clone(), source };
+        // The step's forked child makes its namespaces (a non-root agent's
+        // with a user namespace) and its mounts.
+        let userns = match iso.namespaces {
+            Namespaces::UserPid { uid, gid } => Some((uid, gid)),
+            _ => None,
+        };
+        let namespaced = iso.namespaces != Namespaces::None;
+        let mounts = if namespaced {
+            self.cfg.step_mounts().map_err(|e| {
+                spawn_err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot prepare its private /tmp and hidden paths: {e}"),
+                ))
+            })?
+        } else if !self.cfg.hide.is_empty() && iso.user.is_none() {
+            // Fail closed: it would see the agent's files as the agent.
+            return Err(spawn_err(std::io::Error::other(
+                "no mount namespace can be made here, so the agent's files (its work dir and token) cannot be \
+                 hidden from a step that runs as the agent's own user: run the agent as root (steps then run as \
+                 `nobody`) on a kernel that allows namespaces, or use the container executor",
+            )));
+        } else {
+            StepMounts::default()
+        };
+        let mounting = !mounts.is_empty();
+        let in_mounts = move |e: std::io::Error| {
+            if mounting {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("{e} (while making its namespaces: private /tmp and /dev/shm, hidden agent files)"),
+                )
+            } else {
+                e
+            }
+        };
         let default_program = ["/bin/sh".to_string(), "-e".into(), "-c".into()];
         let program: &[String] = if step.program.is_empty() { &default_program } else { &step.program };
         let mut argv: Vec<&OsStr> = program.iter().map(OsStr::new).collect();
@@ -162,31 +219,16 @@ impl HostExecutor {
         // A root agent starts the step as PID 1 of its new namespace from
         // its spawner thread (one clone sharing the agent's memory until it
         // execs), else through a keeper process.
-        let spawner = if in_process { PidNsSpawner::get() } else { None };
-        let spawn_err = |source| SandboxError::Spawn { step: step.name.clone(), source };
+        let spawner = if iso.namespaces == Namespaces::Pid { PidNsSpawner::get() } else { None };
         let started = match spawner {
             Some(s) => {
-                let spec = StepSpec::new(OsStr::new(&program[0]), &argv, &dir, &env, iso.user).map_err(spawn_err)?;
-                Started::direct(s.spawn(spec).await.map_err(spawn_err)?).map_err(spawn_err)?
+                let spec =
+                    StepSpec::new(OsStr::new(&program[0]), &argv, &dir, &env, iso.user, mounts).map_err(spawn_err)?;
+                Started::direct(s.spawn(spec).await.map_err(in_mounts).map_err(spawn_err)?).map_err(spawn_err)?
             }
             None => {
-                let mut cmd = match launcher {
-                    // A PID namespace whose init dies with the agent: the
-                    // kernel then kills every process of the step, including
-                    // double-forked daemons that left the process group. Its
-                    // own /proc shows only the step's processes (no agent
-                    // command lines or environments).
-                    Some((args, unshare)) => {
-                        let mut c = Command::new(unshare);
-                        c.args(args).args(&argv);
-                        c
-                    }
-                    None => {
-                        let mut c = Command::new(argv[0]);
-                        c.args(&argv[1..]);
-                        c
-                    }
-                };
+                let mut cmd = Command::new(argv[0]);
+                cmd.args(&argv[1..]);
                 cmd.current_dir(dir)
                     .env_clear()
                     .envs(&env)
@@ -194,12 +236,17 @@ impl HostExecutor {
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .kill_on_drop(false);
-                if in_process {
-                    isolate_in_namespaces(&mut cmd, iso.user);
+                if namespaced {
+                    // A PID namespace whose init dies with the agent: the
+                    // kernel then kills every process of the step, including
+                    // double-forked daemons that left the process group. Its
+                    // own /proc shows only the step's processes (no agent
+                    // command lines or environments).
+                    isolate_in_namespaces(&mut cmd, iso.user, userns, mounts);
                 } else {
-                    isolate_process_tree(&mut cmd, iso.user, !namespaced);
+                    isolate_process_tree(&mut cmd, iso.user, true);
                 }
-                Started::tokio(cmd.spawn().map_err(spawn_err)?)
+                Started::tokio(cmd.spawn().map_err(in_mounts).map_err(spawn_err)?)
             }
         };
         // setsid made the shell the leader: its pid is the group's id.
@@ -416,8 +463,23 @@ fn reuse(sent: &mut std::collections::VecDeque<bytes::Bytes>, want: usize) -> Op
 impl Executor for HostExecutor {
     fn prepare(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         async move {
-            for dir in [self.cfg.workspace.clone(), self.cfg.home(), self.cfg.tmp(), self.cfg.state_dir.clone()] {
+            for dir in [
+                self.cfg.workspace.clone(),
+                self.cfg.home(),
+                self.cfg.tmp(),
+                self.cfg.shm(),
+                self.cfg.state_dir.clone(),
+            ] {
                 tokio::fs::create_dir_all(&dir)
+                    .await
+                    .map_err(|source| SandboxError::Prepare { path: dir.display().to_string(), source })?;
+            }
+            // The job's /tmp and /dev/shm, sticky and open to all like the
+            // host's (a step may start processes as other users), inside
+            // the attempt's private directory.
+            for dir in [self.cfg.tmp(), self.cfg.shm()] {
+                use std::os::unix::fs::PermissionsExt;
+                tokio::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))
                     .await
                     .map_err(|source| SandboxError::Prepare { path: dir.display().to_string(), source })?;
             }
@@ -425,7 +487,7 @@ impl Executor for HostExecutor {
                 // The step's own tree; the agent's state dir stays the agent's.
                 let cfg = self.cfg.clone();
                 let handed = tokio::task::spawn_blocking(move || {
-                    for dir in [&cfg.workspace, &cfg.attempt_dir, &cfg.home(), &cfg.tmp()] {
+                    for dir in [&cfg.workspace, &cfg.attempt_dir, &cfg.home(), &cfg.tmp(), &cfg.shm()] {
                         let r = if dir == &cfg.attempt_dir {
                             std::os::unix::fs::lchown(dir, Some(user.uid), Some(user.gid))
                         } else {
@@ -467,7 +529,7 @@ impl Executor for HostExecutor {
             // database syncs the same disk), which must not delay the
             // attempt's completion.
             let mut doomed = vec![];
-            for dir in [self.cfg.home(), self.cfg.tmp()] {
+            for dir in [self.cfg.home(), self.cfg.tmp(), self.cfg.shm()] {
                 static N: AtomicU64 = AtomicU64::new(0);
                 let aside = self.cfg.attempt_dir.join(format!(".removed-{}", N.fetch_add(1, Ordering::Relaxed)));
                 match std::fs::rename(&dir, &aside) {

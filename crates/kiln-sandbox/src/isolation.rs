@@ -9,9 +9,12 @@
 //!   state directories are closed to it.
 //! - **non-root agent**: the same PID and mount namespaces inside a user
 //!   namespace that maps the agent's uid to itself (no capabilities inside).
-//!   The step keeps the agent's uid: it can read whatever that user can, so
-//!   the host executor is for trusted code (the container executor is the
-//!   boundary for untrusted code).
+//!   The step keeps the agent's uid: it can read whatever that user can but
+//!   what its mount namespace hides (issue 39, item 8: the agent's work dir
+//!   and token file, `kiln up`'s data directory; see `crate::mounts`), so
+//!   the host executor is for trusted code.
+//! - either way, with namespaces, each job has a private `/tmp` and
+//!   `/dev/shm` (issue 39, item 9), shared by its steps only.
 //! - **no namespaces** (a kernel or container that refuses them): own
 //!   session and a parent-death signal only; a root agent still switches to
 //!   the step user.
@@ -21,12 +24,11 @@
 //! PID namespace, and the step's shell is cloned straight into it as its
 //! PID 1, with the agent's death as its own (`spawn::PidNsSpawner`; where
 //! that cannot work, the forked child makes the namespaces and a keeper
-//! process outside forks the shell into them). A non-root agent goes
-//! through util-linux's `unshare`, whose keeper forks the shell as PID 1
-//! and SIGKILLs it when it dies itself.
+//! process outside forks the shell into them). A non-root agent's forked
+//! child makes a user namespace as well (mapping its ids as util-linux's
+//! `unshare --user --map-user --map-group` did) and goes the keeper's way.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::OnceLock;
 
 /// Defined beside the fork-time code that switches to it (`spawn.rs`).
@@ -132,19 +134,20 @@ impl Isolation {
             static WARNED: OnceLock<()> = OnceLock::new();
             WARNED.get_or_init(|| {
                 tracing::warn!(
-                    "cannot create PID namespaces here: host steps run in their own session only, and a step's \
-                     daemons may outlive it until the agent restarts"
+                    "cannot create PID namespaces here: host steps run in their own session only, share /tmp, \
+                     and a step's daemons may outlive it until the agent restarts; a step that would run as the \
+                     agent's own user does not run (the agent's files cannot be hidden from it)"
                 )
             });
         }
         Ok(iso)
     }
 
-    /// `unshare`'s arguments up to the shell (ending with `--`, or with a
-    /// `setpriv … --` that switches to the step user), or None without
-    /// namespaces. The host executor uses them for [`Namespaces::UserPid`];
-    /// [`Namespaces::Pid`] is made in the step's forked child (the same
-    /// namespaces and switch, see `crate::spawn`).
+    /// The util-linux command line of the same namespaces (`unshare`'s
+    /// arguments up to the shell, ending with `--`, or with a `setpriv …
+    /// --` that switches to the step user), or None without namespaces: what
+    /// the step's forked child does itself (see `crate::spawn`), which also
+    /// makes the step's mounts (`crate::mounts`) that `unshare` cannot.
     pub fn launcher_args(&self) -> Option<Vec<String>> {
         let mut args: Vec<String> = match self.namespaces {
             Namespaces::None => return None,
@@ -181,9 +184,15 @@ impl Isolation {
             None => "as the agent's own user".into(),
         };
         let ns = match self.namespaces {
-            Namespaces::Pid => "in their own PID and mount namespaces (/proc remounted)",
-            Namespaces::UserPid { .. } => "in their own user, PID and mount namespaces (/proc remounted)",
-            Namespaces::None => "in their own session only (no namespaces available)",
+            Namespaces::Pid => {
+                "in their own PID and mount namespaces (/proc remounted, a private /tmp and /dev/shm per job, the \
+                 agent's files hidden)"
+            }
+            Namespaces::UserPid { .. } => {
+                "in their own user, PID and mount namespaces (/proc remounted, a private /tmp and /dev/shm per \
+                 job, the agent's files hidden)"
+            }
+            Namespaces::None => "in their own session only (no namespaces available: /tmp is shared)",
         };
         format!("host steps run {who}, {ns}")
     }
@@ -195,50 +204,21 @@ enum Probe {
     User,
 }
 
-/// `unshare` of util-linux, if installed.
-pub(crate) fn unshare_path() -> Option<&'static Path> {
-    static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
-    PATH.get_or_init(|| ["/usr/bin/unshare", "/bin/unshare"].iter().map(PathBuf::from).find(|p| p.exists())).as_deref()
-}
-
 /// `setpriv` of util-linux, if installed.
 fn setpriv_path() -> Option<&'static Path> {
     static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
     PATH.get_or_init(|| ["/usr/bin/setpriv", "/bin/setpriv"].iter().map(PathBuf::from).find(|p| p.exists())).as_deref()
 }
 
-/// Whether `unshare` makes the namespaces of `kind` here (checked once).
+/// Whether steps' namespaces of `kind` can be made here (checked once, by
+/// starting `/bin/true` in them: see `crate::spawn`).
 fn probe(kind: Probe) -> bool {
     static ROOT: OnceLock<bool> = OnceLock::new();
     static USER: OnceLock<bool> = OnceLock::new();
-    let cell = match kind {
-        Probe::Root => &ROOT,
-        Probe::User => &USER,
-    };
-    *cell.get_or_init(|| {
-        if let Probe::Root = kind {
-            return crate::spawn::namespaces_work();
-        }
-        let Some(unshare) = unshare_path() else { return false };
-        let iso = Isolation {
-            namespaces: match kind {
-                Probe::Root => Namespaces::Pid,
-                Probe::User => {
-                    Namespaces::UserPid { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() }
-                }
-            },
-            user: None,
-        };
-        let args = iso.launcher_args().expect("namespaces");
-        std::process::Command::new(unshare)
-            .args(&args)
-            .arg("/bin/true")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    match kind {
+        Probe::Root => *ROOT.get_or_init(crate::spawn::namespaces_work),
+        Probe::User => *USER.get_or_init(crate::spawn::user_namespaces_work),
+    }
 }
 
 /// Hands `path` and everything under it to `user`, without following

@@ -14,6 +14,7 @@
 mod container;
 mod host;
 mod isolation;
+mod mounts;
 mod procs;
 mod reap;
 mod services;

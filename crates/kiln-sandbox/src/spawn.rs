@@ -15,6 +15,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use tokio::process::Command;
 
+use crate::mounts::{MAX_SOURCES, MountOp, StepMounts};
+
 /// The unprivileged user a root agent runs steps as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepUser {
@@ -168,10 +170,21 @@ pub(crate) fn isolate_process_tree(cmd: &mut Command, user: Option<StepUser>, sw
 ///   its mounts private, mounts a fresh `/proc`, switches to `user` (no
 ///   supplementary groups; real, effective and saved ids), sets its
 ///   parent-death signal again (a uid change clears it) and execs the step.
-pub(crate) fn isolate_in_namespaces(cmd: &mut Command, user: Option<StepUser>) {
+///
+/// With `userns` (a non-root agent: its uid and gid), the child first
+/// unshares a user namespace too and maps those ids to themselves (what
+/// `unshare --user --map-user --map-group` did): the namespaces' setup has
+/// its capabilities there, the step none (it execs as a non-zero uid).
+/// `mounts` are made by the namespace's PID 1 after `/proc`.
+pub(crate) fn isolate_in_namespaces(
+    cmd: &mut Command,
+    user: Option<StepUser>,
+    userns: Option<(u32, u32)>,
+    mounts: StepMounts,
+) {
     // SAFETY: see `namespace_child`: raw async-signal-safe syscalls only.
     unsafe {
-        cmd.pre_exec(namespace_child(user));
+        cmd.pre_exec(namespace_child(user, userns, mounts));
     }
 }
 
@@ -184,9 +197,38 @@ pub(crate) fn namespaces_work() -> bool {
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     // SAFETY: see `namespace_child`.
     unsafe {
-        cmd.pre_exec(namespace_child(None));
+        cmd.pre_exec(namespace_child(None, None, StepMounts::default()));
     }
     cmd.status().is_ok_and(|s| s.success())
+}
+
+/// Whether [`isolate_in_namespaces`] with a user namespace works here (a
+/// non-root agent, a kernel that allows unprivileged user namespaces), with
+/// the mounts every step gets (an empty tmpfs over a directory, a bind):
+/// runs `/bin/true` so, once.
+pub(crate) fn user_namespaces_work() -> bool {
+    use std::os::unix::process::CommandExt;
+    let (uid, gid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let probe = std::env::temp_dir().join(format!("kiln-userns-probe-{}-{nanos}", std::process::id()));
+    let (a, b) = (probe.join("a"), probe.join("b"));
+    let works = std::fs::create_dir_all(&a).and_then(|_| std::fs::create_dir(&b)).is_ok()
+        && match StepMounts::plan(&[a], &[(probe.clone(), b.to_str().unwrap_or("/nonexistent"))], &[]) {
+            Ok(mounts) => {
+                let mut cmd = std::process::Command::new("/bin/true");
+                cmd.stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null());
+                // SAFETY: see `namespace_child`.
+                unsafe {
+                    cmd.pre_exec(namespace_child(None, Some((uid, gid)), mounts));
+                }
+                cmd.status().is_ok_and(|s| s.success())
+            }
+            Err(_) => false,
+        };
+    let _ = std::fs::remove_dir_all(&probe);
+    works
 }
 
 /// The child-side setup of [`isolate_in_namespaces`], for any `pre_exec`
@@ -195,9 +237,16 @@ pub(crate) fn namespaces_work() -> bool {
 /// close_range, waitpid, signal, kill, _exit, mount, setgroups, setresgid,
 /// setresuid, rt_sigaction, rt_sigprocmask, and open/write/close of
 /// /proc/self/autogroup), no allocation, no locks.
-pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
+pub(crate) fn namespace_child(
+    user: Option<StepUser>,
+    userns: Option<(u32, u32)>,
+    mounts: StepMounts,
+) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
     let parent = std::process::id() as libc::pid_t;
     let nice = SessionNice::of_caller();
+    // Prepared here: the child may not allocate.
+    let maps =
+        userns.map(|(uid, gid)| (format!("{uid} {uid} 1\n").into_bytes(), format!("{gid} {gid} 1\n").into_bytes()));
     move || {
         // SAFETY: async-signal-safe syscalls on values owned by this frame.
         unsafe {
@@ -205,8 +254,14 @@ pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Res
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
-            if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) == -1 {
+            let newuser = if maps.is_some() { libc::CLONE_NEWUSER } else { 0 };
+            if libc::unshare(newuser | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == -1 {
                 return Err(io::Error::last_os_error());
+            }
+            if let Some((uid_map, gid_map)) = &maps {
+                write_proc_self(c"/proc/self/setgroups", b"deny")?;
+                write_proc_self(c"/proc/self/uid_map", uid_map)?;
+                write_proc_self(c"/proc/self/gid_map", gid_map)?;
             }
             // SIGINT and SIGTERM are blocked across the fork: the keeper
             // never dies of them (it waits for the namespace's end), the
@@ -233,7 +288,7 @@ pub(crate) fn namespace_child(user: Option<StepUser>) -> impl FnMut() -> io::Res
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
                 return Err(io::Error::last_os_error());
             }
-            settle_as_pid1(user)?;
+            settle_as_pid1(user, &mounts)?;
             default_signals();
             Ok(())
         }
@@ -267,6 +322,165 @@ unsafe fn lead_session(step_user: bool, nice: Option<SessionNice>) -> io::Result
     }
 }
 
+/// Writes `bytes` to a file of `/proc/self` (a user namespace's maps).
+///
+/// # Safety
+/// Only in a forked child, between fork and exec: raw syscalls only.
+unsafe fn write_proc_self(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: open, write and close on a C string and a slice of this frame.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let e = io::Error::last_os_error();
+        libc::close(fd);
+        if n != bytes.len() as isize {
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// `/proc/self/fd/<fd>` into `buf`, NUL-terminated, without allocating.
+fn fd_path(buf: &mut [u8; 32], fd: libc::c_int) -> *const libc::c_char {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd.max(0) as u32, 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    buf.as_ptr().cast()
+}
+
+/// Makes a step's [`StepMounts`] in its new mount namespace, in order;
+/// the first failure stops the step from running.
+///
+/// # Safety
+/// Only in a forked (or `CLONE_VM`) child between fork and exec, in its
+/// own mount namespace: raw syscalls on values prepared beforehand.
+unsafe fn make_mounts(m: &StepMounts) -> io::Result<()> {
+    let mut fds: [libc::c_int; MAX_SOURCES] = [-1; MAX_SOURCES];
+    // SAFETY: closes only descriptors this function opened.
+    let result = unsafe { mounts_with(m, &mut fds) };
+    for fd in fds {
+        if fd >= 0 {
+            // SAFETY: as above.
+            unsafe { libc::close(fd) };
+        }
+    }
+    result
+}
+
+/// [`make_mounts`]'s work: every source opened first (in this mount
+/// namespace, before anything covers it, no link followed in its last
+/// component) into `fds`, then the mounts in order.
+///
+/// # Safety
+/// As [`make_mounts`].
+unsafe fn mounts_with(m: &StepMounts, fds: &mut [libc::c_int; MAX_SOURCES]) -> io::Result<()> {
+    let null: *const libc::c_char = std::ptr::null();
+    let err = || Err(io::Error::last_os_error());
+    let walk = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: system calls on C strings the parent prepared and on
+    // descriptors opened here (closed by the caller, or here at once).
+    unsafe {
+        let mut n = 0;
+        for op in &m.ops {
+            if let MountOp::Bind { source, .. } | MountOp::Reexpose { source, .. } = op {
+                if n == MAX_SOURCES {
+                    return Err(io::Error::from_raw_os_error(libc::E2BIG));
+                }
+                fds[n] = libc::open(source.as_ptr(), walk);
+                if fds[n] == -1 {
+                    return err();
+                }
+                n += 1;
+            }
+        }
+        let mut next_source = 0;
+        let mut path = [0u8; 32];
+        let mut target_path = [0u8; 32];
+        for op in &m.ops {
+            match op {
+                MountOp::HideDir(target) => {
+                    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                    let data = c"size=4k,mode=0555";
+                    if libc::mount(
+                        c"kiln-hidden".as_ptr(),
+                        target.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        flags,
+                        data.as_ptr().cast(),
+                    ) == -1
+                    {
+                        return err();
+                    }
+                }
+                MountOp::HideFile(target) => {
+                    if libc::mount(c"/dev/null".as_ptr(), target.as_ptr(), null, libc::MS_BIND, std::ptr::null()) == -1
+                    {
+                        return err();
+                    }
+                }
+                MountOp::Bind { target, .. } => {
+                    let source = fd_path(&mut path, fds[next_source]);
+                    next_source += 1;
+                    if libc::mount(source, target.as_ptr(), null, libc::MS_BIND, std::ptr::null()) == -1 {
+                        return err();
+                    }
+                }
+                MountOp::Reexpose { under, components, .. } => {
+                    let source = fd_path(&mut path, fds[next_source]);
+                    next_source += 1;
+                    let mut dir = libc::open(under.as_ptr(), walk);
+                    if dir == -1 {
+                        return err();
+                    }
+                    for name in components {
+                        let mut next = libc::openat(dir, name.as_ptr(), walk);
+                        if next == -1 && *libc::__errno_location() == libc::ENOENT {
+                            if libc::mkdirat(dir, name.as_ptr(), 0o755) == -1
+                                && *libc::__errno_location() != libc::EEXIST
+                            {
+                                let e = io::Error::last_os_error();
+                                libc::close(dir);
+                                return Err(e);
+                            }
+                            next = libc::openat(dir, name.as_ptr(), walk);
+                        }
+                        let e = io::Error::last_os_error();
+                        libc::close(dir);
+                        if next == -1 {
+                            return Err(e);
+                        }
+                        dir = next;
+                    }
+                    let target = fd_path(&mut target_path, dir);
+                    let r = libc::mount(source, target, null, libc::MS_BIND, std::ptr::null());
+                    let e = io::Error::last_os_error();
+                    libc::close(dir);
+                    if r == -1 {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What PID 1 of a step's new namespaces does last, either way it got
 /// there: its mounts private, a fresh `/proc`, the step user (no
 /// supplementary groups; real, effective and saved ids) and the
@@ -274,7 +488,7 @@ unsafe fn lead_session(step_user: bool, nice: Option<SessionNice>) -> io::Result
 ///
 /// # Safety
 /// Only in a forked child, between fork and exec: raw syscalls only.
-unsafe fn settle_as_pid1(user: Option<StepUser>) -> io::Result<()> {
+unsafe fn settle_as_pid1(user: Option<StepUser>, mounts: &StepMounts) -> io::Result<()> {
     // SAFETY: async-signal-safe syscalls on constants and copied values.
     unsafe {
         let none = c"none".as_ptr();
@@ -285,6 +499,7 @@ unsafe fn settle_as_pid1(user: Option<StepUser>) -> io::Result<()> {
         if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) == -1 {
             return Err(io::Error::last_os_error());
         }
+        make_mounts(mounts)?;
         if let Some(u) = user {
             // Raw system calls: glibc's wrappers would also switch the other
             // threads they know of, which in a `CLONE_VM` child are the
@@ -397,6 +612,7 @@ impl PidNsSpawner {
                     Path::new("/"),
                     &BTreeMap::new(),
                     None,
+                    StepMounts::default(),
                 )?;
                 let status = cloner.spawn(&spec)?.wait_blocking()?;
                 if status.success() {
@@ -448,6 +664,7 @@ pub(crate) struct StepSpec {
     envp: Vec<CString>,
     cwd: CString,
     user: Option<StepUser>,
+    mounts: StepMounts,
 }
 
 impl StepSpec {
@@ -460,6 +677,7 @@ impl StepSpec {
         cwd: &Path,
         env: &BTreeMap<OsString, OsString>,
         user: Option<StepUser>,
+        mounts: StepMounts,
     ) -> io::Result<StepSpec> {
         use std::os::unix::ffi::OsStrExt;
         let c = |s: &OsStr| {
@@ -483,6 +701,7 @@ impl StepSpec {
             envp,
             cwd: c(cwd.as_os_str())?,
             user,
+            mounts,
         })
     }
 }
@@ -661,6 +880,7 @@ impl Cloner {
             fds: [self.null.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
             alive: (self.alive.read.as_raw_fd(), self.alive.write.as_raw_fd()),
             user: spec.user,
+            mounts: &spec.mounts,
             nice: SessionNice::of_caller(),
             errno: std::sync::atomic::AtomicI32::new(0),
         };
@@ -716,6 +936,8 @@ struct ChildArgs {
     /// [`ParentAlive`]'s read and write ends.
     alive: (libc::c_int, libc::c_int),
     user: Option<StepUser>,
+    /// Made after `/proc`, before the user switch.
+    mounts: *const StepMounts,
     nice: Option<SessionNice>,
     /// Set by the child when it cannot exec: the error number.
     errno: std::sync::atomic::AtomicI32,
@@ -760,7 +982,7 @@ unsafe fn exec_child(a: &ChildArgs) -> io::Result<std::convert::Infallible> {
         if libc::unshare(libc::CLONE_NEWNS) == -1 {
             return Err(io::Error::last_os_error());
         }
-        settle_as_pid1(a.user)?;
+        settle_as_pid1(a.user, &*a.mounts)?;
         for (target, fd) in a.fds.iter().enumerate() {
             if libc::dup2(*fd, target as libc::c_int) == -1 {
                 return Err(io::Error::last_os_error());
@@ -889,7 +1111,7 @@ mod tests {
     fn a_step_leads_a_session_at_its_spawners_nice_value() {
         let mut paths: Vec<(&str, Isolate)> = vec![("session", |c| isolate_process_tree(c, None, false))];
         if namespaces_work() {
-            paths.push(("namespaces", |c| isolate_in_namespaces(c, None)));
+            paths.push(("namespaces", |c| isolate_in_namespaces(c, None, None, Default::default())));
         }
         for (name, isolate) in paths {
             let out = step_priority_at_nice_5(isolate);

@@ -550,6 +550,11 @@ pub struct AgentArgs {
     /// system temp dir; emptied when the agent starts, removed when it stops).
     #[arg(long, value_name = "DIR")]
     pub sandbox_dir: Option<PathBuf>,
+    /// A path no host step may see, besides the agent's own (--work-dir, --token-file), e.g.
+    /// the data directory of a `kiln server` on this machine: each step's mount namespace covers
+    /// it (a directory with an empty read-only tmpfs, a file with /dev/null). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub hide_path: Vec<PathBuf>,
     /// On SIGTERM the agent drains: it claims nothing more and lets running jobs finish for up to
     /// this long, then hands the rest back (they are retried elsewhere at once). SIGINT, SIGUSR1
     /// (e.g. a spot instance's preemption notice) or a second SIGTERM hand them back at once.

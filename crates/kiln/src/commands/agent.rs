@@ -27,6 +27,14 @@ pub(super) async fn run(a: AgentArgs) -> CmdResult {
     });
     let mut cfg = agent_config(server, token, name, default_labels(), a.work_dir.clone(), 1);
     cfg.sandbox_dir = a.sandbox_dir.clone();
+    // Hidden from host steps besides the work dir (issue 39, item 8).
+    cfg.hide_paths.extend(a.token_file.iter().cloned());
+    for p in &a.hide_path {
+        if !p.exists() {
+            return Err(usage(format!("--hide-path {}: no such file or directory", p.display())));
+        }
+        cfg.hide_paths.push(p.clone());
+    }
     apply_agent_tuning(&mut cfg, &a.tuning)?;
     cfg.storage_levels = Some(a.storage.levels);
     cfg.memory_levels = Some(a.storage.memory);

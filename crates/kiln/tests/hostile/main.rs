@@ -10,6 +10,7 @@ mod forge;
 mod git_urls;
 mod host_executor;
 mod http;
+mod isolation;
 mod oidc;
 mod placement;
 
