@@ -196,3 +196,61 @@ async fn a_glob_matching_nothing_fails_the_job_naming_the_pattern() {
     let msg = done.jobs[0].message.clone().unwrap_or_default();
     assert!(msg.contains("`dist/*.whl` matched no files"), "{msg}");
 }
+
+/// Issue 40 (spec 000 §12, pinned through retries): a retry of the failed
+/// jobs whose consumer runs after the parent's artifact would have expired
+/// still restores the parent's exact bytes — the retry's pinned binding
+/// keeps the generation. Once nothing holds it, it expires; a retry then
+/// is refused (409, naming the artifact), not started with inputs that
+/// answer 410.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_of_failed_jobs_keeps_its_inputs_past_the_parents_expiry() {
+    let marker = tempfile::tempdir().unwrap();
+    let ok = marker.path().join("ok");
+    let wf = format!(
+        "version: 1\njobs:\n  - name: build\n    runs-on: {{role: build}}\n    steps:\n      \
+         - head -c 4096 /dev/urandom > out.bin && sha256sum out.bin | cut -d' ' -f1 > out.sha\n    \
+         artifacts:\n      publish:\n        - {{name: out, path: out.bin, expire-in: 3s}}\n        \
+         - {{name: sha, path: out.sha, expire-in: 3s}}\n  - name: test\n    runs-on: {{role: test}}\n    \
+         steps:\n      - test \"$(sha256sum < out.bin | cut -d' ' -f1)\" = \"$(cat out.sha)\" && echo intact\n      \
+         - test -e {}\n    artifacts:\n      restore:\n        - {{from_job: build, name: out, path: out.bin}}\n        \
+         - {{from_job: build, name: sha, path: out.sha}}\n",
+        ok.display()
+    );
+    let server = KilnServer::start(BIN.as_ref(), &["--gc-interval", "200ms"]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    server.add_repo("keep", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _builder = server.agent("builder", &["--labels", "role=build"]).unwrap();
+    let tester = server.agent("tester", &["--labels", "role=test"]).unwrap();
+    let run = c.submit_run("keep", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await;
+    let parent = run.unwrap().run_id;
+    let done = wait_run(&c, &parent, 120).await;
+    assert_eq!(done.status, "failed", "the test job fails first: {done:#?}");
+    let built = c.artifact(&parent, "build", "out").await.unwrap().sha256;
+    drop(tester);
+
+    // The retry pins `build`; its `test` waits for an agent past the
+    // parent's expiry (3 s, the collector runs every 200 ms).
+    let retry = c.retry_run_with(&parent, &kiln_api::RetryRun { failed: true }).await.unwrap().run_id;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    std::fs::write(&ok, "").unwrap();
+    let _tester = server.agent("tester-2", &["--labels", "role=test"]).unwrap();
+    let r = wait_run(&c, &retry, 120).await;
+    assert_eq!(r.status, "success", "{r:#?}\n{}", server.log());
+    assert_eq!(c.artifact(&retry, "build", "out").await.unwrap().sha256, built, "the parent's exact bytes");
+
+    // Nothing holds it now: it expires (its retention again from the retry),
+    // and a retry of the parent is refused, saying why.
+    let gone = poll(60, || async {
+        match c.artifact(&parent, "build", "out").await {
+            Err(e) if e.status() == Some(410) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(gone.is_some(), "{}", server.log());
+    let e = c.retry_run_with(&parent, &kiln_api::RetryRun { failed: true }).await.unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(e.to_string().contains("has expired") && e.to_string().contains("retry the whole run"), "{e}");
+}

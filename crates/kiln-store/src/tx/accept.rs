@@ -201,10 +201,29 @@ async fn pin_job(tx: &mut Tx, run_id: &str, job_id: &str, parent: &str, from: &P
         .bind(job_id)
         .execute()
         .await?;
-    // The same retention too: a pinned binding expires when its parent's does.
+    // Bytes already expired cannot be restored: the retry is refused, not
+    // started with inputs that answer 410 (issue 40).
+    let expired: Option<String> = tx
+        .sql("SELECT name FROM artifact_bindings WHERE job_id = $1 AND expired_at IS NOT NULL ORDER BY name LIMIT 1")
+        .bind(&from.job_id)
+        .scalar_optional()
+        .await?;
+    if let Some(name) = expired {
+        return Err(StoreError::Conflict(format!(
+            "artifact `{name}` of the succeeded job this retry would reuse (run {parent}) has expired; retry the \
+             whole run instead (a plain retry runs every job again)"
+        )));
+    }
+    // The same retention, counted from the retry: a pinned binding lasts
+    // as long as its parent's or the retention again from now, whichever
+    // is later (spec 000 §12: pinned through retries). The generation is
+    // kept while any binding of it lives (`expire_artifact`).
     tx.sql(
         "INSERT INTO artifact_bindings (run_id, job_id, name, generation_id, created_at, expires_at, expired_at) \
-         SELECT $1, $2, name, generation_id, $3, expires_at, expired_at FROM artifact_bindings WHERE job_id = $4",
+         SELECT $1, $2, name, generation_id, $3, \
+         CASE WHEN expires_at IS NULL THEN NULL \
+         WHEN expires_at > $3 + (expires_at - created_at) THEN expires_at \
+         ELSE $3 + (expires_at - created_at) END, NULL FROM artifact_bindings WHERE job_id = $4",
     )
     .bind(run_id)
     .bind(job_id)

@@ -308,9 +308,25 @@ pub(crate) async fn mark_generation_deleted(store: &SqlStore, id: &str) -> Resul
     Ok(())
 }
 
+/// Whether generation `generation` (an SQL expression) still has a live
+/// binding: not expired, and not yet past its `expires_at` or of a run
+/// that has not ended (a retry pinning it, a run whose jobs may restore
+/// it). Such a generation is never expired (spec 000 §12).
+fn live_binding(generation: &str, now: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM artifact_bindings l JOIN runs lr ON lr.id = l.run_id \
+         WHERE l.generation_id = {generation} AND l.expired_at IS NULL \
+         AND (l.expires_at IS NULL OR l.expires_at > {now} OR lr.status NOT IN ({success}, {failed}, {cancelled})))",
+        success = lit(RunStatus::Success),
+        failed = lit(RunStatus::Failed),
+        cancelled = lit(RunStatus::Cancelled),
+    )
+}
+
 /// `ArtifactStore::expirable_artifacts`: bindings past their `expires_at`
 /// whose run has ended (a live run's inputs are held: spec 000 §12), not
-/// yet expired or whose bytes are not yet deleted.
+/// yet expired or whose bytes are not yet deleted, of generations that no
+/// other binding still holds.
 pub(crate) async fn expirable_artifacts(store: &SqlStore, limit: u32) -> Result<Vec<BoundArtifact>> {
     static EXPIRABLE: Sql = Sql::new(|d| {
         format!(
@@ -318,12 +334,13 @@ pub(crate) async fn expirable_artifacts(store: &SqlStore, limit: u32) -> Result<
              JOIN artifact_generations g ON g.id = b.generation_id JOIN runs r ON r.id = b.run_id \
              WHERE b.expires_at IS NOT NULL AND b.expires_at <= {now} \
              AND r.status IN ({success}, {failed}, {cancelled}) \
-             AND (b.expired_at IS NULL OR g.deleted_at IS NULL) \
+             AND (b.expired_at IS NULL OR g.deleted_at IS NULL) AND NOT {live} \
              ORDER BY b.expires_at LIMIT $1",
             now = d.now_ms,
             success = lit(RunStatus::Success),
             failed = lit(RunStatus::Failed),
             cancelled = lit(RunStatus::Cancelled),
+            live = live_binding("b.generation_id", &d.now_ms),
         )
     });
     let rows = store.reader().await?.sql(&EXPIRABLE).bind(limit as i64).fetch_all().await?;
@@ -333,8 +350,10 @@ pub(crate) async fn expirable_artifacts(store: &SqlStore, limit: u32) -> Result<
 /// `ArtifactStore::expire_artifact`: one transaction marks the binding
 /// expired and its generation `expired`, so no reader is handed a download
 /// capability for bytes about to be deleted. Only a binding past its
-/// `expires_at` of an ended run; idempotent.
+/// `expires_at` of an ended run, and only when no other binding of the
+/// generation still lives (a retry's pinned copy); idempotent.
 pub(crate) async fn expire_artifact(store: &SqlStore, generation_id: &str) -> Result<bool> {
+    static LIVE: Sql = Sql::new(|d| format!("SELECT CAST(1 AS BIGINT) WHERE {}", live_binding("$1", &d.now_ms)));
     static BINDING: Sql = Sql::new(|d| {
         format!(
             "UPDATE artifact_bindings SET expired_at = COALESCE(expired_at, {now}) WHERE generation_id = $1 \
@@ -356,6 +375,9 @@ pub(crate) async fn expire_artifact(store: &SqlStore, generation_id: &str) -> Re
     store
         .transaction(Isolation::Serializable, &generation_id, |tx, &id| {
             Box::pin(async move {
+                if tx.sql(&LIVE).bind(id).scalar_optional::<i64>().await?.is_some() {
+                    return Ok(false);
+                }
                 if tx.sql(&BINDING).bind(id).execute().await? == 0 {
                     return Ok(false);
                 }
