@@ -91,6 +91,9 @@ struct Phases {
     steps_done: Option<std::time::Instant>,
     /// The sandbox's cleanup failed: something of the job may still run.
     sandbox_dirty: bool,
+    /// What that cleanup could not do (sent with the completion or the
+    /// release: issue 40, item 5).
+    cleanup_error: Option<String>,
 }
 
 /// Where an attempt's sandbox is.
@@ -295,10 +298,24 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
         observe("image", telemetry.image_ms);
         observe("command", telemetry.command_ms);
         observe("publish", telemetry.publish_ms);
-        let completion = completion.map(|c| Completion { telemetry: Some(telemetry), ..c });
-        match completion {
+        // Every step was killed and the sandbox cleaned up before this: the
+        // completion says so, or, for a fenced attempt, a release does, so
+        // a cancel waiting for it can end (issue 40, item 5).
+        let sandbox_end = kiln_api::SandboxEnd {
+            evidence: sandbox_evidence(ctx).to_string(),
+            cleanup_error: phases.cleanup_error.clone(),
+        };
+        let completion =
+            completion.map(|c| Completion { telemetry: Some(telemetry), sandbox: Some(sandbox_end.clone()), ..c });
+        let sent = match completion {
             Some(c) if logs_complete && !ctl.is_fenced() => complete(ctx, &a, &c, &ctl).await,
-            _ => tracing::warn!("attempt fenced: the sandbox was killed and nothing more is published"),
+            _ => {
+                tracing::warn!("attempt fenced: the sandbox was killed and nothing more is published");
+                Sent::Fenced
+            }
+        };
+        if sent == Sent::Fenced {
+            release(ctx, &a, &sandbox_end).await;
         }
         let t_complete = t0.elapsed();
         hb.abort();
@@ -710,6 +727,7 @@ async fn execute(
     if let Err(e) = exec.cleanup().await {
         tracing::warn!(error = %e, "sandbox cleanup failed");
         phases.sandbox_dirty = true;
+        phases.cleanup_error = Some(e.to_string());
     }
     killer.abort();
     if let Some(c) = cache.as_mut() {
@@ -1155,6 +1173,7 @@ fn decide(
         outputs: BTreeMap::new(),
         steps: Vec::new(),
         telemetry: None,
+        sandbox: None,
     };
     if stop == Some(Stop::Fenced) {
         return None;
@@ -1171,6 +1190,7 @@ fn decide(
             outputs,
             steps: Vec::new(),
             telemetry: None,
+            sandbox: None,
         },
         Ran::StepFailed { exit_code, message, timed_out } => {
             failed(Some(exit_code), message, if timed_out { "timeout" } else { "step_failed" })
@@ -1188,6 +1208,7 @@ fn decide(
                 outputs: BTreeMap::new(),
                 steps: Vec::new(),
                 telemetry: None,
+                sandbox: None,
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".
@@ -1220,25 +1241,67 @@ fn decide(
     })
 }
 
+/// How an attempt's completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// The server took it (or refused it for good).
+    Done,
+    /// The attempt was fenced before it was taken: its sandbox is confirmed
+    /// by a release instead.
+    Fenced,
+}
+
+/// How this agent knows a job's sandbox is gone once its cleanup returned
+/// (issue 40, item 5).
+fn sandbox_evidence(ctx: &AttemptContext) -> &'static str {
+    match (&ctx.executor, ctx.isolation.namespaces) {
+        (ExecutorKind::Container(_), _) => "the job's container was killed and removed",
+        (_, kiln_sandbox::Namespaces::None) => "every process group of the job's steps was killed",
+        _ => "the job's PID namespaces were killed: no process of the job is left",
+    }
+}
+
+/// A fenced attempt's sandbox is gone: say so (retrying transport errors
+/// for a while), so a cancel that waits for it ends.
+async fn release(ctx: &AttemptContext, a: &Assignment, end: &kiln_api::SandboxEnd) {
+    for failures in 1..=8u32 {
+        match ctx.client.release(&a.job_id, a.epoch, end).await {
+            Ok(ack) => {
+                tracing::info!(released = ack.released, "told the server the fenced attempt's sandbox is gone");
+                return;
+            }
+            Err(e) if e.is_retryable() => {
+                let delay = backoff(failures, 250, 10_000);
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "release not accepted; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the server refused the release");
+                return;
+            }
+        }
+    }
+}
+
 /// Sends the completion, retrying transport errors with the identical body.
-async fn complete(ctx: &AttemptContext, a: &Assignment, c: &Completion, ctl: &Control) {
+async fn complete(ctx: &AttemptContext, a: &Assignment, c: &Completion, ctl: &Control) -> Sent {
     let mut failures = 0;
     loop {
         let res = tokio::select! {
             r = ctx.client.complete(&a.job_id, a.epoch, c) => r,
             _ = ctl.fenced() => {
                 tracing::warn!("attempt fenced before its completion was accepted");
-                return;
+                return Sent::Fenced;
             }
         };
         match res {
             Ok(ack) => {
                 tracing::info!(outcome = %c.outcome, exit_code = ?c.exit_code, job_status = %ack.job_status, "completed job");
-                return;
+                return Sent::Done;
             }
             Err(e) if e.is_stale_epoch() => {
                 tracing::warn!(error = %e, "completion refused: this attempt was fenced");
-                return;
+                return Sent::Fenced;
             }
             Err(e) if e.is_retryable() => {
                 failures += 1;
@@ -1248,7 +1311,7 @@ async fn complete(ctx: &AttemptContext, a: &Assignment, c: &Completion, ctl: &Co
             }
             Err(e) => {
                 tracing::error!(error = %e, outcome = %c.outcome, "the server refused the completion");
-                return;
+                return Sent::Done;
             }
         }
     }

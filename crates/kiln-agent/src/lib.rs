@@ -498,6 +498,9 @@ async fn register(
         max_jobs: config.max_jobs,
         version: Some(env!("CARGO_PKG_VERSION").into()),
         executor: Some(executor_name(&config.executor).into()),
+        // Step 1 of the lifecycle ran: what the previous process left is
+        // gone, and the server may count its fenced attempts confirmed.
+        fresh_start: true,
     };
     let mut failures = 0;
     loop {
@@ -629,6 +632,8 @@ pub(crate) async fn reregister(agent: &Agent, stale_session: &str) {
         max_jobs: agent.config.max_jobs,
         version: Some(env!("CARGO_PKG_VERSION").into()),
         executor: Some(executor_name(&agent.config.executor).into()),
+        // Its attempts may still run: it confirms nothing.
+        fresh_start: false,
     };
     match agent.client.register_agent(&body).await {
         Ok(r) => {

@@ -361,6 +361,18 @@ pub struct Attempt {
     /// `agent_lost`, `infra` or `cancelled` (absent while it runs and on success).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_class: Option<String>,
+    /// When its sandbox was confirmed gone (issue 40, item 5): by its
+    /// completion, or after it was fenced by its agent's report, the
+    /// agent's restart or its removal. Absent while it runs and while a
+    /// fenced attempt is unconfirmed (a cancelling run waits for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at_ms: Option<i64>,
+    /// How it was confirmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
+    /// What the agent's cleanup of the sandbox could not do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleanup_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -548,6 +560,13 @@ pub struct RegisterAgent {
     /// or, by default, untrusted work). Absent: `host`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executor: Option<String>,
+    /// The agent process has just started and, before registering, killed
+    /// every step process and removed every sandbox its previous process
+    /// left in its work directory: the server counts the fenced attempts of
+    /// earlier agents of the same name and pool as confirmed gone (issue
+    /// 40, item 5). False when it registers again while it runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh_start: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -911,6 +930,30 @@ pub struct Completion {
     /// older agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<AttemptTelemetry>,
+    /// How the agent knows the attempt's sandbox is gone, and what its
+    /// cleanup could not do (issue 40, item 5). Absent from an older agent:
+    /// the completion itself then confirms it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxEnd>,
+}
+
+/// An agent's word that an attempt's sandbox is gone: in its completion, or
+/// alone (`POST /v1/jobs/{job}/attempts/{epoch}/release`) once the attempt
+/// was fenced, so a cancel waiting for it can end (spec 000 §9).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxEnd {
+    /// How it knows, e.g. `every process of the job was killed and reaped`.
+    pub evidence: String,
+    /// What its cleanup could not do, if anything (shown on the attempt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleanup_error: Option<String>,
+}
+
+/// The answer to a release: whether this report confirmed it (false: it
+/// was already confirmed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReleaseAck {
+    pub released: bool,
 }
 
 /// An attempt's phases and log losses as its agent measured them.
@@ -953,6 +996,7 @@ impl Completion {
             outputs: BTreeMap::new(),
             steps: Vec::new(),
             telemetry: None,
+            sandbox: None,
         }
     }
 }

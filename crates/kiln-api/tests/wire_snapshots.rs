@@ -57,6 +57,9 @@ fn run() -> Run {
                         finished_at_ms: Some(1_764_590_030_100),
                         steps: vec![],
                         failure_class: Some("agent_lost".into()),
+                        released_at_ms: Some(1_764_590_090_000),
+                        release: Some("its agent started again and removed what its previous process left".into()),
+                        cleanup_error: None,
                     },
                     Attempt {
                         epoch: 2,
@@ -67,6 +70,9 @@ fn run() -> Run {
                         started_at_ms: 1_764_590_030_200,
                         finished_at_ms: Some(1_764_590_031_000),
                         failure_class: None,
+                        released_at_ms: Some(1_764_590_031_000),
+                        release: Some("every process group of the job's steps was killed".into()),
+                        cleanup_error: None,
                         steps: vec![
                             StepResult {
                                 name: "compile".into(),
@@ -120,6 +126,9 @@ fn run() -> Run {
                     finished_at_ms: None,
                     steps: vec![],
                     failure_class: None,
+                    released_at_ms: None,
+                    release: None,
+                    cleanup_error: None,
                 }],
                 artifacts: vec![],
                 cache: None,
@@ -244,6 +253,7 @@ fn heartbeat_completion_and_ack() {
         outputs: Default::default(),
         steps: Default::default(),
         telemetry: None,
+        sandbox: None,
     };
     insta::assert_json_snapshot!("completion", completion);
     insta::assert_json_snapshot!("completion_ack", CompletionAck { job_status: JobStatus::Ready });

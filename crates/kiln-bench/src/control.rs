@@ -159,6 +159,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                 max_jobs: 256,
                 version: None,
                 executor: None,
+                fresh_start: false,
             })
             .await?;
         // Claims carry the session's credential, not the join token.
@@ -242,6 +243,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         outputs: Default::default(),
                         steps: Default::default(),
                         telemetry: None,
+                        sandbox: None,
                     };
                     match c.complete(&job, epoch, &done).await {
                         Ok(_) => {

@@ -102,6 +102,9 @@ pub struct AdvanceRun {
     pub held: bool,
     /// Scopes job concurrency group keys (`{repo_id}:{group}`).
     pub repo_id: String,
+    /// A fenced attempt of the run has not been confirmed gone (issue 40,
+    /// item 5): a cancelling run stays cancelling, whatever its jobs say.
+    pub awaiting_release: bool,
 }
 
 /// What the store does for one job (or the run). `job` is the index into the
@@ -278,6 +281,11 @@ impl AdvancePass {
             return None;
         }
         let event = if self.run.status == RunStatus::Cancelling {
+            // spec 000 §9: kept cancelling while physical termination is
+            // unresolved; a lapsed lease certifies nothing.
+            if self.run.awaiting_release {
+                return None;
+            }
             RunEvent::Cancelled
         } else if self.jobs.iter().any(|j| j.status.fails_run()) {
             RunEvent::Failed

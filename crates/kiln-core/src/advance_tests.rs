@@ -46,7 +46,7 @@ fn skip(job: usize, why: &str) -> Verdict {
 const NEED_FAILED: &str = "skipped: a job it needs did not succeed";
 
 fn run(status: RunStatus) -> AdvanceRun {
-    AdvanceRun { status, held: false, repo_id: "repo".into() }
+    AdvanceRun { status, held: false, repo_id: "repo".into(), awaiting_release: false }
 }
 
 /// Plans with every concurrency group free.
@@ -120,6 +120,19 @@ fn diamond_table() {
     for (what, status, jobs, want) in rows {
         assert_eq!(plan(run(status), jobs), want, "{what}");
     }
+}
+
+/// Issue 40, item 5 (spec 000 §9): a fenced attempt nobody confirmed gone
+/// keeps a cancelling run cancelling once every job has finished; a run
+/// that is not cancelling finishes as before.
+#[test]
+fn a_cancelling_run_waits_for_its_fenced_sandboxes() {
+    let awaiting = |status| AdvanceRun { awaiting_release: true, ..run(status) };
+    let done = diamond(Success, Success, Cancelled, Cancelled);
+    assert_eq!(plan(awaiting(RunStatus::Cancelling), done.clone()), vec![]);
+    assert_eq!(plan(run(RunStatus::Cancelling), done), vec![Verdict::Finish(RunStatus::Cancelled)]);
+    let failed = diamond(Success, Failed, Success, Skipped);
+    assert_eq!(plan(awaiting(RunStatus::Running), failed), vec![Verdict::Finish(RunStatus::Failed)]);
 }
 
 #[test]

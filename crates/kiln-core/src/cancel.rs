@@ -18,17 +18,21 @@ pub enum CancelVerdict {
     /// Cancel the jobs at these indexes (pending or ready) with message
     /// [`crate::failure::CANCELLED`], bump the run's cancel version, and move the run to
     /// `run`: `cancelling` while attempts still run (their heartbeats say
-    /// stop; each ends `cancelled` when it reports or is fenced), else
-    /// `cancelled` (finished now).
+    /// stop; each ends `cancelled` when it reports or is fenced) or while
+    /// a fenced attempt's sandbox is not confirmed gone, else `cancelled`
+    /// (finished now).
     Cancel { jobs: Vec<usize>, run: RunStatus },
 }
 
-pub fn plan_cancel(run: RunStatus, jobs: &[JobStatus]) -> CancelVerdict {
+/// `awaiting_release`: a fenced attempt of the run has not been confirmed
+/// gone (issue 40, item 5) — a lapsed lease certifies nothing, so the run
+/// is cancelling until it is.
+pub fn plan_cancel(run: RunStatus, jobs: &[JobStatus], awaiting_release: bool) -> CancelVerdict {
     if !run.can_cancel() {
         return CancelVerdict::NoOp;
     }
     let cancel: Vec<usize> = jobs.iter().enumerate().filter(|(_, s)| s.can_cancel_at_once()).map(|(i, _)| i).collect();
-    let running = jobs.contains(&JobStatus::Running);
+    let running = jobs.contains(&JobStatus::Running) || awaiting_release;
     let event = if running { RunEvent::CancelRequested } else { RunEvent::Cancelled };
     CancelVerdict::Cancel { jobs: cancel, run: run.transition(event).expect("an active run can be cancelled") }
 }
@@ -52,7 +56,16 @@ mod tests {
             (RunStatus::Failed, vec![Failed, Skipped], CancelVerdict::NoOp),
         ];
         for (run, jobs, want) in rows {
-            assert_eq!(plan_cancel(run, &jobs), want, "{run} {jobs:?}");
+            assert_eq!(plan_cancel(run, &jobs, false), want, "{run} {jobs:?}");
+        }
+        // A fenced attempt nobody confirmed gone keeps it cancelling, even
+        // with nothing running; a finished run stays as it is.
+        for (run, jobs, want) in [
+            (RunStatus::Running, vec![Ready, Pending], cancel(vec![0, 1], RunStatus::Cancelling)),
+            (RunStatus::Running, vec![Running], cancel(vec![], RunStatus::Cancelling)),
+            (RunStatus::Failed, vec![Failed], CancelVerdict::NoOp),
+        ] {
+            assert_eq!(plan_cancel(run, &jobs, true), want, "{run} {jobs:?} awaiting a release");
         }
     }
 }

@@ -60,6 +60,9 @@ pub struct ModelAttempt {
     pub lease_deadline: i64,
     /// Outputs this epoch sealed.
     pub sealed: Vec<String>,
+    /// Its sandbox is confirmed gone: it ended through its agent, or its
+    /// agent said so after it was fenced (issue 40, item 5).
+    pub released: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -199,6 +202,7 @@ impl<C: Conditions> RunModel<C> {
             message: None,
             lease_deadline: grant.lease_deadline,
             sealed: vec![],
+            released: false,
         });
         Ok(grant.epoch)
     }
@@ -320,7 +324,7 @@ impl<C: Conditions> RunModel<C> {
     /// Cancellation of the run. Returns the run's status after it.
     pub fn cancel(&mut self) -> RunStatus {
         let statuses: Vec<JobStatus> = self.jobs.iter().map(|j| j.status).collect();
-        if let CancelVerdict::Cancel { jobs, run } = plan_cancel(self.run, &statuses) {
+        if let CancelVerdict::Cancel { jobs, run } = plan_cancel(self.run, &statuses, self.awaiting_release()) {
             for i in jobs {
                 let j = &mut self.jobs[i];
                 j.status = j.status.transition(JobEvent::Cancel).expect("pending/ready → cancelled");
@@ -336,6 +340,32 @@ impl<C: Conditions> RunModel<C> {
         debug_assert!(a.outcome.can_publish());
         a.outcome = outcome;
         a.message = message;
+        a.released = true;
+    }
+
+    /// Whether a fenced attempt's sandbox is not yet confirmed gone.
+    pub fn awaiting_release(&self) -> bool {
+        self.jobs.iter().flat_map(|j| &j.attempts).any(|a| a.outcome == AttemptOutcome::Lost && !a.released)
+    }
+
+    /// The agent of `(job, epoch)` confirms its sandbox is gone (after a
+    /// fence; or its restart or removal). `Ok(true)`: newly confirmed. A
+    /// running attempt is refused: its completion confirms it.
+    pub fn release(&mut self, job: usize, epoch: i64) -> Result<bool, Refusal> {
+        let Some(a) = self.jobs[job].attempts.iter_mut().find(|a| a.epoch == epoch) else {
+            return Err(Refusal::Invalid);
+        };
+        if a.outcome == AttemptOutcome::Running {
+            return Err(Refusal::Invalid);
+        }
+        if a.released {
+            return Ok(false);
+        }
+        a.released = true;
+        if self.run == RunStatus::Cancelling {
+            self.advance();
+        }
+        Ok(true)
     }
 
     /// The failure rule applied to a job whose attempt ended without success.
@@ -393,7 +423,12 @@ impl<C: Conditions> RunModel<C> {
 
     /// One advancement pass, its verdicts applied.
     fn advance(&mut self) {
-        let run = AdvanceRun { status: self.run, held: false, repo_id: String::new() };
+        let run = AdvanceRun {
+            status: self.run,
+            held: false,
+            repo_id: String::new(),
+            awaiting_release: self.awaiting_release(),
+        };
         let jobs = self
             .jobs
             .iter()

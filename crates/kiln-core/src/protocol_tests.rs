@@ -92,6 +92,38 @@ fn cancel_races_success_both_orders() {
     assert_eq!(j.attempts[0].outcome, AttemptOutcome::Cancelled);
 }
 
+/// Issue 40, item 5 (spec 000 §9, §15): a cancelling run whose agent went
+/// silent is fenced at the lapse (nothing it sends is accepted) but stays
+/// cancelling until the agent confirms its sandbox is gone.
+#[test]
+fn a_lapsed_lease_does_not_end_a_cancel() {
+    let mut m = model(vec![spec("a", &[], 3)]);
+    let e = claim(&mut m, 0, 0);
+    assert_eq!(m.cancel(), RunStatus::Cancelling);
+    m.expire_lease(0, e);
+    assert_eq!(m.fence(), vec![(0, 1)]);
+    let j = &m.jobs[0];
+    assert_eq!((j.status, j.attempts[0].outcome), (JobStatus::Cancelled, AttemptOutcome::Lost));
+    assert_eq!(m.run, RunStatus::Cancelling, "fenced, not confirmed");
+    assert!(matches!(m.complete(0, e, &ok()), Err(Refusal::Stale(_))), "nothing it sends is accepted");
+    assert_eq!(m.cancel(), RunStatus::Cancelling, "cancelling again changes nothing");
+    assert_eq!(m.release(0, e), Ok(true));
+    assert_eq!(m.run, RunStatus::Cancelled);
+    assert_eq!(m.release(0, e), Ok(false), "a second confirmation changes nothing");
+
+    // A run whose attempt was lost before the cancel waits too, though
+    // nothing runs when it is cancelled.
+    let mut m = model(vec![spec("a", &[], 3)]);
+    let e = claim(&mut m, 0, 0);
+    m.expire_lease(0, e);
+    m.fence();
+    assert_eq!(m.jobs[0].status, JobStatus::Ready, "retried");
+    assert_eq!(m.cancel(), RunStatus::Cancelling);
+    assert_eq!(m.jobs[0].status, JobStatus::Cancelled);
+    assert_eq!(m.release(0, e), Ok(true));
+    assert_eq!(m.run, RunStatus::Cancelled);
+}
+
 #[test]
 fn diamond_failure_skips_downstream_and_fails_the_run() {
     let mut m = model(vec![spec("a", &[], 0), spec("b", &["a"], 0), spec("c", &["a"], 0), spec("d", &["b", "c"], 0)]);
@@ -137,6 +169,7 @@ enum Op {
     LoseSession(usize),
     Fence,
     Cancel,
+    Release(usize, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -146,7 +179,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (a.clone(), j.clone()).prop_map(|(a, j)| Op::Heartbeat(a, j)),
         3 => (a.clone(), j.clone()).prop_map(|(a, j)| Op::Seal(a, j)),
         6 => (a.clone(), j.clone(), 0u8..4).prop_map(|(a, j, k)| Op::Complete(a, j, k)),
-        2 => (a.clone(), j).prop_map(|(a, j)| Op::Expire(a, j)),
+        2 => (a.clone(), j.clone()).prop_map(|(a, j)| Op::Expire(a, j)),
+        1 => (a.clone(), j).prop_map(|(a, j)| Op::Release(a, j)),
         1 => a.prop_map(Op::LoseSession),
         2 => Just(Op::Fence),
         1 => Just(Op::Cancel),
@@ -188,6 +222,7 @@ proptest! {
                 Op::LoseSession(a) => { m.lose_session(a); m.fence(); }
                 Op::Fence => { m.fence(); }
                 Op::Cancel => { m.cancel(); }
+                Op::Release(a, j) => if let Some(&e) = held.get(&(a, j)) { let _ = m.release(j, e); },
             }
             for (i, j) in m.jobs.iter().enumerate() {
                 // At most one success per job, the bound epoch, sealed.
@@ -219,8 +254,13 @@ proptest! {
                 prop_assert!(m.jobs.iter().all(|j| j.status.is_terminal()));
                 terminal_run = Some(m.run);
             } else {
-                prop_assert!(m.jobs.iter().any(|j| !j.status.is_terminal()), "an active run has work left");
+                // Work left, or a cancel waiting for a fenced sandbox to be
+                // confirmed gone (issue 40, item 5).
+                let waits = m.run == RunStatus::Cancelling && m.awaiting_release();
+                prop_assert!(waits || m.jobs.iter().any(|j| !j.status.is_terminal()), "an active run has work left");
             }
+            // A lapsed lease never certifies a cancel.
+            if m.run == RunStatus::Cancelled { prop_assert!(!m.awaiting_release()); }
         }
     }
 }

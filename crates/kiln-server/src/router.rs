@@ -57,6 +57,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(attempts::heartbeat))
         .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(attempts::append_log))
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(attempts::complete))
+        .route("/v1/jobs/{job}/attempts/{epoch}/release", post(attempts::release))
         .route("/v1/jobs/{job}/attempts/{epoch}/image", post(attempts::commit_image))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts", post(artifacts::create_upload))
         .route("/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/parts/{part}", post(artifacts::part_url))

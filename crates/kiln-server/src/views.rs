@@ -21,7 +21,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
         cancel_version: r.cancel_version,
         created_at_ms: r.created_at,
         finished_at_ms: r.finished_at,
-        message: r.message.clone(),
+        message: waiting_for_release(v).or_else(|| r.message.clone()),
         commit_url: None,
         commit: None,
         trace_id: r.traceparent.as_deref().and_then(kiln_api::trace::TraceParent::parse).map(|t| t.trace_id_hex()),
@@ -49,6 +49,9 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                         finished_at_ms: a.finished_at,
                         steps: a.steps.as_deref().and_then(|t| serde_json::from_str(t).ok()).unwrap_or_default(),
                         failure_class: a.failure_class.map(|c| c.as_str().to_string()),
+                        released_at_ms: a.released_at,
+                        release: a.release_evidence.clone(),
+                        cleanup_error: a.cleanup_error.clone(),
                     })
                     .collect(),
                 artifacts: bindings
@@ -72,6 +75,25 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
             })
             .collect(),
     }
+}
+
+/// A cancelling run with nothing left running waits for a fenced
+/// attempt's agent to confirm its sandbox is gone (issue 40, item 5): say
+/// which agent, and how the wait ends.
+fn waiting_for_release(v: &RunView) -> Option<String> {
+    if v.run.status != kiln_core::RunStatus::Cancelling || v.jobs.iter().any(|j| !j.job.status.is_terminal()) {
+        return None;
+    }
+    let a = v
+        .jobs
+        .iter()
+        .flat_map(|j| &j.attempts)
+        .find(|a| a.outcome == kiln_core::AttemptOutcome::Lost && a.released_at.is_none())?;
+    Some(format!(
+        "cancelling: waiting for agent {} to confirm its sandbox is gone (its lease lapsed, so nothing it sends is \
+         accepted; `kiln agent remove` of a machine that is gone for good ends the wait)",
+        a.runner
+    ))
 }
 
 pub fn summary(r: &RunSummaryRecord) -> api::RunSummary {

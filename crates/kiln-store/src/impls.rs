@@ -143,6 +143,10 @@ impl AgentStore for SqlStore {
         agents::remove_agent(self, agent_id).await
     }
 
+    async fn release_predecessors(&self, agent_id: &str) -> Result<u64> {
+        crate::tx::release::release_predecessors(self, agent_id).await
+    }
+
     async fn running_per_agent(&self) -> Result<std::collections::BTreeMap<String, u32>> {
         agents::running_per_agent(self).await
     }
@@ -249,6 +253,10 @@ impl AttemptStore for SqlStore {
 
     async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String> {
         complete::complete(self, job_id, epoch, &completion).await
+    }
+
+    async fn release_attempt(&self, job_id: &str, epoch: i64, end: SandboxEnd) -> Result<bool> {
+        crate::tx::release::release_attempt(self, job_id, epoch, &end).await
     }
 
     async fn run_outputs(&self, run_id: &str) -> Result<RunOutputs> {

@@ -190,6 +190,16 @@ pub struct AttemptRecord {
     pub steps: Option<String>,
     /// Why it did not succeed (none for a success or a running attempt).
     pub failure_class: Option<kiln_core::failure::FailureClass>,
+    /// When its sandbox was confirmed gone (issue 40, item 5): by its
+    /// completion, by its agent's report after it was fenced, by the
+    /// agent's restart or removal. None while it runs, and for a fenced
+    /// attempt nothing has confirmed yet.
+    pub released_at: Option<i64>,
+    /// How it was confirmed (the agent's evidence, or why the server
+    /// counts it confirmed).
+    pub release_evidence: Option<String>,
+    /// What the agent's cleanup of the sandbox could not do.
+    pub cleanup_error: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -316,6 +326,19 @@ pub struct CompletionInput {
     /// The steps' outcomes and durations (JSON), recorded on the attempt
     /// whatever the outcome, if the completion is the live epoch's.
     pub steps: Option<String>,
+    /// How the agent knows the sandbox is gone, and what its cleanup could
+    /// not do (issue 40, item 5); none from an older agent (the completion
+    /// itself then confirms it).
+    pub sandbox: Option<SandboxEnd>,
+}
+
+/// An agent's word that an attempt's sandbox is gone (issue 40, item 5).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxEnd {
+    /// How it knows: e.g. `every process of the job exited and was reaped`.
+    pub evidence: String,
+    /// What its cleanup could not do, if anything.
+    pub cleanup_error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

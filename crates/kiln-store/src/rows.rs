@@ -25,7 +25,8 @@ pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, c
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
     max_failure_retries, cancel_requested, cache_result";
 
-pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps, failure_class";
+pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps, failure_class, \
+    released_at, release_evidence, cleanup_error";
 
 /// A generation; the table is `g`.
 pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, \
@@ -146,6 +147,9 @@ pub(crate) fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
         finished_at: row.get("finished_at")?,
         steps: row.get("steps")?,
         failure_class: row.get::<Option<String>>("failure_class")?.as_deref().and_then(FailureClass::parse),
+        released_at: row.get("released_at")?,
+        release_evidence: row.get("release_evidence")?,
+        cleanup_error: row.get("cleanup_error")?,
     })
 }
 

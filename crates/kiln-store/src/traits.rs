@@ -114,6 +114,11 @@ pub trait AgentStore: Send + Sync {
     /// Forget an agent and end the leases of its running attempts now (the
     /// reconciler fences them). False if there was no such agent.
     async fn remove_agent(&self, agent_id: &str) -> Result<bool>;
+    /// The agent `agent_id` has just started and removed what its previous
+    /// process left in its work directory (it says so when it registers):
+    /// the fenced attempts of earlier agents of the same name and pool are
+    /// confirmed gone (issue 40, item 5). Returns how many.
+    async fn release_predecessors(&self, agent_id: &str) -> Result<u64>;
     /// How many running attempts each agent holds (agents with none are absent).
     async fn running_per_agent(&self) -> Result<std::collections::BTreeMap<String, u32>>;
     /// How many jobs are `pending`, `ready` and `running` (every one of the
@@ -272,6 +277,12 @@ pub trait AttemptStore: Send + Sync {
     async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
     /// spec 000 §9 completion transaction.
     async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String>;
+    /// Issue 40, item 5 (spec 000 §9): the agent of attempt `(job, epoch)`,
+    /// which ended (fenced, most often), says its sandbox is gone (the
+    /// caller checked the attempt's credential). `Ok(false)`: already
+    /// confirmed; a running attempt is a conflict. A cancelling run with
+    /// nothing else to wait for ends `cancelled`.
+    async fn release_attempt(&self, job_id: &str, epoch: i64, end: SandboxEnd) -> Result<bool>;
     /// The outputs bound by the completions of a run's successful jobs, by
     /// job name then output name (issue 16; never a fenced attempt's).
     async fn run_outputs(&self, run_id: &str) -> Result<RunOutputs>;

@@ -257,6 +257,7 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
             max_jobs: 1,
             version: None,
             executor: None,
+            fresh_start: false,
         })
         .await
         .unwrap();

@@ -161,6 +161,7 @@ async fn idempotency_keys_and_authentication() {
         max_jobs: 1,
         version: None,
         executor: None,
+        fresh_start: false,
     };
     assert_eq!(c.register_agent(&reg).await.unwrap_err().status(), Some(401));
     // Token files are private to the server's user.

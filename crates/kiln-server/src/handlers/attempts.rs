@@ -91,6 +91,16 @@ pub(crate) async fn complete(
     Ok(Json(api::CompletionAck { job_status: job_status.into() }))
 }
 
+/// Issue 40, item 5: a fenced attempt's agent says its sandbox is gone.
+pub(crate) async fn release(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::ReleaseAck>> {
+    let end: api::SandboxEnd = parse(&body)?;
+    Ok(Json(api::ReleaseAck { released: attempts::release(&state, &job, epoch, end).await? }))
+}
+
 /// A Dockerfile job's attempt commits the digest of the image it built,
 /// before any user step runs; the answer is the digest every attempt must run.
 pub(crate) async fn commit_image(

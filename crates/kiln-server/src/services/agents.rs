@@ -47,6 +47,12 @@ pub(crate) async fn register(
     if executor != Executor::Host {
         state.store.set_agent_executor(&agent.id, executor).await?;
     }
+    if req.fresh_start {
+        let released = state.store.release_predecessors(&agent.id).await?;
+        if released > 0 {
+            tracing::info!(agent = %agent.name, released, "fenced attempts of the agent's previous process confirmed gone");
+        }
+    }
     let policy = &state.config.untrusted;
     let takes_untrusted = policy.takes_untrusted(&agent.pool, executor);
     let ttl = state.config.lease_ttl.as_millis() as u64;

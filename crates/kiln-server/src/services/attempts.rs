@@ -115,6 +115,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
                 failure_class,
                 outputs: c.outputs,
                 steps: step_results(c.steps),
+                sandbox: c.sandbox.map(sandbox_end),
             },
         )
         .await;
@@ -157,6 +158,30 @@ pub(crate) async fn commit_image(state: &AppState, job: &str, epoch: i64, digest
         return Err(ApiErr::invalid("digest must be sha256:<64 hex digits>"));
     }
     Ok(state.store.commit_image_digest(job, epoch, digest).await?)
+}
+
+/// Longest release evidence or cleanup error recorded, in characters.
+const MAX_RELEASE_TEXT: usize = 1000;
+
+/// What an agent says of its sandbox, bounded as stored.
+fn sandbox_end(e: api::SandboxEnd) -> kiln_store::SandboxEnd {
+    let cut = |t: String| t.chars().take(MAX_RELEASE_TEXT).collect::<String>();
+    kiln_store::SandboxEnd { evidence: cut(e.evidence), cleanup_error: e.cleanup_error.map(cut) }
+}
+
+/// Issue 40, item 5: the agent of `(job, epoch)` (the caller holds its
+/// attempt token) says the attempt's sandbox is gone; a cancel waiting for
+/// it can end.
+pub(crate) async fn release(state: &AppState, job: &str, epoch: i64, end: api::SandboxEnd) -> ApiResult<bool> {
+    if end.evidence.trim().is_empty() {
+        return Err(ApiErr::bad_request("a release says how the agent knows its sandbox is gone (`evidence`)"));
+    }
+    let released = state.store.release_attempt(job, epoch, sandbox_end(end)).await?;
+    if released {
+        tracing::info!(job_id = %job, epoch, "sandbox of a fenced attempt confirmed gone");
+        state.job_changed(job);
+    }
+    Ok(released)
 }
 
 /// Most steps recorded per attempt (a workflow has at most 256).

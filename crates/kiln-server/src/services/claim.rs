@@ -158,6 +158,7 @@ async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -
         outputs: Default::default(),
         steps: Default::default(),
         telemetry: None,
+        sandbox: None,
     };
     crate::services::attempts::complete(state, &c.job.id, c.epoch, done).await.map(|_| ())
 }

@@ -171,6 +171,7 @@ async fn join_tokens_register_agents_into_their_pool_until_revoked() {
         max_jobs: 1,
         version: None,
         executor: None,
+        fresh_start: false,
     };
     let got: api::AgentRegistration = app
         .with_token(&j.token)
@@ -229,6 +230,7 @@ async fn registration_says_whether_an_agent_takes_untrusted_work() {
         max_jobs: 1,
         version: None,
         executor: executor.map(Into::into),
+        fresh_start: false,
     };
     for (name, executor, takes) in [("c", Some("container"), true), ("h", Some("host"), false), ("o", None, false)] {
         let got: api::AgentRegistration = app

@@ -17,6 +17,7 @@ async fn register_validates_and_answers_lease_timing() {
             max_jobs,
             version: None,
             executor: None,
+            fresh_start: false,
         };
         let res = app.agent().post("/v1/agents/register").json(&body).send().await;
         res.assert_status(StatusCode::UNPROCESSABLE_ENTITY);

@@ -191,6 +191,7 @@ async fn agent_names_are_unique_among_live_agents() {
         max_jobs: 1,
         version: None,
         executor: None,
+        fresh_start: false,
     };
     let res = app.agent().post("/v1/agents/register").json(&body).send().await;
     assert!(res.text().contains("already connected") && res.text().contains(&first.agent_id), "{}", res.text());

@@ -52,7 +52,7 @@ pub async fn submit(app: &TestApp, repo: &str) -> String {
 
 pub async fn register(app: &TestApp, name: &str, max_jobs: u32) -> api::AgentRegistration {
     let body =
-        api::RegisterAgent { name: name.into(), labels: Default::default(), max_jobs, version: None, executor: None };
+        api::RegisterAgent { name: name.into(), labels: Default::default(), max_jobs, version: None, executor: None, fresh_start: false };
     app.agent().post("/v1/agents/register").json(&body).send().await.assert_status(StatusCode::OK).json()
 }
 
@@ -93,6 +93,7 @@ pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln
         outputs: Default::default(),
         steps: Default::default(),
         telemetry: None,
+        sandbox: None,
     };
     app.holder(a).post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
 }

@@ -109,7 +109,10 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
             rules: usize::try_from(index).ok().and_then(|i| run.definition.jobs.get(i)).map(job_rules),
         });
     }
-    let advance = AdvanceRun { status: run.status, held: held != 0, repo_id: run.repo_id.clone() };
+    // Only a cancelling run waits for its fenced sandboxes (issue 40, item 5).
+    let awaiting_release =
+        run.status == RunStatus::Cancelling && crate::tx::release::awaiting_release(tx, run_id).await?;
+    let advance = AdvanceRun { status: run.status, held: held != 0, repo_id: run.repo_id.clone(), awaiting_release };
     // `needs.<job>.outputs.<name>` in an `if:` reads what is bound so far.
     let outputs = if run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
         crate::tx::outputs::of_run(tx, run_id).await?

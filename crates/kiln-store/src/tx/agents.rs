@@ -161,9 +161,10 @@ pub(crate) async fn active_job_counts(store: &SqlStore) -> Result<BTreeMap<Strin
     Ok(out)
 }
 
-/// `AgentStore::remove_agent`: forget the agent, and end the leases of its
-/// running attempts now (the reconciler fences them at once), in one
-/// transaction. Its credentials then name no agent.
+/// `AgentStore::remove_agent`: forget the agent, end the leases of its
+/// running attempts now (the reconciler fences them at once) and confirm
+/// its fenced attempts' sandboxes gone (the operator says the machine is),
+/// in one transaction. Its credentials then name no agent.
 pub(crate) async fn remove_agent(store: &SqlStore, agent_id: &str) -> Result<bool> {
     static END_LEASES: Sql = Sql::new(|_| {
         format!(
@@ -178,6 +179,9 @@ pub(crate) async fn remove_agent(store: &SqlStore, agent_id: &str) -> Result<boo
                 let now = now(tx).await?;
                 let gone = tx.sql("DELETE FROM agents WHERE id = $1").bind(agent_id).execute().await?;
                 tx.sql(&END_LEASES).bind(now).bind(agent_id).execute().await?;
+                // Its fenced attempts are no longer waited for (issue 40,
+                // item 5): a cancel they held ends now.
+                crate::tx::release::release_removed(tx, agent_id, now).await?;
                 Ok(gone > 0)
             })
         })

@@ -37,7 +37,8 @@ pub(crate) async fn attempt_lease(tx: &mut Tx, job_id: &str, epoch: i64) -> Resu
 }
 
 /// End the running attempt `(job, epoch)` with `outcome`. An attempt that
-/// ended through its agent (anything but `lost`) gets its `seal` marker.
+/// ended through its agent (anything but `lost`) gets its `seal` marker and
+/// counts as released (its sandbox confirmed gone).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn end_attempt(
     tx: &mut Tx,
@@ -51,7 +52,9 @@ pub(crate) async fn end_attempt(
 ) -> Result<()> {
     static END: Sql = Sql::new(|_| {
         format!(
-            "UPDATE attempts SET outcome = $1, exit_code = $2, message = $3, failure_class = $4, finished_at = $5 \
+            "UPDATE attempts SET outcome = $1, exit_code = $2, message = $3, failure_class = $4, finished_at = $5, \
+             released_at = $8, release_evidence = CASE WHEN $8 IS NULL THEN release_evidence \
+             ELSE COALESCE(release_evidence, 'the attempt ended through its agent') END \
              WHERE job_id = $6 AND epoch = $7 AND outcome = {running}",
             running = lit(AttemptOutcome::Running)
         )
@@ -65,6 +68,10 @@ pub(crate) async fn end_attempt(
         .bind(now)
         .bind(job_id)
         .bind(epoch)
+        // Ended through its agent: its sandbox is gone (the agent kills it
+        // before it reports). A lost attempt waits for a confirmation
+        // (issue 40, item 5: a timeout alone certifies nothing).
+        .bind((outcome != AttemptOutcome::Lost).then_some(now))
         .execute()
         .await?;
     // An attempt that ended through its agent has a sealed log: what was

@@ -48,7 +48,10 @@ pub(crate) async fn cancel_in_tx(tx: &mut Tx, run_id: &str, message: Option<&str
         ids.push(id);
         statuses.push(parse_enum::<JobStatus>(&status)?);
     }
-    let CancelVerdict::Cancel { jobs, run: ends } = plan_cancel(run.status, &statuses) else {
+    // A fenced attempt whose sandbox nobody confirmed gone keeps the run
+    // cancelling, even with nothing running (issue 40, item 5).
+    let awaiting = run.status.can_cancel() && crate::tx::release::awaiting_release(tx, run_id).await?;
+    let CancelVerdict::Cancel { jobs, run: ends } = plan_cancel(run.status, &statuses, awaiting) else {
         return Ok(());
     };
     for i in jobs {

@@ -105,6 +105,18 @@ async fn complete_tx(
             .execute()
             .await?;
     }
+    if let Some(end) = &c.sandbox {
+        // Recorded whatever the verdict: the completion is how the agent
+        // says its sandbox is gone, and what its cleanup could not do is
+        // shown on the attempt (issue 40, item 5).
+        tx.sql("UPDATE attempts SET release_evidence = $1, cleanup_error = $2 WHERE job_id = $3 AND epoch = $4")
+            .bind(&end.evidence)
+            .bind(end.cleanup_error.as_deref())
+            .bind(job_id)
+            .bind(epoch)
+            .execute()
+            .await?;
+    }
     let verdict = decide_completion(&CompletionFacts {
         run: run.status,
         cancel_requested: budget.cancel_requested,

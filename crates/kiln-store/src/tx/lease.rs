@@ -141,6 +141,18 @@ async fn fence_tx(store: &SqlStore, tx: &mut Tx, job_id: &str, epoch: i64) -> Re
     // Fence first: the old epoch can no longer publish...
     let class = FailureClass::AgentLost;
     end_attempt(tx, job_id, epoch, AttemptOutcome::Lost, None, Some(LOST_ATTEMPT), Some(class), now).await?;
+    // Its sandbox is not known to be gone (issue 40, item 5) unless its
+    // agent was removed (the lease of a removed agent's attempt ends at
+    // the removal): the operator said the machine is gone.
+    tx.sql(
+        "UPDATE attempts SET released_at = $1, release_evidence = 'its agent was removed' \
+         WHERE job_id = $2 AND epoch = $3 AND NOT EXISTS (SELECT 1 FROM agents g WHERE g.id = attempts.agent_id)",
+    )
+    .bind(now)
+    .bind(job_id)
+    .bind(epoch)
+    .execute()
+    .await?;
     append_gap_marker(tx, job_id, epoch).await?;
     let (job, budget) = load_job(tx, job_id).await?;
     if fence_fails_job(job.status, job.current_epoch, epoch) {

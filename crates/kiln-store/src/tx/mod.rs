@@ -31,4 +31,5 @@ pub(crate) mod logs;
 pub(crate) mod outbox;
 pub(crate) mod outputs;
 pub(crate) mod queue;
+pub(crate) mod release;
 pub(crate) mod repos;

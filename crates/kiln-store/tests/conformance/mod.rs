@@ -127,7 +127,10 @@ macro_rules! suite {
             cancel::cancel_after_success_is_a_no_op,
             cancel::cancel_before_completion_rejects_late_success,
             cancel::cancel_of_queued_run_cancels_everything,
-            cancel::cancel_with_lost_agent_resolves_on_fence,
+            cancel::cancel_with_lost_agent_waits_for_its_release,
+            cancel::a_completion_records_how_the_sandbox_ended,
+            cancel::removal_or_a_fresh_start_of_the_agent_ends_the_wait,
+            cancel::a_cancel_waits_for_an_attempt_lost_before_it,
             logs::identical_log_retry_is_accepted,
             logs::conflicting_log_bytes_are_refused,
             logs::out_of_order_chunks_commit_contiguously,
@@ -354,6 +357,7 @@ pub fn success() -> CompletionInput {
         failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
+        sandbox: None,
     }
 }
 
@@ -365,6 +369,7 @@ pub fn failure(code: i32) -> CompletionInput {
         failure_class: None,
         outputs: Default::default(),
         steps: Default::default(),
+        sandbox: None,
     }
 }
 
@@ -376,6 +381,7 @@ pub fn infra_failure() -> CompletionInput {
         failure_class: Some(kiln_core::failure::FailureClass::Infra),
         outputs: Default::default(),
         steps: Default::default(),
+        sandbox: None,
     }
 }
 

@@ -51,6 +51,7 @@ async fn a_join_token_holder_cannot_act_on_another_agents_attempt() {
             max_jobs: 1,
             version: None,
             executor: None,
+            fresh_start: false,
         })
         .await
         .expect("the join token registers");

@@ -90,8 +90,8 @@ pub struct ObservedJob {
     pub current_epoch: i64,
     pub message: Option<String>,
     pub cancel_requested: bool,
-    /// (epoch, agent index, outcome, message)
-    pub attempts: Vec<(i64, usize, AttemptOutcome, Option<String>)>,
+    /// (epoch, agent index, outcome, message, sandbox confirmed gone)
+    pub attempts: Vec<(i64, usize, AttemptOutcome, Option<String>, bool)>,
 }
 
 pub fn observe_store(v: &RunView, agents: &[AgentRecord]) -> Observed {
@@ -111,7 +111,7 @@ pub fn observe_store(v: &RunView, agents: &[AgentRecord]) -> Observed {
                 attempts: j
                     .attempts
                     .iter()
-                    .map(|a| (a.epoch, agent(&a.agent_id), a.outcome, a.message.clone()))
+                    .map(|a| (a.epoch, agent(&a.agent_id), a.outcome, a.message.clone(), a.released_at.is_some()))
                     .collect(),
             })
             .collect(),
@@ -131,7 +131,11 @@ pub fn observe_model(m: &RunModel<Trigger>) -> Observed {
                 current_epoch: j.current_epoch,
                 message: j.message.clone(),
                 cancel_requested: j.cancel_requested,
-                attempts: j.attempts.iter().map(|a| (a.epoch, a.agent, a.outcome, a.message.clone())).collect(),
+                attempts: j
+                    .attempts
+                    .iter()
+                    .map(|a| (a.epoch, a.agent, a.outcome, a.message.clone(), a.released))
+                    .collect(),
             })
             .collect(),
     }
