@@ -572,8 +572,7 @@ impl Client {
     /// A fenced attempt's sandbox is gone (issue 40, item 5): a cancel that
     /// waits for it can end.
     pub async fn release(&self, job: &str, epoch: i64, body: &SandboxEnd) -> Result<ReleaseAck, ApiError> {
-        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/release", enc(job)), Some(body), &[], None)
-            .await
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/release", enc(job)), Some(body), &[], None).await
     }
 
     /// Commit the digest of the image this attempt built; returns the job's

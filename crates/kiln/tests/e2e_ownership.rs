@@ -386,3 +386,71 @@ fn epoch_token(data: &std::path::Path, job: &str, epoch: i64) -> String {
     let key = std::fs::read_to_string(data.join("blob.key")).unwrap();
     kiln_server::credentials::AgentKeys::new(key.trim().as_bytes()).attempt_token(job, epoch)
 }
+
+/// Issue 40, item 5 (spec 000 §9, §15: a timeout alone cannot certify that
+/// execution ended). A run is cancelled while its agent is SIGSTOPped: the
+/// lease lapses and the attempt is fenced, but the run stays `cancelling`,
+/// saying which agent it waits for, until that agent comes back, kills the
+/// sandbox and says so — or, for a second run, until the paused agent is
+/// removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_waits_for_the_paused_agent_to_confirm_its_sandbox_is_gone() {
+    let server = KilnServer::start(BIN.as_ref(), &["--lease-ttl", "2s"]).unwrap();
+    let wf = "version: 1\njobs:\n  - name: long\n    steps:\n      - echo started && sleep 600\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    server.add_repo("confirm", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let submit = || async {
+        let sub = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+        c.submit_run("confirm", &sub, None).await.unwrap().run_id
+    };
+    let started = |run: String| {
+        let logs = server.cli().args(["logs", &run, "long"]).output().unwrap();
+        String::from_utf8_lossy(&logs.stdout).contains("started").then_some(())
+    };
+
+    // Agent a runs the job; it is paused, and the run cancelled.
+    let a = server.agent("agent-a", &[]).unwrap();
+    let run = submit().await;
+    assert!(wait_for(Duration::from_secs(60), || started(run.clone())).is_some(), "{}", a.log());
+    a.signal("STOP");
+    assert_eq!(c.cancel_run(&run).await.unwrap().status, "cancelling");
+    let r = wait_job(&c, &run, 0, |j| j.attempts.first().is_some_and(|at| at.outcome == "lost")).await;
+    assert_eq!(r.status, "cancelling", "fenced, not confirmed: {r:#?}");
+    assert_eq!(r.jobs[0].status, "cancelled");
+    assert_eq!(r.jobs[0].attempts[0].released_at_ms, None);
+    let msg = r.message.clone().unwrap_or_default();
+    assert!(msg.contains("waiting for agent agent-a to confirm"), "{msg}");
+    // Well past the lease, it still waits.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let r = c.get_run(&run).await.unwrap();
+    assert_eq!((r.status.as_str(), r.finished_at_ms), ("cancelling", None), "{r:#?}");
+
+    // a comes back: fenced, it kills the sandbox and says so; the run ends.
+    a.signal("CONT");
+    let done = wait_run(&c, &run, 60).await;
+    assert_eq!(done.status, "cancelled", "{done:#?}\n{}", a.log());
+    let at = &done.jobs[0].attempts[0];
+    assert!(at.released_at_ms.is_some(), "{at:#?}");
+    let how = at.release.clone().unwrap_or_default();
+    assert!(how.contains("killed"), "the agent's own evidence: {how}");
+    assert!(!done.message.unwrap_or_default().contains("waiting"), "no longer waiting");
+    assert!(a.log().contains("sandbox is gone"), "{}", a.log());
+
+    // Agent b is paused for good: its removal ends the wait.
+    drop(a);
+    let b = server.agent("agent-b", &[]).unwrap();
+    let run = submit().await;
+    assert!(wait_for(Duration::from_secs(60), || started(run.clone())).is_some(), "{}", b.log());
+    b.signal("STOP");
+    c.cancel_run(&run).await.unwrap();
+    let r = wait_job(&c, &run, 0, |j| j.attempts.first().is_some_and(|at| at.outcome == "lost")).await;
+    assert_eq!(r.status, "cancelling");
+    let id = c.list_agents().await.unwrap().into_iter().find(|x| x.name == "agent-b").unwrap().id;
+    let rm = server.cli().args(["agents", "rm", &id]).output().unwrap();
+    assert!(rm.status.success(), "{}", String::from_utf8_lossy(&rm.stderr));
+    let done = wait_run(&c, &run, 60).await;
+    assert_eq!(done.status, "cancelled", "{done:#?}");
+    assert_eq!(done.jobs[0].attempts[0].release.as_deref(), Some("its agent was removed"));
+    b.signal("KILL");
+}

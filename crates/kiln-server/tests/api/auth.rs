@@ -25,8 +25,14 @@ async fn the_agent_token_is_refused_on_the_public_api_and_back() {
     let app = TestApp::new().await;
     app.agent().get("/v1/repos").send().await.assert_status(StatusCode::UNAUTHORIZED);
     app.agent().get("/v1/workflow-runs/x").send().await.assert_status(StatusCode::UNAUTHORIZED);
-    let reg =
-        api::RegisterAgent { name: "a".into(), labels: Default::default(), max_jobs: 1, version: None, executor: None, fresh_start: false };
+    let reg = api::RegisterAgent {
+        name: "a".into(),
+        labels: Default::default(),
+        max_jobs: 1,
+        version: None,
+        executor: None,
+        fresh_start: false,
+    };
     app.admin().post("/v1/agents/register").json(&reg).send().await.assert_status(StatusCode::UNAUTHORIZED);
     app.admin().post("/v1/jobs/j/attempts/1/heartbeat").send().await.assert_status(StatusCode::UNAUTHORIZED);
 }

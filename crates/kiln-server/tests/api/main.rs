@@ -51,8 +51,14 @@ pub async fn submit(app: &TestApp, repo: &str) -> String {
 }
 
 pub async fn register(app: &TestApp, name: &str, max_jobs: u32) -> api::AgentRegistration {
-    let body =
-        api::RegisterAgent { name: name.into(), labels: Default::default(), max_jobs, version: None, executor: None, fresh_start: false };
+    let body = api::RegisterAgent {
+        name: name.into(),
+        labels: Default::default(),
+        max_jobs,
+        version: None,
+        executor: None,
+        fresh_start: false,
+    };
     app.agent().post("/v1/agents/register").json(&body).send().await.assert_status(StatusCode::OK).json()
 }
 
