@@ -21,6 +21,7 @@
 //! modules (`failure` also the backoff, `complete` the failure classes);
 //! `protocol` uses them all; nothing uses `protocol`.
 
+pub mod acceptance;
 pub mod advance;
 pub mod attempt;
 pub mod backoff;

@@ -40,9 +40,139 @@ impl Trust {
     }
 }
 
+/// Who may start trusted work from a repository's own pull requests (a
+/// fork's are never trusted): `write-access` (the default) when the forge
+/// says the author has write access, `same-repo` always, `never` never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PullRequestTrust {
+    #[default]
+    WriteAccess,
+    SameRepo,
+    Never,
+}
+
+string_enum!(PullRequestTrust { WriteAccess => "write-access", SameRepo => "same-repo", Never => "never" });
+
+/// What asked for a run, as the trust decision sees it (issue 40, item 8:
+/// one decider for every acceptance path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrustTrigger<'a> {
+    /// The public API or the CLI: the event named, whether the caller's
+    /// token may start trusted runs, and the ref the commit was resolved
+    /// through (none: a bare commit SHA).
+    Api { event: &'a str, may_start_trusted: bool, git_ref: Option<&'a str> },
+    /// A retry of a run accepted with `parent` trust, by a caller who may
+    /// or may not start trusted runs.
+    Retry { parent: Trust, may_start_trusted: bool },
+    /// A push (webhook or polling): to `git_ref`; `protected` when its
+    /// branch matches one of the repository's `protected_refs` patterns.
+    Push { git_ref: &'a str, default_branch: &'a str, protected: bool },
+    /// A pull request: from a fork or not, whether the forge says its
+    /// author has write access, under the repository's policy.
+    PullRequest { fork: bool, author_write_access: Option<bool>, policy: PullRequestTrust },
+    /// A schedule tick of a workflow on the default branch.
+    Schedule,
+}
+
+/// The trust decision (ARCHITECTURE invariant 10), made once at acceptance:
+/// - an API run is trusted only for a caller allowed to start trusted runs,
+///   an event that runs the repository's own code (not a pull request),
+///   and a commit reached through a branch, a tag or `HEAD` (a pull
+///   request's head such as `refs/pull/N/head` holds code nobody with write
+///   access put there);
+/// - a retry keeps its parent's trust, and a caller who may not start
+///   trusted runs cannot retry one as trusted: never raised;
+/// - a push is trusted to a tag, the default branch or a protected branch;
+/// - a pull request from a fork never is; one from the repository itself
+///   is under its policy;
+/// - a schedule tick runs the default branch's own code: trusted.
+pub fn decide(trigger: TrustTrigger) -> Trust {
+    use Trust::{Trusted, Untrusted};
+    match trigger {
+        TrustTrigger::Api { event, may_start_trusted, git_ref } => {
+            let own_ref = match git_ref {
+                None => true,
+                Some(r) => r == "HEAD" || r.starts_with("refs/heads/") || r.starts_with("refs/tags/"),
+            };
+            if own_ref { Trust::for_submission(event, may_start_trusted) } else { Untrusted }
+        }
+        TrustTrigger::Retry { parent: Trusted, may_start_trusted: true } => Trusted,
+        TrustTrigger::Retry { .. } => Untrusted,
+        TrustTrigger::Push { git_ref, default_branch, protected } => {
+            if git_ref.starts_with("refs/tags/") {
+                return Trusted;
+            }
+            match git_ref.strip_prefix("refs/heads/") {
+                Some(b) if b == default_branch || protected => Trusted,
+                _ => Untrusted,
+            }
+        }
+        TrustTrigger::PullRequest { fork: true, .. } => Untrusted,
+        TrustTrigger::PullRequest { policy: PullRequestTrust::SameRepo, .. } => Trusted,
+        TrustTrigger::PullRequest {
+            policy: PullRequestTrust::WriteAccess, author_write_access: Some(true), ..
+        } => Trusted,
+        TrustTrigger::PullRequest { .. } => Untrusted,
+        TrustTrigger::Schedule => Trusted,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Trust;
+    use super::*;
+
+    /// Every trigger kind and every fact that decides its trust.
+    #[test]
+    fn the_trust_table() {
+        use PullRequestTrust::*;
+        use Trust::*;
+        use TrustTrigger as T;
+        let api = |event, may_start_trusted, git_ref| T::Api { event, may_start_trusted, git_ref };
+        let push = |git_ref, protected| T::Push { git_ref, default_branch: "main", protected };
+        let pr = |fork, author_write_access, policy| T::PullRequest { fork, author_write_access, policy };
+        let rows = [
+            (api("manual", true, Some("refs/heads/main")), Trusted),
+            (api("manual", true, Some("refs/tags/v1")), Trusted),
+            (api("manual", true, Some("HEAD")), Trusted),
+            (api("manual", true, None), Trusted),
+            (api("push", true, Some("refs/heads/feature")), Trusted),
+            (api("manual", true, Some("refs/pull/7/head")), Untrusted),
+            (api("manual", true, Some("refs/merge-requests/7/head")), Untrusted),
+            (api("pull_request", true, Some("refs/heads/main")), Untrusted),
+            (api("manual", false, Some("refs/heads/main")), Untrusted),
+            (api("schedule", false, None), Untrusted),
+            (T::Retry { parent: Trusted, may_start_trusted: true }, Trusted),
+            (T::Retry { parent: Trusted, may_start_trusted: false }, Untrusted),
+            (T::Retry { parent: Untrusted, may_start_trusted: true }, Untrusted),
+            (push("refs/heads/main", false), Trusted),
+            (push("refs/tags/v1.0", false), Trusted),
+            (push("refs/heads/release/1.x", true), Trusted),
+            (push("refs/heads/feature", false), Untrusted),
+            (push("refs/notes/x", true), Untrusted),
+            (T::Push { git_ref: "refs/heads/main", default_branch: "trunk", protected: false }, Untrusted),
+            (pr(true, Some(true), SameRepo), Untrusted),
+            (pr(true, Some(true), WriteAccess), Untrusted),
+            (pr(false, Some(true), WriteAccess), Trusted),
+            (pr(false, Some(false), WriteAccess), Untrusted),
+            (pr(false, None, WriteAccess), Untrusted),
+            (pr(false, None, SameRepo), Trusted),
+            (pr(false, Some(true), Never), Untrusted),
+            (T::Schedule, Trusted),
+        ];
+        for (trigger, want) in rows {
+            assert_eq!(decide(trigger), want, "{trigger:?}");
+        }
+    }
+
+    #[test]
+    fn pull_request_policies_round_trip() {
+        for p in PullRequestTrust::ALL {
+            assert_eq!(p.as_str().parse::<PullRequestTrust>(), Ok(*p));
+        }
+        assert_eq!(PullRequestTrust::default(), PullRequestTrust::WriteAccess);
+        assert!("everyone".parse::<PullRequestTrust>().is_err());
+    }
 
     #[test]
     fn wire_names_round_trip() {

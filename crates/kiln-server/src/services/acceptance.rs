@@ -18,6 +18,8 @@ use axum::http::StatusCode;
 use kiln_api as api;
 use kiln_api::trace::TraceParent;
 use kiln_core::Trust;
+use kiln_core::acceptance::{Check, TriggerKind, applies};
+use kiln_core::trust::TrustTrigger;
 use kiln_store::{Idempotency, NewRun, RepoRecord, RunConcurrency};
 use kiln_workflow::Workflow;
 use sha2::{Digest, Sha256};
@@ -27,26 +29,126 @@ use tracing::Instrument;
 /// Events a submission may name.
 const EVENTS: &[&str] = &["manual", "push", "pull_request", "retry", "schedule"];
 
-/// What asked for the run; trust is decided from it and nothing else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Trigger<'a> {
-    /// The public API (or the CLI): the event named and whether the
-    /// caller's token may start trusted runs.
-    Api { event: &'a str, may_start_trusted: bool },
-    /// `POST /v1/workflow-runs/{run}/retry` of a run accepted with `parent`.
-    Retry { parent: Trust, may_start_trusted: bool },
+/// What every trigger brings to the one door (issue 40, item 8): the API,
+/// a retry, a forge push or pull request and a schedule tick each build
+/// one and call [`freeze`], which runs kiln-core's acceptance table
+/// ([`kiln_core::acceptance`]) in its order and decides trust with
+/// [`kiln_core::trust::decide`] — nothing else decides either.
+pub(crate) struct Freeze<'a> {
+    pub kind: TriggerKind,
+    /// The facts trust is decided from.
+    pub trust: TrustTrigger<'a>,
+    pub repo: &'a RepoRecord,
+    pub commit_sha: String,
+    pub git_ref: Option<String>,
+    pub event: String,
+    pub workflow_path: String,
+    pub workflow: Workflow,
+    /// The inputs given (API), none (forge, schedule: the defaults apply),
+    /// or a retry's parent's frozen ones.
+    pub inputs: BTreeMap<String, String>,
+    /// A retry's parent's pinned image digests (copied, never re-resolved).
+    pub image_digests: BTreeMap<String, String>,
+    pub idempotency: Option<Idempotency>,
+    pub parent_run_id: Option<String>,
+    pub actor: String,
+    pub report_context: Option<String>,
+    pub pin_succeeded: bool,
+    /// The trigger span's context (the run's trace starts there).
+    pub trace: Option<TraceParent>,
 }
 
-/// The trust decision (invariant 10): an API run is trusted only for a
-/// caller allowed to start trusted runs and an event that runs the
-/// repository's own code (not a pull request); a retry keeps its parent's
-/// trust, so it can never be raised by retrying.
-pub(crate) fn decide_trust(trigger: Trigger) -> Trust {
-    match trigger {
-        Trigger::Api { event, may_start_trusted } => Trust::for_submission(event, may_start_trusted),
-        Trigger::Retry { parent: Trust::Trusted, may_start_trusted: true } => Trust::Trusted,
-        Trigger::Retry { .. } => Trust::Untrusted,
+/// A frozen and accepted run.
+pub(crate) struct Frozen {
+    pub accepted: kiln_store::Accepted,
+    pub trust: Trust,
+}
+
+/// Freeze and accept a run: every check of [`Check::ORDER`] that applies
+/// to the trigger, then the store's acceptance transaction. A refusal is
+/// an [`ApiErr`]: 503 (degraded: later), 502 (a registry or remote did not
+/// answer: later), 4xx (never as asked), 5xx from the store.
+pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen> {
+    let Freeze { kind, trust, repo, workflow_path: path, mut workflow, mut inputs, mut image_digests, .. } = f;
+    let trust = kiln_core::trust::decide(trust);
+    let mut concurrency = None;
+    for check in Check::ORDER {
+        if !applies(kind, check) {
+            continue;
+        }
+        match check {
+            Check::Admission => admit(state, &workflow)?,
+            Check::ManualAllowed => {
+                if f.event == "manual" && !workflow.on.allows_manual() {
+                    return Err(ApiErr::invalid(format!(
+                        "{path} declares `on:` without `manual`, so it is not started by hand; add `manual: {{}}` \
+                         under `on:` to allow it"
+                    )));
+                }
+            }
+            // Declared inputs (spec 000 §5: the accepted inputs are frozen
+            // with the run): unknown, ill-typed or missing required ones
+            // are refused before anything is stored; defaults filled in.
+            Check::Inputs => {
+                inputs = workflow.check_inputs(&inputs).map_err(|e| ApiErr::invalid(format!("{path}: {e}")))?;
+            }
+            Check::InputLimits => limits::check_inputs(&inputs)?,
+            Check::DefinitionSize => limits::check_definition(&workflow, &path).await?,
+            // Only a trusted run is given secrets, and only it is told which
+            // are missing (an untrusted author learns no secret's name).
+            Check::Secrets if trust == Trust::Trusted => check_secrets(state, repo, &workflow, &path).await?,
+            Check::Secrets => {}
+            Check::Concurrency => {
+                concurrency =
+                    run_concurrency(&workflow, &f.event, f.git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
+            }
+            Check::Render => render_accepted(&mut workflow, &f.event, f.git_ref.as_deref(), &inputs)
+                .map_err(|e| ApiErr::invalid(format!("{path}: {e}")))?,
+            Check::Limits => {
+                limits::job_timeouts(&mut workflow, state.config.job_timeout, state.config.max_job_timeout)
+                    .map_err(|e| ApiErr::invalid(format!("{path}: {e}")))?;
+                limits::artifact_expiry(&mut workflow, state.config.artifact_expire_in);
+                limits::run_timeout(&mut workflow, state.config.run_timeout);
+            }
+            Check::Images => {
+                image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?
+            }
+            // Decided above, from the trigger alone.
+            Check::Trust => {}
+        }
     }
+    let trigger = match kind {
+        TriggerKind::Api => "api",
+        TriggerKind::Retry => "retry",
+        TriggerKind::Push | TriggerKind::PullRequest => "forge",
+        TriggerKind::Schedule => "schedule",
+    };
+    let accepted = accept_timed(
+        state,
+        trigger,
+        NewRun {
+            repo_id: repo.id.clone(),
+            commit_sha: f.commit_sha,
+            git_ref: f.git_ref,
+            event: f.event,
+            trust: trust.as_str().into(),
+            workflow_path: path,
+            workflow,
+            inputs,
+            parent_run_id: f.parent_run_id,
+            idempotency: f.idempotency,
+            concurrency,
+            image_digests,
+            actor: Some(f.actor),
+            report_context: f.report_context,
+            pin_succeeded: f.pin_succeeded,
+            traceparent: None,
+        },
+        f.trace,
+    )
+    .await?;
+    state.relay_wake.notify_one();
+    Ok(Frozen { accepted, trust })
 }
 
 /// A submission through the public API.
@@ -81,65 +183,36 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     let remote = crate::services::repos::remote(state, &repo).await?;
     let (sha, git_ref) =
         state.mirrors.resolve_named(&repo.id, &remote, req.commit_sha.trim()).await.map_err(git_err)?;
-    let mut workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
-    admit(state, &workflow)?;
-    if event == "manual" && !workflow.on.allows_manual() {
-        return Err(ApiErr::invalid(format!(
-            "{workflow_path} declares `on:` without `manual`, so it is not started by hand; add `manual: {{}}` \
-             under `on:` to allow it"
-        )));
-    }
-    // Declared inputs (spec 000 §5: the accepted inputs are frozen with the
-    // run): unknown, ill-typed or missing required ones are refused before
-    // anything is stored; defaults are filled in.
-    let inputs = workflow.check_inputs(&req.inputs).map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
-    limits::check_inputs(&inputs)?;
-    limits::check_definition(&workflow, &workflow_path).await?;
-    check_secrets(state, &repo, &workflow, &workflow_path).await?;
-    let concurrency = run_concurrency(&workflow, &event, git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
-    render_accepted(&mut workflow, &event, git_ref.as_deref(), &inputs)
-        .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
-    limits::job_timeouts(&mut workflow, state.config.job_timeout, state.config.max_job_timeout)
-        .map_err(|e| ApiErr::invalid(format!("{workflow_path}: {e}")))?;
-    limits::artifact_expiry(&mut workflow, state.config.artifact_expire_in);
-    limits::run_timeout(&mut workflow, state.config.run_timeout);
-    let image_digests = state.resolver.resolve_workflow(&mut workflow).await.map_err(resolve_err)?;
-    let trust = decide_trust(Trigger::Api { event: &event, may_start_trusted: by.may_start_trusted });
-    // A pull request's head (`refs/pull/N/head`, `refs/merge-requests/N/head`)
-    // or any ref that is not a branch or tag of the repository holds code
-    // nobody with write access put there: it runs untrusted (issue 39).
-    let trust = match git_ref.as_deref() {
-        Some(r) if !(r == "HEAD" || r.starts_with("refs/heads/") || r.starts_with("refs/tags/")) => Trust::Untrusted,
-        _ => trust,
-    };
-    let accepted = accept_timed(
+    let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
+    let frozen = freeze(
         state,
-        "api",
-        NewRun {
-            repo_id: repo.id.clone(),
-            commit_sha: sha,
-            git_ref,
-            event,
-            trust: trust.as_str().into(),
+        Freeze {
+            kind: TriggerKind::Api,
+            trust: TrustTrigger::Api {
+                event: &event,
+                may_start_trusted: by.may_start_trusted,
+                git_ref: git_ref.as_deref(),
+            },
+            repo: &repo,
+            commit_sha: sha.clone(),
+            git_ref: git_ref.clone(),
+            event: event.clone(),
             workflow_path,
             workflow,
-            inputs,
-            parent_run_id: None,
+            inputs: req.inputs.clone(),
+            image_digests: BTreeMap::new(),
             idempotency,
-            concurrency,
-            image_digests,
-            actor: Some(by.actor.clone()),
+            parent_run_id: None,
+            actor: by.actor.clone(),
             report_context: None,
             pin_succeeded: false,
-            traceparent: None,
+            trace,
         },
-        trace,
     )
     .await?;
-    state.relay_wake.notify_one();
-    let detail = format!("repository {} event {} trust {}", repo.name, accepted_event(&req), trust.as_str());
-    access::audit(state, &by.actor, "run.submit", &accepted.run_id, detail).await?;
-    Ok(accepted.run_id)
+    let detail = format!("repository {} event {} trust {}", repo.name, accepted_event(&req), frozen.trust.as_str());
+    access::audit(state, &by.actor, "run.submit", &frozen.accepted.run_id, detail).await?;
+    Ok(frozen.accepted.run_id)
 }
 
 fn accepted_event(req: &api::SubmitRun) -> &str {
@@ -152,7 +225,6 @@ fn accepted_event(req: &api::SubmitRun) -> &str {
 /// failed, cancelled or skipped jobs and their descendants run again.
 pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed_only: bool) -> ApiResult<String> {
     let old_view = state.store.get_run(run_id).await?;
-    admit(state, &old_view.run.definition)?;
     // Same pinned definition, same pinned images: registry digests are
     // copied, never re-resolved (a moved tag must not change what a retry
     // runs). Built images are rebuilt by the new run.
@@ -172,46 +244,39 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed
         .trust
         .parse()
         .map_err(|e| ApiErr::internal(format!("run {} has an unreadable trust context: {e}", old.id)))?;
-    let trust = decide_trust(Trigger::Retry { parent, may_start_trusted: by.may_start_trusted });
-    let concurrency =
-        run_concurrency(&old.definition, "retry", old.git_ref.as_deref(), &old.inputs).map_err(ApiErr::invalid)?;
+    let repo = state.store.get_repo(&old.repo_id).await?;
     // A retry of a run that reports to the forge reports under the same
     // context: the commit shows the retry's result, not the old one's.
     let report_context = match state.store.report_context_of_run(&old.id).await? {
-        Some(ctx) if crate::services::forge_status::reports_statuses(&state.store.get_repo(&old.repo_id).await?) => {
-            Some(ctx)
-        }
+        Some(ctx) if crate::services::forge_status::reports_statuses(&repo) => Some(ctx),
         _ => None,
     };
-    let accepted = accept_timed(
+    let frozen = freeze(
         state,
-        "retry",
-        NewRun {
-            concurrency,
-            repo_id: old.repo_id,
+        Freeze {
+            kind: TriggerKind::Retry,
+            trust: TrustTrigger::Retry { parent, may_start_trusted: by.may_start_trusted },
+            repo: &repo,
             commit_sha: old.commit_sha,
             git_ref: old.git_ref,
             event: "retry".into(),
-            trust: trust.as_str().into(),
             workflow_path: old.workflow_path,
             workflow: old.definition,
             inputs: old.inputs,
-            parent_run_id: Some(old.id.clone()),
-            idempotency: None,
             image_digests,
-            actor: Some(by.actor.clone()),
+            idempotency: None,
+            parent_run_id: Some(old.id.clone()),
+            actor: by.actor.clone(),
             report_context,
             pin_succeeded: failed_only,
-            traceparent: None,
+            trace: None,
         },
-        None,
     )
     .await?;
-    state.relay_wake.notify_one();
     let what = if failed_only { "retry of the failed jobs of" } else { "retry of" };
-    let detail = format!("{what} {} trust {}", old.id, trust.as_str());
-    access::audit(state, &by.actor, "run.retry", &accepted.run_id, detail).await?;
-    Ok(accepted.run_id)
+    let detail = format!("{what} {} trust {}", old.id, frozen.trust.as_str());
+    access::audit(state, &by.actor, "run.retry", &frozen.accepted.run_id, detail).await?;
+    Ok(frozen.accepted.run_id)
 }
 
 /// The inputs a run of `workflow_path` at `git_ref` may be given (for the

@@ -23,14 +23,16 @@
 
 use crate::error::ApiErr;
 use crate::git::{GitError, WorkflowFileError};
-use crate::images::ResolveError;
-use crate::services::acceptance::{check_secrets, run_concurrency};
+use crate::services::acceptance::Freeze;
+use crate::services::access;
 use crate::services::forge_status::reports_statuses;
-use crate::services::{access, limits};
+use crate::services::webhooks::{decide_trust, trust_trigger};
 use crate::state::AppState;
-use kiln_core::Trust;
+use axum::http::StatusCode;
+use kiln_core::acceptance::TriggerKind;
 use kiln_forge::ForgeEvent;
-use kiln_store::{DeliveryRecord, Idempotency, NewRun, RepoRecord, StoreError};
+use kiln_store::{DeliveryRecord, Idempotency, RepoRecord, StoreError};
+use std::collections::BTreeMap;
 use tracing::Instrument;
 
 /// How long a planner holds a delivery before another may take it over.
@@ -199,8 +201,10 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
     let repo = state.store.get_repo(&d.repo_id).await?;
     let event: ForgeEvent = serde_json::from_str(&d.trigger_event)
         .map_err(|e| PlanError::Permanent(format!("stored event is unreadable: {e}")))?;
-    let trust: Trust = d.trust.parse().map_err(|e| PlanError::Permanent(format!("stored trust: {e}")))?;
-    let (kind, want_sha, git_ref, base_branch, diff_from, fetch_ref, actor) = match event {
+    // Decided now, under the repository's policy as it stands (the same
+    // rules as when the delivery was recorded: one decider).
+    let trust = decide_trust(&repo.forge, &event);
+    let (kind, want_sha, git_ref, base_branch, diff_from, fetch_ref, actor) = match event.clone() {
         ForgeEvent::Push(p) => ("push", p.after, p.git_ref, None, p.before.map(|b| (b, false)), None, p.actor),
         ForgeEvent::PullRequest(pr) => (
             "pull_request",
@@ -228,15 +232,13 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
     let mut planned = Planned { runs: vec![], problems: vec![], considered: files.len() };
     for path in &files {
         let ctx = context(path, kind);
-        let mut wf = match read(state, &repo, &sha, path).await {
+        let wf = match read(state, &repo, &sha, path).await {
             Ok(wf) => wf,
             Err(problem) => {
                 refuse(state, &repo, &sha, &ctx, path, &problem, &mut planned).await?;
                 continue;
             }
         };
-        // Degraded: the delivery stays pending and is planned again later.
-        crate::services::acceptance::admit(state, &wf).map_err(|e| PlanError::Degraded(e.message))?;
         let runs = match (kind, &base_branch) {
             ("push", _) => wf.on.matches_push(&git_ref, changed.as_deref()),
             (_, Some(base)) => wf.on.matches_pull_request(base, changed.as_deref()),
@@ -245,49 +247,6 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
         if !runs {
             continue;
         }
-        if let Err(e) = limits::check_definition(&wf, path).await {
-            refuse(state, &repo, &sha, &ctx, path, &e.message, &mut planned).await?;
-            continue;
-        }
-        if trust == Trust::Trusted
-            && let Err(e) = check_secrets(state, &repo, &wf, path).await
-        {
-            refuse(state, &repo, &sha, &ctx, path, &e.message, &mut planned).await?;
-            continue;
-        }
-        // Forge events carry no inputs: the declared defaults apply.
-        let inputs = match wf.check_inputs(&Default::default()) {
-            Ok(i) => i,
-            Err(e) => {
-                refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;
-                continue;
-            }
-        };
-        let concurrency = match run_concurrency(&wf, kind, Some(&git_ref), &inputs) {
-            Ok(c) => c,
-            Err(e) => {
-                refuse(state, &repo, &sha, &ctx, path, &e, &mut planned).await?;
-                continue;
-            }
-        };
-        if let Err(e) = crate::services::acceptance::render_accepted(&mut wf, kind, Some(&git_ref), &inputs) {
-            refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;
-            continue;
-        }
-        limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
-        limits::run_timeout(&mut wf, state.config.run_timeout);
-        if let Err(e) = limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout) {
-            refuse(state, &repo, &sha, &ctx, path, &format!("{path}: {e}"), &mut planned).await?;
-            continue;
-        }
-        let image_digests = match state.resolver.resolve_workflow(&mut wf).await {
-            Ok(d) => d,
-            Err(ResolveError::Refused(m)) => {
-                refuse(state, &repo, &sha, &ctx, path, &m, &mut planned).await?;
-                continue;
-            }
-            Err(ResolveError::Unavailable(m)) => return Err(PlanError::Transient(m)),
-        };
         let idempotency = if kind == "push" {
             Idempotency {
                 scope: format!("push:{}", repo.id),
@@ -306,31 +265,42 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 request_digest: "pull_request".into(),
             }
         };
-        let accepted = crate::services::acceptance::accept_timed(
+        // The one door (issue 40, item 8). Forge events carry no inputs:
+        // the declared defaults apply.
+        let frozen = crate::services::acceptance::freeze(
             state,
-            "forge",
-            NewRun {
-                repo_id: repo.id.clone(),
+            Freeze {
+                kind: if kind == "push" { TriggerKind::Push } else { TriggerKind::PullRequest },
+                trust: trust_trigger(&repo.forge, &event).ok_or_else(|| PlanError::Permanent("no trust".into()))?,
+                repo: &repo,
                 commit_sha: sha.clone(),
                 git_ref: Some(git_ref.clone()),
                 event: kind.into(),
-                trust: trust.as_str().into(),
                 workflow_path: path.clone(),
                 workflow: wf,
-                inputs,
-                parent_run_id: None,
+                inputs: BTreeMap::new(),
+                image_digests: BTreeMap::new(),
                 idempotency: Some(idempotency),
-                concurrency,
-                image_digests,
-                actor: Some(actor.clone()),
+                parent_run_id: None,
+                actor: actor.clone(),
                 report_context: reports_statuses(&repo).then(|| ctx.clone()),
                 pin_succeeded: false,
-                traceparent: None,
+                trace: None,
             },
-            None,
         )
-        .await?;
-        state.relay_wake.notify_one();
+        .await;
+        let accepted = match frozen {
+            Ok(f) => f.accepted,
+            // Degraded: the delivery stays pending and is planned again later.
+            Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => return Err(PlanError::Degraded(e.message)),
+            // A registry or the store did not answer: retried.
+            Err(e) if e.status.is_server_error() => return Err(PlanError::Transient(e.message)),
+            // This workflow cannot run as pushed: its commit status says why.
+            Err(e) => {
+                refuse(state, &repo, &sha, &ctx, path, &e.message, &mut planned).await?;
+                continue;
+            }
+        };
         if accepted.created {
             let detail = format!("{kind} {git_ref} at {sha} trust {} delivery {}", trust.as_str(), d.delivery_key);
             let who = format!("{}:{actor}", d.forge);

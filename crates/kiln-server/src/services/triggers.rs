@@ -16,12 +16,13 @@
 //! repository only records its heads.
 
 use crate::git::WorkflowFileError;
-use crate::services::acceptance::run_concurrency;
+use crate::services::acceptance::Freeze;
 use crate::services::webhooks::decide_trust;
 use crate::state::AppState;
-use kiln_core::Trust;
+use kiln_core::acceptance::TriggerKind;
+use kiln_core::trust::TrustTrigger;
 use kiln_forge::{ForgeEvent, PushEvent};
-use kiln_store::{Idempotency, NewDelivery, NewRun, RepoRecord, StoreError};
+use kiln_store::{Idempotency, NewDelivery, RepoRecord, StoreError};
 use kiln_workflow::Workflow;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -123,59 +124,43 @@ async fn fire(
     wf: &Workflow,
     tick: i64,
 ) -> Result<bool, Refusal> {
-    use crate::images::ResolveError;
     let git_ref = format!("refs/heads/{}", repo.forge.default_branch);
-    // A scheduled run gets the declared inputs' defaults (a required input
-    // without one refuses the run).
-    let inputs = wf.check_inputs(&Default::default()).map_err(Refusal::Never)?;
-    // Not at critical degradation: the tick stays due and fires once the
-    // server recovers (the cursor does not move).
-    crate::services::acceptance::admit(state, wf).map_err(|e| Refusal::ForNow(e.message))?;
-    let concurrency = run_concurrency(wf, "schedule", Some(&git_ref), &inputs).map_err(Refusal::Never)?;
-    let mut wf = wf.clone();
-    crate::services::acceptance::render_accepted(&mut wf, "schedule", Some(&git_ref), &inputs)
-        .map_err(|e| Refusal::Never(format!("{path}: {e}")))?;
-    crate::services::limits::job_timeouts(&mut wf, state.config.job_timeout, state.config.max_job_timeout)
-        .map_err(Refusal::Never)?;
-    crate::services::limits::artifact_expiry(&mut wf, state.config.artifact_expire_in);
-    crate::services::limits::run_timeout(&mut wf, state.config.run_timeout);
-    let image_digests = state.resolver.resolve_workflow(&mut wf).await.map_err(|e| match e {
-        ResolveError::Refused(m) => Refusal::Never(m),
-        ResolveError::Unavailable(m) => Refusal::ForNow(m),
-    })?;
-    let accepted = crate::services::acceptance::accept_timed(
+    // The one door (issue 40, item 8): a scheduled run gets the declared
+    // inputs' defaults (a required input without one refuses the run).
+    let frozen = crate::services::acceptance::freeze(
         state,
-        "schedule",
-        NewRun {
-            repo_id: repo.id.clone(),
+        Freeze {
+            kind: TriggerKind::Schedule,
+            trust: TrustTrigger::Schedule,
+            repo,
             commit_sha: sha.to_string(),
             git_ref: Some(git_ref),
             event: "schedule".into(),
-            trust: Trust::for_submission("schedule", true).as_str().into(),
             workflow_path: path.to_string(),
-            workflow: wf,
-            inputs,
-            parent_run_id: None,
+            workflow: wf.clone(),
+            inputs: BTreeMap::new(),
+            image_digests: BTreeMap::new(),
             idempotency: Some(Idempotency {
                 scope: format!("schedule:{}", repo.id),
                 key: format!("{path}@{tick}"),
                 request_digest: "schedule".into(),
             }),
-            concurrency,
-            image_digests,
-            actor: Some("schedule".into()),
+            parent_run_id: None,
+            actor: "schedule".into(),
             report_context: None,
             pin_succeeded: false,
-            traceparent: None,
+            trace: None,
         },
-        None,
     )
-    .await
-    .map_err(|e| match e {
-        StoreError::Unavailable(_) | StoreError::Busy(_) | StoreError::Retryable(_) => Refusal::ForNow(e.to_string()),
-        e => Refusal::Never(e.to_string()),
-    })?;
-    state.relay_wake.notify_one();
+    .await;
+    let accepted = match frozen {
+        Ok(f) => f.accepted,
+        // Degraded, a registry or the store down: the tick stays due and
+        // fires once when it can (the cursor does not move).
+        Err(e) if e.status.is_server_error() => return Err(Refusal::ForNow(e.message)),
+        // The workflow cannot run as scheduled: the tick passes.
+        Err(e) => return Err(Refusal::Never(e.message)),
+    };
     if accepted.created {
         let detail = format!("schedule tick {tick} of {path}");
         let _ = crate::services::access::audit(state, "schedule", "run.submit", &accepted.run_id, detail).await;

@@ -11,40 +11,42 @@ use crate::state::AppState;
 use axum::http::{HeaderMap, StatusCode};
 use kiln_api as api;
 use kiln_core::Trust;
+use kiln_core::trust::{PullRequestTrust, TrustTrigger};
 use kiln_forge::{Forge, ForgeEvent};
 use kiln_store::{DeliveryRecord, NewDelivery, RepoForge, RepoRecord};
 use sha2::{Digest, Sha256};
 use std::sync::atomic::Ordering;
 
-/// Who may start trusted work from a forge event (invariant 10), decided
-/// once, at acceptance, from the payload and the repository's policy:
-/// - a push to a tag, the default branch or a `protected_refs` branch
-///   pattern is trusted; other pushes are not;
-/// - a pull request from a fork is never trusted; one from the repository
-///   itself is trusted under `pull_request_trust`: `write-access` (the
-///   default) when the payload states the author has write access (GitHub's
-///   `author_association` OWNER, MEMBER or COLLABORATOR; GitLab's and
-///   Gitea's payloads do not say, so their pull requests are untrusted),
-///   `same-repo` always, `never` never.
-pub(crate) fn decide_trust(repo: &RepoForge, event: &ForgeEvent) -> Trust {
+/// The facts of a forge event that its trust is decided from (invariant
+/// 10; the rules are kiln-core's [`kiln_core::trust::decide`]): a push's
+/// ref, whether its branch is one of the repository's `protected_refs`
+/// patterns; a pull request's fork flag, what the payload says of its
+/// author's write access (GitHub's `author_association` OWNER, MEMBER or
+/// COLLABORATOR; GitLab's and Gitea's payloads do not say) and the
+/// repository's `pull_request_trust`. Anything else is untrusted.
+pub(crate) fn trust_trigger<'a>(repo: &'a RepoForge, event: &'a ForgeEvent) -> Option<TrustTrigger<'a>> {
     match event {
-        ForgeEvent::Push(p) => {
-            if p.git_ref.starts_with("refs/tags/") {
-                return Trust::Trusted;
-            }
-            match p.git_ref.strip_prefix("refs/heads/") {
-                Some(b) if b == repo.default_branch => Trust::Trusted,
-                Some(b) if repo.protected_refs.iter().any(|pat| kiln_workflow::glob_match(pat, b)) => Trust::Trusted,
-                _ => Trust::Untrusted,
-            }
-        }
-        ForgeEvent::PullRequest(pr) if !pr.fork => match repo.pull_request_trust.as_str() {
-            "same-repo" => Trust::Trusted,
-            "write-access" if pr.author_write_access == Some(true) => Trust::Trusted,
-            _ => Trust::Untrusted,
-        },
-        _ => Trust::Untrusted,
+        ForgeEvent::Push(p) => Some(TrustTrigger::Push {
+            git_ref: &p.git_ref,
+            default_branch: &repo.default_branch,
+            protected: p
+                .git_ref
+                .strip_prefix("refs/heads/")
+                .is_some_and(|b| repo.protected_refs.iter().any(|pat| kiln_workflow::glob_match(pat, b))),
+        }),
+        ForgeEvent::PullRequest(pr) => Some(TrustTrigger::PullRequest {
+            fork: pr.fork,
+            author_write_access: pr.author_write_access,
+            // An unknown stored policy trusts nothing.
+            policy: repo.pull_request_trust.parse().unwrap_or(PullRequestTrust::Never),
+        }),
+        ForgeEvent::Ping | ForgeEvent::Ignored { .. } => None,
     }
+}
+
+/// The trust of a forge event under the repository's policy.
+pub(crate) fn decide_trust(repo: &RepoForge, event: &ForgeEvent) -> Trust {
+    trust_trigger(repo, event).map_or(Trust::Untrusted, kiln_core::trust::decide)
 }
 
 /// The repository's webhook secret, opened.

@@ -1,7 +1,7 @@
 //! Acceptance: the trust decision, idempotency, and what refuses a run.
 
 use super::env::{Env, workflow};
-use crate::services::acceptance::{self, Submission, Trigger, decide_trust};
+use crate::services::acceptance::{self, Submission};
 use axum::http::StatusCode;
 use kiln_api as api;
 use kiln_core::Trust;
@@ -13,23 +13,6 @@ fn submission(repo: &str, commit: &str, key: Option<&[u8]>) -> Submission {
         idempotency_key: key.map(<[u8]>::to_vec),
         by: crate::auth::Principal::admin_file(),
         trace: None,
-    }
-}
-
-#[test]
-fn trust_is_decided_by_the_trigger_and_never_raised() {
-    // (trigger, decided trust): literal rows, not a copy of the match.
-    let rows = [
-        (Trigger::Api { event: "manual", may_start_trusted: true }, Trust::Trusted),
-        (Trigger::Api { event: "push", may_start_trusted: true }, Trust::Trusted),
-        (Trigger::Api { event: "pull_request", may_start_trusted: true }, Trust::Untrusted),
-        (Trigger::Api { event: "manual", may_start_trusted: false }, Trust::Untrusted),
-        (Trigger::Retry { parent: Trust::Trusted, may_start_trusted: true }, Trust::Trusted),
-        (Trigger::Retry { parent: Trust::Trusted, may_start_trusted: false }, Trust::Untrusted),
-        (Trigger::Retry { parent: Trust::Untrusted, may_start_trusted: true }, Trust::Untrusted),
-    ];
-    for (trigger, want) in rows {
-        assert_eq!(decide_trust(trigger), want, "{trigger:?}");
     }
 }
 
@@ -191,4 +174,85 @@ async fn a_pull_request_head_never_runs_trusted_from_the_api() {
     let id = acceptance::submit(&env.state, submission("r", &fork, None)).await;
     // A bare commit id is the caller's choice of commit; only refs are judged.
     assert!(id.is_ok());
+}
+
+/// Issue 40, item 8: one door. Every trigger kind freezes through the same
+/// checks: a trusted run asking for secrets the repository lacks is
+/// refused naming them, a definition past the stored limit is refused,
+/// whatever asked for it (the schedule path skipped both before); an
+/// untrusted run is not told which secrets exist.
+#[tokio::test]
+async fn every_trigger_is_refused_by_the_same_checks() {
+    use crate::services::acceptance::{Freeze, freeze};
+    use kiln_core::acceptance::TriggerKind;
+    use kiln_core::trust::{PullRequestTrust, TrustTrigger};
+    let env = Env::new().await;
+    let secret_wf = "version: 1\njobs:\n  - name: deploy\n    secrets: [TOKEN]\n    steps:\n      - echo hi\n";
+    let repo = env.repo("s", &[(".kiln/pipeline.yaml", secret_wf)]).await;
+    let sha = repo.head().unwrap();
+    let record = env.state.store.get_repo("s").await.unwrap();
+    let parse = |y: &str| kiln_workflow::parse(y).unwrap();
+    let step = format!("      - echo {}\n", "x".repeat(4000));
+    // Under the file limit, past the stored one once its matrix expands.
+    let big =
+        format!("version: 1\njobs:\n  - name: big\n    matrix: {{n: [1, 2, 3, 4]}}\n    steps:\n{}", step.repeat(50));
+    let trusted = |kind| match kind {
+        TriggerKind::Api => {
+            (TrustTrigger::Api { event: "manual", may_start_trusted: true, git_ref: Some("refs/heads/main") }, "manual")
+        }
+        TriggerKind::Retry => (TrustTrigger::Retry { parent: Trust::Trusted, may_start_trusted: true }, "retry"),
+        TriggerKind::Push => {
+            (TrustTrigger::Push { git_ref: "refs/heads/main", default_branch: "main", protected: false }, "push")
+        }
+        TriggerKind::PullRequest => (
+            TrustTrigger::PullRequest {
+                fork: false,
+                author_write_access: Some(true),
+                policy: PullRequestTrust::WriteAccess,
+            },
+            "pull_request",
+        ),
+        TriggerKind::Schedule => (TrustTrigger::Schedule, "schedule"),
+    };
+    let ask = |kind, trust, event: &str, yaml: &str| Freeze {
+        kind,
+        trust,
+        repo: &record,
+        commit_sha: sha.clone(),
+        git_ref: Some("refs/heads/main".into()),
+        event: event.into(),
+        workflow_path: ".kiln/pipeline.yaml".into(),
+        workflow: parse(yaml),
+        inputs: Default::default(),
+        image_digests: Default::default(),
+        idempotency: None,
+        parent_run_id: None,
+        actor: "test".into(),
+        report_context: None,
+        pin_succeeded: false,
+        trace: None,
+    };
+    for kind in TriggerKind::ALL {
+        let (trust, event) = trusted(kind);
+        let e = freeze(&env.state, ask(kind, trust, event, secret_wf)).await.err().unwrap();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY, "{kind:?}: {}", e.message);
+        assert!(e.message.contains("does not have: TOKEN"), "{kind:?}: {}", e.message);
+        let e = freeze(&env.state, ask(kind, trust, event, &big)).await.err().unwrap();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY, "{kind:?}: {}", e.message);
+        assert!(e.message.contains("KiB definition"), "{kind:?}: {}", e.message);
+    }
+    assert!(env.state.store.list_runs(&record.id, None, 10).await.unwrap().is_empty(), "nothing was stored");
+
+    // A fork's pull request runs untrusted: no secrets, and no word on
+    // which exist.
+    let fork = TrustTrigger::PullRequest { fork: true, author_write_access: None, policy: PullRequestTrust::SameRepo };
+    let f = freeze(&env.state, ask(TriggerKind::PullRequest, fork, "pull_request", secret_wf)).await.unwrap();
+    assert_eq!(f.trust, Trust::Untrusted);
+    // With the secret set, every trusted trigger is accepted trusted.
+    env.state.store.put_secret(&record.id, "TOKEN", "t").await.unwrap();
+    for kind in TriggerKind::ALL {
+        let (trust, event) = trusted(kind);
+        let f = freeze(&env.state, ask(kind, trust, event, secret_wf)).await.unwrap();
+        assert_eq!(f.trust, Trust::Trusted, "{kind:?}");
+    }
 }
