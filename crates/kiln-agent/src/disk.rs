@@ -1,19 +1,26 @@
 //! The agent's side of degradation (spec 004): a slot does not claim while
-//! the filesystem of the agent's workspaces is critically full (95 %), so a
-//! job is not started where its checkout or outputs cannot fit; it claims
-//! again by itself once space returns.
+//! the filesystem of the agent's workspaces is critically full (95 %), or
+//! the machine's available memory is under `--memory-levels`' critical
+//! amount, so a job is not started where its checkout or outputs cannot
+//! fit or its steps would be killed for memory; it claims again by itself
+//! once space or memory returns.
 
 use kiln_core::degradation::{Level, Sample, Thresholds, classify};
 use std::path::Path;
 
-/// The degradation level of `dir`'s filesystem (memory is the server's
-/// and the engine's concern), with why.
+/// The degradation level of `dir`'s filesystem and of the machine's
+/// available memory (`MemAvailable`; none where the system does not say),
+/// with why.
 pub(crate) fn level(dir: &Path, t: &Thresholds) -> (Level, String) {
-    let Ok(st) = nix::sys::statvfs::statvfs(dir) else { return (Level::Normal, String::new()) };
+    let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| kiln_core::degradation::mem_available(&m));
+    let Ok(st) = nix::sys::statvfs::statvfs(dir) else {
+        let sample = Sample { storage_used_bytes: 0, storage_total_bytes: 0, memory_available_bytes: memory };
+        return classify(&sample, t);
+    };
     let frag = st.fragment_size();
     let total = st.blocks() * frag;
     let used = total.saturating_sub(st.blocks_available() * frag);
-    classify(&Sample { storage_used_bytes: used, storage_total_bytes: total, memory_available_bytes: None }, t)
+    classify(&Sample { storage_used_bytes: used, storage_total_bytes: total, memory_available_bytes: memory }, t)
 }
 
 /// Whether a slot may claim now: not at `critical`.
@@ -34,5 +41,17 @@ mod tests {
         let full = Thresholds { storage_pct: [0.0, 0.0, 0.0], ..Thresholds::default() };
         let why = may_claim(dir.path(), &full).unwrap_err();
         assert!(why.contains("full"), "{why}");
+    }
+
+    /// `--memory-levels` acts (issue 40, item 9): with its critical amount
+    /// above what any machine has available, a slot does not claim.
+    #[test]
+    fn critically_low_memory_stops_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let starved = Thresholds { memory_bytes: [u64::MAX, u64::MAX, u64::MAX], ..Thresholds::default() };
+        let why = may_claim(dir.path(), &starved).unwrap_err();
+        assert!(why.to_lowercase().contains("memory"), "{why}");
+        let off = Thresholds { memory_bytes: [0, 0, 0], ..Thresholds::default() };
+        assert!(may_claim(dir.path(), &off).is_ok());
     }
 }

@@ -267,6 +267,10 @@ fn image_runs_server_and_agent_and_the_readme_tour_succeeds() {
     std::io::Write::write_all(&mut create.stdin.take().unwrap(), &token).unwrap();
     assert!(create.wait().unwrap().success(), "podman secret create");
     clean.secret = Some(secret.clone());
+    let conf = tempfile::tempdir().unwrap();
+    let gitconfig = conf.path().join("gitconfig");
+    std::fs::write(&gitconfig, format!("[safe]\n\tdirectory = {repo_path}/.git\n\tdirectory = {repo_path}\n")).unwrap();
+    let gitconfig_mount = format!("{}:/etc/kiln-gitconfig:ro", gitconfig.display());
     let agent = format!("kiln-e2e-agent-{id}");
     clean.containers.push(agent.clone());
     podman(&[
@@ -276,8 +280,20 @@ fn image_runs_server_and_agent_and_the_readme_tour_succeeds() {
         &agent,
         "--network",
         "host",
+        // As root in its container, so that its steps run as `nobody`:
+        // the engine's seccomp profile refuses the namespaces that would
+        // hide the agent's token and work dir from a step of its own uid,
+        // and the agent refuses to run such steps (issue 39, item 8).
+        "--user",
+        "0",
         "--secret",
-        &format!("{secret},uid={IMAGE_UID},mode=0400"),
+        &format!("{secret},uid=0,mode=0400"),
+        // The test's repository is a local path owned by the image's
+        // user: root's git reads it once its config says it is safe.
+        "-v",
+        &gitconfig_mount,
+        "-e",
+        "GIT_CONFIG_GLOBAL=/etc/kiln-gitconfig",
         "-e",
         "KILN_STORAGE_LEVELS=off",
         "-v",

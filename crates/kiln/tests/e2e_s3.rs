@@ -321,3 +321,78 @@ async fn presigned_parts_are_granted_only_for_the_live_attempt_and_exact_bytes()
     let dl = c.artifact(&r.run_id, "build", "out").await.unwrap();
     assert_eq!(reqwest::get(&dl.url).await.unwrap().bytes().await.unwrap().to_vec(), bytes);
 }
+
+/// Issue 40, item 9: a cache entry whose bytes in the bucket are damaged
+/// (here: gone) is verified by the server and dropped on S3 as on local
+/// disk: the restore is a clean miss, the job saves afresh, and the run
+/// after that restores the new entry.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_cache_entry_in_the_bucket_is_verified_and_dropped() {
+    if !garage_available() {
+        return;
+    }
+    let g = TempGarage::start().unwrap();
+    let server = KilnServer::start_env(BIN.as_ref(), &["--object-store", &g.url("kiln-cache")], &creds()).unwrap();
+    let wf = "version: 1\njobs:\n  - name: build\n    cache: {kind: deps, version: \"1\", paths: [deps]}\n    steps:\n      - 'if [ -f deps/built ]; then echo \"restored: $(cat deps/built)\"; else mkdir -p deps && echo \"fresh-$KILN_RUN_ID\" > deps/built && echo \"cold build\"; fi'\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    server.add_repo("cache", &repo);
+    let agent = server.agent("a", &[]).unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let run = || async {
+        let sub = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+        let r = c.submit_run("cache", &sub, None).await.unwrap();
+        let run = wait_run(&c, &r.run_id, 120).await;
+        let out = server.cli().args(["logs", &r.run_id]).output().unwrap();
+        let log = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(run.status, "success", "{log}\n{}", server.log());
+        (run, log)
+    };
+    let (r1, log1) = run().await;
+    assert!(log1.contains("cold build"), "{log1}");
+    let (_, log2) = run().await;
+    assert!(log2.contains(&format!("restored: fresh-{}", r1.id)), "{log2}");
+
+    // The entry's object leaves the bucket; the agent's node-local copies
+    // are damaged too, so the restore must come from the bucket.
+    let key = sealed_object_of(&server.data_dir(), &r1.id);
+    bucket(&g, "kiln-cache").delete(&key).await.unwrap();
+    let mut local = Vec::new();
+    collect_files(&agent.work_dir(), &mut local);
+    for p in local.iter().filter(|p| p.parent().is_some_and(|d| d.ends_with("caches"))) {
+        std::fs::write(p, b"garbage").unwrap();
+    }
+    let (r3, log3) = run().await;
+    assert!(log3.contains("cold build"), "a damaged entry is a clean miss: {log3}");
+    let c3 = r3.jobs[0].cache.clone().unwrap();
+    assert_eq!(c3.saved.as_deref(), Some("saved"), "dropped and saved afresh: {c3:?}\n{}", server.log());
+    assert!(server.log().contains("damaged: dropped"), "{}", server.log());
+    let (_, log4) = run().await;
+    assert!(log4.contains(&format!("restored: fresh-{}", r3.id)), "{log4}");
+}
+
+/// The object key of `run`'s sealed generation (its cache archive), read
+/// from the server's SQLite database.
+fn sealed_object_of(data: &std::path::Path, run: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute(\"SELECT object_key FROM artifact_generations WHERE run_id=? AND state='sealed'\", (sys.argv[2],)).fetchone()[0])")
+        .arg(data.join("kiln.db"))
+        .arg(run)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn collect_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                collect_files(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+}

@@ -213,27 +213,38 @@ async fn verify_entry(state: &AppState, job: &str, epoch: i64, namespace: &str, 
     }
     let candidates = [(namespace.to_string(), key.to_string())];
     let Some(hit) = state.store.lookup_cache(&repo_id, &candidates).await? else { return Ok(()) };
-    let kiln_blob::BlobStore::Local(local) = &state.blob else { return Ok(()) };
-    let intact = match local.open(&hit.generation.object_key).await {
-        Ok((mut file, len)) => {
-            use sha2::Digest;
-            use tokio::io::AsyncReadExt;
-            let mut h = sha2::Sha256::new();
-            let mut buf = vec![0u8; 1 << 20];
-            let mut total = 0u64;
-            loop {
-                let n = file.read(&mut buf).await.map_err(|e| ApiErr::internal(e.to_string()))?;
-                if n == 0 {
-                    break;
+    let (size, sha256) = (hit.generation.expected_size as u64, hit.generation.expected_sha256.as_str());
+    let intact = match &state.blob {
+        kiln_blob::BlobStore::Local(local) => match local.open(&hit.generation.object_key).await {
+            Ok((mut file, len)) => {
+                use sha2::Digest;
+                use tokio::io::AsyncReadExt;
+                let mut h = sha2::Sha256::new();
+                let mut buf = vec![0u8; 1 << 20];
+                let mut total = 0u64;
+                loop {
+                    let n = file.read(&mut buf).await.map_err(|e| ApiErr::internal(e.to_string()))?;
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                    h.update(&buf[..n]);
                 }
-                total += n as u64;
-                h.update(&buf[..n]);
+                total == len && len == size && hex::encode(h.finalize()) == sha256
             }
-            total == len
-                && len == hit.generation.expected_size as u64
-                && hex::encode(h.finalize()) == hit.generation.expected_sha256
-        }
-        Err(_) => false,
+            Err(_) => false,
+        },
+        // The same check on S3 (issue 40, item 9), streamed from the bucket:
+        // an object gone or different is damaged; a bucket that does not
+        // answer proves nothing, and the entry is kept.
+        kiln_blob::BlobStore::S3(s3) => match s3.hash(&hit.generation.object_key).await {
+            Ok(info) => info.size == size && info.sha256 == sha256,
+            Err(kiln_blob::BlobError::NotFound(_)) => false,
+            Err(e) => {
+                tracing::warn!(namespace, key, error = %e, "cannot verify a cache entry reported damaged; kept");
+                return Ok(());
+            }
+        },
     };
     if !intact {
         tracing::warn!(namespace, key, generation = %hit.generation.id, "cache entry's bytes are damaged: dropped");

@@ -17,7 +17,7 @@ use kiln_core::advance::{
     AdvanceJob, AdvancePass, AdvanceRun, Conditions, GroupRule, JobRules, MatrixRule, NeedResult, Verdict,
 };
 use kiln_core::groups::{GroupAction, decide_group_entry};
-use kiln_core::{JobStatus, RunStatus};
+use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
 
 /// Make a job ready with a new dispatch generation and write its outbox event
 /// in the same transaction (spec 000 §9, invariant 5).
@@ -110,8 +110,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         });
     }
     // Only a cancelling run waits for its fenced sandboxes (issue 40, item 5).
-    let awaiting_release =
-        run.status == RunStatus::Cancelling && crate::tx::release::awaiting_release(tx, run_id).await?;
+    let awaiting_release = run.status == RunStatus::Cancelling && awaiting_release(tx, run_id).await?;
     let advance = AdvanceRun { status: run.status, held: held != 0, repo_id: run.repo_id.clone(), awaiting_release };
     // `needs.<job>.outputs.<name>` in an `if:` reads what is bound so far.
     let outputs = if run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
@@ -334,4 +333,17 @@ async fn release_group(tx: &mut Tx, run_id: &str, now: i64) -> Result<()> {
         Box::pin(advance_run(tx, &next, now)).await?;
     }
     Ok(())
+}
+
+/// Whether a fenced attempt of `run_id` has a sandbox nobody has confirmed
+/// gone.
+pub(crate) async fn awaiting_release(tx: &mut Tx, run_id: &str) -> Result<bool> {
+    static UNCONFIRMED: Sql = Sql::new(|_| {
+        format!(
+            "SELECT CAST(1 AS BIGINT) FROM attempts WHERE run_id = $1 AND outcome = {lost} AND released_at IS NULL \
+             LIMIT 1",
+            lost = lit(AttemptOutcome::Lost)
+        )
+    });
+    Ok(tx.sql(&UNCONFIRMED).bind(run_id).scalar_optional::<i64>().await?.is_some())
 }

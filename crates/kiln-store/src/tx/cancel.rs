@@ -50,7 +50,7 @@ pub(crate) async fn cancel_in_tx(tx: &mut Tx, run_id: &str, message: Option<&str
     }
     // A fenced attempt whose sandbox nobody confirmed gone keeps the run
     // cancelling, even with nothing running (issue 40, item 5).
-    let awaiting = run.status.can_cancel() && crate::tx::release::awaiting_release(tx, run_id).await?;
+    let awaiting = run.status.can_cancel() && crate::tx::advance::awaiting_release(tx, run_id).await?;
     let CancelVerdict::Cancel { jobs, run: ends } = plan_cancel(run.status, &statuses, awaiting) else {
         return Ok(());
     };

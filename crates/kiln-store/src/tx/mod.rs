@@ -6,8 +6,9 @@
 //! - `accept`, `claim`, `lease`, `logs`, `outbox`, `repos`, `agents`,
 //!   `artifacts`, `images`: the verbs; `lease` (fencing) ends attempts
 //!   through `complete`'s failure path.
-//! - `cancel`, `complete`: cancellation and completion, which both finish
-//!   jobs and let the run advance.
+//! - `cancel`, `complete`, `release`: cancellation, completion and the
+//!   confirmation that a fenced attempt's sandbox is gone, which finish
+//!   jobs or runs and let the run advance.
 //! - `advance`: the shared steps — make a job ready (with its outbox event),
 //!   decide pending jobs, job and run concurrency groups, finish a run.
 //! - `attempt`: the live-epoch check (invariant 3) and ending an attempt with

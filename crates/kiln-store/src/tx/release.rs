@@ -16,19 +16,6 @@ use crate::store::{SqlStore, lock_run, lock_run_of_job};
 use crate::tx::advance::advance_run;
 use kiln_core::{AttemptOutcome, RunStatus};
 
-/// Whether a fenced attempt of `run_id` has a sandbox nobody has confirmed
-/// gone.
-pub(crate) async fn awaiting_release(tx: &mut Tx, run_id: &str) -> Result<bool> {
-    static UNCONFIRMED: Sql = Sql::new(|_| {
-        format!(
-            "SELECT CAST(1 AS BIGINT) FROM attempts WHERE run_id = $1 AND outcome = {lost} AND released_at IS NULL \
-             LIMIT 1",
-            lost = lit(AttemptOutcome::Lost)
-        )
-    });
-    Ok(tx.sql(&UNCONFIRMED).bind(run_id).scalar_optional::<i64>().await?.is_some())
-}
-
 /// `AttemptStore::release_attempt`: the agent of attempt `(job, epoch)`
 /// (the caller holds the attempt's token) says its sandbox is gone. Only
 /// once it ended; a second report changes nothing. A cancelling run with
