@@ -818,7 +818,15 @@ async fn prepare_image(
         return Err(Ran::JobError(why.clone()));
     }
     if let Some(build) = &a.image_build {
+        // With the server's --build-registry, a built image lives at
+        // REGISTRY/JOB_ID under its manifest digest (issue 40, item 7).
+        let pushed_to = a.build_registry.as_deref().map(|r| format!("{r}/{}", a.job_id.to_ascii_lowercase()));
         if let Some(digest) = &a.image_digest {
+            if let Some(repository) = &pushed_to {
+                logs.system_note(&format!("using the image an earlier attempt built: {repository}@{digest}"));
+                let pinned = PinnedImage::Registry { repository: repository.clone(), digest: digest.clone() };
+                return ensure_pinned(ctx, engine, &pinned, ctl, logs).await;
+            }
             return match engine.local_image(digest).await.map_err(infra)? {
                 Some(_) => {
                     logs.system_note(&format!("using the image an earlier attempt built: {digest}"));
@@ -826,15 +834,17 @@ async fn prepare_image(
                 }
                 None => Err(Ran::Infra(format!(
                     "the job's image {digest} was built by an earlier attempt on another agent and is not in this \
-                     agent's engine; built images are not pushed to a registry"
+                     agent's engine; built images are not pushed to a registry (kiln server --build-registry)"
                 ))),
             };
         }
         logs.system(&format!("▶ building image from {} (context {})", build.dockerfile, build.context));
         let tag = format!("localhost/kiln-build/{}:{}", a.job_id.to_ascii_lowercase(), a.epoch);
         let mut out = |b: &[u8]| logs.write(crate::logs::Stream::Stdout, b);
+        // The build gets the job's own limits.
+        let limits = kiln_sandbox::Limits::for_size(a.size.as_deref());
         let built = tokio::select! {
-            r = crate::ran::within(ctx.ops.build, engine.build(ws, &build.dockerfile, &build.context, &tag, &settings.network, &mut out)) => r,
+            r = crate::ran::within(ctx.ops.build, engine.build(ws, &build.dockerfile, &build.context, &tag, &settings.network, &limits, &mut out)) => r,
             _ = ctl.stopped() => return Err(Ran::Stopped),
         };
         let Some(built) = built else {
@@ -850,7 +860,39 @@ async fn prepare_image(
             }
             Err(e) => return Err(infra(e)),
         };
-        let committed = commit_image(ctx, a, &id, ctl).await?;
+        let (mine, run_ref) = match &pushed_to {
+            Some(repository) => {
+                logs.system_note(&format!("pushing the built image to {repository}"));
+                let push_tag = format!("epoch-{}", a.epoch);
+                let pushed = tokio::select! {
+                    r = crate::ran::within(ctx.ops.pull, engine.push(&id, repository, &push_tag)) => r,
+                    _ = ctl.stopped() => return Err(Ran::Stopped),
+                };
+                let digest = match pushed {
+                    Some(Ok(d)) => d,
+                    Some(Err(e)) => return Err(Ran::Infra(format!("cannot push the built image: {e}"))),
+                    None => {
+                        return Err(crate::ran::op_timed_out(
+                            logs,
+                            "pushing the built image",
+                            ctx.ops.pull,
+                            "--pull-timeout",
+                        ));
+                    }
+                };
+                (digest.clone(), Some(repository.clone()))
+            }
+            None => (id.clone(), None),
+        };
+        let committed = commit_image(ctx, a, &mine, ctl).await?;
+        if let Some(repository) = run_ref {
+            if committed != mine {
+                logs.system_note(&format!("an earlier build of this job was committed first: {committed}"));
+            }
+            logs.system(&format!("✓ image {repository}@{committed}"));
+            let pinned = PinnedImage::Registry { repository, digest: committed };
+            return ensure_pinned(ctx, engine, &pinned, ctl, logs).await;
+        }
         if committed != id {
             // Another attempt's build won: run that one if this engine has it.
             logs.system_note(&format!("an earlier build of this job was committed first: {committed}"));
@@ -876,32 +918,55 @@ async fn prepare_image(
             ));
         }
     };
-    // The engine says `pulling REF` when the image is not in its store.
-    let pulled = std::sync::atomic::AtomicBool::new(false);
-    let mut progress = |m: &str| {
-        if m.starts_with("pulling ") {
-            pulled.store(true, std::sync::atomic::Ordering::Relaxed);
+    ensure_pinned(ctx, engine, &pinned, ctl, logs).await
+}
+
+/// Makes `pinned` available (pulled unless the engine has it) and returns
+/// the reference to run. A copy whose digest does not match what was
+/// pinned is the engine's trouble, not the job's (issue 40, item 7): it is
+/// removed and pulled once more; a second mismatch fails the attempt as an
+/// infrastructure failure (retried within the budget).
+async fn ensure_pinned(
+    ctx: &AttemptContext,
+    engine: &Engine,
+    pinned: &PinnedImage,
+    ctl: &Control,
+    logs: &LogStreamer,
+) -> Result<String, Ran> {
+    let infra = |e: EngineError| Ran::Infra(format!("cannot prepare the job's image: {e}"));
+    let mut evicted = false;
+    loop {
+        // The engine says `pulling REF` when the image is not in its store.
+        let pulled = std::sync::atomic::AtomicBool::new(false);
+        let mut progress = |m: &str| {
+            if m.starts_with("pulling ") {
+                pulled.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            logs.system_note(m)
+        };
+        let started = std::time::Instant::now();
+        let res = tokio::select! {
+            r = crate::ran::within(ctx.ops.pull, engine.ensure_image(pinned, &mut progress)) => r,
+            _ = ctl.stopped() => return Err(Ran::Stopped),
+        };
+        let result = match &res {
+            Some(Ok(_)) if pulled.load(std::sync::atomic::Ordering::Relaxed) => "pulled",
+            Some(Ok(_)) => "present",
+            _ => "failed",
+        };
+        ctx.metrics.image_pull.with_label_values(&[result]).observe(started.elapsed().as_secs_f64());
+        let Some(res) = res else {
+            return Err(crate::ran::op_timed_out(logs, "pulling the job's image", ctx.ops.pull, "--pull-timeout"));
+        };
+        match res {
+            Ok(reference) => return Ok(reference),
+            Err(e @ EngineError::DigestMismatch { .. }) if !evicted => {
+                logs.system_note(&format!("⚠ {e}; removing the engine's copy and pulling it again"));
+                engine.remove_image(&pinned.reference()).await.map_err(infra)?;
+                evicted = true;
+            }
+            Err(e) => return Err(infra(e)),
         }
-        logs.system_note(m)
-    };
-    let started = std::time::Instant::now();
-    let res = tokio::select! {
-        r = crate::ran::within(ctx.ops.pull, engine.ensure_image(&pinned, &mut progress)) => r,
-        _ = ctl.stopped() => return Err(Ran::Stopped),
-    };
-    let result = match &res {
-        Some(Ok(_)) if pulled.load(std::sync::atomic::Ordering::Relaxed) => "pulled",
-        Some(Ok(_)) => "present",
-        _ => "failed",
-    };
-    ctx.metrics.image_pull.with_label_values(&[result]).observe(started.elapsed().as_secs_f64());
-    let Some(res) = res else {
-        return Err(crate::ran::op_timed_out(logs, "pulling the job's image", ctx.ops.pull, "--pull-timeout"));
-    };
-    match res {
-        Ok(reference) => Ok(reference),
-        Err(e @ EngineError::DigestMismatch { .. }) => Err(Ran::JobError(e.to_string())),
-        Err(e) => Err(infra(e)),
     }
 }
 

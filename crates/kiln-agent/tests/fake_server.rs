@@ -666,6 +666,7 @@ impl Harness {
             image_digest: None,
             image_error: None,
             image_build: None,
+            build_registry: None,
             size: None,
             publish: vec![],
             restore: vec![],

@@ -646,6 +646,13 @@ pub struct Assignment {
     /// `image.dockerfile` (+ `context`): built on the agent before any step.
     #[serde(default)]
     pub image_build: Option<ImageBuild>,
+    /// Where a built image goes (the server's `--build-registry`, e.g.
+    /// `registry.example.com/kiln-builds`): the agent pushes it to
+    /// `REGISTRY/JOB_ID` and commits the manifest digest, so a retry on any
+    /// agent pulls the same bytes (issue 40, item 7). Absent: the image
+    /// stays in the building agent's engine and `image_digest` is its id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_registry: Option<String>,
     /// The job's size class (`runs-on: {size: …}`), for sandbox limits.
     #[serde(default)]
     pub size: Option<String>,

@@ -214,6 +214,7 @@ fn assignment() -> Assignment {
         image_digest: Some("sha256:bb22".into()),
         image_error: None,
         image_build: Some(ImageBuild { dockerfile: "ci/Dockerfile".into(), context: "ci".into() }),
+        build_registry: None,
         size: Some("large".into()),
         publish: vec![PublishSpec { name: "report".into(), path: "target/report.xml".into() }],
         restore: vec![RestoreSpec { from_job: "build".into(), name: "app".into(), path: "bin/app".into() }],

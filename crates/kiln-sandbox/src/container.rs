@@ -27,7 +27,8 @@ use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
-    BuildImageOptions, CreateContainerOptions, CreateImageOptions, KillContainerOptions, RemoveContainerOptions,
+    BuildImageOptions, CreateContainerOptions, CreateImageOptions, KillContainerOptions, PushImageOptions,
+    RemoveContainerOptions, RemoveImageOptions, TagImageOptions,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -265,6 +266,50 @@ impl Engine {
         }
     }
 
+    /// Pushes the local image `id` to `repository` (a registry's
+    /// `host[:port]/path`) under `tag` and returns the manifest digest the
+    /// registry stored (issue 40, item 7: a built image another agent can
+    /// pull by digest). The engine's own registry configuration applies
+    /// (credentials, plain-http registries).
+    pub async fn push(&self, id: &str, repository: &str, tag: &str) -> Result<String, EngineError> {
+        let reference = format!("{repository}:{tag}");
+        let opts = TagImageOptions { repo: Some(repository.to_string()), tag: Some(tag.to_string()) };
+        self.docker.tag_image(id, Some(opts)).await.map_err(api)?;
+        let opts = PushImageOptions { tag: Some(tag.to_string()), ..Default::default() };
+        let mut stream = self.docker.push_image(repository, Some(opts), None);
+        let mut digest = None;
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(|e| EngineError::Pull(reference.clone(), format!("push failed: {e}")))?;
+            if let Some(detail) = info.error_detail.and_then(|d| d.message) {
+                return Err(EngineError::Pull(reference, format!("push failed: {detail}")));
+            }
+            // `TAG: digest: sha256:… size: N` (Docker and Podman alike).
+            if let Some(d) = info.status.as_deref().and_then(|s| s.split("digest: ").nth(1)) {
+                digest = d.split_whitespace().next().map(str::to_string);
+            }
+        }
+        if let Some(d) = digest.filter(|d| d.starts_with("sha256:")) {
+            return Ok(d);
+        }
+        // An engine that did not say: the digest it recorded for the repository.
+        let found = self.local_image(&reference).await?.and_then(|i| i.repo_digests).unwrap_or_default();
+        found
+            .iter()
+            .find_map(|d| d.strip_prefix(&format!("{repository}@")).map(str::to_string))
+            .ok_or_else(|| EngineError::Pull(reference, "the push reported no manifest digest".into()))
+    }
+
+    /// Removes an image from the engine's store (a damaged or mismatched
+    /// copy, so that it is pulled again); absent already is fine.
+    pub async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        let opts = RemoveImageOptions { force: true, ..Default::default() };
+        match self.docker.remove_image(reference, Some(opts), None).await {
+            Ok(_) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(e) => Err(api(e)),
+        }
+    }
+
     /// Builds `dockerfile` (a path relative to `checkout`) with the context
     /// directory `context` (relative to `checkout`), tags it `tag`, and
     /// returns the image id (`sha256:…`). Build output goes to `output` as
@@ -277,6 +322,7 @@ impl Engine {
         context: &str,
         tag: &str,
         network: &Network,
+        limits: &Limits,
         output: &mut (dyn FnMut(&[u8]) + Send),
     ) -> Result<String, EngineError> {
         // Both are opened below the checkout one name at a time, never
@@ -319,6 +365,13 @@ impl Engine {
             rm: true,
             forcerm: true,
             networkmode: Some(network.mode().to_string()),
+            // The job's CPU share (issue 40, item 7). Its memory too where
+            // the API's 32-bit field can say it (up to 2 GiB: `small`);
+            // larger limits leave the build to the engine's default.
+            cpuperiod: Some(100_000),
+            cpuquota: Some((limits.cpus * 100_000.0) as i32),
+            memory: i32::try_from(limits.memory_bytes).ok(),
+            memswap: i32::try_from(limits.memory_bytes).ok(),
             ..Default::default()
         };
         let mut stream = self.docker.build_image(opts, None, Some(bollard::body_full(tar.into())));

@@ -317,7 +317,9 @@ async fn dockerfile_builds_run_and_broken_ones_fail_with_their_log() {
     let mut log = Vec::new();
     let tag = format!("localhost/kiln-build/test-{}:latest", std::process::id());
     let id = engine
-        .build(&checkout, "ci/image/Dockerfile", "ci/image", &tag, &Network::None, &mut |b| log.extend_from_slice(b))
+        .build(&checkout, "ci/image/Dockerfile", "ci/image", &tag, &Network::None, &limits(), &mut |b| {
+            log.extend_from_slice(b)
+        })
         .await
         .unwrap();
     assert!(id.starts_with("sha256:"), "{id}");
@@ -338,7 +340,9 @@ async fn dockerfile_builds_run_and_broken_ones_fail_with_their_log() {
     // The Dockerfile outside its context, failing.
     let mut log = Vec::new();
     let err = engine
-        .build(&checkout, "Broken.Dockerfile", "ci/image", &tag, &Network::None, &mut |b| log.extend_from_slice(b))
+        .build(&checkout, "Broken.Dockerfile", "ci/image", &tag, &Network::None, &limits(), &mut |b| {
+            log.extend_from_slice(b)
+        })
         .await
         .unwrap_err();
     let log = String::from_utf8_lossy(&log);
@@ -398,4 +402,9 @@ async fn an_adopted_container_serves_its_renamed_workspace_or_is_replaced() {
     exec.cleanup().await.unwrap();
     engine.settle().await;
     assert!(engine.containers_labelled("kiln.agent", &agent).await.unwrap().is_empty());
+}
+
+/// A build's limits in these tests: one CPU, 256 MiB.
+fn limits() -> Limits {
+    Limits { cpus: 1.0, memory_bytes: 256 * 1024 * 1024, pids: 128 }
 }

@@ -48,6 +48,10 @@ pub struct ServerConfig {
     pub dispatch_offer_shared: bool,
     /// How image references are resolved to digests at acceptance.
     pub registries: RegistryConfig,
+    /// Where agents push the images Dockerfile jobs build
+    /// (`HOST[:PORT]/PATH`), so retries on any agent pull them by digest
+    /// (issue 40, item 7). `None`: a built image stays on its agent.
+    pub build_registry: Option<String>,
     /// Where bytes live: "" for `DATA_DIR/objects`, `file:///DIR`, or
     /// `s3://BUCKET[/PREFIX]?endpoint=…&region=…` (credentials from the
     /// environment; agents get presigned URLs).
@@ -163,6 +167,7 @@ impl ServerConfig {
             dispatch_sweep: Duration::ZERO,
             dispatch_offer_shared: true,
             registries: RegistryConfig::default(),
+            build_registry: None,
             object_store: String::new(),
             secrets_key_file: None,
             public_url: None,

@@ -319,6 +319,13 @@ pub struct ServerTuning {
     /// object store (immutable segment + index) this long after the job ended.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     pub log_archive_after: std::time::Duration,
+    /// Where agents push the images of Dockerfile jobs (`HOST[:PORT]/PATH`, e.g.
+    /// registry.example.com/kiln-builds): each goes to PATH/JOB_ID and the job runs it by its
+    /// manifest digest, so a retry or replacement on any agent pulls the same bytes. The agents'
+    /// engines must be able to push there (their own registry credentials). Without it, a built
+    /// image stays in the engine of the agent that built it.
+    #[arg(long, value_name = "REGISTRY/PATH", value_parser = parse_build_registry)]
+    pub build_registry: Option<String>,
     /// A registry (HOST:PORT) spoken to over plain HTTP when resolving image tags; repeatable.
     /// Meant for loopback/test registries.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
@@ -1098,4 +1105,18 @@ mod tests {
         assert!(!help.contains("bench"), "{help}");
         assert!(help.contains("completions") && help.contains("runs") && help.contains("wait"), "{help}");
     }
+}
+
+/// `--build-registry`: `HOST[:PORT]/PATH` in the lowercase characters an
+/// image repository may use, no tag, digest or scheme.
+fn parse_build_registry(s: &str) -> Result<String, String> {
+    let s = s.trim().trim_end_matches('/');
+    let ok_chars = s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/:".contains(c));
+    let (host, path) = s.split_once('/').unwrap_or((s, ""));
+    if s.contains("://") || !ok_chars || host.is_empty() || path.is_empty() || path.contains(':') || s.contains("//") {
+        return Err(format!(
+            "`{s}` is not HOST[:PORT]/PATH (lowercase, no scheme, tag or digest), e.g. registry.example.com/kiln-builds"
+        ));
+    }
+    Ok(s.to_string())
 }

@@ -337,6 +337,76 @@ async fn dockerfile_jobs_build_then_run_and_broken_builds_fail_visibly() {
     assert!(!log.contains("never"), "{log}");
 }
 
+/// Issue 40, item 7: with `--build-registry`, the agent that builds a
+/// Dockerfile job's image pushes it and commits its manifest digest; the
+/// job's replacement on a second agent, whose engine no longer holds the
+/// image, pulls exactly those bytes from the registry.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_built_image_is_pulled_from_the_build_registry_by_a_retry_on_another_agent() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-push-a", "ctr-push-b"]);
+    let reg = registry();
+    let dir = unique("builds");
+    let repo = TestRepo::new(&[
+        ("ci/image/greeting.txt", "hello from the pushed image\n"),
+        ("ci/image/Dockerfile", &format!("FROM {reg}/kiln-test/base:latest\nCOPY greeting.txt /etc/greeting\n")),
+        (
+            ".kiln/pipeline.yaml",
+            "version: 1\njobs:\n  - name: custom\n    image: {dockerfile: ci/image/Dockerfile, context: ci/image}\n    steps:\n      - 'if [ \"$KILN_EPOCH\" = 1 ]; then echo waiting; sleep 600; fi'\n      - cat /etc/greeting\n",
+        ),
+    ])
+    .unwrap();
+    let build_registry = format!("{reg}/{dir}");
+    let s = KilnServer::start(
+        BIN.as_ref(),
+        &["--insecure-registry", &reg, "--retry-base", "100ms", "--build-registry", &build_registry],
+    )
+    .unwrap();
+    s.add_repo("push", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let a = container_agent(&s, "ctr-push-a", &[]);
+    let run = c.submit_run("push", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let waiting =
+        wait_for(Duration::from_secs(180), || logs(&s, &run.run_id, "custom").contains("waiting").then_some(()));
+    assert!(waiting.is_some(), "{}\nagent:\n{}", logs(&s, &run.run_id, "custom"), a.log());
+    let r = c.get_run(&run.run_id).await.unwrap();
+    let job = r.jobs[0].id.to_ascii_lowercase();
+    let digest = r.jobs[0].image_digest.clone().expect("the pushed digest is committed");
+    let repository = format!("{build_registry}/{job}");
+    assert_eq!(registry_digest_of(&format!("{dir}/{job}"), "epoch-1"), digest, "the registry holds what was committed");
+
+    // Agent A is lost; the engine forgets the image (as another machine's would).
+    a.signal("KILL");
+    drop(a);
+    let id = podman(&["image", "inspect", "--format", "{{.Id}}", &format!("{repository}@{digest}")]);
+    podman(&["rmi", "-f", &id]);
+    let b = container_agent(&s, "ctr-push-b", &[]);
+    let done = wait_run(&c, &run.run_id, 180).await;
+    let log = logs(&s, &run.run_id, "custom");
+    assert_eq!(done.status, "success", "{log}\nagent b:\n{}", b.log());
+    assert_eq!(done.jobs[0].current_epoch, 2, "{done:#?}");
+    assert!(log.contains(&format!("pulling {repository}@{digest}")), "epoch 2 pulled the pushed image:\n{log}");
+    assert!(log.contains("hello from the pushed image"), "{log}");
+    assert_eq!(log.matches("▶ building image").count(), 1, "built once:\n{log}");
+}
+
+/// The registry's digest of `name:tag`.
+fn registry_digest_of(name: &str, tag: &str) -> String {
+    let out = Command::new("curl")
+        .args(["-fsSI", "-H"])
+        .arg("Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+        .arg(format!("http://{}/v2/{name}/manifests/{tag}", registry()))
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "no manifest for {name}:{tag}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("docker-content-digest:").map(|d| d.trim().to_string()))
+        .expect("Docker-Content-Digest header")
+}
+
 /// Spec 004's operation timeout for an image build: a Dockerfile that
 /// builds longer than the agent's `--build-timeout` fails the job as
 /// `timeout` (exit 124, not retried by default), naming the flag; no step

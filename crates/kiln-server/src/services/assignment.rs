@@ -65,6 +65,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
             }
             Image::Ref { .. } => None,
         }),
+        build_registry: None,
         size: def.runs_on.get("size").cloned(),
         publish: def
             .artifacts
@@ -239,6 +240,9 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
         def.needs.iter().any(|n| c.run.definition.jobs.iter().any(|j| &j.name == n && !j.outputs.is_empty()));
     let outputs = if reads_outputs { state.store.run_outputs(&c.run.id).await? } else { RunOutputs::new() };
     let mut a = build(state.config.lease_ttl.as_millis() as u64, c, outputs);
+    if a.image_build.is_some() {
+        a.build_registry = state.config.build_registry.clone();
+    }
     let repo = state.store.get_repo(&c.run.repo_id).await?;
     let remote = crate::services::repos::remote(state, &repo).await?;
     a.clone_url = remote.url;

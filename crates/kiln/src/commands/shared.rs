@@ -143,6 +143,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.log_archive_interval =
         t.log_archive_after.clamp(std::time::Duration::from_millis(200), std::time::Duration::from_secs(10));
     config.registries.insecure = t.insecure_registries.clone();
+    config.build_registry = t.build_registry.clone();
     config.resource_interval = t.resource_interval;
     config.degradation.storage_pct = t.storage.levels;
     config.degradation.memory_bytes = t.storage.memory;
