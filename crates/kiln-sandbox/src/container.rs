@@ -315,6 +315,7 @@ impl Engine {
     /// returns the image id (`sha256:…`). Build output goes to `output` as
     /// it arrives; the error of a failed build is its last message.
     /// Symlinks in the context are sent as symlinks, never followed.
+    #[allow(clippy::too_many_arguments)]
     pub async fn build(
         &self,
         checkout: &Path,

@@ -1057,8 +1057,30 @@ pub struct RunRef {
     pub conn: Conn,
 }
 
+/// `--build-registry`: `HOST[:PORT]/PATH` in the lowercase characters an
+/// image repository may use, no tag, digest or scheme.
+fn parse_build_registry(s: &str) -> Result<String, String> {
+    let s = s.trim().trim_end_matches('/');
+    let ok_chars = s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/:".contains(c));
+    let (host, path) = s.split_once('/').unwrap_or((s, ""));
+    if s.contains("://") || !ok_chars || host.is_empty() || path.is_empty() || path.contains(':') || s.contains("//") {
+        return Err(format!(
+            "`{s}` is not HOST[:PORT]/PATH (lowercase, no scheme, tag or digest), e.g. registry.example.com/kiln-builds"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn build_registries_are_host_and_path() {
+        assert_eq!(super::parse_build_registry("127.0.0.1:5000/kiln-builds/").unwrap(), "127.0.0.1:5000/kiln-builds");
+        for bad in ["https://r.example/x", "r.example", "r.example/Builds", "r.example/x:tag", "r.example//x"] {
+            assert!(super::parse_build_registry(bad).is_err(), "{bad} accepted");
+        }
+    }
+
     use super::*;
 
     #[test]
@@ -1105,18 +1127,4 @@ mod tests {
         assert!(!help.contains("bench"), "{help}");
         assert!(help.contains("completions") && help.contains("runs") && help.contains("wait"), "{help}");
     }
-}
-
-/// `--build-registry`: `HOST[:PORT]/PATH` in the lowercase characters an
-/// image repository may use, no tag, digest or scheme.
-fn parse_build_registry(s: &str) -> Result<String, String> {
-    let s = s.trim().trim_end_matches('/');
-    let ok_chars = s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/:".contains(c));
-    let (host, path) = s.split_once('/').unwrap_or((s, ""));
-    if s.contains("://") || !ok_chars || host.is_empty() || path.is_empty() || path.contains(':') || s.contains("//") {
-        return Err(format!(
-            "`{s}` is not HOST[:PORT]/PATH (lowercase, no scheme, tag or digest), e.g. registry.example.com/kiln-builds"
-        ));
-    }
-    Ok(s.to_string())
 }

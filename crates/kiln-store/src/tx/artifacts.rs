@@ -340,7 +340,7 @@ pub(crate) async fn expirable_artifacts(store: &SqlStore, limit: u32) -> Result<
             success = lit(RunStatus::Success),
             failed = lit(RunStatus::Failed),
             cancelled = lit(RunStatus::Cancelled),
-            live = live_binding("b.generation_id", &d.now_ms),
+            live = live_binding("b.generation_id", d.now_ms),
         )
     });
     let rows = store.reader().await?.sql(&EXPIRABLE).bind(limit as i64).fetch_all().await?;
@@ -353,7 +353,7 @@ pub(crate) async fn expirable_artifacts(store: &SqlStore, limit: u32) -> Result<
 /// `expires_at` of an ended run, and only when no other binding of the
 /// generation still lives (a retry's pinned copy); idempotent.
 pub(crate) async fn expire_artifact(store: &SqlStore, generation_id: &str) -> Result<bool> {
-    static LIVE: Sql = Sql::new(|d| format!("SELECT CAST(1 AS BIGINT) WHERE {}", live_binding("$1", &d.now_ms)));
+    static LIVE: Sql = Sql::new(|d| format!("SELECT CAST(1 AS BIGINT) WHERE {}", live_binding("$1", d.now_ms)));
     static BINDING: Sql = Sql::new(|d| {
         format!(
             "UPDATE artifact_bindings SET expired_at = COALESCE(expired_at, {now}) WHERE generation_id = $1 \
