@@ -19,7 +19,9 @@
 //! the agent-wide [`RateLimiter`] and retried with identical bytes (the
 //! bytes of each part are hashed while sent; a retry whose bytes differ
 //! from the first send aborts the upload) → `seal`, which the server only
-//! grants after verifying size and sha256 of the stored object.
+//! grants after verifying the stored object (local store: size and sha256;
+//! S3: size and the multipart ETag of the parts the store checked, the
+//! sha256 being this attempt's word that consumers check as they download).
 //!
 //! # Directories and globs (issue 16)
 //! A `path` that is a directory, or a glob (`dist/**/*.whl`, the filter
@@ -888,8 +890,7 @@ async fn upload_part(
     let url = session.part_url.replace("{part}", &n.to_string());
     let len = end - start;
     // The spool file is frozen (agent-owned, read-only), so a retry sends the
-    // same bytes; the server verifies size and sha256 of the whole object
-    // before sealing.
+    // same bytes; the server verifies the whole object before sealing.
     let mut tries = 0;
     loop {
         tries += 1;

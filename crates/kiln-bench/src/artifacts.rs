@@ -14,7 +14,7 @@ use std::process::Command;
 /// covers freezing, hashing, uploading, verifying and sealing.
 pub async fn run(object_store: String) -> Result<i32, Failure> {
     const SIZE: u64 = 1 << 30;
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-artifacts-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-artifacts-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
     let big = tmp.join("big.bin");
@@ -63,6 +63,9 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
     .await?;
     let agent = spawn_agent(&server.url(), &server.agent_token, "uploader", &tmp)?;
     let mut publish = vec![];
+    // The server runs in this process (the agent in its own): its CPU time
+    // and what it read back from the bucket over the three uploads.
+    let (cpu0, read0) = (cpu_ms(), kiln_blob::s3::bytes_read());
     for _ in 0..3 {
         let r = c.submit_run("art", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
         let run = wait_terminal(&c, &r.run_id).await?;
@@ -75,6 +78,9 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
         };
         publish.push(dur(&run.jobs[0]) - dur(&run.jobs[1]));
     }
+    let gb = 3.0 * SIZE as f64 / 1e9;
+    let server_cpu_per_gb = (cpu_ms() - cpu0) / gb;
+    let server_read_per_gb = (kiln_blob::s3::bytes_read() - read0) as f64 / gb;
     publish.sort_by(|a, b| a.total_cmp(b));
     let kiln_ms = percentile(&publish, 0.5).max(1.0);
     let base_ms = percentile(&base, 0.5);
@@ -94,6 +100,10 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
     kiln_cmd::outln!("artifact_size_bytes: {SIZE}");
     kiln_cmd::outln!("artifact_upload_seal_ms: {kiln_ms:.0}");
     kiln_cmd::outln!("artifact_upload_seal_mb_per_s: {:.0}", SIZE as f64 / 1e6 / (kiln_ms / 1000.0));
+    kiln_cmd::outln!("artifact_server_cpu_ms_per_gb: {server_cpu_per_gb:.0}");
+    if s3_base.is_some() {
+        kiln_cmd::outln!("artifact_server_bytes_read_per_gb: {server_read_per_gb:.0}");
+    }
     kiln_cmd::outln!("baseline_cp_sha256sum_ms: {base_ms:.0}");
     kiln_cmd::outln!("artifact_ratio_vs_cp_sha256sum: {:.2}", base_ms / kiln_ms);
     if let Some(b) = s3_base {
@@ -104,4 +114,17 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(exit::OK)
+}
+
+/// CPU time (user + system, every thread) of this process so far, in
+/// milliseconds, from `/proc/self/stat` (in clock ticks of 10 ms: Linux's
+/// USER_HZ is 100).
+fn cpu_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
+    (ticks(11) + ticks(12)) * 10.0
 }

@@ -38,7 +38,7 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
 }
 
 async fn measure(object_store: String) -> anyhow::Result<i32> {
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-cache-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
     let corpus = tmp.join("corpus");

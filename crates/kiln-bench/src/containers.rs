@@ -33,7 +33,7 @@ async fn durations(c: &Client, repo: &str, n: u32) -> anyhow::Result<Vec<f64>> {
 }
 
 pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-containers-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-containers-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let image = a.image.clone();
     let registry = image.split('/').next().unwrap_or_default().to_string();

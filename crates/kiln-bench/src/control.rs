@@ -48,7 +48,7 @@ struct Stats {
 }
 
 pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-control-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-control-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
     repo_with(&repo, "version: 1\njobs:\n  - name: j\n    steps: [\"true\"]\n")?;

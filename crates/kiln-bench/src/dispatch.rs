@@ -154,7 +154,7 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
             configs.push(c);
         }
     }
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-dispatch-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-dispatch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
     repo_with(&repo, WORKFLOW)?;
@@ -482,7 +482,7 @@ async fn wait_all_terminal(c: &Client, ids: &[String]) -> anyhow::Result<(usize,
 
 /// The earlier figure: an in-process `kiln up` (`--embedded`).
 async fn embedded(a: &BenchArgs) -> Result<i32, Failure> {
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
     repo_with(&repo, "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"true\"\n")?;

@@ -154,7 +154,7 @@ async fn restart_round(tmp: &Path, data: &Path) -> anyhow::Result<(f64, f64, usi
 }
 
 pub async fn run() -> Result<i32, Failure> {
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-failover-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-failover-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
     repo_with(

@@ -28,7 +28,7 @@ pub async fn run() -> Result<i32, Failure> {
     // Checked before anything runs.
     let crowd_nice = env_setting("KILN_BENCH_CROWD_NICE", "a nice value", 1..=19, CROWD_NICE)?;
     let rounds = env_setting("KILN_BENCH_LOG_ROUNDS", "a count", 1..=20, SINGLE_ROUNDS)?;
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-logs-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-logs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(anyhow::Error::from)?;
     let repo = tmp.join("repo");

@@ -257,3 +257,11 @@ pub(crate) fn storage_levels_from_env() -> anyhow::Result<Option<[f64; 3]>> {
         Err(_) => Ok(None),
     }
 }
+
+/// Where a benchmark keeps its files: `$TMPDIR`, else `/var/tmp` — not
+/// `/tmp`, which a host step sees as its job's own private directory
+/// (issue 39, item 9), so a step could not read a file the benchmark put
+/// there.
+pub(crate) fn bench_dir() -> PathBuf {
+    std::env::var_os("TMPDIR").filter(|d| !d.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"))
+}

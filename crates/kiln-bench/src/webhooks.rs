@@ -61,7 +61,7 @@ async fn send(http: &reqwest::Client, url: &str, d: &Delivery) -> anyhow::Result
 }
 
 pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
-    let tmp = std::env::temp_dir().join(format!("kiln-bench-webhooks-{}", std::process::id()));
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-webhooks-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
     repo_with(

@@ -8,7 +8,11 @@
 //! asks for each part's presigned `UploadPart` (granted only while its epoch
 //! is live, valid for minutes, bound to the part's MD5), and downloads are
 //! presigned `GET`s. Sealing still happens here: the server assembles the
-//! parts and checks size and sha256 of the object before it may be bound.
+//! parts and checks the object's size and multipart ETag with one `HEAD`
+//! (each part's MD5 was checked by the store), without reading it back;
+//! the sha256 is the attempt's word, checked by every consumer (issue 40,
+//! item 10). On the local store the server hashes the parts as it writes
+//! them.
 //! Uploaded bytes stay a candidate generation of one attempt; only the
 //! completion transaction binds them.
 
