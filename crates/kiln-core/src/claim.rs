@@ -80,8 +80,13 @@ impl UntrustedPolicy {
 pub struct JobPlacement {
     /// The run is untrusted.
     pub untrusted: bool,
-    /// The job names an `image:` (a reference or a Dockerfile).
+    /// The job needs a container executor: it names an `image:` (a
+    /// reference or a Dockerfile), or caches an absolute path.
     pub container: bool,
+    /// The job caches an absolute path (`cache.paths: [/root/.m2]`): only a
+    /// container can mount a directory of its own there (issue 40, item 9;
+    /// a host step would write into the agent's machine).
+    pub absolute_cache: bool,
     /// The job is handed secrets or an identity token: only an agent of
     /// one of these pools (the repository's secret pools) may run it.
     /// `None`: any pool.
@@ -97,7 +102,15 @@ impl JobPlacement {
             untrusted: !trusted,
             container: image,
             credential_pools: (trusted && wants_credentials).then(|| secret_pools.to_vec()),
+            absolute_cache: false,
         }
+    }
+
+    /// The job caches an absolute path: it needs a container executor too.
+    pub fn with_absolute_cache(mut self, absolute: bool) -> JobPlacement {
+        self.absolute_cache = absolute;
+        self.container |= absolute;
+        self
     }
 }
 
@@ -139,6 +152,11 @@ pub fn placement_needs(job: &JobPlacement, policy: &UntrustedPolicy) -> Vec<Stri
     let mut needs = vec![];
     if job.untrusted {
         needs.push(format!("takes untrusted work ({})", policy.describe()));
+    } else if job.container && job.absolute_cache {
+        needs.push(
+            "runs a container executor (the job caches an absolute path, which only a container can give it)"
+                .to_string(),
+        );
     } else if job.container {
         needs.push("runs a container executor (the job has `image:`)".to_string());
     }
@@ -497,6 +515,12 @@ mod tests {
         let image = JobPlacement::of(true, true, false, &[]);
         assert!(waiting_reason(&image, &policy, &[("a1", "default", Host)]).unwrap().contains("container executor"));
         let secrets = JobPlacement::of(true, false, true, &["default".to_string()]);
+        // Issue 40, item 9: an absolute cache path is a container's to give.
+        let cache = JobPlacement::of(true, false, false, &[]).with_absolute_cache(true);
+        assert_eq!(placement_refusal(&cache, "default", Host, &policy), Some(PlacementRefusal::Container));
+        assert_eq!(placement_refusal(&cache, "default", Container, &policy), None);
+        let why = waiting_reason(&cache, &policy, &[("a1", "default", Host)]).unwrap();
+        assert!(why.contains("caches an absolute path"), "{why}");
         let why = waiting_reason(&secrets, &policy, &[("pr", "forks", Container)]).unwrap();
         assert!(why.contains("hands secrets and identity tokens to (default)"), "{why}");
     }

@@ -289,7 +289,11 @@ pub fn job_placement(run: &RunRecord, index: usize, secret_pools: &[String]) -> 
         return kiln_core::claim::JobPlacement::of(trusted, false, false, secret_pools);
     };
     let credentials = !def.secrets.is_empty() || def.id_token.is_some();
+    // A cache path outside the workspace is a directory a container mounts
+    // (issue 40, item 9); `/workspace/…` is the container's workspace.
+    let absolute = def.cache.as_ref().is_some_and(|c| c.paths.iter().any(|p| p.starts_with('/')));
     kiln_core::claim::JobPlacement::of(trusted, def.image.is_some(), credentials, secret_pools)
+        .with_absolute_cache(absolute)
 }
 
 /// A durable attempt ticket: everything needed to build the assignment.

@@ -171,18 +171,23 @@ jobs:
     steps:
       - |
         mkdir -p deps && echo "$KILN_RUN_ID" >> deps/history && echo "history: $(tr '\n' ' ' < deps/history)"
+"#;
+
+/// A job caching an absolute path, which only a container can be given.
+const ABSOLUTE_WF: &str = r#"version: 1
+jobs:
   - name: absolute
-    needs: []
     cache: {kind: dependencies, version: "1", paths: [/kiln-e2e-absolute-cache]}
     steps:
-      - echo "runs cold"
+      - echo "must not run on a host agent"
 "#;
 
 /// `restore-prefix` on a dependency cache: an input change restores the
 /// newest entry saved for other inputs (result `prefix`) and then saves the
-/// exact key, which the next run hits (with a time-saved estimate). On the
-/// host executor an absolute cache path is refused with a clear message
-/// and the job still runs.
+/// exact key, which the next run hits (with a time-saved estimate). A job
+/// caching an absolute path is placed on container agents only (issue 40,
+/// item 9): under `kiln up`'s host agents it waits, saying why, and
+/// nothing is written on the host.
 #[tokio::test(flavor = "multi_thread")]
 async fn restore_prefix_falls_back_then_saves_the_exact_key() {
     let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
@@ -197,10 +202,22 @@ async fn restore_prefix_falls_back_then_saves_the_exact_key() {
     let (r1, log1) = run(&up, &c, None).await;
     assert!(log1.contains(&format!("history: {} ", r1.id)), "{log1}");
     assert_eq!((job(&r1, "deps").result.as_str(), job(&r1, "deps").saved.as_deref()), ("miss", Some("saved")));
-    let abs = job(&r1, "absolute");
-    assert_eq!(abs.result, "error", "{abs:?}");
-    assert!(abs.message.as_deref().unwrap_or_default().contains("absolute cache paths are mounted"), "{abs:?}");
-    assert!(log1.contains("runs cold"), "{log1}");
+    let abs_repo = TestRepo::new(&[(".kiln/pipeline.yaml", ABSOLUTE_WF)]).unwrap();
+    let out = up.cli().args(["repo", "add", "abs", "--url"]).arg(abs_repo.path()).output().unwrap();
+    assert!(out.status.success());
+    let abs = c.submit_run("abs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let mut r = c.get_run(&abs.run_id).await.unwrap();
+    for _ in 0..300 {
+        if r.jobs[0].message.as_deref().is_some_and(|m| m.contains("caches an absolute path")) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        r = c.get_run(&abs.run_id).await.unwrap();
+    }
+    let why = r.jobs[0].message.clone().unwrap_or_default();
+    assert!(why.contains("waiting for an agent that runs a container executor"), "says why: {why}");
+    assert!(r.jobs[0].attempts.is_empty(), "no host agent took it: {r:#?}");
+    c.cancel_run(&abs.run_id).await.unwrap();
     assert!(!std::path::Path::new("/kiln-e2e-absolute-cache").exists(), "nothing written on the host");
 
     // Another lock file: no exact entry, the prefix restores r1's, and the

@@ -370,7 +370,10 @@ pub async fn claim_follows_trust_and_isolation<S: Store + 'static>(o: &Opener<S>
     let id = job_id(s, &run, "boxed").await;
     let g = s.get_job(&id).await.unwrap().dispatch_generation;
     let (needs, why) = misplaced(s.claim_placed(placed(&host, &id, g)).await.unwrap());
-    assert_eq!(needs, JobPlacement { untrusted: false, container: true, credential_pools: None });
+    assert_eq!(
+        needs,
+        JobPlacement { untrusted: false, container: true, credential_pools: None, absolute_cache: false }
+    );
     assert_eq!(why, P::Container);
     s.claim(placed(&default_box, &id, g)).await.unwrap().expect("a container agent claims");
 

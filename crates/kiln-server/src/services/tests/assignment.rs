@@ -214,3 +214,22 @@ async fn an_arch_label_matches_its_other_common_name() {
     let b = env.claim_now(&(arm.id, arm.session_id), "c2").await.expect("arm64 on aarch64");
     assert_eq!((a.job_name.as_str(), b.job_name.as_str()), ("a", "b"));
 }
+
+/// Issue 40, item 9: a job caching an absolute path (a directory only a
+/// container can be given without writing into the agent's machine) is
+/// placed like a job with `image:`: a host agent never gets it, a
+/// container agent does.
+#[tokio::test]
+async fn a_job_caching_an_absolute_path_goes_only_to_a_container_agent() {
+    let env = Env::new().await;
+    let wf = "version: 1\njobs:\n  - name: build\n    cache: {kind: dependencies, version: \"1\", paths: [/root/.m2]}\n    steps:\n      - mvn -q package\n";
+    let _repo = env.repo("m", &[(".kiln/pipeline.yaml", wf)]).await;
+    env.submit("m").await;
+    env.relay().await;
+    let host = env.state.store.register_agent("host", "{}", 1).await.unwrap();
+    assert!(env.claim_now(&(host.id, host.session_id), "h1").await.is_none(), "a host agent never gets it");
+    let ctr = env.state.store.register_agent("ctr", "{}", 1).await.unwrap();
+    env.state.store.set_agent_executor(&ctr.id, kiln_core::claim::Executor::Container).await.unwrap();
+    let a = env.claim_now(&(ctr.id, ctr.session_id), "c1").await.expect("the container agent claims it");
+    assert_eq!(a.job_name, "build");
+}
