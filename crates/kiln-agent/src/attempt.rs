@@ -884,7 +884,7 @@ async fn prepare_image(
             }
             None => (id.clone(), None),
         };
-        let committed = commit_image(ctx, a, &mine, ctl).await?;
+        let committed = commit_image(ctx, a, &mine, run_ref.as_deref(), ctl).await?;
         if let Some(repository) = run_ref {
             if committed != mine {
                 logs.system_note(&format!("an earlier build of this job was committed first: {committed}"));
@@ -970,10 +970,17 @@ async fn ensure_pinned(
     }
 }
 
-/// Commits a built image's digest to the job (retrying transport errors);
-/// returns the job's committed digest.
-async fn commit_image(ctx: &AttemptContext, a: &Assignment, id: &str, ctl: &Control) -> Result<String, Ran> {
-    let body = kiln_api::types::ImageCommit { digest: id.to_string() };
+/// Commits a built image's digest to the job (retrying transport errors),
+/// with the repository it was pushed to (none: it stays in this engine and
+/// the job's retries come back here); returns the job's committed digest.
+async fn commit_image(
+    ctx: &AttemptContext,
+    a: &Assignment,
+    id: &str,
+    repository: Option<&str>,
+    ctl: &Control,
+) -> Result<String, Ran> {
+    let body = kiln_api::types::ImageCommit { digest: id.to_string(), repository: repository.map(str::to_string) };
     let mut failures = 0;
     loop {
         let res = tokio::select! {

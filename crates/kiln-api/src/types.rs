@@ -738,6 +738,12 @@ pub struct ImageBuild {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ImageCommit {
     pub digest: String,
+    /// Where the agent pushed the image (the server's `--build-registry`
+    /// path for the job), so any agent pulls it. Absent: it stays in this
+    /// agent's engine and the job's retries go only to this agent (issue
+    /// 40, item 7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
 }
 
 /// One step as the agent runs it: everything evaluated from the run's

@@ -87,6 +87,10 @@ pub struct JobPlacement {
     /// container can mount a directory of its own there (issue 40, item 9;
     /// a host step would write into the agent's machine).
     pub absolute_cache: bool,
+    /// Only this agent (by name) holds the image an earlier attempt built
+    /// without a build registry: the job's retries go to it alone (issue
+    /// 40, item 7).
+    pub pinned_agent: Option<String>,
     /// The job is handed secrets or an identity token: only an agent of
     /// one of these pools (the repository's secret pools) may run it.
     /// `None`: any pool.
@@ -103,7 +107,14 @@ impl JobPlacement {
             container: image,
             credential_pools: (trusted && wants_credentials).then(|| secret_pools.to_vec()),
             absolute_cache: false,
+            pinned_agent: None,
         }
+    }
+
+    /// Only agent `name` holds the job's built image.
+    pub fn pinned_to(mut self, name: Option<String>) -> JobPlacement {
+        self.pinned_agent = name;
+        self
     }
 
     /// The job caches an absolute path: it needs a container executor too.
@@ -124,12 +135,15 @@ pub enum PlacementRefusal {
     /// The job is handed secrets or an identity token and the agent's pool
     /// is not one the repository allows.
     CredentialPool,
+    /// The job's built image is only in another agent's engine.
+    PinnedAgent,
 }
 
 /// The placement rule: `None` when an agent of `pool` running `executor`
 /// may run the job.
 pub fn placement_refusal(
     job: &JobPlacement,
+    name: &str,
     pool: &str,
     executor: Executor,
     policy: &UntrustedPolicy,
@@ -142,6 +156,9 @@ pub fn placement_refusal(
     }
     if job.credential_pools.as_ref().is_some_and(|pools| !pools.iter().any(|p| p == pool)) {
         return Some(PlacementRefusal::CredentialPool);
+    }
+    if job.pinned_agent.as_deref().is_some_and(|pinned| pinned != name) {
+        return Some(PlacementRefusal::PinnedAgent);
     }
     None
 }
@@ -164,6 +181,12 @@ pub fn placement_needs(job: &JobPlacement, policy: &UntrustedPolicy) -> Vec<Stri
         let pools = if pools.is_empty() { "none".to_string() } else { pools.join(", ") };
         needs.push(format!("is of a pool the repository hands secrets and identity tokens to ({pools})"));
     }
+    if let Some(agent) = &job.pinned_agent {
+        needs.push(format!(
+            "is {agent}, whose engine alone holds the image an earlier attempt built (with kiln server \
+             --build-registry any agent pulls it)"
+        ));
+    }
     needs
 }
 
@@ -175,7 +198,7 @@ pub fn waiting_reason(
     policy: &UntrustedPolicy,
     matching: &[(&str, &str, Executor)],
 ) -> Option<String> {
-    if matching.iter().any(|(_, pool, executor)| placement_refusal(job, pool, *executor, policy).is_none()) {
+    if matching.iter().any(|(name, pool, executor)| placement_refusal(job, name, pool, *executor, policy).is_none()) {
         return None;
     }
     let needs = placement_needs(job, policy);
@@ -194,6 +217,8 @@ pub struct ClaimAgent<'a> {
     /// The claim names the agent's current session.
     pub session_current: bool,
     pub labels: &'a BTreeMap<String, String>,
+    /// Its name (a job whose built image only one agent holds goes to it).
+    pub name: &'a str,
     /// The pool of its join token, and its executor.
     pub pool: &'a str,
     pub executor: Executor,
@@ -335,7 +360,7 @@ pub fn decide_claim(f: &ClaimFacts<'_>) -> Result<ClaimGrant, ClaimRefusal> {
     if !labels_match(f.required_labels, agent.labels) {
         return Err(ClaimRefusal::Labels);
     }
-    if let Some(why) = placement_refusal(f.placement, agent.pool, agent.executor, f.untrusted) {
+    if let Some(why) = placement_refusal(f.placement, agent.name, agent.pool, agent.executor, f.untrusted) {
         return Err(ClaimRefusal::Placement(why));
     }
     if agent.running.is_some_and(|running| !admits(running, agent.max_jobs)) {
@@ -376,6 +401,7 @@ mod tests {
             BTreeMap::from([("os".to_string(), "linux".to_string()), ("size".to_string(), "big".to_string())]);
         let mac = BTreeMap::from([("os".to_string(), "macos".to_string())]);
         let agent = |labels, running, session_current| ClaimAgent {
+            name: "a1",
             session_current,
             labels,
             pool: "default",
@@ -429,6 +455,7 @@ mod tests {
                     agent: Some(ClaimAgent {
                         session_current: true,
                         labels: &linux,
+                        name: "a1",
                         pool: "default",
                         executor: Executor::Host,
                         running: None,
@@ -493,7 +520,7 @@ mod tests {
         ];
         for (trusted, image, creds, pool, executor, policy, want) in rows {
             let job = JobPlacement::of(trusted, image, creds, &default_pools);
-            assert_eq!(placement_refusal(&job, pool, executor, policy), want, "{job:?} on {pool}/{executor}");
+            assert_eq!(placement_refusal(&job, "a1", pool, executor, policy), want, "{job:?} on {pool}/{executor}");
         }
         assert_eq!(Executor::reported(None), Host);
         assert_eq!(Executor::reported(Some("container")), Container);
@@ -517,8 +544,17 @@ mod tests {
         let secrets = JobPlacement::of(true, false, true, &["default".to_string()]);
         // Issue 40, item 9: an absolute cache path is a container's to give.
         let cache = JobPlacement::of(true, false, false, &[]).with_absolute_cache(true);
-        assert_eq!(placement_refusal(&cache, "default", Host, &policy), Some(PlacementRefusal::Container));
-        assert_eq!(placement_refusal(&cache, "default", Container, &policy), None);
+        assert_eq!(placement_refusal(&cache, "a1", "default", Host, &policy), Some(PlacementRefusal::Container));
+        assert_eq!(placement_refusal(&cache, "a1", "default", Container, &policy), None);
+        // Issue 40, item 7: a built image only one agent holds pins the job to it.
+        let pinned = JobPlacement::of(true, true, false, &[]).pinned_to(Some("builder".into()));
+        assert_eq!(
+            placement_refusal(&pinned, "other", "default", Container, &policy),
+            Some(PlacementRefusal::PinnedAgent)
+        );
+        assert_eq!(placement_refusal(&pinned, "builder", "default", Container, &policy), None);
+        let why = waiting_reason(&pinned, &policy, &[("other", "default", Container)]).unwrap();
+        assert!(why.contains("is builder, whose engine alone holds the image"), "{why}");
         let why = waiting_reason(&cache, &policy, &[("a1", "default", Host)]).unwrap();
         assert!(why.contains("caches an absolute path"), "{why}");
         let why = waiting_reason(&secrets, &policy, &[("pr", "forks", Container)]).unwrap();
@@ -554,7 +590,15 @@ mod tests {
                 required_labels: &labels,
                 placement: &placement,
                 untrusted: &policy,
-                agent: Some(ClaimAgent { session_current: true, labels: &labels, pool, executor, running: Some(0), max_jobs: 1 }),
+                agent: Some(ClaimAgent {
+                    session_current: true,
+                    labels: &labels,
+                    name: "a1",
+                    pool,
+                    executor,
+                    running: Some(0),
+                    max_jobs: 1,
+                }),
                 lease_ttl_ms: 1,
             };
             let granted = decide_claim(&facts).is_ok();

@@ -184,6 +184,7 @@ impl<C: Conditions> RunModel<C> {
             agent: Some(ClaimAgent {
                 session_current: true,
                 labels: &a.labels,
+                name: "agent",
                 pool: "default",
                 executor: crate::claim::Executor::Host,
                 running: Some(self.running_of(agent)),

@@ -271,8 +271,8 @@ impl AttemptStore for SqlStore {
         lease::extend_running_leases(self, outage_ms, margin_ms).await
     }
 
-    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String> {
-        images::commit_image_digest(self, job_id, epoch, digest).await
+    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str, local: bool) -> Result<String> {
+        images::commit_image_digest(self, job_id, epoch, digest, local).await
     }
 
     async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64> {

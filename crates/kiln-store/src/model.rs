@@ -163,6 +163,10 @@ pub struct JobRecord {
     pub current_epoch: i64,
     pub next_attempt_at: Option<i64>,
     pub image_digest: Option<String>,
+    /// The agent (by name) whose engine alone holds the job's built image:
+    /// set when an image built without `--build-registry` is committed; the
+    /// job's retries go only to that agent (issue 40, item 7).
+    pub image_agent: Option<String>,
     pub message: Option<String>,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
@@ -280,12 +284,13 @@ pub enum ClaimOutcome {
     Misplaced(kiln_core::claim::JobPlacement, kiln_core::claim::PlacementRefusal),
 }
 
-/// What job `index` of `run` asks of its agent (invariant 12), with the
-/// repository's secret pools: its run's trust, its `image:`, and whether it
-/// is handed secrets or an identity token.
-pub fn job_placement(run: &RunRecord, index: usize, secret_pools: &[String]) -> kiln_core::claim::JobPlacement {
+/// What `job` of `run` asks of its agent (invariant 12), with the
+/// repository's secret pools: its run's trust, its `image:` or absolute
+/// cache paths, whether it is handed secrets or an identity token, and the
+/// agent that alone holds its built image.
+pub fn job_placement(run: &RunRecord, job: &JobRecord, secret_pools: &[String]) -> kiln_core::claim::JobPlacement {
     let trusted = run.trust.parse::<kiln_core::Trust>().is_ok_and(kiln_core::Trust::may_read_secrets);
-    let Some(def) = run.definition.jobs.get(index) else {
+    let Some(def) = usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i)) else {
         return kiln_core::claim::JobPlacement::of(trusted, false, false, secret_pools);
     };
     let credentials = !def.secrets.is_empty() || def.id_token.is_some();
@@ -294,6 +299,7 @@ pub fn job_placement(run: &RunRecord, index: usize, secret_pools: &[String]) -> 
     let absolute = def.cache.as_ref().is_some_and(|c| c.paths.iter().any(|p| p.starts_with('/')));
     kiln_core::claim::JobPlacement::of(trusted, def.image.is_some(), credentials, secret_pools)
         .with_absolute_cache(absolute)
+        .pinned_to(job.image_agent.clone())
 }
 
 /// A durable attempt ticket: everything needed to build the assignment.

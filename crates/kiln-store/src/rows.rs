@@ -23,7 +23,7 @@ pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name,
 
 pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, \
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
-    max_failure_retries, cancel_requested, cache_result";
+    max_failure_retries, cancel_requested, cache_result, image_agent";
 
 pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps, failure_class, \
     released_at, release_evidence, cleanup_error";
@@ -105,6 +105,7 @@ pub(crate) fn job_from_row(row: &Row) -> Result<JobRecord> {
         current_epoch: row.get("current_epoch")?,
         next_attempt_at: row.get("next_attempt_at")?,
         image_digest: row.get("image_digest")?,
+        image_agent: row.get("image_agent")?,
         message: row.get("message")?,
         started_at: row.get("started_at")?,
         finished_at: row.get("finished_at")?,

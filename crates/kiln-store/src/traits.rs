@@ -301,7 +301,9 @@ pub trait AttemptStore: Send + Sync {
     /// Commit the digest of an image the attempt built (a Dockerfile job,
     /// spec 000 §5): requires the current live epoch; the first committed
     /// digest wins and is returned (later ones do not replace it).
-    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str) -> Result<String>;
+    /// With `local` (the image was not pushed to a registry), the first
+    /// commit pins the job's later attempts to the committing agent.
+    async fn commit_image_digest(&self, job_id: &str, epoch: i64, digest: &str, local: bool) -> Result<String>;
     /// Fast loss detection: shorten the leases of a session's running attempts
     /// to at most `grace_ms` from now.
     async fn shorten_session_leases(&self, session_id: &str, grace_ms: i64) -> Result<u64>;

@@ -392,6 +392,62 @@ async fn a_built_image_is_pulled_from_the_build_registry_by_a_retry_on_another_a
     assert_eq!(log.matches("▶ building image").count(), 1, "built once:\n{log}");
 }
 
+/// Issue 40, item 7, without a build registry: the image stays in the
+/// engine of the agent that built it, so the job's next attempt goes only
+/// to that agent. It is lost mid-job; another agent is idle, but the job
+/// waits for the builder, saying so, and runs there once it is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_build_registry_a_retry_waits_for_the_agent_holding_the_image() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-pin-a", "ctr-pin-b"]);
+    let reg = registry();
+    let repo = TestRepo::new(&[
+        ("ci/image/greeting.txt", "hello from the local image\n"),
+        ("ci/image/Dockerfile", &format!("FROM {reg}/kiln-test/base:latest\nCOPY greeting.txt /etc/greeting\n")),
+        (
+            ".kiln/pipeline.yaml",
+            "version: 1\njobs:\n  - name: custom\n    image: {dockerfile: ci/image/Dockerfile, context: ci/image}\n    steps:\n      - 'if [ \"$KILN_EPOCH\" = 1 ]; then echo waiting; sleep 600; fi'\n      - cat /etc/greeting\n",
+        ),
+    ])
+    .unwrap();
+    let s = server();
+    s.add_repo("pin", &repo);
+    let c = Client::new(&s.url, &s.token);
+    let a = container_agent(&s, "ctr-pin-a", &[]);
+    let run = c.submit_run("pin", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let waiting =
+        wait_for(Duration::from_secs(180), || logs(&s, &run.run_id, "custom").contains("waiting").then_some(()));
+    assert!(waiting.is_some(), "{}\nagent:\n{}", logs(&s, &run.run_id, "custom"), a.log());
+    let b = container_agent(&s, "ctr-pin-b", &[]);
+    a.signal("KILL");
+    drop(a);
+    // The idle agent b does not take the retry; the job says what it waits for.
+    let a_name = agent_name("ctr-pin-a");
+    let mut why = String::new();
+    for _ in 0..300 {
+        let r = c.get_run(&run.run_id).await.unwrap();
+        why = r.jobs[0].message.clone().unwrap_or_default();
+        if why.contains("whose engine alone holds the image") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(why.contains(&format!("is {a_name}, whose engine alone holds the image")), "{why}\n{}", b.log());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(c.get_run(&run.run_id).await.unwrap().jobs[0].attempts.len(), 1, "b never claimed it");
+
+    // a starts again on its machine (its engine still holds the image).
+    let a = container_agent(&s, "ctr-pin-a", &[]);
+    let done = wait_run(&c, &run.run_id, 180).await;
+    let log = logs(&s, &run.run_id, "custom");
+    assert_eq!(done.status, "success", "{log}\na:\n{}\nb:\n{}", a.log(), b.log());
+    let second = &done.jobs[0].attempts[1];
+    assert_eq!((second.epoch, second.runner.as_str()), (2, a_name.as_str()), "the retry ran where the image is");
+    assert!(log.contains("hello from the local image"), "{log}");
+}
+
 /// The registry's digest of `name:tag`.
 fn registry_digest_of(name: &str, tag: &str) -> String {
     let out = Command::new("curl")

@@ -109,6 +109,6 @@ pub(crate) async fn commit_image(
     body: Bytes,
 ) -> ApiResult<Json<api::ImageCommit>> {
     let req: api::ImageCommit = parse(&body)?;
-    let digest = attempts::commit_image(&state, &job, epoch, &req.digest).await?;
-    Ok(Json(api::ImageCommit { digest }))
+    let digest = attempts::commit_image(&state, &job, epoch, &req.digest, req.repository.is_none()).await?;
+    Ok(Json(api::ImageCommit { digest, repository: req.repository }))
 }

@@ -152,12 +152,20 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
 
 /// Commit the digest of the image the attempt built: the first committed
 /// digest wins; returns the digest every attempt must run.
-pub(crate) async fn commit_image(state: &AppState, job: &str, epoch: i64, digest: &str) -> ApiResult<String> {
+/// `local`: the image stays in the committing agent's engine (not pushed
+/// to a registry), so the job's retries are pinned to that agent.
+pub(crate) async fn commit_image(
+    state: &AppState,
+    job: &str,
+    epoch: i64,
+    digest: &str,
+    local: bool,
+) -> ApiResult<String> {
     let ok = digest.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()));
     if !ok {
         return Err(ApiErr::invalid("digest must be sha256:<64 hex digits>"));
     }
-    Ok(state.store.commit_image_digest(job, epoch, digest).await?)
+    Ok(state.store.commit_image_digest(job, epoch, digest, local).await?)
 }
 
 /// Longest release evidence or cleanup error recorded, in characters.

@@ -64,7 +64,7 @@ pub(crate) async fn claim(
         notified.as_mut().enable();
         let policy = &state.config.untrusted;
         let fits = |needs: &kiln_core::claim::JobPlacement| {
-            placement_refusal(needs, &agent.pool, agent.executor, policy).is_none()
+            placement_refusal(needs, &agent.name, &agent.pool, agent.executor, policy).is_none()
         };
         while let Some(ev) = state.dispatcher.pop_for(&agent.labels, fits) {
             let input = ClaimInput {

@@ -177,7 +177,7 @@ async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut
         .jobs
         .iter()
         .enumerate()
-        .filter(|(_, j)| j.job.status == kiln_core::JobStatus::Ready && j.job.message.is_none())
+        .filter(|(_, j)| j.job.status == kiln_core::JobStatus::Ready)
         .map(|(i, _)| i)
         .collect();
     if waiting.is_empty() {
@@ -189,7 +189,7 @@ async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut
     for i in waiting {
         let required: std::collections::BTreeMap<String, String> =
             serde_json::from_str(&view.jobs[i].job.class_key).unwrap_or_default();
-        let placement = kiln_store::job_placement(&view.run, view.jobs[i].job.index as usize, &secret_pools);
+        let placement = kiln_store::job_placement(&view.run, &view.jobs[i].job, &secret_pools);
         let why = match unclaimable(&agents, &required) {
             Some(why) => Some(format!("waiting: {why}")),
             None => misplaced(&agents, &required, &placement, &state.config.untrusted),
@@ -197,7 +197,12 @@ async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut
         if let Some(why) = why
             && let Some(job) = out.jobs.get_mut(i)
         {
-            job.message = Some(why);
+            // A retried job keeps what happened to it ("retrying: agent
+            // lost …") before what it waits for now.
+            job.message = Some(match job.message.take() {
+                Some(before) => format!("{before}; {why}"),
+                None => why,
+            });
         }
     }
     Ok(())
@@ -279,7 +284,7 @@ async fn placement_of(state: &AppState, job_id: &str) -> Option<kiln_core::claim
     let job = state.store.get_job(job_id).await.ok()?;
     let view = state.store.get_run(&job.run_id).await.ok()?;
     let repo = state.store.get_repo(&view.run.repo_id).await.ok()?;
-    Some(kiln_store::job_placement(&view.run, job.index as usize, &repo.secret_pools))
+    Some(kiln_store::job_placement(&view.run, &job, &repo.secret_pools))
 }
 
 /// The run-level timeout (spec 004): runs past their frozen `timeout` are

@@ -165,10 +165,10 @@ async fn an_image_digest_is_committed_once() {
     let app = TestApp::new().await;
     let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
     let path = format!("/v1/jobs/{}/attempts/{}/image", a.job_id, a.epoch);
-    let bad = api::ImageCommit { digest: "latest".into() };
+    let bad = api::ImageCommit { digest: "latest".into(), repository: None };
     app.holder(&a).post(&path).json(&bad).send().await.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
-    let first = api::ImageCommit { digest: format!("sha256:{}", "a".repeat(64)) };
-    let second = api::ImageCommit { digest: format!("sha256:{}", "b".repeat(64)) };
+    let first = api::ImageCommit { digest: format!("sha256:{}", "a".repeat(64)), repository: None };
+    let second = api::ImageCommit { digest: format!("sha256:{}", "b".repeat(64)), repository: None };
     let got: api::ImageCommit =
         app.holder(&a).post(&path).json(&first).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(got.digest, first.digest);

@@ -130,7 +130,7 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     let secret_pools: String =
         tx.sql("SELECT secret_pools FROM repos WHERE id = $1").bind(&run.repo_id).scalar().await?;
     let secret_pools: Vec<String> = serde_json::from_str(&secret_pools).unwrap_or_default();
-    let placement = job_placement(&run, job.index as usize, &secret_pools);
+    let placement = job_placement(&run, &job, &secret_pools);
     let required: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
     let labels: BTreeMap<String, String> =
         agent.as_ref().and_then(|a| serde_json::from_str(&a.3).ok()).unwrap_or_default();
@@ -146,9 +146,10 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
         required_labels: &required,
         placement: &placement,
         untrusted: &req.untrusted,
-        agent: agent.as_ref().map(|(session, max_jobs, _, _, pool, executor, _)| ClaimAgent {
+        agent: agent.as_ref().map(|(session, max_jobs, name, _, pool, executor, _)| ClaimAgent {
             session_current: *session == req.session_id,
             labels: &labels,
+            name: name.as_str(),
             pool: pool.as_str(),
             executor: Executor::reported(Some(executor.as_str())),
             // Admitted by the attempt's insert below.

@@ -8,13 +8,31 @@ use crate::store::{SqlStore, lock_job};
 use crate::tx::attempt::require_live;
 
 /// `AttemptStore::commit_image_digest`.
-pub(crate) async fn commit_image_digest(store: &SqlStore, job_id: &str, epoch: i64, digest: &str) -> Result<String> {
+/// With `local`, the first commit also records the committing attempt's
+/// agent as the only one holding the image (issue 40, item 7).
+pub(crate) async fn commit_image_digest(
+    store: &SqlStore,
+    job_id: &str,
+    epoch: i64,
+    digest: &str,
+    local: bool,
+) -> Result<String> {
     store
-        .transaction(Isolation::Serializable, &(job_id, epoch, digest), |tx, &(job_id, epoch, digest)| {
+        .transaction(Isolation::Serializable, &(job_id, epoch, digest, local), |tx, &(job_id, epoch, digest, local)| {
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
                 let now = now(tx).await?;
                 require_live(tx, job_id, epoch, now).await?;
+                if local {
+                    tx.sql(
+                        "UPDATE jobs SET image_agent = (SELECT runner FROM attempts WHERE job_id = $1 AND epoch = $2) \
+                         WHERE id = $1 AND image_digest IS NULL",
+                    )
+                    .bind(job_id)
+                    .bind(epoch)
+                    .execute()
+                    .await?;
+                }
                 let stored: Option<String> = tx
                 .sql("UPDATE jobs SET image_digest = COALESCE(image_digest, $1) WHERE id = $2 RETURNING image_digest")
                 .bind(digest)

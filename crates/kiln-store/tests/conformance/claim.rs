@@ -372,7 +372,13 @@ pub async fn claim_follows_trust_and_isolation<S: Store + 'static>(o: &Opener<S>
     let (needs, why) = misplaced(s.claim_placed(placed(&host, &id, g)).await.unwrap());
     assert_eq!(
         needs,
-        JobPlacement { untrusted: false, container: true, credential_pools: None, absolute_cache: false }
+        JobPlacement {
+            untrusted: false,
+            container: true,
+            credential_pools: None,
+            absolute_cache: false,
+            pinned_agent: None
+        }
     );
     assert_eq!(why, P::Container);
     s.claim(placed(&default_box, &id, g)).await.unwrap().expect("a container agent claims");

@@ -25,13 +25,13 @@ pub async fn built_image_digest_is_committed_once_by_the_live_epoch<S: Store + '
     let a = agent(s, "builder", 1).await;
     let jid = job_id(s, &run, "image").await;
     let c = claim(s, &a, &jid, 30_000).await;
-    assert!(matches!(s.commit_image_digest(&jid, c.epoch + 1, D1).await, Err(StoreError::StaleEpoch(_))));
-    assert_eq!(s.commit_image_digest(&jid, c.epoch, D1).await.unwrap(), D1);
+    assert!(matches!(s.commit_image_digest(&jid, c.epoch + 1, D1, false).await, Err(StoreError::StaleEpoch(_))));
+    assert_eq!(s.commit_image_digest(&jid, c.epoch, D1, false).await.unwrap(), D1);
     // First wins: a second build's digest does not replace it.
-    assert_eq!(s.commit_image_digest(&jid, c.epoch, D2).await.unwrap(), D1);
+    assert_eq!(s.commit_image_digest(&jid, c.epoch, D2, false).await.unwrap(), D1);
     assert_eq!(s.get_job(&jid).await.unwrap().image_digest.as_deref(), Some(D1));
     // A retry still sees it; an ended epoch may not commit.
     s.complete(&jid, c.epoch, failure(1)).await.unwrap();
-    assert!(matches!(s.commit_image_digest(&jid, c.epoch, D2).await, Err(StoreError::StaleEpoch(_))));
+    assert!(matches!(s.commit_image_digest(&jid, c.epoch, D2, false).await, Err(StoreError::StaleEpoch(_))));
     assert_eq!(s.get_job(&jid).await.unwrap().image_digest.as_deref(), Some(D1));
 }
