@@ -176,3 +176,40 @@ async fn an_image_digest_is_committed_once() {
         app.holder(&a).post(&path).json(&second).send().await.assert_status(StatusCode::OK).json();
     assert_eq!(got.digest, first.digest, "the first committed digest wins");
 }
+
+/// Issue 40, item 5: `POST …/release` is the attempt's own agent saying its
+/// sandbox is gone. Only that attempt's token; not while it runs (its
+/// completion says so, with the agent's evidence); it says how; a second
+/// report changes nothing.
+#[tokio::test]
+async fn only_an_ended_attempts_own_agent_confirms_its_sandbox() {
+    let app = TestApp::new().await;
+    let (run, _agent, a) = super::claimed(&app, &["build"]).await;
+    let path = format!("/v1/jobs/{}/attempts/{}/release", a.job_id, a.epoch);
+    let end = api::SandboxEnd { evidence: "every process group was killed".into(), cleanup_error: None };
+    // Not another attempt's, not with the admin token.
+    let other = format!("/v1/jobs/{}/attempts/{}/release", a.job_id, a.epoch + 1);
+    app.holder(&a).post(&other).json(&end).send().await.assert_status(StatusCode::FORBIDDEN);
+    app.admin().post(&path).json(&end).send().await.assert_status(StatusCode::UNAUTHORIZED);
+    // Not while it runs; not without saying how.
+    app.holder(&a).post(&path).json(&end).send().await.assert_status(StatusCode::CONFLICT);
+    let vague = api::SandboxEnd { evidence: " ".into(), cleanup_error: None };
+    app.holder(&a).post(&path).json(&vague).send().await.assert_status(StatusCode::BAD_REQUEST);
+    // The completion carries the evidence and what cleanup could not do.
+    let done = api::Completion {
+        sandbox: Some(api::SandboxEnd {
+            evidence: "the job's container was killed and removed".into(),
+            cleanup_error: Some("network kiln-x still in use".into()),
+        }),
+        ..api::Completion::success()
+    };
+    let complete = format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch);
+    app.holder(&a).post(&complete).json(&done).send().await.assert_status(StatusCode::OK);
+    let at = &super::get_run(&app, &run).await.jobs[0].attempts[0];
+    assert!(at.released_at_ms.is_some());
+    assert_eq!(at.release.as_deref(), Some("the job's container was killed and removed"));
+    assert_eq!(at.cleanup_error.as_deref(), Some("network kiln-x still in use"));
+    // Already confirmed: accepted, nothing changes.
+    let ack: api::ReleaseAck = app.holder(&a).post(&path).json(&end).send().await.assert_status(StatusCode::OK).json();
+    assert!(!ack.released);
+}
