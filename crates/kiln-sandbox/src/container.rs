@@ -27,8 +27,8 @@ use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
-    BuildImageOptions, CreateContainerOptions, CreateImageOptions, KillContainerOptions, PushImageOptions,
-    RemoveContainerOptions, RemoveImageOptions, TagImageOptions,
+    CreateContainerOptions, CreateImageOptions, KillContainerOptions, PushImageOptions, RemoveContainerOptions,
+    RemoveImageOptions, TagImageOptions,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -156,6 +156,19 @@ impl Engine {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// A plain HTTP client for the engine's API and the base URL of its
+    /// versioned routes, for requests bollard cannot express.
+    fn raw(&self) -> Result<(reqwest::Client, String), EngineError> {
+        let err = |m: String| EngineError::Connect { url: self.url.clone(), message: m };
+        let socket =
+            self.url.strip_prefix("unix://").or_else(|| self.url.starts_with('/').then_some(self.url.as_str()));
+        let (builder, base) = match socket {
+            Some(path) => (reqwest::Client::builder().unix_socket(path), "http://engine/v1.41".to_string()),
+            None => (reqwest::Client::builder(), format!("{}/v1.41", self.url.replacen("tcp://", "http://", 1))),
+        };
+        Ok((builder.build().map_err(|e| err(e.to_string()))?, base))
     }
 
     /// Waits for the container removals `cleanup` left running in the
@@ -360,45 +373,70 @@ impl Engine {
         .await
         .map_err(|e| EngineError::Build(e.to_string()))?
         .map_err(|e| EngineError::Build(format!("cannot pack the build context: {e}")))?;
-        let opts = BuildImageOptions {
-            dockerfile: dockerfile_name,
-            t: Some(tag.to_string()),
-            rm: true,
-            forcerm: true,
-            networkmode: Some(network.mode().to_string()),
-            // The job's CPU share (issue 40, item 7). Its memory too where
-            // the API's 32-bit field can say it (up to 2 GiB: `small`);
-            // larger limits leave the build to the engine's default.
-            cpuperiod: Some(100_000),
-            cpuquota: Some((limits.cpus * 100_000.0) as i32),
-            memory: i32::try_from(limits.memory_bytes).ok(),
-            memswap: i32::try_from(limits.memory_bytes).ok(),
-            ..Default::default()
-        };
-        let mut stream = self.docker.build_image(opts, None, Some(bollard::body_full(tar.into())));
+        // The job's limits (issue 40, item 7): its CPU share and its memory
+        // without swap beyond it, as 64-bit numbers (bollard's build options
+        // would carry 32-bit ones, 2 GiB at most), so the request is sent
+        // here; the answer is the same stream of JSON messages.
+        let query: Vec<(&str, String)> = vec![
+            ("dockerfile", dockerfile_name),
+            ("t", tag.to_string()),
+            ("rm", "1".into()),
+            ("forcerm", "1".into()),
+            ("networkmode", network.mode().to_string()),
+            ("cpuperiod", "100000".into()),
+            ("cpuquota", ((limits.cpus * 100_000.0) as i64).to_string()),
+            ("memory", limits.memory_bytes.to_string()),
+            ("memswap", limits.memory_bytes.to_string()),
+        ];
+        let (client, base) = self.raw()?;
+        let url = reqwest::Url::parse_with_params(&format!("{base}/build"), &query)
+            .map_err(|e| EngineError::Build(format!("cannot name the build request: {e}")))?;
+        let resp = client
+            .post(url)
+            .header("content-type", "application/x-tar")
+            .body(tar)
+            .send()
+            .await
+            .map_err(|e| EngineError::Build(format!("the engine did not take the build: {e}")))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            let msg = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string))
+                .unwrap_or(body);
+            output(format!("{msg}\n").as_bytes());
+            return Err(EngineError::Build(format!("the engine refused the build ({status}): {msg}")));
+        }
+        let mut body = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
         let mut last_line = String::new();
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(info) => {
-                    if let Some(detail) = info.error_detail.and_then(|d| d.message) {
-                        output(format!("{detail}\n").as_bytes());
-                        return Err(EngineError::Build(detail));
-                    }
-                    if let Some(s) = info.stream {
-                        output(s.as_bytes());
-                        if let Some(l) = s.lines().rev().find(|l| !l.trim().is_empty()) {
-                            last_line = l.trim().to_string();
-                        }
+        loop {
+            let chunk = body.next().await;
+            if let Some(c) = &chunk {
+                let c = c.as_ref().map_err(|e| EngineError::Build(format!("the build's output stopped: {e}")))?;
+                buf.extend_from_slice(c);
+            }
+            // Every complete JSON message so far; a partial one waits.
+            let mut used = 0;
+            let mut messages = serde_json::Deserializer::from_slice(&buf).into_iter::<serde_json::Value>();
+            while let Some(Ok(m)) = messages.next() {
+                used = messages.byte_offset();
+                let error = m.get("errorDetail").and_then(|d| d.get("message")).or_else(|| m.get("error"));
+                if let Some(detail) = error.and_then(|e| e.as_str()) {
+                    output(format!("{detail}\n").as_bytes());
+                    return Err(EngineError::Build(detail.to_string()));
+                }
+                if let Some(s) = m.get("stream").and_then(|s| s.as_str()) {
+                    output(s.as_bytes());
+                    if let Some(l) = s.lines().rev().find(|l| !l.trim().is_empty()) {
+                        last_line = l.trim().to_string();
                     }
                 }
-                Err(e) => {
-                    let msg = match e {
-                        bollard::errors::Error::DockerStreamError { error } => error,
-                        other => other.to_string(),
-                    };
-                    output(format!("{msg}\n").as_bytes());
-                    return Err(EngineError::Build(msg));
-                }
+            }
+            buf.drain(..used);
+            if chunk.is_none() {
+                break;
             }
         }
         match self.local_image(tag).await? {

@@ -305,7 +305,13 @@ async fn dockerfile_builds_run_and_broken_ones_fail_with_their_log() {
     std::fs::write(checkout.join("ci/image/greeting.txt"), "built in the image\n").unwrap();
     std::fs::write(
         checkout.join("ci/image/Dockerfile"),
-        format!("FROM {}/kiln-test/base:latest\nCOPY greeting.txt /etc/greeting\nRUN echo step-ran\n", registry()),
+        format!(
+            "FROM {}/kiln-test/base:latest\nCOPY greeting.txt /etc/greeting\nRUN echo step-ran\n\
+             RUN echo \"{nonce} memory limit: $(cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes)\"\n",
+            registry(),
+            // Never a cached layer: this step must run under this build's limits.
+            nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos(),
+        ),
     )
     .unwrap();
     std::fs::write(
@@ -324,6 +330,9 @@ async fn dockerfile_builds_run_and_broken_ones_fail_with_their_log() {
         .unwrap();
     assert!(id.starts_with("sha256:"), "{id}");
     assert!(String::from_utf8_lossy(&log).contains("step-ran"), "{}", String::from_utf8_lossy(&log));
+    // The build ran under the job's memory limit (issue 40, item 7).
+    let want = format!("memory limit: {}", limits().memory_bytes);
+    assert!(String::from_utf8_lossy(&log).contains(&want), "{}", String::from_utf8_lossy(&log));
     let exec = sandbox(
         &engine,
         &dir.path().join("ws"),
@@ -404,7 +413,8 @@ async fn an_adopted_container_serves_its_renamed_workspace_or_is_replaced() {
     assert!(engine.containers_labelled("kiln.agent", &agent).await.unwrap().is_empty());
 }
 
-/// A build's limits in these tests: one CPU, 256 MiB.
+/// A build's limits in these tests: one CPU, 3 GiB (past what a 32-bit
+/// field of the engine API could carry).
 fn limits() -> Limits {
-    Limits { cpus: 1.0, memory_bytes: 256 * 1024 * 1024, pids: 128 }
+    Limits { cpus: 1.0, memory_bytes: 3 * 1024 * 1024 * 1024, pids: 128 }
 }
