@@ -48,10 +48,12 @@ mod tests {
     #[test]
     fn critically_low_memory_stops_claims() {
         let dir = tempfile::tempdir().unwrap();
-        let starved = Thresholds { memory_bytes: [u64::MAX, u64::MAX, u64::MAX], ..Thresholds::default() };
+        // Disk use never degrades here: only memory is under test.
+        let no_disk = [101.0, 101.0, 101.0];
+        let starved = Thresholds { memory_bytes: [u64::MAX, u64::MAX, u64::MAX], storage_pct: no_disk };
         let why = may_claim(dir.path(), &starved).unwrap_err();
         assert!(why.to_lowercase().contains("memory"), "{why}");
-        let off = Thresholds { memory_bytes: [0, 0, 0], ..Thresholds::default() };
+        let off = Thresholds { memory_bytes: [0, 0, 0], storage_pct: no_disk };
         assert!(may_claim(dir.path(), &off).is_ok());
     }
 }

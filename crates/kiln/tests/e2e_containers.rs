@@ -65,17 +65,7 @@ fn push_as(from: &str, name: &str) {
 
 /// The registry's current digest of `name:latest`.
 fn registry_digest(name: &str) -> String {
-    let out = Command::new("curl")
-        .args(["-fsSI", "-H"])
-        .arg("Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
-        .arg(format!("http://{}/v2/{name}/manifests/latest", registry()))
-        .output()
-        .expect("curl");
-    assert!(out.status.success(), "no manifest for {name}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("docker-content-digest:").map(|d| d.trim().to_string()))
-        .expect("Docker-Content-Digest header")
+    registry_digest_of(name, "latest")
 }
 
 /// Containers of a job (any state).
