@@ -5,7 +5,7 @@
 //! repository it checks out), the agent is the one that would follow its
 //! links.
 
-use crate::BIN;
+use crate::{BIN, containers_available, engine_url, registry};
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnAgent, KilnServer, KilnUp, TestRepo};
 use std::path::PathBuf;
@@ -130,32 +130,6 @@ async fn a_cache_path_linked_out_of_the_workspace_is_never_packed_on_the_host() 
     ] {
         link_attack(&c, || up.cli(), None, what, path, make_link, marker).await;
     }
-}
-
-fn engine_url() -> String {
-    std::env::var("KILN_ENGINE").unwrap_or_else(|_| "unix:///run/podman/podman.sock".into())
-}
-
-fn registry() -> String {
-    std::env::var("KILN_TEST_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
-}
-
-/// True when the engine and the registry answer; otherwise skip (or fail
-/// under KILN_REQUIRE_CONTAINERS=1), as e2e_containers does.
-fn containers_available() -> bool {
-    let sock = engine_url().trim_start_matches("unix://").to_string();
-    let ok = |args: &[&str]| Command::new("curl").args(args).output().is_ok_and(|o| o.status.success());
-    let engine = ok(&["-fsS", "--max-time", "3", "--unix-socket", &sock, "http://d/_ping"]);
-    let reg = ok(&["-fsS", "--max-time", "3", &format!("http://{}/v2/", registry())]);
-    if engine && reg {
-        return true;
-    }
-    let what = format!("engine at {} answers: {engine}, registry {} answers: {reg}", engine_url(), registry());
-    if std::env::var("KILN_REQUIRE_CONTAINERS").is_ok_and(|v| v == "1") {
-        panic!("KILN_REQUIRE_CONTAINERS=1 but containers are not available ({what}); run scripts/container-env");
-    }
-    eprintln!("SKIPPED: containers are not available ({what}); run scripts/container-env");
-    false
 }
 
 /// A container agent with a name of this test process (its containers are

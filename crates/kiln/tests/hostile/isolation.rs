@@ -13,7 +13,7 @@
 //!   all but a short list are dropped, with `no-new-privileges` and a pids
 //!   limit.
 
-use crate::BIN;
+use crate::{BIN, containers_available, engine_url, registry};
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnServer, KilnUp, TestRepo};
 use std::os::unix::fs::PermissionsExt;
@@ -338,31 +338,6 @@ async fn a_link_left_in_tmp_carries_nothing_to_the_next_job() {
 }
 
 // ---- item 10: the container executor ----
-
-fn engine_url() -> String {
-    std::env::var("KILN_ENGINE").unwrap_or_else(|_| "unix:///run/podman/podman.sock".into())
-}
-
-fn registry() -> String {
-    std::env::var("KILN_TEST_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
-}
-
-/// As `e2e_containers`: skip without an engine and a registry, unless
-/// `KILN_REQUIRE_CONTAINERS=1`.
-fn containers_available() -> bool {
-    let sock = engine_url().trim_start_matches("unix://").to_string();
-    let ok = |args: &[&str]| Command::new("curl").args(args).output().is_ok_and(|o| o.status.success());
-    let engine = ok(&["-fsS", "--max-time", "3", "--unix-socket", &sock, "http://d/_ping"]);
-    let reg = ok(&["-fsS", "--max-time", "3", &format!("http://{}/v2/", registry())]);
-    if engine && reg {
-        return true;
-    }
-    if std::env::var("KILN_REQUIRE_CONTAINERS").is_ok_and(|v| v == "1") {
-        panic!("KILN_REQUIRE_CONTAINERS=1 but containers are not available; run scripts/container-env");
-    }
-    eprintln!("SKIPPED: containers are not available; run scripts/container-env");
-    false
-}
 
 /// Item 10: a container step as root tries what a hostile one would: its
 /// capabilities are the short list only (no raw sockets, no mknod, no

@@ -18,6 +18,34 @@ use std::path::Path;
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 
+/// The container engine the tests use (`scripts/container-env`).
+pub(crate) fn engine_url() -> String {
+    std::env::var("KILN_ENGINE").unwrap_or_else(|_| "unix:///run/podman/podman.sock".into())
+}
+
+/// The loopback test registry.
+pub(crate) fn registry() -> String {
+    std::env::var("KILN_TEST_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
+}
+
+/// True when the engine and the registry answer; otherwise skip (or fail
+/// under KILN_REQUIRE_CONTAINERS=1), as e2e_containers does.
+pub(crate) fn containers_available() -> bool {
+    let sock = engine_url().trim_start_matches("unix://").to_string();
+    let ok = |args: &[&str]| std::process::Command::new("curl").args(args).output().is_ok_and(|o| o.status.success());
+    let engine = ok(&["-fsS", "--max-time", "3", "--unix-socket", &sock, "http://d/_ping"]);
+    let reg = ok(&["-fsS", "--max-time", "3", &format!("http://{}/v2/", registry())]);
+    if engine && reg {
+        return true;
+    }
+    let what = format!("engine at {} answers: {engine}, registry {} answers: {reg}", engine_url(), registry());
+    if std::env::var("KILN_REQUIRE_CONTAINERS").is_ok_and(|v| v == "1") {
+        panic!("KILN_REQUIRE_CONTAINERS=1 but containers are not available ({what}); run scripts/container-env");
+    }
+    eprintln!("SKIPPED: containers are not available ({what}); run scripts/container-env");
+    false
+}
+
 /// Every file name under `dir`, recursively (to prove nothing was created).
 pub(crate) fn names_under(dir: &Path) -> Vec<String> {
     let mut out = vec![];

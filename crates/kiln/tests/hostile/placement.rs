@@ -5,40 +5,13 @@
 //! identity token runs only on an agent of the repository's secret pools.
 //! Each waits, and says why, until an agent that may run it connects.
 
-use crate::BIN;
+use crate::{BIN, containers_available, engine_url, registry};
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnServer, TestRepo, wait_run};
-use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn engine_url() -> String {
-    std::env::var("KILN_ENGINE").unwrap_or_else(|_| "unix:///run/podman/podman.sock".into())
-}
-
-fn registry() -> String {
-    std::env::var("KILN_TEST_REGISTRY").unwrap_or_else(|_| "127.0.0.1:5000".into())
-}
 
 fn base_image() -> String {
     format!("{}/kiln-test/base:latest", registry())
-}
-
-/// True when the engine and the registry answer; otherwise skip (or fail
-/// under KILN_REQUIRE_CONTAINERS=1).
-fn containers_available() -> bool {
-    let sock = engine_url().trim_start_matches("unix://").to_string();
-    let ok = |args: &[&str]| Command::new("curl").args(args).output().is_ok_and(|o| o.status.success());
-    let engine = ok(&["-fsS", "--max-time", "3", "--unix-socket", &sock, "http://d/_ping"]);
-    let reg = ok(&["-fsS", "--max-time", "3", &format!("http://{}/v2/", registry())]);
-    if engine && reg {
-        return true;
-    }
-    let what = format!("engine at {} answers: {engine}, registry {} answers: {reg}", engine_url(), registry());
-    if std::env::var("KILN_REQUIRE_CONTAINERS").is_ok_and(|v| v == "1") {
-        panic!("KILN_REQUIRE_CONTAINERS=1 but containers are not available ({what}); run scripts/container-env");
-    }
-    eprintln!("SKIPPED (the container half): containers are not available ({what}); run scripts/container-env");
-    false
 }
 
 /// Agent names unique per test process (containers are labelled by agent).
