@@ -676,11 +676,11 @@ async fn execute(
     let steps_started = std::time::Instant::now();
     phases.steps_started = Some(steps_started);
     let ran = match services.as_mut() {
-        None => run_steps(&exec, a, &ws, ctl, logs, steps).await,
+        None => run_steps(&exec, a, &ws, ctl, logs, steps, &runs_as(ctx)).await,
         Some(s) => {
             let pump = s.pump(logs);
             let steps = async {
-                let ran = run_steps(&exec, a, &ws, ctl, logs, steps).await;
+                let ran = run_steps(&exec, a, &ws, ctl, logs, steps, &runs_as(ctx)).await;
                 // The job's container leaves the services' network first.
                 if let Err(e) = exec.cleanup().await {
                     tracing::warn!(error = %e, "sandbox cleanup failed");
@@ -1017,6 +1017,7 @@ async fn run_steps(
     ctl: &Control,
     logs: &LogStreamer,
     results: &mut Vec<kiln_api::StepResult>,
+    runs_as: &str,
 ) -> Ran {
     if let Err(e) = exec.prepare().await {
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
@@ -1108,6 +1109,9 @@ async fn run_steps(
             }
             Err(why) => {
                 logs.system(&format!("✗ step {}/{n} failed: {why} ({})", i + 1, seconds(took)));
+                if let Some(hint) = exit_hint(exit_code_of(&why), &label, runs_as) {
+                    logs.system_note(&hint);
+                }
                 if failed.is_none() {
                     let timed_out = why.starts_with(STEP_TIMED_OUT);
                     failed = Some(Ran::StepFailed {
@@ -1207,6 +1211,37 @@ async fn run_one(
 
 /// How a step stopped by its own `timeout` fails.
 const STEP_TIMED_OUT: &str = "timed out after ";
+
+/// Who a step runs as, for hints (issue 41, item 1).
+fn runs_as(ctx: &AttemptContext) -> String {
+    match (&ctx.executor, ctx.isolation.user) {
+        (ExecutorKind::Container(_), _) => "in the job's container, as its image's user".to_string(),
+        (_, Some(u)) => {
+            let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(u.uid))
+                .ok()
+                .flatten()
+                .map(|p| p.name)
+                .unwrap_or_else(|| format!("uid {}", u.uid));
+            format!("as {name}, not as the agent's user: the agent's HOME, PATH and per-user tools are not theirs")
+        }
+        (_, None) => "as the agent's own user".to_string(),
+    }
+}
+
+/// What exit codes 126 and 127 usually mean, with the step and who ran it
+/// (issue 41, item 1: a tool installed for another user is the usual cause).
+fn exit_hint(code: i32, step: &str, runs_as: &str) -> Option<String> {
+    let what = match code {
+        127 => "a command it runs was not found on its PATH",
+        126 => "a command it runs was found but may not be executed (permissions)",
+        _ => return None,
+    };
+    Some(format!(
+        "hint: exit {code} from `{step}`: {what}. The step ran {runs_as}; a tool installed for another user \
+         (rustup, pyenv, nvm, sdkman in a home directory) is not usable there: install it system-wide, or run \
+         the job in a container image that has it"
+    ))
+}
 
 /// `exit code N` → N (the job's exit code is its first failed step's).
 fn exit_code_of(why: &str) -> i32 {
@@ -1392,6 +1427,16 @@ async fn complete(ctx: &AttemptContext, a: &Assignment, c: &Completion, ctl: &Co
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exit_126_and_127_get_a_hint_naming_the_step_and_its_user() {
+        let hint = exit_hint(127, "cargo build", "as nobody").unwrap();
+        assert!(hint.contains("exit 127 from `cargo build`") && hint.contains("not found"), "{hint}");
+        assert!(hint.contains("ran as nobody"), "{hint}");
+        assert!(exit_hint(126, "./run.sh", "as nobody").unwrap().contains("may not be executed"));
+        assert_eq!(exit_hint(1, "make", "as nobody"), None);
+        assert_eq!(exit_code_of("exit code 127"), 127);
+    }
 
     #[test]
     fn unnamed_steps_are_named_by_their_first_line() {

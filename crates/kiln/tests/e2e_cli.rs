@@ -880,3 +880,20 @@ fn agents_show_their_version_and_draining() {
     std::fs::write(&release, "").unwrap();
     assert_eq!(cli().args(["wait", &run]).output().unwrap().status.code(), Some(0), "the drained job finished");
 }
+
+/// Issue 41, item 1: a step that exits 127 (a command not found) gets a
+/// hint in its log naming the step and who it ran as (under `kiln up` as
+/// root: `nobody`, whose PATH has none of the agent user's tools).
+#[test]
+fn a_command_not_found_gets_a_hint_naming_the_step_and_its_user() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo =
+        repo_with("  - name: tools\n    steps:\n      - name: cargo build\n        run: kiln-no-such-tool --version\n");
+    add_repo(&up, "tools", &repo);
+    let run = start_run(&up, "tools");
+    let _ = kiln(&up, &["wait", &run]);
+    let log = stdout(&kiln(&up, &["logs", &run]));
+    assert!(log.contains("hint: exit 127 from `cargo build`: a command it runs was not found"), "{log}");
+    let who = if nix::unistd::geteuid().is_root() { "ran as nobody" } else { "ran as the agent's own user" };
+    assert!(log.contains(who), "{log}");
+}
