@@ -4,7 +4,7 @@
 //! (steps as `nobody` in their own PID and mount namespaces); one test runs
 //! a `kiln agent` as an unprivileged uid (steps in a user namespace).
 
-use crate::BIN;
+use crate::bin;
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnServer, KilnUp, TestRepo};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -15,10 +15,6 @@ const SECRETS: [&str; 3] = ["admin.token", "agent.token", "blob.key"];
 
 /// The `kiln` under test: this build, or `KILN_HOSTILE_BIN` (how these tests
 /// were checked against an earlier build, where each of them fails).
-fn bin() -> PathBuf {
-    std::env::var_os("KILN_HOSTILE_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
-}
-
 fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).mode() & 0o7777
 }
@@ -296,11 +292,7 @@ async fn a_non_root_agents_step_leaves_no_daemon_and_sees_no_agent_process() {
     let server = KilnServer::start(&bin(), &[]).unwrap();
     // The agent's files: a copy of the binary it can execute, a home with a
     // git config that trusts the (root-owned) test repository, its token.
-    let home = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = home.path().join("kiln");
-    std::fs::copy(self::bin(), &bin).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (home, bin) = crate::executable_copy();
     let agent_home = home.path().join("agent");
     std::fs::create_dir(&agent_home).unwrap();
     std::fs::write(agent_home.join(".gitconfig"), "[safe]\n\tdirectory = *\n").unwrap();

@@ -13,20 +13,16 @@
 //!   all but a short list are dropped, with `no-new-privileges` and a pids
 //!   limit.
 
-use crate::{BIN, containers_available, engine_url, registry};
+use crate::{bin, containers_available, engine_url, registry};
 use kiln_api::{Client, SubmitRun};
 use kiln_testkit::{KilnServer, KilnUp, TestRepo};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// The `kiln` under test: this build, or `KILN_HOSTILE_BIN` (how these
 /// tests were checked against the build before the fix).
-fn bin() -> PathBuf {
-    std::env::var_os("KILN_HOSTILE_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
-}
-
 fn unique() -> String {
     let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
     format!("{}-{n}", std::process::id())
@@ -108,11 +104,7 @@ async fn a_non_root_kiln_ups_step_finds_none_of_its_keys() {
     const UID: u32 = 4243;
     // The user's home: a copy of the binary it can run, a git config that
     // trusts the (root-owned) test repository, its data dir and temp dir.
-    let home = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = home.path().join("kiln");
-    std::fs::copy(self::bin(), &bin).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (home, bin) = crate::executable_copy();
     let user_home = home.path().join("user");
     std::fs::create_dir(&user_home).unwrap();
     std::fs::write(user_home.join(".gitconfig"), "[safe]\n\tdirectory = *\n").unwrap();

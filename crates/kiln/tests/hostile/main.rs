@@ -18,6 +18,23 @@ use std::path::Path;
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_kiln");
 
+/// The `kiln` binary under test (`KILN_HOSTILE_BIN` to probe another build).
+pub(crate) fn bin() -> std::path::PathBuf {
+    std::env::var_os("KILN_HOSTILE_BIN").map_or_else(|| std::path::PathBuf::from(BIN), std::path::PathBuf::from)
+}
+
+/// A directory every user may enter (0755) holding an executable copy of
+/// [`bin`], for an agent started as another uid: (the directory, the copy).
+pub(crate) fn executable_copy() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = home.path().join("kiln");
+    std::fs::copy(bin(), &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (home, copy)
+}
+
 /// The container engine the tests use (`scripts/container-env`).
 pub(crate) fn engine_url() -> String {
     std::env::var("KILN_ENGINE").unwrap_or_else(|_| "unix:///run/podman/podman.sock".into())
