@@ -45,6 +45,9 @@ pub(crate) struct AttemptContext {
     pub isolation: kiln_sandbox::Isolation,
     /// What host steps may not see (see `AgentConfig::hide_paths`).
     pub hide: Arc<Vec<PathBuf>>,
+    /// Host executor: what every step gets from this machine (`--env`,
+    /// `--path`, the step user's toolchains).
+    pub step_env: Arc<crate::step_env::StepEnv>,
     pub mirrors: Arc<Mirrors>,
     pub executor: ExecutorKind,
     /// The container engine (container executor only).
@@ -658,6 +661,7 @@ async fn execute(
             cfg.kill_grace = ctx.kill_grace;
             cfg.isolation = ctx.isolation;
             cfg.hide = ctx.hide.to_vec();
+            cfg.path = ctx.step_env.steps_path(&cfg.path);
             cfg.keep_dirs = sandbox_dir.slot;
             Arc::new(HostExecutor::new(cfg))
         }
@@ -676,11 +680,11 @@ async fn execute(
     let steps_started = std::time::Instant::now();
     phases.steps_started = Some(steps_started);
     let ran = match services.as_mut() {
-        None => run_steps(&exec, a, &ws, ctl, logs, steps, &runs_as(ctx)).await,
+        None => run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx)).await,
         Some(s) => {
             let pump = s.pump(logs);
             let steps = async {
-                let ran = run_steps(&exec, a, &ws, ctl, logs, steps, &runs_as(ctx)).await;
+                let ran = run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx)).await;
                 // The job's container leaves the services' network first.
                 if let Err(e) = exec.cleanup().await {
                     tracing::warn!(error = %e, "sandbox cleanup failed");
@@ -1017,12 +1021,14 @@ async fn run_steps(
     ctl: &Control,
     logs: &LogStreamer,
     results: &mut Vec<kiln_api::StepResult>,
-    runs_as: &str,
+    who: &StepsAs,
 ) -> Ran {
     if let Err(e) = exec.prepare().await {
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
     }
-    let mut env: BTreeMap<String, String> = a.env.clone();
+    // The agent's `--env` and the user's toolchains, below the workflow's.
+    let mut env: BTreeMap<String, String> = who.env.clone();
+    env.extend(a.env.clone());
     env.extend(a.secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
     for (k, v) in [
         ("KILN_RUN_ID", a.run_id.clone()),
@@ -1069,6 +1075,7 @@ async fn run_steps(
             }
         }
         let started = std::time::Instant::now();
+        let mut tail = Tail::default();
         let result = match &s.working_directory {
             Some(d) if !ws.join(d).is_dir() => {
                 Err(format!("working-directory `{d}` does not exist in the checkout (or is not a directory)"))
@@ -1081,7 +1088,7 @@ async fn run_steps(
                     program: s.shell.clone(),
                     working_dir: s.working_directory.clone(),
                 };
-                match run_one(exec, &req, s.timeout_secs, logs)
+                match run_one(exec, &req, s.timeout_secs, logs, &mut tail)
                     .instrument(tracing::info_span!("step", step = i + 1))
                     .await
                 {
@@ -1109,7 +1116,7 @@ async fn run_steps(
             }
             Err(why) => {
                 logs.system(&format!("✗ step {}/{n} failed: {why} ({})", i + 1, seconds(took)));
-                if let Some(hint) = exit_hint(exit_code_of(&why), &label, runs_as) {
+                if let Some(hint) = exit_hint(exit_code_of(&why), &label, &tail.text(), who) {
                     logs.system_note(&hint);
                 }
                 if failed.is_none() {
@@ -1163,6 +1170,7 @@ async fn run_one(
     req: &StepRequest,
     timeout_secs: Option<u64>,
     logs: &LogStreamer,
+    tail: &mut Tail,
 ) -> Result<Result<(), String>, Ran> {
     let mut handle = match exec.exec(req).await {
         Ok(h) => h,
@@ -1187,6 +1195,7 @@ async fn run_one(
                     // Output faster than it is shipped waits here (and the
                     // step on its pipe) while the server keeps taking it.
                     logs.room(data.len()).await;
+                    tail.push(&data);
                     logs.write(Stream::from(stream), &data);
                 }
                 Some(StepEvent::Exited(e)) => break e,
@@ -1212,35 +1221,126 @@ async fn run_one(
 /// How a step stopped by its own `timeout` fails.
 const STEP_TIMED_OUT: &str = "timed out after ";
 
-/// Who a step runs as, for hints (issue 41, item 1).
-fn runs_as(ctx: &AttemptContext) -> String {
-    match (&ctx.executor, ctx.isolation.user) {
-        (ExecutorKind::Container(_), _) => "in the job's container, as its image's user".to_string(),
-        (_, Some(u)) => {
-            let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(u.uid))
-                .ok()
-                .flatten()
-                .map(|p| p.name)
-                .unwrap_or_else(|| format!("uid {}", u.uid));
-            format!("as {name}, not as the agent's user: the agent's HOME, PATH and per-user tools are not theirs")
+/// Who a step runs as and what it gets from the agent (issue 41, item 1).
+pub(crate) struct StepsAs {
+    /// "as nobody, not as the agent's user: …", for hints.
+    runs_as: String,
+    /// The agent's `--env` and the step user's toolchains (host steps).
+    env: BTreeMap<String, String>,
+    /// `PATH` entries the step user cannot reach (host steps).
+    unreachable: Vec<String>,
+    /// `--step-user` may be what helps (a host step under a root agent).
+    other_user: bool,
+}
+
+impl StepsAs {
+    fn of(ctx: &AttemptContext) -> StepsAs {
+        let none = StepsAs { runs_as: String::new(), env: BTreeMap::new(), unreachable: vec![], other_user: false };
+        match (&ctx.executor, ctx.isolation.user) {
+            (ExecutorKind::Container(_), _) => {
+                StepsAs { runs_as: "in the job's container, as its image's user".to_string(), ..none }
+            }
+            (_, user) => {
+                let me = nix::unistd::geteuid().as_raw();
+                let (uid, gid) = user.map_or((me, nix::unistd::getegid().as_raw()), |u| (u.uid, u.gid));
+                let mut env = ctx.step_env.vars.clone();
+                // `PATH` is the executor's (`--path` directories first).
+                let path = env.remove("PATH");
+                let base = path.or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+                let runs_as = if uid == me {
+                    "as the agent's own user".to_string()
+                } else {
+                    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                        .ok()
+                        .flatten()
+                        .map(|p| p.name)
+                        .unwrap_or_else(|| format!("uid {uid}"));
+                    format!("as {name}, not as the agent's user")
+                };
+                StepsAs {
+                    runs_as,
+                    env,
+                    unreachable: crate::step_env::unreachable_path_entries(&ctx.step_env.steps_path(&base), uid, gid),
+                    other_user: uid != me,
+                }
+            }
         }
-        (_, None) => "as the agent's own user".to_string(),
     }
 }
 
-/// What exit codes 126 and 127 usually mean, with the step and who ran it
-/// (issue 41, item 1: a tool installed for another user is the usual cause).
-fn exit_hint(code: i32, step: &str, runs_as: &str) -> Option<String> {
+/// The last output of a step (both streams), for hints naming what failed.
+#[derive(Default)]
+pub(crate) struct Tail(Vec<u8>);
+
+impl Tail {
+    const KEEP: usize = 4096;
+
+    fn push(&mut self, data: &[u8]) {
+        self.0.extend_from_slice(&data[data.len().saturating_sub(Self::KEEP)..]);
+        if self.0.len() > Self::KEEP {
+            self.0.drain(..self.0.len() - Self::KEEP);
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0).into_owned()
+    }
+}
+
+/// The command a shell, `env` or a version manager said it could not find
+/// or run, from the step's last output lines.
+fn failed_command(tail: &str) -> Option<String> {
+    for line in tail.lines().rev().take(20) {
+        let line = line.trim();
+        for (suffix, _) in [(": not found", ()), (": command not found", ()), (": Permission denied", ())] {
+            if let Some(rest) = line.strip_suffix(suffix) {
+                // `sh: 1: cargo`, `bash: line 3: cargo`, `pyenv: python3.10`
+                if let Some(cmd) = rest.rsplit(": ").next().filter(|c| !c.is_empty() && !c.contains(' ')) {
+                    return Some(cmd.to_string());
+                }
+            }
+        }
+        // `/usr/bin/env: 'python3.10': No such file or directory`
+        if let Some(rest) = line.strip_suffix(": No such file or directory")
+            && let Some(cmd) = rest.rsplit(": ").next()
+        {
+            let cmd = cmd.trim_matches(|c| c == '\'' || c == '‘' || c == '’' || c == '`');
+            if !cmd.is_empty() && !cmd.contains(' ') {
+                return Some(cmd.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// What exit codes 126 and 127 usually mean — and rustup's "could not
+/// choose a version" — naming the command and who ran the step (issue 41,
+/// item 1: a tool installed for another user is the usual cause).
+fn exit_hint(code: i32, step: &str, tail: &str, who: &StepsAs) -> Option<String> {
+    let cmd = failed_command(tail);
+    let named = cmd.as_deref().map_or("a command it runs".to_string(), |c| format!("`{c}`"));
     let what = match code {
-        127 => "a command it runs was not found on its PATH",
-        126 => "a command it runs was found but may not be executed (permissions)",
+        127 => format!("{named} was not found on the step's PATH"),
+        126 => format!("{named} was found but may not be executed (permissions)"),
+        _ if tail.contains("rustup could not choose a version") => {
+            "rustup found no toolchain: it looks in RUSTUP_HOME (default ~/.rustup), and the step's HOME is its own"
+                .to_string()
+        }
         _ => return None,
     };
-    Some(format!(
-        "hint: exit {code} from `{step}`: {what}. The step ran {runs_as}; a tool installed for another user \
-         (rustup, pyenv, nvm, sdkman in a home directory) is not usable there: install it system-wide, or run \
-         the job in a container image that has it"
-    ))
+    let mut hint = format!("hint: exit {code} from `{step}`: {what}. The step ran {}", who.runs_as);
+    if !who.unreachable.is_empty() {
+        hint.push_str(&format!(", who cannot reach these PATH entries of the agent: {}", who.unreachable.join(", ")));
+    }
+    hint.push_str(
+        ". A tool installed in a home directory (rustup, pyenv, nvm, sdkman) needs its own variable and PATH: \
+         start the agent with --env NAME[=VALUE] / --path DIR",
+    );
+    if who.other_user {
+        hint.push_str(", or --step-user a user who can read it");
+    }
+    hint.push_str("; or install it system-wide, or run the job in a container image that has it (docs/deploy.md)");
+    Some(hint)
 }
 
 /// `exit code N` → N (the job's exit code is its first failed step's).
@@ -1430,11 +1530,26 @@ mod tests {
 
     #[test]
     fn exit_126_and_127_get_a_hint_naming_the_step_and_its_user() {
-        let hint = exit_hint(127, "cargo build", "as nobody").unwrap();
-        assert!(hint.contains("exit 127 from `cargo build`") && hint.contains("not found"), "{hint}");
+        let nobody = StepsAs {
+            runs_as: "as nobody, not as the agent's user".into(),
+            env: BTreeMap::new(),
+            unreachable: vec!["/root/.cargo/bin".into()],
+            other_user: true,
+        };
+        let hint = exit_hint(127, "cargo build", "$ cargo build\nsh: 1: cargo: not found\n", &nobody).unwrap();
+        assert!(hint.contains("`cargo` was not found on the step's PATH"), "{hint}");
         assert!(hint.contains("ran as nobody"), "{hint}");
-        assert!(exit_hint(126, "./run.sh", "as nobody").unwrap().contains("may not be executed"));
-        assert_eq!(exit_hint(1, "make", "as nobody"), None);
+        assert!(hint.contains("cannot reach these PATH entries of the agent: /root/.cargo/bin"), "{hint}");
+        assert!(hint.contains("--step-user"), "{hint}");
+        let hint = exit_hint(126, "./run.sh", "bash: line 1: ./run.sh: Permission denied", &nobody).unwrap();
+        assert!(hint.contains("`./run.sh` was found but may not be executed"), "{hint}");
+        let hint = exit_hint(127, "py", "/usr/bin/env: 'python3.10': No such file or directory", &nobody).unwrap();
+        assert!(hint.contains("`python3.10` was not found"), "{hint}");
+        let hint = exit_hint(127, "x", "", &nobody).unwrap();
+        assert!(hint.contains("a command it runs was not found"), "{hint}");
+        let rustup = "error: rustup could not choose a version of cargo to run, because one wasn't specified";
+        assert!(exit_hint(1, "cargo", rustup, &nobody).unwrap().contains("RUSTUP_HOME"));
+        assert_eq!(exit_hint(1, "make", "make: *** [all] Error 1", &nobody), None);
         assert_eq!(exit_code_of("exit code 127"), 127);
     }
 

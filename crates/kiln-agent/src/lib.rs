@@ -44,6 +44,7 @@ mod ratelimit;
 mod services;
 mod session;
 mod slots;
+pub mod step_env;
 mod warm;
 
 use anyhow::Context;
@@ -205,6 +206,13 @@ pub struct AgentConfig {
     /// mount namespace covers them; a step that cannot get one and would
     /// run as the agent's own user does not run (issue 39, item 8).
     pub hide_paths: Vec<PathBuf>,
+    /// Host executor: variables and `PATH` directories every step gets
+    /// (`--env`, `--env-file`, `--path`; issue 41, item 1).
+    pub step_env: step_env::StepEnv,
+    /// Host executor: also pass the toolchains found in the step user's
+    /// home directory (rustup, cargo, pyenv, nvm, sdkman; see
+    /// [`step_env`]). `--no-user-toolchains` turns it off.
+    pub user_toolchains: bool,
 }
 
 struct Agent {
@@ -248,9 +256,20 @@ pub async fn run_draining(
     let _lock = lock_work_dir(work_dir)?;
     let isolation = host_isolation(config.step_user.as_deref())?;
     let sandbox_dir = config.sandbox_dir.clone().unwrap_or_else(|| layout::default_sandbox_dir(work_dir));
-    if config.executor == ExecutorKind::Host {
-        tracing::info!(sandbox_dir = %sandbox_dir.display(), "{}", isolation.describe());
-    }
+    let step_env = match config.executor {
+        ExecutorKind::Host => {
+            tracing::info!(sandbox_dir = %sandbox_dir.display(), "{}", isolation.describe());
+            host_step_env(&config, &isolation)
+        }
+        _ => {
+            anyhow::ensure!(
+                config.step_env == step_env::StepEnv::default(),
+                "--env, --env-file and --path are for host steps: a container job's environment comes from its \
+                 image and the workflow's `env:`"
+            );
+            step_env::StepEnv::default()
+        }
+    };
     let hide = hidden_paths(work_dir, &config.hide_paths, &sandbox_dir)?;
     layout::prepare_sandbox_root(&sandbox_dir, isolation.user.is_some())?;
     let reaped = kiln_sandbox::reap_orphans(&work_dir.join("pgids"))
@@ -331,6 +350,7 @@ pub async fn run_draining(
         sandbox_dir,
         isolation,
         hide: Arc::new(hide),
+        step_env: Arc::new(step_env),
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors")).with_fetch_timeout(config.op_timeouts.git)),
         slots: Arc::new(slots::Slots::new(slots_root)),
         executor: config.executor.clone(),
@@ -430,6 +450,49 @@ fn hidden_paths(
         }
     }
     Ok(hide)
+}
+
+/// What host steps get from this machine (see [`step_env`]): the
+/// `--env`/`--path` flags, the step user's own toolchains unless turned
+/// off, and a warning naming `PATH` entries the step user cannot reach.
+fn host_step_env(config: &AgentConfig, isolation: &kiln_sandbox::Isolation) -> step_env::StepEnv {
+    let mut env = config.step_env.clone();
+    let me = nix::unistd::geteuid();
+    let (uid, gid) = match isolation.user {
+        Some(u) => (u.uid, u.gid),
+        None => (me.as_raw(), nix::unistd::getegid().as_raw()),
+    };
+    let own = uid == me.as_raw();
+    let lookup = |k: &str| std::env::var(k).ok();
+    if config.user_toolchains {
+        let home = match std::env::var_os("HOME").filter(|h| own && !h.is_empty()) {
+            Some(h) => Some(PathBuf::from(h)),
+            None => nix::unistd::User::from_uid(uid.into()).ok().flatten().map(|u| u.dir),
+        };
+        if let Some(home) = home {
+            let added = env.add_user_toolchains(&home, own, &lookup);
+            if !added.is_empty() {
+                tracing::info!(
+                    "host steps get the toolchains in {} (--no-user-toolchains to turn off): {}",
+                    home.display(),
+                    added.join(", ")
+                );
+            }
+        }
+    }
+    let base =
+        std::env::var("PATH").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| kiln_sandbox::DEFAULT_PATH.into());
+    let unreachable = step_env::unreachable_path_entries(&env.steps_path(&base), uid, gid);
+    if !unreachable.is_empty() {
+        let who = nix::unistd::User::from_uid(uid.into()).ok().flatten().map_or(format!("uid {uid}"), |u| u.name);
+        tracing::warn!(
+            "host steps run as {who}, who cannot reach these PATH entries: {}. Tools there will not be found \
+             (exit 127): install them system-wide, pass --path with a directory {who} can read, or choose \
+             another --step-user (see docs/deploy.md)",
+            unreachable.join(", ")
+        );
+    }
+    env
 }
 
 /// Who runs host steps: under root, `step_user` (default `nobody`; `root`

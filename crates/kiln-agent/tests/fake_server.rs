@@ -692,6 +692,8 @@ impl Harness {
             work_dir: self.work_dir(),
             sandbox_dir: Some(self.sandbox_dir()),
             hide_paths: vec![],
+            step_env: Default::default(),
+            user_toolchains: false,
             // Steps write to the test's own (0700) temp dir: under a root
             // test runner they keep root (the kiln e2e and hostile tests
             // cover the default, `nobody`).

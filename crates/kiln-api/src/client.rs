@@ -319,6 +319,12 @@ impl Client {
         self.send::<(), _>(Method::GET, &path, None, &[], None).await
     }
 
+    /// The workflow files at `git_ref` and which a run without a workflow path starts.
+    pub async fn list_workflows(&self, repo: &str, git_ref: &str) -> Result<crate::WorkflowList, ApiError> {
+        let path = format!("/v1/repos/{}/workflows?ref={}", enc(repo), enc(git_ref));
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
     pub async fn list_runs(&self, repo: &str, status: Option<&str>, limit: Option<u32>) -> Result<RunList, ApiError> {
         self.list_runs_before(repo, status, limit, None).await
     }

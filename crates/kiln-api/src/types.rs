@@ -208,6 +208,35 @@ pub struct WorkflowInputs {
     pub inputs: Vec<InputInfo>,
 }
 
+/// `GET /v1/repos/{repo}/workflows?ref=…`: the workflow files at a commit
+/// (`.kiln/*.yaml`, `.kiln/*.yml`) and which of them a run started without
+/// a workflow path starts (issue 41, item 6). Nothing is stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowList {
+    /// The commit the ref resolved to.
+    pub commit_sha: String,
+    /// By path.
+    pub workflows: Vec<WorkflowFile>,
+    /// What `kiln run` without `--workflow` starts, in order: `.kiln/pipeline.yaml` when it
+    /// exists, else the only workflow, else every workflow whose `on:` declares `manual`.
+    /// Empty: the caller must pick one (`workflow_path`).
+    pub selected: Vec<String>,
+}
+
+/// One workflow file at a commit.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowFile {
+    pub path: String,
+    /// Whether a run may be started by hand (`on:` absent, or declaring `manual`).
+    pub manual: bool,
+    /// The events its `on:` declares (`push`, `pull_request`, `schedule`, `manual`); empty when
+    /// it has no `on:` (started by hand only).
+    pub triggers: Vec<String>,
+    /// Why it is not a valid workflow (first lines of the diagnostics), if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// One declared input.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct InputInfo {

@@ -92,6 +92,8 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             sandbox_dir: None,
             step_user: None,
             hide_paths: vec![],
+            step_env: Default::default(),
+            user_toolchains: false,
             max_jobs: 1,
             executor,
             upload_rate_limit: None,

@@ -42,6 +42,8 @@ pub fn agent_config(
         memory_levels: None,
         metrics_listen: None,
         hide_paths: vec![],
+        step_env: Default::default(),
+        user_toolchains: true,
     }
 }
 

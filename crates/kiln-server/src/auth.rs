@@ -251,6 +251,7 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
     const TRIGGER_READS: &[&str] = &[
         "/v1/repos/{repo}/workflow-runs",
         "/v1/repos/{repo}/workflow-inputs",
+        "/v1/repos/{repo}/workflows",
         "/v1/workflow-runs/{run}",
         "/v1/workflow-runs/{run}/events",
         "/v1/jobs/{job}/logs/events",

@@ -20,6 +20,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/repos/{repo}/deliveries", get(repos::deliveries))
         .route("/v1/repos/{repo}/workflow-runs", post(runs::submit).get(runs::list))
         .route("/v1/repos/{repo}/workflow-inputs", get(runs::workflow_inputs))
+        .route("/v1/repos/{repo}/workflows", get(runs::workflows))
         .route("/v1/repos/{repo}/secrets", get(secrets::list))
         .route("/v1/repos/{repo}/secrets/{name}", put(secrets::put).delete(secrets::delete))
         .route("/v1/workflow-runs", get(runs::list_all))

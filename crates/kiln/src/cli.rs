@@ -148,6 +148,9 @@ pub enum Command {
     Run(RunArgs),
     /// List runs, newest first (every repository's, or one's).
     Runs(RunsArgs),
+    /// List a repository's workflow files at a commit (`.kiln/*.yaml`): their triggers, whether
+    /// they can be started by hand, and which `kiln run` without --workflow starts.
+    Workflows(WorkflowsArgs),
     /// Show a run's status and jobs.
     Status(StatusArgs),
     /// Print a run's logs (all jobs, or one).
@@ -501,6 +504,25 @@ pub struct AgentTuning {
     /// UID:GID; default nobody; `root` opts out). A non-root agent's steps keep its own uid.
     #[arg(long, value_name = "USER")]
     pub step_user: Option<String>,
+    /// Host executor: a variable every step gets, `NAME=VALUE`, or `NAME` to pass the agent's own
+    /// value (repeatable; below the workflow's `env:`). What is passed reaches every job this
+    /// agent runs: pass toolchain settings, not credentials (use the workflow's `secrets:`).
+    /// KILN_*, HOME and TMPDIR are refused.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub step_env: Vec<String>,
+    /// Host executor: a file of `NAME=VALUE` (or `NAME`) lines, as --env; `#` comments.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Vec<PathBuf>,
+    /// Host executor: a directory put in front of every step's PATH (absolute; repeatable), e.g.
+    /// a toolchain installed outside any home directory.
+    #[arg(long = "path", value_name = "DIR")]
+    pub step_path: Vec<PathBuf>,
+    /// Host executor: do not pass the toolchains found in the step user's home directory
+    /// (RUSTUP_HOME, CARGO_HOME and ~/.cargo/bin, PYENV_ROOT and its shims, NVM_DIR, SDKMAN_DIR
+    /// and its candidates, ~/.local/bin), which steps otherwise get because their own HOME is
+    /// private.
+    #[arg(long)]
+    pub no_user_toolchains: bool,
     /// Jobs to run at once.
     #[arg(long, default_value_t = 1)]
     pub max_jobs: u32,
@@ -936,9 +958,11 @@ pub struct RunArgs {
     /// Commit SHA or ref (branch, tag, HEAD); resolved once, at acceptance.
     #[arg(long, default_value = "HEAD")]
     pub commit: String,
-    /// Workflow file inside the repository.
-    #[arg(long, default_value = kiln_api::DEFAULT_WORKFLOW_PATH)]
-    pub workflow: String,
+    /// Workflow file inside the repository. Without it: `.kiln/pipeline.yaml` if the commit has
+    /// one, else its only workflow, else every workflow whose `on:` declares `manual` (each is a
+    /// run of its own); otherwise the workflows are listed for you to pick (`kiln workflows`).
+    #[arg(long, value_name = "PATH")]
+    pub workflow: Option<String>,
     /// Workflow input, repeatable: --input suite=integration
     #[arg(long = "input", value_name = "K=V")]
     pub inputs: Vec<String>,
@@ -955,6 +979,20 @@ pub struct RunArgs {
     /// (RFC 3339 in UTC, millisecond precision, e.g. 2026-12-01T17:30:00.123Z).
     #[arg(long, requires = "follow")]
     pub timestamps: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkflowsArgs {
+    /// Repository name.
+    pub repo: String,
+    /// Commit SHA or ref (branch, tag, HEAD).
+    #[arg(long, default_value = "HEAD")]
+    pub commit: String,
+    /// Print the list as JSON.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub conn: Conn,
 }

@@ -893,7 +893,186 @@ fn a_command_not_found_gets_a_hint_naming_the_step_and_its_user() {
     let run = start_run(&up, "tools");
     let _ = kiln(&up, &["wait", &run]);
     let log = stdout(&kiln(&up, &["logs", &run]));
-    assert!(log.contains("hint: exit 127 from `cargo build`: a command it runs was not found"), "{log}");
+    assert!(
+        log.contains("hint: exit 127 from `cargo build`: `kiln-no-such-tool` was not found on the step's PATH"),
+        "{log}"
+    );
     let who = if nix::unistd::geteuid().is_root() { "ran as nobody" } else { "ran as the agent's own user" };
     assert!(log.contains(who), "{log}");
+}
+
+/// An executable script `name` printing `says` in `dir` (created).
+fn tool(dir: &std::path::Path, name: &str, says: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    let f = dir.join(name);
+    std::fs::write(&f, format!("#!/bin/sh\necho {says}\n")).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Issue 41, item 1: the agent passes environment and tools through to
+/// host steps — `--env NAME=VALUE`, `--env NAME` (the agent's own value),
+/// `--env-file`, `--path DIR` — and the toolchains of the step user's home
+/// (here the agent's own user, whose HOME holds `.rustup` and
+/// `.cargo/bin`), all below the workflow's `env:`; a `KILN_*` name is
+/// refused at start.
+#[test]
+fn host_steps_get_the_agents_env_path_and_the_users_toolchains() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = nix::unistd::geteuid().is_root();
+    let dir = kiln_testkit::step_writable_tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join(".rustup")).unwrap();
+    tool(&home.join(".cargo/bin"), "kiln-cargo-tool", "cargo-tool-ran");
+    let opt = dir.path().join("opt/bin");
+    tool(&opt, "kiln-path-tool", "path-tool-ran");
+    for d in [dir.path().to_path_buf(), dir.path().join("opt"), opt.clone(), home.clone()] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let env_file = dir.path().join("agent.env");
+    std::fs::write(&env_file, "# for the steps\nexport FROM_FILE=\"file value\"\n").unwrap();
+    let (opt_s, env_s) = (opt.to_str().unwrap(), env_file.to_str().unwrap());
+    let mut flags =
+        vec!["--env", "GREETING=hello", "--env", "PASSED_IN", "--env", "OVERRIDDEN=agent", "--env-file", env_s];
+    flags.extend(["--path", opt_s]);
+    // As root, the steps run as root too (`--step-user root`): the HOME
+    // below is then their user's, as it is for a non-root agent.
+    if root {
+        flags.extend(["--step-user", "root"]);
+    }
+    let up = KilnUp::start_env(
+        BIN.as_ref(),
+        1,
+        &flags,
+        &[("PASSED_IN", "from the agent"), ("HOME", home.to_str().unwrap()), ("RUSTUP_HOME", ""), ("CARGO_HOME", "")],
+    )
+    .unwrap();
+    let repo = repo_with(
+        "  - name: tools\n    env:\n      OVERRIDDEN: workflow\n    steps:\n      - echo \"g=$GREETING p=$PASSED_IN f=$FROM_FILE o=$OVERRIDDEN\"\n      - echo \"rustup=$RUSTUP_HOME cargo=$CARGO_HOME home-is-private=$([ \"$HOME\" != \"$CARGO_HOME/..\" ] && echo yes)\"\n      - kiln-cargo-tool\n      - kiln-path-tool\n",
+    );
+    add_repo(&up, "tools", &repo);
+    let run = start_run(&up, "tools");
+    let waited = kiln(&up, &["wait", &run]);
+    let log = stdout(&kiln(&up, &["logs", &run]));
+    assert!(waited.status.success(), "{log}\n{}", up.log());
+    assert!(log.contains("g=hello p=from the agent f=file value o=workflow"), "{log}");
+    let h = home.display();
+    assert!(log.contains(&format!("rustup={h}/.rustup cargo={h}/.cargo home-is-private=yes")), "{log}");
+    assert!(log.contains("cargo-tool-ran") && log.contains("path-tool-ran"), "{log}");
+    assert!(up.log().contains("host steps get the toolchains in"), "{}", up.log());
+
+    // A flag naming Kiln's own variables is refused before anything starts.
+    let data = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path().join("d"))
+        .args(["--env", "KILN_AGENT_TOKEN"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("KILN_* variables are Kiln's own"), "{}", text(&out));
+    assert!(!data.path().join("d").join("admin.token").exists(), "nothing started");
+}
+
+/// Issue 41, item 1: under a root agent, steps run as `nobody`, who cannot
+/// search a root-only directory: a tool there exits 127, and the hint
+/// names the tool, the step user and the PATH entry it cannot reach.
+#[test]
+fn a_tool_the_step_user_cannot_reach_is_named_in_the_hint() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (steps as nobody)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let bin = dir.path().join("bin");
+    tool(&bin, "kiln-root-only-tool", "unreachable");
+    let up = KilnUp::start_with(BIN.as_ref(), 1, &["--path", bin.to_str().unwrap()]).unwrap();
+    let warned = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
+        up.log().contains("who cannot reach these PATH entries").then_some(())
+    });
+    assert!(warned.is_some(), "{}", up.log());
+    let repo = repo_with("  - name: tools\n    steps:\n      - name: build\n        run: kiln-root-only-tool\n");
+    add_repo(&up, "tools", &repo);
+    let run = start_run(&up, "tools");
+    let _ = kiln(&up, &["wait", &run]);
+    let log = stdout(&kiln(&up, &["logs", &run]));
+    assert!(log.contains("hint: exit 127 from `build`: `kiln-root-only-tool` was not found"), "{log}");
+    assert!(log.contains("ran as nobody"), "{log}");
+    assert!(log.contains(&format!("cannot reach these PATH entries of the agent: {}", bin.display())), "{log}");
+}
+
+/// Issue 41, item 6: `kiln run` without `--workflow` runs the only
+/// workflow, or every workflow whose `on:` declares `manual`, or lists them
+/// and says how to pick; `kiln workflows` lists them; a workflow that does
+/// not exist is answered with those that do.
+#[test]
+fn workflows_are_found_not_guessed() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let job = |say: &str| format!("jobs:\n  - name: j\n    steps:\n      - echo {say}\n");
+    // One workflow, not named pipeline.yaml: `kiln run` runs it.
+    let only = TestRepo::new(&[(".kiln/build.yml", &format!("version: 1\n{}", job("only-one-ran")))]).unwrap();
+    add_repo(&up, "only", &only);
+    let out = kiln(&up, &["run", "--repo", "only", "--follow"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stdout(&out).contains("only-one-ran"), "{}", text(&out));
+
+    // Several: the two that declare `manual` start, each a run of its own.
+    let many = TestRepo::new(&[
+        (".kiln/ci.yaml", &format!("version: 1\non: [push, manual]\n{}", job("ci-ran"))),
+        (".kiln/release.yaml", &format!("version: 1\non:\n  manual: {{}}\n{}", job("release-ran"))),
+        (
+            ".kiln/nightly.yaml",
+            &format!("version: 1\non:\n  schedule:\n    - cron: '0 3 * * *'\n{}", job("nightly-ran")),
+        ),
+        (".kiln/broken.yaml", "version: 1\njobs: 3\n"),
+    ])
+    .unwrap();
+    add_repo(&up, "many", &many);
+    let listed = kiln(&up, &["workflows", "many"]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    let table = stdout(&listed);
+    let row = |p: &str| table.lines().find(|l| l.starts_with(p)).unwrap_or_else(|| panic!("{p}: {table}")).to_string();
+    assert!(row(".kiln/ci.yaml ").contains("yes     yes      push, manual"), "{table}");
+    assert!(row(".kiln/release.yaml ").contains("yes     yes      manual"), "{table}");
+    assert!(row(".kiln/nightly.yaml ").contains("no              schedule"), "{table}");
+    assert!(row(".kiln/broken.yaml ").contains("invalid: "), "{table}");
+    let json: serde_json::Value = serde_json::from_str(&stdout(&kiln(&up, &["workflows", "many", "--json"]))).unwrap();
+    assert_eq!(json["selected"], serde_json::json!([".kiln/ci.yaml", ".kiln/release.yaml"]), "{json}");
+    let out = kiln(&up, &["run", "--repo", "many", "--follow"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (o, e) = (stdout(&out), stderr(&out));
+    assert!(e.contains("starting 2 runs, one per workflow started by hand: .kiln/ci.yaml, .kiln/release.yaml"), "{e}");
+    assert!(o.contains("ci-ran") && o.contains("release-ran") && !o.contains("nightly-ran"), "{o}");
+
+    // A name that is not there: the error lists those that are.
+    let out = kiln(&up, &["run", "--repo", "many", "--workflow", ".kiln/pipeline.yaml"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        stderr(&out).contains(
+            "the workflows there are: .kiln/broken.yaml, .kiln/ci.yaml, .kiln/nightly.yaml, .kiln/release.yaml; \
+             pick one with --workflow PATH (`kiln workflows many` lists them)"
+        ),
+        "{}",
+        text(&out)
+    );
+
+    // Several and none started by hand: nothing runs, the choices are listed.
+    let none = TestRepo::new(&[
+        (".kiln/a.yaml", &format!("version: 1\non: push\n{}", job("a"))),
+        (".kiln/b.yaml", &format!("version: 1\non: push\n{}", job("b"))),
+    ])
+    .unwrap();
+    add_repo(&up, "none", &none);
+    let out = kiln(&up, &["run", "--repo", "none"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("none is the default (.kiln/pipeline.yaml) or declares `on: [manual]`"),
+        "{}",
+        text(&out)
+    );
+    assert!(stderr(&out).contains("kiln run --repo none --workflow .kiln/b.yaml"), "{}", text(&out));
+    let runs = stdout(&kiln(&up, &["runs", "--repo", "none", "--json"]));
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&runs).unwrap()["runs"], serde_json::json!([]), "{runs}");
 }

@@ -131,6 +131,23 @@ pub(crate) struct InputsQuery {
     workflow: Option<String>,
 }
 
+#[derive(serde::Deserialize)]
+pub(crate) struct WorkflowsQuery {
+    #[serde(rename = "ref")]
+    git_ref: Option<String>,
+}
+
+/// `GET /v1/repos/{repo}/workflows?ref=…`: the workflow files at that ref
+/// (default `HEAD`) and which a run without a workflow path starts.
+pub(crate) async fn workflows(
+    S(state): S<State>,
+    Path(repo): Path<String>,
+    Query(q): Query<WorkflowsQuery>,
+) -> ApiResult<Json<api::WorkflowList>> {
+    let git_ref = q.git_ref.unwrap_or_else(|| "HEAD".into());
+    Ok(Json(acceptance::list_workflows(&state, &repo, &git_ref).await?))
+}
+
 /// `GET /v1/repos/{repo}/workflow-inputs?ref=…&workflow=…`: the inputs the
 /// workflow at that ref declares (default `HEAD` and `.kiln/pipeline.yaml`).
 pub(crate) async fn workflow_inputs(

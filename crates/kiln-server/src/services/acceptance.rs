@@ -179,10 +179,13 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     if !EVENTS.contains(&event.as_str()) {
         return Err(ApiErr::invalid(format!("unknown event `{event}`")));
     }
-    let workflow_path = req.workflow_path.clone().unwrap_or_else(|| api::DEFAULT_WORKFLOW_PATH.to_string());
     let remote = crate::services::repos::remote(state, &repo).await?;
     let (sha, git_ref) =
         state.mirrors.resolve_named(&repo.id, &remote, req.commit_sha.trim()).await.map_err(git_err)?;
+    let workflow_path = match req.workflow_path.clone().filter(|p| !p.trim().is_empty()) {
+        Some(p) => p,
+        None => only_selected(state, &repo, &sha).await?,
+    };
     let workflow = read_workflow(state, &repo, &sha, &workflow_path).await?;
     let frozen = freeze(
         state,
@@ -367,9 +370,113 @@ fn resolve_err(e: ResolveError) -> ApiErr {
     }
 }
 
-/// The workflow file at the resolved SHA, parsed and validated.
+/// `GET /v1/repos/{repo}/workflows`: the workflow files at `git_ref`, each
+/// parsed, and what a run without a workflow path starts (issue 41, item 6).
+pub(crate) async fn list_workflows(state: &AppState, repo: &str, git_ref: &str) -> ApiResult<api::WorkflowList> {
+    let repo = state.store.get_repo(repo).await?;
+    let remote = crate::services::repos::remote(state, &repo).await?;
+    let sha = state.mirrors.resolve(&repo.id, &remote, git_ref.trim()).await.map_err(git_err)?;
+    let paths = state.mirrors.list_workflows(&repo.id, &sha).await.map_err(git_err)?;
+    let mut workflows = Vec::with_capacity(paths.len());
+    for path in paths {
+        let file = match state.mirrors.parse_workflow(&repo.id, &sha, &path).await {
+            Ok(wf) => {
+                let on = &wf.on;
+                let triggers = [
+                    ("push", on.push.is_some()),
+                    ("pull_request", on.pull_request.is_some()),
+                    ("schedule", !on.schedule.is_empty()),
+                    ("manual", on.declared && on.manual),
+                ];
+                api::WorkflowFile {
+                    path,
+                    manual: on.allows_manual(),
+                    triggers: triggers.iter().filter(|(_, t)| *t).map(|(n, _)| n.to_string()).collect(),
+                    error: None,
+                }
+            }
+            Err(WorkflowFileError::Internal(e)) => return Err(ApiErr::internal(e)),
+            Err(e) => {
+                let why = match e {
+                    WorkflowFileError::Read(e) => e.to_string(),
+                    WorkflowFileError::Invalid(d) => d.to_string().lines().take(3).collect::<Vec<_>>().join("\n"),
+                    WorkflowFileError::Internal(_) => unreachable!(),
+                };
+                api::WorkflowFile { path, manual: false, triggers: vec![], error: Some(why) }
+            }
+        };
+        workflows.push(file);
+    }
+    let selected = select_default(&workflows);
+    Ok(api::WorkflowList { commit_sha: sha, workflows, selected })
+}
+
+/// What a run started without a workflow path runs: `.kiln/pipeline.yaml`
+/// when it exists (the documented default), else the only workflow, else
+/// every workflow whose `on:` declares `manual` (GitHub's
+/// `workflow_dispatch`). Empty: the caller must pick.
+pub(crate) fn select_default(files: &[api::WorkflowFile]) -> Vec<String> {
+    if files.iter().any(|f| f.path == api::DEFAULT_WORKFLOW_PATH) {
+        return vec![api::DEFAULT_WORKFLOW_PATH.to_string()];
+    }
+    if let [only] = files {
+        return vec![only.path.clone()];
+    }
+    files
+        .iter()
+        .filter(|f| f.error.is_none() && f.triggers.iter().any(|t| t == "manual"))
+        .map(|f| f.path.clone())
+        .collect()
+}
+
+/// The one workflow a submission without a workflow path runs; several or
+/// none is a 422 that lists the files and says how to pick.
+async fn only_selected(state: &AppState, repo: &RepoRecord, sha: &str) -> ApiResult<String> {
+    let list = list_workflows(state, &repo.id, sha).await?;
+    match list.selected.as_slice() {
+        [one] => Ok(one.clone()),
+        [] if list.workflows.is_empty() => Err(ApiErr::invalid(format!(
+            "there is no workflow at commit {sha}: Kiln reads .kiln/*.yaml (see docs/workflow.md)"
+        ))),
+        [] => Err(ApiErr::invalid(format!(
+            "commit {sha} has several workflows and none is the default: {}; give one (`kiln run --workflow PATH`, \
+             or `workflow_path`), or declare `on: [manual]` in those that are started by hand",
+            paths_of(&list.workflows)
+        ))),
+        several => Err(ApiErr::invalid(format!(
+            "commit {sha} has several workflows started by hand: {}; give one (`workflow_path`), or use \
+             `kiln run` without --workflow, which starts each",
+            several.join(", ")
+        ))),
+    }
+}
+
+fn paths_of(files: &[api::WorkflowFile]) -> String {
+    files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+/// The workflow file at the resolved SHA, parsed and validated. A file
+/// that is not there gets the list of those that are.
 async fn read_workflow(state: &AppState, repo: &RepoRecord, sha: &str, path: &str) -> ApiResult<Workflow> {
-    state.mirrors.parse_workflow(&repo.id, sha, path).await.map_err(|e| match e {
+    match state.mirrors.parse_workflow(&repo.id, sha, path).await {
+        Err(WorkflowFileError::Read(GitError::MissingFile { .. })) => {}
+        other => return read_result(other, sha, path),
+    }
+    let there = state.mirrors.list_workflows(&repo.id, sha).await.unwrap_or_default();
+    let hint = if there.is_empty() {
+        "there is no workflow file at that commit (Kiln reads .kiln/*.yaml and .kiln/*.yml)".to_string()
+    } else {
+        format!(
+            "the workflows there are: {}; pick one with --workflow PATH (`kiln workflows {}` lists them)",
+            there.join(", "),
+            repo.name
+        )
+    };
+    Err(ApiErr::invalid(format!("workflow file `{path}` does not exist at commit {sha}; {hint}")))
+}
+
+fn read_result(r: Result<Workflow, WorkflowFileError>, sha: &str, path: &str) -> ApiResult<Workflow> {
+    r.map_err(|e| match e {
         WorkflowFileError::Read(e) => ApiErr::invalid(e.to_string()),
         WorkflowFileError::Invalid(d) => ApiErr::invalid(format!("{path} at {sha} is not a valid workflow:\n{d}")),
         WorkflowFileError::Internal(e) => ApiErr::internal(e),
@@ -452,4 +559,37 @@ pub(crate) async fn accept_timed(
     }
     .instrument(span)
     .await
+}
+
+#[cfg(test)]
+mod select_tests {
+    use super::select_default;
+    use kiln_api as api;
+
+    fn wf(path: &str, triggers: &[&str], error: bool) -> api::WorkflowFile {
+        api::WorkflowFile {
+            path: path.into(),
+            manual: triggers.is_empty() || triggers.contains(&"manual"),
+            triggers: triggers.iter().map(|t| t.to_string()).collect(),
+            error: error.then(|| "bad".into()),
+        }
+    }
+
+    #[test]
+    fn the_default_then_the_only_one_then_every_manual_one() {
+        let pipeline = wf(".kiln/pipeline.yaml", &["push"], false);
+        let ci = wf(".kiln/ci.yaml", &["push", "manual"], false);
+        let rel = wf(".kiln/release.yaml", &["manual"], false);
+        let bad = wf(".kiln/bad.yaml", &["manual"], true);
+        let push = wf(".kiln/push.yaml", &["push"], false);
+        let bare = wf(".kiln/bare.yaml", &[], false);
+        assert_eq!(select_default(&[ci.clone(), pipeline.clone()]), vec![".kiln/pipeline.yaml"]);
+        assert_eq!(select_default(std::slice::from_ref(&push)), vec![".kiln/push.yaml"], "the only one");
+        assert_eq!(
+            select_default(&[ci.clone(), rel.clone(), bad, push.clone()]),
+            vec![".kiln/ci.yaml", ".kiln/release.yaml"]
+        );
+        assert!(select_default(&[push, bare]).is_empty(), "no `on:` is not a declared `manual`: pick one");
+        assert!(select_default(&[]).is_empty());
+    }
 }

@@ -45,6 +45,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Context { command } => login::context(command),
         Command::Run(a) => run::run(a).await,
         Command::Runs(a) => runs::run(a).await,
+        Command::Workflows(a) => run::workflows(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Logs(a) => logs::run(a).await,
         Command::Cancel(a) => cancel::run(a).await,

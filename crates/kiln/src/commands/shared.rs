@@ -190,6 +190,17 @@ pub(super) fn apply_agent_tuning(cfg: &mut kiln_agent::AgentConfig, t: &AgentTun
     }
     cfg.max_jobs = t.max_jobs;
     cfg.step_user = t.step_user.clone();
+    let lookup = |k: &str| std::env::var(k).ok();
+    for f in &t.env_file {
+        cfg.step_env.add_file(f, &lookup).map_err(usage)?;
+    }
+    for e in &t.step_env {
+        cfg.step_env.add_arg(e, &lookup).map_err(usage)?;
+    }
+    for d in &t.step_path {
+        cfg.step_env.add_path(d).map_err(usage)?;
+    }
+    cfg.user_toolchains = !t.no_user_toolchains;
     cfg.upload_rate_limit = t.upload_rate_limit;
     cfg.log_limit = t.log_limit;
     cfg.log_rate_limit = t.log_rate_limit;

@@ -28,6 +28,33 @@ fn untrusted_line(policy: &kiln_core::claim::UntrustedPolicy, agent: &kiln_agent
     }
 }
 
+/// `kiln up` as root through `sudo`, without `--step-user`: host steps run
+/// as the user who ran sudo (their toolchains, their files), not as
+/// `nobody` (docs/deploy.md, single machine). Plain root keeps `nobody`.
+fn sudo_step_user(agent: &kiln_agent::AgentConfig, sudo_user: Option<String>) -> Option<String> {
+    let host = agent.executor == kiln_agent::ExecutorKind::Host;
+    let root = nix::unistd::geteuid().is_root();
+    sudo_user.filter(|u| host && root && agent.step_user.is_none() && !u.is_empty() && u != "root")
+}
+
+/// Who the local agents' host steps run as, in one line (none for the
+/// container executor).
+fn steps_line(agent: &kiln_agent::AgentConfig, from_sudo: bool) -> Option<String> {
+    if agent.executor != kiln_agent::ExecutorKind::Host {
+        return None;
+    }
+    let root = nix::unistd::geteuid().is_root();
+    let who = match (&agent.step_user, root) {
+        (Some(u), _) if from_sudo => format!("{u} (who ran sudo; --step-user to choose another)"),
+        (Some(u), _) => u.clone(),
+        (None, true) => "nobody (--step-user to choose; tools installed in root's home are not theirs)".into(),
+        (None, false) => "this user".into(),
+    };
+    Some(format!(
+        "host steps run as {who}, with a private HOME; see docs/deploy.md for passing toolchains (--env, --path)"
+    ))
+}
+
 pub(super) async fn run(a: UpArgs) -> CmdResult {
     let _lock = lock_data_dir(&a.data_dir)?;
     let mut config = kiln_server::ServerConfig::new(a.data_dir.clone(), a.listen.clone());
@@ -39,6 +66,8 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
     let mut probe =
         kiln_cmd::agent_config(String::new(), String::new(), String::new(), Default::default(), a.data_dir.clone(), 1);
     apply_agent_tuning(&mut probe, &a.agent)?;
+    let sudo_user = sudo_step_user(&probe, std::env::var("SUDO_USER").ok());
+    probe.step_user = probe.step_user.clone().or(sudo_user.clone());
     if let Some(cert) = &a.web.tls_cert {
         // The local agents reach the server over TLS too: they trust its certificate.
         let pem = std::fs::read(cert).map_err(|e| usage(format!("--tls-cert {}: {e}", cert.display())))?;
@@ -50,6 +79,7 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
     let (handle, stop, tasks) = start_embedded_agents(config, a.agents, |cfg| {
         // Checked on `probe` above: the same flags cannot fail here.
         let _ = apply_agent_tuning(cfg, tuning);
+        cfg.step_user = cfg.step_user.clone().or(sudo_user.clone());
         cfg.storage_levels = Some(storage_levels);
         cfg.memory_levels = Some(memory_levels);
     })
@@ -67,6 +97,9 @@ pub(super) async fn run(a: UpArgs) -> CmdResult {
     kiln_cmd::outln!("export KILN_SERVER={url} KILN_TOKEN={}", handle.admin_token);
     kiln_cmd::outln!("web UI: {url}/");
     kiln_cmd::outln!("{}", untrusted_line(&untrusted, &probe));
+    if let Some(line) = steps_line(&probe, sudo_user.is_some()) {
+        kiln_cmd::outln!("{line}");
+    }
     let _ = std::io::stdout().flush();
     ctrl_c().await;
     for f in recorded {
