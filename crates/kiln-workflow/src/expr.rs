@@ -216,9 +216,9 @@ pub(crate) fn check_template(
 pub(crate) fn check_inputs(e: &Expr, input_ok: &dyn Fn(&str) -> Result<(), String>) -> Result<(), String> {
     match e {
         Expr::Lit(_)
-        | Expr::Name(Name::Event | Name::Ref | Name::Branch | Name::Output { .. } | Name::Commit(_) | Name::Matrix(_)) => {
-            Ok(())
-        }
+        | Expr::Name(
+            Name::Event | Name::Ref | Name::Branch | Name::Output { .. } | Name::Commit(_) | Name::Matrix(_),
+        ) => Ok(()),
         Expr::Name(Name::Input(n)) => input_ok(n),
         Expr::Not(x) => check_inputs(x, input_ok),
         Expr::And(xs) | Expr::Or(xs) | Expr::Call(_, xs) => xs.iter().try_for_each(|x| check_inputs(x, input_ok)),

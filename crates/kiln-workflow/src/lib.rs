@@ -43,6 +43,7 @@ mod compose;
 mod diag;
 mod duration;
 mod expr;
+mod foreign;
 mod freeze;
 mod glob;
 mod model;
@@ -57,8 +58,7 @@ pub use diag::{Diagnostic, Diagnostics};
 pub use duration::{format_duration, parse_bytes, parse_duration};
 pub use expr::{
     CommitContext, ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, SHORT_SHA_LEN, eval_condition,
-    output_name_ok, render_group,
-    step_gate,
+    output_name_ok, render_group, step_gate,
 };
 pub use freeze::render_claimed_image;
 pub use glob::glob_match;

@@ -88,7 +88,6 @@ const ALIASES: &[(&str, &str)] = &[
     ("script", "run"),
     ("command", "run"),
     ("cmd", "run"),
-    ("environment", "env"),
     ("variables", "env"),
     ("when", "if"),
     ("condition", "if"),
@@ -111,6 +110,11 @@ const NOT_BUILT: &[(&str, &str)] = &[
     ("uses", "reusable actions (`uses`) are not supported; write the commands in `run`"),
     ("with", "`with` (inputs of an action) is not supported; set variables in `env`"),
     ("permissions", "`permissions` is not supported; a job's identity token is asked for with `id-token: write`"),
+    (
+        "environment",
+        "deployment environments (`environment`) are not supported yet; set variables in `env` and ask for \
+         credentials with `secrets: [NAME]`",
+    ),
 ];
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
 const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths", "restore-prefix"];
@@ -132,6 +136,9 @@ struct Ctx {
     /// `needs.<job>.outputs.<name>` read by the job being read: (position,
     /// job, output, where), checked against the graph in `cross_check`.
     output_refs: Vec<OutputRef>,
+    /// `jobs:` was a map (GitHub Actions' form): jobs without `needs` run
+    /// in parallel, and the jobs were sorted by their needs.
+    jobs_map: bool,
     /// Values refused for a `${{ matrix.* }}` where it is not substituted:
     /// other problems at these positions are consequences, not reported.
     refused: BTreeSet<Pos>,
@@ -470,7 +477,10 @@ fn check_expanded(ctx: &mut Ctx, draft: &Draft, matrix_pos: Pos, job: &Job) {
             continue;
         }
         let what = format!("artifact name {in_job}");
-        if nonempty_expanded(ctx, *pos, &p.name, &what) && check_name(ctx, &at(*pos), &p.name, &what) && !seen.insert(&p.name) {
+        if nonempty_expanded(ctx, *pos, &p.name, &what)
+            && check_name(ctx, &at(*pos), &p.name, &what)
+            && !seen.insert(&p.name)
+        {
             ctx.err(
                 *pos,
                 format!(
@@ -502,7 +512,8 @@ fn check_expanded(ctx: &mut Ctx, draft: &Draft, matrix_pos: Pos, job: &Job) {
     if let Some(cache) = &job.cache {
         for p in &cache.paths {
             let s = format!("a `cache` path {in_job}");
-            if nonempty_expanded(ctx, matrix_pos, p, &s) && check_path(ctx, &at(matrix_pos), p, &s, true)
+            if nonempty_expanded(ctx, matrix_pos, p, &s)
+                && check_path(ctx, &at(matrix_pos), p, &s, true)
                 && let Some(why) = absolute_cache_path_problem(p)
             {
                 ctx.err(matrix_pos, format!("{s}: {why}"));
@@ -746,8 +757,8 @@ struct Draft {
     job: Job,
 }
 
-pub(crate) fn validate(root: &Node) -> Result<Workflow, Vec<Diagnostic>> {
-    let mut ctx = Ctx::default();
+pub(crate) fn validate(root: &Node, jobs_map: bool) -> Result<Workflow, Vec<Diagnostic>> {
+    let mut ctx = Ctx { jobs_map, ..Ctx::default() };
     let workflow = workflow(&mut ctx, root);
     match workflow {
         Some(w) if ctx.diags.is_empty() => Ok(w),
@@ -838,7 +849,12 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
 
     let jobs_entry =
         require(ctx, top, root.pos, "jobs", || "missing `jobs`; add a `jobs:` list with at least one job".to_string())?;
-    let items = as_seq(ctx, &jobs_entry.value, "`jobs`", "a list of jobs (each starting with `- name: ...`)")?;
+    let items = as_seq(
+        ctx,
+        &jobs_entry.value,
+        "`jobs`",
+        "a list of jobs (each starting with `- name: ...`) or a map of job names to jobs",
+    )?;
     if items.is_empty() {
         ctx.err(jobs_entry.value.pos, "`jobs` is empty; add at least one job with a `name` and `steps`");
         return None;
@@ -2558,8 +2574,7 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                             *v = substitute(v, values);
                         }
                         step.working_directory = step.working_directory.as_deref().map(|w| substitute(w, values));
-                        step.condition =
-                            step.condition.as_deref().map(|c| substitute_matrix_condition(c, values));
+                        step.condition = step.condition.as_deref().map(|c| substitute_matrix_condition(c, values));
                     }
                     job.condition = job.condition.as_deref().map(|c| substitute_matrix_condition(c, values));
                     if let Some(cache) = &mut job.cache {
@@ -2633,7 +2648,10 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         return Vec::new();
     }
 
-    let explicit = drafts.iter().any(|d| d.needs_declared);
+    // The list form is sequential until a job declares `needs` (spec 000
+    // §2); in the map form, as in GitHub Actions, jobs without `needs` run
+    // in parallel.
+    let explicit = ctx.jobs_map || drafts.iter().any(|d| d.needs_declared);
     // Per draft: ancestor units and effective needs (unit names).
     let mut ancestors: Vec<BTreeSet<usize>> = Vec::with_capacity(drafts.len());
     let mut effective: Vec<Vec<String>> = Vec::with_capacity(drafts.len());
@@ -2654,6 +2672,16 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                     Some(t) if t.draft == i => ctx.err(
                         *pos,
                         format!("{} needs itself; a job cannot depend on itself (cycles are not allowed)", d.label),
+                    ),
+                    // The map form was sorted by needs: only a cycle is left.
+                    Some(t) if t.draft > i && ctx.jobs_map => ctx.err(
+                        *pos,
+                        format!(
+                            "{} needs `{}`, which needs {} (directly or through other jobs); cycles are not allowed",
+                            d.label,
+                            show(need),
+                            d.label
+                        ),
                     ),
                     Some(t) if t.draft > i => ctx.err(
                         *pos,
