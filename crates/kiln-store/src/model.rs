@@ -81,6 +81,10 @@ pub struct NewRun {
     /// The run's W3C trace context (issue 19), set by the server when it
     /// accepts the run; handed to each attempt through its claim.
     pub traceparent: Option<String>,
+    /// The commit's title (first line of its message) and author name, read
+    /// from git at acceptance: `commit.title` / `commit.author` (issue 41).
+    pub commit_title: Option<String>,
+    pub commit_author: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +152,21 @@ pub struct RunRecord {
     pub finished_at: Option<i64>,
     /// The W3C traceparent made at acceptance (absent for older runs).
     pub traceparent: Option<String>,
+    /// The commit's title and author name, frozen at acceptance (absent for
+    /// older runs): `commit.title` and `commit.author` in expressions.
+    pub commit_title: Option<String>,
+    pub commit_author: Option<String>,
+}
+
+impl RunRecord {
+    /// `commit.*` of the run's expressions (spec 000 §5: frozen data only).
+    pub fn commit_context(&self) -> kiln_workflow::CommitContext {
+        kiln_workflow::CommitContext {
+            sha: self.commit_sha.clone(),
+            title: self.commit_title.clone().unwrap_or_default(),
+            author: self.commit_author.clone().unwrap_or_default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

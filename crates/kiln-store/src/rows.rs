@@ -15,7 +15,7 @@ use kiln_core::failure::FailureClass;
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
     r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.actor, r.parent_run_id, r.cancel_version, \
-    r.message, r.created_at, r.finished_at, r.traceparent";
+    r.message, r.created_at, r.finished_at, r.traceparent, r.commit_title, r.commit_author";
 
 /// A run as listed (no definition, no inputs); tables as in [`RUN_COLS`].
 pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
@@ -69,6 +69,8 @@ pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
         created_at: row.get("created_at")?,
         finished_at: row.get("finished_at")?,
         traceparent: row.get("traceparent")?,
+        commit_title: row.get("commit_title")?,
+        commit_author: row.get("commit_author")?,
     })
 }
 

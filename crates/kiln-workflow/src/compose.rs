@@ -45,6 +45,8 @@ pub(crate) struct Composed {
     pub root: Node,
     /// The included files by index (`files[0]` is the workflow file, "").
     pub files: Vec<String>,
+    /// `jobs:` was written as a map keyed by job (GitHub Actions' form).
+    pub jobs_map: bool,
 }
 
 struct Composer<'l, 'a> {
@@ -72,9 +74,9 @@ pub(crate) fn compose(root: Node, load: &mut Loader<'_>, diags: &mut Vec<Diagnos
         expanded: HashMap::new(),
         diags: Vec::new(),
     };
-    let root = c.root(root);
+    let (root, jobs_map) = c.root(root);
     diags.append(&mut c.diags);
-    Composed { root, files: c.files }
+    Composed { root, files: c.files, jobs_map }
 }
 
 impl Composer<'_, '_> {
@@ -82,8 +84,11 @@ impl Composer<'_, '_> {
         self.diags.push(Diagnostic::at(pos, message));
     }
 
-    fn root(&mut self, mut root: Node) -> Node {
-        let Value::Map(entries) = &mut root.value else { return root };
+    fn root(&mut self, mut root: Node) -> (Node, bool) {
+        let Value::Map(entries) = &mut root.value else { return (root, false) };
+        // GitHub Actions' `jobs:` map becomes the list before anything else
+        // reads it (includes add to it, `extends` applies to its jobs).
+        let aliases = crate::foreign::jobs_map_to_list(entries);
         let mut included_jobs = Vec::new();
         if let Some(inc) = take(entries, "include") {
             self.includes(&inc.value, 1, &mut included_jobs);
@@ -118,8 +123,12 @@ impl Composer<'_, '_> {
                     *fields = self.extend(own, &mut Vec::new()).0;
                 }
             }
+            if let Some(aliases) = &aliases {
+                crate::foreign::resolve_keys(jobs, aliases, &mut self.diags);
+                crate::foreign::order_by_needs(jobs);
+            }
         }
-        root
+        (root, aliases.is_some())
     }
 
     /// Read the files named by an `include` value (at `depth`), appending

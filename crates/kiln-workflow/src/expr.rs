@@ -11,6 +11,8 @@
 //! primary := literal | name | call | "(" or ")"
 //! literal := 'string' ('' escapes a quote) | "string" | number | true | false | null
 //! name    := event | ref | branch | inputs.<name> | needs.<job>.outputs.<name>
+//!          | commit.sha | commit.short_sha | commit.title | commit.author
+//!          | matrix.<key>      -- only in `if:` of a matrix job, replaced at expansion
 //! call    := success() | failure() | always() | cancelled()
 //!          | contains(a, b) | startsWith(a, b) | endsWith(a, b)
 //! ```
@@ -76,7 +78,26 @@ pub struct ConditionContext {
     /// The job's `needs-policy: {quorum: N}`: with it, `success()` holds when
     /// at least N needs succeeded instead of all of them.
     pub quorum: Option<u32>,
+    /// `commit.*`: the run's commit, frozen at acceptance.
+    pub commit: CommitContext,
 }
+
+/// `commit.sha`, `commit.short_sha`, `commit.title` and `commit.author`:
+/// the run's commit as read from git when the run was accepted (spec 000
+/// §5: frozen with the run). Empty fields are null in expressions (a run
+/// accepted before they were recorded).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitContext {
+    /// The full commit SHA.
+    pub sha: String,
+    /// The first line of the commit message.
+    pub title: String,
+    /// The commit's author, `Name <email>`.
+    pub author: String,
+}
+
+/// How many hex digits `commit.short_sha` has (git's usual abbreviation).
+pub const SHORT_SHA_LEN: usize = 7;
 
 /// Evaluate an `if:` expression (optionally wrapped in `${{ }}`).
 ///
@@ -194,7 +215,10 @@ pub(crate) fn check_template(
 /// Every `inputs.<name>` of `e` passes `input_ok`.
 pub(crate) fn check_inputs(e: &Expr, input_ok: &dyn Fn(&str) -> Result<(), String>) -> Result<(), String> {
     match e {
-        Expr::Lit(_) | Expr::Name(Name::Event | Name::Ref | Name::Branch | Name::Output { .. }) => Ok(()),
+        Expr::Lit(_)
+        | Expr::Name(
+            Name::Event | Name::Ref | Name::Branch | Name::Output { .. } | Name::Commit(_) | Name::Matrix(_),
+        ) => Ok(()),
         Expr::Name(Name::Input(n)) => input_ok(n),
         Expr::Not(x) => check_inputs(x, input_ok),
         Expr::And(xs) | Expr::Or(xs) | Expr::Call(_, xs) => xs.iter().try_for_each(|x| check_inputs(x, input_ok)),
@@ -242,6 +266,53 @@ pub(crate) fn condition_output_refs(src: &str) -> Vec<(String, String)> {
 /// Evaluate one `${{ }}` part (no wrapper) of a template to its text.
 pub(crate) fn eval_part(inner: &str, ctx: &ConditionContext) -> Result<String, ExprError> {
     Ok(eval(&parse_expr(inner, Mode::Template)?, ctx).to_text())
+}
+
+/// Every `matrix.<key>` name of `e`.
+pub(crate) fn matrix_names(e: &Expr, out: &mut Vec<String>) {
+    match e {
+        Expr::Name(Name::Matrix(k)) => out.push(k.clone()),
+        Expr::Lit(_) | Expr::Name(_) => {}
+        Expr::Not(x) => matrix_names(x, out),
+        Expr::And(xs) | Expr::Or(xs) | Expr::Call(_, xs) => xs.iter().for_each(|x| matrix_names(x, out)),
+        Expr::Eq(a, b, _) => {
+            matrix_names(a, out);
+            matrix_names(b, out);
+        }
+    }
+}
+
+/// An `if:` with each `matrix.<key>` name replaced by the combination's
+/// value as a string literal (missing key: `null`). The text is otherwise
+/// unchanged; one that does not lex is returned as is (it was refused).
+pub(crate) fn substitute_matrix_condition(src: &str, values: &BTreeMap<String, String>) -> String {
+    // The `${{ }}` wrapper, if any (as `parse_condition` reads it).
+    let lead = src.len() - src.trim_start().len();
+    let offset = match src.trim().strip_prefix("${{").and_then(|r| r.strip_suffix("}}")) {
+        Some(_) => lead + 3,
+        None => 0,
+    };
+    let end = if offset == 0 { src.len() } else { lead + src.trim().len() - 2 };
+    let Ok(toks) = lex(&src[offset..end]) else { return src.to_string() };
+    let mut out = String::new();
+    let mut at = 0;
+    for (tok, start) in toks {
+        let Tok::Ident(name) = tok else { continue };
+        let Some(key) = matrix_ref(&name) else { continue };
+        let start = start + offset;
+        out.push_str(&src[at..start]);
+        match values.get(key) {
+            Some(v) => {
+                out.push('\'');
+                out.push_str(&v.replace('\'', "''"));
+                out.push('\'');
+            }
+            None => out.push_str("null"),
+        }
+        at = start + name.len();
+    }
+    out.push_str(&src[at..]);
+    out
 }
 
 /// `matrix.<key>` (trimmed) → the key.
@@ -381,6 +452,20 @@ pub(crate) enum Name {
         job: String,
         output: String,
     },
+    /// `commit.<field>`.
+    Commit(CommitField),
+    /// `matrix.<key>` in an `if:`: replaced by the combination's value when
+    /// the matrix is expanded ([`substitute_matrix_condition`]); null if
+    /// ever evaluated.
+    Matrix(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitField {
+    Sha,
+    ShortSha,
+    Title,
+    Author,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -429,6 +514,17 @@ fn eval(e: &Expr, ctx: &ConditionContext) -> Val {
         Expr::Name(Name::Output { job, output }) => {
             ctx.needs_outputs.get(job).and_then(|o| o.get(output)).map_or(Val::Null, |v| Val::Str(v.clone()))
         }
+        Expr::Name(Name::Commit(field)) => {
+            let c = &ctx.commit;
+            let text = match field {
+                CommitField::Sha => c.sha.clone(),
+                CommitField::ShortSha => c.sha.chars().take(SHORT_SHA_LEN).collect(),
+                CommitField::Title => c.title.clone(),
+                CommitField::Author => c.author.clone(),
+            };
+            if text.is_empty() { Val::Null } else { Val::Str(text) }
+        }
+        Expr::Name(Name::Matrix(_)) => Val::Null,
         Expr::Not(x) => Val::Bool(!eval(x, ctx).truthy()),
         Expr::And(xs) => {
             let mut last = Val::Bool(true);
@@ -749,21 +845,65 @@ impl Parser {
             "event" => Expr::Name(Name::Event),
             "ref" => Expr::Name(Name::Ref),
             "branch" => Expr::Name(Name::Branch),
+            "commit.sha" => Expr::Name(Name::Commit(CommitField::Sha)),
+            "commit.short_sha" => Expr::Name(Name::Commit(CommitField::ShortSha)),
+            "commit.title" => Expr::Name(Name::Commit(CommitField::Title)),
+            "commit.author" => Expr::Name(Name::Commit(CommitField::Author)),
             _ => match name.strip_prefix("inputs.") {
                 Some(input) if !input.is_empty() && !input.contains('.') => Expr::Name(Name::Input(input.to_string())),
                 _ if name.starts_with("needs.") => return output_name(&name, pos),
+                _ if self.mode == Mode::Condition && matrix_ref(&name).is_some() => {
+                    Expr::Name(Name::Matrix(matrix_ref(&name).unwrap_or_default().to_string()))
+                }
                 _ => {
-                    return Err(ExprError::new(
-                        pos,
-                        format!(
-                            "unknown name `{}`; expressions may use `event`, `ref`, `branch`, `inputs.<name>` and `needs.<job>.outputs.<name>`",
-                            name.escape_debug()
-                        ),
-                    ));
+                    // A name of another CI system gets what Kiln has for it.
+                    let hint = foreign_hint(&name).unwrap_or_else(|| NAMES.to_string());
+                    return Err(ExprError::new(pos, format!("unknown name `{}`; {hint}", name.escape_debug())));
                 }
             },
         })
     }
+}
+
+/// What an unknown name is told expressions may use.
+const NAMES: &str = "expressions may use `event`, `ref`, `branch`, `inputs.<name>`, `needs.<job>.outputs.<name>`, \
+                     `commit.sha`, `commit.short_sha`, `commit.title` and `commit.author`";
+
+/// What Kiln has for a name of another CI system's expressions (GitHub
+/// Actions' `github.*`, `secrets.*`, `env.*`, `runner.*`), if anything.
+fn foreign_hint(name: &str) -> Option<String> {
+    let (head, rest) = name.split_once('.').unwrap_or((name, ""));
+    let text = match (head, rest) {
+        ("github", "sha") => "use `commit.sha` (`commit.short_sha` for 7 digits; `$KILN_COMMIT` in a step)".into(),
+        ("github", "ref") => "use `ref` (e.g. `refs/heads/main`)".into(),
+        ("github", "ref_name" | "head_ref" | "base_ref") => {
+            "use `branch` (the branch of the run's ref; pull requests' base branches are filtered in `on:`)".into()
+        }
+        ("github", "event_name") => "use `event` (`push`, `pull_request`, `schedule` or `manual`)".into(),
+        ("github", "actor" | "triggering_actor") => {
+            "Kiln has no actor in expressions; `commit.author` is the commit's author".into()
+        }
+        ("github", "run_id" | "run_number" | "run_attempt") => {
+            "read `$KILN_RUN_ID` in a step (and `$KILN_EPOCH`, the job's attempt)".into()
+        }
+        ("github", "job") => "read `$KILN_JOB` in a step".into(),
+        ("github", "workspace") => "read `$KILN_WORKSPACE` in a step (steps start in the checkout)".into(),
+        ("github", "repository" | "repository_owner") => {
+            "Kiln has no repository name in expressions; the run's commit is `commit.sha`".into()
+        }
+        ("github", "event") => "Kiln has no event payload in expressions; use `event`, `ref`, `branch` and `commit.*`".into(),
+        ("github", _) => "GitHub's `github` context is not available; Kiln has `event`, `ref`, `branch` and `commit.*`".into(),
+        ("secrets", s) if !s.is_empty() => format!(
+            "secrets are not expressions in Kiln: list the secret in the job's `secrets: [{s}]` and read `${s}` in the step"
+        ),
+        ("env", v) if !v.is_empty() => format!("read the variable as `${v}` in the step (environment variables are not expressions)"),
+        ("runner", _) => "choose the machine with `runs-on` labels; `runner.*` is not available".into(),
+        ("vars", _) => "set the value in `env` (or an input) instead; `vars.*` is not available".into(),
+        ("steps", _) => "steps pass values to later jobs through `outputs` (`needs.<job>.outputs.<name>`); `steps.*` is not available".into(),
+        ("matrix", _) => "`matrix.<key>` is only substituted in a matrix job, in `${{ matrix.<key> }}` or an `if:`".into(),
+        _ => return None,
+    };
+    Some(text)
 }
 
 /// `needs.<job>.outputs.<output>` → the name. A job name may contain

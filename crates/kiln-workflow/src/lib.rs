@@ -43,6 +43,7 @@ mod compose;
 mod diag;
 mod duration;
 mod expr;
+mod foreign;
 mod freeze;
 mod glob;
 mod model;
@@ -56,8 +57,8 @@ pub use compose::{Loader, MAX_EXTENDS_DEPTH, MAX_INCLUDE_DEPTH, MAX_INCLUDED_FIL
 pub use diag::{Diagnostic, Diagnostics};
 pub use duration::{format_duration, parse_bytes, parse_duration};
 pub use expr::{
-    ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, eval_condition, output_name_ok, render_group,
-    step_gate,
+    CommitContext, ConditionContext, JobResult, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, SHORT_SHA_LEN, eval_condition,
+    output_name_ok, render_group, step_gate,
 };
 pub use freeze::render_claimed_image;
 pub use glob::glob_match;

@@ -52,17 +52,24 @@ pub fn parse_with(src: &str, load: &mut Loader<'_>) -> Result<Workflow, Diagnost
                 ));
                 None
             }
-            Some(root) => {
-                let composed = compose(root, load, &mut diags);
-                files = composed.files;
-                match crate::validate::validate(&composed.root) {
-                    Ok(w) => Some(w),
-                    Err(more) => {
-                        diags.extend(more);
-                        None
+            Some(root) => match crate::foreign::other_system(&root) {
+                // Another CI system's file: one message, not a key-by-key list.
+                Some(d) => {
+                    diags.push(d);
+                    None
+                }
+                None => {
+                    let composed = compose(root, load, &mut diags);
+                    files = composed.files;
+                    match crate::validate::validate(&composed.root, composed.jobs_map) {
+                        Ok(w) => Some(w),
+                        Err(more) => {
+                            diags.extend(more);
+                            None
+                        }
                     }
                 }
-            }
+            },
         }
     };
     name_files(&mut diags, &files);

@@ -3,7 +3,7 @@
 use crate::diag::Diagnostic;
 use crate::expr::{
     Mode, check_inputs, check_template, condition_output_refs, matrix_ref, output_name_ok, parse_condition, parse_expr,
-    segments, template_output_refs,
+    segments, substitute_matrix_condition, template_output_refs,
 };
 use crate::model::{
     Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS,
@@ -88,7 +88,6 @@ const ALIASES: &[(&str, &str)] = &[
     ("script", "run"),
     ("command", "run"),
     ("cmd", "run"),
-    ("environment", "env"),
     ("variables", "env"),
     ("when", "if"),
     ("condition", "if"),
@@ -111,6 +110,11 @@ const NOT_BUILT: &[(&str, &str)] = &[
     ("uses", "reusable actions (`uses`) are not supported; write the commands in `run`"),
     ("with", "`with` (inputs of an action) is not supported; set variables in `env`"),
     ("permissions", "`permissions` is not supported; a job's identity token is asked for with `id-token: write`"),
+    (
+        "environment",
+        "deployment environments (`environment`) are not supported yet; set variables in `env` and ask for \
+         credentials with `secrets: [NAME]`",
+    ),
 ];
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
 const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths", "restore-prefix"];
@@ -132,6 +136,12 @@ struct Ctx {
     /// `needs.<job>.outputs.<name>` read by the job being read: (position,
     /// job, output, where), checked against the graph in `cross_check`.
     output_refs: Vec<OutputRef>,
+    /// `jobs:` was a map (GitHub Actions' form): jobs without `needs` run
+    /// in parallel, and the jobs were sorted by their needs.
+    jobs_map: bool,
+    /// Values refused for a `${{ matrix.* }}` where it is not substituted:
+    /// other problems at these positions are consequences, not reported.
+    refused: BTreeSet<Pos>,
 }
 
 struct OutputRef {
@@ -161,7 +171,42 @@ enum MatrixRefs {
 
 impl Ctx {
     fn err(&mut self, pos: Pos, message: impl Into<String>) {
-        self.diags.push(Diagnostic::at(pos, message));
+        if !self.refused.contains(&pos) {
+            self.diags.push(Diagnostic::at(pos, message));
+        }
+    }
+
+    /// Text where only `${{ matrix.<key> }}` is filled in (cache and
+    /// artifact fields, a step's `working-directory`): the matrix
+    /// references are checked, any other `${{ }}` is refused.
+    fn matrix_only(&mut self, pos: Pos, text: &str, subject: &str) -> bool {
+        if !text.contains("${{") {
+            return true;
+        }
+        let before = self.diags.len();
+        self.matrix_refs(pos, text, subject);
+        match segments(text) {
+            Err(e) => self.err(pos, format!("invalid {subject}: {e}")),
+            Ok(segs) => {
+                for seg in segs {
+                    if let crate::expr::Segment::Expr { inner, .. } = seg
+                        && matrix_ref(inner).is_none()
+                        && !inner.trim_start().starts_with("matrix")
+                    {
+                        self.err(
+                            pos,
+                            format!(
+                                "{subject} uses `${{{{{}}}}}`; only `${{{{ matrix.<key> }}}}` is filled in here (the \
+                                 value is decided when the workflow is read, before the run has any data)",
+                                show(inner)
+                            ),
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+        self.diags.len() == before
     }
 
     /// Whether `inputs.<name>` may be used: always without an `inputs:`
@@ -291,6 +336,107 @@ impl Ctx {
     }
 }
 
+/// Where `${{ matrix.<key> }}` is substituted (said when it is refused
+/// elsewhere).
+const MATRIX_PLACES: &str = "a job's `name`, `env`, `runs-on`, `timeout`, `image`, `if`, `concurrency.group`, \
+     `cache` `version`/`paths`/`inputs`, the `name` and `path` of `artifacts.publish` and `artifacts.restore`, \
+     and a step's `run`, `name`, `env`, `if` and `working-directory` (also the job's `defaults`)";
+
+/// Whether `${{ matrix.* }}` is substituted at this place of a job (`path`:
+/// keys from the job's map, `[]` for a list item, `*` for a name in `env`
+/// or `runs-on`).
+fn matrix_allowed(path: &str) -> bool {
+    matches!(
+        path,
+        "name"
+            | "if"
+            | "timeout"
+            | "image"
+            | "image.ref"
+            | "concurrency"
+            | "concurrency.group"
+            | "runs-on"
+            | "runs-on.*"
+            | "env.*"
+            | "cache.version"
+            | "cache.paths[]"
+            | "cache.inputs[]"
+            | "artifacts.publish[].name"
+            | "artifacts.publish[].path"
+            | "artifacts.restore[].name"
+            | "artifacts.restore[].path"
+            | "steps[]"
+            | "steps[].run"
+            | "steps[].name"
+            | "steps[].env.*"
+            | "steps[].if"
+            | "steps[].working-directory"
+            | "defaults.working-directory"
+    )
+}
+
+/// Refuse `${{ matrix.* }}` in every place of a job where it is not
+/// substituted (`needs`, `secrets`, `services`, `from_job`, a step's
+/// `timeout`, …), saying where it may be used. The job's `matrix` itself is
+/// not searched.
+fn refuse_matrix_elsewhere(ctx: &mut Ctx, label: &str, entries: &[Entry]) {
+    fn walk(ctx: &mut Ctx, label: &str, node: &Node, pattern: &mut String, shown: &mut String) {
+        match &node.value {
+            Value::Scalar(s) => {
+                if matrix_allowed(pattern) {
+                    return;
+                }
+                let Ok(segs) = segments(&s.text) else { return };
+                for seg in segs {
+                    if let crate::expr::Segment::Expr { inner, .. } = seg
+                        && inner.trim_start().starts_with("matrix")
+                    {
+                        ctx.err(
+                            node.pos,
+                            format!(
+                                "`{shown}` of {label} uses `${{{{{}}}}}`, but matrix values are not filled in there; \
+                                 `${{{{ matrix.<key> }}}}` may be used in {MATRIX_PLACES}",
+                                show(inner)
+                            ),
+                        );
+                        ctx.refused.insert(node.pos);
+                        return;
+                    }
+                }
+            }
+            Value::Seq(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let (pl, sl) = (pattern.len(), shown.len());
+                    pattern.push_str("[]");
+                    shown.push_str(&format!("[{}]", i + 1));
+                    walk(ctx, label, item, pattern, shown);
+                    pattern.truncate(pl);
+                    shown.truncate(sl);
+                }
+            }
+            Value::Map(entries) => {
+                let named = pattern.ends_with("env") || pattern == "runs-on";
+                for e in entries {
+                    let (pl, sl) = (pattern.len(), shown.len());
+                    if !pattern.is_empty() {
+                        pattern.push('.');
+                        shown.push('.');
+                    }
+                    pattern.push_str(if named { "*" } else { &e.key });
+                    shown.push_str(&e.key);
+                    walk(ctx, label, &e.value, pattern, shown);
+                    pattern.truncate(pl);
+                    shown.truncate(sl);
+                }
+            }
+        }
+    }
+    for e in entries.iter().filter(|e| e.key != "matrix") {
+        let (mut pattern, mut shown) = (e.key.clone(), e.key.clone());
+        walk(ctx, label, &e.value, &mut pattern, &mut shown);
+    }
+}
+
 /// Replace every `${{ matrix.<key> }}` with the combination's value (empty
 /// when this combination lacks an include-only key); leave other text.
 fn substitute(text: &str, values: &BTreeMap<String, String>) -> String {
@@ -309,6 +455,86 @@ fn substitute(text: &str, values: &BTreeMap<String, String>) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Whether text holds a `${{ matrix.<key> }}`.
+fn has_matrix_ref(text: &str) -> bool {
+    segments(text).is_ok_and(|segs| {
+        segs.iter().any(|s| matches!(s, crate::expr::Segment::Expr { inner, .. } if matrix_ref(inner).is_some()))
+    })
+}
+
+/// The artifact and cache fields of one expansion of a matrix job, checked
+/// again with the values filled in (a value may hold `/` or `..`, or be
+/// missing in this combination).
+fn check_expanded(ctx: &mut Ctx, draft: &Draft, matrix_pos: Pos, job: &Job) {
+    let in_job = format!("(in `{}`)", show(&job.name));
+    let at = |pos: Pos| Node { pos, value: Value::Seq(Vec::new()) };
+    let mut seen: HashSet<&str> = HashSet::new();
+    for (p, (written, pos)) in job.artifacts.publish.iter().zip(&draft.publish) {
+        if p.name == written.name && p.path == written.path {
+            seen.insert(&p.name);
+            continue;
+        }
+        let what = format!("artifact name {in_job}");
+        if nonempty_expanded(ctx, *pos, &p.name, &what)
+            && check_name(ctx, &at(*pos), &p.name, &what)
+            && !seen.insert(&p.name)
+        {
+            ctx.err(
+                *pos,
+                format!(
+                    "`{}` publishes two artifacts named `{}`; artifact names must be unique within a job",
+                    show(&job.name),
+                    show(&p.name)
+                ),
+            );
+        }
+        let s = format!("`path` of artifact `{}` {in_job}", show(&p.name));
+        if nonempty_expanded(ctx, *pos, &p.path, &s) && check_path(ctx, &at(*pos), &p.path, &s, false) {
+            publish_pattern_ok(ctx, *pos, &p.path, &s);
+        }
+    }
+    for (r, (written, _, pos)) in job.artifacts.restore.iter().zip(&draft.restore) {
+        if r.name != written.name {
+            let what = format!("restored artifact name {in_job}");
+            if nonempty_expanded(ctx, *pos, &r.name, &what) {
+                check_name(ctx, &at(*pos), &r.name, &what);
+            }
+        }
+        if r.path != written.path {
+            let s = format!("`path` of restored artifact `{}` {in_job}", show(&r.name));
+            if nonempty_expanded(ctx, *pos, &r.path, &s) {
+                check_path(ctx, &at(*pos), &r.path, &s, false);
+            }
+        }
+    }
+    if let Some(cache) = &job.cache {
+        for p in &cache.paths {
+            let s = format!("a `cache` path {in_job}");
+            if nonempty_expanded(ctx, matrix_pos, p, &s)
+                && check_path(ctx, &at(matrix_pos), p, &s, true)
+                && let Some(why) = absolute_cache_path_problem(p)
+            {
+                ctx.err(matrix_pos, format!("{s}: {why}"));
+            }
+        }
+        for p in &cache.inputs {
+            let s = format!("a `cache` input {in_job}");
+            if nonempty_expanded(ctx, matrix_pos, p, &s) {
+                check_path(ctx, &at(matrix_pos), p, &s, false);
+            }
+        }
+    }
+}
+
+/// A filled-in value must not be empty (a combination without the key).
+fn nonempty_expanded(ctx: &mut Ctx, pos: Pos, text: &str, subject: &str) -> bool {
+    if text.trim().is_empty() {
+        ctx.err(pos, format!("{subject} is empty once the matrix values are filled in; this combination has no value for the key it names"));
+        return false;
+    }
+    true
 }
 
 /// A value for messages: control characters escaped, long values shortened.
@@ -531,8 +757,8 @@ struct Draft {
     job: Job,
 }
 
-pub(crate) fn validate(root: &Node) -> Result<Workflow, Vec<Diagnostic>> {
-    let mut ctx = Ctx::default();
+pub(crate) fn validate(root: &Node, jobs_map: bool) -> Result<Workflow, Vec<Diagnostic>> {
+    let mut ctx = Ctx { jobs_map, ..Ctx::default() };
     let workflow = workflow(&mut ctx, root);
     match workflow {
         Some(w) if ctx.diags.is_empty() => Ok(w),
@@ -623,7 +849,12 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
 
     let jobs_entry =
         require(ctx, top, root.pos, "jobs", || "missing `jobs`; add a `jobs:` list with at least one job".to_string())?;
-    let items = as_seq(ctx, &jobs_entry.value, "`jobs`", "a list of jobs (each starting with `- name: ...`)")?;
+    let items = as_seq(
+        ctx,
+        &jobs_entry.value,
+        "`jobs`",
+        "a list of jobs (each starting with `- name: ...`) or a map of job names to jobs",
+    )?;
     if items.is_empty() {
         ctx.err(jobs_entry.value.pos, "`jobs` is empty; add at least one job with a `name` and `steps`");
         return None;
@@ -684,6 +915,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         None => format!("job {number}"),
     };
     let place = format!("in {label}");
+    refuse_matrix_elsewhere(ctx, &label, entries);
     check_keys(ctx, entries, JOB_KEYS, &place);
 
     let matrix_entry = get(entries, "matrix");
@@ -933,11 +1165,7 @@ fn shell(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<String> {
 
 fn working_directory(ctx: &mut Ctx, subject: &str, node: &Node) -> Option<String> {
     let text = as_nonempty_text(ctx, node, subject, "a directory in the checkout")?;
-    if text.contains("${{") {
-        ctx.err(node.pos, format!("{subject} uses `${{{{ }}}}`; expressions are not evaluated here, write a path"));
-        return None;
-    }
-    check_path(ctx, node, text, subject, false).then(|| text.to_string())
+    (ctx.matrix_only(node.pos, text, subject) && check_path(ctx, node, text, subject, false)).then(|| text.to_string())
 }
 
 /// `defaults: {shell, working-directory}` of the workflow or a job.
@@ -1260,7 +1488,9 @@ fn string_list(ctx: &mut Ctx, node: &Node, subject: &str, allow_absolute: bool) 
     let mut ok = true;
     for item in items {
         let s = format!("an entry of {subject}");
-        match as_nonempty_text(ctx, item, &s, "a path").filter(|p| check_path(ctx, item, p, &s, allow_absolute)) {
+        match as_nonempty_text(ctx, item, &s, "a path")
+            .filter(|p| ctx.matrix_only(item.pos, p, &s) && check_path(ctx, item, p, &s, allow_absolute))
+        {
             Some(p) => out.push(p.to_string()),
             None => ok = false,
         }
@@ -1278,7 +1508,10 @@ fn cache(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Cache> {
         as_nonempty_text(ctx, &e.value, &format!("`{key}` in {subject}"), expected).map(str::to_string)
     };
     let kind = text_field(ctx, "kind", "cache kind");
-    let version = text_field(ctx, "version", "cache version");
+    let version = text_field(ctx, "version", "cache version").filter(|v| {
+        let pos = get(entries, "version").map_or(node.pos, |e| e.value.pos);
+        ctx.matrix_only(pos, v, &format!("`version` in {subject}"))
+    });
     let inputs = match get(entries, "inputs") {
         None => Some(Vec::new()),
         Some(e) => string_list(ctx, &e.value, &format!("`inputs` in {subject}"), false),
@@ -1465,8 +1698,10 @@ fn artifacts(ctx: &mut Ctx, label: &str, node: &Node) -> ArtifactLists {
 
 fn artifact_name(ctx: &mut Ctx, fields: &[Entry], pos: Pos, subject: &str) -> Option<(String, Pos)> {
     let e = require(ctx, fields, pos, "name", || format!("{subject} has no `name`; add `name: <artifact name>`"))?;
-    let text = as_nonempty_text(ctx, &e.value, &format!("`name` in {subject}"), "an artifact name")?;
-    check_name(ctx, &e.value, text, "artifact name").then(|| (text.to_string(), e.value.pos))
+    let s = format!("`name` in {subject}");
+    let text = as_nonempty_text(ctx, &e.value, &s, "an artifact name")?;
+    (ctx.matrix_only(e.value.pos, text, &s) && check_name(ctx, &e.value, text, "artifact name"))
+        .then(|| (text.to_string(), e.value.pos))
 }
 
 fn artifact_path(ctx: &mut Ctx, fields: &[Entry], pos: Pos, subject: &str) -> Option<String> {
@@ -1475,7 +1710,7 @@ fn artifact_path(ctx: &mut Ctx, fields: &[Entry], pos: Pos, subject: &str) -> Op
     })?;
     let s = format!("`path` in {subject}");
     let text = as_nonempty_text(ctx, &e.value, &s, "a path relative to the workspace")?;
-    check_path(ctx, &e.value, text, &s, false).then(|| text.to_string())
+    (ctx.matrix_only(e.value.pos, text, &s) && check_path(ctx, &e.value, text, &s, false)).then(|| text.to_string())
 }
 
 /// A publish `path` that is a glob ([`crate::is_glob`]) must be a valid
@@ -2167,7 +2402,19 @@ fn condition(ctx: &mut Ctx, label: &str, node: &Node) -> Option<String> {
         ctx.output_refs.push(OutputRef { pos: node.pos, job, output, subject: subject.clone() });
     }
     match parse_condition(text) {
-        Ok(e) => match check_inputs(&e, &|n| ctx.input_ok(n)) {
+        Ok(e) => match check_inputs(&e, &|n| ctx.input_ok(n)).and_then(|()| {
+            let mut keys = Vec::new();
+            crate::expr::matrix_names(&e, &mut keys);
+            keys.iter().try_for_each(|k| match &ctx.matrix_refs {
+                MatrixRefs::NoMatrix => Err(format!("`matrix.{}` can only be used in a job with a `matrix`", show(k))),
+                MatrixRefs::Keys(keys) if !keys.contains(k) => Err(format!(
+                    "the matrix has no key `{}`; its keys are {}",
+                    show(k),
+                    keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                )),
+                _ => Ok(()),
+            })
+        }) {
             Ok(()) => Some(text.to_string()),
             Err(m) => {
                 ctx.err(node.pos, format!("invalid {subject}: {m}"));
@@ -2326,7 +2573,35 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                         for v in step.env.values_mut() {
                             *v = substitute(v, values);
                         }
+                        step.working_directory = step.working_directory.as_deref().map(|w| substitute(w, values));
+                        step.condition = step.condition.as_deref().map(|c| substitute_matrix_condition(c, values));
                     }
+                    job.condition = job.condition.as_deref().map(|c| substitute_matrix_condition(c, values));
+                    if let Some(cache) = &mut job.cache {
+                        // The user's cache fields name the matrix keys the
+                        // entry depends on; without any, every value does:
+                        // two expansions never share an entry by accident.
+                        let chosen = std::iter::once(&cache.version)
+                            .chain(&cache.paths)
+                            .chain(&cache.inputs)
+                            .any(|t| has_matrix_ref(t));
+                        cache.version = substitute(&cache.version, values);
+                        for p in cache.paths.iter_mut().chain(cache.inputs.iter_mut()) {
+                            *p = substitute(p, values);
+                        }
+                        if !chosen {
+                            cache.version = format!("{} (matrix: {})", cache.version, parts.join(", "));
+                        }
+                    }
+                    for p in &mut job.artifacts.publish {
+                        p.name = substitute(&p.name, values);
+                        p.path = substitute(&p.path, values);
+                    }
+                    for r in &mut job.artifacts.restore {
+                        r.name = substitute(&r.name, values);
+                        r.path = substitute(&r.path, values);
+                    }
+                    check_expanded(ctx, d, m.pos, &job);
                     for v in job.env.values_mut().chain(job.runs_on.values_mut()).chain(job.timeout_expr.iter_mut()) {
                         *v = substitute(v, values);
                     }
@@ -2373,7 +2648,10 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         return Vec::new();
     }
 
-    let explicit = drafts.iter().any(|d| d.needs_declared);
+    // The list form is sequential until a job declares `needs` (spec 000
+    // §2); in the map form, as in GitHub Actions, jobs without `needs` run
+    // in parallel.
+    let explicit = ctx.jobs_map || drafts.iter().any(|d| d.needs_declared);
     // Per draft: ancestor units and effective needs (unit names).
     let mut ancestors: Vec<BTreeSet<usize>> = Vec::with_capacity(drafts.len());
     let mut effective: Vec<Vec<String>> = Vec::with_capacity(drafts.len());
@@ -2394,6 +2672,16 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                     Some(t) if t.draft == i => ctx.err(
                         *pos,
                         format!("{} needs itself; a job cannot depend on itself (cycles are not allowed)", d.label),
+                    ),
+                    // The map form was sorted by needs: only a cycle is left.
+                    Some(t) if t.draft > i && ctx.jobs_map => ctx.err(
+                        *pos,
+                        format!(
+                            "{} needs `{}`, which needs {} (directly or through other jobs); cycles are not allowed",
+                            d.label,
+                            show(need),
+                            d.label
+                        ),
                     ),
                     Some(t) if t.draft > i => ctx.err(
                         *pos,
@@ -2479,10 +2767,8 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         }
     }
 
-    let published: Vec<HashSet<&str>> =
-        drafts.iter().map(|d| d.publish.iter().map(|(p, _)| p.name.as_str()).collect()).collect();
     for (i, d) in drafts.iter().enumerate() {
-        for (r, from_pos, name_pos) in &d.restore {
+        for (ri, (r, from_pos, name_pos)) in d.restore.iter().enumerate() {
             let from = show(&r.from_job);
             match index.get(&r.from_job) {
                 None => ctx.err(
@@ -2515,21 +2801,33 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                     ),
                 ),
                 Some(t) => {
-                    let producer = &drafts[t.draft];
-                    if !published[t.draft].contains(r.name.as_str()) {
-                        let published: Vec<String> =
-                            producer.publish.iter().map(|(p, _)| format!("`{}`", show(&p.name))).collect();
+                    // Names as published and restored by the expansions
+                    // (`${{ matrix.<key> }}` filled in).
+                    let published: Vec<&str> = t
+                        .units
+                        .iter()
+                        .flat_map(|u| units[*u].job.artifacts.publish.iter().map(|p| p.name.as_str()))
+                        .collect();
+                    let wanted: Vec<&str> = draft_units[i]
+                        .iter()
+                        .filter_map(|u| units[*u].job.artifacts.restore.get(ri))
+                        .map(|r| r.name.as_str())
+                        .collect();
+                    for name in wanted.into_iter().filter(|n| !published.contains(n)) {
                         let hint = if published.is_empty() {
                             "it publishes no artifacts".to_string()
                         } else {
-                            format!("it publishes {}", published.join(", "))
+                            format!(
+                                "it publishes {}",
+                                published.iter().map(|p| format!("`{}`", show(p))).collect::<Vec<_>>().join(", ")
+                            )
                         };
                         ctx.err(
                             *name_pos,
                             format!(
                                 "{} restores artifact `{}` from `{from}`, but `{from}` does not publish an artifact of that name; {hint}",
                                 d.label,
-                                show(&r.name)
+                                show(name)
                             ),
                         );
                     }

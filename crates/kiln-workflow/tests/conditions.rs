@@ -1,7 +1,7 @@
 //! The `if:` truth table, concurrency-group rendering, matrix expansion
 //! details and a proptest fuzz of the expression language.
 
-use kiln_workflow::{ConditionContext, JobResult, MAX_EXPR_CHARS, eval_condition, parse, render_group};
+use kiln_workflow::{CommitContext, ConditionContext, JobResult, MAX_EXPR_CHARS, eval_condition, parse, render_group};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -21,6 +21,11 @@ fn ctx(name: &str) -> ConditionContext {
             "build.v2".into(),
             BTreeMap::from([("version".into(), "1.2.3".into()), ("empty".into(), String::new())]),
         )]),
+        commit: CommitContext {
+            sha: "0123456789abcdef0123456789abcdef01234567".into(),
+            title: "Fix the build".into(),
+            author: "Ada Lovelace <ada@example.com>".into(),
+        },
     };
     match name {
         "ok" => base,
@@ -34,6 +39,7 @@ fn ctx(name: &str) -> ConditionContext {
             branch: None,
             inputs: BTreeMap::new(),
             needs_outputs: BTreeMap::new(),
+            commit: CommitContext::default(),
             ..base
         },
         "root" => ConditionContext { needs_results: vec![], ..base },
@@ -88,6 +94,13 @@ fn truth_table() {
         ("needs.build.v2.outputs.empty",                [false, false, false, false, false, false, false]),
         ("needs.build.v2.outputs.missing == null",      [true,  false, false, false, true,  true,  true ]),
         ("always() && !needs.ghost.outputs.version",    [true,  true,  true,  true,  true,  true,  true ]),
+        // `commit.*` (the pr context was accepted without commit data: null).
+        ("commit.short_sha == '0123456'",               [true,  false, false, false, true,  false, true ]),
+        ("commit.sha == '0123456789abcdef0123456789abcdef01234567'",
+                                                        [true,  false, false, false, true,  false, true ]),
+        ("startsWith(commit.title, 'Fix')",             [true,  false, false, false, true,  false, true ]),
+        ("contains(commit.author, '<ada@example.com>')",[true,  false, false, false, true,  false, true ]),
+        ("commit.title == null",                        [false, false, false, false, false, true,  false]),
     ];
     let mut failures = Vec::new();
     for (expr, expected) in table {
@@ -200,6 +213,7 @@ fn any_ctx() -> impl Strategy<Value = ConditionContext> {
             quorum,
             input_kinds: BTreeMap::new(),
             needs_outputs: BTreeMap::new(),
+            commit: CommitContext::default(),
         })
 }
 

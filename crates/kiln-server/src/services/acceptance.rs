@@ -71,6 +71,20 @@ pub(crate) struct Frozen {
 pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen> {
     let Freeze { kind, trust, repo, workflow_path: path, mut workflow, mut inputs, mut image_digests, .. } = f;
     let trust = kiln_core::trust::decide(trust);
+    // `commit.*` of the run's expressions: read from the mirror (which
+    // holds the commit: its workflow was just read there) and frozen with
+    // the run. A commit whose metadata cannot be read leaves them null.
+    let commit = match state.mirrors.commit_info(&repo.id, &f.commit_sha).await {
+        Ok(info) => kiln_workflow::CommitContext {
+            sha: f.commit_sha.clone(),
+            title: info.message.lines().next().unwrap_or_default().to_string(),
+            author: info.author_name,
+        },
+        Err(e) => {
+            tracing::warn!(repo = %repo.name, commit = %f.commit_sha, error = %e, "cannot read the commit's message and author; `commit.title` and `commit.author` are null");
+            kiln_workflow::CommitContext { sha: f.commit_sha.clone(), ..Default::default() }
+        }
+    };
     let mut concurrency = None;
     for check in Check::ORDER {
         if !applies(kind, check) {
@@ -99,10 +113,10 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
             Check::Secrets if trust == Trust::Trusted => check_secrets(state, repo, &workflow, &path).await?,
             Check::Secrets => {}
             Check::Concurrency => {
-                concurrency =
-                    run_concurrency(&workflow, &f.event, f.git_ref.as_deref(), &inputs).map_err(ApiErr::invalid)?;
+                concurrency = run_concurrency(&workflow, &f.event, f.git_ref.as_deref(), &inputs, &commit)
+                    .map_err(ApiErr::invalid)?;
             }
-            Check::Render => render_accepted(&mut workflow, &f.event, f.git_ref.as_deref(), &inputs)
+            Check::Render => render_accepted(&mut workflow, &f.event, f.git_ref.as_deref(), &inputs, &commit)
                 .map_err(|e| ApiErr::invalid(format!("{path}: {e}")))?,
             Check::Limits => {
                 limits::job_timeouts(&mut workflow, state.config.job_timeout, state.config.max_job_timeout)
@@ -143,6 +157,8 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
             report_context: f.report_context,
             pin_succeeded: f.pin_succeeded,
             traceparent: None,
+            commit_title: Some(commit.title).filter(|t| !t.is_empty()),
+            commit_author: Some(commit.author).filter(|a| !a.is_empty()),
         },
         f.trace,
     )
@@ -512,8 +528,9 @@ pub(crate) fn render_accepted(
     event: &str,
     git_ref: Option<&str>,
     inputs: &BTreeMap<String, String>,
+    commit: &kiln_workflow::CommitContext,
 ) -> Result<(), String> {
-    let ctx = wf.expr_context(event, git_ref, inputs);
+    let ctx = kiln_workflow::ConditionContext { commit: commit.clone(), ..wf.expr_context(event, git_ref, inputs) };
     wf.render_accepted(&ctx)
 }
 
@@ -523,10 +540,12 @@ pub(crate) fn run_concurrency(
     event: &str,
     git_ref: Option<&str>,
     inputs: &BTreeMap<String, String>,
+    commit: &kiln_workflow::CommitContext,
 ) -> Result<Option<RunConcurrency>, String> {
     let Some(c) = &wf.concurrency else { return Ok(None) };
     let branch = git_ref.map(|r| r.strip_prefix("refs/heads/").unwrap_or(r).to_string());
-    let ctx = kiln_workflow::ConditionContext { branch, ..wf.expr_context(event, git_ref, inputs) };
+    let ctx =
+        kiln_workflow::ConditionContext { branch, commit: commit.clone(), ..wf.expr_context(event, git_ref, inputs) };
     let group = kiln_workflow::render_group(&c.group, &ctx).map_err(|e| format!("concurrency group: {e}"))?;
     Ok(Some(RunConcurrency { group, cancel_in_progress: c.cancel_in_progress }))
 }

@@ -22,6 +22,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
     // outputs bound by the completions of the jobs it needs (§9).
     let ctx = ConditionContext {
         needs_outputs: outputs,
+        commit: c.run.commit_context(),
         ..c.run.definition.expr_context(&c.run.event, c.run.git_ref.as_deref(), &c.run.inputs)
     };
     let mut env: BTreeMap<String, String> = def.env.iter().map(|(k, v)| (k.clone(), text(v, &ctx))).collect();

@@ -22,8 +22,9 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
     static RUN: Sql = Sql::new(|_| {
         format!(
             "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
-             definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at, traceparent) \
-             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15)",
+             definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at, traceparent, \
+             commit_title, commit_author) \
+             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15, $16, $17)",
             queued = lit(RunStatus::Queued)
         )
     });
@@ -73,6 +74,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&run.actor)
                     .bind(run.workflow.timeout_secs.map(|t| now.saturating_add((t as i64).saturating_mul(1000))))
                     .bind(&run.traceparent)
+                    .bind(&run.commit_title)
+                    .bind(&run.commit_author)
                     .execute()
                     .await?;
                 let pinned = match (&run.parent_run_id, run.pin_succeeded) {

@@ -265,6 +265,7 @@ impl RunConditions<'_> {
             run_cancelled: false,
             quorum,
             needs_outputs: self.1.clone(),
+            commit: run.commit_context(),
         }
     }
 }

@@ -27,6 +27,12 @@ pub async fn accept_run_freezes_definition_and_readies_roots<S: Store + 'static>
     assert_eq!(r.definition, wf, "the frozen definition is stored as accepted");
     assert_eq!(r.workflow_hash, wf.canonical_hash());
     assert_eq!(r.commit_sha, req.commit_sha);
+    // The commit's title and author are frozen with the run (`commit.*`).
+    let commit = r.commit_context();
+    assert_eq!(
+        (commit.sha.as_str(), commit.title.as_str(), commit.author.as_str()),
+        (req.commit_sha.as_str(), "Fix the build", "Ada Lovelace")
+    );
     assert_eq!(r.git_ref, req.git_ref);
     assert_eq!(r.workflow_path, req.workflow_path);
     assert_eq!(r.event, req.event);

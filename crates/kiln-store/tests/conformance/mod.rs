@@ -298,6 +298,8 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         report_context: None,
         pin_succeeded: false,
         traceparent: None,
+        commit_title: Some("Fix the build".into()),
+        commit_author: Some("Ada Lovelace".into()),
     }
 }
 

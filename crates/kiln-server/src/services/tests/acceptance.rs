@@ -120,10 +120,14 @@ fn the_concurrency_group_is_rendered_for_the_trigger() {
         "version: 1\nconcurrency:\n  group: deploy-${{ branch }}\n  cancel-in-progress: true\njobs:\n  - name: a\n    steps:\n      - echo\n",
     )
     .unwrap();
-    let c = acceptance::run_concurrency(&wf, "push", Some("refs/heads/main"), &Default::default()).unwrap().unwrap();
+    let c = acceptance::run_concurrency(&wf, "push", Some("refs/heads/main"), &Default::default(), &Default::default())
+        .unwrap()
+        .unwrap();
     assert_eq!((c.group.as_str(), c.cancel_in_progress), ("deploy-main", true));
     let plain = kiln_workflow::parse(&workflow(&["a"])).unwrap();
-    assert!(acceptance::run_concurrency(&plain, "push", None, &Default::default()).unwrap().is_none());
+    assert!(
+        acceptance::run_concurrency(&plain, "push", None, &Default::default(), &Default::default()).unwrap().is_none()
+    );
 }
 
 fn git_in(dir: &std::path::Path, args: &[&str]) -> String {

@@ -104,6 +104,8 @@ async fn an_untrusted_run_gets_no_secrets() {
             report_context: None,
             pin_succeeded: false,
             traceparent: None,
+            commit_title: None,
+            commit_author: None,
         })
         .await
         .unwrap();
