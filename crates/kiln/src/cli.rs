@@ -934,6 +934,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub repo: String,
     /// Commit SHA or ref (branch, tag, HEAD); resolved once, at acceptance.
+    /// HEAD is the branch the repository's HEAD points to: the run's ref is
+    /// `refs/heads/BRANCH`, as with `--commit BRANCH`.
     #[arg(long, default_value = "HEAD")]
     pub commit: String,
     /// Workflow file inside the repository.
@@ -967,7 +969,8 @@ pub struct RunsArgs {
     /// Only runs with this status.
     #[arg(long, value_parser = ["queued", "running", "cancelling", "success", "failed", "cancelled"])]
     pub status: Option<String>,
-    /// Only runs of this branch (the ref they were started for: BRANCH or refs/heads/BRANCH).
+    /// Only runs of this branch, however they were started (`--commit HEAD`,
+    /// `--commit BRANCH`, a push): BRANCH or refs/heads/BRANCH.
     #[arg(long)]
     pub branch: Option<String>,
     /// How many runs at most (1-500).

@@ -438,8 +438,10 @@ fn runs_are_listed_and_found_by_a_unique_prefix() {
     assert_eq!(ids(&["runs", "--json"]), [failed.clone(), on_head.clone(), on_main.clone()], "newest first");
     assert_eq!(ids(&["runs", "--json", "--repo", "good"]), [on_head.clone(), on_main.clone()]);
     assert_eq!(ids(&["runs", "--json", "--status", "failed"]), std::slice::from_ref(&failed));
-    assert_eq!(ids(&["runs", "--json", "--branch", "main"]), std::slice::from_ref(&on_main));
-    assert_eq!(ids(&["runs", "--json", "--repo", "good", "--branch", "main"]), std::slice::from_ref(&on_main));
+    // HEAD is main (issue 41, item 8): every run is on the branch.
+    assert_eq!(ids(&["runs", "--json", "--branch", "main"]), [failed.clone(), on_head.clone(), on_main.clone()]);
+    assert_eq!(ids(&["runs", "--json", "--repo", "good", "--branch", "main"]), [on_head.clone(), on_main.clone()]);
+    assert!(ids(&["runs", "--json", "--branch", "other"]).is_empty());
     assert_eq!(ids(&["runs", "--json", "--limit", "1"]), std::slice::from_ref(&failed));
     let out = kiln(&up, &["runs", "--status", "nonsense"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -477,6 +479,46 @@ fn runs_are_listed_and_found_by_a_unique_prefix() {
     assert!(err.contains("is ambiguous") && err.contains(&a) && err.contains(&b), "{err}");
     let out = kiln(&up, &["status", "ffffffff"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+}
+
+/// One name per branch (issue 41, item 8): a run started at the default
+/// `--commit HEAD`, with `--commit main` and with `--commit
+/// refs/heads/main` all carry `refs/heads/main`, and `kiln runs --branch
+/// main` (or `--branch refs/heads/main`) lists the three; a run started at
+/// a SHA names no branch.
+#[test]
+fn runs_started_any_way_on_a_branch_carry_one_name() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = repo_with("  - name: ok\n    steps:\n      - echo ok\n");
+    add_repo(&up, "named", &repo);
+    let by = |commit: Option<&str>| {
+        let mut args = vec!["run", "--repo", "named"];
+        args.extend(commit.map(|c| ["--commit", c]).into_iter().flatten());
+        let out = kiln(&up, &args);
+        assert!(out.status.success(), "{}", text(&out));
+        stdout(&out).trim().to_string()
+    };
+    let head = by(None);
+    let short = by(Some("main"));
+    let full = by(Some("refs/heads/main"));
+    let sha = repo.head().unwrap();
+    let at_sha = by(Some(&sha));
+    let listed = |branch: &str| -> Vec<(String, serde_json::Value)> {
+        let out = kiln(&up, &["runs", "--json", "--branch", branch]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().unwrap().iter().map(|r| (r["id"].as_str().unwrap().to_string(), r["ref"].clone())).collect()
+    };
+    let main = serde_json::json!("refs/heads/main");
+    let want = vec![(full.clone(), main.clone()), (short.clone(), main.clone()), (head.clone(), main.clone())];
+    assert_eq!(listed("main"), want);
+    assert_eq!(listed("refs/heads/main"), want);
+    let out = kiln(&up, &["status", &at_sha, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ref"], serde_json::Value::Null, "a SHA names no branch: {v}");
+    for r in [&head, &short, &full, &at_sha] {
+        let _ = kiln(&up, &["wait", r]);
+    }
 }
 
 /// Help and flags: durations and sizes in one syntax, `kiln up` takes the
