@@ -104,6 +104,7 @@ fn run() -> Run {
                     ..Default::default()
                 }),
                 message: None,
+                waiting: None,
                 started_at_ms: Some(1_764_590_000_100),
                 finished_at_ms: Some(1_764_590_031_000),
                 outputs: BTreeMap::from([("version".into(), "1.2.3".into())]),
@@ -133,6 +134,7 @@ fn run() -> Run {
                 artifacts: vec![],
                 cache: None,
                 message: None,
+                waiting: None,
                 started_at_ms: Some(1_764_590_031_100),
                 finished_at_ms: None,
                 outputs: BTreeMap::new(),

@@ -148,6 +148,9 @@ pub struct RunRecord {
     pub finished_at: Option<i64>,
     /// The W3C traceparent made at acceptance (absent for older runs).
     pub traceparent: Option<String>,
+    /// Waiting for its run-level concurrency group (its `message` says
+    /// which): no job of it becomes ready.
+    pub held: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -174,6 +177,9 @@ pub struct JobRecord {
     pub cancel_requested: bool,
     /// The live attempt's cache report (JSON), if any.
     pub cache_result: Option<String>,
+    /// Pending until its job-level concurrency group frees up (its
+    /// `message` says which).
+    pub group_waiting: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -297,6 +297,66 @@ fn a_job_no_agent_can_take_says_why_and_agents_are_listed() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
 }
 
+/// Issue 41, item 3: a job whose `runs-on` no agent has is accepted with a
+/// warning (agents may come later), and `kiln run --follow` says what it
+/// waits for, naming the labels the agents have — once, not per poll —
+/// instead of waiting in silence; cancelling ends the follow.
+#[test]
+fn run_follow_says_why_a_job_waits_and_acceptance_warns() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = repo_with("  - name: build\n    runs-on: ubuntu-latest\n    steps:\n      - echo never\n");
+    add_repo(&up, "gha", &repo);
+    // The acceptance warning compares with the agents registered.
+    poll(&up, &["agents", "ls", "--json"], |s| s.contains("\"local-1\""));
+    let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+
+    let mut child =
+        up.cli().args(["run", "--repo", "gha", "--follow"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let waiting = format!(
+        "── build: waiting: no connected agent has labels {{os: ubuntu-latest}}; agents: local-1 {{arch: {arch}, os: {os}}}"
+    );
+    let mut seen: Vec<String> = vec![];
+    let found = kiln_testkit::wait_for(std::time::Duration::from_secs(60), || {
+        while let Ok(line) = rx.try_recv() {
+            seen.push(line);
+        }
+        seen.iter().any(|l| *l == waiting).then_some(())
+    });
+    assert!(found.is_some(), "no waiting reason in:\n{}", seen.join("\n"));
+    let warning = format!(
+        "warning: job `build` needs an agent with labels {{os: ubuntu-latest}}, and no registered agent has them \
+         (registered agents have: {{arch: {arch}, os: {os}}} (local-1)); the run waits until one connects (`kiln \
+         agent --labels os=ubuntu-latest`), or change `runs-on`"
+    );
+    assert_eq!(seen.first(), Some(&warning), "the warning comes first:\n{}", seen.join("\n"));
+    let run = seen
+        .iter()
+        .find_map(|l| l.strip_prefix("run ").and_then(|r| r.strip_suffix(" accepted")))
+        .unwrap_or_else(|| panic!("{seen:?}"))
+        .to_string();
+
+    // The API and `kiln status` say it too.
+    let v: serde_json::Value = serde_json::from_slice(&kiln(&up, &["status", &run, "--json"]).stdout).unwrap();
+    assert_eq!(v["jobs"][0]["status"], "ready");
+    assert_eq!(v["jobs"][0]["waiting"].as_str(), waiting.strip_prefix("── build: "));
+
+    let out = kiln(&up, &["cancel", &run]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(rx.try_iter());
+    assert_eq!(status.code(), Some(1), "a cancelled run is no success:\n{}", seen.join("\n"));
+    assert_eq!(seen.iter().filter(|l| **l == waiting).count(), 1, "one line per change:\n{}", seen.join("\n"));
+    assert!(seen.iter().any(|l| l.starts_with(&format!("run {run} cancelled"))), "{}", seen.join("\n"));
+}
+
 /// `kiln top --once`: a running job with its agent and phase, a job no
 /// agent can take under its `runs-on` label set in the queue, the agents'
 /// slots; `--json` is the API's overview; only an admin token reads it; a

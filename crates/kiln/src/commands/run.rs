@@ -21,6 +21,7 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
         event: None,
     };
     let resp = c.submit_run(&a.repo, &body, a.idempotency_key.as_deref()).await?;
+    print_warnings(&resp.warnings);
     let url = ui_url(c.base_url(), &resp.run_id);
     if !a.follow {
         // Standard output is the run id alone (scripts read it); the page is for people.
@@ -34,6 +35,14 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
         return Ok(exit::OK);
     }
     follow_accepted(&c, &resp.run_id, &url, a.json, a.timestamps).await
+}
+
+/// What the server accepted the run despite (a job whose `runs-on` labels
+/// no registered agent has), on stderr.
+pub(super) fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("{}", crate::term::for_stderr(&format!("warning: {w}")));
+    }
 }
 
 /// `--follow` of a run just accepted (`kiln run`, `kiln retry`): its logs
