@@ -99,12 +99,15 @@ pub fn for_agent(
     }
     let each: Vec<String> = allowed
         .iter()
-        .map(|a| if a.draining { format!("{} draining", a.name) } else { format!("{} {}/{} jobs", a.name, a.running, a.max_jobs) })
+        .map(|a| {
+            if a.draining {
+                format!("{} draining", a.name)
+            } else {
+                format!("{} {}/{} jobs", a.name, a.running, a.max_jobs)
+            }
+        })
         .collect();
-    Some(AgentWait::Busy(format!(
-        "waiting: every agent that can run it is busy ({})",
-        each.join(", ")
-    )))
+    Some(AgentWait::Busy(format!("waiting: every agent that can run it is busy ({})", each.join(", "))))
 }
 
 /// What a `pending` job waits for, the first that holds: its run's
@@ -295,7 +298,10 @@ mod tests {
             agent("mac-1", &other),
         ];
         let w = for_agent(&want, &trusted(), &UntrustedPolicy::default(), &agents).unwrap();
-        assert_eq!(w, AgentWait::Busy("waiting: every agent that can run it is busy (a1 1/1 jobs, a2 draining)".into()));
+        assert_eq!(
+            w,
+            AgentWait::Busy("waiting: every agent that can run it is busy (a1 1/1 jobs, a2 draining)".into())
+        );
         // One with room: no wait to speak of.
         let agents = [AgentSeen { running: 1, max_jobs: 2, ..agent("a1", &l) }];
         assert_eq!(for_agent(&want, &trusted(), &UntrustedPolicy::default(), &agents), None);

@@ -362,11 +362,9 @@ impl Mirrors {
             }
         }
         let sha = self.resolve(repo_id, remote, "HEAD").await?;
-        let out = git(
-            &self.dir(repo_id),
-            &["for-each-ref", "--format=%(refname)", "--points-at", &sha, "--", "refs/heads/"],
-        )
-        .await?;
+        let out =
+            git(&self.dir(repo_id), &["for-each-ref", "--format=%(refname)", "--points-at", &sha, "--", "refs/heads/"])
+                .await?;
         let listed = String::from_utf8_lossy(&out.stdout).into_owned();
         let branches: Vec<&str> = listed.lines().filter(|l| !l.is_empty()).collect();
         let git_ref = match branches.as_slice() {

@@ -947,7 +947,8 @@ pub struct RunArgs {
     /// Idempotency key: resubmitting with the same key returns the same run.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-    /// Stream logs until the run finishes; exit 0 only if it succeeded.
+    /// Stream logs until the run finishes; exit 0 only if it succeeded. While a job
+    /// has not started, say on stderr what it waits for (a line each time that changes).
     #[arg(long)]
     pub follow: bool,
     /// Print the run as JSON (with --follow: the final run object).
@@ -1017,7 +1018,8 @@ pub struct LogsArgs {
     /// Only this job (name or id).
     pub job: Option<String>,
     /// Keep streaming until the jobs finish, then exit with the result: 0 if
-    /// the run (or JOB) succeeded, 1 if it failed or was cancelled.
+    /// the run (or JOB) succeeded, 1 if it failed or was cancelled. While a job
+    /// has not started, say on stderr what it waits for (a line each time that changes).
     #[arg(long, short)]
     pub follow: bool,
     /// Prefix each line with the time the server received it (RFC 3339 in UTC, millisecond

@@ -310,8 +310,13 @@ fn run_follow_says_why_a_job_waits_and_acceptance_warns() {
     poll(&up, &["agents", "ls", "--json"], |s| s.contains("\"local-1\""));
     let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
 
-    let mut child =
-        up.cli().args(["run", "--repo", "gha", "--follow"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = up
+        .cli()
+        .args(["run", "--repo", "gha", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let err = BufReader::new(child.stderr.take().unwrap());
     let reader = std::thread::spawn(move || {
@@ -327,7 +332,7 @@ fn run_follow_says_why_a_job_waits_and_acceptance_warns() {
         while let Ok(line) = rx.try_recv() {
             seen.push(line);
         }
-        seen.iter().any(|l| *l == waiting).then_some(())
+        seen.contains(&waiting).then_some(())
     });
     assert!(found.is_some(), "no waiting reason in:\n{}", seen.join("\n"));
     let warning = format!(
