@@ -268,6 +268,12 @@ pub struct RetryRun {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubmitRunResponse {
     pub run_id: String,
+    /// What the run was accepted despite (issue 41, item 3): e.g. a job
+    /// whose `runs-on` labels no registered agent has (it waits until one
+    /// registers). Empty when there is nothing to say; absent from older
+    /// servers.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -366,6 +372,15 @@ pub struct Job {
     pub cache: Option<CacheInfo>,
     #[serde(default)]
     pub message: Option<String>,
+    /// Why the job has not started, while it is `pending` or `ready`
+    /// (issue 41, item 3): `waiting: no connected agent has labels …`,
+    /// `waiting for needs: build (running)`, `waiting for concurrency group
+    /// …`, `waiting: every agent that can run it is busy (…)`, placement
+    /// (`waiting for an agent that takes untrusted work …`). Decided when
+    /// read, against the agents connected now; absent when nothing holds it
+    /// (an agent is about to claim it) and once it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
     pub started_at_ms: Option<i64>,
     pub finished_at_ms: Option<i64>,
     /// The outputs the job bound (`outputs:` written to `$KILN_OUTPUT`),

@@ -104,6 +104,7 @@ fn run() -> Run {
                     ..Default::default()
                 }),
                 message: None,
+                waiting: None,
                 started_at_ms: Some(1_764_590_000_100),
                 finished_at_ms: Some(1_764_590_031_000),
                 outputs: BTreeMap::from([("version".into(), "1.2.3".into())]),
@@ -133,6 +134,7 @@ fn run() -> Run {
                 artifacts: vec![],
                 cache: None,
                 message: None,
+                waiting: None,
                 started_at_ms: Some(1_764_590_031_100),
                 finished_at_ms: None,
                 outputs: BTreeMap::new(),
@@ -185,6 +187,32 @@ fn run_summary_list() {
 #[test]
 fn job() {
     insta::assert_json_snapshot!("job", run().jobs.remove(0));
+}
+
+/// Issue 41, item 3: a job not started says why (`waiting`); a submission's
+/// 202 carries what it was accepted despite (`warnings`).
+#[test]
+fn a_waiting_job_and_acceptance_warnings() {
+    let mut waiting = run().jobs.remove(1);
+    waiting.status = JobStatus::Ready;
+    waiting.current_epoch = 0;
+    waiting.attempts = vec![];
+    waiting.started_at_ms = None;
+    waiting.waiting =
+        Some("waiting: no connected agent has labels {os: ubuntu-latest}; agents: local-1 {os: linux}".into());
+    insta::assert_json_snapshot!("waiting_job", waiting);
+    let accepted = SubmitRunResponse {
+        run_id: "run-0192".into(),
+        warnings: vec![
+            "job `build` needs an agent with labels {os: ubuntu-latest}, and no registered agent has them \
+                        (registered agents have: {os: linux} (local-1)); the run waits until one connects (`kiln \
+                        agent --labels os=ubuntu-latest`), or change `runs-on`"
+                .into(),
+        ],
+    };
+    insta::assert_json_snapshot!("submit_response", accepted);
+    let older: SubmitRunResponse = serde_json::from_str(r#"{"run_id": "run-0192"}"#).unwrap();
+    assert!(older.warnings.is_empty(), "an older server's 202 has no warnings");
 }
 
 #[test]

@@ -12,6 +12,7 @@
 //! | retry budget, backoff, fail-fast (§8) | [`failure`], [`backoff`] |
 //! | live epoch, heartbeat, fencing (§8) | [`lease`] |
 //! | claim eligibility (§7) | [`claim`] |
+//! | why a job has not started, in words (invariant 12) | [`waiting`] |
 //! | cancellation (§9) | [`cancel`] |
 //! | completion and its ordering with cancellation (§9) | [`complete`] |
 //! | which jobs a retry of the failed jobs pins (§9, retry from job) | [`retry`] |
@@ -40,6 +41,7 @@ pub mod run;
 #[cfg(test)]
 mod test_lang;
 pub mod trust;
+pub mod waiting;
 
 pub use attempt::AttemptOutcome;
 pub use backoff::Backoff;

@@ -115,6 +115,36 @@ pub async fn probe(remote: &Remote) -> Result<(), GitError> {
     Ok(())
 }
 
+/// The branch the remote's HEAD is a symbolic ref to (`refs/heads/NAME`),
+/// or None when it is detached, the remote does not say, or cannot be
+/// asked (the fetch that follows reports an unreachable remote).
+async fn remote_head_branch(remote: &Remote) -> Option<String> {
+    remote.check().ok()?;
+    let out = Command::new("git")
+        .args(["ls-remote", "--symref", "--", &normalize_url(&remote.url), "HEAD"])
+        .current_dir(std::env::temp_dir())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
+        .envs(remote.env())
+        .env_remove("GIT_DIR")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PROBE_TIMEOUT, out).await.ok()?.ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    symref_of_head(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// `ref: refs/heads/main<TAB>HEAD` in `git ls-remote --symref` output.
+fn symref_of_head(listing: &str) -> Option<String> {
+    listing.lines().find_map(|l| {
+        let (target, name) = l.strip_prefix("ref: ")?.split_once('\t')?;
+        (name == "HEAD" && target.starts_with("refs/heads/")).then(|| target.to_string())
+    })
+}
+
 /// What git said, with any URL credential in it redacted.
 fn stderr_of(out: &std::process::Output) -> String {
     kiln_api::giturl::redact(String::from_utf8_lossy(&out.stderr).trim())
@@ -273,7 +303,7 @@ impl Mirrors {
 
     /// Resolve what an API caller named to a commit and the full ref it
     /// names (issue 39): a full SHA is itself (no ref); `HEAD` is the
-    /// remote's HEAD; a full ref (`refs/...`) is that ref; a short name is the
+    /// branch the remote's HEAD points to (see [`Self::resolve_head`]); a full ref (`refs/...`) is that ref; a short name is the
     /// branch `refs/heads/NAME` if there is one, else the tag `refs/tags/NAME`
     /// — never a tag that shadows a branch, as git's own lookup order would
     /// — else an abbreviated commit id (no ref). Anything else is unknown.
@@ -287,7 +317,10 @@ impl Mirrors {
         if is_full_sha(rev) || (hex && rev.len() == 64) {
             return Ok((self.resolve(repo_id, remote, rev).await?, None));
         }
-        if rev == "HEAD" || rev.starts_with("refs/") {
+        if rev == "HEAD" {
+            return self.resolve_head(repo_id, remote).await;
+        }
+        if rev.starts_with("refs/") {
             return Ok((self.resolve(repo_id, remote, rev).await?, Some(rev.to_string())));
         }
         let branch = format!("refs/heads/{rev}");
@@ -310,6 +343,35 @@ impl Mirrors {
             }
         }
         Err(GitError::UnknownRevision(rev.to_string()))
+    }
+
+    /// `HEAD` as the branch it stands for (issue 41, item 8: one name per
+    /// branch): the branch the remote's HEAD points to (`git ls-remote
+    /// --symref`), so a run started at HEAD carries `refs/heads/main` as a
+    /// run started with `main` does, and branch filters, `on:` filters and
+    /// concurrency groups see one name. A remote that does not say (its
+    /// HEAD detached, or a transport without symrefs) gets the one branch
+    /// at HEAD's commit, else the ref stays `HEAD`.
+    pub async fn resolve_head(&self, repo_id: &str, remote: &Remote) -> Result<(String, Option<String>), GitError> {
+        if let Some(branch) = remote_head_branch(remote).await {
+            match self.resolve(repo_id, remote, &branch).await {
+                Ok(sha) => return Ok((sha, Some(branch))),
+                // HEAD names a branch with no commit yet: as if it did not say.
+                Err(GitError::UnknownRevision(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let sha = self.resolve(repo_id, remote, "HEAD").await?;
+        let out =
+            git(&self.dir(repo_id), &["for-each-ref", "--format=%(refname)", "--points-at", &sha, "--", "refs/heads/"])
+                .await?;
+        let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        let branches: Vec<&str> = listed.lines().filter(|l| !l.is_empty()).collect();
+        let git_ref = match branches.as_slice() {
+            [one] if out.status.success() => one.to_string(),
+            _ => "HEAD".to_string(),
+        };
+        Ok((sha, Some(git_ref)))
     }
 
     /// Fetch one ref (a pull request's head, which a fork's commit is only
@@ -632,6 +694,51 @@ mod tests {
             assert!(matches!(e, GitError::Fetch { .. }), "{url}: {e}");
         }
         assert!(!marker.exists(), "no command ran");
+    }
+
+    /// `HEAD` resolves to the branch the remote's HEAD points to (issue 41,
+    /// item 8), even when another branch is at the same commit; a branch
+    /// by short or full name is that branch; a full SHA names no branch; a
+    /// detached HEAD is the one branch at its commit, else stays `HEAD`.
+    #[tokio::test]
+    async fn head_resolves_to_the_branch_it_points_to() {
+        let tmp = tempfile::tempdir().unwrap();
+        let origin = tmp.path().join("origin");
+        std::fs::create_dir_all(&origin).unwrap();
+        sh(
+            &origin,
+            "git init -q -b main && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m one \
+             && git branch feature && git rev-parse HEAD > ../sha",
+        );
+        let sha = std::fs::read_to_string(tmp.path().join("sha")).unwrap().trim().to_string();
+        let m = Mirrors::new(tmp.path().join("mirrors"));
+        let remote = Remote::new(&origin.display().to_string(), None);
+        let named = async |rev: &str| m.resolve_named("r", &remote, rev).await.unwrap();
+        let main = (sha.clone(), Some("refs/heads/main".to_string()));
+        assert_eq!(named("HEAD").await, main, "HEAD is main, not `feature` at the same commit");
+        assert_eq!(named("main").await, main);
+        assert_eq!(named("refs/heads/main").await, main);
+        assert_eq!(named(&sha).await, (sha.clone(), None), "a SHA names no branch");
+
+        sh(&origin, "git symbolic-ref HEAD refs/heads/feature");
+        assert_eq!(named("HEAD").await, (sha.clone(), Some("refs/heads/feature".into())));
+
+        // Detached: two branches at its commit, then a commit no branch has,
+        // then one branch there.
+        sh(&origin, "git checkout -q --detach main");
+        assert_eq!(named("HEAD").await, (sha.clone(), Some("HEAD".into())));
+        sh(&origin, "git -c user.name=t -c user.email=t@t commit -q --allow-empty -m two");
+        assert_eq!(named("HEAD").await.1.as_deref(), Some("HEAD"));
+        sh(&origin, "git branch only");
+        assert_eq!(named("HEAD").await.1.as_deref(), Some("refs/heads/only"));
+    }
+
+    #[test]
+    fn the_symref_of_head_is_read_from_ls_remote() {
+        let listing = "ref: refs/heads/trunk\tHEAD\n0123456789012345678901234567890123456789\tHEAD\n";
+        assert_eq!(symref_of_head(listing).as_deref(), Some("refs/heads/trunk"));
+        assert_eq!(symref_of_head("0123456789012345678901234567890123456789\tHEAD\n"), None, "detached");
+        assert_eq!(symref_of_head(""), None);
     }
 
     /// Two server processes sharing a data directory (replicas on one box)

@@ -69,6 +69,7 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                     .collect(),
                 cache: j.job.cache_result.as_deref().and_then(|t| serde_json::from_str(t).ok()),
                 message: j.job.message.clone(),
+                waiting: None,
                 started_at_ms: j.job.started_at,
                 finished_at_ms: j.job.finished_at,
                 outputs: Default::default(),

@@ -156,6 +156,9 @@ pub struct RunRecord {
     /// older runs): `commit.title` and `commit.author` in expressions.
     pub commit_title: Option<String>,
     pub commit_author: Option<String>,
+    /// Waiting for its run-level concurrency group (its `message` says
+    /// which): no job of it becomes ready.
+    pub held: bool,
 }
 
 impl RunRecord {
@@ -193,6 +196,9 @@ pub struct JobRecord {
     pub cancel_requested: bool,
     /// The live attempt's cache report (JSON), if any.
     pub cache_result: Option<String>,
+    /// Pending until its job-level concurrency group frees up (its
+    /// `message` says which).
+    pub group_waiting: bool,
 }
 
 #[derive(Debug, Clone)]

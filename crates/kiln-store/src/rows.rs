@@ -15,7 +15,7 @@ use kiln_core::failure::FailureClass;
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
     r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.actor, r.parent_run_id, r.cancel_version, \
-    r.message, r.created_at, r.finished_at, r.traceparent, r.commit_title, r.commit_author";
+    r.message, r.created_at, r.finished_at, r.traceparent, r.commit_title, r.commit_author, r.held";
 
 /// A run as listed (no definition, no inputs); tables as in [`RUN_COLS`].
 pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
@@ -23,7 +23,7 @@ pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name,
 
 pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, \
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
-    max_failure_retries, cancel_requested, cache_result, image_agent";
+    max_failure_retries, cancel_requested, cache_result, image_agent, group_waiting";
 
 pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runner, lease_deadline, outcome, exit_code, message, started_at, finished_at, steps, failure_class, \
     released_at, release_evidence, cleanup_error";
@@ -71,6 +71,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
         traceparent: row.get("traceparent")?,
         commit_title: row.get("commit_title")?,
         commit_author: row.get("commit_author")?,
+        held: row.get::<i64>("held")? != 0,
     })
 }
 
@@ -113,6 +114,7 @@ pub(crate) fn job_from_row(row: &Row) -> Result<JobRecord> {
         finished_at: row.get("finished_at")?,
         cancel_requested: row.get::<i64>("cancel_requested")? != 0,
         cache_result: row.get("cache_result")?,
+        group_waiting: row.get::<i64>("group_waiting")? != 0,
     })
 }
 

@@ -956,6 +956,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub repo: String,
     /// Commit SHA or ref (branch, tag, HEAD); resolved once, at acceptance.
+    /// HEAD is the branch the repository's HEAD points to: the run's ref is
+    /// `refs/heads/BRANCH`, as with `--commit BRANCH`.
     #[arg(long, default_value = "HEAD")]
     pub commit: String,
     /// Workflow file inside the repository. Without it: `.kiln/pipeline.yaml` if the commit has
@@ -969,7 +971,8 @@ pub struct RunArgs {
     /// Idempotency key: resubmitting with the same key returns the same run.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-    /// Stream logs until the run finishes; exit 0 only if it succeeded.
+    /// Stream logs until the run finishes; exit 0 only if it succeeded. While a job
+    /// has not started, say on stderr what it waits for (a line each time that changes).
     #[arg(long)]
     pub follow: bool,
     /// Print the run as JSON (with --follow: the final run object).
@@ -1005,7 +1008,8 @@ pub struct RunsArgs {
     /// Only runs with this status.
     #[arg(long, value_parser = ["queued", "running", "cancelling", "success", "failed", "cancelled"])]
     pub status: Option<String>,
-    /// Only runs of this branch (the ref they were started for: BRANCH or refs/heads/BRANCH).
+    /// Only runs of this branch, however they were started (`--commit HEAD`,
+    /// `--commit BRANCH`, a push): BRANCH or refs/heads/BRANCH.
     #[arg(long)]
     pub branch: Option<String>,
     /// How many runs at most (1-500).
@@ -1052,7 +1056,8 @@ pub struct LogsArgs {
     /// Only this job (name or id).
     pub job: Option<String>,
     /// Keep streaming until the jobs finish, then exit with the result: 0 if
-    /// the run (or JOB) succeeded, 1 if it failed or was cancelled.
+    /// the run (or JOB) succeeded, 1 if it failed or was cancelled. While a job
+    /// has not started, say on stderr what it waits for (a line each time that changes).
     #[arg(long, short)]
     pub follow: bool,
     /// Prefix each line with the time the server received it (RFC 3339 in UTC, millisecond

@@ -297,6 +297,71 @@ fn a_job_no_agent_can_take_says_why_and_agents_are_listed() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
 }
 
+/// Issue 41, item 3: a job whose `runs-on` no agent has is accepted with a
+/// warning (agents may come later), and `kiln run --follow` says what it
+/// waits for, naming the labels the agents have — once, not per poll —
+/// instead of waiting in silence; cancelling ends the follow.
+#[test]
+fn run_follow_says_why_a_job_waits_and_acceptance_warns() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = repo_with("  - name: build\n    runs-on: ubuntu-latest\n    steps:\n      - echo never\n");
+    add_repo(&up, "gha", &repo);
+    // The acceptance warning compares with the agents registered.
+    poll(&up, &["agents", "ls", "--json"], |s| s.contains("\"local-1\""));
+    let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+
+    let mut child = up
+        .cli()
+        .args(["run", "--repo", "gha", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let waiting = format!(
+        "── build: waiting: no connected agent has labels {{os: ubuntu-latest}}; agents: local-1 {{arch: {arch}, os: {os}}}"
+    );
+    let mut seen: Vec<String> = vec![];
+    let found = kiln_testkit::wait_for(std::time::Duration::from_secs(60), || {
+        while let Ok(line) = rx.try_recv() {
+            seen.push(line);
+        }
+        seen.contains(&waiting).then_some(())
+    });
+    assert!(found.is_some(), "no waiting reason in:\n{}", seen.join("\n"));
+    let warning = format!(
+        "warning: job `build` needs an agent with labels {{os: ubuntu-latest}}, and no registered agent has them \
+         (registered agents have: {{arch: {arch}, os: {os}}} (local-1)); the run waits until one connects (`kiln \
+         agent --labels os=ubuntu-latest`), or change `runs-on`"
+    );
+    assert_eq!(seen.first(), Some(&warning), "the warning comes first:\n{}", seen.join("\n"));
+    let run = seen
+        .iter()
+        .find_map(|l| l.strip_prefix("run ").and_then(|r| r.strip_suffix(" accepted")))
+        .unwrap_or_else(|| panic!("{seen:?}"))
+        .to_string();
+
+    // The API and `kiln status` say it too.
+    let v: serde_json::Value = serde_json::from_slice(&kiln(&up, &["status", &run, "--json"]).stdout).unwrap();
+    assert_eq!(v["jobs"][0]["status"], "ready");
+    assert_eq!(v["jobs"][0]["waiting"].as_str(), waiting.strip_prefix("── build: "));
+
+    let out = kiln(&up, &["cancel", &run]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(rx.try_iter());
+    assert_eq!(status.code(), Some(1), "a cancelled run is no success:\n{}", seen.join("\n"));
+    assert_eq!(seen.iter().filter(|l| **l == waiting).count(), 1, "one line per change:\n{}", seen.join("\n"));
+    assert!(seen.iter().any(|l| l.starts_with(&format!("run {run} cancelled"))), "{}", seen.join("\n"));
+}
+
 /// `kiln top --once`: a running job with its agent and phase, a job no
 /// agent can take under its `runs-on` label set in the queue, the agents'
 /// slots; `--json` is the API's overview; only an admin token reads it; a
@@ -438,8 +503,10 @@ fn runs_are_listed_and_found_by_a_unique_prefix() {
     assert_eq!(ids(&["runs", "--json"]), [failed.clone(), on_head.clone(), on_main.clone()], "newest first");
     assert_eq!(ids(&["runs", "--json", "--repo", "good"]), [on_head.clone(), on_main.clone()]);
     assert_eq!(ids(&["runs", "--json", "--status", "failed"]), std::slice::from_ref(&failed));
-    assert_eq!(ids(&["runs", "--json", "--branch", "main"]), std::slice::from_ref(&on_main));
-    assert_eq!(ids(&["runs", "--json", "--repo", "good", "--branch", "main"]), std::slice::from_ref(&on_main));
+    // HEAD is main (issue 41, item 8): every run is on the branch.
+    assert_eq!(ids(&["runs", "--json", "--branch", "main"]), [failed.clone(), on_head.clone(), on_main.clone()]);
+    assert_eq!(ids(&["runs", "--json", "--repo", "good", "--branch", "main"]), [on_head.clone(), on_main.clone()]);
+    assert!(ids(&["runs", "--json", "--branch", "other"]).is_empty());
     assert_eq!(ids(&["runs", "--json", "--limit", "1"]), std::slice::from_ref(&failed));
     let out = kiln(&up, &["runs", "--status", "nonsense"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -477,6 +544,46 @@ fn runs_are_listed_and_found_by_a_unique_prefix() {
     assert!(err.contains("is ambiguous") && err.contains(&a) && err.contains(&b), "{err}");
     let out = kiln(&up, &["status", "ffffffff"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+}
+
+/// One name per branch (issue 41, item 8): a run started at the default
+/// `--commit HEAD`, with `--commit main` and with `--commit
+/// refs/heads/main` all carry `refs/heads/main`, and `kiln runs --branch
+/// main` (or `--branch refs/heads/main`) lists the three; a run started at
+/// a SHA names no branch.
+#[test]
+fn runs_started_any_way_on_a_branch_carry_one_name() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = repo_with("  - name: ok\n    steps:\n      - echo ok\n");
+    add_repo(&up, "named", &repo);
+    let by = |commit: Option<&str>| {
+        let mut args = vec!["run", "--repo", "named"];
+        args.extend(commit.map(|c| ["--commit", c]).into_iter().flatten());
+        let out = kiln(&up, &args);
+        assert!(out.status.success(), "{}", text(&out));
+        stdout(&out).trim().to_string()
+    };
+    let head = by(None);
+    let short = by(Some("main"));
+    let full = by(Some("refs/heads/main"));
+    let sha = repo.head().unwrap();
+    let at_sha = by(Some(&sha));
+    let listed = |branch: &str| -> Vec<(String, serde_json::Value)> {
+        let out = kiln(&up, &["runs", "--json", "--branch", branch]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().unwrap().iter().map(|r| (r["id"].as_str().unwrap().to_string(), r["ref"].clone())).collect()
+    };
+    let main = serde_json::json!("refs/heads/main");
+    let want = vec![(full.clone(), main.clone()), (short.clone(), main.clone()), (head.clone(), main.clone())];
+    assert_eq!(listed("main"), want);
+    assert_eq!(listed("refs/heads/main"), want);
+    let out = kiln(&up, &["status", &at_sha, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ref"], serde_json::Value::Null, "a SHA names no branch: {v}");
+    for r in [&head, &short, &full, &at_sha] {
+        let _ = kiln(&up, &["wait", r]);
+    }
 }
 
 /// Help and flags: durations and sizes in one syntax, `kiln up` takes the

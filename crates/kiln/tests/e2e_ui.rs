@@ -343,6 +343,63 @@ jobs:
     c.close().await.unwrap();
 }
 
+/// Issue 41, item 3: a job no agent can take says why on the run page —
+/// in the graph node instead of a bare "ready", and beside the job in the
+/// table, naming the labels the agents have — and a job after it says it
+/// waits for it; the page follows the reason as it changes (cancelled:
+/// the reasons go).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_job_says_why_on_the_run_page_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let wf = "version: 1\njobs:\n  - name: build\n    runs-on: ubuntu-latest\n    steps: [echo never]\n  - name: deploy\n    \
+              steps: [echo never]\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    assert!(up.cli().args(["repo", "add", "gha", "--url"]).arg(repo.path()).status().unwrap().success());
+    let api = Client::new(&up.url, &up.token);
+    let run =
+        api.submit_run("gha", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+    let why = format!(
+        "waiting: no connected agent has labels {{os: ubuntu-latest}}; agents: local-1 {{arch: {arch}, os: {os}}}"
+    );
+    kiln_testkit::until(&api, &run.run_id, 60, "build to say why it waits", |r| {
+        r.jobs[0].waiting.as_deref() == Some(why.as_str())
+    })
+    .await;
+
+    let (_driver, c) = browser(None).await;
+    sign_in(&c, &up.url, &up.token).await;
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    assert!(wait_text(&c, "td .waiting[data-job='build']", &why).await, "the reason beside the job");
+    assert!(wait_text(&c, "td .waiting[data-job='deploy']", "waiting for needs: build (ready)").await);
+    // The graph node says it too, not a bare "ready" (the node's text is
+    // clipped; its title has it all).
+    let node = c
+        .find(Locator::XPath("//*[name()='g' and contains(@class, 'node')][.//*[name()='text' and .='build']]"))
+        .await
+        .unwrap();
+    let sub = node.find(Locator::Css("text.sub")).await.unwrap().text().await.unwrap();
+    assert!(sub.starts_with("waiting: no connected agent"), "{sub}");
+    let title = node.find(Locator::Css("title")).await.unwrap().html(true).await.unwrap();
+    assert!(title.contains(&why), "{title}");
+    shot("run-waiting", &c.screenshot().await.unwrap());
+
+    // The page follows: cancelled, nothing waits any more.
+    api.cancel_run(&run.run_id).await.unwrap();
+    assert!(wait_text(&c, "main", "cancelled").await);
+    for _ in 0..300 {
+        if c.find_all(Locator::Css(".waiting")).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(c.find_all(Locator::Css(".waiting")).await.unwrap().is_empty(), "no reason left once cancelled");
+    c.close().await.unwrap();
+}
+
 /// The run form is made from the workflow's declared inputs (issue 16): a
 /// select for a choice, a checkbox for a boolean, a number field; the values
 /// chosen are what the run is frozen with. The declaration is read with

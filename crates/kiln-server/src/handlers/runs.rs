@@ -36,7 +36,8 @@ pub(crate) async fn submit(
     let trace = Some(api::trace::enter(&span, parent));
     let run_id =
         acceptance::submit(&state, Submission { repo, request, idempotency_key, by, trace }).instrument(span).await?;
-    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id })))
+    let warnings = acceptance::warnings(&state, &run_id).await;
+    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id, warnings })))
 }
 
 /// `GET /v1/repos/{repo}/workflow-runs?status=…&branch=…&limit=…`, newest first.
@@ -121,7 +122,8 @@ pub(crate) async fn retry(
     let failed = req.failed || q.failed.unwrap_or(false);
     let run = runs::resolve_id(&state, &run).await?;
     let run_id = acceptance::retry(&state, &by, &run, failed).await?;
-    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id })))
+    let warnings = acceptance::warnings(&state, &run_id).await;
+    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id, warnings })))
 }
 
 #[derive(serde::Deserialize)]

@@ -234,6 +234,23 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     Ok(frozen.accepted.run_id)
 }
 
+/// What the accepted run `run_id` is accepted despite (issue 41, item 3;
+/// the 202's `warnings`): jobs whose `runs-on` labels no registered agent
+/// has ([`kiln_core::waiting::unmatched_labels`]). They are not refused:
+/// an agent with the labels may register later. Read after acceptance,
+/// from the frozen definition (its labels rendered); a failure to read is
+/// no warning, never a failed submission.
+pub(crate) async fn warnings(state: &AppState, run_id: &str) -> Vec<String> {
+    let (Ok(view), Ok(agents)) = (state.store.get_run(run_id).await, state.store.list_agents().await) else {
+        return vec![];
+    };
+    let jobs: Vec<(&str, &BTreeMap<String, String>)> =
+        view.run.definition.jobs.iter().map(|j| (j.name.as_str(), &j.runs_on)).collect();
+    let registered: Vec<(&str, &BTreeMap<String, String>)> =
+        agents.iter().map(|a| (a.name.as_str(), &a.labels)).collect();
+    kiln_core::waiting::unmatched_labels(&jobs, &registered)
+}
+
 fn accepted_event(req: &api::SubmitRun) -> &str {
     req.event.as_deref().unwrap_or("manual")
 }

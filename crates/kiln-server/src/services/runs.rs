@@ -165,44 +165,98 @@ pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
     Ok(out)
 }
 
-/// A job that is ready but that no connected agent can take says why in its
-/// `message` ("no connected agent has labels {os: ubuntu-latest}; agents:
-/// a1 {os: linux}", or, when agents with its labels are connected but none
-/// may run it (invariant 12), "waiting for an agent that takes untrusted
-/// work (pools: forks, container executor); none connected …"), instead of
-/// staying `ready` in silence. Decided when read, against the agents
-/// connected now.
+/// Every job that has not started says why in `waiting` (issue 41, item
+/// 3; [`kiln_core::waiting`]): a ready job, what keeps the agents from it —
+/// none connected, none with its labels (naming the labels there are),
+/// placement (invariant 12), all busy; a pending job, its run's or its own
+/// concurrency group, the needs not finished, a `max-parallel` slot.
+/// Decided when read, against the agents registered and connected now.
+///
+/// A ready job no agent can take also says it in its `message` ("waiting:
+/// no connected agent has labels {os: ubuntu-latest}; agents: a1 {os:
+/// linux}", or "waiting for an agent that takes untrusted work (pools:
+/// forks, container executor); none connected …"), as it did before
+/// `waiting` existed.
 async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut api::Run) -> ApiResult<()> {
-    let waiting: Vec<usize> = view
-        .jobs
-        .iter()
-        .enumerate()
-        .filter(|(_, j)| j.job.status == kiln_core::JobStatus::Ready)
-        .map(|(i, _)| i)
-        .collect();
-    if waiting.is_empty() {
+    use kiln_core::JobStatus;
+    if view.run.status.is_terminal() || view.run.status == kiln_core::RunStatus::Cancelling {
         return Ok(());
     }
-    let agents: Vec<_> =
-        state.store.list_agents().await?.into_iter().filter(|a| state.live_agents.is_connected(&a.id)).collect();
-    let secret_pools = state.store.get_repo(&view.run.repo_id).await?.secret_pools;
-    for i in waiting {
-        let required: std::collections::BTreeMap<String, String> =
-            serde_json::from_str(&view.jobs[i].job.class_key).unwrap_or_default();
-        let placement = kiln_store::job_placement(&view.run, &view.jobs[i].job, &secret_pools);
-        let why = match unclaimable(&agents, &required) {
-            Some(why) => Some(format!("waiting: {why}")),
-            None => misplaced(&agents, &required, &placement, &state.config.untrusted),
+    let jobs = &view.jobs;
+    if !jobs.iter().any(|j| matches!(j.job.status, JobStatus::Ready | JobStatus::Pending)) {
+        return Ok(());
+    }
+    let registered = state.store.list_agents().await?;
+    let running = state.store.running_per_agent().await?;
+    let seen: Vec<kiln_core::waiting::AgentSeen> = registered
+        .iter()
+        .map(|a| kiln_core::waiting::AgentSeen {
+            name: &a.name,
+            labels: &a.labels,
+            pool: &a.pool,
+            executor: a.executor,
+            connected: state.live_agents.is_connected(&a.id),
+            draining: a.draining,
+            running: running.get(&a.id).copied().unwrap_or(0),
+            max_jobs: a.max_jobs,
+        })
+        .collect();
+    let mut secret_pools = None;
+    // Group keys are scoped by repository (`{repo_id}:{group}`): say the
+    // group as the workflow wrote it.
+    let scope = format!("`{}:", view.run.repo_id);
+    let unscoped = |m: &str| m.replace(&scope, "`");
+    for (i, j) in jobs.iter().enumerate() {
+        let waiting = match j.job.status {
+            JobStatus::Ready => {
+                let required: std::collections::BTreeMap<String, String> =
+                    serde_json::from_str(&j.job.class_key).unwrap_or_default();
+                let pools = match &secret_pools {
+                    Some(p) => p,
+                    None => secret_pools.insert(state.store.get_repo(&view.run.repo_id).await?.secret_pools),
+                };
+                let placement = kiln_store::job_placement(&view.run, &j.job, pools);
+                let why = kiln_core::waiting::for_agent(&required, &placement, &state.config.untrusted, &seen);
+                if let Some(why) = why.as_ref().filter(|w| !matches!(w, kiln_core::waiting::AgentWait::Busy(_)))
+                    && let Some(job) = out.jobs.get_mut(i)
+                {
+                    // A retried job keeps what happened to it ("retrying:
+                    // agent lost …") before what it waits for now.
+                    job.message = Some(match job.message.take() {
+                        Some(before) => format!("{before}; {}", why.text()),
+                        None => why.text().to_string(),
+                    });
+                }
+                why.map(|w| w.text().to_string())
+            }
+            JobStatus::Pending => {
+                let held = view.run.held.then(|| unscoped(view.run.message.as_deref().unwrap_or_default()));
+                let unfinished: Vec<(&str, JobStatus)> = j
+                    .job
+                    .needs
+                    .iter()
+                    .filter_map(|n| jobs.iter().find(|o| o.job.name == *n || o.job.id == *n))
+                    .filter(|o| !o.job.status.is_terminal())
+                    .map(|o| (o.job.name.as_str(), o.job.status))
+                    .collect();
+                let group = j.job.group_waiting.then(|| unscoped(j.job.message.as_deref().unwrap_or_default()));
+                let group = group.filter(|g| g.starts_with("waiting"));
+                if let (Some(g), Some(job)) = (&group, out.jobs.get_mut(i)) {
+                    job.message = Some(g.clone());
+                }
+                let slot = view
+                    .run
+                    .definition
+                    .jobs
+                    .get(usize::try_from(j.job.index).unwrap_or(usize::MAX))
+                    .and_then(|d| d.matrix.as_ref())
+                    .and_then(|m| m.max_parallel.map(|max| (m.group.as_str(), max)));
+                kiln_core::waiting::for_pending(held.as_deref(), &unfinished, group.as_deref(), slot)
+            }
+            _ => None,
         };
-        if let Some(why) = why
-            && let Some(job) = out.jobs.get_mut(i)
-        {
-            // A retried job keeps what happened to it ("retrying: agent
-            // lost …") before what it waits for now.
-            job.message = Some(match job.message.take() {
-                Some(before) => format!("{before}; {why}"),
-                None => why,
-            });
+        if let Some(job) = out.jobs.get_mut(i) {
+            job.waiting = waiting;
         }
     }
     Ok(())
@@ -304,11 +358,7 @@ pub(crate) async fn run_timeout_once(state: &AppState) -> Result<usize, kiln_sto
     Ok(timed_out)
 }
 
-/// `{os: linux, size: large}`.
-fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
-    let kv: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    format!("{{{}}}", kv.join(", "))
-}
+use kiln_core::waiting::labels_text;
 
 /// The commit's page on the forge's web UI.
 pub(crate) fn commit_url(f: &kiln_store::RepoForge, sha: &str) -> Option<String> {

@@ -119,7 +119,12 @@ pub(super) async fn follow_run(
     for (id, name) in jobs {
         let header = format!("── {name} ──\n");
         sink.write(if sink.is_terminal() { crate::term::clean(&header) } else { header }.as_bytes());
-        stream_job(c, &id, sink, true, timestamps).await?;
+        // The log is silent until the job starts: meanwhile, say what it
+        // waits for (issue 41, item 3).
+        tokio::select! {
+            streamed = stream_job(c, &id, sink, true, timestamps) => streamed?,
+            () = watch_waiting(c, run_id, &id, &name) => {}
+        }
         if let Ok(run) = c.get_run(run_id).await
             && let Some(j) = run.jobs.iter().find(|j| j.id == id)
         {
@@ -127,6 +132,35 @@ pub(super) async fn follow_run(
         }
     }
     Ok(())
+}
+
+/// How often [`watch_waiting`] asks while the job waits, and after it
+/// started (a lost attempt puts it back in the queue).
+const WAITING_POLL: Duration = Duration::from_secs(1);
+const STARTED_POLL: Duration = Duration::from_secs(5);
+
+/// While the job has not started, print what it waits for (`── build:
+/// waiting: no connected agent has labels {os: ubuntu-latest}; agents: …`,
+/// the job's `waiting`) on stderr: a line each time that changes, not one
+/// per poll. Never returns by itself (the log stream ends the follow).
+async fn watch_waiting(c: &Client, run_id: &str, job_id: &str, name: &str) {
+    let mut shown: Option<String> = None;
+    let mut every = WAITING_POLL;
+    loop {
+        tokio::time::sleep(every).await;
+        let Ok(run) = c.get_run(run_id).await else { continue };
+        let Some(j) = run.jobs.iter().find(|j| j.id == job_id) else { continue };
+        if j.status.is_terminal() {
+            return std::future::pending().await;
+        }
+        every = if j.waiting.is_some() { WAITING_POLL } else { STARTED_POLL };
+        if j.waiting != shown {
+            if let Some(w) = &j.waiting {
+                eprintln!("{}", for_stderr(&format!("── {name}: {w}")));
+            }
+            shown = j.waiting.clone();
+        }
+    }
 }
 
 /// Prefixes each line of a stream with the time of its bytes

@@ -14,6 +14,7 @@ pub(super) async fn run(a: RetryArgs) -> CmdResult {
     } else {
         c.retry_run(&a.run).await?
     };
+    super::run::print_warnings(&resp.warnings);
     let url = ui_url(c.base_url(), &resp.run_id);
     if !a.follow {
         eprintln!("web UI: {url}");

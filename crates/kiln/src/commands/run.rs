@@ -41,6 +41,7 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
         // One key per workflow: a resubmission finds each run again.
         let key = a.idempotency_key.as_ref().map(|k| if several { format!("{k}/{path}") } else { k.clone() });
         let resp = c.submit_run(&a.repo, &body, key.as_deref()).await?;
+        print_warnings(&resp.warnings);
         started.push(resp.run_id);
     }
     let mut code = exit::OK;
@@ -111,6 +112,14 @@ pub(super) async fn workflows(a: WorkflowsArgs) -> CmdResult {
     }
     kiln_cmd::outln!("commit {}", list.commit_sha);
     Ok(exit::OK)
+}
+
+/// What the server accepted the run despite (a job whose `runs-on` labels
+/// no registered agent has), on stderr.
+pub(super) fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("{}", crate::term::for_stderr(&format!("warning: {w}")));
+    }
 }
 
 /// `--follow` of a run just accepted (`kiln run`, `kiln retry`): its logs

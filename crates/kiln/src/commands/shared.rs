@@ -388,7 +388,12 @@ pub(super) fn attempt_text(j: &kiln_api::Job) -> String {
 /// `build   success   12.3s  attempt 2 on local-2 (agent local-1 lost)`.
 pub(super) fn job_line(j: &kiln_api::Job, now: i64) -> String {
     let attempt = attempt_text(j);
-    let msg = j.message.as_deref().map(|m| format!("  {m}")).unwrap_or_default();
+    // What it waits for, unless its message already says so.
+    let notes: Vec<&str> = match (j.message.as_deref(), j.waiting.as_deref()) {
+        (Some(m), Some(w)) if !m.contains(w) => vec![m, w],
+        (m, w) => m.or(w).into_iter().collect(),
+    };
+    let msg = if notes.is_empty() { String::new() } else { format!("  {}", notes.join("; ")) };
     format!("  {:<24} {:<10} {:>8}  {attempt}{msg}", j.name, j.status.to_string(), job_duration(j, now))
         .trim_end()
         .to_string()

@@ -6,3 +6,4 @@ mod env;
 mod limits;
 mod log_feed;
 mod run_feed;
+mod waiting;
