@@ -21,7 +21,7 @@ mod pack;
 mod paths;
 mod unpack;
 
-pub use beneath::{Target, target_within};
+pub use beneath::{Target, count_names, target_within};
 pub use export::{ExportFormat, Exported, export};
 pub use inputs::{ABSENT, hash_inputs};
 pub use key::{KeyParts, cache_key, prefix_key};

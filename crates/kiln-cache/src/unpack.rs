@@ -12,12 +12,14 @@ use crate::paths::{check_rel_path, check_symlink_target, parent};
 use crate::{CacheError, EntryKind, FORMAT_VERSION, Limits, MANIFEST_NAME, Manifest, io_err};
 
 /// Result of [`unpack`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unpacked {
     /// Entries restored (files, directories, symlinks, root directories).
     pub entries: u64,
     /// Bytes of file contents restored.
     pub bytes: u64,
+    /// What the archive's pack left out (from its manifest).
+    pub left_out: crate::LeftOut,
 }
 
 /// Bytes of zeros tolerated after the end of the tar stream (record padding).
@@ -787,7 +789,8 @@ fn extract_stream(
     if trailer.len() as u64 > MAX_TRAILER || trailer.iter().any(|&b| b != 0) {
         return Err(CacheError::Corrupt("unexpected data after the end of the archive".into()));
     }
-    Ok(Extracted { present, unpacked: Unpacked { entries: count as u64, bytes }, dir_modes })
+    let left_out = manifest.left_out;
+    Ok(Extracted { present, unpacked: Unpacked { entries: count as u64, bytes, left_out }, dir_modes })
 }
 
 struct Extracted {
