@@ -1194,6 +1194,14 @@ pub struct ArtifactDownload {
     /// `file` or `archive` (unpack into the restore path).
     #[serde(default = "artifact_file")]
     pub kind: String,
+    /// An archive (a directory or glob) as people download it (issue 41,
+    /// item 5): the same tree as a `.tar.gz` and as a `.zip`, short-lived
+    /// capability URLs like `url` (whose bytes are Kiln's internal format,
+    /// which `size` and `sha256` describe). Absent for a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tar_gz_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zip_url: Option<String>,
 }
 
 /// Agent session stream: `GET /v1/agents/{agent}/session?session_id=…` is
