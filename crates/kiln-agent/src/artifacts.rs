@@ -46,8 +46,8 @@
 //! names stay the step's; the copy is the agent's alone). The upload session names
 //! `kind: archive`; the recorded size and sha256 are the archive's. A
 //! restore of an archive downloads and verifies it like a file, then
-//! unpacks it with `kiln_cache::unpack` (no `..`, no absolute names, no
-//! links leaving the target, size and entry limits, every member checked
+//! unpacks it with `kiln_cache::unpack` (no `..`, no absolute names,
+//! nothing written below a link, size and entry limits, every member checked
 //! against the manifest) into a staging directory beside the target, moved
 //! into place only once all of it verified: a bad archive fails the job as
 //! infrastructure and leaves nothing behind.

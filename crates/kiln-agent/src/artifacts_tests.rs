@@ -1,7 +1,7 @@
 //! Directory and glob artifacts (issue 16): freezing packs them as one
 //! `kiln-cache` archive; restoring unpacks with the cache's path-safety
 //! rules. The hostile cases follow kiln-cache's corpus (traversal, absolute
-//! names, links leaving the target, files through links, bombs, wrong
+//! names, files through links (a link itself is restored as a link), bombs, wrong
 //! roots, random and mutated bytes): each is refused and leaves nothing
 //! behind, neither beside the target nor outside it.
 
@@ -320,7 +320,8 @@ fn hostile_archives_are_refused_and_leave_nothing() {
     // 4), and nothing is ever written through it (the next case).
     {
         let tmp = e.outside.join("../link.tmp");
-        let link_only = with(vec![out_link.clone()], vec![link("0/sub/out", tar::EntryType::Symlink, "../../../outside")]);
+        let link_only =
+            with(vec![out_link.clone()], vec![link("0/sub/out", tar::EntryType::Symlink, "../../../outside")]);
         std::fs::write(&tmp, link_only).unwrap();
         let target = e.ws.join("linked");
         unpack_archive(&tmp, &target, "art").unwrap();

@@ -230,8 +230,7 @@ pub(crate) async fn restore(
         let same = tokio::task::spawn_blocking(move || file_sha256(&path).is_ok_and(|h| h.eq_ignore_ascii_case(&want)))
             .await
             .unwrap_or(false);
-        if same && let Some((bytes, left_out)) = use_tree(&local_dir, &local, &target_dirs, &declared, deadline).await
-        {
+        if same && let Some((bytes, left_out)) = use_tree(&local_dir, &local, &target_dirs, &declared, deadline).await {
             let _ = filetime_touch(&local);
             t.logs.system(&format!(
                 "cache: {} ({}) from this agent's prepared copy, {bytes} bytes restored",
@@ -311,11 +310,7 @@ pub(crate) async fn restore(
                 }
             }
             prune_local(&local_dir, settings.local_budget);
-            t.logs.system(&format!(
-                "cache: {} ({}), {bytes} bytes restored",
-                hit_word(&hit, &left_out),
-                hit.namespace
-            ));
+            t.logs.system(&format!("cache: {} ({}), {bytes} bytes restored", hit_word(&hit, &left_out), hit.namespace));
             run.hit_with(t, &hit, bytes, &left_out);
             Ok(Some(run))
         }

@@ -113,7 +113,10 @@ pub fn export<W: Write + Seek>(
                 let mut r = Hashing { inner: (&mut m.entry).take(size), hasher: Sha256::new(), n: 0 };
                 sink.file(&exp.path, exp.mode, size, &mut r)?;
                 if r.n != size {
-                    return Err(CacheError::Corrupt(format!("member {shown:?} is truncated ({} of {size} bytes)", r.n)));
+                    return Err(CacheError::Corrupt(format!(
+                        "member {shown:?} is truncated ({} of {size} bytes)",
+                        r.n
+                    )));
                 }
                 let digest = hex::encode(r.hasher.finalize());
                 if Some(&digest) != exp.sha256.as_ref() {

@@ -382,7 +382,9 @@ jobs:
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let untarred = tmp.path().join("untarred");
     std::fs::create_dir(&untarred).unwrap();
-    assert!(std::process::Command::new("tar").arg("-xzf").arg(&tgz).arg("-C").arg(&untarred).status().unwrap().success());
+    assert!(
+        std::process::Command::new("tar").arg("-xzf").arg(&tgz).arg("-C").arg(&untarred).status().unwrap().success()
+    );
     assert_eq!(tree_of(&untarred), got);
 
     // --format zip (also chosen by a PATH ending in .zip): Python unpacks it.
@@ -442,6 +444,7 @@ jobs:
         })
         .await
         .unwrap();
-    let r = http.get(format!("{url}?format=tar.gz")).header("authorization", format!("Bearer {}", t.token)).send().await;
+    let r =
+        http.get(format!("{url}?format=tar.gz")).header("authorization", format!("Bearer {}", t.token)).send().await;
     assert_eq!(r.unwrap().status(), 404, "a token without access to the run learns nothing");
 }

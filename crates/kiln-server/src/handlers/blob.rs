@@ -89,7 +89,10 @@ pub(crate) fn asked_format(
     let types: Vec<&str> = accept.split(',').map(|t| t.split(';').next().unwrap_or_default().trim()).collect();
     Ok(types.iter().find_map(|t| match *t {
         "application/zip" | "application/x-zip-compressed" => Some(kiln_cache::ExportFormat::Zip),
-        "application/gzip" | "application/x-gzip" | "application/x-tar+gzip" | "application/x-gtar"
+        "application/gzip"
+        | "application/x-gzip"
+        | "application/x-tar+gzip"
+        | "application/x-gtar"
         | "application/x-tgz" => Some(kiln_cache::ExportFormat::TarGz),
         _ => None,
     }))
@@ -109,7 +112,10 @@ pub(crate) fn export_response(
         [
             (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
             (axum::http::header::CONTENT_LENGTH, len.to_string()),
-            (axum::http::header::CONTENT_DISPOSITION, format!("attachment; filename=\"{safe}.{}\"", format.extension())),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{safe}.{}\"", format.extension()),
+            ),
             (axum::http::header::CONTENT_SECURITY_POLICY, BLOB_CSP.to_string()),
             (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
         ],

@@ -156,8 +156,7 @@ pub(crate) async fn report(state: &AppState, (job, epoch): (&str, i64), mut info
     info.seconds_saved = None;
     // A `partial` hit (the entry left things out) is a hit all the same.
     let hit = info.result == "hit" || info.result == "partial";
-    if hit && let (Some(ns), Some(steps)) = (&info.namespace, info.steps_seconds)
-    {
+    if hit && let (Some(ns), Some(steps)) = (&info.namespace, info.steps_seconds) {
         let Scope { run, readable, .. } = scope(state, job, epoch).await?;
         if readable.contains(ns)
             && let Some(build_ms) = state.store.get_cache(&run.repo_id, ns, &info.key).await?.and_then(|e| e.build_ms)

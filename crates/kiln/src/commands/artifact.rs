@@ -49,7 +49,9 @@ pub(super) async fn get(conn: &Conn, run: &str, job: &str, name: &str, to: To, f
     match (&to, archive) {
         (To::Output(output), false) => {
             if format.is_some() {
-                eprintln!("note: {job}/{name} is a single file: it is written as it is (--format is for directories and globs)");
+                eprintln!(
+                    "note: {job}/{name} is a single file: it is written as it is (--format is for directories and globs)"
+                );
             }
             download_file(&c, &d, job, name, output).await
         }
@@ -66,12 +68,21 @@ pub(super) async fn get(conn: &Conn, run: &str, job: &str, name: &str, to: To, f
             let tmp = temp_in(&parent)?;
             fetch(&c, &d, job, name, tmp.path()).await?;
             let limits = kiln_cache::Limits::default();
-            let f = std::fs::File::open(tmp.path()).map_err(|e| usage(format!("cannot read {}: {e}", tmp.path().display())))?;
-            let u = kiln_cache::unpack(std::io::BufReader::new(f), &[dir.clone()], &[d.name.clone()], &limits)
-                .map_err(|e| Failure {
-                    message: format!("artifact {job}/{name} was not extracted (nothing was written to {}): {e}", dir.display()),
-                    code: exit::REFUSED,
-                })?;
+            let f = std::fs::File::open(tmp.path())
+                .map_err(|e| usage(format!("cannot read {}: {e}", tmp.path().display())))?;
+            let u = kiln_cache::unpack(
+                std::io::BufReader::new(f),
+                std::slice::from_ref(dir),
+                std::slice::from_ref(&d.name),
+                &limits,
+            )
+            .map_err(|e| Failure {
+                message: format!(
+                    "artifact {job}/{name} was not extracted (nothing was written to {}): {e}",
+                    dir.display()
+                ),
+                code: exit::REFUSED,
+            })?;
             eprintln!(
                 "{job}/{name} (from attempt {}): {} entries, {} bytes extracted into {}",
                 d.epoch,
@@ -93,17 +104,30 @@ pub(super) async fn get(conn: &Conn, run: &str, job: &str, name: &str, to: To, f
             let tmp = temp_in(&dir)?;
             fetch(&c, &d, job, name, tmp.path()).await?;
             let mut out = temp_in(&dir)?;
-            let f = std::fs::File::open(tmp.path()).map_err(|e| usage(format!("cannot read {}: {e}", tmp.path().display())))?;
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            let e = kiln_cache::export(std::io::BufReader::new(f), &d.name, out.as_file_mut(), format, now, &kiln_cache::Limits::default())
-                .map_err(|e| Failure {
-                    message: format!("artifact {job}/{name} could not be written as a .{} (nothing was written): {e}", format.extension()),
-                    code: exit::REFUSED,
-                })?;
+            let f = std::fs::File::open(tmp.path())
+                .map_err(|e| usage(format!("cannot read {}: {e}", tmp.path().display())))?;
+            let now =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let e = kiln_cache::export(
+                std::io::BufReader::new(f),
+                &d.name,
+                out.as_file_mut(),
+                format,
+                now,
+                &kiln_cache::Limits::default(),
+            )
+            .map_err(|e| Failure {
+                message: format!(
+                    "artifact {job}/{name} could not be written as a .{} (nothing was written): {e}",
+                    format.extension()
+                ),
+                code: exit::REFUSED,
+            })?;
             out.as_file().sync_all().map_err(|e| usage(e.to_string()))?;
             if to_stdout {
                 let mut f = out.reopen().map_err(|e| usage(e.to_string()))?;
-                std::io::copy(&mut f, &mut std::io::stdout().lock()).map_err(|e| usage(format!("cannot write to stdout: {e}")))?;
+                std::io::copy(&mut f, &mut std::io::stdout().lock())
+                    .map_err(|e| usage(format!("cannot write to stdout: {e}")))?;
             } else {
                 out.persist(output).map_err(|e| usage(format!("cannot write {}: {}", output.display(), e.error)))?;
                 eprintln!(
@@ -182,7 +206,13 @@ fn place(staged: tempfile::TempDir, dir: &Path) -> Result<(), Failure> {
 
 /// Downloads `d` into the file `dest` (created), checking size and sha256;
 /// on any failure `dest` is removed.
-async fn fetch(c: &kiln_api::Client, d: &kiln_api::ArtifactDownload, job: &str, name: &str, dest: &Path) -> Result<(), Failure> {
+async fn fetch(
+    c: &kiln_api::Client,
+    d: &kiln_api::ArtifactDownload,
+    job: &str,
+    name: &str,
+    dest: &Path,
+) -> Result<(), Failure> {
     let mut f = std::fs::File::create(dest).map_err(|e| usage(format!("cannot write {}: {e}", dest.display())))?;
     let r = stream(c, d, job, name, Some(&mut f), dest).await;
     if r.is_err() {
@@ -244,7 +274,13 @@ async fn stream(
 
 /// A single file to `output` (`-`: standard output), as it always was:
 /// written beside it and renamed into place once verified.
-async fn download_file(c: &kiln_api::Client, d: &kiln_api::ArtifactDownload, job: &str, name: &str, output: &Path) -> CmdResult {
+async fn download_file(
+    c: &kiln_api::Client,
+    d: &kiln_api::ArtifactDownload,
+    job: &str,
+    name: &str,
+    output: &Path,
+) -> CmdResult {
     if output.as_os_str() == "-" {
         stream(c, d, job, name, None, output).await?;
         return Ok(exit::OK);

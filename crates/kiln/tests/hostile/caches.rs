@@ -331,7 +331,10 @@ async fn a_hard_link_to_a_file_outside_the_workspace_is_still_refused() {
     for (j, file, n) in [("single", "`out/app`", 1), ("tree", "`stolen`", 2)] {
         assert_eq!(job(&r, j).status.as_str(), "failed", "{j}: published a file linked from outside:\n{log}");
         let m = message(&r, j);
-        assert!(m.contains(file) && m.contains("2 hard links and only 1 of them is in the workspace"), "{j}: {m}\n{log}");
+        assert!(
+            m.contains(file) && m.contains("2 hard links and only 1 of them is in the workspace"),
+            "{j}: {m}\n{log}"
+        );
         assert!(job(&r, j).artifacts.is_empty(), "{j}: nothing bound");
         let path = format!("{outside}-{n}");
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
