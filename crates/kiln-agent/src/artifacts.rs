@@ -30,12 +30,24 @@
 //! sha256) with one root named after the artifact. The directory (or every
 //! matched file, at its workspace-relative path) is moved into the spool
 //! first, then packed from there; a file with more than one hard link is
-//! refused as for a single file; symbolic links leaving the tree, devices
-//! and fifos are left out (pack skips them). The upload session names
+//! published only if every one of its names is in the workspace (see
+//! below); symbolic links are kept as links (never followed); sockets,
+//! devices and fifos are left out (pack skips them).
+//!
+//! # Hard links (issue 13; issue 41, item 4)
+//! Cargo hard-links `target/release/<bin>` to `target/release/deps/<bin>-<hash>`:
+//! a file with several names is published when all of them are in the
+//! workspace (the freeze counts them with `kiln_cache::count_names`, a walk
+//! that follows no link, only when a file has more than one name). A file
+//! with a name the walk does not find may be someone else's file linked in
+//! (issue 13: a link to `agent.token` made the server's token 0444): it is
+//! refused, and nothing touches it. A single file with several names is
+//! copied into the spool from the descriptor that was checked (its other
+//! names stay the step's; the copy is the agent's alone). The upload session names
 //! `kind: archive`; the recorded size and sha256 are the archive's. A
 //! restore of an archive downloads and verifies it like a file, then
-//! unpacks it with `kiln_cache::unpack` (no `..`, no absolute names, no
-//! links leaving the target, size and entry limits, every member checked
+//! unpacks it with `kiln_cache::unpack` (no `..`, no absolute names,
+//! nothing written below a link, size and entry limits, every member checked
 //! against the manifest) into a staging directory beside the target, moved
 //! into place only once all of it verified: a bad archive fails the job as
 //! infrastructure and leaves nothing behind.
@@ -493,18 +505,14 @@ pub(crate) fn freeze_scanned(
     if !meta.is_file() {
         return Err(not_produced(": it is not a regular file".into()));
     }
-    let linked = |links: u64| {
+    let linked = |links: u64, inside: u64| {
         job_error(format!(
-            "declared artifact `{name}` at `{path}` has {links} hard links: a file with other names may be outside \
-             the workspace, so it is not published (publish a copy: `cp --remove-destination` or `cat a > b`)"
+            "declared artifact `{name}` at `{path}` has {links} hard links and only {inside} of them {} in the \
+             workspace: a file with a name outside the workspace is not published (publish a copy: \
+             `cp --remove-destination` or `cat a > b`)",
+            if inside == 1 { "is" } else { "are" }
         ))
     };
-    // A hard link to a file outside the workspace (issue 13: a published
-    // link to agent.token made the server's token 0444) is refused before
-    // anything touches it.
-    if meta.nlink() > 1 {
-        return Err(linked(meta.nlink()));
-    }
     let parent = src.parent().expect("a joined relative path has a parent");
     match inside(ws, parent) {
         Ok(true) => {}
@@ -518,6 +526,31 @@ pub(crate) fn freeze_scanned(
     };
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(spool).map_err(|e| io("create", spool, e))?;
     let dst = spool.join(name);
+    // A file with several names (cargo's `target/release/<bin>`): published
+    // only if all of them are in the workspace, checked before anything
+    // touches it (issue 13: a link to agent.token made the server's token
+    // 0444); then copied from the descriptor that was checked.
+    if meta.nlink() > 1 {
+        let file = open_nofollow(&src).map_err(|e| io("open", &src, e))?;
+        let before = file.metadata().map_err(|e| io("stat", &src, e))?;
+        if !before.is_file() {
+            return Err(not_produced(": it is not a regular file".into()));
+        }
+        let inside = names_in(&[ws], &[&before]).map_err(|e| io("look for the other names of", &src, e))?[0];
+        let after = file.metadata().map_err(|e| io("stat", &src, e))?;
+        if inside != before.nlink() || !same_links(&before, &after) {
+            return Err(linked(after.nlink(), inside));
+        }
+        copy_open(file, &dst).map_err(|e| io("copy into the spool", &src, e))?;
+        let frozen = open_nofollow(&dst).map_err(|e| io("open", &dst, e))?;
+        let meta = frozen.metadata().map_err(|e| io("stat", &dst, e))?;
+        frozen.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io("make read-only", &dst, e))?;
+        if let Some(scan) = scan {
+            scan_frozen(name, path, &dst, scan)?;
+        }
+        tracing::info!(artifact = %name, links = before.nlink(), "copied a file whose every name is in the workspace");
+        return Ok(Frozen { name: name.clone(), path: dst, size: meta.len(), archive: false });
+    }
     if let Err(e) = std::fs::rename(&src, &dst) {
         if e.kind() != std::io::ErrorKind::CrossesDevices {
             return Err(io("move into the spool", &src, e));
@@ -530,8 +563,9 @@ pub(crate) fn freeze_scanned(
     let file = open_nofollow(&dst).map_err(|e| io("open", &dst, e))?;
     let meta = file.metadata().map_err(|e| io("stat", &dst, e))?;
     if !meta.is_file() || meta.nlink() != 1 {
-        let _ = std::fs::remove_file(&dst);
-        return Err(linked(meta.nlink()));
+        // Linked meanwhile (a process that escaped the step): put it back.
+        let _ = std::fs::rename(&dst, &src);
+        return Err(linked(meta.nlink(), 0));
     }
     file.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io("make read-only", &dst, e))?;
     // The digest is computed while uploading; the secret scan reads the
@@ -578,7 +612,10 @@ fn freeze_dir(
         Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => src.to_path_buf(),
         Err(e) => return Err(io("move into the spool", src, e)),
     };
-    let res = refuse_linked(name, path, &root).and_then(|()| pack_tree(spool, name, &root, path, scan));
+    // Names of the tree's files count in the tree and in the rest of the
+    // workspace (the tree is no longer in it once moved).
+    let roots: Vec<&Path> = if root == tree { vec![&tree, ws] } else { vec![ws] };
+    let res = refuse_linked(name, path, &root, &roots).and_then(|()| pack_tree(spool, name, &root, path, scan));
     let _ = std::fs::remove_dir_all(&tree);
     res
 }
@@ -665,14 +702,28 @@ fn freeze_glob(
     };
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(spool).map_err(|e| io("create", spool, e))?;
     let tree = tree_dir(spool, name);
+    // Files with several names: all of them must be in the workspace,
+    // checked before anything moves.
+    let mut metas = Vec::with_capacity(matched.len());
+    for r in &matched {
+        let src = ws.join(r);
+        metas.push(std::fs::symlink_metadata(&src).map_err(|e| io("stat", &src, e))?);
+    }
+    let multi: Vec<usize> = (0..matched.len()).filter(|&i| metas[i].nlink() > 1).collect();
+    if !multi.is_empty() {
+        let of: Vec<&std::fs::Metadata> = multi.iter().map(|&i| &metas[i]).collect();
+        let inside = names_in(&[ws], &of).map_err(|e| io("look for the other names of the files in", ws, e))?;
+        for (k, &i) in multi.iter().enumerate() {
+            if inside[k] != metas[i].nlink() {
+                let shown = matched[i].display().to_string();
+                return Err(linked_in_tree(name, pattern, &shown, metas[i].nlink(), inside[k]));
+            }
+        }
+    }
     let res = (|| {
         std::fs::DirBuilder::new().mode(0o755).create(&tree).map_err(|e| io("create", &tree, e))?;
-        for r in &matched {
+        for (r, meta) in matched.iter().zip(&metas) {
             let src = ws.join(r);
-            let meta = std::fs::symlink_metadata(&src).map_err(|e| io("stat", &src, e))?;
-            if meta.nlink() > 1 {
-                return Err(linked_in_tree(name, pattern, &r.display().to_string(), meta.nlink()));
-            }
             if let Some(p) = r.parent() {
                 dirs_within(&tree, p).map_err(|e| io("create", &tree.join(p), e))?;
             }
@@ -681,27 +732,55 @@ fn freeze_glob(
                 if e.kind() != std::io::ErrorKind::CrossesDevices {
                     return Err(io("move into the spool", &src, e));
                 }
-                copy_nofollow(&src, &dst).map_err(|e| io("copy into the spool", &src, e))?;
+                // The file that was checked, not what the name shows now.
+                let from = open_nofollow(&src).map_err(|e| io("open", &src, e))?;
+                let now = from.metadata().map_err(|e| io("stat", &src, e))?;
+                if !now.is_file() || !same_links(meta, &now) {
+                    return Err(job_error(format!(
+                        "declared artifact `{name}`: `{}` changed while it was being published",
+                        r.display()
+                    )));
+                }
+                copy_open(from, &dst).map_err(|e| io("copy into the spool", &src, e))?;
                 std::fs::set_permissions(&dst, meta.permissions()).map_err(|e| io("chmod", &dst, e))?;
             }
         }
-        refuse_linked(name, pattern, &tree)?;
+        refuse_linked(name, pattern, &tree, &[&tree, ws])?;
         pack_tree(spool, name, &tree, "", scan)
     })();
     let _ = std::fs::remove_dir_all(&tree);
     res
 }
 
-fn linked_in_tree(name: &str, path: &str, file: &str, links: u64) -> Ran {
+fn linked_in_tree(name: &str, path: &str, file: &str, links: u64, inside: u64) -> Ran {
     job_error(format!(
-        "declared artifact `{name}` (`{path}`) holds `{file}`, which has {links} hard links: a file with other \
-         names may be outside the workspace, so it is not published (publish a copy: `cp --remove-destination` or `cat a > b`)"
+        "declared artifact `{name}` (`{path}`) holds `{file}`, which has {links} hard links and only {inside} of \
+         them {} in the workspace: a file with a name outside the workspace is not published (publish a copy: \
+         `cp --remove-destination` or `cat a > b`)",
+        if inside == 1 { "is" } else { "are" }
     ))
 }
 
-/// Refuses a tree holding a regular file with more than one hard link
-/// (issue 13, as for a single file: pack would archive its bytes).
-fn refuse_linked(name: &str, path: &str, root: &Path) -> Result<(), Ran> {
+/// How many names each file of `files` has below `roots` (see
+/// `kiln_cache::count_names`), in order.
+fn names_in(roots: &[&Path], files: &[&std::fs::Metadata]) -> std::io::Result<Vec<u64>> {
+    let wanted: std::collections::HashMap<(u64, u64), u64> =
+        files.iter().map(|m| ((m.dev(), m.ino()), m.nlink())).collect();
+    let found = kiln_cache::count_names(roots, &wanted)?;
+    Ok(files.iter().map(|m| found.get(&(m.dev(), m.ino())).copied().unwrap_or(0)).collect())
+}
+
+/// Whether no name of the file was made, removed or renamed between two
+/// looks (each changes its link count or its change time).
+fn same_links(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    (a.dev(), a.ino(), a.nlink(), a.ctime(), a.ctime_nsec()) == (b.dev(), b.ino(), b.nlink(), b.ctime(), b.ctime_nsec())
+}
+
+/// Refuses a tree (at `root`) holding a regular file with a name that is
+/// not below `roots` (issue 13, as for a single file: pack would archive
+/// its bytes); a file whose every name is there is fine (cargo's links).
+fn refuse_linked(name: &str, path: &str, root: &Path, roots: &[&Path]) -> Result<(), Ran> {
+    let mut linked: Vec<(String, std::fs::Metadata)> = vec![];
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let rd = std::fs::read_dir(&dir).map_err(|e| infra(format!("cannot read {}: {e}", dir.display())))?;
@@ -712,9 +791,20 @@ fn refuse_linked(name: &str, path: &str, root: &Path) -> Result<(), Ran> {
             if meta.is_dir() {
                 stack.push(p);
             } else if meta.is_file() && meta.nlink() > 1 {
-                let shown = p.strip_prefix(root).unwrap_or(&p).display().to_string();
-                return Err(linked_in_tree(name, path, &shown, meta.nlink()));
+                linked.push((p.strip_prefix(root).unwrap_or(&p).display().to_string(), meta));
             }
+        }
+    }
+    if linked.is_empty() {
+        return Ok(());
+    }
+    linked.sort_by(|a, b| a.0.cmp(&b.0));
+    let metas: Vec<&std::fs::Metadata> = linked.iter().map(|l| &l.1).collect();
+    let inside = names_in(roots, &metas).map_err(|e| infra(format!("cannot look for the names of {path}: {e}")))?;
+    for ((shown, meta), found) in linked.iter().zip(&inside) {
+        let again = std::fs::symlink_metadata(root.join(shown));
+        if *found != meta.nlink() || !again.is_ok_and(|a| same_links(meta, &a)) {
+            return Err(linked_in_tree(name, path, shown, meta.nlink(), *found));
         }
     }
     Ok(())
@@ -764,9 +854,9 @@ fn pack_tree(
     let file = w.into_inner().map_err(|e| io("write", &dst, e.into_error()))?;
     file.sync_all().map_err(|e| io("write", &dst, e))?;
     file.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io("make read-only", &dst, e))?;
-    if packed.skipped > 0 {
-        tracing::warn!(artifact = %name, skipped = packed.skipped,
-            "left out of the archive: symbolic links leaving it, devices, fifos, sockets or names that are not UTF-8");
+    if !packed.left_out.is_empty() {
+        tracing::warn!(artifact = %name, left_out = %packed.left_out.summary(),
+            "left out of the archive (an archive holds files, directories and symbolic links only)");
     }
     let files = packed.manifest.entries.iter().filter(|e| e.kind == kiln_cache::EntryKind::File).count();
     tracing::info!(artifact = %name, files, bytes = packed.manifest.total_bytes, archive_bytes = packed.archive_bytes,
@@ -786,13 +876,21 @@ fn libc_o_nofollow() -> i32 {
 /// Copies a regular, singly-linked file without following a symbolic link
 /// (the spool is on another filesystem): into a new 0600 file.
 fn copy_nofollow(src: &Path, dst: &Path) -> std::io::Result<()> {
-    let mut from = open_nofollow(src)?;
+    let from = open_nofollow(src)?;
     let meta = from.metadata()?;
     if !meta.is_file() || meta.nlink() != 1 {
         return Err(std::io::Error::other("not a regular file with one name"));
     }
+    copy_open(from, dst)
+}
+
+/// Copies the open file `from` into a new 0600 file `dst` (removed on error).
+fn copy_open(mut from: std::fs::File, dst: &Path) -> std::io::Result<()> {
     let mut to = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dst)?;
-    std::io::copy(&mut from, &mut to)?;
+    if let Err(e) = std::io::copy(&mut from, &mut to).and_then(|_| to.sync_all()) {
+        let _ = std::fs::remove_file(dst);
+        return Err(e);
+    }
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! Directory and glob artifacts (issue 16): freezing packs them as one
 //! `kiln-cache` archive; restoring unpacks with the cache's path-safety
 //! rules. The hostile cases follow kiln-cache's corpus (traversal, absolute
-//! names, links leaving the target, files through links, bombs, wrong
+//! names, files through links (a link itself is restored as a link), bombs, wrong
 //! roots, random and mutated bytes): each is refused and leaves nothing
 //! behind, neither beside the target nor outside it.
 
@@ -94,9 +94,8 @@ fn a_directory_is_packed_with_its_modes_and_restored_file_by_file() {
 
     let target = e.ws.join("restored");
     let u = unpack_archive(&f.path, &target, "site").unwrap();
-    let mut want = before;
-    want.remove("escape"); // a link leaving the tree is left out
-    assert_eq!(snapshot(&target), want, "every file, mode and internal link as published");
+    // Every link is kept as a link, never followed (issue 41, item 4).
+    assert_eq!(snapshot(&target), before, "every file, mode and link as published");
     assert!(u.entries > 50);
 }
 
@@ -147,7 +146,7 @@ fn hard_links_and_escaping_paths_are_refused_in_trees_and_globs() {
     write(&e.ws.join("out/ok.txt"), b"ok", 0o644);
     std::fs::hard_link(&token, e.ws.join("out/token.txt")).unwrap();
     let m = job_failure(freeze(&e.ws, &e.spool, &spec("out", "out")));
-    assert!(m.contains("`token.txt`") && m.contains("2 hard links"), "{m}");
+    assert!(m.contains("`token.txt`") && m.contains("2 hard links and only 1 of them is in the workspace"), "{m}");
     assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o600);
     assert!(!e.spool.join("out").exists(), "no archive");
 
@@ -249,6 +248,7 @@ fn manifest_member(root: &str, entries: Vec<ManifestEntry>) -> Member {
         roots: vec![root.into()],
         total_bytes: entries.iter().map(|e| e.size).sum(),
         entries,
+        left_out: Default::default(),
     };
     file(MANIFEST_NAME, &serde_json::to_vec(&m).unwrap())
 }
@@ -316,6 +316,19 @@ fn hostile_archives_are_refused_and_leave_nothing() {
     };
     let mut out_link = entry("sub/out", EntryKind::Symlink, b"");
     out_link.target = Some("../../../outside".into());
+    // A link leaving the target is restored as that link (issue 41, item
+    // 4), and nothing is ever written through it (the next case).
+    {
+        let tmp = e.outside.join("../link.tmp");
+        let link_only =
+            with(vec![out_link.clone()], vec![link("0/sub/out", tar::EntryType::Symlink, "../../../outside")]);
+        std::fs::write(&tmp, link_only).unwrap();
+        let target = e.ws.join("linked");
+        unpack_archive(&tmp, &target, "art").unwrap();
+        assert_eq!(std::fs::read_link(target.join("sub/out")).unwrap(), Path::new("../../../outside"));
+        assert!(snapshot(&e.outside).is_empty(), "nothing written where it points");
+        std::fs::remove_dir_all(&target).unwrap();
+    }
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("traversal member", with(vec![entry("x", EntryKind::File, b"p")], vec![file("0/../../x", b"p")])),
         (
@@ -324,8 +337,8 @@ fn hostile_archives_are_refused_and_leave_nothing() {
         ),
         ("absolute member", with(vec![entry("x", EntryKind::File, b"p")], vec![file(&abs, b"p")])),
         (
-            "link leaving the target",
-            with(vec![out_link], vec![link("0/sub/out", tar::EntryType::Symlink, "../../../outside")]),
+            "link whose member differs from the manifest",
+            with(vec![out_link], vec![link("0/sub/out", tar::EntryType::Symlink, "/etc")]),
         ),
         (
             "file through a link",
@@ -405,4 +418,41 @@ proptest! {
         let names: Vec<String> = std::fs::read_dir(&e.ws).unwrap().map(|d| d.unwrap().file_name().to_string_lossy().to_string()).collect();
         prop_assert!(names.iter().all(|n| n == "restored"), "{:?}", names);
     }
+}
+
+/// Issue 41, item 4: cargo hard-links `target/release/<bin>` to
+/// `target/release/deps/<bin>-<hash>`. A file whose every name is in the
+/// workspace is published (as a file, a directory or a glob match); one
+/// with a name outside is still refused (the test above).
+#[test]
+fn hard_links_whose_every_name_is_in_the_workspace_are_published() {
+    let e = env();
+    let deps = e.ws.join("target/release/deps");
+    write(&deps.join("app-0123abcd"), b"\x7fELF binary", 0o755);
+    std::fs::hard_link(deps.join("app-0123abcd"), e.ws.join("target/release/app")).unwrap();
+
+    // A single file: copied from the checked descriptor, the spool's copy
+    // has one name, both workspace names stay as they were.
+    let f = freeze(&e.ws, &e.spool, &spec("app", "target/release/app")).unwrap();
+    assert!(!f.archive);
+    assert_eq!(std::fs::read(&f.path).unwrap(), b"\x7fELF binary");
+    let m = std::fs::metadata(&f.path).unwrap();
+    assert_eq!((m.nlink(), m.permissions().mode() & 0o777), (1, 0o444));
+    let ws_meta = std::fs::metadata(e.ws.join("target/release/app")).unwrap();
+    assert_eq!((ws_meta.nlink(), ws_meta.permissions().mode() & 0o777), (2, 0o755), "the step's file is untouched");
+
+    // A directory holding one name, the other elsewhere in the workspace.
+    let f = freeze(&e.ws, &e.spool, &spec("deps", "target/release/deps")).unwrap();
+    let out = e.ws.join("restored-deps");
+    unpack_archive(&f.path, &out, "deps").unwrap();
+    assert_eq!(std::fs::read(out.join("app-0123abcd")).unwrap(), b"\x7fELF binary");
+
+    // A glob matching both names of one file.
+    write(&e.ws.join("b/x.bin"), b"twice", 0o644);
+    std::fs::hard_link(e.ws.join("b/x.bin"), e.ws.join("b/y.bin")).unwrap();
+    let f = freeze(&e.ws, &e.spool, &spec("bins", "b/*.bin")).unwrap();
+    let out = e.ws.join("restored-bins");
+    unpack_archive(&f.path, &out, "bins").unwrap();
+    assert_eq!(std::fs::read(out.join("b/x.bin")).unwrap(), b"twice");
+    assert_eq!(std::fs::read(out.join("b/y.bin")).unwrap(), b"twice");
 }

@@ -230,29 +230,29 @@ pub(crate) async fn restore(
         let same = tokio::task::spawn_blocking(move || file_sha256(&path).is_ok_and(|h| h.eq_ignore_ascii_case(&want)))
             .await
             .unwrap_or(false);
-        if same && let Some(bytes) = use_tree(&local_dir, &local, &target_dirs, &declared, deadline).await {
+        if same && let Some((bytes, left_out)) = use_tree(&local_dir, &local, &target_dirs, &declared, deadline).await {
             let _ = filetime_touch(&local);
             t.logs.system(&format!(
                 "cache: {} ({}) from this agent's prepared copy, {bytes} bytes restored",
-                hit_word(&hit),
+                hit_word(&hit, &left_out),
                 hit.namespace
             ));
-            run.hit_with(&hit, bytes);
+            run.hit_with(t, &hit, bytes, &left_out);
             run.info.message = Some("node-local prepared copy".into());
             prepare_tree(&local_dir, &local, &declared);
             return Ok(Some(run));
         }
         match same {
             true => match unpack_file(&local, &target_dirs, &declared, deadline).await {
-                Ok(bytes) => {
+                Ok((bytes, left_out)) => {
                     let _ = filetime_touch(&local);
                     prepare_tree(&local_dir, &local, &declared);
                     t.logs.system(&format!(
                         "cache: {} ({}) from this agent's copy, {bytes} bytes restored",
-                        hit_word(&hit),
+                        hit_word(&hit, &left_out),
                         hit.namespace
                     ));
-                    run.hit_with(&hit, bytes);
+                    run.hit_with(t, &hit, bytes, &left_out);
                     run.info.message = Some("node-local copy".into());
                     return Ok(Some(run));
                 }
@@ -301,7 +301,7 @@ pub(crate) async fn restore(
         return Ok(Some(run));
     }
     match unpack_file(&tmp, &target_dirs, &declared, deadline).await {
-        Ok(bytes) => {
+        Ok((bytes, left_out)) => {
             let keep = local_dir.join(local_name(&hit.namespace, &hit.key));
             match std::fs::rename(&tmp, &keep) {
                 Ok(()) => prepare_tree(&local_dir, &keep, &declared),
@@ -310,8 +310,8 @@ pub(crate) async fn restore(
                 }
             }
             prune_local(&local_dir, settings.local_budget);
-            t.logs.system(&format!("cache: {} ({}), {bytes} bytes restored", hit_word(&hit), hit.namespace));
-            run.hit_with(&hit, bytes);
+            t.logs.system(&format!("cache: {} ({}), {bytes} bytes restored", hit_word(&hit, &left_out), hit.namespace));
+            run.hit_with(t, &hit, bytes, &left_out);
             Ok(Some(run))
         }
         Err(e @ kiln_cache::CacheError::Timeout(_)) => {
@@ -331,10 +331,11 @@ pub(crate) async fn restore(
     }
 }
 
-fn hit_word(hit: &kiln_api::CacheHitInfo) -> &'static str {
-    match hit.by_prefix {
-        true => "restored by prefix (an entry saved for other inputs; the exact key is saved if the job succeeds)",
-        false => "hit",
+fn hit_word(hit: &kiln_api::CacheHitInfo, left_out: &kiln_cache::LeftOut) -> &'static str {
+    match (hit.by_prefix, left_out.is_empty()) {
+        (true, _) => "restored by prefix (an entry saved for other inputs; the exact key is saved if the job succeeds)",
+        (false, true) => "hit",
+        (false, false) => "partial hit (the entry left things out when it was saved)",
     }
 }
 
@@ -345,10 +346,25 @@ impl CacheRun {
         &self.mounts
     }
 
-    fn hit_with(&mut self, hit: &kiln_api::CacheHitInfo, bytes: u64) {
+    /// A restore of `hit` (`bytes` restored; `left_out`: what its save left
+    /// out, which makes a hit `partial`, said in the log).
+    fn hit_with(&mut self, t: &Transfer<'_>, hit: &kiln_api::CacheHitInfo, bytes: u64, left_out: &kiln_cache::LeftOut) {
         // A prefix restore still saves the exact key after success.
         self.hit = !hit.by_prefix;
-        self.info.result = if hit.by_prefix { "prefix" } else { "hit" }.into();
+        self.info.result = match (hit.by_prefix, left_out.is_empty()) {
+            (true, _) => "prefix",
+            (false, true) => "hit",
+            (false, false) => "partial",
+        }
+        .into();
+        if !left_out.is_empty() {
+            let what = left_out.summary();
+            t.logs.system(&format!(
+                "cache: the restored entry left out {what} when it was saved (a cache holds files, directories and \
+                 symbolic links only)"
+            ));
+            self.info.left_out = Some(what);
+        }
         self.info.namespace = Some(hit.namespace.clone());
         if !hit.by_prefix {
             self.info.key = hit.key.clone();
@@ -370,12 +386,12 @@ async fn unpack_file(
     targets: &[PathBuf],
     declared: &[String],
     deadline: Instant,
-) -> Result<u64, kiln_cache::CacheError> {
+) -> Result<(u64, kiln_cache::LeftOut), kiln_cache::CacheError> {
     let (file, targets, declared) = (file.to_path_buf(), targets.to_vec(), declared.to_vec());
     tokio::task::spawn_blocking(move || {
         let f = std::fs::File::open(&file).map_err(kiln_cache::CacheError::Io)?;
         let limits = kiln_cache::Limits { deadline: Some(deadline), ..Default::default() };
-        kiln_cache::unpack(std::io::BufReader::new(f), &targets, &declared, &limits).map(|u| u.bytes)
+        kiln_cache::unpack(std::io::BufReader::new(f), &targets, &declared, &limits).map(|u| (u.bytes, u.left_out))
     })
     .await
     .map_err(|e| kiln_cache::CacheError::Io(std::io::Error::other(e.to_string())))?
@@ -429,8 +445,16 @@ pub(crate) async fn save(
             return Ok(());
         }
     };
+    if !packed.left_out.is_empty() {
+        let what = packed.left_out.summary();
+        t.logs.system(&format!(
+            "cache: left out {what}: a cache holds files, directories and symbolic links only (a restore of this \
+             entry is reported as `partial`)"
+        ));
+        run.info.left_out = Some(what);
+    }
     t.logs.system(&format!(
-        "cache: saving {} bytes ({} files and directories) as {}",
+        "cache: saving {} bytes ({} files, directories and links) as {}",
         packed.archive_bytes,
         packed.manifest.entries.len(),
         run.spec.write_namespace
@@ -567,7 +591,7 @@ async fn use_tree(
     targets: &[PathBuf],
     declared: &[String],
     deadline: Instant,
-) -> Option<u64> {
+) -> Option<(u64, kiln_cache::LeftOut)> {
     let tree = tree_of(local_dir, archive);
     let claimed = local_dir.join("trees").join(format!(".claimed-{}", uuid_like()));
     std::fs::rename(&tree, &claimed).ok()?;
@@ -586,7 +610,7 @@ async fn use_tree(
         }
         let staged = roots.into_iter().zip(&present).map(|((_, p), &here)| here.then_some(p)).collect();
         kiln_cache::install(staged, &targets).ok()?;
-        Some(m.total_bytes)
+        Some((m.total_bytes, m.left_out))
     })
     .await
     .ok()

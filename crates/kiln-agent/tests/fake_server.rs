@@ -523,6 +523,8 @@ async fn restore(
                 url: format!("{}/blobs/{}/{}", s.base, r.from_job, r.name),
                 expires_at_ms: i64::MAX,
                 kind: "file".into(),
+                tar_gz_url: None,
+                zip_url: None,
             }
         });
     });

@@ -440,11 +440,18 @@ pub struct Artifact {
 #[derive(Default, Debug, Clone, Serialize, Deserialize)]
 pub struct CacheInfo {
     pub key: String,
-    /// `hit`, `prefix` (restore-prefix: an entry saved for other inputs was
-    /// restored; the exact key is saved after success), `miss`,
+    /// `hit`, `partial` (a hit of an entry that left things out when it
+    /// was saved: sockets, fifos, devices, names that are not UTF-8; see
+    /// `left_out`), `prefix` (restore-prefix: an entry saved for other
+    /// inputs was restored; the exact key is saved after success), `miss`,
     /// `partial-refused` (an archive was refused and cleaned up: the job ran
     /// cold) or `error`.
     pub result: String,
+    /// What the entry restored (or this attempt's save) left out, e.g.
+    /// `3 entries (2 sockets, 1 fifo); first: venv/run/a.sock`; absent:
+    /// nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<String>,
     /// Where the hit came from (`protected`, `untrusted/…`), or the namespace saved to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
@@ -1231,6 +1238,14 @@ pub struct ArtifactDownload {
     /// `file` or `archive` (unpack into the restore path).
     #[serde(default = "artifact_file")]
     pub kind: String,
+    /// An archive (a directory or glob) as people download it (issue 41,
+    /// item 5): the same tree as a `.tar.gz` and as a `.zip`, short-lived
+    /// capability URLs like `url` (whose bytes are Kiln's internal format,
+    /// which `size` and `sha256` describe). Absent for a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tar_gz_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zip_url: Option<String>,
 }
 
 /// Agent session stream: `GET /v1/agents/{agent}/session?session_id=…` is

@@ -125,6 +125,73 @@ pub fn target_within(declared: &str, base: &Path, rel: &Path) -> Result<Target, 
     Ok(Target { _parent: cur, path })
 }
 
+/// How many names each of the files `wanted` (`(st_dev, st_ino)` →
+/// `st_nlink`) has below the directories `roots` (trusted as named), for
+/// the hard-link rule of artifacts (issue 41, item 4): a file whose every
+/// link is in the workspace may be published, one with a name elsewhere
+/// may not. Every directory is opened from its parent without following a
+/// symbolic link (a directory swapped for a link meanwhile is not
+/// entered), only directories on the files' filesystems are entered (a
+/// hard link never crosses one), and the walk stops once every file's
+/// names are all found. A root that does not exist counts nothing.
+pub fn count_names(
+    roots: &[&Path],
+    wanted: &std::collections::HashMap<(u64, u64), u64>,
+) -> io::Result<std::collections::HashMap<(u64, u64), u64>> {
+    use std::collections::HashMap;
+    let mut found: HashMap<(u64, u64), u64> = HashMap::new();
+    let devs: std::collections::HashSet<u64> = wanted.keys().map(|k| k.0).collect();
+    let done = |found: &HashMap<(u64, u64), u64>| wanted.iter().all(|(k, n)| found.get(k).copied().unwrap_or(0) >= *n);
+    if wanted.is_empty() {
+        return Ok(found);
+    }
+    for root in roots {
+        let fd = match open_dir(root) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let mut stack = vec![fd];
+        while let Some(dir) = stack.pop() {
+            for ent in rustix::fs::Dir::read_from(&dir)? {
+                let ent = ent?;
+                let name = ent.file_name();
+                if name.to_bytes() == b"." || name.to_bytes() == b".." {
+                    continue;
+                }
+                let st = match rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) => st,
+                    // Gone meanwhile.
+                    Err(rustix::io::Errno::NOENT) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                let dev = st.st_dev as u64;
+                match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+                    rustix::fs::FileType::Directory if devs.contains(&dev) => {
+                        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                        match rustix::fs::openat(&dir, name, flags, Mode::empty()) {
+                            Ok(sub) => stack.push(sub),
+                            Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    rustix::fs::FileType::RegularFile if st.st_nlink > 1 => {
+                        let key = (dev, st.st_ino as u64);
+                        if wanted.contains_key(&key) {
+                            *found.entry(key).or_default() += 1;
+                            if done(&found) {
+                                return Ok(found);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Whether an error of [`open_beneath`] means a symbolic link was in the way.
 pub(crate) fn is_link_error(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV))
@@ -133,6 +200,34 @@ pub(crate) fn is_link_error(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_of_hard_links_are_counted_below_the_roots_only() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ws, out) = (dir.path().join("ws"), dir.path().join("out"));
+        std::fs::create_dir_all(ws.join("target/release/deps")).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        // Cargo's shape: two names, both in the workspace.
+        std::fs::write(ws.join("target/release/deps/app-1234"), b"elf").unwrap();
+        std::fs::hard_link(ws.join("target/release/deps/app-1234"), ws.join("target/release/app")).unwrap();
+        // One name in, one out; and a link to a directory holding the other name.
+        std::fs::write(out.join("secret"), b"s").unwrap();
+        std::fs::hard_link(out.join("secret"), ws.join("stolen")).unwrap();
+        std::os::unix::fs::symlink(&out, ws.join("up")).unwrap();
+        let key = |p: &Path| {
+            let m = std::fs::symlink_metadata(p).unwrap();
+            ((m.dev(), m.ino()), m.nlink())
+        };
+        let (app, stolen) = (key(&ws.join("target/release/app")), key(&ws.join("stolen")));
+        let wanted = std::collections::HashMap::from([app, stolen]);
+        let found = count_names(&[&ws], &wanted).unwrap();
+        assert_eq!(found.get(&app.0), Some(&2));
+        assert_eq!(found.get(&stolen.0), Some(&1), "the link `up` is not followed");
+        let found = count_names(&[&ws, &out], &wanted).unwrap();
+        assert_eq!(found.get(&stolen.0), Some(&2));
+        assert!(count_names(&[&dir.path().join("missing")], &wanted).unwrap().is_empty());
+    }
 
     #[test]
     fn links_on_the_way_and_at_the_end_are_refused() {

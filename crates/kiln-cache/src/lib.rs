@@ -14,20 +14,26 @@ use serde::{Deserialize, Serialize};
 mod beneath;
 #[doc(hidden)]
 pub mod corpus;
+mod export;
 mod inputs;
 mod key;
 mod pack;
 mod paths;
 mod unpack;
 
-pub use beneath::{Target, target_within};
+pub use beneath::{Target, count_names, target_within};
+pub use export::{ExportFormat, Exported, export};
 pub use inputs::{ABSENT, hash_inputs};
 pub use key::{KeyParts, cache_key, prefix_key};
 pub use pack::{Packed, Scan, Source, pack, pack_sources, verify_tree};
 pub use unpack::{Unpacked, install, read_manifest, unpack};
 
-/// Version of the archive format (also part of the cache key).
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the archive format (also part of the cache key). Format 2
+/// (issue 41, item 4) keeps every symbolic link as a link, whatever its
+/// target (format 1 left out absolute ones and those leaving their root),
+/// and records what was left out; a format-1 archive is a valid format-2
+/// one, so both are read.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Name of the first tar member.
 pub const MANIFEST_NAME: &str = ".kiln-cache/manifest.json";
@@ -119,6 +125,80 @@ pub struct Manifest {
     pub entries: Vec<ManifestEntry>,
     /// Sum of the sizes of all files.
     pub total_bytes: u64,
+    /// What pack found and could not archive (absent: nothing).
+    #[serde(default, skip_serializing_if = "LeftOut::is_empty")]
+    pub left_out: LeftOut,
+}
+
+/// Entries of the packed trees that an archive cannot hold, by kind, and
+/// the first one met (shown in the job's log: a cache that left something
+/// out is not a plain hit).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftOut {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sockets: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fifos: u64,
+    /// Character and block devices.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub devices: u64,
+    /// Names (or symbolic link targets) that are not UTF-8.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_utf8: u64,
+    /// The first entry left out, as `<declared root>/<path>` (lossy UTF-8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl LeftOut {
+    /// How many entries were left out.
+    pub fn total(&self) -> u64 {
+        self.sockets + self.fifos + self.devices + self.not_utf8
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total() == 0
+    }
+
+    /// `3 entries (2 sockets, 1 device); first: venv/run/x.sock`.
+    pub fn summary(&self) -> String {
+        let n = self.total();
+        let plural = |k: u64, one: &str, many: &str| format!("{k} {}", if k == 1 { one } else { many });
+        let kinds: Vec<String> = [
+            (self.sockets, "socket", "sockets"),
+            (self.fifos, "fifo", "fifos"),
+            (self.devices, "device", "devices"),
+            (self.not_utf8, "name that is not UTF-8", "names that are not UTF-8"),
+        ]
+        .into_iter()
+        .filter(|(k, ..)| *k > 0)
+        .map(|(k, one, many)| plural(k, one, many))
+        .collect();
+        let mut s = format!("{} ({})", plural(n, "entry", "entries"), kinds.join(", "));
+        if let Some(f) = &self.first {
+            s.push_str(&format!("; first: {f}"));
+        }
+        s
+    }
+
+    /// Counts an entry of `kind` (None: its name or link target is not
+    /// UTF-8) shown as `shown`.
+    pub(crate) fn add(&mut self, kind: Option<rustix::fs::FileType>, shown: impl FnOnce() -> String) {
+        use rustix::fs::FileType as T;
+        match kind {
+            Some(T::Socket) => self.sockets += 1,
+            Some(T::Fifo) => self.fifos += 1,
+            Some(T::CharacterDevice | T::BlockDevice) => self.devices += 1,
+            _ => self.not_utf8 += 1,
+        }
+        if self.first.is_none() {
+            self.first = Some(shown());
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,8 +214,8 @@ pub struct ManifestEntry {
     pub size: u64,
     /// Lowercase hex sha256 of the contents (files only).
     pub sha256: Option<String>,
-    /// Symlinks only: a relative target (leading `..` components, then
-    /// normal ones) that stays inside its root.
+    /// Symlinks only: the link's target as it was on disk (absolute, or
+    /// leaving the root: a restore makes the link and never follows it).
     pub target: Option<String>,
 }
 

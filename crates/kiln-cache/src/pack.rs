@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use sha2::{Digest, Sha256};
 
 use crate::beneath::{is_link_error, open_beneath, open_dir};
-use crate::paths::normalise_symlink_target;
-use crate::{CacheError, EntryKind, FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestEntry, io_err};
+use crate::{CacheError, EntryKind, FORMAT_VERSION, LeftOut, MANIFEST_NAME, Manifest, ManifestEntry, io_err};
 
 /// Result of [`pack`].
 #[derive(Debug, Clone)]
@@ -25,9 +24,11 @@ pub struct Packed {
     pub archive_sha256: String,
     /// Number of compressed bytes written to `out`.
     pub archive_bytes: u64,
-    /// Entries left out: devices, fifos, sockets, symlinks leaving their
-    /// root (or absolute), names that are not UTF-8.
+    /// Entries left out: devices, fifos, sockets, names (or link targets)
+    /// that are not UTF-8 (`left_out.total()`).
     pub skipped: u64,
+    /// The same, by kind, with the first one (also in the manifest).
+    pub left_out: LeftOut,
 }
 
 /// One directory to archive: `rel` below `base`, reached without following
@@ -74,9 +75,9 @@ pub trait Scan: Sync {
 /// as a zstd-compressed tar stream written to `out`.
 ///
 /// Regular files (hardlinks are stored as independent files), directories
-/// and symlinks whose target stays inside the same root are kept; other
-/// symlinks, devices, fifos and sockets are skipped and counted in
-/// [`Packed::skipped`]. Files are hashed in a first (parallel) pass, so the
+/// and symbolic links (as links, whatever their target: never followed)
+/// are kept; devices, fifos, sockets and names that are not UTF-8 are left
+/// out and counted in [`Packed::left_out`] (and the manifest). Files are hashed in a first (parallel) pass, so the
 /// manifest can be the first member; the second pass streams them into the
 /// (multithreaded) zstd encoder and fails if a file changed in between.
 /// The directory itself may not be a symbolic link; nothing below it is
@@ -91,7 +92,8 @@ pub fn pack(sources: &[(String, PathBuf)], out: impl Write, level: i32) -> Resul
 /// open directory, never following a symbolic link (a link on the way is
 /// [`CacheError::Refused`], naming the declared path; a root that is
 /// missing has no entries). Symbolic links inside a root are archived as
-/// links (when their target stays inside the root), never followed.
+/// links, never followed (a venv's `bin/python -> /usr/bin/python3` comes
+/// back as that link).
 /// `scan` sees every file's bytes as they are hashed.
 pub fn pack_sources(
     sources: &[Source],
@@ -99,7 +101,7 @@ pub fn pack_sources(
     level: i32,
     scan: Option<&dyn Scan>,
 ) -> Result<Packed, CacheError> {
-    let (mut entries, disk, skipped) = scan_tree(sources)?;
+    let (mut entries, disk, left_out) = scan_tree(sources)?;
     let prints = hash_files(&mut entries, &disk, sources, scan)?;
     let total_bytes = entries.iter().map(|e| e.size).sum();
     let manifest = Manifest {
@@ -107,8 +109,9 @@ pub fn pack_sources(
         roots: sources.iter().map(|s| s.declared.clone()).collect(),
         entries,
         total_bytes,
+        left_out,
     };
-    write_archive(manifest, &disk, &prints, out, level, skipped)
+    write_archive(manifest, &disk, &prints, out, level)
 }
 
 /// Whether the trees `sources` (as for [`pack`]) hold exactly what
@@ -116,9 +119,9 @@ pub fn pack_sources(
 /// else): a prepared copy of an archive is checked this way before use.
 pub fn verify_tree(sources: &[(String, PathBuf)], expected: &Manifest) -> Result<(), CacheError> {
     let sources: Vec<Source> = sources.iter().map(|(d, p)| Source::at(d.clone(), p.clone())).collect();
-    let (mut entries, disk, skipped) = scan_tree(&sources)?;
-    if skipped > 0 {
-        return Err(CacheError::Corrupt(format!("{skipped} entries the manifest cannot list")));
+    let (mut entries, disk, left_out) = scan_tree(&sources)?;
+    if !left_out.is_empty() {
+        return Err(CacheError::Corrupt(format!("{} the manifest cannot list", left_out.summary())));
     }
     if entries.len() != expected.entries.len() {
         return Err(CacheError::Corrupt(format!(
@@ -173,7 +176,7 @@ impl Disk {
     }
 }
 
-type Scanned = (Vec<ManifestEntry>, Disk, u64);
+type Scanned = (Vec<ManifestEntry>, Disk, LeftOut);
 
 /// Opens the root of `s` (None: it does not exist), refusing a path that
 /// leaves its base or passes a symbolic link, and anything not a directory.
@@ -224,12 +227,12 @@ fn is_link(base: &OwnedFd, rel: &Path) -> bool {
     }
 }
 
-/// The entries of `sources` (unhashed), where they are, and how many were
-/// skipped.
+/// The entries of `sources` (unhashed), where they are, and what was left
+/// out.
 fn scan_tree(sources: &[Source]) -> Result<Scanned, CacheError> {
     let mut entries = Vec::new();
     let mut disk = Disk { roots: vec![], paths: vec![], shown: sources.iter().map(Source::shown).collect() };
-    let mut skipped = 0u64;
+    let mut skipped = LeftOut::default();
     for (i, s) in sources.iter().enumerate() {
         let root = u32::try_from(i).map_err(|_| CacheError::Refused("too many roots".into()))?;
         let Some(fd) = open_root(s)? else {
@@ -247,7 +250,7 @@ fn scan_tree(sources: &[Source]) -> Result<Scanned, CacheError> {
             target: None,
         });
         disk.paths.push((i, PathBuf::new()));
-        walk(root, &fd, Path::new(""), "", &mut entries, &mut disk, &mut skipped)?;
+        walk(root, &fd, Path::new(""), "", &mut entries, &mut disk, &mut skipped, &s.declared)?;
         disk.roots.push(Some(fd));
     }
     Ok((entries, disk, skipped))
@@ -259,7 +262,6 @@ fn write_archive(
     prints: &[Fingerprint],
     out: impl Write,
     level: i32,
-    skipped: u64,
 ) -> Result<Packed, CacheError> {
     let json = serde_json::to_vec(&manifest)
         .map_err(|e| CacheError::Io(io::Error::other(format!("encoding the manifest: {e}"))))?;
@@ -311,10 +313,11 @@ fn write_archive(
     let mut counting = enc.finish().map_err(wctx)?;
     counting.flush().map_err(wctx)?;
     Ok(Packed {
+        skipped: manifest.left_out.total(),
+        left_out: manifest.left_out.clone(),
         manifest,
         archive_sha256: hex::encode(counting.hasher.finalize()),
         archive_bytes: counting.bytes,
-        skipped,
     })
 }
 
@@ -336,7 +339,9 @@ fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
 /// Depth-first, names sorted bytewise, parents before children; `dir` is
 /// the open directory at `rel_path` below the root. Only one directory is
 /// open per level, and each is opened from its parent without following a
-/// link.
+/// link. What cannot be archived is counted in `skipped` (shown below
+/// `declared`).
+#[allow(clippy::too_many_arguments)]
 fn walk(
     root: u32,
     dir: &OwnedFd,
@@ -344,8 +349,10 @@ fn walk(
     rel: &str,
     entries: &mut Vec<ManifestEntry>,
     disk: &mut Disk,
-    skipped: &mut u64,
+    skipped: &mut LeftOut,
+    declared: &str,
 ) -> Result<(), CacheError> {
+    let left = |child: &Path| Path::new(declared).join(child).to_string_lossy().into_owned();
     let shown = || Path::new(&disk.shown[root as usize]).join(rel_path).display().to_string();
     let listing = |e: rustix::io::Errno| io_err(format_args!("listing {}", shown()), e.into());
     let mut children = Vec::new();
@@ -360,7 +367,7 @@ fn walk(
     for name in children {
         let child_path = rel_path.join(&name);
         let Some(name_str) = name.to_str() else {
-            *skipped += 1;
+            skipped.add(None, || left(&child_path));
             continue;
         };
         let child_rel = if rel.is_empty() { name_str.to_string() } else { format!("{rel}/{name_str}") };
@@ -383,7 +390,7 @@ fn walk(
                 };
                 entries.push(entry(root, &child_rel, EntryKind::Dir, mode, None));
                 disk.paths.push((root as usize, child_path.clone()));
-                walk(root, &sub, &child_path, &child_rel, entries, disk, skipped)?;
+                walk(root, &sub, &child_path, &child_rel, entries, disk, skipped, declared)?;
             }
             rustix::fs::FileType::RegularFile => {
                 let mut e = entry(root, &child_rel, EntryKind::File, mode, None);
@@ -394,17 +401,19 @@ fn walk(
             rustix::fs::FileType::Symlink => {
                 let target = rustix::fs::readlinkat(dir, name.as_os_str(), Vec::new())
                     .map_err(|e| io_err(format_args!("reading link {}", shown_child()), e.into()))?;
-                let target = target.to_str().ok().and_then(|t| normalise_symlink_target(&child_rel, t));
-                match target {
-                    Some(t) => {
-                        entries.push(entry(root, &child_rel, EntryKind::Symlink, 0o777, Some(t)));
+                // Kept as it is, never followed (issue 41, item 4): a
+                // restore makes the same link; nothing is ever written
+                // below it.
+                match target.to_str() {
+                    Ok(t) if !t.is_empty() => {
+                        entries.push(entry(root, &child_rel, EntryKind::Symlink, 0o777, Some(t.to_string())));
                         disk.paths.push((root as usize, child_path));
                     }
-                    None => *skipped += 1,
+                    _ => skipped.add(None, || left(&child_path)),
                 }
             }
             // Devices, fifos, sockets.
-            _ => *skipped += 1,
+            other => skipped.add(Some(other), || left(&child_path)),
         }
     }
     Ok(())

@@ -12,16 +12,18 @@ use crate::paths::{check_rel_path, check_symlink_target, parent};
 use crate::{CacheError, EntryKind, FORMAT_VERSION, Limits, MANIFEST_NAME, Manifest, io_err};
 
 /// Result of [`unpack`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unpacked {
     /// Entries restored (files, directories, symlinks, root directories).
     pub entries: u64,
     /// Bytes of file contents restored.
     pub bytes: u64,
+    /// What the archive's pack left out (from its manifest).
+    pub left_out: crate::LeftOut,
 }
 
 /// Bytes of zeros tolerated after the end of the tar stream (record padding).
-const MAX_TRAILER: u64 = 64 * 1024;
+pub(crate) const MAX_TRAILER: u64 = 64 * 1024;
 /// The manifest is held in memory: never more than this.
 const MANIFEST_HARD_CAP: u64 = 1 << 30;
 
@@ -84,7 +86,7 @@ pub fn read_manifest(archive: impl Read, declared: &[String], limits: &Limits) -
     manifest_member(&mut entries, declared, limits)
 }
 
-fn manifest_member<R: Read>(
+pub(crate) fn manifest_member<R: Read>(
     entries: &mut tar::Entries<'_, R>,
     declared: &[String],
     limits: &Limits,
@@ -209,7 +211,7 @@ impl std::fmt::Display for SourceError {
 }
 impl std::error::Error for SourceError {}
 
-struct SourceReader<R>(R);
+pub(crate) struct SourceReader<R>(pub(crate) R);
 impl<R: Read> Read for SourceReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.0.read(buf).map_err(|e| io::Error::new(e.kind(), SourceError(e)))
@@ -228,10 +230,10 @@ impl std::error::Error for LimitExceeded {}
 
 /// Counts decompressed bytes and fails once past `budget`: a backstop so a
 /// hostile stream is never decoded without bound, whatever the tar layer does.
-struct LimitReader<R> {
-    inner: R,
-    read: u64,
-    budget: u64,
+pub(crate) struct LimitReader<R> {
+    pub(crate) inner: R,
+    pub(crate) read: u64,
+    pub(crate) budget: u64,
 }
 impl<R: Read> Read for LimitReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -248,7 +250,7 @@ impl<R: Read> Read for LimitReader<R> {
 }
 
 /// Classifies an error raised while reading the archive stream.
-fn read_err(what: &str, e: io::Error) -> CacheError {
+pub(crate) fn read_err(what: &str, e: io::Error) -> CacheError {
     if let Some(inner) = e.get_ref() {
         if inner.is::<LimitExceeded>() {
             return CacheError::TooLarge(format!("{what}: {e}"));
@@ -260,18 +262,18 @@ fn read_err(what: &str, e: io::Error) -> CacheError {
     CacheError::Corrupt(format!("{what}: {e}"))
 }
 
-fn manifest_cap(limits: &Limits) -> u64 {
+pub(crate) fn manifest_cap(limits: &Limits) -> u64 {
     limits.max_entries.saturating_mul(1024).saturating_add(1 << 20).min(MANIFEST_HARD_CAP)
 }
 
 /// A tar member with GNU long names folded in.
-struct Member<'a, R: Read> {
-    entry: tar::Entry<'a, R>,
-    name: Vec<u8>,
-    link: Option<Vec<u8>>,
+pub(crate) struct Member<'a, R: Read> {
+    pub(crate) entry: tar::Entry<'a, R>,
+    pub(crate) name: Vec<u8>,
+    pub(crate) link: Option<Vec<u8>>,
 }
 
-fn next_member<'a, R: Read>(
+pub(crate) fn next_member<'a, R: Read>(
     entries: &mut tar::Entries<'a, R>,
     limits: &Limits,
 ) -> Result<Option<Member<'a, R>>, CacheError> {
@@ -317,7 +319,8 @@ fn next_member<'a, R: Read>(
 }
 
 fn validate_manifest(m: &Manifest, declared: &[String], limits: &Limits) -> Result<(), CacheError> {
-    if m.format != FORMAT_VERSION {
+    // Format 1 is format 2 with fewer links and nothing recorded as left out.
+    if m.format != FORMAT_VERSION && m.format != 1 {
         return Err(CacheError::Refused(format!("archive format {} is not {FORMAT_VERSION}", m.format)));
     }
     if m.roots != declared {
@@ -406,6 +409,46 @@ fn validate_manifest(m: &Manifest, declared: &[String], limits: &Limits) -> Resu
         )));
     }
     Ok(())
+}
+
+/// Checks the member `m` against `exp`, the manifest's entry at its
+/// position: name, kind, size, mode and link target must match (the
+/// contents are checked against the digest as they are read).
+pub(crate) fn check_member<R: Read>(
+    m: &Member<'_, R>,
+    exp: &crate::ManifestEntry,
+    limits: &Limits,
+) -> Result<(EntryKind, u64), CacheError> {
+    let shown = String::from_utf8_lossy(&m.name).into_owned();
+    if m.name.len() > limits.max_path_bytes {
+        return Err(CacheError::Refused(format!(
+            "member {:.64?}…: path longer than {} bytes",
+            shown, limits.max_path_bytes
+        )));
+    }
+    let header = m.entry.header();
+    let kind = kind_of(header.entry_type()).map_err(|k| CacheError::Refused(format!("member {shown:?} is a {k}")))?;
+    let mut name = m.name.as_slice();
+    if kind == EntryKind::Dir && name.len() > 1 && name.ends_with(b"/") {
+        name = &name[..name.len() - 1];
+    }
+    if name != exp.member_name().as_bytes() {
+        return Err(CacheError::Refused(format!(
+            "member {shown:?} is not the manifest's next entry {:?}",
+            exp.member_name()
+        )));
+    }
+    let size = header.entry_size().map_err(|e| CacheError::Corrupt(format!("member {shown:?}: {e}")))?;
+    let mode = header.mode().map_err(|e| CacheError::Corrupt(format!("member {shown:?}: {e}")))?;
+    if kind != exp.kind || size != exp.size || mode != exp.mode {
+        return Err(CacheError::Corrupt(format!(
+            "member {shown:?} (kind {kind:?}, size {size}, mode {mode:o}) differs from the manifest"
+        )));
+    }
+    if kind == EntryKind::Symlink && m.link.as_deref() != exp.target.as_deref().map(str::as_bytes) {
+        return Err(CacheError::Corrupt(format!("symlink {shown:?} target differs from the manifest")));
+    }
+    Ok((kind, size))
 }
 
 fn kind_of(t: tar::EntryType) -> Result<EntryKind, String> {
@@ -646,38 +689,10 @@ fn extract_stream(
             return Err(writers.take_error().unwrap_or_else(|| CacheError::Io(io::Error::other("a writer failed"))));
         }
         let shown = String::from_utf8_lossy(&m.name).into_owned();
-        if m.name.len() > limits.max_path_bytes {
-            return Err(CacheError::Refused(format!(
-                "member {:.64?}…: path longer than {} bytes",
-                shown, limits.max_path_bytes
-            )));
-        }
-        let header = m.entry.header();
-        let kind =
-            kind_of(header.entry_type()).map_err(|k| CacheError::Refused(format!("member {shown:?} is a {k}")))?;
         let Some(exp) = manifest.entries.get(count) else {
             return Err(CacheError::Refused(format!("member {shown:?} is not in the manifest")));
         };
-        let mut name = m.name.as_slice();
-        if kind == EntryKind::Dir && name.len() > 1 && name.ends_with(b"/") {
-            name = &name[..name.len() - 1];
-        }
-        if name != exp.member_name().as_bytes() {
-            return Err(CacheError::Refused(format!(
-                "member {shown:?} is not the manifest's next entry {:?}",
-                exp.member_name()
-            )));
-        }
-        let size = header.entry_size().map_err(|e| CacheError::Corrupt(format!("member {shown:?}: {e}")))?;
-        let mode = header.mode().map_err(|e| CacheError::Corrupt(format!("member {shown:?}: {e}")))?;
-        if kind != exp.kind || size != exp.size || mode != exp.mode {
-            return Err(CacheError::Corrupt(format!(
-                "member {shown:?} (kind {kind:?}, size {size}, mode {mode:o}) differs from the manifest"
-            )));
-        }
-        if kind == EntryKind::Symlink && m.link.as_deref() != exp.target.as_deref().map(str::as_bytes) {
-            return Err(CacheError::Corrupt(format!("symlink {shown:?} target differs from the manifest")));
-        }
+        let (kind, size) = check_member(&m, exp, limits)?;
         let root_dir = &dirs[exp.root as usize];
         let dest = if exp.path.is_empty() { root_dir.clone() } else { root_dir.join(&exp.path) };
         let wctx = |e| io_err(format_args!("restoring {}", dest.display()), e);
@@ -774,7 +789,8 @@ fn extract_stream(
     if trailer.len() as u64 > MAX_TRAILER || trailer.iter().any(|&b| b != 0) {
         return Err(CacheError::Corrupt("unexpected data after the end of the archive".into()));
     }
-    Ok(Extracted { present, unpacked: Unpacked { entries: count as u64, bytes }, dir_modes })
+    let left_out = manifest.left_out;
+    Ok(Extracted { present, unpacked: Unpacked { entries: count as u64, bytes, left_out }, dir_modes })
 }
 
 struct Extracted {

@@ -73,6 +73,7 @@ pub(crate) fn router(state: State) -> Router {
     let data = Router::new()
         .route("/blob/uploads/{generation}/parts/{part}", put(blob::put_part))
         .route("/blob/objects/{generation}", get(blob::get_object))
+        .route("/blob/objects/{generation}/export", get(blob::export_object))
         .layer(DefaultBodyLimit::disable())
         .route_layer(middleware::from_fn(security::authenticated_if_served));
     // Forge webhooks: the forge's signature is the credential; bodies up

@@ -894,6 +894,13 @@ pub enum SecretCommand {
 #[derive(Subcommand, Debug)]
 pub enum ArtifactCommand {
     /// Download the artifact NAME that job JOB of RUN published (its bound generation), verifying its sha256.
+    ///
+    /// A file is written as it is. A directory or glob artifact is written with `-o PATH` as a normal
+    /// archive (`.tar.gz` by default, `.zip` with `--format zip` or a PATH ending in `.zip`) holding the
+    /// tree's contents, or with `--extract DIR` unpacked into DIR (which must not exist or be empty):
+    /// nothing outside DIR is written, no entry is written through a link, and DIR appears only once
+    /// all of it verified.
+    #[command(group(clap::ArgGroup::new("to").required(true).args(["output", "extract"])))]
     Get {
         /// The run's id (or a unique prefix of 8+ characters).
         run: String,
@@ -901,9 +908,17 @@ pub enum ArtifactCommand {
         job: String,
         /// The artifact's name (as published by the job).
         name: String,
-        /// Where to write it (`-` for standard output).
+        /// Where to write it (`-` for standard output): a file as it is, a directory or glob as an archive
+        /// (see --format).
         #[arg(short, long)]
-        output: PathBuf,
+        output: Option<PathBuf>,
+        /// Unpack the artifact into DIR (it must not exist, or be empty); a file artifact is written as DIR/NAME.
+        #[arg(long, value_name = "DIR")]
+        extract: Option<PathBuf>,
+        /// The archive format of a directory or glob artifact written with -o: `tar.gz` or `zip`
+        /// (default: `zip` for a PATH ending in `.zip`, else `tar.gz`).
+        #[arg(long, value_parser = ["tar.gz", "zip"])]
+        format: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },

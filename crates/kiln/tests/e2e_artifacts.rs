@@ -258,3 +258,193 @@ async fn a_retry_of_failed_jobs_keeps_its_inputs_past_the_parents_expiry() {
     assert_eq!(e.status(), Some(409), "{e}");
     assert!(e.to_string().contains("has expired") && e.to_string().contains("retry the whole run"), "{e}");
 }
+
+/// The tree `downloads` publishes (run here too, for the expected tree).
+const MAKE_SITE: &str = r#"set -e
+mkdir -p site/css site/empty site/deep/er/still
+printf '<h1>hi</h1>\n' > site/index.html
+printf 'body{}\n' > site/css/main.css
+printf '#!/bin/sh\necho run\n' > site/run.sh && chmod 755 site/run.sh
+head -c 300000 /dev/urandom > site/deep/er/still/blob.bin
+ln -s css/main.css site/style.css
+"#;
+
+/// Every entry below `dir`: (relative path, mode, contents or link target).
+fn tree_of(dir: &std::path::Path) -> Vec<(String, u32, Vec<u8>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.file_type().is_symlink() {
+                out.push((rel, 0, std::fs::read_link(&p).unwrap().display().to_string().into_bytes()));
+            } else if m.is_dir() {
+                out.push((rel, m.permissions().mode() & 0o777, vec![]));
+                stack.push(p);
+            } else {
+                out.push((rel, m.permissions().mode() & 0o777, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Only the regular files of `dir` (path, sha256 of the contents): what
+/// Python's zipfile extracts faithfully (it writes a link as a file).
+fn files_of(t: &[(String, u32, Vec<u8>)], dir: &std::path::Path) -> Vec<(String, String)> {
+    t.iter()
+        .filter(|(p, ..)| dir.join(p).symlink_metadata().is_ok_and(|m| m.is_file()))
+        .map(|(p, _, c)| (p.clone(), hex::encode(Sha256::digest(c))))
+        .collect()
+}
+
+/// Issue 41, items 4 and 5: a directory artifact is downloaded extracted
+/// (`--extract DIR`, byte for byte with modes and links), as a `.tar.gz`
+/// that plain `tar -xzf` unpacks to the same tree, as a `.zip` Python
+/// unpacks, and over HTTP by `?format=` or `Accept` (a token of another
+/// repository gets 404); and cargo's shape, a file hard-linked to another
+/// name in the workspace, is published and restored by the next job.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_artifact_downloads_as_a_normal_archive_or_extracted() {
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: build
+    steps:
+      - |
+{}
+        mkdir -p target/release/deps
+        printf 'echo hello from app\n' > target/release/deps/app-0123abcd
+        ln target/release/deps/app-0123abcd target/release/app
+        test "$(stat -c %h target/release/app)" = 2
+    artifacts:
+      publish:
+        - {{name: site, path: site}}
+        - {{name: app, path: target/release/app}}
+  - name: use
+    steps:
+      - sh bin/app
+    artifacts:
+      restore:
+        - {{from_job: build, name: app, path: bin/app}}
+"#,
+        MAKE_SITE.lines().map(|l| format!("        {l}")).collect::<Vec<_>>().join("\n")
+    );
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    server.add_repo("dl", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _a = server.agent("a", &[]).unwrap();
+    let run = c.submit_run("dl", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run(&c, &run.run_id, 180).await;
+    let logs = server.cli().args(["logs", &run.run_id]).output().unwrap();
+    let log = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert_eq!(done.status, "success", "{log}\n{}", server.log());
+    assert!(log.contains("hello from app"), "the hard-linked file was published and restored:\n{log}");
+
+    // The expected tree: the same script, here. The random blob differs:
+    // take it from the extracted copy, compared against the tar.gz's.
+    let tmp = tempfile::tempdir().unwrap();
+    let st = std::process::Command::new("sh").arg("-c").arg(MAKE_SITE).current_dir(tmp.path()).status().unwrap();
+    assert!(st.success());
+    let get = |args: &[&str]| {
+        let mut cmd = server.cli();
+        cmd.args(["artifact", "get", &run.run_id, "build", "site"]).args(args);
+        cmd.output().unwrap()
+    };
+
+    // --extract DIR.
+    let extracted = tmp.path().join("out/extracted");
+    let out = get(&["--extract", extracted.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got = tree_of(&extracted);
+    let mut want = tree_of(&tmp.path().join("site"));
+    let blob = got.iter().find(|e| e.0 == "deep/er/still/blob.bin").unwrap().2.clone();
+    assert_eq!(blob.len(), 300_000);
+    want.iter_mut().filter(|e| e.0 == "deep/er/still/blob.bin").for_each(|e| e.2 = blob.clone());
+    assert_eq!(got, want, "extracted byte for byte, with modes and the link");
+    assert!(std::fs::read_dir(tmp.path().join("out")).unwrap().count() == 1, "nothing left beside DIR");
+
+    // Into a directory that is not empty: refused, nothing written.
+    let out = get(&["--extract", extracted.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not empty") && err.contains("nothing was written"), "{err}");
+    assert_eq!(tree_of(&extracted), got);
+
+    // -o PATH: a .tar.gz by default that plain tar unpacks to the same tree.
+    let tgz = tmp.path().join("site.tar.gz");
+    let out = get(&["-o", tgz.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let untarred = tmp.path().join("untarred");
+    std::fs::create_dir(&untarred).unwrap();
+    assert!(
+        std::process::Command::new("tar").arg("-xzf").arg(&tgz).arg("-C").arg(&untarred).status().unwrap().success()
+    );
+    assert_eq!(tree_of(&untarred), got);
+
+    // --format zip (also chosen by a PATH ending in .zip): Python unpacks it.
+    let zip = tmp.path().join("site.zip");
+    let out = get(&["-o", zip.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let unzipped = tmp.path().join("unzipped");
+    let st = std::process::Command::new("python3").args(["-m", "zipfile", "-e"]).arg(&zip).arg(&unzipped).status();
+    assert!(st.unwrap().success());
+    let mut unzipped_files = files_of(&tree_of(&unzipped), &unzipped);
+    unzipped_files.retain(|(p, _)| p != "style.css");
+    assert_eq!(unzipped_files, files_of(&got, &extracted));
+    let out = get(&["-o", "-", "--format", "zip"]);
+    assert!(out.status.success() && out.stdout.starts_with(b"PK\x03\x04"), "a zip on standard output");
+
+    // HTTP: ?format= or Accept, with the token; the JSON's links without one.
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/workflow-runs/{}/artifacts/build/site", server.url, run.run_id);
+    let auth = format!("Bearer {}", server.token);
+    let r = http.get(format!("{url}?format=tar.gz")).header("authorization", &auth).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/gzip");
+    assert_eq!(r.headers()["content-disposition"], "attachment; filename=\"site.tar.gz\"");
+    let body = r.bytes().await.unwrap();
+    let again = tmp.path().join("http.tar.gz");
+    std::fs::write(&again, &body).unwrap();
+    let dir2 = tmp.path().join("http");
+    std::fs::create_dir(&dir2).unwrap();
+    assert!(std::process::Command::new("tar").arg("-xzf").arg(&again).arg("-C").arg(&dir2).status().unwrap().success());
+    assert_eq!(tree_of(&dir2), got);
+    let r = http.get(&url).header("authorization", &auth).header("accept", "application/zip").send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["content-type"].to_str().unwrap()), (200, "application/zip"));
+    assert!(r.bytes().await.unwrap().starts_with(b"PK\x03\x04"));
+    let r = http.get(format!("{url}?format=rar")).header("authorization", &auth).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("use `tar.gz` or `zip`"));
+    let d = c.artifact(&run.run_id, "build", "site").await.unwrap();
+    let link = d.tar_gz_url.expect("an archive has a .tar.gz link");
+    let r = http.get(&link).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(&r.bytes().await.unwrap()[..2], &[0x1f, 0x8b], "gzip");
+    assert!(d.zip_url.is_some());
+    assert!(c.artifact(&run.run_id, "build", "app").await.unwrap().tar_gz_url.is_none(), "a file has none");
+    let tampered = link.replace("cap=", "cap=x");
+    assert_eq!(http.get(&tampered).send().await.unwrap().status(), 401);
+
+    // Authorized as every read: no token 401, another repository's 404.
+    let r = http.get(format!("{url}?format=tar.gz")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    server.add_repo("other", &repo);
+    let t = c
+        .create_token(&kiln_api::CreateToken {
+            name: "other-trigger".into(),
+            scope: "trigger".into(),
+            repo: Some("other".into()),
+            trusted: None,
+        })
+        .await
+        .unwrap();
+    let r =
+        http.get(format!("{url}?format=tar.gz")).header("authorization", format!("Bearer {}", t.token)).send().await;
+    assert_eq!(r.unwrap().status(), 404, "a token without access to the run learns nothing");
+}

@@ -285,3 +285,45 @@ async fn scrape(url: &str, token: &str) -> String {
     let res = reqwest::Client::new().get(format!("{url}/metrics")).bearer_auth(token).send().await.unwrap();
     res.text().await.unwrap()
 }
+
+/// Issue 41, item 4: a real Python venv as the cache. Its `bin/python3 ->
+/// /usr/bin/python3` (absolute, out of the workspace) comes back as that
+/// link, so the second run's venv works; a fifo in it is left out, the
+/// first run's log says so, and the second run's hit is `partial`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_venv_is_restored_with_its_links_and_what_was_left_out_is_said() {
+    let wf = r#"version: 1
+jobs:
+  - name: py
+    cache: {kind: venv, version: "1", inputs: [requirements.txt], paths: [venv]}
+    steps:
+      - |
+        set -e
+        if [ -e venv/pyvenv.cfg ]; then echo "venv restored"; else python3 -m venv venv && mkfifo venv/ctl.fifo && echo "venv made"; fi
+        echo "link: $(readlink venv/bin/python3)"
+        venv/bin/python -c 'import sys; print("prefix", sys.prefix)'
+"#;
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf), ("requirements.txt", "\n")]).unwrap();
+    assert!(up.cli().args(["repo", "add", "app", "--url"]).arg(repo.path()).status().unwrap().success());
+    let c = Client::new(&up.url, &up.token);
+
+    let (r1, log1) = run(&up, &c, None).await;
+    assert!(log1.contains("venv made"), "{log1}");
+    assert!(log1.contains("cache: left out 1 entry (1 fifo); first: venv/ctl.fifo"), "{log1}");
+    let c1 = cache(&r1);
+    assert_eq!((c1.result.as_str(), c1.saved.as_deref()), ("miss", Some("saved")), "{c1:?}");
+    assert_eq!(c1.left_out.as_deref(), Some("1 entry (1 fifo); first: venv/ctl.fifo"));
+    let link1 = log1.lines().find_map(|l| l.split("link: ").nth(1)).expect("the link").trim().to_string();
+    assert!(link1.starts_with('/'), "a venv's python is an absolute link: {link1}");
+
+    let (r2, log2) = run(&up, &c, None).await;
+    assert!(log2.contains("venv restored"), "{log2}");
+    assert!(log2.contains(&format!("link: {link1}")), "the same link came back:\n{log2}");
+    let prefix = log2.lines().find_map(|l| l.split("prefix ").nth(1)).expect("the venv ran").trim().to_string();
+    assert!(prefix.ends_with("/venv"), "the restored venv's python runs in it: {prefix}\n{log2}");
+    assert!(log2.contains("partial hit") && log2.contains("left out 1 entry (1 fifo)"), "{log2}");
+    let c2 = cache(&r2);
+    assert_eq!(c2.result, "partial", "a hit that left things out is not a plain hit: {c2:?}");
+    assert_eq!(c2.left_out.as_deref(), Some("1 entry (1 fifo); first: venv/ctl.fifo"));
+}

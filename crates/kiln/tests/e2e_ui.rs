@@ -271,9 +271,11 @@ jobs:
     cache: {kind: deps, version: "1", paths: [deps]}
     steps:
       - mkdir -p out deps && printf 'artifact bytes of %s\n' "$KILN_RUN_ID" > out/app.txt && echo x > deps/x
+      - mkdir -p site/sub && echo page > site/index.html && echo deep > site/sub/d.txt
     artifacts:
       publish:
         - {name: app, path: out/app.txt}
+        - {name: site, path: site}
   - name: slow
     needs: []
     steps:
@@ -331,6 +333,19 @@ jobs:
         "downloaded artifact: {:?}",
         std::fs::read_dir(downloads.path()).unwrap().flatten().map(|e| e.path()).collect::<Vec<_>>()
     );
+
+    // A directory artifact downloads as a normal .tar.gz of its tree
+    // (issue 41, item 5), never Kiln's internal archive.
+    let link = wait().for_element(Locator::Css("button[title='Download site (.tar.gz)']")).await.unwrap();
+    link.click().await.unwrap();
+    let tgz = downloads.path().join("site.tar.gz");
+    let got = kiln_testkit::wait_for(Duration::from_secs(30), || {
+        let out = tempfile::tempdir().ok()?;
+        let ok = std::process::Command::new("tar").arg("-xzf").arg(&tgz).arg("-C").arg(out.path()).status().ok()?;
+        let deep = std::fs::read_to_string(out.path().join("sub/d.txt")).ok()?;
+        ok.success().then(|| (std::fs::read_to_string(out.path().join("index.html")).unwrap_or_default(), deep))
+    });
+    assert_eq!(got, Some(("page\n".to_string(), "deep\n".to_string())), "plain tar unpacks the UI's download");
 
     // Cancel with the button (confirming the dialog): the run ends cancelled.
     let cancel = wait().for_element(Locator::XPath("//button[normalize-space()='Cancel']")).await.unwrap();

@@ -197,6 +197,7 @@ pub fn manifest(roots: &[&str], entries: Vec<ManifestEntry>) -> Manifest {
         roots: roots.iter().map(|s| s.to_string()).collect(),
         total_bytes: entries.iter().map(|e| e.size).sum(),
         entries,
+        left_out: Default::default(),
     }
 }
 

@@ -95,24 +95,77 @@ fn symlinks_inside_a_root_stay_symlinks() {
     symlink("a/b/f", c.join("to-file")).unwrap();
     symlink("a", c.join("to-dir")).unwrap();
     symlink("../b/f", c.join("a/b/self")).unwrap();
-    // Leaving the root or absolute: left out, never followed.
+    // Leaving the root or absolute (issue 41, item 4): kept as links,
+    // never followed, restored as the same links.
     symlink(&w.outside, c.join("out-abs")).unwrap();
     symlink("../../outside/shadow", c.join("out-rel")).unwrap();
     let mut out = Vec::new();
     let p = pack_sources(&[Source::within("cache", &w.ws, "cache")], &mut out, 1, None).unwrap();
-    assert_eq!(p.skipped, 2);
+    assert_eq!(p.skipped, 0);
+    assert!(p.left_out.is_empty());
     let kinds: Vec<(String, EntryKind, Option<String>)> =
         p.manifest.entries.iter().map(|e| (e.path.clone(), e.kind, e.target.clone())).collect();
     assert!(kinds.contains(&("to-file".into(), EntryKind::Symlink, Some("a/b/f".into()))), "{kinds:?}");
     assert!(kinds.contains(&("to-dir".into(), EntryKind::Symlink, Some("a".into()))), "{kinds:?}");
-    // Only the real file's bytes are archived (once).
+    let abs = w.outside.display().to_string();
+    assert!(kinds.contains(&("out-abs".into(), EntryKind::Symlink, Some(abs.clone()))), "{kinds:?}");
+    // Only the real file's bytes are archived (once): nothing behind a link.
     assert_eq!(p.manifest.total_bytes, b"payload".len() as u64 + 4);
     let t = w.ws.join("restored");
     unpack(&out[..], std::slice::from_ref(&t), &["cache".to_string()], &Limits::default()).unwrap();
     let snap = snapshot(&t);
     assert_eq!(snap["to-file"], Node::Symlink { target: "a/b/f".into() });
     assert_eq!(snap["to-dir"], Node::Symlink { target: "a".into() });
-    assert!(!snap.contains_key("out-abs") && !snap.contains_key("out-rel"));
+    assert_eq!(snap["out-abs"], Node::Symlink { target: abs });
+    assert_eq!(snap["out-rel"], Node::Symlink { target: "../../outside/shadow".into() });
+}
+
+/// A Python venv's shape: `bin/python -> /usr/bin/python3` (absolute, out
+/// of the workspace), `bin/python3 -> python`, `lib64 -> lib`: a restore
+/// gives back the same links, so a hit is a working venv.
+#[test]
+fn a_venv_comes_back_with_its_links() {
+    let w = ws();
+    let v = w.ws.join("venv");
+    fs::create_dir_all(v.join("bin")).unwrap();
+    fs::create_dir_all(v.join("lib/python3/site-packages")).unwrap();
+    fs::write(v.join("pyvenv.cfg"), b"home = /usr/bin\n").unwrap();
+    symlink("/usr/bin/python3", v.join("bin/python")).unwrap();
+    symlink("python", v.join("bin/python3")).unwrap();
+    symlink("lib", v.join("lib64")).unwrap();
+    let mut out = Vec::new();
+    pack_sources(&[Source::within("venv", &w.ws, "venv")], &mut out, 1, None).unwrap();
+    let t = w.ws.join("again");
+    unpack(&out[..], std::slice::from_ref(&t), &["venv".to_string()], &Limits::default()).unwrap();
+    assert_eq!(snapshot(&t), snapshot(&v));
+    assert_eq!(fs::read_link(t.join("bin/python")).unwrap(), Path::new("/usr/bin/python3"));
+}
+
+/// Sockets, fifos and devices cannot be archived: counted by kind, with
+/// the first one named (the job's log shows it; a hit of such an entry is
+/// `partial`, not `hit`).
+#[test]
+fn what_is_left_out_is_counted_by_kind_and_recorded_in_the_manifest() {
+    let w = ws();
+    let c = w.ws.join("cache");
+    fs::create_dir_all(c.join("run")).unwrap();
+    fs::write(c.join("keep.txt"), b"kept").unwrap();
+    let _a = std::os::unix::net::UnixListener::bind(c.join("run/a.sock")).unwrap();
+    let _b = std::os::unix::net::UnixListener::bind(c.join("run/b.sock")).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(c.join("pipe")).status().unwrap().success());
+    let mut out = Vec::new();
+    let p = pack_sources(&[Source::within("cache", &w.ws, "cache")], &mut out, 1, None).unwrap();
+    assert_eq!(p.skipped, 3);
+    assert_eq!((p.left_out.sockets, p.left_out.fifos, p.left_out.devices), (2, 1, 0));
+    // Names sorted bytewise: `pipe` before `run/`.
+    assert_eq!(p.left_out.summary(), "3 entries (2 sockets, 1 fifo); first: cache/pipe");
+    assert_eq!(p.manifest.left_out, p.left_out);
+    let m = kiln_cache::read_manifest(&out[..], &["cache".to_string()], &Limits::default()).unwrap();
+    assert_eq!(m.left_out, p.left_out, "the restore side reads it from the archive");
+    let t = w.ws.join("restored");
+    unpack(&out[..], std::slice::from_ref(&t), &["cache".to_string()], &Limits::default()).unwrap();
+    assert_eq!(fs::read(t.join("keep.txt")).unwrap(), b"kept");
+    assert!(!t.join("pipe").exists() && t.join("run").is_dir() && !t.join("run/a.sock").exists());
 }
 
 /// A scan finding `needle`, keeping the last `needle.len() - 1` bytes.

@@ -46,12 +46,32 @@ pub(crate) async fn restore(
     Ok(Json(artifacts::restore(&state, &base_url(&state), (&job, epoch), req).await?))
 }
 
+#[derive(serde::Deserialize)]
+pub(crate) struct GetQuery {
+    format: Option<String>,
+}
+
+/// `GET /v1/workflow-runs/{run}/artifacts/{job}/{name}`: the download
+/// capability as JSON; with `?format=tar.gz|zip` or an `Accept` naming one
+/// (`application/gzip`, `application/zip`), the artifact itself: a
+/// directory or glob as that archive (issue 41, item 5), a file as it is.
 pub(crate) async fn get(
     S(state): S<State>,
     Path((run, job, name)): Path<(String, String, String)>,
-) -> ApiResult<Json<api::ArtifactDownload>> {
+    axum::extract::Query(q): axum::extract::Query<GetQuery>,
+    headers: axum::http::HeaderMap,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
     let run = crate::services::runs::resolve_id(&state, &run).await?;
-    Ok(Json(artifacts::get(&state, &base_url(&state), (&run, &job, &name)).await?))
+    let Some(format) = super::blob::asked_format(q.format.as_deref(), &headers)? else {
+        return Ok(Json(artifacts::get(&state, &base_url(&state), (&run, &job, &name)).await?).into_response());
+    };
+    let g = artifacts::bound_generation(&state, (&run, &job, &name)).await?;
+    if g.kind != api::types::ARTIFACT_ARCHIVE {
+        return Ok(super::blob::object_response(artifacts::open_sealed(&state, &g).await?));
+    }
+    let (file, len) = artifacts::export_archive(&state, &g, format).await?;
+    Ok(super::blob::export_response(file, len, &g.name, format))
 }
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/lookup`.

@@ -36,7 +36,12 @@ pub(crate) async fn get_object(
     Path(generation): Path<String>,
     Query(q): Query<CapQuery>,
 ) -> ApiResult<Response> {
-    Ok(match artifacts::open_object(&state, &generation, q.cap.as_deref()).await? {
+    Ok(object_response(artifacts::open_object(&state, &generation, q.cap.as_deref()).await?))
+}
+
+/// The bytes of an object, or the redirect to them.
+pub(crate) fn object_response(o: Object) -> Response {
+    match o {
         Object::Redirect(url) => {
             (StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, url)]).into_response()
         }
@@ -57,5 +62,80 @@ pub(crate) async fn get_object(
             )
                 .into_response()
         }
-    })
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ExportQuery {
+    cap: Option<String>,
+    format: Option<String>,
+}
+
+/// The format asked for by `?format=` (checked) or, failing that, by the
+/// `Accept` header (`application/gzip`, `application/zip`, …); None: none.
+pub(crate) fn asked_format(
+    format: Option<&str>,
+    headers: &axum::http::HeaderMap,
+) -> ApiResult<Option<kiln_cache::ExportFormat>> {
+    if let Some(f) = format {
+        return match kiln_cache::ExportFormat::parse(f) {
+            Some(f) => Ok(Some(f)),
+            None => Err(crate::error::ApiErr::bad_request(format!(
+                "format `{f}` is not one Kiln makes: use `tar.gz` or `zip`"
+            ))),
+        };
+    }
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let types: Vec<&str> = accept.split(',').map(|t| t.split(';').next().unwrap_or_default().trim()).collect();
+    Ok(types.iter().find_map(|t| match *t {
+        "application/zip" | "application/x-zip-compressed" => Some(kiln_cache::ExportFormat::Zip),
+        "application/gzip"
+        | "application/x-gzip"
+        | "application/x-tar+gzip"
+        | "application/x-gtar"
+        | "application/x-tgz" => Some(kiln_cache::ExportFormat::TarGz),
+        _ => None,
+    }))
+}
+
+/// An exported archive as a download named `<name>.<extension>`.
+pub(crate) fn export_response(
+    file: tokio::fs::File,
+    len: u64,
+    name: &str,
+    format: kiln_cache::ExportFormat,
+) -> Response {
+    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
+    let safe: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-+".contains(c) { c } else { '_' }).collect();
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
+            (axum::http::header::CONTENT_LENGTH, len.to_string()),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{safe}.{}\"", format.extension()),
+            ),
+            (axum::http::header::CONTENT_SECURITY_POLICY, BLOB_CSP.to_string()),
+            (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// `GET /blob/objects/{generation}/export?format=tar.gz|zip&cap=…`: an
+/// archive generation as a normal `.tar.gz` or `.zip` (issue 41, item 5),
+/// under the same capability as its bytes; `Accept` chooses when no
+/// `format` is given (default `tar.gz`).
+pub(crate) async fn export_object(
+    S(state): S<State>,
+    Path(generation): Path<String>,
+    Query(q): Query<ExportQuery>,
+    headers: axum::http::HeaderMap,
+) -> ApiResult<Response> {
+    let format = asked_format(q.format.as_deref(), &headers)?.unwrap_or(kiln_cache::ExportFormat::TarGz);
+    let g = artifacts::generation_under_cap(&state, &generation, q.cap.as_deref()).await?;
+    let (file, len) = artifacts::export_archive(&state, &g, format).await?;
+    Ok(export_response(file, len, &g.name, format))
 }

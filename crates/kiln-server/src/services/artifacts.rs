@@ -300,6 +300,13 @@ pub(crate) async fn download_of(
             format!("{base_url}/blob/objects/{}?cap={cap}", g.id)
         }
     };
+    // An archive as people download it: converted here, under the same
+    // capability (issue 41, item 5).
+    let export = |format: kiln_cache::ExportFormat| {
+        let cap = state.signer.sign(Op::Get, &g.id, expires);
+        format!("{base_url}/blob/objects/{}/export?format={}&cap={cap}", g.id, format.extension())
+    };
+    let archive = g.kind == kiln_api::types::ARTIFACT_ARCHIVE;
     Ok(api::ArtifactDownload {
         name: name.to_string(),
         job: job_name.to_string(),
@@ -309,6 +316,8 @@ pub(crate) async fn download_of(
         url,
         expires_at_ms: expires,
         kind: g.kind.clone(),
+        tar_gz_url: archive.then(|| export(kiln_cache::ExportFormat::TarGz)),
+        zip_url: archive.then(|| export(kiln_cache::ExportFormat::Zip)),
     })
 }
 
@@ -338,6 +347,116 @@ pub(crate) async fn get(
     download(state, base_url, &b).await
 }
 
+/// Public API: the bound generation of a run's artifact (for a download
+/// in a normal format); 410 once it expired.
+pub(crate) async fn bound_generation(
+    state: &AppState,
+    (run, job, name): (&str, &str, &str),
+) -> ApiResult<kiln_store::GenerationRecord> {
+    let b = state.store.resolve_binding(run, job, name).await?;
+    if b.expired_at.is_some() || b.generation.state == "expired" {
+        return Err(expired(&format!("`{}/{}`", b.job_name, b.name)));
+    }
+    Ok(b.generation)
+}
+
+/// Data plane: the sealed generation under a download capability.
+pub(crate) async fn generation_under_cap(
+    state: &AppState,
+    generation: &str,
+    cap: Option<&str>,
+) -> ApiResult<kiln_store::GenerationRecord> {
+    if !state.signer.verify(cap.unwrap_or(""), Op::Get, generation, state.clock.now_ms()) {
+        return Err(ApiErr::unauthorized());
+    }
+    let g = state.store.get_generation(generation).await?;
+    if g.state == "expired" {
+        return Err(expired(&format!("`{}` (generation {generation})", g.name)));
+    }
+    if g.state != "sealed" {
+        return Err(ApiErr::not_found(format!("artifact generation {generation} is {}", g.state)));
+    }
+    Ok(g)
+}
+
+/// Bytes of a stored object read at once into the export's copy.
+const EXPORT_READ: usize = 8 << 20;
+
+/// An archive generation as a normal `.tar.gz` or `.zip` (issue 41, item
+/// 5): the stored archive is copied into a temporary file (from S3 in
+/// pieces), checked against the recorded sha256, and exported with every
+/// check `unpack` makes; the result is a temporary file (deleted once
+/// closed) and its length. Nothing is sent before all of it verified.
+pub(crate) async fn export_archive(
+    state: &AppState,
+    g: &kiln_store::GenerationRecord,
+    format: kiln_cache::ExportFormat,
+) -> ApiResult<(tokio::fs::File, u64)> {
+    use tokio::io::AsyncWriteExt;
+    if g.kind != api::types::ARTIFACT_ARCHIVE {
+        return Err(ApiErr::bad_request(format!(
+            "artifact `{}` is a single file: download it as it is (without `format`)",
+            g.name
+        )));
+    }
+    let size = g.expected_size.max(0) as u64;
+    let internal = |e: std::io::Error| ApiErr::internal(format!("exporting artifact `{}`: {e}", g.name));
+    let stored = match &state.blob {
+        BlobStore::Local(local) => local.open(&g.object_key).await.map_err(blob_err)?.0.into_std().await,
+        BlobStore::S3(_) => {
+            let f = tokio::task::spawn_blocking(tempfile::tempfile)
+                .await
+                .map_err(|e| ApiErr::internal(e.to_string()))?
+                .map_err(internal)?;
+            let mut f = tokio::fs::File::from_std(f);
+            let mut at = 0u64;
+            while at < size {
+                let n = (size - at).min(EXPORT_READ as u64) as usize;
+                let bytes = state.blob.read_range(&g.object_key, at, n).await.map_err(blob_err)?;
+                if bytes.is_empty() {
+                    break;
+                }
+                f.write_all(&bytes).await.map_err(internal)?;
+                at += bytes.len() as u64;
+            }
+            f.flush().await.map_err(internal)?;
+            f.into_std().await
+        }
+    };
+    let (name, want, mtime) = (g.name.clone(), g.expected_sha256.clone(), (g.created_at.max(0) / 1000) as u64);
+    let out = tokio::task::spawn_blocking(move || -> Result<(std::fs::File, u64), ApiErr> {
+        use sha2::Digest;
+        use std::io::{Read, Seek};
+        let mut stored = stored;
+        let io = |e: std::io::Error| ApiErr::internal(format!("exporting artifact `{name}`: {e}"));
+        let mut h = sha2::Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let k = stored.read(&mut buf).map_err(io)?;
+            if k == 0 {
+                break;
+            }
+            h.update(&buf[..k]);
+        }
+        if !hex::encode(h.finalize()).eq_ignore_ascii_case(&want) {
+            return Err(ApiErr::internal(format!(
+                "artifact `{name}`: the stored archive does not have its recorded sha256; nothing was sent"
+            )));
+        }
+        stored.rewind().map_err(io)?;
+        let mut out = tempfile::tempfile().map_err(io)?;
+        let limits = kiln_cache::Limits::default();
+        kiln_cache::export(std::io::BufReader::new(stored), &name, &mut out, format, mtime, &limits)
+            .map_err(|e| ApiErr::internal(format!("artifact `{name}` cannot be exported: {e}")))?;
+        let len = out.stream_position().map_err(io)?;
+        out.rewind().map_err(io)?;
+        Ok((out, len))
+    })
+    .await
+    .map_err(|e| ApiErr::internal(e.to_string()))??;
+    Ok((tokio::fs::File::from_std(out.0), out.1))
+}
+
 /// Where a sealed object's bytes come from.
 pub(crate) enum Object {
     /// The local store's file.
@@ -358,10 +477,15 @@ pub(crate) async fn open_object(state: &AppState, generation: &str, cap: Option<
     if g.state != "sealed" {
         return Err(ApiErr::not_found(format!("artifact generation {generation} is {}", g.state)));
     }
+    open_sealed(state, &g).await
+}
+
+/// The bytes of the sealed generation `g`.
+pub(crate) async fn open_sealed(state: &AppState, g: &kiln_store::GenerationRecord) -> ApiResult<Object> {
     match &state.blob {
         BlobStore::Local(local) => {
             let (file, len) = local.open(&g.object_key).await.map_err(blob_err)?;
-            Ok(Object::File { file, len, sha256: g.expected_sha256 })
+            Ok(Object::File { file, len, sha256: g.expected_sha256.clone() })
         }
         BlobStore::S3(s3) => {
             let ttl = Duration::from_millis(DOWNLOAD_CAP_MS as u64);

@@ -154,9 +154,9 @@ pub(crate) async fn report(state: &AppState, (job, epoch): (&str, i64), mut info
     // The estimate is the server's: the entry's cold build time (recorded
     // when it was saved) minus this attempt's steps and restore.
     info.seconds_saved = None;
-    if info.result == "hit"
-        && let (Some(ns), Some(steps)) = (&info.namespace, info.steps_seconds)
-    {
+    // A `partial` hit (the entry left things out) is a hit all the same.
+    let hit = info.result == "hit" || info.result == "partial";
+    if hit && let (Some(ns), Some(steps)) = (&info.namespace, info.steps_seconds) {
         let Scope { run, readable, .. } = scope(state, job, epoch).await?;
         if readable.contains(ns)
             && let Some(build_ms) = state.store.get_cache(&run.repo_id, ns, &info.key).await?.and_then(|e| e.build_ms)
@@ -180,7 +180,7 @@ pub(crate) async fn report(state: &AppState, (job, epoch): (&str, i64), mut info
         verify_entry(state, job, epoch, ns, &info.key).await?;
     }
     if let Some(b) = info.bytes
-        && info.result == "hit"
+        && hit
     {
         state.cache_counts.bytes_restored.fetch_add(b, std::sync::atomic::Ordering::Relaxed);
     }

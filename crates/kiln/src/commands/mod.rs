@@ -52,8 +52,13 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Retry(a) => retry::run(a).await,
         Command::Wait(a) => wait::run(a).await,
         Command::Validate { file } => Ok(validate::run(&file)),
-        Command::Artifact { command: ArtifactCommand::Get { run, job, name, output, conn } } => {
-            artifact::get(&conn, &run, &job, &name, &output).await
+        Command::Artifact { command: ArtifactCommand::Get { run, job, name, output, extract, format, conn } } => {
+            let to = match (output, extract) {
+                (_, Some(dir)) => artifact::To::Extract(dir),
+                (Some(path), None) => artifact::To::Output(path),
+                (None, None) => unreachable!("clap requires -o or --extract"),
+            };
+            artifact::get(&conn, &run, &job, &name, to, format.as_deref()).await
         }
         Command::Artifact { command: ArtifactCommand::List { run, job, json, conn } } => {
             artifact::list(&conn, &run, job.as_deref(), json).await

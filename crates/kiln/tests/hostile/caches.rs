@@ -302,3 +302,44 @@ async fn a_secret_is_never_published_in_an_artifact_or_a_cache() {
     let listing = listing(&log2);
     assert!(!listing.contains("creds"), "the next run restored the secret:\n{log2}");
 }
+
+/// Issue 41, item 4 kept issue 13's rule: a file whose every hard link is
+/// in the workspace is published (cargo's `target/release/<bin>`), one
+/// linked to a file outside it is still refused. The step (running as
+/// `nobody`) links a file it made in /var/tmp (the same filesystem as the
+/// workspace here) into the workspace, as a single artifact and inside a
+/// published directory: the job fails naming the file, nothing is bound,
+/// and the outside file keeps its mode (the freeze never touched it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hard_link_to_a_file_outside_the_workspace_is_still_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let up = KilnUp::start(&bin(), 1).unwrap();
+    let c = Client::new(&up.url, &up.token);
+    // /var/tmp: on the workspace's filesystem here (the step's /tmp is its own).
+    let outside = format!("/var/tmp/kiln-outside-{}", unique("h"));
+    let wf = format!(
+        "version: 1\njobs:\n  - name: single\n    needs: []\n    steps:\n      - |\n        set -e\n        \
+         echo outside > {outside}-1 && chmod 600 {outside}-1\n        mkdir -p out && ln {outside}-1 out/app\n    \
+         artifacts:\n      publish:\n        - {{name: app, path: out/app}}\n  - name: tree\n    needs: []\n    \
+         steps:\n      - |\n        set -e\n        echo outside > {outside}-2 && chmod 600 {outside}-2\n        \
+         mkdir -p site && echo fine > site/index.html && ln {outside}-2 site/stolen\n    \
+         artifacts:\n      publish:\n        - {{name: site, path: site}}\n"
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    let name = register(&c, &repo).await;
+    let (r, log) = run(&c, up.cli(), &name).await;
+    for (j, file, n) in [("single", "`out/app`", 1), ("tree", "`stolen`", 2)] {
+        assert_eq!(job(&r, j).status.as_str(), "failed", "{j}: published a file linked from outside:\n{log}");
+        let m = message(&r, j);
+        assert!(
+            m.contains(file) && m.contains("2 hard links and only 1 of them is in the workspace"),
+            "{j}: {m}\n{log}"
+        );
+        assert!(job(&r, j).artifacts.is_empty(), "{j}: nothing bound");
+        let path = format!("{outside}-{n}");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{j}: the outside file was not made read-only");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "outside\n");
+        let _ = std::fs::remove_file(&path);
+    }
+}
