@@ -139,21 +139,20 @@ impl StepEnv {
             bins.extend(bin.iter().map(|b| root.join(b)).filter(|b| b.is_dir()));
         }
         // sdkman's installed candidates (java, gradle, maven, …).
-        if let Some(sdk) = self.vars.get("SDKMAN_DIR").map(PathBuf::from) {
-            if let Ok(entries) = std::fs::read_dir(sdk.join("candidates")) {
-                let mut found: Vec<PathBuf> =
-                    entries.flatten().map(|e| e.path().join("current")).filter(|c| c.is_dir()).collect();
-                found.sort();
-                for c in found {
-                    if c.parent().and_then(Path::file_name).is_some_and(|n| n == "java")
-                        && !self.vars.contains_key("JAVA_HOME")
-                    {
-                        self.vars.insert("JAVA_HOME".into(), c.display().to_string());
-                        added.push(format!("JAVA_HOME={}", c.display()));
-                    }
-                    if c.join("bin").is_dir() {
-                        bins.push(c.join("bin"));
-                    }
+        let sdk = self.vars.get("SDKMAN_DIR").map(PathBuf::from);
+        if let Some(entries) = sdk.and_then(|sdk| std::fs::read_dir(sdk.join("candidates")).ok()) {
+            let mut found: Vec<PathBuf> =
+                entries.flatten().map(|e| e.path().join("current")).filter(|c| c.is_dir()).collect();
+            found.sort();
+            for c in found {
+                if c.parent().and_then(Path::file_name).is_some_and(|n| n == "java")
+                    && !self.vars.contains_key("JAVA_HOME")
+                {
+                    self.vars.insert("JAVA_HOME".into(), c.display().to_string());
+                    added.push(format!("JAVA_HOME={}", c.display()));
+                }
+                if c.join("bin").is_dir() {
+                    bins.push(c.join("bin"));
                 }
             }
         }
