@@ -193,7 +193,16 @@ async fn missing_or_invalid_workflows_are_refused_and_nothing_is_stored() {
     let e =
         c.submit_run("bad", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap_err();
     assert_eq!(e.status(), Some(422), "{e}");
-    assert!(e.to_string().contains(".kiln/pipeline.yaml"), "{e}");
+    // No workflow path: the commit's only workflow is the one (issue 41, item 6).
+    assert!(e.to_string().contains(".kiln/broken.yaml at "), "{e}");
+    let missing = SubmitRun {
+        commit_sha: "main".into(),
+        workflow_path: Some(".kiln/pipeline.yaml".into()),
+        ..Default::default()
+    };
+    let e = c.submit_run("bad", &missing, None).await.unwrap_err();
+    assert_eq!(e.status(), Some(422), "{e}");
+    assert!(e.to_string().contains("the workflows there are: .kiln/broken.yaml"), "{e}");
 
     let body =
         SubmitRun { commit_sha: "main".into(), workflow_path: Some(".kiln/broken.yaml".into()), ..Default::default() };

@@ -61,7 +61,8 @@ async fn a_trusted_job_gets_a_verifiable_id_token_and_an_untrusted_one_gets_noth
     v.set_issuer(&[issuer.as_str()]);
     v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
     let claims = jsonwebtoken::decode::<serde_json::Value>(&token, &key, &v).expect("verifies").claims;
-    assert_eq!(claims["sub"], "repo:app:ref:HEAD");
+    // A run started at HEAD carries the branch HEAD names (issue 41, item 8).
+    assert_eq!(claims["sub"], "repo:app:ref:refs/heads/main");
     assert_eq!((claims["run_id"].as_str(), claims["job"].as_str()), (Some(run.run_id.as_str()), Some("deploy")));
     assert_eq!(claims["trust"], "trusted");
     let ttl = claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap();
