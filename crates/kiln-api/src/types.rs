@@ -293,13 +293,35 @@ pub struct RunSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub short_id: Option<String>,
     pub repo: String,
+    /// The run's number in its repository (issue 42): 1, 2, 3… in the order
+    /// runs were accepted, never reused; `REPO#NUMBER` (`hello#123`) names
+    /// the run wherever a run id is accepted. 0 from servers before it.
+    #[serde(default)]
+    pub number: i64,
+    /// The workflow's name: its file name without `.yml`/`.yaml` (`ci` for
+    /// `.kiln/workflows/ci.yml`).
+    #[serde(default)]
+    pub workflow: String,
+    /// The commit's title (first line of its message), frozen at acceptance
+    /// (absent for runs accepted before issue 41).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_title: Option<String>,
+    /// A pull request run's number and title (`event` `pull_request`; the
+    /// number is the one in `ref`, `refs/pull/N/head`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request: Option<PullRequestRef>,
+    /// The file the workflow was read from (`.kiln/workflows/ci.yml`).
+    #[serde(default)]
+    pub workflow_path: String,
     pub status: RunStatus,
     pub commit_sha: String,
     pub event: String,
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
     pub trust: String,
-    /// Who caused the run: the forge's pusher or pull request author, `schedule`, or the API token's name.
+    /// Who caused the run, by name: the forge's pusher or pull request
+    /// author, `schedule`, the API token's name, or `admin` (the bootstrap
+    /// `admin.token`).
     #[serde(default)]
     pub actor: Option<String>,
     pub created_at_ms: i64,
@@ -311,6 +333,23 @@ pub struct RunSummary {
 pub struct Run {
     pub id: String,
     pub repo: String,
+    /// The run's number in its repository (issue 42): 1, 2, 3… in the order
+    /// runs were accepted, never reused; `REPO#NUMBER` (`hello#123`) names
+    /// the run wherever a run id is accepted. 0 from servers before it.
+    #[serde(default)]
+    pub number: i64,
+    /// The workflow's name: its file name without `.yml`/`.yaml` (`ci` for
+    /// `.kiln/workflows/ci.yml`).
+    #[serde(default)]
+    pub workflow: String,
+    /// The commit's title (first line of its message), frozen at acceptance
+    /// (absent for runs accepted before issue 41).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_title: Option<String>,
+    /// A pull request run's number and title (`event` `pull_request`; the
+    /// number is the one in `ref`, `refs/pull/N/head`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request: Option<PullRequestRef>,
     pub status: RunStatus,
     pub commit_sha: String,
     pub event: String,
@@ -318,7 +357,9 @@ pub struct Run {
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
     pub trust: String,
-    /// Who caused the run: the forge's pusher or pull request author, `schedule`, or the API token's name.
+    /// Who caused the run, by name: the forge's pusher or pull request
+    /// author, `schedule`, the API token's name, or `admin` (the bootstrap
+    /// `admin.token`).
     #[serde(default)]
     pub actor: Option<String>,
     pub workflow_path: String,
@@ -343,6 +384,14 @@ pub struct Run {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
     pub jobs: Vec<Job>,
+}
+
+/// The pull request a run was started for.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PullRequestRef {
+    pub number: u64,
+    #[serde(default)]
+    pub title: String,
 }
 
 /// What the repository says about a run's commit.

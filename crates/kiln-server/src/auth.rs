@@ -278,7 +278,12 @@ async fn repo_of_request(state: &AppState, uri_path: &str, path: &str) -> Result
     let found = if let Some(repo) = param("{repo}") {
         state.store.get_repo(&repo).await.map(|r| r.id)
     } else if let Some(run) = param("{run}") {
-        state.store.get_run(&run).await.map(|v| v.run.repo_id)
+        // `hello#3`, a prefix, an id: resolved as the handler will; one
+        // that does not resolve reads as not found (no ids disclosed).
+        match crate::services::runs::resolve_id(state, &run).await {
+            Ok(id) => state.store.get_run(&id).await.map(|v| v.run.repo_id),
+            Err(_) => return Ok(None),
+        }
     } else if let Some(job) = param("{job}") {
         match state.store.get_job(&job).await {
             Ok(j) => state.store.get_run(&j.run_id).await.map(|v| v.run.repo_id),

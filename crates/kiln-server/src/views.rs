@@ -8,6 +8,10 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
     api::Run {
         id: r.id.clone(),
         repo: r.repo_name.clone(),
+        number: r.number,
+        workflow: workflow_name(&r.workflow_path),
+        commit_title: r.commit_title.clone(),
+        pull_request: pull_request(r.git_ref.as_deref(), &r.event, r.pull_request_title.as_deref()),
         status: r.status.into(),
         commit_sha: r.commit_sha.clone(),
         event: r.event.clone(),
@@ -102,6 +106,11 @@ pub fn summary(r: &RunSummaryRecord) -> api::RunSummary {
         id: r.id.clone(),
         short_id: None,
         repo: r.repo_name.clone(),
+        number: r.number,
+        workflow: workflow_name(&r.workflow_path),
+        commit_title: r.commit_title.clone(),
+        pull_request: pull_request(r.git_ref.as_deref(), &r.event, r.pull_request_title.as_deref()),
+        workflow_path: r.workflow_path.clone(),
         status: r.status.into(),
         commit_sha: r.commit_sha.clone(),
         event: r.event.clone(),
@@ -111,4 +120,27 @@ pub fn summary(r: &RunSummaryRecord) -> api::RunSummary {
         created_at_ms: r.created_at,
         finished_at_ms: r.finished_at,
     }
+}
+
+/// A workflow's name as lists show it: its file name without
+/// `.yml`/`.yaml` (`ci` for `.kiln/workflows/ci.yml`).
+pub fn workflow_name(path: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    file.strip_suffix(".yml").or_else(|| file.strip_suffix(".yaml")).unwrap_or(file).to_string()
+}
+
+/// The name an actor is shown by: `admin` for the bootstrap `admin.token`;
+/// anything else as stored (a forge user, `schedule`). An API token's
+/// `token:ID` is named by [`crate::services::runs`], which reads the
+/// token's name.
+pub fn actor_shown(stored: &str) -> Option<&'static str> {
+    (stored == crate::auth::ADMIN_ACTOR).then_some("admin")
+}
+
+/// A pull request run's number (from its ref, `refs/pull/N/…`) and title;
+/// a retry of one keeps both.
+pub fn pull_request(git_ref: Option<&str>, event: &str, title: Option<&str>) -> Option<api::PullRequestRef> {
+    let number = git_ref?.strip_prefix("refs/pull/")?.split('/').next()?.parse().ok()?;
+    (event == "pull_request" || title.is_some())
+        .then(|| api::PullRequestRef { number, title: title.unwrap_or_default().to_string() })
 }

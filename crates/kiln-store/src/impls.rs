@@ -77,6 +77,10 @@ impl RunStore for SqlStore {
         accept::find_runs_by_prefix(self, prefix, limit).await
     }
 
+    async fn find_run_by_number(&self, repo_id: &str, number: i64) -> Result<String> {
+        accept::find_run_by_number(self, repo_id, number).await
+    }
+
     async fn run_id_neighbours(&self, id: &str) -> Result<(Option<String>, Option<String>)> {
         accept::run_id_neighbours(self, id).await
     }

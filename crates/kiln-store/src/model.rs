@@ -85,6 +85,8 @@ pub struct NewRun {
     /// from git at acceptance: `commit.title` / `commit.author` (issue 41).
     pub commit_title: Option<String>,
     pub commit_author: Option<String>,
+    /// A pull request run's title, from the forge's payload (issue 42).
+    pub pull_request_title: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +130,12 @@ pub struct RunSummaryRecord {
     pub message: Option<String>,
     pub created_at: i64,
     pub finished_at: Option<i64>,
+    /// The run's number in its repository (`hello#123`), from 1, never reused.
+    pub number: i64,
+    /// The commit's title frozen at acceptance (absent for older runs).
+    pub commit_title: Option<String>,
+    /// A pull request run's title, from the forge's payload.
+    pub pull_request_title: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -159,6 +167,10 @@ pub struct RunRecord {
     /// Waiting for its run-level concurrency group (its `message` says
     /// which): no job of it becomes ready.
     pub held: bool,
+    /// The run's number in its repository (`hello#123`), from 1, never reused.
+    pub number: i64,
+    /// A pull request run's title, from the forge's payload.
+    pub pull_request_title: Option<String>,
 }
 
 impl RunRecord {

@@ -64,6 +64,9 @@ pub trait RunStore: Send + Sync {
     async fn find_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummaryRecord>>;
     /// Ids of runs that start with `prefix`, at most `limit`, in id order.
     async fn find_runs_by_prefix(&self, prefix: &str, limit: u32) -> Result<Vec<String>>;
+    /// The id of run `number` of repository `repo_id` (`hello#123`);
+    /// `NotFound` when it has no such run.
+    async fn find_run_by_number(&self, repo_id: &str, number: i64) -> Result<String>;
     /// The run ids just before and just after `id` in id order.
     async fn run_id_neighbours(&self, id: &str) -> Result<(Option<String>, Option<String>)>;
     /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are

@@ -902,8 +902,11 @@ pub enum ArtifactCommand {
     /// all of it verified.
     #[command(group(clap::ArgGroup::new("to").required(true).args(["output", "extract"])))]
     Get {
-        /// The run's id (or a unique prefix of 8+ characters).
+        /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
         run: String,
+        /// The repository a bare run NUMBER is of.
+        #[arg(long, value_name = "REPO")]
+        repo: Option<String>,
         /// The job's name (or id).
         job: String,
         /// The artifact's name (as published by the job).
@@ -924,8 +927,11 @@ pub enum ArtifactCommand {
     },
     /// List the artifacts a run's jobs published: name, job, size, sha256, kind (file or archive), expiry.
     List {
-        /// The run's id (or a unique prefix of 8+ characters).
+        /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
         run: String,
+        /// The repository a bare run NUMBER is of.
+        #[arg(long, value_name = "REPO")]
+        repo: Option<String>,
         /// Only this job's artifacts (name or id).
         job: Option<String>,
         /// Print the artifacts as JSON (`[{"job", "name", "size", "sha256", "kind", "expires_at", "expired", …}]`).
@@ -1055,8 +1061,11 @@ pub struct TopArgs {
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// The run's id (or a unique prefix of 8+ characters).
+    /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
     pub run: String,
+    /// The repository a bare run NUMBER is of (`kiln logs 123 --repo hello` is `kiln logs hello#123`).
+    #[arg(long, value_name = "REPO")]
+    pub repo: Option<String>,
     /// Print the run object of the API as JSON.
     #[arg(long)]
     pub json: bool,
@@ -1066,8 +1075,11 @@ pub struct StatusArgs {
 
 #[derive(Args, Debug)]
 pub struct LogsArgs {
-    /// The run's id (or a unique prefix of 8+ characters).
+    /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
     pub run: String,
+    /// The repository a bare run NUMBER is of (`kiln logs 123 --repo hello` is `kiln logs hello#123`).
+    #[arg(long, value_name = "REPO")]
+    pub repo: Option<String>,
     /// Only this job (name or id).
     pub job: Option<String>,
     /// Keep streaming until the jobs finish, then exit with the result: 0 if
@@ -1085,8 +1097,11 @@ pub struct LogsArgs {
 
 #[derive(Args, Debug)]
 pub struct RetryArgs {
-    /// The run's id (or a unique prefix of 8+ characters).
+    /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
     pub run: String,
+    /// The repository a bare run NUMBER is of (`kiln logs 123 --repo hello` is `kiln logs hello#123`).
+    #[arg(long, value_name = "REPO")]
+    pub repo: Option<String>,
     /// Run again only the jobs that failed, were cancelled or skipped, and their descendants;
     /// the jobs that succeeded are pinned: `success` with the same artifacts, not run again.
     #[arg(long)]
@@ -1106,8 +1121,11 @@ pub struct RetryArgs {
 
 #[derive(Args, Debug)]
 pub struct RunRef {
-    /// The run's id.
+    /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
     pub run: String,
+    /// The repository a bare run NUMBER is of (`kiln logs 123 --repo hello` is `kiln logs hello#123`).
+    #[arg(long, value_name = "REPO")]
+    pub repo: Option<String>,
     /// Print the run object of the API as JSON.
     #[arg(long)]
     pub json: bool,

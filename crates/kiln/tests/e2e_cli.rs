@@ -1183,3 +1183,85 @@ fn workflows_are_found_not_guessed() {
     let runs = stdout(&kiln(&up, &["runs", "--repo", "none", "--json"]));
     assert_eq!(serde_json::from_str::<serde_json::Value>(&runs).unwrap(), serde_json::json!([]), "{runs}");
 }
+
+/// Run numbers (issue 42): runs are numbered per repository and named as
+/// `REPO#N` (or `N --repo REPO`) by every command; `kiln runs` and `kiln
+/// status` show the number, workflow, commit title, branch and who started
+/// it by name (`admin`, never `admin.token`; a token's name).
+#[test]
+fn runs_are_numbered_per_repository_and_named_by_number() {
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let hello = repo_with("  - name: greet\n    steps:\n      - echo hello-from-$KILN_RUN_ID\n");
+    hello.commit(&[], "Say hello to the world").unwrap();
+    add_repo(&up, "hello", &hello);
+    add_repo(&up, "other", &repo_with("  - name: x\n    steps:\n      - echo x\n"));
+    let first = start_run(&up, "hello");
+    let elsewhere = start_run(&up, "other");
+    let out = kiln(&up, &["token", "create", "--name", "release-bot", "--scope", "admin"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let bot = stdout(&out).trim().to_string();
+    let out = up.cli().env("KILN_TOKEN", &bot).args(["run", "--repo", "hello"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let second = stdout(&out).trim().to_string();
+    for r in [&first, &elsewhere, &second] {
+        assert_eq!(kiln(&up, &["wait", r]).status.code(), Some(0));
+    }
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = kiln(&up, args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+
+    // hello#1, hello#2 and other#1: numbered per repository.
+    for (run, repo, number) in [(&first, "hello", 1), (&second, "hello", 2), (&elsewhere, "other", 1)] {
+        let v = json(&["status", run, "--json"]);
+        assert_eq!((v["repo"].as_str(), v["number"].as_i64()), (Some(repo), Some(number)), "{v}");
+    }
+    // Every command takes REPO#N, or N with --repo.
+    assert_eq!(json(&["status", "hello#2", "--json"])["id"], second.as_str());
+    assert_eq!(json(&["status", "1", "--repo", "other", "--json"])["id"], elsewhere.as_str());
+    let status = stdout(&kiln(&up, &["status", "hello#2"]));
+    assert!(status.starts_with(&format!("run hello#2  success  {second}\n")), "{status}");
+    assert!(status.contains("title Say hello to the world") && status.contains("by release-bot"), "{status}");
+    let logs = kiln(&up, &["logs", "2", "--repo", "hello"]);
+    assert!(stdout(&logs).contains(&format!("hello-from-{second}")), "{}", text(&logs));
+    assert_eq!(kiln(&up, &["wait", "hello#1"]).status.code(), Some(0));
+    let v = json(&["artifact", "list", "hello#1", "--json"]);
+    assert_eq!(v, serde_json::json!([]));
+
+    // What does not name a run says what to write instead.
+    let out = kiln(&up, &["status", "2"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(stderr(&out).contains("write REPOSITORY#2 (e.g. hello#2), or with the CLI pass --repo"), "{}", text(&out));
+    let out = kiln(&up, &["status", "hello#3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(stderr(&out).contains("repository hello has no run #3"), "{}", text(&out));
+    let out = kiln(&up, &["status", "nope#1"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let out = kiln(&up, &["status", &first[..8], "--repo", "hello"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("--repo hello goes with a run number"), "{}", text(&out));
+
+    // The table: #, workflow, branch, who, title.
+    let table = stdout(&kiln(&up, &["runs", "--repo", "hello"]));
+    let header = table.lines().next().unwrap();
+    for col in ["RUN", "#", "WORKFLOW", "BRANCH/PR", "ACTOR", "TITLE"] {
+        assert!(header.split_whitespace().any(|c| c == col), "{col} in {header}");
+    }
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    for (row, number, actor) in [(rows[0], "#2", "release-bot"), (rows[1], "#1", "admin")] {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[1], number, "{row}");
+        assert!(cols.contains(&"pipeline") && cols.contains(&"main") && cols.contains(&actor), "{row}");
+        assert!(row.ends_with("Say hello to the world"), "{row}");
+    }
+    assert!(!table.contains("admin.token"), "{table}");
+    // And the JSON carries them (additively).
+    let list = json(&["runs", "--repo", "hello", "--json"]);
+    assert_eq!(list[0]["number"], 2);
+    assert_eq!(list[0]["workflow"], "pipeline");
+    assert_eq!(list[0]["commit_title"], "Say hello to the world");
+    assert_eq!(list[0]["actor"], "release-bot");
+    assert_eq!(list[1]["actor"], "admin");
+}

@@ -824,6 +824,16 @@ async fn runs_list_filters_pages_and_live_updates_in_chromium() {
     // By event, chosen in the form: the hash follows.
     c.goto(&format!("{}/#/", up.url)).await.unwrap();
     assert_eq!(wait_js(&c, ROWS, 5.into()).await, 5);
+    // Each row names its run by number, workflow and who started it
+    // (issue 42): alpha's fourth run was the bot's, beta's first the admin's.
+    let numbers =
+        "return [...document.querySelectorAll('table.cards tbody tr td[data-l=\"#\"]')].map(td => td.textContent);";
+    let shown = serde_json::json!(["#4", "#1", "#3", "#2", "#1"]);
+    assert_eq!(wait_js(&c, numbers, shown.clone()).await, shown);
+    assert!(wait_text(&c, "table.cards tbody", "pipeline").await);
+    assert!(wait_text(&c, "table.cards tbody", "ci-bot").await);
+    let rows = c.find(Locator::Css("table.cards tbody")).await.unwrap().text().await.unwrap();
+    assert!(!rows.contains("admin.token") && rows.contains("admin"), "{rows}");
     c.wait()
         .at_most(Duration::from_secs(30))
         .for_element(Locator::Css("select[name=f-event] option[value=push]"))
@@ -836,12 +846,14 @@ async fn runs_list_filters_pages_and_live_updates_in_chromium() {
     c.goto(&format!("{}/#/", up.url)).await.unwrap();
     let actor =
         c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("input[name=f-actor]")).await.unwrap();
-    // (A token's runs are recorded as `token:ID`.)
+    // A token's runs show (and filter by) the token's name; the bootstrap
+    // admin token's as `admin`, never `admin.token` (issue 42).
     let bot_actor = api.get_run(&by_bot).await.unwrap().actor.unwrap();
-    assert_ne!(bot_actor, api.get_run(&beta).await.unwrap().actor.unwrap());
+    assert_eq!(bot_actor, "ci-bot");
+    assert_eq!(api.get_run(&beta).await.unwrap().actor.as_deref(), Some("admin"));
     actor.send_keys(&bot_actor).await.unwrap();
     c.find(Locator::Css("form.filters button[type=submit]")).await.unwrap().click().await.unwrap();
-    assert!(wait_fragment(&c, "/?actor=").await.starts_with("/?actor=token"));
+    assert_eq!(wait_fragment(&c, "/?actor=").await, "/?actor=ci-bot");
     assert_eq!(wait_js(&c, ids, serde_json::json!([by_bot])).await, serde_json::json!([by_bot]));
     c.goto(&format!("{}/#/?status=failed", up.url)).await.unwrap();
     assert!(wait_text(&c, "table.cards", "No runs match.").await);

@@ -56,6 +56,8 @@ pub(crate) struct Freeze<'a> {
     pub pin_succeeded: bool,
     /// The trigger span's context (the run's trace starts there).
     pub trace: Option<TraceParent>,
+    /// A pull request's title (forge runs of one; a retry keeps its parent's).
+    pub pull_request_title: Option<String>,
 }
 
 /// A frozen and accepted run.
@@ -159,6 +161,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
             traceparent: None,
             commit_title: Some(commit.title).filter(|t| !t.is_empty()),
             commit_author: Some(commit.author).filter(|a| !a.is_empty()),
+            pull_request_title: f.pull_request_title,
         },
         f.trace,
     )
@@ -226,6 +229,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             report_context: None,
             pin_succeeded: false,
             trace,
+            pull_request_title: None,
         },
     )
     .await?;
@@ -306,6 +310,7 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed
             report_context,
             pin_succeeded: failed_only,
             trace: None,
+            pull_request_title: old.pull_request_title,
         },
     )
     .await?;

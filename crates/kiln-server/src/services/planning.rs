@@ -286,6 +286,10 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 report_context: reports_statuses(&repo).then(|| ctx.clone()),
                 pin_succeeded: false,
                 trace: None,
+                pull_request_title: match &event {
+                    ForgeEvent::PullRequest(pr) => Some(pr.title.clone()),
+                    _ => None,
+                },
             },
         )
         .await;

@@ -52,20 +52,61 @@ pub(crate) async fn list(state: &AppState, repo: Option<&str>, q: &ListFilter) -
         status,
         branch: given(&q.branch),
         event: given(&q.event),
-        actor: given(&q.actor),
+        actor: match given(&q.actor) {
+            Some(a) => Some(actor_filter(state, a).await?),
+            None => None,
+        },
         before,
         limit,
     };
     let runs = state.store.find_runs(&filter).await?;
     let next_before = (runs.len() == limit as usize).then(|| runs.last().map(|r| r.id.clone())).flatten();
     let mut out = Vec::with_capacity(runs.len());
+    let mut names = ActorNames::default();
     for r in &runs {
         let mut summary = views::summary(r);
         let (before, after) = state.store.run_id_neighbours(&r.id).await?;
         summary.short_id = Some(short_id(&r.id, [before.as_deref(), after.as_deref()]));
+        summary.actor = names.shown(state, summary.actor.take()).await;
         out.push(summary);
     }
     Ok(api::RunList { runs: out, next_before })
+}
+
+/// Who started a run, by name (issue 42): `admin` for the bootstrap
+/// `admin.token`, a token's name for `token:ID` (its id when the token is
+/// gone), anything else (a forge user, `schedule`) as stored. Token names
+/// read once per list.
+#[derive(Default)]
+struct ActorNames(std::collections::HashMap<String, String>);
+
+impl ActorNames {
+    async fn shown(&mut self, state: &AppState, stored: Option<String>) -> Option<String> {
+        let stored = stored?;
+        if let Some(name) = views::actor_shown(&stored) {
+            return Some(name.to_string());
+        }
+        let Some(id) = stored.strip_prefix("token:") else { return Some(stored) };
+        if let Some(name) = self.0.get(id) {
+            return Some(name.clone());
+        }
+        let name = match state.store.get_api_token(id).await {
+            Ok(t) => t.name,
+            Err(_) => stored.clone(),
+        };
+        self.0.insert(id.to_string(), name.clone());
+        Some(name)
+    }
+}
+
+/// The stored actor a list's `?actor=` names: `admin` is the bootstrap
+/// `admin.token`, a token's name its `token:ID`; anything else as given.
+async fn actor_filter(state: &AppState, given: String) -> ApiResult<String> {
+    if given == "admin" {
+        return Ok(crate::auth::ADMIN_ACTOR.to_string());
+    }
+    let tokens = state.store.list_api_tokens().await?;
+    Ok(tokens.into_iter().find(|t| t.name == given).map(|t| format!("token:{}", t.id)).unwrap_or(given))
 }
 
 /// The shortest prefix of `id`, at least [`MIN_PREFIX`] characters, that
@@ -123,8 +164,40 @@ async fn cursor_in_repo(state: &AppState, repo_id: &str, given: &str) -> ApiResu
     }
 }
 
+/// The run a path names (issue 42 adds numbers): `REPO#NUMBER`
+/// (`hello#123`, the `#` written `%23` in a URL), its full id, or a unique
+/// prefix of at least [`MIN_PREFIX`] characters. A bare number names a run
+/// only when there is a single repository; with several it is refused
+/// (400) saying to write `REPO#NUMBER`.
 pub(crate) async fn resolve_id(state: &AppState, given: &str) -> ApiResult<String> {
     let given = given.trim();
+    if let Some((repo, number)) = given.rsplit_once('#') {
+        let number = match number.parse::<i64>() {
+            Ok(n) if n > 0 && !repo.is_empty() => n,
+            _ => {
+                return Err(ApiErr::bad_request(format!(
+                    "run `{given}`: write REPOSITORY#NUMBER (e.g. hello#123), a run id or a unique prefix of it"
+                )));
+            }
+        };
+        let repo = state.store.get_repo(repo).await?;
+        return match state.store.find_run_by_number(&repo.id, number).await {
+            Err(kiln_store::StoreError::NotFound(_)) => {
+                Err(ApiErr::not_found(format!("run {given}: repository {} has no run #{number}", repo.name)))
+            }
+            r => Ok(r?),
+        };
+    }
+    if !given.is_empty() && given.len() < MIN_PREFIX && given.bytes().all(|b| b.is_ascii_digit()) {
+        let repos = state.store.list_repos().await?;
+        return match repos.as_slice() {
+            [only] => Box::pin(resolve_id(state, &format!("{}#{given}", only.name))).await,
+            _ => Err(ApiErr::bad_request(format!(
+                "run {given}: a run number needs its repository: write REPOSITORY#{given} (e.g. hello#{given}), \
+                 or with the CLI pass --repo REPOSITORY"
+            ))),
+        };
+    }
     if given.len() == 36 || given.len() < MIN_PREFIX || !given.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
         return Ok(given.to_string());
     }
@@ -151,6 +224,7 @@ pub(crate) async fn get(state: &AppState, run: &str) -> ApiResult<api::Run> {
     let view = state.store.get_run(run).await?;
     let bindings = state.store.run_bindings(run).await?;
     let mut out = views::run(&view, &bindings);
+    out.actor = ActorNames::default().shown(state, out.actor.take()).await;
     if view.run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
         let mut outputs = state.store.run_outputs(run).await?;
         for job in &mut out.jobs {

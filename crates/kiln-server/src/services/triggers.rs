@@ -150,6 +150,7 @@ async fn fire(
             report_context: None,
             pin_succeeded: false,
             trace: None,
+            pull_request_title: None,
         },
     )
     .await;

@@ -23,8 +23,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
         format!(
             "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
              definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at, traceparent, \
-             commit_title, commit_author) \
-             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15, $16, $17)",
+             commit_title, commit_author, run_number, pull_request_title) \
+             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15, $16, $17, $18, $19)",
             queued = lit(RunStatus::Queued)
         )
     });
@@ -55,6 +55,16 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                 }
                 let now = now(tx).await?;
                 let run_id = new_id();
+                // The repository's next number, taken in this transaction:
+                // the counter only goes up, so a number is never reused
+                // (two acceptances in one repository serialise on its row).
+                let number: i64 = tx
+                    .sql("UPDATE repos SET next_run_number = next_run_number + 1 WHERE id = $1 RETURNING next_run_number")
+                    .bind(&run.repo_id)
+                    .scalar_optional()
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("repository {}", run.repo_id)))?;
+                let number = number - 1;
                 let definition =
                     serde_json::to_string(&run.workflow).map_err(|e| StoreError::Invalid(e.to_string()))?;
                 let inputs = serde_json::to_string(&run.inputs).map_err(|e| StoreError::Invalid(e.to_string()))?;
@@ -76,6 +86,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&run.traceparent)
                     .bind(&run.commit_title)
                     .bind(&run.commit_author)
+                    .bind(number)
+                    .bind(&run.pull_request_title)
                     .execute()
                     .await?;
                 let pinned = match (&run.parent_run_id, run.pin_succeeded) {
@@ -413,6 +425,20 @@ pub(crate) async fn find_runs_by_prefix(store: &SqlStore, prefix: &str, limit: u
         .bind(limit as i64)
         .scalars()
         .await
+}
+
+/// `RunStore::find_run_by_number`: the id of run `number` of repository
+/// `repo_id` (`hello#123`).
+pub(crate) async fn find_run_by_number(store: &SqlStore, repo_id: &str, number: i64) -> Result<String> {
+    let id: Option<String> = store
+        .reader()
+        .await?
+        .sql("SELECT id FROM runs WHERE repo_id = $1 AND run_number = $2")
+        .bind(repo_id)
+        .bind(number)
+        .scalar_optional()
+        .await?;
+    id.ok_or_else(|| StoreError::NotFound(format!("run #{number}")))
 }
 
 /// `RunStore::run_id_neighbours`: the run ids just before and just after

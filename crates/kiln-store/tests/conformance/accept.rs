@@ -273,3 +273,60 @@ pub async fn unknown_repository_is_not_unavailable<S: Store + 'static>(o: &Opene
     }
     assert!(s.pending_outbox(100).await.unwrap().is_empty());
 }
+
+/// Run numbers (issue 42): 1, 2, 3… per repository in acceptance order,
+/// independent across repositories, found by (repository, number), never
+/// taken by an idempotent replay, and distinct under concurrent acceptance.
+pub async fn runs_are_numbered_per_repository<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (a, b) = (repo(s).await, repo(s).await);
+    let wf = || workflow(vec![job("build", &[], 0)]);
+    let mut numbers = vec![];
+    for repo in [&a, &a, &b, &a, &b] {
+        let acc = s.accept_run(new_run(&repo.id, wf())).await.unwrap();
+        let n = view(s, &acc.run_id).await.run.number;
+        assert_eq!(s.find_run_by_number(&repo.id, n).await.unwrap(), acc.run_id);
+        numbers.push(n);
+    }
+    assert_eq!(numbers, [1, 2, 1, 3, 2], "numbered per repository, in order");
+    let listed: Vec<i64> = s.list_runs(&a.id, None, 10).await.unwrap().into_iter().map(|r| r.number).collect();
+    assert_eq!(listed, [3, 2, 1], "the list carries the numbers, newest first");
+    assert!(matches!(s.find_run_by_number(&a.id, 4).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(s.find_run_by_number(&b.id, 3).await, Err(StoreError::NotFound(_))));
+
+    // An idempotent replay returns the same run and takes no number.
+    let mut req = new_run(&a.id, wf());
+    req.idempotency = idem("webhook", "delivery-n", "digest-n");
+    let first = s.accept_run(req.clone()).await.unwrap();
+    let again = s.accept_run(req).await.unwrap();
+    assert_eq!((first.run_id.as_str(), again.created), (again.run_id.as_str(), false));
+    assert_eq!(view(s, &first.run_id).await.run.number, 4);
+    // A refused acceptance (its transaction rolled back) takes no number.
+    let mut bad = new_run(&a.id, wf());
+    bad.pin_succeeded = true;
+    assert!(s.accept_run(bad).await.is_err());
+    let pr = NewRun { pull_request_title: Some("Add caching".into()), ..new_run(&a.id, wf()) };
+    let next = s.accept_run(pr).await.unwrap();
+    let run = view(s, &next.run_id).await.run;
+    assert_eq!((run.number, run.pull_request_title.as_deref()), (5, Some("Add caching")));
+    let listed = &s.list_runs(&a.id, None, 1).await.unwrap()[0];
+    assert_eq!(listed.pull_request_title.as_deref(), Some("Add caching"));
+    assert_eq!(listed.commit_title.as_deref(), Some("Fix the build"));
+
+    // Concurrent acceptances in one repository get distinct numbers, the
+    // next ones in a row.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = fx.store.clone();
+        let req = new_run(&b.id, wf());
+        tasks.push(tokio::spawn(async move { store.accept_run(req).await }));
+    }
+    let mut got = vec![];
+    for t in tasks {
+        let acc = t.await.unwrap().expect("concurrent accept");
+        got.push(view(s, &acc.run_id).await.run.number);
+    }
+    got.sort();
+    assert_eq!(got, (3..=10).collect::<Vec<i64>>(), "distinct and consecutive");
+}

@@ -61,6 +61,7 @@ macro_rules! suite {
             accept::idempotency_key_with_other_body_is_refused,
             accept::concurrent_idempotent_accepts_create_one_run,
             accept::unknown_repository_is_not_unavailable,
+            accept::runs_are_numbered_per_repository,
             accept::runs_are_filtered_by_event_and_actor_and_paged,
             access::join_tokens_are_stored_hashed_and_revocable,
             access::api_tokens_carry_scope_repo_and_trust,
@@ -300,6 +301,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         traceparent: None,
         commit_title: Some("Fix the build".into()),
         commit_author: Some("Ada Lovelace".into()),
+        pull_request_title: None,
     }
 }
 

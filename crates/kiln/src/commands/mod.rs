@@ -23,7 +23,7 @@ mod up;
 mod validate;
 mod wait;
 
-use crate::cli::{ArtifactCommand, Cli, Command};
+use crate::cli::{ArtifactCommand, Cli, Command, LogsArgs, RetryArgs, RunRef, StatusArgs};
 
 /// Run the command; print a failure as `error: …`. Returns the exit code.
 pub async fn run(cli: Cli) -> i32 {
@@ -46,22 +46,45 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Run(a) => run::run(a).await,
         Command::Runs(a) => runs::run(a).await,
         Command::Workflows(a) => run::workflows(a).await,
-        Command::Status(a) => status::run(a).await,
-        Command::Logs(a) => logs::run(a).await,
-        Command::Cancel(a) => cancel::run(a).await,
-        Command::Retry(a) => retry::run(a).await,
-        Command::Wait(a) => wait::run(a).await,
+        Command::Status(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {
+            Ok(run) => status::run(StatusArgs { run, ..a }).await,
+            Err(e) => Err(e),
+        },
+        Command::Logs(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {
+            Ok(run) => logs::run(LogsArgs { run, ..a }).await,
+            Err(e) => Err(e),
+        },
+        Command::Cancel(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {
+            Ok(run) => cancel::run(RunRef { run, ..a }).await,
+            Err(e) => Err(e),
+        },
+        Command::Retry(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {
+            Ok(run) => retry::run(RetryArgs { run, ..a }).await,
+            Err(e) => Err(e),
+        },
+        Command::Wait(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {
+            Ok(run) => wait::run(RunRef { run, ..a }).await,
+            Err(e) => Err(e),
+        },
         Command::Validate { file } => Ok(validate::run(&file)),
-        Command::Artifact { command: ArtifactCommand::Get { run, job, name, output, extract, format, conn } } => {
-            let to = match (output, extract) {
-                (_, Some(dir)) => artifact::To::Extract(dir),
-                (Some(path), None) => artifact::To::Output(path),
-                (None, None) => unreachable!("clap requires -o or --extract"),
-            };
-            artifact::get(&conn, &run, &job, &name, to, format.as_deref()).await
+        Command::Artifact { command: ArtifactCommand::Get { run, repo, job, name, output, extract, format, conn } } => {
+            match shared::run_ref(&run, repo.as_deref()) {
+                Ok(run) => {
+                    let to = match (output, extract) {
+                        (_, Some(dir)) => artifact::To::Extract(dir),
+                        (Some(path), None) => artifact::To::Output(path),
+                        (None, None) => unreachable!("clap requires -o or --extract"),
+                    };
+                    artifact::get(&conn, &run, &job, &name, to, format.as_deref()).await
+                }
+                Err(e) => Err(e),
+            }
         }
-        Command::Artifact { command: ArtifactCommand::List { run, job, json, conn } } => {
-            artifact::list(&conn, &run, job.as_deref(), json).await
+        Command::Artifact { command: ArtifactCommand::List { run, repo, job, json, conn } } => {
+            match shared::run_ref(&run, repo.as_deref()) {
+                Ok(run) => artifact::list(&conn, &run, job.as_deref(), json).await,
+                Err(e) => Err(e),
+            }
         }
         Command::Completions { shell } => Ok(generated(|out| {
             clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "kiln", out)

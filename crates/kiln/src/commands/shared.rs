@@ -471,3 +471,20 @@ mod tests {
         }
     }
 }
+
+/// The run a command names (issue 42), as the server resolves it:
+/// `REPO#NUMBER`, an id or a prefix as given; a bare `NUMBER` (or `#NUMBER`)
+/// with `--repo REPO` is `REPO#NUMBER`. `--repo` with anything but a number
+/// is refused rather than ignored.
+pub(super) fn run_ref(run: &str, repo: Option<&str>) -> Result<String, Failure> {
+    let run = run.trim();
+    let Some(repo) = repo else { return Ok(run.to_string()) };
+    let number = run.strip_prefix('#').unwrap_or(run);
+    if !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(format!("{repo}#{number}"));
+    }
+    Err(usage(format!(
+        "--repo {repo} goes with a run number (`kiln status 123 --repo {repo}`); `{run}` is not one: \
+         name the run as REPO#NUMBER, by id, or by a unique id prefix without --repo"
+    )))
+}

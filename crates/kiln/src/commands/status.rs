@@ -15,8 +15,20 @@ pub(super) async fn run(a: StatusArgs) -> CmdResult {
         // Names and messages come from the server (and from repositories):
         // sanitized on a terminal.
         let out = |s: String| kiln_cmd::outln!("{}", for_stdout(&s));
-        out(format!("run {}  {}", run.id, run.status));
+        if run.number > 0 {
+            out(format!("run {}#{}  {}  {}", run.repo, run.number, run.status, run.id));
+        } else {
+            out(format!("run {}  {}", run.id, run.status));
+        }
         out(format!("repo {}  commit {}  workflow {}", run.repo, run.commit_sha, run.workflow_path));
+        if let Some(title) = &run.commit_title {
+            out(format!("title {title}"));
+        }
+        let by = run.actor.as_deref().map(|a| format!("  by {a}")).unwrap_or_default();
+        out(format!("{} {}{by}", run.event, super::runs::ref_text(run.git_ref.as_deref())));
+        if let Some(pr) = run.pull_request.as_ref().filter(|p| !p.title.is_empty()) {
+            out(format!("pull request #{} {}", pr.number, pr.title));
+        }
         if let Some(parent) = &run.parent_run_id {
             out(format!("retry of {parent}"));
         }

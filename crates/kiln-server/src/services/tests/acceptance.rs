@@ -235,6 +235,7 @@ async fn every_trigger_is_refused_by_the_same_checks() {
         report_context: None,
         pin_succeeded: false,
         trace: None,
+        pull_request_title: None,
     };
     for kind in TriggerKind::ALL {
         let (trust, event) = trusted(kind);

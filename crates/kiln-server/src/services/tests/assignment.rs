@@ -106,6 +106,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             traceparent: None,
             commit_title: None,
             commit_author: None,
+            pull_request_title: None,
         })
         .await
         .unwrap();
