@@ -360,10 +360,11 @@ impl Client {
         repo: Option<&str>,
         status: Option<&str>,
         branch: Option<&str>,
+        event: Option<&str>,
         limit: Option<u32>,
     ) -> Result<RunList, ApiError> {
         let mut q = vec![];
-        for (k, v) in [("status", status), ("branch", branch)] {
+        for (k, v) in [("status", status), ("branch", branch), ("event", event)] {
             if let Some(v) = v {
                 q.push(format!("{k}={}", enc(v)));
             }

@@ -104,7 +104,7 @@ pub(crate) fn spawn_agent_niced(
     Ok(Proc(child))
 }
 
-/// How a daemon of a benchmarked deployment is started: global flags
+/// How a daemon of a benchmarked deployment is started: the daemon flags
 /// (`--log-format`, `--otlp-endpoint`, …) and environment. With a `log`
 /// file the process logs at its default level (`info`) into it, as a
 /// deployment logs into its journal; without one it logs errors only, to
@@ -117,12 +117,12 @@ pub(crate) struct Launch {
 }
 
 impl Launch {
-    /// `kiln GLOBAL… SUB` with this launch's environment and stderr. The
+    /// `kiln SUB GLOBAL…` with this launch's environment and stderr. The
     /// bench's own KILN_LOG_FORMAT / KILN_OTLP_* would leak into every
     /// configuration, so they are removed; the flags say what is on.
     fn command(&self, sub: &str) -> anyhow::Result<Command> {
         let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.args(&self.global).arg(sub);
+        cmd.arg(sub).args(&self.global);
         for var in ["KILN_LOG_FORMAT", "KILN_OTLP_ENDPOINT", "KILN_OTLP_PROTOCOL"] {
             cmd.env_remove(var);
         }

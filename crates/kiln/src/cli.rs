@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(
     name = "kiln",
-    version,
+    version = env!("KILN_LONG_VERSION"),
     about = "Kiln: a self-hostable CI/CD server, agent and client in one binary",
     long_about = "Kiln runs CI pipelines defined in `.kiln/*.yaml` of a git repository.\n\n\
 Quick start:  kiln up --data-dir ./kiln-data --agents 2\n\
@@ -22,17 +22,42 @@ A closed standard output (`kiln logs RUN | head -1`) ends a command quietly with
 Server and token: flags, then KILN_SERVER / KILN_TOKEN, then the profile's context\n\
 ($XDG_CONFIG_HOME/kiln/config.toml, written by `kiln login`; KILN_CONTEXT or --context\n\
 picks one), then a running local `kiln up`.\n\n\
+Global flags: --server, --context, --token-file and --json may also come before the subcommand\n\
+(`kiln --server URL runs`, `kiln --json runs`), for the commands that take them.\n\n\
 Environment: KILN_SERVER (server URL), KILN_TOKEN (API token), KILN_CONTEXT, KILN_LOG (log filter,\n\
 e.g. `info`, `debug`, `kiln_server=debug,sqlx=warn`; default `info` for up/server/agent,\n\
-`warn` otherwise). Logs go to stderr, coloured only on a terminal (and never with NO_COLOR)."
+`warn` otherwise). Logs go to stderr, coloured only on a terminal (and never with NO_COLOR);\n\
+`kiln up`, `kiln server` and `kiln agent` take --log-format and --otlp-endpoint (see their --help)."
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    // Global flags typed before the subcommand, kubectl-style (`kiln --server URL runs`,
+    // `kiln --json runs`): clap hands their values to the subcommand's own flags of the same
+    // name. Hidden here (the long help lists them; each command's help shows its own), and
+    // refused by the commands that have no such flag (`crate::check_global_flags`).
+    /// Server URL, as the command's own --server.
+    #[arg(long = "server", id = "server", value_name = "URL", global = true, hide = true)]
+    pub global_server: Option<String>,
+    /// The profile's context, as the command's own --context.
+    #[arg(long = "context", id = "context", value_name = "NAME", global = true, hide = true)]
+    pub global_context: Option<String>,
+    /// The token file, as the command's own --token-file.
+    #[arg(long = "token-file", id = "token_file", value_name = "FILE", global = true, hide = true)]
+    pub global_token_file: Option<PathBuf>,
+    /// JSON output, as the command's own --json.
+    #[arg(long = "json", id = "json", global = true, hide = true)]
+    pub global_json: bool,
+}
+
+/// The daemons' diagnostic output: `kiln up`, `kiln server` and `kiln agent` only.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Logging and tracing")]
+pub struct DaemonLog {
     /// How diagnostic log lines on stderr are written: `text` (for people) or `json` (one
     /// object per line with `timestamp`, `level`, `target`, `fields` and the spans, for a log
     /// pipeline). Or set KILN_LOG_FORMAT. Filter with KILN_LOG (e.g. `info,kiln_server=debug`).
-    #[arg(long, env = "KILN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    #[arg(long, env = "KILN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Export the daemon's spans (run lifecycle, claim, prepare, each step, upload,
     /// completion) over OpenTelemetry's OTLP to this collector, e.g. http://127.0.0.1:4318
@@ -40,11 +65,11 @@ pub struct Cli {
     /// (`grpc`). For `kiln up`, `kiln server` and `kiln agent`. Default: no export, no cost.
     /// Or set KILN_OTLP_ENDPOINT. The batch exporter honours OTEL_BSP_* (e.g.
     /// OTEL_BSP_SCHEDULE_DELAY in ms).
-    #[arg(long, env = "KILN_OTLP_ENDPOINT", value_name = "URL", global = true)]
+    #[arg(long, env = "KILN_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// OTLP transport for --otlp-endpoint: `http` (protobuf over HTTP) or `grpc`. Or set
     /// KILN_OTLP_PROTOCOL.
-    #[arg(long, env = "KILN_OTLP_PROTOCOL", value_enum, default_value_t = OtlpProtocol::Http, global = true)]
+    #[arg(long, env = "KILN_OTLP_PROTOCOL", value_enum, default_value_t = OtlpProtocol::Http)]
     pub otlp_protocol: OtlpProtocol,
 }
 
@@ -167,10 +192,12 @@ pub enum Command {
         #[command(subcommand)]
         command: ArtifactCommand,
     },
-    /// Validate a workflow file and print every problem with its line and column.
+    /// Validate a workflow file and print every problem with its line and column; without FILE,
+    /// every workflow (`.kiln/*.yaml`, `.kiln/*.yml`) of the git checkout you are in.
     Validate {
-        /// Path of the workflow file.
-        file: PathBuf,
+        /// Path of the workflow file (default: every workflow of the current checkout; exit 2
+        /// if any is invalid).
+        file: Option<PathBuf>,
     },
     /// Print a shell completion script: `kiln completions bash > /etc/bash_completion.d/kiln`,
     /// `kiln completions zsh > "${fpath[1]}/_kiln"`, `kiln completions fish > ~/.config/fish/completions/kiln.fish`.
@@ -179,8 +206,14 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff), generated from these definitions: `kiln man | man -l -`.
-    Man,
+    /// Print the manual page (roff), generated from these definitions: `kiln man | man -l -`;
+    /// with --dir, write a page per subcommand (kiln.1, kiln-run.1, kiln-repo-add.1, …).
+    Man {
+        /// Write kiln.1 and a page for every subcommand (kiln-SUB.1, kiln-SUB-SUB.1) into DIR
+        /// (created if missing), e.g. /usr/local/share/man/man1; then `man kiln-run`.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Measure throughput and latency against an embedded `kiln up` (prints `name: value` lines).
     /// A developer tool, hidden from the main help.
     #[command(hide = true)]
@@ -189,7 +222,17 @@ pub enum Command {
 
 impl Command {
     pub fn is_daemon(&self) -> bool {
-        matches!(self, Command::Up(_) | Command::Server(_) | Command::Agent(_))
+        self.daemon_log().is_some()
+    }
+
+    /// The logging and tracing flags of `kiln up`, `kiln server` and `kiln agent`.
+    pub fn daemon_log(&self) -> Option<&DaemonLog> {
+        match self {
+            Command::Up(a) => Some(&a.log),
+            Command::Server(a) => Some(&a.log),
+            Command::Agent(a) => Some(&a.log),
+            _ => None,
+        }
     }
 }
 
@@ -218,10 +261,13 @@ pub struct UpArgs {
     pub agent: AgentTuning,
     #[command(flatten)]
     pub web: WebArgs,
+    #[command(flatten)]
+    pub log: DaemonLog,
 }
 
 /// How the server faces the network (`kiln server` and `kiln up`).
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Network")]
 pub struct WebArgs {
     /// The URL clients and agents reach this server at, e.g. https://ci.example.com (behind a
     /// proxy, the proxy's). Download and upload links are built from it, never from a request's
@@ -268,6 +314,7 @@ pub struct WebArgs {
 /// What `kiln server` and `kiln up` both take: where bytes and secrets
 /// live, leases, garbage collection, log archiving, registries.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Server: storage, scheduling, limits")]
 pub struct ServerTuning {
     /// Object store URL (default: DATA_DIR/objects): file:///DIR, or
     /// s3://BUCKET[/PREFIX]?endpoint=URL&region=REGION for an S3-compatible
@@ -390,6 +437,7 @@ pub struct ServerTuning {
 /// `--storage-levels` and `--memory-levels`, shared by `kiln server` /
 /// `kiln up` (whose local agents use the same) and `kiln agent`.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Resource levels")]
 pub struct StorageLevels {
     /// Percent of the disk used (the server's data directory, an agent's workspaces) at which
     /// the warning, degraded and critical levels start, or `off` (disk use never degrades). At
@@ -433,11 +481,14 @@ pub struct ServerArgs {
     pub tuning: ServerTuning,
     #[command(flatten)]
     pub web: WebArgs,
+    #[command(flatten)]
+    pub log: DaemonLog,
 }
 
 /// What `kiln agent` and `kiln up` (for its local agents) both take: labels,
 /// capacity, executor, limits.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Agent: executor, capacity, limits")]
 pub struct AgentTuning {
     /// Labels jobs can require with `runs-on`, e.g. os=linux,size=large.
     #[arg(long, value_delimiter = ',')]
@@ -598,6 +649,8 @@ pub struct AgentArgs {
     pub storage: StorageLevels,
     #[command(flatten)]
     pub tuning: AgentTuning,
+    #[command(flatten)]
+    pub log: DaemonLog,
 }
 
 #[derive(Subcommand, Debug)]
@@ -1033,6 +1086,10 @@ pub struct RunsArgs {
     /// `--commit BRANCH`, a push): BRANCH or refs/heads/BRANCH.
     #[arg(long)]
     pub branch: Option<String>,
+    /// Only runs started by this event: `push`, `pull_request`, `manual` (`kiln run`, the UI's
+    /// button), `schedule` or `retry` (`kiln retry`).
+    #[arg(long, value_parser = ["push", "pull_request", "manual", "schedule", "retry"])]
+    pub event: Option<String>,
     /// How many runs at most (1-500).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]
     pub limit: u32,
@@ -1080,7 +1137,8 @@ pub struct LogsArgs {
     /// The repository a bare run NUMBER is of (`kiln logs 123 --repo hello` is `kiln logs hello#123`).
     #[arg(long, value_name = "REPO")]
     pub repo: Option<String>,
-    /// Only this job (name or id).
+    /// Only this job (name or id); a matrix job's base name (`test`) selects all its
+    /// expansions (`test (py=3.10)`, …), in order, each with its header.
     pub job: Option<String>,
     /// Keep streaming until the jobs finish, then exit with the result: 0 if
     /// the run (or JOB) succeeded, 1 if it failed or was cancelled. While a job

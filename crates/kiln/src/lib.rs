@@ -8,12 +8,13 @@ pub mod term;
 
 pub use cli::Cli;
 
-use clap::Parser;
-
 /// Parse arguments, run the command, and return the process exit code
 /// (see `kiln_api::exit`).
 pub fn main_entry() -> i32 {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     if cli.command.is_daemon() {
         // Server and agent files (database, WAL, tokens, objects, workspaces)
         // are private to the user running Kiln (issue 13).
@@ -32,4 +33,29 @@ pub fn main_entry() -> i32 {
         telemetry.shutdown().await;
         code
     })
+}
+
+/// Parse the command line. A global flag typed before the subcommand
+/// (`kiln --json logs RUN`) that the subcommand has no flag of its own for
+/// is refused (exit 2) rather than ignored.
+fn parse() -> Result<Cli, i32> {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let definition = Cli::command();
+    let (mut cmd, mut m, mut path) = (&definition, &matches, String::from("kiln"));
+    while let Some((name, sub)) = m.subcommand() {
+        let Some(c) = cmd.find_subcommand(name) else { break };
+        path = format!("{path} {name}");
+        (cmd, m) = (c, sub);
+    }
+    for (id, flag) in
+        [("server", "--server"), ("context", "--context"), ("token_file", "--token-file"), ("json", "--json")]
+    {
+        let given = m.try_contains_id(id).is_ok() && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        if given && !cmd.get_arguments().any(|a| a.get_id().as_str() == id) {
+            eprintln!("error: `{path}` takes no {flag}; see `{path} --help`");
+            return Err(kiln_api::exit::USAGE);
+        }
+    }
+    Cli::from_arg_matches(&matches).map_err(|e| -> i32 { e.format(&mut Cli::command()).exit() })
 }

@@ -8,7 +8,7 @@
 //! wins), so a log pipeline can select one run's lines across server and
 //! agents without knowing which span said what.
 
-use crate::cli::{Cli, LogFormat, OtlpProtocol};
+use crate::cli::{Cli, DaemonLog, LogFormat, OtlpProtocol};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -65,7 +65,17 @@ pub fn init(cli: &Cli) -> Result<Telemetry, String> {
     // Colours only on a terminal (a redirected log stays plain text), and never with NO_COLOR.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     type Boxed = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
-    let logs: Boxed = match cli.log_format {
+    // A client command has no --log-format (it is a daemon flag), but honours KILN_LOG_FORMAT.
+    let client_log = DaemonLog {
+        log_format: match std::env::var("KILN_LOG_FORMAT").as_deref() {
+            Ok("json") => LogFormat::Json,
+            _ => LogFormat::Text,
+        },
+        otlp_endpoint: None,
+        otlp_protocol: OtlpProtocol::Http,
+    };
+    let log = cli.command.daemon_log().unwrap_or(&client_log);
+    let logs: Boxed = match log.log_format {
         LogFormat::Text => {
             Box::new(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_filter(filter))
         }
@@ -80,13 +90,10 @@ pub fn init(cli: &Cli) -> Result<Telemetry, String> {
                 .with_filter(filter),
         ),
     };
-    let (otel, provider): (Option<Boxed>, _) = match &cli.otlp_endpoint {
+    let (otel, provider): (Option<Boxed>, _) = match &log.otlp_endpoint {
         None => (None, None),
-        Some(_) if !daemon => {
-            return Err("--otlp-endpoint is for `kiln up`, `kiln server` and `kiln agent` (their spans)".into());
-        }
         Some(endpoint) => {
-            let provider = provider(endpoint, cli.otlp_protocol, service_name(cli))?;
+            let provider = provider(endpoint, log.otlp_protocol, service_name(cli))?;
             let tracer = provider.tracer("kiln");
             // Spans at info and above: the run lifecycle, claim, prepare,
             // steps, upload, completion; not the store's debug detail.

@@ -1265,3 +1265,147 @@ fn runs_are_numbered_per_repository_and_named_by_number() {
     assert_eq!(list[0]["actor"], "release-bot");
     assert_eq!(list[1]["actor"], "admin");
 }
+
+/// Issue 42 (CLI): a client command's --help has no daemon logging flags,
+/// the daemons group theirs under headings; `kiln man --dir` writes a page
+/// per subcommand; `kiln --version` names the commit; a global flag before
+/// a subcommand that has no such flag is refused.
+#[test]
+fn help_is_per_command_man_pages_per_subcommand_and_the_version_names_the_commit() {
+    let help = |args: &[&str]| stdout(&Command::new(BIN).args(args).env_remove("KILN_SERVER").output().unwrap());
+    let status = help(&["status", "--help"]);
+    for daemon_only in ["--log-format", "--otlp-endpoint", "--otlp-protocol"] {
+        assert!(!status.contains(daemon_only), "{status}");
+    }
+    let agent = help(&["agent", "--help"]);
+    let heading = agent.find("Logging and tracing:").expect(&agent);
+    assert!(agent[heading..].contains("--log-format") && agent[heading..].contains("--otlp-endpoint"), "{agent}");
+    let up = help(&["up", "--help"]);
+    for h in [
+        "Network:",
+        "Server: storage, scheduling, limits:",
+        "Agent: executor, capacity, limits:",
+        "Logging and tracing:",
+    ] {
+        assert!(up.contains(h), "{h}: {up}");
+    }
+    assert!(help(&["server", "--help"]).contains("Logging and tracing:"));
+    // A client command refuses the daemon flag; a daemon still takes it.
+    let out = Command::new(BIN).args(["status", "abc", "--log-format", "json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = Command::new(BIN).args(["server", "--log-format", "json", "--lease-ttl", "soon"]).output().unwrap();
+    assert!(stderr(&out).contains("invalid duration `soon`"), "{}", text(&out));
+
+    // `kiln man --dir DIR`: kiln.1 and a page per (visible) subcommand.
+    let dir = tempfile::tempdir().unwrap();
+    let pages = dir.path().join("man1");
+    let out = Command::new(BIN).args(["man", "--dir"]).arg(&pages).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    for page in ["kiln.1", "kiln-run.1", "kiln-runs.1", "kiln-logs.1", "kiln-repo-add.1", "kiln-man.1"] {
+        let roff = std::fs::read_to_string(pages.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(roff.contains(".TH"), "{page}: {roff}");
+    }
+    assert!(std::fs::read_to_string(pages.join("kiln-run.1")).unwrap().contains("follow"));
+    assert!(!pages.join("kiln-bench.1").exists(), "the hidden bench gets no page");
+    let out = Command::new(BIN).arg("man").output().unwrap();
+    assert!(out.status.success() && stdout(&out).contains(".TH kiln"), "{}", text(&out));
+
+    // `kiln --version`: `kiln 0.1.0 (abc1234 2026-12-06)`, the commit of this checkout.
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let version = stdout(&out);
+    assert!(version.starts_with(&format!("kiln {} (", env!("CARGO_PKG_VERSION"))), "{version}");
+    let head =
+        Command::new("git").args(["rev-parse", "--short", "HEAD"]).current_dir(env!("CARGO_MANIFEST_DIR")).output();
+    if let Ok(head) = head
+        && head.status.success()
+    {
+        let sha = stdout(&head).trim().to_string();
+        assert!(version.contains(&format!("({sha} ")), "{version} names {sha}");
+    }
+
+    // A global flag before a subcommand that has no such flag of its own.
+    let out = Command::new(BIN).args(["--json", "logs", "abc"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("`kiln logs` takes no --json"), "{}", text(&out));
+}
+
+/// Issue 42: `kiln validate` without FILE validates every workflow of the
+/// checkout it is run in (from a subdirectory too).
+#[test]
+fn validate_without_a_file_checks_every_workflow_of_the_checkout() {
+    let repo = TestRepo::new(&[
+        (".kiln/good.yaml", "version: 1\njobs:\n  - name: ok\n    steps:\n      - echo ok\n"),
+        (".kiln/bad.yml", "version: 1\njobs:\n  - name: broken\n    stepz:\n      - echo\n"),
+        ("src/lib.txt", "x\n"),
+    ])
+    .unwrap();
+    let out = Command::new(BIN).arg("validate").current_dir(repo.path().join("src")).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stdout(&out).contains("good.yaml: valid (1 jobs"), "{}", text(&out));
+    assert!(stderr(&out).contains("bad.yml:"), "{}", text(&out));
+    assert!(stderr(&out).contains("1 of 2 workflow(s) invalid"), "{}", text(&out));
+
+    std::fs::remove_file(repo.path().join(".kiln/bad.yml")).unwrap();
+    let out = Command::new(BIN).arg("validate").current_dir(repo.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).contains(".kiln/good.yaml: valid"), "{}", text(&out));
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN).arg("validate").current_dir(elsewhere.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("is not inside a git checkout"), "{}", text(&out));
+}
+
+/// Issue 42: kubectl-style global flags, `kiln runs --event`, `kiln logs
+/// RUN test` for a matrix job's expansions, and empty lists that say what to do.
+#[test]
+fn global_flags_event_filter_matrix_logs_and_empty_lists() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    // Empty lists: a hint on stderr, nothing on stdout; --json unchanged.
+    let out = kiln(&up, &["runs"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stdout(&out), "");
+    assert!(stderr(&out).contains("no runs yet; start one with `kiln run"), "{}", text(&out));
+    assert_eq!(stdout(&kiln(&up, &["runs", "--json"])).trim(), "[]");
+    assert_eq!(stdout(&kiln(&up, &["--json", "runs"])).trim(), "[]");
+    let out = kiln(&up, &["repo", "list"]);
+    assert!(stderr(&out).contains("no repositories yet; register one with `kiln repo add"), "{}", text(&out));
+
+    let repo = repo_with(
+        "  - name: test\n    matrix: {py: [\"3.10\", \"3.11\"]}\n    steps:\n      - echo testing on ${{ matrix.py }}\n",
+    );
+    add_repo(&up, "mx", &repo);
+    let out = kiln(&up, &["secret", "list", "mx"]);
+    assert!(stderr(&out).contains("no secrets in mx; set one with"), "{}", text(&out));
+    let run = start_run(&up, "mx");
+    let out = kiln(&up, &["wait", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // `kiln logs RUN test`: both expansions, in order, each with its header.
+    let out = kiln(&up, &["logs", &run, "test"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let logs = stdout(&out);
+    let order: Vec<usize> = ["── test (py=3.10) ──", "testing on 3.10", "── test (py=3.11) ──", "testing on 3.11"]
+        .iter()
+        .map(|s| logs.find(s).unwrap_or_else(|| panic!("{s}: {logs}")))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{logs}");
+    let out = kiln(&up, &["logs", &run, "tset"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(stderr(&out).contains("its jobs are: test (py=3.10), test (py=3.11)"), "{}", text(&out));
+
+    // Global flags before the subcommand, kubectl-style: `--server` beats KILN_SERVER.
+    let out = up.cli().env("KILN_SERVER", "http://127.0.0.1:9").args(["--server", &up.url, "runs"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stdout(&out).contains("mx"), "{}", text(&out));
+    let out = kiln(&up, &["--json", "runs", "--event", "manual"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(list[0]["event"], "manual");
+    let out = kiln(&up, &["runs", "--event", "push"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stdout(&out), "");
+    assert!(stderr(&out).contains("no runs match these filters"), "{}", text(&out));
+    let out = kiln(&up, &["runs", "--event", "nonsense"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

@@ -24,6 +24,10 @@ pub(super) async fn token(cmd: TokenCommand) -> CmdResult {
                 kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
                 return Ok(exit::OK);
             }
+            if list.is_empty() {
+                eprintln!("no API tokens yet; create one with `kiln token create --name NAME`");
+                return Ok(exit::OK);
+            }
             for t in list {
                 let state = match t.revoked_at_ms {
                     Some(ms) => format!("revoked {}", when(ms)),
@@ -65,6 +69,10 @@ pub(super) async fn agent_token(cmd: AgentTokenCommand) -> CmdResult {
                 kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
                 return Ok(exit::OK);
             }
+            if list.is_empty() {
+                eprintln!("no agent join tokens yet; create one with `kiln agent-token create --name NAME`");
+                return Ok(exit::OK);
+            }
             for t in list {
                 let state = t.revoked_at_ms.map_or("active".into(), |ms| format!("revoked {}", when(ms)));
                 kiln_cmd::outln!("{:<14} {:<20} pool {:<12} {}", t.id, t.name, t.pool, state);
@@ -84,6 +92,13 @@ pub(super) async fn agents(cmd: AgentsCommand) -> CmdResult {
             let list = client(&conn)?.list_agents().await?;
             if json {
                 kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
+                return Ok(exit::OK);
+            }
+            if list.is_empty() {
+                eprintln!(
+                    "no agents registered; start one with `kiln agent --server URL --token-file FILE` \
+                     (a join token from `kiln agent-token create`), or `kiln up --agents N`"
+                );
                 return Ok(exit::OK);
             }
             kiln_cmd::outln!(

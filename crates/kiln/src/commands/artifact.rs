@@ -321,7 +321,7 @@ pub(super) async fn list(conn: &Conn, run: &str, job: Option<&str>, json: bool) 
     }
     if listed.is_empty() {
         eprintln!(
-            "run {} has no published artifacts{}",
+            "run {} has no published artifacts{}; a job publishes with `publish:` (see docs/workflow.md)",
             r.id,
             job.map(|j| format!(" in job `{j}`")).unwrap_or_default()
         );

@@ -37,11 +37,19 @@ pub(super) async fn run(a: LogsArgs) -> CmdResult {
     Ok(exit::OK)
 }
 
-/// The jobs of `run` named (or with the id) `only`, or all of them; a name
-/// no job has is an error listing the names there are.
+/// The jobs of `run` named (or with the id) `only`, or all of them; a matrix
+/// job's base name (`test`) names all its expansions (`test (py=3.10)`, …),
+/// in the run's order. A name no job has is an error listing the names there are.
 pub(super) fn select_jobs<'r>(run: &'r kiln_api::Run, only: Option<&str>) -> Result<Vec<&'r kiln_api::Job>, Failure> {
     let named = |j: &kiln_api::Job, o: &str| j.name == o || j.id == o || (o.len() >= 8 && j.id.starts_with(o));
-    let jobs: Vec<_> = run.jobs.iter().filter(|j| only.is_none_or(|o| named(j, o))).collect();
+    let expansion =
+        |j: &kiln_api::Job, o: &str| j.name.strip_prefix(o).is_some_and(|r| r.starts_with(" (") && r.ends_with(')'));
+    let mut jobs: Vec<_> = run.jobs.iter().filter(|j| only.is_none_or(|o| named(j, o))).collect();
+    if let Some(o) = only
+        && jobs.is_empty()
+    {
+        jobs = run.jobs.iter().filter(|j| expansion(j, o)).collect();
+    }
     if let Some(o) = only
         && jobs.is_empty()
     {

@@ -66,7 +66,8 @@ pub async fn run(cli: Cli) -> i32 {
             Ok(run) => wait::run(RunRef { run, ..a }).await,
             Err(e) => Err(e),
         },
-        Command::Validate { file } => Ok(validate::run(&file)),
+        Command::Validate { file: Some(file) } => Ok(validate::run(&file)),
+        Command::Validate { file: None } => Ok(validate::checkout()),
         Command::Artifact { command: ArtifactCommand::Get { run, repo, job, name, output, extract, format, conn } } => {
             match shared::run_ref(&run, repo.as_deref()) {
                 Ok(run) => {
@@ -89,9 +90,10 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Completions { shell } => Ok(generated(|out| {
             clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "kiln", out)
         })),
-        Command::Man => Ok(generated(|out| {
+        Command::Man { dir: None } => Ok(generated(|out| {
             clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(out).expect("roff")
         })),
+        Command::Man { dir: Some(dir) } => man_pages(&dir),
         Command::Bench(a) => kiln_bench::run(a).await,
     };
     match res {
@@ -101,6 +103,27 @@ pub async fn run(cli: Cli) -> i32 {
             e.code
         }
     }
+}
+
+/// `kiln man --dir DIR`: a page per subcommand.
+fn man_pages(dir: &std::path::Path) -> kiln_cmd::CmdResult {
+    let failed = |e: std::io::Error| kiln_cmd::Failure {
+        code: kiln_api::exit::USAGE,
+        message: format!("writing the manual pages into {}: {e}", dir.display()),
+    };
+    std::fs::create_dir_all(dir).map_err(failed)?;
+    clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), dir).map_err(failed)?;
+    let pages = std::fs::read_dir(dir)
+        .map_err(failed)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".1"))
+        .count();
+    eprintln!(
+        "wrote {pages} manual pages into {} (`man -M … kiln-run` or `man -l {}/kiln-run.1`)",
+        dir.display(),
+        dir.display()
+    );
+    Ok(kiln_api::exit::OK)
 }
 
 /// Write what `write` generates (a completion script, the man page) to

@@ -114,6 +114,10 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
                 kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
                 return Ok(exit::OK);
             }
+            if list.is_empty() {
+                eprintln!("no repositories yet; register one with `kiln repo add NAME --url URL`");
+                return Ok(exit::OK);
+            }
             for r in list {
                 kiln_cmd::outln!("{:<24} {}", r.name, r.clone_url);
             }

@@ -95,7 +95,10 @@ pub(super) async fn workflows(a: WorkflowsArgs) -> CmdResult {
         return Ok(exit::OK);
     }
     if list.workflows.is_empty() {
-        kiln_cmd::outln!("no workflow at commit {} (Kiln runs .kiln/*.yaml; see docs/workflow.md)", list.commit_sha);
+        eprintln!(
+            "no workflow at commit {}; Kiln runs `.kiln/*.yaml`: add one (see docs/workflow.md), check it with `kiln validate`",
+            list.commit_sha
+        );
         return Ok(exit::OK);
     }
     let width = list.workflows.iter().map(|w| w.path.len()).max().unwrap_or(0).max(8);

@@ -1,4 +1,4 @@
-//! `kiln runs`: runs newest first, filtered by repository, status and branch.
+//! `kiln runs`: runs newest first, filtered by repository, status, branch and event.
 
 use super::shared::{client, when};
 use crate::cli::RunsArgs;
@@ -8,9 +8,24 @@ use kiln_cmd::CmdResult;
 
 pub(super) async fn run(a: RunsArgs) -> CmdResult {
     let c = client(&a.conn)?;
-    let list = c.find_runs(a.repo.as_deref(), a.status.as_deref(), a.branch.as_deref(), Some(a.limit)).await?.runs;
+    let list = c
+        .find_runs(a.repo.as_deref(), a.status.as_deref(), a.branch.as_deref(), a.event.as_deref(), Some(a.limit))
+        .await?
+        .runs;
     if a.json {
         kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
+        return Ok(exit::OK);
+    }
+    if list.is_empty() {
+        let filtered = a.repo.is_some() || a.status.is_some() || a.branch.is_some() || a.event.is_some();
+        eprintln!(
+            "{}",
+            if filtered {
+                "no runs match these filters; `kiln runs` without them lists every run"
+            } else {
+                "no runs yet; start one with `kiln run --repo REPO` (`kiln repo list` shows the repositories)"
+            }
+        );
         return Ok(exit::OK);
     }
     kiln_cmd::outln!(

@@ -26,6 +26,10 @@ pub(super) async fn run(cmd: SecretCommand) -> CmdResult {
                 kiln_cmd::outln!("{}", serde_json::to_string_pretty(&list).expect("json"));
                 return Ok(exit::OK);
             }
+            if list.is_empty() {
+                eprintln!("no secrets in {repo}; set one with `printf %s VALUE | kiln secret set {repo} NAME`");
+                return Ok(exit::OK);
+            }
             for s in list {
                 kiln_cmd::outln!("{}", s.name);
             }

@@ -1,5 +1,6 @@
 //! `kiln validate FILE`: every problem of a workflow file (and of the files
-//! it includes) with its line and column.
+//! it includes) with its line and column. `kiln validate`: every workflow of
+//! the checkout.
 
 use kiln_api::exit;
 use std::path::{Path, PathBuf};
@@ -73,4 +74,41 @@ pub(super) fn run(file: &Path) -> i32 {
             exit::USAGE
         }
     }
+}
+
+/// `kiln validate` without FILE: every `.kiln/*.yaml` and `.kiln/*.yml` of
+/// the git checkout around the working directory, each with its result;
+/// exit 2 if any is invalid (or there is none).
+pub(super) fn checkout() -> i32 {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let Some(root) = cwd.ancestors().find(|d| d.join(".git").exists()) else {
+        eprintln!(
+            "error: {} is not inside a git checkout; give the workflow file: `kiln validate .kiln/pipeline.yaml`",
+            cwd.display()
+        );
+        return exit::USAGE;
+    };
+    let dir = root.join(".kiln");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    if files.is_empty() {
+        eprintln!(
+            "error: no workflows in {} (`.kiln/*.yaml`); write one (see docs/workflow.md) or give a file: `kiln validate FILE`",
+            relative_to_cwd(&dir).display()
+        );
+        return exit::USAGE;
+    }
+    let invalid = files.iter().filter(|f| run(&relative_to_cwd(f)) != exit::OK).count();
+    if invalid > 0 {
+        eprintln!("{invalid} of {} workflow(s) invalid", files.len());
+        return exit::USAGE;
+    }
+    exit::OK
 }
