@@ -1194,7 +1194,8 @@ fn runs_are_numbered_per_repository_and_named_by_number() {
     let hello = repo_with("  - name: greet\n    steps:\n      - echo hello-from-$KILN_RUN_ID\n");
     hello.commit(&[], "Say hello to the world").unwrap();
     add_repo(&up, "hello", &hello);
-    add_repo(&up, "other", &repo_with("  - name: x\n    steps:\n      - echo x\n"));
+    let other = repo_with("  - name: x\n    steps:\n      - echo x\n");
+    add_repo(&up, "other", &other);
     let first = start_run(&up, "hello");
     let elsewhere = start_run(&up, "other");
     let out = kiln(&up, &["token", "create", "--name", "release-bot", "--scope", "admin"]);
