@@ -280,7 +280,7 @@ async fn repo_of_request(state: &AppState, uri_path: &str, path: &str) -> Result
     } else if let Some(run) = param("{run}") {
         // `hello#3`, a prefix, an id: resolved as the handler will; one
         // that does not resolve reads as not found (no ids disclosed).
-        match crate::services::runs::resolve_id(state, &run).await {
+        match crate::services::run_ref::resolve_id(state, &run).await {
             Ok(id) => state.store.get_run(&id).await.map(|v| v.run.repo_id),
             Err(_) => return Ok(None),
         }

@@ -80,6 +80,23 @@ async fn git_within(
     }
 }
 
+/// `git ls-remote ARGS` for `remote`, outside any repository: no prompt,
+/// only the allowed transports, the remote's credential environment, and
+/// killed when dropped.
+fn ls_remote(remote: &Remote, args: &[&str]) -> Command {
+    let mut cmd = Command::new("git");
+    cmd.arg("ls-remote")
+        .args(args)
+        .current_dir(std::env::temp_dir())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
+        .envs(remote.env())
+        .env_remove("GIT_DIR")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
 /// How long `probe` waits for a remote to answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -90,16 +107,8 @@ pub async fn probe(remote: &Remote) -> Result<(), GitError> {
     remote.check()?;
     let url = &remote.url;
     let target = normalize_url(url);
-    let out = Command::new("git")
-        .args(["ls-remote", "--heads", "--", &target])
-        .current_dir(std::env::temp_dir())
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
-        .envs(remote.env())
-        .env_remove("GIT_DIR")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
+    let mut cmd = ls_remote(remote, &["--heads", "--", &target]);
+    let out = cmd.output();
     let out = match tokio::time::timeout(PROBE_TIMEOUT, out).await {
         Ok(out) => out.map_err(|e| GitError::Other(format!("cannot run git: {e}")))?,
         Err(_) => {
@@ -120,16 +129,9 @@ pub async fn probe(remote: &Remote) -> Result<(), GitError> {
 /// asked (the fetch that follows reports an unreachable remote).
 async fn remote_head_branch(remote: &Remote) -> Option<String> {
     remote.check().ok()?;
-    let out = Command::new("git")
-        .args(["ls-remote", "--symref", "--", &normalize_url(&remote.url), "HEAD"])
-        .current_dir(std::env::temp_dir())
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_ALLOW_PROTOCOL", kiln_api::giturl::GIT_ALLOW_PROTOCOL)
-        .envs(remote.env())
-        .env_remove("GIT_DIR")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
+    let url = normalize_url(&remote.url);
+    let mut cmd = ls_remote(remote, &["--symref", "--", &url, "HEAD"]);
+    let out = cmd.output();
     let out = tokio::time::timeout(PROBE_TIMEOUT, out).await.ok()?.ok()?;
     if !out.status.success() {
         return None;

@@ -467,16 +467,7 @@ pub(crate) enum Object {
 
 /// Data plane: open a sealed object under a download capability.
 pub(crate) async fn open_object(state: &AppState, generation: &str, cap: Option<&str>) -> ApiResult<Object> {
-    if !state.signer.verify(cap.unwrap_or(""), Op::Get, generation, state.clock.now_ms()) {
-        return Err(ApiErr::unauthorized());
-    }
-    let g = state.store.get_generation(generation).await?;
-    if g.state == "expired" {
-        return Err(expired(&format!("`{}` (generation {generation})", g.name)));
-    }
-    if g.state != "sealed" {
-        return Err(ApiErr::not_found(format!("artifact generation {generation} is {}", g.state)));
-    }
+    let g = generation_under_cap(state, generation, cap).await?;
     open_sealed(state, &g).await
 }
 

@@ -25,6 +25,7 @@ pub(crate) mod overview;
 pub(crate) mod planning;
 pub(crate) mod repos;
 pub(crate) mod run_feed;
+pub(crate) mod run_ref;
 pub(crate) mod runs;
 pub(crate) mod triggers;
 pub(crate) mod webhooks;
