@@ -455,6 +455,8 @@ mod tests {
             (&trigger, &get, "/v1/repos/{repo}/workflow-runs", IfOwnRepo),
             (&trigger, &get, "/v1/repos/{repo}/workflow-inputs", IfOwnRepo),
             (&Scope::Read, &get, "/v1/repos/{repo}/workflow-inputs", Allow),
+            (&trigger, &get, "/v1/repos/{repo}/workflows", IfOwnRepo),
+            (&Scope::Read, &get, "/v1/repos/{repo}/workflows", Allow),
             (&trigger, &get, "/v1/workflow-runs/{run}", IfOwnRepo),
             (&trigger, &get, "/v1/jobs/{job}/logs/events", IfOwnRepo),
             (&trigger, &get, "/v1/workflow-runs/{run}/events", IfOwnRepo),
