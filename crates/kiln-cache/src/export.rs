@@ -129,18 +129,7 @@ pub fn export<W: Write + Seek>(
         }
         written += 1;
     }
-    if count != manifest.entries.len() {
-        return Err(CacheError::Corrupt(format!(
-            "archive is truncated: {count} of {} entries",
-            manifest.entries.len()
-        )));
-    }
-    let mut rest = ar.into_inner().take(MAX_TRAILER + 1);
-    let mut trailer = Vec::new();
-    rest.read_to_end(&mut trailer).map_err(|e| crate::unpack::read_err("reading the end of the archive", e))?;
-    if trailer.len() as u64 > MAX_TRAILER || trailer.iter().any(|&b| b != 0) {
-        return Err(CacheError::Corrupt("unexpected data after the end of the archive".into()));
-    }
+    crate::unpack::check_end(ar.into_inner(), count, manifest.entries.len())?;
     sink.finish()?;
     Ok(Exported { entries: written, bytes })
 }

@@ -250,6 +250,22 @@ impl<R: Read> Read for LimitReader<R> {
 }
 
 /// Classifies an error raised while reading the archive stream.
+/// The end of an archive read member by member: every entry of the
+/// manifest was there, only zero padding follows the tar end marker, and
+/// the zstd stream ends cleanly (the decoder reports an incomplete frame
+/// otherwise). Shared by restore and export.
+pub(crate) fn check_end(rest: impl Read, count: usize, expected: usize) -> Result<(), CacheError> {
+    if count != expected {
+        return Err(CacheError::Corrupt(format!("archive is truncated: {count} of {expected} entries")));
+    }
+    let mut trailer = Vec::new();
+    rest.take(MAX_TRAILER + 1).read_to_end(&mut trailer).map_err(|e| read_err("reading the end of the archive", e))?;
+    if trailer.len() as u64 > MAX_TRAILER || trailer.iter().any(|&b| b != 0) {
+        return Err(CacheError::Corrupt("unexpected data after the end of the archive".into()));
+    }
+    Ok(())
+}
+
 pub(crate) fn read_err(what: &str, e: io::Error) -> CacheError {
     if let Some(inner) = e.get_ref() {
         if inner.is::<LimitExceeded>() {
@@ -775,20 +791,7 @@ fn extract_stream(
         }
         count += 1;
     }
-    if count != manifest.entries.len() {
-        return Err(CacheError::Corrupt(format!(
-            "archive is truncated: {count} of {} entries",
-            manifest.entries.len()
-        )));
-    }
-    // Only zero padding may follow the tar end marker, and the zstd stream
-    // must end cleanly (the decoder reports an incomplete frame otherwise).
-    let mut rest = ar.into_inner().take(MAX_TRAILER + 1);
-    let mut trailer = Vec::new();
-    rest.read_to_end(&mut trailer).map_err(|e| read_err("reading the end of the archive", e))?;
-    if trailer.len() as u64 > MAX_TRAILER || trailer.iter().any(|&b| b != 0) {
-        return Err(CacheError::Corrupt("unexpected data after the end of the archive".into()));
-    }
+    check_end(ar.into_inner(), count, manifest.entries.len())?;
     let left_out = manifest.left_out;
     Ok(Extracted { present, unpacked: Unpacked { entries: count as u64, bytes, left_out }, dir_modes })
 }
