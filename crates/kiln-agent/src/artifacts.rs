@@ -75,6 +75,7 @@ use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
@@ -267,8 +268,10 @@ async fn restore_one(t: &Transfer<'_>, ws: &Path, spec: &RestoreSpec) -> Result<
             )));
         }
         let tmp = parent.join(format!(".kiln-restore-{}.tmp", uuid::Uuid::new_v4()));
+        let done = AtomicU64::new(0);
+        let what = format!("downloading artifact `{label}`");
         let res = tokio::select! {
-            r = download(t.client, &dl, &tmp) => r,
+            r = crate::progress::reported(t.logs, &what, dl.size, &done, download(t.client, &dl, &tmp, &done)) => r,
             _ = t.ctl.stopped() => Err(Fetch::Stopped),
         };
         let got = match res {
@@ -362,7 +365,14 @@ pub(crate) enum Fetch {
 
 /// Streams the download into `tmp`; returns (size, sha256) of what arrived.
 /// Stops reading once more than the announced size arrived.
-pub(crate) async fn download(client: &Client, dl: &ArtifactDownload, tmp: &Path) -> Result<(u64, String), Fetch> {
+/// `done` follows the bytes received (for [`crate::progress::reported`]).
+pub(crate) async fn download(
+    client: &Client,
+    dl: &ArtifactDownload,
+    tmp: &Path,
+    done: &AtomicU64,
+) -> Result<(u64, String), Fetch> {
+    done.store(0, Ordering::Relaxed);
     let mut resp = match client.download(&dl.url).await {
         Ok(r) => r,
         Err(e) if e.is_stale_epoch() => return Err(Fetch::Stale(e)),
@@ -384,6 +394,7 @@ pub(crate) async fn download(client: &Client, dl: &ArtifactDownload, tmp: &Path)
             }
         };
         size += chunk.len() as u64;
+        done.store(size, Ordering::Relaxed);
         if size > dl.size {
             break;
         }
@@ -936,19 +947,26 @@ pub(crate) async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<String, Ran> 
         part_size = session.part_size, size = f.size, "uploading artifact");
     // The sha256 of the whole file, extended by each part once it is
     // acknowledged (a retried part restarts from the state before it).
-    let mut digest = Sha256::new();
-    let mut etags = vec![];
-    for (n, &(start, end)) in ranges.iter().enumerate() {
-        if session.presigned {
-            let (d, etag) = upload_presigned_part(t, f, &session, n as u64, start, end, digest).await?;
-            digest = d;
-            etags.push(UploadedPart { part: n as u64, etag });
-        } else {
-            digest = upload_part(t, f, &session, n as u64, start, end, digest).await?;
+    let sent = Arc::new(AtomicU64::new(0));
+    let parts = async {
+        let mut digest = Sha256::new();
+        let mut etags = vec![];
+        for (n, &(start, end)) in ranges.iter().enumerate() {
+            if session.presigned {
+                let (d, etag) = upload_presigned_part(t, f, &session, n as u64, start, end, digest).await?;
+                digest = d;
+                etags.push(UploadedPart { part: n as u64, etag });
+            } else {
+                digest = upload_part(t, f, &session, (n as u64, start, end), digest, &sent).await?;
+            }
+            sent.fetch_max(end, Ordering::Relaxed);
+            tracing::info!(artifact = %name, part = n, parts = ranges.len(), uploaded = end, size = f.size,
+                "uploaded part {}/{}", n + 1, ranges.len());
         }
-        tracing::info!(artifact = %name, part = n, parts = ranges.len(), uploaded = end, size = f.size,
-            "uploaded part {}/{}", n + 1, ranges.len());
-    }
+        Ok::<_, Ran>((digest, etags))
+    };
+    let (digest, etags) =
+        crate::progress::reported(t.logs, &format!("uploading artifact `{name}`"), f.size, &sent, parts).await?;
     let sha256 = hex::encode(digest.finalize());
     let gen_id = &session.generation_id;
     let sealed = match call(t, &format!("seal of `{name}`"), || {
@@ -974,15 +992,15 @@ pub(crate) async fn upload(t: &Transfer<'_>, f: &Frozen) -> Result<String, Ran> 
 }
 
 /// Sends part `n` (bytes `[start, end)` of the spool file) until the server
-/// acknowledges exactly those bytes, retrying with identical bytes.
+/// acknowledges exactly those bytes, retrying with identical bytes;
+/// `progress` follows the furthest byte sent.
 async fn upload_part(
     t: &Transfer<'_>,
     f: &Frozen,
     session: &UploadSession,
-    n: u64,
-    start: u64,
-    end: u64,
+    (n, start, end): (u64, u64, u64),
     digest: Sha256,
+    progress: &Arc<AtomicU64>,
 ) -> Result<Sha256, Ran> {
     let name = &f.name;
     let url = session.part_url.replace("{part}", &n.to_string());
@@ -993,7 +1011,7 @@ async fn upload_part(
     loop {
         tries += 1;
         let sent = Arc::new(Mutex::new(digest.clone()));
-        let body = part_body(f.path.clone(), start, len, t.limiter.clone(), sent.clone());
+        let body = part_body(f.path.clone(), start, len, t.limiter.clone(), sent.clone(), progress.clone());
         let res = tokio::select! {
             r = t.client.put_part(&url, body) => r,
             _ = t.ctl.stopped() => return Err(Ran::Stopped),
@@ -1112,10 +1130,18 @@ async fn read_part(path: &Path, offset: u64, len: u64, limiter: &RateLimiter) ->
 
 /// A streamed body of `len` bytes of `path` from `offset`, read in 1 MiB
 /// pieces through the rate limiter; `digest` is extended with what is sent.
-fn part_body(path: PathBuf, offset: u64, len: u64, limiter: RateLimiter, digest: Arc<Mutex<Sha256>>) -> reqwest::Body {
+/// `progress` follows the furthest byte of the file read so far.
+fn part_body(
+    path: PathBuf,
+    offset: u64,
+    len: u64,
+    limiter: RateLimiter,
+    digest: Arc<Mutex<Sha256>>,
+    progress: Arc<AtomicU64>,
+) -> reqwest::Body {
     let state = (None::<tokio::fs::File>, len);
     let stream = futures::stream::try_unfold(state, move |(file, remaining)| {
-        let (path, limiter, digest) = (path.clone(), limiter.clone(), digest.clone());
+        let (path, limiter, digest, progress) = (path.clone(), limiter.clone(), digest.clone(), progress.clone());
         async move {
             if remaining == 0 {
                 return Ok::<_, std::io::Error>(None);
@@ -1133,6 +1159,7 @@ fn part_body(path: PathBuf, offset: u64, len: u64, limiter: RateLimiter, digest:
             file.read_exact(&mut buf).await?;
             limiter.acquire(n).await;
             digest.lock().expect("digest").update(&buf);
+            progress.fetch_max(offset + len - remaining + n, Ordering::Relaxed);
             Ok(Some((buf, (Some(file), remaining - n))))
         }
     });

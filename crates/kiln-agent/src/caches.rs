@@ -271,7 +271,16 @@ pub(crate) async fn restore(
         return Ok(Some(run.failed(t, "error", format!("cannot create {}: {e}", local_dir.display()))));
     }
     let tmp = local_dir.join("tmp").join(format!("{}.part", uuid_like()));
-    let got = match tokio::time::timeout_at(deadline.into(), download(t.client, &hit.download, &tmp)).await {
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let what = format!("cache: restoring `{}`", hit.namespace);
+    let fetch = crate::progress::reported(
+        t.logs,
+        &what,
+        hit.download.size,
+        &done,
+        download(t.client, &hit.download, &tmp, &done),
+    );
+    let got = match tokio::time::timeout_at(deadline.into(), fetch).await {
         Ok(r) => r,
         Err(_) => Err(Fetch::Fatal(format!("timed out after {:?} (--cache-timeout)", settings.timeout))),
     };

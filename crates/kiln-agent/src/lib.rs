@@ -39,6 +39,7 @@ mod logs;
 mod mask;
 mod metrics;
 mod outputs;
+mod progress;
 mod ran;
 mod ratelimit;
 mod services;

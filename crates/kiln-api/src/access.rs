@@ -88,6 +88,9 @@ pub struct AgentInfo {
     /// Attempts it is running now.
     #[serde(default)]
     pub running_jobs: u32,
+    /// The jobs it is running now (its running attempts), longest-running first.
+    #[serde(default)]
+    pub jobs: Vec<AgentJob>,
     /// The Kiln version it registered with (absent from older agents).
     #[serde(default)]
     pub version: Option<String>,
@@ -101,6 +104,21 @@ pub struct AgentInfo {
     /// a container executor, or host agents are allowed to); absent from older servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub takes_untrusted: Option<bool>,
+}
+
+/// A job an agent is running (`AgentInfo::jobs`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentJob {
+    pub run_id: String,
+    /// The run's number in its repository (`repo#N`).
+    pub run_number: i64,
+    pub repo: String,
+    pub job_id: String,
+    /// The job's name (a matrix expansion's full name).
+    pub job: String,
+    /// The attempt's epoch.
+    pub epoch: i64,
+    pub started_at_ms: i64,
 }
 
 /// One audit log entry: who did what to what.

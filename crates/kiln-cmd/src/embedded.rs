@@ -82,11 +82,14 @@ pub async fn start_embedded_config(
 /// [`start_embedded_config`] with each agent's configuration adjusted by
 /// `tune` (`kiln up --labels`, `--max-jobs`, `--executor`, …).
 pub async fn start_embedded_agents(
-    config: kiln_server::ServerConfig,
+    mut config: kiln_server::ServerConfig,
     agents: u32,
     tune: impl Fn(&mut kiln_agent::AgentConfig),
 ) -> anyhow::Result<(kiln_server::ServerHandle, tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)> {
     let data_dir = config.data_dir.clone();
+    // Its local agents are `local-1`..`local-N`: surplus ones of an earlier
+    // start with more agents are removed (no ghosts after a restart).
+    config.embedded_agents = Some(agents);
     let handle = kiln_server::start(config).await?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = vec![];

@@ -76,6 +76,11 @@ fn api(e: bollard::errors::Error) -> EngineError {
     EngineError::Api(e.to_string())
 }
 
+/// A pull that runs longer than this reports its bytes in the job's log,
+/// then every [`PULL_PROGRESS_EVERY`].
+const PULL_PROGRESS_FIRST: std::time::Duration = std::time::Duration::from_secs(2);
+const PULL_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A connection to a Docker Engine API (cheap to clone).
 #[derive(Clone)]
 pub struct Engine {
@@ -257,17 +262,43 @@ impl Engine {
         let opts = CreateImageOptions { from_image: Some(reference.clone()), ..Default::default() };
         let mut pull = self.docker.create_image(Some(opts), None, None);
         let mut last = String::new();
+        // Bytes per layer as the engine reports them (`progressDetail`):
+        // summed into one line every few seconds while the pull runs long.
+        let mut layers: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
+        let started = std::time::Instant::now();
+        let mut next_report = started + PULL_PROGRESS_FIRST;
         while let Some(item) = pull.next().await {
             match item {
                 Ok(info) => {
                     if let Some(detail) = info.error_detail.and_then(|d| d.message) {
                         return Err(EngineError::Pull(reference, detail));
                     }
+                    if let (Some(id), Some(d)) = (&info.id, &info.progress_detail)
+                        && let (Some(cur), Some(total)) = (d.current, d.total)
+                        && total > 0
+                    {
+                        layers.insert(id.clone(), (cur.min(total), total));
+                    }
+                    // Per-layer byte counts change constantly: only a new
+                    // kind of status is worth a line of its own.
                     if let Some(status) = info.status
                         && status != last
+                        && info.progress_detail.as_ref().is_none_or(|d| d.current.is_none())
                     {
                         progress(&status);
                         last = status;
+                    }
+                    if std::time::Instant::now() >= next_report && !layers.is_empty() {
+                        let (cur, total) = layers.values().fold((0, 0), |(c, t), (lc, lt)| (c + lc, t + lt));
+                        let mib = |b: i64| b as f64 / (1024.0 * 1024.0);
+                        progress(&format!(
+                            "pulling {reference}: {:.1} MiB of {:.1} MiB in {} layer(s), {}s so far",
+                            mib(cur),
+                            mib(total),
+                            layers.len(),
+                            started.elapsed().as_secs()
+                        ));
+                        next_report += PULL_PROGRESS_EVERY;
                     }
                 }
                 Err(e) => return Err(EngineError::Pull(reference, e.to_string())),

@@ -181,3 +181,24 @@ mod token_tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary files left");
     }
 }
+
+/// `kiln up --agents N` started: offline agents `local-M` (M > N) of the
+/// default pool are left over from an earlier start with more agents; they
+/// would stay offline forever. Removed (audit `agent.remove`).
+pub(crate) async fn forget_surplus_local_agents(store: &dyn kiln_store::Store, keep: u32) -> anyhow::Result<()> {
+    for a in store.list_agents().await? {
+        let surplus = a.pool == "default"
+            && a.name.strip_prefix("local-").and_then(|n| n.parse::<u32>().ok()).is_some_and(|n| n > keep);
+        if surplus && store.remove_agent(&a.id).await? {
+            tracing::info!(agent = %a.id, name = %a.name, "removed a local agent of an earlier `kiln up` with more agents");
+            let e = kiln_store::NewAudit {
+                actor: "kiln up".into(),
+                action: "agent.remove".into(),
+                target: a.id.clone(),
+                detail: format!("{}: kiln up now runs {keep} local agent(s)", a.name),
+            };
+            store.audit(&e).await?;
+        }
+    }
+    Ok(())
+}

@@ -16,6 +16,16 @@ pub struct ServerConfig {
     pub lease_ttl: Duration,
     /// How long an agent's leases survive once its connection drops.
     pub loss_grace: Duration,
+    /// An agent not seen this long (no session stream open to any replica)
+    /// and running nothing is forgotten (`agent.expire` in the audit log);
+    /// zero keeps offline agents until they are removed.
+    pub agent_expiry: Duration,
+    /// `kiln up`: this server runs that many local agents, `local-1` to
+    /// `local-N`. Offline agents named `local-M` with M > N (left by an
+    /// earlier `kiln up --agents` with more) are removed at start, so a
+    /// restart leaves no ghosts (the others' names are taken over as each
+    /// registers again).
+    pub embedded_agents: Option<u32>,
     /// Base delay of retry backoff.
     pub retry_base: Duration,
     /// The longest wait between two attempts to plan a delivery that meets
@@ -157,6 +167,8 @@ impl ServerConfig {
             database_url: None,
             lease_ttl: Duration::from_secs(30),
             loss_grace: Duration::from_millis(500),
+            agent_expiry: Duration::from_secs(24 * 3600),
+            embedded_agents: None,
             retry_base: Duration::from_millis(500),
             delivery_retry_max: Duration::from_secs(300),
             delivery_alert_after: Duration::from_secs(600),

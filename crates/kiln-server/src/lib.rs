@@ -151,6 +151,9 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     if sealed > 0 {
         tracing::info!(sealed, "sealed secrets stored in clear by an earlier version");
     }
+    if let Some(keep) = config.embedded_agents {
+        boot::forget_surplus_local_agents(&*store, keep).await?;
+    }
     let listener =
         TcpListener::bind(&config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;

@@ -48,6 +48,12 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
         Box::pin(crate::services::runs::run_timeout_once(s))
     }));
     tokio::spawn(planner(state.clone(), shutdown.clone()));
+    // Agents' "last seen" and the expiry of offline ones: a third of the
+    // lease TTL, between 50 ms and 10 s.
+    let seen_every = (state.config.lease_ttl / 3).clamp(Duration::from_millis(50), Duration::from_secs(10));
+    tokio::spawn(every(state.clone(), shutdown.clone(), seen_every, "agent bookkeeping", |s| {
+        Box::pin(crate::services::agents::seen_once(s))
+    }));
     tokio::spawn(every(state.clone(), shutdown.clone(), REPORT_POLL, "commit status reporter", |s| {
         Box::pin(crate::services::forge_status::report_once(s))
     }));

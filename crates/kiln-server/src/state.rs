@@ -243,6 +243,11 @@ impl LiveAgents {
         self.0.lock().expect("live agents").live.len()
     }
 
+    /// The agents whose session stream is open here.
+    pub fn connected_ids(&self) -> Vec<String> {
+        self.0.lock().expect("live agents").live.keys().cloned().collect()
+    }
+
     pub fn is_connected(&self, agent_id: &str) -> bool {
         self.0.lock().expect("live agents").live.contains_key(agent_id)
     }

@@ -146,6 +146,12 @@ impl AgentStore for SqlStore {
     async fn remove_agent(&self, agent_id: &str) -> Result<bool> {
         agents::remove_agent(self, agent_id).await
     }
+    async fn touch_agents(&self, agent_ids: &[String]) -> Result<()> {
+        agents::touch_agents(self, agent_ids).await
+    }
+    async fn expire_agents(&self, idle_ms: i64, keep: &[String]) -> Result<Vec<(String, String)>> {
+        agents::expire_agents(self, idle_ms, keep).await
+    }
 
     async fn release_predecessors(&self, agent_id: &str) -> Result<u64> {
         crate::tx::release::release_predecessors(self, agent_id).await

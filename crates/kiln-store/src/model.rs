@@ -693,6 +693,8 @@ pub struct QueueClass {
 pub struct RunningAttempt {
     pub run_id: String,
     pub repo: String,
+    /// The run's number in its repository (`repo#N`).
+    pub run_number: i64,
     pub job_id: String,
     pub job_name: String,
     pub epoch: i64,

@@ -117,6 +117,14 @@ pub trait AgentStore: Send + Sync {
     /// Forget an agent and end the leases of its running attempts now (the
     /// reconciler fences them). False if there was no such agent.
     async fn remove_agent(&self, agent_id: &str) -> Result<bool>;
+    /// The agents `agent_ids` were seen now (their session stream is open
+    /// to this server): their `last_seen_at` becomes the database's now.
+    async fn touch_agents(&self, agent_ids: &[String]) -> Result<()>;
+    /// Forget the agents last seen more than `idle_ms` ago that hold no
+    /// running attempt (offline agents expire; their fenced attempts are
+    /// released as [`Self::remove_agent`] does). Agents in `keep` (those
+    /// connected to the caller) are never expired. Returns `(id, name)`.
+    async fn expire_agents(&self, idle_ms: i64, keep: &[String]) -> Result<Vec<(String, String)>>;
     /// The agent `agent_id` has just started and removed what its previous
     /// process left in its work directory (it says so when it registers):
     /// the fenced attempts of earlier agents of the same name and pool are

@@ -129,6 +129,8 @@ pub struct KilnUp {
     log: PathBuf,
     /// Its `TMPDIR` (dropped after the process: fields drop after `drop`).
     _tmp: tempfile::TempDir,
+    /// The environment it was started with (kept for a restart).
+    agents_env: Vec<(String, String)>,
 }
 
 impl KilnUp {
@@ -153,6 +155,17 @@ impl KilnUp {
         if !env.iter().any(|(k, _)| k == "TMPDIR") {
             env.push(("TMPDIR".into(), tmp.path().to_string_lossy().into_owned()));
         }
+        Self::spawn(bin, data, tmp, agents, extra, env)
+    }
+
+    fn spawn(
+        bin: &Path,
+        data: tempfile::TempDir,
+        tmp: tempfile::TempDir,
+        agents: u32,
+        extra: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Result<KilnUp> {
         let log = data.path().join("kiln-up.log");
         let mut args: Vec<std::ffi::OsString> =
             ["up", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"]
@@ -167,7 +180,22 @@ impl KilnUp {
             let val = |k: &str| rest.split_whitespace().find_map(|kv| kv.strip_prefix(k)).map(str::to_string);
             Some((val("KILN_SERVER=")?, val("KILN_TOKEN=")?))
         })?;
-        Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log, _tmp: tmp })
+        Ok(KilnUp { child, data, url, token, bin: bin.to_path_buf(), log, _tmp: tmp, agents_env: env })
+    }
+
+    /// Stop this `kiln up` (SIGTERM, waiting for it to end) and start it
+    /// again on the same data dir with `agents` local agents (a new port).
+    pub fn restart(self, agents: u32, extra: &[&str]) -> Result<KilnUp> {
+        let mut me = std::mem::ManuallyDrop::new(self);
+        let _ = Command::new("kill").arg("-TERM").arg(me.child.id().to_string()).status();
+        let _ = me.child.wait();
+        let data = std::mem::replace(&mut me.data, tempfile::tempdir()?);
+        let tmp = std::mem::replace(&mut me._tmp, tempfile::tempdir()?);
+        let old_log = std::fs::read_to_string(&me.log).unwrap_or_default();
+        let bin = me.bin.clone();
+        let up = Self::spawn(&bin, data, tmp, agents, extra, std::mem::take(&mut me.agents_env))?;
+        std::fs::write(up.data.path().join("kiln-up.before-restart.log"), old_log)?;
+        Ok(up)
     }
 
     pub fn data_dir(&self) -> PathBuf {

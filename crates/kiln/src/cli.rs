@@ -136,8 +136,9 @@ pub enum Command {
         #[command(subcommand)]
         command: AgentTokenCommand,
     },
-    /// List registered agents (name, labels, running jobs / capacity,
-    /// connected, draining, version, registered), or remove one (`kiln agents rm ID`).
+    /// List registered agents (name, state — busy, idle, offline or draining —, running
+    /// jobs / capacity and which jobs, last seen, labels, version, pool), or remove one
+    /// (`kiln agents rm ID`). Offline agents are forgotten after the server's --agent-expiry.
     Agents {
         #[command(subcommand)]
         command: Option<AgentsCommand>,
@@ -334,6 +335,13 @@ pub struct ServerTuning {
     /// falsely-suspected agent from publishing anything.
     #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub loss_grace: std::time::Duration,
+    /// An offline agent (no connection to any server replica, running nothing) is forgotten
+    /// this long after it was last seen: it leaves `kiln agents` and the Agents page, and the
+    /// audit log says `agent.expire`. A connected agent's "last seen" moves every few seconds.
+    /// An agent that comes back later registers again by itself. `0` keeps offline agents
+    /// until they are removed (`kiln agents rm`, the Agents page).
+    #[arg(long, default_value = "24h", value_parser = parse_duration, value_name = "DURATION")]
+    pub agent_expiry: std::time::Duration,
     /// With PostgreSQL: how often this replica re-reads the ready jobs
     /// regardless of notifications from other replicas (the safety net for
     /// lost ones; default 5s).

@@ -1410,3 +1410,164 @@ fn global_flags_event_filter_matrix_logs_and_empty_lists() {
     let out = kiln(&up, &["runs", "--event", "nonsense"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// Agents as an operator reads them (issue 42): a `kiln up` restart with
+/// fewer agents leaves no ghost; a busy agent's row names its job; "last
+/// seen" moves while an agent is connected; an agent that dies is
+/// forgotten after `--agent-expiry`, in the audit log.
+#[test]
+fn agents_leave_no_ghosts_say_their_job_and_expire_when_gone() {
+    use std::time::Duration;
+    let json = |cli: &mut Command| -> serde_json::Value {
+        let out = cli.output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)))
+    };
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        let mut n: Vec<String> =
+            v.as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap().to_string()).collect();
+        n.sort();
+        n
+    };
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let agents = |up: &KilnUp| json(up.cli().args(["agents", "--json"]));
+    assert!(
+        kiln_testkit::wait_for(Duration::from_secs(30), || (names(&agents(&up)) == ["local-1", "local-2"])
+            .then_some(()))
+        .is_some()
+    );
+    let up = up.restart(1, &[]).unwrap();
+    let list = kiln_testkit::wait_for(Duration::from_secs(30), || {
+        let v = agents(&up);
+        v.as_array().unwrap().iter().all(|a| a["connected"] == true).then_some(v)
+    })
+    .expect("local-1 connected again");
+    assert_eq!(names(&list), ["local-1"], "no ghost local-2 after `kiln up --agents 1`: {list}");
+    let audit = stdout(&kiln(&up, &["audit"]));
+    assert!(audit.contains("agent.remove") && audit.contains("local-2: kiln up now runs 1 local agent(s)"), "{audit}");
+
+    // A busy agent's row names its job, in JSON and in the table.
+    let flags = kiln_testkit::step_writable_tempdir().unwrap();
+    let go = flags.path().join("go");
+    let repo = repo_with(&format!(
+        "  - name: slow\n    steps:\n      - while [ ! -e {g} ]; do sleep 0.1; done\n",
+        g = go.display()
+    ));
+    add_repo(&up, "busy", &repo);
+    let run = start_run(&up, "busy");
+    let job = kiln_testkit::wait_for(Duration::from_secs(60), || {
+        let v = agents(&up);
+        v[0]["jobs"].as_array().and_then(|j| j.first().cloned())
+    })
+    .expect("the agent runs the job");
+    assert_eq!(
+        (job["repo"].as_str(), job["run_number"].as_i64(), job["job"].as_str()),
+        (Some("busy"), Some(1), Some("slow"))
+    );
+    let table = stdout(&kiln(&up, &["agents"]));
+    assert!(table.contains("STATE") && table.contains("RUNNING") && table.contains("LAST SEEN"), "{table}");
+    let row = table.lines().find(|l| l.starts_with("local-1")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("busy") && row.contains("busy#1 slow") && row.contains(" ago"), "{table}");
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(kiln(&up, &["wait", &run]).status.code(), Some(0));
+    drop(up);
+
+    // "Last seen" follows a connected agent; a dead one expires.
+    let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &["--lease-ttl", "3s", "--agent-expiry", "3s"]).unwrap();
+    let mut ext = server.agent("ext", &[]).unwrap();
+    let first = kiln_testkit::wait_for(Duration::from_secs(30), || {
+        json(server.cli().args(["agents", "--json"])).as_array().and_then(|a| a.first().cloned())
+    })
+    .expect("registered");
+    let registered = first["created_at_ms"].as_i64().unwrap();
+    let seen = kiln_testkit::wait_for(Duration::from_secs(30), || {
+        let v = json(server.cli().args(["agents", "--json"]));
+        v[0]["last_seen_at_ms"].as_i64().filter(|&t| t > registered + 1000)
+    });
+    assert!(seen.is_some(), "last seen moves while the agent is connected");
+    assert_eq!(names(&json(server.cli().args(["agents", "--json"]))), ["ext"], "a connected agent never expires");
+    ext.child.kill().unwrap();
+    let _ = ext.child.wait();
+    let gone = kiln_testkit::wait_for(Duration::from_secs(60), || {
+        json(server.cli().args(["agents", "--json"])).as_array().unwrap().is_empty().then_some(())
+    });
+    assert!(gone.is_some(), "the dead agent expired");
+    let audit = stdout(&server.cli().args(["audit"]).output().unwrap());
+    assert!(audit.contains("agent.expire") && audit.contains("ext: not seen for 3s"), "{audit}");
+}
+
+/// Progress on long work (issue 42): `kiln run --follow` streams parallel
+/// jobs at once, each line prefixed with its job (not one job after the
+/// other); `kiln wait` on a terminal shows where the run stands.
+#[test]
+fn follow_interleaves_parallel_jobs_and_wait_shows_progress_on_a_terminal() {
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let flags = kiln_testkit::step_writable_tempdir().unwrap();
+    let b_done = flags.path().join("b-done");
+    // `a` cannot end before `b` printed: followed one after the other, all
+    // of a's lines would come first.
+    let repo = repo_with(&format!(
+        "  - name: a\n    steps:\n      - echo a-start\n      - while [ ! -e {f} ]; do sleep 0.1; done\n      - echo a-end\n\
+         \x20 - name: b\n    needs: []\n    steps:\n      - echo b-line\n      - touch {f}\n",
+        f = b_done.display()
+    ));
+    add_repo(&up, "par", &repo);
+    let out = kiln(&up, &["run", "--repo", "par", "--follow"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let logs = stdout(&out);
+    let at = |s: &str| logs.find(s).unwrap_or_else(|| panic!("{s}: {logs}"));
+    assert!(at("b | b-line") < at("a | a-end"), "parallel jobs interleave: {logs}");
+    assert!(logs.lines().filter(|l| !l.is_empty()).all(|l| l.starts_with("a | ") || l.starts_with("b | ")), "{logs}");
+    assert!(stderr(&out).contains("── a: success") && stderr(&out).contains("── b: success"), "{}", text(&out));
+
+    // `kiln wait` under a terminal (util-linux `script` gives it a pty).
+    let go = flags.path().join("go");
+    let repo = repo_with(&format!(
+        "  - name: slow\n    steps:\n      - while [ ! -e {g} ]; do sleep 0.1; done\n  - name: after\n    needs: [slow]\n    steps:\n      - echo after\n",
+        g = go.display()
+    ));
+    add_repo(&up, "prog", &repo);
+    let run = start_run(&up, "prog");
+    let mut child = Command::new("script")
+        .args(["-qec", &format!("{} wait {run}", up.bin.display()), "/dev/null"])
+        .env("KILN_SERVER", &up.url)
+        .env("KILN_TOKEN", &up.token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux");
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    let mut buf = Vec::new();
+    // The progress line is redrawn with \r: read up to each \r or \n.
+    while !seen.contains("prog#1: 0/2 jobs done, 1 running, 1 blocked on needs") {
+        buf.clear();
+        if reader.read_until(b'\r', &mut buf).unwrap() == 0 {
+            panic!("kiln wait ended without the progress line: {seen}");
+        }
+        seen.push_str(&String::from_utf8_lossy(&buf));
+    }
+    std::fs::write(&go, "").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{seen}{rest}");
+    assert!(rest.contains(&format!("run {run} success")) || rest.contains("success"), "{rest}");
+}
+
+/// A long transfer says how far it got in the job's log (issue 42): a
+/// 5 MiB artifact uploaded at 1 MiB/s takes seconds, and its progress
+/// lines name the artifact, the bytes and the rate.
+#[test]
+fn a_long_upload_reports_its_progress_in_the_job_log() {
+    let up = KilnUp::start_with(BIN.as_ref(), 1, &["--upload-rate-limit", "1MiB"]).unwrap();
+    let repo = repo_with(
+        "  - name: build\n    steps:\n      - head -c 5242880 /dev/urandom > big.bin\n    artifacts:\n      publish:\n        - {name: big, path: big.bin}\n",
+    );
+    add_repo(&up, "big", &repo);
+    let run = start_run(&up, "big");
+    let out = kiln(&up, &["wait", &run]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let logs = stdout(&kiln(&up, &["logs", &run, "build"]));
+    let progress = logs.lines().find(|l| l.contains("uploading artifact `big`: ") && l.contains(" of 5.0 MiB ("));
+    let line = progress.unwrap_or_else(|| panic!("no progress line: {logs}"));
+    assert!(line.contains("%), ") && line.ends_with("/s"), "{line}");
+}

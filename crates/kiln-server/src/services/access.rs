@@ -174,6 +174,18 @@ pub(crate) async fn revoke_join_token(state: &AppState, by: &Principal, id: &str
 
 pub(crate) async fn list_agents(state: &AppState) -> ApiResult<Vec<api::AgentInfo>> {
     let running = state.store.running_per_agent().await?;
+    let mut jobs: std::collections::HashMap<String, Vec<api::AgentJob>> = Default::default();
+    for a in state.store.running_attempts(1000).await? {
+        jobs.entry(a.agent_id).or_default().push(api::AgentJob {
+            run_id: a.run_id,
+            run_number: a.run_number,
+            repo: a.repo,
+            job_id: a.job_id,
+            job: a.job_name,
+            epoch: a.epoch,
+            started_at_ms: a.started_at,
+        });
+    }
     Ok(state
         .store
         .list_agents()
@@ -184,6 +196,7 @@ pub(crate) async fn list_agents(state: &AppState) -> ApiResult<Vec<api::AgentInf
             executor: Some(a.executor.to_string()),
             takes_untrusted: Some(state.config.untrusted.takes_untrusted(&a.pool, a.executor)),
             running_jobs: running.get(&a.id).copied().unwrap_or(0),
+            jobs: jobs.remove(&a.id).unwrap_or_default(),
             id: a.id,
             name: a.name,
             pool: a.pool,

@@ -124,6 +124,32 @@ pub(crate) async fn drain(state: &AppState, agent_id: &str, session_id: &str) ->
     Ok(())
 }
 
+/// One round of agent bookkeeping: the agents whose session stream is open
+/// here were seen now (their `last_seen_at` moves: what "last seen" shows),
+/// and offline agents idle past `--agent-expiry` that run nothing are
+/// forgotten (audit `agent.expire`). Returns how many expired.
+pub(crate) async fn seen_once(state: &AppState) -> Result<usize, kiln_store::StoreError> {
+    let here = state.live_agents.connected_ids();
+    state.store.touch_agents(&here).await?;
+    let expiry = state.config.agent_expiry;
+    if expiry.is_zero() {
+        return Ok(0);
+    }
+    let idle_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+    let gone = state.store.expire_agents(idle_ms, &here).await?;
+    for (id, name) in &gone {
+        tracing::info!(agent = %id, name, expiry = ?expiry, "offline agent expired (not seen within --agent-expiry)");
+        let e = kiln_store::NewAudit {
+            actor: "kiln".into(),
+            action: "agent.expire".into(),
+            target: id.clone(),
+            detail: format!("{name}: not seen for {}s", expiry.as_secs()),
+        };
+        state.store.audit(&e).await?;
+    }
+    Ok(gone.len())
+}
+
 /// What the session stream tells its agent.
 #[derive(Debug, Clone)]
 pub(crate) enum SessionEvent {

@@ -188,6 +188,65 @@ pub(crate) async fn remove_agent(store: &SqlStore, agent_id: &str) -> Result<boo
         .await
 }
 
+/// `AgentStore::touch_agents`: one transaction, one statement per agent.
+pub(crate) async fn touch_agents(store: &SqlStore, agent_ids: &[String]) -> Result<()> {
+    if agent_ids.is_empty() {
+        return Ok(());
+    }
+    store
+        .transaction(Isolation::LockedReadCommitted, &agent_ids, |tx, &agent_ids| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                for id in agent_ids.iter() {
+                    tx.sql("UPDATE agents SET last_seen_at = $1 WHERE id = $2 AND last_seen_at < $1")
+                        .bind(now)
+                        .bind(id)
+                        .execute()
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .await
+}
+
+/// `AgentStore::expire_agents`: the idle agents without a running attempt,
+/// removed in one transaction (the running-attempt check is in the same
+/// statement, so an agent that claimed meanwhile stays).
+pub(crate) async fn expire_agents(store: &SqlStore, idle_ms: i64, keep: &[String]) -> Result<Vec<(String, String)>> {
+    static IDLE: Sql = Sql::new(|_| {
+        format!(
+            "SELECT id, name FROM agents WHERE last_seen_at < $1 AND NOT EXISTS \
+             (SELECT 1 FROM attempts a WHERE a.agent_id = agents.id AND a.outcome = {running}) ORDER BY id",
+            running = lit(AttemptOutcome::Running)
+        )
+    });
+    static DELETE: Sql = Sql::new(|_| {
+        format!(
+            "DELETE FROM agents WHERE id = $1 AND last_seen_at < $2 AND NOT EXISTS \
+             (SELECT 1 FROM attempts a WHERE a.agent_id = agents.id AND a.outcome = {running})",
+            running = lit(AttemptOutcome::Running)
+        )
+    });
+    store
+        .transaction(Isolation::Serializable, &(idle_ms, keep), |tx, &(idle_ms, keep)| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                let cutoff = now - idle_ms;
+                let idle: Vec<(String, String)> = tx.sql(&IDLE).bind(cutoff).all().await?;
+                let mut gone = vec![];
+                for (id, name) in idle.into_iter().filter(|(id, _)| !keep.contains(id)) {
+                    if tx.sql(&DELETE).bind(&id).bind(cutoff).execute().await? > 0 {
+                        crate::tx::release::release_removed(tx, &id, now).await?;
+                        gone.push((id, name));
+                    }
+                }
+                Ok(gone)
+            })
+        })
+        .await
+}
+
 /// `AgentStore::operating_gauges`: four reads, each through an index
 /// (`runs(status)`, `jobs(status)`, `attempts(outcome, lease_deadline)`,
 /// `log_chunks(job_id, id)`) over rows that are live by nature: unfinished
@@ -266,7 +325,7 @@ pub(crate) async fn queue_classes(store: &SqlStore, limit: u32) -> Result<Vec<cr
 pub(crate) async fn running_attempts(store: &SqlStore, limit: u32) -> Result<Vec<crate::model::RunningAttempt>> {
     static RUNNING: Sql = Sql::new(|d| {
         format!(
-            "SELECT a.run_id, p.name, a.job_id, j.name, a.epoch, a.agent_id, a.runner, a.started_at, \
+            "SELECT a.run_id, p.name, r.run_number, a.job_id, j.name, a.epoch, a.agent_id, a.runner, a.started_at, \
              {now} - a.started_at, \
              (SELECT c.data FROM log_chunks c WHERE c.job_id = a.job_id AND c.epoch = a.epoch \
               AND c.stream = 'system' ORDER BY c.byte_offset DESC LIMIT 1) \
@@ -277,14 +336,15 @@ pub(crate) async fn running_attempts(store: &SqlStore, limit: u32) -> Result<Vec
             now = d.now_ms,
         )
     });
-    type Row = (String, String, String, String, i64, String, String, i64, i64, Option<Vec<u8>>);
+    type Row = (String, String, i64, String, String, i64, String, String, i64, i64, Option<Vec<u8>>);
     let rows: Vec<Row> = store.reader().await?.sql(&RUNNING).bind(i64::from(limit)).all().await?;
     Ok(rows
         .into_iter()
-        .map(|(run_id, repo, job_id, job_name, epoch, agent_id, runner, started_at, elapsed, data)| {
+        .map(|(run_id, repo, run_number, job_id, job_name, epoch, agent_id, runner, started_at, elapsed, data)| {
             crate::model::RunningAttempt {
                 run_id,
                 repo,
+                run_number,
                 job_id,
                 job_name,
                 epoch,

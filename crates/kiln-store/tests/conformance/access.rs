@@ -70,6 +70,39 @@ pub async fn agents_register_in_pools_and_removal_ends_their_leases<S: Store + '
     assert_eq!(s.fence_expired().await.unwrap(), vec![(build.clone(), 1)]);
 }
 
+/// Issue 42 (agents): an agent's `last_seen_at` moves when it is touched;
+/// offline agents expire after the idle time unless they hold a running
+/// attempt or are connected to the caller.
+pub async fn idle_agents_expire_unless_running_or_connected<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0)])).await;
+    let busy = agent(s, "busy", 1).await;
+    let idle = agent(s, "idle", 1).await;
+    let here = agent(s, "here", 1).await;
+    let fresh = agent(s, "fresh", 1).await;
+    let build = job_id(s, &run_id, "build").await;
+    let g = s.get_job(&build).await.unwrap().dispatch_generation;
+    s.claim(claim_input(&busy, &build, g, LONG_TTL)).await.unwrap().expect("claimed");
+    let seen = |id: String| async move { s.get_agent(&id).await.unwrap().last_seen_at };
+    let before = seen(fresh.id.clone()).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    s.touch_agents(std::slice::from_ref(&fresh.id)).await.unwrap();
+    let after = seen(fresh.id.clone()).await;
+    assert!(after > before, "touched: last seen moves ({before} -> {after})");
+    assert_eq!(seen(idle.id.clone()).await, idle.last_seen_at, "untouched: unchanged");
+
+    // Idle for more than 50 ms: `idle` goes; `busy` runs a job, `here` is
+    // connected to the caller and `fresh` was just seen, so they stay.
+    let gone = s.expire_agents(50, std::slice::from_ref(&here.id)).await.unwrap();
+    assert_eq!(gone, vec![(idle.id.clone(), "idle".to_string())]);
+    let mut left: Vec<String> = s.list_agents().await.unwrap().into_iter().map(|a| a.name).collect();
+    left.sort();
+    assert_eq!(left, ["busy", "fresh", "here"]);
+    assert!(s.expire_agents(50, &[]).await.unwrap().iter().all(|(id, _)| *id != busy.id), "a running agent stays");
+    assert!(s.heartbeat(&build, 1, LONG_TTL).await.is_ok(), "its lease is untouched");
+}
+
 pub async fn secret_pools_and_audit_log<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;

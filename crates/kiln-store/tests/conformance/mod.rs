@@ -66,6 +66,7 @@ macro_rules! suite {
             access::join_tokens_are_stored_hashed_and_revocable,
             access::api_tokens_carry_scope_repo_and_trust,
             access::agents_register_in_pools_and_removal_ends_their_leases,
+            access::idle_agents_expire_unless_running_or_connected,
             access::secret_pools_and_audit_log,
             access::secrets_are_replaced_all_or_nothing,
             access::agents_record_their_version_and_draining,

@@ -1,6 +1,6 @@
 //! `kiln token`, `kiln agent-token`, `kiln agents`, `kiln audit`.
 
-use super::shared::{client, when};
+use super::shared::{client, duration_text, when};
 use crate::cli::{AgentTokenCommand, AgentsCommand, AuditArgs, TokenCommand};
 use kiln_api::exit;
 use kiln_cmd::CmdResult;
@@ -86,6 +86,20 @@ pub(super) async fn agent_token(cmd: AgentTokenCommand) -> CmdResult {
     Ok(exit::OK)
 }
 
+/// What the Agents page's State column says: `draining`, `busy`, `idle` or
+/// `offline` (no session connection to the server that answered).
+fn agent_state(a: &kiln_api::AgentInfo) -> &'static str {
+    if a.draining {
+        "draining"
+    } else if !a.connected {
+        "offline"
+    } else if a.running_jobs > 0 {
+        "busy"
+    } else {
+        "idle"
+    }
+}
+
 pub(super) async fn agents(cmd: AgentsCommand) -> CmdResult {
     match cmd {
         AgentsCommand::Ls { json, conn } => {
@@ -101,31 +115,39 @@ pub(super) async fn agents(cmd: AgentsCommand) -> CmdResult {
                 );
                 return Ok(exit::OK);
             }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
             kiln_cmd::outln!(
-                "{:<20} {:<28} {:<8} {:<10} {:<9} {:<10} {:<12} {:<21} ID",
+                "{:<20} {:<9} {:<6} {:<28} {:<10} {:<28} {:<10} {:<12} ID",
                 "NAME",
-                "LABELS",
+                "STATE",
                 "JOBS",
-                "CONNECTED",
-                "DRAINING",
+                "RUNNING",
+                "LAST SEEN",
+                "LABELS",
                 "VERSION",
-                "POOL",
-                "REGISTERED"
+                "POOL"
             );
             for a in list {
                 let labels: Vec<String> = a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let running = match a.jobs.as_slice() {
+                    [] => "-".to_string(),
+                    [j] => format!("{}#{} {}", j.repo, j.run_number, j.job),
+                    [j, more @ ..] => format!("{}#{} {} +{}", j.repo, j.run_number, j.job, more.len()),
+                };
                 kiln_cmd::outln!(
                     "{}",
                     crate::term::for_stdout(&format!(
-                        "{:<20} {:<28} {:<8} {:<10} {:<9} {:<10} {:<12} {:<21} {}",
+                        "{:<20} {:<9} {:<6} {:<28} {:<10} {:<28} {:<10} {:<12} {}",
                         a.name,
-                        labels.join(","),
+                        agent_state(&a),
                         format!("{}/{}", a.running_jobs, a.max_jobs),
-                        if a.connected { "yes" } else { "no" },
-                        if a.draining { "yes" } else { "no" },
+                        running,
+                        format!("{} ago", duration_text((now - a.last_seen_at_ms).max(0))),
+                        labels.join(","),
                         a.version.as_deref().unwrap_or("-"),
                         a.pool,
-                        when(a.created_at_ms),
                         a.id
                     ))
                 );

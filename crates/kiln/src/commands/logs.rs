@@ -112,9 +112,14 @@ impl Sink {
     }
 }
 
-/// Stream logs of the run's jobs in order until each ends; after each job,
-/// a line with its result, duration and attempt (on stderr, like the
-/// run's summary, so stdout stays the log).
+/// Stream logs of the run's jobs until each ends; after each job, a line
+/// with its result, duration and attempt (on stderr, like the run's
+/// summary, so stdout stays the log). One job: its log as it is, under a
+/// `── name ──` header. Several: all at once, interleaved line by line, each
+/// line prefixed with its job's name (`build | …`, as `docker compose up`
+/// does), so parallel jobs are seen as they run. With a terminal on
+/// stderr, a progress line (`3/7 jobs done, 2 running, …`) each time the
+/// counts change.
 pub(super) async fn follow_run(
     c: &Client,
     run_id: &str,
@@ -124,22 +129,102 @@ pub(super) async fn follow_run(
 ) -> Result<(), Failure> {
     let run = c.get_run(run_id).await?;
     let jobs: Vec<_> = select_jobs(&run, only)?.into_iter().map(|j| (j.id.clone(), j.name.clone())).collect();
-    for (id, name) in jobs {
-        let header = format!("── {name} ──\n");
-        sink.write(if sink.is_terminal() { crate::term::clean(&header) } else { header }.as_bytes());
-        // The log is silent until the job starts: meanwhile, say what it
-        // waits for (issue 41, item 3).
-        tokio::select! {
-            streamed = stream_job(c, &id, sink, true, timestamps) => streamed?,
-            () = watch_waiting(c, run_id, &id, &name) => {}
+    let progress = async {
+        use std::io::IsTerminal;
+        if only.is_some() || !std::io::stderr().is_terminal() {
+            return std::future::pending().await;
         }
-        if let Ok(run) = c.get_run(run_id).await
-            && let Some(j) = run.jobs.iter().find(|j| j.id == id)
-        {
-            eprintln!("{}", for_stderr(&format!("── {name}: {}", super::shared::job_outcome(j, now_ms()))));
+        let mut shown = String::new();
+        loop {
+            tokio::time::sleep(PROGRESS_POLL).await;
+            if let Ok(run) = c.get_run(run_id).await {
+                let line = progress_line(&run);
+                if line != shown {
+                    eprintln!("{}", for_stderr(&format!("── {line}")));
+                    shown = line;
+                }
+            }
         }
+    };
+    let follow = async {
+        if let [(id, name)] = jobs.as_slice() {
+            let header = format!("── {name} ──\n");
+            sink.write(if sink.is_terminal() { crate::term::clean(&header) } else { header }.as_bytes());
+            return follow_job(c, run_id, id, name, sink, timestamps, None).await;
+        }
+        let width = jobs.iter().map(|(_, n)| n.chars().count()).max().unwrap_or(0).min(PREFIX_WIDTH);
+        // Every job's stream at once (a log replays from its start, so one
+        // that waits for a slot loses nothing).
+        let slots = tokio::sync::Semaphore::new(MAX_STREAMS);
+        let each = jobs.iter().map(|(id, name)| {
+            let prefix = format!("{:<width$} | ", name.chars().take(PREFIX_WIDTH).collect::<String>());
+            let slots = &slots;
+            async move {
+                let _slot = slots.acquire().await.expect("semaphore open");
+                follow_job(c, run_id, id, name, sink, timestamps, Some(prefix)).await
+            }
+        });
+        futures::future::try_join_all(each).await.map(|_| ())
+    };
+    tokio::select! {
+        done = follow => done,
+        () = progress => Ok(()),
+    }
+}
+
+/// At most this many job logs streamed at once by `--follow`.
+const MAX_STREAMS: usize = 32;
+/// Job names in `--follow` prefixes are cut to this many characters.
+const PREFIX_WIDTH: usize = 32;
+/// How often `--follow` and `kiln wait` refresh the progress line.
+pub(super) const PROGRESS_POLL: Duration = Duration::from_secs(1);
+
+/// One job of [`follow_run`]: its log (until its `end`), what it waits for
+/// meanwhile, then its outcome line on stderr.
+async fn follow_job(
+    c: &Client,
+    run_id: &str,
+    id: &str,
+    name: &str,
+    sink: Sink,
+    timestamps: bool,
+    prefix: Option<String>,
+) -> Result<(), Failure> {
+    // The log is silent until the job starts: meanwhile, say what it
+    // waits for (issue 41, item 3).
+    tokio::select! {
+        streamed = stream_job_as(c, id, sink, true, timestamps, prefix) => streamed?,
+        () = watch_waiting(c, run_id, id, name) => {}
+    }
+    if let Ok(run) = c.get_run(run_id).await
+        && let Some(j) = run.jobs.iter().find(|j| j.id == id)
+    {
+        eprintln!("{}", for_stderr(&format!("── {name}: {}", super::shared::job_outcome(j, now_ms()))));
     }
     Ok(())
+}
+
+/// Where a run stands, in one line: `3/7 jobs done, 2 running, 1 waiting:
+/// no connected agent has labels {gpu: a100}, 1 blocked on needs` (the
+/// first queued job's reason, as the job's `waiting` says it).
+pub(super) fn progress_line(run: &kiln_api::Run) -> String {
+    use kiln_api::JobStatus;
+    let count = |s: JobStatus| run.jobs.iter().filter(|j| j.status == s).count();
+    let done = run.jobs.iter().filter(|j| j.status.is_terminal()).count();
+    let mut line = format!("{done}/{} jobs done, {} running", run.jobs.len(), count(JobStatus::Running));
+    let queued: Vec<_> = run.jobs.iter().filter(|j| j.status == JobStatus::Ready).collect();
+    if !queued.is_empty() {
+        line += &format!(", {} waiting", queued.len());
+        // `waiting: no connected agent …` / `waiting for concurrency group …`
+        if let Some(why) = queued.iter().find_map(|j| j.waiting.as_deref()) {
+            line += why.strip_prefix("waiting").unwrap_or(why);
+        }
+    }
+    let blocked = count(JobStatus::Pending);
+    if blocked > 0 {
+        line += &format!(", {blocked} blocked on needs");
+    }
+    line
 }
 
 /// How often [`watch_waiting`] asks while the job waits, and after it
@@ -169,6 +254,21 @@ async fn watch_waiting(c: &Client, run_id: &str, job_id: &str, name: &str) {
             shown = j.waiting.clone();
         }
     }
+}
+
+/// The whole lines of `pending` + `bytes`, each after `prefix`; what
+/// follows the last newline stays in `pending`.
+fn prefix_lines(prefix: &str, pending: &mut Vec<u8>, bytes: &[u8]) -> Vec<u8> {
+    pending.extend_from_slice(bytes);
+    let Some(end) = pending.iter().rposition(|&b| b == b'\n') else { return Vec::new() };
+    let rest = pending.split_off(end + 1);
+    let whole = std::mem::replace(pending, rest);
+    let mut out = Vec::with_capacity(whole.len() + 16);
+    for line in whole.split_inclusive(|&b| b == b'\n') {
+        out.extend_from_slice(prefix.as_bytes());
+        out.extend_from_slice(line);
+    }
+    out
 }
 
 /// Prefixes each line of a stream with the time of its bytes
@@ -205,6 +305,42 @@ const SNAPSHOT_CAP: Duration = Duration::from_secs(60);
 /// prints (`?follow=false` ends the server's stream once caught up; an
 /// older server's stream is cut after a quiet spell or [`SNAPSHOT_CAP`]).
 async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool, timestamps: bool) -> Result<(), Failure> {
+    stream_job_as(c, job, sink, follow, timestamps, None).await
+}
+
+/// [`stream_job`] with each line prefixed by `prefix` (`build | `): whole
+/// lines only, so jobs streamed at once interleave line by line; a last
+/// line without its newline is ended when the log ends.
+async fn stream_job_as(
+    c: &Client,
+    job: &str,
+    sink: Sink,
+    follow: bool,
+    timestamps: bool,
+    prefix: Option<String>,
+) -> Result<(), Failure> {
+    let mut lines: Option<HashMap<(i64, String), Vec<u8>>> = prefix.is_some().then(HashMap::new);
+    let result = stream_job_inner(c, job, sink, follow, timestamps, prefix.as_deref(), &mut lines).await;
+    if let (Some(p), Some(map)) = (prefix.as_deref(), lines) {
+        for (_, rest) in map.into_iter().filter(|(_, b)| !b.is_empty()) {
+            let mut out = p.as_bytes().to_vec();
+            out.extend_from_slice(&rest);
+            out.push(b'\n');
+            sink.write(&out);
+        }
+    }
+    result
+}
+
+async fn stream_job_inner(
+    c: &Client,
+    job: &str,
+    sink: Sink,
+    follow: bool,
+    timestamps: bool,
+    prefix: Option<&str>,
+    lines: &mut Option<HashMap<(i64, String), Vec<u8>>>,
+) -> Result<(), Failure> {
     let b64 = base64::engine::general_purpose::STANDARD;
     // On a terminal, one sanitizer per stream of each attempt (a sequence
     // may be split across chunks, never across streams).
@@ -258,16 +394,25 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool, timestamps:
                                         out
                                     }
                                 };
-                                match &mut stampers {
-                                    None => sink.write(&bytes),
+                                let bytes = match &mut stampers {
+                                    None => bytes,
                                     Some(map) => {
                                         // The server's commit time; from an older
                                         // server, the time it arrived here.
                                         let at = le.at_ms.unwrap_or_else(now_ms);
                                         let mut out = Vec::with_capacity(bytes.len() + 32);
-                                        map.entry(key).or_default().feed(at, &bytes, &mut out);
-                                        sink.write(&out);
+                                        map.entry(key.clone()).or_default().feed(at, &bytes, &mut out);
+                                        out
                                     }
+                                };
+                                match (prefix, lines.as_mut()) {
+                                    (Some(p), Some(map)) => {
+                                        let out = prefix_lines(p, map.entry(key).or_default(), &bytes);
+                                        if !out.is_empty() {
+                                            sink.write(&out);
+                                        }
+                                    }
+                                    _ => sink.write(&bytes),
                                 }
                             }
                         }
@@ -291,5 +436,58 @@ async fn stream_job(c: &Client, job: &str, sink: Sink, follow: bool, timestamps:
             return Err(Failure { message: "log stream kept dropping".into(), code: exit::UNAVAILABLE });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixed_lines_are_whole_and_the_rest_waits_for_its_newline() {
+        let mut pending = Vec::new();
+        assert_eq!(prefix_lines("a | ", &mut pending, b"one\ntw"), b"a | one\n");
+        assert_eq!(pending, b"tw");
+        assert_eq!(prefix_lines("a | ", &mut pending, b"o"), b"");
+        assert_eq!(prefix_lines("a | ", &mut pending, b"\nthree\nfour\n"), b"a | two\na | three\na | four\n");
+        assert!(pending.is_empty());
+    }
+
+    fn job(name: &str, status: kiln_api::JobStatus, waiting: Option<&str>) -> serde_json::Value {
+        serde_json::json!({
+            "id": name, "name": name, "index": 0, "status": status.to_string(), "current_epoch": 0,
+            "image_digest": null, "needs": [], "attempts": [], "artifacts": [], "cache": null,
+            "waiting": waiting, "started_at_ms": null, "finished_at_ms": null,
+        })
+    }
+
+    #[test]
+    fn the_progress_line_counts_jobs_and_says_why_the_first_queued_one_waits() {
+        use kiln_api::JobStatus::*;
+        let run = |jobs: Vec<serde_json::Value>| -> kiln_api::Run {
+            serde_json::from_value(serde_json::json!({
+                "id": "r", "repo": "hello", "number": 3, "status": "running", "ref": "refs/heads/main",
+                "commit_sha": "0".repeat(40), "workflow_path": ".kiln/pipeline.yaml", "workflow_hash": "",
+                "event": "manual", "trust": "trusted", "inputs": {}, "parent_run_id": null, "cancel_version": 0,
+                "created_at_ms": 0, "finished_at_ms": null, "jobs": jobs,
+            }))
+            .expect("a run")
+        };
+        let r = run(vec![
+            job("lint", Success, None),
+            job("build", Failed, None),
+            job("skip", Skipped, None),
+            job("test", Running, None),
+            job("gpu", Ready, Some("waiting: no connected agent has labels {gpu: a100}")),
+            job("other", Ready, None),
+            job("deploy", Pending, Some("waiting for needs: test (running)")),
+        ]);
+        assert_eq!(
+            progress_line(&r),
+            "3/7 jobs done, 1 running, 2 waiting: no connected agent has labels {gpu: a100}, 1 blocked on needs"
+        );
+        let r = run(vec![job("a", Running, None), job("b", Ready, Some("waiting for concurrency group deploy"))]);
+        assert_eq!(progress_line(&r), "0/2 jobs done, 1 running, 1 waiting for concurrency group deploy");
+        assert_eq!(progress_line(&run(vec![job("a", Success, None)])), "1/1 jobs done, 0 running");
     }
 }

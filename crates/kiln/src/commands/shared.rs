@@ -130,6 +130,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.object_store = object_store;
     config.secrets_key_file = t.secrets_key_file.clone();
     config.loss_grace = t.loss_grace;
+    config.agent_expiry = t.agent_expiry;
     if let Some(d) = t.dispatch_sweep {
         config.dispatch_sweep = d;
     }

@@ -163,6 +163,7 @@ mod tests {
                 last_seen_at_ms: at - 1_500,
                 connected: true,
                 running_jobs: 1,
+                jobs: vec![],
                 version: None,
                 draining: false,
                 executor: None,
