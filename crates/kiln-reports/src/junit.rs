@@ -329,10 +329,11 @@ impl<'l> Parser<'l> {
             // stackTrace / system-out / system-err of a retry record.
             if depth == rd + 1 && matches!(name, "stackTrace" | "system-out" | "system-err") {
                 self.sink = Some((depth, Sink::Retry));
-                if let Some(r) = self.case.as_mut().and_then(|c| c.retry.as_mut())
-                    && !r.text.text.is_empty()
-                {
-                    r.text.push(&format!("\n--- {name} ---\n"));
+                if let Some(r) = self.case.as_mut().and_then(|c| c.retry.as_mut()) {
+                    r.text.trim_end();
+                    if !r.text.text.is_empty() {
+                        r.text.push(&format!("\n--- {name} ---\n"));
+                    }
                 }
             }
             return;
@@ -452,7 +453,8 @@ impl<'l> Parser<'l> {
     fn finish_retry(&mut self, r: RetryBuilder) -> RetryRecord {
         let message = r.message.filter(|m| !m.trim().is_empty()).or_else(|| first_line(&r.text.text));
         let message = message.map(|m| self.message(&m));
-        let text = r.text;
+        let mut text = r.text;
+        text.trim_end();
         let excerpt = if text.is_empty() { None } else { self.excerpt(text) };
         RetryRecord { kind: r.kind, outcome: r.outcome, message, excerpt, duration_ms: r.duration_ms }
     }
@@ -476,7 +478,7 @@ impl<'l> Parser<'l> {
             let mut all = Bounded::new(self.limits.max_excerpt_bytes);
             let mut cut = c.body.dropped > 0 || c.out.dropped > 0 || c.err.dropped > 0;
             let (body, _) = c.body.finish();
-            all.push(&body);
+            all.push(body.trim_end());
             for (label, part) in [("system-out", c.out), ("system-err", c.err)] {
                 if part.text.trim().is_empty() && part.dropped == 0 {
                     continue;
@@ -485,7 +487,7 @@ impl<'l> Parser<'l> {
                     all.push(&format!("\n--- {label} ---\n"));
                 }
                 let (t, _) = part.finish();
-                all.push(&t);
+                all.push(t.trim_end());
             }
             cut |= all.dropped > 0;
             if all.text.is_empty() {
@@ -533,7 +535,7 @@ impl<'l> Parser<'l> {
     }
 
     fn message(&mut self, m: &str) -> String {
-        let (s, cut) = bounded(m.trim_end(), self.limits.max_message_bytes);
+        let (s, cut) = bounded(m.trim(), self.limits.max_message_bytes);
         if cut {
             self.notes.count(CountedKey::MessageCut, || format!("`{}…`", &s[..crate::text::floor_char_boundary(&s, 40)]));
         }

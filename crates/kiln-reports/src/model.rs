@@ -56,7 +56,7 @@ impl fmt::Display for Outcome {
 /// **The rule** ([`TestId::new`]): the non-empty parts of `suite`, `class`
 /// and `name`, in that order, joined with `" :: "`, where `class` is left
 /// out when it equals `suite` (Surefire, nextest and go-junit-report write
-/// the same string in both). Each part is trimmed, and every run of
+/// the same string in both) or `name` (jest-junit's default templates). Each part is trimmed, and every run of
 /// whitespace or control characters inside it (a newline in a
 /// parametrised name, a tab) becomes one space, so the id is one printable
 /// line. The file is *not* part of the id: a test moved to another file
@@ -89,7 +89,7 @@ impl TestId {
         if !suite.is_empty() {
             parts.push(&suite);
         }
-        if !class.is_empty() && class != suite {
+        if !class.is_empty() && class != suite && class != name {
             parts.push(&class);
         }
         if !name.is_empty() {
@@ -315,6 +315,8 @@ mod tests {
         assert_eq!(TestId::new("pytest", Some("tests.test_a"), "test_x").0, "pytest :: tests.test_a :: test_x");
         // class equal to suite is left out (Surefire, nextest, go-junit-report)
         assert_eq!(TestId::new("a.B", Some("a.B"), "t").0, "a.B :: t");
+        // class equal to name is left out (jest-junit)
+        assert_eq!(TestId::new("cart", Some("cart adds"), "cart adds").0, "cart :: cart adds");
         assert_eq!(TestId::new("", None, "t").0, "t");
         assert_eq!(TestId::new(" s ", Some(""), "a\n  b\tc").0, "s :: a b c");
         let long = "é".repeat(2000);

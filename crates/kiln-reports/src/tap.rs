@@ -169,6 +169,8 @@ struct Tap<'l> {
     /// (level, index into that level's pending) of the test a YAML block
     /// right after would describe.
     yaml_target: Option<(usize, Option<usize>)>,
+    /// The same, for `#` diagnostics lines; kept across them.
+    diag_target: Option<(usize, Option<usize>)>,
     seen_anything: bool,
     stopped: bool,
     text_budget: usize,
@@ -232,6 +234,7 @@ impl<'l> Tap<'l> {
             levels: vec![Level::default()],
             created: 0,
             yaml_target: None,
+            diag_target: None,
             seen_anything: false,
             stopped: false,
             text_budget: limits.max_total_text_bytes,
@@ -260,10 +263,20 @@ impl<'l> Tap<'l> {
             self.stopped = true;
             return false;
         }
+        if let Some(diag) = body.strip_prefix('#')
+            && !diag.trim_start().starts_with("Subtest")
+            && let Some((l, Some(idx))) = self.diag_target
+            && l == level
+        {
+            // Test::More-style diagnostics of the test point just before.
+            self.diag(level, idx, diag.strip_prefix(' ').unwrap_or(diag));
+            return true;
+        }
         if body.starts_with("TAP version") || body.starts_with("pragma ") || body.starts_with('#') {
             self.seen_anything |= body.starts_with("TAP version");
             return true;
         }
+        self.diag_target = None;
         if let Some(plan) = parse_plan(body) {
             self.seen_anything = true;
             self.level_mut(level).plan = Some(plan);
@@ -340,7 +353,35 @@ impl<'l> Tap<'l> {
             None
         };
         self.yaml_target = Some((level, idx));
+        self.diag_target = Some((level, idx));
         true
+    }
+
+    /// A `#` comment line right after a test point that did not pass: its
+    /// diagnostics, added to its excerpt (bounded; the total budget is
+    /// spent when the excerpt is finished).
+    fn diag(&mut self, level: usize, idx: usize, line: &str) {
+        let cap = self.limits.max_excerpt_bytes;
+        let Some(case) = self.levels.get_mut(level).and_then(|l| l.pending.get_mut(idx)) else { return };
+        if case.outcome == Outcome::Passed {
+            return;
+        }
+        if case.message.is_none() && !line.trim().is_empty() {
+            case.message = Some(bounded(line.trim(), self.limits.max_message_bytes).0);
+        }
+        let e = case.excerpt.get_or_insert_with(String::new);
+        if e.len() >= cap {
+            return;
+        }
+        let mut b = Bounded::new(cap - e.len());
+        b.push(line);
+        b.push("\n");
+        let len = b.text.len();
+        if len > self.text_budget {
+            return;
+        }
+        self.text_budget -= len;
+        e.push_str(&b.text);
     }
 
     fn apply_yaml(&mut self, y: Yaml) {
@@ -362,7 +403,10 @@ impl<'l> Tap<'l> {
             let (text, _) = y.text.finish();
             if text.len() <= self.text_budget {
                 self.text_budget -= text.len();
-                case.excerpt = Some(text);
+                match case.excerpt.as_mut() {
+                    Some(e) => e.push_str(&text),
+                    None => case.excerpt = Some(text),
+                }
             } else {
                 let n = case.name.clone();
                 self.notes.count(CountedKey::TextBudget, || format!("test `{n}`"));

@@ -37,6 +37,12 @@ impl Bounded {
         }
     }
 
+    /// Drop trailing whitespace (indentation between elements).
+    pub fn trim_end(&mut self) {
+        let len = self.text.trim_end().len();
+        self.text.truncate(len);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.text.is_empty() && self.dropped == 0
     }
