@@ -93,7 +93,9 @@ impl Exclusion {
         match self {
             Exclusion::ReportMissing => "its test report is missing",
             Exclusion::ReportTruncated => "its test report is truncated",
-            Exclusion::MostTestsFailed => "more than half of its tests failed (an infrastructure failure, not a flaky test)",
+            Exclusion::MostTestsFailed => {
+                "more than half of its tests failed (an infrastructure failure, not a flaky test)"
+            }
         }
     }
 }

@@ -269,7 +269,10 @@ impl<'l> Parser<'l> {
             if !matches!(name, "testsuites" | "testsuite" | "testcase") {
                 self.notes.fatal(
                     AnnotationKind::Empty,
-                    format!("the root element is <{}>, not <testsuites> or <testsuite>: this is not a JUnit report", cut_name(name)),
+                    format!(
+                        "the root element is <{}>, not <testsuites> or <testsuite>: this is not a JUnit report",
+                        cut_name(name)
+                    ),
                 );
                 return Step::Stop;
             }
@@ -537,7 +540,8 @@ impl<'l> Parser<'l> {
     fn message(&mut self, m: &str) -> String {
         let (s, cut) = bounded(m.trim(), self.limits.max_message_bytes);
         if cut {
-            self.notes.count(CountedKey::MessageCut, || format!("`{}…`", &s[..crate::text::floor_char_boundary(&s, 40)]));
+            self.notes
+                .count(CountedKey::MessageCut, || format!("`{}…`", &s[..crate::text::floor_char_boundary(&s, 40)]));
         }
         s
     }

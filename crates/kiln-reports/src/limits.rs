@@ -109,9 +109,13 @@ impl Notes {
                     AnnotationKind::TextCut,
                     "excerpt(s) dropped: the report's total text budget was spent (outcomes are complete)",
                 ),
-                CountedKey::DuplicateIds => (AnnotationKind::DuplicateIds, "test id(s) repeated in this report got a ` #N` suffix"),
+                CountedKey::DuplicateIds => {
+                    (AnnotationKind::DuplicateIds, "test id(s) repeated in this report got a ` #N` suffix")
+                }
                 CountedKey::BadAttribute => (AnnotationKind::BadAttribute, "unreadable attribute(s) ignored"),
-                CountedKey::RetriesCut => (AnnotationKind::TextCut, "runner retry record(s) past the per-test cap not kept"),
+                CountedKey::RetriesCut => {
+                    (AnnotationKind::TextCut, "runner retry record(s) past the per-test cap not kept")
+                }
                 CountedKey::LineCut => (AnnotationKind::TextCut, "line(s) longer than the line cap cut"),
             };
             self.list.push(Annotation { kind, message: format!("{n} {what}; first: {first}") });

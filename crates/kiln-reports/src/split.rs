@@ -119,7 +119,8 @@ mod tests {
     #[test]
     fn every_test_once_and_deterministic() {
         let tests = ids(37);
-        let d: HashMap<TestId, u64> = tests.iter().enumerate().map(|(i, t)| (t.clone(), (i as u64 * 7) % 13 + 1)).collect();
+        let d: HashMap<TestId, u64> =
+            tests.iter().enumerate().map(|(i, t)| (t.clone(), (i as u64 * 7) % 13 + 1)).collect();
         let a = split(&tests, &d, 4, SplitMode::Timings);
         let mut rev = tests.clone();
         rev.reverse();

@@ -257,7 +257,10 @@ impl<'l> Tap<'l> {
                 if reason.is_empty() {
                     format!("the producer bailed out at line {line_no}: the run stopped early")
                 } else {
-                    format!("the producer bailed out at line {line_no} (\"{}\"): the run stopped early", bounded(reason, 200).0)
+                    format!(
+                        "the producer bailed out at line {line_no} (\"{}\"): the run stopped early",
+                        bounded(reason, 200).0
+                    )
                 },
             );
             self.stopped = true;
@@ -386,7 +389,8 @@ impl<'l> Tap<'l> {
 
     fn apply_yaml(&mut self, y: Yaml) {
         let (level, Some(idx)) = y.target else { return };
-        let duration = y.scalar("duration_ms").and_then(|d| d.parse::<f64>().ok()).filter(|d| d.is_finite() && *d >= 0.0);
+        let duration =
+            y.scalar("duration_ms").and_then(|d| d.parse::<f64>().ok()).filter(|d| d.is_finite() && *d >= 0.0);
         let message = y.scalar("message").or_else(|| y.scalar("error")).filter(|m| !m.is_empty());
         let max_message = self.limits.max_message_bytes;
         let Some(case) = self.levels.get_mut(level).and_then(|l| l.pending.get_mut(idx)) else { return };
@@ -437,7 +441,10 @@ impl<'l> Tap<'l> {
             match top.plan {
                 Some(plan) if top.points < plan => self.notes.fatal(
                     AnnotationKind::PlanMismatch,
-                    format!("the plan announced {plan} test points but the report has {}: the run stopped early", top.points),
+                    format!(
+                        "the plan announced {plan} test points but the report has {}: the run stopped early",
+                        top.points
+                    ),
                 ),
                 Some(plan) if top.points > plan => self.notes.note(
                     AnnotationKind::PlanMismatch,
@@ -576,9 +583,15 @@ mod tests {
     #[test]
     fn points() {
         let p = parse_point("not ok 3 - a \\# b # TODO later").unwrap();
-        assert_eq!((p.outcome, p.name.as_str(), p.message.as_deref()), (Outcome::Skipped, "a # b", Some("TODO: later")));
+        assert_eq!(
+            (p.outcome, p.name.as_str(), p.message.as_deref()),
+            (Outcome::Skipped, "a # b", Some("TODO: later"))
+        );
         let p = parse_point("ok 2 skipped one # SKIP not on linux").unwrap();
-        assert_eq!((p.outcome, p.name.as_str(), p.message.as_deref()), (Outcome::Skipped, "skipped one", Some("not on linux")));
+        assert_eq!(
+            (p.outcome, p.name.as_str(), p.message.as_deref()),
+            (Outcome::Skipped, "skipped one", Some("not on linux"))
+        );
         let p = parse_point("ok 4 - issue #12 fixed").unwrap();
         assert_eq!((p.outcome, p.name.as_str()), (Outcome::Passed, "issue #12 fixed"));
         let p = parse_point("ok 5 # skip").unwrap();

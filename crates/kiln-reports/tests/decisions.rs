@@ -117,7 +117,11 @@ fn generated_suite_flags_the_flakes_and_nothing_else() {
     assert!(caught >= 9, "flagged {caught} of 10 flakes");
     for (id, k) in ids.iter().zip(&kinds) {
         if *k != Kind::Flaky {
-            assert!(!flagged.contains(id), "{id} is {} but was flagged", if *k == Kind::Broken { "broken" } else { "stable" });
+            assert!(
+                !flagged.contains(id),
+                "{id} is {} but was flagged",
+                if *k == Kind::Broken { "broken" } else { "stable" }
+            );
         }
         let rate = flaky::flake_rate(&history[id]).expect("decided in every run");
         assert_eq!(rate.runs as usize, RUNS);
@@ -145,7 +149,12 @@ fn lognormal(rng: &mut StdRng, n: usize) -> Vec<u64> {
 
 /// The longest shard's *actual* time over the ideal, for a split made
 /// with `known` durations.
-fn actual_ratio(ids: &[TestId], truth: &HashMap<TestId, u64>, known: &HashMap<TestId, u64>, shards: usize) -> (f64, usize) {
+fn actual_ratio(
+    ids: &[TestId],
+    truth: &HashMap<TestId, u64>,
+    known: &HashMap<TestId, u64>,
+    shards: usize,
+) -> (f64, usize) {
     let s = split(ids, known, shards, SplitMode::Timings);
     let loads: Vec<u64> = s.shards.iter().map(|sh| sh.iter().map(|t| truth[t]).sum()).collect();
     let total: u64 = loads.iter().sum();
@@ -168,7 +177,8 @@ fn static_split_of_400_lognormal_tests_into_8_shards() {
         let mut shuffled = ids.clone();
         shuffled.shuffle(&mut rng);
         let new: BTreeSet<&TestId> = shuffled[..80].iter().collect();
-        let known: HashMap<TestId, u64> = truth.iter().filter(|(k, _)| !new.contains(k)).map(|(k, v)| (k.clone(), *v)).collect();
+        let known: HashMap<TestId, u64> =
+            truth.iter().filter(|(k, _)| !new.contains(k)).map(|(k, v)| (k.clone(), *v)).collect();
         let (partial, missing) = actual_ratio(&ids, &truth, &known, 8);
         assert_eq!(missing, 80, "the tests without timing are counted");
         assert!(partial <= 1.5, "seed {seed}: 20 % new ratio {partial:.3}");

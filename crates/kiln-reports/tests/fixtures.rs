@@ -19,9 +19,10 @@ fn tap(name: &str) -> Report {
 }
 
 fn test<'r>(r: &'r Report, id: &str) -> &'r kiln_reports::TestCase {
-    r.tests.iter().find(|t| t.id.as_str() == id).unwrap_or_else(|| {
-        panic!("no test `{id}` in {:?}", r.tests.iter().map(|t| t.id.as_str()).collect::<Vec<_>>())
-    })
+    r.tests
+        .iter()
+        .find(|t| t.id.as_str() == id)
+        .unwrap_or_else(|| panic!("no test `{id}` in {:?}", r.tests.iter().map(|t| t.id.as_str()).collect::<Vec<_>>()))
 }
 
 fn outcomes(r: &Report) -> Vec<(&str, Outcome)> {
@@ -45,7 +46,9 @@ fn pytest_junitxml() {
         ]
     );
     let fails = test(&r, "pytest :: tests.test_sample :: test_fails");
-    assert!(fails.message.as_deref().unwrap().starts_with("AssertionError: lists differ\nassert [1, 2, 3] == [1, 2, 4]"));
+    assert!(
+        fails.message.as_deref().unwrap().starts_with("AssertionError: lists differ\nassert [1, 2, 3] == [1, 2, 4]")
+    );
     assert!(fails.excerpt.as_deref().unwrap().contains("tests/test_sample.py:12: AssertionError"));
     assert_eq!(fails.duration_ms, Some(1));
     let skipped = test(&r, "pytest :: tests.test_sample :: test_skipped");
@@ -130,7 +133,10 @@ fn jest_junit() {
     assert_eq!(t.message.as_deref(), Some("Error: expect(received).toEqual(expected) // deep equality"));
     assert_eq!(t.file.as_deref(), Some("__tests__/cart.test.js"));
     assert_eq!(test(&r, "cart :: cart applies a coupon").outcome, Outcome::Skipped);
-    assert_eq!(test(&r, "cart :: cart checkout throws on empty cart").message.as_deref(), Some("TypeError: cart is empty"));
+    assert_eq!(
+        test(&r, "cart :: cart checkout throws on empty cart").message.as_deref(),
+        Some("TypeError: cart is empty")
+    );
     insta::assert_json_snapshot!("jest-junit", r);
 }
 

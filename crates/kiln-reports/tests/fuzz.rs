@@ -85,12 +85,18 @@ fn junit_doc(cases: &[Case]) -> String {
     for (i, c) in cases.iter().enumerate() {
         d.push_str(&format!("<testcase classname=\"c{i}\" name=\"{}\" time=\"0.{i}\">", esc(&c.name)));
         for _ in 0..c.flaky {
-            d.push_str(&format!("<flakyFailure message=\"{}\"><stackTrace>{}</stackTrace></flakyFailure>", esc(&c.out), esc(&c.out)));
+            d.push_str(&format!(
+                "<flakyFailure message=\"{}\"><stackTrace>{}</stackTrace></flakyFailure>",
+                esc(&c.out),
+                esc(&c.out)
+            ));
         }
         match c.outcome {
             Outcome::Passed => {}
             Outcome::Failed => d.push_str(&format!("<failure message=\"{}\">{}</failure>", esc(&c.out), esc(&c.out))),
-            Outcome::Error => d.push_str(&format!("<error message=\"m\"><![CDATA[{}]]></error>", c.out.replace("]]>", ""))),
+            Outcome::Error => {
+                d.push_str(&format!("<error message=\"m\"><![CDATA[{}]]></error>", c.out.replace("]]>", "")))
+            }
             Outcome::Skipped => d.push_str("<skipped/>"),
         }
         d.push_str(&format!("<system-out>{}</system-out></testcase>", esc(&c.out)));
@@ -110,7 +116,10 @@ fn tap_doc(cases: &[Case]) -> String {
         };
         d.push_str(&line);
         if c.outcome != Outcome::Passed {
-            d.push_str(&format!("  ---\n  message: '{}'\n  duration_ms: {i}\n  ...\n", c.out.replace('\'', "''").replace('\n', " ")));
+            d.push_str(&format!(
+                "  ---\n  message: '{}'\n  duration_ms: {i}\n  ...\n",
+                c.out.replace('\'', "''").replace('\n', " ")
+            ));
         }
     }
     d
@@ -127,17 +136,20 @@ enum Mutation {
 fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
         any::<usize>().prop_map(Mutation::Truncate),
-        (any::<usize>(), prop_oneof![
-            proptest::collection::vec(any::<u8>(), 1..8),
-            Just(b"<!DOCTYPE x [<!ENTITY a \"b\">]>".to_vec()),
-            Just(b"<testcase name=\"x\">".to_vec()),
-            Just(b"</testsuite>".to_vec()),
-            Just(b"&a;".to_vec()),
-            Just(b"\xff\xfe".to_vec()),
-            Just(b"<![CDATA[".to_vec()),
-            Just(b"\n    ok 1 - sub\n".to_vec()),
-            Just(b"\nBail out!\n".to_vec()),
-        ])
+        (
+            any::<usize>(),
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 1..8),
+                Just(b"<!DOCTYPE x [<!ENTITY a \"b\">]>".to_vec()),
+                Just(b"<testcase name=\"x\">".to_vec()),
+                Just(b"</testsuite>".to_vec()),
+                Just(b"&a;".to_vec()),
+                Just(b"\xff\xfe".to_vec()),
+                Just(b"<![CDATA[".to_vec()),
+                Just(b"\n    ok 1 - sub\n".to_vec()),
+                Just(b"\nBail out!\n".to_vec()),
+            ]
+        )
             .prop_map(|(at, b)| Mutation::Insert(at, b)),
         (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Mutation::Duplicate(a, b)),
         (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Mutation::Delete(a, b)),

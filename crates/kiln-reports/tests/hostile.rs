@@ -183,7 +183,9 @@ fn invalid_utf8_is_repaired_and_said() {
 fn huge_attributes_and_messages_are_cut() {
     let limits = Limits::default();
     let big = "é".repeat(5 << 20); // 10 MB
-    let doc = format!("<testsuite name=\"s\"><testcase name=\"{big}\"><failure message=\"{big}\">{big}</failure></testcase></testsuite>");
+    let doc = format!(
+        "<testsuite name=\"s\"><testcase name=\"{big}\"><failure message=\"{big}\">{big}</failure></testcase></testsuite>"
+    );
     let r = parse_junit(doc.as_bytes(), &limits);
     assert!(!r.truncated, "{:?}", r.annotations);
     let t = &r.tests[0];
@@ -287,9 +289,21 @@ fn annotation_texts() {
         ("billion laughs", junit(BILLION_LAUGHS.as_bytes())),
         ("external entity", junit(XXE.as_bytes())),
         ("deep", junit(format!("<testsuite>{}", "<a>".repeat(100)).as_bytes())),
-        ("input cap", parse_junit(Lazy::new("<testsuite>", "<testcase name=\"t\"/>", 1000), &Limits { max_tests: 1000, max_elements: 1000, ..small.clone() })),
+        (
+            "input cap",
+            parse_junit(
+                Lazy::new("<testsuite>", "<testcase name=\"t\"/>", 1000),
+                &Limits { max_tests: 1000, max_elements: 1000, ..small.clone() },
+            ),
+        ),
         ("elements", parse_junit(&b"<testsuite><properties><p/><p/><p/><p/><p/></properties></testsuite>"[..], &small)),
-        ("tests", parse_junit(&b"<testsuite><testcase name=\"a\"/><testcase name=\"a\"/><testcase name=\"c\"/></testsuite>"[..], &small)),
+        (
+            "tests",
+            parse_junit(
+                &b"<testsuite><testcase name=\"a\"/><testcase name=\"a\"/><testcase name=\"c\"/></testsuite>"[..],
+                &small,
+            ),
+        ),
         ("broken", junit(b"<testsuite><testcase name=\"a\"></testsuite>")),
         ("cut off", junit(b"<testsuite><testcase name=\"a\">")),
         ("foreign", junit(b"<html/>")),
