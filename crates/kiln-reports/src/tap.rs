@@ -321,8 +321,9 @@ impl<'l> Tap<'l> {
         } else {
             Vec::new()
         };
+        let points = self.level_mut(level).points;
         let name = if point.name.is_empty() {
-            format!("test {}", point.number.unwrap_or(self.levels[level].points + 1))
+            format!("test {}", point.number.unwrap_or(points + 1))
         } else {
             point.name.clone()
         };

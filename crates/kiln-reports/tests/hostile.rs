@@ -275,6 +275,10 @@ fn tap_incomplete_streams_are_truncated() {
     let r = parse_tap(&b"1..0 # SKIP no database\n"[..], "skipall.tap", &l);
     assert!(!r.truncated, "{:?}", r.annotations);
     assert!(r.tests.is_empty());
+    // A subtest point with no parent, name or number, two levels in.
+    let r = parse_tap(&b"TAP version 14\n        ok\n1..1\n"[..], "orphan.tap", &l);
+    assert!(r.truncated, "{:?}", r.annotations);
+    assert_eq!(r.tests[0].name, "test 1");
     let deep = format!("TAP version 14\n{}ok 1 - deep\n1..1\n", " ".repeat(4 * 100_000));
     let r = parse_tap(deep.as_bytes(), "deep.tap", &l);
     assert!(r.truncated);
