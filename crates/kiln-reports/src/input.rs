@@ -61,8 +61,10 @@ pub(crate) struct Utf8Lossy<R> {
     /// Repaired bytes not yet handed out.
     out: Vec<u8>,
     out_pos: usize,
-    /// The start of a sequence cut by the end of the last read.
-    carry: Vec<u8>,
+    /// Bytes read from `inner`; its first `carry` bytes are the start of
+    /// a sequence cut by the end of the last read.
+    raw: Vec<u8>,
+    carry: usize,
     eof: bool,
     pub replaced: u64,
     /// Byte offset (in the input) of the first replaced sequence.
@@ -78,7 +80,8 @@ impl<R: Read> Utf8Lossy<R> {
             inner,
             out: Vec::with_capacity(64 * 1024),
             out_pos: 0,
-            carry: Vec::new(),
+            raw: Vec::new(),
+            carry: 0,
             eof: false,
             replaced: 0,
             first_at: None,
@@ -97,49 +100,51 @@ impl<R: Read> Utf8Lossy<R> {
 
     /// Refill `out` with the next repaired chunk; false at the end.
     fn fill(&mut self) -> io::Result<bool> {
+        const CHUNK: usize = 64 * 1024;
         self.out.clear();
         self.out_pos = 0;
+        if self.raw.len() < CHUNK + 4 {
+            self.raw.resize(CHUNK + 4, 0);
+        }
         while self.out.is_empty() {
+            let start = self.carry;
             if self.eof {
-                if self.carry.is_empty() {
+                if start == 0 {
                     return Ok(false);
                 }
                 // An incomplete sequence at the very end.
-                let at = self.consumed - self.carry.len() as u64;
-                self.carry.clear();
+                let at = self.consumed - start as u64;
+                self.carry = 0;
                 self.note_bad(at);
                 self.out.extend_from_slice(REPLACEMENT);
                 return Ok(true);
             }
-            let mut data = std::mem::take(&mut self.carry);
-            let start = data.len();
-            data.resize(start + 64 * 1024, 0);
             let n = loop {
-                match self.inner.read(&mut data[start..]) {
+                match self.inner.read(&mut self.raw[start..start + CHUNK]) {
                     Ok(n) => break n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e),
                 }
             };
-            data.truncate(start + n);
-            // Offset in the input of data[0].
+            // Offset in the input of raw[0].
             let base = self.consumed - start as u64;
             self.consumed += n as u64;
             if n == 0 {
                 self.eof = true;
-                self.carry = data;
                 continue;
             }
+            let end = start + n;
+            self.carry = 0;
             let mut i = 0;
-            while i < data.len() {
-                match std::str::from_utf8(&data[i..]) {
+            while i < end {
+                match std::str::from_utf8(&self.raw[i..end]) {
                     Ok(_) => {
-                        self.out.extend_from_slice(&data[i..]);
-                        i = data.len();
+                        self.out.extend_from_slice(&self.raw[i..end]);
+                        i = end;
                     }
                     Err(e) => {
                         let valid = e.valid_up_to();
-                        self.out.extend_from_slice(&data[i..i + valid]);
+                        self.out.extend_from_slice(&self.raw[i..i + valid]);
                         match e.error_len() {
                             Some(bad) => {
                                 self.note_bad(base + (i + valid) as u64);
@@ -147,9 +152,12 @@ impl<R: Read> Utf8Lossy<R> {
                                 i += valid + bad;
                             }
                             None => {
-                                // Possibly completed by the next read.
-                                self.carry = data[i + valid..].to_vec();
-                                i = data.len();
+                                // At most 3 bytes, possibly completed by
+                                // the next read: moved to the front.
+                                let rest = end - (i + valid);
+                                self.raw.copy_within(i + valid..end, 0);
+                                self.carry = rest;
+                                i = end;
                             }
                         }
                     }

@@ -24,7 +24,6 @@ use crate::model::{AnnotationKind, Format, Outcome, Report, RetryKind, RetryReco
 use crate::text::{Bounded, bounded};
 use quick_xml::Reader;
 use quick_xml::events::{BytesStart, Event};
-use std::collections::HashMap;
 use std::io::{BufReader, Read};
 
 /// Parse a JUnit XML report from `input`, within `limits`. Never fails and
@@ -89,6 +88,7 @@ pub fn parse_junit<R: Read>(input: R, limits: &Limits) -> Report {
     }
     let (replaced, first) = (lossy.replaced, lossy.first_at);
     report.tests = p.tests;
+    crate::model::dedupe_ids(&mut report.tests, &mut p.notes);
     p.notes.finish(&mut report, replaced, first);
     report
 }
@@ -140,7 +140,6 @@ struct Parser<'l> {
     limits: &'l Limits,
     notes: Notes,
     tests: Vec<TestCase>,
-    ids: HashMap<TestId, u32>,
     depth: usize,
     elements: u64,
     suites: Vec<(usize, String)>,
@@ -157,7 +156,6 @@ impl<'l> Parser<'l> {
             limits,
             notes: Notes::default(),
             tests: Vec::new(),
-            ids: HashMap::new(),
             depth: 0,
             elements: 0,
             suites: Vec::new(),
@@ -280,7 +278,8 @@ impl<'l> Parser<'l> {
         }
         match (name, self.case.is_some()) {
             ("testsuite", false) => {
-                let suite = self.attr(e, "name").unwrap_or_default();
+                let [suite] = self.attrs(e, ["name"]);
+                let suite = suite.unwrap_or_default();
                 self.suites.push((self.depth, suite));
             }
             ("testcase", false) => {
@@ -296,10 +295,11 @@ impl<'l> Parser<'l> {
                     return Step::Stop;
                 }
                 let suite = self.suites.last().map(|s| s.1.clone()).unwrap_or_default();
-                let name = self.attr(e, "name").unwrap_or_default();
-                let class = self.attr(e, "classname").filter(|c| !c.is_empty());
-                let file = self.attr(e, "file").filter(|c| !c.is_empty());
-                let duration_ms = self.attr(e, "time").and_then(|t| parse_seconds(&t));
+                let [name, class, file, time] = self.attrs(e, ["name", "classname", "file", "time"]);
+                let name = name.unwrap_or_default();
+                let class = class.filter(|c| !c.is_empty());
+                let file = file.filter(|c| !c.is_empty());
+                let duration_ms = time.and_then(|t| parse_seconds(&t));
                 let cap = self.limits.max_excerpt_bytes;
                 self.case = Some(CaseBuilder {
                     depth: self.depth,
@@ -344,9 +344,8 @@ impl<'l> Parser<'l> {
         if depth != case_depth + 1 {
             return;
         }
-        let message = self.attr(e, "message");
-        let kind = self.attr(e, "type");
-        let time = self.attr(e, "time").and_then(|t| parse_seconds(&t));
+        let [message, kind, time] = self.attrs(e, ["message", "type", "time"]);
+        let time = time.and_then(|t| parse_seconds(&t));
         let limits = self.limits;
         let mut count_retry_cut = false;
         let Some(case) = self.case.as_mut() else { return };
@@ -463,14 +462,7 @@ impl<'l> Parser<'l> {
     }
 
     fn finish_case(&mut self, c: CaseBuilder) {
-        let mut id = TestId::new(&c.suite, c.class.as_deref(), &c.name);
-        let n = self.ids.entry(id.clone()).or_insert(0);
-        *n += 1;
-        if *n > 1 {
-            let first = id.0.clone();
-            id = TestId(format!("{} #{}", id.0, n));
-            self.notes.count(CountedKey::DuplicateIds, || format!("`{first}`"));
-        }
+        let id = TestId::new(&c.suite, c.class.as_deref(), &c.name);
         let message = if c.message_from_text { first_line(&c.body.text) } else { c.message };
         let message = message.map(|m| self.message(&m));
         // Output is kept for what someone will look at: tests that did not
@@ -546,10 +538,13 @@ impl<'l> Parser<'l> {
         s
     }
 
-    /// An attribute's value (unescaped; raw if it holds an unknown entity),
-    /// cut to the message cap: no attribute we keep needs more.
-    fn attr(&mut self, e: &BytesStart<'_>, key: &str) -> Option<String> {
-        for a in e.attributes() {
+    /// The values of the attributes `keys` (unescaped; raw if one holds an
+    /// unknown entity), in one pass over the tag, each cut to the message
+    /// cap: no attribute we keep needs more.
+    fn attrs<const N: usize>(&mut self, e: &BytesStart<'_>, keys: [&str; N]) -> [Option<String>; N] {
+        let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
+        let cap = self.limits.max_message_bytes.max(TestId::MAX_LEN);
+        for a in e.attributes().with_checks(false) {
             let a = match a {
                 Ok(a) => a,
                 Err(err) => {
@@ -557,25 +552,29 @@ impl<'l> Parser<'l> {
                     continue;
                 }
             };
-            if a.key.local_name().as_ref() != key {
-                continue;
+            let local = a.key.local_name();
+            let Some(i) = keys.iter().position(|k| *k == local.as_ref()) else { continue };
+            if out[i].is_some() {
+                continue; // the first of a repeated attribute wins
             }
             let v = match a.normalized_value(quick_xml::XmlVersion::Implicit1_0) {
                 Ok(v) => v.into_owned(),
                 Err(_) => {
-                    let raw = a.value.to_string();
+                    let key = keys[i];
                     self.notes.count(CountedKey::UnknownEntity, || format!("in attribute `{key}`"));
-                    raw
+                    a.value.to_string()
                 }
             };
-            let cap = self.limits.max_message_bytes.max(TestId::MAX_LEN);
-            let (v, cut) = if v.len() > cap { bounded(&v, cap) } else { (v, false) };
-            if cut {
+            let v = if v.len() > cap {
+                let key = keys[i];
                 self.notes.count(CountedKey::MessageCut, || format!("attribute `{key}`"));
-            }
-            return Some(v);
+                bounded(&v, cap).0
+            } else {
+                v
+            };
+            out[i] = Some(v);
         }
-        None
+        out
     }
 }
 

@@ -82,6 +82,29 @@ impl TestId {
 
     /// The id of a test, by the rule in the type's docs.
     pub fn new(suite: &str, class: Option<&str>, name: &str) -> TestId {
+        let clean = |p: &str| {
+            !p.starts_with(char::is_whitespace)
+                && !p.ends_with(char::is_whitespace)
+                && !p.contains(|c: char| c.is_control() || (c.is_whitespace() && c != ' '))
+                && !p.contains("  ")
+        };
+        let class_s = class.unwrap_or("");
+        if clean(suite) && clean(class_s) && clean(name) {
+            // The usual case: nothing to normalise, one allocation.
+            let mut id = String::with_capacity(suite.len() + class_s.len() + name.len() + 8);
+            for part in [suite, if class_s == suite || class_s == name { "" } else { class_s }, name] {
+                if part.is_empty() {
+                    continue;
+                }
+                if !id.is_empty() {
+                    id.push_str(Self::SEPARATOR);
+                }
+                id.push_str(part);
+            }
+            if id.len() <= Self::MAX_LEN {
+                return TestId(id);
+            }
+        }
         let suite = normalize_part(suite);
         let class = class.map(normalize_part).unwrap_or_default();
         let name = normalize_part(name);
@@ -118,6 +141,27 @@ impl fmt::Display for TestId {
 impl From<&str> for TestId {
     fn from(s: &str) -> TestId {
         TestId(s.to_string())
+    }
+}
+
+/// Give every repeated id of a report a ` #2`, ` #3` … suffix in
+/// document order (sorting, not hashing: no id is cloned for it).
+pub(crate) fn dedupe_ids(tests: &mut [TestCase], notes: &mut crate::limits::Notes) {
+    let mut order: Vec<usize> = (0..tests.len()).collect();
+    order.sort_by(|a, b| tests[*a].id.cmp(&tests[*b].id).then(a.cmp(b)));
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i + 1;
+        while j < order.len() && tests[order[j]].id == tests[order[i]].id {
+            j += 1;
+        }
+        for (n, &k) in order[i + 1..j].iter().enumerate() {
+            let first = &tests[order[i]].id.0;
+            notes.count(crate::limits::CountedKey::DuplicateIds, || format!("`{first}`"));
+            let id = format!("{} #{}", tests[k].id.0, n + 2);
+            tests[k].id = TestId(id);
+        }
+        i = j;
     }
 }
 

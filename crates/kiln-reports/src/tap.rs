@@ -28,7 +28,6 @@ use crate::input::{Capped, Utf8Lossy};
 use crate::limits::{CountedKey, Limits, Notes};
 use crate::model::{AnnotationKind, Format, Outcome, Report, TestCase, TestId};
 use crate::text::{Bounded, bounded};
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 
 /// Parse a TAP stream from `input`; `source` names it (usually the
@@ -463,18 +462,10 @@ impl<'l> Tap<'l> {
             }
         }
         let mut tests = std::mem::take(&mut self.levels[0].pending);
-        let mut seen: HashMap<TestId, u32> = HashMap::new();
         for t in &mut tests {
-            let mut id = TestId::new(&t.suite, t.class.as_deref(), &t.name);
-            let n = seen.entry(id.clone()).or_insert(0);
-            *n += 1;
-            if *n > 1 {
-                let first = id.0.clone();
-                id = TestId(format!("{} #{}", id.0, n));
-                self.notes.count(CountedKey::DuplicateIds, || format!("`{first}`"));
-            }
-            t.id = id;
+            t.id = TestId::new(&t.suite, t.class.as_deref(), &t.name);
         }
+        crate::model::dedupe_ids(&mut tests, &mut self.notes);
         report.tests = tests;
     }
 }

@@ -147,9 +147,9 @@ fn mutation() -> impl Strategy<Value = Mutation> {
                 Just(b"\xff\xfe".to_vec()),
                 Just(b"<![CDATA[".to_vec()),
                 Just(b"\n    ok 1 - sub\n".to_vec()),
-            Just(b"\n        ok\n".to_vec()),
-            Just(b"\n    not ok # SKIP\n    1..3\n".to_vec()),
-            Just(b"\n  ---\n  message: |\n".to_vec()),
+                Just(b"\n        ok\n".to_vec()),
+                Just(b"\n    not ok # SKIP\n    1..3\n".to_vec()),
+                Just(b"\n  ---\n  message: |\n".to_vec()),
                 Just(b"\nBail out!\n".to_vec()),
             ]
         )
