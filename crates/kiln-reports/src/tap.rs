@@ -549,6 +549,9 @@ fn parse_point(body: &str) -> Option<Point> {
 
 /// TAP escapes: `\#` and `\\`.
 fn unescape(s: &str) -> String {
+    if !s.contains('\\') {
+        return s.to_string();
+    }
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
