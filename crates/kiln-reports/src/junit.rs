@@ -170,12 +170,12 @@ impl<'l> Parser<'l> {
         match event {
             Event::Start(e) => {
                 self.depth += 1;
-                self.start(&e, false)
+                self.start(&e)
             }
             Event::Empty(e) => {
                 // Counted as one level for the depth check, then closed.
                 self.depth += 1;
-                let step = self.start(&e, true);
+                let step = self.start(&e);
                 if let Step::Go = step {
                     self.end();
                 }
@@ -239,7 +239,7 @@ impl<'l> Parser<'l> {
         }
     }
 
-    fn start(&mut self, e: &BytesStart<'_>, _empty: bool) -> Step {
+    fn start(&mut self, e: &BytesStart<'_>) -> Step {
         self.elements += 1;
         if self.elements > self.limits.max_elements {
             self.notes.fatal(
