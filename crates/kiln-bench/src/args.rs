@@ -14,8 +14,9 @@ pub struct BenchArgs {
     /// complete at spec 000 §3's peak rates against the real server and store;
     /// containers (a one-step job in a container vs on the host; needs --engine and --image, not in all);
     /// webhooks (1,000 signed deliveries in 10 s with repeats and forgeries, ack latency and webhook-to-start vs the API);
-    /// cache (a 500 MB, 20,000-file cache saved and restored through real agents vs tar --zstd; --object-store; not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache"])]
+    /// cache (a 500 MB, 20,000-file cache saved and restored through real agents vs tar --zstd; --object-store; not in all);
+    /// reports (a 10 MB JUnit file and a 10 MB TAP stream parsed vs quick-xml's bare event loop, and the static test split's balance).
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]

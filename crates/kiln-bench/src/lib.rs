@@ -16,6 +16,7 @@ mod dispatch;
 mod failover;
 mod logs;
 mod otlp_sink;
+mod reports;
 mod util;
 mod webhooks;
 
@@ -55,6 +56,9 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     if matches!(a.suite.as_str(), "webhooks" | "all") {
         code = code.max(webhooks::run(&a).await?);
+    }
+    if matches!(a.suite.as_str(), "reports" | "all") {
+        code = code.max(reports::run()?);
     }
     // Not part of `all`: it writes and moves several GB.
     if a.suite == "cache" {

@@ -1,0 +1,159 @@
+//! Static test splitting: N shards from test ids and recorded durations.
+//!
+//! `Timings` mode is LPT (longest processing time first) greedy
+//! bin-packing: tests sorted by weight, heaviest first, each put on the
+//! currently lightest shard. A test without a recorded duration weighs the
+//! median of the known ones (1 ms when none is known, which makes it a
+//! count split); how many had none is returned, so the caller can log and
+//! annotate it — never silent. `Count` mode deals the tests round-robin
+//! in input order.
+//!
+//! Deterministic: the same ids and durations give the same shards
+//! whatever the input order of equal-weight tests (ties are broken by id,
+//! then by shard index). Duplicate ids are kept once (and counted).
+
+use crate::model::TestId;
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitMode {
+    Timings,
+    Count,
+}
+
+/// The shards of one split.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Split {
+    /// `shards[i]` is shard `i`'s tests (index from 0; the CLI's
+    /// `--index` is the caller's to map), in the order they were assigned.
+    pub shards: Vec<Vec<TestId>>,
+    /// Each shard's estimated duration in ms (known durations plus the
+    /// assumed weight of unknown ones); in `Count` mode, its test count.
+    pub estimated_ms: Vec<u64>,
+    /// Tests with no recorded duration (in `Count` mode: all of them were
+    /// split without timings, so this is the number without a duration).
+    pub without_timing: usize,
+    /// The weight given to each of those (the median of the known ones).
+    pub assumed_ms: u64,
+    /// Ids given more than once (kept once).
+    pub duplicates: usize,
+}
+
+impl Split {
+    /// Longest shard's estimate over the ideal (total / shards); 1.0 is a
+    /// perfect split.
+    pub fn ratio(&self) -> f64 {
+        let total: u64 = self.estimated_ms.iter().sum();
+        if total == 0 || self.shards.is_empty() {
+            return 1.0;
+        }
+        let ideal = total as f64 / self.shards.len() as f64;
+        *self.estimated_ms.iter().max().unwrap_or(&0) as f64 / ideal
+    }
+}
+
+/// Split `tests` into `total` shards (`total` ≥ 1; 0 is taken as 1).
+/// `durations` are the recorded ones, in ms (this branch's, else the
+/// default branch's: the caller picks).
+pub fn split(tests: &[TestId], durations: &HashMap<TestId, u64>, total: usize, mode: SplitMode) -> Split {
+    let total = total.max(1);
+    let mut seen = BTreeSet::new();
+    let mut unique = Vec::with_capacity(tests.len());
+    for t in tests {
+        if seen.insert(t) {
+            unique.push(t);
+        }
+    }
+    let duplicates = tests.len() - unique.len();
+    let without_timing = unique.iter().filter(|t| !durations.contains_key(**t)).count();
+    let mut shards = vec![Vec::new(); total];
+    match mode {
+        SplitMode::Count => {
+            let mut estimated = vec![0u64; total];
+            for (i, t) in unique.into_iter().enumerate() {
+                shards[i % total].push(t.clone());
+                estimated[i % total] += 1;
+            }
+            Split { shards, estimated_ms: estimated, without_timing, assumed_ms: 0, duplicates }
+        }
+        SplitMode::Timings => {
+            let mut known: Vec<u64> = unique.iter().filter_map(|t| durations.get(*t).copied()).collect();
+            known.sort_unstable();
+            let assumed = if known.is_empty() {
+                1
+            } else if known.len() % 2 == 1 {
+                known[known.len() / 2]
+            } else {
+                let (a, b) = (known[known.len() / 2 - 1], known[known.len() / 2]);
+                a / 2 + b / 2 + (a % 2 + b % 2) / 2
+            };
+            let mut weighted: Vec<(u64, &TestId)> =
+                unique.into_iter().map(|t| (durations.get(t).copied().unwrap_or(assumed), t)).collect();
+            weighted.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+            // Min-heap of (load, shard index).
+            let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..total).map(|i| Reverse((0, i))).collect();
+            let mut estimated = vec![0u64; total];
+            for (w, t) in weighted {
+                let Reverse((load, i)) = heap.pop().expect("total >= 1");
+                shards[i].push(t.clone());
+                let load = load.saturating_add(w);
+                estimated[i] = load;
+                heap.push(Reverse((load, i)));
+            }
+            Split { shards, estimated_ms: estimated, without_timing, assumed_ms: assumed, duplicates }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize) -> Vec<TestId> {
+        (0..n).map(|i| TestId(format!("t{i:03}"))).collect()
+    }
+
+    #[test]
+    fn every_test_once_and_deterministic() {
+        let tests = ids(37);
+        let d: HashMap<TestId, u64> =
+            tests.iter().enumerate().map(|(i, t)| (t.clone(), (i as u64 * 7) % 13 + 1)).collect();
+        let a = split(&tests, &d, 4, SplitMode::Timings);
+        let mut rev = tests.clone();
+        rev.reverse();
+        let b = split(&rev, &d, 4, SplitMode::Timings);
+        assert_eq!(a, b, "input order does not matter");
+        let mut all: Vec<_> = a.shards.concat();
+        all.sort();
+        assert_eq!(all, tests);
+        assert_eq!(a.without_timing, 0);
+    }
+
+    #[test]
+    fn unknown_tests_weigh_the_median_and_are_counted() {
+        let tests = ids(5);
+        let d: HashMap<TestId, u64> = [(tests[0].clone(), 10), (tests[1].clone(), 30), (tests[2].clone(), 20)].into();
+        let s = split(&tests, &d, 2, SplitMode::Timings);
+        assert_eq!((s.without_timing, s.assumed_ms), (2, 20));
+        assert_eq!(s.estimated_ms.iter().sum::<u64>(), 100);
+        // None known: a count split, all counted.
+        let s = split(&tests, &HashMap::new(), 2, SplitMode::Timings);
+        assert_eq!((s.without_timing, s.assumed_ms), (5, 1));
+        assert_eq!(s.shards.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 2]);
+    }
+
+    #[test]
+    fn count_mode_and_duplicates() {
+        let mut tests = ids(5);
+        tests.push(tests[0].clone());
+        let s = split(&tests, &HashMap::new(), 2, SplitMode::Count);
+        assert_eq!(s.duplicates, 1);
+        assert_eq!(s.shards[0], vec![TestId::from("t000"), "t002".into(), "t004".into()]);
+        assert_eq!(s.estimated_ms, vec![3, 2]);
+        let s = split(&tests, &HashMap::new(), 0, SplitMode::Count);
+        assert_eq!(s.shards.len(), 1);
+    }
+}
