@@ -507,6 +507,8 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .header("kiln-log-stream", "stdout")
         .header("kiln-log-seq", "1")
         .header("kiln-log-offset", data.len().to_string())
+        .header("kiln-log-sha256", hex::encode(sha2::Sha256::digest(b"more\n")))
+        .header("kiln-log-crc32c", kiln_api::log_crc32c(b"more\n"))
         .body("more\n");
     assert_eq!(c.send("POST", &format!("{A}/logs"), raw).await.status, 200);
 
