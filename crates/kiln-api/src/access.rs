@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 /// `POST /v1/tokens`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateToken {
     pub name: String,
     /// `admin`, `read` or `trigger`.
@@ -22,6 +23,7 @@ pub struct CreateToken {
 
 /// A token as listed: never its secret.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenInfo {
     pub id: String,
     pub name: String,
@@ -38,6 +40,7 @@ pub struct TokenInfo {
 
 /// The answer to a token creation: the only time its secret is shown.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreatedToken {
     pub token: String,
     #[serde(flatten)]
@@ -46,6 +49,7 @@ pub struct CreatedToken {
 
 /// `POST /v1/agent-tokens`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateJoinToken {
     pub name: String,
     /// The pool agents registering with it join (default `default`).
@@ -54,6 +58,7 @@ pub struct CreateJoinToken {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JoinTokenInfo {
     pub id: String,
     pub name: String,
@@ -64,6 +69,7 @@ pub struct JoinTokenInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreatedJoinToken {
     pub token: String,
     #[serde(flatten)]
@@ -72,6 +78,7 @@ pub struct CreatedJoinToken {
 
 /// A registered agent (one per agent process start).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentInfo {
     pub id: String,
     pub name: String,
@@ -123,6 +130,7 @@ pub struct AgentJob {
 
 /// One audit log entry: who did what to what.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditEntry {
     pub id: i64,
     pub at_ms: i64,
@@ -136,6 +144,7 @@ pub struct AuditEntry {
 /// `GET /v1/overview` (admin scope): what `kiln top` shows, one read of
 /// the store's live rows.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Overview {
     /// When the server answered (ms since the epoch).
     pub at_ms: i64,
@@ -155,6 +164,7 @@ pub struct Overview {
 
 /// One `runs-on` label set of the eligible queue.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueueEntry {
     /// The jobs' `runs-on` labels (empty: any agent).
     pub labels: BTreeMap<String, String>,
@@ -166,6 +176,7 @@ pub struct QueueEntry {
 
 /// A running attempt.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunningJob {
     pub run_id: String,
     pub repo: String,

@@ -58,6 +58,7 @@ pub fn check_clone_url(url: &str) -> Result<(), String> {
 /// its environment, see [`git_credential_env`]), and its `Debug` says
 /// nothing.
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CloneCredential {
     pub username: String,
     pub password: String,

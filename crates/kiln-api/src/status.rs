@@ -75,6 +75,21 @@ macro_rules! wire_status {
             }
         }
 
+        /// The contract's strings as an `enum` (the `Unknown` fallback is
+        /// for older clients; a server sends only these).
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::schema::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .enum_values(Some([$($s),*]))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $name {}
+
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
                 $name::parse(s)

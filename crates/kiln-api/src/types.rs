@@ -9,11 +9,13 @@ pub const DEFAULT_WORKFLOW_PATH: &str = ".kiln/pipeline.yaml";
 
 /// `{"error": {"code": "...", "message": "..."}}`
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     pub code: String,
     pub message: String,
@@ -22,6 +24,7 @@ pub struct ErrorDetail {
 // ---------- public API ----------
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateRepo {
     pub name: String,
     pub clone_url: String,
@@ -38,6 +41,7 @@ pub struct CreateRepo {
 /// How a repository is connected to its forge. In an update, an absent
 /// field keeps its value; an empty string clears an optional one.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ForgeSettings {
     /// `github`, `gitlab` or `gitea` (Forgejo: `gitea`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +78,7 @@ pub struct ForgeSettings {
 
 /// `PATCH /v1/repos/{repo}`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateRepo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_url: Option<String>,
@@ -88,6 +93,7 @@ pub struct UpdateRepo {
 
 /// What to paste into the forge's webhook settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HookInfo {
     pub repo: String,
     pub forge: String,
@@ -104,6 +110,7 @@ pub struct HookInfo {
 
 /// The answer to a webhook delivery.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WebhookAck {
     /// Kiln's id of the delivery.
     pub delivery: String,
@@ -123,6 +130,7 @@ pub struct WebhookAck {
 
 /// A delivery as listed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Delivery {
     pub id: String,
     pub forge: String,
@@ -147,6 +155,7 @@ pub struct Delivery {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Repo {
     pub id: String,
     pub name: String,
@@ -180,6 +189,7 @@ pub struct Repo {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitRun {
     /// A full commit SHA or a ref (branch, tag, `HEAD`); resolved to a SHA once, at acceptance.
     pub commit_sha: String,
@@ -196,6 +206,7 @@ pub struct SubmitRun {
 /// that workflow at that commit may be given (the UI's run form is made
 /// from it). Nothing is stored.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowInputs {
     pub workflow_path: String,
     /// The commit the ref resolved to.
@@ -212,6 +223,7 @@ pub struct WorkflowInputs {
 /// (`.kiln/*.yaml`, `.kiln/*.yml`) and which of them a run started without
 /// a workflow path starts (issue 41, item 6). Nothing is stored.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowList {
     /// The commit the ref resolved to.
     pub commit_sha: String,
@@ -225,6 +237,7 @@ pub struct WorkflowList {
 
 /// One workflow file at a commit.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowFile {
     pub path: String,
     /// Whether a run may be started by hand (`on:` absent, or declaring `manual`).
@@ -239,6 +252,7 @@ pub struct WorkflowFile {
 
 /// One declared input.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InputInfo {
     pub name: String,
     /// `string`, `boolean`, `number` or `choice`.
@@ -256,6 +270,7 @@ pub struct InputInfo {
 
 /// `POST /v1/workflow-runs/{run}/retry` (the body is optional; `?failed=true` works too).
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RetryRun {
     /// Retry from the failed jobs (spec 000 §9): the parent's successful
     /// jobs are pinned (`success`, same bound artifacts, not run again); its
@@ -266,6 +281,7 @@ pub struct RetryRun {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitRunResponse {
     pub run_id: String,
     /// What the run was accepted despite (issue 41, item 3): e.g. a job
@@ -277,6 +293,7 @@ pub struct SubmitRunResponse {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunList {
     pub runs: Vec<RunSummary>,
     /// A full page was returned: pass this as `before` for the next
@@ -286,6 +303,7 @@ pub struct RunList {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunSummary {
     pub id: String,
     /// The shortest prefix of `id` (8 characters or more) that no other run
@@ -330,6 +348,7 @@ pub struct RunSummary {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Run {
     pub id: String,
     pub repo: String,
@@ -388,6 +407,7 @@ pub struct Run {
 
 /// The pull request a run was started for.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PullRequestRef {
     pub number: u64,
     #[serde(default)]
@@ -396,6 +416,7 @@ pub struct PullRequestRef {
 
 /// What the repository says about a run's commit.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommitInfo {
     /// The full message (subject, blank line, body).
     pub message: String,
@@ -408,6 +429,7 @@ pub struct CommitInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Job {
     pub id: String,
     pub name: String,
@@ -439,6 +461,7 @@ pub struct Job {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Attempt {
     pub epoch: i64,
     pub runner: String,
@@ -469,6 +492,7 @@ pub struct Attempt {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Artifact {
     pub name: String,
     /// Size and sha256 of the stored object (for an archive: of the archive).
@@ -487,6 +511,7 @@ pub struct Artifact {
 }
 
 #[derive(Default, Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheInfo {
     pub key: String,
     /// `hit`, `partial` (a hit of an entry that left things out when it
@@ -527,6 +552,7 @@ pub struct CacheInfo {
 /// The job's cache as handed to the attempt: what to key and archive, and
 /// the namespaces this run may write and read (from its trust).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheSpec {
     pub kind: String,
     pub version: String,
@@ -545,12 +571,14 @@ pub struct CacheSpec {
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/lookup`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheLookup {
     /// (namespace, key) in the order to try.
     pub candidates: Vec<CacheCandidate>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheCandidate {
     pub namespace: String,
     pub key: String,
@@ -561,12 +589,14 @@ pub struct CacheCandidate {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheLookupResult {
     #[serde(default)]
     pub hit: Option<CacheHitInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheHitInfo {
     pub namespace: String,
     pub key: String,
@@ -579,6 +609,7 @@ pub struct CacheHitInfo {
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/save`: bind a sealed upload
 /// (artifact name `@cache`) to the key.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheSave {
     pub generation_id: String,
     pub namespace: String,
@@ -592,6 +623,7 @@ pub struct CacheSave {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheSaved {
     /// The key names this upload now.
     pub bound: bool,
@@ -603,6 +635,7 @@ pub struct CacheSaved {
 
 /// Payload of an SSE `chunk` event ([`crate::logs::event::CHUNK`]). `data` is base64 of the raw bytes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogEvent {
     pub epoch: i64,
     pub stream: String,
@@ -619,6 +652,7 @@ pub struct LogEvent {
 /// (`outcome`), and its log is complete: `committed` gives each stream's
 /// final length in bytes. Distinct from a dropped connection.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogSealed {
     pub epoch: i64,
     pub outcome: AttemptOutcome,
@@ -630,6 +664,7 @@ pub struct LogSealed {
 /// output it had not delivered past `committed` is missing, and this
 /// attempt's log has no clean end.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogGap {
     pub epoch: i64,
     pub reason: String,
@@ -640,6 +675,7 @@ pub struct LogGap {
 /// Payload of an SSE `end` event: the job reached a terminal status and every
 /// committed chunk has been sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogEnd {
     pub status: JobStatus,
 }
@@ -647,6 +683,7 @@ pub struct LogEnd {
 // ---------- agent API ----------
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RegisterAgent {
     pub name: String,
     #[serde(default)]
@@ -670,6 +707,7 @@ pub struct RegisterAgent {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentRegistration {
     pub agent_id: String,
     /// A fresh session per agent process start; attempts record it as `runner`.
@@ -695,6 +733,7 @@ pub struct AgentRegistration {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimRequest {
     pub session_id: String,
     /// Unique per claim call; retrying with the same id after a lost response
@@ -705,12 +744,14 @@ pub struct ClaimRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimResponse {
     pub assignment: Option<Assignment>,
 }
 
 /// Everything an agent needs to run one attempt. Immutable for the attempt.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Assignment {
     pub run_id: String,
     pub job_id: String,
@@ -789,6 +830,7 @@ pub struct Assignment {
 
 /// One service of a job (`services:`), its image pinned at acceptance.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ServiceSpec {
     /// The name the job reaches it by (a DNS label).
     pub name: String,
@@ -814,12 +856,14 @@ pub struct ServiceSpec {
 
 /// `PUT /v1/repos/{repo}/secrets/{name}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PutSecret {
     pub value: String,
 }
 
 /// A secret as the API shows it: never its value.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SecretInfo {
     pub name: String,
     pub updated_at_ms: i64,
@@ -827,6 +871,7 @@ pub struct SecretInfo {
 
 /// `image: {dockerfile, context}`: paths relative to the checkout.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageBuild {
     pub dockerfile: String,
     pub context: String,
@@ -836,6 +881,7 @@ pub struct ImageBuild {
 /// the attempt built; the answer names the job's committed digest (the
 /// first one committed wins).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageCommit {
     pub digest: String,
     /// Where the agent pushed the image (the server's `--build-registry`
@@ -852,6 +898,7 @@ pub struct ImageCommit {
 /// after `run` were added with step options (workflow-lang): an agent that
 /// predates them ignores them, so agents are upgraded with the server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepSpec {
     pub name: Option<String>,
     pub run: String,
@@ -910,12 +957,14 @@ fn is_true(b: &bool) -> bool {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PublishSpec {
     pub name: String,
     pub path: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RestoreSpec {
     pub from_job: String,
     pub name: String,
@@ -923,6 +972,7 @@ pub struct RestoreSpec {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     /// The run was cancelled: stop the sandbox and complete with `cancelled`.
     pub cancel_requested: bool,
@@ -932,6 +982,7 @@ pub struct HeartbeatResponse {
 /// One log chunk. Identity: (job, epoch, stream, seq, offset, length, sha256
 /// of the bytes, computed by the server).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogChunk {
     /// `stdout`, `stderr` or `system` (agent-side messages such as step headers).
     pub stream: String,
@@ -1004,12 +1055,14 @@ pub mod log_headers {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogAck {
     /// Highest contiguous committed byte offset per stream.
     pub committed: BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Completion {
     /// `success`, `failed` or `cancelled`.
     pub outcome: AttemptOutcome,
@@ -1054,6 +1107,7 @@ pub struct Completion {
 /// alone (`POST /v1/jobs/{job}/attempts/{epoch}/release`) once the attempt
 /// was fenced, so a cancel waiting for it can end (spec 000 §9).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxEnd {
     /// How it knows, e.g. `every process of the job was killed and reaped`.
     pub evidence: String,
@@ -1065,12 +1119,14 @@ pub struct SandboxEnd {
 /// The answer to a release: whether this report confirmed it (false: it
 /// was already confirmed).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReleaseAck {
     pub released: bool,
 }
 
 /// An attempt's phases and log losses as its agent measured them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptTelemetry {
     /// From the claim to the first step: checkout, image, restores,
     /// caches, services. None if no step started.
@@ -1116,6 +1172,7 @@ impl Completion {
 
 /// How one step of an attempt ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepResult {
     pub name: String,
     /// `success`, `failure`, `continued` (failed with `continue-on-error`)
@@ -1130,6 +1187,7 @@ pub struct StepResult {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CompletionAck {
     pub job_status: JobStatus,
 }
@@ -1162,6 +1220,7 @@ pub mod codes {
 /// Open an attempt-scoped upload session for one declared output.
 /// `POST /v1/jobs/{job}/attempts/{epoch}/artifacts`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateUpload {
     pub name: String,
     pub size: u64,
@@ -1190,6 +1249,7 @@ fn artifact_file() -> String {
 /// opened without one. The server compares it with its own hash of what it
 /// stored, and with the session's, before sealing.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SealRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
@@ -1200,12 +1260,14 @@ pub struct SealRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UploadedPart {
     pub part: u64,
     pub etag: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UploadSession {
     /// The candidate generation this session fills.
     pub generation_id: String,
@@ -1229,6 +1291,7 @@ pub struct UploadSession {
 /// Ask for a presigned part upload: the part's size and the base64 MD5 of
 /// its bytes (the store refuses other bytes).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartUrlRequest {
     pub size: u64,
     pub content_md5: String,
@@ -1236,6 +1299,7 @@ pub struct PartUrlRequest {
 
 /// `PUT` the part to `url` with exactly `headers`; nothing else is needed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PresignedPart {
     pub part: u64,
     pub url: String,
@@ -1247,6 +1311,7 @@ pub struct PresignedPart {
 /// when the session is sealed; `sha256` of the part is given only when the
 /// server computed it (parts that arrived out of order).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartReceipt {
     pub part: u64,
     pub size: u64,
@@ -1257,6 +1322,7 @@ pub struct PartReceipt {
 /// `POST /v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal`: the
 /// server verifies size and sha256 of the stored object before sealing.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SealedGeneration {
     pub generation_id: String,
     pub name: String,
@@ -1268,6 +1334,7 @@ pub struct SealedGeneration {
 /// Ask for a producer's bound artifact.
 /// `POST /v1/jobs/{job}/attempts/{epoch}/restore` (agent, for the consuming attempt)
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RestoreRequest {
     pub from_job: String,
     pub name: String,
@@ -1275,6 +1342,7 @@ pub struct RestoreRequest {
 
 /// Where and what to download. Also `GET /v1/workflow-runs/{run}/artifacts/{job}/{name}` (public API).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ArtifactDownload {
     pub name: String,
     pub job: String,
@@ -1308,6 +1376,7 @@ pub const SESSION_PING_MS: u64 = 1000;
 
 /// Payload of a session stream `cancel` event.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CancelNotice {
     pub job_id: String,
     pub epoch: i64,

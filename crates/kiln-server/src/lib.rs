@@ -24,6 +24,7 @@ mod log_index;
 mod loops;
 pub mod metrics;
 pub mod oidc;
+pub mod openapi;
 mod resources;
 mod router;
 pub mod sealing;

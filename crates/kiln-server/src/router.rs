@@ -2,7 +2,8 @@
 //! (join token to register, then the session credential, then each
 //! attempt's token), the data plane (capability URLs), health endpoints
 //! and the UI (its page and cookie session); every answer gets `security`'s
-//! headers. See `auth` for who may call what.
+//! headers. See `auth` for who may call what. Every route here is in the
+//! OpenAPI document (`openapi`; a test compares this file's routes with it).
 
 use crate::auth;
 use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, oidc, repos, runs, secrets, ui};
@@ -90,6 +91,8 @@ pub(crate) fn router(state: State) -> Router {
         .route("/.well-known/openid-configuration", get(oidc::discovery))
         .route("/.well-known/jwks.json", get(oidc::jwks))
         .route("/", get(ui::page))
+        // The OpenAPI document (no secrets in it).
+        .route("/openapi.json", get(crate::openapi::serve))
         .route("/v1/ui/session", post(ui::sign_in).delete(ui::sign_out))
         .route_layer(middleware::from_fn(security::public_side));
     Router::new()

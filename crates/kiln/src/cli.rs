@@ -219,6 +219,10 @@ pub enum Command {
     /// A developer tool, hidden from the main help.
     #[command(hide = true)]
     Bench(BenchArgs),
+    /// Print the OpenAPI 3.1 document of the HTTP API (what a server serves at `/openapi.json`).
+    /// Hidden from the main help: for tools and `scripts/test`'s validator.
+    #[command(hide = true)]
+    Openapi,
 }
 
 impl Command {

@@ -17,6 +17,15 @@ use std::convert::Infallible;
 
 /// `POST /v1/agents/register` with a join token: a new agent in the
 /// token's pool, and its session credential.
+#[utoipa::path(
+    operation_id = "agents_register",
+    post, path = "/v1/agents/register", tag = "agent",
+    request_body = api::RegisterAgent,
+    responses(
+        (status = 200, description = "The agent, registered, and its session credential", body = api::AgentRegistration),
+    ),
+    security(("join_token" = [])),
+)]
 pub(crate) async fn register(
     S(state): S<State>,
     Extension(grant): Extension<JoinGrant>,
@@ -27,6 +36,18 @@ pub(crate) async fn register(
 }
 
 /// `POST /v1/agents/{agent}/claim`: held open up to `wait_ms` (see `claim`).
+#[utoipa::path(
+    operation_id = "agents_claim",
+    post, path = "/v1/agents/{agent}/claim", tag = "agent",
+    params(
+        ("agent" = String, Path, description = "The agent's id"),
+    ),
+    request_body = api::ClaimRequest,
+    responses(
+        (status = 200, description = "An assignment, or none when `wait_ms` passed without one", body = api::ClaimResponse),
+    ),
+    security(("agent_session" = [])),
+)]
 pub(crate) async fn claim(
     S(state): S<State>,
     Extension(caller): Extension<AgentCaller>,
@@ -42,6 +63,17 @@ pub(crate) async fn claim(
 }
 
 /// `POST /v1/agents/{agent}/drain`: the caller's session drains.
+#[utoipa::path(
+    operation_id = "agents_drain",
+    post, path = "/v1/agents/{agent}/drain", tag = "agent",
+    params(
+        ("agent" = String, Path, description = "The agent's id"),
+    ),
+    responses(
+        (status = 200, description = "The session drains", body = super::answers::Draining),
+    ),
+    security(("agent_session" = [])),
+)]
 pub(crate) async fn drain(
     S(state): S<State>,
     Extension(caller): Extension<AgentCaller>,
@@ -55,6 +87,17 @@ pub(crate) async fn drain(
 /// `GET /v1/agents/{agent}/session?session_id=…`: `ping` every second,
 /// `cancel` notices for the session's attempts.
 /// The session is the credential's (a `session_id` query is ignored).
+#[utoipa::path(
+    operation_id = "agents_session",
+    get, path = "/v1/agents/{agent}/session", tag = "agent",
+    params(
+        ("agent" = String, Path, description = "The agent's id"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events: `ping` (data `{}`) every second, `cancel` (data: a `CancelNotice`) for the session's attempts", content_type = "text/event-stream"),
+    ),
+    security(("agent_session" = [])),
+)]
 pub(crate) async fn session(
     S(state): S<State>,
     Extension(caller): Extension<AgentCaller>,

@@ -10,6 +10,19 @@ use axum::body::Bytes;
 use axum::extract::{Path, State as S};
 use kiln_api as api;
 
+#[utoipa::path(
+    operation_id = "artifacts_create_upload",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/artifacts", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::CreateUpload,
+    responses(
+        (status = 200, description = "An upload session: a candidate generation of this attempt", body = api::UploadSession),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn create_upload(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -19,6 +32,21 @@ pub(crate) async fn create_upload(
     Ok(Json(artifacts::create_upload(&state, &base_url(&state), &job, epoch, req).await?))
 }
 
+#[utoipa::path(
+    operation_id = "artifacts_part_url",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/parts/{part}", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+        ("generation" = String, Path, description = "The artifact generation's id"),
+        ("part" = u64, Path, description = "The part's number, from 0"),
+    ),
+    request_body = api::PartUrlRequest,
+    responses(
+        (status = 200, description = "Where to PUT the part", body = api::PresignedPart),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn part_url(
     S(state): S<State>,
     Path((job, epoch, generation, part)): Path<(String, i64, String, u64)>,
@@ -28,6 +56,20 @@ pub(crate) async fn part_url(
     Ok(Json(artifacts::part_url(&state, (&job, epoch), &generation, part, req).await?))
 }
 
+#[utoipa::path(
+    operation_id = "artifacts_seal",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/artifacts/{generation}/seal", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+        ("generation" = String, Path, description = "The artifact generation's id"),
+    ),
+    request_body(content = Option<api::SealRequest>, description = "Optional", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The generation, verified and sealed (bound only by the completion)", body = api::SealedGeneration),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn seal(
     S(state): S<State>,
     Path((job, epoch, generation)): Path<(String, i64, String)>,
@@ -37,6 +79,19 @@ pub(crate) async fn seal(
     Ok(Json(artifacts::seal(&state, (&job, epoch), &generation, req).await?))
 }
 
+#[utoipa::path(
+    operation_id = "artifacts_restore",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/restore", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::RestoreRequest,
+    responses(
+        (status = 200, description = "Where to download a needed job's bound artifact", body = api::ArtifactDownload),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn restore(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -55,6 +110,20 @@ pub(crate) struct GetQuery {
 /// capability as JSON; with `?format=tar.gz|zip` or an `Accept` naming one
 /// (`application/gzip`, `application/zip`), the artifact itself: a
 /// directory or glob as that archive (issue 41, item 5), a file as it is.
+#[utoipa::path(
+    operation_id = "artifacts_get",
+    get, path = "/v1/workflow-runs/{run}/artifacts/{job}/{name}", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+        ("job" = String, Path, description = "The job's name"),
+        ("name" = String, Path, description = "The artifact's name"),
+        ("format" = Option<String>, Query, description = "`tar.gz` or `zip`: the artifact itself, as that archive"),
+    ),
+    responses(
+        (status = 200, description = "The download capability as JSON; with `format` or an `Accept` naming one, the artifact itself (a directory or glob as that archive, a file as it is)", content((api::ArtifactDownload = "application/json"), ("application/gzip"), ("application/zip"), ("application/octet-stream"))),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn get(
     S(state): S<State>,
     Path((run, job, name)): Path<(String, String, String)>,
@@ -75,6 +144,19 @@ pub(crate) async fn get(
 }
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/lookup`.
+#[utoipa::path(
+    operation_id = "artifacts_cache_lookup",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/cache/lookup", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::CacheLookup,
+    responses(
+        (status = 200, description = "The first candidate found, or no hit", body = api::CacheLookupResult),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn cache_lookup(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -85,6 +167,19 @@ pub(crate) async fn cache_lookup(
 }
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/save`.
+#[utoipa::path(
+    operation_id = "artifacts_cache_save",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/cache/save", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::CacheSave,
+    responses(
+        (status = 200, description = "Whether the sealed generation was bound to the key", body = api::CacheSaved),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn cache_save(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -95,6 +190,19 @@ pub(crate) async fn cache_save(
 }
 
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/report`.
+#[utoipa::path(
+    operation_id = "artifacts_cache_report",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/cache/report", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::CacheInfo,
+    responses(
+        (status = 200, description = "Recorded", body = super::answers::Empty),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn cache_report(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,

@@ -13,6 +13,18 @@ use base64::Engine;
 use kiln_api as api;
 use tracing::Instrument;
 
+#[utoipa::path(
+    operation_id = "attempts_heartbeat",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/heartbeat", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    responses(
+        (status = 200, description = "The lease, renewed", body = api::HeartbeatResponse),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn heartbeat(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -22,6 +34,25 @@ pub(crate) async fn heartbeat(
 
 /// A chunk comes as JSON (`data` in base64) or as a raw body
 /// (`application/octet-stream`) with its identity in `kiln-log-*` headers.
+#[utoipa::path(
+    operation_id = "attempts_append_log",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/logs", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+        ("kiln-log-stream" = Option<String>, Header, description = "A raw chunk's stream"),
+        ("kiln-log-seq" = Option<i64>, Header, description = "A raw chunk's sequence number"),
+        ("kiln-log-offset" = Option<i64>, Header, description = "A raw chunk's offset"),
+        ("kiln-log-sha256" = Option<String>, Header, description = "A raw chunk's sha256"),
+        ("kiln-log-crc32c" = Option<String>, Header, description = "A raw chunk's CRC-32C"),
+        ("kiln-log-in-order" = Option<String>, Header, description = "`1`: the chunk follows the last committed one"),
+    ),
+    request_body(description = "A chunk as JSON (`data` in base64), or as a raw body with its identity in `kiln-log-*` headers", content((api::LogChunk = "application/json"), ("application/octet-stream"))),
+    responses(
+        (status = 200, description = "Committed offsets by stream", body = api::LogAck),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn append_log(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -74,6 +105,19 @@ fn raw_chunk(headers: &HeaderMap, body: Bytes) -> ApiResult<api::RawLogChunk> {
     })
 }
 
+#[utoipa::path(
+    operation_id = "attempts_complete",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/complete", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::Completion,
+    responses(
+        (status = 200, description = "The job's status after the completion", body = api::CompletionAck),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn complete(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -92,6 +136,19 @@ pub(crate) async fn complete(
 }
 
 /// Issue 40, item 5: a fenced attempt's agent says its sandbox is gone.
+#[utoipa::path(
+    operation_id = "attempts_release",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/release", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::SandboxEnd,
+    responses(
+        (status = 200, description = "Whether the fenced attempt's sandbox was recorded as gone", body = api::ReleaseAck),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn release(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,
@@ -103,6 +160,19 @@ pub(crate) async fn release(
 
 /// A Dockerfile job's attempt commits the digest of the image it built,
 /// before any user step runs; the answer is the digest every attempt must run.
+#[utoipa::path(
+    operation_id = "attempts_commit_image",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/image", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::ImageCommit,
+    responses(
+        (status = 200, description = "The digest every attempt of the job must run", body = api::ImageCommit),
+    ),
+    security(("attempt_token" = [])),
+)]
 pub(crate) async fn commit_image(
     S(state): S<State>,
     Path((job, epoch)): Path<(String, i64)>,

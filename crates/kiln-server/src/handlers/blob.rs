@@ -19,6 +19,19 @@ pub(crate) struct CapQuery {
 }
 
 /// `PUT /blob/uploads/{generation}/parts/{part}?cap=…`
+#[utoipa::path(
+    operation_id = "blob_put_part",
+    put, path = "/blob/uploads/{generation}/parts/{part}", tag = "data",
+    params(
+        ("generation" = String, Path, description = "The artifact generation's id"),
+        ("part" = u64, Path, description = "The part's number, from 0"),
+    ),
+    request_body(content = Vec<u8>, description = "The part's bytes", content_type = "application/octet-stream"),
+    responses(
+        (status = 200, description = "The part, stored", body = api::PartReceipt),
+    ),
+    security(("capability" = [])),
+)]
 pub(crate) async fn put_part(
     S(state): S<State>,
     Path((generation, part)): Path<(String, u64)>,
@@ -31,6 +44,18 @@ pub(crate) async fn put_part(
 
 /// `GET /blob/objects/{generation}?cap=…`: the bytes, or a redirect to the
 /// object store.
+#[utoipa::path(
+    operation_id = "blob_get_object",
+    get, path = "/blob/objects/{generation}", tag = "data",
+    params(
+        ("generation" = String, Path, description = "The artifact generation's id"),
+    ),
+    responses(
+        (status = 200, description = "The object's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 307, description = "A redirect to the object store"),
+    ),
+    security(("capability" = [])),
+)]
 pub(crate) async fn get_object(
     S(state): S<State>,
     Path(generation): Path<String>,
@@ -128,6 +153,18 @@ pub(crate) fn export_response(
 /// archive generation as a normal `.tar.gz` or `.zip` (issue 41, item 5),
 /// under the same capability as its bytes; `Accept` chooses when no
 /// `format` is given (default `tar.gz`).
+#[utoipa::path(
+    operation_id = "blob_export_object",
+    get, path = "/blob/objects/{generation}/export", tag = "data",
+    params(
+        ("generation" = String, Path, description = "The artifact generation's id"),
+        ("format" = Option<String>, Query, description = "`tar.gz` (default) or `zip`"),
+    ),
+    responses(
+        (status = 200, description = "An archive generation as a `.tar.gz` or `.zip`", content(("application/gzip"), ("application/zip"))),
+    ),
+    security(("capability" = [])),
+)]
 pub(crate) async fn export_object(
     S(state): S<State>,
     Path(generation): Path<String>,

@@ -8,6 +8,14 @@ use axum::response::{IntoResponse, Response};
 use kiln_api as api;
 use kiln_core::degradation::Level;
 
+#[utoipa::path(
+    operation_id = "health_healthz",
+    get, path = "/healthz", tag = "health",
+    responses(
+        (status = 200, description = "The process answers", content_type = "text/plain", body = String),
+    ),
+    security(()),
+)]
 pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
@@ -18,6 +26,15 @@ const STORE_CHECK: std::time::Duration = std::time::Duration::from_secs(3);
 /// Ready when the store answers and the server is not in critical
 /// degradation; the body says the degradation level (and why) either way:
 /// `ready (degradation: warning: …)`.
+#[utoipa::path(
+    operation_id = "health_readyz",
+    get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "Ready; the body says the degradation level", content_type = "text/plain", body = String),
+        (status = 503, description = "Not ready: the database does not answer, or critical degradation", body = api::ErrorBody),
+    ),
+    security(()),
+)]
 pub(crate) async fn readyz(S(state): S<State>) -> Response {
     let (level, why, _) = state.resources.status();
     let degradation = if why.is_empty() {
@@ -51,6 +68,14 @@ pub(crate) async fn readyz(S(state): S<State>) -> Response {
 }
 
 /// Prometheus text exposition (more series arrive with the reliability layer).
+#[utoipa::path(
+    operation_id = "health_metrics",
+    get, path = "/metrics", tag = "health",
+    responses(
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn metrics(S(state): S<State>) -> impl IntoResponse {
     use std::sync::atomic::Ordering::Relaxed;
     let w = &state.webhooks;

@@ -22,6 +22,20 @@ pub(crate) struct EventsQuery {
     follow: Option<bool>,
 }
 
+#[utoipa::path(
+    operation_id = "logs_events",
+    get, path = "/v1/jobs/{job}/logs/events", tag = "runs",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("after" = Option<i64>, Query, description = "Replay after this event id (as `Last-Event-ID`)"),
+        ("follow" = Option<bool>, Query, description = "`false`: end once caught up (default `true`: follow to the job's end)"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Replay after this event id"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events, each with an `id:`: `chunk` (data: a `LogEvent`), `sealed` (`LogSealed`), `gap` (`LogGap`), `end` (`LogEnd`, the last)", content_type = "text/event-stream"),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn events(
     S(state): S<State>,
     Path(job): Path<String>,

@@ -5,6 +5,7 @@
 
 pub(crate) mod access;
 pub(crate) mod agents;
+pub(crate) mod answers;
 pub(crate) mod artifacts;
 pub(crate) mod attempts;
 pub(crate) mod blob;

@@ -6,10 +6,26 @@ use axum::Json;
 use axum::extract::State as S;
 use serde_json::Value;
 
+#[utoipa::path(
+    operation_id = "oidc_discovery",
+    get, path = "/.well-known/openid-configuration", tag = "health",
+    responses(
+        (status = 200, description = "OpenID Connect discovery for job identity tokens", body = super::answers::OidcDiscovery),
+    ),
+    security(()),
+)]
 pub(crate) async fn discovery(S(state): S<State>) -> Json<Value> {
     Json(crate::oidc::discovery(&state.issuer_url()))
 }
 
+#[utoipa::path(
+    operation_id = "oidc_jwks",
+    get, path = "/.well-known/jwks.json", tag = "health",
+    responses(
+        (status = 200, description = "The keys that sign job identity tokens", body = super::answers::Jwks),
+    ),
+    security(()),
+)]
 pub(crate) async fn jwks(S(state): S<State>) -> Json<Value> {
     let state = state.clone();
     // Reads the key directory: off the async runtime.

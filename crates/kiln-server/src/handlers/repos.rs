@@ -12,6 +12,15 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use kiln_api as api;
 
+#[utoipa::path(
+    operation_id = "repos_create",
+    post, path = "/v1/repos", tag = "repos",
+    request_body = api::CreateRepo,
+    responses(
+        (status = 201, description = "The repository, registered", body = api::Repo),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn create(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -21,12 +30,32 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(repos::create(&state, &by, req).await?)))
 }
 
+#[utoipa::path(
+    operation_id = "repos_list",
+    get, path = "/v1/repos", tag = "repos",
+    responses(
+        (status = 200, description = "Every repository", body = super::answers::RepoList),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn list(S(state): S<State>) -> ApiResult<Json<serde_json::Value>> {
     let repos = repos::list(&state).await?;
     Ok(Json(serde_json::json!({ "repos": repos })))
 }
 
 /// `PATCH /v1/repos/{repo}`.
+#[utoipa::path(
+    operation_id = "repos_update",
+    patch, path = "/v1/repos/{repo}", tag = "repos",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+    ),
+    request_body = api::UpdateRepo,
+    responses(
+        (status = 200, description = "The repository, updated", body = api::Repo),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn update(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -38,6 +67,17 @@ pub(crate) async fn update(
 }
 
 /// `DELETE /v1/repos/{repo}` (admin): the removed repository.
+#[utoipa::path(
+    operation_id = "repos_delete",
+    delete, path = "/v1/repos/{repo}", tag = "repos",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+    ),
+    responses(
+        (status = 200, description = "The repository, removed", body = api::Repo),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn delete(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -47,11 +87,33 @@ pub(crate) async fn delete(
 }
 
 /// `GET /v1/repos/{repo}`.
+#[utoipa::path(
+    operation_id = "repos_get",
+    get, path = "/v1/repos/{repo}", tag = "repos",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+    ),
+    responses(
+        (status = 200, description = "The repository", body = api::Repo),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn get(S(state): S<State>, Path(repo): Path<String>) -> ApiResult<Json<api::Repo>> {
     Ok(Json(repos::shown(&state, state.store.get_repo(&repo).await?).await?))
 }
 
 /// `GET /v1/repos/{repo}/hook-info`.
+#[utoipa::path(
+    operation_id = "repos_hook_info",
+    get, path = "/v1/repos/{repo}/hook-info", tag = "repos",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+    ),
+    responses(
+        (status = 200, description = "What to paste into the forge's webhook settings", body = api::HookInfo),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn hook_info(S(state): S<State>, Path(repo): Path<String>) -> ApiResult<Json<api::HookInfo>> {
     Ok(Json(repos::hook_info(&state, &repo).await?))
 }
@@ -62,6 +124,18 @@ pub(crate) struct Limit {
 }
 
 /// `GET /v1/repos/{repo}/deliveries`.
+#[utoipa::path(
+    operation_id = "repos_deliveries",
+    get, path = "/v1/repos/{repo}/deliveries", tag = "repos",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+        ("limit" = Option<u32>, Query, description = "At most this many deliveries"),
+    ),
+    responses(
+        (status = 200, description = "The repository's webhook deliveries, newest first", body = super::answers::DeliveryList),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn deliveries(
     S(state): S<State>,
     Path(repo): Path<String>,
@@ -73,6 +147,20 @@ pub(crate) async fn deliveries(
 
 /// `POST /v1/repos/{repo}/webhooks/{forge}`: authenticated by the forge's
 /// signature or token only (no bearer token).
+#[utoipa::path(
+    operation_id = "repos_webhook",
+    post, path = "/v1/repos/{repo}/webhooks/{forge}", tag = "webhooks",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+        ("forge" = String, Path, description = "`github`, `gitlab`, `gitea` or `forgejo`"),
+    ),
+    request_body(content = Object, description = "The forge's delivery, as it sends it; verified by its signature (`X-Hub-Signature-256`, `X-Gitlab-Token`, `X-Gitea-Signature`) against the repository's webhook secret", content_type = "application/json"),
+    responses(
+        (status = 202, description = "Accepted: planning runs", body = api::WebhookAck),
+        (status = 200, description = "A redelivery: the first answer again (`duplicate`)", body = api::WebhookAck),
+    ),
+    security(()),
+)]
 pub(crate) async fn webhook(
     S(state): S<State>,
     Path((repo, forge)): Path<(String, String)>,

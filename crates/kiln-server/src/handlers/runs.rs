@@ -19,6 +19,22 @@ use std::time::Duration;
 use tracing::Instrument;
 
 /// `POST /v1/repos/{repo}/workflow-runs` (`Idempotency-Key` header) → 202.
+#[utoipa::path(
+    operation_id = "runs_submit",
+    post, path = "/v1/repos/{repo}/workflow-runs", tag = "runs",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+        ("Idempotency-Key" = Option<String>, Header, description = "The same key returns the same run; with a different body, 409"),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: the run's trace becomes a child of it"),
+    ),
+    request_body = api::SubmitRun,
+    responses(
+        (status = 202, description = "The run, accepted", body = api::SubmitRunResponse),
+        (status = 409, description = "The `Idempotency-Key` was used with a different body (`idempotency_key_reused`)", body = api::ErrorBody),
+        (status = 422, description = "The workflow is not valid, or its inputs are not (`invalid`)", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn submit(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -41,6 +57,23 @@ pub(crate) async fn submit(
 }
 
 /// `GET /v1/repos/{repo}/workflow-runs?status=…&branch=…&limit=…`, newest first.
+#[utoipa::path(
+    operation_id = "runs_list",
+    get, path = "/v1/repos/{repo}/workflow-runs", tag = "runs",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+        ("status" = Option<api::RunStatus>, Query, description = "Only runs with this status"),
+        ("branch" = Option<String>, Query, description = "Only runs of this branch"),
+        ("event" = Option<String>, Query, description = "Only runs of this event (`push`, `pull_request`, `manual`, `schedule`)"),
+        ("actor" = Option<String>, Query, description = "Only runs caused by this actor"),
+        ("before" = Option<String>, Query, description = "A run id: only runs listed after it (older); the previous page's `next_before`"),
+        ("limit" = Option<u32>, Query, description = "At most this many runs"),
+    ),
+    responses(
+        (status = 200, description = "The repository's runs, newest first", body = api::RunList),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn list(
     S(state): S<State>,
     Path(repo): Path<String>,
@@ -51,6 +84,23 @@ pub(crate) async fn list(
 
 /// `GET /v1/workflow-runs?repo=…&status=…&branch=…&limit=…`: every
 /// repository's runs, newest first.
+#[utoipa::path(
+    operation_id = "runs_list_all",
+    get, path = "/v1/workflow-runs", tag = "runs",
+    params(
+        ("repo" = Option<String>, Query, description = "Only this repository's runs"),
+        ("status" = Option<api::RunStatus>, Query, description = "Only runs with this status"),
+        ("branch" = Option<String>, Query, description = "Only runs of this branch"),
+        ("event" = Option<String>, Query, description = "Only runs of this event (`push`, `pull_request`, `manual`, `schedule`)"),
+        ("actor" = Option<String>, Query, description = "Only runs caused by this actor"),
+        ("before" = Option<String>, Query, description = "A run id: only runs listed after it (older); the previous page's `next_before`"),
+        ("limit" = Option<u32>, Query, description = "At most this many runs"),
+    ),
+    responses(
+        (status = 200, description = "Every repository's runs, newest first", body = api::RunList),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn list_all(S(state): S<State>, Query(q): Query<runs::ListFilter>) -> ApiResult<Response> {
     json_blocking(runs::list(&state, None, &q).await?).await
 }
@@ -58,6 +108,23 @@ pub(crate) async fn list_all(S(state): S<State>, Query(q): Query<runs::ListFilte
 /// `GET /v1/workflow-runs/events?repo=…&status=…&branch=…&event=…&actor=…&limit=…`:
 /// the list `GET /v1/workflow-runs` gives, as an SSE `runs` event now and
 /// whenever it changes (the web UI's runs page).
+#[utoipa::path(
+    operation_id = "runs_list_events",
+    get, path = "/v1/workflow-runs/events", tag = "runs",
+    params(
+        ("repo" = Option<String>, Query, description = "Only this repository's runs"),
+        ("status" = Option<api::RunStatus>, Query, description = "Only runs with this status"),
+        ("branch" = Option<String>, Query, description = "Only runs of this branch"),
+        ("event" = Option<String>, Query, description = "Only runs of this event (`push`, `pull_request`, `manual`, `schedule`)"),
+        ("actor" = Option<String>, Query, description = "Only runs caused by this actor"),
+        ("before" = Option<String>, Query, description = "A run id: only runs listed after it (older); the previous page's `next_before`"),
+        ("limit" = Option<u32>, Query, description = "At most this many runs"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events: `runs` (data: a `RunList`) now and whenever the list changes", content_type = "text/event-stream"),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn list_events(
     S(state): S<State>,
     Query(q): Query<runs::ListFilter>,
@@ -69,6 +136,17 @@ pub(crate) async fn list_events(
 /// `GET /v1/workflow-runs/{run}/events`: the run as `GET
 /// /v1/workflow-runs/{run}` gives it, as an SSE `run` event now and
 /// whenever it changes (the web UI's run page).
+#[utoipa::path(
+    operation_id = "runs_run_events",
+    get, path = "/v1/workflow-runs/{run}/events", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events: `run` (data: a `Run`) now and whenever the run changes", content_type = "text/event-stream"),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn run_events(
     S(state): S<State>,
     Path(run): Path<String>,
@@ -87,11 +165,33 @@ fn sse(
 }
 
 /// `GET /v1/workflow-runs/{run}` (a full id or a unique prefix of 8+ characters).
+#[utoipa::path(
+    operation_id = "runs_get",
+    get, path = "/v1/workflow-runs/{run}", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+    ),
+    responses(
+        (status = 200, description = "The run and its jobs", body = api::Run),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn get(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Response> {
     let run = runs::resolve_id(&state, &run).await?;
     json_blocking(runs::get(&state, &run).await?).await
 }
 
+#[utoipa::path(
+    operation_id = "runs_cancel",
+    post, path = "/v1/workflow-runs/{run}/cancel", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+    ),
+    responses(
+        (status = 200, description = "The run, cancelling (or already finished)", body = api::Run),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn cancel(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -110,6 +210,20 @@ pub(crate) struct RetryQuery {
 /// `POST /v1/workflow-runs/{run}/retry`: a new run with the same frozen
 /// definition; with `{"failed": true}` (or `?failed=true`) only the failed
 /// jobs and their descendants run again (the rest is pinned).
+#[utoipa::path(
+    operation_id = "runs_retry",
+    post, path = "/v1/workflow-runs/{run}/retry", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+        ("failed" = Option<bool>, Query, description = "Only the failed jobs and their descendants run again"),
+    ),
+    request_body(content = Option<api::RetryRun>, description = "Optional", content_type = "application/json"),
+    responses(
+        (status = 202, description = "The new run", body = api::SubmitRunResponse),
+        (status = 409, description = "Refused: a retry of failed jobs while the run is active, or none of its jobs failed", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn retry(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -141,6 +255,18 @@ pub(crate) struct WorkflowsQuery {
 
 /// `GET /v1/repos/{repo}/workflows?ref=…`: the workflow files at that ref
 /// (default `HEAD`) and which a run without a workflow path starts.
+#[utoipa::path(
+    operation_id = "runs_workflows",
+    get, path = "/v1/repos/{repo}/workflows", tag = "runs",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+        ("ref" = Option<String>, Query, description = "A branch, tag or commit (default `HEAD`)"),
+    ),
+    responses(
+        (status = 200, description = "The workflow files at that ref", body = api::WorkflowList),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn workflows(
     S(state): S<State>,
     Path(repo): Path<String>,
@@ -152,6 +278,19 @@ pub(crate) async fn workflows(
 
 /// `GET /v1/repos/{repo}/workflow-inputs?ref=…&workflow=…`: the inputs the
 /// workflow at that ref declares (default `HEAD` and `.kiln/pipeline.yaml`).
+#[utoipa::path(
+    operation_id = "runs_workflow_inputs",
+    get, path = "/v1/repos/{repo}/workflow-inputs", tag = "runs",
+    params(
+        ("repo" = String, Path, description = "The repository's name"),
+        ("ref" = Option<String>, Query, description = "A branch, tag or commit (default `HEAD`)"),
+        ("workflow" = Option<String>, Query, description = "The workflow's path (default `.kiln/pipeline.yaml`)"),
+    ),
+    responses(
+        (status = 200, description = "The inputs the workflow declares", body = api::WorkflowInputs),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn workflow_inputs(
     S(state): S<State>,
     Path(repo): Path<String>,

@@ -36,6 +36,14 @@ static UI_CSP: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// `GET /`: the UI.
+#[utoipa::path(
+    operation_id = "ui_page",
+    get, path = "/", tag = "ui",
+    responses(
+        (status = 200, description = "The web UI", content_type = "text/html", body = String),
+    ),
+    security(()),
+)]
 pub(crate) async fn page() -> Response {
     (
         [
@@ -103,6 +111,17 @@ fn same_origin_json(state: &State, headers: &HeaderMap) -> ApiResult<()> {
 
 /// `POST /v1/ui/session` `{"token"}`: 204 with the session cookie when the
 /// token is accepted as the bearer header would be, else 401.
+#[utoipa::path(
+    operation_id = "ui_sign_in",
+    post, path = "/v1/ui/session", tag = "ui",
+    request_body = super::answers::SignIn,
+    responses(
+        (status = 204, description = "Signed in: the session cookie is set", headers(("Set-Cookie" = String, description = "The session cookie"))),
+        (status = 403, description = "Not from Kiln's own page (`csrf`)", body = api::ErrorBody),
+        (status = 415, description = "Not a JSON body", body = api::ErrorBody),
+    ),
+    security(()),
+)]
 pub(crate) async fn sign_in(S(state): S<State>, headers: HeaderMap, body: Body) -> Result<Response, Response> {
     same_origin_json(&state, &headers).map_err(refuse_unread)?;
     // A token is short: a small share of the unauthenticated body budget.
@@ -170,6 +189,14 @@ fn attributes(state: &State, headers: &HeaderMap) -> &'static str {
 
 /// `DELETE /v1/ui/session`: the session is deleted on the server (its
 /// cookie's value then authenticates nothing) and the cookie cleared; 204.
+#[utoipa::path(
+    operation_id = "ui_sign_out",
+    delete, path = "/v1/ui/session", tag = "ui",
+    responses(
+        (status = 204, description = "Signed out: the session is deleted and the cookie cleared"),
+    ),
+    security(()),
+)]
 pub(crate) async fn sign_out(S(state): S<State>, headers: HeaderMap) -> ApiResult<Response> {
     if let Some(id) = auth::session_cookie(&headers) {
         state.store.delete_ui_session(&crate::credentials::hash_secret(&id)).await?;

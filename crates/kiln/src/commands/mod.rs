@@ -95,6 +95,10 @@ pub async fn run(cli: Cli) -> i32 {
         })),
         Command::Man { dir: Some(dir) } => man_pages(&dir),
         Command::Bench(a) => kiln_bench::run(a).await,
+        Command::Openapi => Ok(generated(|out| {
+            out.extend_from_slice(kiln_server::openapi::json().as_bytes());
+            out.push(b'\n');
+        })),
     };
     match res {
         Ok(code) => code,
