@@ -1486,7 +1486,11 @@ fn one_job_is_retried_or_cancelled_on_its_own() {
     // A job of a run still going is not re-run.
     let out = kiln(&up, &["retry", &run, "--job", "quick"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    assert!(stderr(&out).contains("has jobs that have not ended; re-run a job once the run has ended"), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("has jobs that have not ended; re-run a job once the run has ended"),
+        "{}",
+        text(&out)
+    );
 
     // Neither a read token nor a trigger token of another repository may
     // cancel or re-run a job.

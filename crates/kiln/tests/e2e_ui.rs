@@ -723,7 +723,8 @@ jobs:
     // the failed one open.
     assert!(wait_text(&c, ".log section.step[data-step='2']", "not yet").await);
     let head = c.find(Locator::Css(".log section.step[data-step='1'] .step-head")).await.unwrap();
-    let expanded = "return document.querySelector(\".log section.step[data-step='1'] .step-head\").getAttribute('aria-expanded');";
+    let expanded =
+        "return document.querySelector(\".log section.step[data-step='1'] .step-head\").getAttribute('aria-expanded');";
     assert_eq!(wait_js(&c, expanded, "false".into()).await, "false", "the successful step is collapsed");
     let log = c.find(Locator::Css(".log")).await.unwrap().text().await.unwrap();
     assert!(!log.contains("preparing") && log.contains("not yet"), "step 1 collapsed: {log}");
@@ -1187,15 +1188,18 @@ jobs:
     assert!(up.cli().args(["repo", "add", "shop", "--url"]).arg(repo.path()).status().unwrap().success());
     let api = Client::new(&up.url, &up.token);
     let inputs = [("target".to_string(), "production".to_string())].into();
-    let run =
-        api.submit_run("shop", &SubmitRun { commit_sha: "main".into(), inputs, ..Default::default() }, None).await.unwrap();
+    let run = api
+        .submit_run("shop", &SubmitRun { commit_sha: "main".into(), inputs, ..Default::default() }, None)
+        .await
+        .unwrap();
     let done = wait_run_done(&api, &run.run_id).await;
     assert_eq!(done.status, "success");
     let build = done.jobs.iter().find(|j| j.name == "build").unwrap();
 
     // The artifact list of the API (issue 42): both, with their job.
     let listed = api.run_artifacts(&run.run_id).await.unwrap();
-    let names: Vec<(&str, &str)> = listed.artifacts.iter().map(|a| (a.job.as_str(), a.artifact.name.as_str())).collect();
+    let names: Vec<(&str, &str)> =
+        listed.artifacts.iter().map(|a| (a.job.as_str(), a.artifact.name.as_str())).collect();
     assert_eq!(names, [("build", "app"), ("build", "site")]);
 
     let (_driver, c) = browser(None).await;
@@ -1245,7 +1249,11 @@ jobs:
     assert_eq!(fetched[0], serde_json::json!([200, hello]), "{fetched}");
     assert_eq!(fetched[1][0], 200, "{fetched}");
     assert_eq!((fetched[1][1][0].as_u64(), fetched[1][1][1].as_u64()), (Some(0x1f), Some(0x8b)), "gzip: {fetched}");
-    assert_eq!((fetched[2][1][0].as_u64(), fetched[2][1][1].as_u64()), (Some(b'P' as u64), Some(b'K' as u64)), "zip: {fetched}");
+    assert_eq!(
+        (fetched[2][1][0].as_u64(), fetched[2][1][1].as_u64()),
+        (Some(b'P' as u64), Some(b'K' as u64)),
+        "zip: {fetched}"
+    );
     // No job is cancellable in an ended run; each may be re-run.
     assert_eq!(c.execute("return document.querySelectorAll('button.job-cancel').length;", vec![]).await.unwrap(), 0);
     shot("run-artifacts", &c.screenshot().await.unwrap());
@@ -1301,7 +1309,8 @@ jobs:
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
     assert!(up.cli().args(["repo", "add", "live", "--url"]).arg(repo.path()).status().unwrap().success());
     let api = Client::new(&up.url, &up.token);
-    let run = api.submit_run("live", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run =
+        api.submit_run("live", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let running = kiln_testkit::until(&api, &run.run_id, 60, "slow holding", |r| {
         r.jobs.iter().any(|j| j.name == "slow" && j.status == "running")
     })
@@ -1313,7 +1322,11 @@ jobs:
     // The running job's log.
     c.goto(&format!("{}/#/runs/{}/jobs/{}", up.url, run.run_id, slow)).await.unwrap();
     let hold_running = "return (s => s ? s.querySelector('.badge').textContent + ' ' + /^\\d+(ms|s)$|^\\d+m \\d+s$/.test(s.querySelector('.dur').textContent) : 'none')(document.querySelector(\".log section.step[data-step='2']\"));";
-    assert_eq!(wait_js(&c, hold_running, "running true".into()).await, "running true", "the running step's elapsed time");
+    assert_eq!(
+        wait_js(&c, hold_running, "running true".into()).await,
+        "running true",
+        "the running step's elapsed time"
+    );
     assert!(wait_text(&c, ".log section.step[data-step='1']", "400").await);
     // Scrolled into step 1's output, its header stays at the top of the log.
     let stuck = "const log = document.querySelector('.log'); log.scrollTop = 3000;
@@ -1337,7 +1350,8 @@ jobs:
 
     // The run page: Retry waits for the end; cancel `slow` alone.
     c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
-    let retry_disabled = "return document.querySelector('button.retry') && document.querySelector('button.retry').disabled;";
+    let retry_disabled =
+        "return document.querySelector('button.retry') && document.querySelector('button.retry').disabled;";
     assert_eq!(wait_js(&c, retry_disabled, true.into()).await, true, "no retry while the run runs");
     let cancel = c
         .wait()
@@ -1385,13 +1399,20 @@ async fn graph_logo_and_headers_at_375px_in_chromium() {
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
     assert!(up.cli().args(["repo", "add", "narrow", "--url"]).arg(repo.path()).status().unwrap().success());
     let api = Client::new(&up.url, &up.token);
-    let run = api.submit_run("narrow", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run =
+        api.submit_run("narrow", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     wait_run_done(&api, &run.run_id).await;
     let (_driver, c) = browser(None).await;
     sign_in(&c, &up.url, &up.token).await;
 
     // The logo: an inline drawing and the word, no emoji.
-    let logo = c.execute("const b = document.querySelector('header .brand'); return [!!b.querySelector('svg'), b.textContent];", vec![]).await.unwrap();
+    let logo = c
+        .execute(
+            "const b = document.querySelector('header .brand'); return [!!b.querySelector('svg'), b.textContent];",
+            vec![],
+        )
+        .await
+        .unwrap();
     assert_eq!(logo, serde_json::json!([true, "Kiln"]));
     // The runs list: no "null" printed under it (the pager).
     assert!(wait_text(&c, "table.cards tbody", "narrow").await);

@@ -5,8 +5,8 @@
 
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, lit};
-use crate::error::{Result, parse_enum};
 use crate::error::StoreError;
+use crate::error::{Result, parse_enum};
 use crate::model::{JobRecord, RunRecord};
 use crate::rows::{load_job, load_run};
 use crate::store::{SqlStore, lock_job, lock_run, lock_run_of_job};
@@ -120,10 +120,9 @@ async fn cancel_job_tx(tx: &mut Tx, job_id: &str) -> Result<JobRecord> {
         CancelJobVerdict::AlreadyStopping => {}
         CancelJobVerdict::Refuse(why) => {
             return Err(StoreError::Conflict(match why {
-                CancelJobRefusal::RunNotActive(st) => format!(
-                    "run {} is {st}: there is no job of it left to cancel",
-                    run.id
-                ),
+                CancelJobRefusal::RunNotActive(st) => {
+                    format!("run {} is {st}: there is no job of it left to cancel", run.id)
+                }
                 CancelJobRefusal::JobEnded(st) => format!(
                     "job `{}` has already ended ({st}); to run it again use `kiln retry RUN --job NAME` once the run has ended",
                     job.name

@@ -221,11 +221,8 @@ pub async fn a_cancel_waits_for_an_attempt_lost_before_it<S: Store + 'static>(o:
 pub async fn cancelling_one_job_lets_the_run_go_on<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;
-    let (_, run_id) = start(
-        s,
-        workflow(vec![job("build", &[], 0), job("test", &["build"], 0), job("docs", &["build"], 0)]),
-    )
-    .await;
+    let (_, run_id) =
+        start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0), job("docs", &["build"], 0)])).await;
     let a = agent(s, "a", 4).await;
     let build = job_id(s, &run_id, "build").await;
     let test = job_id(s, &run_id, "test").await;

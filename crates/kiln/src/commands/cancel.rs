@@ -18,7 +18,9 @@ pub(super) async fn run(a: CancelArgs) -> CmdResult {
         // or running while its attempt stops.
         for j in run.jobs.iter().filter(|j| j.name == *job || j.id == *job || is_instance(&j.name, job)) {
             match &j.message {
-                Some(m) if j.status == kiln_api::JobStatus::Running => kiln_cmd::outln!("job {} {} — {m}", j.name, j.status),
+                Some(m) if j.status == kiln_api::JobStatus::Running => {
+                    kiln_cmd::outln!("job {} {} — {m}", j.name, j.status)
+                }
                 _ => kiln_cmd::outln!("job {} {}", j.name, j.status),
             }
         }
