@@ -115,6 +115,7 @@ pub struct AgentInfo {
 
 /// A job an agent is running (`AgentInfo::jobs`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentJob {
     pub run_id: String,
     /// The run's number in its repository (`repo#N`).

@@ -397,6 +397,25 @@ impl Client {
         self.send(Method::POST, &format!("/v1/workflow-runs/{}/retry", enc(run)), Some(body), &[], None).await
     }
 
+    /// `POST /v1/workflow-runs/{run}/jobs/{job}/retry` (issue 42): a new run
+    /// in which `job` and everything downstream of it run again.
+    pub async fn retry_job(&self, run: &str, job: &str) -> Result<SubmitRunResponse, ApiError> {
+        let path = format!("/v1/workflow-runs/{}/jobs/{}/retry", enc(run), enc(job));
+        self.send::<(), _>(Method::POST, &path, None, &[], None).await
+    }
+
+    /// `POST /v1/workflow-runs/{run}/jobs/{job}/cancel` (issue 42): cancel
+    /// one job of an active run; the run as it now stands.
+    pub async fn cancel_job(&self, run: &str, job: &str) -> Result<Run, ApiError> {
+        let path = format!("/v1/workflow-runs/{}/jobs/{}/cancel", enc(run), enc(job));
+        self.send::<(), _>(Method::POST, &path, None, &[], None).await
+    }
+
+    /// `GET /v1/workflow-runs/{run}/artifacts` (issue 42).
+    pub async fn run_artifacts(&self, run: &str) -> Result<RunArtifacts, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/artifacts", enc(run)), None, &[], None).await
+    }
+
     /// Streams the SSE log events of a job, resuming after `last_event_id`.
     pub async fn log_events(
         &self,

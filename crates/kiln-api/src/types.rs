@@ -510,6 +510,27 @@ pub struct Artifact {
     pub expired: bool,
 }
 
+/// `GET /v1/workflow-runs/{run}/artifacts` (issue 42): every artifact the
+/// run's jobs bound, in job order.
+#[derive(Default, Debug, Clone, Serialize, Deserialize)]
+pub struct RunArtifacts {
+    pub run_id: String,
+    pub artifacts: Vec<RunArtifact>,
+}
+
+/// One artifact of a run: its job, and the artifact as the run's
+/// `jobs[].artifacts[]` give it (`name`, `size`, `sha256`, `epoch`, `kind`,
+/// `expires_at`, `expired`). Download it with `GET
+/// /v1/workflow-runs/{run}/artifacts/{job_id}/{name}` (`?format=tar.gz|zip`
+/// for a directory or glob as a normal archive).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunArtifact {
+    pub job: String,
+    pub job_id: String,
+    #[serde(flatten)]
+    pub artifact: Artifact,
+}
+
 #[derive(Default, Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheInfo {

@@ -37,6 +37,51 @@ pub fn plan_cancel(run: RunStatus, jobs: &[JobStatus], awaiting_release: bool) -
     CancelVerdict::Cancel { jobs: cancel, run: run.transition(event).expect("an active run can be cancelled") }
 }
 
+/// What cancelling one job of a run does (issue 42: `POST
+/// /v1/workflow-runs/{run}/jobs/{job}/cancel`, `kiln cancel RUN --job
+/// NAME`). Serialized on the run like [`plan_cancel`]; the rest of the run
+/// goes on: the job's dependents are skipped and the run, once nothing is
+/// left, ends `failed` (a cancelled job fails its run, see
+/// [`crate::advance`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelJobVerdict {
+    /// Pending or ready: `cancelled` now (its outbox event, if any, finds
+    /// it no longer ready and is absorbed), then the run advances.
+    CancelNow,
+    /// Running: its attempt is asked to stop (the heartbeat's
+    /// `cancel_requested`); from now on its completion binds nothing and
+    /// ends the job `cancelled`, as does fencing its lease (invariant 3:
+    /// the stopped attempt can no longer publish).
+    Stop,
+    /// Already asked to stop: nothing changes (idempotent).
+    AlreadyStopping,
+    /// Nothing to cancel: the run is not active (finished, or already
+    /// cancelling as a whole), or the job has ended.
+    Refuse(CancelJobRefusal),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelJobRefusal {
+    RunNotActive(RunStatus),
+    JobEnded(JobStatus),
+}
+
+pub fn plan_cancel_job(run: RunStatus, job: JobStatus, stop_requested: bool) -> CancelJobVerdict {
+    if !run.can_cancel() {
+        return CancelJobVerdict::Refuse(CancelJobRefusal::RunNotActive(run));
+    }
+    if job.is_terminal() {
+        return CancelJobVerdict::Refuse(CancelJobRefusal::JobEnded(job));
+    }
+    if job.can_cancel_at_once() {
+        CancelJobVerdict::CancelNow
+    } else if stop_requested {
+        CancelJobVerdict::AlreadyStopping
+    } else {
+        CancelJobVerdict::Stop
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +111,37 @@ mod tests {
             (RunStatus::Failed, vec![Failed], CancelVerdict::NoOp),
         ] {
             assert_eq!(plan_cancel(run, &jobs, true), want, "{run} {jobs:?} awaiting a release");
+        }
+    }
+
+    #[test]
+    fn cancelling_one_job_covers_every_run_and_job_status() {
+        use CancelJobRefusal::*;
+        use CancelJobVerdict as V;
+        let runs = [
+            RunStatus::Queued,
+            RunStatus::Running,
+            RunStatus::Cancelling,
+            RunStatus::Success,
+            RunStatus::Failed,
+            RunStatus::Cancelled,
+        ];
+        let jobs = [Pending, Ready, Running, Success, Failed, Cancelled, Skipped];
+        for run in runs {
+            for job in jobs {
+                for stop in [false, true] {
+                    let want = match (run, job) {
+                        (RunStatus::Cancelling | RunStatus::Success | RunStatus::Failed | RunStatus::Cancelled, _) => {
+                            V::Refuse(RunNotActive(run))
+                        }
+                        (_, Success | Failed | Cancelled | Skipped) => V::Refuse(JobEnded(job)),
+                        (_, Pending | Ready) => V::CancelNow,
+                        (_, Running) if stop => V::AlreadyStopping,
+                        (_, Running) => V::Stop,
+                    };
+                    assert_eq!(plan_cancel_job(run, job, stop), want, "{run} {job} stop={stop}");
+                }
+            }
         }
     }
 }

@@ -35,11 +35,31 @@ pub fn pinned_jobs(jobs: &[ParentJob]) -> Result<BTreeSet<String>, RetryFailedRe
     if jobs.iter().all(|j| j.status == JobStatus::Success) {
         return Err(RetryFailedRefusal::NothingFailed);
     }
+    Ok(pinned(jobs, &BTreeSet::new()))
+}
+
+/// The names of the jobs a retry of the jobs named in `rerun` pins (issue
+/// 42: `kiln retry RUN --job NAME`): the jobs that succeeded, are not in
+/// `rerun`, and none of whose needs (transitively) runs again. So the named
+/// jobs and everything downstream of them run again — downstream jobs must
+/// consume the new outputs, never keep a success built from the old ones
+/// (spec 000 §9, "retry from job N") — and so does any job that did not
+/// succeed (nothing failed can be kept). A succeeded job may be named: it
+/// runs again. Refused while the parent has jobs that have not ended.
+pub fn pinned_for_rerun(jobs: &[ParentJob], rerun: &BTreeSet<String>) -> Result<BTreeSet<String>, RetryFailedRefusal> {
+    if jobs.iter().any(|j| !j.status.is_terminal()) {
+        return Err(RetryFailedRefusal::NotEnded);
+    }
+    Ok(pinned(jobs, rerun))
+}
+
+fn pinned(jobs: &[ParentJob], rerun: &BTreeSet<String>) -> BTreeSet<String> {
     let by_name: BTreeMap<&str, &ParentJob> = jobs.iter().map(|j| (j.name.as_str(), j)).collect();
     // Memoized: does `name` run again?
     fn reruns<'a>(
         name: &'a str,
         by_name: &BTreeMap<&'a str, &'a ParentJob>,
+        rerun: &BTreeSet<String>,
         memo: &mut BTreeMap<&'a str, bool>,
         depth: usize,
     ) -> bool {
@@ -50,12 +70,13 @@ pub fn pinned_jobs(jobs: &[ParentJob]) -> Result<BTreeSet<String>, RetryFailedRe
         // A valid definition has no cycles; a bound keeps a broken one finite.
         let r = depth > by_name.len()
             || job.status != JobStatus::Success
-            || job.needs.iter().any(|n| reruns(n, by_name, memo, depth + 1));
+            || rerun.contains(name)
+            || job.needs.iter().any(|n| reruns(n, by_name, rerun, memo, depth + 1));
         memo.insert(name, r);
         r
     }
     let mut memo = BTreeMap::new();
-    Ok(jobs.iter().filter(|j| !reruns(&j.name, &by_name, &mut memo, 0)).map(|j| j.name.clone()).collect())
+    jobs.iter().filter(|j| !reruns(&j.name, &by_name, rerun, &mut memo, 0)).map(|j| j.name.clone()).collect()
 }
 
 #[cfg(test)]
@@ -92,5 +113,25 @@ mod tests {
         assert_eq!(pinned_jobs(&[j("a", Success, &[]), j("b", Running, &["a"])]), Err(RetryFailedRefusal::NotEnded));
         assert_eq!(pinned_jobs(&[j("a", Success, &[]), j("b", Pending, &["a"])]), Err(RetryFailedRefusal::NotEnded));
         assert_eq!(pinned_jobs(&[j("a", Success, &[])]), Err(RetryFailedRefusal::NothingFailed));
+    }
+
+    #[test]
+    fn rerunning_a_job_reruns_it_and_everything_downstream() {
+        // build → test → deploy, lint alone; everything succeeded.
+        let ok = [
+            j("build", Success, &[]),
+            j("lint", Success, &[]),
+            j("test", Success, &["build"]),
+            j("deploy", Success, &["test", "lint"]),
+        ];
+        assert_eq!(pinned_for_rerun(&ok, &names(&["test"])), Ok(names(&["build", "lint"])));
+        assert_eq!(pinned_for_rerun(&ok, &names(&["deploy"])), Ok(names(&["build", "lint", "test"])));
+        assert_eq!(pinned_for_rerun(&ok, &names(&["build"])), Ok(names(&["lint"])));
+        // A job that did not succeed cannot be kept: it runs again too.
+        let failed = [j("a", Success, &[]), j("b", Failed, &[]), j("c", Success, &["a"])];
+        assert_eq!(pinned_for_rerun(&failed, &names(&["c"])), Ok(names(&["a"])));
+        // Refused while the run goes on.
+        let going = [j("a", Success, &[]), j("b", Running, &["a"])];
+        assert_eq!(pinned_for_rerun(&going, &names(&["a"])), Err(RetryFailedRefusal::NotEnded));
     }
 }

@@ -256,6 +256,7 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         "/v1/workflow-runs/{run}/events",
         "/v1/jobs/{job}/logs/events",
         "/v1/workflow-runs/{run}/artifacts/{job}/{name}",
+        "/v1/workflow-runs/{run}/artifacts",
     ];
     match scope {
         Scope::Admin => Access::Allow,
@@ -466,6 +467,16 @@ mod tests {
             (&trigger, &get, "/v1/repos", Deny),
             (&trigger, &post, "/v1/workflow-runs/{run}/retry", Deny),
             (&trigger, &post, "/v1/workflow-runs/{run}/cancel", Deny),
+            // Issue 42: one job's retry and cancel are the run's actions,
+            // an admin's; its artifact list a read of the run.
+            (&Scope::Admin, &post, "/v1/workflow-runs/{run}/jobs/{job}/retry", Allow),
+            (&Scope::Admin, &post, "/v1/workflow-runs/{run}/jobs/{job}/cancel", Allow),
+            (&Scope::Read, &post, "/v1/workflow-runs/{run}/jobs/{job}/retry", Deny),
+            (&Scope::Read, &post, "/v1/workflow-runs/{run}/jobs/{job}/cancel", Deny),
+            (&trigger, &post, "/v1/workflow-runs/{run}/jobs/{job}/retry", Deny),
+            (&trigger, &post, "/v1/workflow-runs/{run}/jobs/{job}/cancel", Deny),
+            (&Scope::Read, &get, "/v1/workflow-runs/{run}/artifacts", Allow),
+            (&trigger, &get, "/v1/workflow-runs/{run}/artifacts", IfOwnRepo),
             (&trigger, &post, "/v1/repos", Deny),
             (&trigger, &get, "/v1/repos/{repo}/secrets", Deny),
             (&trigger, &put, "/v1/repos/{repo}/secrets/{name}", Deny),

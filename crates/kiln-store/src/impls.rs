@@ -89,6 +89,10 @@ impl RunStore for SqlStore {
         cancel::cancel_run(self, run_id).await
     }
 
+    async fn cancel_job(&self, job_id: &str) -> Result<JobRecord> {
+        cancel::cancel_job(self, job_id).await
+    }
+
     async fn get_job(&self, job_id: &str) -> Result<JobRecord> {
         accept::get_job(self, job_id).await
     }

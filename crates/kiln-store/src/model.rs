@@ -78,6 +78,11 @@ pub struct NewRun {
     /// ([`kiln_core::retry::pinned_jobs`]) is pinned — `success` at once,
     /// bound to the same artifact generations — and the rest runs again.
     pub pin_succeeded: bool,
+    /// A retry of these jobs (issue 42, `kiln retry RUN --job NAME`; needs
+    /// `parent_run_id`): they and everything downstream of them run again,
+    /// the rest of the parent's successes is pinned
+    /// ([`kiln_core::retry::pinned_for_rerun`]). Empty: not such a retry.
+    pub rerun_jobs: Vec<String>,
     /// The run's W3C trace context (issue 19), set by the server when it
     /// accepts the run; handed to each attempt through its claim.
     pub traceparent: Option<String>,

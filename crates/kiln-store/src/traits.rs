@@ -72,6 +72,11 @@ pub trait RunStore: Send + Sync {
     /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
     /// not running, and leave the run `cancelling` while attempts still run.
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;
+    /// Issue 42: cancel one job of an active run (`cancel.rs`): waiting, it
+    /// is cancelled at once and the run advances; running, its attempt is
+    /// asked to stop and its completion binds nothing. `Conflict` when the
+    /// run is not active or the job has ended.
+    async fn cancel_job(&self, job_id: &str) -> Result<JobRecord>;
     async fn get_job(&self, job_id: &str) -> Result<JobRecord>;
     /// The queue timeout: ready jobs no agent claimed for `max_wait_ms`
     /// (job id, label requirements), oldest first, at most `limit`.

@@ -181,10 +181,10 @@ pub enum Command {
     Status(StatusArgs),
     /// Print a run's logs (all jobs, or one).
     Logs(LogsArgs),
-    /// Cancel a run.
-    Cancel(RunRef),
-    /// Start a new run with the same pinned definition as RUN (all its jobs, or with
-    /// --failed only the failed ones and their descendants).
+    /// Cancel a run (or with --job one job of it; the rest of the run goes on).
+    Cancel(CancelArgs),
+    /// Start a new run with the same pinned definition as RUN (all its jobs; with
+    /// --failed only the failed ones and their descendants; with --job that job and its descendants).
     Retry(RetryArgs),
     /// Wait until RUN ends; exit 0 if it succeeded, 1 if it failed or was cancelled.
     Wait(RunRef),
@@ -1176,6 +1176,11 @@ pub struct RetryArgs {
     /// the jobs that succeeded are pinned: `success` with the same artifacts, not run again.
     #[arg(long)]
     pub failed: bool,
+    /// Run again only this job (its name, or a matrix job's name without its values for every
+    /// instance) and the jobs that need it, directly or not; the other jobs that succeeded are
+    /// pinned, not run again. Refused while RUN is still running; a job that succeeded may be named.
+    #[arg(long, value_name = "NAME", conflicts_with = "failed")]
+    pub job: Option<String>,
     /// Stream the new run's logs until it finishes; exit 0 only if it succeeded.
     #[arg(long)]
     pub follow: bool,
@@ -1183,6 +1188,25 @@ pub struct RetryArgs {
     #[arg(long, requires = "follow")]
     pub timestamps: bool,
     /// Print JSON: `{"run_id"}` (with --follow: the final run object).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Args, Debug)]
+pub struct CancelArgs {
+    /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
+    pub run: String,
+    /// The repository a bare run NUMBER is of (`kiln logs 123 --repo hello` is `kiln logs hello#123`).
+    #[arg(long, value_name = "REPO")]
+    pub repo: Option<String>,
+    /// Cancel only this job (its name, or a matrix job's name without its values for every
+    /// instance): a waiting job at once, a running one is stopped; the jobs that need it are
+    /// skipped, the rest of the run goes on, and the run ends `failed`.
+    #[arg(long, value_name = "NAME")]
+    pub job: Option<String>,
+    /// Print the run object of the API as JSON.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

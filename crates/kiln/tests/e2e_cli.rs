@@ -1571,3 +1571,135 @@ fn a_long_upload_reports_its_progress_in_the_job_log() {
     let line = progress.unwrap_or_else(|| panic!("no progress line: {logs}"));
     assert!(line.contains("%), ") && line.ends_with("/s"), "{line}");
 }
+
+/// Issue 42: `kiln retry RUN --job NAME` runs that job and the jobs that
+/// need it again, in a new run whose other successes are pinned; `kiln
+/// cancel RUN --job NAME` stops one job while the rest of the run goes on
+/// (what needs it is skipped, the run ends failed). What cannot be done is
+/// refused saying why, and neither a read token nor another repository's
+/// trigger token may do either.
+#[test]
+fn one_job_is_retried_or_cancelled_on_its_own() {
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = kiln(&up, args);
+        assert!(out.status.success(), "kiln {args:?}: {}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let attempts = |v: &serde_json::Value, job: &str| -> usize {
+        let j = v["jobs"].as_array().unwrap().iter().find(|j| j["name"] == job).unwrap();
+        j["attempts"].as_array().unwrap().len()
+    };
+    let status_of = |v: &serde_json::Value, job: &str| -> String {
+        let j = v["jobs"].as_array().unwrap().iter().find(|j| j["name"] == job).unwrap();
+        j["status"].as_str().unwrap().to_string()
+    };
+
+    // build → test; lint on its own. Everything succeeds.
+    let repo = repo_with(
+        "  - name: build\n    needs: []\n    steps: [echo built]\n\
+         \x20 - name: test\n    needs: [build]\n    steps: [echo tested]\n\
+         \x20 - name: lint\n    needs: []\n    steps: [echo linted]\n",
+    );
+    add_repo(&up, "shop", &repo);
+    let run = start_run(&up, "shop");
+    assert_eq!(kiln(&up, &["wait", &run]).status.code(), Some(0));
+
+    // A job the run does not have is named, with the jobs it has.
+    let out = kiln(&up, &["retry", &run, "--job", "nope"]);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stderr(&out).contains("has no job `nope` (its jobs: build, test, lint)"), "{}", text(&out));
+    // --job and --failed are two different retries.
+    let out = kiln(&up, &["retry", &run, "--job", "build", "--failed"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+
+    // Re-running a job that succeeded runs it and what needs it again.
+    let out = kiln(&up, &["retry", &run, "--job", "build"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let child = stdout(&out).trim().to_string();
+    assert_eq!(kiln(&up, &["wait", &child]).status.code(), Some(0));
+    let after = json(&["status", &child, "--json"]);
+    assert_eq!(after["parent_run_id"], run.as_str());
+    assert_eq!((attempts(&after, "build"), attempts(&after, "test"), attempts(&after, "lint")), (1, 1, 0));
+    // Only downstream of the job named: build is pinned when test re-runs.
+    let out = kiln(&up, &["retry", &run, "--job", "test", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let child = v["run_id"].as_str().unwrap().to_string();
+    assert_eq!(kiln(&up, &["wait", &child]).status.code(), Some(0));
+    let after = json(&["status", &child, "--json"]);
+    assert_eq!((attempts(&after, "build"), attempts(&after, "test"), attempts(&after, "lint")), (0, 1, 0));
+
+    // slow (held at a gate) → after; quick on its own.
+    let gate = kiln_testkit::step_writable_tempdir().unwrap();
+    let repo = repo_with(&format!(
+        "  - name: slow\n    needs: []\n    steps:\n      - echo started; while [ ! -e {g}/go ]; do sleep 0.05; done\n\
+         \x20 - name: after\n    needs: [slow]\n    steps: [echo never]\n\
+         \x20 - name: quick\n    needs: []\n    steps: [echo quick]\n",
+        g = gate.path().display()
+    ));
+    add_repo(&up, "gated", &repo);
+    let run = start_run(&up, "gated");
+    poll(&up, &["status", &run, "--json"], |s| {
+        serde_json::from_str::<serde_json::Value>(s).is_ok_and(|v| status_of(&v, "slow") == "running")
+    });
+
+    // A job of a run still going is not re-run.
+    let out = kiln(&up, &["retry", &run, "--job", "quick"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("has jobs that have not ended; re-run a job once the run has ended"),
+        "{}",
+        text(&out)
+    );
+
+    // Neither a read token nor a trigger token of another repository may
+    // cancel or re-run a job.
+    let reader = stdout(&kiln(&up, &["token", "create", "--name", "reader", "--scope", "read"])).trim().to_string();
+    let out = kiln(&up, &["token", "create", "--name", "shop-bot", "--scope", "trigger", "--repo", "shop"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let trigger = stdout(&out).trim().to_string();
+    for token in [&reader, &trigger] {
+        for args in [["cancel", run.as_str(), "--job", "slow"], ["retry", run.as_str(), "--job", "slow"]] {
+            let out = up.cli().env("KILN_TOKEN", token).args(args).output().unwrap();
+            assert_eq!(out.status.code(), Some(4), "{args:?}: {}", text(&out));
+        }
+    }
+    assert_eq!(status_of(&json(&["status", &run, "--json"]), "slow"), "running", "the refusals changed nothing");
+
+    // Cancelling the running job stops it; the rest of the run goes on.
+    let out = kiln(&up, &["cancel", &run, "--job", "slow"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = stdout(&out);
+    assert!(said.contains("job slow running — stop requested (this job only)"), "{said}");
+    assert_eq!(kiln(&up, &["wait", &run]).status.code(), Some(1), "a cancelled job fails its run");
+    let done = json(&["status", &run, "--json"]);
+    assert_eq!(done["status"], "failed");
+    assert_eq!(
+        (status_of(&done, "slow"), status_of(&done, "after"), status_of(&done, "quick")),
+        ("cancelled".into(), "skipped".into(), "success".into())
+    );
+    let slow = done["jobs"].as_array().unwrap().iter().find(|j| j["name"] == "slow").unwrap();
+    assert_eq!(slow["attempts"][0]["outcome"], "cancelled", "{slow}");
+
+    // Nothing is left to cancel in a run that has ended.
+    let out = kiln(&up, &["cancel", &run, "--job", "after"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(stderr(&out).contains("is failed: there is no job of it left to cancel"), "{}", text(&out));
+
+    // A waiting job is cancelled at once.
+    let run = start_run(&up, "gated");
+    poll(&up, &["status", &run, "--json"], |s| {
+        serde_json::from_str::<serde_json::Value>(s).is_ok_and(|v| status_of(&v, "slow") == "running")
+    });
+    let out = kiln(&up, &["cancel", &run, "--job", "after"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stdout(&out).contains("job after cancelled"), "{}", text(&out));
+    std::fs::write(gate.path().join("go"), "").unwrap();
+    assert_eq!(kiln(&up, &["wait", &run]).status.code(), Some(1));
+    let done = json(&["status", &run, "--json"]);
+    assert_eq!(
+        (status_of(&done, "slow"), status_of(&done, "after"), status_of(&done, "quick")),
+        ("success".into(), "cancelled".into(), "success".into())
+    );
+}

@@ -240,6 +240,41 @@ pub(crate) async fn retry(
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id, warnings })))
 }
 
+/// `POST /v1/workflow-runs/{run}/jobs/{job}/retry` (issue 42): a new run
+/// in which the job (by name or id; a matrix job's name without its values
+/// is every instance) and everything downstream of it run again, the rest
+/// of the run's successes pinned. 409 while the run goes on.
+pub(crate) async fn retry_job(
+    S(state): S<State>,
+    Extension(by): Extension<Principal>,
+    Path((run, job)): Path<(String, String)>,
+) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
+    let run = runs::resolve_id(&state, &run).await?;
+    let run_id = acceptance::retry_jobs(&state, &by, &run, false, Some(&job)).await?;
+    let warnings = acceptance::warnings(&state, &run_id).await;
+    Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id, warnings })))
+}
+
+/// `POST /v1/workflow-runs/{run}/jobs/{job}/cancel` (issue 42): cancel one
+/// job of an active run (a matrix job's name without its values: every
+/// instance); the run as it now stands. 409 when the run is not active or
+/// the job has ended.
+pub(crate) async fn cancel_job(
+    S(state): S<State>,
+    Extension(by): Extension<Principal>,
+    Path((run, job)): Path<(String, String)>,
+) -> ApiResult<Json<api::Run>> {
+    let run = runs::resolve_id(&state, &run).await?;
+    Ok(Json(runs::cancel_job(&state, &by, &run, &job).await?))
+}
+
+/// `GET /v1/workflow-runs/{run}/artifacts` (issue 42): every artifact the
+/// run's jobs bound, with size, digest and expiry.
+pub(crate) async fn artifacts(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::RunArtifacts>> {
+    let run = runs::resolve_id(&state, &run).await?;
+    Ok(Json(runs::artifacts(&state, &run).await?))
+}
+
 #[derive(serde::Deserialize)]
 pub(crate) struct InputsQuery {
     #[serde(rename = "ref")]

@@ -54,6 +54,8 @@ pub(crate) struct Freeze<'a> {
     pub actor: String,
     pub report_context: Option<String>,
     pub pin_succeeded: bool,
+    /// A retry of these jobs and what needs them (issue 42).
+    pub rerun_jobs: Vec<String>,
     /// The trigger span's context (the run's trace starts there).
     pub trace: Option<TraceParent>,
     /// A pull request's title (forge runs of one; a retry keeps its parent's).
@@ -158,6 +160,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
             actor: Some(f.actor),
             report_context: f.report_context,
             pin_succeeded: f.pin_succeeded,
+            rerun_jobs: f.rerun_jobs,
             traceparent: None,
             commit_title: Some(commit.title).filter(|t| !t.is_empty()),
             commit_author: Some(commit.author).filter(|a| !a.is_empty()),
@@ -228,6 +231,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             actor: by.actor.clone(),
             report_context: None,
             pin_succeeded: false,
+            rerun_jobs: Vec::new(),
             trace,
             pull_request_title: None,
         },
@@ -264,7 +268,27 @@ fn accepted_event(req: &api::SubmitRun) -> &str {
 /// successful prefix is pinned in the acceptance transaction and only its
 /// failed, cancelled or skipped jobs and their descendants run again.
 pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed_only: bool) -> ApiResult<String> {
+    retry_jobs(state, by, run_id, failed_only, None).await
+}
+
+/// A retry; with `job` (issue 42, `POST /v1/workflow-runs/{run}/jobs/{job}/retry`,
+/// `kiln retry RUN --job NAME`), a retry of that job (every instance of a
+/// matrix job named without its values) and everything downstream of it,
+/// the rest of the run's successes pinned — a new run, as every retry
+/// (spec 000 §9: retry from a job recreates its descendants and pins the
+/// reused successful prefix explicitly). Refused (409) while the run goes on.
+pub(crate) async fn retry_jobs(
+    state: &AppState,
+    by: &Principal,
+    run_id: &str,
+    failed_only: bool,
+    job: Option<&str>,
+) -> ApiResult<String> {
     let old_view = state.store.get_run(run_id).await?;
+    let rerun_jobs: Vec<String> = match job {
+        Some(j) => crate::services::runs::jobs_named(&old_view, j)?.into_iter().map(|j| j.name.clone()).collect(),
+        None => Vec::new(),
+    };
     // Same pinned definition, same pinned images: registry digests are
     // copied, never re-resolved (a moved tag must not change what a retry
     // runs). Built images are rebuilt by the new run.
@@ -308,13 +332,20 @@ pub(crate) async fn retry(state: &AppState, by: &Principal, run_id: &str, failed
             parent_run_id: Some(old.id.clone()),
             actor: by.actor.clone(),
             report_context,
-            pin_succeeded: failed_only,
+            pin_succeeded: failed_only && rerun_jobs.is_empty(),
+            rerun_jobs: rerun_jobs.clone(),
             trace: None,
             pull_request_title: old.pull_request_title,
         },
     )
     .await?;
-    let what = if failed_only { "retry of the failed jobs of" } else { "retry of" };
+    let what = if !rerun_jobs.is_empty() {
+        format!("retry of job {} of", rerun_jobs.join(", "))
+    } else if failed_only {
+        "retry of the failed jobs of".to_string()
+    } else {
+        "retry of".to_string()
+    };
     let detail = format!("{what} {} trust {}", old.id, frozen.trust.as_str());
     access::audit(state, &by.actor, "run.retry", &frozen.accepted.run_id, detail).await?;
     Ok(frozen.accepted.run_id)

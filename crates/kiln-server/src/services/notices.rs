@@ -30,6 +30,15 @@ pub(crate) fn run_cancelled(state: &AppState, view: &RunView) {
     notify(state, view, |_| true);
 }
 
+/// After jobs of a run were cancelled one by one (issue 42): the running
+/// ones among `jobs` stop; every job's followers see the change.
+pub(crate) fn jobs_cancelled(state: &AppState, view: &RunView, jobs: &[String]) {
+    for j in &view.jobs {
+        state.job_changed(&j.job.id);
+    }
+    notify(state, view, |j| jobs.contains(&j.job.id) && j.job.cancel_requested && j.job.status == JobStatus::Running);
+}
+
 /// After a job of `job_id`'s run failed, fail-fast may have asked running
 /// matrix siblings to stop: tell their agents.
 pub(crate) async fn stopped_siblings(state: &AppState, job_id: &str) {

@@ -285,6 +285,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 actor: actor.clone(),
                 report_context: reports_statuses(&repo).then(|| ctx.clone()),
                 pin_succeeded: false,
+                rerun_jobs: Vec::new(),
                 trace: None,
                 pull_request_title: match &event {
                     ForgeEvent::PullRequest(pr) => Some(pr.title.clone()),

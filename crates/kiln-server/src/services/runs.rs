@@ -407,6 +407,91 @@ pub(crate) async fn cancel(state: &AppState, by: &Principal, run: &str) -> ApiRe
     Ok(views::run(&view, &bindings))
 }
 
+/// The jobs of a run that a path's `{job}` names (issue 42): the job of
+/// that name or id, or, for a matrix job's name without its values
+/// (`test` of `test (shard=1)`, `test (shard=2)`), every instance of it.
+/// None is a 404 listing the run's jobs.
+pub(crate) fn jobs_named<'a>(view: &'a kiln_store::RunView, given: &str) -> ApiResult<Vec<&'a kiln_store::JobRecord>> {
+    let given = given.trim();
+    let exact: Vec<_> = view.jobs.iter().map(|j| &j.job).filter(|j| j.name == given || j.id == given).collect();
+    if !exact.is_empty() {
+        return Ok(exact);
+    }
+    let instances: Vec<_> = view
+        .jobs
+        .iter()
+        .map(|j| &j.job)
+        .filter(|j| j.name.strip_prefix(given).is_some_and(|rest| rest.starts_with(" (") && rest.ends_with(')')))
+        .collect();
+    if !instances.is_empty() {
+        return Ok(instances);
+    }
+    let names: Vec<&str> = view.jobs.iter().map(|j| j.job.name.as_str()).collect();
+    Err(ApiErr::new(
+        axum::http::StatusCode::NOT_FOUND,
+        api::codes::NOT_FOUND,
+        format!("run {} has no job `{given}` (its jobs: {})", view.run.id, names.join(", ")),
+    ))
+}
+
+/// Every artifact the run's jobs bound (issue 42), in job order, as the
+/// run's `jobs[].artifacts[]` give them, with the job beside each.
+pub(crate) async fn artifacts(state: &AppState, run: &str) -> ApiResult<api::RunArtifacts> {
+    let view = state.store.get_run(run).await?;
+    let bindings = state.store.run_bindings(run).await?;
+    let out = views::run(&view, &bindings);
+    let mut jobs = out.jobs;
+    jobs.sort_by_key(|j| j.index);
+    let artifacts = jobs
+        .into_iter()
+        .flat_map(|j| {
+            let (job, job_id) = (j.name, j.id);
+            j.artifacts.into_iter().map(move |artifact| api::RunArtifact {
+                job: job.clone(),
+                job_id: job_id.clone(),
+                artifact,
+            })
+        })
+        .collect();
+    Ok(api::RunArtifacts { run_id: run.to_string(), artifacts })
+}
+
+/// Cancel one job of a running run (or every instance of a matrix job;
+/// issue 42), tell the agent of its running attempt, and return the run.
+/// Refused (409) when the run has ended or is cancelling, or the job has
+/// ended; the rest of the run goes on (`kiln_core::cancel::plan_cancel_job`).
+pub(crate) async fn cancel_job(state: &AppState, by: &Principal, run: &str, job: &str) -> ApiResult<api::Run> {
+    let view = state.store.get_run(run).await?;
+    let named: Vec<(String, String)> =
+        jobs_named(&view, job)?.into_iter().map(|j| (j.id.clone(), j.name.clone())).collect();
+    let mut cancelled = Vec::new();
+    let mut refused = None;
+    for (id, name) in &named {
+        match state.store.cancel_job(id).await {
+            Ok(_) => cancelled.push((id.clone(), name.clone())),
+            // Of a matrix job's instances, the ones already ended are left
+            // as they are; all of them ended is a refusal.
+            Err(kiln_store::StoreError::Conflict(why)) => {
+                refused.get_or_insert(why);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if cancelled.is_empty() {
+        return Err(ApiErr::new(
+            axum::http::StatusCode::CONFLICT,
+            api::codes::CONFLICT,
+            refused.unwrap_or_else(|| format!("nothing to cancel in run {run}")),
+        ));
+    }
+    let names: Vec<&str> = cancelled.iter().map(|(_, n)| n.as_str()).collect();
+    access::audit(state, &by.actor, "job.cancel", run, names.join(", ")).await?;
+    let view = state.store.get_run(run).await?;
+    let ids: Vec<String> = cancelled.into_iter().map(|(id, _)| id).collect();
+    notices::jobs_cancelled(state, &view, &ids);
+    get(state, run).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::commit_url;

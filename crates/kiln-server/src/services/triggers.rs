@@ -149,6 +149,7 @@ async fn fire(
             actor: "schedule".into(),
             report_context: None,
             pin_succeeded: false,
+            rerun_jobs: Vec::new(),
             trace: None,
             pull_request_title: None,
         },

@@ -74,6 +74,8 @@ async fn read_tokens_read_and_change_nothing() {
         ("POST", "/v1/repos/r/workflow-runs".to_string()),
         ("POST", format!("/v1/workflow-runs/{run}/cancel")),
         ("POST", format!("/v1/workflow-runs/{run}/retry")),
+        ("POST", format!("/v1/workflow-runs/{run}/jobs/build/cancel")),
+        ("POST", format!("/v1/workflow-runs/{run}/jobs/build/retry")),
         ("GET", "/v1/repos/r/secrets".to_string()),
         ("PUT", "/v1/repos/r/secrets/X".to_string()),
         ("GET", "/v1/tokens".to_string()),
@@ -128,6 +130,24 @@ async fn trigger_tokens_start_untrusted_runs_of_their_repository_only() {
     trig.get(&format!("/v1/workflow-runs/{other_run}")).send().await.assert_status(StatusCode::NOT_FOUND);
     trig.get("/v1/repos/other/workflow-runs").send().await.assert_status(StatusCode::NOT_FOUND);
     trig.post(&format!("/v1/workflow-runs/{}/cancel", run.run_id)).send().await.assert_status(StatusCode::FORBIDDEN);
+    // Issue 42: one job's cancel and retry are refused too, of its own
+    // repository's runs and of another's; its own run's artifact list is a
+    // read it may make, another repository's run reads as not found.
+    for r in [&run.run_id, &other_run] {
+        for action in ["cancel", "retry"] {
+            let path = format!("/v1/workflow-runs/{r}/jobs/build/{action}");
+            trig.post(&path).send().await.assert_status(StatusCode::FORBIDDEN);
+        }
+    }
+    assert_eq!(super::get_run(&app, &other_run).await.jobs[0].status, "ready", "nothing changed");
+    let listed: api::RunArtifacts = trig
+        .get(&format!("/v1/workflow-runs/{}/artifacts", run.run_id))
+        .send()
+        .await
+        .assert_status(StatusCode::OK)
+        .json();
+    assert!(listed.artifacts.is_empty());
+    trig.get(&format!("/v1/workflow-runs/{other_run}/artifacts")).send().await.assert_status(StatusCode::NOT_FOUND);
     trig.get("/v1/repos").send().await.assert_status(StatusCode::FORBIDDEN);
 
     // A trusted trigger token starts trusted runs; revoked, it is refused.

@@ -90,8 +90,9 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&run.pull_request_title)
                     .execute()
                     .await?;
-                let pinned = match (&run.parent_run_id, run.pin_succeeded) {
-                    (Some(parent), true) => pinned_of(tx, parent).await?,
+                let pins = run.pin_succeeded || !run.rerun_jobs.is_empty();
+                let pinned = match (&run.parent_run_id, pins) {
+                    (Some(parent), true) => pinned_of(tx, parent, &run.rerun_jobs).await?,
                     (None, true) => return Err(StoreError::Invalid("pinning jobs needs the parent run".into())),
                     (_, false) => HashMap::new(),
                 };
@@ -159,11 +160,12 @@ struct PinnedFrom {
     finished_at: Option<i64>,
 }
 
-/// The jobs of `parent` a retry of its failed jobs pins, by name, as
-/// kiln-core decides; refused (409) while the parent runs or when nothing
-/// in it failed.
-async fn pinned_of(tx: &mut Tx, parent: &str) -> Result<HashMap<String, PinnedFrom>> {
-    use kiln_core::retry::{ParentJob, RetryFailedRefusal, pinned_jobs};
+/// The jobs of `parent` a retry of its failed jobs (`rerun` empty) or of
+/// the jobs named in `rerun` (issue 42) pins, by name, as kiln-core
+/// decides; refused (409) while the parent runs, or, retrying the failed
+/// jobs, when nothing in it failed.
+async fn pinned_of(tx: &mut Tx, parent: &str, rerun: &[String]) -> Result<HashMap<String, PinnedFrom>> {
+    use kiln_core::retry::{ParentJob, RetryFailedRefusal, pinned_for_rerun, pinned_jobs};
     let rows = tx
         .sql("SELECT id, name, status, needs, started_at, finished_at FROM jobs WHERE run_id = $1 ORDER BY job_index")
         .bind(parent)
@@ -183,8 +185,19 @@ async fn pinned_of(tx: &mut Tx, parent: &str) -> Result<HashMap<String, PinnedFr
             PinnedFrom { job_id: r.get("id")?, started_at: r.get("started_at")?, finished_at: r.get("finished_at")? },
         );
     }
-    let pinned = pinned_jobs(&jobs).map_err(|why| {
+    let decided = if rerun.is_empty() {
+        pinned_jobs(&jobs)
+    } else {
+        if let Some(unknown) = rerun.iter().find(|n| !from.contains_key(*n)) {
+            return Err(StoreError::NotFound(format!("job `{unknown}` in run {parent}")));
+        }
+        pinned_for_rerun(&jobs, &rerun.iter().cloned().collect())
+    };
+    let pinned = decided.map_err(|why| {
         StoreError::Conflict(match why {
+            RetryFailedRefusal::NotEnded if !rerun.is_empty() => format!(
+                "run {parent} has jobs that have not ended; re-run a job once the run has ended (or cancel it first)"
+            ),
             RetryFailedRefusal::NotEnded => {
                 format!("run {parent} has jobs that have not ended; retry its failed jobs once it has ended")
             }

@@ -139,7 +139,10 @@ async fn complete_tx(
             if accepted {
                 return Ok(Some(Ok(JobStatus::Cancelled.as_str().into())));
             }
-            return Ok(Some(Err(StoreError::Conflict(format!("run {} was cancelled before this completion", run.id)))));
+            // The job alone (issue 42: `kiln cancel RUN --job`, fail-fast)
+            // or its whole run.
+            let what = if run.status.can_claim() { format!("job `{}`", job.name) } else { format!("run {}", run.id) };
+            return Ok(Some(Err(StoreError::Conflict(format!("{what} was cancelled before this completion")))));
         }
         CompletionVerdict::Succeed => {
             // spec 000 §9: every declared output must be SEALED for this

@@ -885,6 +885,7 @@ pub async fn retry_of_failed_jobs_pins_the_successful_prefix<S: Store + 'static>
     let retry_failed = |p: &str| NewRun {
         parent_run_id: Some(p.to_string()),
         pin_succeeded: true,
+        rerun_jobs: Vec::new(),
         event: "retry".into(),
         ..new_run(&repo.id, wf())
     };

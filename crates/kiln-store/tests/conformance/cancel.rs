@@ -214,3 +214,62 @@ pub async fn a_cancel_waits_for_an_attempt_lost_before_it<S: Store + 'static>(o:
     assert_eq!(v.run.status, RunStatus::Cancelled);
     assert_eq!(jv(&v, "build").attempts[0].release_evidence.as_deref(), Some("its agent was removed"));
 }
+
+/// Issue 42: cancelling one waiting job cancels it at once; what needs it
+/// is skipped, the other jobs go on, and the run ends failed. An ended job,
+/// or a job of an ended run, is a conflict.
+pub async fn cancelling_one_job_lets_the_run_go_on<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) =
+        start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0), job("docs", &["build"], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let test = job_id(s, &run_id, "test").await;
+    let docs = job_id(s, &run_id, "docs").await;
+    let j = s.cancel_job(&test).await.unwrap();
+    assert_eq!(j.status, JobStatus::Cancelled, "a pending job is cancelled at once");
+    assert_eq!(view(s, &run_id).await.run.status, RunStatus::Queued, "the run goes on");
+    // Cancelling it again is refused: it has ended.
+    assert_conflict(s.cancel_job(&test).await);
+    claim(s, &a, &build, LONG_TTL).await;
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+    let v = view(s, &run_id).await;
+    assert_eq!(jv(&v, "docs").job.status, JobStatus::Ready, "the other dependent runs");
+    assert!(jv(&v, "test").attempts.is_empty());
+    claim(s, &a, &docs, LONG_TTL).await;
+    assert_eq!(s.complete(&docs, 1, success()).await.unwrap(), "success");
+    let v = view(s, &run_id).await;
+    assert_eq!(v.run.status, RunStatus::Failed, "a cancelled job fails its run: {:?}", statuses(&v));
+    assert_conflict(s.cancel_job(&docs).await);
+}
+
+/// Issue 42: cancelling a running job asks its attempt to stop (the
+/// heartbeat says so); its completion, even a success, binds nothing and
+/// ends the job cancelled; its dependents are skipped.
+pub async fn cancelling_a_running_job_stops_it_and_binds_nothing<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) =
+        start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0), job("lint", &[], 0)])).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    let lint = job_id(s, &run_id, "lint").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let j = s.cancel_job(&build).await.unwrap();
+    assert_eq!(j.status, JobStatus::Running, "running until its attempt ends");
+    assert!(j.cancel_requested);
+    // Asking again changes nothing.
+    assert_eq!(s.cancel_job(&build).await.unwrap().status, JobStatus::Running);
+    assert!(s.heartbeat(&build, 1, LONG_TTL).await.unwrap().cancel_requested, "the agent is told to stop");
+    assert_conflict(s.complete(&build, 1, success()).await);
+    let v = view(s, &run_id).await;
+    let b = jv(&v, "build");
+    assert_eq!(outcomes(b), [AttemptOutcome::Cancelled]);
+    assert_eq!(b.job.status, JobStatus::Cancelled);
+    assert_eq!(jv(&v, "test").job.status, JobStatus::Skipped);
+    assert_eq!(v.run.status, RunStatus::Running, "lint still to run");
+    claim(s, &a, &lint, LONG_TTL).await;
+    assert_eq!(s.complete(&lint, 1, success()).await.unwrap(), "success");
+    assert_eq!(view(s, &run_id).await.run.status, RunStatus::Failed);
+}

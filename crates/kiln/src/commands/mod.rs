@@ -23,7 +23,7 @@ mod up;
 mod validate;
 mod wait;
 
-use crate::cli::{ArtifactCommand, Cli, Command, LogsArgs, RetryArgs, RunRef, StatusArgs};
+use crate::cli::{ArtifactCommand, CancelArgs, Cli, Command, LogsArgs, RetryArgs, RunRef, StatusArgs};
 
 /// Run the command; print a failure as `error: …`. Returns the exit code.
 pub async fn run(cli: Cli) -> i32 {
@@ -55,7 +55,7 @@ pub async fn run(cli: Cli) -> i32 {
             Err(e) => Err(e),
         },
         Command::Cancel(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {
-            Ok(run) => cancel::run(RunRef { run, ..a }).await,
+            Ok(run) => cancel::run(CancelArgs { run, ..a }).await,
             Err(e) => Err(e),
         },
         Command::Retry(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {

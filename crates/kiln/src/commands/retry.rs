@@ -1,6 +1,7 @@
-//! `kiln retry RUN [--failed] [--follow]`: a new run with the same pinned
-//! definition; with `--failed`, only the failed jobs and their descendants
-//! run again (spec 000 §9, retry from job).
+//! `kiln retry RUN [--failed | --job NAME] [--follow]`: a new run with the
+//! same pinned definition; with `--failed`, only the failed jobs and their
+//! descendants run again; with `--job`, that job and its descendants
+//! (spec 000 §9, retry from job).
 
 use super::shared::{client, ui_url};
 use crate::cli::RetryArgs;
@@ -9,7 +10,9 @@ use kiln_cmd::CmdResult;
 
 pub(super) async fn run(a: RetryArgs) -> CmdResult {
     let c = client(&a.conn)?;
-    let resp = if a.failed {
+    let resp = if let Some(job) = &a.job {
+        c.retry_job(&a.run, job).await?
+    } else if a.failed {
         c.retry_run_with(&a.run, &kiln_api::RetryRun { failed: true }).await?
     } else {
         c.retry_run(&a.run).await?

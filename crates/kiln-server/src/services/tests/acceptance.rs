@@ -234,6 +234,7 @@ async fn every_trigger_is_refused_by_the_same_checks() {
         actor: "test".into(),
         report_context: None,
         pin_succeeded: false,
+        rerun_jobs: Vec::new(),
         trace: None,
         pull_request_title: None,
     };

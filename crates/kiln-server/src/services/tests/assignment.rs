@@ -103,6 +103,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             actor: None,
             report_context: None,
             pin_succeeded: false,
+            rerun_jobs: Vec::new(),
             traceparent: None,
             commit_title: None,
             commit_author: None,
