@@ -5,7 +5,9 @@
 //! headers. See `auth` for who may call what.
 
 use crate::auth;
-use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, oidc, repos, runs, secrets, ui};
+use crate::handlers::{
+    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, ui,
+};
 use crate::security::{self, MAX_BODY};
 use crate::state::State;
 use axum::extract::DefaultBodyLimit;
@@ -23,6 +25,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/repos/{repo}/workflows", get(runs::workflows))
         .route("/v1/repos/{repo}/secrets", get(secrets::list))
         .route("/v1/repos/{repo}/secrets/{name}", put(secrets::put).delete(secrets::delete))
+        .route("/v1/repos/{repo}/notifications", post(notify::create).get(notify::list))
+        .route("/v1/repos/{repo}/notifications/deliveries", get(notify::deliveries))
+        .route("/v1/repos/{repo}/notifications/{id}", delete(notify::delete))
         .route("/v1/workflow-runs", get(runs::list_all))
         .route("/v1/workflow-runs/events", get(runs::list_events))
         .route("/v1/workflow-runs/{run}", get(runs::get))
@@ -91,6 +96,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/.well-known/jwks.json", get(oidc::jwks))
         .route("/", get(ui::page))
         .route("/v1/ui/session", post(ui::sign_in).delete(ui::sign_out))
+        // A public repository's badge needs no token; the handler checks
+        // any token it carries against the policy table (`auth`).
+        .route("/v1/repos/{repo}/badge.svg", get(notify::badge))
         .route_layer(middleware::from_fn(security::public_side));
     Router::new()
         .merge(public)
