@@ -49,9 +49,7 @@ pub fn classify(status: RunStatus, previous: Option<RunStatus>) -> Option<Notify
 /// success too: `success` subscribers get it (as `fixed`).
 pub fn wants(events: &[String], event: NotifyEvent) -> bool {
     events.iter().any(|e| {
-        e == "always"
-            || e == event.as_str()
-            || (event == NotifyEvent::Fixed && e == NotifyEvent::Success.as_str())
+        e == "always" || e == event.as_str() || (event == NotifyEvent::Fixed && e == NotifyEvent::Success.as_str())
     })
 }
 

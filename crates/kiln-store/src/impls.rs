@@ -7,7 +7,8 @@ use crate::store::SqlStore;
 use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
-    accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, notify, outbox, repos,
+    accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, notify, outbox,
+    repos,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -579,13 +580,7 @@ impl NotifyStore for SqlStore {
         notify::notification_delivered(self, id, status_code).await
     }
 
-    async fn notification_retry(
-        &self,
-        id: &str,
-        delay_ms: i64,
-        status_code: Option<i64>,
-        error: &str,
-    ) -> Result<()> {
+    async fn notification_retry(&self, id: &str, delay_ms: i64, status_code: Option<i64>, error: &str) -> Result<()> {
         notify::notification_retry(self, id, delay_ms, status_code, error).await
     }
 

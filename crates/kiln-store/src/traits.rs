@@ -433,8 +433,7 @@ pub trait NotifyStore: Send + Sync {
     /// The receiver acknowledged: false if the row was no longer pending.
     async fn notification_delivered(&self, id: &str, status_code: i64) -> Result<bool>;
     /// Release a claimed delivery to be sent again after `delay_ms`.
-    async fn notification_retry(&self, id: &str, delay_ms: i64, status_code: Option<i64>, error: &str)
-    -> Result<()>;
+    async fn notification_retry(&self, id: &str, delay_ms: i64, status_code: Option<i64>, error: &str) -> Result<()>;
     /// Give a delivery up (refused, or out of attempts).
     async fn notification_failed(&self, id: &str, status_code: Option<i64>, error: &str) -> Result<()>;
     /// The delivery log of a repository, newest first.

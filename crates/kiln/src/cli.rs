@@ -820,7 +820,7 @@ pub enum NotifyCommand {
         /// File holding the signing secret (`-`: standard input; 16 to 1024 characters, e.g.
         /// `openssl rand -hex 32 > notify.secret`). Stored sealed and never shown again.
         #[arg(long, value_name = "FILE")]
-        secret_file: PathBuf,
+        secret_file: Option<PathBuf>,
         /// Refused: a secret on the command line is visible to every local user
         /// (/proc/PID/cmdline). Use --secret-file.
         #[arg(long, hide = true)]

@@ -155,7 +155,12 @@ async fn a_run_end_is_delivered_signed_retried_after_two_failures_and_never_twic
     for r in &got {
         assert_eq!(r.delivery, id1, "one delivery id on every retry");
         assert_eq!(r.event, "failure");
-        assert!(verifies(SECRET, &r.body, &r.signature), "signature {} over {}", r.signature, String::from_utf8_lossy(&r.body));
+        assert!(
+            verifies(SECRET, &r.body, &r.signature),
+            "signature {} over {}",
+            r.signature,
+            String::from_utf8_lossy(&r.body)
+        );
         assert!(!verifies("another-secret-0123456789", &r.body, &r.signature));
         assert_eq!(r.body, got[0].body, "the same body on every retry");
     }
@@ -177,7 +182,10 @@ async fn a_run_end_is_delivered_signed_retried_after_two_failures_and_never_twic
     let (_run2, code) = run_to_end(&up);
     assert_eq!(code, 0);
     let d2 = settled(&up, "r#2");
-    assert_eq!((d2["status"].as_str(), d2["event"].as_str(), d2["attempts"].as_i64()), (Some("delivered"), Some("fixed"), Some(1)));
+    assert_eq!(
+        (d2["status"].as_str(), d2["event"].as_str(), d2["attempts"].as_i64()),
+        (Some("delivered"), Some("fixed"), Some(1))
+    );
     let got = receiver.got();
     let fixed: Vec<&Received> = got.iter().filter(|r| r.delivery == d2["id"].as_str().unwrap()).collect();
     assert_eq!(fixed.len(), 1);
@@ -196,15 +204,20 @@ async fn a_run_end_is_delivered_signed_retried_after_two_failures_and_never_twic
     assert_eq!(words.get(..6), Some(&["r#1", "failure", "delivered", "3", "HTTP", "200"][..]), "{}", text(&log));
 
     // Removing the notification: nothing more is sent for later runs.
-    let id = serde_json::from_slice::<Vec<Value>>(&kiln(&up, &["notify", "ls", "r", "--json"]).stdout).unwrap()[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id =
+        serde_json::from_slice::<Vec<Value>>(&kiln(&up, &["notify", "ls", "r", "--json"]).stdout).unwrap()[0]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
     let rm = kiln(&up, &["notify", "rm", "r", &id]);
     assert!(rm.status.success() && text(&rm).contains(&format!("notification {id} of r removed")), "{}", text(&rm));
     let again = kiln(&up, &["notify", "rm", "r", &id]);
     assert_eq!(again.status.code(), Some(3), "{}", text(&again));
-    assert!(text(&again).contains(&format!("repository r has no notification {id}; see `kiln notify ls r`")), "{}", text(&again));
+    assert!(
+        text(&again).contains(&format!("repository r has no notification {id}; see `kiln notify ls r`")),
+        "{}",
+        text(&again)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -277,6 +290,11 @@ fn notify_add_refuses_bad_input_and_adds_nothing() {
             "error: --on: unknown event `broken`; use failure, fixed, success, cancelled, always\n",
         ),
         (
+            vec!["--url", url, "--on", "failure"],
+            2,
+            "error: --secret-file FILE is required: the receiver checks each body's signature with that secret (make one with `openssl rand -hex 32 > notify.secret`)\n",
+        ),
+        (
             vec!["--url", url, "--on", "failure", "--secret", SECRET],
             2,
             "error: --secret is refused: a secret on the command line is visible to every local user (/proc/PID/cmdline); pass --secret-file FILE (or - for standard input)\n",
@@ -297,11 +315,7 @@ fn notify_add_refuses_bad_input_and_adds_nothing() {
         .output()
         .unwrap();
     assert_ne!(out.status.code(), Some(0));
-    assert!(
-        stderr(&out).contains("a notification secret is 16 to 1024 printable characters"),
-        "{}",
-        text(&out)
-    );
+    assert!(stderr(&out).contains("a notification secret is 16 to 1024 printable characters"), "{}", text(&out));
     let ls = kiln(&up, &["notify", "ls", "r"]);
     assert!(ls.status.success());
     assert_eq!(

@@ -301,7 +301,14 @@ fn workflow_name(path: &str) -> &str {
 }
 
 /// The body of a delivery: Kiln's JSON, or a Slack-compatible `{"text"}`.
-fn payload(base_url: &str, repo: &str, run: &RunRecord, delivery: &str, event: &str, format: &str) -> serde_json::Value {
+fn payload(
+    base_url: &str,
+    repo: &str,
+    run: &RunRecord,
+    delivery: &str,
+    event: &str,
+    format: &str,
+) -> serde_json::Value {
     let url = format!("{base_url}/#/runs/{}", run.id);
     let branch = branch_of(run.git_ref.as_deref());
     let name = format!("{repo}#{}", run.number);
@@ -509,7 +516,10 @@ mod tests {
         assert!(check_url("https://hooks.example.com/kiln?x=1").is_ok());
         assert!(check_url("http://127.0.0.1:8080/").is_ok());
         let msg = |u: &str| check_url(u).unwrap_err().message;
-        assert_eq!(msg("ftp://example.com/x"), "`ftp://example.com/x`: a notification URL is http:// or https://, not ftp:");
+        assert_eq!(
+            msg("ftp://example.com/x"),
+            "`ftp://example.com/x`: a notification URL is http:// or https://, not ftp:"
+        );
         assert!(msg("https://user:pw@example.com/").contains("carries no credentials"));
         assert!(msg("example.com/hook").contains("is not a URL"));
     }

@@ -12,8 +12,10 @@ use kiln_testkit::TestApp;
 const SECRET: &str = "notify-secret-0123456789abcdef";
 
 async fn token(app: &TestApp, scope: &str, repo: Option<&str>) -> String {
-    let body = api::CreateToken { name: format!("{scope}-t"), scope: scope.into(), repo: repo.map(Into::into), trusted: None };
-    let t: api::CreatedToken = app.admin().post("/v1/tokens").json(&body).send().await.assert_status(StatusCode::CREATED).json();
+    let body =
+        api::CreateToken { name: format!("{scope}-t"), scope: scope.into(), repo: repo.map(Into::into), trusted: None };
+    let t: api::CreatedToken =
+        app.admin().post("/v1/tokens").json(&body).send().await.assert_status(StatusCode::CREATED).json();
     t.token
 }
 
@@ -30,7 +32,10 @@ async fn only_admins_manage_notifications_and_the_secret_is_never_returned() {
     let res = res.assert_status(StatusCode::CREATED);
     assert!(!res.text().contains(SECRET), "{}", res.text());
     let n: api::Notification = res.json();
-    assert_eq!((n.repo.as_str(), n.events.clone(), n.format.as_str()), ("r", vec!["failure".into(), "fixed".into()], "kiln"));
+    assert_eq!(
+        (n.repo.as_str(), n.events.clone(), n.format.as_str()),
+        ("r", vec!["failure".into(), "fixed".into()], "kiln")
+    );
 
     let own_trigger = token(&app, "trigger", Some("r")).await;
     let other_trigger = token(&app, "trigger", Some("other")).await;
@@ -82,14 +87,22 @@ async fn bad_notifications_are_refused_with_what_to_do() {
     let app = TestApp::new().await;
     let _r = super::repo(&app, "r", &super::pipeline(&["build"])).await;
     let cases = [
-        (serde_json::json!({"url": "ftp://x/h", "secret": SECRET, "events": ["failure"]}),
-         "`ftp://x/h`: a notification URL is http:// or https://, not ftp:"),
-        (serde_json::json!({"url": "http://x/h", "secret": "short", "events": ["failure"]}),
-         "a notification secret is 16 to 1024 printable characters (e.g. `openssl rand -hex 32 > notify.secret`)"),
-        (serde_json::json!({"url": "http://x/h", "secret": SECRET, "events": ["failure", "broken"]}),
-         "unknown event `broken`; use failure, fixed, success, cancelled, always"),
-        (serde_json::json!({"url": "http://x/h", "secret": SECRET, "events": ["failure"], "format": "teams"}),
-         "unknown format `teams`; use kiln (default) or slack"),
+        (
+            serde_json::json!({"url": "ftp://x/h", "secret": SECRET, "events": ["failure"]}),
+            "`ftp://x/h`: a notification URL is http:// or https://, not ftp:",
+        ),
+        (
+            serde_json::json!({"url": "http://x/h", "secret": "short", "events": ["failure"]}),
+            "a notification secret is 16 to 1024 printable characters (e.g. `openssl rand -hex 32 > notify.secret`)",
+        ),
+        (
+            serde_json::json!({"url": "http://x/h", "secret": SECRET, "events": ["failure", "broken"]}),
+            "unknown event `broken`; use failure, fixed, success, cancelled, always",
+        ),
+        (
+            serde_json::json!({"url": "http://x/h", "secret": SECRET, "events": ["failure"], "format": "teams"}),
+            "unknown format `teams`; use kiln (default) or slack",
+        ),
     ];
     for (body, want) in cases {
         let res = app.admin().post("/v1/repos/r/notifications").json(&body).send().await;
@@ -113,7 +126,13 @@ async fn a_badge_is_public_only_for_a_public_repository() {
     let private = app.anonymous().get("/v1/repos/r/badge.svg").send().await.assert_status(StatusCode::NOT_FOUND);
     assert_eq!(
         missing.json::<api::ErrorBody>().error.message.replace("nope", "X"),
-        private.json::<api::ErrorBody>().error.message.replace('r', "X").replace("oX its", "or its").replace("pXivate", "private"),
+        private
+            .json::<api::ErrorBody>()
+            .error
+            .message
+            .replace('r', "X")
+            .replace("oX its", "or its")
+            .replace("pXivate", "private"),
     );
     let other = token(&app, "trigger", Some("other")).await;
     app.with_token(&other).get("/v1/repos/r/badge.svg").send().await.assert_status(StatusCode::NOT_FOUND);
@@ -128,14 +147,23 @@ async fn a_badge_is_public_only_for_a_public_repository() {
     app.admin().get("/v1/repos/r/badge.svg").send().await.assert_status(StatusCode::OK);
     // Public: anyone; a private repository again after --private.
     let set = |public: bool| serde_json::json!({ "public": public });
-    let repo: api::Repo =
-        app.admin().request(Method::PATCH, "/v1/repos/r").json(&set(true)).send().await.assert_status(StatusCode::OK).json();
+    let repo: api::Repo = app
+        .admin()
+        .request(Method::PATCH, "/v1/repos/r")
+        .json(&set(true))
+        .send()
+        .await
+        .assert_status(StatusCode::OK)
+        .json();
     assert!(repo.public);
     let res = app.anonymous().get("/v1/repos/r/badge.svg?branch=main").send().await.assert_status(StatusCode::OK);
     assert_eq!(res.header("content-type"), Some("image/svg+xml; charset=utf-8"));
     assert_eq!(res.header("cache-control"), Some("no-cache"));
     let svg = res.text();
-    assert!(svg.starts_with("<svg") && svg.contains(r#"role="img""#) && svg.contains("<title>kiln: none</title>"), "{svg}");
+    assert!(
+        svg.starts_with("<svg") && svg.contains(r#"role="img""#) && svg.contains("<title>kiln: none</title>"),
+        "{svg}"
+    );
     let res = app.anonymous().get("/v1/repos/r/badge.svg?workflow=../x").send().await;
     let res = res.assert_status(StatusCode::BAD_REQUEST);
     assert!(res.json::<api::ErrorBody>().error.message.contains("is not a workflow"));

@@ -69,11 +69,8 @@ pub(crate) async fn enqueue_on_end(tx: &mut Tx, run_id: &str, status: RunStatus,
     if subs.is_empty() {
         return Ok(());
     }
-    let (repo_id, workflow_path, git_ref, number): (String, String, Option<String>, i64) = tx
-        .sql("SELECT repo_id, workflow_path, git_ref, run_number FROM runs WHERE id = $1")
-        .bind(run_id)
-        .one()
-        .await?;
+    let (repo_id, workflow_path, git_ref, number): (String, String, Option<String>, i64) =
+        tx.sql("SELECT repo_id, workflow_path, git_ref, run_number FROM runs WHERE id = $1").bind(run_id).one().await?;
     let previous = if status == RunStatus::Success {
         let s: Option<String> = tx
             .sql(&PREVIOUS)
@@ -158,9 +155,8 @@ pub(crate) async fn list_notifications(store: &SqlStore, repo_id: &str) -> Resul
 /// `NotifyStore::delete_notification`: the notification and its secret go;
 /// its deliveries stay in the log, those still pending marked failed.
 pub(crate) async fn delete_notification(store: &SqlStore, repo_id: &str, id: &str) -> Result<NotificationRecord> {
-    static GET: Sql = Sql::new(|_| {
-        format!("SELECT {NOTIFICATION_COLS} FROM notifications n WHERE n.repo_id = $1 AND n.id = $2")
-    });
+    static GET: Sql =
+        Sql::new(|_| format!("SELECT {NOTIFICATION_COLS} FROM notifications n WHERE n.repo_id = $1 AND n.id = $2"));
     store
         .transaction(Isolation::Serializable, &(repo_id, id), |tx, &(repo_id, id)| {
             Box::pin(async move {

@@ -22,6 +22,12 @@ pub(super) async fn run(cmd: NotifyCommand) -> CmdResult {
                     "--url `{url}`: a notification URL is http:// or https:// (e.g. https://hooks.example.com/kiln)"
                 )));
             }
+            let Some(secret_file) = secret_file else {
+                return Err(usage(
+                    "--secret-file FILE is required: the receiver checks each body's signature with that secret \
+                     (make one with `openssl rand -hex 32 > notify.secret`)",
+                ));
+            };
             let secret = super::shared::read_secret("--secret-file", &secret_file)?;
             let c = client(&conn)?;
             let body = kiln_api::CreateNotification { url, secret, events, format: Some(format) };
@@ -48,13 +54,7 @@ pub(super) async fn run(cmd: NotifyCommand) -> CmdResult {
                 return Ok(exit::OK);
             }
             for n in list {
-                kiln_cmd::outln!(
-                    "{}  {:<6} {:<24} {}",
-                    n.id,
-                    n.format,
-                    n.events.join(","),
-                    crate::term::clean(&n.url)
-                );
+                kiln_cmd::outln!("{}  {:<6} {:<24} {}", n.id, n.format, n.events.join(","), crate::term::clean(&n.url));
             }
         }
         NotifyCommand::Rm { repo, id, conn } => {
@@ -71,7 +71,15 @@ pub(super) async fn run(cmd: NotifyCommand) -> CmdResult {
                 eprintln!("no notification deliveries for {repo} yet (one is made when a run ends)");
                 return Ok(exit::OK);
             }
-            kiln_cmd::outln!("{:<14} {:<10} {:<10} {:>8}  {:<24} {}", "RUN", "EVENT", "STATUS", "ATTEMPTS", "LAST", "DELIVERED");
+            kiln_cmd::outln!(
+                "{:<14} {:<10} {:<10} {:>8}  {:<24} {}",
+                "RUN",
+                "EVENT",
+                "STATUS",
+                "ATTEMPTS",
+                "LAST",
+                "DELIVERED"
+            );
             for d in list {
                 let last = match (d.last_status_code, &d.last_error) {
                     (_, Some(e)) => crate::term::clean(e),

@@ -36,7 +36,13 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
         RepoCommand::Set { name, secret_pools, public, private, forge, conn } => {
             let (webhook_secret, forge) = settings(forge)?;
             let c = client(&conn)?;
-            let public = if public { Some(true) } else if private { Some(false) } else { None };
+            let public = if public {
+                Some(true)
+            } else if private {
+                Some(false)
+            } else {
+                None
+            };
             let r = c
                 .update_repo(
                     &name,
