@@ -294,6 +294,37 @@ impl Client {
         Ok(())
     }
 
+    pub async fn create_notification(&self, repo: &str, body: &CreateNotification) -> Result<Notification, ApiError> {
+        self.send(Method::POST, &format!("/v1/repos/{}/notifications", enc(repo)), Some(body), &[], None).await
+    }
+
+    pub async fn list_notifications(&self, repo: &str) -> Result<Vec<Notification>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct List {
+            notifications: Vec<Notification>,
+        }
+        let path = format!("/v1/repos/{}/notifications", enc(repo));
+        let r: List = self.send::<(), _>(Method::GET, &path, None, &[], None).await?;
+        Ok(r.notifications)
+    }
+
+    /// `DELETE /v1/repos/{repo}/notifications/{id}`: the removed notification.
+    pub async fn delete_notification(&self, repo: &str, id: &str) -> Result<Notification, ApiError> {
+        let path = format!("/v1/repos/{}/notifications/{}", enc(repo), enc(id));
+        self.send::<(), _>(Method::DELETE, &path, None, &[], None).await
+    }
+
+    /// The delivery log, newest first.
+    pub async fn notification_deliveries(&self, repo: &str, limit: u32) -> Result<Vec<NotificationDelivery>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct List {
+            deliveries: Vec<NotificationDelivery>,
+        }
+        let path = format!("/v1/repos/{}/notifications/deliveries?limit={limit}", enc(repo));
+        let r: List = self.send::<(), _>(Method::GET, &path, None, &[], None).await?;
+        Ok(r.deliveries)
+    }
+
     pub async fn submit_run(
         &self,
         repo: &str,

@@ -87,6 +87,9 @@ pub struct UpdateRepo {
     pub webhook_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_pools: Option<Vec<String>>,
+    /// Serve the badge (`GET /v1/repos/{repo}/badge.svg`) without a token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public: Option<bool>,
     #[serde(default, flatten)]
     pub forge: ForgeSettings,
 }
@@ -186,6 +189,9 @@ pub struct Repo {
     /// Whether a clone credential is stored (never shown).
     #[serde(default)]
     pub clone_token_set: bool,
+    /// Its badge is served without a token (`kiln repo set --public`).
+    #[serde(default)]
+    pub public: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -880,6 +886,58 @@ pub struct ServiceSpec {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PutSecret {
     pub value: String,
+}
+
+/// `POST /v1/repos/{repo}/notifications`: POST a signed JSON body to `url`
+/// when a run of the repository ends with one of `events`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CreateNotification {
+    /// `http://` or `https://`.
+    pub url: String,
+    /// The HMAC-SHA256 signing key (16 to 1024 printable characters); never returned.
+    pub secret: String,
+    /// `failure`, `fixed`, `success`, `cancelled`, `always`.
+    pub events: Vec<String>,
+    /// `kiln` (default) or `slack`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+}
+
+/// A notification as the API shows it: never its secret.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Notification {
+    pub id: String,
+    pub repo: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub format: String,
+    pub created_at_ms: i64,
+}
+
+/// One (notification, run end) in the delivery log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NotificationDelivery {
+    /// Stable per (notification, run end): the `X-Kiln-Delivery` header.
+    pub id: String,
+    pub notification: String,
+    pub run_id: String,
+    /// `REPO#NUMBER`.
+    pub run: String,
+    /// `failure`, `fixed`, `success` or `cancelled` (the `X-Kiln-Event` header).
+    pub event: String,
+    /// `pending`, `delivered` or `failed`.
+    pub status: String,
+    pub attempts: i64,
+    #[serde(default)]
+    pub last_status_code: Option<i64>,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    pub created_at_ms: i64,
+    #[serde(default)]
+    pub delivered_at_ms: Option<i64>,
+    /// When a pending delivery is tried next.
+    #[serde(default)]
+    pub next_attempt_at_ms: Option<i64>,
 }
 
 /// A secret as the API shows it: never its value.

@@ -16,6 +16,7 @@
 //! | cancellation (§9) | [`cancel`] |
 //! | completion and its ordering with cancellation (§9) | [`complete`] |
 //! | which jobs a retry of the failed jobs pins (§9, retry from job) | [`retry`] |
+//! | what a run end is for a notification subscriber (issue 42) | [`notify`] |
 //! | the reference model built from all of the above | [`protocol`] |
 //!
 //! Modules depend one way: the decision modules use only the status
@@ -35,6 +36,7 @@ pub mod groups;
 pub mod job;
 pub mod lease;
 pub mod logs;
+pub mod notify;
 pub mod protocol;
 pub mod retry;
 pub mod run;

@@ -246,9 +246,19 @@ pub(crate) enum Access {
 
 /// The public API's authorization table.
 pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
-    const ADMIN_ONLY_READS: &[&str] =
-        &["/v1/repos/{repo}/secrets", "/v1/tokens", "/v1/agent-tokens", "/v1/agents", "/v1/overview", "/v1/audit"];
+    // Notifications: their URLs may hold a receiver's token (Slack's do).
+    const ADMIN_ONLY_READS: &[&str] = &[
+        "/v1/repos/{repo}/secrets",
+        "/v1/repos/{repo}/notifications",
+        "/v1/repos/{repo}/notifications/deliveries",
+        "/v1/tokens",
+        "/v1/agent-tokens",
+        "/v1/agents",
+        "/v1/overview",
+        "/v1/audit",
+    ];
     const TRIGGER_READS: &[&str] = &[
+        BADGE,
         "/v1/repos/{repo}/workflow-runs",
         "/v1/repos/{repo}/workflow-inputs",
         "/v1/repos/{repo}/workflows",
@@ -267,6 +277,38 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
             Access::IfOwnRepo
         }
         Scope::Trigger { .. } => Access::Deny,
+    }
+}
+
+/// The badge route: open to anyone for a public repository, else to a
+/// token this table lets read it (see [`may_read_badge`]).
+pub(crate) const BADGE: &str = "/v1/repos/{repo}/badge.svg";
+
+/// Whether `p` may read the badge of repository `repo_id` (a private
+/// repository's): what the table says of `GET` on [`BADGE`].
+pub(crate) fn may_read_badge(p: &Principal, repo_id: &str) -> bool {
+    match policy(&p.scope, &Method::GET, BADGE) {
+        Access::Allow => true,
+        Access::Deny => false,
+        Access::IfOwnRepo => matches!(&p.scope, Scope::Trigger { repo_id: own } if own == repo_id),
+    }
+}
+
+/// The caller of a `GET` on an open route, if it carries a valid
+/// public-API credential (its bearer token, else the UI's session cookie;
+/// a missing or invalid one is no caller).
+pub(crate) async fn optional_principal(state: &AppState, headers: &HeaderMap) -> Result<Option<Principal>, ApiErr> {
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string());
+    if let Some(token) = token {
+        return principal(state, &token).await;
+    }
+    match session_cookie(headers) {
+        Some(id) => session_principal(state, &id).await,
+        None => Ok(None),
     }
 }
 
@@ -433,6 +475,15 @@ mod tests {
     }
 
     #[test]
+    fn a_private_badge_is_for_readers_of_its_repository() {
+        let p = |scope: Scope| Principal { actor: "t".into(), scope, may_start_trusted: false };
+        assert!(may_read_badge(&p(Scope::Admin), "r"));
+        assert!(may_read_badge(&p(Scope::Read), "r"));
+        assert!(may_read_badge(&p(Scope::Trigger { repo_id: "r".into() }), "r"));
+        assert!(!may_read_badge(&p(Scope::Trigger { repo_id: "other".into() }), "r"));
+    }
+
+    #[test]
     fn the_policy_table() {
         let trigger = Scope::Trigger { repo_id: "r".into() };
         let (get, post, put, delete) = (Method::GET, Method::POST, Method::PUT, Method::DELETE);
@@ -480,6 +531,23 @@ mod tests {
             (&trigger, &post, "/v1/repos", Deny),
             (&trigger, &get, "/v1/repos/{repo}/secrets", Deny),
             (&trigger, &put, "/v1/repos/{repo}/secrets/{name}", Deny),
+            // Issue 42: notifications are an admin's (their URLs and log
+            // are admin-only reads); a badge is a read of its repository.
+            (&Scope::Admin, &post, "/v1/repos/{repo}/notifications", Allow),
+            (&Scope::Admin, &get, "/v1/repos/{repo}/notifications", Allow),
+            (&Scope::Admin, &delete, "/v1/repos/{repo}/notifications/{id}", Allow),
+            (&Scope::Admin, &get, "/v1/repos/{repo}/notifications/deliveries", Allow),
+            (&Scope::Read, &post, "/v1/repos/{repo}/notifications", Deny),
+            (&Scope::Read, &get, "/v1/repos/{repo}/notifications", Deny),
+            (&Scope::Read, &delete, "/v1/repos/{repo}/notifications/{id}", Deny),
+            (&Scope::Read, &get, "/v1/repos/{repo}/notifications/deliveries", Deny),
+            (&trigger, &post, "/v1/repos/{repo}/notifications", Deny),
+            (&trigger, &get, "/v1/repos/{repo}/notifications", Deny),
+            (&trigger, &delete, "/v1/repos/{repo}/notifications/{id}", Deny),
+            (&trigger, &get, "/v1/repos/{repo}/notifications/deliveries", Deny),
+            (&Scope::Admin, &get, BADGE, Allow),
+            (&Scope::Read, &get, BADGE, Allow),
+            (&trigger, &get, BADGE, IfOwnRepo),
         ];
         for (scope, method, path, want) in rows {
             assert_eq!(&policy(scope, method, path), want, "{scope:?} {method} {path}");

@@ -129,6 +129,13 @@ pub struct ServerConfig {
     /// (default `forks`), container executors only unless
     /// `--untrusted-on-host-agents` (unsafe).
     pub untrusted: kiln_core::claim::UntrustedPolicy,
+    /// Base delay of the retry backoff of notification deliveries
+    /// (exponential with jitter; `--notify-retry-base`).
+    pub notify_retry_base: Duration,
+    /// The longest wait between two attempts of a notification delivery.
+    pub notify_retry_max: Duration,
+    /// Attempts of a notification delivery before it is given up.
+    pub notify_max_attempts: u32,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -204,6 +211,9 @@ impl ServerConfig {
             run_timeout: Duration::from_secs(24 * 3600),
             artifact_expire_in: Duration::from_secs(30 * 24 * 3600),
             degradation: kiln_core::degradation::Thresholds::default(),
+            notify_retry_base: Duration::from_secs(5),
+            notify_retry_max: Duration::from_secs(600),
+            notify_max_attempts: 8,
         }
     }
 

@@ -57,6 +57,11 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
     tokio::spawn(every(state.clone(), shutdown.clone(), REPORT_POLL, "commit status reporter", |s| {
         Box::pin(crate::services::forge_status::report_once(s))
     }));
+    // Never slower than the retry base, so a short base (tests) is kept.
+    let notify_every = state.config.notify_retry_base.clamp(Duration::from_millis(20), NOTIFY_POLL);
+    tokio::spawn(every(state.clone(), shutdown.clone(), notify_every, "notification sender", |s| {
+        Box::pin(crate::services::notify::deliver_once(s))
+    }));
     if state.config.trigger_interval > Duration::ZERO {
         tokio::spawn(triggers(state.clone(), shutdown.clone()));
     }
@@ -183,6 +188,8 @@ async fn offering(state: State, mut shutdown: watch::Receiver<bool>) {
 /// reporter for runs whose status moved.
 const PLANNER_POLL: Duration = Duration::from_secs(1);
 const REPORT_POLL: Duration = Duration::from_millis(500);
+/// How often the notification sender looks for due deliveries.
+const NOTIFY_POLL: Duration = Duration::from_millis(500);
 /// The lease of the schedule and poll loop: renewed every round; another
 /// replica takes over this long after its holder stopped renewing.
 const TRIGGERS_LEASE_MS: i64 = 15_000;

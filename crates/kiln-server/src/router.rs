@@ -6,7 +6,9 @@
 //! OpenAPI document (`openapi`; a test compares this file's routes with it).
 
 use crate::auth;
-use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, oidc, repos, runs, secrets, ui};
+use crate::handlers::{
+    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, ui,
+};
 use crate::security::{self, MAX_BODY};
 use crate::state::State;
 use axum::extract::DefaultBodyLimit;
@@ -24,6 +26,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/repos/{repo}/workflows", get(runs::workflows))
         .route("/v1/repos/{repo}/secrets", get(secrets::list))
         .route("/v1/repos/{repo}/secrets/{name}", put(secrets::put).delete(secrets::delete))
+        .route("/v1/repos/{repo}/notifications", post(notify::create).get(notify::list))
+        .route("/v1/repos/{repo}/notifications/deliveries", get(notify::deliveries))
+        .route("/v1/repos/{repo}/notifications/{id}", delete(notify::delete))
         .route("/v1/workflow-runs", get(runs::list_all))
         .route("/v1/workflow-runs/events", get(runs::list_events))
         .route("/v1/workflow-runs/{run}", get(runs::get))
@@ -97,6 +102,9 @@ pub(crate) fn router(state: State) -> Router {
         // The OpenAPI document (no secrets in it).
         .route("/openapi.json", get(crate::openapi::serve))
         .route("/v1/ui/session", post(ui::sign_in).delete(ui::sign_out))
+        // A public repository's badge needs no token; the handler checks
+        // any token it carries against the policy table (`auth`).
+        .route("/v1/repos/{repo}/badge.svg", get(notify::badge))
         .route_layer(middleware::from_fn(security::public_side));
     Router::new()
         .merge(public)

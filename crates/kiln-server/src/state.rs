@@ -77,6 +77,9 @@ pub(crate) struct AppState {
     pub body_budget: Arc<tokio::sync::Semaphore>,
     /// HTTP client of the forges' status APIs.
     pub forge_http: reqwest::Client,
+    /// HTTP client of outgoing notifications: redirects are not followed
+    /// (a signed body goes only where it was sent).
+    pub notify_http: reqwest::Client,
     /// Scheduled workflows per repository (the scheduler's cache).
     pub schedule_indexes: ScheduleIndexes,
     /// This process, as the holder of leader leases.
@@ -92,6 +95,9 @@ pub(crate) struct AppState {
 }
 
 pub(crate) type State = Arc<AppState>;
+
+/// The longest wait for a notification receiver's answer.
+pub(crate) const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Tells an agent session to stop one of its attempts now.
 #[derive(Debug, Clone)]
@@ -135,6 +141,13 @@ impl AppState {
                 .timeout(std::time::Duration::from_secs(30))
                 .connect_timeout(std::time::Duration::from_secs(10))
                 .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .expect("HTTP client"),
+            notify_http: reqwest::Client::builder()
+                .timeout(NOTIFY_TIMEOUT)
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("kiln-notify/", env!("CARGO_PKG_VERSION")))
                 .build()
                 .expect("HTTP client"),
             schedule_indexes: Default::default(),

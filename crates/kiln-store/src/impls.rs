@@ -7,7 +7,8 @@ use crate::store::SqlStore;
 use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
-    accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, outbox, repos,
+    accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, notify, outbox,
+    repos,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -560,5 +561,57 @@ impl CacheStore for SqlStore {
 
     async fn report_cache(&self, job_id: &str, epoch: i64, report: &str) -> Result<()> {
         caches::report_cache(self, job_id, epoch, report).await
+    }
+}
+
+#[async_trait]
+impl NotifyStore for SqlStore {
+    async fn create_notification(&self, n: &NotificationRecord, sealed_secret: &str) -> Result<NotificationRecord> {
+        notify::create_notification(self, n, sealed_secret).await
+    }
+
+    async fn list_notifications(&self, repo_id: &str) -> Result<Vec<NotificationRecord>> {
+        notify::list_notifications(self, repo_id).await
+    }
+
+    async fn delete_notification(&self, repo_id: &str, id: &str) -> Result<NotificationRecord> {
+        notify::delete_notification(self, repo_id, id).await
+    }
+
+    async fn due_notifications(&self, limit: u32) -> Result<Vec<DueNotification>> {
+        notify::due_notifications(self, limit).await
+    }
+
+    async fn claim_notification(&self, id: &str, ttl_ms: i64) -> Result<bool> {
+        notify::claim_notification(self, id, ttl_ms).await
+    }
+
+    async fn notification_delivered(&self, id: &str, status_code: i64) -> Result<bool> {
+        notify::notification_delivered(self, id, status_code).await
+    }
+
+    async fn notification_retry(&self, id: &str, delay_ms: i64, status_code: Option<i64>, error: &str) -> Result<()> {
+        notify::notification_retry(self, id, delay_ms, status_code, error).await
+    }
+
+    async fn notification_failed(&self, id: &str, status_code: Option<i64>, error: &str) -> Result<()> {
+        notify::notification_failed(self, id, status_code, error).await
+    }
+
+    async fn notification_deliveries(&self, repo_id: &str, limit: u32) -> Result<Vec<NotificationDelivery>> {
+        notify::notification_deliveries(self, repo_id, limit).await
+    }
+
+    async fn set_repo_public(&self, repo_id: &str, public: bool) -> Result<()> {
+        notify::set_repo_public(self, repo_id, public).await
+    }
+
+    async fn badge_status(
+        &self,
+        repo_id: &str,
+        branch: &str,
+        workflow_paths: &[String],
+    ) -> Result<Option<kiln_core::RunStatus>> {
+        notify::badge_status(self, repo_id, branch, workflow_paths).await
     }
 }

@@ -14,6 +14,8 @@ pub struct RepoRecord {
     pub secret_pools: Vec<String>,
     /// How the repository is connected to its forge (issue 14).
     pub forge: RepoForge,
+    /// Its badge is served without a token (issue 42).
+    pub public: bool,
 }
 
 /// A repository's forge connection and trigger policy.
@@ -732,4 +734,54 @@ pub struct OperatingGauges {
     /// How long ago the longest-finished job whose log is still in the hot
     /// journal finished (0 when none).
     pub oldest_unarchived_log_ms: i64,
+}
+
+/// An outgoing notification of a repository's run ends (issue 42). Its
+/// signing secret is a sealed secret row `@notify:ID`, never part of this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotificationRecord {
+    pub id: String,
+    pub repo_id: String,
+    pub url: String,
+    /// `failure`, `fixed`, `success`, `cancelled`, `always`.
+    pub events: Vec<String>,
+    /// `kiln` or `slack`.
+    pub format: String,
+    pub created_at: i64,
+}
+
+/// The name of a notification's sealed signing secret among its
+/// repository's secrets (`@`: never listed, never given to a job).
+pub fn notification_secret_name(notification_id: &str) -> String {
+    format!("@notify:{notification_id}")
+}
+
+/// One (notification, run end): the outbox row and its delivery log entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotificationDelivery {
+    /// Stable per (notification, run end): the `X-Kiln-Delivery` header.
+    pub id: String,
+    pub notification_id: String,
+    pub repo_id: String,
+    pub run_id: String,
+    pub run_number: i64,
+    /// `failure`, `fixed`, `success` or `cancelled`.
+    pub event: String,
+    /// `pending`, `delivered` or `failed`.
+    pub status: String,
+    /// Sends tried (each claim is one).
+    pub attempts: i64,
+    pub last_status_code: Option<i64>,
+    pub last_error: Option<String>,
+    pub next_at: i64,
+    pub created_at: i64,
+    pub delivered_at: Option<i64>,
+}
+
+/// A due notification delivery with where it goes (`None`: the
+/// notification was removed since the run ended).
+#[derive(Debug, Clone)]
+pub struct DueNotification {
+    pub delivery: NotificationDelivery,
+    pub target: Option<NotificationRecord>,
 }

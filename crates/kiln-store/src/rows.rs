@@ -182,6 +182,7 @@ pub(crate) fn repo_from_row(row: &Row) -> Result<RepoRecord> {
             pull_request_trust: row.get("pull_request_trust")?,
             poll_interval_ms: row.get("poll_interval_ms")?,
         },
+        public: row.get::<i64>("is_public")? != 0,
     })
 }
 

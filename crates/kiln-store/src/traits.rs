@@ -423,6 +423,45 @@ pub trait ArtifactStore: Send + Sync {
     async fn mark_expired_deleted(&self, generation_id: &str) -> Result<()>;
 }
 
+/// Badges and notifications (issue 42): the repository's public flag,
+/// notifications of run ends and their outbox (see `tx/notify.rs`). The
+/// run-end rows are written by the transaction that ends a run; senders
+/// claim a row for a lease, so one replica sends it at a time, and a row
+/// is marked delivered at most once.
+#[async_trait]
+pub trait NotifyStore: Send + Sync {
+    /// Store `n` (its `created_at` from the database clock) with its sealed
+    /// signing secret (the secret row `@notify:ID`), in one transaction.
+    async fn create_notification(&self, n: &NotificationRecord, sealed_secret: &str) -> Result<NotificationRecord>;
+    async fn list_notifications(&self, repo_id: &str) -> Result<Vec<NotificationRecord>>;
+    /// Remove the notification and its secret; its pending deliveries are
+    /// marked failed (the log keeps them). `NotFound` if the repository has
+    /// no such notification.
+    async fn delete_notification(&self, repo_id: &str, id: &str) -> Result<NotificationRecord>;
+    /// Pending deliveries whose `next_at` passed and that nobody holds, oldest first.
+    async fn due_notifications(&self, limit: u32) -> Result<Vec<DueNotification>>;
+    /// Hold a pending delivery for `ttl_ms` (database time) and count an
+    /// attempt; false if it is held, or no longer pending.
+    async fn claim_notification(&self, id: &str, ttl_ms: i64) -> Result<bool>;
+    /// The receiver acknowledged: false if the row was no longer pending.
+    async fn notification_delivered(&self, id: &str, status_code: i64) -> Result<bool>;
+    /// Release a claimed delivery to be sent again after `delay_ms`.
+    async fn notification_retry(&self, id: &str, delay_ms: i64, status_code: Option<i64>, error: &str) -> Result<()>;
+    /// Give a delivery up (refused, or out of attempts).
+    async fn notification_failed(&self, id: &str, status_code: Option<i64>, error: &str) -> Result<()>;
+    /// The delivery log of a repository, newest first.
+    async fn notification_deliveries(&self, repo_id: &str, limit: u32) -> Result<Vec<NotificationDelivery>>;
+    async fn set_repo_public(&self, repo_id: &str, public: bool) -> Result<()>;
+    /// The status of the newest run on `branch` of one of `workflow_paths`
+    /// (empty: any workflow); `None`: no such run.
+    async fn badge_status(
+        &self,
+        repo_id: &str,
+        branch: &str,
+        workflow_paths: &[String],
+    ) -> Result<Option<kiln_core::RunStatus>>;
+}
+
 /// The whole authoritative store.
 pub trait Store:
     RepoStore
@@ -435,6 +474,7 @@ pub trait Store:
     + OutboxStore
     + LogStore
     + ArtifactStore
+    + NotifyStore
 {
 }
 impl<
@@ -447,7 +487,8 @@ impl<
         + AttemptStore
         + OutboxStore
         + LogStore
-        + ArtifactStore,
+        + ArtifactStore
+        + NotifyStore,
 > Store for T
 {
 }

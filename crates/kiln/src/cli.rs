@@ -125,6 +125,11 @@ pub enum Command {
         #[command(subcommand)]
         command: SecretCommand,
     },
+    /// Send signed webhooks (or Slack messages) when runs of a repository end.
+    Notify {
+        #[command(subcommand)]
+        command: NotifyCommand,
+    },
     /// Manage API tokens: admin, read-only, and per-repository trigger tokens.
     Token {
         #[command(subcommand)]
@@ -367,6 +372,15 @@ pub struct ServerTuning {
     /// Base delay of the retry backoff (exponential, with jitter).
     #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub retry_base: std::time::Duration,
+    /// Base delay of the retry backoff of notification deliveries (`kiln notify`): a
+    /// receiver that fails is tried again after about BASE, 2×BASE, 4×BASE… (with jitter,
+    /// at most 10m apart).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION", env = "KILN_NOTIFY_RETRY_BASE")]
+    pub notify_retry_base: std::time::Duration,
+    /// Attempts of a notification delivery before it is given up (shown as failed in
+    /// `kiln notify log`).
+    #[arg(long, default_value_t = 8, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub notify_max_attempts: u32,
     /// The longest wait between two attempts to plan an accepted webhook delivery that meets
     /// transient trouble (the repository cannot be fetched, a registry is down, the server is
     /// degraded). Such a delivery is retried until it is planned, never dropped.
@@ -684,14 +698,20 @@ pub enum RepoCommand {
         #[command(flatten)]
         conn: Conn,
     },
-    /// Change a repository's forge connection, trigger policy, webhook secret
-    /// or secret pools (what is not given is kept).
+    /// Change a repository's forge connection, trigger policy, webhook secret,
+    /// secret pools or visibility (what is not given is kept).
     Set {
         /// The repository's name.
         name: String,
         /// Agent pools whose agents may receive this repository's secrets (comma-separated).
         #[arg(long, value_delimiter = ',')]
         secret_pools: Option<Vec<String>>,
+        /// Serve its status badge (GET /v1/repos/NAME/badge.svg) to anyone, without a token.
+        #[arg(long, conflicts_with = "private")]
+        public: bool,
+        /// Serve its badge only to tokens that may read it (the default).
+        #[arg(long)]
+        private: bool,
         #[command(flatten)]
         forge: ForgeArgs,
         #[command(flatten)]
@@ -796,6 +816,73 @@ pub struct ForgeArgs {
     /// runs of missed webhooks (tip only), e.g. 5m; 0 turns polling off.
     #[arg(long, value_name = "DURATION")]
     pub poll_interval: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NotifyCommand {
+    /// POST a JSON body signed with HMAC-SHA256 (header X-Kiln-Signature-256:
+    /// sha256=HEX) to URL whenever a run of REPO ends with one of the --on events;
+    /// a failing receiver is retried with backoff. See docs/notifications.md.
+    Add {
+        /// The repository.
+        repo: String,
+        /// The receiver: an http:// or https:// URL (a Slack incoming webhook with --format slack).
+        #[arg(long, value_name = "URL")]
+        url: String,
+        /// File holding the signing secret (`-`: standard input; 16 to 1024 characters, e.g.
+        /// `openssl rand -hex 32 > notify.secret`). Stored sealed and never shown again.
+        #[arg(long, value_name = "FILE")]
+        secret_file: Option<PathBuf>,
+        /// Refused: a secret on the command line is visible to every local user
+        /// (/proc/PID/cmdline). Use --secret-file.
+        #[arg(long, hide = true)]
+        secret: Option<String>,
+        /// Which run ends to send (comma-separated): failure, fixed (succeeded after the
+        /// previous run of the same workflow and branch failed), success, cancelled, always.
+        #[arg(long, value_delimiter = ',', required = true, value_name = "EVENTS")]
+        on: Vec<String>,
+        /// The body: kiln (JSON with the run's fields) or slack (`{"text": …}` for a Slack
+        /// incoming webhook).
+        #[arg(long, default_value = "kiln", value_parser = ["kiln", "slack"])]
+        format: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List REPO's notifications (never their secrets).
+    #[command(alias = "list")]
+    Ls {
+        /// The repository.
+        repo: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove notification ID of REPO (its delivery log stays).
+    #[command(alias = "remove")]
+    Rm {
+        /// The repository.
+        repo: String,
+        /// The notification's id (from `kiln notify ls`).
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show REPO's notification delivery log, newest first: run, event, status,
+    /// attempts, last HTTP status or error, when delivered.
+    Log {
+        /// The repository.
+        repo: String,
+        /// How many deliveries at most.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -12,6 +12,7 @@ pub(crate) mod blob;
 pub(crate) mod body;
 pub(crate) mod health;
 pub(crate) mod logs;
+pub(crate) mod notify;
 pub(crate) mod oidc;
 pub(crate) mod repos;
 pub(crate) mod runs;

@@ -21,6 +21,7 @@ pub(crate) mod limits;
 pub(crate) mod log_archive;
 pub(crate) mod log_feed;
 pub(crate) mod notices;
+pub(crate) mod notify;
 pub(crate) mod overview;
 pub(crate) mod planning;
 pub(crate) mod repos;

@@ -60,6 +60,7 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
         state.store.set_secret_pools(&repo.id, &pools).await?;
         repo.secret_pools = pools;
     }
+
     let detail = format!(
         "{} secret pools {} forge {}",
         repo.clone_url,
@@ -71,7 +72,8 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
 }
 
 /// `PATCH /v1/repos/{repo}`: change the forge connection, trigger policy,
-/// webhook secret or secret pools; absent fields keep their value.
+/// webhook secret, secret pools or whether it is public (its badge served
+/// without a token); absent fields keep their value.
 pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: api::UpdateRepo) -> ApiResult<api::Repo> {
     let repo = state.store.get_repo(name).await?;
     if req.clone_url.is_some() {
@@ -128,6 +130,12 @@ pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: ap
         state.store.set_secret_pools(&repo.id, &pools).await?;
         state.dispatcher.forget_placements();
         changed.push("secret pools");
+    }
+    if let Some(public) = req.public
+        && public != repo.public
+    {
+        state.store.set_repo_public(&repo.id, public).await?;
+        changed.push(if public { "public" } else { "private" });
     }
     // Schedules follow the new default branch at once.
     state.schedule_indexes.lock().expect("index").remove(&repo.id);
@@ -369,6 +377,7 @@ pub(crate) fn view(r: kiln_store::RepoRecord) -> api::Repo {
         webhook_secret_set: r.webhook_secret.is_some(),
         forge_token_set: f.forge_token.is_some(),
         clone_token_set,
+        public: r.public,
     }
 }
 

@@ -12,6 +12,7 @@ mod caches;
 mod edge;
 mod health;
 mod logs;
+mod notify;
 mod repos;
 mod runs;
 mod secrets;

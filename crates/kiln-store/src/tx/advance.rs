@@ -301,6 +301,8 @@ pub(crate) async fn finish_run(
     .bind(run_id)
     .execute()
     .await?;
+    // Issue 42: the run end's notifications commit with the end itself.
+    crate::tx::notify::enqueue_on_end(tx, run_id, status, now).await?;
     release_group(tx, run_id, now).await
 }
 

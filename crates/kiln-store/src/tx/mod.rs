@@ -13,6 +13,8 @@
 //!   decide pending jobs, job and run concurrency groups, finish a run.
 //! - `attempt`: the live-epoch check (invariant 3) and ending an attempt with
 //!   its log marker.
+//! - `notify`: badges, notifications and their outbox; `advance` enqueues a
+//!   run end's notifications through it (it imports no other family).
 //! - below all: `store.rs` (runner, locks), `rows.rs`, `db.rs`, `dialect.rs`.
 
 pub(crate) mod accept;
@@ -29,6 +31,7 @@ pub(crate) mod forge;
 pub(crate) mod images;
 pub(crate) mod lease;
 pub(crate) mod logs;
+pub(crate) mod notify;
 pub(crate) mod outbox;
 pub(crate) mod outputs;
 pub(crate) mod queue;

@@ -51,6 +51,7 @@ pub(crate) async fn create_repo(
         created_at,
         secret_pools: vec!["default".into()],
         forge: Default::default(),
+        public: false,
     })
 }
 
@@ -92,6 +93,8 @@ pub(crate) async fn delete_repo(store: &SqlStore, name_or_id: &str) -> Result<Re
                     "DELETE FROM ref_heads WHERE repo_id = $1",
                     "DELETE FROM schedule_cursors WHERE repo_id = $1",
                     "DELETE FROM cache_entries WHERE repo_id = $1",
+                    "DELETE FROM notification_deliveries WHERE repo_id = $1",
+                    "DELETE FROM notifications WHERE repo_id = $1",
                 ] {
                     tx.sql(delete).bind(&repo.id).execute().await?;
                 }

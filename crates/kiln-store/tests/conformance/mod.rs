@@ -31,6 +31,7 @@ pub mod graphs;
 pub mod images;
 pub mod lease;
 pub mod logs;
+pub mod notify;
 pub mod outbox;
 pub mod outputs;
 pub mod state_machine;
@@ -171,6 +172,8 @@ macro_rules! suite {
             outputs::bound_outputs_decide_conditions_downstream,
             artifacts::bound_artifacts_expire_only_after_their_run_ended,
             artifacts::retry_of_failed_jobs_pins_the_successful_prefix,
+            notify::run_ends_are_enqueued_once_per_wanting_notification,
+            notify::badges_read_the_newest_run_of_a_branch_and_workflow,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,6 +9,7 @@ mod artifact;
 mod cancel;
 mod login;
 mod logs;
+mod notify;
 mod profile;
 mod repo;
 mod retry;
@@ -33,6 +34,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Agent(a) => agent::run(a).await,
         Command::Repo { command } => repo::run(command).await,
         Command::Secret { command } => secret::run(command).await,
+        Command::Notify { command } => notify::run(command).await,
         Command::Token { command } => access::token(command).await,
         Command::AgentToken { command } => access::agent_token(command).await,
         Command::Agents { command, json, conn } => {

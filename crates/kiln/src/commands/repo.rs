@@ -1,6 +1,6 @@
 //! `kiln repo add|set|rm|show|hook-info|deliveries|list`.
 
-use super::shared::client;
+use super::shared::{client, read_secret};
 use crate::cli::{ForgeArgs, RepoCommand};
 use kiln_api::exit;
 use kiln_cmd::{CmdResult, Failure, usage};
@@ -33,11 +33,21 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
                 kiln_cmd::outln!("connect the forge with: kiln repo hook-info {}", r.name);
             }
         }
-        RepoCommand::Set { name, secret_pools, forge, conn } => {
+        RepoCommand::Set { name, secret_pools, public, private, forge, conn } => {
             let (webhook_secret, forge) = settings(forge)?;
             let c = client(&conn)?;
+            let public = if public {
+                Some(true)
+            } else if private {
+                Some(false)
+            } else {
+                None
+            };
             let r = c
-                .update_repo(&name, &kiln_api::UpdateRepo { clone_url: None, webhook_secret, secret_pools, forge })
+                .update_repo(
+                    &name,
+                    &kiln_api::UpdateRepo { clone_url: None, webhook_secret, secret_pools, public, forge },
+                )
                 .await?;
             kiln_cmd::outln!("updated repository {}", r.name);
             print_repo(&r);
@@ -149,6 +159,7 @@ fn print_repo(r: &kiln_api::Repo) {
         None => kiln_cmd::outln!("polling:            off"),
     }
     kiln_cmd::outln!("secret pools:       {}", r.secret_pools.join(", "));
+    kiln_cmd::outln!("badge:              {}", if r.public { "public" } else { "private (tokens that may read it)" });
 }
 
 /// The request fields of the forge flags; secrets read from their files.
@@ -194,23 +205,6 @@ fn settings(f: ForgeArgs) -> Result<(Option<String>, kiln_api::ForgeSettings), F
             clone_token,
         },
     ))
-}
-
-/// A secret from a file (`-`: standard input), without its final newline.
-fn read_secret(flag: &str, path: &Path) -> Result<String, Failure> {
-    let text = if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-            .map_err(|e| usage(format!("{flag}: cannot read standard input: {e}")))?;
-        s
-    } else {
-        std::fs::read_to_string(path).map_err(|e| usage(format!("{flag} {}: {e}", path.display())))?
-    };
-    let value = text.trim_end_matches(['\n', '\r']).to_string();
-    if value.is_empty() {
-        return Err(usage(format!("{flag}: the secret is empty")));
-    }
-    Ok(value)
 }
 
 /// Local paths are made absolute so the server and agents find them from anywhere.

@@ -140,6 +140,8 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.retry_base = t.retry_base;
     config.delivery_retry_max = t.delivery_retry_max;
     config.delivery_alert_after = t.delivery_alert_after;
+    config.notify_retry_base = t.notify_retry_base;
+    config.notify_max_attempts = t.notify_max_attempts;
     config.log_archive_after = t.log_archive_after;
     config.log_archive_interval =
         t.log_archive_after.clamp(std::time::Duration::from_millis(200), std::time::Duration::from_secs(10));
@@ -488,4 +490,21 @@ pub(super) fn run_ref(run: &str, repo: Option<&str>) -> Result<String, Failure> 
         "--repo {repo} goes with a run number (`kiln status 123 --repo {repo}`); `{run}` is not one: \
          name the run as REPO#NUMBER, by id, or by a unique id prefix without --repo"
     )))
+}
+
+/// A secret from a file (`-`: standard input), without its final newline.
+pub(super) fn read_secret(flag: &str, path: &std::path::Path) -> Result<String, Failure> {
+    let text = if path == std::path::Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| usage(format!("{flag}: cannot read standard input: {e}")))?;
+        s
+    } else {
+        std::fs::read_to_string(path).map_err(|e| usage(format!("{flag} {}: {e}", path.display())))?
+    };
+    let value = text.trim_end_matches(['\n', '\r']).to_string();
+    if value.is_empty() {
+        return Err(usage(format!("{flag}: the secret is empty")));
+    }
+    Ok(value)
 }
