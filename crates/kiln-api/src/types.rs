@@ -519,6 +519,7 @@ pub struct Artifact {
 /// `GET /v1/workflow-runs/{run}/artifacts` (issue 42): every artifact the
 /// run's jobs bound, in job order.
 #[derive(Default, Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunArtifacts {
     pub run_id: String,
     pub artifacts: Vec<RunArtifact>,
@@ -530,6 +531,7 @@ pub struct RunArtifacts {
 /// /v1/workflow-runs/{run}/artifacts/{job_id}/{name}` (`?format=tar.gz|zip`
 /// for a directory or glob as a normal archive).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunArtifact {
     pub job: String,
     pub job_id: String,
@@ -891,6 +893,7 @@ pub struct PutSecret {
 /// `POST /v1/repos/{repo}/notifications`: POST a signed JSON body to `url`
 /// when a run of the repository ends with one of `events`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateNotification {
     /// `http://` or `https://`.
     pub url: String,
@@ -905,6 +908,7 @@ pub struct CreateNotification {
 
 /// A notification as the API shows it: never its secret.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Notification {
     pub id: String,
     pub repo: String,
@@ -916,6 +920,7 @@ pub struct Notification {
 
 /// One (notification, run end) in the delivery log.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NotificationDelivery {
     /// Stable per (notification, run end): the `X-Kiln-Delivery` header.
     pub id: String,

@@ -14,7 +14,9 @@
 //! against it (`crates/kiln/tests/e2e_openapi.rs`); `scripts/test` checks
 //! the document with an independent validator.
 
-use crate::handlers::{access, agents, artifacts, attempts, blob, health, logs, oidc, repos, runs, secrets, ui};
+use crate::handlers::{
+    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, ui,
+};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use kiln_api as api;
@@ -53,7 +55,8 @@ pub(crate) mod scheme {
         repos::create, repos::list, repos::get, repos::update, repos::delete, repos::hook_info,
         repos::deliveries, repos::webhook,
         runs::submit, runs::list, runs::workflow_inputs, runs::workflows, runs::list_all, runs::list_events,
-        runs::get, runs::run_events, runs::cancel, runs::retry,
+        runs::get, runs::run_events, runs::cancel, runs::retry, runs::retry_job, runs::cancel_job, runs::artifacts,
+        notify::create, notify::list, notify::delete, notify::deliveries, notify::badge,
         secrets::list, secrets::put, secrets::delete,
         logs::events, artifacts::get,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,

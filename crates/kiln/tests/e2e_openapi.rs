@@ -430,6 +430,63 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .await;
     assert_eq!(refused.status, 409, "no failed job to retry");
 
+    // One job: re-run (a new run), cancel (refused: the run has ended); the run's artifacts.
+    let listed = c
+        .call("GET", "/v1/workflow-runs/{run}/artifacts", &format!("/v1/workflow-runs/{run_id}/artifacts"), a, None)
+        .await;
+    assert_eq!(listed.status, 200);
+    let rerun = c
+        .call(
+            "POST",
+            "/v1/workflow-runs/{run}/jobs/{job}/retry",
+            &format!("/v1/workflow-runs/{run_id}/jobs/build/retry"),
+            a,
+            None,
+        )
+        .await;
+    assert_eq!(rerun.status, 202);
+    let ended = c
+        .call(
+            "POST",
+            "/v1/workflow-runs/{run}/jobs/{job}/cancel",
+            &format!("/v1/workflow-runs/{run_id}/jobs/build/cancel"),
+            a,
+            None,
+        )
+        .await;
+    assert_eq!(ended.status, 409, "the run has ended");
+
+    // Notifications and the badge.
+    let hook = json!({ "url": "http://127.0.0.1:9/hook", "secret": "0123456789abcdef0123456789abcdef", "events": ["failure"] });
+    let made = c.call("POST", "/v1/repos/{repo}/notifications", "/v1/repos/spec/notifications", a, Some(hook)).await;
+    assert_eq!(made.status, 201);
+    let id = made.json()["id"].as_str().unwrap().to_string();
+    let bad = json!({ "url": "ftp://x", "secret": "short", "events": ["never"] });
+    let refused = c.call("POST", "/v1/repos/{repo}/notifications", "/v1/repos/spec/notifications", a, Some(bad)).await;
+    assert!(refused.status >= 400, "{}", refused.status);
+    assert_eq!(
+        c.call("GET", "/v1/repos/{repo}/notifications", "/v1/repos/spec/notifications", a, None).await.status,
+        200
+    );
+    let log = c
+        .call(
+            "GET",
+            "/v1/repos/{repo}/notifications/deliveries",
+            "/v1/repos/spec/notifications/deliveries?limit=5",
+            a,
+            None,
+        )
+        .await;
+    assert_eq!(log.status, 200);
+    let gone = c
+        .call("DELETE", "/v1/repos/{repo}/notifications/{id}", &format!("/v1/repos/spec/notifications/{id}"), a, None)
+        .await;
+    assert_eq!(gone.status, 200);
+    let badge = c.call("GET", "/v1/repos/{repo}/badge.svg", "/v1/repos/spec/badge.svg", a, None).await;
+    assert_eq!((badge.status, badge.media.as_str()), (200, "image/svg+xml"));
+    let hidden = c.call("GET", "/v1/repos/{repo}/badge.svg", "/v1/repos/spec/badge.svg", None, None).await;
+    assert_eq!(hidden.status, 404, "a private repository's badge needs a reader");
+
     // ---------- the agent protocol, by hand ----------
     let join = std::fs::read_to_string(up.data_dir().join("agent.token")).unwrap().trim().to_string();
     let reg = c

@@ -102,3 +102,15 @@ pub(crate) struct OidcDiscovery {
 pub(crate) struct Jwks {
     pub keys: Vec<BTreeMap<String, String>>,
 }
+
+/// `GET /v1/repos/{repo}/notifications`: never the secret.
+#[derive(ToSchema)]
+pub(crate) struct NotificationList {
+    pub notifications: Vec<api::Notification>,
+}
+
+/// `GET /v1/repos/{repo}/notifications/deliveries`, newest first.
+#[derive(ToSchema)]
+pub(crate) struct NotificationDeliveryList {
+    pub deliveries: Vec<api::NotificationDelivery>,
+}

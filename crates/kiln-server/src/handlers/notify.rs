@@ -15,6 +15,14 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use kiln_api as api;
 
+#[utoipa::path(
+    operation_id = "notify_create",
+    post, path = "/v1/repos/{repo}/notifications", tag = "repos",
+    params(("repo" = String, Path, description = "The repository's name"),),
+    request_body(content = api::CreateNotification, content_type = "application/json"),
+    responses((status = 201, description = "The notification (never its secret)", body = api::Notification)),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn create(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -25,11 +33,27 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(notify::add(&state, &by, &repo, req).await?)))
 }
 
+#[utoipa::path(
+    operation_id = "notify_list",
+    get, path = "/v1/repos/{repo}/notifications", tag = "repos",
+    params(("repo" = String, Path, description = "The repository's name"),),
+    responses((status = 200, description = "The repository's notifications (never their secrets)", body = crate::handlers::answers::NotificationList)),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn list(S(state): S<State>, Path(repo): Path<String>) -> ApiResult<Json<serde_json::Value>> {
     let list = notify::list(&state, &repo).await?;
     Ok(Json(serde_json::json!({ "notifications": list })))
 }
 
+#[utoipa::path(
+    operation_id = "notify_delete",
+    delete, path = "/v1/repos/{repo}/notifications/{id}", tag = "repos",
+    params(("repo" = String, Path, description = "The repository's name"),
+        ("id" = String, Path, description = "The notification's id"),
+    ),
+    responses((status = 200, description = "The notification removed", body = api::Notification)),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn delete(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -43,6 +67,15 @@ pub(crate) struct Limit {
     limit: Option<u32>,
 }
 
+#[utoipa::path(
+    operation_id = "notify_deliveries",
+    get, path = "/v1/repos/{repo}/notifications/deliveries", tag = "repos",
+    params(("repo" = String, Path, description = "The repository's name"),
+        ("limit" = Option<u32>, Query, description = "At most this many, newest first"),
+    ),
+    responses((status = 200, description = "The delivery log", body = crate::handlers::answers::NotificationDeliveryList)),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn deliveries(
     S(state): S<State>,
     Path(repo): Path<String>,
@@ -59,6 +92,16 @@ pub(crate) struct BadgeQuery {
 }
 
 /// No token needed for a public repository; else a token that may read it.
+#[utoipa::path(
+    operation_id = "notify_badge",
+    get, path = "/v1/repos/{repo}/badge.svg", tag = "repos",
+    params(("repo" = String, Path, description = "The repository's name"),
+        ("workflow" = Option<String>, Query, description = "The workflow (name, file name or path); default any"),
+        ("branch" = Option<String>, Query, description = "The branch; default the repository's default branch"),
+    ),
+    responses((status = 200, description = "An SVG badge of the newest run", content_type = "image/svg+xml", body = String)),
+    security((), ("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn badge(
     S(state): S<State>,
     Path(repo): Path<String>,

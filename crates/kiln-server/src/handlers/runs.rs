@@ -244,6 +244,19 @@ pub(crate) async fn retry(
 /// in which the job (by name or id; a matrix job's name without its values
 /// is every instance) and everything downstream of it run again, the rest
 /// of the run's successes pinned. 409 while the run goes on.
+#[utoipa::path(
+    operation_id = "runs_retry_job",
+    post, path = "/v1/workflow-runs/{run}/jobs/{job}/retry", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+        ("job" = String, Path, description = "A job's name or id; a matrix job's name without its values: every instance"),
+    ),
+    responses(
+        (status = 202, description = "The new run: the job and what needs it run again, the other successes pinned", body = api::SubmitRunResponse),
+        (status = 409, description = "Refused while the run is active", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn retry_job(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -259,6 +272,19 @@ pub(crate) async fn retry_job(
 /// job of an active run (a matrix job's name without its values: every
 /// instance); the run as it now stands. 409 when the run is not active or
 /// the job has ended.
+#[utoipa::path(
+    operation_id = "runs_cancel_job",
+    post, path = "/v1/workflow-runs/{run}/jobs/{job}/cancel", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+        ("job" = String, Path, description = "A job's name or id; a matrix job's name without its values: every instance"),
+    ),
+    responses(
+        (status = 200, description = "The run as it now stands", body = api::Run),
+        (status = 409, description = "Refused: the run has ended or is cancelling, or the job has ended", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn cancel_job(
     S(state): S<State>,
     Extension(by): Extension<Principal>,
@@ -270,6 +296,17 @@ pub(crate) async fn cancel_job(
 
 /// `GET /v1/workflow-runs/{run}/artifacts` (issue 42): every artifact the
 /// run's jobs bound, with size, digest and expiry.
+#[utoipa::path(
+    operation_id = "runs_artifacts",
+    get, path = "/v1/workflow-runs/{run}/artifacts", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+    ),
+    responses(
+        (status = 200, description = "Every artifact the run's jobs bound, in job order", body = api::RunArtifacts),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
 pub(crate) async fn artifacts(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::RunArtifacts>> {
     let run = runs::resolve_id(&state, &run).await?;
     Ok(Json(runs::artifacts(&state, &run).await?))
