@@ -34,7 +34,17 @@ fn main() {
                 }
                 format!("{sha} {date}")
             }
-            _ => "commit unknown".to_string(),
+            _ => {
+                // git failed (not installed, or a passing trouble): run again once
+                // a repository appears or moves, so `commit unknown` never sticks
+                // to a build of a real checkout.
+                let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+                for p in root.ancestors().map(|d| d.join(".git")).filter(|p| p.exists()).take(1) {
+                    println!("cargo:rerun-if-changed={}", p.display());
+                    println!("cargo:rerun-if-changed={}", p.join("HEAD").display());
+                }
+                "commit unknown".to_string()
+            }
         },
     };
     println!("cargo:rustc-env=KILN_LONG_VERSION={version} ({commit})");

@@ -272,13 +272,13 @@ fn a_job_no_agent_can_take_says_why_and_agents_are_listed() {
     assert_eq!(v["jobs"][0]["status"], "ready");
     assert_eq!(v["jobs"][0]["message"], want.as_str());
 
-    // `kiln agents`: name, labels, running/capacity, connected.
+    // `kiln agents`: name, state, running/capacity, labels.
     let out = kiln(&up, &["agents"]);
     assert!(out.status.success(), "{}", text(&out));
     let table = stdout(&out);
     let row = table.lines().find(|l| l.starts_with("local-1 ")).unwrap_or_else(|| panic!("{table}"));
     assert!(row.contains(&format!("arch={arch},os={os}")), "{row}");
-    assert!(row.contains(" 0/1 ") && row.contains(" yes "), "{row}");
+    assert!(row.contains(" 0/1 ") && row.contains(" idle "), "{row}");
     let out = kiln(&up, &["agents", "ls", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["name"], "local-1");
@@ -969,9 +969,10 @@ fn agents_show_their_version_and_draining() {
     assert_eq!(v[0]["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(v[0]["draining"], false);
     let table = stdout(&cli().arg("agents").output().unwrap());
-    assert!(table.lines().next().unwrap().contains(" DRAINING  VERSION "), "{table}");
+    let header = table.lines().next().unwrap();
+    assert!(header.starts_with("NAME ") && header.contains(" STATE ") && header.contains(" VERSION "), "{table}");
     let row = table.lines().find(|l| l.starts_with("a1 ")).unwrap_or_else(|| panic!("{table}"));
-    assert!(row.contains(&format!(" no        {} ", env!("CARGO_PKG_VERSION"))), "{row}");
+    assert!(row.contains(" idle ") && row.contains(&format!(" {} ", env!("CARGO_PKG_VERSION"))), "{row}");
 
     let out = cli().args(["run", "--repo", "long"]).output().unwrap();
     let run = stdout(&out).trim().to_string();
@@ -983,7 +984,7 @@ fn agents_show_their_version_and_draining() {
     });
     assert!(v.is_some(), "a1 never showed as draining: {}", agents());
     let row = stdout(&cli().arg("agents").output().unwrap());
-    assert!(row.lines().any(|l| l.starts_with("a1 ") && l.contains(" 1/1 ") && l.contains(" yes       ")), "{row}");
+    assert!(row.lines().any(|l| l.starts_with("a1 ") && l.contains(" 1/1 ") && l.contains(" draining ")), "{row}");
     std::fs::write(&release, "").unwrap();
     assert_eq!(cli().args(["wait", &run]).output().unwrap().status.code(), Some(0), "the drained job finished");
 }
