@@ -62,11 +62,6 @@ pub(crate) async fn delete(
     Ok(Json(notify::remove(&state, &by, &repo, &id).await?))
 }
 
-#[derive(serde::Deserialize)]
-pub(crate) struct Limit {
-    limit: Option<u32>,
-}
-
 #[utoipa::path(
     operation_id = "notify_deliveries",
     get, path = "/v1/repos/{repo}/notifications/deliveries", tag = "repos",
@@ -79,7 +74,7 @@ pub(crate) struct Limit {
 pub(crate) async fn deliveries(
     S(state): S<State>,
     Path(repo): Path<String>,
-    Query(q): Query<Limit>,
+    Query(q): Query<super::repos::Limit>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let list = notify::deliveries(&state, &repo, q.limit).await?;
     Ok(Json(serde_json::json!({ "deliveries": list })))

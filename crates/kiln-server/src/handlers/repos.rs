@@ -120,7 +120,7 @@ pub(crate) async fn hook_info(S(state): S<State>, Path(repo): Path<String>) -> A
 
 #[derive(serde::Deserialize)]
 pub(crate) struct Limit {
-    limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
 }
 
 /// `GET /v1/repos/{repo}/deliveries`.
