@@ -88,7 +88,7 @@ pub fn parse_junit<R: Read>(input: R, limits: &Limits) -> Report {
     }
     let (replaced, first) = (lossy.replaced, lossy.first_at);
     report.tests = p.tests;
-    crate::model::dedupe_ids(&mut report.tests, &mut p.notes);
+    crate::limits::dedupe_ids(&mut report.tests, &mut p.notes);
     p.notes.finish(&mut report, replaced, first);
     report
 }

@@ -1,7 +1,7 @@
 //! The caps every parser holds itself to, and the collector of what it
 //! refused or cut.
 
-use crate::model::{Annotation, AnnotationKind, Report};
+use crate::model::{Annotation, AnnotationKind, Report, TestCase, TestId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -122,5 +122,32 @@ impl Notes {
         }
         report.truncated |= self.truncated;
         report.annotations.extend(self.list);
+    }
+}
+
+/// Give every repeated id of a report a ` #2`, ` #3` … suffix in
+/// document order (sorting, not hashing: no id is cloned for it).
+pub(crate) fn dedupe_ids(tests: &mut [TestCase], notes: &mut Notes) {
+    // Usually there is none: a set of borrowed ids says so without a sort.
+    let mut seen = std::collections::HashSet::with_capacity(tests.len());
+    if tests.iter().all(|t| seen.insert(t.id.as_str())) {
+        return;
+    }
+    drop(seen);
+    let mut order: Vec<usize> = (0..tests.len()).collect();
+    order.sort_by(|a, b| tests[*a].id.cmp(&tests[*b].id).then(a.cmp(b)));
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i + 1;
+        while j < order.len() && tests[order[j]].id == tests[order[i]].id {
+            j += 1;
+        }
+        for (n, &k) in order[i + 1..j].iter().enumerate() {
+            let first = &tests[order[i]].id.0;
+            notes.count(CountedKey::DuplicateIds, || format!("`{first}`"));
+            let id = format!("{} #{}", tests[k].id.0, n + 2);
+            tests[k].id = TestId(id);
+        }
+        i = j;
     }
 }

@@ -139,33 +139,6 @@ impl From<&str> for TestId {
     }
 }
 
-/// Give every repeated id of a report a ` #2`, ` #3` … suffix in
-/// document order (sorting, not hashing: no id is cloned for it).
-pub(crate) fn dedupe_ids(tests: &mut [TestCase], notes: &mut crate::limits::Notes) {
-    // Usually there is none: a set of borrowed ids says so without a sort.
-    let mut seen = std::collections::HashSet::with_capacity(tests.len());
-    if tests.iter().all(|t| seen.insert(t.id.as_str())) {
-        return;
-    }
-    drop(seen);
-    let mut order: Vec<usize> = (0..tests.len()).collect();
-    order.sort_by(|a, b| tests[*a].id.cmp(&tests[*b].id).then(a.cmp(b)));
-    let mut i = 0;
-    while i < order.len() {
-        let mut j = i + 1;
-        while j < order.len() && tests[order[j]].id == tests[order[i]].id {
-            j += 1;
-        }
-        for (n, &k) in order[i + 1..j].iter().enumerate() {
-            let first = &tests[order[i]].id.0;
-            notes.count(crate::limits::CountedKey::DuplicateIds, || format!("`{first}`"));
-            let id = format!("{} #{}", tests[k].id.0, n + 2);
-            tests[k].id = TestId(id);
-        }
-        i = j;
-    }
-}
-
 /// Whether `normalize_part(p) == p` (one pass over ASCII, the usual case).
 fn is_normal_part(p: &str) -> bool {
     let b = p.as_bytes();

@@ -465,7 +465,7 @@ impl<'l> Tap<'l> {
         for t in &mut tests {
             t.id = TestId::new(&t.suite, t.class.as_deref(), &t.name);
         }
-        crate::model::dedupe_ids(&mut tests, &mut self.notes);
+        crate::limits::dedupe_ids(&mut tests, &mut self.notes);
         report.tests = tests;
     }
 }
