@@ -97,6 +97,8 @@ struct Phases {
     /// What that cleanup could not do (sent with the completion or the
     /// release: issue 40, item 5).
     cleanup_error: Option<String>,
+    /// Test ids whose failures were let through as quarantined (issue 43).
+    quarantined: Vec<String>,
 }
 
 /// Where an attempt's sandbox is.
@@ -256,7 +258,13 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
                 ctx.metrics.steps.with_label_values(&[s.outcome.as_str()]).observe(ms as f64 / 1000.0);
             }
         }
-        let completion = decide(&a, ran, ctl.reason(), outputs, ctx).map(|c| Completion { steps, ..c });
+        let quarantined = std::mem::take(&mut phases.quarantined);
+        let completion = decide(&a, ran, ctl.reason(), outputs, ctx).map(|c| Completion {
+            steps,
+            // Only a success may stand on quarantined failures.
+            quarantined: if c.outcome.is_success() { quarantined } else { Vec::new() },
+            ..c
+        });
         // What the completion says reaches every reader of the run: mask
         // the job's secrets in it as in its log (a step named after its
         // command may hold one).
@@ -628,6 +636,19 @@ async fn execute(
     let a = {
         let mut copy = a.clone();
         copy.env.insert("KILN_OUTPUT".into(), output_file.env_value.clone());
+        // Issue 43: the quarantined tests, one id per line, for runners
+        // that mute or skip them.
+        if copy.reports.is_some() {
+            match crate::reports::write_quarantine(&output_file.dir, &copy.quarantine) {
+                Ok(_) if in_container => {
+                    copy.env.insert("KILN_QUARANTINE".into(), format!("{}/quarantine", crate::outputs::CONTAINER_DIR));
+                }
+                Ok(path) => {
+                    copy.env.insert("KILN_QUARANTINE".into(), path.display().to_string());
+                }
+                Err(e) => return Ran::Infra(format!("cannot write the job's quarantine file: {e}")),
+            }
+        }
         with_output = copy;
         &with_output
     };
@@ -680,11 +701,11 @@ async fn execute(
     let steps_started = std::time::Instant::now();
     phases.steps_started = Some(steps_started);
     let ran = match services.as_mut() {
-        None => run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx)).await,
+        None => run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx), &mut phases.quarantined).await,
         Some(s) => {
             let pump = s.pump(logs);
             let steps = async {
-                let ran = run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx)).await;
+                let ran = run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx), &mut phases.quarantined).await;
                 // The job's container leaves the services' network first.
                 if let Err(e) = exec.cleanup().await {
                     tracing::warn!(error = %e, "sandbox cleanup failed");
@@ -734,6 +755,15 @@ async fn execute(
         phases.cleanup_error = Some(e.to_string());
     }
     killer.abort();
+    // Issue 43: the job's test reports, read now that nothing of it runs,
+    // staged whatever the steps' outcome; the completion binds them.
+    if let Some(spec) = &a.reports
+        && ctl.reason().is_none()
+        && !matches!(ran, Ran::Stopped)
+        && let Err(r) = crate::reports::stage_all(&ctx.client, a, &ws, spec, ctl, logs).await
+    {
+        return r;
+    }
     if let Some(c) = cache.as_mut() {
         if matches!(ran, Ran::Success) && ctl.reason().is_none() {
             let spool = ctx.spool_of(attempt).join("cache");
@@ -1009,6 +1039,8 @@ enum StepOutcome {
     Failure(String),
     /// Failed with `continue-on-error`: the job goes on as if it succeeded.
     Continued(String),
+    /// Failed only by quarantined tests (issue 43): the job goes on.
+    Quarantined(String),
     Skipped,
 }
 
@@ -1022,6 +1054,7 @@ async fn run_steps(
     logs: &LogStreamer,
     results: &mut Vec<kiln_api::StepResult>,
     who: &StepsAs,
+    quarantined: &mut Vec<String>,
 ) -> Ran {
     if let Err(e) = exec.prepare().await {
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
@@ -1075,6 +1108,9 @@ async fn run_steps(
             }
         }
         let started = std::time::Instant::now();
+        // Fresh reports are those written since (the file system's clock
+        // may trail a little).
+        let started_at = std::time::SystemTime::now() - Duration::from_millis(100);
         let mut tail = Tail::default();
         let result = match &s.working_directory {
             Some(d) if !ws.join(d).is_dir() => {
@@ -1101,10 +1137,32 @@ async fn run_steps(
         if ctl.reason().is_some() {
             return Ran::Stopped;
         }
+        // Issue 43: a step that failed only by quarantined tests.
+        let excused = match &result {
+            Err(why) if !s.continue_on_error && why.starts_with("exit code ") => {
+                crate::reports::excused(a, ws, started_at).await
+            }
+            _ => None,
+        };
         let outcome = match result {
             Ok(()) => {
                 logs.system(&format!("✓ step {}/{n}: {label} ({})", i + 1, seconds(took)));
                 StepOutcome::Success
+            }
+            Err(why) if excused.is_some() => {
+                let ids = excused.unwrap_or_default();
+                let shown: Vec<String> = ids.iter().take(5).map(|t| format!("`{t}`")).collect();
+                let more = if ids.len() > 5 { format!(" and {} more", ids.len() - 5) } else { String::new() };
+                logs.system(&format!(
+                    "⚠ step {}/{n}: {label} failed ({why}, {}), but its only failures are quarantined tests: {}{more}; \
+                     the job goes on",
+                    i + 1,
+                    seconds(took),
+                    shown.join(", ")
+                ));
+                let note = format!("quarantined failures: {}", ids.len());
+                quarantined.extend(ids);
+                StepOutcome::Quarantined(note)
             }
             Err(why) if s.continue_on_error => {
                 logs.system(&format!(
@@ -1135,6 +1193,7 @@ async fn run_steps(
             StepOutcome::Success => ("success", None),
             StepOutcome::Failure(w) => ("failure", Some(w.clone())),
             StepOutcome::Continued(w) => ("continued", Some(w.clone())),
+            StepOutcome::Quarantined(w) => ("quarantined", Some(w.clone())),
             StepOutcome::Skipped => ("skipped", None),
         };
         results.push(kiln_api::StepResult {
@@ -1153,6 +1212,7 @@ async fn run_steps(
                 StepOutcome::Success => format!("✓ {label}: success{took}"),
                 StepOutcome::Failure(w) => format!("✗ {label}: failure{took} ({w})"),
                 StepOutcome::Continued(w) => format!("✗ {label}: failure, continued{took} ({w})"),
+                StepOutcome::Quarantined(w) => format!("⚠ {label}: failure, quarantined{took} ({w})"),
                 StepOutcome::Skipped => format!("○ {label}: skipped"),
             };
             text.push_str(&format!("\n  {}. {line}", i + 1));
@@ -1381,6 +1441,7 @@ fn decide(
         steps: Vec::new(),
         telemetry: None,
         sandbox: None,
+        quarantined: Vec::new(),
     };
     if stop == Some(Stop::Fenced) {
         return None;
@@ -1398,6 +1459,7 @@ fn decide(
             steps: Vec::new(),
             telemetry: None,
             sandbox: None,
+            quarantined: Vec::new(),
         },
         Ran::StepFailed { exit_code, message, timed_out } => {
             failed(Some(exit_code), message, if timed_out { "timeout" } else { "step_failed" })
@@ -1416,6 +1478,7 @@ fn decide(
                 steps: Vec::new(),
                 telemetry: None,
                 sandbox: None,
+                quarantined: Vec::new(),
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".

@@ -42,6 +42,7 @@ mod outputs;
 mod progress;
 mod ran;
 mod ratelimit;
+mod reports;
 mod services;
 mod session;
 mod slots;

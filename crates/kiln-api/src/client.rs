@@ -447,6 +447,46 @@ impl Client {
         self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/artifacts", enc(run)), None, &[], None).await
     }
 
+    /// `GET /v1/workflow-runs/{run}/tests` (issue 43).
+    pub async fn run_tests(&self, run: &str, failed_only: bool) -> Result<RunTests, ApiError> {
+        let q = if failed_only { "?failed=true" } else { "" };
+        self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/tests{q}", enc(run)), None, &[], None).await
+    }
+
+    /// `GET /v1/repos/{repo}/tests/history?id=TEST_ID`.
+    pub async fn test_history(&self, repo: &str, test_id: &str, limit: u32) -> Result<TestHistory, ApiError> {
+        let path = format!("/v1/repos/{}/tests/history?id={}&limit={limit}", enc(repo), enc(test_id));
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
+    /// `GET /v1/repos/{repo}/tests/timings?ref=REF`.
+    pub async fn test_timings(&self, repo: &str, git_ref: Option<&str>) -> Result<TestTimings, ApiError> {
+        let q = git_ref.map(|r| format!("?ref={}", enc(r))).unwrap_or_default();
+        self.send::<(), _>(Method::GET, &format!("/v1/repos/{}/tests/timings{q}", enc(repo)), None, &[], None).await
+    }
+
+    /// `POST /v1/repos/{repo}/quarantine`.
+    pub async fn quarantine(&self, repo: &str, body: &CreateQuarantine) -> Result<Quarantine, ApiError> {
+        self.send(Method::POST, &format!("/v1/repos/{}/quarantine", enc(repo)), Some(body), &[], None).await
+    }
+
+    /// `DELETE /v1/repos/{repo}/quarantine?id=TEST_ID`: the ended quarantine.
+    pub async fn unquarantine(&self, repo: &str, test_id: &str) -> Result<Quarantine, ApiError> {
+        let path = format!("/v1/repos/{}/quarantine?id={}", enc(repo), enc(test_id));
+        self.send::<(), _>(Method::DELETE, &path, None, &[], None).await
+    }
+
+    /// `GET /v1/repos/{repo}/quarantine`.
+    pub async fn list_quarantine(&self, repo: &str) -> Result<Vec<Quarantine>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct List {
+            quarantine: Vec<Quarantine>,
+        }
+        let path = format!("/v1/repos/{}/quarantine", enc(repo));
+        let r: List = self.send::<(), _>(Method::GET, &path, None, &[], None).await?;
+        Ok(r.quarantine)
+    }
+
     /// Streams the SSE log events of a job, resuming after `last_event_id`.
     pub async fn log_events(
         &self,
@@ -624,6 +664,11 @@ impl Client {
     pub async fn complete(&self, job: &str, epoch: i64, body: &Completion) -> Result<CompletionAck, ApiError> {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/complete", enc(job)), Some(body), &[], None)
             .await
+    }
+
+    /// Agent: stage one parsed test report of the attempt (issue 43).
+    pub async fn stage_report(&self, job: &str, epoch: i64, body: &ReportUpload) -> Result<ReportAck, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/reports", enc(job)), Some(body), &[], None).await
     }
 
     /// A fenced attempt's sandbox is gone (issue 40, item 5): a cancel that

@@ -850,6 +850,15 @@ pub struct Assignment {
     /// after the steps and sent with the completion.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<String>,
+    /// The job's `reports:`: read after the steps and staged with
+    /// `POST /v1/jobs/{job}/attempts/{epoch}/reports` (issue 43).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reports: Option<ReportsSpec>,
+    /// The repository's quarantined test ids at the claim: written to the
+    /// file `$KILN_QUARANTINE` names, and a step whose only failures are
+    /// these (with a complete report) does not fail the job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantine: Vec<String>,
     /// The W3C trace context of the claim (issue 19): the agent's spans and
     /// log lines for the attempt join the run's trace, and its calls on the
     /// attempt send it back as the `traceparent` header.
@@ -1185,6 +1194,12 @@ pub struct Completion {
     /// the completion itself then confirms it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxEnd>,
+    /// Test ids whose failures the agent let through because they are
+    /// quarantined (issue 43: a step whose only failures were quarantined
+    /// tests, with a complete report). The server checks them against the
+    /// bound reports and the quarantine, and fails the job if they do not hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<String>,
 }
 
 /// An agent's word that an attempt's sandbox is gone: in its completion, or
@@ -1250,6 +1265,7 @@ impl Completion {
             steps: Vec::new(),
             telemetry: None,
             sandbox: None,
+            quarantined: Vec::new(),
         }
     }
 }
@@ -1464,4 +1480,261 @@ pub const SESSION_PING_MS: u64 = 1000;
 pub struct CancelNotice {
     pub job_id: String,
     pub epoch: i64,
+}
+
+/// A job's `reports:`: workspace-relative paths or globs by format.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReportsSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub junit: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tap: Vec<String>,
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/reports`: one report file an
+/// attempt's agent read, staged until the attempt's completion binds it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReportUpload {
+    /// The file, relative to the workspace.
+    pub path: String,
+    /// `junit` or `tap`.
+    pub format: String,
+    /// A cap was hit or the file was broken: outcomes past it are unknown.
+    #[serde(default)]
+    pub truncated: bool,
+    /// What the parser refused, cut or repaired.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub annotations: Vec<ReportAnnotation>,
+    pub tests: Vec<TestCaseResult>,
+}
+
+/// The answer to a report upload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReportAck {
+    /// False when that path was staged already (a retried upload).
+    pub staged: bool,
+}
+
+/// Something a report parser refused, cut or repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReportAnnotation {
+    /// e.g. `doctype_refused`, `too_large`, `text_cut`, `invalid_utf8`.
+    pub kind: String,
+    pub message: String,
+}
+
+/// One test as a report says it ran.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestCaseResult {
+    /// `suite :: class :: name` (see docs/tests.md).
+    pub id: String,
+    pub suite: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// `passed`, `failed`, `error` or `skipped`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// A bounded excerpt of its output (tests that did not pass).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excerpt: Option<String>,
+    /// The runner's own earlier tries (JUnit `flakyFailure`/`rerunFailure`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retries: Vec<TestRetry>,
+}
+
+/// One of a runner's own tries of a test.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestRetry {
+    /// `flaky_failure`, `flaky_error`, `rerun_failure` or `rerun_error`.
+    pub kind: String,
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+}
+
+/// A run's tests summed up (each job's last attempt) and flagged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestSummary {
+    pub total: u64,
+    pub passed: u64,
+    pub failed: u64,
+    /// Tests that ended in an error (not an assertion).
+    pub errored: u64,
+    pub skipped: u64,
+    /// Tests flagged flaky when the run ended.
+    pub flaky: u64,
+    /// Failed tests that were quarantined.
+    pub quarantined: u64,
+}
+
+/// `GET /v1/workflow-runs/{run}/tests`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunTests {
+    pub run_id: String,
+    pub summary: TestSummary,
+    /// Whether the run has ended: flakiness is decided then.
+    pub decided: bool,
+    /// Each job's attempts whose reports were bound.
+    pub attempts: Vec<TestAttemptInfo>,
+    /// The report files of each job's last bound attempt.
+    pub reports: Vec<TestReportInfo>,
+    /// Each job's last bound attempt's tests: failed and errored first,
+    /// then in report order.
+    pub tests: Vec<TestRow>,
+}
+
+/// One bound attempt's reports, summed up.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestAttemptInfo {
+    pub job: String,
+    pub job_id: String,
+    pub epoch: i64,
+    /// `complete`, `truncated` or `missing`.
+    pub state: String,
+    pub total: u64,
+    pub passed: u64,
+    pub failed: u64,
+    pub errored: u64,
+    pub skipped: u64,
+    pub quarantined: u64,
+}
+
+/// A bound report file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestReportInfo {
+    pub job: String,
+    pub job_id: String,
+    pub epoch: i64,
+    pub path: String,
+    pub format: String,
+    pub truncated: bool,
+    pub tests: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub annotations: Vec<ReportAnnotation>,
+}
+
+/// One test of a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestRow {
+    pub job: String,
+    pub job_id: String,
+    pub epoch: i64,
+    #[serde(flatten)]
+    pub test: TestCaseResult,
+    /// Flagged flaky when the run ended.
+    pub flaky: bool,
+    /// Quarantined now.
+    pub quarantined: bool,
+}
+
+/// `GET /v1/repos/{repo}/tests/history?id=TEST_ID`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestHistory {
+    pub repo: String,
+    pub test_id: String,
+    /// Over default-branch runs: flaky runs / runs that decided the test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flake_rate: Option<FlakeRate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<Quarantine>,
+    /// Newest first.
+    pub entries: Vec<TestHistoryEntry>,
+}
+
+/// A test's flake rate over default-branch history.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FlakeRate {
+    pub runs: u32,
+    pub flaky: u32,
+    pub failed: u32,
+    pub rate: f64,
+}
+
+/// One result of a test in its history.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestHistoryEntry {
+    pub run_id: String,
+    pub run_number: i64,
+    pub commit_sha: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    pub job: String,
+    pub epoch: i64,
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub flaky: bool,
+    pub created_at_ms: i64,
+}
+
+/// `GET /v1/repos/{repo}/tests/timings?ref=REF`: recorded durations for
+/// `kiln tests split`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TestTimings {
+    /// The ref the durations come from: the one asked for, else the
+    /// default branch (`None`: neither has any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ref: Option<String>,
+    pub durations_ms: BTreeMap<String, u64>,
+}
+
+/// `POST /v1/repos/{repo}/quarantine`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreateQuarantine {
+    pub test_id: String,
+    /// Who fixes it (required).
+    pub owner: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    /// Seconds until it expires (default 14 days, at most 90).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_secs: Option<u64>,
+}
+
+/// A quarantined test.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Quarantine {
+    pub id: String,
+    pub test_id: String,
+    pub owner: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    pub created_by: String,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    /// `active`, `expired` (the test blocks again) or `removed`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_by: Option<String>,
 }

@@ -267,6 +267,10 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         "/v1/jobs/{job}/logs/events",
         "/v1/workflow-runs/{run}/artifacts/{job}/{name}",
         "/v1/workflow-runs/{run}/artifacts",
+        "/v1/workflow-runs/{run}/tests",
+        "/v1/repos/{repo}/tests/history",
+        "/v1/repos/{repo}/tests/timings",
+        "/v1/repos/{repo}/quarantine",
     ];
     match scope {
         Scope::Admin => Access::Allow,

@@ -20,6 +20,9 @@ pub struct ServerConfig {
     /// and running nothing is forgotten (`agent.expire` in the audit log);
     /// zero keeps offline agents until they are removed.
     pub agent_expiry: Duration,
+    /// Quarantined tests at most this percentage of a repository's suite
+    /// (issue 43; at least one test may always be quarantined).
+    pub quarantine_max_percent: f64,
     /// `kiln up`: this server runs that many local agents, `local-1` to
     /// `local-N`. Offline agents named `local-M` with M > N (left by an
     /// earlier `kiln up --agents` with more) are removed at start, so a
@@ -175,6 +178,7 @@ impl ServerConfig {
             lease_ttl: Duration::from_secs(30),
             loss_grace: Duration::from_millis(500),
             agent_expiry: Duration::from_secs(24 * 3600),
+            quarantine_max_percent: 2.0,
             embedded_agents: None,
             retry_base: Duration::from_millis(500),
             delivery_retry_max: Duration::from_secs(300),

@@ -54,6 +54,10 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
     tokio::spawn(every(state.clone(), shutdown.clone(), seen_every, "agent bookkeeping", |s| {
         Box::pin(crate::services::agents::seen_once(s))
     }));
+    // Quarantines past their expiry end (audit, metric): as often.
+    tokio::spawn(every(state.clone(), shutdown.clone(), seen_every, "quarantine expiry", |s| {
+        Box::pin(crate::services::test_reports::expire_once(s))
+    }));
     tokio::spawn(every(state.clone(), shutdown.clone(), REPORT_POLL, "commit status reporter", |s| {
         Box::pin(crate::services::forge_status::report_once(s))
     }));

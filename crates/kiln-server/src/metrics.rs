@@ -22,6 +22,9 @@ use prometheus::{
 #[derive(Clone, Copy, Debug)]
 pub struct ErrorCode(pub &'static str);
 
+/// The window of `kiln_tests_flaky{repo}`: a week.
+pub const FLAKY_WINDOW_MS: i64 = 7 * 24 * 3600 * 1000;
+
 /// Compatibility classes whose oldest eligible job is exported (the oldest
 /// first): the label's cardinality bound.
 pub const CLASSES: u32 = 20;
@@ -74,6 +77,14 @@ pub struct Metrics {
     pub log_archived_bytes: IntCounter,
     pub artifact_bytes: IntCounter,
     pub artifacts_sealed: IntCounter,
+    /// Tests in bound reports, by outcome (issue 43).
+    pub tests: IntCounterVec,
+    /// Tests flagged flaky in the last 7 days, by repository (scrape time).
+    tests_flaky: IntGaugeVec,
+    /// Tests quarantined now, by repository (scrape time).
+    tests_quarantined: IntGaugeVec,
+    /// Quarantines that expired (the test blocks again), by repository.
+    quarantine_expiries: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -283,7 +294,34 @@ impl Default for Metrics {
         let artifacts_sealed = counter(&r, "kiln_artifact_generations_sealed_total", "Artifact generations sealed.");
         let run_timeouts =
             counter(&r, "kiln_run_timeouts_total", "Runs cancelled because they passed their run-level timeout.");
+        let tests = counter_vec(
+            &r,
+            "kiln_tests_total",
+            "Tests in the reports bound by completions (each job attempt's), by outcome.",
+            "outcome",
+            &["passed", "failed", "error", "skipped"],
+        );
+        let tests_flaky =
+            int_gauge_vec(&r, "kiln_tests_flaky", "Tests flagged flaky in the last 7 days, by repository.", "repo");
+        let tests_quarantined =
+            int_gauge_vec(&r, "kiln_tests_quarantined", "Tests quarantined now, by repository.", "repo");
+        let quarantine_expiries = {
+            let c = IntCounterVec::new(
+                Opts::new(
+                    "kiln_tests_quarantine_expired_total",
+                    "Quarantines that expired (their test fails its job again), by repository.",
+                ),
+                &["repo"],
+            )
+            .expect("valid counter");
+            r.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
         Metrics {
+            tests,
+            tests_flaky,
+            tests_quarantined,
+            quarantine_expiries,
             registry: r,
             http,
             stale,
@@ -395,6 +433,19 @@ impl Metrics {
         }
     }
 
+    /// A quarantine of `repo` expired.
+    pub(crate) fn quarantine_expired(&self, repo: &str) {
+        self.quarantine_expiries.with_label_values(&[repo]).inc();
+    }
+
+    /// A completion bound an attempt's reports.
+    pub(crate) fn tests_bound(&self, t: &kiln_store::TestAttemptRecord) {
+        for (outcome, n) in [("passed", t.passed), ("failed", t.failed), ("error", t.errored), ("skipped", t.skipped)]
+        {
+            self.tests.with_label_values(&[outcome]).inc_by(u64::try_from(n).unwrap_or(0));
+        }
+    }
+
     /// Set the scrape-time gauges from the store. A store that does not
     /// answer leaves the last values (`/readyz` says why).
     ///
@@ -445,6 +496,14 @@ impl Metrics {
         if let Ok(oldest) = store.collectable_generations(0, 1).await {
             // The generation's time is the database clock's.
             self.unbound_age.set(oldest.first().map_or(0.0, |g| secs((db_now_ms - g.created_at).max(0))));
+        }
+        if let Ok(g) = store.test_gauges(FLAKY_WINDOW_MS).await {
+            self.tests_flaky.reset();
+            self.tests_quarantined.reset();
+            for (repo, (flaky, quarantined)) in g {
+                self.tests_flaky.with_label_values(&[&repo]).set(flaky);
+                self.tests_quarantined.with_label_values(&[&repo]).set(quarantined);
+            }
         }
         self.agents_connected.set(i64::try_from(connected).unwrap_or(i64::MAX));
     }

@@ -15,7 +15,7 @@
 //! the document with an independent validator.
 
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, ui,
+    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, tests_api, ui,
 };
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -57,6 +57,8 @@ pub(crate) mod scheme {
         runs::submit, runs::list, runs::workflow_inputs, runs::workflows, runs::list_all, runs::list_events,
         runs::get, runs::run_events, runs::cancel, runs::retry, runs::retry_job, runs::cancel_job, runs::artifacts,
         notify::create, notify::list, notify::delete, notify::deliveries, notify::badge,
+        tests_api::stage, tests_api::run_tests, tests_api::history, tests_api::timings, tests_api::quarantine,
+        tests_api::unquarantine, tests_api::quarantine_list,
         secrets::list, secrets::put, secrets::delete,
         logs::events, artifacts::get,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,

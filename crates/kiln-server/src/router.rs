@@ -7,7 +7,7 @@
 
 use crate::auth;
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, ui,
+    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, tests_api, ui,
 };
 use crate::security::{self, MAX_BODY};
 use crate::state::State;
@@ -38,6 +38,13 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/workflow-runs/{run}/jobs/{job}/retry", post(runs::retry_job))
         .route("/v1/workflow-runs/{run}/jobs/{job}/cancel", post(runs::cancel_job))
         .route("/v1/workflow-runs/{run}/artifacts", get(runs::artifacts))
+        .route("/v1/workflow-runs/{run}/tests", get(tests_api::run_tests))
+        .route("/v1/repos/{repo}/tests/history", get(tests_api::history))
+        .route("/v1/repos/{repo}/tests/timings", get(tests_api::timings))
+        .route(
+            "/v1/repos/{repo}/quarantine",
+            post(tests_api::quarantine).get(tests_api::quarantine_list).delete(tests_api::unquarantine),
+        )
         .route("/v1/jobs/{job}/logs/events", get(logs::events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get))
         .route("/v1/tokens", post(access::create_token).get(access::list_tokens))
@@ -78,6 +85,12 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/cache/report", post(artifacts::cache_report))
         .route_layer(middleware::from_fn(security::authenticated))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_attempt));
+    // A parsed test report: larger than other calls of an attempt.
+    let reports = Router::new()
+        .route("/v1/jobs/{job}/attempts/{epoch}/reports", post(tests_api::stage))
+        .route_layer(middleware::from_fn(security::authenticated))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_attempt))
+        .layer(DefaultBodyLimit::max(tests_api::MAX_REPORT_BODY));
     // Data plane: capability URLs, no bearer token, bodies streamed to disk.
     let data = Router::new()
         .route("/blob/uploads/{generation}/parts/{part}", put(blob::put_part))
@@ -118,6 +131,7 @@ pub(crate) fn router(state: State) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .merge(data)
         .merge(hooks)
+        .merge(reports)
         .layer(middleware::from_fn_with_state(state.clone(), security::headers))
         .layer(middleware::from_fn_with_state(state.clone(), metrics_layer))
         .with_state(state)

@@ -8,7 +8,7 @@ use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
     accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, notify, outbox,
-    repos,
+    repos, test_reports,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -613,5 +613,52 @@ impl NotifyStore for SqlStore {
         workflow_paths: &[String],
     ) -> Result<Option<kiln_core::RunStatus>> {
         notify::badge_status(self, repo_id, branch, workflow_paths).await
+    }
+}
+
+#[async_trait]
+impl TestStore for SqlStore {
+    async fn stage_report(&self, job_id: &str, epoch: i64, report: &StagedReport) -> Result<bool> {
+        test_reports::stage_report(self, job_id, epoch, report).await
+    }
+
+    async fn run_tests(&self, run_id: &str, failed_only: bool) -> Result<RunTestsRecord> {
+        test_reports::run_tests(self, run_id, failed_only).await
+    }
+
+    async fn attempt_tests(&self, job_id: &str, epoch: i64) -> Result<Option<TestAttemptRecord>> {
+        test_reports::attempt_tests(self, job_id, epoch).await
+    }
+
+    async fn test_history(&self, repo_id: &str, test_id: &str, limit: u32) -> Result<Vec<TestHistoryRecord>> {
+        test_reports::test_history(self, repo_id, test_id, limit).await
+    }
+
+    async fn test_durations(&self, repo_id: &str, git_ref: &str) -> Result<BTreeMap<String, i64>> {
+        test_reports::test_durations(self, repo_id, git_ref).await
+    }
+
+    async fn quarantine_test(&self, q: &NewQuarantine) -> Result<QuarantineRecord> {
+        test_reports::quarantine_test(self, q).await
+    }
+
+    async fn end_quarantine(&self, repo_id: &str, test_id: &str, by: &str) -> Result<Option<QuarantineRecord>> {
+        test_reports::end_quarantine(self, repo_id, test_id, by).await
+    }
+
+    async fn list_quarantine(&self, repo_id: &str, ended_within_ms: i64) -> Result<Vec<QuarantineRecord>> {
+        test_reports::list_quarantine(self, repo_id, ended_within_ms).await
+    }
+
+    async fn quarantined_ids(&self, repo_id: &str) -> Result<Vec<String>> {
+        test_reports::quarantined_ids(self, repo_id).await
+    }
+
+    async fn expire_quarantines(&self) -> Result<Vec<QuarantineRecord>> {
+        test_reports::expire_quarantines(self).await
+    }
+
+    async fn test_gauges(&self, window_ms: i64) -> Result<BTreeMap<String, (i64, i64)>> {
+        test_reports::test_gauges(self, window_ms).await
     }
 }

@@ -384,6 +384,11 @@ pub struct CompletionInput {
     /// not do (issue 40, item 5); none from an older agent (the completion
     /// itself then confirms it).
     pub sandbox: Option<SandboxEnd>,
+    /// Test ids whose failures the agent let through as quarantined (issue
+    /// 43): a successful completion with these is checked against the bound
+    /// reports and the repository's quarantine, and fails the job if they
+    /// do not hold.
+    pub quarantined: Vec<String>,
 }
 
 /// An agent's word that an attempt's sandbox is gone (issue 40, item 5).
@@ -633,6 +638,8 @@ pub struct ReportTodo {
     pub run_message: Option<String>,
     pub run_created_at: Option<i64>,
     pub run_finished_at: Option<i64>,
+    /// The run's tests when it ended (issue 43), if it had reports.
+    pub test_summary: Option<TestSummary>,
 }
 
 /// The answer to binding a cache key.
@@ -784,4 +791,159 @@ pub struct NotificationDelivery {
 pub struct DueNotification {
     pub delivery: NotificationDelivery,
     pub target: Option<NotificationRecord>,
+}
+
+/// One report file an attempt's agent read (issue 43), staged under the
+/// attempt's epoch until its completion binds it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StagedReport {
+    /// The file, relative to the workspace.
+    pub path: String,
+    /// `junit` or `tap`.
+    pub format: String,
+    pub truncated: bool,
+    /// The parser's annotations (JSON list of `{kind, message}`).
+    pub annotations: String,
+    pub tests: Vec<StagedTest>,
+}
+
+/// One test of a staged report.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StagedTest {
+    pub test_id: String,
+    pub suite: String,
+    pub class: Option<String>,
+    pub name: String,
+    pub file: Option<String>,
+    /// `passed`, `failed`, `error` or `skipped`.
+    pub outcome: String,
+    pub duration_ms: Option<i64>,
+    pub message: Option<String>,
+    pub excerpt: Option<String>,
+    /// The runner's own retry records (JSON list), if any.
+    pub retries: Option<String>,
+}
+
+/// What one attempt's bound reports add up to. `state`: `complete`,
+/// `truncated` or `missing`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TestAttemptRecord {
+    pub job_id: String,
+    pub job_name: String,
+    pub epoch: i64,
+    pub state: String,
+    pub total: i64,
+    pub passed: i64,
+    pub failed: i64,
+    pub errored: i64,
+    pub skipped: i64,
+    /// Failed or errored tests that were quarantined at the completion.
+    pub quarantined: i64,
+    pub created_at: i64,
+}
+
+/// A bound report file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TestReportRecord {
+    pub job_id: String,
+    pub job_name: String,
+    pub epoch: i64,
+    pub path: String,
+    pub format: String,
+    pub truncated: bool,
+    pub annotations: String,
+    pub tests: i64,
+}
+
+/// One test's result in a bound report.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TestResultRecord {
+    pub run_id: String,
+    pub job_id: String,
+    pub job_name: String,
+    pub epoch: i64,
+    pub test: StagedTest,
+    pub created_at: i64,
+}
+
+/// A run's tests: each job's last bound attempt's results, and what was
+/// decided when the run ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunTestsRecord {
+    pub repo_id: String,
+    /// Every bound attempt of the run's jobs, oldest first.
+    pub attempts: Vec<TestAttemptRecord>,
+    /// The report files of each job's last bound attempt.
+    pub reports: Vec<TestReportRecord>,
+    /// The tests of each job's last bound attempt, in report order.
+    pub tests: Vec<TestResultRecord>,
+    /// Tests flagged flaky when the run ended: (id, passes, failures).
+    pub flaky: Vec<(String, i64, i64)>,
+    /// The repository's quarantined tests now.
+    pub quarantined: Vec<String>,
+    /// Whether the run has ended (flakiness is decided then).
+    pub decided: bool,
+}
+
+/// A run's tests summed up when it ended (`runs.test_summary`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TestSummary {
+    pub total: i64,
+    pub passed: i64,
+    pub failed: i64,
+    pub errored: i64,
+    pub skipped: i64,
+    pub flaky: i64,
+    pub quarantined: i64,
+}
+
+/// One run of a test in a repository's history, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TestHistoryRecord {
+    pub run_id: String,
+    pub run_number: i64,
+    pub commit_sha: String,
+    pub git_ref: Option<String>,
+    pub job_name: String,
+    pub epoch: i64,
+    pub outcome: String,
+    pub duration_ms: Option<i64>,
+    pub message: Option<String>,
+    pub created_at: i64,
+    /// The test was flagged flaky when this run ended.
+    pub flaky: bool,
+}
+
+/// A quarantined test (issue 43). Open until removed or expired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QuarantineRecord {
+    pub id: String,
+    pub repo_id: String,
+    pub test_id: String,
+    pub owner: String,
+    pub reason: String,
+    pub link: Option<String>,
+    pub created_by: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+    /// When it stopped muting the test (removed, or its expiry noticed).
+    pub ended_at: Option<i64>,
+    /// Who removed it, or `expiry`.
+    pub ended_by: Option<String>,
+}
+
+/// What a new quarantine asks for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NewQuarantine {
+    pub repo_id: String,
+    pub test_id: String,
+    pub owner: String,
+    pub reason: String,
+    pub link: Option<String>,
+    pub created_by: String,
+    pub expires_in_ms: i64,
+    /// The cap: quarantined tests at most this percentage of the suite
+    /// (the tests of the repository's latest run with reports; at least one
+    /// test may always be quarantined).
+    pub max_percent: f64,
 }

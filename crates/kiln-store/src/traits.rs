@@ -22,6 +22,7 @@ use crate::error::StoreError;
 use crate::model::*;
 use crate::tx::outputs::RunOutputs;
 use async_trait::async_trait;
+use std::collections::BTreeMap;
 
 #[async_trait]
 pub trait RepoStore: Send + Sync {
@@ -462,6 +463,39 @@ pub trait NotifyStore: Send + Sync {
     ) -> Result<Option<kiln_core::RunStatus>>;
 }
 
+/// Test reports, flaky tests and quarantine (issue 43).
+#[async_trait]
+pub trait TestStore: Send + Sync {
+    /// Stage one report file the live attempt `(job, epoch)` read;
+    /// `StaleEpoch` for any other epoch. `Ok(false)`: that path was staged
+    /// already (a retried upload). Counted only once the attempt's
+    /// completion binds it.
+    async fn stage_report(&self, job_id: &str, epoch: i64, report: &StagedReport) -> Result<bool>;
+    /// A run's bound reports and tests (each job's last bound attempt);
+    /// `failed_only`: only failed and errored tests.
+    async fn run_tests(&self, run_id: &str, failed_only: bool) -> Result<RunTestsRecord>;
+    /// What one bound attempt's reports add up to (`None`: none bound).
+    async fn attempt_tests(&self, job_id: &str, epoch: i64) -> Result<Option<TestAttemptRecord>>;
+    /// A test's bound results in a repository, newest first.
+    async fn test_history(&self, repo_id: &str, test_id: &str, limit: u32) -> Result<Vec<TestHistoryRecord>>;
+    /// Each test's latest recorded duration (ms) in runs of `git_ref`.
+    async fn test_durations(&self, repo_id: &str, git_ref: &str) -> Result<BTreeMap<String, i64>>;
+    /// Quarantine a test: `Conflict` if it is already, `Invalid` past the cap.
+    async fn quarantine_test(&self, q: &NewQuarantine) -> Result<QuarantineRecord>;
+    /// End a test's open quarantine (`None`: it had none).
+    async fn end_quarantine(&self, repo_id: &str, test_id: &str, by: &str) -> Result<Option<QuarantineRecord>>;
+    /// Open quarantines, then those ended within `ended_within_ms`.
+    async fn list_quarantine(&self, repo_id: &str, ended_within_ms: i64) -> Result<Vec<QuarantineRecord>>;
+    /// The test ids quarantined now.
+    async fn quarantined_ids(&self, repo_id: &str) -> Result<Vec<String>>;
+    /// End the quarantines whose expiry passed (`ended_by` = `expiry`) and
+    /// return them, once each.
+    async fn expire_quarantines(&self) -> Result<Vec<QuarantineRecord>>;
+    /// Per repository name: (tests flagged flaky within `window_ms`, tests
+    /// quarantined now).
+    async fn test_gauges(&self, window_ms: i64) -> Result<BTreeMap<String, (i64, i64)>>;
+}
+
 /// The whole authoritative store.
 pub trait Store:
     RepoStore
@@ -475,6 +509,7 @@ pub trait Store:
     + LogStore
     + ArtifactStore
     + NotifyStore
+    + TestStore
 {
 }
 impl<
@@ -488,7 +523,8 @@ impl<
         + OutboxStore
         + LogStore
         + ArtifactStore
-        + NotifyStore,
+        + NotifyStore
+        + TestStore,
 > Store for T
 {
 }

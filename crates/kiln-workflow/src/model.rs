@@ -292,7 +292,28 @@ pub struct Job {
     /// `${{ needs.<job>.outputs.<name> }}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<String>,
+    /// `reports: {junit: [globs], tap: [globs]}`: test reports the agent
+    /// reads after the steps (also when one failed), bound with the
+    /// attempt's completion like its outputs (issue 43).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reports: Option<Reports>,
 }
+
+/// A job's `reports:`: workspace-relative paths or globs of its test
+/// reports, by format.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reports {
+    /// JUnit XML (pytest `--junitxml`, cargo-nextest, Surefire, jest-junit,
+    /// go-junit-report …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub junit: Vec<String>,
+    /// TAP 13/14.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tap: Vec<String>,
+}
+
+/// Most report paths or globs one job may declare (all formats).
+pub const MAX_REPORT_PATTERNS: usize = 32;
 
 /// Most outputs one job may declare.
 pub const MAX_OUTPUTS: usize = 64;

@@ -7,7 +7,7 @@ use crate::expr::{
 };
 use crate::model::{
     Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS,
-    MAX_OUTPUTS, MAX_STEPS, MatrixInfo, Publish, Restore, Step, Workflow,
+    MAX_OUTPUTS, MAX_REPORT_PATTERNS, MAX_STEPS, MatrixInfo, Publish, Reports, Restore, Step, Workflow,
 };
 use crate::script::{check_run, check_shell, shell_expands};
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
@@ -55,6 +55,7 @@ const JOB_KEYS: &[&str] = &[
     "id-token",
     "services",
     "outputs",
+    "reports",
     "extends",
 ];
 const ID_TOKEN_KEYS: &[&str] = &["audience"];
@@ -119,6 +120,7 @@ const NOT_BUILT: &[(&str, &str)] = &[
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
 const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths", "restore-prefix"];
 const ARTIFACTS_KEYS: &[&str] = &["publish", "restore"];
+const REPORTS_KEYS: &[&str] = &["junit", "tap"];
 const PUBLISH_KEYS: &[&str] = &["name", "path", "expire-in"];
 const RESTORE_KEYS: &[&str] = &["from_job", "name", "path"];
 
@@ -964,6 +966,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let id_token = get(entries, "id-token").and_then(|e| id_token(ctx, &label, &e.value));
     let services = get(entries, "services").and_then(|e| services::services(ctx, &label, &e.value)).unwrap_or_default();
     let outputs = get(entries, "outputs").and_then(|e| outputs(ctx, &label, &e.value)).unwrap_or_default();
+    let reports = get(entries, "reports").and_then(|e| reports(ctx, &label, &e.value));
     let output_refs = std::mem::take(&mut ctx.output_refs);
 
     let job = Job {
@@ -993,6 +996,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         concurrency: job_concurrency,
         services,
         outputs,
+        reports,
     };
     ctx.matrix_refs = MatrixRefs::NoMatrix;
     Some(Draft {
@@ -2393,6 +2397,61 @@ fn outputs(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Vec<String>> {
         }
     }
     ok.then_some(names)
+}
+
+/// `reports: {junit: …, tap: …}`: each a path or glob, or a list of them,
+/// relative to the workspace.
+fn reports(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Reports> {
+    let subject = format!("`reports` of {label}");
+    let entries = as_map(ctx, node, &subject, "a map like `reports: {junit: [reports/*.xml], tap: [out.tap]}`")?;
+    check_keys(ctx, entries, REPORTS_KEYS, &format!("in {subject}"));
+    let mut out = Reports::default();
+    let mut ok = true;
+    for e in entries {
+        let list = match e.key.as_str() {
+            "junit" => &mut out.junit,
+            "tap" => &mut out.tap,
+            _ => continue,
+        };
+        let s = format!("`reports.{}` of {label}", e.key);
+        let items: Vec<&Node> = match &e.value.value {
+            Value::Seq(items) => items.iter().collect(),
+            _ => vec![&e.value],
+        };
+        if items.is_empty() {
+            ctx.err(e.value.pos, format!("{s} is empty; list the report files (paths or globs) or leave it out"));
+            ok = false;
+        }
+        for item in items {
+            let Some(text) = as_nonempty_text(ctx, item, &format!("an entry of {s}"), "a path or glob") else {
+                ok = false;
+                continue;
+            };
+            if !(ctx.matrix_only(item.pos, text, &s)
+                && check_path(ctx, item, text, &s, false)
+                && publish_pattern_ok(ctx, item.pos, text, &s))
+            {
+                ok = false;
+                continue;
+            }
+            list.push(text.to_string());
+        }
+    }
+    if out.junit.len() + out.tap.len() > MAX_REPORT_PATTERNS {
+        ctx.err(
+            node.pos,
+            format!(
+                "{subject} lists {} paths; at most {MAX_REPORT_PATTERNS} are allowed (use globs)",
+                out.junit.len() + out.tap.len()
+            ),
+        );
+        ok = false;
+    }
+    if ok && out.junit.is_empty() && out.tap.is_empty() {
+        ctx.err(node.pos, format!("{subject} names no report; add `junit:` or `tap:` with the report files"));
+        ok = false;
+    }
+    ok.then_some(out)
 }
 
 fn condition(ctx: &mut Ctx, label: &str, node: &Node) -> Option<String> {

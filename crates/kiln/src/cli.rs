@@ -351,6 +351,11 @@ pub struct ServerTuning {
     /// until they are removed (`kiln agents rm`, the Agents page).
     #[arg(long, default_value = "24h", value_parser = parse_duration, value_name = "DURATION")]
     pub agent_expiry: std::time::Duration,
+    /// Quarantined tests may be at most this percentage of a repository's suite (the tests of
+    /// its latest run with reports); at least one test may always be quarantined. The next
+    /// `kiln tests quarantine` past it is refused, naming the cap.
+    #[arg(long, default_value = "2", value_parser = parse_percent, value_name = "PERCENT")]
+    pub quarantine_max_percent: f64,
     /// With PostgreSQL: how often this replica re-reads the ready jobs
     /// regardless of notifications from other replicas (the safety net for
     /// lost ones; default 5s).
@@ -1384,4 +1389,13 @@ mod tests {
         assert!(!help.contains("bench"), "{help}");
         assert!(help.contains("completions") && help.contains("runs") && help.contains("wait"), "{help}");
     }
+}
+
+/// A percentage: `2`, `2.5` or `2%`, from 0 to 100.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().trim_end_matches('%').trim().parse().map_err(|_| format!("`{s}` is not a percentage"))?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(format!("`{s}` is not between 0 and 100"));
+    }
+    Ok(v)
 }

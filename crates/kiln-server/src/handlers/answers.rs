@@ -114,3 +114,10 @@ pub(crate) struct NotificationList {
 pub(crate) struct NotificationDeliveryList {
     pub deliveries: Vec<api::NotificationDelivery>,
 }
+
+/// `GET /v1/repos/{repo}/quarantine`: open quarantines, then those ended
+/// in the last 30 days.
+#[derive(ToSchema)]
+pub(crate) struct QuarantineList {
+    pub quarantine: Vec<api::Quarantine>,
+}

@@ -17,4 +17,5 @@ pub(crate) mod oidc;
 pub(crate) mod repos;
 pub(crate) mod runs;
 pub(crate) mod secrets;
+pub(crate) mod tests_api;
 pub(crate) mod ui;

@@ -112,6 +112,8 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
             })
             .collect(),
         outputs: def.outputs.clone(),
+        reports: def.reports.as_ref().map(|r| api::ReportsSpec { junit: r.junit.clone(), tap: r.tap.clone() }),
+        quarantine: Vec::new(),
         traceparent: None,
     }
 }
@@ -249,6 +251,10 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
     a.clone_url = remote.url;
     a.clone_credential = remote.credential;
     a.attempt_token = state.agent_keys.attempt_token(&c.job.id, c.epoch);
+    if def.reports.is_some() {
+        // Issue 43: the tests quarantined now ($KILN_QUARANTINE).
+        a.quarantine = state.store.quarantined_ids(&repo.id).await?;
+    }
     if !def.secrets.is_empty() && may_read_secrets(c) {
         if !repo.secret_pools.contains(&agent.pool) {
             return Ok(Handout::Withheld(format!(

@@ -116,6 +116,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
                 outputs: c.outputs,
                 steps: step_results(c.steps),
                 sandbox: c.sandbox.map(sandbox_end),
+                quarantined: c.quarantined,
             },
         )
         .await;
@@ -141,6 +142,10 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
                 m.failed_attempt(class, &status);
             }
             m.job_finished(&status);
+            // Issue 43: the tests of the reports this completion bound.
+            if let Ok(Some(t)) = state.store.attempt_tests(job, epoch).await {
+                m.tests_bound(&t);
+            }
             tracing::info!(job, epoch, status, "completed");
             Ok(status)
         }

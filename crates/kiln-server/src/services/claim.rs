@@ -159,6 +159,7 @@ async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -
         steps: Default::default(),
         telemetry: None,
         sandbox: None,
+        quarantined: Vec::new(),
     };
     crate::services::attempts::complete(state, &c.job.id, c.epoch, done).await.map(|_| ())
 }

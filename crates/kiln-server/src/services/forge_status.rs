@@ -62,7 +62,7 @@ fn describe(r: &ReportTodo) -> String {
         (Some(a), Some(b)) => format!(" in {}", human_ms(b - a)),
         _ => String::new(),
     };
-    match r.state.as_str() {
+    let base: String = match r.state.as_str() {
         "pending" => "Queued".into(),
         "running" => "Running".into(),
         "success" => format!("Succeeded{took}"),
@@ -72,7 +72,45 @@ fn describe(r: &ReportTodo) -> String {
         },
         "cancelled" => format!("Cancelled{took}"),
         other => other.to_string(),
+    };
+    match r.test_summary.filter(|s| s.total > 0 && is_final(&r.state)) {
+        // Issue 43: "3 failed, 2 flaky of 1,204" first: the forge cuts long
+        // descriptions (GitHub at 140 characters).
+        Some(s) => format!("{} · {base}", tests_line(&s)),
+        None => base,
     }
+}
+
+/// A run's tests in a few words: `3 failed, 2 flaky of 1,204 tests`.
+pub(crate) fn tests_line(s: &kiln_store::TestSummary) -> String {
+    let mut parts = Vec::new();
+    let failed = s.failed + s.errored - s.quarantined;
+    if failed > 0 {
+        parts.push(format!("{} failed", thousands(failed)));
+    }
+    if s.flaky > 0 {
+        parts.push(format!("{} flaky", thousands(s.flaky)));
+    }
+    if s.quarantined > 0 {
+        parts.push(format!("{} quarantined", thousands(s.quarantined)));
+    }
+    if parts.is_empty() {
+        return format!("{} tests passed", thousands(s.total - s.skipped));
+    }
+    format!("{} of {} tests", parts.join(", "), thousands(s.total))
+}
+
+/// `1204` → `1,204`.
+fn thousands(n: i64) -> String {
+    let digits = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
 }
 
 fn human_ms(ms: i64) -> String {

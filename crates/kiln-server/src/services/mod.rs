@@ -28,6 +28,7 @@ pub(crate) mod repos;
 pub(crate) mod run_feed;
 pub(crate) mod run_ref;
 pub(crate) mod runs;
+pub(crate) mod test_reports;
 pub(crate) mod triggers;
 pub(crate) mod webhooks;
 // Unit tests of each service's policy, one file per service, over a real

@@ -301,6 +301,9 @@ pub(crate) async fn finish_run(
     .bind(run_id)
     .execute()
     .await?;
+    // Issue 43: flaky tests are decided, and the run's tests summed up,
+    // with the end itself (before the notifications that may read them).
+    crate::tx::test_reports::on_run_end(tx, run_id, now).await?;
     // Issue 42: the run end's notifications commit with the end itself.
     crate::tx::notify::enqueue_on_end(tx, run_id, status, now).await?;
     release_group(tx, run_id, now).await

@@ -125,6 +125,36 @@ async fn complete_tx(
         message: c.message.as_deref(),
         class: c.failure_class,
     });
+    // Issue 43: a job that declares `reports:` binds what its attempt
+    // staged (whatever the outcome; not when cancellation came first).
+    let declares_reports = usize::try_from(job.index)
+        .ok()
+        .and_then(|i| run.definition.jobs.get(i))
+        .is_some_and(|d| d.reports.is_some());
+    let bound = match verdict {
+        CompletionVerdict::Cancelled { .. } | CompletionVerdict::Invalid => None,
+        _ if declares_reports => Some(crate::tx::test_reports::bind(tx, &job, epoch, now).await?),
+        _ => None,
+    };
+    // Failures let through as quarantined hold only if the bound reports
+    // are complete and every failure in them is quarantined now.
+    let mut quarantine_note = None;
+    let verdict = match verdict {
+        CompletionVerdict::Succeed if !c.quarantined.is_empty() => {
+            let checked = match &bound {
+                None => Err("failures were let through as quarantined, but the job declares no `reports:`".into()),
+                Some(b) => crate::tx::test_reports::check_quarantined(b),
+            };
+            match checked {
+                Ok(n) => {
+                    quarantine_note = Some(format!("quarantined failures: {n}"));
+                    CompletionVerdict::Succeed
+                }
+                Err(message) => CompletionVerdict::Fail { message, class: FailureClass::StepFailed },
+            }
+        }
+        v => v,
+    };
     let Some(ends) = verdict.attempt_outcome() else {
         return Err(StoreError::Invalid("completion outcome cannot be running".into()));
     };
@@ -193,8 +223,9 @@ async fn complete_tx(
                 .execute()
                 .await?;
             }
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, c.message.as_deref(), None, now).await?;
-            let message = success_message(job.message.as_deref());
+            let message = quarantine_note.as_deref().or(c.message.as_deref());
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, message, None, now).await?;
+            let message = quarantine_note.as_deref().or(success_message(job.message.as_deref()));
             tx.sql(&SUCCEED).bind(now).bind(message).bind(job_id).execute().await?;
             advance_run(tx, &job.run_id, now).await?;
             JobStatus::Success

@@ -263,7 +263,7 @@ pub(crate) async fn due_reports(store: &SqlStore, limit: u32) -> Result<Vec<Repo
         format!(
             "SELECT * FROM (SELECT f.id, f.repo_id, f.commit_sha, f.context, f.run_id, f.description, f.sent_state, \
              f.attempts, f.created_at, COALESCE(f.fixed_state, {state}) AS state, u.message AS run_message, \
-             u.created_at AS run_created_at, u.finished_at AS run_finished_at \
+             u.created_at AS run_created_at, u.finished_at AS run_finished_at, u.test_summary \
              FROM forge_reports f LEFT JOIN runs u ON u.id = f.run_id \
              WHERE f.done = 0 AND f.next_at <= {now} AND (f.claimed_until IS NULL OR f.claimed_until < {now}) \
              AND NOT EXISTS (SELECT 1 FROM forge_reports o WHERE o.repo_id = f.repo_id \
@@ -290,6 +290,9 @@ pub(crate) async fn due_reports(store: &SqlStore, limit: u32) -> Result<Vec<Repo
                 run_message: r.get("run_message")?,
                 run_created_at: r.get("run_created_at")?,
                 run_finished_at: r.get("run_finished_at")?,
+                test_summary: r
+                    .get::<Option<String>>("test_summary")?
+                    .and_then(|s| serde_json::from_str(&s).ok()),
             })
         })
         .collect()

@@ -37,3 +37,4 @@ pub(crate) mod outputs;
 pub(crate) mod queue;
 pub(crate) mod release;
 pub(crate) mod repos;
+pub(crate) mod test_reports;

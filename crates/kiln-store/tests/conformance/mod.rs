@@ -369,6 +369,7 @@ pub fn success() -> CompletionInput {
         outputs: Default::default(),
         steps: Default::default(),
         sandbox: None,
+        quarantined: Vec::new(),
     }
 }
 
@@ -381,6 +382,7 @@ pub fn failure(code: i32) -> CompletionInput {
         outputs: Default::default(),
         steps: Default::default(),
         sandbox: None,
+        quarantined: Vec::new(),
     }
 }
 
@@ -393,6 +395,7 @@ pub fn infra_failure() -> CompletionInput {
         outputs: Default::default(),
         steps: Default::default(),
         sandbox: None,
+        quarantined: Vec::new(),
     }
 }
 

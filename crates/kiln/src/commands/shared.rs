@@ -131,6 +131,7 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.secrets_key_file = t.secrets_key_file.clone();
     config.loss_grace = t.loss_grace;
     config.agent_expiry = t.agent_expiry;
+    config.quarantine_max_percent = t.quarantine_max_percent;
     if let Some(d) = t.dispatch_sweep {
         config.dispatch_sweep = d;
     }
