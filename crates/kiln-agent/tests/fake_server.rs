@@ -679,6 +679,8 @@ impl Harness {
             cache: None,
             services: vec![],
             outputs: vec![],
+            reports: None,
+            quarantine: vec![],
             traceparent: None,
         }
     }

@@ -267,6 +267,8 @@ fn assignment() -> Assignment {
         cache: None,
         services: vec![],
         outputs: vec![],
+        reports: None,
+        quarantine: vec![],
         traceparent: None,
     }
 }
@@ -297,6 +299,7 @@ fn heartbeat_completion_and_ack() {
         steps: Default::default(),
         telemetry: None,
         sandbox: None,
+        quarantined: Vec::new(),
     };
     insta::assert_json_snapshot!("completion", completion);
     insta::assert_json_snapshot!("completion_ack", CompletionAck { job_status: JobStatus::Ready });

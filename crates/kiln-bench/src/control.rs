@@ -244,6 +244,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         steps: Default::default(),
                         telemetry: None,
                         sandbox: None,
+                        quarantined: Vec::new(),
                     };
                     match c.complete(&job, epoch, &done).await {
                         Ok(_) => {

@@ -101,6 +101,7 @@ pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln
         steps: Default::default(),
         telemetry: None,
         sandbox: None,
+        quarantined: Vec::new(),
     };
     app.holder(a).post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
 }
