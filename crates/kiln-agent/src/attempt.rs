@@ -632,6 +632,17 @@ async fn execute(
     if in_container {
         mounts.push((output_file.dir.clone(), crate::outputs::CONTAINER_DIR.to_string()));
     }
+    // Issue 43: the recorded test durations `kiln tests split` reads.
+    let timings = match &a.reports {
+        Some(_) => match ctx.client.attempt_timings(&a.job_id, a.epoch).await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                logs.system_note(&format!("⚠ no recorded test timings ({e}); `kiln tests split` splits by count"));
+                Some(kiln_api::TestTimings::default())
+            }
+        },
+        None => None,
+    };
     let with_output;
     let a = {
         let mut copy = a.clone();
@@ -647,6 +658,17 @@ async fn execute(
                     copy.env.insert("KILN_QUARANTINE".into(), path.display().to_string());
                 }
                 Err(e) => return Ran::Infra(format!("cannot write the job's quarantine file: {e}")),
+            }
+        }
+        if let Some(t) = &timings {
+            match crate::reports::write_timings(&output_file.dir, t) {
+                Ok(_) if in_container => {
+                    copy.env.insert("KILN_TEST_TIMINGS".into(), format!("{}/timings", crate::outputs::CONTAINER_DIR));
+                }
+                Ok(path) => {
+                    copy.env.insert("KILN_TEST_TIMINGS".into(), path.display().to_string());
+                }
+                Err(e) => return Ran::Infra(format!("cannot write the job's test timings file: {e}")),
             }
         }
         with_output = copy;

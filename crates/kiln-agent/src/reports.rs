@@ -108,7 +108,12 @@ fn matches(ws: &Path, pattern: &str, notes: &mut Vec<String>) -> Vec<String> {
     }
     let rel = comps.join("/");
     if !kiln_workflow::is_glob(pattern) {
-        return vec![rel];
+        // A path that is not there matched nothing (the report is missing);
+        // one that is there is read (and refused if it may not be).
+        return match std::fs::symlink_metadata(ws.join(&rel)) {
+            Ok(_) => vec![rel],
+            Err(_) => Vec::new(),
+        };
     }
     // Walk only below the pattern's literal leading directories.
     let mut base = PathBuf::new();
@@ -259,11 +264,28 @@ pub(crate) fn quarantined_only(reports: &[Report], quarantine: &BTreeSet<&str>) 
     (!failed.is_empty() && failed.iter().all(|id| quarantine.contains(id.as_str()))).then_some(failed)
 }
 
+/// Writes `$KILN_TEST_TIMINGS` (the API's `TestTimings` as JSON), readable
+/// by the step, beside `$KILN_QUARANTINE`.
+pub(crate) fn write_timings(dir: &Path, t: &kiln_api::TestTimings) -> std::io::Result<PathBuf> {
+    let text = serde_json::to_string(t).map_err(std::io::Error::other)?;
+    write_file(dir, "timings", &text)
+}
+
 /// Writes `$KILN_QUARANTINE`: one quarantined test id per line, readable by
 /// the step (in the attempt's output directory).
 pub(crate) fn write_quarantine(dir: &Path, ids: &[String]) -> std::io::Result<PathBuf> {
+    let mut text = String::new();
+    for id in ids {
+        text.push_str(id);
+        text.push('\n');
+    }
+    write_file(dir, "quarantine", &text)
+}
+
+/// A new 0644 file of the agent's in the attempt's output directory.
+fn write_file(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
     use std::io::Write;
-    let path = dir.join("quarantine");
+    let path = dir.join(name);
     let _ = std::fs::remove_file(&path);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -271,9 +293,7 @@ pub(crate) fn write_quarantine(dir: &Path, ids: &[String]) -> std::io::Result<Pa
         .mode(0o644)
         .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
         .open(&path)?;
-    for id in ids {
-        writeln!(f, "{id}")?;
-    }
+    f.write_all(text.as_bytes())?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
     Ok(path)
 }

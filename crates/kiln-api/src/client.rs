@@ -666,6 +666,12 @@ impl Client {
             .await
     }
 
+    /// Agent: the recorded test durations for the attempt's `kiln tests split`.
+    pub async fn attempt_timings(&self, job: &str, epoch: i64) -> Result<TestTimings, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/jobs/{}/attempts/{epoch}/timings", enc(job)), None, &[], None)
+            .await
+    }
+
     /// Agent: stage one parsed test report of the attempt (issue 43).
     pub async fn stage_report(&self, job: &str, epoch: i64, body: &ReportUpload) -> Result<ReportAck, ApiError> {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/reports", enc(job)), Some(body), &[], None).await

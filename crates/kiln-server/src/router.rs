@@ -83,6 +83,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/attempts/{epoch}/cache/lookup", post(artifacts::cache_lookup))
         .route("/v1/jobs/{job}/attempts/{epoch}/cache/save", post(artifacts::cache_save))
         .route("/v1/jobs/{job}/attempts/{epoch}/cache/report", post(artifacts::cache_report))
+        .route("/v1/jobs/{job}/attempts/{epoch}/timings", get(tests_api::attempt_timings))
         .route_layer(middleware::from_fn(security::authenticated))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_attempt));
     // A parsed test report: larger than other calls of an attempt.

@@ -130,6 +130,9 @@ pub enum Command {
         #[command(subcommand)]
         command: NotifyCommand,
     },
+    /// Test reports of runs, per-test history, quarantine and timing-based shards
+    /// (`kiln tests RUN`, `kiln tests history REPO TEST_ID`, `kiln tests split`).
+    Tests(TestsArgs),
     /// Manage API tokens: admin, read-only, and per-repository trigger tokens.
     Token {
         #[command(subcommand)]
@@ -885,6 +888,121 @@ pub enum NotifyCommand {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// `kiln tests`: a run's tests, or one of the subcommands.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct TestsArgs {
+    #[command(subcommand)]
+    pub command: Option<TestsCommand>,
+    /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+
+    /// characters. Its tests are each job's last attempt's, failed ones first, with
+    /// their message; flaky ones are marked once the run has ended.
+    pub run: Option<String>,
+    /// The repository a bare run NUMBER is of.
+    #[arg(long, value_name = "REPO")]
+    pub repo: Option<String>,
+    /// Only failed and errored tests.
+    #[arg(long)]
+    pub failed: bool,
+    /// Print the API's answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TestsCommand {
+    /// A test's results in REPO's runs, newest first, and its flake rate over the default
+    /// branch's runs.
+    History {
+        /// The repository.
+        repo: String,
+        /// The test's id as `kiln tests RUN` shows it (`suite :: class :: name`).
+        test_id: String,
+        /// How many results at most.
+        #[arg(long, default_value_t = 30)]
+        limit: u32,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Quarantine a test of REPO: while quarantined, a job whose only failures are
+    /// quarantined tests (with a complete report) succeeds, saying "quarantined failures: N".
+    /// Every quarantine has an owner and expires; at expiry the test fails its job again and
+    /// the audit log and metrics say so. At most --quarantine-max-percent of the suite
+    /// (default 2%) may be quarantined.
+    Quarantine {
+        /// The repository.
+        repo: String,
+        /// The test's id as `kiln tests RUN` shows it.
+        test_id: String,
+        /// Who fixes it (required): a person, a team, an email.
+        #[arg(long, value_name = "WHO")]
+        owner: String,
+        /// Why it is quarantined.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// A link to the issue tracking the fix.
+        #[arg(long, value_name = "URL")]
+        link: Option<String>,
+        /// When it expires: a duration like 14d (default), 36h, 2w; at most 90d.
+        #[arg(long, default_value = "14d", value_name = "DURATION")]
+        expires: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// End a test's quarantine: its failures fail jobs again.
+    Unquarantine {
+        /// The repository.
+        repo: String,
+        /// The test's id.
+        test_id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List REPO's quarantined tests (and those that ended in the last 30 days).
+    #[command(alias = "list")]
+    Ls {
+        /// The repository.
+        repo: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Read test ids on standard input (one per line) and print this shard's share:
+    /// bin-packed by recorded durations (this branch's, else the default branch's; a test
+    /// without one weighs the median, and standard error says how many had none), or dealt
+    /// round-robin with --by count. In a job that declares `reports:`, the timings come from
+    /// the file $KILN_TEST_TIMINGS names; elsewhere from the server (--repo, --ref).
+    Split {
+        /// How many shards.
+        #[arg(long)]
+        total: usize,
+        /// This shard: 0 to TOTAL-1 (e.g. from a matrix value).
+        #[arg(long)]
+        index: usize,
+        /// timings (default) or count.
+        #[arg(long, default_value = "timings", value_parser = ["timings", "count"])]
+        by: String,
+        /// A timings file (as $KILN_TEST_TIMINGS: `{"durations_ms": {ID: MS}}`).
+        #[arg(long, value_name = "FILE", env = "KILN_TEST_TIMINGS")]
+        timings: Option<PathBuf>,
+        /// Without a timings file: the repository whose recorded durations to use.
+        #[arg(long, value_name = "REPO")]
+        repo: Option<String>,
+        /// With --repo: the branch whose durations to prefer (default: the default branch's).
+        #[arg(long = "ref", value_name = "REF")]
+        git_ref: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },

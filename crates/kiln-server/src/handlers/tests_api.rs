@@ -172,3 +172,23 @@ pub(crate) async fn quarantine_list(S(state): S<State>, Path(repo): Path<String>
     let list = test_reports::list(&state, &repo).await?;
     Ok(Json(serde_json::json!({ "quarantine": list })))
 }
+
+/// `GET /v1/jobs/{job}/attempts/{epoch}/timings`: the recorded durations a
+/// job's `kiln tests split` uses (its run's branch, else the default
+/// branch), written by the agent to `$KILN_TEST_TIMINGS`.
+#[utoipa::path(
+    operation_id = "attempts_test_timings",
+    get, path = "/v1/jobs/{job}/attempts/{epoch}/timings", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    responses((status = 200, description = "Each test's latest duration", body = api::TestTimings)),
+    security(("attempt_token" = [])),
+)]
+pub(crate) async fn attempt_timings(
+    S(state): S<State>,
+    Path((job, _epoch)): Path<(String, i64)>,
+) -> ApiResult<Json<api::TestTimings>> {
+    Ok(Json(test_reports::timings_of_job(&state, &job).await?))
+}

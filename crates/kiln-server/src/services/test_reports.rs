@@ -293,6 +293,13 @@ pub(crate) async fn timings(state: &AppState, repo: &str, git_ref: Option<&str>)
     Ok(api::TestTimings::default())
 }
 
+/// The timings for a job's run: its branch's, else the default branch's.
+pub(crate) async fn timings_of_job(state: &AppState, job: &str) -> ApiResult<api::TestTimings> {
+    let job = state.store.get_job(job).await?;
+    let run = state.store.get_run(&job.run_id).await?;
+    timings(state, &run.run.repo_id, run.run.git_ref.as_deref()).await
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

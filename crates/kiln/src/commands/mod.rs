@@ -19,6 +19,7 @@ mod secret;
 mod server;
 mod shared;
 mod status;
+mod tests;
 mod top;
 mod up;
 mod validate;
@@ -35,6 +36,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Repo { command } => repo::run(command).await,
         Command::Secret { command } => secret::run(command).await,
         Command::Notify { command } => notify::run(command).await,
+        Command::Tests(a) => tests::run(a).await,
         Command::Token { command } => access::token(command).await,
         Command::AgentToken { command } => access::agent_token(command).await,
         Command::Agents { command, json, conn } => {

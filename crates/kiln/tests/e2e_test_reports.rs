@@ -1,0 +1,248 @@
+//! Test reports end to end (issue 43) with the real `kiln` binary, real
+//! agents and real test runners: pytest's `--junitxml`, cargo-nextest's
+//! JUnit (with its own retries) and Node's TAP reporter produce the
+//! reports; `kiln tests` shows the per-test rows; flaky tests are flagged
+//! when the run ends; quarantine lets exactly the right jobs through (the
+//! six gate cases); a hostile report never changes a job's own outcome.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnUp, TestRepo, wait_run};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../kiln-reports/tests/fixtures");
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!("{FIXTURES}/{name}")).unwrap()
+}
+
+fn add_repo(up: &KilnUp, name: &str, repo: &TestRepo) {
+    let out = up.cli().args(["repo", "add", name, "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "repo add: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn cli(up: &KilnUp, args: &[&str]) -> (bool, String, String) {
+    let o = up.cli().args(args).output().unwrap();
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn logs(up: &KilnUp, run: &str) -> String {
+    let (_, out, err) = cli(up, &["logs", run]);
+    format!("{out}{err}")
+}
+
+async fn run_to_end(up: &KilnUp, c: &Client, repo: &str, sha: &str) -> (kiln_api::Run, String) {
+    let body = SubmitRun { commit_sha: sha.into(), ..Default::default() };
+    let id = c.submit_run(repo, &body, None).await.unwrap().run_id;
+    let run = wait_run(c, &id, 600).await;
+    let log = logs(up, &id);
+    (run, log)
+}
+
+fn tests_json(up: &KilnUp, run: &str) -> kiln_api::RunTests {
+    let (ok, out, err) = cli(up, &["tests", run, "--json"]);
+    assert!(ok, "kiln tests: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn row<'a>(t: &'a kiln_api::RunTests, id: &str) -> &'a kiln_api::TestRow {
+    t.tests.iter().find(|r| r.test.id == id).unwrap_or_else(|| {
+        panic!("no test `{id}` in {:#?}", t.tests.iter().map(|r| &r.test.id).collect::<Vec<_>>())
+    })
+}
+
+const RUNNERS: &str = r#"version: 1
+jobs:
+  - name: pytest
+    needs: []
+    reports: {junit: ["reports/*.xml"]}
+    steps:
+      - /usr/bin/python3 -m pytest -p no:cacheprovider --junitxml=reports/pytest.xml tests
+  - name: node
+    needs: []
+    reports: {tap: [out.tap]}
+    steps:
+      - node --test --test-reporter=tap sample.test.mjs > out.tap
+  - name: nextest
+    needs: []
+    reports:
+      junit: [target/nextest/ci/junit.xml]
+    steps:
+      - cargo nextest run --offline --profile ci --no-fail-fast
+"#;
+
+/// Real runners' reports become per-test rows: outcomes, messages, runner
+/// retries; nextest's own retries flag its flaky test when the run ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn pytest_nextest_and_tap_reports_become_per_test_rows() {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let has_cargo = std::path::Path::new(&home).join(".cargo/bin/cargo").exists();
+    let nextest = std::process::Command::new("cargo-nextest").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !has_cargo || !nextest {
+        panic!("this test needs rustup's cargo in ~/.cargo and cargo-nextest (scripts/test installs it)");
+    }
+    // A root agent's steps run as nobody, who cannot read root's rustup:
+    // the toolchain is usable by steps run as its owner (docs/deploy.md).
+    let flags: &[&str] = if nix::unistd::geteuid().is_root() { &["--step-user", "root"] } else { &[] };
+    let up = KilnUp::start_env(BIN.as_ref(), 3, flags, &[("RUSTUP_HOME", ""), ("CARGO_HOME", "")]).unwrap();
+    let repo = TestRepo::new(&[
+        (".kiln/pipeline.yaml", RUNNERS),
+        ("tests/__init__.py", ""),
+        ("tests/test_sample.py", &fixture("pytest_source_test_sample.py.txt")),
+        ("sample.test.mjs", &fixture("node_source_sample.test.mjs.txt")),
+        ("Cargo.toml", "[package]\nname = \"sample\"\nversion = \"0.1.0\"\nedition = \"2021\"\n"),
+        ("src/lib.rs", &fixture("nextest_source_lib.rs.txt")),
+        (".config/nextest.toml", &fixture("nextest_source_config.toml.txt")),
+    ])
+    .unwrap();
+    add_repo(&up, "suite", &repo);
+    let c = Client::new(&up.url, &up.token);
+    let (run, log) = run_to_end(&up, &c, "suite", "HEAD").await;
+    assert_eq!(run.status, "failed", "each runner has a failing test: {log}\n{}", up.log());
+    for j in &run.jobs {
+        assert_eq!(j.status, "failed", "{}: {log}", j.name);
+    }
+    assert!(log.contains("reports: junit `reports/pytest.xml`: 6 tests, 1 failed, 1 errors, 1 skipped"), "{log}");
+
+    let t = tests_json(&up, &format!("suite#{}", run.number));
+    assert!(t.decided);
+    // pytest: outcomes and messages as pytest wrote them.
+    let fails = row(&t, "pytest :: tests.test_sample :: test_fails");
+    assert_eq!((fails.job.as_str(), fails.test.outcome.as_str()), ("pytest", "failed"));
+    assert!(fails.test.message.as_deref().unwrap_or("").contains("lists differ"), "{fails:?}");
+    assert_eq!(row(&t, "pytest :: tests.test_sample :: test_errors").test.outcome, "error");
+    assert_eq!(row(&t, "pytest :: tests.test_sample :: test_skipped").test.outcome, "skipped");
+    assert_eq!(row(&t, "pytest :: tests.test_sample :: test_passes").test.outcome, "passed");
+    // Node's TAP 13: nested subtests, a failure with its diagnostics.
+    let node: Vec<&kiln_api::TestRow> = t.tests.iter().filter(|r| r.job == "node").collect();
+    let multiplies = node.iter().find(|r| r.test.id.ends_with("multiplies")).expect("node's failing test");
+    assert_eq!(multiplies.test.outcome, "failed", "{multiplies:?}");
+    assert!(node.iter().any(|r| r.test.id.ends_with("divides") && r.test.outcome == "passed"), "{node:?}");
+    // nextest: its retries are recorded; the flaky test passed on its third
+    // try, so it both passed and failed for this commit: flaky.
+    let flaky = row(&t, "sample :: tests::flaky");
+    assert_eq!(flaky.test.outcome, "passed");
+    assert_eq!(flaky.test.retries.len(), 2, "{flaky:?}");
+    assert!(flaky.flaky, "nextest's flaky test is flagged when the run ends: {flaky:?}");
+    let failed = row(&t, "sample :: tests::fails");
+    assert_eq!(failed.test.outcome, "failed");
+    assert!(!failed.flaky, "failed on every try: not flaky");
+    assert!(t.summary.flaky >= 1 && t.summary.failed >= 3, "{:?}", t.summary);
+    // Failed first.
+    let first_pass = t.tests.iter().position(|r| !matches!(r.test.outcome.as_str(), "failed" | "error")).unwrap();
+    assert!(t.tests[..first_pass].len() >= 4 && t.tests[first_pass..].iter().all(|r| !matches!(r.test.outcome.as_str(), "failed" | "error")));
+
+    // What a user reads.
+    let (ok, out, err) = cli(&up, &["tests", &run.id, "--failed"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("FAILED  pytest  pytest :: tests.test_sample :: test_fails"), "{out}");
+    assert!(out.contains("lists differ"), "{out}");
+    assert!(!out.contains("test_passes"), "--failed shows failures only: {out}");
+    let (ok, out, err) = cli(&up, &["tests", "history", "suite", "pytest :: tests.test_sample :: test_fails"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("suite#{}", run.number)) && out.contains("failed"), "{out}");
+    // A run without reports says how to get them.
+    let (ok, _, err) = cli(&up, &["tests", "nosuchrun"]);
+    assert!(!ok && err.contains("nosuchrun"), "{err}");
+}
+
+/// A JUnit report with one test per (name, outcome).
+fn junit(cases: &[(&str, &str)]) -> String {
+    let mut x = String::from("<testsuite name=\"gate\">");
+    for (name, outcome) in cases {
+        match *outcome {
+            "failed" => x.push_str(&format!("<testcase name=\"{name}\"><failure message=\"{name} broke\"/></testcase>")),
+            _ => x.push_str(&format!("<testcase name=\"{name}\"/>")),
+        }
+    }
+    x.push_str("</testsuite>");
+    x
+}
+
+/// A job that writes `report` (if any) to r.xml, then runs `then`.
+fn gate_job(name: &str, report: Option<&str>, then: &str) -> String {
+    let write = match report {
+        Some(r) => format!("      - printf '%s' '{r}' > r.xml\n"),
+        None => String::new(),
+    };
+    format!(
+        "  - name: {name}\n    needs: []\n    reports: {{junit: [r.xml]}}\n    steps:\n      - echo \"quarantine file=$(cat \"$KILN_QUARANTINE\")\"\n{write}      - {then}\n"
+    )
+}
+
+/// The six gate cases of a quarantine, and a hostile report that leaves the
+/// job's own success alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_lets_through_only_failures_it_covers() {
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    // A first run gives the repository a suite (50 tests) for the cap.
+    let many: Vec<(String, &str)> = (0..50).map(|i| (format!("t{i}"), "passed")).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(n, o)| (n.as_str(), *o)).collect();
+    let first = format!("version: 1\njobs:\n{}", gate_job("suite", Some(&junit(&many)), "true"));
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &first)]).unwrap();
+    add_repo(&up, "gates", &repo);
+    let c = Client::new(&up.url, &up.token);
+    let (run, log) = run_to_end(&up, &c, "gates", "HEAD").await;
+    assert_eq!(run.status, "success", "{log}");
+
+    // Quarantine: owner required, the cap (2% of 50 = 1) names itself.
+    let (ok, _, err) = cli(&up, &["tests", "quarantine", "gates", "gate :: q", "--reason", "flaky on CI"]);
+    assert!(!ok && err.contains("--owner"), "{err}");
+    let (ok, out, err) =
+        cli(&up, &["tests", "quarantine", "gates", "gate :: q", "--owner", "alice", "--reason", "races the clock"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("quarantined `gate :: q`") && out.contains("owner alice"), "{out}");
+    let (ok, _, err) = cli(&up, &["tests", "quarantine", "gates", "gate :: other", "--owner", "bob", "--reason", "x"]);
+    assert!(!ok && err.contains("quarantine cap") && err.contains("at most 1"), "{err}");
+    let (ok, out, _) = cli(&up, &["tests", "ls", "gates"]);
+    assert!(ok && out.contains("active") && out.contains("gate :: q") && out.contains("alice"), "{out}");
+    let (ok, out, _) = cli(&up, &["audit"]);
+    assert!(ok && out.contains("test.quarantine"), "{out}");
+
+    let q_fails = junit(&[("q", "failed"), ("ok", "passed")]);
+    let q_and_other = junit(&[("q", "failed"), ("other", "failed"), ("ok", "passed")]);
+    let all_pass = junit(&[("q", "passed"), ("ok", "passed")]);
+    let truncated = "<testsuite name=\"gate\"><testcase name=\"q\"><failure message=\"x\"/></testcase><testcase name=";
+    let laughs = "<?xml version=\"1.0\"?><!DOCTYPE lolz [<!ENTITY lol \"lol\"><!ENTITY lol2 \"&lol;&lol;&lol;&lol;\">]><testsuite name=\"gate\"><testcase name=\"&lol2;\"/></testsuite>";
+    let gates = [
+        gate_job("only-quarantined", Some(&q_fails), "exit 1"),
+        gate_job("other-failure", Some(&q_and_other), "exit 1"),
+        gate_job("report-missing", None, "exit 1"),
+        gate_job("report-truncated", Some(truncated), "exit 1"),
+        // The test process dies by SIGKILL before writing anything (the
+        // step's own shell is its PID namespace's init, which a signal from
+        // inside does not kill).
+        gate_job("crashed", None, "sh -c 'kill -9 $$'"),
+        gate_job("passed-but-exit-1", Some(&all_pass), "exit 1"),
+        gate_job("hostile-report", Some(laughs), "true"),
+    ];
+    let sha = repo.commit(&[(".kiln/pipeline.yaml", &format!("version: 1\njobs:\n{}", gates.concat()))], "gates").unwrap();
+    let (run, log) = run_to_end(&up, &c, "gates", &sha).await;
+    let job = |n: &str| run.jobs.iter().find(|j| j.name == n).unwrap_or_else(|| panic!("{n}: {log}"));
+    let ok_job = job("only-quarantined");
+    assert_eq!(ok_job.status, "success", "{log}");
+    assert_eq!(ok_job.message.as_deref(), Some("quarantined failures: 1"), "{ok_job:?}");
+    assert!(log.contains("quarantine file=gate :: q"), "steps read $KILN_QUARANTINE: {log}");
+    assert!(log.contains("its only failures are quarantined tests: `gate :: q`"), "{log}");
+    for name in ["other-failure", "report-missing", "report-truncated", "crashed", "passed-but-exit-1"] {
+        assert_eq!(job(name).status, "failed", "{name}: {log}");
+    }
+    let hostile = job("hostile-report");
+    assert_eq!(hostile.status, "success", "a hostile report never changes the job's outcome: {log}");
+    let t = tests_json(&up, &run.id);
+    let states: Vec<(&str, &str)> = t.attempts.iter().map(|a| (a.job.as_str(), a.state.as_str())).collect();
+    assert!(states.contains(&("report-missing", "missing")), "{states:?}");
+    assert!(states.contains(&("report-truncated", "truncated")), "{states:?}");
+    assert!(states.contains(&("hostile-report", "truncated")), "{states:?}");
+    let refused = t.reports.iter().find(|r| r.job == "hostile-report").unwrap();
+    assert!(refused.annotations.iter().any(|a| a.kind == "doctype_refused"), "{refused:?}");
+    let q_row = t.tests.iter().find(|r| r.job == "only-quarantined" && r.test.id == "gate :: q").unwrap();
+    assert!(q_row.quarantined && q_row.test.outcome == "failed", "{q_row:?}");
+
+    // Unquarantined: the same failure fails the job again.
+    let (ok, out, err) = cli(&up, &["tests", "unquarantine", "gates", "gate :: q"]);
+    assert!(ok && out.contains("no longer quarantined"), "{out}{err}");
+    let again = format!("version: 1\njobs:\n{}", gate_job("only-quarantined", Some(&q_fails), "exit 1"));
+    let sha = repo.commit(&[(".kiln/pipeline.yaml", &again)], "again").unwrap();
+    let (run, log) = run_to_end(&up, &c, "gates", &sha).await;
+    assert_eq!(run.status, "failed", "{log}");
+}
