@@ -246,3 +246,75 @@ async fn quarantine_lets_through_only_failures_it_covers() {
     let (run, log) = run_to_end(&up, &c, "gates", &sha).await;
     assert_eq!(run.status, "failed", "{log}");
 }
+
+/// Writes a JUnit report of 1,000 tests: `flaky_0`..`flaky_9` fail with
+/// probability 0.2 on every try, `broken_0` and `broken_1` always fail, the
+/// rest pass; exits 1 if anything failed.
+const SUITE: &str = r#"import random, sys
+rng = random.Random()
+cases = []
+for i in range(10):
+    cases.append(("flaky_%d" % i, rng.random() < 0.2))
+for i in range(2):
+    cases.append(("broken_%d" % i, True))
+for i in range(988):
+    cases.append(("stable_%d" % i, False))
+with open("junit.xml", "w") as f:
+    f.write('<testsuite name="gen">')
+    for name, failed in cases:
+        if failed:
+            f.write('<testcase classname="suite" name="%s" time="0.01"><failure message="boom"/></testcase>' % name)
+        else:
+            f.write('<testcase classname="suite" name="%s" time="0.01"/>' % name)
+    f.write('</testsuite>')
+sys.exit(1 if any(failed for _, failed in cases) else 0)
+"#;
+
+const FLAKY_FLOW: &str = r#"version: 1
+jobs:
+  - name: test
+    retry: 2
+    reports: {junit: [junit.xml]}
+    steps:
+      - /usr/bin/python3 gen.py
+"#;
+
+/// A generated suite of 1,000 tests with 10 seeded flakes (p = 0.2) and 2
+/// always-broken tests over 20 default-branch runs with job retries: at
+/// least 9 of the 10 flakes are flagged, no broken or stable test ever is,
+/// and the history gives a flake rate over the default branch.
+#[tokio::test(flavor = "multi_thread")]
+async fn flakes_are_found_in_the_run_that_shows_them_and_only_flakes() {
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", FLAKY_FLOW), ("gen.py", SUITE)]).unwrap();
+    add_repo(&up, "gen", &repo);
+    let c = Client::new(&up.url, &up.token);
+    let mut flagged = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        repo.commit(&[("round.txt", &i.to_string())], &format!("round {i}")).unwrap();
+        let (run, log) = run_to_end(&up, &c, "gen", "main").await;
+        // The broken tests fail every attempt: the run fails after 3.
+        assert_eq!(run.status, "failed", "{log}");
+        assert_eq!(run.jobs[0].attempts.len(), 3, "{log}");
+        let t = tests_json(&up, &run.id);
+        assert_eq!(t.summary.total, 1000);
+        assert_eq!(t.attempts.len(), 3, "every attempt's report is bound: {:?}", t.attempts);
+        for r in t.tests.iter().filter(|r| r.flaky) {
+            flagged.insert(r.test.id.clone());
+        }
+    }
+    let flakes: Vec<&String> = flagged.iter().filter(|id| id.contains("flaky_")).collect();
+    let wrong: Vec<&String> = flagged.iter().filter(|id| !id.contains("flaky_")).collect();
+    assert!(wrong.is_empty(), "a broken or stable test was flagged flaky: {wrong:?}");
+    assert!(flakes.len() >= 9, "at least 9 of the 10 flakes are flagged: {flakes:?}");
+    let (ok, out, err) = cli(&up, &["tests", "history", "gen", flakes[0], "--json"]);
+    assert!(ok, "{err}");
+    let h: kiln_api::TestHistory = serde_json::from_str(&out).unwrap();
+    let rate = h.flake_rate.expect("a flake rate over the default branch");
+    assert_eq!(rate.runs, 20, "{rate:?}");
+    assert!(rate.flaky >= 1 && rate.rate > 0.0, "{rate:?}");
+    let (_, out, _) = cli(&up, &["tests", "history", "gen", "gen :: suite :: broken_0", "--json"]);
+    let h: kiln_api::TestHistory = serde_json::from_str(&out).unwrap();
+    let rate = h.flake_rate.expect("decided on every run");
+    assert_eq!((rate.flaky, rate.failed, rate.runs), (0, 20, 20), "{rate:?}");
+}

@@ -27,6 +27,8 @@ const MAX_RETRIES: usize = 16;
 /// A quarantine's default and longest lifetime.
 pub const DEFAULT_QUARANTINE: std::time::Duration = std::time::Duration::from_secs(14 * 24 * 3600);
 pub const MAX_QUARANTINE: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
+/// How many of a test's latest results its flake rate reads.
+const RATE_HISTORY: u32 = 5000;
 /// Quarantines that ended this recently are still listed.
 const ENDED_LISTED_MS: i64 = 30 * 24 * 3600 * 1000;
 
@@ -228,7 +230,8 @@ pub(crate) async fn history(state: &AppState, repo: &str, test_id: &str, limit: 
     if test_id.is_empty() {
         return Err(ApiErr::invalid("name the test: `?id=TEST_ID` (as `kiln tests RUN` shows it)"));
     }
-    let rows = state.store.test_history(&repo.id, test_id, limit.clamp(1, 1000)).await?;
+    // The flake rate reads more history than the list shows.
+    let mut rows = state.store.test_history(&repo.id, test_id, RATE_HISTORY).await?;
     // The flake rate over default-branch runs.
     let default_ref = format!("refs/heads/{}", repo.forge.default_branch);
     let on_default: Vec<kiln_store::TestHistoryRecord> = rows
@@ -240,6 +243,7 @@ pub(crate) async fn history(state: &AppState, repo: &str, test_id: &str, limit: 
         kiln_store::verdicts_per_run(&on_default).into_iter().map(|(_, v)| Some(v)).collect();
     let flake_rate = kiln_reports::flaky::flake_rate(&verdicts)
         .map(|f| api::FlakeRate { runs: f.runs, flaky: f.flaky, failed: f.failed, rate: f.rate });
+    rows.truncate(limit.clamp(1, 1000) as usize);
     let quarantine = state
         .store
         .list_quarantine(&repo.id, 0)
