@@ -41,10 +41,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/workflow-runs/{run}/tests", get(tests_api::run_tests))
         .route("/v1/repos/{repo}/tests/history", get(tests_api::history))
         .route("/v1/repos/{repo}/tests/timings", get(tests_api::timings))
-        .route(
-            "/v1/repos/{repo}/quarantine",
-            post(tests_api::quarantine).get(tests_api::quarantine_list).delete(tests_api::unquarantine),
-        )
+        .route("/v1/repos/{repo}/quarantine", post(tests_api::quarantine))
+        .route("/v1/repos/{repo}/quarantine", get(tests_api::quarantine_list))
+        .route("/v1/repos/{repo}/quarantine", delete(tests_api::unquarantine))
         .route("/v1/jobs/{job}/logs/events", get(logs::events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get))
         .route("/v1/tokens", post(access::create_token).get(access::list_tokens))

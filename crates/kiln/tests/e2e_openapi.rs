@@ -487,6 +487,29 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
     let hidden = c.call("GET", "/v1/repos/{repo}/badge.svg", "/v1/repos/spec/badge.svg", None, None).await;
     assert_eq!(hidden.status, 404, "a private repository's badge needs a reader");
 
+    // Test reports, history, timings and quarantine (issue 43).
+    let tests = c
+        .call("GET", "/v1/workflow-runs/{run}/tests", &format!("/v1/workflow-runs/{run_id}/tests?failed=true"), a, None)
+        .await;
+    assert_eq!(tests.status, 200);
+    let history = c
+        .call("GET", "/v1/repos/{repo}/tests/history", "/v1/repos/spec/tests/history?id=s%20%3A%3A%20t&limit=5", a, None)
+        .await;
+    assert_eq!(history.status, 200);
+    let timings = c.call("GET", "/v1/repos/{repo}/tests/timings", "/v1/repos/spec/tests/timings?ref=main", a, None).await;
+    assert_eq!(timings.status, 200);
+    let q = json!({ "test_id": "s :: t", "owner": "alice", "reason": "flaky", "expires_in_secs": 3600 });
+    let made = c.call("POST", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine", a, Some(q)).await;
+    assert_eq!(made.status, 201, "{}", String::from_utf8_lossy(&made.bytes));
+    let ownerless = json!({ "test_id": "s :: u", "owner": "", "reason": "x" });
+    let refused = c.call("POST", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine", a, Some(ownerless)).await;
+    assert_eq!(refused.status, 422);
+    assert_eq!(c.call("GET", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine", a, None).await.status, 200);
+    let ended = c
+        .call("DELETE", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine?id=s%20%3A%3A%20t", a, None)
+        .await;
+    assert_eq!(ended.status, 200);
+
     // ---------- the agent protocol, by hand ----------
     let join = std::fs::read_to_string(up.data_dir().join("agent.token")).unwrap().trim().to_string();
     let reg = c
@@ -658,6 +681,26 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         )
         .await;
     assert!(image.status == 200 || image.status >= 400, "{}", image.status);
+    // Issue 43: a parsed test report staged for the completion, and the
+    // recorded timings a job's `kiln tests split` reads.
+    let staged = c
+        .call(
+            "POST",
+            &format!("{A}/reports"),
+            &at("/reports"),
+            t,
+            Some(json!({ "path": "junit.xml", "format": "junit", "tests": [
+                { "id": "s :: t", "suite": "s", "name": "t", "outcome": "failed", "message": "boom",
+                  "retries": [{ "kind": "flaky_failure", "outcome": "failed" }] },
+            ] })),
+        )
+        .await;
+    assert_eq!(staged.status, 200, "{}", String::from_utf8_lossy(&staged.bytes));
+    let bad_report = c
+        .call("POST", &format!("{A}/reports"), &at("/reports"), t, Some(json!({ "path": "x", "format": "xunit", "tests": [] })))
+        .await;
+    assert_eq!(bad_report.status, 422, "{}", String::from_utf8_lossy(&bad_report.bytes));
+    assert_eq!(c.call("GET", &format!("{A}/timings"), &at("/timings"), t, None).await.status, 200);
     let done = c
         .call(
             "POST",
