@@ -34,6 +34,7 @@ pub mod logs;
 pub mod notify;
 pub mod outbox;
 pub mod outputs;
+pub mod reports;
 pub mod state_machine;
 
 use kiln_core::{AttemptOutcome, Backoff, JobStatus};
@@ -174,6 +175,9 @@ macro_rules! suite {
             artifacts::retry_of_failed_jobs_pins_the_successful_prefix,
             notify::run_ends_are_enqueued_once_per_wanting_notification,
             notify::badges_read_the_newest_run_of_a_branch_and_workflow,
+            reports::reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_end,
+            reports::quarantine_has_an_owner_a_cap_and_an_end,
+            reports::quarantined_failures_pass_only_with_a_complete_covering_report,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
