@@ -1488,3 +1488,56 @@ async fn graph_logo_and_headers_at_375px_in_chromium() {
     }
     c.close().await.unwrap();
 }
+
+/// Issue 43: the run page lists the failed tests first with their message;
+/// the log link opens the job's log at the line that names the test.
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_tests_first_with_a_link_to_the_log_line_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let wf = r#"version: 1
+jobs:
+  - name: unit
+    reports: {junit: [junit.xml]}
+    steps:
+      - echo "warming up"
+      - |
+        for i in 1 2 3 4 5; do echo "running test_$i"; done
+        echo "test_three FAILED because the answer was 41"
+        printf '%s' '<testsuite name="unit"><testcase name="test_one"/><testcase name="test_three"><failure message="expected 42, got 41"/></testcase></testsuite>' > junit.xml
+        exit 1
+"#;
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    assert!(up.cli().args(["repo", "add", "ui-tests", "--url"]).arg(repo.path()).status().unwrap().success());
+    let api = Client::new(&up.url, &up.token);
+    let run = api.submit_run("ui-tests", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let done = wait_run_done(&api, &run.run_id).await;
+    assert_eq!(done.status, "failed");
+    let t = api.run_tests(&run.run_id, false).await.unwrap();
+    assert_eq!(t.summary.total, 2, "{t:?}");
+    let (_driver, c) = browser(None).await;
+    sign_in(&c, &up.url, &up.token).await;
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    assert!(wait_text(&c, ".tests-summary", "2 tests: 1 failed, 1 passed").await);
+    let row = c.find(Locator::Css("table.tests-failed tr[data-test='unit :: test_three']")).await.unwrap();
+    let text = row.text().await.unwrap();
+    assert!(text.contains("expected 42, got 41") && text.contains("unit"), "{text}");
+    assert!(c.find(Locator::Css("table.tests-failed tr[data-test='unit :: test_one']")).await.is_err(), "passed tests are not listed");
+    assert!(axe_violations(&c).await.is_empty(), "{:?}", axe_violations(&c).await);
+    shot("run-tests", &c.screenshot().await.unwrap());
+    row.find(Locator::Css("a")).await.unwrap().click().await.unwrap();
+    let hl = "const l = document.querySelector('.log .ln.hl'); return l ? l.textContent : '';";
+    let mut line = String::new();
+    for _ in 0..300 {
+        line = c.execute(hl, vec![]).await.ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        if !line.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(line.contains("test_three FAILED because"), "the highlighted line: {line:?}");
+    assert!(c.current_url().await.unwrap().as_str().contains("find=test_three"));
+    c.close().await.unwrap();
+}
