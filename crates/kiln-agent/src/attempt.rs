@@ -238,7 +238,10 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
                 metrics: Some(ctx.metrics.clone()),
                 ..LogConfig::default()
             },
-            crate::mask::Masker::new(a.secrets.values().map(String::as_str)),
+            // The shard capability is masked like a secret.
+            crate::mask::Masker::new(
+                a.secrets.values().map(String::as_str).chain(Some(a.shard_token.as_str()).filter(|t| !t.is_empty())),
+            ),
         );
 
         let t0 = std::time::Instant::now();
@@ -659,6 +662,20 @@ async fn execute(
                 }
                 Err(e) => return Ran::Infra(format!("cannot write the job's quarantine file: {e}")),
             }
+        }
+        // `kiln tests next`: the attempt's shard capability (it allows that
+        // call alone, while this attempt lives) and where to call.
+        if !copy.shard_token.is_empty() {
+            copy.env.insert("KILN_SHARD_TOKEN".into(), copy.shard_token.clone());
+            copy.env.insert(
+                "KILN_SHARDS_URL".into(),
+                format!(
+                    "{}/v1/jobs/{}/attempts/{}/shards/next",
+                    ctx.client.base_url().trim_end_matches('/'),
+                    copy.job_id,
+                    copy.epoch
+                ),
+            );
         }
         if let Some(t) = &timings {
             match crate::reports::write_timings(&output_file.dir, t) {

@@ -681,6 +681,7 @@ impl Harness {
             outputs: vec![],
             reports: None,
             quarantine: vec![],
+            shard_token: String::new(),
             traceparent: None,
         }
     }

@@ -672,6 +672,13 @@ impl Client {
             .await
     }
 
+    /// A step's `kiln tests next` (issue 43), with the attempt's shard
+    /// capability as this client's token.
+    pub async fn shard_next(&self, job: &str, epoch: i64, body: &ShardNext) -> Result<ShardBatch, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/shards/next", enc(job)), Some(body), &[], None)
+            .await
+    }
+
     /// Agent: stage one parsed test report of the attempt (issue 43).
     pub async fn stage_report(&self, job: &str, epoch: i64, body: &ReportUpload) -> Result<ReportAck, ApiError> {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/reports", enc(job)), Some(body), &[], None).await

@@ -859,6 +859,11 @@ pub struct Assignment {
     /// these (with a complete report) does not fail the job.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantine: Vec<String>,
+    /// The shard capability of this attempt (issue 43): its steps get it as
+    /// `$KILN_SHARD_TOKEN` for `kiln tests next`; it allows nothing else.
+    /// Empty unless the job declares `reports:`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shard_token: String,
     /// The W3C trace context of the claim (issue 19): the agent's spans and
     /// log lines for the attempt join the run's trace, and its calls on the
     /// attempt send it back as the `traceparent` header.
@@ -1737,4 +1742,34 @@ pub struct Quarantine {
     pub ended_at_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_by: Option<String>,
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/shards/next` (`kiln tests next`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ShardNext {
+    /// The queue's name within the run (shards of one suite share it).
+    pub group: String,
+    /// Every test id of the suite: the first call seeds the queue with
+    /// them (in batches by recorded duration); later calls' are ignored.
+    #[serde(default)]
+    pub tests: Vec<String>,
+    /// Tests per batch (default: about a fortieth of the suite's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
+}
+
+/// The answer to `shards/next`: a batch, or none left.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ShardBatch {
+    /// `None`: no batch left to hand out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<i64>,
+    pub tests: Vec<String>,
+    /// Batches not handed out yet.
+    pub pending: u64,
+    /// Batches other live attempts hold (they come back if those are lost).
+    pub leased: u64,
+    pub total: u64,
 }

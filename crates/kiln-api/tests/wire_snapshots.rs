@@ -269,6 +269,7 @@ fn assignment() -> Assignment {
         outputs: vec![],
         reports: None,
         quarantine: vec![],
+        shard_token: String::new(),
         traceparent: None,
     }
 }

@@ -441,6 +441,22 @@ pub async fn require_attempt(S(state): S<State>, req: Request, next: Next) -> Re
     Ok(next.run(req).await)
 }
 
+/// `POST /v1/jobs/{job}/attempts/{epoch}/shards/next` (issue 43): the
+/// attempt's own token, or the shard capability its steps hold (which
+/// allows nothing else).
+pub async fn require_shard(S(state): S<State>, req: Request, next: Next) -> Result<Response, ApiErr> {
+    let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
+    let segs: Vec<&str> = req.uri().path().split('/').collect();
+    let (job, epoch) = match (segs.get(3), segs.get(5).and_then(|e| e.parse::<i64>().ok())) {
+        (Some(job), Some(epoch)) => (percent_decode(job), epoch),
+        _ => return Err(ApiErr::bad_request("expected /v1/jobs/{job}/attempts/{epoch}/…")),
+    };
+    if !state.agent_keys.holds_shard(&token, &job, epoch) && !state.agent_keys.holds_attempt(&token, &job, epoch) {
+        return Err(ApiErr::unauthorized());
+    }
+    Ok(next.run(req).await)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,8 @@ pub(crate) const JOIN_PREFIX: &str = "kiln_j1";
 pub(crate) const API_PREFIX: &str = "kiln_t1";
 const SESSION_PREFIX: &str = "kiln_s1";
 const ATTEMPT_PREFIX: &str = "kiln_a1";
+/// A step's shard capability (issue 43).
+const SHARD_PREFIX: &str = "kiln_sh1";
 
 /// The key of agent credentials, derived from the server's `blob.key`.
 #[derive(Clone)]
@@ -78,6 +80,24 @@ impl AgentKeys {
     pub fn attempt_token(&self, job_id: &str, epoch: i64) -> String {
         let tag = self.mac(&["attempt", job_id, &epoch.to_string()]).finalize().into_bytes();
         format!("{ATTEMPT_PREFIX}.{}", hex::encode(tag))
+    }
+
+    /// The shard capability of `(job, epoch)` (issue 43): handed to the
+    /// attempt's steps as `$KILN_SHARD_TOKEN`; it allows only
+    /// `POST /v1/jobs/{job}/attempts/{epoch}/shards/next`, and only while
+    /// that attempt is live.
+    pub fn shard_token(&self, job_id: &str, epoch: i64) -> String {
+        let tag = self.mac(&["shard", job_id, &epoch.to_string()]).finalize().into_bytes();
+        format!("{SHARD_PREFIX}.{}", hex::encode(tag))
+    }
+
+    /// Whether `token` is the shard capability of exactly `(job, epoch)`.
+    pub fn holds_shard(&self, token: &str, job_id: &str, epoch: i64) -> bool {
+        let Some(tag) = token.strip_prefix(SHARD_PREFIX).and_then(|t| t.strip_prefix('.')) else {
+            return false;
+        };
+        let Ok(tag) = hex::decode(tag) else { return false };
+        self.mac(&["shard", job_id, &epoch.to_string()]).verify_slice(&tag).is_ok()
     }
 
     /// Whether `token` is the attempt token of exactly `(job, epoch)`.

@@ -59,6 +59,7 @@ pub(crate) mod scheme {
         notify::create, notify::list, notify::delete, notify::deliveries, notify::badge,
         tests_api::stage, tests_api::run_tests, tests_api::history, tests_api::timings, tests_api::quarantine,
         tests_api::unquarantine, tests_api::quarantine_list, tests_api::attempt_timings,
+        tests_api::shard_next,
         secrets::list, secrets::put, secrets::delete,
         logs::events, artifacts::get,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,

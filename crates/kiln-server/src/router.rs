@@ -91,6 +91,12 @@ pub(crate) fn router(state: State) -> Router {
         .route_layer(middleware::from_fn(security::authenticated))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_attempt))
         .layer(DefaultBodyLimit::max(tests_api::MAX_REPORT_BODY));
+    // `kiln tests next` in a step: the shard capability (or the attempt's token).
+    let shards = Router::new()
+        .route("/v1/jobs/{job}/attempts/{epoch}/shards/next", post(tests_api::shard_next))
+        .route_layer(middleware::from_fn(security::authenticated))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_shard))
+        .layer(DefaultBodyLimit::max(tests_api::MAX_REPORT_BODY));
     // Data plane: capability URLs, no bearer token, bodies streamed to disk.
     let data = Router::new()
         .route("/blob/uploads/{generation}/parts/{part}", put(blob::put_part))
@@ -132,6 +138,7 @@ pub(crate) fn router(state: State) -> Router {
         .merge(data)
         .merge(hooks)
         .merge(reports)
+        .merge(shards)
         .layer(middleware::from_fn_with_state(state.clone(), security::headers))
         .layer(middleware::from_fn_with_state(state.clone(), metrics_layer))
         .with_state(state)

@@ -661,4 +661,8 @@ impl TestStore for SqlStore {
     async fn test_gauges(&self, window_ms: i64) -> Result<BTreeMap<String, (i64, i64)>> {
         test_reports::test_gauges(self, window_ms).await
     }
+
+    async fn shard_next(&self, job_id: &str, epoch: i64, group: &str, batches: &[Vec<String>]) -> Result<ShardBatch> {
+        test_reports::shard_next(self, job_id, epoch, group, batches).await
+    }
 }

@@ -947,3 +947,16 @@ pub struct NewQuarantine {
     /// test may always be quarantined).
     pub max_percent: f64,
 }
+
+/// A batch handed to a shard by `kiln tests next` (issue 43).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardBatch {
+    /// `None`: nothing left to hand out.
+    pub batch: Option<i64>,
+    pub tests: Vec<String>,
+    /// Batches not handed out yet.
+    pub pending: i64,
+    /// Batches leased to other live attempts (they may come back).
+    pub leased: i64,
+    pub total: i64,
+}

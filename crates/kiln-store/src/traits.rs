@@ -494,6 +494,12 @@ pub trait TestStore: Send + Sync {
     /// Per repository name: (tests flagged flaky within `window_ms`, tests
     /// quarantined now).
     async fn test_gauges(&self, window_ms: i64) -> Result<BTreeMap<String, (i64, i64)>>;
+    /// The next test batch of the run's `group` for the live attempt `(job,
+    /// epoch)` (`kiln tests next`); the first call seeds the queue with
+    /// `batches`. A batch stays leased to its attempt until that attempt's
+    /// completion binds its reports; an attempt that ends otherwise gives
+    /// its batches back.
+    async fn shard_next(&self, job_id: &str, epoch: i64, group: &str, batches: &[Vec<String>]) -> Result<ShardBatch>;
 }
 
 /// The whole authoritative store.

@@ -979,6 +979,20 @@ pub enum TestsCommand {
         #[command(flatten)]
         conn: Conn,
     },
+    /// In a job's step: read the suite's test ids on standard input (one per line) and print
+    /// the next batch of the run's queue GROUP, leased to this attempt. The first shard to ask
+    /// fills the queue (heaviest tests first, by recorded duration); a shard whose agent is
+    /// lost gives its batches back, so every test runs exactly once in the run's reports.
+    /// Exits 3 when no batch is left: `while kiln tests next --group unit < all.txt > b.txt;
+    /// do …; done`. Needs `reports:` on the job (a batch is done when its reports are bound).
+    Next {
+        /// The queue's name within the run (the shards of one suite share it).
+        #[arg(long, value_name = "GROUP")]
+        group: String,
+        /// Tests per batch (default: about a fortieth of the suite's recorded time).
+        #[arg(long, value_name = "N")]
+        batch_size: Option<u32>,
+    },
     /// Read test ids on standard input (one per line) and print this shard's share:
     /// bin-packed by recorded durations (this branch's, else the default branch's; a test
     /// without one weighs the median, and standard error says how many had none), or dealt

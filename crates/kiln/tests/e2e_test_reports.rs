@@ -318,3 +318,99 @@ async fn flakes_are_found_in_the_run_that_shows_them_and_only_flakes() {
     let rate = h.flake_rate.expect("decided on every run");
     assert_eq!((rate.flaky, rate.failed, rate.runs), (0, 20, 20), "{rate:?}");
 }
+
+/// Dynamic sharding: two shards take batches from the run's queue; one
+/// shard's agent is SIGKILLed after it ran some batches. Its attempt is
+/// fenced, its batches (done or not) go back, and in the run's bound
+/// reports every test ran to completion exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_shards_batches_run_again_and_every_test_runs_once() {
+    let root = nix::unistd::geteuid().is_root();
+    let flags: &[&str] = if root { &["--step-user", "root"] } else { &[] };
+    let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let mut a1 = server.agent("a1", flags).unwrap();
+    let a2 = server.agent("a2", flags).unwrap();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: test
+    matrix: {{shard: [a, b]}}
+    reports: {{junit: ["reports/*.xml"]}}
+    steps:
+      - |
+        seq -f 't%02g' 1 40 > all.txt
+        mkdir -p reports
+        n=0
+        while :; do
+          rc=0
+          {bin} tests next --group unit --batch-size 2 < all.txt > batch.txt || rc=$?
+          [ "$rc" -eq 3 ] && break
+          [ "$rc" -eq 0 ] || exit "$rc"
+          n=$((n+1))
+          echo "shard ${{{{ matrix.shard }}}} ran batch $n: $(tr '\n' ' ' < batch.txt)"
+          {{ printf '<testsuite name="dyn">'; while read t; do printf '<testcase name="%s"/>' "$t"; done < batch.txt; printf '</testsuite>'; }} > "reports/batch-$n.xml"
+          sleep 0.4
+        done
+        echo "shard ${{{{ matrix.shard }}}} done after $n batches"
+"#,
+        bin = BIN
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    server.add_repo("dyn", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let id = c.submit_run("dyn", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap().run_id;
+    // Once shard `a` ran two batches, SIGKILL the agent that runs it.
+    let mut victim = None;
+    for _ in 0..600 {
+        let log = logs_of(&server, &id);
+        if log.contains("shard a ran batch 2") {
+            let run = c.get_run(&id).await.unwrap();
+            let a = run.jobs.iter().find(|j| j.name.contains("shard=a")).unwrap();
+            victim = a.attempts.last().map(|at| at.runner.clone());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let victim = victim.expect("shard a ran two batches");
+    let run = c.get_run(&id).await.unwrap();
+    assert_eq!(run.status, "running", "killed mid-way");
+    let agents = c.list_agents().await.unwrap();
+    let name = agents.iter().find(|g| g.id == victim || g.name == victim).map(|g| g.name.clone()).unwrap();
+    if name == "a1" {
+        a1.child.kill().unwrap();
+        let _ = a1.child.wait();
+    } else {
+        // a2 runs shard a: kill it, keep a1 for the retry.
+        let mut a2 = a2;
+        a2.child.kill().unwrap();
+        let _ = a2.child.wait();
+        let run = wait_run(&c, &id, 300).await;
+        return check_once(&server, &c, run).await;
+    }
+    let run = wait_run(&c, &id, 300).await;
+    drop(a2);
+    check_once(&server, &c, run).await;
+}
+
+fn logs_of(server: &kiln_testkit::KilnServer, run: &str) -> String {
+    let o = server.cli().args(["logs", run]).output().unwrap();
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+async fn check_once(server: &kiln_testkit::KilnServer, c: &Client, run: kiln_api::Run) {
+    let log = logs_of(server, &run.id);
+    assert_eq!(run.status, "success", "{log}\n{}", server.log());
+    let a = run.jobs.iter().find(|j| j.name.contains("shard=a")).unwrap();
+    assert!(a.attempts.len() >= 2, "shard a was lost and ran again: {:?}", a.attempts);
+    assert_eq!(a.attempts[0].outcome, "lost", "{:?}", a.attempts);
+    let t = c.run_tests(&run.id, false).await.unwrap();
+    let mut seen: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+    for r in &t.tests {
+        *seen.entry(r.test.id.as_str()).or_default() += 1;
+    }
+    let want: Vec<String> = (1..=40).map(|i| format!("dyn :: t{i:02}")).collect();
+    assert_eq!(seen.keys().map(|k| k.to_string()).collect::<Vec<_>>(), want, "every test ran: {log}");
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "every test ran exactly once in the bound reports: {twice:?}\n{log}");
+    assert!(t.attempts.iter().all(|x| x.epoch != a.attempts[0].epoch || x.job_id != a.id), "the killed attempt's reports are never bound");
+}

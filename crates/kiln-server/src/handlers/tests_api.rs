@@ -192,3 +192,26 @@ pub(crate) async fn attempt_timings(
 ) -> ApiResult<Json<api::TestTimings>> {
     Ok(Json(test_reports::timings_of_job(&state, &job).await?))
 }
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/shards/next`: `kiln tests next`
+/// in a step, with the attempt's shard capability.
+#[utoipa::path(
+    operation_id = "attempts_shard_next",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/shards/next", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::ShardNext,
+    responses((status = 200, description = "The next batch leased to this attempt, or none left", body = api::ShardBatch)),
+    security(("attempt_token" = [])),
+)]
+pub(crate) async fn shard_next(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::ShardBatch>> {
+    let req: api::ShardNext =
+        tokio::task::spawn_blocking(move || parse(&body)).await.map_err(|e| crate::error::ApiErr::internal(e.to_string()))??;
+    Ok(Json(test_reports::shard_next(&state, &job, epoch, req).await?))
+}

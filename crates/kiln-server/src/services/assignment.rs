@@ -114,6 +114,7 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
         outputs: def.outputs.clone(),
         reports: def.reports.as_ref().map(|r| api::ReportsSpec { junit: r.junit.clone(), tap: r.tap.clone() }),
         quarantine: Vec::new(),
+        shard_token: String::new(),
         traceparent: None,
     }
 }
@@ -252,8 +253,10 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
     a.clone_credential = remote.credential;
     a.attempt_token = state.agent_keys.attempt_token(&c.job.id, c.epoch);
     if def.reports.is_some() {
-        // Issue 43: the tests quarantined now ($KILN_QUARANTINE).
+        // Issue 43: the tests quarantined now ($KILN_QUARANTINE), and the
+        // capability its steps' `kiln tests next` calls with.
         a.quarantine = state.store.quarantined_ids(&repo.id).await?;
+        a.shard_token = state.agent_keys.shard_token(&c.job.id, c.epoch);
     }
     if !def.secrets.is_empty() && may_read_secrets(c) {
         if !repo.secret_pools.contains(&agent.pool) {

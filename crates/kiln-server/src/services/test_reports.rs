@@ -430,3 +430,75 @@ pub(crate) async fn expire_once(state: &AppState) -> Result<usize, StoreError> {
     }
     Ok(gone.len())
 }
+
+/// Batches of a suite for the dynamic queue: heaviest tests first (by
+/// recorded duration; unknown ones weigh the median), each batch about
+/// `1/40` of the suite's time, or `batch_size` tests.
+pub(crate) fn batches(tests: &[String], durations: &std::collections::BTreeMap<String, u64>, batch_size: Option<u32>) -> Vec<Vec<String>> {
+    let mut seen = BTreeSet::new();
+    let unique: Vec<&String> = tests.iter().filter(|t| seen.insert(t.as_str())).collect();
+    let mut known: Vec<u64> = unique.iter().filter_map(|t| durations.get(t.as_str()).copied()).collect();
+    known.sort_unstable();
+    let median = known.get(known.len() / 2).copied().unwrap_or(1).max(1);
+    let mut weighted: Vec<(u64, &String)> =
+        unique.iter().map(|t| (durations.get(t.as_str()).copied().unwrap_or(median).max(1), *t)).collect();
+    weighted.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+    if let Some(n) = batch_size.filter(|n| *n > 0) {
+        return weighted.chunks(n as usize).map(|c| c.iter().map(|(_, t)| (*t).clone()).collect()).collect();
+    }
+    let total: u64 = weighted.iter().map(|(w, _)| w).sum();
+    let target = (total / 40).max(1);
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut current: Vec<String> = Vec::new();
+    let mut weight = 0u64;
+    for (w, t) in weighted {
+        if !current.is_empty() && weight + w > target {
+            out.push(std::mem::take(&mut current));
+            weight = 0;
+        }
+        current.push(t.clone());
+        weight += w;
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// `POST /v1/jobs/{job}/attempts/{epoch}/shards/next`.
+pub(crate) async fn shard_next(state: &AppState, job: &str, epoch: i64, req: api::ShardNext) -> ApiResult<api::ShardBatch> {
+    let group = req.group.trim();
+    if group.is_empty() || group.len() > 200 || group.chars().any(char::is_control) {
+        return Err(ApiErr::invalid("name the queue: `kiln tests next --group NAME`"));
+    }
+    if req.tests.len() > kiln_store::MAX_TESTS_PER_ATTEMPT as usize {
+        return Err(ApiErr::invalid(format!(
+            "{} tests given; a queue holds at most {}",
+            req.tests.len(),
+            kiln_store::MAX_TESTS_PER_ATTEMPT
+        )));
+    }
+    let record = state.store.get_job(job).await?;
+    let run = state.store.get_run(&record.run_id).await?;
+    let declares = usize::try_from(record.index)
+        .ok()
+        .and_then(|i| run.run.definition.jobs.get(i))
+        .is_some_and(|d| d.reports.is_some());
+    if !declares {
+        return Err(ApiErr::invalid(format!(
+            "job `{}` declares no `reports:`: a batch is done when the attempt's reports are bound, so \
+             `kiln tests next` needs them (add `reports: {{junit: [...]}}`)",
+            record.name
+        )));
+    }
+    let tests: Vec<String> =
+        req.tests.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).map(|t| cut(t, MAX_ID_BYTES)).collect();
+    let durations: std::collections::BTreeMap<String, u64> = if tests.is_empty() {
+        Default::default()
+    } else {
+        timings(state, &run.run.repo_id, run.run.git_ref.as_deref()).await?.durations_ms
+    };
+    let planned = batches(&tests, &durations, req.batch_size);
+    let b = state.store.shard_next(job, epoch, group, &planned).await?;
+    Ok(api::ShardBatch { batch: b.batch, tests: b.tests, pending: n(b.pending), leased: n(b.leased), total: n(b.total) })
+}

@@ -133,7 +133,10 @@ async fn complete_tx(
         .is_some_and(|d| d.reports.is_some());
     let bound = match verdict {
         CompletionVerdict::Cancelled { .. } | CompletionVerdict::Invalid => None,
-        _ if declares_reports => Some(crate::tx::test_reports::bind(tx, &job, epoch, now).await?),
+        _ if declares_reports => {
+            crate::tx::test_reports::finish_batches(tx, job_id, epoch).await?;
+            Some(crate::tx::test_reports::bind(tx, &job, epoch, now).await?)
+        }
         _ => None,
     };
     // Failures let through as quarantined hold only if the bound reports

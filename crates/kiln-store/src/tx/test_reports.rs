@@ -14,7 +14,7 @@ use crate::db::{Exec, Row, Tx, now};
 use crate::dialect::{Isolation, Sql};
 use crate::error::{Result, StoreError};
 use crate::model::{
-    JobRecord, NewQuarantine, QuarantineRecord, RunTestsRecord, StagedReport, StagedTest, TestAttemptRecord,
+    JobRecord, NewQuarantine, QuarantineRecord, RunTestsRecord, ShardBatch, StagedReport, StagedTest, TestAttemptRecord,
     TestHistoryRecord, TestReportRecord, TestResultRecord, TestSummary,
 };
 use crate::rows::new_id;
@@ -852,4 +852,110 @@ pub fn verdicts_per_run(history: &[TestHistoryRecord]) -> Vec<(String, Verdict)>
             Some((run, v))
         })
         .collect()
+}
+
+/// `TestStore::shard_next`: the next batch of `(run of job, group)` for the
+/// live attempt `(job, epoch)`. The first call seeds the queue with
+/// `batches` (later calls' are ignored); batches leased to an attempt that
+/// is no longer running (and whose completion did not finish them) go back
+/// to the queue first.
+pub(crate) async fn shard_next(
+    store: &SqlStore,
+    job_id: &str,
+    epoch: i64,
+    group: &str,
+    batches: &[Vec<String>],
+) -> Result<ShardBatch> {
+    static RETURN_LOST: Sql = Sql::new(|_| {
+        "UPDATE test_shard_batches SET state = 'pending', job_id = NULL, epoch = NULL, leased_at = NULL \
+         WHERE run_id = $1 AND grp = $2 AND state = 'leased' AND NOT EXISTS (SELECT 1 FROM attempts a \
+         WHERE a.job_id = test_shard_batches.job_id AND a.epoch = test_shard_batches.epoch AND a.outcome = 'running')"
+            .to_string()
+    });
+    store
+        .transaction(Isolation::Serializable, &(job_id, epoch, group, batches), |tx, &(job_id, epoch, group, batches)| {
+            Box::pin(async move {
+                lock_job(tx, job_id).await?;
+                let now = now(tx).await?;
+                let (job, _) = require_live(tx, job_id, epoch, now).await?;
+                let seeded: i64 = tx
+                    .sql("SELECT COUNT(*) FROM test_shard_batches WHERE run_id = $1 AND grp = $2")
+                    .bind(&job.run_id)
+                    .bind(group)
+                    .scalar()
+                    .await?;
+                if seeded == 0 {
+                    for (i, b) in batches.iter().enumerate() {
+                        let tests = serde_json::to_string(b).map_err(|e| StoreError::Invalid(e.to_string()))?;
+                        tx.sql(
+                            "INSERT INTO test_shard_batches (run_id, grp, batch_no, tests, state, created_at) \
+                             VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT (run_id, grp, batch_no) DO NOTHING",
+                        )
+                        .bind(&job.run_id)
+                        .bind(group)
+                        .bind(i as i64)
+                        .bind(tests)
+                        .bind(now)
+                        .execute()
+                        .await?;
+                    }
+                }
+                tx.sql(&RETURN_LOST).bind(&job.run_id).bind(group).execute().await?;
+                let next: Option<(i64, String)> = tx
+                    .sql(
+                        "SELECT batch_no, tests FROM test_shard_batches WHERE run_id = $1 AND grp = $2 \
+                         AND state = 'pending' ORDER BY batch_no LIMIT 1",
+                    )
+                    .bind(&job.run_id)
+                    .bind(group)
+                    .optional()
+                    .await?;
+                let mut out = ShardBatch::default();
+                if let Some((no, tests)) = next {
+                    tx.sql(
+                        "UPDATE test_shard_batches SET state = 'leased', job_id = $1, epoch = $2, leased_at = $3 \
+                         WHERE run_id = $4 AND grp = $5 AND batch_no = $6 AND state = 'pending'",
+                    )
+                    .bind(job_id)
+                    .bind(epoch)
+                    .bind(now)
+                    .bind(&job.run_id)
+                    .bind(group)
+                    .bind(no)
+                    .execute()
+                    .await?;
+                    out.batch = Some(no);
+                    out.tests = serde_json::from_str(&tests).unwrap_or_default();
+                }
+                let counts: Vec<(String, i64)> = tx
+                    .sql(
+                        "SELECT state, COUNT(*) FROM test_shard_batches WHERE run_id = $1 AND grp = $2 GROUP BY state",
+                    )
+                    .bind(&job.run_id)
+                    .bind(group)
+                    .all()
+                    .await?;
+                for (state, n) in counts {
+                    out.total += n;
+                    match state.as_str() {
+                        "pending" => out.pending = n,
+                        "leased" => out.leased = n,
+                        _ => {}
+                    }
+                }
+                Ok(out)
+            })
+        })
+        .await
+}
+
+/// In a completion that bound the attempt's reports: the batches it was
+/// handed are done.
+pub(crate) async fn finish_batches(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<()> {
+    tx.sql("UPDATE test_shard_batches SET state = 'done' WHERE job_id = $1 AND epoch = $2 AND state = 'leased'")
+        .bind(job_id)
+        .bind(epoch)
+        .execute()
+        .await?;
+    Ok(())
 }

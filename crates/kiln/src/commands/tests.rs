@@ -192,6 +192,7 @@ async fn sub(cmd: TestsCommand) -> CmdResult {
                 ));
             }
         }
+        TestsCommand::Next { group, batch_size } => return next(&group, batch_size).await,
         TestsCommand::Split { total, index, by, timings, repo, git_ref, conn } => {
             if total == 0 {
                 return Err(usage("--total must be at least 1"));
@@ -269,4 +270,60 @@ async fn load_timings(
     let source = t.source_ref.as_deref().map(|r| format!(" (timings of {r})")).unwrap_or_default();
     let map = t.durations_ms.into_iter().map(|(k, v)| (kiln_reports::TestId(k), v)).collect();
     Ok((map, source))
+}
+
+/// Exit code of `kiln tests next` when the queue has no batch left.
+const NO_BATCH_LEFT: i32 = 3;
+
+/// `kiln tests next`: in a step, with the attempt's shard capability.
+async fn next(group: &str, batch_size: Option<u32>) -> CmdResult {
+    let (Ok(url), Ok(token)) = (std::env::var("KILN_SHARDS_URL"), std::env::var("KILN_SHARD_TOKEN")) else {
+        return Err(usage(
+            "kiln tests next runs in a job's step: it needs $KILN_SHARDS_URL and $KILN_SHARD_TOKEN, which the agent \
+             sets for a job that declares `reports:`",
+        ));
+    };
+    // `BASE/v1/jobs/JOB/attempts/EPOCH/shards/next`
+    let parsed = url.split_once("/v1/jobs/").and_then(|(base, rest)| {
+        let mut parts = rest.split('/');
+        let job = parts.next()?.to_string();
+        let epoch = parts.nth(1)?.parse::<i64>().ok()?;
+        Some((base.to_string(), job, epoch))
+    });
+    let Some((base, job, epoch)) = parsed else {
+        return Err(usage(format!("$KILN_SHARDS_URL `{url}` is not a shard queue's URL")));
+    };
+    let mut tests = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|e| usage(format!("cannot read test ids on standard input: {e}")))?;
+        if !line.trim().is_empty() {
+            tests.push(line.trim().to_string());
+        }
+    }
+    let c = kiln_api::Client::new(&base, &token);
+    let body = kiln_api::ShardNext { group: group.to_string(), tests, batch_size };
+    let b = c.shard_next(&job, epoch, &body).await?;
+    match b.batch {
+        Some(no) => {
+            eprintln!(
+                "kiln tests next: batch {} of {} ({} tests; {} waiting, {} held by other shards)",
+                no + 1,
+                b.total,
+                b.tests.len(),
+                b.pending,
+                b.leased
+            );
+            for t in &b.tests {
+                kiln_cmd::outln!("{t}");
+            }
+            Ok(exit::OK)
+        }
+        None => {
+            eprintln!(
+                "kiln tests next: no batch left in `{group}` ({} batches; {} held by other shards)",
+                b.total, b.leased
+            );
+            Ok(NO_BATCH_LEFT)
+        }
+    }
 }
