@@ -197,6 +197,16 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_capability_is_no_attempt_token_and_holds_one_epoch() {
+        let k = AgentKeys::new(b"server key");
+        let shard = k.shard_token("job-1", 3);
+        assert!(k.holds_shard(&shard, "job-1", 3));
+        assert!(!k.holds_shard(&shard, "job-1", 4) && !k.holds_shard(&shard, "job-2", 3));
+        assert!(!k.holds_attempt(&shard, "job-1", 3), "a step's capability never works as the attempt's token");
+        assert!(!k.holds_shard(&k.attempt_token("job-1", 3), "job-1", 3), "nor the other way round");
+    }
+
+    #[test]
     fn minted_tokens_split_and_hash() {
         let (id, token, hash) = mint(JOIN_PREFIX);
         let (got_id, secret) = split(&token, JOIN_PREFIX).unwrap();

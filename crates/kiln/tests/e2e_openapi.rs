@@ -701,6 +701,10 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .await;
     assert_eq!(bad_report.status, 422, "{}", String::from_utf8_lossy(&bad_report.bytes));
     assert_eq!(c.call("GET", &format!("{A}/timings"), &at("/timings"), t, None).await.status, 200);
+    let shard = c
+        .call("POST", &format!("{A}/shards/next"), &at("/shards/next"), t, Some(json!({ "group": "unit", "tests": ["a"] })))
+        .await;
+    assert_eq!(shard.status, 422, "a job without `reports:` has no shard queue: {}", String::from_utf8_lossy(&shard.bytes));
     let done = c
         .call(
             "POST",

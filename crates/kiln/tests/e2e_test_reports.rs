@@ -352,6 +352,11 @@ jobs:
           sleep 0.4
         done
         echo "shard ${{{{ matrix.shard }}}} done after $n batches"
+      - name: the shard capability allows nothing else
+        run: |
+          code=$(curl -s -o /dev/null -w '%{{http_code}}' -X POST -H "Authorization: Bearer $KILN_SHARD_TOKEN" "${{KILN_SHARDS_URL%/shards/next}}/heartbeat")
+          echo "heartbeat with the shard capability: $code"
+          echo "token in the log: $KILN_SHARD_TOKEN"
 "#,
         bin = BIN
     );
@@ -400,6 +405,8 @@ fn logs_of(server: &kiln_testkit::KilnServer, run: &str) -> String {
 async fn check_once(server: &kiln_testkit::KilnServer, c: &Client, run: kiln_api::Run) {
     let log = logs_of(server, &run.id);
     assert_eq!(run.status, "success", "{log}\n{}", server.log());
+    assert!(log.contains("heartbeat with the shard capability: 401"), "{log}");
+    assert!(!log.contains("kiln_sh1."), "the capability is masked in the log: {log}");
     let a = run.jobs.iter().find(|j| j.name.contains("shard=a")).unwrap();
     assert!(a.attempts.len() >= 2, "shard a was lost and ran again: {:?}", a.attempts);
     assert_eq!(a.attempts[0].outcome, "lost", "{:?}", a.attempts);
@@ -413,4 +420,44 @@ async fn check_once(server: &kiln_testkit::KilnServer, c: &Client, run: kiln_api
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "every test ran exactly once in the bound reports: {twice:?}\n{log}");
     assert!(t.attempts.iter().all(|x| x.epoch != a.attempts[0].epoch || x.job_id != a.id), "the killed attempt's reports are never bound");
+}
+
+/// Static split in a job: the timings a first run recorded reach the next
+/// run's steps as $KILN_TEST_TIMINGS; `kiln tests split` packs by them and
+/// says how many tests had none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_static_split_in_a_job_packs_by_the_recorded_timings() {
+    let flags: &[&str] = if nix::unistd::geteuid().is_root() { &["--step-user", "root"] } else { &[] };
+    let up = KilnUp::start_with(BIN.as_ref(), 2, flags).unwrap();
+    let record = r#"version: 1
+jobs:
+  - name: record
+    reports: {junit: [j.xml]}
+    steps:
+      - printf '%s' '<testsuite name="s"><testcase name="a" time="5"/><testcase name="b" time="0.1"/><testcase name="c" time="0.1"/><testcase name="d" time="0.1"/><testcase name="e" time="0.1"/></testsuite>' > j.xml
+"#;
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", record)]).unwrap();
+    add_repo(&up, "split", &repo);
+    let c = Client::new(&up.url, &up.token);
+    let (run, log) = run_to_end(&up, &c, "split", "main").await;
+    assert_eq!(run.status, "success", "{log}");
+    let split = format!(
+        r#"version: 1
+jobs:
+  - name: test
+    matrix: {{shard: [0, 1]}}
+    reports: {{junit: [j.xml]}}
+    steps:
+      - |
+        printf 's :: a\ns :: b\ns :: c\ns :: d\ns :: e\ns :: f\n' | {BIN} tests split --total 2 --index ${{{{ matrix.shard }}}} > mine.txt
+        echo "shard ${{{{ matrix.shard }}}} runs: $(tr '\n' ',' < mine.txt)"
+        printf '<testsuite name="s"/>' > j.xml
+"#
+    );
+    repo.commit(&[(".kiln/pipeline.yaml", &split)], "split").unwrap();
+    let (run, log) = run_to_end(&up, &c, "split", "main").await;
+    assert_eq!(run.status, "success", "{log}");
+    assert!(log.contains("shard 0 runs: s :: a,\n"), "the heavy test alone: {log}");
+    assert!(log.contains("shard 1 runs: s :: b,s :: c,s :: d,s :: e,s :: f,"), "{log}");
+    assert!(log.contains("1 of 6 tests have no recorded timing (timings of refs/heads/main)"), "never silent: {log}");
 }

@@ -178,6 +178,7 @@ macro_rules! suite {
             reports::reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_end,
             reports::quarantine_has_an_owner_a_cap_and_an_end,
             reports::quarantined_failures_pass_only_with_a_complete_covering_report,
+            reports::shard_batches_are_leased_to_the_live_attempt_and_come_back_when_it_is_lost,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

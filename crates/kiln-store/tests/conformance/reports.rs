@@ -179,3 +179,44 @@ pub async fn quarantined_failures_pass_only_with_a_complete_covering_report<S: S
     let states: Vec<&str> = t.attempts.iter().map(|a| a.state.as_str()).collect();
     assert_eq!(states, ["complete", "complete", "truncated"]);
 }
+
+pub async fn shard_batches_are_leased_to_the_live_attempt_and_come_back_when_it_is_lost<S: Store + 'static>(
+    o: &Opener<S>,
+) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run_id) = start(
+        s,
+        wf("version: 1\njobs:\n  - {name: a, reports: {junit: [j.xml]}, steps: [x]}\n  - {name: b, needs: [], reports: {junit: [j.xml]}, steps: [x]}\n"),
+    )
+    .await;
+    let one = agent(s, "one", 4).await;
+    let two = agent(s, "two", 4).await;
+    let a = job_id(s, &run_id, "a").await;
+    let b = job_id(s, &run_id, "b").await;
+    claim(s, &one, &a, LONG_TTL).await;
+    claim(s, &two, &b, LONG_TTL).await;
+    let plan: Vec<Vec<String>> = (0..3).map(|i| vec![format!("t{i}")]).collect();
+    // The first call seeds; later plans are ignored.
+    let first = s.shard_next(&a, 1, "unit", &plan).await.unwrap();
+    assert_eq!((first.batch, first.tests.clone(), first.total), (Some(0), vec!["t0".to_string()], 3));
+    let other = s.shard_next(&b, 1, "unit", &[vec!["zzz".to_string()]]).await.unwrap();
+    assert_eq!(other.tests, ["t1"]);
+    // A stale epoch gets nothing.
+    assert_stale(s.shard_next(&a, 7, "unit", &plan).await);
+    // Job a's attempt is lost: its batch goes back and b gets it next.
+    s.heartbeat(&a, 1, SHORT_TTL).await.unwrap();
+    expire(SHORT_TTL).await;
+    s.fence_expired().await.unwrap();
+    let next = s.shard_next(&b, 1, "unit", &[]).await.unwrap();
+    assert_eq!(next.tests, ["t0"], "the lost attempt's batch came back first");
+    let last = s.shard_next(&b, 1, "unit", &[]).await.unwrap();
+    assert_eq!(last.tests, ["t2"]);
+    let none = s.shard_next(&b, 1, "unit", &[]).await.unwrap();
+    assert_eq!((none.batch, none.pending), (None, 0));
+    // b completes: its batches are done and never come back.
+    s.complete(&b, 1, success()).await.unwrap();
+    assert_eq!(claim(s, &one, &a, LONG_TTL).await.epoch, 2);
+    let after = s.shard_next(&a, 2, "unit", &[]).await.unwrap();
+    assert_eq!((after.batch, after.leased, after.total), (None, 0, 3), "{after:?}");
+}
