@@ -461,3 +461,39 @@ jobs:
     assert!(log.contains("shard 1 runs: s :: b,s :: c,s :: d,s :: e,s :: f,"), "{log}");
     assert!(log.contains("1 of 6 tests have no recorded timing (timings of refs/heads/main)"), "never silent: {log}");
 }
+
+/// At expiry a quarantine ends by itself: the test blocks again, and the
+/// audit log, the list and the metrics say so.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_quarantine_is_audited_listed_and_counted() {
+    let up = KilnUp::start_with(BIN.as_ref(), 1, &["--lease-ttl", "3s"]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - {name: t, steps: [true]}\n")]).unwrap();
+    add_repo(&up, "exp", &repo);
+    let (ok, _, err) =
+        cli(&up, &["tests", "quarantine", "exp", "s :: slow", "--owner", "carol", "--reason", "slow disk", "--expires", "1s"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli(&up, &["tests", "quarantine", "exp", "s :: x", "--owner", "c", "--reason", "r", "--expires", "91d"]);
+    assert!(!ok && err.contains("at most 90 days"), "{err}");
+    let mut audit = String::new();
+    for _ in 0..100 {
+        audit = cli(&up, &["audit"]).1;
+        if audit.contains("test.quarantine.expire") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(audit.contains("test.quarantine.expire") && audit.contains("owner carol"), "{audit}");
+    let (_, out, _) = cli(&up, &["tests", "ls", "exp"]);
+    assert!(out.contains("expired") && out.contains("s :: slow"), "{out}");
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", up.url))
+        .bearer_auth(&up.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("kiln_tests_quarantine_expired_total{repo=\"exp\"} 1"), "{metrics}");
+    assert!(metrics.contains("kiln_tests_total{outcome=\"failed\"}"), "{metrics}");
+}
