@@ -369,3 +369,29 @@ async fn forge_credentials_are_sealed_and_survive_a_key_rotation() {
 fn manifest_dir() -> String {
     std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
 }
+
+/// Issue 43: a run's commit status says how its tests went,
+/// `1 failed of 3 tests`, before the rest of the description.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_commit_status_says_how_many_tests_failed() {
+    let forge = FakeForge::start(TOKEN).await;
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &[]).unwrap();
+    let ci = r#"version: 1
+on: {push: {}}
+jobs:
+  - name: test
+    reports: {junit: [j.xml]}
+    steps:
+      - printf '%s' '<testsuite name="s"><testcase name="a"/><testcase name="b"/><testcase name="c"><failure message="no"/></testcase></testsuite>' > j.xml; exit 1
+"#;
+    let repo = TestRepo::new(&[(".kiln/ci.yaml", ci)]).unwrap();
+    connect(&server, &repo, &forge);
+    let sha = repo.head().unwrap();
+    let (status, ack) = deliver(&server, "tests-1", &push_body(&"0".repeat(40), &sha)).await;
+    assert_eq!(status, 202, "{ack}");
+    statuses_until(&forge, "a failure status", |s| s.iter().any(|x| x.state == "failure")).await;
+    let last = forge.statuses().into_iter().rfind(|x| x.state == "failure").unwrap();
+    let d = last.description.clone().unwrap_or_default();
+    assert!(d.starts_with("1 failed of 3 tests · Failed"), "{last:?}");
+}
