@@ -1085,6 +1085,8 @@ enum StepOutcome {
 
 /// `results`: each step's outcome and duration, pushed as each one ends
 /// (for the completion; steps never reached are left out).
+// The step's outcomes and the quarantined ids are both its results.
+#[allow(clippy::too_many_arguments)]
 async fn run_steps(
     exec: &Arc<dyn Executor>,
     a: &Assignment,

@@ -439,13 +439,19 @@ mod tests {
     fn only_quarantined_failures_of_complete_reports_let_a_step_through() {
         let r = kiln_reports::parse_junit(JUNIT.as_bytes(), &limits());
         let q = |ids: &[&'static str]| ids.iter().copied().collect::<BTreeSet<&str>>();
-        assert_eq!(quarantined_only(std::slice::from_ref(&r), &q(&["s :: c :: bad"])), Some(vec!["s :: c :: bad".to_string()]), "{:?}", r.tests);
+        assert_eq!(
+            quarantined_only(std::slice::from_ref(&r), &q(&["s :: c :: bad"])),
+            Some(vec!["s :: c :: bad".to_string()]),
+            "{:?}",
+            r.tests
+        );
         assert_eq!(quarantined_only(std::slice::from_ref(&r), &q(&["s :: c :: other"])), None);
         assert_eq!(quarantined_only(&[], &q(&["s :: c :: bad"])), None);
         let mut truncated = r.clone();
         truncated.truncated = true;
         assert_eq!(quarantined_only(&[truncated], &q(&["s :: c :: bad"])), None);
-        let passed = kiln_reports::parse_junit(r#"<testsuite name="s"><testcase name="ok"/></testsuite>"#.as_bytes(), &limits());
+        let passed =
+            kiln_reports::parse_junit(r#"<testsuite name="s"><testcase name="ok"/></testsuite>"#.as_bytes(), &limits());
         assert_eq!(quarantined_only(&[passed], &q(&["s :: c :: bad"])), None);
     }
 }

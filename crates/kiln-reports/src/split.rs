@@ -108,6 +108,58 @@ pub fn split(tests: &[TestId], durations: &HashMap<TestId, u64>, total: usize, m
     }
 }
 
+/// Each dynamic batch holds about this share of the suite's time not yet
+/// batched (guided self-scheduling).
+const GUIDED_SHARE: u64 = 24;
+
+/// Batches of a suite for a dynamic queue (`kiln tests next`): heaviest
+/// tests first (recorded durations in ms; an unknown test weighs the
+/// median), each batch about a 24th of the time not yet batched (at least
+/// a 400th of the suite's, and one test), or `batch_size` tests each. Shards that take the next batch when
+/// they finish one end within about one batch of each other. Duplicates are
+/// kept once; deterministic.
+pub fn batches(
+    tests: &[String],
+    durations: &std::collections::BTreeMap<String, u64>,
+    batch_size: Option<u32>,
+) -> Vec<Vec<String>> {
+    let mut seen = BTreeSet::new();
+    let unique: Vec<&String> = tests.iter().filter(|t| seen.insert(t.as_str())).collect();
+    let mut known: Vec<u64> = unique.iter().filter_map(|t| durations.get(t.as_str()).copied()).collect();
+    known.sort_unstable();
+    let median = known.get(known.len() / 2).copied().unwrap_or(1).max(1);
+    let mut weighted: Vec<(u64, &String)> =
+        unique.iter().map(|t| (durations.get(t.as_str()).copied().unwrap_or(median).max(1), *t)).collect();
+    weighted.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+    if let Some(n) = batch_size.filter(|n| *n > 0) {
+        return weighted.chunks(n as usize).map(|c| c.iter().map(|(_, t)| (*t).clone()).collect()).collect();
+    }
+    // Guided: each batch a share of what is left, so the last ones are
+    // small and the shards end close together (at least 1/400 of the
+    // suite's time, so there are not too many).
+    let total: u64 = weighted.iter().map(|(w, _)| w).sum();
+    let floor = (total / 400).max(1);
+    let mut remaining = total;
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut current: Vec<String> = Vec::new();
+    let mut weight = 0u64;
+    let mut target = (remaining / GUIDED_SHARE).max(floor);
+    for (w, t) in weighted {
+        if !current.is_empty() && weight + w > target {
+            out.push(std::mem::take(&mut current));
+            remaining -= weight;
+            weight = 0;
+            target = (remaining / GUIDED_SHARE).max(floor);
+        }
+        current.push(t.clone());
+        weight += w;
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +207,26 @@ mod tests {
         assert_eq!(s.estimated_ms, vec![3, 2]);
         let s = split(&tests, &HashMap::new(), 0, SplitMode::Count);
         assert_eq!(s.shards.len(), 1);
+    }
+
+    #[test]
+    fn dynamic_batches_go_heaviest_first_and_shrink_towards_the_end() {
+        let ids: Vec<String> = (0..100).map(|i| format!("t{i:03}")).collect();
+        let mut d: std::collections::BTreeMap<String, u64> =
+            ids.iter().enumerate().map(|(i, t)| (t.clone(), 10 + i as u64)).collect();
+        d.remove("t050");
+        let mut with_dupes = ids.clone();
+        with_dupes.push("t001".into());
+        let b = batches(&with_dupes, &d, None);
+        let flat: Vec<&String> = b.iter().flatten().collect();
+        assert_eq!(flat.len(), 100, "every test once");
+        assert_eq!(flat[0], "t099", "the heaviest first");
+        let weight = |v: &Vec<String>| v.iter().map(|t| d.get(t).copied().unwrap_or(60)).sum::<u64>();
+        assert!(weight(&b[0]) >= weight(b.last().unwrap()), "{b:?}");
+        assert!(b.len() > 10, "{}", b.len());
+        let fixed = batches(&ids, &d, Some(7));
+        assert_eq!(fixed.iter().map(Vec::len).collect::<Vec<_>>()[..3], [7, 7, 7]);
+        assert_eq!(fixed.len(), 15);
+        assert_eq!(batches(&ids, &d, None), b, "deterministic");
     }
 }

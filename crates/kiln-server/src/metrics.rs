@@ -440,8 +440,7 @@ impl Metrics {
 
     /// A completion bound an attempt's reports.
     pub(crate) fn tests_bound(&self, t: &kiln_store::TestAttemptRecord) {
-        for (outcome, n) in [("passed", t.passed), ("failed", t.failed), ("error", t.errored), ("skipped", t.skipped)]
-        {
+        for (outcome, n) in [("passed", t.passed), ("failed", t.failed), ("error", t.errored), ("skipped", t.skipped)] {
             self.tests.with_label_values(&[outcome]).inc_by(u64::try_from(n).unwrap_or(0));
         }
     }

@@ -1465,6 +1465,15 @@ fn parse_build_registry(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// A percentage: `2`, `2.5` or `2%`, from 0 to 100.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().trim_end_matches('%').trim().parse().map_err(|_| format!("`{s}` is not a percentage"))?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(format!("`{s}` is not between 0 and 100"));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1521,13 +1530,4 @@ mod tests {
         assert!(!help.contains("bench"), "{help}");
         assert!(help.contains("completions") && help.contains("runs") && help.contains("wait"), "{help}");
     }
-}
-
-/// A percentage: `2`, `2.5` or `2%`, from 0 to 100.
-fn parse_percent(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().trim_end_matches('%').trim().parse().map_err(|_| format!("`{s}` is not a percentage"))?;
-    if !(0.0..=100.0).contains(&v) {
-        return Err(format!("`{s}` is not between 0 and 100"));
-    }
-    Ok(v)
 }

@@ -493,10 +493,17 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .await;
     assert_eq!(tests.status, 200);
     let history = c
-        .call("GET", "/v1/repos/{repo}/tests/history", "/v1/repos/spec/tests/history?id=s%20%3A%3A%20t&limit=5", a, None)
+        .call(
+            "GET",
+            "/v1/repos/{repo}/tests/history",
+            "/v1/repos/spec/tests/history?id=s%20%3A%3A%20t&limit=5",
+            a,
+            None,
+        )
         .await;
     assert_eq!(history.status, 200);
-    let timings = c.call("GET", "/v1/repos/{repo}/tests/timings", "/v1/repos/spec/tests/timings?ref=main", a, None).await;
+    let timings =
+        c.call("GET", "/v1/repos/{repo}/tests/timings", "/v1/repos/spec/tests/timings?ref=main", a, None).await;
     assert_eq!(timings.status, 200);
     let q = json!({ "test_id": "s :: t", "owner": "alice", "reason": "flaky", "expires_in_secs": 3600 });
     let made = c.call("POST", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine", a, Some(q)).await;
@@ -505,9 +512,8 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
     let refused = c.call("POST", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine", a, Some(ownerless)).await;
     assert_eq!(refused.status, 422);
     assert_eq!(c.call("GET", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine", a, None).await.status, 200);
-    let ended = c
-        .call("DELETE", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine?id=s%20%3A%3A%20t", a, None)
-        .await;
+    let ended =
+        c.call("DELETE", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine?id=s%20%3A%3A%20t", a, None).await;
     assert_eq!(ended.status, 200);
 
     // ---------- the agent protocol, by hand ----------
@@ -697,14 +703,31 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .await;
     assert_eq!(staged.status, 200, "{}", String::from_utf8_lossy(&staged.bytes));
     let bad_report = c
-        .call("POST", &format!("{A}/reports"), &at("/reports"), t, Some(json!({ "path": "x", "format": "xunit", "tests": [] })))
+        .call(
+            "POST",
+            &format!("{A}/reports"),
+            &at("/reports"),
+            t,
+            Some(json!({ "path": "x", "format": "xunit", "tests": [] })),
+        )
         .await;
     assert_eq!(bad_report.status, 422, "{}", String::from_utf8_lossy(&bad_report.bytes));
     assert_eq!(c.call("GET", &format!("{A}/timings"), &at("/timings"), t, None).await.status, 200);
     let shard = c
-        .call("POST", &format!("{A}/shards/next"), &at("/shards/next"), t, Some(json!({ "group": "unit", "tests": ["a"] })))
+        .call(
+            "POST",
+            &format!("{A}/shards/next"),
+            &at("/shards/next"),
+            t,
+            Some(json!({ "group": "unit", "tests": ["a"] })),
+        )
         .await;
-    assert_eq!(shard.status, 422, "a job without `reports:` has no shard queue: {}", String::from_utf8_lossy(&shard.bytes));
+    assert_eq!(
+        shard.status,
+        422,
+        "a job without `reports:` has no shard queue: {}",
+        String::from_utf8_lossy(&shard.bytes)
+    );
     let done = c
         .call(
             "POST",

@@ -22,7 +22,11 @@ fn add_repo(up: &KilnUp, name: &str, repo: &TestRepo) {
 
 fn cli(up: &KilnUp, args: &[&str]) -> (bool, String, String) {
     let o = up.cli().args(args).output().unwrap();
-    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn logs(up: &KilnUp, run: &str) -> String {
@@ -45,9 +49,10 @@ fn tests_json(up: &KilnUp, run: &str) -> kiln_api::RunTests {
 }
 
 fn row<'a>(t: &'a kiln_api::RunTests, id: &str) -> &'a kiln_api::TestRow {
-    t.tests.iter().find(|r| r.test.id == id).unwrap_or_else(|| {
-        panic!("no test `{id}` in {:#?}", t.tests.iter().map(|r| &r.test.id).collect::<Vec<_>>())
-    })
+    t.tests
+        .iter()
+        .find(|r| r.test.id == id)
+        .unwrap_or_else(|| panic!("no test `{id}` in {:#?}", t.tests.iter().map(|r| &r.test.id).collect::<Vec<_>>()))
 }
 
 const RUNNERS: &str = r#"version: 1
@@ -76,7 +81,8 @@ jobs:
 async fn pytest_nextest_and_tap_reports_become_per_test_rows() {
     let home = std::env::var("HOME").unwrap_or_default();
     let has_cargo = std::path::Path::new(&home).join(".cargo/bin/cargo").exists();
-    let nextest = std::process::Command::new("cargo-nextest").arg("--version").output().is_ok_and(|o| o.status.success());
+    let nextest =
+        std::process::Command::new("cargo-nextest").arg("--version").output().is_ok_and(|o| o.status.success());
     if !has_cargo || !nextest {
         panic!("this test needs rustup's cargo in ~/.cargo and cargo-nextest (scripts/test installs it)");
     }
@@ -129,7 +135,10 @@ async fn pytest_nextest_and_tap_reports_become_per_test_rows() {
     assert!(t.summary.flaky >= 1 && t.summary.failed >= 3, "{:?}", t.summary);
     // Failed first.
     let first_pass = t.tests.iter().position(|r| !matches!(r.test.outcome.as_str(), "failed" | "error")).unwrap();
-    assert!(t.tests[..first_pass].len() >= 4 && t.tests[first_pass..].iter().all(|r| !matches!(r.test.outcome.as_str(), "failed" | "error")));
+    assert!(
+        t.tests[..first_pass].len() >= 4
+            && t.tests[first_pass..].iter().all(|r| !matches!(r.test.outcome.as_str(), "failed" | "error"))
+    );
 
     // What a user reads.
     let (ok, out, err) = cli(&up, &["tests", &run.id, "--failed"]);
@@ -150,7 +159,9 @@ fn junit(cases: &[(&str, &str)]) -> String {
     let mut x = String::from("<testsuite name=\"gate\">");
     for (name, outcome) in cases {
         match *outcome {
-            "failed" => x.push_str(&format!("<testcase name=\"{name}\"><failure message=\"{name} broke\"/></testcase>")),
+            "failed" => {
+                x.push_str(&format!("<testcase name=\"{name}\"><failure message=\"{name} broke\"/></testcase>"))
+            }
             _ => x.push_str(&format!("<testcase name=\"{name}\"/>")),
         }
     }
@@ -215,7 +226,8 @@ async fn quarantine_lets_through_only_failures_it_covers() {
         gate_job("passed-but-exit-1", Some(&all_pass), "exit 1"),
         gate_job("hostile-report", Some(laughs), "true"),
     ];
-    let sha = repo.commit(&[(".kiln/pipeline.yaml", &format!("version: 1\njobs:\n{}", gates.concat()))], "gates").unwrap();
+    let sha =
+        repo.commit(&[(".kiln/pipeline.yaml", &format!("version: 1\njobs:\n{}", gates.concat()))], "gates").unwrap();
     let (run, log) = run_to_end(&up, &c, "gates", &sha).await;
     let job = |n: &str| run.jobs.iter().find(|j| j.name == n).unwrap_or_else(|| panic!("{n}: {log}"));
     let ok_job = job("only-quarantined");
@@ -363,7 +375,8 @@ jobs:
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
     server.add_repo("dyn", &repo);
     let c = Client::new(&server.url, &server.token);
-    let id = c.submit_run("dyn", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap().run_id;
+    let id =
+        c.submit_run("dyn", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap().run_id;
     // Once shard `a` ran two batches, SIGKILL the agent that runs it.
     let mut victim = None;
     for _ in 0..600 {
@@ -419,7 +432,10 @@ async fn check_once(server: &kiln_testkit::KilnServer, c: &Client, run: kiln_api
     assert_eq!(seen.keys().map(|k| k.to_string()).collect::<Vec<_>>(), want, "every test ran: {log}");
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "every test ran exactly once in the bound reports: {twice:?}\n{log}");
-    assert!(t.attempts.iter().all(|x| x.epoch != a.attempts[0].epoch || x.job_id != a.id), "the killed attempt's reports are never bound");
+    assert!(
+        t.attempts.iter().all(|x| x.epoch != a.attempts[0].epoch || x.job_id != a.id),
+        "the killed attempt's reports are never bound"
+    );
 }
 
 /// Static split in a job: the timings a first run recorded reach the next
@@ -469,10 +485,13 @@ async fn an_expired_quarantine_is_audited_listed_and_counted() {
     let up = KilnUp::start_with(BIN.as_ref(), 1, &["--lease-ttl", "3s"]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - {name: t, steps: [true]}\n")]).unwrap();
     add_repo(&up, "exp", &repo);
-    let (ok, _, err) =
-        cli(&up, &["tests", "quarantine", "exp", "s :: slow", "--owner", "carol", "--reason", "slow disk", "--expires", "1s"]);
+    let (ok, _, err) = cli(
+        &up,
+        &["tests", "quarantine", "exp", "s :: slow", "--owner", "carol", "--reason", "slow disk", "--expires", "1s"],
+    );
     assert!(ok, "{err}");
-    let (ok, _, err) = cli(&up, &["tests", "quarantine", "exp", "s :: x", "--owner", "c", "--reason", "r", "--expires", "91d"]);
+    let (ok, _, err) =
+        cli(&up, &["tests", "quarantine", "exp", "s :: x", "--owner", "c", "--reason", "r", "--expires", "91d"]);
     assert!(!ok && err.contains("at most 90 days"), "{err}");
     let mut audit = String::new();
     for _ in 0..100 {

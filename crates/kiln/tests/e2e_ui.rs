@@ -1512,7 +1512,8 @@ jobs:
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
     assert!(up.cli().args(["repo", "add", "ui-tests", "--url"]).arg(repo.path()).status().unwrap().success());
     let api = Client::new(&up.url, &up.token);
-    let run = api.submit_run("ui-tests", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let run =
+        api.submit_run("ui-tests", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
     let done = wait_run_done(&api, &run.run_id).await;
     assert_eq!(done.status, "failed");
     let t = api.run_tests(&run.run_id, false).await.unwrap();
@@ -1524,7 +1525,10 @@ jobs:
     let row = c.find(Locator::Css("table.tests-failed tr[data-test='unit :: test_three']")).await.unwrap();
     let text = row.text().await.unwrap();
     assert!(text.contains("expected 42, got 41") && text.contains("unit"), "{text}");
-    assert!(c.find(Locator::Css("table.tests-failed tr[data-test='unit :: test_one']")).await.is_err(), "passed tests are not listed");
+    assert!(
+        c.find(Locator::Css("table.tests-failed tr[data-test='unit :: test_one']")).await.is_err(),
+        "passed tests are not listed"
+    );
     assert!(axe_violations(&c).await.is_empty(), "{:?}", axe_violations(&c).await);
     shot("run-tests", &c.screenshot().await.unwrap());
     row.find(Locator::Css("a")).await.unwrap().click().await.unwrap();

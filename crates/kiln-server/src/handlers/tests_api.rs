@@ -168,7 +168,10 @@ pub(crate) async fn unquarantine(
     responses((status = 200, description = "Open quarantines, then those ended in the last 30 days", body = crate::handlers::answers::QuarantineList)),
     security(("api_token" = []), ("ui_session" = [])),
 )]
-pub(crate) async fn quarantine_list(S(state): S<State>, Path(repo): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+pub(crate) async fn quarantine_list(
+    S(state): S<State>,
+    Path(repo): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
     let list = test_reports::list(&state, &repo).await?;
     Ok(Json(serde_json::json!({ "quarantine": list })))
 }
@@ -211,7 +214,8 @@ pub(crate) async fn shard_next(
     Path((job, epoch)): Path<(String, i64)>,
     body: Bytes,
 ) -> ApiResult<Json<api::ShardBatch>> {
-    let req: api::ShardNext =
-        tokio::task::spawn_blocking(move || parse(&body)).await.map_err(|e| crate::error::ApiErr::internal(e.to_string()))??;
+    let req: api::ShardNext = tokio::task::spawn_blocking(move || parse(&body))
+        .await
+        .map_err(|e| crate::error::ApiErr::internal(e.to_string()))??;
     Ok(Json(test_reports::shard_next(&state, &job, epoch, req).await?))
 }

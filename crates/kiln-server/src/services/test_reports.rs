@@ -139,7 +139,12 @@ pub(crate) fn case_of(t: kiln_store::StagedTest) -> api::TestCaseResult {
         excerpt: t.excerpt,
         retries: retries
             .into_iter()
-            .map(|r| api::TestRetry { kind: r.kind, outcome: r.outcome, message: r.message, duration_ms: r.duration_ms })
+            .map(|r| api::TestRetry {
+                kind: r.kind,
+                outcome: r.outcome,
+                message: r.message,
+                duration_ms: r.duration_ms,
+            })
             .collect(),
     }
 }
@@ -241,8 +246,12 @@ pub(crate) async fn history(state: &AppState, repo: &str, test_id: &str, limit: 
         .collect();
     let verdicts: Vec<Option<kiln_reports::flaky::Verdict>> =
         kiln_store::verdicts_per_run(&on_default).into_iter().map(|(_, v)| Some(v)).collect();
-    let flake_rate = kiln_reports::flaky::flake_rate(&verdicts)
-        .map(|f| api::FlakeRate { runs: f.runs, flaky: f.flaky, failed: f.failed, rate: f.rate });
+    let flake_rate = kiln_reports::flaky::flake_rate(&verdicts).map(|f| api::FlakeRate {
+        runs: f.runs,
+        flaky: f.flaky,
+        failed: f.failed,
+        rate: f.rate,
+    });
     rows.truncate(limit.clamp(1, 1000) as usize);
     let quarantine = state
         .store
@@ -431,42 +440,13 @@ pub(crate) async fn expire_once(state: &AppState) -> Result<usize, StoreError> {
     Ok(gone.len())
 }
 
-/// Batches of a suite for the dynamic queue: heaviest tests first (by
-/// recorded duration; unknown ones weigh the median), each batch about
-/// `1/40` of the suite's time, or `batch_size` tests.
-pub(crate) fn batches(tests: &[String], durations: &std::collections::BTreeMap<String, u64>, batch_size: Option<u32>) -> Vec<Vec<String>> {
-    let mut seen = BTreeSet::new();
-    let unique: Vec<&String> = tests.iter().filter(|t| seen.insert(t.as_str())).collect();
-    let mut known: Vec<u64> = unique.iter().filter_map(|t| durations.get(t.as_str()).copied()).collect();
-    known.sort_unstable();
-    let median = known.get(known.len() / 2).copied().unwrap_or(1).max(1);
-    let mut weighted: Vec<(u64, &String)> =
-        unique.iter().map(|t| (durations.get(t.as_str()).copied().unwrap_or(median).max(1), *t)).collect();
-    weighted.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
-    if let Some(n) = batch_size.filter(|n| *n > 0) {
-        return weighted.chunks(n as usize).map(|c| c.iter().map(|(_, t)| (*t).clone()).collect()).collect();
-    }
-    let total: u64 = weighted.iter().map(|(w, _)| w).sum();
-    let target = (total / 40).max(1);
-    let mut out: Vec<Vec<String>> = Vec::new();
-    let mut current: Vec<String> = Vec::new();
-    let mut weight = 0u64;
-    for (w, t) in weighted {
-        if !current.is_empty() && weight + w > target {
-            out.push(std::mem::take(&mut current));
-            weight = 0;
-        }
-        current.push(t.clone());
-        weight += w;
-    }
-    if !current.is_empty() {
-        out.push(current);
-    }
-    out
-}
-
 /// `POST /v1/jobs/{job}/attempts/{epoch}/shards/next`.
-pub(crate) async fn shard_next(state: &AppState, job: &str, epoch: i64, req: api::ShardNext) -> ApiResult<api::ShardBatch> {
+pub(crate) async fn shard_next(
+    state: &AppState,
+    job: &str,
+    epoch: i64,
+    req: api::ShardNext,
+) -> ApiResult<api::ShardBatch> {
     let group = req.group.trim();
     if group.is_empty() || group.len() > 200 || group.chars().any(char::is_control) {
         return Err(ApiErr::invalid("name the queue: `kiln tests next --group NAME`"));
@@ -498,7 +478,13 @@ pub(crate) async fn shard_next(state: &AppState, job: &str, epoch: i64, req: api
     } else {
         timings(state, &run.run.repo_id, run.run.git_ref.as_deref()).await?.durations_ms
     };
-    let planned = batches(&tests, &durations, req.batch_size);
+    let planned = kiln_reports::split::batches(&tests, &durations, req.batch_size);
     let b = state.store.shard_next(job, epoch, group, &planned).await?;
-    Ok(api::ShardBatch { batch: b.batch, tests: b.tests, pending: n(b.pending), leased: n(b.leased), total: n(b.total) })
+    Ok(api::ShardBatch {
+        batch: b.batch,
+        tests: b.tests,
+        pending: n(b.pending),
+        leased: n(b.leased),
+        total: n(b.total),
+    })
 }

@@ -127,10 +127,8 @@ async fn complete_tx(
     });
     // Issue 43: a job that declares `reports:` binds what its attempt
     // staged (whatever the outcome; not when cancellation came first).
-    let declares_reports = usize::try_from(job.index)
-        .ok()
-        .and_then(|i| run.definition.jobs.get(i))
-        .is_some_and(|d| d.reports.is_some());
+    let declares_reports =
+        usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i)).is_some_and(|d| d.reports.is_some());
     let bound = match verdict {
         CompletionVerdict::Cancelled { .. } | CompletionVerdict::Invalid => None,
         _ if declares_reports => {

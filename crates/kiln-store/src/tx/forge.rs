@@ -290,9 +290,7 @@ pub(crate) async fn due_reports(store: &SqlStore, limit: u32) -> Result<Vec<Repo
                 run_message: r.get("run_message")?,
                 run_created_at: r.get("run_created_at")?,
                 run_finished_at: r.get("run_finished_at")?,
-                test_summary: r
-                    .get::<Option<String>>("test_summary")?
-                    .and_then(|s| serde_json::from_str(&s).ok()),
+                test_summary: r.get::<Option<String>>("test_summary")?.and_then(|s| serde_json::from_str(&s).ok()),
             })
         })
         .collect()

@@ -14,8 +14,8 @@ use crate::db::{Exec, Row, Tx, now};
 use crate::dialect::{Isolation, Sql};
 use crate::error::{Result, StoreError};
 use crate::model::{
-    JobRecord, NewQuarantine, QuarantineRecord, RunTestsRecord, ShardBatch, StagedReport, StagedTest, TestAttemptRecord,
-    TestHistoryRecord, TestReportRecord, TestResultRecord, TestSummary,
+    JobRecord, NewQuarantine, QuarantineRecord, RunTestsRecord, ShardBatch, StagedReport, StagedTest,
+    TestAttemptRecord, TestHistoryRecord, TestReportRecord, TestResultRecord, TestSummary,
 };
 use crate::rows::new_id;
 use crate::store::{SqlStore, lock_job};
@@ -292,8 +292,7 @@ async fn active_ids(ex: &mut impl Exec, repo_id: &str, now: i64) -> Result<Vec<S
 /// both passed and failed for its commit, and write its summary. Nothing
 /// for a run without bound reports.
 pub(crate) async fn on_run_end(tx: &mut Tx, run_id: &str, now: i64) -> Result<()> {
-    let bound: i64 =
-        tx.sql("SELECT COUNT(*) FROM test_attempts WHERE run_id = $1").bind(run_id).scalar().await?;
+    let bound: i64 = tx.sql("SELECT COUNT(*) FROM test_attempts WHERE run_id = $1").bind(run_id).scalar().await?;
     if bound == 0 {
         return Ok(());
     }
@@ -422,6 +421,26 @@ fn test_from_row(row: &Row) -> Result<TestResultRecord> {
     })
 }
 
+/// A `test_attempts` row joined with its job's name.
+type AttemptRow = (String, String, i64, String, i64, i64, i64, i64, i64, i64, i64);
+
+fn attempt_of(r: AttemptRow) -> TestAttemptRecord {
+    let (job_id, job_name, epoch, state, total, passed, failed, errored, skipped, quarantined, created_at) = r;
+    TestAttemptRecord {
+        job_id,
+        job_name,
+        epoch,
+        state,
+        total,
+        passed,
+        failed,
+        errored,
+        skipped,
+        quarantined,
+        created_at,
+    }
+}
+
 /// `TestStore::run_tests`.
 pub(crate) async fn run_tests(store: &SqlStore, run_id: &str, failed_only: bool) -> Result<RunTestsRecord> {
     static ATTEMPTS: Sql = Sql::new(|_| {
@@ -447,32 +466,13 @@ pub(crate) async fn run_tests(store: &SqlStore, run_id: &str, failed_only: bool)
         )
     });
     let mut c = store.reader().await?;
-    let (repo_id, status): (String, String) =
-        c.sql("SELECT repo_id, status FROM runs WHERE id = $1").bind(run_id).optional().await?.ok_or_else(|| {
-            StoreError::NotFound(format!("run {run_id}"))
-        })?;
-    let attempts = c
-        .sql(&ATTEMPTS)
+    let (repo_id, status): (String, String) = c
+        .sql("SELECT repo_id, status FROM runs WHERE id = $1")
         .bind(run_id)
-        .all::<(String, String, i64, String, i64, i64, i64, i64, i64, i64, i64)>()
+        .optional()
         .await?
-        .into_iter()
-        .map(|(job_id, job_name, epoch, state, total, passed, failed, errored, skipped, quarantined, created_at)| {
-            TestAttemptRecord {
-                job_id,
-                job_name,
-                epoch,
-                state,
-                total,
-                passed,
-                failed,
-                errored,
-                skipped,
-                quarantined,
-                created_at,
-            }
-        })
-        .collect();
+        .ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
+    let attempts = c.sql(&ATTEMPTS).bind(run_id).all::<AttemptRow>().await?.into_iter().map(attempt_of).collect();
     let reports = c
         .sql(&REPORTS)
         .bind(run_id)
@@ -532,7 +532,19 @@ pub(crate) async fn test_history(
     Ok(rows
         .into_iter()
         .map(
-            |(run_id, run_number, commit_sha, git_ref, job_name, epoch, outcome, duration_ms, message, created_at, f)| {
+            |(
+                run_id,
+                run_number,
+                commit_sha,
+                git_ref,
+                job_name,
+                epoch,
+                outcome,
+                duration_ms,
+                message,
+                created_at,
+                f,
+            )| {
                 TestHistoryRecord {
                     run_id,
                     run_number,
@@ -569,7 +581,8 @@ pub(crate) async fn test_durations(store: &SqlStore, repo_id: &str, git_ref: &st
     Ok(out)
 }
 
-const Q_COLS: &str = "id, repo_id, test_id, owner, reason, link, created_by, created_at, expires_at, ended_at, ended_by";
+const Q_COLS: &str =
+    "id, repo_id, test_id, owner, reason, link, created_by, created_at, expires_at, ended_at, ended_by";
 
 fn quarantine_from_row(row: &Row) -> Result<QuarantineRecord> {
     Ok(QuarantineRecord {
@@ -676,10 +689,12 @@ async fn expire_due(tx: &mut Tx, now: i64) -> Result<Vec<QuarantineRecord>> {
     let mut out = Vec::with_capacity(rows.len());
     for row in &rows {
         let mut q = quarantine_from_row(row)?;
-        tx.sql("UPDATE test_quarantine SET ended_at = expires_at, ended_by = 'expiry' WHERE id = $1 AND ended_at IS NULL")
-            .bind(&q.id)
-            .execute()
-            .await?;
+        tx.sql(
+            "UPDATE test_quarantine SET ended_at = expires_at, ended_by = 'expiry' WHERE id = $1 AND ended_at IS NULL",
+        )
+        .bind(&q.id)
+        .execute()
+        .await?;
         q.ended_at = Some(q.expires_at);
         q.ended_by = Some("expiry".into());
         out.push(q);
@@ -791,7 +806,7 @@ pub(crate) async fn test_gauges(store: &SqlStore, window_ms: i64) -> Result<BTre
 
 /// `TestStore::attempt_tests`: what one bound attempt's reports add up to.
 pub(crate) async fn attempt_tests(store: &SqlStore, job_id: &str, epoch: i64) -> Result<Option<TestAttemptRecord>> {
-    let row: Option<(String, String, i64, String, i64, i64, i64, i64, i64, i64, i64)> = store
+    let row: Option<AttemptRow> = store
         .reader()
         .await?
         .sql(
@@ -803,23 +818,7 @@ pub(crate) async fn attempt_tests(store: &SqlStore, job_id: &str, epoch: i64) ->
         .bind(epoch)
         .optional()
         .await?;
-    Ok(row.map(
-        |(job_id, job_name, epoch, state, total, passed, failed, errored, skipped, quarantined, created_at)| {
-            TestAttemptRecord {
-                job_id,
-                job_name,
-                epoch,
-                state,
-                total,
-                passed,
-                failed,
-                errored,
-                skipped,
-                quarantined,
-                created_at,
-            }
-        },
-    ))
+    Ok(row.map(attempt_of))
 }
 
 /// A test's verdict per run from its history (newest first): flaky when
@@ -873,61 +872,64 @@ pub(crate) async fn shard_next(
             .to_string()
     });
     store
-        .transaction(Isolation::Serializable, &(job_id, epoch, group, batches), |tx, &(job_id, epoch, group, batches)| {
-            Box::pin(async move {
-                lock_job(tx, job_id).await?;
-                let now = now(tx).await?;
-                let (job, _) = require_live(tx, job_id, epoch, now).await?;
-                let seeded: i64 = tx
-                    .sql("SELECT COUNT(*) FROM test_shard_batches WHERE run_id = $1 AND grp = $2")
-                    .bind(&job.run_id)
-                    .bind(group)
-                    .scalar()
-                    .await?;
-                if seeded == 0 {
-                    for (i, b) in batches.iter().enumerate() {
-                        let tests = serde_json::to_string(b).map_err(|e| StoreError::Invalid(e.to_string()))?;
-                        tx.sql(
-                            "INSERT INTO test_shard_batches (run_id, grp, batch_no, tests, state, created_at) \
+        .transaction(
+            Isolation::Serializable,
+            &(job_id, epoch, group, batches),
+            |tx, &(job_id, epoch, group, batches)| {
+                Box::pin(async move {
+                    lock_job(tx, job_id).await?;
+                    let now = now(tx).await?;
+                    let (job, _) = require_live(tx, job_id, epoch, now).await?;
+                    let seeded: i64 = tx
+                        .sql("SELECT COUNT(*) FROM test_shard_batches WHERE run_id = $1 AND grp = $2")
+                        .bind(&job.run_id)
+                        .bind(group)
+                        .scalar()
+                        .await?;
+                    if seeded == 0 {
+                        for (i, b) in batches.iter().enumerate() {
+                            let tests = serde_json::to_string(b).map_err(|e| StoreError::Invalid(e.to_string()))?;
+                            tx.sql(
+                                "INSERT INTO test_shard_batches (run_id, grp, batch_no, tests, state, created_at) \
                              VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT (run_id, grp, batch_no) DO NOTHING",
+                            )
+                            .bind(&job.run_id)
+                            .bind(group)
+                            .bind(i as i64)
+                            .bind(tests)
+                            .bind(now)
+                            .execute()
+                            .await?;
+                        }
+                    }
+                    tx.sql(&RETURN_LOST).bind(&job.run_id).bind(group).execute().await?;
+                    let next: Option<(i64, String)> = tx
+                        .sql(
+                            "SELECT batch_no, tests FROM test_shard_batches WHERE run_id = $1 AND grp = $2 \
+                         AND state = 'pending' ORDER BY batch_no LIMIT 1",
                         )
                         .bind(&job.run_id)
                         .bind(group)
-                        .bind(i as i64)
-                        .bind(tests)
+                        .optional()
+                        .await?;
+                    let mut out = ShardBatch::default();
+                    if let Some((no, tests)) = next {
+                        tx.sql(
+                            "UPDATE test_shard_batches SET state = 'leased', job_id = $1, epoch = $2, leased_at = $3 \
+                         WHERE run_id = $4 AND grp = $5 AND batch_no = $6 AND state = 'pending'",
+                        )
+                        .bind(job_id)
+                        .bind(epoch)
                         .bind(now)
+                        .bind(&job.run_id)
+                        .bind(group)
+                        .bind(no)
                         .execute()
                         .await?;
+                        out.batch = Some(no);
+                        out.tests = serde_json::from_str(&tests).unwrap_or_default();
                     }
-                }
-                tx.sql(&RETURN_LOST).bind(&job.run_id).bind(group).execute().await?;
-                let next: Option<(i64, String)> = tx
-                    .sql(
-                        "SELECT batch_no, tests FROM test_shard_batches WHERE run_id = $1 AND grp = $2 \
-                         AND state = 'pending' ORDER BY batch_no LIMIT 1",
-                    )
-                    .bind(&job.run_id)
-                    .bind(group)
-                    .optional()
-                    .await?;
-                let mut out = ShardBatch::default();
-                if let Some((no, tests)) = next {
-                    tx.sql(
-                        "UPDATE test_shard_batches SET state = 'leased', job_id = $1, epoch = $2, leased_at = $3 \
-                         WHERE run_id = $4 AND grp = $5 AND batch_no = $6 AND state = 'pending'",
-                    )
-                    .bind(job_id)
-                    .bind(epoch)
-                    .bind(now)
-                    .bind(&job.run_id)
-                    .bind(group)
-                    .bind(no)
-                    .execute()
-                    .await?;
-                    out.batch = Some(no);
-                    out.tests = serde_json::from_str(&tests).unwrap_or_default();
-                }
-                let counts: Vec<(String, i64)> = tx
+                    let counts: Vec<(String, i64)> = tx
                     .sql(
                         "SELECT state, COUNT(*) FROM test_shard_batches WHERE run_id = $1 AND grp = $2 GROUP BY state",
                     )
@@ -935,17 +937,18 @@ pub(crate) async fn shard_next(
                     .bind(group)
                     .all()
                     .await?;
-                for (state, n) in counts {
-                    out.total += n;
-                    match state.as_str() {
-                        "pending" => out.pending = n,
-                        "leased" => out.leased = n,
-                        _ => {}
+                    for (state, n) in counts {
+                        out.total += n;
+                        match state.as_str() {
+                            "pending" => out.pending = n,
+                            "leased" => out.leased = n,
+                            _ => {}
+                        }
                     }
-                }
-                Ok(out)
-            })
-        })
+                    Ok(out)
+                })
+            },
+        )
         .await
 }
 

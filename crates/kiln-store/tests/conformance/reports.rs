@@ -35,9 +35,7 @@ fn report(path: &str, cases: &[(&str, &str)]) -> StagedReport {
     }
 }
 
-pub async fn reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_end<S: Store + 'static>(
-    o: &Opener<S>,
-) {
+pub async fn reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_end<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;
     let (repo, run_id) = start(s, wf(SUITE)).await;
@@ -81,7 +79,10 @@ pub async fn reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_en
     assert!(t.tests.iter().all(|r| r.epoch == 3), "the last bound attempt's tests: {:?}", t.tests);
     // The history has both of b's results, newest first, flagged.
     let h = s.test_history(&repo.id, "b", 10).await.unwrap();
-    assert_eq!(h.iter().map(|e| (e.epoch, e.outcome.as_str(), e.flaky)).collect::<Vec<_>>(), [(3, "passed", true), (2, "failed", true)]);
+    assert_eq!(
+        h.iter().map(|e| (e.epoch, e.outcome.as_str(), e.flaky)).collect::<Vec<_>>(),
+        [(3, "passed", true), (2, "failed", true)]
+    );
     let d = s.test_durations(&repo.id, "refs/heads/main").await.unwrap();
     assert_eq!(d.get("a"), Some(&10));
 
@@ -125,7 +126,10 @@ pub async fn quarantine_has_an_owner_a_cap_and_an_end<S: Store + 'static>(o: &Op
     expire(300).await;
     assert_eq!(s.quarantined_ids(&repo.id).await.unwrap(), ["t1"], "an expired quarantine mutes nothing");
     let ended = s.expire_quarantines().await.unwrap();
-    assert_eq!(ended.iter().map(|q| (q.test_id.as_str(), q.ended_by.as_deref())).collect::<Vec<_>>(), [("t2", Some("expiry"))]);
+    assert_eq!(
+        ended.iter().map(|q| (q.test_id.as_str(), q.ended_by.as_deref())).collect::<Vec<_>>(),
+        [("t2", Some("expiry"))]
+    );
     assert!(s.expire_quarantines().await.unwrap().is_empty(), "each expiry is reported once");
     s.quarantine_test(&q("t3", 60_000)).await.unwrap();
     // Removal ends it; removing again finds none.
@@ -155,7 +159,8 @@ pub async fn quarantined_failures_pass_only_with_a_complete_covering_report<S: S
         max_percent: 2.0,
     };
     s.quarantine_test(&q).await.unwrap();
-    let excused = |ids: &[&str]| CompletionInput { quarantined: ids.iter().map(|s| s.to_string()).collect(), ..success() };
+    let excused =
+        |ids: &[&str]| CompletionInput { quarantined: ids.iter().map(|s| s.to_string()).collect(), ..success() };
     // Covered: success with the annotation.
     let test = job_id(s, &run_id, "test").await;
     claim(s, &a, &test, LONG_TTL).await;

@@ -126,7 +126,10 @@ async fn sub(cmd: TestsCommand) -> CmdResult {
                 eprintln!("no results for `{test_id}` in {repo}; its id is as `kiln tests RUN` shows it");
                 return Ok(exit::OK);
             }
-            out(format!("{:<16} {:<9} {:<20} {:<16} {:<8} {:>8}  WHEN", "RUN", "COMMIT", "REF", "JOB", "OUTCOME", "TOOK"));
+            out(format!(
+                "{:<16} {:<9} {:<20} {:<16} {:<8} {:>8}  WHEN",
+                "RUN", "COMMIT", "REF", "JOB", "OUTCOME", "TOOK"
+            ));
             for e in &h.entries {
                 let took = e.duration_ms.map(|d| duration_text(d as i64)).unwrap_or_else(|| "-".into());
                 let r = e.git_ref.as_deref().map(|r| r.strip_prefix("refs/heads/").unwrap_or(r)).unwrap_or("-");
@@ -148,13 +151,8 @@ async fn sub(cmd: TestsCommand) -> CmdResult {
             if d.is_zero() {
                 return Err(usage("--expires must be in the future (e.g. 14d)"));
             }
-            let body = kiln_api::CreateQuarantine {
-                test_id,
-                owner,
-                reason,
-                link,
-                expires_in_secs: Some(d.as_secs().max(1)),
-            };
+            let body =
+                kiln_api::CreateQuarantine { test_id, owner, reason, link, expires_in_secs: Some(d.as_secs().max(1)) };
             let q = client(&conn)?.quarantine(&repo, &body).await?;
             out(format!(
                 "quarantined `{}` in {repo} until {} (owner {}); its failures no longer fail jobs with complete reports",
@@ -208,7 +206,11 @@ async fn sub(cmd: TestsCommand) -> CmdResult {
                     ids.push(kiln_reports::TestId(id.to_string()));
                 }
             }
-            let mode = if by == "count" { kiln_reports::split::SplitMode::Count } else { kiln_reports::split::SplitMode::Timings };
+            let mode = if by == "count" {
+                kiln_reports::split::SplitMode::Count
+            } else {
+                kiln_reports::split::SplitMode::Timings
+            };
             let (durations, source) = if mode == kiln_reports::split::SplitMode::Count {
                 (HashMap::new(), String::new())
             } else {
@@ -256,8 +258,9 @@ async fn load_timings(
     let t: kiln_api::TestTimings = match (file, repo) {
         (Some(f), _) => {
             let text = std::fs::read_to_string(f).map_err(|e| usage(format!("cannot read {}: {e}", f.display())))?;
-            serde_json::from_str(&text)
-                .map_err(|e| usage(format!("{} is not a timings file ({{\"durations_ms\": {{...}}}}): {e}", f.display())))?
+            serde_json::from_str(&text).map_err(|e| {
+                usage(format!("{} is not a timings file ({{\"durations_ms\": {{...}}}}): {e}", f.display()))
+            })?
         }
         (None, Some(repo)) => client(conn)?.test_timings(repo, git_ref).await?,
         (None, None) => {
