@@ -5,8 +5,15 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// Where this build's sources are, as cargo says when it runs the script:
+/// not `env!` (fixed when the script was compiled), because a target dir
+/// shared by several clones (a CI cache) reuses one compiled script for all.
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default())
+}
+
 fn git(args: &[&str]) -> Option<String> {
-    let out = Command::new("git").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().ok()?;
+    let out = Command::new("git").args(args).current_dir(manifest_dir()).output().ok()?;
     let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
     (out.status.success() && !s.is_empty()).then_some(s)
 }
@@ -38,7 +45,7 @@ fn main() {
                 // git failed (not installed, or a passing trouble): run again once
                 // a repository appears or moves, so `commit unknown` never sticks
                 // to a build of a real checkout.
-                let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+                let root = manifest_dir();
                 for p in root.ancestors().map(|d| d.join(".git")).filter(|p| p.exists()).take(1) {
                     println!("cargo:rerun-if-changed={}", p.display());
                     println!("cargo:rerun-if-changed={}", p.join("HEAD").display());

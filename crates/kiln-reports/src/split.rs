@@ -160,6 +160,69 @@ pub fn batches(
     out
 }
 
+/// The recorded duration of each runner id in `inputs`, from durations
+/// keyed by report ids (`suite :: class :: name`). A runner lists its tests
+/// in its own form, so an input that is not a report id is matched by:
+/// a pytest node id (`tests/test_app.py::TestA::test_b[1]` → class
+/// `tests.test_app.TestA`, name `test_b[1]`), a cargo-nextest list line
+/// (`binary-id tests::name`), then the report ids' last two parts, then
+/// their last part when only one report id ends that way. Returns the
+/// durations keyed by the inputs as given (unmatched ones left out).
+pub fn match_durations(
+    inputs: &[String],
+    durations: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    use std::collections::BTreeMap;
+    let parts = |k: &str| k.split(TestId::SEPARATOR).map(str::to_string).collect::<Vec<_>>();
+    let mut by_tail2: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    let mut by_tail1: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    for (k, ms) in durations {
+        let p = parts(k);
+        let mut add = |map: &mut BTreeMap<String, Option<u64>>, key: String| {
+            map.entry(key).and_modify(|v| *v = None).or_insert(Some(*ms));
+        };
+        if p.len() >= 2 {
+            add(&mut by_tail2, p[p.len() - 2..].join(TestId::SEPARATOR));
+        }
+        if let Some(last) = p.last() {
+            add(&mut by_tail1, last.clone());
+        }
+    }
+    let mut out = BTreeMap::new();
+    for input in inputs {
+        if let Some(ms) = durations.get(input) {
+            out.insert(input.clone(), *ms);
+            continue;
+        }
+        let mut tails: Vec<(String, String)> = Vec::new();
+        // pytest: path/to/test_mod.py::Class::test[param]
+        if let Some((path, rest)) = input.split_once("::")
+            && path.ends_with(".py")
+        {
+            let module = path.trim_end_matches(".py").replace('/', ".");
+            let mut segs: Vec<&str> = rest.split("::").collect();
+            let name = segs.pop().unwrap_or_default().to_string();
+            let class = if segs.is_empty() { module } else { format!("{module}.{}", segs.join(".")) };
+            tails.push((class, name));
+        }
+        // cargo-nextest list: `binary-id test::path`
+        if let Some((bin, name)) = input.split_once(' ')
+            && !name.contains(' ')
+        {
+            tails.push((bin.to_string(), name.to_string()));
+        }
+        let found = tails
+            .iter()
+            .find_map(|(c, n)| by_tail2.get(&format!("{c}{}{n}", TestId::SEPARATOR)).copied().flatten())
+            .or_else(|| tails.iter().find_map(|(_, n)| by_tail1.get(n).copied().flatten()))
+            .or_else(|| by_tail1.get(input.as_str()).copied().flatten());
+        if let Some(ms) = found {
+            out.insert(input.clone(), ms);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,5 +291,37 @@ mod tests {
         assert_eq!(fixed.iter().map(Vec::len).collect::<Vec<_>>()[..3], [7, 7, 7]);
         assert_eq!(fixed.len(), 15);
         assert_eq!(batches(&ids, &d, None), b, "deterministic");
+    }
+
+    #[test]
+    fn runner_ids_find_the_report_ids_durations() {
+        let d: std::collections::BTreeMap<String, u64> = [
+            ("pytest :: tests.test_app :: test_login", 700),
+            ("pytest :: tests.test_app.TestCart :: test_total[2]", 300),
+            ("sample :: tests::flaky", 50),
+            ("gen :: suite :: alpha", 9),
+            ("other :: suite :: alpha", 10),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+        let inputs: Vec<String> = [
+            "tests/test_app.py::test_login",
+            "tests/test_app.py::TestCart::test_total[2]",
+            "sample tests::flaky",
+            "pytest :: tests.test_app :: test_login",
+            "alpha",
+            "tests/test_app.py::test_new",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let m = match_durations(&inputs, &d);
+        assert_eq!(m.get("tests/test_app.py::test_login"), Some(&700));
+        assert_eq!(m.get("tests/test_app.py::TestCart::test_total[2]"), Some(&300));
+        assert_eq!(m.get("sample tests::flaky"), Some(&50));
+        assert_eq!(m.get("pytest :: tests.test_app :: test_login"), Some(&700));
+        assert_eq!(m.get("alpha"), None, "two report ids end that way: ambiguous");
+        assert_eq!(m.get("tests/test_app.py::test_new"), None, "a new test");
     }
 }

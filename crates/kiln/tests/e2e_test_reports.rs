@@ -152,6 +152,34 @@ async fn pytest_nextest_and_tap_reports_become_per_test_rows() {
     // A run without reports says how to get them.
     let (ok, _, err) = cli(&up, &["tests", "nosuchrun"]);
     assert!(!ok && err.contains("nosuchrun"), "{err}");
+
+    // pytest's own node ids split by the durations its report recorded.
+    let shards = format!(
+        r#"version: 1
+jobs:
+  - name: pytest
+    matrix: {{shard: [0, 1]}}
+    reports: {{junit: ["reports/*.xml"]}}
+    steps:
+      - |
+        /usr/bin/python3 -m pytest -p no:cacheprovider --collect-only -q tests | grep '::' > all.txt
+        {BIN} tests split --total 2 --index ${{{{ matrix.shard }}}} < all.txt > mine.txt
+        echo "shard ${{{{ matrix.shard }}}}: $(tr '\n' ',' < mine.txt)"
+        /usr/bin/python3 -m pytest -p no:cacheprovider --junitxml=reports/p.xml $(cat mine.txt) || true
+"#
+    );
+    repo.commit(&[(".kiln/pipeline.yaml", &shards)], "shards").unwrap();
+    let (run, log) = run_to_end(&up, &c, "suite", "HEAD").await;
+    assert_eq!(run.status, "success", "{log}");
+    // pytest's node ids found the report's durations, all but the skipped
+    // test's (a skipped test records none).
+    assert!(log.contains("1 of 6 tests have no recorded timing"), "{log}");
+    assert!(log.contains("shard 0: tests/test_sample.py::"), "{log}");
+    let t = tests_json(&up, &run.id);
+    let mut ids: Vec<&str> = t.tests.iter().map(|r| r.test.id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((ids.len(), t.tests.len()), (6, 6), "each test in one shard: {ids:?}");
 }
 
 /// A JUnit report with one test per (name, outcome).

@@ -1531,6 +1531,37 @@ jobs:
     );
     assert!(axe_violations(&c).await.is_empty(), "{:?}", axe_violations(&c).await);
     shot("run-tests", &c.screenshot().await.unwrap());
+    // The repository page lists its quarantined tests, an expired one as blocking again.
+    let q = up
+        .cli()
+        .args([
+            "tests",
+            "quarantine",
+            "ui-tests",
+            "unit :: test_three",
+            "--owner",
+            "dana",
+            "--reason",
+            "off by one",
+            "--expires",
+            "1s",
+        ])
+        .output()
+        .unwrap();
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    c.goto(&format!("{}/#/repos/ui-tests", up.url)).await.unwrap();
+    assert!(wait_text(&c, "table.quarantined tr[data-test='unit :: test_three']", "expired: blocks again").await);
+    let text = c.find(Locator::Css("table.quarantined")).await.unwrap().text().await.unwrap();
+    assert!(text.contains("dana") && text.contains("off by one"), "{text}");
+    assert!(axe_violations(&c).await.is_empty(), "{:?}", axe_violations(&c).await);
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    let row = c
+        .wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("table.tests-failed tr[data-test='unit :: test_three']"))
+        .await
+        .unwrap();
     row.find(Locator::Css("a")).await.unwrap().click().await.unwrap();
     let hl = "const l = document.querySelector('.log .ln.hl'); return l ? l.textContent : '';";
     let mut line = String::new();

@@ -478,6 +478,8 @@ pub(crate) async fn shard_next(
     } else {
         timings(state, &run.run.repo_id, run.run.git_ref.as_deref()).await?.durations_ms
     };
+    // The runner's ids (pytest node ids, nextest's list) matched to the reports'.
+    let durations = kiln_reports::split::match_durations(&tests, &durations);
     let planned = kiln_reports::split::batches(&tests, &durations, req.batch_size);
     let b = state.store.shard_next(job, epoch, group, &planned).await?;
     Ok(api::ShardBatch {

@@ -214,11 +214,17 @@ async fn sub(cmd: TestsCommand) -> CmdResult {
             let (durations, source) = if mode == kiln_reports::split::SplitMode::Count {
                 (HashMap::new(), String::new())
             } else {
-                load_timings(timings.as_deref(), repo.as_deref(), git_ref.as_deref(), &conn).await?
+                let (recorded, source) =
+                    load_timings(timings.as_deref(), repo.as_deref(), git_ref.as_deref(), &conn).await?;
+                // The runner's ids (pytest node ids, nextest's list) are
+                // matched to the reports' ids.
+                let given: Vec<String> = ids.iter().map(|t| t.0.clone()).collect();
+                let matched = kiln_reports::split::match_durations(&given, &recorded);
+                (matched.into_iter().map(|(k, v)| (kiln_reports::TestId(k), v)).collect(), source)
             };
             let s = kiln_reports::split::split(&ids, &durations, total, mode);
             if mode == kiln_reports::split::SplitMode::Timings {
-                if durations.is_empty() {
+                if durations.is_empty() && !ids.is_empty() {
                     eprintln!(
                         "kiln tests split: no recorded timings{source}: the {} tests are split by count",
                         ids.len()
@@ -254,7 +260,7 @@ async fn load_timings(
     repo: Option<&str>,
     git_ref: Option<&str>,
     conn: &crate::cli::Conn,
-) -> Result<(HashMap<kiln_reports::TestId, u64>, String), kiln_cmd::Failure> {
+) -> Result<(std::collections::BTreeMap<String, u64>, String), kiln_cmd::Failure> {
     let t: kiln_api::TestTimings = match (file, repo) {
         (Some(f), _) => {
             let text = std::fs::read_to_string(f).map_err(|e| usage(format!("cannot read {}: {e}", f.display())))?;
@@ -271,8 +277,7 @@ async fn load_timings(
         }
     };
     let source = t.source_ref.as_deref().map(|r| format!(" (timings of {r})")).unwrap_or_default();
-    let map = t.durations_ms.into_iter().map(|(k, v)| (kiln_reports::TestId(k), v)).collect();
-    Ok((map, source))
+    Ok((t.durations_ms, source))
 }
 
 /// Exit code of `kiln tests next` when the queue has no batch left.
