@@ -178,7 +178,7 @@ pub fn match_durations(
     let mut by_tail1: BTreeMap<String, Option<u64>> = BTreeMap::new();
     for (k, ms) in durations {
         let p = parts(k);
-        let mut add = |map: &mut BTreeMap<String, Option<u64>>, key: String| {
+        let add = |map: &mut BTreeMap<String, Option<u64>>, key: String| {
             map.entry(key).and_modify(|v| *v = None).or_insert(Some(*ms));
         };
         if p.len() >= 2 {

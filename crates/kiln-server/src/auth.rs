@@ -420,14 +420,19 @@ pub(crate) fn check_agent_path(caller: &AgentCaller, agent_id: &str) -> Result<(
 }
 
 /// `/v1/jobs/{job}/attempts/{epoch}/…`: the token of exactly that attempt.
-pub async fn require_attempt(S(state): S<State>, req: Request, next: Next) -> Result<Response, ApiErr> {
-    let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
+/// The `(job, epoch)` an attempt route names.
+fn attempt_in_path(req: &Request) -> Result<(String, i64), ApiErr> {
     let segs: Vec<&str> = req.uri().path().split('/').collect();
     // ["", "v1", "jobs", JOB, "attempts", EPOCH, …]
-    let (job, epoch) = match (segs.get(3), segs.get(5).and_then(|e| e.parse::<i64>().ok())) {
-        (Some(job), Some(epoch)) => (percent_decode(job), epoch),
-        _ => return Err(ApiErr::bad_request("expected /v1/jobs/{job}/attempts/{epoch}/…")),
-    };
+    match (segs.get(3), segs.get(5).and_then(|e| e.parse::<i64>().ok())) {
+        (Some(job), Some(epoch)) => Ok((percent_decode(job), epoch)),
+        _ => Err(ApiErr::bad_request("expected /v1/jobs/{job}/attempts/{epoch}/…")),
+    }
+}
+
+pub async fn require_attempt(S(state): S<State>, req: Request, next: Next) -> Result<Response, ApiErr> {
+    let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
+    let (job, epoch) = attempt_in_path(&req)?;
     if !state.agent_keys.holds_attempt(&token, &job, epoch) {
         // A credential of ours that is not this attempt's is refused as
         // such; anything else is simply not a credential.
@@ -446,11 +451,7 @@ pub async fn require_attempt(S(state): S<State>, req: Request, next: Next) -> Re
 /// allows nothing else).
 pub async fn require_shard(S(state): S<State>, req: Request, next: Next) -> Result<Response, ApiErr> {
     let Some(token) = bearer(&req) else { return Err(ApiErr::unauthorized()) };
-    let segs: Vec<&str> = req.uri().path().split('/').collect();
-    let (job, epoch) = match (segs.get(3), segs.get(5).and_then(|e| e.parse::<i64>().ok())) {
-        (Some(job), Some(epoch)) => (percent_decode(job), epoch),
-        _ => return Err(ApiErr::bad_request("expected /v1/jobs/{job}/attempts/{epoch}/…")),
-    };
+    let (job, epoch) = attempt_in_path(&req)?;
     if !state.agent_keys.holds_shard(&token, &job, epoch) && !state.agent_keys.holds_attempt(&token, &job, epoch) {
         return Err(ApiErr::unauthorized());
     }

@@ -623,18 +623,20 @@ pub fn quarantine_cap(suite: i64, max_percent: f64) -> i64 {
     ((suite as f64 * max_percent / 100.0).floor() as i64).max(1)
 }
 
+/// A test's open quarantine (`$1` repository, `$2` test).
+static OPEN_QUARANTINE: Sql = Sql::new(|_| {
+    format!("SELECT {Q_COLS} FROM test_quarantine WHERE repo_id = $1 AND test_id = $2 AND ended_at IS NULL")
+});
+
 /// `TestStore::quarantine_test`.
 pub(crate) async fn quarantine_test(store: &SqlStore, q: &NewQuarantine) -> Result<QuarantineRecord> {
-    static OPEN: Sql = Sql::new(|_| {
-        format!("SELECT {Q_COLS} FROM test_quarantine WHERE repo_id = $1 AND test_id = $2 AND ended_at IS NULL")
-    });
     static GET: Sql = Sql::new(|_| format!("SELECT {Q_COLS} FROM test_quarantine WHERE id = $1"));
     store
         .transaction(Isolation::Serializable, q, |tx, q| {
             Box::pin(async move {
                 let now = now(tx).await?;
                 expire_due(tx, now).await?;
-                if let Some(row) = tx.sql(&OPEN).bind(&q.repo_id).bind(&q.test_id).fetch_optional().await? {
+                if let Some(row) = tx.sql(&OPEN_QUARANTINE).bind(&q.repo_id).bind(&q.test_id).fetch_optional().await? {
                     let open = quarantine_from_row(&row)?;
                     return Err(StoreError::Conflict(format!(
                         "`{}` is already quarantined (owner {}, until {} ms since the epoch); unquarantine it first \
@@ -721,15 +723,12 @@ pub(crate) async fn end_quarantine(
     test_id: &str,
     by: &str,
 ) -> Result<Option<QuarantineRecord>> {
-    static OPEN: Sql = Sql::new(|_| {
-        format!("SELECT {Q_COLS} FROM test_quarantine WHERE repo_id = $1 AND test_id = $2 AND ended_at IS NULL")
-    });
     store
         .transaction(Isolation::Serializable, &(repo_id, test_id, by), |tx, &(repo_id, test_id, by)| {
             Box::pin(async move {
                 let now = now(tx).await?;
                 expire_due(tx, now).await?;
-                let Some(row) = tx.sql(&OPEN).bind(repo_id).bind(test_id).fetch_optional().await? else {
+                let Some(row) = tx.sql(&OPEN_QUARANTINE).bind(repo_id).bind(test_id).fetch_optional().await? else {
                     return Ok(None);
                 };
                 let mut q = quarantine_from_row(&row)?;
