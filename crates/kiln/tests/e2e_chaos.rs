@@ -373,8 +373,13 @@ async fn check_run(c: &Client, run: &kiln_api::Run, ctx: &dyn Fn() -> String) {
             "run {id}: b consumed exactly the bound generation: {b:#?}\n{}",
             ctx()
         );
+        // c echoes and sleeps: it fails only when the faults used up its
+        // retries (its attempts lost or failed by the infrastructure).
         let c_job = job("c");
-        assert_eq!(c_job.status, "success");
+        let infra = c_job.status == "failed"
+            && c_job.attempts.len() >= 2
+            && c_job.attempts.iter().all(|a| a.outcome != "success" && a.failure_class.as_deref() != Some("step_failed"));
+        assert!(c_job.status == "success" || infra, "run {id}: c after a successful b: {c_job:#?}\n{}", ctx());
     }
     let d = c.artifact(id, "a", "blob").await.unwrap();
     assert_eq!((d.epoch, d.sha256.as_str()), (art.epoch, art.sha256.as_str()));
