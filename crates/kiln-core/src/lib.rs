@@ -32,6 +32,7 @@ pub mod claim;
 pub mod complete;
 pub mod degradation;
 pub mod failure;
+pub mod fair;
 pub mod groups;
 pub mod job;
 pub mod lease;

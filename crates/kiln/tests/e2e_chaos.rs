@@ -378,7 +378,10 @@ async fn check_run(c: &Client, run: &kiln_api::Run, ctx: &dyn Fn() -> String) {
         let c_job = job("c");
         let infra = c_job.status == "failed"
             && c_job.attempts.len() >= 2
-            && c_job.attempts.iter().all(|a| a.outcome != "success" && a.failure_class.as_deref() != Some("step_failed"));
+            && c_job
+                .attempts
+                .iter()
+                .all(|a| a.outcome != "success" && a.failure_class.as_deref() != Some("step_failed"));
         assert!(c_job.status == "success" || infra, "run {id}: c after a successful b: {c_job:#?}\n{}", ctx());
     }
     let d = c.artifact(id, "a", "blob").await.unwrap();
