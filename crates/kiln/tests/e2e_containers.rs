@@ -1128,3 +1128,53 @@ jobs:
     let left = podman(&["ps", "-a", "-q", "--filter", &format!("label=kiln.agent={}", agent_name("ctr-warm"))]);
     assert!(left.lines().filter(|l| !l.is_empty()).count() <= 1, "{left}");
 }
+
+/// Issue 43 in a container job: the steps read `$KILN_QUARANTINE` at
+/// `/kiln/outputs`, a failure of only quarantined tests lets the job
+/// through, and a report linked to a file of the container's is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_jobs_reports_and_quarantine() {
+    if !containers_available() {
+        return;
+    }
+    let _reap = ReapOnDrop(&["ctr-reports"]);
+    let s = server();
+    let agent = container_agent(&s, "ctr-reports", &[]);
+    let reg = registry();
+    let wf = format!(
+        r#"version: 1
+jobs:
+  - name: test
+    image: {reg}/kiln-test/base:latest
+    reports: {{junit: ["*.xml"]}}
+    steps:
+      - echo "quarantined=$(cat "$KILN_QUARANTINE")"
+      - ln -s /etc/passwd evil.xml
+      - printf '%s' '<testsuite name="c"><testcase name="ok"/><testcase name="q"><failure message="known"/></testcase></testsuite>' > r.xml; exit 1
+"#
+    );
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
+    s.add_repo("ctr-reports", &repo);
+    let q = s
+        .cli()
+        .args(["tests", "quarantine", "ctr-reports", "c :: q", "--owner", "ops", "--reason", "known failure"])
+        .output()
+        .unwrap();
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    let c = Client::new(&s.url, &s.token);
+    let run = c
+        .submit_run("ctr-reports", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None)
+        .await
+        .unwrap();
+    let done = wait_run(&c, &run.run_id, 120).await;
+    let log = logs(&s, &run.run_id, "test");
+    assert!(log.contains("quarantined=c :: q"), "{log}\nagent:\n{}", agent.log());
+    assert!(log.contains("`evil.xml` is a symbolic link"), "{log}");
+    // The symlinked report is refused, so the reports are not complete:
+    // the quarantine does not excuse the failure.
+    assert_eq!(done.status, "failed", "{log}");
+    let t = c.run_tests(&run.run_id, false).await.unwrap();
+    assert_eq!(t.attempts[0].state, "truncated", "{t:?}");
+    assert!(t.tests.iter().any(|r| r.test.id == "c :: q" && r.quarantined), "{t:?}");
+    assert!(!log.contains("root:x:0:0"), "nothing of /etc/passwd reaches the log: {log}");
+}
