@@ -99,6 +99,8 @@ struct Phases {
     cleanup_error: Option<String>,
     /// Test ids whose failures were let through as quarantined (issue 43).
     quarantined: Vec<String>,
+    /// Test report files staged for the completion (issue 43).
+    reports_staged: u32,
 }
 
 /// Where an attempt's sandbox is.
@@ -266,6 +268,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
             steps,
             // Only a success may stand on quarantined failures.
             quarantined: if c.outcome.is_success() { quarantined } else { Vec::new() },
+            reports_staged: (phases.reports_staged > 0).then_some(phases.reports_staged),
             ..c
         });
         // What the completion says reaches every reader of the run: mask
@@ -799,9 +802,11 @@ async fn execute(
     if let Some(spec) = &a.reports
         && ctl.reason().is_none()
         && !matches!(ran, Ran::Stopped)
-        && let Err(r) = crate::reports::stage_all(&ctx.client, a, &ws, spec, ctl, logs).await
     {
-        return r;
+        match crate::reports::stage_all(&ctx.client, a, &ws, spec, ctl, logs).await {
+            Ok(n) => phases.reports_staged = n,
+            Err(r) => return r,
+        }
     }
     if let Some(c) = cache.as_mut() {
         if matches!(ran, Ran::Success) && ctl.reason().is_none() {
@@ -1483,6 +1488,7 @@ fn decide(
         telemetry: None,
         sandbox: None,
         quarantined: Vec::new(),
+        reports_staged: None,
     };
     if stop == Some(Stop::Fenced) {
         return None;
@@ -1501,6 +1507,7 @@ fn decide(
             telemetry: None,
             sandbox: None,
             quarantined: Vec::new(),
+            reports_staged: None,
         },
         Ran::StepFailed { exit_code, message, timed_out } => {
             failed(Some(exit_code), message, if timed_out { "timeout" } else { "step_failed" })
@@ -1520,6 +1527,7 @@ fn decide(
                 telemetry: None,
                 sandbox: None,
                 quarantined: Vec::new(),
+                reports_staged: None,
             },
             Some(Stop::TimedOut) => {
                 // 124: the exit code of timeout(1), the convention for "timed out".

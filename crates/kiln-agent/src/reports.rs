@@ -330,7 +330,7 @@ pub(crate) async fn stage_all(
     spec: &ReportsSpec,
     ctl: &Control,
     logs: &LogStreamer,
-) -> Result<(), Ran> {
+) -> Result<u32, Ran> {
     let masker = crate::mask::Masker::new(a.secrets.values().map(String::as_str));
     let (ws2, spec2) = (ws.to_path_buf(), spec.clone());
     let parsed = tokio::task::spawn_blocking(move || {
@@ -346,8 +346,9 @@ pub(crate) async fn stage_all(
     }
     if reports.is_empty() {
         logs.system("⚠ reports: no test report was found; the job's tests count as missing");
-        return Ok(());
+        return Ok(0);
     }
+    let staged = reports.len() as u32;
     for (f, r) in reports {
         let c = r.counts();
         let mut line = format!("reports: {} `{}`: {} tests", f.format, f.rel, r.tests.len());
@@ -386,7 +387,7 @@ pub(crate) async fn stage_all(
             }
         }
     }
-    Ok(())
+    Ok(staged)
 }
 
 #[cfg(test)]

@@ -1205,6 +1205,10 @@ pub struct Completion {
     /// bound reports and the quarantine, and fails the job if they do not hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<String>,
+    /// How many test report files the attempt staged (issue 43): the server
+    /// reads what the completion bound only when there are some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reports_staged: Option<u32>,
 }
 
 /// An agent's word that an attempt's sandbox is gone: in its completion, or
@@ -1271,6 +1275,7 @@ impl Completion {
             telemetry: None,
             sandbox: None,
             quarantined: Vec::new(),
+            reports_staged: None,
         }
     }
 }

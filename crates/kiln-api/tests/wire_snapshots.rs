@@ -301,6 +301,7 @@ fn heartbeat_completion_and_ack() {
         telemetry: None,
         sandbox: None,
         quarantined: Vec::new(),
+        reports_staged: None,
     };
     insta::assert_json_snapshot!("completion", completion);
     insta::assert_json_snapshot!("completion_ack", CompletionAck { job_status: JobStatus::Ready });

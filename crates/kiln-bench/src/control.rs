@@ -245,6 +245,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                         telemetry: None,
                         sandbox: None,
                         quarantined: Vec::new(),
+                        reports_staged: None,
                     };
                     match c.complete(&job, epoch, &done).await {
                         Ok(_) => {

@@ -278,6 +278,24 @@ async fn quarantine_lets_through_only_failures_it_covers() {
     let q_row = t.tests.iter().find(|r| r.job == "only-quarantined" && r.test.id == "gate :: q").unwrap();
     assert!(q_row.quarantined && q_row.test.outcome == "failed", "{q_row:?}");
 
+    // The metrics counted the bound reports' tests.
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", up.url))
+        .bearer_auth(&up.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |outcome: &str| {
+        let key = format!("kiln_tests_total{{outcome=\"{outcome}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    assert!(count("failed") >= 3.0 && count("passed") >= 50.0, "{metrics}");
+    let gauge = metrics.lines().find(|l| l.starts_with("kiln_tests_quarantined{repo=\"gates\"}"));
+    assert_eq!(gauge, Some("kiln_tests_quarantined{repo=\"gates\"} 1"), "{metrics}");
+
     // Unquarantined: the same failure fails the job again.
     let (ok, out, err) = cli(&up, &["tests", "unquarantine", "gates", "gate :: q"]);
     assert!(ok && out.contains("no longer quarantined"), "{out}{err}");

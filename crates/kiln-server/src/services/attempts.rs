@@ -102,6 +102,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
         })?),
     };
     let telemetry = c.telemetry;
+    let reports_staged = c.reports_staged.unwrap_or(0) > 0;
     let started = std::time::Instant::now();
     let res = state
         .store
@@ -143,7 +144,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
             }
             m.job_finished(&status);
             // Issue 43: the tests of the reports this completion bound.
-            if let Ok(Some(t)) = state.store.attempt_tests(job, epoch).await {
+            if reports_staged && let Ok(Some(t)) = state.store.attempt_tests(job, epoch).await {
                 m.tests_bound(&t);
             }
             tracing::info!(job, epoch, status, "completed");

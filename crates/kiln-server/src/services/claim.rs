@@ -160,6 +160,7 @@ async fn withheld(state: &AppState, c: &kiln_store::ClaimedAttempt, why: &str) -
         telemetry: None,
         sandbox: None,
         quarantined: Vec::new(),
+        reports_staged: None,
     };
     crate::services::attempts::complete(state, &c.job.id, c.epoch, done).await.map(|_| ())
 }

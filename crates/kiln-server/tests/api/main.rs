@@ -102,6 +102,7 @@ pub async fn complete(app: &TestApp, a: &api::Assignment, outcome: &str) -> kiln
         telemetry: None,
         sandbox: None,
         quarantined: Vec::new(),
+        reports_staged: None,
     };
     app.holder(a).post(&format!("/v1/jobs/{}/attempts/{}/complete", a.job_id, a.epoch)).json(&body).send().await
 }
