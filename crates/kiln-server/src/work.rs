@@ -104,7 +104,12 @@ pub(crate) async fn collect_once(state: &AppState) -> Result<usize, StoreError> 
         }
     }
     collected += expire_once(state).await?;
-    Ok(collected)
+    // Issue 43: reports staged by attempts that never bound them.
+    let reports = state.store.collect_staged_reports(grace, COLLECT_BATCH).await?;
+    if reports > 0 {
+        tracing::info!(reports, "collected test reports of attempts that never bound them");
+    }
+    Ok(collected + reports as usize)
 }
 
 /// Retention (issue 16): bound artifacts of ended runs past their

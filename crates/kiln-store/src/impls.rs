@@ -665,4 +665,8 @@ impl TestStore for SqlStore {
     async fn shard_next(&self, job_id: &str, epoch: i64, group: &str, batches: &[Vec<String>]) -> Result<ShardBatch> {
         test_reports::shard_next(self, job_id, epoch, group, batches).await
     }
+
+    async fn collect_staged_reports(&self, grace_ms: i64, limit: u32) -> Result<u64> {
+        test_reports::collect_staged_reports(self, grace_ms, limit).await
+    }
 }

@@ -500,6 +500,10 @@ pub trait TestStore: Send + Sync {
     /// completion binds its reports; an attempt that ends otherwise gives
     /// its batches back.
     async fn shard_next(&self, job_id: &str, epoch: i64, group: &str, batches: &[Vec<String>]) -> Result<ShardBatch>;
+    /// Delete reports staged by attempts that ended without binding them
+    /// (fenced, lost) more than `grace_ms` ago: they are never read. At most
+    /// `limit` files; returns how many.
+    async fn collect_staged_reports(&self, grace_ms: i64, limit: u32) -> Result<u64>;
 }
 
 /// The whole authoritative store.

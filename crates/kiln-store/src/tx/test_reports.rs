@@ -961,3 +961,30 @@ pub(crate) async fn finish_batches(tx: &mut Tx, job_id: &str, epoch: i64) -> Res
         .await?;
     Ok(())
 }
+
+/// `TestStore::collect_staged_reports`: reports staged by attempts that
+/// ended without binding them (fenced, lost) more than `grace_ms` ago are
+/// never read: delete them (at most `limit` files). Returns how many.
+pub(crate) async fn collect_staged_reports(store: &SqlStore, grace_ms: i64, limit: u32) -> Result<u64> {
+    static UNBOUND: Sql = Sql::new(|_| {
+        "SELECT r.id FROM test_reports r WHERE r.created_at < $1 \
+         AND NOT EXISTS (SELECT 1 FROM test_attempts a WHERE a.job_id = r.job_id AND a.epoch = r.epoch) \
+         AND NOT EXISTS (SELECT 1 FROM attempts t WHERE t.job_id = r.job_id AND t.epoch = r.epoch \
+         AND t.outcome = 'running') ORDER BY r.created_at LIMIT $2"
+            .to_string()
+    });
+    store
+        .transaction(Isolation::Serializable, &(grace_ms, limit), |tx, &(grace_ms, limit)| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                let ids: Vec<String> =
+                    tx.sql(&UNBOUND).bind(now.saturating_sub(grace_ms)).bind(i64::from(limit)).scalars().await?;
+                for id in &ids {
+                    tx.sql("DELETE FROM test_results WHERE report_id = $1").bind(id).execute().await?;
+                    tx.sql("DELETE FROM test_reports WHERE id = $1").bind(id).execute().await?;
+                }
+                Ok(ids.len() as u64)
+            })
+        })
+        .await
+}

@@ -56,6 +56,11 @@ pub async fn reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_en
     assert_stale(s.complete(&test, 1, success()).await);
     let t = s.run_tests(&run_id, false).await.unwrap();
     assert!(t.attempts.is_empty() && t.tests.is_empty(), "a fenced attempt's report counts nowhere: {t:?}");
+    // Epoch 2 stages a report while it runs: not collected (live); epoch
+    // 1's, unbound and ended, is.
+    s.stage_report(&test, 2, &report("early.xml", &[("a", "passed")])).await.unwrap();
+    assert_eq!(s.collect_staged_reports(60_000, 100).await.unwrap(), 0, "within the grace");
+    assert_eq!(s.collect_staged_reports(0, 100).await.unwrap(), 1, "the fenced attempt's report only");
 
     // Epoch 2 fails with `b` failing: bound, though the job is retried.
     s.stage_report(&test, 2, &report("junit.xml", &[("a", "passed"), ("b", "failed")])).await.unwrap();
@@ -74,6 +79,7 @@ pub async fn reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_en
     assert_eq!(s.complete(&test, 3, success()).await.unwrap(), "success");
     let t = s.run_tests(&run_id, false).await.unwrap();
     assert!(t.decided);
+    assert_eq!(s.collect_staged_reports(0, 100).await.unwrap(), 0, "bound reports stay");
     assert_eq!(t.flaky, vec![("b".to_string(), 1, 1)]);
     assert_eq!(t.attempts.len(), 2);
     assert!(t.tests.iter().all(|r| r.epoch == 3), "the last bound attempt's tests: {:?}", t.tests);
