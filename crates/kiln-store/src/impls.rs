@@ -8,7 +8,7 @@ use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
     accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, notify, outbox,
-    repos, test_reports,
+    repos, teams, test_reports,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -668,5 +668,38 @@ impl TestStore for SqlStore {
 
     async fn collect_staged_reports(&self, grace_ms: i64, limit: u32) -> Result<u64> {
         test_reports::collect_staged_reports(self, grace_ms, limit).await
+    }
+}
+
+#[async_trait]
+impl TeamStore for SqlStore {
+    async fn create_team(
+        &self,
+        name: &str,
+        weight: u32,
+        max_running: Option<u32>,
+        max_queued: Option<u32>,
+    ) -> Result<TeamRecord> {
+        teams::create_team(self, name, weight, max_running, max_queued).await
+    }
+
+    async fn get_team(&self, name: &str) -> Result<TeamRecord> {
+        teams::get_team(self, name).await
+    }
+
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>> {
+        teams::list_teams(self).await
+    }
+
+    async fn update_team(&self, name: &str, update: &TeamUpdate) -> Result<TeamRecord> {
+        teams::update_team(self, name, update).await
+    }
+
+    async fn delete_team(&self, name: &str) -> Result<TeamRecord> {
+        teams::delete_team(self, name).await
+    }
+
+    async fn set_repo_team(&self, repo_id: &str, team: &str) -> Result<()> {
+        teams::set_repo_team(self, repo_id, team).await
     }
 }

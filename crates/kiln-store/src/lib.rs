@@ -37,4 +37,5 @@ pub use traits::*;
 pub use tx::caches::CACHE_ARTIFACT;
 pub use tx::outputs::RunOutputs;
 pub use tx::repos::{CLONE_CREDENTIAL, FORGE_TOKEN, WEBHOOK_SECRET};
+pub use tx::teams::DEFAULT_TEAM;
 pub use tx::test_reports::{MAX_REPORTS_PER_ATTEMPT, MAX_TESTS_PER_ATTEMPT, quarantine_cap, verdicts_per_run};

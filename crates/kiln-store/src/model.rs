@@ -16,6 +16,8 @@ pub struct RepoRecord {
     pub forge: RepoForge,
     /// Its badge is served without a token (issue 42).
     pub public: bool,
+    /// The team it belongs to (issue 44; `default` until moved).
+    pub team: String,
 }
 
 /// A repository's forge connection and trigger policy.
@@ -959,4 +961,27 @@ pub struct ShardBatch {
     /// Batches leased to other live attempts (they may come back).
     pub leased: i64,
     pub total: i64,
+}
+
+/// A team (issue 44): its share of the slots and its quotas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeamRecord {
+    pub name: String,
+    /// Its share relative to the other teams' (at least 1).
+    pub weight: u32,
+    /// Jobs it may hold at once, reservations included (`None`: no quota).
+    pub max_running: Option<u32>,
+    /// Queued runs it may have before new API runs are refused.
+    pub max_queued: Option<u32>,
+    pub created_at: i64,
+    /// Repositories in it.
+    pub repos: i64,
+}
+
+/// A change to a team: each `Some` replaces the value (`Some(None)`: no quota).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TeamUpdate {
+    pub weight: Option<u32>,
+    pub max_running: Option<Option<u32>>,
+    pub max_queued: Option<Option<u32>>,
 }

@@ -183,6 +183,7 @@ pub(crate) fn repo_from_row(row: &Row) -> Result<RepoRecord> {
             poll_interval_ms: row.get("poll_interval_ms")?,
         },
         public: row.get::<i64>("is_public")? != 0,
+        team: row.get("team")?,
     })
 }
 

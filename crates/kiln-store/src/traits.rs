@@ -463,6 +463,28 @@ pub trait NotifyStore: Send + Sync {
     ) -> Result<Option<kiln_core::RunStatus>>;
 }
 
+/// Teams (issue 44): the fair-share unit repositories belong to.
+#[async_trait]
+pub trait TeamStore: Send + Sync {
+    async fn create_team(
+        &self,
+        name: &str,
+        weight: u32,
+        max_running: Option<u32>,
+        max_queued: Option<u32>,
+    ) -> Result<TeamRecord>;
+    async fn get_team(&self, name: &str) -> Result<TeamRecord>;
+    /// Every team, by name, with how many repositories each has.
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>>;
+    /// `NotFound` for an unknown team; `Invalid` for a weight outside 1–1000.
+    async fn update_team(&self, name: &str, update: &TeamUpdate) -> Result<TeamRecord>;
+    /// Remove an empty team (`Conflict` while it has repositories, and
+    /// always for `default`); returns what was removed.
+    async fn delete_team(&self, name: &str) -> Result<TeamRecord>;
+    /// Move a repository to a team (`NotFound` for an unknown team).
+    async fn set_repo_team(&self, repo_id: &str, team: &str) -> Result<()>;
+}
+
 /// Test reports, flaky tests and quarantine (issue 43).
 #[async_trait]
 pub trait TestStore: Send + Sync {
@@ -520,6 +542,7 @@ pub trait Store:
     + ArtifactStore
     + NotifyStore
     + TestStore
+    + TeamStore
 {
 }
 impl<
@@ -534,7 +557,8 @@ impl<
         + LogStore
         + ArtifactStore
         + NotifyStore
-        + TestStore,
+        + TestStore
+        + TeamStore,
 > Store for T
 {
 }

@@ -37,4 +37,5 @@ pub(crate) mod outputs;
 pub(crate) mod queue;
 pub(crate) mod release;
 pub(crate) mod repos;
+pub(crate) mod teams;
 pub(crate) mod test_reports;

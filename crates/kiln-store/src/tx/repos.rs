@@ -52,6 +52,7 @@ pub(crate) async fn create_repo(
         secret_pools: vec!["default".into()],
         forge: Default::default(),
         public: false,
+        team: "default".into(),
     })
 }
 

@@ -36,6 +36,7 @@ pub mod outbox;
 pub mod outputs;
 pub mod reports;
 pub mod state_machine;
+pub mod teams;
 
 use kiln_core::{AttemptOutcome, Backoff, JobStatus};
 use kiln_store::*;
@@ -179,6 +180,7 @@ macro_rules! suite {
             reports::quarantine_has_an_owner_a_cap_and_an_end,
             reports::quarantined_failures_pass_only_with_a_complete_covering_report,
             reports::shard_batches_are_leased_to_the_live_attempt_and_come_back_when_it_is_lost,
+            teams::teams_hold_repositories_and_change_at_runtime,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
