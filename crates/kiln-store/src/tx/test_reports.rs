@@ -511,7 +511,7 @@ pub(crate) async fn test_history(
     limit: u32,
 ) -> Result<Vec<TestHistoryRecord>> {
     static SQL: Sql = Sql::new(|_| {
-        "SELECT t.run_id, r.run_number, r.commit_sha, r.git_ref, j.name, t.epoch, t.outcome, t.duration_ms, \
+        "SELECT t.run_id, r.run_number, r.commit_sha, r.git_ref, j.name AS job_name, t.epoch, t.outcome, t.duration_ms, \
          t.message, t.created_at, \
          CAST(CASE WHEN EXISTS (SELECT 1 FROM test_flakes f WHERE f.run_id = t.run_id AND f.test_id = t.test_id) \
          THEN 1 ELSE 0 END AS BIGINT) AS flaky \
@@ -520,47 +520,24 @@ pub(crate) async fn test_history(
          WHERE t.repo_id = $1 AND t.test_id = $2 ORDER BY t.created_at DESC, t.epoch DESC LIMIT $3"
             .to_string()
     });
-    let rows = store
-        .reader()
-        .await?
-        .sql(&SQL)
-        .bind(repo_id)
-        .bind(test_id)
-        .bind(i64::from(limit))
-        .all::<(String, i64, String, Option<String>, String, i64, String, Option<i64>, Option<String>, i64, i64)>()
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                run_id,
-                run_number,
-                commit_sha,
-                git_ref,
-                job_name,
-                epoch,
-                outcome,
-                duration_ms,
-                message,
-                created_at,
-                f,
-            )| {
-                TestHistoryRecord {
-                    run_id,
-                    run_number,
-                    commit_sha,
-                    git_ref,
-                    job_name,
-                    epoch,
-                    outcome,
-                    duration_ms,
-                    message,
-                    created_at,
-                    flaky: f != 0,
-                }
-            },
-        )
-        .collect())
+    let rows = store.reader().await?.sql(&SQL).bind(repo_id).bind(test_id).bind(i64::from(limit)).fetch_all().await?;
+    rows.iter()
+        .map(|row| {
+            Ok(TestHistoryRecord {
+                run_id: row.get("run_id")?,
+                run_number: row.get("run_number")?,
+                commit_sha: row.get("commit_sha")?,
+                git_ref: row.get("git_ref")?,
+                job_name: row.get("job_name")?,
+                epoch: row.get("epoch")?,
+                outcome: row.get("outcome")?,
+                duration_ms: row.get("duration_ms")?,
+                message: row.get("message")?,
+                created_at: row.get("created_at")?,
+                flaky: row.get::<i64>("flaky")? != 0,
+            })
+        })
+        .collect()
 }
 
 /// `TestStore::test_durations`: each test's latest recorded duration in
