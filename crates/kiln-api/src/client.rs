@@ -414,6 +414,33 @@ impl Client {
         self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}", enc(run)), None, &[], None).await
     }
 
+    // ----- teams, lanes and the queue (issue 44) -----
+
+    pub async fn list_teams(&self) -> Result<crate::TeamList, ApiError> {
+        self.send::<(), _>(Method::GET, "/v1/teams", None, &[], None).await
+    }
+
+    pub async fn create_team(&self, body: &crate::CreateTeam) -> Result<crate::Team, ApiError> {
+        self.send(Method::POST, "/v1/teams", Some(body), &[], None).await
+    }
+
+    pub async fn update_team(&self, team: &str, body: &crate::UpdateTeam) -> Result<crate::Team, ApiError> {
+        self.send(Method::PATCH, &format!("/v1/teams/{}", enc(team)), Some(body), &[], None).await
+    }
+
+    pub async fn delete_team(&self, team: &str) -> Result<crate::Team, ApiError> {
+        self.send::<(), _>(Method::DELETE, &format!("/v1/teams/{}", enc(team)), None, &[], None).await
+    }
+
+    pub async fn queue(&self) -> Result<crate::QueueView, ApiError> {
+        self.send::<(), _>(Method::GET, "/v1/queue", None, &[], None).await
+    }
+
+    pub async fn set_priority(&self, run: &str, priority: &str) -> Result<Run, ApiError> {
+        let body = crate::SetPriority { priority: priority.to_string() };
+        self.send(Method::POST, &format!("/v1/workflow-runs/{}/priority", enc(run)), Some(&body), &[], None).await
+    }
+
     pub async fn cancel_run(&self, run: &str) -> Result<Run, ApiError> {
         self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/cancel", enc(run)), None, &[], None).await
     }

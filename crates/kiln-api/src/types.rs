@@ -33,6 +33,9 @@ pub struct CreateRepo {
     /// Agent pools that may receive the repository's secrets (default: `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_pools: Option<Vec<String>>,
+    /// The team it belongs to (issue 44; default: `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
     /// The forge connection and trigger policy (all optional).
     #[serde(default, flatten)]
     pub forge: ForgeSettings,
@@ -90,6 +93,9 @@ pub struct UpdateRepo {
     /// Serve the badge (`GET /v1/repos/{repo}/badge.svg`) without a token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public: Option<bool>,
+    /// Move it to this team (issue 44).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
     #[serde(default, flatten)]
     pub forge: ForgeSettings,
 }
@@ -192,6 +198,9 @@ pub struct Repo {
     /// Its badge is served without a token (`kiln repo set --public`).
     #[serde(default)]
     pub public: bool,
+    /// The team it belongs to (issue 44): whose share its jobs run in.
+    #[serde(default)]
+    pub team: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -206,6 +215,10 @@ pub struct SubmitRun {
     /// `manual` (default), `push`, `pull_request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
+    /// The run's priority lane, `urgent`, `normal` or `background`, over
+    /// what its workflow and trigger say (issue 44; admin tokens only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
 }
 
 /// `GET /v1/repos/{repo}/workflow-inputs?ref=…&workflow=…`: what a run of
@@ -408,7 +421,136 @@ pub struct Run {
     /// when it sent a `traceparent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// Its priority lane (issue 44): `urgent`, `normal` or `background`.
+    #[serde(default = "normal_lane")]
+    pub priority: String,
+    /// The team its repository belongs to (issue 44).
+    #[serde(default)]
+    pub team: String,
     pub jobs: Vec<Job>,
+}
+
+fn normal_lane() -> String {
+    "normal".into()
+}
+
+// ---------- teams, lanes and the queue (issue 44) ----------
+
+/// A team: the unit slots are shared between (by weight), with its quotas.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Team {
+    pub name: String,
+    /// Its share relative to the other teams' (1–1000).
+    pub weight: u32,
+    /// Jobs it may hold at once, claimed-but-not-started ones included (none: no quota).
+    pub max_running: Option<u32>,
+    /// Queued jobs (ready or waiting on their needs) past which its new API runs are refused
+    /// (429) and its webhook and schedule runs wait (none: no cap).
+    pub max_queued: Option<u32>,
+    /// Repositories in it.
+    pub repos: i64,
+    pub created_at_ms: i64,
+}
+
+/// `POST /v1/teams`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreateTeam {
+    pub name: String,
+    /// Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued: Option<u32>,
+}
+
+/// `PATCH /v1/teams/{team}`: what is absent is kept; `null` removes a quota.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UpdateTeam {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>))]
+    pub max_running: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>))]
+    pub max_queued: Option<Option<u32>>,
+}
+
+/// A field that is present (`null` included) is `Some`.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// `GET /v1/teams`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TeamList {
+    pub teams: Vec<Team>,
+}
+
+/// `POST /v1/workflow-runs/{run}/priority`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SetPriority {
+    /// `urgent`, `normal` or `background`.
+    pub priority: String,
+}
+
+/// `GET /v1/queue`: the work waiting and running, per team × lane × class,
+/// and each team's share (issue 44).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QueueView {
+    /// Job slots of the connected agents.
+    pub slots: u32,
+    /// How long a ready job waits before it moves up a lane.
+    pub aging_step_secs: u64,
+    /// By name; teams with no live job are listed too.
+    pub teams: Vec<TeamQueue>,
+}
+
+/// One team in [`QueueView`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TeamQueue {
+    pub team: String,
+    pub weight: u32,
+    pub max_running: Option<u32>,
+    pub max_queued: Option<u32>,
+    /// Ready jobs (waiting for a slot).
+    pub ready: i64,
+    /// Jobs waiting on their needs or a concurrency group.
+    pub pending: i64,
+    /// Running jobs, claimed-but-not-started ones included.
+    pub running: i64,
+    /// The slots its weight entitles it to now: the connected slots shared by weight among
+    /// the teams with work (ready or running), at most what it has work for.
+    pub entitled_slots: f64,
+    /// The slots it holds now (= `running`).
+    pub received_slots: f64,
+    /// Per lane and compatibility class, urgent first.
+    pub lanes: Vec<LaneQueue>,
+}
+
+/// One lane × class of a team in [`QueueView`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LaneQueue {
+    /// `urgent`, `normal` or `background`.
+    pub priority: String,
+    /// The `runs-on` labels the jobs need.
+    pub labels: BTreeMap<String, String>,
+    pub ready: i64,
+    pub pending: i64,
+    pub running: i64,
+    /// How long its oldest ready job has waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_ready_secs: Option<f64>,
 }
 
 /// The pull request a run was started for.
@@ -1323,6 +1465,9 @@ pub mod codes {
     /// An artifact whose retention ran out (410 Gone): its bytes were
     /// deleted by the collector; the run still lists it with `expired: true`.
     pub const EXPIRED: &str = "expired";
+    /// A team over its queued-job cap, or the server saturated for the
+    /// run's lane (429 with `Retry-After`; issue 44).
+    pub const OVER_QUOTA: &str = "over_quota";
 }
 
 // ---------- artifacts (spec 000 §12) ----------

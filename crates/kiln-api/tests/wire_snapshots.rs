@@ -33,6 +33,8 @@ fn run() -> Run {
         commit_url: None,
         commit: None,
         trace_id: None,
+        priority: "normal".into(),
+        team: "default".into(),
         workflow_path: DEFAULT_WORKFLOW_PATH.into(),
         workflow_hash: "sha256:0c5e".into(),
         inputs: BTreeMap::from([("target".to_string(), "release".to_string())]),

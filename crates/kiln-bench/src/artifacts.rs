@@ -54,6 +54,7 @@ pub async fn run(object_store: String) -> Result<i32, Failure> {
     let server = kiln_server::start(config).await?;
     let c = Client::new(&server.url(), &server.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: "art".into(),
         clone_url: repo.display().to_string(),

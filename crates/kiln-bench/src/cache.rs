@@ -91,6 +91,7 @@ async fn measure(object_store: String) -> anyhow::Result<i32> {
     let client = Client::new(&server.url(), &server.admin_token);
     client
         .create_repo(&kiln_api::CreateRepo {
+            team: None,
             forge: Default::default(),
             name: "cache".into(),
             clone_url: repo.display().to_string(),

@@ -62,6 +62,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     let c = Client::new(&server.url(), &server.admin_token);
     for (name, dir) in [("host", "host-repo"), ("cold", "cold-repo"), ("warm", "warm-repo")] {
         c.create_repo(&kiln_api::CreateRepo {
+            team: None,
             forge: Default::default(),
             name: name.into(),
             clone_url: tmp.join(dir).display().to_string(),

@@ -89,6 +89,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
     let agent_token = token(&data, "agent.token")?;
     admin
         .create_repo(&kiln_api::CreateRepo {
+            team: None,
             forge: Default::default(),
             name: "control".into(),
             clone_url: repo.display().to_string(),

@@ -490,6 +490,7 @@ async fn embedded(a: &BenchArgs) -> Result<i32, Failure> {
         start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30), None).await?;
     let c = Client::new(&handle.url(), &handle.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: "bench".into(),
         clone_url: repo.display().to_string(),

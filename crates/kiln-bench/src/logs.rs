@@ -47,6 +47,7 @@ pub async fn run() -> Result<i32, Failure> {
     let server = kiln_server::start(config).await?;
     let c = Client::new(&server.url(), &server.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: "logs".into(),
         clone_url: repo.display().to_string(),
@@ -358,6 +359,7 @@ async fn write_to_reader_latency(c: &Client, tmp: &Path) -> anyhow::Result<bool>
         ),
     )?;
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: "ticker".into(),
         clone_url: repo.display().to_string(),

@@ -189,6 +189,7 @@ pub(crate) fn token(data: &Path, name: &str) -> anyhow::Result<String> {
 /// Register the local repository `dir` as `name`.
 pub(crate) async fn add_repo(c: &Client, name: &str, dir: &Path) -> anyhow::Result<()> {
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: name.into(),
         clone_url: dir.display().to_string(),

@@ -72,6 +72,7 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
         start_embedded(&tmp.join("data"), "127.0.0.1:0", a.agents, Duration::from_secs(30), None).await?;
     let c = Client::new(&handle.url(), &handle.admin_token);
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         // Deliveries are bound to the repository their payload names.
         forge: kiln_api::ForgeSettings { forge_repo: Some("bench/bench".into()), ..Default::default() },
         name: "bench".into(),

@@ -30,6 +30,10 @@ pub enum Check {
     /// Degradation (spec 004): no new run at `critical`, none with a large
     /// job at `degraded`.
     Admission,
+    /// The team's queued-job cap and the server's saturation (issue 44):
+    /// an API run over them is refused (429); a forge or schedule run waits
+    /// and is created once there is room (never refused for a cap).
+    Quota,
     /// `on:` allows `manual` (an API run with event `manual`).
     ManualAllowed,
     /// The declared inputs: unknown, ill-typed or missing required ones
@@ -57,8 +61,9 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ORDER: [Check; 11] = [
+    pub const ORDER: [Check; 12] = [
         Check::Admission,
+        Check::Quota,
         Check::ManualAllowed,
         Check::Inputs,
         Check::InputLimits,
@@ -82,6 +87,7 @@ pub fn applies(kind: TriggerKind, check: Check) -> bool {
         Check::ManualAllowed => kind == TriggerKind::Api,
         Check::Inputs | Check::Render | Check::Limits | Check::Images => kind != TriggerKind::Retry,
         Check::Admission
+        | Check::Quota
         | Check::InputLimits
         | Check::DefinitionSize
         | Check::Secrets
@@ -99,8 +105,9 @@ mod tests {
     fn the_acceptance_table() {
         use Check::*;
         // (check, [Api, Retry, Push, PullRequest, Schedule])
-        let table: [(Check, [bool; 5]); 11] = [
+        let table: [(Check, [bool; 5]); 12] = [
             (Admission, [true, true, true, true, true]),
+            (Quota, [true, true, true, true, true]),
             (ManualAllowed, [true, false, false, false, false]),
             (Inputs, [true, false, true, true, true]),
             (InputLimits, [true, true, true, true, true]),

@@ -28,6 +28,32 @@
 
 use std::collections::BTreeMap;
 
+/// The lane a run of `kind` gets when neither its workflow's `priority:`
+/// nor an admin says otherwise: a push to the default branch or a
+/// protected ref (`trunk`) is `urgent`, a schedule tick `background`,
+/// anything else (pull requests, API runs, pushes elsewhere) `normal`. A
+/// retry keeps its parent's lane (the caller passes it).
+pub fn default_lane(kind: crate::acceptance::TriggerKind, trunk: bool) -> Lane {
+    use crate::acceptance::TriggerKind;
+    match kind {
+        TriggerKind::Push if trunk => Lane::Urgent,
+        TriggerKind::Schedule => Lane::Background,
+        _ => Lane::Normal,
+    }
+}
+
+/// Whether a new API run of `lane` is refused at server saturation: with
+/// `queued` jobs of at most `limit`, `background` from 80 % of it,
+/// `normal` at it; `urgent` never (its team's cap still applies). The
+/// lowest lane is refused first.
+pub fn saturated(lane: Lane, queued: u64, limit: u64) -> bool {
+    match lane {
+        Lane::Background => queued.saturating_mul(5) >= limit.saturating_mul(4),
+        Lane::Normal => queued >= limit,
+        Lane::Urgent => false,
+    }
+}
+
 /// A job's priority lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Lane {
@@ -69,9 +95,30 @@ pub const AGING_STEP_MS: i64 = 120_000;
 /// A start of cost 1 by a team of weight 1 adds this to its pass.
 pub const STRIDE: u64 = 1 << 20;
 
+/// A team's virtual time after it starts a job of `cost`: from its pass,
+/// or one stride behind `clock` if it is further behind (an idle team banks
+/// no credit), plus its stride. What [`Shares::start`] does and what the
+/// claim transaction persists.
+pub fn charged_pass(pass: u64, weight: u32, clock: u64, cost: u64) -> u64 {
+    let t = Team { weight, pass, ..Team::default() };
+    t.effective_pass(clock).saturating_add(t.stride(cost))
+}
+
+/// The scheduler clock to resume from, given the teams' persisted virtual
+/// times (after a restart or failover): where the most advanced team's
+/// last start began.
+pub fn resumed_clock<'a>(teams: impl IntoIterator<Item = &'a Team>) -> u64 {
+    teams.into_iter().map(|t| t.pass.saturating_sub(t.stride(1))).max().unwrap_or(0)
+}
+
 /// The lane a job competes in after waiting since `ready_at_ms`.
 pub fn effective_lane(lane: Lane, ready_at_ms: i64, now_ms: i64) -> Lane {
-    lane.up((now_ms - ready_at_ms).max(0) / AGING_STEP_MS)
+    aged(lane, ready_at_ms, now_ms, AGING_STEP_MS)
+}
+
+/// [`effective_lane`] with another aging step.
+pub fn aged(lane: Lane, ready_at_ms: i64, now_ms: i64, step_ms: i64) -> Lane {
+    lane.up((now_ms - ready_at_ms).max(0) / step_ms.max(1))
 }
 
 /// A ready job an agent may run.
@@ -121,10 +168,19 @@ impl Team {
 
 /// The scheduler's state: every team's, and its clock (the effective pass
 /// of the last start, never decreasing).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shares {
     pub teams: BTreeMap<String, Team>,
     pub clock: u64,
+    /// How long a job waits before it moves up a lane ([`AGING_STEP_MS`]
+    /// unless the server was told otherwise).
+    pub aging_step_ms: i64,
+}
+
+impl Default for Shares {
+    fn default() -> Shares {
+        Shares { teams: BTreeMap::new(), clock: 0, aging_step_ms: AGING_STEP_MS }
+    }
 }
 
 impl Shares {
@@ -140,13 +196,16 @@ impl Shares {
             .iter()
             .enumerate()
             .filter(|(_, c)| self.team(&c.team).under_quota())
-            .map(|(i, c)| (i, effective_lane(c.lane, c.ready_at_ms, now_ms)))
+            .map(|(i, c)| (i, aged(c.lane, c.ready_at_ms, now_ms, self.aging_step_ms)))
             .collect();
         let top = eligible.iter().map(|(_, l)| *l).min()?;
         let in_top = || eligible.iter().filter(move |(_, l)| *l == top).map(|(i, _)| *i);
+        // Teams behind in virtual time first; between equals, the one whose
+        // job has waited longest.
         let team = in_top()
-            .map(|i| &candidates[i].team)
-            .min_by_key(|t| (self.team(t).effective_pass(self.clock), (*t).clone()))?
+            .map(|i| &candidates[i])
+            .min_by_key(|c| (self.team(&c.team).effective_pass(self.clock), c.ready_at_ms, c.seq, c.team.clone()))?
+            .team
             .clone();
         in_top()
             .filter(|i| candidates[*i].team == team)
@@ -159,7 +218,18 @@ impl Shares {
         let clock = self.clock;
         let t = self.teams.entry(team.to_string()).or_default();
         let from = t.effective_pass(clock);
-        t.pass = from.saturating_add(t.stride(cost));
+        t.pass = charged_pass(t.pass, t.weight, clock, cost);
+        t.running += 1;
+        self.clock = self.clock.max(from);
+    }
+
+    /// A start decided elsewhere (the claim transaction, maybe of another
+    /// replica) left `team`'s virtual time at `pass`: it holds one more
+    /// slot, and the clock moves to where that start began.
+    pub fn started_at_pass(&mut self, team: &str, pass: u64) {
+        let t = self.teams.entry(team.to_string()).or_default();
+        let from = pass.saturating_sub(t.stride(1));
+        t.pass = t.pass.max(pass);
         t.running += 1;
         self.clock = self.clock.max(from);
     }
@@ -194,6 +264,21 @@ mod tests {
 
     fn c(team: &str, lane: Lane, ready: i64, seq: i64) -> Candidate {
         Candidate { team: team.into(), lane, ready_at_ms: ready, seq }
+    }
+
+    #[test]
+    fn triggers_have_default_lanes_and_saturation_refuses_the_lowest_first() {
+        use crate::acceptance::TriggerKind;
+        assert_eq!(default_lane(TriggerKind::Push, true), Lane::Urgent);
+        assert_eq!(default_lane(TriggerKind::Push, false), Lane::Normal);
+        assert_eq!(default_lane(TriggerKind::PullRequest, true), Lane::Normal);
+        assert_eq!(default_lane(TriggerKind::Schedule, true), Lane::Background);
+        assert_eq!(default_lane(TriggerKind::Api, true), Lane::Normal);
+        assert!(!saturated(Lane::Background, 79, 100));
+        assert!(saturated(Lane::Background, 80, 100));
+        assert!(!saturated(Lane::Normal, 99, 100));
+        assert!(saturated(Lane::Normal, 100, 100));
+        assert!(!saturated(Lane::Urgent, 10_000, 100));
     }
 
     #[test]

@@ -23,6 +23,14 @@ pub struct ServerConfig {
     /// Quarantined tests at most this percentage of a repository's suite
     /// (issue 43; at least one test may always be quarantined).
     pub quarantine_max_percent: f64,
+    /// How long a ready job waits before it moves up one priority lane
+    /// (issue 44, kiln-core `fair`; default 2 minutes).
+    pub aging_step: Duration,
+    /// Saturation (issue 44): with this many jobs queued on the server,
+    /// new API runs are refused (429) — `background` ones from 80 % of it,
+    /// `normal` ones at it; `urgent` ones only by their team's cap. `None`:
+    /// no server-wide limit.
+    pub max_queued_jobs: Option<u64>,
     /// `kiln up`: this server runs that many local agents, `local-1` to
     /// `local-N`. Offline agents named `local-M` with M > N (left by an
     /// earlier `kiln up --agents` with more) are removed at start, so a
@@ -179,6 +187,8 @@ impl ServerConfig {
             loss_grace: Duration::from_millis(500),
             agent_expiry: Duration::from_secs(24 * 3600),
             quarantine_max_percent: 2.0,
+            aging_step: Duration::from_millis(kiln_core::fair::AGING_STEP_MS as u64),
+            max_queued_jobs: None,
             embedded_agents: None,
             retry_base: Duration::from_millis(500),
             delivery_retry_max: Duration::from_secs(300),

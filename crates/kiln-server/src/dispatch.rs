@@ -1,4 +1,5 @@
-//! Dispatch queues per compatibility class, fed by the outbox relay.
+//! Dispatch queues per compatibility class, team and lane, fed by the
+//! outbox relay.
 //!
 //! A delivery grants nothing: the claim transaction decides ownership, so a
 //! duplicate or stale event is simply absorbed there (spec 000 §7, §15).
@@ -28,8 +29,20 @@
 //! instead of trying it again and again ahead of the jobs behind it. A note
 //! is trusted for [`PLACEMENT_NOTE_TTL`], then learned again by a claim (the
 //! repository's secret pools may have changed).
+//!
+//! **Fair share** (issue 44, `docs/scheduling.md`). Each class's deliveries
+//! are queued per (team, lane), oldest first. A freed slot's candidates are
+//! the first delivery the agent may run of each such queue in the classes
+//! its labels fit — a handful, never every ready job — and kiln-core's
+//! [`Shares::choose`] picks one: best effective lane (aging), then the team
+//! furthest behind in virtual time, then the oldest. The teams' weights,
+//! quotas, virtual times and what each holds are refreshed from the
+//! database every second ([`Dispatcher::set_teams`]); the claim transaction
+//! persists each start's virtual time and enforces the running quota, so
+//! every replica orders by the same state and a restart resumes it.
 
 use kiln_core::claim::JobPlacement;
+use kiln_core::fair::{Candidate, Lane, Shares, Team};
 use kiln_store::OutboxEvent;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
@@ -37,7 +50,31 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-type ClassQueue = (BTreeMap<String, String>, VecDeque<OutboxEvent>);
+/// A class's required labels and its deliveries per (team, lane), each in
+/// order.
+#[derive(Default)]
+struct ClassQueue {
+    labels: BTreeMap<String, String>,
+    lanes: BTreeMap<(String, Lane), VecDeque<OutboxEvent>>,
+}
+
+impl ClassQueue {
+    fn len(&self) -> usize {
+        self.lanes.values().map(VecDeque::len).sum()
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&OutboxEvent) -> bool) {
+        for q in self.lanes.values_mut() {
+            q.retain(&mut keep);
+        }
+        self.lanes.retain(|_, q| !q.is_empty());
+    }
+}
+
+/// The lane a delivery competes in (an unknown word: `normal`).
+pub fn lane_of(ev: &OutboxEvent) -> Lane {
+    Lane::parse(&ev.lane).unwrap_or(Lane::Normal)
+}
 
 /// How long a delivery's noted placement is trusted before a claim learns it again.
 pub const PLACEMENT_NOTE_TTL: Duration = Duration::from_secs(10);
@@ -50,6 +87,11 @@ pub struct Dispatcher {
     /// Claim long-polls in flight, and when the last one ended.
     polls: AtomicUsize,
     last_poll: Mutex<Option<Instant>>,
+    /// The teams' shares as last read, with the starts made since.
+    shares: Mutex<Shares>,
+    /// The live jobs by team × lane × class and the connected slots, as
+    /// last read (for the `waiting` texts).
+    groups: Mutex<(std::sync::Arc<Vec<kiln_store::QueueGroup>>, u32)>,
 }
 
 #[derive(Default)]
@@ -146,7 +188,7 @@ impl Dispatcher {
         if !q.queued.insert((ev.job_id.clone(), ev.dispatch_generation)) {
             return false;
         }
-        let queue = class_queue(&mut q.by_class, &ev.class_key);
+        let queue = lane_queue(&mut q.by_class, &ev);
         if front {
             queue.push_front(ev)
         } else {
@@ -178,11 +220,93 @@ impl Dispatcher {
             Some((needs, at)) if now.duration_since(*at) < PLACEMENT_NOTE_TTL => fits(needs),
             _ => true,
         };
-        if let Some(ev) = pop_from(&mut q.by_class, agent_labels, &may) {
+        let mut shares = self.shares.lock().unwrap();
+        let now_ms = wall_ms();
+        if let Some(ev) = pop_from(&mut q.by_class, agent_labels, &may, &mut shares, now_ms) {
             q.queued.remove(&(ev.job_id.clone(), ev.dispatch_generation));
             return Some(ev);
         }
-        pop_from(&mut q.spare, agent_labels, &may)
+        pop_from(&mut q.spare, agent_labels, &may, &mut shares, now_ms)
+    }
+
+    /// The teams' weights, quotas and virtual times as the database has
+    /// them, with the jobs each holds now (running, reservations included).
+    /// Weights and quotas changed at runtime apply from here. Waiting
+    /// claims are woken when a team at its quota got room.
+    pub fn set_teams(&self, teams: impl IntoIterator<Item = (String, Team)>) {
+        let freed = {
+            let mut s = self.shares.lock().unwrap();
+            let mut freed = false;
+            let mut next = BTreeMap::new();
+            for (name, mut t) in teams {
+                if let Some(old) = s.teams.get(&name) {
+                    // A start this replica made may not be read back yet.
+                    t.pass = t.pass.max(old.pass);
+                    freed |= old.max_running.is_some_and(|m| old.running >= m)
+                        && t.max_running.is_none_or(|m| t.running < m);
+                }
+                next.insert(name, t);
+            }
+            let resumed = kiln_core::fair::resumed_clock(next.values());
+            s.teams = next;
+            s.clock = s.clock.max(resumed);
+            freed
+        };
+        if freed {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// The fair-share clock a claim charges its team's virtual time from.
+    pub fn fair_clock(&self) -> u64 {
+        self.shares.lock().unwrap().clock
+    }
+
+    /// A claim of `team`'s job committed, leaving its virtual time at
+    /// `pass` (the start was counted when the delivery was handed out).
+    pub fn claimed(&self, team: &str, pass: Option<u64>) {
+        if let Some(pass) = pass {
+            let mut s = self.shares.lock().unwrap();
+            let t = s.teams.entry(team.to_string()).or_default();
+            t.pass = t.pass.max(pass);
+        }
+    }
+
+    /// A delivery handed out for `team` was not claimed: the slot it
+    /// counted is given back (its virtual time keeps the charge, which the
+    /// next refresh replaces with the database's).
+    pub fn unclaimed(&self, team: &str) {
+        self.shares.lock().unwrap().finish(team);
+    }
+
+    /// `team` holds its quota as the claim transaction counted it.
+    pub fn at_quota(&self, team: &str, held: u32) {
+        let mut s = self.shares.lock().unwrap();
+        let t = s.teams.entry(team.to_string()).or_default();
+        t.running = t.running.max(held);
+        t.max_running = Some(t.max_running.map_or(held, |m| m.min(held)));
+    }
+
+    /// How long a job waits before it moves up a lane (`--aging-step`).
+    pub fn set_aging_step(&self, step: Duration) {
+        self.shares.lock().unwrap().aging_step_ms = step.as_millis().max(1) as i64;
+    }
+
+    /// The live jobs by team × lane × class and the connected slots, as
+    /// the last refresh read them.
+    pub fn set_groups(&self, groups: Vec<kiln_store::QueueGroup>, slots: u32) {
+        *self.groups.lock().unwrap() = (std::sync::Arc::new(groups), slots);
+    }
+
+    /// What [`Self::set_groups`] was last given.
+    pub fn groups(&self) -> (std::sync::Arc<Vec<kiln_store::QueueGroup>>, u32) {
+        let g = self.groups.lock().unwrap();
+        (g.0.clone(), g.1)
+    }
+
+    /// The teams' shares as this replica sees them.
+    pub fn shares(&self) -> Shares {
+        self.shares.lock().unwrap().clone()
     }
 
     /// Note what a delivery's job needs of its agent (a claim was refused
@@ -208,7 +332,7 @@ impl Dispatcher {
 
     /// Deliveries queued for this replica's agents (spare ones not counted).
     pub fn depth(&self) -> usize {
-        self.inner.lock().unwrap().by_class.values().map(|(_, q)| q.len()).sum()
+        self.inner.lock().unwrap().by_class.values().map(ClassQueue::len).sum()
     }
 
     /// Whether this replica offers `job_id` (always, unless it shares the
@@ -239,7 +363,7 @@ impl Dispatcher {
         }
         let mut q = self.inner.lock().unwrap();
         let q = &mut *q;
-        for (_, queue) in q.by_class.values_mut() {
+        for queue in q.by_class.values_mut() {
             queue.retain(|ev| {
                 let keep = new.mine(&ev.job_id);
                 if !keep {
@@ -276,11 +400,11 @@ impl Dispatcher {
                 let key = (ev.job_id.clone(), ev.dispatch_generation);
                 let since = q.unowned.get(&key).copied().unwrap_or(now);
                 if now.duration_since(since) >= spare_after && !q.queued.contains(&key) {
-                    class_queue(&mut spare, &ev.class_key).push_back(ev);
+                    lane_queue(&mut spare, &ev).push_back(ev);
                 }
                 unowned.insert(key, since);
             }
-            woke |= spare.values().any(|(_, q)| !q.is_empty());
+            woke |= spare.values().any(|q| q.len() > 0);
             q.unowned = unowned;
             q.spare = spare;
             // Notes of deliveries no longer queued here (claimed, or moved
@@ -312,30 +436,66 @@ impl Dispatcher {
     }
 }
 
-fn class_queue<'a>(by_class: &'a mut HashMap<String, ClassQueue>, class_key: &str) -> &'a mut VecDeque<OutboxEvent> {
-    &mut by_class
-        .entry(class_key.to_string())
-        .or_insert_with(|| (serde_json::from_str(class_key).unwrap_or_default(), VecDeque::new()))
-        .1
+/// Milliseconds since the Unix epoch (what ready times are measured in:
+/// the database clock is the system clock).
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-/// The oldest delivery of a class the agent's labels fit that `may` allows
-/// (usually each queue's front; deliveries the agent may not run are passed
-/// over and stay queued).
+fn lane_queue<'a>(by_class: &'a mut HashMap<String, ClassQueue>, ev: &OutboxEvent) -> &'a mut VecDeque<OutboxEvent> {
+    by_class
+        .entry(ev.class_key.clone())
+        .or_insert_with(|| ClassQueue {
+            labels: serde_json::from_str(&ev.class_key).unwrap_or_default(),
+            ..Default::default()
+        })
+        .lanes
+        .entry((ev.team.clone(), lane_of(ev)))
+        .or_default()
+}
+
+/// The delivery a freed slot takes, by fair share: the candidates are the
+/// first delivery `may` allows of each (team, lane) queue in the classes
+/// the agent's labels fit (deliveries the agent may not run are passed
+/// over and stay queued); [`Shares::choose`] decides, and the start is
+/// counted against the team at once (its claim confirms or gives it back).
 fn pop_from(
     by_class: &mut HashMap<String, ClassQueue>,
     agent_labels: &BTreeMap<String, String>,
     may: &dyn Fn(&OutboxEvent) -> bool,
+    shares: &mut Shares,
+    now_ms: i64,
 ) -> Option<OutboxEvent> {
-    by_class
-        .values_mut()
-        .filter(|(labels, _)| kiln_core::claim::labels_match(labels, agent_labels))
-        .filter_map(|(_, queue)| {
-            let at = queue.iter().position(may)?;
-            Some((queue[at].id, at, queue))
-        })
-        .min_by_key(|(id, ..)| *id)
-        .and_then(|(_, at, queue)| queue.remove(at))
+    let mut at: Vec<(&String, &(String, Lane), usize)> = Vec::new();
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for (class, queue) in by_class.iter() {
+        if !kiln_core::claim::labels_match(&queue.labels, agent_labels) {
+            continue;
+        }
+        for (key, q) in &queue.lanes {
+            if let Some(i) = q.iter().position(may) {
+                let ev = &q[i];
+                candidates.push(Candidate {
+                    team: key.0.clone(),
+                    lane: key.1,
+                    ready_at_ms: ev.ready_at_ms,
+                    seq: ev.id,
+                });
+                at.push((class, key, i));
+            }
+        }
+    }
+    let pick = shares.choose(&candidates, now_ms)?;
+    let (class, key, i) = at[pick];
+    let (class, key) = (class.clone(), key.clone());
+    let queue = by_class.get_mut(&class)?;
+    let lane = queue.lanes.get_mut(&key)?;
+    let ev = lane.remove(i)?;
+    if lane.is_empty() {
+        queue.lanes.remove(&key);
+    }
+    shares.start(&key.0, 1);
+    Some(ev)
 }
 
 #[cfg(test)]
@@ -343,7 +503,15 @@ mod tests {
     use super::*;
 
     fn ev(id: i64, class: &str) -> OutboxEvent {
-        OutboxEvent { id, job_id: format!("j{id}"), dispatch_generation: 1, class_key: class.into() }
+        OutboxEvent {
+            id,
+            job_id: format!("j{id}"),
+            dispatch_generation: 1,
+            class_key: class.into(),
+            team: "default".into(),
+            lane: "normal".into(),
+            ready_at_ms: id,
+        }
     }
 
     #[test]
@@ -359,6 +527,42 @@ mod tests {
             [("os".to_string(), "linux".to_string()), ("size".to_string(), "large".to_string())].into();
         assert_eq!(d.pop(&big).unwrap().id, 1);
         assert_eq!(d.depth(), 1);
+    }
+
+    fn team_ev(id: i64, team: &str, lane: &str) -> OutboxEvent {
+        // Ready just now, in id order (not aged).
+        OutboxEvent { team: team.into(), lane: lane.into(), ready_at_ms: wall_ms() + id, ..ev(id, "{}") }
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_the_team_behind_and_a_higher_lane_first() {
+        let d = Dispatcher::default();
+        let any = BTreeMap::new();
+        // Team a's backlog arrived first; b's one job after.
+        for i in 1..=10 {
+            d.push(team_ev(i, "a", "normal"));
+        }
+        d.push(team_ev(11, "b", "normal"));
+        let first = d.pop(&any).unwrap();
+        assert_eq!(first.team, "a", "both at virtual time 0: the older job's team first");
+        assert_eq!(d.pop(&any).unwrap().id, 11, "then b: a is a stride ahead");
+        assert_eq!(d.pop(&any).unwrap().team, "a");
+        // An urgent job goes before every normal one, whatever its team's time.
+        d.push(team_ev(12, "a", "urgent"));
+        assert_eq!(d.pop(&any).unwrap().id, 12);
+        // At its quota (reservations counted), a team is passed over.
+        d.set_teams([("a".to_string(), Team { max_running: Some(1), running: 1, ..Team::default() })]);
+        d.push(team_ev(13, "b", "background"));
+        assert_eq!(d.pop(&any).unwrap().id, 13, "a holds its quota: b's background job runs");
+        assert!(d.pop(&any).is_none(), "a's jobs wait for its quota");
+        assert_eq!(d.depth(), 8);
+        // A claim that did not happen gives the slot back.
+        d.set_teams([("a".to_string(), Team { max_running: Some(1), running: 0, ..Team::default() })]);
+        let e = d.pop(&any).unwrap();
+        assert_eq!(e.team, "a");
+        assert!(d.pop(&any).is_none(), "its start was counted at once");
+        d.unclaimed("a");
+        assert_eq!(d.pop(&any).unwrap().team, "a");
     }
 
     #[test]
@@ -398,7 +602,15 @@ mod tests {
     }
 
     fn job(id: &str) -> OutboxEvent {
-        OutboxEvent { id: 0, job_id: id.into(), dispatch_generation: 1, class_key: "{}".into() }
+        OutboxEvent {
+            id: 0,
+            job_id: id.into(),
+            dispatch_generation: 1,
+            class_key: "{}".into(),
+            team: "default".into(),
+            lane: "normal".into(),
+            ready_at_ms: 0,
+        }
     }
 
     #[test]

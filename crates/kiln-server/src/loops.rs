@@ -15,6 +15,15 @@ const RELAY_POLL: Duration = Duration::from_millis(250);
 pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     // Rebuild dispatch queues: ready jobs whose events were published before a restart.
     work::sweep_once(&state).await?;
+    // Fair share (issue 44): the teams' weights, quotas and virtual times,
+    // read before the first claim and every second after.
+    state.dispatcher.set_aging_step(state.config.aging_step);
+    if let Err(e) = crate::services::queue::refresh_once(&state).await {
+        tracing::warn!("teams not read yet: {e}");
+    }
+    tokio::spawn(every(state.clone(), shutdown.clone(), Duration::from_secs(1), "fair-share refresh", |s| {
+        Box::pin(crate::services::queue::refresh_once(s))
+    }));
     tokio::spawn(relay(state.clone(), shutdown.clone()));
     tokio::spawn(every(state.clone(), shutdown.clone(), state.config.resource_interval, "resource monitor", |s| {
         Box::pin(async move {

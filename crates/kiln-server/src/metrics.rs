@@ -77,6 +77,14 @@ pub struct Metrics {
     pub log_archived_bytes: IntCounter,
     pub artifact_bytes: IntCounter,
     pub artifacts_sealed: IntCounter,
+    /// Wait from ready to claimed, by team and lane (issue 44).
+    pub queue_wait: HistogramVec,
+    /// Slot-seconds of finished attempts, by team (cost per team; issue 44).
+    pub job_seconds: prometheus::CounterVec,
+    /// Live jobs by team, lane and state (refreshed every second).
+    team_jobs: IntGaugeVec,
+    /// Slots each team is entitled to and holds now, by team and kind.
+    team_slots: GaugeVec,
     /// Tests in bound reports, by outcome (issue 43).
     pub tests: IntCounterVec,
     /// Tests flagged flaky in the last 7 days, by repository (scrape time).
@@ -317,7 +325,45 @@ impl Default for Metrics {
             r.register(Box::new(c.clone())).expect("unique metric");
             c
         };
+        let queue_wait = histogram_vec(
+            &r,
+            "kiln_queue_wait_seconds",
+            "Wait from ready to claimed, by team and priority lane (issue 44).",
+            DISPATCH,
+            &["team", "priority"],
+        );
+        let job_seconds = prometheus::CounterVec::new(
+            Opts::new(
+                "kiln_job_seconds_total",
+                "Slot-seconds of finished job attempts (claimed to ended), by team: what each team costs.",
+            ),
+            &["team"],
+        )
+        .expect("valid counter");
+        r.register(Box::new(job_seconds.clone())).expect("unique metric");
+        let team_jobs = IntGaugeVec::new(
+            Opts::new(
+                "kiln_team_jobs",
+                "Live jobs by team, priority lane and state (ready: waiting for a slot; pending: on their needs;                  running: claimed-but-not-started included).",
+            ),
+            &["team", "priority", "state"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(team_jobs.clone())).expect("unique metric");
+        let team_slots = GaugeVec::new(
+            Opts::new(
+                "kiln_team_slots",
+                "Slots each team is entitled to by its weight (kind=entitled) and holds (kind=received) now.",
+            ),
+            &["team", "kind"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(team_slots.clone())).expect("unique metric");
         Metrics {
+            queue_wait,
+            job_seconds,
+            team_jobs,
+            team_slots,
             tests,
             tests_flaky,
             tests_quarantined,
@@ -359,7 +405,7 @@ impl Default for Metrics {
 
 /// `{"os":"linux","size":"large"}` (a job's `class_key`) as `os=linux,size=large`;
 /// no labels at all is `any`.
-fn class_label(class_key: &str) -> String {
+pub(crate) fn class_label(class_key: &str) -> String {
     let labels: std::collections::BTreeMap<String, String> = serde_json::from_str(class_key).unwrap_or_default();
     if labels.is_empty() {
         return "any".into();
@@ -430,6 +476,30 @@ impl Metrics {
         if t.log_buffer_dropped_bytes > 0 {
             self.log_gaps.with_label_values(&["buffer_full"]).inc();
             self.log_dropped_bytes.with_label_values(&["buffer_full"]).inc_by(t.log_buffer_dropped_bytes);
+        }
+    }
+
+    /// The live jobs by team × lane × class, as the dispatcher's refresh
+    /// read them.
+    pub(crate) fn queue_groups(&self, groups: &[kiln_store::QueueGroup]) {
+        let mut by: std::collections::BTreeMap<(&str, &str, &str), i64> = Default::default();
+        for g in groups {
+            for (state, n) in [("ready", g.ready), ("pending", g.pending), ("running", g.running)] {
+                *by.entry((g.team.as_str(), g.lane.as_str(), state)).or_default() += n;
+            }
+        }
+        self.team_jobs.reset();
+        for ((team, lane, state), n) in by {
+            self.team_jobs.with_label_values(&[team, lane, state]).set(n);
+        }
+    }
+
+    /// Each team's entitled and received slots now.
+    pub(crate) fn team_slots(&self, shares: &[(String, f64, f64)]) {
+        self.team_slots.reset();
+        for (team, entitled, received) in shares {
+            self.team_slots.with_label_values(&[team, "entitled"]).set(*entitled);
+            self.team_slots.with_label_values(&[team, "received"]).set(*received);
         }
     }
 

@@ -15,7 +15,7 @@
 //! the document with an independent validator.
 
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, tests_api, ui,
+    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, teams, tests_api, ui,
 };
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -60,6 +60,8 @@ pub(crate) mod scheme {
         tests_api::stage, tests_api::run_tests, tests_api::history, tests_api::timings, tests_api::quarantine,
         tests_api::unquarantine, tests_api::quarantine_list, tests_api::attempt_timings,
         tests_api::shard_next,
+        teams::list, teams::create, teams::get, teams::update, teams::delete, teams::queue_view,
+        teams::set_priority,
         secrets::list, secrets::put, secrets::delete,
         logs::events, artifacts::get,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,
@@ -81,6 +83,7 @@ pub(crate) mod scheme {
     tags(
         (name = "repos", description = "Repositories, their secrets and webhook deliveries"),
         (name = "runs", description = "Workflow runs, their jobs, logs and artifacts"),
+        (name = "teams", description = "Teams (fair share of slots by weight, quotas) and the queue"),
         (name = "access", description = "API tokens, agent join tokens, agents, overview and audit (admin scope)"),
         (name = "agent", description = "The agent protocol: registration, claims, the session stream and the calls of a running attempt"),
         (name = "data", description = "The data plane: capability URLs, no bearer token"),

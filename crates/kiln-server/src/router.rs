@@ -7,7 +7,7 @@
 
 use crate::auth;
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, tests_api, ui,
+    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, teams, tests_api, ui,
 };
 use crate::security::{self, MAX_BODY};
 use crate::state::State;
@@ -44,6 +44,13 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/repos/{repo}/quarantine", post(tests_api::quarantine))
         .route("/v1/repos/{repo}/quarantine", get(tests_api::quarantine_list))
         .route("/v1/repos/{repo}/quarantine", delete(tests_api::unquarantine))
+        .route("/v1/teams", get(teams::list))
+        .route("/v1/teams", post(teams::create))
+        .route("/v1/teams/{team}", get(teams::get))
+        .route("/v1/teams/{team}", patch(teams::update))
+        .route("/v1/teams/{team}", delete(teams::delete))
+        .route("/v1/queue", get(teams::queue_view))
+        .route("/v1/workflow-runs/{run}/priority", post(teams::set_priority))
         .route("/v1/jobs/{job}/logs/events", get(logs::events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get))
         .route("/v1/tokens", post(access::create_token).get(access::list_tokens))

@@ -29,6 +29,8 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
         commit_url: None,
         commit: None,
         trace_id: r.traceparent.as_deref().and_then(kiln_api::trace::TraceParent::parse).map(|t| t.trace_id_hex()),
+        priority: r.priority.clone(),
+        team: r.team.clone(),
         jobs: v
             .jobs
             .iter()

@@ -702,4 +702,16 @@ impl TeamStore for SqlStore {
     async fn set_repo_team(&self, repo_id: &str, team: &str) -> Result<()> {
         teams::set_repo_team(self, repo_id, team).await
     }
+
+    async fn queue_groups(&self) -> Result<Vec<QueueGroup>> {
+        teams::queue_groups(self).await
+    }
+
+    async fn queued_jobs(&self, team: Option<&str>) -> Result<i64> {
+        teams::queued_jobs(self, team).await
+    }
+
+    async fn set_run_priority(&self, run_id: &str, lane: &str) -> Result<u32> {
+        teams::set_run_priority(self, run_id, lane).await
+    }
 }

@@ -58,6 +58,8 @@ impl Default for RepoForge {
 /// A frozen run to accept.
 #[derive(Debug, Clone)]
 pub struct NewRun {
+    /// Its priority lane (issue 44): `urgent`, `normal` or `background`.
+    pub priority: String,
     pub repo_id: String,
     pub commit_sha: String,
     pub git_ref: Option<String>,
@@ -145,6 +147,10 @@ pub struct RunSummaryRecord {
     pub commit_title: Option<String>,
     /// A pull request run's title, from the forge's payload.
     pub pull_request_title: Option<String>,
+    /// The team its repository belongs to (issue 44), as read now.
+    pub team: String,
+    /// Its priority lane: `urgent`, `normal` or `background` (issue 44).
+    pub priority: String,
 }
 
 #[derive(Debug, Clone)]
@@ -180,6 +186,10 @@ pub struct RunRecord {
     pub number: i64,
     /// A pull request run's title, from the forge's payload.
     pub pull_request_title: Option<String>,
+    /// The team its repository belongs to (issue 44), as read now.
+    pub team: String,
+    /// Its priority lane: `urgent`, `normal` or `background` (issue 44).
+    pub priority: String,
 }
 
 impl RunRecord {
@@ -316,6 +326,9 @@ pub struct ClaimInput {
     /// Which agents take untrusted work (invariant 12; the server's
     /// `--untrusted-pools`).
     pub untrusted: kiln_core::claim::UntrustedPolicy,
+    /// The dispatcher's fair-share clock (kiln-core `fair`): the team's
+    /// virtual time moves from at least one stride behind it.
+    pub fair_clock: u64,
 }
 
 /// What a claim transaction did.
@@ -328,6 +341,9 @@ pub enum ClaimOutcome {
     /// The agent may not run the job (invariant 12): what the job needs,
     /// and the rule the agent broke. Nothing changed.
     Misplaced(kiln_core::claim::JobPlacement, kiln_core::claim::PlacementRefusal),
+    /// The job's team holds its `max_running` jobs (reservations count):
+    /// the team, and how many it holds. Nothing changed.
+    AtQuota(String, u32),
 }
 
 /// What `job` of `run` asks of its agent (invariant 12), with the
@@ -359,6 +375,9 @@ pub struct ClaimedAttempt {
     /// took it, in milliseconds on the database clock; `None` when the
     /// attempt was claimed earlier (a claim request answered again).
     pub eligible_wait_ms: Option<i64>,
+    /// The team's virtual time after this claim charged it (`None`: a
+    /// claim request answered again, nothing charged).
+    pub team_pass: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -408,6 +427,11 @@ pub struct OutboxEvent {
     pub job_id: String,
     pub dispatch_generation: i64,
     pub class_key: String,
+    /// The team of the job's repository, its run's lane and when it became
+    /// ready (database clock, ms): what fair share orders by (issue 44).
+    pub team: String,
+    pub lane: String,
+    pub ready_at_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -971,11 +995,31 @@ pub struct TeamRecord {
     pub weight: u32,
     /// Jobs it may hold at once, reservations included (`None`: no quota).
     pub max_running: Option<u32>,
-    /// Queued runs it may have before new API runs are refused.
+    /// Queued jobs (ready or waiting on their needs) it may have before
+    /// new API runs are refused and webhook runs wait (429).
     pub max_queued: Option<u32>,
     pub created_at: i64,
     /// Repositories in it.
     pub repos: i64,
+    /// Its virtual time (kiln-core `fair`), moved by every claim.
+    pub pass: u64,
+}
+
+/// Jobs of one team × lane × compatibility class, by status (issue 44):
+/// what the dispatcher refreshes its quotas from and the queue view shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueGroup {
+    pub team: String,
+    pub lane: String,
+    pub class_key: String,
+    /// Ready: waiting for a slot.
+    pub ready: i64,
+    /// Waiting on their needs (or a concurrency group).
+    pub pending: i64,
+    /// Running, claimed-but-not-started included.
+    pub running: i64,
+    /// When its oldest ready job became ready (database clock, ms).
+    pub oldest_ready_at: Option<i64>,
 }
 
 /// A change to a team: each `Some` replaces the value (`Some(None)`: no quota).

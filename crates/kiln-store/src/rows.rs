@@ -15,12 +15,12 @@ use kiln_core::failure::FailureClass;
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
     r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.actor, r.parent_run_id, r.cancel_version, \
-    r.message, r.created_at, r.finished_at, r.traceparent, r.commit_title, r.commit_author, r.held, r.run_number, r.pull_request_title";
+    r.message, r.created_at, r.finished_at, r.traceparent, r.commit_title, r.commit_author, r.held, r.run_number, r.pull_request_title, p.team AS team, r.priority";
 
 /// A run as listed (no definition, no inputs); tables as in [`RUN_COLS`].
 pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
     r.event, r.trust, r.workflow_path, r.workflow_hash, r.actor, r.parent_run_id, r.message, r.created_at, r.finished_at, \
-    r.run_number, r.commit_title, r.pull_request_title";
+    r.run_number, r.commit_title, r.pull_request_title, p.team AS team, r.priority";
 
 pub(crate) const JOB_COLS: &str = "id, run_id, job_index, name, status, needs, class_key, dispatch_generation, \
     current_epoch, next_attempt_at, image_digest, message, started_at, finished_at, failure_retries, infra_retries, \
@@ -75,6 +75,8 @@ pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
         held: row.get::<i64>("held")? != 0,
         number: row.get("run_number")?,
         pull_request_title: row.get("pull_request_title")?,
+        team: row.get("team")?,
+        priority: row.get("priority")?,
     })
 }
 
@@ -98,6 +100,8 @@ pub(crate) fn run_summary_from_row(row: &Row) -> Result<RunSummaryRecord> {
         number: row.get("run_number")?,
         commit_title: row.get("commit_title")?,
         pull_request_title: row.get("pull_request_title")?,
+        team: row.get("team")?,
+        priority: row.get("priority")?,
     })
 }
 

@@ -281,7 +281,7 @@ pub trait AttemptStore: Send + Sync {
     async fn claim(&self, req: ClaimInput) -> Result<Option<ClaimedAttempt>> {
         Ok(match self.claim_placed(req).await? {
             ClaimOutcome::Claimed(c) => Some(c),
-            ClaimOutcome::Declined | ClaimOutcome::Misplaced(..) => None,
+            ClaimOutcome::Declined | ClaimOutcome::Misplaced(..) | ClaimOutcome::AtQuota(..) => None,
         })
     }
     /// [`Self::claim`], saying when the agent may not run the job at all
@@ -483,6 +483,13 @@ pub trait TeamStore: Send + Sync {
     async fn delete_team(&self, name: &str) -> Result<TeamRecord>;
     /// Move a repository to a team (`NotFound` for an unknown team).
     async fn set_repo_team(&self, repo_id: &str, team: &str) -> Result<()>;
+    /// Live jobs (ready, pending, running) by team, lane and class.
+    async fn queue_groups(&self) -> Result<Vec<QueueGroup>>;
+    /// Jobs waiting (ready or pending) of one team, or of all (`None`).
+    async fn queued_jobs(&self, team: Option<&str>) -> Result<i64>;
+    /// Set a queued or running run's lane; its ready jobs are made ready
+    /// again with it (returns how many). `Conflict` once it ended.
+    async fn set_run_priority(&self, run_id: &str, lane: &str) -> Result<u32>;
 }
 
 /// Test reports, flaky tests and quarantine (issue 43).

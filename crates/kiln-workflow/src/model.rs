@@ -38,6 +38,25 @@ pub struct Workflow {
     /// the server's `--run-timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// `priority:` (issue 44): the lane of its runs, `urgent`, `normal` or
+    /// `background` — one for every event (key `*`), or per event (`push`,
+    /// `pull_request`, `schedule`, `manual`). Absent → the trigger's
+    /// default (docs/scheduling.md).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub priority: BTreeMap<String, String>,
+}
+
+/// The priority lanes a workflow's `priority:` may name, highest first.
+pub const PRIORITY_LANES: &[&str] = &["urgent", "normal", "background"];
+
+/// The events `priority:` may be given per.
+pub const PRIORITY_EVENTS: &[&str] = &["push", "pull_request", "schedule", "manual"];
+
+impl Workflow {
+    /// The lane `priority:` gives a run of `event`, if it says.
+    pub fn priority_for(&self, event: &str) -> Option<&str> {
+        self.priority.get(event).or_else(|| self.priority.get("*")).map(String::as_str)
+    }
 }
 
 /// Most inputs one workflow may declare.

@@ -31,8 +31,19 @@ pub const MAX_MATRIX_COMBINATIONS: usize = 1024;
 
 /// `include` and `templates` (and a job's `extends`) are resolved by
 /// `compose` before validation; they are listed for "did you mean".
-const TOP_KEYS: &[&str] =
-    &["version", "on", "inputs", "env", "defaults", "concurrency", "timeout", "jobs", "include", "templates"];
+const TOP_KEYS: &[&str] = &[
+    "version",
+    "on",
+    "inputs",
+    "env",
+    "defaults",
+    "concurrency",
+    "timeout",
+    "priority",
+    "jobs",
+    "include",
+    "templates",
+];
 const JOB_KEYS: &[&str] = &[
     "name",
     "image",
@@ -882,6 +893,10 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
         }
         duration_secs(ctx, subject, &e.value, MAX_TIMEOUT_SECS, "7d")
     });
+    let priority = match get(top, "priority") {
+        None => Some(BTreeMap::new()),
+        Some(e) => priority(ctx, &e.value),
+    };
     let drafts: Vec<Draft> = items.iter().enumerate().filter_map(|(i, node)| job(ctx, i, node)).collect();
     let jobs = cross_check(ctx, drafts);
     Some(Workflow {
@@ -891,7 +906,39 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
         on: triggers,
         inputs,
         timeout_secs: run_timeout,
+        priority: priority?,
     })
+}
+
+/// `priority:` (issue 44): a lane for every event, or a map of event to lane.
+fn priority(ctx: &mut Ctx, node: &Node) -> Option<BTreeMap<String, String>> {
+    let lanes = key_list(crate::model::PRIORITY_LANES);
+    let lane = |ctx: &mut Ctx, n: &Node, subject: &str| -> Option<String> {
+        let text = as_nonempty_text(ctx, n, subject, "a priority lane")?;
+        if crate::model::PRIORITY_LANES.contains(&text) {
+            Some(text.to_string())
+        } else {
+            ctx.err(n.pos, format!("{subject} is `{}`; expected one of {lanes}", show(text)));
+            None
+        }
+    };
+    if let Value::Scalar(_) = &node.value {
+        return lane(ctx, node, "`priority`").map(|l| BTreeMap::from([("*".to_string(), l)]));
+    }
+    let entries =
+        as_map(ctx, node, "`priority`", "a lane (`urgent`, `normal`, `background`) or a map of event to lane")?;
+    check_keys(ctx, entries, crate::model::PRIORITY_EVENTS, "in `priority`");
+    let mut out = BTreeMap::new();
+    let mut ok = true;
+    for e in entries.iter().filter(|e| crate::model::PRIORITY_EVENTS.contains(&e.key.as_str())) {
+        match lane(ctx, &e.value, &format!("`priority.{}`", e.key)) {
+            Some(l) => {
+                out.insert(e.key.clone(), l);
+            }
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
 }
 
 fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
@@ -2977,6 +3024,26 @@ mod tests {
             );
         }
         assert!(missing.is_empty(), "accepted keys documented nowhere:\n{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn priority_is_a_lane_or_a_lane_per_event() {
+        let job = "jobs:\n  - name: a\n    steps: [echo]\n";
+        let wf = crate::parse(&format!("version: 1\npriority: background\n{job}")).unwrap();
+        assert_eq!(wf.priority_for("push"), Some("background"));
+        let wf = crate::parse(&format!("version: 1\npriority: {{push: urgent, schedule: background}}\n{job}")).unwrap();
+        assert_eq!(wf.priority_for("push"), Some("urgent"));
+        assert_eq!(wf.priority_for("pull_request"), None, "not named: the trigger's default");
+        let plain = crate::parse(&format!("version: 1\n{job}")).unwrap();
+        assert!(plain.priority.is_empty());
+        let frozen = serde_json::to_string(&plain).unwrap();
+        assert!(!frozen.contains("priority"), "a workflow without the key freezes (and hashes) as before: {frozen}");
+        let e = crate::parse(&format!("version: 1\npriority: high\n{job}")).unwrap_err().to_string();
+        assert!(e.contains("`priority` is `high`; expected one of `urgent`, `normal`, `background`"), "{e}");
+        let e = crate::parse(&format!("version: 1\npriority: {{tag: urgent}}\n{job}")).unwrap_err().to_string();
+        assert!(e.contains("unknown key `tag` in `priority`"), "{e}");
+        let e = crate::parse(&format!("version: 1\npriority: {{push: soon}}\n{job}")).unwrap_err().to_string();
+        assert!(e.contains("`priority.push` is `soon`"), "{e}");
     }
 
     #[test]

@@ -120,6 +120,18 @@ pub enum Command {
         #[command(subcommand)]
         command: RepoCommand,
     },
+    /// Manage teams: repositories belong to one; slots are shared between teams by weight, with
+    /// quotas on running and queued jobs (docs/scheduling.md).
+    Team {
+        #[command(subcommand)]
+        command: TeamCommand,
+    },
+    /// Show the queue: per team, its share of the slots (entitled vs received), and its live
+    /// jobs by priority lane and `runs-on` labels (ready, waiting on needs, running).
+    Queue(QueueArgs),
+    /// Move a queued or running run to another priority lane (`urgent`, `normal`,
+    /// `background`; admin token): its waiting jobs are queued again in it.
+    Priority(PriorityArgs),
     /// Manage repository secrets (given to jobs that list them under `secrets:`).
     Secret {
         #[command(subcommand)]
@@ -359,6 +371,17 @@ pub struct ServerTuning {
     /// `kiln tests quarantine` past it is refused, naming the cap.
     #[arg(long, default_value = "2", value_parser = parse_percent, value_name = "PERCENT")]
     pub quarantine_max_percent: f64,
+    /// A ready job moves up one priority lane (background → normal → urgent) every time it
+    /// waits this long, so a lower lane is never starved (docs/scheduling.md states the bound).
+    #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub aging_step: std::time::Duration,
+    /// Server saturation: with this many jobs queued (ready or waiting on their needs), new
+    /// API runs are refused with 429 and Retry-After — `background` ones from 80 % of it,
+    /// `normal` ones at it; `urgent` ones only by their team's --max-queued. Webhook and
+    /// schedule runs are never refused: they wait and are created once there is room.
+    /// Default: no server-wide limit.
+    #[arg(long, value_name = "JOBS")]
+    pub max_queued_jobs: Option<u64>,
     /// With PostgreSQL: how often this replica re-reads the ready jobs
     /// regardless of notifications from other replicas (the safety net for
     /// lost ones; default 5s).
@@ -701,6 +724,9 @@ pub enum RepoCommand {
         /// (comma-separated; default: `default`, the pool of DATA_DIR/agent.token).
         #[arg(long, value_delimiter = ',')]
         secret_pools: Option<Vec<String>>,
+        /// The team whose share of the slots its jobs run in (default: `default`; see `kiln team`).
+        #[arg(long)]
+        team: Option<String>,
         #[command(flatten)]
         forge: ForgeArgs,
         #[command(flatten)]
@@ -720,6 +746,9 @@ pub enum RepoCommand {
         /// Serve its badge only to tokens that may read it (the default).
         #[arg(long)]
         private: bool,
+        /// Move it to this team (its queued jobs count for the new team from their next claim).
+        #[arg(long)]
+        team: Option<String>,
         #[command(flatten)]
         forge: ForgeArgs,
         #[command(flatten)]
@@ -1131,6 +1160,90 @@ pub struct AuditArgs {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum TeamCommand {
+    /// Create a team. Move repositories into it with `kiln repo set REPO --team NAME`.
+    Add {
+        /// The team's name (1-64 of letters, digits, `-`, `_`, `.`).
+        name: String,
+        /// Its share of the slots relative to the other teams' (1-1000).
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        /// Jobs it may hold at once; a claimed job that has not started yet counts.
+        #[arg(long, value_name = "N")]
+        max_running: Option<u32>,
+        /// Queued jobs past which its new API runs are refused (429) and its webhook and
+        /// schedule runs wait until it is under the cap.
+        #[arg(long, value_name = "N")]
+        max_queued: Option<u32>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the teams: weight, quotas, repositories.
+    #[command(alias = "list")]
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Change a team's weight or quotas (applies within a second, no restart); `none` removes
+    /// a quota.
+    Set {
+        /// The team's name.
+        name: String,
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Jobs it may hold at once, or `none`.
+        #[arg(long, value_name = "N|none", value_parser = parse_quota)]
+        max_running: Option<Option<u32>>,
+        /// Queued jobs past which new API runs are refused, or `none`.
+        #[arg(long, value_name = "N|none", value_parser = parse_quota)]
+        max_queued: Option<Option<u32>>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove a team that has no repositories (`default` stays).
+    #[command(alias = "remove")]
+    Rm {
+        /// The team's name.
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+fn parse_quota(s: &str) -> Result<Option<u32>, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    s.parse::<u32>().map(Some).map_err(|_| format!("`{s}`: a number of jobs, or `none`"))
+}
+
+#[derive(clap::Args, Debug)]
+pub struct QueueArgs {
+    /// Print JSON (`GET /v1/queue`) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PriorityArgs {
+    /// The run: its id (or a unique prefix), `REPO#NUMBER`, or a number with --repo.
+    pub run: String,
+    /// `urgent`, `normal` or `background`.
+    #[arg(value_parser = ["urgent", "normal", "background"])]
+    pub priority: String,
+    /// The repository of a run given by number.
+    #[arg(long)]
+    pub repo: Option<String>,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Subcommand, Debug)]
 pub enum SecretCommand {
     /// Create or replace secret NAME of REPO. The value is read from standard
     /// input (one trailing newline removed), so it stays out of shell history:
@@ -1281,6 +1394,10 @@ pub struct RunArgs {
     /// Idempotency key: resubmitting with the same key returns the same run.
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// The run's priority lane over what its workflow and trigger say: `urgent`, `normal` or
+    /// `background` (admin token). Default: the workflow's `priority:`, else `normal`.
+    #[arg(long, value_parser = ["urgent", "normal", "background"])]
+    pub priority: Option<String>,
     /// Stream logs until the run finishes; exit 0 only if it succeeded. While a job
     /// has not started, say on stderr what it waits for (a line each time that changes).
     #[arg(long)]

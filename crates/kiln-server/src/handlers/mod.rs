@@ -17,5 +17,6 @@ pub(crate) mod oidc;
 pub(crate) mod repos;
 pub(crate) mod runs;
 pub(crate) mod secrets;
+pub(crate) mod teams;
 pub(crate) mod tests_api;
 pub(crate) mod ui;

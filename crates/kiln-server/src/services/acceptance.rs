@@ -19,6 +19,7 @@ use kiln_api as api;
 use kiln_api::trace::TraceParent;
 use kiln_core::Trust;
 use kiln_core::acceptance::{Check, TriggerKind, applies};
+use kiln_core::fair::Lane;
 use kiln_core::trust::TrustTrigger;
 use kiln_store::{Idempotency, NewRun, RepoRecord, RunConcurrency};
 use kiln_workflow::Workflow;
@@ -60,6 +61,9 @@ pub(crate) struct Freeze<'a> {
     pub trace: Option<TraceParent>,
     /// A pull request's title (forge runs of one; a retry keeps its parent's).
     pub pull_request_title: Option<String>,
+    /// The lane an admin asked for, or a retry's parent's (issue 44); else
+    /// the workflow's `priority:` for the event, else the trigger's default.
+    pub priority: Option<Lane>,
 }
 
 /// A frozen and accepted run.
@@ -90,12 +94,14 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
         }
     };
     let mut concurrency = None;
+    let lane = lane_of(kind, repo, &f.event, f.git_ref.as_deref(), &workflow, f.priority);
     for check in Check::ORDER {
         if !applies(kind, check) {
             continue;
         }
         match check {
             Check::Admission => admit(state, &workflow)?,
+            Check::Quota => crate::services::queue::admit(state, &repo.team, lane).await?,
             Check::ManualAllowed => {
                 if f.event == "manual" && !workflow.on.allows_manual() {
                     return Err(ApiErr::invalid(format!(
@@ -145,6 +151,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
         state,
         trigger,
         NewRun {
+            priority: lane.as_str().into(),
             repo_id: repo.id.clone(),
             commit_sha: f.commit_sha,
             git_ref: f.git_ref,
@@ -171,6 +178,31 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
     .await?;
     state.relay_wake.notify_one();
     Ok(Frozen { accepted, trust })
+}
+
+/// The lane of a new run (issue 44): what an admin asked for (or a
+/// retry's parent's), else the workflow's `priority:` for the event, else
+/// the trigger's default — a push to the default branch or a protected ref
+/// `urgent`, a schedule `background`, anything else `normal`.
+fn lane_of(
+    kind: TriggerKind,
+    repo: &RepoRecord,
+    event: &str,
+    git_ref: Option<&str>,
+    workflow: &Workflow,
+    asked: Option<Lane>,
+) -> Lane {
+    if let Some(l) = asked {
+        return l;
+    }
+    if let Some(l) = workflow.priority_for(event).and_then(Lane::parse) {
+        return l;
+    }
+    let branch = git_ref.and_then(|r| r.strip_prefix("refs/heads/"));
+    let trunk = branch.is_some_and(|b| {
+        b == repo.forge.default_branch || repo.forge.protected_refs.iter().any(|p| kiln_workflow::glob_match(p, b))
+    });
+    kiln_core::fair::default_lane(kind, trunk)
 }
 
 /// A submission through the public API.
@@ -201,6 +233,20 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     if !EVENTS.contains(&event.as_str()) {
         return Err(ApiErr::invalid(format!("unknown event `{event}`")));
     }
+    let priority = match req.priority.as_deref() {
+        None => None,
+        Some(p) => {
+            let lane = crate::services::queue::parse_lane(p)?;
+            if !matches!(by.scope, crate::auth::Scope::Admin) {
+                return Err(ApiErr::new(
+                    StatusCode::FORBIDDEN,
+                    api::codes::FORBIDDEN,
+                    "only an admin token may set a run's priority (`--priority`)",
+                ));
+            }
+            Some(lane)
+        }
+    };
     let remote = crate::services::repos::remote(state, &repo).await?;
     let (sha, git_ref) =
         state.mirrors.resolve_named(&repo.id, &remote, req.commit_sha.trim()).await.map_err(git_err)?;
@@ -234,6 +280,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             rerun_jobs: Vec::new(),
             trace,
             pull_request_title: None,
+            priority,
         },
     )
     .await?;
@@ -336,6 +383,7 @@ pub(crate) async fn retry_jobs(
             rerun_jobs: rerun_jobs.clone(),
             trace: None,
             pull_request_title: old.pull_request_title,
+            priority: Lane::parse(&old.priority),
         },
     )
     .await?;

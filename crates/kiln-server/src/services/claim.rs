@@ -16,6 +16,9 @@
 //! - a job whose run another transaction holds (`Busy`) goes to the back
 //!   of the queue and the others are tried; met busy twice, the request
 //!   pauses [`BUSY_PAUSE`] to give the holder a moment;
+//! - a job whose team holds its running quota (the claim transaction
+//!   counts it) goes back to its queue and the dispatcher passes over the
+//!   team until it has room;
 //! - with nothing to try, the request waits for new deliveries until its
 //!   `wait_ms` (at most a minute) runs out.
 
@@ -80,8 +83,22 @@ pub(crate) async fn claim(
                 // of waiting for the winner.
                 skip_locked: true,
                 untrusted: policy.clone(),
+                fair_clock: state.dispatcher.fair_clock(),
             };
-            match state.store.claim_placed(input).await {
+            let team = ev.team.clone();
+            let outcome = state.store.claim_placed(input).await;
+            match &outcome {
+                Ok(ClaimOutcome::Claimed(c)) => state.dispatcher.claimed(&team, c.team_pass),
+                _ => state.dispatcher.unclaimed(&team),
+            }
+            match outcome {
+                Ok(ClaimOutcome::AtQuota(team, held)) => {
+                    // The team holds its quota (another replica's claims,
+                    // or this one's view was behind): its jobs wait, the
+                    // others' are tried.
+                    state.dispatcher.at_quota(&team, held);
+                    state.dispatcher.push_back(ev);
+                }
                 Ok(ClaimOutcome::Misplaced(needs, why)) => {
                     // Never for this agent: the job waits for one that may
                     // run it; this agent tries the next.
@@ -91,6 +108,11 @@ pub(crate) async fn claim(
                 Ok(ClaimOutcome::Claimed(c)) => {
                     if let Some(ms) = c.eligible_wait_ms {
                         state.metrics.dispatch_latency.observe(ms as f64 / 1000.0);
+                        state
+                            .metrics
+                            .queue_wait
+                            .with_label_values(&[&c.run.team, &c.run.priority])
+                            .observe(ms as f64 / 1000.0);
                     }
                     state.job_changed(&c.job.id);
                     if state.live_agents.session_gone(&req.session_id) {

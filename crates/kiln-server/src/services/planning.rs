@@ -44,6 +44,8 @@ const ABSENT_ATTEMPTS: i64 = 8;
 /// The wait before planning again while the server refuses new runs
 /// (degradation): short, so planning resumes soon after the level drops.
 const DEGRADED_RETRY_MS: i64 = 5_000;
+/// How soon a delivery whose team holds its queued-job cap is planned again.
+const OVER_CAP_RETRY_MS: i64 = 1_000;
 /// The prefix of a delivery's message once its delayed status was posted.
 const DELAYED: &str = "delayed: ";
 /// Deliveries planned at once.
@@ -54,6 +56,9 @@ enum PlanError {
     Transient(String),
     /// The server refuses new runs now (degradation): planned when it recovers.
     Degraded(String),
+    /// The repository's team holds its queued-job cap (issue 44): planned
+    /// again every [`OVER_CAP_RETRY_MS`] until it is under it.
+    OverCap(String),
     /// The remote answered and does not hold the commit where the event says.
     Absent(String),
     /// Will not change by trying again.
@@ -103,6 +108,7 @@ async fn plan_claimed(state: &AppState, d: &DeliveryRecord) -> Result<bool, Stor
         Err(r) => Err(PlanError::Degraded(r.message)),
         Ok(()) => plan(state, d).instrument(span).await,
     };
+    let over_cap = matches!(outcome, Err(PlanError::OverCap(_)));
     match outcome {
         Ok(p) => {
             let message = if p.problems.is_empty() {
@@ -124,10 +130,12 @@ async fn plan_claimed(state: &AppState, d: &DeliveryRecord) -> Result<bool, Stor
             let _ = state.store.defer_delivery(&d.id, 5_000, &e.to_string()).await;
             Err(e)
         }
-        Err(PlanError::Transient(m) | PlanError::Absent(m) | PlanError::Degraded(m))
+        Err(PlanError::Transient(m) | PlanError::Absent(m) | PlanError::Degraded(m) | PlanError::OverCap(m))
         | Err(PlanError::Store(StoreError::Unavailable(m))) => {
             let degraded = state.resources.admit_run(false).is_err();
-            let delay = if degraded {
+            let delay = if over_cap {
+                OVER_CAP_RETRY_MS
+            } else if degraded {
                 DEGRADED_RETRY_MS
             } else {
                 let backoff = kiln_core::backoff::Backoff {
@@ -291,6 +299,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                     ForgeEvent::PullRequest(pr) => Some(pr.title.clone()),
                     _ => None,
                 },
+                priority: None,
             },
         )
         .await;
@@ -298,6 +307,10 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
             Ok(f) => f.accepted,
             // Degraded: the delivery stays pending and is planned again later.
             Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => return Err(PlanError::Degraded(e.message)),
+            // The team over its queued-job cap (issue 44): the delivery is
+            // kept and planned again shortly; its runs are created once the
+            // team is under the cap (never refused for a cap).
+            Err(e) if e.status == StatusCode::TOO_MANY_REQUESTS => return Err(PlanError::OverCap(e.message)),
             // A registry or the store did not answer: retried.
             Err(e) if e.status.is_server_error() => return Err(PlanError::Transient(e.message)),
             // This workflow cannot run as pushed: its commit status says why.

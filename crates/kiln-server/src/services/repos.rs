@@ -29,6 +29,10 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
         check_webhook_secret(s)?;
     }
     let mut forge = apply_forge(kiln_store::RepoForge::default(), &req.forge)?;
+    let team = match req.team.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(t) => Some(known_team(state, t).await?),
+    };
     if state.store.get_repo(name).await.is_ok() {
         return Err(kiln_store::StoreError::Conflict(format!("repository `{name}` already exists")).into());
     }
@@ -60,12 +64,17 @@ pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRep
         state.store.set_secret_pools(&repo.id, &pools).await?;
         repo.secret_pools = pools;
     }
+    if let Some(team) = team {
+        state.store.set_repo_team(&repo.id, &team).await?;
+        repo.team = team;
+    }
 
     let detail = format!(
-        "{} secret pools {} forge {}",
+        "{} secret pools {} forge {} team {}",
         repo.clone_url,
         repo.secret_pools.join(","),
-        repo.forge.forge.as_deref().unwrap_or("none")
+        repo.forge.forge.as_deref().unwrap_or("none"),
+        repo.team
     );
     access::audit(state, &by.actor, "repo.create", &repo.name, detail).await?;
     shown(state, repo).await
@@ -131,6 +140,13 @@ pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: ap
         state.dispatcher.forget_placements();
         changed.push("secret pools");
     }
+    if let Some(team) = req.team.as_deref().map(str::trim)
+        && team != repo.team
+    {
+        let team = known_team(state, team).await?;
+        state.store.set_repo_team(&repo.id, &team).await?;
+        changed.push("team");
+    }
     if let Some(public) = req.public
         && public != repo.public
     {
@@ -141,6 +157,17 @@ pub(crate) async fn update(state: &AppState, by: &Principal, name: &str, req: ap
     state.schedule_indexes.lock().expect("index").remove(&repo.id);
     access::audit(state, &by.actor, "repo.update", &repo.name, changed.join(", ")).await?;
     shown(state, state.store.get_repo(&repo.id).await?).await
+}
+
+/// A team that exists (422 naming how to create it otherwise).
+async fn known_team(state: &AppState, team: &str) -> ApiResult<String> {
+    match state.store.get_team(team).await {
+        Ok(t) => Ok(t.name),
+        Err(kiln_store::StoreError::NotFound(_)) => {
+            Err(ApiErr::invalid(format!("team `{team}` does not exist; create it with `kiln team add {team}`")))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `DELETE /v1/repos/{repo}`: forget a repository that has no runs (its
@@ -378,6 +405,7 @@ pub(crate) fn view(r: kiln_store::RepoRecord) -> api::Repo {
         forge_token_set: f.forge_token.is_some(),
         clone_token_set,
         public: r.public,
+        team: r.team,
     }
 }
 

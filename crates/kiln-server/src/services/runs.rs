@@ -243,7 +243,15 @@ async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut
                         None => why.text().to_string(),
                     });
                 }
-                why.map(|w| w.text().to_string())
+                // Where its team stands (issue 44): at its quota, or
+                // against its share and the jobs competing in its lane.
+                let lane = kiln_core::fair::Lane::parse(&view.run.priority).unwrap_or(kiln_core::fair::Lane::Normal);
+                let fair = crate::services::queue::waiting_text(state, &view.run.team, lane, &j.job.class_key);
+                match (why, fair) {
+                    (Some(kiln_core::waiting::AgentWait::Busy(t)), Some((_, f))) => Some(format!("{t}; {f}")),
+                    (None, Some((true, f))) => Some(format!("waiting: {f}")),
+                    (why, _) => why.map(|w| w.text().to_string()),
+                }
             }
             JobStatus::Pending => {
                 let held = view.run.held.then(|| unscoped(view.run.message.as_deref().unwrap_or_default()));

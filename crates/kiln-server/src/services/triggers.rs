@@ -152,14 +152,18 @@ async fn fire(
             rerun_jobs: Vec::new(),
             trace: None,
             pull_request_title: None,
+            priority: None,
         },
     )
     .await;
     let accepted = match frozen {
         Ok(f) => f.accepted,
-        // Degraded, a registry or the store down: the tick stays due and
-        // fires once when it can (the cursor does not move).
-        Err(e) if e.status.is_server_error() => return Err(Refusal::ForNow(e.message)),
+        // Degraded, a registry or the store down, or the team over its
+        // queued-job cap (issue 44: never refused for a cap): the tick stays
+        // due and fires once when it can (the cursor does not move).
+        Err(e) if e.status.is_server_error() || e.status == axum::http::StatusCode::TOO_MANY_REQUESTS => {
+            return Err(Refusal::ForNow(e.message));
+        }
         // The workflow cannot run as scheduled: the tick passes.
         Err(e) => return Err(Refusal::Never(e.message)),
     };

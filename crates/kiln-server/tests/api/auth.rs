@@ -43,6 +43,7 @@ async fn a_token_in_the_query_grants_nothing() {
     app.anonymous().get("/v1/repos?token=kiln_admin_test").send().await.assert_status(StatusCode::UNAUTHORIZED);
     app.anonymous().get("/v1/repos?token=kiln%5Fadmin%5Ftest").send().await.assert_status(StatusCode::UNAUTHORIZED);
     let create = api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: "r".into(),
         clone_url: "/x".into(),
@@ -72,6 +73,7 @@ async fn the_ui_session_cookie_authenticates_with_a_csrf_header_on_writes() {
     let jar = jar.as_str();
     app.anonymous().get("/v1/repos").header("cookie", jar).send().await.assert_status(StatusCode::OK);
     let create = api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: "r".into(),
         clone_url: "/x".into(),

@@ -6,6 +6,7 @@ use kiln_testkit::TestApp;
 
 fn repo(name: &str, url: &str) -> api::CreateRepo {
     api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: name.into(),
         clone_url: url.into(),

@@ -23,8 +23,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
         format!(
             "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
              definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at, traceparent, \
-             commit_title, commit_author, run_number, pull_request_title) \
-             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15, $16, $17, $18, $19)",
+             commit_title, commit_author, run_number, pull_request_title, priority) \
+             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
             queued = lit(RunStatus::Queued)
         )
     });
@@ -88,6 +88,7 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&run.commit_author)
                     .bind(number)
                     .bind(&run.pull_request_title)
+                    .bind(&run.priority)
                     .execute()
                     .await?;
                 let pins = run.pin_succeeded || !run.rerun_jobs.is_empty();

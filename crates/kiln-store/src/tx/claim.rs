@@ -44,12 +44,18 @@ pub(crate) async fn claim(store: &SqlStore, req: &ClaimInput) -> Result<ClaimOut
 async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<ClaimOutcome> {
     Ok(match claim_rows(tx, req).await? {
         Ok(c) => ClaimOutcome::Claimed(c),
-        Err(Some((placement, why))) => ClaimOutcome::Misplaced(placement, why),
+        Err(Some(Refusal::Misplaced(placement, why))) => ClaimOutcome::Misplaced(placement, why),
+        Err(Some(Refusal::AtQuota(team, held))) => ClaimOutcome::AtQuota(team, held),
         Err(None) => ClaimOutcome::Declined,
     })
 }
 
-type Refused = Option<(kiln_core::claim::JobPlacement, kiln_core::claim::PlacementRefusal)>;
+enum Refusal {
+    Misplaced(kiln_core::claim::JobPlacement, kiln_core::claim::PlacementRefusal),
+    AtQuota(String, u32),
+}
+
+type Refused = Option<Refusal>;
 
 async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result<ClaimedAttempt, Refused>> {
     static PREDECESSORS_OPEN: Sql = Sql::new(|d| {
@@ -127,8 +133,8 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     };
     // What the job asks of its agent: the repository's secret pools are
     // read now (a change applies to the next claim).
-    let secret_pools: String =
-        tx.sql("SELECT secret_pools FROM repos WHERE id = $1").bind(&run.repo_id).scalar().await?;
+    let (secret_pools, team): (String, String) =
+        tx.sql("SELECT secret_pools, team FROM repos WHERE id = $1").bind(&run.repo_id).one().await?;
     let secret_pools: Vec<String> = serde_json::from_str(&secret_pools).unwrap_or_default();
     let placement = job_placement(&run, &job, &secret_pools);
     let required: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
@@ -164,10 +170,26 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
         Err(ClaimRefusal::SessionReplaced) => {
             return Err(StoreError::StaleEpoch(format!("agent session {} was replaced", req.session_id)));
         }
-        Err(ClaimRefusal::Placement(why)) => return Ok(Err(Some((placement, why)))),
+        Err(ClaimRefusal::Placement(why)) => return Ok(Err(Some(Refusal::Misplaced(placement, why)))),
         Err(_) => return Ok(Err(None)),
     };
     let Some((_, max_jobs, agent_name, ..)) = agent else { unreachable!("a grant names a known agent") };
+    // The team's row, locked (issue 44): claims of one team take its quota
+    // and move its virtual time one at a time; the count of what it holds
+    // is read after the lock, so it includes every committed claim.
+    let charge = match team_row(tx, &team).await? {
+        Some((weight, max_running, pass)) => {
+            if let Some(max) = max_running {
+                let held: i64 = tx.sql(&TEAM_HOLDS).bind(&team).scalar().await?;
+                let held = u32::try_from(held).unwrap_or(u32::MAX);
+                if held >= max {
+                    return Ok(Err(Some(Refusal::AtQuota(team, held))));
+                }
+            }
+            Some(kiln_core::fair::charged_pass(pass, weight, req.fair_clock, 1))
+        }
+        None => None,
+    };
     // Capacity admission for this agent session and the attempt, in one
     // statement (the count is read after the agent lock).
     let (epoch, deadline) = (grant.epoch, grant.lease_deadline);
@@ -197,6 +219,13 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
         return Ok(still_running(tx, &job_id, epoch).await?.ok_or(None));
     }
     tx.sql(&RUNNING).bind(epoch).bind(now).bind(&job.id).execute().await?;
+    if let Some(pass) = charge {
+        tx.sql("UPDATE teams SET pass = $1 WHERE name = $2")
+            .bind(i64::try_from(pass).unwrap_or(i64::MAX))
+            .bind(&team)
+            .execute()
+            .await?;
+    }
     if grant.run != run.status {
         tx.sql(&RUN_STARTED).bind(now).bind(&job.run_id).execute().await?;
         run.status = grant.run;
@@ -207,7 +236,28 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     let eligible_wait_ms = job.next_attempt_at.map(|at| (now - at).max(0));
     job.next_attempt_at = None;
     job.started_at = job.started_at.or(Some(now));
-    Ok(Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms }))
+    Ok(Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms, team_pass: charge }))
+}
+
+/// Jobs a team holds: running, claimed-but-not-started included (a claim
+/// makes its job `running` with a live attempt at once).
+static TEAM_HOLDS: Sql = Sql::new(|_| {
+    format!(
+        "SELECT COUNT(*) FROM jobs j JOIN runs r ON r.id = j.run_id JOIN repos p ON p.id = r.repo_id \
+         WHERE j.status = {running} AND p.team = $1",
+        running = lit(JobStatus::Running)
+    )
+});
+
+/// A team's weight, running quota and virtual time, its row locked; `None`
+/// when the team is gone (then nothing is charged).
+async fn team_row(tx: &mut Tx, team: &str) -> Result<Option<(u32, Option<u32>, u64)>> {
+    static TEAM: Sql =
+        Sql::new(|d| format!("SELECT weight, max_running, pass FROM teams WHERE name = $1{lock}", lock = d.for_update));
+    let row: Option<(i64, Option<i64>, i64)> = tx.sql(&TEAM).bind(team).optional().await?;
+    Ok(row.map(|(w, m, p)| {
+        (u32::try_from(w).unwrap_or(1).max(1), m.and_then(|m| u32::try_from(m).ok()), u64::try_from(p).unwrap_or(0))
+    }))
 }
 
 /// `AttemptStore::claimed_by_request`.
@@ -244,7 +294,7 @@ async fn still_running(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<Option<C
         .bind(epoch)
         .scalar()
         .await?;
-    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms: None };
+    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms: None, team_pass: None };
     Ok(replay_stands(c.job.status, c.job.current_epoch, epoch).then_some(c))
 }
 

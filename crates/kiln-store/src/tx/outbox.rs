@@ -9,20 +9,24 @@ use crate::model::OutboxEvent;
 use crate::store::SqlStore;
 use kiln_core::JobStatus;
 
+type EventRow = (i64, String, i64, String, String, String, i64);
+
+fn event((id, job_id, dispatch_generation, class_key, team, lane, ready_at_ms): EventRow) -> OutboxEvent {
+    OutboxEvent { id, job_id, dispatch_generation, class_key, team, lane, ready_at_ms }
+}
+
 /// `OutboxStore::pending_outbox`.
 pub(crate) async fn pending_outbox(store: &SqlStore, limit: u32) -> Result<Vec<OutboxEvent>> {
     static PENDING: Sql = Sql::new(|d| {
         format!(
-            "SELECT id, job_id, dispatch_generation, class_key FROM outbox \
-             WHERE published_at IS NULL AND available_at <= {now} ORDER BY id LIMIT $1",
+            "SELECT o.id, o.job_id, o.dispatch_generation, o.class_key, p.team, r.priority, o.available_at \
+             FROM outbox o JOIN jobs j ON j.id = o.job_id JOIN runs r ON r.id = j.run_id JOIN repos p ON p.id = r.repo_id \
+             WHERE o.published_at IS NULL AND o.available_at <= {now} ORDER BY o.id LIMIT $1",
             now = d.now_ms
         )
     });
-    let rows: Vec<(i64, String, i64, String)> = store.reader().await?.sql(&PENDING).bind(limit as i64).all().await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, job_id, dispatch_generation, class_key)| OutboxEvent { id, job_id, dispatch_generation, class_key })
-        .collect())
+    let rows: Vec<EventRow> = store.reader().await?.sql(&PENDING).bind(limit as i64).all().await?;
+    Ok(rows.into_iter().map(event).collect())
 }
 
 /// `OutboxStore::mark_published`.
@@ -46,15 +50,13 @@ pub(crate) async fn mark_published(store: &SqlStore, ids: &[i64]) -> Result<()> 
 pub(crate) async fn ready_jobs(store: &SqlStore) -> Result<Vec<OutboxEvent>> {
     static READY: Sql = Sql::new(|d| {
         format!(
-            "SELECT id, dispatch_generation, class_key FROM jobs WHERE status = {ready} \
-             AND COALESCE(next_attempt_at, 0) <= {now}",
+            "SELECT CAST(0 AS BIGINT), j.id, j.dispatch_generation, j.class_key, p.team, r.priority, COALESCE(j.next_attempt_at, 0) \
+             FROM jobs j JOIN runs r ON r.id = j.run_id JOIN repos p ON p.id = r.repo_id \
+             WHERE j.status = {ready} AND COALESCE(j.next_attempt_at, 0) <= {now}",
             ready = lit(JobStatus::Ready),
             now = d.now_ms,
         )
     });
-    let rows: Vec<(String, i64, String)> = store.reader().await?.sql(&READY).all().await?;
-    Ok(rows
-        .into_iter()
-        .map(|(job_id, dispatch_generation, class_key)| OutboxEvent { id: 0, job_id, dispatch_generation, class_key })
-        .collect())
+    let rows: Vec<EventRow> = store.reader().await?.sql(&READY).all().await?;
+    Ok(rows.into_iter().map(event).collect())
 }

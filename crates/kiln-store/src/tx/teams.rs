@@ -2,15 +2,17 @@
 //! weight and quotas that change at runtime (the dispatcher reads them).
 
 use crate::db::{Exec, Row, now};
+use crate::dialect::lit;
 use crate::dialect::{Isolation, Sql};
 use crate::error::{Result, StoreError};
-use crate::model::{TeamRecord, TeamUpdate};
+use crate::model::{QueueGroup, TeamRecord, TeamUpdate};
 use crate::store::SqlStore;
+use kiln_core::JobStatus;
 
 /// The team every repository starts in; never removed.
 pub const DEFAULT_TEAM: &str = "default";
 
-const TEAM_COLS: &str = "t.name, t.weight, t.max_running, t.max_queued, t.created_at, \
+const TEAM_COLS: &str = "t.name, t.weight, t.max_running, t.max_queued, t.created_at, t.pass, \
     (SELECT COUNT(*) FROM repos r WHERE r.team = t.name) AS repos";
 
 fn team_from_row(row: &Row) -> Result<TeamRecord> {
@@ -22,6 +24,7 @@ fn team_from_row(row: &Row) -> Result<TeamRecord> {
         max_queued: quota(row.get("max_queued")?),
         created_at: row.get("created_at")?,
         repos: row.get("repos")?,
+        pass: u64::try_from(row.get::<i64>("pass")?).unwrap_or(0),
     })
 }
 
@@ -176,6 +179,101 @@ pub(crate) async fn set_repo_team(store: &SqlStore, repo_id: &str, team: &str) -
                     return Err(StoreError::NotFound(format!("repository {repo_id}")));
                 }
                 Ok(())
+            })
+        })
+        .await
+}
+
+/// `TeamStore::queue_groups`: ready, pending and running jobs by team,
+/// lane and class (one grouped read over the live jobs).
+pub(crate) async fn queue_groups(store: &SqlStore) -> Result<Vec<QueueGroup>> {
+    static SQL: Sql = Sql::new(|_| {
+        format!(
+            "SELECT p.team, r.priority, j.class_key, \
+               SUM(CASE WHEN j.status = {ready} THEN 1 ELSE 0 END), \
+               SUM(CASE WHEN j.status = {pending} THEN 1 ELSE 0 END), \
+               SUM(CASE WHEN j.status = {running} THEN 1 ELSE 0 END), \
+               MIN(CASE WHEN j.status = {ready} THEN COALESCE(j.next_attempt_at, 0) END) \
+             FROM jobs j JOIN runs r ON r.id = j.run_id JOIN repos p ON p.id = r.repo_id \
+             WHERE j.status IN ({ready}, {pending}, {running}) \
+             GROUP BY p.team, r.priority, j.class_key ORDER BY p.team, r.priority, j.class_key",
+            ready = lit(JobStatus::Ready),
+            pending = lit(JobStatus::Pending),
+            running = lit(JobStatus::Running),
+        )
+    });
+    type Group = (String, String, String, i64, i64, i64, Option<i64>);
+    let rows: Vec<Group> = store.reader().await?.sql(&SQL).all().await?;
+    Ok(rows
+        .into_iter()
+        .map(|(team, lane, class_key, ready, pending, running, oldest_ready_at)| QueueGroup {
+            team,
+            lane,
+            class_key,
+            ready,
+            pending,
+            running,
+            oldest_ready_at,
+        })
+        .collect())
+}
+
+/// `TeamStore::queued_jobs`: jobs waiting (ready, or pending on their
+/// needs) of `team`'s repositories, or of every team (`None`).
+pub(crate) async fn queued_jobs(store: &SqlStore, team: Option<&str>) -> Result<i64> {
+    static TEAM: Sql = Sql::new(|_| {
+        format!(
+            "SELECT COUNT(*) FROM jobs j JOIN runs r ON r.id = j.run_id JOIN repos p ON p.id = r.repo_id \
+             WHERE j.status IN ({ready}, {pending}) AND p.team = $1",
+            ready = lit(JobStatus::Ready),
+            pending = lit(JobStatus::Pending),
+        )
+    });
+    static ALL: Sql = Sql::new(|_| {
+        format!(
+            "SELECT COUNT(*) FROM jobs WHERE status IN ({ready}, {pending})",
+            ready = lit(JobStatus::Ready),
+            pending = lit(JobStatus::Pending),
+        )
+    });
+    let mut r = store.reader().await?;
+    match team {
+        Some(t) => r.sql(&TEAM).bind(t).scalar().await,
+        None => r.sql(&ALL).scalar().await,
+    }
+}
+
+/// `TeamStore::set_run_priority`: the run's lane; its ready jobs are made
+/// ready again (a new dispatch generation and outbox event carrying the
+/// lane, their ready time kept so aging goes on). `Conflict` once the run
+/// ended.
+pub(crate) async fn set_run_priority(store: &SqlStore, run_id: &str, lane: &str) -> Result<u32> {
+    static RUN: Sql = Sql::new(|d| format!("SELECT status FROM runs WHERE id = $1{}", d.for_update));
+    static READY: Sql = Sql::new(|_| {
+        format!(
+            "SELECT id, next_attempt_at FROM jobs WHERE run_id = $1 AND status = {} ORDER BY job_index",
+            lit(JobStatus::Ready)
+        )
+    });
+    store
+        .transaction(Isolation::Serializable, &(run_id, lane), |tx, &(run_id, lane)| {
+            Box::pin(async move {
+                let status: Option<String> = tx.sql(&RUN).bind(run_id).scalar_optional().await?;
+                let Some(status) = status else { return Err(StoreError::NotFound(format!("run {run_id}"))) };
+                let status: kiln_core::RunStatus = crate::error::parse_enum(&status)?;
+                if status.is_terminal() {
+                    return Err(StoreError::Conflict(format!(
+                        "run {run_id} is {}: only a queued or running run's priority can change",
+                        status.as_str()
+                    )));
+                }
+                tx.sql("UPDATE runs SET priority = $1 WHERE id = $2").bind(lane).bind(run_id).execute().await?;
+                let ready: Vec<(String, Option<i64>)> = tx.sql(&READY).bind(run_id).all().await?;
+                let now = now(tx).await?;
+                for (job_id, at) in &ready {
+                    crate::tx::advance::make_ready(tx, job_id, at.unwrap_or(now).min(now), now).await?;
+                }
+                Ok(u32::try_from(ready.len()).unwrap_or(u32::MAX))
             })
         })
         .await

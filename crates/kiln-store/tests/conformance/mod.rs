@@ -181,6 +181,8 @@ macro_rules! suite {
             reports::quarantined_failures_pass_only_with_a_complete_covering_report,
             reports::shard_batches_are_leased_to_the_live_attempt_and_come_back_when_it_is_lost,
             teams::teams_hold_repositories_and_change_at_runtime,
+            teams::claims_charge_their_team_and_hold_its_running_quota,
+            teams::a_runs_lane_changes_with_its_ready_jobs,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -291,11 +293,13 @@ pub fn workflow(jobs: Vec<Job>) -> Workflow {
         on: Default::default(),
         inputs: Default::default(),
         timeout_secs: None,
+        priority: Default::default(),
     }
 }
 
 pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
     NewRun {
+        priority: "normal".into(),
         repo_id: repo_id.into(),
         commit_sha: "0123456789abcdef0123456789abcdef01234567".into(),
         git_ref: Some("refs/heads/main".into()),
@@ -347,6 +351,7 @@ pub fn claim_input(agent: &AgentRecord, job_id: &str, generation: i64, ttl_ms: i
         lease_ttl_ms: ttl_ms,
         skip_locked: false,
         untrusted: Default::default(),
+        fair_clock: 0,
     }
 }
 

@@ -36,3 +36,96 @@ pub async fn teams_hold_repositories_and_change_at_runtime<S: Store + 'static>(o
     let names: Vec<String> = s.list_teams().await.unwrap().into_iter().map(|t| t.name).collect();
     assert_eq!(names, [DEFAULT_TEAM]);
 }
+
+/// The claim transaction charges the job's team (its virtual time moves by
+/// `STRIDE / weight`, from at least one stride behind the dispatcher's
+/// clock) and holds its running quota, reservations included: a claimed
+/// attempt counts from the claim, and of two concurrent claims for the last
+/// slot exactly one wins. Outbox events carry the team, lane and ready time.
+pub async fn claims_charge_their_team_and_hold_its_running_quota<S: Store + 'static>(o: &Opener<S>) {
+    use kiln_core::fair::STRIDE;
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    s.create_team("q", 2, Some(1), None).await.unwrap();
+    s.set_repo_team(&r.id, "q").await.unwrap();
+    let wf = || workflow(vec![job("a", &[], 0)]);
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(s.accept_run(new_run(&r.id, wf())).await.unwrap().run_id);
+    }
+    let jobs: Vec<String> = {
+        let mut v = Vec::new();
+        for run in &runs {
+            v.push(job_id(s, run, "a").await);
+        }
+        v
+    };
+    let ev = pending_for(s, &jobs[0]).await.remove(0);
+    assert_eq!((ev.team.as_str(), ev.lane.as_str()), ("q", "normal"));
+    assert!((wall_ms() - ev.ready_at_ms).abs() < 60_000, "ready now: {}", ev.ready_at_ms);
+    assert_eq!(s.queued_jobs(Some("q")).await.unwrap(), 3);
+    assert_eq!(s.queued_jobs(Some(DEFAULT_TEAM)).await.unwrap(), 0);
+
+    let (a1, a2) = (agent(s, "a1", 4).await, agent(s, "a2", 4).await);
+    let c = claim(s, &a1, &jobs[0], LONG_TTL).await;
+    assert_eq!(c.team_pass, Some(STRIDE / 2), "weight 2: half a stride");
+    assert_eq!(c.run.team, "q");
+    assert_eq!(s.get_team("q").await.unwrap().pass, STRIDE / 2, "persisted: a restart resumes from it");
+    // The claimed attempt holds the team's one slot, started or not.
+    let g = s.get_job(&jobs[1]).await.unwrap().dispatch_generation;
+    let over = s.claim_placed(claim_input(&a2, &jobs[1], g, LONG_TTL)).await.unwrap();
+    assert!(matches!(over, ClaimOutcome::AtQuota(ref t, 1) if t == "q"), "{over:?}");
+    assert_eq!(job_status(s, &jobs[1]).await, JobStatus::Ready, "nothing changed");
+    let groups = s.queue_groups().await.unwrap();
+    let q: Vec<_> = groups.iter().filter(|g| g.team == "q").collect();
+    assert_eq!((q.len(), q[0].ready, q[0].running, q[0].lane.as_str()), (1, 2, 1, "normal"));
+    assert!(q[0].oldest_ready_at.is_some());
+
+    // The slot frees with the completion; the two waiting jobs race for it.
+    s.complete(&jobs[0], c.epoch, success()).await.unwrap();
+    let (g1, g2) = (
+        s.get_job(&jobs[1]).await.unwrap().dispatch_generation,
+        s.get_job(&jobs[2]).await.unwrap().dispatch_generation,
+    );
+    // A clock far ahead: an idle team's time moves up to one stride behind it.
+    let clock = 10 * STRIDE;
+    let (x, y) = tokio::join!(
+        s.claim_placed(ClaimInput { fair_clock: clock, ..claim_input(&a1, &jobs[1], g1, LONG_TTL) }),
+        s.claim_placed(ClaimInput { fair_clock: clock, ..claim_input(&a2, &jobs[2], g2, LONG_TTL) }),
+    );
+    let (x, y) = (x.unwrap(), y.unwrap());
+    let won: Vec<&ClaimOutcome> = [&x, &y].into_iter().filter(|o| matches!(o, ClaimOutcome::Claimed(_))).collect();
+    assert_eq!(won.len(), 1, "exactly one claim takes the last slot: {x:?} / {y:?}");
+    let ClaimOutcome::Claimed(w) = won[0] else { unreachable!() };
+    assert_eq!(w.team_pass, Some(clock - STRIDE / 2 + STRIDE / 2), "from one stride behind the clock");
+    assert!([&x, &y].iter().any(|o| matches!(o, ClaimOutcome::AtQuota(..))));
+
+    // A quota lifted at runtime applies to the next claim.
+    s.update_team("q", &TeamUpdate { max_running: Some(None), ..TeamUpdate::default() }).await.unwrap();
+    let left = if matches!(x, ClaimOutcome::Claimed(_)) { &jobs[2] } else { &jobs[1] };
+    claim(s, &a1, left, LONG_TTL).await;
+}
+
+/// An admin moves a run to another lane: its ready jobs get a new dispatch
+/// generation and an outbox event carrying the lane, with their ready
+/// time kept (aging goes on); a run that ended is refused.
+pub async fn a_runs_lane_changes_with_its_ready_jobs<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (_, run) = start(s, workflow(vec![job("a", &[], 0), job("b", &["a"], 0)])).await;
+    assert_eq!(view(s, &run).await.run.priority, "normal");
+    let a = job_id(s, &run, "a").await;
+    let before = s.get_job(&a).await.unwrap();
+    let ready_at = pending_for(s, &a).await[0].ready_at_ms;
+    assert_eq!(s.set_run_priority(&run, "urgent").await.unwrap(), 1, "one ready job (b waits on a)");
+    let after = s.get_job(&a).await.unwrap();
+    assert_eq!(after.dispatch_generation, before.dispatch_generation + 1);
+    let evs = pending_for(s, &a).await;
+    let new = evs.iter().find(|e| e.dispatch_generation == after.dispatch_generation).expect("a new event");
+    assert_eq!((new.lane.as_str(), new.ready_at_ms), ("urgent", ready_at), "its ready time is kept");
+    assert_eq!(view(s, &run).await.run.priority, "urgent");
+    s.cancel_run(&run).await.unwrap();
+    assert!(matches!(s.set_run_priority(&run, "background").await, Err(StoreError::Conflict(_))));
+    assert!(matches!(s.set_run_priority("no-such-run", "urgent").await, Err(StoreError::NotFound(_))));
+}

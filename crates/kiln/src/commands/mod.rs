@@ -19,6 +19,7 @@ mod secret;
 mod server;
 mod shared;
 mod status;
+mod team;
 mod tests;
 mod top;
 mod up;
@@ -35,6 +36,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Agent(a) => agent::run(a).await,
         Command::Repo { command } => repo::run(command).await,
         Command::Secret { command } => secret::run(command).await,
+        Command::Team { command } => team::run(command).await,
+        Command::Queue(a) => team::queue(a).await,
+        Command::Priority(a) => team::priority(a).await,
         Command::Notify { command } => notify::run(command).await,
         Command::Tests(a) => tests::run(a).await,
         Command::Token { command } => access::token(command).await,

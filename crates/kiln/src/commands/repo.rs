@@ -8,7 +8,7 @@ use std::path::Path;
 
 pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
     match cmd {
-        RepoCommand::Add { name, url, secret_pools, forge, conn } => {
+        RepoCommand::Add { name, url, secret_pools, team, forge, conn } => {
             let (webhook_secret, forge) = settings(forge)?;
             if let (_, Some(c)) = kiln_api::giturl::split_credential(&url)
                 && (!c.password.is_empty() || forge.clone_token.is_none())
@@ -21,7 +21,7 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
             let c = client(&conn)?;
             let url = absolutize(&url);
             let r = c
-                .create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret, secret_pools, forge })
+                .create_repo(&kiln_api::CreateRepo { name, clone_url: url, webhook_secret, secret_pools, team, forge })
                 .await?;
             kiln_cmd::outln!(
                 "registered repository {} ({}); secrets go to agent pools: {}",
@@ -33,7 +33,7 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
                 kiln_cmd::outln!("connect the forge with: kiln repo hook-info {}", r.name);
             }
         }
-        RepoCommand::Set { name, secret_pools, public, private, forge, conn } => {
+        RepoCommand::Set { name, secret_pools, public, private, team, forge, conn } => {
             let (webhook_secret, forge) = settings(forge)?;
             let c = client(&conn)?;
             let public = if public {
@@ -46,7 +46,7 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
             let r = c
                 .update_repo(
                     &name,
-                    &kiln_api::UpdateRepo { clone_url: None, webhook_secret, secret_pools, public, forge },
+                    &kiln_api::UpdateRepo { clone_url: None, webhook_secret, secret_pools, public, team, forge },
                 )
                 .await?;
             kiln_cmd::outln!("updated repository {}", r.name);
@@ -129,7 +129,7 @@ pub(super) async fn run(cmd: RepoCommand) -> CmdResult {
                 return Ok(exit::OK);
             }
             for r in list {
-                kiln_cmd::outln!("{:<24} {}", r.name, r.clone_url);
+                kiln_cmd::outln!("{:<24} {:<16} {}", r.name, r.team, r.clone_url);
             }
         }
     }
@@ -159,6 +159,7 @@ fn print_repo(r: &kiln_api::Repo) {
         None => kiln_cmd::outln!("polling:            off"),
     }
     kiln_cmd::outln!("secret pools:       {}", r.secret_pools.join(", "));
+    kiln_cmd::outln!("team:               {}", r.team);
     kiln_cmd::outln!("badge:              {}", if r.public { "public" } else { "private (tokens that may read it)" });
 }
 

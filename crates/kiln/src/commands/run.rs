@@ -37,6 +37,7 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
             workflow_path: Some(path.clone()),
             inputs: inputs.clone(),
             event: None,
+            priority: a.priority.clone(),
         };
         // One key per workflow: a resubmission finds each run again.
         let key = a.idempotency_key.as_ref().map(|k| if several { format!("{k}/{path}") } else { k.clone() });

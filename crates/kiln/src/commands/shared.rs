@@ -132,6 +132,11 @@ pub(super) fn apply_server_tuning(config: &mut kiln_server::ServerConfig, t: &Se
     config.loss_grace = t.loss_grace;
     config.agent_expiry = t.agent_expiry;
     config.quarantine_max_percent = t.quarantine_max_percent;
+    if t.aging_step.is_zero() {
+        return Err(usage("--aging-step: must be more than 0"));
+    }
+    config.aging_step = t.aging_step;
+    config.max_queued_jobs = t.max_queued_jobs;
     if let Some(d) = t.dispatch_sweep {
         config.dispatch_sweep = d;
     }

@@ -26,6 +26,7 @@ fn unique(name: &str) -> String {
 async fn register(c: &Client, repo: &TestRepo) -> String {
     let name = unique("r");
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: name.clone(),
         clone_url: repo.path().display().to_string(),

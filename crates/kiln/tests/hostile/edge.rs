@@ -21,6 +21,7 @@ async fn hooked_repo(server: &KilnServer) -> TestRepo {
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WF)]).unwrap();
     Client::new(&server.url, &server.token)
         .create_repo(&CreateRepo {
+            team: None,
             name: "r".into(),
             clone_url: repo.path().display().to_string(),
             webhook_secret: Some(SECRET.into()),

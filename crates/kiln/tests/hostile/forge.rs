@@ -431,6 +431,7 @@ async fn a_clone_url_credential_shows_nowhere() {
     // demands it).
     let created = admin
         .create_repo(&kiln_api::CreateRepo {
+            team: None,
             name: "app".into(),
             clone_url: inline.clone(),
             webhook_secret: Some(SECRET.into()),

@@ -23,6 +23,7 @@ async fn option_like_and_helper_clone_urls_are_refused() {
     for url in &hostile {
         let e = c
             .create_repo(&CreateRepo {
+                team: None,
                 forge: Default::default(),
                 name: "evil".into(),
                 clone_url: url.clone(),

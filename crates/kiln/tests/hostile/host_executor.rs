@@ -25,6 +25,7 @@ async fn run_on(url: &str, token: &str, bin_cli: std::process::Command, repo: &T
     let c = Client::new(url, token);
     let name = format!("r{}", rand_suffix());
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: name.clone(),
         clone_url: repo.path().display().to_string(),

@@ -98,6 +98,7 @@ async fn slow_clients_time_out_and_connections_past_the_cap_are_refused() {
 async fn repo_with(server: &KilnServer, c: &Client, name: &str, yaml: &str) -> TestRepo {
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", yaml)]).unwrap();
     c.create_repo(&CreateRepo {
+        team: None,
         forge: Default::default(),
         name: name.into(),
         clone_url: repo.path().display().to_string(),
@@ -128,7 +129,13 @@ async fn run_lists_are_summaries_and_a_too_large_definition_is_refused() {
     );
     assert!(big.len() < 8 * 1024, "the file itself is small: {}", big.len());
     let _big_repo = repo_with(&server, &c, "big", &big).await;
-    let sub = SubmitRun { commit_sha: "HEAD".into(), workflow_path: None, inputs: BTreeMap::new(), event: None };
+    let sub = SubmitRun {
+        commit_sha: "HEAD".into(),
+        workflow_path: None,
+        inputs: BTreeMap::new(),
+        event: None,
+        priority: None,
+    };
     let e = c.submit_run("big", &sub, None).await.expect_err("a definition past the cap is refused");
     assert_eq!(e.status(), Some(422), "{e:?}");
     assert!(e.to_string().contains("KiB"), "the message names the limit: {e}");
@@ -164,7 +171,7 @@ async fn oversized_inputs_are_422_and_oversized_bodies_413_json() {
         BTreeMap::from([("blob".to_string(), "x".repeat(200 * 1024))]),
         (0..10).map(|i| (format!("k{i}"), "y".repeat(15 * 1024))).collect(),
     ] {
-        let sub = SubmitRun { commit_sha: "HEAD".into(), workflow_path: None, inputs, event: None };
+        let sub = SubmitRun { commit_sha: "HEAD".into(), workflow_path: None, inputs, event: None, priority: None };
         let e = c.submit_run("r", &sub, None).await.expect_err("oversized inputs are refused");
         assert_eq!(e.status(), Some(422), "{e:?}");
     }
@@ -224,7 +231,13 @@ async fn security_headers_attachments_and_links_from_the_public_url() {
     let c = Client::new(&server.url, &server.token);
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &handoff_workflow(1000))]).unwrap();
     server.add_repo("h", &repo);
-    let sub = SubmitRun { commit_sha: "HEAD".into(), workflow_path: None, inputs: BTreeMap::new(), event: None };
+    let sub = SubmitRun {
+        commit_sha: "HEAD".into(),
+        workflow_path: None,
+        inputs: BTreeMap::new(),
+        event: None,
+        priority: None,
+    };
     let run = c.submit_run("h", &sub, None).await.unwrap().run_id;
 
     let http = reqwest::Client::new();
@@ -379,6 +392,7 @@ async fn tls_end_to_end_with_a_self_signed_certificate() {
         TestRepo::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: a\n    steps: [\"echo over-tls\"]\n")])
             .unwrap();
     c.create_repo(&CreateRepo {
+        team: None,
         forge: Default::default(),
         name: "t".into(),
         clone_url: repo.path().display().to_string(),
@@ -387,7 +401,13 @@ async fn tls_end_to_end_with_a_self_signed_certificate() {
     })
     .await
     .unwrap();
-    let sub = SubmitRun { commit_sha: "HEAD".into(), workflow_path: None, inputs: BTreeMap::new(), event: None };
+    let sub = SubmitRun {
+        commit_sha: "HEAD".into(),
+        workflow_path: None,
+        inputs: BTreeMap::new(),
+        event: None,
+        priority: None,
+    };
     let run = c.submit_run("t", &sub, None).await.unwrap().run_id;
     let done = wait_run(&c, &run, 120).await;
     assert!(done.status.is_success(), "the local agent ran the job over TLS: {done:?}");

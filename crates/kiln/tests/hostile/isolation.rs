@@ -40,6 +40,7 @@ async fn run_repo(url: &str, token: &str, repo: &TestRepo) -> (kiln_api::Run, St
     let c = Client::new(url, token);
     let name = format!("r{}", unique().replace('-', ""));
     c.create_repo(&kiln_api::CreateRepo {
+        team: None,
         forge: Default::default(),
         name: name.clone(),
         clone_url: repo.path().display().to_string(),

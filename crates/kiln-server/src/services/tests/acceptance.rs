@@ -237,6 +237,7 @@ async fn every_trigger_is_refused_by_the_same_checks() {
         rerun_jobs: Vec::new(),
         trace: None,
         pull_request_title: None,
+        priority: None,
     };
     for kind in TriggerKind::ALL {
         let (trust, event) = trusted(kind);

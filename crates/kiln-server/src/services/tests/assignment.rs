@@ -88,6 +88,7 @@ async fn an_untrusted_run_gets_no_secrets() {
         .state
         .store
         .accept_run(kiln_store::NewRun {
+            priority: "normal".into(),
             repo_id: new.repo_id,
             commit_sha: new.commit_sha,
             git_ref: None,
@@ -125,6 +126,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             lease_ttl_ms: 30_000,
             skip_locked: false,
             untrusted: Default::default(),
+            fair_clock: 0,
         })
         .await
         .unwrap()
