@@ -230,7 +230,7 @@ pub(crate) fn waiting_text(state: &AppState, team: &str, lane: Lane, class_key: 
         groups.iter().filter(|g| g.ready + g.running > 0).map(|g| g.team.as_str()).collect();
     if teams_with_work.len() < 2 {
         // One team: its share is every slot; only the queue says anything.
-        return (competing > 0).then(|| (false, behind));
+        return (competing > 0).then_some((false, behind));
     }
     let mut by_team: BTreeMap<&str, (u32, i64, Option<u32>)> = BTreeMap::new();
     for (name, tm) in &shares.teams {
