@@ -751,3 +751,61 @@ fn uuid_like() -> String {
 fn manifest_dir() -> String {
     std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
 }
+
+/// A team over its queued-job cap (issue 44): a new API run is refused
+/// with 429, `Retry-After` and the JSON error; a signed push for it is
+/// kept (202) and its run is created once the team is under the cap. A
+/// push to the default branch is `urgent`, an API run `normal`.
+#[tokio::test]
+async fn a_team_over_its_cap_refuses_api_runs_and_keeps_webhooks_until_there_is_room() {
+    let env = connected(Forge::Github, &[(".kiln/ci.yaml", CI), ("src/a.rs", "1")]).await;
+    let app = &env.app;
+    app.admin()
+        .post("/v1/teams")
+        .json(&json!({ "name": "capped", "max_queued": 1 }))
+        .send()
+        .await
+        .assert_status(StatusCode::CREATED);
+    let moved: api::Repo =
+        app.admin().request(axum::http::Method::PATCH, "/v1/repos/r").json(&json!({ "team": "capped" })).send().await.json();
+    assert_eq!(moved.team, "capped");
+    let submit = || {
+        app.admin().post("/v1/repos/r/workflow-runs").json(&json!({ "commit_sha": "HEAD", "event": "push" })).send()
+    };
+    let first: api::SubmitRunResponse = submit().await.assert_status(StatusCode::ACCEPTED).json();
+    assert_eq!(get_run(app, &first.run_id).await.priority, "normal", "an API run is normal");
+    // One queued job: at the cap.
+    let refused = submit().await.assert_status(StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.error_code(), "over_quota");
+    assert_eq!(refused.header("retry-after"), Some("30"));
+    assert!(refused.text().contains("team `capped` has 1 queued jobs, at its cap of 1"), "{}", refused.text());
+    assert_eq!(runs(app).await.len(), 1, "a refused run leaves nothing");
+
+    // A push for the capped team: accepted and kept, not planned yet.
+    let before = env.repo.head().unwrap();
+    let after = env.repo.commit(&[("src/a.rs", "2")], "change").unwrap();
+    let payload = push_payload(Forge::Github, "refs/heads/main", &before, &after);
+    deliver(&env, "push", "cap-1", &payload).await.assert_status(StatusCode::ACCEPTED);
+    app.run_pending_work().await;
+    assert_eq!(runs(app).await.len(), 1, "over the cap: the delivery waits");
+    let d: Value = app.admin().get("/v1/repos/r/deliveries").send().await.json();
+    assert_eq!(d["deliveries"][0]["status"], "pending", "{d}");
+    assert!(d["deliveries"][0]["message"].as_str().unwrap_or("").contains("at its cap"), "{d}");
+
+    // The queued job runs: the team is under its cap, the push's run is created.
+    assert_eq!(finish_all(app, "success").await.len(), 1);
+    let mut planned = Vec::new();
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.run_pending_work().await;
+        planned = runs(app).await.into_iter().filter(|r| r.id != first.run_id).collect();
+        if !planned.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(planned.len(), 1, "the kept delivery's run once there is room");
+    let run = get_run(app, &planned[0].id).await;
+    assert_eq!((run.event.as_str(), run.commit_sha.as_str()), ("push", after.as_str()));
+    assert_eq!(run.priority, "urgent", "a push to the default branch is urgent");
+    assert_eq!(run.team, "capped");
+}
