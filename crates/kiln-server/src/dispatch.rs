@@ -279,6 +279,22 @@ impl Dispatcher {
         self.shares.lock().unwrap().finish(team);
     }
 
+    /// A job of `team` ended (a completion through this replica): its slot
+    /// is free; claims waiting on the team's quota are woken. Other
+    /// replicas learn it at their next refresh (within a second).
+    pub fn finished(&self, team: &str) {
+        let woke = {
+            let mut s = self.shares.lock().unwrap();
+            let Some(t) = s.teams.get_mut(team) else { return };
+            let full = t.max_running.is_some_and(|m| t.running >= m);
+            t.running = t.running.saturating_sub(1);
+            full
+        };
+        if woke {
+            self.notify.notify_waiters();
+        }
+    }
+
     /// `team` holds its quota as the claim transaction counted it.
     pub fn at_quota(&self, team: &str, held: u32) {
         let mut s = self.shares.lock().unwrap();

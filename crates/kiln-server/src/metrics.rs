@@ -344,7 +344,8 @@ impl Default for Metrics {
         let team_jobs = IntGaugeVec::new(
             Opts::new(
                 "kiln_team_jobs",
-                "Live jobs by team, priority lane and state (ready: waiting for a slot; pending: on their needs;                  running: claimed-but-not-started included).",
+                "Live jobs by team, priority lane and state (ready: waiting for a slot; pending: on their needs; running: \
+                 claimed-but-not-started included).",
             ),
             &["team", "priority", "state"],
         )

@@ -714,4 +714,8 @@ impl TeamStore for SqlStore {
     async fn set_run_priority(&self, run_id: &str, lane: &str) -> Result<u32> {
         teams::set_run_priority(self, run_id, lane).await
     }
+
+    async fn attempt_team(&self, job_id: &str, epoch: i64) -> Result<Option<(String, Option<i64>)>> {
+        teams::attempt_team(self, job_id, epoch).await
+    }
 }

@@ -490,6 +490,9 @@ pub trait TeamStore: Send + Sync {
     /// Set a queued or running run's lane; its ready jobs are made ready
     /// again with it (returns how many). `Conflict` once it ended.
     async fn set_run_priority(&self, run_id: &str, lane: &str) -> Result<u32>;
+    /// The team of an attempt's repository and how long the attempt held
+    /// its slot in ms (claim to end; `None` while it runs).
+    async fn attempt_team(&self, job_id: &str, epoch: i64) -> Result<Option<(String, Option<i64>)>>;
 }
 
 /// Test reports, flaky tests and quarantine (issue 43).

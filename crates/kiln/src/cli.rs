@@ -1196,10 +1196,10 @@ pub enum TeamCommand {
         weight: Option<u32>,
         /// Jobs it may hold at once, or `none`.
         #[arg(long, value_name = "N|none", value_parser = parse_quota)]
-        max_running: Option<Option<u32>>,
+        max_running: Option<Quota>,
         /// Queued jobs past which new API runs are refused, or `none`.
         #[arg(long, value_name = "N|none", value_parser = parse_quota)]
-        max_queued: Option<Option<u32>>,
+        max_queued: Option<Quota>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -1213,11 +1213,15 @@ pub enum TeamCommand {
     },
 }
 
-fn parse_quota(s: &str) -> Result<Option<u32>, String> {
+/// A quota as `kiln team set` takes it: a number of jobs, or `none`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota(pub Option<u32>);
+
+fn parse_quota(s: &str) -> Result<Quota, String> {
     if s.eq_ignore_ascii_case("none") {
-        return Ok(None);
+        return Ok(Quota(None));
     }
-    s.parse::<u32>().map(Some).map_err(|_| format!("`{s}`: a number of jobs, or `none`"))
+    s.parse::<u32>().map(|n| Quota(Some(n))).map_err(|_| format!("`{s}`: a number of jobs, or `none`"))
 }
 
 #[derive(clap::Args, Debug)]

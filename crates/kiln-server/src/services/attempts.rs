@@ -143,6 +143,14 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
                 m.failed_attempt(class, &status);
             }
             m.job_finished(&status);
+            // Fair share (issue 44): the team's slot is free now (its jobs
+            // waiting on its quota are woken), and what it cost.
+            if let Ok(Some((team, held_ms))) = state.store.attempt_team(job, epoch).await {
+                state.dispatcher.finished(&team);
+                if let Some(ms) = held_ms {
+                    m.job_seconds.with_label_values(&[&team]).inc_by(ms.max(0) as f64 / 1000.0);
+                }
+            }
             // Issue 43: the tests of the reports this completion bound.
             if reports_staged && let Ok(Some(t)) = state.store.attempt_tests(job, epoch).await {
                 m.tests_bound(&t);

@@ -207,7 +207,9 @@ pub(crate) fn waiting_text(state: &AppState, team: &str, lane: Lane, class_key: 
     let (groups, slots) = state.dispatcher.groups();
     let shares = state.dispatcher.shares();
     let t = shares.teams.get(team)?;
-    let held: i64 = groups.iter().filter(|g| g.team == team).map(|g| g.running).sum();
+    // What the team holds as the dispatcher counts it now (claims and ends
+    // through this replica counted at once, the others' at each refresh).
+    let held = i64::from(t.running);
     if let Some(max) = t.max_running
         && held >= i64::from(max)
     {

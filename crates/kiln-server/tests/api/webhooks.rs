@@ -766,12 +766,16 @@ async fn a_team_over_its_cap_refuses_api_runs_and_keeps_webhooks_until_there_is_
         .send()
         .await
         .assert_status(StatusCode::CREATED);
-    let moved: api::Repo =
-        app.admin().request(axum::http::Method::PATCH, "/v1/repos/r").json(&json!({ "team": "capped" })).send().await.json();
+    let moved: api::Repo = app
+        .admin()
+        .request(axum::http::Method::PATCH, "/v1/repos/r")
+        .json(&json!({ "team": "capped" }))
+        .send()
+        .await
+        .json();
     assert_eq!(moved.team, "capped");
-    let submit = || {
-        app.admin().post("/v1/repos/r/workflow-runs").json(&json!({ "commit_sha": "HEAD", "event": "push" })).send()
-    };
+    let submit =
+        || app.admin().post("/v1/repos/r/workflow-runs").json(&json!({ "commit_sha": "HEAD", "event": "push" })).send();
     let first: api::SubmitRunResponse = submit().await.assert_status(StatusCode::ACCEPTED).json();
     assert_eq!(get_run(app, &first.run_id).await.priority, "normal", "an API run is normal");
     // One queued job: at the cap.

@@ -56,8 +56,16 @@ pub(super) async fn run(cmd: TeamCommand) -> CmdResult {
             if weight.is_none() && max_running.is_none() && max_queued.is_none() {
                 return Err(kiln_cmd::usage("nothing to change: give --weight, --max-running or --max-queued"));
             }
-            let t =
-                client(&conn)?.update_team(&name, &kiln_api::UpdateTeam { weight, max_running, max_queued }).await?;
+            let t = client(&conn)?
+                .update_team(
+                    &name,
+                    &kiln_api::UpdateTeam {
+                        weight,
+                        max_running: max_running.map(|q| q.0),
+                        max_queued: max_queued.map(|q| q.0),
+                    },
+                )
+                .await?;
             kiln_cmd::outln!(
                 "team {}: weight {}, max running {}, max queued {} (applies within a second)",
                 t.name,
