@@ -516,6 +516,30 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         c.call("DELETE", "/v1/repos/{repo}/quarantine", "/v1/repos/spec/quarantine?id=s%20%3A%3A%20t", a, None).await;
     assert_eq!(ended.status, 200);
 
+    // Teams, the queue and lanes (issue 44).
+    let team = json!({ "name": "spec-team", "weight": 2, "max_running": 4 });
+    let made = c.call("POST", "/v1/teams", "/v1/teams", a, Some(team)).await;
+    assert_eq!(made.status, 201, "{}", String::from_utf8_lossy(&made.bytes));
+    assert_eq!(c.call("GET", "/v1/teams", "/v1/teams", a, None).await.status, 200);
+    assert_eq!(c.call("GET", "/v1/teams/{team}", "/v1/teams/spec-team", a, None).await.status, 200);
+    let lifted =
+        c.call("PATCH", "/v1/teams/{team}", "/v1/teams/spec-team", a, Some(json!({ "max_running": null }))).await;
+    assert_eq!(lifted.status, 200);
+    assert_eq!(lifted.json()["max_running"], serde_json::Value::Null, "null lifts the quota");
+    let queue = c.call("GET", "/v1/queue", "/v1/queue", a, None).await;
+    assert_eq!(queue.status, 200);
+    let ended = c
+        .call(
+            "POST",
+            "/v1/workflow-runs/{run}/priority",
+            &format!("/v1/workflow-runs/{run_id}/priority"),
+            a,
+            Some(json!({ "priority": "urgent" })),
+        )
+        .await;
+    assert_eq!(ended.status, 409, "a finished run keeps its lane");
+    assert_eq!(c.call("DELETE", "/v1/teams/{team}", "/v1/teams/spec-team", a, None).await.status, 200);
+
     // ---------- the agent protocol, by hand ----------
     let join = std::fs::read_to_string(up.data_dir().join("agent.token")).unwrap().trim().to_string();
     let reg = c

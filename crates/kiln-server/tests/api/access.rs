@@ -283,3 +283,73 @@ async fn registration_says_whether_an_agent_takes_untrusted_work() {
     let agents: serde_json::Value = app.admin().get("/v1/agents").send().await.assert_status(StatusCode::OK).json();
     assert_eq!(agents["agents"].as_array().map(Vec::len), Some(4), "nothing registered");
 }
+
+/// Teams, the queue and lanes (issue 44): a read token sees the teams and
+/// the queue and changes neither; a trigger token starts runs of its
+/// repository but may not choose their lane, nor read the queue (it names
+/// every team); only an admin moves a run to another lane.
+#[tokio::test]
+async fn only_admins_change_teams_and_lanes() {
+    let app = TestApp::new().await;
+    let _repo = super::repo(&app, "r", &super::pipeline(&["build"])).await;
+    let run = super::submit(&app, "r").await;
+    let read = token(&app, "read", None, None).await;
+    let read = app.with_token(&read.token);
+    read.get("/v1/teams").send().await.assert_status(StatusCode::OK);
+    read.get("/v1/teams/default").send().await.assert_status(StatusCode::OK);
+    read.get("/v1/queue").send().await.assert_status(StatusCode::OK);
+    let team = serde_json::json!({ "name": "x" });
+    read.post("/v1/teams").json(&team).send().await.assert_status(StatusCode::FORBIDDEN);
+    read.delete("/v1/teams/default").send().await.assert_status(StatusCode::FORBIDDEN);
+    let urgent = serde_json::json!({ "priority": "urgent" });
+    read.post(&format!("/v1/workflow-runs/{run}/priority"))
+        .json(&urgent)
+        .send()
+        .await
+        .assert_status(StatusCode::FORBIDDEN);
+
+    let trigger = token(&app, "trigger", Some("r"), None).await;
+    let trigger = app.with_token(&trigger.token);
+    trigger.get("/v1/queue").send().await.assert_status(StatusCode::FORBIDDEN);
+    trigger.get("/v1/teams").send().await.assert_status(StatusCode::FORBIDDEN);
+    trigger
+        .post(&format!("/v1/workflow-runs/{run}/priority"))
+        .json(&urgent)
+        .send()
+        .await
+        .assert_status(StatusCode::FORBIDDEN);
+    let asked = serde_json::json!({ "commit_sha": "HEAD", "priority": "urgent" });
+    let res = trigger.post("/v1/repos/r/workflow-runs").json(&asked).send().await.assert_status(StatusCode::FORBIDDEN);
+    assert!(res.text().contains("only an admin token may set a run's priority"), "{}", res.text());
+    trigger
+        .post("/v1/repos/r/workflow-runs")
+        .json(&serde_json::json!({ "commit_sha": "HEAD" }))
+        .send()
+        .await
+        .assert_status(StatusCode::ACCEPTED);
+
+    // The admin: a lane for a new run, another for a queued one.
+    let made: api::SubmitRunResponse = app
+        .admin()
+        .post("/v1/repos/r/workflow-runs")
+        .json(&asked)
+        .send()
+        .await
+        .assert_status(StatusCode::ACCEPTED)
+        .json();
+    assert_eq!(super::get_run(&app, &made.run_id).await.priority, "urgent");
+    let bad = serde_json::json!({ "priority": "asap" });
+    let res = app.admin().post(&format!("/v1/workflow-runs/{run}/priority")).json(&bad).send().await;
+    res.assert_status(StatusCode::UNPROCESSABLE_ENTITY);
+    let moved: api::Run = app
+        .admin()
+        .post(&format!("/v1/workflow-runs/{run}/priority"))
+        .json(&serde_json::json!({ "priority": "background" }))
+        .send()
+        .await
+        .assert_status(StatusCode::OK)
+        .json();
+    assert_eq!(moved.priority, "background");
+    let audit = app.admin().get("/v1/audit").send().await.text();
+    assert!(audit.contains("run.priority"), "the change is audited: {audit}");
+}
