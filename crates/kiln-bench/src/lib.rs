@@ -14,6 +14,7 @@ mod containers;
 mod control;
 mod dispatch;
 mod failover;
+mod fairness;
 mod logs;
 mod otlp_sink;
 mod reports;
@@ -59,6 +60,10 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     if matches!(a.suite.as_str(), "reports" | "all") {
         code = code.max(reports::run()?);
+    }
+    // Not part of `all`: minutes of sleeping jobs.
+    if a.suite == "fairness" {
+        code = code.max(fairness::run(&a).await?);
     }
     // Not part of `all`: it writes and moves several GB.
     if a.suite == "cache" {

@@ -1576,3 +1576,44 @@ jobs:
     assert!(c.current_url().await.unwrap().as_str().contains("find=test_three"));
     c.close().await.unwrap();
 }
+
+/// The queue page (issue 44): each team with its weight, quotas, running
+/// and ready jobs, the slots it is entitled to, and its lanes by labels; a
+/// run's page says its lane and team.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_queue_page_shows_teams_shares_and_lanes_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let api = Client::new(&up.url, &up.token);
+    api.create_team(&kiln_api::CreateTeam {
+        name: "web".into(),
+        weight: Some(3),
+        max_running: Some(1),
+        max_queued: None,
+    })
+    .await
+    .unwrap();
+    let wf = "version: 1\njobs:\n  - name: m\n    matrix: {i: [1, 2, 3, 4]}\n    steps: [\"sleep 3\"]\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    let out = up.cli().args(["repo", "add", "shop", "--team", "web", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run =
+        api.submit_run("shop", &SubmitRun { commit_sha: "HEAD".into(), ..Default::default() }, None).await.unwrap();
+    let (_driver, c) = browser(None).await;
+    sign_in(&c, &up.url, &up.token).await;
+    c.find(Locator::Css("header nav a[href='#/queue']")).await.unwrap().click().await.unwrap();
+    assert_eq!(wait_fragment(&c, "/queue").await, "/queue");
+    let row = "table.queue tr[data-team='web']";
+    assert!(wait_text(&c, row, "max running 1").await, "the team and its quota");
+    assert!(wait_text(&c, &format!("{row} .lane[data-lane='normal']"), "ready").await, "its normal lane");
+    let text = c.find(Locator::Css(row)).await.unwrap().text().await.unwrap();
+    assert!(text.contains("any agent") && text.contains("running"), "{text}");
+    assert!(wait_text(&c, "main", "slot").await);
+    shot("queue", &c.screenshot().await.unwrap());
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    assert!(wait_text(&c, "dd.run-priority", "normal").await);
+    let p = c.find(Locator::Css("dd.run-priority")).await.unwrap().text().await.unwrap();
+    assert!(p.contains("team web"), "{p}");
+}
