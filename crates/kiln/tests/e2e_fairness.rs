@@ -214,3 +214,81 @@ async fn quotas_hold_on_real_agents_and_caps_are_said() {
         assert!(w[1].0 >= w[0].1, "two jobs of the team overlapped: {spans:?}");
     }
 }
+
+async fn offer_replicas(url: &str, token: &str) -> Option<u64> {
+    let body =
+        reqwest::Client::new().get(format!("{url}/metrics")).bearer_auth(token).send().await.ok()?.text().await.ok()?;
+    body.lines().find_map(|l| l.strip_prefix("kiln_dispatch_offer_replicas ")).and_then(|v| v.trim().parse().ok())
+}
+
+async fn until_offer_replicas(url: &str, token: &str, n: u64) {
+    let t = std::time::Instant::now();
+    while offer_replicas(url, token).await != Some(n) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(90), "offer replicas never became {n}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Two `kiln server` replicas on PostgreSQL, two agents on each: team b's
+/// job submitted through one replica starts with the next free slot while
+/// team a's backlog, submitted through the other, fills every slot. Then
+/// the replica a's run went through is SIGKILLed mid-backlog: its agents
+/// move to the survivor, which orders by the virtual times the claim
+/// transactions persisted, and b's next job again starts with a free slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn fair_share_holds_across_two_replicas_and_after_one_is_killed() {
+    use kiln_testkit::{KilnAgent, KilnServer};
+    if !kiln_testkit::postgres_available() {
+        return;
+    }
+    let pg = kiln_testkit::TempPostgres::start().unwrap();
+    let url = pg.create_database().await.unwrap();
+    let args = ["--database-url", url.as_str()];
+    let a = KilnServer::start(BIN.as_ref(), &args).unwrap();
+    let b = a.replica(&args).unwrap();
+    let (ab, ba) = (format!("{},{}", a.url, b.url), format!("{},{}", b.url, a.url));
+    let _agents: Vec<KilnAgent> = vec![
+        KilnAgent::spawn(&a.bin, &ab, &a.agent_token, "a1", &[]).unwrap(),
+        KilnAgent::spawn(&a.bin, &ab, &a.agent_token, "a2", &[]).unwrap(),
+        KilnAgent::spawn(&a.bin, &ba, &a.agent_token, "b1", &[]).unwrap(),
+        KilnAgent::spawn(&a.bin, &ba, &a.agent_token, "b2", &[]).unwrap(),
+    ];
+    let big = TestRepo::new(&[(".kiln/m.yaml", &matrix(80, "sleep 1"))]).unwrap();
+    let hot = TestRepo::new(&[(".kiln/one.yaml", ONE)]).unwrap();
+    let run_cli = |args: &[&str]| {
+        let o = a.cli().args(args).output().unwrap();
+        assert!(o.status.success(), "kiln {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    run_cli(&["team", "add", "a"]);
+    run_cli(&["team", "add", "b"]);
+    run_cli(&["repo", "add", "big", "--team", "a", "--url", &big.path().display().to_string()]);
+    run_cli(&["repo", "add", "hot", "--team", "b", "--url", &hot.path().display().to_string()]);
+    until_offer_replicas(&a.url, &a.token, 2).await;
+    until_offer_replicas(&b.url, &b.token, 2).await;
+    let (via_a, via_b) = (Client::new(&a.url, &a.token), Client::new(&b.url, &b.token));
+
+    let backlog = submit(&via_a, "big", ".kiln/m.yaml", None).await;
+    until(&via_b, &backlog, 120, "four running", |r| running(r) >= 4).await;
+    let first = submit(&via_b, "hot", ".kiln/one.yaml", None).await;
+    let first = wait_run(&via_b, &first, 120).await;
+
+    // SIGKILL replica A mid-backlog; the survivor offers everything.
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    until_offer_replicas(&b.url, &b.token, 0).await;
+    let now = via_b.get_run(&backlog).await.unwrap();
+    assert!(now.jobs.iter().filter(|j| j.status == "ready").count() >= 10, "a's backlog outlived the kill");
+    let second = submit(&via_b, "hot", ".kiln/one.yaml", None).await;
+    let second = wait_run(&via_b, &second, 120).await;
+    let backlog = wait_run(&via_b, &backlog, 300).await;
+    assert_eq!((first.status.as_str(), second.status.as_str()), ("success", "success"));
+    assert_eq!(backlog.status, "success", "{}", b.log());
+    for (what, r) in [("through the other replica", &first), ("after the kill", &second)] {
+        let start = r.jobs[0].started_at_ms.unwrap();
+        let ahead = started_between(&backlog, r.created_at_ms, start);
+        assert!(ahead <= 4, "{what}: b waited for {ahead} of a's starts (one per slot at most)");
+        assert!(started_after(&backlog, start) >= 5, "{what}: a's backlog was still there");
+    }
+    drop(pg);
+}
