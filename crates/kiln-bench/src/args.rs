@@ -34,6 +34,8 @@ pub struct BenchArgs {
     pub hold: std::time::Duration,
     /// control-plane: metadata database (default: SQLite in a temporary dir; with
     /// --replicas above 1, or `postgres`: a throwaway PostgreSQL server the bench starts).
+    /// fairness: also measure the throughput phase on it (`postgres`: a throwaway server)
+    /// with --replicas (at least 2) `kiln server` processes.
     #[arg(long)]
     pub database_url: Option<String>,
     /// control-plane: server replicas (`kiln server` processes) on the same database.

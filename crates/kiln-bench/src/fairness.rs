@@ -211,6 +211,13 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     kiln_cmd::outln!("fairness_claims_per_s_{TEAMS}_teams: {fifty:.1}");
     kiln_cmd::outln!("fairness_claims_{TEAMS}_teams_vs_1_pct: {:.1}", fifty / one * 100.0);
     let _ = stop.send(true);
+    if a.database_url.is_some() {
+        let (one, fifty) = on_replicas(a, &tmp.join("replicas")).await?;
+        let r = a.replicas.max(2);
+        kiln_cmd::outln!("fairness_claims_per_s_1_team_postgres_{r}_replicas: {one:.1}");
+        kiln_cmd::outln!("fairness_claims_per_s_{TEAMS}_teams_postgres_{r}_replicas: {fifty:.1}");
+        kiln_cmd::outln!("fairness_claims_{TEAMS}_teams_vs_1_pct_postgres_{r}_replicas: {:.1}", fifty / one * 100.0);
+    }
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(exit::OK)
 }
@@ -248,4 +255,41 @@ async fn throughput(c: &Client, dir: &Path, n: u32, teams: u32) -> anyhow::Resul
     let runs = wait_all(c, &ids).await?;
     let jobs: usize = runs.iter().map(|r| r.jobs.len()).sum();
     Ok(jobs as f64 / makespan(&runs, t0).max(0.001))
+}
+
+/// The throughput phase on PostgreSQL: `--replicas` (at least two) `kiln
+/// server` processes on one throwaway database (or `--database-url`), the
+/// `--fair-slots` agents split between them, each knowing its replica.
+async fn on_replicas(a: &BenchArgs, dir: &Path) -> anyhow::Result<(f64, f64)> {
+    use crate::util::{Launch, spawn_agent_deployed, spawn_server_with, token};
+    let mut _pg = None;
+    let url = match a.database_url.as_deref() {
+        Some("postgres") | None => {
+            eprintln!("bench fairness: starting a throwaway PostgreSQL (fsync and synchronous commit on)…");
+            let pg = kiln_testkit::TempPostgres::start_durable()?;
+            let url = pg.create_database().await?;
+            _pg = Some(pg);
+            url
+        }
+        Some(u) => u.to_string(),
+    };
+    let data = dir.join("data");
+    let mut servers = Vec::new();
+    for _ in 0..a.replicas.max(2) {
+        servers.push(spawn_server_with(&data, "127.0.0.1:0", &Launch::default(), &["--database-url", &url])?);
+    }
+    let urls: Vec<String> = servers.iter().map(|(_, u)| u.clone()).collect();
+    let token_file = data.join("agent.token");
+    let mut agents = Vec::new();
+    for i in 0..a.fair_slots {
+        let server = &urls[i as usize % urls.len()];
+        agents.push(spawn_agent_deployed(server, &token_file, &format!("r{i}"), dir, 1, &Launch::default())?);
+    }
+    let c = Client::new(&urls[0], &token(&data, "admin.token")?);
+    let n = a.fair_noop_jobs;
+    let one = throughput(&c, &dir.join("one"), n, 1).await?;
+    let fifty = throughput(&c, &dir.join("fifty"), n, TEAMS).await?;
+    drop(agents);
+    drop(servers);
+    Ok((one, fifty))
 }

@@ -1192,6 +1192,7 @@ pub enum TeamCommand {
     Set {
         /// The team's name.
         name: String,
+        /// Its share of the slots relative to the other teams' (1-1000).
         #[arg(long)]
         weight: Option<u32>,
         /// Jobs it may hold at once, or `none`.

@@ -183,6 +183,7 @@ macro_rules! suite {
             teams::teams_hold_repositories_and_change_at_runtime,
             teams::claims_charge_their_team_and_hold_its_running_quota,
             teams::a_runs_lane_changes_with_its_ready_jobs,
+            teams::fair_share_through_the_store_follows_the_reference_model,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -129,3 +129,115 @@ pub async fn a_runs_lane_changes_with_its_ready_jobs<S: Store + 'static>(o: &Ope
     assert!(matches!(s.set_run_priority(&run, "background").await, Err(StoreError::Conflict(_))));
     assert!(matches!(s.set_run_priority("no-such-run", "urgent").await, Err(StoreError::NotFound(_))));
 }
+
+/// The store against kiln-core's reference model (issue 44): random teams
+/// (weights, running quotas), runs in random lanes, random job lengths on
+/// a few slots. Before every start the dispatcher's state is read back
+/// from the store alone — the teams' persisted virtual times, what each
+/// holds — as a replica that just started (or took over) would, and its
+/// decision must be the reference model's, which kept its state in memory
+/// all along; the claim transaction must charge the virtual time the model
+/// did and never refuse what the model found under quota; no team ever
+/// holds more than its quota.
+pub async fn fair_share_through_the_store_follows_the_reference_model<S: Store + 'static>(o: &Opener<S>) {
+    use kiln_core::fair::{Candidate, Lane, Shares, Team, resumed_clock};
+    use rand::{Rng, SeedableRng};
+    for seed in 0..3u64 {
+        let fx = o.open(FAST).await;
+        let s = &*fx.store;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let slots: usize = rng.random_range(1..=3);
+        let mut reference = Shares::default();
+        let mut quotas = BTreeMap::new();
+        let mut repos = Vec::new();
+        for t in 0..3 {
+            let name = format!("t{t}");
+            let weight = rng.random_range(1..=4u32);
+            let quota = if rng.random_bool(0.5) { Some(rng.random_range(1..=2u32)) } else { None };
+            s.create_team(&name, weight, quota, None).await.unwrap();
+            let r = repo(s).await;
+            s.set_repo_team(&r.id, &name).await.unwrap();
+            reference.teams.insert(name.clone(), Team { weight, max_running: quota, ..Team::default() });
+            quotas.insert(name.clone(), quota);
+            repos.push((name, r));
+        }
+        for (_, r) in &repos {
+            for _ in 0..rng.random_range(2..=7) {
+                let lane = ["urgent", "normal", "background"][rng.random_range(0..3)];
+                let run = NewRun { priority: lane.into(), ..new_run(&r.id, workflow(vec![job("a", &[], 0)])) };
+                s.accept_run(run).await.unwrap();
+            }
+        }
+        let agent = agent(s, "a", slots as u32).await;
+        let now = wall_ms();
+        // (job, epoch, team, the step it ends at)
+        let mut running: Vec<(String, i64, String, u32)> = Vec::new();
+        let mut starts = 0;
+        for step in 0..400u32 {
+            let (ending, still): (Vec<_>, Vec<_>) = running.into_iter().partition(|r| r.3 <= step);
+            running = still;
+            for (job, epoch, team, _) in ending {
+                s.complete(&job, epoch, success()).await.unwrap();
+                reference.finish(&team);
+            }
+            while running.len() < slots {
+                // The dispatcher's state, from the store alone.
+                let mut view = Shares::default();
+                for t in s.list_teams().await.unwrap() {
+                    let team = Team { weight: t.weight, max_running: t.max_running, running: 0, pass: t.pass };
+                    view.teams.insert(t.name, team);
+                }
+                for g in s.queue_groups().await.unwrap() {
+                    if let Some(t) = view.teams.get_mut(&g.team) {
+                        t.running += u32::try_from(g.running).unwrap();
+                    }
+                }
+                view.clock = resumed_clock(view.teams.values());
+                for (name, t) in &view.teams {
+                    if let Some(quota) = t.max_running {
+                        assert!(t.running <= quota, "seed {seed}: team {name} holds {} > {quota}", t.running);
+                    }
+                }
+                let mut ready = s.ready_jobs().await.unwrap();
+                ready.sort_by(|x, y| (x.ready_at_ms, &x.job_id).cmp(&(y.ready_at_ms, &y.job_id)));
+                let cands: Vec<Candidate> = ready
+                    .iter()
+                    .map(|e| Candidate {
+                        team: e.team.clone(),
+                        lane: Lane::parse(&e.lane).unwrap(),
+                        ready_at_ms: e.ready_at_ms,
+                        seq: 0,
+                    })
+                    .collect();
+                let mine = view.choose(&cands, now);
+                let model = reference.choose(&cands, now);
+                assert_eq!(
+                    mine.map(|i| &cands[i].team),
+                    model.map(|i| &cands[i].team),
+                    "seed {seed} step {step}: the store's state decides as the model does"
+                );
+                let Some(i) = mine else { break };
+                let ev = &ready[i];
+                let input = ClaimInput {
+                    fair_clock: view.clock,
+                    ..claim_input(&agent, &ev.job_id, ev.dispatch_generation, LONG_TTL)
+                };
+                let c = match s.claim_placed(input).await.unwrap() {
+                    ClaimOutcome::Claimed(c) => c,
+                    other => {
+                        panic!("seed {seed}: the model found team {} under quota; the store said {other:?}", ev.team)
+                    }
+                };
+                reference.start(&ev.team, 1);
+                assert_eq!(c.team_pass, Some(reference.team(&ev.team).pass), "seed {seed}: the charged virtual time");
+                running.push((ev.job_id.clone(), c.epoch, ev.team.clone(), step + rng.random_range(1..=3)));
+                starts += 1;
+            }
+            if running.is_empty() && s.ready_jobs().await.unwrap().is_empty() {
+                break;
+            }
+        }
+        assert!(s.ready_jobs().await.unwrap().is_empty() && running.is_empty(), "seed {seed}: every job ran");
+        assert!(starts >= 6, "seed {seed}: {starts} starts");
+    }
+}
