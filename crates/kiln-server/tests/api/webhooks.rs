@@ -813,3 +813,58 @@ async fn a_team_over_its_cap_refuses_api_runs_and_keeps_webhooks_until_there_is_
     assert_eq!(run.priority, "urgent", "a push to the default branch is urgent");
     assert_eq!(run.team, "capped");
 }
+
+/// A schedule tick of a team over its queued-job cap (issue 44) is not
+/// refused: it stays due and fires once the team is under the cap, in the
+/// `background` lane; a server saturated for `background` refuses new API
+/// runs of that lane first (429), then `normal` ones, never `urgent` ones.
+#[tokio::test]
+async fn a_capped_teams_schedule_waits_and_saturation_refuses_the_lowest_lane_first() {
+    let a = TestApp::with_config(|c| c.max_queued_jobs = Some(5)).await;
+    let repo =
+        TestRepo::new(&[(".kiln/nightly.yaml", NIGHTLY), (".kiln/pipeline.yaml", &super::pipeline(&["a", "b"]))])
+            .unwrap();
+    a.add_repo("r", &repo).await;
+    a.admin().post("/v1/teams").json(&json!({ "name": "capped", "max_queued": 2 })).send().await;
+    a.admin()
+        .request(axum::http::Method::PATCH, "/v1/repos/r")
+        .json(&json!({ "team": "capped" }))
+        .send()
+        .await
+        .assert_status(StatusCode::OK);
+    let now = kiln_server::Clock::now_ms(a.clock());
+    a.clock().set_ms(now - now % 60_000 + 10_000);
+    const TTL: i64 = 300;
+    assert_eq!(a.app().triggers_round(TTL).await.unwrap(), Some((0, 0)), "first sight starts the cursor");
+    // Two queued jobs: the team is at its cap.
+    let submit = |priority: Option<&str>| {
+        let mut body = json!({ "commit_sha": "HEAD", "workflow_path": ".kiln/pipeline.yaml" });
+        if let Some(p) = priority {
+            body["priority"] = json!(p);
+        }
+        a.admin().post("/v1/repos/r/workflow-runs").json(&body).send()
+    };
+    let held: api::SubmitRunResponse = submit(None).await.assert_status(StatusCode::ACCEPTED).json();
+    a.advance(Duration::from_secs(60));
+    assert_eq!(a.app().schedule_once().await.unwrap(), 0, "the tick waits while the team is at its cap");
+    assert_eq!(a.app().schedule_once().await.unwrap(), 0);
+    assert!(schedule_runs(&a).await.is_empty());
+    // The queued run ends: the due tick fires, in the background lane.
+    a.admin().post(&format!("/v1/workflow-runs/{}/cancel", held.run_id)).send().await.assert_status(StatusCode::OK);
+    assert_eq!(a.app().schedule_once().await.unwrap(), 1, "under the cap: the tick that waited fires");
+    let nightly = schedule_runs(&a).await;
+    assert_eq!(nightly.len(), 1);
+    assert_eq!(get_run(&a, &nightly[0].id).await.priority, "background");
+    a.admin().post(&format!("/v1/workflow-runs/{}/cancel", nightly[0].id)).send().await.assert_status(StatusCode::OK);
+
+    // Saturation (--max-queued-jobs 5) in another team: the lowest lane first.
+    a.admin().request(axum::http::Method::PATCH, "/v1/repos/r").json(&json!({ "team": "default" })).send().await;
+    submit(None).await.assert_status(StatusCode::ACCEPTED);
+    submit(None).await.assert_status(StatusCode::ACCEPTED); // 4 queued
+    let r = submit(Some("background")).await.assert_status(StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.text().contains("`background` runs are refused from 4 queued jobs"), "{}", r.text());
+    submit(None).await.assert_status(StatusCode::ACCEPTED); // 6 queued
+    let r = submit(None).await.assert_status(StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("30"));
+    submit(Some("urgent")).await.assert_status(StatusCode::ACCEPTED);
+}
