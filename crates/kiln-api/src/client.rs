@@ -833,6 +833,17 @@ impl Client {
     }
 
     /// Public API: a download capability for a run's bound artifact.
+    /// The DSSE envelope of a bound artifact's provenance (issue 45), as JSON.
+    pub async fn artifact_provenance(&self, run: &str, job: &str, name: &str) -> Result<serde_json::Value, ApiError> {
+        let path = format!("/v1/workflow-runs/{}/artifacts/{}/{}/provenance", enc(run), enc(job), enc(name));
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
+    /// The server's provenance keys (JWKS).
+    pub async fn attestation_keys(&self) -> Result<serde_json::Value, ApiError> {
+        self.send::<(), _>(Method::GET, "/.well-known/kiln-attestation-keys.json", None, &[], None).await
+    }
+
     pub async fn artifact(&self, run: &str, job: &str, name: &str) -> Result<ArtifactDownload, ApiError> {
         self.send::<(), _>(
             Method::GET,

@@ -62,7 +62,7 @@ pub struct BenchArgs {
     /// fairness: agent slots (one job each).
     #[arg(long, default_value_t = 4)]
     pub fair_slots: u32,
-    /// fairness: team a's backlog, in jobs.
+    /// fairness: team a's backlog, in jobs (0: skip the A/B scenario, measure throughput only).
     #[arg(long, default_value_t = 500)]
     pub fair_jobs: u32,
     /// fairness: how long each backlog job (and b's) sleeps, in seconds.

@@ -9,6 +9,7 @@
 //! `log_index`, `error`, `views`, `serve`); `loops` → `work` → `services`.
 
 mod app;
+pub(crate) mod attestation;
 mod auth;
 mod boot;
 mod capability;

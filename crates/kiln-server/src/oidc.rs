@@ -67,7 +67,17 @@ impl Key {
 pub struct Issuer {
     dir: PathBuf,
     keys: Mutex<Vec<Key>>,
+    /// How long one key signs before a new one is made.
+    rotate_every: Duration,
+    /// How long a replaced key stays published.
+    keep_after_rotation: Duration,
 }
+
+/// Attestation keys (issue 45): provenance is checked long after it was
+/// signed (artifacts live for months, exported keys for longer), so a key
+/// signs for 90 days and stays published for ten years after.
+pub const ATTESTATION_ROTATE_EVERY: Duration = Duration::from_secs(90 * 24 * 3600);
+pub const ATTESTATION_KEEP_AFTER_ROTATION: Duration = Duration::from_secs(3650 * 24 * 3600);
 
 /// What a token says about the job it was issued to.
 pub struct Claims<'a> {
@@ -88,6 +98,12 @@ impl Issuer {
     /// The keys in `dir` (created 0700 if missing); a first key is made now
     /// if there is none.
     pub fn open(dir: &Path) -> anyhow::Result<Issuer> {
+        Self::open_with(dir, ROTATE_EVERY, KEEP_AFTER_ROTATION)
+    }
+
+    /// [`Issuer::open`] with another rotation period and publication time
+    /// (the attestation keys': [`ATTESTATION_ROTATE_EVERY`]).
+    pub fn open_with(dir: &Path, rotate_every: Duration, keep_after_rotation: Duration) -> anyhow::Result<Issuer> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -95,7 +111,7 @@ impl Issuer {
             .create(dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        let issuer = Issuer { dir: dir.to_path_buf(), keys: Mutex::new(Vec::new()) };
+        let issuer = Issuer { dir: dir.to_path_buf(), keys: Mutex::new(Vec::new()), rotate_every, keep_after_rotation };
         issuer.refresh()?;
         Ok(issuer)
     }
@@ -105,7 +121,7 @@ impl Issuer {
     fn refresh(&self) -> anyhow::Result<()> {
         let now = now_ms();
         let mut keys = self.load()?;
-        let due = keys.last().is_none_or(|k| now - k.created_ms >= ROTATE_EVERY.as_millis() as i64);
+        let due = keys.last().is_none_or(|k| now - k.created_ms >= self.rotate_every.as_millis() as i64);
         if due {
             let secret = loop {
                 let candidate = rand::random::<[u8; 32]>();
@@ -124,7 +140,7 @@ impl Issuer {
         let kept: Vec<Key> = keys
             .into_iter()
             .zip(retired)
-            .filter(|(_, retired)| retired.is_none_or(|at| now - at < KEEP_AFTER_ROTATION.as_millis() as i64))
+            .filter(|(_, retired)| retired.is_none_or(|at| now - at < self.keep_after_rotation.as_millis() as i64))
             .map(|(k, _)| k)
             .collect();
         *self.keys.lock().expect("keys") = kept;
@@ -161,12 +177,34 @@ impl Issuer {
         json!({ "keys": keys.iter().map(Key::jwk).collect::<Vec<_>>() })
     }
 
-    /// A signed token for a job.
-    pub fn mint(&self, c: &Claims) -> anyhow::Result<String> {
+    /// Make a new key first if the newest is due for rotation.
+    fn rotate_if_due(&self) -> anyhow::Result<()> {
         let newest_ms = self.keys.lock().expect("keys").last().map(|k| k.created_ms);
-        if newest_ms.is_none_or(|ms| now_ms() - ms >= ROTATE_EVERY.as_millis() as i64) {
+        if newest_ms.is_none_or(|ms| now_ms() - ms >= self.rotate_every.as_millis() as i64) {
             self.refresh()?;
         }
+        Ok(())
+    }
+
+    /// A DSSE envelope (JSON) of `payload` signed by the newest key over
+    /// its PAE (issue 45), and that key's id.
+    pub fn dsse(&self, payload_type: &str, payload: &[u8]) -> anyhow::Result<(String, String)> {
+        self.rotate_if_due()?;
+        let keys = self.keys.lock().expect("keys");
+        let key = keys.last().context("no attestation signing key")?;
+        let env = kiln_provenance::dsse::sign(payload_type, payload, &key.sk, &key.kid);
+        Ok((serde_json::to_string(&env)?, key.kid.clone()))
+    }
+
+    /// The public keys as PEM, newest last (`kiln keys export --pem`).
+    pub fn pems(&self) -> Vec<(String, String)> {
+        let keys = self.keys.lock().expect("keys");
+        keys.iter().map(|k| (k.kid.clone(), kiln_provenance::dsse::pem(k.sk.verifying_key()))).collect()
+    }
+
+    /// A signed token for a job.
+    pub fn mint(&self, c: &Claims) -> anyhow::Result<String> {
+        self.rotate_if_due()?;
         let keys = self.keys.lock().expect("keys");
         let key = keys.last().context("no OIDC signing key")?;
         let iat = now_ms() / 1000;

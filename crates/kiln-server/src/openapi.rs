@@ -63,7 +63,7 @@ pub(crate) mod scheme {
         teams::list, teams::create, teams::get, teams::update, teams::delete, teams::queue_view,
         teams::set_priority,
         secrets::list, secrets::put, secrets::delete,
-        logs::events, artifacts::get,
+        logs::events, artifacts::get, artifacts::provenance,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,
         access::list_join_tokens, access::revoke_join_token, access::list_agents, access::remove_agent,
         access::overview, access::audit,
@@ -72,7 +72,7 @@ pub(crate) mod scheme {
         artifacts::create_upload, artifacts::part_url, artifacts::seal, artifacts::restore,
         artifacts::cache_lookup, artifacts::cache_save, artifacts::cache_report,
         blob::put_part, blob::get_object, blob::export_object,
-        oidc::discovery, oidc::jwks, ui::page, ui::sign_in, ui::sign_out,
+        oidc::discovery, oidc::jwks, oidc::attestation_jwks, ui::page, ui::sign_in, ui::sign_out,
         health::healthz, health::readyz, health::metrics, serve,
     ),
     components(schemas(

@@ -53,6 +53,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/workflow-runs/{run}/priority", post(teams::set_priority))
         .route("/v1/jobs/{job}/logs/events", get(logs::events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get))
+        .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}/provenance", get(artifacts::provenance))
         .route("/v1/tokens", post(access::create_token).get(access::list_tokens))
         .route("/v1/tokens/{id}", delete(access::revoke_token))
         .route("/v1/agent-tokens", post(access::create_join_token).get(access::list_join_tokens))
@@ -124,6 +125,7 @@ pub(crate) fn router(state: State) -> Router {
     let open = Router::new()
         .route("/.well-known/openid-configuration", get(oidc::discovery))
         .route("/.well-known/jwks.json", get(oidc::jwks))
+        .route(crate::attestation::JWKS_PATH, get(oidc::attestation_jwks))
         .route("/", get(ui::page))
         // The OpenAPI document (no secrets in it).
         .route("/openapi.json", get(crate::openapi::serve))

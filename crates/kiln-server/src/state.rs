@@ -62,6 +62,10 @@ pub(crate) struct AppState {
     pub secrets: SecretBox,
     /// Signs jobs' OIDC identity tokens and publishes their keys.
     pub oidc: Issuer,
+    /// Signs the provenance of bound artifacts (issue 45) and publishes
+    /// its keys (`DATA_DIR/attestation`); `None` if the keys could not be
+    /// opened (then no artifact is bound: completions are refused, 503).
+    pub attestation: Option<Arc<Issuer>>,
     /// Parsed log archive indexes, by object key.
     pub log_indexes: IndexCache,
     /// Resolves `image.ref` tags to digests at acceptance.
@@ -110,6 +114,23 @@ pub(crate) struct CancelEvent {
 impl AppState {
     pub fn new(parts: AppParts) -> State {
         let AppParts { config, store, blob, admin_token, agent_token, blob_key, clock, secrets, oidc } = parts;
+        // Issue 45: the provenance signer, handed to the store, which signs
+        // each binding's statement in the transaction that binds it.
+        let attestation = match Issuer::open_with(
+            &config.data_dir.join("attestation"),
+            crate::oidc::ATTESTATION_ROTATE_EVERY,
+            crate::oidc::ATTESTATION_KEEP_AFTER_ROTATION,
+        ) {
+            Ok(i) => {
+                let i = Arc::new(i);
+                store.set_attester(Arc::new(crate::attestation::Attester::new(i.clone(), config.base_url())));
+                Some(i)
+            }
+            Err(e) => {
+                tracing::error!("cannot open the attestation keys: {e:#}; no artifact is bound until they can be");
+                None
+            }
+        };
         let resources = crate::resources::ResourceMonitor::new(config.data_dir.clone(), config.degradation);
         resources.sample_now();
         let body_budget = Arc::new(tokio::sync::Semaphore::new(config.unauthenticated_body_budget));
@@ -131,6 +152,7 @@ impl AppState {
             tokens: TokenCache::default(),
             secrets,
             oidc,
+            attestation,
             signer: Signer::new(blob_key),
             log_indexes: Default::default(),
             clock,

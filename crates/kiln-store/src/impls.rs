@@ -339,6 +339,14 @@ impl LogStore for SqlStore {
 
 #[async_trait]
 impl ArtifactStore for SqlStore {
+    fn set_attester(&self, attester: std::sync::Arc<dyn Attester>) {
+        self.put_attester(attester);
+    }
+
+    async fn artifact_provenance(&self, generation_id: &str) -> Result<Option<ProvenanceRecord>> {
+        crate::tx::provenance::get(self, generation_id).await
+    }
+
     async fn create_generation(
         &self,
         job_id: &str,

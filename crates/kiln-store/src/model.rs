@@ -1029,3 +1029,31 @@ pub struct TeamUpdate {
     pub max_running: Option<Option<u32>>,
     pub max_queued: Option<Option<u32>>,
 }
+
+/// Signs provenance statements (issue 45): the server's attestation key,
+/// out of every step's reach. The completion transaction builds each bound
+/// artifact's statement from the facts it holds and asks this to sign it;
+/// a statement that cannot be signed fails the transaction (no binding
+/// without provenance).
+pub trait Attester: Send + Sync {
+    /// The DSSE envelope (JSON) of an in-toto statement's bytes, and the
+    /// signing key's id.
+    fn sign(&self, statement: &[u8]) -> std::result::Result<(String, String), String>;
+    /// The builder id of agents of `pool`: `<public-url>/builders/<pool>`.
+    fn builder_id(&self, pool: &str) -> String;
+    /// Kiln's version, for `runDetails.builder.version`.
+    fn version(&self) -> String;
+}
+
+/// A bound artifact's provenance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvenanceRecord {
+    pub generation_id: String,
+    pub run_id: String,
+    pub job_id: String,
+    pub epoch: i64,
+    pub keyid: String,
+    /// The DSSE envelope, JSON.
+    pub envelope: String,
+    pub created_at: i64,
+}

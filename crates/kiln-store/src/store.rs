@@ -29,6 +29,9 @@ pub struct SqlStore {
     pools: Pools,
     backoff: Backoff,
     logs: std::sync::Arc<LogFiles>,
+    /// Signs the provenance a completion writes with each binding (issue
+    /// 45); none set: a completion that would bind an artifact is refused.
+    attester: std::sync::Arc<std::sync::RwLock<Option<std::sync::Arc<dyn crate::Attester>>>>,
 }
 
 /// What the store keeps beside the database for log chunks.
@@ -118,7 +121,12 @@ impl SqlStore {
             bulk_admission: Some(tokio::sync::Semaphore::new(bulk_in_flight()?)),
             ..LogFiles::default()
         };
-        Ok(SqlStore { pools: Pools::Sqlite { writer, reader }, backoff: Backoff::default(), logs: logs.into() })
+        Ok(SqlStore {
+            pools: Pools::Sqlite { writer, reader },
+            backoff: Backoff::default(),
+            logs: logs.into(),
+            attester: Default::default(),
+        })
     }
 
     /// Connect to PostgreSQL at `url` (`postgres://user:pass@host:port/db`)
@@ -126,10 +134,24 @@ impl SqlStore {
     pub async fn connect(url: &str) -> Result<SqlStore> {
         let pool = postgres::connect_pool(url).await?;
         let beats = postgres::Heartbeats::spawn(pool.clone());
-        Ok(SqlStore { pools: Pools::Pg { pool, beats }, backoff: Backoff::default(), logs: Default::default() })
+        Ok(SqlStore {
+            pools: Pools::Pg { pool, beats },
+            backoff: Backoff::default(),
+            logs: Default::default(),
+            attester: Default::default(),
+        })
     }
 
     /// Override the retry backoff (tests use a small one).
+    /// The attester that signs provenance, if one was set.
+    pub(crate) fn attester(&self) -> Option<std::sync::Arc<dyn crate::Attester>> {
+        self.attester.read().expect("attester").clone()
+    }
+
+    pub(crate) fn put_attester(&self, a: std::sync::Arc<dyn crate::Attester>) {
+        *self.attester.write().expect("attester") = Some(a);
+    }
+
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self

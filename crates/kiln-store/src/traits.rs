@@ -366,6 +366,10 @@ pub trait LogStore: Send + Sync {
 /// Artifact generations and bindings (spec 000 §9, §12, invariant 4).
 #[async_trait]
 pub trait ArtifactStore: Send + Sync {
+    /// Set the signer of provenance (the server does at boot; issue 45).
+    fn set_attester(&self, attester: std::sync::Arc<dyn Attester>);
+    /// The provenance written when `generation_id` was bound, if any.
+    async fn artifact_provenance(&self, generation_id: &str) -> Result<Option<ProvenanceRecord>>;
     /// Open an attempt-scoped upload session: a fresh generation with a fresh
     /// object key, for a declared output of the current live epoch. `sha256`
     /// may be "" when the agent names it at seal time.

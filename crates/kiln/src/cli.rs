@@ -132,6 +132,18 @@ pub enum Command {
     /// Move a queued or running run to another priority lane (`urgent`, `normal`,
     /// `background`; admin token): its waiting jobs are queued again in it.
     Priority(PriorityArgs),
+    /// The server's provenance signing keys: `kiln keys export` writes them for offline checks.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Check an artifact against its signed provenance: the signature (the server's keys, or
+    /// --keys for an offline check), the file's sha256, then the policy — repository, ref,
+    /// workflow, builder, trust, build type and every external parameter. Exit 0 if it holds;
+    /// otherwise a code per failed check (10 envelope, 11 unknown key, 12 signature, 13 digest,
+    /// 14 subject, 15 repository, 16 ref, 17 workflow, 18 untrusted, 19 builder, 20 build type,
+    /// 21 unknown external parameter) and a message naming it.
+    Verify(VerifyArgs),
     /// Manage repository secrets (given to jobs that list them under `secrets:`).
     Secret {
         #[command(subcommand)]
@@ -1332,6 +1344,25 @@ pub enum ArtifactCommand {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Print (or write with -o) the signed provenance of artifact NAME of job JOB of RUN: a DSSE
+    /// envelope holding an in-toto SLSA v1 statement the server wrote when it bound the artifact.
+    /// Check it with `kiln verify FILE --provenance THIS --repo R`.
+    Provenance {
+        /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
+        run: String,
+        /// The repository a bare run NUMBER is of.
+        #[arg(long, value_name = "REPO")]
+        repo: Option<String>,
+        /// The job's name (or id).
+        job: String,
+        /// The artifact's name (as published by the job).
+        name: String,
+        /// Write it to this file instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// List the artifacts a run's jobs published: name, job, size, sha256, kind (file or archive), expiry.
     List {
         /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
@@ -1347,6 +1378,59 @@ pub enum ArtifactCommand {
         #[command(flatten)]
         conn: Conn,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Write the server's provenance public keys (JWKS; with --pem, PEM blocks) to a file or
+    /// standard output, for `kiln verify --keys FILE` without the server, or another verifier.
+    Export {
+        /// Write them here instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// PEM (SubjectPublicKeyInfo) blocks instead of a JWKS document.
+        #[arg(long)]
+        pem: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// The artifact's bytes (a file; a directory artifact as the archive `kiln artifact get -o` wrote
+    /// is not its bound bytes: verify the archive the job published).
+    pub file: PathBuf,
+    /// The provenance envelope (`kiln artifact provenance … -o FILE`; default: FILE.intoto.json).
+    #[arg(long, value_name = "ENVELOPE")]
+    pub provenance: Option<PathBuf>,
+    /// The repository (its name in Kiln) the artifact must be built from.
+    #[arg(long)]
+    pub repo: String,
+    /// The ref it must be built from, e.g. refs/heads/main (default: any).
+    #[arg(long = "ref", value_name = "REF")]
+    pub git_ref: Option<String>,
+    /// The workflow file that must have built it, e.g. .kiln/release.yaml (default: any).
+    #[arg(long)]
+    pub workflow: Option<String>,
+    /// A builder id allowed (repeatable), e.g. https://ci.example.com/builders/default (default: any
+    /// builder the keys sign for).
+    #[arg(long = "builder", value_name = "ID")]
+    pub builders: Vec<String>,
+    /// Refuse provenance of untrusted runs (fork pull requests): the default, said explicitly.
+    #[arg(long, conflicts_with = "allow_untrusted")]
+    pub trusted_only: bool,
+    /// Accept provenance of untrusted runs.
+    #[arg(long)]
+    pub allow_untrusted: bool,
+    /// The artifact's name as the statement names it (default: the statement's only subject).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Verify offline with these keys (`kiln keys export -o FILE`, JWKS) instead of the server's.
+    #[arg(long, value_name = "FILE")]
+    pub keys: Option<PathBuf>,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
 #[derive(Args, Debug)]

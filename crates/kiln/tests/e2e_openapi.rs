@@ -236,6 +236,8 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
     let d = c.call("GET", "/.well-known/openid-configuration", "/.well-known/openid-configuration", None, None).await;
     assert_eq!(d.status, 200);
     assert_eq!(c.call("GET", "/.well-known/jwks.json", "/.well-known/jwks.json", None, None).await.status, 200);
+    let keys = "/.well-known/kiln-attestation-keys.json";
+    assert_eq!(c.call("GET", keys, keys, None, None).await.status, 200);
     let signed_in = c.call("POST", "/v1/ui/session", "/v1/ui/session", None, Some(json!({ "token": admin }))).await;
     assert_eq!(signed_in.status, 204);
     let bad = c.call("POST", "/v1/ui/session", "/v1/ui/session", None, Some(json!({ "token": "kiln_nope" }))).await;
@@ -375,6 +377,17 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         )
         .await;
     assert_eq!(art.status, 200, "{}", String::from_utf8_lossy(&art.bytes));
+    let prov = c
+        .call(
+            "GET",
+            "/v1/workflow-runs/{run}/artifacts/{job}/{name}/provenance",
+            &format!("/v1/workflow-runs/{run_id}/artifacts/build/app.txt/provenance"),
+            a,
+            None,
+        )
+        .await;
+    assert_eq!(prov.status, 200, "{}", String::from_utf8_lossy(&prov.bytes));
+    assert_eq!(prov.json()["payloadType"], "application/vnd.in-toto+json");
     let url = art.json()["url"].as_str().unwrap().to_string();
     let bytes = c.send("GET", "/blob/objects/{generation}", http.get(&url)).await;
     assert_eq!((bytes.status, bytes.bytes.as_slice()), (200, b"hello\n".as_slice()), "{url}");

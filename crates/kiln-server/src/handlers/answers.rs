@@ -103,6 +103,18 @@ pub(crate) struct Jwks {
     pub keys: Vec<BTreeMap<String, String>>,
 }
 
+/// A DSSE envelope (issue 45): `payload` is the base64 of an in-toto
+/// Statement v1 (SLSA Provenance v1), each signature ECDSA P-256 over the
+/// PAE of `payloadType` and the payload, DER in base64, `keyid` the JWK
+/// thumbprint of a key at `/.well-known/kiln-attestation-keys.json`.
+#[derive(ToSchema)]
+pub(crate) struct DsseEnvelope {
+    #[schema(rename = "payloadType")]
+    pub payload_type: String,
+    pub payload: String,
+    pub signatures: Vec<BTreeMap<String, String>>,
+}
+
 /// `GET /v1/repos/{repo}/notifications`: never the secret.
 #[derive(ToSchema)]
 pub(crate) struct NotificationList {

@@ -143,6 +143,32 @@ pub(crate) async fn get(
     Ok(super::blob::export_response(file, len, &g.name, format))
 }
 
+/// `GET /v1/workflow-runs/{run}/artifacts/{job}/{name}/provenance`: the
+/// signed provenance written when the artifact was bound (issue 45).
+#[utoipa::path(
+    operation_id = "artifacts_provenance",
+    get, path = "/v1/workflow-runs/{run}/artifacts/{job}/{name}/provenance", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+        ("job" = String, Path, description = "The job's name"),
+        ("name" = String, Path, description = "The artifact's name"),
+    ),
+    responses(
+        (status = 200, description = "The DSSE envelope of its SLSA provenance (check it with `kiln verify`)", body = super::answers::DsseEnvelope),
+        (status = 404, description = "No such binding, or it was bound before provenance existed", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
+pub(crate) async fn provenance(
+    S(state): S<State>,
+    Path((run, job, name)): Path<(String, String, String)>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let run = crate::services::runs::resolve_id(&state, &run).await?;
+    let env = artifacts::provenance(&state, (&run, &job, &name)).await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], env).into_response())
+}
+
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/lookup`.
 #[utoipa::path(
     operation_id = "artifacts_cache_lookup",

@@ -31,3 +31,22 @@ pub(crate) async fn jwks(S(state): S<State>) -> Json<Value> {
     // Reads the key directory: off the async runtime.
     Json(tokio::task::spawn_blocking(move || state.oidc.jwks()).await.unwrap_or_default())
 }
+
+#[utoipa::path(
+    operation_id = "attestation_jwks",
+    get, path = "/.well-known/kiln-attestation-keys.json", tag = "health",
+    responses(
+        (status = 200, description = "The keys that sign artifact provenance (issue 45): JWKS, ECDSA P-256; retired keys stay listed for ten years", body = super::answers::Jwks),
+    ),
+    security(()),
+)]
+pub(crate) async fn attestation_jwks(S(state): S<State>) -> Json<Value> {
+    let state = state.clone();
+    Json(
+        tokio::task::spawn_blocking(move || {
+            state.attestation.as_ref().map(|a| a.jwks()).unwrap_or_else(|| serde_json::json!({ "keys": [] }))
+        })
+        .await
+        .unwrap_or_default(),
+    )
+}

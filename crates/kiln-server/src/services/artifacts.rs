@@ -360,6 +360,18 @@ pub(crate) async fn bound_generation(
     Ok(b.generation)
 }
 
+/// The DSSE envelope (JSON) of a bound artifact's provenance (issue 45).
+/// An expired artifact's statement stays readable: it says what was built.
+pub(crate) async fn provenance(state: &AppState, (run, job, name): (&str, &str, &str)) -> ApiResult<String> {
+    let b = state.store.resolve_binding(run, job, name).await?;
+    match state.store.artifact_provenance(&b.generation.id).await? {
+        Some(p) => Ok(p.envelope),
+        None => Err(ApiErr::not_found(format!(
+            "no provenance for `{job}/{name}`: it was bound before this server wrote provenance"
+        ))),
+    }
+}
+
 /// Data plane: the sealed generation under a download capability.
 pub(crate) async fn generation_under_cap(
     state: &AppState,

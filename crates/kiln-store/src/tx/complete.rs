@@ -207,6 +207,7 @@ async fn complete_tx(
                 .unwrap_or_default();
             crate::tx::outputs::check(declared_outputs, &c.outputs)?;
             crate::tx::outputs::bind(tx, &job.run_id, job_id, epoch, &c.outputs, now).await?;
+            let bound: Vec<(String, String)> = sealed.iter().map(|(n, g, _)| ((*n).clone(), g.clone())).collect();
             for (name, g, expire_in) in sealed {
                 // Issue 16: the expiry is fixed here, with the binding.
                 let expires_at =
@@ -224,6 +225,8 @@ async fn complete_tx(
                 .execute()
                 .await?;
             }
+            // Issue 45: each binding with its signed provenance, or none.
+            crate::tx::provenance::write(store, tx, &run, &job, epoch, &bound, now).await?;
             let message = quarantine_note.as_deref().or(c.message.as_deref());
             end_attempt(tx, job_id, epoch, ends, c.exit_code, message, None, now).await?;
             let message = quarantine_note.as_deref().or(success_message(job.message.as_deref()));

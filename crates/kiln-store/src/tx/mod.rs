@@ -34,6 +34,7 @@ pub(crate) mod logs;
 pub(crate) mod notify;
 pub(crate) mod outbox;
 pub(crate) mod outputs;
+pub(crate) mod provenance;
 pub(crate) mod queue;
 pub(crate) mod release;
 pub(crate) mod repos;

@@ -947,3 +947,79 @@ pub async fn retry_of_failed_jobs_pins_the_successful_prefix<S: Store + 'static>
     assert_eq!(jv(&view(s, &plain).await, "build").job.status, JobStatus::Ready);
     assert!(s.run_bindings(&plain).await.unwrap().is_empty());
 }
+
+/// Issue 45: the completion that binds an artifact writes its signed
+/// provenance in the same transaction — the winning epoch's, never a
+/// fenced epoch's — from the frozen facts; the statement verifies with the
+/// server's key and names the repository, commit, workflow, the epoch and
+/// the artifact a downstream job restored. Without a signer no artifact
+/// is bound at all.
+pub async fn bindings_carry_signed_provenance_of_the_winning_epoch_only<S: Store + 'static>(o: &Opener<S>) {
+    use kiln_provenance::verify::{Policy, verify};
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let mut test = publishing("test", &["build"], &["report"]);
+    test.artifacts.restore =
+        vec![kiln_workflow::Restore { from_job: "build".into(), name: "jar".into(), path: "in/jar".into() }];
+    let wf = workflow(vec![publishing("build", &[], &["jar"]), test]);
+    let (repo, run_id) = start(s, wf).await;
+    let (old, new) = (agent(s, "old", 4).await, agent(s, "new", 4).await);
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &old, &build, LONG_TTL).await;
+    let g1 = open_gen(s, &build, 1, "jar").await;
+    s.seal_generation(&g1.id, &build, 1).await.unwrap();
+    vanish(s, &build, 1).await;
+    s.fence_expired().await.unwrap();
+    claim(s, &new, &build, LONG_TTL).await;
+    let g2 = open_gen(s, &build, 2, "jar").await;
+    s.seal_generation(&g2.id, &build, 2).await.unwrap();
+    assert!(s.artifact_provenance(&g2.id).await.unwrap().is_none(), "sealed is not bound: no provenance yet");
+    assert_eq!(s.complete(&build, 2, success()).await.unwrap(), "success");
+    assert!(s.artifact_provenance(&g1.id).await.unwrap().is_none(), "a fenced epoch's bytes have none");
+    let p = s.artifact_provenance(&g2.id).await.unwrap().expect("the binding's provenance");
+    assert_eq!((p.run_id.as_str(), p.job_id.as_str(), p.epoch), (run_id.as_str(), build.as_str(), 2));
+    let policy = Policy { repository: repo.name.clone(), ..Policy::default() };
+    let v = verify(p.envelope.as_bytes(), "jar", SHA, &test_keys(), &policy).unwrap_or_else(|e| panic!("{e}"));
+    let pred = &v.statement.predicate;
+    let ext = &pred["buildDefinition"]["externalParameters"];
+    let run = view(s, &run_id).await.run;
+    assert_eq!(ext["commit"], run.commit_sha.as_str());
+    assert_eq!(ext["workflow"]["sha256"], run.workflow_hash.as_str());
+    assert_eq!(pred["buildDefinition"]["internalParameters"]["epoch"], 2);
+    assert_eq!(pred["runDetails"]["builder"]["id"], "https://kiln.test/builders/default");
+    assert!(verify(p.envelope.as_bytes(), "jar", &"f".repeat(64), &test_keys(), &policy).is_err());
+
+    // The downstream job's statement names the generation it restored.
+    let testj = job_id(s, &run_id, "test").await;
+    claim(s, &new, &testj, LONG_TTL).await;
+    let r = s.create_generation(&testj, 1, "report", SIZE, SHA, PART).await.unwrap();
+    s.seal_generation(&r.id, &testj, 1).await.unwrap();
+    // A statement that cannot be signed: no binding, nothing changed (the
+    // agent's completion is retried and succeeds once signing works).
+    struct Broken;
+    impl Attester for Broken {
+        fn sign(&self, _: &[u8]) -> std::result::Result<(String, String), String> {
+            Err("the key is unreachable".into())
+        }
+        fn builder_id(&self, pool: &str) -> String {
+            pool.into()
+        }
+        fn version(&self) -> String {
+            "broken".into()
+        }
+    }
+    s.set_attester(std::sync::Arc::new(Broken));
+    let before = snapshot(s, &run_id).await;
+    assert!(matches!(s.complete(&testj, 1, success()).await, Err(StoreError::Unavailable(_))));
+    assert_eq!(snapshot(s, &run_id).await, before, "no binding without provenance");
+    assert!(s.artifact_provenance(&r.id).await.unwrap().is_none());
+    s.set_attester(test_attester());
+    assert_eq!(s.complete(&testj, 1, success()).await.unwrap(), "success");
+    let p = s.artifact_provenance(&r.id).await.unwrap().expect("provenance");
+    let v = verify(p.envelope.as_bytes(), "report", SHA, &test_keys(), &policy).unwrap();
+    let deps = v.statement.predicate["buildDefinition"]["resolvedDependencies"].as_array().unwrap().clone();
+    let jar = deps.iter().find(|d| d["name"] == "jar").expect("the restored jar is a dependency");
+    assert_eq!(jar["digest"]["sha256"], SHA);
+    assert_eq!(jar["annotations"]["generation"], g2.id.as_str());
+    assert!(deps.iter().any(|d| d["digest"]["gitCommit"] == run.commit_sha.as_str()));
+}

@@ -174,6 +174,7 @@ macro_rules! suite {
             outputs::bound_outputs_decide_conditions_downstream,
             artifacts::bound_artifacts_expire_only_after_their_run_ended,
             artifacts::retry_of_failed_jobs_pins_the_successful_prefix,
+            artifacts::bindings_carry_signed_provenance_of_the_winning_epoch_only,
             notify::run_ends_are_enqueued_once_per_wanting_notification,
             notify::badges_read_the_newest_run_of_a_branch_and_workflow,
             reports::reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_end,
@@ -229,8 +230,48 @@ pub struct Fixture<S> {
 
 impl<S: Store> Fixture<S> {
     pub fn new(store: S, guard: impl Any) -> Self {
+        store.set_attester(test_attester());
         Fixture { store: Arc::new(store), _guard: Box::new(guard) }
     }
+}
+
+/// The signer of the suite's provenance (issue 45): one key per process.
+pub struct TestAttester {
+    key: p256::ecdsa::SigningKey,
+    id: String,
+}
+
+impl Attester for TestAttester {
+    fn sign(&self, statement: &[u8]) -> std::result::Result<(String, String), String> {
+        let env = kiln_provenance::dsse::sign(kiln_provenance::dsse::IN_TOTO, statement, &self.key, &self.id);
+        Ok((serde_json::to_string(&env).map_err(|e| e.to_string())?, self.id.clone()))
+    }
+    fn builder_id(&self, pool: &str) -> String {
+        format!("https://kiln.test/builders/{pool}")
+    }
+    fn version(&self) -> String {
+        "test".into()
+    }
+}
+
+pub fn test_attester() -> Arc<TestAttester> {
+    static KEY: std::sync::OnceLock<Arc<TestAttester>> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let key = loop {
+            if let Ok(k) = p256::ecdsa::SigningKey::from_bytes(&rand::random::<[u8; 32]>().into()) {
+                break k;
+            }
+        };
+        let id = kiln_provenance::dsse::thumbprint(key.verifying_key());
+        Arc::new(TestAttester { key, id })
+    })
+    .clone()
+}
+
+/// The public key of [`test_attester`].
+pub fn test_keys() -> Vec<kiln_provenance::dsse::PublicKey> {
+    let a = test_attester();
+    vec![kiln_provenance::dsse::PublicKey { keyid: a.id.clone(), key: *a.key.verifying_key() }]
 }
 
 type OpenFuture<S> = Pin<Box<dyn Future<Output = Fixture<S>>>>;

@@ -24,6 +24,7 @@ mod tests;
 mod top;
 mod up;
 mod validate;
+mod verify;
 mod wait;
 
 use crate::cli::{ArtifactCommand, CancelArgs, Cli, Command, LogsArgs, RetryArgs, RunRef, StatusArgs};
@@ -89,6 +90,14 @@ pub async fn run(cli: Cli) -> i32 {
                 Err(e) => Err(e),
             }
         }
+        Command::Artifact { command: ArtifactCommand::Provenance { run, repo, job, name, output, conn } } => {
+            match shared::run_ref(&run, repo.as_deref()) {
+                Ok(run) => verify::provenance(&conn, &run, &job, &name, output.as_deref()).await,
+                Err(e) => Err(e),
+            }
+        }
+        Command::Keys { command } => verify::keys(command).await,
+        Command::Verify(a) => verify::verify(a).await,
         Command::Artifact { command: ArtifactCommand::List { run, repo, job, json, conn } } => {
             match shared::run_ref(&run, repo.as_deref()) {
                 Ok(run) => artifact::list(&conn, &run, job.as_deref(), json).await,

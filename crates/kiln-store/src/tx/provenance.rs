@@ -1,0 +1,199 @@
+//! Provenance written with each binding (issue 45): in the completion
+//! transaction that binds an artifact generation, its SLSA provenance
+//! statement is built from the facts this transaction reads — the frozen
+//! run (repository, ref, commit, workflow and its hash, event, inputs,
+//! trust), the job and its matrix values, the winning epoch and its agent's
+//! pool and executor, the pinned image, the restored artifacts' generations
+//! — signed by the server's [`Attester`] and stored beside the binding. A
+//! statement that cannot be signed fails the transaction: no binding
+//! without provenance. Nothing a step reported goes in.
+
+use crate::db::{Exec, Tx};
+use crate::error::{Result, StoreError};
+use crate::model::{Attester, JobRecord, ProvenanceRecord, RunRecord};
+use crate::store::SqlStore;
+use kiln_provenance::statement::{self, BuildFacts, Dependency, Subject};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The facts of `job`'s attempt `epoch` of `run`, as of `now`.
+pub(crate) async fn facts(
+    tx: &mut Tx,
+    attester: &dyn Attester,
+    run: &RunRecord,
+    job: &JobRecord,
+    epoch: i64,
+    now: i64,
+) -> Result<BuildFacts> {
+    let agent: Option<(Option<String>, Option<String>, i64)> = tx
+        .sql(
+            "SELECT g.pool, g.executor, a.started_at FROM attempts a LEFT JOIN agents g ON g.id = a.agent_id \
+             WHERE a.job_id = $1 AND a.epoch = $2",
+        )
+        .bind(&job.id)
+        .bind(epoch)
+        .optional()
+        .await?;
+    let (pool, executor, started) = agent.unwrap_or((None, None, now));
+    let pool = pool.unwrap_or_else(|| "default".into());
+    let executor = executor.unwrap_or_else(|| "host".into());
+    let clone_url: String = tx.sql("SELECT clone_url FROM repos WHERE id = $1").bind(&run.repo_id).scalar().await?;
+    let definition = usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i));
+    let mut deps = vec![Dependency {
+        name: None,
+        uri: format!("git+{}", without_credential(&clone_url)),
+        digest: BTreeMap::from([("gitCommit".to_string(), run.commit_sha.clone())]),
+        annotations: run.git_ref.iter().map(|r| ("ref".to_string(), r.clone())).collect(),
+    }];
+    // The job's image, by the digest it was pinned to.
+    if let (Some(digest), Some(image)) = (&job.image_digest, definition.and_then(|d| d.image.as_ref())) {
+        let reference = match image {
+            kiln_workflow::Image::Ref { reference } => reference.clone(),
+            kiln_workflow::Image::Dockerfile { path, .. } => format!("built:{path}"),
+        };
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        deps.push(Dependency {
+            name: Some("image".into()),
+            uri: format!("oci://{reference}"),
+            digest: BTreeMap::from([("sha256".to_string(), hex.to_string())]),
+            annotations: BTreeMap::new(),
+        });
+    }
+    // Every artifact it restored: the generation bound for (job, name) in
+    // this run (a pinned one included), by its sha256 and producer.
+    if let Some(d) = definition {
+        for r in &d.artifacts.restore {
+            let bound: Option<(String, String, String, String)> = tx
+                .sql(
+                    "SELECT g.expected_sha256, g.run_id, pj.name, g.id FROM artifact_bindings b \
+                     JOIN jobs j ON j.id = b.job_id JOIN artifact_generations g ON g.id = b.generation_id \
+                     JOIN jobs pj ON pj.id = g.job_id \
+                     WHERE b.run_id = $1 AND j.name = $2 AND b.name = $3",
+                )
+                .bind(&run.id)
+                .bind(&r.from_job)
+                .bind(&r.name)
+                .optional()
+                .await?;
+            if let Some((sha, producer_run, producer_job, generation)) = bound {
+                deps.push(Dependency {
+                    name: Some(r.name.clone()),
+                    uri: format!("kiln:runs/{producer_run}/jobs/{producer_job}/artifacts/{}", r.name),
+                    digest: BTreeMap::from([("sha256".to_string(), sha)]),
+                    annotations: BTreeMap::from([("generation".to_string(), generation)]),
+                });
+            }
+        }
+    }
+    Ok(BuildFacts {
+        repository: run.repo_name.clone(),
+        git_ref: run.git_ref.clone(),
+        commit: run.commit_sha.clone(),
+        workflow_path: run.workflow_path.clone(),
+        workflow_sha256: run.workflow_hash.clone(),
+        event: run.event.clone(),
+        inputs: run.inputs.clone(),
+        run: run.id.clone(),
+        run_number: run.number,
+        job: job.name.clone(),
+        matrix: definition.and_then(|d| d.matrix.as_ref()).map(|m| m.values.clone()).unwrap_or_default(),
+        epoch,
+        trust: run.trust.clone(),
+        executor,
+        builder_id: attester.builder_id(&pool),
+        pool,
+        dependencies: deps,
+        kiln_version: attester.version(),
+        invocation_id: format!("{}/{}/{epoch}", run.id, job.id),
+        started_on: statement::rfc3339_ms(started),
+        finished_on: statement::rfc3339_ms(now),
+    })
+}
+
+/// `scheme://user:secret@host/…` → `scheme://host/…` (the stored URL has
+/// no credential; an older one might).
+fn without_credential(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn credentials_leave_the_source_uri() {
+        assert_eq!(super::without_credential("https://u:p@git.example.com/a/b.git"), "https://git.example.com/a/b.git");
+        assert_eq!(super::without_credential("https://git.example.com/a@b"), "https://git.example.com/a@b");
+        assert_eq!(super::without_credential("/srv/repo"), "/srv/repo");
+    }
+}
+
+/// Sign and store the provenance of each `(name, generation)` bound by
+/// this completion. A generation that already has one (a retry pinning its
+/// parent's) keeps it.
+pub(crate) async fn write(
+    store: &SqlStore,
+    tx: &mut Tx,
+    run: &RunRecord,
+    job: &JobRecord,
+    epoch: i64,
+    bound: &[(String, String)],
+    now: i64,
+) -> Result<()> {
+    if bound.is_empty() {
+        return Ok(());
+    }
+    let attester: Arc<dyn Attester> = store.attester().ok_or_else(|| {
+        StoreError::Unavailable("no attestation key is loaded: artifacts are bound only with signed provenance".into())
+    })?;
+    let facts = facts(tx, &*attester, run, job, epoch, now).await?;
+    for (name, generation) in bound {
+        let sha: String =
+            tx.sql("SELECT expected_sha256 FROM artifact_generations WHERE id = $1").bind(generation).scalar().await?;
+        let st = statement::provenance(vec![Subject::sha256(name, &sha)], &facts);
+        let (envelope, keyid) = attester
+            .sign(&statement::to_bytes(&st))
+            .map_err(|e| StoreError::Unavailable(format!("cannot sign the provenance of `{name}`: {e}")))?;
+        tx.sql(
+            "INSERT INTO artifact_provenance (generation_id, run_id, job_id, epoch, keyid, envelope, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (generation_id) DO NOTHING",
+        )
+        .bind(generation)
+        .bind(&run.id)
+        .bind(&job.id)
+        .bind(epoch)
+        .bind(&keyid)
+        .bind(&envelope)
+        .bind(now)
+        .execute()
+        .await?;
+    }
+    Ok(())
+}
+
+/// `ArtifactStore::artifact_provenance`.
+pub(crate) async fn get(store: &SqlStore, generation_id: &str) -> Result<Option<ProvenanceRecord>> {
+    type Row = (String, String, String, i64, String, String, i64);
+    let row: Option<Row> = store
+        .reader()
+        .await?
+        .sql(
+            "SELECT generation_id, run_id, job_id, epoch, keyid, envelope, created_at FROM artifact_provenance \
+             WHERE generation_id = $1",
+        )
+        .bind(generation_id)
+        .optional()
+        .await?;
+    Ok(row.map(|(generation_id, run_id, job_id, epoch, keyid, envelope, created_at)| ProvenanceRecord {
+        generation_id,
+        run_id,
+        job_id,
+        epoch,
+        keyid,
+        envelope,
+        created_at,
+    }))
+}

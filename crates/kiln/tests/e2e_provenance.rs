@@ -1,0 +1,135 @@
+//! Signed provenance end to end (issue 45) with the real `kiln` binary and
+//! a real agent: a job's artifact is bound with a statement the server
+//! signed; `kiln artifact provenance`, `kiln keys export` and `kiln
+//! verify` (online and offline) accept it; tampering fails the check it
+//! should, with its exit code; an independent DSSE implementation
+//! (securesystemslib) verifies the server's envelope with the exported key.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnUp, TestRepo, wait_run};
+use std::path::Path;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+const WORKFLOW: &str = r#"version: 1
+jobs:
+  - name: build
+    steps:
+      - mkdir -p out && echo "release bytes" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt}
+"#;
+
+fn cli(up: &KilnUp, args: &[&str]) -> (i32, String) {
+    let o = up.cli().args(args).output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_artifact_verifies_against_its_signed_provenance_and_tampering_fails_its_check() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WORKFLOW)]).unwrap();
+    let (code, out) = cli(&up, &["repo", "add", "shop", "--url", &repo.path().display().to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let c = Client::new(&up.url, &up.token);
+    let id = c.submit_run("shop", &SubmitRun { commit_sha: "HEAD".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &id.run_id, 120).await;
+    assert_eq!(run.status, "success", "{}", up.log());
+    let git_ref = run.git_ref.clone().expect("a HEAD run names its branch");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("app.txt");
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let f = file.display().to_string();
+    let (code, out) = cli(&up, &["artifact", "get", &id.run_id, "build", "app", "-o", &f]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) =
+        cli(&up, &["artifact", "provenance", &id.run_id, "build", "app", "-o", &format!("{f}.intoto.json")]);
+    assert_eq!(code, 0, "{out}");
+
+    // Online: the server's keys; the policy as a deployer writes it.
+    let (code, out) =
+        cli(&up, &["verify", &f, "--repo", "shop", "--ref", &git_ref, "--workflow", ".kiln/pipeline.yaml"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("verified:") && out.contains("on a host executor"), "{out}");
+    let builder = format!("{}/builders/default", up.url);
+    let (code, out) = cli(&up, &["verify", &f, "--repo", "shop", "--builder", &builder]);
+    assert_eq!(code, 0, "{out}");
+
+    // Offline: exported keys, no server.
+    let (code, out) = cli(&up, &["keys", "export", "-o", &at("keys.json")]);
+    assert_eq!(code, 0, "{out}");
+    let offline = std::process::Command::new(BIN)
+        .args(["verify", &f, "--repo", "shop", "--keys", &at("keys.json"), "--server", "http://127.0.0.1:9"])
+        .env_remove("KILN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(offline.status.success(), "{}", String::from_utf8_lossy(&offline.stderr));
+
+    // Each tampering fails its own check.
+    let refused = |args: &[&str], code: i32, needle: &str| {
+        let (got, out) = cli(&up, args);
+        assert_eq!(got, code, "{args:?}: {out}");
+        assert!(out.contains(needle), "{args:?}: {out}");
+    };
+    refused(&["verify", &f, "--repo", "other"], 15, "repository check failed");
+    refused(&["verify", &f, "--repo", "shop", "--ref", "refs/heads/dev"], 16, "ref check failed");
+    refused(&["verify", &f, "--repo", "shop", "--workflow", ".kiln/release.yaml"], 17, "workflow check failed");
+    refused(&["verify", &f, "--repo", "shop", "--builder", "https://elsewhere/builders/x"], 19, "builder check failed");
+    refused(&["verify", &f, "--repo", "shop", "--name", "site"], 14, "subject check failed");
+    // Another key set (the OIDC keys are not the attestation keys).
+    let oidc = reqwest::get(format!("{}/.well-known/jwks.json", up.url)).await.unwrap().text().await.unwrap();
+    std::fs::write(at("oidc.json"), oidc).unwrap();
+    refused(&["verify", &f, "--repo", "shop", "--keys", &at("oidc.json")], 11, "key check failed");
+    // A changed byte.
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(at("changed.txt"), &bytes).unwrap();
+    let changed = at("changed.txt");
+    refused(
+        &["verify", &changed, "--provenance", &format!("{f}.intoto.json"), "--repo", "shop"],
+        13,
+        "digest check failed",
+    );
+
+    // An independent implementation verifies the server's envelope.
+    let (code, pem) = cli(&up, &["keys", "export", "--pem"]);
+    assert_eq!(code, 0, "{pem}");
+    sslib_verifies(&format!("{f}.intoto.json"), &pem, dir.path());
+}
+
+fn sslib_verifies(envelope: &str, pem_with_ids: &str, dir: &Path) {
+    let default = format!("{}/.cache/kiln-tools/sslib-venv/bin/python", std::env::var("HOME").unwrap_or_default());
+    let py = std::env::var("KILN_SSLIB_PYTHON").unwrap_or(default);
+    if !std::process::Command::new(&py)
+        .args(["-c", "import securesystemslib"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        assert_ne!(std::env::var("KILN_REQUIRE_SSLIB").as_deref(), Ok("1"), "securesystemslib is required");
+        eprintln!("skipped the securesystemslib check: not installed");
+        return;
+    }
+    // `# keyid ID` then the PEM block, per key; the newest signs.
+    let keyid = pem_with_ids.lines().filter_map(|l| l.strip_prefix("# keyid ")).next_back().unwrap().trim().to_string();
+    let pem: String = pem_with_ids.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n");
+    let pem_path = dir.join("key.pem");
+    std::fs::write(&pem_path, pem).unwrap();
+    let script = r#"
+import json, sys
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from securesystemslib.dsse import Envelope
+from securesystemslib.signer import SSlibKey
+env_path, pem_path, keyid = sys.argv[1:4]
+key = SSlibKey.from_crypto(load_pem_public_key(open(pem_path, "rb").read()), keyid=keyid, scheme="ecdsa-sha2-nistp256")
+env = Envelope.from_dict(json.load(open(env_path)))
+env.verify([key], 1)
+print("verified", json.loads(env.payload)["predicate"]["buildDefinition"]["externalParameters"]["repository"])
+"#;
+    let o = std::process::Command::new(&py).args(["-c", script, envelope]).arg(&pem_path).arg(&keyid).output().unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && out.contains("verified shop"), "{out}");
+}
