@@ -121,16 +121,6 @@ fn without_credential(url: &str) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn credentials_leave_the_source_uri() {
-        assert_eq!(super::without_credential("https://u:p@git.example.com/a/b.git"), "https://git.example.com/a/b.git");
-        assert_eq!(super::without_credential("https://git.example.com/a@b"), "https://git.example.com/a@b");
-        assert_eq!(super::without_credential("/srv/repo"), "/srv/repo");
-    }
-}
-
 /// Sign and store the provenance of each `(name, generation)` bound by
 /// this completion. A generation that already has one (a retry pinning its
 /// parent's) keeps it.
@@ -196,4 +186,14 @@ pub(crate) async fn get(store: &SqlStore, generation_id: &str) -> Result<Option<
         envelope,
         created_at,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn credentials_leave_the_source_uri() {
+        assert_eq!(super::without_credential("https://u:p@git.example.com/a/b.git"), "https://git.example.com/a/b.git");
+        assert_eq!(super::without_credential("https://git.example.com/a@b"), "https://git.example.com/a@b");
+        assert_eq!(super::without_credential("/srv/repo"), "/srv/repo");
+    }
 }
