@@ -3,13 +3,11 @@
 //! and asks this to sign it with the newest attestation key
 //! (`DATA_DIR/attestation`, ECDSA P-256, out of every step's reach: steps
 //! run on agents, which hold no key). The public keys are served at
-//! [`JWKS_PATH`] and exported by `kiln keys export`.
+//! `/.well-known/kiln-attestation-keys.json` and exported by `kiln keys
+//! export`.
 
 use crate::oidc::Issuer;
 use std::sync::Arc;
-
-/// Where the attestation keys are published (JWKS, no credential).
-pub const JWKS_PATH: &str = "/.well-known/kiln-attestation-keys.json";
 
 pub(crate) struct Attester {
     issuer: Arc<Issuer>,

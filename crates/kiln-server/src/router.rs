@@ -125,7 +125,7 @@ pub(crate) fn router(state: State) -> Router {
     let open = Router::new()
         .route("/.well-known/openid-configuration", get(oidc::discovery))
         .route("/.well-known/jwks.json", get(oidc::jwks))
-        .route(crate::attestation::JWKS_PATH, get(oidc::attestation_jwks))
+        .route("/.well-known/kiln-attestation-keys.json", get(oidc::attestation_jwks))
         .route("/", get(ui::page))
         // The OpenAPI document (no secrets in it).
         .route("/openapi.json", get(crate::openapi::serve))
