@@ -50,6 +50,22 @@ async fn an_artifact_verifies_against_its_signed_provenance_and_tampering_fails_
         cli(&up, &["artifact", "provenance", &id.run_id, "build", "app", "-o", &format!("{f}.intoto.json")]);
     assert_eq!(code, 0, "{out}");
 
+    // Who may read it: a trigger token of the repository, not of another.
+    let repo2 = TestRepo::new(&[(".kiln/pipeline.yaml", WORKFLOW)]).unwrap();
+    let (code, out) = cli(&up, &["repo", "add", "other", "--url", &repo2.path().display().to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let path = format!("{}/v1/workflow-runs/{}/artifacts/build/app/provenance", up.url, id.run_id);
+    for (repo, want) in [("shop", 200), ("other", 404)] {
+        let o =
+            up.cli().args(["token", "create", "--name", repo, "--scope", "trigger", "--repo", repo]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let token = String::from_utf8(o.stdout).unwrap();
+        let got = reqwest::Client::new().get(&path).bearer_auth(token.trim()).send().await.unwrap().status();
+        assert_eq!(got.as_u16(), want, "a trigger token of {repo}");
+    }
+    let anonymous = reqwest::get(&path).await.unwrap().status();
+    assert_eq!(anonymous.as_u16(), 401);
+
     // Online: the server's keys; the policy as a deployer writes it.
     let (code, out) =
         cli(&up, &["verify", &f, "--repo", "shop", "--ref", &git_ref, "--workflow", ".kiln/pipeline.yaml"]);
