@@ -234,6 +234,15 @@ impl Shares {
         self.clock = self.clock.max(from);
     }
 
+    /// A start counted by [`Shares::start`] did not happen (its claim was
+    /// refused): the slot and the stride are given back.
+    pub fn unstart(&mut self, team: &str, cost: u64) {
+        if let Some(t) = self.teams.get_mut(team) {
+            t.running = t.running.saturating_sub(1);
+            t.pass = t.pass.saturating_sub(t.stride(cost));
+        }
+    }
+
     /// A job of `team` ended (or its reservation was given back).
     pub fn finish(&mut self, team: &str) {
         if let Some(t) = self.teams.get_mut(team) {
@@ -320,6 +329,17 @@ mod tests {
         s.teams.get_mut("small").unwrap().running = 2;
         let cands = vec![c("small", Lane::Urgent, 0, 1)];
         assert_eq!(s.choose(&cands, 0), None);
+    }
+
+    #[test]
+    fn a_start_that_did_not_happen_is_given_back() {
+        let mut s = Shares::default();
+        s.teams.insert("a".into(), Team { weight: 2, ..Team::default() });
+        s.start("a", 1);
+        let once = s.team("a");
+        s.start("a", 1);
+        s.unstart("a", 1);
+        assert_eq!(s.team("a"), once, "slot and stride back");
     }
 
     #[test]

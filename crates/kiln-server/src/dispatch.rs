@@ -239,9 +239,9 @@ impl Dispatcher {
             let mut freed = false;
             let mut next = BTreeMap::new();
             for (name, mut t) in teams {
+                // The database's virtual time is the truth (every claim
+                // writes it); a start in flight is charged again by its claim.
                 if let Some(old) = s.teams.get(&name) {
-                    // A start this replica made may not be read back yet.
-                    t.pass = t.pass.max(old.pass);
                     freed |= old.max_running.is_some_and(|m| old.running >= m)
                         && t.max_running.is_none_or(|m| t.running < m);
                 }
@@ -272,11 +272,11 @@ impl Dispatcher {
         }
     }
 
-    /// A delivery handed out for `team` was not claimed: the slot it
-    /// counted is given back (its virtual time keeps the charge, which the
-    /// next refresh replaces with the database's).
+    /// A delivery handed out for `team` was not claimed: the slot and the
+    /// stride it counted are given back (a job tried again and again — its
+    /// run busy on another replica — does not push its team behind).
     pub fn unclaimed(&self, team: &str) {
-        self.shares.lock().unwrap().finish(team);
+        self.shares.lock().unwrap().unstart(team, 1);
     }
 
     /// A job of `team` ended (a completion through this replica): its slot
