@@ -238,7 +238,7 @@ impl Dispatcher {
             let mut s = self.shares.lock().unwrap();
             let mut freed = false;
             let mut next = BTreeMap::new();
-            for (name, mut t) in teams {
+            for (name, t) in teams {
                 // The database's virtual time is the truth (every claim
                 // writes it); a start in flight is charged again by its claim.
                 if let Some(old) = s.teams.get(&name) {
