@@ -17,6 +17,11 @@
 //! job's `image:` and credentials, and the repository's secret pools are read
 //! under the run lock; the agent's pool and executor under the agent lock.
 //!
+//! Fair share (issue 44): a team with a running quota has its row locked
+//! and what it holds counted (reservations included) before the attempt is
+//! inserted; every claimed start's virtual time is written to the team
+//! after the commit.
+//!
 //! The eligibility rule is kiln-core's [`decide_claim`] (its first checks,
 //! [`check_delivery`], run before anything else is read); capacity is
 //! admitted by the attempt's insert itself (kiln-core's
@@ -38,7 +43,29 @@ use std::collections::BTreeMap;
 /// attempt. Declined: stale, duplicate, not yet due, incompatible or full;
 /// misplaced: the agent may never run the job.
 pub(crate) async fn claim(store: &SqlStore, req: &ClaimInput) -> Result<ClaimOutcome> {
-    store.transaction(Isolation::LockedReadCommitted, req, |tx, req| Box::pin(claim_tx(tx, req))).await
+    let out = store.transaction(Isolation::LockedReadCommitted, req, |tx, req| Box::pin(claim_tx(tx, req))).await?;
+    if let ClaimOutcome::Claimed(c) = &out
+        && let Some(pass) = c.team_pass
+    {
+        charge_team(store, &c.run.team, pass).await?;
+    }
+    Ok(out)
+}
+
+/// Persist a start's virtual time for its team (issue 44), after the claim
+/// committed: the pass only moves forward. Two claims of one team at the
+/// same moment may both move it from the same value (one stride is then
+/// not counted), which costs a stride of fairness, never a slot.
+async fn charge_team(store: &SqlStore, team: &str, pass: u64) -> Result<()> {
+    static CHARGE: Sql = Sql::new(|d| {
+        let max = match d.backend {
+            crate::dialect::Backend::Sqlite => "MAX",
+            crate::dialect::Backend::Postgres => "GREATEST",
+        };
+        format!("UPDATE teams SET pass = {max}(pass, $1) WHERE name = $2")
+    });
+    store.writer().await?.sql(&CHARGE).bind(i64::try_from(pass).unwrap_or(i64::MAX)).bind(team).execute().await?;
+    Ok(())
 }
 
 async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<ClaimOutcome> {
@@ -177,9 +204,14 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     // The team's row, locked (issue 44): claims of one team take its quota
     // and move its virtual time one at a time; the count of what it holds
     // is read after the lock, so it includes every committed claim.
+    // A team with a running quota: its row is locked, so claims of it are
+    // counted one at a time. Without one, nothing is locked: its virtual
+    // time is written after the commit (`charge_team`), so claims of one
+    // team never wait for each other on its row.
     let charge = match team_row(tx, &team).await? {
         Some((weight, max_running, pass)) => {
             if let Some(max) = max_running {
+                tx.sql(&LOCK_TEAM).bind(&team).execute().await?;
                 let held: i64 = tx.sql(&TEAM_HOLDS).bind(&team).scalar().await?;
                 let held = u32::try_from(held).unwrap_or(u32::MAX);
                 if held >= max {
@@ -219,13 +251,6 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
         return Ok(still_running(tx, &job_id, epoch).await?.ok_or(None));
     }
     tx.sql(&RUNNING).bind(epoch).bind(now).bind(&job.id).execute().await?;
-    if let Some(pass) = charge {
-        tx.sql("UPDATE teams SET pass = $1 WHERE name = $2")
-            .bind(i64::try_from(pass).unwrap_or(i64::MAX))
-            .bind(&team)
-            .execute()
-            .await?;
-    }
     if grant.run != run.status {
         tx.sql(&RUN_STARTED).bind(now).bind(&job.run_id).execute().await?;
         run.status = grant.run;
@@ -249,11 +274,14 @@ static TEAM_HOLDS: Sql = Sql::new(|_| {
     )
 });
 
-/// A team's weight, running quota and virtual time, its row locked; `None`
-/// when the team is gone (then nothing is charged).
+/// Lock a team's row (a team with a running quota): the count of what it
+/// holds is then read after every committed claim of it.
+static LOCK_TEAM: Sql = Sql::new(|_| "UPDATE teams SET pass = pass WHERE name = $1".to_string());
+
+/// A team's weight, running quota and virtual time; `None` when the team
+/// is gone (then nothing is charged).
 async fn team_row(tx: &mut Tx, team: &str) -> Result<Option<(u32, Option<u32>, u64)>> {
-    static TEAM: Sql =
-        Sql::new(|d| format!("SELECT weight, max_running, pass FROM teams WHERE name = $1{lock}", lock = d.for_update));
+    static TEAM: Sql = Sql::new(|_| "SELECT weight, max_running, pass FROM teams WHERE name = $1".to_string());
     let row: Option<(i64, Option<i64>, i64)> = tx.sql(&TEAM).bind(team).optional().await?;
     Ok(row.map(|(w, m, p)| {
         (u32::try_from(w).unwrap_or(1).max(1), m.and_then(|m| u32::try_from(m).ok()), u64::try_from(p).unwrap_or(0))
