@@ -89,6 +89,9 @@ pub struct Dispatcher {
     last_poll: Mutex<Option<Instant>>,
     /// The teams' shares as last read, with the starts made since.
     shares: Mutex<Shares>,
+    /// Starts claimed through this replica and not yet written to their
+    /// teams' virtual times: team → (starts, the clock at the first).
+    charges: Mutex<BTreeMap<String, (u64, u64)>>,
     /// The live jobs by team × lane × class and the connected slots, as
     /// last read (for the `waiting` texts).
     groups: Mutex<(std::sync::Arc<Vec<kiln_store::QueueGroup>>, u32)>,
@@ -234,13 +237,18 @@ impl Dispatcher {
     /// Weights and quotas changed at runtime apply from here. Waiting
     /// claims are woken when a team at its quota got room.
     pub fn set_teams(&self, teams: impl IntoIterator<Item = (String, Team)>) {
+        let charges = self.charges.lock().unwrap().clone();
         let freed = {
             let mut s = self.shares.lock().unwrap();
             let mut freed = false;
             let mut next = BTreeMap::new();
-            for (name, t) in teams {
-                // The database's virtual time is the truth (every claim
-                // writes it); a start in flight is charged again by its claim.
+            for (name, mut t) in teams {
+                // The database's virtual time is the truth (every replica
+                // writes its starts there each second), with this replica's
+                // starts not written yet.
+                if let Some(&(starts, clock)) = charges.get(&name) {
+                    t.pass = kiln_core::fair::charged_pass(t.pass, t.weight, clock, starts);
+                }
                 if let Some(old) = s.teams.get(&name) {
                     freed |= old.max_running.is_some_and(|m| old.running >= m)
                         && t.max_running.is_none_or(|m| t.running < m);
@@ -257,18 +265,37 @@ impl Dispatcher {
         }
     }
 
-    /// The fair-share clock a claim charges its team's virtual time from.
-    pub fn fair_clock(&self) -> u64 {
-        self.shares.lock().unwrap().clock
+    /// A claim of `team`'s job committed; `started`: a new start (not a
+    /// claim request answered again), to be charged to the team's virtual
+    /// time with the next [`Self::take_charges`] (its stride was counted
+    /// here when the delivery was handed out).
+    pub fn claimed(&self, team: &str, started: bool) {
+        if started {
+            let clock = self.shares.lock().unwrap().clock;
+            let mut charges = self.charges.lock().unwrap();
+            let c = charges.entry(team.to_string()).or_insert((0, clock));
+            c.0 += 1;
+            c.1 = c.1.min(clock);
+        }
     }
 
-    /// A claim of `team`'s job committed, leaving its virtual time at
-    /// `pass` (the start was counted when the delivery was handed out).
-    pub fn claimed(&self, team: &str, pass: Option<u64>) {
-        if let Some(pass) = pass {
-            let mut s = self.shares.lock().unwrap();
-            let t = s.teams.entry(team.to_string()).or_default();
-            t.pass = t.pass.max(pass);
+    /// The starts to write to the teams' virtual times
+    /// (`TeamStore::charge_teams`), taken: give them back with
+    /// [`Self::restore_charges`] if the write fails.
+    pub fn take_charges(&self) -> Vec<kiln_store::TeamCharge> {
+        std::mem::take(&mut *self.charges.lock().unwrap())
+            .into_iter()
+            .map(|(team, (starts, clock))| kiln_store::TeamCharge { team, starts, clock })
+            .collect()
+    }
+
+    /// Charges [`Self::take_charges`] took that were not written.
+    pub fn restore_charges(&self, taken: Vec<kiln_store::TeamCharge>) {
+        let mut charges = self.charges.lock().unwrap();
+        for t in taken {
+            let c = charges.entry(t.team).or_insert((0, t.clock));
+            c.0 += t.starts;
+            c.1 = c.1.min(t.clock);
         }
     }
 
@@ -579,6 +606,32 @@ mod tests {
         assert!(d.pop(&any).is_none(), "its start was counted at once");
         d.unclaimed("a");
         assert_eq!(d.pop(&any).unwrap().team, "a");
+    }
+
+    #[test]
+    fn starts_are_charged_in_batches_and_kept_until_written() {
+        use kiln_core::fair::STRIDE;
+        let d = Dispatcher::default();
+        let any = BTreeMap::new();
+        let team = |pass| ("a".to_string(), Team { weight: 1, pass, ..Team::default() });
+        d.set_teams([team(0)]);
+        for (i, started) in [(1, true), (2, true), (3, false)] {
+            d.push(team_ev(i, "a", "normal"));
+            d.pop(&any).unwrap();
+            // false: a claim request answered again, no start.
+            d.claimed("a", started);
+        }
+        // A refresh before the write: the database's time plus the starts
+        // not written yet.
+        d.set_teams([team(0)]);
+        assert_eq!(d.shares().teams["a"].pass, 2 * STRIDE);
+        let taken = d.take_charges();
+        assert_eq!(taken, vec![kiln_store::TeamCharge { team: "a".into(), starts: 2, clock: 0 }]);
+        assert!(d.take_charges().is_empty(), "taken once");
+        // The write failed: given back, and added to what comes after.
+        d.restore_charges(taken);
+        d.claimed("a", true);
+        assert_eq!(d.take_charges()[0].starts, 3);
     }
 
     #[test]

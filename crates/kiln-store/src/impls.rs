@@ -726,4 +726,8 @@ impl TeamStore for SqlStore {
     async fn attempt_team(&self, job_id: &str, epoch: i64) -> Result<Option<(String, Option<i64>)>> {
         teams::attempt_team(self, job_id, epoch).await
     }
+
+    async fn charge_teams(&self, charges: &[TeamCharge]) -> Result<std::collections::BTreeMap<String, u64>> {
+        teams::charge_teams(self, charges).await
+    }
 }

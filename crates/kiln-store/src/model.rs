@@ -326,9 +326,6 @@ pub struct ClaimInput {
     /// Which agents take untrusted work (invariant 12; the server's
     /// `--untrusted-pools`).
     pub untrusted: kiln_core::claim::UntrustedPolicy,
-    /// The dispatcher's fair-share clock (kiln-core `fair`): the team's
-    /// virtual time moves from at least one stride behind it.
-    pub fair_clock: u64,
 }
 
 /// What a claim transaction did.
@@ -375,9 +372,10 @@ pub struct ClaimedAttempt {
     /// took it, in milliseconds on the database clock; `None` when the
     /// attempt was claimed earlier (a claim request answered again).
     pub eligible_wait_ms: Option<i64>,
-    /// The team's virtual time after this claim charged it (`None`: a
-    /// claim request answered again, nothing charged).
-    pub team_pass: Option<u64>,
+    /// This claim made a new start, to be charged to its team's virtual
+    /// time ([`TeamStore::charge_teams`](crate::TeamStore::charge_teams));
+    /// `false`: a claim request answered again.
+    pub started: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1001,8 +999,19 @@ pub struct TeamRecord {
     pub created_at: i64,
     /// Repositories in it.
     pub repos: i64,
-    /// Its virtual time (kiln-core `fair`), moved by every claim.
+    /// Its virtual time (kiln-core `fair`), moved by the starts the
+    /// dispatchers charge ([`TeamStore::charge_teams`](crate::TeamStore::charge_teams)).
     pub pass: u64,
+}
+
+/// Starts one dispatcher made for a team since it last wrote them
+/// (issue 44): the team's virtual time moves by `starts` strides from at
+/// least one stride behind `clock` (the dispatcher's clock at the first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeamCharge {
+    pub team: String,
+    pub starts: u64,
+    pub clock: u64,
 }
 
 /// Jobs of one team × lane × compatibility class, by status (issue 44):

@@ -497,6 +497,11 @@ pub trait TeamStore: Send + Sync {
     /// The team of an attempt's repository and how long the attempt held
     /// its slot in ms (claim to end; `None` while it runs).
     async fn attempt_team(&self, job_id: &str, epoch: i64) -> Result<Option<(String, Option<i64>)>>;
+    /// Move the teams' virtual times by the starts charged to them (one
+    /// transaction, teams locked in name order; charges add up, so
+    /// replicas writing theirs at the same moment lose none). Returns each
+    /// charged team's new virtual time; a team gone is skipped.
+    async fn charge_teams(&self, charges: &[TeamCharge]) -> Result<BTreeMap<String, u64>>;
 }
 
 /// Test reports, flaky tests and quarantine (issue 43).

@@ -83,12 +83,11 @@ pub(crate) async fn claim(
                 // of waiting for the winner.
                 skip_locked: true,
                 untrusted: policy.clone(),
-                fair_clock: state.dispatcher.fair_clock(),
             };
             let team = ev.team.clone();
             let outcome = state.store.claim_placed(input).await;
             match &outcome {
-                Ok(ClaimOutcome::Claimed(c)) => state.dispatcher.claimed(&team, c.team_pass),
+                Ok(ClaimOutcome::Claimed(c)) => state.dispatcher.claimed(&team, c.started),
                 _ => state.dispatcher.unclaimed(&team),
             }
             match outcome {

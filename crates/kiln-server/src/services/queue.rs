@@ -19,6 +19,15 @@ const RETRY_AFTER_SECS: u64 = 30;
 /// Read the teams and their live jobs and hand them to the dispatcher (and
 /// the gauges); a change of weight or quota applies from here.
 pub(crate) async fn refresh_once(state: &AppState) -> Result<usize, StoreError> {
+    // This replica's starts of the last second, written to their teams'
+    // virtual times first (one transaction, not one write per claim).
+    let charges = state.dispatcher.take_charges();
+    if !charges.is_empty()
+        && let Err(e) = state.store.charge_teams(&charges).await
+    {
+        state.dispatcher.restore_charges(charges);
+        return Err(e);
+    }
     let teams = state.store.list_teams().await?;
     let groups = state.store.queue_groups().await?;
     let mut running: BTreeMap<&str, i64> = BTreeMap::new();

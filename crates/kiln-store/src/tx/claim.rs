@@ -19,8 +19,9 @@
 //!
 //! Fair share (issue 44): a team with a running quota has its row locked
 //! and what it holds counted (reservations included) before the attempt is
-//! inserted; every claimed start's virtual time is written to the team
-//! after the commit.
+//! inserted. No virtual time is written here: the dispatcher charges its
+//! starts to their teams once a second (`TeamStore::charge_teams`), so the
+//! claims of one team never wait for each other on its row.
 //!
 //! The eligibility rule is kiln-core's [`decide_claim`] (its first checks,
 //! [`check_delivery`], run before anything else is read); capacity is
@@ -43,29 +44,7 @@ use std::collections::BTreeMap;
 /// attempt. Declined: stale, duplicate, not yet due, incompatible or full;
 /// misplaced: the agent may never run the job.
 pub(crate) async fn claim(store: &SqlStore, req: &ClaimInput) -> Result<ClaimOutcome> {
-    let out = store.transaction(Isolation::LockedReadCommitted, req, |tx, req| Box::pin(claim_tx(tx, req))).await?;
-    if let ClaimOutcome::Claimed(c) = &out
-        && let Some(pass) = c.team_pass
-    {
-        charge_team(store, &c.run.team, pass).await?;
-    }
-    Ok(out)
-}
-
-/// Persist a start's virtual time for its team (issue 44), after the claim
-/// committed: the pass only moves forward. Two claims of one team at the
-/// same moment may both move it from the same value (one stride is then
-/// not counted), which costs a stride of fairness, never a slot.
-async fn charge_team(store: &SqlStore, team: &str, pass: u64) -> Result<()> {
-    static CHARGE: Sql = Sql::new(|d| {
-        let max = match d.backend {
-            crate::dialect::Backend::Sqlite => "MAX",
-            crate::dialect::Backend::Postgres => "GREATEST",
-        };
-        format!("UPDATE teams SET pass = {max}(pass, $1) WHERE name = $2")
-    });
-    store.writer().await?.sql(&CHARGE).bind(i64::try_from(pass).unwrap_or(i64::MAX)).bind(team).execute().await?;
-    Ok(())
+    store.transaction(Isolation::LockedReadCommitted, req, |tx, req| Box::pin(claim_tx(tx, req))).await
 }
 
 async fn claim_tx(tx: &mut Tx, req: &ClaimInput) -> Result<ClaimOutcome> {
@@ -201,27 +180,18 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
         Err(_) => return Ok(Err(None)),
     };
     let Some((_, max_jobs, agent_name, ..)) = agent else { unreachable!("a grant names a known agent") };
-    // The team's row, locked (issue 44): claims of one team take its quota
-    // and move its virtual time one at a time; the count of what it holds
-    // is read after the lock, so it includes every committed claim.
-    // A team with a running quota: its row is locked, so claims of it are
-    // counted one at a time. Without one, nothing is locked: its virtual
-    // time is written after the commit (`charge_team`), so claims of one
-    // team never wait for each other on its row.
-    let charge = match team_row(tx, &team).await? {
-        Some((weight, max_running, pass)) => {
-            if let Some(max) = max_running {
-                tx.sql(&LOCK_TEAM).bind(&team).execute().await?;
-                let held: i64 = tx.sql(&TEAM_HOLDS).bind(&team).scalar().await?;
-                let held = u32::try_from(held).unwrap_or(u32::MAX);
-                if held >= max {
-                    return Ok(Err(Some(Refusal::AtQuota(team, held))));
-                }
-            }
-            Some(kiln_core::fair::charged_pass(pass, weight, req.fair_clock, 1))
+    // A team with a running quota (issue 44): its row is locked, so claims
+    // of it are counted one at a time; the count of what it holds is read
+    // after the lock, so it includes every committed claim. Without one,
+    // nothing is locked.
+    if let Some(max) = team_quota(tx, &team).await? {
+        tx.sql(&LOCK_TEAM).bind(&team).execute().await?;
+        let held: i64 = tx.sql(&TEAM_HOLDS).bind(&team).scalar().await?;
+        let held = u32::try_from(held).unwrap_or(u32::MAX);
+        if held >= max {
+            return Ok(Err(Some(Refusal::AtQuota(team, held))));
         }
-        None => None,
-    };
+    }
     // Capacity admission for this agent session and the attempt, in one
     // statement (the count is read after the agent lock).
     let (epoch, deadline) = (grant.epoch, grant.lease_deadline);
@@ -261,7 +231,7 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     let eligible_wait_ms = job.next_attempt_at.map(|at| (now - at).max(0));
     job.next_attempt_at = None;
     job.started_at = job.started_at.or(Some(now));
-    Ok(Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms, team_pass: charge }))
+    Ok(Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms, started: true }))
 }
 
 /// Jobs a team holds: running, claimed-but-not-started included (a claim
@@ -278,14 +248,11 @@ static TEAM_HOLDS: Sql = Sql::new(|_| {
 /// holds is then read after every committed claim of it.
 static LOCK_TEAM: Sql = Sql::new(|_| "UPDATE teams SET pass = pass WHERE name = $1".to_string());
 
-/// A team's weight, running quota and virtual time; `None` when the team
-/// is gone (then nothing is charged).
-async fn team_row(tx: &mut Tx, team: &str) -> Result<Option<(u32, Option<u32>, u64)>> {
-    static TEAM: Sql = Sql::new(|_| "SELECT weight, max_running, pass FROM teams WHERE name = $1".to_string());
-    let row: Option<(i64, Option<i64>, i64)> = tx.sql(&TEAM).bind(team).optional().await?;
-    Ok(row.map(|(w, m, p)| {
-        (u32::try_from(w).unwrap_or(1).max(1), m.and_then(|m| u32::try_from(m).ok()), u64::try_from(p).unwrap_or(0))
-    }))
+/// A team's running quota; `None` without one (or when the team is gone).
+async fn team_quota(tx: &mut Tx, team: &str) -> Result<Option<u32>> {
+    static TEAM: Sql = Sql::new(|_| "SELECT max_running FROM teams WHERE name = $1".to_string());
+    let row: Option<Option<i64>> = tx.sql(&TEAM).bind(team).scalar_optional().await?;
+    Ok(row.flatten().and_then(|m| u32::try_from(m).ok()))
 }
 
 /// `AttemptStore::claimed_by_request`.
@@ -322,7 +289,7 @@ async fn still_running(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<Option<C
         .bind(epoch)
         .scalar()
         .await?;
-    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms: None, team_pass: None };
+    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms: None, started: false };
     Ok(replay_stands(c.job.status, c.job.current_epoch, epoch).then_some(c))
 }
 

@@ -5,7 +5,7 @@ use crate::db::{Exec, Row, now};
 use crate::dialect::lit;
 use crate::dialect::{Isolation, Sql};
 use crate::error::{Result, StoreError};
-use crate::model::{QueueGroup, TeamRecord, TeamUpdate};
+use crate::model::{QueueGroup, TeamCharge, TeamRecord, TeamUpdate};
 use crate::store::SqlStore;
 use kiln_core::JobStatus;
 
@@ -288,4 +288,41 @@ pub(crate) async fn attempt_team(store: &SqlStore, job_id: &str, epoch: i64) -> 
             .to_string()
     });
     store.reader().await?.sql(&SQL).bind(job_id).bind(epoch).optional().await
+}
+
+/// `TeamStore::charge_teams`: each team's row locked (in name order, so
+/// two replicas' batches never deadlock), its virtual time moved by
+/// kiln-core's [`charged_pass`](kiln_core::fair::charged_pass). Charges add
+/// up: two replicas writing a team's starts at the same moment lose none.
+pub(crate) async fn charge_teams(
+    store: &SqlStore,
+    charges: &[TeamCharge],
+) -> Result<std::collections::BTreeMap<String, u64>> {
+    static TEAM: Sql = Sql::new(|d| format!("SELECT weight, pass FROM teams WHERE name = $1{}", d.for_update));
+    static SET: Sql = Sql::new(|_| "UPDATE teams SET pass = $1 WHERE name = $2".to_string());
+    let mut merged: std::collections::BTreeMap<&str, (u64, u64)> = std::collections::BTreeMap::new();
+    for c in charges.iter().filter(|c| c.starts > 0) {
+        let e = merged.entry(c.team.as_str()).or_insert((0, c.clock));
+        e.0 = e.0.saturating_add(c.starts);
+        e.1 = e.1.min(c.clock);
+    }
+    if merged.is_empty() {
+        return Ok(std::collections::BTreeMap::new());
+    }
+    store
+        .transaction(Isolation::LockedReadCommitted, &merged, |tx, merged| {
+            Box::pin(async move {
+                let mut out = std::collections::BTreeMap::new();
+                for (team, &(starts, clock)) in merged {
+                    let row: Option<(i64, i64)> = tx.sql(&TEAM).bind(*team).optional().await?;
+                    let Some((weight, pass)) = row else { continue };
+                    let weight = u32::try_from(weight).unwrap_or(1).max(1);
+                    let pass = kiln_core::fair::charged_pass(u64::try_from(pass).unwrap_or(0), weight, clock, starts);
+                    tx.sql(&SET).bind(i64::try_from(pass).unwrap_or(i64::MAX)).bind(*team).execute().await?;
+                    out.insert((*team).to_string(), pass);
+                }
+                Ok(out)
+            })
+        })
+        .await
 }

@@ -393,7 +393,6 @@ pub fn claim_input(agent: &AgentRecord, job_id: &str, generation: i64, ttl_ms: i
         lease_ttl_ms: ttl_ms,
         skip_locked: false,
         untrusted: Default::default(),
-        fair_clock: 0,
     }
 }
 

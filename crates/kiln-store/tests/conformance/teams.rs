@@ -69,9 +69,21 @@ pub async fn claims_charge_their_team_and_hold_its_running_quota<S: Store + 'sta
 
     let (a1, a2) = (agent(s, "a1", 4).await, agent(s, "a2", 4).await);
     let c = claim(s, &a1, &jobs[0], LONG_TTL).await;
-    assert_eq!(c.team_pass, Some(STRIDE / 2), "weight 2: half a stride");
+    assert!(c.started, "a new start, to be charged");
     assert_eq!(c.run.team, "q");
+    assert_eq!(s.get_team("q").await.unwrap().pass, 0, "the claim itself writes no virtual time");
+    let charge = |starts: u64, clock: u64| TeamCharge { team: "q".into(), starts, clock };
+    let charged = s.charge_teams(&[charge(1, 0)]).await.unwrap();
+    assert_eq!(charged.get("q"), Some(&(STRIDE / 2)), "weight 2: half a stride");
     assert_eq!(s.get_team("q").await.unwrap().pass, STRIDE / 2, "persisted: a restart resumes from it");
+    // Charges add up: two replicas writing theirs lose none, and a team
+    // gone is skipped.
+    let gone = TeamCharge { team: "nobody".into(), starts: 5, clock: 0 };
+    let (first, second) = ([charge(2, 0), gone], [charge(1, 0)]);
+    let (x, y) = tokio::join!(s.charge_teams(&first), s.charge_teams(&second));
+    assert!(!x.unwrap().contains_key("nobody"));
+    y.unwrap();
+    assert_eq!(s.get_team("q").await.unwrap().pass, 4 * (STRIDE / 2), "3 more starts");
     // The claimed attempt holds the team's one slot, started or not.
     let g = s.get_job(&jobs[1]).await.unwrap().dispatch_generation;
     let over = s.claim_placed(claim_input(&a2, &jobs[1], g, LONG_TTL)).await.unwrap();
@@ -91,14 +103,16 @@ pub async fn claims_charge_their_team_and_hold_its_running_quota<S: Store + 'sta
     // A clock far ahead: an idle team's time moves up to one stride behind it.
     let clock = 10 * STRIDE;
     let (x, y) = tokio::join!(
-        s.claim_placed(ClaimInput { fair_clock: clock, ..claim_input(&a1, &jobs[1], g1, LONG_TTL) }),
-        s.claim_placed(ClaimInput { fair_clock: clock, ..claim_input(&a2, &jobs[2], g2, LONG_TTL) }),
+        s.claim_placed(claim_input(&a1, &jobs[1], g1, LONG_TTL)),
+        s.claim_placed(claim_input(&a2, &jobs[2], g2, LONG_TTL)),
     );
     let (x, y) = (x.unwrap(), y.unwrap());
     let won: Vec<&ClaimOutcome> = [&x, &y].into_iter().filter(|o| matches!(o, ClaimOutcome::Claimed(_))).collect();
     assert_eq!(won.len(), 1, "exactly one claim takes the last slot: {x:?} / {y:?}");
     let ClaimOutcome::Claimed(w) = won[0] else { unreachable!() };
-    assert_eq!(w.team_pass, Some(clock - STRIDE / 2 + STRIDE / 2), "from one stride behind the clock");
+    assert!(w.started);
+    let charged = s.charge_teams(&[charge(1, clock)]).await.unwrap();
+    assert_eq!(charged.get("q"), Some(&(clock - STRIDE / 2 + STRIDE / 2)), "from one stride behind the clock");
     assert!([&x, &y].iter().any(|o| matches!(o, ClaimOutcome::AtQuota(..))));
 
     // A quota lifted at runtime applies to the next claim.
@@ -218,10 +232,7 @@ pub async fn fair_share_through_the_store_follows_the_reference_model<S: Store +
                 );
                 let Some(i) = mine else { break };
                 let ev = &ready[i];
-                let input = ClaimInput {
-                    fair_clock: view.clock,
-                    ..claim_input(&agent, &ev.job_id, ev.dispatch_generation, LONG_TTL)
-                };
+                let input = claim_input(&agent, &ev.job_id, ev.dispatch_generation, LONG_TTL);
                 let c = match s.claim_placed(input).await.unwrap() {
                     ClaimOutcome::Claimed(c) => c,
                     other => {
@@ -229,7 +240,18 @@ pub async fn fair_share_through_the_store_follows_the_reference_model<S: Store +
                     }
                 };
                 reference.start(&ev.team, 1);
-                assert_eq!(c.team_pass, Some(reference.team(&ev.team).pass), "seed {seed}: the charged virtual time");
+                // The dispatcher writes the start (here at once; a server
+                // once a second, which the refresh adds back).
+                let charged = s
+                    .charge_teams(&[TeamCharge { team: ev.team.clone(), starts: 1, clock: view.clock }])
+                    .await
+                    .unwrap();
+                assert!(c.started);
+                assert_eq!(
+                    charged.get(&ev.team),
+                    Some(&reference.team(&ev.team).pass),
+                    "seed {seed}: the charged virtual time"
+                );
                 running.push((ev.job_id.clone(), c.epoch, ev.team.clone(), step + rng.random_range(1..=3)));
                 starts += 1;
             }

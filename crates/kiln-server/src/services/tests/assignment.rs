@@ -126,7 +126,6 @@ async fn an_untrusted_run_gets_no_secrets() {
             lease_ttl_ms: 30_000,
             skip_locked: false,
             untrusted: Default::default(),
-            fair_clock: 0,
         })
         .await
         .unwrap()
