@@ -124,6 +124,47 @@ impl BlobStore {
             BlobStore::S3(s) => s.delete(key).await,
         }
     }
+
+    /// Whether completed (or, locally, staged) bytes exist under `key`.
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        match self {
+            BlobStore::Local(l) => Ok(l.exists(key).await),
+            BlobStore::S3(s) => Ok(s.head(key).await?.is_some()),
+        }
+    }
+
+    /// Whether an object of `size` bytes can move to its content key: S3
+    /// copies one object in one request only up to 5 GiB (larger ones keep
+    /// their session key: stored per upload, as before issue 45).
+    pub fn content_addressable(&self, size: u64) -> bool {
+        match self {
+            BlobStore::Local(_) => true,
+            BlobStore::S3(_) => size <= 5 << 30,
+        }
+    }
+
+    /// Move the completed object `from` (bytes `expected`) to the content
+    /// key `to` (issue 45): when `to` holds them already, `from` is just
+    /// deleted. S3 reads `from` back and refuses bytes that are not
+    /// `expected` (the agent named the sha256; the key must be the truth).
+    /// Idempotent: `from` gone and `to` present is done.
+    pub async fn promote(&self, from: &str, to: &str, expected: &ObjectInfo) -> Result<()> {
+        match self {
+            BlobStore::Local(l) => l.promote(from, to).await,
+            BlobStore::S3(s) => s.promote(from, to, expected).await,
+        }
+    }
+
+    /// Copy the completed object `from` to the content key `to` unless it
+    /// holds the bytes already, after checking they are `expected` (a
+    /// generation written before content addressing; `from` stays, being
+    /// perhaps read right now).
+    pub async fn copy_to_content(&self, from: &str, to: &str, expected: &ObjectInfo) -> Result<()> {
+        match self {
+            BlobStore::Local(l) => l.copy_to_content(from, to, expected).await,
+            BlobStore::S3(s) => s.copy_to_content(from, to, expected).await,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -371,6 +412,59 @@ impl LocalBlobStore {
         Ok(())
     }
 
+    /// [`BlobStore::promote`]: a rename within the store's directory.
+    pub async fn promote(&self, from: &str, to: &str) -> Result<()> {
+        check_key(from)?;
+        check_key(to)?;
+        let (src, dst) = (self.object(from), self.object(to));
+        if fs::try_exists(&dst).await? {
+            // Stored once: this upload's copy goes.
+            return match fs::remove_file(&src).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        fs::create_dir_all(dst.parent().expect("parent")).await?;
+        match fs::rename(&src, &dst).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if fs::try_exists(&dst).await? { Ok(()) } else { Err(BlobError::NotFound(from.into())) }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`BlobStore::copy_to_content`]: verified, copied to a temporary file
+    /// and renamed into place.
+    pub async fn copy_to_content(&self, from: &str, to: &str, expected: &ObjectInfo) -> Result<()> {
+        check_key(from)?;
+        check_key(to)?;
+        let dst = self.object(to);
+        if fs::try_exists(&dst).await? {
+            return Ok(());
+        }
+        let got = hash_file(&self.object(from)).await?;
+        if &got != expected {
+            return Err(BlobError::Mismatch {
+                expected_size: expected.size,
+                expected_sha256: expected.sha256.clone(),
+                size: got.size,
+                sha256: got.sha256,
+            });
+        }
+        fs::create_dir_all(dst.parent().expect("parent")).await?;
+        let tmp = dst.with_extension(format!("tmp-{}", rand_suffix()));
+        fs::copy(self.object(from), &tmp).await?;
+        let f = fs::File::open(&tmp).await?;
+        f.sync_all().await?;
+        let mut perms = f.metadata().await?.permissions();
+        perms.set_readonly(true);
+        fs::set_permissions(&tmp, perms).await?;
+        fs::rename(&tmp, &dst).await?;
+        Ok(())
+    }
+
     /// True when staged or completed bytes exist for `key`.
     pub async fn exists(&self, key: &str) -> bool {
         check_key(key).is_ok()
@@ -490,6 +584,37 @@ mod tests {
         for key in ["../x", "a/../b", "/abs", "a//b", "sp ace", ""] {
             assert!(matches!(s.write_part(key, 0, 4, 4, &b"abcd"[..]).await, Err(BlobError::BadKey(_))), "{key}");
         }
+    }
+
+    #[tokio::test]
+    async fn identical_bytes_are_stored_once_under_their_content_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::Local(LocalBlobStore::new(dir.path()));
+        let BlobStore::Local(local) = &store else { unreachable!() };
+        let data = b"the same bytes";
+        let want = info(data);
+        let cas = format!("cas/sha256/{}", want.sha256);
+        for key in ["a/1", "b/2"] {
+            local.write_part(key, 0, 1024, data.len() as u64, &data[..]).await.unwrap();
+            local.complete(key, &want).await.unwrap();
+            store.promote(key, &cas, &want).await.unwrap();
+            assert!(!local.exists(key).await, "{key}: the upload's own copy is gone");
+            // Promoting again (a lost response) is done already.
+            store.promote(key, &cas, &want).await.unwrap();
+        }
+        assert_eq!(store.read_all(&cas).await.unwrap(), data);
+        assert!(matches!(store.promote("c/3", &format!("cas/sha256/{}", "0".repeat(64)), &want).await,
+            Err(BlobError::NotFound(_))));
+        // An object written before: copied (checked), the old key kept.
+        local.put_object("old/1", b"older bytes").await.unwrap();
+        let old = info(b"older bytes");
+        let to = format!("cas/sha256/{}", old.sha256);
+        let wrong = ObjectInfo { size: old.size, sha256: want.sha256.clone() };
+        assert!(matches!(store.copy_to_content("old/1", &to, &wrong).await, Err(BlobError::Mismatch { .. })));
+        assert!(!local.exists(&to).await, "nothing copied under a key that is not its digest");
+        store.copy_to_content("old/1", &to, &old).await.unwrap();
+        assert_eq!(store.read_all(&to).await.unwrap(), b"older bytes");
+        assert_eq!(store.read_all("old/1").await.unwrap(), b"older bytes");
     }
 
     #[tokio::test]

@@ -330,6 +330,34 @@ impl S3BlobStore {
         Ok(b.to_vec())
     }
 
+    /// [`BlobStore::promote`](crate::BlobStore::promote): `from` read back
+    /// and checked, copied server-side unless `to` exists, then deleted.
+    pub async fn promote(&self, from: &str, to: &str, expected: &ObjectInfo) -> Result<()> {
+        if self.head(from).await?.is_none() {
+            return if self.head(to).await?.is_some() { Ok(()) } else { Err(BlobError::NotFound(from.into())) };
+        }
+        self.copy_to_content(from, to, expected).await?;
+        self.delete(from).await
+    }
+
+    /// [`BlobStore::copy_to_content`](crate::BlobStore::copy_to_content).
+    pub async fn copy_to_content(&self, from: &str, to: &str, expected: &ObjectInfo) -> Result<()> {
+        if self.head(to).await?.is_some() {
+            return Ok(());
+        }
+        let got = self.hash(from).await?;
+        if &got != expected {
+            return Err(BlobError::Mismatch {
+                expected_size: expected.size,
+                expected_sha256: expected.sha256.clone(),
+                size: got.size,
+                sha256: got.sha256,
+            });
+        }
+        let (src, dst) = (self.path(from)?, self.path(to)?);
+        self.s3.copy(&src, &dst).await.map_err(|e| os_err(from, e))
+    }
+
     /// Remove the object; absent keys are fine.
     pub async fn delete(&self, key: &str) -> Result<()> {
         let p = self.path(key)?;

@@ -86,12 +86,14 @@ pub(crate) async fn collect_once(state: &AppState) -> Result<usize, StoreError> 
     for g in state.store.collectable_generations(grace, COLLECT_BATCH).await? {
         // An unfinished S3 multipart upload keeps its parts until aborted.
         if let (kiln_blob::BlobStore::S3(s3), false) = (&state.blob, g.upload_id.is_empty())
-            && let Err(e) = s3.abort_upload(&g.object_key, &g.upload_id).await
+            && let Err(e) = s3.abort_upload(&g.session_key, &g.upload_id).await
         {
             tracing::warn!(generation = %g.id, "cannot abort the artifact's multipart upload: {e}");
             continue;
         }
-        if let Err(e) = state.blob.delete(&g.object_key).await {
+        // Its own bytes only: a content object it referenced is shared, and
+        // goes once nothing references it (below).
+        if let Err(e) = state.blob.delete(&g.session_key).await {
             tracing::warn!(generation = %g.id, "cannot delete artifact bytes: {e}");
             continue;
         }
@@ -104,6 +106,9 @@ pub(crate) async fn collect_once(state: &AppState) -> Result<usize, StoreError> 
         }
     }
     collected += expire_once(state).await?;
+    collected += collect_content_once(state, grace).await?;
+    collected += retire_sessions_once(state).await?;
+    collected += migrate_content_once(state).await?;
     // Issue 43: reports staged by attempts that never bound them.
     let reports = state.store.collect_staged_reports(grace, COLLECT_BATCH).await?;
     if reports > 0 {
@@ -124,7 +129,9 @@ pub(crate) async fn expire_once(state: &AppState) -> Result<usize, StoreError> {
         if !state.store.expire_artifact(&g.id).await? {
             continue;
         }
-        match state.blob.delete(&g.object_key).await {
+        // A content object is shared: it goes once nothing references it.
+        let own = if g.content_addressed() { Ok(()) } else { state.blob.delete(&g.object_key).await };
+        match own {
             Ok(()) | Err(kiln_blob::BlobError::NotFound(_)) => {}
             Err(e) => {
                 tracing::warn!(generation = %g.id, "cannot delete expired artifact bytes (will retry): {e}");
@@ -155,4 +162,71 @@ pub(crate) async fn archive_once(state: &AppState) -> Result<usize, StoreError> 
         }
     }
     Ok(archived)
+}
+
+/// Content objects (issue 45) that no generation references any more:
+/// marked `deleting` (a seal meeting it waits), their bytes deleted, their
+/// row removed. One whose bytes cannot be deleted now stays `deleting` and
+/// is retried on a later round.
+async fn collect_content_once(state: &AppState, grace: i64) -> Result<usize, StoreError> {
+    let mut collected = 0;
+    for sha in state.store.collectable_content(grace, COLLECT_BATCH).await? {
+        if !state.store.begin_content_delete(&sha, grace).await? {
+            continue;
+        }
+        if let Err(e) = state.blob.delete(&kiln_store::content_key(&sha)).await {
+            tracing::warn!(sha256 = %sha, "cannot delete unreferenced artifact bytes (will retry): {e}");
+            continue;
+        }
+        state.store.content_deleted(&sha).await?;
+        collected += 1;
+        tracing::info!(sha256 = %sha, "collected artifact bytes nothing references");
+    }
+    Ok(collected)
+}
+
+/// The old bytes of generations moved to their content object, once no
+/// download handed out before the move can read them any more.
+async fn retire_sessions_once(state: &AppState) -> Result<usize, StoreError> {
+    let mut retired = 0;
+    for g in state.store.retirable_sessions(COLLECT_BATCH).await? {
+        if g.session_key != g.object_key
+            && let Err(e) = state.blob.delete(&g.session_key).await
+        {
+            tracing::warn!(generation = %g.id, "cannot delete an artifact's old bytes (will retry): {e}");
+            continue;
+        }
+        state.store.session_retired(&g.id).await?;
+        retired += 1;
+    }
+    Ok(retired)
+}
+
+/// Generations sealed before content addressing: their bytes are checked
+/// against their sha256 and copied to their content object, which they
+/// then read; the old bytes are deleted once every download capability
+/// handed out before could have been used. A generation whose bytes do not
+/// verify is left as it is (and said).
+async fn migrate_content_once(state: &AppState) -> Result<usize, StoreError> {
+    const MIGRATE_BATCH: u32 = 20;
+    let mut moved = 0;
+    for g in state.store.migratable_generations(MIGRATE_BATCH).await? {
+        let size = g.expected_size.max(0) as u64;
+        if !state.blob.content_addressable(size) {
+            continue;
+        }
+        let key = kiln_store::content_key(&g.expected_sha256);
+        let expected = kiln_blob::ObjectInfo { size, sha256: g.expected_sha256.clone() };
+        state.store.touch_content(&g.expected_sha256, g.expected_size).await?;
+        if let Err(e) = state.blob.copy_to_content(&g.object_key, &key, &expected).await {
+            tracing::warn!(generation = %g.id, "cannot move artifact bytes to their content key: {e}");
+            continue;
+        }
+        let retire_after = crate::services::artifacts::DOWNLOAD_CAP_MS + 60_000;
+        if state.store.move_to_content(&g.id, &g.object_key, retire_after).await? {
+            moved += 1;
+            tracing::info!(generation = %g.id, sha256 = %g.expected_sha256, "artifact bytes moved to their content key");
+        }
+    }
+    Ok(moved)
 }

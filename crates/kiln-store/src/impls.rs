@@ -7,7 +7,7 @@ use crate::store::SqlStore;
 use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
-    accept, access, agents, artifacts, caches, cancel, claim, complete, forge, images, lease, logs, notify, outbox,
+    accept, access, agents, artifacts, caches, cancel, claim, complete, content, forge, images, lease, logs, notify, outbox,
     repos, teams, test_reports,
 };
 use async_trait::async_trait;
@@ -420,6 +420,46 @@ impl ArtifactStore for SqlStore {
 
     async fn mark_expired_deleted(&self, generation_id: &str) -> Result<()> {
         artifacts::mark_expired_deleted(self, generation_id).await
+    }
+
+    async fn reference_content(&self, id: &str, job_id: &str, epoch: i64) -> Result<String> {
+        content::reference_content(self, id, job_id, epoch).await
+    }
+
+    async fn migratable_generations(&self, limit: u32) -> Result<Vec<GenerationRecord>> {
+        content::migratable_generations(self, limit).await
+    }
+
+    async fn touch_content(&self, sha256: &str, size: i64) -> Result<()> {
+        content::touch_content(self, sha256, size).await
+    }
+
+    async fn move_to_content(&self, id: &str, from: &str, retire_after_ms: i64) -> Result<bool> {
+        content::move_to_content(self, id, from, retire_after_ms).await
+    }
+
+    async fn retirable_sessions(&self, limit: u32) -> Result<Vec<GenerationRecord>> {
+        content::retirable_sessions(self, limit).await
+    }
+
+    async fn session_retired(&self, id: &str) -> Result<()> {
+        content::session_retired(self, id).await
+    }
+
+    async fn collectable_content(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>> {
+        content::collectable_content(self, grace_ms, limit).await
+    }
+
+    async fn begin_content_delete(&self, sha256: &str, grace_ms: i64) -> Result<bool> {
+        content::begin_content_delete(self, sha256, grace_ms).await
+    }
+
+    async fn content_deleted(&self, sha256: &str) -> Result<()> {
+        content::content_deleted(self, sha256).await
+    }
+
+    async fn content_usage(&self) -> Result<(i64, i64)> {
+        content::content_usage(self).await
     }
 }
 

@@ -490,6 +490,8 @@ pub struct GenerationRecord {
     pub job_id: String,
     pub epoch: i64,
     pub name: String,
+    /// Where its bytes are read: its content object once they moved there
+    /// (issue 45), else its session key.
     pub object_key: String,
     pub expected_size: i64,
     pub expected_sha256: String,
@@ -502,6 +504,25 @@ pub struct GenerationRecord {
     /// What the bytes are: `file` (one published file) or `archive` (a
     /// directory or glob packed by the agent as one tar+zstd archive).
     pub kind: String,
+    /// The key its bytes were uploaded under (its own, unique; the same as
+    /// `object_key` until they move to their content object).
+    pub session_key: String,
+}
+
+impl GenerationRecord {
+    /// Its bytes are the content object of their sha256 (shared with every
+    /// generation of the same bytes; never deleted with this generation).
+    pub fn content_addressed(&self) -> bool {
+        self.object_key.starts_with(CONTENT_PREFIX)
+    }
+}
+
+/// Where content objects live in the object store.
+pub const CONTENT_PREFIX: &str = "cas/sha256/";
+
+/// The object key of the bytes whose sha256 is `sha256` (lowercase hex).
+pub fn content_key(sha256: &str) -> String {
+    format!("{CONTENT_PREFIX}{sha256}")
 }
 
 /// The kinds of a generation's bytes ([`GenerationRecord::kind`]).

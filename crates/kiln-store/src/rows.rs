@@ -30,7 +30,10 @@ pub(crate) const ATTEMPT_COLS: &str = "job_id, epoch, agent_id, session_id, runn
     released_at, release_evidence, cleanup_error";
 
 /// A generation; the table is `g`.
-pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, g.object_key, g.expected_size, \
+/// `object_key`: where the bytes are read (the content object once they
+/// moved there); `session_key`: the key they were uploaded under.
+pub(crate) const GEN_COLS: &str = "g.id, g.run_id, g.job_id, g.epoch, g.name, \
+    COALESCE(g.content_key, g.object_key) AS object_key, g.object_key AS session_key, g.expected_size, \
     g.expected_sha256, g.part_size, g.state, g.created_at, g.upload_id, g.kind";
 /// The binding's columns beside [`GEN_COLS`] for [`bound_from_row`].
 pub(crate) const BINDING_COLS: &str = "j.name AS job_name, b.job_id AS bound_job_id, b.expires_at, b.expired_at";
@@ -222,6 +225,7 @@ pub(crate) fn gen_from_row(row: &Row) -> Result<GenerationRecord> {
         created_at: row.get("created_at")?,
         upload_id: row.get("upload_id")?,
         kind: row.get("kind")?,
+        session_key: row.get("session_key")?,
     })
 }
 

@@ -426,6 +426,34 @@ pub trait ArtifactStore: Send + Sync {
     async fn expire_artifact(&self, generation_id: &str) -> Result<bool>;
     /// The expired generation's bytes were deleted (`deleted_at`).
     async fn mark_expired_deleted(&self, generation_id: &str) -> Result<()>;
+
+    // Content-addressed bytes (issue 45; `tx/content.rs`).
+    /// The live attempt's verified upload session is made to reference the
+    /// content object of its sha256 (whose key is returned) before its
+    /// bytes move there; `Busy` while the collector deletes that object.
+    async fn reference_content(&self, id: &str, job_id: &str, epoch: i64) -> Result<String>;
+    /// Sealed generations whose bytes are still under their session key.
+    async fn migratable_generations(&self, limit: u32) -> Result<Vec<GenerationRecord>>;
+    /// The content object's row made live and kept from the collector for
+    /// its grace period; `Busy` while it is being deleted.
+    async fn touch_content(&self, sha256: &str, size: i64) -> Result<()>;
+    /// A sealed generation under session key `from` now reads its content
+    /// object; the old bytes are due for deletion after `retire_after_ms`.
+    /// `false`: it changed meanwhile, nothing done.
+    async fn move_to_content(&self, id: &str, from: &str, retire_after_ms: i64) -> Result<bool>;
+    /// Generations whose old session bytes are due for deletion.
+    async fn retirable_sessions(&self, limit: u32) -> Result<Vec<GenerationRecord>>;
+    async fn session_retired(&self, id: &str) -> Result<()>;
+    /// Content objects no generation references (untouched for
+    /// `grace_ms`), and those whose deletion was begun: their sha256.
+    async fn collectable_content(&self, grace_ms: i64, limit: u32) -> Result<Vec<String>>;
+    /// Mark the object `deleting` if nothing references it; `true` when its
+    /// bytes may be deleted now.
+    async fn begin_content_delete(&self, sha256: &str, grace_ms: i64) -> Result<bool>;
+    /// The object's bytes are gone: its row is removed.
+    async fn content_deleted(&self, sha256: &str) -> Result<()>;
+    /// Content objects and their bytes.
+    async fn content_usage(&self) -> Result<(i64, i64)>;
 }
 
 /// Badges and notifications (issue 42): the repository's public flag,

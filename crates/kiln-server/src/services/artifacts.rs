@@ -30,7 +30,7 @@ pub const PART_SIZE: u64 = 64 * 1024 * 1024;
 /// Largest artifact accepted (100 GiB).
 pub const MAX_ARTIFACT: u64 = 100 * 1024 * 1024 * 1024;
 const UPLOAD_CAP_MS: i64 = 60 * 60 * 1000;
-const DOWNLOAD_CAP_MS: i64 = 15 * 60 * 1000;
+pub(crate) const DOWNLOAD_CAP_MS: i64 = 15 * 60 * 1000;
 /// A presigned part upload is valid this long (asked for right before use).
 const PART_URL_MS: i64 = 10 * 60 * 1000;
 
@@ -134,17 +134,17 @@ pub(crate) async fn part_url(
         return Err(ApiErr::bad_request("content_md5 must be the base64 of a 16-byte MD5 digest".to_string()));
     }
     let upload_id = if g.upload_id.is_empty() {
-        let mine = s3.begin_upload(&g.object_key).await.map_err(blob_err)?;
+        let mine = s3.begin_upload(&g.session_key).await.map_err(blob_err)?;
         let winner = state.store.set_generation_upload(generation, &mine).await;
         if winner.as_deref().ok() != Some(mine.as_str()) {
-            let _ = s3.abort_upload(&g.object_key, &mine).await;
+            let _ = s3.abort_upload(&g.session_key, &mine).await;
         }
         winner?
     } else {
         g.upload_id.clone()
     };
     let ttl = Duration::from_millis(PART_URL_MS as u64);
-    let signed = s3.presign_part(&g.object_key, &upload_id, part, &req.content_md5, ttl).await.map_err(blob_err)?;
+    let signed = s3.presign_part(&g.session_key, &upload_id, part, &req.content_md5, ttl).await.map_err(blob_err)?;
     Ok(api::PresignedPart {
         part,
         url: signed.url,
@@ -170,7 +170,7 @@ pub(crate) async fn put_part<R: tokio::io::AsyncRead + Unpin>(
         return Err(ApiErr::bad_request("this server's object store takes parts directly (presigned)".to_string()));
     };
     let info = local
-        .write_part(&g.object_key, part, g.part_size as u64, g.expected_size as u64, bytes)
+        .write_part(&g.session_key, part, g.part_size as u64, g.expected_size as u64, bytes)
         .await
         .map_err(blob_err)?;
     Ok(api::PartReceipt { part, size: info.size, sha256: info.sha256 })
@@ -203,19 +203,29 @@ pub(crate) async fn seal(
         // Refuse a fenced epoch before touching the bytes.
         state.store.uploadable_generation(generation).await?;
         let expected = ObjectInfo { size: g.expected_size as u64, sha256: g.expected_sha256.clone() };
-        let done = match &state.blob {
-            BlobStore::Local(local) => local.complete(&g.object_key, &expected).await,
-            BlobStore::S3(s3) => {
-                let etags = part_etags(&req.parts, part_count(expected.size, g.part_size as u64), expected.size)?;
-                s3.complete(&g.object_key, &g.upload_id, &etags, &expected).await
+        // An earlier try moved the bytes to their content key already (its
+        // response was lost): only the seal is left.
+        let moved = g.content_addressed() && !state.blob.exists(&g.session_key).await.map_err(blob_err)?;
+        if !moved {
+            let done = match &state.blob {
+                BlobStore::Local(local) => local.complete(&g.session_key, &expected).await,
+                BlobStore::S3(s3) => {
+                    let etags = part_etags(&req.parts, part_count(expected.size, g.part_size as u64), expected.size)?;
+                    s3.complete(&g.session_key, &g.upload_id, &etags, &expected).await
+                }
+            };
+            if let Err(e) = done {
+                return Err(unverified(state, &g, e).await);
             }
-        };
-        if let Err(e) = done {
-            if matches!(e, BlobError::Mismatch { .. } | BlobError::NotFound(_)) {
-                let _ = state.store.fail_generation(generation, &e.to_string()).await;
-                return Err(ApiErr::invalid(format!("artifact `{}` failed verification: {e}", g.name)));
+            if state.blob.content_addressable(expected.size) {
+                // Referenced first (the collector keeps the content object
+                // from then on), moved, and only then sealed: a sealed
+                // generation's bytes are always there.
+                let key = state.store.reference_content(generation, job, epoch).await?;
+                if let Err(e) = state.blob.promote(&g.session_key, &key, &expected).await {
+                    return Err(unverified(state, &g, e).await);
+                }
             }
-            return Err(blob_err(e));
         }
     } else if g.state != "sealed" {
         return Err(ApiErr::new(
@@ -238,6 +248,16 @@ pub(crate) async fn seal(
         sha256: g.expected_sha256,
         state: g.state.into(),
     })
+}
+
+/// A session whose bytes did not verify is failed (nothing of it is ever
+/// sealed); any other object store error is the store's.
+async fn unverified(state: &AppState, g: &kiln_store::GenerationRecord, e: BlobError) -> ApiErr {
+    if matches!(e, BlobError::Mismatch { .. } | BlobError::NotFound(_)) {
+        let _ = state.store.fail_generation(&g.id, &e.to_string()).await;
+        return ApiErr::invalid(format!("artifact `{}` failed verification: {e}", g.name));
+    }
+    blob_err(e)
 }
 
 /// The ETags of a presigned session's parts, in order: every part once.

@@ -249,6 +249,13 @@ async fn verify_entry(state: &AppState, job: &str, epoch: i64, namespace: &str, 
     if !intact {
         tracing::warn!(namespace, key, generation = %hit.generation.id, "cache entry's bytes are damaged: dropped");
         state.store.remove_cache(&repo_id, namespace, key, &hit.generation.id).await?;
+        // Shared bytes (issue 45): the damaged copy goes too, so the next
+        // upload of these bytes stores them afresh instead of joining it.
+        if hit.generation.content_addressed()
+            && let Err(e) = state.blob.delete(&hit.generation.object_key).await
+        {
+            tracing::warn!(generation = %hit.generation.id, "cannot delete damaged content bytes: {e}");
+        }
         state.cache_counts.evictions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(())

@@ -1023,3 +1023,101 @@ pub async fn bindings_carry_signed_provenance_of_the_winning_epoch_only<S: Store
     assert_eq!(jar["annotations"]["generation"], g2.id.as_str());
     assert!(deps.iter().any(|d| d["digest"]["gitCommit"] == run.commit_sha.as_str()));
 }
+
+/// Content-addressed bytes (issue 45): generations of the same bytes share
+/// one content object, referenced until no generation that is not deleted
+/// names it; the collector's delete and a new reference never both win
+/// (SERIALIZABLE); a `deleting` object makes a seal wait, never join it;
+/// a generation sealed before content addressing moves to its object and
+/// its old bytes retire later.
+pub async fn content_objects_live_while_any_generation_references_them<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let key = kiln_store::content_key(SHA);
+    let a = agent(s, "a", 64).await;
+    // Two runs publish the same bytes: one object, referenced by both.
+    let mut bound = Vec::new();
+    for _ in 0..2 {
+        let (_, run_id) = start(s, build_and_test()).await;
+        let build = job_id(s, &run_id, "build").await;
+        claim(s, &a, &build, LONG_TTL).await;
+        let g = open_gen(s, &build, 1, "jar").await;
+        assert!(!g.content_addressed() && g.session_key == g.object_key, "uploaded under its own key");
+        assert_eq!(s.reference_content(&g.id, &build, 1).await.unwrap(), key);
+        let sealed = s.seal_generation(&g.id, &build, 1).await.unwrap();
+        assert!(sealed.content_addressed() && sealed.session_key == g.session_key);
+        assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+        bound.push((run_id, sealed));
+    }
+    assert_eq!(s.content_usage().await.unwrap(), (1, SIZE), "stored once");
+    let resolved = s.resolve_binding(&bound[0].0, "build", "jar").await.unwrap();
+    assert_eq!(resolved.generation.object_key, key, "readers read the content object");
+    let far = -3_600_000; // a grace in the future: the touch protects nothing
+    assert!(s.collectable_content(far, 100).await.unwrap().is_empty(), "bound generations reference it");
+    assert!(!s.begin_content_delete(SHA, far).await.unwrap(), "never while referenced");
+
+    // A fenced attempt's generation references other bytes; once the
+    // collector deleted it, nothing does.
+    let (_, run_id) = start(s, build_and_test()).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let other = "f".repeat(64);
+    let lost = s.create_generation(&build, 1, "jar", 5, &other, PART).await.unwrap();
+    s.reference_content(&lost.id, &build, 1).await.unwrap();
+    assert_eq!(s.content_usage().await.unwrap(), (2, SIZE + 5));
+    assert!(s.collectable_content(far, 100).await.unwrap().is_empty());
+    s.mark_generation_deleted(&lost.id).await.unwrap();
+    assert!(s.collectable_content(LONG_TTL, 100).await.unwrap().is_empty(), "touched within the grace");
+    assert_eq!(s.collectable_content(far, 100).await.unwrap(), vec![other.clone()]);
+    // Its deletion begun, a seal of the same bytes waits (Busy) rather than
+    // joining bytes about to go; after it, it stores them afresh.
+    assert!(s.begin_content_delete(&other, far).await.unwrap());
+    assert!(s.begin_content_delete(&other, far).await.unwrap(), "begun already: go on");
+    let again = s.create_generation(&build, 1, "jar", 5, &other, PART).await.unwrap();
+    match s.reference_content(&again.id, &build, 1).await {
+        Err(StoreError::Busy(_)) => {}
+        other => panic!("a deleting object is not joined: {other:?}"),
+    }
+    assert!(!s.get_generation(&again.id).await.unwrap().content_addressed(), "nothing changed");
+    s.content_deleted(&other).await.unwrap();
+    assert_eq!(s.content_usage().await.unwrap(), (1, SIZE));
+    s.reference_content(&again.id, &build, 1).await.unwrap();
+    assert_eq!(s.content_usage().await.unwrap(), (2, SIZE + 5));
+
+    // A new reference and the collector at the same moment: never both.
+    for i in 0..12 {
+        let sha = format!("{:064x}", 0xc0ffee + i);
+        let first = s.create_generation(&build, 1, "jar", 7, &sha, PART).await.unwrap();
+        s.reference_content(&first.id, &build, 1).await.unwrap();
+        s.mark_generation_deleted(&first.id).await.unwrap();
+        let next = s.create_generation(&build, 1, "jar", 7, &sha, PART).await.unwrap();
+        let (referenced, deleting) =
+            tokio::join!(s.reference_content(&next.id, &build, 1), s.begin_content_delete(&sha, far));
+        match (referenced, deleting.unwrap()) {
+            (Ok(_), false) | (Err(StoreError::Busy(_)), true) => {}
+            (r, d) => panic!("round {i}: reference {r:?} while the collector's delete began: {d}"),
+        }
+    }
+
+    // A generation sealed before content addressing moves to its object;
+    // its old bytes retire after the given delay.
+    let legacy = s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await.unwrap();
+    s.seal_generation(&legacy.id, &build, 1).await.unwrap();
+    let old = s.migratable_generations(100).await.unwrap();
+    assert_eq!(old.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(), vec![legacy.id.as_str()]);
+    s.touch_content(SHA, SIZE).await.unwrap();
+    assert!(s.move_to_content(&legacy.id, &legacy.object_key, LONG_TTL).await.unwrap());
+    assert!(!s.move_to_content(&legacy.id, &legacy.object_key, 0).await.unwrap(), "moved once");
+    let moved = s.get_generation(&legacy.id).await.unwrap();
+    assert_eq!((moved.object_key.as_str(), moved.session_key.as_str()), (key.as_str(), legacy.object_key.as_str()));
+    assert!(s.migratable_generations(100).await.unwrap().is_empty());
+    assert!(s.retirable_sessions(100).await.unwrap().is_empty(), "not before its time");
+    let soon = s.create_generation(&build, 1, "jar", SIZE, SHA, PART).await.unwrap();
+    s.seal_generation(&soon.id, &build, 1).await.unwrap();
+    assert!(s.move_to_content(&soon.id, &soon.object_key, -1).await.unwrap());
+    let due = s.retirable_sessions(100).await.unwrap();
+    assert_eq!(due.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(), vec![soon.id.as_str()]);
+    s.session_retired(&soon.id).await.unwrap();
+    assert!(s.retirable_sessions(100).await.unwrap().is_empty());
+    assert_eq!(s.content_usage().await.unwrap().0, 2 + 12 - 12 + 12, "every object counted once");
+}

@@ -175,6 +175,7 @@ macro_rules! suite {
             artifacts::bound_artifacts_expire_only_after_their_run_ended,
             artifacts::retry_of_failed_jobs_pins_the_successful_prefix,
             artifacts::bindings_carry_signed_provenance_of_the_winning_epoch_only,
+            artifacts::content_objects_live_while_any_generation_references_them,
             notify::run_ends_are_enqueued_once_per_wanting_notification,
             notify::badges_read_the_newest_run_of_a_branch_and_workflow,
             reports::reports_bind_with_the_live_attempt_and_flakes_are_decided_at_run_end,
