@@ -429,7 +429,11 @@ impl LocalBlobStore {
         match fs::rename(&src, &dst).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if fs::try_exists(&dst).await? { Ok(()) } else { Err(BlobError::NotFound(from.into())) }
+                if fs::try_exists(&dst).await? {
+                    Ok(())
+                } else {
+                    Err(BlobError::NotFound(from.into()))
+                }
             }
             Err(e) => Err(e.into()),
         }
@@ -603,8 +607,10 @@ mod tests {
             store.promote(key, &cas, &want).await.unwrap();
         }
         assert_eq!(store.read_all(&cas).await.unwrap(), data);
-        assert!(matches!(store.promote("c/3", &format!("cas/sha256/{}", "0".repeat(64)), &want).await,
-            Err(BlobError::NotFound(_))));
+        assert!(matches!(
+            store.promote("c/3", &format!("cas/sha256/{}", "0".repeat(64)), &want).await,
+            Err(BlobError::NotFound(_))
+        ));
         // An object written before: copied (checked), the old key kept.
         local.put_object("old/1", b"older bytes").await.unwrap();
         let old = info(b"older bytes");

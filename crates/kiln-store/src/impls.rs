@@ -7,8 +7,8 @@ use crate::store::SqlStore;
 use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
-    accept, access, agents, artifacts, caches, cancel, claim, complete, content, forge, images, lease, logs, notify, outbox,
-    repos, teams, test_reports,
+    accept, access, agents, artifacts, caches, cancel, claim, complete, content, forge, images, lease, logs, notify,
+    outbox, repos, teams, test_reports,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;

@@ -125,15 +125,22 @@ async fn caches_restore_rekey_stay_in_their_trust_tier_and_survive_corruption() 
     let (r5, log5) = run(&up, &c, Some("pull_request")).await;
     assert!(log5.contains("cold build"), "{log5}");
     assert_eq!(cache(&r5).saved.as_deref(), Some("saved"));
+    // Stored bytes are content addressed (issue 45): r6's archive is the
+    // content object that appears with it.
+    let content = |up: &KilnUp| {
+        let mut v = Vec::new();
+        files_under(&up.data_dir().join("objects/objects/cas"), &mut v);
+        v
+    };
+    let before = content(&up);
     let (r6, log6) = run(&up, &c, None).await;
     assert!(log6.contains("cold build"), "a trusted run must not restore an untrusted run's cache: {log6}");
     assert_eq!(cache(&r6).result, "miss");
     assert_eq!(cache(&r6).saved.as_deref(), Some("saved"));
 
     // Damage the stored archive of r6 and the agent's node-local copies.
-    let mut all = Vec::new();
-    files_under(&up.data_dir().join("objects"), &mut all);
-    let stored: Vec<_> = all.iter().filter(|p| p.display().to_string().contains(&r6.id)).collect();
+    let all = content(&up);
+    let stored: Vec<_> = all.iter().filter(|p| !before.contains(p)).collect();
     assert!(!stored.is_empty(), "r6's archive is in the object store");
     for p in stored {
         let mut bytes = std::fs::read(p).unwrap();

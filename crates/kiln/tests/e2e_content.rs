@@ -60,8 +60,7 @@ fn usage(dir: &Path) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread")]
 async fn identical_bytes_are_stored_once_and_kept_while_referenced() {
     let (runs, mb) = (env_or("KILN_CONTENT_RUNS", 100), env_or("KILN_CONTENT_MB", 4));
-    let server =
-        KilnServer::start(BIN.as_ref(), &["--gc-interval", "300ms", "--artifact-gc-grace", "1s"]).unwrap();
+    let server = KilnServer::start(BIN.as_ref(), &["--gc-interval", "300ms", "--artifact-gc-grace", "1s"]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &workflow(mb))]).unwrap();
     server.add_repo("same", &repo);
     let c = Client::new(&server.url, &server.token);

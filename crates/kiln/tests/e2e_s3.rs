@@ -84,7 +84,9 @@ async fn artifacts_and_log_archives_live_in_the_bucket() {
 
     // What the bucket holds is exactly the bound bytes, under the prefix.
     let key = dl.url.split_once("/kiln-e2e/").and_then(|(_, k)| k.split('?').next()).unwrap();
-    assert!(key.starts_with(&format!("artifacts/{}/", r.run_id)), "{key}");
+    // Content addressed (issue 45): the key is the bytes' sha256, checked by
+    // the server reading them back before the copy.
+    assert_eq!(key, format!("cas/sha256/{}", app.sha256), "{key}");
     assert_eq!(bucket(&g, "kiln-e2e").hash(key).await.unwrap().sha256, app.sha256);
 }
 
@@ -209,12 +211,13 @@ async fn runner_vanishes_on_postgres_and_s3_with_a_replica_killed() {
         .unwrap();
     assert_eq!(put.status(), 404, "the aborted upload takes no more parts");
     // Epoch 2's object is the bound one.
-    let bound: String =
-        sqlx::query_scalar("SELECT object_key FROM artifact_generations WHERE job_id = $1 AND epoch = 2")
-            .bind(&compile)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let bound: String = sqlx::query_scalar(
+        "SELECT COALESCE(content_key, object_key) FROM artifact_generations WHERE job_id = $1 AND epoch = 2",
+    )
+    .bind(&compile)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(bkt.hash(&bound).await.unwrap().sha256, art.sha256);
     assert_eq!(kiln_testkit::files_under(&b.data_dir().join("objects")), 0, "no bytes on the servers' disk");
     drop(agent_b);
@@ -375,7 +378,7 @@ async fn a_damaged_cache_entry_in_the_bucket_is_verified_and_dropped() {
 fn sealed_object_of(data: &std::path::Path, run: &str) -> String {
     let out = std::process::Command::new("python3")
         .arg("-c")
-        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute(\"SELECT object_key FROM artifact_generations WHERE run_id=? AND state='sealed'\", (sys.argv[2],)).fetchone()[0])")
+        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute(\"SELECT COALESCE(content_key, object_key) FROM artifact_generations WHERE run_id=? AND state='sealed'\", (sys.argv[2],)).fetchone()[0])")
         .arg(data.join("kiln.db"))
         .arg(run)
         .output()

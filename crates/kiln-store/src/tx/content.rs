@@ -32,9 +32,8 @@ const DELETING: &str = "deleting";
 /// The object's row made live and touched, inserted if missing; `Busy`
 /// while the collector deletes its bytes.
 async fn touch(tx: &mut Tx, sha256: &str, size: i64, now: i64) -> Result<()> {
-    static TOUCH: Sql = Sql::new(|_| {
-        format!("UPDATE content_objects SET touched_at = $1 WHERE sha256 = $2 AND state = '{LIVE}'")
-    });
+    static TOUCH: Sql =
+        Sql::new(|_| format!("UPDATE content_objects SET touched_at = $1 WHERE sha256 = $2 AND state = '{LIVE}'"));
     static INSERT: Sql = Sql::new(|_| {
         format!(
             "INSERT INTO content_objects (sha256, size, state, created_at, touched_at) \
@@ -55,10 +54,9 @@ async fn touch(tx: &mut Tx, sha256: &str, size: i64, now: i64) -> Result<()> {
 /// (returned key); its bytes are moved there next, then it is sealed.
 pub(crate) async fn reference_content(store: &SqlStore, id: &str, job_id: &str, epoch: i64) -> Result<String> {
     static GEN: Sql = Sql::new(|_| {
-        format!(
-            "SELECT expected_sha256, expected_size, state FROM artifact_generations \
-             WHERE id = $1 AND job_id = $2 AND epoch = $3"
-        )
+        "SELECT expected_sha256, expected_size, state FROM artifact_generations \
+         WHERE id = $1 AND job_id = $2 AND epoch = $3"
+            .to_string()
     });
     static POINT: Sql = Sql::new(|_| "UPDATE artifact_generations SET content_key = $1 WHERE id = $2".to_string());
     store
@@ -67,7 +65,8 @@ pub(crate) async fn reference_content(store: &SqlStore, id: &str, job_id: &str, 
                 lock_job(tx, job_id).await?;
                 let now = now(tx).await?;
                 require_live(tx, job_id, epoch, now).await?;
-                let row: Option<(String, i64, String)> = tx.sql(&GEN).bind(id).bind(job_id).bind(epoch).optional().await?;
+                let row: Option<(String, i64, String)> =
+                    tx.sql(&GEN).bind(id).bind(job_id).bind(epoch).optional().await?;
                 let Some((sha, size, state)) = row else {
                     return Err(StoreError::NotFound(format!("upload session {id} of job {job_id} epoch {epoch}")));
                 };
