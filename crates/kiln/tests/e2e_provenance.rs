@@ -149,3 +149,125 @@ print("verified", json.loads(env.payload)["predicate"]["buildDefinition"]["exter
     let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success() && out.contains("verified shop"), "{out}");
 }
+
+/// Artifacts a chaos job publishes.
+const PER_JOB: usize = 25;
+
+fn chaos_workflow() -> String {
+    let mut publish = String::new();
+    let mut step = String::from("mkdir -p out && sleep 0.$((RANDOM % 5))");
+    for i in 0..PER_JOB {
+        publish += &format!("        - {{name: a{i}, path: out/a{i}.txt}}\n");
+        step += &format!(" && echo \"$KILN_RUN_ID {i}\" > out/a{i}.txt");
+    }
+    format!("version: 1\njobs:\n  - name: build\n    steps:\n      - {step}\n    artifacts:\n      publish:\n{publish}")
+}
+
+/// One SQL answer from the server's SQLite database.
+fn sql(data: &Path, query: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute(sys.argv[2]).fetchone()[0])")
+        .arg(data.join("kiln.db"))
+        .arg(query)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Spec 003 / issue 45 "chaos": more than 1,000 artifacts bound while the
+/// server is SIGKILLed and restarted and agents are SIGKILLed mid-job:
+/// every bound artifact has exactly one statement, which verifies (key,
+/// signature, subject digest, repository) and names the epoch that bound
+/// it; no unbound generation — a fenced attempt's included — has one.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_kills_every_bound_artifact_has_exactly_one_valid_statement() {
+    use kiln_testkit::{KilnAgent, KilnServer};
+    use std::time::{Duration, Instant};
+    const RUNS: usize = 48;
+    let flags = ["--lease-ttl", "3s", "--loss-grace", "300ms", "--retry-base", "100ms"];
+    let mut server = KilnServer::start(BIN.as_ref(), &flags).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &chaos_workflow())]).unwrap();
+    server.add_repo("chaos", &repo);
+    let (url, token, agent_token) = (server.url.clone(), server.token.clone(), server.agent_token.clone());
+    let spawn = |name: &str| KilnAgent::spawn(BIN.as_ref(), &url, &agent_token, name, &[]).unwrap();
+    let mut agents: Vec<KilnAgent> = (0..3).map(|i| spawn(&format!("a{i}"))).collect();
+    let c = Client::new(&url, &token);
+    let mut ids = Vec::new();
+    for _ in 0..RUNS {
+        let body = SubmitRun { commit_sha: "main".into(), ..Default::default() };
+        ids.push(c.submit_run("chaos", &body, None).await.unwrap().run_id);
+    }
+    // Faults while the runs go: agents SIGKILLed (their attempts fenced,
+    // some mid-upload), the server SIGKILLed and restarted.
+    let mut journal = Vec::new();
+    for round in 0..8 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        if round % 3 == 2 {
+            journal.push(format!("SIGKILL server (round {round})"));
+            server = server.kill_and_restart(&flags).unwrap();
+        } else {
+            let i = round % agents.len();
+            journal.push(format!("SIGKILL agent {i} (round {round})"));
+            agents[i].signal("KILL");
+            let _ = agents[i].child.wait();
+            agents[i] = spawn(&format!("a{i}-{round}"));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut runs = Vec::new();
+    for id in &ids {
+        loop {
+            match c.get_run(id).await {
+                Ok(r) if matches!(r.status.as_str(), "success" | "failed" | "cancelled") => {
+                    runs.push(r);
+                    break;
+                }
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "run {id} never ended\n{journal:?}\n{}", server.log());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let keys =
+        kiln_provenance::dsse::keys_from_jwks(&serde_json::to_vec(&c.attestation_keys().await.unwrap()).unwrap())
+            .unwrap();
+    let policy = kiln_provenance::verify::Policy { repository: "chaos".into(), ..Default::default() };
+    let mut bound = 0;
+    for r in &runs {
+        for a in r.jobs.iter().flat_map(|j| &j.artifacts) {
+            let env = c.artifact_provenance(&r.id, "build", &a.name).await.unwrap();
+            let v =
+                kiln_provenance::verify::verify(&serde_json::to_vec(&env).unwrap(), &a.name, &a.sha256, &keys, &policy)
+                    .unwrap_or_else(|e| panic!("run {} {}: {e:?}", r.id, a.name));
+            assert_eq!(v.run, r.id);
+            let epoch = &v.statement.predicate["buildDefinition"]["internalParameters"]["epoch"];
+            assert_eq!(epoch.as_i64(), Some(a.epoch), "the statement names the epoch that bound it");
+            bound += 1;
+        }
+    }
+    let data = server.data_dir();
+    let statements: usize = sql(&data, "SELECT COUNT(*) FROM artifact_provenance").parse().unwrap();
+    let bindings: usize = sql(&data, "SELECT COUNT(DISTINCT generation_id) FROM artifact_bindings").parse().unwrap();
+    let unbound = sql(
+        &data,
+        "SELECT COUNT(*) FROM artifact_provenance p WHERE NOT EXISTS \
+         (SELECT 1 FROM artifact_bindings b WHERE b.generation_id = p.generation_id)",
+    );
+    let fenced = sql(
+        &data,
+        "SELECT COUNT(*) FROM artifact_provenance p JOIN jobs j ON j.id = p.job_id \
+         JOIN attempts a ON a.job_id = p.job_id AND a.epoch = p.epoch WHERE a.outcome != 'success'",
+    );
+    let generations: usize = sql(&data, "SELECT COUNT(*) FROM artifact_generations").parse().unwrap();
+    let lost: usize = sql(&data, "SELECT COUNT(*) FROM attempts WHERE outcome != 'success'").parse().unwrap();
+    println!(
+        "chaos_runs: {RUNS}\nchaos_bound_artifacts: {bound}\nchaos_generations: {generations}\nchaos_lost_attempts: {lost}\nchaos_faults: {journal:?}"
+    );
+    assert!(bound >= 1000, "{bound} bound artifacts\n{journal:?}");
+    assert_eq!((statements, bindings), (bound, bound), "exactly one statement per bound artifact");
+    assert_eq!(unbound, "0", "no statement without a binding");
+    assert_eq!(fenced, "0", "no statement of an attempt that did not succeed");
+    assert!(lost > 0 && generations > bound, "the faults fenced attempts that had uploaded: {lost} lost\n{journal:?}");
+}
