@@ -16,9 +16,11 @@ pub struct BenchArgs {
     /// webhooks (1,000 signed deliveries in 10 s with repeats and forgeries, ack latency and webhook-to-start vs the API);
     /// cache (a 500 MB, 20,000-file cache saved and restored through real agents vs tar --zstd; --object-store; not in all);
     /// reports (a 10 MB JUnit file and a 10 MB TAP stream parsed vs quick-xml's bare event loop, and the static test split's balance);
+    /// provenance (the SLSA statement and DSSE signature the server makes per bound artifact, vs building
+    /// the statement alone);
     /// fairness (team a's --fair-jobs backlog on --fair-slots slots, team b's job submitted 20 times during it: b's waits
     /// beside oldest-first's, a's makespan alone and with b; then claims per second of no-op jobs from 1 team vs 50; not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness"])]
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]
@@ -71,6 +73,10 @@ pub struct BenchArgs {
     /// fairness: no-op jobs of the claim-throughput phase (1 team, then 50).
     #[arg(long, default_value_t = 1000)]
     pub fair_noop_jobs: u32,
+    /// dispatch: every job also publishes one small artifact (uploaded, sealed, content
+    /// addressed, bound with its signed provenance); `dispatch_artifact_per_job: true` says so.
+    #[arg(long)]
+    pub artifact_per_job: bool,
     /// dispatch: jobs each agent runs at once (`kiln agent --max-jobs`); the figures are
     /// suffixed `_plain` etc. as usual, and `dispatch_agent_max_jobs` says which was used.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]

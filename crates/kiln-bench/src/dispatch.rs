@@ -46,6 +46,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// What the no-op step prints: its own clock, in ns since the epoch.
 const MARKER: &str = "KILN_T=";
 const WORKFLOW: &str = "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"echo KILN_T=$(date +%s%N)\"\n";
+/// [`WORKFLOW`] with one small artifact per job (`--artifact-per-job`).
+const WORKFLOW_ARTIFACT: &str = "version: 1\njobs:\n  - name: noop\n    steps:\n      - \"echo KILN_T=$(date +%s%N) | tee out.txt\"\n    artifacts:\n      publish:\n        - {name: out, path: out.txt}\n";
 /// How often the observed configurations scrape `/metrics` (Prometheus'
 /// usual interval is 15-60 s; 1 s is a pessimistic scraper).
 const SCRAPE_EVERY: Duration = Duration::from_secs(1);
@@ -55,6 +57,11 @@ const OTLP_BATCH_DELAY_MS: &str = "200";
 
 pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
     if a.embedded {
+        if a.artifact_per_job {
+            return Err(
+                anyhow::anyhow!("--artifact-per-job measures real processes; it does not go with --embedded").into()
+            );
+        }
         return embedded(a).await;
     }
     processes(a).await
@@ -157,12 +164,13 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
     let tmp = crate::util::bench_dir().join(format!("kiln-bench-dispatch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let repo = tmp.join("repo");
-    repo_with(&repo, WORKFLOW)?;
+    repo_with(&repo, if a.artifact_per_job { WORKFLOW_ARTIFACT } else { WORKFLOW })?;
     let n = a.runs as usize;
     let (sh_rate, sh_lat) = baseline(n)?;
 
     kiln_cmd::outln!("dispatch_agents: {}", a.agents);
     kiln_cmd::outln!("dispatch_agent_max_jobs: {}", a.agent_max_jobs);
+    kiln_cmd::outln!("dispatch_artifact_per_job: {}", a.artifact_per_job);
     // Rounds interleave the configurations, so that a host's drift (other
     // load, a warming page cache) falls on all of them alike.
     let mut rounds: Vec<(Config, Vec<Figures>)> = configs.iter().map(|c| (*c, vec![])).collect();

@@ -17,6 +17,7 @@ mod failover;
 mod fairness;
 mod logs;
 mod otlp_sink;
+mod provenance;
 mod reports;
 mod util;
 mod webhooks;
@@ -60,6 +61,9 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     if matches!(a.suite.as_str(), "reports" | "all") {
         code = code.max(reports::run()?);
+    }
+    if matches!(a.suite.as_str(), "provenance" | "all") {
+        code = code.max(provenance::run()?);
     }
     // Not part of `all`: minutes of sleeping jobs.
     if a.suite == "fairness" {
