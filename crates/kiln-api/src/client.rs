@@ -839,6 +839,12 @@ impl Client {
         self.send::<(), _>(Method::GET, &path, None, &[], None).await
     }
 
+    /// The DSSE envelope of a job's Test Result statement (issue 45), as JSON.
+    pub async fn test_attestation(&self, run: &str, job: &str) -> Result<serde_json::Value, ApiError> {
+        let path = format!("/v1/workflow-runs/{}/jobs/{}/test-attestation", enc(run), enc(job));
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
     /// The server's provenance keys (JWKS).
     pub async fn attestation_keys(&self) -> Result<serde_json::Value, ApiError> {
         self.send::<(), _>(Method::GET, "/.well-known/kiln-attestation-keys.json", None, &[], None).await

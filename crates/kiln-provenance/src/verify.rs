@@ -45,6 +45,8 @@ pub enum Failure {
     BuildType,
     /// An external parameter the verifier does not know.
     UnknownParameter,
+    /// A Test Result statement that says tests failed.
+    TestsFailed,
 }
 
 impl Failure {
@@ -63,6 +65,7 @@ impl Failure {
             Failure::Builder => 19,
             Failure::BuildType => 20,
             Failure::UnknownParameter => 21,
+            Failure::TestsFailed => 22,
         }
     }
 
@@ -80,6 +83,7 @@ impl Failure {
             Failure::Builder => "builder",
             Failure::BuildType => "build type",
             Failure::UnknownParameter => "external parameters",
+            Failure::TestsFailed => "test result",
         }
     }
 }
@@ -209,5 +213,75 @@ pub fn verify(
         commit: text(&ext["commit"]),
         run: text(&internal["run"]),
         statement: st,
+    })
+}
+
+/// What a verified Test Result statement says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TestVerdict {
+    /// `PASSED` or `WARNED` (quarantined failures).
+    pub result: String,
+    pub passed: usize,
+    pub warned: usize,
+    /// The subject whose sha256 is the file's.
+    pub subject: String,
+}
+
+/// Verify a Test Result `envelope` for bytes hashing to `sha256_hex`: the
+/// signature with `keys`, the statement's type, a subject with this
+/// digest, the repository (`repository`) its configuration names, and that
+/// the tests passed (`PASSED`, or `WARNED`: only quarantined failures).
+pub fn verify_test_result(
+    envelope: &[u8],
+    sha256_hex: &str,
+    keys: &[PublicKey],
+    repository: &str,
+) -> Result<TestVerdict, Refused> {
+    use crate::statement::TEST_RESULT_V01;
+    let env = dsse::parse(envelope).map_err(|e| refuse(Failure::Malformed, e.to_string()))?;
+    let payload = dsse::verify(&env, dsse::IN_TOTO, keys).map_err(|e| match e {
+        DsseError::Malformed(_) => refuse(Failure::Malformed, e.to_string()),
+        DsseError::UnknownKey(_) => {
+            refuse(Failure::UnknownKey, format!("{e} (export the server's keys with `kiln keys export`)"))
+        }
+        DsseError::BadSignature(_) => refuse(Failure::BadSignature, e.to_string()),
+    })?;
+    let st: Statement = serde_json::from_slice(&payload)
+        .map_err(|e| refuse(Failure::Malformed, format!("not an in-toto statement: {e}")))?;
+    if st.statement_type != STATEMENT_V1 || st.predicate_type != TEST_RESULT_V01 {
+        return Err(refuse(
+            Failure::Malformed,
+            format!("a `{}` statement of `{}`; expected a test result", st.statement_type, st.predicate_type),
+        ));
+    }
+    let Some(subject) =
+        st.subject.iter().find(|s| s.digest.get("sha256").is_some_and(|d| d.eq_ignore_ascii_case(sha256_hex)))
+    else {
+        let names: Vec<&str> = st.subject.iter().map(|s| s.name.as_str()).collect();
+        return Err(refuse(
+            Failure::Digest,
+            format!("the file's sha256 is {sha256_hex}; the tests ran on {names:?}, none with these bytes"),
+        ));
+    };
+    let p = &st.predicate;
+    let uri = p["configuration"][0]["uri"].as_str().unwrap_or_default();
+    if !uri.strip_prefix("git+").and_then(|r| r.rsplit_once('@')).is_some_and(|(r, _)| r == repository) {
+        return Err(refuse(Failure::Repository, format!("tests of `{uri}`, expected repository `{repository}`")));
+    }
+    let count = |k: &str| p[k].as_array().map_or(0, Vec::len);
+    let result = p["result"].as_str().unwrap_or_default().to_string();
+    if result != "PASSED" && result != "WARNED" {
+        let failed: Vec<&str> =
+            p["failedTests"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).take(5).collect();
+        return Err(refuse(
+            Failure::TestsFailed,
+            format!("the tests on these bytes say {result}: {} failed (first: {failed:?})", count("failedTests")),
+        ));
+    }
+    Ok(TestVerdict {
+        result,
+        passed: count("passedTests"),
+        warned: count("warnedTests"),
+        subject: subject.name.clone(),
     })
 }

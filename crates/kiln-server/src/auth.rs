@@ -267,6 +267,7 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         "/v1/jobs/{job}/logs/events",
         "/v1/workflow-runs/{run}/artifacts/{job}/{name}",
         "/v1/workflow-runs/{run}/artifacts/{job}/{name}/provenance",
+        "/v1/workflow-runs/{run}/jobs/{job}/test-attestation",
         "/v1/workflow-runs/{run}/artifacts",
         "/v1/workflow-runs/{run}/tests",
         "/v1/repos/{repo}/tests/history",

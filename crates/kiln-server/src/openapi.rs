@@ -63,7 +63,7 @@ pub(crate) mod scheme {
         teams::list, teams::create, teams::get, teams::update, teams::delete, teams::queue_view,
         teams::set_priority,
         secrets::list, secrets::put, secrets::delete,
-        logs::events, artifacts::get, artifacts::provenance,
+        logs::events, artifacts::get, artifacts::provenance, artifacts::test_attestation,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,
         access::list_join_tokens, access::revoke_join_token, access::list_agents, access::remove_agent,
         access::overview, access::audit,

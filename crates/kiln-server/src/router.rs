@@ -54,6 +54,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job}/logs/events", get(logs::events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}/provenance", get(artifacts::provenance))
+        .route("/v1/workflow-runs/{run}/jobs/{job}/test-attestation", get(artifacts::test_attestation))
         .route("/v1/tokens", post(access::create_token).get(access::list_tokens))
         .route("/v1/tokens/{id}", delete(access::revoke_token))
         .route("/v1/agent-tokens", post(access::create_join_token).get(access::list_join_tokens))

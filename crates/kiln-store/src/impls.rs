@@ -674,6 +674,10 @@ impl TestStore for SqlStore {
         test_reports::run_tests(self, run_id, failed_only).await
     }
 
+    async fn test_attestation(&self, job_id: &str) -> Result<Option<TestAttestationRecord>> {
+        crate::tx::provenance::test_attestation(self, job_id).await
+    }
+
     async fn attempt_tests(&self, job_id: &str, epoch: i64) -> Result<Option<TestAttemptRecord>> {
         test_reports::attempt_tests(self, job_id, epoch).await
     }

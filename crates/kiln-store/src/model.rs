@@ -1076,6 +1076,20 @@ pub trait Attester: Send + Sync {
 }
 
 /// A bound artifact's provenance.
+/// A job's signed Test Result statement (issue 45).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestAttestationRecord {
+    pub job_id: String,
+    pub epoch: i64,
+    pub run_id: String,
+    /// `PASSED`, `WARNED` or `FAILED`.
+    pub result: String,
+    pub keyid: String,
+    /// The DSSE envelope, JSON.
+    pub envelope: String,
+    pub created_at: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProvenanceRecord {
     pub generation_id: String,

@@ -543,6 +543,9 @@ pub trait TestStore: Send + Sync {
     /// A run's bound reports and tests (each job's last bound attempt);
     /// `failed_only`: only failed and errored tests.
     async fn run_tests(&self, run_id: &str, failed_only: bool) -> Result<RunTestsRecord>;
+    /// The signed Test Result statement of `job_id`'s newest attempt that
+    /// bound reports (issue 45).
+    async fn test_attestation(&self, job_id: &str) -> Result<Option<TestAttestationRecord>>;
     /// What one bound attempt's reports add up to (`None`: none bound).
     async fn attempt_tests(&self, job_id: &str, epoch: i64) -> Result<Option<TestAttemptRecord>>;
     /// A test's bound results in a repository, newest first.

@@ -1000,6 +1000,24 @@ pub enum TestsCommand {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Print (or write with -o) the signed Test Result statement of job JOB of RUN: a DSSE
+    /// envelope holding an in-toto Test Result statement (passed, warned = quarantined, failed
+    /// tests) over the artifacts the job restored, written when its reports were bound. Check
+    /// that a file passed them with `kiln verify FILE --test-result THIS --repo R`.
+    Attestation {
+        /// The run: REPO#NUMBER (hello#123), NUMBER with --repo, its id, or a unique id prefix of 8+ characters.
+        run: String,
+        /// The repository a bare run NUMBER is of.
+        #[arg(long, value_name = "REPO")]
+        repo: Option<String>,
+        /// The job's name (or id).
+        job: String,
+        /// Write it to this file instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// End a test's quarantine: its failures fail jobs again.
     Unquarantine {
         /// The repository.
@@ -1404,6 +1422,13 @@ pub struct VerifyArgs {
     /// The provenance envelope (`kiln artifact provenance … -o FILE`; default: FILE.intoto.json).
     #[arg(long, value_name = "ENVELOPE")]
     pub provenance: Option<PathBuf>,
+    /// Check a Test Result attestation instead (`kiln tests attestation RUN JOB -o FILE`):
+    /// signed by the server, about these bytes, of --repo, and the tests passed (quarantined
+    /// failures count as warnings). Exit 22 when they failed. Not with --provenance, --ref,
+    /// --workflow, --builder, --name, --trusted-only, --allow-untrusted (a test result does not
+    /// carry trust: check the provenance of the same bytes for it).
+    #[arg(long, value_name = "ENVELOPE", conflicts_with_all = ["provenance", "git_ref", "workflow", "builders", "name", "trusted_only", "allow_untrusted"])]
+    pub test_result: Option<PathBuf>,
     /// The repository (its name in Kiln) the artifact must be built from.
     #[arg(long)]
     pub repo: String,

@@ -505,6 +505,18 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .call("GET", "/v1/workflow-runs/{run}/tests", &format!("/v1/workflow-runs/{run_id}/tests?failed=true"), a, None)
         .await;
     assert_eq!(tests.status, 200);
+    // Issue 45: a job without `reports:` has no test attestation (404, the
+    // error shape); e2e_provenance reads one.
+    let att = c
+        .call(
+            "GET",
+            "/v1/workflow-runs/{run}/jobs/{job}/test-attestation",
+            &format!("/v1/workflow-runs/{run_id}/jobs/build/test-attestation"),
+            a,
+            None,
+        )
+        .await;
+    assert_eq!(att.status, 404, "{}", String::from_utf8_lossy(&att.bytes));
     let history = c
         .call(
             "GET",

@@ -271,3 +271,82 @@ async fn under_kills_every_bound_artifact_has_exactly_one_valid_statement() {
     assert_eq!(fenced, "0", "no statement of an attempt that did not succeed");
     assert!(lost > 0 && generations > bound, "the faults fenced attempts that had uploaded: {lost} lost\n{journal:?}");
 }
+
+const TESTED: &str = r#"version: 1
+jobs:
+  - name: build
+    steps:
+      - mkdir -p out && echo "release bytes" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt}
+  - name: test
+    needs: [build]
+    reports: {junit: junit.xml}
+    artifacts:
+      restore:
+        - {from_job: build, name: app, path: app.txt}
+    steps:
+      - |
+        test "$(cat app.txt)" = "release bytes"
+        printf '<testsuite name="s"><testcase classname="app" name="reads"/><testcase classname="app" name="size"/></testsuite>' > junit.xml
+  - name: test-bad
+    needs: [build]
+    reports: {junit: junit.xml}
+    artifacts:
+      restore:
+        - {from_job: build, name: app, path: app.txt}
+    steps:
+      - printf '<testsuite name="s"><testcase classname="app" name="fast"><failure message="too slow"/></testcase></testsuite>' > junit.xml
+"#;
+
+/// Issue 45: a job with `reports:` gets a signed in-toto Test Result
+/// statement over what it restored; `kiln verify --test-result` says
+/// "these bytes passed these tests", and refuses changed bytes, another
+/// repository and failed tests, each with its exit code.
+#[tokio::test(flavor = "multi_thread")]
+async fn restored_bytes_verify_against_the_tests_that_ran_on_them() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", TESTED)]).unwrap();
+    let (code, out) = cli(&up, &["repo", "add", "shop", "--url", &repo.path().display().to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let c = Client::new(&up.url, &up.token);
+    let id = c.submit_run("shop", &SubmitRun { commit_sha: "HEAD".into(), ..Default::default() }, None).await.unwrap();
+    let run = wait_run(&c, &id.run_id, 120).await;
+    let status = |n: &str| run.jobs.iter().find(|j| j.name == n).unwrap().status.clone();
+    assert_eq!((status("build"), status("test")), ("success".into(), "success".into()), "{}", up.log());
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let (code, out) = cli(&up, &["artifact", "get", &id.run_id, "build", "app", "-o", &at("app.txt")]);
+    assert_eq!(code, 0, "{out}");
+    for (job, file) in [("test", "good.json"), ("test-bad", "bad.json")] {
+        let (code, out) = cli(&up, &["tests", "attestation", &id.run_id, job, "-o", &at(file)]);
+        assert_eq!(code, 0, "{out}");
+    }
+    let (code, out) = cli(&up, &["keys", "export", "-o", &at("keys.json")]);
+    assert_eq!(code, 0, "{out}");
+    let verify = |file: &str, att: &str, repo: &str| {
+        cli(&up, &["verify", &at(file), "--test-result", &at(att), "--repo", repo, "--keys", &at("keys.json")])
+    };
+    let (code, out) = verify("app.txt", "good.json", "shop");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("passed the tests of shop: 2 passed"), "{out}");
+    let (code, out) = verify("app.txt", "bad.json", "shop");
+    assert_eq!(code, 22, "{out}");
+    assert!(out.contains("test result check failed") && out.contains("app :: fast"), "{out}");
+    let (code, out) = verify("app.txt", "good.json", "other");
+    assert_eq!(code, 15, "{out}");
+    std::fs::write(at("changed.txt"), "release bytez\n").unwrap();
+    let (code, out) = verify("changed.txt", "good.json", "shop");
+    assert_eq!(code, 13, "{out}");
+    // A test result is not provenance: --ref and the like are refused.
+    let (code, out) = cli(
+        &up,
+        &["verify", &at("app.txt"), "--test-result", &at("good.json"), "--repo", "shop", "--ref", "refs/heads/main"],
+    );
+    assert_eq!(code, 2, "{out}");
+    // No reports, no attestation.
+    let (code, out) = cli(&up, &["tests", "attestation", &id.run_id, "build"]);
+    assert_ne!(code, 0);
+    assert!(out.contains("declares no `reports:`"), "{out}");
+}

@@ -169,6 +169,31 @@ pub(crate) async fn provenance(
     Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], env).into_response())
 }
 
+/// `GET /v1/workflow-runs/{run}/jobs/{job}/test-attestation`: the signed
+/// in-toto Test Result statement bound with the job's reports (issue 45).
+#[utoipa::path(
+    operation_id = "tests_attestation",
+    get, path = "/v1/workflow-runs/{run}/jobs/{job}/test-attestation", tag = "runs",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+        ("job" = String, Path, description = "The job's name or id"),
+    ),
+    responses(
+        (status = 200, description = "The DSSE envelope of its Test Result statement over the artifacts it restored (check it with `kiln verify --test-result`)", body = super::answers::DsseEnvelope),
+        (status = 404, description = "No such job, or it bound no reports", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
+pub(crate) async fn test_attestation(
+    S(state): S<State>,
+    Path((run, job)): Path<(String, String)>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let run = crate::services::runs::resolve_id(&state, &run).await?;
+    let env = artifacts::test_attestation(&state, &run, &job).await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], env).into_response())
+}
+
 /// `POST /v1/jobs/{job}/attempts/{epoch}/cache/lookup`.
 #[utoipa::path(
     operation_id = "artifacts_cache_lookup",

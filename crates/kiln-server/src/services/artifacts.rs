@@ -392,6 +392,20 @@ pub(crate) async fn provenance(state: &AppState, (run, job, name): (&str, &str, 
     }
 }
 
+/// The Test Result statement of `job` (its name or id) of `run`.
+pub(crate) async fn test_attestation(state: &AppState, run: &str, job: &str) -> ApiResult<String> {
+    let r = state.store.get_run(run).await?;
+    let Some(j) = r.jobs.iter().map(|v| &v.job).find(|j| j.name == job || j.id == job) else {
+        return Err(ApiErr::not_found(format!("job `{job}` of run {run}")));
+    };
+    match state.store.test_attestation(&j.id).await? {
+        Some(t) => Ok(t.envelope),
+        None => Err(ApiErr::not_found(format!(
+            "no test attestation for job `{job}`: it declares no `reports:`, or no attempt of it bound its reports yet"
+        ))),
+    }
+}
+
 /// Data plane: the sealed generation under a download capability.
 pub(crate) async fn generation_under_cap(
     state: &AppState,

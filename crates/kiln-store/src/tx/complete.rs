@@ -156,6 +156,12 @@ async fn complete_tx(
         }
         v => v,
     };
+    // Issue 45: the bound reports, signed as a Test Result statement over
+    // what the job restored (in this transaction, or no binding).
+    if let Some(b) = &bound {
+        let quarantined = b.failures.iter().filter(|(_, q)| *q).map(|(id, _)| id.clone()).collect();
+        crate::tx::provenance::write_test_result(store, tx, &run, &job, epoch, &quarantined, now).await?;
+    }
     let Some(ends) = verdict.attempt_outcome() else {
         return Err(StoreError::Invalid("completion outcome cannot be running".into()));
     };

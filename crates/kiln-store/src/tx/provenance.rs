@@ -10,7 +10,7 @@
 
 use crate::db::{Exec, Tx};
 use crate::error::{Result, StoreError};
-use crate::model::{Attester, JobRecord, ProvenanceRecord, RunRecord};
+use crate::model::{Attester, JobRecord, ProvenanceRecord, RunRecord, TestAttestationRecord};
 use crate::store::SqlStore;
 use kiln_provenance::statement::{self, BuildFacts, Dependency, Subject};
 use std::collections::BTreeMap;
@@ -162,6 +162,104 @@ pub(crate) async fn write(
         .await?;
     }
     Ok(())
+}
+
+/// Names listed per outcome in a Test Result statement, at most.
+const MAX_LISTED: usize = 10_000;
+
+/// Sign and store the Test Result statement of `job`'s attempt `epoch`,
+/// whose reports this completion bound: over the artifacts it restored (by
+/// sha256), else over its commit; passed tests, quarantined failures as
+/// warned, other failures and errors as failed (each list at most
+/// [`MAX_LISTED`] names). Not signed: the transaction fails.
+pub(crate) async fn write_test_result(
+    store: &SqlStore,
+    tx: &mut Tx,
+    run: &RunRecord,
+    job: &JobRecord,
+    epoch: i64,
+    quarantined: &std::collections::BTreeSet<String>,
+    now: i64,
+) -> Result<()> {
+    let attester: Arc<dyn Attester> = store.attester().ok_or_else(|| {
+        StoreError::Unavailable("no attestation key is loaded: test results are bound only with a signature".into())
+    })?;
+    let facts = facts(tx, &*attester, run, job, epoch, now).await?;
+    let mut subjects: Vec<Subject> = facts
+        .dependencies
+        .iter()
+        .filter(|d| d.uri.starts_with("kiln:runs/"))
+        .filter_map(|d| Some(Subject { name: d.name.clone()?, digest: d.digest.clone() }))
+        .collect();
+    if subjects.is_empty() {
+        subjects = facts
+            .dependencies
+            .iter()
+            .filter(|d| d.digest.contains_key("gitCommit"))
+            .map(|d| Subject { name: d.uri.clone(), digest: d.digest.clone() })
+            .collect();
+    }
+    let results: Vec<(String, String)> = tx
+        .sql("SELECT test_id, outcome FROM test_results WHERE job_id = $1 AND epoch = $2 ORDER BY report_id, seq")
+        .bind(&job.id)
+        .bind(epoch)
+        .all()
+        .await?;
+    let (mut passed, mut warned, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, outcome) in results {
+        let list = match outcome.as_str() {
+            "passed" => &mut passed,
+            "failed" | "error" if quarantined.contains(&id) => &mut warned,
+            "failed" | "error" => &mut failed,
+            _ => continue,
+        };
+        if list.len() < MAX_LISTED {
+            list.push(id);
+        }
+    }
+    let st = statement::test_result(subjects, &facts, passed, warned, failed);
+    let result = st.predicate["result"].as_str().unwrap_or("FAILED").to_string();
+    let (envelope, keyid) = attester
+        .sign(&statement::to_bytes(&st))
+        .map_err(|e| StoreError::Unavailable(format!("cannot sign the test results of `{}`: {e}", job.name)))?;
+    tx.sql(
+        "INSERT INTO test_attestations (job_id, epoch, run_id, result, keyid, envelope, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id, epoch) DO NOTHING",
+    )
+    .bind(&job.id)
+    .bind(epoch)
+    .bind(&run.id)
+    .bind(&result)
+    .bind(&keyid)
+    .bind(&envelope)
+    .bind(now)
+    .execute()
+    .await?;
+    Ok(())
+}
+
+/// `TestStore::test_attestation`: the newest attempt's of `job_id`.
+pub(crate) async fn test_attestation(store: &SqlStore, job_id: &str) -> Result<Option<TestAttestationRecord>> {
+    type Row = (String, i64, String, String, String, String, i64);
+    let row: Option<Row> = store
+        .reader()
+        .await?
+        .sql(
+            "SELECT job_id, epoch, run_id, result, keyid, envelope, created_at FROM test_attestations \
+             WHERE job_id = $1 ORDER BY epoch DESC LIMIT 1",
+        )
+        .bind(job_id)
+        .optional()
+        .await?;
+    Ok(row.map(|(job_id, epoch, run_id, result, keyid, envelope, created_at)| TestAttestationRecord {
+        job_id,
+        epoch,
+        run_id,
+        result,
+        keyid,
+        envelope,
+        created_at,
+    }))
 }
 
 /// `ArtifactStore::artifact_provenance`.

@@ -182,6 +182,7 @@ macro_rules! suite {
             reports::quarantine_has_an_owner_a_cap_and_an_end,
             reports::quarantined_failures_pass_only_with_a_complete_covering_report,
             reports::shard_batches_are_leased_to_the_live_attempt_and_come_back_when_it_is_lost,
+            reports::test_results_are_attested_over_the_restored_artifacts,
             teams::teams_hold_repositories_and_change_at_runtime,
             teams::claims_charge_their_team_and_hold_its_running_quota,
             teams::a_runs_lane_changes_with_its_ready_jobs,

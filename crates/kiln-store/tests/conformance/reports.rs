@@ -231,3 +231,74 @@ pub async fn shard_batches_are_leased_to_the_live_attempt_and_come_back_when_it_
     let after = s.shard_next(&a, 2, "unit", &[]).await.unwrap();
     assert_eq!((after.batch, after.leased, after.total), (None, 0, 3), "{after:?}");
 }
+
+/// Issue 45: the completion that binds a job's reports also binds their
+/// signed in-toto Test Result statement, over the artifacts the job
+/// restored (by sha256): passed, quarantined (warned) and failed tests; a
+/// fenced attempt's reports are never attested.
+pub async fn test_results_are_attested_over_the_restored_artifacts<S: Store + 'static>(o: &Opener<S>) {
+    const WF: &str = r#"version: 1
+jobs:
+  - name: build
+    steps: [x]
+    artifacts: {publish: [{name: jar, path: app.jar}]}
+  - name: test
+    needs: [build]
+    reports: {junit: [junit.xml]}
+    steps: [x]
+    artifacts: {restore: [{from_job: build, name: jar, path: app.jar}]}
+"#;
+    const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (repo, run_id) = start(s, wf(WF)).await;
+    let a = agent(s, "a", 4).await;
+    let build = job_id(s, &run_id, "build").await;
+    claim(s, &a, &build, LONG_TTL).await;
+    let g = s.create_generation(&build, 1, "jar", 10, SHA, 1 << 20).await.unwrap();
+    s.seal_generation(&g.id, &build, 1).await.unwrap();
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+    s.quarantine_test(&NewQuarantine {
+        repo_id: repo.id.clone(),
+        test_id: "flaky".into(),
+        owner: "alice".into(),
+        reason: "tracked in #1".into(),
+        link: None,
+        created_by: "admin".into(),
+        expires_in_ms: 7 * 86_400_000,
+        max_percent: 100.0,
+    })
+    .await
+    .unwrap();
+
+    let test = job_id(s, &run_id, "test").await;
+    claim(s, &a, &test, LONG_TTL).await;
+    s.stage_report(&test, 1, &report("junit.xml", &[("ok", "passed")])).await.unwrap();
+    s.heartbeat(&test, 1, SHORT_TTL).await.unwrap();
+    expire(SHORT_TTL).await;
+    s.fence_expired().await.unwrap();
+    assert!(s.test_attestation(&test).await.unwrap().is_none(), "a fenced attempt's reports are not attested");
+    claim(s, &a, &test, LONG_TTL).await;
+    let cases = [("ok", "passed"), ("flaky", "failed"), ("broken", "failed"), ("gone", "skipped")];
+    s.stage_report(&test, 2, &report("junit.xml", &cases)).await.unwrap();
+    s.complete(&test, 2, failure(1)).await.unwrap();
+
+    let att = s.test_attestation(&test).await.unwrap().expect("attested");
+    assert_eq!((att.epoch, att.result.as_str(), att.run_id.as_str()), (2, "FAILED", run_id.as_str()));
+    let payload = kiln_provenance::dsse::verify(
+        &kiln_provenance::dsse::parse(att.envelope.as_bytes()).unwrap(),
+        kiln_provenance::dsse::IN_TOTO,
+        &test_keys(),
+    )
+    .expect("signed by the server's key");
+    let st: kiln_provenance::statement::Statement = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(st.predicate_type, kiln_provenance::statement::TEST_RESULT_V01);
+    assert_eq!(st.subject.len(), 1);
+    assert_eq!((st.subject[0].name.as_str(), st.subject[0].digest["sha256"].as_str()), ("jar", SHA));
+    let names = |k: &str| {
+        st.predicate[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(names("passedTests"), ["ok"]);
+    assert_eq!(names("warnedTests"), ["flaky"], "a quarantined failure is a warning");
+    assert_eq!(names("failedTests"), ["broken"]);
+}

@@ -191,6 +191,21 @@ async fn sub(cmd: TestsCommand) -> CmdResult {
             }
         }
         TestsCommand::Next { group, batch_size } => return next(&group, batch_size).await,
+        TestsCommand::Attestation { run, repo, job, output, conn } => {
+            let run = crate::commands::shared::run_ref(&run, repo.as_deref())?;
+            let env = client(&conn)?.test_attestation(&run, &job).await?;
+            let text = serde_json::to_string_pretty(&env).expect("json");
+            match &output {
+                Some(p) => {
+                    std::fs::write(p, format!("{text}\n")).map_err(|e| kiln_cmd::Failure {
+                        code: exit::UNAVAILABLE,
+                        message: format!("cannot write {}: {e}", p.display()),
+                    })?;
+                    eprintln!("test attestation of {job} written to {}", p.display());
+                }
+                None => kiln_cmd::outln!("{text}"),
+            }
+        }
         TestsCommand::Split { total, index, by, timings, repo, git_ref, conn } => {
             if total == 0 {
                 return Err(usage("--total must be at least 1"));

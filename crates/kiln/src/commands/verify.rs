@@ -52,6 +52,9 @@ pub(super) async fn keys(cmd: KeysCommand) -> CmdResult {
 
 /// `kiln verify FILE --repo R …`.
 pub(super) async fn verify(a: VerifyArgs) -> CmdResult {
+    if let Some(path) = &a.test_result {
+        return verify_tests(&a, path).await;
+    }
     let envelope_path = a.provenance.clone().unwrap_or_else(|| {
         let mut p = a.file.clone().into_os_string();
         p.push(".intoto.json");
@@ -94,6 +97,37 @@ pub(super) async fn verify(a: VerifyArgs) -> CmdResult {
                 v.builder,
                 v.executor,
                 v.run
+            );
+            Ok(exit::OK)
+        }
+        Err(r) => Err(Failure { code: r.failure.exit_code(), message: format!("not verified: {r}") }),
+    }
+}
+
+/// `kiln verify FILE --test-result ENVELOPE --repo R`.
+async fn verify_tests(a: &VerifyArgs, path: &Path) -> CmdResult {
+    let envelope = std::fs::read(path).map_err(|e| {
+        usage(format!(
+            "cannot read the test attestation {}: {e} (get it with `kiln tests attestation RUN JOB -o {}`)",
+            path.display(),
+            path.display()
+        ))
+    })?;
+    let digest = sha256_file(&a.file).map_err(|e| usage(format!("cannot read {}: {e}", a.file.display())))?;
+    let jwks: Vec<u8> = match &a.keys {
+        Some(p) => std::fs::read(p).map_err(|e| usage(format!("cannot read the keys {}: {e}", p.display())))?,
+        None => serde_json::to_vec(&client(&a.conn)?.attestation_keys().await?).expect("json"),
+    };
+    let keys = kiln_provenance::dsse::keys_from_jwks(&jwks).map_err(|e| usage(format!("the key set: {e}")))?;
+    match kiln_provenance::verify::verify_test_result(&envelope, &digest, &keys, &a.repo) {
+        Ok(v) => {
+            kiln_cmd::outln!(
+                "verified: {} ({digest}, `{}`) passed the tests of {}: {} passed{}",
+                a.file.display(),
+                v.subject,
+                a.repo,
+                v.passed,
+                if v.warned > 0 { format!(", {} quarantined failures (warned)", v.warned) } else { String::new() }
             );
             Ok(exit::OK)
         }

@@ -1,0 +1,14 @@
+-- Test-result attestations (issue 45): the signed in-toto Test Result
+-- statement (a DSSE envelope, JSON) of a job that declares `reports:`,
+-- over the artifacts it restored, written by the completion transaction
+-- that binds its reports (one per attempt that bound them).
+CREATE TABLE test_attestations (
+    job_id TEXT NOT NULL REFERENCES jobs(id),
+    epoch BIGINT NOT NULL,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    result TEXT NOT NULL,
+    keyid TEXT NOT NULL,
+    envelope TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (job_id, epoch)
+);
