@@ -265,7 +265,7 @@ pub fn verify_test_result(
     };
     let p = &st.predicate;
     let uri = p["configuration"][0]["uri"].as_str().unwrap_or_default();
-    if !uri.strip_prefix("git+").and_then(|r| r.rsplit_once('@')).is_some_and(|(r, _)| r == repository) {
+    if uri.strip_prefix("git+").and_then(|r| r.rsplit_once('@')).is_none_or(|(r, _)| r != repository) {
         return Err(refuse(Failure::Repository, format!("tests of `{uri}`, expected repository `{repository}`")));
     }
     let count = |k: &str| p[k].as_array().map_or(0, Vec::len);
