@@ -1254,6 +1254,40 @@ jobs:
         (Some(b'P' as u64), Some(b'K' as u64)),
         "zip: {fetched}"
     );
+    // Issue 45: each artifact's provenance is linked and checked in the
+    // page (signature with the server's published keys, subject digest).
+    let states = wait_js(
+        &c,
+        "return [...document.querySelectorAll('table.artifacts tbody tr .prov-state')].map(e => e.dataset.state);",
+        serde_json::json!(["ok", "ok"]),
+    )
+    .await;
+    assert_eq!(states, serde_json::json!(["ok", "ok"]), "both verify in the page");
+    let text = c.find(Locator::Css("tr[data-artifact='app'] .prov-state")).await.unwrap().text().await.unwrap();
+    assert!(text.contains("verified") && text.contains("trusted") && text.contains("host executor"), "{text}");
+    let env = c
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch(document.querySelector(\"tr[data-artifact='app'] .provenance a\").href).then(r => r.json()).then(done, e => done(String(e)));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(env["payloadType"], "application/vnd.in-toto+json", "the link is the envelope: {env}");
+    // A tampered envelope is refused by the same check.
+    let bad = c
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch(document.querySelector(\"tr[data-artifact='app'] .provenance a\").href).then(r => r.json()).then(env => {
+               const p = JSON.parse(atob(env.payload)); p.subject[0].digest.sha256 = '0'.repeat(64);
+               env.payload = btoa(JSON.stringify(p));
+               return checkProvenance(env, {name: 'app', sha256: '0'.repeat(64)});
+             }).then(v => done(v.state), e => done(String(e)));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad, "bad", "a rewritten statement does not verify in the page");
     // No job is cancellable in an ended run; each may be re-run.
     assert_eq!(c.execute("return document.querySelectorAll('button.job-cancel').length;", vec![]).await.unwrap(), 0);
     shot("run-artifacts", &c.screenshot().await.unwrap());
