@@ -26,7 +26,7 @@ pub use export::{ExportFormat, Exported, export};
 pub use inputs::{ABSENT, hash_inputs};
 pub use key::{KeyParts, cache_key, prefix_key};
 pub use pack::{Packed, Scan, Source, pack, pack_sources, verify_tree};
-pub use unpack::{Unpacked, install, read_manifest, unpack};
+pub use unpack::{Unpacked, install, manifest_digest, read_manifest, unpack};
 
 /// Version of the archive format (also part of the cache key). Format 2
 /// (issue 41, item 4) keeps every symbolic link as a link, whatever its

@@ -19,6 +19,9 @@ use std::collections::BTreeMap;
 pub const STATEMENT_V1: &str = "https://in-toto.io/Statement/v1";
 pub const SLSA_PROVENANCE_V1: &str = "https://slsa.dev/provenance/v1";
 pub const TEST_RESULT_V01: &str = "https://in-toto.io/attestation/test-result/v0.1";
+/// A directory artifact's second subject is `<name>/` this: the manifest at
+/// the head of its archive (every file's path, mode, size and sha256).
+pub const MANIFEST_SUBJECT: &str = ".kiln-cache/manifest.json";
 /// Kiln's build type: one job of a frozen workflow run.
 pub const BUILD_TYPE: &str = "https://kiln.dev/build-types/workflow-job/v1";
 /// The external parameters [`BUILD_TYPE`] defines; a statement with any

@@ -461,6 +461,10 @@ impl ArtifactStore for SqlStore {
     async fn content_usage(&self) -> Result<(i64, i64)> {
         content::content_usage(self).await
     }
+
+    async fn note_manifest(&self, id: &str, job_id: &str, epoch: i64, sha256: &str) -> Result<()> {
+        content::note_manifest(self, id, job_id, epoch, sha256).await
+    }
 }
 
 #[async_trait]

@@ -454,6 +454,9 @@ pub trait ArtifactStore: Send + Sync {
     async fn content_deleted(&self, sha256: &str) -> Result<()>;
     /// Content objects and their bytes.
     async fn content_usage(&self) -> Result<(i64, i64)>;
+    /// The manifest digest of a directory artifact's upload session (the
+    /// live attempt's, still uploading): its provenance names it.
+    async fn note_manifest(&self, id: &str, job_id: &str, epoch: i64, sha256: &str) -> Result<()>;
 }
 
 /// Badges and notifications (issue 42): the repository's public flag,

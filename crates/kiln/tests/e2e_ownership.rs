@@ -116,10 +116,14 @@ async fn runner_vanishes_mid_upload_and_its_late_report_is_refused() {
             .then_some(())
     });
     assert!(gone.is_some(), "epoch 1's bytes were not collected");
-    assert!(
-        kiln_testkit::files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("2"))
-            == 1
+    // Epoch 2's bytes are the bound content object (issue 45), its
+    // session's own copy moved there.
+    assert_eq!(
+        kiln_testkit::files_under(&data.join("objects/objects/artifacts").join(&run.run_id).join(&compile).join("2")),
+        0
     );
+    let content = data.join("objects/objects/cas/sha256").join(&art.sha256);
+    assert_eq!(std::fs::metadata(&content).map(|m| m.len()).ok(), Some(200_000_000));
     drop(b);
 }
 

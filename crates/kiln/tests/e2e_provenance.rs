@@ -276,10 +276,11 @@ const TESTED: &str = r#"version: 1
 jobs:
   - name: build
     steps:
-      - mkdir -p out && echo "release bytes" > out/app.txt
+      - mkdir -p out/site && echo "release bytes" > out/app.txt && echo a > out/site/a.txt && echo b > out/site/b.txt
     artifacts:
       publish:
         - {name: app, path: out/app.txt}
+        - {name: site, path: out/site}
   - name: test
     needs: [build]
     reports: {junit: junit.xml}
@@ -345,6 +346,39 @@ async fn restored_bytes_verify_against_the_tests_that_ran_on_them() {
         &["verify", &at("app.txt"), "--test-result", &at("good.json"), "--repo", "shop", "--ref", "refs/heads/main"],
     );
     assert_eq!(code, 2, "{out}");
+    // A directory artifact's provenance names its archive and the manifest
+    // at its head (checked here with zstd and tar, not Kiln's code).
+    let env = c.artifact_provenance(&id.run_id, "build", "site").await.unwrap();
+    let payload = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.decode(env["payload"].as_str().unwrap()).unwrap()
+    };
+    let st: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    let subjects: Vec<(String, String)> = st["subject"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap().to_string(), s["digest"]["sha256"].as_str().unwrap().to_string()))
+        .collect();
+    let site =
+        run.jobs.iter().find(|j| j.name == "build").unwrap().artifacts.iter().find(|a| a.name == "site").unwrap();
+    assert_eq!(subjects.len(), 2, "{subjects:?}");
+    assert_eq!(subjects[0], ("site".to_string(), site.sha256.clone()));
+    assert_eq!(subjects[1].0, "site/.kiln-cache/manifest.json");
+    let raw = c.artifact(&id.run_id, "build", "site").await.unwrap();
+    let bytes = c.download(&raw.url).await.unwrap().bytes().await.unwrap();
+    std::fs::write(at("site.kca"), &bytes).unwrap();
+    let sh = format!("zstd -dc {} | tar -xO .kiln-cache/manifest.json | sha256sum", at("site.kca"));
+    let out = std::process::Command::new("sh").args(["-c", &sh]).output().unwrap();
+    let manifest = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string();
+    assert_eq!(subjects[1].1, manifest, "the manifest's own sha256");
+    // The archive verifies by its one artifact subject (no --name needed).
+    std::fs::write(at("site.json"), serde_json::to_vec(&env).unwrap()).unwrap();
+    let (code, out) = cli(
+        &up,
+        &["verify", &at("site.kca"), "--provenance", &at("site.json"), "--repo", "shop", "--keys", &at("keys.json")],
+    );
+    assert_eq!(code, 0, "{out}");
     // No reports, no attestation.
     let (code, out) = cli(&up, &["tests", "attestation", &id.run_id, "build"]);
     assert_ne!(code, 0);

@@ -241,3 +241,34 @@ fn verify_tree_accepts_only_the_manifests_tree() {
     assert!(!ok.exists() && !target.join("stale").exists());
     kiln_cache::verify_tree(&[("c".into(), target)], &m).unwrap();
 }
+
+/// Issue 45: the manifest digest is the sha256 of the manifest member's
+/// bytes (what a directory artifact's provenance names); it follows the
+/// tree's contents, and anything that is not an archive with a manifest
+/// first is refused.
+#[test]
+fn the_manifest_digest_is_of_the_manifest_and_follows_the_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/f.txt"), b"hello").unwrap();
+    let digest_of = |src: &Path| {
+        let mut archive = Vec::new();
+        pack(&[("c".into(), src.to_path_buf())], &mut archive, 3).unwrap();
+        (kiln_cache::manifest_digest(&archive[..], &Limits::default()).unwrap(), archive)
+    };
+    let (first, archive) = digest_of(&src);
+    // The manifest member's own bytes, read with the tar crate.
+    let dec = zstd::stream::read::Decoder::new(&archive[..]).unwrap();
+    let mut ar = tar::Archive::new(dec);
+    let mut member = ar.entries().unwrap().next().unwrap().unwrap();
+    assert_eq!(member.path().unwrap().to_str(), Some(kiln_cache::MANIFEST_NAME));
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut member, &mut bytes).unwrap();
+    use sha2::Digest;
+    assert_eq!(first, hex::encode(sha2::Sha256::digest(&bytes)));
+    assert_eq!(digest_of(&src).0, first, "the same tree, the same digest");
+    fs::write(src.join("d/f.txt"), b"hellO").unwrap();
+    assert_ne!(digest_of(&src).0, first, "a changed byte changes the manifest");
+    assert!(kiln_cache::manifest_digest(&b"not an archive"[..], &Limits::default()).is_err());
+}

@@ -227,6 +227,9 @@ pub(crate) async fn seal(
                 }
             }
         }
+        if g.kind == "archive" {
+            note_manifest(state, &g, (job, epoch)).await?;
+        }
     } else if g.state != "sealed" {
         return Err(ApiErr::new(
             StatusCode::CONFLICT,
@@ -248,6 +251,38 @@ pub(crate) async fn seal(
         sha256: g.expected_sha256,
         state: g.state.into(),
     })
+}
+
+/// A directory artifact's manifest digest, read from the head of its
+/// stored archive (issue 45: its provenance names it). An archive whose
+/// manifest cannot be read is sealed without it, and the log says so (its
+/// restore verifies every member anyway).
+async fn note_manifest(state: &AppState, g: &kiln_store::GenerationRecord, (job, epoch): (&str, i64)) -> ApiResult<()> {
+    let key = if state.blob.exists(&g.session_key).await.map_err(blob_err)? {
+        g.session_key.clone()
+    } else {
+        kiln_store::content_key(&g.expected_sha256)
+    };
+    let limits = kiln_cache::Limits::default();
+    let digest = match &state.blob {
+        BlobStore::Local(local) => {
+            let file = local.open(&key).await.map_err(blob_err)?.0.into_std().await;
+            tokio::task::spawn_blocking(move || kiln_cache::manifest_digest(std::io::BufReader::new(file), &limits))
+                .await
+                .map_err(|e| ApiErr::internal(e.to_string()))?
+        }
+        BlobStore::S3(s3) => {
+            // The manifest is at the head: its cap plus the tar headers.
+            let n = (g.expected_size.max(0) as usize).min(64 << 20);
+            let head = s3.read_range(&key, 0, n).await.map_err(blob_err)?;
+            kiln_cache::manifest_digest(std::io::Cursor::new(head), &limits)
+        }
+    };
+    match digest {
+        Ok(sha) => state.store.note_manifest(&g.id, job, epoch, &sha).await?,
+        Err(e) => tracing::warn!(generation = %g.id, name = %g.name, "cannot read the archive's manifest: {e}"),
+    }
+    Ok(())
 }
 
 /// A session whose bytes did not verify is failed (nothing of it is ever

@@ -12,3 +12,9 @@ CREATE TABLE test_attestations (
     created_at BIGINT NOT NULL,
     PRIMARY KEY (job_id, epoch)
 );
+
+-- A directory artifact's manifest digest (issue 45): the sha256 of the
+-- manifest at the head of its archive, read by the server at seal; its
+-- provenance names it as a second subject, so an extracted tree can be
+-- checked file by file.
+ALTER TABLE artifact_generations ADD COLUMN manifest_sha256 TEXT;

@@ -231,3 +231,20 @@ pub(crate) async fn content_usage(store: &SqlStore) -> Result<(i64, i64)> {
         .one()
         .await
 }
+
+/// `ArtifactStore::note_manifest`: the manifest digest of an upload session
+/// of the live attempt that is still uploading (read by the server).
+pub(crate) async fn note_manifest(store: &SqlStore, id: &str, job_id: &str, epoch: i64, sha256: &str) -> Result<()> {
+    static SQL: Sql = Sql::new(|_| {
+        format!(
+            "UPDATE artifact_generations SET manifest_sha256 = $1 WHERE id = $2 AND job_id = $3 AND epoch = $4 \
+             AND state = {uploading}",
+            uploading = lit(GenerationState::Uploading)
+        )
+    });
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(StoreError::Invalid("a manifest digest is 64 hex digits".into()));
+    }
+    store.writer().await?.sql(&SQL).bind(sha256).bind(id).bind(job_id).bind(epoch).execute().await?;
+    Ok(())
+}

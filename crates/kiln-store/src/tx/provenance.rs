@@ -141,9 +141,18 @@ pub(crate) async fn write(
     })?;
     let facts = facts(tx, &*attester, run, job, epoch, now).await?;
     for (name, generation) in bound {
-        let sha: String =
-            tx.sql("SELECT expected_sha256 FROM artifact_generations WHERE id = $1").bind(generation).scalar().await?;
-        let st = statement::provenance(vec![Subject::sha256(name, &sha)], &facts);
+        let (sha, manifest): (String, Option<String>) = tx
+            .sql("SELECT expected_sha256, manifest_sha256 FROM artifact_generations WHERE id = $1")
+            .bind(generation)
+            .one()
+            .await?;
+        // A directory artifact: its archive, and the manifest at its head
+        // (every file's path, mode, size and sha256).
+        let mut subjects = vec![Subject::sha256(name, &sha)];
+        if let Some(m) = manifest {
+            subjects.push(Subject::sha256(&format!("{name}/{}", kiln_provenance::statement::MANIFEST_SUBJECT), &m));
+        }
+        let st = statement::provenance(subjects, &facts);
         let (envelope, keyid) = attester
             .sign(&statement::to_bytes(&st))
             .map_err(|e| StoreError::Unavailable(format!("cannot sign the provenance of `{name}`: {e}")))?;

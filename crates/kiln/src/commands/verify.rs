@@ -143,8 +143,11 @@ fn only_subject(envelope: &[u8]) -> Option<String> {
     let env: kiln_provenance::dsse::Envelope = serde_json::from_slice(envelope).ok()?;
     let payload = base64::engine::general_purpose::STANDARD.decode(&env.payload).ok()?;
     let st: kiln_provenance::statement::Statement = serde_json::from_slice(&payload).ok()?;
-    match st.subject.as_slice() {
-        [one] => Some(one.name.clone()),
+    // A directory artifact's manifest is a second subject, not a choice.
+    let suffix = format!("/{}", kiln_provenance::statement::MANIFEST_SUBJECT);
+    let named: Vec<&str> = st.subject.iter().map(|s| s.name.as_str()).filter(|n| !n.ends_with(&suffix)).collect();
+    match named.as_slice() {
+        [one] => Some(one.to_string()),
         _ => None,
     }
 }
