@@ -85,6 +85,39 @@ pub(crate) async fn facts(
             }
         }
     }
+    // Every service, by the digest it was pinned to at acceptance.
+    for (name, svc) in definition.map(|d| &d.services).into_iter().flatten() {
+        if let Some(digest) = &svc.digest {
+            let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+            deps.push(Dependency {
+                name: Some(format!("service:{name}")),
+                uri: format!("oci://{}", svc.image),
+                digest: BTreeMap::from([("sha256".to_string(), hex.to_string())]),
+                annotations: BTreeMap::new(),
+            });
+        }
+    }
+    // The cache it restored (the live attempt's report names the key; the
+    // entry's bytes, while it exists, by their sha256).
+    if let Some(report) = job.cache_result.as_deref().and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok()) {
+        let text = |k: &str| report[k].as_str().unwrap_or_default().to_string();
+        let (key, result, namespace) = (text("key"), text("result"), text("namespace"));
+        if !key.is_empty() && matches!(result.as_str(), "hit" | "partial" | "prefix") {
+            let sha: Option<String> = tx
+                .sql("SELECT sha256 FROM cache_entries WHERE repo_id = $1 AND namespace = $2 AND cache_key = $3")
+                .bind(&run.repo_id)
+                .bind(&namespace)
+                .bind(&key)
+                .scalar_optional()
+                .await?;
+            deps.push(Dependency {
+                name: Some("cache".into()),
+                uri: format!("kiln:caches/{namespace}/{key}"),
+                digest: sha.into_iter().map(|d| ("sha256".to_string(), d)).collect(),
+                annotations: BTreeMap::from([("result".to_string(), result)]),
+            });
+        }
+    }
     Ok(BuildFacts {
         repository: run.repo_name.clone(),
         git_ref: run.git_ref.clone(),

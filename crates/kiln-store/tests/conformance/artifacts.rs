@@ -961,6 +961,15 @@ pub async fn bindings_carry_signed_provenance_of_the_winning_epoch_only<S: Store
     let mut test = publishing("test", &["build"], &["report"]);
     test.artifacts.restore =
         vec![kiln_workflow::Restore { from_job: "build".into(), name: "jar".into(), path: "in/jar".into() }];
+    let service = kiln_workflow::Service {
+        image: "127.0.0.1:5000/postgres:16".into(),
+        digest: Some(format!("sha256:{}", "d".repeat(64))),
+        env: Default::default(),
+        ports: vec![],
+        command: vec![],
+        health: None,
+    };
+    test.services.insert("db".into(), service);
     let wf = workflow(vec![publishing("build", &[], &["jar"]), test]);
     let (repo, run_id) = start(s, wf).await;
     let (old, new) = (agent(s, "old", 4).await, agent(s, "new", 4).await);
@@ -994,6 +1003,7 @@ pub async fn bindings_carry_signed_provenance_of_the_winning_epoch_only<S: Store
     claim(s, &new, &testj, LONG_TTL).await;
     let r = s.create_generation(&testj, 1, "report", SIZE, SHA, PART).await.unwrap();
     s.seal_generation(&r.id, &testj, 1).await.unwrap();
+    s.report_cache(&testj, 1, r#"{"key":"deps-abc","result":"hit","namespace":"protected"}"#).await.unwrap();
     // A statement that cannot be signed: no binding, nothing changed (the
     // agent's completion is retried and succeeds once signing works).
     struct Broken;
@@ -1022,6 +1032,17 @@ pub async fn bindings_carry_signed_provenance_of_the_winning_epoch_only<S: Store
     assert_eq!(jar["digest"]["sha256"], SHA);
     assert_eq!(jar["annotations"]["generation"], g2.id.as_str());
     assert!(deps.iter().any(|d| d["digest"]["gitCommit"] == run.commit_sha.as_str()));
+    // Its service by the pinned digest, and the cache it restored by key.
+    let db = deps.iter().find(|d| d["name"] == "service:db").expect("the service is a dependency");
+    assert_eq!(
+        (db["uri"].as_str(), db["digest"]["sha256"].as_str()),
+        (Some("oci://127.0.0.1:5000/postgres:16"), Some("d".repeat(64).as_str()))
+    );
+    let cache = deps.iter().find(|d| d["name"] == "cache").expect("the restored cache is a dependency");
+    assert_eq!(
+        (cache["uri"].as_str(), cache["annotations"]["result"].as_str()),
+        (Some("kiln:caches/protected/deps-abc"), Some("hit"))
+    );
 }
 
 /// Content-addressed bytes (issue 45): generations of the same bytes share
