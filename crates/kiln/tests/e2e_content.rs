@@ -139,3 +139,80 @@ async fn identical_bytes_are_stored_once_and_kept_while_referenced() {
     let bytes = c.download(&d.url).await.unwrap().bytes().await.unwrap();
     assert_eq!(hex::encode(Sha256::digest(&bytes)), want);
 }
+
+/// One SQL statement on the server's SQLite database (the server stopped).
+fn sql(data: &Path, statement: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(sys.argv[2]).fetchall(); c.commit(); \
+             print('\\n'.join('|'.join(str(v) for v in row) for row in r))",
+        )
+        .arg(data.join("kiln.db"))
+        .arg(statement)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Generations stored before content addressing (their bytes under their
+/// session key, no content object) are moved by the collector: checked,
+/// copied to their content key, read from there; the old copy stays for
+/// downloads handed out before (it retires later); one whose bytes do not
+/// match its sha256 is left where it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn older_generations_move_to_their_content_key() {
+    let server = KilnServer::start(BIN.as_ref(), &["--gc-interval", "300ms"]).unwrap();
+    let wf = "version: 1\njobs:\n  - name: build\n    steps:\n      - echo \"$KILN_RUN_ID\" > a.txt && echo same > b.txt\n    artifacts:\n      publish:\n        - {name: a, path: a.txt}\n        - {name: b, path: b.txt}\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    server.add_repo("old", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let agent = server.agent("a", &[]).unwrap();
+    let run = c.submit_run("old", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    assert_eq!(wait_run(&c, &run.run_id, 120).await.status, "success");
+    drop(agent);
+    // Stop the server, keeping its data, and make the generations look as
+    // an older server left them.
+    let mut server = server;
+    let kept = std::mem::replace(&mut server.data, tempfile::tempdir().unwrap());
+    drop(server);
+    let data = kept.path().join("data");
+    let objects = data.join("objects/objects");
+    let rows = sql(&data, "SELECT id, object_key, content_key, expected_sha256, name FROM artifact_generations");
+    let mut legacy = Vec::new();
+    for row in rows.lines() {
+        let f: Vec<&str> = row.split('|').collect();
+        let (id, session, content, sha, name) = (f[0], f[1], f[2], f[3], f[4]);
+        assert_eq!(content, format!("cas/sha256/{sha}"), "sealed into its content key");
+        std::fs::create_dir_all(objects.join(session).parent().unwrap()).unwrap();
+        std::fs::copy(objects.join(content), objects.join(session)).unwrap();
+        if name == "b" {
+            // Damaged while it sat under its old key: never moved.
+            std::fs::write(objects.join(session), "other bytes\n").unwrap();
+        }
+        std::fs::remove_file(objects.join(content)).unwrap();
+        legacy.push((id.to_string(), session.to_string(), sha.to_string(), name.to_string()));
+    }
+    sql(&data, "UPDATE artifact_generations SET content_key = NULL");
+    sql(&data, "DELETE FROM content_objects");
+    let server = KilnServer::start_in(BIN.as_ref(), kept, &["--gc-interval", "300ms"]).unwrap();
+    let c = Client::new(&server.url, &server.token);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (a, b) = (&legacy.iter().find(|l| l.3 == "a").unwrap(), &legacy.iter().find(|l| l.3 == "b").unwrap());
+    while sql(&data, &format!("SELECT content_key FROM artifact_generations WHERE id = '{}'", a.0)) == "None" {
+        assert!(Instant::now() < deadline, "never moved\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(objects.join(format!("cas/sha256/{}", a.2)).exists(), "copied to its content key");
+    assert!(objects.join(&a.1).exists(), "the old copy stays until downloads handed out before are over");
+    let retire = sql(&data, &format!("SELECT retire_session_at FROM artifact_generations WHERE id = '{}'", a.0));
+    assert_ne!(retire, "None");
+    let d = c.artifact(&run.run_id, "build", "a").await.unwrap();
+    let bytes = c.download(&d.url).await.unwrap().bytes().await.unwrap();
+    assert_eq!(hex::encode(Sha256::digest(&bytes)), a.2);
+    // The damaged one stays where it is, and the log says so.
+    assert_eq!(sql(&data, &format!("SELECT content_key FROM artifact_generations WHERE id = '{}'", b.0)), "None");
+    assert!(!objects.join(format!("cas/sha256/{}", b.2)).exists());
+    assert!(server.log().contains("cannot move artifact bytes to their content key"), "{}", server.log());
+}
