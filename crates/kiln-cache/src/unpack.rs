@@ -77,13 +77,7 @@ pub fn unpack(
 /// Reads and validates the manifest at the head of an archive (only the
 /// first member is decoded).
 pub fn read_manifest(archive: impl Read, declared: &[String], limits: &Limits) -> Result<Manifest, CacheError> {
-    let mut dec =
-        zstd::stream::read::Decoder::new(SourceReader(archive)).map_err(|e| io_err("starting the zstd decoder", e))?;
-    dec.window_log_max(27).map_err(|e| io_err("configuring the zstd decoder", e))?;
-    let budget = manifest_cap(limits).saturating_add(4 * 512 + 2 * limits.max_path_bytes as u64);
-    let mut ar = tar::Archive::new(LimitReader { inner: dec, read: 0, budget });
-    let mut entries = ar.entries().map_err(|e| read_err("reading the archive", e))?.raw(true);
-    manifest_member(&mut entries, declared, limits)
+    at_head(archive, limits, |entries| manifest_member(entries, declared, limits))
 }
 
 /// The sha256 (hex) of the manifest member's bytes at the head of an
@@ -92,35 +86,28 @@ pub fn read_manifest(archive: impl Read, declared: &[String], limits: &Limits) -
 /// file by file). Only the first member is decoded; it must be the
 /// manifest, within the manifest cap.
 pub fn manifest_digest(archive: impl Read, limits: &Limits) -> Result<String, CacheError> {
+    at_head(archive, limits, |entries| Ok(hex::encode(Sha256::digest(manifest_bytes(entries, limits)?))))
+}
+
+/// `f` over the archive's members, decoding no more than a manifest's
+/// worth of it.
+fn at_head<T>(
+    archive: impl Read,
+    limits: &Limits,
+    f: impl FnOnce(&mut tar::Entries<'_, &mut dyn Read>) -> Result<T, CacheError>,
+) -> Result<T, CacheError> {
     let mut dec =
         zstd::stream::read::Decoder::new(SourceReader(archive)).map_err(|e| io_err("starting the zstd decoder", e))?;
     dec.window_log_max(27).map_err(|e| io_err("configuring the zstd decoder", e))?;
     let budget = manifest_cap(limits).saturating_add(4 * 512 + 2 * limits.max_path_bytes as u64);
-    let mut ar = tar::Archive::new(LimitReader { inner: dec, read: 0, budget });
+    let mut limited = LimitReader { inner: dec, read: 0, budget };
+    let mut ar = tar::Archive::new(&mut limited as &mut dyn Read);
     let mut entries = ar.entries().map_err(|e| read_err("reading the archive", e))?.raw(true);
-    let Some(mut first) = next_member(&mut entries, limits)? else {
-        return Err(CacheError::Refused("archive is empty (no manifest)".into()));
-    };
-    if first.name != MANIFEST_NAME.as_bytes() || first.entry.header().entry_type() != tar::EntryType::Regular {
-        return Err(CacheError::Refused(format!(
-            "first member {:?} is not the manifest",
-            String::from_utf8_lossy(&first.name)
-        )));
-    }
-    let size = first.entry.header().entry_size().map_err(|e| CacheError::Corrupt(format!("manifest header: {e}")))?;
-    if size > manifest_cap(limits) {
-        return Err(CacheError::TooLarge(format!("manifest of {size} bytes exceeds {} bytes", manifest_cap(limits))));
-    }
-    let mut json = Vec::with_capacity(size as usize);
-    first.entry.read_to_end(&mut json).map_err(|e| read_err("reading the manifest", e))?;
-    Ok(hex::encode(Sha256::digest(&json)))
+    f(&mut entries)
 }
 
-pub(crate) fn manifest_member<R: Read>(
-    entries: &mut tar::Entries<'_, R>,
-    declared: &[String],
-    limits: &Limits,
-) -> Result<Manifest, CacheError> {
+/// The first member's bytes: it must be the manifest, within its cap.
+fn manifest_bytes<R: Read>(entries: &mut tar::Entries<'_, R>, limits: &Limits) -> Result<Vec<u8>, CacheError> {
     let Some(mut first) = next_member(entries, limits)? else {
         return Err(CacheError::Refused("archive is empty (no manifest)".into()));
     };
@@ -137,7 +124,15 @@ pub(crate) fn manifest_member<R: Read>(
     }
     let mut json = Vec::with_capacity(size as usize);
     first.entry.read_to_end(&mut json).map_err(|e| read_err("reading the manifest", e))?;
-    drop(first);
+    Ok(json)
+}
+
+pub(crate) fn manifest_member<R: Read>(
+    entries: &mut tar::Entries<'_, R>,
+    declared: &[String],
+    limits: &Limits,
+) -> Result<Manifest, CacheError> {
+    let json = manifest_bytes(entries, limits)?;
     let manifest: Manifest =
         serde_json::from_slice(&json).map_err(|e| CacheError::Corrupt(format!("manifest does not parse: {e}")))?;
     validate_manifest(&manifest, declared, limits)?;

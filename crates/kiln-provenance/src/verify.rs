@@ -116,6 +116,20 @@ pub struct Verified {
     pub run: String,
 }
 
+/// The in-toto statement an envelope (its JSON bytes) carries, once its
+/// signature verified with one of `keys`.
+fn signed_statement(envelope: &[u8], keys: &[PublicKey]) -> Result<Statement, Refused> {
+    let env = dsse::parse(envelope).map_err(|e| refuse(Failure::Malformed, e.to_string()))?;
+    let payload = dsse::verify(&env, dsse::IN_TOTO, keys).map_err(|e| match e {
+        DsseError::Malformed(_) => refuse(Failure::Malformed, e.to_string()),
+        DsseError::UnknownKey(_) => {
+            refuse(Failure::UnknownKey, format!("{e} (export the server's keys with `kiln keys export`)"))
+        }
+        DsseError::BadSignature(_) => refuse(Failure::BadSignature, e.to_string()),
+    })?;
+    serde_json::from_slice(&payload).map_err(|e| refuse(Failure::Malformed, format!("not an in-toto statement: {e}")))
+}
+
 /// Verify `envelope` (its JSON bytes) for an artifact named `name` whose
 /// bytes hash to `sha256_hex`, with `keys`, under `policy`.
 pub fn verify(
@@ -125,16 +139,7 @@ pub fn verify(
     keys: &[PublicKey],
     policy: &Policy,
 ) -> Result<Verified, Refused> {
-    let env = dsse::parse(envelope).map_err(|e| refuse(Failure::Malformed, e.to_string()))?;
-    let payload = dsse::verify(&env, dsse::IN_TOTO, keys).map_err(|e| match e {
-        DsseError::Malformed(_) => refuse(Failure::Malformed, e.to_string()),
-        DsseError::UnknownKey(_) => {
-            refuse(Failure::UnknownKey, format!("{e} (export the server's keys with `kiln keys export`)"))
-        }
-        DsseError::BadSignature(_) => refuse(Failure::BadSignature, e.to_string()),
-    })?;
-    let st: Statement = serde_json::from_slice(&payload)
-        .map_err(|e| refuse(Failure::Malformed, format!("not an in-toto statement: {e}")))?;
+    let st = signed_statement(envelope, keys)?;
     if st.statement_type != STATEMENT_V1 || st.predicate_type != SLSA_PROVENANCE_V1 {
         return Err(refuse(
             Failure::Malformed,
@@ -238,16 +243,7 @@ pub fn verify_test_result(
     repository: &str,
 ) -> Result<TestVerdict, Refused> {
     use crate::statement::TEST_RESULT_V01;
-    let env = dsse::parse(envelope).map_err(|e| refuse(Failure::Malformed, e.to_string()))?;
-    let payload = dsse::verify(&env, dsse::IN_TOTO, keys).map_err(|e| match e {
-        DsseError::Malformed(_) => refuse(Failure::Malformed, e.to_string()),
-        DsseError::UnknownKey(_) => {
-            refuse(Failure::UnknownKey, format!("{e} (export the server's keys with `kiln keys export`)"))
-        }
-        DsseError::BadSignature(_) => refuse(Failure::BadSignature, e.to_string()),
-    })?;
-    let st: Statement = serde_json::from_slice(&payload)
-        .map_err(|e| refuse(Failure::Malformed, format!("not an in-toto statement: {e}")))?;
+    let st = signed_statement(envelope, keys)?;
     if st.statement_type != STATEMENT_V1 || st.predicate_type != TEST_RESULT_V01 {
         return Err(refuse(
             Failure::Malformed,

@@ -535,6 +535,8 @@ mod tests {
             (&trigger, &get, "/v1/workflow-runs/{run}", IfOwnRepo),
             (&trigger, &get, "/v1/jobs/{job}/logs/events", IfOwnRepo),
             (&trigger, &get, "/v1/workflow-runs/{run}/events", IfOwnRepo),
+            (&trigger, &get, "/v1/workflow-runs/{run}/jobs/{job}/test-attestation", IfOwnRepo),
+            (&Scope::Read, &get, "/v1/workflow-runs/{run}/jobs/{job}/test-attestation", Allow),
             (&trigger, &get, "/v1/workflow-runs/events", Deny),
             (&Scope::Read, &get, "/v1/workflow-runs/events", Allow),
             (&Scope::Read, &get, "/v1/workflow-runs/{run}/events", Allow),

@@ -379,6 +379,20 @@ async fn restored_bytes_verify_against_the_tests_that_ran_on_them() {
         &["verify", &at("site.kca"), "--provenance", &at("site.json"), "--repo", "shop", "--keys", &at("keys.json")],
     );
     assert_eq!(code, 0, "{out}");
+    // Who may read it: a trigger token of the repository, not of another.
+    let repo2 = TestRepo::new(&[(".kiln/pipeline.yaml", WORKFLOW)]).unwrap();
+    let (code, out) = cli(&up, &["repo", "add", "other", "--url", &repo2.path().display().to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let path = format!("{}/v1/workflow-runs/{}/jobs/test/test-attestation", up.url, id.run_id);
+    for (repo, want) in [("shop", 200), ("other", 404)] {
+        let o =
+            up.cli().args(["token", "create", "--name", repo, "--scope", "trigger", "--repo", repo]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let token = String::from_utf8(o.stdout).unwrap();
+        let got = reqwest::Client::new().get(&path).bearer_auth(token.trim()).send().await.unwrap().status();
+        assert_eq!(got.as_u16(), want, "a trigger token of {repo}");
+    }
+    assert_eq!(reqwest::get(&path).await.unwrap().status().as_u16(), 401);
     // No reports, no attestation.
     let (code, out) = cli(&up, &["tests", "attestation", &id.run_id, "build"]);
     assert_ne!(code, 0);

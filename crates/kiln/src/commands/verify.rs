@@ -67,12 +67,7 @@ pub(super) async fn verify(a: VerifyArgs) -> CmdResult {
             envelope_path.display()
         ))
     })?;
-    let digest = sha256_file(&a.file).map_err(|e| usage(format!("cannot read {}: {e}", a.file.display())))?;
-    let jwks: Vec<u8> = match &a.keys {
-        Some(p) => std::fs::read(p).map_err(|e| usage(format!("cannot read the keys {}: {e}", p.display())))?,
-        None => serde_json::to_vec(&client(&a.conn)?.attestation_keys().await?).expect("json"),
-    };
-    let keys = kiln_provenance::dsse::keys_from_jwks(&jwks).map_err(|e| usage(format!("the key set: {e}")))?;
+    let (digest, keys) = digest_and_keys(&a).await?;
     let name = match &a.name {
         Some(n) => n.clone(),
         None => only_subject(&envelope).ok_or_else(|| {
@@ -113,12 +108,7 @@ async fn verify_tests(a: &VerifyArgs, path: &Path) -> CmdResult {
             path.display()
         ))
     })?;
-    let digest = sha256_file(&a.file).map_err(|e| usage(format!("cannot read {}: {e}", a.file.display())))?;
-    let jwks: Vec<u8> = match &a.keys {
-        Some(p) => std::fs::read(p).map_err(|e| usage(format!("cannot read the keys {}: {e}", p.display())))?,
-        None => serde_json::to_vec(&client(&a.conn)?.attestation_keys().await?).expect("json"),
-    };
-    let keys = kiln_provenance::dsse::keys_from_jwks(&jwks).map_err(|e| usage(format!("the key set: {e}")))?;
+    let (digest, keys) = digest_and_keys(a).await?;
     match kiln_provenance::verify::verify_test_result(&envelope, &digest, &keys, &a.repo) {
         Ok(v) => {
             kiln_cmd::outln!(
@@ -150,6 +140,17 @@ fn only_subject(envelope: &[u8]) -> Option<String> {
         [one] => Some(one.to_string()),
         _ => None,
     }
+}
+
+/// The file's sha256 and the key set (`--keys`, else the server's).
+async fn digest_and_keys(a: &VerifyArgs) -> Result<(String, Vec<kiln_provenance::dsse::PublicKey>), Failure> {
+    let digest = sha256_file(&a.file).map_err(|e| usage(format!("cannot read {}: {e}", a.file.display())))?;
+    let jwks: Vec<u8> = match &a.keys {
+        Some(p) => std::fs::read(p).map_err(|e| usage(format!("cannot read the keys {}: {e}", p.display())))?,
+        None => serde_json::to_vec(&client(&a.conn)?.attestation_keys().await?).expect("json"),
+    };
+    let keys = kiln_provenance::dsse::keys_from_jwks(&jwks).map_err(|e| usage(format!("the key set: {e}")))?;
+    Ok((digest, keys))
 }
 
 fn sha256_file(path: &Path) -> std::io::Result<String> {
