@@ -51,20 +51,7 @@ async fn an_artifact_verifies_against_its_signed_provenance_and_tampering_fails_
     assert_eq!(code, 0, "{out}");
 
     // Who may read it: a trigger token of the repository, not of another.
-    let repo2 = TestRepo::new(&[(".kiln/pipeline.yaml", WORKFLOW)]).unwrap();
-    let (code, out) = cli(&up, &["repo", "add", "other", "--url", &repo2.path().display().to_string()]);
-    assert_eq!(code, 0, "{out}");
-    let path = format!("{}/v1/workflow-runs/{}/artifacts/build/app/provenance", up.url, id.run_id);
-    for (repo, want) in [("shop", 200), ("other", 404)] {
-        let o =
-            up.cli().args(["token", "create", "--name", repo, "--scope", "trigger", "--repo", repo]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let token = String::from_utf8(o.stdout).unwrap();
-        let got = reqwest::Client::new().get(&path).bearer_auth(token.trim()).send().await.unwrap().status();
-        assert_eq!(got.as_u16(), want, "a trigger token of {repo}");
-    }
-    let anonymous = reqwest::get(&path).await.unwrap().status();
-    assert_eq!(anonymous.as_u16(), 401);
+    only_its_readers(&up, &format!("{}/v1/workflow-runs/{}/artifacts/build/app/provenance", up.url, id.run_id)).await;
 
     // Online: the server's keys; the policy as a deployer writes it.
     let (code, out) =
@@ -115,6 +102,24 @@ async fn an_artifact_verifies_against_its_signed_provenance_and_tampering_fails_
     let (code, pem) = cli(&up, &["keys", "export", "--pem"]);
     assert_eq!(code, 0, "{pem}");
     sslib_verifies(&format!("{f}.intoto.json"), &pem, dir.path());
+}
+
+/// `path` (of repository `shop`) answers a trigger token of `shop` (200),
+/// not one of another repository (404), nor no token (401).
+async fn only_its_readers(up: &KilnUp, path: &str) {
+    let other = TestRepo::new(&[(".kiln/pipeline.yaml", WORKFLOW)]).unwrap();
+    let name = format!("other-{}", std::process::id() ^ path.len() as u32);
+    let (code, out) = cli(up, &["repo", "add", &name, "--url", &other.path().display().to_string()]);
+    assert_eq!(code, 0, "{out}");
+    for (repo, want) in [("shop", 200), (name.as_str(), 404)] {
+        let o =
+            up.cli().args(["token", "create", "--name", repo, "--scope", "trigger", "--repo", repo]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let token = String::from_utf8(o.stdout).unwrap();
+        let got = reqwest::Client::new().get(path).bearer_auth(token.trim()).send().await.unwrap().status();
+        assert_eq!(got.as_u16(), want, "a trigger token of {repo}: {path}");
+    }
+    assert_eq!(reqwest::get(path).await.unwrap().status().as_u16(), 401, "{path}");
 }
 
 fn sslib_verifies(envelope: &str, pem_with_ids: &str, dir: &Path) {
@@ -380,19 +385,7 @@ async fn restored_bytes_verify_against_the_tests_that_ran_on_them() {
     );
     assert_eq!(code, 0, "{out}");
     // Who may read it: a trigger token of the repository, not of another.
-    let repo2 = TestRepo::new(&[(".kiln/pipeline.yaml", WORKFLOW)]).unwrap();
-    let (code, out) = cli(&up, &["repo", "add", "other", "--url", &repo2.path().display().to_string()]);
-    assert_eq!(code, 0, "{out}");
-    let path = format!("{}/v1/workflow-runs/{}/jobs/test/test-attestation", up.url, id.run_id);
-    for (repo, want) in [("shop", 200), ("other", 404)] {
-        let o =
-            up.cli().args(["token", "create", "--name", repo, "--scope", "trigger", "--repo", repo]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let token = String::from_utf8(o.stdout).unwrap();
-        let got = reqwest::Client::new().get(&path).bearer_auth(token.trim()).send().await.unwrap().status();
-        assert_eq!(got.as_u16(), want, "a trigger token of {repo}");
-    }
-    assert_eq!(reqwest::get(&path).await.unwrap().status().as_u16(), 401);
+    only_its_readers(&up, &format!("{}/v1/workflow-runs/{}/jobs/test/test-attestation", up.url, id.run_id)).await;
     // No reports, no attestation.
     let (code, out) = cli(&up, &["tests", "attestation", &id.run_id, "build"]);
     assert_ne!(code, 0);
