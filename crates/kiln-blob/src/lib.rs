@@ -202,6 +202,21 @@ pub struct ObjectInfo {
     pub sha256: String,
 }
 
+impl ObjectInfo {
+    /// These bytes, if they are `expected`; else [`BlobError::Mismatch`].
+    pub fn matching(self, expected: &ObjectInfo) -> Result<ObjectInfo> {
+        if &self == expected {
+            return Ok(self);
+        }
+        Err(BlobError::Mismatch {
+            expected_size: expected.size,
+            expected_sha256: expected.sha256.clone(),
+            size: self.size,
+            sha256: self.sha256,
+        })
+    }
+}
+
 fn check_key(key: &str) -> Result<()> {
     let ok = !key.is_empty()
         && key.len() <= 512
@@ -323,14 +338,7 @@ impl LocalBlobStore {
             }
             _ => hash_reader(&mut f).await?,
         };
-        if &got != expected {
-            return Err(BlobError::Mismatch {
-                expected_size: expected.size,
-                expected_sha256: expected.sha256.clone(),
-                size: got.size,
-                sha256: got.sha256,
-            });
-        }
+        let got = got.matching(expected)?;
         fs::create_dir_all(object.parent().expect("parent")).await?;
         let mut perms = fs::metadata(&staging).await?.permissions();
         perms.set_readonly(true);
@@ -448,15 +456,7 @@ impl LocalBlobStore {
         if fs::try_exists(&dst).await? {
             return Ok(());
         }
-        let got = hash_file(&self.object(from)).await?;
-        if &got != expected {
-            return Err(BlobError::Mismatch {
-                expected_size: expected.size,
-                expected_sha256: expected.sha256.clone(),
-                size: got.size,
-                sha256: got.sha256,
-            });
-        }
+        hash_file(&self.object(from)).await?.matching(expected)?;
         fs::create_dir_all(dst.parent().expect("parent")).await?;
         let tmp = dst.with_extension(format!("tmp-{}", rand_suffix()));
         fs::copy(self.object(from), &tmp).await?;

@@ -345,15 +345,7 @@ impl S3BlobStore {
         if self.head(to).await?.is_some() {
             return Ok(());
         }
-        let got = self.hash(from).await?;
-        if &got != expected {
-            return Err(BlobError::Mismatch {
-                expected_size: expected.size,
-                expected_sha256: expected.sha256.clone(),
-                size: got.size,
-                sha256: got.sha256,
-            });
-        }
+        self.hash(from).await?.matching(expected)?;
         let (src, dst) = (self.path(from)?, self.path(to)?);
         self.s3.copy(&src, &dst).await.map_err(|e| os_err(from, e))
     }
