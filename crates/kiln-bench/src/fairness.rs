@@ -13,6 +13,12 @@
 //!   by default, from 50 repositories) with every repository in one team,
 //!   then each in its own: jobs per second to the last one's end. Fairness
 //!   must not make claims slower.
+//! - **Claims alone.** The same comparison with no checkout and no step:
+//!   the jobs ask for a label no real agent has (`virtual: "yes"`), and
+//!   virtual agents over HTTP claim and complete them at once, as fast as
+//!   the server hands them out: the fair-share decision's own cost,
+//!   separated from what an agent does between claims (five times as many
+//!   jobs, at most 250 per repository: claims alone go fast).
 //!
 //! Figures are `name: value` lines; nothing is asserted.
 
@@ -29,12 +35,23 @@ const PER_RUN: u32 = 250;
 const B_SUBMISSIONS: usize = 20;
 /// Teams of the spread-out throughput phase.
 const TEAMS: u32 = 50;
-/// Rounds of the throughput phase.
-const ROUNDS: usize = 3;
+/// The order of the throughput measurements (teams of each): every
+/// measurement adds its runs to the database and its repositories to the
+/// agents, so each one is a little slower than the one before (about 2 %
+/// per 5,000 jobs measured on SQLite). Alternating 1, 50, 1, 50 puts every
+/// 50-team figure after a 1-team one and so charges that drift to fair
+/// share; ABBA BAAB gives both the same mean position, so a linear drift
+/// falls on both alike and cancels in their means.
+const ORDER: [u32; 8] = [1, TEAMS, TEAMS, 1, TEAMS, 1, 1, TEAMS];
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|x, y| x.total_cmp(y));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+}
+
+/// Each teams' figures in [`ORDER`]: (1 team, 50 teams), each the mean.
+fn by_teams(figures: &[(u32, f64)]) -> (f64, f64) {
+    let of = |n: u32| figures.iter().filter(|(t, _)| *t == n).map(|(_, f)| *f).collect::<Vec<_>>();
+    (mean(&of(1)), mean(&of(TEAMS)))
 }
 
 fn matrix(n: u32, step: &str) -> String {
@@ -151,26 +168,36 @@ pub(crate) async fn run(a: &BenchArgs) -> Result<i32, Failure> {
         ab_scenario(a, &c, &tmp, slots, secs, &step).await?;
     }
 
-    // Claim throughput: one team, then fifty, alternating over three
-    // rounds (the median of each), so a host's drift falls on both alike.
+    // Claim throughput: one team and fifty in [`ORDER`] (the mean of each).
     let n = a.fair_noop_jobs;
-    let (mut ones, mut fifties) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        ones.push(throughput(&c, &tmp.join(format!("one{round}")), n, 1).await?);
-        fifties.push(throughput(&c, &tmp.join(format!("fifty{round}")), n, TEAMS).await?);
+    let mut figures = Vec::new();
+    for (i, teams) in ORDER.into_iter().enumerate() {
+        figures.push((teams, throughput(&c, &tmp.join(format!("e2e{i}")), n, teams).await?));
     }
-    let (one, fifty) = (median(ones), median(fifties));
+    let (one, fifty) = by_teams(&figures);
     kiln_cmd::outln!("fairness_noop_jobs: {n}");
     kiln_cmd::outln!("fairness_claims_per_s_1_team: {one:.1}");
     kiln_cmd::outln!("fairness_claims_per_s_{TEAMS}_teams: {fifty:.1}");
     kiln_cmd::outln!("fairness_claims_{TEAMS}_teams_vs_1_pct: {:.1}", fifty / one * 100.0);
+    let urls = [handle.url()];
+    kiln_cmd::outln!("fairness_claims_only_jobs: {}", n * 5);
+    let (one, fifty) = claims_rounds(&c, &urls, &handle.agent_token, &tmp.join("virtual"), n * 5).await?;
+    kiln_cmd::outln!("fairness_claims_only_per_s_1_team: {one:.1}");
+    kiln_cmd::outln!("fairness_claims_only_per_s_{TEAMS}_teams: {fifty:.1}");
+    kiln_cmd::outln!("fairness_claims_only_{TEAMS}_teams_vs_1_pct: {:.1}", fifty / one * 100.0);
     let _ = stop.send(true);
     if a.database_url.is_some() {
-        let (one, fifty) = on_replicas(a, &tmp.join("replicas")).await?;
+        let ((one, fifty), (v_one, v_fifty)) = on_replicas(a, &tmp.join("replicas")).await?;
         let r = a.replicas.max(2);
         kiln_cmd::outln!("fairness_claims_per_s_1_team_postgres_{r}_replicas: {one:.1}");
         kiln_cmd::outln!("fairness_claims_per_s_{TEAMS}_teams_postgres_{r}_replicas: {fifty:.1}");
         kiln_cmd::outln!("fairness_claims_{TEAMS}_teams_vs_1_pct_postgres_{r}_replicas: {:.1}", fifty / one * 100.0);
+        kiln_cmd::outln!("fairness_claims_only_per_s_1_team_postgres_{r}_replicas: {v_one:.1}");
+        kiln_cmd::outln!("fairness_claims_only_per_s_{TEAMS}_teams_postgres_{r}_replicas: {v_fifty:.1}");
+        kiln_cmd::outln!(
+            "fairness_claims_only_{TEAMS}_teams_vs_1_pct_postgres_{r}_replicas: {:.1}",
+            v_fifty / v_one * 100.0
+        );
     }
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(exit::OK)
@@ -214,7 +241,7 @@ async fn throughput(c: &Client, dir: &Path, n: u32, teams: u32) -> anyhow::Resul
 /// The throughput phase on PostgreSQL: `--replicas` (at least two) `kiln
 /// server` processes on one throwaway database (or `--database-url`), the
 /// `--fair-slots` agents split between them, each knowing its replica.
-async fn on_replicas(a: &BenchArgs, dir: &Path) -> anyhow::Result<(f64, f64)> {
+async fn on_replicas(a: &BenchArgs, dir: &Path) -> anyhow::Result<((f64, f64), (f64, f64))> {
     use crate::util::{Launch, spawn_agent_deployed, spawn_server_with, token};
     let mut _pg = None;
     let url = match a.database_url.as_deref() {
@@ -241,15 +268,138 @@ async fn on_replicas(a: &BenchArgs, dir: &Path) -> anyhow::Result<(f64, f64)> {
     }
     let c = Client::new(&urls[0], &token(&data, "admin.token")?);
     let n = a.fair_noop_jobs;
-    let (mut ones, mut fifties) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        ones.push(throughput(&c, &dir.join(format!("one{round}")), n, 1).await?);
-        fifties.push(throughput(&c, &dir.join(format!("fifty{round}")), n, TEAMS).await?);
+    let mut figures = Vec::new();
+    for (i, teams) in ORDER.into_iter().enumerate() {
+        figures.push((teams, throughput(&c, &dir.join(format!("e2e{i}")), n, teams).await?));
     }
-    let (one, fifty) = (median(ones), median(fifties));
+    let (one, fifty) = by_teams(&figures);
+    let virt = claims_rounds(&c, &urls, &token(&data, "agent.token")?, &dir.join("virtual"), n * 5).await?;
     drop(agents);
     drop(servers);
-    Ok((one, fifty))
+    Ok(((one, fifty), virt))
+}
+
+/// [`claims_only`] of `n` jobs with 1 team and 50 in [`ORDER`]: the means.
+async fn claims_rounds(
+    c: &Client,
+    urls: &[String],
+    agent_token: &str,
+    dir: &Path,
+    n: u32,
+) -> anyhow::Result<(f64, f64)> {
+    let mut figures = Vec::new();
+    for (i, teams) in ORDER.into_iter().enumerate() {
+        figures.push((teams, claims_only(c, urls, agent_token, &dir.join(format!("v{i}")), n, teams).await?));
+    }
+    Ok(by_teams(&figures))
+}
+
+/// Virtual agents claiming over HTTP (one per agent slot of a real agent).
+const VIRTUAL_AGENTS: usize = 8;
+
+/// `n` no-op jobs from [`TEAMS`] repositories (as [`throughput`]) that
+/// only virtual agents may take (`runs-on: {virtual: "yes"}`), all ready
+/// before the first claim: [`VIRTUAL_AGENTS`] agents (split over `urls`)
+/// claim and complete them at once, each claim as soon as the last one was
+/// answered; jobs per second from the first claim to the last completion.
+async fn claims_only(
+    c: &Client,
+    urls: &[String],
+    agent_token: &str,
+    dir: &Path,
+    n: u32,
+    teams: u32,
+) -> anyhow::Result<f64> {
+    use kiln_api::{AttemptOutcome, ClaimRequest, Completion, RegisterAgent};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let per_repo = n.div_ceil(TEAMS);
+    let tag = dir.file_name().and_then(|s| s.to_str()).unwrap_or("x").to_string();
+    let mut ids = Vec::new();
+    for t in 0..TEAMS {
+        let name = format!("v{tag}-t{t}");
+        let p = dir.join(&name);
+        let values: Vec<String> = (1..=per_repo.min(PER_RUN)).map(|i| i.to_string()).collect();
+        repo_with(
+            &p,
+            &format!(
+                "version: 1\njobs:\n  - name: m\n    runs-on: {{virtual: \"yes\"}}\n    matrix: {{i: [{}]}}\n    steps: [\"true\"]\n",
+                values.join(", ")
+            ),
+        )?;
+        let team = if teams == 1 { format!("v{tag}") } else { format!("v{tag}-t{t}") };
+        add(c, &name, &p, Some(&team)).await?;
+        ids.push(submit(c, &name).await?);
+    }
+    let total: u64 = {
+        let mut sum = 0;
+        for id in &ids {
+            loop {
+                let r = c.get_run(id).await?;
+                if r.jobs.iter().all(|j| j.status == "ready") && !r.jobs.is_empty() {
+                    sum += r.jobs.len() as u64;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        sum
+    };
+    let done = Arc::new(AtomicU64::new(0));
+    let first = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..VIRTUAL_AGENTS {
+        let url = &urls[i % urls.len()];
+        let a = Client::new(url, agent_token);
+        let mut labels = std::collections::BTreeMap::new();
+        labels.insert("virtual".to_string(), "yes".to_string());
+        let reg = a
+            .register_agent(&RegisterAgent {
+                name: format!("virtual-{tag}-{i}"),
+                labels,
+                max_jobs: 1,
+                version: None,
+                executor: None,
+                fresh_start: false,
+            })
+            .await?;
+        let (agent, lease) = (a.with_token(&reg.credential), Client::new(url, agent_token));
+        let (done, first) = (done.clone(), first.clone());
+        set.spawn(async move {
+            while done.load(Ordering::Relaxed) < total {
+                let req = ClaimRequest {
+                    session_id: reg.session_id.clone(),
+                    claim_request_id: uuid::Uuid::new_v4().to_string(),
+                    wait_ms: 500,
+                };
+                let Some(asg) = agent.claim(&reg.agent_id, &req).await?.assignment else { continue };
+                first.lock().map(|mut f| *f.get_or_insert_with(Instant::now)).ok();
+                let outcome = Completion {
+                    outcome: AttemptOutcome::Success,
+                    exit_code: Some(0),
+                    message: None,
+                    infra_failure: false,
+                    failure_class: None,
+                    outputs: Default::default(),
+                    steps: Default::default(),
+                    telemetry: None,
+                    sandbox: None,
+                    quarantined: Vec::new(),
+                    reports_staged: None,
+                };
+                lease.with_token(&asg.attempt_token).complete(&asg.job_id, asg.epoch, &outcome).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    let t0 = first.lock().ok().and_then(|f| *f).unwrap_or_else(Instant::now);
+    let secs = t0.elapsed().as_secs_f64();
+    wait_all(c, &ids).await?;
+    Ok(total as f64 / secs.max(0.001))
 }
 
 /// The A/B scenario: a's backlog alone, then with b's jobs during it.

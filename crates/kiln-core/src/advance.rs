@@ -63,12 +63,42 @@ pub struct MatrixRule {
     pub fail_fast: bool,
 }
 
-/// A job-level `concurrency:`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A job-level `concurrency:`, or an environment's deploy queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupRule {
-    /// The group template (see [`Conditions::render_group`]).
+    /// The group template (see [`Conditions::render_group`]); unused for
+    /// an environment's queue.
     pub template: String,
     pub cancel_in_progress: bool,
+    /// `queue: ordered`: jobs waiting for the group are never superseded;
+    /// they enter one at a time in acceptance order.
+    pub ordered: bool,
+    /// The deploy queue of this environment (issue 46): the key is
+    /// [`environment_group`], the same for every repository, and the jobs
+    /// of one run share the run's place in it.
+    pub environment: Option<String>,
+}
+
+/// The concurrency group key of `environment`'s deploy queue.
+pub fn environment_group(environment: &str) -> String {
+    format!("{ENVIRONMENT_GROUP_PREFIX}{environment}")
+}
+
+/// Group keys of environments' deploy queues start with this (a job
+/// group's key starts with its repository id, which never does).
+pub const ENVIRONMENT_GROUP_PREFIX: &str = "environment:";
+
+/// May a job of the run start as far as its environment's protection
+/// rules go (issue 46)? The store reads the environment and the run's
+/// approvals for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvironmentGate {
+    /// No approval needed, or enough given (and not expired).
+    Open,
+    /// Waiting for approval: the job stays pending and says this.
+    Waiting(String),
+    /// Rejected: the job is cancelled with this message.
+    Rejected(String),
 }
 
 /// The parts of a job's frozen definition that decide its advancement.
@@ -79,6 +109,9 @@ pub struct JobRules {
     pub quorum: Option<u32>,
     pub matrix: Option<MatrixRule>,
     pub concurrency: Option<GroupRule>,
+    /// `environment:`: the job waits for [`AdvanceRun::environments`]'s
+    /// gate of this name before anything else lets it start.
+    pub environment: Option<String>,
 }
 
 /// One job of the run, as its row stands.
@@ -105,6 +138,9 @@ pub struct AdvanceRun {
     /// A fenced attempt of the run has not been confirmed gone (issue 40,
     /// item 5): a cancelling run stays cancelling, whatever its jobs say.
     pub awaiting_release: bool,
+    /// The gate of each environment the run's jobs deploy to (an
+    /// environment missing here is [`EnvironmentGate::Open`]).
+    pub environments: HashMap<String, EnvironmentGate>,
 }
 
 /// What the store does for one job (or the run). `job` is the index into the
@@ -125,7 +161,13 @@ pub enum Verdict {
     /// [`crate::groups::decide_group_entry`]) and answers with
     /// [`AdvancePass::resolve_group`]. The next verdict is `Ready` (entered)
     /// or `WaitGroup`.
-    EnterGroup { job: usize, key: String, cancel_in_progress: bool },
+    EnterGroup { job: usize, key: String, cancel_in_progress: bool, ordered: bool },
+    /// The job waits for its environment's approval: it stays pending with
+    /// this message.
+    WaitApproval { job: usize, message: String },
+    /// Its environment's deployment was rejected: the job is cancelled
+    /// with this message.
+    Reject { job: usize, why: String },
     /// The job stays pending until its concurrency group frees up.
     WaitGroup { job: usize, key: String },
     /// Nothing is left to run: the run ends with this status.
@@ -225,6 +267,7 @@ impl AdvancePass {
         if !all_decided && !hopeless {
             return None;
         }
+        let gate = rules.and_then(|r| r.environment.as_ref()).and_then(|e| self.run.environments.get(e)).cloned();
         let results: Vec<NeedResult> = needs.iter().map(|n| NeedResult::of(self.status_of(n))).collect();
         let quorum = rules.and_then(|r| r.quorum);
         let expr = rules.and_then(|r| r.condition.as_deref());
@@ -238,6 +281,16 @@ impl AdvancePass {
             };
             self.set(i, JobEvent::Skip);
             return Some(Verdict::Skip { job: i, why });
+        }
+        // Approval first: an unapproved deploy holds no place in its
+        // environment's queue.
+        match gate {
+            Some(EnvironmentGate::Waiting(message)) => return Some(Verdict::WaitApproval { job: i, message }),
+            Some(EnvironmentGate::Rejected(why)) => {
+                self.set(i, JobEvent::Cancel);
+                return Some(Verdict::Reject { job: i, why });
+            }
+            Some(EnvironmentGate::Open) | None => {}
         }
         let ok = results.iter().filter(|r| **r == NeedResult::Success).count();
         // Ran on a quorum: say so where users look.
@@ -254,11 +307,16 @@ impl AdvancePass {
             *n += 1;
         }
         if let Some(g) = rules.and_then(|r| r.concurrency.as_ref()) {
-            let group = cond.render_group(&g.template).unwrap_or_else(|_| g.template.clone());
-            let key = format!("{}:{group}", self.run.repo_id);
-            let cancel_in_progress = g.cancel_in_progress;
+            let key = match &g.environment {
+                Some(env) => environment_group(env),
+                None => {
+                    let group = cond.render_group(&g.template).unwrap_or_else(|_| g.template.clone());
+                    format!("{}:{group}", self.run.repo_id)
+                }
+            };
+            let (cancel_in_progress, ordered) = (g.cancel_in_progress, g.ordered);
             self.asking = Some((i, key.clone(), note));
-            return Some(Verdict::EnterGroup { job: i, key, cancel_in_progress });
+            return Some(Verdict::EnterGroup { job: i, key, cancel_in_progress, ordered });
         }
         Some(self.make_ready(i, note))
     }
@@ -308,7 +366,7 @@ pub fn plan_advance(
     let mut pass = AdvancePass::new(run, jobs);
     let mut out = Vec::new();
     while let Some(v) = pass.next_verdict(cond) {
-        if let Verdict::EnterGroup { job, key, cancel_in_progress } = &v {
+        if let Verdict::EnterGroup { job, key, cancel_in_progress, .. } = &v {
             pass.resolve_group(enter_group(*job, key, *cancel_in_progress));
         }
         out.push(v);

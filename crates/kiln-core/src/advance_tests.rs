@@ -32,7 +32,9 @@ fn matrix(job: AdvanceJob, max: Option<u32>) -> AdvanceJob {
 }
 
 fn group(job: AdvanceJob, template: &str, cancel_in_progress: bool) -> AdvanceJob {
-    with(job, |r| r.concurrency = Some(GroupRule { template: template.into(), cancel_in_progress }))
+    with(job, |r| {
+        r.concurrency = Some(GroupRule { template: template.into(), cancel_in_progress, ..Default::default() })
+    })
 }
 
 fn ready(job: usize) -> Verdict {
@@ -46,7 +48,13 @@ fn skip(job: usize, why: &str) -> Verdict {
 const NEED_FAILED: &str = "skipped: a job it needs did not succeed";
 
 fn run(status: RunStatus) -> AdvanceRun {
-    AdvanceRun { status, held: false, repo_id: "repo".into(), awaiting_release: false }
+    AdvanceRun {
+        status,
+        held: false,
+        repo_id: "repo".into(),
+        awaiting_release: false,
+        environments: Default::default(),
+    }
 }
 
 /// Plans with every concurrency group free.
@@ -215,7 +223,8 @@ fn max_parallel_table() {
 
 #[test]
 fn concurrency_group_table() {
-    let enter = |job, key: &str, cip| Verdict::EnterGroup { job, key: key.into(), cancel_in_progress: cip };
+    let enter =
+        |job, key: &str, cip| Verdict::EnterGroup { job, key: key.into(), cancel_in_progress: cip, ordered: false };
     let wait = |job, key: &str| Verdict::WaitGroup { job, key: key.into() };
     // (what, jobs, group free?, verdicts)
     let rows: Vec<(&str, Vec<AdvanceJob>, bool, Vec<Verdict>)> = vec![
@@ -295,10 +304,59 @@ fn the_pass_can_be_driven_verdict_by_verdict() {
     let mut pass = AdvancePass::new(run(RunStatus::Running), jobs);
     assert_eq!(
         pass.next_verdict(&Lang),
-        Some(Verdict::EnterGroup { job: 0, key: "repo:g".into(), cancel_in_progress: false })
+        Some(Verdict::EnterGroup { job: 0, key: "repo:g".into(), cancel_in_progress: false, ordered: false })
     );
     pass.resolve_group(true);
     assert_eq!(pass.next_verdict(&Lang), Some(ready(0)));
     assert_eq!(pass.next_verdict(&Lang), None);
     assert_eq!(pass.statuses().collect::<Vec<_>>(), vec![R, Pending]);
+}
+
+/// A deploy job of `env`: its gate, then its environment's ordered queue.
+fn deploy(job: AdvanceJob, env: &str) -> AdvanceJob {
+    with(job, |r| {
+        r.environment = Some(env.into());
+        r.concurrency = Some(GroupRule { ordered: true, environment: Some(env.into()), ..Default::default() });
+    })
+}
+
+#[test]
+fn an_environment_gate_holds_every_expansion_until_approved_then_queues_them() {
+    let env_run = |gate: EnvironmentGate| AdvanceRun {
+        environments: [("production".to_string(), gate)].into_iter().collect(),
+        ..run(RunStatus::Running)
+    };
+    let wave: Vec<AdvanceJob> =
+        (0..20).map(|i| deploy(matrix(j(&format!("d{i}"), Pending, &[]), None), "production")).collect();
+    let waiting = "waiting for approval to deploy to `production`".to_string();
+    // Waiting: every one of the 20 waits, none takes a place in the queue.
+    let got = plan(env_run(EnvironmentGate::Waiting(waiting.clone())), wave.clone());
+    let want: Vec<Verdict> = (0..20).map(|job| Verdict::WaitApproval { job, message: waiting.clone() }).collect();
+    assert_eq!(got, want);
+    // Open (one approval for the run): each enters the environment's ordered queue.
+    let got = plan(env_run(EnvironmentGate::Open), wave.clone());
+    let mut want = Vec::new();
+    for job in 0..20 {
+        want.push(Verdict::EnterGroup {
+            job,
+            key: "environment:production".into(),
+            cancel_in_progress: false,
+            ordered: true,
+        });
+        want.push(ready(job));
+    }
+    assert_eq!(got, want);
+    // Rejected: every expansion is cancelled, and the run ends failed.
+    let got = plan(env_run(EnvironmentGate::Rejected("rejected by alice".into())), wave[..2].to_vec());
+    assert_eq!(
+        got,
+        vec![
+            Verdict::Reject { job: 0, why: "rejected by alice".into() },
+            Verdict::Reject { job: 1, why: "rejected by alice".into() },
+            Verdict::Finish(RunStatus::Failed),
+        ]
+    );
+    // A job not deploying to the gated environment is not held.
+    let other = vec![j("build", Pending, &[]), deploy(j("ship", Pending, &["build"]), "staging")];
+    assert_eq!(plan(env_run(EnvironmentGate::Waiting(waiting)), other)[0], ready(0));
 }

@@ -39,13 +39,16 @@ pub fn decide_group_entry(
     job: &str,
     key: &str,
     cancel_in_progress: bool,
+    ordered: bool,
     occupants: &[(String, JobStatus)],
     waiting: &[String],
 ) -> GroupEntry {
     if occupants.is_empty() {
         return GroupEntry { enter: true, actions: vec![], wait_message: None };
     }
-    let mut actions: Vec<GroupAction> = waiting
+    // `queue: ordered`: the jobs waiting stay, and this one waits behind them.
+    let superseded: &[String] = if ordered { &[] } else { waiting };
+    let mut actions: Vec<GroupAction> = superseded
         .iter()
         .map(|w| GroupAction::Supersede {
             job: w.clone(),
@@ -67,7 +70,17 @@ pub fn decide_group_entry(
             }
         }
     }
-    let wait_message = still_running.then(|| format!("waiting for concurrency group `{key}`"));
+    let wait_message = still_running.then(|| match key.strip_prefix(crate::advance::ENVIRONMENT_GROUP_PREFIX) {
+        Some(env) if ordered && !waiting.is_empty() => format!(
+            "waiting for environment `{env}`: another run is deploying to it ({} runs' jobs ahead in its queue)",
+            waiting.len()
+        ),
+        Some(env) => format!("waiting for environment `{env}`: another run is deploying to it"),
+        None if ordered && !waiting.is_empty() => {
+            format!("waiting for concurrency group `{key}` ({} ahead in its queue)", waiting.len())
+        }
+        None => format!("waiting for concurrency group `{key}`"),
+    });
     GroupEntry { enter: !still_running, actions, wait_message }
 }
 
@@ -132,7 +145,32 @@ mod tests {
             ),
         ];
         for (cip, occupants, waiting, want) in rows {
-            assert_eq!(decide_group_entry("new", "r:deploy", cip, &occupants, &waiting), want, "{occupants:?}");
+            assert_eq!(decide_group_entry("new", "r:deploy", cip, false, &occupants, &waiting), want, "{occupants:?}");
         }
+    }
+
+    #[test]
+    fn an_ordered_queue_supersedes_nobody_and_waits_behind() {
+        let occupants = vec![(s("o"), Running)];
+        let waiting = vec![s("w1"), s("w2")];
+        let e = decide_group_entry("new", "environment:production", false, true, &occupants, &waiting);
+        assert!(!e.enter);
+        assert!(e.actions.is_empty(), "{:?}", e.actions);
+        assert_eq!(
+            e.wait_message.as_deref(),
+            Some(
+                "waiting for environment `production`: another run is deploying to it (2 runs' jobs ahead in its queue)"
+            )
+        );
+        // cancel-in-progress still stops the occupant; the waiting stay.
+        let e = decide_group_entry("new", "r:deploy", true, true, &[(s("o"), Ready)], &waiting);
+        assert!(e.enter);
+        assert_eq!(
+            e.actions,
+            vec![GroupAction::CancelReady {
+                job: s("o"),
+                why: s("cancelled in progress by job new in concurrency group `r:deploy`")
+            }]
+        );
     }
 }

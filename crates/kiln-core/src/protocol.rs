@@ -429,6 +429,7 @@ impl<C: Conditions> RunModel<C> {
             held: false,
             repo_id: String::new(),
             awaiting_release: self.awaiting_release(),
+            environments: Default::default(),
         };
         let jobs = self
             .jobs
@@ -456,7 +457,11 @@ impl<C: Conditions> RunModel<C> {
                     j.message = Some(why);
                 }
                 Verdict::Finish(status) => self.run = status,
-                Verdict::WaitMaxParallel { .. } | Verdict::EnterGroup { .. } | Verdict::WaitGroup { .. } => {}
+                Verdict::WaitMaxParallel { .. }
+                | Verdict::EnterGroup { .. }
+                | Verdict::WaitGroup { .. }
+                | Verdict::WaitApproval { .. }
+                | Verdict::Reject { .. } => {}
             }
         }
     }

@@ -7,8 +7,8 @@ use crate::store::SqlStore;
 use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
-    accept, access, agents, artifacts, caches, cancel, claim, complete, content, forge, images, lease, logs, notify,
-    outbox, repos, teams, test_reports,
+    accept, access, agents, artifacts, caches, cancel, claim, complete, content, environments, forge, images, lease,
+    logs, notify, outbox, repos, teams, test_reports,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -777,5 +777,32 @@ impl TeamStore for SqlStore {
 
     async fn charge_teams(&self, charges: &[TeamCharge]) -> Result<std::collections::BTreeMap<String, u64>> {
         teams::charge_teams(self, charges).await
+    }
+}
+
+#[async_trait]
+impl EnvironmentStore for SqlStore {
+    async fn put_environment(&self, env: &EnvironmentRecord, create: bool) -> Result<EnvironmentRecord> {
+        environments::put_environment(self, env, create).await
+    }
+
+    async fn get_environment(&self, name: &str) -> Result<EnvironmentRecord> {
+        environments::get_environment(self, name).await
+    }
+
+    async fn list_environments(&self) -> Result<Vec<EnvironmentRecord>> {
+        environments::list_environments(self).await
+    }
+
+    async fn delete_environment(&self, name: &str) -> Result<EnvironmentRecord> {
+        environments::delete_environment(self, name).await
+    }
+
+    async fn decide_deployment(&self, approval: &ApprovalRecord) -> Result<ApprovalRecord> {
+        environments::decide_deployment(self, approval).await
+    }
+
+    async fn run_approvals(&self, run_id: &str) -> Result<Vec<ApprovalRecord>> {
+        environments::run_approvals(self, run_id).await
     }
 }

@@ -1101,3 +1101,48 @@ pub struct ProvenanceRecord {
     pub envelope: String,
     pub created_at: i64,
 }
+
+/// A deployment environment (issue 46): the protection rules its deploy
+/// jobs wait on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvironmentRecord {
+    pub name: String,
+    /// API token names that may approve (`admin`: DATA_DIR/admin.token);
+    /// empty: any admin.
+    pub approvers: Vec<String>,
+    /// Distinct approvers a run needs (0 with no approvers: no approval;
+    /// with approvers listed, at least 1).
+    pub min_approvals: u32,
+    /// Whoever started a run may not approve it.
+    pub prevent_self_review: bool,
+    /// Refs allowed to deploy (branch names or full refs with `*`/`**`);
+    /// empty: any.
+    pub refs: Vec<String>,
+    /// How long an approved deploy job waits before it may start (ms).
+    pub wait_ms: i64,
+    /// How long an approval stands (ms; default 30 days).
+    pub approval_ttl_ms: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl EnvironmentRecord {
+    /// Approvals a run needs before its deploy jobs start.
+    pub fn approvals_needed(&self) -> u32 {
+        if self.approvers.is_empty() { self.min_approvals } else { self.min_approvals.max(1) }
+    }
+}
+
+/// One approver's decision on a run's deployment to an environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRecord {
+    pub run_id: String,
+    pub environment: String,
+    /// `admin.token` or `token:ID` (as a run's actor).
+    pub actor: String,
+    /// `approved` or `rejected`.
+    pub decision: String,
+    pub comment: Option<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+}

@@ -535,6 +535,25 @@ pub trait TeamStore: Send + Sync {
     async fn charge_teams(&self, charges: &[TeamCharge]) -> Result<BTreeMap<String, u64>>;
 }
 
+/// Deployment environments and approvals (issue 46).
+#[async_trait]
+pub trait EnvironmentStore: Send + Sync {
+    /// Create (`create`: `Conflict` if it exists) or replace (`NotFound`
+    /// if it does not) an environment's rules; `Invalid` for bad ones.
+    async fn put_environment(&self, env: &EnvironmentRecord, create: bool) -> Result<EnvironmentRecord>;
+    async fn get_environment(&self, name: &str) -> Result<EnvironmentRecord>;
+    async fn list_environments(&self) -> Result<Vec<EnvironmentRecord>>;
+    /// Remove one (`Conflict` while deploy jobs to it are live).
+    async fn delete_environment(&self, name: &str) -> Result<EnvironmentRecord>;
+    /// Record one approver's decision on a run's deployment to an
+    /// environment and advance the run with it, in one transaction
+    /// (`Conflict`: the run ended, or this approver decided already;
+    /// `Invalid`: no job of the run deploys there).
+    async fn decide_deployment(&self, approval: &ApprovalRecord) -> Result<ApprovalRecord>;
+    /// A run's approvals and rejections, oldest first.
+    async fn run_approvals(&self, run_id: &str) -> Result<Vec<ApprovalRecord>>;
+}
+
 /// Test reports, flaky tests and quarantine (issue 43).
 #[async_trait]
 pub trait TestStore: Send + Sync {
@@ -596,6 +615,7 @@ pub trait Store:
     + NotifyStore
     + TestStore
     + TeamStore
+    + EnvironmentStore
 {
 }
 impl<
@@ -611,7 +631,8 @@ impl<
         + ArtifactStore
         + NotifyStore
         + TestStore
-        + TeamStore,
+        + TeamStore
+        + EnvironmentStore,
 > Store for T
 {
 }

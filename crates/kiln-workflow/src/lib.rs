@@ -76,5 +76,5 @@ pub use script::{SHELLS, render_run, shell_argv};
 pub use triggers::MAX_CATCH_UP_MS;
 pub use validate::{
     HANG_AFTER_SECS, HANG_KILL_AFTER_SECS, MAX_EXPIRE_IN_SECS, MAX_MATRIX_COMBINATIONS, MAX_NAME_CHARS, MAX_RETRY,
-    MAX_TIMEOUT_SECS,
+    MAX_TIMEOUT_SECS, valid_environment_name,
 };

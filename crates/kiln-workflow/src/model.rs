@@ -300,6 +300,10 @@ pub struct Job {
     /// Job-level `concurrency:` (matrix references already substituted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<Concurrency>,
+    /// `environment:` (issue 46): the deployment environment this job
+    /// deploys to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Environment>,
     /// `services:` by name: containers started beside the job, reachable
     /// by name from a container job (on a network of their own) and on
     /// loopback ports from a host job.
@@ -391,16 +395,55 @@ pub struct MatrixInfo {
     pub fail_fast: bool,
 }
 
-/// `concurrency: {group, cancel-in-progress}`.
+/// `concurrency: {group, cancel-in-progress, queue}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Concurrency {
     /// The group template: text with `${{ }}` expressions over `event`,
     /// `ref`, `branch` and `inputs.*` (see [`render_group`](crate::render_group)).
+    /// Empty on a job with `environment:`: its group is the environment's
+    /// deploy queue.
     pub group: String,
     /// A new run/job in the group cancels the one in progress (otherwise it
     /// waits).
     #[serde(default)]
     pub cancel_in_progress: bool,
+    /// What happens to jobs already waiting when another one arrives
+    /// (job-level groups; `None`: the default of the group's kind —
+    /// `supersede-pending` for a named group, `ordered` for an
+    /// environment's deploy queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<GroupQueue>,
+}
+
+/// `concurrency.queue`: the waiting jobs of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GroupQueue {
+    /// Every waiting job runs, one at a time, in acceptance order.
+    Ordered,
+    /// A newer job cancels the jobs waiting before it (each says so).
+    SupersedePending,
+}
+
+impl GroupQueue {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupQueue::Ordered => "ordered",
+            GroupQueue::SupersedePending => "supersede-pending",
+        }
+    }
+}
+
+/// A job's `environment:` (issue 46): the deployment environment it
+/// deploys to. Its protection rules (allowed refs, approvals, wait) are the
+/// server's (`kiln env create`); its deploy jobs run one run at a time, in
+/// acceptance order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Environment {
+    pub name: String,
+    /// Where the deployed thing is reached (shown with the deployment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,8 +6,9 @@ use crate::expr::{
     segments, substitute_matrix_condition, template_output_refs,
 };
 use crate::model::{
-    Artifacts, Cache, Concurrency, IdToken, Image, InputKind, InputSpec, Job, MAX_DECLARED_INPUTS, MAX_JOBS,
-    MAX_OUTPUTS, MAX_REPORT_PATTERNS, MAX_STEPS, MatrixInfo, Publish, Reports, Restore, Step, Workflow,
+    Artifacts, Cache, Concurrency, Environment, GroupQueue, IdToken, Image, InputKind, InputSpec, Job,
+    MAX_DECLARED_INPUTS, MAX_JOBS, MAX_OUTPUTS, MAX_REPORT_PATTERNS, MAX_STEPS, MatrixInfo, Publish, Reports, Restore,
+    Step, Workflow,
 };
 use crate::script::{check_run, check_shell, shell_expands};
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
@@ -68,11 +69,13 @@ const JOB_KEYS: &[&str] = &[
     "outputs",
     "reports",
     "extends",
+    "environment",
 ];
+const ENVIRONMENT_KEYS: &[&str] = &["name", "url"];
 const ID_TOKEN_KEYS: &[&str] = &["audience"];
 const MATRIX_KEYWORDS: &[&str] = &["include", "exclude", "max-parallel", "fail-fast"];
 const NEEDS_POLICY_KEYS: &[&str] = &["quorum"];
-const CONCURRENCY_KEYS: &[&str] = &["group", "cancel-in-progress"];
+const CONCURRENCY_KEYS: &[&str] = &["group", "cancel-in-progress", "queue"];
 const STEP_KEYS: &[&str] = &["run", "name", "env", "if", "working-directory", "timeout", "continue-on-error", "shell"];
 const DEFAULTS_KEYS: &[&str] = &["shell", "working-directory"];
 const INPUT_KEYS: &[&str] = &["type", "description", "default", "required", "options"];
@@ -122,11 +125,6 @@ const NOT_BUILT: &[(&str, &str)] = &[
     ("uses", "reusable actions (`uses`) are not supported; write the commands in `run`"),
     ("with", "`with` (inputs of an action) is not supported; set variables in `env`"),
     ("permissions", "`permissions` is not supported; a job's identity token is asked for with `id-token: write`"),
-    (
-        "environment",
-        "deployment environments (`environment`) are not supported yet; set variables in `env` and ask for \
-         credentials with `secrets: [NAME]`",
-    ),
 ];
 const IMAGE_KEYS: &[&str] = &["ref", "dockerfile", "context"];
 const CACHE_KEYS: &[&str] = &["kind", "version", "inputs", "paths", "restore-prefix"];
@@ -882,7 +880,7 @@ fn workflow(ctx: &mut Ctx, root: &Node) -> Option<Workflow> {
         return None;
     }
 
-    let run_concurrency = get(top, "concurrency").and_then(|e| concurrency(ctx, "the run", &e.value));
+    let run_concurrency = get(top, "concurrency").and_then(|e| concurrency(ctx, "the run", &e.value, Level::Run));
     let run_timeout = get(top, "timeout").and_then(|e| {
         let subject = "the run's `timeout`";
         if let Value::Scalar(s) = &e.value.value
@@ -995,7 +993,9 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let needs = needs_entry.map(|e| needs_list(ctx, &label, &e.value)).unwrap_or_default();
     let quorum = get(entries, "needs-policy").and_then(|e| needs_policy(ctx, &label, &e.value));
     let condition = get(entries, "if").and_then(|e| condition(ctx, &label, &e.value));
-    let job_concurrency = get(entries, "concurrency").and_then(|e| concurrency(ctx, &label, &e.value));
+    let environment = get(entries, "environment").and_then(|e| environment(ctx, &label, &e.value));
+    let level = Level::Job { environment: get(entries, "environment").is_some() };
+    let job_concurrency = get(entries, "concurrency").and_then(|e| concurrency(ctx, &label, &e.value, level));
     let cache = get(entries, "cache").and_then(|e| cache(ctx, &label, &e.value));
     let (publish, restore) = get(entries, "artifacts").map(|e| artifacts(ctx, &label, &e.value)).unwrap_or_default();
     let (timeout_secs, timeout_expr) =
@@ -1041,6 +1041,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         quorum: quorum.map(|(n, _)| n),
         condition,
         concurrency: job_concurrency,
+        environment,
         services,
         outputs,
         reports,
@@ -2534,12 +2535,28 @@ fn condition(ctx: &mut Ctx, label: &str, node: &Node) -> Option<String> {
     }
 }
 
-fn concurrency(ctx: &mut Ctx, owner: &str, node: &Node) -> Option<Concurrency> {
+/// Where a `concurrency:` stands.
+#[derive(Clone, Copy)]
+enum Level {
+    Run,
+    /// `environment`: the job has one (its group is the environment's
+    /// deploy queue: no `group` of its own).
+    Job {
+        environment: bool,
+    },
+}
+
+fn concurrency(ctx: &mut Ctx, owner: &str, node: &Node, level: Level) -> Option<Concurrency> {
     let subject = format!("`concurrency` of {owner}");
-    let (group_node, cancel_in_progress) = match &node.value {
-        Value::Scalar(_) => (node, false),
+    let deploy = matches!(level, Level::Job { environment: true });
+    let (group_node, cancel_in_progress, queue) = match &node.value {
+        Value::Scalar(_) => (Some(node), false, None),
         _ => {
-            let entries = as_map(ctx, node, &subject, "a group name or a map with `group` and `cancel-in-progress`")?;
+            let expected = match level {
+                Level::Run => "a group name or a map with `group` and `cancel-in-progress`",
+                Level::Job { .. } => "a group name or a map with `group`, `cancel-in-progress` and `queue`",
+            };
+            let entries = as_map(ctx, node, &subject, expected)?;
             check_keys(ctx, entries, CONCURRENCY_KEYS, &format!("in {subject}"));
             let cancel = match get(entries, "cancel-in-progress") {
                 None => Some(false),
@@ -2557,11 +2574,73 @@ fn concurrency(ctx: &mut Ctx, owner: &str, node: &Node) -> Option<Concurrency> {
                     }
                 },
             };
-            let group =
-                require(ctx, entries, node.pos, "group", || format!("{subject} has no `group`; add `group: <name>`"))?;
-            (&group.value, cancel?)
+            let queue = match get(entries, "queue") {
+                None => Some(None),
+                Some(_) if matches!(level, Level::Run) => {
+                    let e = get(entries, "queue").expect("just found");
+                    ctx.err(
+                        e.value.pos,
+                        format!(
+                            "`queue` in {subject} is for job-level groups (and deploy jobs); waiting runs of a \
+                             run-level group run in acceptance order unless a newer one supersedes them"
+                        ),
+                    );
+                    None
+                }
+                Some(e) => match as_nonempty_text(ctx, &e.value, &format!("`queue` in {subject}"), "a queue mode") {
+                    Some("ordered") => Some(Some(GroupQueue::Ordered)),
+                    Some("supersede-pending") => Some(Some(GroupQueue::SupersedePending)),
+                    Some(other) => {
+                        ctx.err(
+                            e.value.pos,
+                            format!(
+                                "`queue` in {subject} is `{}`; expected `ordered` (every waiting job runs, in \
+                                 acceptance order) or `supersede-pending` (a newer job cancels the ones waiting)",
+                                show(other)
+                            ),
+                        );
+                        None
+                    }
+                    None => None,
+                },
+            };
+            let group = match get(entries, "group") {
+                Some(g) if deploy => {
+                    ctx.err(
+                        g.value.pos,
+                        format!(
+                            "`group` in {subject}: a job with `environment` waits in its environment's deploy queue \
+                             (one run at a time, in acceptance order); remove `group` (keep `queue` or \
+                             `cancel-in-progress` to change how that queue behaves)"
+                        ),
+                    );
+                    return None;
+                }
+                None if deploy => None,
+                _ => Some(
+                    &require(ctx, entries, node.pos, "group", || {
+                        format!("{subject} has no `group`; add `group: <name>`")
+                    })?
+                    .value,
+                ),
+            };
+            (group, cancel?, queue?)
         }
     };
+    let Some(group_node) = group_node else {
+        return Some(Concurrency { group: String::new(), cancel_in_progress, queue });
+    };
+    if deploy {
+        ctx.err(
+            group_node.pos,
+            format!(
+                "{subject}: a job with `environment` waits in its environment's deploy queue (one run at a time, in \
+                 acceptance order) and has no group of its own; write `concurrency: {{queue: supersede-pending}}` \
+                 to change how that queue behaves"
+            ),
+        );
+        return None;
+    }
     let group_subject = format!("`group` in {subject}");
     let group = as_nonempty_text(ctx, group_node, &group_subject, "a group name")?;
     let refs = std::mem::take(&mut ctx.matrix_refs);
@@ -2589,7 +2668,64 @@ fn concurrency(ctx: &mut Ctx, owner: &str, node: &Node) -> Option<Concurrency> {
         );
         return None;
     }
-    Some(Concurrency { group: group.to_string(), cancel_in_progress })
+    Some(Concurrency { group: group.to_string(), cancel_in_progress, queue })
+}
+
+/// Whether `name` may name a deployment environment: 1 to 64 of ASCII
+/// letters, digits, `-`, `_` and `.`, starting with a letter or digit.
+pub fn valid_environment_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A job's `environment:`: a name, or `{name, url}`.
+fn environment(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Environment> {
+    let subject = format!("`environment` of {label}");
+    let expected = "an environment name, or a map with `name` and `url`";
+    let (name_node, url) = match &node.value {
+        Value::Scalar(_) => (node, None),
+        _ => {
+            let entries = as_map(ctx, node, &subject, expected)?;
+            check_keys(ctx, entries, ENVIRONMENT_KEYS, &format!("in {subject}"));
+            let url = match get(entries, "url") {
+                None => None,
+                Some(e) => {
+                    let u = as_nonempty_text(ctx, &e.value, &format!("`url` of {subject}"), "an http(s) URL")?;
+                    if !(u.starts_with("https://") || u.starts_with("http://"))
+                        || u.len() > 2048
+                        || u.chars().any(|c| c.is_control() || c.is_whitespace())
+                    {
+                        ctx.err(
+                            e.value.pos,
+                            format!(
+                                "`url` of {subject} must be an http:// or https:// URL of up to 2,048 characters \
+                                 without spaces"
+                            ),
+                        );
+                        return None;
+                    }
+                    Some(u.to_string())
+                }
+            };
+            let name =
+                require(ctx, entries, node.pos, "name", || format!("{subject} has no `name`; add `name: production`"))?;
+            (&name.value, url)
+        }
+    };
+    let name = as_nonempty_text(ctx, name_node, &format!("`name` of {subject}"), "an environment name")?;
+    if !valid_environment_name(name) {
+        ctx.err(
+            name_node.pos,
+            format!(
+                "environment name `{}` of {label}: use 1 to 64 letters, digits, `-`, `_` or `.`, starting with a \
+                 letter or digit (`${{{{ }}}}` is not allowed: the environment is decided when the run is accepted)",
+                show(name)
+            ),
+        );
+        return None;
+    }
+    Some(Environment { name: name.to_string(), url })
 }
 
 /// One job of the workflow after matrix expansion.

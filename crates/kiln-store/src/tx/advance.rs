@@ -14,7 +14,8 @@ use crate::error::{Result, parse_enum};
 use crate::model::RunRecord;
 use crate::rows::load_run;
 use kiln_core::advance::{
-    AdvanceJob, AdvancePass, AdvanceRun, Conditions, GroupRule, JobRules, MatrixRule, NeedResult, Verdict,
+    AdvanceJob, AdvancePass, AdvanceRun, Conditions, ENVIRONMENT_GROUP_PREFIX, GroupRule, JobRules, MatrixRule,
+    NeedResult, Verdict,
 };
 use kiln_core::groups::{GroupAction, decide_group_entry};
 use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
@@ -52,24 +53,28 @@ pub(crate) async fn advance_run(tx: &mut Tx, run_id: &str, now: i64) -> Result<(
     // Only a job in a concurrency group occupies one: a run without job
     // groups frees no slot (and, completing at READ COMMITTED, must not
     // touch other runs' jobs).
-    if run.definition.jobs.iter().any(|j| j.concurrency.is_some()) {
+    if run.definition.jobs.iter().any(|j| j.concurrency.is_some() || j.environment.is_some()) {
         release_job_groups(tx, now).await?;
     }
     Ok(())
 }
 
 /// Job-level concurrency groups: start the oldest job waiting on each group
-/// that no job occupies (ready or running) any more.
+/// that no job occupies (ready or running) any more. An environment's
+/// deploy queue is occupied by other runs' jobs only (a run's deploy jobs
+/// share its place).
 pub(crate) async fn release_job_groups(tx: &mut Tx, now: i64) -> Result<()> {
     static NEXT: Sql = Sql::new(|_| {
         format!(
             "SELECT j.id, j.run_id FROM jobs j JOIN runs r ON r.id = j.run_id \
              WHERE j.group_waiting = 1 AND j.status = {pending} AND NOT EXISTS ( \
-               SELECT 1 FROM jobs o WHERE o.concurrency_group = j.concurrency_group AND o.status IN ({ready}, {running})) \
+               SELECT 1 FROM jobs o WHERE o.concurrency_group = j.concurrency_group AND o.status IN ({ready}, {running}) \
+               AND (o.run_id != j.run_id OR j.concurrency_group NOT LIKE '{env}%')) \
              ORDER BY r.created_at, j.job_index LIMIT 1",
             pending = lit(JobStatus::Pending),
             ready = lit(JobStatus::Ready),
             running = lit(JobStatus::Running),
+            env = ENVIRONMENT_GROUP_PREFIX,
         )
     });
     loop {
@@ -111,7 +116,13 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
     }
     // Only a cancelling run waits for its fenced sandboxes (issue 40, item 5).
     let awaiting_release = run.status == RunStatus::Cancelling && awaiting_release(tx, run_id).await?;
-    let advance = AdvanceRun { status: run.status, held: held != 0, repo_id: run.repo_id.clone(), awaiting_release };
+    let advance = AdvanceRun {
+        status: run.status,
+        held: held != 0,
+        repo_id: run.repo_id.clone(),
+        awaiting_release,
+        environments: Default::default(),
+    };
     // `needs.<job>.outputs.<name>` in an `if:` reads what is bound so far.
     let outputs = if run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
         crate::tx::outputs::of_run(tx, run_id).await?
@@ -119,11 +130,22 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         crate::tx::outputs::RunOutputs::new()
     };
     let cond = RunConditions(&run, &outputs);
+    let (environments, waits) = crate::tx::environments::gates(tx, &run, now).await?;
+    let advance = AdvanceRun { environments, ..advance };
+    // A deploy job becomes ready after its environment's wait.
+    let wait_of = |i: usize| -> i64 {
+        let index = rows.get(i).and_then(|r| r.get::<i64>("job_index").ok()).and_then(|x| usize::try_from(x).ok());
+        index
+            .and_then(|x| run.definition.jobs.get(x))
+            .and_then(|j| j.environment.as_ref())
+            .and_then(|e| waits.get(&e.name).copied())
+            .unwrap_or(0)
+    };
     let mut pass = AdvancePass::new(advance, jobs);
     while let Some(verdict) = pass.next_verdict(&cond) {
         match verdict {
             Verdict::Ready { job, note } => {
-                make_ready(tx, &ids[job], now, now).await?;
+                make_ready(tx, &ids[job], now + wait_of(job), now).await?;
                 if let Some(message) = note {
                     tx.sql("UPDATE jobs SET message = $1 WHERE id = $2")
                         .bind(message)
@@ -135,9 +157,25 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
             Verdict::Skip { job, why } => {
                 tx.sql(&SKIP).bind(now).bind(why).bind(&ids[job]).execute().await?;
             }
-            Verdict::EnterGroup { job, key, cancel_in_progress } => {
-                let entered = enter_job_group(tx, &ids[job], &key, cancel_in_progress, now).await?;
+            Verdict::EnterGroup { job, key, cancel_in_progress, ordered } => {
+                let entered = enter_job_group(tx, &ids[job], &key, cancel_in_progress, ordered, now).await?;
                 pass.resolve_group(entered);
+            }
+            Verdict::WaitApproval { job, message } => {
+                tx.sql("UPDATE jobs SET message = $1 WHERE id = $2 AND (message IS NULL OR message != $1)")
+                    .bind(message)
+                    .bind(&ids[job])
+                    .execute()
+                    .await?;
+            }
+            Verdict::Reject { job, why } => {
+                static REJECT: Sql = Sql::new(|_| {
+                    format!(
+                        "UPDATE jobs SET status = {cancelled}, finished_at = $1, message = $2 WHERE id = $3",
+                        cancelled = lit(JobStatus::Cancelled)
+                    )
+                });
+                tx.sql(&REJECT).bind(now).bind(why).bind(&ids[job]).execute().await?;
             }
             // They stay pending: nothing to write.
             Verdict::WaitMaxParallel { .. } | Verdict::WaitGroup { .. } => {}
@@ -157,29 +195,57 @@ fn job_rules(def: &kiln_workflow::Job) -> JobRules {
             max_parallel: m.max_parallel,
             fail_fast: m.fail_fast,
         }),
-        concurrency: def
-            .concurrency
-            .as_ref()
-            .map(|c| GroupRule { template: c.group.clone(), cancel_in_progress: c.cancel_in_progress }),
+        concurrency: match (&def.environment, &def.concurrency) {
+            // A deploy job waits in its environment's queue: ordered unless
+            // it says `queue: supersede-pending`.
+            (Some(env), c) => Some(GroupRule {
+                template: String::new(),
+                cancel_in_progress: c.as_ref().is_some_and(|c| c.cancel_in_progress),
+                ordered: c.as_ref().and_then(|c| c.queue) != Some(kiln_workflow::GroupQueue::SupersedePending),
+                environment: Some(env.name.clone()),
+            }),
+            (None, Some(c)) => Some(GroupRule {
+                template: c.group.clone(),
+                cancel_in_progress: c.cancel_in_progress,
+                ordered: c.queue == Some(kiln_workflow::GroupQueue::Ordered),
+                environment: None,
+            }),
+            (None, None) => None,
+        },
+        environment: def.environment.as_ref().map(|e| e.name.clone()),
     }
 }
 
 /// A job about to become ready joins its concurrency group `key` and does
 /// what kiln-core's [`decide_group_entry`] says. Returns false when the job
 /// waits for its group (`group_waiting`).
-async fn enter_job_group(tx: &mut Tx, job_id: &str, key: &str, cancel_in_progress: bool, now: i64) -> Result<bool> {
+async fn enter_job_group(
+    tx: &mut Tx,
+    job_id: &str,
+    key: &str,
+    cancel_in_progress: bool,
+    ordered: bool,
+    now: i64,
+) -> Result<bool> {
+    // In an environment's deploy queue, the run's own jobs neither occupy
+    // its place nor wait behind it.
     static OCCUPANTS: Sql = Sql::new(|_| {
         format!(
-            "SELECT id, status FROM jobs WHERE concurrency_group = $1 AND id != $2 AND status IN ({ready}, {running})",
+            "SELECT id, status FROM jobs WHERE concurrency_group = $1 AND id != $2 AND status IN ({ready}, {running}) \
+             AND (run_id != (SELECT run_id FROM jobs WHERE id = $2) OR $1 NOT LIKE '{env}%') \
+             ORDER BY id",
             ready = lit(JobStatus::Ready),
             running = lit(JobStatus::Running),
+            env = ENVIRONMENT_GROUP_PREFIX,
         )
     });
     static WAITING: Sql = Sql::new(|_| {
         format!(
             "SELECT id, run_id FROM jobs WHERE concurrency_group = $1 AND id != $2 AND group_waiting = 1 \
-             AND status = {pending}",
-            pending = lit(JobStatus::Pending)
+             AND status = {pending} \
+             AND (run_id != (SELECT run_id FROM jobs WHERE id = $2) OR $1 NOT LIKE '{env}%') ORDER BY id",
+            pending = lit(JobStatus::Pending),
+            env = ENVIRONMENT_GROUP_PREFIX,
         )
     });
     static SUPERSEDE: Sql = Sql::new(|_| {
@@ -205,7 +271,7 @@ async fn enter_job_group(tx: &mut Tx, job_id: &str, key: &str, cancel_in_progres
     let waiting: Vec<(String, String)> =
         if occupants.is_empty() { Vec::new() } else { tx.sql(&WAITING).bind(key).bind(job_id).all().await? };
     let waiting_ids: Vec<String> = waiting.iter().map(|(id, _)| id.clone()).collect();
-    let entry = decide_group_entry(job_id, key, cancel_in_progress, &occupants, &waiting_ids);
+    let entry = decide_group_entry(job_id, key, cancel_in_progress, ordered, &occupants, &waiting_ids);
     for action in entry.actions {
         match action {
             GroupAction::Supersede { job, why } => {

@@ -28,6 +28,7 @@ pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod complete;
 pub(crate) mod content;
+pub(crate) mod environments;
 pub(crate) mod forge;
 pub(crate) mod images;
 pub(crate) mod lease;

@@ -25,6 +25,7 @@ pub mod caches;
 pub mod cancel;
 pub mod claim;
 pub mod completion;
+pub mod environments;
 pub mod forge;
 pub mod gauges;
 pub mod graphs;
@@ -102,6 +103,8 @@ macro_rules! suite {
             graphs::concurrency_cancel_in_progress,
             graphs::job_concurrency_group_one_at_a_time,
             graphs::job_concurrency_cancel_in_progress,
+            environments::one_approval_covers_every_expansion_and_a_rejection_cancels_them,
+            environments::an_environments_deploys_run_one_run_at_a_time_in_order,
             claim::claim_requires_the_current_session,
             claim::claim_request_id_is_idempotent,
             claim::concurrent_claims_of_one_job_create_one_attempt,

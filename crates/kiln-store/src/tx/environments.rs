@@ -1,0 +1,307 @@
+//! Deployment environments (issue 46): their protection rules and the
+//! approvals runs get for them. The gate itself is decided in `advance`
+//! ([`gates`]): a deploy job waits there until its run holds enough
+//! unexpired approvals, is cancelled when one approver rejected, and then
+//! queues in its environment's deploy queue.
+
+use crate::db::{Exec, Row, Tx, now};
+use crate::dialect::{Isolation, Sql, lit};
+use crate::error::{Result, StoreError};
+use crate::model::{ApprovalRecord, EnvironmentRecord, RunRecord};
+use crate::store::SqlStore;
+use kiln_core::JobStatus;
+use kiln_core::advance::EnvironmentGate;
+use std::collections::HashMap;
+
+const ENV_COLS: &str =
+    "name, approvers, min_approvals, prevent_self_review, refs, wait_ms, approval_ttl_ms, created_at, updated_at";
+
+fn env_from_row(row: &Row) -> Result<EnvironmentRecord> {
+    let list = |v: &str| serde_json::from_str::<Vec<String>>(v).unwrap_or_default();
+    Ok(EnvironmentRecord {
+        name: row.get("name")?,
+        approvers: list(row.str("approvers")?),
+        min_approvals: u32::try_from(row.get::<i64>("min_approvals")?).unwrap_or(0),
+        prevent_self_review: row.get::<i64>("prevent_self_review")? != 0,
+        refs: list(row.str("refs")?),
+        wait_ms: row.get("wait_ms")?,
+        approval_ttl_ms: row.get("approval_ttl_ms")?,
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
+    })
+}
+
+fn check(env: &EnvironmentRecord) -> Result<()> {
+    if !kiln_workflow::valid_environment_name(&env.name) {
+        return Err(StoreError::Invalid(format!(
+            "environment name `{}`: 1 to 64 letters, digits, `-`, `_` or `.`, starting with a letter or digit",
+            env.name
+        )));
+    }
+    if env.approvers.len() > 100 || env.refs.len() > 100 {
+        return Err(StoreError::Invalid("at most 100 approvers and 100 ref patterns".into()));
+    }
+    if env.min_approvals > 0 && !env.approvers.is_empty() && env.min_approvals as usize > env.approvers.len() {
+        return Err(StoreError::Invalid(format!(
+            "--min-approvals {} but only {} approver(s) listed: no run could ever be approved",
+            env.min_approvals,
+            env.approvers.len()
+        )));
+    }
+    if !(0..=30 * 86_400_000).contains(&env.wait_ms) {
+        return Err(StoreError::Invalid("--wait: from 0 to 30 days".into()));
+    }
+    if !(60_000..=366 * 86_400_000).contains(&env.approval_ttl_ms) {
+        return Err(StoreError::Invalid("an approval's lifetime: from 1 minute to 366 days".into()));
+    }
+    Ok(())
+}
+
+async fn get_in(tx: &mut Tx, name: &str) -> Result<Option<EnvironmentRecord>> {
+    static SQL: Sql = Sql::new(|_| format!("SELECT {ENV_COLS} FROM environments WHERE name = $1"));
+    tx.sql(&SQL).bind(name).fetch_optional().await?.as_ref().map(env_from_row).transpose()
+}
+
+/// `EnvironmentStore::get_environment`.
+pub(crate) async fn get_environment(store: &SqlStore, name: &str) -> Result<EnvironmentRecord> {
+    static SQL: Sql = Sql::new(|_| format!("SELECT {ENV_COLS} FROM environments WHERE name = $1"));
+    let row = store.reader().await?.sql(&SQL).bind(name).fetch_optional().await?;
+    env_from_row(&row.ok_or_else(|| not_found(name))?)
+}
+
+fn not_found(name: &str) -> StoreError {
+    StoreError::NotFound(format!("environment `{name}` (create it with `kiln env create {name}`)"))
+}
+
+/// `EnvironmentStore::list_environments`, by name.
+pub(crate) async fn list_environments(store: &SqlStore) -> Result<Vec<EnvironmentRecord>> {
+    static SQL: Sql = Sql::new(|_| format!("SELECT {ENV_COLS} FROM environments ORDER BY name"));
+    store.reader().await?.sql(&SQL).fetch_all().await?.iter().map(env_from_row).collect()
+}
+
+/// `EnvironmentStore::put_environment`: create (`create`) or replace.
+pub(crate) async fn put_environment(
+    store: &SqlStore,
+    env: &EnvironmentRecord,
+    create: bool,
+) -> Result<EnvironmentRecord> {
+    check(env)?;
+    store
+        .transaction(Isolation::Serializable, &(env, create), |tx, &(env, create)| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                let existing = get_in(tx, &env.name).await?;
+                match (&existing, create) {
+                    (Some(_), true) => {
+                        return Err(StoreError::Conflict(format!("environment `{}` already exists", env.name)));
+                    }
+                    (None, false) => return Err(not_found(&env.name)),
+                    _ => {}
+                }
+                let json = |v: &[String]| serde_json::to_string(v).unwrap_or_else(|_| "[]".into());
+                if existing.is_some() {
+                    tx.sql(
+                        "UPDATE environments SET approvers = $1, min_approvals = $2, prevent_self_review = $3, \
+                         refs = $4, wait_ms = $5, approval_ttl_ms = $6, updated_at = $7 WHERE name = $8",
+                    )
+                } else {
+                    tx.sql(
+                        "INSERT INTO environments (approvers, min_approvals, prevent_self_review, refs, wait_ms, \
+                         approval_ttl_ms, updated_at, name, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7)",
+                    )
+                }
+                .bind(json(&env.approvers))
+                .bind(i64::from(env.min_approvals))
+                .bind(i64::from(env.prevent_self_review))
+                .bind(json(&env.refs))
+                .bind(env.wait_ms)
+                .bind(env.approval_ttl_ms)
+                .bind(now)
+                .bind(&env.name)
+                .execute()
+                .await?;
+                Ok(())
+            })
+        })
+        .await?;
+    get_environment(store, &env.name).await
+}
+
+/// `EnvironmentStore::delete_environment`: refused while a live run has a
+/// job deploying to it.
+pub(crate) async fn delete_environment(store: &SqlStore, name: &str) -> Result<EnvironmentRecord> {
+    let env = get_environment(store, name).await?;
+    store
+        .transaction(Isolation::Serializable, &name, |tx, &name| {
+            Box::pin(async move {
+                let key = kiln_core::advance::environment_group(name);
+                static LIVE: Sql = Sql::new(|_| {
+                    format!(
+                        "SELECT COUNT(*) FROM jobs WHERE concurrency_group = $1 AND status IN ({}, {}, {})",
+                        lit(JobStatus::Pending),
+                        lit(JobStatus::Ready),
+                        lit(JobStatus::Running)
+                    )
+                });
+                let live: i64 = tx.sql(&LIVE).bind(&key).scalar().await?;
+                if live > 0 {
+                    return Err(StoreError::Conflict(format!(
+                        "environment `{name}` has {live} deploy job(s) queued or running; cancel them first"
+                    )));
+                }
+                tx.sql("DELETE FROM environments WHERE name = $1").bind(name).execute().await?;
+                Ok(())
+            })
+        })
+        .await?;
+    Ok(env)
+}
+
+fn approval_from_row(row: &Row) -> Result<ApprovalRecord> {
+    Ok(ApprovalRecord {
+        run_id: row.get("run_id")?,
+        environment: row.get("environment")?,
+        actor: row.get("actor")?,
+        decision: row.get("decision")?,
+        comment: row.get("comment")?,
+        created_at: row.get("created_at")?,
+        expires_at: row.get("expires_at")?,
+    })
+}
+
+const APPROVAL_COLS: &str = "run_id, environment, actor, decision, comment, created_at, expires_at";
+
+async fn approvals_in(tx: &mut Tx, run_id: &str) -> Result<Vec<ApprovalRecord>> {
+    static SQL: Sql = Sql::new(|_| {
+        format!("SELECT {APPROVAL_COLS} FROM environment_approvals WHERE run_id = $1 ORDER BY created_at, actor")
+    });
+    tx.sql(&SQL).bind(run_id).fetch_all().await?.iter().map(approval_from_row).collect()
+}
+
+/// `EnvironmentStore::run_approvals`.
+pub(crate) async fn run_approvals(store: &SqlStore, run_id: &str) -> Result<Vec<ApprovalRecord>> {
+    static SQL: Sql = Sql::new(|_| {
+        format!("SELECT {APPROVAL_COLS} FROM environment_approvals WHERE run_id = $1 ORDER BY created_at, actor")
+    });
+    store.reader().await?.sql(&SQL).bind(run_id).fetch_all().await?.iter().map(approval_from_row).collect()
+}
+
+/// `EnvironmentStore::decide_deployment`: one approver's decision on a
+/// run's deployment to `environment`, and the run advanced with it (its
+/// deploy jobs become ready, or are cancelled) in the same transaction.
+/// Who may decide is the caller's check; here: the run is live, one of its
+/// jobs deploys to the environment, and the approver decided nothing yet.
+pub(crate) async fn decide_deployment(store: &SqlStore, a: &ApprovalRecord) -> Result<ApprovalRecord> {
+    store
+        .transaction(Isolation::Serializable, a, |tx, a| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                let run = crate::rows::load_run(tx, &a.run_id).await?;
+                if run.status.is_terminal() {
+                    return Err(StoreError::Conflict(format!("run {} has ended ({})", a.run_id, run.status.as_str())));
+                }
+                if !run.definition.jobs.iter().any(|j| j.environment.as_ref().is_some_and(|e| e.name == a.environment))
+                {
+                    return Err(StoreError::Invalid(format!(
+                        "run {} has no job deploying to environment `{}`",
+                        a.run_id, a.environment
+                    )));
+                }
+                let env = get_in(tx, &a.environment).await?.ok_or_else(|| not_found(&a.environment))?;
+                let prior: Option<String> = tx
+                    .sql("SELECT decision FROM environment_approvals WHERE run_id = $1 AND environment = $2 AND actor = $3 AND expires_at > $4")
+                    .bind(&a.run_id)
+                    .bind(&a.environment)
+                    .bind(&a.actor)
+                    .bind(now)
+                    .scalar_optional()
+                    .await?;
+                if let Some(d) = prior {
+                    return Err(StoreError::Conflict(format!(
+                        "you already {d} this run's deployment to `{}`",
+                        a.environment
+                    )));
+                }
+                tx.sql("DELETE FROM environment_approvals WHERE run_id = $1 AND environment = $2 AND actor = $3")
+                    .bind(&a.run_id)
+                    .bind(&a.environment)
+                    .bind(&a.actor)
+                    .execute()
+                    .await?;
+                tx.sql(
+                    "INSERT INTO environment_approvals (run_id, environment, actor, decision, comment, created_at, \
+                     expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                )
+                .bind(&a.run_id)
+                .bind(&a.environment)
+                .bind(&a.actor)
+                .bind(&a.decision)
+                .bind(&a.comment)
+                .bind(now)
+                .bind(now + env.approval_ttl_ms)
+                .execute()
+                .await?;
+                crate::tx::advance::advance_run(tx, &a.run_id, now).await?;
+                let rows = approvals_in(tx, &a.run_id).await?;
+                rows.into_iter()
+                    .find(|r| r.environment == a.environment && r.actor == a.actor)
+                    .ok_or_else(|| StoreError::Unavailable("the approval just written is gone".into()))
+            })
+        })
+        .await
+}
+
+/// The gate of each environment `run`'s jobs deploy to, as of `now`, and
+/// each one's wait before a deploy job may start (ms). An environment that
+/// no longer exists gates nothing (acceptance refused runs naming an
+/// unknown one).
+pub(crate) async fn gates(
+    tx: &mut Tx,
+    run: &RunRecord,
+    now: i64,
+) -> Result<(HashMap<String, EnvironmentGate>, HashMap<String, i64>)> {
+    let mut names: Vec<&str> =
+        run.definition.jobs.iter().filter_map(|j| j.environment.as_ref().map(|e| e.name.as_str())).collect();
+    names.sort_unstable();
+    names.dedup();
+    let (mut gates, mut waits) = (HashMap::new(), HashMap::new());
+    if names.is_empty() {
+        return Ok((gates, waits));
+    }
+    let approvals = approvals_in(tx, &run.id).await?;
+    for name in names {
+        let Some(env) = get_in(tx, name).await? else { continue };
+        waits.insert(name.to_string(), env.wait_ms);
+        let live: Vec<&ApprovalRecord> =
+            approvals.iter().filter(|a| a.environment == name && a.expires_at > now).collect();
+        let gate = if let Some(r) = live.iter().find(|a| a.decision == "rejected") {
+            let by = actor_label(&r.actor);
+            let why = match &r.comment {
+                Some(c) if !c.is_empty() => format!("cancelled: deployment to `{name}` rejected by {by}: {c}"),
+                _ => format!("cancelled: deployment to `{name}` rejected by {by}"),
+            };
+            EnvironmentGate::Rejected(why)
+        } else {
+            let need = env.approvals_needed() as usize;
+            let have = live.iter().filter(|a| a.decision == "approved").count();
+            if have >= need {
+                EnvironmentGate::Open
+            } else {
+                let who = if env.approvers.is_empty() { "an admin".to_string() } else { env.approvers.join(", ") };
+                EnvironmentGate::Waiting(format!(
+                    "waiting for approval to deploy to `{name}`: {have} of {need} (approvers: {who}; `kiln approve \
+                     {} --env {name}`)",
+                    run.id
+                ))
+            }
+        };
+        gates.insert(name.to_string(), gate);
+    }
+    Ok((gates, waits))
+}
+
+/// How an approval's actor reads in a message (`admin.token` → `admin`;
+/// a token as `token:ID`, named by the API layer where it answers).
+fn actor_label(actor: &str) -> &str {
+    if actor == "admin.token" { "admin" } else { actor }
+}
