@@ -432,6 +432,43 @@ impl Client {
         self.send::<(), _>(Method::DELETE, &format!("/v1/teams/{}", enc(team)), None, &[], None).await
     }
 
+    pub async fn list_environments(&self) -> Result<crate::EnvironmentList, ApiError> {
+        self.send::<(), _>(Method::GET, "/v1/environments", None, &[], None).await
+    }
+
+    pub async fn get_environment(&self, env: &str) -> Result<crate::Environment, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/environments/{}", enc(env)), None, &[], None).await
+    }
+
+    pub async fn create_environment(&self, body: &crate::CreateEnvironment) -> Result<crate::Environment, ApiError> {
+        self.send(Method::POST, "/v1/environments", Some(body), &[], None).await
+    }
+
+    pub async fn update_environment(
+        &self,
+        env: &str,
+        body: &crate::UpdateEnvironment,
+    ) -> Result<crate::Environment, ApiError> {
+        self.send(Method::PATCH, &format!("/v1/environments/{}", enc(env)), Some(body), &[], None).await
+    }
+
+    pub async fn delete_environment(&self, env: &str) -> Result<crate::Environment, ApiError> {
+        self.send::<(), _>(Method::DELETE, &format!("/v1/environments/{}", enc(env)), None, &[], None).await
+    }
+
+    /// Approve or reject a run's deployment to an environment.
+    pub async fn decide_deployment(
+        &self,
+        run: &str,
+        body: &crate::DecideDeployment,
+    ) -> Result<crate::Approval, ApiError> {
+        self.send(Method::POST, &format!("/v1/workflow-runs/{}/approvals", enc(run)), Some(body), &[], None).await
+    }
+
+    pub async fn run_approvals(&self, run: &str) -> Result<crate::ApprovalList, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/approvals", enc(run)), None, &[], None).await
+    }
+
     pub async fn queue(&self) -> Result<crate::QueueView, ApiError> {
         self.send::<(), _>(Method::GET, "/v1/queue", None, &[], None).await
     }

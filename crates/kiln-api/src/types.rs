@@ -1923,3 +1923,112 @@ pub struct ShardBatch {
     pub leased: u64,
     pub total: u64,
 }
+
+// ---------- deployment environments (issue 46) ----------
+
+/// A deployment environment: the rules its deploy jobs (`environment:`) wait on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Environment {
+    pub name: String,
+    /// API token names that may approve a run's deployment (`admin`: the server's
+    /// admin.token); empty: any admin.
+    pub approvers: Vec<String>,
+    /// Distinct approvers a run needs (at least 1 when approvers are listed; 0 and none
+    /// listed: no approval).
+    pub min_approvals: u32,
+    /// Whoever started a run may not approve it.
+    pub prevent_self_review: bool,
+    /// Refs allowed to deploy (branch names, or full refs starting `refs/`; `*` within a
+    /// segment, `**` across); empty: any. Checked when a run is accepted (422).
+    pub refs: Vec<String>,
+    /// Seconds an approved deploy job waits before it may start.
+    pub wait_secs: u64,
+    /// Seconds an approval stands (default 30 days).
+    pub approval_ttl_secs: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// `POST /v1/environments`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnvironment {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_approvals: Option<u32>,
+    #[serde(default)]
+    pub prevent_self_review: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_ttl_secs: Option<u64>,
+}
+
+/// `PATCH /v1/environments/{env}`: what is absent is kept.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct UpdateEnvironment {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvers: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_approvals: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prevent_self_review: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refs: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_ttl_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EnvironmentList {
+    pub environments: Vec<Environment>,
+}
+
+/// `POST /v1/workflow-runs/{run}/approvals`: approve or reject the run's deployment to
+/// an environment (one decision per approver; one approval covers every deploy job of
+/// the run in that environment).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DecideDeployment {
+    /// The environment; may be left out when the run deploys to exactly one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
+    /// `approve` or `reject`.
+    pub decision: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+/// One approver's decision on a run's deployment to an environment.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Approval {
+    pub run_id: String,
+    pub environment: String,
+    /// The approver: an API token's name, or `admin`.
+    pub by: String,
+    /// `approved` or `rejected`.
+    pub decision: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    pub at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApprovalList {
+    pub approvals: Vec<Approval>,
+}

@@ -47,6 +47,9 @@ pub enum Check {
     /// The secrets a trusted run asks for exist (an untrusted run gets none,
     /// and is not told which exist).
     Secrets,
+    /// Every environment a job deploys to exists and lets this ref deploy
+    /// (issue 46): 422 naming the rule otherwise.
+    Environments,
     /// The run-level concurrency group renders.
     Concurrency,
     /// `runs-on`, `timeout`, `image` templates evaluated over the run's data.
@@ -61,7 +64,7 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ORDER: [Check; 12] = [
+    pub const ORDER: [Check; 13] = [
         Check::Admission,
         Check::Quota,
         Check::ManualAllowed,
@@ -69,6 +72,7 @@ impl Check {
         Check::InputLimits,
         Check::DefinitionSize,
         Check::Secrets,
+        Check::Environments,
         Check::Concurrency,
         Check::Render,
         Check::Limits,
@@ -91,6 +95,7 @@ pub fn applies(kind: TriggerKind, check: Check) -> bool {
         | Check::InputLimits
         | Check::DefinitionSize
         | Check::Secrets
+        | Check::Environments
         | Check::Concurrency
         | Check::Trust => true,
     }
@@ -105,7 +110,7 @@ mod tests {
     fn the_acceptance_table() {
         use Check::*;
         // (check, [Api, Retry, Push, PullRequest, Schedule])
-        let table: [(Check, [bool; 5]); 12] = [
+        let table: [(Check, [bool; 5]); 13] = [
             (Admission, [true, true, true, true, true]),
             (Quota, [true, true, true, true, true]),
             (ManualAllowed, [true, false, false, false, false]),
@@ -113,6 +118,7 @@ mod tests {
             (InputLimits, [true, true, true, true, true]),
             (DefinitionSize, [true, true, true, true, true]),
             (Secrets, [true, true, true, true, true]),
+            (Environments, [true, true, true, true, true]),
             (Concurrency, [true, true, true, true, true]),
             (Render, [true, false, true, true, true]),
             (Limits, [true, false, true, true, true]),

@@ -273,9 +273,13 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         "/v1/repos/{repo}/tests/history",
         "/v1/repos/{repo}/tests/timings",
         "/v1/repos/{repo}/quarantine",
+        "/v1/workflow-runs/{run}/approvals",
     ];
     match scope {
         Scope::Admin => Access::Allow,
+        // A deployment's approvers are API tokens by name, of any scope but
+        // trigger; the service checks the environment's list.
+        Scope::Read if method == Method::POST && path == APPROVALS => Access::Allow,
         Scope::Read if method == Method::GET && !ADMIN_ONLY_READS.contains(&path) => Access::Allow,
         Scope::Read => Access::Deny,
         Scope::Trigger { .. } if method == Method::GET && TRIGGER_READS.contains(&path) => Access::IfOwnRepo,
@@ -285,6 +289,9 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         Scope::Trigger { .. } => Access::Deny,
     }
 }
+
+/// Deciding a run's deployment (issue 46).
+pub(crate) const APPROVALS: &str = "/v1/workflow-runs/{run}/approvals";
 
 /// The badge route: open to anyone for a public repository, else to a
 /// token this table lets read it (see [`may_read_badge`]).

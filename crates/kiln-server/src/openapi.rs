@@ -15,7 +15,8 @@
 //! the document with an independent validator.
 
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, teams, tests_api, ui,
+    access, agents, artifacts, attempts, blob, environments, health, logs, notify, oidc, repos, runs, secrets, teams,
+    tests_api, ui,
 };
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -62,6 +63,8 @@ pub(crate) mod scheme {
         tests_api::shard_next,
         teams::list, teams::create, teams::get, teams::update, teams::delete, teams::queue_view,
         teams::set_priority,
+        environments::list, environments::create, environments::get, environments::update, environments::delete,
+        environments::decide, environments::approvals,
         secrets::list, secrets::put, secrets::delete,
         logs::events, artifacts::get, artifacts::provenance, artifacts::test_attestation,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,
@@ -84,6 +87,7 @@ pub(crate) mod scheme {
         (name = "repos", description = "Repositories, their secrets and webhook deliveries"),
         (name = "runs", description = "Workflow runs, their jobs, logs and artifacts"),
         (name = "teams", description = "Teams (fair share of slots by weight, quotas) and the queue"),
+        (name = "environments", description = "Deployment environments: approvals, allowed refs, deploy queues"),
         (name = "access", description = "API tokens, agent join tokens, agents, overview and audit (admin scope)"),
         (name = "agent", description = "The agent protocol: registration, claims, the session stream and the calls of a running attempt"),
         (name = "data", description = "The data plane: capability URLs, no bearer token"),

@@ -7,7 +7,8 @@
 
 use crate::auth;
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, health, logs, notify, oidc, repos, runs, secrets, teams, tests_api, ui,
+    access, agents, artifacts, attempts, blob, environments, health, logs, notify, oidc, repos, runs, secrets, teams,
+    tests_api, ui,
 };
 use crate::security::{self, MAX_BODY};
 use crate::state::State;
@@ -50,6 +51,13 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/teams/{team}", patch(teams::update))
         .route("/v1/teams/{team}", delete(teams::delete))
         .route("/v1/queue", get(teams::queue_view))
+        .route("/v1/environments", get(environments::list))
+        .route("/v1/environments", post(environments::create))
+        .route("/v1/environments/{env}", get(environments::get))
+        .route("/v1/environments/{env}", patch(environments::update))
+        .route("/v1/environments/{env}", delete(environments::delete))
+        .route("/v1/workflow-runs/{run}/approvals", get(environments::approvals))
+        .route("/v1/workflow-runs/{run}/approvals", post(environments::decide))
         .route("/v1/workflow-runs/{run}/priority", post(teams::set_priority))
         .route("/v1/jobs/{job}/logs/events", get(logs::events))
         .route("/v1/workflow-runs/{run}/artifacts/{job}/{name}", get(artifacts::get))

@@ -126,6 +126,18 @@ pub enum Command {
         #[command(subcommand)]
         command: TeamCommand,
     },
+    /// Manage deployment environments: who approves a run's deploy jobs (`environment:`),
+    /// which refs may deploy, how long an approved deploy waits (docs/deployments.md).
+    Env {
+        #[command(subcommand)]
+        command: EnvCommand,
+    },
+    /// Approve a run's deployment to an environment: one approval covers every deploy job of
+    /// the run there (each matrix expansion, each wave).
+    Approve(DecideArgs),
+    /// Reject a run's deployment to an environment: its deploy jobs there are cancelled and
+    /// the run fails.
+    Reject(DecideArgs),
     /// Show the queue: per team, its share of the slots (entitled vs received), and its live
     /// jobs by priority lane and `runs-on` labels (ready, waiting on needs, running).
     Queue(QueueArgs),
@@ -1185,6 +1197,96 @@ pub struct AuditArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EnvCommand {
+    /// Create an environment. Without --approvers and --min-approvals its deploy jobs need no
+    /// approval (they still run one run at a time, in acceptance order).
+    Create {
+        /// The environment's name (1-64 of letters, digits, `-`, `_`, `.`), as jobs name it in
+        /// `environment:`.
+        name: String,
+        #[command(flatten)]
+        rules: EnvRules,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the environments and their rules.
+    #[command(alias = "list")]
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show one environment's rules.
+    Show {
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Change an environment's rules (what is not given is kept; `--approvers ''` and
+    /// `--refs ''` clear the list).
+    Set {
+        name: String,
+        #[command(flatten)]
+        rules: EnvRules,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove an environment (refused while deploy jobs to it are queued or running).
+    #[command(alias = "remove")]
+    Rm {
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(clap::Args, Debug, Default)]
+pub struct EnvRules {
+    /// API token names that may approve (`admin`: the server's admin.token), comma-separated;
+    /// without: any admin token, when --min-approvals asks for approvals.
+    #[arg(long, value_name = "NAME,…", value_delimiter = ',')]
+    pub approvers: Option<Vec<String>>,
+    /// Distinct approvers a run needs (default 1 when --approvers is given, else 0: none).
+    #[arg(long, value_name = "N")]
+    pub min_approvals: Option<u32>,
+    /// Whoever started a run may not approve it.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub prevent_self_review: Option<bool>,
+    /// Refs that may deploy, comma-separated: branch names (`main`, `release/*`) or full
+    /// refs (`refs/tags/v*`); a run from another ref is refused when submitted (422).
+    #[arg(long, value_name = "PATTERN,…", value_delimiter = ',')]
+    pub refs: Option<Vec<String>>,
+    /// How long an approved deploy job waits before it may start (`10m`, `0`).
+    #[arg(long, value_name = "DURATION", value_parser = kiln_cmd::parse_duration_or_off)]
+    pub wait: Option<std::time::Duration>,
+    /// How long an approval stands (default 30d).
+    #[arg(long, value_name = "DURATION", value_parser = kiln_cmd::parse_duration)]
+    pub approval_expiry: Option<std::time::Duration>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DecideArgs {
+    /// The run: its id (or a unique prefix), `REPO#NUMBER`, or a number with --repo.
+    pub run: String,
+    /// The environment (needed when the run deploys to more than one).
+    #[arg(long)]
+    pub env: Option<String>,
+    /// Why (kept with the decision and in the audit log).
+    #[arg(long)]
+    pub comment: Option<String>,
+    /// The repository of a run given by number.
+    #[arg(long)]
+    pub repo: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
 }

@@ -565,6 +565,30 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
     assert_eq!(ended.status, 409, "a finished run keeps its lane");
     assert_eq!(c.call("DELETE", "/v1/teams/{team}", "/v1/teams/spec-team", a, None).await.status, 200);
 
+    // Deployment environments and approvals (issue 46).
+    let env = json!({ "name": "spec-env", "approvers": ["admin"], "refs": ["main"], "wait_secs": 0 });
+    let made = c.call("POST", "/v1/environments", "/v1/environments", a, Some(env)).await;
+    assert_eq!(made.status, 201, "{}", String::from_utf8_lossy(&made.bytes));
+    assert_eq!(c.call("GET", "/v1/environments", "/v1/environments", a, None).await.status, 200);
+    assert_eq!(c.call("GET", "/v1/environments/{env}", "/v1/environments/spec-env", a, None).await.status, 200);
+    let changed = c
+        .call("PATCH", "/v1/environments/{env}", "/v1/environments/spec-env", a, Some(json!({ "min_approvals": 1 })))
+        .await;
+    assert_eq!(changed.status, 200);
+    let approvals = format!("/v1/workflow-runs/{run_id}/approvals");
+    assert_eq!(c.call("GET", "/v1/workflow-runs/{run}/approvals", &approvals, a, None).await.status, 200);
+    let refused = c
+        .call(
+            "POST",
+            "/v1/workflow-runs/{run}/approvals",
+            &approvals,
+            a,
+            Some(json!({ "environment": "spec-env", "decision": "approve" })),
+        )
+        .await;
+    assert_eq!(refused.status, 409, "an ended run takes no decision: {}", String::from_utf8_lossy(&refused.bytes));
+    assert_eq!(c.call("DELETE", "/v1/environments/{env}", "/v1/environments/spec-env", a, None).await.status, 200);
+
     // ---------- the agent protocol, by hand ----------
     let join = std::fs::read_to_string(up.data_dir().join("agent.token")).unwrap().trim().to_string();
     let reg = c

@@ -122,6 +122,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
             // are missing (an untrusted author learns no secret's name).
             Check::Secrets if trust == Trust::Trusted => check_secrets(state, repo, &workflow, &path).await?,
             Check::Secrets => {}
+            Check::Environments => check_environments(state, &workflow, f.git_ref.as_deref(), &path).await?,
             Check::Concurrency => {
                 concurrency = run_concurrency(&workflow, &f.event, f.git_ref.as_deref(), &inputs, &commit)
                     .map_err(ApiErr::invalid)?;
@@ -620,6 +621,63 @@ pub(crate) async fn check_secrets(state: &AppState, repo: &RepoRecord, wf: &Work
         missing.join(", "),
         repo.name
     )))
+}
+
+/// Refuse a run whose jobs deploy to an environment that does not exist,
+/// or that this ref may not deploy to (issue 46): a typo must not deploy
+/// unprotected, and a feature branch must not reach production.
+pub(crate) async fn check_environments(
+    state: &AppState,
+    wf: &Workflow,
+    git_ref: Option<&str>,
+    path: &str,
+) -> ApiResult<()> {
+    let mut names: Vec<(&str, &str)> =
+        wf.jobs.iter().filter_map(|j| j.environment.as_ref().map(|e| (e.name.as_str(), j.name.as_str()))).collect();
+    names.sort_unstable();
+    names.dedup_by(|a, b| a.0 == b.0);
+    for (name, job) in names {
+        let env = match state.store.get_environment(name).await {
+            Ok(e) => e,
+            Err(kiln_store::StoreError::NotFound(_)) => {
+                return Err(ApiErr::invalid(format!(
+                    "{path}: job `{job}` deploys to environment `{name}`, which does not exist; create it with \
+                     `kiln env create {name}` (an unknown environment would deploy unprotected)"
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !ref_allowed(&env.refs, git_ref) {
+            return Err(ApiErr::invalid(format!(
+                "{path}: job `{job}` deploys to environment `{name}`, which only {} may deploy to (--refs {}); this \
+                 run's ref is {}",
+                if env.refs.len() == 1 { "this ref" } else { "these refs" },
+                env.refs.join(","),
+                git_ref.map_or_else(|| "none (a commit without a branch)".to_string(), |r| format!("`{r}`"))
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `git_ref` matches an environment's `--refs` (empty: any ref).
+/// A pattern starting with `refs/` is matched against the full ref, any
+/// other against the branch name (`refs/heads/` removed); GitHub Actions
+/// filter globs (`*` within a segment, `**` across).
+pub(crate) fn ref_allowed(patterns: &[String], git_ref: Option<&str>) -> bool {
+    if patterns.is_empty() {
+        return true;
+    }
+    let Some(r) = git_ref else { return false };
+    let branch = r.strip_prefix("refs/heads/").or_else(|| (!r.starts_with("refs/")).then_some(r));
+    let full = if r.starts_with("refs/") { r.to_string() } else { format!("refs/heads/{r}") };
+    patterns.iter().any(|p| {
+        if p.starts_with("refs/") {
+            kiln_workflow::glob_match(p, &full)
+        } else {
+            branch.is_some_and(|b| kiln_workflow::glob_match(p, b))
+        }
+    })
 }
 
 /// Evaluate the jobs' `runs-on`, `timeout` and `image` templates over the

@@ -10,6 +10,7 @@ mod attempts;
 mod auth;
 mod caches;
 mod edge;
+mod environments;
 mod health;
 mod logs;
 mod notify;

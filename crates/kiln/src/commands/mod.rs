@@ -7,6 +7,7 @@ mod access;
 mod agent;
 mod artifact;
 mod cancel;
+mod env;
 mod login;
 mod logs;
 mod notify;
@@ -38,6 +39,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Repo { command } => repo::run(command).await,
         Command::Secret { command } => secret::run(command).await,
         Command::Team { command } => team::run(command).await,
+        Command::Env { command } => env::run(command).await,
+        Command::Approve(a) => env::decide(a, "approve").await,
+        Command::Reject(a) => env::decide(a, "reject").await,
         Command::Queue(a) => team::queue(a).await,
         Command::Priority(a) => team::priority(a).await,
         Command::Notify { command } => notify::run(command).await,

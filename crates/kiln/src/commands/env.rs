@@ -1,0 +1,108 @@
+//! `kiln env create|ls|show|set|rm`, `kiln approve` and `kiln reject`
+//! (issue 46): deployment environments and decisions on a run's deploy.
+
+use super::shared::{client, run_ref};
+use crate::cli::{DecideArgs, EnvCommand, EnvRules};
+use kiln_api::exit;
+use kiln_cmd::CmdResult;
+
+/// A comma list as given: `''` clears it.
+fn list(v: Option<Vec<String>>) -> Option<Vec<String>> {
+    v.map(|l| l.into_iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+}
+
+fn describe(e: &kiln_api::Environment) -> String {
+    let approvals = match (e.min_approvals, e.approvers.is_empty()) {
+        (0, true) => "no approval".to_string(),
+        (n, true) => format!("{n} approval(s) from any admin"),
+        (n, false) => format!("{} approval(s) from {}", n.max(1), e.approvers.join(", ")),
+    };
+    let refs = if e.refs.is_empty() { "any ref".to_string() } else { e.refs.join(", ") };
+    let mut s = format!("{approvals}; refs: {refs}");
+    if e.prevent_self_review {
+        s.push_str("; no self-approval");
+    }
+    if e.wait_secs > 0 {
+        s.push_str(&format!("; wait {}", super::shared::duration_text(e.wait_secs as i64 * 1000)));
+    }
+    s
+}
+
+pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
+    match cmd {
+        EnvCommand::Create { name, rules, conn } => {
+            let EnvRules { approvers, min_approvals, prevent_self_review, refs, wait, approval_expiry } = rules;
+            let e = client(&conn)?
+                .create_environment(&kiln_api::CreateEnvironment {
+                    name,
+                    approvers: list(approvers).unwrap_or_default(),
+                    min_approvals,
+                    prevent_self_review: prevent_self_review.unwrap_or(false),
+                    refs: list(refs).unwrap_or_default(),
+                    wait_secs: wait.map(|d| d.as_secs()),
+                    approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
+                })
+                .await?;
+            kiln_cmd::outln!("environment {} created: {}", e.name, describe(&e));
+            kiln_cmd::outln!("deploy to it with `environment: {}` on a job", e.name);
+        }
+        EnvCommand::Ls { json, conn } => {
+            let l = client(&conn)?.list_environments().await?;
+            if json {
+                kiln_cmd::outln!("{}", serde_json::to_string_pretty(&l).expect("json"));
+                return Ok(exit::OK);
+            }
+            if l.environments.is_empty() {
+                eprintln!("no environments; create one with `kiln env create NAME`");
+            }
+            for e in &l.environments {
+                kiln_cmd::outln!("{:<20} {}", e.name, describe(e));
+            }
+        }
+        EnvCommand::Show { name, json, conn } => {
+            let e = client(&conn)?.get_environment(&name).await?;
+            if json {
+                kiln_cmd::outln!("{}", serde_json::to_string_pretty(&e).expect("json"));
+            } else {
+                kiln_cmd::outln!("{}: {}", e.name, describe(&e));
+            }
+        }
+        EnvCommand::Set { name, rules, conn } => {
+            let EnvRules { approvers, min_approvals, prevent_self_review, refs, wait, approval_expiry } = rules;
+            let u = kiln_api::UpdateEnvironment {
+                approvers: list(approvers),
+                min_approvals,
+                prevent_self_review,
+                refs: list(refs),
+                wait_secs: wait.map(|d| d.as_secs()),
+                approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
+            };
+            if u == kiln_api::UpdateEnvironment::default() {
+                return Err(kiln_cmd::usage(
+                    "nothing to change: give --approvers, --min-approvals, --prevent-self-review, --refs, --wait or \
+                     --approval-expiry",
+                ));
+            }
+            let e = client(&conn)?.update_environment(&name, &u).await?;
+            kiln_cmd::outln!("environment {}: {}", e.name, describe(&e));
+        }
+        EnvCommand::Rm { name, conn } => {
+            let e = client(&conn)?.delete_environment(&name).await?;
+            kiln_cmd::outln!("environment {} removed", e.name);
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `kiln approve` / `kiln reject`.
+pub(super) async fn decide(a: DecideArgs, decision: &str) -> CmdResult {
+    let run = run_ref(&a.run, a.repo.as_deref())?;
+    let r = client(&a.conn)?
+        .decide_deployment(
+            &run,
+            &kiln_api::DecideDeployment { environment: a.env, decision: decision.into(), comment: a.comment },
+        )
+        .await?;
+    kiln_cmd::outln!("{} {}'s deployment to {} (as {})", r.decision, r.run_id, r.environment, r.by);
+    Ok(exit::OK)
+}
