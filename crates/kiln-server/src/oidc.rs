@@ -91,6 +91,10 @@ pub struct Claims<'a> {
     pub run_id: &'a str,
     pub job: &'a str,
     pub trust: &'a str,
+    /// The environment a deploy job deploys to (issue 46): then `sub` is
+    /// `repo:R:environment:E` and the token carries `environment`, so a
+    /// cloud role can trust "deploys of R to E" only.
+    pub environment: Option<&'a str>,
     pub ttl: Duration,
 }
 
@@ -209,9 +213,13 @@ impl Issuer {
         let key = keys.last().context("no OIDC signing key")?;
         let iat = now_ms() / 1000;
         let header = json!({ "alg": "ES256", "typ": "JWT", "kid": key.kid });
-        let payload = json!({
+        let sub = match c.environment {
+            Some(env) => format!("repo:{}:environment:{env}", c.repo),
+            None => format!("repo:{}:ref:{}", c.repo, c.git_ref),
+        };
+        let mut payload = json!({
             "iss": c.issuer,
-            "sub": format!("repo:{}:ref:{}", c.repo, c.git_ref),
+            "sub": sub,
             "aud": c.audience,
             "iat": iat,
             "nbf": iat - 5,
@@ -225,6 +233,9 @@ impl Issuer {
             "job": c.job,
             "trust": c.trust,
         });
+        if let Some(env) = c.environment {
+            payload["environment"] = json!(env);
+        }
         let signing_input = format!(
             "{}.{}",
             b64(&serde_json::to_vec(&header).expect("json")),
@@ -243,7 +254,7 @@ pub fn discovery(issuer: &str) -> Value {
         "response_types_supported": ["id_token"],
         "subject_types_supported": ["public"],
         "id_token_signing_alg_values_supported": ["ES256"],
-        "claims_supported": ["iss", "sub", "aud", "iat", "nbf", "exp", "jti", "repository", "ref", "sha", "event", "run_id", "job", "trust"],
+        "claims_supported": ["iss", "sub", "aud", "iat", "nbf", "exp", "jti", "repository", "ref", "sha", "event", "run_id", "job", "trust", "environment"],
     })
 }
 
@@ -275,8 +286,16 @@ mod tests {
             run_id: "r1",
             job: "deploy",
             trust: "trusted",
+            environment: None,
             ttl: Duration::from_secs(10),
         };
+        let deploy = a.mint(&Claims { environment: Some("production"), ..claims }).unwrap();
+        let body: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(deploy.split('.').nth(1).unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(body["sub"], "repo:app:environment:production", "a deploy job's subject names its environment");
+        assert_eq!(body["environment"], "production");
         let token = a.mint(&claims).unwrap();
         let parts: Vec<&str> = token.split('.').collect();
         assert_eq!(parts.len(), 3);

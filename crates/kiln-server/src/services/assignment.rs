@@ -312,6 +312,7 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
             run_id: &c.run.id,
             job: &c.job.name,
             trust: &c.run.trust,
+            environment: def.environment.as_ref().map(|e| e.name.as_str()),
             ttl: std::time::Duration::from_secs(def.timeout_secs.unwrap_or(u64::MAX / 2)),
         };
         let token = state.oidc.mint(&claims).map_err(|e| crate::error::ApiErr::internal(format!("{e:#}")))?;
