@@ -465,6 +465,12 @@ impl Client {
         self.send(Method::POST, &format!("/v1/workflow-runs/{}/approvals", enc(run)), Some(body), &[], None).await
     }
 
+    /// An environment's deployments, newest first.
+    pub async fn deployments(&self, env: &str, limit: u32) -> Result<crate::DeploymentList, ApiError> {
+        let path = format!("/v1/environments/{}/deployments?limit={limit}", enc(env));
+        self.send::<(), _>(Method::GET, &path, None, &[], None).await
+    }
+
     pub async fn run_approvals(&self, run: &str) -> Result<crate::ApprovalList, ApiError> {
         self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/approvals", enc(run)), None, &[], None).await
     }

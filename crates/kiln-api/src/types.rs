@@ -606,6 +606,9 @@ pub struct Job {
     /// set once its successful attempt completed; never a fenced attempt's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, String>,
+    /// The deployment environment the job deploys to (`environment:`, issue 46).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -2031,4 +2034,50 @@ pub struct Approval {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApprovalList {
     pub approvals: Vec<Approval>,
+}
+
+/// One deploy job that ended (issue 46): what it deployed, from which run, approved by whom.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Deployment {
+    pub id: String,
+    pub environment: String,
+    pub repo: String,
+    pub run_id: String,
+    pub run_number: i64,
+    pub job_id: String,
+    pub job: String,
+    pub epoch: i64,
+    pub commit_sha: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `success` or `failed`.
+    pub status: String,
+    /// Who started the run (an API token's name, `admin`, a forge user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggered_by: Option<String>,
+    /// The approvers whose approvals the run held.
+    pub approvals: Vec<String>,
+    /// The artifact generations the job restored: what it deployed.
+    pub artifacts: Vec<DeployedArtifact>,
+    pub at_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DeployedArtifact {
+    pub name: String,
+    pub from_job: String,
+    pub run_id: String,
+    /// The bound artifact generation.
+    pub generation: String,
+    pub sha256: String,
+}
+
+/// `GET /v1/environments/{env}/deployments`: newest first; the first successful one is
+/// what the environment runs now.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DeploymentList {
+    pub deployments: Vec<Deployment>,
 }

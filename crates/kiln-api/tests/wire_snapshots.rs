@@ -114,6 +114,7 @@ fn run() -> Run {
                 started_at_ms: Some(1_764_590_000_100),
                 finished_at_ms: Some(1_764_590_031_000),
                 outputs: BTreeMap::from([("version".into(), "1.2.3".into())]),
+                environment: None,
             },
             Job {
                 id: "job-2".into(),
@@ -144,6 +145,7 @@ fn run() -> Run {
                 started_at_ms: Some(1_764_590_031_100),
                 finished_at_ms: None,
                 outputs: BTreeMap::new(),
+                environment: Some("production".into()),
             },
         ],
     }

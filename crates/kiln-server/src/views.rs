@@ -79,6 +79,11 @@ pub fn run(v: &RunView, bindings: &[BoundArtifact]) -> api::Run {
                 started_at_ms: j.job.started_at,
                 finished_at_ms: j.job.finished_at,
                 outputs: Default::default(),
+                environment: usize::try_from(j.job.index)
+                    .ok()
+                    .and_then(|i| r.definition.jobs.get(i))
+                    .and_then(|d| d.environment.as_ref())
+                    .map(|e| e.name.clone()),
             })
             .collect(),
     }

@@ -805,4 +805,8 @@ impl EnvironmentStore for SqlStore {
     async fn run_approvals(&self, run_id: &str) -> Result<Vec<ApprovalRecord>> {
         environments::run_approvals(self, run_id).await
     }
+
+    async fn deployments(&self, environment: &str, limit: u32) -> Result<Vec<DeploymentRecord>> {
+        environments::deployments(self, environment, limit).await
+    }
 }

@@ -1146,3 +1146,37 @@ pub struct ApprovalRecord {
     pub created_at: i64,
     pub expires_at: i64,
 }
+
+/// What one deploy job deployed (issue 46).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeploymentRecord {
+    pub id: String,
+    pub environment: String,
+    pub repo_id: String,
+    pub repo_name: String,
+    pub run_id: String,
+    pub run_number: i64,
+    pub job_id: String,
+    pub job_name: String,
+    pub epoch: i64,
+    pub commit_sha: String,
+    pub url: Option<String>,
+    /// `success` or `failed`.
+    pub status: String,
+    /// The run's actor (`admin.token`, `token:ID`, a forge user).
+    pub triggered_by: Option<String>,
+    /// Names of the approvers whose approvals the run held.
+    pub approvals: Vec<String>,
+    pub artifacts: Vec<DeployedArtifact>,
+    pub created_at: i64,
+}
+
+/// An artifact generation a deploy job restored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeployedArtifact {
+    pub name: String,
+    pub from_job: String,
+    pub run_id: String,
+    pub generation: String,
+    pub sha256: String,
+}

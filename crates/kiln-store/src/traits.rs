@@ -552,6 +552,8 @@ pub trait EnvironmentStore: Send + Sync {
     async fn decide_deployment(&self, approval: &ApprovalRecord) -> Result<ApprovalRecord>;
     /// A run's approvals and rejections, oldest first.
     async fn run_approvals(&self, run_id: &str) -> Result<Vec<ApprovalRecord>>;
+    /// An environment's deployments, newest first (at most `limit`, 1–500).
+    async fn deployments(&self, environment: &str, limit: u32) -> Result<Vec<DeploymentRecord>>;
 }
 
 /// Test reports, flaky tests and quarantine (issue 43).

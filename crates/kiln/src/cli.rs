@@ -132,6 +132,9 @@ pub enum Command {
         #[command(subcommand)]
         command: EnvCommand,
     },
+    /// An environment's deployments, newest first: run, commit, status, who started and who
+    /// approved it, and the artifact generations (sha256) it deployed.
+    Deploys(DeploysArgs),
     /// Approve a run's deployment to an environment: one approval covers every deploy job of
     /// the run there (each matrix expansion, each wave).
     Approve(DecideArgs),
@@ -1272,6 +1275,20 @@ pub struct EnvRules {
     /// How long an approval stands (default 30d).
     #[arg(long, value_name = "DURATION", value_parser = kiln_cmd::parse_duration)]
     pub approval_expiry: Option<std::time::Duration>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DeploysArgs {
+    /// The environment.
+    pub env: String,
+    /// At most this many (newest first).
+    #[arg(long, default_value_t = 20)]
+    pub limit: u32,
+    /// Print JSON (`GET /v1/environments/{env}/deployments`).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
 #[derive(clap::Args, Debug)]

@@ -575,6 +575,10 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .call("PATCH", "/v1/environments/{env}", "/v1/environments/spec-env", a, Some(json!({ "min_approvals": 1 })))
         .await;
     assert_eq!(changed.status, 200);
+    let deployed = c
+        .call("GET", "/v1/environments/{env}/deployments", "/v1/environments/spec-env/deployments?limit=5", a, None)
+        .await;
+    assert_eq!(deployed.status, 200);
     let approvals = format!("/v1/workflow-runs/{run_id}/approvals");
     assert_eq!(c.call("GET", "/v1/workflow-runs/{run}/approvals", &approvals, a, None).await.status, 200);
     let refused = c

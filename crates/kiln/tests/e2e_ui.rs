@@ -1651,3 +1651,52 @@ async fn the_queue_page_shows_teams_shares_and_lanes_in_chromium() {
     let p = c.find(Locator::Css("dd.run-priority")).await.unwrap().text().await.unwrap();
     assert!(p.contains("team web"), "{p}");
 }
+
+/// Deployments in the UI (issue 46): a run's deploy waits with an Approve
+/// button; approving it in the page starts the deploy; the Environments
+/// page and the environment's page say what runs now and who approved it.
+#[tokio::test(flavor = "multi_thread")]
+async fn approve_a_deployment_and_see_it_on_the_environment_page_in_chromium() {
+    if !have_browser() {
+        return;
+    }
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let wf = "version: 1\njobs:\n  - name: ship\n    environment: {name: production, url: \"https://shop.example\"}\n    \
+              steps: [echo shipped]\n";
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", wf)]).unwrap();
+    assert!(up.cli().args(["repo", "add", "shop", "--url"]).arg(repo.path()).status().unwrap().success());
+    let made = up.cli().args(["env", "create", "production", "--approvers", "admin"]).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let api = Client::new(&up.url, &up.token);
+    let run =
+        api.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    kiln_testkit::until(&api, &run.run_id, 60, "the deploy to wait for approval", |r| {
+        r.jobs[0].message.as_deref().is_some_and(|m| m.starts_with("waiting for approval"))
+    })
+    .await;
+
+    let (_driver, c) = browser(None).await;
+    sign_in(&c, &up.url, &up.token).await;
+    c.goto(&format!("{}/#/runs/{}", up.url, run.run_id)).await.unwrap();
+    if !wait_text(&c, ".approval[data-env='production']", "0 of 1").await {
+        let text = c.find(Locator::Css("main")).await.unwrap().text().await.unwrap_or_default();
+        let logs = c.execute("return JSON.stringify(window.__errors || [])", vec![]).await.unwrap();
+        panic!("the approval box: {text}\n{logs}");
+    }
+    assert!(wait_text(&c, "td .waiting[data-job='ship']", "waiting for approval to deploy to `production`").await);
+    c.find(Locator::Css(".approval input[name='comment']")).await.unwrap().send_keys("looks good").await.unwrap();
+    shot("deploy-approval", &c.screenshot().await.unwrap());
+    c.find(Locator::Css(".approval button.approve")).await.unwrap().click().await.unwrap();
+    let done = wait_run_done(&api, &run.run_id).await;
+    assert_eq!(done.status, "success");
+
+    c.goto(&format!("{}/#/environments", up.url)).await.unwrap();
+    assert!(wait_text(&c, "tr[data-env='production']", "shop#1").await, "what production runs now");
+    assert!(wait_text(&c, "tr[data-env='production']", "1 approval from admin").await);
+    c.goto(&format!("{}/#/environments/production", up.url)).await.unwrap();
+    assert!(wait_text(&c, ".current", "shop#1").await);
+    assert!(wait_text(&c, "table.deployments tbody tr", "admin").await, "who approved it");
+    assert!(wait_text(&c, "table.deployments tbody tr", "success").await);
+    shot("environment", &c.screenshot().await.unwrap());
+    c.close().await.unwrap();
+}

@@ -130,3 +130,27 @@ pub(crate) async fn approvals(S(state): S<State>, Path(run): Path<String>) -> Ap
     let run = runs::resolve_id(&state, &run).await?;
     Ok(Json(environments::approvals(&state, &run).await?))
 }
+
+/// `?limit=` of a deployment list.
+#[derive(serde::Deserialize)]
+pub(crate) struct DeploymentsQuery {
+    limit: Option<u32>,
+}
+
+#[utoipa::path(
+    operation_id = "environments_deployments",
+    get, path = "/v1/environments/{env}/deployments", tag = "environments",
+    params(
+        ("env" = String, Path, description = "The environment's name"),
+        ("limit" = Option<u32>, Query, description = "At most this many, newest first (default 50, at most 500)"),
+    ),
+    responses((status = 200, description = "Its deployments, newest first", body = api::DeploymentList)),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
+pub(crate) async fn deployments(
+    S(state): S<State>,
+    Path(env): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<DeploymentsQuery>,
+) -> ApiResult<Json<api::DeploymentList>> {
+    Ok(Json(environments::deployments(&state, &env, q.limit).await?))
+}

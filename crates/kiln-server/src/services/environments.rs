@@ -227,3 +227,40 @@ pub(crate) async fn approvals(state: &AppState, run_id: &str) -> ApiResult<api::
         approvals: state.store.run_approvals(run_id).await?.into_iter().map(approval_view).collect(),
     })
 }
+
+/// An environment's deployments, newest first; actors by name.
+pub(crate) async fn deployments(state: &AppState, env: &str, limit: Option<u32>) -> ApiResult<api::DeploymentList> {
+    state.store.get_environment(env).await?;
+    let rows = state.store.deployments(env, limit.unwrap_or(50)).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for d in rows {
+        out.push(api::Deployment {
+            id: d.id,
+            environment: d.environment,
+            repo: d.repo_name,
+            run_id: d.run_id,
+            run_number: d.run_number,
+            job_id: d.job_id,
+            job: d.job_name,
+            epoch: d.epoch,
+            commit_sha: d.commit_sha,
+            url: d.url,
+            status: d.status,
+            triggered_by: crate::services::runs::actor_name(state, d.triggered_by).await,
+            approvals: d.approvals,
+            artifacts: d
+                .artifacts
+                .into_iter()
+                .map(|a| api::DeployedArtifact {
+                    name: a.name,
+                    from_job: a.from_job,
+                    run_id: a.run_id,
+                    generation: a.generation,
+                    sha256: a.sha256,
+                })
+                .collect(),
+            at_ms: d.created_at,
+        });
+    }
+    Ok(api::DeploymentList { deployments: out })
+}

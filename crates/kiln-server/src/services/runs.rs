@@ -100,6 +100,11 @@ impl ActorNames {
     }
 }
 
+/// How a stored actor reads (a token by its name, `admin`).
+pub(crate) async fn actor_name(state: &AppState, stored: Option<String>) -> Option<String> {
+    ActorNames::default().shown(state, stored).await
+}
+
 /// The stored actor a list's `?actor=` names: `admin` is the bootstrap
 /// `admin.token`, a token's name its `token:ID`; anything else as given.
 async fn actor_filter(state: &AppState, given: String) -> ApiResult<String> {
@@ -264,7 +269,10 @@ async fn explain_waiting(state: &AppState, view: &kiln_store::RunView, out: &mut
                     .map(|o| (o.job.name.as_str(), o.job.status))
                     .collect();
                 let group = j.job.group_waiting.then(|| unscoped(j.job.message.as_deref().unwrap_or_default()));
-                let group = group.filter(|g| g.starts_with("waiting"));
+                let group = group.filter(|g| g.starts_with("waiting")).or_else(|| {
+                    // Issue 46: its environment's approval (the gate's message).
+                    j.job.message.as_deref().filter(|m| m.starts_with("waiting for approval")).map(str::to_string)
+                });
                 if let (Some(g), Some(job)) = (&group, out.jobs.get_mut(i)) {
                     job.message = Some(g.clone());
                 }

@@ -46,10 +46,11 @@ pub(crate) async fn complete(store: &SqlStore, job_id: &str, epoch: i64, c: &Com
 }
 
 /// Whether a run takes part in a concurrency group, its own or one of its
-/// jobs' (spec 003): completing its jobs can then start or cancel work of
-/// other runs.
+/// jobs' (spec 003), or an environment's deploy queue (issue 46):
+/// completing its jobs can then start or cancel work of other runs.
 fn uses_concurrency_groups(run: &RunRecord) -> bool {
-    run.definition.concurrency.is_some() || run.definition.jobs.iter().any(|j| j.concurrency.is_some())
+    run.definition.concurrency.is_some()
+        || run.definition.jobs.iter().any(|j| j.concurrency.is_some() || j.environment.is_some())
 }
 
 /// The completion transaction. `Ok(None)`: not decided, because the run uses
@@ -246,6 +247,10 @@ async fn complete_tx(
         }
         CompletionVerdict::Invalid => unreachable!("an invalid completion ends no attempt"),
     };
+    // Issue 46: a deploy job that ended records what it deployed.
+    if matches!(status, JobStatus::Success | JobStatus::Failed) {
+        crate::tx::environments::record_deployment(tx, &run, &job, epoch, status, now).await?;
+    }
     Ok(Some(Ok(status.as_str().into())))
 }
 

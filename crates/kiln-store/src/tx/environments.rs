@@ -305,3 +305,112 @@ pub(crate) async fn gates(
 fn actor_label(actor: &str) -> &str {
     if actor == "admin.token" { "admin" } else { actor }
 }
+
+/// A deploy job of `run` ended `status` (success or failed) through its
+/// attempt `epoch`: record what it deployed (issue 46) — in the completion
+/// transaction, with the artifact generations it restored as they are
+/// bound in this run and the approvals its run holds. Not a deploy job:
+/// nothing.
+pub(crate) async fn record_deployment(
+    tx: &mut Tx,
+    run: &RunRecord,
+    job: &crate::model::JobRecord,
+    epoch: i64,
+    status: JobStatus,
+    now: i64,
+) -> Result<()> {
+    let Some(def) = usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i)) else { return Ok(()) };
+    let Some(env) = &def.environment else { return Ok(()) };
+    let mut artifacts = Vec::new();
+    for r in &def.artifacts.restore {
+        let bound: Option<(String, String, String)> = tx
+            .sql(
+                "SELECT g.expected_sha256, g.run_id, g.id FROM artifact_bindings b \
+                 JOIN jobs j ON j.id = b.job_id JOIN artifact_generations g ON g.id = b.generation_id \
+                 WHERE b.run_id = $1 AND j.name = $2 AND b.name = $3",
+            )
+            .bind(&run.id)
+            .bind(&r.from_job)
+            .bind(&r.name)
+            .optional()
+            .await?;
+        if let Some((sha256, run_id, generation)) = bound {
+            artifacts.push(crate::model::DeployedArtifact {
+                name: r.name.clone(),
+                from_job: r.from_job.clone(),
+                run_id,
+                generation,
+                sha256,
+            });
+        }
+    }
+    let approvals: Vec<String> = approvals_in(tx, &run.id)
+        .await?
+        .into_iter()
+        .filter(|a| a.environment == env.name && a.decision == "approved" && a.expires_at > now)
+        .map(|a| a.actor)
+        .collect();
+    tx.sql(
+        "INSERT INTO deployments (id, environment, repo_id, run_id, job_id, job_name, epoch, commit_sha, url, status, \
+         triggered_by, approvals, artifacts, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+         $13, $14) ON CONFLICT (job_id) DO UPDATE SET epoch = EXCLUDED.epoch, status = EXCLUDED.status, \
+         approvals = EXCLUDED.approvals, artifacts = EXCLUDED.artifacts, created_at = EXCLUDED.created_at",
+    )
+    .bind(crate::rows::new_id())
+    .bind(&env.name)
+    .bind(&run.repo_id)
+    .bind(&run.id)
+    .bind(&job.id)
+    .bind(&job.name)
+    .bind(epoch)
+    .bind(&run.commit_sha)
+    .bind(&env.url)
+    .bind(status.as_str())
+    .bind(&run.actor)
+    .bind(serde_json::to_string(&approvals).unwrap_or_else(|_| "[]".into()))
+    .bind(serde_json::to_string(&artifacts).unwrap_or_else(|_| "[]".into()))
+    .bind(now)
+    .execute()
+    .await?;
+    Ok(())
+}
+
+/// `EnvironmentStore::deployments`: an environment's deployments, newest
+/// first (at most `limit`).
+pub(crate) async fn deployments(
+    store: &SqlStore,
+    environment: &str,
+    limit: u32,
+) -> Result<Vec<crate::model::DeploymentRecord>> {
+    static SQL: Sql = Sql::new(|_| {
+        "SELECT d.id, d.environment, d.repo_id, p.name AS repo_name, d.run_id, r.run_number, d.job_id, d.job_name, \
+         d.epoch, d.commit_sha, d.url, d.status, d.triggered_by, d.approvals, d.artifacts, d.created_at \
+         FROM deployments d JOIN repos p ON p.id = d.repo_id JOIN runs r ON r.id = d.run_id \
+         WHERE d.environment = $1 ORDER BY d.created_at DESC, d.id DESC LIMIT $2"
+            .to_string()
+    });
+    let rows =
+        store.reader().await?.sql(&SQL).bind(environment).bind(i64::from(limit.clamp(1, 500))).fetch_all().await?;
+    rows.iter()
+        .map(|row| {
+            Ok(crate::model::DeploymentRecord {
+                id: row.get("id")?,
+                environment: row.get("environment")?,
+                repo_id: row.get("repo_id")?,
+                repo_name: row.get("repo_name")?,
+                run_id: row.get("run_id")?,
+                run_number: row.get("run_number")?,
+                job_id: row.get("job_id")?,
+                job_name: row.get("job_name")?,
+                epoch: row.get("epoch")?,
+                commit_sha: row.get("commit_sha")?,
+                url: row.get("url")?,
+                status: row.get("status")?,
+                triggered_by: row.get("triggered_by")?,
+                approvals: serde_json::from_str(row.str("approvals")?).unwrap_or_default(),
+                artifacts: serde_json::from_str(row.str("artifacts")?).unwrap_or_default(),
+                created_at: row.get("created_at")?,
+            })
+        })
+        .collect()
+}

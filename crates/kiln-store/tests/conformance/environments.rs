@@ -140,6 +140,13 @@ pub async fn an_environments_deploys_run_one_run_at_a_time_in_order<S: Store + '
         }
         assert_eq!(view(s, run).await.run.status, RunStatus::Success, "run {i} deployed, none cancelled");
     }
+    // Each deploy job that ended is a deployment row, newest first.
+    let deployed = s.deployments("production", 100).await.unwrap();
+    assert_eq!(deployed.len(), 20);
+    assert!(deployed.iter().all(|d| d.status == "success" && d.environment == "production"));
+    assert_eq!(deployed[0].run_id, runs[9], "newest first");
+    assert_eq!(deployed.last().unwrap().run_id, runs[0]);
+    assert_eq!(s.deployments("production", 3).await.unwrap().len(), 3);
 
     // supersede-pending: said on the superseded run.
     let a = s.accept_run(new_run(&r.id, two_wave("supersede-pending"))).await.unwrap().run_id;

@@ -2,7 +2,7 @@
 //! (issue 46): deployment environments and decisions on a run's deploy.
 
 use super::shared::{client, run_ref};
-use crate::cli::{DecideArgs, EnvCommand, EnvRules};
+use crate::cli::{DecideArgs, DeploysArgs, EnvCommand, EnvRules};
 use kiln_api::exit;
 use kiln_cmd::CmdResult;
 
@@ -104,5 +104,41 @@ pub(super) async fn decide(a: DecideArgs, decision: &str) -> CmdResult {
         )
         .await?;
     kiln_cmd::outln!("{} {}'s deployment to {} (as {})", r.decision, r.run_id, r.environment, r.by);
+    Ok(exit::OK)
+}
+
+/// `kiln deploys ENV`.
+pub(super) async fn deploys(a: DeploysArgs) -> CmdResult {
+    let l = client(&a.conn)?.deployments(&a.env, a.limit).await?;
+    if a.json {
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&l).expect("json"));
+        return Ok(exit::OK);
+    }
+    if l.deployments.is_empty() {
+        eprintln!("no deployments to {} yet", a.env);
+        return Ok(exit::OK);
+    }
+    let current = l.deployments.iter().position(|d| d.status == "success");
+    for (i, d) in l.deployments.iter().enumerate() {
+        let mark = if Some(i) == current { "*" } else { " " };
+        let when = super::shared::rfc3339_ms(d.at_ms);
+        let approved = if d.approvals.is_empty() { "-".to_string() } else { d.approvals.join(",") };
+        kiln_cmd::outln!(
+            "{mark} {when}  {:<8} {}#{} {} {}  by {}  approved {}",
+            d.status,
+            d.repo,
+            d.run_number,
+            d.job,
+            &d.commit_sha[..d.commit_sha.len().min(12)],
+            d.triggered_by.as_deref().unwrap_or("-"),
+            approved
+        );
+        for art in &d.artifacts {
+            kiln_cmd::outln!("      {} (from {}) sha256:{}", art.name, art.from_job, art.sha256);
+        }
+    }
+    if current.is_some() {
+        kiln_cmd::outln!("* what {} runs now (its newest successful deployment)", a.env);
+    }
     Ok(exit::OK)
 }

@@ -40,6 +40,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Secret { command } => secret::run(command).await,
         Command::Team { command } => team::run(command).await,
         Command::Env { command } => env::run(command).await,
+        Command::Deploys(a) => env::deploys(a).await,
         Command::Approve(a) => env::decide(a, "approve").await,
         Command::Reject(a) => env::decide(a, "reject").await,
         Command::Queue(a) => team::queue(a).await,

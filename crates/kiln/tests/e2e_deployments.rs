@@ -1,0 +1,161 @@
+//! Deployments end to end (issue 46) with the real `kiln` binary and real
+//! agents: `kiln env create`, a deploy matrix held for one `kiln approve`
+//! (the CLI, as an approver's token), a ref outside `--refs` refused with
+//! exit 2's message, ten deploys of one environment running one run at a
+//! time in acceptance order, and `kiln deploys` naming the sha256 of the
+//! artifact each deploy restored — the bytes the build produced.
+
+use kiln_api::{Client, SubmitRun};
+use kiln_testkit::{KilnUp, TestRepo, wait_run};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kiln");
+
+const WORKFLOW: &str = r#"version: 1
+jobs:
+  - name: build
+    steps:
+      - mkdir -p out && echo "release $KILN_RUN_ID" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt}
+  - name: deploy
+    needs: build
+    environment: {name: production, url: "https://shop.example"}
+    matrix: {region: [eu, us, ap]}
+    artifacts:
+      restore:
+        - {from_job: build, name: app, path: app.txt}
+    steps:
+      - grep -q release app.txt && sleep 0.3
+"#;
+
+fn cli(up: &KilnUp, token: Option<&str>, args: &[&str]) -> (i32, String) {
+    let mut cmd = up.cli();
+    if let Some(t) = token {
+        cmd.env("KILN_TOKEN", t);
+    }
+    let o = cmd.args(args).output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploys_wait_for_one_approval_run_in_order_and_record_what_they_deployed() {
+    let up = KilnUp::start(BIN.as_ref(), 2).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", WORKFLOW)]).unwrap();
+    let (code, out) = cli(&up, None, &["repo", "add", "shop", "--url", &repo.path().display().to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let c = Client::new(&up.url, &up.token);
+    let alice = c
+        .create_token(&kiln_api::CreateToken { name: "alice".into(), scope: "read".into(), repo: None, trusted: None })
+        .await
+        .unwrap()
+        .token;
+    let (code, out) = cli(
+        &up,
+        None,
+        &["env", "create", "production", "--approvers", "alice", "--refs", "main", "--prevent-self-review"],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 approval(s) from alice; refs: main; no self-approval"), "{out}");
+
+    // A ref outside --refs: refused when submitted, saying the rule.
+    let o = std::process::Command::new("git").args(["branch", "feature"]).current_dir(repo.path()).status().unwrap();
+    assert!(o.success());
+    let (code, out) = cli(&up, None, &["run", "--repo", "shop", "--commit", "feature"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("--refs main") && out.contains("refs/heads/feature"), "{out}");
+
+    // One run: build runs, the three deploys wait for alice.
+    let first =
+        c.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = c.get_run(&first.run_id).await.unwrap();
+        let build = r.jobs.iter().find(|j| j.name == "build").unwrap();
+        if build.status == "success" {
+            let deploys: Vec<_> = r.jobs.iter().filter(|j| j.name.starts_with("deploy")).collect();
+            assert_eq!(deploys.len(), 3);
+            let msg = deploys[0].message.clone().unwrap_or_default();
+            if deploys.iter().all(|j| j.status == "pending") && msg.contains("waiting for approval") {
+                assert!(msg.contains("0 of 1 (approvers: alice"), "{msg}");
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the deploys never waited for approval: {r:?}\n{}", up.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The admin token is not an approver; alice is.
+    let (code, out) = cli(&up, None, &["approve", &first.run_id]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("its approvers are alice"), "{out}");
+    let (code, out) = cli(&up, Some(&alice), &["approve", &first.run_id, "--comment", "go"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("approved") && out.contains("as alice"), "{out}");
+    let run = wait_run(&c, &first.run_id, 120).await;
+    assert_eq!(run.status, "success", "{run:?}\n{}", up.log());
+
+    // Ten more, submitted at once and approved at once: one run deploys at a time, in order.
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(
+            c.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None)
+                .await
+                .unwrap()
+                .run_id,
+        );
+    }
+    for id in &ids {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let r = c.get_run(id).await.unwrap();
+            if r.jobs.iter().any(|j| j.name == "build" && j.status == "success") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "build of {id} did not end\n{}", up.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (code, out) = cli(&up, Some(&alice), &["approve", id]);
+        assert_eq!(code, 0, "{out}");
+    }
+    let mut runs = Vec::new();
+    for id in &ids {
+        let r = wait_run(&c, id, 300).await;
+        assert_eq!(r.status, "success", "none cancelled: {r:?}\n{}", up.log());
+        runs.push(r);
+    }
+    // Deploy windows (first deploy start → last deploy end) never overlap, and follow acceptance order.
+    let window = |r: &kiln_api::Run| {
+        let d: Vec<_> = r.jobs.iter().filter(|j| j.name.starts_with("deploy")).collect();
+        (
+            d.iter().filter_map(|j| j.started_at_ms).min().unwrap(),
+            d.iter().filter_map(|j| j.finished_at_ms).max().unwrap(),
+        )
+    };
+    for pair in runs.windows(2) {
+        let (a, b) = (window(&pair[0]), window(&pair[1]));
+        assert!(a.1 <= b.0, "run {} deployed while {} still was: {a:?} {b:?}", pair[1].id, pair[0].id);
+    }
+
+    // What each deployed: the build's artifact, by sha256.
+    let l = c.deployments("production", 100).await.unwrap();
+    assert_eq!(l.deployments.len(), 33, "3 deploy jobs × 11 runs");
+    let arts = c.run_artifacts(&first.run_id).await.unwrap();
+    let built = &arts.artifacts.iter().find(|a| a.artifact.name == "app").expect("the build's artifact").artifact;
+    let mine: Vec<_> = l.deployments.iter().filter(|d| d.run_id == first.run_id).collect();
+    assert_eq!(mine.len(), 3);
+    for d in mine {
+        assert_eq!(d.status, "success");
+        assert_eq!(d.approvals, vec!["alice".to_string()]);
+        assert_eq!(d.url.as_deref(), Some("https://shop.example"));
+        assert_eq!(d.artifacts.len(), 1);
+        assert_eq!(d.artifacts[0].sha256, built.sha256, "the deployed bytes are the built bytes");
+    }
+    let (code, out) = cli(&up, None, &["deploys", "production", "--limit", "3"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("app (from build) sha256:"), "{out}");
+    assert!(out.contains("* what production runs now"), "{out}");
+}
