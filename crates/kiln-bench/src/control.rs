@@ -11,7 +11,7 @@
 //! the same heartbeat transaction. The figure printed says so.
 
 use crate::util::{Launch, Proc, clock_ticks_per_s, cpu_ticks, percentile, repo_with, spawn_server_with, token};
-use kiln_api::{AttemptOutcome, ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
+use kiln_api::{ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
 use kiln_cmd::Failure;
 use std::path::Path;
 use std::sync::Arc;
@@ -235,19 +235,7 @@ pub async fn run(a: ControlArgs) -> Result<i32, Failure> {
                     }
                     tokio::time::sleep_until(until.into()).await;
                     let t = Instant::now();
-                    let done = Completion {
-                        outcome: AttemptOutcome::Success,
-                        exit_code: Some(0),
-                        message: None,
-                        infra_failure: false,
-                        failure_class: None,
-                        outputs: Default::default(),
-                        steps: Default::default(),
-                        telemetry: None,
-                        sandbox: None,
-                        quarantined: Vec::new(),
-                        reports_staged: None,
-                    };
+                    let done = Completion::success();
                     match c.complete(&job, epoch, &done).await {
                         Ok(_) => {
                             stats.complete_ms.lock().await.push(t.elapsed().as_secs_f64() * 1000.0);

@@ -310,7 +310,7 @@ async fn claims_only(
     n: u32,
     teams: u32,
 ) -> anyhow::Result<f64> {
-    use kiln_api::{AttemptOutcome, ClaimRequest, Completion, RegisterAgent};
+    use kiln_api::{ClaimRequest, Completion, RegisterAgent};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     let per_repo = n.div_ceil(TEAMS);
@@ -374,19 +374,7 @@ async fn claims_only(
                 };
                 let Some(asg) = agent.claim(&reg.agent_id, &req).await?.assignment else { continue };
                 first.lock().map(|mut f| *f.get_or_insert_with(Instant::now)).ok();
-                let outcome = Completion {
-                    outcome: AttemptOutcome::Success,
-                    exit_code: Some(0),
-                    message: None,
-                    infra_failure: false,
-                    failure_class: None,
-                    outputs: Default::default(),
-                    steps: Default::default(),
-                    telemetry: None,
-                    sandbox: None,
-                    quarantined: Vec::new(),
-                    reports_staged: None,
-                };
+                let outcome = Completion::success();
                 lease.with_token(&asg.attempt_token).complete(&asg.job_id, asg.epoch, &outcome).await?;
                 done.fetch_add(1, Ordering::Relaxed);
             }

@@ -1228,6 +1228,7 @@ pub enum EnvCommand {
     },
     /// Show one environment's rules.
     Show {
+        /// The environment's name.
         name: String,
         /// Print JSON.
         #[arg(long)]
@@ -1238,6 +1239,7 @@ pub enum EnvCommand {
     /// Change an environment's rules (what is not given is kept; `--approvers ''` and
     /// `--refs ''` clear the list).
     Set {
+        /// The environment's name.
         name: String,
         #[command(flatten)]
         rules: EnvRules,
@@ -1247,6 +1249,7 @@ pub enum EnvCommand {
     /// Remove an environment (refused while deploy jobs to it are queued or running).
     #[command(alias = "remove")]
     Rm {
+        /// The environment's name.
         name: String,
         #[command(flatten)]
         conn: Conn,

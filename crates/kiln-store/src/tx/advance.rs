@@ -130,7 +130,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         crate::tx::outputs::RunOutputs::new()
     };
     let cond = RunConditions(&run, &outputs);
-    let (environments, waits) = crate::tx::environments::gates(tx, &run, now).await?;
+    let (environments, waits) = crate::tx::gates::gates(tx, &run, now).await?;
     let advance = AdvanceRun { environments, ..advance };
     // A deploy job becomes ready after its environment's wait.
     let wait_of = |i: usize| -> i64 {

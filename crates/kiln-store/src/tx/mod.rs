@@ -30,6 +30,7 @@ pub(crate) mod complete;
 pub(crate) mod content;
 pub(crate) mod environments;
 pub(crate) mod forge;
+pub(crate) mod gates;
 pub(crate) mod images;
 pub(crate) mod lease;
 pub(crate) mod logs;

@@ -158,3 +158,23 @@ pub async fn an_environments_deploys_run_one_run_at_a_time_in_order<S: Store + '
     assert!(vb.jobs[0].job.message.as_deref().unwrap_or("").contains("superseded"));
     assert_eq!(statuses(s, &c).await, vec![JobStatus::Pending, JobStatus::Pending]);
 }
+
+/// `kiln env create --wait`: an approved (here: unprotected) deploy job is
+/// ready but not claimable, and not relayed, until the wait is over.
+pub async fn an_environments_wait_delays_its_deploy_jobs<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    let ag = agent(s, "a", 4).await;
+    s.put_environment(&EnvironmentRecord { wait_ms: 600_000, ..env("production", &[], 0) }, true).await.unwrap();
+    let run = s.accept_run(new_run(&r.id, two_wave("ordered"))).await.unwrap().run_id;
+    let v = view(s, &run).await;
+    let job = &v.jobs[0].job;
+    assert_eq!(job.status, JobStatus::Ready);
+    let at = job.next_attempt_at.expect("a ready time after the wait");
+    assert!(at >= v.run.created_at + 600_000, "ready at {at}, accepted at {}", v.run.created_at);
+    assert!(
+        try_claim(s, &ag, &job.id, job.dispatch_generation, LONG_TTL).await.is_none(),
+        "not claimable before its environment's wait is over"
+    );
+}

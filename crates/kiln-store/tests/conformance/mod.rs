@@ -105,6 +105,7 @@ macro_rules! suite {
             graphs::job_concurrency_cancel_in_progress,
             environments::one_approval_covers_every_expansion_and_a_rejection_cancels_them,
             environments::an_environments_deploys_run_one_run_at_a_time_in_order,
+            environments::an_environments_wait_delays_its_deploy_jobs,
             claim::claim_requires_the_current_session,
             claim::claim_request_id_is_idempotent,
             claim::concurrent_claims_of_one_job_create_one_attempt,
