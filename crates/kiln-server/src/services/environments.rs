@@ -181,7 +181,11 @@ pub(crate) async fn decide(
         let who = if env.approvers.is_empty() { "an admin".to_string() } else { env.approvers.join(", ") };
         return Err(forbidden(format!("`{name}` may not decide deployments to `{env_name}`: its approvers are {who}")));
     }
-    if env.prevent_self_review && run.actor.as_deref() == Some(by.actor.as_str()) {
+    // Who started the run, by identity or by name (another token of the
+    // same name, or a forge user of that name, is the same person).
+    let starter = crate::services::runs::actor_name(state, run.actor.clone()).await;
+    if env.prevent_self_review && (run.actor.as_deref() == Some(by.actor.as_str()) || starter.as_deref() == Some(&name))
+    {
         return Err(forbidden(format!(
             "`{name}` started run {run_id}; environment `{env_name}` does not let anyone approve their own run \
              (--prevent-self-review): ask another approver"

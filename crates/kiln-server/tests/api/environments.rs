@@ -95,6 +95,10 @@ async fn a_matrix_deploy_needs_one_approval_and_refs_selfreview_and_reruns_are_e
     assert!(res.text().contains("--prevent-self-review"), "{}", res.text());
     let res = app.admin().post(&approvals).json(&approve).send().await.assert_status(StatusCode::FORBIDDEN);
     assert!(res.text().contains("its approvers are alice, bob"), "{}", res.text());
+    // Another token of bob's name is still bob.
+    let bob2 = token(&app, "bob", "read").await;
+    let res = app.with_token(&bob2).post(&approvals).json(&approve).send().await.assert_status(StatusCode::FORBIDDEN);
+    assert!(res.text().contains("--prevent-self-review"), "{}", res.text());
     // A trigger token never decides.
     let trig =
         api::CreateToken { name: "alice".into(), scope: "trigger".into(), repo: Some("shop".into()), trusted: None };
