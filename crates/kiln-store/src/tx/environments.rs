@@ -217,29 +217,17 @@ pub(crate) async fn record_deployment(
 ) -> Result<()> {
     let Some(def) = usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i)) else { return Ok(()) };
     let Some(env) = &def.environment else { return Ok(()) };
-    let mut artifacts = Vec::new();
-    for r in &def.artifacts.restore {
-        let bound: Option<(String, String, String)> = tx
-            .sql(
-                "SELECT g.expected_sha256, g.run_id, g.id FROM artifact_bindings b \
-                 JOIN jobs j ON j.id = b.job_id JOIN artifact_generations g ON g.id = b.generation_id \
-                 WHERE b.run_id = $1 AND j.name = $2 AND b.name = $3",
-            )
-            .bind(&run.id)
-            .bind(&r.from_job)
-            .bind(&r.name)
-            .optional()
-            .await?;
-        if let Some((sha256, run_id, generation)) = bound {
-            artifacts.push(crate::model::DeployedArtifact {
-                name: r.name.clone(),
-                from_job: r.from_job.clone(),
-                run_id,
-                generation,
-                sha256,
-            });
-        }
-    }
+    let artifacts: Vec<crate::model::DeployedArtifact> = crate::tx::provenance::restored(tx, &run.id, def)
+        .await?
+        .into_iter()
+        .map(|r| crate::model::DeployedArtifact {
+            name: r.name,
+            from_job: r.from_job,
+            run_id: r.run_id,
+            generation: r.generation,
+            sha256: r.sha256,
+        })
+        .collect();
     let approvals: Vec<String> = approvals_in(tx, &run.id)
         .await?
         .into_iter()

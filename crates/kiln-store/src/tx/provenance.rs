@@ -17,6 +17,49 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The facts of `job`'s attempt `epoch` of `run`, as of `now`.
+/// An artifact generation a job restores: the one bound for (job, name)
+/// in its run (a pinned one included).
+pub(crate) struct Restored {
+    pub name: String,
+    pub from_job: String,
+    /// The producing run and job's name.
+    pub run_id: String,
+    pub producer_job: String,
+    pub generation: String,
+    pub sha256: String,
+}
+
+/// What the job `def` of `run_id` restores, as bound now (an artifact not
+/// bound is left out): read by its provenance and by its deployment.
+pub(crate) async fn restored(tx: &mut Tx, run_id: &str, def: &kiln_workflow::Job) -> Result<Vec<Restored>> {
+    let mut out = Vec::new();
+    for r in &def.artifacts.restore {
+        let bound: Option<(String, String, String, String)> = tx
+            .sql(
+                "SELECT g.expected_sha256, g.run_id, pj.name, g.id FROM artifact_bindings b \
+                 JOIN jobs j ON j.id = b.job_id JOIN artifact_generations g ON g.id = b.generation_id \
+                 JOIN jobs pj ON pj.id = g.job_id \
+                 WHERE b.run_id = $1 AND j.name = $2 AND b.name = $3",
+            )
+            .bind(run_id)
+            .bind(&r.from_job)
+            .bind(&r.name)
+            .optional()
+            .await?;
+        if let Some((sha256, run_id, producer_job, generation)) = bound {
+            out.push(Restored {
+                name: r.name.clone(),
+                from_job: r.from_job.clone(),
+                run_id,
+                producer_job,
+                generation,
+                sha256,
+            });
+        }
+    }
+    Ok(out)
+}
+
 pub(crate) async fn facts(
     tx: &mut Tx,
     attester: &dyn Attester,
@@ -62,27 +105,13 @@ pub(crate) async fn facts(
     // Every artifact it restored: the generation bound for (job, name) in
     // this run (a pinned one included), by its sha256 and producer.
     if let Some(d) = definition {
-        for r in &d.artifacts.restore {
-            let bound: Option<(String, String, String, String)> = tx
-                .sql(
-                    "SELECT g.expected_sha256, g.run_id, pj.name, g.id FROM artifact_bindings b \
-                     JOIN jobs j ON j.id = b.job_id JOIN artifact_generations g ON g.id = b.generation_id \
-                     JOIN jobs pj ON pj.id = g.job_id \
-                     WHERE b.run_id = $1 AND j.name = $2 AND b.name = $3",
-                )
-                .bind(&run.id)
-                .bind(&r.from_job)
-                .bind(&r.name)
-                .optional()
-                .await?;
-            if let Some((sha, producer_run, producer_job, generation)) = bound {
-                deps.push(Dependency {
-                    name: Some(r.name.clone()),
-                    uri: format!("kiln:runs/{producer_run}/jobs/{producer_job}/artifacts/{}", r.name),
-                    digest: BTreeMap::from([("sha256".to_string(), sha)]),
-                    annotations: BTreeMap::from([("generation".to_string(), generation)]),
-                });
-            }
+        for r in restored(tx, &run.id, d).await? {
+            deps.push(Dependency {
+                name: Some(r.name.clone()),
+                uri: format!("kiln:runs/{}/jobs/{}/artifacts/{}", r.run_id, r.producer_job, r.name),
+                digest: BTreeMap::from([("sha256".to_string(), r.sha256)]),
+                annotations: BTreeMap::from([("generation".to_string(), r.generation)]),
+            });
         }
     }
     // Every service, by the digest it was pinned to at acceptance.
