@@ -471,6 +471,12 @@ impl Client {
         self.send::<(), _>(Method::GET, &path, None, &[], None).await
     }
 
+    /// `POST /v1/environments/{env}/rollback`.
+    pub async fn rollback(&self, env: &str, req: &crate::RollbackRequest) -> Result<crate::RollbackAccepted, ApiError> {
+        let path = format!("/v1/environments/{}/rollback", enc(env));
+        self.send(Method::POST, &path, Some(req), &[], None).await
+    }
+
     pub async fn run_approvals(&self, run: &str) -> Result<crate::ApprovalList, ApiError> {
         self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/approvals", enc(run)), None, &[], None).await
     }

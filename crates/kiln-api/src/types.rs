@@ -1949,6 +1949,10 @@ pub struct Environment {
     pub wait_secs: u64,
     /// Seconds an approval stands (default 30 days).
     pub approval_ttl_secs: u64,
+    /// How many of its newest deployments keep their artifacts pinned against expiry
+    /// (besides the current one), so a rollback to them deploys the same bytes.
+    #[serde(default = "default_keep_deployments")]
+    pub keep_deployments: u32,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
@@ -1971,6 +1975,16 @@ pub struct CreateEnvironment {
     pub wait_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_ttl_secs: Option<u64>,
+    /// Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_deployments: Option<u32>,
+}
+
+/// What `keep_deployments` is unless set.
+pub const DEFAULT_KEEP_DEPLOYMENTS: u32 = 10;
+
+fn default_keep_deployments() -> u32 {
+    DEFAULT_KEEP_DEPLOYMENTS
 }
 
 /// `PATCH /v1/environments/{env}`: what is absent is kept.
@@ -1990,6 +2004,8 @@ pub struct UpdateEnvironment {
     pub wait_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_ttl_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_deployments: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -2061,6 +2077,35 @@ pub struct Deployment {
     /// The artifact generations the job restored: what it deployed.
     pub artifacts: Vec<DeployedArtifact>,
     pub at_ms: i64,
+    /// A rollback's deployment: the deployment whose bytes it deployed again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_of: Option<String>,
+    /// The ring it deployed (`rings:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<String>,
+}
+
+/// `POST /v1/environments/{env}/rollback`: return the environment to an earlier
+/// deployment's artifact generations (the newest successful one by another run than the
+/// current deployment's, unless `to` names one).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+/// A rollback accepted: the run that deploys the earlier bytes again.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RollbackAccepted {
+    pub run_id: String,
+    pub run_number: i64,
+    /// The deployment returned to.
+    pub to: Deployment,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -18,9 +18,10 @@ pub struct BenchArgs {
     /// reports (a 10 MB JUnit file and a 10 MB TAP stream parsed vs quick-xml's bare event loop, and the static test split's balance);
     /// provenance (the SLSA statement and DSSE signature the server makes per bound artifact, vs building
     /// the statement alone);
+    /// rollback (`kiln rollback production` to its deploy job's claim, 100 times, vs a retry of a one-job run to its claim);
     /// fairness (team a's --fair-jobs backlog on --fair-slots slots, team b's job submitted 20 times during it: b's waits
     /// beside oldest-first's, a's makespan alone and with b; then claims per second of no-op jobs from 1 team vs 50; not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance"])]
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance", "rollback"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]

@@ -19,6 +19,7 @@ mod logs;
 mod otlp_sink;
 mod provenance;
 mod reports;
+mod rollback;
 mod util;
 mod webhooks;
 
@@ -64,6 +65,9 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     if matches!(a.suite.as_str(), "provenance" | "all") {
         code = code.max(provenance::run()?);
+    }
+    if matches!(a.suite.as_str(), "rollback" | "all") {
+        code = code.max(rollback::run().await?);
     }
     // Not part of `all`: minutes of sleeping jobs.
     if a.suite == "fairness" {

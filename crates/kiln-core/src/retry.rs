@@ -79,6 +79,78 @@ fn pinned(jobs: &[ParentJob], rerun: &BTreeSet<String>) -> BTreeSet<String> {
     jobs.iter().filter(|j| !reruns(&j.name, &by_name, rerun, &mut memo, 0)).map(|j| j.name.clone()).collect()
 }
 
+/// What a rollback (issue 46, `kiln rollback ENV`) does with each job of
+/// the run that deployed the version it returns to: the deploy jobs (every
+/// instance) and everything downstream of them run again; every other job
+/// that succeeded is pinned (its bytes, not a rebuild); a job that neither
+/// runs nor succeeded is skipped — a rollback builds nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RollbackPlan {
+    pub pinned: BTreeSet<String>,
+    pub skipped: BTreeSet<String>,
+}
+
+/// Why a rollback to a run is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollbackRefusal {
+    /// Some job has not ended.
+    NotEnded,
+    /// No job of the run is among the deploy jobs named.
+    NoDeployJob,
+    /// A job the deploy jobs need did not succeed: its outputs do not exist.
+    NeedNotSucceeded(String),
+}
+
+/// The rollback plan of a run whose jobs named in `deploy` run again.
+pub fn rollback_plan(jobs: &[ParentJob], deploy: &BTreeSet<String>) -> Result<RollbackPlan, RollbackRefusal> {
+    if jobs.iter().any(|j| !j.status.is_terminal()) {
+        return Err(RollbackRefusal::NotEnded);
+    }
+    if !jobs.iter().any(|j| deploy.contains(&j.name)) {
+        return Err(RollbackRefusal::NoDeployJob);
+    }
+    // Runs again: a deploy job, or a job needing one (a fixed point: needs
+    // name earlier jobs, but a bound keeps a broken definition finite).
+    let mut runs: BTreeSet<&str> = jobs.iter().filter(|j| deploy.contains(&j.name)).map(|j| j.name.as_str()).collect();
+    for _ in 0..=jobs.len() {
+        let before = runs.len();
+        for j in jobs {
+            if j.needs.iter().any(|n| runs.contains(n.as_str())) {
+                runs.insert(j.name.as_str());
+            }
+        }
+        if runs.len() == before {
+            break;
+        }
+    }
+    // Everything a running job needs (transitively) must be kept, so must
+    // have succeeded.
+    let by_name: BTreeMap<&str, &ParentJob> = jobs.iter().map(|j| (j.name.as_str(), j)).collect();
+    let mut stack: Vec<&str> = runs.iter().copied().collect();
+    let mut seen = BTreeSet::new();
+    while let Some(name) = stack.pop() {
+        let Some(job) = by_name.get(name) else { continue };
+        for need in &job.needs {
+            if runs.contains(need.as_str()) || !seen.insert(need.as_str()) {
+                continue;
+            }
+            match by_name.get(need.as_str()) {
+                Some(n) if n.status == JobStatus::Success => stack.push(need),
+                _ => return Err(RollbackRefusal::NeedNotSucceeded(need.clone())),
+            }
+        }
+    }
+    let mut plan = RollbackPlan::default();
+    for j in jobs.iter().filter(|j| !runs.contains(j.name.as_str())) {
+        if j.status == JobStatus::Success {
+            plan.pinned.insert(j.name.clone());
+        } else {
+            plan.skipped.insert(j.name.clone());
+        }
+    }
+    Ok(plan)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,5 +205,29 @@ mod tests {
         // Refused while the run goes on.
         let going = [j("a", Success, &[]), j("b", Running, &["a"])];
         assert_eq!(pinned_for_rerun(&going, &names(&["a"])), Err(RetryFailedRefusal::NotEnded));
+    }
+
+    #[test]
+    fn a_rollback_reruns_the_deploy_jobs_and_what_follows_and_builds_nothing() {
+        // build → test → deploy (two matrix instances) → smoke; lint failed
+        // on its own; docs needs lint.
+        let jobs = [
+            j("build", Success, &[]),
+            j("lint", Failed, &[]),
+            j("test", Success, &["build"]),
+            j("docs", Skipped, &["lint"]),
+            j("deploy (eu)", Success, &["test"]),
+            j("deploy (us)", Success, &["test"]),
+            j("smoke", Success, &["deploy (eu)", "deploy (us)"]),
+        ];
+        let plan = rollback_plan(&jobs, &names(&["deploy (eu)", "deploy (us)"])).unwrap();
+        assert_eq!(plan.pinned, names(&["build", "test"]));
+        assert_eq!(plan.skipped, names(&["lint", "docs"]));
+        // What the deploy needs must have succeeded.
+        let broken = [j("build", Failed, &[]), j("deploy", Skipped, &["build"])];
+        assert_eq!(rollback_plan(&broken, &names(&["deploy"])), Err(RollbackRefusal::NeedNotSucceeded("build".into())));
+        assert_eq!(rollback_plan(&jobs, &names(&["nope"])), Err(RollbackRefusal::NoDeployJob));
+        let going = [j("build", Success, &[]), j("deploy", Running, &["build"])];
+        assert_eq!(rollback_plan(&going, &names(&["deploy"])), Err(RollbackRefusal::NotEnded));
     }
 }

@@ -279,7 +279,7 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         Scope::Admin => Access::Allow,
         // A deployment's approvers are API tokens by name, of any scope but
         // trigger; the service checks the environment's list.
-        Scope::Read if method == Method::POST && path == APPROVALS => Access::Allow,
+        Scope::Read if method == Method::POST && (path == APPROVALS || path == ROLLBACK) => Access::Allow,
         Scope::Read if method == Method::GET && !ADMIN_ONLY_READS.contains(&path) => Access::Allow,
         Scope::Read => Access::Deny,
         Scope::Trigger { .. } if method == Method::GET && TRIGGER_READS.contains(&path) => Access::IfOwnRepo,
@@ -292,6 +292,8 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
 
 /// Deciding a run's deployment (issue 46).
 pub(crate) const APPROVALS: &str = "/v1/workflow-runs/{run}/approvals";
+/// Rolling an environment back (issue 46): its approvers, by name.
+pub(crate) const ROLLBACK: &str = "/v1/environments/{env}/rollback";
 
 /// The badge route: open to anyone for a public repository, else to a
 /// token this table lets read it (see [`may_read_badge`]).

@@ -64,7 +64,7 @@ pub(crate) mod scheme {
         teams::list, teams::create, teams::get, teams::update, teams::delete, teams::queue_view,
         teams::set_priority,
         environments::list, environments::create, environments::get, environments::update, environments::delete,
-        environments::decide, environments::approvals, environments::deployments,
+        environments::decide, environments::approvals, environments::deployments, environments::rollback,
         secrets::list, secrets::put, secrets::delete,
         logs::events, artifacts::get, artifacts::provenance, artifacts::test_attestation,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,

@@ -57,6 +57,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/environments/{env}", patch(environments::update))
         .route("/v1/environments/{env}", delete(environments::delete))
         .route("/v1/environments/{env}/deployments", get(environments::deployments))
+        .route("/v1/environments/{env}/rollback", post(environments::rollback))
         .route("/v1/workflow-runs/{run}/approvals", get(environments::approvals))
         .route("/v1/workflow-runs/{run}/approvals", post(environments::decide))
         .route("/v1/workflow-runs/{run}/priority", post(teams::set_priority))

@@ -809,4 +809,8 @@ impl EnvironmentStore for SqlStore {
     async fn deployments(&self, environment: &str, limit: u32) -> Result<Vec<DeploymentRecord>> {
         environments::deployments(self, environment, limit).await
     }
+
+    async fn rollback_target(&self, environment: &str, to: Option<&str>) -> Result<DeploymentRecord> {
+        crate::tx::rollback::rollback_target(self, environment, to).await
+    }
 }

@@ -98,6 +98,23 @@ pub struct NewRun {
     pub commit_author: Option<String>,
     /// A pull request run's title, from the forge's payload (issue 42).
     pub pull_request_title: Option<String>,
+    /// A rollback (issue 46; needs `parent_run_id`, the run that made the
+    /// deployment returned to): its deploy jobs run again with the
+    /// parent's pinned bytes ([`kiln_core::retry::rollback_plan`]).
+    pub rollback: Option<NewRollback>,
+}
+
+/// What a rollback run returns to, and who asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRollback {
+    /// The deployment whose artifact generations are deployed again.
+    pub deployment_id: String,
+    pub environment: String,
+    /// Recorded as an approval of the rollback run for the environment
+    /// (the rollback is the approver's own decision); `None`: the run waits
+    /// for approval as any other.
+    pub approver: Option<String>,
+    pub comment: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +207,8 @@ pub struct RunRecord {
     pub team: String,
     /// Its priority lane: `urgent`, `normal` or `background` (issue 44).
     pub priority: String,
+    /// A rollback run: the deployment it returns to (issue 46).
+    pub rollback_of: Option<String>,
 }
 
 impl RunRecord {
@@ -1122,6 +1141,9 @@ pub struct EnvironmentRecord {
     pub wait_ms: i64,
     /// How long an approval stands (ms; default 30 days).
     pub approval_ttl_ms: i64,
+    /// How many of its newest deployments keep their artifact generations
+    /// pinned against expiry (besides the current one; default 10).
+    pub keep_deployments: u32,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -1169,6 +1191,10 @@ pub struct DeploymentRecord {
     pub approvals: Vec<String>,
     pub artifacts: Vec<DeployedArtifact>,
     pub created_at: i64,
+    /// A rollback's deployment: the deployment it returned to.
+    pub rollback_of: Option<String>,
+    /// The ring deployed (`rings:`), if any.
+    pub ring: Option<String>,
 }
 
 /// An artifact generation a deploy job restored.

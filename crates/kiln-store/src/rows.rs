@@ -15,7 +15,7 @@ use kiln_core::failure::FailureClass;
 /// A run with its repository's name; the run table is `r`, repos `p`.
 pub(crate) const RUN_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
     r.event, r.trust, r.workflow_path, r.workflow_hash, r.definition, r.inputs, r.actor, r.parent_run_id, r.cancel_version, \
-    r.message, r.created_at, r.finished_at, r.traceparent, r.commit_title, r.commit_author, r.held, r.run_number, r.pull_request_title, p.team AS team, r.priority";
+    r.message, r.created_at, r.finished_at, r.traceparent, r.commit_title, r.commit_author, r.held, r.run_number, r.pull_request_title, p.team AS team, r.priority, r.rollback_of";
 
 /// A run as listed (no definition, no inputs); tables as in [`RUN_COLS`].
 pub(crate) const RUN_SUMMARY_COLS: &str = "r.id, r.repo_id, p.name AS repo_name, r.status, r.commit_sha, r.git_ref, \
@@ -41,6 +41,13 @@ pub(crate) const BINDING_COLS: &str = "j.name AS job_name, b.job_id AS bound_job
 /// What the heartbeat fast path returns for a live lease it extended: the new
 /// deadline, the job's `cancel_requested`, the run's status.
 pub(crate) type LeaseExtended = (i64, i64, String);
+
+/// A job of a parent run that a retry or a rollback pins (`tx::accept`).
+pub(crate) struct PinnedFrom {
+    pub(crate) job_id: String,
+    pub(crate) started_at: Option<i64>,
+    pub(crate) finished_at: Option<i64>,
+}
 
 /// A new row id: time-ordered (UUIDv7), so ids sort by creation.
 pub(crate) fn new_id() -> String {
@@ -80,6 +87,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
         pull_request_title: row.get("pull_request_title")?,
         team: row.get("team")?,
         priority: row.get("priority")?,
+        rollback_of: row.get("rollback_of")?,
     })
 }
 

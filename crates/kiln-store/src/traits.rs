@@ -554,6 +554,11 @@ pub trait EnvironmentStore: Send + Sync {
     async fn run_approvals(&self, run_id: &str) -> Result<Vec<ApprovalRecord>>;
     /// An environment's deployments, newest first (at most `limit`, 1–500).
     async fn deployments(&self, environment: &str, limit: u32) -> Result<Vec<DeploymentRecord>>;
+    /// The deployment a rollback of `environment` returns to: `to` (a
+    /// successful deployment of it; `NotFound`, `Conflict` if it failed),
+    /// else the newest successful one by another run than the current
+    /// deployment's (`Conflict` if there is none).
+    async fn rollback_target(&self, environment: &str, to: Option<&str>) -> Result<DeploymentRecord>;
 }
 
 /// Test reports, flaky tests and quarantine (issue 43).

@@ -444,6 +444,37 @@ pub struct Environment {
     /// Where the deployed thing is reached (shown with the deployment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// The ring this job deploys (`rings:`, expanded at parse time into one
+    /// job per ring, each needing the one before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<Ring>,
+}
+
+/// One ring of a deploy job's `rings:` (issue 46).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ring {
+    pub name: String,
+    /// Its place, from 0, among `count` rings.
+    pub index: u32,
+    pub count: u32,
+    /// The gate that must pass before this ring deploys: the previous
+    /// ring's `bake` and `gate`. `None` for the first ring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<RingGate>,
+}
+
+/// What promotes a deployment from ring `from` to the next.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingGate {
+    /// The ring before.
+    pub from: String,
+    /// How long to wait after `from` deployed before the gate is evaluated.
+    #[serde(default)]
+    pub bake_secs: u64,
+    /// `gate: {prometheus: {query, success, interval, failure-limit,
+    /// duration}}`, as written (JSON); evaluated by the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2725,7 +2725,7 @@ fn environment(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Environment> {
         );
         return None;
     }
-    Some(Environment { name: name.to_string(), url })
+    Some(Environment { name: name.to_string(), url, ring: None })
 }
 
 /// One job of the workflow after matrix expansion.

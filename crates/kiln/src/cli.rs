@@ -141,6 +141,10 @@ pub enum Command {
     /// Reject a run's deployment to an environment: its deploy jobs there are cancelled and
     /// the run fails.
     Reject(DecideArgs),
+    /// Roll an environment back to an earlier deployment: its deploy jobs run again from that
+    /// deployment's frozen run with the same artifact generations (same sha256), nothing built.
+    /// Without --to: the newest successful deployment by another run than the current one.
+    Rollback(RollbackArgs),
     /// Show the queue: per team, its share of the slots (entitled vs received), and its live
     /// jobs by priority lane and `runs-on` labels (ready, waiting on needs, running).
     Queue(QueueArgs),
@@ -1278,6 +1282,10 @@ pub struct EnvRules {
     /// How long an approval stands (default 30d).
     #[arg(long, value_name = "DURATION", value_parser = kiln_cmd::parse_duration)]
     pub approval_expiry: Option<std::time::Duration>,
+    /// How many of its newest deployments keep their artifacts pinned against expiry, so a
+    /// rollback to them deploys the same bytes (default 10; the current one is always kept).
+    #[arg(long, value_name = "N")]
+    pub keep_deployments: Option<u32>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -1288,6 +1296,23 @@ pub struct DeploysArgs {
     #[arg(long, default_value_t = 20)]
     pub limit: u32,
     /// Print JSON (`GET /v1/environments/{env}/deployments`).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RollbackArgs {
+    /// The environment.
+    pub env: String,
+    /// The deployment to return to (an id from `kiln deploys ENV`).
+    #[arg(long, value_name = "DEPLOYMENT")]
+    pub to: Option<String>,
+    /// Why (kept with the rollback's approval and in the audit log).
+    #[arg(long)]
+    pub comment: Option<String>,
+    /// Print JSON (`POST /v1/environments/{env}/rollback`).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -1676,8 +1701,8 @@ pub struct RunsArgs {
     #[arg(long)]
     pub branch: Option<String>,
     /// Only runs started by this event: `push`, `pull_request`, `manual` (`kiln run`, the UI's
-    /// button), `schedule` or `retry` (`kiln retry`).
-    #[arg(long, value_parser = ["push", "pull_request", "manual", "schedule", "retry"])]
+    /// button), `schedule`, `retry` (`kiln retry`) or `rollback` (`kiln rollback`).
+    #[arg(long, value_parser = ["push", "pull_request", "manual", "schedule", "retry", "rollback"])]
     pub event: Option<String>,
     /// How many runs at most (1-500).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]

@@ -159,3 +159,118 @@ async fn deploys_wait_for_one_approval_run_in_order_and_record_what_they_deploye
     assert!(out.contains("app (from build) sha256:"), "{out}");
     assert!(out.contains("* what production runs now"), "{out}");
 }
+
+const ROLLBACK_WORKFLOW: &str = r#"version: 1
+jobs:
+  - name: build
+    steps:
+      - mkdir -p out && echo "release $KILN_RUN_ID" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt, expire-in: 1s}
+  - name: deploy
+    needs: build
+    environment: production
+    artifacts:
+      restore:
+        - {from_job: build, name: app, path: app.txt}
+    steps:
+      - sha256sum app.txt
+"#;
+
+/// `kiln rollback production` (issue 46): with the build's artifact
+/// published under `expire-in: 1s` and the collector run many times since,
+/// the rollback deploys the earlier deployment's sha256 again — its build
+/// pinned, not run (no attempt) — and the bytes of a deployment that is no
+/// longer kept expire as any others.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollback_deploys_the_earlier_bytes_again_without_a_build_after_gc() {
+    let server =
+        kiln_testkit::KilnServer::start(BIN.as_ref(), &["--gc-interval", "300ms", "--artifact-gc-grace", "1s"])
+            .unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", ROLLBACK_WORKFLOW)]).unwrap();
+    server.add_repo("shop", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _a = server.agent("a", &[]).unwrap();
+    let run_cli = |args: &[&str]| {
+        let o = server.cli().args(args).output().unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        )
+    };
+    let (code, out) = run_cli(&["env", "create", "production", "--wait", "10m", "--keep-deployments", "2"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run_cli(&["rollback", "production"]);
+    assert_ne!(code, 0, "nothing deployed yet: {out}");
+    assert!(out.contains("no successful deployment"), "{out}");
+    // Two deploys of different bytes (each run's id is in its artifact). The
+    // environment waits 10 minutes before a deploy: approve-less, it is
+    // the wait alone; shortened here so the first two deploy at all.
+    let (code, out) = run_cli(&["env", "set", "production", "--wait", "0"]);
+    assert_eq!(code, 0, "{out}");
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let r =
+            c.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let r = wait_run(&c, &r.run_id, 120).await;
+        assert_eq!(r.status, "success", "{r:?}\n{}", server.log());
+        runs.push(r);
+    }
+    let (code, out) = run_cli(&["env", "set", "production", "--wait", "10m"]);
+    assert_eq!(code, 0, "{out}");
+    let l = c.deployments("production", 10).await.unwrap().deployments;
+    assert_eq!(l.len(), 2);
+    let (second, first) = (&l[0], &l[1]);
+    assert_eq!(first.run_id, runs[0].id);
+    assert_ne!(first.artifacts[0].sha256, second.artifacts[0].sha256, "two different builds");
+
+    // Past expire-in, with the collector running every 300 ms: the deployed
+    // bytes stay (pinned), so a rollback to them needs no build.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, out) = run_cli(&["rollback", "production", "--comment", "errors up"]);
+    assert_eq!(code, 0, "{out}\n{}", server.log());
+    assert!(out.contains(&format!("back to deployment {}", first.id)), "{out}");
+    assert!(out.contains(&first.artifacts[0].sha256), "{out}");
+    let back_id =
+        out.split("): run ").nth(1).and_then(|s| s.split_whitespace().next()).expect("the run id").to_string();
+    let back = wait_run(&c, &back_id, 120).await;
+    assert_eq!(back.status, "success", "no wait for a rollback: {back:?}\n{}", server.log());
+    assert_eq!(back.event, "rollback");
+    let build = back.jobs.iter().find(|j| j.name == "build").unwrap();
+    assert_eq!(build.status, "success");
+    assert!(build.attempts.is_empty(), "no build ran: {build:?}");
+    let deploy = back.jobs.iter().find(|j| j.name == "deploy").unwrap();
+    assert_eq!(deploy.attempts.len(), 1);
+    let (_, log) = run_cli(&["logs", &back.id, "deploy"]);
+    assert!(log.contains(&first.artifacts[0].sha256), "the deploy step hashed the first build's bytes: {log}");
+    let now = c.deployments("production", 1).await.unwrap().deployments.remove(0);
+    assert_eq!(now.run_id, back.id);
+    assert_eq!(now.rollback_of.as_deref(), Some(first.id.as_str()));
+    assert_eq!(now.artifacts[0].sha256, first.artifacts[0].sha256, "the same sha256 deployed again");
+    let approvals = c.run_approvals(&back.id).await.unwrap().approvals;
+    assert_eq!(approvals.len(), 1, "the rollback is its own approval: {approvals:?}");
+    assert_eq!(approvals[0].comment.as_deref(), Some("errors up"));
+
+    // Two newer deployments (keep 2): the second run's bytes are no longer
+    // pinned, are collected, and a rollback to them is refused.
+    let (code, out) = run_cli(&["env", "set", "production", "--wait", "0"]);
+    assert_eq!(code, 0, "{out}");
+    for _ in 0..2 {
+        let r =
+            c.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        assert_eq!(wait_run(&c, &r.run_id, 120).await.status, "success");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let arts = c.run_artifacts(&runs[1].id).await.unwrap();
+        if arts.artifacts.iter().all(|a| a.artifact.expired) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the unpinned bytes never expired: {arts:?}\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, out) = run_cli(&["rollback", "production", "--to", &second.id]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("has expired"), "{out}");
+}

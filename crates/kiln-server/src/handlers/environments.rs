@@ -154,3 +154,27 @@ pub(crate) async fn deployments(
 ) -> ApiResult<Json<api::DeploymentList>> {
     Ok(Json(environments::deployments(&state, &env, q.limit).await?))
 }
+
+#[utoipa::path(
+    operation_id = "environments_rollback",
+    post, path = "/v1/environments/{env}/rollback", tag = "environments",
+    params(("env" = String, Path, description = "The environment's name")),
+    request_body(content = api::RollbackRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The rollback run: the environment's deploy jobs of the earlier deployment's run again, with its pinned artifact generations (no build runs)", body = api::RollbackAccepted),
+        (status = 403, description = "Not one of the environment's approvers", body = api::ErrorBody),
+        (status = 404, description = "No such environment, or no such deployment of it", body = api::ErrorBody),
+        (status = 409, description = "Nothing to return to, the deployment failed, or its bytes expired", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
+pub(crate) async fn rollback(
+    S(state): S<State>,
+    Extension(by): Extension<Principal>,
+    Path(env): Path<String>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<api::RollbackAccepted>)> {
+    let req: api::RollbackRequest =
+        if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { parse(&body)? };
+    Ok((StatusCode::CREATED, Json(environments::rollback(&state, &by, &env, req).await?)))
+}

@@ -64,6 +64,8 @@ pub(crate) struct Freeze<'a> {
     /// The lane an admin asked for, or a retry's parent's (issue 44); else
     /// the workflow's `priority:` for the event, else the trigger's default.
     pub priority: Option<Lane>,
+    /// A rollback (issue 46): the deployment it returns to.
+    pub rollback: Option<kiln_store::NewRollback>,
 }
 
 /// A frozen and accepted run.
@@ -173,6 +175,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
             commit_title: Some(commit.title).filter(|t| !t.is_empty()),
             commit_author: Some(commit.author).filter(|a| !a.is_empty()),
             pull_request_title: f.pull_request_title,
+            rollback: f.rollback,
         },
         f.trace,
     )
@@ -282,6 +285,7 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
             trace,
             pull_request_title: None,
             priority,
+            rollback: None,
         },
     )
     .await?;
@@ -332,6 +336,35 @@ pub(crate) async fn retry_jobs(
     failed_only: bool,
     job: Option<&str>,
 ) -> ApiResult<String> {
+    let (run, what, trust) = again(state, by, run_id, failed_only, job, None).await?;
+    let detail = format!("{what} {run_id} trust {}", trust.as_str());
+    access::audit(state, &by.actor, "run.retry", &run, detail).await?;
+    Ok(run)
+}
+
+/// A rollback (issue 46): a new run of `run_id`'s frozen definition in
+/// which only the deploy jobs of `rb.environment` (and what follows them)
+/// run, the rest pinned to that run's bytes; returns its id. The caller
+/// audits it.
+pub(crate) async fn rollback(
+    state: &AppState,
+    by: &Principal,
+    run_id: &str,
+    rb: kiln_store::NewRollback,
+) -> ApiResult<String> {
+    Ok(again(state, by, run_id, false, None, Some(rb)).await?.0)
+}
+
+/// A new run of `run_id`'s frozen definition: a retry or a rollback.
+/// Returns its id, what it was (for the audit) and its trust.
+async fn again(
+    state: &AppState,
+    by: &Principal,
+    run_id: &str,
+    failed_only: bool,
+    job: Option<&str>,
+    rollback: Option<kiln_store::NewRollback>,
+) -> ApiResult<(String, String, Trust)> {
     let old_view = state.store.get_run(run_id).await?;
     let rerun_jobs: Vec<String> = match job {
         Some(j) => crate::services::runs::jobs_named(&old_view, j)?.into_iter().map(|j| j.name.clone()).collect(),
@@ -371,7 +404,7 @@ pub(crate) async fn retry_jobs(
             repo: &repo,
             commit_sha: old.commit_sha,
             git_ref: old.git_ref,
-            event: "retry".into(),
+            event: if rollback.is_some() { "rollback" } else { "retry" }.into(),
             workflow_path: old.workflow_path,
             workflow: old.definition,
             inputs: old.inputs,
@@ -385,6 +418,7 @@ pub(crate) async fn retry_jobs(
             trace: None,
             pull_request_title: old.pull_request_title,
             priority: Lane::parse(&old.priority),
+            rollback,
         },
     )
     .await?;
@@ -395,9 +429,7 @@ pub(crate) async fn retry_jobs(
     } else {
         "retry of".to_string()
     };
-    let detail = format!("{what} {} trust {}", old.id, frozen.trust.as_str());
-    access::audit(state, &by.actor, "run.retry", &frozen.accepted.run_id, detail).await?;
-    Ok(frozen.accepted.run_id)
+    Ok((frozen.accepted.run_id, what, frozen.trust))
 }
 
 /// The inputs a run of `workflow_path` at `git_ref` may be given (for the

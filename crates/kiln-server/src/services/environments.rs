@@ -26,6 +26,7 @@ pub(crate) fn view(e: EnvironmentRecord) -> api::Environment {
         refs: e.refs,
         wait_secs: u64::try_from(e.wait_ms / 1000).unwrap_or(0),
         approval_ttl_secs: u64::try_from(e.approval_ttl_ms / 1000).unwrap_or(0),
+        keep_deployments: e.keep_deployments,
         created_at_ms: e.created_at,
         updated_at_ms: e.updated_at,
     }
@@ -33,12 +34,13 @@ pub(crate) fn view(e: EnvironmentRecord) -> api::Environment {
 
 fn describe(e: &EnvironmentRecord) -> String {
     format!(
-        "approvers [{}] min-approvals {} prevent-self-review {} refs [{}] wait {}s",
+        "approvers [{}] min-approvals {} prevent-self-review {} refs [{}] wait {}s keep-deployments {}",
         e.approvers.join(","),
         e.min_approvals,
         e.prevent_self_review,
         e.refs.join(","),
-        e.wait_ms / 1000
+        e.wait_ms / 1000,
+        e.keep_deployments
     )
 }
 
@@ -85,6 +87,7 @@ pub(crate) async fn create(
         refs: clean(req.refs, "ref pattern")?,
         wait_ms: secs_ms(req.wait_secs.unwrap_or(0), "wait")?,
         approval_ttl_ms: secs_ms(req.approval_ttl_secs.unwrap_or(DEFAULT_APPROVAL_TTL_SECS), "approval lifetime")?,
+        keep_deployments: req.keep_deployments.unwrap_or(api::DEFAULT_KEEP_DEPLOYMENTS),
         ..Default::default()
     };
     let e = state.store.put_environment(&e, true).await?;
@@ -116,6 +119,9 @@ pub(crate) async fn update(
     }
     if let Some(t) = req.approval_ttl_secs {
         e.approval_ttl_ms = secs_ms(t, "approval lifetime")?;
+    }
+    if let Some(k) = req.keep_deployments {
+        e.keep_deployments = k;
     }
     let e = state.store.put_environment(&e, false).await?;
     access::audit(state, &by.actor, "environment.update", &e.name, describe(&e)).await?;
@@ -238,33 +244,87 @@ pub(crate) async fn deployments(state: &AppState, env: &str, limit: Option<u32>)
     let rows = state.store.deployments(env, limit.unwrap_or(50)).await?;
     let mut out = Vec::with_capacity(rows.len());
     for d in rows {
-        out.push(api::Deployment {
-            id: d.id,
-            environment: d.environment,
-            repo: d.repo_name,
-            run_id: d.run_id,
-            run_number: d.run_number,
-            job_id: d.job_id,
-            job: d.job_name,
-            epoch: d.epoch,
-            commit_sha: d.commit_sha,
-            url: d.url,
-            status: d.status,
-            triggered_by: crate::services::runs::actor_name(state, d.triggered_by).await,
-            approvals: d.approvals,
-            artifacts: d
-                .artifacts
-                .into_iter()
-                .map(|a| api::DeployedArtifact {
-                    name: a.name,
-                    from_job: a.from_job,
-                    run_id: a.run_id,
-                    generation: a.generation,
-                    sha256: a.sha256,
-                })
-                .collect(),
-            at_ms: d.created_at,
-        });
+        out.push(deployment_view(state, d).await);
     }
     Ok(api::DeploymentList { deployments: out })
+}
+
+async fn deployment_view(state: &AppState, d: kiln_store::DeploymentRecord) -> api::Deployment {
+    api::Deployment {
+        id: d.id,
+        environment: d.environment,
+        repo: d.repo_name,
+        run_id: d.run_id,
+        run_number: d.run_number,
+        job_id: d.job_id,
+        job: d.job_name,
+        epoch: d.epoch,
+        commit_sha: d.commit_sha,
+        url: d.url,
+        status: d.status,
+        triggered_by: crate::services::runs::actor_name(state, d.triggered_by).await,
+        approvals: d.approvals,
+        artifacts: d
+            .artifacts
+            .into_iter()
+            .map(|a| api::DeployedArtifact {
+                name: a.name,
+                from_job: a.from_job,
+                run_id: a.run_id,
+                generation: a.generation,
+                sha256: a.sha256,
+            })
+            .collect(),
+        at_ms: d.created_at,
+        rollback_of: d.rollback_of,
+        ring: d.ring,
+    }
+}
+
+/// Who may roll an environment back: its approvers (any admin when it
+/// lists none). The rollback is their approval of the rollback run (the
+/// bytes were approved when they were first deployed; with
+/// `--min-approvals` above 1 the run waits for the others).
+pub(crate) async fn rollback(
+    state: &AppState,
+    by: &Principal,
+    env_name: &str,
+    req: api::RollbackRequest,
+) -> ApiResult<api::RollbackAccepted> {
+    let comment = req.comment.map(|c| c.trim().to_string()).filter(|c| !c.is_empty());
+    if comment.as_ref().is_some_and(|c| c.chars().count() > 1000) {
+        return Err(ApiErr::invalid("a comment is at most 1,000 characters"));
+    }
+    let env = state.store.get_environment(env_name).await?;
+    let name = approver_name(state, by).await?;
+    let allowed = if env.approvers.is_empty() { by.scope == Scope::Admin } else { env.approvers.contains(&name) };
+    if !allowed {
+        let who = if env.approvers.is_empty() { "an admin".to_string() } else { env.approvers.join(", ") };
+        return Err(forbidden(format!("`{name}` may not roll `{env_name}` back: its approvers are {who}")));
+    }
+    let to = req.to.as_deref().map(str::trim).filter(|t| !t.is_empty());
+    let target = state.store.rollback_target(env_name, to).await?;
+    let rb = kiln_store::NewRollback {
+        deployment_id: target.id.clone(),
+        environment: env_name.to_string(),
+        approver: Some(name),
+        comment: comment.clone(),
+    };
+    let run_id = crate::services::acceptance::rollback(state, by, &target.run_id, rb).await?;
+    let number = state.store.get_run(&run_id).await.map(|v| v.run.number).unwrap_or_default();
+    access::audit(
+        state,
+        &by.actor,
+        "deployment.rollback",
+        &run_id,
+        format!(
+            "environment {env_name} to deployment {} (run {}){}",
+            target.id,
+            target.run_id,
+            comment.map(|c| format!(": {c}")).unwrap_or_default()
+        ),
+    )
+    .await?;
+    state.job_changed(&run_id);
+    Ok(api::RollbackAccepted { run_id, run_number: number, to: deployment_view(state, target).await })
 }

@@ -300,6 +300,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                     _ => None,
                 },
                 priority: None,
+                rollback: None,
             },
         )
         .await;

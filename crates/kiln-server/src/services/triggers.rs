@@ -153,6 +153,7 @@ async fn fire(
             trace: None,
             pull_request_title: None,
             priority: None,
+            rollback: None,
         },
     )
     .await;

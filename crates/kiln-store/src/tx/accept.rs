@@ -9,6 +9,7 @@ use crate::error::{Result, StoreError};
 use crate::model::{
     Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunFilter, RunSummaryRecord, RunView, class_key,
 };
+use crate::rows::PinnedFrom;
 use crate::rows::{ATTEMPT_COLS, JOB_COLS, attempt_from_row, job_from_row, load_job, load_run, new_id};
 use crate::rows::{RUN_SUMMARY_COLS, run_summary_from_row};
 use crate::store::SqlStore;
@@ -91,11 +92,12 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&run.priority)
                     .execute()
                     .await?;
-                let pins = run.pin_succeeded || !run.rerun_jobs.is_empty();
-                let pinned = match (&run.parent_run_id, pins) {
-                    (Some(parent), true) => pinned_of(tx, parent, &run.rerun_jobs).await?,
-                    (None, true) => return Err(StoreError::Invalid("pinning jobs needs the parent run".into())),
-                    (_, false) => HashMap::new(),
+                let pins = run.pin_succeeded || !run.rerun_jobs.is_empty() || run.rollback.is_some();
+                let (pinned, skipped) = match (&run.parent_run_id, &run.rollback, pins) {
+                    (Some(parent), Some(rb), _) => crate::tx::rollback::plan(tx, parent, rb).await?,
+                    (Some(parent), None, true) => (pinned_of(tx, parent, &run.rerun_jobs).await?, HashMap::new()),
+                    (None, _, true) => return Err(StoreError::Invalid("pinning jobs needs the parent run".into())),
+                    (_, _, false) => (HashMap::new(), HashMap::new()),
                 };
                 for (i, job) in run.workflow.jobs.iter().enumerate() {
                     let job_id = new_id();
@@ -112,8 +114,13 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                         .await?;
                     if let Some(from) = pinned.get(&job.name) {
                         let parent = run.parent_run_id.as_deref().unwrap_or_default();
-                        pin_job(tx, &run_id, &job_id, parent, from, now).await?;
+                        pin_job(tx, &run_id, &job_id, parent, from, run.rollback.is_some(), now).await?;
+                    } else if let Some(why) = skipped.get(&job.name) {
+                        crate::tx::rollback::skip_job(tx, &job_id, why, now).await?;
                     }
+                }
+                if let Some(rb) = &run.rollback {
+                    crate::tx::rollback::bind(tx, &run_id, rb, now).await?;
                 }
                 let held = match &run.concurrency {
                     Some(cc) => enter_run_group(tx, run, &run_id, &cc.group, cc.cancel_in_progress, now).await?,
@@ -152,13 +159,6 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
             })
         })
         .await
-}
-
-/// A job of the parent run that the retry pins.
-struct PinnedFrom {
-    job_id: String,
-    started_at: Option<i64>,
-    finished_at: Option<i64>,
 }
 
 /// The jobs of `parent` a retry of its failed jobs (`rerun` empty) or of
@@ -215,8 +215,18 @@ async fn pinned_of(tx: &mut Tx, parent: &str, rerun: &[String]) -> Result<HashMa
 /// retry from job): `success` without running, with the parent job's
 /// times, and bound to the very generations the parent's job bound, so
 /// consumers restore the same bytes (invariant 4: bindings, never
-/// substitutes).
-async fn pin_job(tx: &mut Tx, run_id: &str, job_id: &str, parent: &str, from: &PinnedFrom, now: i64) -> Result<()> {
+/// substitutes). A rollback (`lenient`) binds what has not expired: it
+/// checks the bytes it deploys itself (`tx::rollback::bind`); a pinned
+/// job's other artifacts may be gone.
+async fn pin_job(
+    tx: &mut Tx,
+    run_id: &str,
+    job_id: &str,
+    parent: &str,
+    from: &PinnedFrom,
+    lenient: bool,
+    now: i64,
+) -> Result<()> {
     static PIN: Sql = Sql::new(|_| {
         format!(
             "UPDATE jobs SET status = {success}, message = $1, started_at = $2, finished_at = $3 WHERE id = $4",
@@ -237,7 +247,7 @@ async fn pin_job(tx: &mut Tx, run_id: &str, job_id: &str, parent: &str, from: &P
         .bind(&from.job_id)
         .scalar_optional()
         .await?;
-    if let Some(name) = expired {
+    if let (Some(name), false) = (expired, lenient) {
         return Err(StoreError::Conflict(format!(
             "artifact `{name}` of the succeeded job this retry would reuse (run {parent}) has expired; retry the \
              whole run instead (a plain retry runs every job again)"
@@ -252,7 +262,8 @@ async fn pin_job(tx: &mut Tx, run_id: &str, job_id: &str, parent: &str, from: &P
          SELECT $1, $2, name, generation_id, $3, \
          CASE WHEN expires_at IS NULL THEN NULL \
          WHEN expires_at > $3 + (expires_at - created_at) THEN expires_at \
-         ELSE $3 + (expires_at - created_at) END, NULL FROM artifact_bindings WHERE job_id = $4",
+         ELSE $3 + (expires_at - created_at) END, NULL FROM artifact_bindings WHERE job_id = $4 \
+         AND expired_at IS NULL",
     )
     .bind(run_id)
     .bind(job_id)

@@ -311,12 +311,14 @@ pub(crate) async fn mark_generation_deleted(store: &SqlStore, id: &str) -> Resul
 /// Whether generation `generation` (an SQL expression) still has a live
 /// binding: not expired, and not yet past its `expires_at` or of a run
 /// that has not ended (a retry pinning it, a run whose jobs may restore
-/// it). Such a generation is never expired (spec 000 §12).
+/// it), or pinned by a deployment (issue 46: a rollback restores it).
+/// Such a generation is never expired (spec 000 §12).
 fn live_binding(generation: &str, now: &str) -> String {
     format!(
-        "EXISTS (SELECT 1 FROM artifact_bindings l JOIN runs lr ON lr.id = l.run_id \
+        "(EXISTS (SELECT 1 FROM artifact_bindings l JOIN runs lr ON lr.id = l.run_id \
          WHERE l.generation_id = {generation} AND l.expired_at IS NULL \
-         AND (l.expires_at IS NULL OR l.expires_at > {now} OR lr.status NOT IN ({success}, {failed}, {cancelled})))",
+         AND (l.expires_at IS NULL OR l.expires_at > {now} OR lr.status NOT IN ({success}, {failed}, {cancelled}))) \
+         OR EXISTS (SELECT 1 FROM deployment_pins dp WHERE dp.generation_id = {generation}))",
         success = lit(RunStatus::Success),
         failed = lit(RunStatus::Failed),
         cancelled = lit(RunStatus::Cancelled),

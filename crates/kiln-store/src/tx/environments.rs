@@ -32,6 +32,9 @@ fn check(env: &EnvironmentRecord) -> Result<()> {
     if !(0..=30 * 86_400_000).contains(&env.wait_ms) {
         return Err(StoreError::Invalid("--wait: from 0 to 30 days".into()));
     }
+    if env.keep_deployments > 1000 {
+        return Err(StoreError::Invalid("--keep-deployments: at most 1000".into()));
+    }
     if !(60_000..=366 * 86_400_000).contains(&env.approval_ttl_ms) {
         return Err(StoreError::Invalid("an approval's lifetime: from 1 minute to 366 days".into()));
     }
@@ -74,12 +77,14 @@ pub(crate) async fn put_environment(
                 if existing.is_some() {
                     tx.sql(
                         "UPDATE environments SET approvers = $1, min_approvals = $2, prevent_self_review = $3, \
-                         refs = $4, wait_ms = $5, approval_ttl_ms = $6, updated_at = $7 WHERE name = $8",
+                         refs = $4, wait_ms = $5, approval_ttl_ms = $6, updated_at = $7, keep_deployments = $9 \
+                         WHERE name = $8",
                     )
                 } else {
                     tx.sql(
                         "INSERT INTO environments (approvers, min_approvals, prevent_self_review, refs, wait_ms, \
-                         approval_ttl_ms, updated_at, name, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7)",
+                         approval_ttl_ms, updated_at, name, created_at, keep_deployments) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7, $9)",
                     )
                 }
                 .bind(json(&env.approvers))
@@ -90,6 +95,7 @@ pub(crate) async fn put_environment(
                 .bind(env.approval_ttl_ms)
                 .bind(now)
                 .bind(&env.name)
+                .bind(i64::from(env.keep_deployments))
                 .execute()
                 .await?;
                 Ok(())
@@ -122,6 +128,7 @@ pub(crate) async fn delete_environment(store: &SqlStore, name: &str) -> Result<E
                     )));
                 }
                 tx.sql("DELETE FROM environments WHERE name = $1").bind(name).execute().await?;
+                tx.sql("DELETE FROM deployment_pins WHERE environment = $1").bind(name).execute().await?;
                 Ok(())
             })
         })
@@ -236,9 +243,10 @@ pub(crate) async fn record_deployment(
         .collect();
     tx.sql(
         "INSERT INTO deployments (id, environment, repo_id, run_id, job_id, job_name, epoch, commit_sha, url, status, \
-         triggered_by, approvals, artifacts, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-         $13, $14) ON CONFLICT (job_id) DO UPDATE SET epoch = EXCLUDED.epoch, status = EXCLUDED.status, \
-         approvals = EXCLUDED.approvals, artifacts = EXCLUDED.artifacts, created_at = EXCLUDED.created_at",
+         triggered_by, approvals, artifacts, created_at, rollback_of, ring) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+         $9, $10, $11, $12, $13, $14, $15, $16) ON CONFLICT (job_id) DO UPDATE SET epoch = EXCLUDED.epoch, \
+         status = EXCLUDED.status, approvals = EXCLUDED.approvals, artifacts = EXCLUDED.artifacts, \
+         created_at = EXCLUDED.created_at",
     )
     .bind(crate::rows::new_id())
     .bind(&env.name)
@@ -254,9 +262,81 @@ pub(crate) async fn record_deployment(
     .bind(serde_json::to_string(&approvals).unwrap_or_else(|_| "[]".into()))
     .bind(serde_json::to_string(&artifacts).unwrap_or_else(|_| "[]".into()))
     .bind(now)
+    .bind(&run.rollback_of)
+    .bind(env.ring.as_ref().map(|r| r.name.as_str()))
+    .execute()
+    .await?;
+    pin(tx, &env.name, &job.id, &artifacts).await
+}
+
+/// Pin what the deployment of `job_id` deployed against expiry (an
+/// artifact binding of a pinned generation never expires:
+/// `tx::artifacts::live_binding`), and release the pins of the
+/// environment's deployments that are neither its current one (newest
+/// success) nor among its `keep_deployments` newest.
+async fn pin(tx: &mut Tx, environment: &str, job_id: &str, artifacts: &[crate::model::DeployedArtifact]) -> Result<()> {
+    let id: String = tx.sql("SELECT id FROM deployments WHERE job_id = $1").bind(job_id).scalar().await?;
+    for a in artifacts {
+        tx.sql(
+            "INSERT INTO deployment_pins (deployment_id, environment, generation_id) VALUES ($1, $2, $3) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&id)
+        .bind(environment)
+        .bind(&a.generation)
+        .execute()
+        .await?;
+    }
+    let keep: i64 = tx
+        .sql("SELECT keep_deployments FROM environments WHERE name = $1")
+        .bind(environment)
+        .scalar_optional()
+        .await?
+        .unwrap_or(10);
+    tx.sql(
+        "DELETE FROM deployment_pins WHERE environment = $1 \
+         AND deployment_id NOT IN (SELECT k.id FROM (SELECT id FROM deployments WHERE environment = $1 \
+         ORDER BY created_at DESC, id DESC LIMIT $2) k) \
+         AND deployment_id NOT IN (SELECT c.id FROM (SELECT id FROM deployments WHERE environment = $1 \
+         AND status = 'success' ORDER BY created_at DESC, id DESC LIMIT 1) c)",
+    )
+    .bind(environment)
+    .bind(keep)
     .execute()
     .await?;
     Ok(())
+}
+
+/// A deployment with its repository's name and run number; tables `d`
+/// (deployments), `p` (repos), `r` (runs).
+pub(crate) const DEPLOYMENT_COLS: &str = "d.id, d.environment, d.repo_id, p.name AS repo_name, d.run_id, \
+    r.run_number, d.job_id, d.job_name, d.epoch, d.commit_sha, d.url, d.status, d.triggered_by, d.approvals, \
+    d.artifacts, d.created_at, d.rollback_of, d.ring";
+/// The joins [`DEPLOYMENT_COLS`] reads from.
+pub(crate) const DEPLOYMENT_FROM: &str =
+    "deployments d JOIN repos p ON p.id = d.repo_id JOIN runs r ON r.id = d.run_id";
+
+pub(crate) fn deployment_from_row(row: &crate::db::Row) -> Result<crate::model::DeploymentRecord> {
+    Ok(crate::model::DeploymentRecord {
+        id: row.get("id")?,
+        environment: row.get("environment")?,
+        repo_id: row.get("repo_id")?,
+        repo_name: row.get("repo_name")?,
+        run_id: row.get("run_id")?,
+        run_number: row.get("run_number")?,
+        job_id: row.get("job_id")?,
+        job_name: row.get("job_name")?,
+        epoch: row.get("epoch")?,
+        commit_sha: row.get("commit_sha")?,
+        url: row.get("url")?,
+        status: row.get("status")?,
+        triggered_by: row.get("triggered_by")?,
+        approvals: serde_json::from_str(row.str("approvals")?).unwrap_or_default(),
+        artifacts: serde_json::from_str(row.str("artifacts")?).unwrap_or_default(),
+        created_at: row.get("created_at")?,
+        rollback_of: row.get("rollback_of")?,
+        ring: row.get("ring")?,
+    })
 }
 
 /// `EnvironmentStore::deployments`: an environment's deployments, newest
@@ -267,34 +347,12 @@ pub(crate) async fn deployments(
     limit: u32,
 ) -> Result<Vec<crate::model::DeploymentRecord>> {
     static SQL: Sql = Sql::new(|_| {
-        "SELECT d.id, d.environment, d.repo_id, p.name AS repo_name, d.run_id, r.run_number, d.job_id, d.job_name, \
-         d.epoch, d.commit_sha, d.url, d.status, d.triggered_by, d.approvals, d.artifacts, d.created_at \
-         FROM deployments d JOIN repos p ON p.id = d.repo_id JOIN runs r ON r.id = d.run_id \
-         WHERE d.environment = $1 ORDER BY d.created_at DESC, d.id DESC LIMIT $2"
-            .to_string()
+        format!(
+            "SELECT {DEPLOYMENT_COLS} FROM {DEPLOYMENT_FROM} WHERE d.environment = $1 \
+             ORDER BY d.created_at DESC, d.id DESC LIMIT $2"
+        )
     });
     let rows =
         store.reader().await?.sql(&SQL).bind(environment).bind(i64::from(limit.clamp(1, 500))).fetch_all().await?;
-    rows.iter()
-        .map(|row| {
-            Ok(crate::model::DeploymentRecord {
-                id: row.get("id")?,
-                environment: row.get("environment")?,
-                repo_id: row.get("repo_id")?,
-                repo_name: row.get("repo_name")?,
-                run_id: row.get("run_id")?,
-                run_number: row.get("run_number")?,
-                job_id: row.get("job_id")?,
-                job_name: row.get("job_name")?,
-                epoch: row.get("epoch")?,
-                commit_sha: row.get("commit_sha")?,
-                url: row.get("url")?,
-                status: row.get("status")?,
-                triggered_by: row.get("triggered_by")?,
-                approvals: serde_json::from_str(row.str("approvals")?).unwrap_or_default(),
-                artifacts: serde_json::from_str(row.str("artifacts")?).unwrap_or_default(),
-                created_at: row.get("created_at")?,
-            })
-        })
-        .collect()
+    rows.iter().map(deployment_from_row).collect()
 }

@@ -10,8 +10,8 @@ use crate::model::{ApprovalRecord, EnvironmentRecord, RunRecord};
 use kiln_core::advance::EnvironmentGate;
 use std::collections::HashMap;
 
-pub(crate) const ENV_COLS: &str =
-    "name, approvers, min_approvals, prevent_self_review, refs, wait_ms, approval_ttl_ms, created_at, updated_at";
+pub(crate) const ENV_COLS: &str = "name, approvers, min_approvals, prevent_self_review, refs, wait_ms, approval_ttl_ms, keep_deployments, created_at, \
+     updated_at";
 
 pub(crate) fn env_from_row(row: &Row) -> Result<EnvironmentRecord> {
     let list = |v: &str| serde_json::from_str::<Vec<String>>(v).unwrap_or_default();
@@ -23,6 +23,7 @@ pub(crate) fn env_from_row(row: &Row) -> Result<EnvironmentRecord> {
         refs: list(row.str("refs")?),
         wait_ms: row.get("wait_ms")?,
         approval_ttl_ms: row.get("approval_ttl_ms")?,
+        keep_deployments: u32::try_from(row.get::<i64>("keep_deployments")?).unwrap_or(10),
         created_at: row.get("created_at")?,
         updated_at: row.get("updated_at")?,
     })
@@ -78,7 +79,8 @@ pub(crate) async fn gates(
     let approvals = approvals_in(tx, &run.id).await?;
     for name in names {
         let Some(env) = get_in(tx, name).await? else { continue };
-        waits.insert(name.to_string(), env.wait_ms);
+        // A rollback returns to bytes deployed before: no wait.
+        waits.insert(name.to_string(), if run.rollback_of.is_some() { 0 } else { env.wait_ms });
         let live: Vec<&ApprovalRecord> =
             approvals.iter().filter(|a| a.environment == name && a.expires_at > now).collect();
         let gate = if let Some(r) = live.iter().find(|a| a.decision == "rejected") {

@@ -5,6 +5,7 @@
 
 use super::*;
 use kiln_core::RunStatus;
+use std::collections::BTreeSet;
 
 fn wf(yaml: &str) -> Workflow {
     kiln_workflow::parse(yaml).unwrap_or_else(|d| panic!("workflow does not parse:\n{d}"))
@@ -177,4 +178,145 @@ pub async fn an_environments_wait_delays_its_deploy_jobs<S: Store + 'static>(o: 
         try_claim(s, &ag, &job.id, job.dispatch_generation, LONG_TTL).await.is_none(),
         "not claimable before its environment's wait is over"
     );
+}
+
+/// `build` publishes `app` (restored by `deploy`) and `log`, both with
+/// `expire-in: 0`; `lint` fails on its own; `deploy` deploys `app` to
+/// production.
+fn build_and_deploy() -> Workflow {
+    let mut w = wf("version: 1\njobs:\n  - name: build\n    steps: [x]\n    artifacts:\n      publish:\n        - {name: app, path: out/app, expire-in: 1s}\n        - {name: log, path: out/log, expire-in: 1s}\n  - name: lint\n    steps: [x]\n  - name: deploy\n    needs: [build]\n    environment: production\n    steps: [x]\n    artifacts:\n      restore: [{name: app, from_job: build, path: app}]\n");
+    // Due as soon as the run ends.
+    for p in &mut w.jobs[0].artifacts.publish {
+        p.expire_in_secs = Some(0);
+    }
+    w
+}
+
+/// One run of [`build_and_deploy`] to its end; `app` has the bytes `sha`.
+/// Returns the run and its `app` generation.
+async fn deploy_once<S: Store>(s: &S, repo_id: &str, ag: &AgentRecord, sha: &str) -> (String, String) {
+    let run = s.accept_run(new_run(repo_id, build_and_deploy())).await.unwrap().run_id;
+    let build = job_id(s, &run, "build").await;
+    claim(s, ag, &build, LONG_TTL).await;
+    let mut app = String::new();
+    for (name, sha) in [("app", sha), ("log", "f".repeat(64).as_str())] {
+        let g = NewGeneration { name, size: 10, sha256: sha, part_size: 1 << 20, kind: "file" };
+        let g = s.open_generation(&build, 1, g).await.unwrap();
+        s.seal_generation(&g.id, &build, 1).await.unwrap();
+        if name == "app" {
+            app = g.id;
+        }
+    }
+    assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
+    let lint = job_id(s, &run, "lint").await;
+    claim(s, ag, &lint, LONG_TTL).await;
+    s.complete(&lint, 1, failure(1)).await.unwrap();
+    let deploy = job_id(s, &run, "deploy").await;
+    claim(s, ag, &deploy, LONG_TTL).await;
+    assert_eq!(s.complete(&deploy, 1, success()).await.unwrap(), "success");
+    (run, app)
+}
+
+/// Rollback as a pointer flip (issue 46): the generations a deployment
+/// restored are pinned against expiry while it is the environment's
+/// current one or among its `keep_deployments` newest; a rollback is a
+/// new run of the deployment's frozen run in which only the deploy job
+/// runs — `build` pinned to the same generation (no attempt), `lint`
+/// skipped — ready at once (no `--wait`), approved by whoever rolled back;
+/// its deployment deploys the same sha256 and says what it returned to.
+/// Bytes no longer pinned expire, and a rollback to them is refused with
+/// nothing accepted.
+pub async fn deployed_generations_are_pinned_and_a_rollback_deploys_them_again<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    let ag = agent(s, "a", 8).await;
+    let prod = EnvironmentRecord { keep_deployments: 2, ..env("production", &[], 0) };
+    s.put_environment(&prod, true).await.unwrap();
+    assert!(
+        matches!(s.rollback_target("production", None).await, Err(StoreError::Conflict(_))),
+        "nothing deployed yet"
+    );
+    let (sha1, sha2, sha4) = ("1".repeat(64), "2".repeat(64), "4".repeat(64));
+    let (run1, app1) = deploy_once(s, &r.id, &ag, &sha1).await;
+    let due = |v: Vec<BoundArtifact>| v.into_iter().map(|b| b.generation.id).collect::<BTreeSet<_>>();
+    let expirable = due(s.expirable_artifacts(100).await.unwrap());
+    assert!(!expirable.contains(&app1), "the deployed generation is pinned");
+    assert!(!s.expire_artifact(&app1).await.unwrap(), "never expired while pinned");
+    assert_eq!(expirable.len(), 1, "the build's `log`, not deployed, expires: {expirable:?}");
+    assert!(
+        matches!(s.rollback_target("production", None).await, Err(StoreError::Conflict(_))),
+        "one deployment: nothing earlier to return to"
+    );
+
+    let (run2, app2) = deploy_once(s, &r.id, &ag, &sha2).await;
+    let deploys = s.deployments("production", 10).await.unwrap();
+    assert_eq!(deploys.len(), 2);
+    let d1 = deploys[1].clone();
+    assert_eq!(d1.run_id, run1);
+    assert_eq!(s.rollback_target("production", None).await.unwrap().id, d1.id, "the one before the current");
+
+    // The environment waits 10 minutes before a deploy; a rollback does not.
+    s.put_environment(&EnvironmentRecord { wait_ms: 600_000, ..prod.clone() }, false).await.unwrap();
+    let rb = NewRollback {
+        deployment_id: d1.id.clone(),
+        environment: "production".into(),
+        approver: Some("alice".into()),
+        comment: None,
+    };
+    let rollback = |rb: NewRollback, parent: &str| NewRun {
+        parent_run_id: Some(parent.to_string()),
+        event: "rollback".into(),
+        rollback: Some(rb),
+        ..new_run(&r.id, build_and_deploy())
+    };
+    let back = s.accept_run(rollback(rb.clone(), &run1)).await.unwrap().run_id;
+    let v = view(s, &back).await;
+    assert_eq!(v.run.rollback_of.as_deref(), Some(d1.id.as_str()));
+    assert_eq!(jv(&v, "build").job.status, JobStatus::Success, "pinned: no build");
+    assert!(jv(&v, "build").attempts.is_empty(), "no attempt of the build");
+    assert_eq!(jv(&v, "lint").job.status, JobStatus::Skipped, "a rollback runs only the deploy jobs");
+    let deploy = jv(&v, "deploy").job.clone();
+    assert_eq!(deploy.status, JobStatus::Ready);
+    assert!(
+        try_claim(s, &ag, &deploy.id, deploy.dispatch_generation, LONG_TTL).await.is_some(),
+        "claimable at once: no wait, the rollback is its approval"
+    );
+    let approvals = s.run_approvals(&back).await.unwrap();
+    assert_eq!(approvals.len(), 1);
+    assert_eq!((approvals[0].actor.as_str(), approvals[0].decision.as_str()), ("alice", "approved"));
+    assert_eq!(s.resolve_binding(&back, "build", "app").await.unwrap().generation.id, app1, "the same bytes");
+    assert_eq!(s.complete(&deploy.id, 1, success()).await.unwrap(), "success");
+    let d3 = s.deployments("production", 1).await.unwrap().remove(0);
+    assert_eq!(d3.rollback_of.as_deref(), Some(d1.id.as_str()));
+    assert_eq!(d3.artifacts.len(), 1);
+    assert_eq!((d3.artifacts[0].generation.as_str(), d3.artifacts[0].sha256.as_str()), (app1.as_str(), sha1.as_str()));
+    // A wrong pairing of run and deployment is refused.
+    assert!(matches!(s.accept_run(rollback(rb, &back)).await, Err(StoreError::Invalid(_))));
+
+    // A newer deployment: keep 2 (it and the rollback's) — the second
+    // deployment's bytes are no longer pinned and expire; a rollback to it
+    // is refused and accepts nothing.
+    s.put_environment(&prod, false).await.unwrap();
+    let (_run4, _) = deploy_once(s, &r.id, &ag, &sha4).await;
+    assert!(due(s.expirable_artifacts(100).await.unwrap()).contains(&app2));
+    assert!(!due(s.expirable_artifacts(100).await.unwrap()).contains(&app1), "still pinned by the rollback's");
+    assert!(s.expire_artifact(&app2).await.unwrap());
+    let d2 = s.deployments("production", 10).await.unwrap().into_iter().find(|d| d.run_id == run2).unwrap();
+    let target = s.rollback_target("production", Some(&d2.id)).await.unwrap();
+    let runs_before = s.list_runs(&r.id, None, 500).await.unwrap().len();
+    let refused = s
+        .accept_run(rollback(
+            NewRollback {
+                deployment_id: target.id.clone(),
+                environment: "production".into(),
+                approver: None,
+                comment: None,
+            },
+            &target.run_id,
+        ))
+        .await;
+    assert!(matches!(&refused, Err(StoreError::Conflict(m)) if m.contains("expired")), "{refused:?}");
+    assert_eq!(s.list_runs(&r.id, None, 500).await.unwrap().len(), runs_before, "nothing accepted");
+    assert!(matches!(s.rollback_target("production", Some("no-such-deployment")).await, Err(StoreError::NotFound(_))));
 }

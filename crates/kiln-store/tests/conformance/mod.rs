@@ -106,6 +106,7 @@ macro_rules! suite {
             environments::one_approval_covers_every_expansion_and_a_rejection_cancels_them,
             environments::an_environments_deploys_run_one_run_at_a_time_in_order,
             environments::an_environments_wait_delays_its_deploy_jobs,
+            environments::deployed_generations_are_pinned_and_a_rollback_deploys_them_again,
             claim::claim_requires_the_current_session,
             claim::claim_request_id_is_idempotent,
             claim::concurrent_claims_of_one_job_create_one_attempt,
@@ -368,6 +369,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         commit_title: Some("Fix the build".into()),
         commit_author: Some("Ada Lovelace".into()),
         pull_request_title: None,
+        rollback: None,
     }
 }
 

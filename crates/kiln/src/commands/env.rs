@@ -2,7 +2,7 @@
 //! (issue 46): deployment environments and decisions on a run's deploy.
 
 use super::shared::{client, run_ref};
-use crate::cli::{DecideArgs, DeploysArgs, EnvCommand, EnvRules};
+use crate::cli::{DecideArgs, DeploysArgs, EnvCommand, EnvRules, RollbackArgs};
 use kiln_api::exit;
 use kiln_cmd::CmdResult;
 
@@ -22,6 +22,9 @@ fn describe(e: &kiln_api::Environment) -> String {
     if e.prevent_self_review {
         s.push_str("; no self-approval");
     }
+    if e.keep_deployments != kiln_api::DEFAULT_KEEP_DEPLOYMENTS {
+        s.push_str(&format!("; keeps {} deployments", e.keep_deployments));
+    }
     if e.wait_secs > 0 {
         s.push_str(&format!("; wait {}", super::shared::duration_text(e.wait_secs as i64 * 1000)));
     }
@@ -31,7 +34,15 @@ fn describe(e: &kiln_api::Environment) -> String {
 pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
     match cmd {
         EnvCommand::Create { name, rules, conn } => {
-            let EnvRules { approvers, min_approvals, prevent_self_review, refs, wait, approval_expiry } = rules;
+            let EnvRules {
+                approvers,
+                min_approvals,
+                prevent_self_review,
+                refs,
+                wait,
+                approval_expiry,
+                keep_deployments,
+            } = rules;
             let e = client(&conn)?
                 .create_environment(&kiln_api::CreateEnvironment {
                     name,
@@ -41,6 +52,7 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                     refs: list(refs).unwrap_or_default(),
                     wait_secs: wait.map(|d| d.as_secs()),
                     approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
+                    keep_deployments,
                 })
                 .await?;
             kiln_cmd::outln!("environment {} created: {}", e.name, describe(&e));
@@ -68,7 +80,15 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
             }
         }
         EnvCommand::Set { name, rules, conn } => {
-            let EnvRules { approvers, min_approvals, prevent_self_review, refs, wait, approval_expiry } = rules;
+            let EnvRules {
+                approvers,
+                min_approvals,
+                prevent_self_review,
+                refs,
+                wait,
+                approval_expiry,
+                keep_deployments,
+            } = rules;
             let u = kiln_api::UpdateEnvironment {
                 approvers: list(approvers),
                 min_approvals,
@@ -76,11 +96,12 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                 refs: list(refs),
                 wait_secs: wait.map(|d| d.as_secs()),
                 approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
+                keep_deployments,
             };
             if u == kiln_api::UpdateEnvironment::default() {
                 return Err(kiln_cmd::usage(
-                    "nothing to change: give --approvers, --min-approvals, --prevent-self-review, --refs, --wait or \
-                     --approval-expiry",
+                    "nothing to change: give --approvers, --min-approvals, --prevent-self-review, --refs, --wait, \
+                     --approval-expiry or --keep-deployments",
                 ));
             }
             let e = client(&conn)?.update_environment(&name, &u).await?;
@@ -121,10 +142,13 @@ pub(super) async fn deploys(a: DeploysArgs) -> CmdResult {
     let current = l.deployments.iter().position(|d| d.status == "success");
     for (i, d) in l.deployments.iter().enumerate() {
         let mark = if Some(i) == current { "*" } else { " " };
+        let ring = d.ring.as_deref().map(|r| format!(" ring {r}")).unwrap_or_default();
+        let rollback = d.rollback_of.as_deref().map(|r| format!("  rollback to {r}")).unwrap_or_default();
         let when = super::shared::rfc3339_ms(d.at_ms);
         let approved = if d.approvals.is_empty() { "-".to_string() } else { d.approvals.join(",") };
         kiln_cmd::outln!(
-            "{mark} {when}  {:<8} {}#{} {} {}  by {}  approved {}",
+            "{mark} {when}  {} {:<8} {}#{} {}{ring} {}  by {}  approved {}{rollback}",
+            d.id,
             d.status,
             d.repo,
             d.run_number,
@@ -140,5 +164,29 @@ pub(super) async fn deploys(a: DeploysArgs) -> CmdResult {
     if current.is_some() {
         kiln_cmd::outln!("* what {} runs now (its newest successful deployment)", a.env);
     }
+    Ok(exit::OK)
+}
+
+/// `kiln rollback ENV [--to DEPLOYMENT]`.
+pub(super) async fn rollback(a: RollbackArgs) -> CmdResult {
+    let r = client(&a.conn)?.rollback(&a.env, &kiln_api::RollbackRequest { to: a.to, comment: a.comment }).await?;
+    if a.json {
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&r).expect("json"));
+        return Ok(exit::OK);
+    }
+    kiln_cmd::outln!(
+        "rolling {} back to deployment {} ({}#{} {}): run {} (#{}) deploys it again",
+        a.env,
+        r.to.id,
+        r.to.repo,
+        r.to.run_number,
+        &r.to.commit_sha[..r.to.commit_sha.len().min(12)],
+        r.run_id,
+        r.run_number
+    );
+    for art in &r.to.artifacts {
+        kiln_cmd::outln!("  {} (from {}) sha256:{}", art.name, art.from_job, art.sha256);
+    }
+    kiln_cmd::outln!("follow it with `kiln wait {}` or `kiln deploys {}`", r.run_id, a.env);
     Ok(exit::OK)
 }

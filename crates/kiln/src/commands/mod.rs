@@ -42,6 +42,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Env { command } => env::run(command).await,
         Command::Deploys(a) => env::deploys(a).await,
         Command::Approve(a) => env::decide(a, "approve").await,
+        Command::Rollback(a) => env::rollback(a).await,
         Command::Reject(a) => env::decide(a, "reject").await,
         Command::Queue(a) => team::queue(a).await,
         Command::Priority(a) => team::priority(a).await,

@@ -109,6 +109,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             commit_title: None,
             commit_author: None,
             pull_request_title: None,
+            rollback: None,
         })
         .await
         .unwrap();
