@@ -579,6 +579,10 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .call("GET", "/v1/environments/{env}/deployments", "/v1/environments/spec-env/deployments?limit=5", a, None)
         .await;
     assert_eq!(deployed.status, 200);
+    let nothing = c
+        .call("POST", "/v1/environments/{env}/rollback", "/v1/environments/spec-env/rollback", a, Some(json!({})))
+        .await;
+    assert_eq!(nothing.status, 409, "nothing deployed to return to: {}", String::from_utf8_lossy(&nothing.bytes));
     let approvals = format!("/v1/workflow-runs/{run_id}/approvals");
     assert_eq!(c.call("GET", "/v1/workflow-runs/{run}/approvals", &approvals, a, None).await.status, 200);
     let refused = c

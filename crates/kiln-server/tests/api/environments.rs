@@ -151,3 +151,52 @@ async fn a_matrix_deploy_needs_one_approval_and_refs_selfreview_and_reruns_are_e
         Some("cancelled: deployment to `production` rejected by alice: not on a Friday")
     );
 }
+
+/// `POST /v1/environments/{env}/rollback` (issue 46): its approvers only
+/// (a read token listed by name may; an admin not listed may not); nothing
+/// deployed, or no such deployment of it, changes nothing; bad bodies 4xx.
+#[tokio::test]
+async fn only_an_environments_approvers_roll_it_back_and_a_refusal_changes_nothing() {
+    let app = TestApp::new().await;
+    let _repo = super::repo(&app, "shop", DEPLOY).await;
+    let alice = token(&app, "alice", "read").await;
+    let mallory = token(&app, "mallory", "read").await;
+    let trigger = app
+        .admin()
+        .post("/v1/tokens")
+        .json(&api::CreateToken { name: "ci".into(), scope: "trigger".into(), repo: Some("shop".into()), trusted: None })
+        .send()
+        .await
+        .assert_status(StatusCode::CREATED)
+        .json::<api::CreatedToken>()
+        .token;
+    let env = api::CreateEnvironment {
+        name: "production".into(),
+        approvers: vec!["alice".into()],
+        min_approvals: Some(1),
+        ..Default::default()
+    };
+    app.admin().post("/v1/environments").json(&env).send().await.assert_status(StatusCode::CREATED);
+    let url = "/v1/environments/production/rollback";
+    let body = api::RollbackRequest::default();
+    let res = app.admin().post(url).json(&body).send().await.assert_status(StatusCode::FORBIDDEN);
+    assert!(res.text().contains("its approvers are alice"), "{}", res.text());
+    app.with_token(&mallory).post(url).json(&body).send().await.assert_status(StatusCode::FORBIDDEN);
+    app.with_token(&trigger).post(url).json(&body).send().await.assert_status(StatusCode::FORBIDDEN);
+    let res = app.with_token(&alice).post(url).json(&body).send().await.assert_status(StatusCode::CONFLICT);
+    assert!(res.text().contains("no successful deployment"), "{}", res.text());
+    let to = api::RollbackRequest { to: Some("nope".into()), comment: None };
+    app.with_token(&alice).post(url).json(&to).send().await.assert_status(StatusCode::NOT_FOUND);
+    app.with_token(&alice)
+        .post("/v1/environments/staging/rollback")
+        .json(&body)
+        .send()
+        .await
+        .assert_status(StatusCode::NOT_FOUND);
+    let res = app.with_token(&alice).post(url).body("{\"to\": 3, \"force\": true}").send().await;
+    assert!(res.status.is_client_error(), "a bad body is refused: {}", res.status);
+    let runs: api::RunList = app.admin().get("/v1/repos/shop/workflow-runs").send().await.assert_status(StatusCode::OK).json();
+    assert!(runs.runs.is_empty(), "no run was accepted by a refused rollback");
+    let audit = app.admin().get("/v1/audit").send().await.assert_status(StatusCode::OK).text();
+    assert!(!audit.contains("deployment.rollback"), "{audit}");
+}
