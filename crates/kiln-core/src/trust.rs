@@ -65,6 +65,12 @@ pub enum TrustTrigger<'a> {
     /// A retry of a run accepted with `parent` trust, by a caller who may
     /// or may not start trusted runs.
     Retry { parent: Trust, may_start_trusted: bool },
+    /// A rollback (issue 46) to a deployment of a run accepted with
+    /// `parent` trust, asked for by one of its environment's approvers: the
+    /// parent's deploy jobs run again on bytes that already ran with that
+    /// trust, approved by the caller — the parent's trust, never raised
+    /// (an approver's token need not start trusted runs of its own).
+    Rollback { parent: Trust },
     /// A push (webhook or polling): to `git_ref`; `protected` when its
     /// branch matches one of the repository's `protected_refs` patterns.
     Push { git_ref: &'a str, default_branch: &'a str, protected: bool },
@@ -99,6 +105,7 @@ pub fn decide(trigger: TrustTrigger) -> Trust {
         }
         TrustTrigger::Retry { parent: Trusted, may_start_trusted: true } => Trusted,
         TrustTrigger::Retry { .. } => Untrusted,
+        TrustTrigger::Rollback { parent } => parent,
         TrustTrigger::Push { git_ref, default_branch, protected } => {
             if git_ref.starts_with("refs/tags/") {
                 return Trusted;
@@ -145,6 +152,8 @@ mod tests {
             (T::Retry { parent: Trusted, may_start_trusted: true }, Trusted),
             (T::Retry { parent: Trusted, may_start_trusted: false }, Untrusted),
             (T::Retry { parent: Untrusted, may_start_trusted: true }, Untrusted),
+            (T::Rollback { parent: Trusted }, Trusted),
+            (T::Rollback { parent: Untrusted }, Untrusted),
             (push("refs/heads/main", false), Trusted),
             (push("refs/tags/v1.0", false), Trusted),
             (push("refs/heads/release/1.x", true), Trusted),

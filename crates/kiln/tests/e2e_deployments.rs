@@ -217,8 +217,15 @@ async fn a_rollback_deploys_the_earlier_bytes_again_without_a_build_after_gc() {
         assert_eq!(r.status, "success", "{r:?}\n{}", server.log());
         runs.push(r);
     }
-    let (code, out) = run_cli(&["env", "set", "production", "--wait", "10m"]);
+    // From now on alice (a read token, which may not start trusted runs
+    // of its own) approves production's deploys, and rolls it back.
+    let (code, out) = run_cli(&["env", "set", "production", "--wait", "10m", "--approvers", "alice"]);
     assert_eq!(code, 0, "{out}");
+    let alice = c
+        .create_token(&kiln_api::CreateToken { name: "alice".into(), scope: "read".into(), repo: None, trusted: None })
+        .await
+        .unwrap()
+        .token;
     let l = c.deployments("production", 10).await.unwrap().deployments;
     assert_eq!(l.len(), 2);
     let (second, first) = (&l[0], &l[1]);
@@ -228,8 +235,17 @@ async fn a_rollback_deploys_the_earlier_bytes_again_without_a_build_after_gc() {
     // Past expire-in, with the collector running every 300 ms: the deployed
     // bytes stay (pinned), so a rollback to them needs no build.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (code, out) = run_cli(&["rollback", "production", "--comment", "errors up"]);
-    assert_eq!(code, 0, "{out}\n{}", server.log());
+    let (code, out) = run_cli(&["rollback", "production"]);
+    assert_ne!(code, 0, "the admin is not production's approver: {out}");
+    assert!(out.contains("its approvers are alice"), "{out}");
+    let o = server
+        .cli()
+        .env("KILN_TOKEN", &alice)
+        .args(["rollback", "production", "--comment", "errors up"])
+        .output()
+        .unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}\n{}", server.log());
     assert!(out.contains(&format!("back to deployment {}", first.id)), "{out}");
     assert!(out.contains(&first.artifacts[0].sha256), "{out}");
     let back_id =
@@ -237,6 +253,7 @@ async fn a_rollback_deploys_the_earlier_bytes_again_without_a_build_after_gc() {
     let back = wait_run(&c, &back_id, 120).await;
     assert_eq!(back.status, "success", "no wait for a rollback: {back:?}\n{}", server.log());
     assert_eq!(back.event, "rollback");
+    assert_eq!(back.trust, "trusted", "the deployment's run's trust, whoever approved the rollback");
     let build = back.jobs.iter().find(|j| j.name == "build").unwrap();
     assert_eq!(build.status, "success");
     assert!(build.attempts.is_empty(), "no build ran: {build:?}");
@@ -254,7 +271,7 @@ async fn a_rollback_deploys_the_earlier_bytes_again_without_a_build_after_gc() {
 
     // Two newer deployments (keep 2): the second run's bytes are no longer
     // pinned, are collected, and a rollback to them is refused.
-    let (code, out) = run_cli(&["env", "set", "production", "--wait", "0"]);
+    let (code, out) = run_cli(&["env", "set", "production", "--wait", "0", "--approvers", ""]);
     assert_eq!(code, 0, "{out}");
     for _ in 0..2 {
         let r =

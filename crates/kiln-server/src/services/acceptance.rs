@@ -400,7 +400,10 @@ async fn again(
         state,
         Freeze {
             kind: TriggerKind::Retry,
-            trust: TrustTrigger::Retry { parent, may_start_trusted: by.may_start_trusted },
+            trust: match rollback {
+                Some(_) => TrustTrigger::Rollback { parent },
+                None => TrustTrigger::Retry { parent, may_start_trusted: by.may_start_trusted },
+            },
             repo: &repo,
             commit_sha: old.commit_sha,
             git_ref: old.git_ref,

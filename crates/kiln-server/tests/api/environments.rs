@@ -164,7 +164,12 @@ async fn only_an_environments_approvers_roll_it_back_and_a_refusal_changes_nothi
     let trigger = app
         .admin()
         .post("/v1/tokens")
-        .json(&api::CreateToken { name: "ci".into(), scope: "trigger".into(), repo: Some("shop".into()), trusted: None })
+        .json(&api::CreateToken {
+            name: "ci".into(),
+            scope: "trigger".into(),
+            repo: Some("shop".into()),
+            trusted: None,
+        })
         .send()
         .await
         .assert_status(StatusCode::CREATED)
@@ -195,7 +200,8 @@ async fn only_an_environments_approvers_roll_it_back_and_a_refusal_changes_nothi
         .assert_status(StatusCode::NOT_FOUND);
     let res = app.with_token(&alice).post(url).body("{\"to\": 3, \"force\": true}").send().await;
     assert!(res.status.is_client_error(), "a bad body is refused: {}", res.status);
-    let runs: api::RunList = app.admin().get("/v1/repos/shop/workflow-runs").send().await.assert_status(StatusCode::OK).json();
+    let runs: api::RunList =
+        app.admin().get("/v1/repos/shop/workflow-runs").send().await.assert_status(StatusCode::OK).json();
     assert!(runs.runs.is_empty(), "no run was accepted by a refused rollback");
     let audit = app.admin().get("/v1/audit").send().await.assert_status(StatusCode::OK).text();
     assert!(!audit.contains("deployment.rollback"), "{audit}");

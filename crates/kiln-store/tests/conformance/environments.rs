@@ -184,7 +184,9 @@ pub async fn an_environments_wait_delays_its_deploy_jobs<S: Store + 'static>(o: 
 /// `expire-in: 0`; `lint` fails on its own; `deploy` deploys `app` to
 /// production.
 fn build_and_deploy() -> Workflow {
-    let mut w = wf("version: 1\njobs:\n  - name: build\n    steps: [x]\n    artifacts:\n      publish:\n        - {name: app, path: out/app, expire-in: 1s}\n        - {name: log, path: out/log, expire-in: 1s}\n  - name: lint\n    steps: [x]\n  - name: deploy\n    needs: [build]\n    environment: production\n    steps: [x]\n    artifacts:\n      restore: [{name: app, from_job: build, path: app}]\n");
+    let mut w = wf(
+        "version: 1\njobs:\n  - name: build\n    steps: [x]\n    artifacts:\n      publish:\n        - {name: app, path: out/app, expire-in: 1s}\n        - {name: log, path: out/log, expire-in: 1s}\n  - name: lint\n    steps: [x]\n  - name: deploy\n    needs: [build]\n    environment: production\n    steps: [x]\n    artifacts:\n      restore: [{name: app, from_job: build, path: app}]\n",
+    );
     // Due as soon as the run ends.
     for p in &mut w.jobs[0].artifacts.publish {
         p.expire_in_secs = Some(0);
