@@ -1073,6 +1073,9 @@ pub trait Attester: Send + Sync {
     fn builder_id(&self, pool: &str) -> String;
     /// Kiln's version, for `runDetails.builder.version`.
     fn version(&self) -> String;
+    /// The public keys its statements verify with (every key still
+    /// served): an environment's `--require-provenance` checks them.
+    fn verifying_keys(&self) -> Vec<kiln_provenance::dsse::PublicKey>;
 }
 
 /// A bound artifact's provenance.
@@ -1122,6 +1125,10 @@ pub struct EnvironmentRecord {
     pub wait_ms: i64,
     /// How long an approval stands (ms; default 30 days).
     pub approval_ttl_ms: i64,
+    /// The provenance policy every artifact a deploy job restores must
+    /// satisfy (`kiln_provenance::deploy::DeployPolicy`, canonical form);
+    /// `None`: none.
+    pub require_provenance: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
 }
