@@ -145,14 +145,16 @@ fn whatever_the_policy_the_statement_must_hold() {
     let p = policy("ref=refs/heads/main");
     // No statement at all.
     assert_eq!(check_artifact(&p, "app", "g", SHA, None, &keys(&k)).unwrap_err().check, "provenance");
-    // Signed by a key the server does not hold.
-    assert_eq!(check_artifact(&p, "app", "g", SHA, Some(&good), &keys(&key())).unwrap_err().check, "key");
+    // Signed by a key the server does not hold; a key of that id that does not match.
+    let other = vec![PublicKey { keyid: "k2".into(), key: *key().verifying_key() }];
+    assert_eq!(check_artifact(&p, "app", "g", SHA, Some(&good), &other).unwrap_err().check, "key");
+    assert_eq!(check_artifact(&p, "app", "g", SHA, Some(&good), &keys(&key())).unwrap_err().check, "signature");
     // Other bytes than the attested ones.
     assert_eq!(check_artifact(&p, "app", "g", "bb22", Some(&good), &keys(&k)).unwrap_err().check, "digest");
     // A statement about another artifact.
     assert_eq!(check_artifact(&p, "web", "g", SHA, Some(&good), &keys(&k)).unwrap_err().check, "subject");
     // A policy without `repo=` still checks the signature.
     let p = policy("trusted");
-    assert_eq!(check_artifact(&p, "app", "g", SHA, Some(&good), &keys(&key())).unwrap_err().check, "key");
+    assert_eq!(check_artifact(&p, "app", "g", SHA, Some(&good), &other).unwrap_err().check, "key");
     assert_eq!(check_artifact(&p, "app", "g", SHA, Some(b"{}"), &keys(&k)).unwrap_err().check, "envelope");
 }
