@@ -1949,6 +1949,10 @@ pub struct Environment {
     pub wait_secs: u64,
     /// Seconds an approval stands (default 30 days).
     pub approval_ttl_secs: u64,
+    /// The provenance policy every artifact a deploy job restores must satisfy (canonical
+    /// form, e.g. `trusted,ref=refs/heads/main`); absent: none. See docs/deployments.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_provenance: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
@@ -1971,6 +1975,9 @@ pub struct CreateEnvironment {
     pub wait_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_ttl_secs: Option<u64>,
+    /// A provenance policy (`trusted,repo=NAME,ref=REF,workflow=PATH,builder=ID`; `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_provenance: Option<String>,
 }
 
 /// `PATCH /v1/environments/{env}`: what is absent is kept.
@@ -1990,6 +1997,9 @@ pub struct UpdateEnvironment {
     pub wait_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_ttl_secs: Option<u64>,
+    /// A provenance policy; `none` (or empty) removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_provenance: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -26,6 +26,7 @@ pub(crate) fn view(e: EnvironmentRecord) -> api::Environment {
         refs: e.refs,
         wait_secs: u64::try_from(e.wait_ms / 1000).unwrap_or(0),
         approval_ttl_secs: u64::try_from(e.approval_ttl_ms / 1000).unwrap_or(0),
+        require_provenance: e.require_provenance,
         created_at_ms: e.created_at,
         updated_at_ms: e.updated_at,
     }
@@ -39,7 +40,15 @@ fn describe(e: &EnvironmentRecord) -> String {
         e.prevent_self_review,
         e.refs.join(","),
         e.wait_ms / 1000
-    )
+    ) + &e.require_provenance.as_ref().map(|p| format!(" require-provenance {p}")).unwrap_or_default()
+}
+
+/// A provenance policy as given (`none` or empty: none), in its canonical
+/// form; 422 naming what is wrong.
+fn provenance_policy(text: &str) -> ApiResult<Option<String>> {
+    kiln_provenance::deploy::DeployPolicy::parse(text)
+        .map(|p| p.map(|p| p.to_string()))
+        .map_err(|e| ApiErr::invalid(format!("--require-provenance: {e}")))
 }
 
 /// Trimmed, non-empty, deduplicated names or patterns.
@@ -85,6 +94,7 @@ pub(crate) async fn create(
         refs: clean(req.refs, "ref pattern")?,
         wait_ms: secs_ms(req.wait_secs.unwrap_or(0), "wait")?,
         approval_ttl_ms: secs_ms(req.approval_ttl_secs.unwrap_or(DEFAULT_APPROVAL_TTL_SECS), "approval lifetime")?,
+        require_provenance: provenance_policy(req.require_provenance.as_deref().unwrap_or(""))?,
         ..Default::default()
     };
     let e = state.store.put_environment(&e, true).await?;
@@ -116,6 +126,9 @@ pub(crate) async fn update(
     }
     if let Some(t) = req.approval_ttl_secs {
         e.approval_ttl_ms = secs_ms(t, "approval lifetime")?;
+    }
+    if let Some(p) = &req.require_provenance {
+        e.require_provenance = provenance_policy(p)?;
     }
     let e = state.store.put_environment(&e, false).await?;
     access::audit(state, &by.actor, "environment.update", &e.name, describe(&e)).await?;
