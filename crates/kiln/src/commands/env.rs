@@ -25,13 +25,24 @@ fn describe(e: &kiln_api::Environment) -> String {
     if e.wait_secs > 0 {
         s.push_str(&format!("; wait {}", super::shared::duration_text(e.wait_secs as i64 * 1000)));
     }
+    if let Some(p) = &e.require_provenance {
+        s.push_str(&format!("; provenance: {p}"));
+    }
     s
 }
 
 pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
     match cmd {
         EnvCommand::Create { name, rules, conn } => {
-            let EnvRules { approvers, min_approvals, prevent_self_review, refs, wait, approval_expiry } = rules;
+            let EnvRules {
+                approvers,
+                min_approvals,
+                prevent_self_review,
+                refs,
+                wait,
+                approval_expiry,
+                require_provenance,
+            } = rules;
             let e = client(&conn)?
                 .create_environment(&kiln_api::CreateEnvironment {
                     name,
@@ -41,6 +52,7 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                     refs: list(refs).unwrap_or_default(),
                     wait_secs: wait.map(|d| d.as_secs()),
                     approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
+                    require_provenance,
                 })
                 .await?;
             kiln_cmd::outln!("environment {} created: {}", e.name, describe(&e));
@@ -68,7 +80,15 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
             }
         }
         EnvCommand::Set { name, rules, conn } => {
-            let EnvRules { approvers, min_approvals, prevent_self_review, refs, wait, approval_expiry } = rules;
+            let EnvRules {
+                approvers,
+                min_approvals,
+                prevent_self_review,
+                refs,
+                wait,
+                approval_expiry,
+                require_provenance,
+            } = rules;
             let u = kiln_api::UpdateEnvironment {
                 approvers: list(approvers),
                 min_approvals,
@@ -76,11 +96,12 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                 refs: list(refs),
                 wait_secs: wait.map(|d| d.as_secs()),
                 approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
+                require_provenance,
             };
             if u == kiln_api::UpdateEnvironment::default() {
                 return Err(kiln_cmd::usage(
-                    "nothing to change: give --approvers, --min-approvals, --prevent-self-review, --refs, --wait or \
-                     --approval-expiry",
+                    "nothing to change: give --approvers, --min-approvals, --prevent-self-review, --refs, --wait, \
+                     --approval-expiry or --require-provenance",
                 ));
             }
             let e = client(&conn)?.update_environment(&name, &u).await?;
