@@ -5,7 +5,8 @@
 //! removed with their environment. A deploy job of an environment with a
 //! `--require-provenance` policy starts only if every artifact it restores
 //! has a statement that verifies and satisfies the policy; otherwise it is
-//! cancelled naming the failed check and the artifact, and its run fails.
+//! cancelled naming the failed check and the artifact (another ref, an
+//! untrusted run), and its run fails.
 
 use super::*;
 use kiln_core::RunStatus;
@@ -89,11 +90,18 @@ const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abc
 /// A run of [`DEPLOY`] from `git_ref` whose build bound `app`: its id and
 /// the generation.
 async fn built<S: Store>(s: &S, repo: &RepoRecord, git_ref: &str) -> (String, String) {
-    let run = NewRun { git_ref: Some(git_ref.into()), ..new_run(&repo.id, wf(DEPLOY)) };
+    built_as(s, repo, git_ref, "trusted").await
+}
+
+async fn built_as<S: Store>(s: &S, repo: &RepoRecord, git_ref: &str, trust: &str) -> (String, String) {
+    let run = NewRun { git_ref: Some(git_ref.into()), trust: trust.into(), ..new_run(&repo.id, wf(DEPLOY)) };
     let run = s.accept_run(run).await.unwrap().run_id;
     let a = agent(s, &format!("a-{}", uuid::Uuid::new_v4().simple()), 4).await;
     let build = job_id(s, &run, "build").await;
-    claim(s, &a, &build, LONG_TTL).await;
+    // This agent (default pool, host executor) may run untrusted code too.
+    let mut input = claim_input(&a, &build, s.get_job(&build).await.unwrap().dispatch_generation, LONG_TTL);
+    input.untrusted = kiln_core::claim::UntrustedPolicy { pools: vec!["default".into()], host_executor: true };
+    s.claim(input).await.unwrap().expect("the build is claimed");
     let g = s.create_generation(&build, 1, "app", 10, SHA, 10).await.unwrap();
     s.seal_generation(&g.id, &build, 1).await.unwrap();
     assert_eq!(s.complete(&build, 1, success()).await.unwrap(), "success");
@@ -143,6 +151,15 @@ pub async fn a_deploy_job_restoring_an_artifact_its_environment_refuses_is_cance
     assert_eq!((refusal.check, refusal.generation.as_str()), ("ref", generation.as_str()));
     let none = s.provenance_refusal("production", &[art(&run, "no-such-generation")]).await.unwrap().unwrap();
     assert_eq!(none.check, "provenance", "no statement: refused");
+
+    // Built from main by an untrusted run (a fork's pull request): refused by `trusted`.
+    let (untrusted, _) = built_as(s, &r, "refs/heads/main", "untrusted").await;
+    let v = view(s, &untrusted).await;
+    let deploy = jv(&v, "deploy");
+    let msg = deploy.job.message.clone().unwrap_or_default();
+    assert_eq!(deploy.job.status, JobStatus::Cancelled, "{msg}");
+    assert!(msg.contains("provenance check `trusted` failed for artifact `app`"), "{msg}");
+    assert_eq!(v.run.status, RunStatus::Failed);
 
     // Built from main: the deploy is ready to run.
     let (main, main_gen) = built(s, &r, "refs/heads/main").await;
