@@ -294,6 +294,29 @@ impl Client {
         Ok(())
     }
 
+    /// `PUT /v1/environments/{env}/secrets/{name}` (issue 46).
+    pub async fn put_env_secret(&self, env: &str, name: &str, value: &str) -> Result<SecretInfo, ApiError> {
+        let body = PutSecret { value: value.to_string() };
+        self.send(Method::PUT, &format!("/v1/environments/{}/secrets/{}", enc(env), enc(name)), Some(&body), &[], None)
+            .await
+    }
+
+    pub async fn list_env_secrets(&self, env: &str) -> Result<Vec<SecretInfo>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Secrets {
+            secrets: Vec<SecretInfo>,
+        }
+        let r: Secrets =
+            self.send::<(), _>(Method::GET, &format!("/v1/environments/{}/secrets", enc(env)), None, &[], None).await?;
+        Ok(r.secrets)
+    }
+
+    pub async fn delete_env_secret(&self, env: &str, name: &str) -> Result<(), ApiError> {
+        let path = format!("/v1/environments/{}/secrets/{}", enc(env), enc(name));
+        let _: serde_json::Value = self.send::<(), _>(Method::DELETE, &path, None, &[], None).await?;
+        Ok(())
+    }
+
     pub async fn create_notification(&self, repo: &str, body: &CreateNotification) -> Result<Notification, ApiError> {
         self.send(Method::POST, &format!("/v1/repos/{}/notifications", enc(repo)), Some(body), &[], None).await
     }

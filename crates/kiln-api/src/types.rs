@@ -1953,6 +1953,10 @@ pub struct Environment {
     /// (besides the current one), so a rollback to them deploys the same bytes.
     #[serde(default = "default_keep_deployments")]
     pub keep_deployments: u32,
+    /// The provenance policy every artifact a deploy job restores must satisfy (canonical
+    /// form, e.g. `trusted,ref=refs/heads/main`); absent: none. See docs/deployments.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_provenance: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
@@ -1978,6 +1982,9 @@ pub struct CreateEnvironment {
     /// Default 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_deployments: Option<u32>,
+    /// A provenance policy (`trusted,repo=NAME,ref=REF,workflow=PATH,builder=ID`; `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_provenance: Option<String>,
 }
 
 /// What `keep_deployments` is unless set.
@@ -2006,6 +2013,9 @@ pub struct UpdateEnvironment {
     pub approval_ttl_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_deployments: Option<u32>,
+    /// A provenance policy; `none` (or empty) removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_provenance: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

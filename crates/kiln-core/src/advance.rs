@@ -141,6 +141,10 @@ pub struct AdvanceRun {
     /// The gate of each environment the run's jobs deploy to (an
     /// environment missing here is [`EnvironmentGate::Open`]).
     pub environments: HashMap<String, EnvironmentGate>,
+    /// Deploy jobs their environment's provenance policy refuses (issue
+    /// 46, `--require-provenance`): job name → why. Such a job, once it
+    /// would run, is cancelled with this message (before any approval).
+    pub refused: HashMap<String, String>,
 }
 
 /// What the store does for one job (or the run). `job` is the index into the
@@ -282,7 +286,13 @@ impl AdvancePass {
             self.set(i, JobEvent::Skip);
             return Some(Verdict::Skip { job: i, why });
         }
-        // Approval first: an unapproved deploy holds no place in its
+        // Provenance first: an artifact the environment refuses is never
+        // deployed, however approved.
+        if let Some(why) = self.run.refused.get(&self.jobs[i].name).cloned() {
+            self.set(i, JobEvent::Cancel);
+            return Some(Verdict::Reject { job: i, why });
+        }
+        // Approval next: an unapproved deploy holds no place in its
         // environment's queue.
         match gate {
             Some(EnvironmentGate::Waiting(message)) => return Some(Verdict::WaitApproval { job: i, message }),

@@ -54,6 +54,7 @@ fn run(status: RunStatus) -> AdvanceRun {
         repo_id: "repo".into(),
         awaiting_release: false,
         environments: Default::default(),
+        refused: Default::default(),
     }
 }
 
@@ -359,4 +360,39 @@ fn an_environment_gate_holds_every_expansion_until_approved_then_queues_them() {
     // A job not deploying to the gated environment is not held.
     let other = vec![j("build", Pending, &[]), deploy(j("ship", Pending, &["build"]), "staging")];
     assert_eq!(plan(env_run(EnvironmentGate::Waiting(waiting)), other)[0], ready(0));
+}
+
+#[test]
+fn a_deploy_job_its_provenance_policy_refuses_is_cancelled_before_any_approval_and_fails_the_run() {
+    let why = "cancelled: provenance check `ref` failed for artifact `app` (generation g1): …".to_string();
+    let refused = |gate: EnvironmentGate| AdvanceRun {
+        environments: [("production".to_string(), gate)].into_iter().collect(),
+        refused: [("deploy".to_string(), why.clone())].into_iter().collect(),
+        ..run(RunStatus::Running)
+    };
+    let jobs = vec![j("build", Success, &[]), deploy(j("deploy", Pending, &["build"]), "production")];
+    for gate in [EnvironmentGate::Open, EnvironmentGate::Waiting("waiting".into())] {
+        assert_eq!(
+            plan(refused(gate), jobs.clone()),
+            vec![Verdict::Reject { job: 1, why: why.clone() }, Verdict::Finish(RunStatus::Failed)]
+        );
+    }
+    // Not refused: it queues as any approved deploy job.
+    let open = AdvanceRun { refused: Default::default(), ..refused(EnvironmentGate::Open) };
+    assert_eq!(
+        plan(open, jobs.clone()),
+        vec![
+            Verdict::EnterGroup {
+                job: 1,
+                key: "environment:production".into(),
+                cancel_in_progress: false,
+                ordered: true
+            },
+            ready(1),
+        ]
+    );
+    // A job that would be skipped is skipped, not refused.
+    let failed = vec![j("build", Failed, &[]), deploy(j("deploy", Pending, &["build"]), "production")];
+    let got = plan(refused(EnvironmentGate::Open), failed);
+    assert_eq!(got[0], skip(1, "skipped: a job it needs did not succeed"));
 }

@@ -430,6 +430,7 @@ impl<C: Conditions> RunModel<C> {
             repo_id: String::new(),
             awaiting_release: self.awaiting_release(),
             environments: Default::default(),
+            refused: Default::default(),
         };
         let jobs = self
             .jobs

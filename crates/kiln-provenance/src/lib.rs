@@ -5,6 +5,7 @@
 //! its own exit code ([`verify`]). Pure: the server holds the keys and
 //! writes statements in its binding transaction; the CLI reads files.
 
+pub mod deploy;
 pub mod dsse;
 pub mod statement;
 pub mod verify;

@@ -118,7 +118,7 @@ pub struct Verified {
 
 /// The in-toto statement an envelope (its JSON bytes) carries, once its
 /// signature verified with one of `keys`.
-fn signed_statement(envelope: &[u8], keys: &[PublicKey]) -> Result<Statement, Refused> {
+pub(crate) fn signed_statement(envelope: &[u8], keys: &[PublicKey]) -> Result<Statement, Refused> {
     let env = dsse::parse(envelope).map_err(|e| refuse(Failure::Malformed, e.to_string()))?;
     let payload = dsse::verify(&env, dsse::IN_TOTO, keys).map_err(|e| match e {
         DsseError::Malformed(_) => refuse(Failure::Malformed, e.to_string()),

@@ -32,4 +32,8 @@ impl kiln_store::Attester for Attester {
     fn version(&self) -> String {
         env!("CARGO_PKG_VERSION").to_string()
     }
+
+    fn verifying_keys(&self) -> Vec<kiln_provenance::dsse::PublicKey> {
+        self.issuer.public_keys()
+    }
 }

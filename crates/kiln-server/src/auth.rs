@@ -249,6 +249,7 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
     // Notifications: their URLs may hold a receiver's token (Slack's do).
     const ADMIN_ONLY_READS: &[&str] = &[
         "/v1/repos/{repo}/secrets",
+        "/v1/environments/{env}/secrets",
         "/v1/repos/{repo}/notifications",
         "/v1/repos/{repo}/notifications/deliveries",
         "/v1/tokens",
@@ -565,6 +566,14 @@ mod tests {
             (&trigger, &post, "/v1/repos", Deny),
             (&trigger, &get, "/v1/repos/{repo}/secrets", Deny),
             (&trigger, &put, "/v1/repos/{repo}/secrets/{name}", Deny),
+            // Issue 46: environment secrets are an admin's, like a repository's.
+            (&Scope::Admin, &put, "/v1/environments/{env}/secrets/{name}", Allow),
+            (&Scope::Admin, &get, "/v1/environments/{env}/secrets", Allow),
+            (&Scope::Read, &get, "/v1/environments/{env}/secrets", Deny),
+            (&Scope::Read, &put, "/v1/environments/{env}/secrets/{name}", Deny),
+            (&Scope::Read, &delete, "/v1/environments/{env}/secrets/{name}", Deny),
+            (&trigger, &get, "/v1/environments/{env}/secrets", Deny),
+            (&trigger, &put, "/v1/environments/{env}/secrets/{name}", Deny),
             // Issue 42: notifications are an admin's (their URLs and log
             // are admin-only reads); a badge is a read of its repository.
             (&Scope::Admin, &post, "/v1/repos/{repo}/notifications", Allow),

@@ -200,6 +200,18 @@ impl Issuer {
         Ok((serde_json::to_string(&env)?, key.kid.clone()))
     }
 
+    /// Every published public key (its file re-read first, as [`Self::jwks`]
+    /// does: another replica may have rotated), for checking statements.
+    pub fn public_keys(&self) -> Vec<kiln_provenance::dsse::PublicKey> {
+        if let Err(e) = self.refresh() {
+            tracing::warn!("cannot refresh the keys: {e:#}");
+        }
+        let keys = self.keys.lock().expect("keys");
+        keys.iter()
+            .map(|k| kiln_provenance::dsse::PublicKey { keyid: k.kid.clone(), key: *k.sk.verifying_key() })
+            .collect()
+    }
+
     /// The public keys as PEM, newest last (`kiln keys export --pem`).
     pub fn pems(&self) -> Vec<(String, String)> {
         let keys = self.keys.lock().expect("keys");

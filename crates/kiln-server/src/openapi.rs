@@ -15,8 +15,8 @@
 //! the document with an independent validator.
 
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, environments, health, logs, notify, oidc, repos, runs, secrets, teams,
-    tests_api, ui,
+    access, agents, artifacts, attempts, blob, env_secrets, environments, health, logs, notify, oidc, repos, runs,
+    secrets, teams, tests_api, ui,
 };
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -66,6 +66,7 @@ pub(crate) mod scheme {
         environments::list, environments::create, environments::get, environments::update, environments::delete,
         environments::decide, environments::approvals, environments::deployments, environments::rollback,
         secrets::list, secrets::put, secrets::delete,
+        env_secrets::list, env_secrets::put, env_secrets::delete,
         logs::events, artifacts::get, artifacts::provenance, artifacts::test_attestation,
         access::create_token, access::list_tokens, access::revoke_token, access::create_join_token,
         access::list_join_tokens, access::revoke_join_token, access::list_agents, access::remove_agent,

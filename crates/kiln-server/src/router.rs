@@ -7,8 +7,8 @@
 
 use crate::auth;
 use crate::handlers::{
-    access, agents, artifacts, attempts, blob, environments, health, logs, notify, oidc, repos, runs, secrets, teams,
-    tests_api, ui,
+    access, agents, artifacts, attempts, blob, env_secrets, environments, health, logs, notify, oidc, repos, runs,
+    secrets, teams, tests_api, ui,
 };
 use crate::security::{self, MAX_BODY};
 use crate::state::State;
@@ -58,6 +58,8 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/environments/{env}", delete(environments::delete))
         .route("/v1/environments/{env}/deployments", get(environments::deployments))
         .route("/v1/environments/{env}/rollback", post(environments::rollback))
+        .route("/v1/environments/{env}/secrets", get(env_secrets::list))
+        .route("/v1/environments/{env}/secrets/{name}", put(env_secrets::put).delete(env_secrets::delete))
         .route("/v1/workflow-runs/{run}/approvals", get(environments::approvals))
         .route("/v1/workflow-runs/{run}/approvals", post(environments::decide))
         .route("/v1/workflow-runs/{run}/priority", post(teams::set_priority))

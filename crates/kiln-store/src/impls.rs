@@ -7,8 +7,8 @@ use crate::store::SqlStore;
 use crate::traits::*;
 use crate::tx::outputs::RunOutputs;
 use crate::tx::{
-    accept, access, agents, artifacts, caches, cancel, claim, complete, content, environments, forge, images, lease,
-    logs, notify, outbox, repos, teams, test_reports,
+    accept, access, agents, artifacts, caches, cancel, claim, complete, content, deploy_gate, env_secrets,
+    environments, forge, images, lease, logs, notify, outbox, repos, teams, test_reports,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -777,6 +777,33 @@ impl TeamStore for SqlStore {
 
     async fn charge_teams(&self, charges: &[TeamCharge]) -> Result<std::collections::BTreeMap<String, u64>> {
         teams::charge_teams(self, charges).await
+    }
+}
+
+#[async_trait]
+impl EnvSecretStore for SqlStore {
+    async fn put_env_secret(&self, environment: &str, name: &str, sealed: &str) -> Result<()> {
+        env_secrets::put_env_secret(self, environment, name, sealed).await
+    }
+
+    async fn delete_env_secret(&self, environment: &str, name: &str) -> Result<bool> {
+        env_secrets::delete_env_secret(self, environment, name).await
+    }
+
+    async fn list_env_secrets(&self, environment: &str) -> Result<Vec<(String, i64)>> {
+        env_secrets::list_env_secrets(self, environment).await
+    }
+
+    async fn env_secret_values(&self, environment: &str, names: &[String]) -> Result<BTreeMap<String, String>> {
+        env_secrets::env_secret_values(self, environment, names).await
+    }
+
+    async fn provenance_refusal(
+        &self,
+        environment: &str,
+        artifacts: &[DeployedArtifact],
+    ) -> Result<Option<kiln_provenance::deploy::Refusal>> {
+        deploy_gate::provenance_refusal(self, environment, artifacts).await
     }
 }
 

@@ -35,6 +35,7 @@ pub use segments::SMALL_CHUNK as SMALL_LOG_CHUNK;
 pub use store::{PgStore, SqlStore, SqliteStore};
 pub use traits::*;
 pub use tx::caches::CACHE_ARTIFACT;
+pub use tx::env_secrets::{ENV_SECRET_PREFIX, env_secret_scope};
 pub use tx::outputs::RunOutputs;
 pub use tx::repos::{CLONE_CREDENTIAL, FORGE_TOKEN, WEBHOOK_SECRET};
 pub use tx::teams::DEFAULT_TEAM;

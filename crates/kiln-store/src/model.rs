@@ -1092,6 +1092,9 @@ pub trait Attester: Send + Sync {
     fn builder_id(&self, pool: &str) -> String;
     /// Kiln's version, for `runDetails.builder.version`.
     fn version(&self) -> String;
+    /// The public keys its statements verify with (every key still
+    /// served): an environment's `--require-provenance` checks them.
+    fn verifying_keys(&self) -> Vec<kiln_provenance::dsse::PublicKey>;
 }
 
 /// A bound artifact's provenance.
@@ -1144,6 +1147,10 @@ pub struct EnvironmentRecord {
     /// How many of its newest deployments keep their artifact generations
     /// pinned against expiry (besides the current one; default 10).
     pub keep_deployments: u32,
+    /// The provenance policy every artifact a deploy job restores must
+    /// satisfy (`kiln_provenance::deploy::DeployPolicy`, canonical form);
+    /// `None`: none.
+    pub require_provenance: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
 }

@@ -229,7 +229,9 @@ impl SqlStore {
         let mut tries = 0u32;
         loop {
             let mut tx = self.begin(isolation).await?;
-            let r = match body(&mut tx, args).await {
+            // The attester is in scope for the body: the advance pass
+            // checks deploy jobs' provenance with its keys (`tx::deploy_gate`).
+            let r = match ATTESTER.scope(self.attester(), body(&mut tx, args)).await {
                 Ok(v) => tx.commit().await.map(|()| v),
                 Err(e) => {
                     tx.rollback().await;
@@ -305,4 +307,15 @@ pub(crate) async fn lock_job(tx: &mut Tx, job_id: &str) -> Result<()> {
         tx.sql("SELECT id FROM jobs WHERE id = $1 FOR UPDATE").bind(job_id).fetch_optional().await?;
     }
     Ok(())
+}
+
+tokio::task_local! {
+    /// The attester of the store whose transaction is running.
+    static ATTESTER: Option<std::sync::Arc<dyn crate::Attester>>;
+}
+
+/// The attester of the store whose transaction (`SqlStore::transaction`)
+/// is running, if it has one.
+pub(crate) fn scoped_attester() -> Option<std::sync::Arc<dyn crate::Attester>> {
+    ATTESTER.try_with(Clone::clone).ok().flatten()
 }

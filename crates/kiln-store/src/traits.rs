@@ -561,6 +561,31 @@ pub trait EnvironmentStore: Send + Sync {
     async fn rollback_target(&self, environment: &str, to: Option<&str>) -> Result<DeploymentRecord>;
 }
 
+/// Environment secrets (issue 46): values stored as the server sealed
+/// them, never listed.
+#[async_trait]
+pub trait EnvSecretStore: Send + Sync {
+    /// Create or replace secret `name` of `environment` (`NotFound`: no
+    /// such environment).
+    async fn put_env_secret(&self, environment: &str, name: &str, sealed: &str) -> Result<()>;
+    /// False if there was no such secret.
+    async fn delete_env_secret(&self, environment: &str, name: &str) -> Result<bool>;
+    /// Names and last-update times (ms) of an environment's secrets; never values.
+    async fn list_env_secrets(&self, environment: &str) -> Result<Vec<(String, i64)>>;
+    /// Stored values of the named secrets of `environment` that exist.
+    async fn env_secret_values(&self, environment: &str, names: &[String]) -> Result<BTreeMap<String, String>>;
+    /// Why a deploy job restoring these artifacts may not deploy to
+    /// `environment` under its `--require-provenance` policy: the first
+    /// artifact refused, naming the failed check (`None`: no policy, or
+    /// every artifact passes). For requests that promote or roll back
+    /// (answered 409 with the refusal).
+    async fn provenance_refusal(
+        &self,
+        environment: &str,
+        artifacts: &[DeployedArtifact],
+    ) -> Result<Option<kiln_provenance::deploy::Refusal>>;
+}
+
 /// Test reports, flaky tests and quarantine (issue 43).
 #[async_trait]
 pub trait TestStore: Send + Sync {
@@ -623,6 +648,7 @@ pub trait Store:
     + TestStore
     + TeamStore
     + EnvironmentStore
+    + EnvSecretStore
 {
 }
 impl<
@@ -639,7 +665,8 @@ impl<
         + NotifyStore
         + TestStore
         + TeamStore
-        + EnvironmentStore,
+        + EnvironmentStore
+        + EnvSecretStore,
 > Store for T
 {
 }

@@ -1286,6 +1286,13 @@ pub struct EnvRules {
     /// rollback to them deploys the same bytes (default 10; the current one is always kept).
     #[arg(long, value_name = "N")]
     pub keep_deployments: Option<u32>,
+    /// Deploy only artifacts whose signed provenance satisfies POLICY, a comma-separated list
+    /// of checks: `trusted` (built by a trusted run), `repo=NAME`, `ref=REF` (a full ref,
+    /// `refs/heads/main`), `workflow=PATH`, `builder=ID` (repeatable: any of). A deploy job
+    /// restoring an artifact that fails is cancelled naming the check, and its run fails.
+    /// `none` removes the policy.
+    #[arg(long, value_name = "POLICY")]
+    pub require_provenance: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -1427,34 +1434,49 @@ pub struct PriorityArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum SecretCommand {
-    /// Create or replace secret NAME of REPO. The value is read from standard
-    /// input (one trailing newline removed), so it stays out of shell history:
+    /// Create or replace secret NAME of REPO (`kiln secret set REPO NAME`), or of a deployment
+    /// environment (`kiln secret set NAME --env ENV`). The value is read from standard input
+    /// (one trailing newline removed), so it stays out of shell history:
     /// `printf %s "$TOKEN" | kiln secret set myrepo DEPLOY_TOKEN`.
     Set {
-        /// The repository.
+        /// The repository; with --env, the secret's name.
+        #[arg(value_name = "REPO|NAME")]
         repo: String,
-        /// The secret's name (an environment variable name).
-        name: String,
+        /// The secret's name (an environment variable name); not with --env.
+        name: Option<String>,
+        /// An environment's secret instead: given (with the repository's) only to the approved
+        /// deploy jobs of trusted runs deploying to ENV that list it under `secrets:`; it wins
+        /// over a repository secret of the same name.
+        #[arg(long, value_name = "ENV")]
+        env: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
-    /// List the secret names of REPO (values are never shown).
+    /// List the secret names of REPO, or of environment ENV with --env (values are never shown).
     #[command(alias = "ls")]
     List {
-        /// The repository.
-        repo: String,
+        /// The repository (not with --env).
+        repo: Option<String>,
+        /// List environment ENV's secrets instead.
+        #[arg(long, value_name = "ENV")]
+        env: Option<String>,
         /// Print JSON instead of names.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
         conn: Conn,
     },
-    /// Delete secret NAME of REPO.
+    /// Delete secret NAME of REPO (`kiln secret rm REPO NAME`), or of an environment
+    /// (`kiln secret rm NAME --env ENV`).
     Rm {
-        /// The repository.
+        /// The repository; with --env, the secret's name.
+        #[arg(value_name = "REPO|NAME")]
         repo: String,
-        /// The secret's name.
-        name: String,
+        /// The secret's name; not with --env.
+        name: Option<String>,
+        /// Delete environment ENV's secret instead.
+        #[arg(long, value_name = "ENV")]
+        env: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },

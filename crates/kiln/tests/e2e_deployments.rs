@@ -291,3 +291,114 @@ async fn a_rollback_deploys_the_earlier_bytes_again_without_a_build_after_gc() {
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("has expired"), "{out}");
 }
+
+const SECRET_WORKFLOW: &str = r#"version: 1
+jobs:
+  - name: build
+    secrets: [DEPLOY_KEY]
+    steps:
+      - test "$DEPLOY_KEY" = "repo-value-1234" && echo "build has the repository's key"
+      - mkdir -p out && echo "release" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt}
+  - name: deploy
+    needs: build
+    environment: production
+    secrets: [DEPLOY_KEY]
+    artifacts:
+      restore:
+        - {from_job: build, name: app, path: app.txt}
+    steps:
+      - echo "deploying with $DEPLOY_KEY"
+      - test "$DEPLOY_KEY" = "env-value-5678"
+"#;
+
+/// `kiln secret set NAME --env ENV` from stdin.
+fn set_env_secret(up: &KilnUp, name: &str, env: &str, value: &str) -> (i32, String) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = up
+        .cli()
+        .args(["secret", "set", name, "--env", env])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(value.as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+    )
+}
+
+/// Issue 46: an environment's secret reaches its deploy job (masked in the
+/// log, over the repository's secret of the same name) and not the build;
+/// `--require-provenance` lets main's artifact deploy and cancels a feature
+/// branch's deploy naming the failed check — with the real agent, the real
+/// attestation keys and the real CLI.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_environments_secret_reaches_only_its_deploy_job_and_its_policy_refuses_other_refs() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", SECRET_WORKFLOW)]).unwrap();
+    let (code, out) = cli(&up, None, &["repo", "add", "shop", "--url", &repo.path().display().to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli(&up, None, &["env", "create", "production", "--require-provenance", "ref=main"]);
+    assert_ne!(code, 0, "a bare branch name is refused: {out}");
+    assert!(out.contains("ref=refs/heads/main"), "{out}");
+    let (code, out) =
+        cli(&up, None, &["env", "create", "production", "--require-provenance", "ref=refs/heads/main,trusted"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli(&up, None, &["env", "show", "production"]);
+    assert!(code == 0 && out.contains("provenance: trusted,ref=refs/heads/main"), "{out}");
+    // Values from stdin; with --env only NAME.
+    let (code, out) = set_env_secret(&up, "DEPLOY_KEY", "production", "env-value-5678\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("secret DEPLOY_KEY of environment production set (14 bytes)"), "{out}");
+    let (code, out) = cli(&up, None, &["secret", "set", "shop", "DEPLOY_KEY", "--env", "production"]);
+    assert_ne!(code, 0, "REPO NAME with --env is refused: {out}");
+    let mut set = up.cli();
+    let o = set
+        .args(["secret", "set", "shop", "DEPLOY_KEY"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut o = o;
+        o.stdin.take().unwrap().write_all(b"repo-value-1234").unwrap();
+        assert!(o.wait().unwrap().success());
+    }
+    let (code, out) = cli(&up, None, &["secret", "ls", "--env", "production"]);
+    assert!(code == 0 && out.trim() == "DEPLOY_KEY", "{out}");
+
+    let c = Client::new(&up.url, &up.token);
+    let run = c.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let r = wait_run(&c, &run.run_id, 120).await;
+    assert_eq!(r.status, "success", "{r:?}\n{}", up.log());
+    let (code, log) = cli(&up, None, &["logs", &run.run_id, "deploy"]);
+    assert_eq!(code, 0, "{log}");
+    assert!(log.contains("deploying with ***"), "the deploy job's log masks it: {log}");
+    assert!(!log.contains("env-value-5678"), "{log}");
+    let (_, log) = cli(&up, None, &["logs", &run.run_id, "build"]);
+    assert!(log.contains("build has the repository's key"), "{log}");
+
+    // A feature branch's build: its deploy is cancelled by the policy, the run fails.
+    let o = std::process::Command::new("git").args(["branch", "feature"]).current_dir(repo.path()).status().unwrap();
+    assert!(o.success());
+    let run =
+        c.submit_run("shop", &SubmitRun { commit_sha: "feature".into(), ..Default::default() }, None).await.unwrap();
+    let r = wait_run(&c, &run.run_id, 120).await;
+    assert_eq!(r.status, "failed", "{r:?}");
+    let deploy = r.jobs.iter().find(|j| j.name == "deploy").unwrap();
+    assert_eq!(deploy.status, "cancelled");
+    let msg = deploy.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("provenance check `ref` failed for artifact `app`") && msg.contains("refs/heads/feature"),
+        "{msg}"
+    );
+    assert!(deploy.attempts.is_empty(), "it never ran: {deploy:?}");
+}

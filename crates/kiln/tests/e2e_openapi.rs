@@ -595,6 +595,15 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         )
         .await;
     assert_eq!(refused.status, 409, "an ended run takes no decision: {}", String::from_utf8_lossy(&refused.bytes));
+    // Its secrets (names only) and provenance policy.
+    let (one, all) = ("/v1/environments/{env}/secrets/{name}", "/v1/environments/{env}/secrets");
+    let put = c.call("PUT", one, "/v1/environments/spec-env/secrets/DEPLOY_KEY", a, Some(json!({ "value": "s3cret" })));
+    assert_eq!(put.await.status, 200);
+    assert_eq!(c.call("GET", all, "/v1/environments/spec-env/secrets", a, None).await.status, 200);
+    assert_eq!(c.call("DELETE", one, "/v1/environments/spec-env/secrets/DEPLOY_KEY", a, None).await.status, 200);
+    let policy = json!({ "require_provenance": "trusted,ref=refs/heads/main" });
+    let changed = c.call("PATCH", "/v1/environments/{env}", "/v1/environments/spec-env", a, Some(policy)).await;
+    assert_eq!(changed.status, 200);
     assert_eq!(c.call("DELETE", "/v1/environments/{env}", "/v1/environments/spec-env", a, None).await.status, 200);
 
     // ---------- the agent protocol, by hand ----------

@@ -10,6 +10,7 @@ pub(crate) mod artifacts;
 pub(crate) mod attempts;
 pub(crate) mod blob;
 pub(crate) mod body;
+pub(crate) mod env_secrets;
 pub(crate) mod environments;
 pub(crate) mod health;
 pub(crate) mod logs;

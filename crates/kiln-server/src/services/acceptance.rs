@@ -644,14 +644,30 @@ pub(crate) async fn check_secrets(state: &AppState, repo: &RepoRecord, wf: &Work
         return Ok(());
     }
     let have = state.store.secret_values(&repo.id, &wanted).await?;
-    let mut missing: Vec<&str> = wanted.iter().filter(|n| !have.contains_key(*n)).map(String::as_str).collect();
+    // A deploy job may take a secret from its environment instead (issue 46).
+    let mut missing: Vec<&str> = Vec::new();
+    for j in &wf.jobs {
+        let absent: Vec<&String> = j.secrets.iter().filter(|n| !have.contains_key(*n)).collect();
+        if absent.is_empty() {
+            continue;
+        }
+        let from_env = match &j.environment {
+            Some(e) => {
+                let names: Vec<String> = absent.iter().map(|n| n.to_string()).collect();
+                state.store.env_secret_values(&e.name, &names).await?
+            }
+            None => Default::default(),
+        };
+        missing.extend(absent.into_iter().filter(|n| !from_env.contains_key(*n)).map(String::as_str));
+    }
     missing.sort_unstable();
     missing.dedup();
     if missing.is_empty() {
         return Ok(());
     }
     Err(ApiErr::invalid(format!(
-        "{path} asks for secrets that repository {} does not have: {}; add them with `kiln secret set {} NAME`",
+        "{path} asks for secrets that repository {} does not have: {}; add them with `kiln secret set {} NAME` \
+         (or, for a deploy job, `kiln secret set NAME --env ENV`)",
         repo.name,
         missing.join(", "),
         repo.name

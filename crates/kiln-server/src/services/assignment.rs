@@ -276,10 +276,25 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
                 Err(e) => return Ok(Handout::Withheld(format!("secret {name} of `{}`: {e}", repo.name))),
             }
         }
+        // Issue 46: a deploy job (ready only once its environment's gate
+        // opened) gets its environment's secrets too; the environment's
+        // value wins over the repository's of the same name.
+        let mut target = repo.name.clone();
+        if let Some(env) = &def.environment {
+            match crate::services::env_secrets::values(state, &env.name, &def.secrets).await? {
+                Ok(values) => {
+                    for (name, v) in values {
+                        a.secrets.insert(name, v);
+                    }
+                }
+                Err(why) => return Ok(Handout::Withheld(why)),
+            }
+            target = format!("{target}+env:{}", env.name);
+        }
         let audit = NewAudit {
             actor: format!("agent:{}", agent.id),
             action: "secret.read".into(),
-            target: format!("{}/{}", repo.name, a.secrets.keys().cloned().collect::<Vec<_>>().join(",")),
+            target: format!("{target}/{}", a.secrets.keys().cloned().collect::<Vec<_>>().join(",")),
             detail: format!("run {} job {} epoch {}", c.run.id, c.job.name, c.epoch),
         };
         state.store.audit(&audit).await?;

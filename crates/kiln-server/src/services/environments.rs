@@ -27,6 +27,7 @@ pub(crate) fn view(e: EnvironmentRecord) -> api::Environment {
         wait_secs: u64::try_from(e.wait_ms / 1000).unwrap_or(0),
         approval_ttl_secs: u64::try_from(e.approval_ttl_ms / 1000).unwrap_or(0),
         keep_deployments: e.keep_deployments,
+        require_provenance: e.require_provenance,
         created_at_ms: e.created_at,
         updated_at_ms: e.updated_at,
     }
@@ -41,7 +42,15 @@ fn describe(e: &EnvironmentRecord) -> String {
         e.refs.join(","),
         e.wait_ms / 1000,
         e.keep_deployments
-    )
+    ) + &e.require_provenance.as_ref().map(|p| format!(" require-provenance {p}")).unwrap_or_default()
+}
+
+/// A provenance policy as given (`none` or empty: none), in its canonical
+/// form; 422 naming what is wrong.
+fn provenance_policy(text: &str) -> ApiResult<Option<String>> {
+    kiln_provenance::deploy::DeployPolicy::parse(text)
+        .map(|p| p.map(|p| p.to_string()))
+        .map_err(|e| ApiErr::invalid(format!("--require-provenance: {e}")))
 }
 
 /// Trimmed, non-empty, deduplicated names or patterns.
@@ -88,6 +97,7 @@ pub(crate) async fn create(
         wait_ms: secs_ms(req.wait_secs.unwrap_or(0), "wait")?,
         approval_ttl_ms: secs_ms(req.approval_ttl_secs.unwrap_or(DEFAULT_APPROVAL_TTL_SECS), "approval lifetime")?,
         keep_deployments: req.keep_deployments.unwrap_or(api::DEFAULT_KEEP_DEPLOYMENTS),
+        require_provenance: provenance_policy(req.require_provenance.as_deref().unwrap_or(""))?,
         ..Default::default()
     };
     let e = state.store.put_environment(&e, true).await?;
@@ -122,6 +132,9 @@ pub(crate) async fn update(
     }
     if let Some(k) = req.keep_deployments {
         e.keep_deployments = k;
+    }
+    if let Some(p) = &req.require_provenance {
+        e.require_provenance = provenance_policy(p)?;
     }
     let e = state.store.put_environment(&e, false).await?;
     access::audit(state, &by.actor, "environment.update", &e.name, describe(&e)).await?;
@@ -304,6 +317,15 @@ pub(crate) async fn rollback(
     }
     let to = req.to.as_deref().map(str::trim).filter(|t| !t.is_empty());
     let target = state.store.rollback_target(env_name, to).await?;
+    // The environment's provenance policy as it stands now: bytes deployed
+    // under an older policy are not promoted again past a newer one.
+    if let Some(refused) = state.store.provenance_refusal(env_name, &target.artifacts).await? {
+        return Err(ApiErr::new(
+            StatusCode::CONFLICT,
+            kiln_api::codes::CONFLICT,
+            format!("not rolling `{env_name}` back to deployment {}: {refused}", target.id),
+        ));
+    }
     let rb = kiln_store::NewRollback {
         deployment_id: target.id.clone(),
         environment: env_name.to_string(),

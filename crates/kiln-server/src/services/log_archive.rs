@@ -83,14 +83,22 @@ const MIN_MASKED: usize = 4;
 /// The values of every secret of the job's repository if its run was
 /// trusted (an untrusted run could see none).
 async fn visible_secrets(state: &AppState, job: &str) -> anyhow::Result<Vec<Vec<u8>>> {
-    let run_id = state.store.get_job(job).await?.run_id;
-    let run = state.store.get_run(&run_id).await?.run;
+    let job = state.store.get_job(job).await?;
+    let run = state.store.get_run(&job.run_id).await?.run;
     if !run.trust.parse::<kiln_core::Trust>().is_ok_and(kiln_core::Trust::may_read_secrets) {
         return Ok(vec![]);
     }
+    // A deploy job also saw its environment's secrets (issue 46).
+    let env_scope = usize::try_from(job.index)
+        .ok()
+        .and_then(|i| run.definition.jobs.get(i))
+        .and_then(|d| d.environment.as_ref())
+        .map(|e| kiln_store::env_secret_scope(&e.name));
+    let job = job.id;
+    let job = job.as_str();
     let mut out = Vec::new();
     for (repo_id, name, stored) in state.store.all_secrets().await? {
-        if repo_id != run.repo_id {
+        if repo_id != run.repo_id && Some(&repo_id) != env_scope.as_ref() {
             continue;
         }
         match state.secrets.open(&repo_id, &name, &stored) {

@@ -16,6 +16,7 @@ pub(crate) mod assignment;
 pub(crate) mod attempts;
 pub(crate) mod caches;
 pub(crate) mod claim;
+pub(crate) mod env_secrets;
 pub(crate) mod environments;
 pub(crate) mod forge_status;
 pub(crate) mod limits;

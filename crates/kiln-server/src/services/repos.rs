@@ -9,7 +9,7 @@ use crate::state::AppState;
 use kiln_api as api;
 
 /// Largest secret value accepted.
-const MAX_SECRET: usize = 64 * 1024;
+pub(crate) const MAX_SECRET: usize = 64 * 1024;
 
 pub(crate) async fn create(state: &AppState, by: &Principal, req: api::CreateRepo) -> ApiResult<api::Repo> {
     let name = req.name.trim();
@@ -419,7 +419,7 @@ pub(crate) async fn list(state: &AppState) -> ApiResult<Vec<api::Repo>> {
 
 /// A secret name: a letter or `_`, then letters, digits and `_` (it
 /// becomes an environment variable).
-fn secret_name_ok(name: &str) -> bool {
+pub(crate) fn secret_name_ok(name: &str) -> bool {
     let mut chars = name.chars();
     name.len() <= 128
         && matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')

@@ -10,6 +10,7 @@ mod attempts;
 mod auth;
 mod caches;
 mod edge;
+mod env_secrets;
 mod environments;
 mod health;
 mod logs;

@@ -122,6 +122,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         repo_id: run.repo_id.clone(),
         awaiting_release,
         environments: Default::default(),
+        refused: Default::default(),
     };
     // `needs.<job>.outputs.<name>` in an `if:` reads what is bound so far.
     let outputs = if run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
@@ -131,7 +132,13 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
     };
     let cond = RunConditions(&run, &outputs);
     let (environments, waits) = crate::tx::gates::gates(tx, &run, now).await?;
-    let advance = AdvanceRun { environments, ..advance };
+    let refused = if environments.is_empty() {
+        Default::default()
+    } else {
+        let indices: Vec<i64> = rows.iter().map(|r| r.get::<i64>("job_index")).collect::<Result<_>>()?;
+        crate::tx::deploy_gate::refusals(tx, &run, &jobs, &indices).await?
+    };
+    let advance = AdvanceRun { environments, refused, ..advance };
     // A deploy job becomes ready after its environment's wait.
     let wait_of = |i: usize| -> i64 {
         let index = rows.get(i).and_then(|r| r.get::<i64>("job_index").ok()).and_then(|x| usize::try_from(x).ok());

@@ -38,6 +38,9 @@ fn check(env: &EnvironmentRecord) -> Result<()> {
     if !(60_000..=366 * 86_400_000).contains(&env.approval_ttl_ms) {
         return Err(StoreError::Invalid("an approval's lifetime: from 1 minute to 366 days".into()));
     }
+    if let Some(p) = &env.require_provenance {
+        kiln_provenance::deploy::DeployPolicy::parse(p).map_err(StoreError::Invalid)?;
+    }
     Ok(())
 }
 
@@ -77,14 +80,14 @@ pub(crate) async fn put_environment(
                 if existing.is_some() {
                     tx.sql(
                         "UPDATE environments SET approvers = $1, min_approvals = $2, prevent_self_review = $3, \
-                         refs = $4, wait_ms = $5, approval_ttl_ms = $6, updated_at = $7, keep_deployments = $9 \
-                         WHERE name = $8",
+                         refs = $4, wait_ms = $5, approval_ttl_ms = $6, updated_at = $7, keep_deployments = $9, \
+                         require_provenance = $10 WHERE name = $8",
                     )
                 } else {
                     tx.sql(
                         "INSERT INTO environments (approvers, min_approvals, prevent_self_review, refs, wait_ms, \
-                         approval_ttl_ms, updated_at, name, created_at, keep_deployments) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7, $9)",
+                         approval_ttl_ms, updated_at, name, created_at, keep_deployments, require_provenance) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7, $9, $10)",
                     )
                 }
                 .bind(json(&env.approvers))
@@ -96,6 +99,7 @@ pub(crate) async fn put_environment(
                 .bind(now)
                 .bind(&env.name)
                 .bind(i64::from(env.keep_deployments))
+                .bind(&env.require_provenance)
                 .execute()
                 .await?;
                 Ok(())

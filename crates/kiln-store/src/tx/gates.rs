@@ -10,8 +10,8 @@ use crate::model::{ApprovalRecord, EnvironmentRecord, RunRecord};
 use kiln_core::advance::EnvironmentGate;
 use std::collections::HashMap;
 
-pub(crate) const ENV_COLS: &str = "name, approvers, min_approvals, prevent_self_review, refs, wait_ms, approval_ttl_ms, keep_deployments, created_at, \
-     updated_at";
+pub(crate) const ENV_COLS: &str = "name, approvers, min_approvals, prevent_self_review, refs, wait_ms, approval_ttl_ms, \
+     keep_deployments, require_provenance, created_at, updated_at";
 
 pub(crate) fn env_from_row(row: &Row) -> Result<EnvironmentRecord> {
     let list = |v: &str| serde_json::from_str::<Vec<String>>(v).unwrap_or_default();
@@ -24,6 +24,7 @@ pub(crate) fn env_from_row(row: &Row) -> Result<EnvironmentRecord> {
         wait_ms: row.get("wait_ms")?,
         approval_ttl_ms: row.get("approval_ttl_ms")?,
         keep_deployments: u32::try_from(row.get::<i64>("keep_deployments")?).unwrap_or(10),
+        require_provenance: row.get("require_provenance")?,
         created_at: row.get("created_at")?,
         updated_at: row.get("updated_at")?,
     })

@@ -28,6 +28,8 @@ pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod complete;
 pub(crate) mod content;
+pub(crate) mod deploy_gate;
+pub(crate) mod env_secrets;
 pub(crate) mod environments;
 pub(crate) mod forge;
 pub(crate) mod gates;

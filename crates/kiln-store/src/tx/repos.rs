@@ -180,7 +180,8 @@ pub(crate) async fn secret_values(
     Ok(out)
 }
 
-/// `RepoStore::all_secrets`.
+/// `RepoStore::all_secrets`: repositories' secrets and credentials, and
+/// environments' secrets under `env:NAME` (`tx::env_secrets`).
 pub(crate) async fn all_secrets(store: &SqlStore) -> Result<Vec<(String, String, String)>> {
     store
         .reader()
@@ -189,6 +190,7 @@ pub(crate) async fn all_secrets(store: &SqlStore) -> Result<Vec<(String, String,
             "SELECT repo_id, name, value FROM secrets \
              UNION ALL SELECT id, '@webhook', webhook_secret FROM repos WHERE webhook_secret IS NOT NULL \
              UNION ALL SELECT id, '@forge-token', forge_token FROM repos WHERE forge_token IS NOT NULL \
+             UNION ALL SELECT 'env:' || environment, name, value FROM environment_secrets \
              ORDER BY 1, 2",
         )
         .all()
@@ -222,9 +224,23 @@ pub(crate) async fn replace_secrets(store: &SqlStore, changes: &[(String, String
             Box::pin(async move {
                 let mut n = 0;
                 for (repo_id, name, old, new) in changes {
-                    n += match credential_column(name) {
-                        Some(update) => tx.sql(update).bind(new).bind(repo_id).bind(old).execute().await?,
-                        None => {
+                    let env = repo_id.strip_prefix(crate::tx::env_secrets::ENV_SECRET_PREFIX);
+                    n += match (credential_column(name), env) {
+                        (Some(update), _) => tx.sql(update).bind(new).bind(repo_id).bind(old).execute().await?,
+                        // An environment's secret (`env:NAME`, see `tx::env_secrets`).
+                        (None, Some(env)) => {
+                            tx.sql(
+                                "UPDATE environment_secrets SET value = $1 \
+                                 WHERE environment = $2 AND name = $3 AND value = $4",
+                            )
+                            .bind(new)
+                            .bind(env)
+                            .bind(name)
+                            .bind(old)
+                            .execute()
+                            .await?
+                        }
+                        (None, None) => {
                             tx.sql("UPDATE secrets SET value = $1 WHERE repo_id = $2 AND name = $3 AND value = $4")
                                 .bind(new)
                                 .bind(repo_id)

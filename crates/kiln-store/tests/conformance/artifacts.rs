@@ -1017,6 +1017,9 @@ pub async fn bindings_carry_signed_provenance_of_the_winning_epoch_only<S: Store
         fn version(&self) -> String {
             "broken".into()
         }
+        fn verifying_keys(&self) -> Vec<kiln_provenance::dsse::PublicKey> {
+            Vec::new()
+        }
     }
     s.set_attester(std::sync::Arc::new(Broken));
     let before = snapshot(s, &run_id).await;

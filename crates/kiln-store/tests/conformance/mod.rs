@@ -25,6 +25,7 @@ pub mod caches;
 pub mod cancel;
 pub mod claim;
 pub mod completion;
+pub mod env_secrets;
 pub mod environments;
 pub mod forge;
 pub mod gauges;
@@ -107,6 +108,8 @@ macro_rules! suite {
             environments::an_environments_deploys_run_one_run_at_a_time_in_order,
             environments::an_environments_wait_delays_its_deploy_jobs,
             environments::deployed_generations_are_pinned_and_a_rollback_deploys_them_again,
+            env_secrets::environment_secrets_are_listed_by_name_resealed_and_removed_with_their_environment,
+            env_secrets::a_deploy_job_restoring_an_artifact_its_environment_refuses_is_cancelled_naming_the_check,
             claim::claim_requires_the_current_session,
             claim::claim_request_id_is_idempotent,
             claim::concurrent_claims_of_one_job_create_one_attempt,
@@ -258,6 +261,9 @@ impl Attester for TestAttester {
     }
     fn version(&self) -> String {
         "test".into()
+    }
+    fn verifying_keys(&self) -> Vec<kiln_provenance::dsse::PublicKey> {
+        vec![kiln_provenance::dsse::PublicKey { keyid: self.id.clone(), key: *self.key.verifying_key() }]
     }
 }
 

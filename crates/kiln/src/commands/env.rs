@@ -28,6 +28,9 @@ fn describe(e: &kiln_api::Environment) -> String {
     if e.wait_secs > 0 {
         s.push_str(&format!("; wait {}", super::shared::duration_text(e.wait_secs as i64 * 1000)));
     }
+    if let Some(p) = &e.require_provenance {
+        s.push_str(&format!("; provenance: {p}"));
+    }
     s
 }
 
@@ -42,6 +45,7 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                 wait,
                 approval_expiry,
                 keep_deployments,
+                require_provenance,
             } = rules;
             let e = client(&conn)?
                 .create_environment(&kiln_api::CreateEnvironment {
@@ -53,6 +57,7 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                     wait_secs: wait.map(|d| d.as_secs()),
                     approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
                     keep_deployments,
+                    require_provenance,
                 })
                 .await?;
             kiln_cmd::outln!("environment {} created: {}", e.name, describe(&e));
@@ -88,6 +93,7 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                 wait,
                 approval_expiry,
                 keep_deployments,
+                require_provenance,
             } = rules;
             let u = kiln_api::UpdateEnvironment {
                 approvers: list(approvers),
@@ -97,11 +103,12 @@ pub(super) async fn run(cmd: EnvCommand) -> CmdResult {
                 wait_secs: wait.map(|d| d.as_secs()),
                 approval_ttl_secs: approval_expiry.map(|d| d.as_secs()),
                 keep_deployments,
+                require_provenance,
             };
             if u == kiln_api::UpdateEnvironment::default() {
                 return Err(kiln_cmd::usage(
                     "nothing to change: give --approvers, --min-approvals, --prevent-self-review, --refs, --wait, \
-                     --approval-expiry or --keep-deployments",
+                     --approval-expiry, --keep-deployments or --require-provenance",
                 ));
             }
             let e = client(&conn)?.update_environment(&name, &u).await?;

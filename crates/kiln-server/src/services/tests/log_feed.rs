@@ -115,6 +115,41 @@ async fn the_archive_masks_the_repositorys_secrets_in_a_trusted_runs_log() {
     );
 }
 
+/// Issue 46: a deploy job's archived log is masked with its environment's
+/// secrets too; a job that never got them (no `environment:`) is masked
+/// with its repository's only.
+#[tokio::test]
+async fn the_archive_masks_an_environments_secrets_in_its_deploy_jobs_log() {
+    const WF: &str = "version: 1\njobs:\n  - name: build\n    steps: [\"echo build\"]\n  - name: deploy\n    needs: build\n    environment: production\n    secrets: [PROD_KEY]\n    steps: [\"echo deploy\"]\n";
+    let env = Env::new().await;
+    let _repo = env.repo("r", &[(".kiln/pipeline.yaml", WF)]).await;
+    let record =
+        kiln_store::EnvironmentRecord { name: "production".into(), approval_ttl_ms: 86_400_000, ..Default::default() };
+    env.state.store.put_environment(&record, true).await.unwrap();
+    let by = crate::auth::Principal::admin_file();
+    crate::services::env_secrets::put(&env.state, &by, "production", "PROD_KEY", "prod-xyz-secret").await.unwrap();
+    env.submit("r").await;
+    let agent = env.agent(1).await;
+    let mut jobs = Vec::new();
+    for i in 0..2 {
+        env.relay().await;
+        let a = env.claim_now(&agent, &format!("c{i}")).await.expect("a job to claim");
+        let secret = a.secrets.get("PROD_KEY").cloned();
+        assert_eq!(secret.as_deref(), (a.job_name == "deploy").then_some("prod-xyz-secret"), "{}", a.job_name);
+        let line = b"key=prod-xyz-secret!\n";
+        attempts::append_log(&env.state, &a.job_id, a.epoch, chunk("stdout", 0, 0, line)).await.unwrap();
+        attempts::complete(&env.state, &a.job_id, a.epoch, api::Completion::success()).await.unwrap();
+        jobs.push((a.job_name.clone(), a.job_id.clone()));
+    }
+    env.clock.advance(env.state.config.log_archive_after + Duration::from_secs(1));
+    assert_eq!(work::archive_once(&env.state).await.unwrap(), 2);
+    for (name, id) in jobs {
+        let all = read_all(&env, &id, 0).await;
+        let want = if name == "deploy" { "key=***************!\n" } else { "key=prod-xyz-secret!\n" };
+        assert_eq!(all[0].2, want, "{name}");
+    }
+}
+
 /// `?follow=false` (`kiln logs` without `-f`): the feed of a job that is
 /// still running ends, without `end`, once it sent what is written now.
 #[tokio::test]
