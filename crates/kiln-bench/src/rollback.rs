@@ -1,7 +1,7 @@
 //! `kiln bench rollback` (issue 46): `kiln rollback production` to the
 //! deploy job's attempt being claimed — the target p99 ≤ 1 s.
 //!
-//! An embedded server with one real agent builds two releases (`build`
+//! A `kiln server` with one real `kiln agent` builds two releases (`build`
 //! publishes `app`); their deploy jobs (`runs-on: {virtual: "yes"}`) are
 //! claimed and completed over HTTP by a virtual agent that long-polls for
 //! work and notes when each assignment reached it. Then `ROLLBACKS`
@@ -45,12 +45,12 @@ type Claimed = Arc<Mutex<HashMap<String, Instant>>>;
 pub async fn run() -> anyhow::Result<i32> {
     let tmp = crate::util::bench_dir().join(format!("kiln-bench-rollback-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
-    if let Some(levels) = crate::util::storage_levels_from_env()? {
-        config.degradation.storage_pct = levels;
-    }
-    let (handle, stop, _tasks) = kiln_cmd::start_embedded_config(config, 1).await?;
-    let c = Client::new(&handle.url(), &handle.admin_token);
+    // Real processes (an embedded agent publishes no artifacts).
+    use crate::util::{Launch, spawn_agent_deployed, spawn_server, token};
+    let data = tmp.join("data");
+    let (_server, url) = spawn_server(&data, "127.0.0.1:0")?;
+    let _agent = spawn_agent_deployed(&url, &data.join("agent.token"), "real", &tmp, 1, &Launch::default())?;
+    let c = Client::new(&url, &token(&data, "admin.token")?);
     repo_with(&tmp.join("shop"), WORKFLOW)?;
     std::fs::write(tmp.join("shop/.kiln/noop.yaml"), NOOP)?;
     crate::util::git(&tmp.join("shop"), &["add", "."])?;
@@ -58,13 +58,32 @@ pub async fn run() -> anyhow::Result<i32> {
     crate::util::add_repo(&c, "shop", &tmp.join("shop")).await?;
     c.create_environment(&kiln_api::CreateEnvironment { name: "production".into(), ..Default::default() }).await?;
 
-    let claimed: Claimed = Arc::default();
-    let agent = virtual_agent(&handle.url(), &handle.agent_token, claimed.clone()).await?;
+    // Both releases are built before the virtual agent starts (it would
+    // take any job, builds too); it then deploys them, and later takes only
+    // deploy jobs (a rollback builds nothing).
+    let mut releases = Vec::new();
     for _ in 0..2 {
         let body = kiln_api::SubmitRun { commit_sha: "main".into(), ..Default::default() };
-        let id = c.submit_run("shop", &body, None).await?.run_id;
-        let r = crate::util::wait_terminal(&c, &id).await?;
-        anyhow::ensure!(r.status == "success", "release run {id} ended {}", r.status);
+        releases.push(c.submit_run("shop", &body, None).await?.run_id);
+    }
+    for id in &releases {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let r = c.get_run(id).await?;
+            if r.jobs.iter().any(|j| j.name == "build" && j.status == "success") {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline && r.status != "failed", "release run {id}'s build: {r:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let claimed: Claimed = Arc::default();
+    let agent = virtual_agent(&url, &token(&data, "agent.token")?, claimed.clone()).await?;
+    for id in &releases {
+        let r = crate::util::wait_terminal(&c, id).await?;
+        let why: Vec<String> =
+            r.jobs.iter().map(|j| format!("{} {} {}", j.name, j.status, j.message.as_deref().unwrap_or(""))).collect();
+        anyhow::ensure!(r.status == "success", "release run {id} ended {}: {}", r.status, why.join("; "));
     }
     let body = kiln_api::SubmitRun {
         commit_sha: "main".into(),
@@ -86,7 +105,6 @@ pub async fn run() -> anyhow::Result<i32> {
         crate::util::wait_terminal(&c, &r.run_id).await?;
     }
     agent.abort();
-    let _ = stop.send(true);
     let mut shas = std::collections::BTreeSet::new();
     for d in c.deployments("production", 500).await.map(|l| l.deployments).unwrap_or_default() {
         shas.extend(d.artifacts.into_iter().map(|a| a.sha256));
