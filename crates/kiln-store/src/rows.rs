@@ -49,6 +49,38 @@ pub(crate) struct PinnedFrom {
     pub(crate) finished_at: Option<i64>,
 }
 
+/// The jobs of run `parent` as a retry or a rollback decides over them
+/// (kiln-core's [`kiln_core::retry::ParentJob`], in job order, with each
+/// one's index), and what pinning each would copy, by name.
+pub(crate) async fn parent_jobs(
+    ex: &mut impl Exec,
+    parent: &str,
+) -> Result<(Vec<(i64, kiln_core::retry::ParentJob)>, std::collections::HashMap<String, PinnedFrom>)> {
+    let rows = ex
+        .sql("SELECT id, name, job_index, status, needs, started_at, finished_at FROM jobs WHERE run_id = $1 ORDER BY job_index")
+        .bind(parent)
+        .fetch_all()
+        .await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    let mut from = std::collections::HashMap::new();
+    for r in &rows {
+        let name: String = r.get("name")?;
+        jobs.push((
+            r.get("job_index")?,
+            kiln_core::retry::ParentJob {
+                name: name.clone(),
+                status: parse_enum(r.str("status")?)?,
+                needs: serde_json::from_str(r.str("needs")?).unwrap_or_default(),
+            },
+        ));
+        from.insert(
+            name,
+            PinnedFrom { job_id: r.get("id")?, started_at: r.get("started_at")?, finished_at: r.get("finished_at")? },
+        );
+    }
+    Ok((jobs, from))
+}
+
 /// A new row id: time-ordered (UUIDv7), so ids sort by creation.
 pub(crate) fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()

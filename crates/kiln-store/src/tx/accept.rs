@@ -166,26 +166,9 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
 /// decides; refused (409) while the parent runs, or, retrying the failed
 /// jobs, when nothing in it failed.
 async fn pinned_of(tx: &mut Tx, parent: &str, rerun: &[String]) -> Result<HashMap<String, PinnedFrom>> {
-    use kiln_core::retry::{ParentJob, RetryFailedRefusal, pinned_for_rerun, pinned_jobs};
-    let rows = tx
-        .sql("SELECT id, name, status, needs, started_at, finished_at FROM jobs WHERE run_id = $1 ORDER BY job_index")
-        .bind(parent)
-        .fetch_all()
-        .await?;
-    let mut jobs = Vec::with_capacity(rows.len());
-    let mut from = HashMap::new();
-    for r in &rows {
-        let name: String = r.get("name")?;
-        jobs.push(ParentJob {
-            name: name.clone(),
-            status: crate::error::parse_enum(r.str("status")?)?,
-            needs: serde_json::from_str(r.str("needs")?).unwrap_or_default(),
-        });
-        from.insert(
-            name,
-            PinnedFrom { job_id: r.get("id")?, started_at: r.get("started_at")?, finished_at: r.get("finished_at")? },
-        );
-    }
+    use kiln_core::retry::{RetryFailedRefusal, pinned_for_rerun, pinned_jobs};
+    let (jobs, mut from) = crate::rows::parent_jobs(tx, parent).await?;
+    let jobs: Vec<_> = jobs.into_iter().map(|(_, j)| j).collect();
     let decided = if rerun.is_empty() {
         pinned_jobs(&jobs)
     } else {

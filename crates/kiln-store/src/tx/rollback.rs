@@ -84,31 +84,19 @@ pub(crate) async fn plan(
         )));
     }
     let run = crate::rows::load_run(tx, parent).await?;
-    let rows = tx
-        .sql("SELECT id, name, job_index, status, needs, started_at, finished_at FROM jobs WHERE run_id = $1 ORDER BY job_index")
-        .bind(parent)
-        .fetch_all()
-        .await?;
-    let mut jobs = Vec::with_capacity(rows.len());
-    let mut deploy = BTreeSet::new();
-    let mut from = HashMap::new();
-    for r in &rows {
-        let name: String = r.get("name")?;
-        let index = usize::try_from(r.get::<i64>("job_index")?).unwrap_or(usize::MAX);
-        if run.definition.jobs.get(index).and_then(|j| j.environment.as_ref()).is_some_and(|e| e.name == d.environment)
-        {
-            deploy.insert(name.clone());
-        }
-        jobs.push(ParentJob {
-            name: name.clone(),
-            status: crate::error::parse_enum(r.str("status")?)?,
-            needs: serde_json::from_str(r.str("needs")?).unwrap_or_default(),
-        });
-        from.insert(
-            name,
-            PinnedFrom { job_id: r.get("id")?, started_at: r.get("started_at")?, finished_at: r.get("finished_at")? },
-        );
-    }
+    let (indexed, mut from) = crate::rows::parent_jobs(tx, parent).await?;
+    let deploy: BTreeSet<String> = indexed
+        .iter()
+        .filter(|(index, _)| {
+            usize::try_from(*index)
+                .ok()
+                .and_then(|i| run.definition.jobs.get(i))
+                .and_then(|j| j.environment.as_ref())
+                .is_some_and(|e| e.name == d.environment)
+        })
+        .map(|(_, j)| j.name.clone())
+        .collect();
+    let jobs: Vec<ParentJob> = indexed.into_iter().map(|(_, j)| j).collect();
     let plan = rollback_plan(&jobs, &deploy).map_err(|why| match why {
         RollbackRefusal::NotEnded => {
             StoreError::Conflict(format!("run {parent} has jobs that have not ended; roll back once it has ended"))
