@@ -101,6 +101,20 @@ pub enum EnvironmentGate {
     Rejected(String),
 }
 
+/// Where a job's promotion between two rings stands (issue 46, `rings:`),
+/// as the store read it: the gate's row, kept by the server's gate runner,
+/// `kiln promote` and `kiln pause`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromotionGate {
+    /// Baked, and the gate passed (or was promoted by hand): the job goes on.
+    Open,
+    /// Baking, measuring or paused: the job stays pending and says this.
+    Waiting(String),
+    /// The gate failed: the job is cancelled with this message (and the
+    /// server rolls the environment back).
+    Failed(String),
+}
+
 /// The parts of a job's frozen definition that decide its advancement.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobRules {
@@ -112,6 +126,9 @@ pub struct JobRules {
     /// `environment:`: the job waits for [`AdvanceRun::environments`]'s
     /// gate of this name before anything else lets it start.
     pub environment: Option<String>,
+    /// The job waits for a promotion between two rings
+    /// ([`AdvanceRun::promotions`]) once its needs succeeded.
+    pub promotion: bool,
 }
 
 /// One job of the run, as its row stands.
@@ -145,6 +162,10 @@ pub struct AdvanceRun {
     /// 46, `--require-provenance`): job name → why. Such a job, once it
     /// would run, is cancelled with this message (before any approval).
     pub refused: HashMap<String, String>,
+    /// Promotions between rings by job name (issue 46). A job with
+    /// [`JobRules::promotion`] missing here waits (the store starts its
+    /// gate when the job's needs succeeded).
+    pub promotions: HashMap<String, PromotionGate>,
 }
 
 /// What the store does for one job (or the run). `job` is the index into the
@@ -169,9 +190,12 @@ pub enum Verdict {
     /// The job waits for its environment's approval: it stays pending with
     /// this message.
     WaitApproval { job: usize, message: String },
-    /// Its environment's deployment was rejected: the job is cancelled
-    /// with this message.
+    /// Its environment's deployment was rejected (or its promotion gate
+    /// failed): the job is cancelled with this message.
     Reject { job: usize, why: String },
+    /// The job waits for its promotion between two rings: it stays pending
+    /// with this message.
+    WaitPromotion { job: usize, message: String },
     /// The job stays pending until its concurrency group frees up.
     WaitGroup { job: usize, key: String },
     /// Nothing is left to run: the run ends with this status.
@@ -291,6 +315,22 @@ impl AdvancePass {
         if let Some(why) = self.run.refused.get(&self.jobs[i].name).cloned() {
             self.set(i, JobEvent::Cancel);
             return Some(Verdict::Reject { job: i, why });
+        }
+        // A ring after the first waits for its promotion: the bake and the
+        // gate after the ring before.
+        if rules.is_some_and(|r| r.promotion) {
+            match self.run.promotions.get(&self.jobs[i].name).cloned() {
+                Some(PromotionGate::Open) => {}
+                Some(PromotionGate::Failed(why)) => {
+                    self.set(i, JobEvent::Cancel);
+                    return Some(Verdict::Reject { job: i, why });
+                }
+                Some(PromotionGate::Waiting(message)) => return Some(Verdict::WaitPromotion { job: i, message }),
+                None => {
+                    let message = "waiting for its promotion gate to start".to_string();
+                    return Some(Verdict::WaitPromotion { job: i, message });
+                }
+            }
         }
         // Approval next: an unapproved deploy holds no place in its
         // environment's queue.

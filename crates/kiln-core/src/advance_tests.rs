@@ -55,6 +55,7 @@ fn run(status: RunStatus) -> AdvanceRun {
         awaiting_release: false,
         environments: Default::default(),
         refused: Default::default(),
+        promotions: Default::default(),
     }
 }
 
@@ -395,4 +396,63 @@ fn a_deploy_job_its_provenance_policy_refuses_is_cancelled_before_any_approval_a
     let failed = vec![j("build", Failed, &[]), deploy(j("deploy", Pending, &["build"]), "production")];
     let got = plan(refused(EnvironmentGate::Open), failed);
     assert_eq!(got[0], skip(1, "skipped: a job it needs did not succeed"));
+}
+
+/// Rings (issue 46): a ring after the first waits for its promotion once
+/// the ring before deployed — before its environment's approval and queue
+/// are asked — and a failed gate cancels it and fails the run.
+#[test]
+fn a_later_ring_waits_for_its_promotion_and_a_failed_gate_cancels_it() {
+    let ring = |name: &str, status: JobStatus, needs: &[&str], promotion: bool| {
+        with(deploy(j(name, status, needs), "production"), |r| r.promotion = promotion)
+    };
+    let jobs = |canary: JobStatus| {
+        vec![
+            j("build", Success, &[]),
+            ring("deploy (canary)", canary, &["build"], false),
+            ring("deploy (all)", Pending, &["deploy (canary)"], true),
+        ]
+    };
+    let with_gate = |gate: Option<PromotionGate>, env: EnvironmentGate| AdvanceRun {
+        environments: [("production".to_string(), env)].into_iter().collect(),
+        promotions: gate.into_iter().map(|g| ("deploy (all)".to_string(), g)).collect(),
+        ..run(RunStatus::Running)
+    };
+    let enter = |job| Verdict::EnterGroup {
+        job,
+        key: "environment:production".into(),
+        cancel_in_progress: false,
+        ordered: true,
+    };
+    let baking = PromotionGate::Waiting("baking".into());
+    // The ring before still deploys: nothing is asked yet.
+    assert_eq!(plan(with_gate(Some(baking.clone()), EnvironmentGate::Open), jobs(Running)), vec![]);
+    // Deployed: the next ring waits for its gate, whatever the approval says.
+    for env in [EnvironmentGate::Open, EnvironmentGate::Waiting("approve".into())] {
+        assert_eq!(
+            plan(with_gate(Some(baking.clone()), env), jobs(Success)),
+            vec![Verdict::WaitPromotion { job: 2, message: "baking".into() }]
+        );
+    }
+    // No gate row yet: it waits too.
+    let got = plan(with_gate(None, EnvironmentGate::Open), jobs(Success));
+    assert!(matches!(&got[..], [Verdict::WaitPromotion { job: 2, .. }]), "{got:?}");
+    // Open: the approval and the queue decide as for any deploy job.
+    assert_eq!(
+        plan(with_gate(Some(PromotionGate::Open), EnvironmentGate::Open), jobs(Success)),
+        vec![enter(2), ready(2)]
+    );
+    assert_eq!(
+        plan(with_gate(Some(PromotionGate::Open), EnvironmentGate::Waiting("approve".into())), jobs(Success)),
+        vec![Verdict::WaitApproval { job: 2, message: "approve".into() }]
+    );
+    // Failed: cancelled with the gate's message; the run fails.
+    let why = "cancelled: the gate after ring `canary` failed".to_string();
+    assert_eq!(
+        plan(with_gate(Some(PromotionGate::Failed(why.clone())), EnvironmentGate::Open), jobs(Success)),
+        vec![Verdict::Reject { job: 2, why }, Verdict::Finish(RunStatus::Failed)]
+    );
+    // The ring before failed: the next is skipped, its gate never asked.
+    let got = plan(with_gate(Some(baking), EnvironmentGate::Open), jobs(Failed));
+    assert_eq!(got, vec![skip(2, NEED_FAILED), Verdict::Finish(RunStatus::Failed)]);
 }

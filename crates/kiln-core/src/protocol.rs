@@ -431,6 +431,7 @@ impl<C: Conditions> RunModel<C> {
             awaiting_release: self.awaiting_release(),
             environments: Default::default(),
             refused: Default::default(),
+            promotions: Default::default(),
         };
         let jobs = self
             .jobs
@@ -462,6 +463,7 @@ impl<C: Conditions> RunModel<C> {
                 | Verdict::EnterGroup { .. }
                 | Verdict::WaitGroup { .. }
                 | Verdict::WaitApproval { .. }
+                | Verdict::WaitPromotion { .. }
                 | Verdict::Reject { .. } => {}
             }
         }

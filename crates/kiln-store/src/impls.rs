@@ -808,6 +808,33 @@ impl EnvSecretStore for SqlStore {
 }
 
 #[async_trait]
+impl RingStore for SqlStore {
+    async fn due_ring_gates(&self) -> Result<Vec<RingGateRecord>> {
+        crate::tx::rings::due(self).await
+    }
+
+    async fn run_ring_gates(&self, run_id: &str) -> Result<Vec<RingGateRecord>> {
+        crate::tx::rings::of_run(self, run_id).await
+    }
+
+    async fn settle_ring_gate(&self, step: &RingGateStep) -> Result<bool> {
+        crate::tx::rings::settle(self, step).await
+    }
+
+    async fn claim_ring_rollback(&self, job_id: &str, note: &str) -> Result<bool> {
+        crate::tx::rings::claim_rollback(self, job_id, note).await
+    }
+
+    async fn record_ring_rollback(&self, job_id: &str, outcome: &str) -> Result<()> {
+        crate::tx::rings::record_rollback(self, job_id, outcome).await
+    }
+
+    async fn manual_promotion(&self, run_id: &str, actor: &str, what: Manual) -> Result<RingGateRecord> {
+        crate::tx::rings::manual(self, run_id, actor, what).await
+    }
+}
+
+#[async_trait]
 impl EnvironmentStore for SqlStore {
     async fn put_environment(&self, env: &EnvironmentRecord, create: bool) -> Result<EnvironmentRecord> {
         environments::put_environment(self, env, create).await

@@ -1176,6 +1176,58 @@ pub struct ApprovalRecord {
     pub expires_at: i64,
 }
 
+/// A job's promotion between two rings (issue 46): the row the gate
+/// runner, `kiln promote` and `kiln pause` keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingGateRecord {
+    /// The job that waits for it (the next ring, or a command gate's job).
+    pub job_id: String,
+    pub run_id: String,
+    pub job_name: String,
+    pub environment: String,
+    pub from_ring: String,
+    pub to_ring: String,
+    /// `baking`, `measuring`, `paused`, `passed`, `promoted` or `failed`.
+    pub state: String,
+    pub message: String,
+    /// The Prometheus gate (canonical JSON), if any.
+    pub gate: Option<String>,
+    /// When the ring before deployed (`None`: paused or promoted before).
+    pub started_at: Option<i64>,
+    pub bake_until: Option<i64>,
+    /// The next measurement is due (`measuring`).
+    pub next_at: Option<i64>,
+    pub measured: i64,
+    pub failures: i64,
+    /// Who paused or promoted it.
+    pub actor: Option<String>,
+    /// After a failed gate: the rollback run's id, or why there was none.
+    pub rollback: Option<String>,
+    pub updated_at: i64,
+}
+
+/// One step of the gate runner, applied only if the row is still in
+/// `from_state` with `from_measured` measurements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingGateStep {
+    pub job_id: String,
+    pub from_state: String,
+    pub from_measured: i64,
+    pub state: String,
+    pub message: String,
+    pub measured: i64,
+    pub failures: i64,
+    /// When the next measurement is due (`None`: now).
+    pub next_at: Option<i64>,
+}
+
+/// What `kiln promote` and `kiln pause` do to a run's next promotion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Manual {
+    Promote,
+    Pause,
+}
+
 /// What one deploy job deployed (issue 46).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeploymentRecord {

@@ -561,6 +561,27 @@ pub trait EnvironmentStore: Send + Sync {
     async fn rollback_target(&self, environment: &str, to: Option<&str>) -> Result<DeploymentRecord>;
 }
 
+/// Promotions between rings (issue 46): what the server's gate runner,
+/// `kiln promote` and `kiln pause` read and write.
+#[async_trait]
+pub trait RingStore: Send + Sync {
+    /// Rows the gate runner acts on now: baked, due for a measurement, or
+    /// failed without a rollback asked for.
+    async fn due_ring_gates(&self) -> Result<Vec<RingGateRecord>>;
+    /// A run's promotions, in file order.
+    async fn run_ring_gates(&self, run_id: &str) -> Result<Vec<RingGateRecord>>;
+    /// Apply one step if the row is as it was read (false otherwise); the
+    /// run advances in the same transaction when the gate passed or failed.
+    async fn settle_ring_gate(&self, step: &RingGateStep) -> Result<bool>;
+    /// Claim the rollback after a failed gate (false: claimed already).
+    async fn claim_ring_rollback(&self, job_id: &str, note: &str) -> Result<bool>;
+    /// Record what the rollback became.
+    async fn record_ring_rollback(&self, job_id: &str, outcome: &str) -> Result<()>;
+    /// Promote or pause the run's next promotion (see `Manual`); `Conflict`
+    /// when the run ended, has none left, or its gate failed.
+    async fn manual_promotion(&self, run_id: &str, actor: &str, what: Manual) -> Result<RingGateRecord>;
+}
+
 /// Environment secrets (issue 46): values stored as the server sealed
 /// them, never listed.
 #[async_trait]
@@ -649,6 +670,7 @@ pub trait Store:
     + TeamStore
     + EnvironmentStore
     + EnvSecretStore
+    + RingStore
 {
 }
 impl<
@@ -666,7 +688,8 @@ impl<
         + TestStore
         + TeamStore
         + EnvironmentStore
-        + EnvSecretStore,
+        + EnvSecretStore
+        + RingStore,
 > Store for T
 {
 }

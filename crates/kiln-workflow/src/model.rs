@@ -320,6 +320,10 @@ pub struct Job {
     /// attempt's completion like its outputs (issue 43).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reports: Option<Reports>,
+    /// Set on the job that waits for a promotion between two rings
+    /// (`rings:`, issue 46).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<Promotion>,
 }
 
 /// A job's `reports:`: workspace-relative paths or globs of its test
@@ -450,31 +454,48 @@ pub struct Environment {
     pub ring: Option<Ring>,
 }
 
-/// One ring of a deploy job's `rings:` (issue 46).
+/// One ring of a deploy job's `rings:` (issue 46): the job deploys this
+/// ring (`KILN_RING`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ring {
     pub name: String,
     /// Its place, from 0, among `count` rings.
     pub index: u32,
     pub count: u32,
-    /// The gate that must pass before this ring deploys: the previous
-    /// ring's `bake` and `gate`. `None` for the first ring.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<RingGate>,
 }
 
-/// What promotes a deployment from ring `from` to the next.
+/// Most rings one deploy job may declare.
+pub const MAX_RINGS: usize = 10;
+
+/// The promotion from one ring to the next (issue 46), on the job that
+/// waits for it: the next ring's deploy job, or — for a command gate — the
+/// generated gate job (`deploy (canary gate)`), which the next ring needs.
+/// Once the job's needs succeeded, the server holds it for `bake_secs`,
+/// then evaluates the Prometheus gate (if any); `kiln promote` opens it at
+/// once, `kiln pause` holds it. A failed gate cancels the job and rolls the
+/// environment back.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RingGate {
-    /// The ring before.
+pub struct Promotion {
+    pub environment: String,
+    /// The ring deployed before (whose bake and gate this is).
     pub from: String,
-    /// How long to wait after `from` deployed before the gate is evaluated.
-    #[serde(default)]
+    /// The ring it promotes to.
+    pub to: String,
+    /// How long to wait after `from` deployed before the gate decides.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub bake_secs: u64,
     /// `gate: {prometheus: {query, success, interval, failure-limit,
-    /// duration}}`, as written (JSON); evaluated by the server.
+    /// duration}}`, canonical JSON; evaluated by the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<String>,
+    /// `gate: {run: …}`: this job is the gate; its steps are the command,
+    /// it deploys nothing, and its failure fails the gate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub command: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,8 +7,8 @@ use crate::expr::{
 };
 use crate::model::{
     Artifacts, Cache, Concurrency, Environment, GroupQueue, IdToken, Image, InputKind, InputSpec, Job,
-    MAX_DECLARED_INPUTS, MAX_JOBS, MAX_OUTPUTS, MAX_REPORT_PATTERNS, MAX_STEPS, MatrixInfo, Publish, Reports, Restore,
-    Step, Workflow,
+    MAX_DECLARED_INPUTS, MAX_JOBS, MAX_OUTPUTS, MAX_REPORT_PATTERNS, MAX_RINGS, MAX_STEPS, MatrixInfo, Promotion,
+    Publish, Reports, Restore, Ring, Step, Workflow,
 };
 use crate::script::{check_run, check_shell, shell_expands};
 use crate::tree::{Entry, Node, Pos, ScalarKind, Value};
@@ -70,7 +70,10 @@ const JOB_KEYS: &[&str] = &[
     "reports",
     "extends",
     "environment",
+    "rings",
 ];
+const RING_KEYS: &[&str] = &["name", "bake", "gate"];
+const GATE_KEYS: &[&str] = &["prometheus", "run"];
 const ENVIRONMENT_KEYS: &[&str] = &["name", "url"];
 const ID_TOKEN_KEYS: &[&str] = &["audience"];
 const MATRIX_KEYWORDS: &[&str] = &["include", "exclude", "max-parallel", "fail-fast"];
@@ -759,6 +762,8 @@ struct Draft {
     /// `needs-policy: {quorum: N}` and the position of N.
     quorum: Option<(u32, Pos)>,
     matrix: Option<MatrixSpec>,
+    /// `rings:` and its position.
+    rings: Option<(Vec<RingSpec>, Pos)>,
     /// `(artifact, position of its entry)`
     publish: Vec<(Publish, Pos)>,
     /// `(restore, position of from_job, position of name)`
@@ -1014,6 +1019,9 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let services = get(entries, "services").and_then(|e| services::services(ctx, &label, &e.value)).unwrap_or_default();
     let outputs = get(entries, "outputs").and_then(|e| outputs(ctx, &label, &e.value)).unwrap_or_default();
     let reports = get(entries, "reports").and_then(|e| reports(ctx, &label, &e.value));
+    let rings = get(entries, "rings").and_then(|e| {
+        rings(ctx, &label, &e.value, environment.is_some(), matrix_entry.is_some()).map(|r| (r, e.value.pos))
+    });
     let output_refs = std::mem::take(&mut ctx.output_refs);
 
     let job = Job {
@@ -1045,6 +1053,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         services,
         outputs,
         reports,
+        promotion: None,
     };
     ctx.matrix_refs = MatrixRefs::NoMatrix;
     Some(Draft {
@@ -1054,6 +1063,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         needs,
         quorum,
         matrix,
+        rings,
         publish,
         restore,
         output_refs,
@@ -2728,10 +2738,286 @@ fn environment(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Environment> {
     Some(Environment { name: name.to_string(), url, ring: None })
 }
 
+/// One entry of a deploy job's `rings:` as written.
+struct RingSpec {
+    name: String,
+    /// Held after this ring deployed, before its gate decides.
+    bake_secs: u64,
+    gate: Option<GateSpec>,
+}
+
+/// A ring's `gate:`.
+enum GateSpec {
+    /// `prometheus: {…}`, canonical JSON (checked by kiln-deploy).
+    Prometheus(String),
+    /// `run: command`: a job of its own between the rings.
+    Command(String),
+}
+
+/// The longest `bake` accepted: a week.
+const MAX_BAKE_SECS: u64 = 7 * 24 * 3600;
+
+/// A YAML value as JSON (for the parts of a workflow another crate reads,
+/// such as a Prometheus gate). Scalars keep their core-schema type.
+fn to_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value as J;
+    match &node.value {
+        Value::Scalar(s) => match s.kind() {
+            ScalarKind::Null => J::Null,
+            ScalarKind::Bool => J::Bool(s.text.eq_ignore_ascii_case("true")),
+            ScalarKind::Int => match s.as_int().and_then(|i| i64::try_from(i).ok()) {
+                Some(i) => J::from(i),
+                None => J::String(s.text.clone()),
+            },
+            ScalarKind::Float => s
+                .text
+                .parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map_or(J::String(s.text.clone()), J::Number),
+            ScalarKind::Str => J::String(s.text.clone()),
+        },
+        Value::Seq(items) => J::Array(items.iter().map(to_json).collect()),
+        Value::Map(entries) => J::Object(entries.iter().map(|e| (e.key.clone(), to_json(&e.value))).collect()),
+    }
+}
+
+/// A deploy job's `rings: [{name, bake, gate}, …]` (issue 46): the job runs
+/// once per ring, in order; between two rings the earlier ring's `bake`
+/// and `gate` decide the promotion.
+fn rings(ctx: &mut Ctx, label: &str, node: &Node, has_environment: bool, has_matrix: bool) -> Option<Vec<RingSpec>> {
+    let subject = format!("`rings` of {label}");
+    let items = as_seq(ctx, node, &subject, "a list of rings, e.g. `[{name: canary, bake: 10m}, {name: all}]`")?;
+    if !has_environment {
+        ctx.err(node.pos, format!("{subject}: rings deploy an environment in steps; add `environment:` to {label}"));
+        return None;
+    }
+    if has_matrix {
+        ctx.err(
+            node.pos,
+            format!("{subject}: a job with `rings` cannot have a `matrix` (yet); deploy each region or cell as a ring"),
+        );
+        return None;
+    }
+    if items.is_empty() || items.len() > MAX_RINGS {
+        ctx.err(node.pos, format!("{subject} has {} rings; give 1 to {MAX_RINGS}", items.len()));
+        return None;
+    }
+    let mut out: Vec<RingSpec> = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let place = format!("ring {} of {subject}", i + 1);
+        let Some(entries) = as_map(ctx, item, &place, "a map with `name` (and `bake`, `gate`)") else {
+            ok = false;
+            continue;
+        };
+        check_keys(ctx, entries, RING_KEYS, &format!("in {place}"));
+        let Some(name_entry) =
+            require(ctx, entries, item.pos, "name", || format!("{place} has no `name`; add `name: canary`"))
+        else {
+            ok = false;
+            continue;
+        };
+        let Some(name) = as_nonempty_text(ctx, &name_entry.value, &format!("`name` of {place}"), "a ring name") else {
+            ok = false;
+            continue;
+        };
+        if !valid_environment_name(name) || name.len() > 32 {
+            ctx.err(
+                name_entry.value.pos,
+                format!(
+                    "ring name `{}` in {subject}: use 1 to 32 letters, digits, `-`, `_` or `.`, starting with a letter or digit",
+                    show(name)
+                ),
+            );
+            ok = false;
+            continue;
+        }
+        if out.iter().any(|r| r.name == name) {
+            ctx.err(name_entry.value.pos, format!("{subject} names ring `{name}` twice; ring names must be unique"));
+            ok = false;
+            continue;
+        }
+        let last = i + 1 == items.len();
+        let mut bake_secs = 0;
+        if let Some(e) = get(entries, "bake") {
+            let text = as_nonempty_text(
+                ctx,
+                &e.value,
+                &format!("`bake` of ring `{name}` in {subject}"),
+                "a duration such as `10m`",
+            );
+            match text.and_then(parse_duration) {
+                Some(s) if s <= MAX_BAKE_SECS => bake_secs = s,
+                Some(_) => {
+                    ctx.err(e.value.pos, format!("`bake` of ring `{name}` in {subject} is longer than a week (7d)"));
+                    ok = false;
+                }
+                None => {
+                    if text.is_some() {
+                        ctx.err(
+                            e.value.pos,
+                            format!(
+                                "`bake` of ring `{name}` in {subject} must be a duration in whole seconds such as `90s`, `10m` or `1h`, found `{}`",
+                                show(text.unwrap_or_default())
+                            ),
+                        );
+                    }
+                    ok = false;
+                }
+            }
+            if last && bake_secs > 0 {
+                ctx.err(
+                    e.key_pos,
+                    format!(
+                        "ring `{name}` is the last of {subject}, so its `bake` would hold nothing; bake and gate decide the promotion to the next ring"
+                    ),
+                );
+                ok = false;
+            }
+        }
+        let gate = match get(entries, "gate") {
+            None => None,
+            Some(_) if last => {
+                ctx.err(
+                    get(entries, "gate").map_or(item.pos, |e| e.key_pos),
+                    format!(
+                        "ring `{name}` is the last of {subject}, so its `gate` would promote to nothing; a gate decides the promotion to the next ring"
+                    ),
+                );
+                ok = false;
+                None
+            }
+            Some(e) => {
+                let gsub = format!("`gate` of ring `{name}` in {subject}");
+                let expected = "a map with one of `prometheus: {query, success, …}` or `run: <command>`";
+                match as_map(ctx, &e.value, &gsub, expected) {
+                    None => {
+                        ok = false;
+                        None
+                    }
+                    Some(g) => {
+                        check_keys(ctx, g, GATE_KEYS, &format!("in {gsub}"));
+                        match (get(g, "prometheus"), get(g, "run")) {
+                            (Some(p), None) => match kiln_deploy::PrometheusGate::from_value(&to_json(&p.value)) {
+                                Ok(_) => Some(GateSpec::Prometheus(to_json(&p.value).to_string())),
+                                Err(why) => {
+                                    ctx.err(p.value.pos, format!("invalid `prometheus` in {gsub}: {why}"));
+                                    ok = false;
+                                    None
+                                }
+                            },
+                            (None, Some(r)) => {
+                                match as_nonempty_text(ctx, &r.value, &format!("`run` of {gsub}"), "a command") {
+                                    Some(cmd) if check_run(cmd).is_err() => {
+                                        let e = check_run(cmd).err().expect("an error");
+                                        ctx.err(
+                                            r.value.pos,
+                                            format!("invalid `run` of {gsub}: {}", script_error(cmd, &e)),
+                                        );
+                                        ok = false;
+                                        None
+                                    }
+                                    Some(cmd) => Some(GateSpec::Command(cmd.to_string())),
+                                    None => {
+                                        ok = false;
+                                        None
+                                    }
+                                }
+                            }
+                            _ => {
+                                // An unknown key was named above already.
+                                if g.iter().all(|e| GATE_KEYS.contains(&e.key.as_str())) {
+                                    ctx.err(e.value.pos, format!("{gsub} must be {expected}"));
+                                }
+                                ok = false;
+                                None
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        out.push(RingSpec { name: name.to_string(), bake_secs, gate });
+    }
+    ok.then_some(out)
+}
+
+/// The jobs a deploy job with `rings:` becomes: one per ring (`deploy
+/// (canary)`, with `KILN_RING`), each needing the one before — or, after a
+/// ring with a command gate, the gate job (`deploy (canary gate)`) that
+/// runs the command. Returns each job with the names it needs (`None`: the
+/// job's own `needs`).
+fn ring_jobs(base: &Job, rings: &[RingSpec]) -> Vec<(Job, Option<Vec<String>>)> {
+    let env = base.environment.clone().unwrap_or_default();
+    let count = u32::try_from(rings.len()).unwrap_or(u32::MAX);
+    let mut out: Vec<(Job, Option<Vec<String>>)> = Vec::new();
+    let mut before: Option<String> = None;
+    for (i, ring) in rings.iter().enumerate() {
+        let mut job = base.clone();
+        job.name = format!("{} ({})", base.name, ring.name);
+        job.env.insert("KILN_RING".into(), ring.name.clone());
+        job.environment = Some(Environment {
+            ring: Some(Ring { name: ring.name.clone(), index: u32::try_from(i).unwrap_or(u32::MAX), count }),
+            ..env.clone()
+        });
+        if i > 0 {
+            let prev = &rings[i - 1];
+            let command = matches!(prev.gate, Some(GateSpec::Command(_)));
+            if !command {
+                job.promotion = Some(Promotion {
+                    environment: env.name.clone(),
+                    from: prev.name.clone(),
+                    to: ring.name.clone(),
+                    bake_secs: prev.bake_secs,
+                    prometheus: match &prev.gate {
+                        Some(GateSpec::Prometheus(p)) => Some(p.clone()),
+                        _ => None,
+                    },
+                    command: false,
+                });
+            }
+        }
+        let needs = before.take().map(|b| vec![b]);
+        let name = job.name.clone();
+        out.push((job, needs));
+        before = Some(name.clone());
+        if let Some(GateSpec::Command(cmd)) = &ring.gate {
+            let next = rings.get(i + 1).map_or_else(String::new, |r| r.name.clone());
+            let mut env_vars = base.env.clone();
+            env_vars.insert("KILN_RING".into(), ring.name.clone());
+            let gate = Job {
+                name: format!("{} ({} gate)", base.name, ring.name),
+                image: base.image.clone(),
+                steps: vec![Step { name: Some(format!("gate before `{next}`")), run: cmd.clone(), ..Step::default() }],
+                env: env_vars,
+                runs_on: base.runs_on.clone(),
+                timeout_secs: base.timeout_secs,
+                timeout_expr: base.timeout_expr.clone(),
+                promotion: Some(Promotion {
+                    environment: env.name.clone(),
+                    from: ring.name.clone(),
+                    to: next,
+                    bake_secs: ring.bake_secs,
+                    prometheus: None,
+                    command: true,
+                }),
+                ..Job::default()
+            };
+            let gate_name = gate.name.clone();
+            out.push((gate, Some(vec![name])));
+            before = Some(gate_name);
+        }
+    }
+    out
+}
+
 /// One job of the workflow after matrix expansion.
 struct Unit {
     draft: usize,
     job: Job,
+    /// The names it needs when not its draft's (a ring after the first).
+    needs: Option<Vec<String>>,
 }
 
 /// A name `needs`/`from_job` may use.
@@ -2760,10 +3046,19 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
         };
         let mut names: Vec<(String, Vec<usize>, bool)> = Vec::new();
         match &d.matrix {
+            None if d.rings.is_some() => {
+                let (rings, _) = d.rings.as_ref().expect("rings");
+                for (job, needs) in ring_jobs(&d.job, rings) {
+                    names.push((job.name.clone(), vec![units.len()], false));
+                    mine.push(units.len());
+                    units.push(Unit { draft: i, job, needs });
+                }
+                names.push((name.clone(), mine.clone(), true));
+            }
             None => {
                 names.push((name.clone(), vec![units.len()], false));
                 mine.push(units.len());
-                units.push(Unit { draft: i, job: d.job.clone() });
+                units.push(Unit { draft: i, job: d.job.clone(), needs: None });
             }
             Some(m) => {
                 if units.len() + m.combos.len() > MAX_JOBS && !over_limit {
@@ -2864,7 +3159,7 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
                     });
                     names.push((expanded, vec![units.len()], false));
                     mine.push(units.len());
-                    units.push(Unit { draft: i, job });
+                    units.push(Unit { draft: i, job, needs: None });
                 }
                 names.push((name.clone(), mine.clone(), true));
             }
@@ -3081,7 +3376,7 @@ fn cross_check(ctx: &mut Ctx, drafts: Vec<Draft>) -> Vec<Job> {
     units
         .into_iter()
         .map(|u| {
-            let needs = effective[u.draft].clone();
+            let needs = u.needs.unwrap_or_else(|| effective[u.draft].clone());
             Job { needs, ..u.job }
         })
         .collect()

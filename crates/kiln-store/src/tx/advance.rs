@@ -70,7 +70,9 @@ pub(crate) async fn release_job_groups(tx: &mut Tx, now: i64) -> Result<()> {
              WHERE j.group_waiting = 1 AND j.status = {pending} AND NOT EXISTS ( \
                SELECT 1 FROM jobs o WHERE o.concurrency_group = j.concurrency_group AND o.status IN ({ready}, {running}) \
                AND (o.run_id != j.run_id OR j.concurrency_group NOT LIKE '{env}%')) \
+             AND NOT EXISTS ({rollout}) \
              ORDER BY r.created_at, j.job_index LIMIT 1",
+            rollout = ROLLOUT.replace("$WHERE", &rollout_where("j.concurrency_group", "j.run_id")),
             pending = lit(JobStatus::Pending),
             ready = lit(JobStatus::Ready),
             running = lit(JobStatus::Running),
@@ -83,6 +85,24 @@ pub(crate) async fn release_job_groups(tx: &mut Tx, now: i64) -> Result<()> {
         tx.sql("UPDATE jobs SET group_waiting = 0 WHERE id = $1").bind(&job_id).execute().await?;
         Box::pin(advance_run_inner(tx, &run_id, now)).await?;
     }
+}
+
+/// A rollout in progress holds its environment's deploy queue between its
+/// rings (issue 46): a job of another run waiting for a promotion (baking,
+/// measuring, paused) or past it and not yet ended — a later ring, or a
+/// command gate's job — occupies the queue `$KEY`, as its running deploy
+/// jobs do, until the rollout ends or its gate failed.
+const ROLLOUT: &str = "SELECT 1 FROM ring_gates g JOIN jobs o ON o.id = g.job_id WHERE $WHERE";
+
+fn rollout_where(key: &str, run: &str) -> String {
+    format!(
+        "'{env}' || g.environment = {key} AND g.state != 'failed' AND o.run_id != {run} \
+         AND o.status IN ({pending}, {ready}, {running})",
+        env = ENVIRONMENT_GROUP_PREFIX,
+        pending = lit(JobStatus::Pending),
+        ready = lit(JobStatus::Ready),
+        running = lit(JobStatus::Running),
+    )
 }
 
 /// Decide the run's pending jobs and finish the run if nothing is left, as
@@ -123,6 +143,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         awaiting_release,
         environments: Default::default(),
         refused: Default::default(),
+        promotions: Default::default(),
     };
     // `needs.<job>.outputs.<name>` in an `if:` reads what is bound so far.
     let outputs = if run.definition.jobs.iter().any(|j| !j.outputs.is_empty()) {
@@ -138,7 +159,9 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         let indices: Vec<i64> = rows.iter().map(|r| r.get::<i64>("job_index")).collect::<Result<_>>()?;
         crate::tx::deploy_gate::refusals(tx, &run, &jobs, &indices).await?
     };
-    let advance = AdvanceRun { environments, refused, ..advance };
+    let indices: Vec<i64> = rows.iter().map(|r| r.get::<i64>("job_index")).collect::<Result<_>>()?;
+    let promotions = crate::tx::rings::promotions(tx, &run, &ids, &jobs, &indices, now).await?;
+    let advance = AdvanceRun { environments, refused, promotions, ..advance };
     // A deploy job becomes ready after its environment's wait.
     let wait_of = |i: usize| -> i64 {
         let index = rows.get(i).and_then(|r| r.get::<i64>("job_index").ok()).and_then(|x| usize::try_from(x).ok());
@@ -168,7 +191,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
                 let entered = enter_job_group(tx, &ids[job], &key, cancel_in_progress, ordered, now).await?;
                 pass.resolve_group(entered);
             }
-            Verdict::WaitApproval { job, message } => {
+            Verdict::WaitApproval { job, message } | Verdict::WaitPromotion { job, message } => {
                 tx.sql("UPDATE jobs SET message = $1 WHERE id = $2 AND (message IS NULL OR message != $1)")
                     .bind(message)
                     .bind(&ids[job])
@@ -220,6 +243,7 @@ fn job_rules(def: &kiln_workflow::Job) -> JobRules {
             (None, None) => None,
         },
         environment: def.environment.as_ref().map(|e| e.name.clone()),
+        promotion: def.promotion.is_some(),
     }
 }
 
@@ -240,10 +264,14 @@ async fn enter_job_group(
         format!(
             "SELECT id, status FROM jobs WHERE concurrency_group = $1 AND id != $2 AND status IN ({ready}, {running}) \
              AND (run_id != (SELECT run_id FROM jobs WHERE id = $2) OR $1 NOT LIKE '{env}%') \
-             ORDER BY id",
+             UNION SELECT o.id, CASE WHEN o.status = {pending} THEN {ready} ELSE o.status END \
+             FROM ring_gates g JOIN jobs o ON o.id = g.job_id WHERE {rollout_cols} \
+             ORDER BY 1",
             ready = lit(JobStatus::Ready),
             running = lit(JobStatus::Running),
+            pending = lit(JobStatus::Pending),
             env = ENVIRONMENT_GROUP_PREFIX,
+            rollout_cols = rollout_where("$1", "(SELECT run_id FROM jobs WHERE id = $2)"),
         )
     });
     static WAITING: Sql = Sql::new(|_| {

@@ -43,6 +43,7 @@ pub(crate) mod provenance;
 pub(crate) mod queue;
 pub(crate) mod release;
 pub(crate) mod repos;
+pub(crate) mod rings;
 pub(crate) mod rollback;
 pub(crate) mod teams;
 pub(crate) mod test_reports;

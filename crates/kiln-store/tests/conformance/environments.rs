@@ -322,3 +322,87 @@ pub async fn deployed_generations_are_pinned_and_a_rollback_deploys_them_again<S
     assert_eq!(s.list_runs(&r.id, None, 500).await.unwrap().len(), runs_before, "nothing accepted");
     assert!(matches!(s.rollback_target("production", Some("no-such-deployment")).await, Err(StoreError::NotFound(_))));
 }
+
+const RINGS: &str = "version: 1\njobs:\n  - name: deploy\n    environment: production\n    rings:\n      - {name: canary, bake: 1h}\n      - name: early\n        gate: {prometheus: {query: errors, success: result < 0.05}}\n      - {name: all}\n    steps: [x]\n";
+
+/// Rings (issue 46): a ring after the first waits for its promotion (bake,
+/// then the gate) while its rollout keeps the environment's queue from
+/// other runs; `pause`/`promote` act on the next promotion; a gate step is
+/// written only once (conditional on what was read); a failed gate cancels
+/// the rest, fails the run, frees the queue, and its rollback is claimed
+/// once.
+pub async fn a_rollout_holds_its_queue_between_rings_and_a_failed_gate_cancels_the_rest<S: Store + 'static>(
+    o: &Opener<S>,
+) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    let ag = agent(s, "a", 8).await;
+    s.put_environment(&env("production", &[], 0), true).await.unwrap();
+    let a = s.accept_run(new_run(&r.id, wf(RINGS))).await.unwrap().run_id;
+    let canary = job_id(s, &a, "deploy (canary)").await;
+    claim(s, &ag, &canary, LONG_TTL).await;
+    let b = s.accept_run(new_run(&r.id, wf(RINGS))).await.unwrap().run_id;
+    assert_eq!(s.complete(&canary, 1, success()).await.unwrap(), "success");
+
+    // Baking: the next ring waits and says so; nothing is due for an hour.
+    let early = jv(&view(s, &a).await, "deploy (early)").job.clone();
+    assert_eq!(early.status, JobStatus::Pending);
+    let msg = early.message.unwrap_or_default();
+    assert!(msg.contains("baking ring `canary` for 1h before promoting to `early`"), "{msg}");
+    let gates = s.run_ring_gates(&a).await.unwrap();
+    assert_eq!(gates.len(), 1, "{gates:?}");
+    assert_eq!((gates[0].state.as_str(), gates[0].from_ring.as_str()), ("baking", "canary"));
+    assert!(s.due_ring_gates().await.unwrap().is_empty(), "not baked yet");
+    // The rollout holds the queue: the other run's canary waits.
+    let other = jv(&view(s, &b).await, "deploy (canary)").job.clone();
+    assert_eq!(other.status, JobStatus::Pending, "run A's rollout holds `production` between its rings");
+    assert!(other.message.unwrap_or_default().contains("waiting for environment `production`"));
+
+    // Pause, then promote: the bake is skipped, the ring deploys.
+    let paused = s.manual_promotion(&a, "alice", Manual::Pause).await.unwrap();
+    assert_eq!(paused.state, "paused");
+    assert!(paused.message.contains("paused by alice before promoting to `early`"), "{}", paused.message);
+    assert_eq!(job_status(s, &early.id).await, JobStatus::Pending);
+    let promoted = s.manual_promotion(&a, "alice", Manual::Promote).await.unwrap();
+    assert_eq!(promoted.state, "promoted");
+    assert_eq!(job_status(s, &early.id).await, JobStatus::Ready, "promoted: the bake is skipped");
+    claim(s, &ag, &early.id, LONG_TTL).await;
+    assert_eq!(s.complete(&early.id, 1, success()).await.unwrap(), "success");
+
+    // The Prometheus gate after `early`: measuring at once (no bake).
+    let all = job_id(s, &a, "deploy (all)").await;
+    let due = s.due_ring_gates().await.unwrap();
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert_eq!((due[0].job_id.as_str(), due[0].state.as_str()), (all.as_str(), "measuring"));
+    assert!(due[0].gate.as_deref().unwrap_or_default().contains("errors"));
+    let step = RingGateStep {
+        job_id: all.clone(),
+        from_state: "measuring".into(),
+        from_measured: 0,
+        state: "failed".into(),
+        message: "result = 0.5 does not meet `result < 0.05`".into(),
+        measured: 1,
+        failures: 1,
+        next_at: None,
+    };
+    assert!(s.settle_ring_gate(&step).await.unwrap());
+    assert!(!s.settle_ring_gate(&step).await.unwrap(), "a step read before is written once");
+    let v = view(s, &a).await;
+    let all_job = jv(&v, "deploy (all)").job.clone();
+    assert_eq!(all_job.status, JobStatus::Cancelled);
+    let msg = all_job.message.unwrap_or_default();
+    assert!(msg.contains("not promoted to `all`: the gate after ring `early` failed: result = 0.5"), "{msg}");
+    assert_eq!(v.run.status, RunStatus::Failed);
+    // The queue is free again: the other run's canary may deploy.
+    assert_eq!(job_status(s, &other.id).await, JobStatus::Ready);
+    // The rollback after it is claimed once.
+    let due = s.due_ring_gates().await.unwrap();
+    assert_eq!(due.iter().map(|g| g.state.as_str()).collect::<Vec<_>>(), vec!["failed"]);
+    assert!(s.claim_ring_rollback(&all, "asked").await.unwrap());
+    assert!(!s.claim_ring_rollback(&all, "asked").await.unwrap());
+    s.record_ring_rollback(&all, "run-x").await.unwrap();
+    assert!(s.due_ring_gates().await.unwrap().is_empty());
+    assert_eq!(s.run_ring_gates(&a).await.unwrap()[1].rollback.as_deref(), Some("run-x"));
+    assert_conflict(s.manual_promotion(&a, "alice", Manual::Promote).await);
+}

@@ -108,6 +108,7 @@ macro_rules! suite {
             environments::an_environments_deploys_run_one_run_at_a_time_in_order,
             environments::an_environments_wait_delays_its_deploy_jobs,
             environments::deployed_generations_are_pinned_and_a_rollback_deploys_them_again,
+            environments::a_rollout_holds_its_queue_between_rings_and_a_failed_gate_cancels_the_rest,
             env_secrets::environment_secrets_are_listed_by_name_resealed_and_removed_with_their_environment,
             env_secrets::a_deploy_job_restoring_an_artifact_its_environment_refuses_is_cancelled_naming_the_check,
             claim::claim_requires_the_current_session,
