@@ -500,6 +500,18 @@ impl Client {
         self.send(Method::POST, &path, Some(req), &[], None).await
     }
 
+    /// `GET /v1/workflow-runs/{run}/rings`.
+    pub async fn run_rings(&self, run: &str) -> Result<crate::RingPromotionList, ApiError> {
+        self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/rings", enc(run)), None, &[], None).await
+    }
+
+    /// `POST /v1/workflow-runs/{run}/promote` (`pause: false`) or `/pause`: the run's next
+    /// promotion between rings.
+    pub async fn promote_run(&self, run: &str, pause: bool) -> Result<crate::RingPromotion, ApiError> {
+        let what = if pause { "pause" } else { "promote" };
+        self.send::<(), _>(Method::POST, &format!("/v1/workflow-runs/{}/{what}", enc(run)), None, &[], None).await
+    }
+
     pub async fn run_approvals(&self, run: &str) -> Result<crate::ApprovalList, ApiError> {
         self.send::<(), _>(Method::GET, &format!("/v1/workflow-runs/{}/approvals", enc(run)), None, &[], None).await
     }

@@ -2129,6 +2129,46 @@ pub struct DeployedArtifact {
     pub sha256: String,
 }
 
+/// A run's promotion between two rings (issue 46): the bake and gate after ring
+/// `from_ring`, which the job `job` (the next ring, or a command gate's job) waits for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RingPromotion {
+    pub job: String,
+    pub environment: String,
+    pub from_ring: String,
+    pub to_ring: String,
+    /// `baking`, `measuring`, `paused`, `passed`, `promoted` or `failed`.
+    pub state: String,
+    /// Where it stands, in words (also the waiting job's message).
+    pub message: String,
+    /// The Prometheus gate as written in the workflow (JSON text), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<String>,
+    /// When the ring before deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake_until_ms: Option<i64>,
+    /// Measurements taken, and how many failed.
+    pub measured: i64,
+    pub failures: i64,
+    /// Who paused or promoted it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// After a failed gate: the automatic rollback's run id, or why there was none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<String>,
+    pub updated_at_ms: i64,
+}
+
+/// `GET /v1/workflow-runs/{run}/rings`: the run's promotions, in file order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RingPromotionList {
+    pub promotions: Vec<RingPromotion>,
+}
+
 /// `GET /v1/environments/{env}/deployments`: newest first; the first successful one is
 /// what the environment runs now.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -275,12 +275,13 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
         "/v1/repos/{repo}/tests/timings",
         "/v1/repos/{repo}/quarantine",
         "/v1/workflow-runs/{run}/approvals",
+        "/v1/workflow-runs/{run}/rings",
     ];
     match scope {
         Scope::Admin => Access::Allow,
         // A deployment's approvers are API tokens by name, of any scope but
         // trigger; the service checks the environment's list.
-        Scope::Read if method == Method::POST && (path == APPROVALS || path == ROLLBACK) => Access::Allow,
+        Scope::Read if method == Method::POST && [APPROVALS, ROLLBACK, PROMOTE, PAUSE].contains(&path) => Access::Allow,
         Scope::Read if method == Method::GET && !ADMIN_ONLY_READS.contains(&path) => Access::Allow,
         Scope::Read => Access::Deny,
         Scope::Trigger { .. } if method == Method::GET && TRIGGER_READS.contains(&path) => Access::IfOwnRepo,
@@ -295,6 +296,10 @@ pub(crate) fn policy(scope: &Scope, method: &Method, path: &str) -> Access {
 pub(crate) const APPROVALS: &str = "/v1/workflow-runs/{run}/approvals";
 /// Rolling an environment back (issue 46): its approvers, by name.
 pub(crate) const ROLLBACK: &str = "/v1/environments/{env}/rollback";
+
+/// Promoting or pausing a run's deploy rings (issue 46): its environment's approvers.
+pub(crate) const PROMOTE: &str = "/v1/workflow-runs/{run}/promote";
+pub(crate) const PAUSE: &str = "/v1/workflow-runs/{run}/pause";
 
 /// The badge route: open to anyone for a public repository, else to a
 /// token this table lets read it (see [`may_read_badge`]).

@@ -84,6 +84,9 @@ pub struct ServerConfig {
     /// download and upload URLs are built from it, never from a request's
     /// `Host` header. `None`: derived from the listen address at start.
     pub public_url: Option<String>,
+    /// The Prometheus the gates between deploy rings ask (`--prometheus-url`,
+    /// issue 46). `None`: a workflow with a Prometheus gate is refused.
+    pub prometheus_url: Option<String>,
     /// Serve HTTPS with this PEM certificate chain and private key.
     pub tls: Option<TlsFiles>,
     /// A connection must send a complete request head within this (also
@@ -204,6 +207,7 @@ impl ServerConfig {
             object_store: String::new(),
             secrets_key_file: None,
             public_url: None,
+            prometheus_url: None,
             tls: None,
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),

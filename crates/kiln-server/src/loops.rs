@@ -9,6 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
+/// How often the ring gate runner looks for promotions that are due.
+const RING_POLL: Duration = Duration::from_millis(250);
+
 /// How often the relay looks for events whose backoff (`available_at`) passed.
 const RELAY_POLL: Duration = Duration::from_millis(250);
 
@@ -57,6 +60,12 @@ pub(crate) async fn spawn(state: State, shutdown: watch::Receiver<bool>) -> anyh
         Box::pin(crate::services::runs::run_timeout_once(s))
     }));
     tokio::spawn(planner(state.clone(), shutdown.clone()));
+    // Promotions between deploy rings (issue 46): bakes end and gate
+    // measurements fall due on their own schedule; a quarter second keeps
+    // a failed gate's rollback within its interval + 1 s.
+    tokio::spawn(every(state.clone(), shutdown.clone(), RING_POLL, "ring gates", |s| {
+        Box::pin(crate::services::rings::gates_once(s))
+    }));
     // Agents' "last seen" and the expiry of offline ones: a third of the
     // lease TTL, between 50 ms and 10 s.
     let seen_every = (state.config.lease_ttl / 3).clamp(Duration::from_millis(50), Duration::from_secs(10));

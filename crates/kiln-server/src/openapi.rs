@@ -65,6 +65,7 @@ pub(crate) mod scheme {
         teams::set_priority,
         environments::list, environments::create, environments::get, environments::update, environments::delete,
         environments::decide, environments::approvals, environments::deployments, environments::rollback,
+        environments::rings, environments::promote, environments::pause,
         secrets::list, secrets::put, secrets::delete,
         env_secrets::list, env_secrets::put, env_secrets::delete,
         logs::events, artifacts::get, artifacts::provenance, artifacts::test_attestation,

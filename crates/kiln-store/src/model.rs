@@ -1217,8 +1217,9 @@ pub struct RingGateStep {
     pub message: String,
     pub measured: i64,
     pub failures: i64,
-    /// When the next measurement is due (`None`: now).
-    pub next_at: Option<i64>,
+    /// The next measurement is due this long after the one just due (on
+    /// schedule however long the query took; now if that has passed).
+    pub interval_ms: i64,
 }
 
 /// What `kiln promote` and `kiln pause` do to a run's next promotion.

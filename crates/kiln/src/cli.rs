@@ -145,6 +145,15 @@ pub enum Command {
     /// deployment's frozen run with the same artifact generations (same sha256), nothing built.
     /// Without --to: the newest successful deployment by another run than the current one.
     Rollback(RollbackArgs),
+    /// Promote a run's deploy rings now: its next promotion (bake and gate after a ring) is
+    /// skipped and the next ring deploys. Also before the ring before it finished deploying.
+    Promote(RingArgs),
+    /// Pause a run's deploy rings: its next promotion holds (no bake ends, no gate is measured)
+    /// until `kiln promote RUN`.
+    Pause(RingArgs),
+    /// A run's promotions between deploy rings: bake, gate measurements, who paused or
+    /// promoted, and the automatic rollback after a failed gate.
+    Rings(RingsArgs),
     /// Show the queue: per team, its share of the slots (entitled vs received), and its live
     /// jobs by priority lane and `runs-on` labels (ready, waiting on needs, running).
     Queue(QueueArgs),
@@ -330,6 +339,11 @@ pub struct WebArgs {
     /// Host header. Default: derived from --listen (http, or https with --tls-cert).
     #[arg(long, env = "KILN_PUBLIC_URL", value_name = "URL")]
     pub public_url: Option<String>,
+    /// The Prometheus server (http(s)://HOST:PORT[/PATH]) that `rings:` gates query between
+    /// deploy rings (`gate: {prometheus: {query, success, …}}`). Without it, a workflow with a
+    /// Prometheus gate is refused when a run is accepted.
+    #[arg(long, env = "KILN_PROMETHEUS_URL", value_name = "URL", help_heading = "Deployments")]
+    pub prometheus_url: Option<String>,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key). `kiln up`'s own agents
     /// trust it; other clients trust it through the system's roots or KILN_CA_CERT=FILE.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -1320,6 +1334,28 @@ pub struct RollbackArgs {
     #[arg(long)]
     pub comment: Option<String>,
     /// Print JSON (`POST /v1/environments/{env}/rollback`).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RingArgs {
+    /// The run: its id, a unique prefix of 8 or more characters, or REPO#NUMBER.
+    pub run: String,
+    /// Print JSON (`POST /v1/workflow-runs/{run}/promote` or `/pause`).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RingsArgs {
+    /// The run: its id, a unique prefix of 8 or more characters, or REPO#NUMBER.
+    pub run: String,
+    /// Print JSON (`GET /v1/workflow-runs/{run}/rings`).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

@@ -178,3 +178,61 @@ pub(crate) async fn rollback(
         if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { parse(&body)? };
     Ok((StatusCode::CREATED, Json(environments::rollback(&state, &by, &env, req).await?)))
 }
+
+#[utoipa::path(
+    operation_id = "runs_rings",
+    get, path = "/v1/workflow-runs/{run}/rings", tag = "environments",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+    ),
+    responses((status = 200, description = "The run's promotions between deploy rings, in file order", body = api::RingPromotionList)),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
+pub(crate) async fn rings(S(state): S<State>, Path(run): Path<String>) -> ApiResult<Json<api::RingPromotionList>> {
+    let run = runs::resolve_id(&state, &run).await?;
+    Ok(Json(crate::services::rings::promotions(&state, &run).await?))
+}
+
+#[utoipa::path(
+    operation_id = "runs_promote",
+    post, path = "/v1/workflow-runs/{run}/promote", tag = "environments",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+    ),
+    responses(
+        (status = 200, description = "The run's next promotion, promoted now: its bake and gate are skipped", body = api::RingPromotion),
+        (status = 403, description = "Not one of the environment's approvers", body = api::ErrorBody),
+        (status = 409, description = "The run ended, deploys no rings, has no promotion left, or its gate failed", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
+pub(crate) async fn promote(
+    S(state): S<State>,
+    Extension(by): Extension<Principal>,
+    Path(run): Path<String>,
+) -> ApiResult<Json<api::RingPromotion>> {
+    let run = runs::resolve_id(&state, &run).await?;
+    Ok(Json(crate::services::rings::manual(&state, &by, &run, kiln_store::Manual::Promote).await?))
+}
+
+#[utoipa::path(
+    operation_id = "runs_pause",
+    post, path = "/v1/workflow-runs/{run}/pause", tag = "environments",
+    params(
+        ("run" = String, Path, description = "A run: its id, a unique prefix of 8 or more characters, or `REPO#NUMBER`"),
+    ),
+    responses(
+        (status = 200, description = "The run's next promotion, paused until `kiln promote`", body = api::RingPromotion),
+        (status = 403, description = "Not one of the environment's approvers", body = api::ErrorBody),
+        (status = 409, description = "The run ended, deploys no rings, has no promotion left, or its gate failed", body = api::ErrorBody),
+    ),
+    security(("api_token" = []), ("ui_session" = [])),
+)]
+pub(crate) async fn pause(
+    S(state): S<State>,
+    Extension(by): Extension<Principal>,
+    Path(run): Path<String>,
+) -> ApiResult<Json<api::RingPromotion>> {
+    let run = runs::resolve_id(&state, &run).await?;
+    Ok(Json(crate::services::rings::manual(&state, &by, &run, kiln_store::Manual::Pause).await?))
+}

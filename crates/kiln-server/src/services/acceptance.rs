@@ -683,6 +683,17 @@ pub(crate) async fn check_environments(
     git_ref: Option<&str>,
     path: &str,
 ) -> ApiResult<()> {
+    // A Prometheus gate between rings needs a Prometheus to ask.
+    if state.config.prometheus_url.is_none()
+        && let Some(j) = wf.jobs.iter().find(|j| j.promotion.as_ref().is_some_and(|p| p.prometheus.is_some()))
+    {
+        let p = j.promotion.as_ref().expect("a promotion");
+        return Err(ApiErr::invalid(format!(
+            "{path}: the gate after ring `{}` (before job `{}`) asks Prometheus, but this server has no Prometheus \
+             configured; start it with --prometheus-url URL (or KILN_PROMETHEUS_URL)",
+            p.from, j.name
+        )));
+    }
     let mut names: Vec<(&str, &str)> =
         wf.jobs.iter().filter_map(|j| j.environment.as_ref().map(|e| (e.name.as_str(), j.name.as_str()))).collect();
     names.sort_unstable();

@@ -149,7 +149,7 @@ pub(crate) async fn delete(state: &AppState, by: &Principal, name: &str) -> ApiR
 
 /// The name a principal approves as: `admin` for admin.token, else its
 /// API token's name.
-async fn approver_name(state: &AppState, by: &Principal) -> ApiResult<String> {
+pub(crate) async fn approver_name(state: &AppState, by: &Principal) -> ApiResult<String> {
     if by.actor == ADMIN_ACTOR {
         return Ok("admin".into());
     }
@@ -157,7 +157,7 @@ async fn approver_name(state: &AppState, by: &Principal) -> ApiResult<String> {
     Ok(state.store.get_api_token(id).await?.name)
 }
 
-fn forbidden(message: String) -> ApiErr {
+pub(crate) fn forbidden(message: String) -> ApiErr {
     ApiErr::new(StatusCode::FORBIDDEN, kiln_api::codes::FORBIDDEN, message)
 }
 

@@ -28,6 +28,7 @@ pub(crate) mod overview;
 pub(crate) mod planning;
 pub(crate) mod queue;
 pub(crate) mod repos;
+pub(crate) mod rings;
 pub(crate) mod run_feed;
 pub(crate) mod run_ref;
 pub(crate) mod runs;

@@ -211,14 +211,15 @@ pub(crate) async fn settle(store: &SqlStore, step: &RingGateStep) -> Result<bool
                 let now = crate::db::now(tx).await?;
                 let run_id: Option<String> = tx
                     .sql(
-                        "UPDATE ring_gates SET state = $1, message = $2, measured = $3, failures = $4, next_at = $5, \
+                        "UPDATE ring_gates SET state = $1, message = $2, measured = $3, failures = $4, \
+                         next_at = CASE WHEN COALESCE(next_at, $6) + $5 > $6 THEN COALESCE(next_at, $6) + $5 ELSE $6 END, \
                          updated_at = $6 WHERE job_id = $7 AND state = $8 AND measured = $9 RETURNING run_id",
                     )
                     .bind(&s.state)
                     .bind(&s.message)
                     .bind(s.measured)
                     .bind(s.failures)
-                    .bind(s.next_at.unwrap_or(now))
+                    .bind(s.interval_ms)
                     .bind(now)
                     .bind(&s.job_id)
                     .bind(&s.from_state)

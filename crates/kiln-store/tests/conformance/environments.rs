@@ -384,7 +384,7 @@ pub async fn a_rollout_holds_its_queue_between_rings_and_a_failed_gate_cancels_t
         message: "result = 0.5 does not meet `result < 0.05`".into(),
         measured: 1,
         failures: 1,
-        next_at: None,
+        interval_ms: 0,
     };
     assert!(s.settle_ring_gate(&step).await.unwrap());
     assert!(!s.settle_ring_gate(&step).await.unwrap(), "a step read before is written once");

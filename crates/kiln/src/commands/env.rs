@@ -2,7 +2,7 @@
 //! (issue 46): deployment environments and decisions on a run's deploy.
 
 use super::shared::{client, run_ref};
-use crate::cli::{DecideArgs, DeploysArgs, EnvCommand, EnvRules, RollbackArgs};
+use crate::cli::{DecideArgs, DeploysArgs, EnvCommand, EnvRules, RingArgs, RingsArgs, RollbackArgs};
 use kiln_api::exit;
 use kiln_cmd::CmdResult;
 
@@ -195,5 +195,41 @@ pub(super) async fn rollback(a: RollbackArgs) -> CmdResult {
         kiln_cmd::outln!("  {} (from {}) sha256:{}", art.name, art.from_job, art.sha256);
     }
     kiln_cmd::outln!("follow it with `kiln wait {}` or `kiln deploys {}`", r.run_id, a.env);
+    Ok(exit::OK)
+}
+
+/// One promotion between rings, as a line.
+fn ring_line(p: &kiln_api::RingPromotion) -> String {
+    let rollback = match p.rollback.as_deref() {
+        None => String::new(),
+        Some(r) if r.starts_with("none") => format!("\n    no rollback: {}", r.trim_start_matches("none: ")),
+        Some("asked") => "\n    rolling back…".to_string(),
+        Some(r) => format!("\n    rolled back by run {r}"),
+    };
+    format!("{} → {} [{}] {}\n    {}{rollback}", p.from_ring, p.to_ring, p.state, p.job, p.message)
+}
+
+pub(super) async fn promote(a: RingArgs, pause: bool) -> CmdResult {
+    let p = client(&a.conn)?.promote_run(&a.run, pause).await?;
+    if a.json {
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&p).expect("json"));
+        return Ok(exit::OK);
+    }
+    kiln_cmd::outln!("{}", ring_line(&p));
+    Ok(exit::OK)
+}
+
+pub(super) async fn rings(a: RingsArgs) -> CmdResult {
+    let l = client(&a.conn)?.run_rings(&a.run).await?;
+    if a.json {
+        kiln_cmd::outln!("{}", serde_json::to_string_pretty(&l).expect("json"));
+        return Ok(exit::OK);
+    }
+    if l.promotions.is_empty() {
+        kiln_cmd::outln!("no promotion between rings has started in run {}", a.run);
+    }
+    for p in &l.promotions {
+        kiln_cmd::outln!("{}", ring_line(p));
+    }
     Ok(exit::OK)
 }

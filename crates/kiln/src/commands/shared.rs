@@ -251,6 +251,15 @@ pub(super) fn apply_web(config: &mut kiln_server::ServerConfig, web: &WebArgs) -
         }
         config.public_url = Some(u.trim_end_matches('/').to_string());
     }
+    if let Some(u) = &web.prometheus_url {
+        let rest = u.strip_prefix("https://").or_else(|| u.strip_prefix("http://"));
+        if rest.is_none_or(|r| r.is_empty() || r.starts_with('/') || r.contains(['?', '#', ' '])) {
+            return Err(usage(format!(
+                "--prometheus-url {u}: expected http(s)://HOST[:PORT][/PATH] without a query or fragment"
+            )));
+        }
+        config.prometheus_url = Some(u.trim_end_matches('/').to_string());
+    }
     if let (Some(cert), Some(key)) = (&web.tls_cert, &web.tls_key) {
         for (flag, f) in [("--tls-cert", cert), ("--tls-key", key)] {
             if !f.is_file() {
