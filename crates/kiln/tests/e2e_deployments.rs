@@ -402,3 +402,227 @@ async fn an_environments_secret_reaches_only_its_deploy_job_and_its_policy_refus
     );
     assert!(deploy.attempts.is_empty(), "it never ran: {deploy:?}");
 }
+
+const RINGS_WORKFLOW: &str = r#"version: 1
+jobs:
+  - name: build
+    steps:
+      - mkdir -p out && echo "release $KILN_RUN_ID" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt}
+  - name: deploy
+    needs: build
+    environment: production
+    artifacts:
+      restore:
+        - {from_job: build, name: app, path: app.txt}
+    rings:
+      - name: canary
+        gate: {prometheus: {query: "vector(0)", success: "result < 0.05", interval: 1s, duration: 2s}}
+      - name: early
+        gate: {prometheus: {query: kiln_test_error_ratio, success: "result < 0.05", interval: 2s}}
+      - name: all
+    steps:
+      - echo "ring $KILN_RING" && sha256sum app.txt
+"#;
+
+const METRIC: &str = "kiln_test_error_ratio";
+
+/// An exporter serving `kiln_test_error_ratio <value>` on loopback, the
+/// value set by the test.
+struct Exporter {
+    addr: std::net::SocketAddr,
+    value: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Exporter {
+    async fn start(value: f64) -> Exporter {
+        use std::sync::atomic::Ordering;
+        let bits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(value.to_bits()));
+        let shared = bits.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let v = f64::from_bits(shared.load(Ordering::SeqCst));
+                async move { format!("# TYPE {METRIC} gauge\n{METRIC} {v}\n") }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Exporter { addr, value: bits }
+    }
+
+    fn set(&self, value: f64) {
+        self.value.store(value.to_bits(), std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Debian's Prometheus on a free loopback port, scraping `target` every
+/// second; killed on drop.
+struct Prometheus {
+    child: std::process::Child,
+    base: String,
+    _dir: tempfile_dir::Dir,
+}
+
+mod tempfile_dir {
+    /// A directory removed on drop (the crate's tests have no tempfile).
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    fn start(target: std::net::SocketAddr) -> Prometheus {
+        let binary = std::env::var("KILN_PROMETHEUS").unwrap_or_else(|_| "/usr/bin/prometheus".into());
+        assert!(std::path::Path::new(&binary).exists(), "{binary} is missing: install Debian's `prometheus`");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = std::env::temp_dir().join(format!("kiln-prometheus-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: kiln_test\n    \
+                 static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = std::process::Command::new(binary)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus");
+        Prometheus { child, base: format!("http://127.0.0.1:{port}"), _dir: tempfile_dir::Dir(dir) }
+    }
+
+    /// Polls until Prometheus answers `query` with a value `want` accepts.
+    async fn wait_for(&self, query: &str, want: impl Fn(f64) -> bool) {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut url = reqwest::Url::parse(&format!("{}/api/v1/query", self.base)).unwrap();
+            url.query_pairs_mut().append_pair("query", query);
+            let value = match http.get(url).send().await {
+                Ok(r) => r.json::<serde_json::Value>().await.unwrap_or_default()["data"]["result"][0]["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse::<f64>().ok()),
+                Err(_) => None,
+            };
+            if value.is_some_and(&want) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "prometheus did not answer {query} as wanted (last {value:?})");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Rings with Prometheus gates (issue 46), with Debian's real Prometheus
+/// scraping an exporter whose error ratio the test sets: a passing sequence
+/// promotes canary → early → all with no human action; with the error
+/// ratio up, the gate after ring 2 (`early`) fails at its first
+/// measurement, the last ring is cancelled saying why, and the server rolls
+/// `production` back on its own — to the first run's bytes, nothing built.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_passing_gate_sequence_promotes_every_ring_and_a_failing_ring_2_gate_rolls_back() {
+    let exporter = Exporter::start(0.0).await;
+    let prom = Prometheus::start(exporter.addr);
+    prom.wait_for(METRIC, |v| v == 0.0).await;
+    let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &["--prometheus-url", &prom.base]).unwrap();
+    let repo = TestRepo::new(&[(".kiln/pipeline.yaml", RINGS_WORKFLOW)]).unwrap();
+    server.add_repo("shop", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _a = server.agent("a", &[]).unwrap();
+    let run_cli = |args: &[&str]| {
+        let o = server.cli().args(args).output().unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        )
+    };
+    let (code, out) = run_cli(&["env", "create", "production"]);
+    assert_eq!(code, 0, "{out}");
+
+    // Healthy: every ring deploys, promoted by the gates alone.
+    let r = c.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let first = wait_run(&c, &r.run_id, 180).await;
+    assert_eq!(first.status, "success", "{first:?}\n{}", server.log());
+    let promotions = c.run_rings(&first.id).await.unwrap().promotions;
+    assert_eq!(
+        promotions.iter().map(|p| (p.to_ring.as_str(), p.state.as_str(), p.by.is_none())).collect::<Vec<_>>(),
+        vec![("early", "passed", true), ("all", "passed", true)],
+        "{promotions:?}"
+    );
+    assert_eq!(promotions[0].measured, 2, "the canary gate measures for its duration (2s at 1s)");
+    let deployed = c.deployments("production", 10).await.unwrap().deployments;
+    let rings: Vec<&str> = deployed.iter().rev().filter_map(|d| d.ring.as_deref()).collect();
+    assert_eq!(rings, vec!["canary", "early", "all"]);
+    let first_sha = deployed[0].artifacts[0].sha256.clone();
+    let (code, out) = run_cli(&["rings", &first.id]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("canary → early [passed]") && out.contains("early → all [passed]"), "{out}");
+
+    // The error ratio goes up: ring 2's gate fails and production is rolled back.
+    exporter.set(0.5);
+    prom.wait_for(METRIC, |v| v == 0.5).await;
+    let r = c.submit_run("shop", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+    let second = wait_run(&c, &r.run_id, 180).await;
+    assert_eq!(second.status, "failed", "{second:?}\n{}", server.log());
+    let all = second.jobs.iter().find(|j| j.name == "deploy (all)").unwrap();
+    assert_eq!(all.status, "cancelled");
+    let msg = all.message.clone().unwrap_or_default();
+    assert!(msg.contains("not promoted to `all`: the gate after ring `early` failed"), "{msg}");
+    assert!(msg.contains("0.5") && msg.contains("result < 0.05"), "names the value and the condition: {msg}");
+    // The rollback run is asked for by the gate runner after the failing
+    // measurement (the first: failure-limit 0).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let gate = loop {
+        let p = c.run_rings(&second.id).await.unwrap().promotions;
+        let g = p.iter().find(|g| g.to_ring == "all").cloned().expect("the gate before `all`");
+        if g.rollback.as_deref().is_some_and(|r| r != "asked") {
+            break g;
+        }
+        assert!(Instant::now() < deadline, "no rollback after the failed gate: {g:?}\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((gate.state.as_str(), gate.measured, gate.failures), ("failed", 1, 1), "{gate:?}");
+    let back_id = gate.rollback.clone().unwrap();
+    let back = wait_run(&c, &back_id, 180).await;
+    assert_eq!(back.status, "success", "{back:?}\n{}", server.log());
+    assert_eq!(back.event, "rollback");
+    println!(
+        "rollback_after_failed_gate_ms: {} (gate interval 2000 ms)",
+        back.created_at_ms.saturating_sub(gate.started_at_ms.unwrap_or(back.created_at_ms))
+    );
+    let build = back.jobs.iter().find(|j| j.name == "build").unwrap();
+    assert!(build.attempts.is_empty(), "the rollback built nothing: {build:?}");
+    let now = c.deployments("production", 1).await.unwrap().deployments.remove(0);
+    assert_eq!(now.run_id, back.id);
+    assert_eq!(now.ring.as_deref(), Some("all"), "the rollback deployed every ring again");
+    assert_eq!(now.artifacts[0].sha256, first_sha, "production runs the first run's bytes again");
+    let (code, out) = run_cli(&["rings", &second.id]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("early → all [failed]") && out.contains(&format!("rolled back by run {back_id}")), "{out}");
+    // An ended run has nothing to pause.
+    let (code, out) = run_cli(&["pause", &second.id]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("has ended"), "{out}");
+}

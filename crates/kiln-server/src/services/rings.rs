@@ -100,7 +100,8 @@ async fn measure(state: &AppState, g: &RingGateRecord) -> Result<bool, StoreErro
     {
         Ok(gate) => gate,
         Err(e) => {
-            return settle(state, g, "failed", format!("the gate cannot be read: {e}"), g.measured, g.failures, 0).await;
+            return settle(state, g, "failed", format!("the gate cannot be read: {e}"), g.measured, g.failures, 0)
+                .await;
         }
     };
     let m = kiln_deploy::measure(&state.forge_http, &url, &gate).await;
