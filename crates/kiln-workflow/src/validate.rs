@@ -2910,7 +2910,7 @@ fn rings(ctx: &mut Ctx, label: &str, node: &Node, has_environment: bool, has_mat
                             (None, Some(r)) => {
                                 match as_nonempty_text(ctx, &r.value, &format!("`run` of {gsub}"), "a command") {
                                     Some(cmd) if check_run(cmd).is_err() => {
-                                        let e = check_run(cmd).err().expect("an error");
+                                        let e = check_run(cmd).expect_err("an error");
                                         ctx.err(
                                             r.value.pos,
                                             format!("invalid `run` of {gsub}: {}", script_error(cmd, &e)),
@@ -3440,6 +3440,8 @@ mod tests {
             ("id-token", ID_TOKEN_KEYS),
             ("service", services::SERVICE_KEYS),
             ("health", services::HEALTH_KEYS),
+            ("rings", RING_KEYS),
+            ("rings.gate", GATE_KEYS),
         ];
         let mut missing = Vec::new();
         for (place, keys) in readme_lists {

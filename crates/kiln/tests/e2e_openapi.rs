@@ -583,6 +583,13 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .call("POST", "/v1/environments/{env}/rollback", "/v1/environments/spec-env/rollback", a, Some(json!({})))
         .await;
     assert_eq!(nothing.status, 409, "nothing deployed to return to: {}", String::from_utf8_lossy(&nothing.bytes));
+    // Rings (issue 46): the run has none; promote and pause say so.
+    let rings = format!("/v1/workflow-runs/{run_id}/rings");
+    assert_eq!(c.call("GET", "/v1/workflow-runs/{run}/rings", &rings, a, None).await.status, 200);
+    for (route, verb) in [("/v1/workflow-runs/{run}/promote", "promote"), ("/v1/workflow-runs/{run}/pause", "pause")] {
+        let r = c.call("POST", route, &format!("/v1/workflow-runs/{run_id}/{verb}"), a, None).await;
+        assert_eq!(r.status, 409, "no rings to {verb}: {}", String::from_utf8_lossy(&r.bytes));
+    }
     let approvals = format!("/v1/workflow-runs/{run_id}/approvals");
     assert_eq!(c.call("GET", "/v1/workflow-runs/{run}/approvals", &approvals, a, None).await.status, 200);
     let refused = c

@@ -153,13 +153,12 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
     };
     let cond = RunConditions(&run, &outputs);
     let (environments, waits) = crate::tx::gates::gates(tx, &run, now).await?;
+    let indices: Vec<i64> = rows.iter().map(|r| r.get::<i64>("job_index")).collect::<Result<_>>()?;
     let refused = if environments.is_empty() {
         Default::default()
     } else {
-        let indices: Vec<i64> = rows.iter().map(|r| r.get::<i64>("job_index")).collect::<Result<_>>()?;
         crate::tx::deploy_gate::refusals(tx, &run, &jobs, &indices).await?
     };
-    let indices: Vec<i64> = rows.iter().map(|r| r.get::<i64>("job_index")).collect::<Result<_>>()?;
     let promotions = crate::tx::rings::promotions(tx, &run, &ids, &jobs, &indices, now).await?;
     let advance = AdvanceRun { environments, refused, promotions, ..advance };
     // A deploy job becomes ready after its environment's wait.
