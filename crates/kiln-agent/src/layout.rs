@@ -27,9 +27,17 @@ use sha2::{Digest, Sha256};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Creates `dir` (and parents) 0700 and tightens it to 0700 if it existed.
+/// Creates `dir` 0700 (its missing parents with the default mode, so a
+/// sibling such as a `--sandbox-dir` next to it stays reachable by a step
+/// user) and tightens it to 0700 if it existed.
 pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
     let meta = std::fs::symlink_metadata(dir)?;
     if meta.is_dir() && meta.mode() & 0o777 != 0o700 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
@@ -73,6 +81,16 @@ pub(crate) fn prepare_sandbox_root(root: &Path, separate_step_user: bool) -> any
     );
     std::fs::set_permissions(root, std::fs::Permissions::from_mode(sandbox_root_mode(separate_step_user)))
         .with_context(|| format!("cannot set the mode of {}", root.display()))?;
+    if separate_step_user && let Some(closed) = closed_ancestor(root) {
+        anyhow::bail!(
+            "the step user cannot reach the sandbox dir {}: {} is mode {:o}, closed to other users; give it o+x \
+             (`chmod o+x {}`) or pass a --sandbox-dir outside it",
+            root.display(),
+            closed.0.display(),
+            closed.1,
+            closed.0.display()
+        );
+    }
     for e in std::fs::read_dir(root).with_context(|| format!("cannot list {}", root.display()))? {
         let e = e?;
         let p = e.path();
@@ -80,6 +98,19 @@ pub(crate) fn prepare_sandbox_root(root: &Path, separate_step_user: bool) -> any
         removed.with_context(|| format!("cannot remove the stale workspace {}", p.display()))?;
     }
     Ok(())
+}
+
+/// The first ancestor of `dir` (from `/` down) that a user other than its
+/// owner cannot traverse, with its mode: a step running as a separate user
+/// could not reach a workspace under it.
+fn closed_ancestor(dir: &Path) -> Option<(PathBuf, u32)> {
+    let abs = std::path::absolute(dir).ok()?;
+    let mut ancestors: Vec<&Path> = abs.ancestors().skip(1).collect();
+    ancestors.reverse();
+    ancestors.into_iter().find_map(|a| {
+        let mode = std::fs::metadata(a).ok()?.mode() & 0o777;
+        (mode & 0o001 == 0).then(|| (a.to_path_buf(), mode))
+    })
 }
 
 #[cfg(test)]
@@ -102,6 +133,8 @@ mod tests {
     #[test]
     fn the_sandbox_root_is_emptied_and_gets_its_mode() {
         let dir = tempfile::tempdir().unwrap();
+        // Reachable by a step user (a temp dir is 0700).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let root = dir.path().join("sandbox");
         prepare_sandbox_root(&root, false).unwrap();
         assert_eq!(mode(&root), 0o700);
@@ -133,5 +166,27 @@ mod tests {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         private_dir(&d).unwrap();
         assert_eq!(mode(&d), 0o700);
+    }
+
+    /// `kiln bench cache` as root (issue 47): `--work-dir X/agents/a
+    /// --sandbox-dir X/agents/a-sandbox` made `X/agents` 0700, so the step
+    /// user could not start its shell in the sandbox. Only the work dir is
+    /// private; a sandbox root under a closed directory is refused at start
+    /// naming it.
+    #[test]
+    fn only_the_work_dir_is_private_and_a_sandbox_the_step_user_cannot_reach_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let work = dir.path().join("agents/a");
+        private_dir(&work).unwrap();
+        assert_eq!(mode(&work), 0o700);
+        assert_eq!(mode(&dir.path().join("agents")) & 0o001, 0o001, "its parent stays traversable");
+        prepare_sandbox_root(&dir.path().join("agents/a-sandbox"), true).unwrap();
+        let closed = dir.path().join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let e = prepare_sandbox_root(&closed.join("sandbox"), true).unwrap_err().to_string();
+        assert!(e.contains("the step user cannot reach the sandbox dir") && e.contains("is mode 700"), "{e}");
+        prepare_sandbox_root(&closed.join("sandbox"), false).unwrap();
     }
 }

@@ -626,3 +626,155 @@ async fn a_passing_gate_sequence_promotes_every_ring_and_a_failing_ring_2_gate_r
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("has ended"), "{out}");
 }
+
+const COMMAND_GATE_WORKFLOW: &str = r#"version: 1
+inputs:
+  gate: {type: string, default: pass}
+jobs:
+  - name: build
+    steps:
+      - mkdir -p out && echo "release $KILN_RUN_ID" > out/app.txt
+    artifacts:
+      publish:
+        - {name: app, path: out/app.txt}
+  - name: deploy
+    needs: build
+    environment: staging
+    artifacts:
+      restore:
+        - {from_job: build, name: app, path: app.txt}
+    rings:
+      - name: canary
+        bake: 1h
+        gate: {run: 'echo "checking $KILN_RING" && test "$KILN_INPUT_GATE" = pass'}
+      - name: all
+    steps:
+      - echo "ring $KILN_RING" && sha256sum app.txt
+"#;
+
+const PROMETHEUS_GATE_WORKFLOW: &str = r#"version: 1
+jobs:
+  - name: deploy
+    environment: staging
+    rings:
+      - {name: canary, gate: {prometheus: {query: up, success: result == 1}}}
+      - {name: all}
+    steps: [echo]
+"#;
+
+/// Waits until `job` of `run` is pending with a message containing `want`.
+async fn wait_message(c: &Client, run: &str, job: &str, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let v = c.get_run(run).await.unwrap();
+        let j = v.jobs.iter().find(|j| j.name == job).unwrap_or_else(|| panic!("no job {job}: {v:?}"));
+        let msg = j.message.clone().unwrap_or_default();
+        if msg.contains(want) {
+            return msg;
+        }
+        assert!(Instant::now() < deadline, "{job} never said {want:?}; it says {msg:?} ({})", j.status);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A command gate between rings (issue 46), paused and promoted by hand:
+/// the gate's job waits out the bake (`kiln pause` holds it, only the
+/// environment's approver may `kiln promote` it), runs its command, and
+/// promotes the last ring when it passes; when it fails, the last ring is
+/// skipped and the server rolls `staging` back to the previous run's bytes.
+/// A server without `--prometheus-url` refuses a Prometheus gate at
+/// acceptance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_gate_waits_out_its_bake_obeys_pause_and_promote_and_its_failure_rolls_back() {
+    let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let repo = TestRepo::new(&[
+        (".kiln/pipeline.yaml", COMMAND_GATE_WORKFLOW),
+        (".kiln/prometheus.yaml", PROMETHEUS_GATE_WORKFLOW),
+    ])
+    .unwrap();
+    server.add_repo("shop", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let _a = server.agent("a", &[]).unwrap();
+    let run_cli = |token: Option<&str>, args: &[&str]| {
+        let mut cmd = server.cli();
+        if let Some(t) = token {
+            cmd.env("KILN_TOKEN", t);
+        }
+        let o = cmd.args(args).output().unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        )
+    };
+    let (code, out) = run_cli(None, &["env", "create", "staging", "--approvers", "alice"]);
+    assert_eq!(code, 0, "{out}");
+    let alice = c
+        .create_token(&kiln_api::CreateToken { name: "alice".into(), scope: "read".into(), repo: None, trusted: None })
+        .await
+        .unwrap()
+        .token;
+
+    // No Prometheus configured: a Prometheus gate is refused at acceptance.
+    let submit = |path: &str, gate: &str| SubmitRun {
+        commit_sha: "main".into(),
+        workflow_path: Some(path.into()),
+        inputs: [("gate".to_string(), gate.to_string())].into_iter().filter(|_| !gate.is_empty()).collect(),
+        ..Default::default()
+    };
+    let e = c.submit_run("shop", &submit(".kiln/prometheus.yaml", ""), None).await.unwrap_err().to_string();
+    assert!(e.contains("no Prometheus configured") && e.contains("--prometheus-url"), "{e}");
+
+    // Run 1: approved by alice; the gate's job bakes for an hour.
+    let one = c.submit_run("shop", &submit(".kiln/pipeline.yaml", "pass"), None).await.unwrap().run_id;
+    let (code, out) = run_cli(Some(&alice), &["approve", &one]);
+    assert_eq!(code, 0, "{out}");
+    let msg = wait_message(&c, &one, "deploy (canary gate)", "baking ring `canary` for 1h").await;
+    assert!(msg.contains("before promoting to `all`"), "{msg}");
+    let (code, out) = run_cli(Some(&alice), &["pause", &one]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("canary → all [paused]") && out.contains("paused by alice"), "{out}");
+    wait_message(&c, &one, "deploy (canary gate)", "paused by alice").await;
+    let (code, out) = run_cli(None, &["promote", &one]);
+    assert_ne!(code, 0, "the admin is not staging's approver: {out}");
+    assert!(out.contains("its approvers are alice"), "{out}");
+    let (code, out) = run_cli(Some(&alice), &["promote", &one]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("[promoted]"), "{out}");
+    let first = wait_run(&c, &one, 120).await;
+    assert_eq!(first.status, "success", "{first:?}\n{}", server.log());
+    let gate_job = first.jobs.iter().find(|j| j.name == "deploy (canary gate)").unwrap();
+    assert_eq!(gate_job.status, "success");
+    let first_sha = c.deployments("staging", 1).await.unwrap().deployments[0].artifacts[0].sha256.clone();
+
+    // Run 2: its gate command fails; the last ring never deploys and the
+    // server rolls staging back to run 1's bytes.
+    let two = c.submit_run("shop", &submit(".kiln/pipeline.yaml", "fail"), None).await.unwrap().run_id;
+    let (code, out) = run_cli(Some(&alice), &["approve", &two]);
+    assert_eq!(code, 0, "{out}");
+    wait_message(&c, &two, "deploy (canary gate)", "baking ring `canary`").await;
+    let (code, out) = run_cli(Some(&alice), &["promote", &two]);
+    assert_eq!(code, 0, "{out}");
+    let second = wait_run(&c, &two, 120).await;
+    assert_eq!(second.status, "failed", "{second:?}\n{}", server.log());
+    let status = |name: &str| second.jobs.iter().find(|j| j.name == name).unwrap().status.clone();
+    assert_eq!(status("deploy (canary)"), "success");
+    assert_eq!(status("deploy (canary gate)"), "failed");
+    assert_eq!(status("deploy (all)"), "skipped");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let back_id = loop {
+        let p = c.run_rings(&two).await.unwrap().promotions;
+        if let Some(r) = p.iter().find_map(|g| g.rollback.clone()).filter(|r| r != "asked") {
+            assert_eq!(p[0].state, "failed", "{p:?}");
+            assert!(p[0].message.contains("the gate command (job `deploy (canary gate)`) failed"), "{p:?}");
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no rollback after the failed command gate: {p:?}\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let back = wait_run(&c, &back_id, 120).await;
+    assert_eq!(back.status, "success", "a rollback neither bakes nor waits for approval: {back:?}\n{}", server.log());
+    assert!(back.jobs.iter().find(|j| j.name == "build").unwrap().attempts.is_empty(), "nothing built");
+    let now = c.deployments("staging", 1).await.unwrap().deployments.remove(0);
+    assert_eq!((now.run_id.as_str(), now.ring.as_deref()), (back.id.as_str(), Some("all")));
+    assert_eq!(now.artifacts[0].sha256, first_sha, "staging runs run 1's bytes again");
+}

@@ -159,7 +159,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
     } else {
         crate::tx::deploy_gate::refusals(tx, &run, &jobs, &indices).await?
     };
-    let promotions = crate::tx::rings::promotions(tx, &run, &ids, &jobs, &indices, now).await?;
+    let promotions = crate::tx::promotions::promotions(tx, &run, &ids, &jobs, &indices, now).await?;
     let advance = AdvanceRun { environments, refused, promotions, ..advance };
     // A deploy job becomes ready after its environment's wait.
     let wait_of = |i: usize| -> i64 {

@@ -39,6 +39,7 @@ pub(crate) mod logs;
 pub(crate) mod notify;
 pub(crate) mod outbox;
 pub(crate) mod outputs;
+pub(crate) mod promotions;
 pub(crate) mod provenance;
 pub(crate) mod queue;
 pub(crate) mod release;

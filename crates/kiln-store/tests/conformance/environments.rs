@@ -363,7 +363,10 @@ pub async fn a_rollout_holds_its_queue_between_rings_and_a_failed_gate_cancels_t
     let paused = s.manual_promotion(&a, "alice", Manual::Pause).await.unwrap();
     assert_eq!(paused.state, "paused");
     assert!(paused.message.contains("paused by alice before promoting to `early`"), "{}", paused.message);
-    assert_eq!(job_status(s, &early.id).await, JobStatus::Pending);
+    let held = jv(&view(s, &a).await, "deploy (early)").job.clone();
+    assert_eq!(held.status, JobStatus::Pending);
+    assert!(held.message.unwrap_or_default().contains("paused by alice"), "the waiting job says who paused it");
+    assert!(s.due_ring_gates().await.unwrap().is_empty(), "a paused promotion is not due");
     let promoted = s.manual_promotion(&a, "alice", Manual::Promote).await.unwrap();
     assert_eq!(promoted.state, "promoted");
     assert_eq!(job_status(s, &early.id).await, JobStatus::Ready, "promoted: the bake is skipped");
