@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 /// user) and tightens it to 0700 if it existed.
 pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
+        open_dirs(parent)?;
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
@@ -43,6 +43,24 @@ pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())
+}
+
+/// Creates the missing directories of `dir` 0755 whatever the umask (the
+/// process's is 077): they lead to a private work dir and, beside it, a
+/// sandbox a step user must reach. Existing ones are left as they are.
+fn open_dirs(dir: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(dir).is_ok() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        open_dirs(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        Err(_) => return Ok(()),
+        Ok(()) => {}
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
 }
 
 /// The default sandbox root of an agent whose work dir is `work_dir`.
@@ -65,7 +83,7 @@ pub(crate) fn sandbox_root_mode(separate_step_user: bool) -> u32 {
 /// removed.
 pub(crate) fn prepare_sandbox_root(root: &Path, separate_step_user: bool) -> anyhow::Result<()> {
     let parent = root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    open_dirs(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     match std::fs::DirBuilder::new().mode(0o700).create(root) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -178,7 +196,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let work = dir.path().join("agents/a");
+        // As `kiln` runs: umask 077.
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
         private_dir(&work).unwrap();
+        nix::sys::stat::umask(old);
         assert_eq!(mode(&work), 0o700);
         assert_eq!(mode(&dir.path().join("agents")) & 0o001, 0o001, "its parent stays traversable");
         prepare_sandbox_root(&dir.path().join("agents/a-sandbox"), true).unwrap();

@@ -131,6 +131,12 @@ impl Default for OpTimeouts {
     }
 }
 
+/// The nice value steps run at unless `--step-nice` says otherwise (issue
+/// 47): the lowest priority, so that on a shared machine the server's log
+/// path and the agents' own work come first; on a machine of their own,
+/// steps still get every idle cycle.
+pub const DEFAULT_STEP_NICE: i32 = 19;
+
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// Base URL of the server, e.g. `http://127.0.0.1:8080`.
@@ -153,6 +159,9 @@ pub struct AgentConfig {
     /// `UID` or `UID:GID`; `None`: `nobody`; `root` opts out). A non-root
     /// agent's steps keep its uid (asking for another is refused).
     pub step_user: Option<String>,
+    /// The lowest priority steps run at (`--step-nice`, 0–19; issue 47):
+    /// the agent's and a co-hosted server's own work come before busy steps.
+    pub step_nice: i32,
     /// Concurrent jobs (at least 1).
     pub max_jobs: u32,
     pub executor: ExecutorKind,
@@ -257,6 +266,7 @@ pub async fn run_draining(
     layout::private_dir(work_dir).with_context(|| format!("cannot create work dir {}", work_dir.display()))?;
     let _lock = lock_work_dir(work_dir)?;
     let isolation = host_isolation(config.step_user.as_deref())?;
+    kiln_sandbox::set_step_nice(config.step_nice);
     let sandbox_dir = config.sandbox_dir.clone().unwrap_or_else(|| layout::default_sandbox_dir(work_dir));
     let step_env = match config.executor {
         ExecutorKind::Host => {

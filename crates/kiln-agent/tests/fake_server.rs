@@ -703,6 +703,7 @@ impl Harness {
             // test runner they keep root (the kiln e2e and hostile tests
             // cover the default, `nobody`).
             step_user: Some("root".into()),
+            step_nice: 0,
             max_jobs: 1,
             executor: ExecutorKind::Host,
             kill_grace: None,

@@ -19,9 +19,10 @@ pub struct BenchArgs {
     /// provenance (the SLSA statement and DSSE signature the server makes per bound artifact, vs building
     /// the statement alone);
     /// rollback (`kiln rollback production` to its deploy job's claim, 100 times, vs a retry of a one-job run to its claim);
+    /// memory (resident memory of a real server and agent idle, after 200 runs, a 200 MB log and 100 artifacts, vs a `sleep`);
     /// fairness (team a's --fair-jobs backlog on --fair-slots slots, team b's job submitted 20 times during it: b's waits
     /// beside oldest-first's, a's makespan alone and with b; then claims per second of no-op jobs from 1 team vs 50; not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance", "rollback"])]
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance", "rollback", "memory"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]

@@ -92,6 +92,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             work_dir: tmp.join("agents").join(kind),
             sandbox_dir: None,
             step_user: None,
+            step_nice: kiln_agent::DEFAULT_STEP_NICE,
             hide_paths: vec![],
             step_env: Default::default(),
             user_toolchains: false,

@@ -16,6 +16,7 @@ mod dispatch;
 mod failover;
 mod fairness;
 mod logs;
+mod memory;
 mod otlp_sink;
 mod provenance;
 mod reports;
@@ -68,6 +69,9 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     }
     if matches!(a.suite.as_str(), "rollback" | "all") {
         code = code.max(rollback::run().await?);
+    }
+    if matches!(a.suite.as_str(), "memory" | "all") {
+        code = code.max(memory::run().await?);
     }
     // Not part of `all`: minutes of sleeping jobs.
     if a.suite == "fairness" {

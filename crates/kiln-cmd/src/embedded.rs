@@ -24,6 +24,7 @@ pub fn agent_config(
         work_dir,
         sandbox_dir: None,
         step_user: None,
+        step_nice: kiln_agent::DEFAULT_STEP_NICE,
         max_jobs,
         executor: kiln_agent::ExecutorKind::Host,
         upload_rate_limit: None,

@@ -29,6 +29,7 @@ pub use isolation::{Isolation, Namespaces, StepUser};
 pub use procs::process_alive;
 pub use reap::{reap_orphans, remove_tree};
 pub use services::{FAILED_LOG_TAIL, HealthCheck, LABEL_SERVICE, ServiceError, ServiceRequest, Services};
+pub use spawn::set_step_nice;
 
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;

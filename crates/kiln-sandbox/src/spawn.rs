@@ -48,16 +48,36 @@ pub(crate) struct SessionNice {
     /// The value as ASCII decimal (-20 to 19).
     text: [u8; 3],
     len: usize,
+    /// Above the caller's own (`--step-nice`): the step process lowers its
+    /// own priority too.
+    raise: Option<libc::c_int>,
+}
+
+/// The lowest priority steps run at (`kiln agent --step-nice`, issue 47): a
+/// step's session and process get at least this nice value. 0: the agent's
+/// own.
+static STEP_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Sets the nice value (0 to 19) every step spawned from now on runs at, at
+/// least: on a machine the server shares with its agents, the server's log
+/// path and the agents' own work come before steps that keep every core
+/// busy (issue 47: write→SSE p99 907 ms with 20 loud steps at nice 0).
+pub fn set_step_nice(nice: i32) {
+    STEP_NICE.store(nice.clamp(0, 19), std::sync::atomic::Ordering::Relaxed);
 }
 
 impl SessionNice {
-    /// The calling thread's nice value (a forked child inherits the
-    /// forking thread's), unless it is 0.
+    /// The nice value a step spawned by the calling thread gets: the
+    /// thread's own (a forked child inherits the forking thread's), or
+    /// [`set_step_nice`]'s when that is higher; `None` when it is 0.
     pub(crate) fn of_caller() -> Option<SessionNice> {
         // SAFETY: getpriority reads the caller's own value; PRIO_PROCESS
         // with who = 0 cannot fail.
-        let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS as _, 0) };
-        Self::new(nice)
+        let own = unsafe { libc::getpriority(libc::PRIO_PROCESS as _, 0) };
+        let floor = STEP_NICE.load(std::sync::atomic::Ordering::Relaxed);
+        let mut n = Self::new(own.max(floor))?;
+        n.raise = (floor > own).then_some(floor);
+        Some(n)
     }
 
     fn new(nice: libc::c_int) -> Option<SessionNice> {
@@ -67,18 +87,23 @@ impl SessionNice {
         let digits = nice.to_string();
         let mut text = [0u8; 3];
         text[..digits.len()].copy_from_slice(digits.as_bytes());
-        Some(SessionNice { text, len: digits.len() })
+        Some(SessionNice { text, len: digits.len(), raise: None })
     }
 
-    /// Sets the calling process's autogroup to this nice value; errors
-    /// are ignored (see the type's doc).
+    /// Sets the calling process's autogroup to this nice value (and the
+    /// process's own, when it is above the caller's); errors are ignored
+    /// (see the type's doc).
     ///
     /// # Safety
     /// Callable between fork and exec: raw syscalls on a static path and
     /// this value's bytes only.
     unsafe fn apply(&self) {
-        // SAFETY: open, write and close on a static C string and owned bytes.
+        // SAFETY: setpriority on the calling process; open, write and close
+        // on a static C string and owned bytes.
         unsafe {
+            if let Some(n) = self.raise {
+                libc::setpriority(libc::PRIO_PROCESS as _, 0, n);
+            }
             let fd = libc::open(c"/proc/self/autogroup".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
             if fd >= 0 {
                 libc::write(fd, self.text.as_ptr().cast(), self.len);
@@ -1126,6 +1151,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `--step-nice 12` (issue 47): a step spawned by a thread at nice 5
+    /// runs at 12, its process and its session's group; one spawned at a
+    /// higher value than the floor keeps its own. (nextest runs each test
+    /// in a process of its own: the floor is this test's.)
+    #[test]
+    fn a_step_runs_at_least_at_the_step_nice_value() {
+        super::set_step_nice(12);
+        let mut paths: Vec<(&str, Isolate)> = vec![("session", |c| isolate_process_tree(c, None, false))];
+        if namespaces_work() {
+            paths.push(("namespaces", |c| isolate_in_namespaces(c, None, None, Default::default())));
+        }
+        for (name, isolate) in paths {
+            let out = step_priority_at_nice_5(isolate);
+            assert!(out.starts_with("nice 12\n"), "{name}: {out}");
+            if !out.contains("no-autogroups") {
+                assert!(out.trim_end().ends_with(" nice 12"), "{name}: the session's group at nice 12: {out}");
+            }
+        }
+        super::set_step_nice(3);
+        let out = step_priority_at_nice_5(|c| isolate_process_tree(c, None, false));
+        assert!(out.starts_with("nice 5\n"), "a floor below the spawner's own changes nothing: {out}");
+        super::set_step_nice(0);
     }
 
     fn text(n: libc::c_int) -> Option<String> {

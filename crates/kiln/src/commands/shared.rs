@@ -199,6 +199,7 @@ pub(super) fn apply_agent_tuning(cfg: &mut kiln_agent::AgentConfig, t: &AgentTun
     }
     cfg.max_jobs = t.max_jobs;
     cfg.step_user = t.step_user.clone();
+    cfg.step_nice = t.step_nice;
     let lookup = |k: &str| std::env::var(k).ok();
     for f in &t.env_file {
         cfg.step_env.add_file(f, &lookup).map_err(usage)?;

@@ -1,0 +1,131 @@
+//! `kiln bench memory` (issue 47): the resident memory of a real `kiln
+//! server` and `kiln agent` — idle, after 200 runs, after a 200 MB log, and
+//! after 100 artifacts — read from `/proc/PID/status` (`VmRSS`, and the
+//! peak `VmHWM`) once the work settled. Targets: server ≤ 40 MB and agent
+//! ≤ 25 MB after the workload, idle agent ≤ 15 MB. Baseline in the same
+//! invocation: the resident memory of a `sleep` process, the floor of any
+//! process here.
+
+use crate::util::{Launch, add_repo, repo_with, spawn_agent_deployed, spawn_server, token, wait_terminal};
+use kiln_api::{Client, SubmitRun, exit};
+use std::time::Duration;
+
+const RUNS: usize = 200;
+const LOG_MB: u64 = 200;
+const ARTIFACT_RUNS: usize = 10;
+const ARTIFACTS_PER_RUN: usize = 10;
+
+/// `VmRSS` and `VmHWM` of `pid` in MB.
+fn rss_mb(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn report(stage: &str, server: u32, agent: u32) {
+    let (s, s_peak) = rss_mb(server);
+    let (a, a_peak) = rss_mb(agent);
+    kiln_cmd::outln!("memory_server_{stage}_rss_mb: {s:.1}");
+    kiln_cmd::outln!("memory_agent_{stage}_rss_mb: {a:.1}");
+    kiln_cmd::outln!("memory_server_{stage}_peak_mb: {s_peak:.1}");
+    kiln_cmd::outln!("memory_agent_{stage}_peak_mb: {a_peak:.1}");
+}
+
+/// Submits `n` runs of `repo`, at most 20 at a time, and waits for each.
+async fn runs(c: &Client, repo: &str, n: usize) -> anyhow::Result<()> {
+    let mut left = n;
+    while left > 0 {
+        let batch = left.min(20);
+        let mut ids = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            ids.push(
+                c.submit_run(repo, &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?.run_id,
+            );
+        }
+        for id in ids {
+            let run = wait_terminal(c, &id).await?;
+            anyhow::ensure!(run.status.is_success(), "benchmark run of {repo} failed: {run:?}");
+        }
+        left -= batch;
+    }
+    Ok(())
+}
+
+/// Lets the processes settle (freed memory returned, log windows flushed).
+async fn settle() {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+pub async fn run() -> anyhow::Result<i32> {
+    let tmp = crate::util::bench_dir().join(format!("kiln-bench-memory-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    let data = tmp.join("data");
+    let (server, url) = spawn_server(&data, "127.0.0.1:0")?;
+    let agent = spawn_agent_deployed(&url, &data.join("agent.token"), "mem", &tmp, 4, &Launch::default())?;
+    let c = Client::new(&url, &token(&data, "admin.token")?);
+    let (spid, apid) = (server.0.id(), agent.0.id());
+
+    // Baseline: the floor of any process on this machine.
+    let mut sleep = std::process::Command::new("sleep").arg("30").spawn()?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    kiln_cmd::outln!("memory_baseline_sleep_rss_mb: {:.1}", rss_mb(sleep.id()).0);
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+
+    // Idle: registered, nothing run yet.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while c.list_agents().await?.is_empty() {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the agent did not register");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    settle().await;
+    report("idle", spid, apid);
+
+    eprintln!("bench memory: {RUNS} runs ...");
+    repo_with(&tmp.join("noop"), "version: 1\njobs:\n  - name: noop\n    steps: [\"true\"]\n")?;
+    add_repo(&c, "noop", &tmp.join("noop")).await?;
+    runs(&c, "noop", RUNS).await?;
+    settle().await;
+    report("after_runs", spid, apid);
+
+    eprintln!("bench memory: a {LOG_MB} MB log ...");
+    let lines = LOG_MB * 1_000_000 / 100;
+    repo_with(
+        &tmp.join("log"),
+        &format!(
+            "version: 1\njobs:\n  - name: loud\n    steps:\n      - yes 'kiln bench memory: a line of log output, one hundred bytes long with its newline at the end, ok' | head -n {lines}\n"
+        ),
+    )?;
+    add_repo(&c, "log", &tmp.join("log")).await?;
+    runs(&c, "log", 1).await?;
+    settle().await;
+    report("after_log", spid, apid);
+
+    eprintln!("bench memory: {} artifacts ...", ARTIFACT_RUNS * ARTIFACTS_PER_RUN);
+    let mut wf =
+        String::from("version: 1\njobs:\n  - name: publish\n    steps:\n      - mkdir -p out && for i in $(seq 1 ");
+    wf.push_str(&format!(
+        "{ARTIFACTS_PER_RUN}); do head -c 1000000 /dev/urandom > out/a$i; done\n    artifacts:\n      publish:\n"
+    ));
+    for i in 1..=ARTIFACTS_PER_RUN {
+        wf.push_str(&format!("        - {{name: a{i}, path: out/a{i}}}\n"));
+    }
+    repo_with(&tmp.join("art"), &wf)?;
+    add_repo(&c, "art", &tmp.join("art")).await?;
+    runs(&c, "art", ARTIFACT_RUNS).await?;
+    settle().await;
+    report("after_artifacts", spid, apid);
+
+    drop(agent);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(exit::OK)
+}
