@@ -15,6 +15,17 @@ const LOG_MB: u64 = 200;
 const ARTIFACT_RUNS: usize = 10;
 const ARTIFACTS_PER_RUN: usize = 10;
 
+/// A field of `/proc/PID/status` in MB (`NaN` when absent).
+fn status_mb(pid: u32, name: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
 /// `VmRSS` and `VmHWM` of `pid` in MB.
 fn rss_mb(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -36,6 +47,12 @@ fn report(stage: &str, server: u32, agent: u32) {
     kiln_cmd::outln!("memory_agent_{stage}_rss_mb: {a:.1}");
     kiln_cmd::outln!("memory_server_{stage}_peak_mb: {s_peak:.1}");
     kiln_cmd::outln!("memory_agent_{stage}_peak_mb: {a_peak:.1}");
+    // Anonymous memory (heap, stacks) apart from the pages of the binary
+    // itself (file-backed, shared by every process of it).
+    for (who, pid) in [("server", server), ("agent", agent)] {
+        kiln_cmd::outln!("memory_{who}_{stage}_anon_mb: {:.1}", status_mb(pid, "RssAnon:"));
+        kiln_cmd::outln!("memory_{who}_{stage}_file_mb: {:.1}", status_mb(pid, "RssFile:"));
+    }
 }
 
 /// Submits `n` runs of `repo`, at most 20 at a time, and waits for each.
@@ -101,7 +118,7 @@ pub async fn run() -> anyhow::Result<i32> {
     repo_with(
         &tmp.join("log"),
         &format!(
-            "version: 1\njobs:\n  - name: loud\n    steps:\n      - yes 'kiln bench memory: a line of log output, one hundred bytes long with its newline at the end, ok' | head -n {lines}\n"
+            "version: 1\njobs:\n  - name: loud\n    steps:\n      - yes 'kiln bench memory - a line of log output, one hundred bytes long with its newline at the end, okay.' | head -n {lines}\n"
         ),
     )?;
     add_repo(&c, "log", &tmp.join("log")).await?;
