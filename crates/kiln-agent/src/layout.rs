@@ -27,17 +27,9 @@ use sha2::{Digest, Sha256};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Creates `dir` 0700 (its missing parents with the default mode, so a
-/// sibling such as a `--sandbox-dir` next to it stays reachable by a step
-/// user) and tightens it to 0700 if it existed.
+/// Creates `dir` (and parents) 0700 and tightens it to 0700 if it existed.
 pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        open_dirs(parent)?;
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     let meta = std::fs::symlink_metadata(dir)?;
     if meta.is_dir() && meta.mode() & 0o777 != 0o700 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
@@ -46,8 +38,8 @@ pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Creates the missing directories of `dir` 0755 whatever the umask (the
-/// process's is 077): they lead to a private work dir and, beside it, a
-/// sandbox a step user must reach. Existing ones are left as they are.
+/// process's is 077): they lead to a sandbox a step user must reach.
+/// Existing ones are left as they are.
 fn open_dirs(dir: &Path) -> std::io::Result<()> {
     if std::fs::symlink_metadata(dir).is_ok() {
         return Ok(());
@@ -187,27 +179,32 @@ mod tests {
     }
 
     /// `kiln bench cache` as root (issue 47): `--work-dir X/agents/a
-    /// --sandbox-dir X/agents/a-sandbox` made `X/agents` 0700, so the step
-    /// user could not start its shell in the sandbox. Only the work dir is
-    /// private; a sandbox root under a closed directory is refused at start
-    /// naming it.
+    /// --sandbox-dir X/agents/a-sandbox` put the sandbox under the 0700
+    /// `X/agents`, and every step failed with "cannot start the step's
+    /// shell: Permission denied". Such a sandbox is now refused at start,
+    /// naming the closed directory.
     #[test]
-    fn only_the_work_dir_is_private_and_a_sandbox_the_step_user_cannot_reach_is_refused() {
+    fn a_sandbox_the_step_user_cannot_reach_is_refused_at_start() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // The work dir and its new parents are private (nothing under a
+        // data dir is open to other users)...
         let work = dir.path().join("agents/a");
-        // As `kiln` runs: umask 077.
-        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
         private_dir(&work).unwrap();
-        nix::sys::stat::umask(old);
         assert_eq!(mode(&work), 0o700);
-        assert_eq!(mode(&dir.path().join("agents")) & 0o001, 0o001, "its parent stays traversable");
-        prepare_sandbox_root(&dir.path().join("agents/a-sandbox"), true).unwrap();
-        let closed = dir.path().join("closed");
-        std::fs::create_dir(&closed).unwrap();
-        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let e = prepare_sandbox_root(&closed.join("sandbox"), true).unwrap_err().to_string();
+        assert_eq!(mode(&dir.path().join("agents")), 0o700);
+        // ...so a sandbox beside it is out of a step user's reach: refused
+        // at start, naming the closed directory, not at the first step.
+        let e = prepare_sandbox_root(&dir.path().join("agents/a-sandbox"), true).unwrap_err().to_string();
         assert!(e.contains("the step user cannot reach the sandbox dir") && e.contains("is mode 700"), "{e}");
-        prepare_sandbox_root(&closed.join("sandbox"), false).unwrap();
+        assert!(e.contains(&dir.path().join("agents").display().to_string()), "{e}");
+        // Steps as the agent's own user reach it; a sandbox elsewhere, with
+        // its missing parents made traversable whatever the umask, too.
+        prepare_sandbox_root(&dir.path().join("agents/a-sandbox"), false).unwrap();
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+        let made = prepare_sandbox_root(&dir.path().join("sandboxes/a"), true);
+        nix::sys::stat::umask(old);
+        made.unwrap();
+        assert_eq!(mode(&dir.path().join("sandboxes")), 0o755);
     }
 }

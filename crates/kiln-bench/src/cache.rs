@@ -112,7 +112,9 @@ async fn measure(object_store: String) -> anyhow::Result<i32> {
     eprintln!("bench cache: cold run (save) ...");
     // Sandboxes inside the bench's directory: the agents are killed, and
     // their 500 MB workspaces go with it.
-    let sandbox = |name: &str| agents.join(format!("{name}-sandbox")).display().to_string();
+    // Beside the agents' private work dirs, not in them: the step user
+    // (nobody, under a root agent) must reach its sandbox.
+    let sandbox = |name: &str| tmp.join("sandboxes").join(name).display().to_string();
     let agent =
         spawn_agent_with(&server.url(), &server.agent_token, "cold", &agents, &["--sandbox-dir", &sandbox("cold")])?;
     let cold = go(&client).await?;

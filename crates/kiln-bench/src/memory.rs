@@ -28,16 +28,7 @@ fn status_mb(pid: u32, name: &str) -> f64 {
 
 /// `VmRSS` and `VmHWM` of `pid` in MB.
 fn rss_mb(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(f64::NAN, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (status_mb(pid, "VmRSS:"), status_mb(pid, "VmHWM:"))
 }
 
 fn report(stage: &str, server: u32, agent: u32) {

@@ -8,6 +8,8 @@ mod garage;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 mod postgres;
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
 
 #[cfg(feature = "app")]
 pub use app::{Caller, SseEvent, TestApp, TestRequest, TestResponse, next_frame, parse_sse};

@@ -6,6 +6,7 @@
 //! artifact each deploy restored — the bytes the build produced.
 
 use kiln_api::{Client, SubmitRun};
+use kiln_testkit::prometheus::{Exporter, METRIC, Prometheus};
 use kiln_testkit::{KilnUp, TestRepo, wait_run};
 use std::time::{Duration, Instant};
 
@@ -427,114 +428,6 @@ jobs:
       - echo "ring $KILN_RING" && sha256sum app.txt
 "#;
 
-const METRIC: &str = "kiln_test_error_ratio";
-
-/// An exporter serving `kiln_test_error_ratio <value>` on loopback, the
-/// value set by the test.
-struct Exporter {
-    addr: std::net::SocketAddr,
-    value: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Exporter {
-    async fn start(value: f64) -> Exporter {
-        use std::sync::atomic::Ordering;
-        let bits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(value.to_bits()));
-        let shared = bits.clone();
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let v = f64::from_bits(shared.load(Ordering::SeqCst));
-                async move { format!("# TYPE {METRIC} gauge\n{METRIC} {v}\n") }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Exporter { addr, value: bits }
-    }
-
-    fn set(&self, value: f64) {
-        self.value.store(value.to_bits(), std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// Debian's Prometheus on a free loopback port, scraping `target` every
-/// second; killed on drop.
-struct Prometheus {
-    child: std::process::Child,
-    base: String,
-    _dir: tempfile_dir::Dir,
-}
-
-mod tempfile_dir {
-    /// A directory removed on drop (the crate's tests have no tempfile).
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Prometheus {
-    fn start(target: std::net::SocketAddr) -> Prometheus {
-        let binary = std::env::var("KILN_PROMETHEUS").unwrap_or_else(|_| "/usr/bin/prometheus".into());
-        assert!(std::path::Path::new(&binary).exists(), "{binary} is missing: install Debian's `prometheus`");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let dir = std::env::temp_dir().join(format!("kiln-prometheus-{port}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: kiln_test\n    \
-                 static_configs:\n      - targets: ['{target}']\n"
-            ),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = std::process::Command::new(binary)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus");
-        Prometheus { child, base: format!("http://127.0.0.1:{port}"), _dir: tempfile_dir::Dir(dir) }
-    }
-
-    /// Polls until Prometheus answers `query` with a value `want` accepts.
-    async fn wait_for(&self, query: &str, want: impl Fn(f64) -> bool) {
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let mut url = reqwest::Url::parse(&format!("{}/api/v1/query", self.base)).unwrap();
-            url.query_pairs_mut().append_pair("query", query);
-            let value = match http.get(url).send().await {
-                Ok(r) => r.json::<serde_json::Value>().await.unwrap_or_default()["data"]["result"][0]["value"][1]
-                    .as_str()
-                    .and_then(|v| v.parse::<f64>().ok()),
-                Err(_) => None,
-            };
-            if value.is_some_and(&want) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "prometheus did not answer {query} as wanted (last {value:?})");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
 /// Rings with Prometheus gates (issue 46), with Debian's real Prometheus
 /// scraping an exporter whose error ratio the test sets: a passing sequence
 /// promotes canary → early → all with no human action; with the error
@@ -544,7 +437,7 @@ impl Prometheus {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_passing_gate_sequence_promotes_every_ring_and_a_failing_ring_2_gate_rolls_back() {
     let exporter = Exporter::start(0.0).await;
-    let prom = Prometheus::start(exporter.addr);
+    let mut prom = Prometheus::start(exporter.addr, "");
     prom.wait_for(METRIC, |v| v == 0.0).await;
     let server = kiln_testkit::KilnServer::start(BIN.as_ref(), &["--prometheus-url", &prom.base]).unwrap();
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", RINGS_WORKFLOW)]).unwrap();
