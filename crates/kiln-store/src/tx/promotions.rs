@@ -110,7 +110,18 @@ pub(crate) async fn promotions(
         );
         match existing.get(id) {
             None => {
-                let (state, message) = if p.bake_secs == 0 && p.prometheus.is_none() {
+                // A query and its answers are the server's: an untrusted
+                // run (a fork's pull request) does not read the metrics
+                // through its gate's messages. Its gate fails unmeasured.
+                let untrusted = run.trust.parse::<kiln_core::Trust>().is_ok_and(|t| !t.may_read_secrets());
+                let (state, message) = if p.prometheus.is_some() && untrusted {
+                    (
+                        "failed",
+                        "not measured: the run is untrusted (a fork's pull request, or started by a token that may \
+                         not start trusted runs), and only trusted runs' gates ask Prometheus"
+                            .to_string(),
+                    )
+                } else if p.bake_secs == 0 && p.prometheus.is_none() {
                     ("passed", format!("promoted to `{}`: ring `{}` deployed (no bake, no gate)", p.to, p.from))
                 } else if p.bake_secs == 0 {
                     ("measuring", format!("measuring the gate after ring `{}` before promoting to `{}`", p.from, p.to))

@@ -409,3 +409,40 @@ pub async fn a_rollout_holds_its_queue_between_rings_and_a_failed_gate_cancels_t
     assert_eq!(s.run_ring_gates(&a).await.unwrap()[1].rollback.as_deref(), Some("run-x"));
     assert_conflict(s.manual_promotion(&a, "alice", Manual::Promote).await);
 }
+
+/// An untrusted run's Prometheus gate (issue 46) fails unmeasured when its
+/// ring is reached: the query and its answers are the server's, and the
+/// gate's messages would show them to a fork's pull request. The run's
+/// next ring is cancelled saying so; nothing is due for the gate runner
+/// but the rollback.
+pub async fn an_untrusted_runs_prometheus_gate_fails_unmeasured<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let r = repo(s).await;
+    // A fork's work: a container agent of the `forks` pool.
+    let ag = s.register_agent_in("forks-box", r#"{"os":"linux"}"#, 4, "forks", None).await.unwrap();
+    s.set_agent_executor(&ag.id, kiln_core::claim::Executor::Container).await.unwrap();
+    s.put_environment(&env("production", &[], 0), true).await.unwrap();
+    let wf = wf(
+        "version: 1\njobs:\n  - name: deploy\n    environment: production\n    rings:\n      - name: canary\n        gate: {prometheus: {query: errors, success: result < 0.05}}\n      - {name: all}\n    steps: [x]\n",
+    );
+    let run = s.accept_run(NewRun { trust: "untrusted".into(), ..new_run(&r.id, wf) }).await.unwrap().run_id;
+    let canary = job_id(s, &run, "deploy (canary)").await;
+    let g = s.get_job(&canary).await.unwrap().dispatch_generation;
+    let input = ClaimInput {
+        untrusted: kiln_core::claim::UntrustedPolicy::default(),
+        ..claim_input(&ag, &canary, g, LONG_TTL)
+    };
+    s.claim(input).await.unwrap().expect("the forks container agent claims");
+    assert_eq!(s.complete(&canary, 1, success()).await.unwrap(), "success");
+    let v = view(s, &run).await;
+    let all = jv(&v, "deploy (all)").job.clone();
+    assert_eq!(all.status, JobStatus::Cancelled);
+    let msg = all.message.unwrap_or_default();
+    assert!(msg.contains("not measured: the run is untrusted"), "{msg}");
+    let gates = s.run_ring_gates(&run).await.unwrap();
+    assert_eq!((gates[0].state.as_str(), gates[0].measured), ("failed", 0));
+    let due = s.due_ring_gates().await.unwrap();
+    assert_eq!(due.len(), 1, "only its rollback is due: {due:?}");
+    assert_eq!(due[0].state, "failed");
+}

@@ -109,6 +109,7 @@ macro_rules! suite {
             environments::an_environments_wait_delays_its_deploy_jobs,
             environments::deployed_generations_are_pinned_and_a_rollback_deploys_them_again,
             environments::a_rollout_holds_its_queue_between_rings_and_a_failed_gate_cancels_the_rest,
+            environments::an_untrusted_runs_prometheus_gate_fails_unmeasured,
             env_secrets::environment_secrets_are_listed_by_name_resealed_and_removed_with_their_environment,
             env_secrets::a_deploy_job_restoring_an_artifact_its_environment_refuses_is_cancelled_naming_the_check,
             claim::claim_requires_the_current_session,
