@@ -135,8 +135,7 @@ impl Default for OpTimeouts {
 /// 47): 0, the agent's own. On a machine the server shares with its agents,
 /// `--step-nice 19` lets the server's log path and the agents' own work
 /// come first (the 20-writer p99 fell from 661 to 172 ms); it is not the
-/// default yet: with it, two timing-sensitive end-to-end tests failed once
-/// each under the full suite's load, and why was not found.
+/// default yet (see docs/performance.md, issue 47).
 pub const DEFAULT_STEP_NICE: i32 = 0;
 
 #[derive(Debug, Clone)]
