@@ -179,7 +179,8 @@ jobs:
     let mut ids: Vec<&str> = t.tests.iter().map(|r| r.test.id.as_str()).collect();
     ids.sort();
     ids.dedup();
-    assert_eq!((ids.len(), t.tests.len()), (6, 6), "each test in one shard: {ids:?}");
+    let per_job: Vec<(&str, &str)> = t.tests.iter().map(|r| (r.job.as_str(), r.test.id.as_str())).collect();
+    assert_eq!((ids.len(), t.tests.len()), (6, 6), "each test in one shard: {per_job:?}\n{log}");
 }
 
 /// A JUnit report with one test per (name, outcome).
