@@ -90,8 +90,11 @@ pub fn split(tests: &[TestId], durations: &HashMap<TestId, u64>, total: usize, m
                 let (a, b) = (known[known.len() / 2 - 1], known[known.len() / 2]);
                 a / 2 + b / 2 + (a % 2 + b % 2) / 2
             };
+            // At least 1 ms each: tests recorded at 0 ms (faster than the
+            // report's resolution) would add nothing to a shard's load, and
+            // every one of them would go to the first shard.
             let mut weighted: Vec<(u64, &TestId)> =
-                unique.into_iter().map(|t| (durations.get(t).copied().unwrap_or(assumed), t)).collect();
+                unique.into_iter().map(|t| (durations.get(t).copied().unwrap_or(assumed).max(1), t)).collect();
             weighted.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
             // Min-heap of (load, shard index).
             let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..total).map(|i| Reverse((0, i))).collect();
@@ -323,5 +326,16 @@ mod tests {
         assert_eq!(m.get("pytest :: tests.test_app :: test_login"), Some(&700));
         assert_eq!(m.get("alpha"), None, "two report ids end that way: ambiguous");
         assert_eq!(m.get("tests/test_app.py::test_new"), None, "a new test");
+    }
+
+    /// Tests recorded at 0 ms (pytest's fast tests) are still dealt out:
+    /// with a weight of 0 every one of them went to shard 0 and shard 1 got
+    /// none, so its runner ran the whole suite (seen in e2e_test_reports).
+    #[test]
+    fn tests_recorded_at_zero_ms_are_spread_over_the_shards() {
+        let ids: Vec<TestId> = (0..6).map(|i| TestId(format!("t{i}"))).collect();
+        let durations: HashMap<TestId, u64> = ids.iter().map(|t| (t.clone(), 0)).collect();
+        let s = split(&ids, &durations, 2, SplitMode::Timings);
+        assert_eq!((s.shards[0].len(), s.shards[1].len()), (3, 3), "{:?}", s.shards);
     }
 }
