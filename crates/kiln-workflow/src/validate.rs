@@ -2899,26 +2899,28 @@ fn rings(ctx: &mut Ctx, label: &str, node: &Node, has_environment: bool, has_mat
                     Some(g) => {
                         check_keys(ctx, g, GATE_KEYS, &format!("in {gsub}"));
                         match (get(g, "prometheus"), get(g, "run")) {
-                            (Some(p), None) => match kiln_deploy::PrometheusGate::from_value(&to_json(&p.value)) {
-                                Ok(_) => Some(GateSpec::Prometheus(to_json(&p.value).to_string())),
-                                Err(why) => {
-                                    ctx.err(p.value.pos, format!("invalid `prometheus` in {gsub}: {why}"));
-                                    ok = false;
-                                    None
-                                }
-                            },
-                            (None, Some(r)) => {
-                                match as_nonempty_text(ctx, &r.value, &format!("`run` of {gsub}"), "a command") {
-                                    Some(cmd) if check_run(cmd).is_err() => {
-                                        let e = check_run(cmd).expect_err("an error");
-                                        ctx.err(
-                                            r.value.pos,
-                                            format!("invalid `run` of {gsub}: {}", script_error(cmd, &e)),
-                                        );
+                            (Some(p), None) => {
+                                let json = to_json(&p.value);
+                                match kiln_deploy::PrometheusGate::from_value(&json) {
+                                    Ok(_) => Some(GateSpec::Prometheus(json.to_string())),
+                                    Err(why) => {
+                                        ctx.err(p.value.pos, format!("invalid `prometheus` in {gsub}: {why}"));
                                         ok = false;
                                         None
                                     }
-                                    Some(cmd) => Some(GateSpec::Command(cmd.to_string())),
+                                }
+                            }
+                            (None, Some(r)) => {
+                                match as_nonempty_text(ctx, &r.value, &format!("`run` of {gsub}"), "a command") {
+                                    Some(cmd) => match check_run(cmd) {
+                                        Err(e) => {
+                                            let why = script_error(cmd, &e);
+                                            ctx.err(r.value.pos, format!("invalid `run` of {gsub}: {why}"));
+                                            ok = false;
+                                            None
+                                        }
+                                        Ok(_) => Some(GateSpec::Command(cmd.to_string())),
+                                    },
                                     None => {
                                         ok = false;
                                         None
