@@ -92,6 +92,9 @@ struct Phases {
     image: Option<Duration>,
     steps_started: Option<std::time::Instant>,
     steps_done: Option<std::time::Instant>,
+    /// When the sandbox was handed to the steps: what changed in the
+    /// workspace from then on is the job's (see [`crate::kept`]).
+    fence: Option<crate::kept::Fence>,
     /// The sandbox's cleanup failed: something of the job may still run.
     sandbox_dirty: bool,
     /// What that cleanup could not do (sent with the completion or the
@@ -112,12 +115,34 @@ struct SandboxDir {
     reused: bool,
     /// The tree ([`tree_key`]) its workspace was brought to then.
     tree: Option<String>,
+    /// The agent's copy of a slot workspace's index (see [`crate::kept`]).
+    index: Option<PathBuf>,
 }
 
-/// Which pristine tree a workspace holds: the commit of the clone URL, and
-/// whether its objects are its own ([`AttemptContext::own_objects`]).
+/// Which pristine tree a workspace holds: the run's trust, whether its
+/// objects are its own ([`AttemptContext::own_objects`]), the clone URL,
+/// and (last line) the commit. A kept workspace only ever goes to a job of
+/// the same trust and repository.
 fn tree_key(ctx: &AttemptContext, a: &Assignment) -> String {
-    format!("{}\n{}\n{}", ctx.own_objects(), a.clone_url, a.commit_sha)
+    format!("{}\n{}\n{}\n{}", shape_key(ctx, a), ctx.own_objects(), a.clone_url, a.commit_sha)
+}
+
+/// The first line of [`tree_key`]: trust, and the checkout's shape.
+fn shape_key(_ctx: &AttemptContext, a: &Assignment) -> String {
+    let trust = if a.trusted { "trusted" } else { "untrusted" };
+    format!("{trust} {}", crate::checkout::Shape::of(a.checkout.as_ref()).key())
+}
+
+/// The commit a kept workspace holds, when the job `a` may have it brought
+/// to its own commit: `checkout: {reuse: true}` (only ever sent for a
+/// trusted run), and the same trust, objects and repository.
+fn reusable_from<'t>(ctx: &AttemptContext, a: &Assignment, tree: Option<&'t str>) -> Option<&'t str> {
+    if !a.checkout.as_ref().is_some_and(|k| k.reuse) || !a.trusted {
+        return None;
+    }
+    let (shape, sha) = tree?.rsplit_once('\n')?;
+    let (mine, _) = tree_key(ctx, a).rsplit_once('\n').map(|(s, c)| (s.to_string(), c.to_string()))?;
+    (shape == mine).then_some(sha)
 }
 
 impl AttemptContext {
@@ -222,9 +247,10 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
         let attempt_dir = ctx.attempts_dir().join(&attempt);
         let sandbox = if ctx.keeps_slots() {
             let (path, reused, tree) = ctx.slots.take(slot);
-            SandboxDir { path, slot: true, reused, tree }
+            let index = ctx.work_dir.join("kept-index").join(format!("slot-{slot}"));
+            SandboxDir { path, slot: true, reused, tree, index: Some(index) }
         } else {
-            SandboxDir { path: ctx.sandbox_of(&attempt), slot: false, reused: false, tree: None }
+            SandboxDir { path: ctx.sandbox_of(&attempt), slot: false, reused: false, tree: None, index: None }
         };
         let logs = LogStreamer::start(
             ctx.client.clone(),
@@ -340,7 +366,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
         watcher.abort();
         let mut gone = vec![attempt_dir, ctx.spool_of(&attempt)];
         let reset = match sandbox.slot && !phases.sandbox_dirty {
-            true => reset_slot(ctx, &a, &sandbox.path).await,
+            true => reset_slot(ctx, &a, &sandbox, phases.fence).await,
             false => None,
         };
         let kept = match reset {
@@ -392,7 +418,13 @@ fn discard(dirs: Vec<PathBuf>) {
 /// none), `home/`, `tmp/` and the output file emptied, the rest moved out.
 /// `Some(true)`: the workspace is at the commit's tree; `None`: the
 /// sandbox must go.
-async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> Option<bool> {
+async fn reset_slot(
+    ctx: &AttemptContext,
+    a: &Assignment,
+    sandbox_dir: &SandboxDir,
+    fence: Option<crate::kept::Fence>,
+) -> Option<bool> {
+    let sandbox = sandbox_dir.path.as_path();
     let ws = sandbox.join("ws");
     let root = ctx.sandbox_dir.clone();
     let mut synced = false;
@@ -401,7 +433,30 @@ async fn reset_slot(ctx: &AttemptContext, a: &Assignment, sandbox: &Path) -> Opt
         // could not even be moved (a root step's `chattr +i`), the slot
         // starts over with a new sandbox.
         let private = ctx.own_objects();
-        synced = ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await;
+        // A tree too big for a pristine copy is brought back in place from
+        // what changed since the steps began (see `crate::kept`).
+        let plain = crate::checkout::Shape::of(a.checkout.as_ref()).plain();
+        let kept = match (fence, sandbox_dir.index.as_deref()) {
+            // A sparse, partial or shallow workspace is not kept.
+            _ if !plain => None,
+            (Some(f), Some(index)) if index.is_file() && !ctx.mirrors.has_pristine(&a.clone_url, &a.commit_sha) => {
+                Some((f, index))
+            }
+            _ => None,
+        };
+        synced = match kept {
+            Some((f, index)) => {
+                let sha = a.commit_sha.as_str();
+                ctx.mirrors.reset_kept(&a.clone_url, sha, sha, &ws, private, Some(f), index, &root).await
+            }
+            None if !plain => {
+                let mut doomed = crate::slots::Doomed::new(&root);
+                let _ = doomed.take(&ws);
+                doomed.bury();
+                false
+            }
+            None => ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await,
+        };
         if !synced && std::fs::symlink_metadata(&ws).is_ok() {
             tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
             return None;
@@ -484,6 +539,36 @@ async fn execute(
     // A kept workspace brought to this very tree when the slot's last job
     // ended (nothing ran in it since) is the checkout already.
     let at_tree = sandbox_dir.tree.as_deref() == Some(tree_key(ctx, a).as_str());
+    let from = if at_tree { None } else { reusable_from(ctx, a, sandbox_dir.tree.as_deref()) };
+    if a.checkout.as_ref().is_some_and(|k| k.reuse) {
+        match (at_tree, from, sandbox_dir.slot) {
+            (true, _, _) => logs.system_note("checkout: reusing this job slot's workspace, already at the commit"),
+            (_, Some(from), _) => logs.system_note(&format!(
+                "checkout: reusing this job slot's workspace of {}: bringing it from {} to {} and cleaning it",
+                a.repo,
+                &from[..from.len().min(12)],
+                &a.commit_sha[..a.commit_sha.len().min(12)]
+            )),
+            (_, None, false) => logs.system_note(
+                "checkout: `reuse` needs a job slot that keeps its workspace (host executor with namespaces); \
+                 checking out afresh",
+            ),
+            (_, None, true) if !a.trusted => {
+                logs.system_note("checkout: `reuse` applies to trusted runs only; checking out afresh")
+            }
+            (_, None, true) => logs.system_note(
+                "checkout: no workspace of this repository kept in this job slot yet; checking out afresh",
+            ),
+        }
+    }
+    let shape = crate::checkout::Shape::of(a.checkout.as_ref());
+    if !shape.plain() && a.checkout.as_ref().is_some_and(|k| k.reuse) {
+        logs.system_note(
+            "checkout: `reuse` does not apply to a sparse, partial or shallow checkout; checking out afresh",
+        );
+    }
+    let kept =
+        sandbox_dir.index.as_deref().filter(|_| shape.plain()).map(|index| crate::checkout::Kept { index, from });
     let checkout = match at_tree {
         true => Ok(()),
         false => tokio::select! {
@@ -494,6 +579,8 @@ async fn execute(
                 &ws,
                 ctx.own_objects(),
                 sandbox_dir.slot.then_some(ctx.sandbox_dir.as_path()),
+                kept,
+                &shape,
                 &on_retry,
             ) => r,
             _ = ctl.stopped() => return Ran::Stopped,
@@ -743,11 +830,25 @@ async fn execute(
     let steps_started = std::time::Instant::now();
     phases.steps_started = Some(steps_started);
     let ran = match services.as_mut() {
-        None => run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx), &mut phases.quarantined).await,
+        None => {
+            run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx), &mut phases.quarantined, &mut phases.fence)
+                .await
+        }
         Some(s) => {
             let pump = s.pump(logs);
             let steps = async {
-                let ran = run_steps(&exec, a, &ws, ctl, logs, steps, &StepsAs::of(ctx), &mut phases.quarantined).await;
+                let ran = run_steps(
+                    &exec,
+                    a,
+                    &ws,
+                    ctl,
+                    logs,
+                    steps,
+                    &StepsAs::of(ctx),
+                    &mut phases.quarantined,
+                    &mut phases.fence,
+                )
+                .await;
                 // The job's container leaves the services' network first.
                 if let Err(e) = exec.cleanup().await {
                     tracing::warn!(error = %e, "sandbox cleanup failed");
@@ -1101,10 +1202,14 @@ async fn run_steps(
     results: &mut Vec<kiln_api::StepResult>,
     who: &StepsAs,
     quarantined: &mut Vec<String>,
+    fence: &mut Option<crate::kept::Fence>,
 ) -> Ran {
     if let Err(e) = exec.prepare().await {
         return Ran::Infra(format!("cannot prepare the sandbox: {e}"));
     }
+    // Prepared (the workspace handed to the step user): what changes from
+    // now on is the job's.
+    *fence = Some(crate::kept::Fence::now());
     // The agent's `--env` and the user's toolchains, below the workflow's.
     let mut env: BTreeMap<String, String> = who.env.clone();
     env.extend(a.env.clone());

@@ -74,6 +74,58 @@ impl Mirrors {
         self.dir.join(format!("{}.git", &digest[..16]))
     }
 
+    /// The mirror of `clone_url`, or its partial mirror (commits and trees,
+    /// blobs fetched as checkouts need them: `filter: blob:none`).
+    fn mirror_for(&self, clone_url: &str, partial: bool) -> PathBuf {
+        if !partial {
+            return self.mirror_path(clone_url);
+        }
+        let digest = hex::encode(Sha256::digest(format!("{clone_url}\0blob:none").as_bytes()));
+        self.dir.join(format!("{}-partial.git", &digest[..16]))
+    }
+
+    /// Fetches into the partial `mirror` the blobs of `sha`'s tree that
+    /// `shape` checks out and it lacks, by id, in batches.
+    async fn fetch_blobs(
+        &self,
+        mirror: &Path,
+        url: &str,
+        env: &[(String, String)],
+        sha: &str,
+        shape: &Shape,
+    ) -> Result<(), CheckoutError> {
+        let listing = git_out(Some(mirror), ["ls-tree", "-r", "-z", "--full-tree", sha], &[]).await?;
+        let tree = crate::kept::Tree::parse(&listing)
+            .map_err(|e| CheckoutError::Git { args: "ls-tree".into(), detail: e.to_string() })?;
+        let wanted: Vec<String> = tree
+            .files
+            .iter()
+            .filter(|(p, e)| e.mode != 0o160000 && shape.covers(p))
+            .map(|(_, e)| e.oid.clone())
+            .collect();
+        let missing = missing_objects(mirror, &wanted).await?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(url = %kiln_api::giturl::redact(url), blobs = missing.len(), "fetching blobs into the partial mirror");
+        for batch in missing.chunks(1000) {
+            let mut args = vec!["fetch", "-q", "--no-tags", "--filter=blob:none", "--", url];
+            args.extend(batch.iter().map(String::as_str));
+            git_within_env(self.fetch_timeout, Some(mirror), args, env).await?;
+        }
+        let still = missing_objects(mirror, &missing).await?;
+        if let Some(oid) = still.first() {
+            return Err(CheckoutError::Git {
+                args: "fetch (blobs of a partial checkout)".into(),
+                detail: format!(
+                    "{} blobs are still missing (e.g. {oid}); does the server allow fetching by id?",
+                    still.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn lock_for(&self, mirror: &Path) -> Arc<tokio::sync::Mutex<()>> {
         self.locks.lock().expect("mirror locks").entry(mirror.to_path_buf()).or_default().clone()
     }
@@ -102,13 +154,18 @@ impl Mirrors {
         slot_trash: Option<&Path>,
         on_retry: &(dyn Fn(String) + Send + Sync),
     ) -> Result<(), CheckoutError> {
-        self.checkout_with(clone_url, None, sha, ws, private_objects, slot_trash, on_retry).await
+        self.checkout_with(clone_url, None, sha, ws, private_objects, slot_trash, None, &Shape::default(), on_retry)
+            .await
     }
 
     /// [`Mirrors::checkout`] with the clone URL's credential, which reaches
     /// git only through its environment (a credential helper answering for
     /// the URL's origin; see `kiln_api::giturl::git_credential_env`): never
     /// a command line, a file, or a step.
+    ///
+    /// `kept`: a job slot's workspace of a big tree (see [`crate::kept`]):
+    /// where the agent keeps its index, and the commit the kept workspace
+    /// holds when the job may have it brought to `sha` (`reuse`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn checkout_with(
         &self,
@@ -118,6 +175,8 @@ impl Mirrors {
         ws: &Path,
         private_objects: bool,
         slot_trash: Option<&Path>,
+        kept: Option<Kept<'_>>,
+        shape: &Shape,
         on_retry: &(dyn Fn(String) + Send + Sync),
     ) -> Result<(), CheckoutError> {
         let full_sha = (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit());
@@ -132,7 +191,7 @@ impl Mirrors {
             Some(c) => kiln_api::giturl::git_credential_env(&url, c),
             None => Vec::new(),
         };
-        let mirror = self.mirror_path(clone_url);
+        let mirror = self.mirror_for(clone_url, shape.partial);
         {
             let lock = self.lock_for(&mirror);
             let _guard = lock.lock().await;
@@ -141,13 +200,15 @@ impl Mirrors {
             if !known && !has_commit(&mirror, sha).await {
                 tracing::info!(url = %bare, mirror = %mirror.display(), "fetching into mirror");
                 let refs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"];
+                // A partial mirror holds commits and trees only.
+                let filter = if shape.partial { "--filter=blob:none" } else { "--no-tags" };
                 let mut tries = 0;
                 let fetch_all = loop {
                     tries += 1;
                     let r = git_within_env(
                         self.fetch_timeout,
                         Some(&mirror),
-                        ["fetch", "-q", "--no-tags", "--", &url, refs[0], refs[1]],
+                        ["fetch", "-q", "--no-tags", filter, "--", &url, refs[0], refs[1]],
                         &env,
                     )
                     .await;
@@ -171,7 +232,7 @@ impl Mirrors {
                     let by_id = git_within_env(
                         self.fetch_timeout,
                         Some(&mirror),
-                        ["fetch", "-q", "--no-tags", "--", &url, sha],
+                        ["fetch", "-q", "--no-tags", filter, "--", &url, sha],
                         &env,
                     )
                     .await;
@@ -185,6 +246,40 @@ impl Mirrors {
                 }
             }
         }
+        if shape.partial {
+            // The blobs of the paths checked out, fetched into the partial
+            // mirror by id (under its lock: one fetch at a time).
+            let lock = self.lock_for(&mirror);
+            let _guard = lock.lock().await;
+            self.fetch_blobs(&mirror, &url, &env, sha, shape).await?;
+        }
+        if !shape.plain() {
+            // A sparse, partial or shallow workspace is always made afresh:
+            // a slot's kept workspace (of any shape) is moved out.
+            if let Some(trash) = slot_trash
+                && std::fs::symlink_metadata(ws).is_ok()
+            {
+                let mut doomed = crate::slots::Doomed::new(trash);
+                if doomed.take(ws).is_err() {
+                    let _ = remove_tree(ws);
+                }
+                doomed.bury();
+            }
+            let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
+            let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
+            write_git_dir(ws, &objects, sha).await.map_err(io)?;
+            shape.write(ws, &mirror, sha).await?;
+            git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
+            if private_objects {
+                let lock = self.lock_for(&mirror);
+                let _guard = lock.lock().await;
+                let (src, dst) = (objects.clone(), ws.join(".git/objects"));
+                tokio::task::spawn_blocking(move || link_objects(&src, &dst)).await.expect("link task").map_err(io)?;
+                tokio::fs::remove_file(ws.join(".git/objects/info/alternates")).await.map_err(io)?;
+            }
+            self.known.lock().expect("known").insert((mirror, sha.to_string()));
+            return Ok(());
+        }
         // The workspace is a minimal repository borrowing the mirror's objects
         // (alternates, like `clone --shared`), HEAD detached at the frozen
         // commit; one `read-tree` fills index and files. This skips clone's
@@ -193,6 +288,15 @@ impl Mirrors {
         // copied from the mirror's pristine copy of it instead: no process.
         // A job slot's kept workspace (see `crate::slots`): brought to the
         // commit in place when this agent has its pristine tree.
+        // A kept workspace of a big tree brought to this commit (`reuse`).
+        if let (Some(trash), Some(k)) = (slot_trash, &kept)
+            && let Some(from) = k.from
+            && std::fs::symlink_metadata(ws).is_ok()
+            && self.reset_kept(clone_url, from, sha, ws, private_objects, None, k.index, trash).await
+        {
+            self.known.lock().expect("known").insert((mirror, sha.to_string()));
+            return Ok(());
+        }
         if let Some(trash) = slot_trash
             && std::fs::symlink_metadata(ws).is_ok()
             && self.sync_existing(clone_url, sha, ws, private_objects, trash).await
@@ -205,21 +309,21 @@ impl Mirrors {
         let dot_git = ws.join(".git");
         let pristine = self.pristine_path(&mirror, sha);
         if !self.copy_from_pristine(&pristine, ws).await {
-            for d in ["objects/info", "refs"] {
-                tokio::fs::create_dir_all(dot_git.join(d)).await.map_err(io)?;
-            }
-            tokio::fs::write(dot_git.join("objects/info/alternates"), format!("{}\n", objects.display()))
-                .await
-                .map_err(io)?;
-            tokio::fs::write(dot_git.join("HEAD"), format!("{sha}\n")).await.map_err(io)?;
-            tokio::fs::write(
-                dot_git.join("config"),
-                "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = false\n",
-            )
-            .await
-            .map_err(io)?;
+            write_git_dir(ws, &objects, sha).await.map_err(io)?;
             git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
             self.keep_pristine(&mirror, sha, ws).await;
+        }
+        // The index as the checkout left it, for a later reset of this
+        // workspace in place (the job may change the workspace's own).
+        if let Some(k) = &kept {
+            let _ = std::fs::remove_file(k.index);
+            if let Some(dir) = k.index.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            if let Err(e) = std::fs::copy(dot_git.join("index"), k.index) {
+                tracing::debug!(error = %e, "cannot keep the checkout's index");
+                let _ = std::fs::remove_file(k.index);
+            }
         }
         if private_objects {
             // Under the mirror's lock: no fetch is adding packs meanwhile.
@@ -432,6 +536,351 @@ impl Mirrors {
     }
 }
 
+/// What a job's `checkout:` asks of its workspace beyond a full checkout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// History seen by `git log`: this many generations.
+    pub(crate) depth: Option<u32>,
+    /// `filter: blob:none`: from the repository's partial mirror.
+    pub(crate) partial: bool,
+    /// Cone-mode directories (none: everything).
+    pub(crate) sparse: Vec<String>,
+}
+
+impl Shape {
+    pub(crate) fn of(spec: Option<&kiln_api::CheckoutSpec>) -> Shape {
+        match spec {
+            None => Shape::default(),
+            Some(k) => Shape {
+                depth: k.depth,
+                partial: k.filter.as_deref() == Some("blob:none"),
+                sparse: k.sparse.iter().map(|d| d.trim_matches('/').to_string()).filter(|d| !d.is_empty()).collect(),
+            },
+        }
+    }
+
+    /// A plain full checkout: slots keep it, pristine copies serve it.
+    pub(crate) fn plain(&self) -> bool {
+        *self == Shape::default()
+    }
+
+    /// What tells two shapes apart in a slot's tree key.
+    pub(crate) fn key(&self) -> String {
+        format!("depth={:?} partial={} sparse={}", self.depth, self.partial, self.sparse.join(":"))
+    }
+
+    /// Whether the (cone-mode) sparse set holds `path`: every top-level
+    /// file, and everything below a listed directory.
+    pub(crate) fn covers(&self, path: &Path) -> bool {
+        if self.sparse.is_empty() || path.parent().is_none_or(|p| p.as_os_str().is_empty()) {
+            return true;
+        }
+        self.sparse.iter().any(|d| path.starts_with(d))
+    }
+
+    /// Writes the shape into the fresh `ws/.git`: the sparse-checkout
+    /// patterns (cone mode) and the shallow boundary.
+    async fn write(&self, ws: &Path, mirror: &Path, sha: &str) -> Result<(), CheckoutError> {
+        let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
+        let dot_git = ws.join(".git");
+        let mut config = String::new();
+        if !self.sparse.is_empty() {
+            config.push_str("[core]\n\tsparseCheckout = true\n\tsparseCheckoutCone = true\n");
+            tokio::fs::create_dir_all(dot_git.join("info")).await.map_err(io)?;
+            tokio::fs::write(dot_git.join("info/sparse-checkout"), cone_patterns(&self.sparse)).await.map_err(io)?;
+        }
+        if self.partial {
+            // Blobs outside the checkout are absent: no repacking that would look for them.
+            config.push_str("[gc]\n\tauto = 0\n");
+        }
+        if !config.is_empty() {
+            let mut all = tokio::fs::read_to_string(dot_git.join("config")).await.map_err(io)?;
+            all.push_str(&config);
+            tokio::fs::write(dot_git.join("config"), all).await.map_err(io)?;
+        }
+        if let Some(depth) = self.depth {
+            let (git_dir, tip) = (mirror.to_path_buf(), sha.to_string());
+            let shallow = tokio::task::spawn_blocking(move || shallow_boundary(&git_dir, &tip, depth))
+                .await
+                .expect("shallow task")
+                .map_err(io)?;
+            if !shallow.is_empty() {
+                tokio::fs::write(dot_git.join("shallow"), shallow.join("\n") + "\n").await.map_err(io)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Cone-mode sparse-checkout patterns for `dirs` (as `git sparse-checkout
+/// set --cone` writes them): top-level files, each directory whole, and
+/// the files directly in each of its parents.
+fn cone_patterns(dirs: &[String]) -> String {
+    let mut parents = std::collections::BTreeSet::new();
+    for d in dirs {
+        let mut p = Path::new(d).parent();
+        while let Some(q) = p.filter(|q| !q.as_os_str().is_empty()) {
+            parents.insert(q.to_string_lossy().into_owned());
+            p = q.parent();
+        }
+    }
+    let mut out = String::from("/*\n!/*/\n");
+    for p in &parents {
+        out.push_str(&format!("/{p}/\n!/{p}/*/\n"));
+    }
+    let mut whole: Vec<&String> = dirs.iter().filter(|d| !parents.contains(*d)).collect();
+    whole.sort();
+    whole.dedup();
+    for d in whole {
+        out.push_str(&format!("/{d}/\n"));
+    }
+    out
+}
+
+/// The commits `depth` generations from `tip` (the nearest path counts)
+/// that have parents: what `.git/shallow` lists for a clone of that depth.
+fn shallow_boundary(git_dir: &Path, tip: &str, depth: u32) -> std::io::Result<Vec<String>> {
+    use std::io::{BufRead, Read, Write};
+    let mut child = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(git_dir)
+        .args(["cat-file", "--batch"])
+        .env("GIT_NO_LAZY_FETCH", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut parents_of = |c: &str| -> std::io::Result<Vec<String>> {
+        writeln!(stdin, "{c}")?;
+        stdin.flush()?;
+        let mut header = String::new();
+        out.read_line(&mut header)?;
+        let size: usize = header
+            .split_whitespace()
+            .nth(2)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("commit {c}: {}", header.trim())))?;
+        let mut body = vec![0u8; size + 1];
+        out.read_exact(&mut body)?;
+        let text = String::from_utf8_lossy(&body[..size]);
+        Ok(text
+            .lines()
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.strip_prefix("parent "))
+            .map(|p| p.trim().to_string())
+            .collect())
+    };
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::from([tip.to_string()]);
+    let mut frontier = vec![tip.to_string()];
+    let mut boundary = vec![];
+    for level in 1..=depth {
+        let mut next = vec![];
+        for c in &frontier {
+            let parents = parents_of(c)?;
+            if level == depth {
+                if !parents.is_empty() {
+                    boundary.push(c.clone());
+                }
+                continue;
+            }
+            for p in parents {
+                if seen.insert(p.clone()) {
+                    next.push(p);
+                }
+            }
+        }
+        frontier = next;
+        if frontier.is_empty() {
+            break;
+        }
+    }
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    boundary.sort();
+    Ok(boundary)
+}
+
+/// Which of `oids` the repository `git_dir` lacks (never fetching them).
+async fn missing_objects(git_dir: &Path, oids: &[String]) -> Result<Vec<String>, CheckoutError> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = Command::new("git")
+        .arg("--git-dir")
+        .arg(git_dir)
+        .args(["cat-file", "--batch-check"])
+        .env("GIT_NO_LAZY_FETCH", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| CheckoutError::Git { args: "cat-file --batch-check".into(), detail: e.to_string() })?;
+    let mut stdin = child.stdin.take().expect("stdin");
+    let input: String = oids.iter().map(|o| format!("{o}\n")).collect();
+    let writer = tokio::spawn(async move {
+        let _ = stdin.write_all(input.as_bytes()).await;
+    });
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| CheckoutError::Git { args: "cat-file --batch-check".into(), detail: e.to_string() })?;
+    let _ = writer.await;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(" missing"))
+        .map(str::to_string)
+        .collect())
+}
+
+/// A job slot's kept workspace as a checkout sees it (see [`crate::kept`]).
+pub(crate) struct Kept<'a> {
+    /// The agent's copy of the workspace's index (never in the workspace).
+    pub(crate) index: &'a Path,
+    /// The commit the workspace holds, when it may be brought to another.
+    pub(crate) from: Option<&'a str>,
+}
+
+/// Makes `ws/.git`: a minimal repository borrowing `objects` (alternates,
+/// like `clone --shared`), HEAD detached at `sha`, no index yet.
+async fn write_git_dir(ws: &Path, objects: &Path, sha: &str) -> std::io::Result<()> {
+    let dot_git = ws.join(".git");
+    for d in ["objects/info", "refs"] {
+        tokio::fs::create_dir_all(dot_git.join(d)).await?;
+    }
+    tokio::fs::write(dot_git.join("objects/info/alternates"), format!("{}\n", objects.display())).await?;
+    tokio::fs::write(dot_git.join("HEAD"), format!("{sha}\n")).await?;
+    tokio::fs::write(
+        dot_git.join("config"),
+        "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = false\n",
+    )
+    .await
+}
+
+impl Mirrors {
+    /// Brings the kept workspace `ws` of a big tree from commit `from` to
+    /// `to` in place (see [`crate::kept`]): what its job changed since
+    /// `fence` (none: nothing ran in it since it was last brought back) and
+    /// what differs between the commits is renamed out and written again,
+    /// `.git` is made afresh with the agent's copy of the index (`index`,
+    /// moved on to `to`). False when it cannot: `ws` is then moved out (to
+    /// `trash`) and the caller checks out afresh.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn reset_kept(
+        &self,
+        clone_url: &str,
+        from: &str,
+        to: &str,
+        ws: &Path,
+        private_objects: bool,
+        fence: Option<crate::kept::Fence>,
+        index: &Path,
+        trash: &Path,
+    ) -> bool {
+        let started = std::time::Instant::now();
+        let r = self.try_reset_kept(clone_url, from, to, ws, private_objects, fence, index, trash).await;
+        match &r {
+            Ok((doomed, written)) => tracing::debug!(
+                ws = %ws.display(), from, to, doomed, written, ms = started.elapsed().as_millis() as u64,
+                "kept workspace brought to its commit"
+            ),
+            Err(e) => tracing::warn!(ws = %ws.display(), error = %e,
+                "cannot bring the kept workspace to its commit; checking out afresh"),
+        }
+        if r.is_err() {
+            let _ = std::fs::remove_file(index);
+            let mut doomed = crate::slots::Doomed::new(trash);
+            if std::fs::symlink_metadata(ws).is_ok() && doomed.take(ws).is_err() {
+                let _ = remove_tree(ws);
+            }
+            doomed.bury();
+        }
+        r.is_ok()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn try_reset_kept(
+        &self,
+        clone_url: &str,
+        from: &str,
+        to: &str,
+        ws: &Path,
+        private_objects: bool,
+        fence: Option<crate::kept::Fence>,
+        index: &Path,
+        trash: &Path,
+    ) -> Result<(usize, usize), String> {
+        let mirror = self.mirror_path(clone_url);
+        if !index.is_file() {
+            return Err("the agent kept no index of it".into());
+        }
+        let listing =
+            git_out(Some(&mirror), ["ls-tree", "-r", "-z", "--full-tree", to], &[]).await.map_err(|e| e.to_string())?;
+        let stale = if from == to {
+            Vec::new()
+        } else {
+            git_out(Some(&mirror), ["diff-tree", "-r", "-z", "--no-renames", "--name-only", from, to], &[])
+                .await
+                .map_err(|e| e.to_string())?
+        };
+        let (ws_owned, mirror_owned, trash_owned) = (ws.to_path_buf(), mirror.clone(), trash.to_path_buf());
+        let swept = tokio::task::spawn_blocking(move || -> std::io::Result<(usize, usize)> {
+            use std::os::unix::ffi::OsStrExt;
+            let tree = crate::kept::Tree::parse(&listing)?;
+            let stale: std::collections::HashSet<PathBuf> = stale
+                .split(|b| *b == 0)
+                .filter(|p| !p.is_empty())
+                .map(|p| PathBuf::from(OsStr::from_bytes(p)))
+                .collect();
+            let mut doomed = crate::slots::Doomed::new(&trash_owned);
+            let fence = fence.unwrap_or(crate::kept::Fence::NEVER);
+            let r = crate::kept::sweep(&ws_owned, &tree, &stale, fence, &mut doomed);
+            doomed.bury();
+            let swept = r?;
+            let written = crate::kept::restore(&ws_owned, &mirror_owned, &tree, &swept.present)?;
+            Ok((swept.doomed, written))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        let io = |e: std::io::Error| e.to_string();
+        let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
+        if from != to {
+            // The kept index moved on to `to`: a two-tree merge keeps the
+            // stat data of every entry the commits share.
+            let next = index.with_extension("next");
+            std::fs::copy(index, &next).map_err(io)?;
+            let env = [("GIT_INDEX_FILE".to_string(), next.display().to_string())];
+            let o = OsStr::new;
+            git_out(None, [o("--git-dir"), mirror.as_os_str(), o("read-tree"), o("-i"), o("-m"), o(from), o(to)], &env)
+                .await
+                .map_err(|e| e.to_string())?;
+            std::fs::rename(&next, index).map_err(io)?;
+        }
+        write_git_dir(ws, &objects, to).await.map_err(io)?;
+        std::fs::copy(index, ws.join(".git/index")).map_err(io)?;
+        if private_objects {
+            let lock = self.lock_for(&mirror);
+            let _guard = lock.lock().await;
+            let (src, dst) = (objects.clone(), ws.join(".git/objects"));
+            tokio::task::spawn_blocking(move || link_objects(&src, &dst))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(io)?;
+            std::fs::remove_file(ws.join(".git/objects/info/alternates")).map_err(io)?;
+        }
+        Ok(swept)
+    }
+
+    /// Whether this agent keeps a pristine copy of `sha`'s tree (a small
+    /// tree: its slots are reset from it, not by [`Mirrors::reset_kept`]).
+    pub(crate) fn has_pristine(&self, clone_url: &str, sha: &str) -> bool {
+        let p = self.pristine_path(&self.mirror_path(clone_url), sha);
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+    }
+}
+
 /// `<mirror>` + this + `<sha>`: a pristine checkout beside its mirror.
 const PRISTINE_INFIX: &str = ".tree-";
 /// Largest tree kept as a pristine copy: files (directories and links
@@ -551,13 +1000,22 @@ where
     git_within(Some(LOCAL_GIT_TIMEOUT), dir, args).await
 }
 
+/// [`git`], returning what it printed, with more environment.
+async fn git_out<I, S>(dir: Option<&Path>, args: I, env: &[(String, String)]) -> Result<Vec<u8>, CheckoutError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    git_within_env(Some(LOCAL_GIT_TIMEOUT), dir, args, env).await
+}
+
 /// Runs git, killed (and [`CheckoutError::TimedOut`]) past `limit`.
 async fn git_within<I, S>(limit: Option<std::time::Duration>, dir: Option<&Path>, args: I) -> Result<(), CheckoutError>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    git_within_env(limit, dir, args, &[]).await
+    git_within_env(limit, dir, args, &[]).await.map(drop)
 }
 
 /// [`git_within`] with more environment (a credential helper's).
@@ -566,7 +1024,7 @@ async fn git_within_env<I, S>(
     dir: Option<&Path>,
     args: I,
     env: &[(String, String)],
-) -> Result<(), CheckoutError>
+) -> Result<Vec<u8>, CheckoutError>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -610,7 +1068,7 @@ where
     };
     let out = out.map_err(|e| CheckoutError::Git { args: shown(), detail: format!("cannot run git: {e}") })?;
     if out.status.success() {
-        return Ok(());
+        return Ok(out.stdout);
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
     let detail = kiln_api::giturl::redact(&stderr.trim().chars().take(2000).collect::<String>());

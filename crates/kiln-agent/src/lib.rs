@@ -34,6 +34,7 @@ mod checkout;
 mod control;
 mod disk;
 mod heartbeat;
+mod kept;
 mod layout;
 mod logs;
 mod mask;

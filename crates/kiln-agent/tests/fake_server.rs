@@ -683,6 +683,8 @@ impl Harness {
             quarantine: vec![],
             shard_token: String::new(),
             traceparent: None,
+            checkout: None,
+            trusted: false,
         }
     }
 
@@ -1458,5 +1460,235 @@ async fn output_over_the_limit_is_truncated_and_the_step_finishes() {
     let dropped = 50_000_000 + 1 + 14 - (1 << 20);
     assert!(system.contains(&format!("truncated: {dropped} bytes of output were dropped")), "{system}");
     assert!(system.ends_with("✓ job success\n"), "the count comes before the final status: {system}");
+    h.stop().await;
+}
+
+/// A bare repository of `files` files (more than a pristine copy keeps, so
+/// a job slot's workspace is reset in place), with two commits: the
+/// second changes `f1.txt`, removes `f2.txt` and adds `new.txt`. Returns
+/// its URL and both commits.
+fn make_big_repo(dir: &std::path::Path, name: &str, files: usize) -> (String, String, String) {
+    let origin = dir.join(format!("{name}.git"));
+    let src = dir.join(format!("{name}-src"));
+    git(dir, &["init", "-q", "--bare", origin.to_str().unwrap()]);
+    for i in 0..files {
+        let d = src.join(format!("d{}", i / 100));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}.txt")), format!("{name} file {i}\n")).unwrap();
+    }
+    std::fs::write(src.join("f1.txt"), "one\n").unwrap();
+    std::fs::write(src.join("f2.txt"), "two\n").unwrap();
+    git(&src, &["init", "-q"]);
+    git(&src, &["add", "."]);
+    git(&src, &["commit", "-q", "-m", "first"]);
+    let c1 = git(&src, &["rev-parse", "HEAD"]);
+    std::fs::write(src.join("f1.txt"), "one, changed\n").unwrap();
+    std::fs::remove_file(src.join("f2.txt")).unwrap();
+    std::fs::write(src.join("new.txt"), "new\n").unwrap();
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "second"]);
+    let c2 = git(&src, &["rev-parse", "HEAD"]);
+    git(&src, &["push", "-q", origin.to_str().unwrap(), "HEAD:refs/heads/main"]);
+    (origin.to_str().unwrap().to_string(), c1, c2)
+}
+
+/// `checkout: {reuse: true}` (issue 47): a trusted job's workspace of a big
+/// tree is kept by its job slot and brought to the next trusted job's
+/// commit in place — what the earlier job left (a failed job's dirty tree
+/// too) is gone, changed files are the new commit's, unchanged ones are
+/// the same inodes — and it never goes to a job of another trust level or
+/// another repository. A rerun of the same commit finds the workspace
+/// already at its tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_workspace_is_cleaned_and_never_crosses_trust_or_repository() {
+    let mut h = Harness::new();
+    let (url, c1, c2) = make_big_repo(h.dir.path(), "big", 2_100);
+    let (other_url, _, other_c2) = make_big_repo(h.dir.path(), "other", 2_100);
+    let job = |h: &Harness, id: &str, sha: &str, trusted: bool, reuse: bool, run: &str| {
+        let mut a = h.assignment(&[(None, run)]);
+        a.job_id = id.into();
+        a.clone_url = url.clone();
+        a.commit_sha = sha.into();
+        a.trusted = trusted;
+        a.checkout = reuse.then(|| kiln_api::CheckoutSpec { reuse: true, ..Default::default() });
+        a
+    };
+    let probe = "echo \"ino=$(stat -c %i d5/f500.txt)\"; cat f1.txt; ls; git status --porcelain; git log -1 --format=head=%H; \
+                 echo \"mode=$(stat -c %a d0/f0.txt)\"; cat d1/f100.txt; test -L d2/link || echo no-link";
+    let jobs = vec![
+        // A failing trusted job that dirties its tree every way it can.
+        job(
+            &h,
+            "job-1",
+            &c1,
+            true,
+            true,
+            &format!(
+                "{probe}; echo dirty > dirty.txt; echo mangled > f1.txt; mkdir -p target/debug; echo bin > target/debug/out; \
+             chmod 600 d0/f0.txt; rm d1/f100.txt; ln -s /etc d2/link; exit 1"
+            ),
+        ),
+        // The next trusted job of the repository, at the next commit.
+        job(&h, "job-2", &c2, true, true, probe),
+        // The same commit again (no reuse asked): already at its tree.
+        job(&h, "job-3", &c2, true, false, probe),
+        // An untrusted job (never sent `reuse` by a server; refused anyway).
+        job(&h, "job-4", &c2, false, true, &format!("{probe}; echo untrusted > left-by-untrusted.txt")),
+        // A trusted job after it: the untrusted job's tree is not reused.
+        job(&h, "job-5", &c2, true, true, probe),
+        // Another repository in the same slot.
+        {
+            let mut a = job(
+                &h,
+                "job-6",
+                &other_c2,
+                true,
+                true,
+                "cat d0/f0.txt; echo \"big=$(grep -rl 'big file' --exclude-dir=.git . | wc -l)\"",
+            );
+            a.clone_url = other_url.clone();
+            a
+        },
+    ];
+    h.start(jobs).await;
+    h.wait_attempts_done(6).await;
+    let c = h.fake.completions();
+    let outcomes: Vec<&str> = c.iter().map(|c| c.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["failed", "success", "success", "success", "success", "success"], "{c:?}");
+    let out = |job: &str| h.fake.log_of(job, "stdout");
+    let ino = |job: &str| out(job).lines().find_map(|l| l.strip_prefix("ino=").map(str::to_string)).unwrap();
+    let system = |job: &str| h.fake.log_of(job, "system");
+
+    // job-2: the failed job's tree, brought to c2 and cleaned.
+    let two = out("job-2");
+    assert!(system("job-2").contains("bringing it from"), "{}", system("job-2"));
+    assert_eq!(ino("job-2"), ino("job-1"), "unchanged files are kept, not written again: {two}");
+    assert!(two.contains("one, changed\n"), "f1.txt is the new commit's: {two}");
+    for gone in ["dirty.txt", "target", "f2.txt"] {
+        assert!(!two.lines().any(|l| l == gone), "{gone} is still there: {two}");
+    }
+    assert!(two.lines().any(|l| l == "new.txt"), "{two}");
+    assert!(
+        !two.lines().any(|l| l.starts_with("?? ") || l.starts_with(" M ") || l.starts_with(" D ")),
+        "git status in the step shows the job's changes as gone: {two}"
+    );
+    assert!(two.contains(&format!("head={c2}")), "{two}");
+    assert!(two.contains("mode=644\nbig file 100\nno-link\n"), "a mode, a deleted file and a link put back: {two}");
+    // A rerun of the same commit: the same workspace, nothing checked out.
+    assert_eq!(ino("job-3"), ino("job-2"), "{}", out("job-3"));
+    // The untrusted job got a fresh checkout; the trusted job after it too.
+    assert_ne!(ino("job-4"), ino("job-3"), "an untrusted job got a trusted job's workspace");
+    assert!(system("job-4").contains("trusted runs only"), "{}", system("job-4"));
+    assert_ne!(ino("job-5"), ino("job-4"), "a trusted job got an untrusted job's workspace");
+    assert!(!out("job-5").contains("left-by-untrusted"), "{}", out("job-5"));
+    assert!(out("job-5").contains("one, changed\n"), "{}", out("job-5"));
+    // Another repository: its own files only.
+    let six = out("job-6");
+    assert!(six.starts_with("other file 0\n"), "{six}");
+    assert!(six.contains("big=0\n"), "files of another repository: {six}");
+    assert!(system("job-6").contains("checking out afresh"), "{}", system("job-6"));
+    h.stop().await;
+}
+
+/// `checkout: {depth, filter: blob:none, sparse}` (issue 47): the files
+/// outside the sparse set are absent, `git log` in the job sees the given
+/// depth, `git status` is clean, and the partial mirror never fetched the
+/// blobs outside the checkout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_partial_and_shallow_checkouts_hold_only_what_they_ask() {
+    let mut h = Harness::new();
+    let dir = h.dir.path().to_path_buf();
+    let origin = dir.join("mono.git");
+    let src = dir.join("mono-src");
+    git(&dir, &["init", "-q", "--bare", origin.to_str().unwrap()]);
+    git(&origin, &["config", "uploadpack.allowFilter", "true"]);
+    for (p, text) in [
+        ("README.md", "top\n"),
+        ("docs/guide.md", "guide\n"),
+        ("docs/deep/more.md", "more\n"),
+        ("tools/lint/lint.sh", "lint\n"),
+        ("tools/other/big.bin", "other tool\n"),
+        ("src/main.rs", "fn main() {}\n"),
+    ] {
+        std::fs::create_dir_all(src.join(p).parent().unwrap()).unwrap();
+        std::fs::write(src.join(p), text).unwrap();
+    }
+    git(&src, &["init", "-q"]);
+    git(&src, &["add", "."]);
+    git(&src, &["commit", "-q", "-m", "c0"]);
+    for i in 1..5 {
+        std::fs::write(src.join("docs/guide.md"), format!("guide {i}\n")).unwrap();
+        git(&src, &["commit", "-q", "-am", &format!("c{i}")]);
+    }
+    let sha = git(&src, &["rev-parse", "HEAD"]);
+    let src_blob = git(&src, &["rev-parse", "HEAD:src/main.rs"]);
+    git(&src, &["push", "-q", origin.to_str().unwrap(), "HEAD:refs/heads/main"]);
+    let probe = "find . -path ./.git -prune -o -type f -print | sort; echo \"commits=$(git log --format=%H | wc -l)\"; \
+                 git status --porcelain; echo status-done";
+    let mut jobs = vec![];
+    for (id, spec) in [
+        (
+            "job-1",
+            kiln_api::CheckoutSpec {
+                depth: Some(2),
+                filter: Some("blob:none".into()),
+                sparse: vec!["docs".into(), "tools/lint".into()],
+                ..Default::default()
+            },
+        ),
+        ("job-2", kiln_api::CheckoutSpec { depth: Some(1), ..Default::default() }),
+        ("job-3", kiln_api::CheckoutSpec { sparse: vec!["src".into()], ..Default::default() }),
+    ] {
+        let mut a = h.assignment(&[(None, probe)]);
+        a.job_id = id.into();
+        a.clone_url = origin.to_str().unwrap().into();
+        a.commit_sha = sha.clone();
+        a.trusted = true;
+        a.checkout = Some(spec);
+        jobs.push(a);
+    }
+    // A plain checkout after them: the whole tree, the whole history.
+    let mut plain = h.assignment(&[(None, probe)]);
+    plain.job_id = "job-4".into();
+    plain.clone_url = origin.to_str().unwrap().into();
+    plain.commit_sha = sha.clone();
+    jobs.push(plain);
+    h.start(jobs).await;
+    h.wait_attempts_done(4).await;
+    let c = h.fake.completions();
+    assert!(c.iter().all(|c| c.outcome == "success"), "{c:?}");
+    let out = |job: &str| h.fake.log_of(job, "stdout");
+    assert_eq!(
+        out("job-1"),
+        "./README.md\n./docs/deep/more.md\n./docs/guide.md\n./tools/lint/lint.sh\ncommits=2\nstatus-done\n",
+        "sparse, partial, depth 2"
+    );
+    assert_eq!(
+        out("job-2"),
+        "./README.md\n./docs/deep/more.md\n./docs/guide.md\n./src/main.rs\n./tools/lint/lint.sh\n./tools/other/big.bin\n\
+         commits=1\nstatus-done\n",
+        "depth 1"
+    );
+    assert_eq!(out("job-3"), "./README.md\n./src/main.rs\ncommits=5\nstatus-done\n", "sparse");
+    assert!(
+        out("job-4").contains("./tools/other/big.bin\n") && out("job-4").contains("commits=5\n"),
+        "{}",
+        out("job-4")
+    );
+    // The partial mirror has the commits but never fetched src/main.rs.
+    let partial = std::fs::read_dir(h.work_dir().join("mirrors"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with("-partial.git"))
+        .expect("a partial mirror");
+    let probe = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(&partial)
+        .args(["cat-file", "-e", &src_blob])
+        .env("GIT_NO_LAZY_FETCH", "1")
+        .status()
+        .unwrap();
+    assert!(!probe.success(), "the partial mirror holds a blob outside the sparse checkout");
     h.stop().await;
 }

@@ -1014,6 +1014,35 @@ pub struct Assignment {
     /// attempt send it back as the `traceparent` header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The job's `checkout:` (issue 47). Absent: a fresh full checkout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkout: Option<CheckoutSpec>,
+    /// Whether the run is trusted: a workspace the agent keeps for the
+    /// next job is only ever handed to a job of the same trust (absent,
+    /// from an older server: untrusted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trusted: bool,
+}
+
+/// How the agent checks out a job's workspace (`checkout:`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CheckoutSpec {
+    /// Bring a workspace this agent kept from an earlier job of the same
+    /// repository to the commit, cleaned, instead of checking out afresh.
+    /// Only ever set for a trusted run's job (the server decides).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reuse: bool,
+    /// Generations of history the job's `git log` sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// `blob:none`: the agent's mirror holds commits and trees; only the
+    /// blobs of the checked-out paths are fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Cone-mode directories: only these (and top-level files) are checked out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sparse: Vec<String>,
 }
 
 /// One service of a job (`services:`), its image pinned at acceptance.

@@ -275,6 +275,8 @@ fn assignment() -> Assignment {
         quarantine: vec![],
         shard_token: String::new(),
         traceparent: None,
+        checkout: None,
+        trusted: false,
     }
 }
 

@@ -20,9 +20,12 @@ pub struct BenchArgs {
     /// the statement alone);
     /// rollback (`kiln rollback production` to its deploy job's claim, 100 times, vs a retry of a one-job run to its claim);
     /// memory (resident memory of a real server and agent idle, after 200 runs, a 200 MB log and 100 artifacts, vs a `sleep`);
+    /// checkout (a repository of --checkout-files files to the first step: a new agent, a one-file change,
+    /// the same commit again, `checkout: {reuse: true}`, beside git's bare clone, fetch, shared clone and
+    /// incremental checkout; not in all);
     /// fairness (team a's --fair-jobs backlog on --fair-slots slots, team b's job submitted 20 times during it: b's waits
     /// beside oldest-first's, a's makespan alone and with b; then claims per second of no-op jobs from 1 team vs 50; not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance", "rollback", "memory"])]
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance", "rollback", "memory", "checkout"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]
@@ -54,6 +57,9 @@ pub struct BenchArgs {
     /// credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
     #[arg(long, env = "KILN_OBJECT_STORE")]
     pub object_store: Option<String>,
+    /// checkout: the repository sizes, in files (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "30000,100000")]
+    pub checkout_files: Vec<u32>,
     /// Runs submitted at once for the throughput figure.
     #[arg(long, default_value_t = 200)]
     pub runs: u32,

@@ -10,6 +10,7 @@
 mod args;
 mod artifacts;
 mod cache;
+mod checkout;
 mod containers;
 mod control;
 mod dispatch;
@@ -80,6 +81,10 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     // Not part of `all`: it writes and moves several GB.
     if a.suite == "cache" {
         code = code.max(cache::run(a.object_store.clone().unwrap_or_default()).await?);
+    }
+    // Not part of `all`: it writes and checks out repositories of 100,000 files.
+    if a.suite == "checkout" {
+        code = code.max(checkout::run(&a.checkout_files).await.map_err(kiln_cmd::Failure::from)?);
     }
     // Not part of `all`: it needs a container engine and a registry.
     if a.suite == "containers" {

@@ -287,7 +287,7 @@ async fn concurrent(c: &Client, tmp: &Path, round: usize, nice: i32) -> anyhow::
 
 /// The clock (ms) a job's step printed first (`bench-start <ms>`), read
 /// from the job's log feed.
-async fn step_start_ms(c: &Client, job: &str) -> anyhow::Result<Option<i64>> {
+pub(crate) async fn step_start_ms(c: &Client, job: &str) -> anyhow::Result<Option<i64>> {
     use base64::Engine;
     use futures::StreamExt;
     let events = c.log_events(job, None).await?;

@@ -324,6 +324,32 @@ pub struct Job {
     /// (`rings:`, issue 46).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promotion: Option<Promotion>,
+    /// `checkout:`: how the job's workspace is checked out (issue 47).
+    /// Absent: a fresh full checkout of the run's commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkout: Option<Checkout>,
+}
+
+/// A job's `checkout:`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkout {
+    /// `reuse: true`: the job slot's previous workspace of the same
+    /// repository (and trust) is brought to the commit and cleaned instead
+    /// of checked out afresh. Trusted runs only; others check out afresh.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reuse: bool,
+    /// `depth: N`: the job's `git log` sees N generations of history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// `filter: blob:none`: a partial checkout: the agent's mirror of the
+    /// repository holds commits and trees, and fetches only the blobs the
+    /// job's (sparse) tree needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// `sparse: [DIR, …]`: only these directories (and the files at the
+    /// top level) are checked out (cone mode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sparse: Vec<String>,
 }
 
 /// A job's `reports:`: workspace-relative paths or globs of its test

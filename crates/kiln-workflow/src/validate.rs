@@ -6,7 +6,7 @@ use crate::expr::{
     segments, substitute_matrix_condition, template_output_refs,
 };
 use crate::model::{
-    Artifacts, Cache, Concurrency, Environment, GroupQueue, IdToken, Image, InputKind, InputSpec, Job,
+    Artifacts, Cache, Checkout, Concurrency, Environment, GroupQueue, IdToken, Image, InputKind, InputSpec, Job,
     MAX_DECLARED_INPUTS, MAX_JOBS, MAX_OUTPUTS, MAX_REPORT_PATTERNS, MAX_RINGS, MAX_STEPS, MatrixInfo, Promotion,
     Publish, Reports, Restore, Ring, Step, Workflow,
 };
@@ -71,7 +71,13 @@ const JOB_KEYS: &[&str] = &[
     "extends",
     "environment",
     "rings",
+    "checkout",
 ];
+const CHECKOUT_KEYS: &[&str] = &["reuse", "depth", "filter", "sparse"];
+/// Deepest `checkout.depth` (a job that wants more wants the whole history).
+pub const MAX_CHECKOUT_DEPTH: u32 = 100_000;
+/// Most `checkout.sparse` directories.
+pub const MAX_SPARSE_PATHS: usize = 200;
 const RING_KEYS: &[&str] = &["name", "bake", "gate"];
 const GATE_KEYS: &[&str] = &["prometheus", "run"];
 const ENVIRONMENT_KEYS: &[&str] = &["name", "url"];
@@ -1022,6 +1028,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
     let rings = get(entries, "rings").and_then(|e| {
         rings(ctx, &label, &e.value, environment.is_some(), matrix_entry.is_some()).map(|r| (r, e.value.pos))
     });
+    let checkout = get(entries, "checkout").and_then(|e| checkout(ctx, &label, &e.value));
     let output_refs = std::mem::take(&mut ctx.output_refs);
 
     let job = Job {
@@ -1054,6 +1061,7 @@ fn job(ctx: &mut Ctx, index: usize, node: &Node) -> Option<Draft> {
         outputs,
         reports,
         promotion: None,
+        checkout,
     };
     ctx.matrix_refs = MatrixRefs::NoMatrix;
     Some(Draft {
@@ -1542,6 +1550,102 @@ fn id_token(ctx: &mut Ctx, label: &str, node: &Node) -> Option<IdToken> {
         }
     };
     Some(IdToken { audience })
+}
+
+/// A job's `checkout:` map (issue 47).
+fn checkout(ctx: &mut Ctx, label: &str, node: &Node) -> Option<Checkout> {
+    let subject = format!("`checkout` of {label}");
+    let entries = as_map(ctx, node, &subject, "a map with `reuse`, `depth`, `filter` or `sparse`")?;
+    check_keys(ctx, entries, CHECKOUT_KEYS, &format!("in {subject}"));
+    let mut ok = true;
+    let mut out = Checkout::default();
+    if let Some(e) = get(entries, "reuse") {
+        match &e.value.value {
+            Value::Scalar(s) if s.kind() == ScalarKind::Bool => out.reuse = s.text.eq_ignore_ascii_case("true"),
+            _ => {
+                ctx.err(
+                    e.value.pos,
+                    format!("`reuse` in {subject} must be `true` or `false`, found {}", e.value.describe()),
+                );
+                ok = false;
+            }
+        }
+    }
+    if let Some(e) = get(entries, "depth") {
+        let depth = as_text(ctx, &e.value, &format!("`depth` in {subject}"), "a number of commits")
+            .and_then(|t| t.parse::<u32>().ok().filter(|d| (1..=MAX_CHECKOUT_DEPTH).contains(d)));
+        match depth {
+            Some(d) => out.depth = Some(d),
+            None => {
+                ctx.err(
+                    e.value.pos,
+                    format!(
+                        "`depth` in {subject} must be a number of commits from 1 to {MAX_CHECKOUT_DEPTH}, found {} \
+                         (leave it out for the whole history)",
+                        match &e.value.value {
+                            Value::Scalar(sc) => format!("`{}`", show(&sc.text)),
+                            _ => e.value.describe().to_string(),
+                        }
+                    ),
+                );
+                ok = false;
+            }
+        }
+    }
+    if let Some(e) = get(entries, "filter") {
+        match as_text(ctx, &e.value, &format!("`filter` in {subject}"), "`blob:none`") {
+            Some("blob:none") => out.filter = Some("blob:none".into()),
+            Some(other) => {
+                ctx.err(
+                    e.value.pos,
+                    format!("`filter` in {subject} is `{}`; the one filter supported is `blob:none`", show(other)),
+                );
+                ok = false;
+            }
+            None => ok = false,
+        }
+    }
+    if let Some(e) = get(entries, "sparse") {
+        let s = format!("`sparse` in {subject}");
+        match string_list(ctx, &e.value, &s, false) {
+            Some(paths) if paths.is_empty() => {
+                ctx.err(e.value.pos, format!("{s} is empty; list the directories to check out, or leave it out"));
+                ok = false;
+            }
+            Some(paths) if paths.len() > MAX_SPARSE_PATHS => {
+                ctx.err(
+                    e.value.pos,
+                    format!("{s} lists {} directories; at most {MAX_SPARSE_PATHS} are allowed", paths.len()),
+                );
+                ok = false;
+            }
+            Some(paths) => {
+                let items = match &e.value.value {
+                    Value::Seq(items) => items.as_slice(),
+                    _ => &[],
+                };
+                for (p, item) in paths.iter().zip(items) {
+                    let bad = p.contains(['*', '?', '[', '!', '\\'])
+                        || p.starts_with('#')
+                        || p.split('/').all(|c| c.is_empty() || c == ".");
+                    if bad {
+                        ctx.err(
+                            item.pos,
+                            format!(
+                                "an entry of {s} is `{}`; name a directory of the repository (no patterns: the \
+                                 checkout is in cone mode)",
+                                show(p)
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+                out.sparse = paths.iter().map(|p| p.trim_matches('/').to_string()).collect();
+            }
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
 }
 
 fn string_list(ctx: &mut Ctx, node: &Node, subject: &str, allow_absolute: bool) -> Option<Vec<String>> {
@@ -3440,6 +3544,7 @@ mod tests {
             ("artifacts.publish", PUBLISH_KEYS),
             ("artifacts.restore", RESTORE_KEYS),
             ("id-token", ID_TOKEN_KEYS),
+            ("checkout", CHECKOUT_KEYS),
             ("service", services::SERVICE_KEYS),
             ("health", services::HEALTH_KEYS),
             ("rings", RING_KEYS),

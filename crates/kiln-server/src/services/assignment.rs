@@ -116,6 +116,15 @@ pub(crate) fn build(lease_ttl_ms: u64, c: &ClaimedAttempt, outputs: RunOutputs) 
         quarantine: Vec::new(),
         shard_token: String::new(),
         traceparent: None,
+        trusted: c.run.trust.parse::<Trust>().is_ok_and(|t| t == Trust::Trusted),
+        checkout: def.checkout.as_ref().map(|k| api::CheckoutSpec {
+            // A workspace brought to another commit is only ever a trusted
+            // run's (issue 47).
+            reuse: k.reuse && c.run.trust.parse::<Trust>().is_ok_and(|t| t == Trust::Trusted),
+            depth: k.depth,
+            filter: k.filter.clone(),
+            sparse: k.sparse.clone(),
+        }),
     }
 }
 
