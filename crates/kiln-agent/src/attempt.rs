@@ -117,6 +117,8 @@ struct SandboxDir {
     tree: Option<String>,
     /// The agent's copy of a slot workspace's index (see [`crate::kept`]).
     index: Option<PathBuf>,
+    /// Its workspace is the step user's but for `.git` (see [`crate::kept`]).
+    owned: bool,
 }
 
 /// Which pristine tree a workspace holds: the run's trust, whether its
@@ -246,11 +248,12 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
         let attempt = format!("{}-{}", a.job_id, a.epoch);
         let attempt_dir = ctx.attempts_dir().join(&attempt);
         let sandbox = if ctx.keeps_slots() {
-            let (path, reused, tree) = ctx.slots.take(slot);
+            let (path, reused, tree, owned) = ctx.slots.take(slot);
             let index = ctx.work_dir.join("kept-index").join(format!("slot-{slot}"));
-            SandboxDir { path, slot: true, reused, tree, index: Some(index) }
+            SandboxDir { path, slot: true, reused, tree, index: Some(index), owned }
         } else {
-            SandboxDir { path: ctx.sandbox_of(&attempt), slot: false, reused: false, tree: None, index: None }
+            let path = ctx.sandbox_of(&attempt);
+            SandboxDir { path, slot: false, reused: false, tree: None, index: None, owned: false }
         };
         let logs = LogStreamer::start(
             ctx.client.clone(),
@@ -370,9 +373,9 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
             false => None,
         };
         let kept = match reset {
-            Some(synced) => {
+            Some((synced, owned)) => {
                 let tree = synced.then(|| tree_key(ctx, &a));
-                ctx.slots.keep(slot, &sandbox.path, tree).is_ok()
+                ctx.slots.keep(slot, &sandbox.path, tree, synced && owned).is_ok()
             }
             None => false,
         };
@@ -416,18 +419,19 @@ fn discard(dirs: Vec<PathBuf>) {
 /// Puts a slot's sandbox back for its next attempt (see [`crate::slots`]):
 /// the workspace at the commit's pristine tree (or moved out when there is
 /// none), `home/`, `tmp/` and the output file emptied, the rest moved out.
-/// `Some(true)`: the workspace is at the commit's tree; `None`: the
-/// sandbox must go.
+/// `Some((true, _))`: the workspace is at the commit's tree (`(_, true)`:
+/// brought back in place, its entries the step user's but for `.git`);
+/// `None`: the sandbox must go.
 async fn reset_slot(
     ctx: &AttemptContext,
     a: &Assignment,
     sandbox_dir: &SandboxDir,
     fence: Option<crate::kept::Fence>,
-) -> Option<bool> {
+) -> Option<(bool, bool)> {
     let sandbox = sandbox_dir.path.as_path();
     let ws = sandbox.join("ws");
     let root = ctx.sandbox_dir.clone();
-    let mut synced = false;
+    let (mut synced, mut owned) = (false, false);
     if std::fs::symlink_metadata(&ws).is_ok() {
         // False: moved out, and the next attempt checks out afresh; if it
         // could not even be moved (a root step's `chattr +i`), the slot
@@ -444,10 +448,12 @@ async fn reset_slot(
             }
             _ => None,
         };
+        owned = kept.is_some();
         synced = match kept {
             Some((f, index)) => {
                 let sha = a.commit_sha.as_str();
-                ctx.mirrors.reset_kept(&a.clone_url, sha, sha, &ws, private, Some(f), index, &root).await
+                let owner = ctx.private_objects().map(|u| (u.uid, u.gid));
+                ctx.mirrors.reset_kept(&a.clone_url, sha, sha, &ws, private, Some(f), index, owner, &root).await
             }
             None if !plain => {
                 let mut doomed = crate::slots::Doomed::new(&root);
@@ -471,7 +477,7 @@ async fn reset_slot(
     })
     .await;
     match reset {
-        Ok(Ok(())) => Some(synced),
+        Ok(Ok(())) => Some((synced, owned)),
         other => {
             tracing::warn!(sandbox = %sandbox.display(), result = ?other.map(|r| r.err()),
                 "cannot reset the job slot's sandbox; the next attempt makes a fresh one");
@@ -567,10 +573,14 @@ async fn execute(
             "checkout: `reuse` does not apply to a sparse, partial or shallow checkout; checking out afresh",
         );
     }
-    let kept =
-        sandbox_dir.index.as_deref().filter(|_| shape.plain()).map(|index| crate::checkout::Kept { index, from });
+    let kept = sandbox_dir.index.as_deref().filter(|_| shape.plain()).map(|index| crate::checkout::Kept {
+        index,
+        from,
+        owner: ctx.private_objects().map(|u| (u.uid, u.gid)),
+    });
     let checkout = match at_tree {
-        true => Ok(()),
+        true if sandbox_dir.owned => Ok(crate::checkout::Checkout::Kept),
+        true => Ok(crate::checkout::Checkout::Fresh),
         false => tokio::select! {
             r = ctx.mirrors.checkout_with(
                 &a.clone_url,
@@ -586,6 +596,8 @@ async fn execute(
             _ = ctl.stopped() => return Ran::Stopped,
         },
     };
+    // A kept workspace's entries are the step user's already (see `crate::kept`).
+    let ws_owned = matches!(checkout, Ok(crate::checkout::Checkout::Kept));
     if let Err(e) = checkout {
         let msg = kiln_api::giturl::redact(&format!("checkout of {} at {} failed: {e}", a.clone_url, a.commit_sha));
         tracing::error!("{msg}");
@@ -813,6 +825,7 @@ async fn execute(
             cfg.hide = ctx.hide.to_vec();
             cfg.path = ctx.step_env.steps_path(&cfg.path);
             cfg.keep_dirs = sandbox_dir.slot;
+            cfg.workspace_owned = ws_owned;
             Arc::new(HostExecutor::new(cfg))
         }
     };
@@ -1209,7 +1222,14 @@ async fn run_steps(
     }
     // Prepared (the workspace handed to the step user): what changes from
     // now on is the job's.
-    *fence = Some(crate::kept::Fence::now());
+    let marker = who.fence_marker.clone();
+    *fence = match tokio::task::spawn_blocking(move || crate::kept::Fence::now(&marker)).await.expect("fence task") {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take the workspace's fence; the slot checks out afresh next time");
+            None
+        }
+    };
     // The agent's `--env` and the user's toolchains, below the workflow's.
     let mut env: BTreeMap<String, String> = who.env.clone();
     env.extend(a.env.clone());
@@ -1442,11 +1462,20 @@ pub(crate) struct StepsAs {
     unreachable: Vec<String>,
     /// `--step-user` may be what helps (a host step under a root agent).
     other_user: bool,
+    /// A file of the agent's whose change time tells the file systems'
+    /// clock (see [`crate::kept::Fence`]).
+    fence_marker: PathBuf,
 }
 
 impl StepsAs {
     fn of(ctx: &AttemptContext) -> StepsAs {
-        let none = StepsAs { runs_as: String::new(), env: BTreeMap::new(), unreachable: vec![], other_user: false };
+        let none = StepsAs {
+            runs_as: String::new(),
+            env: BTreeMap::new(),
+            unreachable: vec![],
+            other_user: false,
+            fence_marker: ctx.work_dir.join("fence"),
+        };
         match (&ctx.executor, ctx.isolation.user) {
             (ExecutorKind::Container(_), _) => {
                 StepsAs { runs_as: "in the job's container, as its image's user".to_string(), ..none }
@@ -1473,6 +1502,7 @@ impl StepsAs {
                     env,
                     unreachable: crate::step_env::unreachable_path_entries(&ctx.step_env.steps_path(&base), uid, gid),
                     other_user: uid != me,
+                    ..none
                 }
             }
         }
@@ -1752,6 +1782,7 @@ mod tests {
             env: BTreeMap::new(),
             unreachable: vec!["/root/.cargo/bin".into()],
             other_user: true,
+            fence_marker: PathBuf::new(),
         };
         let hint = exit_hint(127, "cargo build", "$ cargo build\nsh: 1: cargo: not found\n", &nobody).unwrap();
         assert!(hint.contains("`cargo` was not found on the step's PATH"), "{hint}");

@@ -156,6 +156,7 @@ impl Mirrors {
     ) -> Result<(), CheckoutError> {
         self.checkout_with(clone_url, None, sha, ws, private_objects, slot_trash, None, &Shape::default(), on_retry)
             .await
+            .map(drop)
     }
 
     /// [`Mirrors::checkout`] with the clone URL's credential, which reaches
@@ -178,7 +179,7 @@ impl Mirrors {
         kept: Option<Kept<'_>>,
         shape: &Shape,
         on_retry: &(dyn Fn(String) + Send + Sync),
-    ) -> Result<(), CheckoutError> {
+    ) -> Result<Checkout, CheckoutError> {
         let full_sha = (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit());
         if !full_sha {
             return Err(CheckoutError::BadSha(sha.to_string()));
@@ -278,7 +279,7 @@ impl Mirrors {
                 tokio::fs::remove_file(ws.join(".git/objects/info/alternates")).await.map_err(io)?;
             }
             self.known.lock().expect("known").insert((mirror, sha.to_string()));
-            return Ok(());
+            return Ok(Checkout::Fresh);
         }
         // The workspace is a minimal repository borrowing the mirror's objects
         // (alternates, like `clone --shared`), HEAD detached at the frozen
@@ -292,17 +293,17 @@ impl Mirrors {
         if let (Some(trash), Some(k)) = (slot_trash, &kept)
             && let Some(from) = k.from
             && std::fs::symlink_metadata(ws).is_ok()
-            && self.reset_kept(clone_url, from, sha, ws, private_objects, None, k.index, trash).await
+            && self.reset_kept(clone_url, from, sha, ws, private_objects, None, k.index, k.owner, trash).await
         {
             self.known.lock().expect("known").insert((mirror, sha.to_string()));
-            return Ok(());
+            return Ok(Checkout::Kept);
         }
         if let Some(trash) = slot_trash
             && std::fs::symlink_metadata(ws).is_ok()
             && self.sync_existing(clone_url, sha, ws, private_objects, trash).await
         {
             self.known.lock().expect("known").insert((mirror, sha.to_string()));
-            return Ok(());
+            return Ok(Checkout::Fresh);
         }
         let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
         let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
@@ -334,7 +335,7 @@ impl Mirrors {
             tokio::fs::remove_file(dot_git.join("objects/info/alternates")).await.map_err(io)?;
         }
         self.known.lock().expect("known").insert((mirror, sha.to_string()));
-        Ok(())
+        Ok(Checkout::Fresh)
     }
 
     /// Where the pristine copy of `sha`'s checkout of `mirror` is kept:
@@ -740,6 +741,57 @@ pub(crate) struct Kept<'a> {
     pub(crate) index: &'a Path,
     /// The commit the workspace holds, when it may be brought to another.
     pub(crate) from: Option<&'a str>,
+    /// Who the entries it writes are handed to (the step user).
+    pub(crate) owner: Option<(u32, u32)>,
+}
+
+/// How a workspace came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checkout {
+    /// Written afresh (or copied from a pristine tree): the agent's files.
+    Fresh,
+    /// A kept workspace brought to the commit in place: the step user's
+    /// files but for `.git`.
+    Kept,
+}
+
+/// The whole walk of [`crate::kept`]: every entry changed since `fence`
+/// or not in `to`'s tree renamed out, what is then missing written.
+async fn sweep_and_restore(
+    mirror: &Path,
+    from: &str,
+    to: &str,
+    ws: &Path,
+    fence: Option<crate::kept::Fence>,
+    owner: Option<(u32, u32)>,
+    trash: &Path,
+) -> Result<(usize, usize), String> {
+    let listing =
+        git_out(Some(mirror), ["ls-tree", "-r", "-z", "--full-tree", to], &[]).await.map_err(|e| e.to_string())?;
+    let stale = if from == to {
+        Vec::new()
+    } else {
+        git_out(Some(mirror), ["diff-tree", "-r", "-z", "--no-renames", "--name-only", from, to], &[])
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    let (ws, mirror, trash) = (ws.to_path_buf(), mirror.to_path_buf(), trash.to_path_buf());
+    tokio::task::spawn_blocking(move || -> std::io::Result<(usize, usize)> {
+        use std::os::unix::ffi::OsStrExt;
+        let tree = crate::kept::Tree::parse(&listing)?;
+        let stale: std::collections::HashSet<PathBuf> =
+            stale.split(|b| *b == 0).filter(|p| !p.is_empty()).map(|p| PathBuf::from(OsStr::from_bytes(p))).collect();
+        let mut doomed = crate::slots::Doomed::new(&trash);
+        let fence = fence.unwrap_or(crate::kept::Fence::NEVER);
+        let r = crate::kept::sweep(&ws, &tree, &stale, fence, &mut doomed);
+        doomed.bury();
+        let swept = r?;
+        let written = crate::kept::restore(&ws, &mirror, &tree, &swept.present, owner)?;
+        Ok((swept.doomed, written))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
 }
 
 /// Makes `ws/.git`: a minimal repository borrowing `objects` (alternates,
@@ -776,10 +828,11 @@ impl Mirrors {
         private_objects: bool,
         fence: Option<crate::kept::Fence>,
         index: &Path,
+        owner: Option<(u32, u32)>,
         trash: &Path,
     ) -> bool {
         let started = std::time::Instant::now();
-        let r = self.try_reset_kept(clone_url, from, to, ws, private_objects, fence, index, trash).await;
+        let r = self.try_reset_kept(clone_url, from, to, ws, private_objects, fence, index, owner, trash).await;
         match &r {
             Ok((doomed, written)) => tracing::debug!(
                 ws = %ws.display(), from, to, doomed, written, ms = started.elapsed().as_millis() as u64,
@@ -809,55 +862,54 @@ impl Mirrors {
         private_objects: bool,
         fence: Option<crate::kept::Fence>,
         index: &Path,
+        owner: Option<(u32, u32)>,
         trash: &Path,
     ) -> Result<(usize, usize), String> {
         let mirror = self.mirror_path(clone_url);
         if !index.is_file() {
             return Err("the agent kept no index of it".into());
         }
-        let listing =
-            git_out(Some(&mirror), ["ls-tree", "-r", "-z", "--full-tree", to], &[]).await.map_err(|e| e.to_string())?;
-        let stale = if from == to {
-            Vec::new()
-        } else {
-            git_out(Some(&mirror), ["diff-tree", "-r", "-z", "--no-renames", "--name-only", from, to], &[])
-                .await
-                .map_err(|e| e.to_string())?
-        };
-        let (ws_owned, mirror_owned, trash_owned) = (ws.to_path_buf(), mirror.clone(), trash.to_path_buf());
-        let swept = tokio::task::spawn_blocking(move || -> std::io::Result<(usize, usize)> {
-            use std::os::unix::ffi::OsStrExt;
-            let tree = crate::kept::Tree::parse(&listing)?;
-            let stale: std::collections::HashSet<PathBuf> = stale
-                .split(|b| *b == 0)
-                .filter(|p| !p.is_empty())
-                .map(|p| PathBuf::from(OsStr::from_bytes(p)))
-                .collect();
-            let mut doomed = crate::slots::Doomed::new(&trash_owned);
-            let fence = fence.unwrap_or(crate::kept::Fence::NEVER);
-            let r = crate::kept::sweep(&ws_owned, &tree, &stale, fence, &mut doomed);
-            doomed.bury();
-            let swept = r?;
-            let written = crate::kept::restore(&ws_owned, &mirror_owned, &tree, &swept.present)?;
-            Ok((swept.doomed, written))
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-        let io = |e: std::io::Error| e.to_string();
-        let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
-        if from != to {
+        // Nothing ran in it since it was brought to `from`: only what the
+        // commits change is touched (no walk of the tree).
+        let diff_only = fence.is_none() && from != to;
+        let merged = async {
+            if from == to {
+                return Ok(());
+            }
             // The kept index moved on to `to`: a two-tree merge keeps the
             // stat data of every entry the commits share.
             let next = index.with_extension("next");
-            std::fs::copy(index, &next).map_err(io)?;
+            std::fs::copy(index, &next).map_err(|e| e.to_string())?;
             let env = [("GIT_INDEX_FILE".to_string(), next.display().to_string())];
             let o = OsStr::new;
             git_out(None, [o("--git-dir"), mirror.as_os_str(), o("read-tree"), o("-i"), o("-m"), o(from), o(to)], &env)
                 .await
                 .map_err(|e| e.to_string())?;
-            std::fs::rename(&next, index).map_err(io)?;
-        }
+            std::fs::rename(&next, index).map_err(|e| e.to_string())
+        };
+        let files = async {
+            if diff_only {
+                let raw = git_out(Some(&mirror), ["diff-tree", "-r", "-z", "--no-renames", from, to], &[])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (ws, mirror, trash) = (ws.to_path_buf(), mirror.clone(), trash.to_path_buf());
+                return tokio::task::spawn_blocking(move || -> std::io::Result<(usize, usize)> {
+                    let mut doomed = crate::slots::Doomed::new(&trash);
+                    let r = crate::kept::apply_diff(&ws, &mirror, &raw, &mut doomed, owner);
+                    doomed.bury();
+                    r
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string());
+            }
+            sweep_and_restore(&mirror, from, to, ws, fence, owner, trash).await
+        };
+        let (merged, swept) = tokio::join!(merged, files);
+        merged?;
+        let swept = swept?;
+        let io = |e: std::io::Error| e.to_string();
+        let objects = std::path::absolute(mirror.join("objects")).map_err(io)?;
         write_git_dir(ws, &objects, to).await.map_err(io)?;
         std::fs::copy(index, ws.join(".git/index")).map_err(io)?;
         if private_objects {

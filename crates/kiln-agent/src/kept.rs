@@ -38,11 +38,36 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-/// How far behind the system clock the kernel's timestamps may be (they
-/// come from a clock that advances once per tick).
-const COARSE_MARGIN: Duration = Duration::from_millis(100);
+/// The agent's umask (what a fresh checkout's files and directories get:
+/// git writes them under it), read once.
+fn umask() -> u32 {
+    static MASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:").map(|v| v.trim().to_string())))
+            .and_then(|v| u32::from_str_radix(&v, 8).ok())
+            .unwrap_or(0o022)
+    })
+}
+
+/// The mode a checkout gives a file (`exec`: git's 100755) or a directory.
+fn checkout_mode(kind: Kind) -> u32 {
+    let full = match kind {
+        Kind::File => 0o666,
+        Kind::Exec | Kind::Dir => 0o777,
+    };
+    full & !umask()
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    File,
+    Exec,
+    Dir,
+}
 
 /// The moment (ns since the epoch) after which a change to the workspace
 /// is the job's.
@@ -53,11 +78,33 @@ impl Fence {
     /// A fence nothing is after: only what differs from the tree counts.
     pub(crate) const NEVER: Fence = Fence(i128::MAX);
 
-    /// Now, less the margin: every change from now on has a `ctime` at or
-    /// after it.
-    pub(crate) fn now() -> Fence {
-        let t = SystemTime::now().checked_sub(COARSE_MARGIN).unwrap_or(UNIX_EPOCH);
-        Fence(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128))
+    /// The kernel's own timestamp of now, read from a file `marker`
+    /// changed for it, once that clock (it advances once per tick) has
+    /// moved past everything changed before: every earlier change has a
+    /// `ctime` before the fence, every later one at or after it. Takes at
+    /// most a tick or two.
+    pub(crate) fn now(marker: &Path) -> io::Result<Fence> {
+        let stamp = |p: &Path| -> io::Result<i128> {
+            std::fs::write(p, b"")?;
+            let m = std::fs::symlink_metadata(p)?;
+            Ok(i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()))
+        };
+        let first = stamp(marker)?;
+        for _ in 0..1000 {
+            std::thread::sleep(Duration::from_millis(1));
+            let t = stamp(marker)?;
+            if t > first {
+                return Ok(Fence(t));
+            }
+        }
+        Err(io::Error::other("the file system's clock did not move"))
+    }
+
+    /// For tests: the system clock less a generous margin.
+    #[cfg(test)]
+    fn clock() -> Fence {
+        let t = std::time::SystemTime::now().checked_sub(Duration::from_millis(100)).unwrap_or(std::time::UNIX_EPOCH);
+        Fence(t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128))
     }
 
     fn changed(&self, m: &std::fs::Metadata) -> bool {
@@ -126,6 +173,12 @@ pub(crate) fn sweep(
     doomed: &mut Doomed,
 ) -> io::Result<Swept> {
     let mut out = Swept { present: HashSet::new(), doomed: 0 };
+    // The workspace itself is the step user's: it must still be a real
+    // directory as a checkout made it (never a link to follow).
+    let root = std::fs::symlink_metadata(ws)?;
+    if !root.is_dir() || (fence.changed(&root) && !plain_dir(ws, &root)?) {
+        return Err(io::Error::other(format!("{} is not the workspace directory the checkout made", ws.display())));
+    }
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = ws.join(&rel);
@@ -166,30 +219,100 @@ pub(crate) fn sweep(
     Ok(out)
 }
 
-/// Whether an entry of the workspace is of the kind the tree says.
+/// Whether an entry of the workspace is of the kind the tree says (a
+/// change of its mode moved its `ctime` past the fence).
 fn same_kind(git_mode: u32, m: &std::fs::Metadata) -> bool {
     match git_mode {
         0o120000 => m.file_type().is_symlink(),
-        0o100755 => m.is_file() && m.mode() & 0o7777 == 0o755 && m.nlink() == 1,
-        0o100644 => m.is_file() && m.mode() & 0o7777 == 0o644 && m.nlink() == 1,
+        0o100755 => m.is_file() && m.mode() & 0o100 != 0 && m.nlink() == 1,
+        0o100644 => m.is_file() && m.mode() & 0o100 == 0 && m.nlink() == 1,
         _ => false,
     }
 }
 
 /// A directory changed since the fence is kept when it is as a checkout
-/// makes it: mode 0755 and no extended attributes.
+/// makes it: its mode, no extended attributes (a default ACL).
 fn plain_dir(p: &Path, m: &std::fs::Metadata) -> io::Result<bool> {
-    if m.mode() & 0o7777 != 0o755 {
+    if m.mode() & 0o7777 != checkout_mode(Kind::Dir) {
         return Ok(false);
     }
     Ok(xattr::list(p)?.next().is_none())
 }
 
+/// Brings a workspace that holds exactly one commit's tree (nothing ran in
+/// it since it was brought there) to another's, from `git diff-tree -r -z
+/// --no-renames` output between them: what the second commit deletes or
+/// changes is renamed out (directories left empty removed), what it adds
+/// or changes is written. Returns (renamed out, written).
+pub(crate) fn apply_diff(
+    ws: &Path,
+    git_dir: &Path,
+    raw: &[u8],
+    doomed: &mut Doomed,
+    owner: Option<(u32, u32)>,
+) -> io::Result<(usize, usize)> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "unexpected `git diff-tree` output");
+    let mut fields = raw.split(|b| *b == 0).filter(|f| !f.is_empty());
+    let mut gone: Vec<PathBuf> = vec![];
+    let mut wanted = Tree::default();
+    while let Some(meta) = fields.next() {
+        let path = fields.next().ok_or_else(bad)?;
+        let meta = std::str::from_utf8(meta).map_err(|_| bad())?;
+        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+        let [_, new_mode, _, new_oid, status] = parts[..] else { return Err(bad()) };
+        let path = PathBuf::from(OsStr::from_bytes(path));
+        if path.is_absolute() || path.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+            return Err(bad());
+        }
+        if status != "A" {
+            gone.push(path.clone());
+        }
+        if status != "D" {
+            let mode = u32::from_str_radix(new_mode, 8).map_err(|_| bad())?;
+            wanted.files.insert(path, Entry { mode, oid: new_oid.to_string() });
+        }
+    }
+    let mut renamed = 0;
+    for p in &gone {
+        let full = ws.join(p);
+        match std::fs::symlink_metadata(&full) {
+            Ok(_) => {
+                doomed.take(&full)?;
+                renamed += 1;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        // A directory the second commit no longer has files in goes too.
+        let mut parent = p.parent();
+        while let Some(d) = parent.filter(|d| !d.as_os_str().is_empty()) {
+            if std::fs::remove_dir(ws.join(d)).is_err() {
+                break;
+            }
+            parent = d.parent();
+        }
+    }
+    let written = restore(ws, git_dir, &wanted, &HashSet::new(), owner)?;
+    Ok((renamed, written))
+}
+
 /// Writes every file of `tree` not in `present` from the objects of the
-/// repository `git_dir` (one `git cat-file --batch`). Directories are made
-/// 0755, files 0644 or 0755; nothing existing is followed or overwritten.
+/// repository `git_dir` (one `git cat-file --batch`), with the modes a
+/// checkout gives them; nothing existing is followed or overwritten.
 /// Returns how many entries were written.
-pub(crate) fn restore(ws: &Path, git_dir: &Path, tree: &Tree, present: &HashSet<PathBuf>) -> io::Result<usize> {
+pub(crate) fn restore(
+    ws: &Path,
+    git_dir: &Path,
+    tree: &Tree,
+    present: &HashSet<PathBuf>,
+    owner: Option<(u32, u32)>,
+) -> io::Result<usize> {
+    let give = |p: &Path| -> io::Result<()> {
+        match owner {
+            Some((uid, gid)) => std::os::unix::fs::lchown(p, Some(uid), Some(gid)),
+            None => Ok(()),
+        }
+    };
     let mut missing: Vec<(&PathBuf, &Entry)> = tree.files.iter().filter(|(p, _)| !present.contains(*p)).collect();
     if missing.is_empty() {
         return Ok(0);
@@ -204,8 +327,12 @@ pub(crate) fn restore(ws: &Path, git_dir: &Path, tree: &Tree, present: &HashSet<
             p = p.parent().unwrap_or(Path::new(""));
         }
         for d in todo.into_iter().rev() {
-            match std::fs::DirBuilder::new().mode(0o755).create(ws.join(&d)) {
-                Ok(()) => std::fs::set_permissions(ws.join(&d), std::fs::Permissions::from_mode(0o755))?,
+            let mode = checkout_mode(Kind::Dir);
+            match std::fs::DirBuilder::new().mode(mode).create(ws.join(&d)) {
+                Ok(()) => {
+                    std::fs::set_permissions(ws.join(&d), std::fs::Permissions::from_mode(mode))?;
+                    give(&ws.join(&d))?;
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     // Kept by the sweep: a real directory (never a link).
                     if !std::fs::symlink_metadata(ws.join(&d))?.is_dir() {
@@ -268,8 +395,9 @@ pub(crate) fn restore(ws: &Path, git_dir: &Path, tree: &Tree, present: &HashSet<
         let path = ws.join(rel);
         if e.mode == 0o120000 {
             std::os::unix::fs::symlink(OsStr::from_bytes(&data), &path)?;
+            give(&path)?;
         } else {
-            let mode = if e.mode == 0o100755 { 0o755 } else { 0o644 };
+            let mode = checkout_mode(if e.mode == 0o100755 { Kind::Exec } else { Kind::File });
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -278,6 +406,7 @@ pub(crate) fn restore(ws: &Path, git_dir: &Path, tree: &Tree, present: &HashSet<
                 .open(&path)?;
             f.write_all(&data)?;
             f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            give(&path)?;
         }
     }
     drop(r);
@@ -359,8 +488,8 @@ mod tests {
         let ws = d.path().join("ws");
         git(d.path(), &["clone", "-q", "--shared", "r", "ws"]);
         // Files written before the fence are the checkout's.
-        std::thread::sleep(COARSE_MARGIN * 2);
-        let fence = Fence::now();
+        std::thread::sleep(Duration::from_millis(200));
+        let fence = Fence::clock();
         std::thread::sleep(Duration::from_millis(20));
         // What a job does.
         std::fs::write(ws.join("src/a.rs"), "changed\n").unwrap();
@@ -381,7 +510,7 @@ mod tests {
         let mut doomed = Doomed::new(&trash);
         let swept = sweep(&ws, &t, &HashSet::new(), fence, &mut doomed).unwrap();
         assert!(!ws.join(".git").exists(), "the job's .git is never reused");
-        let n = restore(&ws, &r.join(".git"), &t, &swept.present).unwrap();
+        let n = restore(&ws, &r.join(".git"), &t, &swept.present, None).unwrap();
         assert!(n >= 4, "README, a.rs, run.sh, link and b.rs were written again: {n}");
         assert_eq!(contents(&ws), expect, "the workspace is the commit's tree again");
         // The file linked from outside is a new inode: the outside name
@@ -391,13 +520,29 @@ mod tests {
     }
 
     #[test]
+    fn a_workspace_replaced_by_a_link_is_never_followed() {
+        let (d, sha) = repo();
+        let t = tree(d.path(), &sha);
+        let victim = d.path().join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        std::fs::write(victim.join("precious"), "keep me").unwrap();
+        let ws = d.path().join("ws");
+        std::os::unix::fs::symlink(&victim, &ws).unwrap();
+        let trash = d.path().join("trash");
+        std::fs::create_dir(&trash).unwrap();
+        let mut doomed = Doomed::new(&trash);
+        assert!(sweep(&ws, &t, &HashSet::new(), Fence::NEVER, &mut doomed).is_err());
+        assert_eq!(std::fs::read_to_string(victim.join("precious")).unwrap(), "keep me");
+    }
+
+    #[test]
     fn an_untouched_workspace_is_left_as_it_is_and_a_new_commit_changes_only_its_files() {
         let (d, sha) = repo();
         let r = d.path().join("r");
         let ws = d.path().join("ws");
         git(d.path(), &["clone", "-q", "--shared", "r", "ws"]);
-        std::thread::sleep(COARSE_MARGIN * 2);
-        let fence = Fence::now();
+        std::thread::sleep(Duration::from_millis(200));
+        let fence = Fence::clock();
         let t = tree(d.path(), &sha);
         let trash = d.path().join("trash");
         std::fs::create_dir(&trash).unwrap();
@@ -405,7 +550,7 @@ mod tests {
         let mut doomed = Doomed::new(&trash);
         let swept = sweep(&ws, &t, &HashSet::new(), fence, &mut doomed).unwrap();
         assert_eq!(swept.doomed, 0);
-        assert_eq!(restore(&ws, &r.join(".git"), &t, &swept.present).unwrap(), 0);
+        assert_eq!(restore(&ws, &r.join(".git"), &t, &swept.present, None).unwrap(), 0);
         // A second commit: a.rs changed, README gone, c.rs added.
         std::fs::write(r.join("src/a.rs"), "fn a2() {}\n").unwrap();
         std::fs::remove_file(r.join("README")).unwrap();
@@ -417,7 +562,7 @@ mod tests {
         let stale: HashSet<PathBuf> = ["src/a.rs"].iter().map(PathBuf::from).collect();
         let swept = sweep(&ws, &t2, &stale, fence, &mut doomed).unwrap();
         assert_eq!(swept.doomed, 2, "README and the old a.rs");
-        assert_eq!(restore(&ws, &r.join(".git"), &t2, &swept.present).unwrap(), 2, "a.rs and c.rs");
+        assert_eq!(restore(&ws, &r.join(".git"), &t2, &swept.present, None).unwrap(), 2, "a.rs and c.rs");
         let clean = d.path().join("clean");
         git(d.path(), &["clone", "-q", "--shared", "r", "clean"]);
         assert_eq!(contents(&ws), contents(&clean));

@@ -54,6 +54,9 @@ pub(crate) struct Slots {
 struct Kept {
     dir: PathBuf,
     tree: Option<String>,
+    /// Its workspace's entries are the step user's already, but for `.git`
+    /// (brought back in place by [`crate::kept`]).
+    owned: bool,
 }
 
 impl Slots {
@@ -64,10 +67,10 @@ impl Slots {
     /// The slot's kept sandbox (`true`: it exists and was reset) with the
     /// tree its workspace is at, if known, else a new random name for one
     /// (not made yet).
-    pub(crate) fn take(&self, slot: u32) -> (PathBuf, bool, Option<String>) {
+    pub(crate) fn take(&self, slot: u32) -> (PathBuf, bool, Option<String>, bool) {
         match self.kept.lock().expect("slots").remove(&slot) {
-            Some(k) => (k.dir, true, k.tree),
-            None => (self.fresh_name(slot), false, None),
+            Some(k) => (k.dir, true, k.tree, k.owned),
+            None => (self.fresh_name(slot), false, None, false),
         }
     }
 
@@ -79,10 +82,10 @@ impl Slots {
     /// name: the path a job saw (its log may show it to anyone who reads
     /// the run) leads nowhere once it ended. A rename, not a new inode.
     /// `tree`: what its workspace is at (see [`Slots::take`]).
-    pub(crate) fn keep(&self, slot: u32, dir: &Path, tree: Option<String>) -> io::Result<()> {
+    pub(crate) fn keep(&self, slot: u32, dir: &Path, tree: Option<String>, owned: bool) -> io::Result<()> {
         let next = self.fresh_name(slot);
         std::fs::rename(dir, &next)?;
-        self.kept.lock().expect("slots").insert(slot, Kept { dir: next, tree });
+        self.kept.lock().expect("slots").insert(slot, Kept { dir: next, tree, owned });
         Ok(())
     }
 

@@ -43,8 +43,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Wall time of `f`, in ms.
+/// Wall time of `f`, in ms, each from a disk with nothing left to write
+/// back (a checkout writes hundreds of megabytes).
 fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    settle();
     let t = Instant::now();
     f()?;
     Ok(t.elapsed().as_secs_f64() * 1000.0)
@@ -106,6 +108,7 @@ fn change(dir: &Path, n: u32) -> anyhow::Result<()> {
 async fn to_first_step(c: &Client, workflow: &str) -> anyhow::Result<f64> {
     let body =
         kiln_api::SubmitRun { commit_sha: "main".into(), workflow_path: Some(workflow.into()), ..Default::default() };
+    settle();
     let t0 = crate::util::now_ms();
     let run = c.submit_run("big", &body, None).await?.run_id;
     let r = wait_terminal(c, &run).await?;
@@ -199,6 +202,11 @@ async fn one_size(files: u32) -> anyhow::Result<()> {
     kiln_cmd::outln!("checkout_{l}_reuse_vs_git: {:.2}", reuse / git_incr);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
+}
+
+/// `sync`: what earlier rounds wrote is on the disk.
+fn settle() {
+    let _ = Command::new("sync").status();
 }
 
 fn run_git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {

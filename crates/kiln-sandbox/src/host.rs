@@ -72,6 +72,11 @@ pub struct HostConfig {
     /// `cleanup` leaves `HOME` and `TMPDIR` in place: the caller keeps the
     /// attempt directory for the next attempt and empties them itself.
     pub keep_dirs: bool,
+    /// The workspace is the step user's already but for its `.git` (a
+    /// kept workspace the agent brought back, handing over each entry it
+    /// wrote): `prepare` hands over only the workspace itself and `.git`,
+    /// without walking the tree.
+    pub workspace_owned: bool,
     /// Paths no step may see (the agent's work dir and token file, `kiln
     /// up`'s data directory): each step's mount namespace covers them (a
     /// directory with an empty read-only tmpfs, a file with `/dev/null`).
@@ -93,6 +98,7 @@ impl HostConfig {
             kill_grace: DEFAULT_KILL_GRACE,
             isolation,
             keep_dirs: false,
+            workspace_owned: false,
             hide: vec![],
         }
     }
@@ -490,6 +496,11 @@ impl Executor for HostExecutor {
                     for dir in [&cfg.workspace, &cfg.attempt_dir, &cfg.home(), &cfg.tmp(), &cfg.shm()] {
                         let r = if dir == &cfg.attempt_dir {
                             std::os::unix::fs::lchown(dir, Some(user.uid), Some(user.gid))
+                        } else if dir == &cfg.workspace && cfg.workspace_owned {
+                            std::os::unix::fs::lchown(dir, Some(user.uid), Some(user.gid)).and_then(|()| {
+                                let git = dir.join(".git");
+                                if std::fs::symlink_metadata(&git).is_ok() { chown_tree(&git, user) } else { Ok(()) }
+                            })
                         } else {
                             chown_tree(dir, user)
                         };

@@ -658,8 +658,8 @@ pub struct AgentTuning {
     #[arg(long, value_name = "USER")]
     pub step_user: Option<String>,
     /// The nice value (0-19) steps run at, at least: their processes and their sessions'
-    /// scheduling groups. 19 lets the agent's own work (logs, heartbeats) and a server sharing
-    /// the machine come first, while steps still get every idle cycle. 0 (the default): the
+    /// scheduling groups. 19 (the default) lets the agent's own work (logs, heartbeats) and a
+    /// server sharing the machine come first, while steps still get every idle cycle. 0: the
     /// agent's own.
     #[arg(long, default_value_t = kiln_agent::DEFAULT_STEP_NICE, value_parser = clap::value_parser!(i32).range(0..=19), value_name = "N")]
     pub step_nice: i32,

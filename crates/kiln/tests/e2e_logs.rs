@@ -256,7 +256,8 @@ async fn a_loud_step_waits_for_its_log() {
 /// nice 7, their session included, not at the weight of a whole session
 /// beside the server sharing its host. `--step-nice 19` (issue 47) runs
 /// them at nice 19, session included; a floor below the agent's own
-/// changes nothing.
+/// changes nothing. (Steps run at 19 by default; `--step-nice 0` keeps
+/// the agent's own.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_niced_agents_steps_keep_its_priority_in_their_own_session() {
     let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
@@ -268,11 +269,13 @@ async fn a_niced_agents_steps_keep_its_priority_in_their_own_session() {
     server.add_repo("prio", &repo);
     let c = Client::new(&server.url, &server.token);
     // (agent, its own nice value, its flags, the steps' nice value): by
-    // default steps keep the agent's; `--step-nice 19` (issue 47: a server
-    // sharing the machine comes first) lowers them, never raises them.
-    let low: &[&str] = &["--step-nice", "19"];
+    // default steps run at 19 (issue 47: a server sharing the machine comes
+    // first); `--step-nice` lowers them, never raises them, and 0 keeps
+    // the agent's own.
+    let own: &[&str] = &["--step-nice", "0"];
     let floor: &[&str] = &["--step-nice", "3"];
-    for (name, nice, extra, want) in [("niced", Some(7), floor, 7), ("low", None, low, 19), ("plain", None, &[][..], 0)]
+    for (name, nice, extra, want) in
+        [("niced", Some(7), floor, 7), ("default", None, &[][..], 19), ("own", None, own, 0)]
     {
         let agent = match nice {
             Some(n) => server.agent_niced(name, extra, n).unwrap(),
