@@ -178,7 +178,8 @@ impl AttemptContext {
     /// cleaned up (PID namespaces; see [`crate::slots`]).
     fn keeps_slots(&self) -> bool {
         !self.keep_sandboxes
-            && self.executor == ExecutorKind::Host && self.isolation.namespaces != kiln_sandbox::Namespaces::None
+            && self.executor == ExecutorKind::Host
+            && self.isolation.namespaces != kiln_sandbox::Namespaces::None
     }
 
     /// A separate step user whose checkout must not borrow the agent's

@@ -109,7 +109,10 @@ fn measure() -> Result<(), Failure> {
     let one = dir.path().join("one-step");
     checkout(
         &one,
-        &[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: one\n    steps:\n      - echo \"step-started-at=$(date +%s%N)\"\n")],
+        &[(
+            ".kiln/pipeline.yaml",
+            "version: 1\njobs:\n  - name: one\n    steps:\n      - echo \"step-started-at=$(date +%s%N)\"\n",
+        )],
     )?;
     let (first_step, first_total) = exec_once(&one, &cache, &tmp)?;
     kiln_cmd::outln!("exec_first_to_step_ms: {:.1}", first_step.unwrap_or(f64::NAN));

@@ -116,9 +116,9 @@ fn choose_workflow(given: Option<&Path>, root: &Path, cwd: &Path, available: &[S
                 other => norm.push(other),
             }
         }
-        let rel = norm.strip_prefix(root).map_err(|_| {
-            usage(format!("workflow {}: not inside the checkout {}", p.display(), root.display()))
-        })?;
+        let rel = norm
+            .strip_prefix(root)
+            .map_err(|_| usage(format!("workflow {}: not inside the checkout {}", p.display(), root.display())))?;
         let rel = rel.to_string_lossy().to_string();
         if !available.contains(&rel) && !root.join(&rel).is_file() {
             let list = if available.is_empty() { "none".to_string() } else { available.join(", ") };
@@ -138,10 +138,8 @@ fn choose_workflow(given: Option<&Path>, root: &Path, cwd: &Path, available: &[S
         ))),
         [only] => Ok(only.clone()),
         several => {
-            let mut text = format!(
-                "{} workflows in .kiln/ and no .kiln/pipeline.yaml; name the one to run:",
-                several.len()
-            );
+            let mut text =
+                format!("{} workflows in .kiln/ and no .kiln/pipeline.yaml; name the one to run:", several.len());
             for w in several {
                 text.push_str(&format!("\n  kiln exec {w}"));
             }
@@ -281,7 +279,8 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
     apply_server_tuning(&mut config, &a.server)?;
     // Nothing is scheduled or polled by a local run.
     config.trigger_interval = Duration::ZERO;
-    let mut probe = kiln_cmd::agent_config(String::new(), String::new(), String::new(), labels.clone(), store.clone(), 1);
+    let mut probe =
+        kiln_cmd::agent_config(String::new(), String::new(), String::new(), labels.clone(), store.clone(), 1);
     apply_agent_tuning(&mut probe, &a.agent)?;
     let sandboxes = tempfile::Builder::new()
         .prefix("kiln-exec-")
@@ -294,7 +293,7 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&sandbox_root, std::fs::Permissions::from_mode(0o711));
     }
-    let hidden = vec![root.clone(), std::path::absolute(&home.dir).unwrap_or_else(|_| home.dir.clone())];
+    let hidden = [root.clone(), std::path::absolute(&home.dir).unwrap_or_else(|_| home.dir.clone())];
     let tuning = &a.agent;
     let keep_sandboxes = a.keep;
     let (handle, stop, tasks) = kiln_cmd::start_embedded_agents(config, agents, |cfg| {

@@ -75,7 +75,15 @@ impl Checkout {
     /// The git checkout around `cwd`; a usage error outside one.
     pub(super) fn find(cwd: &Path) -> Result<Checkout, Failure> {
         let mut c = git_in(cwd);
-        c.args(["rev-parse", "--show-toplevel", "--path-format=absolute", "--git-path", "objects", "--git-path", "index"]);
+        c.args([
+            "rev-parse",
+            "--show-toplevel",
+            "--path-format=absolute",
+            "--git-path",
+            "objects",
+            "--git-path",
+            "index",
+        ]);
         let text = out(c, "rev-parse").map_err(|e| {
             usage(format!(
                 "{} is not inside a git checkout ({}); kiln exec runs the workflow of the checkout you are in",
@@ -109,7 +117,10 @@ impl Checkout {
         let mut c = git_in(&self.root);
         c.args(["rev-parse", "-q", "--verify", &format!("{rev}^{{commit}}")]);
         let sha = out(c, "rev-parse").map_err(|_| {
-            usage(format!("--commit `{rev}`: no such commit in {} (git rev-parse {rev} found none)", self.root.display()))
+            usage(format!(
+                "--commit `{rev}`: no such commit in {} (git rev-parse {rev} found none)",
+                self.root.display()
+            ))
         })?;
         let mut c = git_in(&self.root);
         c.args(["rev-parse", "--symbolic-full-name", rev]);
