@@ -76,8 +76,7 @@ fn exec_once(dir: &Path, cache: &Path, tmp: &Path) -> anyhow::Result<(Option<f64
     let stdout = String::from_utf8_lossy(&out.stdout);
     let step = stdout
         .lines()
-        .find_map(|l| l.split("step-started-at=").nth(1))
-        .and_then(|v| v.trim().parse::<u128>().ok())
+        .find_map(|l| l.trim().strip_prefix("step-started-at=").and_then(|v| v.parse::<u128>().ok()))
         .map(|ns| ns.saturating_sub(start_ns) as f64 / 1e6);
     Ok((step, total))
 }
@@ -111,7 +110,7 @@ fn measure() -> Result<(), Failure> {
         &one,
         &[(
             ".kiln/pipeline.yaml",
-            "version: 1\njobs:\n  - name: one\n    steps:\n      - echo \"step-started-at=$(date +%s%N)\"\n",
+            "version: 1\njobs:\n  - name: one\n    steps:\n      - name: clock\n        run: echo \"step-started-at=$(date +%s%N)\"\n",
         )],
     )?;
     let (first_step, first_total) = exec_once(&one, &cache, &tmp)?;
