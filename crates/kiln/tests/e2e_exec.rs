@@ -458,3 +458,38 @@ fn exec_and_a_server_agree() {
     assert_eq!(shape(&local), shape(&server));
     assert!(!shape(&local).is_empty());
 }
+
+/// `--keep` leaves each job's workspace and prints where, by job.
+#[test]
+fn keep_leaves_the_workspaces_and_says_where() {
+    let c = Checkout::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: maker\n    steps: [echo made > made.txt]\n",
+    )]);
+    let out = c.exec(&["--keep"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("maker (attempt 1): "))
+        .unwrap_or_else(|| panic!("{}", text(&out)));
+    let ws = PathBuf::from(line.trim());
+    assert!(ws.starts_with(&c.tmp), "kept outside TMPDIR: {}", ws.display());
+    assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "made\n");
+}
+
+/// While one `kiln exec` holds the cache home, another runs on a temporary
+/// store and says it starts without caches.
+#[test]
+fn a_second_exec_at_once_gets_a_temporary_store() {
+    let c = Checkout::new(&[(".kiln/pipeline.yaml", "version: 1\njobs:\n  - name: a\n    steps: [echo a]\n")]);
+    let home = c.cache.join("kiln/exec");
+    std::fs::create_dir_all(&home).unwrap();
+    let file =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(home.join("exec.lock")).unwrap();
+    let _held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| e).unwrap();
+    let out = c.exec(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another kiln exec is using"), "{}", text(&out));
+    assert!(!home.join("store").exists(), "the held home was used");
+}

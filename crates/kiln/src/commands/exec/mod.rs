@@ -336,14 +336,34 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
             code: kiln_api::exit::UNAVAILABLE,
         }),
         () = super::shared::ctrl_c() => {
+            // A cancelled run is a run that did not succeed (exit 1).
             let run = started.lock().expect("lock").clone();
-            if let Some(run) = run {
-                eprintln!("interrupted: cancelling run {run}");
-                let _ = c.cancel_run(&run).await;
-            }
-            Err(Failure { message: "interrupted".into(), code: 130 })
+            let message = match run {
+                Some(run) => match c.cancel_run(&run).await {
+                    Ok(_) => format!("interrupted: run {run} cancelled"),
+                    Err(e) => format!("interrupted: cancelling run {run} failed: {e}"),
+                },
+                None => "interrupted before the run started".to_string(),
+            };
+            Err(Failure { message, code: kiln_api::exit::RUN_FAILED })
         }
     };
+    // The kept workspaces, by job (before the server stops).
+    let mut kept_jobs = vec![];
+    let run_id = started.lock().expect("lock").clone();
+    if a.keep
+        && let Some(run_id) = run_id
+        && let Ok(run) = c.get_run(&run_id).await
+    {
+        for j in &run.jobs {
+            for at in &j.attempts {
+                let ws = sandbox_root.join(&at.runner).join(format!("{}-{}", j.id, at.epoch)).join("ws");
+                if ws.is_dir() {
+                    kept_jobs.push(format!("  {} (attempt {}): {}", j.name, at.epoch, ws.display()));
+                }
+            }
+        }
+    }
     // Secrets do not outlive the run in the store.
     for s in secrets.keys() {
         let _ = c.delete_secret(&name, s).await;
@@ -354,10 +374,13 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
     if a.keep {
         let kept = sandboxes.keep();
         eprintln!(
-            "kept: the jobs' sandboxes in {} (AGENT/JOB-EPOCH/ws is a job's workspace), the store in {}",
+            "kept: the jobs' sandboxes in {} (workspace, HOME, TMPDIR of each attempt), the store in {}",
             kept.display(),
             store.display()
         );
+        for line in kept_jobs {
+            eprintln!("{}", crate::term::for_stderr(&line));
+        }
     }
     result
 }
