@@ -297,11 +297,15 @@ pub(super) fn freeze(
         (None, Some(p)) => format!("the working tree on {}", &p[..p.len().min(12)]),
         (None, None) => "the working tree (no commit yet)".to_string(),
     };
-    Ok(Snapshot {
-        describe: format!("commit {sha}: a synthetic snapshot of {base}, uncommitted and untracked files included"),
-        sha,
-        synthetic: true,
-    })
+    let what = match (rev, &replace) {
+        (None, None) => format!("a synthetic snapshot of {base}, uncommitted and untracked files included"),
+        (None, Some(o)) => format!(
+            "a synthetic snapshot of {base}, uncommitted and untracked files included, {} holding the selected jobs only",
+            o.path
+        ),
+        (Some(_), _) => format!("a synthetic commit: {base}"),
+    };
+    Ok(Snapshot { describe: format!("commit {sha}: {what}"), sha, synthetic: true })
 }
 
 /// Point the exec repository at `sha`: its HEAD (detached) and `git_ref`
