@@ -202,18 +202,16 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
         None => std::fs::read(root.join(&path)).map_err(|e| usage(format!("cannot read {}: {e}", shown.display())))?,
     };
     let text = String::from_utf8_lossy(&bytes).to_string();
-    let wf = {
-        let (root, at) = (root.clone(), at.clone());
-        let mut load = |p: &str| -> Result<String, String> {
-            match &at {
-                Some((sha, _)) => checkout.show(sha, p).map(|b| String::from_utf8_lossy(&b).to_string()),
-                None => std::fs::read_to_string(root.join(p)).map_err(|e| format!("cannot read {p}: {e}")),
-            }
-        };
-        match validate::check(&shown, bytes, &root, &mut load) {
-            Ok(w) => w,
-            Err(code) => return Ok(code),
+    // The files it includes, from the same place.
+    let load = |p: &str| -> Result<String, String> {
+        match &at {
+            Some((sha, _)) => checkout.show(sha, p).map(|b| String::from_utf8_lossy(&b).to_string()),
+            None => std::fs::read_to_string(root.join(p)).map_err(|e| format!("cannot read {p}: {e}")),
         }
+    };
+    let wf = match validate::check(&shown, bytes, &root, &mut { load }) {
+        Ok(w) => w,
+        Err(code) => return Ok(code),
     };
     let keep = plan::select(&wf, &a.jobs)?;
     let jobs = plan::running(&wf, keep.as_ref());
@@ -238,9 +236,7 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
                 usage(format!("--job: cannot leave the other jobs out of {path} ({e}); run without --job"))
             })?;
             // What the server will parse must be the selection, exactly.
-            let parsed = kiln_workflow::parse_with(&out, &mut |p: &str| {
-                std::fs::read_to_string(root.join(p)).map_err(|e| e.to_string())
-            });
+            let parsed = kiln_workflow::parse_with(&out, &mut { load });
             let ok = parsed.as_ref().is_ok_and(|w| {
                 let mut got: Vec<&str> = plan::running(w, None).iter().map(|j| j.name.as_str()).collect();
                 let mut want: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
@@ -293,7 +289,13 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&sandbox_root, std::fs::Permissions::from_mode(0o711));
     }
-    let hidden = [root.clone(), std::path::absolute(&home.dir).unwrap_or_else(|_| home.dir.clone())];
+    let mut hidden = vec![root.clone(), std::path::absolute(&home.dir).unwrap_or_else(|_| home.dir.clone())];
+    // A linked worktree's repository lives elsewhere (`git worktree add`).
+    if let Some(git_dir) = checkout.git_dir()
+        && !git_dir.starts_with(&root)
+    {
+        hidden.push(git_dir);
+    }
     let tuning = &a.agent;
     let keep_sandboxes = a.keep;
     let (handle, stop, tasks) = kiln_cmd::start_embedded_agents(config, agents, |cfg| {

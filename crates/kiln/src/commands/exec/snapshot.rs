@@ -108,6 +108,12 @@ impl Checkout {
         Ok(Checkout { root, objects: PathBuf::from(objects), index: PathBuf::from(index), head, branch })
     }
 
+    /// The repository's own directory (of a linked worktree: the main
+    /// repository's), where its objects are.
+    pub(super) fn git_dir(&self) -> Option<PathBuf> {
+        self.objects.parent().map(Path::to_path_buf)
+    }
+
     /// `rev` of this checkout as a full commit SHA, and the ref it names
     /// (`refs/heads/…`, `refs/tags/…`) if it names one.
     pub(super) fn resolve(&self, rev: &str) -> Result<(String, Option<String>), Failure> {
