@@ -493,3 +493,18 @@ fn a_second_exec_at_once_gets_a_temporary_store() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("another kiln exec is using"), "{}", text(&out));
     assert!(!home.join("store").exists(), "the held home was used");
 }
+
+/// `--event` and `--ref` are what the run's expressions see; a pull
+/// request's run is untrusted as on a server, says so, and still runs.
+#[test]
+fn event_and_ref_reach_the_run() {
+    let wf = "version: 1\njobs:\n  - name: show\n    steps:\n      - echo \"event=${{ event }} ref=${{ ref }}\"\n";
+    let c = Checkout::new(&[(".kiln/pipeline.yaml", wf)]);
+    let out = c.exec(&["--event", "pull_request", "--ref", "feature/x", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let run = run_json(&out);
+    assert_eq!((run["event"].as_str(), run["ref"].as_str()), (Some("pull_request"), Some("refs/heads/feature/x")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("event=pull_request ref=refs/heads/feature/x"), "{}", text(&out));
+    assert!(err.contains("trust: untrusted"), "{}", text(&out));
+}

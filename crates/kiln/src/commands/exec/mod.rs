@@ -275,6 +275,13 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
     apply_server_tuning(&mut config, &a.server)?;
     // Nothing is scheduled or polled by a local run.
     config.trigger_interval = Duration::ZERO;
+    // An untrusted run (a pull request's, as on a server) keeps its
+    // limits — no secrets, no protected cache writes, no identity token —
+    // but the local agents take it: on your machine they are all there is.
+    if !config.untrusted.pools.iter().any(|p| p == "default") {
+        config.untrusted.pools.push("default".into());
+    }
+    config.untrusted.host_executor = true;
     let mut probe =
         kiln_cmd::agent_config(String::new(), String::new(), String::new(), labels.clone(), store.clone(), 1);
     apply_agent_tuning(&mut probe, &a.agent)?;
@@ -481,6 +488,15 @@ async fn submit_and_follow(
     let resp = c.submit_run(name, &body, None).await?;
     *started.lock().expect("lock") = Some(resp.run_id.clone());
     print_warnings(&resp.warnings);
+    if let Ok(run) = c.get_run(&resp.run_id).await
+        && run.trust != "trusted"
+    {
+        say(format!(
+            "  trust: {} (as the server decides for a {event} run): no secrets, no protected cache writes, no \
+             identity token",
+            run.trust
+        ));
+    }
     let url = a.listen.as_ref().map(|_| super::shared::ui_url(&handle.url(), &resp.run_id));
     follow_accepted(c, &resp.run_id, url.as_deref(), a.json, a.timestamps).await
 }
