@@ -508,3 +508,37 @@ fn event_and_ref_reach_the_run() {
     assert!(err.contains("event=pull_request ref=refs/heads/feature/x"), "{}", text(&out));
     assert!(err.contains("trust: untrusted"), "{}", text(&out));
 }
+
+/// With `--listen`, the API and the web UI serve there while the run lasts,
+/// and the run's page is printed; the admin token printed opens the API.
+#[test]
+fn listen_serves_the_web_ui_while_the_run_lasts() {
+    let wf = "version: 1\njobs:\n  - name: wait\n    steps: [\"sleep 3; echo waited\"]\n";
+    let c = Checkout::new(&[(".kiln/pipeline.yaml", wf)]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let err_file = c.tmp.join("listen.err");
+    let mut child = Command::new(BIN)
+        .args(["exec", "--listen", &addr])
+        .current_dir(&c.repo)
+        .env("XDG_CACHE_HOME", &c.cache)
+        .env("TMPDIR", &c.tmp)
+        .env("KILN_STORAGE_LEVELS", "off")
+        .env_remove("KILN_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_file).unwrap())
+        .spawn()
+        .unwrap();
+    let curl = |url: &str| Command::new("curl").args(["-fsS", "--max-time", "3", url]).output().unwrap();
+    let page = kiln_testkit::wait_for(std::time::Duration::from_secs(30), || {
+        let o = curl(&format!("http://{addr}/"));
+        o.status.success().then(|| String::from_utf8_lossy(&o.stdout).to_string())
+    });
+    // The step lasts 3 s: the page was served while the run lasted.
+    let status = child.wait().unwrap();
+    let err = std::fs::read_to_string(&err_file).unwrap();
+    assert!(page.is_some_and(|p| p.to_lowercase().contains("<html")), "no web UI at {addr}: {err}");
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains(&format!("web UI: http://{addr}/#/runs/")), "{err}");
+    assert!(err.contains("admin token kiln_"), "{err}");
+}
