@@ -231,27 +231,7 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
     let labels = plan::labels(&jobs);
     let reduced = match &keep {
         None => None,
-        Some(k) => {
-            let out = plan::reduce(&text, k).map_err(|e| {
-                usage(format!("--job: cannot leave the other jobs out of {path} ({e}); run without --job"))
-            })?;
-            // What the server will parse must be the selection, exactly.
-            let parsed = kiln_workflow::parse_with(&out, &mut { load });
-            let ok = parsed.as_ref().is_ok_and(|w| {
-                let mut got: Vec<&str> = plan::running(w, None).iter().map(|j| j.name.as_str()).collect();
-                let mut want: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
-                got.sort_unstable();
-                want.sort_unstable();
-                got == want
-            });
-            if !ok {
-                return Err(usage(format!(
-                    "--job: cannot leave the other jobs out of {path} (its jobs: block is not in plain block style, \
-                     or they come from an include); run without --job"
-                )));
-            }
-            Some(out)
-        }
+        Some(k) => Some(plan::reduced(&text, k, &jobs, &path, &mut { load })?),
     };
 
     // Freeze what runs.

@@ -223,6 +223,32 @@ pub(super) fn reduce(text: &str, keep: &BTreeSet<String>) -> Result<String, Stri
     Ok(out)
 }
 
+/// The workflow text reduced to `keep` ([`reduce`]), checked by parsing
+/// it again (its includes read with `load`): the server must run exactly
+/// the selected jobs, or nothing runs.
+pub(super) fn reduced(
+    text: &str,
+    keep: &BTreeSet<String>,
+    jobs: &[&kiln_workflow::Job],
+    path: &str,
+    load: &mut kiln_workflow::Loader<'_>,
+) -> Result<String, Failure> {
+    let out = reduce(text, keep)
+        .map_err(|e| usage(format!("--job: cannot leave the other jobs out of {path} ({e}); run without --job")))?;
+    let names = |jobs: &[&kiln_workflow::Job]| -> Vec<String> {
+        let mut n: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        n.sort_unstable();
+        n
+    };
+    match kiln_workflow::parse_with(&out, load) {
+        Ok(w) if names(&running(&w, None)) == names(jobs) => Ok(out),
+        _ => Err(usage(format!(
+            "--job: cannot leave the other jobs out of {path} (its jobs: block is not in plain block style, or they \
+             come from an include); run without --job"
+        ))),
+    }
+}
+
 trait EmptyOrComment {
     fn is_empty_or_comment(&self) -> bool;
 }
