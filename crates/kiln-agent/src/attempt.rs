@@ -41,6 +41,8 @@ pub(crate) struct AttemptContext {
     pub work_dir: PathBuf,
     /// Root of the attempts' sandboxes (see [`crate::layout`]).
     pub sandbox_dir: PathBuf,
+    /// Sandboxes are left in place when their attempt ends (`AgentConfig::keep_sandboxes`).
+    pub keep_sandboxes: bool,
     /// Who runs host steps, in which namespaces.
     pub isolation: kiln_sandbox::Isolation,
     /// What host steps may not see (see `AgentConfig::hide_paths`).
@@ -177,7 +179,9 @@ impl AttemptContext {
     /// next: only where every process of a job is gone once its sandbox is
     /// cleaned up (PID namespaces; see [`crate::slots`]).
     fn keeps_slots(&self) -> bool {
-        self.executor == ExecutorKind::Host && self.isolation.namespaces != kiln_sandbox::Namespaces::None
+        !self.keep_sandboxes
+            && self.executor == ExecutorKind::Host
+            && self.isolation.namespaces != kiln_sandbox::Namespaces::None
     }
 
     /// A separate step user whose checkout must not borrow the agent's
@@ -379,7 +383,7 @@ pub(crate) async fn run_attempt(ctx: &AttemptContext, a: Assignment, slot: u32, 
             }
             None => false,
         };
-        if !kept {
+        if !kept && !ctx.keep_sandboxes {
             gone.push(sandbox.path);
         }
         discard(gone);

@@ -226,6 +226,11 @@ pub struct AgentConfig {
     /// home directory (rustup, cargo, pyenv, nvm, sdkman; see
     /// [`step_env`]). `--no-user-toolchains` turns it off.
     pub user_toolchains: bool,
+    /// Leave each attempt's sandbox (workspace, `HOME`, `TMPDIR`) in place
+    /// when the attempt ends, for a person to look at (`kiln exec --keep`):
+    /// every attempt then gets a sandbox of its own (no reused job slots),
+    /// named `<job>-<epoch>` under the sandbox root.
+    pub keep_sandboxes: bool,
 }
 
 struct Agent {
@@ -367,6 +372,7 @@ pub async fn run_draining(
         step_env: Arc::new(step_env),
         mirrors: Arc::new(Mirrors::new(work_dir.join("mirrors")).with_fetch_timeout(config.op_timeouts.git)),
         slots: Arc::new(slots::Slots::new(slots_root)),
+        keep_sandboxes: config.keep_sandboxes,
         executor: config.executor.clone(),
         engine,
         services_engine: config.services_engine.clone(),

@@ -701,6 +701,7 @@ impl Harness {
             hide_paths: vec![],
             step_env: Default::default(),
             user_toolchains: false,
+            keep_sandboxes: false,
             // Steps write to the test's own (0700) temp dir: under a root
             // test runner they keep root (the kiln e2e and hostile tests
             // cover the default, `nobody`).

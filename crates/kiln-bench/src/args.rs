@@ -23,9 +23,11 @@ pub struct BenchArgs {
     /// checkout (a repository of --checkout-files files to the first step: a new agent, a one-file change,
     /// the same commit again, `checkout: {reuse: true}`, beside git's bare clone, fetch, shared clone and
     /// incremental checkout; not in all);
+    /// exec (`kiln exec` of a one-job, one-step workflow: process start to the step's command, and
+    /// the bundled examples/hello pipeline end to end, vs `sh -c true`; not in all);
     /// fairness (team a's --fair-jobs backlog on --fair-slots slots, team b's job submitted 20 times during it: b's waits
     /// beside oldest-first's, a's makespan alone and with b; then claims per second of no-op jobs from 1 team vs 50; not in all).
-    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance", "rollback", "memory", "checkout"])]
+    #[arg(default_value = "dispatch", value_parser = ["dispatch", "artifacts", "failover", "logs", "control-plane", "all", "containers", "webhooks", "cache", "reports", "fairness", "provenance", "rollback", "memory", "checkout", "exec"])]
     pub suite: String,
     /// control-plane: claims (and completions) per second to drive.
     #[arg(long, default_value_t = 230.0)]

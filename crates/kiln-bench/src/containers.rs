@@ -96,6 +96,7 @@ pub async fn run(a: &BenchArgs) -> Result<i32, Failure> {
             hide_paths: vec![],
             step_env: Default::default(),
             user_toolchains: false,
+            keep_sandboxes: false,
             max_jobs: 1,
             executor,
             upload_rate_limit: None,

@@ -14,6 +14,7 @@ mod checkout;
 mod containers;
 mod control;
 mod dispatch;
+mod exec;
 mod failover;
 mod fairness;
 mod logs;
@@ -85,6 +86,10 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
     // Not part of `all`: it writes and checks out repositories of 100,000 files.
     if a.suite == "checkout" {
         code = code.max(checkout::run(&a.checkout_files).await.map_err(kiln_cmd::Failure::from)?);
+    }
+    // Not part of `all`: it measures `kiln exec` processes of this binary.
+    if a.suite == "exec" {
+        code = code.max(exec::run().await?);
     }
     // Not part of `all`: it needs a container engine and a registry.
     if a.suite == "containers" {

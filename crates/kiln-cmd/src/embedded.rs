@@ -45,6 +45,7 @@ pub fn agent_config(
         hide_paths: vec![],
         step_env: Default::default(),
         user_toolchains: true,
+        keep_sandboxes: false,
     }
 }
 

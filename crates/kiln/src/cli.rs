@@ -232,6 +232,10 @@ pub enum Command {
     },
     /// Start a workflow run for a commit.
     Run(RunArgs),
+    /// Run a workflow on this machine, from the working tree of the git checkout you are in, with
+    /// the server's own engine (an in-process server and agents); the same live view as
+    /// `kiln run --follow`, exit 0 only on success.
+    Exec(Box<ExecArgs>),
     /// List runs, newest first (every repository's, or one's).
     Runs(RunsArgs),
     /// List a repository's workflow files at a commit (`.kiln/*.yaml`): their triggers, whether
@@ -1736,6 +1740,64 @@ pub struct RunArgs {
     pub timestamps: bool,
     #[command(flatten)]
     pub conn: Conn,
+}
+
+/// `kiln exec`: a local run of a workflow, on the server's engine in this process.
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Workflow file (a path in the checkout, e.g. .kiln/ci.yaml). Default: .kiln/pipeline.yaml, or
+    /// the only workflow in .kiln/; with several and no pipeline.yaml they are listed to pick from.
+    #[arg(value_name = "WORKFLOW")]
+    pub workflow: Option<PathBuf>,
+    /// Run only this job and what it needs (repeatable; a matrix job's name runs all its
+    /// combinations). The snapshot's workflow file then holds only those jobs. Default: every job.
+    #[arg(long = "job", value_name = "JOB")]
+    pub jobs: Vec<String>,
+    /// Workflow input, repeatable: --input suite=integration
+    #[arg(long = "input", value_name = "K=V")]
+    pub inputs: Vec<String>,
+    /// The event the run is started as (what `event` is in expressions and which `on:` filters
+    /// apply). Default: manual when the workflow may be started by hand, else push.
+    #[arg(long, value_parser = ["push", "pull_request", "schedule", "manual"])]
+    pub event: Option<String>,
+    /// The ref the run is for (refs/heads/NAME, refs/tags/NAME, or a branch name). Default: the
+    /// branch checked out (none when HEAD is detached).
+    #[arg(long = "ref", value_name = "REF")]
+    pub git_ref: Option<String>,
+    /// Run this commit (SHA, branch, tag, HEAD~1, …) instead of the working tree. Default: the
+    /// working tree as it is, uncommitted and untracked (not ignored) files included, frozen in
+    /// a synthetic snapshot commit; your index and files are not touched.
+    #[arg(long, value_name = "REV")]
+    pub commit: Option<String>,
+    /// A secret the workflow's jobs ask for (`secrets: [NAME]`), read from FILE (its final
+    /// newline dropped); repeatable. Secrets also come from KILN_SECRET_<NAME> variables, and
+    /// from nowhere else. Masked in the output as on a server.
+    #[arg(long = "secret-file", value_name = "NAME=FILE")]
+    pub secret_files: Vec<String>,
+    /// Local agents (one job each at a time). Default: the widest level of the job graph (the
+    /// most jobs that can run at once), at most 8.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub agents: Option<u32>,
+    /// Also serve the API and web UI on this address while the run lasts (e.g. 127.0.0.1:7070),
+    /// and print its URL and admin token. Without it the in-process server listens only on a
+    /// loopback port of its own agents, which is not printed.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Keep the run's sandboxes (workspaces, HOME, TMPDIR of each job) and print where they are.
+    /// Without it they are removed as on any agent.
+    #[arg(long)]
+    pub keep: bool,
+    /// Print the final run object as JSON on standard output (the object of `kiln status --json`
+    /// and the API); the live view then goes to standard error.
+    #[arg(long)]
+    pub json: bool,
+    /// Prefix each log line with the time the in-process server received it.
+    #[arg(long)]
+    pub timestamps: bool,
+    #[command(flatten)]
+    pub server: ServerTuning,
+    #[command(flatten)]
+    pub agent: AgentTuning,
 }
 
 #[derive(Args, Debug)]

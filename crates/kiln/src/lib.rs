@@ -15,9 +15,10 @@ pub fn main_entry() -> i32 {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    if cli.command.is_daemon() {
+    if cli.command.is_daemon() || matches!(cli.command, cli::Command::Exec(_)) {
         // Server and agent files (database, WAL, tokens, objects, workspaces)
-        // are private to the user running Kiln (issue 13).
+        // are private to the user running Kiln (issue 13); `kiln exec` runs
+        // the same server and agents.
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");

@@ -1,13 +1,14 @@
 //! Command implementations, one file per command; `shared` holds what
 //! several of them use, `profile` where the CLI's server and token come
 //! from. Modules here depend on `shared` and `profile` (and `run` and
-//! `wait` on `logs`), never on this file.
+//! `wait` on `logs`; `exec` on `run` and `validate`), never on this file.
 
 mod access;
 mod agent;
 mod artifact;
 mod cancel;
 mod env;
+mod exec;
 mod login;
 mod logs;
 mod notify;
@@ -62,6 +63,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Logout { context } => login::logout(context),
         Command::Context { command } => login::context(command),
         Command::Run(a) => run::run(a).await,
+        Command::Exec(a) => exec::run(*a).await,
         Command::Runs(a) => runs::run(a).await,
         Command::Workflows(a) => run::workflows(a).await,
         Command::Status(a) => match shared::run_ref(&a.run, a.repo.as_deref()) {

@@ -28,5 +28,5 @@ pub(super) async fn run(a: RetryArgs) -> CmdResult {
         }
         return Ok(exit::OK);
     }
-    super::run::follow_accepted(&c, &resp.run_id, &url, a.json, a.timestamps).await
+    super::run::follow_accepted(&c, &resp.run_id, Some(&url), a.json, a.timestamps).await
 }

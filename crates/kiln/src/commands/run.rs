@@ -59,7 +59,7 @@ pub(super) async fn run(a: RunArgs) -> CmdResult {
             }
             continue;
         }
-        let this = follow_accepted(&c, run_id, &url, a.json, a.timestamps).await?;
+        let this = follow_accepted(&c, run_id, Some(&url), a.json, a.timestamps).await?;
         if code == exit::OK {
             code = this;
         }
@@ -126,19 +126,22 @@ pub(super) fn print_warnings(warnings: &[String]) {
     }
 }
 
-/// `--follow` of a run just accepted (`kiln run`, `kiln retry`): its logs
-/// until it ends, then its summary (or, with `json`, the run object alone on
-/// standard output); exits with the run's result.
+/// `--follow` of a run just accepted (`kiln run`, `kiln retry`, `kiln
+/// exec`): its logs until it ends, then its summary (or, with `json`, the
+/// run object alone on standard output); exits with the run's result.
+/// `url`: the run's page, when there is a web UI to see it in.
 pub(super) async fn follow_accepted(
     c: &kiln_api::Client,
     run_id: &str,
-    url: &str,
+    url: Option<&str>,
     json: bool,
     timestamps: bool,
 ) -> CmdResult {
     // `run ID accepted` stays a line of its own: scripts read it.
     eprintln!("run {run_id} accepted");
-    eprintln!("web UI: {url}");
+    if let Some(url) = url {
+        eprintln!("web UI: {url}");
+    }
     // With --json, stdout carries only the final run object; logs go to stderr.
     let sink = if json { Sink::Stderr } else { Sink::Stdout };
     follow_run(c, run_id, None, sink, timestamps).await?;

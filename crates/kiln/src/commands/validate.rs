@@ -21,7 +21,7 @@ fn repo_root(file: &Path) -> PathBuf {
 }
 
 /// `path` relative to the working directory when it is below it.
-fn relative_to_cwd(path: &Path) -> PathBuf {
+pub(super) fn relative_to_cwd(path: &Path) -> PathBuf {
     std::env::current_dir()
         .ok()
         .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
@@ -36,25 +36,12 @@ pub(super) fn run(file: &Path) -> i32 {
             return exit::USAGE;
         }
     };
-    if bytes.len() > kiln_workflow::MAX_FILE_BYTES {
-        eprintln!(
-            "{}:0:0: the workflow file is {} bytes; at most {} bytes are allowed",
-            file.display(),
-            bytes.len(),
-            kiln_workflow::MAX_FILE_BYTES
-        );
-        return exit::USAGE;
-    }
-    let Ok(text) = String::from_utf8(bytes) else {
-        eprintln!("{}:0:0: the workflow file is not valid UTF-8", file.display());
-        return exit::USAGE;
-    };
     let root = repo_root(file);
     let mut load = |path: &str| -> Result<String, String> {
         // `path` is checked by the parser: relative, no `..`.
         std::fs::read_to_string(root.join(path)).map_err(|e| format!("cannot read {}: {e}", root.join(path).display()))
     };
-    match kiln_workflow::parse_with(&text, &mut load) {
+    match check(file, bytes, &root, &mut load) {
         Ok(w) => {
             kiln_cmd::outln!(
                 "{}: valid ({} jobs, definition sha256 {})",
@@ -64,6 +51,35 @@ pub(super) fn run(file: &Path) -> i32 {
             );
             exit::OK
         }
+        Err(code) => code,
+    }
+}
+
+/// Parse and validate the workflow `bytes` (the file shown as `file`; the
+/// files it includes read with `load`, relative to `root`); every problem
+/// is printed on stderr as `FILE:LINE:COLUMN: message`, and the result is
+/// the exit code (2). `kiln validate` and `kiln exec` say the same.
+pub(super) fn check(
+    file: &Path,
+    bytes: Vec<u8>,
+    root: &Path,
+    load: &mut kiln_workflow::Loader<'_>,
+) -> Result<kiln_workflow::Workflow, i32> {
+    if bytes.len() > kiln_workflow::MAX_FILE_BYTES {
+        eprintln!(
+            "{}:0:0: the workflow file is {} bytes; at most {} bytes are allowed",
+            file.display(),
+            bytes.len(),
+            kiln_workflow::MAX_FILE_BYTES
+        );
+        return Err(exit::USAGE);
+    }
+    let Ok(text) = String::from_utf8(bytes) else {
+        eprintln!("{}:0:0: the workflow file is not valid UTF-8", file.display());
+        return Err(exit::USAGE);
+    };
+    match kiln_workflow::parse_with(&text, load) {
+        Ok(w) => Ok(w),
         Err(d) => {
             for diag in &d.0 {
                 let shown =
@@ -71,7 +87,7 @@ pub(super) fn run(file: &Path) -> i32 {
                 eprintln!("{}:{}:{}: {}", shown.display(), diag.line, diag.column, diag.message);
             }
             eprintln!("{}: {} problem(s)", file.display(), d.0.len());
-            exit::USAGE
+            Err(exit::USAGE)
         }
     }
 }
