@@ -169,7 +169,7 @@ async fn one_size(files: u32) -> anyhow::Result<()> {
     add_repo(&c, "big", &src).await?;
     let first = {
         let _agent =
-            spawn_agent_deployed(&server_url, &data.join("agent.token"), "first", &tmp, 1, &Launch::default())?;
+            spawn_agent_deployed(&server_url, &data.join("agent.token"), "first", &tmp, 1, &sandboxed(&tmp, "first"))?;
         to_first_step(&c, ".kiln/pipeline.yaml").await?
     };
     kiln_cmd::outln!("checkout_{l}_first_run_ms: {first:.0}");
@@ -177,7 +177,8 @@ async fn one_size(files: u32) -> anyhow::Result<()> {
     for rep in 0..REPS {
         eprintln!("bench checkout: kiln, round {} of {REPS} ...", rep + 1);
         let name = format!("agent-{rep}");
-        let _agent = spawn_agent_deployed(&server_url, &data.join("agent.token"), &name, &tmp, 1, &Launch::default())?;
+        let _agent =
+            spawn_agent_deployed(&server_url, &data.join("agent.token"), &name, &tmp, 1, &sandboxed(&tmp, &name))?;
         change(&src, 3000 + rep as u32)?;
         cold.push(to_first_step(&c, ".kiln/pipeline.yaml").await?);
         change(&src, 4000 + rep as u32)?;
@@ -191,6 +192,7 @@ async fn one_size(files: u32) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(300)).await;
         reuse.push(to_first_step(&c, ".kiln/reuse.yaml").await?);
         let _ = std::fs::remove_dir_all(tmp.join(&name));
+        let _ = std::fs::remove_dir_all(tmp.join("sandboxes").join(&name));
     }
     let (cold, warm, rerun, reuse) = (median(cold), median(warm), median(rerun), median(reuse));
     kiln_cmd::outln!("checkout_{l}_cold_ms: {cold:.0}");
@@ -202,6 +204,13 @@ async fn one_size(files: u32) -> anyhow::Result<()> {
     kiln_cmd::outln!("checkout_{l}_reuse_vs_git: {:.2}", reuse / git_incr);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
+}
+
+/// An agent whose sandboxes (kept job slots of big trees) live in the
+/// bench's directory, removed with it: a killed agent leaves its own.
+fn sandboxed(tmp: &Path, name: &str) -> Launch {
+    let dir = tmp.join("sandboxes").join(name);
+    Launch { global: vec!["--sandbox-dir".into(), dir.display().to_string()], ..Launch::default() }
 }
 
 /// `sync`: what earlier rounds wrote is on the disk.

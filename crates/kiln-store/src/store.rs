@@ -190,12 +190,16 @@ impl SqlStore {
         }
     }
 
-    /// A read-only transaction: several reads that see one snapshot
-    /// (SQLite) or one consistent moment per statement (PostgreSQL's default).
+    /// A read-only transaction: several reads that see one snapshot (a
+    /// deferred transaction on SQLite's reader; REPEATABLE READ on
+    /// PostgreSQL, whose default would give each statement its own moment:
+    /// a run's jobs read before a commit and its attempts after it).
     pub(crate) async fn read_tx(&self) -> Result<Tx> {
         match &self.pools {
             Pools::Sqlite { reader, .. } => crate::lanes::SqliteTx::begin(reader).await.map(Tx::Sqlite),
-            Pools::Pg { pool, .. } => pool.begin().await.map(Tx::Pg).map_err(pg_err),
+            Pools::Pg { pool, .. } => {
+                pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await.map(Tx::Pg).map_err(pg_err)
+            }
         }
     }
 

@@ -841,7 +841,27 @@ impl Scanner {
     fn code_char(&mut self, c: char, chars: &[char], i: usize) -> usize {
         let next = chars.get(i).copied();
         let next2 = chars.get(i + 1).copied();
-        let in_test = matches!(self.frames.last(), Some(Frame::Code { cmd, .. }) if cmd.test.is_some());
+        let mut in_test = matches!(self.frames.last(), Some(Frame::Code { cmd, .. }) if cmd.test.is_some());
+        if in_test && matches!(c, ';' | '&' | '|') {
+            if c != ';' && next == Some(c) {
+                // `&&` and `||` join tests inside `[[ ]]`; `]]` may close it.
+                self.end_word();
+                let still = matches!(self.frames.last(), Some(Frame::Code { cmd, .. }) if cmd.test.is_some());
+                if !still {
+                    self.end_command();
+                }
+                self.line.push(c);
+                return 1;
+            }
+            // A lone `;`, `&` or `|` cannot stand inside `[[ ]]`: bash
+            // refuses the script, and to sh (dash) `[[` was an ordinary
+            // command all along — read the rest as sh does (a pipe is a pipe).
+            self.end_word();
+            if let Some(Frame::Code { cmd, .. }) = self.frames.last_mut() {
+                cmd.test = None;
+            }
+            in_test = false;
+        }
         match c {
             // bash reads `a[x y]=1` as one word: a subscript may hold blanks.
             ' ' | '\t' if self.code().is_some_and(|cmd| cmd.brackets > 0) => {
@@ -864,14 +884,6 @@ impl Scanner {
             }
             '$' | '`' => return self.dollar(c, next, next2, true),
             '#' if self.code().is_some_and(|cmd| cmd.cur.is_none()) => self.frames.push(Frame::Comment),
-            ';' | '&' | '|' if in_test => {
-                // `&&` and `||` join tests inside `[[ ]]`; `]]` may close it.
-                self.end_word();
-                let still = matches!(self.frames.last(), Some(Frame::Code { cmd, .. }) if cmd.test.is_some());
-                if !still {
-                    self.end_command();
-                }
-            }
             ';' | '&' => self.end_command(),
             '|' => {
                 let serial = self.code().map_or(0, |cmd| cmd.serial);
@@ -1376,6 +1388,10 @@ mod tests {
             ("export ${{ inputs.who }}", "variable name"),
             // Piped into something that runs what it reads.
             ("echo \"${{ inputs.who }}\" | sh", "piped to `sh`"),
+            // To sh (dash) an unclosed `[[` is an ordinary command: the
+            // pipe after it is a pipe (a property-test find).
+            ("[[ echo $((1<<2)); echo ${{ inputs.who }} | tr a a | sh -s", "piped to `sh`"),
+            ("[[ x | echo ${{ inputs.who }} | sh", "piped to `sh`"),
             ("printf '%s' \"${{ inputs.who }}\" | tr a b | bash -s", "piped to `bash`"),
             ("echo \"${{ inputs.who }}\" |\n  python3", "piped to `python3`"),
             ("echo \"$(echo ${{ inputs.who }})\" | sudo sh", "piped to `sh`"),
