@@ -285,10 +285,15 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
     }
     let tuning = &a.agent;
     let keep_sandboxes = a.keep;
+    // The agents stop claiming past the same disk and memory levels as the
+    // server (`--storage-levels`, `KILN_STORAGE_LEVELS`), as under `kiln up`.
+    let (storage_levels, memory_levels) = (a.server.storage.levels, a.server.storage.memory);
     let (handle, stop, tasks) = kiln_cmd::start_embedded_agents(config, agents, |cfg| {
         cfg.labels.extend(labels.clone());
         // Checked on `probe` above: the same flags cannot fail here.
         let _ = apply_agent_tuning(cfg, tuning);
+        cfg.storage_levels = Some(storage_levels);
+        cfg.memory_levels = Some(memory_levels);
         cfg.sandbox_dir = Some(sandbox_root.join(&cfg.name));
         cfg.keep_sandboxes = keep_sandboxes;
         // A host step, run as this user, never sees the checkout it came
