@@ -272,11 +272,7 @@ impl Mirrors {
             shape.write(ws, &mirror, sha).await?;
             git(Some(ws), ["read-tree", "--reset", "-u", sha]).await?;
             if private_objects {
-                let lock = self.lock_for(&mirror);
-                let _guard = lock.lock().await;
-                let (src, dst) = (objects.clone(), ws.join(".git/objects"));
-                tokio::task::spawn_blocking(move || link_objects(&src, &dst)).await.expect("link task").map_err(io)?;
-                tokio::fs::remove_file(ws.join(".git/objects/info/alternates")).await.map_err(io)?;
+                self.give_objects(&mirror, ws).await.map_err(io)?;
             }
             self.known.lock().expect("known").insert((mirror, sha.to_string()));
             return Ok(Checkout::Fresh);
@@ -327,12 +323,7 @@ impl Mirrors {
             }
         }
         if private_objects {
-            // Under the mirror's lock: no fetch is adding packs meanwhile.
-            let lock = self.lock_for(&mirror);
-            let _guard = lock.lock().await;
-            let (src, dst) = (objects.clone(), dot_git.join("objects"));
-            tokio::task::spawn_blocking(move || link_objects(&src, &dst)).await.expect("link task").map_err(io)?;
-            tokio::fs::remove_file(dot_git.join("objects/info/alternates")).await.map_err(io)?;
+            self.give_objects(&mirror, ws).await.map_err(io)?;
         }
         self.known.lock().expect("known").insert((mirror, sha.to_string()));
         Ok(Checkout::Fresh)
@@ -642,15 +633,7 @@ fn cone_patterns(dirs: &[String]) -> String {
 /// that have parents: what `.git/shallow` lists for a clone of that depth.
 fn shallow_boundary(git_dir: &Path, tip: &str, depth: u32) -> std::io::Result<Vec<String>> {
     use std::io::{BufRead, Read, Write};
-    let mut child = std::process::Command::new("git")
-        .arg("--git-dir")
-        .arg(git_dir)
-        .args(["cat-file", "--batch"])
-        .env("GIT_NO_LAZY_FETCH", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut child = crate::kept::cat_file_batch(git_dir)?;
     let mut stdin = child.stdin.take().expect("stdin");
     let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut parents_of = |c: &str| -> std::io::Result<Vec<String>> {
@@ -913,16 +896,22 @@ impl Mirrors {
         write_git_dir(ws, &objects, to).await.map_err(io)?;
         std::fs::copy(index, ws.join(".git/index")).map_err(io)?;
         if private_objects {
-            let lock = self.lock_for(&mirror);
-            let _guard = lock.lock().await;
-            let (src, dst) = (objects.clone(), ws.join(".git/objects"));
-            tokio::task::spawn_blocking(move || link_objects(&src, &dst))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(io)?;
-            std::fs::remove_file(ws.join(".git/objects/info/alternates")).map_err(io)?;
+            self.give_objects(&mirror, ws).await.map_err(io)?;
         }
         Ok(swept)
+    }
+
+    /// Gives the workspace `ws` (its `.git` borrowing `mirror`'s objects)
+    /// an object store of its own: hard links to the mirror's files, under
+    /// the mirror's lock (no fetch is adding packs meanwhile), alternates
+    /// removed.
+    async fn give_objects(&self, mirror: &Path, ws: &Path) -> std::io::Result<()> {
+        let lock = self.lock_for(mirror);
+        let _guard = lock.lock().await;
+        let objects = std::path::absolute(mirror.join("objects"))?;
+        let dst = ws.join(".git/objects");
+        tokio::task::spawn_blocking(move || link_objects(&objects, &dst)).await.expect("link task")?;
+        tokio::fs::remove_file(ws.join(".git/objects/info/alternates")).await
     }
 
     /// Whether this agent keeps a pristine copy of `sha`'s tree (a small

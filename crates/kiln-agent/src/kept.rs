@@ -296,6 +296,20 @@ pub(crate) fn apply_diff(
     Ok((renamed, written))
 }
 
+/// `git cat-file --batch` on the repository `git_dir`, its stdin and
+/// stdout piped; never fetching a missing object.
+pub(crate) fn cat_file_batch(git_dir: &Path) -> io::Result<std::process::Child> {
+    Command::new("git")
+        .arg("--git-dir")
+        .arg(git_dir)
+        .args(["cat-file", "--batch"])
+        .env("GIT_NO_LAZY_FETCH", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
 /// Writes every file of `tree` not in `present` from the objects of the
 /// repository `git_dir` (one `git cat-file --batch`), with the modes a
 /// checkout gives them; nothing existing is followed or overwritten.
@@ -355,15 +369,7 @@ pub(crate) fn restore(
     if blobs.is_empty() {
         return Ok(missing.len());
     }
-    let mut child = Command::new("git")
-        .arg("--git-dir")
-        .arg(git_dir)
-        .args(["cat-file", "--batch"])
-        .env("GIT_NO_LAZY_FETCH", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut child = cat_file_batch(git_dir)?;
     let mut stdin = child.stdin.take().expect("stdin");
     let oids: Vec<String> = blobs.iter().map(|(_, e)| e.oid.clone()).collect();
     let writer = std::thread::spawn(move || -> io::Result<()> {
