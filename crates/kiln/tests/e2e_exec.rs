@@ -357,7 +357,7 @@ fn bad_input_is_refused_with_exit_2() {
     let out = c.exec(&[".kiln/ci.yaml", "--job", "zzz"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no job `zzz`"), "{}", text(&out));
-    // A job that deploys.
+    // Nothing but a deployment: nothing to run.
     write(
         &c.repo,
         &[(
@@ -367,7 +367,44 @@ fn bad_input_is_refused_with_exit_2() {
     );
     let out = c.exec(&[".kiln/ci.yaml"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("does not run deployments"), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nothing to run") && err.contains("does not run deployments"), "{}", text(&out));
+    assert!(err.contains("skipped: job `ship`: it deploys to environment `production`"), "{}", text(&out));
+}
+
+/// A job deploying to an environment, and the jobs that need it, are
+/// skipped with one line each; the rest of the pipeline runs.
+#[test]
+fn deployments_and_what_needs_them_are_skipped_with_a_line_each() {
+    let c = Checkout::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: build\n    steps: [echo built-it]\n  - name: lint\n    steps: [echo linted]\n  \
+         - name: ship\n    needs: [build]\n    environment: {name: production, url: https://shop.example}\n    \
+         matrix: {region: [eu, us]}\n    steps: [echo shipped-it]\n  - name: smoke\n    needs: [ship]\n    \
+         steps: [echo smoked-it]\n  - name: notify\n    needs: [smoke, lint]\n    steps: [echo notified]\n",
+    )]);
+    let out = c.exec(&["--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let skipped: Vec<&str> = err.lines().filter(|l| l.contains("skipped: job")).collect();
+    assert_eq!(skipped.len(), 3, "one line per job left out: {}", text(&out));
+    assert!(skipped[0].contains("`ship`: it deploys to environment `production`"), "{}", text(&out));
+    assert!(skipped[1].contains("`smoke`: it needs `ship`"), "{}", text(&out));
+    assert!(skipped[2].contains("`notify`: it needs `smoke`"), "{}", text(&out));
+    let run = run_json(&out);
+    assert_eq!(run["status"], "success", "{}", text(&out));
+    let mut names: Vec<String> =
+        run["jobs"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap().to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["build", "lint"], "{}", text(&out));
+    assert!(err.contains("built-it") && err.contains("linted"), "{}", text(&out));
+    assert!(!err.contains("shipped-it") && !err.contains("smoked-it"), "{}", text(&out));
+    // --job naming a deploying job: it is skipped, what it needs runs.
+    let out = c.exec(&["--job", "ship", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let names: Vec<String> =
+        run_json(&out)["jobs"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["build"], "{}", text(&out));
 }
 
 /// `--commit REV` runs that commit, not the working tree.

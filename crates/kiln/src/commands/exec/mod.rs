@@ -214,8 +214,8 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
         Err(code) => return Ok(code),
     };
     let keep = plan::select(&wf, &a.jobs)?;
+    let (keep, skipped) = plan::without_deployments(&wf, keep)?;
     let jobs = plan::running(&wf, keep.as_ref());
-    plan::refuse_environments(&jobs)?;
     if a.agent.executor == "host"
         && let Some(j) = jobs.iter().find(|j| j.image.is_some())
     {
@@ -316,6 +316,7 @@ pub(super) async fn run(a: ExecArgs) -> CmdResult {
         inputs,
         &secrets,
         &jobs,
+        &skipped,
         &home,
         &handle,
         &started,
@@ -394,6 +395,7 @@ async fn submit_and_follow(
     inputs: BTreeMap<String, String>,
     secrets: &BTreeMap<String, String>,
     jobs: &[&kiln_workflow::Job],
+    skipped: &[String],
     home: &Home,
     handle: &kiln_server::ServerHandle,
     started: &std::sync::Mutex<Option<String>>,
@@ -448,6 +450,9 @@ async fn submit_and_follow(
         say(format!("  caches: kept between kiln exec runs in {}", home.dir.display()));
     }
     say("  not local: no commit status is posted to a forge".into());
+    for line in skipped {
+        say(line.clone());
+    }
     for j in jobs.iter().filter(|j| j.id_token.is_some()) {
         say(format!(
             "  not local: job `{}` asks for an identity token; it is signed by this local run's own issuer ({}), \

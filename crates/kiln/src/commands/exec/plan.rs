@@ -121,23 +121,72 @@ pub(super) fn labels(jobs: &[&kiln_workflow::Job]) -> BTreeMap<String, String> {
     l
 }
 
-/// Refuse what `kiln exec` does not run: a job deploying to an
-/// environment (approvals, deployment records and environment secrets
-/// live on the server).
-pub(super) fn refuse_environments(jobs: &[&kiln_workflow::Job]) -> Result<(), Failure> {
-    let deploying: Vec<String> = jobs
-        .iter()
-        .filter_map(|j| j.environment.as_ref().map(|e| format!("`{}` (environment `{}`)", j.name, e.name)))
-        .collect();
-    if deploying.is_empty() {
-        return Ok(());
+/// What `kiln exec` leaves out: every job deploying to an environment
+/// (approvals, protection rules, deployment records and environment
+/// secrets live on a server) and every job that needs one, transitively.
+/// Returns the base names that still run (within `keep` when `--job` gave
+/// one) and one line for each job left out. Nothing left to run is a usage
+/// error.
+pub(super) fn without_deployments(
+    wf: &Workflow,
+    keep: Option<BTreeSet<String>>,
+) -> Result<(Option<BTreeSet<String>>, Vec<String>), Failure> {
+    let chosen = running(wf, keep.as_ref());
+    // Base name → why it is left out, in the order of the file.
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    let mut order: Vec<String> = vec![];
+    for j in &chosen {
+        if let Some(e) = &j.environment
+            && !out.contains_key(base(j))
+        {
+            out.insert(base(j).to_string(), format!("it deploys to environment `{}`", e.name));
+            order.push(base(j).to_string());
+        }
     }
-    Err(usage(format!(
-        "job {} deploys: kiln exec does not run deployments (environment approvals, protection rules, deployment \
-         records and environment secrets exist only on a server); pick the jobs to run with --job, or push and let \
-         the server deploy",
-        deploying.join(", ")
-    )))
+    if out.is_empty() {
+        return Ok((keep, vec![]));
+    }
+    // Whoever needs a job left out is left out too.
+    loop {
+        let mut more = vec![];
+        for j in &chosen {
+            if out.contains_key(base(j)) || more.iter().any(|(b, _): &(String, String)| b == base(j)) {
+                continue;
+            }
+            let need = j.needs.iter().find_map(|n| {
+                chosen.iter().find(|d| (d.name == *n || base(d) == n) && out.contains_key(base(d))).map(|d| base(d))
+            });
+            if let Some(n) = need {
+                more.push((base(j).to_string(), format!("it needs `{n}`, which is left out")));
+            }
+        }
+        if more.is_empty() {
+            break;
+        }
+        for (b, why) in more {
+            order.push(b.clone());
+            out.insert(b, why);
+        }
+    }
+    let left: BTreeSet<String> = chosen.iter().map(|j| base(j).to_string()).filter(|b| !out.contains_key(b)).collect();
+    let lines: Vec<String> = order
+        .iter()
+        .map(|b| {
+            format!(
+                "  skipped: job `{b}`: {} (deployments and their approvals exist only on a server)",
+                out[b.as_str()]
+            )
+        })
+        .collect();
+    if left.is_empty() {
+        return Err(usage(format!(
+            "nothing to run: every job deploys or needs a deployment, and kiln exec does not run deployments \
+             (environment approvals, protection rules, deployment records and environment secrets exist only on a \
+             server); push and let the server deploy\n{}",
+            lines.join("\n")
+        )));
+    }
+    Ok((Some(left), lines))
 }
 
 /// The secrets the running jobs ask for, each with its value: from
