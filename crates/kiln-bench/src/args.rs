@@ -45,6 +45,8 @@ pub struct BenchArgs {
     /// --replicas above 1, or `postgres`: a throwaway PostgreSQL server the bench starts).
     /// fairness: also measure the throughput phase on it (`postgres`: a throwaway server)
     /// with --replicas (at least 2) `kiln server` processes.
+    /// logs: also run the single stream on a server on this PostgreSQL (`postgres`: a
+    /// throwaway server), round by round beside the SQLite one.
     #[arg(long)]
     pub database_url: Option<String>,
     /// control-plane: server replicas (`kiln server` processes) on the same database.

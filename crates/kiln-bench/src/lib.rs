@@ -43,7 +43,7 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
         code = code.max(artifacts::run(a.object_store.clone().unwrap_or_default()).await?);
     }
     if matches!(a.suite.as_str(), "logs" | "all") {
-        code = code.max(logs::run().await?);
+        code = code.max(logs::run(a.database_url.as_deref()).await?);
     }
     if matches!(a.suite.as_str(), "control-plane" | "all") {
         code = code.max(

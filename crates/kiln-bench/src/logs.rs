@@ -23,7 +23,7 @@ use std::time::Duration;
 /// file, then the job), and the figures are the medians, the ratio's being
 /// that of each round's ratio to its own baseline (before session 39,
 /// one round).
-pub async fn run() -> Result<i32, Failure> {
+pub async fn run(database_url: Option<&str>) -> Result<i32, Failure> {
     const SIZE: u64 = 200_000_000;
     // Checked before anything runs.
     let crowd_nice = env_setting("KILN_BENCH_CROWD_NICE", "a nice value", 1..=19, CROWD_NICE)?;
@@ -38,25 +38,32 @@ pub async fn run() -> Result<i32, Failure> {
             "version: 1\njobs:\n  - name: loud\n    steps:\n      - echo \"bench-start $(date +%s%3N)\"; head -c {SIZE} /dev/zero | tr '\\0' x\n"
         ),
     )?;
-    let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
-    // As `kiln server` reads it (a shared host's disk may be fuller than
-    // the benchmark's few hundred megabytes need).
-    if let Some(levels) = crate::util::storage_levels_from_env()? {
-        config.degradation.storage_pct = levels;
-    }
-    let server = kiln_server::start(config).await?;
-    let c = Client::new(&server.url(), &server.admin_token);
-    c.create_repo(&kiln_api::CreateRepo {
-        team: None,
-        forge: Default::default(),
-        name: "logs".into(),
-        clone_url: repo.display().to_string(),
-        webhook_secret: None,
-        secret_pools: None,
-    })
-    .await?;
     let limit = (SIZE * 2).to_string();
-    let agent = spawn_agent_with(&server.url(), &server.agent_token, "talker", &tmp, &["--log-limit", &limit])?;
+    let (server, c, agent) = ingest_side(&tmp, "data", None, &repo, &limit).await?;
+    // `--database-url postgres` (or a URL): the same single stream on a
+    // server on PostgreSQL, round by round beside the SQLite one.
+    let mut _pg = None;
+    let pg_url = match database_url {
+        None => None,
+        Some("postgres") => {
+            eprintln!("bench logs: starting a throwaway PostgreSQL (fsync and synchronous commit on)…");
+            let pg = kiln_testkit::TempPostgres::start_durable()?;
+            let url = pg.create_database().await?;
+            _pg = Some(pg);
+            Some(url)
+        }
+        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Some(u.to_string()),
+        Some(u) => {
+            return Err(Failure {
+                message: format!("bench logs: --database-url {u}: expected postgres or postgres://…"),
+                code: exit::USAGE,
+            });
+        }
+    };
+    let pg = match &pg_url {
+        Some(url) => Some(ingest_side(&tmp, "data-pg", Some(url.clone()), &repo, &limit).await?),
+        None => None,
+    };
     let mb_per_s = |ms: i64| SIZE as f64 / 1e6 / (ms as f64 / 1000.0).max(0.001);
     kiln_cmd::outln!("log_bytes: {SIZE}");
     kiln_cmd::outln!("log_ingest_rounds: {rounds}");
@@ -65,25 +72,44 @@ pub async fn run() -> Result<i32, Failure> {
     // taken seconds apart on the same host.
     let mut single_ok = true;
     let (mut ingest, mut bases, mut ratios, mut attempts) = (vec![], vec![], vec![], vec![]);
+    let (mut pg_ingest, mut pg_ratios, mut pg_vs_sqlite) = (vec![], vec![], vec![]);
     for round in 1..=rounds {
         let base = file_write_fsync_mb_per_s(&tmp, SIZE)?;
-        let r = c.submit_run("logs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
-        let run = wait_terminal(&c, &r.run_id).await?;
-        single_ok &= run.status.is_success();
-        let a = run.jobs[0].attempts.last().expect("attempt");
-        let finished = a.finished_at_ms.unwrap_or(a.started_at_ms);
-        let step_start = step_start_ms(&c, &run.jobs[0].id).await?.unwrap_or(a.started_at_ms);
-        let (rate, attempt) = (mb_per_s(finished - step_start), mb_per_s(finished - a.started_at_ms));
+        let (ok, step_ms, attempt_ms, before) = ingest_once(&c).await?;
+        single_ok &= ok;
+        let (rate, attempt) = (mb_per_s(step_ms), mb_per_s(attempt_ms));
         kiln_cmd::outln!(
-            "log_ingest_round_{round}: {rate:.0} MB/s, write + fsync {base:.0} MB/s: {:.2} ({}; {} ms before the step)",
+            "log_ingest_round_{round}: {rate:.0} MB/s, write + fsync {base:.0} MB/s: {:.2} ({}; {before} ms before the step)",
             rate / base,
-            run.status.as_str(),
-            step_start - a.started_at_ms
+            if ok { "success" } else { "failed" },
         );
         ingest.push(rate);
         bases.push(base);
         ratios.push(rate / base);
         attempts.push(attempt / base);
+        if let Some((_, pc, _)) = &pg {
+            let (ok, step_ms, _, before) = ingest_once(pc).await?;
+            single_ok &= ok;
+            let pg_rate = mb_per_s(step_ms);
+            kiln_cmd::outln!(
+                "pg_log_ingest_round_{round}: {pg_rate:.0} MB/s: {:.2} of write + fsync, {:.2} of SQLite's ({}; {before} ms before the step)",
+                pg_rate / base,
+                pg_rate / rate,
+                if ok { "success" } else { "failed" },
+            );
+            pg_ingest.push(pg_rate);
+            pg_ratios.push(pg_rate / base);
+            pg_vs_sqlite.push(pg_rate / rate);
+        }
+    }
+    if pg.is_some() {
+        kiln_cmd::outln!("pg_log_ingest_mb_per_s: {:.0}", median(&mut pg_ingest));
+        kiln_cmd::outln!("pg_log_ingest_vs_baseline: {:.2}", median(&mut pg_ratios));
+        kiln_cmd::outln!("pg_log_ingest_vs_sqlite: {:.2}", median(&mut pg_vs_sqlite));
+    }
+    if let Some((pg_server, _, pg_agent)) = pg {
+        drop(pg_agent);
+        let _ = pg_server.shutdown().await;
     }
     // Medians: one round disturbed by the host (a noisy neighbour's I/O, a
     // stall in the baseline's own fsync) moves neither figure.
@@ -121,6 +147,49 @@ pub async fn run() -> Result<i32, Failure> {
     let _ = server.shutdown().await;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(if single_ok && latency_ok && crowd_ok { exit::OK } else { exit::RUN_FAILED })
+}
+
+/// A server (in this process; on PostgreSQL with `database_url`) with the
+/// `logs` repository and one agent for the single stream.
+async fn ingest_side(
+    tmp: &Path,
+    data: &str,
+    database_url: Option<String>,
+    repo: &Path,
+    limit: &str,
+) -> Result<(kiln_server::ServerHandle, Client, crate::util::Proc), Failure> {
+    let mut config = kiln_server::ServerConfig::new(tmp.join(data), "127.0.0.1:0".into());
+    config.database_url = database_url;
+    // As `kiln server` reads it (a shared host's disk may be fuller than
+    // the benchmark's few hundred megabytes need).
+    if let Some(levels) = crate::util::storage_levels_from_env()? {
+        config.degradation.storage_pct = levels;
+    }
+    let server = kiln_server::start(config).await?;
+    let c = Client::new(&server.url(), &server.admin_token);
+    c.create_repo(&kiln_api::CreateRepo {
+        team: None,
+        forge: Default::default(),
+        name: "logs".into(),
+        clone_url: repo.display().to_string(),
+        webhook_secret: None,
+        secret_pools: None,
+    })
+    .await?;
+    let agent =
+        spawn_agent_with(&server.url(), &server.agent_token, &format!("talker-{data}"), tmp, &["--log-limit", limit])?;
+    Ok((server, c, agent))
+}
+
+/// One run of the loud job: (succeeded, ms from the step's first line to
+/// the attempt's end, ms of the whole attempt, ms before the step).
+async fn ingest_once(c: &Client) -> anyhow::Result<(bool, i64, i64, i64)> {
+    let r = c.submit_run("logs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
+    let run = wait_terminal(c, &r.run_id).await?;
+    let a = run.jobs[0].attempts.last().expect("attempt");
+    let finished = a.finished_at_ms.unwrap_or(a.started_at_ms);
+    let step_start = step_start_ms(c, &run.jobs[0].id).await?.unwrap_or(a.started_at_ms);
+    Ok((run.status.is_success(), finished - step_start, finished - a.started_at_ms, step_start - a.started_at_ms))
 }
 
 /// Rounds of the single stream (`KILN_BENCH_LOG_ROUNDS` overrides it).

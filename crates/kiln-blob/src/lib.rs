@@ -388,6 +388,11 @@ impl LocalBlobStore {
         perms.set_readonly(true);
         fs::set_permissions(&staging, perms).await?;
         fs::rename(&staging, &object).await?;
+        // The rename itself survives a crash (log bytes are acknowledged
+        // once their object is put).
+        if let Some(dir) = object.parent() {
+            fs::File::open(dir).await?.sync_all().await?;
+        }
         Ok(info)
     }
 

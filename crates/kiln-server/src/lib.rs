@@ -149,6 +149,9 @@ pub async fn start(mut config: ServerConfig) -> anyhow::Result<ServerHandle> {
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let store = boot::open_store(&config).await?;
+    // PostgreSQL keeps log bytes in the object store (SQLite: in segment
+    // files beside its database).
+    store.set_log_objects(Arc::new(services::log_archive::LogObjectsIn(blob.clone())));
     let sealed = boot::seal_legacy_secrets(&*store, &secrets).await?;
     if sealed > 0 {
         tracing::info!(sealed, "sealed secrets stored in clear by an earlier version");

@@ -161,6 +161,10 @@ pub(crate) async fn archive_once(state: &AppState) -> Result<usize, StoreError> 
             Err(e) => tracing::warn!(job, "cannot archive log (kept in the journal; will retry): {e:#}"),
         }
     }
+    // Log objects (PostgreSQL) whose chunks are all archived now.
+    if let Err(e) = state.store.collect_log_objects(kiln_store::LOG_OBJECT_ORPHAN_AGE_MS, ARCHIVE_BATCH).await {
+        tracing::warn!("cannot collect log objects (will retry): {e}");
+    }
     Ok(archived)
 }
 

@@ -316,6 +316,14 @@ impl OutboxStore for SqlStore {
 
 #[async_trait]
 impl LogStore for SqlStore {
+    fn set_log_objects(&self, objects: std::sync::Arc<dyn crate::LogObjects>) {
+        self.put_log_objects(objects);
+    }
+
+    async fn collect_log_objects(&self, min_age_ms: i64, limit: u32) -> Result<usize> {
+        logs::collect_log_objects(self, min_age_ms, limit).await
+    }
+
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
         logs::append_log_chunk(self, chunk).await
     }

@@ -19,6 +19,7 @@ mod dialect;
 mod error;
 mod impls;
 mod lanes;
+mod log_objects;
 mod model;
 mod postgres;
 mod rows;
@@ -30,6 +31,7 @@ mod traits;
 mod tx;
 
 pub use error::{Result, StoreError};
+pub use log_objects::{LogObjectError, LogObjects, ORPHAN_AGE_MS as LOG_OBJECT_ORPHAN_AGE_MS};
 pub use model::*;
 pub use segments::SMALL_CHUNK as SMALL_LOG_CHUNK;
 pub use store::{PgStore, SqlStore, SqliteStore};

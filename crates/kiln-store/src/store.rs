@@ -42,6 +42,10 @@ pub(crate) struct LogFiles {
     pub(crate) segments: Option<crate::segments::Segments>,
     /// New chunks keep their bytes in the database even with `segments`.
     pub(crate) bytes_in_db: bool,
+    /// PostgreSQL: the object store holding the log bytes, once the server
+    /// set it (`LogStore::set_log_objects`); unset, the bytes stay in the
+    /// database.
+    pub(crate) objects: std::sync::OnceLock<crate::log_objects::ObjectSegments>,
     /// Commit order of chunks in flight together.
     pub(crate) sequencer: crate::sequencer::Sequencer,
     /// SQLite: held by a bulk chunk (more than
@@ -96,6 +100,18 @@ fn bulk_in_flight() -> Result<usize> {
     }
 }
 
+/// `KILN_LOG_SEGMENTS=off`: new log chunks keep their bytes in the
+/// database (for comparison; chunks already in segments or objects stay
+/// readable either way). Unset or `on`: segment files beside a SQLite
+/// database, the object store on PostgreSQL. Any other value is refused.
+fn log_bytes_in_db() -> Result<bool> {
+    match std::env::var("KILN_LOG_SEGMENTS").as_deref() {
+        Err(_) | Ok("on") => Ok(false),
+        Ok("off") => Ok(true),
+        Ok(v) => Err(crate::StoreError::Invalid(format!("KILN_LOG_SEGMENTS must be `on` or `off`, not {v:?}"))),
+    }
+}
+
 impl SqlStore {
     /// Open (creating if needed) the SQLite database at `path` and run migrations.
     pub async fn open(path: &Path) -> Result<SqlStore> {
@@ -107,16 +123,9 @@ impl SqlStore {
         let mut dir = path.as_os_str().to_owned();
         dir.push(".logs");
         let segments = crate::segments::Segments::new(dir.into());
-        let off = match std::env::var("KILN_LOG_SEGMENTS").as_deref() {
-            Err(_) | Ok("on") => false,
-            Ok("off") => true,
-            Ok(v) => {
-                return Err(crate::StoreError::Invalid(format!("KILN_LOG_SEGMENTS must be `on` or `off`, not {v:?}")));
-            }
-        };
         let logs = LogFiles {
             segments: Some(segments),
-            bytes_in_db: off,
+            bytes_in_db: log_bytes_in_db()?,
             bulk_gate: Some(tokio::sync::Mutex::new(())),
             bulk_admission: Some(tokio::sync::Semaphore::new(bulk_in_flight()?)),
             ..LogFiles::default()
@@ -134,10 +143,11 @@ impl SqlStore {
     pub async fn connect(url: &str) -> Result<SqlStore> {
         let pool = postgres::connect_pool(url).await?;
         let beats = postgres::Heartbeats::spawn(pool.clone());
+        let logs = LogFiles { bytes_in_db: log_bytes_in_db()?, ..LogFiles::default() };
         Ok(SqlStore {
             pools: Pools::Pg { pool, beats },
             backoff: Backoff::default(),
-            logs: Default::default(),
+            logs: logs.into(),
             attester: Default::default(),
         })
     }
@@ -159,6 +169,14 @@ impl SqlStore {
 
     pub(crate) fn log_files(&self) -> &LogFiles {
         &self.logs
+    }
+
+    /// PostgreSQL: new log chunks keep their bytes in `objects` (unless
+    /// `KILN_LOG_SEGMENTS=off`); set once. SQLite keeps its segment files.
+    pub(crate) fn put_log_objects(&self, objects: std::sync::Arc<dyn crate::LogObjects>) {
+        if matches!(self.pools, Pools::Pg { .. }) && !self.logs.bytes_in_db {
+            let _ = self.logs.objects.set(crate::log_objects::ObjectSegments::new(objects));
+        }
     }
 
     pub(crate) fn dialect(&self) -> &'static Dialect {

@@ -347,6 +347,16 @@ pub trait OutboxStore: Send + Sync {
 
 #[async_trait]
 pub trait LogStore: Send + Sync {
+    /// Where log bytes go on a backend that keeps no files of its own
+    /// (PostgreSQL, issue 47): the server's object store. Set at boot; a
+    /// backend with its own segment files (SQLite) ignores it.
+    fn set_log_objects(&self, _objects: std::sync::Arc<dyn crate::LogObjects>) {}
+    /// Delete log objects older than `min_age_ms` that no chunk refers to
+    /// any more (archived and trimmed, or never committed), at most
+    /// `limit`; how many. Backends without log objects: 0.
+    async fn collect_log_objects(&self, _min_age_ms: i64, _limit: u32) -> Result<usize> {
+        Ok(0)
+    }
     /// spec 000 §13: identical retry accepted, conflicting bytes refused,
     /// stale epochs refused. Returns the contiguous committed offset per stream.
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;

@@ -5,8 +5,9 @@
 mod conformance;
 
 use kiln_core::Backoff;
-use kiln_store::{AttemptStore, ClaimInput, PgStore, RunStore, StoreError};
+use kiln_store::{AttemptStore, ClaimInput, LogObjectError, LogObjects, LogStore, PgStore, RunStore, StoreError};
 use kiln_testkit::{TempPostgres, postgres_available};
+use std::sync::Arc;
 use std::sync::Mutex;
 
 /// Databases of finished fixtures, ready to be emptied and used again.
@@ -35,7 +36,32 @@ async fn open(backoff: Backoff) -> conformance::Fixture<PgStore> {
         None => pg.create_database().await.expect("create database"),
     };
     let store = PgStore::connect(&url).await.expect("open postgres store").with_backoff(backoff);
-    conformance::Fixture::new(store, Lease(url))
+    // Log bytes go to an object store, as a server's do (issue 47).
+    let objects = tempfile::tempdir().expect("object store dir");
+    store.set_log_objects(Arc::new(Objects(kiln_blob::BlobStore::open_url("", objects.path()).unwrap())));
+    conformance::Fixture::new(store, (Lease(url), objects))
+}
+
+/// The object store (the local one a server uses by default) as the home
+/// of the store's log bytes.
+struct Objects(kiln_blob::BlobStore);
+
+#[async_trait::async_trait]
+impl LogObjects for Objects {
+    async fn put(&self, key: &str, data: &[u8]) -> Result<(), LogObjectError> {
+        self.0.put_object(key, data).await.map(|_| ()).map_err(|e| LogObjectError::Other(e.to_string()))
+    }
+
+    async fn read_range(&self, key: &str, offset: u64, len: usize) -> Result<Vec<u8>, LogObjectError> {
+        self.0.read_range(key, offset, len).await.map_err(|e| match e {
+            kiln_blob::BlobError::NotFound(k) => LogObjectError::NotFound(k),
+            e => LogObjectError::Other(e.to_string()),
+        })
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), LogObjectError> {
+        self.0.delete(key).await.map_err(|e| LogObjectError::Other(e.to_string()))
+    }
 }
 
 /// Remove every row of every store table (the schema and migrations stay).
@@ -182,7 +208,6 @@ async fn claim_skips_a_run_locked_elsewhere() {
 #[tokio::test]
 async fn a_chunk_on_another_replica_commits_after_its_predecessor() {
     use conformance::*;
-    use kiln_store::LogStore;
     if !postgres_available() {
         return;
     }
@@ -206,4 +231,81 @@ async fn a_chunk_on_another_replica_commits_after_its_predecessor() {
     let rows = a.log_chunks_after(&build, 0, 10).await.unwrap();
     let got: Vec<(i64, &[u8])> = rows.iter().map(|r| (r.offset, r.data.as_slice())).collect();
     assert_eq!(got, vec![(0, &b"first\n"[..]), (6, &b"second"[..])], "ids follow the offsets across replicas");
+}
+
+/// Issue 47, item 6: on PostgreSQL a chunk's bytes are in the object store
+/// and the database holds only its index; every replica reads them; an
+/// identical retry writes nothing new; objects no chunk refers to (a stale
+/// epoch's refused bytes, a log archived and trimmed) are collected once
+/// old enough, and only those.
+#[tokio::test]
+async fn log_bytes_live_in_the_object_store_and_unreferenced_objects_are_collected() {
+    use conformance::*;
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = kiln_blob::BlobStore::open_url("", dir.path()).unwrap();
+    let s = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    s.set_log_objects(Arc::new(Objects(blobs.clone())));
+    let (_, run_id) = start(&s, workflow(vec![job("build", &[], 0)])).await;
+    let a = agent(&s, "a", 4).await;
+    let build = job_id(&s, &run_id, "build").await;
+    claim(&s, &a, &build, LONG_TTL).await;
+    let big = vec![b'x'; 100_000];
+    s.append_log_chunk(chunk(&build, 1, "stdout", 0, 0, b"hello\n")).await.unwrap();
+    s.append_log_chunk(chunk(&build, 1, "stdout", 1, 6, &big)).await.unwrap();
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+    let q = |sql: &'static str| sqlx::query_scalar::<_, i64>(sql).fetch_one(&db);
+    assert_eq!(
+        q("SELECT COALESCE(SUM(length(data)), 0)::BIGINT FROM log_chunks WHERE stream = 'stdout'").await.unwrap(),
+        0
+    );
+    let segs: Vec<i64> = sqlx::query_scalar("SELECT seg FROM log_chunks WHERE stream = 'stdout' ORDER BY id")
+        .fetch_all(&db)
+        .await
+        .unwrap();
+    assert_eq!(segs.len(), 2);
+    assert_ne!(segs[0], segs[1], "live output and bulk output are written apart");
+    for seg in &segs {
+        assert!(blobs.exists(&format!("logs/segments/{seg:012}")).await.unwrap(), "object of segment {seg}");
+    }
+    let read = |rows: Vec<kiln_store::LogChunkRecord>| rows.into_iter().map(|r| r.data).collect::<Vec<_>>();
+    assert_eq!(read(s.log_chunks_after(&build, 0, 10).await.unwrap()), vec![b"hello\n".to_vec(), big.clone()]);
+    // Another replica (the same database and object store) reads them.
+    let other = PgStore::connect(&url).await.unwrap();
+    other.set_log_objects(Arc::new(Objects(blobs.clone())));
+    assert_eq!(read(other.log_chunks_after(&build, 0, 10).await.unwrap()), vec![b"hello\n".to_vec(), big.clone()]);
+    // An identical retry of the bulk chunk writes no object.
+    let objects = q("SELECT COUNT(*) FROM log_objects").await.unwrap();
+    s.append_log_chunk(chunk(&build, 1, "stdout", 1, 6, &big)).await.unwrap();
+    assert_eq!(q("SELECT COUNT(*) FROM log_objects").await.unwrap(), objects);
+    // A stale epoch's chunk is refused; its object is nobody's.
+    assert_stale(s.append_log_chunk(chunk(&build, 2, "stdout", 0, 0, b"stale")).await);
+    let stale = q("SELECT MAX(seg) FROM log_objects").await.unwrap();
+    assert!(!segs.contains(&stale));
+    assert_eq!(s.collect_log_objects(kiln_store::LOG_OBJECT_ORPHAN_AGE_MS, 100).await.unwrap(), 0, "too young");
+    assert_eq!(s.collect_log_objects(0, 100).await.unwrap(), 1, "only the stale chunk's object");
+    assert!(!blobs.exists(&format!("logs/segments/{stale:012}")).await.unwrap());
+    assert_eq!(read(s.log_chunks_after(&build, 0, 10).await.unwrap()), vec![b"hello\n".to_vec(), big.clone()]);
+    // Archived and trimmed: the objects go too.
+    s.complete(&build, 1, success()).await.unwrap();
+    let rows = s.log_chunks_after(&build, 0, 100).await.unwrap();
+    let archive = kiln_store::LogArchive {
+        job_id: build.clone(),
+        first_id: rows[0].id,
+        last_id: rows[rows.len() - 1].id,
+        segment_key: "logs/x.seg".into(),
+        index_key: "logs/x.idx.json".into(),
+        chunks: rows.len() as i64,
+        bytes: 100_006,
+    };
+    s.record_log_archive(&archive).await.unwrap();
+    assert_eq!(s.collect_log_objects(0, 100).await.unwrap(), 2);
+    for seg in &segs {
+        assert!(!blobs.exists(&format!("logs/segments/{seg:012}")).await.unwrap(), "segment {seg} collected");
+    }
+    assert_eq!(q("SELECT COUNT(*) FROM log_objects").await.unwrap(), 0);
 }

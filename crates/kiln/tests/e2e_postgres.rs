@@ -40,6 +40,22 @@ async fn pipeline_runs_with_the_server_on_postgres() {
         all.lines().find_map(|l| l.strip_prefix("run ").and_then(|r| r.strip_suffix(" accepted"))).unwrap().to_string();
     // The metadata lives in PostgreSQL, not in a SQLite file in the data dir.
     assert!(!up.data_dir().join("kiln.db").exists());
+    // The log bytes do not (issue 47): the journal holds their index, the
+    // object store the bytes, and `kiln logs` reads them back from there.
+    let out = up.cli().args(["logs", &run_id]).output().unwrap();
+    assert!(out.status.success() && text(&out).contains(&format!("compiling at {head}")), "{}", text(&out));
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+    let (bytes, in_objects): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(SUM(length(data)), 0)::BIGINT, COUNT(seg) FROM log_chunks WHERE stream IN ('stdout', 'stderr')",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(bytes, 0, "no step output in the database");
+    assert!(in_objects >= 2, "both jobs' output is in log objects: {in_objects}");
+    let segments = up.data_dir().join("objects/objects/logs/segments");
+    assert!(std::fs::read_dir(&segments).map(|d| d.count()).unwrap_or(0) >= 1, "{}", segments.display());
+    db.close().await;
 
     // A new server process (with a new data dir) on the same database sees
     // the finished run.

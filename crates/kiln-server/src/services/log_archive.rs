@@ -16,6 +16,32 @@ use crate::state::AppState;
 use kiln_store::LogArchive;
 use sha2::{Digest, Sha256};
 
+/// The object store as the PostgreSQL store's home for log bytes (issue 47,
+/// item 6): the journal's index stays in the database, the bytes do not.
+pub(crate) struct LogObjectsIn(pub(crate) kiln_blob::BlobStore);
+
+#[async_trait::async_trait]
+impl kiln_store::LogObjects for LogObjectsIn {
+    async fn put(&self, key: &str, data: &[u8]) -> Result<(), kiln_store::LogObjectError> {
+        self.0.put_object(key, data).await.map(|_| ()).map_err(blob_err)
+    }
+
+    async fn read_range(&self, key: &str, offset: u64, len: usize) -> Result<Vec<u8>, kiln_store::LogObjectError> {
+        self.0.read_range(key, offset, len).await.map_err(blob_err)
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), kiln_store::LogObjectError> {
+        self.0.delete(key).await.map_err(blob_err)
+    }
+}
+
+fn blob_err(e: kiln_blob::BlobError) -> kiln_store::LogObjectError {
+    match e {
+        kiln_blob::BlobError::NotFound(k) => kiln_store::LogObjectError::NotFound(k),
+        e => kiln_store::LogObjectError::Other(e.to_string()),
+    }
+}
+
 /// Chunks read from the journal per archival page.
 const PAGE: u32 = 512;
 /// Largest segment: a longer log is archived as several.

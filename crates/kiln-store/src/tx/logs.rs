@@ -86,6 +86,27 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
             }
         }
     }
+    if let Some(objects) = files.objects.get()
+        && len > 0
+        && chunk.stream != kiln_core::logs::stream::SYSTEM
+    {
+        // PostgreSQL: the bytes go to the object store, as above to a
+        // segment file (an identical retry's bytes are not written again).
+        let maybe_retry = bulk && !files.sequencer.fresh(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset);
+        let identical = maybe_retry && committed_identically(store, &chunk, len).await?;
+        if !identical {
+            match objects.append(store, std::mem::take(&mut chunk.data)).await {
+                Ok(p) => placed = Some(p),
+                // Cannot write: only an identical retry is still accepted
+                // (its row holds the bytes' place already).
+                Err(e) => {
+                    if maybe_retry || !committed_identically(store, &chunk, len).await? {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
     ticket.wait_turn().await;
     if (files.segments.is_none() || chunk.in_order) && chunk.offset > 0 {
         // PostgreSQL may have replicas: the chunk before this one can be in
@@ -318,21 +339,64 @@ pub(crate) async fn log_chunks_after(
             .bind(limit as i64)
             .all()
             .await?;
+        let files = store.log_files();
         let mut out = Vec::with_capacity(rows.len());
+        // Chunks whose bytes are in the object store: (index in `out`, seg, pos, len).
+        let mut in_objects: Vec<(usize, i64, i64, i64)> = vec![];
         for (id, epoch, stream, offset, length, mut data, at_ms, seg, seg_pos) in rows {
-            if let (Some(seg), Some(pos), Some(segments)) = (seg, seg_pos, &store.log_files().segments) {
-                data = match segments.read(seg, pos, length).await {
-                    Ok(d) => d,
-                    // Archived and trimmed (its segment deleted) since the
-                    // query: ask again (it is now in an archive).
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => {
-                        tries += 1;
-                        continue 'again;
-                    }
-                    Err(e) => return Err(StoreError::Unavailable(format!("log segment {seg}: {e}"))),
-                };
+            if let (Some(seg), Some(pos)) = (seg, seg_pos) {
+                if let Some(segments) = &files.segments {
+                    data = match segments.read(seg, pos, length).await {
+                        Ok(d) => d,
+                        // Archived and trimmed (its segment deleted) since the
+                        // query: ask again (it is now in an archive).
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => {
+                            tries += 1;
+                            continue 'again;
+                        }
+                        Err(e) => return Err(StoreError::Unavailable(format!("log segment {seg}: {e}"))),
+                    };
+                } else {
+                    in_objects.push((out.len(), seg, pos, length));
+                }
             }
             out.push(LogChunkRecord { id, epoch, stream, offset, data, at_ms });
+        }
+        if in_objects.is_empty() {
+            return Ok(out);
+        }
+        let Some(objects) = files.objects.get() else {
+            return Err(StoreError::Unavailable(
+                "these log bytes are in the object store, which this process has not opened".into(),
+            ));
+        };
+        // Neighbours in one object are read with one request.
+        let mut i = 0;
+        while i < in_objects.len() {
+            let (_, seg, start, _) = in_objects[i];
+            let mut end = i + 1;
+            let mut stop = start + in_objects[i].3;
+            while end < in_objects.len() && in_objects[end].1 == seg && in_objects[end].2 == stop {
+                stop += in_objects[end].3;
+                end += 1;
+            }
+            let bytes = match objects
+                .objects()
+                .read_range(&crate::log_objects::key(seg), start as u64, (stop - start) as usize)
+                .await
+            {
+                Ok(b) => b,
+                Err(crate::LogObjectError::NotFound(_)) if tries < 3 => {
+                    tries += 1;
+                    continue 'again;
+                }
+                Err(e) => return Err(StoreError::Unavailable(format!("log segment {seg}: {e}"))),
+            };
+            for &(at, _, pos, len) in &in_objects[i..end] {
+                let from = (pos - start) as usize;
+                out[at].data = bytes[from..from + len as usize].to_vec();
+            }
+            i = end;
         }
         return Ok(out);
     }
@@ -434,4 +498,12 @@ pub(crate) async fn log_archives(store: &SqlStore, job_id: &str) -> Result<Vec<L
             bytes,
         })
         .collect())
+}
+
+/// `LogStore::collect_log_objects`.
+pub(crate) async fn collect_log_objects(store: &SqlStore, min_age_ms: i64, limit: u32) -> Result<usize> {
+    match store.log_files().objects.get() {
+        Some(objects) => crate::log_objects::remove_unreferenced(store, objects, min_age_ms, i64::from(limit)).await,
+        None => Ok(0),
+    }
 }
