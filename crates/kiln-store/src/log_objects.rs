@@ -70,19 +70,52 @@ struct Pending {
     writing: bool,
 }
 
+/// The live lane's newest objects this process wrote, kept to answer the
+/// live feeds' reads without a request to the object store, at most this
+/// many bytes.
+const RECENT_BYTES: usize = 4 * 1024 * 1024;
+
 /// The batcher: one per store, two lanes.
 pub(crate) struct ObjectSegments {
     objects: Arc<dyn LogObjects>,
     lanes: [Mutex<Pending>; 2],
+    /// The small lane's newest objects (segment, bytes), oldest first.
+    recent: Mutex<std::collections::VecDeque<(i64, Arc<Vec<u8>>)>>,
 }
 
 impl ObjectSegments {
     pub(crate) fn new(objects: Arc<dyn LogObjects>) -> ObjectSegments {
-        ObjectSegments { objects, lanes: Default::default() }
+        ObjectSegments { objects, lanes: Default::default(), recent: Default::default() }
     }
 
-    pub(crate) fn objects(&self) -> &Arc<dyn LogObjects> {
-        &self.objects
+    /// `len` bytes of segment `seg` from `pos`: from a live-lane object
+    /// this process wrote lately, else from the object store.
+    pub(crate) async fn read(&self, seg: i64, pos: u64, len: usize) -> std::result::Result<Vec<u8>, LogObjectError> {
+        let kept = self.recent.lock().expect("log objects").iter().find(|(s, _)| *s == seg).map(|(_, b)| b.clone());
+        if let Some(bytes) = kept
+            && let Some(part) = bytes.get(pos as usize..pos as usize + len)
+        {
+            return Ok(part.to_vec());
+        }
+        self.objects.read_range(&key(seg), pos, len).await
+    }
+
+    fn keep_recent(&self, seg: i64, bytes: Vec<u8>) {
+        if bytes.len() > RECENT_BYTES {
+            return;
+        }
+        let mut r = self.recent.lock().expect("log objects");
+        r.push_back((seg, Arc::new(bytes)));
+        let mut total: usize = r.iter().map(|(_, b)| b.len()).sum();
+        while total > RECENT_BYTES
+            && let Some((_, b)) = r.pop_front()
+        {
+            total -= b.len();
+        }
+    }
+
+    fn forget(&self, seg: i64) {
+        self.recent.lock().expect("log objects").retain(|(s, _)| *s != seg);
     }
 
     /// Stores `data` in the next object of its lane and returns (segment,
@@ -143,7 +176,10 @@ async fn write_lane(store: SqlStore, lane: Lane) {
             Ok::<i64, StoreError>(seg)
         }
         .await;
-        drop(bytes);
+        match &written {
+            Ok(seg) if lane == Lane::Small => segs.keep_recent(*seg, bytes),
+            _ => drop(bytes),
+        }
         for (pos, reply) in places {
             let _ = reply.send(match &written {
                 Ok(seg) => Ok((*seg, pos)),
@@ -184,6 +220,7 @@ pub(crate) async fn remove_unreferenced(
     drop(r);
     let mut removed = 0;
     for seg in old {
+        segs.forget(seg);
         match segs.objects.delete(&key(seg)).await {
             Ok(()) | Err(LogObjectError::NotFound(_)) => {}
             Err(e) => {

@@ -380,11 +380,7 @@ pub(crate) async fn log_chunks_after(
                 stop += in_objects[end].3;
                 end += 1;
             }
-            let bytes = match objects
-                .objects()
-                .read_range(&crate::log_objects::key(seg), start as u64, (stop - start) as usize)
-                .await
-            {
+            let bytes = match objects.read(seg, start as u64, (stop - start) as usize).await {
                 Ok(b) => b,
                 Err(crate::LogObjectError::NotFound(_)) if tries < 3 => {
                     tries += 1;
