@@ -189,11 +189,22 @@ async fn write_lane(store: SqlStore, lane: Lane) {
     }
 }
 
-/// A new segment number, recorded with its time.
+/// A new segment number, recorded with its time. The row's commit does
+/// not wait for its WAL to reach the disk (`synchronous_commit = off`):
+/// the commit of the chunks that refer to the object comes later and
+/// flushes the WAL up to itself, this row included; only a crash before
+/// any of them committed can lose it, and then the object holds nothing
+/// anyone acknowledged (an orphan no collection finds — a few bytes).
 async fn new_segment(store: &SqlStore) -> Result<i64> {
-    let mut w = store.writer().await?;
-    let now = crate::db::now(&mut w).await?;
-    w.sql("INSERT INTO log_objects (created_at) VALUES ($1) RETURNING seg").bind(now).scalar().await
+    store
+        .transaction(crate::dialect::Isolation::LockedReadCommitted, &(), |tx, ()| {
+            Box::pin(async move {
+                tx.sql("SET LOCAL synchronous_commit = off").execute().await?;
+                let now = crate::db::now(tx).await?;
+                tx.sql("INSERT INTO log_objects (created_at) VALUES ($1) RETURNING seg").bind(now).scalar().await
+            })
+        })
+        .await
 }
 
 /// Deletes the objects older than `min_age_ms` ([`ORPHAN_AGE_MS`] for the
