@@ -35,6 +35,9 @@ pub(crate) enum CheckoutError {
     Io { path: String, source: std::io::Error },
 }
 
+/// Most (mirror, commit) pairs a [`Mirrors`] remembers as present.
+const KNOWN_MAX: usize = 1024;
+
 pub(crate) struct Mirrors {
     dir: PathBuf,
     /// Fetch retries (spec 004's table for git clone: 3 tries, 5 s doubling
@@ -44,7 +47,8 @@ pub(crate) struct Mirrors {
     fetch_timeout: Option<std::time::Duration>,
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
     /// (mirror, sha) seen present: objects are never removed from a mirror,
-    /// so the next checkout of that commit skips the `cat-file` probe.
+    /// so the next checkout of that commit skips the `cat-file` probe. At
+    /// most [`KNOWN_MAX`] (see [`Mirrors::remember`]).
     known: Mutex<std::collections::HashSet<(PathBuf, String)>>,
     /// Pristine checkouts known to exist (see [`Mirrors::keep_pristine`]),
     /// each with the number of copies from it in progress.
@@ -61,6 +65,17 @@ impl Mirrors {
             known: Mutex::default(),
             pristine: Arc::default(),
         }
+    }
+
+    /// Notes that `sha` is in `mirror`. Issue 47: every commit an agent
+    /// ever checked out stayed in [`Mirrors::known`]; past [`KNOWN_MAX`]
+    /// the set starts again (a forgotten commit costs one `cat-file`).
+    fn remember(&self, mirror: PathBuf, sha: &str) {
+        let mut known = self.known.lock().expect("known");
+        if known.len() >= KNOWN_MAX {
+            *known = Default::default();
+        }
+        known.insert((mirror, sha.to_string()));
     }
 
     /// Bounds each `git fetch` (spec 004: git clone, 10 min; `None`: unlimited).
@@ -274,7 +289,7 @@ impl Mirrors {
             if private_objects {
                 self.give_objects(&mirror, ws).await.map_err(io)?;
             }
-            self.known.lock().expect("known").insert((mirror, sha.to_string()));
+            self.remember(mirror, sha);
             return Ok(Checkout::Fresh);
         }
         // The workspace is a minimal repository borrowing the mirror's objects
@@ -291,14 +306,14 @@ impl Mirrors {
             && std::fs::symlink_metadata(ws).is_ok()
             && self.reset_kept(clone_url, from, sha, ws, private_objects, None, k.index, k.owner, trash).await
         {
-            self.known.lock().expect("known").insert((mirror, sha.to_string()));
+            self.remember(mirror, sha);
             return Ok(Checkout::Kept);
         }
         if let Some(trash) = slot_trash
             && std::fs::symlink_metadata(ws).is_ok()
             && self.sync_existing(clone_url, sha, ws, private_objects, trash).await
         {
-            self.known.lock().expect("known").insert((mirror, sha.to_string()));
+            self.remember(mirror, sha);
             return Ok(Checkout::Fresh);
         }
         let io = |source| CheckoutError::Io { path: ws.display().to_string(), source };
@@ -325,7 +340,7 @@ impl Mirrors {
         if private_objects {
             self.give_objects(&mirror, ws).await.map_err(io)?;
         }
-        self.known.lock().expect("known").insert((mirror, sha.to_string()));
+        self.remember(mirror, sha);
         Ok(Checkout::Fresh)
     }
 
@@ -1121,6 +1136,19 @@ mod tests {
     use super::*;
     use std::io::{BufRead, BufReader};
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Issue 47: the commits a long-lived agent remembers as present are
+    /// bounded, however many it checks out.
+    #[test]
+    fn the_commits_remembered_as_present_are_bounded() {
+        let m = Mirrors::new(PathBuf::from("/nonexistent/mirrors"));
+        for i in 0..3 * KNOWN_MAX + 5 {
+            m.remember(PathBuf::from("/m.git"), &format!("{i:040x}"));
+            assert!(m.known.lock().unwrap().len() <= KNOWN_MAX);
+        }
+        let last = (PathBuf::from("/m.git"), format!("{:040x}", 3 * KNOWN_MAX + 4));
+        assert!(m.known.lock().unwrap().contains(&last), "the latest commit is remembered");
+    }
 
     /// A real git repository served over dumb HTTP by Python, answering
     /// 503 to its first `fail` requests.

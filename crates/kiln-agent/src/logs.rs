@@ -200,42 +200,61 @@ impl StreamBuf {
 }
 
 /// Chunk buffers handed back once their chunk was acknowledged, for the
-/// next large chunk (issue 20: a fresh 1 MiB buffer per chunk cost page
-/// faults and unmapping on every chunk). At most [`SPARE_MAX`] are kept.
-static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// next large chunk of the same attempt (issue 20: a fresh 1 MiB buffer per
+/// chunk cost page faults and unmapping on every chunk). Issue 47: the
+/// pool belongs to one attempt and goes with it — an agent-wide pool held
+/// up to [`SPARE_MAX`] buffers, grown to 2–3 MiB each, for the agent's
+/// life after one loud job (`kiln bench memory`: 7.7 MB of a 200 MB log's
+/// buffers kept by an idle agent) — and keeps only buffers of at most
+/// [`MAX_CHUNK`] bytes.
+#[derive(Default)]
+pub(crate) struct Spare(Vec<Vec<u8>>);
+
+/// Most buffers a [`Spare`] keeps: the deepest window of chunks in flight
+/// is [`IN_FLIGHT`] × 4, but a few suffice to cover the acknowledgements
+/// racing the next cut.
 const SPARE_MAX: usize = 16;
 
-/// An empty buffer for a chunk of `len` bytes (a spare one for a large chunk).
-fn chunk_buf(len: usize) -> Vec<u8> {
-    if len >= CHUNK_SIZE
-        && let Some(mut v) = SPARE.lock().expect("spare buffers").pop()
-    {
-        v.clear();
-        v.reserve(len);
-        return v;
-    }
-    Vec::with_capacity(len)
-}
-
-/// Keeps an acknowledged chunk's buffer for a later chunk, if nothing else
-/// holds it.
-fn give_back(data: bytes::Bytes) {
-    if data.len() < CHUNK_SIZE {
-        return;
-    }
-    if let Ok(m) = data.try_into_mut() {
-        let mut spare = SPARE.lock().expect("spare buffers");
-        if spare.len() < SPARE_MAX {
-            spare.push(Vec::from(m));
+impl Spare {
+    /// An empty buffer for a chunk of `len` bytes (a spare one for a large
+    /// chunk, sized to exactly what it holds).
+    fn take(&mut self, len: usize) -> Vec<u8> {
+        if len >= CHUNK_SIZE
+            && let Some(mut v) = self.0.pop()
+        {
+            v.clear();
+            v.reserve_exact(len);
+            return v;
         }
+        Vec::with_capacity(len)
+    }
+
+    /// Keeps an acknowledged chunk's buffer for a later chunk, if nothing
+    /// else holds it and it is no larger than a chunk may be.
+    fn give_back(&mut self, data: bytes::Bytes) {
+        if data.len() < CHUNK_SIZE || self.0.len() >= SPARE_MAX {
+            return;
+        }
+        if let Ok(m) = data.try_into_mut() {
+            let v = Vec::from(m);
+            if v.capacity() <= MAX_CHUNK {
+                self.0.push(v);
+            }
+        }
+    }
+
+    /// Bytes held by the kept buffers.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.0.iter().map(Vec::capacity).sum()
     }
 }
 
 impl StreamBuf {
-    fn cut(&mut self, name: &str, len: usize) -> LogChunk {
+    fn cut(&mut self, name: &str, len: usize, spare: &mut Spare) -> LogChunk {
         // Copy the deque's (at most two) slices, then drop the range: a
         // byte-wise `drain().collect()` cost more than hashing the chunk.
-        let mut data = chunk_buf(len);
+        let mut data = spare.take(len);
         let (a, b) = self.pending.as_slices();
         let from_a = a.len().min(len);
         data.extend_from_slice(&a[..from_a]);
@@ -263,10 +282,10 @@ impl StreamBuf {
     }
 
     /// Cuts everything pending, in chunks of at most `chunk_size`.
-    fn cut_all(&mut self, name: &str, chunk_size: usize, out: &mut VecDeque<LogChunk>) {
+    fn cut_all(&mut self, name: &str, chunk_size: usize, out: &mut VecDeque<LogChunk>, spare: &mut Spare) {
         while !self.pending.is_empty() {
             let len = self.pending.len().min(chunk_size);
-            out.push_back(self.cut(name, len));
+            out.push_back(self.cut(name, len, spare));
         }
     }
 }
@@ -301,16 +320,18 @@ struct Buffers {
     /// When the attempt last wrote anything (steps' output, the agent's own
     /// progress lines; not hang warnings): what the hang detector measures.
     last_activity: Option<Instant>,
+    /// This attempt's reusable chunk buffers (dropped with it).
+    spare: Spare,
 }
 
 impl Buffers {
     /// Cuts the pending output of every stream but `system` into the queue,
     /// in chunks of at most `chunk_size`.
     fn cut_output(&mut self, chunk_size: usize) {
-        let Buffers { streams, ready, .. } = self;
+        let Buffers { streams, ready, spare, .. } = self;
         for (i, s) in streams.iter_mut().enumerate() {
             if i != Stream::System as usize {
-                s.cut_all(NAMES[i], chunk_size, ready);
+                s.cut_all(NAMES[i], chunk_size, ready, spare);
             }
         }
     }
@@ -522,8 +543,8 @@ impl LogStreamer {
         // Notes this call adds below stay pending, as they always did.
         if stream != Stream::System && !b.streams[Stream::System as usize].pending.is_empty() {
             b.cut_output(self.cfg.chunk_size);
-            let Buffers { streams, ready, .. } = &mut *b;
-            streams[Stream::System as usize].cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
+            let Buffers { streams, ready, spare, .. } = &mut *b;
+            streams[Stream::System as usize].cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready, spare);
         }
         let mut data = data;
         if stream != Stream::System
@@ -926,24 +947,25 @@ impl Shipper {
                 break;
             }
             let (line, _) = b.deferred.pop_front().expect("front");
-            let Buffers { streams, ready, .. } = &mut *b;
+            let Buffers { streams, ready, spare, .. } = &mut *b;
             for (i, s) in streams.iter_mut().take(2).enumerate() {
                 let mut n = (m[i] - s.offset).max(0) as usize;
                 while n > 0 {
                     let len = n.min(self.cfg.chunk_size);
-                    ready.push_back(s.cut(NAMES[i], len));
+                    ready.push_back(s.cut(NAMES[i], len, spare));
                     n -= len;
                 }
             }
             let sys = &mut streams[Stream::System as usize];
             sys.pending.extend(line.as_bytes());
             sys.pending.push_back(b'\n');
-            sys.cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready);
+            sys.cut_all(NAMES[Stream::System as usize], self.cfg.chunk_size, ready, spare);
         }
         let now = Instant::now();
         let mut chunks: Vec<LogChunk> = b.ready.drain(..).collect();
         let mut deadline: Option<Instant> = None;
-        for (i, s) in b.streams.iter_mut().enumerate() {
+        let Buffers { streams, spare, .. } = &mut *b;
+        for (i, s) in streams.iter_mut().enumerate() {
             // 64 KiB triggers a chunk; a backlog that built up while the
             // previous chunk was in flight leaves in chunks of up to
             // `max_chunk`, so heavy output is not shipped 64 KiB at a time.
@@ -951,7 +973,7 @@ impl Shipper {
             let full = if busy { max } else { self.cfg.chunk_size };
             while s.pending.len() >= full {
                 let n = s.pending.len().min(max);
-                chunks.push(s.cut(NAMES[i], n));
+                chunks.push(s.cut(NAMES[i], n, spare));
             }
             if let Some(first) = s.first_pending_at {
                 // Due FLUSH_AFTER after the last timer flush, at most
@@ -967,7 +989,7 @@ impl Shipper {
                 let force = closed || (flush && i != Stream::System as usize);
                 if force || now >= due {
                     let len = s.pending.len();
-                    chunks.push(s.cut(NAMES[i], len));
+                    chunks.push(s.cut(NAMES[i], len, spare));
                     s.flushed_at = Some(now);
                 } else {
                     deadline = Some(deadline.map_or(due, |x| x.min(due)));
@@ -998,7 +1020,7 @@ impl Shipper {
                     if let Some(m) = &self.cfg.metrics {
                         m.log_bytes_sent.inc_by(chunk.data.len() as u64);
                     }
-                    give_back(chunk.data);
+                    self.bufs.lock().expect("log buffers").spare.give_back(chunk.data);
                     return true;
                 }
                 Err(e) if e.is_stale_epoch() => {
@@ -1079,19 +1101,61 @@ mod tests {
     /// its old bytes leaking into the next chunk.
     #[test]
     fn reused_chunk_buffers_carry_only_the_new_bytes() {
-        give_back(bytes::Bytes::from(vec![b'Z'; CHUNK_SIZE * 2]));
+        let mut spare = Spare::default();
+        spare.give_back(bytes::Bytes::from(vec![b'Z'; MAX_CHUNK]));
+        assert_eq!(spare.0.len(), 1);
         let mut s = StreamBuf::default();
         let data: Vec<u8> = (0..CHUNK_SIZE + 7).map(|i| b'a' + (i % 26) as u8).collect();
         s.pending.extend(&data);
-        let c = s.cut("stdout", data.len());
+        let c = s.cut("stdout", data.len(), &mut spare);
+        assert_eq!(spare.0.len(), 0, "the spare buffer was taken");
         assert_eq!(c.data.to_vec(), data);
         assert_eq!(c.crc32c.as_deref(), Some(kiln_api::types::log_crc32c(&data).as_str()));
         assert_eq!(c.sha256, None);
         assert_eq!((c.offset, s.offset, s.pending.len()), (0, data.len() as i64, 0));
         // A buffer someone else still holds is not taken back.
         let held = c.data.clone();
-        give_back(c.data);
+        spare.give_back(c.data);
         assert_eq!(held.to_vec(), data);
+        assert_eq!(spare.0.len(), 0);
+    }
+
+    /// Issue 47: the spare buffers are bounded in number and size — a
+    /// buffer grown past the largest chunk is freed, not kept — and a
+    /// reused buffer is not grown past what its chunk needs.
+    #[test]
+    fn spare_buffers_are_bounded_in_number_and_size() {
+        let mut spare = Spare::default();
+        for _ in 0..SPARE_MAX + 8 {
+            spare.give_back(bytes::Bytes::from(vec![0u8; MAX_CHUNK]));
+        }
+        assert_eq!(spare.0.len(), SPARE_MAX);
+        assert_eq!(spare.held(), SPARE_MAX * MAX_CHUNK);
+        let mut spare = Spare::default();
+        spare.give_back(bytes::Bytes::from(vec![0u8; MAX_CHUNK + 1]));
+        spare.give_back(bytes::Bytes::from(Vec::with_capacity(3 * MAX_CHUNK)));
+        assert_eq!(spare.held(), 0, "buffers larger than a chunk are freed");
+        spare.give_back(bytes::Bytes::from(vec![0u8; CHUNK_SIZE]));
+        let v = spare.take(CHUNK_SIZE + 1);
+        assert!(v.capacity() > CHUNK_SIZE && v.capacity() < 2 * CHUNK_SIZE, "{}", v.capacity());
+    }
+
+    /// Issue 47: the chunk buffers belong to the attempt: once its
+    /// streamer finished, nothing of its buffers is left in the agent.
+    #[tokio::test]
+    async fn an_attempts_log_buffers_go_with_it() {
+        let streamer = LogStreamer::start(
+            Client::new("http://127.0.0.1:9", "t"),
+            "j".into(),
+            1,
+            Control::new(),
+            LogConfig::default(),
+            None,
+        );
+        streamer.bufs.lock().unwrap().spare.give_back(bytes::Bytes::from(vec![0u8; MAX_CHUNK]));
+        let bufs = Arc::downgrade(&streamer.bufs);
+        assert!(streamer.finish().await, "nothing to ship");
+        assert!(bufs.upgrade().is_none(), "the attempt's buffers were dropped with it");
     }
 
     /// Issue 20: the first bytes after a quiet spell leave after

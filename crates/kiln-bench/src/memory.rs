@@ -43,6 +43,10 @@ fn report(stage: &str, server: u32, agent: u32) {
     for (who, pid) in [("server", server), ("agent", agent)] {
         kiln_cmd::outln!("memory_{who}_{stage}_anon_mb: {:.1}", status_mb(pid, "RssAnon:"));
         kiln_cmd::outln!("memory_{who}_{stage}_file_mb: {:.1}", status_mb(pid, "RssFile:"));
+        // Each thread holds its stack's touched pages (tokio's blocking
+        // threads stay 10 s after their last task).
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+        kiln_cmd::outln!("memory_{who}_{stage}_threads: {threads}");
     }
 }
 

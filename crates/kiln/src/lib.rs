@@ -1,6 +1,7 @@
 //! The one Kiln binary. Thin: flag parsing and output; the work happens in
 //! kiln-server, kiln-agent, kiln-workflow and kiln-api; `kiln bench` is kiln-bench.
 
+mod alloc;
 mod cli;
 mod commands;
 mod telemetry;
@@ -20,6 +21,7 @@ pub fn main_entry() -> i32 {
         // are private to the user running Kiln (issue 13); `kiln exec` runs
         // the same server and agents.
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+        alloc::return_large_buffers();
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     rt.block_on(async {
