@@ -19,10 +19,8 @@
 //! commit) — is deleted once it is older than [`ORPHAN_AGE_MS`] (a put and
 //! its commit take seconds at most).
 
-use crate::db::Exec;
-use crate::error::{Result, StoreError};
+use crate::error::Result;
 use crate::segments::Lane;
-use crate::store::SqlStore;
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
@@ -61,7 +59,7 @@ pub(crate) fn key(seg: i64) -> String {
     format!("logs/segments/{seg:012}")
 }
 
-type Reply = oneshot::Sender<Result<(i64, i64)>>;
+pub(crate) type Reply = oneshot::Sender<Result<(i64, i64)>>;
 
 #[derive(Default)]
 struct Pending {
@@ -100,7 +98,7 @@ impl ObjectSegments {
         self.objects.read_range(&key(seg), pos, len).await
     }
 
-    fn keep_recent(&self, seg: i64, bytes: Vec<u8>) {
+    pub(crate) fn keep_recent(&self, seg: i64, bytes: Vec<u8>) {
         if bytes.len() > RECENT_BYTES {
             return;
         }
@@ -118,131 +116,52 @@ impl ObjectSegments {
         self.recent.lock().expect("log objects").retain(|(s, _)| *s != seg);
     }
 
-    /// Stores `data` in the next object of its lane and returns (segment,
-    /// position) once that object is durable.
-    pub(crate) async fn append(&self, store: &SqlStore, data: Vec<u8>) -> Result<(i64, i64)> {
+    /// Queues `data` in its lane: the receiver of its (segment, position),
+    /// and whether the caller must start the lane's writer (none runs).
+    pub(crate) fn enqueue(&self, data: Vec<u8>) -> (oneshot::Receiver<Result<(i64, i64)>>, Option<Lane>) {
         let lane = Lane::of(data.len());
         let (tx, rx) = oneshot::channel();
-        let start = {
-            let mut p = self.lanes[lane as usize].lock().expect("log objects");
-            p.waiting.push((data, tx));
-            !std::mem::replace(&mut p.writing, true)
-        };
-        if start {
-            // A task of its own: a request that gives up waiting does not
-            // stop the write the others wait for.
-            let store = store.clone();
-            tokio::spawn(async move { write_lane(store, lane).await });
-        }
-        rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("the log object writer stopped".into())))
+        let mut p = self.lanes[lane as usize].lock().expect("log objects");
+        p.waiting.push((data, tx));
+        let start = !std::mem::replace(&mut p.writing, true);
+        (rx, start.then_some(lane))
     }
-}
 
-/// Writes the lane's waiting chunks, one object at a time, until none wait.
-async fn write_lane(store: SqlStore, lane: Lane) {
-    let Some(segs) = store.log_files().objects.get() else { return };
-    loop {
-        let batch: Vec<(Vec<u8>, Reply)> = {
-            let mut p = segs.lanes[lane as usize].lock().expect("log objects");
-            let mut size = 0;
-            let n = p
-                .waiting
-                .iter()
-                .take_while(|(d, _)| {
-                    let fits = size == 0 || size + d.len() <= MAX_OBJECT;
-                    size += d.len();
-                    fits
-                })
-                .count();
-            if n == 0 {
-                p.writing = false;
-                return;
-            }
-            p.waiting.drain(..n).collect()
-        };
-        let size: usize = batch.iter().map(|(d, _)| d.len()).sum();
-        let mut bytes = Vec::with_capacity(size);
-        let mut places = Vec::with_capacity(batch.len());
-        for (d, reply) in batch {
-            places.push((bytes.len() as i64, reply));
-            bytes.extend_from_slice(&d);
-        }
-        let written = async {
-            let seg = new_segment(&store).await?;
-            segs.objects
-                .put(&key(seg), &bytes)
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("cannot write log bytes: {e}")))?;
-            Ok::<i64, StoreError>(seg)
-        }
-        .await;
-        match &written {
-            Ok(seg) if lane == Lane::Small => segs.keep_recent(*seg, bytes),
-            _ => drop(bytes),
-        }
-        for (pos, reply) in places {
-            let _ = reply.send(match &written {
-                Ok(seg) => Ok((*seg, pos)),
-                Err(e) => Err(StoreError::Unavailable(e.to_string())),
-            });
-        }
-    }
-}
-
-/// A new segment number, recorded with its time. The row's commit does
-/// not wait for its WAL to reach the disk (`synchronous_commit = off`):
-/// the commit of the chunks that refer to the object comes later and
-/// flushes the WAL up to itself, this row included; only a crash before
-/// any of them committed can lose it, and then the object holds nothing
-/// anyone acknowledged (an orphan no collection finds — a few bytes).
-async fn new_segment(store: &SqlStore) -> Result<i64> {
-    store
-        .transaction(crate::dialect::Isolation::LockedReadCommitted, &(), |tx, ()| {
-            Box::pin(async move {
-                tx.sql("SET LOCAL synchronous_commit = off").execute().await?;
-                let now = crate::db::now(tx).await?;
-                tx.sql("INSERT INTO log_objects (created_at) VALUES ($1) RETURNING seg").bind(now).scalar().await
+    /// The next object's chunks of `lane` (at least one, up to
+    /// [`MAX_OBJECT`] bytes), or None — and the lane's writer ends — when
+    /// none wait.
+    pub(crate) fn next_batch(&self, lane: Lane) -> Option<Vec<(Vec<u8>, Reply)>> {
+        let mut p = self.lanes[lane as usize].lock().expect("log objects");
+        let mut size = 0;
+        let n = p
+            .waiting
+            .iter()
+            .take_while(|(d, _)| {
+                let fits = size == 0 || size + d.len() <= MAX_OBJECT;
+                size += d.len();
+                fits
             })
-        })
-        .await
-}
-
-/// Deletes the objects older than `min_age_ms` ([`ORPHAN_AGE_MS`] for the
-/// server's rounds) that no index row
-/// refers to (their chunks were archived and trimmed, or never committed),
-/// at most `limit` of them; how many.
-pub(crate) async fn remove_unreferenced(
-    store: &SqlStore,
-    segs: &ObjectSegments,
-    min_age_ms: i64,
-    limit: i64,
-) -> Result<usize> {
-    let mut r = store.reader().await?;
-    let now = crate::db::now(&mut r).await?;
-    let old: Vec<i64> = r
-        .sql(
-            "SELECT o.seg FROM log_objects o WHERE o.created_at < $1 \
-             AND NOT EXISTS (SELECT 1 FROM log_chunks c WHERE c.seg = o.seg) ORDER BY o.seg LIMIT $2",
-        )
-        .bind(now - min_age_ms)
-        .bind(limit)
-        .scalars()
-        .await?;
-    drop(r);
-    let mut removed = 0;
-    for seg in old {
-        segs.forget(seg);
-        match segs.objects.delete(&key(seg)).await {
-            Ok(()) | Err(LogObjectError::NotFound(_)) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, seg, "cannot delete an unreferenced log object");
-                continue;
-            }
+            .count();
+        if n == 0 {
+            p.writing = false;
+            return None;
         }
-        store.writer().await?.sql("DELETE FROM log_objects WHERE seg = $1").bind(seg).execute().await?;
-        removed += 1;
+        Some(p.waiting.drain(..n).collect())
     }
-    Ok(removed)
+
+    /// Publishes segment `seg`'s bytes (durable when this returns).
+    pub(crate) async fn put(&self, seg: i64, bytes: &[u8]) -> std::result::Result<(), LogObjectError> {
+        self.objects.put(&key(seg), bytes).await
+    }
+
+    /// Deletes segment `seg`'s object (gone already is fine).
+    pub(crate) async fn delete(&self, seg: i64) -> std::result::Result<(), LogObjectError> {
+        self.forget(seg);
+        match self.objects.delete(&key(seg)).await {
+            Ok(()) | Err(LogObjectError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -457,6 +457,9 @@ async fn readyz(url: &str) -> Option<(u16, String)> {
     Some((r.status().as_u16(), r.text().await.ok()?))
 }
 
+/// What pads each line of the outage test's step.
+const PAD: &str = "pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad-pad";
+
 /// PostgreSQL is stopped for 20 s under a job printing continuously: the
 /// server says it is not ready because of the database, the agent keeps
 /// the job running and spools its log, and once the database is back the
@@ -470,9 +473,11 @@ async fn a_database_outage_pauses_the_control_plane_and_loses_no_job_or_line() {
     let db = pg.create_database().await.unwrap();
     let gate_dir = kiln_testkit::step_writable_tempdir().unwrap();
     let gate = gate_dir.path().join("gate");
-    // Prints a numbered line every 20 ms until the gate opens, then 50 more.
+    // Prints a numbered line every 20 ms until the gate opens, then 50 more;
+    // each line padded to ~100 bytes, so the agent's 4 KiB buffer fills
+    // within a few dozen lines even when a loaded host runs the step slowly.
     let wf = format!(
-        "version: 1\njobs:\n  - name: chatty\n    steps:\n      - run: |\n          i=0\n          while [ ! -e {gate} ]; do i=$((i+1)); echo \"line $i\"; sleep 0.02; done\n          for k in $(seq 1 50); do i=$((i+1)); echo \"line $i\"; sleep 0.02; done\n          echo \"last $i\"\n  - name: after\n    needs: [chatty]\n    steps: [\"echo after ran\"]\n",
+        "version: 1\njobs:\n  - name: chatty\n    steps:\n      - run: |\n          i=0\n          while [ ! -e {gate} ]; do i=$((i+1)); echo \"line $i {PAD}\"; sleep 0.02; done\n          for k in $(seq 1 50); do i=$((i+1)); echo \"line $i {PAD}\"; sleep 0.02; done\n          echo \"last $i\"\n  - name: after\n    needs: [chatty]\n    steps: [\"echo after ran\"]\n",
         gate = gate.display()
     );
     let repo = TestRepo::new(&[(".kiln/pipeline.yaml", &wf)]).unwrap();
@@ -491,7 +496,7 @@ async fn a_database_outage_pauses_the_control_plane_and_loses_no_job_or_line() {
     let job_id = r.jobs[0].id.clone();
     let mut streamed = false;
     for _ in 0..100 {
-        if stdout_so_far(&c, &job_id).await.contains("line 20\n") {
+        if stdout_so_far(&c, &job_id).await.contains(&format!("line 20 {PAD}\n")) {
             streamed = true;
             break;
         }
@@ -586,7 +591,7 @@ async fn a_database_outage_pauses_the_control_plane_and_loses_no_job_or_line() {
         .parse()
         .unwrap();
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("line ")).collect();
-    let want: Vec<String> = (1..=last).map(|i| format!("line {i}")).collect();
+    let want: Vec<String> = (1..=last).map(|i| format!("line {i} {PAD}")).collect();
     assert_eq!(lines, want, "every line once, in order");
     assert!(stdout_so_far(&c, &done.jobs[1].id).await.contains("after ran"));
 }

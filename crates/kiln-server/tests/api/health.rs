@@ -143,7 +143,9 @@ async fn metrics_count_requests_by_route_and_stale_results() {
 #[tokio::test]
 async fn a_job_no_agent_claims_fails_at_the_queue_timeout() {
     use std::time::Duration;
-    let app = TestApp::with_config(|c| c.queue_timeout = Duration::from_millis(400)).await;
+    // Long enough that setting up two repositories and runs on a loaded
+    // host never reaches it (400 ms did once, under a full test run).
+    let app = TestApp::with_config(|c| c.queue_timeout = Duration::from_secs(3)).await;
     let wf = "version: 1\njobs:\n  - name: build\n    runs-on: ubuntu-latest\n    steps: [make]\n  - name: test\n    steps: [make test]\n";
     let _repo = super::repo(&app, "stuck", wf).await;
     let stuck = super::submit(&app, "stuck").await;
@@ -155,13 +157,13 @@ async fn a_job_no_agent_claims_fails_at_the_queue_timeout() {
     let agent = super::register(&app, "a1", 4).await;
     let a = super::claim(&app, &agent, "c1").await.expect("the fine run's job");
     assert_eq!(a.run_id, fine);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(3200)).await;
     assert_eq!(app.app().queue_timeout_once().await.unwrap(), 1, "only the unclaimed job");
     let r = super::get_run(&app, &stuck).await;
     assert_eq!(r.status, "failed");
     assert_eq!((r.jobs[0].status.as_str(), r.jobs[1].status.as_str()), ("failed", "skipped"));
     let m = r.jobs[0].message.as_deref().unwrap_or("");
-    assert!(m.starts_with("queue timeout: no agent claimed the job within 400ms (no agent is connected"), "{m}");
+    assert!(m.starts_with("queue timeout: no agent claimed the job within 3s (no agent is connected"), "{m}");
     assert!(r.jobs[0].attempts.is_empty());
     assert_eq!(super::get_run(&app, &fine).await.jobs[0].status, "running", "a claimed job is not touched");
     assert_eq!(app.app().queue_timeout_once().await.unwrap(), 0, "once");

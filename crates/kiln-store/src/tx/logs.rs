@@ -95,7 +95,7 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
         let maybe_retry = bulk && !files.sequencer.fresh(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset);
         let identical = maybe_retry && committed_identically(store, &chunk, len).await?;
         if !identical {
-            match objects.append(store, std::mem::take(&mut chunk.data)).await {
+            match crate::tx::log_objects::append(store, objects, std::mem::take(&mut chunk.data)).await {
                 Ok(p) => placed = Some(p),
                 // Cannot write: only an identical retry is still accepted
                 // (its row holds the bytes' place already).
@@ -499,7 +499,9 @@ pub(crate) async fn log_archives(store: &SqlStore, job_id: &str) -> Result<Vec<L
 /// `LogStore::collect_log_objects`.
 pub(crate) async fn collect_log_objects(store: &SqlStore, min_age_ms: i64, limit: u32) -> Result<usize> {
     match store.log_files().objects.get() {
-        Some(objects) => crate::log_objects::remove_unreferenced(store, objects, min_age_ms, i64::from(limit)).await,
+        Some(objects) => {
+            crate::tx::log_objects::remove_unreferenced(store, objects, min_age_ms, i64::from(limit)).await
+        }
         None => Ok(0),
     }
 }

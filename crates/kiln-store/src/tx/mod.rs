@@ -3,7 +3,7 @@
 //! function).
 //!
 //! Layers (imports point downwards only):
-//! - `accept`, `claim`, `lease`, `logs`, `outbox`, `repos`, `agents`,
+//! - `accept`, `claim`, `lease`, `logs` (and `log_objects`), `outbox`, `repos`, `agents`,
 //!   `artifacts`, `images`: the verbs; `lease` (fencing) ends attempts
 //!   through `complete`'s failure path.
 //! - `cancel`, `complete`, `release`: cancellation, completion and the
@@ -35,6 +35,7 @@ pub(crate) mod forge;
 pub(crate) mod gates;
 pub(crate) mod images;
 pub(crate) mod lease;
+pub(crate) mod log_objects;
 pub(crate) mod logs;
 pub(crate) mod notify;
 pub(crate) mod outbox;
