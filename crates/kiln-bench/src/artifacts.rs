@@ -141,7 +141,11 @@ pub async fn run(object_store: String, database_url: Option<&str>) -> Result<i32
     // Three runs of two jobs, one of which publishes the artifact.
     kiln_cmd::outln!(
         "artifact_cost: {}",
-        crate::costs::window_fields(&m0, &m1, &[("artifact_bytes", 3 * SIZE), ("artifacts", 3), ("runs", 3), ("jobs", 6)])
+        crate::costs::window_fields(
+            &m0,
+            &m1,
+            &[("artifact_bytes", 3 * SIZE), ("artifacts", 3), ("runs", 3), ("jobs", 6)]
+        )
     );
     if s3_base.is_some() {
         kiln_cmd::outln!("artifact_server_bytes_read_per_gb: {server_read_per_gb:.0}");

@@ -150,6 +150,9 @@ pub(crate) fn parse_window(line: &str) -> Option<BTreeMap<String, f64>> {
 /// The regressors of the fit: seconds (what the replicas and PostgreSQL
 /// cost idle, per second) and each operation's count.
 pub(crate) const REGRESSORS: [&str; 5] = ["seconds", "accepts", "claims", "completions", "heartbeats"];
+/// A window's fields, by name.
+type Window = BTreeMap<String, f64>;
+
 /// What is fitted.
 pub(crate) const TARGETS: [&str; 6] = ["server_cpu_ms", "pg_cpu_ms", "commits", "xids", "wal_bytes", "wal_syncs"];
 
@@ -164,8 +167,10 @@ pub(crate) fn least_squares(x: &[Vec<f64>], y: &[f64]) -> Option<(Vec<f64>, Vec<
     }
     // Columns scaled to unit largest magnitude: counts of thousands beside
     // seconds of ten keep the normal equations well conditioned.
-    let scale: Vec<f64> =
-        (0..p).map(|j| x.iter().map(|r| r[j].abs()).fold(0.0, f64::max)).map(|m| if m > 0.0 { m } else { 1.0 }).collect();
+    let scale: Vec<f64> = (0..p)
+        .map(|j| x.iter().map(|r| r[j].abs()).fold(0.0, f64::max))
+        .map(|m| if m > 0.0 { m } else { 1.0 })
+        .collect();
     let xs: Vec<Vec<f64>> = x.iter().map(|r| r.iter().zip(&scale).map(|(v, s)| v / s).collect()).collect();
     let mut xtx = vec![vec![0.0; p]; p];
     let mut xty = vec![0.0; p];
@@ -179,7 +184,8 @@ pub(crate) fn least_squares(x: &[Vec<f64>], y: &[f64]) -> Option<(Vec<f64>, Vec<
     }
     let inv = invert(xtx)?;
     let beta: Vec<f64> = (0..p).map(|i| (0..p).map(|j| inv[i][j] * xty[j]).sum()).collect();
-    let rss: f64 = xs.iter().zip(y).map(|(r, yi)| (yi - r.iter().zip(&beta).map(|(a, b)| a * b).sum::<f64>()).powi(2)).sum();
+    let rss: f64 =
+        xs.iter().zip(y).map(|(r, yi)| (yi - r.iter().zip(&beta).map(|(a, b)| a * b).sum::<f64>()).powi(2)).sum();
     let sigma2 = rss / (n - p) as f64;
     let se: Vec<f64> = (0..p).map(|i| (sigma2 * inv[i][i]).max(0.0).sqrt() / scale[i]).collect();
     let beta = beta.iter().zip(&scale).map(|(b, s)| b / s).collect();
@@ -217,25 +223,64 @@ fn invert(mut a: Vec<Vec<f64>>) -> Option<Vec<Vec<f64>>> {
     Some(inv)
 }
 
-/// The fit of every target to [`REGRESSORS`] over `windows`: for each
-/// target, (coefficients, standard errors) in the regressors' order. A
-/// regressor that is zero in every window is left out (its cost: NaN).
+/// The fit of every target over `windows`. The windows without accepts
+/// are fitted to seconds, claims, completions and heartbeats by least
+/// squares; then each window of accepts (the submission, nothing else
+/// running) is charged the idle cost per second — that of the windows in
+/// which nothing happened (`--claims-per-s 0`), else the fit's cost per
+/// second — and the rest is divided by its accepts (the submissions last minutes: fitted together
+/// with the rest they would weigh more than every other window). For each
+/// target, (costs, standard errors) in [`REGRESSORS`]' order; an accept's
+/// error is the spread of its windows' figures. A regressor that is zero
+/// in every window is left out (its cost: NaN).
 pub(crate) fn fit(windows: &[BTreeMap<String, f64>]) -> BTreeMap<&'static str, (Vec<f64>, Vec<f64>)> {
-    let used: Vec<usize> =
-        (0..REGRESSORS.len()).filter(|&j| windows.iter().any(|w| w.get(REGRESSORS[j]).copied().unwrap_or(0.0) != 0.0)).collect();
+    let get = |w: &BTreeMap<String, f64>, k: &str| w.get(k).copied().unwrap_or(0.0);
+    let (accepts, ops): (Vec<&Window>, Vec<&Window>) = windows.iter().partition(|w| get(w, "accepts") > 0.0);
+    let used: Vec<usize> = (0..REGRESSORS.len())
+        .filter(|&j| REGRESSORS[j] != "accepts" && ops.iter().any(|w| get(w, REGRESSORS[j]) != 0.0))
+        .collect();
     let mut out = BTreeMap::new();
     for t in TARGETS {
-        let rows: Vec<&BTreeMap<String, f64>> = windows.iter().filter(|w| w.contains_key(t)).collect();
-        let x: Vec<Vec<f64>> =
-            rows.iter().map(|w| used.iter().map(|&j| w.get(REGRESSORS[j]).copied().unwrap_or(0.0)).collect()).collect();
+        let mut beta = vec![f64::NAN; REGRESSORS.len()];
+        let mut err = vec![f64::NAN; REGRESSORS.len()];
+        let rows: Vec<&&BTreeMap<String, f64>> = ops.iter().filter(|w| w.contains_key(t)).collect();
+        let x: Vec<Vec<f64>> = rows.iter().map(|w| used.iter().map(|&j| get(w, REGRESSORS[j])).collect()).collect();
         let y: Vec<f64> = rows.iter().map(|w| w[t]).collect();
         if let Some((b, se)) = least_squares(&x, &y) {
-            let mut beta = vec![f64::NAN; REGRESSORS.len()];
-            let mut err = vec![f64::NAN; REGRESSORS.len()];
             for (k, &j) in used.iter().enumerate() {
                 beta[j] = b[k];
                 err[j] = se[k];
             }
+        }
+        let quiet: Vec<&&BTreeMap<String, f64>> = rows
+            .iter()
+            .copied()
+            .filter(|w| REGRESSORS[2..].iter().all(|r| get(w, r) == 0.0) && get(w, "seconds") > 0.0)
+            .collect();
+        let quiet_secs: f64 = quiet.iter().map(|w| get(w, "seconds")).sum();
+        let idle = if quiet_secs > 0.0 {
+            quiet.iter().map(|w| w[t]).sum::<f64>() / quiet_secs
+        } else if beta[0].is_nan() {
+            0.0
+        } else {
+            beta[0]
+        };
+        let per: Vec<(f64, f64)> = accepts
+            .iter()
+            .filter(|w| w.contains_key(t))
+            .map(|w| ((w[t] - idle * get(w, "seconds")) / get(w, "accepts"), get(w, "accepts")))
+            .collect();
+        if !per.is_empty() {
+            let n: f64 = per.iter().map(|p| p.1).sum();
+            let mean = per.iter().map(|p| p.0 * p.1).sum::<f64>() / n;
+            beta[1] = mean;
+            err[1] = if per.len() > 1 {
+                (per.iter().map(|p| (p.0 - mean).powi(2)).sum::<f64>() / (per.len() - 1) as f64).sqrt()
+            } else {
+                f64::NAN
+            };
+        }
+        if beta.iter().any(|b| !b.is_nan()) {
             out.insert(t, (beta, err));
         }
     }
@@ -248,8 +293,7 @@ pub(crate) fn fit(windows: &[BTreeMap<String, f64>]) -> BTreeMap<&'static str, (
 pub(crate) fn run_fit(files: &[impl AsRef<Path>]) -> anyhow::Result<()> {
     let mut windows = vec![];
     for f in files {
-        let text = std::fs::read_to_string(f.as_ref())
-            .map_err(|e| anyhow::anyhow!("{}: {e}", f.as_ref().display()))?;
+        let text = std::fs::read_to_string(f.as_ref()).map_err(|e| anyhow::anyhow!("{}: {e}", f.as_ref().display()))?;
         windows.extend(text.lines().filter_map(parse_window));
     }
     anyhow::ensure!(!windows.is_empty(), "no control_window lines in the files given");
@@ -295,8 +339,10 @@ mod tests {
     #[test]
     fn least_squares_recovers_exact_costs_and_refuses_dependent_columns() {
         // y = 2 + 3a + 0.5b, exactly.
-        let x: Vec<Vec<f64>> =
-            [(1.0, 0.0), (2.0, 1.0), (0.0, 4.0), (5.0, 2.0), (3.0, 3.0)].iter().map(|&(a, b)| vec![1.0, a, b]).collect();
+        let x: Vec<Vec<f64>> = [(1.0, 0.0), (2.0, 1.0), (0.0, 4.0), (5.0, 2.0), (3.0, 3.0)]
+            .iter()
+            .map(|&(a, b)| vec![1.0, a, b])
+            .collect();
         let y: Vec<f64> = x.iter().map(|r| 2.0 + 3.0 * r[1] + 0.5 * r[2]).collect();
         let (b, se) = least_squares(&x, &y).expect("a fit");
         for (got, want) in b.iter().zip([2.0, 3.0, 0.5]) {
@@ -327,8 +373,7 @@ mod tests {
             .iter()
             .map(|m| {
                 let v = [m.0, m.1, m.2, m.3, m.4];
-                let mut w: BTreeMap<String, f64> =
-                    REGRESSORS.iter().zip(v).map(|(k, x)| (k.to_string(), x)).collect();
+                let mut w: BTreeMap<String, f64> = REGRESSORS.iter().zip(v).map(|(k, x)| (k.to_string(), x)).collect();
                 w.insert("server_cpu_ms".into(), v.iter().zip(cost).map(|(x, c)| x * c).sum());
                 w
             })
