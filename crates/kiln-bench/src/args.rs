@@ -47,11 +47,18 @@ pub struct BenchArgs {
     /// with --replicas (at least 2) `kiln server` processes.
     /// logs: also run the single stream on a server on this PostgreSQL (`postgres`: a
     /// throwaway server), round by round beside the SQLite one.
+    /// artifacts: the server's metadata on it (`postgres`: a throwaway server), with what the
+    /// uploads cost PostgreSQL.
     #[arg(long)]
     pub database_url: Option<String>,
     /// control-plane: server replicas (`kiln server` processes) on the same database.
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
+    /// control-plane: instead of running, fit a cost per operation (CPU of the servers and of
+    /// PostgreSQL, commits, WAL bytes; per accept, claim, completion, heartbeat and idle second)
+    /// to the `control_window_*` lines of earlier outputs saved in these files (repeatable).
+    #[arg(long)]
+    pub fit: Vec<std::path::PathBuf>,
     /// control-plane: the replicas' `--dispatch-offer` (`shared`: each ready job offered by one
     /// replica; `every`: every replica offers every ready job, as before, for comparison).
     #[arg(long, default_value = "shared", value_parser = ["shared", "every"])]

@@ -13,6 +13,7 @@ mod cache;
 mod checkout;
 mod containers;
 mod control;
+mod costs;
 mod dispatch;
 mod exec;
 mod failover;
@@ -40,10 +41,14 @@ pub async fn run(a: BenchArgs) -> Result<i32, Failure> {
         code = code.max(failover::run().await?);
     }
     if matches!(a.suite.as_str(), "artifacts" | "all") {
-        code = code.max(artifacts::run(a.object_store.clone().unwrap_or_default()).await?);
+        code = code.max(artifacts::run(a.object_store.clone().unwrap_or_default(), a.database_url.as_deref()).await?);
     }
     if matches!(a.suite.as_str(), "logs" | "all") {
         code = code.max(logs::run(a.database_url.as_deref()).await?);
+    }
+    if a.suite == "control-plane" && !a.fit.is_empty() {
+        costs::run_fit(&a.fit)?;
+        return Ok(code);
     }
     if matches!(a.suite.as_str(), "control-plane" | "all") {
         code = code.max(

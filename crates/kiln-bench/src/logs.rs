@@ -64,6 +64,15 @@ pub async fn run(database_url: Option<&str>) -> Result<i32, Failure> {
         Some(url) => Some(ingest_side(&tmp, "data-pg", Some(url.clone()), &repo, &limit).await?),
         None => None,
     };
+    // What a PostgreSQL round costs, for docs/capacity.md: this process's
+    // CPU (the server on PostgreSQL runs in it; the SQLite one idles), the
+    // throwaway PostgreSQL's CPU, its transactions and WAL.
+    let meter = crate::costs::Meter {
+        server_pids: vec![std::process::id()],
+        pg_port: _pg.as_ref().map(|p| p.port()),
+        pg_url: pg_url.clone(),
+    };
+    let mut pg_costs: Vec<String> = vec![];
     let mb_per_s = |ms: i64| SIZE as f64 / 1e6 / (ms as f64 / 1000.0).max(0.001);
     kiln_cmd::outln!("log_bytes: {SIZE}");
     kiln_cmd::outln!("log_ingest_rounds: {rounds}");
@@ -88,7 +97,10 @@ pub async fn run(database_url: Option<&str>) -> Result<i32, Failure> {
         ratios.push(rate / base);
         attempts.push(attempt / base);
         if let Some((_, pc, _)) = &pg {
-            let (ok, step_ms, _, before) = ingest_once(pc).await?;
+            let r0 = meter.read().await;
+            let (ok, step_ms, _, before) = ingest_once_every(pc, Duration::from_millis(100)).await?;
+            let r1 = meter.read().await;
+            pg_costs.push(crate::costs::window_fields(&r0, &r1, &[("log_bytes", SIZE), ("runs", 1)]));
             single_ok &= ok;
             let pg_rate = mb_per_s(step_ms);
             kiln_cmd::outln!(
@@ -101,6 +113,11 @@ pub async fn run(database_url: Option<&str>) -> Result<i32, Failure> {
             pg_ratios.push(pg_rate / base);
             pg_vs_sqlite.push(pg_rate / rate);
         }
+    }
+    for (i, c) in pg_costs.iter().enumerate() {
+        // The whole run of the loud job (accept, claim, the log, completion),
+        // polled every 100 ms.
+        kiln_cmd::outln!("pg_log_round_{}_cost: {c}", i + 1);
     }
     if pg.is_some() {
         kiln_cmd::outln!("pg_log_ingest_mb_per_s: {:.0}", median(&mut pg_ingest));
@@ -119,6 +136,14 @@ pub async fn run(database_url: Option<&str>) -> Result<i32, Failure> {
     kiln_cmd::outln!("log_ingest_vs_baseline_min: {:.2}", ratios[0]);
     kiln_cmd::outln!("log_ingest_vs_baseline_max: {:.2}", ratios[ratios.len() - 1]);
     kiln_cmd::outln!("log_attempt_vs_baseline: {:.2}", median(&mut attempts));
+    // KILN_BENCH_LOG_SINGLE_ONLY=1: the single stream only (the capacity
+    // figures), without the latency and the 20 writers.
+    if std::env::var("KILN_BENCH_LOG_SINGLE_ONLY").is_ok_and(|v| v == "1") {
+        drop(agent);
+        let _ = server.shutdown().await;
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(if single_ok { exit::OK } else { exit::RUN_FAILED });
+    }
     let latency_ok = write_to_reader_latency(&c, &tmp).await?;
     drop(agent);
     // One agent per job (as 21 machines would run them), one job each:
@@ -184,8 +209,13 @@ async fn ingest_side(
 /// One run of the loud job: (succeeded, ms from the step's first line to
 /// the attempt's end, ms of the whole attempt, ms before the step).
 async fn ingest_once(c: &Client) -> anyhow::Result<(bool, i64, i64, i64)> {
+    ingest_once_every(c, Duration::from_millis(5)).await
+}
+
+/// [`ingest_once`], asking for the run's state every `poll`.
+async fn ingest_once_every(c: &Client, poll: Duration) -> anyhow::Result<(bool, i64, i64, i64)> {
     let r = c.submit_run("logs", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await?;
-    let run = wait_terminal(c, &r.run_id).await?;
+    let run = crate::util::wait_terminal_every(c, &r.run_id, poll).await?;
     let a = run.jobs[0].attempts.last().expect("attempt");
     let finished = a.finished_at_ms.unwrap_or(a.started_at_ms);
     let step_start = step_start_ms(c, &run.jobs[0].id).await?.unwrap_or(a.started_at_ms);

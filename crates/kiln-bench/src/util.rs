@@ -37,12 +37,19 @@ pub(crate) fn repo_with(dir: &Path, workflow: &str) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn wait_terminal(c: &Client, run: &str) -> anyhow::Result<kiln_api::Run> {
+    wait_terminal_every(c, run, Duration::from_millis(5)).await
+}
+
+/// [`wait_terminal`] asking every `poll`: where the server's CPU or the
+/// database's transactions are measured, 200 polls a second would be part
+/// of what is measured.
+pub(crate) async fn wait_terminal_every(c: &Client, run: &str, poll: Duration) -> anyhow::Result<kiln_api::Run> {
     loop {
         let r = c.get_run(run).await?;
         if r.status.is_terminal() {
             return Ok(r);
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(poll).await;
     }
 }
 
