@@ -45,6 +45,8 @@ pub struct BenchArgs {
     /// --replicas above 1, or `postgres`: a throwaway PostgreSQL server the bench starts).
     /// fairness: also measure the throughput phase on it (`postgres`: a throwaway server)
     /// with --replicas (at least 2) `kiln server` processes.
+    /// dispatch: measure with the server on PostgreSQL (`postgres`: a throwaway durable server,
+    /// a fresh database per deployment; its processes' CPU printed as `cpu_ms_per_run_postgres_*`).
     #[arg(long)]
     pub database_url: Option<String>,
     /// control-plane: server replicas (`kiln server` processes) on the same database.

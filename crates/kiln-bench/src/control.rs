@@ -10,7 +10,9 @@
 //! heartbeats proportionally more often: the store sees the same rate of
 //! the same heartbeat transaction. The figure printed says so.
 
-use crate::util::{Launch, Proc, clock_ticks_per_s, cpu_ticks, percentile, repo_with, spawn_server_with, token};
+use crate::util::{
+    Launch, Proc, clock_ticks_per_s, cpu_ticks, percentile, postgres_pids, repo_with, spawn_server_with, token,
+};
 use kiln_api::{ClaimRequest, Client, Completion, RegisterAgent, SubmitRun, exit};
 use kiln_cmd::Failure;
 use std::path::Path;
@@ -402,25 +404,4 @@ fn spawn_replica(data: &Path, database_url: Option<&str>, offer: &str) -> anyhow
         extra.extend(["--database-url", url]);
     }
     spawn_server_with(data, "127.0.0.1:0", &Launch::default(), &extra)
-}
-
-/// The throwaway PostgreSQL server's processes: the postmaster listening on
-/// `port` and its children (backends, writers), found in /proc.
-fn postgres_pids(port: u16) -> Vec<u32> {
-    let procs: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
-            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?.replace('\0', " ");
-            Some((pid, ppid, cmdline))
-        })
-        .collect();
-    let port = format!("-p {port} ");
-    let Some(master) = procs.iter().find(|(_, _, c)| c.contains("postgres") && c.contains(&port)).map(|p| p.0) else {
-        return vec![];
-    };
-    procs.iter().filter(|(pid, ppid, _)| *pid == master || *ppid == master).map(|p| p.0).collect()
 }

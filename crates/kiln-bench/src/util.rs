@@ -235,6 +235,39 @@ pub(crate) fn cpu_ticks(pids: &[u32]) -> u64 {
         .sum()
 }
 
+/// [`cpu_ticks`] of one process split: (its own user + system ticks, those
+/// of the children it reaped). An agent's reaped children are its steps.
+pub(crate) fn cpu_ticks_split(pid: u32) -> (u64, u64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return (0, 0) };
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).collect();
+    match f[..] {
+        [u, s, cu, cs] => (u + s, cu + cs),
+        _ => (0, 0),
+    }
+}
+
+/// The processes of a throwaway PostgreSQL server: the postmaster
+/// listening on `port` and its children (backends, writers), found in /proc.
+pub(crate) fn postgres_pids(port: u16) -> Vec<u32> {
+    let procs: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?.replace('\0', " ");
+            Some((pid, ppid, cmdline))
+        })
+        .collect();
+    let port = format!("-p {port} ");
+    let Some(master) = procs.iter().find(|(_, _, c)| c.contains("postgres") && c.contains(&port)).map(|p| p.0) else {
+        return vec![];
+    };
+    procs.iter().filter(|(pid, ppid, _)| *pid == master || *ppid == master).map(|p| p.0).collect()
+}
+
 /// `sysconf(_SC_CLK_TCK)` (100 on Linux), read once from `getconf`.
 pub(crate) fn clock_ticks_per_s() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
