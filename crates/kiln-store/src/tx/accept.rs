@@ -339,11 +339,14 @@ async fn enter_run_group(
 /// snapshot (a job still `running` beside its attempt already `lost` was
 /// a read torn by the lease-expiry commit between two statements).
 pub(crate) async fn get_run(store: &SqlStore, run_id: &str) -> Result<RunView> {
+    store.read(run_id, |tx, run_id| Box::pin(get_run_tx(tx, run_id))).await
+}
+
+async fn get_run_tx(conn: &mut Tx, run_id: &str) -> Result<RunView> {
     static JOBS: Sql = Sql::new(|_| format!("SELECT {JOB_COLS} FROM jobs WHERE run_id = $1 ORDER BY job_index"));
     static ATTEMPTS: Sql =
         Sql::new(|_| format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE run_id = $1 ORDER BY job_id, epoch"));
-    let mut conn = store.read_tx().await?;
-    let run = load_run(&mut conn, run_id).await?;
+    let run = load_run(conn, run_id).await?;
     let job_rows = conn.sql(&JOBS).bind(run_id).fetch_all().await?;
     let attempt_rows = conn.sql(&ATTEMPTS).bind(run_id).fetch_all().await?;
     let mut attempts: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
