@@ -463,6 +463,51 @@ pub(crate) async fn run_id_neighbours(store: &SqlStore, id: &str) -> Result<(Opt
     Ok((before, after))
 }
 
+/// `RunStore::run_id_neighbours_of`: the ids of every run from the one
+/// before the first of `ids` to the one after the last, in the database's
+/// order (the one [`run_id_neighbours`] compares in), when they are at most
+/// a few times as many as `ids`; otherwise, and for an id that is no run,
+/// one [`run_id_neighbours`] each. A page of the run list used to cost two
+/// statements per run.
+pub(crate) async fn run_id_neighbours_of(
+    store: &SqlStore,
+    ids: &[String],
+) -> Result<HashMap<String, (Option<String>, Option<String>)>> {
+    static SPAN: Sql = Sql::new(|d| {
+        format!(
+            "SELECT id FROM runs WHERE \
+             id >= COALESCE((SELECT MAX(id) FROM runs WHERE id < (SELECT MIN(id) FROM runs WHERE id IN \
+               (SELECT value FROM {page}))), (SELECT MIN(id) FROM runs WHERE id IN (SELECT value FROM {page}))) \
+             AND id <= COALESCE((SELECT MIN(id) FROM runs WHERE id > (SELECT MAX(id) FROM runs WHERE id IN \
+               (SELECT value FROM {page}))), (SELECT MAX(id) FROM runs WHERE id IN (SELECT value FROM {page}))) \
+             ORDER BY id LIMIT $2",
+            page = d.json_texts(1)
+        )
+    });
+    let mut out = HashMap::with_capacity(ids.len());
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    let cap = ids.len() * 4 + 16;
+    let page = serde_json::to_string(ids).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let span: Vec<(String,)> = store.reader().await?.sql(&SPAN).bind(page).bind(cap as i64 + 1).all().await?;
+    if span.len() <= cap {
+        let wanted: std::collections::HashSet<&String> = ids.iter().collect();
+        for (i, (id,)) in span.iter().enumerate() {
+            if wanted.contains(id) {
+                let before = i.checked_sub(1).map(|b| span[b].0.clone());
+                out.insert(id.clone(), (before, span.get(i + 1).map(|(a,)| a.clone())));
+            }
+        }
+    }
+    for id in ids {
+        if !out.contains_key(id) {
+            out.insert(id.clone(), run_id_neighbours(store, id).await?);
+        }
+    }
+    Ok(out)
+}
+
 /// `RunStore::get_job`.
 pub(crate) async fn get_job(store: &SqlStore, job_id: &str) -> Result<JobRecord> {
     Ok(load_job(&mut store.reader().await?, job_id).await?.0)
