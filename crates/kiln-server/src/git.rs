@@ -33,7 +33,7 @@ pub struct Mirrors {
     /// (repo, sha) → its workflow files ([`Mirrors::list_workflows`]): a
     /// commit's tree never changes, and a run submitted without a workflow
     /// path would otherwise run `git ls-tree` each time (issue 47).
-    listings: Arc<std::sync::Mutex<HashMap<(String, String), Arc<Vec<String>>>>>,
+    listings: Arc<std::sync::Mutex<HashMap<(String, String), Listing>>>,
     /// (repo, sha, path) → the workflow parsed and validated there, with
     /// its includes ([`Mirrors::parse_workflow`]): a function of the
     /// commit's bytes alone. A submission without a workflow path parses
@@ -45,6 +45,9 @@ const FILE_CACHE_ENTRIES: usize = 512;
 
 /// (repository id, commit sha, path).
 type FileKey = (String, String, String);
+
+/// A commit's workflow files (see [`Mirrors::list_workflows`]).
+type Listing = Arc<Vec<String>>;
 
 /// Normalise `file://` and plain paths; remote URLs pass through.
 pub fn normalize_url(url: &str) -> String {
