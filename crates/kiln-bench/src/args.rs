@@ -49,6 +49,8 @@ pub struct BenchArgs {
     /// throwaway server), round by round beside the SQLite one.
     /// artifacts: the server's metadata on it (`postgres`: a throwaway server), with what the
     /// uploads cost PostgreSQL.
+    /// dispatch: measure with the server on PostgreSQL (`postgres`: a throwaway durable server,
+    /// a fresh database per deployment; its processes' CPU printed as `cpu_ms_per_run_postgres_*`).
     #[arg(long)]
     pub database_url: Option<String>,
     /// control-plane: server replicas (`kiln server` processes) on the same database.

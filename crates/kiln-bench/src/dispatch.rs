@@ -27,11 +27,20 @@
 //! beside it: the difference is the agent's preparation (checkout, sandbox,
 //! spawning the step). `--embedded` measures an in-process `kiln up` instead,
 //! with the earlier figure names.
+//!
+//! `--database-url postgres` measures the same deployment with the server
+//! on a throwaway PostgreSQL (durable: fsync and synchronous commit on, a
+//! fresh database per configuration and round), `--database-url
+//! postgres://…` on that database; `dispatch_database` says which.
+//! `cpu_ms_per_run` stays the daemons and their steps (comparable with
+//! SQLite, whose work happens inside the server); PostgreSQL's own
+//! processes are printed beside it (`cpu_ms_per_run_postgres_*`).
 
 use crate::args::BenchArgs;
+use crate::costs::postgres_pids;
 use crate::otlp_sink::OtlpSink;
 use crate::util::{
-    Launch, Proc, add_repo, clock_ticks_per_s, cpu_ticks, now_ms, percentile, repo_with, spawn_agent_deployed,
+    Launch, Proc, add_repo, clock_ticks_per_s, cpu_ticks_split, now_ms, percentile, repo_with, spawn_agent_deployed,
     spawn_server_with, token, wait_terminal,
 };
 use futures::StreamExt;
@@ -110,6 +119,12 @@ struct Figures {
     /// per run of the throughput phase, ms: steadier than throughput on a
     /// shared host, since another process's load does not add to it.
     cpu_ms_per_run: f64,
+    /// [`Self::cpu_ms_per_run`] split: the server (and the git it
+    /// reaped), the agents' own threads, the steps the agents reaped.
+    cpu_split: CpuSplit,
+    /// CPU time of the PostgreSQL server's processes per run, ms (`None`
+    /// on SQLite, or a database the bench did not start).
+    cpu_ms_per_run_db: Option<f64>,
     /// Mean ms of each attempt phase the agents reported during the
     /// throughput phase, then (`*_idle`) the one-at-a-time phase
     /// (`kiln_attempt_phase_duration_seconds`, from the server's
@@ -137,6 +152,15 @@ impl Figures {
             log_bytes: rounds.iter().map(|f| f.log_bytes).sum(),
             otlp: rounds.iter().filter_map(|f| f.otlp).reduce(|(r, b), (r2, b2)| (r + r2, b + b2)),
             cpu_ms_per_run: percentile(&sorted(rounds.iter().map(|f| f.cpu_ms_per_run).collect()), 0.5),
+            cpu_split: CpuSplit {
+                server: percentile(&sorted(rounds.iter().map(|f| f.cpu_split.server).collect()), 0.5),
+                agents: percentile(&sorted(rounds.iter().map(|f| f.cpu_split.agents).collect()), 0.5),
+                steps: percentile(&sorted(rounds.iter().map(|f| f.cpu_split.steps).collect()), 0.5),
+            },
+            cpu_ms_per_run_db: rounds
+                .iter()
+                .all(|f| f.cpu_ms_per_run_db.is_some())
+                .then(|| percentile(&sorted(rounds.iter().filter_map(|f| f.cpu_ms_per_run_db).collect()), 0.5)),
             phases: rounds
                 .first()
                 .map(|f| f.phases.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>())
@@ -149,6 +173,59 @@ impl Figures {
                     (p, mean)
                 })
                 .collect(),
+        }
+    }
+}
+
+/// CPU time per run, ms, by process (each the median of the rounds).
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuSplit {
+    server: f64,
+    agents: f64,
+    steps: f64,
+}
+
+/// The metadata database of the measured deployments.
+enum Database {
+    Sqlite,
+    /// A throwaway server the bench started: a fresh database per
+    /// deployment, its processes' CPU measured.
+    Throwaway(kiln_testkit::TempPostgres),
+    /// `--database-url postgres://…`, used as it is.
+    Given(String),
+}
+
+impl Database {
+    fn name(&self) -> &'static str {
+        match self {
+            Database::Sqlite => "sqlite",
+            Database::Throwaway(_) => "postgres (started by the bench: fsync and synchronous commit on)",
+            Database::Given(_) => "postgres",
+        }
+    }
+
+    /// The server's `--database-url` for one deployment.
+    async fn url(&self) -> anyhow::Result<Option<String>> {
+        Ok(match self {
+            Database::Sqlite => None,
+            Database::Throwaway(pg) => Some(pg.create_database().await?),
+            Database::Given(u) => Some(u.clone()),
+        })
+    }
+
+    /// CPU ticks of the database's processes, when the bench started them.
+    fn cpu_ticks(&self) -> Option<u64> {
+        match self {
+            Database::Throwaway(pg) => Some(
+                postgres_pids(pg.port())
+                    .into_iter()
+                    .map(|p| {
+                        let (own, reaped) = cpu_ticks_split(p);
+                        own + reaped
+                    })
+                    .sum(),
+            ),
+            _ => None,
         }
     }
 }
@@ -167,7 +244,24 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
     repo_with(&repo, if a.artifact_per_job { WORKFLOW_ARTIFACT } else { WORKFLOW })?;
     let n = a.runs as usize;
     let (sh_rate, sh_lat) = baseline(n)?;
+    let db = match a.database_url.as_deref() {
+        None => Database::Sqlite,
+        Some("postgres") => {
+            eprintln!("bench dispatch: starting a throwaway PostgreSQL (fsync and synchronous commit on)…");
+            Database::Throwaway(kiln_testkit::TempPostgres::start_durable()?)
+        }
+        Some(u) if u.starts_with("postgres") => Database::Given(u.to_string()),
+        Some(u) => {
+            return Err(Failure {
+                message: format!(
+                    "--database-url {u:?}: dispatch measures SQLite (no flag) or PostgreSQL (`postgres` or postgres://…)"
+                ),
+                code: exit::USAGE,
+            });
+        }
+    };
 
+    kiln_cmd::outln!("dispatch_database: {}", db.name());
     kiln_cmd::outln!("dispatch_agents: {}", a.agents);
     kiln_cmd::outln!("dispatch_agent_max_jobs: {}", a.agent_max_jobs);
     kiln_cmd::outln!("dispatch_artifact_per_job: {}", a.artifact_per_job);
@@ -176,7 +270,7 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
     let mut rounds: Vec<(Config, Vec<Figures>)> = configs.iter().map(|c| (*c, vec![])).collect();
     for round in 0..a.rounds.max(1) {
         for (cfg, figs) in &mut rounds {
-            figs.push(measure(a, *cfg, &repo, &tmp.join(format!("{}-{round}", cfg.name()))).await?);
+            figs.push(measure(a, *cfg, &db, &repo, &tmp.join(format!("{}-{round}", cfg.name()))).await?);
         }
     }
     if a.rounds > 1 {
@@ -194,6 +288,12 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
         kiln_cmd::outln!("claim_p95_ms_{s}: {:.1}", percentile(&f.claim, 0.95));
         kiln_cmd::outln!("daemon_log_bytes_{s}: {}", f.log_bytes);
         kiln_cmd::outln!("cpu_ms_per_run_{s}: {:.2}", f.cpu_ms_per_run);
+        kiln_cmd::outln!("cpu_ms_per_run_server_{s}: {:.2}", f.cpu_split.server);
+        kiln_cmd::outln!("cpu_ms_per_run_agents_{s}: {:.2}", f.cpu_split.agents);
+        kiln_cmd::outln!("cpu_ms_per_run_steps_{s}: {:.2}", f.cpu_split.steps);
+        if let Some(db) = f.cpu_ms_per_run_db {
+            kiln_cmd::outln!("cpu_ms_per_run_postgres_{s}: {db:.2}");
+        }
         for (phase, ms) in &f.phases {
             kiln_cmd::outln!("attempt_{phase}_ms_mean_{s}: {ms:.1}");
         }
@@ -225,7 +325,7 @@ async fn processes(a: &BenchArgs) -> Result<i32, Failure> {
 }
 
 /// Start `cfg`'s deployment in `dir`, measure it, stop it.
-async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow::Result<Figures> {
+async fn measure(a: &BenchArgs, cfg: Config, db: &Database, repo: &Path, dir: &Path) -> anyhow::Result<Figures> {
     std::fs::create_dir_all(dir)?;
     let sink = match cfg {
         Config::Otlp => Some(OtlpSink::start().await?),
@@ -240,7 +340,9 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
         launch.env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), OTLP_BATCH_DELAY_MS.into()));
     }
     let data = dir.join("data");
-    let (server, url) = spawn_server_with(&data, "127.0.0.1:0", &launch.logging_to(dir.join("server.log")), &[])?;
+    let database_url = db.url().await?;
+    let extra: Vec<&str> = database_url.iter().flat_map(|u| ["--database-url", u.as_str()]).collect();
+    let (server, url) = spawn_server_with(&data, "127.0.0.1:0", &launch.logging_to(dir.join("server.log")), &extra)?;
     let c = Client::new(&url, &token(&data, "admin.token")?);
     add_repo(&c, "bench", repo).await?;
     let agents: Vec<Proc> = (0..a.agents)
@@ -272,8 +374,13 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
 
     // Throughput: all runs submitted at once, until all are terminal.
     let n = a.runs as usize;
-    let pids: Vec<u32> = std::iter::once(&server).chain(&agents).map(|p| p.0.id()).collect();
-    let cpu0 = cpu_ticks(&pids);
+    let agent_pids: Vec<u32> = agents.iter().map(|p| p.0.id()).collect();
+    let cpu = || {
+        let server = cpu_ticks_split(server.0.id());
+        let agents = agent_pids.iter().map(|p| cpu_ticks_split(*p)).fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+        [server.0 + server.1, agents.0, agents.1, db.cpu_ticks().unwrap_or(0)]
+    };
+    let cpu0 = cpu();
     let phases0 = phase_sums(&url, &admin).await?;
     let (t0, wall0_ms) = (Instant::now(), now_ms());
     let mut set = tokio::task::JoinSet::new();
@@ -288,7 +395,11 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
     }
     let (failed, last_ms) = wait_all_terminal(&c, &ids).await?;
     let runs_per_s = n as f64 / elapsed_until(t0, wall0_ms, last_ms);
-    let cpu_ms_per_run = cpu_ticks(&pids).saturating_sub(cpu0) as f64 * 1000.0 / clock_ticks_per_s() / n as f64;
+    let cpu1 = cpu();
+    let ms = |i: usize| cpu1[i].saturating_sub(cpu0[i]) as f64 * 1000.0 / clock_ticks_per_s() / n as f64;
+    let cpu_split = CpuSplit { server: ms(0), agents: ms(1), steps: ms(2) };
+    let cpu_ms_per_run = cpu_split.server + cpu_split.agents + cpu_split.steps;
+    let cpu_ms_per_run_db = db.cpu_ticks().map(|_| ms(3));
     let phases1 = phase_sums(&url, &admin).await?;
 
     // Trigger-to-start on an idle deployment, one run at a time.
@@ -329,6 +440,8 @@ async fn measure(a: &BenchArgs, cfg: Config, repo: &Path, dir: &Path) -> anyhow:
         log_bytes,
         otlp: sink.map(|s| (s.requests(), s.bytes())),
         cpu_ms_per_run,
+        cpu_split,
+        cpu_ms_per_run_db,
         phases,
     })
 }

@@ -242,6 +242,18 @@ pub(crate) fn cpu_ticks(pids: &[u32]) -> u64 {
         .sum()
 }
 
+/// [`cpu_ticks`] of one process split: (its own user + system ticks, those
+/// of the children it reaped). An agent's reaped children are its steps.
+pub(crate) fn cpu_ticks_split(pid: u32) -> (u64, u64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return (0, 0) };
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).collect();
+    match f[..] {
+        [u, s, cu, cs] => (u + s, cu + cs),
+        _ => (0, 0),
+    }
+}
+
 /// `sysconf(_SC_CLK_TCK)` (100 on Linux), read once from `getconf`.
 pub(crate) fn clock_ticks_per_s() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();

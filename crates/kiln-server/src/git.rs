@@ -30,12 +30,24 @@ pub struct Mirrors {
     files: Arc<std::sync::Mutex<HashMap<FileKey, Arc<Vec<u8>>>>>,
     /// (repo, sha) → what the commit says (it never changes either).
     commits: Arc<std::sync::Mutex<HashMap<(String, String), kiln_api::CommitInfo>>>,
+    /// (repo, sha) → its workflow files ([`Mirrors::list_workflows`]): a
+    /// commit's tree never changes, and a run submitted without a workflow
+    /// path would otherwise run `git ls-tree` each time (issue 47).
+    listings: Arc<std::sync::Mutex<HashMap<(String, String), Listing>>>,
+    /// (repo, sha, path) → the workflow parsed and validated there, with
+    /// its includes ([`Mirrors::parse_workflow`]): a function of the
+    /// commit's bytes alone. A submission without a workflow path parses
+    /// its workflow to select it, then again to run it.
+    parsed: Arc<std::sync::Mutex<HashMap<FileKey, Arc<kiln_workflow::Workflow>>>>,
 }
 
 const FILE_CACHE_ENTRIES: usize = 512;
 
 /// (repository id, commit sha, path).
 type FileKey = (String, String, String);
+
+/// A commit's workflow files (see [`Mirrors::list_workflows`]).
+type Listing = Arc<Vec<String>>;
 
 /// Normalise `file://` and plain paths; remote URLs pass through.
 pub fn normalize_url(url: &str) -> String {
@@ -195,6 +207,8 @@ impl Mirrors {
             known: Default::default(),
             files: Default::default(),
             commits: Default::default(),
+            listings: Default::default(),
+            parsed: Default::default(),
         }
     }
 
@@ -454,8 +468,26 @@ impl Mirrors {
     }
 
     /// The workflow files at `sha`: `.kiln/*.yaml` and `.kiln/*.yml` (not in
-    /// subdirectories), sorted; each is a separate pipeline.
+    /// subdirectories), sorted; each is a separate pipeline. Cached for a
+    /// full commit id (a name such as a branch may move).
     pub async fn list_workflows(&self, repo_id: &str, sha: &str) -> Result<Vec<String>, GitError> {
+        let key = (repo_id.to_string(), sha.to_ascii_lowercase());
+        let cached = is_full_sha(sha).then(|| self.listings.lock().expect("cache").get(&key).cloned()).flatten();
+        if let Some(files) = cached {
+            return Ok(files.as_ref().clone());
+        }
+        let files = self.list_workflows_uncached(repo_id, sha).await?;
+        if is_full_sha(sha) {
+            let mut listings = self.listings.lock().expect("cache");
+            if listings.len() >= FILE_CACHE_ENTRIES {
+                listings.clear();
+            }
+            listings.insert(key, Arc::new(files.clone()));
+        }
+        Ok(files)
+    }
+
+    async fn list_workflows_uncached(&self, repo_id: &str, sha: &str) -> Result<Vec<String>, GitError> {
         let out = git(&self.dir(repo_id), &["ls-tree", "-z", sha, "--", ".kiln/"]).await?;
         if !out.status.success() {
             return Err(GitError::UnknownRevision(sha.to_string()));
@@ -643,6 +675,28 @@ impl Mirrors {
         sha: &str,
         path: &str,
     ) -> Result<kiln_workflow::Workflow, WorkflowFileError> {
+        let key = (repo_id.to_string(), sha.to_ascii_lowercase(), path.to_string());
+        let cached = is_full_sha(sha).then(|| self.parsed.lock().expect("cache").get(&key).cloned()).flatten();
+        if let Some(wf) = cached {
+            return Ok(wf.as_ref().clone());
+        }
+        let wf = self.parse_workflow_uncached(repo_id, sha, path).await?;
+        if is_full_sha(sha) {
+            let mut parsed = self.parsed.lock().expect("cache");
+            if parsed.len() >= FILE_CACHE_ENTRIES {
+                parsed.clear();
+            }
+            parsed.insert(key, Arc::new(wf.clone()));
+        }
+        Ok(wf)
+    }
+
+    async fn parse_workflow_uncached(
+        &self,
+        repo_id: &str,
+        sha: &str,
+        path: &str,
+    ) -> Result<kiln_workflow::Workflow, WorkflowFileError> {
         let max = kiln_workflow::MAX_FILE_BYTES;
         let bytes = self.read_file(repo_id, sha, path, max).await.map_err(WorkflowFileError::Read)?;
         let text = String::from_utf8(bytes).map_err(|_| {
@@ -733,6 +787,76 @@ mod tests {
         assert_eq!(named("HEAD").await.1.as_deref(), Some("HEAD"));
         sh(&origin, "git branch only");
         assert_eq!(named("HEAD").await.1.as_deref(), Some("refs/heads/only"));
+    }
+
+    /// A commit's workflow listing is read once per full commit id and
+    /// served from the cache after (no git: it answers with the mirror
+    /// gone), each commit its own; a branch name is never cached.
+    #[tokio::test]
+    async fn workflow_listings_are_cached_per_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let origin = tmp.path().join("origin");
+        std::fs::create_dir_all(origin.join(".kiln")).unwrap();
+        let commit = |file: &str| {
+            sh(
+                &origin,
+                &format!(
+                    "touch .kiln/{file} && git add -A && git -c user.name=t -c user.email=t@t commit -q -m {file} \
+                     && git rev-parse HEAD > ../sha"
+                ),
+            );
+            std::fs::read_to_string(tmp.path().join("sha")).unwrap().trim().to_string()
+        };
+        sh(&origin, "git init -q -b main");
+        let one = commit("a.yaml");
+        let two = commit("b.yml");
+        let m = Mirrors::new(tmp.path().join("mirrors"));
+        let remote = Remote::new(&origin.display().to_string(), None);
+        assert_eq!(m.resolve("r", &remote, "main").await.unwrap(), two);
+        assert_eq!(m.list_workflows("r", &one).await.unwrap(), [".kiln/a.yaml"]);
+        assert_eq!(m.list_workflows("r", &two).await.unwrap(), [".kiln/a.yaml", ".kiln/b.yml"]);
+        assert_eq!(m.list_workflows("r", "main").await.unwrap(), [".kiln/a.yaml", ".kiln/b.yml"]);
+        std::fs::remove_dir_all(tmp.path().join("mirrors")).unwrap();
+        assert_eq!(m.list_workflows("r", &one).await.unwrap(), [".kiln/a.yaml"], "from the cache");
+        assert_eq!(m.list_workflows("r", &two.to_uppercase()).await.unwrap(), [".kiln/a.yaml", ".kiln/b.yml"]);
+        assert!(m.list_workflows("r", "main").await.is_err(), "a name is asked of git each time");
+        assert!(m.list_workflows("other", &one).await.is_err(), "per repository");
+    }
+
+    /// A workflow is parsed once per commit and path, then served from
+    /// the cache (it answers with the mirror gone): each commit gets its
+    /// own definition, included files as they are at that commit.
+    #[tokio::test]
+    async fn parsed_workflows_are_cached_per_commit_and_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let origin = tmp.path().join("origin");
+        std::fs::create_dir_all(origin.join(".kiln")).unwrap();
+        sh(&origin, "git init -q -b main");
+        let commit = |job: &str| {
+            let wf = format!("version: 1\njobs:\n  - name: {job}\n    steps: [\"true\"]\n");
+            std::fs::write(origin.join(".kiln/ci.yaml"), wf).unwrap();
+            sh(
+                &origin,
+                &format!(
+                    "git add -A && git -c user.name=t -c user.email=t@t commit -q -m {job} && git rev-parse HEAD > ../sha"
+                ),
+            );
+            std::fs::read_to_string(tmp.path().join("sha")).unwrap().trim().to_string()
+        };
+        let one = commit("first");
+        let two = commit("second");
+        let m = Mirrors::new(tmp.path().join("mirrors"));
+        m.resolve("r", &Remote::new(&origin.display().to_string(), None), "main").await.unwrap();
+        let jobs = async |sha: &str| -> Vec<String> {
+            let wf = m.parse_workflow("r", sha, ".kiln/ci.yaml").await.map_err(|e| format!("{e:?}")).unwrap();
+            wf.jobs.iter().map(|j| j.name.clone()).collect()
+        };
+        assert_eq!(jobs(&one).await, ["first"]);
+        assert_eq!(jobs(&two).await, ["second"]);
+        std::fs::remove_dir_all(tmp.path().join("mirrors")).unwrap();
+        assert_eq!(jobs(&one).await, ["first"], "from the cache");
+        assert_eq!(jobs(&two).await, ["second"]);
+        assert!(m.parse_workflow("r", &one, ".kiln/other.yaml").await.is_err(), "per path");
     }
 
     #[test]

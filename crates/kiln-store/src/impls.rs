@@ -86,6 +86,13 @@ impl RunStore for SqlStore {
         accept::run_id_neighbours(self, id).await
     }
 
+    async fn run_id_neighbours_of(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::HashMap<String, (Option<String>, Option<String>)>> {
+        accept::run_id_neighbours_of(self, ids).await
+    }
+
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord> {
         cancel::cancel_run(self, run_id).await
     }

@@ -31,6 +31,8 @@ pub(crate) struct Lanes {
     opts: SqliteConnectOptions,
     idle: std::sync::Mutex<Vec<SqliteConnection>>,
     permits: Arc<tokio::sync::Semaphore>,
+    /// Connections opened so far (each a thread and its `PRAGMA`s).
+    opened: std::sync::atomic::AtomicU64,
 }
 
 impl Lanes {
@@ -40,7 +42,15 @@ impl Lanes {
             opts,
             idle: std::sync::Mutex::new(first.into_iter().collect()),
             permits: Arc::new(tokio::sync::Semaphore::new(max)),
+            opened: Default::default(),
         })
+    }
+
+    /// How many connections were opened after the first (tests: a read
+    /// that leaves its transaction open costs a new one).
+    #[cfg(test)]
+    pub(crate) fn opened(&self) -> u64 {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A connection of its own until the lease drops (an idle one, or a
@@ -53,7 +63,10 @@ impl Lanes {
         let idle = self.idle.lock().expect("lanes").pop();
         let conn = match idle {
             Some(c) => c,
-            None => self.opts.connect().await.map_err(db_err)?,
+            None => {
+                self.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.opts.connect().await.map_err(db_err)?
+            }
         };
         Ok(Lease { conn: Some(conn), lanes: self.clone(), discard: false, _permit: permit })
     }

@@ -208,11 +208,31 @@ impl SqlStore {
         }
     }
 
+    /// Several reads that see one snapshot ([`Self::read_tx`]): `body`
+    /// runs inside it, and the transaction is ended whatever it returns.
+    /// Ended, not dropped: a SQLite transaction dropped open closes its
+    /// connection (see [`crate::lanes::Lanes`]), and the next reader would
+    /// open a new one (a thread and its `PRAGMA`s) for every such read.
+    /// Called like [`Self::transaction`].
+    pub(crate) async fn read<A, T, F>(&self, args: &A, body: F) -> Result<T>
+    where
+        A: Sync + ?Sized,
+        T: Send,
+        F: for<'t> Fn(&'t mut Tx, &'t A) -> Body<'t, T> + Send,
+    {
+        let mut tx = self.read_tx().await?;
+        let r = body(&mut tx, args).await;
+        // It wrote nothing: ending it either way only releases the snapshot.
+        tx.rollback().await;
+        r
+    }
+
     /// A read-only transaction: several reads that see one snapshot (a
     /// deferred transaction on SQLite's reader; REPEATABLE READ on
     /// PostgreSQL, whose default would give each statement its own moment:
     /// a run's jobs read before a commit and its attempts after it).
-    pub(crate) async fn read_tx(&self) -> Result<Tx> {
+    /// Use it through [`Self::read`], which ends it.
+    async fn read_tx(&self) -> Result<Tx> {
         match &self.pools {
             Pools::Sqlite { reader, .. } => crate::lanes::SqliteTx::begin(reader).await.map(Tx::Sqlite),
             Pools::Pg { pool, .. } => {
@@ -340,4 +360,46 @@ tokio::task_local! {
 /// is running, if it has one.
 pub(crate) fn scoped_attester() -> Option<std::sync::Arc<dyn crate::Attester>> {
     ATTESTER.try_with(Clone::clone).ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::Exec;
+
+    /// A snapshot read ([`SqlStore::read`]) ends its transaction: its
+    /// connection goes back to the idle list and serves the next read (a
+    /// transaction left open would close it, and every such read would open
+    /// a new connection), and that next read sees what was committed in
+    /// between (a snapshot left open would not), also after a read whose
+    /// body failed.
+    #[tokio::test]
+    async fn snapshot_reads_end_and_keep_their_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlStore::open(&dir.path().join("kiln.db")).await.unwrap();
+        let Pools::Sqlite { writer, reader } = &store.pools else { unreachable!() };
+        let write = async |sql: &'static str| {
+            sqlx::query(sql).execute(&mut *writer.acquire().await.unwrap()).await.unwrap();
+        };
+        write("CREATE TABLE scratch (x INTEGER)").await;
+        let count = async || -> i64 {
+            store
+                .read(&(), |tx, ()| Box::pin(async move { tx.sql("SELECT COUNT(*) FROM scratch").scalar().await }))
+                .await
+                .unwrap()
+        };
+        assert_eq!(count().await, 0);
+        let opened = reader.opened();
+        for n in 1..=3 {
+            write("INSERT INTO scratch VALUES (1)").await;
+            assert_eq!(count().await, n, "each read sees the commits before it");
+        }
+        let failed: Result<i64> = store
+            .read(&(), |tx, ()| Box::pin(async move { tx.sql("SELECT nothing FROM nowhere").scalar().await }))
+            .await;
+        assert!(failed.is_err());
+        write("INSERT INTO scratch VALUES (1)").await;
+        assert_eq!(count().await, 4, "a failed read leaves no snapshot behind");
+        assert_eq!(reader.opened(), opened, "no connection was opened for these reads");
+    }
 }

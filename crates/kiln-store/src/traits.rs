@@ -70,6 +70,14 @@ pub trait RunStore: Send + Sync {
     async fn find_run_by_number(&self, repo_id: &str, number: i64) -> Result<String>;
     /// The run ids just before and just after `id` in id order.
     async fn run_id_neighbours(&self, id: &str) -> Result<(Option<String>, Option<String>)>;
+    /// [`Self::run_id_neighbours`] of each of `ids` (a listed page of runs),
+    /// read together: in one statement when the runs between the first and
+    /// the last of them are not many more than they are. An id that is no
+    /// run gets its neighbours as `run_id_neighbours` gives them.
+    async fn run_id_neighbours_of(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::HashMap<String, (Option<String>, Option<String>)>>;
     /// spec 000 §9 cancellation: bump the cancel version, cancel jobs that are
     /// not running, and leave the run `cancelling` while attempts still run.
     async fn cancel_run(&self, run_id: &str) -> Result<RunRecord>;

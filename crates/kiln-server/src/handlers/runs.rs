@@ -50,9 +50,11 @@ pub(crate) async fn submit(
     let parent = headers.get(api::trace::HEADER).and_then(|v| v.to_str().ok()).and_then(api::trace::TraceParent::parse);
     let span = tracing::info_span!("trigger", trigger = "api", repo = %repo, trace_id = tracing::field::Empty);
     let trace = Some(api::trace::enter(&span, parent));
-    let run_id =
-        acceptance::submit(&state, Submission { repo, request, idempotency_key, by, trace }).instrument(span).await?;
-    let warnings = acceptance::warnings(&state, &run_id).await;
+    let (run_id, job_labels) =
+        acceptance::submit_labelled(&state, Submission { repo, request, idempotency_key, by, trace })
+            .instrument(span)
+            .await?;
+    let warnings = acceptance::warnings(&state, &job_labels).await;
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id, warnings })))
 }
 
@@ -236,7 +238,7 @@ pub(crate) async fn retry(
     let failed = req.failed || q.failed.unwrap_or(false);
     let run = runs::resolve_id(&state, &run).await?;
     let run_id = acceptance::retry(&state, &by, &run, failed).await?;
-    let warnings = acceptance::warnings(&state, &run_id).await;
+    let warnings = acceptance::run_warnings(&state, &run_id).await;
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id, warnings })))
 }
 
@@ -264,7 +266,7 @@ pub(crate) async fn retry_job(
 ) -> ApiResult<(StatusCode, Json<api::SubmitRunResponse>)> {
     let run = runs::resolve_id(&state, &run).await?;
     let run_id = acceptance::retry_jobs(&state, &by, &run, false, Some(&job)).await?;
-    let warnings = acceptance::warnings(&state, &run_id).await;
+    let warnings = acceptance::run_warnings(&state, &run_id).await;
     Ok((StatusCode::ACCEPTED, Json(api::SubmitRunResponse { run_id, warnings })))
 }
 

@@ -72,7 +72,12 @@ pub(crate) struct Freeze<'a> {
 pub(crate) struct Frozen {
     pub accepted: kiln_store::Accepted,
     pub trust: Trust,
+    /// Each job's name and `runs-on` labels, as frozen (rendered).
+    pub job_labels: JobLabels,
 }
+
+/// Jobs' names and `runs-on` labels (what [`warnings`] judges).
+pub(crate) type JobLabels = Vec<(String, BTreeMap<String, String>)>;
 
 /// Freeze and accept a run: every check of [`Check::ORDER`] that applies
 /// to the trigger, then the store's acceptance transaction. A refusal is
@@ -150,6 +155,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
         TriggerKind::Push | TriggerKind::PullRequest => "forge",
         TriggerKind::Schedule => "schedule",
     };
+    let job_labels = workflow.jobs.iter().map(|j| (j.name.clone(), j.runs_on.clone())).collect();
     let accepted = accept_timed(
         state,
         trigger,
@@ -181,7 +187,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
     )
     .await?;
     state.relay_wake.notify_one();
-    Ok(Frozen { accepted, trust })
+    Ok(Frozen { accepted, trust, job_labels })
 }
 
 /// The lane of a new run (issue 44): what an admin asked for (or a
@@ -225,7 +231,13 @@ pub(crate) struct Submission {
 
 /// Accept a submitted run; returns the run id (the original one for a
 /// redelivery with the same key and body).
+#[cfg(test)]
 pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<String> {
+    submit_labelled(state, sub).await.map(|(run_id, _)| run_id)
+}
+
+/// [`submit`], with the accepted jobs' labels for [`warnings`].
+pub(crate) async fn submit_labelled(state: &AppState, sub: Submission) -> ApiResult<(String, JobLabels)> {
     let Submission { repo, request: req, idempotency_key, by, trace } = sub;
     limits::check_inputs(&req.inputs)?;
     let repo = state.store.get_repo(&repo).await?;
@@ -291,24 +303,37 @@ pub(crate) async fn submit(state: &AppState, sub: Submission) -> ApiResult<Strin
     .await?;
     let detail = format!("repository {} event {} trust {}", repo.name, accepted_event(&req), frozen.trust.as_str());
     access::audit(state, &by.actor, "run.submit", &frozen.accepted.run_id, detail).await?;
-    Ok(frozen.accepted.run_id)
+    Ok((frozen.accepted.run_id, frozen.job_labels))
 }
 
 /// What the accepted run `run_id` is accepted despite (issue 41, item 3;
 /// the 202's `warnings`): jobs whose `runs-on` labels no registered agent
 /// has ([`kiln_core::waiting::unmatched_labels`]). They are not refused:
-/// an agent with the labels may register later. Read after acceptance,
-/// from the frozen definition (its labels rendered); a failure to read is
-/// no warning, never a failed submission.
-pub(crate) async fn warnings(state: &AppState, run_id: &str) -> Vec<String> {
-    let (Ok(view), Ok(agents)) = (state.store.get_run(run_id).await, state.store.list_agents().await) else {
+/// an agent with the labels may register later. Judged from the jobs'
+/// labels as frozen (rendered); jobs that ask for no label fit any agent,
+/// so then no agent is read. A failure to read the agents is no warning,
+/// never a failed submission.
+pub(crate) async fn warnings(state: &AppState, job_labels: &JobLabels) -> Vec<String> {
+    if job_labels.iter().all(|(_, labels)| labels.is_empty()) {
+        return vec![];
+    }
+    let Ok(agents) = state.store.list_agents().await else {
         return vec![];
     };
-    let jobs: Vec<(&str, &BTreeMap<String, String>)> =
-        view.run.definition.jobs.iter().map(|j| (j.name.as_str(), &j.runs_on)).collect();
+    let jobs: Vec<(&str, &BTreeMap<String, String>)> = job_labels.iter().map(|(n, l)| (n.as_str(), l)).collect();
     let registered: Vec<(&str, &BTreeMap<String, String>)> =
         agents.iter().map(|a| (a.name.as_str(), &a.labels)).collect();
     kiln_core::waiting::unmatched_labels(&jobs, &registered)
+}
+
+/// [`warnings`] for the accepted run `run_id`, its labels read back from
+/// its frozen definition (a retry's: it froze no workflow here).
+pub(crate) async fn run_warnings(state: &AppState, run_id: &str) -> Vec<String> {
+    let Ok(view) = state.store.get_run(run_id).await else {
+        return vec![];
+    };
+    let labels: JobLabels = view.run.definition.jobs.iter().map(|j| (j.name.clone(), j.runs_on.clone())).collect();
+    warnings(state, &labels).await
 }
 
 fn accepted_event(req: &api::SubmitRun) -> &str {
@@ -529,6 +554,11 @@ pub(crate) async fn list_workflows(state: &AppState, repo: &str, git_ref: &str) 
     let repo = state.store.get_repo(repo).await?;
     let remote = crate::services::repos::remote(state, &repo).await?;
     let sha = state.mirrors.resolve(&repo.id, &remote, git_ref.trim()).await.map_err(git_err)?;
+    workflows_at(state, &repo, sha).await
+}
+
+/// [`list_workflows`] at the resolved commit `sha` of `repo`.
+async fn workflows_at(state: &AppState, repo: &RepoRecord, sha: String) -> ApiResult<api::WorkflowList> {
     let paths = state.mirrors.list_workflows(&repo.id, &sha).await.map_err(git_err)?;
     let mut workflows = Vec::with_capacity(paths.len());
     for path in paths {
@@ -585,7 +615,7 @@ pub(crate) fn select_default(files: &[api::WorkflowFile]) -> Vec<String> {
 /// The one workflow a submission without a workflow path runs; several or
 /// none is a 422 that lists the files and says how to pick.
 async fn only_selected(state: &AppState, repo: &RepoRecord, sha: &str) -> ApiResult<String> {
-    let list = list_workflows(state, &repo.id, sha).await?;
+    let list = workflows_at(state, repo, sha.to_string()).await?;
     match list.selected.as_slice() {
         [one] => Ok(one.clone()),
         [] if list.workflows.is_empty() => Err(ApiErr::invalid(format!(

@@ -64,9 +64,11 @@ pub(crate) async fn list(state: &AppState, repo: Option<&str>, q: &ListFilter) -
     let next_before = (runs.len() == limit as usize).then(|| runs.last().map(|r| r.id.clone())).flatten();
     let mut out = Vec::with_capacity(runs.len());
     let mut names = ActorNames::default();
+    let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
+    let mut neighbours = state.store.run_id_neighbours_of(&ids).await?;
     for r in &runs {
         let mut summary = views::summary(r);
-        let (before, after) = state.store.run_id_neighbours(&r.id).await?;
+        let (before, after) = neighbours.remove(&r.id).unwrap_or_default();
         summary.short_id = Some(short_id(&r.id, [before.as_deref(), after.as_deref()]));
         summary.actor = names.shown(state, summary.actor.take()).await;
         out.push(summary);

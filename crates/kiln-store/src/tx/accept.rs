@@ -339,11 +339,14 @@ async fn enter_run_group(
 /// snapshot (a job still `running` beside its attempt already `lost` was
 /// a read torn by the lease-expiry commit between two statements).
 pub(crate) async fn get_run(store: &SqlStore, run_id: &str) -> Result<RunView> {
+    store.read(run_id, |tx, run_id| Box::pin(get_run_tx(tx, run_id))).await
+}
+
+async fn get_run_tx(conn: &mut Tx, run_id: &str) -> Result<RunView> {
     static JOBS: Sql = Sql::new(|_| format!("SELECT {JOB_COLS} FROM jobs WHERE run_id = $1 ORDER BY job_index"));
     static ATTEMPTS: Sql =
         Sql::new(|_| format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE run_id = $1 ORDER BY job_id, epoch"));
-    let mut conn = store.read_tx().await?;
-    let run = load_run(&mut conn, run_id).await?;
+    let run = load_run(conn, run_id).await?;
     let job_rows = conn.sql(&JOBS).bind(run_id).fetch_all().await?;
     let attempt_rows = conn.sql(&ATTEMPTS).bind(run_id).fetch_all().await?;
     let mut attempts: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
@@ -458,6 +461,51 @@ pub(crate) async fn run_id_neighbours(store: &SqlStore, id: &str) -> Result<(Opt
     let before: Option<String> = r.sql("SELECT MAX(id) FROM runs WHERE id < $1").bind(id).scalar().await?;
     let after: Option<String> = r.sql("SELECT MIN(id) FROM runs WHERE id > $1").bind(id).scalar().await?;
     Ok((before, after))
+}
+
+/// `RunStore::run_id_neighbours_of`: the ids of every run from the one
+/// before the first of `ids` to the one after the last, in the database's
+/// order (the one [`run_id_neighbours`] compares in), when they are at most
+/// a few times as many as `ids`; otherwise, and for an id that is no run,
+/// one [`run_id_neighbours`] each. A page of the run list used to cost two
+/// statements per run.
+pub(crate) async fn run_id_neighbours_of(
+    store: &SqlStore,
+    ids: &[String],
+) -> Result<HashMap<String, (Option<String>, Option<String>)>> {
+    static SPAN: Sql = Sql::new(|d| {
+        format!(
+            "SELECT id FROM runs WHERE \
+             id >= COALESCE((SELECT MAX(id) FROM runs WHERE id < (SELECT MIN(id) FROM runs WHERE id IN \
+               (SELECT value FROM {page}))), (SELECT MIN(id) FROM runs WHERE id IN (SELECT value FROM {page}))) \
+             AND id <= COALESCE((SELECT MIN(id) FROM runs WHERE id > (SELECT MAX(id) FROM runs WHERE id IN \
+               (SELECT value FROM {page}))), (SELECT MAX(id) FROM runs WHERE id IN (SELECT value FROM {page}))) \
+             ORDER BY id LIMIT $2",
+            page = d.json_texts(1)
+        )
+    });
+    let mut out = HashMap::with_capacity(ids.len());
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    let cap = ids.len() * 4 + 16;
+    let page = serde_json::to_string(ids).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let span: Vec<(String,)> = store.reader().await?.sql(&SPAN).bind(page).bind(cap as i64 + 1).all().await?;
+    if span.len() <= cap {
+        let wanted: std::collections::HashSet<&String> = ids.iter().collect();
+        for (i, (id,)) in span.iter().enumerate() {
+            if wanted.contains(id) {
+                let before = i.checked_sub(1).map(|b| span[b].0.clone());
+                out.insert(id.clone(), (before, span.get(i + 1).map(|(a,)| a.clone())));
+            }
+        }
+    }
+    for id in ids {
+        if !out.contains_key(id) {
+            out.insert(id.clone(), run_id_neighbours(store, id).await?);
+        }
+    }
+    Ok(out)
 }
 
 /// `RunStore::get_job`.

@@ -155,9 +155,14 @@ pub(crate) async fn uploadable_generation(store: &SqlStore, id: &str) -> Result<
              WHERE g.id = $1"
         )
     });
-    let mut tx = store.read_tx().await?;
-    let now = now(&mut tx).await?;
-    let row = tx.sql(&GET).bind(id).fetch_optional().await?;
+    let (now, row) = store
+        .read(id, |tx, id| {
+            Box::pin(async move {
+                let now = now(tx).await?;
+                Ok((now, tx.sql(&GET).bind(id).fetch_optional().await?))
+            })
+        })
+        .await?;
     let row = row.ok_or_else(|| StoreError::NotFound(format!("artifact generation {id}")))?;
     let g = gen_from_row(&row)?;
     let current: i64 = row.get("current_epoch")?;

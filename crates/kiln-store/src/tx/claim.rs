@@ -274,8 +274,7 @@ pub(crate) async fn claimed_by_request(
     let Some((job_id, epoch)) = prior else {
         return Ok(None);
     };
-    let mut tx = store.read_tx().await?;
-    still_running(&mut tx, &job_id, epoch).await
+    store.read(&(job_id, epoch), |tx, (job_id, epoch)| Box::pin(still_running(tx, job_id, *epoch))).await
 }
 
 /// The attempt `(job, epoch)` a claim request created, if it is still the

@@ -119,15 +119,27 @@ pub(crate) async fn provenance_refusal(
     environment: &str,
     artifacts: &[DeployedArtifact],
 ) -> Result<Option<Refusal>> {
-    let mut tx = store.read_tx().await?;
-    let env = get_in(&mut tx, environment).await?.ok_or_else(|| crate::tx::gates::not_found(environment))?;
+    let keys = store.attester().map(|a| a.verifying_keys()).unwrap_or_default();
+    let items: Vec<(String, String, String)> =
+        artifacts.iter().map(|a| (a.name.clone(), a.generation.clone(), a.sha256.clone())).collect();
+    store
+        .read(&(environment, keys, items), |tx, (environment, keys, items)| {
+            Box::pin(provenance_refusal_tx(tx, environment, keys, items))
+        })
+        .await
+}
+
+async fn provenance_refusal_tx(
+    tx: &mut Tx,
+    environment: &str,
+    keys: &[PublicKey],
+    items: &[(String, String, String)],
+) -> Result<Option<Refusal>> {
+    let env = get_in(tx, environment).await?.ok_or_else(|| crate::tx::gates::not_found(environment))?;
     let policy = match policy_of(env.require_provenance.as_deref()) {
         Ok(Some(p)) => p,
         Ok(None) => return Ok(None),
         Err(e) => return Ok(Some(bad_policy(environment, e))),
     };
-    let keys = store.attester().map(|a| a.verifying_keys()).unwrap_or_default();
-    let items: Vec<(String, String, String)> =
-        artifacts.iter().map(|a| (a.name.clone(), a.generation.clone(), a.sha256.clone())).collect();
-    first_refusal(&mut tx, &policy, &keys, &items).await
+    first_refusal(tx, &policy, keys, items).await
 }

@@ -25,8 +25,11 @@ pub(crate) async fn overdue(store: &SqlStore, max_wait_ms: i64, limit: u32) -> R
             now = d.now_ms
         )
     });
-    let mut tx = store.read_tx().await?;
-    tx.sql(&SQL).bind(max_wait_ms).bind(i64::from(limit)).all().await
+    store
+        .read(&(max_wait_ms, limit), |tx, (max_wait_ms, limit)| {
+            Box::pin(async move { tx.sql(&SQL).bind(*max_wait_ms).bind(i64::from(*limit)).all().await })
+        })
+        .await
 }
 
 /// Fail `job_id` with `message` if it is still ready and overdue (checked
@@ -75,8 +78,9 @@ pub(crate) async fn overdue_runs(store: &SqlStore, limit: u32) -> Result<Vec<Str
             now = d.now_ms
         )
     });
-    let mut tx = store.read_tx().await?;
-    let rows: Vec<(String,)> = tx.sql(&SQL).bind(i64::from(limit)).all().await?;
+    let rows: Vec<(String,)> = store
+        .read(&limit, |tx, limit| Box::pin(async move { tx.sql(&SQL).bind(i64::from(*limit)).all().await }))
+        .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 

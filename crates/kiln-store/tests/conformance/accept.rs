@@ -330,3 +330,38 @@ pub async fn runs_are_numbered_per_repository<S: Store + 'static>(o: &Opener<S>)
     got.sort();
     assert_eq!(got, (3..=10).collect::<Vec<i64>>(), "distinct and consecutive");
 }
+
+/// The neighbours of a page of runs read together are, for each run, what
+/// `run_id_neighbours` says of it alone: for every run, for one
+/// repository's runs between another's (whose ids lie in between), for a
+/// run at either end, for a page whose span holds many more runs than it
+/// (read one by one), and for an id that is no run.
+pub async fn run_id_neighbours_of_a_page_are_each_runs_own<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let (a, b) = (repo(s).await, repo(s).await);
+    let mut mine = vec![];
+    let mut all = vec![];
+    for i in 0..30 {
+        let r = if i % 5 == 0 { &a } else { &b };
+        let id = s.accept_run(new_run(&r.id, workflow(vec![job("j", &[], 0)]))).await.unwrap().run_id;
+        if i % 5 == 0 {
+            mine.push(id.clone());
+        }
+        all.push(id);
+    }
+    let check = async |ids: &[String]| {
+        let got = s.run_id_neighbours_of(ids).await.unwrap();
+        assert_eq!(got.len(), ids.len());
+        for id in ids {
+            assert_eq!(got[id], s.run_id_neighbours(id).await.unwrap(), "{id}");
+        }
+    };
+    check(&all).await;
+    check(&mine).await;
+    check(&all[..1]).await;
+    check(&all[all.len() - 1..]).await;
+    check(&[all[0].clone(), all[all.len() - 1].clone()]).await;
+    check(&[mine[2].clone(), "no-such-run".to_string()]).await;
+    assert!(s.run_id_neighbours_of(&[]).await.unwrap().is_empty());
+}

@@ -68,6 +68,7 @@ macro_rules! suite {
             accept::unknown_repository_is_not_unavailable,
             accept::runs_are_numbered_per_repository,
             accept::runs_are_filtered_by_event_and_actor_and_paged,
+            accept::run_id_neighbours_of_a_page_are_each_runs_own,
             access::join_tokens_are_stored_hashed_and_revocable,
             access::api_tokens_carry_scope_repo_and_trust,
             access::agents_register_in_pools_and_removal_ends_their_leases,
