@@ -53,24 +53,7 @@ pub async fn run(object_store: String, database_url: Option<&str>) -> Result<i32
             "version: 1\njobs:\n  - name: publish\n    needs: []\n    steps:\n{copy}    artifacts:\n      publish:\n        - {{name: app, path: target/app.bin}}\n  - name: plain\n    needs: [publish]\n    steps:\n{copy}"
         ),
     )?;
-    let mut _pg = None;
-    let pg_url = match database_url {
-        None => None,
-        Some("postgres") => {
-            eprintln!("bench artifacts: starting a throwaway PostgreSQL (fsync and synchronous commit on)…");
-            let pg = kiln_testkit::TempPostgres::start_durable()?;
-            let url = pg.create_database().await?;
-            _pg = Some(pg);
-            Some(url)
-        }
-        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Some(u.to_string()),
-        Some(u) => {
-            return Err(Failure {
-                message: format!("bench artifacts: --database-url {u}: expected postgres or postgres://…"),
-                code: exit::USAGE,
-            });
-        }
-    };
+    let (_pg, pg_url) = crate::util::postgres_for("artifacts", database_url).await?;
     let mut config = kiln_server::ServerConfig::new(tmp.join("data"), "127.0.0.1:0".into());
     config.object_store = object_store.clone();
     config.database_url = pg_url.clone();

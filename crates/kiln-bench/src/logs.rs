@@ -42,24 +42,7 @@ pub async fn run(database_url: Option<&str>) -> Result<i32, Failure> {
     let (server, c, agent) = ingest_side(&tmp, "data", None, &repo, &limit).await?;
     // `--database-url postgres` (or a URL): the same single stream on a
     // server on PostgreSQL, round by round beside the SQLite one.
-    let mut _pg = None;
-    let pg_url = match database_url {
-        None => None,
-        Some("postgres") => {
-            eprintln!("bench logs: starting a throwaway PostgreSQL (fsync and synchronous commit on)…");
-            let pg = kiln_testkit::TempPostgres::start_durable()?;
-            let url = pg.create_database().await?;
-            _pg = Some(pg);
-            Some(url)
-        }
-        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Some(u.to_string()),
-        Some(u) => {
-            return Err(Failure {
-                message: format!("bench logs: --database-url {u}: expected postgres or postgres://…"),
-                code: exit::USAGE,
-            });
-        }
-    };
+    let (_pg, pg_url) = crate::util::postgres_for("logs", database_url).await?;
     let pg = match &pg_url {
         Some(url) => Some(ingest_side(&tmp, "data-pg", Some(url.clone()), &repo, &limit).await?),
         None => None,

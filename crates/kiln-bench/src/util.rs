@@ -285,3 +285,26 @@ pub(crate) fn storage_levels_from_env() -> anyhow::Result<Option<[f64; 3]>> {
 pub(crate) fn bench_dir() -> PathBuf {
     std::env::var_os("TMPDIR").filter(|d| !d.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"))
 }
+
+/// `--database-url` of a suite that also runs on PostgreSQL: `postgres`
+/// starts a throwaway durable server (kept alive by the returned handle), a
+/// `postgres://` URL is used as given, anything else is a usage error.
+pub(crate) async fn postgres_for(
+    suite: &str,
+    database_url: Option<&str>,
+) -> Result<(Option<kiln_testkit::TempPostgres>, Option<String>), kiln_cmd::Failure> {
+    match database_url {
+        None => Ok((None, None)),
+        Some("postgres") => {
+            eprintln!("bench {suite}: starting a throwaway PostgreSQL (fsync and synchronous commit on)…");
+            let pg = kiln_testkit::TempPostgres::start_durable()?;
+            let url = pg.create_database().await?;
+            Ok((Some(pg), Some(url)))
+        }
+        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => Ok((None, Some(u.to_string()))),
+        Some(u) => Err(kiln_cmd::Failure {
+            message: format!("bench {suite}: --database-url {u}: expected postgres or postgres://…"),
+            code: kiln_api::exit::USAGE,
+        }),
+    }
+}

@@ -388,6 +388,13 @@ pub(crate) async fn log_chunks_after(
                 }
                 Err(e) => return Err(StoreError::Unavailable(format!("log segment {seg}: {e}"))),
             };
+            if bytes.len() as i64 != stop - start {
+                return Err(StoreError::Unavailable(format!(
+                    "log segment {seg}: {} bytes where {} were asked for",
+                    bytes.len(),
+                    stop - start
+                )));
+            }
             for &(at, _, pos, len) in &in_objects[i..end] {
                 let from = (pos - start) as usize;
                 out[at].data = bytes[from..from + len as usize].to_vec();
