@@ -71,10 +71,10 @@ async fn new_segment(store: &SqlStore) -> Result<i64> {
         .await
 }
 
-/// Deletes the objects older than `min_age_ms` ([`crate::log_objects::ORPHAN_AGE_MS`] for the
-/// server's rounds) that no index row
-/// refers to (their chunks were archived and trimmed, or never committed),
-/// at most `limit` of them; how many.
+/// Deletes the objects older than `min_age_ms` (the server's rounds pass
+/// [`crate::log_objects::ORPHAN_AGE_MS`]) that no index row refers to
+/// (their chunks were archived and trimmed, or never committed), at most
+/// `limit` of them; how many.
 pub(crate) async fn remove_unreferenced(
     store: &SqlStore,
     segs: &ObjectSegments,
