@@ -93,6 +93,9 @@ pub struct Metrics {
     tests_quarantined: IntGaugeVec,
     /// Quarantines that expired (the test blocks again), by repository.
     quarantine_expiries: IntCounterVec,
+    /// The store's transactions run again (serialization races), brought
+    /// up to the store's own count at each scrape.
+    db_retries: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -219,6 +222,12 @@ impl Default for Metrics {
              cancelled).",
             "class",
             &CLASS_NAMES,
+        );
+        let db_retries = counter(
+            &r,
+            "kiln_db_transaction_retries_total",
+            "Database transactions this server ran again after losing a serialization race or a deadlock \
+             (PostgreSQL; each retry reruns the whole transaction).",
         );
         let queue_timeouts = counter(
             &r,
@@ -400,6 +409,7 @@ impl Default for Metrics {
             log_archived_bytes,
             artifact_bytes,
             artifacts_sealed,
+            db_retries,
         }
     }
 }
@@ -530,6 +540,8 @@ impl Metrics {
         db_now_ms: i64,
         connected: usize,
     ) {
+        let retries = store.transaction_retries();
+        self.db_retries.inc_by(retries.saturating_sub(self.db_retries.get()));
         if let Ok(b) = store.delivery_backlog(delivery_alert_after.as_millis() as i64).await {
             self.deliveries_pending.set(i64::try_from(b.pending).unwrap_or(i64::MAX));
             self.deliveries_delayed.set(i64::try_from(b.delayed).unwrap_or(i64::MAX));

@@ -181,6 +181,10 @@ impl AgentStore for SqlStore {
         agents::operating_gauges(self, classes).await
     }
 
+    fn transaction_retries(&self) -> u64 {
+        self.retries.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn queue_classes(&self, limit: u32) -> Result<Vec<QueueClass>> {
         agents::queue_classes(self, limit).await
     }

@@ -32,6 +32,8 @@ pub struct SqlStore {
     /// Signs the provenance a completion writes with each binding (issue
     /// 45); none set: a completion that would bind an artifact is refused.
     attester: std::sync::Arc<std::sync::RwLock<Option<std::sync::Arc<dyn crate::Attester>>>>,
+    /// Transactions run again after a lost serialization race or deadlock.
+    pub(crate) retries: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What the store keeps beside the database for log chunks.
@@ -135,6 +137,7 @@ impl SqlStore {
             backoff: Backoff::default(),
             logs: logs.into(),
             attester: Default::default(),
+            retries: Default::default(),
         })
     }
 
@@ -149,6 +152,7 @@ impl SqlStore {
             backoff: Backoff::default(),
             logs: logs.into(),
             attester: Default::default(),
+            retries: Default::default(),
         })
     }
 
@@ -283,6 +287,7 @@ impl SqlStore {
             match r {
                 Err(StoreError::Retryable(_)) if tries < dialect.max_tx_retries => {
                     tries += 1;
+                    self.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     dialect.retry_pause(tries).await;
                 }
                 r => return r,

@@ -155,6 +155,12 @@ pub trait AgentStore: Send + Sync {
     /// still in the hot journal. Every read goes through an index over live
     /// rows only.
     async fn operating_gauges(&self, classes: u32) -> Result<OperatingGauges>;
+    /// Transactions this process ran again after losing a serialization
+    /// race or a deadlock (PostgreSQL), since it started: for `/metrics`
+    /// (`kiln_db_transaction_retries_total`).
+    fn transaction_retries(&self) -> u64 {
+        0
+    }
     /// The eligible queue (ready, due, unclaimed jobs) by compatibility
     /// class: how many and the oldest's age, the `limit` oldest classes
     /// first (through the `jobs(status)` index, as the gauges).
