@@ -22,7 +22,7 @@ async fn pipeline_runs_with_the_server_on_postgres() {
         (
             ".kiln/pipeline.yaml",
             "version: 1\njobs:\n  - name: compile\n    steps:\n      - echo compiling at $KILN_COMMIT\n  \
-             - name: test\n    steps:\n      - echo testing run $KILN_RUN_ID\n",
+             - name: test\n    steps:\n      - echo testing run $KILN_RUN_ID\n      - yes kiln-log-line | head -n 20000\n",
         ),
         ("README", "postgres\n"),
     ])
@@ -45,14 +45,22 @@ async fn pipeline_runs_with_the_server_on_postgres() {
     let out = up.cli().args(["logs", &run_id]).output().unwrap();
     assert!(out.status.success() && text(&out).contains(&format!("compiling at {head}")), "{}", text(&out));
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
-    let (bytes, in_objects): (i64, i64) = sqlx::query_as(
-        "SELECT COALESCE(SUM(length(data)), 0)::BIGINT, COUNT(seg) FROM log_chunks WHERE stream IN ('stdout', 'stderr')",
+    // A chunk over 16 KiB keeps no byte in the database; a small one (the
+    // echo lines) keeps its few in its row.
+    let (bulk_bytes, in_objects, small_bytes): (i64, i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(SUM(length(data)) FILTER (WHERE length > 16384), 0)::BIGINT, \
+         COALESCE(SUM(length) FILTER (WHERE seg IS NOT NULL), 0)::BIGINT, \
+         COALESCE(SUM(length(data)) FILTER (WHERE length <= 16384), 0)::BIGINT \
+         FROM log_chunks WHERE stream IN ('stdout', 'stderr')",
     )
     .fetch_one(&db)
     .await
     .unwrap();
-    assert_eq!(bytes, 0, "no step output in the database");
-    assert!(in_objects >= 2, "both jobs' output is in log objects: {in_objects}");
+    assert_eq!(bulk_bytes, 0, "no bulk step output in the database");
+    assert!(in_objects >= 100_000, "the 280 KB of `yes` are in log objects: {in_objects} bytes");
+    assert!(small_bytes < 20_000, "only small chunks' bytes in rows: {small_bytes}");
+    let lines = text(&out).lines().filter(|l| l.ends_with("kiln-log-line")).count();
+    assert_eq!(lines, 20_000, "`kiln logs` reads every line back");
     let segments = up.data_dir().join("objects/objects/logs/segments");
     assert!(std::fs::read_dir(&segments).map(|d| d.count()).unwrap_or(0) >= 1, "{}", segments.display());
     db.close().await;
