@@ -102,6 +102,10 @@ pub struct NewRun {
     /// deployment returned to): its deploy jobs run again with the
     /// parent's pinned bytes ([`kiln_core::retry::rollback_plan`]).
     pub rollback: Option<NewRollback>,
+    /// An audit entry written in the acceptance's transaction when it
+    /// creates the run (its `target` is replaced by the new run's id):
+    /// one commit fewer per submission than an entry of its own.
+    pub audit: Option<NewAudit>,
 }
 
 /// What a rollback run returns to, and who asked.

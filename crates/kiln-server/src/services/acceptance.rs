@@ -66,6 +66,10 @@ pub(crate) struct Freeze<'a> {
     pub priority: Option<Lane>,
     /// A rollback (issue 46): the deployment it returns to.
     pub rollback: Option<kiln_store::NewRollback>,
+    /// Audit the run's creation as this action by `actor` (with the
+    /// repository, event and trust as its detail), in the acceptance's
+    /// own transaction.
+    pub audit: Option<&'static str>,
 }
 
 /// A frozen and accepted run.
@@ -156,6 +160,12 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
         TriggerKind::Schedule => "schedule",
     };
     let job_labels = workflow.jobs.iter().map(|j| (j.name.clone(), j.runs_on.clone())).collect();
+    let audit = f.audit.map(|action| kiln_store::NewAudit {
+        actor: f.actor.clone(),
+        action: action.into(),
+        target: String::new(),
+        detail: format!("repository {} event {} trust {}", repo.name, f.event, trust.as_str()),
+    });
     let accepted = accept_timed(
         state,
         trigger,
@@ -182,6 +192,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
             commit_author: Some(commit.author).filter(|a| !a.is_empty()),
             pull_request_title: f.pull_request_title,
             rollback: f.rollback,
+            audit,
         },
         f.trace,
     )
@@ -298,11 +309,15 @@ pub(crate) async fn submit_labelled(state: &AppState, sub: Submission) -> ApiRes
             pull_request_title: None,
             priority,
             rollback: None,
+            audit: Some("run.submit"),
         },
     )
     .await?;
-    let detail = format!("repository {} event {} trust {}", repo.name, accepted_event(&req), frozen.trust.as_str());
-    access::audit(state, &by.actor, "run.submit", &frozen.accepted.run_id, detail).await?;
+    if !frozen.accepted.created {
+        // An idempotent resubmission: audited as before, on its own.
+        let detail = format!("repository {} event {} trust {}", repo.name, accepted_event(&req), frozen.trust.as_str());
+        access::audit(state, &by.actor, "run.submit", &frozen.accepted.run_id, detail).await?;
+    }
     Ok((frozen.accepted.run_id, frozen.job_labels))
 }
 
@@ -447,6 +462,7 @@ async fn again(
             pull_request_title: old.pull_request_title,
             priority: Lane::parse(&old.priority),
             rollback,
+            audit: None,
         },
     )
     .await?;

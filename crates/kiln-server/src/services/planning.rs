@@ -301,6 +301,7 @@ async fn plan(state: &AppState, d: &DeliveryRecord) -> Result<Planned, PlanError
                 },
                 priority: None,
                 rollback: None,
+                audit: None,
             },
         )
         .await;

@@ -154,6 +154,7 @@ async fn fire(
             pull_request_title: None,
             priority: None,
             rollback: None,
+            audit: None,
         },
     )
     .await;

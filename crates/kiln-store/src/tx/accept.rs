@@ -158,6 +158,16 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .execute()
                     .await?;
                 }
+                if let Some(a) = &run.audit {
+                    tx.sql("INSERT INTO audit_log (at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)")
+                        .bind(now)
+                        .bind(&a.actor)
+                        .bind(&a.action)
+                        .bind(&run_id)
+                        .bind(&a.detail)
+                        .execute()
+                        .await?;
+                }
                 Ok(Accepted { run_id, created: true })
             })
         })

@@ -180,12 +180,25 @@ pub async fn idempotency_key_returns_the_same_run<S: Store + 'static>(o: &Opener
     let wf = workflow(vec![job("build", &[], 0)]);
     let mut req = new_run(&repo.id, wf.clone());
     req.idempotency = idem("user:alice/repo:x", "key-1", "digest-1");
+    // The acceptance writes its audit entry with the run it creates (its
+    // target the new run), and none for a replay.
+    req.audit = Some(NewAudit {
+        actor: "token:t1".into(),
+        action: "run.submit".into(),
+        target: String::new(),
+        detail: "repository x event manual trust trusted".into(),
+    });
 
     let first = s.accept_run(req.clone()).await.unwrap();
     assert!(first.created);
     let again = s.accept_run(req.clone()).await.unwrap();
     assert_eq!(again, Accepted { run_id: first.run_id.clone(), created: false });
     assert_eq!(count_runs(s, &repo.id).await, 1);
+    let audit = s.list_audit(None, 10).await.unwrap();
+    let entries: Vec<_> = audit.iter().map(|e| (e.actor.as_str(), e.action.as_str(), e.target.as_str())).collect();
+    assert_eq!(entries, [("token:t1", "run.submit", first.run_id.as_str())]);
+    assert_eq!(audit[0].detail, "repository x event manual trust trusted");
+    req.audit = None;
     // The replay did not add jobs or outbox events to the run.
     let v = view(s, &first.run_id).await;
     assert_eq!(v.jobs.len(), 1);

@@ -379,6 +379,7 @@ pub fn new_run(repo_id: &str, wf: Workflow) -> NewRun {
         commit_author: Some("Ada Lovelace".into()),
         pull_request_title: None,
         rollback: None,
+        audit: None,
     }
 }
 

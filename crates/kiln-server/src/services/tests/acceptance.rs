@@ -238,6 +238,7 @@ async fn every_trigger_is_refused_by_the_same_checks() {
         trace: None,
         pull_request_title: None,
         priority: None,
+        audit: None,
         rollback: None,
     };
     for kind in TriggerKind::ALL {

@@ -110,6 +110,7 @@ async fn an_untrusted_run_gets_no_secrets() {
             commit_author: None,
             pull_request_title: None,
             rollback: None,
+            audit: None,
         })
         .await
         .unwrap();
