@@ -42,6 +42,20 @@ pub(crate) async fn connect_pool(url: &str) -> Result<PgPool> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(30))
+        // sqlx pings every connection it hands out (a round trip before
+        // each transaction and read: ~25 per no-op run), and again when it
+        // takes one back. A connection in use moments ago was just pinged
+        // on its return: only one idle for a while (its server may have
+        // restarted since) is pinged before use.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > IDLE_PING_AFTER {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_with(opts)
         .await
         .map_err(pg_err)?;
@@ -51,6 +65,9 @@ pub(crate) async fn connect_pool(url: &str) -> Result<PgPool> {
         .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
     Ok(pool)
 }
+
+/// A pooled connection idle for longer than this is pinged before use.
+const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 
 /// The channel the outbox trigger notifies (migration 0009).
 const READY_CHANNEL: &str = "kiln_ready";

@@ -5,7 +5,9 @@
 mod conformance;
 
 use kiln_core::Backoff;
-use kiln_store::{AttemptStore, ClaimInput, LogObjectError, LogObjects, LogStore, PgStore, RunStore, StoreError};
+use kiln_store::{
+    AttemptStore, ClaimInput, LogObjectError, LogObjects, LogStore, PgStore, RepoStore, RunStore, StoreError,
+};
 use kiln_testkit::{TempPostgres, postgres_available};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -311,4 +313,32 @@ async fn log_bytes_live_in_the_object_store_and_unreferenced_objects_are_collect
         assert!(!blobs.exists(&format!("logs/segments/{seg:012}")).await.unwrap(), "segment {seg} collected");
     }
     assert_eq!(q("SELECT COUNT(*) FROM log_objects").await.unwrap(), 0);
+}
+
+/// The pool does not ping a connection it hands out moments after taking
+/// it back (a round trip before every transaction and read), but it does
+/// ping one idle for a while: after PostgreSQL restarted, the first call
+/// meets a fresh connection, never a dead one (which would fail it).
+#[tokio::test]
+async fn the_first_call_after_a_database_restart_succeeds() {
+    use conformance::*;
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::start().expect("a PostgreSQL of this test's own");
+    let url = pg.create_database().await.unwrap();
+    let s = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    let r = repo(&s).await;
+    // Several connections in the pool, each used and returned.
+    let reads: Vec<_> = (0..4).map(|_| s.get_repo(&r.id)).collect();
+    for got in futures::future::join_all(reads).await {
+        got.unwrap();
+    }
+    pg.stop().unwrap();
+    pg.resume().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    for _ in 0..4 {
+        assert_eq!(s.get_repo(&r.id).await.expect("a read after the restart").id, r.id);
+        s.accept_run(new_run(&r.id, workflow(vec![job("build", &[], 0)]))).await.expect("a write after the restart");
+    }
 }
