@@ -33,6 +33,13 @@ use std::time::Duration;
 /// Connect to `url` (`postgres://user:pass@host:port/db`) and run migrations.
 pub(crate) async fn connect_pool(url: &str) -> Result<PgPool> {
     let mut opts = PgConnectOptions::from_str(url).map_err(|e| StoreError::Invalid(format!("database url: {e}")))?;
+    // A name of this process's own (under the URL's, if it sets one): the
+    // ready notifications its commits send carry it (migration 0047), and
+    // its listener skips them (`ready_wakeups`).
+    let base = opts.get_application_name().unwrap_or("kiln").to_string();
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let name: String = format!("{}/{}", base.chars().take(40).collect::<String>(), &tag[..12]);
+    opts = opts.application_name(&name);
     if !url.contains("lock_timeout") {
         // Like SQLite's busy timeout: a lock held elsewhere for this long
         // is an outage (503), not a hang. A URL may set its own
@@ -72,12 +79,14 @@ const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 /// The channel the outbox trigger notifies (migration 0009).
 const READY_CHANNEL: &str = "kiln_ready";
 
-/// `LISTEN kiln_ready` on a connection of its own; each notification (and
-/// each reconnection, after which notifications may have been lost) notifies
-/// the returned `Notify`. The listener ends when every holder of the
-/// `Notify` has dropped it.
+/// `LISTEN kiln_ready` on a connection of its own; each notification of
+/// another store's commit (another replica's: this store's own name its
+/// pool, see `connect_pool`), and each reconnection (after which
+/// notifications may have been lost), notifies the returned `Notify`. The
+/// listener ends when every holder of the `Notify` has dropped it.
 pub(crate) async fn ready_wakeups(pool: &PgPool) -> Result<Arc<tokio::sync::Notify>> {
     use std::sync::Weak;
+    let own = pool.connect_options().get_application_name().unwrap_or_default().to_string();
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.map_err(pg_err)?;
     listener.listen(READY_CHANNEL).await.map_err(pg_err)?;
     let wake = Arc::new(tokio::sync::Notify::new());
@@ -89,6 +98,8 @@ pub(crate) async fn ready_wakeups(pool: &PgPool) -> Result<Arc<tokio::sync::Noti
             let Some(wake) = weak.upgrade() else { return };
             match got {
                 Err(_elapsed) => {}
+                // This process's own commit: its relay queued the job.
+                Ok(Ok(Some(n))) if !own.is_empty() && n.payload() == own => {}
                 Ok(Ok(Some(_))) => wake.notify_one(),
                 // The connection was lost; the next `try_recv` reconnects
                 // and listens again. Sweep: notifications may have been lost.

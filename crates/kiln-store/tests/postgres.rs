@@ -342,3 +342,28 @@ async fn the_first_call_after_a_database_restart_succeeds() {
         s.accept_run(new_run(&r.id, workflow(vec![job("build", &[], 0)]))).await.expect("a write after the restart");
     }
 }
+
+/// A replica's sweep is woken by the jobs other replicas make ready, not
+/// by its own (its relay queued those already): before, every commit of
+/// its own that readied a job made it re-read every ready job.
+#[tokio::test]
+async fn ready_notifications_wake_the_other_replicas_only() {
+    use conformance::*;
+    use kiln_store::OutboxStore;
+    if !postgres_available() {
+        return;
+    }
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let a = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    let b = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    let wake = a.ready_wakeups().await.unwrap().expect("PostgreSQL notifies");
+    let r = repo(&a).await;
+    let wf = || workflow(vec![job("build", &[], 0)]);
+    let quiet = std::time::Duration::from_millis(700);
+    a.accept_run(new_run(&r.id, wf())).await.unwrap();
+    assert!(tokio::time::timeout(quiet, wake.notified()).await.is_err(), "woken by its own commit");
+    b.accept_run(new_run(&r.id, wf())).await.unwrap();
+    let other = tokio::time::timeout(std::time::Duration::from_secs(10), wake.notified()).await;
+    assert!(other.is_ok(), "not woken by another replica's commit");
+}
