@@ -461,6 +461,35 @@ impl Dispatcher {
         added
     }
 
+    /// Part of a sweep: `ready` are some of the jobs ready now (those a
+    /// notification from another replica named). Queues those this replica
+    /// offers (returns how many were new) and notes the others, as
+    /// [`Self::sweep`] does, but forgets nothing it knew of other jobs; the
+    /// next full sweep makes noted jobs spare.
+    pub fn sweep_some(&self, ready: Vec<OutboxEvent>) -> usize {
+        let offer = self.offer.lock().unwrap().clone();
+        let now = Instant::now();
+        let mut added = 0;
+        let mut others = vec![];
+        for ev in ready {
+            if offer.mine(&ev.job_id) {
+                added += usize::from(self.insert(ev, false));
+            } else {
+                others.push(ev);
+            }
+        }
+        if !others.is_empty() {
+            let mut q = self.inner.lock().unwrap();
+            for ev in others {
+                q.unowned.entry((ev.job_id, ev.dispatch_generation)).or_insert(now);
+            }
+        }
+        if added > 0 {
+            self.notify.notify_waiters();
+        }
+        added
+    }
+
     /// Whether ready jobs other replicas offer were seen at the last sweep.
     pub fn has_unowned(&self) -> bool {
         !self.inner.lock().unwrap().unowned.is_empty()
@@ -742,6 +771,32 @@ mod tests {
         assert!(d.set_members("a", vec!["a".into()]));
         assert_eq!(d.sweep(all(), Duration::from_secs(3600)), ids.len());
         assert!(!d.has_unowned());
+    }
+
+    #[test]
+    fn a_partial_sweep_queues_its_jobs_and_forgets_nothing() {
+        let d = Dispatcher::default();
+        d.set_members("a", vec!["a".into(), "b".into()]);
+        let ids: Vec<String> = (0..20).map(|i| format!("job-{i}")).collect();
+        let (mine, theirs): (Vec<&String>, Vec<&String>) = ids.iter().partition(|j| d.offers(j));
+        // A full sweep saw the first of theirs; a notification names the
+        // rest of the jobs (one of its own among them).
+        d.sweep(vec![job(theirs[0])], Duration::from_secs(3600));
+        let named: Vec<OutboxEvent> = ids.iter().filter(|j| *j != theirs[0]).map(|j| job(j)).collect();
+        assert_eq!(d.sweep_some(named.clone()), mine.len());
+        assert_eq!(d.sweep_some(named), 0, "queued once");
+        assert_eq!(d.depth(), mine.len());
+        // Every job of theirs is noted (the first one too, still), and the
+        // next full sweep makes them spare once they waited long enough.
+        assert_eq!(d.inner.lock().unwrap().unowned.len(), theirs.len());
+        let any = BTreeMap::new();
+        while d.pop(&any).is_some() {}
+        d.sweep(ids.iter().map(|j| job(j)).collect(), Duration::ZERO);
+        let mut spare = 0;
+        while let Some(ev) = d.pop(&any) {
+            spare += usize::from(!d.offers(&ev.job_id));
+        }
+        assert_eq!(spare, theirs.len());
     }
 
     #[test]

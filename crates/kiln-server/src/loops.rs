@@ -7,7 +7,7 @@ use crate::work;
 use kiln_store::StoreError;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 /// How often the ring gate runner looks for promotions that are due.
 const RING_POLL: Duration = Duration::from_millis(250);
@@ -117,10 +117,13 @@ async fn every(state: State, mut shutdown: watch::Receiver<bool>, period: Durati
 /// (PostgreSQL `LISTEN/NOTIFY`; a burst of notifications while a sweep runs
 /// folds into one more sweep), and every `dispatch_sweep` regardless: the
 /// safety net for lost notifications and jobs whose backoff just passed.
-async fn sweeper(state: State, wake: Option<Arc<Notify>>, mut shutdown: watch::Receiver<bool>) {
-    async fn woken(wake: &Option<Arc<Notify>>) {
+async fn sweeper(state: State, wake: Option<Arc<kiln_store::ReadyWakeups>>, mut shutdown: watch::Receiver<bool>) {
+    async fn woken(wake: &Option<Arc<kiln_store::ReadyWakeups>>) -> kiln_store::ReadyWake {
         match wake {
-            Some(w) => w.notified().await,
+            Some(w) => {
+                w.notify.notified().await;
+                w.take()
+            }
             None => std::future::pending().await,
         }
     }
@@ -134,12 +137,17 @@ async fn sweeper(state: State, wake: Option<Arc<Notify>>, mut shutdown: watch::R
         } else {
             state.config.dispatch_sweep
         };
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = woken(&wake) => {}
+        let swept = tokio::select! {
+            _ = tokio::time::sleep(period) => work::sweep_once(&state).await,
+            // Another replica made these jobs ready: only they are read.
+            w = woken(&wake) => match w {
+                kiln_store::ReadyWake::Jobs(jobs) => work::sweep_jobs(&state, &jobs).await,
+                kiln_store::ReadyWake::All => work::sweep_once(&state).await,
+                kiln_store::ReadyWake::Nothing => continue,
+            },
             _ = shutdown.changed() => return,
-        }
-        match work::sweep_once(&state).await {
+        };
+        match swept {
             Ok(0) => {}
             Ok(added) => tracing::debug!(added, "dispatch sweep queued ready jobs"),
             Err(e) => tracing::warn!("dispatch sweep paused: {e}"),

@@ -69,6 +69,13 @@ pub(crate) async fn sweep_once(state: &AppState) -> Result<usize, StoreError> {
     Ok(state.dispatcher.sweep(events, SPARE_AFTER))
 }
 
+/// [`sweep_once`] for the jobs a ready notification named (the ready ones
+/// among them), leaving the rest of what the dispatcher knows as it is.
+pub(crate) async fn sweep_jobs(state: &AppState, job_ids: &[String]) -> Result<usize, StoreError> {
+    let events = state.store.ready_jobs_of(job_ids).await?;
+    Ok(state.dispatcher.sweep_some(events))
+}
+
 /// A grace period measured on the server clock, in the database clock's
 /// frame (the store compares against its own "now").
 fn grace_ms(state: &AppState, grace: std::time::Duration) -> i64 {

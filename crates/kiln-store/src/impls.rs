@@ -320,7 +320,11 @@ impl OutboxStore for SqlStore {
         outbox::ready_jobs(self).await
     }
 
-    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+    async fn ready_jobs_of(&self, job_ids: &[String]) -> Result<Vec<OutboxEvent>> {
+        outbox::ready_jobs_of(self, job_ids).await
+    }
+
+    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<crate::ReadyWakeups>>> {
         self.listen_ready().await
     }
 }

@@ -1270,3 +1270,62 @@ pub struct DeployedArtifact {
     pub generation: String,
     pub sha256: String,
 }
+
+/// Wakeups of a replica's dispatch sweep by jobs other replicas made ready
+/// (PostgreSQL `LISTEN kiln_ready`; see `OutboxStore::ready_wakeups`):
+/// `notify` fires, and [`Self::take`] says which jobs to read — those the
+/// notifications named, or all ready jobs (a notification naming none, too
+/// many, or a listener that reconnected and may have missed some).
+#[derive(Debug, Default)]
+pub struct ReadyWakeups {
+    pub notify: tokio::sync::Notify,
+    pending: std::sync::Mutex<ReadyPending>,
+}
+
+#[derive(Debug, Default)]
+struct ReadyPending {
+    all: bool,
+    jobs: std::collections::BTreeSet<String>,
+}
+
+/// What a sweep woken by [`ReadyWakeups`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadyWake {
+    /// Every ready job.
+    All,
+    /// These jobs (the ready ones among them).
+    Jobs(Vec<String>),
+    /// Nothing pending (another sweep took it).
+    Nothing,
+}
+
+impl ReadyWakeups {
+    /// Note the jobs of one notification (`None`: read all) and wake.
+    pub fn wake(&self, jobs: Option<Vec<String>>) {
+        {
+            let mut p = self.pending.lock().expect("ready wakeups");
+            match jobs {
+                Some(j) if !p.all => p.jobs.extend(j),
+                Some(_) => {}
+                None => {
+                    p.all = true;
+                    p.jobs.clear();
+                }
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// What was noted since the last take, cleared.
+    pub fn take(&self) -> ReadyWake {
+        let mut p = self.pending.lock().expect("ready wakeups");
+        let p = std::mem::take(&mut *p);
+        if p.all {
+            ReadyWake::All
+        } else if p.jobs.is_empty() {
+            ReadyWake::Nothing
+        } else {
+            ReadyWake::Jobs(p.jobs.into_iter().collect())
+        }
+    }
+}

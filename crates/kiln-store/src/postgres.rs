@@ -84,13 +84,13 @@ const READY_CHANNEL: &str = "kiln_ready";
 /// pool, see `connect_pool`), and each reconnection (after which
 /// notifications may have been lost), notifies the returned `Notify`. The
 /// listener ends when every holder of the `Notify` has dropped it.
-pub(crate) async fn ready_wakeups(pool: &PgPool) -> Result<Arc<tokio::sync::Notify>> {
+pub(crate) async fn ready_wakeups(pool: &PgPool) -> Result<Arc<crate::ReadyWakeups>> {
     use std::sync::Weak;
     let own = pool.connect_options().get_application_name().unwrap_or_default().to_string();
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.map_err(pg_err)?;
     listener.listen(READY_CHANNEL).await.map_err(pg_err)?;
-    let wake = Arc::new(tokio::sync::Notify::new());
-    let weak: Weak<tokio::sync::Notify> = Arc::downgrade(&wake);
+    let wake = Arc::new(crate::ReadyWakeups::default());
+    let weak: Weak<crate::ReadyWakeups> = Arc::downgrade(&wake);
     tokio::spawn(async move {
         loop {
             // Wake up now and then to notice that nobody listens any more.
@@ -98,21 +98,44 @@ pub(crate) async fn ready_wakeups(pool: &PgPool) -> Result<Arc<tokio::sync::Noti
             let Some(wake) = weak.upgrade() else { return };
             match got {
                 Err(_elapsed) => {}
-                // This process's own commit: its relay queued the job.
-                Ok(Ok(Some(n))) if !own.is_empty() && n.payload() == own => {}
-                Ok(Ok(Some(_))) => wake.notify_one(),
+                Ok(Ok(Some(n))) => match ready_payload(n.payload(), &own) {
+                    // This store's own commit: its relay queued the jobs.
+                    Ready::Own => {}
+                    Ready::Jobs(jobs) => wake.wake(Some(jobs)),
+                    Ready::All => wake.wake(None),
+                },
                 // The connection was lost; the next `try_recv` reconnects
                 // and listens again. Sweep: notifications may have been lost.
-                Ok(Ok(None)) => wake.notify_one(),
+                Ok(Ok(None)) => wake.wake(None),
                 Ok(Err(e)) => {
                     tracing::warn!("ready notifications paused: {e}");
-                    wake.notify_one();
+                    wake.wake(None);
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         }
     });
     Ok(wake)
+}
+
+/// What a ready notification asks of the listener named `own`.
+#[derive(Debug, PartialEq, Eq)]
+enum Ready {
+    Own,
+    Jobs(Vec<String>),
+    All,
+}
+
+/// A ready notification's payload (migration 0047): `SENDER JOB,JOB,…`, or
+/// `SENDER *` for too many jobs; anything else (an older replica's empty
+/// payload) is all jobs from another sender.
+fn ready_payload(payload: &str, own: &str) -> Ready {
+    let Some((sender, jobs)) = payload.split_once(' ') else { return Ready::All };
+    if !own.is_empty() && sender == own {
+        return Ready::Own;
+    }
+    let jobs: Vec<String> = jobs.split(',').map(str::trim).filter(|j| !j.is_empty()).map(String::from).collect();
+    if jobs.is_empty() || jobs.iter().any(|j| j == "*") { Ready::All } else { Ready::Jobs(jobs) }
 }
 
 /// A row of `kiln_extend_leases`: job, epoch, then [`LeaseExtended`].
@@ -243,5 +266,22 @@ async fn extend_leases(pool: &PgPool, mut batch: Vec<Beat>) {
                 let _ = b.reply.send(Err(e));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod ready_payload_tests {
+    use super::{Ready, ready_payload};
+
+    #[test]
+    fn a_payload_names_its_sender_and_jobs() {
+        assert_eq!(ready_payload("kiln/ab12 j1,j2", "kiln/ff00"), Ready::Jobs(vec!["j1".into(), "j2".into()]));
+        assert_eq!(ready_payload("kiln/ab12 j1,j2", "kiln/ab12"), Ready::Own);
+        assert_eq!(ready_payload("kiln/ab12 *", "kiln/ff00"), Ready::All);
+        // An older replica's empty payload, or one without jobs: read all.
+        assert_eq!(ready_payload("", "kiln/ff00"), Ready::All);
+        assert_eq!(ready_payload("kiln/ab12 ", "kiln/ff00"), Ready::All);
+        // No name of its own: nothing is taken for its own.
+        assert_eq!(ready_payload(" j1", ""), Ready::Jobs(vec!["j1".into()]));
     }
 }

@@ -308,7 +308,7 @@ impl SqlStore {
     /// See [`OutboxStore::ready_wakeups`](crate::OutboxStore::ready_wakeups):
     /// PostgreSQL listens for other replicas' commits; one server owns a
     /// SQLite database, so nobody else makes jobs ready.
-    pub(crate) async fn listen_ready(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+    pub(crate) async fn listen_ready(&self) -> Result<Option<std::sync::Arc<crate::ReadyWakeups>>> {
         match &self.pools {
             Pools::Sqlite { .. } => Ok(None),
             Pools::Pg { pool, .. } => postgres::ready_wakeups(pool).await.map(Some),

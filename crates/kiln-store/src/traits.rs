@@ -347,14 +347,17 @@ pub trait OutboxStore: Send + Sync {
     async fn mark_published(&self, ids: &[i64]) -> Result<()>;
     /// Jobs that are ready now (used to rebuild dispatch queues after a restart).
     async fn ready_jobs(&self) -> Result<Vec<OutboxEvent>>;
+    /// [`Self::ready_jobs`] among `job_ids` only (a wakeup's jobs).
+    async fn ready_jobs_of(&self, job_ids: &[String]) -> Result<Vec<OutboxEvent>>;
     /// Wakeups for [`Self::ready_jobs`] readers when another process (a
-    /// replica on the same database) may have made jobs ready: the returned
-    /// `Notify` is notified after such a commit, and after the wakeup channel
-    /// reconnected (notifications may have been lost meanwhile). Bursts fold
-    /// into one pending wakeup. `None`: the backend has no such channel
-    /// (SQLite: one server owns the database). Listening has begun when this
-    /// returns.
-    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<tokio::sync::Notify>>> {
+    /// replica on the same database) made jobs ready: the returned
+    /// [`ReadyWakeups`] is notified after such a commit, naming its jobs, and
+    /// after the wakeup channel reconnected (notifications may have been
+    /// lost meanwhile: all jobs). A process's own commits do not wake it.
+    /// Bursts fold into one pending wakeup. `None`: the backend has no such
+    /// channel (SQLite: one server owns the database). Listening has begun
+    /// when this returns.
+    async fn ready_wakeups(&self) -> Result<Option<std::sync::Arc<crate::ReadyWakeups>>> {
         Ok(None)
     }
 }

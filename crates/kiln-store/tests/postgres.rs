@@ -362,8 +362,16 @@ async fn ready_notifications_wake_the_other_replicas_only() {
     let wf = || workflow(vec![job("build", &[], 0)]);
     let quiet = std::time::Duration::from_millis(700);
     a.accept_run(new_run(&r.id, wf())).await.unwrap();
-    assert!(tokio::time::timeout(quiet, wake.notified()).await.is_err(), "woken by its own commit");
-    b.accept_run(new_run(&r.id, wf())).await.unwrap();
-    let other = tokio::time::timeout(std::time::Duration::from_secs(10), wake.notified()).await;
+    assert!(tokio::time::timeout(quiet, wake.notify.notified()).await.is_err(), "woken by its own commit");
+    assert_eq!(wake.take(), kiln_store::ReadyWake::Nothing);
+    // B's run readies its job: A is woken with that job's id, and reads it
+    // alone (not every ready job: A's own run's job is ready too).
+    let run = b.accept_run(new_run(&r.id, wf())).await.unwrap().run_id;
+    let other = tokio::time::timeout(std::time::Duration::from_secs(10), wake.notify.notified()).await;
     assert!(other.is_ok(), "not woken by another replica's commit");
+    let build = job_id(&b, &run, "build").await;
+    assert_eq!(wake.take(), kiln_store::ReadyWake::Jobs(vec![build.clone()]));
+    let read = a.ready_jobs_of(std::slice::from_ref(&build)).await.unwrap();
+    assert_eq!(read.iter().map(|e| e.job_id.as_str()).collect::<Vec<_>>(), [build.as_str()]);
+    assert_eq!(a.ready_jobs().await.unwrap().len(), 2, "both runs' jobs are ready");
 }

@@ -60,3 +60,23 @@ pub(crate) async fn ready_jobs(store: &SqlStore) -> Result<Vec<OutboxEvent>> {
     let rows: Vec<EventRow> = store.reader().await?.sql(&READY).all().await?;
     Ok(rows.into_iter().map(event).collect())
 }
+
+/// `OutboxStore::ready_jobs_of`.
+pub(crate) async fn ready_jobs_of(store: &SqlStore, job_ids: &[String]) -> Result<Vec<OutboxEvent>> {
+    static READY_OF: Sql = Sql::new(|d| {
+        format!(
+            "SELECT CAST(0 AS BIGINT), j.id, j.dispatch_generation, j.class_key, p.team, r.priority, COALESCE(j.next_attempt_at, 0) \
+             FROM jobs j JOIN runs r ON r.id = j.run_id JOIN repos p ON p.id = r.repo_id \
+             WHERE j.id IN (SELECT value FROM {ids}) AND j.status = {ready} AND COALESCE(j.next_attempt_at, 0) <= {now}",
+            ids = d.json_texts(1),
+            ready = lit(JobStatus::Ready),
+            now = d.now_ms,
+        )
+    });
+    if job_ids.is_empty() {
+        return Ok(vec![]);
+    }
+    let list = serde_json::to_string(job_ids).expect("ids");
+    let rows: Vec<EventRow> = store.reader().await?.sql(&READY_OF).bind(list).all().await?;
+    Ok(rows.into_iter().map(event).collect())
+}
