@@ -43,9 +43,12 @@ struct Entry<T, R> {
     reply: oneshot::Sender<Answer<R>>,
 }
 
-/// The chunks waiting for their turn, per stream, by (offset, id).
+/// One stream's waiting chunks by (offset, id).
+type Queue<T, R> = BTreeMap<(i64, u64), Entry<T, R>>;
+
+/// The chunks waiting for their turn, per stream.
 pub(crate) struct Groups<T, R> {
-    waiting: Mutex<HashMap<Key, BTreeMap<(i64, u64), Entry<T, R>>>>,
+    waiting: Mutex<HashMap<Key, Queue<T, R>>>,
     next_id: AtomicU64,
 }
 

@@ -158,7 +158,7 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
     // This chunk's turn: the chunks of its stream waiting right after it
     // commit with it.
     let followers = if grouped { files.groups.take_after(&key, chunk.offset + len, MAX_GROUP - 1) } else { vec![] };
-    let mut group: Vec<(&NewLogChunk, i64, Option<(i64, i64)>)> = vec![(&chunk, len, placed)];
+    let mut group: Vec<Member> = vec![(&chunk, len, placed)];
     group.extend(followers.iter().map(|t| (&t.item.chunk, t.item.len, t.item.placed)));
     let r = store.transaction(Isolation::Serializable, &group[..], |tx, group| Box::pin(commit_group(tx, group))).await;
     let (committed, stop, progress) = match r {
@@ -192,6 +192,10 @@ pub(crate) struct Waiting {
     placed: Option<(i64, i64)>,
 }
 
+/// A chunk of a group: the chunk, its length, and where its bytes are
+/// (segment, position), if not in the row.
+type Member<'a> = (&'a NewLogChunk, i64, Option<(i64, i64)>);
+
 /// Chunks waiting for their turn (`LogFiles::groups`).
 pub(crate) type Groups = crate::log_groups::Groups<Waiting, Result<Vec<(String, i64)>>>;
 
@@ -201,10 +205,7 @@ pub(crate) type Groups = crate::log_groups::Groups<Waiting, Result<Vec<(String, 
 /// refused, and the attempt's progress. The first chunk refused: the
 /// transaction's error (nothing commits). Every chunk is judged as it
 /// would be alone, after the ones before it.
-async fn commit_group(
-    tx: &mut Tx,
-    group: &[(&NewLogChunk, i64, Option<(i64, i64)>)],
-) -> Result<(usize, Option<StoreError>, Vec<(String, i64)>)> {
+async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Option<StoreError>, Vec<(String, i64)>)> {
     let first = group[0].0;
     // Chunks of a job commit one at a time, so their ids (the SSE cursor)
     // become visible in order.
