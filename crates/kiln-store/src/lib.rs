@@ -19,6 +19,7 @@ mod dialect;
 mod error;
 mod impls;
 mod lanes;
+mod log_groups;
 mod log_objects;
 mod model;
 mod postgres;

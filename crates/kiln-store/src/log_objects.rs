@@ -5,8 +5,8 @@
 //! one replica's disk would be on that replica only).
 //!
 //! Group commit, as the SQLite segments do it with `fdatasync`: chunks that
-//! arrive while an object is being written wait together and go out as the
-//! next object, each acknowledged once its object is durable (the object
+//! arrive while the lane's objects are being written wait together and go
+//! out as the next object, each acknowledged once its object is durable (the object
 //! store's put: written, synced and renamed on the local disk; a completed
 //! PUT on S3) and before its index row commits. Two lanes, as on SQLite:
 //! live output (chunks of at most [`crate::segments::SMALL_CHUNK`] bytes) never waits behind
@@ -64,8 +64,21 @@ pub(crate) type Reply = oneshot::Sender<Result<(i64, i64)>>;
 #[derive(Default)]
 struct Pending {
     waiting: Vec<(Vec<u8>, Reply)>,
-    /// A task is writing objects of this lane (and takes what waits when it is done).
-    writing: bool,
+    /// Tasks writing objects of this lane (each takes what waits when it
+    /// is done).
+    writers: usize,
+}
+
+/// Objects of a lane written at once: the bulk lane's second writer takes
+/// the chunks that arrive while the first one's object is being written and
+/// synced, so a loud stream's bytes are not held up by one sync at a time
+/// (issue 47, item 6: with one writer, a stream's chunks waited ~80 ms for
+/// it). The live lane keeps one (its objects are small).
+fn max_writers(lane: Lane) -> usize {
+    match lane {
+        Lane::Small => 1,
+        Lane::Bulk => 2,
+    }
 }
 
 /// The live lane's newest objects this process wrote, kept to answer the
@@ -117,13 +130,19 @@ impl ObjectSegments {
     }
 
     /// Queues `data` in its lane: the receiver of its (segment, position),
-    /// and whether the caller must start the lane's writer (none runs).
+    /// and whether the caller must start a writer of the lane (fewer than
+    /// [`max_writers`] run).
     pub(crate) fn enqueue(&self, data: Vec<u8>) -> (oneshot::Receiver<Result<(i64, i64)>>, Option<Lane>) {
         let lane = Lane::of(data.len());
         let (tx, rx) = oneshot::channel();
         let mut p = self.lanes[lane as usize].lock().expect("log objects");
         p.waiting.push((data, tx));
-        let start = !std::mem::replace(&mut p.writing, true);
+        // A writer that is not writing takes what waits already: another
+        // one starts only while every one of them is busy.
+        let start = p.writers < max_writers(lane);
+        if start {
+            p.writers += 1;
+        }
         (rx, start.then_some(lane))
     }
 
@@ -143,10 +162,15 @@ impl ObjectSegments {
             })
             .count();
         if n == 0 {
-            p.writing = false;
+            p.writers -= 1;
             return None;
         }
         Some(p.waiting.drain(..n).collect())
+    }
+
+    /// Whether chunks of `lane` wait for an object.
+    pub(crate) fn more_waiting(&self, lane: Lane) -> bool {
+        !self.lanes[lane as usize].lock().expect("log objects").waiting.is_empty()
     }
 
     /// Publishes segment `seg`'s bytes (durable when this returns).

@@ -50,6 +50,9 @@ pub(crate) struct LogFiles {
     pub(crate) objects: std::sync::OnceLock<crate::log_objects::ObjectSegments>,
     /// Commit order of chunks in flight together.
     pub(crate) sequencer: crate::sequencer::Sequencer,
+    /// PostgreSQL: chunks waiting for their turn, which the chunk whose
+    /// turn it is commits with its own (`log_groups.rs`).
+    pub(crate) groups: crate::tx::logs::Groups,
     /// SQLite: held by a bulk chunk (more than
     /// [`crate::segments::SMALL_CHUNK`] bytes) from before it asks for the
     /// writer until it committed, so small chunks wait behind one bulk
@@ -169,6 +172,13 @@ impl SqlStore {
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
+    }
+
+    /// Log chunks waiting for their turn to commit, for tests (issue 47,
+    /// item 6: a test holds a group together and lets it go).
+    #[doc(hidden)]
+    pub fn log_chunks_waiting(&self) -> usize {
+        self.logs.groups.waiting()
     }
 
     pub(crate) fn log_files(&self) -> &LogFiles {

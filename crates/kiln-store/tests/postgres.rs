@@ -375,3 +375,159 @@ async fn ready_notifications_wake_the_other_replicas_only() {
     assert_eq!(read.iter().map(|e| e.job_id.as_str()).collect::<Vec<_>>(), [build.as_str()]);
     assert_eq!(a.ready_jobs().await.unwrap().len(), 2, "both runs' jobs are ready");
 }
+
+/// A store with log objects and a running job (issue 47, item 6: group
+/// commit of log index rows); `db` is another connection to its database.
+struct LogJob {
+    s: PgStore,
+    job: String,
+    db: sqlx::PgPool,
+    _objects: tempfile::TempDir,
+}
+
+type Sent = tokio::task::JoinHandle<Result<Vec<(String, i64)>, StoreError>>;
+
+impl LogJob {
+    async fn new() -> LogJob {
+        use conformance::*;
+        let pg = TempPostgres::shared().expect("PostgreSQL is available");
+        let url = pg.create_database().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let s = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+        s.set_log_objects(Arc::new(Objects(kiln_blob::BlobStore::open_url("", dir.path()).unwrap())));
+        let (_, run_id) = start(&s, workflow(vec![job("build", &[], 0)])).await;
+        let a = agent(&s, "a", 4).await;
+        let job = job_id(&s, &run_id, "build").await;
+        claim(&s, &a, &job, LONG_TTL).await;
+        let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&url).await.unwrap();
+        LogJob { s, job, db, _objects: dir }
+    }
+
+    /// The job's row, held by another connection until the transaction ends.
+    async fn hold(&self) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut held = self.db.begin().await.unwrap();
+        sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+            .bind(&self.job)
+            .fetch_one(&mut *held)
+            .await
+            .unwrap();
+        held
+    }
+
+    /// Sends `chunks` with the job's row held: the first until it waits
+    /// for the row in its transaction (having taken no other chunk), the
+    /// others until they all wait for their turn — when the row is let go,
+    /// the second leads the rest as one group.
+    async fn send_behind_held_row(&self, chunks: Vec<kiln_store::NewLogChunk>) -> Vec<Sent> {
+        let n = chunks.len();
+        let mut tasks = vec![];
+        for (i, c) in chunks.into_iter().enumerate() {
+            let s = self.s.clone();
+            tasks.push(tokio::spawn(async move { s.append_log_chunk(c).await }));
+            if i == 0 {
+                let db = &self.db;
+                until(|| async move {
+                    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                        .fetch_one(db)
+                        .await
+                        .unwrap();
+                    waiting > 0
+                })
+                .await;
+            }
+        }
+        until(|| async { self.s.log_chunks_waiting() == n - 1 }).await;
+        tasks
+    }
+}
+
+/// Polls `what` until it holds (at most 20 s).
+async fn until<F: std::future::Future<Output = bool>>(what: impl Fn() -> F) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !what().await {
+        assert!(tokio::time::Instant::now() < deadline, "not reached within 20 s");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+fn part(i: i64) -> Vec<u8> {
+    vec![b'a' + i as u8; 1000]
+}
+
+fn at(i: i64) -> i64 {
+    i * 1000
+}
+
+/// Issue 47, item 6: the index rows of chunks waiting for their turn commit
+/// in one transaction with the chunk whose turn it is, each judged as it
+/// would be alone (spec 000 §13). A conflicting chunk in the group is
+/// refused alone: the ones before it commit, an identical retry among them
+/// is accepted, and the ones after it commit in their own turn — all in
+/// offset order.
+#[tokio::test]
+async fn a_conflicting_chunk_in_a_group_is_refused_alone() {
+    use conformance::*;
+    if !postgres_available() {
+        return;
+    }
+    let h = LogJob::new().await;
+    // Chunk 3 came early (not in order) and is committed; so is chunk 1
+    // (its acknowledgement was lost: the one in the group is a retry).
+    for i in [3, 1] {
+        h.s.append_log_chunk(chunk(&h.job, 1, "stdout", i, at(i), &part(i))).await.unwrap();
+    }
+    let ordered = |i: i64, data: Vec<u8>| kiln_store::NewLogChunk {
+        in_order: true,
+        ..chunk(&h.job, 1, "stdout", i, at(i), &data)
+    };
+    let held = h.hold().await;
+    let mut chunks: Vec<_> = (0..6).map(|i| ordered(i, part(i))).collect();
+    chunks[3] = ordered(3, part(9)); // different bytes where chunk 3 is
+    let tasks = h.send_behind_held_row(chunks).await;
+    held.commit().await.unwrap();
+    let mut results = vec![];
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    for (i, r) in results.iter().enumerate() {
+        if i == 3 {
+            assert!(matches!(r, Err(StoreError::Conflict(_))), "chunk 3 is refused: {r:?}");
+        } else {
+            assert!(r.is_ok(), "chunk {i} commits: {r:?}");
+        }
+    }
+    let rows = h.s.log_chunks_after(&h.job, 0, 100).await.unwrap();
+    let got: Vec<(i64, Vec<u8>)> = rows.iter().map(|r| (r.offset, r.data.clone())).collect();
+    let want: Vec<(i64, Vec<u8>)> = [3, 1, 0, 2, 4, 5].iter().map(|&i| (at(i), part(i))).collect();
+    assert_eq!(got, want, "ids in commit order, which follows the offsets; chunk 3's bytes are the first ones");
+    assert_eq!(progress(results[5].as_ref().unwrap().clone()).get("stdout"), Some(&at(6)));
+}
+
+/// Issue 47, item 6: an attempt fenced (a new epoch) while a group of its
+/// chunks waits: every chunk is refused as stale, none committed.
+#[tokio::test]
+async fn a_group_of_a_fenced_attempt_is_refused_chunk_by_chunk() {
+    use conformance::*;
+    if !postgres_available() {
+        return;
+    }
+    let h = LogJob::new().await;
+    let mut held = h.hold().await;
+    let chunks: Vec<_> = (0..4)
+        .map(|i| kiln_store::NewLogChunk { in_order: true, ..chunk(&h.job, 1, "stdout", i, at(i), &part(i)) })
+        .collect();
+    let tasks = h.send_behind_held_row(chunks).await;
+    // The job is reclaimed (as a new claim would), in the transaction
+    // holding its row.
+    sqlx::query("UPDATE jobs SET current_epoch = current_epoch + 1 WHERE id = $1")
+        .bind(&h.job)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    held.commit().await.unwrap();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap();
+        assert!(matches!(r, Err(StoreError::StaleEpoch(_))), "chunk {i} is refused as stale: {r:?}");
+    }
+    assert!(h.s.log_chunks_after(&h.job, 0, 100).await.unwrap().is_empty(), "nothing committed");
+}

@@ -3,10 +3,11 @@
 //! conflicting or overlapping one refused, a stale epoch refused. The hot
 //! journal is archived to the object store and trimmed in one transaction.
 
-use crate::db::{Exec, now};
+use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, terminal_jobs};
 use crate::error::parse_enum;
 use crate::error::{Result, StoreError};
+use crate::log_groups::{Answer, MAX_GROUP};
 use crate::model::{LogArchive, LogChunkRecord, NewLogChunk};
 use crate::store::{SqlStore, lock_job};
 use kiln_core::lease::{AttemptLease, check_live};
@@ -33,7 +34,9 @@ const PLACEMENT: &str = "SELECT \
 /// On SQLite the bytes (except the small `system` stream's, which the
 /// running-attempts view reads in SQL) go to a segment file and are synced
 /// before the index row commits; the row's `data` is then empty. Chunks of
-/// one stream in flight together commit in offset order (`sequencer.rs`).
+/// one stream in flight together commit in offset order (`sequencer.rs`);
+/// on PostgreSQL those waiting for their turn commit in the transaction of
+/// the chunk whose turn it is, each judged alone (`log_groups.rs`).
 pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
     use sha2::{Digest, Sha256};
     // The one digest of the bytes on this side: the chunk's identity.
@@ -115,7 +118,36 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
             }
         }
     }
-    ticket.wait_turn().await;
+    // PostgreSQL: while this chunk waits for its turn, the chunk whose turn
+    // it is may take it into its own transaction (`log_groups.rs`).
+    let key: crate::log_groups::Key = (chunk.job_id.clone(), chunk.epoch, chunk.stream.clone());
+    let grouped = files.objects.get().is_some() && len > 0;
+    loop {
+        if !grouped {
+            ticket.wait_turn().await;
+            break;
+        }
+        // The entry holds a copy: the bytes are in the object store by
+        // now (the copy is empty but for a chunk whose bytes stay in the row).
+        let mut posted = files.groups.post(&key, chunk.offset, len, Waiting { chunk: chunk.clone(), len, placed });
+        let taken = tokio::select! {
+            biased;
+            a = posted.answer() => Some(a),
+            () = ticket.wait_turn() => None,
+        };
+        let answer = match taken {
+            Some(a) => a,
+            // Its turn, and no leader took it: it leads.
+            None if posted.withdraw() => break,
+            None => posted.answer().await,
+        };
+        match answer {
+            Answer::Done(r) => return r,
+            // Not committed: wait for the turn again (the chunk before
+            // this one was refused, or the transaction failed).
+            Answer::Alone => continue,
+        }
+    }
     if (files.segments.is_none() || chunk.in_order) && chunk.offset > 0 {
         // PostgreSQL may have replicas: the chunk before this one can be in
         // flight on another replica, which this process's sequencer does not
@@ -131,146 +163,212 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
         Some(g) if bulk => Some(g.lock().await),
         _ => None,
     };
-    let chunk = &chunk;
-    let (seg, seg_pos) = (placed.map(|p| p.0), placed.map(|p| p.1));
-    let progress = store
-        .transaction(Isolation::Serializable, &(chunk, len, seg, seg_pos), |tx, &(chunk, len, seg, seg_pos)| {
-            Box::pin(async move {
-                // Chunks of a job commit one at a time, so their ids (the SSE
-                // cursor) become visible in order.
-                lock_job(tx, &chunk.job_id).await?;
-                let now = now(tx).await?;
-                // Where the chunk lands and whether its attempt is live, in
-                // one statement, and the attempt's progress in another:
-                // each statement is a round trip to SQLite's worker thread
-                // (issue 20). Read at the start, the progress is what the
-                // end would read but for this transaction's own write.
-                let (ex_len, ex_sha, prev_end, next_start, current_epoch, outcome, lease_deadline): Placement = tx
-                    .sql(PLACEMENT)
-                    .bind(&chunk.job_id)
-                    .bind(chunk.epoch)
-                    .bind(&chunk.stream)
-                    .bind(chunk.offset)
-                    .one()
-                    .await?;
-                let mut progress: Vec<(String, i64)> = tx
-                    .sql("SELECT stream, committed FROM log_progress WHERE job_id = $1 AND epoch = $2 ORDER BY stream")
-                    .bind(&chunk.job_id)
-                    .bind(chunk.epoch)
-                    .all()
-                    .await?;
-                match (ex_len, ex_sha) {
-                    // An identical retry is accepted even after the attempt ended.
-                    (Some(l), Some(s)) if l == len && chunk.sha256.as_ref() == Some(&s) => {}
-                    (Some(_), _) => {
-                        return Err(StoreError::Conflict(format!(
-                            "different bytes were already committed at {} offset {}",
-                            chunk.stream, chunk.offset
-                        )));
-                    }
-                    (None, _) => {
-                        let current_epoch =
-                            current_epoch.ok_or_else(|| StoreError::NotFound(format!("job {}", chunk.job_id)))?;
-                        let attempt = match (outcome, lease_deadline) {
-                            (Some(o), Some(d)) => Some(AttemptLease { outcome: parse_enum(&o)?, lease_deadline: d }),
-                            _ => None,
-                        };
-                        check_live(chunk.epoch, current_epoch, attempt, now)
-                            .map_err(|stale| StoreError::StaleEpoch(stale.message(&chunk.job_id, chunk.epoch)))?;
-                        // Overlap with a neighbour: only the closest chunks before
-                        // and after can overlap (index seeks, not a scan of the stream).
-                        let overlap = prev_end.is_some_and(|e| e > chunk.offset)
-                            || next_start.is_some_and(|n| n < chunk.offset + len);
-                        if overlap && len > 0 {
-                            return Err(StoreError::Conflict(format!(
-                                "chunk at {} offset {} overlaps bytes already committed",
-                                chunk.stream, chunk.offset
-                            )));
-                        }
-                        // In order: never past a hole the agent has not
-                        // declared (the chunk before may be refused now and
-                        // retried later). Nothing is committed; the agent
-                        // retries (503) once its predecessor got through.
-                        if chunk.in_order && chunk.offset > 0 && prev_end != Some(chunk.offset) {
-                            return Err(StoreError::Busy(format!(
-                                "the {} bytes before offset {} are not committed yet: send them first, then retry",
-                                chunk.stream, chunk.offset
-                            )));
-                        }
-                        tx.sql(
-                            "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data, \
-                             created_at, seg, seg_pos) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                        )
-                        .bind(&chunk.job_id)
-                        .bind(chunk.epoch)
-                        .bind(&chunk.stream)
-                        .bind(chunk.seq)
-                        .bind(chunk.offset)
-                        .bind(len)
-                        .bind(&chunk.sha256)
-                        // The bytes are in a segment, or in the row.
-                        .bind(if seg.is_some() { &[][..] } else { &chunk.data[..] })
-                        .bind(now)
-                        .bind(seg)
-                        .bind(seg_pos)
-                        .execute()
-                        .await?;
-                        // Advance the contiguous committed offset of this
-                        // stream. It is the end of the contiguous run from 0
-                        // after every commit, so only a chunk right at it
-                        // moves it: past this chunk, and past the chunks
-                        // that follow without a gap (there are some only if
-                        // the closest one after starts where this one ends).
-                        let row = progress.iter().position(|(s, _)| *s == chunk.stream);
-                        let was = row.map_or(0, |i| progress[i].1);
-                        let mut committed = was;
-                        if committed == chunk.offset && len > 0 {
-                            committed += len;
-                            while next_start.is_some_and(|n| n <= committed) {
-                                let next: Option<i64> = tx
-                                    .sql(
-                                        "SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
-                                         AND stream = $3 AND byte_offset = $4 AND length > 0",
-                                    )
-                                    .bind(&chunk.job_id)
-                                    .bind(chunk.epoch)
-                                    .bind(&chunk.stream)
-                                    .bind(committed)
-                                    .scalar_optional()
-                                    .await?;
-                                match next {
-                                    Some(l) => committed += l,
-                                    None => break,
-                                }
-                            }
-                        }
-                        if row.is_none() || committed != was {
-                            tx.sql(
-                                "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
-                                 ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
-                            )
-                            .bind(&chunk.job_id)
-                            .bind(chunk.epoch)
-                            .bind(&chunk.stream)
-                            .bind(committed)
-                            .execute()
-                            .await?;
-                            match row {
-                                Some(i) => progress[i].1 = committed,
-                                None => {
-                                    progress.push((chunk.stream.clone(), committed));
-                                    progress.sort();
-                                }
-                            }
-                        }
-                    }
-                }
-                Ok(progress)
-            })
-        })
-        .await?;
-    files.sequencer.committed(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset + len);
+    // This chunk's turn: the chunks of its stream waiting right after it
+    // commit with it.
+    let followers = if grouped { files.groups.take_after(&key, chunk.offset + len, MAX_GROUP - 1) } else { vec![] };
+    let mut group: Vec<Member> = vec![(&chunk, len, placed)];
+    group.extend(followers.iter().map(|t| (&t.item.chunk, t.item.len, t.item.placed)));
+    let r = store.transaction(Isolation::Serializable, &group[..], |tx, group| Box::pin(commit_group(tx, group))).await;
+    let (committed, stop, progress) = match r {
+        Ok(done) => done,
+        Err(e) => {
+            // The followers were not committed: each waits for its turn again.
+            drop(followers);
+            return Err(e);
+        }
+    };
+    let (last, last_len, _) = group[committed - 1];
+    files.sequencer.committed(&chunk.job_id, chunk.epoch, &chunk.stream, last.offset + last_len);
+    let mut stop = stop;
+    for (i, t) in followers.into_iter().enumerate() {
+        match i + 1 {
+            n if n < committed => t.answer(Answer::Done(Ok(progress.clone()))),
+            n if n == committed => match stop.take() {
+                Some(refused) => t.answer(Answer::Done(Err(refused))),
+                None => t.answer(Answer::Alone),
+            },
+            _ => t.answer(Answer::Alone),
+        }
+    }
     Ok(progress)
+}
+
+/// A chunk waiting for its turn, placed: what its leader commits for it.
+pub(crate) struct Waiting {
+    chunk: NewLogChunk,
+    len: i64,
+    placed: Option<(i64, i64)>,
+}
+
+/// A chunk of a group: the chunk, its length, and where its bytes are
+/// (segment, position), if not in the row.
+type Member<'a> = (&'a NewLogChunk, i64, Option<(i64, i64)>);
+
+/// Chunks waiting for their turn (`LogFiles::groups`).
+pub(crate) type Groups = crate::log_groups::Groups<Waiting, Result<Vec<(String, i64)>>>;
+
+/// The index rows of `group` (one stream's chunks, each starting where the
+/// one before ends, the first the one whose turn it is), in offset order:
+/// how many committed, the refusal of the one after them if one was
+/// refused, and the attempt's progress. The first chunk refused: the
+/// transaction's error (nothing commits). Every chunk is judged as it
+/// would be alone, after the ones before it.
+async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Option<StoreError>, Vec<(String, i64)>)> {
+    let first = group[0].0;
+    // Chunks of a job commit one at a time, so their ids (the SSE cursor)
+    // become visible in order.
+    lock_job(tx, &first.job_id).await?;
+    let now = now(tx).await?;
+    // Read at the start, the progress is what the end would read but for
+    // this transaction's own writes (kept here as they are made).
+    let mut progress: Vec<(String, i64)> = tx
+        .sql("SELECT stream, committed FROM log_progress WHERE job_id = $1 AND epoch = $2 ORDER BY stream")
+        .bind(&first.job_id)
+        .bind(first.epoch)
+        .all()
+        .await?;
+    let was = progress.clone();
+    let mut committed = 0;
+    let mut stop = None;
+    for &(chunk, len, placed) in group {
+        match commit_one(tx, chunk, len, placed, now, &mut progress).await {
+            Ok(()) => committed += 1,
+            // Judged before anything of it was written: the ones before commit.
+            Err(e) if committed > 0 && is_refusal(&e) => {
+                stop = Some(e);
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for (stream, end) in &progress {
+        if !was.iter().any(|(s, e)| s == stream && e == end) {
+            tx.sql(
+                "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
+            )
+            .bind(&first.job_id)
+            .bind(first.epoch)
+            .bind(stream)
+            .bind(end)
+            .execute()
+            .await?;
+        }
+    }
+    Ok((committed, stop, progress))
+}
+
+/// A chunk's refusal by [`commit_one`], made before it wrote anything (a
+/// database error is not one: the transaction is lost).
+fn is_refusal(e: &StoreError) -> bool {
+    matches!(e, StoreError::Conflict(_) | StoreError::StaleEpoch(_) | StoreError::Busy(_) | StoreError::NotFound(_))
+}
+
+/// One chunk's index row (or nothing: an identical retry), `progress`
+/// advanced past it; a refusal before anything of it is written.
+async fn commit_one(
+    tx: &mut Tx,
+    chunk: &NewLogChunk,
+    len: i64,
+    placed: Option<(i64, i64)>,
+    now: i64,
+    progress: &mut Vec<(String, i64)>,
+) -> Result<()> {
+    let (seg, seg_pos) = (placed.map(|p| p.0), placed.map(|p| p.1));
+    // Where the chunk lands and whether its attempt is live, in one
+    // statement: each statement is a round trip (to SQLite's worker
+    // thread, issue 20; to PostgreSQL).
+    let (ex_len, ex_sha, prev_end, next_start, current_epoch, outcome, lease_deadline): Placement =
+        tx.sql(PLACEMENT).bind(&chunk.job_id).bind(chunk.epoch).bind(&chunk.stream).bind(chunk.offset).one().await?;
+    match (ex_len, ex_sha) {
+        // An identical retry is accepted even after the attempt ended.
+        (Some(l), Some(s)) if l == len && chunk.sha256.as_ref() == Some(&s) => return Ok(()),
+        (Some(_), _) => {
+            return Err(StoreError::Conflict(format!(
+                "different bytes were already committed at {} offset {}",
+                chunk.stream, chunk.offset
+            )));
+        }
+        (None, _) => {}
+    }
+    let current_epoch = current_epoch.ok_or_else(|| StoreError::NotFound(format!("job {}", chunk.job_id)))?;
+    let attempt = match (outcome, lease_deadline) {
+        (Some(o), Some(d)) => Some(AttemptLease { outcome: parse_enum(&o)?, lease_deadline: d }),
+        _ => None,
+    };
+    check_live(chunk.epoch, current_epoch, attempt, now)
+        .map_err(|stale| StoreError::StaleEpoch(stale.message(&chunk.job_id, chunk.epoch)))?;
+    // Overlap with a neighbour: only the closest chunks before and after
+    // can overlap (index seeks, not a scan of the stream).
+    let overlap = prev_end.is_some_and(|e| e > chunk.offset) || next_start.is_some_and(|n| n < chunk.offset + len);
+    if overlap && len > 0 {
+        return Err(StoreError::Conflict(format!(
+            "chunk at {} offset {} overlaps bytes already committed",
+            chunk.stream, chunk.offset
+        )));
+    }
+    // In order: never past a hole the agent has not declared (the chunk
+    // before may be refused now and retried later). Nothing is committed;
+    // the agent retries (503) once its predecessor got through.
+    if chunk.in_order && chunk.offset > 0 && prev_end != Some(chunk.offset) {
+        return Err(StoreError::Busy(format!(
+            "the {} bytes before offset {} are not committed yet: send them first, then retry",
+            chunk.stream, chunk.offset
+        )));
+    }
+    tx.sql(
+        "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data, \
+         created_at, seg, seg_pos) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(&chunk.job_id)
+    .bind(chunk.epoch)
+    .bind(&chunk.stream)
+    .bind(chunk.seq)
+    .bind(chunk.offset)
+    .bind(len)
+    .bind(&chunk.sha256)
+    // The bytes are in a segment, or in the row.
+    .bind(if seg.is_some() { &[][..] } else { &chunk.data[..] })
+    .bind(now)
+    .bind(seg)
+    .bind(seg_pos)
+    .execute()
+    .await?;
+    // Advance the contiguous committed offset of this stream. It is the
+    // end of the contiguous run from 0 after every commit, so only a chunk
+    // right at it moves it: past this chunk, and past the chunks that
+    // follow without a gap (there are some only if the closest one after
+    // starts where this one ends).
+    let row = progress.iter().position(|(s, _)| *s == chunk.stream);
+    let mut committed = row.map_or(0, |i| progress[i].1);
+    if committed == chunk.offset && len > 0 {
+        committed += len;
+        while next_start.is_some_and(|n| n <= committed) {
+            let next: Option<i64> = tx
+                .sql(
+                    "SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 \
+                     AND stream = $3 AND byte_offset = $4 AND length > 0",
+                )
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .bind(committed)
+                .scalar_optional()
+                .await?;
+            match next {
+                Some(l) => committed += l,
+                None => break,
+            }
+        }
+    }
+    match row {
+        Some(i) => progress[i].1 = committed,
+        None => {
+            progress.push((chunk.stream.clone(), committed));
+            progress.sort();
+        }
+    }
+    Ok(())
 }
 
 /// Waits at most [`crate::sequencer::ARRIVAL_WAIT`] until the bytes of the
