@@ -130,8 +130,9 @@ enum AsKilnCommand {
     Agent(AgentArgs),
 }
 
-/// `kiln-agent`'s arguments. Started by a `kiln` of another build, it execs
-/// that `kiln` back (see the module docs) and does not return.
+/// `kiln-agent`'s arguments. Started by a `kiln` of another build, this
+/// execs that `kiln` back instead (see the module docs); if that fails, the
+/// agent runs here all the same.
 pub(crate) fn lean_args() -> AgentArgs {
     let from = std::env::var_os(FROM_ENV);
     if let Some(from) = &from {
