@@ -2,7 +2,8 @@
 //! From a source tarball (no git, no .git) it says `commit unknown`, unless
 //! KILN_BUILD_COMMIT gives it (e.g. `abc1234 2026-12-06` from the tarball's name).
 
-use std::path::PathBuf;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where this build's sources are, as cargo says when it runs the script:
@@ -55,4 +56,55 @@ fn main() {
         },
     };
     println!("cargo:rustc-env=KILN_LONG_VERSION={version} ({commit})");
+    println!("cargo:rustc-env=KILN_BUILD_ID={}", build_id(version));
+}
+
+/// The build `kiln` and `kiln-agent` both carry (`KILN_BUILD_ID`): the
+/// version and a hash of the workspace's crates (sources and manifests,
+/// but the test kit) and of Cargo.lock. `kiln agent` execs `kiln-agent`
+/// only when its build is the same (`src/lean_agent.rs`): one from another
+/// build — `cargo build --bin kiln` relinks `kiln` alone, an upgrade may
+/// copy one binary — would run agent code the `kiln` beside it has not.
+/// Without the workspace around (the crate alone), this crate's own sources.
+fn build_id(version: &str) -> String {
+    let here = manifest_dir();
+    let root = here.join("../..");
+    let crates = root.join("crates");
+    let mut inputs: Vec<PathBuf> = Vec::new();
+    let workspace = crates.is_dir() && root.join("Cargo.lock").is_file();
+    let base = if workspace { root.clone() } else { here.clone() };
+    if workspace {
+        inputs.push(root.join("Cargo.lock"));
+        inputs.push(root.join("Cargo.toml"));
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&crates)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        dirs.retain(|d| d.join("Cargo.toml").is_file() && !d.ends_with("kiln-testkit"));
+        inputs.extend(dirs.iter().map(|d| d.join("Cargo.toml")));
+        inputs.extend(dirs.iter().map(|d| d.join("src")));
+    } else {
+        inputs.push(here.join("Cargo.toml"));
+        inputs.push(here.join("src"));
+    }
+    let mut files = Vec::new();
+    for input in &inputs {
+        println!("cargo:rerun-if-changed={}", input.display());
+        walk(input, &mut files);
+    }
+    files.sort();
+    let mut h = std::hash::DefaultHasher::new();
+    for f in &files {
+        f.strip_prefix(&base).unwrap_or(f).hash(&mut h);
+        std::fs::read(f).unwrap_or_default().hash(&mut h);
+    }
+    format!("{version}-{:016x}", h.finish())
+}
+
+/// Every file under `path` (itself, if a file).
+fn walk(path: &Path, out: &mut Vec<PathBuf>) {
+    match std::fs::read_dir(path) {
+        Ok(entries) => entries.filter_map(|e| e.ok()).for_each(|e| walk(&e.path(), out)),
+        Err(_) if path.is_file() => out.push(path.to_path_buf()),
+        Err(_) => {}
+    }
 }

@@ -5,6 +5,11 @@
 //! ≤ 25 MB after the workload, idle agent ≤ 15 MB. Baseline in the same
 //! invocation: the resident memory of a `sleep` process, the floor of any
 //! process here.
+//!
+//! `kiln agent` runs the lean `kiln-agent` binary when it sits beside `kiln`
+//! (`crates/kiln/src/lean_agent.rs`); `memory_agent_exe` says which binary
+//! the agent ran. For comparison, an agent kept in the `kiln` process
+//! (`KILN_AGENT_IN_PROCESS=1`) is measured idle first, then stopped.
 
 use crate::util::{Launch, add_repo, repo_with, spawn_agent_deployed, spawn_server, token, wait_terminal};
 use kiln_api::{Client, SubmitRun, exit};
@@ -24,6 +29,23 @@ fn status_mb(pid: u32, name: &str) -> f64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|kb| kb.parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// The executable `pid` runs and its size in MB.
+fn exe(pid: u32) -> (String, f64) {
+    let path = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
+    let mb = std::fs::metadata(&path).map_or(f64::NAN, |m| m.len() as f64 / (1024.0 * 1024.0));
+    (path, mb)
+}
+
+/// Waits until an agent named `name` registered.
+async fn registered(c: &Client, name: &str) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !c.list_agents().await?.iter().any(|a| a.name == name) {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the agent {name} did not register");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 /// `VmRSS` and `VmHWM` of `pid` in MB.
@@ -81,8 +103,23 @@ pub async fn run() -> anyhow::Result<i32> {
     std::fs::create_dir_all(&tmp)?;
     let data = tmp.join("data");
     let (server, url) = spawn_server(&data, "127.0.0.1:0")?;
-    let agent = spawn_agent_deployed(&url, &data.join("agent.token"), "mem", &tmp, 4, &Launch::default())?;
     let c = Client::new(&url, &token(&data, "admin.token")?);
+
+    // For comparison: the agent in the `kiln` process, idle.
+    let in_process = Launch { env: vec![("KILN_AGENT_IN_PROCESS".into(), "1".into())], ..Launch::default() };
+    let agent = spawn_agent_deployed(&url, &data.join("agent.token"), "mem-in-process", &tmp, 4, &in_process)?;
+    registered(&c, "mem-in-process").await?;
+    settle().await;
+    let pid = agent.0.id();
+    let (path, mb) = exe(pid);
+    kiln_cmd::outln!("memory_agent_in_process_exe: {path}");
+    kiln_cmd::outln!("memory_agent_in_process_exe_mb: {mb:.1}");
+    kiln_cmd::outln!("memory_agent_in_process_idle_rss_mb: {:.1}", rss_mb(pid).0);
+    kiln_cmd::outln!("memory_agent_in_process_idle_anon_mb: {:.1}", status_mb(pid, "RssAnon:"));
+    kiln_cmd::outln!("memory_agent_in_process_idle_file_mb: {:.1}", status_mb(pid, "RssFile:"));
+    drop(agent);
+
+    let agent = spawn_agent_deployed(&url, &data.join("agent.token"), "mem", &tmp, 4, &Launch::default())?;
     let (spid, apid) = (server.0.id(), agent.0.id());
 
     // Baseline: the floor of any process on this machine.
@@ -93,12 +130,13 @@ pub async fn run() -> anyhow::Result<i32> {
     let _ = sleep.wait();
 
     // Idle: registered, nothing run yet.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while c.list_agents().await?.is_empty() {
-        anyhow::ensure!(std::time::Instant::now() < deadline, "the agent did not register");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    registered(&c, "mem").await?;
     settle().await;
+    for (who, pid) in [("server", spid), ("agent", apid)] {
+        let (path, mb) = exe(pid);
+        kiln_cmd::outln!("memory_{who}_exe: {path}");
+        kiln_cmd::outln!("memory_{who}_exe_mb: {mb:.1}");
+    }
     report("idle", spid, apid);
 
     eprintln!("bench memory: {RUNS} runs ...");

@@ -114,6 +114,10 @@ pub enum Command {
     /// Run the Kiln server (API, dispatch, reconciler).
     Server(ServerArgs),
     /// Run an agent that claims jobs from a server and executes them.
+    ///
+    /// With `kiln-agent` installed beside this `kiln` from the same build, the process runs that
+    /// (the agent alone: a smaller process, the same pid, flags and signals); without it, or
+    /// with KILN_AGENT_IN_PROCESS=1, the agent runs in the kiln process.
     Agent(AgentArgs),
     /// Manage repositories.
     Repo {

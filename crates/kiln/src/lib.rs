@@ -4,6 +4,7 @@
 mod alloc;
 mod cli;
 mod commands;
+mod lean_agent;
 mod telemetry;
 pub mod term;
 
@@ -16,23 +17,62 @@ pub fn main_entry() -> i32 {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    // `kiln agent` becomes the lean binary when it is there (this returns
+    // only if it does not).
+    let in_process = matches!(cli.command, cli::Command::Agent(_)).then(lean_agent::exec_lean_agent).flatten();
     if cli.command.is_daemon() || matches!(cli.command, cli::Command::Exec(_)) {
-        // Server and agent files (database, WAL, tokens, objects, workspaces)
-        // are private to the user running Kiln (issue 13); `kiln exec` runs
-        // the same server and agents.
-        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-        alloc::return_large_buffers();
+        daemon_process();
     }
+    let service = match cli.command {
+        cli::Command::Server(_) => "kiln-server",
+        cli::Command::Agent(_) => "kiln-agent",
+        _ => "kiln",
+    };
+    let log = cli.command.daemon_log().cloned();
+    with_telemetry(log.as_ref(), service, async move {
+        if let Some(why) = in_process {
+            tracing::warn!("{why}");
+        }
+        commands::run(cli).await
+    })
+}
+
+/// The `kiln-agent` binary's entry (`src/bin/kiln-agent.rs`): `kiln agent`
+/// alone (`lean_agent`). Returns the process exit code.
+pub fn agent_entry() -> i32 {
+    let args = lean_agent::lean_args();
+    daemon_process();
+    let log = args.log.clone();
+    with_telemetry(Some(&log), "kiln-agent", commands::run_agent(args))
+}
+
+/// What a daemon's process sets first, before any thread starts.
+fn daemon_process() {
+    // Server and agent files (database, WAL, tokens, objects, workspaces)
+    // are private to the user running Kiln (issue 13); `kiln exec` runs
+    // the same server and agents.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    alloc::return_large_buffers();
+}
+
+/// Run `command` on a Tokio runtime with the log subscriber (and the span
+/// exporter) installed for a daemon of `log` (`None`: a client command)
+/// named `service`; flush the spans after it. Returns its exit code.
+fn with_telemetry(
+    log: Option<&cli::DaemonLog>,
+    service: &'static str,
+    command: impl std::future::Future<Output = i32>,
+) -> i32 {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     rt.block_on(async {
-        let telemetry = match telemetry::init(&cli) {
+        let telemetry = match telemetry::init(log, service) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("kiln: {e}");
                 return kiln_api::exit::USAGE;
             }
         };
-        let code = commands::run(cli).await;
+        let code = command.await;
         telemetry.shutdown().await;
         code
     })

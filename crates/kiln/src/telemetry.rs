@@ -8,7 +8,7 @@
 //! wins), so a log pipeline can select one run's lines across server and
 //! agents without knowing which span said what.
 
-use crate::cli::{Cli, DaemonLog, LogFormat, OtlpProtocol};
+use crate::cli::{DaemonLog, LogFormat, OtlpProtocol};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -49,10 +49,12 @@ impl Telemetry {
     }
 }
 
-/// Install the log subscriber (and the OTLP layer when asked for). Must be
-/// called inside the Tokio runtime (the gRPC exporter needs it).
-pub fn init(cli: &Cli) -> Result<Telemetry, String> {
-    let daemon = cli.command.is_daemon();
+/// Install the log subscriber (and the OTLP layer when asked for) of a
+/// daemon with its logging flags `daemon` (`None`: a client command), whose
+/// spans say `service`. Must be called inside the Tokio runtime (the gRPC
+/// exporter needs it).
+pub fn init(daemon_log: Option<&DaemonLog>, service: &'static str) -> Result<Telemetry, String> {
+    let daemon = daemon_log.is_some();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| {
         // PostgreSQL's "there is no transaction in progress" notice (a
         // ROLLBACK after a failed serializable COMMIT) is not worth a line each.
@@ -74,7 +76,7 @@ pub fn init(cli: &Cli) -> Result<Telemetry, String> {
         otlp_endpoint: None,
         otlp_protocol: OtlpProtocol::Http,
     };
-    let log = cli.command.daemon_log().unwrap_or(&client_log);
+    let log = daemon_log.unwrap_or(&client_log);
     let logs: Boxed = match log.log_format {
         LogFormat::Text => {
             Box::new(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_filter(filter))
@@ -93,7 +95,7 @@ pub fn init(cli: &Cli) -> Result<Telemetry, String> {
     let (otel, provider): (Option<Boxed>, _) = match &log.otlp_endpoint {
         None => (None, None),
         Some(endpoint) => {
-            let provider = provider(endpoint, log.otlp_protocol, service_name(cli))?;
+            let provider = provider(endpoint, log.otlp_protocol, service)?;
             let tracer = provider.tracer("kiln");
             // Spans at info and above: the run lifecycle, claim, prepare,
             // steps, upload, completion; not the store's debug detail.
@@ -106,14 +108,6 @@ pub fn init(cli: &Cli) -> Result<Telemetry, String> {
     let layers: Vec<Boxed> = std::iter::once(logs).chain(otel).collect();
     tracing_subscriber::registry().with(layers).try_init().map_err(|e| e.to_string())?;
     Ok(Telemetry { provider })
-}
-
-fn service_name(cli: &Cli) -> &'static str {
-    match cli.command {
-        crate::cli::Command::Server(_) => "kiln-server",
-        crate::cli::Command::Agent(_) => "kiln-agent",
-        _ => "kiln",
-    }
 }
 
 /// The exporter: OTLP over gRPC (tonic) or HTTP/protobuf, batched.

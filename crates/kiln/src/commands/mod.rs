@@ -128,6 +128,16 @@ pub async fn run(cli: Cli) -> i32 {
             out.push(b'\n');
         })),
     };
+    exit_code(res)
+}
+
+/// `kiln agent` (and the lean `kiln-agent`): run the agent; print a failure
+/// as `error: …`. Returns the exit code.
+pub async fn run_agent(a: crate::cli::AgentArgs) -> i32 {
+    exit_code(agent::run(a).await)
+}
+
+fn exit_code(res: kiln_cmd::CmdResult) -> i32 {
     match res {
         Ok(code) => code,
         Err(e) => {
