@@ -142,6 +142,17 @@ impl<T, R> Drop for Posted<'_, T, R> {
     }
 }
 
+/// A log chunk waiting for its turn, placed (`tx::logs`): what its
+/// group's leader commits for it.
+pub(crate) struct Waiting {
+    pub(crate) chunk: crate::model::NewLogChunk,
+    pub(crate) len: i64,
+    pub(crate) placed: Option<(i64, i64)>,
+}
+
+/// Log chunks waiting for their turn (`LogFiles::groups`).
+pub(crate) type ChunkGroups = Groups<Waiting, crate::error::Result<Vec<(String, i64)>>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,7 +52,7 @@ pub(crate) struct LogFiles {
     pub(crate) sequencer: crate::sequencer::Sequencer,
     /// PostgreSQL: chunks waiting for their turn, which the chunk whose
     /// turn it is commits with its own (`log_groups.rs`).
-    pub(crate) groups: crate::tx::logs::Groups,
+    pub(crate) groups: crate::log_groups::ChunkGroups,
     /// SQLite: held by a bulk chunk (more than
     /// [`crate::segments::SMALL_CHUNK`] bytes) from before it asks for the
     /// writer until it committed, so small chunks wait behind one bulk

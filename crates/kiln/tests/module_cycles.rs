@@ -310,6 +310,18 @@ fn read_crate(dir: &Path) -> Option<Crate> {
             roots += 1;
         }
     }
+    // Further binaries (`src/bin/NAME.rs`): crates of their own too.
+    let mut bins: Vec<_> = std::fs::read_dir(src.join("bin"))
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "rs")).collect()
+        })
+        .unwrap_or_default();
+    bins.sort();
+    for bin in bins {
+        let stem = bin.file_stem().expect("a file name").to_string_lossy().replace('-', "_");
+        read_file(&mut krate, &format!("bin_{stem}"), &bin, &src.join("bin"), &mut refs);
+        roots += 1;
+    }
     if roots == 0 {
         return None;
     }

@@ -193,19 +193,11 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
     Ok(progress)
 }
 
-/// A chunk waiting for its turn, placed: what its leader commits for it.
-pub(crate) struct Waiting {
-    chunk: NewLogChunk,
-    len: i64,
-    placed: Option<(i64, i64)>,
-}
+use crate::log_groups::Waiting;
 
 /// A chunk of a group: the chunk, its length, and where its bytes are
 /// (segment, position), if not in the row.
 type Member<'a> = (&'a NewLogChunk, i64, Option<(i64, i64)>);
-
-/// Chunks waiting for their turn (`LogFiles::groups`).
-pub(crate) type Groups = crate::log_groups::Groups<Waiting, Result<Vec<(String, i64)>>>;
 
 /// The index rows of `group` (one stream's chunks, each starting where the
 /// one before ends, the first the one whose turn it is), in offset order:
