@@ -418,12 +418,10 @@ impl Dispatcher {
         true
     }
 
-    /// A sweep's result: every job ready now. Queues those this replica
-    /// offers (returns how many were new), notes the others, and makes
-    /// spare those of them ready for at least `spare_after`.
-    pub fn sweep(&self, ready: Vec<OutboxEvent>, spare_after: Duration) -> usize {
+    /// Queues the jobs of `ready` this replica offers: how many were new,
+    /// and the others (another replica's to offer).
+    fn queue_own(&self, ready: Vec<OutboxEvent>) -> (usize, Vec<OutboxEvent>) {
         let offer = self.offer.lock().unwrap().clone();
-        let now = Instant::now();
         let mut added = 0;
         let mut others = vec![];
         for ev in ready {
@@ -433,6 +431,15 @@ impl Dispatcher {
                 others.push(ev);
             }
         }
+        (added, others)
+    }
+
+    /// A sweep's result: every job ready now. Queues those this replica
+    /// offers (returns how many were new), notes the others, and makes
+    /// spare those of them ready for at least `spare_after`.
+    pub fn sweep(&self, ready: Vec<OutboxEvent>, spare_after: Duration) -> usize {
+        let now = Instant::now();
+        let (added, others) = self.queue_own(ready);
         let mut woke = added > 0;
         {
             let mut q = self.inner.lock().unwrap();
@@ -467,17 +474,8 @@ impl Dispatcher {
     /// [`Self::sweep`] does, but forgets nothing it knew of other jobs; the
     /// next full sweep makes noted jobs spare.
     pub fn sweep_some(&self, ready: Vec<OutboxEvent>) -> usize {
-        let offer = self.offer.lock().unwrap().clone();
         let now = Instant::now();
-        let mut added = 0;
-        let mut others = vec![];
-        for ev in ready {
-            if offer.mine(&ev.job_id) {
-                added += usize::from(self.insert(ev, false));
-            } else {
-                others.push(ev);
-            }
-        }
+        let (added, others) = self.queue_own(ready);
         if !others.is_empty() {
             let mut q = self.inner.lock().unwrap();
             for ev in others {
