@@ -49,6 +49,17 @@ type FileKey = (String, String, String);
 /// A commit's workflow files (see [`Mirrors::list_workflows`]).
 type Listing = Arc<Vec<String>>;
 
+/// Inserts into one of the mirror's caches, emptying it first once it
+/// holds [`FILE_CACHE_ENTRIES`] entries (a bound, not an LRU: entries are
+/// cheap to read again).
+fn remember<K: std::hash::Hash + Eq, V>(cache: &std::sync::Mutex<HashMap<K, V>>, key: K, value: V) {
+    let mut cache = cache.lock().expect("cache");
+    if cache.len() >= FILE_CACHE_ENTRIES {
+        cache.clear();
+    }
+    cache.insert(key, value);
+}
+
 /// Normalise `file://` and plain paths; remote URLs pass through.
 pub fn normalize_url(url: &str) -> String {
     url.strip_prefix("file://").map(str::to_string).unwrap_or_else(|| url.to_string())
@@ -478,11 +489,7 @@ impl Mirrors {
         }
         let files = self.list_workflows_uncached(repo_id, sha).await?;
         if is_full_sha(sha) {
-            let mut listings = self.listings.lock().expect("cache");
-            if listings.len() >= FILE_CACHE_ENTRIES {
-                listings.clear();
-            }
-            listings.insert(key, Arc::new(files.clone()));
+            remember(&self.listings, key, Arc::new(files.clone()));
         }
         Ok(files)
     }
@@ -584,11 +591,7 @@ impl Mirrors {
             return Ok(b.as_ref().clone());
         }
         let bytes = self.read_file_uncached(repo_id, sha, path, max_bytes).await?;
-        let mut files = self.files.lock().expect("cache");
-        if files.len() >= FILE_CACHE_ENTRIES {
-            files.clear();
-        }
-        files.insert(key, Arc::new(bytes.clone()));
+        remember(&self.files, key, Arc::new(bytes.clone()));
         Ok(bytes)
     }
 
@@ -622,11 +625,7 @@ impl Mirrors {
             authored_at_ms: at.and_then(|t| t.trim().parse::<i64>().ok()).map(|s| s * 1000),
             message: message.unwrap_or_default().trim_end().to_string(),
         };
-        let mut commits = self.commits.lock().expect("cache");
-        if commits.len() >= FILE_CACHE_ENTRIES {
-            commits.clear();
-        }
-        commits.insert(key, info.clone());
+        remember(&self.commits, key, info.clone());
         Ok(info)
     }
 
@@ -682,11 +681,7 @@ impl Mirrors {
         }
         let wf = self.parse_workflow_uncached(repo_id, sha, path).await?;
         if is_full_sha(sha) {
-            let mut parsed = self.parsed.lock().expect("cache");
-            if parsed.len() >= FILE_CACHE_ENTRIES {
-                parsed.clear();
-            }
-            parsed.insert(key, Arc::new(wf.clone()));
+            remember(&self.parsed, key, Arc::new(wf.clone()));
         }
         Ok(wf)
     }

@@ -203,6 +203,15 @@ async fn claim_skips_a_run_locked_elsewhere() {
     assert_eq!((c.job.id.as_str(), c.epoch), (job_a.as_str(), 1));
 }
 
+/// Two stores on one fresh database, as two replicas.
+async fn two_replicas() -> (PgStore, PgStore) {
+    let pg = TempPostgres::shared().expect("PostgreSQL is available");
+    let url = pg.create_database().await.unwrap();
+    let a = PgStore::connect(&url).await.unwrap().with_backoff(conformance::FAST);
+    let b = PgStore::connect(&url).await.unwrap().with_backoff(conformance::FAST);
+    (a, b)
+}
+
 /// Two replicas on one database (two stores): an agent with several chunks
 /// in flight may send the second to one replica before the first reaches
 /// the other. The second waits (briefly) for the first to commit, so event
@@ -213,10 +222,7 @@ async fn a_chunk_on_another_replica_commits_after_its_predecessor() {
     if !postgres_available() {
         return;
     }
-    let pg = TempPostgres::shared().expect("PostgreSQL is available");
-    let url = pg.create_database().await.unwrap();
-    let a = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
-    let b = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    let (a, b) = two_replicas().await;
     let (_, run_id) = start(&a, workflow(vec![job("build", &[], 0)])).await;
     let agent_rec = agent(&a, "a", 4).await;
     let build = job_id(&a, &run_id, "build").await;
@@ -353,10 +359,7 @@ async fn ready_notifications_wake_the_other_replicas_only() {
     if !postgres_available() {
         return;
     }
-    let pg = TempPostgres::shared().expect("PostgreSQL is available");
-    let url = pg.create_database().await.unwrap();
-    let a = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
-    let b = PgStore::connect(&url).await.unwrap().with_backoff(FAST);
+    let (a, b) = two_replicas().await;
     let wake = a.ready_wakeups().await.unwrap().expect("PostgreSQL notifies");
     let r = repo(&a).await;
     let wf = || workflow(vec![job("build", &[], 0)]);
