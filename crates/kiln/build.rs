@@ -57,6 +57,36 @@ fn main() {
     };
     println!("cargo:rustc-env=KILN_LONG_VERSION={version} ({commit})");
     println!("cargo:rustc-env=KILN_BUILD_ID={}", build_id(version));
+    pack_relative_relocations();
+}
+
+/// Links `kiln` and `kiln-agent` with packed relative relocations (DT_RELR,
+/// issue 47): a position-independent executable's relocation table shrinks
+/// from 2.2 MB (kiln) and 0.9 MB (kiln-agent) of `.rela.dyn`, every byte of
+/// which the loader reads at each start and which then stays resident, to a
+/// few KB. Needs glibc ≥ 2.36 where the binary runs (the linker adds a
+/// `GLIBC_ABI_DT_RELR` version dependency), so only when the glibc this is
+/// built against has it; `KILN_PACK_RELOCS=0` turns it off (a build meant for
+/// an older system).
+fn pack_relative_relocations() {
+    println!("cargo:rerun-if-env-changed=KILN_PACK_RELOCS");
+    let target_ok = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
+        && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
+    let wanted = std::env::var("KILN_PACK_RELOCS").map_or(true, |v| v != "0");
+    if target_ok && wanted && glibc_at_least(2, 36) {
+        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
+}
+
+/// Whether the build host's glibc (`getconf GNU_LIBC_VERSION`: `glibc 2.36`)
+/// is at least `major.minor`.
+fn glibc_at_least(major: u32, minor: u32) -> bool {
+    let Ok(out) = Command::new("getconf").arg("GNU_LIBC_VERSION").output() else { return false };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(version) = text.split_whitespace().nth(1) else { return false };
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    out.status.success() && found >= (major, minor)
 }
 
 /// The build `kiln` and `kiln-agent` both carry (`KILN_BUILD_ID`): the

@@ -122,3 +122,24 @@ fn a_kiln_agent_of_another_build_hands_the_agent_back_to_kiln() {
     assert_eq!(exe_becomes(agent.pid(), &kiln), kiln.canonicalize().unwrap());
     assert!(!agent.log().contains("runs in the kiln process"), "{}", agent.log());
 }
+
+/// Both binaries are linked with packed relative relocations where the
+/// glibc they are built against has them (crates/kiln/build.rs; issue 47,
+/// memory): without them the loader reads and keeps 2.2 MB of relocation
+/// table in every `kiln` process. The linker marks such a binary with a
+/// `GLIBC_ABI_DT_RELR` version dependency.
+#[test]
+fn both_binaries_pack_their_relative_relocations() {
+    let glibc = Command::new("getconf").arg("GNU_LIBC_VERSION").output().map(|o| text(&o)).unwrap_or_default();
+    let version: Vec<u32> =
+        glibc.split_whitespace().nth(1).unwrap_or("0.0").split('.').map(|p| p.parse().unwrap_or(0)).collect();
+    if version.as_slice() < [2, 36].as_slice() || std::env::var("KILN_PACK_RELOCS").as_deref() == Ok("0") {
+        eprintln!("skipped: glibc {glibc:?} has no DT_RELR or KILN_PACK_RELOCS=0");
+        return;
+    }
+    for bin in [BIN, LEAN] {
+        let bytes = std::fs::read(bin).unwrap();
+        let marked = bytes.windows(17).any(|w| w == b"GLIBC_ABI_DT_RELR");
+        assert!(marked, "{bin} is not linked with -z pack-relative-relocs");
+    }
+}
