@@ -181,7 +181,7 @@ pub(crate) struct JobBudget {
     pub(crate) cancel_requested: bool,
 }
 
-fn budget_from_row(row: &Row) -> Result<JobBudget> {
+pub(crate) fn budget_from_row(row: &Row) -> Result<JobBudget> {
     Ok(JobBudget {
         failure_retries: row.get("failure_retries")?,
         infra_retries: row.get("infra_retries")?,

@@ -116,7 +116,6 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
         )
     });
     let run = load_run(tx, run_id).await?;
-    let held: i64 = tx.sql("SELECT held FROM runs WHERE id = $1").bind(run_id).scalar().await?;
     let rows = tx
         .sql("SELECT id, name, status, needs, job_index FROM jobs WHERE run_id = $1 ORDER BY job_index")
         .bind(run_id)
@@ -138,7 +137,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
     let awaiting_release = run.status == RunStatus::Cancelling && awaiting_release(tx, run_id).await?;
     let advance = AdvanceRun {
         status: run.status,
-        held: held != 0,
+        held: run.held,
         repo_id: run.repo_id.clone(),
         awaiting_release,
         environments: Default::default(),

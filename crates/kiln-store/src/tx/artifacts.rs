@@ -49,8 +49,7 @@ pub(crate) async fn create_generation(
             |tx, &(id, job_id, epoch, name, size, sha256, part_size, kind)| {
                 Box::pin(async move {
                     lock_job(tx, job_id).await?;
-                    let now = now(tx).await?;
-                    let (job, _) = require_live(tx, job_id, epoch, now).await?;
+                    let (job, _, now) = require_live(tx, job_id, epoch).await?;
                     let run = load_run(tx, &job.run_id).await?;
                     let declared = run.definition.jobs.get(job.index as usize).is_some_and(|j| {
                         j.artifacts.publish.iter().any(|p| p.name == name)
@@ -117,8 +116,7 @@ pub(crate) async fn set_generation_digest(
         .transaction(Isolation::Serializable, &(id, job_id, epoch, sha256), |tx, &(id, job_id, epoch, sha256)| {
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
-                let now = now(tx).await?;
-                require_live(tx, job_id, epoch, now).await?;
+                require_live(tx, job_id, epoch).await?;
                 let current: Option<String> =
                     tx.sql(&CURRENT).bind(id).bind(job_id).bind(epoch).scalar_optional().await?;
                 match current.as_deref() {
@@ -218,8 +216,7 @@ pub(crate) async fn seal_generation(store: &SqlStore, id: &str, job_id: &str, ep
         .transaction(Isolation::Serializable, &(id, job_id, epoch), |tx, &(id, job_id, epoch)| {
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
-                let now = now(tx).await?;
-                require_live(tx, job_id, epoch, now).await?;
+                let (_, _, now) = require_live(tx, job_id, epoch).await?;
                 let sealed = tx.sql(&SEAL).bind(now).bind(id).bind(job_id).bind(epoch).execute().await?;
                 if sealed == 0 {
                     return Err(StoreError::NotFound(format!("upload session {id} of job {job_id} epoch {epoch}")));

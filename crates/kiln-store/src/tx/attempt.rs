@@ -7,7 +7,7 @@ use crate::db::{Exec, Tx};
 use crate::dialect::{LogMarker, SYSTEM_STREAM, Sql, lit};
 use crate::error::{Result, StoreError, parse_enum};
 use crate::model::JobRecord;
-use crate::rows::{JobBudget, load_job};
+use crate::rows::{JOB_COLS, JobBudget, budget_from_row, job_from_row};
 use kiln_core::AttemptOutcome;
 use kiln_core::lease::{AttemptLease, check_live};
 use sha2::{Digest, Sha256};
@@ -15,13 +15,33 @@ use std::collections::BTreeMap;
 
 /// Checks that `(job, epoch)` is the job's current running attempt with a
 /// live lease (invariant 3), as kiln-core's [`check_live`] decides. Returns
-/// the job and its budget.
-pub(crate) async fn require_live(tx: &mut Tx, job_id: &str, epoch: i64, now: i64) -> Result<(JobRecord, JobBudget)> {
-    let (job, budget) = load_job(tx, job_id).await?;
-    let attempt = attempt_lease(tx, job_id, epoch).await?;
+/// the job, its budget and the transaction's clock (unix ms), all read in one
+/// statement after the caller's locks: each statement is a round trip (to
+/// PostgreSQL, or to SQLite's connection thread), and this check opens every
+/// agent call that publishes.
+pub(crate) async fn require_live(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<(JobRecord, JobBudget, i64)> {
+    static SQL: Sql = Sql::new(|d| {
+        format!(
+            "SELECT {JOB_COLS}, \
+             (SELECT a.outcome FROM attempts a WHERE a.job_id = $1 AND a.epoch = $2) AS live_outcome, \
+             (SELECT a.lease_deadline FROM attempts a WHERE a.job_id = $1 AND a.epoch = $2) AS live_deadline, \
+             {now} AS live_now FROM jobs WHERE id = $1",
+            now = d.now_ms
+        )
+    });
+    let row = tx.sql(&SQL).bind(job_id).bind(epoch).fetch_optional().await?;
+    let row = row.ok_or_else(|| StoreError::NotFound(format!("job {job_id}")))?;
+    let (job, budget) = (job_from_row(&row)?, budget_from_row(&row)?);
+    let attempt = match row.get::<Option<String>>("live_outcome")? {
+        Some(outcome) => {
+            Some(AttemptLease { outcome: parse_enum(&outcome)?, lease_deadline: row.get("live_deadline")? })
+        }
+        None => None,
+    };
+    let now = row.get::<i64>("live_now")?;
     check_live(epoch, job.current_epoch, attempt, now)
         .map_err(|stale| StoreError::StaleEpoch(stale.message(job_id, epoch)))?;
-    Ok((job, budget))
+    Ok((job, budget, now))
 }
 
 /// The lease of the attempt `(job, epoch)`, if the job ever had that epoch.

@@ -52,9 +52,8 @@ pub(crate) async fn bind_cache(
             let NewCacheEntry { generation_id, namespace, key, kind, prefix, build_ms } = entry;
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
-                let now = now(tx).await?;
                 // A fenced attempt publishes nothing, caches included.
-                let (job, _) = require_live(tx, job_id, epoch, now).await?;
+                let (job, _, now) = require_live(tx, job_id, epoch).await?;
                 let row = tx.sql(&GEN).bind(generation_id).fetch_optional().await?;
                 let g =
                     gen_from_row(&row.ok_or_else(|| StoreError::NotFound(format!("upload session {generation_id}")))?)?;
@@ -256,8 +255,7 @@ pub(crate) async fn report_cache(store: &SqlStore, job_id: &str, epoch: i64, rep
     store
         .transaction(Isolation::Serializable, &(job_id, epoch, report), |tx, &(job_id, epoch, report)| {
             Box::pin(async move {
-                let now = now(tx).await?;
-                require_live(tx, job_id, epoch, now).await?;
+                require_live(tx, job_id, epoch).await?;
                 tx.sql("UPDATE jobs SET cache_result = $1 WHERE id = $2").bind(report).bind(job_id).execute().await?;
                 Ok(())
             })

@@ -8,7 +8,7 @@
 //! [`fail_or_retry`] writes what it decided (fencing in `lease.rs` uses it
 //! too).
 
-use crate::db::{Exec, Tx, now};
+use crate::db::{Exec, Tx};
 use crate::dialect::{GenerationState, Isolation, Sql, lit};
 use crate::error::{Result, StoreError, parse_enum};
 use crate::model::{CompletionInput, JobRecord, RunRecord};
@@ -92,8 +92,7 @@ async fn complete_tx(
     // Then the job: its log's seal marker commits in id order with the
     // chunks appended under the same lock.
     lock_job(tx, job_id).await?;
-    let now = now(tx).await?;
-    let (job, budget) = require_live(tx, job_id, epoch, now).await?;
+    let (job, budget, now) = require_live(tx, job_id, epoch).await?;
     let run = load_run(tx, &job.run_id).await?;
     if !serializable && uses_concurrency_groups(&run) {
         return Ok(None);

@@ -63,8 +63,7 @@ pub(crate) async fn reference_content(store: &SqlStore, id: &str, job_id: &str, 
         .transaction(Isolation::Serializable, &(id, job_id, epoch), |tx, &(id, job_id, epoch)| {
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
-                let now = now(tx).await?;
-                require_live(tx, job_id, epoch, now).await?;
+                let (_, _, now) = require_live(tx, job_id, epoch).await?;
                 let row: Option<(String, i64, String)> =
                     tx.sql(&GEN).bind(id).bind(job_id).bind(epoch).optional().await?;
                 let Some((sha, size, state)) = row else {

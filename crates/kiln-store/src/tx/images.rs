@@ -1,7 +1,7 @@
 //! Images a Dockerfile job built (spec 000 §5): the first digest the live
 //! epoch commits is the job's; later ones do not replace it.
 
-use crate::db::{Exec, now};
+use crate::db::Exec;
 use crate::dialect::Isolation;
 use crate::error::Result;
 use crate::store::{SqlStore, lock_job};
@@ -21,8 +21,7 @@ pub(crate) async fn commit_image_digest(
         .transaction(Isolation::Serializable, &(job_id, epoch, digest, local), |tx, &(job_id, epoch, digest, local)| {
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
-                let now = now(tx).await?;
-                require_live(tx, job_id, epoch, now).await?;
+                require_live(tx, job_id, epoch).await?;
                 if local {
                     tx.sql(
                         "UPDATE jobs SET image_agent = (SELECT runner FROM attempts WHERE job_id = $1 AND epoch = $2) \

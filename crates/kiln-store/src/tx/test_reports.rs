@@ -81,9 +81,8 @@ pub(crate) async fn stage_report(store: &SqlStore, job_id: &str, epoch: i64, rep
         .transaction(Isolation::Serializable, &(job_id, epoch, report), |tx, &(job_id, epoch, report)| {
             Box::pin(async move {
                 lock_job(tx, job_id).await?;
-                let now = now(tx).await?;
                 // A fenced attempt stages nothing (invariant 3).
-                let (job, _) = require_live(tx, job_id, epoch, now).await?;
+                let (job, _, now) = require_live(tx, job_id, epoch).await?;
                 let seen: Option<String> = tx
                     .sql("SELECT id FROM test_reports WHERE job_id = $1 AND epoch = $2 AND path = $3")
                     .bind(job_id)
@@ -854,8 +853,7 @@ pub(crate) async fn shard_next(
             |tx, &(job_id, epoch, group, batches)| {
                 Box::pin(async move {
                     lock_job(tx, job_id).await?;
-                    let now = now(tx).await?;
-                    let (job, _) = require_live(tx, job_id, epoch, now).await?;
+                    let (job, _, now) = require_live(tx, job_id, epoch).await?;
                     let seeded: i64 = tx
                         .sql("SELECT COUNT(*) FROM test_shard_batches WHERE run_id = $1 AND grp = $2")
                         .bind(&job.run_id)
