@@ -3,7 +3,7 @@
 //! conflicting or overlapping one refused, a stale epoch refused. The hot
 //! journal is archived to the object store and trimmed in one transaction.
 
-use crate::db::{Exec, Tx, now};
+use crate::db::{Exec, Tx};
 use crate::dialect::{Isolation, Sql, terminal_jobs};
 use crate::error::parse_enum;
 use crate::error::{Result, StoreError};
@@ -12,22 +12,75 @@ use crate::model::{LogArchive, LogChunkRecord, NewLogChunk};
 use crate::store::{SqlStore, lock_job};
 use kiln_core::lease::{AttemptLease, check_live};
 
-/// An existing chunk at the offset (length, digest), the end of the closest
-/// chunk before, the start of the closest after, the job's current epoch,
-/// and the attempt's outcome and lease deadline.
-type Placement = (Option<i64>, Option<String>, Option<i64>, Option<i64>, Option<i64>, Option<String>, Option<i64>);
+/// Where a chunk lands: an existing chunk at its offset (length, digest),
+/// the end of the closest chunk before, the start of the closest after; the
+/// job's current epoch, the attempt's outcome and lease deadline; the
+/// database clock; the committed offset of each agent stream
+/// (`log_progress`, in [`PROGRESS_STREAMS`] order).
+type Placed = (
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
 
-/// The [`Placement`] of a chunk `($1 job, $2 epoch, $3 stream, $4 offset)`.
-const PLACEMENT: &str = "SELECT \
-     (SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
-     (SELECT sha256 FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
-     (SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
-      AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1), \
-     (SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
-      AND byte_offset > $4 ORDER BY byte_offset LIMIT 1), \
-     (SELECT current_epoch FROM jobs WHERE id = $1), \
-     (SELECT outcome FROM attempts WHERE job_id = $1 AND epoch = $2), \
-     (SELECT lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2)";
+/// The streams whose committed offsets [`PLACEMENT`] reads, in the order of
+/// their names (the order a chunk's acknowledgement lists them in).
+const PROGRESS_STREAMS: [&str; 4] = {
+    use kiln_core::logs::stream::{SERVICES, STDERR, STDOUT, SYSTEM};
+    [SERVICES, STDERR, STDOUT, SYSTEM]
+};
+
+/// The [`Placed`] of a chunk `($1 job, $2 epoch, $3 stream, $4 offset)`, in
+/// one statement: each statement is a round trip (to SQLite's worker
+/// thread, issue 20; to PostgreSQL), and a short job's few chunks are each a
+/// transaction of their own.
+static PLACEMENT: Sql = Sql::new(|d| {
+    let progress: Vec<String> = PROGRESS_STREAMS
+        .iter()
+        .map(|s| format!("(SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = '{s}')"))
+        .collect();
+    format!(
+        "SELECT \
+         (SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
+         (SELECT sha256 FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
+         (SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+          AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1), \
+         (SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+          AND byte_offset > $4 ORDER BY byte_offset LIMIT 1), \
+         (SELECT current_epoch FROM jobs WHERE id = $1), \
+         (SELECT outcome FROM attempts WHERE job_id = $1 AND epoch = $2), \
+         (SELECT lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2), \
+         {now}, {progress}",
+        now = d.now_ms,
+        progress = progress.join(", ")
+    )
+});
+
+/// A chunk's index row.
+const INSERT_CHUNK: &str = "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data, \
+     created_at, seg, seg_pos) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+
+/// A stream's committed offset.
+const UPSERT_PROGRESS: &str = "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed";
+
+/// PostgreSQL: a chunk's index row and its stream's committed offset
+/// (`$12`) in one statement.
+static INSERT_CHUNK_AND_PROGRESS: Sql = Sql::new(|_| {
+    format!(
+        "WITH chunk AS ({INSERT_CHUNK}) INSERT INTO log_progress (job_id, epoch, stream, committed) \
+         VALUES ($1, $2, $3, $12) ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed"
+    )
+});
 
 /// `LogStore::append_log_chunk`.
 ///
@@ -210,41 +263,37 @@ async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Optio
     // Chunks of a job commit one at a time, so their ids (the SSE cursor)
     // become visible in order.
     lock_job(tx, &first.job_id).await?;
-    let now = now(tx).await?;
-    // Read at the start, the progress is what the end would read but for
-    // this transaction's own writes (kept here as they are made).
-    let mut progress: Vec<(String, i64)> = tx
-        .sql("SELECT stream, committed FROM log_progress WHERE job_id = $1 AND epoch = $2 ORDER BY stream")
-        .bind(&first.job_id)
-        .bind(first.epoch)
-        .all()
-        .await?;
-    let was = progress.clone();
+    // The progress as the first chunk's placement read it: what the end
+    // would read but for this transaction's own writes (kept here as they
+    // are made). Every chunk of a group is of one stream.
+    let mut progress: Option<Vec<(String, i64)>> = None;
+    let mut was = Vec::new();
     let mut committed = 0;
     let mut stop = None;
-    for &(chunk, len, placed) in group {
-        match commit_one(tx, chunk, len, placed, now, &mut progress).await {
-            Ok(()) => committed += 1,
+    let mut written = false;
+    for (i, &(chunk, len, placed)) in group.iter().enumerate() {
+        let last = i + 1 == group.len();
+        match commit_one(tx, chunk, len, placed, &mut progress, &mut was, last).await {
+            Ok(w) => {
+                committed += 1;
+                written = w;
+            }
             // Judged before anything of it was written: the ones before commit.
             Err(e) if committed > 0 && is_refusal(&e) => {
                 stop = Some(e);
+                written = false;
                 break;
             }
             Err(e) => return Err(e),
         }
     }
-    for (stream, end) in &progress {
-        if !was.iter().any(|(s, e)| s == stream && e == end) {
-            tx.sql(
-                "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
-            )
-            .bind(&first.job_id)
-            .bind(first.epoch)
-            .bind(stream)
-            .bind(end)
-            .execute()
-            .await?;
+    let progress = progress.unwrap_or_default();
+    // The stream's offset, unless the last chunk's own statement wrote it.
+    if !written {
+        for (stream, end) in &progress {
+            if !was.iter().any(|(s, e)| s == stream && e == end) {
+                tx.sql(UPSERT_PROGRESS).bind(&first.job_id).bind(first.epoch).bind(stream).bind(end).execute().await?;
+            }
         }
     }
     Ok((committed, stop, progress))
@@ -257,24 +306,34 @@ fn is_refusal(e: &StoreError) -> bool {
 }
 
 /// One chunk's index row (or nothing: an identical retry), `progress`
-/// advanced past it; a refusal before anything of it is written.
+/// advanced past it (read by the first chunk's placement, `was` a copy of
+/// it as read); a refusal before anything of it is written. `Ok(true)`:
+/// the chunk's row and its stream's new offset were written in one
+/// statement (PostgreSQL, the group's `last` chunk).
 async fn commit_one(
     tx: &mut Tx,
     chunk: &NewLogChunk,
     len: i64,
     placed: Option<(i64, i64)>,
-    now: i64,
-    progress: &mut Vec<(String, i64)>,
-) -> Result<()> {
+    progress: &mut Option<Vec<(String, i64)>>,
+    was: &mut Vec<(String, i64)>,
+    last: bool,
+) -> Result<bool> {
     let (seg, seg_pos) = (placed.map(|p| p.0), placed.map(|p| p.1));
-    // Where the chunk lands and whether its attempt is live, in one
-    // statement: each statement is a round trip (to SQLite's worker
-    // thread, issue 20; to PostgreSQL).
-    let (ex_len, ex_sha, prev_end, next_start, current_epoch, outcome, lease_deadline): Placement =
-        tx.sql(PLACEMENT).bind(&chunk.job_id).bind(chunk.epoch).bind(&chunk.stream).bind(chunk.offset).one().await?;
+    // Where the chunk lands, whether its attempt is live, the clock and the
+    // streams' progress, in one statement, after the job lock.
+    let placement: Placed =
+        tx.sql(&PLACEMENT).bind(&chunk.job_id).bind(chunk.epoch).bind(&chunk.stream).bind(chunk.offset).one().await?;
+    let (ex_len, ex_sha, prev_end, next_start, current_epoch, outcome, lease_deadline, now, p0, p1, p2, p3) = placement;
+    let progress = progress.get_or_insert_with(|| {
+        let read: Vec<(String, i64)> =
+            PROGRESS_STREAMS.iter().zip([p0, p1, p2, p3]).filter_map(|(s, c)| c.map(|c| (s.to_string(), c))).collect();
+        was.clone_from(&read);
+        read
+    });
     match (ex_len, ex_sha) {
         // An identical retry is accepted even after the attempt ended.
-        (Some(l), Some(s)) if l == len && chunk.sha256.as_ref() == Some(&s) => return Ok(()),
+        (Some(l), Some(s)) if l == len && chunk.sha256.as_ref() == Some(&s) => return Ok(false),
         (Some(_), _) => {
             return Err(StoreError::Conflict(format!(
                 "different bytes were already committed at {} offset {}",
@@ -308,31 +367,14 @@ async fn commit_one(
             chunk.stream, chunk.offset
         )));
     }
-    tx.sql(
-        "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data, \
-         created_at, seg, seg_pos) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
-    .bind(&chunk.job_id)
-    .bind(chunk.epoch)
-    .bind(&chunk.stream)
-    .bind(chunk.seq)
-    .bind(chunk.offset)
-    .bind(len)
-    .bind(&chunk.sha256)
-    // The bytes are in a segment, or in the row.
-    .bind(if seg.is_some() { &[][..] } else { &chunk.data[..] })
-    .bind(now)
-    .bind(seg)
-    .bind(seg_pos)
-    .execute()
-    .await?;
     // Advance the contiguous committed offset of this stream. It is the
     // end of the contiguous run from 0 after every commit, so only a chunk
     // right at it moves it: past this chunk, and past the chunks that
     // follow without a gap (there are some only if the closest one after
-    // starts where this one ends).
+    // starts where this one ends; this chunk's own row is not among them).
     let row = progress.iter().position(|(s, _)| *s == chunk.stream);
-    let mut committed = row.map_or(0, |i| progress[i].1);
+    let before = row.map(|i| progress[i].1);
+    let mut committed = before.unwrap_or(0);
     if committed == chunk.offset && len > 0 {
         committed += len;
         while next_start.is_some_and(|n| n <= committed) {
@@ -360,7 +402,28 @@ async fn commit_one(
             progress.sort();
         }
     }
-    Ok(())
+    // The group's stream changed only here, or in this chunk and the ones
+    // before it (one stream): the last chunk writes its final offset with
+    // its row, on PostgreSQL. `was` is the offset as read.
+    let changed = !was.iter().any(|(s, e)| *s == chunk.stream && *e == committed);
+    let together = last && changed && tx.dialect().backend == crate::dialect::Backend::Postgres;
+    let data = if seg.is_some() { &[][..] } else { &chunk.data[..] };
+    let stmt = if together { tx.sql(&INSERT_CHUNK_AND_PROGRESS) } else { tx.sql(INSERT_CHUNK) };
+    let stmt = stmt
+        .bind(&chunk.job_id)
+        .bind(chunk.epoch)
+        .bind(&chunk.stream)
+        .bind(chunk.seq)
+        .bind(chunk.offset)
+        .bind(len)
+        .bind(&chunk.sha256)
+        // The bytes are in a segment, or in the row.
+        .bind(data)
+        .bind(now)
+        .bind(seg)
+        .bind(seg_pos);
+    if together { stmt.bind(committed) } else { stmt }.execute().await?;
+    Ok(together)
 }
 
 /// Waits at most [`crate::sequencer::ARRIVAL_WAIT`] until the bytes of the
