@@ -272,13 +272,16 @@ async fn triggers(state: State, mut shutdown: watch::Receiver<bool>) {
 }
 
 /// The relay runs at once when a transaction wrote outbox events (the
-/// wakeup), again at once while it finds events, and polls otherwise.
+/// wakeup), again at once while it finds full batches, and polls otherwise.
+/// A round that found less than a batch waits: a wakeup that came during
+/// it was kept (`notify_one` stores a permit), so nothing committed since
+/// waits for the poll — and a run's acceptance costs one read, not two.
 async fn relay(state: State, mut shutdown: watch::Receiver<bool>) {
     loop {
         let notified = state.relay_wake.notified();
         match work::relay_once(&state).await {
-            Ok(0) => {}
-            Ok(_) => continue,
+            Ok(n) if n >= work::RELAY_BATCH as usize => continue,
+            Ok(_) => {}
             Err(e) => tracing::warn!("outbox relay paused: {e}"),
         }
         tokio::select! {

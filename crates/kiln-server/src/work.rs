@@ -11,7 +11,7 @@ use crate::state::AppState;
 use kiln_store::StoreError;
 
 /// Outbox events delivered per round.
-const RELAY_BATCH: u32 = 500;
+pub(crate) const RELAY_BATCH: u32 = 500;
 /// Generations collected per round.
 const COLLECT_BATCH: u32 = 100;
 /// Jobs whose logs are archived per round.

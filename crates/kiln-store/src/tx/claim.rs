@@ -139,8 +139,13 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     };
     // What the job asks of its agent: the repository's secret pools are
     // read now (a change applies to the next claim).
-    let (secret_pools, team): (String, String) =
-        tx.sql("SELECT secret_pools, team FROM repos WHERE id = $1").bind(&run.repo_id).one().await?;
+    // With its team's running quota, if it has one (issue 44), in the same
+    // statement.
+    let (secret_pools, team, quota): (String, String, Option<i64>) = tx
+        .sql("SELECT p.secret_pools, p.team, t.max_running FROM repos p LEFT JOIN teams t ON t.name = p.team WHERE p.id = $1")
+        .bind(&run.repo_id)
+        .one()
+        .await?;
     let secret_pools: Vec<String> = serde_json::from_str(&secret_pools).unwrap_or_default();
     let placement = job_placement(&run, &job, &secret_pools);
     let required: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
@@ -184,7 +189,7 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     // of it are counted one at a time; the count of what it holds is read
     // after the lock, so it includes every committed claim. Without one,
     // nothing is locked.
-    if let Some(max) = team_quota(tx, &team).await? {
+    if let Some(max) = quota.and_then(|m| u32::try_from(m).ok()) {
         tx.sql(&LOCK_TEAM).bind(&team).execute().await?;
         let held: i64 = tx.sql(&TEAM_HOLDS).bind(&team).scalar().await?;
         let held = u32::try_from(held).unwrap_or(u32::MAX);
@@ -247,13 +252,6 @@ static TEAM_HOLDS: Sql = Sql::new(|_| {
 /// Lock a team's row (a team with a running quota): the count of what it
 /// holds is then read after every committed claim of it.
 static LOCK_TEAM: Sql = Sql::new(|_| "UPDATE teams SET pass = pass WHERE name = $1".to_string());
-
-/// A team's running quota; `None` without one (or when the team is gone).
-async fn team_quota(tx: &mut Tx, team: &str) -> Result<Option<u32>> {
-    static TEAM: Sql = Sql::new(|_| "SELECT max_running FROM teams WHERE name = $1".to_string());
-    let row: Option<Option<i64>> = tx.sql(&TEAM).bind(team).scalar_optional().await?;
-    Ok(row.flatten().and_then(|m| u32::try_from(m).ok()))
-}
 
 /// `AttemptStore::claimed_by_request`.
 pub(crate) async fn claimed_by_request(
