@@ -389,28 +389,42 @@ pub(crate) async fn finish_run(
     message: Option<&str>,
     now: i64,
 ) -> Result<()> {
-    tx.sql(
-        "UPDATE runs SET status = $1, finished_at = $2, updated_at = $3, held = 0, deadline_at = NULL, \
-         message = COALESCE($4, message) WHERE id = $5",
-    )
-    .bind(status.as_str())
-    .bind(now)
-    .bind(now)
-    .bind(message)
-    .bind(run_id)
-    .execute()
-    .await?;
+    // With what the end has to do next, in the same statement: the run's
+    // concurrency group, whether it bound test reports, whether its
+    // repository has notifications. Each statement is a round trip.
+    let ended: Option<(String, Option<String>, i64, i64)> = tx
+        .sql(
+            "UPDATE runs SET status = $1, finished_at = $2, updated_at = $3, held = 0, deadline_at = NULL, \
+             message = COALESCE($4, message) WHERE id = $5 RETURNING repo_id, concurrency_group, \
+             (SELECT COUNT(*) FROM test_attempts t WHERE t.run_id = $5), \
+             (SELECT COUNT(*) FROM notifications n JOIN runs r ON r.repo_id = n.repo_id WHERE r.id = $5)",
+        )
+        .bind(status.as_str())
+        .bind(now)
+        .bind(now)
+        .bind(message)
+        .bind(run_id)
+        .optional()
+        .await?;
+    let Some((repo_id, group, tests, subscriptions)) = ended else { return Ok(()) };
     // Issue 43: flaky tests are decided, and the run's tests summed up,
     // with the end itself (before the notifications that may read them).
-    crate::tx::test_reports::on_run_end(tx, run_id, now).await?;
+    if tests > 0 {
+        crate::tx::test_reports::on_run_end(tx, run_id, now).await?;
+    }
     // Issue 42: the run end's notifications commit with the end itself.
-    crate::tx::notify::enqueue_on_end(tx, run_id, status, now).await?;
-    release_group(tx, run_id, now).await
+    if subscriptions > 0 {
+        crate::tx::notify::enqueue_on_end(tx, run_id, status, now).await?;
+    }
+    match group {
+        Some(group) => release_group(tx, &repo_id, &group, now).await,
+        None => Ok(()),
+    }
 }
 
-/// If `run_id` belongs to a concurrency group with no active run left, start
-/// the oldest run waiting in it.
-async fn release_group(tx: &mut Tx, run_id: &str, now: i64) -> Result<()> {
+/// The run group `group` of `repo_id` lost a run: if no active run is
+/// left in it, start the oldest run waiting in it.
+async fn release_group(tx: &mut Tx, repo_id: &str, group: &str, now: i64) -> Result<()> {
     static BUSY: Sql = Sql::new(|_| {
         format!(
             "SELECT COUNT(*) FROM runs WHERE repo_id = $1 AND concurrency_group = $2 AND held = 0 \
@@ -425,14 +439,11 @@ async fn release_group(tx: &mut Tx, run_id: &str, now: i64) -> Result<()> {
             queued = lit(RunStatus::Queued)
         )
     });
-    let group: Option<(String, Option<String>)> =
-        tx.sql("SELECT repo_id, concurrency_group FROM runs WHERE id = $1").bind(run_id).optional().await?;
-    let Some((repo_id, Some(group))) = group else { return Ok(()) };
-    let busy: i64 = tx.sql(&BUSY).bind(&repo_id).bind(&group).scalar().await?;
+    let busy: i64 = tx.sql(&BUSY).bind(repo_id).bind(group).scalar().await?;
     if busy > 0 {
         return Ok(());
     }
-    let next: Option<String> = tx.sql(&NEXT).bind(&repo_id).bind(&group).scalar_optional().await?;
+    let next: Option<String> = tx.sql(&NEXT).bind(repo_id).bind(group).scalar_optional().await?;
     if let Some(next) = next {
         tx.sql("UPDATE runs SET held = 0, updated_at = $1 WHERE id = $2").bind(now).bind(&next).execute().await?;
         Box::pin(advance_run(tx, &next, now)).await?;

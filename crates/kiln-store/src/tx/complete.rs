@@ -97,25 +97,26 @@ async fn complete_tx(
     if !serializable && uses_concurrency_groups(&run) {
         return Ok(None);
     }
-    if let Some(steps) = &c.steps {
-        tx.sql("UPDATE attempts SET steps = $1 WHERE job_id = $2 AND epoch = $3")
-            .bind(steps)
-            .bind(job_id)
-            .bind(epoch)
-            .execute()
-            .await?;
-    }
-    if let Some(end) = &c.sandbox {
-        // Recorded whatever the verdict: the completion is how the agent
-        // says its sandbox is gone, and what its cleanup could not do is
-        // shown on the attempt (issue 40, item 5).
-        tx.sql("UPDATE attempts SET release_evidence = $1, cleanup_error = $2 WHERE job_id = $3 AND epoch = $4")
-            .bind(&end.evidence)
-            .bind(end.cleanup_error.as_deref())
-            .bind(job_id)
-            .bind(epoch)
-            .execute()
-            .await?;
+    // The steps' results, and how the sandbox ended — recorded whatever the
+    // verdict: the completion is how the agent says its sandbox is gone,
+    // and what its cleanup could not do is shown on the attempt (issue 40,
+    // item 5). One statement for both.
+    if c.steps.is_some() || c.sandbox.is_some() {
+        let end = c.sandbox.as_ref();
+        tx.sql(
+            "UPDATE attempts SET steps = COALESCE($1, steps), \
+             release_evidence = CASE WHEN $2 = 1 THEN $3 ELSE release_evidence END, \
+             cleanup_error = CASE WHEN $2 = 1 THEN $4 ELSE cleanup_error END \
+             WHERE job_id = $5 AND epoch = $6",
+        )
+        .bind(c.steps.as_ref())
+        .bind(i64::from(end.is_some()))
+        .bind(end.map(|e| &e.evidence))
+        .bind(end.and_then(|e| e.cleanup_error.as_deref()))
+        .bind(job_id)
+        .bind(epoch)
+        .execute()
+        .await?;
     }
     let verdict = decide_completion(&CompletionFacts {
         run: run.status,
