@@ -3,7 +3,7 @@
 //! outbox events, its run-level concurrency group (spec 003) and its
 //! idempotency record, in one transaction.
 
-use crate::db::{Exec, Tx, now};
+use crate::db::{Exec, Tx};
 use crate::dialect::{Isolation, Sql, active_runs, lit};
 use crate::error::{Result, StoreError};
 use crate::model::{
@@ -20,13 +20,18 @@ use std::collections::HashMap;
 
 /// `RunStore::accept_run`.
 pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepted> {
-    static RUN: Sql = Sql::new(|_| {
+    // The run's row, stamped with the database clock it returns (the
+    // acceptance's "now": no statement of its own), its deadline `$13` ms
+    // after it.
+    static RUN: Sql = Sql::new(|d| {
         format!(
             "INSERT INTO runs (id, repo_id, status, commit_sha, git_ref, event, trust, workflow_path, workflow_hash, \
              definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at, traceparent, \
              commit_title, commit_author, run_number, pull_request_title, priority) \
-             VALUES ($1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
-            queued = lit(RunStatus::Queued)
+             SELECT $1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, n.now, n.now, $12, n.now + $13, $14, $15, \
+             $16, $17, $18, $19 FROM (SELECT {now} AS now) n RETURNING created_at",
+            queued = lit(RunStatus::Queued),
+            now = d.now_ms
         )
     });
     static JOB: Sql = Sql::new(|_| {
@@ -61,7 +66,6 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                         };
                     }
                 }
-                let now = now(tx).await?;
                 let run_id = new_id();
                 // The repository's next number: the counter only goes up,
                 // so a number is never reused.
@@ -72,7 +76,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                 let definition =
                     serde_json::to_string(&run.workflow).map_err(|e| StoreError::Invalid(e.to_string()))?;
                 let inputs = serde_json::to_string(&run.inputs).map_err(|e| StoreError::Invalid(e.to_string()))?;
-                tx.sql(&RUN)
+                let now: i64 = tx
+                    .sql(&RUN)
                     .bind(&run_id)
                     .bind(&run.repo_id)
                     .bind(&run.commit_sha)
@@ -84,16 +89,20 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&definition)
                     .bind(&inputs)
                     .bind(&run.parent_run_id)
-                    .bind(now)
                     .bind(&run.actor)
-                    .bind(run.workflow.timeout_secs.map(|t| now.saturating_add((t as i64).saturating_mul(1000))))
+                    // (capped: the database adds it to the clock, unsaturated)
+                    .bind(
+                        run.workflow
+                            .timeout_secs
+                            .map(|t| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000).min(i64::MAX / 4)),
+                    )
                     .bind(&run.traceparent)
                     .bind(&run.commit_title)
                     .bind(&run.commit_author)
                     .bind(number)
                     .bind(&run.pull_request_title)
                     .bind(&run.priority)
-                    .execute()
+                    .scalar()
                     .await?;
                 let pins = run.pin_succeeded || !run.rerun_jobs.is_empty() || run.rollback.is_some();
                 let (pinned, skipped) = match (&run.parent_run_id, &run.rollback, pins) {
