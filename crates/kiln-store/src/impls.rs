@@ -139,6 +139,10 @@ impl AgentStore for SqlStore {
         agents::get_agent(self, agent_id).await
     }
 
+    async fn get_agent_for_claim(&self, agent_id: &str, claim_request_id: &str) -> Result<(AgentRecord, bool)> {
+        agents::get_agent_for_claim(self, agent_id, claim_request_id).await
+    }
+
     async fn list_agents(&self) -> Result<Vec<AgentRecord>> {
         agents::list_agents(self).await
     }

@@ -119,6 +119,11 @@ pub trait AgentStore: Send + Sync {
         self.register_agent_in(name, labels, max_jobs, "default", None).await
     }
     async fn get_agent(&self, agent_id: &str) -> Result<AgentRecord>;
+    /// The agent, and whether an attempt of its current session was created
+    /// by the claim request `claim_request_id` (then
+    /// [`AttemptStore::claimed_by_request`] recovers it): what a claim
+    /// request reads first, in one round trip.
+    async fn get_agent_for_claim(&self, agent_id: &str, claim_request_id: &str) -> Result<(AgentRecord, bool)>;
     async fn list_agents(&self) -> Result<Vec<AgentRecord>>;
     /// Record the Kiln version an agent runs (said at registration).
     async fn describe_agent(&self, agent_id: &str, version: &str) -> Result<()>;

@@ -106,6 +106,12 @@ async fn claim_name(state: &AppState, grant: &JoinGrant, name: &str) -> ApiResul
 /// (the agent process restarted) is refused with 409 `stale_epoch`.
 pub(crate) async fn current_session(state: &AppState, agent_id: &str, session_id: &str) -> ApiResult<AgentRecord> {
     let agent = state.store.get_agent(agent_id).await?;
+    same_session(&agent, session_id)?;
+    Ok(agent)
+}
+
+/// Refuses a call of an agent session that was replaced.
+pub(crate) fn same_session(agent: &AgentRecord, session_id: &str) -> ApiResult<()> {
     if agent.session_id != session_id {
         return Err(ApiErr::new(
             StatusCode::CONFLICT,
@@ -113,7 +119,7 @@ pub(crate) async fn current_session(state: &AppState, agent_id: &str, session_id
             "agent session was replaced; register again",
         ));
     }
-    Ok(agent)
+    Ok(())
 }
 
 /// The agent's current session drains (spec 004): it claims nothing more.

@@ -47,10 +47,14 @@ pub(crate) async fn claim(
     agent_id: &str,
     req: &api::ClaimRequest,
 ) -> ApiResult<Option<api::Assignment>> {
-    let agent = agents::current_session(state, agent_id, &req.session_id).await?;
+    // The agent, and whether this request was seen before (a retry whose
+    // answer was lost), in one read.
+    let (agent, seen) = state.store.get_agent_for_claim(agent_id, &req.claim_request_id).await?;
+    agents::same_session(&agent, &req.session_id)?;
     // This replica has agents: it takes a share of the offering.
     let _polling = state.dispatcher.poll_started();
-    if let Some(c) = state.store.claimed_by_request(&req.claim_request_id, &req.session_id).await?
+    if seen
+        && let Some(c) = state.store.claimed_by_request(&req.claim_request_id, &req.session_id).await?
         && let Handout::Assignment(a) = assignment::for_claim(state, &agent, &c).await?
     {
         return Ok(Some(*a));

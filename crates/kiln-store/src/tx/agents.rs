@@ -120,6 +120,30 @@ pub(crate) async fn get_agent(store: &SqlStore, agent_id: &str) -> Result<AgentR
     agent_from_row(&row)
 }
 
+/// `AgentStore::get_agent_for_claim`: the agent, and whether an attempt of
+/// its current session was created by the claim request
+/// `claim_request_id` (a retried request), in one statement.
+pub(crate) async fn get_agent_for_claim(
+    store: &SqlStore,
+    agent_id: &str,
+    claim_request_id: &str,
+) -> Result<(AgentRecord, bool)> {
+    let row = store
+        .reader()
+        .await?
+        .sql(
+            "SELECT a.*, CAST(CASE WHEN EXISTS (SELECT 1 FROM attempts t WHERE t.claim_request_id = $2 \
+             AND t.session_id = a.session_id) THEN 1 ELSE 0 END AS BIGINT) AS prior_claim FROM agents a WHERE a.id = $1",
+        )
+        .bind(agent_id)
+        .bind(claim_request_id)
+        .fetch_optional()
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("agent {agent_id}")))?;
+    let prior: i64 = row.get("prior_claim")?;
+    Ok((agent_from_row(&row)?, prior != 0))
+}
+
 /// `AgentStore::list_agents`.
 pub(crate) async fn list_agents(store: &SqlStore) -> Result<Vec<AgentRecord>> {
     let rows = store.reader().await?.sql("SELECT * FROM agents ORDER BY created_at, id").fetch_all().await?;
