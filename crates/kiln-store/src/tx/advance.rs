@@ -49,7 +49,14 @@ pub(crate) async fn make_ready(tx: &mut Tx, job_id: &str, available_at: i64, now
 /// succeeded ready, skip pending jobs downstream of a failure, and finish the
 /// run when nothing is left to run.
 pub(crate) async fn advance_run(tx: &mut Tx, run_id: &str, now: i64) -> Result<()> {
-    let run = advance_run_inner(tx, run_id, now).await?;
+    let run = load_run(tx, run_id).await?;
+    advance_loaded(tx, run, now).await
+}
+
+/// [`advance_run`] of a run this transaction loaded after locking its row,
+/// and has not changed since (its definition is not read and parsed again).
+pub(crate) async fn advance_loaded(tx: &mut Tx, run: RunRecord, now: i64) -> Result<()> {
+    let run = advance_loaded_inner(tx, run, now).await?;
     // Only a job in a concurrency group occupies one: a run without job
     // groups frees no slot (and, completing at READ COMMITTED, must not
     // touch other runs' jobs).
@@ -109,13 +116,20 @@ fn rollout_where(key: &str, run: &str) -> String {
 /// kiln-core's [`AdvancePass`] decides. Returns the run as loaded (before
 /// this step changed it).
 async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRecord> {
+    let run = load_run(tx, run_id).await?;
+    advance_loaded_inner(tx, run, now).await
+}
+
+/// [`advance_run_inner`] of the run as loaded.
+async fn advance_loaded_inner(tx: &mut Tx, run: RunRecord, now: i64) -> Result<RunRecord> {
+    let run_id = run.id.clone();
+    let run_id = run_id.as_str();
     static SKIP: Sql = Sql::new(|_| {
         format!(
             "UPDATE jobs SET status = {skipped}, finished_at = $1, message = $2 WHERE id = $3",
             skipped = lit(JobStatus::Skipped)
         )
     });
-    let run = load_run(tx, run_id).await?;
     let rows = tx
         .sql("SELECT id, name, status, needs, job_index FROM jobs WHERE run_id = $1 ORDER BY job_index")
         .bind(run_id)

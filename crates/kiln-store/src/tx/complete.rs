@@ -14,7 +14,7 @@ use crate::error::{Result, StoreError, parse_enum};
 use crate::model::{CompletionInput, JobRecord, RunRecord};
 use crate::rows::{JobBudget, load_run};
 use crate::store::{SqlStore, lock_job, lock_run_of_job};
-use crate::tx::advance::{advance_run, make_ready};
+use crate::tx::advance::{advance_loaded, advance_run, make_ready};
 use crate::tx::attempt::{end_attempt, require_live};
 use kiln_core::complete::{CompletionFacts, CompletionVerdict, decide_completion, missing_output, success_message};
 use kiln_core::failure::{
@@ -238,7 +238,8 @@ async fn complete_tx(
             end_attempt(tx, job_id, epoch, ends, c.exit_code, message, None, now).await?;
             let message = quarantine_note.as_deref().or(success_message(job.message.as_deref()));
             tx.sql(&SUCCEED).bind(now).bind(message).bind(job_id).execute().await?;
-            advance_run(tx, &job.run_id, now).await?;
+            // The run as loaded above, under its lock: nothing since changed it.
+            advance_loaded(tx, run.clone(), now).await?;
             JobStatus::Success
         }
         CompletionVerdict::Fail { message, class } => {
