@@ -432,22 +432,23 @@ impl LocalBlobStore {
         match there {
             None => Ok(()),
             // There already: the same bytes are a no-op, others refused.
+            // Read a MiB at a time (an archive is up to 256 MiB).
             Some(parts) => {
                 let (mut f, size) = self.open(key).await?;
                 if size != parts.iter().map(|p| p.len() as u64).sum::<u64>() {
                     return Err(BlobError::Exists(key.into()));
                 }
-                let mut have = vec![];
-                f.read_to_end(&mut have).await?;
-                let mut rest = &have[..];
+                let mut buf = vec![0u8; 1024 * 1024];
                 for p in &parts {
-                    let (head, tail) = rest.split_at(p.len().min(rest.len()));
-                    if head != &p[..] {
-                        return Err(BlobError::Exists(key.into()));
+                    for want in p.chunks(buf.len()) {
+                        let have = &mut buf[..want.len()];
+                        f.read_exact(have).await?;
+                        if have != want {
+                            return Err(BlobError::Exists(key.into()));
+                        }
                     }
-                    rest = tail;
                 }
-                if rest.is_empty() { Ok(()) } else { Err(BlobError::Exists(key.into())) }
+                Ok(())
             }
         }
     }
@@ -734,6 +735,15 @@ mod tests {
             assert!(matches!(e, Err(BlobError::Exists(_))), "{other:?}: {e:?}");
         }
         assert_eq!(store.read_range("logs/segments/000000000001", 0, 11).await.unwrap(), b"hello world");
+        // Compared a MiB at a time: a difference past the first MiB is found.
+        let big = vec![7u8; 1024 * 1024 + 10];
+        store.put_parts("logs/segments/000000000002", vec![big.clone()]).await.unwrap();
+        let cut = vec![big[..5].to_vec(), big[5..].to_vec()];
+        store.put_parts("logs/segments/000000000002", cut).await.expect("the same bytes: a no-op");
+        let mut other = big.clone();
+        *other.last_mut().unwrap() = 8;
+        let e = store.put_parts("logs/segments/000000000002", vec![other]).await;
+        assert!(matches!(e, Err(BlobError::Exists(_))), "{e:?}");
         assert!(matches!(store.put_parts("../escape", parts()).await, Err(BlobError::BadKey(_))));
         let staged = std::fs::read_dir(dir.path().join("staging/logs/segments")).map(|d| d.count()).unwrap_or(0);
         assert_eq!(staged, 0, "nothing left in staging");
