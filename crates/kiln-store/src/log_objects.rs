@@ -30,8 +30,11 @@ use tokio::sync::oneshot;
 /// [`LogObjectError::NotFound`].
 #[async_trait]
 pub trait LogObjects: Send + Sync {
-    /// Publish `data` as the immutable object `key`, durably.
-    async fn put(&self, key: &str, data: &[u8]) -> std::result::Result<(), LogObjectError>;
+    /// Publish the concatenation of `parts` (the chunks of one object, in
+    /// order) as the immutable object `key`, durably. The parts are given,
+    /// not lent: a local store writes them as they are, with no copy of the
+    /// whole object (issue 47, item 6).
+    async fn put(&self, key: &str, parts: Vec<Vec<u8>>) -> std::result::Result<(), LogObjectError>;
     /// `len` bytes of object `key` from `offset`.
     async fn read_range(&self, key: &str, offset: u64, len: usize) -> std::result::Result<Vec<u8>, LogObjectError>;
     /// Remove object `key` (gone already is fine).
@@ -173,9 +176,10 @@ impl ObjectSegments {
         !self.lanes[lane as usize].lock().expect("log objects").waiting.is_empty()
     }
 
-    /// Publishes segment `seg`'s bytes (durable when this returns).
-    pub(crate) async fn put(&self, seg: i64, bytes: &[u8]) -> std::result::Result<(), LogObjectError> {
-        self.objects.put(&key(seg), bytes).await
+    /// Publishes segment `seg`'s bytes, the concatenation of `parts`
+    /// (durable when this returns).
+    pub(crate) async fn put(&self, seg: i64, parts: Vec<Vec<u8>>) -> std::result::Result<(), LogObjectError> {
+        self.objects.put(&key(seg), parts).await
     }
 
     /// Deletes segment `seg`'s object (gone already is fine).

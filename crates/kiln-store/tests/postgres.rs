@@ -50,8 +50,8 @@ struct Objects(kiln_blob::BlobStore);
 
 #[async_trait::async_trait]
 impl LogObjects for Objects {
-    async fn put(&self, key: &str, data: &[u8]) -> Result<(), LogObjectError> {
-        self.0.put_object(key, data).await.map(|_| ()).map_err(|e| LogObjectError::Other(e.to_string()))
+    async fn put(&self, key: &str, parts: Vec<Vec<u8>>) -> Result<(), LogObjectError> {
+        self.0.put_parts(key, parts).await.map_err(|e| LogObjectError::Other(e.to_string()))
     }
 
     async fn read_range(&self, key: &str, offset: u64, len: usize) -> Result<Vec<u8>, LogObjectError> {

@@ -22,8 +22,8 @@ pub(crate) struct LogObjectsIn(pub(crate) kiln_blob::BlobStore);
 
 #[async_trait::async_trait]
 impl kiln_store::LogObjects for LogObjectsIn {
-    async fn put(&self, key: &str, data: &[u8]) -> Result<(), kiln_store::LogObjectError> {
-        self.0.put_object(key, data).await.map(|_| ()).map_err(blob_err)
+    async fn put(&self, key: &str, parts: Vec<Vec<u8>>) -> Result<(), kiln_store::LogObjectError> {
+        self.0.put_parts(key, parts).await.map_err(blob_err)
     }
 
     async fn read_range(&self, key: &str, offset: u64, len: usize) -> Result<Vec<u8>, kiln_store::LogObjectError> {
