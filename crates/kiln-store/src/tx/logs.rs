@@ -101,6 +101,15 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
     if chunk.offset < 0 || chunk.seq < 0 {
         return Err(StoreError::Invalid("negative offset or seq".into()));
     }
+    // An agent's streams only: their committed offsets are what a chunk's
+    // placement reads (`PROGRESS_STREAMS`).
+    if !PROGRESS_STREAMS.contains(&chunk.stream.as_str()) {
+        return Err(StoreError::Invalid(format!(
+            "unknown log stream `{}`: expected {}",
+            chunk.stream.chars().take(40).collect::<String>(),
+            PROGRESS_STREAMS.join(", ")
+        )));
+    }
     let len = chunk.data.len() as i64;
     let files = store.log_files();
     let ticket = files.sequencer.enter(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset);

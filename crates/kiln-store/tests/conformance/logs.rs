@@ -240,6 +240,12 @@ pub async fn bad_digest_and_stale_epoch_are_refused<S: Store + 'static>(o: &Open
     }
     assert_stale(s.append_log_chunk(chunk(&job, 2, "stdout", 0, 0, b"bytes")).await);
     assert_stale(s.append_log_chunk(chunk(&job, 0, "stdout", 0, 0, b"bytes")).await);
+    // Only an agent's streams (their committed offsets are what a chunk's
+    // placement reads).
+    match s.append_log_chunk(chunk(&job, 1, "other", 0, 0, b"bytes")).await {
+        Err(StoreError::Invalid(m)) => assert!(m.contains("unknown log stream `other`"), "{m}"),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
     assert!(s.log_chunks_after(&job, 0, 100).await.unwrap().is_empty(), "nothing stored");
 
     // After completion the epoch is over: new bytes are refused.
