@@ -122,8 +122,7 @@ async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRec
 
 /// [`advance_run_inner`] of the run as loaded.
 async fn advance_loaded_inner(tx: &mut Tx, run: RunRecord, now: i64) -> Result<RunRecord> {
-    let run_id = run.id.clone();
-    let run_id = run_id.as_str();
+    let run_id = run.id.as_str();
     static SKIP: Sql = Sql::new(|_| {
         format!(
             "UPDATE jobs SET status = {skipped}, finished_at = $1, message = $2 WHERE id = $3",

@@ -287,14 +287,10 @@ async fn active_ids(ex: &mut impl Exec, repo_id: &str, now: i64) -> Result<Vec<S
     .await
 }
 
-/// When a run ends (in the transaction that ends it): flag the tests that
-/// both passed and failed for its commit, and write its summary. Nothing
-/// for a run without bound reports.
+/// When a run with bound reports ends (in the transaction that ends it;
+/// `finish_run` reads whether it has any with the end itself): flag the
+/// tests that both passed and failed for its commit, and write its summary.
 pub(crate) async fn on_run_end(tx: &mut Tx, run_id: &str, now: i64) -> Result<()> {
-    let bound: i64 = tx.sql("SELECT COUNT(*) FROM test_attempts WHERE run_id = $1").bind(run_id).scalar().await?;
-    if bound == 0 {
-        return Ok(());
-    }
     let (repo_id, sha): (String, String) =
         tx.sql("SELECT repo_id, commit_sha FROM runs WHERE id = $1").bind(run_id).one().await?;
     // Every bound attempt that ran this commit, in any run.
