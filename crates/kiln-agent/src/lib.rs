@@ -265,6 +265,7 @@ pub async fn run_draining(
 ) -> anyhow::Result<()> {
     anyhow::ensure!(config.max_jobs >= 1, "max_jobs must be at least 1");
     logs::in_flight_setting().map_err(anyhow::Error::msg)?;
+    logs::batch_setting().map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
         config.upload_rate_limit != Some(0),
         "upload_rate_limit must be positive (leave it unset for no limit)"

@@ -83,6 +83,36 @@ pub(crate) fn in_flight_setting() -> Result<usize, String> {
     }
 }
 
+/// How long a few small chunks wait, with nothing in flight, for more to
+/// leave with them in one request (`…/logs/batch`): a short job's
+/// `system` lines and output (three chunks, three requests and three
+/// transactions before) usually leave with its last line, in one.
+pub(crate) const LINGER: Duration = Duration::from_millis(5);
+
+/// Whether small chunks leave together ([`LINGER`]): `KILN_AGENT_LOG_BATCH`
+/// `on` (the default) or `off` (one request per chunk, as before:
+/// measurements); anything else is refused when the agent starts.
+pub(crate) fn batch_setting() -> Result<bool, String> {
+    match std::env::var("KILN_AGENT_LOG_BATCH") {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim() {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            other => Err(format!("KILN_AGENT_LOG_BATCH must be `on` or `off`, not {other:?}")),
+        },
+    }
+}
+
+/// [`batch_setting`], checked when the agent starts.
+fn batch() -> bool {
+    static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *B.get_or_init(|| batch_setting().unwrap_or(true))
+}
+
+/// Cleared when a server answers that it has no `…/logs/batch` (an older
+/// one): chunks then leave one per request.
+static SERVER_BATCHES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// [`in_flight_setting`], checked when the agent starts.
 fn in_flight() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -398,6 +428,10 @@ pub(crate) struct LogConfig {
     pub metrics: Option<Arc<crate::metrics::AgentMetrics>>,
     /// Chunks of one stream sent before the first is acknowledged.
     pub in_flight: usize,
+    /// Small chunks leave together (see [`LINGER`]).
+    pub batch: bool,
+    /// [`LINGER`].
+    pub linger: Duration,
 }
 
 /// Default per-attempt output limit: 100 MiB.
@@ -418,6 +452,8 @@ impl Default for LogConfig {
             max_bytes: DEFAULT_LOG_LIMIT,
             metrics: None,
             in_flight: in_flight(),
+            batch: batch(),
+            linger: LINGER,
         }
     }
 }
@@ -843,17 +879,28 @@ impl Shipper {
     /// stream at a time (the server commits them in offset order); a chunk
     /// of another stream waits until those were acknowledged, so the order
     /// between streams (a step header before the step's output) holds.
+    ///
+    /// With nothing in flight, small chunks (of any streams) wait up to
+    /// [`LogConfig::linger`] after the first of them was cut for more, and
+    /// leave together in one request; the streamer's end, a large chunk or
+    /// a full batch sends them at once.
     async fn run(self) -> bool {
         use futures::StreamExt;
+        use futures::future::Either;
         let mut queue: VecDeque<LogChunk> = VecDeque::new();
         let mut inflight = futures::stream::FuturesOrdered::new();
         let mut inflight_stream: Option<String> = None;
         let base = self.cfg.in_flight.max(1);
         let mut window = base;
         let me = &self;
+        // When the oldest chunk in the queue was cut.
+        let mut queued_at: Option<Instant> = None;
         loop {
             let (mut deadline, mut done) = (None, false);
-            if queue.is_empty() {
+            let batching = self.batching();
+            let small = |c: &LogChunk| c.data.len() <= kiln_api::LOG_BATCH_CHUNK_MAX;
+            let gathering = batching && inflight.is_empty() && queue.iter().all(small);
+            if queue.is_empty() || gathering {
                 // While chunks are in flight only full-size chunks (or
                 // output due by the flush timer) are cut: a backlog leaves
                 // in large chunks rather than many small ones.
@@ -861,7 +908,29 @@ impl Shipper {
                 queue.extend(chunks);
                 (deadline, done) = (d, dn);
             }
-            while let Some(c) = queue.front() {
+            if queue.is_empty() {
+                queued_at = None;
+            } else if queued_at.is_none() {
+                queued_at = Some(Instant::now());
+            }
+            let mut linger_until = None;
+            if batching && inflight.is_empty() {
+                let n = queue.iter().take(kiln_api::LOG_BATCH_MAX_CHUNKS).take_while(|c| small(c)).count();
+                let more_may_come = !done && n == queue.len() && n < kiln_api::LOG_BATCH_MAX_CHUNKS;
+                let until = queued_at.map(|t| t + self.cfg.linger);
+                if n > 0 && more_may_come && until.is_some_and(|u| Instant::now() < u) {
+                    linger_until = until;
+                } else if n >= 2 {
+                    let batch: Vec<LogChunk> = queue.drain(..n).collect();
+                    queued_at = (!queue.is_empty()).then(Instant::now);
+                    // Nothing else leaves until the batch is answered.
+                    inflight_stream = Some(String::new());
+                    inflight.push_back(Either::Left(async move { (me.send_batch(batch).await, None) }));
+                }
+            }
+            while let Some(c) = queue.front()
+                && linger_until.is_none()
+            {
                 let other_stream = inflight_stream.as_ref().is_some_and(|s| *s != c.stream);
                 if inflight.len() >= window || (!inflight.is_empty() && other_stream) {
                     break;
@@ -869,19 +938,21 @@ impl Shipper {
                 let c = queue.pop_front().expect("front");
                 inflight_stream = Some(c.stream.clone());
                 let large = c.data.len() >= self.cfg.max_chunk.max(self.cfg.chunk_size);
-                inflight.push_back(async move {
+                inflight.push_back(Either::Right(async move {
                     let sent = Instant::now();
                     (me.send(c).await, large.then(|| sent.elapsed()))
-                });
+                }));
+                queued_at = (!queue.is_empty()).then(Instant::now);
             }
             if inflight.is_empty() && queue.is_empty() && done {
                 return true;
             }
-            let idle = queue.is_empty();
+            let idle = queue.is_empty() || linger_until.is_some();
+            let wake = [deadline.filter(|_| idle), linger_until].into_iter().flatten().min();
             let sleep = async {
-                match deadline {
-                    Some(d) if idle => tokio::time::sleep_until(d).await,
-                    _ => std::future::pending().await,
+                match wake {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
                 }
             };
             tokio::select! {
@@ -1002,6 +1073,66 @@ impl Shipper {
             self.drained.notify_waiters();
         }
         (chunks, deadline, done)
+    }
+
+    /// Whether small chunks leave together (the setting, and the server
+    /// has the batch call).
+    fn batching(&self) -> bool {
+        self.cfg.batch && SERVER_BATCHES.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sends a few small chunks in one request; those the server did not
+    /// take (refused, or after a refused one) and all of them on a failed
+    /// request then go one by one, each getting its own answer. False if
+    /// fenced.
+    async fn send_batch(&self, chunks: Vec<LogChunk>) -> bool {
+        use base64::Engine;
+        let wire = kiln_api::LogChunkBatch {
+            chunks: chunks
+                .iter()
+                .map(|c| kiln_api::LogChunk {
+                    stream: c.stream.clone(),
+                    seq: c.seq,
+                    offset: c.offset,
+                    data: base64::engine::general_purpose::STANDARD.encode(&c.data),
+                    sha256: None,
+                    crc32c: c.crc32c.clone(),
+                    in_order: !self.after_hole(c),
+                })
+                .collect(),
+        };
+        let res = tokio::select! {
+            r = self.client.append_log_batch(&self.job_id, self.epoch, &wire) => r,
+            _ = self.ctl.fenced() => return false,
+        };
+        let accepted = match res {
+            Ok(ack) => ack.accepted.min(chunks.len()),
+            Err(e) if e.is_stale_epoch() => {
+                tracing::warn!(error = %e, "log chunks refused: this attempt was fenced");
+                self.ctl.stop(Stop::Fenced);
+                return false;
+            }
+            Err(e) => {
+                if matches!(e.status(), Some(404 | 405)) {
+                    tracing::info!("the server takes no batches of log chunks; sending them one by one");
+                    SERVER_BATCHES.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+                0
+            }
+        };
+        let mut rest = chunks.into_iter();
+        for chunk in rest.by_ref().take(accepted) {
+            if let Some(m) = &self.cfg.metrics {
+                m.log_bytes_sent.inc_by(chunk.data.len() as u64);
+            }
+            self.bufs.lock().expect("log buffers").spare.give_back(chunk.data);
+        }
+        for chunk in rest {
+            if !self.send(chunk).await {
+                return false;
+            }
+        }
+        true
     }
 
     /// Sends one chunk until acknowledged. False if fenced.

@@ -742,6 +742,17 @@ impl Client {
         self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/logs", enc(job)), Some(chunk), &[], None).await
     }
 
+    /// Several small chunks in one request (see [`LogChunkBatch`]).
+    pub async fn append_log_batch(
+        &self,
+        job: &str,
+        epoch: i64,
+        batch: &LogChunkBatch,
+    ) -> Result<LogBatchAck, ApiError> {
+        self.send(Method::POST, &format!("/v1/jobs/{}/attempts/{epoch}/logs/batch", enc(job)), Some(batch), &[], None)
+            .await
+    }
+
     /// [`Self::append_log`] with the bytes as the body (see [`RawLogChunk`]).
     pub async fn append_log_raw(&self, job: &str, epoch: i64, chunk: &RawLogChunk) -> Result<LogAck, ApiError> {
         use crate::types::log_headers as h;

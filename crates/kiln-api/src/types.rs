@@ -1333,6 +1333,35 @@ pub struct LogAck {
     pub committed: BTreeMap<String, i64>,
 }
 
+/// Several small chunks of one attempt in one request (`POST
+/// /v1/jobs/{job}/attempts/{epoch}/logs/batch`): what a short job's log is
+/// (its `system` lines and its output), committed in one transaction: each
+/// at most [`LOG_BATCH_CHUNK_MAX`] bytes, [`LOG_BATCH_MAX_CHUNKS`] in all,
+/// in the order they were cut; each is judged as it would be alone, in
+/// that order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LogChunkBatch {
+    pub chunks: Vec<LogChunk>,
+}
+
+/// Largest chunk a [`LogChunkBatch`] carries (larger ones go alone).
+pub const LOG_BATCH_CHUNK_MAX: usize = 16 * 1024;
+/// Most chunks in a [`LogChunkBatch`].
+pub const LOG_BATCH_MAX_CHUNKS: usize = 8;
+
+/// The answer to a [`LogChunkBatch`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LogBatchAck {
+    /// How many of the batch's chunks, from the first, are committed (or
+    /// were identical retries). The chunks after them were refused or not
+    /// tried: send them alone, which gives each its own answer.
+    pub accepted: usize,
+    /// Highest contiguous committed byte offset per stream.
+    pub committed: BTreeMap<String, i64>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Completion {

@@ -73,7 +73,7 @@ pub(crate) mod scheme {
         access::list_join_tokens, access::revoke_join_token, access::list_agents, access::remove_agent,
         access::overview, access::audit,
         agents::register, agents::claim, agents::session, agents::drain,
-        attempts::heartbeat, attempts::append_log, attempts::complete, attempts::release, attempts::commit_image,
+        attempts::heartbeat, attempts::append_log, attempts::append_log_batch, attempts::complete, attempts::release, attempts::commit_image,
         artifacts::create_upload, artifacts::part_url, artifacts::seal, artifacts::restore,
         artifacts::cache_lookup, artifacts::cache_save, artifacts::cache_report,
         blob::put_part, blob::get_object, blob::export_object,

@@ -96,6 +96,7 @@ pub(crate) fn router(state: State) -> Router {
     let attempt = Router::new()
         .route("/v1/jobs/{job}/attempts/{epoch}/heartbeat", post(attempts::heartbeat))
         .route("/v1/jobs/{job}/attempts/{epoch}/logs", post(attempts::append_log))
+        .route("/v1/jobs/{job}/attempts/{epoch}/logs/batch", post(attempts::append_log_batch))
         .route("/v1/jobs/{job}/attempts/{epoch}/complete", post(attempts::complete))
         .route("/v1/jobs/{job}/attempts/{epoch}/release", post(attempts::release))
         .route("/v1/jobs/{job}/attempts/{epoch}/image", post(attempts::commit_image))

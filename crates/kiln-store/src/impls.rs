@@ -347,6 +347,10 @@ impl LogStore for SqlStore {
         logs::append_log_chunk(self, chunk).await
     }
 
+    async fn append_log_batch(&self, chunks: Vec<NewLogChunk>) -> Result<(usize, Vec<(String, i64)>)> {
+        logs::append_log_batch(self, chunks).await
+    }
+
     async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>> {
         logs::log_chunks_after(self, job_id, after_id, limit).await
     }

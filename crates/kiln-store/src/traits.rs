@@ -382,6 +382,15 @@ pub trait LogStore: Send + Sync {
     /// spec 000 §13: identical retry accepted, conflicting bytes refused,
     /// stale epochs refused. Returns the contiguous committed offset per stream.
     async fn append_log_chunk(&self, chunk: NewLogChunk) -> Result<Vec<(String, i64)>>;
+    /// Several small chunks of one attempt (each at most
+    /// [`crate::SMALL_LOG_CHUNK`] bytes), judged one by one in their order
+    /// as [`Self::append_log_chunk`] judges one, committed in one
+    /// transaction: how many leading chunks committed (or were identical
+    /// retries) and the progress after them. A refusal of the first chunk
+    /// is the error (nothing committed); a later one stops the batch there
+    /// (the caller sends the rest alone and gets its answer). A malformed
+    /// batch (another attempt's chunk, a large chunk) is refused whole.
+    async fn append_log_batch(&self, chunks: Vec<NewLogChunk>) -> Result<(usize, Vec<(String, i64)>)>;
     /// Chunks of a job with event id greater than `after_id`, in id order.
     async fn log_chunks_after(&self, job_id: &str, after_id: i64, limit: u32) -> Result<Vec<LogChunkRecord>>;
     /// Jobs finished at least `grace_ms` ago whose log still has chunks in

@@ -181,17 +181,20 @@ fn a_bad_log_knob_is_refused() {
         c.args(["server", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir.path().join(var)).env(var, value);
         c
     };
-    let mut agent = Command::new(BIN);
-    agent
-        .args(["agent", "--server", "http://127.0.0.1:9", "--work-dir"])
-        .arg(dir.path().join("agent"))
-        .arg("--token-file")
-        .arg(&token)
-        .env("KILN_AGENT_LOG_IN_FLIGHT", "-1");
+    let agent = |var: &str, value: &str| {
+        let mut c = Command::new(BIN);
+        c.args(["agent", "--server", "http://127.0.0.1:9", "--work-dir"])
+            .arg(dir.path().join("agent"))
+            .arg("--token-file")
+            .arg(&token)
+            .env(var, value);
+        c
+    };
     let cases = [
         (server("KILN_LOG_BULK_IN_FLIGHT", "zero"), "KILN_LOG_BULK_IN_FLIGHT must be a positive integer, not \"zero\""),
         (server("KILN_LOG_SEGMENTS", "maybe"), "KILN_LOG_SEGMENTS must be `on` or `off`, not \"maybe\""),
-        (agent, "KILN_AGENT_LOG_IN_FLIGHT must be a positive integer, not \"-1\""),
+        (agent("KILN_AGENT_LOG_IN_FLIGHT", "-1"), "KILN_AGENT_LOG_IN_FLIGHT must be a positive integer, not \"-1\""),
+        (agent("KILN_AGENT_LOG_BATCH", "yes"), "KILN_AGENT_LOG_BATCH must be `on` or `off`, not \"yes\""),
     ];
     for (mut cmd, message) in cases {
         let mut child = cmd

@@ -162,6 +162,59 @@ async fn secrets_reach_the_job_and_are_masked_in_its_log() {
     assert!(!raw.contains(VALUE), "the API never shows the value");
 }
 
+/// Requests to an agent log route answered 200, from the server's
+/// `kiln_http_request_duration_seconds` histogram.
+async fn log_requests(server: &KilnServer, route: &str) -> u64 {
+    let text = reqwest::Client::new()
+        .get(format!("{}/metrics", server.url))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("kiln_http_request_duration_seconds_count{"))
+        .filter(|l| l.contains(&format!("route=\"{route}\"")) && l.contains("status=\"200\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Issue 47, item 3: a short job's small chunks cut together (its stdout
+/// and stderr at the step's end, its last `system` lines) leave in one
+/// `…/logs/batch` request, committed in one transaction, instead of one
+/// request and one transaction each; the log reads as it was written.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_short_jobs_small_chunks_leave_in_fewer_requests_than_chunks() {
+    let server = KilnServer::start(BIN.as_ref(), &[]).unwrap();
+    let _agent = server.agent("a1", &[]).unwrap();
+    let repo = TestRepo::new(&[(
+        ".kiln/pipeline.yaml",
+        "version: 1\njobs:\n  - name: short\n    steps:\n      - \"printf 'to out\\\\n'; printf 'to err\\\\n' >&2\"\n",
+    )])
+    .unwrap();
+    server.add_repo("app", &repo);
+    let c = Client::new(&server.url, &server.token);
+    let mut chunks = 0;
+    for _ in 0..3 {
+        let r =
+            c.submit_run("app", &SubmitRun { commit_sha: "main".into(), ..Default::default() }, None).await.unwrap();
+        let run = wait_run(&c, &r.run_id, 60).await;
+        assert_eq!(run.status, "success", "{run:#?}");
+        let job = &run.jobs[0].id;
+        let text = log_text(&c, job).await;
+        assert!(text.contains("to out\n") && text.contains("to err\n"), "{text}");
+        let out_at = text.find("to out").unwrap();
+        assert!(text.find("✓ step 1/1").is_some_and(|ok| ok > out_at), "the step's end after its output: {text}");
+        chunks += events(&c, job, None).await.iter().filter(|(_, ev, _)| ev == "chunk").count() as u64;
+    }
+    let batches = log_requests(&server, "/v1/jobs/{job}/attempts/{epoch}/logs/batch").await;
+    let singles = log_requests(&server, "/v1/jobs/{job}/attempts/{epoch}/logs").await;
+    assert!(batches >= 1, "no batch: {singles} single requests for {chunks} chunks");
+    assert!(batches + singles < chunks, "{batches} batches and {singles} single requests for {chunks} chunks");
+}
+
 fn signal(pid: u32, sig: &str) {
     assert!(
         std::process::Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success()

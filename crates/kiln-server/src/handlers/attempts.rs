@@ -66,9 +66,37 @@ pub(crate) async fn append_log(
     Ok(Json(attempts::append_log(&state, &job, epoch, chunk).await?))
 }
 
+/// A short job's few small chunks in one request (see [`api::LogChunkBatch`]).
+#[utoipa::path(
+    operation_id = "attempts_append_log_batch",
+    post, path = "/v1/jobs/{job}/attempts/{epoch}/logs/batch", tag = "agent",
+    params(
+        ("job" = String, Path, description = "The job's id"),
+        ("epoch" = i64, Path, description = "The attempt's epoch"),
+    ),
+    request_body = api::LogChunkBatch,
+    responses(
+        (status = 200, description = "How many chunks, from the first, committed; committed offsets by stream", body = api::LogBatchAck),
+    ),
+    security(("attempt_token" = [])),
+)]
+pub(crate) async fn append_log_batch(
+    S(state): S<State>,
+    Path((job, epoch)): Path<(String, i64)>,
+    body: Bytes,
+) -> ApiResult<Json<api::LogBatchAck>> {
+    let batch: api::LogChunkBatch = parse(&body)?;
+    let chunks = batch.chunks.into_iter().map(raw_of_json).collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(attempts::append_log_batch(&state, &job, epoch, chunks).await?))
+}
+
 /// A chunk in a JSON body (`data` in base64).
 fn json_chunk(body: &Bytes) -> ApiResult<api::RawLogChunk> {
-    let c: api::LogChunk = parse(body)?;
+    raw_of_json(parse(body)?)
+}
+
+/// A JSON chunk's bytes, decoded.
+fn raw_of_json(c: api::LogChunk) -> ApiResult<api::RawLogChunk> {
     let data = base64::engine::general_purpose::STANDARD
         .decode(c.data.as_bytes())
         .map_err(|e| ApiErr::bad_request(format!("chunk data is not base64: {e}")))?;

@@ -46,6 +46,53 @@ pub(crate) async fn append_log(
     epoch: i64,
     chunk: api::RawLogChunk,
 ) -> ApiResult<api::LogAck> {
+    let chunk = checked_chunk(job, epoch, chunk)?;
+    let bytes = chunk.data.len() as u64;
+    let committed = state.store.append_log_chunk(chunk).await?;
+    state.metrics.log_bytes.inc_by(bytes);
+    state.job_changed(job);
+    Ok(api::LogAck { committed: committed.into_iter().collect() })
+}
+
+// A batch's chunks are the store's small ones.
+const _: () = assert!(api::LOG_BATCH_CHUNK_MAX <= kiln_store::SMALL_LOG_CHUNK);
+
+/// Append a short job's few small chunks in one transaction (see
+/// [`api::LogChunkBatch`]). Every chunk is checked before any is stored: a
+/// malformed one refuses the whole batch.
+pub(crate) async fn append_log_batch(
+    state: &AppState,
+    job: &str,
+    epoch: i64,
+    chunks: Vec<api::RawLogChunk>,
+) -> ApiResult<api::LogBatchAck> {
+    if chunks.is_empty() || chunks.len() > api::LOG_BATCH_MAX_CHUNKS {
+        return Err(ApiErr::bad_request(format!(
+            "a log batch carries 1 to {} chunks (got {})",
+            api::LOG_BATCH_MAX_CHUNKS,
+            chunks.len()
+        )));
+    }
+    let mut checked = Vec::with_capacity(chunks.len());
+    for c in chunks {
+        if c.data.len() > api::LOG_BATCH_CHUNK_MAX {
+            return Err(ApiErr::bad_request(format!(
+                "a chunk of a log batch carries at most {} bytes; send larger ones alone",
+                api::LOG_BATCH_CHUNK_MAX
+            )));
+        }
+        checked.push(checked_chunk(job, epoch, c)?);
+    }
+    let sizes: Vec<u64> = checked.iter().map(|c| c.data.len() as u64).collect();
+    let (accepted, committed) = state.store.append_log_batch(checked).await?;
+    state.metrics.log_bytes.inc_by(sizes[..accepted].iter().sum());
+    state.job_changed(job);
+    Ok(api::LogBatchAck { accepted, committed: committed.into_iter().collect() })
+}
+
+/// A chunk as the store takes it, once its stream, size and transport
+/// check are right.
+fn checked_chunk(job: &str, epoch: i64, chunk: api::RawLogChunk) -> ApiResult<NewLogChunk> {
     if !kiln_core::logs::stream::AGENT_STREAMS.contains(&chunk.stream.as_str()) {
         return Err(ApiErr::bad_request("stream must be stdout, stderr or system"));
     }
@@ -75,14 +122,7 @@ pub(crate) async fn append_log(
     }
     // The body's buffer when it is the only owner (no copy of a 1 MiB chunk).
     let data = Vec::from(data);
-    let bytes = data.len() as u64;
-    let committed = state
-        .store
-        .append_log_chunk(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data, in_order })
-        .await?;
-    state.metrics.log_bytes.inc_by(bytes);
-    state.job_changed(job);
-    Ok(api::LogAck { committed: committed.into_iter().collect() })
+    Ok(NewLogChunk { job_id: job.to_string(), epoch, stream, seq, offset, sha256, data, in_order })
 }
 
 /// The completion transaction; returns the job's status after it.

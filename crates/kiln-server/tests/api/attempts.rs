@@ -68,6 +68,84 @@ async fn log_chunks_as_json_or_raw_identical_retries_accepted() {
     app.holder(&a).post(&other).json(&json).send().await.assert_status(StatusCode::FORBIDDEN);
 }
 
+/// `…/logs/batch`: a short job's few small chunks in one request. Only the
+/// attempt's own token; every chunk checked before any is stored (a
+/// malformed one refuses the batch whole); a refusal after the first stops
+/// the batch there (`accepted` says how many committed); a stale epoch is
+/// the batch's answer.
+#[tokio::test]
+async fn a_batch_of_log_chunks_commits_in_order_and_is_refused_whole_when_malformed() {
+    let app = TestApp::new().await;
+    let (_run, _agent, a) = super::claimed(&app, &["build"]).await;
+    let path = format!("/v1/jobs/{}/attempts/{}/logs/batch", a.job_id, a.epoch);
+    let c = |stream: &str, seq: i64, offset: i64, text: &str| api::LogChunk {
+        stream: stream.into(),
+        seq,
+        offset,
+        data: base64::engine::general_purpose::STANDARD.encode(text),
+        sha256: None,
+        crc32c: Some(api::log_crc32c(text.as_bytes())),
+        in_order: true,
+    };
+    let batch = |chunks: Vec<api::LogChunk>| api::LogChunkBatch { chunks };
+    let stored = || async {
+        let rows = app.store().log_chunks_after(&a.job_id, 0, 100).await.unwrap();
+        rows.into_iter().map(|r| (r.stream, r.offset, String::from_utf8(r.data).unwrap())).collect::<Vec<_>>()
+    };
+
+    // Who may send: the attempt's own token only.
+    let good = batch(vec![c("system", 0, 0, "checking out\n"), c("stdout", 0, 0, "hi\n"), c("system", 1, 13, "ok\n")]);
+    app.anonymous().post(&path).json(&good).send().await.assert_status(StatusCode::UNAUTHORIZED);
+    app.admin().post(&path).json(&good).send().await.assert_status(StatusCode::UNAUTHORIZED);
+    let other = format!("/v1/jobs/{}/attempts/{}/logs/batch", a.job_id, a.epoch + 1);
+    app.holder(&a).post(&other).json(&good).send().await.assert_status(StatusCode::FORBIDDEN);
+
+    // Malformed: refused whole, nothing stored.
+    let big = "x".repeat(api::LOG_BATCH_CHUNK_MAX + 1);
+    let mut wrong_crc = c("stdout", 0, 0, "hi\n");
+    wrong_crc.crc32c = Some(api::log_crc32c(b"HI\n"));
+    let mut not_base64 = c("stdout", 0, 0, "hi\n");
+    not_base64.data = "%%%".into();
+    let too_many: Vec<api::LogChunk> = (0..=api::LOG_BATCH_MAX_CHUNKS as i64).map(|i| c("stdout", i, i, "a")).collect();
+    for (bad, why) in [
+        (batch(vec![]), "empty"),
+        (batch(too_many), "too many chunks"),
+        (batch(vec![c("system", 0, 0, "a\n"), c("stdout", 0, 0, &big)]), "a large chunk"),
+        (batch(vec![c("system", 0, 0, "a\n"), c("seal", 0, 0, "b")]), "not an agent stream"),
+        (batch(vec![c("system", 0, 0, "a\n"), wrong_crc]), "a wrong crc32c"),
+        (batch(vec![c("system", 0, 0, "a\n"), not_base64]), "not base64"),
+    ] {
+        let r = app.holder(&a).post(&path).json(&bad).send().await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{why}: {}", r.text());
+    }
+    app.holder(&a).post(&path).body("{").send().await.assert_status(StatusCode::BAD_REQUEST);
+    assert!(stored().await.is_empty(), "nothing of a refused batch is stored");
+
+    // In order, in one request; its identical retry is accepted.
+    for _ in 0..2 {
+        let ack: api::LogBatchAck =
+            app.holder(&a).post(&path).json(&good).send().await.assert_status(StatusCode::OK).json();
+        assert_eq!(ack.accepted, 3);
+        assert_eq!((ack.committed.get("stdout"), ack.committed.get("system")), (Some(&3), Some(&16)));
+    }
+    let want =
+        |v: &[(&str, i64, &str)]| v.iter().map(|(s, o, t)| (s.to_string(), *o, t.to_string())).collect::<Vec<_>>();
+    assert_eq!(stored().await, want(&[("system", 0, "checking out\n"), ("stdout", 0, "hi\n"), ("system", 13, "ok\n")]));
+
+    // A conflict after the first: the first commits, `accepted` stops there.
+    let mixed = batch(vec![c("stderr", 0, 0, "warn\n"), c("stdout", 1, 0, "HI\n"), c("system", 2, 16, "no\n")]);
+    let ack: api::LogBatchAck =
+        app.holder(&a).post(&path).json(&mixed).send().await.assert_status(StatusCode::OK).json();
+    assert_eq!(ack.accepted, 1);
+    assert_eq!(stored().await.len(), 4);
+
+    // Once the attempt is over: the batch's answer is the stale epoch.
+    super::complete(&app, &a, "success").await.assert_status(StatusCode::OK);
+    let late = batch(vec![c("stdout", 1, 3, "late\n")]);
+    let r = app.holder(&a).post(&path).json(&late).send().await;
+    assert_eq!(r.assert_status(StatusCode::CONFLICT).error_code(), api::codes::STALE_EPOCH);
+}
+
 /// A raw chunk checked by a CRC-32C instead of a SHA-256 (the agent's
 /// default since 2026-12-05): the server digests the bytes itself, so the
 /// chunk's identity is the same whichever check came with it. A check that

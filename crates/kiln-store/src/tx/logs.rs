@@ -257,6 +257,90 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
 
 use crate::log_groups::Waiting;
 
+/// `LogStore::append_log_batch`: a short job's few small chunks (its
+/// `system` lines and its output) in one transaction instead of one each.
+/// Each chunk is placed and judged as [`append_log_chunk`] does it; being
+/// small, none is a retry candidate whose bytes are checked before they
+/// are written, and none waits for the bulk gate.
+pub(crate) async fn append_log_batch(
+    store: &SqlStore,
+    mut chunks: Vec<NewLogChunk>,
+) -> Result<(usize, Vec<(String, i64)>)> {
+    use sha2::{Digest, Sha256};
+    let Some(first) = chunks.first() else {
+        return Err(StoreError::Invalid("a log batch needs at least one chunk".into()));
+    };
+    let (job, epoch) = (first.job_id.clone(), first.epoch);
+    for chunk in chunks.iter_mut() {
+        if chunk.job_id != job || chunk.epoch != epoch {
+            return Err(StoreError::Invalid("the chunks of a log batch are of one attempt".into()));
+        }
+        if !PROGRESS_STREAMS.contains(&chunk.stream.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "unknown log stream `{}`: expected {}",
+                chunk.stream.chars().take(40).collect::<String>(),
+                PROGRESS_STREAMS.join(", ")
+            )));
+        }
+        if crate::segments::Lane::of(chunk.data.len()) != crate::segments::Lane::Small {
+            return Err(StoreError::Invalid(format!(
+                "a chunk of a log batch carries at most {} bytes",
+                crate::segments::SMALL_CHUNK
+            )));
+        }
+        if chunk.offset < 0 || chunk.seq < 0 {
+            return Err(StoreError::Invalid("negative offset or seq".into()));
+        }
+        let digest = hex::encode(Sha256::digest(&chunk.data));
+        if chunk.sha256.as_ref().is_some_and(|given| !given.eq_ignore_ascii_case(&digest)) {
+            return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
+        }
+        chunk.sha256 = Some(digest);
+    }
+    // A stream's first chunk of the batch waits for its turn (the chunks
+    // of its stream before it, in flight here, commit first); the stream's
+    // later chunks of the batch commit right after it, in this transaction.
+    let firsts: Vec<bool> =
+        chunks.iter().enumerate().map(|(i, c)| !chunks[..i].iter().any(|b| b.stream == c.stream)).collect();
+    let files = store.log_files();
+    let tickets: Vec<_> = chunks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| firsts[*i])
+        .map(|(i, c)| (i, files.sequencer.enter(&c.job_id, c.epoch, &c.stream, c.offset)))
+        .collect();
+    let mut placed: Vec<Option<(i64, i64)>> = vec![None; chunks.len()];
+    if let Some(segments) = &files.segments
+        && !files.bytes_in_db
+    {
+        // SQLite: output bytes go to the small lane's segment (a `system`
+        // chunk's stay in its row), as alone.
+        for (i, chunk) in chunks.iter_mut().enumerate() {
+            if chunk.data.is_empty() || chunk.stream == kiln_core::logs::stream::SYSTEM {
+                continue;
+            }
+            let (data, r) = segments.append(std::mem::take(&mut chunk.data)).await;
+            chunk.data = data;
+            placed[i] = Some(r?);
+        }
+    }
+    for (i, ticket) in &tickets {
+        let chunk = &chunks[*i];
+        ticket.wait_turn().await;
+        if (files.segments.is_none() || chunk.in_order) && chunk.offset > 0 {
+            wait_for_predecessor(store, chunk).await?;
+        }
+    }
+    let group: Vec<Member> = chunks.iter().zip(&placed).map(|(c, p)| (c, c.data.len() as i64, *p)).collect();
+    let (committed, _stop, progress) =
+        store.transaction(Isolation::Serializable, &group[..], |tx, group| Box::pin(commit_group(tx, group))).await?;
+    for &(chunk, len, _) in &group[..committed] {
+        files.sequencer.committed(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset + len);
+    }
+    drop(tickets);
+    Ok((committed, progress))
+}
+
 /// A chunk of a group: the chunk, its length, and where its bytes are
 /// (segment, position), if not in the row.
 type Member<'a> = (&'a NewLogChunk, i64, Option<(i64, i64)>);
@@ -297,12 +381,12 @@ async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Optio
         }
     }
     let progress = progress.unwrap_or_default();
-    // The stream's offset, unless the last chunk's own statement wrote it.
-    if !written {
-        for (stream, end) in &progress {
-            if !was.iter().any(|(s, e)| s == stream && e == end) {
-                tx.sql(UPSERT_PROGRESS).bind(&first.job_id).bind(first.epoch).bind(stream).bind(end).execute().await?;
-            }
+    // Each stream's offset that moved, unless the last chunk's own
+    // statement wrote it (its stream's: a batch has several streams).
+    let written = written.then(|| group[committed - 1].0.stream.as_str());
+    for (stream, end) in &progress {
+        if written != Some(stream.as_str()) && !was.iter().any(|(s, e)| s == stream && e == end) {
+            tx.sql(UPSERT_PROGRESS).bind(&first.job_id).bind(first.epoch).bind(stream).bind(end).execute().await?;
         }
     }
     Ok((committed, stop, progress))

@@ -356,3 +356,101 @@ pub async fn archiving_trims_exactly_what_the_archive_holds<S: Store + 'static>(
     assert_eq!(s.log_archives(&job).await.unwrap(), [archive(3)]);
     assert!(s.logs_to_archive(0, 10).await.unwrap().is_empty(), "archived logs are not candidates again");
 }
+
+/// A short job's few small chunks in one transaction (`append_log_batch`):
+/// each judged as it would be alone, in order — committed together with
+/// the progress of every stream they moved; an identical retry of the
+/// whole batch accepted; a refusal after the first stops the batch there
+/// (the ones before commit), a refusal of the first (a stale epoch) or a
+/// malformed batch commits nothing.
+pub async fn a_batch_of_small_chunks_is_judged_chunk_by_chunk_in_one_transaction<S: Store + 'static>(o: &Opener<S>) {
+    let fx = o.open(FAST).await;
+    let s = &*fx.store;
+    let job = running_job(s).await;
+    let in_order = |mut c: NewLogChunk| {
+        c.in_order = true;
+        c
+    };
+    let batch = vec![
+        in_order(chunk(&job, 1, "system", 0, 0, b"checking out\n")),
+        in_order(chunk(&job, 1, "stdout", 0, 0, b"hello\n")),
+        in_order(chunk(&job, 1, "system", 1, 13, b"step ok\n")),
+    ];
+    let (accepted, progress) = s.append_log_batch(batch.clone()).await.unwrap();
+    assert_eq!(accepted, 3);
+    let progress: std::collections::BTreeMap<String, i64> = progress.into_iter().collect();
+    assert_eq!(progress.get("stdout"), Some(&6), "{progress:?}");
+    assert_eq!(progress.get("system"), Some(&21), "both system chunks, one after the other: {progress:?}");
+    let rows = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    let got: Vec<(&str, i64, &[u8])> = rows.iter().map(|c| (c.stream.as_str(), c.offset, c.data.as_slice())).collect();
+    assert_eq!(
+        got,
+        [("system", 0, &b"checking out\n"[..]), ("stdout", 0, b"hello\n"), ("system", 13, b"step ok\n")],
+        "in the batch's order"
+    );
+    // The next chunk of each stream continues where the batch left it.
+    let (a, p) = s.append_log_batch(vec![in_order(chunk(&job, 1, "stdout", 1, 6, b"more\n"))]).await.unwrap();
+    assert_eq!((a, p.iter().find(|(st, _)| st == "stdout").map(|(_, e)| *e)), (1, Some(11)));
+    // An identical retry of the whole batch: accepted, nothing added.
+    let (accepted, _) = s.append_log_batch(batch).await.unwrap();
+    assert_eq!(accepted, 3);
+    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 4, "no row twice");
+
+    // A conflict in the middle: the chunk before commits, the batch stops.
+    let batch = vec![
+        in_order(chunk(&job, 1, "stderr", 0, 0, b"warn\n")),
+        in_order(chunk(&job, 1, "stdout", 2, 6, b"other bytes\n")),
+        in_order(chunk(&job, 1, "system", 2, 21, b"never\n")),
+    ];
+    let (accepted, progress) = s.append_log_batch(batch).await.unwrap();
+    assert_eq!(accepted, 1, "stopped at the conflicting chunk");
+    assert!(progress.iter().any(|(st, e)| st == "stderr" && *e == 5), "{progress:?}");
+    let rows = s.log_chunks_after(&job, 0, 100).await.unwrap();
+    assert_eq!(rows.len(), 5, "the stderr chunk, nothing after it");
+    assert!(!rows.iter().any(|c| c.data == b"never\n"));
+    // A hole before an in-order chunk of the batch: Busy alone, so the
+    // batch stops before it.
+    let (accepted, _) = s
+        .append_log_batch(vec![
+            in_order(chunk(&job, 1, "stderr", 1, 5, b"w2\n")),
+            in_order(chunk(&job, 1, "stdout", 3, 100, b"past a hole\n")),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(accepted, 1);
+
+    // Malformed batches are refused whole.
+    let other = running_job(s).await;
+    for (bad, why) in [
+        (vec![], "empty"),
+        (
+            vec![chunk(&job, 1, "stdout", 4, 11, b"x"), chunk(&other, 1, "stdout", 0, 0, b"y")],
+            "another attempt's chunk",
+        ),
+        (vec![chunk(&job, 1, "stdout", 4, 11, &vec![b'z'; kiln_store::SMALL_LOG_CHUNK + 1])], "a large chunk"),
+        (vec![chunk(&job, 1, "stdout", 4, 11, b"x"), chunk(&job, 1, "other", 0, 0, b"y")], "an unknown stream"),
+        (
+            vec![chunk(&job, 1, "stdout", 4, 11, b"x"), {
+                let mut c = chunk(&job, 1, "stderr", 2, 8, b"y");
+                c.sha256 = chunk(&job, 1, "stderr", 2, 8, b"z").sha256;
+                c
+            }],
+            "a wrong digest",
+        ),
+    ] {
+        match s.append_log_batch(bad).await {
+            Err(StoreError::Invalid(_)) => {}
+            other => panic!("{why}: expected Invalid, got {other:?}"),
+        }
+    }
+    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 6, "nothing of them stored");
+    assert!(s.log_chunks_after(&other, 0, 100).await.unwrap().is_empty());
+
+    // A stale epoch: the first chunk's refusal is the batch's, nothing commits.
+    assert_stale(s.append_log_batch(vec![chunk(&job, 2, "stdout", 4, 11, b"x")]).await);
+    s.complete(&job, 1, success()).await.unwrap();
+    assert_stale(
+        s.append_log_batch(vec![chunk(&job, 1, "stdout", 4, 11, b"x"), chunk(&job, 1, "system", 2, 21, b"y")]).await,
+    );
+    assert!(!s.log_chunks_after(&job, 0, 100).await.unwrap().iter().any(|c| c.stream == "stdout" && c.offset == 11));
+}

@@ -158,6 +158,7 @@ macro_rules! suite {
             logs::streams_are_tracked_separately,
             logs::bad_digest_and_stale_epoch_are_refused,
             logs::log_chunks_after_respects_the_cursor,
+            logs::a_batch_of_small_chunks_is_judged_chunk_by_chunk_in_one_transaction,
             logs::completion_seals_the_log_and_fencing_marks_a_gap,
             logs::archiving_trims_exactly_what_the_archive_holds,
             artifacts::create_generation_requires_live_epoch_and_declared_name,
