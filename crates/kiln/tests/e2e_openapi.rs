@@ -694,6 +694,17 @@ async fn real_answers_of_every_route_match_the_openapi_document() {
         .header("kiln-log-crc32c", kiln_api::log_crc32c(b"more\n"))
         .body("more\n");
     assert_eq!(c.send("POST", &format!("{A}/logs"), raw).await.status, 200);
+    let batch = json!({"chunks": [
+        {"stream": "stdout", "seq": 2, "offset": data.len() + 5,
+         "data": base64::engine::general_purpose::STANDARD.encode(b"tail\n"),
+         "crc32c": kiln_api::log_crc32c(b"tail\n"), "in_order": true},
+        {"stream": "system", "seq": 0, "offset": 0,
+         "data": base64::engine::general_purpose::STANDARD.encode(b"done\n"),
+         "crc32c": kiln_api::log_crc32c(b"done\n")},
+    ]});
+    let ack = c.call("POST", &format!("{A}/logs/batch"), &at("/logs/batch"), t, Some(batch)).await;
+    assert_eq!(ack.status, 200, "{}", String::from_utf8_lossy(&ack.bytes));
+    assert_eq!(ack.json()["accepted"], 2);
 
     // An artifact of this attempt: an upload session, its part, the seal.
     let bytes = b"candidate bytes\n";
