@@ -10,7 +10,7 @@
 //! kernel sets an inode's change time (`ctime`) whenever its content, mode,
 //! owner, links, name or extended attributes change, and no user process
 //! can set it back. The slot records a *fence* just before its job's first
-//! step (the clock, less a margin for the kernel's coarser timestamp clock);
+//! step (the kernel's own timestamp of that moment, see [`Fence::now`]);
 //! afterwards every entry of the workspace is checked with `lstat`, never
 //! following a link:
 //!
@@ -79,25 +79,18 @@ impl Fence {
     pub(crate) const NEVER: Fence = Fence(i128::MAX);
 
     /// The kernel's own timestamp of now, read from a file `marker`
-    /// changed for it, once that clock (it advances once per tick) has
-    /// moved past everything changed before: every earlier change has a
-    /// `ctime` before the fence, every later one at or after it. Takes at
-    /// most a tick or two.
+    /// changed for it: every later change has a `ctime` at or after the
+    /// fence (the kernel's timestamps never go back), every earlier one
+    /// before it or — on a kernel whose timestamps are coarse, in the same
+    /// tick — equal to it, and so counted as the job's: at worst a file the
+    /// agent wrote just before the steps is taken out and written again.
+    /// (It waited for the next tick before, up to one or two: a millisecond
+    /// or more before every job's first step, for nothing on a kernel with
+    /// fine-grained `ctime`s, Linux 6.13 on.)
     pub(crate) fn now(marker: &Path) -> io::Result<Fence> {
-        let stamp = |p: &Path| -> io::Result<i128> {
-            std::fs::write(p, b"")?;
-            let m = std::fs::symlink_metadata(p)?;
-            Ok(i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()))
-        };
-        let first = stamp(marker)?;
-        for _ in 0..1000 {
-            std::thread::sleep(Duration::from_millis(1));
-            let t = stamp(marker)?;
-            if t > first {
-                return Ok(Fence(t));
-            }
-        }
-        Err(io::Error::other("the file system's clock did not move"))
+        std::fs::write(marker, b"")?;
+        let m = std::fs::symlink_metadata(marker)?;
+        Ok(Fence(i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec())))
     }
 
     /// For tests: the system clock less a generous margin.
@@ -481,6 +474,30 @@ mod tests {
     }
 
     use std::os::unix::ffi::OsStringExt;
+
+    /// The fence the agent takes before a job's first step: what changes
+    /// after it is after it (content, mode, a new name), what was last
+    /// changed well before it is not.
+    #[test]
+    fn the_fence_orders_changes_by_the_kernels_own_clock() {
+        let d = tempfile::tempdir().unwrap();
+        let (before, after, renamed) = (d.path().join("before"), d.path().join("after"), d.path().join("renamed"));
+        for p in [&before, &after, &renamed] {
+            std::fs::write(p, "x").unwrap();
+        }
+        // Longer than any kernel's timestamp tick.
+        std::thread::sleep(Duration::from_millis(50));
+        let fence = Fence::now(&d.path().join("marker")).unwrap();
+        let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+        assert!(!fence.changed(&meta(&before)) && !fence.changed(&meta(&after)));
+        std::fs::write(&after, "y").unwrap();
+        std::fs::rename(&renamed, d.path().join("moved")).unwrap();
+        std::fs::set_permissions(&before, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(fence.changed(&meta(&after)), "content");
+        assert!(fence.changed(&meta(&d.path().join("moved"))), "a new name");
+        assert!(fence.changed(&meta(&before)), "a mode");
+        assert!(fence.changed(&meta(d.path())), "the directory that lost and gained a name");
+    }
 
     #[test]
     fn a_workspace_the_job_changed_is_brought_back_to_its_tree() {
