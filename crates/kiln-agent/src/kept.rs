@@ -38,7 +38,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 /// The agent's umask (what a fresh checkout's files and directories get:
 /// git writes them under it), read once.
@@ -418,6 +417,7 @@ pub(crate) fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
         let out = Command::new("git").arg("-C").arg(dir).args(args).output().unwrap();
