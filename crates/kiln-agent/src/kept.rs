@@ -95,7 +95,9 @@ impl Fence {
     /// For tests: the system clock less a generous margin.
     #[cfg(test)]
     fn clock() -> Fence {
-        let t = std::time::SystemTime::now().checked_sub(Duration::from_millis(100)).unwrap_or(std::time::UNIX_EPOCH);
+        let t = std::time::SystemTime::now()
+            .checked_sub(std::time::Duration::from_millis(100))
+            .unwrap_or(std::time::UNIX_EPOCH);
         Fence(t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128))
     }
 
