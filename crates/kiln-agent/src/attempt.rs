@@ -190,6 +190,15 @@ impl AttemptContext {
         if self.executor == ExecutorKind::Host { self.isolation.user } else { None }
     }
 
+    /// Whether host steps run as root (`--step-user root`, or an agent run
+    /// by root on an executor without a separate step user).
+    fn steps_as_root(&self) -> bool {
+        match self.private_objects() {
+            Some(u) => u.uid == 0,
+            None => nix::unistd::geteuid().is_root(),
+        }
+    }
+
     /// Whether a host checkout gets its own object store instead of
     /// borrowing the mirror's (alternates): when its steps cannot open the
     /// mirror, run as another user ([`Self::private_objects`]) or with the
@@ -436,6 +445,9 @@ async fn reset_slot(
     let ws = sandbox.join("ws");
     let root = ctx.sandbox_dir.clone();
     let (mut synced, mut owned) = (false, false);
+    // The fence to look for changes since, when nothing else was done to
+    // the workspace (see below).
+    let mut untouched: Option<crate::kept::Fence> = None;
     if std::fs::symlink_metadata(&ws).is_ok() {
         // False: moved out, and the next attempt checks out afresh; if it
         // could not even be moved (a root step's `chattr +i`), the slot
@@ -465,6 +477,15 @@ async fn reset_slot(
                 doomed.bury();
                 false
             }
+            // Nothing in it changed since the steps began (looked at below,
+            // with the skeleton): it is still the commit's tree its checkout
+            // made, with no compare with the pristine tree and no pass over
+            // its objects. Not after steps that ran as root: they could set
+            // the clock back, and a change's `ctime` with it.
+            None if fence.is_some() && !ctx.steps_as_root() => {
+                untouched = fence;
+                true
+            }
             None => ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await,
         };
         if !synced && std::fs::symlink_metadata(&ws).is_ok() {
@@ -473,15 +494,25 @@ async fn reset_slot(
         }
     }
     let dir = sandbox.to_path_buf();
+    let (check, skeleton_root) = (ws.clone(), root.clone());
     let reset = tokio::task::spawn_blocking(move || {
-        let mut doomed = crate::slots::Doomed::new(&root);
-        let r = crate::slots::reset_skeleton(&dir, &root, &mut doomed);
+        let unchanged = untouched.map(|f| crate::kept::unchanged_since(&check, f).unwrap_or(false));
+        let mut doomed = crate::slots::Doomed::new(&skeleton_root);
+        let r = crate::slots::reset_skeleton(&dir, &skeleton_root, &mut doomed);
         doomed.bury();
-        r
+        r.map(|()| unchanged)
     })
     .await;
+    if let Ok(Ok(Some(false))) = reset {
+        // Changed: brought back to the pristine tree after all.
+        synced = ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, ctx.own_objects(), &root).await;
+        if !synced && std::fs::symlink_metadata(&ws).is_ok() {
+            tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
+            return None;
+        }
+    }
     match reset {
-        Ok(Ok(())) => Some((synced, owned)),
+        Ok(Ok(_)) => Some((synced, owned)),
         other => {
             tracing::warn!(sandbox = %sandbox.display(), result = ?other.map(|r| r.err()),
                 "cannot reset the job slot's sandbox; the next attempt makes a fresh one");

@@ -150,6 +150,34 @@ impl Tree {
     }
 }
 
+/// Whether nothing in `ws` changed at or after `fence`: neither the
+/// directory itself nor any entry under it (a name added, removed or
+/// renamed changes its directory's `ctime`; content, mode, owner, links and
+/// extended attributes the entry's own). Reads no content: one `lstat` per
+/// entry. A slot whose workspace is still what it was when its job's steps
+/// began needs no compare with its pristine tree (see [`crate::slots`]).
+pub(crate) fn unchanged_since(ws: &Path, fence: Fence) -> io::Result<bool> {
+    let root = std::fs::symlink_metadata(ws)?;
+    if fence.changed(&root) || !root.is_dir() {
+        return Ok(false);
+    }
+    let mut stack = vec![ws.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            // `lstat` of the entry (relative to its directory): never a link's target.
+            let m = e.metadata()?;
+            if fence.changed(&m) {
+                return Ok(false);
+            }
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// What [`sweep`] found: the tree's paths still in place.
 pub(crate) struct Swept {
     pub(crate) present: HashSet<PathBuf>,
@@ -499,6 +527,38 @@ mod tests {
         assert!(fence.changed(&meta(&d.path().join("moved"))), "a new name");
         assert!(fence.changed(&meta(&before)), "a mode");
         assert!(fence.changed(&meta(d.path())), "the directory that lost and gained a name");
+    }
+
+    /// Each way a job can change a workspace is seen, however deep; a
+    /// workspace nobody touched since the fence is unchanged.
+    #[test]
+    fn a_change_anywhere_in_the_workspace_since_the_fence_is_seen() {
+        let d = tempfile::tempdir().unwrap();
+        type Change = (&'static str, fn(&Path));
+        let changes: [Change; 7] = [
+            ("nothing", |_| {}),
+            ("content deep down", |ws| std::fs::write(ws.join("a/b/c/file"), "changed").unwrap()),
+            ("a new file deep down", |ws| std::fs::write(ws.join("a/b/c/new"), "").unwrap()),
+            ("a removed file", |ws| std::fs::remove_file(ws.join("a/b/c/file")).unwrap()),
+            ("a directory's mode", |ws| {
+                std::fs::set_permissions(ws.join("a/b"), std::fs::Permissions::from_mode(0o777)).unwrap()
+            }),
+            ("a link replacing a file", |ws| {
+                std::fs::remove_file(ws.join("top")).unwrap();
+                std::os::unix::fs::symlink("/etc", ws.join("top")).unwrap();
+            }),
+            ("a hard link made elsewhere", |ws| std::fs::hard_link(ws.join("top"), ws.with_extension("out")).unwrap()),
+        ];
+        for (i, (what, change)) in changes.iter().enumerate() {
+            let ws = d.path().join(format!("ws{i}"));
+            std::fs::create_dir_all(ws.join("a/b/c")).unwrap();
+            std::fs::write(ws.join("a/b/c/file"), "x").unwrap();
+            std::fs::write(ws.join("top"), "x").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let fence = Fence::now(&d.path().join("marker")).unwrap();
+            change(&ws);
+            assert_eq!(unchanged_since(&ws, fence).unwrap(), *what == "nothing", "{what}");
+        }
     }
 
     #[test]

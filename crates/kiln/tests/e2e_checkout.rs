@@ -89,3 +89,85 @@ async fn a_reused_workspace_comes_back_clean_at_the_next_commit_and_sparse_holds
     assert!(docs.contains("files=100\n") && docs.contains("outside=0\n"), "only d1: {docs}");
     assert!(docs.contains("commits=1\n"), "depth 1: {docs}");
 }
+
+const SMALL: &str = r#"version: 1
+jobs:
+  - name: small
+    steps:
+      - |
+        echo "ino=$(stat -c %i keep.txt)"
+        cat keep.txt keep2.txt sub/deep/a.txt
+        echo "mode=$(stat -c %a run.sh)"
+        ls -A
+        git status --porcelain
+        echo "head=$(git rev-parse HEAD) branch=$(git branch --show-current)"
+        echo probe-done
+        case "$KILN_INPUT_MODE" in
+          dirty)
+            echo mangled >> sub/deep/a.txt; echo new > new.txt; rm keep2.txt; chmod 600 run.sh
+            mkdir -p t/x; ln -s /etc lnk; git checkout -q -b other; exit 1 ;;
+          deep) echo deep-change >> sub/deep/a.txt ;;
+        esac
+"#;
+
+/// A small tree's workspace, kept by its job slot for the next job of the
+/// same commit (issue 47, item 3): whatever a job changed — a file deep in
+/// the tree, a new file, a removed one, a mode, a link, its `.git` — the
+/// next job of the commit finds none of it; a job that changed nothing
+/// hands the workspace on as it is (the same inodes, nothing compared or
+/// copied: the agent looks only at what changed since the steps began).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_small_trees_kept_workspace_is_clean_for_the_next_job_of_its_commit() {
+    let up = KilnUp::start(BIN.as_ref(), 1).unwrap();
+    let repo = TestRepo::new(&[
+        (".kiln/pipeline.yaml", SMALL),
+        ("keep.txt", "keep\n"),
+        ("keep2.txt", "keep two\n"),
+        ("sub/deep/a.txt", "deep a\n"),
+        ("run.sh", "#!/bin/sh\n"),
+    ])
+    .unwrap();
+    let out = up.cli().args(["repo", "add", "small", "--url"]).arg(repo.path()).output().unwrap();
+    assert!(out.status.success(), "repo add: {}", String::from_utf8_lossy(&out.stderr));
+    let c = Client::new(&up.url, &up.token);
+    let run = |mode: &'static str| {
+        let c = c.clone();
+        let up = &up;
+        async move {
+            let body = SubmitRun {
+                commit_sha: "main".into(),
+                inputs: [("mode".to_string(), mode.to_string())].into_iter().collect(),
+                ..Default::default()
+            };
+            let id = c.submit_run("small", &body, None).await.unwrap().run_id;
+            let run = kiln_testkit::wait_run(&c, &id, 120).await;
+            let log = logs(up, &id, Some("small"));
+            (run.status, log)
+        }
+    };
+    // What a step sees before it changes anything, without the inode.
+    let probe = |log: &str| -> String {
+        let start = log.find("keep\n").unwrap_or(0);
+        let end = log.find("probe-done").unwrap_or(log.len());
+        log[start..end].to_string()
+    };
+    let ino = |log: &str| log.lines().find_map(|l| l.split("ino=").nth(1).map(str::to_string)).unwrap();
+
+    let (status, first) = run("dirty").await;
+    assert_eq!(status, "failed", "{first}");
+    let (status, a) = run("probe").await;
+    assert_eq!(status, "success", "{a}");
+    assert_eq!(probe(&a), probe(&first), "the dirty job's changes are gone:\n{first}\n{a}");
+    for line in ["keep two\n", "deep a\n", "mode=7"] {
+        assert!(probe(&a).contains(line), "{line:?} in {a}");
+    }
+    for gone in ["new.txt", "lnk", "other", "mangled", "\nt\n", "?? "] {
+        assert!(!probe(&a).contains(gone), "{gone:?} left behind: {a}");
+    }
+    let (_, b) = run("deep").await;
+    assert_eq!(probe(&b), probe(&a), "{b}");
+    assert_eq!(ino(&b), ino(&a), "a job that changed nothing hands the workspace on as it is:\n{a}\n{b}");
+    let (_, after_deep) = run("probe").await;
+    assert_eq!(probe(&after_deep), probe(&a), "a change deep in the tree is gone: {after_deep}");
+    assert!(!after_deep.contains("deep-change"), "{after_deep}");
+}
