@@ -504,6 +504,19 @@ pub async fn until(
     panic!("run {run}: {what} did not happen within {secs} s: {:#?}", c.get_run(run).await.ok());
 }
 
+/// The server's `/metrics` text, read with `token` (an admin or read token).
+pub async fn metrics_text(url: &str, token: &str) -> String {
+    reqwest::Client::new()
+        .get(format!("{url}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the /metrics text")
+}
+
 /// Wait (bounded by `secs`) until the run is terminal.
 pub async fn wait_run(c: &kiln_api::Client, run: &str, secs: u64) -> kiln_api::Run {
     until(c, run, secs, "finishing", |r| r.status.is_terminal()).await

@@ -165,15 +165,7 @@ async fn secrets_reach_the_job_and_are_masked_in_its_log() {
 /// Requests to an agent log route answered 200, from the server's
 /// `kiln_http_request_duration_seconds` histogram.
 async fn log_requests(server: &KilnServer, route: &str) -> u64 {
-    let text = reqwest::Client::new()
-        .get(format!("{}/metrics", server.url))
-        .bearer_auth(&server.token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = kiln_testkit::metrics_text(&server.url, &server.token).await;
     text.lines()
         .filter(|l| l.starts_with("kiln_http_request_duration_seconds_count{"))
         .filter(|l| l.contains(&format!("route=\"{route}\"")) && l.contains("status=\"200\""))

@@ -280,15 +280,7 @@ async fn quarantine_lets_through_only_failures_it_covers() {
     assert!(q_row.quarantined && q_row.test.outcome == "failed", "{q_row:?}");
 
     // The metrics counted the bound reports' tests.
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", up.url))
-        .bearer_auth(&up.token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = kiln_testkit::metrics_text(&up.url, &up.token).await;
     let count = |outcome: &str| {
         let key = format!("kiln_tests_total{{outcome=\"{outcome}\"}} ");
         metrics.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
