@@ -82,17 +82,11 @@ static INSERT_CHUNK_AND_PROGRESS: Sql = Sql::new(|_| {
     )
 });
 
-/// `LogStore::append_log_chunk`.
-///
-/// On SQLite the bytes (except the small `system` stream's, which the
-/// running-attempts view reads in SQL) go to a segment file and are synced
-/// before the index row commits; the row's `data` is then empty. Chunks of
-/// one stream in flight together commit in offset order (`sequencer.rs`);
-/// on PostgreSQL those waiting for their turn commit in the transaction of
-/// the chunk whose turn it is, each judged alone (`log_groups.rs`).
-pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
+/// Checks a chunk as it arrives (its digest, if given, against its bytes;
+/// its position; an agent's stream) and gives it its identity: the one
+/// digest of the bytes on this side.
+fn identify(chunk: &mut NewLogChunk) -> Result<()> {
     use sha2::{Digest, Sha256};
-    // The one digest of the bytes on this side: the chunk's identity.
     let digest = hex::encode(Sha256::digest(&chunk.data));
     if chunk.sha256.as_ref().is_some_and(|given| !given.eq_ignore_ascii_case(&digest)) {
         return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
@@ -110,6 +104,19 @@ pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -
             PROGRESS_STREAMS.join(", ")
         )));
     }
+    Ok(())
+}
+
+/// `LogStore::append_log_chunk`.
+///
+/// On SQLite the bytes (except the small `system` stream's, which the
+/// running-attempts view reads in SQL) go to a segment file and are synced
+/// before the index row commits; the row's `data` is then empty. Chunks of
+/// one stream in flight together commit in offset order (`sequencer.rs`);
+/// on PostgreSQL those waiting for their turn commit in the transaction of
+/// the chunk whose turn it is, each judged alone (`log_groups.rs`).
+pub(crate) async fn append_log_chunk(store: &SqlStore, mut chunk: NewLogChunk) -> Result<Vec<(String, i64)>> {
+    identify(&mut chunk)?;
     let len = chunk.data.len() as i64;
     let files = store.log_files();
     let ticket = files.sequencer.enter(&chunk.job_id, chunk.epoch, &chunk.stream, chunk.offset);
@@ -266,7 +273,6 @@ pub(crate) async fn append_log_batch(
     store: &SqlStore,
     mut chunks: Vec<NewLogChunk>,
 ) -> Result<(usize, Vec<(String, i64)>)> {
-    use sha2::{Digest, Sha256};
     let Some(first) = chunks.first() else {
         return Err(StoreError::Invalid("a log batch needs at least one chunk".into()));
     };
@@ -275,27 +281,13 @@ pub(crate) async fn append_log_batch(
         if chunk.job_id != job || chunk.epoch != epoch {
             return Err(StoreError::Invalid("the chunks of a log batch are of one attempt".into()));
         }
-        if !PROGRESS_STREAMS.contains(&chunk.stream.as_str()) {
-            return Err(StoreError::Invalid(format!(
-                "unknown log stream `{}`: expected {}",
-                chunk.stream.chars().take(40).collect::<String>(),
-                PROGRESS_STREAMS.join(", ")
-            )));
-        }
         if crate::segments::Lane::of(chunk.data.len()) != crate::segments::Lane::Small {
             return Err(StoreError::Invalid(format!(
                 "a chunk of a log batch carries at most {} bytes",
                 crate::segments::SMALL_CHUNK
             )));
         }
-        if chunk.offset < 0 || chunk.seq < 0 {
-            return Err(StoreError::Invalid("negative offset or seq".into()));
-        }
-        let digest = hex::encode(Sha256::digest(&chunk.data));
-        if chunk.sha256.as_ref().is_some_and(|given| !given.eq_ignore_ascii_case(&digest)) {
-            return Err(StoreError::Invalid("chunk sha256 does not match its bytes".into()));
-        }
-        chunk.sha256 = Some(digest);
+        identify(chunk)?;
     }
     // A stream's first chunk of the batch waits for its turn (the chunks
     // of its stream before it, in flight here, commit first); the stream's
