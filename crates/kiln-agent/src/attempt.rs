@@ -488,8 +488,7 @@ async fn reset_slot(
             }
             None => ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, private, &root).await,
         };
-        if !synced && std::fs::symlink_metadata(&ws).is_ok() {
-            tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
+        if !synced && stuck(&ws) {
             return None;
         }
     }
@@ -506,8 +505,7 @@ async fn reset_slot(
     if let Ok(Ok(Some(false))) = reset {
         // Changed: brought back to the pristine tree after all.
         synced = ctx.mirrors.sync_existing(&a.clone_url, &a.commit_sha, &ws, ctx.own_objects(), &root).await;
-        if !synced && std::fs::symlink_metadata(&ws).is_ok() {
-            tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
+        if !synced && stuck(&ws) {
             return None;
         }
     }
@@ -519,6 +517,16 @@ async fn reset_slot(
             None
         }
     }
+}
+
+/// A workspace that was neither brought back nor moved out (a root step's
+/// `chattr +i`): the slot starts over with a new sandbox.
+fn stuck(ws: &Path) -> bool {
+    let left = std::fs::symlink_metadata(ws).is_ok();
+    if left {
+        tracing::warn!(ws = %ws.display(), "cannot move the job slot's workspace out; the next attempt makes a fresh sandbox");
+    }
+    left
 }
 
 /// Checkout, restore, steps, publish. The sandbox is killed as soon as a

@@ -1122,10 +1122,7 @@ impl Shipper {
         };
         let mut rest = chunks.into_iter();
         for chunk in rest.by_ref().take(accepted) {
-            if let Some(m) = &self.cfg.metrics {
-                m.log_bytes_sent.inc_by(chunk.data.len() as u64);
-            }
-            self.bufs.lock().expect("log buffers").spare.give_back(chunk.data);
+            self.acknowledged(chunk);
         }
         for chunk in rest {
             if !self.send(chunk).await {
@@ -1133,6 +1130,14 @@ impl Shipper {
             }
         }
         true
+    }
+
+    /// A chunk the server took: counted, its buffer kept for the next one.
+    fn acknowledged(&self, chunk: LogChunk) {
+        if let Some(m) = &self.cfg.metrics {
+            m.log_bytes_sent.inc_by(chunk.data.len() as u64);
+        }
+        self.bufs.lock().expect("log buffers").spare.give_back(chunk.data);
     }
 
     /// Sends one chunk until acknowledged. False if fenced.
@@ -1148,10 +1153,7 @@ impl Shipper {
             };
             match res {
                 Ok(_) => {
-                    if let Some(m) = &self.cfg.metrics {
-                        m.log_bytes_sent.inc_by(chunk.data.len() as u64);
-                    }
-                    self.bufs.lock().expect("log buffers").spare.give_back(chunk.data);
+                    self.acknowledged(chunk);
                     return true;
                 }
                 Err(e) if e.is_stale_epoch() => {
