@@ -37,7 +37,8 @@ pub(crate) enum Isolation {
     /// READ COMMITTED, for a transaction whose every decision reads rows it
     /// locked first (run, then job, then agent, `FOR UPDATE`) or is rechecked
     /// in the `WHERE` of its own `UPDATE`s: the claim and the first try of a
-    /// completion (see `tx/claim.rs` for the rules).
+    /// completion (see `tx/claim.rs` for the rules); and a plain acceptance,
+    /// which reads and writes only the rows it inserts (`tx/accept.rs`).
     LockedReadCommitted,
 }
 

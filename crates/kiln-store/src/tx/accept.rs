@@ -7,13 +7,13 @@ use crate::db::{Exec, Tx};
 use crate::dialect::{Isolation, Sql, active_runs, lit};
 use crate::error::{Result, StoreError};
 use crate::model::{
-    Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunFilter, RunSummaryRecord, RunView, class_key,
+    Accepted, AttemptRecord, JobRecord, JobView, NewRun, RunFilter, RunRecord, RunSummaryRecord, RunView, class_key,
 };
 use crate::rows::PinnedFrom;
 use crate::rows::{ATTEMPT_COLS, JOB_COLS, attempt_from_row, job_from_row, load_job, load_run, new_id};
 use crate::rows::{RUN_SUMMARY_COLS, run_summary_from_row};
 use crate::store::SqlStore;
-use crate::tx::advance::{advance_run, finish_run};
+use crate::tx::advance::{RunJob, advance_known, advance_run, finish_run};
 use crate::tx::cancel::cancel_in_tx;
 use kiln_core::{JobStatus, RunStatus};
 use std::collections::HashMap;
@@ -29,7 +29,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
              definition, inputs, parent_run_id, created_at, updated_at, actor, deadline_at, traceparent, \
              commit_title, commit_author, run_number, pull_request_title, priority) \
              SELECT $1, $2, {queued}, $3, $4, $5, $6, $7, $8, $9, $10, $11, n.now, n.now, $12, n.now + $13, $14, $15, \
-             $16, $17, $18, $19 FROM (SELECT {now} AS now) n RETURNING created_at",
+             $16, $17, $18, $19 FROM (SELECT {now} AS now) n \
+             RETURNING created_at, (SELECT name FROM repos WHERE id = $2), (SELECT team FROM repos WHERE id = $2)",
             queued = lit(RunStatus::Queued),
             now = d.now_ms
         )
@@ -49,7 +50,7 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
     // (see [`take_run_number`]); SQLite's one writer takes it inside.
     let taken = if store.dialect().row_locks { take_run_number(store, run).await? } else { None };
     store
-        .transaction(Isolation::Serializable, &(run, taken), |tx, &(run, taken)| {
+        .transaction(isolation(run), &(run, taken), |tx, &(run, taken)| {
             Box::pin(async move {
                 if let Some(idem) = &run.idempotency {
                     let existing: Option<(String, String)> = tx
@@ -76,7 +77,8 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                 let definition =
                     serde_json::to_string(&run.workflow).map_err(|e| StoreError::Invalid(e.to_string()))?;
                 let inputs = serde_json::to_string(&run.inputs).map_err(|e| StoreError::Invalid(e.to_string()))?;
-                let now: i64 = tx
+                let workflow_hash = run.workflow.canonical_hash();
+                let (now, repo_name, team): (i64, String, String) = tx
                     .sql(&RUN)
                     .bind(&run_id)
                     .bind(&run.repo_id)
@@ -85,7 +87,7 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(&run.event)
                     .bind(&run.trust)
                     .bind(&run.workflow_path)
-                    .bind(run.workflow.canonical_hash())
+                    .bind(&workflow_hash)
                     .bind(&definition)
                     .bind(&inputs)
                     .bind(&run.parent_run_id)
@@ -102,7 +104,7 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     .bind(number)
                     .bind(&run.pull_request_title)
                     .bind(&run.priority)
-                    .scalar()
+                    .one()
                     .await?;
                 let pins = run.pin_succeeded || !run.rerun_jobs.is_empty() || run.rollback.is_some();
                 let (pinned, skipped) = match (&run.parent_run_id, &run.rollback, pins) {
@@ -111,8 +113,16 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     (None, _, true) => return Err(StoreError::Invalid("pinning jobs needs the parent run".into())),
                     (_, _, false) => (HashMap::new(), HashMap::new()),
                 };
+                let mut jobs = Vec::with_capacity(run.workflow.jobs.len());
                 for (i, job) in run.workflow.jobs.iter().enumerate() {
                     let job_id = new_id();
+                    jobs.push(RunJob {
+                        id: job_id.clone(),
+                        name: job.name.clone(),
+                        status: JobStatus::Pending,
+                        needs: job.needs.clone(),
+                        index: i as i64,
+                    });
                     tx.sql(&JOB)
                         .bind(&job_id)
                         .bind(&run_id)
@@ -139,7 +149,22 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
                     None => false,
                 };
                 if !held {
-                    advance_run(tx, &run_id, now).await?;
+                    if pinned.is_empty() && skipped.is_empty() && run.rollback.is_none() {
+                        // As inserted (nothing above changed the run or its
+                        // jobs): not read back.
+                        let record = inserted_run(run, &run_id, number, &workflow_hash, now, repo_name, team);
+                        #[cfg(debug_assertions)]
+                        {
+                            // Every test that accepts a run checks the two agree.
+                            let loaded = load_run(tx, &run_id).await?;
+                            assert_eq!(format!("{loaded:?}"), format!("{record:?}"), "the run as inserted");
+                            let read = crate::tx::advance::run_jobs(tx, &run_id).await?;
+                            assert_eq!(read, jobs, "the jobs as inserted");
+                        }
+                        advance_known(tx, record, Some(jobs), now).await?;
+                    } else {
+                        advance_run(tx, &run_id, now).await?;
+                    }
                 }
                 if let Some(context) = &run.report_context {
                     crate::tx::forge::insert_report(
@@ -181,6 +206,70 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
             })
         })
         .await
+}
+
+/// The run row the acceptance inserted, as [`load_run`] would read it back
+/// (a run that pins or skips no job and returns to no deployment).
+fn inserted_run(
+    run: &NewRun,
+    run_id: &str,
+    number: i64,
+    workflow_hash: &str,
+    now: i64,
+    repo_name: String,
+    team: String,
+) -> RunRecord {
+    RunRecord {
+        id: run_id.to_string(),
+        repo_id: run.repo_id.clone(),
+        repo_name,
+        status: RunStatus::Queued,
+        commit_sha: run.commit_sha.clone(),
+        git_ref: run.git_ref.clone(),
+        event: run.event.clone(),
+        trust: run.trust.clone(),
+        workflow_path: run.workflow_path.clone(),
+        workflow_hash: workflow_hash.to_string(),
+        definition: run.workflow.clone(),
+        inputs: run.inputs.clone(),
+        actor: run.actor.clone(),
+        parent_run_id: run.parent_run_id.clone(),
+        cancel_version: 0,
+        message: None,
+        created_at: now,
+        finished_at: None,
+        traceparent: run.traceparent.clone(),
+        commit_title: run.commit_title.clone(),
+        commit_author: run.commit_author.clone(),
+        held: false,
+        number,
+        pull_request_title: run.pull_request_title.clone(),
+        team,
+        priority: run.priority.clone(),
+        rollback_of: None,
+    }
+}
+
+/// How an acceptance runs on PostgreSQL. A plain one (no concurrency
+/// group, no job in a group or an environment, no parent run, no
+/// idempotency key, no forge report) reads and writes only the rows it
+/// inserts, and other transactions cannot see them before it commits:
+/// READ COMMITTED is enough, and SERIALIZABLE only made acceptances of one
+/// repository running together fail each other on SSI's page-level
+/// conflicts between their new rows and run again whole (57 retries for 50
+/// runs submitted at once). The others read rows other transactions change
+/// (other runs of a group, a parent, the forge's report rows, the key's
+/// record) and stay SERIALIZABLE.
+fn isolation(run: &NewRun) -> Isolation {
+    let plain = run.concurrency.is_none()
+        && run.parent_run_id.is_none()
+        && run.rollback.is_none()
+        && run.idempotency.is_none()
+        && run.report_context.is_none()
+        && !run.pin_succeeded
+        && run.rerun_jobs.is_empty()
+        && run.workflow.jobs.iter().all(|j| j.concurrency.is_none() && j.environment.is_none());
+    if plain { Isolation::LockedReadCommitted } else { Isolation::Serializable }
 }
 
 /// Takes the repository's next run number (and moves its counter on).

@@ -56,7 +56,13 @@ pub(crate) async fn advance_run(tx: &mut Tx, run_id: &str, now: i64) -> Result<(
 /// [`advance_run`] of a run this transaction loaded after locking its row,
 /// and has not changed since (its definition is not read and parsed again).
 pub(crate) async fn advance_loaded(tx: &mut Tx, run: RunRecord, now: i64) -> Result<()> {
-    let run = advance_loaded_inner(tx, run, now).await?;
+    advance_known(tx, run, None, now).await
+}
+
+/// [`advance_loaded`] with the run's jobs as this transaction knows them
+/// (`Some`: the acceptance that just inserted them; they are not read).
+pub(crate) async fn advance_known(tx: &mut Tx, run: RunRecord, jobs: Option<Vec<RunJob>>, now: i64) -> Result<()> {
+    let run = advance_loaded_inner(tx, run, jobs, now).await?;
     // Only a job in a concurrency group occupies one: a run without job
     // groups frees no slot (and, completing at READ COMMITTED, must not
     // touch other runs' jobs).
@@ -117,11 +123,41 @@ fn rollout_where(key: &str, run: &str) -> String {
 /// this step changed it).
 async fn advance_run_inner(tx: &mut Tx, run_id: &str, now: i64) -> Result<RunRecord> {
     let run = load_run(tx, run_id).await?;
-    advance_loaded_inner(tx, run, now).await
+    advance_loaded_inner(tx, run, None, now).await
 }
 
-/// [`advance_run_inner`] of the run as loaded.
-async fn advance_loaded_inner(tx: &mut Tx, run: RunRecord, now: i64) -> Result<RunRecord> {
+/// A job of a run as the advance pass reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunJob {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) status: JobStatus,
+    pub(crate) needs: Vec<String>,
+    pub(crate) index: i64,
+}
+
+/// The jobs of `run_id`, in their order.
+pub(crate) async fn run_jobs(tx: &mut Tx, run_id: &str) -> Result<Vec<RunJob>> {
+    let rows = tx
+        .sql("SELECT id, name, status, needs, job_index FROM jobs WHERE run_id = $1 ORDER BY job_index")
+        .bind(run_id)
+        .fetch_all()
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(RunJob {
+                id: r.get("id")?,
+                name: r.get("name")?,
+                status: parse_enum(r.str("status")?)?,
+                needs: serde_json::from_str(r.str("needs")?).unwrap_or_default(),
+                index: r.get("job_index")?,
+            })
+        })
+        .collect()
+}
+
+/// [`advance_run_inner`] of the run as loaded, with its jobs if known.
+async fn advance_loaded_inner(tx: &mut Tx, run: RunRecord, known: Option<Vec<RunJob>>, now: i64) -> Result<RunRecord> {
     let run_id = run.id.as_str();
     static SKIP: Sql = Sql::new(|_| {
         format!(
@@ -129,21 +165,21 @@ async fn advance_loaded_inner(tx: &mut Tx, run: RunRecord, now: i64) -> Result<R
             skipped = lit(JobStatus::Skipped)
         )
     });
-    let rows = tx
-        .sql("SELECT id, name, status, needs, job_index FROM jobs WHERE run_id = $1 ORDER BY job_index")
-        .bind(run_id)
-        .fetch_all()
-        .await?;
+    let rows = match known {
+        Some(jobs) => jobs,
+        None => run_jobs(tx, run_id).await?,
+    };
     let mut ids = Vec::with_capacity(rows.len());
     let mut jobs = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let index: i64 = r.get("job_index")?;
-        ids.push(r.get::<String>("id")?);
+    let mut indices = Vec::with_capacity(rows.len());
+    for r in rows {
+        indices.push(r.index);
+        ids.push(r.id);
         jobs.push(AdvanceJob {
-            name: r.get("name")?,
-            status: parse_enum(r.str("status")?)?,
-            needs: serde_json::from_str(r.str("needs")?).unwrap_or_default(),
-            rules: usize::try_from(index).ok().and_then(|i| run.definition.jobs.get(i)).map(job_rules),
+            rules: usize::try_from(r.index).ok().and_then(|i| run.definition.jobs.get(i)).map(job_rules),
+            name: r.name,
+            status: r.status,
+            needs: r.needs,
         });
     }
     // Only a cancelling run waits for its fenced sandboxes (issue 40, item 5).
@@ -165,7 +201,6 @@ async fn advance_loaded_inner(tx: &mut Tx, run: RunRecord, now: i64) -> Result<R
     };
     let cond = RunConditions(&run, &outputs);
     let (environments, waits) = crate::tx::gates::gates(tx, &run, now).await?;
-    let indices: Vec<i64> = rows.iter().map(|r| r.get::<i64>("job_index")).collect::<Result<_>>()?;
     let refused = if environments.is_empty() {
         Default::default()
     } else {
@@ -175,7 +210,7 @@ async fn advance_loaded_inner(tx: &mut Tx, run: RunRecord, now: i64) -> Result<R
     let advance = AdvanceRun { environments, refused, promotions, ..advance };
     // A deploy job becomes ready after its environment's wait.
     let wait_of = |i: usize| -> i64 {
-        let index = rows.get(i).and_then(|r| r.get::<i64>("job_index").ok()).and_then(|x| usize::try_from(x).ok());
+        let index = indices.get(i).and_then(|x| usize::try_from(*x).ok());
         index
             .and_then(|x| run.definition.jobs.get(x))
             .and_then(|j| j.environment.as_ref())
