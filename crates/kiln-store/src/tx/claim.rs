@@ -104,7 +104,7 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
             queued = lit(RunStatus::Queued),
         )
     });
-    let Some((mut run, mut job, prior)) =
+    let Some((mut run, mut job, prior, repo)) =
         lock_claim_rows(tx, &req.job_id, &req.claim_request_id, req.skip_locked).await?
     else {
         return Ok(Err(None));
@@ -137,15 +137,11 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
         Some(a) => a.6,
         None => now(tx).await?,
     };
-    // What the job asks of its agent: the repository's secret pools are
-    // read now (a change applies to the next claim).
-    // With its team's running quota, if it has one (issue 44), in the same
-    // statement.
-    let (secret_pools, team, quota): (String, String, Option<i64>) = tx
-        .sql("SELECT p.secret_pools, p.team, t.max_running FROM repos p LEFT JOIN teams t ON t.name = p.team WHERE p.id = $1")
-        .bind(&run.repo_id)
-        .one()
-        .await?;
+    // What the job asks of its agent: the repository's secret pools, read
+    // with the run (a change applies to the next claim), and its team's
+    // running quota, if it has one (issue 44).
+    let ClaimRepo { secret_pools, quota } = repo;
+    let team = run.team.clone();
     let secret_pools: Vec<String> = serde_json::from_str(&secret_pools).unwrap_or_default();
     let placement = job_placement(&run, &job, &secret_pools);
     let required: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
@@ -299,21 +295,24 @@ async fn lock_claim_rows(
     job_id: &str,
     claim_request_id: &str,
     skip_locked: bool,
-) -> Result<Option<(RunRecord, JobRecord, Option<(String, i64)>)>> {
+) -> Result<Option<(RunRecord, JobRecord, Option<(String, i64)>, ClaimRepo)>> {
     static RUN: Sql = Sql::new(|d| {
         format!(
-            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+            "SELECT {RUN_COLS}, {REPO} FROM runs r JOIN repos p ON p.id = r.repo_id \
              WHERE r.id = (SELECT run_id FROM jobs WHERE id = $1){lock}",
             lock = d.for_update_of_run
         )
     });
     static RUN_SKIP_LOCKED: Sql = Sql::new(|d| {
         format!(
-            "SELECT {RUN_COLS} FROM runs r JOIN repos p ON p.id = r.repo_id \
+            "SELECT {RUN_COLS}, {REPO} FROM runs r JOIN repos p ON p.id = r.repo_id \
              WHERE r.id = (SELECT run_id FROM jobs WHERE id = $1){lock}",
             lock = d.for_update_of_run_skip_locked
         )
     });
+    // The repository's part of the placement, read with the run.
+    const REPO: &str = "p.secret_pools AS secret_pools, \
+        (SELECT t.max_running FROM teams t WHERE t.name = p.team) AS team_quota";
     static JOB: Sql = Sql::new(|d| {
         format!(
             "SELECT {JOB_COLS}, (SELECT a.job_id FROM attempts a WHERE a.claim_request_id = $1) AS prior_job, \
@@ -334,6 +333,7 @@ async fn lock_claim_rows(
         return Ok(None);
     };
     let run = run_from_row(&row)?;
+    let repo = ClaimRepo { secret_pools: row.get("secret_pools")?, quota: row.get("team_quota")? };
     let Some(row) = tx.sql(&JOB).bind(claim_request_id).bind(job_id).fetch_optional().await? else {
         return Ok(None);
     };
@@ -341,5 +341,12 @@ async fn lock_claim_rows(
         (Some(j), Some(e)) => Some((j, e)),
         _ => None,
     };
-    Ok(Some((run, job_from_row(&row)?, prior)))
+    Ok(Some((run, job_from_row(&row)?, prior, repo)))
+}
+
+/// What a claim reads of the run's repository: its secret pools (JSON) and
+/// its team's running quota, if it has one.
+struct ClaimRepo {
+    secret_pools: String,
+    quota: Option<i64>,
 }

@@ -13,24 +13,50 @@ use crate::store::{SqlStore, lock_job};
 use kiln_core::lease::{AttemptLease, check_live};
 
 /// Where a chunk lands: an existing chunk at its offset (length, digest),
-/// the end of the closest chunk before, the start of the closest after; the
-/// job's current epoch, the attempt's outcome and lease deadline; the
-/// database clock; the committed offset of each agent stream
-/// (`log_progress`, in [`PROGRESS_STREAMS`] order).
-type Placed = (
-    Option<i64>,
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-    Option<i64>,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-);
+/// the end of the closest chunk before, the start of the closest after.
+struct Landing {
+    existing: Option<(i64, Option<String>)>,
+    prev_end: Option<i64>,
+    next_start: Option<i64>,
+}
+
+/// What a chunk's transaction reads once, with its first chunk: the job's
+/// current epoch, the attempt's outcome and lease deadline, the database
+/// clock, and for each agent stream (in [`PROGRESS_STREAMS`] order) its
+/// committed offset (`log_progress`) and its last chunk (offset, end).
+struct Attempt {
+    current_epoch: Option<i64>,
+    outcome: Option<String>,
+    lease_deadline: Option<i64>,
+    now: i64,
+    progress: [Option<i64>; 4],
+    tails: [Option<(i64, i64)>; 4],
+}
+
+impl Attempt {
+    /// Where `chunk` lands, known without a statement: at or past the end
+    /// of its stream's last chunk (and past its offset), nothing is at or
+    /// after it and the chunk before is that last one. `None`: read it.
+    fn landing(&self, chunk: &NewLogChunk) -> Option<Landing> {
+        let i = PROGRESS_STREAMS.iter().position(|s| *s == chunk.stream)?;
+        match self.tails[i] {
+            None => Some(Landing { existing: None, prev_end: None, next_start: None }),
+            Some((offset, end)) if chunk.offset >= end && chunk.offset > offset => {
+                Some(Landing { existing: None, prev_end: Some(end), next_start: None })
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// `chunk` was written: it is its stream's last chunk now.
+    fn wrote(&mut self, chunk: &NewLogChunk, len: i64) {
+        if let Some(i) = PROGRESS_STREAMS.iter().position(|s| *s == chunk.stream)
+            && self.tails[i].is_none_or(|(offset, _)| offset < chunk.offset)
+        {
+            self.tails[i] = Some((chunk.offset, chunk.offset + len));
+        }
+    }
+}
 
 /// The streams whose committed offsets [`PLACEMENT`] reads, in the order of
 /// their names (the order a chunk's acknowledgement lists them in).
@@ -39,39 +65,73 @@ const PROGRESS_STREAMS: [&str; 4] = {
     [SERVICES, STDERR, STDOUT, SYSTEM]
 };
 
-/// The [`Placed`] of a chunk `($1 job, $2 epoch, $3 stream, $4 offset)`, in
-/// one statement: each statement is a round trip (to SQLite's worker
-/// thread, issue 20; to PostgreSQL), and a short job's few chunks are each a
-/// transaction of their own.
+/// The [`Landing`] of a chunk `($1 job, $2 epoch, $3 stream, $4 offset)`
+/// and its [`Attempt`], in one statement: each statement is a round trip
+/// (to SQLite's worker thread, issue 20; to PostgreSQL), and a short job's
+/// few chunks are each a transaction of their own. The chunks after the
+/// first of a transaction mostly land past their stream's last chunk
+/// ([`Attempt::landing`]) and read nothing.
 static PLACEMENT: Sql = Sql::new(|d| {
     let progress: Vec<String> = PROGRESS_STREAMS
         .iter()
-        .map(|s| format!("(SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = '{s}')"))
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "(SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = '{s}') AS p{i}, \
+                 (SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = '{s}' \
+                  ORDER BY byte_offset DESC LIMIT 1) AS t{i}, \
+                 (SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = '{s}' \
+                  ORDER BY byte_offset DESC LIMIT 1) AS e{i}"
+            )
+        })
         .collect();
-    format!(
-        "SELECT \
-         (SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
-         (SELECT sha256 FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4), \
-         (SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
-          AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1), \
-         (SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
-          AND byte_offset > $4 ORDER BY byte_offset LIMIT 1), \
-         (SELECT current_epoch FROM jobs WHERE id = $1), \
-         (SELECT outcome FROM attempts WHERE job_id = $1 AND epoch = $2), \
-         (SELECT lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2), \
-         {now}, {progress}",
-        now = d.now_ms,
-        progress = progress.join(", ")
-    )
+    format!("SELECT {LANDING}, {attempt}, {progress}", attempt = attempt_cols(d), progress = progress.join(", "))
 });
+
+/// A chunk's [`Landing`] alone (`$1 job, $2 epoch, $3 stream, $4 offset`).
+static LANDING_ONLY: Sql = Sql::new(|_| format!("SELECT {LANDING}"));
+
+const LANDING: &str = "\
+    (SELECT length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4) AS ex_len, \
+    (SELECT sha256 FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 AND byte_offset = $4) AS ex_sha, \
+    (SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+     AND byte_offset < $4 ORDER BY byte_offset DESC LIMIT 1) AS prev_end, \
+    (SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = $3 \
+     AND byte_offset > $4 ORDER BY byte_offset LIMIT 1) AS next_start";
+
+/// [`PLACEMENT`]'s attempt columns.
+fn attempt_cols(d: &crate::dialect::Dialect) -> String {
+    format!(
+        "(SELECT current_epoch FROM jobs WHERE id = $1) AS current_epoch, \
+         (SELECT outcome FROM attempts WHERE job_id = $1 AND epoch = $2) AS outcome, \
+         (SELECT lease_deadline FROM attempts WHERE job_id = $1 AND epoch = $2) AS lease_deadline, \
+         {now} AS now",
+        now = d.now_ms
+    )
+}
 
 /// A chunk's index row.
 const INSERT_CHUNK: &str = "INSERT INTO log_chunks (job_id, epoch, stream, seq, byte_offset, length, sha256, data, \
      created_at, seg, seg_pos) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
-/// A stream's committed offset.
-const UPSERT_PROGRESS: &str = "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES ($1, $2, $3, $4) \
-     ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed";
+/// The committed offsets of `n` streams (1 to 4) of an attempt (`$1` job,
+/// `$2` epoch, then stream and offset of each).
+fn upsert_progress(n: usize) -> &'static str {
+    static TEXTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let texts = TEXTS.get_or_init(|| {
+        (1..=PROGRESS_STREAMS.len())
+            .map(|n| {
+                let rows: Vec<String> = (0..n).map(|i| format!("($1, $2, ${}, ${})", 3 + 2 * i, 4 + 2 * i)).collect();
+                format!(
+                    "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES {} \
+                     ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
+                    rows.join(", ")
+                )
+            })
+            .collect()
+    });
+    &texts[n.clamp(1, texts.len()) - 1]
+}
 
 /// PostgreSQL: a chunk's index row and its stream's committed offset
 /// (`$12`) in one statement.
@@ -353,12 +413,13 @@ async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Optio
     // are made). Every chunk of a group is of one stream.
     let mut progress: Option<Vec<(String, i64)>> = None;
     let mut was = Vec::new();
+    let mut attempt = None;
     let mut committed = 0;
     let mut stop = None;
     let mut written = false;
     for (i, &(chunk, len, placed)) in group.iter().enumerate() {
         let last = i + 1 == group.len();
-        match commit_one(tx, chunk, len, placed, &mut progress, &mut was, last).await {
+        match commit_one(tx, chunk, len, placed, &mut attempt, &mut progress, &mut was, last).await {
             Ok(w) => {
                 committed += 1;
                 written = w;
@@ -376,10 +437,17 @@ async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Optio
     // Each stream's offset that moved, unless the last chunk's own
     // statement wrote it (its stream's: a batch has several streams).
     let written = written.then(|| group[committed - 1].0.stream.as_str());
-    for (stream, end) in &progress {
-        if written != Some(stream.as_str()) && !was.iter().any(|(s, e)| s == stream && e == end) {
-            tx.sql(UPSERT_PROGRESS).bind(&first.job_id).bind(first.epoch).bind(stream).bind(end).execute().await?;
+    let moved: Vec<&(String, i64)> = progress
+        .iter()
+        .filter(|(stream, end)| written != Some(stream.as_str()) && !was.iter().any(|(s, e)| s == stream && e == end))
+        .collect();
+    if !moved.is_empty() {
+        // In one statement: a batch moves several streams.
+        let mut stmt = tx.sql(upsert_progress(moved.len())).bind(&first.job_id).bind(first.epoch);
+        for (stream, end) in moved {
+            stmt = stmt.bind(stream).bind(end);
         }
+        stmt.execute().await?;
     }
     Ok((committed, stop, progress))
 }
@@ -394,45 +462,91 @@ fn is_refusal(e: &StoreError) -> bool {
 /// advanced past it (read by the first chunk's placement, `was` a copy of
 /// it as read); a refusal before anything of it is written. `Ok(true)`:
 /// the chunk's row and its stream's new offset were written in one
-/// statement (PostgreSQL, the group's `last` chunk).
+/// statement (PostgreSQL, the group's `last` chunk). `attempt`: what the
+/// transaction's first chunk read ([`PLACEMENT`]), kept up to date with
+/// what it writes.
+#[allow(clippy::too_many_arguments)]
 async fn commit_one(
     tx: &mut Tx,
     chunk: &NewLogChunk,
     len: i64,
     placed: Option<(i64, i64)>,
+    attempt: &mut Option<Attempt>,
     progress: &mut Option<Vec<(String, i64)>>,
     was: &mut Vec<(String, i64)>,
     last: bool,
 ) -> Result<bool> {
     let (seg, seg_pos) = (placed.map(|p| p.0), placed.map(|p| p.1));
-    // Where the chunk lands, whether its attempt is live, the clock and the
-    // streams' progress, in one statement, after the job lock.
-    let placement: Placed =
-        tx.sql(&PLACEMENT).bind(&chunk.job_id).bind(chunk.epoch).bind(&chunk.stream).bind(chunk.offset).one().await?;
-    let (ex_len, ex_sha, prev_end, next_start, current_epoch, outcome, lease_deadline, now, p0, p1, p2, p3) = placement;
+    // Where the chunk lands; with the first chunk, whether its attempt is
+    // live, the clock and the streams' progress and last chunks, in one
+    // statement, after the job lock.
+    let landing = match attempt.as_ref().map(|a| a.landing(chunk)) {
+        Some(Some(landing)) => landing,
+        Some(None) => {
+            let (ex_len, ex_sha, prev_end, next_start): (Option<i64>, Option<String>, Option<i64>, Option<i64>) = tx
+                .sql(&LANDING_ONLY)
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .bind(chunk.offset)
+                .one()
+                .await?;
+            Landing { existing: ex_len.map(|l| (l, ex_sha)), prev_end, next_start }
+        }
+        None => {
+            let row = tx
+                .sql(&PLACEMENT)
+                .bind(&chunk.job_id)
+                .bind(chunk.epoch)
+                .bind(&chunk.stream)
+                .bind(chunk.offset)
+                .fetch_optional()
+                .await?
+                .ok_or_else(|| StoreError::NotFound("row".into()))?;
+            let col = |c: &str| row.get::<Option<i64>>(c);
+            let tail =
+                |i: usize| -> Result<Option<(i64, i64)>> { Ok(col(&format!("t{i}"))?.zip(col(&format!("e{i}"))?)) };
+            *attempt = Some(Attempt {
+                current_epoch: col("current_epoch")?,
+                outcome: row.get("outcome")?,
+                lease_deadline: col("lease_deadline")?,
+                now: row.get("now")?,
+                progress: [col("p0")?, col("p1")?, col("p2")?, col("p3")?],
+                tails: [tail(0)?, tail(1)?, tail(2)?, tail(3)?],
+            });
+            Landing {
+                existing: col("ex_len")?.map(|l| row.get::<Option<String>>("ex_sha").map(|s| (l, s))).transpose()?,
+                prev_end: col("prev_end")?,
+                next_start: col("next_start")?,
+            }
+        }
+    };
+    let a = attempt.as_mut().expect("read above");
+    let Landing { existing, prev_end, next_start } = landing;
+    let (current_epoch, now) = (a.current_epoch, a.now);
     let progress = progress.get_or_insert_with(|| {
         let read: Vec<(String, i64)> =
-            PROGRESS_STREAMS.iter().zip([p0, p1, p2, p3]).filter_map(|(s, c)| c.map(|c| (s.to_string(), c))).collect();
+            PROGRESS_STREAMS.iter().zip(a.progress).filter_map(|(s, c)| c.map(|c| (s.to_string(), c))).collect();
         was.clone_from(&read);
         read
     });
-    match (ex_len, ex_sha) {
+    match existing {
         // An identical retry is accepted even after the attempt ended.
-        (Some(l), Some(s)) if l == len && chunk.sha256.as_ref() == Some(&s) => return Ok(false),
-        (Some(_), _) => {
+        Some((l, Some(s))) if l == len && chunk.sha256.as_ref() == Some(&s) => return Ok(false),
+        Some(_) => {
             return Err(StoreError::Conflict(format!(
                 "different bytes were already committed at {} offset {}",
                 chunk.stream, chunk.offset
             )));
         }
-        (None, _) => {}
+        None => {}
     }
     let current_epoch = current_epoch.ok_or_else(|| StoreError::NotFound(format!("job {}", chunk.job_id)))?;
-    let attempt = match (outcome, lease_deadline) {
-        (Some(o), Some(d)) => Some(AttemptLease { outcome: parse_enum(&o)?, lease_deadline: d }),
+    let lease = match (&a.outcome, a.lease_deadline) {
+        (Some(o), Some(d)) => Some(AttemptLease { outcome: parse_enum(o)?, lease_deadline: d }),
         _ => None,
     };
-    check_live(chunk.epoch, current_epoch, attempt, now)
+    check_live(chunk.epoch, current_epoch, lease, now)
         .map_err(|stale| StoreError::StaleEpoch(stale.message(&chunk.job_id, chunk.epoch)))?;
     // Overlap with a neighbour: only the closest chunks before and after
     // can overlap (index seeks, not a scan of the stream).
@@ -508,6 +622,7 @@ async fn commit_one(
         .bind(seg)
         .bind(seg_pos);
     if together { stmt.bind(committed) } else { stmt }.execute().await?;
+    a.wrote(chunk, len);
     Ok(together)
 }
 

@@ -418,6 +418,19 @@ pub async fn a_batch_of_small_chunks_is_judged_chunk_by_chunk_in_one_transaction
         .await
         .unwrap();
     assert_eq!(accepted, 1);
+    // A chunk committed ahead, out of order: a later chunk of the batch
+    // that would overlap it is refused, although the batch's own chunk
+    // before it ended where it starts.
+    s.append_log_chunk(chunk(&job, 1, "services", 1, 20, b"ahead")).await.unwrap();
+    let (accepted, _) = s
+        .append_log_batch(vec![
+            chunk(&job, 1, "services", 0, 0, b"abc\n"),
+            chunk(&job, 1, "services", 2, 4, b"overlapping ahead\n"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(accepted, 1, "stopped at the chunk overlapping the one ahead");
+    assert!(!s.log_chunks_after(&job, 0, 100).await.unwrap().iter().any(|c| c.data == b"overlapping ahead\n"));
 
     // Malformed batches are refused whole.
     let other = running_job(s).await;
@@ -443,7 +456,7 @@ pub async fn a_batch_of_small_chunks_is_judged_chunk_by_chunk_in_one_transaction
             other => panic!("{why}: expected Invalid, got {other:?}"),
         }
     }
-    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 6, "nothing of them stored");
+    assert_eq!(s.log_chunks_after(&job, 0, 100).await.unwrap().len(), 8, "nothing of them stored");
     assert!(s.log_chunks_after(&other, 0, 100).await.unwrap().is_empty());
 
     // A stale epoch: the first chunk's refusal is the batch's, nothing commits.
