@@ -18,6 +18,12 @@ pub struct RepoRecord {
     pub public: bool,
     /// The team it belongs to (issue 44; `default` until moved).
     pub team: String,
+    /// Its clone credential (`@clone-credential`), sealed as stored: read
+    /// with the repository, as the server fetches from it for every run.
+    pub clone_credential: Option<String>,
+    /// Its team's cap on queued jobs (`max_queued`, issue 44), read with
+    /// it: every run's admission checks it.
+    pub team_max_queued: Option<u32>,
 }
 
 /// A repository's forge connection and trigger policy.

@@ -231,6 +231,8 @@ pub(crate) fn repo_from_row(row: &Row) -> Result<RepoRecord> {
         },
         public: row.get::<i64>("is_public")? != 0,
         team: row.get("team")?,
+        clone_credential: row.get("clone_credential")?,
+        team_max_queued: row.get::<Option<i64>>("team_max_queued")?.and_then(|n| u32::try_from(n).ok()),
     })
 }
 

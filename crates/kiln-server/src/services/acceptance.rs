@@ -112,7 +112,7 @@ pub(crate) async fn freeze(state: &AppState, f: Freeze<'_>) -> ApiResult<Frozen>
         }
         match check {
             Check::Admission => admit(state, &workflow)?,
-            Check::Quota => crate::services::queue::admit(state, &repo.team, lane).await?,
+            Check::Quota => crate::services::queue::admit(state, repo, lane).await?,
             Check::ManualAllowed => {
                 if f.event == "manual" && !workflow.on.allows_manual() {
                     return Err(ApiErr::invalid(format!(

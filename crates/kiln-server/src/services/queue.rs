@@ -80,9 +80,10 @@ pub(crate) fn parse_lane(lane: &str) -> ApiResult<Lane> {
 /// cap, or when the server is saturated for the lane (the lowest lane
 /// first). An API caller gets the refusal; a forge delivery or a schedule
 /// tick waits and is planned again (never refused for a cap).
-pub(crate) async fn admit(state: &AppState, team: &str, lane: Lane) -> ApiResult<()> {
-    let record = state.store.get_team(team).await?;
-    if let Some(cap) = record.max_queued {
+pub(crate) async fn admit(state: &AppState, repo: &kiln_store::RepoRecord, lane: Lane) -> ApiResult<()> {
+    let team = repo.team.as_str();
+    // The team's cap, read with the repository.
+    if let Some(cap) = repo.team_max_queued {
         let queued = state.store.queued_jobs(Some(team)).await?;
         if queued >= i64::from(cap) {
             return Err(over_quota(format!(

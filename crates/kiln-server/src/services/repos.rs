@@ -219,13 +219,13 @@ pub(crate) async fn stored_credential(
     state: &AppState,
     repo: &kiln_store::RepoRecord,
 ) -> ApiResult<Option<kiln_api::giturl::CloneCredential>> {
-    let names = [kiln_store::CLONE_CREDENTIAL.to_string()];
-    let Some(stored) = state.store.secret_values(&repo.id, &names).await?.remove(kiln_store::CLONE_CREDENTIAL) else {
+    // Read with the repository (`RepoRecord::clone_credential`).
+    let Some(stored) = &repo.clone_credential else {
         return Ok(None);
     };
     let json = state
         .secrets
-        .open(&repo.id, kiln_store::CLONE_CREDENTIAL, &stored)
+        .open(&repo.id, kiln_store::CLONE_CREDENTIAL, stored)
         .map_err(|e| ApiErr::internal(format!("the clone credential of {} cannot be opened: {e}", repo.name)))?;
     serde_json::from_str(&json)
         .map(Some)

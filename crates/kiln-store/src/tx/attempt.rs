@@ -56,7 +56,16 @@ pub(crate) async fn attempt_lease(tx: &mut Tx, job_id: &str, epoch: i64) -> Resu
     Ok(Some(AttemptLease { outcome: parse_enum(row.str("outcome")?)?, lease_deadline: row.get("lease_deadline")? }))
 }
 
-/// End the running attempt `(job, epoch)` with `outcome`. An attempt that
+/// What an agent's completion reports of its attempt besides the outcome:
+/// the steps' results (JSON) and how its sandbox ended (issue 40, item 5).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Reported<'a> {
+    pub(crate) steps: Option<&'a String>,
+    pub(crate) sandbox: Option<&'a crate::model::SandboxEnd>,
+}
+
+/// End the running attempt `(job, epoch)` with `outcome`, and record what
+/// its agent `reported` with it (in the same statement). An attempt that
 /// ended through its agent (anything but `lost`) gets its `seal` marker and
 /// counts as released (its sandbox confirmed gone).
 #[allow(clippy::too_many_arguments)]
@@ -68,17 +77,23 @@ pub(crate) async fn end_attempt(
     exit_code: Option<i32>,
     message: Option<&str>,
     class: Option<kiln_core::failure::FailureClass>,
+    reported: Reported<'_>,
     now: i64,
 ) -> Result<()> {
+    // The sandbox's own evidence, if it reported one (`$10` = 1), wins
+    // over the default an ending through the agent gives.
     static END: Sql = Sql::new(|_| {
         format!(
             "UPDATE attempts SET outcome = $1, exit_code = $2, message = $3, failure_class = $4, finished_at = $5, \
-             released_at = $8, release_evidence = CASE WHEN $8 IS NULL THEN release_evidence \
-             ELSE COALESCE(release_evidence, 'the attempt ended through its agent') END \
+             released_at = $8, steps = COALESCE($9, steps), \
+             release_evidence = CASE WHEN $10 = 1 THEN $11 WHEN $8 IS NULL THEN release_evidence \
+             ELSE COALESCE(release_evidence, 'the attempt ended through its agent') END, \
+             cleanup_error = CASE WHEN $10 = 1 THEN $12 ELSE cleanup_error END \
              WHERE job_id = $6 AND epoch = $7 AND outcome = {running}",
             running = lit(AttemptOutcome::Running)
         )
     });
+    let end = reported.sandbox;
     let ended = tx
         .sql(&END)
         .bind(outcome.as_str())
@@ -92,6 +107,10 @@ pub(crate) async fn end_attempt(
         // before it reports). A lost attempt waits for a confirmation
         // (issue 40, item 5: a timeout alone certifies nothing).
         .bind((outcome != AttemptOutcome::Lost).then_some(now))
+        .bind(reported.steps)
+        .bind(i64::from(end.is_some()))
+        .bind(end.map(|e| &e.evidence))
+        .bind(end.and_then(|e| e.cleanup_error.as_deref()))
         .execute()
         .await?;
     // An attempt that ended through its agent has a sealed log: what was

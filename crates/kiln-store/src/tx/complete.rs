@@ -15,7 +15,7 @@ use crate::model::{CompletionInput, JobRecord, RunRecord};
 use crate::rows::{JobBudget, load_run};
 use crate::store::{SqlStore, lock_job, lock_run_of_job};
 use crate::tx::advance::{advance_loaded, advance_run, make_ready};
-use crate::tx::attempt::{end_attempt, require_live};
+use crate::tx::attempt::{Reported, end_attempt, require_live};
 use kiln_core::complete::{CompletionFacts, CompletionVerdict, decide_completion, missing_output, success_message};
 use kiln_core::failure::{
     CANCELLED, ClassSet, ExitCodes, FailureClass, FailureFacts, FailureVerdict, RetryBudget, SiblingAction,
@@ -98,26 +98,10 @@ async fn complete_tx(
         return Ok(None);
     }
     // The steps' results, and how the sandbox ended — recorded whatever the
-    // verdict: the completion is how the agent says its sandbox is gone,
-    // and what its cleanup could not do is shown on the attempt (issue 40,
-    // item 5). One statement for both.
-    if c.steps.is_some() || c.sandbox.is_some() {
-        let end = c.sandbox.as_ref();
-        tx.sql(
-            "UPDATE attempts SET steps = COALESCE($1, steps), \
-             release_evidence = CASE WHEN $2 = 1 THEN $3 ELSE release_evidence END, \
-             cleanup_error = CASE WHEN $2 = 1 THEN $4 ELSE cleanup_error END \
-             WHERE job_id = $5 AND epoch = $6",
-        )
-        .bind(c.steps.as_ref())
-        .bind(i64::from(end.is_some()))
-        .bind(end.map(|e| &e.evidence))
-        .bind(end.and_then(|e| e.cleanup_error.as_deref()))
-        .bind(job_id)
-        .bind(epoch)
-        .execute()
-        .await?;
-    }
+    // verdict, with the attempt's end: the completion is how the agent says
+    // its sandbox is gone, and what its cleanup could not do is shown on the
+    // attempt (issue 40, item 5).
+    let rep = Reported { steps: c.steps.as_ref(), sandbox: c.sandbox.as_ref() };
     let verdict = decide_completion(&CompletionFacts {
         run: run.status,
         cancel_requested: budget.cancel_requested,
@@ -172,7 +156,7 @@ async fn complete_tx(
             // first: the late completion is rejected, but it does confirm the
             // sandbox ended.
             let class = FailureClass::Cancelled;
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), Some(class), now).await?;
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), Some(class), rep, now).await?;
             fail_or_retry(store, tx, &job, &budget, class, c.exit_code, CANCELLED, now).await?;
             if accepted {
                 return Ok(Some(Ok(JobStatus::Cancelled.as_str().into())));
@@ -201,7 +185,7 @@ async fn complete_tx(
                         let msg = missing_output(name, epoch);
                         let class = FailureClass::StepFailed;
                         let failed = AttemptOutcome::Failed;
-                        end_attempt(tx, job_id, epoch, failed, c.exit_code, Some(&msg), Some(class), now).await?;
+                        end_attempt(tx, job_id, epoch, failed, c.exit_code, Some(&msg), Some(class), rep, now).await?;
                         let st = fail_or_retry(store, tx, &job, &budget, class, None, &msg, now).await?;
                         return Ok(Some(Ok(st.as_str().into())));
                     }
@@ -235,7 +219,7 @@ async fn complete_tx(
             // Issue 45: each binding with its signed provenance, or none.
             crate::tx::provenance::write(store, tx, &run, &job, epoch, &bound, now).await?;
             let message = quarantine_note.as_deref().or(c.message.as_deref());
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, message, None, now).await?;
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, message, None, rep, now).await?;
             let message = quarantine_note.as_deref().or(success_message(job.message.as_deref()));
             tx.sql(&SUCCEED).bind(now).bind(message).bind(job_id).execute().await?;
             // The run as loaded above, under its lock: nothing since changed it.
@@ -243,7 +227,7 @@ async fn complete_tx(
             JobStatus::Success
         }
         CompletionVerdict::Fail { message, class } => {
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), Some(class), now).await?;
+            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), Some(class), rep, now).await?;
             fail_or_retry(store, tx, &job, &budget, class, c.exit_code, &message, now).await?
         }
         CompletionVerdict::Invalid => unreachable!("an invalid completion ends no attempt"),

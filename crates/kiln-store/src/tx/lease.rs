@@ -140,7 +140,8 @@ async fn fence_tx(store: &SqlStore, tx: &mut Tx, job_id: &str, epoch: i64) -> Re
     }
     // Fence first: the old epoch can no longer publish...
     let class = FailureClass::AgentLost;
-    end_attempt(tx, job_id, epoch, AttemptOutcome::Lost, None, Some(LOST_ATTEMPT), Some(class), now).await?;
+    let nothing = Default::default();
+    end_attempt(tx, job_id, epoch, AttemptOutcome::Lost, None, Some(LOST_ATTEMPT), Some(class), nothing, now).await?;
     // Its sandbox is not known to be gone (issue 40, item 5) unless its
     // agent was removed (the lease of a removed agent's attempt ends at
     // the removal): the operator said the machine is gone.

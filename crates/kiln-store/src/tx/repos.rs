@@ -53,15 +53,29 @@ pub(crate) async fn create_repo(
         forge: Default::default(),
         public: false,
         team: "default".into(),
+        clone_credential: None,
+        team_max_queued: None,
     })
 }
 
 /// `RepoStore::get_repo`.
+/// A repository row as [`repo_from_row`] reads it: with its sealed clone
+/// credential.
+fn repo_cols() -> String {
+    format!(
+        "*, (SELECT s.value FROM secrets s WHERE s.repo_id = repos.id AND s.name = '{CLONE_CREDENTIAL}') \
+         AS clone_credential, (SELECT t.max_queued FROM teams t WHERE t.name = repos.team) AS team_max_queued"
+    )
+}
+
+static REPO_BY_NAME: Sql =
+    Sql::new(|_| format!("SELECT {} FROM repos WHERE name = $1 OR id = $1 LIMIT 1", repo_cols()));
+
 pub(crate) async fn get_repo(store: &SqlStore, name_or_id: &str) -> Result<RepoRecord> {
     let row = store
         .reader()
         .await?
-        .sql("SELECT * FROM repos WHERE name = $1 OR id = $1 LIMIT 1")
+        .sql(&REPO_BY_NAME)
         .bind(name_or_id)
         .fetch_optional()
         .await?
@@ -116,7 +130,8 @@ pub(crate) async fn delete_repo(store: &SqlStore, name_or_id: &str) -> Result<Re
 
 /// `RepoStore::list_repos`.
 pub(crate) async fn list_repos(store: &SqlStore) -> Result<Vec<RepoRecord>> {
-    let rows = store.reader().await?.sql("SELECT * FROM repos ORDER BY name").fetch_all().await?;
+    static ALL: Sql = Sql::new(|_| format!("SELECT {} FROM repos ORDER BY name", repo_cols()));
+    let rows = store.reader().await?.sql(&ALL).fetch_all().await?;
     rows.iter().map(repo_from_row).collect()
 }
 
