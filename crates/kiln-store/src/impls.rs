@@ -281,7 +281,7 @@ impl AttemptStore for SqlStore {
         lease::heartbeat(self, job_id, epoch, lease_ttl_ms).await
     }
 
-    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String> {
+    async fn complete_held(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<Completed> {
         complete::complete(self, job_id, epoch, &completion).await
     }
 
@@ -800,10 +800,6 @@ impl TeamStore for SqlStore {
 
     async fn set_run_priority(&self, run_id: &str, lane: &str) -> Result<u32> {
         teams::set_run_priority(self, run_id, lane).await
-    }
-
-    async fn attempt_team(&self, job_id: &str, epoch: i64) -> Result<Option<(String, Option<i64>)>> {
-        teams::attempt_team(self, job_id, epoch).await
     }
 
     async fn charge_teams(&self, charges: &[TeamCharge]) -> Result<std::collections::BTreeMap<String, u64>> {

@@ -390,6 +390,19 @@ pub fn job_placement(run: &RunRecord, job: &JobRecord, secret_pools: &[String]) 
         .pinned_to(job.image_agent.clone())
 }
 
+/// What a completion did, as [`AttemptStore::complete_held`](crate::AttemptStore::complete_held) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// The job's status after it (`success`, `failed`, `ready` for a retry,
+    /// `cancelled`).
+    pub status: String,
+    /// The team of the run's repository (issue 44: its slot is free now).
+    pub team: String,
+    /// How long the attempt held its slot, claim to end (ms), if this
+    /// completion ended it.
+    pub held_ms: Option<i64>,
+}
+
 /// A durable attempt ticket: everything needed to build the assignment.
 #[derive(Debug, Clone)]
 pub struct ClaimedAttempt {

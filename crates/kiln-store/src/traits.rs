@@ -311,8 +311,13 @@ pub trait AttemptStore: Send + Sync {
     async fn claimed_by_request(&self, claim_request_id: &str, session_id: &str) -> Result<Option<ClaimedAttempt>>;
     /// spec 000 §8: extend the lease of the current live epoch.
     async fn heartbeat(&self, job_id: &str, epoch: i64, lease_ttl_ms: i64) -> Result<HeartbeatOutcome>;
-    /// spec 000 §9 completion transaction.
-    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String>;
+    /// spec 000 §9 completion transaction: the job's status after it.
+    async fn complete(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<String> {
+        self.complete_held(job_id, epoch, completion).await.map(|c| c.status)
+    }
+    /// [`Self::complete`], with the team whose slot it freed and how long
+    /// the attempt held it.
+    async fn complete_held(&self, job_id: &str, epoch: i64, completion: CompletionInput) -> Result<Completed>;
     /// Issue 40, item 5 (spec 000 §9): the agent of attempt `(job, epoch)`,
     /// which ended (fenced, most often), says its sandbox is gone (the
     /// caller checked the attempt's credential). `Ok(false)`: already
@@ -566,9 +571,6 @@ pub trait TeamStore: Send + Sync {
     /// Set a queued or running run's lane; its ready jobs are made ready
     /// again with it (returns how many). `Conflict` once it ended.
     async fn set_run_priority(&self, run_id: &str, lane: &str) -> Result<u32>;
-    /// The team of an attempt's repository and how long the attempt held
-    /// its slot in ms (claim to end; `None` while it runs).
-    async fn attempt_team(&self, job_id: &str, epoch: i64) -> Result<Option<(String, Option<i64>)>>;
     /// Move the teams' virtual times by the starts charged to them (one
     /// transaction, teams locked in name order; charges add up, so
     /// replicas writing theirs at the same moment lose none). Returns each

@@ -146,7 +146,7 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
     let started = std::time::Instant::now();
     let res = state
         .store
-        .complete(
+        .complete_held(
             job,
             epoch,
             CompletionInput {
@@ -164,11 +164,11 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
     // Even a refused completion may have raced a change worth showing.
     state.job_changed(job);
     state.relay_wake.notify_one();
-    if matches!(&res, Ok(s) if s == "failed") {
+    if matches!(&res, Ok(c) if c.status == "failed") {
         notices::stopped_siblings(state, job).await;
     }
     match res {
-        Ok(status) => {
+        Ok(kiln_store::Completed { status, team, held_ms }) => {
             let m = &state.metrics;
             if let Some(t) = &telemetry {
                 m.attempt_telemetry(t, started.elapsed());
@@ -185,11 +185,10 @@ pub(crate) async fn complete(state: &AppState, job: &str, epoch: i64, c: api::Co
             m.job_finished(&status);
             // Fair share (issue 44): the team's slot is free now (its jobs
             // waiting on its quota are woken), and what it cost.
-            if let Ok(Some((team, held_ms))) = state.store.attempt_team(job, epoch).await {
-                state.dispatcher.finished(&team);
-                if let Some(ms) = held_ms {
-                    m.job_seconds.with_label_values(&[&team]).inc_by(ms.max(0) as f64 / 1000.0);
-                }
+            // (Both returned by the completion's own transaction.)
+            state.dispatcher.finished(&team);
+            if let Some(ms) = held_ms {
+                m.job_seconds.with_label_values(&[&team]).inc_by(ms.max(0) as f64 / 1000.0);
             }
             // Issue 43: the tests of the reports this completion bound.
             if reports_staged && let Ok(Some(t)) = state.store.attempt_tests(job, epoch).await {

@@ -46,11 +46,18 @@ pub(crate) async fn accept_run(store: &SqlStore, run: &NewRun) -> Result<Accepte
     if pins && run.parent_run_id.is_none() {
         return Err(StoreError::Invalid("pinning jobs needs the parent run".into()));
     }
-    // PostgreSQL: the number is taken before, in a transaction of its own
-    // (see [`take_run_number`]); SQLite's one writer takes it inside.
-    let taken = if store.dialect().row_locks { take_run_number(store, run).await? } else { None };
+    // A SERIALIZABLE acceptance on PostgreSQL takes the number before, in a
+    // transaction of its own (see [`take_run_number`]); a plain one (READ
+    // COMMITTED: it waits for the counter's row lock, it never fails on it)
+    // and SQLite's one writer take it inside.
+    let isolation = isolation(run);
+    let taken = if store.dialect().row_locks && isolation == Isolation::Serializable {
+        take_run_number(store, run).await?
+    } else {
+        None
+    };
     store
-        .transaction(isolation(run), &(run, taken), |tx, &(run, taken)| {
+        .transaction(isolation, &(run, taken), |tx, &(run, taken)| {
             Box::pin(async move {
                 if let Some(idem) = &run.idempotency {
                     let existing: Option<(String, String)> = tx
@@ -259,7 +266,9 @@ fn inserted_run(
 /// conflicts between their new rows and run again whole (57 retries for 50
 /// runs submitted at once). The others read rows other transactions change
 /// (other runs of a group, a parent, the forge's report rows, the key's
-/// record) and stay SERIALIZABLE.
+/// record) and stay SERIALIZABLE. A plain acceptance takes its run number
+/// in its own transaction: acceptances of one repository wait for the
+/// counter's row lock in turn, for the few statements left after it.
 fn isolation(run: &NewRun) -> Isolation {
     let plain = run.concurrency.is_none()
         && run.parent_run_id.is_none()
@@ -283,8 +292,9 @@ async fn next_run_number(tx: &mut Tx, repo_id: &str) -> Result<i64> {
     Ok(next - 1)
 }
 
-/// PostgreSQL: the run's number, taken in a short transaction of its own
-/// before the acceptance. Inside the SERIALIZABLE acceptance every
+/// PostgreSQL: the number of a run accepted SERIALIZABLE (not a plain
+/// one: [`isolation`]), taken in a short transaction of its own before the
+/// acceptance. Inside the SERIALIZABLE acceptance every
 /// acceptance of one repository updated the repository's row, and all but
 /// the first of those running together failed with a serialization error
 /// and ran again whole (1.9–3 tries per acceptance in `kiln bench

@@ -67,7 +67,8 @@ pub(crate) struct Reported<'a> {
 /// End the running attempt `(job, epoch)` with `outcome`, and record what
 /// its agent `reported` with it (in the same statement). An attempt that
 /// ended through its agent (anything but `lost`) gets its `seal` marker and
-/// counts as released (its sandbox confirmed gone).
+/// counts as released (its sandbox confirmed gone). Returns how long the
+/// attempt held its slot (claim to end, ms); `None`: it was not running.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn end_attempt(
     tx: &mut Tx,
@@ -79,7 +80,7 @@ pub(crate) async fn end_attempt(
     class: Option<kiln_core::failure::FailureClass>,
     reported: Reported<'_>,
     now: i64,
-) -> Result<()> {
+) -> Result<Option<i64>> {
     // The sandbox's own evidence, if it reported one (`$10` = 1), wins
     // over the default an ending through the agent gives.
     static END: Sql = Sql::new(|_| {
@@ -89,7 +90,8 @@ pub(crate) async fn end_attempt(
              release_evidence = CASE WHEN $10 = 1 THEN $11 WHEN $8 IS NULL THEN release_evidence \
              ELSE COALESCE(release_evidence, 'the attempt ended through its agent') END, \
              cleanup_error = CASE WHEN $10 = 1 THEN $12 ELSE cleanup_error END \
-             WHERE job_id = $6 AND epoch = $7 AND outcome = {running}",
+             WHERE job_id = $6 AND epoch = $7 AND outcome = {running} \
+             RETURNING COALESCE(finished_at - started_at, 0)",
             running = lit(AttemptOutcome::Running)
         )
     });
@@ -111,17 +113,17 @@ pub(crate) async fn end_attempt(
         .bind(i64::from(end.is_some()))
         .bind(end.map(|e| &e.evidence))
         .bind(end.and_then(|e| e.cleanup_error.as_deref()))
-        .execute()
+        .scalar_optional::<i64>()
         .await?;
     // An attempt that ended through its agent has a sealed log: what was
     // committed is all there is (spec 000 §13: `log.sealed` is distinct from
     // a dropped connection, which gets a gap marker when it is fenced).
-    if ended > 0 && outcome != AttemptOutcome::Lost {
+    if ended.is_some() && outcome != AttemptOutcome::Lost {
         let committed = committed_offsets(tx, job_id, epoch).await?;
         let payload = serde_json::json!({ "epoch": epoch, "outcome": outcome.as_str(), "committed": committed });
         append_marker(tx, job_id, epoch, LogMarker::Seal, &payload).await?;
     }
-    Ok(())
+    Ok(ended)
 }
 
 /// spec 000 §13: a log whose agent was lost never ends cleanly: the fenced

@@ -11,7 +11,7 @@
 use crate::db::{Exec, Tx};
 use crate::dialect::{GenerationState, Isolation, Sql, lit};
 use crate::error::{Result, StoreError, parse_enum};
-use crate::model::{CompletionInput, JobRecord, RunRecord};
+use crate::model::{Completed, CompletionInput, JobRecord, RunRecord};
 use crate::rows::{JobBudget, load_run};
 use crate::store::{SqlStore, lock_job, lock_run_of_job};
 use crate::tx::advance::{advance_loaded, advance_run, make_ready};
@@ -28,7 +28,7 @@ use kiln_core::{AttemptOutcome, JobStatus};
 /// READ COMMITTED on PostgreSQL unless the run takes part in a concurrency
 /// group (see [`complete_tx`]); then SERIALIZABLE, as the group's other runs
 /// and jobs are read and changed too.
-pub(crate) async fn complete(store: &SqlStore, job_id: &str, epoch: i64, c: &CompletionInput) -> Result<String> {
+pub(crate) async fn complete(store: &SqlStore, job_id: &str, epoch: i64, c: &CompletionInput) -> Result<Completed> {
     let first = store
         .transaction(Isolation::LockedReadCommitted, &(store, job_id, epoch, c), |tx, &(store, job_id, epoch, c)| {
             Box::pin(complete_tx(store, tx, job_id, epoch, c, false))
@@ -74,7 +74,7 @@ async fn complete_tx(
     epoch: i64,
     c: &CompletionInput,
     serializable: bool,
-) -> Result<Option<Result<String>>> {
+) -> Result<Option<Result<Completed>>> {
     static SEALED: Sql = Sql::new(|_| {
         format!(
             "SELECT id FROM artifact_generations WHERE job_id = $1 AND epoch = $2 AND name = $3 \
@@ -102,6 +102,9 @@ async fn complete_tx(
     // its sandbox is gone, and what its cleanup could not do is shown on the
     // attempt (issue 40, item 5).
     let rep = Reported { steps: c.steps.as_ref(), sandbox: c.sandbox.as_ref() };
+    // The job's status, the team whose slot the attempt held and for how long.
+    let done =
+        |status: JobStatus, held_ms| Completed { status: status.as_str().into(), team: run.team.clone(), held_ms };
     let verdict = decide_completion(&CompletionFacts {
         run: run.status,
         cancel_requested: budget.cancel_requested,
@@ -150,16 +153,17 @@ async fn complete_tx(
     let Some(ends) = verdict.attempt_outcome() else {
         return Err(StoreError::Invalid("completion outcome cannot be running".into()));
     };
-    let status = match verdict {
+    let (status, held) = match verdict {
         CompletionVerdict::Cancelled { accepted } => {
             // Cancellation (of the run, or of this job by fail-fast) committed
             // first: the late completion is rejected, but it does confirm the
             // sandbox ended.
             let class = FailureClass::Cancelled;
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), Some(class), rep, now).await?;
+            let held =
+                end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), Some(class), rep, now).await?;
             fail_or_retry(store, tx, &job, &budget, class, c.exit_code, CANCELLED, now).await?;
             if accepted {
-                return Ok(Some(Ok(JobStatus::Cancelled.as_str().into())));
+                return Ok(Some(Ok(done(JobStatus::Cancelled, held))));
             }
             // The job alone (issue 42: `kiln cancel RUN --job`, fail-fast)
             // or its whole run.
@@ -185,9 +189,11 @@ async fn complete_tx(
                         let msg = missing_output(name, epoch);
                         let class = FailureClass::StepFailed;
                         let failed = AttemptOutcome::Failed;
-                        end_attempt(tx, job_id, epoch, failed, c.exit_code, Some(&msg), Some(class), rep, now).await?;
+                        let held =
+                            end_attempt(tx, job_id, epoch, failed, c.exit_code, Some(&msg), Some(class), rep, now)
+                                .await?;
                         let st = fail_or_retry(store, tx, &job, &budget, class, None, &msg, now).await?;
-                        return Ok(Some(Ok(st.as_str().into())));
+                        return Ok(Some(Ok(done(st, held))));
                     }
                 }
             }
@@ -219,16 +225,16 @@ async fn complete_tx(
             // Issue 45: each binding with its signed provenance, or none.
             crate::tx::provenance::write(store, tx, &run, &job, epoch, &bound, now).await?;
             let message = quarantine_note.as_deref().or(c.message.as_deref());
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, message, None, rep, now).await?;
+            let held = end_attempt(tx, job_id, epoch, ends, c.exit_code, message, None, rep, now).await?;
             let message = quarantine_note.as_deref().or(success_message(job.message.as_deref()));
             tx.sql(&SUCCEED).bind(now).bind(message).bind(job_id).execute().await?;
             // The run as loaded above, under its lock: nothing since changed it.
             advance_loaded(tx, run.clone(), now).await?;
-            JobStatus::Success
+            (JobStatus::Success, held)
         }
         CompletionVerdict::Fail { message, class } => {
-            end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), Some(class), rep, now).await?;
-            fail_or_retry(store, tx, &job, &budget, class, c.exit_code, &message, now).await?
+            let held = end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), Some(class), rep, now).await?;
+            (fail_or_retry(store, tx, &job, &budget, class, c.exit_code, &message, now).await?, held)
         }
         CompletionVerdict::Invalid => unreachable!("an invalid completion ends no attempt"),
     };
@@ -236,7 +242,7 @@ async fn complete_tx(
     if matches!(status, JobStatus::Success | JobStatus::Failed) {
         crate::tx::environments::record_deployment(tx, &run, &job, epoch, status, now).await?;
     }
-    Ok(Some(Ok(status.as_str().into())))
+    Ok(Some(Ok(done(status, held))))
 }
 
 /// Ends a job whose attempt did not succeed, as kiln-core's

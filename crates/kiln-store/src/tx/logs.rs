@@ -118,12 +118,33 @@ const INSERT_CHUNK: &str = "INSERT INTO log_chunks (job_id, epoch, stream, seq, 
 /// `$2` epoch, then stream and offset of each).
 fn upsert_progress(n: usize) -> &'static str {
     static TEXTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let texts = TEXTS.get_or_init(|| {
+    progress_text(&TEXTS, n, 3, String::new)
+}
+
+/// PostgreSQL: a chunk's index row and the committed offsets of `n`
+/// streams (its own among them; stream and offset of each from `$12`) in
+/// one statement.
+fn insert_chunk_and_progress(n: usize) -> &'static str {
+    static TEXTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    progress_text(&TEXTS, n, 12, || format!("WITH chunk AS ({INSERT_CHUNK}) "))
+}
+
+/// An upsert of `n` streams' offsets (`$1` job, `$2` epoch, stream and
+/// offset of each from `$first`) after `prefix`, built once per `n`.
+fn progress_text(
+    texts: &'static std::sync::OnceLock<Vec<String>>,
+    n: usize,
+    first: usize,
+    prefix: fn() -> String,
+) -> &'static str {
+    let texts = texts.get_or_init(|| {
+        let prefix = prefix();
         (1..=PROGRESS_STREAMS.len())
             .map(|n| {
-                let rows: Vec<String> = (0..n).map(|i| format!("($1, $2, ${}, ${})", 3 + 2 * i, 4 + 2 * i)).collect();
+                let rows: Vec<String> =
+                    (0..n).map(|i| format!("($1, $2, ${}, ${})", first + 2 * i, first + 1 + 2 * i)).collect();
                 format!(
-                    "INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES {} \
+                    "{prefix}INSERT INTO log_progress (job_id, epoch, stream, committed) VALUES {} \
                      ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed",
                     rows.join(", ")
                 )
@@ -132,15 +153,6 @@ fn upsert_progress(n: usize) -> &'static str {
     });
     &texts[n.clamp(1, texts.len()) - 1]
 }
-
-/// PostgreSQL: a chunk's index row and its stream's committed offset
-/// (`$12`) in one statement.
-static INSERT_CHUNK_AND_PROGRESS: Sql = Sql::new(|_| {
-    format!(
-        "WITH chunk AS ({INSERT_CHUNK}) INSERT INTO log_progress (job_id, epoch, stream, committed) \
-         VALUES ($1, $2, $3, $12) ON CONFLICT (job_id, epoch, stream) DO UPDATE SET committed = excluded.committed"
-    )
-});
 
 /// Checks a chunk as it arrives (its digest, if given, against its bytes;
 /// its position; an agent's stream) and gives it its identity: the one
@@ -435,13 +447,9 @@ async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Optio
     }
     let progress = progress.unwrap_or_default();
     // Each stream's offset that moved, unless the last chunk's own
-    // statement wrote it (its stream's: a batch has several streams).
-    let written = written.then(|| group[committed - 1].0.stream.as_str());
-    let moved: Vec<&(String, i64)> = progress
-        .iter()
-        .filter(|(stream, end)| written != Some(stream.as_str()) && !was.iter().any(|(s, e)| s == stream && e == end))
-        .collect();
-    if !moved.is_empty() {
+    // statement wrote them.
+    let moved = moved(&progress, &was);
+    if !written && !moved.is_empty() {
         // In one statement: a batch moves several streams.
         let mut stmt = tx.sql(upsert_progress(moved.len())).bind(&first.job_id).bind(first.epoch);
         for (stream, end) in moved {
@@ -450,6 +458,11 @@ async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Optio
         stmt.execute().await?;
     }
     Ok((committed, stop, progress))
+}
+
+/// The streams whose offset in `progress` is not what was read (`was`).
+fn moved<'p>(progress: &'p [(String, i64)], was: &[(String, i64)]) -> Vec<&'p (String, i64)> {
+    progress.iter().filter(|(stream, end)| !was.iter().any(|(s, e)| s == stream && e == end)).collect()
 }
 
 /// A chunk's refusal by [`commit_one`], made before it wrote anything (a
@@ -601,13 +614,14 @@ async fn commit_one(
             progress.sort();
         }
     }
-    // The group's stream changed only here, or in this chunk and the ones
-    // before it (one stream): the last chunk writes its final offset with
-    // its row, on PostgreSQL. `was` is the offset as read.
+    // On PostgreSQL the last chunk writes, with its row, the final offset of
+    // every stream the group moved (its own among them; `was`: the offsets
+    // as read).
     let changed = !was.iter().any(|(s, e)| *s == chunk.stream && *e == committed);
     let together = last && changed && tx.dialect().backend == crate::dialect::Backend::Postgres;
+    let moved = if together { moved(progress, was) } else { vec![] };
     let data = if seg.is_some() { &[][..] } else { &chunk.data[..] };
-    let stmt = if together { tx.sql(&INSERT_CHUNK_AND_PROGRESS) } else { tx.sql(INSERT_CHUNK) };
+    let stmt = if together { tx.sql(insert_chunk_and_progress(moved.len())) } else { tx.sql(INSERT_CHUNK) };
     let stmt = stmt
         .bind(&chunk.job_id)
         .bind(chunk.epoch)
@@ -621,7 +635,11 @@ async fn commit_one(
         .bind(now)
         .bind(seg)
         .bind(seg_pos);
-    if together { stmt.bind(committed) } else { stmt }.execute().await?;
+    let mut stmt = stmt;
+    for (stream, end) in moved {
+        stmt = stmt.bind(stream).bind(end);
+    }
+    stmt.execute().await?;
     a.wrote(chunk, len);
     Ok(together)
 }

@@ -279,17 +279,6 @@ pub(crate) async fn set_run_priority(store: &SqlStore, run_id: &str, lane: &str)
         .await
 }
 
-/// `TeamStore::attempt_team`: the team of an attempt's repository and how
-/// long the attempt held its slot (claim to end; `None` while it runs).
-pub(crate) async fn attempt_team(store: &SqlStore, job_id: &str, epoch: i64) -> Result<Option<(String, Option<i64>)>> {
-    static SQL: Sql = Sql::new(|_| {
-        "SELECT p.team, a.finished_at - a.started_at FROM attempts a JOIN runs r ON r.id = a.run_id \
-         JOIN repos p ON p.id = r.repo_id WHERE a.job_id = $1 AND a.epoch = $2"
-            .to_string()
-    });
-    store.reader().await?.sql(&SQL).bind(job_id).bind(epoch).optional().await
-}
-
 /// `TeamStore::charge_teams`: each team's row locked (in name order, so
 /// two replicas' batches never deadlock), its virtual time moved by
 /// kiln-core's [`charged_pass`](kiln_core::fair::charged_pass). Charges add

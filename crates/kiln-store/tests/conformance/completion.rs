@@ -36,8 +36,12 @@ pub async fn success_readies_successor_and_finishes_run<S: Store + 'static>(o: &
     // The relay delivers the event; the last job succeeds; so does the run.
     let c = try_claim(s, &a, &test, events[0].dispatch_generation, LONG_TTL).await.expect("claim successor");
     assert_eq!(c.epoch, 1);
-    assert_eq!(s.complete(&test, 1, success()).await.unwrap(), "success");
+    // With the team whose slot the attempt held, and for how long.
+    let done = s.complete_held(&test, 1, success()).await.unwrap();
     let v = view(s, &run_id).await;
+    let att = &jv(&v, "test").attempts[0];
+    let held = att.finished_at.unwrap() - att.started_at;
+    assert_eq!(done, Completed { status: "success".into(), team: v.run.team.clone(), held_ms: Some(held) });
     assert_eq!(v.run.status, RunStatus::Success);
     assert!(v.run.finished_at.is_some());
     assert!(v.jobs.iter().all(|j| j.job.status == JobStatus::Success));
