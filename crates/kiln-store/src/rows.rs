@@ -92,34 +92,57 @@ fn json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T> {
 }
 
 pub(crate) fn run_from_row(row: &Row) -> Result<RunRecord> {
+    run_from_row_as(row, "")
+}
+
+/// [`RUN_COLS`] with every column named `run_<name>`, for a statement
+/// that reads a run beside another table's columns of the same names
+/// ([`run_from_row_as`] with `run_`); the tables as in [`RUN_COLS`].
+pub(crate) fn run_cols_as_run() -> String {
+    RUN_COLS
+        .split(',')
+        .map(|c| {
+            let c = c.trim();
+            match c.split_once(" AS ") {
+                Some((expr, name)) => format!("{expr} AS run_{name}"),
+                None => format!("{c} AS run_{}", c.rsplit('.').next().unwrap_or(c)),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A run whose columns are named `{prefix}<name>`.
+pub(crate) fn run_from_row_as(row: &Row, prefix: &str) -> Result<RunRecord> {
+    let name = |n: &str| -> String { format!("{prefix}{n}") };
     Ok(RunRecord {
-        id: row.get("id")?,
-        repo_id: row.get("repo_id")?,
-        repo_name: row.get("repo_name")?,
-        status: parse_enum(row.str("status")?)?,
-        commit_sha: row.get("commit_sha")?,
-        git_ref: row.get("git_ref")?,
-        event: row.get("event")?,
-        trust: row.get("trust")?,
-        workflow_path: row.get("workflow_path")?,
-        workflow_hash: row.get("workflow_hash")?,
-        definition: json(row.str("definition")?)?,
-        inputs: json(row.str("inputs")?)?,
-        actor: row.get("actor")?,
-        parent_run_id: row.get("parent_run_id")?,
-        cancel_version: row.get("cancel_version")?,
-        message: row.get("message")?,
-        created_at: row.get("created_at")?,
-        finished_at: row.get("finished_at")?,
-        traceparent: row.get("traceparent")?,
-        commit_title: row.get("commit_title")?,
-        commit_author: row.get("commit_author")?,
-        held: row.get::<i64>("held")? != 0,
-        number: row.get("run_number")?,
-        pull_request_title: row.get("pull_request_title")?,
-        team: row.get("team")?,
-        priority: row.get("priority")?,
-        rollback_of: row.get("rollback_of")?,
+        id: row.get(&name("id"))?,
+        repo_id: row.get(&name("repo_id"))?,
+        repo_name: row.get(&name("repo_name"))?,
+        status: parse_enum(row.str(&name("status"))?)?,
+        commit_sha: row.get(&name("commit_sha"))?,
+        git_ref: row.get(&name("git_ref"))?,
+        event: row.get(&name("event"))?,
+        trust: row.get(&name("trust"))?,
+        workflow_path: row.get(&name("workflow_path"))?,
+        workflow_hash: row.get(&name("workflow_hash"))?,
+        definition: json(row.str(&name("definition"))?)?,
+        inputs: json(row.str(&name("inputs"))?)?,
+        actor: row.get(&name("actor"))?,
+        parent_run_id: row.get(&name("parent_run_id"))?,
+        cancel_version: row.get(&name("cancel_version"))?,
+        message: row.get(&name("message"))?,
+        created_at: row.get(&name("created_at"))?,
+        finished_at: row.get(&name("finished_at"))?,
+        traceparent: row.get(&name("traceparent"))?,
+        commit_title: row.get(&name("commit_title"))?,
+        commit_author: row.get(&name("commit_author"))?,
+        held: row.get::<i64>(&name("held"))? != 0,
+        number: row.get(&name("run_number"))?,
+        pull_request_title: row.get(&name("pull_request_title"))?,
+        team: row.get(&name("team"))?,
+        priority: row.get(&name("priority"))?,
+        rollback_of: row.get(&name("rollback_of"))?,
     })
 }
 

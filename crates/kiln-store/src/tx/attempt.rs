@@ -3,11 +3,11 @@
 //! its log marker (spec 000 §13: `seal` when it ended through its agent,
 //! `gap` when the agent was lost).
 
-use crate::db::{Exec, Tx};
+use crate::db::{Exec, Row, Tx};
 use crate::dialect::{LogMarker, SYSTEM_STREAM, Sql, lit};
 use crate::error::{Result, StoreError, parse_enum};
-use crate::model::JobRecord;
-use crate::rows::{JOB_COLS, JobBudget, budget_from_row, job_from_row};
+use crate::model::{JobRecord, RunRecord};
+use crate::rows::{JOB_COLS, JobBudget, budget_from_row, job_from_row, run_cols_as_run, run_from_row_as};
 use kiln_core::AttemptOutcome;
 use kiln_core::lease::{AttemptLease, check_live};
 use sha2::{Digest, Sha256};
@@ -20,16 +20,44 @@ use std::collections::BTreeMap;
 /// PostgreSQL, or to SQLite's connection thread), and this check opens every
 /// agent call that publishes.
 pub(crate) async fn require_live(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<(JobRecord, JobBudget, i64)> {
+    static SQL: Sql = Sql::new(live_select);
+    let row = tx.sql(&SQL).bind(job_id).bind(epoch).fetch_optional().await?;
+    live(row, job_id, epoch)
+}
+
+/// [`require_live`] with the job's run, in the same statement (the
+/// completion reads both).
+pub(crate) async fn require_live_with_run(
+    tx: &mut Tx,
+    job_id: &str,
+    epoch: i64,
+) -> Result<(JobRecord, JobBudget, i64, RunRecord)> {
     static SQL: Sql = Sql::new(|d| {
         format!(
-            "SELECT {JOB_COLS}, \
-             (SELECT a.outcome FROM attempts a WHERE a.job_id = $1 AND a.epoch = $2) AS live_outcome, \
-             (SELECT a.lease_deadline FROM attempts a WHERE a.job_id = $1 AND a.epoch = $2) AS live_deadline, \
-             {now} AS live_now FROM jobs WHERE id = $1",
-            now = d.now_ms
+            "SELECT j.*, {run} FROM ({live}) j JOIN runs r ON r.id = j.run_id JOIN repos p ON p.id = r.repo_id",
+            run = run_cols_as_run(),
+            live = live_select(d)
         )
     });
     let row = tx.sql(&SQL).bind(job_id).bind(epoch).fetch_optional().await?;
+    let run = row.as_ref().map(|r| run_from_row_as(r, "run_")).transpose()?;
+    let (job, budget, now) = live(row, job_id, epoch)?;
+    Ok((job, budget, now, run.expect("a row was read")))
+}
+
+/// The job `$1`, its attempt `$2`'s outcome and lease, and the clock.
+fn live_select(d: &crate::dialect::Dialect) -> String {
+    format!(
+        "SELECT {JOB_COLS}, \
+         (SELECT a.outcome FROM attempts a WHERE a.job_id = $1 AND a.epoch = $2) AS live_outcome, \
+         (SELECT a.lease_deadline FROM attempts a WHERE a.job_id = $1 AND a.epoch = $2) AS live_deadline, \
+         {now} AS live_now FROM jobs WHERE id = $1",
+        now = d.now_ms
+    )
+}
+
+/// [`require_live`]'s check of what [`live_select`] read.
+fn live(row: Option<Row>, job_id: &str, epoch: i64) -> Result<(JobRecord, JobBudget, i64)> {
     let row = row.ok_or_else(|| StoreError::NotFound(format!("job {job_id}")))?;
     let (job, budget) = (job_from_row(&row)?, budget_from_row(&row)?);
     let attempt = match row.get::<Option<String>>("live_outcome")? {
@@ -83,7 +111,17 @@ pub(crate) async fn end_attempt(
 ) -> Result<Option<i64>> {
     // The sandbox's own evidence, if it reported one (`$10` = 1), wins
     // over the default an ending through the agent gives.
+    // With how long it held its slot and every agent stream's committed
+    // offset (for the seal marker; nothing else writes them in this
+    // transaction: the job's lock, or SQLite's one writer, keeps log
+    // appends out).
     static END: Sql = Sql::new(|_| {
+        let progress: Vec<String> = crate::tx::logs::PROGRESS_STREAMS
+            .iter()
+            .map(|s| {
+                format!("(SELECT committed FROM log_progress WHERE job_id = $6 AND epoch = $7 AND stream = '{s}')")
+            })
+            .collect();
         format!(
             "UPDATE attempts SET outcome = $1, exit_code = $2, message = $3, failure_class = $4, finished_at = $5, \
              released_at = $8, steps = COALESCE($9, steps), \
@@ -91,8 +129,9 @@ pub(crate) async fn end_attempt(
              ELSE COALESCE(release_evidence, 'the attempt ended through its agent') END, \
              cleanup_error = CASE WHEN $10 = 1 THEN $12 ELSE cleanup_error END \
              WHERE job_id = $6 AND epoch = $7 AND outcome = {running} \
-             RETURNING COALESCE(finished_at - started_at, 0)",
-            running = lit(AttemptOutcome::Running)
+             RETURNING COALESCE(finished_at - started_at, 0), {progress}",
+            running = lit(AttemptOutcome::Running),
+            progress = progress.join(", ")
         )
     });
     let end = reported.sandbox;
@@ -113,17 +152,22 @@ pub(crate) async fn end_attempt(
         .bind(i64::from(end.is_some()))
         .bind(end.map(|e| &e.evidence))
         .bind(end.and_then(|e| e.cleanup_error.as_deref()))
-        .scalar_optional::<i64>()
+        .optional::<(i64, Option<i64>, Option<i64>, Option<i64>, Option<i64>)>()
         .await?;
     // An attempt that ended through its agent has a sealed log: what was
     // committed is all there is (spec 000 §13: `log.sealed` is distinct from
     // a dropped connection, which gets a gap marker when it is fenced).
-    if ended.is_some() && outcome != AttemptOutcome::Lost {
-        let committed = committed_offsets(tx, job_id, epoch).await?;
+    let Some((held, p0, p1, p2, p3)) = ended else { return Ok(None) };
+    if outcome != AttemptOutcome::Lost {
+        let committed: BTreeMap<&str, i64> = crate::tx::logs::PROGRESS_STREAMS
+            .iter()
+            .zip([p0, p1, p2, p3])
+            .filter_map(|(s, c)| c.map(|c| (*s, c)))
+            .collect();
         let payload = serde_json::json!({ "epoch": epoch, "outcome": outcome.as_str(), "committed": committed });
         append_marker(tx, job_id, epoch, LogMarker::Seal, &payload).await?;
     }
-    Ok(ended)
+    Ok(Some(held))
 }
 
 /// spec 000 §13: a log whose agent was lost never ends cleanly: the fenced

@@ -15,7 +15,7 @@ use crate::model::{Completed, CompletionInput, JobRecord, RunRecord};
 use crate::rows::{JobBudget, load_run};
 use crate::store::{SqlStore, lock_job, lock_run_of_job};
 use crate::tx::advance::{advance_loaded, advance_run, make_ready};
-use crate::tx::attempt::{Reported, end_attempt, require_live};
+use crate::tx::attempt::{Reported, end_attempt, require_live_with_run};
 use kiln_core::complete::{CompletionFacts, CompletionVerdict, decide_completion, missing_output, success_message};
 use kiln_core::failure::{
     CANCELLED, ClassSet, ExitCodes, FailureClass, FailureFacts, FailureVerdict, RetryBudget, SiblingAction,
@@ -92,8 +92,7 @@ async fn complete_tx(
     // Then the job: its log's seal marker commits in id order with the
     // chunks appended under the same lock.
     lock_job(tx, job_id).await?;
-    let (job, budget, now) = require_live(tx, job_id, epoch).await?;
-    let run = load_run(tx, &job.run_id).await?;
+    let (job, budget, now, run) = require_live_with_run(tx, job_id, epoch).await?;
     if !serializable && uses_concurrency_groups(&run) {
         return Ok(None);
     }

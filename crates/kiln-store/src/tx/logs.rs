@@ -60,7 +60,7 @@ impl Attempt {
 
 /// The streams whose committed offsets [`PLACEMENT`] reads, in the order of
 /// their names (the order a chunk's acknowledgement lists them in).
-const PROGRESS_STREAMS: [&str; 4] = {
+pub(crate) const PROGRESS_STREAMS: [&str; 4] = {
     use kiln_core::logs::stream::{SERVICES, STDERR, STDOUT, SYSTEM};
     [SERVICES, STDERR, STDOUT, SYSTEM]
 };
