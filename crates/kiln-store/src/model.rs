@@ -418,6 +418,9 @@ pub struct ClaimedAttempt {
     /// time ([`TeamStore::charge_teams`](crate::TeamStore::charge_teams));
     /// `false`: a claim request answered again.
     pub started: bool,
+    /// The run's repository as the claim read it, with the run; `None`
+    /// for a claim request answered again (read it then).
+    pub repo: Option<RepoRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -235,27 +235,71 @@ pub(crate) fn attempt_from_row(row: &Row) -> Result<AttemptRecord> {
 }
 
 pub(crate) fn repo_from_row(row: &Row) -> Result<RepoRecord> {
+    repo_from_row_as(row, "")
+}
+
+/// The name a repository's clone credential is kept under in its secrets
+/// (sealed like them; `@` keeps it out of listings, workflows and the API).
+pub const CLONE_CREDENTIAL: &str = "@clone-credential";
+
+/// The columns of `repos` a [`RepoRecord`] is read from.
+const REPO_FIELDS: [&str; 16] = [
+    "id",
+    "name",
+    "clone_url",
+    "webhook_secret",
+    "created_at",
+    "secret_pools",
+    "forge",
+    "forge_url",
+    "forge_repo",
+    "forge_token",
+    "default_branch",
+    "protected_refs",
+    "pull_request_trust",
+    "poll_interval_ms",
+    "is_public",
+    "team",
+];
+
+/// The columns of the repository `table` a [`RepoRecord`] is read from,
+/// each named `{prefix}<name>`, with its sealed clone credential and its
+/// team's queue cap.
+pub(crate) fn repo_cols(table: &str, prefix: &str) -> String {
+    let mut cols: Vec<String> = REPO_FIELDS.iter().map(|f| format!("{table}.{f} AS {prefix}{f}")).collect();
+    cols.push(format!(
+        "(SELECT s.value FROM secrets s WHERE s.repo_id = {table}.id AND s.name = '{credential}') \
+         AS {prefix}clone_credential",
+        credential = CLONE_CREDENTIAL
+    ));
+    cols.push(format!("(SELECT t.max_queued FROM teams t WHERE t.name = {table}.team) AS {prefix}team_max_queued"));
+    cols.join(", ")
+}
+
+/// A repository whose columns ([`repo_cols`]) are named `{prefix}<name>`.
+pub(crate) fn repo_from_row_as(row: &Row, prefix: &str) -> Result<RepoRecord> {
+    let name = |n: &str| -> String { format!("{prefix}{n}") };
     Ok(RepoRecord {
-        id: row.get("id")?,
-        name: row.get("name")?,
-        clone_url: row.get("clone_url")?,
-        webhook_secret: row.get("webhook_secret")?,
-        created_at: row.get("created_at")?,
-        secret_pools: serde_json::from_str(row.str("secret_pools")?).unwrap_or_default(),
+        id: row.get(&name("id"))?,
+        name: row.get(&name("name"))?,
+        clone_url: row.get(&name("clone_url"))?,
+        webhook_secret: row.get(&name("webhook_secret"))?,
+        created_at: row.get(&name("created_at"))?,
+        secret_pools: serde_json::from_str(row.str(&name("secret_pools"))?).unwrap_or_default(),
         forge: RepoForge {
-            forge: row.get("forge")?,
-            forge_url: row.get("forge_url")?,
-            forge_repo: row.get("forge_repo")?,
-            forge_token: row.get("forge_token")?,
-            default_branch: row.get("default_branch")?,
-            protected_refs: serde_json::from_str(row.str("protected_refs")?).unwrap_or_default(),
-            pull_request_trust: row.get("pull_request_trust")?,
-            poll_interval_ms: row.get("poll_interval_ms")?,
+            forge: row.get(&name("forge"))?,
+            forge_url: row.get(&name("forge_url"))?,
+            forge_repo: row.get(&name("forge_repo"))?,
+            forge_token: row.get(&name("forge_token"))?,
+            default_branch: row.get(&name("default_branch"))?,
+            protected_refs: serde_json::from_str(row.str(&name("protected_refs"))?).unwrap_or_default(),
+            pull_request_trust: row.get(&name("pull_request_trust"))?,
+            poll_interval_ms: row.get(&name("poll_interval_ms"))?,
         },
-        public: row.get::<i64>("is_public")? != 0,
-        team: row.get("team")?,
-        clone_credential: row.get("clone_credential")?,
-        team_max_queued: row.get::<Option<i64>>("team_max_queued")?.and_then(|n| u32::try_from(n).ok()),
+        public: row.get::<i64>(&name("is_public"))? != 0,
+        team: row.get(&name("team"))?,
+        clone_credential: row.get(&name("clone_credential"))?,
+        team_max_queued: row.get::<Option<i64>>(&name("team_max_queued"))?.and_then(|n| u32::try_from(n).ok()),
     })
 }
 

@@ -256,7 +256,11 @@ async fn handout(state: &AppState, agent: &AgentRecord, c: &ClaimedAttempt) -> A
     if a.image_build.is_some() {
         a.build_registry = state.config.build_registry.clone();
     }
-    let repo = state.store.get_repo(&c.run.repo_id).await?;
+    // Read with the claim (a claim request answered again reads it now).
+    let repo = match &c.repo {
+        Some(r) => r.clone(),
+        None => state.store.get_repo(&c.run.repo_id).await?,
+    };
     let remote = crate::services::repos::remote(state, &repo).await?;
     a.clone_url = remote.url;
     a.clone_credential = remote.credential;

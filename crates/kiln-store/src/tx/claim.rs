@@ -31,8 +31,8 @@
 use crate::db::{Exec, Tx, now};
 use crate::dialect::{Isolation, Sql, lit, terminal_jobs};
 use crate::error::{Result, StoreError};
-use crate::model::{ClaimInput, ClaimOutcome, ClaimedAttempt, JobRecord, RunRecord, job_placement};
-use crate::rows::{JOB_COLS, RUN_COLS, job_from_row, load_job, load_run, run_from_row};
+use crate::model::{ClaimInput, ClaimOutcome, ClaimedAttempt, JobRecord, RepoRecord, RunRecord, job_placement};
+use crate::rows::{JOB_COLS, RUN_COLS, job_from_row, load_job, load_run, repo_cols, repo_from_row_as, run_from_row};
 use crate::store::SqlStore;
 use kiln_core::claim::{ClaimAgent, ClaimFacts, ClaimRefusal, Executor, check_delivery, decide_claim, replay_stands};
 use kiln_core::{AttemptOutcome, JobStatus, RunStatus};
@@ -140,10 +140,9 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     // What the job asks of its agent: the repository's secret pools, read
     // with the run (a change applies to the next claim), and its team's
     // running quota, if it has one (issue 44).
-    let ClaimRepo { secret_pools, quota } = repo;
+    let ClaimRepo { quota, record: repo } = repo;
     let team = run.team.clone();
-    let secret_pools: Vec<String> = serde_json::from_str(&secret_pools).unwrap_or_default();
-    let placement = job_placement(&run, &job, &secret_pools);
+    let placement = job_placement(&run, &job, &repo.secret_pools);
     let required: BTreeMap<String, String> = serde_json::from_str(&job.class_key).unwrap_or_default();
     let labels: BTreeMap<String, String> =
         agent.as_ref().and_then(|a| serde_json::from_str(&a.3).ok()).unwrap_or_default();
@@ -232,7 +231,15 @@ async fn claim_rows(tx: &mut Tx, req: &ClaimInput) -> Result<std::result::Result
     let eligible_wait_ms = job.next_attempt_at.map(|at| (now - at).max(0));
     job.next_attempt_at = None;
     job.started_at = job.started_at.or(Some(now));
-    Ok(Ok(ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms, started: true }))
+    Ok(Ok(ClaimedAttempt {
+        run,
+        job,
+        epoch,
+        lease_deadline: deadline,
+        eligible_wait_ms,
+        started: true,
+        repo: Some(repo),
+    }))
 }
 
 /// Jobs a team holds: running, claimed-but-not-started included (a claim
@@ -282,7 +289,15 @@ async fn still_running(tx: &mut Tx, job_id: &str, epoch: i64) -> Result<Option<C
         .bind(epoch)
         .scalar()
         .await?;
-    let c = ClaimedAttempt { run, job, epoch, lease_deadline: deadline, eligible_wait_ms: None, started: false };
+    let c = ClaimedAttempt {
+        run,
+        job,
+        epoch,
+        lease_deadline: deadline,
+        eligible_wait_ms: None,
+        started: false,
+        repo: None,
+    };
     Ok(replay_stands(c.job.status, c.job.current_epoch, epoch).then_some(c))
 }
 
@@ -298,21 +313,23 @@ async fn lock_claim_rows(
 ) -> Result<Option<(RunRecord, JobRecord, Option<(String, i64)>, ClaimRepo)>> {
     static RUN: Sql = Sql::new(|d| {
         format!(
-            "SELECT {RUN_COLS}, {REPO} FROM runs r JOIN repos p ON p.id = r.repo_id \
+            "SELECT {RUN_COLS}, {REPO}, {repo} FROM runs r JOIN repos p ON p.id = r.repo_id \
              WHERE r.id = (SELECT run_id FROM jobs WHERE id = $1){lock}",
+            repo = repo_cols("p", "repo_"),
             lock = d.for_update_of_run
         )
     });
     static RUN_SKIP_LOCKED: Sql = Sql::new(|d| {
         format!(
-            "SELECT {RUN_COLS}, {REPO} FROM runs r JOIN repos p ON p.id = r.repo_id \
+            "SELECT {RUN_COLS}, {REPO}, {repo} FROM runs r JOIN repos p ON p.id = r.repo_id \
              WHERE r.id = (SELECT run_id FROM jobs WHERE id = $1){lock}",
+            repo = repo_cols("p", "repo_"),
             lock = d.for_update_of_run_skip_locked
         )
     });
-    // The repository's part of the placement, read with the run.
-    const REPO: &str = "p.secret_pools AS secret_pools, \
-        (SELECT t.max_running FROM teams t WHERE t.name = p.team) AS team_quota";
+    // The repository (its secret pools are part of the placement) and its
+    // team's running quota, read with the run.
+    const REPO: &str = "(SELECT t.max_running FROM teams t WHERE t.name = p.team) AS team_quota";
     static JOB: Sql = Sql::new(|d| {
         format!(
             "SELECT {JOB_COLS}, (SELECT a.job_id FROM attempts a WHERE a.claim_request_id = $1) AS prior_job, \
@@ -333,7 +350,7 @@ async fn lock_claim_rows(
         return Ok(None);
     };
     let run = run_from_row(&row)?;
-    let repo = ClaimRepo { secret_pools: row.get("secret_pools")?, quota: row.get("team_quota")? };
+    let repo = ClaimRepo { quota: row.get("team_quota")?, record: repo_from_row_as(&row, "repo_")? };
     let Some(row) = tx.sql(&JOB).bind(claim_request_id).bind(job_id).fetch_optional().await? else {
         return Ok(None);
     };
@@ -344,9 +361,9 @@ async fn lock_claim_rows(
     Ok(Some((run, job_from_row(&row)?, prior, repo)))
 }
 
-/// What a claim reads of the run's repository: its secret pools (JSON) and
-/// its team's running quota, if it has one.
+/// What a claim reads of the run's repository: the repository and its
+/// team's running quota, if it has one.
 struct ClaimRepo {
-    secret_pools: String,
     quota: Option<i64>,
+    record: RepoRecord,
 }

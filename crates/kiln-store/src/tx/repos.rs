@@ -59,17 +59,9 @@ pub(crate) async fn create_repo(
 }
 
 /// `RepoStore::get_repo`.
-/// A repository row as [`repo_from_row`] reads it: with its sealed clone
-/// credential.
-fn repo_cols() -> String {
-    format!(
-        "*, (SELECT s.value FROM secrets s WHERE s.repo_id = repos.id AND s.name = '{CLONE_CREDENTIAL}') \
-         AS clone_credential, (SELECT t.max_queued FROM teams t WHERE t.name = repos.team) AS team_max_queued"
-    )
-}
-
-static REPO_BY_NAME: Sql =
-    Sql::new(|_| format!("SELECT {} FROM repos WHERE name = $1 OR id = $1 LIMIT 1", repo_cols()));
+static REPO_BY_NAME: Sql = Sql::new(|_| {
+    format!("SELECT {} FROM repos WHERE name = $1 OR id = $1 LIMIT 1", crate::rows::repo_cols("repos", ""))
+});
 
 pub(crate) async fn get_repo(store: &SqlStore, name_or_id: &str) -> Result<RepoRecord> {
     let row = store
@@ -130,7 +122,7 @@ pub(crate) async fn delete_repo(store: &SqlStore, name_or_id: &str) -> Result<Re
 
 /// `RepoStore::list_repos`.
 pub(crate) async fn list_repos(store: &SqlStore) -> Result<Vec<RepoRecord>> {
-    static ALL: Sql = Sql::new(|_| format!("SELECT {} FROM repos ORDER BY name", repo_cols()));
+    static ALL: Sql = Sql::new(|_| format!("SELECT {} FROM repos ORDER BY name", crate::rows::repo_cols("repos", "")));
     let rows = store.reader().await?.sql(&ALL).fetch_all().await?;
     rows.iter().map(repo_from_row).collect()
 }
@@ -227,9 +219,7 @@ fn credential_column(name: &str) -> Option<&'static str> {
 pub const WEBHOOK_SECRET: &str = "@webhook";
 /// Likewise for the forge status token.
 pub const FORGE_TOKEN: &str = "@forge-token";
-/// The name a repository's clone credential is kept under in its secrets
-/// (sealed like them; `@` keeps it out of listings, workflows and the API).
-pub const CLONE_CREDENTIAL: &str = "@clone-credential";
+pub use crate::rows::CLONE_CREDENTIAL;
 
 /// `RepoStore::replace_secrets`: every `(repo, name, old, new)` in one
 /// transaction, each only if the stored value is still `old`.

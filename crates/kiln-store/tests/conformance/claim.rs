@@ -6,12 +6,18 @@ use kiln_core::RunStatus;
 pub async fn claim_creates_epoch_one_and_starts_the_run<S: Store + 'static>(o: &Opener<S>) {
     let fx = o.open(FAST).await;
     let s = &*fx.store;
-    let (_, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    let (repo, run_id) = start(s, workflow(vec![job("build", &[], 0), job("test", &["build"], 0)])).await;
+    s.put_secret(&repo.id, kiln_store::CLONE_CREDENTIAL, "sealed clone credential").await.unwrap();
     let a = agent(s, "a", 4).await;
     let build = job_id(s, &run_id, "build").await;
     let generation = s.get_job(&build).await.unwrap().dispatch_generation;
 
     let c = try_claim(s, &a, &build, generation, LONG_TTL).await.expect("claim of a ready job");
+    // With the repository as it is read alone (its credential included),
+    // for the assignment.
+    let read = s.get_repo(&repo.id).await.unwrap();
+    assert_eq!(read.clone_credential.as_deref(), Some("sealed clone credential"));
+    assert_eq!(format!("{:?}", c.repo), format!("{:?}", Some(read)));
     assert_eq!(c.epoch, 1);
     assert_eq!(c.job.id, build);
     assert_eq!(c.job.status, JobStatus::Running);
