@@ -205,9 +205,25 @@ async fn under_kills_every_bound_artifact_has_exactly_one_valid_statement() {
         ids.push(c.submit_run("chaos", &body, None).await.unwrap().run_id);
     }
     // Faults while the runs go: agents SIGKILLed (their attempts fenced,
-    // some mid-upload), the server SIGKILLed and restarted.
+    // some mid-upload), the server SIGKILLed and restarted. Eight rounds,
+    // then more while runs are left until one has caught an attempt after
+    // its upload (what the test is about: on a loaded host the first
+    // rounds may all land before uploads).
+    let caught_after_upload = |data: &Path| {
+        sql(
+            data,
+            "SELECT COUNT(*) FROM artifact_generations g JOIN attempts a ON a.job_id = g.job_id \
+             AND a.epoch = g.epoch WHERE a.outcome NOT IN ('success', 'running')",
+        ) != "0"
+    };
+    let runs_left =
+        |data: &Path| sql(data, "SELECT COUNT(*) FROM runs WHERE status IN ('queued', 'running', 'cancelling')") != "0";
     let mut journal = Vec::new();
-    for round in 0..8 {
+    for round in 0..32 {
+        let data = server.data_dir();
+        if round >= 8 && (caught_after_upload(&data) || !runs_left(&data)) {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(700)).await;
         if round % 3 == 2 {
             journal.push(format!("SIGKILL server (round {round})"));
