@@ -30,7 +30,9 @@ struct Attempt {
     lease_deadline: Option<i64>,
     now: i64,
     progress: [Option<i64>; 4],
-    tails: [Option<(i64, i64)>; 4],
+    /// `None`: not read (a transaction of one chunk has no later chunk to
+    /// place).
+    tails: Option<[Option<(i64, i64)>; 4]>,
 }
 
 impl Attempt {
@@ -39,7 +41,7 @@ impl Attempt {
     /// after it and the chunk before is that last one. `None`: read it.
     fn landing(&self, chunk: &NewLogChunk) -> Option<Landing> {
         let i = PROGRESS_STREAMS.iter().position(|s| *s == chunk.stream)?;
-        match self.tails[i] {
+        match self.tails.as_ref()?[i] {
             None => Some(Landing { existing: None, prev_end: None, next_start: None }),
             Some((offset, end)) if chunk.offset >= end && chunk.offset > offset => {
                 Some(Landing { existing: None, prev_end: Some(end), next_start: None })
@@ -51,9 +53,10 @@ impl Attempt {
     /// `chunk` was written: it is its stream's last chunk now.
     fn wrote(&mut self, chunk: &NewLogChunk, len: i64) {
         if let Some(i) = PROGRESS_STREAMS.iter().position(|s| *s == chunk.stream)
-            && self.tails[i].is_none_or(|(offset, _)| offset < chunk.offset)
+            && let Some(tails) = self.tails.as_mut()
+            && tails[i].is_none_or(|(offset, _)| offset < chunk.offset)
         {
-            self.tails[i] = Some((chunk.offset, chunk.offset + len));
+            tails[i] = Some((chunk.offset, chunk.offset + len));
         }
     }
 }
@@ -71,13 +74,25 @@ pub(crate) const PROGRESS_STREAMS: [&str; 4] = {
 /// few chunks are each a transaction of their own. The chunks after the
 /// first of a transaction mostly land past their stream's last chunk
 /// ([`Attempt::landing`]) and read nothing.
-static PLACEMENT: Sql = Sql::new(|d| {
+static PLACEMENT: Sql = Sql::new(|d| placement(d, true));
+
+/// [`PLACEMENT`] without the streams' last chunks, for a transaction of
+/// one chunk (most of a loud job's).
+static PLACEMENT_ALONE: Sql = Sql::new(|d| placement(d, false));
+
+fn placement(d: &crate::dialect::Dialect, tails: bool) -> String {
     let progress: Vec<String> = PROGRESS_STREAMS
         .iter()
         .enumerate()
         .map(|(i, s)| {
+            let progress = format!(
+                "(SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = '{s}') AS p{i}"
+            );
+            if !tails {
+                return progress;
+            }
             format!(
-                "(SELECT committed FROM log_progress WHERE job_id = $1 AND epoch = $2 AND stream = '{s}') AS p{i}, \
+                "{progress}, \
                  (SELECT byte_offset FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = '{s}' \
                   ORDER BY byte_offset DESC LIMIT 1) AS t{i}, \
                  (SELECT byte_offset + length FROM log_chunks WHERE job_id = $1 AND epoch = $2 AND stream = '{s}' \
@@ -86,7 +101,7 @@ static PLACEMENT: Sql = Sql::new(|d| {
         })
         .collect();
     format!("SELECT {LANDING}, {attempt}, {progress}", attempt = attempt_cols(d), progress = progress.join(", "))
-});
+}
 
 /// A chunk's [`Landing`] alone (`$1 job, $2 epoch, $3 stream, $4 offset`).
 static LANDING_ONLY: Sql = Sql::new(|_| format!("SELECT {LANDING}"));
@@ -431,7 +446,8 @@ async fn commit_group(tx: &mut Tx, group: &[Member<'_>]) -> Result<(usize, Optio
     let mut written = false;
     for (i, &(chunk, len, placed)) in group.iter().enumerate() {
         let last = i + 1 == group.len();
-        match commit_one(tx, chunk, len, placed, &mut attempt, &mut progress, &mut was, last).await {
+        let alone = group.len() == 1;
+        match commit_one(tx, chunk, len, placed, alone, &mut attempt, &mut progress, &mut was, last).await {
             Ok(w) => {
                 committed += 1;
                 written = w;
@@ -477,13 +493,14 @@ fn is_refusal(e: &StoreError) -> bool {
 /// the chunk's row and its stream's new offset were written in one
 /// statement (PostgreSQL, the group's `last` chunk). `attempt`: what the
 /// transaction's first chunk read ([`PLACEMENT`]), kept up to date with
-/// what it writes.
+/// what it writes; `alone`: the transaction's only chunk.
 #[allow(clippy::too_many_arguments)]
 async fn commit_one(
     tx: &mut Tx,
     chunk: &NewLogChunk,
     len: i64,
     placed: Option<(i64, i64)>,
+    alone: bool,
     attempt: &mut Option<Attempt>,
     progress: &mut Option<Vec<(String, i64)>>,
     was: &mut Vec<(String, i64)>,
@@ -508,7 +525,7 @@ async fn commit_one(
         }
         None => {
             let row = tx
-                .sql(&PLACEMENT)
+                .sql(if alone { &PLACEMENT_ALONE } else { &PLACEMENT })
                 .bind(&chunk.job_id)
                 .bind(chunk.epoch)
                 .bind(&chunk.stream)
@@ -525,7 +542,7 @@ async fn commit_one(
                 lease_deadline: col("lease_deadline")?,
                 now: row.get("now")?,
                 progress: [col("p0")?, col("p1")?, col("p2")?, col("p3")?],
-                tails: [tail(0)?, tail(1)?, tail(2)?, tail(3)?],
+                tails: if alone { None } else { Some([tail(0)?, tail(1)?, tail(2)?, tail(3)?]) },
             });
             Landing {
                 existing: col("ex_len")?.map(|l| row.get::<Option<String>>("ex_sha").map(|s| (l, s))).transpose()?,
