@@ -58,6 +58,19 @@ fn free_port() -> Result<u16> {
 
 impl TempGarage {
     pub fn start() -> Result<TempGarage> {
+        // Its ports are picked free here and bound by Garage a moment later:
+        // on a busy test run another process can take one in between. Then
+        // it starts again, on new ports.
+        let mut tries = 0;
+        loop {
+            match Self::start_once() {
+                Err(e) if tries < 3 && format!("{e:#}").contains("Address already in use") => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn start_once() -> Result<TempGarage> {
         let bin = find_garage().context("Garage not found (KILN_GARAGE, PATH, ~/.cache/kiln-tools/garage/bin)")?;
         let dir = tempfile::Builder::new().prefix("kiln-garage-").tempdir()?;
         let (rpc, s3_port) = (free_port()?, free_port()?);
