@@ -12,7 +12,7 @@ use crate::db::{Exec, Tx};
 use crate::dialect::{GenerationState, Isolation, Sql, lit};
 use crate::error::{Result, StoreError, parse_enum};
 use crate::model::{Completed, CompletionInput, JobRecord, RunRecord};
-use crate::rows::{JobBudget, load_run};
+use crate::rows::JobBudget;
 use crate::store::{SqlStore, lock_job, lock_run_of_job};
 use crate::tx::advance::{advance_loaded, advance_run, make_ready};
 use crate::tx::attempt::{Reported, end_attempt, require_live_with_run};
@@ -160,7 +160,7 @@ async fn complete_tx(
             let class = FailureClass::Cancelled;
             let held =
                 end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(CANCELLED), Some(class), rep, now).await?;
-            fail_or_retry(store, tx, &job, &budget, class, c.exit_code, CANCELLED, now).await?;
+            fail_or_retry(store, tx, &run, &job, &budget, class, c.exit_code, CANCELLED, now).await?;
             if accepted {
                 return Ok(Some(Ok(done(JobStatus::Cancelled, held))));
             }
@@ -191,7 +191,7 @@ async fn complete_tx(
                         let held =
                             end_attempt(tx, job_id, epoch, failed, c.exit_code, Some(&msg), Some(class), rep, now)
                                 .await?;
-                        let st = fail_or_retry(store, tx, &job, &budget, class, None, &msg, now).await?;
+                        let st = fail_or_retry(store, tx, &run, &job, &budget, class, None, &msg, now).await?;
                         return Ok(Some(Ok(done(st, held))));
                     }
                 }
@@ -233,7 +233,7 @@ async fn complete_tx(
         }
         CompletionVerdict::Fail { message, class } => {
             let held = end_attempt(tx, job_id, epoch, ends, c.exit_code, Some(&message), Some(class), rep, now).await?;
-            (fail_or_retry(store, tx, &job, &budget, class, c.exit_code, &message, now).await?, held)
+            (fail_or_retry(store, tx, &run, &job, &budget, class, c.exit_code, &message, now).await?, held)
         }
         CompletionVerdict::Invalid => unreachable!("an invalid completion ends no attempt"),
     };
@@ -246,11 +246,12 @@ async fn complete_tx(
 
 /// Ends a job whose attempt did not succeed, as kiln-core's
 /// [`decide_failure`] decides under the job's frozen `retry:` policy.
-/// Returns the job's new status.
+/// Returns the job's new status. `run`: the job's run as this transaction read it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn fail_or_retry(
     store: &SqlStore,
     tx: &mut Tx,
+    run: &RunRecord,
     job: &JobRecord,
     budget: &JobBudget,
     class: FailureClass,
@@ -270,7 +271,6 @@ pub(crate) async fn fail_or_retry(
             failed = lit(JobStatus::Failed)
         )
     });
-    let run = load_run(tx, &job.run_id).await?;
     let def = usize::try_from(job.index).ok().and_then(|i| run.definition.jobs.get(i));
     let matrix = def.and_then(|d| d.matrix.as_ref());
     let mut retry =
@@ -319,7 +319,7 @@ pub(crate) async fn fail_or_retry(
         }
         FailureVerdict::FailFast { message, group } => {
             tx.sql(&FAIL).bind(now).bind(message).bind(&job.id).execute().await?;
-            fail_fast(tx, &run, &group, &job.name, now).await?;
+            fail_fast(tx, run, &group, &job.name, now).await?;
             advance_run(tx, &job.run_id, now).await?;
             Ok(JobStatus::Failed)
         }

@@ -158,7 +158,8 @@ async fn fence_tx(store: &SqlStore, tx: &mut Tx, job_id: &str, epoch: i64) -> Re
     let (job, budget) = load_job(tx, job_id).await?;
     if fence_fails_job(job.status, job.current_epoch, epoch) {
         // ...then authorize a replacement within the budget.
-        fail_or_retry(store, tx, &job, &budget, class, None, LOST_JOB, now).await?;
+        let run = crate::rows::load_run(tx, &job.run_id).await?;
+        fail_or_retry(store, tx, &run, &job, &budget, class, None, LOST_JOB, now).await?;
     }
     Ok(true)
 }
